@@ -1,0 +1,42 @@
+// @brief Adam / AdamW over the flat parameter buffer in one launch, for each precision layout,
+// with optional stochastic rounding of every bf16 write.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/dtype.h"
+
+namespace cutrain::kernels {
+
+// The BF16 example's three layouts.
+enum class OptimizerLayout {
+  Baseline,      // bf16 params + bf16 grads, fp32 master weights, fp32 moments
+  Bf16MasterWG,  // bf16 params are the master, fp32 moments   (bf16_master_weights_and_grads)
+  Bf16Full,      // bf16 params are the master, bf16 moments   (+ bf16_optimizer_states)
+};
+
+struct AdamParams {
+  float lr = 1e-4f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.f;
+  bool decoupled = true;       // true: AdamW (decoupled decay); false: Adam (L2 added to the gradient)
+  int step = 1;                // 1-based, for bias correction
+  float grad_scale = 1.f;      // multiplies every gradient (accumulation averaging, loss scale)
+  bool stochastic_rounding = false;
+  std::uint64_t seed = 0;      // stochastic rounding: hash(seed, step, index) -> reproducible bits
+};
+
+// params: bf16 [n]. grads: [n] of `grad_type` (bf16, or fp32 for an accumulation buffer).
+// master: fp32 [n] for Baseline, null otherwise. m, v: fp32 [n] (Baseline, Bf16MasterWG) or bf16
+// [n] (Bf16Full). `device_scale` (may be null): a device fp32 multiplied into grad_scale (the
+// clipping coefficient computed on the device). `skip` (may be null): a device int; when non-zero
+// the launch changes nothing (NaN/Inf gradients).
+void adam_step(cudaStream_t s, OptimizerLayout layout, const AdamParams& p, bf16* params, const void* grads,
+               DType grad_type, float* master, void* m, void* v, std::size_t n, const float* device_scale,
+               const int* skip);
+
+// Bytes one step must move per parameter for the layout (for benchmarks and docs).
+double adam_bytes_per_param(OptimizerLayout layout, DType grad_type);
+
+}  // namespace cutrain::kernels

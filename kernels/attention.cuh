@@ -1,0 +1,33 @@
+// @brief Flash-style multi-head attention on tensor cores, forward and backward.
+// No seq×seq buffer ever reaches global memory; forward keeps only the fp32 log-sum-exp per row.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "runtime/dtype.h"
+
+namespace cutrain::kernels {
+
+struct AttentionShape {
+  int batch = 1, seq = 1, heads = 1, head_dim = 64;  // head_dim 64 or 128 (others: a clear error)
+  bool causal = false;
+};
+
+// qkv: bf16 [B, S, 3, H, D] (the fused in-projection's output as is: q, k, v for each token);
+// out: bf16 [B, S, H, D]; lse: fp32 [B, H, S] (log-sum-exp of the scaled scores, natural log).
+// Softmax scale 1/sqrt(D).
+void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const AttentionShape& shape);
+
+// dqkv: bf16 [B, S, 3, H, D] (every element written). `deterministic`: no order-dependent atomics
+// (same bits every run). scratch: attention_backward_scratch_bytes(shape, deterministic) bytes.
+std::size_t attention_backward_scratch_bytes(const AttentionShape& shape, bool deterministic);
+void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
+                        bf16* dqkv, void* scratch, const AttentionShape& shape, bool deterministic);
+
+// Training FLOPs as the benchmarks count them: 4·B·H·S²·D forward, 2.5× that backward, halved causal.
+double attention_forward_flops(const AttentionShape& shape);
+double attention_backward_flops(const AttentionShape& shape);
+
+}  // namespace cutrain::kernels

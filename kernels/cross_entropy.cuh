@@ -1,0 +1,31 @@
+// @brief Fused softmax cross-entropy: loss and d(logits) in one pass, gradient written in place.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/dtype.h"
+
+namespace cutrain::kernels {
+
+// logits: bf16 [rows, ld] with the first `vocab` columns real (ld >= vocab; columns past vocab
+// are padding: they never win and get gradient 0). labels: int32 [rows]; label == ignore_index
+// rows contribute no loss and get gradient 0. Writes, in place over the logits,
+//   dlogits = (softmax(logits) - onehot(label)) * grad_scale / n_valid
+// where n_valid counts the non-ignored rows, and *loss_mean (device fp32) = mean loss over them.
+// `row_loss` (device fp32 [rows], may be null) receives each row's loss (0 for ignored rows).
+// A label outside [0, vocab) that is not ignore_index is not read: the row is treated as ignored
+// and the first bad row index + 1 goes to *status (device int; may be null).
+// `scratch`: cross_entropy_scratch_bytes(rows) bytes.
+std::size_t cross_entropy_scratch_bytes(int rows);
+void cross_entropy_forward_backward(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
+                                    float* loss_mean, float* row_loss, int* status, void* scratch,
+                                    int ignore_index = -100, float grad_scale = 1.f);
+
+// Forward only (evaluation): the same loss, logits untouched.
+void cross_entropy_forward(cudaStream_t s, const bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
+                           float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index = -100);
+
+}  // namespace cutrain::kernels

@@ -1,0 +1,24 @@
+// @brief GELU forward and backward: exact erf (nn.GELU() default) or the tanh approximation,
+// optionally fused with a bias add.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "runtime/dtype.h"
+
+namespace cutrain::kernels {
+
+enum class GeluKind { Erf, Tanh };
+
+// pre = in + bias[col] (bias may be null); out = gelu(pre). `pre_out` (may be null) receives pre
+// when a bias is added, for backward. `in` and `out` may alias. in/out are [rows, cols].
+void gelu_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_out, bf16* out, std::size_t rows,
+                  int cols, GeluKind kind = GeluKind::Erf);
+
+// din = dout ⊙ gelu'(pre); din may alias dout. n elements.
+void gelu_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n,
+                   GeluKind kind = GeluKind::Erf);
+
+}  // namespace cutrain::kernels

@@ -1,0 +1,64 @@
+// @brief cuBLASLt GEMMs for the model's linear layers, with fused epilogues.
+//
+// Conventions (all row-major, PyTorch layouts): activations x[M,K], weights W[N,K] (nn.Linear's
+// [out, in]), outputs y[M,N]. bf16 storage, fp32 accumulation. Algorithms are chosen by the
+// cuBLASLt heuristic once per (shape, epilogue, dtype) and cached; the workspace is allocated once
+// at construction (from the caching allocator when one is given).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/dtype.h"
+
+namespace cutrain {
+class CachingAllocator;
+}
+
+namespace cutrain::kernels {
+
+enum class GemmEpilogue {
+  None,
+  Bias,          // y = x·Wᵀ + bias
+  BiasGeluTanh,  // y = gelu_tanh(x·Wᵀ + bias), pre-activation written to `aux` (cuBLASLt's GELU is the
+                 //   tanh approximation; the model's exact-erf GELU is Bias + kernels/gelu)
+};
+
+class Gemm {
+ public:
+  // `alloc` (may be null: plain cudaMalloc) provides the workspace of `workspace_bytes`.
+  explicit Gemm(CachingAllocator* alloc = nullptr, std::size_t workspace_bytes = 32u << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // y[M,N] = x[M,K] · W[N,K]ᵀ (+ bias[N]); with BiasGeluTanh also aux[M,N] = pre-activation.
+  void forward(cudaStream_t s, const bf16* x, const bf16* w, const bf16* bias, bf16* y, int M, int N, int K,
+               GemmEpilogue ep = GemmEpilogue::None, bf16* aux = nullptr);
+
+  // dx[M,K] = dy[M,N] · W[N,K]  (+ beta · dx: beta = 1 accumulates, e.g. a residual gradient).
+  // With dgelu_tanh_aux non-null: dx = (dy·W) ⊙ gelu_tanh'(aux[M,K]) (cuBLASLt DGELU epilogue).
+  void grad_input(cudaStream_t s, const bf16* dy, const bf16* w, bf16* dx, int M, int N, int K, float beta = 0.f,
+                  const bf16* dgelu_tanh_aux = nullptr);
+
+  // dW[N,K] = dy[M,N]ᵀ · x[M,K]  (+ dW when accumulate). dW is bf16 or fp32 (`dw_type`).
+  void grad_weight(cudaStream_t s, const bf16* dy, const bf16* x, void* dw, DType dw_type, int M, int N, int K,
+                   bool accumulate);
+
+  cublasLtHandle_t handle() const { return handle_; }
+
+ private:
+  struct Impl;
+  Impl* impl_;
+  cublasLtHandle_t handle_ = nullptr;
+};
+
+// db[N] = Σ_rows dy[M,N] (+ db when accumulate), fp32 math, deterministic (fixed reduction order,
+// no float atomics). db is bf16 or fp32. `scratch` holds bias_grad_scratch_bytes(M, N) bytes.
+std::size_t bias_grad_scratch_bytes(int M, int N);
+void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, int N, bool accumulate, void* scratch);
+
+}  // namespace cutrain::kernels

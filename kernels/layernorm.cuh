@@ -1,0 +1,29 @@
+// @brief LayerNorm fused with the residual add (post-LN blocks), forward and backward.
+// bf16 storage, fp32 math; hidden size `cols` in [64, 16384] (others: a clear error).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "runtime/dtype.h"
+
+namespace cutrain::kernels {
+
+// sum = x + residual (residual may be null: sum = x, and `sum_out` may then be null too);
+// y = (sum - mean) * rstd * gamma + beta; mean, rstd fp32 per row (PyTorch's eps default 1e-5).
+void layernorm_residual_forward(cudaStream_t s, const bf16* x, const bf16* residual, bf16* sum_out, bf16* y,
+                                float* mean, float* rstd, const bf16* gamma, const bf16* beta, int rows, int cols,
+                                float eps = 1e-5f);
+
+// Given dy and the LN input `sum` with its mean/rstd: d_sum (the gradient of both x and the
+// residual) = LN backward, plus `d_extra` when non-null (another gradient of the same tensor).
+// d_sum may alias dy. dgamma/dbeta (type `param_grad_type`, bf16 or fp32) are written, or
+// accumulated when `accumulate`, through a deterministic two-stage reduction (same bits every
+// run) using `scratch` of layernorm_backward_scratch_bytes(rows, cols) bytes.
+std::size_t layernorm_backward_scratch_bytes(int rows, int cols);
+void layernorm_backward(cudaStream_t s, const bf16* dy, const bf16* sum, const float* mean, const float* rstd,
+                        const bf16* gamma, const bf16* d_extra, bf16* d_sum, void* dgamma, void* dbeta,
+                        DType param_grad_type, bool accumulate, void* scratch, int rows, int cols);
+
+}  // namespace cutrain::kernels

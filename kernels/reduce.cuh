@@ -1,0 +1,21 @@
+// @brief Global gradient norm (deterministic two-pass) and the clipping coefficient.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "runtime/dtype.h"
+
+namespace cutrain::kernels {
+
+// Over grads[n] (bf16 or fp32): *norm = ||g||₂ (fp32; accumulated in fp32 per block, then the
+// block partials summed in a fixed order: same bits every run). If max_norm > 0:
+// *clip_scale = min(1, max_norm / (norm + 1e-6)) (DeepSpeed/PyTorch's clip_grad_norm_ formula),
+// else 1. *nonfinite = 1 when the norm is NaN/Inf (the step must be skipped), else 0.
+// Any of clip_scale / nonfinite may be null. `scratch`: grad_norm_scratch_bytes(n) bytes.
+std::size_t grad_norm_scratch_bytes(std::size_t n);
+void grad_norm_clip(cudaStream_t s, const void* grads, DType grad_type, std::size_t n, float max_norm, float* norm,
+                    float* clip_scale, int* nonfinite, void* scratch);
+
+}  // namespace cutrain::kernels

@@ -1,0 +1,40 @@
+#include "runtime/check.h"
+
+#include <cerrno>
+#include <cstring>
+
+namespace cutrain {
+
+static std::string with_location(const std::string& message, const char* file, int line) {
+  return detail::concat(message, " [", file, ":", line, "]");
+}
+
+Error::Error(std::string message, const char* file, int line)
+    : std::runtime_error(with_location(message, file, line)), message_(std::move(message)), file_(file), line_(line) {}
+
+namespace detail {
+
+void throw_error(std::string message, const char* file, int line) { throw Error(std::move(message), file, line); }
+
+void throw_cuda(cudaError_t err, const char* expr, const char* file, int line) {
+  std::string msg = concat(expr, " failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  if (err == cudaErrorMemoryAllocation) throw OutOfMemoryError(std::move(msg), file, line);
+  throw Error(std::move(msg), file, line);
+}
+
+void throw_cublas(cublasStatus_t st, const char* expr, const char* file, int line) {
+  throw Error(concat(expr, " failed: ", cublasLtGetStatusName(st), " (", cublasLtGetStatusString(st), ")"), file,
+              line);
+}
+
+void throw_errno(int err, const char* expr, const char* file, int line) {
+  throw Error(concat(expr, " failed: errno ", err, " (", std::strerror(err), ")"), file, line);
+}
+
+void throw_launch(cudaError_t err, const char* kernel, const char* file, int line) {
+  throw Error(concat("launch of ", kernel, " failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"),
+              file, line);
+}
+
+}  // namespace detail
+}  // namespace cutrain

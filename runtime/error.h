@@ -1,0 +1,53 @@
+// @brief cutrain::Error, the one exception type of the project, and the message builder.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace cutrain {
+
+// Every failure in cutrain throws this: what failed, where (file:line) and, for library calls,
+// the library's own message. Callers (tests, the training loop) can catch and recover.
+class Error : public std::runtime_error {
+ public:
+  Error(std::string message, const char* file, int line);
+  const std::string& message() const { return message_; }
+  const char* file() const { return file_; }
+  int line() const { return line_; }
+
+ private:
+  std::string message_;
+  const char* file_;
+  int line_;
+};
+
+// Out-of-memory is an Error a caller may want to tell apart (retry smaller, offload, ...).
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+template <typename... Args>
+std::string concat(Args&&... args) {
+  std::ostringstream os;
+  (os << ... << std::forward<Args>(args));
+  return os.str();
+}
+[[noreturn]] void throw_error(std::string message, const char* file, int line);
+}  // namespace detail
+
+}  // namespace cutrain
+
+// Argument / state validation: CUTRAIN_CHECK(rows > 0, "rows must be positive, got ", rows);
+#define CUTRAIN_CHECK(cond, ...)                                                               \
+  do {                                                                                         \
+    if (!(cond)) \
+      ::cutrain::detail::throw_error(::cutrain::detail::concat(__VA_ARGS__), __FILE__, __LINE__); \
+  } while (0)
+
+#define CUTRAIN_FAIL(...) \
+  ::cutrain::detail::throw_error(::cutrain::detail::concat(__VA_ARGS__), __FILE__, __LINE__)

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Downloads the -dev .deb files the build needs into .deps/ (git-ignored), for a GPU machine
+# without package access: pass `carry: [".deps"]` and run scripts/gpu-check.sh there.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$root/.deps"
+cd "$root/.deps"
+# Header-only or static-archive packages: nothing to install at run time on the GPU machine.
+pkgs=(nlohmann-json3-dev libcli11-dev liburing-dev liburing2 libaio-dev libaio1 libgtest-dev googletest
+      libbenchmark-dev libbenchmark1debian)
+apt-get download "${pkgs[@]}"
+ls -la "$root/.deps"

@@ -1,0 +1,1 @@
+// Keeps cutrain_reference non-empty before any reference exists.

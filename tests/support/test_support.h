@@ -1,0 +1,93 @@
+// @brief What every test shares: the GPU skip, fresh random inputs, relative error, poisoning,
+// and a small device array for tests (tests do not depend on the caching allocator).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/check.h"
+#include "runtime/device.h"
+#include "runtime/dtype.h"
+
+// Skips the current test, with the runtime's reason, when no CUDA device is usable.
+#define CUTRAIN_REQUIRE_GPU()                                                  \
+  do {                                                                         \
+    std::string cutrain_why_;                                                  \
+    if (!::cutrain::gpu_available(&cutrain_why_))                              \
+      GTEST_SKIP() << "no CUDA device (" << cutrain_why_ << "): GPU test skipped"; \
+  } while (0)
+
+namespace cutrain::test {
+
+// A generator seeded from std::random_device: fresh inputs every run. The seed is logged via
+// RecordProperty and printed, so a failure can be replayed with CUTRAIN_TEST_SEED=<seed>.
+std::mt19937_64 fresh_rng();
+
+std::vector<float> random_normal(std::size_t n, std::mt19937_64& rng, float mean = 0.f, float stddev = 1.f);
+std::vector<float> random_uniform(std::size_t n, std::mt19937_64& rng, float lo, float hi);
+std::vector<int32_t> random_ints(std::size_t n, std::mt19937_64& rng, int32_t lo, int32_t hi_inclusive);
+
+std::vector<bf16> to_bf16(const std::vector<float>& v);
+std::vector<float> to_float(const std::vector<bf16>& v);
+// Rounds every element through bf16 (so a CPU reference sees exactly the GPU's inputs).
+std::vector<float> round_bf16(std::vector<float> v);
+
+// ||out - ref|| / ||ref|| in double; NaN/Inf anywhere in `out` gives +inf.
+double rel_error(const float* out, const double* ref, std::size_t n);
+double rel_error(const std::vector<float>& out, const std::vector<double>& ref);
+double rel_error(const std::vector<float>& out, const std::vector<float>& ref);
+// Count of elements that are NaN (a poisoned bf16/fp32 output that was never written stays NaN).
+std::size_t count_nan(const std::vector<float>& v);
+
+// Device memory for tests: cudaMalloc'd, poisoned with 0xFF bytes (NaN in bf16 and fp32).
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(std::size_t n) : n_(n) {
+    if (n) CUTRAIN_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)));
+    poison();
+  }
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { upload(host); }
+  ~DeviceArray() {
+    if (p_) cudaFree(p_);
+  }
+  DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  T* get() const { return p_; }
+  std::size_t size() const { return n_; }
+  void poison() {
+    if (n_) CUTRAIN_CUDA_CHECK(cudaMemset(p_, 0xFF, n_ * sizeof(T)));
+  }
+  void upload(const std::vector<T>& host) {
+    CUTRAIN_CHECK(host.size() == n_, "upload of ", host.size(), " elements into ", n_);
+    if (n_) CUTRAIN_CUDA_CHECK(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> h(n_);
+    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    if (n_) CUTRAIN_CUDA_CHECK(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+// Downloads a bf16 device array as floats.
+std::vector<float> download_float(const DeviceArray<bf16>& a);
+
+}  // namespace cutrain::test
