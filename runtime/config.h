@@ -1,0 +1,130 @@
+// @brief DeepSpeed-style JSON config -> typed, validated TrainConfig.
+// Key names are DeepSpeed's, so a DeepSpeed user's file works. Unknown keys: a warning naming the
+// key and the nearest known key (an error with strict). Wrong types / out-of-range values /
+// inconsistent combinations: a ConfigError naming the file, the JSON path, what was expected and
+// what was found.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/error.h"
+
+namespace cutrain {
+
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // "Adam" | "AdamW" (case-insensitive in the file)
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.f;
+  // DeepSpeed's Adam with adam_w_mode=true is AdamW; type "Adam" uses L2 unless adam_w_mode.
+  bool adam_w_mode = true;
+};
+
+struct SchedulerConfig {
+  std::string type;  // "" (none) | "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR"
+  // WarmupLR / WarmupDecayLR
+  float warmup_min_lr = 0.f;
+  std::optional<float> warmup_max_lr;  // default: optimizer lr
+  int warmup_num_steps = 1000;
+  std::string warmup_type = "log";  // "log" | "linear"
+  int total_num_steps = 0;           // WarmupDecayLR / WarmupCosineLR: required
+  // WarmupCosineLR
+  float warmup_min_ratio = 0.f;
+  float cos_min_ratio = 1e-4f;
+};
+
+struct OffloadConfig {
+  std::string device = "none";  // "none" | "cpu" | "nvme"
+  std::string nvme_path;
+  bool pin_memory = false;
+  int buffer_count = 4;
+  bool pipeline_read = false, pipeline_write = false;
+};
+
+struct ZeroConfig {
+  int stage = 0;  // 0..3
+  bool overlap_comm = false;
+  bool contiguous_gradients = true;
+  std::int64_t reduce_bucket_size = 500000000;
+  std::int64_t allgather_bucket_size = 500000000;
+  std::int64_t stage3_param_persistence_threshold = 100000;
+  std::int64_t stage3_prefetch_bucket_size = 50000000;
+  OffloadConfig offload_optimizer;
+  OffloadConfig offload_param;
+};
+
+struct Bf16Config {
+  bool enabled = false;
+  bool bf16_master_weights_and_grads = false;
+  bool bf16_optimizer_states = false;
+  bool stochastic_rounding = false;  // cutrain extension: stochastic rounding of bf16 writes
+};
+
+struct AutocastConfig {
+  bool enabled = false;
+  std::string dtype = "torch.bfloat16";
+};
+
+struct ActivationCheckpointingConfig {
+  bool partition_activations = false;
+  bool cpu_checkpointing = false;
+  bool contiguous_memory_optimization = false;
+  std::optional<int> number_checkpoints;
+};
+
+struct AioConfig {
+  std::int64_t block_size = 1048576;
+  int queue_depth = 128;
+  int intra_op_parallelism = 1;
+  bool single_submit = false;
+  bool overlap_events = false;
+  bool use_gds = false;
+};
+
+struct TrainConfig {
+  std::filesystem::path source;  // the file it came from ("" when built in code)
+  // Batch sizes: any two determine the third (train = micro * accumulation * world_size).
+  std::optional<int> train_batch_size;
+  std::optional<int> train_micro_batch_size_per_gpu;
+  std::optional<int> gradient_accumulation_steps;
+  int steps_per_print = 10;
+  float gradient_clipping = 0.f;  // 0: off
+  bool wall_clock_breakdown = false;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  Bf16Config bf16;
+  ZeroConfig zero_optimization;
+  AutocastConfig torch_autocast;
+  ActivationCheckpointingConfig activation_checkpointing;
+  bool has_activation_checkpointing = false;  // the section was present
+  AioConfig aio;
+  std::vector<std::string> warnings;  // unknown keys etc., already formatted
+
+  // Resolves the batch triple for `world_size` ranks (fills the missing ones; ConfigError when
+  // they do not multiply out or none is given).
+  void resolve_batch(int world_size);
+  int micro_batch() const { return train_micro_batch_size_per_gpu.value_or(1); }
+  int accumulation() const { return gradient_accumulation_steps.value_or(1); }
+};
+
+struct ConfigLoadOptions {
+  bool strict = false;  // unknown keys are errors, not warnings
+  int world_size = 1;
+};
+
+// Reads and validates `path`. Throws ConfigError (file, JSON path, expected, found).
+TrainConfig load_config(const std::filesystem::path& path, const ConfigLoadOptions& options = {});
+// The same from a JSON text (`origin` names it in messages).
+TrainConfig parse_config(const std::string& json_text, const std::string& origin, const ConfigLoadOptions& options = {});
+
+}  // namespace cutrain
