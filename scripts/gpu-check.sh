@@ -40,7 +40,7 @@ say "== $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null || echo nogi
 build=$root/build/gpu
 gen=""; command -v ninja >/dev/null && gen="-G Ninja"
 t0=$(date +%s)
-if ! cmake -S . -B "$build" $gen -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix/usr" \
+if ! cmake -S . -B "$build" $gen -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix/usr" -DCMAKE_POLICY_VERSION_MINIMUM=3.5 \
       >"$out/logs/configure.log" 2>&1; then
   say "configure FAILED"; tail -40 "$out/logs/configure.log" | tee -a "$summary"; exit 1
 fi
