@@ -1,0 +1,51 @@
+// @brief The CPU reference of the whole SimpleTransformerModel: forward to the mean cross-entropy
+// loss and the full backward, over the flat parameter layout of TransformerParams. Templated on the
+// storage type (float for the CPU training path and GPU comparisons, double for finite-difference
+// gradient checks); sums are accumulated in double either way. Not fast: it is the yardstick.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/transformer_params.h"
+
+namespace cutrain::model {
+
+template <typename T>
+class ReferenceModel {
+ public:
+  // `causal`: mask future positions in attention (the BF16 example uses no mask).
+  explicit ReferenceModel(const TransformerParams& params, bool causal = false);
+
+  // Mean cross-entropy of labels (ignore_index -100 rows skipped) for tokens [B, S]; keeps the
+  // activations for backward(). params: flat_size() elements.
+  double forward(const T* params, const std::int32_t* tokens, const std::int32_t* labels, int B, int S);
+
+  // Adds d(loss * grad_scale)/d(params) into grads (flat_size(); the caller zeroes it), using the
+  // activations of the last forward() with the same params.
+  void backward(const T* params, T* grads, double grad_scale = 1.0);
+
+  const std::vector<T>& logits() const { return logits_; }  // [B*S, V] of the last forward
+
+ private:
+  struct LayerActs {
+    std::vector<T> x_in, qkv, probs, att, s1, x1, f, g, s2;
+    std::vector<double> mean1, rstd1, mean2, rstd2;
+  };
+  const TransformerParams& p_;
+  bool causal_;
+  int B_ = 0, S_ = 0;
+  std::vector<std::int32_t> tokens_, labels_;
+  std::vector<LayerActs> acts_;
+  std::vector<T> x_final_, logits_;
+  std::size_t n_valid_ = 0;
+};
+
+// One AdamW / Adam step on fp32-or-fp64 host buffers (the CPU training path), PyTorch's formula:
+// bias-corrected moments, decoupled decay (p -= lr*wd*p) when `decoupled`, else L2 on the gradient.
+template <typename T>
+void reference_adam_step(T* params, const T* grads, T* m, T* v, std::size_t n, double lr, double beta1, double beta2,
+                         double eps, double weight_decay, bool decoupled, int step, double grad_scale = 1.0);
+
+}  // namespace cutrain::model

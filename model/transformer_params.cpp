@@ -1,0 +1,98 @@
+#include "model/transformer_params.h"
+
+#include <cmath>
+#include <random>
+
+#include "runtime/error.h"
+
+namespace cutrain::model {
+
+void ModelDims::validate() const {
+  CUTRAIN_CHECK(hidden > 0, "model: hidden_dim must be positive, got ", hidden);
+  CUTRAIN_CHECK(layers >= 0, "model: num_layers must be >= 0, got ", layers);
+  CUTRAIN_CHECK(heads > 0, "model: num_heads must be positive, got ", heads);
+  CUTRAIN_CHECK(hidden % heads == 0, "model: num_heads must divide hidden_dim (hidden_dim ", hidden, " / num_heads ",
+                heads, " leaves remainder ", hidden % heads, ")");
+  CUTRAIN_CHECK(vocab > 0, "model: vocab_size must be positive, got ", vocab);
+  CUTRAIN_CHECK(max_seq > 0, "model: seq_length must be positive, got ", max_seq);
+}
+
+int TransformerParams::add(std::string name, std::vector<std::int64_t> shape, InitKind init, double bound) {
+  ParamTensor t;
+  t.name = std::move(name);
+  t.shape = std::move(shape);
+  t.count = 1;
+  for (auto d : t.shape) t.count *= static_cast<std::size_t>(d);
+  t.offset = flat_size_;
+  t.init = init;
+  t.bound = bound;
+  num_params_ += t.count;
+  flat_size_ += (t.count + kAlign - 1) / kAlign * kAlign;
+  tensors_.push_back(std::move(t));
+  return static_cast<int>(tensors_.size()) - 1;
+}
+
+TransformerParams::TransformerParams(const ModelDims& dims) : dims_(dims) {
+  dims_.validate();
+  const std::int64_t h = dims.hidden, f = dims.ffn(), V = dims.vocab, S = dims.max_seq;
+  const double lin_h = 1.0 / std::sqrt(double(h));  // kaiming_uniform(a=sqrt(5)) bound for fan_in h
+  const double lin_f = 1.0 / std::sqrt(double(f));
+  add("embedding.weight", {V, h}, InitKind::Normal01, 0);
+  add("pos_embedding.weight", {S, h}, InitKind::Normal01, 0);
+  for (int i = 0; i < dims.layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    LayerIndex L{};
+    // xavier_uniform on [3h, h]: sqrt(6 / (fan_in + fan_out)).
+    L.in_proj_w = add(p + "attention.in_proj_weight", {3 * h, h}, InitKind::Uniform, std::sqrt(6.0 / double(h + 3 * h)));
+    L.in_proj_b = add(p + "attention.in_proj_bias", {3 * h}, InitKind::Zeros, 0);
+    L.out_proj_w = add(p + "attention.out_proj.weight", {h, h}, InitKind::Uniform, lin_h);
+    L.out_proj_b = add(p + "attention.out_proj.bias", {h}, InitKind::Zeros, 0);
+    L.norm1_w = add(p + "norm1.weight", {h}, InitKind::Ones, 0);
+    L.norm1_b = add(p + "norm1.bias", {h}, InitKind::Zeros, 0);
+    L.ff0_w = add(p + "ff.0.weight", {f, h}, InitKind::Uniform, lin_h);
+    L.ff0_b = add(p + "ff.0.bias", {f}, InitKind::Uniform, lin_h);
+    L.ff2_w = add(p + "ff.2.weight", {h, f}, InitKind::Uniform, lin_f);
+    L.ff2_b = add(p + "ff.2.bias", {h}, InitKind::Uniform, lin_f);
+    L.norm2_w = add(p + "norm2.weight", {h}, InitKind::Ones, 0);
+    L.norm2_b = add(p + "norm2.bias", {h}, InitKind::Zeros, 0);
+    layers_.push_back(L);
+  }
+  output_w_ = add("output_proj.weight", {V, h}, InitKind::Uniform, lin_h);
+  output_b_ = add("output_proj.bias", {V}, InitKind::Uniform, lin_h);
+}
+
+const ParamTensor& TransformerParams::find(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return t;
+  CUTRAIN_FAIL("model: no parameter named '", name, "' (the model has ", tensors_.size(), " tensors, e.g. '",
+               tensors_.front().name, "')");
+}
+
+void TransformerParams::init(float* flat, std::uint64_t seed) const {
+  for (std::size_t i = 0; i < flat_size_; ++i) flat[i] = 0.f;
+  for (std::size_t k = 0; k < tensors_.size(); ++k) {
+    const ParamTensor& t = tensors_[k];
+    // One generator per tensor (seed, index): a tensor's values do not depend on the others' sizes.
+    std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + k + 1);
+    float* p = flat + t.offset;
+    switch (t.init) {
+      case InitKind::Normal01: {
+        std::normal_distribution<float> d(0.f, 1.f);
+        for (std::size_t i = 0; i < t.count; ++i) p[i] = d(rng);
+        break;
+      }
+      case InitKind::Uniform: {
+        std::uniform_real_distribution<double> d(-t.bound, t.bound);
+        for (std::size_t i = 0; i < t.count; ++i) p[i] = static_cast<float>(d(rng));
+        break;
+      }
+      case InitKind::Zeros:
+        break;
+      case InitKind::Ones:
+        for (std::size_t i = 0; i < t.count; ++i) p[i] = 1.f;
+        break;
+    }
+  }
+}
+
+}  // namespace cutrain::model

@@ -1,0 +1,126 @@
+// The CPU reference model: every parameter gradient against central finite differences in fp64
+// (with and without the causal mask), and a few Adam steps on a fixed batch lower the loss.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/reference_model.h"
+#include "tests/support/test_support.h"
+
+using namespace cutrain;
+using namespace cutrain::model;
+
+namespace {
+
+void gradient_check(bool causal) {
+  auto rng = test::fresh_rng();
+  ModelDims d{8, 2, 2, 11, 5};
+  TransformerParams table(d);
+  std::vector<float> init(table.flat_size());
+  table.init(init.data(), rng());
+  std::vector<double> p(init.begin(), init.end());
+  const int B = 2, S = 5;
+  auto tok = test::random_ints(B * S, rng, 0, d.vocab - 1);
+  auto lab = test::random_ints(B * S, rng, 0, d.vocab - 1);
+  lab[3] = -100;  // an ignored row
+
+  ReferenceModel<double> model(table, causal);
+  model.forward(p.data(), tok.data(), lab.data(), B, S);
+  std::vector<double> g(table.flat_size(), 0.0);
+  model.backward(p.data(), g.data());
+
+  const double h = 1e-6;
+  for (const auto& t : table.tensors()) {
+    std::vector<float> fd(t.count);
+    std::vector<double> an(t.count);
+    for (std::size_t i = 0; i < t.count; ++i) {
+      double& x = p[t.offset + i];
+      const double x0 = x;
+      x = x0 + h;
+      const double lp = model.forward(p.data(), tok.data(), lab.data(), B, S);
+      x = x0 - h;
+      const double lm = model.forward(p.data(), tok.data(), lab.data(), B, S);
+      x = x0;
+      fd[i] = float((lp - lm) / (2 * h));
+      an[i] = g[t.offset + i];
+    }
+    // fd is rounded to float for rel_error's signature; 1e-5 leaves room for that and FD error.
+    double norm = 0;
+    for (double v : an) norm += v * v;
+    if (norm == 0) {
+      for (float v : fd) EXPECT_NEAR(v, 0.0, 1e-7) << t.name;
+      continue;
+    }
+    EXPECT_LE(test::rel_error(fd, an), 1e-5) << t.name << (causal ? " (causal)" : "");
+  }
+  // Padding of the flat buffer gets no gradient.
+  std::size_t end = 0;
+  for (const auto& t : table.tensors()) {
+    for (std::size_t i = end; i < t.offset; ++i) EXPECT_EQ(g[i], 0.0);
+    end = t.offset + t.count;
+  }
+}
+
+}  // namespace
+
+TEST(ReferenceModel, GradientsMatchFiniteDifferences) { gradient_check(false); }
+TEST(ReferenceModel, GradientsMatchFiniteDifferencesCausal) { gradient_check(true); }
+
+TEST(ReferenceModel, CausalMaskIgnoresTheFuture) {
+  auto rng = test::fresh_rng();
+  ModelDims d{16, 1, 2, 13, 6};
+  TransformerParams table(d);
+  std::vector<float> p(table.flat_size());
+  table.init(p.data(), rng());
+  auto tok = test::random_ints(6, rng, 0, 12);
+  auto lab = test::random_ints(6, rng, 0, 12);
+  ReferenceModel<float> causal(table, true), full(table, false);
+  causal.forward(p.data(), tok.data(), lab.data(), 1, 6);
+  std::vector<float> before = causal.logits();
+  full.forward(p.data(), tok.data(), lab.data(), 1, 6);
+  tok[5] = (tok[5] + 1) % 13;  // changing the last token leaves earlier causal logits alone
+  causal.forward(p.data(), tok.data(), lab.data(), 1, 6);
+  for (std::size_t i = 0; i < 5u * 13u; ++i) EXPECT_FLOAT_EQ(causal.logits()[i], before[i]);
+  // and the unmasked model is different from the masked one at position 0
+  double diff = 0;
+  for (std::size_t i = 0; i < 13; ++i) diff += std::abs(full.logits()[i] - before[i]);
+  EXPECT_GT(diff, 1e-4);
+}
+
+TEST(ReferenceModel, AdamStepsLowerTheLossOnAFixedBatch) {
+  auto rng = test::fresh_rng();
+  ModelDims d{32, 2, 4, 50, 16};
+  TransformerParams table(d);
+  std::vector<float> p(table.flat_size()), g(table.flat_size()), m(table.flat_size(), 0.f), v(table.flat_size(), 0.f);
+  table.init(p.data(), rng());
+  const int B = 2, S = 16;
+  auto tok = test::random_ints(B * S, rng, 0, d.vocab - 1);
+  auto lab = test::random_ints(B * S, rng, 0, d.vocab - 1);
+  ReferenceModel<float> model(table);
+  double first = 0, last = 0;
+  for (int step = 1; step <= 8; ++step) {
+    const double loss = model.forward(p.data(), tok.data(), lab.data(), B, S);
+    ASSERT_TRUE(std::isfinite(loss));
+    if (step == 1) first = loss;
+    last = loss;
+    std::fill(g.begin(), g.end(), 0.f);
+    model.backward(p.data(), g.data());
+    reference_adam_step(p.data(), g.data(), m.data(), v.data(), p.size(), 1e-2, 0.9, 0.999, 1e-8, 0.01, true, step);
+  }
+  EXPECT_LT(last, first - 0.5) << "first " << first << " last " << last;
+  EXPECT_GT(first, std::log(50.0) - 3.0);  // initial loss near log(V) give or take the random init
+}
+
+TEST(ReferenceModel, RejectsBadTokensAndLabels) {
+  ModelDims d{8, 1, 2, 5, 4};
+  TransformerParams table(d);
+  std::vector<float> p(table.flat_size());
+  table.init(p.data(), 1);
+  ReferenceModel<float> model(table);
+  std::vector<int32_t> tok{0, 1, 5, 2}, lab{0, 1, 2, 3};
+  EXPECT_THROW(model.forward(p.data(), tok.data(), lab.data(), 1, 4), Error);
+  tok[2] = 4;
+  lab[1] = 7;
+  EXPECT_THROW(model.forward(p.data(), tok.data(), lab.data(), 1, 4), Error);
+  EXPECT_THROW(model.forward(p.data(), tok.data(), lab.data(), 1, 5), Error);  // seq > max_seq
+}
