@@ -4,6 +4,13 @@
 // [out, in]), outputs y[M,N]. bf16 storage, fp32 accumulation. Algorithms are chosen by the
 // cuBLASLt heuristic once per (shape, epilogue, dtype) and cached; the workspace is allocated once
 // at construction (from the caching allocator when one is given).
+//
+// Pointers need only element alignment (2 B for bf16, 4 B for fp32); the heuristic is told each
+// pointer's real alignment, so misaligned or odd-shaped operands get a (slower) algorithm that
+// supports them. Fused GELU/DGELU epilogues need the aux leading dimension (N resp. K) divisible
+// by 8; otherwise (or when cuBLASLt offers no fused algorithm) the same result is computed as a
+// plain GEMM plus an elementwise kernel. A Gemm owns one workspace: use it from one stream (or
+// one per stream); it is not thread-safe.
 #pragma once
 
 #include <cublasLt.h>
@@ -40,7 +47,8 @@ class Gemm {
                GemmEpilogue ep = GemmEpilogue::None, bf16* aux = nullptr);
 
   // dx[M,K] = dy[M,N] · W[N,K]  (+ beta · dx: beta = 1 accumulates, e.g. a residual gradient).
-  // With dgelu_tanh_aux non-null: dx = (dy·W) ⊙ gelu_tanh'(aux[M,K]) (cuBLASLt DGELU epilogue).
+  // With dgelu_tanh_aux non-null: dx = (dy·W) ⊙ gelu_tanh'(aux[M,K]) (cuBLASLt DGELU epilogue);
+  // beta must then be 0 (an error otherwise: cuBLASLt would apply gelu' to the accumulated sum).
   void grad_input(cudaStream_t s, const bf16* dy, const bf16* w, bf16* dx, int M, int N, int K, float beta = 0.f,
                   const bf16* dgelu_tanh_aux = nullptr);
 
@@ -49,6 +57,10 @@ class Gemm {
                    bool accumulate);
 
   cublasLtHandle_t handle() const { return handle_; }
+  // Number of cached matmul plans (descriptor + layouts + heuristic algorithm), one per distinct
+  // (op, M, N, K, epilogue, output type, beta != 0, pointer alignments) seen so far.
+  std::size_t plan_count() const;
+  std::size_t workspace_bytes() const;
 
  private:
   struct Impl;

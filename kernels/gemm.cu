@@ -1,0 +1,408 @@
+// @brief The cuBLASLt wrapper of kernels/gemm.cuh: row-major <-> column-major mapping, the plan
+// cache (descriptor + layouts + heuristic algorithm per shape), and the unfused epilogue fallback.
+//
+// ---- Row-major <-> column-major, worked out once ----
+// cuBLASLt is column-major. A row-major matrix X[R,C] (leading dim C) is, byte for byte, the
+// column-major matrix Xᵀ[C,R] with the same leading dim C. So every product below is written for
+// the transposed (column-major) outputs, D = op(A)·op(B) with D [m,n] column-major:
+//
+//   forward     y[M,N]  = x[M,K]·W[N,K]ᵀ   ⇔  yᵀ[N,M]  = W·xᵀ:
+//               A = W   (col-major [K,N], ld K) with op T → [N,K];  B = x (col-major [K,M], ld K), op N
+//               m = N, n = M, k = K, D = y with ld N. Bias has length m = N (one per output feature),
+//               the GELU aux is [m,n] ld N = row-major [M,N], like y.
+//   grad_input  dx[M,K] = dy[M,N]·W[N,K]   ⇔  dxᵀ[K,M] = Wᵀ·dyᵀ:
+//               A = W   (col-major [K,N], ld K), op N;  B = dy (col-major [N,M], ld N), op N
+//               m = K, n = M, k = N, D = dx with ld K; the DGELU aux is [K,M] ld K = row-major [M,K].
+//   grad_weight dW[N,K] = dy[M,N]ᵀ·x[M,K] ⇔  dWᵀ[K,N] = xᵀ·dy:
+//               A = x   (col-major [K,M], ld K), op N;  B = dy (col-major [N,M], ld N), op T → [M,N]
+//               m = K, n = N, k = M, D = dW with ld K.
+#include "kernels/gemm.cuh"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "runtime/allocator.h"
+#include "runtime/check.h"
+#include "runtime/nvtx.h"
+
+namespace cutrain::kernels {
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Unfused epilogue fallback (aux leading dim not divisible by 8, or no fused algorithm)
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float gelu_tanh_f(float x) {
+  const float kC = 0.7978845608028654f;  // sqrt(2/pi)
+  const float u = kC * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.f + tanhf(u));
+}
+
+__device__ __forceinline__ float gelu_tanh_grad_f(float x) {
+  const float kC = 0.7978845608028654f;
+  const float x2 = x * x;
+  const float t = tanhf(kC * (x + 0.044715f * x2 * x));
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kC * (1.f + 3.f * 0.044715f * x2);
+}
+
+// y[i] = gelu_tanh(pre[i])
+__global__ void gelu_tanh_from_pre_kernel(const bf16* __restrict__ pre, bf16* __restrict__ y, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16_rn(gelu_tanh_f(__bfloat162float(pre[i])));
+}
+
+// g[i] *= gelu_tanh'(pre[i]), in place.
+__global__ void dgelu_tanh_inplace_kernel(bf16* __restrict__ g, const bf16* __restrict__ pre, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+    g[i] = __float2bfloat16_rn(__bfloat162float(g[i]) * gelu_tanh_grad_f(__bfloat162float(pre[i])));
+}
+
+unsigned elementwise_grid(std::size_t n) {
+  return static_cast<unsigned>(std::min<std::size_t>((n + 255) / 256, 132u * 16u));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plans
+// ---------------------------------------------------------------------------------------------
+
+enum class Op : std::uint8_t { Forward, GradInput, GradWeight };
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::Forward: return "forward";
+    case Op::GradInput: return "grad_input";
+    case Op::GradWeight: return "grad_weight";
+  }
+  return "?";
+}
+
+const char* epilogue_name(cublasLtEpilogue_t e) {
+  switch (e) {
+    case CUBLASLT_EPILOGUE_DEFAULT: return "none";
+    case CUBLASLT_EPILOGUE_BIAS: return "bias";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "bias+gelu_aux";
+    case CUBLASLT_EPILOGUE_DGELU: return "dgelu";
+    default: return "other";
+  }
+}
+
+// The alignment the heuristic may assume for a pointer: its lowest set address bit, capped at
+// cuBLASLt's default assumption of 256 bytes (null pointers are not read: 256).
+std::uint32_t alignment_of(const void* p) {
+  auto a = reinterpret_cast<std::uintptr_t>(p);
+  if (a == 0) return 256;
+  return static_cast<std::uint32_t>(std::min<std::uintptr_t>(a & (~a + 1), 256));
+}
+
+// One cuBLASLt matmul in column-major terms: D[m,n] = alpha·op(A)·op(B) + beta·D, with epilogue.
+struct Matmul {
+  Op op;
+  cublasOperation_t ta, tb;
+  int m, n, k;
+  const void* a; std::int64_t lda;
+  const void* b; std::int64_t ldb;
+  void* d; std::int64_t ldd;
+  cudaDataType_t d_type;
+  float beta = 0.f;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  void* aux = nullptr;
+  std::int64_t aux_ld = 0;
+};
+
+// Everything that changes the descriptor or the heuristic's answer. Alignments are part of it
+// because the heuristic picks different algorithms for differently aligned pointers.
+using PlanKey = std::tuple<int /*op*/, int, int, int, int /*ta*/, int /*tb*/, int /*epilogue*/, int /*d_type*/,
+                           bool /*beta != 0*/, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t>;
+
+PlanKey key_of(const Matmul& mm) {
+  return PlanKey{static_cast<int>(mm.op), mm.m, mm.n, mm.k, static_cast<int>(mm.ta), static_cast<int>(mm.tb),
+                 static_cast<int>(mm.epilogue), static_cast<int>(mm.d_type), mm.beta != 0.f,
+                 alignment_of(mm.a), alignment_of(mm.b), alignment_of(mm.d), alignment_of(mm.bias),
+                 alignment_of(mm.aux)};
+}
+
+// A descriptor, its four layouts and the chosen algorithm. `has_algo` false records that the
+// heuristic found none (so a fused epilogue is not asked again; the caller falls back).
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool has_algo = false;
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+struct PreferenceGuard {
+  cublasLtMatmulPreference_t p = nullptr;
+  ~PreferenceGuard() {
+    if (p) cublasLtMatmulPreferenceDestroy(p);
+  }
+};
+
+template <typename T>
+void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
+  CUTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)));
+}
+
+template <typename T>
+void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, const T& v) {
+  CUTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)));
+}
+
+// The per-call pointers of the epilogue (the rest of the descriptor is fixed per plan).
+void set_epilogue_pointers(cublasLtMatmulDesc_t desc, const Matmul& mm) {
+  if (mm.bias) set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, mm.bias);
+  if (mm.aux) set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, mm.aux);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Gemm::Impl
+// ---------------------------------------------------------------------------------------------
+
+struct Gemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  CachingAllocator* alloc = nullptr;
+  Buffer ws_buffer;            // from the allocator, or
+  void* ws_raw = nullptr;      // from cudaMalloc when no allocator is given
+  void* ws = nullptr;
+  std::size_t ws_bytes = 0;
+  std::map<PlanKey, std::unique_ptr<Plan>> plans;
+
+  ~Impl() {
+    plans.clear();
+    ws_buffer.reset();
+    if (ws_raw) cudaFree(ws_raw);
+    if (handle) cublasLtDestroy(handle);
+  }
+
+  std::unique_ptr<Plan> make_plan(const Matmul& mm, bool required) const {
+    auto plan = std::make_unique<Plan>();
+    CUTRAIN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<std::int32_t>(mm.ta));
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<std::int32_t>(mm.tb));
+    set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(mm.epilogue));
+    if (mm.bias) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(CUDA_R_16BF));
+    if (mm.aux) {
+      set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, mm.aux_ld);
+      set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, static_cast<std::int32_t>(CUDA_R_16BF));
+    }
+    set_epilogue_pointers(plan->desc, mm);  // the heuristic reads their alignment
+
+    // Layouts as stored (column-major): op N stores [rows, cols] of op(X); op T stores its transpose.
+    const bool at = mm.ta == CUBLAS_OP_T, bt = mm.tb == CUBLAS_OP_T;
+    CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, at ? mm.k : mm.m, at ? mm.m : mm.k, mm.lda));
+    CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, bt ? mm.n : mm.k, bt ? mm.k : mm.n, mm.ldb));
+    CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, mm.d_type, mm.m, mm.n, mm.ldd));
+    CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, mm.d_type, mm.m, mm.n, mm.ldd));
+
+    PreferenceGuard pref;
+    CUTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.p));
+    set_pref(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<std::uint64_t>(ws_bytes));
+    set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(mm.a));
+    set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(mm.b));
+    set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(mm.d));
+    set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(mm.d));
+
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->d, pref.p,
+                                                       1, &result, &found);
+    // NOT_SUPPORTED means "no algorithm for this combination": recorded as such, not thrown. An
+    // optional (fused-epilogue) plan records any refusal, so the caller falls back.
+    if (required && st != CUBLAS_STATUS_NOT_SUPPORTED) CUTRAIN_CUBLAS_CHECK(st);
+    plan->has_algo = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (plan->has_algo) plan->algo = result.algo;
+    return plan;
+  }
+
+  // Runs `mm`. Returns false when cuBLASLt has no algorithm for it and `required` is false (the
+  // caller then falls back); throws a clear error when `required`.
+  bool run(cudaStream_t s, const Matmul& mm, bool required) {
+    const PlanKey key = key_of(mm);
+    auto it = plans.find(key);
+    if (it == plans.end()) it = plans.emplace(key, make_plan(mm, required)).first;
+    Plan& plan = *it->second;
+    if (!plan.has_algo) {
+      CUTRAIN_CHECK(!required, "Gemm::", op_name(mm.op), ": cuBLASLt's heuristic found no algorithm for column-major m=",
+                    mm.m, " n=", mm.n, " k=", mm.k, " (transa=", mm.ta == CUBLAS_OP_T ? "T" : "N",
+                    " transb=", mm.tb == CUBLAS_OP_T ? "T" : "N", ", epilogue ", epilogue_name(mm.epilogue),
+                    ", output ", mm.d_type == CUDA_R_32F ? "fp32" : "bf16", ", beta ", mm.beta,
+                    ", workspace ", ws_bytes, " B, alignments A/B/D ", alignment_of(mm.a), "/", alignment_of(mm.b),
+                    "/", alignment_of(mm.d), " B)");
+      return false;
+    }
+    set_epilogue_pointers(plan.desc, mm);
+    const float alpha = 1.f;
+    CUTRAIN_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, mm.a, plan.a, mm.b, plan.b, &mm.beta, mm.d, plan.c,
+                                        mm.d, plan.d, &plan.algo, ws, ws_bytes, s));
+    return true;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks (all before any launch, so a bad call leaves every output untouched)
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+void check_dims(const char* fn, int M, int N, int K) {
+  CUTRAIN_CHECK(M > 0 && N > 0 && K > 0, fn, ": M, N, K must all be > 0, got M=", M, " N=", N, " K=", K);
+}
+
+void check_ptr(const char* fn, const char* name, const void* p, std::size_t elem_bytes) {
+  CUTRAIN_CHECK(p != nullptr, fn, ": `", name, "` must not be null");
+  CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(p) % elem_bytes == 0, fn, ": `", name, "` must be aligned to its ",
+                elem_bytes, "-byte element, got address ", p);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Gemm
+// ---------------------------------------------------------------------------------------------
+
+Gemm::Gemm(CachingAllocator* alloc, std::size_t workspace_bytes) : impl_(new Impl) {
+  try {
+    CUTRAIN_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
+    handle_ = impl_->handle;
+    impl_->alloc = alloc;
+    impl_->ws_bytes = workspace_bytes;
+    if (workspace_bytes > 0) {
+      if (alloc) {
+        impl_->ws_buffer = Buffer(*alloc, workspace_bytes);
+        impl_->ws = impl_->ws_buffer.get();
+      } else {
+        CUTRAIN_CUDA_CHECK(cudaMalloc(&impl_->ws_raw, workspace_bytes));
+        impl_->ws = impl_->ws_raw;
+      }
+    }
+  } catch (...) {
+    delete impl_;
+    throw;
+  }
+}
+
+Gemm::~Gemm() { delete impl_; }
+
+std::size_t Gemm::plan_count() const { return impl_->plans.size(); }
+std::size_t Gemm::workspace_bytes() const { return impl_->ws_bytes; }
+
+void Gemm::forward(cudaStream_t s, const bf16* x, const bf16* w, const bf16* bias, bf16* y, int M, int N, int K,
+                   GemmEpilogue ep, bf16* aux) {
+  const char* fn = "Gemm::forward";
+  check_dims(fn, M, N, K);
+  check_ptr(fn, "x", x, 2);
+  check_ptr(fn, "w", w, 2);
+  check_ptr(fn, "y", y, 2);
+  switch (ep) {
+    case GemmEpilogue::None:
+      CUTRAIN_CHECK(bias == nullptr && aux == nullptr, fn, ": epilogue None takes no bias/aux, got bias=", bias,
+                    " aux=", static_cast<const void*>(aux), " (use GemmEpilogue::Bias or BiasGeluTanh)");
+      break;
+    case GemmEpilogue::Bias:
+      check_ptr(fn, "bias", bias, 2);
+      CUTRAIN_CHECK(aux == nullptr, fn, ": epilogue Bias writes no aux, got aux=", static_cast<const void*>(aux));
+      break;
+    case GemmEpilogue::BiasGeluTanh:
+      check_ptr(fn, "bias", bias, 2);
+      check_ptr(fn, "aux", aux, 2);
+      CUTRAIN_CHECK(aux != y, fn, ": aux (the pre-activation) must not alias y");
+      break;
+    default:
+      CUTRAIN_FAIL(fn, ": unknown epilogue ", static_cast<int>(ep));
+  }
+  NvtxRange range("gemm_fwd");
+
+  Matmul mm{Op::Forward, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, CUDA_R_16BF};
+  if (ep == GemmEpilogue::None) {
+    impl_->run(s, mm, true);
+    return;
+  }
+  mm.bias = bias;
+  if (ep == GemmEpilogue::Bias) {
+    mm.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    impl_->run(s, mm, true);
+    return;
+  }
+  // BiasGeluTanh: fused when cuBLASLt can (aux ld = N divisible by 8), else pre = x·Wᵀ + b into
+  // aux, then y = gelu(pre) elementwise.
+  if (N % 8 == 0) {
+    Matmul fused = mm;
+    fused.epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    fused.aux = aux;
+    fused.aux_ld = N;
+    if (impl_->run(s, fused, false)) return;
+  }
+  mm.epilogue = CUBLASLT_EPILOGUE_BIAS;
+  mm.d = aux;
+  impl_->run(s, mm, true);
+  const std::size_t n = std::size_t(M) * N;
+  gelu_tanh_from_pre_kernel<<<elementwise_grid(n), 256, 0, s>>>(aux, y, n);
+  CUTRAIN_LAUNCH_CHECK("gelu_tanh_from_pre_kernel");
+}
+
+void Gemm::grad_input(cudaStream_t s, const bf16* dy, const bf16* w, bf16* dx, int M, int N, int K, float beta,
+                      const bf16* dgelu_tanh_aux) {
+  const char* fn = "Gemm::grad_input";
+  check_dims(fn, M, N, K);
+  check_ptr(fn, "dy", dy, 2);
+  check_ptr(fn, "w", w, 2);
+  check_ptr(fn, "dx", dx, 2);
+  if (dgelu_tanh_aux) {
+    check_ptr(fn, "dgelu_tanh_aux", dgelu_tanh_aux, 2);
+    CUTRAIN_CHECK(beta == 0.f, fn, ": the DGELU epilogue needs beta = 0, got beta=", beta,
+                  " (accumulate the GELU gradient separately)");
+  }
+  NvtxRange range("gemm_dgrad");
+
+  Matmul mm{Op::GradInput, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, w, K, dy, N, dx, K, CUDA_R_16BF};
+  mm.beta = beta;
+  if (!dgelu_tanh_aux) {
+    impl_->run(s, mm, true);
+    return;
+  }
+  if (K % 8 == 0) {
+    Matmul fused = mm;
+    fused.epilogue = CUBLASLT_EPILOGUE_DGELU;
+    fused.aux = const_cast<bf16*>(dgelu_tanh_aux);  // read-only in backward; cuBLASLt's attribute is void*
+    fused.aux_ld = K;
+    if (impl_->run(s, fused, false)) return;
+  }
+  impl_->run(s, mm, true);
+  const std::size_t n = std::size_t(M) * K;
+  dgelu_tanh_inplace_kernel<<<elementwise_grid(n), 256, 0, s>>>(dx, dgelu_tanh_aux, n);
+  CUTRAIN_LAUNCH_CHECK("dgelu_tanh_inplace_kernel");
+}
+
+void Gemm::grad_weight(cudaStream_t s, const bf16* dy, const bf16* x, void* dw, DType dw_type, int M, int N, int K,
+                       bool accumulate) {
+  const char* fn = "Gemm::grad_weight";
+  check_dims(fn, M, N, K);
+  CUTRAIN_CHECK(dw_type == DType::BF16 || dw_type == DType::F32, fn, ": dw_type must be bfloat16 or float32, got ",
+                dtype_name(dw_type));
+  check_ptr(fn, "dy", dy, 2);
+  check_ptr(fn, "x", x, 2);
+  check_ptr(fn, "dw", dw, dtype_size(dw_type));
+  NvtxRange range("gemm_wgrad");
+
+  Matmul mm{Op::GradWeight, CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, x, K, dy, N, dw, K,
+            dw_type == DType::F32 ? CUDA_R_32F : CUDA_R_16BF};
+  mm.beta = accumulate ? 1.f : 0.f;
+  impl_->run(s, mm, true);
+}
+
+}  // namespace cutrain::kernels
