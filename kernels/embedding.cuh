@@ -21,6 +21,8 @@ void embedding_forward(cudaStream_t s, const int32_t* tokens, const bf16* wte, c
 // Deterministic (fixed order, no float atomics), correct with repeated tokens; tables of type
 // `grad_type` (bf16 or fp32); rows of dwte for tokens absent from the batch are left untouched
 // when accumulate, zeroed otherwise. `scratch`: embedding_backward_scratch_bytes(B, T, C, vocab).
+// Token ids outside [0, vocab) contribute nothing (the forward reports them); rows t >= T of
+// dwpe are never touched. embedding_backward_scratch_bytes needs a CUDA device (it asks CUB).
 std::size_t embedding_backward_scratch_bytes(int B, int T, int C, int vocab);
 void embedding_backward(cudaStream_t s, const bf16* dout, const int32_t* tokens, void* dwte, void* dwpe,
                         DType grad_type, bool accumulate, int B, int T, int C, int vocab, void* scratch);

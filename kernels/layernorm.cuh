@@ -10,7 +10,8 @@
 
 namespace cutrain::kernels {
 
-// sum = x + residual (residual may be null: sum = x, and `sum_out` may then be null too);
+// sum = x + residual (residual may be null: sum = x, and `sum_out` may then be null too; when
+// given it receives x); `sum_out` must not alias x.
 // y = (sum - mean) * rstd * gamma + beta; mean, rstd fp32 per row (PyTorch's eps default 1e-5).
 void layernorm_residual_forward(cudaStream_t s, const bf16* x, const bf16* residual, bf16* sum_out, bf16* y,
                                 float* mean, float* rstd, const bf16* gamma, const bf16* beta, int rows, int cols,

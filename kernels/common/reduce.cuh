@@ -50,3 +50,26 @@ __device__ __forceinline__ float block_max(float v, float* smem) {
 }
 
 }  // namespace cutrain::kernels
+
+namespace cutrain::kernels {
+
+// Two sums at once (one shared-memory round trip): block_sum of a.x and of a.y. `smem` holds at
+// least 2 * blockDim.x / 32 floats. Same rules as block_sum.
+__device__ __forceinline__ float2 block_sum2(float2 a, float* smem) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int nwarps = blockDim.x / kWarpSize;
+  a.x = warp_sum(a.x);
+  a.y = warp_sum(a.y);
+  if (lane == 0) {
+    smem[2 * warp] = a.x;
+    smem[2 * warp + 1] = a.y;
+  }
+  __syncthreads();
+  float2 t = lane < nwarps ? make_float2(smem[2 * lane], smem[2 * lane + 1]) : make_float2(0.f, 0.f);
+  t.x = warp_sum(t.x);
+  t.y = warp_sum(t.y);
+  __syncthreads();
+  return t;
+}
+
+}  // namespace cutrain::kernels

@@ -1,0 +1,177 @@
+// GELU forward (optionally with the bias add) and backward, exact erf or tanh (see gelu.cuh).
+//
+// Elementwise and memory-bound: each thread moves 16-byte vectors of 8 bf16 in a grid-stride
+// loop. The vector path needs 16-byte aligned pointers and, with a bias, cols % 8 == 0 (so a
+// vector never straddles two rows); otherwise a scalar kernel does the same math.
+#include "kernels/gelu.cuh"
+
+#include <algorithm>
+
+#include "kernels/common/vec.cuh"
+#include "runtime/check.h"
+
+namespace cutrain::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 8;  // grid = SMs x this: enough vectors in flight, no tail wave
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+constexpr float kSqrt2OverPi = 0.79788456080286536f;
+constexpr float kTanhCoef = 0.044715f;
+
+template <GeluKind K>
+__device__ __forceinline__ float gelu(float x) {
+  if constexpr (K == GeluKind::Erf) {
+    return 0.5f * x * (1.f + erff(x * kInvSqrt2));
+  } else {
+    const float u = kSqrt2OverPi * (x + kTanhCoef * x * x * x);
+    return 0.5f * x * (1.f + tanhf(u));
+  }
+}
+
+// d gelu(x) / dx
+template <GeluKind K>
+__device__ __forceinline__ float gelu_grad(float x) {
+  if constexpr (K == GeluKind::Erf) {
+    const float cdf = 0.5f * (1.f + erff(x * kInvSqrt2));
+    const float pdf = kInvSqrt2Pi * __expf(-0.5f * x * x);
+    return cdf + x * pdf;
+  } else {
+    const float u = kSqrt2OverPi * (x + kTanhCoef * x * x * x);
+    const float t = tanhf(u);
+    const float du = kSqrt2OverPi * (1.f + 3.f * kTanhCoef * x * x);
+    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
+  }
+}
+
+int grid_for(std::size_t work_items) {
+  static int sms = [] {
+    int dev = 0, n = 0;
+    CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
+    CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }();
+  const std::size_t need = ceil_div<std::size_t>(work_items, kThreads);
+  return static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(need, std::size_t(sms) * kBlocksPerSm)));
+}
+
+// Vector path: n elements, nvec = n / 8 full vectors, the last n % 8 done by thread 0 of block 0.
+// `in` and `out` may alias (no __restrict__); bias has cols % 8 == 0 here.
+template <GeluKind K>
+__global__ void __launch_bounds__(kThreads)
+    gelu_fwd_vec(const bf16* in, const bf16* __restrict__ bias, bf16* pre_out, bf16* out, std::size_t n, int cols) {
+  const std::size_t nvec = n / kBf16PerVec;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t v = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec; v += stride) {
+    const std::size_t off = v * kBf16PerVec;
+    float x[8];
+    load_bf16x8<Load::Streaming>(in + off, x);
+    if (bias) {
+      float b[8];
+      load_bf16x8<Load::ReadOnly>(bias + off % cols, b);
+      // Backward differentiates at the stored (bf16) pre-activation, so use exactly that here.
+#pragma unroll
+      for (int k = 0; k < 8; ++k) x[k] = __bfloat162float(__float2bfloat16_rn(x[k] + b[k]));
+      if (pre_out) store_bf16x8(pre_out + off, x);
+    }
+    float y[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) y[k] = gelu<K>(x[k]);
+    store_bf16x8(out + off, y);  // default policy: the next GEMM reads it soon
+  }
+  if (blockIdx.x == 0 && threadIdx.x < n % kBf16PerVec) {
+    const std::size_t i = nvec * kBf16PerVec + threadIdx.x;
+    float x = __bfloat162float(in[i]);
+    if (bias) {
+      x = __bfloat162float(__float2bfloat16_rn(x + __bfloat162float(bias[i % cols])));
+      if (pre_out) pre_out[i] = __float2bfloat16_rn(x);
+    }
+    out[i] = __float2bfloat16_rn(gelu<K>(x));
+  }
+}
+
+template <GeluKind K>
+__global__ void __launch_bounds__(kThreads)
+    gelu_fwd_scalar(const bf16* in, const bf16* __restrict__ bias, bf16* pre_out, bf16* out, std::size_t n, int cols) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float x = __bfloat162float(in[i]);
+    if (bias) {
+      x = __bfloat162float(__float2bfloat16_rn(x + __bfloat162float(bias[i % cols])));
+      if (pre_out) pre_out[i] = __float2bfloat16_rn(x);
+    }
+    out[i] = __float2bfloat16_rn(gelu<K>(x));
+  }
+}
+
+// `dout` and `din` may alias. vec = use 16-byte vectors for the first n / 8 * 8 elements.
+template <GeluKind K, bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    gelu_bwd(const bf16* dout, const bf16* __restrict__ pre, bf16* din, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  std::size_t done = 0;
+  if constexpr (kVec) {
+    const std::size_t nvec = n / kBf16PerVec;
+    for (std::size_t v = tid; v < nvec; v += stride) {
+      const std::size_t off = v * kBf16PerVec;
+      float d[8], x[8], o[8];
+      load_bf16x8<Load::Streaming>(dout + off, d);
+      load_bf16x8<Load::Streaming>(pre + off, x);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) o[k] = d[k] * gelu_grad<K>(x[k]);
+      store_bf16x8<Store::Streaming>(din + off, o);
+    }
+    done = nvec * kBf16PerVec;
+  }
+  for (std::size_t i = done + tid; i < n; i += stride)
+    din[i] = __float2bfloat16_rn(__bfloat162float(dout[i]) * gelu_grad<K>(__bfloat162float(pre[i])));
+}
+
+template <GeluKind K>
+void launch_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_out, bf16* out, std::size_t n,
+                    int cols) {
+  const bool vec = is_aligned16(in) && is_aligned16(out) && (!pre_out || is_aligned16(pre_out)) &&
+                   (!bias || (is_aligned16(bias) && cols % kBf16PerVec == 0));
+  if (vec) {
+    gelu_fwd_vec<K><<<grid_for(n / kBf16PerVec), kThreads, 0, s>>>(in, bias, pre_out, out, n, cols);
+    CUTRAIN_LAUNCH_CHECK("gelu_fwd_vec");
+  } else {
+    gelu_fwd_scalar<K><<<grid_for(n), kThreads, 0, s>>>(in, bias, pre_out, out, n, cols);
+    CUTRAIN_LAUNCH_CHECK("gelu_fwd_scalar");
+  }
+}
+
+template <GeluKind K>
+void launch_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n) {
+  if (is_aligned16(dout) && is_aligned16(pre) && is_aligned16(din)) {
+    gelu_bwd<K, true><<<grid_for(n / kBf16PerVec), kThreads, 0, s>>>(dout, pre, din, n);
+  } else {
+    gelu_bwd<K, false><<<grid_for(n), kThreads, 0, s>>>(dout, pre, din, n);
+  }
+  CUTRAIN_LAUNCH_CHECK("gelu_bwd");
+}
+
+}  // namespace
+
+void gelu_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_out, bf16* out, std::size_t rows,
+                  int cols, GeluKind kind) {
+  CUTRAIN_CHECK(rows > 0 && cols > 0, "gelu_forward: rows and cols must be positive, got ", rows, "x", cols);
+  CUTRAIN_CHECK(in && out, "gelu_forward: in and out must be non-null");
+  CUTRAIN_CHECK(!pre_out || (pre_out != in && pre_out != out),
+                "gelu_forward: pre_out must not alias in or out");
+  const std::size_t n = rows * static_cast<std::size_t>(cols);
+  if (kind == GeluKind::Erf) launch_forward<GeluKind::Erf>(s, in, bias, pre_out, out, n, cols);
+  else launch_forward<GeluKind::Tanh>(s, in, bias, pre_out, out, n, cols);
+}
+
+void gelu_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n, GeluKind kind) {
+  CUTRAIN_CHECK(n > 0, "gelu_backward: n must be positive, got ", n);
+  CUTRAIN_CHECK(dout && pre && din, "gelu_backward: dout, pre and din must be non-null");
+  CUTRAIN_CHECK(din != pre, "gelu_backward: din must not alias pre");
+  if (kind == GeluKind::Erf) launch_backward<GeluKind::Erf>(s, dout, pre, din, n);
+  else launch_backward<GeluKind::Tanh>(s, dout, pre, din, n);
+}
+
+}  // namespace cutrain::kernels

@@ -1,0 +1,1 @@
+cutrain_add_kernel(layernorm SOURCES ${CMAKE_CURRENT_LIST_DIR}/layernorm.cu)
