@@ -28,6 +28,7 @@ struct OptimizerConfig {
   float weight_decay = 0.f;
   // DeepSpeed's Adam with adam_w_mode=true is AdamW; type "Adam" uses L2 unless adam_w_mode.
   bool adam_w_mode = true;
+  bool bias_correction = true;
 };
 
 struct SchedulerConfig {
@@ -49,6 +50,10 @@ struct OffloadConfig {
   bool pin_memory = false;
   int buffer_count = 4;
   bool pipeline_read = false, pipeline_write = false;
+  std::int64_t buffer_size = 100000000;  // elements per pinned buffer (offload_param)
+  std::int64_t max_in_cpu = 1000000000;  // elements kept in CPU memory when offloading to NVMe
+  bool fast_init = false;                // offload_optimizer only
+  float ratio = 1.f;                     // offload_optimizer: fraction of the optimizer offloaded
 };
 
 struct ZeroConfig {
@@ -59,6 +64,13 @@ struct ZeroConfig {
   std::int64_t allgather_bucket_size = 500000000;
   std::int64_t stage3_param_persistence_threshold = 100000;
   std::int64_t stage3_prefetch_bucket_size = 50000000;
+  std::int64_t stage3_max_live_parameters = 1000000000;
+  std::int64_t stage3_max_reuse_distance = 1000000000;
+  std::int64_t sub_group_size = 1000000000;
+  bool reduce_scatter = true;
+  bool allgather_partitions = true;
+  bool round_robin_gradients = false;
+  bool stage3_gather_16bit_weights_on_model_save = false;
   OffloadConfig offload_optimizer;
   OffloadConfig offload_param;
 };
@@ -70,9 +82,22 @@ struct Bf16Config {
   bool stochastic_rounding = false;  // cutrain extension: stochastic rounding of bf16 writes
 };
 
+// fp16 mixed precision (the offload example's fp16 variant). Never together with bf16.
+struct Fp16Config {
+  bool enabled = false;
+  bool auto_cast = false;
+  float loss_scale = 0.f;  // 0: dynamic loss scaling
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  float min_loss_scale = 1.f;
+};
+
 struct AutocastConfig {
   bool enabled = false;
-  std::string dtype = "torch.bfloat16";
+  std::string dtype = "torch.bfloat16";  // "torch.bfloat16" | "torch.float16" (normalized spelling)
+  std::vector<std::string> lower_precision_safe_modules;
 };
 
 struct ActivationCheckpointingConfig {
@@ -80,6 +105,8 @@ struct ActivationCheckpointingConfig {
   bool cpu_checkpointing = false;
   bool contiguous_memory_optimization = false;
   std::optional<int> number_checkpoints;
+  bool synchronize_checkpoint_boundary = false;
+  bool profile = false;
 };
 
 struct AioConfig {
@@ -103,6 +130,7 @@ struct TrainConfig {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   Bf16Config bf16;
+  Fp16Config fp16;
   ZeroConfig zero_optimization;
   AutocastConfig torch_autocast;
   ActivationCheckpointingConfig activation_checkpointing;
@@ -112,7 +140,13 @@ struct TrainConfig {
 
   // Resolves the batch triple for `world_size` ranks (fills the missing ones; ConfigError when
   // they do not multiply out or none is given).
+  // The first call remembers which of the three were given, so later calls (another world size)
+  // resolve from those, not from the values an earlier call filled in.
   void resolve_batch(int world_size);
+  struct BatchGiven {
+    std::optional<int> train, micro, accumulation;
+  };
+  std::optional<BatchGiven> batch_given;
   int micro_batch() const { return train_micro_batch_size_per_gpu.value_or(1); }
   int accumulation() const { return gradient_accumulation_steps.value_or(1); }
 };
@@ -122,7 +156,8 @@ struct ConfigLoadOptions {
   int world_size = 1;
 };
 
-// Reads and validates `path`. Throws ConfigError (file, JSON path, expected, found).
+// Reads and validates `path`, then resolves the batch triple for options.world_size.
+// Throws ConfigError (file, JSON path, expected, found).
 TrainConfig load_config(const std::filesystem::path& path, const ConfigLoadOptions& options = {});
 // The same from a JSON text (`origin` names it in messages).
 TrainConfig parse_config(const std::string& json_text, const std::string& origin, const ConfigLoadOptions& options = {});
