@@ -1,0 +1,87 @@
+// @brief Stochastic rounding fp32 -> bf16 from a counter-based hash of (seed, step, stream, index).
+//
+// Why counter-based: the random bits of element i at step s depend only on (seed, s, stream, i),
+// never on thread order or on how many numbers were drawn before, so a resumed run (same seed, same
+// step) rounds to the same bits, and the CPU reference (tests/reference/adamw_ref.cpp) can reproduce
+// them exactly. Everything here is __host__ __device__ for that reason.
+//
+// Cost: one 64-bit mix per (stream, index >> 32) "key" (hoisted out of loops by callers) and one
+// 32-bit mix per element; each mix yields 32 bits, i.e. two 16-bit roundings.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cutrain::kernels {
+
+// 32-bit finalizer with low bias (xor-shift-multiply; a bijection on uint32).
+__host__ __device__ __forceinline__ std::uint32_t sr_mix32(std::uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+
+// splitmix64 finalizer.
+__host__ __device__ __forceinline__ std::uint64_t sr_mix64(std::uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+// The per-(seed, step, stream, high index bits) key. `stream` tells apart the several bf16
+// outputs of one kernel (parameter, first moment, second moment) so they use independent bits.
+__host__ __device__ __forceinline__ std::uint32_t sr_key(std::uint64_t seed, std::uint64_t step, std::uint32_t stream,
+                                                         std::uint32_t index_hi) {
+  std::uint64_t k = sr_mix64(seed ^ 0x243f6a8885a308d3ULL);
+  k = sr_mix64(k ^ (step * 0x9e3779b97f4a7c15ULL));
+  k = sr_mix64(k ^ ((static_cast<std::uint64_t>(stream) << 32) | index_hi));
+  return static_cast<std::uint32_t>(k ^ (k >> 32));
+}
+
+// 32 random bits for element `index_lo` under `key`.
+__host__ __device__ __forceinline__ std::uint32_t sr_bits(std::uint32_t key, std::uint32_t index_lo) {
+  return sr_mix32(sr_mix32(index_lo ^ key) + key);
+}
+
+// One call for all of it: 32 random bits for element `index` of `stream` at `step`.
+__host__ __device__ __forceinline__ std::uint32_t sr_random(std::uint64_t seed, std::uint64_t step, std::uint32_t stream,
+                                                            std::uint64_t index) {
+  return sr_bits(sr_key(seed, step, stream, static_cast<std::uint32_t>(index >> 32)),
+                 static_cast<std::uint32_t>(index));
+}
+
+// Rounds the fp32 bit pattern `u` to bf16 bits: up (away from zero in magnitude) with probability
+// equal to the dropped fraction of an ulp, using the 16 random bits `r`. NaN/Inf go through
+// unchanged (NaN kept quiet); finite values near the top may round to Inf, as they should.
+__host__ __device__ __forceinline__ std::uint16_t sr_round_bits(std::uint32_t u, std::uint32_t r16) {
+  if ((u & 0x7f800000u) == 0x7f800000u) {
+    return static_cast<std::uint16_t>((u >> 16) | ((u & 0x007fffffu) ? 0x40u : 0u));
+  }
+  return static_cast<std::uint16_t>((u + (r16 & 0xffffu)) >> 16);
+}
+
+#ifdef __CUDACC__
+// Device convenience: fp32 -> bf16 with stochastic rounding from 16 random bits.
+__device__ __forceinline__ __nv_bfloat16 bf16_round_stochastic(float f, std::uint32_t r16) {
+  __nv_bfloat16_raw raw;
+  raw.x = sr_round_bits(__float_as_uint(f), r16);
+  return __nv_bfloat16(raw);
+}
+// Packs two roundings into one __nv_bfloat162 (lo -> .x).
+__device__ __forceinline__ __nv_bfloat162 bf16x2_round_stochastic(float lo, float hi, std::uint32_t r_lo,
+                                                                  std::uint32_t r_hi) {
+  const std::uint32_t packed = static_cast<std::uint32_t>(sr_round_bits(__float_as_uint(lo), r_lo)) |
+                               (static_cast<std::uint32_t>(sr_round_bits(__float_as_uint(hi), r_hi)) << 16);
+  return *reinterpret_cast<const __nv_bfloat162*>(&packed);
+}
+#endif
+
+}  // namespace cutrain::kernels

@@ -1,0 +1,349 @@
+// Fused softmax cross-entropy, one block per row, three launches:
+//   1. ce_count_kernel (1 block): validates the labels, counts the non-ignored rows (the mean's
+//      denominator must be known before any gradient is written), reports the first bad row;
+//   2. ce_row_kernel (one block per row): pass 1 streams the row once with 16-byte loads, keeps an
+//      online (max, sum 2^(y - max)) in log2 units and parks the raw bf16 vectors in shared memory;
+//      pass 2 turns the parked copy into the gradient and writes it over the logits. A 50k-vocab
+//      row (100 KB) fits, two blocks per SM, so HBM sees one read and one write per element.
+//      Longer rows park what fits and re-read the rest (from L2 when it is still there);
+//   3. ce_finish_kernel (1 block): the mean of the row losses in a fixed order (deterministic).
+// Extra memory: the scratch of 16 + 4 * rows bytes.
+#include "kernels/cross_entropy.cuh"
+
+#include <algorithm>
+#include <cfloat>
+#include <climits>
+#include <cmath>
+
+#include "kernels/common/vec.cuh"
+#include "runtime/check.h"
+#include "runtime/nvtx.h"
+
+namespace cutrain::kernels {
+
+namespace {
+
+constexpr int kThreads = 512;       // row kernel
+constexpr int kSmallThreads = 1024; // count / finish kernels
+constexpr int kUnroll = 4;          // 16-byte loads in flight per thread per iteration
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct CeHeader {
+  int n_valid;
+  int pad[3];
+};
+constexpr std::size_t kRowLossOffset = sizeof(CeHeader);
+
+__device__ __forceinline__ float fast_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ bool label_valid(int label, int vocab, int ignore_index) {
+  return label != ignore_index && label >= 0 && label < vocab;
+}
+
+// ---- online log-sum-exp in log2 units: m = max y, s = sum 2^(y - m), y = x * log2(e) ----
+
+__device__ __forceinline__ void lse_combine(float& m, float& s, float m2, float s2) {
+  const float mn = fmaxf(m, m2);
+  s = s * fast_ex2(m - mn) + s2 * fast_ex2(m2 - mn);
+  m = mn;
+}
+
+__device__ __forceinline__ void lse_add8(float& m, float& s, const float f[8]) {
+  float vmax = fmaxf(fmaxf(fmaxf(f[0], f[1]), fmaxf(f[2], f[3])), fmaxf(fmaxf(f[4], f[5]), fmaxf(f[6], f[7])));
+  const float mn = fmaxf(m, vmax * kLog2e);
+  float add = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) add += fast_ex2(fmaf(f[i], kLog2e, -mn));
+  s = fmaf(s, fast_ex2(m - mn), add);
+  m = mn;
+}
+
+__device__ __forceinline__ void lse_add1(float& m, float& s, float x) {
+  const float mn = fmaxf(m, x * kLog2e);
+  s = fmaf(s, fast_ex2(m - mn), fast_ex2(fmaf(x, kLog2e, -mn)));
+  m = mn;
+}
+
+// Block-wide (m, s) combination; every thread gets the result. Fixed order: deterministic.
+__device__ __forceinline__ void lse_block(float& m, float& s) {
+  __shared__ float sm_m[32], sm_s[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    lse_combine(m, s, m2, s2);
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  if (lane == 0) {
+    sm_m[warp] = m;
+    sm_s[warp] = s;
+  }
+  __syncthreads();
+  m = lane < nwarps ? sm_m[lane] : -FLT_MAX;
+  s = lane < nwarps ? sm_s[lane] : 0.f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const float s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    lse_combine(m, s, m2, s2);
+  }
+}
+
+__device__ __forceinline__ void unpack8(uint4 raw, float f[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+
+// ---- kernel 1: labels -> n_valid, first bad row ----
+
+__global__ void __launch_bounds__(kSmallThreads) ce_count_kernel(const int32_t* __restrict__ labels, int rows, int vocab,
+                                                                int ignore_index, CeHeader* hdr, int* status) {
+  __shared__ int sm_count[32], sm_bad[32];
+  int count = 0, bad = INT_MAX;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    const int l = labels[r];
+    if (label_valid(l, vocab, ignore_index)) ++count;
+    else if (l != ignore_index) bad = min(bad, r);
+  }
+  count = __reduce_add_sync(0xffffffffu, count);
+  bad = static_cast<int>(__reduce_min_sync(0xffffffffu, static_cast<unsigned>(bad)));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) {
+    sm_count[warp] = count;
+    sm_bad[warp] = bad;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int c = 0, b = INT_MAX;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) {
+      c += sm_count[w];
+      b = min(b, sm_bad[w]);
+    }
+    hdr->n_valid = c;
+    if (status) *status = b == INT_MAX ? 0 : b + 1;
+  }
+}
+
+// ---- kernel 2: one row per block ----
+
+struct RowArgs {
+  bf16* logits;
+  const int32_t* labels;
+  int vocab, ld, ignore_index;
+  float grad_scale;
+  const CeHeader* hdr;
+  float* row_loss_tmp;
+  float* row_loss;
+  int cache_vecs;  // 16-byte vectors of the row body parked in shared memory
+};
+
+// Zeros [begin, end) of a row with scalar stores (the padding, the misaligned head/tail).
+__device__ __forceinline__ void zero_scalar(bf16* x, int begin, int end) {
+  const bf16 z = __float2bfloat16_rn(0.f);
+  for (int j = begin + threadIdx.x; j < end; j += blockDim.x) x[j] = z;
+}
+
+template <bool kGrad>
+__global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
+  extern __shared__ uint4 cache[];
+  const int row = blockIdx.x;
+  const int tid = threadIdx.x;
+  bf16* x = a.logits + static_cast<std::size_t>(row) * a.ld;
+  const int label = a.labels[row];
+  const bool valid = label_valid(label, a.vocab, a.ignore_index);
+
+  // Split [0, vocab) into a scalar head up to the first 16-byte boundary, aligned vectors, a tail.
+  const int head = min(a.vocab, static_cast<int>(((16u - (reinterpret_cast<std::uintptr_t>(x) & 15u)) & 15u) >> 1));
+  const int nvec = (a.vocab - head) / 8;
+  const int tail_start = head + nvec * 8;
+  const int tail = a.vocab - tail_start;
+  bf16* body = x + head;
+
+  if (!valid) {  // block-uniform: ignored (or bad-label) row: no loss, zero gradient
+    if (tid == 0) {
+      a.row_loss_tmp[row] = 0.f;
+      if (a.row_loss) a.row_loss[row] = 0.f;
+    }
+    if constexpr (kGrad) {
+      for (int v = tid; v < nvec; v += blockDim.x) store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, make_uint4(0, 0, 0, 0));
+      zero_scalar(x, 0, head);
+      zero_scalar(x, tail_start, a.ld);  // tail and padding
+    }
+    return;
+  }
+
+  // ---- pass 1: online log-sum-exp over the row ----
+  float m = -FLT_MAX, s = 0.f;
+  float x_head = 0.f, x_tail = 0.f;
+  if (tid < head) {
+    x_head = __bfloat162float(x[tid]);
+    lse_add1(m, s, x_head);
+  }
+  if (tid < tail) {
+    x_tail = __bfloat162float(x[tail_start + tid]);
+    lse_add1(m, s, x_tail);
+  }
+  const int cache_vecs = kGrad ? min(a.cache_vecs, nvec) : 0;
+  for (int v0 = tid; v0 < nvec; v0 += kUnroll * kThreads) {
+    uint4 r[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int v = v0 + k * kThreads;
+      if (v < nvec) r[k] = load16(body + static_cast<std::size_t>(v) * 8);
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int v = v0 + k * kThreads;
+      if (v < nvec) {
+        if (v < cache_vecs) cache[v] = r[k];
+        float f[8];
+        unpack8(r[k], f);
+        lse_add8(m, s, f);
+      }
+    }
+  }
+  float x_label = 0.f;
+  if (tid == 0) x_label = __bfloat162float(x[label]);  // read before the barrier in lse_block
+  lse_block(m, s);
+  const float c = m + log2f(s);  // log2 of the softmax denominator: p_j = 2^(x_j log2e - c)
+  if (tid == 0) {
+    const float loss = c * kLn2 - x_label;
+    a.row_loss_tmp[row] = loss;
+    if (a.row_loss) a.row_loss[row] = loss;
+  }
+  if constexpr (!kGrad) return;
+
+  // ---- pass 2: dlogits = (softmax - onehot) * grad_scale / n_valid, in place ----
+  const float gs = a.grad_scale / static_cast<float>(max(a.hdr->n_valid, 1));
+  if (tid < head) x[tid] = __float2bfloat16_rn((fast_ex2(fmaf(x_head, kLog2e, -c)) - (tid == label ? 1.f : 0.f)) * gs);
+  if (tid < tail) {
+    const int j = tail_start + tid;
+    x[j] = __float2bfloat16_rn((fast_ex2(fmaf(x_tail, kLog2e, -c)) - (j == label ? 1.f : 0.f)) * gs);
+  }
+  const int label_off = label - head;  // label's position in the body (may be outside it)
+  for (int v0 = tid; v0 < nvec; v0 += kUnroll * kThreads) {
+    uint4 r[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int v = v0 + k * kThreads;
+      if (v < nvec) r[k] = v < cache_vecs ? cache[v] : load16(body + static_cast<std::size_t>(v) * 8);
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const int v = v0 + k * kThreads;
+      if (v < nvec) {
+        float f[8];
+        unpack8(r[k], f);
+        const int off = label_off - v * 8;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f[i] = (fast_ex2(fmaf(f[i], kLog2e, -c)) - (i == off ? 1.f : 0.f)) * gs;
+        store_bf16x8<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, f);
+      }
+    }
+  }
+  zero_scalar(x, a.vocab, a.ld);  // padding columns
+}
+
+// ---- kernel 3: the mean over the non-ignored rows ----
+
+__global__ void __launch_bounds__(kSmallThreads) ce_finish_kernel(const float* __restrict__ row_loss, int rows,
+                                                                 const CeHeader* hdr, float* loss_mean) {
+  __shared__ double sm[32];
+  double acc = 0;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) acc += static_cast<double>(row_loss[r]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) sm[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) t += sm[w];
+    const int nv = hdr->n_valid;
+    *loss_mean = nv > 0 ? static_cast<float>(t / nv) : 0.f;
+  }
+}
+
+// Shared-memory budget for parking a row: two blocks per SM (so one block's reduction overlaps
+// the other's streaming), less the per-block reservation and the static reduction buffers.
+int cache_vecs_for(int vocab) {
+  int dev = 0, per_sm = 0, optin = 0;
+  CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
+  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const int budget = std::min(optin - 1024, per_sm / 2 - 2048);
+  const int want = ceil_div(vocab, 8) + 1;
+  return std::max(0, std::min(want, budget / 16));
+}
+
+void check_common(const char* fn, const void* logits, const int32_t* labels, int rows, int vocab, int ld,
+                  const float* loss_mean, const void* scratch) {
+  CUTRAIN_CHECK(rows > 0, fn, ": rows must be positive, got ", rows);
+  CUTRAIN_CHECK(vocab > 0, fn, ": vocab must be positive, got ", vocab);
+  CUTRAIN_CHECK(ld >= vocab, fn, ": ld (row stride of the logits) must be >= vocab = ", vocab, ", got ", ld);
+  CUTRAIN_CHECK(logits != nullptr && labels != nullptr, fn, ": logits and labels must be non-null");
+  CUTRAIN_CHECK(loss_mean != nullptr, fn, ": loss_mean (device fp32) must be non-null");
+  CUTRAIN_CHECK(scratch != nullptr && is_aligned16(scratch), fn, ": scratch of cross_entropy_scratch_bytes(", rows,
+                ") = ", cross_entropy_scratch_bytes(rows), " bytes must be non-null and 16-byte aligned");
+  CUTRAIN_CHECK((reinterpret_cast<std::uintptr_t>(logits) & 1u) == 0, fn, ": logits must be 2-byte aligned");
+}
+
+template <bool kGrad>
+void run(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int vocab, int ld, float* loss_mean,
+         float* row_loss, int* status, void* scratch, int ignore_index, float grad_scale) {
+  auto* hdr = static_cast<CeHeader*>(scratch);
+  auto* row_loss_tmp = reinterpret_cast<float*>(static_cast<char*>(scratch) + kRowLossOffset);
+  ce_count_kernel<<<1, kSmallThreads, 0, s>>>(labels, rows, vocab, ignore_index, hdr, status);
+  CUTRAIN_LAUNCH_CHECK("ce_count_kernel");
+
+  RowArgs a{logits, labels, vocab, ld, ignore_index, grad_scale, hdr, row_loss_tmp, row_loss, 0};
+  std::size_t smem = 0;
+  if constexpr (kGrad) {
+    a.cache_vecs = cache_vecs_for(vocab);
+    smem = static_cast<std::size_t>(a.cache_vecs) * 16;
+    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(ce_row_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(smem)));
+  }
+  ce_row_kernel<kGrad><<<rows, kThreads, smem, s>>>(a);
+  CUTRAIN_LAUNCH_CHECK(kGrad ? "ce_row_kernel<grad>" : "ce_row_kernel<forward>");
+
+  ce_finish_kernel<<<1, kSmallThreads, 0, s>>>(row_loss_tmp, rows, hdr, loss_mean);
+  CUTRAIN_LAUNCH_CHECK("ce_finish_kernel");
+}
+
+}  // namespace
+
+std::size_t cross_entropy_scratch_bytes(int rows) {
+  const std::size_t b = kRowLossOffset + sizeof(float) * static_cast<std::size_t>(rows > 0 ? rows : 0);
+  return ceil_div<std::size_t>(b, 256) * 256;
+}
+
+void cross_entropy_forward_backward(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
+                                    float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index,
+                                    float grad_scale) {
+  check_common("cross_entropy_forward_backward", logits, labels, rows, vocab, ld, loss_mean, scratch);
+  CUTRAIN_CHECK(std::isfinite(grad_scale), "cross_entropy_forward_backward: grad_scale must be finite, got ", grad_scale);
+  NvtxRange range("cross_entropy_fwdbwd");
+  run<true>(s, logits, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, grad_scale);
+}
+
+void cross_entropy_forward(cudaStream_t s, const bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
+                           float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index) {
+  check_common("cross_entropy_forward", logits, labels, rows, vocab, ld, loss_mean, scratch);
+  NvtxRange range("cross_entropy_fwd");
+  // The forward instance never writes through the pointer.
+  run<false>(s, const_cast<bf16*>(logits), labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index,
+             1.f);
+}
+
+}  // namespace cutrain::kernels

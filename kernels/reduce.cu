@@ -1,0 +1,139 @@
+// Global gradient norm in two deterministic passes: (1) a fixed grid (a function of n only, not
+// of the device, so every run and every H100/H200 gives the same bits) where each thread sums
+// squares in fp32 into 8 independent accumulators (one per vector lane: short sums, small
+// rounding error even at 1.3e9 elements), then the block combines them in double in a fixed
+// tree; (2) one block adds the block partials in a fixed order and derives the clip coefficient.
+#include "kernels/reduce.cuh"
+
+#include <algorithm>
+
+#include "kernels/common/vec.cuh"
+#include "runtime/check.h"
+#include "runtime/nvtx.h"
+
+namespace cutrain::kernels {
+
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kMaxBlocks = 1024;  // pass 2 reduces these with one block of kMaxBlocks threads
+constexpr int kW = 8;             // elements per thread per iteration (16 bytes of bf16)
+
+__device__ __forceinline__ double warp_sum_f64(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the block in a fixed order; the result is valid in thread 0.
+__device__ __forceinline__ double block_sum_f64(double v) {
+  __shared__ double warp_part[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_sum_f64(v);
+  if (lane == 0) warp_part[warp] = v;
+  __syncthreads();
+  double t = 0;
+  if (warp == 0) {
+    t = lane < static_cast<int>(blockDim.x / 32) ? warp_part[lane] : 0.0;
+    t = warp_sum_f64(t);
+  }
+  return t;
+}
+
+template <int W>
+__device__ __forceinline__ void load_group(const bf16* p, float f[W]) {
+  if constexpr (W == 8) load_bf16x8<Load::Streaming>(p, f);
+  else f[0] = __bfloat162float(*p);
+}
+template <int W>
+__device__ __forceinline__ void load_group(const float* p, float f[W]) {
+  if constexpr (W == 8) {
+    load_f32x4<Load::Streaming>(p, f);
+    load_f32x4<Load::Streaming>(p + 4, f + 4);
+  } else {
+    f[0] = *p;
+  }
+}
+
+template <typename G, int W>
+__global__ void __launch_bounds__(kThreads) sumsq_partials_kernel(const G* __restrict__ g, std::size_t n,
+                                                                 double* __restrict__ partials) {
+  float acc[W];
+#pragma unroll
+  for (int i = 0; i < W; ++i) acc[i] = 0.f;
+  const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  const std::size_t groups = n / W;
+  for (std::size_t gi = tid; gi < groups; gi += stride) {
+    float f[W];
+    load_group<W>(g + gi * W, f);
+#pragma unroll
+    for (int i = 0; i < W; ++i) acc[i] = fmaf(f[i], f[i], acc[i]);
+  }
+  if constexpr (W > 1) {
+    const std::size_t t = groups * W + tid;  // the n % W tail, one element per leading thread
+    if (t < n) {
+      const float f = to_f32(g[t]);
+      acc[0] = fmaf(f, f, acc[0]);
+    }
+  }
+  double s = 0;
+#pragma unroll
+  for (int i = 0; i < W; ++i) s += static_cast<double>(acc[i]);
+  s = block_sum_f64(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+__global__ void __launch_bounds__(kMaxBlocks) norm_finish_kernel(const double* __restrict__ partials, int nparts,
+                                                                float max_norm, float* norm, float* clip_scale,
+                                                                int* nonfinite) {
+  const double v = static_cast<int>(threadIdx.x) < nparts ? partials[threadIdx.x] : 0.0;
+  const double total = block_sum_f64(v);
+  if (threadIdx.x == 0) {
+    const float r = static_cast<float>(sqrt(total));
+    const bool bad = !isfinite(r);
+    *norm = r;
+    if (nonfinite) *nonfinite = bad ? 1 : 0;
+    if (clip_scale) *clip_scale = (max_norm > 0.f && !bad) ? fminf(1.f, max_norm / (r + 1e-6f)) : 1.f;
+  }
+}
+
+template <typename G>
+void launch_partials(cudaStream_t s, const G* g, std::size_t n, double* partials, int blocks, bool vec) {
+  if (vec) {
+    sumsq_partials_kernel<G, kW><<<blocks, kThreads, 0, s>>>(g, n, partials);
+    CUTRAIN_LAUNCH_CHECK("sumsq_partials_kernel<vec8>");
+  } else {
+    sumsq_partials_kernel<G, 1><<<blocks, kThreads, 0, s>>>(g, n, partials);
+    CUTRAIN_LAUNCH_CHECK("sumsq_partials_kernel<scalar>");
+  }
+}
+
+}  // namespace
+
+std::size_t grad_norm_scratch_bytes(std::size_t /*n*/) { return kMaxBlocks * sizeof(double); }
+
+void grad_norm_clip(cudaStream_t s, const void* grads, DType grad_type, std::size_t n, float max_norm, float* norm,
+                    float* clip_scale, int* nonfinite, void* scratch) {
+  CUTRAIN_CHECK(grad_type == DType::BF16 || grad_type == DType::F32,
+                "grad_norm_clip: grad_type must be bfloat16 or float32, got ", dtype_name(grad_type));
+  CUTRAIN_CHECK(norm != nullptr, "grad_norm_clip: norm (device fp32 output) must be non-null");
+  CUTRAIN_CHECK(scratch != nullptr, "grad_norm_clip: scratch of grad_norm_scratch_bytes(n) = ",
+                grad_norm_scratch_bytes(n), " bytes must be non-null");
+  CUTRAIN_CHECK(is_aligned16(scratch), "grad_norm_clip: scratch must be 16-byte aligned");
+  CUTRAIN_CHECK(n == 0 || grads != nullptr, "grad_norm_clip: grads must be non-null for n = ", n);
+  NvtxRange range("grad_norm_clip");
+  double* partials = static_cast<double*>(scratch);
+  int blocks = 0;
+  if (n > 0) {
+    const bool vec = is_aligned16(grads);
+    const std::size_t groups = vec ? n / kW : n;
+    blocks = static_cast<int>(std::min<std::size_t>(kMaxBlocks, ceil_div<std::size_t>(groups > 0 ? groups : 1, kThreads)));
+    if (grad_type == DType::BF16) launch_partials(s, static_cast<const bf16*>(grads), n, partials, blocks, vec);
+    else launch_partials(s, static_cast<const float*>(grads), n, partials, blocks, vec);
+  }
+  norm_finish_kernel<<<1, kMaxBlocks, 0, s>>>(partials, blocks, max_norm, norm, clip_scale, nonfinite);
+  CUTRAIN_LAUNCH_CHECK("norm_finish_kernel");
+}
+
+}  // namespace cutrain::kernels
