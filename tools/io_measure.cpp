@@ -1,0 +1,227 @@
+#include "tools/io_measure.h"
+
+#include <cuda_runtime.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "runtime/allocator.h"
+#include "runtime/check.h"
+#include "runtime/device.h"
+
+namespace cutrain::tools {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+void drop_cache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+// Pinned memory where a GPU exists (what the handle's users pass); plain 4096-aligned memory on a
+// machine without one, so the I/O path still runs there.
+void* host_buffer(std::size_t n) {
+  if (gpu_available()) return pinned_allocator().allocate(n);
+  void* p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+  CUTRAIN_CHECK(p, "cannot allocate ", n, " bytes of host memory");
+  return p;
+}
+void free_host_buffer(void* p) {
+  if (gpu_available())
+    pinned_allocator().deallocate(p);
+  else
+    std::free(p);
+}
+
+// A buffer for one folder's file: pinned host memory or device memory; filled with random bytes.
+struct JobBuffer {
+  void* p = nullptr;
+  int gpu = -1;
+  std::size_t bytes = 0;
+  JobBuffer(std::size_t n, int g) : gpu(g), bytes(n) {
+    if (gpu >= 0) {
+      CUTRAIN_CUDA_CHECK(cudaSetDevice(gpu));
+      CUTRAIN_CUDA_CHECK(cudaMalloc(&p, n));
+      CUTRAIN_CUDA_CHECK(cudaMemset(p, 0xA5, n));
+    } else {
+      p = host_buffer(n);
+      auto* c = static_cast<unsigned char*>(p);
+      std::mt19937 rng(12345);
+      for (std::size_t i = 0; i < n; i += 4096) c[i] = static_cast<unsigned char>(rng());
+    }
+  }
+  ~JobBuffer() {
+    if (gpu >= 0)
+      cudaFree(p);
+    else
+      free_host_buffer(p);
+  }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+}  // namespace
+
+std::string file_for(const std::string& folder, std::size_t index) {
+  return (std::filesystem::path(folder) / ("cutrain_io_" + std::to_string(index) + ".bin")).string();
+}
+
+std::size_t parse_size(const std::string& s) {
+  CUTRAIN_CHECK(!s.empty(), "empty size");
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  std::string unit(end);
+  double mult = 1;
+  if (unit == "K" || unit == "k" || unit == "KB" || unit == "KiB") mult = 1024.0;
+  else if (unit == "M" || unit == "m" || unit == "MB" || unit == "MiB") mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "g" || unit == "GB" || unit == "GiB") mult = 1024.0 * 1024 * 1024;
+  else CUTRAIN_CHECK(unit.empty(), "size '", s, "': expected a number with an optional K, M or G suffix");
+  CUTRAIN_CHECK(v > 0 && std::isfinite(v), "size '", s, "' must be positive");
+  return static_cast<std::size_t>(v * mult);
+}
+
+void prepare_files(const IoJob& job) {
+  for (std::size_t i = 0; i < job.folders.size(); ++i) {
+    CUTRAIN_CHECK(std::filesystem::is_directory(job.folders[i]), "folder '", job.folders[i],
+                  "' does not exist or is not a directory");
+    const std::string f = file_for(job.folders[i], i);
+    std::error_code ec;
+    if (std::filesystem::file_size(f, ec) >= job.io_size && !ec) continue;
+    JobBuffer b(job.io_size, -1);
+    aio::AioHandle h(job.handle);
+    h.sync_pwrite(b.p, job.io_size, f);
+  }
+}
+
+IoResult run_io_job(const IoJob& job) {
+  CUTRAIN_CHECK(!job.folders.empty(), "no folder given");
+  CUTRAIN_CHECK(job.loops >= 1, "loops must be >= 1, got ", job.loops);
+  if (job.read) prepare_files(job);
+  const std::size_t nf = job.folders.size();
+  std::vector<double> task_s, e2e_s;
+  std::string backend;
+  for (int loop = 0; loop < job.loops; ++loop) {
+    if (job.read)
+      for (std::size_t i = 0; i < nf; ++i) drop_cache(file_for(job.folders[i], i));
+    std::vector<double> task(nf), e2e(nf);
+    std::vector<std::thread> threads;
+    std::vector<std::exception_ptr> errors(nf);
+    std::vector<std::string> names(nf);
+    for (std::size_t i = 0; i < nf; ++i) {
+      threads.emplace_back([&, i] {
+        try {
+          const int gpu = i < job.gpus.size() ? job.gpus[i] : -1;
+          auto t0 = Clock::now();
+          JobBuffer buf(job.io_size, gpu);
+          aio::AioHandle h(job.handle);
+          names[i] = aio::backend_name(h.backend());
+          const std::string f = file_for(job.folders[i], i);
+          auto t1 = Clock::now();
+          if (job.read)
+            h.pread(buf.p, job.io_size, f, job.validate, false);
+          else
+            h.pwrite(buf.p, job.io_size, f, job.validate, false);
+          task[i] = seconds_since(t1);
+          if (!job.read) {
+            int fd = ::open(f.c_str(), O_RDONLY);
+            if (fd >= 0) {
+              ::fdatasync(fd);
+              ::close(fd);
+            }
+          }
+          e2e[i] = seconds_since(t0);
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    task_s.push_back(*std::max_element(task.begin(), task.end()));
+    e2e_s.push_back(*std::max_element(e2e.begin(), e2e.end()));
+    backend = names[0];
+  }
+  const double total = static_cast<double>(job.io_size) * nf;
+  return {total / median(task_s) / 1e9, total / median(e2e_s) / 1e9, backend};
+}
+
+double buffered_baseline_gbps(const IoJob& job) {
+  if (job.read) prepare_files(job);
+  std::vector<char> buf(job.io_size, 'b');
+  std::vector<double> s;
+  for (int loop = 0; loop < job.loops; ++loop) {
+    const std::string f = file_for(job.folders[0], 0) + (job.read ? "" : ".buffered");
+    if (job.read) drop_cache(f);
+    auto t0 = Clock::now();
+    if (job.read) {
+      aio::buffered_read(buf.data(), job.io_size, f);
+    } else {
+      aio::buffered_write(buf.data(), job.io_size, f, 0, /*fsync=*/true);
+    }
+    s.push_back(seconds_since(t0));
+    if (!job.read) std::filesystem::remove(f);
+  }
+  return job.io_size / median(s) / 1e9;
+}
+
+double odirect_threads_baseline_gbps(const IoJob& job, int* best_threads) {
+  if (job.read) prepare_files(job);
+  const std::size_t block = 8u << 20;
+  const std::size_t n = job.io_size / 4096 * 4096;
+  void* buf = host_buffer(n);
+  std::memset(buf, 0x3C, n);
+  double best = 0;
+  for (int threads : {1, 2, 4, 8}) {
+    std::vector<double> s;
+    for (int loop = 0; loop < job.loops; ++loop) {
+      const std::string f = file_for(job.folders[0], 0) + (job.read ? "" : ".odirect");
+      if (job.read) drop_cache(f);
+      int fd = ::open(f.c_str(), (job.read ? O_RDONLY : (O_WRONLY | O_CREAT)) | O_DIRECT, 0644);
+      CUTRAIN_CHECK(fd >= 0, "O_DIRECT open of '", f, "' failed: ", std::strerror(errno));
+      auto t0 = Clock::now();
+      std::vector<std::thread> pool;
+      std::atomic<bool> failed{false};
+      const std::size_t per = (n / threads + block - 1) / block * block;
+      for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+          for (std::size_t at = t * per; at < std::min(n, (t + 1) * per); at += block) {
+            std::size_t len = std::min(block, n - at);
+            ssize_t r = job.read ? ::pread(fd, static_cast<char*>(buf) + at, len, at)
+                                 : ::pwrite(fd, static_cast<char*>(buf) + at, len, at);
+            if (r != static_cast<ssize_t>(len)) failed = true;
+          }
+        });
+      }
+      for (auto& p : pool) p.join();
+      if (!job.read) ::fdatasync(fd);
+      s.push_back(seconds_since(t0));
+      ::close(fd);
+      if (!job.read) std::filesystem::remove(f);
+      CUTRAIN_CHECK(!failed, "O_DIRECT baseline: a pread/pwrite on '", f, "' failed or was short");
+    }
+    double g = n / median(s) / 1e9;
+    if (g > best) {
+      best = g;
+      if (best_threads) *best_threads = threads;
+    }
+  }
+  free_host_buffer(buf);
+  return best;
+}
+
+}  // namespace cutrain::tools
