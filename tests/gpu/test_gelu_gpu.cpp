@@ -1,0 +1,122 @@
+// GPU tests of kernels/gelu against the fp64 CPU reference: erf and tanh, with and without bias,
+// pre-activation output, in-place use, odd sizes (vector tail, cols % 8 != 0), misaligned
+// pointers (scalar path), backward with aliasing, determinism, bad arguments.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kernels/gelu.cuh"
+#include "tests/reference/gelu_ref.h"
+#include "tests/support/test_support.h"
+
+using namespace cutrain;
+
+namespace {
+
+struct Shape {
+  int rows, cols;
+};
+const Shape kShapes[] = {{1, 1}, {7, 63}, {7, 64}, {33, 1000}, {3, 4097}, {2048, 4096}, {5, 8}, {129, 1030}};
+
+// Host bf16 values of a device array, `off` elements in.
+std::vector<float> dl(const test::DeviceArray<bf16>& a, std::size_t off, std::size_t n) {
+  auto h = test::to_float(a.download());
+  return std::vector<float>(h.begin() + off, h.begin() + off + n);
+}
+void ul(test::DeviceArray<bf16>& a, std::size_t off, const std::vector<float>& v) {
+  std::vector<bf16> h(a.size(), to_bf16(0.f));
+  for (std::size_t i = 0; i < v.size(); ++i) h[off + i] = to_bf16(v[i]);
+  a.upload(h);
+}
+std::vector<uint16_t> bits_of(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16_bits(v[i]);
+  return b;
+}
+
+}  // namespace
+
+TEST(GeluGpu, ForwardBackwardMatchReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (const Shape& s : kShapes) {
+    for (int variant = 0; variant < 16; ++variant) {
+      const bool tanh = variant & 1, with_bias = variant & 2, in_place = variant & 4, misalign = variant & 8;
+      SCOPED_TRACE(std::to_string(s.rows) + "x" + std::to_string(s.cols) + (tanh ? " tanh" : " erf") +
+                   (with_bias ? " bias" : "") + (in_place ? " in-place" : "") + (misalign ? " misaligned" : ""));
+      const kernels::GeluKind kind = tanh ? kernels::GeluKind::Tanh : kernels::GeluKind::Erf;
+      const std::size_t n = static_cast<std::size_t>(s.rows) * s.cols;
+      const std::size_t off = misalign ? 1 : 0;
+      const auto in = test::round_bf16(test::random_normal(n, rng, 0.f, 2.f));
+      const auto bias = test::round_bf16(test::random_normal(s.cols, rng, 0.f, 0.5f));
+      test::DeviceArray<bf16> din(n + 1), dbias(s.cols), dpre(n + 1), dout(n + 1);
+      ul(din, off, in);
+      ul(dbias, 0, bias);
+      dpre.poison();
+      dout.poison();
+      bf16* out_ptr = in_place ? din.get() + off : dout.get() + off;
+      kernels::gelu_forward(nullptr, din.get() + off, with_bias ? dbias.get() : nullptr,
+                            with_bias ? dpre.get() + off : nullptr, out_ptr, s.rows, s.cols, kind);
+      auto want = ref::gelu_forward(in.data(), with_bias ? bias.data() : nullptr, s.rows, s.cols, tanh);
+      auto got = dl(in_place ? din : dout, off, n);
+      ASSERT_EQ(test::count_nan(got), 0u) << "out not fully written";
+      EXPECT_LE(test::rel_error(got, want.out), 1e-2);
+      std::vector<float> pre = in;
+      if (with_bias) {
+        pre = dl(dpre, off, n);
+        ASSERT_EQ(test::count_nan(pre), 0u) << "pre_out not fully written";
+        EXPECT_EQ(bits_of(pre), bits_of(want.pre)) << "pre must be the bf16-rounded in + bias";
+      }
+
+      // Backward at the stored pre-activation; din aliases dout in the in-place variant.
+      const auto g = test::round_bf16(test::random_normal(n, rng));
+      test::DeviceArray<bf16> dg(n + 1), dp(n + 1), dx(n + 1);
+      ul(dg, off, g);
+      ul(dp, off, pre);
+      bf16* dx_ptr = in_place ? dg.get() + off : dx.get() + off;
+      kernels::gelu_backward(nullptr, dg.get() + off, dp.get() + off, dx_ptr, n, kind);
+      auto got_dx = dl(in_place ? dg : dx, off, n);
+      ASSERT_EQ(test::count_nan(got_dx), 0u) << "din not fully written";
+      EXPECT_LE(test::rel_error(got_dx, ref::gelu_backward(g.data(), pre.data(), n, tanh)), 1e-2);
+      if (!in_place) {
+        // Determinism: a second run gives the same bits.
+        dx.poison();
+        kernels::gelu_backward(nullptr, dg.get() + off, dp.get() + off, dx_ptr, n, kind);
+        EXPECT_EQ(bits_of(dl(dx, off, n)), bits_of(got_dx));
+      }
+    }
+  }
+}
+
+// Large magnitudes and the region around 0, where erf vs tanh and the derivative's shape matter.
+TEST(GeluGpu, TailsAndZero) {
+  CUTRAIN_REQUIRE_GPU();
+  std::vector<float> in;
+  for (float x = -12.f; x <= 12.f; x += 0.0625f) in.push_back(round_bf16(x));
+  const int n = static_cast<int>(in.size());
+  for (bool tanh : {false, true}) {
+    const auto kind = tanh ? kernels::GeluKind::Tanh : kernels::GeluKind::Erf;
+    test::DeviceArray<bf16> d(test::to_bf16(in)), o(n), ones(test::to_bf16(std::vector<float>(n, 1.f))), dx(n);
+    kernels::gelu_forward(nullptr, d.get(), nullptr, nullptr, o.get(), 1, n, kind);
+    kernels::gelu_backward(nullptr, ones.get(), d.get(), dx.get(), n, kind);
+    auto got = test::download_float(o), got_dx = test::download_float(dx);
+    for (int i = 0; i < n; ++i) {
+      const double x = in[i];
+      const double y = tanh ? ref::gelu_tanh(x) : ref::gelu_erf(x);
+      const double dy = tanh ? ref::gelu_tanh_grad(x) : ref::gelu_erf_grad(x);
+      EXPECT_NEAR(got[i], y, 1e-2 * std::abs(y) + 1e-6) << "x=" << x;
+      EXPECT_NEAR(got_dx[i], dy, 1e-2 * std::abs(dy) + 1e-6) << "x=" << x;
+    }
+  }
+}
+
+TEST(GeluArgs, BadArgumentsAreErrors) {
+  bf16* p = reinterpret_cast<bf16*>(std::uintptr_t{256});
+  bf16* q = reinterpret_cast<bf16*>(std::uintptr_t{512});
+  EXPECT_THROW(kernels::gelu_forward(nullptr, p, nullptr, nullptr, q, 0, 8), Error);
+  EXPECT_THROW(kernels::gelu_forward(nullptr, p, nullptr, nullptr, q, 4, 0), Error);
+  EXPECT_THROW(kernels::gelu_forward(nullptr, nullptr, nullptr, nullptr, q, 4, 8), Error);
+  EXPECT_THROW(kernels::gelu_forward(nullptr, p, q, p, q, 4, 8), Error);  // pre_out aliases in
+  EXPECT_THROW(kernels::gelu_backward(nullptr, p, q, q, 8), Error);        // din aliases pre
+  EXPECT_THROW(kernels::gelu_backward(nullptr, p, q, p, 0), Error);
+}

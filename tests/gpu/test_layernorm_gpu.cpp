@@ -1,0 +1,263 @@
+// GPU tests of kernels/layernorm against the fp64 CPU reference: forward (sum, y, mean, rstd),
+// backward (d_sum with/without d_extra and aliasing, dgamma/dbeta in fp32 and bf16, accumulate),
+// determinism, odd shapes, the scalar fallback (cols % 8 != 0, misaligned pointers), bad shapes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "kernels/layernorm.cuh"
+#include "tests/reference/layernorm_ref.h"
+#include "tests/support/test_support.h"
+
+using namespace cutrain;
+
+namespace {
+
+struct Case {
+  int rows, cols;
+  bool misalign = false;  // offset every activation pointer by one element: forces the scalar path
+};
+
+std::string name(const Case& c) {
+  return std::to_string(c.rows) + "x" + std::to_string(c.cols) + (c.misalign ? " (misaligned)" : "");
+}
+
+// A bf16 device buffer of n elements, optionally starting one element into its allocation.
+struct Buf {
+  test::DeviceArray<bf16> a;
+  int off;
+  Buf(std::size_t n, bool misalign) : a(n + 1), off(misalign ? 1 : 0) {}
+  bf16* get() const { return a.get() + off; }
+  void upload(const std::vector<float>& v) {
+    std::vector<bf16> h(a.size(), to_bf16(0.f));
+    for (std::size_t i = 0; i < v.size(); ++i) h[i + off] = to_bf16(v[i]);
+    a.upload(h);
+  }
+  std::vector<float> download(std::size_t n) const {
+    auto h = test::to_float(a.download());
+    return std::vector<float>(h.begin() + off, h.begin() + off + n);
+  }
+  std::vector<uint16_t> bits(std::size_t n) const {
+    auto h = a.download();
+    std::vector<uint16_t> b(n);
+    for (std::size_t i = 0; i < n; ++i) b[i] = cutrain::bits(h[i + off]);
+    return b;
+  }
+};
+
+std::vector<uint32_t> float_bits(const std::vector<float>& v) {
+  std::vector<uint32_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * 4);
+  return b;
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> c = {{7, 64},     {33, 1000},  {2049, 1536}, {5, 16384}, {3, 72},
+                                      {17, 1032},  {9, 4104},   {2048, 1024}, {1, 64},    {4, 1030},
+                                      {6, 130},    {65, 512},   {3, 16376},   {31, 1024, true},
+                                      {5, 4096, true}};
+  return c;
+}
+
+struct Inputs {
+  std::vector<float> x, res, gamma, beta;
+};
+Inputs make_inputs(int rows, int cols, std::mt19937_64& rng) {
+  const std::size_t n = static_cast<std::size_t>(rows) * cols;
+  return {test::round_bf16(test::random_normal(n, rng, 0.5f, 1.5f)),
+          test::round_bf16(test::random_normal(n, rng, -0.25f, 1.f)),
+          test::round_bf16(test::random_normal(cols, rng, 1.f, 0.25f)),
+          test::round_bf16(test::random_normal(cols, rng, 0.f, 0.25f))};
+}
+
+}  // namespace
+
+TEST(LayerNormGpu, ForwardMatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (const Case& c : cases()) {
+    for (bool with_res : {true, false}) {
+      SCOPED_TRACE(name(c) + (with_res ? " residual" : " no residual"));
+      const std::size_t n = static_cast<std::size_t>(c.rows) * c.cols;
+      Inputs in = make_inputs(c.rows, c.cols, rng);
+      Buf x(n, c.misalign), res(n, c.misalign), sum(n, c.misalign), y(n, c.misalign);
+      Buf g(c.cols, false), b(c.cols, false);
+      x.upload(in.x);
+      res.upload(in.res);
+      g.upload(in.gamma);
+      b.upload(in.beta);
+      test::DeviceArray<float> mean(c.rows), rstd(c.rows);
+      kernels::layernorm_residual_forward(nullptr, x.get(), with_res ? res.get() : nullptr, sum.get(), y.get(),
+                                          mean.get(), rstd.get(), g.get(), b.get(), c.rows, c.cols);
+      CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+      auto want = ref::layernorm_forward(in.x.data(), with_res ? in.res.data() : nullptr, in.gamma.data(),
+                                         in.beta.data(), c.rows, c.cols);
+      auto got_sum = sum.download(n), got_y = y.download(n);
+      auto got_mean = mean.download(), got_rstd = rstd.download();
+      ASSERT_EQ(test::count_nan(got_sum), 0u) << "sum not fully written";
+      ASSERT_EQ(test::count_nan(got_y), 0u) << "y not fully written";
+      ASSERT_EQ(test::count_nan(got_mean) + test::count_nan(got_rstd), 0u) << "mean/rstd not fully written";
+      EXPECT_EQ(float_bits(got_sum), float_bits(want.sum)) << "sum must be the bf16-rounded x + residual";
+      EXPECT_LE(test::rel_error(got_y, want.y), 1e-2);
+      EXPECT_LE(test::rel_error(got_mean, want.mean), 1e-5);
+      EXPECT_LE(test::rel_error(got_rstd, want.rstd), 1e-5);
+    }
+  }
+}
+
+TEST(LayerNormGpu, ForwardWithoutSumOutput) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const int rows = 19, cols = 768;
+  const std::size_t n = static_cast<std::size_t>(rows) * cols;
+  Inputs in = make_inputs(rows, cols, rng);
+  Buf x(n, false), res(n, false), y(n, false), g(cols, false), b(cols, false);
+  x.upload(in.x);
+  res.upload(in.res);
+  g.upload(in.gamma);
+  b.upload(in.beta);
+  test::DeviceArray<float> mean(rows), rstd(rows);
+  kernels::layernorm_residual_forward(nullptr, x.get(), res.get(), nullptr, y.get(), mean.get(), rstd.get(), g.get(),
+                                      b.get(), rows, cols);
+  auto want = ref::layernorm_forward(in.x.data(), in.res.data(), in.gamma.data(), in.beta.data(), rows, cols);
+  auto got_y = y.download(n);
+  ASSERT_EQ(test::count_nan(got_y), 0u);
+  EXPECT_LE(test::rel_error(got_y, want.y), 1e-2);
+}
+
+namespace {
+
+struct BwdResult {
+  std::vector<float> d_sum, dgamma, dbeta;
+  std::vector<uint16_t> d_sum_bits;
+};
+
+// Runs forward then backward on the GPU for one configuration and checks it against the reference.
+void check_backward(const Case& c, DType pt, bool accumulate, bool with_extra, bool alias, std::mt19937_64& rng,
+                    BwdResult* out = nullptr, const std::vector<float>* fixed_dy = nullptr) {
+  const std::size_t n = static_cast<std::size_t>(c.rows) * c.cols;
+  Inputs in = make_inputs(c.rows, c.cols, rng);
+  Buf x(n, c.misalign), res(n, c.misalign), sum(n, c.misalign), y(n, c.misalign);
+  Buf g(c.cols, false), b(c.cols, false);
+  x.upload(in.x);
+  res.upload(in.res);
+  g.upload(in.gamma);
+  b.upload(in.beta);
+  test::DeviceArray<float> mean(c.rows), rstd(c.rows);
+  kernels::layernorm_residual_forward(nullptr, x.get(), res.get(), sum.get(), y.get(), mean.get(), rstd.get(),
+                                      g.get(), b.get(), c.rows, c.cols);
+  const auto dy = fixed_dy ? *fixed_dy : test::round_bf16(test::random_normal(n, rng));
+  const auto extra = test::round_bf16(test::random_normal(n, rng, 0.f, 0.5f));
+  Buf dyb(n, c.misalign), extrab(n, c.misalign), dsum(n, c.misalign);
+  dyb.upload(dy);
+  extrab.upload(extra);
+  bf16* d_sum = alias ? dyb.get() : dsum.get();
+
+  // Parameter gradients: random starting values when accumulating, poison otherwise.
+  const auto g0 = test::round_bf16(test::random_normal(c.cols, rng));
+  const auto b0 = test::round_bf16(test::random_normal(c.cols, rng));
+  test::DeviceArray<float> dg32(c.cols), db32(c.cols);
+  Buf dg16(c.cols, false), db16(c.cols, false);
+  if (accumulate) {
+    dg32.upload(g0);
+    db32.upload(b0);
+    dg16.upload(g0);
+    db16.upload(b0);
+  }
+  void* dgamma = pt == DType::F32 ? static_cast<void*>(dg32.get()) : dg16.get();
+  void* dbeta = pt == DType::F32 ? static_cast<void*>(db32.get()) : db16.get();
+  test::DeviceArray<uint8_t> scratch(kernels::layernorm_backward_scratch_bytes(c.rows, c.cols));
+  kernels::layernorm_backward(nullptr, dyb.get(), sum.get(), mean.get(), rstd.get(), g.get(),
+                              with_extra ? extrab.get() : nullptr, d_sum, dgamma, dbeta, pt, accumulate,
+                              scratch.get(), c.rows, c.cols);
+  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const auto sum_h = sum.download(n);
+  auto want = ref::layernorm_backward(dy.data(), sum_h.data(), in.gamma.data(), with_extra ? extra.data() : nullptr,
+                                      accumulate ? g0.data() : nullptr, accumulate ? b0.data() : nullptr, c.rows,
+                                      c.cols);
+  const Buf& ds = alias ? dyb : dsum;
+  BwdResult r;
+  r.d_sum = ds.download(n);
+  r.d_sum_bits = ds.bits(n);
+  r.dgamma = pt == DType::F32 ? dg32.download() : dg16.download(c.cols);
+  r.dbeta = pt == DType::F32 ? db32.download() : db16.download(c.cols);
+  ASSERT_EQ(test::count_nan(r.d_sum), 0u) << "d_sum not fully written";
+  ASSERT_EQ(test::count_nan(r.dgamma) + test::count_nan(r.dbeta), 0u) << "dgamma/dbeta not fully written";
+  EXPECT_LE(test::rel_error(r.d_sum, want.d_sum), 1e-2);
+  const double ptol = pt == DType::F32 ? 1e-4 : 1e-2;
+  EXPECT_LE(test::rel_error(r.dgamma, want.dgamma), ptol);
+  EXPECT_LE(test::rel_error(r.dbeta, want.dbeta), ptol);
+  if (out) *out = std::move(r);
+}
+
+}  // namespace
+
+TEST(LayerNormGpu, BackwardMatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(name(c));
+    check_backward(c, DType::F32, false, false, false, rng);
+    check_backward(c, DType::BF16, true, true, false, rng);
+  }
+}
+
+TEST(LayerNormGpu, BackwardVariants) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (const Case& c : {Case{33, 1000}, Case{129, 2048}, Case{7, 64}, Case{11, 1030}}) {
+    for (DType pt : {DType::F32, DType::BF16}) {
+      for (int v = 0; v < 8; ++v) {
+        const bool acc = v & 1, extra = v & 2, alias = v & 4;
+        SCOPED_TRACE(name(c) + " " + dtype_name(pt) + (acc ? " accumulate" : "") + (extra ? " d_extra" : "") +
+                     (alias ? " d_sum=dy" : ""));
+        check_backward(c, pt, acc, extra, alias, rng);
+      }
+    }
+  }
+}
+
+// Same inputs twice: identical bits in d_sum, dgamma and dbeta (deterministic reduction).
+TEST(LayerNormGpu, BackwardIsDeterministic) {
+  CUTRAIN_REQUIRE_GPU();
+  for (const Case& c : {Case{2048, 1024}, Case{2049, 1536}, Case{5, 16384}, Case{333, 1000}, Case{64, 4096, true}}) {
+    for (DType pt : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(name(c) + " " + dtype_name(pt));
+      // The same seed for both runs gives the same inputs.
+      const auto seed = test::fresh_rng()();
+      std::mt19937_64 r1(seed), r2(seed);
+      BwdResult a, b;
+      check_backward(c, pt, false, true, false, r1, &a);
+      check_backward(c, pt, false, true, false, r2, &b);
+      EXPECT_EQ(a.d_sum_bits, b.d_sum_bits);
+      EXPECT_EQ(float_bits(a.dgamma), float_bits(b.dgamma));
+      EXPECT_EQ(float_bits(a.dbeta), float_bits(b.dbeta));
+    }
+  }
+}
+
+// Shape checks fire before any CUDA call, so these run on a machine without a GPU too.
+TEST(LayerNormShapes, UnsupportedShapesAreClearErrors) {
+  bf16* p = reinterpret_cast<bf16*>(std::uintptr_t{256});
+  float* f = reinterpret_cast<float*>(std::uintptr_t{256});
+  auto fwd = [&](int rows, int cols) {
+    kernels::layernorm_residual_forward(nullptr, p, nullptr, nullptr, p, f, f, p, p, rows, cols);
+  };
+  for (int cols : {0, 8, 63, 16385, 1 << 20}) {
+    try {
+      fwd(4, cols);
+      ADD_FAILURE() << "cols " << cols << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("[64, 16384]"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::to_string(cols)), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(fwd(0, 64), Error);
+  EXPECT_THROW(kernels::layernorm_backward_scratch_bytes(4, 20000), Error);
+  EXPECT_THROW(kernels::layernorm_backward(nullptr, p, p, f, f, p, nullptr, p, f, f, DType::F16, false, f, 4, 64),
+               Error);
+  EXPECT_THROW(kernels::layernorm_backward(nullptr, p, p, f, f, p, nullptr, p, f, f, DType::F32, false, nullptr, 4, 64),
+               Error);
+}

@@ -1,0 +1,45 @@
+#include "tests/reference/gelu_ref.h"
+
+#include <cmath>
+#include <cstddef>
+
+#include "runtime/dtype.h"
+
+namespace cutrain::ref {
+namespace {
+constexpr double kPi = 3.14159265358979323846;
+constexpr double kCoef = 0.044715;
+}  // namespace
+
+double gelu_erf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
+double gelu_tanh(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / kPi) * (x + kCoef * x * x * x)));
+}
+double gelu_erf_grad(double x) {
+  return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * kPi);
+}
+double gelu_tanh_grad(double x) {
+  const double k = std::sqrt(2.0 / kPi);
+  const double t = std::tanh(k * (x + kCoef * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * kCoef * x * x);
+}
+
+GeluForward gelu_forward(const float* in, const float* bias, int rows, int cols, bool tanh) {
+  const std::size_t n = static_cast<std::size_t>(rows) * cols;
+  GeluForward f;
+  f.pre.resize(n);
+  f.out.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    f.pre[i] = bias ? round_bf16(in[i] + bias[i % cols]) : in[i];
+    f.out[i] = tanh ? gelu_tanh(f.pre[i]) : gelu_erf(f.pre[i]);
+  }
+  return f;
+}
+
+std::vector<double> gelu_backward(const float* dout, const float* pre, std::size_t n, bool tanh) {
+  std::vector<double> d(n);
+  for (std::size_t i = 0; i < n; ++i) d[i] = double(dout[i]) * (tanh ? gelu_tanh_grad(pre[i]) : gelu_erf_grad(pre[i]));
+  return d;
+}
+
+}  // namespace cutrain::ref
