@@ -1,0 +1,1 @@
+cutrain_add_bench(NAME bench_attention SOURCES bench_attention.cu LIBS cutrain_kernel_attention)

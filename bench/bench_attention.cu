@@ -1,0 +1,115 @@
+// @brief Benchmarks of kernels/attention: forward, backward (deterministic; both modes are the
+// same kernels today) and forward+backward, full and causal, on the BF16 example's shape and the
+// shapes the PyTorch peer (bench/peers/attention_peer.py) times under the same names.
+// Names: "attention/<fwd|bwd|fwdbwd>[_causal]/B4H16S512D64". TFLOP/s from 4·B·H·S²·D forward,
+// 2.5x that backward, halved causal; bytes = what each pass must read and write once.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/support/bench_support.h"
+#include "kernels/attention.cuh"
+#include "runtime/check.h"
+
+using namespace cutrain;
+using kernels::AttentionShape;
+
+namespace {
+
+__global__ void fill_random_bf16_kernel(bf16* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 15; h *= 0x2C1B3C6Du; h ^= h >> 12; h *= 0x297A2D39u; h ^= h >> 15;
+    p[i] = __float2bfloat16_rn(2.f * ((h >> 8) * (1.f / 16777216.f)) - 1.f);
+  }
+}
+
+class DevBuf {
+ public:
+  explicit DevBuf(std::size_t bytes) { CUTRAIN_CUDA_CHECK(cudaMalloc(&p_, bytes)); }
+  ~DevBuf() { cudaFree(p_); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  template <typename T> T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+std::unique_ptr<DevBuf> random_bf16(std::size_t n, std::uint32_t seed) {
+  auto b = std::make_unique<DevBuf>(n * sizeof(bf16));
+  fill_random_bf16_kernel<<<1024, 256>>>(b->as<bf16>(), n, seed);
+  CUTRAIN_LAUNCH_CHECK("fill_random_bf16_kernel");
+  return b;
+}
+
+std::string shape_name(const AttentionShape& s) {
+  return "B" + std::to_string(s.batch) + "H" + std::to_string(s.heads) + "S" + std::to_string(s.seq) + "D" +
+         std::to_string(s.head_dim);
+}
+
+enum class Pass { Fwd, Bwd, FwdBwd };
+
+void bench_attention(benchmark::State& state, AttentionShape sh, Pass pass) {
+  if (!bench::require_gpu(state)) return;
+  const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
+  const std::size_t n_l = std::size_t(sh.batch) * sh.heads * sh.seq;
+  auto qkv = random_bf16(n_qkv, 1), dout = random_bf16(n_o, 2);
+  DevBuf out(n_o * 2), lse(n_l * 4), dqkv(n_qkv * 2), scratch(kernels::attention_backward_scratch_bytes(sh, true));
+  cudaStream_t st0 = bench::bench_stream();
+  // The backward needs a real O and lse.
+  kernels::attention_forward(st0, qkv->as<bf16>(), out.as<bf16>(), lse.as<float>(), sh);
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
+
+  const double fwd_bytes = 2.0 * (n_qkv + n_o) + 4.0 * n_l;
+  const double bwd_bytes = 2.0 * (n_qkv + 2 * n_o + n_qkv) + 4.0 * n_l;
+  auto fwd = [&](cudaStream_t st) {
+    kernels::attention_forward(st, qkv->as<bf16>(), out.as<bf16>(), lse.as<float>(), sh);
+  };
+  auto bwd = [&](cudaStream_t st) {
+    kernels::attention_backward(st, qkv->as<bf16>(), out.as<bf16>(), dout->as<bf16>(), lse.as<float>(),
+                                dqkv.as<bf16>(), scratch.as<void>(), sh, true);
+  };
+  switch (pass) {
+    case Pass::Fwd: bench::run_timed(state, fwd, fwd_bytes, kernels::attention_forward_flops(sh)); break;
+    case Pass::Bwd: bench::run_timed(state, bwd, bwd_bytes, kernels::attention_backward_flops(sh)); break;
+    case Pass::FwdBwd:
+      bench::run_timed(state, [&](cudaStream_t st) { fwd(st); bwd(st); }, fwd_bytes + bwd_bytes,
+                       kernels::attention_forward_flops(sh) + kernels::attention_backward_flops(sh));
+      break;
+  }
+}
+
+void reg(const std::string& name, std::function<void(benchmark::State&)> fn) {
+  benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); })
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+}
+
+void register_all() {
+  const std::vector<AttentionShape> shapes = {
+      {4, 512, 16, 64, false}, {4, 2048, 16, 64, false}, {2, 8192, 16, 64, false}, {4, 2048, 16, 128, false}};
+  for (AttentionShape s : shapes)
+    for (bool causal : {false, true}) {
+      s.causal = causal;
+      const std::string suffix = std::string(causal ? "_causal/" : "/") + shape_name(s);
+      reg("attention/fwd" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::Fwd); });
+      reg("attention/bwd" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::Bwd); });
+      reg("attention/fwdbwd" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::FwdBwd); });
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
