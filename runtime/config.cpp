@@ -59,13 +59,15 @@ void parse_scheduler(Reader& r, const json& j, SchedulerConfig& s) {
   const json* p = Reader::find(j, "params");
   if (!p) p = &empty;
   const std::string pp = "scheduler.params";
-  // DeepSpeed passes params as keyword arguments: a key of another scheduler is a TypeError there.
+  // DeepSpeed passes params as keyword arguments: a key of another scheduler is a TypeError there,
+  // so an unknown key here is an error even without strict.
   if (s.type == "WarmupCosineLR")
-    r.check_object(*p, pp, {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type", "last_batch_iteration"});
+    r.check_object(*p, pp, {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type", "last_batch_iteration"}, {}, true);
   else if (s.type == "WarmupDecayLR")
-    r.check_object(*p, pp, {"total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"});
+    r.check_object(*p, pp, {"total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}, {}, true);
   else
-    r.check_object(*p, pp, {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"});
+    r.check_object(*p, pp, {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}, {},
+                   true);
   if (const json* v = Reader::find(*p, "last_batch_iteration"); v && r.as_int(*v, pp + ".last_batch_iteration", -1, kMaxInt) != -1)
     r.fail(pp + ".last_batch_iteration", "resuming a schedule mid-way is done from a checkpoint, not the config; remove it or set -1");
   r.read(*p, pp, "warmup_num_steps", s.warmup_num_steps, 1, kMaxInt);
@@ -232,8 +234,8 @@ void check_consistency(Reader& r, const TrainConfig& c) {
     r.fail("fp16.enabled", "fp16 and bf16 are both enabled; a run trains in one of them, so disable one");
   if (c.bf16.bf16_optimizer_states && !c.bf16.bf16_master_weights_and_grads)
     r.fail("bf16.bf16_optimizer_states",
-           "bf16_optimizer_states needs bf16_master_weights_and_grads: true (bf16 optimizer states update bf16 master "
-           "weights; with fp32 master weights they would lose the precision the masters exist for)");
+           "bf16_optimizer_states needs bf16_master_weights_and_grads: true (DeepSpeed keeps the optimizer states in "
+           "bf16 only on top of bf16 master weights and gradients)");
   if (c.bf16.bf16_master_weights_and_grads && !c.bf16.enabled)
     r.fail("bf16.bf16_master_weights_and_grads", "bf16_master_weights_and_grads needs bf16.enabled: true");
   if (c.bf16.stochastic_rounding && !c.bf16.enabled)

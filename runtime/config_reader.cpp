@@ -92,7 +92,7 @@ const json* Reader::find(const json& obj, std::string_view key) {
 }
 
 void Reader::check_object(const json& v, const std::string& path, const std::vector<std::string_view>& known,
-                          const std::vector<std::string_view>& ignored) {
+                          const std::vector<std::string_view>& ignored, bool unknown_is_error) {
   if (!v.is_object()) fail_expected(path.empty() ? "(top level)" : path, "an object", v);
   for (auto it = v.begin(); it != v.end(); ++it) {
     const std::string& key = it.key();
@@ -107,6 +107,7 @@ void Reader::check_object(const json& v, const std::string& path, const std::vec
     std::string near = nearest(key, all);
     std::string text = detail::concat("unknown key '", key, "'");
     if (!near.empty()) text += detail::concat(" (nearest known key: '", join_path(path, near), "')");
+    if (unknown_is_error) fail(key_path, text);
     if (strict_) fail(key_path, text + "; unknown keys are errors in strict mode");
     warn(key_path, text + "; ignored");
   }

@@ -38,7 +38,7 @@ class Reader {
   // `v` must be an object whose keys are all in `known`; keys in `ignored` are DeepSpeed keys cutrain
   // accepts but does not act on (a warning, never an error). Others: warning or, strict, an error.
   void check_object(const json& v, const std::string& path, const std::vector<std::string_view>& known,
-                    const std::vector<std::string_view>& ignored = {});
+                    const std::vector<std::string_view>& ignored = {}, bool unknown_is_error = false);
   static const json* find(const json& obj, std::string_view key);
 
   bool as_bool(const json& v, const std::string& path) const;

@@ -1,0 +1,431 @@
+// CPU tests of the config loader: every key, every error class with its message content, the
+// nearest-key suggestion, strict mode, batch resolution, and the shipped configs.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <initializer_list>
+#include <string>
+#include <unistd.h>
+
+#include "runtime/config.h"
+#include "runtime/file_util.h"
+
+using namespace cutrain;
+
+namespace {
+
+// Parses `text` expecting a ConfigError whose message holds every one of `parts`.
+void expect_error(const std::string& text, std::initializer_list<std::string> parts, bool strict = false) {
+  ConfigLoadOptions opt;
+  opt.strict = strict;
+  try {
+    parse_config(text, "test.json", opt);
+    ADD_FAILURE() << "no ConfigError for: " << text;
+  } catch (const ConfigError& e) {
+    for (const auto& p : parts) EXPECT_NE(e.message().find(p), std::string::npos) << "missing '" << p << "' in: " << e.message();
+  }
+}
+
+bool any_warning_has(const TrainConfig& c, std::initializer_list<std::string> parts) {
+  for (const auto& w : c.warnings) {
+    bool all = true;
+    for (const auto& p : parts) all = all && w.find(p) != std::string::npos;
+    if (all) return true;
+  }
+  return false;
+}
+
+std::string warnings_text(const TrainConfig& c) {
+  std::string s;
+  for (const auto& w : c.warnings) s += w + "\n";
+  return s;
+}
+
+const char* kEveryKey = R"({
+  "train_batch_size": 24,
+  "train_micro_batch_size_per_gpu": 3,
+  "gradient_accumulation_steps": 8,
+  "steps_per_print": 7,
+  "gradient_clipping": 1.5,
+  "wall_clock_breakdown": true,
+  "optimizer": {"type": "adam", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1,
+                                           "adam_w_mode": false, "bias_correction": false, "torch_adam": true}},
+  "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 1e-6, "warmup_max_lr": 2e-4,
+                "warmup_num_steps": 50, "warmup_type": "linear", "total_num_steps": 500}},
+  "bf16": {"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true,
+           "stochastic_rounding": true},
+  "fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 8, "loss_scale_window": 500, "hysteresis": 3,
+           "consecutive_hysteresis": true, "min_loss_scale": 0.5, "auto_cast": true},
+  "zero_optimization": {
+    "stage": 3, "overlap_comm": true, "contiguous_gradients": false, "reduce_bucket_size": 5e7,
+    "allgather_bucket_size": 2e8, "reduce_scatter": false, "allgather_partitions": false,
+    "stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 1e7,
+    "stage3_max_live_parameters": 3e8, "stage3_max_reuse_distance": 4e8, "sub_group_size": 1e8,
+    "round_robin_gradients": true, "stage3_gather_16bit_weights_on_model_save": true,
+    "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/x", "pin_memory": true, "buffer_count": 6,
+                          "pipeline_read": true, "pipeline_write": true, "fast_init": true, "ratio": 0.5},
+    "offload_param": {"device": "cpu", "pin_memory": true, "buffer_count": 5, "buffer_size": 2e8, "max_in_cpu": 3e9}
+  },
+  "torch_autocast": {"enabled": true, "dtype": "bfloat16", "lower_precision_safe_modules": ["torch.nn.Linear"]},
+  "activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true,
+                               "contiguous_memory_optimization": true, "number_checkpoints": 12,
+                               "synchronize_checkpoint_boundary": true, "profile": true},
+  "aio": {"block_size": 2097152, "queue_depth": 64, "intra_op_parallelism": 4, "single_submit": true,
+          "overlap_events": true, "use_gds": true}
+})";
+
+}  // namespace
+
+TEST(Config, ParsesEveryKey) {
+  TrainConfig c = parse_config(kEveryKey, "every.json");
+  EXPECT_TRUE(c.warnings.empty()) << warnings_text(c);
+  EXPECT_EQ(c.train_batch_size, 24);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 3);
+  EXPECT_EQ(c.gradient_accumulation_steps, 8);
+  EXPECT_EQ(c.steps_per_print, 7);
+  EXPECT_FLOAT_EQ(c.gradient_clipping, 1.5f);
+  EXPECT_TRUE(c.wall_clock_breakdown);
+  EXPECT_EQ(c.optimizer.type, "Adam");  // case-insensitive, canonical spelling
+  EXPECT_FLOAT_EQ(c.optimizer.lr, 3e-4f);
+  EXPECT_FLOAT_EQ(c.optimizer.beta1, 0.8f);
+  EXPECT_FLOAT_EQ(c.optimizer.beta2, 0.95f);
+  EXPECT_FLOAT_EQ(c.optimizer.eps, 1e-6f);
+  EXPECT_FLOAT_EQ(c.optimizer.weight_decay, 0.1f);
+  EXPECT_FALSE(c.optimizer.adam_w_mode);  // type Adam honours adam_w_mode: false (L2)
+  EXPECT_FALSE(c.optimizer.bias_correction);
+  EXPECT_EQ(c.scheduler.type, "WarmupDecayLR");
+  EXPECT_FLOAT_EQ(c.scheduler.warmup_min_lr, 1e-6f);
+  ASSERT_TRUE(c.scheduler.warmup_max_lr.has_value());
+  EXPECT_FLOAT_EQ(*c.scheduler.warmup_max_lr, 2e-4f);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 50);
+  EXPECT_EQ(c.scheduler.warmup_type, "linear");
+  EXPECT_EQ(c.scheduler.total_num_steps, 500);
+  EXPECT_TRUE(c.bf16.enabled);
+  EXPECT_TRUE(c.bf16.bf16_master_weights_and_grads);
+  EXPECT_TRUE(c.bf16.bf16_optimizer_states);
+  EXPECT_TRUE(c.bf16.stochastic_rounding);
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_EQ(c.fp16.initial_scale_power, 8);
+  EXPECT_EQ(c.fp16.loss_scale_window, 500);
+  EXPECT_EQ(c.fp16.hysteresis, 3);
+  EXPECT_TRUE(c.fp16.consecutive_hysteresis);
+  EXPECT_FLOAT_EQ(c.fp16.min_loss_scale, 0.5f);
+  EXPECT_TRUE(c.fp16.auto_cast);
+  const auto& z = c.zero_optimization;
+  EXPECT_EQ(z.stage, 3);
+  EXPECT_TRUE(z.overlap_comm);
+  EXPECT_FALSE(z.contiguous_gradients);
+  EXPECT_EQ(z.reduce_bucket_size, 50000000);
+  EXPECT_EQ(z.allgather_bucket_size, 200000000);
+  EXPECT_FALSE(z.reduce_scatter);
+  EXPECT_FALSE(z.allgather_partitions);
+  EXPECT_EQ(z.stage3_param_persistence_threshold, 0);
+  EXPECT_EQ(z.stage3_prefetch_bucket_size, 10000000);
+  EXPECT_EQ(z.stage3_max_live_parameters, 300000000);
+  EXPECT_EQ(z.stage3_max_reuse_distance, 400000000);
+  EXPECT_EQ(z.sub_group_size, 100000000);
+  EXPECT_TRUE(z.round_robin_gradients);
+  EXPECT_TRUE(z.stage3_gather_16bit_weights_on_model_save);
+  EXPECT_EQ(z.offload_optimizer.device, "nvme");
+  EXPECT_EQ(z.offload_optimizer.nvme_path, "/tmp/x");
+  EXPECT_TRUE(z.offload_optimizer.pin_memory);
+  EXPECT_EQ(z.offload_optimizer.buffer_count, 6);
+  EXPECT_TRUE(z.offload_optimizer.pipeline_read);
+  EXPECT_TRUE(z.offload_optimizer.pipeline_write);
+  EXPECT_TRUE(z.offload_optimizer.fast_init);
+  EXPECT_FLOAT_EQ(z.offload_optimizer.ratio, 0.5f);
+  EXPECT_EQ(z.offload_param.device, "cpu");
+  EXPECT_TRUE(z.offload_param.pin_memory);
+  EXPECT_EQ(z.offload_param.buffer_count, 5);
+  EXPECT_EQ(z.offload_param.buffer_size, 200000000);
+  EXPECT_EQ(z.offload_param.max_in_cpu, 3000000000LL);
+  EXPECT_TRUE(c.torch_autocast.enabled);
+  EXPECT_EQ(c.torch_autocast.dtype, "torch.bfloat16");  // normalized
+  ASSERT_EQ(c.torch_autocast.lower_precision_safe_modules.size(), 1u);
+  EXPECT_EQ(c.torch_autocast.lower_precision_safe_modules[0], "torch.nn.Linear");
+  EXPECT_TRUE(c.has_activation_checkpointing);
+  const auto& a = c.activation_checkpointing;
+  EXPECT_TRUE(a.partition_activations);
+  EXPECT_TRUE(a.cpu_checkpointing);
+  EXPECT_TRUE(a.contiguous_memory_optimization);
+  EXPECT_EQ(a.number_checkpoints, 12);
+  EXPECT_TRUE(a.synchronize_checkpoint_boundary);
+  EXPECT_TRUE(a.profile);
+  EXPECT_EQ(c.aio.block_size, 2097152);
+  EXPECT_EQ(c.aio.queue_depth, 64);
+  EXPECT_EQ(c.aio.intra_op_parallelism, 4);
+  EXPECT_TRUE(c.aio.single_submit);
+  EXPECT_TRUE(c.aio.overlap_events);
+  EXPECT_TRUE(c.aio.use_gds);
+  EXPECT_EQ(c.source, "every.json");
+}
+
+TEST(Config, DefaultsWhenSectionsAreAbsent) {
+  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 2})", "min.json");
+  EXPECT_EQ(c.optimizer.type, "AdamW");
+  EXPECT_TRUE(c.optimizer.adam_w_mode);
+  EXPECT_TRUE(c.scheduler.type.empty());
+  EXPECT_FALSE(c.bf16.enabled);
+  EXPECT_EQ(c.zero_optimization.stage, 0);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, "none");
+  EXPECT_FALSE(c.has_activation_checkpointing);
+  EXPECT_EQ(c.aio.block_size, 1048576);
+  EXPECT_EQ(c.train_batch_size, 2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+}
+
+TEST(Config, AcceptsIntegralFloatsForIntegers) {
+  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 4.0, "zero_optimization": {"stage": 3e0,
+      "reduce_bucket_size": 5e8, "stage3_param_persistence_threshold": 1e4}})", "f.json");
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(c.zero_optimization.stage, 3);
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 500000000);
+  EXPECT_EQ(c.zero_optimization.stage3_param_persistence_threshold, 10000);
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"reduce_bucket_size": 5.5e0}})",
+               {"test.json", "zero_optimization.reduce_bucket_size", "expected a positive integer", "found number 5.5",
+                "not an integral value"});
+}
+
+TEST(Config, WrongTypeNamesFilePathExpectedAndFound) {
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": "yes"}})",
+               {"test.json", "bf16.enabled", "expected a boolean", "found string \"yes\""});
+  expect_error(R"({"train_micro_batch_size_per_gpu": "4"})",
+               {"test.json", "train_micro_batch_size_per_gpu", "expected a positive integer", "found string \"4\""});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"params": {"lr": [1]}}})",
+               {"optimizer.params.lr", "expected a number >= 0", "found array [1]"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": 3})",
+               {"zero_optimization", "expected an object", "found number 3"});
+  expect_error(R"([1, 2])", {"test.json", "(top level)", "expected an object", "found array"});
+  // Hugging Face "auto" placeholders get a hint.
+  expect_error(R"({"train_micro_batch_size_per_gpu": "auto"})", {"found string \"auto\"", "Hugging Face"});
+}
+
+TEST(Config, OutOfRangeNamesIndexedPath) {
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"params": {"betas": [0.9, 1.5]}}})",
+               {"test.json", "optimizer.params.betas[1]", "expected a number in [0, 1)", "found number 1.5"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"params": {"betas": [-0.1, 0.9]}}})",
+               {"optimizer.params.betas[0]", "found number -0.1"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"params": {"betas": [0.9]}}})",
+               {"optimizer.params.betas", "expected an array of 2 numbers", "found array [0.9]"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 4}})",
+               {"zero_optimization.stage", "expected an integer in [0, 3]", "found number 4"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 0})",
+               {"train_micro_batch_size_per_gpu", "expected a positive integer", "found number 0"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"params": {"eps": 0}}})",
+               {"optimizer.params.eps", "expected a number > 0", "found number 0"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": -1})",
+               {"gradient_clipping", "expected a number >= 0", "found number -1"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "aio": {"block_size": 1000}})",
+               {"aio.block_size", "multiple of 512", "found number 1000"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Lamb"}})",
+               {"optimizer.type", "one of \"Adam\", \"AdamW\"", "found string \"Lamb\""});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}})",
+               {"zero_optimization.offload_param.device", "\"none\", \"cpu\", \"nvme\"", "found string \"gpu\""});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "torch_autocast": {"dtype": "torch.float32"}})",
+               {"torch_autocast.dtype", "torch.bfloat16", "found string \"torch.float32\""});
+}
+
+TEST(Config, UnknownKeyWarnsWithNearestKey) {
+  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimisation": {},
+      "bf16": {"enabled": true, "bf16_master_weight_and_grads": true}})", "w.json");
+  EXPECT_TRUE(any_warning_has(c, {"w.json", "unknown key 'zero_optimisation'", "nearest known key: 'zero_optimization'", "ignored"}))
+      << warnings_text(c);
+  EXPECT_TRUE(any_warning_has(c, {"bf16.bf16_master_weight_and_grads", "nearest known key: 'bf16.bf16_master_weights_and_grads'"}))
+      << warnings_text(c);
+  EXPECT_FALSE(c.bf16.bf16_master_weights_and_grads);  // a misspelt key does not set the field
+  // Nested two levels down, and case-only typos.
+  TrainConfig d = parse_config(R"({"train_micro_batch_size_per_gpu": 1,
+      "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memroy": true}}, "Steps_Per_Print": 3})", "n.json");
+  EXPECT_TRUE(any_warning_has(d, {"zero_optimization.offload_optimizer.pin_memroy",
+                                  "'zero_optimization.offload_optimizer.pin_memory'"})) << warnings_text(d);
+  EXPECT_TRUE(any_warning_has(d, {"Steps_Per_Print", "'steps_per_print'"})) << warnings_text(d);
+}
+
+TEST(Config, StrictModeMakesUnknownKeysErrors) {
+  const char* text = R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"overlap_com": true}})";
+  EXPECT_NO_THROW(parse_config(text, "s.json"));
+  expect_error(text, {"test.json", "zero_optimization.overlap_com", "unknown key", "'zero_optimization.overlap_comm'", "strict"},
+               /*strict=*/true);
+  // DeepSpeed keys cutrain accepts without acting on stay warnings, even strict.
+  ConfigLoadOptions strict;
+  strict.strict = true;
+  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "tensorboard": {"enabled": true}})", "t.json", strict);
+  EXPECT_TRUE(any_warning_has(c, {"tensorboard", "does not act on"})) << warnings_text(c);
+}
+
+TEST(Config, SchedulerParamsOfAnotherSchedulerAreErrors) {
+  // DeepSpeed would raise TypeError (unexpected keyword argument), so this is an error without strict.
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}}})",
+               {"scheduler.params.cos_min_ratio", "unknown key"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})",
+               {"scheduler.params.total_num_steps", "found nothing", "WarmupDecayLR requires it"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "OneCycle"}})",
+               {"scheduler.type", "\"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\"", "found string \"OneCycle\""});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupLR", "params": {"warmup_type": "exp"}}})",
+               {"scheduler.params.warmup_type", "\"log\", \"linear\"", "found string \"exp\""});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})",
+               {"scheduler.params.warmup_num_steps", "positive integer", "found number 0"});
+  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupCosineLR",
+      "params": {"total_num_steps": 100, "warmup_num_steps": 10, "warmup_min_ratio": 0.1, "cos_min_ratio": 0.01}}})", "c.json");
+  EXPECT_EQ(c.scheduler.type, "WarmupCosineLR");
+  EXPECT_FLOAT_EQ(c.scheduler.warmup_min_ratio, 0.1f);
+  EXPECT_FLOAT_EQ(c.scheduler.cos_min_ratio, 0.01f);
+  EXPECT_EQ(c.scheduler.total_num_steps, 100);
+  TrainConfig d = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupDecayLR",
+      "params": {"total_num_steps": 100, "warmup_max_lr": null}}})", "d.json");
+  EXPECT_FALSE(d.scheduler.warmup_max_lr.has_value());
+  EXPECT_TRUE(any_warning_has(d, {"warmup_max_lr", "0.001"})) << warnings_text(d);
+}
+
+TEST(Config, InconsistentCombinationsSayWhy) {
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true, "bf16_optimizer_states": true}})",
+               {"test.json", "bf16.bf16_optimizer_states", "needs bf16_master_weights_and_grads: true"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"bf16_master_weights_and_grads": true}})",
+               {"bf16.bf16_master_weights_and_grads", "needs bf16.enabled: true"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "fp16": {"enabled": true}})",
+               {"fp16 and bf16 are both enabled"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})",
+               {"zero_optimization.offload_param.device", "needs ZeRO stage 3", "stage is 2"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}})",
+               {"zero_optimization.offload_optimizer.device", "stage is 0"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})",
+               {"zero_optimization.offload_optimizer.nvme_path", "found nothing", "nvme"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "activation_checkpointing": {"cpu_checkpointing": true}})",
+               {"activation_checkpointing.cpu_checkpointing", "partition_activations"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "bfloat16": {"enabled": true}})",
+               {"bfloat16", "not both"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"params": {"amsgrad": true}}})",
+               {"optimizer.params.amsgrad", "not supported"});
+  expect_error(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4})",
+               {"test.json", "batch sizes", "train_batch_size 10 is not a multiple of train_micro_batch_size_per_gpu 4"});
+}
+
+TEST(Config, MalformedJsonGivesLineAndColumn) {
+  // Line 3, column 22 is the ',' where a value should be.
+  expect_error("{\n  \"train_batch_size\": 8,\n  \"steps_per_print\": ,\n}\n",
+               {"test.json", "malformed JSON at line 3, column 22"});
+  expect_error("{\"a\": 1", {"test.json", "malformed JSON at line 1"});
+  expect_error("", {"test.json", "malformed JSON"});
+}
+
+TEST(Config, DuplicateKeyIsAnError) {
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1, "stage": 3}})",
+               {"test.json", "zero_optimization.stage", "more than once"});
+}
+
+TEST(Config, MissingFileSaysSoWithPath) {
+  const std::string p = "/nonexistent_cutrain_dir/missing_config.json";
+  try {
+    load_config(p);
+    FAIL() << "no throw";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find(p), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("not found"), std::string::npos) << e.message();
+  }
+}
+
+TEST(Config, LoadFileNamesItInErrors) {
+  auto dir = std::filesystem::temp_directory_path() / ("cutrain_cfg_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto path = dir / "bad.json";
+  write_file_atomic(path, std::string_view(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": 1}})"));
+  try {
+    load_config(path);
+    ADD_FAILURE() << "no throw";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find(path.string()), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("bf16.enabled"), std::string::npos) << e.message();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Config, BatchResolutionForSeveralWorldSizes) {
+  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})", "b.json");
+  for (int w : {1, 2, 3, 8}) {
+    c.resolve_batch(w);
+    EXPECT_EQ(c.train_batch_size, 8 * w) << "world " << w;
+    EXPECT_EQ(c.micro_batch(), 4);
+    EXPECT_EQ(c.accumulation(), 2);
+  }
+  TrainConfig t = parse_config(R"({"train_batch_size": 48, "train_micro_batch_size_per_gpu": 4})", "t.json");
+  EXPECT_EQ(t.accumulation(), 12);
+  t.resolve_batch(2);
+  EXPECT_EQ(t.accumulation(), 6);
+  t.resolve_batch(4);
+  EXPECT_EQ(t.accumulation(), 3);
+  try {
+    t.resolve_batch(5);
+    ADD_FAILURE() << "48 over 4 * 5 resolved";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("t.json"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("world size 5"), std::string::npos) << e.message();
+  }
+  TrainConfig g = parse_config(R"({"train_batch_size": 48, "gradient_accumulation_steps": 3})", "g.json");
+  EXPECT_EQ(g.micro_batch(), 16);
+  g.resolve_batch(4);
+  EXPECT_EQ(g.micro_batch(), 4);
+  TrainConfig only = parse_config(R"({"train_batch_size": 12})", "o.json");
+  only.resolve_batch(3);
+  EXPECT_EQ(only.micro_batch(), 4);
+  EXPECT_EQ(only.accumulation(), 1);
+  ConfigLoadOptions w2;
+  w2.world_size = 2;
+  TrainConfig all = parse_config(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4})", "a.json", w2);
+  EXPECT_EQ(all.train_batch_size, 16);
+  EXPECT_THROW(all.resolve_batch(1), ConfigError);
+  ConfigLoadOptions w4;
+  w4.world_size = 4;
+  expect_error(R"({"gradient_accumulation_steps": 2})", {"test.json", "found neither"});
+  try {
+    parse_config(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4})", "x.json", w4);
+    ADD_FAILURE() << "16 != 2 * 4 * 4 resolved";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("train_batch_size 16 != train_micro_batch_size_per_gpu 2 * gradient_accumulation_steps 4 * world size 4 = 32"),
+              std::string::npos) << e.message();
+  }
+}
+
+TEST(Config, ShippedConfigsLoad) {
+  const std::filesystem::path dir = std::filesystem::path(CUTRAIN_SOURCE_DIR) / "configs";
+  ConfigLoadOptions strict;
+  strict.strict = true;
+  for (const char* name : {"baseline.json", "bf16_master_wg.json", "bf16_full.json", "offload_cpu.json", "offload_nvme.json"}) {
+    SCOPED_TRACE(name);
+    TrainConfig c = load_config(dir / name, strict);
+    EXPECT_TRUE(c.warnings.empty()) << warnings_text(c);
+    EXPECT_EQ(c.micro_batch(), 4);
+    EXPECT_EQ(c.accumulation(), 1);
+    EXPECT_EQ(c.train_batch_size, 4);
+    EXPECT_EQ(c.optimizer.type, "AdamW");
+    EXPECT_FLOAT_EQ(c.optimizer.lr, 1e-4f);
+    EXPECT_FLOAT_EQ(c.optimizer.beta1, 0.9f);
+    EXPECT_FLOAT_EQ(c.optimizer.beta2, 0.999f);
+    EXPECT_FLOAT_EQ(c.optimizer.eps, 1e-8f);
+    EXPECT_FLOAT_EQ(c.optimizer.weight_decay, 0.01f);
+    EXPECT_TRUE(c.bf16.enabled);
+    EXPECT_EQ(c.zero_optimization.stage, 3);
+    EXPECT_TRUE(c.zero_optimization.overlap_comm);
+    EXPECT_TRUE(c.zero_optimization.contiguous_gradients);
+    EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 50000000);
+    EXPECT_EQ(c.zero_optimization.stage3_param_persistence_threshold, 0);
+  }
+  TrainConfig base = load_config(dir / "baseline.json");
+  EXPECT_FALSE(base.bf16.bf16_master_weights_and_grads);
+  EXPECT_FALSE(base.bf16.bf16_optimizer_states);
+  EXPECT_FALSE(base.torch_autocast.enabled);
+  TrainConfig mwg = load_config(dir / "bf16_master_wg.json");
+  EXPECT_TRUE(mwg.bf16.bf16_master_weights_and_grads);
+  EXPECT_FALSE(mwg.bf16.bf16_optimizer_states);
+  EXPECT_FALSE(mwg.torch_autocast.enabled);
+  TrainConfig full = load_config(dir / "bf16_full.json");
+  EXPECT_TRUE(full.bf16.bf16_master_weights_and_grads);
+  EXPECT_TRUE(full.bf16.bf16_optimizer_states);
+  EXPECT_TRUE(full.torch_autocast.enabled);
+  EXPECT_EQ(full.torch_autocast.dtype, "torch.bfloat16");
+  TrainConfig cpu = load_config(dir / "offload_cpu.json");
+  EXPECT_EQ(cpu.zero_optimization.offload_optimizer.device, "cpu");
+  TrainConfig nvme = load_config(dir / "offload_nvme.json");
+  EXPECT_EQ(nvme.zero_optimization.offload_optimizer.device, "nvme");
+  EXPECT_EQ(nvme.zero_optimization.offload_optimizer.nvme_path, "/tmp/cutrain_nvme");
+  EXPECT_EQ(nvme.source, dir / "offload_nvme.json");
+}
