@@ -247,8 +247,15 @@ struct Gemm::Impl {
     }
     set_epilogue_pointers(plan.desc, mm);
     const float alpha = 1.f;
-    CUTRAIN_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, mm.a, plan.a, mm.b, plan.b, &mm.beta, mm.d, plan.c,
-                                        mm.d, plan.d, &plan.algo, ws, ws_bytes, s));
+    const cublasStatus_t st = cublasLtMatmul(handle, plan.desc, &alpha, mm.a, plan.a, mm.b, plan.b, &mm.beta, mm.d,
+                                             plan.c, mm.d, plan.d, &plan.algo, ws, ws_bytes, s);
+    // An optional fused epilogue that cuBLASLt refuses at launch (its argument checks run on the
+    // host, before anything is queued) is remembered as unavailable and the caller falls back.
+    if (!required && (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)) {
+      plan.has_algo = false;
+      return false;
+    }
+    CUTRAIN_CUBLAS_CHECK(st);
     return true;
   }
 };
