@@ -14,7 +14,6 @@ namespace cutrain::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 8;  // grid = SMs x this: enough vectors in flight, no tail wave
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 constexpr float kSqrt2OverPi = 0.79788456080286536f;
@@ -45,15 +44,25 @@ __device__ __forceinline__ float gelu_grad(float x) {
   }
 }
 
-int grid_for(std::size_t work_items) {
-  static int sms = [] {
+int sm_count() {
+  static const int sms = [] {
     int dev = 0, n = 0;
     CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
     CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     return n;
   }();
+  return sms;
+}
+
+// Grid of a grid-stride kernel: exactly the blocks that fit on the device at once (a second,
+// partial wave would leave SMs idle at the end), fewer when there is less work.
+template <typename Kernel>
+int grid_for(Kernel kernel, std::size_t work_items) {
+  int per_sm = 0;
+  CUTRAIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
   const std::size_t need = ceil_div<std::size_t>(work_items, kThreads);
-  return static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(need, std::size_t(sms) * kBlocksPerSm)));
+  const std::size_t fit = static_cast<std::size_t>(sm_count()) * std::max(per_sm, 1);
+  return static_cast<int>(std::max<std::size_t>(1, std::min(need, fit)));
 }
 
 // Vector path: n elements, nvec = n / 8 full vectors, the last n % 8 done by thread 0 of block 0.
@@ -63,22 +72,35 @@ __global__ void __launch_bounds__(kThreads)
     gelu_fwd_vec(const bf16* in, const bf16* __restrict__ bias, bf16* pre_out, bf16* out, std::size_t n, int cols) {
   const std::size_t nvec = n / kBf16PerVec;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t v = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec; v += stride) {
-    const std::size_t off = v * kBf16PerVec;
-    float x[8];
-    load_bf16x8<Load::Streaming>(in + off, x);
-    if (bias) {
-      float b[8];
-      load_bf16x8<Load::ReadOnly>(bias + off % cols, b);
-      // Backward differentiates at the stored (bf16) pre-activation, so use exactly that here.
+  // Two vectors per iteration, both loaded before either is stored: twice the bytes in flight
+  // (in/out may alias, so the compiler would not hoist the second load over the first store).
+  constexpr int kU = 2;
+  for (std::size_t v0 = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; v0 < nvec;
+       v0 += kU * stride) {
+    float x[kU][8];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) x[k] = __bfloat162float(__float2bfloat16_rn(x[k] + b[k]));
-      if (pre_out) store_bf16x8(pre_out + off, x);
+    for (int u = 0; u < kU; ++u) {
+      const std::size_t v = v0 + u * stride;
+      if (v < nvec) load_bf16x8<Load::Streaming>(in + v * kBf16PerVec, x[u]);
     }
-    float y[8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) y[k] = gelu<K>(x[k]);
-    store_bf16x8(out + off, y);  // default policy: the next GEMM reads it soon
+    for (int u = 0; u < kU; ++u) {
+      const std::size_t v = v0 + u * stride;
+      if (v >= nvec) break;
+      const std::size_t off = v * kBf16PerVec;
+      if (bias) {
+        float b[8];
+        load_bf16x8<Load::ReadOnly>(bias + off % cols, b);
+        // Backward differentiates at the stored (bf16) pre-activation, so use exactly that here.
+#pragma unroll
+        for (int k = 0; k < 8; ++k) x[u][k] = __bfloat162float(__float2bfloat16_rn(x[u][k] + b[k]));
+        if (pre_out) store_bf16x8(pre_out + off, x[u]);
+      }
+      float y[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) y[k] = gelu<K>(x[u][k]);
+      store_bf16x8(out + off, y);  // default policy: the next GEMM reads it soon
+    }
   }
   if (blockIdx.x == 0 && threadIdx.x < n % kBf16PerVec) {
     const std::size_t i = nvec * kBf16PerVec + threadIdx.x;
@@ -135,10 +157,10 @@ void launch_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_
   const bool vec = is_aligned16(in) && is_aligned16(out) && (!pre_out || is_aligned16(pre_out)) &&
                    (!bias || (is_aligned16(bias) && cols % kBf16PerVec == 0));
   if (vec) {
-    gelu_fwd_vec<K><<<grid_for(n / kBf16PerVec), kThreads, 0, s>>>(in, bias, pre_out, out, n, cols);
+    gelu_fwd_vec<K><<<grid_for(gelu_fwd_vec<K>, n / kBf16PerVec), kThreads, 0, s>>>(in, bias, pre_out, out, n, cols);
     CUTRAIN_LAUNCH_CHECK("gelu_fwd_vec");
   } else {
-    gelu_fwd_scalar<K><<<grid_for(n), kThreads, 0, s>>>(in, bias, pre_out, out, n, cols);
+    gelu_fwd_scalar<K><<<grid_for(gelu_fwd_scalar<K>, n), kThreads, 0, s>>>(in, bias, pre_out, out, n, cols);
     CUTRAIN_LAUNCH_CHECK("gelu_fwd_scalar");
   }
 }
@@ -146,9 +168,9 @@ void launch_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_
 template <GeluKind K>
 void launch_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n) {
   if (is_aligned16(dout) && is_aligned16(pre) && is_aligned16(din)) {
-    gelu_bwd<K, true><<<grid_for(n / kBf16PerVec), kThreads, 0, s>>>(dout, pre, din, n);
+    gelu_bwd<K, true><<<grid_for(gelu_bwd<K, true>, n / kBf16PerVec), kThreads, 0, s>>>(dout, pre, din, n);
   } else {
-    gelu_bwd<K, false><<<grid_for(n), kThreads, 0, s>>>(dout, pre, din, n);
+    gelu_bwd<K, false><<<grid_for(gelu_bwd<K, false>, n), kThreads, 0, s>>>(dout, pre, din, n);
   }
   CUTRAIN_LAUNCH_CHECK("gelu_bwd");
 }

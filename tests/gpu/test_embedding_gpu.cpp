@@ -6,6 +6,8 @@
 
 #include <climits>
 #include <cstring>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "kernels/embedding.cuh"
@@ -33,6 +35,13 @@ std::vector<int32_t> tokens_for(const Shape& s, std::mt19937_64& rng) {
   return t;
 }
 
+// "B4 T512 C1024 V50000" (an ostringstream: GCC 12 warns falsely on "literal" + std::string chains).
+std::string label(const Shape& s) {
+  std::ostringstream os;
+  os << "B" << s.B << " T" << s.T << " C" << s.C << " V" << s.vocab;
+  return os.str();
+}
+
 std::vector<uint32_t> float_bits(const std::vector<float>& v) {
   std::vector<uint32_t> b(v.size());
   std::memcpy(b.data(), v.data(), v.size() * 4);
@@ -46,8 +55,7 @@ TEST(EmbeddingGpu, ForwardMatchesReferenceAndReportsBadIds) {
   auto rng = test::fresh_rng();
   for (const Shape& s : kShapes) {
     for (bool with_bad : {false, true}) {
-      SCOPED_TRACE("B" + std::to_string(s.B) + " T" + std::to_string(s.T) + " C" + std::to_string(s.C) + " V" +
-                   std::to_string(s.vocab) + (with_bad ? " bad ids" : ""));
+      SCOPED_TRACE(label(s) + (with_bad ? " bad ids" : ""));
       const int N = s.B * s.T;
       auto tok = tokens_for(s, rng);
       if (with_bad) {
@@ -120,8 +128,7 @@ TEST(EmbeddingGpu, BackwardMatchesReferenceAndIsDeterministic) {
     for (DType gt : {DType::F32, DType::BF16}) {
       for (int v = 0; v < 4; ++v) {
         const bool accumulate = v & 1, with_bad = v & 2;
-        SCOPED_TRACE("B" + std::to_string(s.B) + " T" + std::to_string(s.T) + " C" + std::to_string(s.C) + " V" +
-                     std::to_string(s.vocab) + " " + dtype_name(gt) + (accumulate ? " accumulate" : "") +
+        SCOPED_TRACE(label(s) + " " + dtype_name(gt) + (accumulate ? " accumulate" : "") +
                      (with_bad ? " bad ids" : ""));
         const int N = s.B * s.T;
         auto tok = tokens_for(s, rng);

@@ -1,0 +1,159 @@
+// bench_dense: LayerNorm (fused residual), GELU and embedding, forward / backward / both, at the
+// BF16 example's shapes (2048 tokens, hidden 1024, FF 4096, vocab 50000) and large ones. Bytes are
+// what each kernel must move; frac_copy_bw compares with the device's copy bandwidth.
+// Names match bench/peers/dense_peer.py.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "bench/support/bench_support.h"
+#include "kernels/embedding.cuh"
+#include "kernels/gelu.cuh"
+#include "kernels/layernorm.cuh"
+#include "runtime/check.h"
+
+using namespace cutrain;
+namespace k = cutrain::kernels;
+
+namespace {
+
+__global__ void fill_bf16(bf16* p, std::size_t n, std::uint32_t seed, float mean, float scale) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 15; h *= 0x2C1B3C6Du; h ^= h >> 12; h *= 0x297A2D39u; h ^= h >> 15;
+    p[i] = __float2bfloat16_rn(mean + scale * ((h >> 8) * (2.f / 16777216.f) - 1.f));
+  }
+}
+__global__ void fill_tokens(int32_t* p, int n, int vocab, std::uint32_t seed) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 16; h *= 0x7FEB352Du; h ^= h >> 15; h *= 0x846CA68Bu; h ^= h >> 16;
+    p[i] = static_cast<int32_t>(h % static_cast<std::uint32_t>(vocab));
+  }
+}
+
+class Buf {
+ public:
+  explicit Buf(std::size_t bytes) { CUTRAIN_CUDA_CHECK(cudaMalloc(&p_, bytes ? bytes : 1)); }
+  ~Buf() { cudaFree(p_); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  template <typename T> T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+std::unique_ptr<Buf> bf16_buf(std::size_t n, std::uint32_t seed, float mean = 0.f, float scale = 1.f) {
+  auto b = std::make_unique<Buf>(n * sizeof(bf16));
+  fill_bf16<<<1024, 256>>>(b->as<bf16>(), n, seed, mean, scale);
+  CUTRAIN_LAUNCH_CHECK("fill_bf16");
+  return b;
+}
+
+std::string shape(long a, long b) { return std::to_string(a) + "x" + std::to_string(b); }
+
+// ---- LayerNorm ----
+enum class Dir { Fwd, Bwd, FwdBwd };
+const char* dir_name(Dir d) { return d == Dir::Fwd ? "fwd" : d == Dir::Bwd ? "bwd" : "fwdbwd"; }
+
+void bench_layernorm(benchmark::State& state, int rows, int cols, Dir dir) {
+  if (!bench::require_gpu(state)) return;
+  const std::size_t n = static_cast<std::size_t>(rows) * cols;
+  auto x = bf16_buf(n, 1), res = bf16_buf(n, 2), dy = bf16_buf(n, 3);
+  auto g = bf16_buf(cols, 4, 1.f, 0.2f), b = bf16_buf(cols, 5, 0.f, 0.2f);
+  Buf sum(n * 2), y(n * 2), dsum(n * 2), mean(rows * 4), rstd(rows * 4), dg(cols * 4), db(cols * 4);
+  Buf scratch(k::layernorm_backward_scratch_bytes(rows, cols));
+  auto fwd = [&](cudaStream_t s) {
+    k::layernorm_residual_forward(s, x->as<bf16>(), res->as<bf16>(), sum.as<bf16>(), y.as<bf16>(), mean.as<float>(),
+                                  rstd.as<float>(), g->as<bf16>(), b->as<bf16>(), rows, cols);
+  };
+  auto bwd = [&](cudaStream_t s) {
+    k::layernorm_backward(s, dy->as<bf16>(), sum.as<bf16>(), mean.as<float>(), rstd.as<float>(), g->as<bf16>(),
+                          nullptr, dsum.as<bf16>(), dg.as<void>(), db.as<void>(), DType::F32, false,
+                          scratch.as<void>(), rows, cols);
+  };
+  fwd(bench::bench_stream());  // backward reads the forward's sum / mean / rstd
+  // Bytes: forward reads x, residual, writes sum, y (+ stats); backward reads dy, sum, writes d_sum
+  // (+ stats, parameter gradients). The partials round trip is ours, not counted.
+  const double fwd_bytes = 8.0 * n + 8.0 * rows + 4.0 * cols;
+  const double bwd_bytes = 6.0 * n + 8.0 * rows + 2.0 * cols + 8.0 * cols;
+  if (dir == Dir::Fwd) bench::run_timed(state, fwd, fwd_bytes, 0);
+  else if (dir == Dir::Bwd) bench::run_timed(state, bwd, bwd_bytes, 0);
+  else bench::run_timed(state, [&](cudaStream_t s) { fwd(s); bwd(s); }, fwd_bytes + bwd_bytes, 0);
+}
+
+// ---- GELU (exact erf, no bias: what F.gelu is compared on) ----
+void bench_gelu(benchmark::State& state, int rows, int cols, Dir dir) {
+  if (!bench::require_gpu(state)) return;
+  const std::size_t n = static_cast<std::size_t>(rows) * cols;
+  auto in = bf16_buf(n, 6, 0.f, 3.f), dout = bf16_buf(n, 7);
+  Buf out(n * 2), din(n * 2);
+  auto fwd = [&](cudaStream_t s) { k::gelu_forward(s, in->as<bf16>(), nullptr, nullptr, out.as<bf16>(), rows, cols); };
+  auto bwd = [&](cudaStream_t s) { k::gelu_backward(s, dout->as<bf16>(), in->as<bf16>(), din.as<bf16>(), n); };
+  if (dir == Dir::Fwd) bench::run_timed(state, fwd, 4.0 * n, 0);
+  else if (dir == Dir::Bwd) bench::run_timed(state, bwd, 6.0 * n, 0);
+  else bench::run_timed(state, [&](cudaStream_t s) { fwd(s); bwd(s); }, 10.0 * n, 0);
+}
+
+// ---- Embedding: B*T tokens of width C, vocabulary V; bf16 gradient tables accumulated ----
+void bench_embedding(benchmark::State& state, int B, int T, int C, int V, Dir dir) {
+  if (!bench::require_gpu(state)) return;
+  const int N = B * T;
+  const std::size_t nc = static_cast<std::size_t>(N) * C;
+  Buf tok(N * 4), status(4);
+  fill_tokens<<<64, 256>>>(tok.as<int32_t>(), N, V, 8);
+  CUTRAIN_LAUNCH_CHECK("fill_tokens");
+  auto wte = bf16_buf(static_cast<std::size_t>(V) * C, 9), wpe = bf16_buf(static_cast<std::size_t>(T) * C, 10);
+  auto dout = bf16_buf(nc, 11);
+  Buf out(nc * 2), dwte(static_cast<std::size_t>(V) * C * 2), dwpe(static_cast<std::size_t>(T) * C * 2);
+  CUTRAIN_CUDA_CHECK(cudaMemset(dwte.as<void>(), 0, static_cast<std::size_t>(V) * C * 2));
+  CUTRAIN_CUDA_CHECK(cudaMemset(dwpe.as<void>(), 0, static_cast<std::size_t>(T) * C * 2));
+  Buf scratch(k::embedding_backward_scratch_bytes(B, T, C, V));
+  auto fwd = [&](cudaStream_t s) {
+    k::embedding_forward(s, tok.as<int32_t>(), wte->as<bf16>(), wpe->as<bf16>(), out.as<bf16>(), B, T, C, V,
+                         status.as<int>());
+  };
+  auto bwd = [&](cudaStream_t s) {
+    k::embedding_backward(s, dout->as<bf16>(), tok.as<int32_t>(), dwte.as<void>(), dwpe.as<void>(), DType::BF16,
+                          true, B, T, C, V, scratch.as<void>());
+  };
+  // Forward: token ids, N wte rows, the T wpe rows once, N output rows. Backward (accumulate):
+  // dout, read+write of <= N dwte rows, read+write of the T dwpe rows.
+  const double fwd_bytes = 4.0 * N + 2.0 * nc + 2.0 * T * C + 2.0 * nc;
+  const double bwd_bytes = 4.0 * N + 2.0 * nc + 4.0 * nc + 4.0 * T * C;
+  if (dir == Dir::Fwd) bench::run_timed(state, fwd, fwd_bytes, 0);
+  else bench::run_timed(state, bwd, bwd_bytes, 0);
+}
+
+template <typename F>
+void reg(const std::string& name, F fn) {
+  benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); })
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (auto [rows, cols] : {std::pair{2048, 1024}, std::pair{16384, 4096}})
+    for (Dir d : {Dir::Fwd, Dir::Bwd, Dir::FwdBwd})
+      reg(std::string("layernorm/") + dir_name(d) + "/" + shape(rows, cols),
+          [=](benchmark::State& st) { bench_layernorm(st, rows, cols, d); });
+  for (auto [rows, cols] : {std::pair{2048, 4096}, std::pair{16384, 16384}})
+    for (Dir d : {Dir::Fwd, Dir::Bwd, Dir::FwdBwd})
+      reg(std::string("gelu/") + dir_name(d) + "/" + shape(rows, cols),
+          [=](benchmark::State& st) { bench_gelu(st, rows, cols, d); });
+  // (B, T): 4 x 512 = 2048 tokens (the example), 32 x 512 = 16384 tokens at width 4096.
+  for (auto [B, T, C] : {std::tuple{4, 512, 1024}, std::tuple{32, 512, 4096}})
+    for (Dir d : {Dir::Fwd, Dir::Bwd})
+      reg(std::string("embedding/") + dir_name(d) + "/" + shape(long(B) * T, C),
+          [=](benchmark::State& st) { bench_embedding(st, B, T, C, 50000, d); });
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
