@@ -1,0 +1,397 @@
+// GPU tests of adam_step against the fp64 reference for every layout, gradient type, Adam/AdamW,
+// round-to-nearest and stochastic rounding; odd sizes, misaligned views (scalar path), skip and
+// device scale, the round-to-nearest stall vs stochastic drift, SR statistics and seeding, n > 2^31.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+
+#include "kernels/adamw.cuh"
+#include "tests/reference/adamw_ref.h"
+#include "tests/support/test_support.h"
+
+namespace cutrain {
+namespace {
+
+using kernels::AdamParams;
+using kernels::OptimizerLayout;
+using test::DeviceArray;
+
+const char* name_of(OptimizerLayout l) {
+  switch (l) {
+    case OptimizerLayout::Baseline: return "Baseline";
+    case OptimizerLayout::Bf16MasterWG: return "Bf16MasterWG";
+    case OptimizerLayout::Bf16Full: return "Bf16Full";
+  }
+  return "?";
+}
+
+// Distance in bf16 ulps between two bf16 values held as floats (monotone ordering of the bits).
+int bf16_ulps(float a, float b) {
+  auto ord = [](float f) {
+    const int bits = cutrain::f32_to_bf16_bits(f);
+    return (bits & 0x8000) ? -(bits & 0x7fff) : bits;
+  };
+  return std::abs(ord(a) - ord(b));
+}
+
+// Every element within one bf16 ulp, and almost all exact.
+void expect_bf16_close(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size());
+  std::size_t off = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_FALSE(std::isnan(got[i])) << what << "[" << i << "] not written";
+    const int d = bf16_ulps(got[i], want[i]);
+    ASSERT_LE(d, 1) << what << "[" << i << "]: got " << got[i] << " want " << want[i];
+    off += d != 0;
+  }
+  EXPECT_LE(off, got.size() / 100 + 2) << what << ": too many one-ulp differences";
+}
+
+// The whole optimizer state on the host (floats) and on the device (in the layout's types).
+struct State {
+  OptimizerLayout layout;
+  DType gt;
+  std::size_t n, off;  // off: elements of misalignment of every device view
+  std::vector<float> params, master, m, v;
+  DeviceArray<bf16> d_params, d_m16, d_v16, d_g16;
+  DeviceArray<float> d_master, d_m32, d_v32, d_g32;
+
+  State(OptimizerLayout l, DType g, std::size_t n_, std::size_t off_ = 0) : layout(l), gt(g), n(n_), off(off_) {
+    d_params = DeviceArray<bf16>(n + off);
+    if (gt == DType::BF16) d_g16 = DeviceArray<bf16>(n + off);
+    else d_g32 = DeviceArray<float>(n + off);
+    if (l == OptimizerLayout::Baseline) d_master = DeviceArray<float>(n + off);
+    if (l == OptimizerLayout::Bf16Full) {
+      d_m16 = DeviceArray<bf16>(n + off);
+      d_v16 = DeviceArray<bf16>(n + off);
+    } else {
+      d_m32 = DeviceArray<float>(n + off);
+      d_v32 = DeviceArray<float>(n + off);
+    }
+  }
+  bool full() const { return layout == OptimizerLayout::Bf16Full; }
+
+  void randomize(std::mt19937_64& rng) {
+    master = test::random_normal(n, rng, 0.f, 1.f);
+    params = test::round_bf16(master);
+    if (layout != OptimizerLayout::Baseline) master.assign(n, 0.f);
+    m = test::random_normal(n, rng, 0.f, 1e-2f);
+    v = test::random_uniform(n, rng, 0.f, 1e-4f);
+    if (full()) {
+      m = test::round_bf16(m);
+      v = test::round_bf16(v);
+    }
+  }
+
+  template <typename T>
+  static void put(DeviceArray<T>& d, std::size_t off, const std::vector<float>& h) {
+    std::vector<T> t(h.size());
+    for (std::size_t i = 0; i < h.size(); ++i) {
+      if constexpr (std::is_same_v<T, bf16>) t[i] = cutrain::to_bf16(h[i]);
+      else t[i] = h[i];
+    }
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(d.get() + off, t.data(), t.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  template <typename T>
+  static std::vector<float> get(const DeviceArray<T>& d, std::size_t off, std::size_t n) {
+    std::vector<T> t(n);
+    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(t.data(), d.get() + off, n * sizeof(T), cudaMemcpyDeviceToHost));
+    std::vector<float> h(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<T, bf16>) h[i] = cutrain::to_float(t[i]);
+      else h[i] = t[i];
+    }
+    return h;
+  }
+
+  void upload() {
+    put(d_params, off, params);
+    if (layout == OptimizerLayout::Baseline) put(d_master, off, master);
+    if (full()) {
+      put(d_m16, off, m);
+      put(d_v16, off, v);
+    } else {
+      put(d_m32, off, m);
+      put(d_v32, off, v);
+    }
+  }
+  void upload_grads(const std::vector<float>& g) {
+    if (gt == DType::BF16) put(d_g16, off, g);
+    else put(d_g32, off, g);
+  }
+  void download(std::vector<float>& p, std::vector<float>& mas, std::vector<float>& mm, std::vector<float>& vv) const {
+    p = get(d_params, off, n);
+    if (layout == OptimizerLayout::Baseline) mas = get(d_master, off, n);
+    else mas.assign(n, 0.f);
+    mm = full() ? get(d_m16, off, n) : get(d_m32, off, n);
+    vv = full() ? get(d_v16, off, n) : get(d_v32, off, n);
+  }
+  void step(const AdamParams& p, const float* device_scale = nullptr, const int* skip = nullptr) {
+    const void* g = gt == DType::BF16 ? static_cast<const void*>(d_g16.get() + off) : d_g32.get() + off;
+    void* mm = full() ? static_cast<void*>(d_m16.get() + off) : d_m32.get() + off;
+    void* vv = full() ? static_cast<void*>(d_v16.get() + off) : d_v32.get() + off;
+    kernels::adam_step(nullptr, layout, p, d_params.get() + off, g, gt,
+                       layout == OptimizerLayout::Baseline ? d_master.get() + off : nullptr, mm, vv, n, device_scale,
+                       skip);
+    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+};
+
+std::vector<float> make_grads(std::size_t n, DType gt, std::mt19937_64& rng, float stddev = 1e-2f) {
+  auto g = test::random_normal(n, rng, 0.f, stddev);
+  return gt == DType::BF16 ? test::round_bf16(g) : g;
+}
+
+// Three steps; after each, the device state is compared with the reference applied to the
+// previous device state (so rounding differences do not compound).
+void check_steps(OptimizerLayout layout, DType gt, bool decoupled, bool sr, std::size_t n, std::size_t off) {
+  SCOPED_TRACE(std::string(name_of(layout)) + " grads=" + dtype_name(gt) + " decoupled=" + std::to_string(decoupled) +
+               " sr=" + std::to_string(sr) + " n=" + std::to_string(n) + " off=" + std::to_string(off));
+  auto rng = test::fresh_rng();
+  State st(layout, gt, n, off);
+  st.randomize(rng);
+  st.upload();
+  AdamParams p;
+  p.lr = 1e-3f;
+  p.beta1 = 0.9f;
+  p.beta2 = 0.95f;
+  p.eps = 1e-8f;
+  p.weight_decay = 0.05f;
+  p.decoupled = decoupled;
+  p.grad_scale = 0.5f;
+  p.stochastic_rounding = sr;
+  p.seed = rng();
+  std::vector<float> rp = st.params, rmas = st.master, rm = st.m, rv = st.v;
+  for (int step = 1; step <= 3; ++step) {
+    p.step = step + 10 * (step == 3);  // also a later step (bias correction near 1)
+    auto g = make_grads(n, gt, rng);
+    st.upload_grads(g);
+    st.step(p);
+    ref::adam_step(layout, p, p.grad_scale, rp, g, rmas, rm, rv);
+    std::vector<float> gp, gmas, gm, gv;
+    st.download(gp, gmas, gm, gv);
+    expect_bf16_close(gp, rp, "params");
+    if (layout == OptimizerLayout::Baseline) {
+      EXPECT_LE(test::rel_error(gmas, rmas), 1e-5) << "master, step " << step;
+    }
+    if (st.full()) {
+      expect_bf16_close(gm, rm, "m (bf16)");
+      expect_bf16_close(gv, rv, "v (bf16)");
+    } else {
+      EXPECT_EQ(test::count_nan(gm) + test::count_nan(gv), 0u);
+      EXPECT_LE(test::rel_error(gm, rm), 1e-5) << "m, step " << step;
+      EXPECT_LE(test::rel_error(gv, rv), 1e-5) << "v, step " << step;
+    }
+    if (::testing::Test::HasFatalFailure()) return;
+    rp = gp, rmas = gmas, rm = gm, rv = gv;  // continue from the device state
+  }
+}
+
+using AdamCase = std::tuple<OptimizerLayout, DType, bool, bool>;
+class AdamGpu : public ::testing::TestWithParam<AdamCase> {};
+
+TEST_P(AdamGpu, MatchesReferenceOddSize) {
+  CUTRAIN_REQUIRE_GPU();
+  auto [layout, gt, decoupled, sr] = GetParam();
+  check_steps(layout, gt, decoupled, sr, 1000003, 0);
+}
+
+TEST_P(AdamGpu, MatchesReferenceTinyAndMisaligned) {
+  CUTRAIN_REQUIRE_GPU();
+  auto [layout, gt, decoupled, sr] = GetParam();
+  for (std::size_t n : {1, 7, 9, 4099}) check_steps(layout, gt, decoupled, sr, n, 0);
+  check_steps(layout, gt, decoupled, sr, 100003, 1);  // views off 16-byte alignment: scalar path
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, AdamGpu,
+    ::testing::Combine(::testing::Values(OptimizerLayout::Baseline, OptimizerLayout::Bf16MasterWG,
+                                         OptimizerLayout::Bf16Full),
+                       ::testing::Values(DType::BF16, DType::F32), ::testing::Bool(), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<AdamCase>& i) {
+      return std::string(name_of(std::get<0>(i.param))) + "_" + dtype_name(std::get<1>(i.param)) +
+             (std::get<2>(i.param) ? "_AdamW" : "_AdamL2") + (std::get<3>(i.param) ? "_SR" : "_RNE");
+    });
+
+TEST(AdamGpuControl, SkipFlagChangesNothingAndDeviceScaleMultiplies) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const std::size_t n = 300007;
+  State st(OptimizerLayout::Baseline, DType::BF16, n);
+  st.randomize(rng);
+  st.upload();
+  auto g = make_grads(n, DType::BF16, rng);
+  st.upload_grads(g);
+  AdamParams p;
+  p.weight_decay = 0.01f;
+  p.grad_scale = 2.f;
+  DeviceArray<int> skip(std::vector<int>{1});
+  DeviceArray<float> dscale(std::vector<float>{0.25f});
+  st.step(p, dscale.get(), skip.get());
+  std::vector<float> gp, gmas, gm, gv;
+  st.download(gp, gmas, gm, gv);
+  EXPECT_EQ(std::memcmp(gp.data(), st.params.data(), 4 * n), 0) << "skip=1 changed params";
+  EXPECT_EQ(std::memcmp(gmas.data(), st.master.data(), 4 * n), 0) << "skip=1 changed master";
+  EXPECT_EQ(std::memcmp(gm.data(), st.m.data(), 4 * n), 0);
+  EXPECT_EQ(std::memcmp(gv.data(), st.v.data(), 4 * n), 0);
+
+  skip.upload({0});
+  st.step(p, dscale.get(), skip.get());
+  ref::adam_step(OptimizerLayout::Baseline, p, 2.0 * 0.25, st.params, g, st.master, st.m, st.v);
+  st.download(gp, gmas, gm, gv);
+  expect_bf16_close(gp, st.params, "params");
+  EXPECT_LE(test::rel_error(gmas, st.master), 1e-5);
+  EXPECT_LE(test::rel_error(gm, st.m), 1e-5);
+  EXPECT_LE(test::rel_error(gv, st.v), 1e-5);
+}
+
+// Updates far below half a bf16 ulp: round-to-nearest never moves a bf16 master, stochastic
+// rounding moves it by the right amount on average.
+TEST(AdamGpuStochasticRounding, NearestStallsStochasticDrifts) {
+  CUTRAIN_REQUIRE_GPU();
+  const std::size_t n = 1 << 20;
+  const int steps = 100;
+  AdamParams p;
+  p.lr = 1e-4f;  // per-step change ~1e-4, bf16 half-ulp at 1.0 is 2^-9 ~ 2e-3
+  p.weight_decay = 0.f;
+  for (bool sr : {false, true}) {
+    State st(OptimizerLayout::Bf16MasterWG, DType::BF16, n);
+    st.params.assign(n, 1.f);
+    st.m.assign(n, 0.f);
+    st.v.assign(n, 0.f);
+    st.upload();
+    st.upload_grads(std::vector<float>(n, 1e-3f));
+    p.stochastic_rounding = sr;
+    p.seed = 1234;
+    double expect = 1.0;
+    for (int s = 1; s <= steps; ++s) {
+      p.step = s;
+      st.step(p);
+      expect -= p.lr * (1e-3 / (1e-3 + p.eps));  // m_hat / sqrt(v_hat) = 1 for a constant gradient
+    }
+    std::vector<float> gp, gmas, gm, gv;
+    st.download(gp, gmas, gm, gv);
+    double mean = 0;
+    for (float x : gp) mean += x;
+    mean /= n;
+    if (!sr) {
+      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(gp[i], 1.f) << "round-to-nearest moved element " << i;
+    } else {
+      // Per element the accumulated rounding noise has sd <= sqrt(steps) * ulp / 2 (ulp = 2^-8 below 1).
+      const double sd_mean = std::sqrt(static_cast<double>(steps)) * 0.5 * std::ldexp(1.0, -8) / std::sqrt(double(n));
+      EXPECT_LT(mean, 1.0);
+      EXPECT_NEAR(mean, expect, 10 * sd_mean) << "stochastic rounding drifted the wrong amount";
+    }
+  }
+}
+
+// One step on fp32 masters in [1, 2): each bf16 copy is one of the two neighbours of the fp32
+// value, the rounding error has mean 0 within statistical bounds, the same seed gives the same bits
+// and another seed different bits.
+TEST(AdamGpuStochasticRounding, UnbiasedAndSeeded) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const std::size_t n = 1 << 20;
+  State st(OptimizerLayout::Baseline, DType::F32, n);
+  st.master = test::random_uniform(n, rng, 1.01f, 1.99f);  // stays in [1, 2) after the step
+  st.params = test::round_bf16(st.master);
+  st.m.assign(n, 0.f);
+  st.v.assign(n, 0.f);
+  auto g = make_grads(n, DType::F32, rng);
+  AdamParams p;
+  p.lr = 1e-3f;
+  p.stochastic_rounding = true;
+  auto run = [&](std::uint64_t seed, std::vector<float>& params, std::vector<float>& master) {
+    st.upload();
+    st.upload_grads(g);
+    p.seed = seed;
+    st.step(p);
+    std::vector<float> gm, gv;
+    st.download(params, master, gm, gv);
+  };
+  std::vector<float> pa, ma, pb, mb, pc, mc;
+  run(42, pa, ma);
+  run(42, pb, mb);
+  run(43, pc, mc);
+  EXPECT_EQ(std::memcmp(pa.data(), pb.data(), 4 * n), 0) << "same seed, different bits";
+  std::size_t differ = 0;
+  double sum = 0, sumsq = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    differ += pa[i] != pc[i];
+    const double ulp = std::ldexp(1.0, -7);  // bf16 ulp in [1, 2)
+    const double down = std::floor(ma[i] / ulp) * ulp;
+    ASSERT_TRUE(pa[i] == static_cast<float>(down) || pa[i] == static_cast<float>(down + ulp))
+        << "element " << i << ": " << pa[i] << " is not a neighbour of " << ma[i];
+    const double e = pa[i] - static_cast<double>(ma[i]);
+    sum += e;
+    sumsq += e * e;
+  }
+  EXPECT_GT(differ, n / 10) << "another seed should change many roundings";
+  const double mean = sum / n, sd = std::sqrt(sumsq / n - mean * mean);
+  EXPECT_NEAR(mean, 0.0, 5 * sd / std::sqrt(double(n))) << "stochastic rounding is biased";
+}
+
+// More than 2^31 elements (size_t indexing, the tail, the high index bits of the SR key).
+TEST(AdamGpuLarge, MoreThan2Pow31Elements) {
+  CUTRAIN_REQUIRE_GPU();
+  const std::size_t n = (std::size_t(1) << 31) + 13;
+  std::size_t free_b = 0, total_b = 0;
+  CUTRAIN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (free_b < 8 * n + (std::size_t(2) << 30)) GTEST_SKIP() << "needs " << 8 * n / (1 << 30) << " GiB free";
+  bf16 *params, *g, *m, *v;
+  CUTRAIN_CUDA_CHECK(cudaMalloc(&params, 2 * n));
+  CUTRAIN_CUDA_CHECK(cudaMalloc(&g, 2 * n));
+  CUTRAIN_CUDA_CHECK(cudaMalloc(&m, 2 * n));
+  CUTRAIN_CUDA_CHECK(cudaMalloc(&v, 2 * n));
+  CUTRAIN_CUDA_CHECK(cudaMemset(params, 0x3F, 2 * n));  // every bf16 0x3F3F = 0.746...
+  CUTRAIN_CUDA_CHECK(cudaMemset(g, 0x3C, 2 * n));       // 0x3C3C = 0.0115
+  CUTRAIN_CUDA_CHECK(cudaMemset(m, 0, 2 * n));
+  CUTRAIN_CUDA_CHECK(cudaMemset(v, 0, 2 * n));
+  AdamParams p;
+  p.lr = 1e-2f;
+  p.weight_decay = 0.1f;
+  kernels::adam_step(nullptr, OptimizerLayout::Bf16Full, p, params, g, DType::BF16, nullptr, m, v, n, nullptr, nullptr);
+  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> rp{cutrain::bf16_bits_to_f32(0x3F3F)}, rg{cutrain::bf16_bits_to_f32(0x3C3C)}, rmas{0.f}, rm{0.f},
+      rv{0.f};
+  ref::adam_step(OptimizerLayout::Bf16Full, p, 1.0, rp, rg, rmas, rm, rv);
+  for (std::size_t start : {std::size_t(0), (std::size_t(1) << 31) - 4096, n - 4096}) {
+    std::vector<bf16> hp(4096), hm(4096), hv(4096);
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(hp.data(), params + start, 2 * 4096, cudaMemcpyDeviceToHost));
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(hm.data(), m + start, 2 * 4096, cudaMemcpyDeviceToHost));
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(hv.data(), v + start, 2 * 4096, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 4096; ++i) {
+      ASSERT_LE(bf16_ulps(cutrain::to_float(hp[i]), rp[0]), 1) << "param " << start + i;
+      ASSERT_LE(bf16_ulps(cutrain::to_float(hm[i]), rm[0]), 1) << "m " << start + i;
+      ASSERT_LE(bf16_ulps(cutrain::to_float(hv[i]), rv[0]), 1) << "v " << start + i;
+    }
+  }
+  cudaFree(params);
+  cudaFree(g);
+  cudaFree(m);
+  cudaFree(v);
+}
+
+TEST(AdamGpuArgs, RejectsBadArguments) {
+  CUTRAIN_REQUIRE_GPU();
+  DeviceArray<bf16> p(16), g(16);
+  DeviceArray<float> m(16), v(16);
+  AdamParams ap;
+  EXPECT_THROW(kernels::adam_step(nullptr, OptimizerLayout::Baseline, ap, p.get(), g.get(), DType::BF16, nullptr,
+                                  m.get(), v.get(), 16, nullptr, nullptr),
+               Error);  // Baseline without master
+  EXPECT_THROW(kernels::adam_step(nullptr, OptimizerLayout::Bf16MasterWG, ap, p.get(), g.get(), DType::I32, nullptr,
+                                  m.get(), v.get(), 16, nullptr, nullptr),
+               Error);
+  ap.step = 0;
+  EXPECT_THROW(kernels::adam_step(nullptr, OptimizerLayout::Bf16MasterWG, ap, p.get(), g.get(), DType::BF16, nullptr,
+                                  m.get(), v.get(), 16, nullptr, nullptr),
+               Error);
+}
+
+}  // namespace
+}  // namespace cutrain

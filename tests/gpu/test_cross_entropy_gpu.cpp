@@ -1,0 +1,209 @@
+// GPU tests of the fused cross-entropy against the fp64 reference: loss, per-row loss, in-place
+// dlogits, ignored rows, padding columns, bad labels, misaligned rows (odd ld), determinism.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cross_entropy.cuh"
+#include "tests/reference/cross_entropy_ref.h"
+#include "tests/support/test_support.h"
+
+namespace cutrain {
+namespace {
+
+using test::DeviceArray;
+
+struct CeCase {
+  int rows, vocab, ld;
+  float ignore_frac;
+  float stddev;
+};
+
+std::string case_name(const CeCase& c) {
+  return std::to_string(c.rows) + "x" + std::to_string(c.vocab) + "_ld" + std::to_string(c.ld);
+}
+
+struct CeRun {
+  std::vector<float> dlogits;
+  std::vector<float> row_loss;
+  float loss = 0;
+  int status = 0;
+};
+
+// Uploads logits/labels, runs forward+backward (or forward only), downloads everything.
+CeRun run_ce(const std::vector<float>& logits, const std::vector<int32_t>& labels, const CeCase& c, bool backward,
+             int ignore_index = -100, float grad_scale = 1.f, bool* logits_untouched = nullptr) {
+  auto hb = test::to_bf16(logits);
+  DeviceArray<bf16> d_logits(hb);
+  DeviceArray<int32_t> d_labels(labels);
+  DeviceArray<float> d_loss(1), d_row(c.rows);
+  DeviceArray<int> d_status(1);
+  DeviceArray<char> scratch(kernels::cross_entropy_scratch_bytes(c.rows));
+  if (backward) {
+    kernels::cross_entropy_forward_backward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld,
+                                            d_loss.get(), d_row.get(), d_status.get(), scratch.get(), ignore_index,
+                                            grad_scale);
+  } else {
+    kernels::cross_entropy_forward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld, d_loss.get(),
+                                   d_row.get(), d_status.get(), scratch.get(), ignore_index);
+  }
+  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  CeRun r;
+  auto out = d_logits.download();
+  r.dlogits = test::to_float(out);
+  if (logits_untouched) *logits_untouched = std::memcmp(out.data(), hb.data(), hb.size() * sizeof(bf16)) == 0;
+  r.row_loss = d_row.download();
+  r.loss = d_loss.download()[0];
+  r.status = d_status.download()[0];
+  return r;
+}
+
+struct Inputs {
+  std::vector<float> logits;  // bf16-rounded; padding columns NaN (must be overwritten by 0)
+  std::vector<int32_t> labels;
+};
+
+Inputs make_inputs(const CeCase& c, std::mt19937_64& rng) {
+  Inputs in;
+  in.logits = test::round_bf16(test::random_normal(static_cast<std::size_t>(c.rows) * c.ld, rng, 0.f, c.stddev));
+  for (int i = 0; i < c.rows; ++i)
+    for (int j = c.vocab; j < c.ld; ++j) in.logits[static_cast<std::size_t>(i) * c.ld + j] = NAN;
+  in.labels = test::random_ints(c.rows, rng, 0, c.vocab - 1);
+  auto u = test::random_uniform(c.rows, rng, 0.f, 1.f);
+  for (int i = 0; i < c.rows; ++i)
+    if (u[i] < c.ignore_frac) in.labels[i] = -100;
+  return in;
+}
+
+void check_against_ref(const CeCase& c, const Inputs& in, const CeRun& r, const ref::CrossEntropyResult& want,
+                       int ignore_index = -100) {
+  SCOPED_TRACE(case_name(c));
+  EXPECT_EQ(r.status, want.status);
+  EXPECT_NEAR(r.loss, want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean)));
+  for (int i = 0; i < c.rows; ++i)
+    ASSERT_NEAR(r.row_loss[i], want.row_loss[i], 1e-4 * std::max(1.0, std::fabs(want.row_loss[i]))) << "row " << i;
+  EXPECT_EQ(test::count_nan(r.dlogits), 0u) << "padding or real columns left unwritten (NaN)";
+  EXPECT_LE(test::rel_error(r.dlogits, want.dlogits), 1e-2);
+  // Per-row check too, so one bad row cannot hide in the global norm.
+  for (int i = 0; i < c.rows; ++i) {
+    const std::size_t o = static_cast<std::size_t>(i) * c.ld;
+    const bool ignored = in.labels[i] == ignore_index || in.labels[i] < 0 || in.labels[i] >= c.vocab;
+    if (ignored) {
+      for (int j = 0; j < c.ld; ++j) ASSERT_EQ(r.dlogits[o + j], 0.f) << "ignored row " << i << " col " << j;
+      continue;
+    }
+    for (int j = c.vocab; j < c.ld; ++j) ASSERT_EQ(r.dlogits[o + j], 0.f) << "padding row " << i << " col " << j;
+    std::vector<float> got(r.dlogits.begin() + o, r.dlogits.begin() + o + c.vocab);
+    std::vector<float> exp(want.dlogits.begin() + o, want.dlogits.begin() + o + c.vocab);
+    ASSERT_LE(test::rel_error(got, exp), 1e-2) << "row " << i;
+    // The label's entry carries the -1: checked element-wise (bf16 rounding of a value near -1/n).
+    const float gl = got[in.labels[i]], el = exp[in.labels[i]];
+    ASSERT_NEAR(gl, el, 8e-3 * std::fabs(el) + 1e-12) << "label entry, row " << i;
+  }
+}
+
+class CrossEntropyGpu : public ::testing::TestWithParam<CeCase> {};
+
+TEST_P(CrossEntropyGpu, ForwardBackwardMatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  const CeCase c = GetParam();
+  auto rng = test::fresh_rng();
+  Inputs in = make_inputs(c, rng);
+  const float grad_scale = 0.75f;
+  auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, -100, grad_scale);
+  CeRun r = run_ce(in.logits, in.labels, c, true, -100, grad_scale);
+  check_against_ref(c, in, r, want);
+}
+
+TEST_P(CrossEntropyGpu, ForwardOnlyLeavesLogitsAndMatchesLoss) {
+  CUTRAIN_REQUIRE_GPU();
+  const CeCase c = GetParam();
+  auto rng = test::fresh_rng();
+  Inputs in = make_inputs(c, rng);
+  auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld);
+  bool untouched = false;
+  CeRun r = run_ce(in.logits, in.labels, c, false, -100, 1.f, &untouched);
+  EXPECT_TRUE(untouched);
+  EXPECT_NEAR(r.loss, want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean)));
+  for (int i = 0; i < c.rows; ++i)
+    ASSERT_NEAR(r.row_loss[i], want.row_loss[i], 1e-4 * std::max(1.0, std::fabs(want.row_loss[i]))) << "row " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyGpu,
+                         ::testing::Values(CeCase{1, 7, 7, 0.f, 1.f}, CeCase{3, 7, 16, 0.f, 3.f},
+                                           CeCase{2048, 7, 7, 0.1f, 2.f}, CeCase{1, 50000, 50000, 0.f, 2.f},
+                                           CeCase{3, 50000, 50000, 0.f, 2.f}, CeCase{2048, 50000, 50000, 0.1f, 2.f},
+                                           CeCase{1, 50257, 50257, 0.f, 2.f}, CeCase{3, 50257, 50257, 0.f, 4.f},
+                                           CeCase{2048, 50257, 50257, 0.1f, 2.f}, CeCase{2048, 50257, 50304, 0.1f, 2.f},
+                                           CeCase{1, 262144, 262144, 0.f, 2.f}, CeCase{3, 262144, 262147, 0.f, 2.f},
+                                           CeCase{64, 262144, 262144, 0.1f, 2.f}, CeCase{5, 100003, 100003, 0.f, 8.f},
+                                           CeCase{17, 2, 9, 0.f, 1.f}),
+                         [](const ::testing::TestParamInfo<CeCase>& i) { return case_name(i.param); });
+
+TEST(CrossEntropyGpuLabels, OutOfRangeLabelsReportedAndIgnored) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const CeCase c{6, 50257, 50257, 0.f, 2.f};
+  Inputs in = make_inputs(c, rng);
+  in.labels[1] = -100;
+  in.labels[2] = c.vocab;  // first bad row: status 3
+  in.labels[4] = -5;
+  auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld);
+  ASSERT_EQ(want.status, 3);
+  CeRun r = run_ce(in.logits, in.labels, c, true);
+  check_against_ref(c, in, r, want);
+  EXPECT_EQ(r.status, 3);
+  EXPECT_EQ(r.row_loss[2], 0.f);
+  EXPECT_EQ(r.row_loss[4], 0.f);
+}
+
+TEST(CrossEntropyGpuLabels, CustomIgnoreIndexAndAllIgnored) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const CeCase c{9, 1000, 1000, 0.f, 2.f};
+  Inputs in = make_inputs(c, rng);
+  in.labels[0] = 0;  // ignore_index 0: this row is ignored, -100 would be an out-of-range label
+  auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, 0, 1.0);
+  CeRun r = run_ce(in.logits, in.labels, c, true, 0, 1.f);
+  check_against_ref(c, in, r, want, 0);
+  for (int j = 0; j < c.ld; ++j) ASSERT_EQ(r.dlogits[j], 0.f);
+
+  std::vector<int32_t> all_ignored(c.rows, -100);
+  CeRun z = run_ce(in.logits, all_ignored, c, true);
+  EXPECT_EQ(z.loss, 0.f);
+  EXPECT_EQ(z.status, 0);
+  for (float g : z.dlogits) ASSERT_EQ(g, 0.f);
+}
+
+TEST(CrossEntropyGpuDeterminism, SameBitsEveryRun) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const CeCase c{2048, 50304, 50304, 0.05f, 2.f};
+  Inputs in = make_inputs(c, rng);
+  CeRun a = run_ce(in.logits, in.labels, c, true);
+  CeRun b = run_ce(in.logits, in.labels, c, true);
+  EXPECT_EQ(std::memcmp(&a.loss, &b.loss, 4), 0);
+  EXPECT_EQ(std::memcmp(a.row_loss.data(), b.row_loss.data(), 4 * a.row_loss.size()), 0);
+  EXPECT_EQ(std::memcmp(a.dlogits.data(), b.dlogits.data(), 4 * a.dlogits.size()), 0);
+}
+
+TEST(CrossEntropyGpuArgs, BadShapesThrowBeforeLaunch) {
+  CUTRAIN_REQUIRE_GPU();
+  DeviceArray<bf16> x(64);
+  DeviceArray<int32_t> y(4);
+  DeviceArray<float> loss(1);
+  DeviceArray<char> scratch(kernels::cross_entropy_scratch_bytes(4));
+  EXPECT_THROW(kernels::cross_entropy_forward_backward(nullptr, x.get(), y.get(), 4, 16, 8, loss.get(), nullptr,
+                                                       nullptr, scratch.get()),
+               Error);  // ld < vocab
+  EXPECT_THROW(kernels::cross_entropy_forward_backward(nullptr, x.get(), y.get(), 0, 16, 16, loss.get(), nullptr,
+                                                       nullptr, scratch.get()),
+               Error);
+  EXPECT_THROW(kernels::cross_entropy_forward_backward(nullptr, x.get(), y.get(), 4, 16, 16, loss.get(), nullptr,
+                                                       nullptr, nullptr),
+               Error);
+}
+
+}  // namespace
+}  // namespace cutrain
