@@ -19,6 +19,7 @@ class LrSchedule {
   // The lr optimizer step `step` (0-based: 0 is the first update) uses. DeepSpeed sets the lr at
   // construction (last_batch_iteration = -1) and steps the scheduler after each optimizer step, so
   // update `step` runs with last_batch_iteration = step - 1: lr(step) == lr_at_iteration(step - 1).
+  // `step` counts applied updates: DeepSpeed does not step the scheduler on an fp16 overflow skip.
   float lr(int step) const { return static_cast<float>(lr_at_iteration(step - 1)); }
   // DeepSpeed's get_lr() for a given last_batch_iteration (-1: before the first scheduler step).
   double lr_at_iteration(int last_batch_iteration) const;

@@ -159,7 +159,7 @@ struct ConfigLoadOptions {
 // Reads and validates `path`, then resolves the batch triple for options.world_size.
 // Throws ConfigError (file, JSON path, expected, found).
 TrainConfig load_config(const std::filesystem::path& path, const ConfigLoadOptions& options = {});
-// The same from a JSON text (`origin` names it in messages).
+// The same from a JSON text (`origin` names it in messages and becomes `source`).
 TrainConfig parse_config(const std::string& json_text, const std::string& origin, const ConfigLoadOptions& options = {});
 
 }  // namespace cutrain
