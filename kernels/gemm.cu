@@ -32,7 +32,7 @@ namespace cutrain::kernels {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Unfused epilogue fallback (aux leading dim not divisible by 8, or no fused algorithm)
+// Unfused epilogue fallback (GELU aux leading dim not divisible by 8, or no fused algorithm)
 // ---------------------------------------------------------------------------------------------
 
 __device__ __forceinline__ float gelu_tanh_f(float x) {
@@ -48,10 +48,15 @@ __device__ __forceinline__ float gelu_tanh_grad_f(float x) {
   return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kC * (1.f + 3.f * 0.044715f * x2);
 }
 
-// y[i] = gelu_tanh(pre[i])
-__global__ void gelu_tanh_from_pre_kernel(const bf16* __restrict__ pre, bf16* __restrict__ y, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
-    y[i] = __float2bfloat16_rn(gelu_tanh_f(__bfloat162float(pre[i])));
+// pre[r,c] += bias[c] in place; when y is non-null also y = gelu_tanh(pre). `pre` holds the plain
+// GEMM result on entry.
+__global__ void bias_gelu_fallback_kernel(bf16* __restrict__ pre, const bf16* __restrict__ bias, bf16* __restrict__ y,
+                                          std::size_t n, int cols) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    const float v = __bfloat162float(pre[i]) + __bfloat162float(bias[i % cols]);
+    pre[i] = __float2bfloat16_rn(v);
+    if (y) y[i] = __float2bfloat16_rn(gelu_tanh_f(v));
+  }
 }
 
 // g[i] *= gelu_tanh'(pre[i]), in place.
@@ -181,6 +186,7 @@ struct Gemm::Impl {
   void* ws = nullptr;
   std::size_t ws_bytes = 0;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  std::size_t fallbacks = 0;  // calls that took the unfused epilogue path
 
   ~Impl() {
     plans.clear();
@@ -307,6 +313,7 @@ Gemm::~Gemm() { delete impl_; }
 
 std::size_t Gemm::plan_count() const { return impl_->plans.size(); }
 std::size_t Gemm::workspace_bytes() const { return impl_->ws_bytes; }
+std::size_t Gemm::fallback_count() const { return impl_->fallbacks; }
 
 void Gemm::forward(cudaStream_t s, const bf16* x, const bf16* w, const bf16* bias, bf16* y, int M, int N, int K,
                    GemmEpilogue ep, bf16* aux) {
@@ -339,27 +346,27 @@ void Gemm::forward(cudaStream_t s, const bf16* x, const bf16* w, const bf16* bia
     impl_->run(s, mm, true);
     return;
   }
-  mm.bias = bias;
-  if (ep == GemmEpilogue::Bias) {
-    mm.epilogue = CUBLASLT_EPILOGUE_BIAS;
-    impl_->run(s, mm, true);
-    return;
-  }
-  // BiasGeluTanh: fused when cuBLASLt can (aux ld = N divisible by 8), else pre = x·Wᵀ + b into
-  // aux, then y = gelu(pre) elementwise.
-  if (N % 8 == 0) {
+  // Fused when cuBLASLt can (the GELU aux ld = N must be divisible by 8; bias/aux alignment is the
+  // heuristic's call), else the plain GEMM into y (Bias) or aux (BiasGeluTanh), then one
+  // elementwise pass adds the bias (and writes y = gelu(pre)).
+  const bool gelu = ep == GemmEpilogue::BiasGeluTanh;
+  if (!gelu || N % 8 == 0) {
     Matmul fused = mm;
-    fused.epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    fused.aux = aux;
-    fused.aux_ld = N;
+    fused.bias = bias;
+    fused.epilogue = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    if (gelu) {
+      fused.aux = aux;
+      fused.aux_ld = N;
+    }
     if (impl_->run(s, fused, false)) return;
   }
-  mm.epilogue = CUBLASLT_EPILOGUE_BIAS;
-  mm.d = aux;
+  ++impl_->fallbacks;
+  bf16* pre = gelu ? aux : y;
+  mm.d = pre;
   impl_->run(s, mm, true);
   const std::size_t n = std::size_t(M) * N;
-  gelu_tanh_from_pre_kernel<<<elementwise_grid(n), 256, 0, s>>>(aux, y, n);
-  CUTRAIN_LAUNCH_CHECK("gelu_tanh_from_pre_kernel");
+  bias_gelu_fallback_kernel<<<elementwise_grid(n), 256, 0, s>>>(pre, bias, gelu ? y : nullptr, n, N);
+  CUTRAIN_LAUNCH_CHECK("bias_gelu_fallback_kernel");
 }
 
 void Gemm::grad_input(cudaStream_t s, const bf16* dy, const bf16* w, bf16* dx, int M, int N, int K, float beta,
@@ -389,6 +396,7 @@ void Gemm::grad_input(cudaStream_t s, const bf16* dy, const bf16* w, bf16* dx, i
     fused.aux_ld = K;
     if (impl_->run(s, fused, false)) return;
   }
+  ++impl_->fallbacks;
   impl_->run(s, mm, true);
   const std::size_t n = std::size_t(M) * K;
   dgelu_tanh_inplace_kernel<<<elementwise_grid(n), 256, 0, s>>>(dx, dgelu_tanh_aux, n);

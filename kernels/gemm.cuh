@@ -8,8 +8,8 @@
 // Pointers need only element alignment (2 B for bf16, 4 B for fp32); the heuristic is told each
 // pointer's real alignment, so misaligned or odd-shaped operands get a (slower) algorithm that
 // supports them. Fused GELU/DGELU epilogues need the aux leading dimension (N resp. K) divisible
-// by 8; otherwise (or when cuBLASLt offers no fused algorithm) the same result is computed as a
-// plain GEMM plus an elementwise kernel. A Gemm owns one workspace: use it from one stream (or
+// by 8; otherwise (or when cuBLASLt offers no fused algorithm for an epilogue) the same result is
+// computed as a plain GEMM plus an elementwise kernel (counted by fallback_count()). A Gemm owns one workspace: use it from one stream (or
 // one per stream); it is not thread-safe.
 #pragma once
 
@@ -61,6 +61,9 @@ class Gemm {
   // (op, M, N, K, epilogue, output type, beta != 0, pointer alignments) seen so far.
   std::size_t plan_count() const;
   std::size_t workspace_bytes() const;
+  // Calls so far that computed a Bias / BiasGeluTanh / DGELU epilogue unfused (plain GEMM plus an
+  // elementwise pass) because cuBLASLt could not fuse it (odd leading dim, alignment, no algorithm).
+  std::size_t fallback_count() const;
 
  private:
   struct Impl;

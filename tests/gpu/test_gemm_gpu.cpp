@@ -112,6 +112,34 @@ TEST(GemmGpu, ForwardMatchesReferenceForEveryEpilogue) {
   }
 }
 
+// At the model's shapes (all dims multiples of 8, 256-byte aligned buffers) every epilogue must
+// run fused in cuBLASLt; a silent fallback would still be correct but slow.
+TEST(GemmGpu, FusedEpiloguesAreUsedAtModelShapes) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  Gemm gemm;
+  for (const Shape& s : {Shape{96, 3072, 1024}, Shape{64, 4096, 1024}, Shape{64, 1024, 4096}}) {
+    SCOPED_TRACE(str(s));
+    auto x = make_tensor(std::size_t(s.M) * s.K, rng), w = make_tensor(std::size_t(s.N) * s.K, rng, 0.03f);
+    auto b = make_tensor(s.N, rng), dy = make_tensor(std::size_t(s.M) * s.N, rng);
+    auto pre = make_tensor(std::size_t(s.M) * s.K, rng);
+    DeviceArray<bf16> y(std::size_t(s.M) * s.N), aux(std::size_t(s.M) * s.N), dx(std::size_t(s.M) * s.K);
+    gemm.forward(nullptr, x.dev.get(), w.dev.get(), b.dev.get(), y.get(), s.M, s.N, s.K, GemmEpilogue::Bias);
+    EXPECT_EQ(gemm.fallback_count(), 0u) << "Bias epilogue not fused";
+    gemm.forward(nullptr, x.dev.get(), w.dev.get(), b.dev.get(), y.get(), s.M, s.N, s.K, GemmEpilogue::BiasGeluTanh,
+                 aux.get());
+    EXPECT_EQ(gemm.fallback_count(), 0u) << "GELU_AUX_BIAS epilogue not fused";
+    gemm.grad_input(nullptr, dy.dev.get(), w.dev.get(), dx.get(), s.M, s.N, s.K, 0.f, pre.dev.get());
+    EXPECT_EQ(gemm.fallback_count(), 0u) << "DGELU epilogue not fused";
+    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  // An odd N cannot fuse GELU (aux ld must be a multiple of 8): the fallback is taken and counted.
+  auto x = make_tensor(5 * 16, rng), w = make_tensor(13 * 16, rng), b = make_tensor(13, rng);
+  DeviceArray<bf16> y(5 * 13), aux(5 * 13);
+  gemm.forward(nullptr, x.dev.get(), w.dev.get(), b.dev.get(), y.get(), 5, 13, 16, GemmEpilogue::BiasGeluTanh, aux.get());
+  EXPECT_EQ(gemm.fallback_count(), 1u);
+}
+
 TEST(GemmGpu, MisalignedPointersStillGiveTheRightResult) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
