@@ -9,8 +9,9 @@
 // pointer's real alignment, so misaligned or odd-shaped operands get a (slower) algorithm that
 // supports them. Fused GELU/DGELU epilogues need the aux leading dimension (N resp. K) divisible
 // by 8; otherwise (or when cuBLASLt offers no fused algorithm for an epilogue) the same result is
-// computed as a plain GEMM plus an elementwise kernel (counted by fallback_count()). A Gemm owns one workspace: use it from one stream (or
-// one per stream); it is not thread-safe.
+// computed as a plain GEMM plus an elementwise kernel (counted by fallback_count()).
+// A Gemm owns one workspace: use it from one stream at a time (or one Gemm per stream); it is not
+// thread-safe. Destroy it only after the work queued through it is done.
 #pragma once
 
 #include <cublasLt.h>
