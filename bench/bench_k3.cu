@@ -1,0 +1,173 @@
+// @brief Benchmarks of the k3 kernels: fused cross-entropy forward+backward, Adam/AdamW in each
+// precision layout, the global gradient norm. Names match bench/peers/k3_peer.py:
+//   cross_entropy/fwdbwd/<rows>x<vocab>, adamw/<baseline|bf16_master_wg|bf16_full>[_sr]/<n>,
+//   grad_norm/<bf16|fp32>/<n>.
+// Bytes are what each kernel must move: cross-entropy reads the logits once and writes dlogits
+// once (plus labels and row losses); AdamW moves adam_bytes_per_param(layout) per parameter;
+// the norm reads the gradients once. Cross-entropy runs in place, so after the first call the
+// buffer holds gradients: its cost does not depend on the values (every element takes the same
+// two exponentials), so timing repeated calls on it is fair.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "bench/support/bench_support.h"
+#include "kernels/adamw.cuh"
+#include "kernels/common/stochastic_round.cuh"
+#include "kernels/cross_entropy.cuh"
+#include "kernels/reduce.cuh"
+#include "runtime/check.h"
+
+using namespace cutrain;
+using kernels::OptimizerLayout;
+
+namespace {
+
+class DevBuf {
+ public:
+  explicit DevBuf(std::size_t bytes) { CUTRAIN_CUDA_CHECK(cudaMalloc(&p_, bytes > 0 ? bytes : 1)); }
+  ~DevBuf() { cudaFree(p_); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// Uniform values in [lo, hi) from a hash of the index (any dtype of float or bf16).
+template <typename T>
+__global__ void fill_uniform_kernel(T* p, std::size_t n, float lo, float hi, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    const float u = (kernels::sr_mix32(static_cast<std::uint32_t>(i) ^ seed) >> 8) * (1.f / 16777216.f);
+    p[i] = static_cast<T>(lo + (hi - lo) * u);
+  }
+}
+__global__ void fill_labels_kernel(int32_t* p, int n, int vocab, std::uint32_t seed) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    p[i] = static_cast<int32_t>(kernels::sr_mix32(static_cast<std::uint32_t>(i) ^ seed) % static_cast<unsigned>(vocab));
+}
+
+template <typename T>
+void fill_uniform(T* p, std::size_t n, float lo, float hi, std::uint32_t seed) {
+  fill_uniform_kernel<T><<<2048, 256>>>(p, n, lo, hi, seed);
+  CUTRAIN_LAUNCH_CHECK("fill_uniform_kernel");
+}
+
+void reg(const std::string& name, std::function<void(benchmark::State&)> fn) {
+  benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); })
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+}
+
+// ---- cross-entropy ----
+void bench_cross_entropy(benchmark::State& state, int rows, int vocab) {
+  if (!bench::require_gpu(state)) return;
+  const std::size_t n = static_cast<std::size_t>(rows) * vocab;
+  DevBuf logits(n * sizeof(bf16)), labels(rows * sizeof(int32_t)), loss(sizeof(float)), row_loss(rows * sizeof(float)),
+      status(sizeof(int)), scratch(kernels::cross_entropy_scratch_bytes(rows));
+  fill_uniform(logits.as<bf16>(), n, -4.f, 4.f, 1);
+  fill_labels_kernel<<<256, 256>>>(labels.as<int32_t>(), rows, vocab, 2);
+  CUTRAIN_LAUNCH_CHECK("fill_labels_kernel");
+  const double bytes = 2.0 * n * sizeof(bf16) + rows * (sizeof(int32_t) + sizeof(float));
+  bench::run_timed(
+      state,
+      [&](cudaStream_t s) {
+        kernels::cross_entropy_forward_backward(s, logits.as<bf16>(), labels.as<int32_t>(), rows, vocab, vocab,
+                                                loss.as<float>(), row_loss.as<float>(), status.as<int>(),
+                                                scratch.as<void>());
+      },
+      bytes, 0);
+  state.counters["extra_bytes"] = static_cast<double>(kernels::cross_entropy_scratch_bytes(rows));
+}
+
+// ---- AdamW ----
+const char* layout_tag(OptimizerLayout l) {
+  switch (l) {
+    case OptimizerLayout::Baseline: return "baseline";
+    case OptimizerLayout::Bf16MasterWG: return "bf16_master_wg";
+    case OptimizerLayout::Bf16Full: return "bf16_full";
+  }
+  return "?";
+}
+
+void bench_adam(benchmark::State& state, OptimizerLayout layout, std::size_t n, bool sr) {
+  if (!bench::require_gpu(state)) return;
+  const bool full = layout == OptimizerLayout::Bf16Full;
+  const std::size_t msz = full ? sizeof(bf16) : sizeof(float);
+  DevBuf params(n * sizeof(bf16)), grads(n * sizeof(bf16)), m(n * msz), v(n * msz),
+      master(layout == OptimizerLayout::Baseline ? n * sizeof(float) : 0);
+  fill_uniform(params.as<bf16>(), n, -0.05f, 0.05f, 3);
+  fill_uniform(grads.as<bf16>(), n, -1e-3f, 1e-3f, 4);
+  if (layout == OptimizerLayout::Baseline) fill_uniform(master.as<float>(), n, -0.05f, 0.05f, 3);
+  if (full) {
+    fill_uniform(m.as<bf16>(), n, -1e-4f, 1e-4f, 5);
+    fill_uniform(v.as<bf16>(), n, 0.f, 1e-7f, 6);
+  } else {
+    fill_uniform(m.as<float>(), n, -1e-4f, 1e-4f, 5);
+    fill_uniform(v.as<float>(), n, 0.f, 1e-7f, 6);
+  }
+  kernels::AdamParams p;
+  p.weight_decay = 0.01f;
+  p.stochastic_rounding = sr;
+  p.seed = 42;
+  int step = 0;
+  bench::run_timed(
+      state,
+      [&](cudaStream_t s) {
+        p.step = ++step;
+        kernels::adam_step(s, layout, p, params.as<bf16>(), grads.as<void>(), DType::BF16,
+                           layout == OptimizerLayout::Baseline ? master.as<float>() : nullptr, m.as<void>(),
+                           v.as<void>(), n, nullptr, nullptr);
+      },
+      kernels::adam_bytes_per_param(layout, DType::BF16) * static_cast<double>(n), 0);
+  state.counters["bytes_per_param"] = kernels::adam_bytes_per_param(layout, DType::BF16);
+}
+
+// ---- grad norm ----
+void bench_grad_norm(benchmark::State& state, DType gt, std::size_t n) {
+  if (!bench::require_gpu(state)) return;
+  DevBuf g(n * dtype_size(gt)), out(3 * sizeof(float)), scratch(kernels::grad_norm_scratch_bytes(n));
+  if (gt == DType::BF16) fill_uniform(g.as<bf16>(), n, -1e-2f, 1e-2f, 7);
+  else fill_uniform(g.as<float>(), n, -1e-2f, 1e-2f, 7);
+  float* o = out.as<float>();
+  bench::run_timed(
+      state,
+      [&](cudaStream_t s) {
+        kernels::grad_norm_clip(s, g.as<void>(), gt, n, 1.f, o, o + 1, reinterpret_cast<int*>(o + 2), scratch.as<void>());
+      },
+      static_cast<double>(n) * dtype_size(gt), 0);
+}
+
+void register_all() {
+  for (auto rv : {std::pair{2048, 50000}, std::pair{8192, 50304}, std::pair{16384, 50304}, std::pair{8192, 50257},
+                  std::pair{2048, 262144}}) {
+    const int rows = rv.first, vocab = rv.second;
+    reg("cross_entropy/fwdbwd/" + std::to_string(rows) + "x" + std::to_string(vocab),
+        [=](benchmark::State& st) { bench_cross_entropy(st, rows, vocab); });
+  }
+  for (std::size_t n : {std::size_t(254128976), std::size_t(1300000000)})
+    for (OptimizerLayout l : {OptimizerLayout::Baseline, OptimizerLayout::Bf16MasterWG, OptimizerLayout::Bf16Full})
+      for (bool sr : {false, true})
+        reg(std::string("adamw/") + layout_tag(l) + (sr ? "_sr/" : "/") + std::to_string(n),
+            [=](benchmark::State& st) { bench_adam(st, l, n, sr); });
+  for (std::size_t n : {std::size_t(254128976), std::size_t(1300000000)}) {
+    reg("grad_norm/bf16/" + std::to_string(n), [=](benchmark::State& st) { bench_grad_norm(st, DType::BF16, n); });
+    reg("grad_norm/fp32/" + std::to_string(n), [=](benchmark::State& st) { bench_grad_norm(st, DType::F32, n); });
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
