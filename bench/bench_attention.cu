@@ -1,7 +1,8 @@
-// @brief Benchmarks of kernels/attention: forward, backward (deterministic; both modes are the
-// same kernels today) and forward+backward, full and causal, on the BF16 example's shape and the
-// shapes the PyTorch peer (bench/peers/attention_peer.py) times under the same names.
-// Names: "attention/<fwd|bwd|fwdbwd>[_causal]/B4H16S512D64". TFLOP/s from 4·B·H·S²·D forward,
+// @brief Benchmarks of kernels/attention: forward, backward (bwd: the fast mode with atomic dQ, as
+// FlashAttention's own backward; bwd_det: the deterministic mode) and forward+backward (fast), full
+// and causal, on the BF16 example's shape and the shapes the PyTorch peer
+// (bench/peers/attention_peer.py) times under the same names.
+// Names: "attention/<fwd|bwd|bwd_det|fwdbwd>[_causal]/B4H16S512D64". TFLOP/s from 4·B·H·S²·D forward,
 // 2.5x that backward, halved causal; bytes = what each pass must read and write once.
 #include <benchmark/benchmark.h>
 
@@ -52,14 +53,15 @@ std::string shape_name(const AttentionShape& s) {
          std::to_string(s.head_dim);
 }
 
-enum class Pass { Fwd, Bwd, FwdBwd };
+enum class Pass { Fwd, Bwd, BwdDet, FwdBwd };
 
 void bench_attention(benchmark::State& state, AttentionShape sh, Pass pass) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
   const std::size_t n_l = std::size_t(sh.batch) * sh.heads * sh.seq;
   auto qkv = random_bf16(n_qkv, 1), dout = random_bf16(n_o, 2);
-  DevBuf out(n_o * 2), lse(n_l * 4), dqkv(n_qkv * 2), scratch(kernels::attention_backward_scratch_bytes(sh, true));
+  const bool det = pass == Pass::BwdDet;
+  DevBuf out(n_o * 2), lse(n_l * 4), dqkv(n_qkv * 2), scratch(kernels::attention_backward_scratch_bytes(sh, det));
   cudaStream_t st0 = bench::bench_stream();
   // The backward needs a real O and lse.
   kernels::attention_forward(st0, qkv->as<bf16>(), out.as<bf16>(), lse.as<float>(), sh);
@@ -72,11 +74,12 @@ void bench_attention(benchmark::State& state, AttentionShape sh, Pass pass) {
   };
   auto bwd = [&](cudaStream_t st) {
     kernels::attention_backward(st, qkv->as<bf16>(), out.as<bf16>(), dout->as<bf16>(), lse.as<float>(),
-                                dqkv.as<bf16>(), scratch.as<void>(), sh, true);
+                                dqkv.as<bf16>(), scratch.as<void>(), sh, det);
   };
   switch (pass) {
     case Pass::Fwd: bench::run_timed(state, fwd, fwd_bytes, kernels::attention_forward_flops(sh)); break;
-    case Pass::Bwd: bench::run_timed(state, bwd, bwd_bytes, kernels::attention_backward_flops(sh)); break;
+    case Pass::Bwd:
+    case Pass::BwdDet: bench::run_timed(state, bwd, bwd_bytes, kernels::attention_backward_flops(sh)); break;
     case Pass::FwdBwd:
       bench::run_timed(state, [&](cudaStream_t st) { fwd(st); bwd(st); }, fwd_bytes + bwd_bytes,
                        kernels::attention_forward_flops(sh) + kernels::attention_backward_flops(sh));
@@ -99,6 +102,7 @@ void register_all() {
       const std::string suffix = std::string(causal ? "_causal/" : "/") + shape_name(s);
       reg("attention/fwd" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::Fwd); });
       reg("attention/bwd" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::Bwd); });
+      reg("attention/bwd_det" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::BwdDet); });
       reg("attention/fwdbwd" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::FwdBwd); });
     }
 }

@@ -3,8 +3,9 @@
 //   2. dkdv:     one CTA per 64 keys, walking the query tiles: P^T and dP^T recomputed from
 //                lse, dV += P^T dO, dK += dS^T Q                       (each warp: 16 keys)
 //   3. dq:       one CTA per 64 queries, walking the key tiles: dQ += dS K (each warp: 16 queries)
-// No atomics anywhere, so both modes give the same bits every run; the price is recomputing
-// Q K^T and dO V^T once more in the dQ pass (7 instead of 5 matmuls).
+// Deterministic mode: no atomics, the same bits every run; the price is recomputing Q K^T and
+// dO V^T once more in the dQ pass (7 instead of 5 matmuls). Fast mode: step 3 is replaced by
+// fp32 atomics of dS K from inside the dK/dV pass into a scratch accumulator, then a conversion.
 // With P = exp(scale*S - lse), dP = dO V^T, dS = P o (dP - Dvec):
 //   dV = P^T dO,  dK = scale * dS^T Q,  dQ = scale * dS K.
 #include <cmath>
@@ -44,12 +45,25 @@ __global__ void __launch_bounds__(256) row_dot_kernel(const bf16* __restrict__ o
 template <int D>
 constexpr int dkdv_qtile() { return D == 64 ? 64 : 32; }
 
-template <int D, bool CAUSAL>
+// Fast mode: the dK/dV pass also adds this key block's share of dQ (dS K, unscaled) into an fp32
+// accumulator [B, S, H, D] with atomics, via dS^T parked in shared memory; warp w takes query rows
+// 16*(w % (QT/16)).. and the columns [d0, d0 + D/kDSplit) of them.
+template <int D>
+constexpr int dq_split() { return 4 / (dkdv_qtile<D>() / 16); }
+
+template <int D, bool ATOMIC_DQ>
+constexpr int dkdv_smem() {
+  constexpr int QT = dkdv_qtile<D>();
+  return (2 * kBlock + 4 * QT) * ld<D>() * 2 + 4 * QT * 4 + (ATOMIC_DQ ? kBlock * (QT + 8) * 2 : 0);
+}
+
+template <int D, bool CAUSAL, bool ATOMIC_DQ>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ dout,
                                                         const float* __restrict__ lse, const float* __restrict__ dvec,
-                                                        bf16* __restrict__ dqkv, int S, int H, float scale_log2,
-                                                        float scale) {
+                                                        bf16* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
+                                                        int H, float scale_log2, float scale) {
   constexpr int QT = dkdv_qtile<D>();
+  constexpr int kLdS = QT + 8;  // dS^T row stride (keys x queries), 16-byte skew per row
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sK = reinterpret_cast<bf16*>(smem_raw);
   bf16* sV = sK + kBlock * ld<D>();
@@ -57,6 +71,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const bf16* __restrict__
   bf16* sdO = sQ + 2 * QT * ld<D>();  // [2][QT][ld]
   float* sL = reinterpret_cast<float*>(sdO + 2 * QT * ld<D>());  // [2][QT] lse * log2 e
   float* sDv = sL + 2 * QT;                                       // [2][QT]
+  bf16* sdS = reinterpret_cast<bf16*>(sDv + 2 * QT);               // [kBlock][kLdS], ATOMIC_DQ only
 
   const int n0 = blockIdx.x * kBlock, head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
@@ -134,7 +149,62 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const bf16* __restrict__
       for (int e = 0; e < 4; ++e) ds[n][e] = p[n][e] * (ds[n][e] - dv_tile[n * 8 + 2 * t + (e & 1)]);
     to_a_frags<QT>(pf, ds);
     warp_pb<D, QT>(dk, pf, q_tile);
-    __syncthreads();  // every warp is done with this buffer before it is refilled
+    if constexpr (ATOMIC_DQ) {
+      // Key rows past S carry nonzero dS here, but their K rows are zero-filled, so they add exact zeros.
+      // Park dS^T (bf16, the values the dK product used), then dQ[q, d0..] += dS[q, keys] K[keys, d0..].
+#pragma unroll
+      for (int n = 0; n < QT / 8; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<std::uint32_t*>(sdS + (warp * 16 + gi + 8 * h) * kLdS + n * 8 + 2 * t) =
+              mma::pack_bf16(ds[n][2 * h], ds[n][2 * h + 1]);
+      __syncthreads();
+      constexpr int DN = D / dq_split<D>(), DC = 32;  // columns per warp, done 32 at a time (registers)
+      const int q0 = (warp % (QT / 16)) * 16, d0 = (warp / (QT / 16)) * DN;
+      // A = dS (queries x keys) read transposed out of dS^T: matrices (q 0-7, k 0-7), (q 8-15, k 0-7),
+      // (q 0-7, k 8-15), (q 8-15, k 8-15) live at (keys 0-7 | 8-15) x (queries 0-7 | 8-15) of dS^T.
+      const std::uint32_t a_addr =
+          mma::smem_addr(sdS + ((lane & 7) + (lane >> 4) * 8) * kLdS + q0 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+      for (int dc = d0; dc < d0 + DN; dc += DC) {
+        float acc[DC / 8][4];
+#pragma unroll
+        for (int i = 0; i < DC / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+        const std::uint32_t b_addr =
+            mma::smem_addr(sK + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld<D>() + dc + (lane >> 4) * 8);
+#pragma unroll
+        for (int ks = 0; ks < kBlock / 16; ++ks) {
+          std::uint32_t a[4];
+          mma::ldmatrix_x4_trans(a, a_addr + ks * 16 * kLdS * 2);
+#pragma unroll
+          for (int dp = 0; dp < DC / 16; ++dp) {
+            std::uint32_t bb[4];
+            mma::ldmatrix_x4_trans(bb, b_addr + (ks * 16 * ld<D>() + dp * 16) * 2);
+            mma::mma_bf16_16816(acc[2 * dp], a, bb[0], bb[1]);
+            mma::mma_bf16_16816(acc[2 * dp + 1], a, bb[2], bb[3]);
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int q = m0 + q0 + gi + 8 * h;
+          if (q >= S) continue;
+          float* dst =
+              dq_acc + (static_cast<std::size_t>(b) * S + q) * otok + static_cast<std::size_t>(head) * D + dc + 2 * t;
+#pragma unroll
+          for (int dt = 0; dt < DC / 8; ++dt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            atomicAdd(reinterpret_cast<float2*>(dst + dt * 8), make_float2(acc[dt][2 * h], acc[dt][2 * h + 1]));
+#else
+            atomicAdd(dst + dt * 8, acc[dt][2 * h]);
+            atomicAdd(dst + dt * 8 + 1, acc[dt][2 * h + 1]);
+#endif
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this buffer (and sdS) before it is refilled
   }
 
   bf16* gdk = dqkv + qoff + otok;
@@ -232,32 +302,60 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(const bf16* __restrict__ q
   store_rows<D>(dqkv + qoff, dq, m0 + warp * 16, S, tok, scale);
 }
 
+// dqkv's q slot = scale * dq_acc (the fast mode's fp32 accumulator, [B, S, H, D]); one thread per
+// element pair.
 template <int D>
-constexpr int dkdv_smem() {
-  return (2 * kBlock + 4 * dkdv_qtile<D>()) * ld<D>() * 2 + 4 * dkdv_qtile<D>() * 4;
+__global__ void __launch_bounds__(256) dq_convert_kernel(const float* __restrict__ dq_acc, bf16* __restrict__ dqkv,
+                                                         std::size_t rows, int H, float scale) {
+  const std::size_t i = (blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x) * 2;
+  if (i >= rows * D) return;
+  const std::size_t row = i / D, d = i % D;  // row = (b*S + s)*H + h
+  const std::size_t dst = ((row / H) * 3 * H + row % H) * D + d;
+  const float2 v = *reinterpret_cast<const float2*>(dq_acc + i);
+  *reinterpret_cast<__nv_bfloat162*>(dqkv + dst) = __floats2bfloat162_rn(v.x * scale, v.y * scale);
 }
+
 template <int D>
 constexpr int dq_smem() { return 6 * kBlock * ld<D>() * 2; }
 
+std::size_t dvec_bytes(const AttentionShape& sh) {
+  const std::size_t n = static_cast<std::size_t>(sh.batch) * sh.heads * sh.seq * sizeof(float);
+  return (n + 255) / 256 * 256;
+}
+
 template <int D, bool CAUSAL>
 void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
-                     bf16* dqkv, float* dvec, const AttentionShape& sh) {
-  const long long rows = static_cast<long long>(sh.batch) * sh.seq * sh.heads;
+                     bf16* dqkv, void* scratch, const AttentionShape& sh, bool deterministic) {
+  float* dvec = static_cast<float*>(scratch);
+  float* dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + dvec_bytes(sh));
+  const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
   row_dot_kernel<D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st>>>(out, dout, dvec, sh.batch, sh.seq,
                                                                            sh.heads);
   CUTRAIN_LAUNCH_CHECK("attention_row_dot_kernel");
 
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
   const dim3 grid((sh.seq + kBlock - 1) / kBlock, sh.heads, sh.batch);
-  auto kv = dkdv_kernel<D, CAUSAL>;
-  CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, dkdv_smem<D>()));
-  kv<<<grid, kThreads, dkdv_smem<D>(), st>>>(qkv, dout, lse, dvec, dqkv, sh.seq, sh.heads, scale_log2, scale);
-  CUTRAIN_LAUNCH_CHECK("attention_dkdv_kernel");
-
-  auto q = dq_kernel<D, CAUSAL>;
-  CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(q, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem<D>()));
-  q<<<grid, kThreads, dq_smem<D>(), st>>>(qkv, dout, lse, dvec, dqkv, sh.seq, sh.heads, scale_log2, scale);
-  CUTRAIN_LAUNCH_CHECK("attention_dq_kernel");
+  if (deterministic) {
+    auto kv = dkdv_kernel<D, CAUSAL, false>;
+    constexpr int kSmem = dkdv_smem<D, false>();
+    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    kv<<<grid, kThreads, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, nullptr, sh.seq, sh.heads, scale_log2, scale);
+    CUTRAIN_LAUNCH_CHECK("attention_dkdv_kernel");
+    auto q = dq_kernel<D, CAUSAL>;
+    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(q, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem<D>()));
+    q<<<grid, kThreads, dq_smem<D>(), st>>>(qkv, dout, lse, dvec, dqkv, sh.seq, sh.heads, scale_log2, scale);
+    CUTRAIN_LAUNCH_CHECK("attention_dq_kernel");
+  } else {
+    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, rows * D * sizeof(float), st));
+    auto kv = dkdv_kernel<D, CAUSAL, true>;
+    constexpr int kSmem = dkdv_smem<D, true>();
+    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    kv<<<grid, kThreads, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, dq_acc, sh.seq, sh.heads, scale_log2, scale);
+    CUTRAIN_LAUNCH_CHECK("attention_dkdv_kernel(atomic dq)");
+    dq_convert_kernel<D><<<static_cast<unsigned>((rows * D / 2 + 255) / 256), 256, 0, st>>>(dq_acc, dqkv, rows,
+                                                                                             sh.heads, scale);
+    CUTRAIN_LAUNCH_CHECK("attention_dq_convert_kernel");
+  }
 }
 
 }  // namespace
@@ -265,9 +363,9 @@ void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf
 
 std::size_t attention_backward_scratch_bytes(const AttentionShape& shape, bool deterministic) {
   attn::check_shape(shape, "attention_backward_scratch_bytes");
-  // Dvec only (fp32, B*H*S), rounded up to 256 bytes; both modes are atomic-free today.
-  const std::size_t n = static_cast<std::size_t>(shape.batch) * shape.heads * shape.seq * sizeof(float);
-  return (n + 255) / 256 * 256;
+  // Dvec (fp32 B*H*S, rounded up to 256 bytes); the fast mode adds its fp32 dQ accumulator (B*S*H*D).
+  const std::size_t acc = static_cast<std::size_t>(shape.batch) * shape.seq * shape.heads * shape.head_dim * 4;
+  return attn::dvec_bytes(shape) + (deterministic ? 0 : acc);
 }
 
 void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
@@ -277,16 +375,15 @@ void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const 
                 "attention_backward: qkv, out, dout, lse, dqkv and scratch must all be non-null");
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0 && reinterpret_cast<std::uintptr_t>(dout) % 16 == 0 &&
                     reinterpret_cast<std::uintptr_t>(out) % 4 == 0 && reinterpret_cast<std::uintptr_t>(dqkv) % 4 == 0 &&
-                    reinterpret_cast<std::uintptr_t>(scratch) % 4 == 0,
-                "attention_backward: qkv and dout must be 16-byte aligned, out, dqkv and scratch 4-byte aligned");
-  float* dvec = static_cast<float*>(scratch);
-  const bool c = shape.causal;
+                    reinterpret_cast<std::uintptr_t>(scratch) % 16 == 0,
+                "attention_backward: qkv, dout and scratch must be 16-byte aligned, out and dqkv 4-byte aligned");
+  const bool c = shape.causal, det = deterministic;
   if (shape.head_dim == 64)
-    c ? attn::launch_backward<64, true>(s, qkv, out, dout, lse, dqkv, dvec, shape)
-      : attn::launch_backward<64, false>(s, qkv, out, dout, lse, dqkv, dvec, shape);
+    c ? attn::launch_backward<64, true>(s, qkv, out, dout, lse, dqkv, scratch, shape, det)
+      : attn::launch_backward<64, false>(s, qkv, out, dout, lse, dqkv, scratch, shape, det);
   else
-    c ? attn::launch_backward<128, true>(s, qkv, out, dout, lse, dqkv, dvec, shape)
-      : attn::launch_backward<128, false>(s, qkv, out, dout, lse, dqkv, dvec, shape);
+    c ? attn::launch_backward<128, true>(s, qkv, out, dout, lse, dqkv, scratch, shape, det)
+      : attn::launch_backward<128, false>(s, qkv, out, dout, lse, dqkv, scratch, shape, det);
 }
 
 }  // namespace cutrain::kernels

@@ -103,6 +103,12 @@ TEST_P(AttentionGpu, MatchesReferences) {
   ASSERT_EQ(test::count_nan(fast_h), 0u);
   for (int w = 0; w < 3; ++w)
     EXPECT_LE(test::rel_error(slot(fast_h, sh, w), slot(dqkv_nh, sh, w)), 1e-2) << names[w] << " (fast) vs naive";
+  // A second fast run on the same (now dirty) scratch: the launcher must clear its dQ accumulator.
+  dqkv_fast.poison();
+  kernels::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv_fast.get(),
+                              scratch_fast.get(), sh, false);
+  const auto fast2_h = test::download_float(dqkv_fast);
+  EXPECT_LE(test::rel_error(slot(fast2_h, sh, 0), slot(dqkv_nh, sh, 0)), 1e-2) << "dQ (fast, second run) vs naive";
 
   // ---- fp64 CPU reference where it is cheap ----
   if (seq <= 129 || (seq <= 512 && heads == 1)) {

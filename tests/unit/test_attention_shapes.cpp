@@ -45,6 +45,9 @@ TEST(AttentionShapes, FlopsAndScratch) {
   // Dvec: one fp32 per (batch, head, row); O(B*H*S), never S x S.
   EXPECT_GE(kernels::attention_backward_scratch_bytes(sh, true), 4u * 16 * 512 * 4);
   EXPECT_LT(kernels::attention_backward_scratch_bytes(sh, true), 4u * 16 * 512 * 4 + 256);
+  // Fast mode adds the fp32 dQ accumulator, B*S*H*D.
+  EXPECT_EQ(kernels::attention_backward_scratch_bytes(sh, false),
+            kernels::attention_backward_scratch_bytes(sh, true) + 4u * 512 * 16 * 64 * 4);
 }
 
 }  // namespace
