@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bench/support/bench_support.h"
+#include "kernels/gelu.cuh"
 #include "kernels/gemm.cuh"
 #include "runtime/check.h"
 
@@ -151,14 +152,17 @@ double b2(double n) { return 2.0 * n; }  // bytes of n bf16
 
 // ---- forward: y[M,N] = x·Wᵀ (+ bias) (+ gelu, aux) ----
 
-enum class Fwd { Plain, Bias, BiasGelu };
+// BiasGeluKernel*: plain GEMM, then kernels/gelu adds the bias, keeps pre and applies GELU (the
+// unfused alternative to GELU_AUX_BIAS; Erf is the model's own nn.GELU()).
+enum class Fwd { Plain, Bias, BiasGelu, BiasGeluKernelTanh, BiasGeluKernelErf };
 
 void bench_forward(benchmark::State& state, Shape s, Fwd kind, bool raw) {
   if (!bench::require_gpu(state)) return;
   auto x = random_bf16(std::size_t(s.M) * s.K, 1), w = random_bf16(std::size_t(s.N) * s.K, 2, 0.05f);
   auto bias = random_bf16(s.N, 3);
   auto y = zeros(std::size_t(s.M) * s.N * 2);
-  auto aux = kind == Fwd::BiasGelu ? zeros(std::size_t(s.M) * s.N * 2) : nullptr;
+  const bool gelu_kernel = kind == Fwd::BiasGeluKernelTanh || kind == Fwd::BiasGeluKernelErf;
+  auto aux = kind != Fwd::Plain && kind != Fwd::Bias ? zeros(std::size_t(s.M) * s.N * 2) : nullptr;
   double bytes = b2(double(s.M) * s.K + double(s.N) * s.K + double(s.M) * s.N) + (kind != Fwd::Plain ? b2(s.N) : 0) +
                  (aux ? b2(double(s.M) * s.N) : 0);
   if (raw) {
@@ -170,6 +174,14 @@ void bench_forward(benchmark::State& state, Shape s, Fwd kind, bool raw) {
     if (!require_algo(state, mm)) return;
     bench::run_timed(state, [&](cudaStream_t st) { mm.run(st, w->as<bf16>(), x->as<bf16>(), y->as<bf16>()); }, bytes,
                      s.flops());
+  } else if (gelu_kernel) {
+    bytes += b2(2.0 * s.M * s.N);  // the GEMM's output goes through memory once more
+    const auto gk = kind == Fwd::BiasGeluKernelTanh ? kernels::GeluKind::Tanh : kernels::GeluKind::Erf;
+    bench::run_timed(state, [&](cudaStream_t st) {
+      wrapper().forward(st, x->as<bf16>(), w->as<bf16>(), nullptr, y->as<bf16>(), s.M, s.N, s.K);
+      kernels::gelu_forward(st, y->as<bf16>(), bias->as<bf16>(), aux->as<bf16>(), y->as<bf16>(), std::size_t(s.M), s.N,
+                            gk);
+    }, bytes, s.flops());
   } else {
     const GemmEpilogue ep = kind == Fwd::Plain  ? GemmEpilogue::None
                             : kind == Fwd::Bias ? GemmEpilogue::Bias
@@ -183,7 +195,8 @@ void bench_forward(benchmark::State& state, Shape s, Fwd kind, bool raw) {
 
 // ---- grad input: dx[M,K] = dy·W (⊙ gelu'(aux)) (+ bias_grad of dx, fused or ours) ----
 
-enum class Dgrad { Plain, Dgelu, DgeluBgrad };
+// DgeluKernel*: plain GEMM, then kernels/gelu's backward in place (the unfused alternative to DGELU).
+enum class Dgrad { Plain, Dgelu, DgeluBgrad, DgeluKernelTanh, DgeluKernelErf };
 
 void bench_dgrad(benchmark::State& state, Shape s, Dgrad kind, bool raw) {
   if (!bench::require_gpu(state)) return;
@@ -205,6 +218,13 @@ void bench_dgrad(benchmark::State& state, Shape s, Dgrad kind, bool raw) {
     if (!require_algo(state, mm)) return;
     bench::run_timed(state, [&](cudaStream_t st) { mm.run(st, w->as<bf16>(), dy->as<bf16>(), dx->as<bf16>()); }, bytes,
                      s.flops());
+  } else if (kind == Dgrad::DgeluKernelTanh || kind == Dgrad::DgeluKernelErf) {
+    bytes += b2(2.0 * s.M * s.K);  // dx goes through memory once more
+    const auto gk = kind == Dgrad::DgeluKernelTanh ? kernels::GeluKind::Tanh : kernels::GeluKind::Erf;
+    bench::run_timed(state, [&](cudaStream_t st) {
+      wrapper().grad_input(st, dy->as<bf16>(), w->as<bf16>(), dx->as<bf16>(), s.M, s.N, s.K);
+      kernels::gelu_backward(st, dx->as<bf16>(), pre->as<bf16>(), dx->as<bf16>(), std::size_t(s.M) * s.K, gk);
+    }, bytes, s.flops());
   } else {
     bench::run_timed(state, [&](cudaStream_t st) {
       wrapper().grad_input(st, dy->as<bf16>(), w->as<bf16>(), dx->as<bf16>(), s.M, s.N, s.K, 0.f,
@@ -261,6 +281,7 @@ void bench_bias_grad(benchmark::State& state, int M, int N) {
 void reg(const std::string& name, std::function<void(benchmark::State&)> fn) {
   benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); })
       ->UseManualTime()
+      ->Iterations(100)  // a median of 100 flushed samples; time-based runs would repeat small GEMMs 50k times
       ->Unit(benchmark::kMicrosecond);
 }
 
@@ -278,6 +299,11 @@ void register_all() {
       reg(fam + "wgrad/" + sh, [=](benchmark::State& st) { bench_wgrad(st, s, Wgrad::Bf16, raw); });
       reg(fam + "wgrad_f32acc/" + sh, [=](benchmark::State& st) { bench_wgrad(st, s, Wgrad::F32Acc, raw); });
     }
+    // Fused GELU epilogues vs GEMM + kernels/gelu (tanh to compare like with like, erf: the model).
+    reg("gemm/fwd+bias_gelu_kernel/" + sh, [=](benchmark::State& st) { bench_forward(st, s, Fwd::BiasGeluKernelTanh, false); });
+    reg("gemm/fwd+bias_gelu_erf_kernel/" + sh, [=](benchmark::State& st) { bench_forward(st, s, Fwd::BiasGeluKernelErf, false); });
+    reg("gemm/dgrad+gelu_bwd_kernel/" + sh, [=](benchmark::State& st) { bench_dgrad(st, s, Dgrad::DgeluKernelTanh, false); });
+    reg("gemm/dgrad+gelu_erf_bwd_kernel/" + sh, [=](benchmark::State& st) { bench_dgrad(st, s, Dgrad::DgeluKernelErf, false); });
     // The bias-gradient decision: cuBLASLt's fused epilogue vs our GEMM + bias_grad.
     reg("gemm_raw/wgrad_bgradb/" + sh, [=](benchmark::State& st) { bench_wgrad(st, s, Wgrad::Bf16Bgrad, true); });
     reg("gemm/wgrad+bias_grad/" + sh, [=](benchmark::State& st) { bench_wgrad(st, s, Wgrad::Bf16Bgrad, false); });

@@ -36,7 +36,12 @@ def main():
         add(f"gemm/fwd/{sh}", lambda: F.linear(x, w))
         add(f"gemm/fwd_bias/{sh}", lambda: F.linear(x, w, b))
         add(f"gemm/fwd_bias_gelu/{sh}", lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))
+        # The unfused forms, named like ours (GEMM then a separate GELU kernel; erf is the model's).
+        add(f"gemm/fwd+bias_gelu_kernel/{sh}", lambda: F.gelu(F.linear(x, w, b), approximate="tanh"))
+        add(f"gemm/fwd+bias_gelu_erf_kernel/{sh}", lambda: F.gelu(F.linear(x, w, b)))
         add(f"gemm/dgrad/{sh}", lambda: dy @ w)
+        add(f"gemm/dgrad+gelu_bwd_kernel/{sh}", lambda: torch.ops.aten.gelu_backward(dy @ w, pre, approximate="tanh"))
+        add(f"gemm/dgrad+gelu_erf_bwd_kernel/{sh}", lambda: torch.ops.aten.gelu_backward(dy @ w, pre))
         # grad input through the tanh GELU (what the DGELU epilogue fuses), PyTorch's own backward op.
         add(f"gemm/dgrad_dgelu/{sh}", lambda: torch.ops.aten.gelu_backward(dy @ w, pre, approximate="tanh"))
         add(f"gemm/wgrad/{sh}", lambda: dy.t() @ x)
