@@ -1,0 +1,56 @@
+// `cutrain comm-check`: checks a multi-process launch. Every rank joins the TCP rendezvous; with
+// GPUs and NCCL, the ranks all-reduce a buffer and verify the sum. Run it under `cutrain launch`,
+// torchrun, mpirun or srun before a long job.
+#include <cuda_runtime.h>
+
+#include <iostream>
+#include <vector>
+
+#include "runtime/check.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/comm/rendezvous.h"
+#include "runtime/device.h"
+#include "tools/command_registry.h"
+
+namespace cutrain::tools {
+namespace {
+
+int run_comm_check(int timeout_s) {
+  comm::LaunchEnv env = comm::read_launch_env();
+  const auto timeout = std::chrono::seconds(timeout_s);
+  std::string why;
+  if (!gpu_available(&why) || !comm::nccl_available()) {
+    std::vector<char> token = {'o', 'k'};
+    auto got = comm::rendezvous_broadcast(env, token, timeout);
+    CUTRAIN_CHECK(got == token, "rendezvous delivered the wrong token");
+    std::cout << "rank " << env.rank << " of " << env.world_size << " (" << env.source
+              << "): rendezvous ok; NCCL check skipped (" << (comm::nccl_available() ? why : "built without NCCL")
+              << ")\n";
+    return 0;
+  }
+  auto c = comm::Communicator::create(env, -1, timeout);
+  const std::size_t n = 1 << 20;
+  float* d = nullptr;
+  CUTRAIN_CUDA_CHECK(cudaMalloc(&d, n * sizeof(float)));
+  std::vector<float> h(n, static_cast<float>(env.rank + 1));
+  CUTRAIN_CUDA_CHECK(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  c->all_reduce(d, n, DType::F32, comm::ReduceOp::Sum, nullptr);
+  CUTRAIN_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+  CUTRAIN_CUDA_CHECK(cudaFree(d));
+  const float want = env.world_size * (env.world_size + 1) / 2.0f;
+  for (float x : h) CUTRAIN_CHECK(x == want, "all-reduce gave ", x, ", expected ", want);
+  std::cout << "rank " << env.rank << " of " << env.world_size << " (" << env.source << ", GPU " << c->device()
+            << "): rendezvous and NCCL all-reduce ok\n";
+  return 0;
+}
+
+CommandRegistrar reg("comm-check", [](CLI::App& parent, int& exit_code) {
+  auto* timeout = new int(60);
+  CLI::App* sub = parent.add_subcommand("comm-check", "Check the rendezvous and NCCL of a multi-process launch");
+  sub->add_option("--timeout", *timeout, "Seconds to wait for peers")->capture_default_str();
+  sub->callback([timeout, &exit_code] { exit_code = run_comm_check(*timeout); });
+  return sub;
+});
+
+}  // namespace
+}  // namespace cutrain::tools
