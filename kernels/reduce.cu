@@ -17,7 +17,8 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kMaxBlocks = 1024;  // pass 2 reduces these with one block of kMaxBlocks threads
-constexpr int kW = 8;             // elements per thread per iteration (16 bytes of bf16)
+constexpr int kW = 8;             // elements per thread per group (16 bytes of bf16)
+constexpr int kUnroll = 4;        // groups loaded before any is summed
 
 __device__ __forceinline__ double warp_sum_f64(double v) {
 #pragma unroll
@@ -40,18 +41,40 @@ __device__ __forceinline__ double block_sum_f64(double v) {
   return t;
 }
 
-template <int W>
-__device__ __forceinline__ void load_group(const bf16* p, float f[W]) {
-  if constexpr (W == 8) load_bf16x8<Load::Streaming>(p, f);
-  else f[0] = __bfloat162float(*p);
-}
-template <int W>
-__device__ __forceinline__ void load_group(const float* p, float f[W]) {
+// A group's raw bits: loaded first (kUnroll groups in flight), converted when summed.
+template <typename G, int W>
+struct Raw {
+  uint4 u[W == 8 ? (sizeof(G) == 2 ? 1 : 2) : 1];
+};
+template <typename G, int W>
+__device__ __forceinline__ Raw<G, W> load_raw(const G* p) {
+  Raw<G, W> r;
   if constexpr (W == 8) {
-    load_f32x4<Load::Streaming>(p, f);
-    load_f32x4<Load::Streaming>(p + 4, f + 4);
+    r.u[0] = load16<Load::Streaming>(p);
+    if constexpr (sizeof(G) == 4) r.u[1] = load16<Load::Streaming>(p + 4);
   } else {
-    f[0] = *p;
+    r.u[0].x = sizeof(G) == 2 ? static_cast<unsigned>(__bfloat16_as_ushort(*reinterpret_cast<const bf16*>(p))) << 16
+                              : __float_as_uint(*reinterpret_cast<const float*>(p));
+  }
+  return r;
+}
+template <typename G, int W>
+__device__ __forceinline__ void accumulate(const Raw<G, W>& r, float acc[W]) {
+  if constexpr (W == 8 && sizeof(G) == 2) {
+    const unsigned w[4] = {r.u[0].x, r.u[0].y, r.u[0].z, r.u[0].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float lo = __uint_as_float(w[i] << 16), hi = __uint_as_float(w[i] & 0xffff0000u);
+      acc[2 * i] = fmaf(lo, lo, acc[2 * i]);
+      acc[2 * i + 1] = fmaf(hi, hi, acc[2 * i + 1]);
+    }
+  } else if constexpr (W == 8) {
+    const unsigned w[8] = {r.u[0].x, r.u[0].y, r.u[0].z, r.u[0].w, r.u[1].x, r.u[1].y, r.u[1].z, r.u[1].w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = fmaf(__uint_as_float(w[i]), __uint_as_float(w[i]), acc[i]);
+  } else {
+    const float f = __uint_as_float(r.u[0].x);  // bf16 was widened to fp32 bits at load
+    acc[0] = fmaf(f, f, acc[0]);
   }
 }
 
@@ -64,11 +87,17 @@ __global__ void __launch_bounds__(kThreads) sumsq_partials_kernel(const G* __res
   const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t groups = n / W;
-  for (std::size_t gi = tid; gi < groups; gi += stride) {
-    float f[W];
-    load_group<W>(g + gi * W, f);
+  // kUnroll independent loads in flight per thread (a thread's share is fixed by n: deterministic).
+  for (std::size_t g0 = tid; g0 < groups; g0 += kUnroll * stride) {
+    Raw<G, W> r[kUnroll];
 #pragma unroll
-    for (int i = 0; i < W; ++i) acc[i] = fmaf(f[i], f[i], acc[i]);
+    for (int k = 0; k < kUnroll; ++k) {
+      const std::size_t gi = g0 + k * stride;
+      if (gi < groups) r[k] = load_raw<G, W>(g + gi * W);
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k)
+      if (g0 + k * stride < groups) accumulate<G, W>(r[k], acc);
   }
   if constexpr (W > 1) {
     const std::size_t t = groups * W + tid;  // the n % W tail, one element per leading thread
