@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <string>
 
 #include "bench/support/bench_support.h"
@@ -139,19 +140,21 @@ void reg(const std::string& name, F fn) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (auto [rows, cols] : {std::pair{2048, 1024}, std::pair{16384, 4096}})
+  struct Shape2 { int rows, cols; };
+  for (Shape2 sh : {Shape2{2048, 1024}, Shape2{16384, 4096}})
     for (Dir d : {Dir::Fwd, Dir::Bwd, Dir::FwdBwd})
-      reg(std::string("layernorm/") + dir_name(d) + "/" + shape(rows, cols),
-          [=](benchmark::State& st) { bench_layernorm(st, rows, cols, d); });
-  for (auto [rows, cols] : {std::pair{2048, 4096}, std::pair{16384, 16384}})
+      reg(std::string("layernorm/") + dir_name(d) + "/" + shape(sh.rows, sh.cols),
+          [=](benchmark::State& st) { bench_layernorm(st, sh.rows, sh.cols, d); });
+  for (Shape2 sh : {Shape2{2048, 4096}, Shape2{16384, 16384}})
     for (Dir d : {Dir::Fwd, Dir::Bwd, Dir::FwdBwd})
-      reg(std::string("gelu/") + dir_name(d) + "/" + shape(rows, cols),
-          [=](benchmark::State& st) { bench_gelu(st, rows, cols, d); });
+      reg(std::string("gelu/") + dir_name(d) + "/" + shape(sh.rows, sh.cols),
+          [=](benchmark::State& st) { bench_gelu(st, sh.rows, sh.cols, d); });
   // (B, T): 4 x 512 = 2048 tokens (the example), 32 x 512 = 16384 tokens at width 4096.
-  for (auto [B, T, C] : {std::tuple{4, 512, 1024}, std::tuple{32, 512, 4096}})
+  struct Shape3 { int B, T, C; };
+  for (Shape3 sh : {Shape3{4, 512, 1024}, Shape3{32, 512, 4096}})
     for (Dir d : {Dir::Fwd, Dir::Bwd})
-      reg(std::string("embedding/") + dir_name(d) + "/" + shape(long(B) * T, C),
-          [=](benchmark::State& st) { bench_embedding(st, B, T, C, 50000, d); });
+      reg(std::string("embedding/") + dir_name(d) + "/" + shape(long(sh.B) * sh.T, sh.C),
+          [=](benchmark::State& st) { bench_embedding(st, sh.B, sh.T, sh.C, 50000, d); });
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

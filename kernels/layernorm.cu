@@ -160,7 +160,9 @@ __global__ void __launch_bounds__(kScalarThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward, vector path. Unit u (a warp or a block) handles rows u, u + U, u + 2U, ... and
+// Backward, vector path. (At 1024 columns, 2 blocks of 8 warps per SM cap this at 128 registers;
+// ptxas then spills ~72 bytes, loop-invariant scalars reloaded from L1, cheaper than halving the
+// warps in flight.) Unit u (a warp or a block) handles rows u, u + U, u + 2U, ... and
 // accumulates dgamma/dbeta for its columns in registers; one partial row per block goes to
 // `partial` ([2][P][cols]: dgamma partials then dbeta partials, P = number of blocks).
 template <int VPT, bool kWarpRow>
@@ -185,6 +187,8 @@ __global__ void __launch_bounds__(kWarpRow ? kWarpsPerBlock * kWarpSize : 512, k
 
   for (int row = unit; row < rows; row += units) {
     const std::size_t base = static_cast<std::size_t>(row) * cols;
+    const bf16* dy_row = dy + base;
+    const bf16* sum_row = sum + base;
     const float m = mean[row], r = rstd[row];
     uint4 dy_raw[VPT], x_raw[VPT];  // kept packed: half the registers of fp32
     float s1 = 0.f, s2 = 0.f;
@@ -192,9 +196,9 @@ __global__ void __launch_bounds__(kWarpRow ? kWarpsPerBlock * kWarpSize : 512, k
     for (int i = 0; i < VPT; ++i) {
       const int vi = t + i * team;
       if (vi < nvec) {
-        const std::size_t off = base + static_cast<std::size_t>(vi) * kBf16PerVec;
-        dy_raw[i] = load16(dy + off);
-        x_raw[i] = load16<Load::Streaming>(sum + off);
+        const int off = vi * kBf16PerVec;  // within the row: 32-bit math keeps registers free
+        dy_raw[i] = load16(dy_row + off);
+        x_raw[i] = load16<Load::Streaming>(sum_row + off);
         float g[8], d[8], xv[8];
         load_bf16x8<Load::ReadOnly>(gamma + vi * kBf16PerVec, g);
         load_bf16x8(reinterpret_cast<const bf16*>(&dy_raw[i]), d);
@@ -216,19 +220,19 @@ __global__ void __launch_bounds__(kWarpRow ? kWarpsPerBlock * kWarpSize : 512, k
     for (int i = 0; i < VPT; ++i) {
       const int vi = t + i * team;
       if (vi < nvec) {
-        const std::size_t off = base + static_cast<std::size_t>(vi) * kBf16PerVec;
+        const int off = vi * kBf16PerVec;
         float g[8], d[8], xv[8], e[8], o[8];
         load_bf16x8<Load::ReadOnly>(gamma + vi * kBf16PerVec, g);
         load_bf16x8(reinterpret_cast<const bf16*>(&dy_raw[i]), d);
         load_bf16x8(reinterpret_cast<const bf16*>(&x_raw[i]), xv);
-        if (d_extra) load_bf16x8<Load::Streaming>(d_extra + off, e);
+        if (d_extra) load_bf16x8<Load::Streaming>(d_extra + base + off, e);
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           const float xh = (xv[k] - m) * r;
           o[k] = r * (d[k] * g[k] - mean_dxh - xh * mean_dxh_xh);
           if (d_extra) o[k] += e[k];
         }
-        store_bf16x8(d_sum + off, o);
+        store_bf16x8(d_sum + base + off, o);
       }
     }
   }

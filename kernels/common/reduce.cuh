@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>  // INFINITY
+
 namespace cutrain::kernels {
 
 constexpr int kWarpSize = 32;
