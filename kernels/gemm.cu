@@ -48,13 +48,16 @@ __device__ __forceinline__ float gelu_tanh_grad_f(float x) {
   return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kC * (1.f + 3.f * 0.044715f * x2);
 }
 
-// pre[r,c] += bias[c] in place; when y is non-null also y = gelu_tanh(pre). `pre` holds the plain
-// GEMM result on entry.
+// pre[r,c] += bias[c] in place (bias may be null: pre is already biased); when y is non-null also
+// y = gelu_tanh(pre). `pre` holds the GEMM result on entry.
 __global__ void bias_gelu_fallback_kernel(bf16* __restrict__ pre, const bf16* __restrict__ bias, bf16* __restrict__ y,
                                           std::size_t n, int cols) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
-    const float v = __bfloat162float(pre[i]) + __bfloat162float(bias[i % cols]);
-    pre[i] = __float2bfloat16_rn(v);
+    float v = __bfloat162float(pre[i]);
+    if (bias) {
+      v += __bfloat162float(bias[i % cols]);
+      pre[i] = __float2bfloat16_rn(v);
+    }
     if (y) y[i] = __float2bfloat16_rn(gelu_tanh_f(v));
   }
 }
@@ -347,25 +350,32 @@ void Gemm::forward(cudaStream_t s, const bf16* x, const bf16* w, const bf16* bia
     return;
   }
   // Fused when cuBLASLt can (the GELU aux ld = N must be divisible by 8; bias/aux alignment is the
-  // heuristic's call), else the plain GEMM into y (Bias) or aux (BiasGeluTanh), then one
-  // elementwise pass adds the bias (and writes y = gelu(pre)).
+  // heuristic's call). Otherwise, in order of preference: the Bias epilogue into aux, then a GELU
+  // pass (the pre-activation is still rounded once); or the plain GEMM, then one pass that adds
+  // the bias (and applies GELU).
   const bool gelu = ep == GemmEpilogue::BiasGeluTanh;
-  if (!gelu || N % 8 == 0) {
-    Matmul fused = mm;
-    fused.bias = bias;
-    fused.epilogue = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    if (gelu) {
-      fused.aux = aux;
-      fused.aux_ld = N;
-    }
+  Matmul with_bias = mm;
+  with_bias.bias = bias;
+  with_bias.epilogue = CUBLASLT_EPILOGUE_BIAS;
+  if (gelu && N % 8 == 0) {
+    Matmul fused = with_bias;
+    fused.epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    fused.aux = aux;
+    fused.aux_ld = N;
     if (impl_->run(s, fused, false)) return;
   }
-  ++impl_->fallbacks;
   bf16* pre = gelu ? aux : y;
-  mm.d = pre;
-  impl_->run(s, mm, true);
+  with_bias.d = pre;
+  const bool bias_done = impl_->run(s, with_bias, false);
+  if (bias_done && !gelu) return;
+  ++impl_->fallbacks;
+  if (!bias_done) {
+    mm.d = pre;
+    impl_->run(s, mm, true);
+  }
   const std::size_t n = std::size_t(M) * N;
-  bias_gelu_fallback_kernel<<<elementwise_grid(n), 256, 0, s>>>(pre, bias, gelu ? y : nullptr, n, N);
+  bias_gelu_fallback_kernel<<<elementwise_grid(n), 256, 0, s>>>(pre, bias_done ? nullptr : bias, gelu ? y : nullptr,
+                                                                 n, N);
   CUTRAIN_LAUNCH_CHECK("bias_gelu_fallback_kernel");
 }
 
