@@ -21,7 +21,10 @@ struct AttentionShape {
 void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const AttentionShape& shape);
 
 // dqkv: bf16 [B, S, 3, H, D] (every element written). `deterministic`: no order-dependent atomics
-// (same bits every run). scratch: attention_backward_scratch_bytes(shape, deterministic) bytes.
+// (same bits every run). scratch: attention_backward_scratch_bytes(shape, deterministic) bytes,
+// 16-byte aligned: fp32 rowsum(dO o O) (4·B·H·S, rounded to 256) and, in the fast mode only, an fp32
+// dQ accumulator (4·B·S·H·D) that dQ reaches through atomics. Nothing S x S ever.
+// `out` and `lse` must be this forward's outputs for the same qkv.
 std::size_t attention_backward_scratch_bytes(const AttentionShape& shape, bool deterministic);
 void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
                         bf16* dqkv, void* scratch, const AttentionShape& shape, bool deterministic);
