@@ -101,7 +101,6 @@ class RawMatmul {
     if (aux) {
       CUTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
       CUTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
-      CUTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &bf, sizeof(bf)));
     }
     const bool at = ta == CUBLAS_OP_T, bt = tb == CUBLAS_OP_T;
     CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la_, CUDA_R_16BF, at ? k : m, at ? m : k, lda));

@@ -205,10 +205,8 @@ struct Gemm::Impl {
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<std::int32_t>(mm.tb));
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(mm.epilogue));
     if (mm.bias) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(CUDA_R_16BF));
-    if (mm.aux) {
-      set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, mm.aux_ld);
-      set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, static_cast<std::int32_t>(CUDA_R_16BF));
-    }
+    // The aux matrix takes D's type (bf16) by default, which is what we store.
+    if (mm.aux) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, mm.aux_ld);
     set_epilogue_pointers(plan->desc, mm);  // the heuristic reads their alignment
 
     // Layouts as stored (column-major): op N stores [rows, cols] of op(X); op T stores its transpose.
