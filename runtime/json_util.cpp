@@ -86,6 +86,20 @@ json parse_json_strict(const std::string& text, const std::string& origin) {
     throw JsonSyntaxError(detail::concat(origin, ": malformed JSON at line ", line, ", column ", column, ": ",
                                          parse_reason(e.what())),
                           line, column, __FILE__, __LINE__);
+  } catch (const json::exception& e) {
+    // e.g. out_of_range.406 "number overflow parsing '1e999'": no position given, so find the token.
+    std::string what = e.what();
+    auto q1 = what.find('\''), q2 = what.rfind('\'');
+    int line = 0, column = 0;
+    if (q1 != std::string::npos && q2 > q1) {
+      auto at = text.find(what.substr(q1 + 1, q2 - q1 - 1));
+      if (at != std::string::npos) line_column(text, at + 1, &line, &column);
+    }
+    std::string where = line ? detail::concat(" at line ", line, ", column ", column) : std::string();
+    auto close = what.find("] ");
+    throw JsonSyntaxError(detail::concat(origin, ": malformed JSON", where, ": ",
+                                         close == std::string::npos ? what : what.substr(close + 2)),
+                          line, column, __FILE__, __LINE__);
   }
   if (!duplicate.empty())
     throw JsonSyntaxError(detail::concat(origin, ": key '", duplicate,

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <initializer_list>
+#include <random>
 #include <string>
 #include <unistd.h>
 
@@ -306,6 +307,8 @@ TEST(Config, MalformedJsonGivesLineAndColumn) {
                {"test.json", "malformed JSON at line 3, column 22"});
   expect_error("{\"a\": 1", {"test.json", "malformed JSON at line 1"});
   expect_error("", {"test.json", "malformed JSON"});
+  // Number overflow is a different nlohmann exception (out_of_range), still reported with its place.
+  expect_error("{\n  \"gradient_clipping\": 1e999\n}", {"test.json", "malformed JSON at line 2, column 24", "1e999"});
 }
 
 TEST(Config, DuplicateKeyIsAnError) {
@@ -321,6 +324,17 @@ TEST(Config, MissingFileSaysSoWithPath) {
   } catch (const ConfigError& e) {
     EXPECT_NE(e.message().find(p), std::string::npos) << e.message();
     EXPECT_NE(e.message().find("not found"), std::string::npos) << e.message();
+  }
+}
+
+TEST(Config, DirectoryInsteadOfFileIsNamed) {
+  const auto dir = std::filesystem::temp_directory_path();
+  try {
+    load_config(dir);
+    FAIL() << "no throw";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find(dir.string()), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("is a directory"), std::string::npos) << e.message();
   }
 }
 
@@ -428,4 +442,26 @@ TEST(Config, ShippedConfigsLoad) {
   EXPECT_EQ(nvme.zero_optimization.offload_optimizer.device, "nvme");
   EXPECT_EQ(nvme.zero_optimization.offload_optimizer.nvme_path, "/tmp/cutrain_nvme");
   EXPECT_EQ(nvme.source, dir / "offload_nvme.json");
+}
+
+// Random damage to a shipped config: parsing either succeeds or throws ConfigError, never another
+// exception type (a stray nlohmann type_error would escape callers that catch ConfigError).
+TEST(Config, RandomDamageGivesConfigErrorsOnly) {
+  const std::string text = read_text_file(std::filesystem::path(CUTRAIN_SOURCE_DIR) / "configs" / "offload_nvme.json");
+  std::mt19937_64 rng(std::random_device{}());
+  const char alphabet[] = "{}[]\":,.-+eE0123456789 truefalsn\\x";
+  int refused = 0;
+  for (int iter = 0; iter < 400; ++iter) {
+    std::string bad = text;
+    for (int f = 0; f < 1 + static_cast<int>(rng() % 3); ++f) bad[rng() % bad.size()] = alphabet[rng() % (sizeof alphabet - 1)];
+    try {
+      parse_config(bad, "damaged.json");
+    } catch (const ConfigError& e) {
+      ++refused;
+      EXPECT_NE(e.message().find("damaged.json"), std::string::npos) << e.message();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "non-ConfigError on damaged config: " << e.what() << "\n" << bad;
+    }
+  }
+  EXPECT_GT(refused, 0);
 }

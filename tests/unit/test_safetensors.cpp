@@ -287,3 +287,42 @@ TEST(Safetensors, WritesKnownFileForPythonCheck) {
   write_file_atomic(dir / "known.expected.json", std::string_view(expected.dump(2) + "\n"));
   std::cout << "[ e2e      ] wrote " << p << " for tests/e2e/check_safetensors.py\n";
 }
+
+// Random damage to a valid file: the reader either accepts it (then every tensor reads) or throws
+// cutrain::Error; never another exception type, never a crash. Truncation is always refused.
+TEST(Safetensors, RandomDamageIsRefusedCleanly) {
+  auto rng = test::fresh_rng();
+  fs::path d = temp_dir();
+  std::vector<Tensor> ts = {random_tensor("a", DType::F32, {3, 2}, rng), random_tensor("b", DType::BF16, {5}, rng),
+                            random_tensor("c", DType::U8, {3}, rng)};
+  fs::path good = d / "good.safetensors";
+  write_safetensors(good, entries(ts), {{"k", "v"}});
+  const auto bytes = read_file(good);
+  int accepted = 0, refused = 0;
+  for (int iter = 0; iter < 300; ++iter) {
+    auto bad = bytes;
+    int flips = 1 + static_cast<int>(rng() % 3);
+    for (int f = 0; f < flips; ++f) {
+      std::size_t at = rng() % std::min<std::size_t>(bad.size(), 200);  // length prefix + header
+      bad[at] = static_cast<std::byte>(rng() & 0xFF);
+    }
+    fs::path p = d / "damaged.safetensors";
+    write_file_atomic(p, std::span<const std::byte>(bad));
+    try {
+      SafetensorsReader r(p);
+      for (const auto& t : r.tensors()) (void)r.read(t.name);
+      ++accepted;
+    } catch (const Error&) {
+      ++refused;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "non-cutrain exception on damaged file (iteration " << iter << "): " << e.what();
+    }
+  }
+  EXPECT_GT(refused, 0);
+  for (std::size_t len = 0; len < bytes.size(); len += 1 + bytes.size() / 97) {
+    fs::path p = d / "short.safetensors";
+    write_file_atomic(p, std::span<const std::byte>(bytes.data(), len));
+    EXPECT_THROW(SafetensorsReader{p}, Error) << "accepted a file truncated to " << len << " of " << bytes.size() << " bytes";
+  }
+  fs::remove_all(d);
+}
