@@ -47,7 +47,7 @@ constexpr int dkdv_qtile() { return D == 64 ? 64 : 32; }
 
 // Fast mode: the dK/dV pass also adds this key block's share of dQ (dS K, unscaled) into an fp32
 // accumulator [B, S, H, D] with atomics, via dS^T parked in shared memory; warp w takes query rows
-// 16*(w % (QT/16)).. and the columns [d0, d0 + D/kDSplit) of them.
+// 16*(w % (QT/16)).. and D/dq_split columns of them (all D when QT=64, half when QT=32).
 template <int D>
 constexpr int dq_split() { return 4 / (dkdv_qtile<D>() / 16); }
 
