@@ -31,7 +31,10 @@ struct AdamParams {
 // master: fp32 [n] for Baseline, null otherwise. m, v: fp32 [n] (Baseline, Bf16MasterWG) or bf16
 // [n] (Bf16Full). `device_scale` (may be null): a device fp32 multiplied into grad_scale (the
 // clipping coefficient computed on the device). `skip` (may be null): a device int; when non-zero
-// the launch changes nothing (NaN/Inf gradients).
+// the launch changes nothing (NaN/Inf gradients). Buffers should be 16-byte aligned (the vector
+// path); a misaligned view is still correct, through a slower scalar path. Stochastic rounding
+// bits: kernels/common/stochastic_round.cuh, stream 0 for the parameter (low 16 bits) and m (high),
+// stream 1 for v, index = element index: reproducible across runs and resumes.
 void adam_step(cudaStream_t s, OptimizerLayout layout, const AdamParams& p, bf16* params, const void* grads,
                DType grad_type, float* master, void* m, void* v, std::size_t n, const float* device_scale,
                const int* skip);

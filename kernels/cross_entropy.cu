@@ -313,6 +313,9 @@ void run(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int voca
     smem = static_cast<std::size_t>(a.cache_vecs) * 16;
     CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(ce_row_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
+    // Ask for the largest shared-memory split so two parked rows fit per SM (L1 is not needed).
+    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(ce_row_kernel<true>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            static_cast<int>(cudaSharedmemCarveoutMaxShared)));
   }
   ce_row_kernel<kGrad><<<rows, kThreads, smem, s>>>(a);
   CUTRAIN_LAUNCH_CHECK(kGrad ? "ce_row_kernel<grad>" : "ce_row_kernel<forward>");

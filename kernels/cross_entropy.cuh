@@ -18,7 +18,9 @@ namespace cutrain::kernels {
 // `row_loss` (device fp32 [rows], may be null) receives each row's loss (0 for ignored rows).
 // A label outside [0, vocab) that is not ignore_index is not read: the row is treated as ignored
 // and the first bad row index + 1 goes to *status (device int; may be null).
-// `scratch`: cross_entropy_scratch_bytes(rows) bytes.
+// When every row is ignored, *loss_mean = 0 and all gradients are 0 (PyTorch would give NaN).
+// Deterministic: the mean is summed in a fixed order. Any ld and base alignment (odd ld is fine).
+// `scratch`: cross_entropy_scratch_bytes(rows) bytes, 16-byte aligned.
 std::size_t cross_entropy_scratch_bytes(int rows);
 void cross_entropy_forward_backward(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
                                     float* loss_mean, float* row_loss, int* status, void* scratch,

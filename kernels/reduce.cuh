@@ -13,6 +13,7 @@ namespace cutrain::kernels {
 // block partials summed in a fixed order: same bits every run). If max_norm > 0:
 // *clip_scale = min(1, max_norm / (norm + 1e-6)) (DeepSpeed/PyTorch's clip_grad_norm_ formula),
 // else 1. *nonfinite = 1 when the norm is NaN/Inf (the step must be skipped), else 0.
+// When the norm is not finite, *clip_scale = 1 (the step is to be skipped anyway).
 // Any of clip_scale / nonfinite may be null. `scratch`: grad_norm_scratch_bytes(n) bytes.
 std::size_t grad_norm_scratch_bytes(std::size_t n);
 void grad_norm_clip(cudaStream_t s, const void* grads, DType grad_type, std::size_t n, float max_norm, float* norm,
