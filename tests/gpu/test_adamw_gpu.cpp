@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "kernels/adamw.cuh"
+#include "kernels/reduce.cuh"
 #include "tests/reference/adamw_ref.h"
 #include "tests/support/test_support.h"
 
@@ -247,6 +248,48 @@ TEST(AdamGpuControl, SkipFlagChangesNothingAndDeviceScaleMultiplies) {
   EXPECT_LE(test::rel_error(gmas, st.master), 1e-5);
   EXPECT_LE(test::rel_error(gm, st.m), 1e-5);
   EXPECT_LE(test::rel_error(gv, st.v), 1e-5);
+}
+
+// The engine's chain: grad_norm_clip's clip coefficient feeds device_scale and its nonfinite flag
+// feeds skip, with no host round trip.
+TEST(AdamGpuControl, ChainedWithGradNormClip) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const std::size_t n = 200003;
+  for (bool poison_grad : {false, true}) {
+    State st(OptimizerLayout::Bf16MasterWG, DType::BF16, n);
+    st.randomize(rng);
+    st.upload();
+    auto g = make_grads(n, DType::BF16, rng);
+    if (poison_grad) g[n / 2] = NAN;
+    st.upload_grads(g);
+    double sq = 0;
+    for (float x : g) sq += double(x) * x;
+    const float max_norm = static_cast<float>(std::sqrt(sq) / 4);  // NaN when poisoned: no clip, flagged
+    DeviceArray<float> norm(1), clip(1);
+    DeviceArray<int> bad(1);
+    DeviceArray<char> scratch(kernels::grad_norm_scratch_bytes(n));
+    kernels::grad_norm_clip(nullptr, st.d_g16.get(), DType::BF16, n, poison_grad ? 1.f : max_norm, norm.get(),
+                            clip.get(), bad.get(), scratch.get());
+    AdamParams p;
+    p.weight_decay = 0.01f;
+    st.step(p, clip.get(), bad.get());
+    const float c = clip.download()[0];
+    std::vector<float> gp, gmas, gm, gv;
+    st.download(gp, gmas, gm, gv);
+    if (poison_grad) {
+      EXPECT_EQ(bad.download()[0], 1);
+      EXPECT_EQ(std::memcmp(gp.data(), st.params.data(), 4 * n), 0) << "a NaN step must change nothing";
+      EXPECT_EQ(std::memcmp(gm.data(), st.m.data(), 4 * n), 0);
+      continue;
+    }
+    EXPECT_EQ(bad.download()[0], 0);
+    EXPECT_NEAR(c, 0.25, 1e-4);
+    ref::adam_step(OptimizerLayout::Bf16MasterWG, p, c, st.params, g, st.master, st.m, st.v);
+    expect_bf16_close(gp, st.params, "params");
+    EXPECT_LE(test::rel_error(gm, st.m), 1e-5);
+    EXPECT_LE(test::rel_error(gv, st.v), 1e-5);
+  }
 }
 
 // Updates far below half a bf16 ulp: round-to-nearest never moves a bf16 master, stochastic
