@@ -25,7 +25,8 @@ namespace {
 
 constexpr int kThreads = 512;       // row kernel
 constexpr int kSmallThreads = 1024; // count / finish kernels
-constexpr int kUnroll = 4;          // 16-byte loads in flight per thread per iteration
+constexpr int kUnroll = 4;          // 16-byte loads in flight per thread per iteration (pass 2)
+constexpr int kUnroll1 = 8;         // the same for pass 1, which has nothing else in flight
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -194,15 +195,15 @@ __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
     lse_add1(m, s, x_tail);
   }
   const int cache_vecs = kGrad ? min(a.cache_vecs, nvec) : 0;
-  for (int v0 = tid; v0 < nvec; v0 += kUnroll * kThreads) {
-    uint4 r[kUnroll];
+  for (int v0 = tid; v0 < nvec; v0 += kUnroll1 * kThreads) {
+    uint4 r[kUnroll1];
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
+    for (int k = 0; k < kUnroll1; ++k) {
       const int v = v0 + k * kThreads;
       if (v < nvec) r[k] = load16(body + static_cast<std::size_t>(v) * 8);
     }
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
+    for (int k = 0; k < kUnroll1; ++k) {
       const int v = v0 + k * kThreads;
       if (v < nvec) {
         if (v < cache_vecs) cache[v] = r[k];
