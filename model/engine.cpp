@@ -1,0 +1,242 @@
+#include "model/engine.h"
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+
+#include "kernels/adamw.cuh"
+#include "kernels/reduce.cuh"
+#include "runtime/check.h"
+#include "runtime/nvtx.h"
+
+namespace cutrain::model {
+
+namespace {
+float* as_f32(const Buffer& b) { return b.as<float>(); }
+}  // namespace
+
+GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
+    : opt_(o), cfg_(c), table_(o.dims), plan_(plan_from_config(c)), accum_(c.accumulation()), n_(table_.flat_size()) {
+  std::string why;
+  CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");
+  describe_ = "cuda (" + device_info().name + ")";
+  CachingAllocator& A = device_allocator();
+  const std::int64_t before = A.stats().allocated_bytes.current;
+
+  // Persistent state in the layout's dtypes; grads zeroed once so the flat buffer's padding stays 0.
+  params_ = Buffer(A, n_ * 2, stream_);
+  grads_ = Buffer(A, n_ * dtype_size(plan_.grad), stream_);
+  if (plan_.has_master) master_ = Buffer(A, n_ * 4, stream_);
+  m_ = Buffer(A, n_ * dtype_size(plan_.moment), stream_);
+  v_ = Buffer(A, n_ * dtype_size(plan_.moment), stream_);
+  state_bytes_ = std::size_t(A.stats().allocated_bytes.current - before);
+
+  std::vector<float> init(n_);
+  table_.init(init.data(), o.seed);
+  HostState st;
+  st.params = std::move(init);
+  if (plan_.has_master) st.master = st.params;
+  st.exp_avg.assign(n_, 0.f);
+  st.exp_avg_sq.assign(n_, 0.f);
+  load_state(st);
+  CUTRAIN_CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), stream_));
+
+  const std::size_t per_step = std::size_t(accum_) * o.batch * o.seq;
+  tokens_d_ = Buffer(A, per_step * 4, stream_);
+  labels_d_ = Buffer(A, per_step * 4, stream_);
+  flag_words_ = std::size_t(accum_) + 2 + 1 + 2 * std::size_t(accum_);
+  flags_d_ = Buffer(A, flag_words_ * 4, stream_);
+  norm_scratch_ = Buffer(A, kernels::grad_norm_scratch_bytes(n_), stream_);
+  CUTRAIN_CUDA_CHECK(cudaMallocHost(&tokens_h_, per_step * 4));
+  CUTRAIN_CUDA_CHECK(cudaMallocHost(&labels_h_, per_step * 4));
+  CUTRAIN_CUDA_CHECK(cudaMallocHost(&flags_h_, flag_words_ * 4));
+  model_ = std::make_unique<GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A);
+  stream_.synchronize();
+}
+
+GpuEngine::~GpuEngine() {
+  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+  if (graph_) cudaGraphDestroy(graph_);
+  cudaStreamSynchronize(stream_);
+  cudaFreeHost(tokens_h_);
+  cudaFreeHost(labels_h_);
+  cudaFreeHost(flags_h_);
+}
+
+void GpuEngine::stage_batch(const std::int32_t* tokens, const std::int32_t* labels) {
+  // The previous step's copies finished (each step ends with a sync), so the staging is free.
+  const std::size_t per_step = std::size_t(accum_) * opt_.batch * opt_.seq;
+  std::memcpy(tokens_h_, tokens, per_step * 4);
+  std::memcpy(labels_h_, labels, per_step * 4);
+}
+
+// H2D copies from the pinned staging, every micro-batch's forward/backward: the same pointers
+// and shapes every step, so it can be captured once and replayed.
+void GpuEngine::enqueue_forward_backward() {
+  const std::size_t per_micro = std::size_t(opt_.batch) * opt_.seq;
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(tokens_d_.get(), tokens_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(labels_d_.get(), labels_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
+  float* flags = as_f32(flags_d_);
+  int* status = reinterpret_cast<int*>(flags + accum_ + 3);
+  CUTRAIN_CUDA_CHECK(cudaMemsetAsync(status, 0, 2 * accum_ * sizeof(int), stream_));
+  for (int a = 0; a < accum_; ++a) {
+    model_->forward_backward(stream_, params_.as<bf16>(), grads_.get(), plan_.grad, a > 0,
+                             tokens_d_.as<std::int32_t>() + a * per_micro, labels_d_.as<std::int32_t>() + a * per_micro,
+                             1.f / float(accum_), flags + a, status + 2 * a);
+  }
+}
+
+void GpuEngine::enqueue_norm() {
+  float* flags = as_f32(flags_d_);
+  kernels::grad_norm_clip(stream_, grads_.get(), plan_.grad, n_, cfg_.gradient_clipping, flags + accum_,
+                          flags + accum_ + 1, reinterpret_cast<int*>(flags + accum_ + 2), norm_scratch_.get());
+}
+
+void GpuEngine::read_flags() {
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(flags_h_, flags_d_.get(), flag_words_ * 4, cudaMemcpyDeviceToHost, stream_));
+  stream_.synchronize();
+  const int* status = reinterpret_cast<const int*>(flags_h_ + accum_ + 3);
+  const std::size_t per_micro = std::size_t(opt_.batch) * opt_.seq;
+  for (int a = 0; a < accum_; ++a) {
+    CUTRAIN_CHECK(status[2 * a] == 0, "train: token id at micro-batch ", a, " position ", status[2 * a] - 1,
+                  " is outside [0, vocab_size=", table_.dims().vocab, ") (", per_micro, " tokens per micro-batch)");
+    CUTRAIN_CHECK(status[2 * a + 1] == 0, "train: label at micro-batch ", a, " row ", status[2 * a + 1] - 1,
+                  " is outside [0, vocab_size=", table_.dims().vocab, ")");
+  }
+}
+
+double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_t* labels) {
+  stage_batch(tokens, labels);
+  enqueue_forward_backward();
+  read_flags();
+  double loss = 0;
+  for (int a = 0; a < accum_; ++a) loss += flags_h_[a] / accum_;
+  return loss;
+}
+
+StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
+  NvtxRange r("step");
+  stage_batch(tokens, labels);
+  // Step 1 runs eagerly (cuBLASLt plans, first allocation of activations); the next one is
+  // captured and every later one replays the graph.
+  const bool want_graph = opt_.cuda_graph && !graph_failed_ && eager_steps_ >= 1;
+  if (want_graph && !graph_exec_) {
+    CUTRAIN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue_forward_backward();
+      enqueue_norm();
+    } catch (const Error& e) {
+      cudaGraph_t g = nullptr;
+      cudaStreamEndCapture(stream_, &g);
+      if (g) cudaGraphDestroy(g);
+      cudaGetLastError();
+      graph_failed_ = true;
+      std::cerr << "[Rank 0] warning: CUDA graph capture failed, running eagerly: " << e.what() << "\n";
+    }
+    if (!graph_failed_) {
+      CUTRAIN_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
+      CUTRAIN_CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
+    }
+  }
+  if (graph_exec_) {
+    CUTRAIN_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+  } else {
+    enqueue_forward_backward();
+    enqueue_norm();
+    ++eager_steps_;
+  }
+  // The optimizer launch stays outside the graph: lr and the bias-correction step change every step.
+  kernels::AdamParams p;
+  p.lr = lr;
+  p.beta1 = cfg_.optimizer.beta1;
+  p.beta2 = cfg_.optimizer.beta2;
+  p.eps = cfg_.optimizer.eps;
+  p.weight_decay = cfg_.optimizer.weight_decay;
+  p.decoupled = cfg_.optimizer.adam_w_mode;
+  p.step = step;
+  p.grad_scale = 1.f;
+  p.stochastic_rounding = cfg_.bf16.stochastic_rounding;
+  p.seed = opt_.seed;
+  float* flags = as_f32(flags_d_);
+  {
+    NvtxRange ro("optimizer");
+    kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>(), grads_.get(), plan_.grad,
+                       plan_.has_master ? as_f32(master_) : nullptr, m_.get(), v_.get(), n_, flags + accum_ + 1,
+                       reinterpret_cast<const int*>(flags + accum_ + 2));
+  }
+  read_flags();
+  StepStats st;
+  for (int a = 0; a < accum_; ++a) st.loss += flags_h_[a] / accum_;
+  st.grad_norm = flags_h_[accum_];
+  int nonfinite = 0;
+  std::memcpy(&nonfinite, flags_h_ + accum_ + 2, 4);
+  st.skipped = nonfinite != 0;
+  return st;
+}
+
+MemoryStats GpuEngine::memory() const {
+  const AllocatorStats s = device_allocator().stats();
+  return {s.allocated_bytes.current, s.reserved_bytes.current, s.allocated_bytes.peak};
+}
+
+void GpuEngine::reset_peak() { device_allocator().reset_peak(); }
+
+namespace {
+std::vector<float> download(const Buffer& b, DType t, std::size_t n) {
+  std::vector<float> out(n);
+  if (t == DType::F32) {
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(out.data(), b.get(), n * 4, cudaMemcpyDeviceToHost));
+  } else {
+    std::vector<std::uint16_t> h(n);
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(h.data(), b.get(), n * 2, cudaMemcpyDeviceToHost));
+    for (std::size_t i = 0; i < n; ++i) out[i] = bf16_bits_to_f32(h[i]);
+  }
+  return out;
+}
+void upload(const Buffer& b, DType t, const std::vector<float>& v, cudaStream_t s) {
+  if (t == DType::F32) {
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(b.get(), v.data(), v.size() * 4, cudaMemcpyHostToDevice, s));
+  } else {
+    std::vector<std::uint16_t> h(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16_bits(v[i]);
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(b.get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice, s));
+  }
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));  // h is about to go out of scope
+}
+}  // namespace
+
+std::vector<float> GpuEngine::download_grads() const {
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return download(grads_, plan_.grad, n_);
+}
+std::vector<float> GpuEngine::download_params() const {
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return download(params_, DType::BF16, n_);
+}
+
+HostState GpuEngine::save_state() const {
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  HostState s;
+  s.params = download(params_, DType::BF16, n_);
+  if (plan_.has_master) s.master = download(master_, DType::F32, n_);
+  s.exp_avg = download(m_, plan_.moment, n_);
+  s.exp_avg_sq = download(v_, plan_.moment, n_);
+  return s;
+}
+
+void GpuEngine::load_state(const HostState& s) {
+  CUTRAIN_CHECK(s.params.size() == n_ && s.exp_avg.size() == n_ && s.exp_avg_sq.size() == n_,
+                "gpu engine: state of ", s.params.size(), " params does not fit the model's flat size ", n_);
+  CUTRAIN_CHECK(!plan_.has_master || s.master.size() == n_, "gpu engine: the ", plan_.name(),
+                " layout needs fp32 master weights of ", n_, " elements, the state has ", s.master.size());
+  upload(params_, DType::BF16, s.params, stream_);
+  if (plan_.has_master) upload(master_, DType::F32, s.master, stream_);
+  upload(m_, plan_.moment, s.exp_avg, stream_);
+  upload(v_, plan_.moment, s.exp_avg_sq, stream_);
+}
+
+std::unique_ptr<TrainBackend> make_gpu_backend(const BackendOptions& o, const TrainConfig& c) {
+  return std::make_unique<GpuEngine>(o, c);
+}
+
+}  // namespace cutrain::model

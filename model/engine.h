@@ -1,0 +1,75 @@
+// @brief The GPU training engine: the flat training state in the config's precision layout,
+// micro-batches with gradient accumulation, global-norm clipping, NaN/Inf skip, one fused Adam(W)
+// launch over the flat buffers, allocator memory statistics, and CUDA-graph replay of the
+// forward/backward/grad-norm part of the step after a warm-up step.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <vector>
+
+#include "model/cpu_backend.h"
+#include "model/precision.h"
+#include "model/train_backend.h"
+#include "model/transformer_gpu.h"
+#include "runtime/device.h"
+
+namespace cutrain::model {
+
+class GpuEngine final : public TrainBackend {
+ public:
+  GpuEngine(const BackendOptions& options, const TrainConfig& config);
+  ~GpuEngine() override;
+
+  const TransformerParams& table() const override { return table_; }
+  StepStats step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) override;
+  MemoryStats memory() const override;
+  void reset_peak() override;
+  HostState save_state() const override;
+  void load_state(const HostState& state) override;
+  const char* describe() const override { return describe_.c_str(); }
+
+  // For tests: forward + backward of the micro-batches only (no optimizer step); returns the
+  // mean loss. Gradients stay in the flat gradient buffer.
+  double forward_backward(const std::int32_t* tokens, const std::int32_t* labels);
+  std::vector<float> download_grads() const;   // flat, as float
+  std::vector<float> download_params() const;  // flat bf16 params, as float
+  const PrecisionPlan& plan() const { return plan_; }
+  // Bytes the persistent training state took from the allocator (params, grads, master, moments).
+  std::size_t state_bytes() const { return state_bytes_; }
+  bool graph_active() const { return graph_exec_ != nullptr; }
+
+ private:
+  void stage_batch(const std::int32_t* tokens, const std::int32_t* labels);
+  void enqueue_forward_backward();  // static: capturable
+  void enqueue_norm();
+  void read_flags();
+
+  BackendOptions opt_;
+  TrainConfig cfg_;
+  TransformerParams table_;
+  PrecisionPlan plan_;
+  int accum_;
+  std::size_t n_;
+  Stream stream_;
+  std::string describe_;
+  Buffer params_, grads_, master_, m_, v_;
+  Buffer tokens_d_, labels_d_, flags_d_, norm_scratch_;
+  std::size_t state_bytes_ = 0;
+  std::unique_ptr<GpuTransformer> model_;
+  // Host pinned staging: tokens, labels [accum*B*S], and the flags read back after each step.
+  std::int32_t* tokens_h_ = nullptr;
+  std::int32_t* labels_h_ = nullptr;
+  float* flags_h_ = nullptr;
+  // flags layout (fp32 words): loss[accum], norm, clip_scale, then ints nonfinite, status[2*accum]
+  std::size_t flag_words_ = 0;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t graph_exec_ = nullptr;
+  int eager_steps_ = 0;
+  bool graph_failed_ = false;
+};
+
+std::unique_ptr<TrainBackend> make_gpu_backend(const BackendOptions& options, const TrainConfig& config);
+
+}  // namespace cutrain::model

@@ -1,0 +1,44 @@
+// @brief What the training loop needs from a device: one optimizer step over a batch, memory
+// statistics, and the training state for checkpoints. The GPU engine and the CPU reference
+// backend both implement it, so `cutrain train --device cpu` runs the very same loop.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/transformer_params.h"
+#include "runtime/dtype.h"
+
+namespace cutrain::model {
+
+struct MemoryStats {
+  std::int64_t allocated = 0, reserved = 0, peak = 0;
+};
+
+struct StepStats {
+  double loss = 0;       // mean over the micro-batches of this step
+  double grad_norm = 0;  // global norm before clipping
+  bool skipped = false;  // NaN/Inf gradients: the optimizer changed nothing
+};
+
+// The whole training state as host fp32 copies, in the flat layout (checkpoints).
+struct HostState {
+  std::vector<float> params, master, exp_avg, exp_avg_sq;  // master empty when the layout has none
+  DType param_dtype = DType::BF16;  // what the params really are (F32 on the CPU backend)
+};
+
+class TrainBackend {
+ public:
+  virtual ~TrainBackend() = default;
+  virtual const TransformerParams& table() const = 0;
+  // tokens, labels: host int32 [accumulation, B, S]. `step` is 1-based (Adam bias correction).
+  virtual StepStats step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) = 0;
+  virtual MemoryStats memory() const = 0;
+  virtual void reset_peak() = 0;
+  virtual HostState save_state() const = 0;
+  virtual void load_state(const HostState& state) = 0;
+  virtual const char* describe() const = 0;  // "cuda (NVIDIA H200)", "cpu (reference model)"
+};
+
+}  // namespace cutrain::model

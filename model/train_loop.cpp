@@ -1,0 +1,202 @@
+#include "model/train_loop.h"
+
+#include <nlohmann/json.hpp>
+
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include "model/checkpoint.h"
+#include "model/cpu_backend.h"
+#include "model/engine.h"
+#include "model/lr_schedule.h"
+#include "model/precision.h"
+#include "runtime/config.h"
+#include "runtime/device.h"
+#include "runtime/error.h"
+#include "runtime/file_util.h"
+
+namespace cutrain::model {
+
+std::string format_gb(std::int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f GB", double(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+std::string with_commas(std::uint64_t n) {
+  const std::string digits = std::to_string(n);
+  std::string s;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) s += ',';
+    s += digits[i];
+  }
+  return s;
+}
+
+namespace {
+
+// Shortest text that reads back as the same double (Python's repr, as csv.writer writes it).
+std::string repr(double x) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, x);
+  std::string s(buf, r.ptr);
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string fixed(double x, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
+  return buf;
+}
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  AtomicFileWriter w(path);
+  w.write(text);
+  w.commit();
+}
+
+}  // namespace
+
+TrainResult run_training(const TrainOptions& o, std::ostream& out) {
+  CUTRAIN_CHECK(!o.deepspeed_config.empty(), "train: --deepspeed_config PATH is required");
+  CUTRAIN_CHECK(o.device == "cuda" || o.device == "cpu", "train: --device must be cuda or cpu, got '", o.device, "'");
+  CUTRAIN_CHECK(o.num_steps >= 1, "train: --num_steps must be >= 1, got ", o.num_steps);
+  CUTRAIN_CHECK(o.log_interval >= 1, "train: --log_interval must be >= 1, got ", o.log_interval);
+  CUTRAIN_CHECK(o.batch_size >= 1 && o.seq_length >= 1, "train: --batch_size and --seq_length must be >= 1, got ",
+                o.batch_size, " and ", o.seq_length);
+  CUTRAIN_CHECK(!o.use_real_data,
+                "train: --use_real_data needs the token-shard loader (model/data), not wired into train yet; "
+                "run without it for the BF16 example's random data");
+
+  TrainConfig cfg = load_config(o.deepspeed_config);
+  for (const auto& w : cfg.warnings) out << "[Rank 0] config warning: " << w << "\n";
+  // The command line's batch size is the micro batch (the BF16 example passes the same 4 to both).
+  if (!cfg.train_micro_batch_size_per_gpu) cfg.train_micro_batch_size_per_gpu = o.batch_size;
+  cfg.resolve_batch(1);
+  if (o.learning_rate) cfg.optimizer.lr = *o.learning_rate;
+  const LrSchedule schedule = LrSchedule::from_config(cfg);
+  const int accum = cfg.accumulation();
+
+  BackendOptions bo;
+  bo.dims = ModelDims{o.hidden_dim, o.num_layers, o.num_heads, o.vocab_size, o.seq_length};
+  bo.batch = o.batch_size;
+  bo.seq = o.seq_length;
+  bo.seed = o.seed;
+  bo.activation_checkpointing = o.activation_checkpointing;
+  bo.cuda_graph = o.cuda_graph;
+  bo.dims.validate();
+
+  out << "[Rank 0] Creating model with hidden_dim=" << o.hidden_dim << ", num_layers=" << o.num_layers
+      << ", num_heads=" << o.num_heads << ", vocab_size=" << o.vocab_size << "\n";
+  std::unique_ptr<TrainBackend> be =
+      o.device == "cpu" ? make_cpu_backend(bo, cfg) : make_gpu_backend(bo, cfg);
+  const std::size_t nparams = be->table().num_params();
+  out << "[Rank 0] Model parameters: " << with_commas(nparams) << " total, " << with_commas(nparams) << " trainable\n";
+  if (o.activation_checkpointing) out << "[Rank 0] Activation checkpointing enabled\n";
+  const PrecisionPlan plan = plan_from_config(cfg);
+  out << "[Rank 0] cutrain initialized with config: " << o.deepspeed_config.string() << " (" << be->describe()
+      << ", layout " << plan.name() << ", " << plan.bytes_per_param() << " bytes/param, accumulation " << accum
+      << ")\n";
+
+  int first_step = 0;
+  std::mt19937_64 data_rng(o.seed);
+  if (!o.resume_dir.empty()) {
+    CheckpointMeta meta = load_checkpoint(o.resume_dir, *be);
+    first_step = meta.step;
+    std::istringstream(meta.data_rng) >> data_rng;
+    out << "[Rank 0] Resumed from " << o.resume_dir.string() << " at step " << first_step << "\n";
+  }
+  be->reset_peak();
+  const MemoryStats init_mem = be->memory();
+  out << "[Rank 0] Memory after init: allocated=" << format_gb(init_mem.allocated)
+      << ", reserved=" << format_gb(init_mem.reserved) << "\n";
+
+  const std::size_t per_step = std::size_t(accum) * o.batch_size * o.seq_length;
+  std::vector<std::int32_t> tokens(per_step), labels(per_step);
+  auto draw = [&] {
+    // Random input ids and random labels in [0, vocab), like the BF16 example.
+    std::uniform_int_distribution<std::int32_t> d(0, o.vocab_size - 1);
+    for (auto& t : tokens) t = d(data_rng);
+    for (auto& l : labels) l = d(data_rng);
+  };
+  if (o.fixed_batch) draw();
+
+  std::string metrics;
+  std::string csv = "step,loss\n";
+  TrainResult res;
+  res.params = nparams;
+  double time_sum = 0;
+  int timed = 0;
+  const int last = first_step + o.num_steps - 1;
+  for (int step = first_step; step <= last; ++step) {
+    if (!o.fixed_batch) draw();
+    const float lr = schedule.lr(step);
+    const auto t0 = std::chrono::steady_clock::now();
+    const StepStats st = be->step(tokens.data(), labels.data(), step + 1, lr);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (step - first_step >= o.warmup_steps) {
+      time_sum += dt;
+      ++timed;
+    }
+    const float loss = float(st.loss);
+    res.losses.push_back(loss);
+    csv += std::to_string(step) + "," + repr(loss) + "\n";
+    const MemoryStats mem = be->memory();
+    if (st.skipped)
+      out << "[Rank 0] warning: step " << step << ": non-finite gradient norm (" << st.grad_norm
+          << "), optimizer step skipped\n";
+    if (step % o.log_interval == 0 || step == last)
+      out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
+          << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak) << "\n";
+    if (!o.metrics_file.empty()) {
+      nlohmann::json j = {{"step", step},
+                          {"loss", loss},
+                          {"lr", lr},
+                          {"grad_norm", st.grad_norm},
+                          {"skipped", st.skipped},
+                          {"step_time_s", dt},
+                          {"tokens_per_s", double(per_step) / dt},
+                          {"allocated_bytes", mem.allocated},
+                          {"reserved_bytes", mem.reserved},
+                          {"peak_bytes", mem.peak}};
+      metrics += j.dump() + "\n";
+    }
+  }
+  const MemoryStats fin = be->memory();
+  res.avg_step_time = timed ? time_sum / timed : 0.0;
+  res.peak_bytes = fin.peak;
+  res.alloc_bytes = fin.allocated;
+
+  out << "\n" << std::string(60, '=') << "\n";
+  out << "[Rank 0] FINAL RESULTS\n";
+  out << "  Config: " << o.deepspeed_config.string() << "\n";
+  out << "  Model: hidden_dim=" << o.hidden_dim << ", num_layers=" << o.num_layers << "\n";
+  out << "  Parameters: " << with_commas(nparams) << "\n";
+  out << "  Batch size: " << o.batch_size << ", Seq length: " << o.seq_length << "\n";
+  out << "  Average step time: " << fixed(res.avg_step_time, 3) << "s\n";
+  out << "  Peak memory: " << format_gb(fin.peak) << "\n";
+  out << "  Final allocated memory: " << format_gb(fin.allocated) << "\n";
+  out << std::string(60, '=') << "\n";
+  out << "SUMMARY: config=" << o.deepspeed_config.string() << " params=" << nparams << " peak_mem_bytes=" << fin.peak
+      << " alloc_mem_bytes=" << fin.allocated << " avg_step_time=" << fixed(res.avg_step_time, 4) << "\n";
+  if (!o.loss_log_file.empty()) {
+    write_text(o.loss_log_file, csv);
+    out << "Loss history saved to: " << o.loss_log_file.string() << "\n";
+  }
+  if (!o.metrics_file.empty()) write_text(o.metrics_file, metrics);
+  if (!o.save_dir.empty()) {
+    std::ostringstream rng_text;
+    rng_text << data_rng;
+    save_checkpoint(o.save_dir, *be, CheckpointMeta{last + 1, rng_text.str()});
+    out << "[Rank 0] Checkpoint saved to: " << o.save_dir.string() << " (step " << last + 1 << ")\n";
+  }
+  out.flush();
+  return res;
+}
+
+}  // namespace cutrain::model

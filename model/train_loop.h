@@ -1,0 +1,47 @@
+// @brief The training loop of `cutrain train`: the BF16 example's train.py, line for line in its
+// output (Model parameters, Memory after init, Step lines, FINAL RESULTS, SUMMARY, loss CSV), plus
+// a per-step JSON metrics file. Runs on the GPU engine or the CPU reference backend.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cutrain::model {
+
+struct TrainOptions {
+  std::filesystem::path deepspeed_config;
+  int hidden_dim = 1024, num_layers = 12, num_heads = 16, vocab_size = 50000;
+  int batch_size = 4, seq_length = 512;
+  int num_steps = 20, warmup_steps = 5;
+  std::optional<float> learning_rate;  // given: overrides the config's optimizer lr
+  int log_interval = 5;
+  bool activation_checkpointing = false;
+  std::filesystem::path loss_log_file;
+  bool use_real_data = false;
+  std::uint64_t seed = 42;
+  std::filesystem::path metrics_file;
+  std::filesystem::path save_dir, resume_dir;
+  std::string device = "cuda";  // "cuda" | "cpu"
+  bool cuda_graph = true;
+  bool fixed_batch = false;  // reuse the first batch every step (a loss that must fall)
+};
+
+struct TrainResult {
+  std::vector<double> losses;
+  double avg_step_time = 0;
+  std::int64_t peak_bytes = 0, alloc_bytes = 0;
+  std::size_t params = 0;
+};
+
+// Runs the loop, printing to `out`. Throws cutrain::Error (config, shapes, files, CUDA).
+TrainResult run_training(const TrainOptions& options, std::ostream& out);
+
+// "1.23 GB" (1024³ bytes, two decimals) and "254,128,976", as the BF16 example prints them.
+std::string format_gb(std::int64_t bytes);
+std::string with_commas(std::uint64_t n);
+
+}  // namespace cutrain::model

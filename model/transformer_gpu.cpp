@@ -1,0 +1,180 @@
+#include "model/transformer_gpu.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "kernels/cross_entropy.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/gelu.cuh"
+#include "kernels/layernorm.cuh"
+#include "runtime/check.h"
+#include "runtime/nvtx.h"
+
+namespace cutrain::model {
+
+using kernels::GemmEpilogue;
+
+GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
+                               CachingAllocator& alloc)
+    : table_(table), B_(B), S_(S), M_(B * S), checkpointing_(checkpointing), alloc_(alloc) {
+  const ModelDims& d = table.dims();
+  CUTRAIN_CHECK(B > 0 && S > 0, "gpu model: batch and seq must be positive, got B=", B, " S=", S);
+  CUTRAIN_CHECK(S <= d.max_seq, "gpu model: seq ", S, " exceeds the position table's ", d.max_seq, " rows");
+  CUTRAIN_CHECK(d.head_dim() == 64 || d.head_dim() == 128, "gpu model: attention supports head_dim 64 or 128, got ",
+                d.head_dim(), " (hidden_dim ", d.hidden, " / num_heads ", d.heads, ")");
+  CUTRAIN_CHECK(d.hidden >= 64 && d.hidden <= 16384, "gpu model: LayerNorm supports hidden_dim in [64, 16384], got ",
+                d.hidden);
+  attn_ = kernels::AttentionShape{B, S, d.heads, d.head_dim(), causal};
+  gemm_ = std::make_unique<kernels::Gemm>(&alloc);
+}
+
+GpuTransformer::~GpuTransformer() = default;
+
+void GpuTransformer::allocate(cudaStream_t s) {
+  const ModelDims& d = table_.dims();
+  const std::size_t M = M_, h = d.hidden, F = d.ffn(), V = d.vocab, H = d.heads;
+  auto take = [&](std::size_t bytes) {
+    buffers_.emplace_back(alloc_, bytes, s);
+    workspace_bytes_ += bytes;
+    return buffers_.back().get();
+  };
+  auto bf = [&](std::size_t n) { return static_cast<bf16*>(take(n * sizeof(bf16))); };
+  auto f32 = [&](std::size_t n) { return static_cast<float*>(take(n * sizeof(float))); };
+  xs_.resize(d.layers + 1);
+  for (auto& x : xs_) x = bf(M * h);
+  acts_.resize(checkpointing_ ? 1 : d.layers);
+  for (auto& a : acts_) {
+    a.qkv = bf(M * 3 * h);
+    a.att = bf(M * h);
+    a.s1 = bf(M * h);
+    a.x1 = bf(M * h);
+    a.f = bf(M * F);
+    a.g = bf(M * F);
+    a.s2 = bf(M * h);
+    a.lse = f32(std::size_t(B_) * H * S_);
+    a.mean1 = f32(M);
+    a.rstd1 = f32(M);
+    a.mean2 = f32(M);
+    a.rstd2 = f32(M);
+  }
+  logits_ = bf(M * V);
+  dx_ = bf(M * h);
+  dh_ = bf(M * h);
+  d4h_ = bf(M * F);
+  dqkv_ = bf(M * 3 * h);
+  // One scratch for every reduction: the kernels run in order on one stream.
+  std::size_t sc = 0;
+  for (std::size_t n : {3 * h, h, F, V}) sc = std::max(sc, kernels::bias_grad_scratch_bytes(M_, int(n)));
+  sc = std::max(sc, kernels::layernorm_backward_scratch_bytes(M_, d.hidden));
+  sc = std::max(sc, kernels::embedding_backward_scratch_bytes(B_, S_, d.hidden, d.vocab));
+  sc = std::max(sc, kernels::attention_backward_scratch_bytes(attn_, true));
+  sc = std::max(sc, kernels::cross_entropy_scratch_bytes(M_));
+  scratch_ = take(std::max<std::size_t>(sc, 256));
+}
+
+void GpuTransformer::layer_forward(cudaStream_t s, const bf16* P, int l, const LayerActs& a, const bf16* x_in,
+                                   bf16* x_out) {
+  const LayerIndex& L = table_.layer(l);
+  const int h = table_.dims().hidden, F = table_.dims().ffn();
+  auto w = [&](int idx) { return P + table_.tensor(idx).offset; };
+  bf16* proj = dh_;  // free during forward and before a layer's backward uses it
+  {
+    NvtxRange r("attn");
+    gemm_->forward(s, x_in, w(L.in_proj_w), w(L.in_proj_b), a.qkv, M_, 3 * h, h, GemmEpilogue::Bias);
+    kernels::attention_forward(s, a.qkv, a.att, a.lse, attn_);
+    gemm_->forward(s, a.att, w(L.out_proj_w), w(L.out_proj_b), proj, M_, h, h, GemmEpilogue::Bias);
+    kernels::layernorm_residual_forward(s, proj, x_in, a.s1, a.x1, a.mean1, a.rstd1, w(L.norm1_w), w(L.norm1_b), M_, h);
+  }
+  {
+    NvtxRange r("mlp");
+    gemm_->forward(s, a.x1, w(L.ff0_w), w(L.ff0_b), a.f, M_, F, h, GemmEpilogue::Bias);
+    kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(M_), F, kernels::GeluKind::Erf);
+    gemm_->forward(s, a.g, w(L.ff2_w), w(L.ff2_b), proj, M_, h, F, GemmEpilogue::Bias);
+    kernels::layernorm_residual_forward(s, proj, a.x1, a.s2, x_out, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), M_, h);
+  }
+}
+
+void GpuTransformer::layer_backward(cudaStream_t s, const bf16* P, char* G, DType gt, bool acc, int l,
+                                    const LayerActs& a, const bf16* x_in) {
+  const LayerIndex& L = table_.layer(l);
+  const int h = table_.dims().hidden, F = table_.dims().ffn();
+  const std::size_t es = dtype_size(gt);
+  auto w = [&](int idx) { return P + table_.tensor(idx).offset; };
+  auto g = [&](int idx) { return static_cast<void*>(G + table_.tensor(idx).offset * es); };
+  {
+    NvtxRange r("mlp");
+    // dx_ holds dL/d(block output); LN2 backward in place gives d s2 (= d x1 residual share = d ff out).
+    kernels::layernorm_backward(s, dx_, a.s2, a.mean2, a.rstd2, w(L.norm2_w), nullptr, dx_, g(L.norm2_w),
+                                g(L.norm2_b), gt, acc, scratch_, M_, h);
+    gemm_->grad_weight(s, dx_, a.g, g(L.ff2_w), gt, M_, h, F, acc);
+    kernels::bias_grad(s, dx_, g(L.ff2_b), gt, M_, h, acc, scratch_);
+    gemm_->grad_input(s, dx_, w(L.ff2_w), d4h_, M_, h, F, 0.f);
+    kernels::gelu_backward(s, d4h_, a.f, d4h_, std::size_t(M_) * F, kernels::GeluKind::Erf);
+    gemm_->grad_weight(s, d4h_, a.x1, g(L.ff0_w), gt, M_, F, h, acc);
+    kernels::bias_grad(s, d4h_, g(L.ff0_b), gt, M_, F, acc, scratch_);
+    gemm_->grad_input(s, d4h_, w(L.ff0_w), dx_, M_, F, h, 1.f);  // dx_ = d x1 (residual + ff)
+  }
+  {
+    NvtxRange r("attn");
+    kernels::layernorm_backward(s, dx_, a.s1, a.mean1, a.rstd1, w(L.norm1_w), nullptr, dx_, g(L.norm1_w),
+                                g(L.norm1_b), gt, acc, scratch_, M_, h);
+    gemm_->grad_weight(s, dx_, a.att, g(L.out_proj_w), gt, M_, h, h, acc);
+    kernels::bias_grad(s, dx_, g(L.out_proj_b), gt, M_, h, acc, scratch_);
+    gemm_->grad_input(s, dx_, w(L.out_proj_w), dh_, M_, h, h, 0.f);
+    kernels::attention_backward(s, a.qkv, a.att, dh_, a.lse, dqkv_, scratch_, attn_, true);
+    gemm_->grad_weight(s, dqkv_, x_in, g(L.in_proj_w), gt, M_, 3 * h, h, acc);
+    kernels::bias_grad(s, dqkv_, g(L.in_proj_b), gt, M_, 3 * h, acc, scratch_);
+    gemm_->grad_input(s, dqkv_, w(L.in_proj_w), dx_, M_, 3 * h, h, 1.f);  // dx_ = d x_in
+  }
+}
+
+void GpuTransformer::forward_backward(cudaStream_t s, const bf16* P, void* grads, DType gt, bool acc,
+                                      const std::int32_t* tokens, const std::int32_t* labels, float grad_scale,
+                                      float* d_loss, int* d_status) {
+  CUTRAIN_CHECK(gt == DType::BF16 || gt == DType::F32, "gpu model: gradients must be bf16 or float32, got ",
+                dtype_name(gt));
+  if (buffers_.empty()) allocate(s);
+  const ModelDims& d = table_.dims();
+  const int h = d.hidden, V = d.vocab, Ln = d.layers;
+  char* G = static_cast<char*>(grads);
+  const std::size_t es = dtype_size(gt);
+  auto w = [&](int idx) { return P + table_.tensor(idx).offset; };
+  auto g = [&](int idx) { return static_cast<void*>(G + table_.tensor(idx).offset * es); };
+  char name[16];
+  {
+    NvtxRange fwd("fwd");
+    kernels::embedding_forward(s, tokens, w(table_.embedding()), w(table_.pos_embedding()), xs_[0], B_, S_, h, V,
+                               d_status);
+    for (int l = 0; l < Ln; ++l) {
+      std::snprintf(name, sizeof name, "layer%02d", l);
+      NvtxRange r(name);
+      layer_forward(s, P, l, acts_[checkpointing_ ? 0 : l], xs_[l], xs_[l + 1]);
+    }
+    NvtxRange r("head");
+    gemm_->forward(s, xs_[Ln], w(table_.output_w()), w(table_.output_b()), logits_, M_, V, h, GemmEpilogue::Bias);
+    kernels::cross_entropy_forward_backward(s, logits_, labels, M_, V, V, d_loss, nullptr, d_status + 1, scratch_,
+                                            -100, grad_scale);
+  }
+  NvtxRange bwd("bwd");
+  {
+    NvtxRange r("head");
+    gemm_->grad_weight(s, logits_, xs_[Ln], g(table_.output_w()), gt, M_, V, h, acc);
+    kernels::bias_grad(s, logits_, g(table_.output_b()), gt, M_, V, acc, scratch_);
+    gemm_->grad_input(s, logits_, w(table_.output_w()), dx_, M_, V, h, 0.f);
+  }
+  for (int l = Ln - 1; l >= 0; --l) {
+    std::snprintf(name, sizeof name, "layer%02d", l);
+    NvtxRange r(name);
+    const LayerActs& a = acts_[checkpointing_ ? 0 : l];
+    if (checkpointing_) {
+      NvtxRange rc("recompute");
+      layer_forward(s, P, l, a, xs_[l], xs_[l + 1]);  // xs_[l+1] is no longer needed: same bits anyway
+    }
+    layer_backward(s, P, G, gt, acc, l, a, xs_[l]);
+  }
+  NvtxRange r("embedding");
+  kernels::embedding_backward(s, dx_, tokens, g(table_.embedding()), g(table_.pos_embedding()), gt, acc, B_, S_, h, V,
+                              scratch_);
+}
+
+}  // namespace cutrain::model

@@ -1,0 +1,67 @@
+// @brief The GPU forward and backward of the BF16 example's transformer as a list of kernel
+// calls (kernels/*.cuh): post-LN blocks, fused cross-entropy, every layer's gradients landing in
+// the flat gradient buffer. Activations and scratch come from the caching allocator once, at the
+// first call, so the call sequence is static (CUDA-graph capturable): no allocation, no host sync.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/attention.cuh"
+#include "kernels/gemm.cuh"
+#include "model/transformer_params.h"
+#include "runtime/allocator.h"
+#include "runtime/dtype.h"
+
+namespace cutrain::model {
+
+class GpuTransformer {
+ public:
+  // B×S tokens per micro-batch (S <= dims.max_seq). `checkpointing`: keep only each block's
+  // input and recompute the block in backward.
+  GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
+                 CachingAllocator& alloc);
+  ~GpuTransformer();
+  GpuTransformer(const GpuTransformer&) = delete;
+  GpuTransformer& operator=(const GpuTransformer&) = delete;
+
+  // Forward to the loss and the whole backward of one micro-batch. params: bf16 flat; grads: flat
+  // of `grad_type` (bf16 or fp32), written (accumulate=false) or added to (accumulate=true);
+  // tokens, labels: device int32 [B*S]. Writes the mean loss to *d_loss (device fp32) and the
+  // first bad token / label index + 1 to d_status[0] / d_status[1] (device ints, 0 when valid).
+  // `grad_scale` multiplies the loss gradient (1/accumulation for averaged micro-batches).
+  void forward_backward(cudaStream_t s, const bf16* params, void* grads, DType grad_type, bool accumulate,
+                        const std::int32_t* tokens, const std::int32_t* labels, float grad_scale, float* d_loss,
+                        int* d_status);
+
+  // Bytes of activations + scratch this model holds once allocated (0 before the first call).
+  std::size_t workspace_bytes() const { return workspace_bytes_; }
+
+ private:
+  struct LayerActs {
+    bf16 *qkv, *att, *s1, *x1, *f, *g, *s2;
+    float *lse, *mean1, *rstd1, *mean2, *rstd2;
+  };
+  void allocate(cudaStream_t s);
+  void layer_forward(cudaStream_t s, const bf16* P, int l, const LayerActs& a, const bf16* x_in, bf16* x_out);
+  void layer_backward(cudaStream_t s, const bf16* P, char* G, DType gt, bool acc, int l, const LayerActs& a,
+                      const bf16* x_in);
+
+  const TransformerParams& table_;
+  int B_, S_, M_;
+  bool checkpointing_;
+  kernels::AttentionShape attn_;
+  CachingAllocator& alloc_;
+  std::unique_ptr<kernels::Gemm> gemm_;
+  std::vector<Buffer> buffers_;
+  std::vector<bf16*> xs_;          // block inputs: xs_[0] = embeddings, xs_[L] = final hidden
+  std::vector<LayerActs> acts_;    // one per layer (one shared set with checkpointing)
+  bf16 *logits_ = nullptr, *dx_ = nullptr, *dh_ = nullptr, *d4h_ = nullptr, *dqkv_ = nullptr;
+  void* scratch_ = nullptr;
+  std::size_t workspace_bytes_ = 0;
+};
+
+}  // namespace cutrain::model

@@ -1,0 +1,182 @@
+// The training loop end to end on the CPU backend: the BF16 example's output lines, the loss CSV,
+// the metrics JSON, a loss that falls on a fixed batch, config errors, and bit-identical resume.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "model/train_loop.h"
+#include "runtime/config.h"
+#include "runtime/error.h"
+#include "tests/support/test_support.h"
+
+using namespace cutrain;
+using namespace cutrain::model;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir(const std::string& tag) {
+  fs::path d = fs::temp_directory_path() / ("cutrain_train_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+TrainOptions tiny(std::uint64_t seed) {
+  TrainOptions o;
+  o.deepspeed_config = "configs/baseline.json";
+  o.hidden_dim = 32, o.num_layers = 2, o.num_heads = 2, o.vocab_size = 64;
+  o.batch_size = 2, o.seq_length = 8, o.num_steps = 6, o.warmup_steps = 2, o.log_interval = 2;
+  o.device = "cpu";
+  o.seed = seed;
+  return o;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST(TrainLoop, OutputLinesCsvAndMetrics) {
+  auto rng = test::fresh_rng();
+  const fs::path dir = temp_dir("out");
+  TrainOptions o = tiny(rng());
+  o.fixed_batch = true;
+  o.learning_rate = 1e-2f;
+  o.loss_log_file = dir / "loss.csv";
+  o.metrics_file = dir / "metrics.jsonl";
+  std::ostringstream out;
+  TrainResult r = run_training(o, out);
+  const std::string text = out.str();
+  SCOPED_TRACE(text);
+
+  // 2 embeddings + 2 layers * (12h^2 + 13h) + output (V*h + V)
+  const std::size_t h = 32, V = 64, n = V * h + 8 * h + 2 * (12 * h * h + 13 * h) + V * h + V;
+  EXPECT_EQ(r.params, n);
+  EXPECT_NE(text.find("Model parameters: " + with_commas(n) + " total, " + with_commas(n) + " trainable"),
+            std::string::npos);
+  EXPECT_TRUE(std::regex_search(text, std::regex(R"(Memory after init: allocated=\d+\.\d\d GB, reserved=\d+\.\d\d GB)")));
+  for (int s : {0, 2, 4, 5})
+    EXPECT_TRUE(std::regex_search(
+        text, std::regex("Step " + std::to_string(s) + R"(: loss=\d+\.\d{4}, time=\d+\.\d{3}s, alloc_mem=\d+\.\d\d GB, peak_mem=\d+\.\d\d GB)")))
+        << "step " << s;
+  for (int s : {1, 3}) EXPECT_EQ(text.find("Step " + std::to_string(s) + ":"), std::string::npos);
+  EXPECT_NE(text.find("FINAL RESULTS"), std::string::npos);
+  EXPECT_NE(text.find("  Model: hidden_dim=32, num_layers=2"), std::string::npos);
+  EXPECT_NE(text.find("  Batch size: 2, Seq length: 8"), std::string::npos);
+  EXPECT_TRUE(std::regex_search(
+      text, std::regex("SUMMARY: config=configs/baseline.json params=" + std::to_string(n) +
+                       R"( peak_mem_bytes=\d+ alloc_mem_bytes=\d+ avg_step_time=\d+\.\d{4}\n)")));
+
+  // Loss CSV: header + one row per step, values as the loop saw them.
+  std::istringstream csv(slurp(o.loss_log_file));
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "step,loss");
+  for (int s = 0; s < 6; ++s) {
+    ASSERT_TRUE(std::getline(csv, line));
+    const auto comma = line.find(',');
+    EXPECT_EQ(std::stoi(line.substr(0, comma)), s);
+    EXPECT_EQ(float(std::stod(line.substr(comma + 1))), float(r.losses[s]));
+  }
+  EXPECT_FALSE(std::getline(csv, line));
+
+  std::istringstream mj(slurp(o.metrics_file));
+  int rows = 0;
+  while (std::getline(mj, line)) {
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["step"].get<int>(), rows);
+    for (const char* k : {"loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "allocated_bytes", "reserved_bytes",
+                          "peak_bytes"})
+      EXPECT_TRUE(j.contains(k)) << k;
+    EXPECT_FLOAT_EQ(j["lr"].get<float>(), 1e-2f);
+    EXPECT_GT(j["grad_norm"].get<double>(), 0);
+    ++rows;
+  }
+  EXPECT_EQ(rows, 6);
+  // A fixed batch, lr 1e-2: the loss must fall well below its start.
+  EXPECT_LT(r.losses.back(), r.losses.front() - 0.3) << r.losses.front() << " -> " << r.losses.back();
+  fs::remove_all(dir);
+}
+
+TEST(TrainLoop, ConfigErrorsNameTheFile) {
+  TrainOptions o = tiny(1);
+  o.deepspeed_config = "configs/does_not_exist.json";
+  std::ostringstream out;
+  try {
+    run_training(o, out);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does_not_exist.json"), std::string::npos) << e.what();
+  }
+  const fs::path dir = temp_dir("badcfg");
+  std::ofstream(dir / "bad.json") << "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"fast\"}}}";
+  o.deepspeed_config = dir / "bad.json";
+  try {
+    run_training(o, out);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lr"), std::string::npos) << e.what();
+  }
+  o = tiny(1);
+  o.deepspeed_config.clear();
+  EXPECT_THROW(run_training(o, out), Error);
+  o = tiny(1);
+  o.num_heads = 3;
+  EXPECT_THROW(run_training(o, out), Error);
+  fs::remove_all(dir);
+}
+
+TEST(TrainLoop, ResumeGivesBitIdenticalLosses) {
+  auto rng = test::fresh_rng();
+  const std::uint64_t seed = rng();
+  const fs::path dir = temp_dir("resume");
+  std::ostringstream out;
+  TrainOptions full = tiny(seed);
+  full.learning_rate = 3e-3f;
+  TrainResult a = run_training(full, out);
+
+  TrainOptions first = full;
+  first.num_steps = 3;
+  first.save_dir = dir / "ckpt";
+  TrainResult b = run_training(first, out);
+  ASSERT_TRUE(fs::exists(dir / "ckpt" / "model.safetensors"));
+  ASSERT_TRUE(fs::exists(dir / "ckpt" / "optimizer.safetensors"));
+  ASSERT_TRUE(fs::exists(dir / "ckpt" / "trainer_state.json"));
+
+  TrainOptions second = full;
+  second.num_steps = 3;
+  second.resume_dir = dir / "ckpt";
+  second.loss_log_file = dir / "loss.csv";
+  std::ostringstream out2;
+  TrainResult c = run_training(second, out2);
+  ASSERT_EQ(c.losses.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(b.losses[i], a.losses[i]) << i;
+    EXPECT_EQ(c.losses[i], a.losses[3 + i]) << "step " << 3 + i;
+  }
+  // The resumed run numbers its steps from the checkpoint.
+  EXPECT_NE(out2.str().find("Step 4: loss="), std::string::npos) << out2.str();
+  EXPECT_EQ(out2.str().find("Step 0: loss="), std::string::npos) << out2.str();
+  EXPECT_NE(slurp(second.loss_log_file).find("\n5,"), std::string::npos);
+  // A checkpoint of another model size is refused with the tensor named.
+  TrainOptions other = second;
+  other.hidden_dim = 64;
+  other.num_heads = 4;
+  try {
+    run_training(other, out2);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("embedding.weight"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}

@@ -1,0 +1,3 @@
+# `cutrain train`: the training binary's main job.
+target_sources(cutrain PRIVATE ${CMAKE_CURRENT_LIST_DIR}/train_command.cpp)
+target_link_libraries(cutrain PRIVATE cutrain_model)

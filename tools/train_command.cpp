@@ -1,0 +1,90 @@
+// `cutrain train`: the BF16 example's train.py (same flags, defaults and output), on the GPU
+// engine or, with --device cpu, on the CPU reference model. The program's default command.
+#include <iostream>
+
+#include "model/train_loop.h"
+#include "runtime/device.h"
+#include "tools/command_registry.h"
+
+namespace cutrain::tools {
+namespace {
+
+struct TrainFlags {
+  model::TrainOptions o;
+  std::string config;
+  float learning_rate = 1e-4f;
+  bool no_cuda_graph = false;
+  CLI::Option* lr_opt = nullptr;
+  CLI::Option* config_opt = nullptr;
+  CLI::App* sub = nullptr;
+};
+
+int run_train(TrainFlags& f) {
+  model::TrainOptions o = f.o;
+  if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
+  o.cuda_graph = !f.no_cuda_graph;
+  std::size_t given = 0;  // `cutrain` or `cutrain train` with no flags at all: the default run
+  for (const CLI::Option* opt : f.sub->get_options()) given += opt->count();
+  const bool no_args = given == 0;
+  if (f.config.empty()) {
+    if (!no_args) throw CLI::RequiredError("--deepspeed_config");
+    // The main job: the BF16 example's default size with the bf16_full config on a GPU, or a
+    // small CPU run where there is none.
+    o.deepspeed_config = "configs/bf16_full.json";
+    std::string why;
+    if (gpu_available(&why)) {
+      std::cout << "cutrain train: no arguments: the BF16 example's default model with " << o.deepspeed_config.string()
+                << " on the GPU\n";
+    } else {
+      o.device = "cpu";
+      o.hidden_dim = 64, o.num_layers = 2, o.num_heads = 4, o.vocab_size = 512;
+      o.batch_size = 2, o.seq_length = 32, o.num_steps = 10, o.warmup_steps = 2, o.log_interval = 2;
+      std::cout << "cutrain train: no arguments and no CUDA device (" << why << "): a small run on the CPU "
+                << "reference model (hidden 64, 2 layers, 4 heads, vocab 512, batch 2, seq 32, 10 steps) with "
+                << o.deepspeed_config.string() << "\n";
+    }
+  } else {
+    o.deepspeed_config = f.config;
+  }
+  model::run_training(o, std::cout);
+  return 0;
+}
+
+CommandRegistrar reg("train", [](CLI::App& parent, int& exit_code) {
+  static TrainFlags f;
+  set_default_command("train");  // again here, after every static initializer has run
+  auto& o = f.o;
+  CLI::App* sub = parent.add_subcommand("train", "Train the BF16 example's transformer (DeepSpeed-style config)");
+  f.sub = sub;
+  f.config_opt = sub->add_option("--deepspeed_config", f.config, "DeepSpeed-style JSON config (required)");
+  sub->add_option("--hidden_dim", o.hidden_dim, "Hidden size")->capture_default_str();
+  sub->add_option("--num_layers", o.num_layers, "Transformer blocks")->capture_default_str();
+  sub->add_option("--num_heads", o.num_heads, "Attention heads")->capture_default_str();
+  sub->add_option("--vocab_size", o.vocab_size, "Vocabulary size")->capture_default_str();
+  sub->add_option("--batch_size", o.batch_size, "Micro batch size")->capture_default_str();
+  sub->add_option("--seq_length", o.seq_length, "Sequence length (= max_seq_len)")->capture_default_str();
+  sub->add_option("--num_steps", o.num_steps, "Optimizer steps")->capture_default_str();
+  sub->add_option("--warmup_steps", o.warmup_steps, "Steps left out of the average step time")->capture_default_str();
+  f.lr_opt = sub->add_option("--learning_rate", f.learning_rate, "Overrides the config's optimizer lr when given")
+                 ->capture_default_str();
+  sub->add_option("--log_interval", o.log_interval, "Print a Step line every N steps")->capture_default_str();
+  sub->add_flag("--activation_checkpointing", o.activation_checkpointing, "Recompute each block in backward");
+  sub->add_option("--loss_log_file", o.loss_log_file, "Write step,loss CSV here");
+  sub->add_flag("--use_real_data", o.use_real_data, "Real token data (not wired yet)");
+  sub->add_option("--seed", o.seed, "Seed of init and data")->capture_default_str();
+  sub->add_option("--metrics_file", o.metrics_file, "One JSON line per step (loss, lr, grad norm, time, memory)");
+  sub->add_option("--save", o.save_dir, "Save a checkpoint to DIR at the end");
+  sub->add_option("--resume", o.resume_dir, "Resume from a checkpoint DIR");
+  sub->add_option("--device", o.device, "cuda or cpu")->capture_default_str()->check(CLI::IsMember({"cuda", "cpu"}));
+  sub->add_flag("--no_cuda_graph", f.no_cuda_graph, "Run every step eagerly (no CUDA graph replay)");
+  sub->add_flag("--fixed_batch", o.fixed_batch, "Reuse the first batch every step (the loss must fall)");
+  sub->callback([&exit_code] { exit_code = run_train(f); });
+  return sub;
+});
+
+struct DefaultTrain {
+  DefaultTrain() { set_default_command("train"); }
+} default_train;
+
+}  // namespace
+}  // namespace cutrain::tools
