@@ -165,6 +165,11 @@ struct CachingAllocator::Impl {
     std::size_t bytes = segment_size(size);
     void* p = source->alloc(bytes);
     if (!p) return nullptr;
+    if (addr(p) % opt.alignment != 0) {
+      source->free(p, bytes);
+      CUTRAIN_FAIL("caching allocator (", source->name(), "): the source returned segment ", hex(p),
+                   ", which is not aligned to ", opt.alignment, " bytes as the allocator's blocks must be");
+    }
     auto* b = new Block;
     b->ptr = static_cast<char*>(p);
     b->size = bytes;
@@ -177,9 +182,13 @@ struct CachingAllocator::Impl {
     return b;
   }
 
+  std::size_t round(std::size_t bytes) const {
+    return bytes <= opt.alignment ? opt.alignment : (bytes + opt.alignment - 1) / opt.alignment * opt.alignment;
+  }
+
   bool should_split(const Block* b, std::size_t size) const {
     std::size_t remaining = b->size - size;
-    if (b->small) return remaining >= kMinBlockSize;
+    if (b->small) return remaining >= opt.alignment;
     return size < opt.max_split_size && remaining > kSmallSize;
   }
 
@@ -370,6 +379,9 @@ struct CachingAllocator::Impl {
 CachingAllocator::CachingAllocator(std::unique_ptr<RawSource> source, AllocatorOptions options)
     : impl_(std::make_unique<Impl>()) {
   CUTRAIN_CHECK(source != nullptr, "CachingAllocator: the raw source is null");
+  CUTRAIN_CHECK(options.alignment >= kMinBlockSize && options.alignment <= kRoundLarge &&
+                    (options.alignment & (options.alignment - 1)) == 0,
+                "CachingAllocator: alignment must be a power of two from 512 to 2 MiB, got ", options.alignment);
   CUTRAIN_CHECK(options.max_split_size >= kLargeBuffer, "CachingAllocator: max_split_size must be at least ",
                 kLargeBuffer, " bytes (20 MiB, as in PyTorch), got ", options.max_split_size);
   impl_->source = std::move(source);
@@ -415,7 +427,7 @@ void* CachingAllocator::allocate(std::size_t bytes, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(m.mu);
   if (bytes > kMaxRequest) m.throw_oom(bytes, bytes);
   m.process_events();
-  std::size_t size = round_size(bytes);
+  std::size_t size = m.round(bytes);
   bool small = size <= kSmallSize;
   if (Block* b = m.find_free(small, stream, size)) return m.take(b, true, size, bytes);
   Block* b = m.new_segment(small, stream, size);
@@ -546,7 +558,11 @@ CachingAllocator& device_allocator(int device) {
 }
 
 CachingAllocator& pinned_allocator() {
-  static CachingAllocator* a = new CachingAllocator(make_pinned_source());
+  static CachingAllocator* a = [] {
+    AllocatorOptions opt;
+    opt.alignment = 4096;  // page-aligned blocks: bounce buffers for O_DIRECT I/O come from here
+    return new CachingAllocator(make_pinned_source(), opt);
+  }();
   return *a;
 }
 

@@ -61,6 +61,9 @@ struct AllocatorOptions {
   // Cached blocks of at least this size are "oversize": never split, and handed only to requests
   // that are oversize too and waste at most kLargeBuffer (PyTorch's max_split_size_mb).
   std::size_t max_split_size = SIZE_MAX;
+  // Every block size (and so every block address) is a multiple of this: a power of two from
+  // kMinBlockSize (512) to 2 MiB. The pinned allocator uses 4096 so its blocks suit O_DIRECT.
+  std::size_t alignment = alloc_rules::kMinBlockSize;
 };
 
 // {current, peak, allocated (total ever added), freed (total ever removed)}, like PyTorch's.
@@ -88,7 +91,8 @@ class CachingAllocator {
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  // A block of at least `bytes` (0 gives nullptr), 512-byte aligned, usable on `stream`.
+  // A block of at least `bytes` (0 gives nullptr), aligned to options.alignment (512 B by
+  // default), usable on `stream`.
   // On exhaustion: frees cached blocks, retries once, then throws OutOfMemoryError.
   void* allocate(std::size_t bytes, cudaStream_t stream = nullptr);
   void deallocate(void* p);
@@ -106,7 +110,7 @@ class CachingAllocator {
   nlohmann::json snapshot() const;
   const RawSource& source() const;
   std::string summary() const;       // one line: allocated / reserved / peak, human-readable
-  // Size a request of `bytes` really takes (512 B rounding).
+  // Size a request of `bytes` really takes with the default 512 B alignment.
   static std::size_t round_size(std::size_t bytes);
 
  private:

@@ -51,7 +51,11 @@ class CudaEventOps : public RawSource {
   void record_event(void* event, cudaStream_t stream) override {
     auto* e = static_cast<CudaEvent*>(event);
     int dev = 0;
+#if CUDART_VERSION >= 12080
     CUTRAIN_CUDA_CHECK(cudaStreamGetDevice(stream, &dev));
+#else
+    CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));  // older runtimes: assume the stream's device is current
+#endif
     if (dev != e->device) {  // recreate it on the stream's device
       DeviceGuard g(dev);
       CUTRAIN_CUDA_CHECK(cudaEventDestroy(e->ev));

@@ -10,7 +10,7 @@
 namespace cutrain {
 
 namespace {
-constexpr std::size_t kHostAlign = 512;
+constexpr std::size_t kHostAlign = 4096;  // a page, like cudaHostAlloc: any allocator alignment up to it works
 }
 
 HostSource::HostSource(std::size_t limit_bytes) : limit_(limit_bytes) {}

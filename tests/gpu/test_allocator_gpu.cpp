@@ -184,9 +184,12 @@ TEST(AllocatorGpu, PinnedSourceWorks) {
   a.deallocate(back);
   EXPECT_STREQ(a.source().name(), "pinned");
   EXPECT_FALSE(a.source().is_device());
-  // The process-wide pinned instance.
+  // The process-wide pinned instance: page-aligned blocks (O_DIRECT bounce buffers).
   Buffer b(pinned_allocator(), 4 * KiB);
+  Buffer tiny(pinned_allocator(), 100);
+  Buffer odd(pinned_allocator(), 5 * KiB + 3);
   std::memset(b.get(), 1, 4 * KiB);
+  for (const Buffer* x : {&b, &tiny, &odd}) EXPECT_EQ(reinterpret_cast<std::uintptr_t>(x->get()) % 4096, 0u);
   EXPECT_EQ(&pinned_allocator(), &pinned_allocator());
 }
 

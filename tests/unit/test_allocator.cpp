@@ -535,10 +535,13 @@ TEST(Allocator, DestructorReturnsEverything) {
 }
 
 // Thousands of random operations checked against a model of what must be true.
-TEST(Allocator, RandomizedAgainstModel) {
+static void randomized_against_model(std::size_t align) {
   auto rng = test::fresh_rng();
   const std::size_t cap = 192 * MiB;
-  Fixture f(cap);
+  AllocatorOptions opt;
+  opt.alignment = align;
+  Fixture f(cap, opt);
+  auto round_up = [align](std::size_t n) { return n <= align ? align : (n + align - 1) / align * align; };
   const cudaStream_t streams[] = {nullptr, fake_stream(1), fake_stream(2), fake_stream(3)};
   struct Live {
     std::size_t req, size;
@@ -607,7 +610,7 @@ TEST(Allocator, RandomizedAgainstModel) {
           for (const auto& b : seg["blocks"]) used |= b["state"] != "free";
           EXPECT_TRUE(used) << "an unused segment survived the OOM retry";
         }
-        std::size_t rounded = CachingAllocator::round_size(req);
+        std::size_t rounded = round_up(req);
         std::size_t seg = rounded <= MiB ? 2 * MiB : rounded < 10 * MiB ? 20 * MiB : (rounded + 2 * MiB - 1) / (2 * MiB) * (2 * MiB);
         EXPECT_GT(f.host->used_bytes() + seg, cap);
         continue;
@@ -621,9 +624,9 @@ TEST(Allocator, RandomizedAgainstModel) {
       }
       std::uintptr_t a = uaddr(p);
       ASSERT_NE(p, nullptr);
-      ASSERT_EQ(a % 512, 0u);
+      ASSERT_EQ(a % align, 0u);
       std::size_t size = static_cast<std::size_t>(after.allocated_bytes.current - before.allocated_bytes.current);
-      std::size_t rounded = CachingAllocator::round_size(req);
+      std::size_t rounded = round_up(req);
       if (rounded <= MiB) ASSERT_EQ(size, rounded) << "small blocks are always split to size";
       else ASSERT_TRUE(size >= rounded && size - rounded <= MiB) << "large block of " << size << " for " << rounded;
       // No overlap with any live or pending block.
@@ -640,8 +643,7 @@ TEST(Allocator, RandomizedAgainstModel) {
       ASSERT_FALSE(overlaps(pending)) << "block at " << a << " overlaps a block still in use on another stream";
       std::uint64_t tag = next_tag++;
       write_tag(a, req < 8 ? 8 : req, tag);
-      live[a] = Live{req < 8 ? 8 : req, size, s, {}, tag};
-      live[a].req = req;
+      live[a] = Live{req, size, s, {}, tag};
       total_alloc += static_cast<std::int64_t>(size);
     } else if (r < 0.69) {
       auto it = pick(live);
@@ -710,7 +712,7 @@ TEST(Allocator, RandomizedAgainstModel) {
         EXPECT_EQ(it->second["stream"], uaddr(l.stream));
       }
     }
-    if (HasFatalFailure()) return;
+    if (::testing::Test::HasFatalFailure()) return;
   }
   std::printf("randomized: %d ops, %d OOMs, %d retries, %zu live at the end\n", kOps, ooms, retries_seen, live.size());
   for (const auto& [a, l] : live) {
@@ -724,6 +726,29 @@ TEST(Allocator, RandomizedAgainstModel) {
   EXPECT_EQ(s.active.current, 0);
   EXPECT_EQ(s.requested_bytes.current, 0);
   EXPECT_EQ(s.num_raw_allocs, s.num_raw_frees);
+}
+
+TEST(Allocator, RandomizedAgainstModel) { randomized_against_model(512); }
+TEST(Allocator, RandomizedAgainstModelPageAligned) { randomized_against_model(4096); }
+
+TEST(Allocator, AlignmentOptionRoundsEveryBlock) {
+  AllocatorOptions opt;
+  opt.alignment = 4096;
+  Fixture f(SIZE_MAX, opt);
+  std::vector<void*> ps;
+  for (std::size_t n : {std::size_t{1}, std::size_t{5000}, std::size_t{4096}, 3 * MiB + 1, std::size_t{700}})
+    ps.push_back(f.alloc->allocate(n));
+  for (void* p : ps) EXPECT_EQ(uaddr(p) % 4096, 0u) << p;
+  AllocatorStats s = f.alloc->stats();
+  EXPECT_EQ(s.allocated_bytes.current, static_cast<std::int64_t>(4096 + 8192 + 4096 + (3 * MiB + 4096) + 4096));
+  EXPECT_EQ(uaddr(ps[1]) - uaddr(ps[0]), 4096u);
+  check_snapshot(*f.alloc, *f.host);
+  for (void* p : ps) f.alloc->deallocate(p);
+  for (std::size_t bad : {std::size_t{256}, std::size_t{1000}, 4 * MiB}) {
+    AllocatorOptions o;
+    o.alignment = bad;
+    EXPECT_THROW(Fixture(SIZE_MAX, o), Error) << "alignment " << bad << " was accepted";
+  }
 }
 
 TEST(Allocator, ThreadsShareOneAllocator) {
