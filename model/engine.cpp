@@ -121,21 +121,33 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   // captured and every later one replays the graph.
   const bool want_graph = opt_.cuda_graph && !graph_failed_ && eager_steps_ >= 1;
   if (want_graph && !graph_exec_) {
+    // A capture that fails (a launcher that syncs or allocates) falls back to eager steps, with a
+    // warning; nothing captured has run, so this step then runs eagerly.
+    std::string why;
     CUTRAIN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
       enqueue_forward_backward();
       enqueue_norm();
     } catch (const Error& e) {
-      cudaGraph_t g = nullptr;
-      cudaStreamEndCapture(stream_, &g);
-      if (g) cudaGraphDestroy(g);
-      cudaGetLastError();
-      graph_failed_ = true;
-      std::cerr << "[Rank 0] warning: CUDA graph capture failed, running eagerly: " << e.what() << "\n";
+      why = e.what();
     }
-    if (!graph_failed_) {
-      CUTRAIN_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
-      CUTRAIN_CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
+    cudaGraph_t g = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream_, &g);
+    if (why.empty() && end != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
+    if (why.empty()) {
+      const cudaError_t inst = cudaGraphInstantiate(&graph_exec_, g, 0);
+      if (inst != cudaSuccess) {
+        why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
+        graph_exec_ = nullptr;
+      }
+    }
+    if (why.empty()) {
+      graph_ = g;
+    } else {
+      if (g) cudaGraphDestroy(g);
+      cudaGetLastError();  // clear the sticky-free error state of the failed capture
+      graph_failed_ = true;
+      std::cerr << "[Rank 0] warning: CUDA graph capture failed, running eagerly: " << why << "\n";
     }
   }
   if (graph_exec_) {
@@ -209,6 +221,12 @@ std::vector<float> GpuEngine::download_grads() const {
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return download(grads_, plan_.grad, n_);
 }
+void GpuEngine::poison_grads() {
+  const std::size_t es = dtype_size(plan_.grad);
+  for (const auto& t : table_.tensors())
+    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(grads_.get()) + t.offset * es, 0xFF, t.count * es, stream_));
+}
+
 std::vector<float> GpuEngine::download_params() const {
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return download(params_, DType::BF16, n_);

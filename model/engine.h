@@ -34,6 +34,8 @@ class GpuEngine final : public TrainBackend {
   // mean loss. Gradients stay in the flat gradient buffer.
   double forward_backward(const std::int32_t* tokens, const std::int32_t* labels);
   std::vector<float> download_grads() const;   // flat, as float
+  // Fills every real gradient element with 0xFF (NaN) so a test sees which ones a step wrote.
+  void poison_grads();
   std::vector<float> download_params() const;  // flat bf16 params, as float
   const PrecisionPlan& plan() const { return plan_; }
   // Bytes the persistent training state took from the allocator (params, grads, master, moments).

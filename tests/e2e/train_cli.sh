@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# End to end: runs the `cutrain` binary like the BF16 example's run_comparison.sh would and checks
+# its output lines, the loss CSV, the metrics JSON, that the loss falls on a fixed batch, that a
+# missing config is an error and that `cutrain` with no arguments runs the default job.
+#   train_cli.sh CUTRAIN_BINARY cpu|cuda     (cuda: exits 77 = skipped when there is no GPU)
+set -euo pipefail
+bin=$1; device=$2
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+if [ "$device" = cuda ] && "$bin" info 2>&1 | grep -q "no CUDA device"; then echo "no CUDA device: skipped"; exit 77; fi
+if [ "$device" = cuda ]; then size=(--hidden_dim 128 --num_heads 2 --num_layers 2 --vocab_size 1000 --seq_length 64 --batch_size 2)
+else size=(--hidden_dim 32 --num_heads 2 --num_layers 2 --vocab_size 64 --seq_length 8 --batch_size 2); fi
+
+for cfg in baseline bf16_master_wg bf16_full; do
+  out=$tmp/$cfg.txt
+  "$bin" train --deepspeed_config configs/$cfg.json --device "$device" "${size[@]}" --num_steps 8 --warmup_steps 2 \
+      --log_interval 3 --fixed_batch --learning_rate 1e-2 --seed 7 \
+      --loss_log_file "$tmp/$cfg.csv" --metrics_file "$tmp/$cfg.jsonl" >"$out" 2>&1 || { cat "$out"; fail "$cfg run"; }
+  grep -Eq '^\[Rank 0\] Model parameters: [0-9,]+ total, [0-9,]+ trainable$' "$out" || fail "$cfg: Model parameters line"
+  grep -Eq '^\[Rank 0\] Memory after init: allocated=[0-9]+\.[0-9]{2} GB, reserved=[0-9]+\.[0-9]{2} GB$' "$out" || fail "$cfg: Memory line"
+  for s in 0 3 6 7; do
+    grep -Eq "^\[Rank 0\] Step $s: loss=[0-9]+\.[0-9]{4}, time=[0-9]+\.[0-9]{3}s, alloc_mem=[0-9.]+ GB, peak_mem=[0-9.]+ GB$" "$out" \
+      || fail "$cfg: Step $s line"
+  done
+  grep -q "Step 1:" "$out" && fail "$cfg: Step 1 printed off the log interval"
+  grep -q "FINAL RESULTS" "$out" || fail "$cfg: FINAL RESULTS"
+  grep -Eq "^SUMMARY: config=configs/$cfg.json params=[0-9]+ peak_mem_bytes=[0-9]+ alloc_mem_bytes=[0-9]+ avg_step_time=[0-9]+\.[0-9]{4}$" "$out" \
+    || fail "$cfg: SUMMARY line"
+  [ "$(head -1 "$tmp/$cfg.csv")" = "step,loss" ] || fail "$cfg: CSV header"
+  [ "$(wc -l <"$tmp/$cfg.csv")" -eq 9 ] || fail "$cfg: CSV rows"
+  [ "$(wc -l <"$tmp/$cfg.jsonl")" -eq 8 ] || fail "$cfg: metrics rows"
+  python3 - "$tmp/$cfg.csv" "$tmp/$cfg.jsonl" <<'PY' || fail "$cfg: loss did not fall / metrics malformed"
+import csv, json, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+losses = [float(r["loss"]) for r in rows]
+assert [int(r["step"]) for r in rows] == list(range(8)), rows
+assert losses[-1] < losses[0] - 0.2, losses
+for i, line in enumerate(open(sys.argv[2])):
+    j = json.loads(line)
+    assert j["step"] == i and abs(j["loss"] - losses[i]) < 1e-6 * max(1, losses[i]), (j, losses[i])
+    for k in ("lr", "grad_norm", "step_time_s", "tokens_per_s", "allocated_bytes", "reserved_bytes", "peak_bytes"):
+        assert k in j, k
+PY
+  echo "ok: $cfg ($device)"
+done
+
+# A missing --deepspeed_config (with other flags) is an error naming the flag.
+if "$bin" train --num_steps 1 >"$tmp/noconf.txt" 2>&1; then fail "missing --deepspeed_config accepted"; fi
+grep -q "deepspeed_config" "$tmp/noconf.txt" || { cat "$tmp/noconf.txt"; fail "missing-config message"; }
+# A config error surfaces with the loader's message (file named).
+echo '{"optimizer": {"type": "AdamW", "params": {"lr": "fast"}}}' >"$tmp/bad.json"
+if "$bin" train --deepspeed_config "$tmp/bad.json" --device cpu >"$tmp/bad.txt" 2>&1; then fail "bad config accepted"; fi
+grep -q "bad.json" "$tmp/bad.txt" || { cat "$tmp/bad.txt"; fail "config error message"; }
+
+if [ "$device" = cpu ]; then
+  # No arguments, no GPU visible: the small CPU run of the default job, saying so.
+  CUDA_VISIBLE_DEVICES= "$bin" >"$tmp/default.txt" 2>&1 || { cat "$tmp/default.txt"; fail "default run"; }
+  grep -q "small run on the CPU" "$tmp/default.txt" || fail "default run did not say it runs on the CPU"
+  grep -q "^SUMMARY: config=configs/bf16_full.json" "$tmp/default.txt" || fail "default run SUMMARY"
+  echo "ok: default run"
+fi
+echo "PASS"

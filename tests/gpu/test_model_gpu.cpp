@@ -1,0 +1,202 @@
+// The GPU model and engine against the CPU reference model, for each precision layout: the loss
+// and every parameter gradient at step 0, 20 training steps of losses, the persistent bytes per
+// parameter, CUDA-graph replay == eager, activation checkpointing == none, gradient accumulation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/engine.h"
+#include "model/reference_model.h"
+#include "runtime/config.h"
+#include "tests/support/test_support.h"
+
+using namespace cutrain;
+using namespace cutrain::model;
+
+namespace {
+
+// h 128 with 2 heads (head_dim 64, what the attention kernel supports), 2 layers, vocab 1000.
+BackendOptions small_model(std::uint64_t seed, int hidden = 128, int heads = 2) {
+  BackendOptions o;
+  o.dims = ModelDims{hidden, 2, heads, 1000, 64};
+  o.batch = 2;
+  o.seq = 64;
+  o.seed = seed;
+  return o;
+}
+
+TrainConfig config_for(const std::string& layout, int accumulation = 1, float clip = 0.f) {
+  std::string bf16 = R"("enabled": true)";
+  if (layout != "baseline") bf16 += R"(, "bf16_master_weights_and_grads": true)";
+  if (layout == "bf16_full") bf16 += R"(, "bf16_optimizer_states": true)";
+  const std::string text = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )" +
+                           std::to_string(accumulation) + R"(, "gradient_clipping": )" + std::to_string(clip) +
+                           R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999],
+                           "eps": 1e-8, "weight_decay": 0.01}}, "bf16": {)" + bf16 + "}}";
+  TrainConfig c = parse_config(text, "test:" + layout);
+  c.resolve_batch(1);
+  return c;
+}
+
+struct Batch {
+  std::vector<std::int32_t> tokens, labels;
+};
+Batch random_batch(std::mt19937_64& rng, std::size_t n, int vocab) {
+  return {test::random_ints(n, rng, 0, vocab - 1), test::random_ints(n, rng, 0, vocab - 1)};
+}
+
+class ModelGpu : public ::testing::TestWithParam<const char*> {};
+
+}  // namespace
+
+TEST_P(ModelGpu, LossAndEveryGradientMatchTheReferenceAtStep0) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const BackendOptions o = small_model(rng());
+  GpuEngine eng(o, config_for(GetParam()));
+  const Batch b = random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab);
+  eng.poison_grads();
+  const double loss = eng.forward_backward(b.tokens.data(), b.labels.data());
+  const std::vector<float> grads = eng.download_grads();
+  EXPECT_EQ(test::count_nan(grads), 0u) << "gradient elements left unwritten (poison) or non-finite";
+
+  // The reference sees exactly the GPU's (bf16-rounded) parameters.
+  const std::vector<float> params = eng.download_params();
+  std::vector<double> p(params.begin(), params.end()), g(params.size(), 0.0);
+  ReferenceModel<double> ref(eng.table());
+  const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
+  ref.backward(p.data(), g.data());
+  EXPECT_NEAR(loss, ref_loss, 2e-2 * ref_loss) << GetParam();
+  for (const auto& t : eng.table().tensors()) {
+    std::vector<float> out(grads.begin() + t.offset, grads.begin() + t.offset + t.count);
+    std::vector<double> want(g.begin() + t.offset, g.begin() + t.offset + t.count);
+    EXPECT_LE(test::rel_error(out, want), 2e-2) << GetParam() << ": " << t.name;
+  }
+}
+
+TEST_P(ModelGpu, TwentyStepsFollowTheReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const BackendOptions o = small_model(rng());
+  const TrainConfig cfg = config_for(GetParam());
+  GpuEngine eng(o, cfg);
+  const std::vector<float> init = eng.download_params();
+  std::vector<float> p = init, g(init.size()), m(init.size(), 0.f), v(init.size(), 0.f);
+  ReferenceModel<float> ref(eng.table());
+  const std::size_t n = std::size_t(o.batch) * o.seq;
+  double first = 0, last = 0;
+  for (int step = 1; step <= 20; ++step) {
+    const Batch b = random_batch(rng, n, o.dims.vocab);
+    const StepStats st = eng.step(b.tokens.data(), b.labels.data(), step, 1e-3f);
+    const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
+    std::fill(g.begin(), g.end(), 0.f);
+    ref.backward(p.data(), g.data());
+    reference_adam_step(p.data(), g.data(), m.data(), v.data(), p.size(), 1e-3, 0.9, 0.999, 1e-8, 0.01, true, step);
+    EXPECT_FALSE(st.skipped);
+    EXPECT_NEAR(st.loss, ref_loss, 0.02 * ref_loss) << GetParam() << " step " << step;
+    if (step == 1) first = st.loss;
+    last = st.loss;
+  }
+  EXPECT_TRUE(eng.graph_active()) << "CUDA graph replay should be on after the warm-up step";
+  EXPECT_TRUE(std::isfinite(last) && std::isfinite(first));
+}
+
+TEST_P(ModelGpu, PersistentBytesMatchTheLayout) {
+  CUTRAIN_REQUIRE_GPU();
+  const BackendOptions o = small_model(7);
+  for (int accum : {1, 2}) {
+    GpuEngine eng(o, config_for(GetParam(), accum));
+    const std::size_t want = eng.table().flat_size() * eng.plan().bytes_per_param();
+    EXPECT_GE(eng.state_bytes(), want);
+    EXPECT_LE(eng.state_bytes(), want + 5 * 512) << GetParam() << " accumulation " << accum;
+  }
+}
+
+TEST_P(ModelGpu, GraphReplayEqualsEagerAndCheckpointingEqualsNone) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const std::uint64_t seed = rng();
+  BackendOptions eager = small_model(seed), graph = eager, ckpt = eager;
+  eager.cuda_graph = false;
+  ckpt.activation_checkpointing = true;
+  const TrainConfig cfg = config_for(GetParam(), 1, 1.0f);  // clipping on too
+  GpuEngine a(eager, cfg), b(graph, cfg), c(ckpt, cfg);
+  for (int step = 1; step <= 5; ++step) {
+    const Batch batch = random_batch(rng, std::size_t(eager.batch) * eager.seq, eager.dims.vocab);
+    const StepStats sa = a.step(batch.tokens.data(), batch.labels.data(), step, 1e-3f);
+    const StepStats sb = b.step(batch.tokens.data(), batch.labels.data(), step, 1e-3f);
+    const StepStats sc = c.step(batch.tokens.data(), batch.labels.data(), step, 1e-3f);
+    EXPECT_EQ(sa.loss, sb.loss) << "graph vs eager, step " << step;
+    EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "graph vs eager, step " << step;
+    EXPECT_EQ(sa.loss, sc.loss) << "checkpointing vs none, step " << step;
+  }
+  EXPECT_FALSE(a.graph_active());
+  EXPECT_TRUE(b.graph_active());
+  EXPECT_EQ(a.download_params(), b.download_params());
+  EXPECT_EQ(a.download_params(), c.download_params());
+}
+
+TEST_P(ModelGpu, AccumulationAveragesTheMicroBatches) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const BackendOptions o = small_model(rng());
+  GpuEngine eng(o, config_for(GetParam(), 2));
+  const std::size_t n = std::size_t(o.batch) * o.seq;
+  const Batch b = random_batch(rng, 2 * n, o.dims.vocab);
+  eng.poison_grads();  // the first micro-batch must write, not add
+  const double loss = eng.forward_backward(b.tokens.data(), b.labels.data());
+  const std::vector<float> grads = eng.download_grads();
+  const std::vector<float> params = eng.download_params();
+  std::vector<double> p(params.begin(), params.end()), g(params.size(), 0.0);
+  ReferenceModel<double> ref(eng.table());
+  double ref_loss = 0;
+  for (int a = 0; a < 2; ++a) {
+    ref_loss += 0.5 * ref.forward(p.data(), b.tokens.data() + a * n, b.labels.data() + a * n, o.batch, o.seq);
+    ref.backward(p.data(), g.data(), 0.5);
+  }
+  EXPECT_NEAR(loss, ref_loss, 2e-2 * ref_loss);
+  for (const auto& t : eng.table().tensors()) {
+    std::vector<float> out(grads.begin() + t.offset, grads.begin() + t.offset + t.count);
+    std::vector<double> want(g.begin() + t.offset, g.begin() + t.offset + t.count);
+    EXPECT_LE(test::rel_error(out, want), 2e-2) << GetParam() << ": " << t.name;
+  }
+}
+
+TEST_P(ModelGpu, BadTokenIsReportedWithItsPosition) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const BackendOptions o = small_model(rng());
+  GpuEngine eng(o, config_for(GetParam()));
+  Batch b = random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab);
+  b.tokens[37] = o.dims.vocab + 5;
+  try {
+    eng.forward_backward(b.tokens.data(), b.labels.data());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("position 37"), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ModelGpu, ::testing::Values("baseline", "bf16_master_wg", "bf16_full"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST(ModelGpuWide, GradientsMatchAtHeadDim128) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const BackendOptions o = small_model(rng(), 256, 2);  // head_dim 128
+  GpuEngine eng(o, config_for("bf16_full"));
+  const Batch b = random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab);
+  const double loss = eng.forward_backward(b.tokens.data(), b.labels.data());
+  const std::vector<float> grads = eng.download_grads();
+  const std::vector<float> params = eng.download_params();
+  std::vector<double> p(params.begin(), params.end()), g(params.size(), 0.0);
+  ReferenceModel<double> ref(eng.table());
+  const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
+  ref.backward(p.data(), g.data());
+  EXPECT_NEAR(loss, ref_loss, 2e-2 * ref_loss);
+  for (const auto& t : eng.table().tensors()) {
+    std::vector<float> out(grads.begin() + t.offset, grads.begin() + t.offset + t.count);
+    std::vector<double> want(g.begin() + t.offset, g.begin() + t.offset + t.count);
+    EXPECT_LE(test::rel_error(out, want), 2e-2) << t.name;
+  }
+}
