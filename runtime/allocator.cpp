@@ -316,7 +316,7 @@ struct CachingAllocator::Impl {
     return best;
   }
 
-  [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size) {
+  [[noreturn]] void throw_oom(std::size_t bytes, std::size_t size, bool retried) {
     ++stats.num_ooms;
     std::size_t free_b = 0, total_b = 0;
     std::string mem;
@@ -338,7 +338,8 @@ struct CachingAllocator::Impl {
                        format_bytes(static_cast<double>(unalloc_b)),
                        " reserved but unallocated, largest free block ",
                        format_bytes(static_cast<double>(largest_free_block())),
-                       " (cached blocks were released and the allocation retried once)"),
+                       retried ? " (cached blocks were released and the allocation retried once)"
+                               : " (the request is beyond what any source can hold)"),
         __FILE__, __LINE__);
   }
 
@@ -425,7 +426,7 @@ void* CachingAllocator::allocate(std::size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return nullptr;
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mu);
-  if (bytes > kMaxRequest) m.throw_oom(bytes, bytes);
+  if (bytes > kMaxRequest) m.throw_oom(bytes, bytes, false);
   m.process_events();
   std::size_t size = m.round(bytes);
   bool small = size <= kSmallSize;
@@ -439,7 +440,7 @@ void* CachingAllocator::allocate(std::size_t bytes, cudaStream_t stream) {
     m.release_cached();
     b = m.new_segment(small, stream, size);
   }
-  if (!b) m.throw_oom(bytes, size);
+  if (!b) m.throw_oom(bytes, size, true);
   return m.take(b, false, size, bytes);
 }
 

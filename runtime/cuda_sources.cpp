@@ -51,11 +51,13 @@ class CudaEventOps : public RawSource {
   void record_event(void* event, cudaStream_t stream) override {
     auto* e = static_cast<CudaEvent*>(event);
     int dev = 0;
+    bool special = stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread;
 #if CUDART_VERSION >= 12080
-    CUTRAIN_CUDA_CHECK(cudaStreamGetDevice(stream, &dev));
+    if (!special) CUTRAIN_CUDA_CHECK(cudaStreamGetDevice(stream, &dev));
 #else
-    CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));  // older runtimes: assume the stream's device is current
+    special = true;  // older runtimes cannot ask a stream for its device
 #endif
+    if (special) CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));  // the per-device default streams: current device
     if (dev != e->device) {  // recreate it on the stream's device
       DeviceGuard g(dev);
       CUTRAIN_CUDA_CHECK(cudaEventDestroy(e->ev));
