@@ -205,6 +205,16 @@ TEST(AllocatorGpu, ProcessWideDeviceAllocator) {
     EXPECT_EQ(a.stats().allocated_bytes.current, before + static_cast<std::int64_t>(5 * MiB));
   }
   EXPECT_EQ(a.stats().allocated_bytes.current, before);
+  // record_stream onto the per-device default streams (their device comes from the current one).
+  Stream s;
+  void* p = a.allocate(3 * MiB, s);
+  a.record_stream(p, nullptr);
+  a.record_stream(p, cudaStreamPerThread);
+  a.deallocate(p);
+  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  void* q = a.allocate(3 * MiB, s);
+  EXPECT_EQ(q, p);
+  a.deallocate(q);
   int count = 0;
   CUTRAIN_CUDA_CHECK(cudaGetDeviceCount(&count));
   EXPECT_THROW(device_allocator(count), Error);
