@@ -4,6 +4,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "runtime/aio/gds_handle.h"
 #include "runtime/error.h"
 #include "tools/command_registry.h"
 #include "tools/io_measure.h"
@@ -32,8 +33,12 @@ int run_io_bench(const IoBenchArgs& a) {
   }
   CUTRAIN_CHECK(!job.folders.empty(), "give --folder or --folder_to_device_mapping");
   job.gpus.resize(job.folders.size(), a.gpu ? 0 : -1);
-  CUTRAIN_CHECK(!a.use_gds, "GDS not available: cutrain's cuFile handle is not built in this version; "
-                            "run without --use_gds (device buffers go through pinned bounce buffers)");
+  job.use_gds = a.use_gds;
+  if (a.use_gds) {
+    std::string why;
+    CUTRAIN_CHECK(aio::gds_available(&why), "GDS not available: ", why,
+                  " (run without --use_gds: device buffers then go through pinned bounce buffers)");
+  }
   job.io_size = parse_size(a.io_size);
   job.read = a.read;
   job.loops = a.loops;

@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "runtime/aio/gds_handle.h"
 #include "runtime/allocator.h"
 #include "runtime/check.h"
 #include "runtime/device.h"
@@ -127,14 +128,26 @@ IoResult run_io_job(const IoJob& job) {
           const int gpu = i < job.gpus.size() ? job.gpus[i] : -1;
           auto t0 = Clock::now();
           JobBuffer buf(job.io_size, gpu);
-          aio::AioHandle h(job.handle);
-          names[i] = aio::backend_name(h.backend());
           const std::string f = file_for(job.folders[i], i);
-          auto t1 = Clock::now();
-          if (job.read)
-            h.pread(buf.p, job.io_size, f, job.validate, false);
-          else
-            h.pwrite(buf.p, job.io_size, f, job.validate, false);
+          std::chrono::steady_clock::time_point t1;
+          if (job.use_gds) {
+            CUTRAIN_CHECK(gpu >= 0, "--use_gds needs GPU buffers (--gpu or --folder_to_device_mapping)");
+            aio::GdsHandle g(job.handle.block_size, job.handle.intra_op_parallelism);
+            names[i] = "gds (" + g.mode() + ")";
+            t1 = Clock::now();
+            if (job.read)
+              g.sync_pread(buf.p, job.io_size, f);
+            else
+              g.sync_pwrite(buf.p, job.io_size, f);
+          } else {
+            aio::AioHandle h(job.handle);
+            names[i] = aio::backend_name(h.backend());
+            t1 = Clock::now();
+            if (job.read)
+              h.pread(buf.p, job.io_size, f, job.validate, false);
+            else
+              h.pwrite(buf.p, job.io_size, f, job.validate, false);
+          }
           task[i] = seconds_since(t1);
           if (!job.read) {
             int fd = ::open(f.c_str(), O_RDONLY);

@@ -17,6 +17,7 @@ struct IoJob {
   bool read = true;
   int loops = 3;
   bool validate = false;
+  bool use_gds = false;  // GPUDirect Storage through cuFile (device buffers only)
   aio::HandleOptions handle;
 };
 

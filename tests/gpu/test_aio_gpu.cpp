@@ -8,6 +8,7 @@
 #include <random>
 
 #include "runtime/aio/aio_handle.h"
+#include "runtime/aio/gds_handle.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
@@ -82,5 +83,36 @@ TEST(AioGpu, PinnedTensorsFromTheHandleAreAlignedAndReusable) {
   aio::buffered_read(back.data(), 10000, f);
   EXPECT_EQ(back[9999], 0x42);
   h.free_cpu_locked_tensor(p);
+  fs::remove(f);
+}
+
+TEST(AioGpu, GdsRoundTripOrClearlyUnavailable) {
+  CUTRAIN_REQUIRE_GPU();
+  std::string why;
+  if (!aio::gds_available(&why)) {
+    try {
+      aio::GdsHandle h;
+      FAIL() << "GdsHandle constructed although gds_available() said no";
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find("GDS not available"), std::string::npos);
+    }
+    GTEST_SKIP() << "GDS not available on this machine: " << why;
+  }
+  auto rng = test::fresh_rng();
+  aio::GdsHandle h(1u << 20, 2);
+  const std::size_t n = (3u << 20) + 8192;
+  std::vector<unsigned char> host(n);
+  for (auto& c : host) c = static_cast<unsigned char>(rng());
+  void* src = h.new_pinned_device_tensor(n);
+  CUTRAIN_CUDA_CHECK(cudaMemcpy(src, host.data(), n, cudaMemcpyHostToDevice));
+  const std::string f = temp_file("gds.bin");
+  h.sync_pwrite(src, n, f);
+  test::DeviceArray<unsigned char> dst(n);
+  h.sync_pread(dst.get(), n, f);
+  EXPECT_EQ(dst.download(), host);
+  std::vector<unsigned char> disk(n);
+  aio::buffered_read(disk.data(), n, f);
+  EXPECT_EQ(disk, host);
+  h.free_pinned_device_tensor(src);
   fs::remove(f);
 }

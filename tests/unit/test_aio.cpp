@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/aio/aio_handle.h"
+#include "runtime/aio/gds_handle.h"
 #include "runtime/error.h"
 #include "tests/support/test_support.h"
 
@@ -197,4 +198,16 @@ TEST(Aio, BadOptionsAreClearErrors) {
   o.queue_depth = 0;
   EXPECT_THROW(AioHandle{o}, Error);
   EXPECT_THROW(parse_backend("spdk"), Error);
+}
+
+TEST(Gds, UnavailableIsAClearError) {
+  std::string why;
+  if (aio::gds_available(&why)) GTEST_SKIP() << "GDS is available here; the GPU test covers it";
+  EXPECT_FALSE(why.empty());
+  try {
+    aio::GdsHandle h;
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("GDS not available"), std::string::npos) << e.message();
+  }
 }
