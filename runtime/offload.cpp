@@ -1,0 +1,492 @@
+// StateOffloader: the bookkeeping of named device states and their host (or NVMe) copies.
+// Order of an offload: validate every name, allocate every host buffer (exhaustion changes
+// nothing), then copy, then free device memory. Order of a reload: allocate every device buffer
+// (exhaustion changes nothing), then copy.
+#include "runtime/offload.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+
+#include "runtime/aio/aio_handle.h"
+#include "runtime/allocator.h"
+#include "runtime/check.h"
+#include "runtime/device.h"
+#include "runtime/nvtx.h"
+
+namespace cutrain {
+
+namespace {
+
+constexpr std::size_t kPage = 4096;
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
+bool debug_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("CUTRAIN_DEBUG");
+    return v && *v && std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+template <typename... Args>
+void debug_log(Args&&... args) {
+  if (debug_enabled()) std::cerr << "[offload] " << detail::concat(std::forward<Args>(args)...) << "\n";
+}
+
+// Pageable host memory: page-aligned (huge-page aligned and advised when large, so a copy into
+// it takes fewer page faults). nullptr on exhaustion.
+void* pageable_alloc(std::size_t bytes) {
+  const std::size_t align = bytes >= kHugePage ? kHugePage : kPage;
+  const std::size_t padded = (bytes + align - 1) / align * align;
+  if (padded < bytes) return nullptr;  // overflow
+  void* p = std::aligned_alloc(align, padded);
+#ifdef MADV_HUGEPAGE
+  if (p && align == kHugePage) madvise(p, padded, MADV_HUGEPAGE);  // advice only: failure is harmless
+#endif
+  return p;
+}
+
+// File names from state names: keep [A-Za-z0-9._-], replace the rest.
+std::string file_stem(const std::string& name) {
+  std::string s = name;
+  for (char& c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) c = '_';
+  return s;
+}
+
+}  // namespace
+
+const char* offload_device_name(OffloadDevice d) { return d == OffloadDevice::Cpu ? "cpu" : "nvme"; }
+
+OffloadDevice parse_offload_device(std::string_view s) {
+  if (s == "cpu") return OffloadDevice::Cpu;
+  if (s == "nvme") return OffloadDevice::Nvme;
+  CUTRAIN_FAIL("offload device: expected \"cpu\" or \"nvme\", got \"", s, "\"");
+}
+
+struct StateOffloader::State {
+  std::string name;
+  Buffer* buffer = nullptr;  // a Buffer state, or
+  ExternalState ext;         // a caller-owned one
+  std::size_t bytes = 0;
+  bool offloaded = false;
+  OffloadDevice where = OffloadDevice::Cpu;
+  // The host copy (kept across round trips and reused; see free_offload_buffers).
+  void* host = nullptr;
+  std::size_t host_bytes = 0;
+  bool host_pinned = false;
+  std::string file;                       // NVMe: the state's file while offloaded
+  std::shared_ptr<Event> reload_done;     // a reload copy possibly still in flight
+  bool release_pending = false;           // external state: device memory freed once the copy is done
+
+  void* device_ptr() const { return buffer ? buffer->get() : (ext.data ? ext.data() : nullptr); }
+};
+
+struct StateOffloader::Impl {
+  std::vector<std::unique_ptr<State>> states;
+  std::optional<Stream> copy;
+  // Non-blocking offloads whose copies may still run: their completion event and what then
+  // remains to do (release external states, return segments to the driver).
+  struct PendingOffload {
+    std::shared_ptr<Event> done;
+    std::vector<State*> releases;
+  };
+  std::vector<PendingOffload> pending;
+  std::unique_ptr<aio::AioHandle> aio;
+
+  void free_host(State& s) {
+    if (!s.host) return;
+    if (s.host_pinned) pinned_allocator().deallocate(s.host);
+    else std::free(s.host);
+    s.host = nullptr;
+    s.host_bytes = 0;
+    s.host_pinned = false;
+  }
+};
+
+StateOffloader::StateOffloader(CachingAllocator& device_alloc, cudaStream_t owner_stream)
+    : alloc_(device_alloc), owner_(owner_stream), impl_(std::make_unique<Impl>()) {}
+
+StateOffloader::~StateOffloader() {
+  // No throwing from here: wait for the copies, then give the host memory back.
+  try {
+    synchronize();
+  } catch (const Error& e) {
+    std::cerr << "[offload] warning: while destroying the offloader: " << e.message() << "\n";
+  }
+  bool pinned = false;
+  for (auto& s : impl_->states) {
+    if (s->offloaded && s->host)
+      std::cerr << "[offload] warning: state '" << s->name << "' is destroyed while offloaded (its data is lost)\n";
+    pinned = pinned || (s->host && s->host_pinned);
+    try {
+      impl_->free_host(*s);
+    } catch (...) {
+    }
+  }
+  if (pinned) {
+    try {
+      pinned_allocator().empty_cache();
+    } catch (...) {
+    }
+  }
+}
+
+cudaStream_t StateOffloader::copy_stream() {
+  if (!impl_->copy) {
+    impl_->copy.emplace(/*non_blocking=*/true);
+    nvtx_name_stream(impl_->copy->get(), "offload copy");
+  }
+  return impl_->copy->get();
+}
+
+void StateOffloader::add(const std::string& name, Buffer* buffer) {
+  CUTRAIN_CHECK(buffer != nullptr, "StateOffloader::add('", name, "'): the buffer is null");
+  CUTRAIN_CHECK(!name.empty(), "StateOffloader::add: empty state name");
+  CUTRAIN_CHECK(!has(name), "StateOffloader::add: state '", name, "' is registered already");
+  auto s = std::make_unique<State>();
+  s->name = name;
+  s->buffer = buffer;
+  s->bytes = buffer->bytes();
+  impl_->states.push_back(std::move(s));
+}
+
+void StateOffloader::add(const std::string& name, ExternalState state) {
+  CUTRAIN_CHECK(!name.empty(), "StateOffloader::add: empty state name");
+  CUTRAIN_CHECK(!has(name), "StateOffloader::add: state '", name, "' is registered already");
+  CUTRAIN_CHECK(state.data && state.release && state.reallocate, "StateOffloader::add('", name,
+                "'): an external state needs all three callbacks (data, release, reallocate)");
+  auto s = std::make_unique<State>();
+  s->name = name;
+  s->bytes = state.bytes;
+  s->ext = std::move(state);
+  impl_->states.push_back(std::move(s));
+}
+
+bool StateOffloader::has(const std::string& name) const {
+  for (const auto& s : impl_->states)
+    if (s->name == name) return true;
+  return false;
+}
+
+std::vector<std::string> StateOffloader::names() const {
+  std::vector<std::string> out;
+  for (const auto& s : impl_->states) out.push_back(s->name);
+  return out;
+}
+
+const StateOffloader::State& StateOffloader::find(const std::string& name) const {
+  for (const auto& s : impl_->states)
+    if (s->name == name) return *s;
+  std::string valid;
+  for (const auto& s : impl_->states) valid += (valid.empty() ? "" : ", ") + s->name;
+  CUTRAIN_FAIL("offload: unknown state '", name, "'; valid states: ", valid.empty() ? "(none registered)" : valid);
+}
+
+StateOffloader::State& StateOffloader::find(const std::string& name) {
+  return const_cast<State&>(static_cast<const StateOffloader*>(this)->find(name));
+}
+
+std::vector<StateOffloader::State*> StateOffloader::select(const std::vector<std::string>& names) {
+  std::vector<State*> out;
+  if (names.empty()) {
+    for (auto& s : impl_->states) out.push_back(s.get());
+    return out;
+  }
+  for (const auto& n : names) {  // every name checked before anything moves
+    State* s = &find(n);
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  }
+  return out;
+}
+
+bool StateOffloader::is_offloaded(const std::string& name) const { return find(name).offloaded; }
+std::size_t StateOffloader::bytes(const std::string& name) const { return find(name).bytes; }
+
+const void* StateOffloader::host_buffer(const std::string& name) const { return find(name).host; }
+void* StateOffloader::device_ptr(const std::string& name) const { return find(name).device_ptr(); }
+
+std::size_t StateOffloader::offloaded_bytes() const {
+  std::size_t n = 0;
+  for (const auto& s : impl_->states)
+    if (s->offloaded) n += s->bytes;
+  return n;
+}
+
+std::size_t StateOffloader::host_buffer_bytes() const {
+  std::size_t n = 0;
+  for (const auto& s : impl_->states) n += s->host_bytes;
+  return n;
+}
+
+std::size_t StateOffloader::pinned_buffer_bytes() const {
+  std::size_t n = 0;
+  for (const auto& s : impl_->states)
+    if (s->host_pinned) n += s->host_bytes;
+  return n;
+}
+
+void StateOffloader::reap() {
+  auto& pend = impl_->pending;
+  if (pend.empty()) return;
+  bool any = false;
+  for (auto it = pend.begin(); it != pend.end();) {
+    if (!it->done->query()) {
+      ++it;
+      continue;
+    }
+    for (State* s : it->releases) {
+      s->ext.release();
+      s->release_pending = false;
+    }
+    it = pend.erase(it);
+    any = true;
+  }
+  if (any) alloc_.empty_cache();
+}
+
+void StateOffloader::synchronize() {
+  if (impl_->copy) impl_->copy->synchronize();
+  reap();
+  for (auto& s : impl_->states) s->reload_done.reset();
+}
+
+void StateOffloader::offload(const std::vector<std::string>& names, const OffloadOptions& opt) {
+  std::vector<State*> sel = select(names);
+  std::vector<State*> todo;
+  for (State* s : sel) {
+    if (s->offloaded) {
+      debug_log("state '", s->name, "' is offloaded already: skipped");
+      continue;
+    }
+    if (s->bytes == 0) {
+      debug_log("state '", s->name, "' is empty: nothing to offload");
+      continue;
+    }
+    todo.push_back(s);
+  }
+  if (opt.device == OffloadDevice::Nvme) {
+    CUTRAIN_CHECK(!opt.nvme_path.empty(), "offload to nvme: no folder given (OffloadOptions::nvme_path is empty)");
+    struct stat st {};
+    CUTRAIN_CHECK(::stat(opt.nvme_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "offload to nvme: '", opt.nvme_path,
+                  "' is not an existing folder");
+  }
+  if (todo.empty()) return;
+  NvtxRange range("offload_states");
+
+  if (opt.device == OffloadDevice::Cpu) {
+    // 1. Host buffers for all of them (reused when the kind and size fit).
+    std::vector<State*> fresh;
+    for (State* s : todo) {
+      if (s->host && s->host_pinned == opt.pin_memory && s->host_bytes >= s->bytes) continue;
+      void* p = nullptr;
+      std::string why;
+      if (opt.pin_memory) {
+        try {
+          p = pinned_allocator().allocate(s->bytes);
+        } catch (const Error& e) {  // OutOfMemoryError, or the driver refusing the size
+          why = e.message();
+        }
+      } else {
+        p = pageable_alloc(s->bytes);
+        if (!p) why = "aligned_alloc returned null";
+      }
+      if (!p) {
+        for (State* f : fresh) impl_->free_host(*f);
+        CUTRAIN_FAIL("offload of state '", s->name, "' (", s->bytes, " bytes, ", format_bytes(double(s->bytes)),
+                     "): host memory exhausted allocating its ", opt.pin_memory ? "pinned" : "pageable",
+                     " buffer (", why, "); nothing was offloaded and the device state is intact");
+      }
+      if (s->host) {  // cannot be a leftover in use: an offloaded state is never in `todo`
+        if (impl_->copy) impl_->copy->synchronize();  // a reload may still read the old buffer
+        impl_->free_host(*s);
+      }
+      s->host = p;
+      s->host_bytes = s->bytes;
+      s->host_pinned = opt.pin_memory;
+      fresh.push_back(s);
+    }
+
+    // 2. Copies on the copy stream, after the owner's queued work.
+    cudaStream_t cs = copy_stream();
+    Event ready(false);
+    ready.record(owner_);
+    ready.wait_on(cs);
+    for (State* s : todo)
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(s->host, s->device_ptr(), s->bytes, cudaMemcpyDeviceToHost, cs));
+    auto done = std::make_shared<Event>(false);
+    done->record(cs);
+
+    // 3. Free the device memory.
+    if (!opt.non_blocking) {
+      done->synchronize();
+      for (State* s : todo) {
+        if (s->buffer) s->buffer->reset();
+        else s->ext.release();
+      }
+      alloc_.empty_cache();
+    } else {
+      Impl::PendingOffload p{done, {}};
+      for (State* s : todo) {
+        if (s->buffer) {
+          alloc_.record_stream(s->buffer->get(), cs);  // the block waits for the copy before reuse
+          s->buffer->reset();
+        } else {
+          s->release_pending = true;
+          p.releases.push_back(s);
+        }
+      }
+      impl_->pending.push_back(std::move(p));
+    }
+    for (State* s : todo) {
+      s->offloaded = true;
+      s->where = OffloadDevice::Cpu;
+      s->reload_done.reset();
+    }
+    return;
+  }
+
+  // NVMe: each state to <folder>/<name>.state through the aio handle (synchronous).
+  if (!impl_->aio) impl_->aio = std::make_unique<aio::AioHandle>();
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(owner_));
+  if (impl_->copy) impl_->copy->synchronize();
+  std::vector<std::string> files;
+  try {
+    for (State* s : todo) {
+      std::string file = opt.nvme_path + "/" + file_stem(s->name) + ".state";
+      std::string tmp = file + ".tmp";
+      impl_->aio->sync_pwrite(s->device_ptr(), s->bytes, tmp);
+      CUTRAIN_SYS_CHECK(std::rename(tmp.c_str(), file.c_str()));
+      files.push_back(file);
+    }
+  } catch (...) {
+    for (const auto& f : files) std::remove(f.c_str());
+    throw;  // nothing freed yet: the device state is intact
+  }
+  for (std::size_t i = 0; i < todo.size(); ++i) {
+    State* s = todo[i];
+    if (s->buffer) s->buffer->reset();
+    else s->ext.release();
+    s->offloaded = true;
+    s->where = OffloadDevice::Nvme;
+    s->file = files[i];
+    s->reload_done.reset();
+  }
+  alloc_.empty_cache();
+}
+
+void StateOffloader::reload(bool non_blocking) { reload({}, non_blocking); }
+
+void StateOffloader::reload(const std::vector<std::string>& names, bool non_blocking) {
+  std::vector<State*> sel = select(names);
+  std::vector<State*> todo;
+  for (State* s : sel) {
+    if (!s->offloaded) debug_log("state '", s->name, "' is resident: reload skipped");
+    else todo.push_back(s);
+  }
+  if (todo.empty()) return;
+  NvtxRange range("reload_states");
+  reap();
+  // An external state whose release waits on a copy: finish that first (the callbacks free and
+  // reallocate in order).
+  for (State* s : todo)
+    if (s->release_pending) {
+      synchronize();
+      break;
+    }
+
+  // 1. Device memory for all of them (on exhaustion, give back what this call took).
+  std::vector<State*> got;
+  try {
+    for (State* s : todo) {
+      if (s->buffer) *s->buffer = Buffer(alloc_, s->bytes, owner_);
+      else s->ext.reallocate();
+      got.push_back(s);
+    }
+  } catch (...) {
+    for (State* s : got) {
+      if (s->buffer) s->buffer->reset();
+      else s->ext.release();
+    }
+    throw;
+  }
+  ++generation_;
+
+  std::vector<State*> cpu, nvme;
+  for (State* s : todo) (s->where == OffloadDevice::Cpu ? cpu : nvme).push_back(s);
+  if (!nvme.empty()) {
+    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(owner_));  // the new blocks' previous users are done
+    for (State* s : nvme) {
+      impl_->aio->sync_pread(s->device_ptr(), s->bytes, s->file);
+      std::remove(s->file.c_str());
+      s->file.clear();
+      s->offloaded = false;
+    }
+  }
+  if (!cpu.empty()) {
+    // 2. Copies on the copy stream, after the allocation point on the owner stream.
+    cudaStream_t cs = copy_stream();
+    Event ready(false);
+    ready.record(owner_);
+    ready.wait_on(cs);
+    for (State* s : cpu)
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(s->device_ptr(), s->host, s->bytes, cudaMemcpyHostToDevice, cs));
+    auto done = std::make_shared<Event>(false);
+    done->record(cs);
+    for (State* s : cpu) {
+      // If the owner frees the block before waiting on the reload, it is still held back.
+      if (s->buffer) alloc_.record_stream(s->buffer->get(), cs);
+      s->offloaded = false;
+      s->reload_done = done;
+    }
+    if (!non_blocking) {
+      done->synchronize();
+      for (State* s : cpu) s->reload_done.reset();
+    }
+  }
+}
+
+void StateOffloader::wait_resident(const std::string& name, cudaStream_t stream) {
+  State& s = find(name);
+  CUTRAIN_CHECK(!s.offloaded, "state '", name, "' is offloaded to ", offload_device_name(s.where),
+                ": reload it (reload_states) before using it");
+  if (!s.reload_done) return;
+  if (s.reload_done->query()) {
+    s.reload_done.reset();
+    return;
+  }
+  if (impl_->copy && stream == impl_->copy->get()) return;  // same stream: ordered already
+  s.reload_done->wait_on(stream);
+}
+
+void StateOffloader::ensure_resident(cudaStream_t stream) {
+  bool any = false;
+  for (auto& s : impl_->states) any = any || s->offloaded;
+  if (any) {
+    debug_log("ensure_resident: reloading the offloaded states");
+    reload(true);
+  }
+  for (auto& s : impl_->states) wait_resident(s->name, stream);
+  reap();
+}
+
+void StateOffloader::free_offload_buffers() {
+  for (auto& s : impl_->states)
+    CUTRAIN_CHECK(!(s->offloaded && s->where == OffloadDevice::Cpu), "free_offload_buffers: state '", s->name,
+                  "' is offloaded: its host buffer holds its only copy (reload first)");
+  synchronize();
+  bool pinned = false;
+  for (auto& s : impl_->states) {
+    pinned = pinned || (s->host && s->host_pinned);
+    impl_->free_host(*s);
+  }
+  if (pinned) pinned_allocator().empty_cache();
+}
+
+}  // namespace cutrain

@@ -1,0 +1,117 @@
+// @brief StateOffloader: moves named device states (training state buffers) to pinned or pageable
+// host memory, or to files on NVMe, and back, releasing the device memory in between. The
+// equivalent of DeepSpeed ZeRO-3's engine.offload_states / reload_states.
+//
+// Ordering. Every state belongs to one "owner" stream (the stream its users run on). An offload
+// first makes the copy stream wait for the work queued on the owner stream, so it copies what
+// that work wrote. A reload allocates on the owner stream and makes the copy stream wait for that
+// allocation point (the block may have been freed by owner-stream work still queued). A
+// non-blocking reload returns at once: before touching a state, its users call
+// wait_resident(name, stream) (or ensure_resident(stream)), which makes `stream` wait for the
+// state's reload copy. A non-blocking offload drops the allocator's allocated bytes at once (the
+// freed block is held back, via record_stream, until the copy is done); the reserved segments
+// go back to the driver at the next call that finds the copies done (or synchronize()).
+//
+// Pointers. A reload reallocates: a state's device address may change. Users re-read
+// Buffer::get() (or their ExternalState's pointer) after a reload, and anything that captured the
+// old address (a CUDA graph) must be rebuilt; generation() counts reloads for that purpose.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cutrain {
+
+class Buffer;
+class CachingAllocator;
+
+enum class OffloadDevice { Cpu, Nvme };
+const char* offload_device_name(OffloadDevice d);
+OffloadDevice parse_offload_device(std::string_view s);  // "cpu" | "nvme", else an error
+
+struct OffloadOptions {
+  OffloadDevice device = OffloadDevice::Cpu;
+  bool pin_memory = true;     // false: pageable host memory (malloc'd)
+  bool non_blocking = false;  // copies on the copy stream, returns at once (not for NVMe)
+  std::string nvme_path;      // device == Nvme: the folder the state files go to
+};
+
+// Device memory owned by the caller: the offloader reads `data()` for the current pointer, calls
+// `release()` once the host copy is complete and `reallocate()` (returning the new pointer) on
+// reload. `bytes` never changes.
+struct ExternalState {
+  std::size_t bytes = 0;
+  std::function<void*()> data;
+  std::function<void()> release;
+  std::function<void*()> reallocate;
+};
+
+class StateOffloader {
+ public:
+  // `device_alloc`: where Buffer states live (they must come from it) and whose empty_cache hands
+  // freed segments back to the driver. `owner_stream`: the stream the states are used on.
+  StateOffloader(CachingAllocator& device_alloc, cudaStream_t owner_stream);
+  ~StateOffloader();  // waits for copies in flight; frees the host buffers
+  StateOffloader(const StateOffloader&) = delete;
+  StateOffloader& operator=(const StateOffloader&) = delete;
+
+  // Registers a state. A Buffer state is reset on offload and reassigned (same size, from
+  // `device_alloc`, on the owner stream) on reload; the Buffer object must outlive the offloader.
+  // An empty Buffer (no bytes) is accepted and moves nothing. Names are unique.
+  void add(const std::string& name, Buffer* buffer);
+  void add(const std::string& name, ExternalState state);
+
+  bool has(const std::string& name) const;
+  std::vector<std::string> names() const;  // in registration order
+  bool is_offloaded(const std::string& name) const;
+  std::size_t bytes(const std::string& name) const;
+  const void* host_buffer(const std::string& name) const;  // its host copy (null when none)
+  void* device_ptr(const std::string& name) const;          // null while offloaded
+  std::size_t offloaded_bytes() const;     // device bytes currently offloaded
+  std::size_t host_buffer_bytes() const;   // host memory held by offload buffers (pinned + pageable)
+  std::size_t pinned_buffer_bytes() const;
+  std::uint64_t generation() const { return generation_; }  // +1 for every reload that reallocated
+
+  // Offloads `names` (empty: every state). Unknown names are an error listing the valid ones;
+  // states already offloaded are skipped. Host buffers are allocated for all of them before any
+  // device memory is freed: on host exhaustion nothing changes and an error says so.
+  void offload(const std::vector<std::string>& names = {}, const OffloadOptions& options = {});
+  // Reloads every offloaded state (or `names`; resident ones are skipped), bit-identically.
+  void reload(bool non_blocking = false);
+  void reload(const std::vector<std::string>& names, bool non_blocking);
+
+  // Makes `stream` wait for the reload copy of `name` (nothing to wait for: no-op). An error if
+  // the state is offloaded.
+  void wait_resident(const std::string& name, cudaStream_t stream);
+  // Reloads what is offloaded (non-blocking) and makes `stream` wait for every reload in flight.
+  void ensure_resident(cudaStream_t stream);
+  // Blocks until every copy in flight is done, then returns released device segments.
+  void synchronize();
+  // Returns the host buffers (after waiting for copies in flight). An error while any state is
+  // offloaded to host memory (its only copy lives there).
+  void free_offload_buffers();
+
+  cudaStream_t copy_stream();  // created on first use
+
+ private:
+  struct State;
+  struct Impl;
+  State& find(const std::string& name);
+  const State& find(const std::string& name) const;
+  std::vector<State*> select(const std::vector<std::string>& names);
+  void reap();  // completes finished non-blocking offloads: releases memory, empty_cache
+
+  CachingAllocator& alloc_;
+  cudaStream_t owner_;
+  std::uint64_t generation_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cutrain
