@@ -47,33 +47,36 @@ constexpr int dkdv_qtile() { return D == 64 ? 64 : 32; }
 
 // Fast mode: the dK/dV pass also adds this key block's share of dQ (dS K, unscaled) into an fp32
 // accumulator [B, S, H, D] with atomics, via dS^T parked in shared memory; warp w takes query rows
-// 16*(w % (QT/16)).. and D/dq_split columns of them (all D when QT=64, half when QT=32).
-template <int D>
-constexpr int dq_split() { return 4 / (dkdv_qtile<D>() / 16); }
+// 16*(w % (QT/16)).. and D/dq_split columns of them (KB=64: all D when QT=64, half when QT=32).
+// KB: keys per CTA, one warp per 16 (v1: 64; the v2 variants: 128, which halves both the Q/dO
+// re-reads from L2 and the number of dQ atomics).
+template <int D, int KB>
+constexpr int dq_split() { return (KB / 16) / (dkdv_qtile<D>() / 16); }
 
-template <int D, bool ATOMIC_DQ>
+template <int D, bool ATOMIC_DQ, int KB>
 constexpr int dkdv_smem() {
   constexpr int QT = dkdv_qtile<D>();
-  return (2 * kBlock + 4 * QT) * ld<D>() * 2 + 4 * QT * 4 + (ATOMIC_DQ ? kBlock * (QT + 8) * 2 : 0);
+  return (2 * KB + 4 * QT) * ld<D>() * 2 + 4 * QT * 4 + (ATOMIC_DQ ? KB * (QT + 8) * 2 : 0);
 }
 
-template <int D, bool CAUSAL, bool ATOMIC_DQ>
-__global__ void __launch_bounds__(kThreads) dkdv_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ dout,
+template <int D, bool CAUSAL, bool ATOMIC_DQ, int KB>
+__global__ void __launch_bounds__(KB * 2) dkdv_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ dout,
                                                         const float* __restrict__ lse, const float* __restrict__ dvec,
                                                         bf16* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
                                                         int H, float scale_log2, float scale) {
-  constexpr int QT = dkdv_qtile<D>();
+  constexpr int QT = dkdv_qtile<D>(), kT = KB * 2;  // kT: threads (KB / 16 warps)
   constexpr int kLdS = QT + 8;  // dS^T row stride (keys x queries), 16-byte skew per row
+  static_assert(D / dq_split<D, KB>() % 32 == 0, "dQ columns per warp must be a multiple of 32");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sK = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sV = sK + kBlock * ld<D>();
-  bf16* sQ = sV + kBlock * ld<D>();   // [2][QT][ld]
+  bf16* sV = sK + KB * ld<D>();
+  bf16* sQ = sV + KB * ld<D>();       // [2][QT][ld]
   bf16* sdO = sQ + 2 * QT * ld<D>();  // [2][QT][ld]
   float* sL = reinterpret_cast<float*>(sdO + 2 * QT * ld<D>());  // [2][QT] lse * log2 e
   float* sDv = sL + 2 * QT;                                       // [2][QT]
-  bf16* sdS = reinterpret_cast<bf16*>(sDv + 2 * QT);               // [kBlock][kLdS], ATOMIC_DQ only
+  bf16* sdS = reinterpret_cast<bf16*>(sDv + 2 * QT);               // [KB][kLdS], ATOMIC_DQ only
 
-  const int n0 = blockIdx.x * kBlock, head = blockIdx.y, b = blockIdx.z;
+  const int n0 = blockIdx.x * KB, head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
   const std::size_t tok = 3ull * H * D, otok = static_cast<std::size_t>(H) * D;
   const std::size_t qoff = static_cast<std::size_t>(b) * S * tok + static_cast<std::size_t>(head) * D;
@@ -88,16 +91,16 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const bf16* __restrict__
   const int q_tiles = (S + QT - 1) / QT;
 
   auto load_q_tile = [&](int qt, int buf) {
-    load_rows<D, QT>(sQ + buf * QT * ld<D>(), gq, qt * QT, S, tok);
-    load_rows<D, QT>(sdO + buf * QT * ld<D>(), gdo, qt * QT, S, otok);
-    for (int i = threadIdx.x; i < QT; i += kThreads) {
+    load_rows<D, QT, kT>(sQ + buf * QT * ld<D>(), gq, qt * QT, S, tok);
+    load_rows<D, QT, kT>(sdO + buf * QT * ld<D>(), gdo, qt * QT, S, otok);
+    for (int i = threadIdx.x; i < QT; i += kT) {
       const int q = qt * QT + i;
       sL[buf * QT + i] = q < S ? glse[q] * kLog2e : 0.f;
       sDv[buf * QT + i] = q < S ? gdv[q] : 0.f;
     }
   };
-  load_rows<D, kBlock>(sK, gk, n0, S, tok);
-  load_rows<D, kBlock>(sV, gv, n0, S, tok);
+  load_rows<D, KB, kT>(sK, gk, n0, S, tok);
+  load_rows<D, KB, kT>(sV, gv, n0, S, tok);
   load_q_tile(q_first, 0);
   mma::cp_async_commit();
 
@@ -126,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const bf16* __restrict__
     // P^T = exp2(scale_log2 * K Q^T - lse_log2[q]) for 16 keys x QT queries.
     float p[QT / 8][4];
     warp_abt<D, QT / 8>(p, sK, warp * 16, q_tile);
-    const bool mask = m0 + QT > S || (CAUSAL && m0 < n0 + kBlock - 1);
+    const bool mask = m0 + QT > S || (CAUSAL && m0 < n0 + KB - 1);
 #pragma unroll
     for (int n = 0; n < QT / 8; ++n)
 #pragma unroll
@@ -159,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const bf16* __restrict__
           *reinterpret_cast<std::uint32_t*>(sdS + (warp * 16 + gi + 8 * h) * kLdS + n * 8 + 2 * t) =
               mma::pack_bf16(ds[n][2 * h], ds[n][2 * h + 1]);
       __syncthreads();
-      constexpr int DN = D / dq_split<D>(), DC = 32;  // columns per warp, done 32 at a time (registers)
+      constexpr int DN = D / dq_split<D, KB>(), DC = 32;  // columns per warp, done 32 at a time (registers)
       const int q0 = (warp % (QT / 16)) * 16, d0 = (warp / (QT / 16)) * DN;
       // A = dS (queries x keys) read transposed out of dS^T: matrices (q 0-7, k 0-7), (q 8-15, k 0-7),
       // (q 0-7, k 8-15), (q 8-15, k 8-15) live at (keys 0-7 | 8-15) x (queries 0-7 | 8-15) of dS^T.
@@ -175,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(const bf16* __restrict__
         const std::uint32_t b_addr =
             mma::smem_addr(sK + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld<D>() + dc + (lane >> 4) * 8);
 #pragma unroll
-        for (int ks = 0; ks < kBlock / 16; ++ks) {
+        for (int ks = 0; ks < KB / 16; ++ks) {
           std::uint32_t a[4];
           mma::ldmatrix_x4_trans(a, a_addr + ks * 16 * kLdS * 2);
 #pragma unroll
@@ -323,7 +326,7 @@ std::size_t dvec_bytes(const AttentionShape& sh) {
   return (n + 255) / 256 * 256;
 }
 
-template <int D, bool CAUSAL>
+template <int D, bool CAUSAL, int KB>
 void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
                      bf16* dqkv, void* scratch, const AttentionShape& sh, bool deterministic) {
   float* dvec = static_cast<float*>(scratch);
@@ -335,11 +338,12 @@ void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf
 
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
   const dim3 grid((sh.seq + kBlock - 1) / kBlock, sh.heads, sh.batch);
+  const dim3 kv_grid((sh.seq + KB - 1) / KB, sh.heads, sh.batch);
   if (deterministic) {
-    auto kv = dkdv_kernel<D, CAUSAL, false>;
-    constexpr int kSmem = dkdv_smem<D, false>();
+    auto kv = dkdv_kernel<D, CAUSAL, false, KB>;
+    constexpr int kSmem = dkdv_smem<D, false, KB>();
     CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    kv<<<grid, kThreads, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, nullptr, sh.seq, sh.heads, scale_log2, scale);
+    kv<<<kv_grid, KB * 2, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, nullptr, sh.seq, sh.heads, scale_log2, scale);
     CUTRAIN_LAUNCH_CHECK("attention_dkdv_kernel");
     auto q = dq_kernel<D, CAUSAL>;
     CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(q, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem<D>()));
@@ -347,15 +351,26 @@ void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf
     CUTRAIN_LAUNCH_CHECK("attention_dq_kernel");
   } else {
     CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, rows * D * sizeof(float), st));
-    auto kv = dkdv_kernel<D, CAUSAL, true>;
-    constexpr int kSmem = dkdv_smem<D, true>();
+    auto kv = dkdv_kernel<D, CAUSAL, true, KB>;
+    constexpr int kSmem = dkdv_smem<D, true, KB>();
     CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    kv<<<grid, kThreads, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, dq_acc, sh.seq, sh.heads, scale_log2, scale);
+    kv<<<kv_grid, KB * 2, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, dq_acc, sh.seq, sh.heads, scale_log2, scale);
     CUTRAIN_LAUNCH_CHECK("attention_dkdv_kernel(atomic dq)");
     dq_convert_kernel<D><<<static_cast<unsigned>((rows * D / 2 + 255) / 256), 256, 0, st>>>(dq_acc, dqkv, rows,
                                                                                              sh.heads, scale);
     CUTRAIN_LAUNCH_CHECK("attention_dq_convert_kernel");
   }
+}
+
+// v1 and v2_m128n32: 64 keys per dK/dV CTA; v2_m128 and v2_m128w8: 128.
+template <int D, bool CAUSAL>
+void launch_backward_variant(cudaStream_t st, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
+                             bf16* dqkv, void* scratch, const AttentionShape& sh, bool deterministic) {
+  const Variant v = current_variant();
+  if (v == Variant::V2_M128 || v == Variant::V2_M128W8)
+    launch_backward<D, CAUSAL, 128>(st, qkv, out, dout, lse, dqkv, scratch, sh, deterministic);
+  else
+    launch_backward<D, CAUSAL, 64>(st, qkv, out, dout, lse, dqkv, scratch, sh, deterministic);
 }
 
 }  // namespace
@@ -379,11 +394,11 @@ void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const 
                 "attention_backward: qkv, dout and scratch must be 16-byte aligned, out and dqkv 4-byte aligned");
   const bool c = shape.causal, det = deterministic;
   if (shape.head_dim == 64)
-    c ? attn::launch_backward<64, true>(s, qkv, out, dout, lse, dqkv, scratch, shape, det)
-      : attn::launch_backward<64, false>(s, qkv, out, dout, lse, dqkv, scratch, shape, det);
+    c ? attn::launch_backward_variant<64, true>(s, qkv, out, dout, lse, dqkv, scratch, shape, det)
+      : attn::launch_backward_variant<64, false>(s, qkv, out, dout, lse, dqkv, scratch, shape, det);
   else
-    c ? attn::launch_backward<128, true>(s, qkv, out, dout, lse, dqkv, scratch, shape, det)
-      : attn::launch_backward<128, false>(s, qkv, out, dout, lse, dqkv, scratch, shape, det);
+    c ? attn::launch_backward_variant<128, true>(s, qkv, out, dout, lse, dqkv, scratch, shape, det)
+      : attn::launch_backward_variant<128, false>(s, qkv, out, dout, lse, dqkv, scratch, shape, det);
 }
 
 }  // namespace cutrain::kernels

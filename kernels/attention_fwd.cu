@@ -180,6 +180,8 @@ void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, c
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0 && reinterpret_cast<std::uintptr_t>(out) % 4 == 0,
                 "attention_forward: qkv must be 16-byte aligned and out 4-byte aligned, got qkv=",
                 static_cast<const void*>(qkv), " out=", static_cast<void*>(out));
+  if (const attn::Variant v = attn::current_variant(); v != attn::Variant::V1)
+    return attn::forward_v2(s, qkv, out, lse, shape, v);
   const bool c = shape.causal;
   if (shape.head_dim == 64)
     c ? attn::launch_forward<64, true>(s, qkv, out, lse, shape) : attn::launch_forward<64, false>(s, qkv, out, lse, shape);

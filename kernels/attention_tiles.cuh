@@ -25,14 +25,14 @@ template <int D>
 constexpr int ld() { return D + 8; }  // shared-memory row stride, elements
 
 // Copies rows [row0, row0+ROWS) of a [S, D] slice whose rows lie `stride` elements apart into
-// shared memory (row stride ld<D>()); rows at or past S become zeros.
-template <int D, int ROWS>
+// shared memory (row stride ld<D>()); rows at or past S become zeros. THREADS: the CTA's size.
+template <int D, int ROWS, int THREADS = kThreads>
 __device__ __forceinline__ void load_rows(bf16* smem, const bf16* g, int row0, int S, std::size_t stride) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  static_assert((ROWS * kChunks) % kThreads == 0, "tile must split evenly over the CTA");
+  static_assert((ROWS * kChunks) % THREADS == 0, "tile must split evenly over the CTA");
 #pragma unroll
-  for (int i = 0; i < ROWS * kChunks / kThreads; ++i) {
-    const int idx = threadIdx.x + i * kThreads;
+  for (int i = 0; i < ROWS * kChunks / THREADS; ++i) {
+    const int idx = threadIdx.x + i * THREADS;
     const int r = idx / kChunks, c = idx % kChunks;
     const bool valid = row0 + r < S;
     const bf16* src = valid ? g + static_cast<std::size_t>(row0 + r) * stride + c * 8 : g;
@@ -117,5 +117,14 @@ __device__ __forceinline__ void store_rows(bf16* g, const float (&acc)[D / 8][4]
 
 // Shape validation shared by the launchers (throws cutrain::Error naming what is wrong).
 void check_shape(const AttentionShape& shape, const char* who);
+
+// The kernel variant in force (attention_set_variant / CUTRAIN_ATTN_VARIANT), as an index into
+// attention_variant_names(). The enum order is that list's order.
+enum class Variant { V1 = 0, V2_M128 = 1, V2_M128N32 = 2, V2_M128W8 = 3 };
+Variant current_variant();
+
+// Forward of the v2 variants (kernels/attention_fwd_v2.cu): CTA = WARPS warps x MT m-tiles of 16
+// query rows each; K/V tiles of 32 or 64 keys.
+void forward_v2(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const AttentionShape& shape, Variant v);
 
 }  // namespace cutrain::kernels::attn

@@ -50,4 +50,20 @@ TEST(AttentionShapes, FlopsAndScratch) {
             kernels::attention_backward_scratch_bytes(sh, true) + 4u * 512 * 16 * 64 * 4);
 }
 
+TEST(AttentionVariants, NamesSetAndUnknown) {
+  const auto names = kernels::attention_variant_names();
+  ASSERT_GE(names.size(), 2u);
+  for (std::size_t i = 0; i < names.size(); ++i)
+    for (std::size_t j = i + 1; j < names.size(); ++j) EXPECT_NE(names[i], names[j]);
+  for (const auto& n : names) {
+    kernels::attention_set_variant(n);
+    EXPECT_EQ(kernels::attention_variant(), n);
+  }
+  kernels::attention_set_variant("");
+  EXPECT_EQ(kernels::attention_variant(), names[0]);
+  expect_error([] { kernels::attention_set_variant("v9_nope"); },
+               "unknown attention variant 'v9_nope', expected one of: " + names[0] + ", ");
+  EXPECT_EQ(kernels::attention_variant(), names[0]) << "a refused name must leave the choice alone";
+}
+
 }  // namespace
