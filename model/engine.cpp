@@ -254,6 +254,8 @@ void GpuEngine::load_state(const HostState& s) {
 }
 
 std::unique_ptr<TrainBackend> make_gpu_backend(const BackendOptions& o, const TrainConfig& c) {
+  std::string why;
+  CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");
   return std::make_unique<GpuEngine>(o, c);
 }
 

@@ -60,7 +60,8 @@ std::string bytes_per_param_table() {
     std::string bs = b.str();
     os << "| " << bs;
     for (std::size_t i = bs.size(); i < 57; ++i) os << ' ';
-    os << "| " << p.bytes_per_param() << "          | " << theirs << "\n";
+    const std::string n = std::to_string(p.bytes_per_param());
+    os << "| " << n << std::string(12 - n.size(), ' ') << "| " << theirs << "\n";
   };
   row(plan_for(OptimizerLayout::Baseline, 1), "baseline", "20 (counts fp32 master grads too)");
   row(plan_for(OptimizerLayout::Baseline, 2), "baseline, accum>1", "20");

@@ -2,6 +2,7 @@
 // engine or, with --device cpu, on the CPU reference model. The program's default command.
 #include <iostream>
 
+#include "model/precision.h"
 #include "model/train_loop.h"
 #include "runtime/device.h"
 #include "tools/command_registry.h"
@@ -14,12 +15,17 @@ struct TrainFlags {
   std::string config;
   float learning_rate = 1e-4f;
   bool no_cuda_graph = false;
+  bool print_layouts = false;
   CLI::Option* lr_opt = nullptr;
   CLI::Option* config_opt = nullptr;
   CLI::App* sub = nullptr;
 };
 
 int run_train(TrainFlags& f) {
+  if (f.print_layouts) {
+    std::cout << model::bytes_per_param_table();
+    return 0;
+  }
   model::TrainOptions o = f.o;
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
   o.cuda_graph = !f.no_cuda_graph;
@@ -77,6 +83,7 @@ CommandRegistrar reg("train", [](CLI::App& parent, int& exit_code) {
   sub->add_option("--resume", o.resume_dir, "Resume from a checkpoint DIR");
   sub->add_option("--device", o.device, "cuda or cpu")->capture_default_str()->check(CLI::IsMember({"cuda", "cpu"}));
   sub->add_flag("--no_cuda_graph", f.no_cuda_graph, "Run every step eagerly (no CUDA graph replay)");
+  sub->add_flag("--print_layouts", f.print_layouts, "Print the precision layouts' bytes per parameter and exit");
   sub->add_flag("--fixed_batch", o.fixed_batch, "Reuse the first batch every step (the loss must fall)");
   sub->callback([&exit_code] { exit_code = run_train(f); });
   return sub;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "model/engine.h"
 #include "model/reference_model.h"
@@ -175,6 +176,25 @@ TEST_P(ModelGpu, BadTokenIsReportedWithItsPosition) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("position 37"), std::string::npos) << e.what();
   }
+}
+
+TEST_P(ModelGpu, NonFiniteGradientsSkipTheStep) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const BackendOptions o = small_model(rng());
+  GpuEngine eng(o, config_for(GetParam(), 1, 1.0f));
+  HostState st = eng.save_state();
+  const std::size_t bad = eng.table().tensor(eng.table().output_b()).offset + 3;
+  st.params[bad] = std::numeric_limits<float>::infinity();
+  if (!st.master.empty()) st.master[bad] = st.params[bad];
+  eng.load_state(st);
+  const std::vector<float> before = eng.download_params();
+  const Batch b = random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab);
+  const StepStats s = eng.step(b.tokens.data(), b.labels.data(), 1, 1e-3f);
+  EXPECT_TRUE(s.skipped) << "grad norm " << s.grad_norm;
+  const std::vector<float> after = eng.download_params();
+  for (std::size_t i = 0; i < before.size(); ++i)
+    if (i != bad) ASSERT_EQ(before[i], after[i]) << "param " << i << " changed in a skipped step";
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ModelGpu, ::testing::Values("baseline", "bf16_master_wg", "bf16_full"),
