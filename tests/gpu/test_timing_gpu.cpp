@@ -79,7 +79,9 @@ TEST(RegionTimerGpu, TimesKnownKernelsByHierarchicalName) {
   const std::string table = format_timing_report(r);
   std::cout << table;
   for (const ReportRow& row : r.rows) {
-    if (row.name == "step/long") EXPECT_NEAR(row.pct_of_step, 100.0 * lo->total_ms / st->total_ms, 1e-9);
+    if (row.name == "step/long") {
+      EXPECT_NEAR(row.pct_of_step, 100.0 * lo->total_ms / st->total_ms, 1e-9);
+    }
     if (row.name == "step/copy") {
       // A device-to-device copy of 256 MiB runs near the measured copy bandwidth.
       EXPECT_GT(row.frac_copy_bw, 0.5) << table;

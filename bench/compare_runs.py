@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Regression check between two benchmark runs: each benchmark's median in A (the baseline) and
+B (the candidate), the ratio B/A, and a flag on every benchmark more than --threshold percent
+(default 5) slower in B. Exit code 1 when something regressed (or, with --strict, when a
+benchmark of A is missing or failed in B), 0 otherwise, 2 on unreadable input.
+
+    compare_runs.py A.json B.json [--threshold 5] [--strict] [--only-changed]
+
+A and B are files written by scripts/bench-all.sh (bench/merge_runs.py), or plain Google
+Benchmark --benchmark_out JSON files. The median is the "median_us" counter every cutrain
+benchmark reports (bench/support/bench_support.h), else the benchmark's real time."""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import merge_runs  # noqa: E402
+
+
+def load(path):
+    """(metadata, {name: entry}) from a merged run or a raw Google Benchmark file."""
+    with open(path) as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or "benchmarks" not in doc:
+        raise ValueError("neither a bench-all run nor a Google Benchmark output (no 'benchmarks' list)")
+    if doc.get("schema", "").startswith("cutrain-bench-run/"):
+        meta = {k: doc.get(k, "") for k in ("device", "driver", "commit", "date")}
+        items = doc["benchmarks"]
+    else:
+        ctx = doc.get("context", {})
+        meta = {"device": "", "driver": "", "commit": "", "date": ctx.get("date", "")}
+        items = merge_runs.entries(doc, os.path.basename(path))
+    out = {}
+    for e in items:
+        if "name" not in e:
+            raise ValueError(f"a benchmark entry without a name: {e!r}")
+        out[e["name"]] = e
+    return meta, out
+
+
+def median(e):
+    if e is None or e.get("error"):
+        return None
+    v = e.get("median_us")
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def compare(a, b, threshold_pct):
+    """Rows (name, a_us, b_us, ratio, status) in A's order then B's new ones; status is one of
+    "", "SLOWER", "faster", "missing in B", "new in B", "failed in A", "failed in B"."""
+    rows = []
+    limit = 1.0 + threshold_pct / 100.0
+    for name in list(a) + [n for n in b if n not in a]:
+        ea, eb = a.get(name), b.get(name)
+        ma, mb = median(ea), median(eb)
+        ratio = mb / ma if ma and mb else None
+        if ea is None:
+            status = "new in B"
+        elif eb is None:
+            status = "missing in B"
+        elif ma is None:
+            status = "failed in A"
+        elif mb is None:
+            status = "failed in B"
+        elif ratio > limit:
+            status = "SLOWER"
+        elif ratio < 1.0 / limit:
+            status = "faster"
+        else:
+            status = ""
+        rows.append((name, ma, mb, ratio, status))
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("a", help="baseline run")
+    ap.add_argument("b", help="candidate run")
+    ap.add_argument("--threshold", type=float, default=5.0, help="percent slower that counts as a regression")
+    ap.add_argument("--strict", action="store_true", help="a benchmark missing or failed in B also fails")
+    ap.add_argument("--only-changed", action="store_true", help="print only flagged rows")
+    args = ap.parse_args(argv)
+    if args.threshold < 0:
+        print("compare_runs: --threshold must be >= 0", file=sys.stderr)
+        return 2
+    loaded = []
+    for path in (args.a, args.b):
+        try:
+            loaded.append(load(path))
+        except (OSError, ValueError) as e:
+            print(f"compare_runs: {path}: {e}", file=sys.stderr)
+            return 2
+    (meta_a, a), (meta_b, b) = loaded
+    for tag, path, m in (("A", args.a, meta_a), ("B", args.b, meta_b)):
+        print(f"{tag}: {path}  device={m['device'] or '?'} driver={m['driver'] or '?'} "
+              f"commit={m['commit'] or '?'} date={m['date'] or '?'}")
+    if meta_a["device"] and meta_b["device"] and meta_a["device"] != meta_b["device"]:
+        print(f"warning: different devices ({meta_a['device']} vs {meta_b['device']}): ratios compare hardware too")
+    rows = compare(a, b, args.threshold)
+    print()
+    print("| benchmark | A median (us) | B median (us) | B/A | |")
+    print("|---|---:|---:|---:|---|")
+    fmt = lambda v: f"{v:.2f}" if v is not None else "-"
+    for name, ma, mb, ratio, status in rows:
+        if args.only_changed and not status:
+            continue
+        flag = f"**SLOWER {100 * (ratio - 1):+.1f}%**" if status == "SLOWER" else status
+        print(f"| {name} | {fmt(ma)} | {fmt(mb)} | {fmt(ratio) + 'x' if ratio else '-'} | {flag} |")
+    slower = [r for r in rows if r[4] == "SLOWER"]
+    lost = [r for r in rows if r[4] in ("missing in B", "failed in B")]
+    print()
+    print(f"{len(rows)} benchmarks: {len(slower)} more than {args.threshold:g}% slower, "
+          f"{sum(r[4] == 'faster' for r in rows)} faster, {len(lost)} missing or failed in B")
+    if slower or (args.strict and lost):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
