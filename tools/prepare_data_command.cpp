@@ -90,14 +90,15 @@ int run_prepare(const PrepareArgs& a) {
 
   data::EncodeOptions opt;
   opt.threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  // A progress bar only where someone watches, and only when there is time to watch it.
+  const bool show_progress = ::isatty(STDERR_FILENO) == 1 && bytes >= (16u << 20);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int32_t> val, train;
   if (n_val > 0) {
-    if (tty) opt.progress = [](std::size_t d, std::size_t t) { progress_bar("val", d, t); };
+    if (show_progress) opt.progress = [](std::size_t d, std::size_t t) { progress_bar("val", d, t); };
     val = data::encode_documents(tok, {docs.begin(), docs.begin() + static_cast<std::ptrdiff_t>(n_val)}, opt);
   }
-  if (tty) opt.progress = [](std::size_t d, std::size_t t) { progress_bar("train", d, t); };
+  if (show_progress) opt.progress = [](std::size_t d, std::size_t t) { progress_bar("train", d, t); };
   train = data::encode_documents(tok, {docs.begin() + static_cast<std::ptrdiff_t>(n_val), docs.end()}, opt);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
