@@ -67,14 +67,13 @@ int grid_for(Kernel kernel, std::size_t work_items) {
 
 // Vector path: n elements, nvec = n / 8 full vectors, the last n % 8 done by thread 0 of block 0.
 // `in` and `out` may alias (no __restrict__); bias has cols % 8 == 0 here.
-template <GeluKind K>
+// kU vectors per iteration, all loaded before any is stored: kU times the bytes in flight (in/out
+// may alias, so the compiler would not hoist a load over an earlier store). v1: kU = 2; v2: kU = 4.
+template <GeluKind K, int kU>
 __global__ void __launch_bounds__(kThreads)
     gelu_fwd_vec(const bf16* in, const bf16* __restrict__ bias, bf16* pre_out, bf16* out, std::size_t n, int cols) {
   const std::size_t nvec = n / kBf16PerVec;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  // Two vectors per iteration, both loaded before either is stored: twice the bytes in flight
-  // (in/out may alias, so the compiler would not hoist the second load over the first store).
-  constexpr int kU = 2;
   for (std::size_t v0 = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; v0 < nvec;
        v0 += kU * stride) {
     float x[kU][8];
@@ -151,13 +150,54 @@ __global__ void __launch_bounds__(kThreads)
     din[i] = __float2bfloat16_rn(__bfloat162float(dout[i]) * gelu_grad<K>(__bfloat162float(pre[i])));
 }
 
+// Backward v2, vector path: kU vectors of dout and pre loaded per iteration before any store (v1
+// has one of each in flight per thread), the n % 8 tail by the first threads of block 0.
+template <GeluKind K, int kU>
+__global__ void __launch_bounds__(kThreads)
+    gelu_bwd_vec_v2(const bf16* dout, const bf16* __restrict__ pre, bf16* din, std::size_t n) {
+  const std::size_t nvec = n / kBf16PerVec;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t v0 = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; v0 < nvec;
+       v0 += kU * stride) {
+    uint4 d[kU], x[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const std::size_t v = v0 + u * stride;
+      if (v < nvec) {
+        d[u] = load16<Load::Streaming>(dout + v * kBf16PerVec);
+        x[u] = load16<Load::Streaming>(pre + v * kBf16PerVec);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const std::size_t v = v0 + u * stride;
+      if (v >= nvec) break;
+      float df[8], xf[8], o[8];
+      load_bf16x8(reinterpret_cast<const bf16*>(&d[u]), df);  // register unpack
+      load_bf16x8(reinterpret_cast<const bf16*>(&x[u]), xf);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) o[k] = df[k] * gelu_grad<K>(xf[k]);
+      store_bf16x8<Store::Streaming>(din + v * kBf16PerVec, o);
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x < n % kBf16PerVec) {
+    const std::size_t i = nvec * kBf16PerVec + threadIdx.x;
+    din[i] = __float2bfloat16_rn(__bfloat162float(dout[i]) * gelu_grad<K>(__bfloat162float(pre[i])));
+  }
+}
+
 template <GeluKind K>
 void launch_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_out, bf16* out, std::size_t n,
-                    int cols) {
+                    int cols, KernelVersion version) {
   const bool vec = is_aligned16(in) && is_aligned16(out) && (!pre_out || is_aligned16(pre_out)) &&
                    (!bias || (is_aligned16(bias) && cols % kBf16PerVec == 0));
-  if (vec) {
-    gelu_fwd_vec<K><<<grid_for(gelu_fwd_vec<K>, n / kBf16PerVec), kThreads, 0, s>>>(in, bias, pre_out, out, n, cols);
+  if (vec && version == KernelVersion::V2) {
+    gelu_fwd_vec<K, 4><<<grid_for(gelu_fwd_vec<K, 4>, n / kBf16PerVec), kThreads, 0, s>>>(in, bias, pre_out, out, n,
+                                                                                           cols);
+    CUTRAIN_LAUNCH_CHECK("gelu_fwd_vec (v2)");
+  } else if (vec) {
+    gelu_fwd_vec<K, 2><<<grid_for(gelu_fwd_vec<K, 2>, n / kBf16PerVec), kThreads, 0, s>>>(in, bias, pre_out, out, n,
+                                                                                           cols);
     CUTRAIN_LAUNCH_CHECK("gelu_fwd_vec");
   } else {
     gelu_fwd_scalar<K><<<grid_for(gelu_fwd_scalar<K>, n), kThreads, 0, s>>>(in, bias, pre_out, out, n, cols);
@@ -166,8 +206,12 @@ void launch_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_
 }
 
 template <GeluKind K>
-void launch_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n) {
-  if (is_aligned16(dout) && is_aligned16(pre) && is_aligned16(din)) {
+void launch_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n,
+                     KernelVersion version) {
+  const bool vec = is_aligned16(dout) && is_aligned16(pre) && is_aligned16(din);
+  if (vec && version == KernelVersion::V2) {
+    gelu_bwd_vec_v2<K, 2><<<grid_for(gelu_bwd_vec_v2<K, 2>, n / kBf16PerVec), kThreads, 0, s>>>(dout, pre, din, n);
+  } else if (vec) {
     gelu_bwd<K, true><<<grid_for(gelu_bwd<K, true>, n / kBf16PerVec), kThreads, 0, s>>>(dout, pre, din, n);
   } else {
     gelu_bwd<K, false><<<grid_for(gelu_bwd<K, false>, n), kThreads, 0, s>>>(dout, pre, din, n);
@@ -178,22 +222,23 @@ void launch_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* di
 }  // namespace
 
 void gelu_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_out, bf16* out, std::size_t rows,
-                  int cols, GeluKind kind) {
+                  int cols, GeluKind kind, KernelVersion version) {
   CUTRAIN_CHECK(rows > 0 && cols > 0, "gelu_forward: rows and cols must be positive, got ", rows, "x", cols);
   CUTRAIN_CHECK(in && out, "gelu_forward: in and out must be non-null");
   CUTRAIN_CHECK(!pre_out || (pre_out != in && pre_out != out),
                 "gelu_forward: pre_out must not alias in or out");
   const std::size_t n = rows * static_cast<std::size_t>(cols);
-  if (kind == GeluKind::Erf) launch_forward<GeluKind::Erf>(s, in, bias, pre_out, out, n, cols);
-  else launch_forward<GeluKind::Tanh>(s, in, bias, pre_out, out, n, cols);
+  if (kind == GeluKind::Erf) launch_forward<GeluKind::Erf>(s, in, bias, pre_out, out, n, cols, version);
+  else launch_forward<GeluKind::Tanh>(s, in, bias, pre_out, out, n, cols, version);
 }
 
-void gelu_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n, GeluKind kind) {
+void gelu_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n, GeluKind kind,
+                   KernelVersion version) {
   CUTRAIN_CHECK(n > 0, "gelu_backward: n must be positive, got ", n);
   CUTRAIN_CHECK(dout && pre && din, "gelu_backward: dout, pre and din must be non-null");
   CUTRAIN_CHECK(din != pre, "gelu_backward: din must not alias pre");
-  if (kind == GeluKind::Erf) launch_backward<GeluKind::Erf>(s, dout, pre, din, n);
-  else launch_backward<GeluKind::Tanh>(s, dout, pre, din, n);
+  if (kind == GeluKind::Erf) launch_backward<GeluKind::Erf>(s, dout, pre, din, n, version);
+  else launch_backward<GeluKind::Tanh>(s, dout, pre, din, n, version);
 }
 
 }  // namespace cutrain::kernels

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 
+#include "kernels/common/version.h"
 #include "runtime/dtype.h"
 
 namespace cutrain::kernels {
@@ -14,11 +15,14 @@ enum class GeluKind { Erf, Tanh };
 
 // pre = in + bias[col] (bias may be null); out = gelu(pre). `pre_out` (may be null) receives pre
 // when a bias is added, for backward. `in` and `out` may alias. in/out are [rows, cols].
+// `version` (both directions): V1 = two (forward) / one (backward) 16-byte vectors in flight per
+// thread; V2 = four / two (each of dout and pre). Same math, same bits. Default = V1 until the
+// device run picks.
 void gelu_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_out, bf16* out, std::size_t rows,
-                  int cols, GeluKind kind = GeluKind::Erf);
+                  int cols, GeluKind kind = GeluKind::Erf, KernelVersion version = KernelVersion::Default);
 
 // din = dout ⊙ gelu'(pre); din may alias dout. n elements.
 void gelu_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n,
-                   GeluKind kind = GeluKind::Erf);
+                   GeluKind kind = GeluKind::Erf, KernelVersion version = KernelVersion::Default);
 
 }  // namespace cutrain::kernels

@@ -15,6 +15,7 @@
 
 #include "kernels/common/reduce.cuh"
 #include "kernels/common/vec.cuh"
+#include "kernels/layernorm_bwd_v2.h"
 #include "runtime/check.h"
 
 namespace cutrain::kernels {
@@ -431,12 +432,13 @@ void layernorm_residual_forward(cudaStream_t s, const bf16* x, const bf16* resid
 std::size_t layernorm_backward_scratch_bytes(int rows, int cols) {
   check_shape("layernorm_backward_scratch_bytes", rows, cols);
   const int P = std::max(vec_partials(rows, cols), scalar_partials(rows, cols));
-  return 2 * static_cast<std::size_t>(P) * cols * sizeof(float);
+  return std::max(2 * static_cast<std::size_t>(P) * cols * sizeof(float), detail::ln_bwd_v2_scratch_bytes(rows, cols));
 }
 
 void layernorm_backward(cudaStream_t s, const bf16* dy, const bf16* sum, const float* mean, const float* rstd,
                         const bf16* gamma, const bf16* d_extra, bf16* d_sum, void* dgamma, void* dbeta,
-                        DType param_grad_type, bool accumulate, void* scratch, int rows, int cols) {
+                        DType param_grad_type, bool accumulate, void* scratch, int rows, int cols,
+                        KernelVersion version) {
   check_shape("layernorm_backward", rows, cols);
   CUTRAIN_CHECK(dy && sum && mean && rstd && gamma && d_sum && dgamma && dbeta && scratch,
                 "layernorm_backward: dy, sum, mean, rstd, gamma, d_sum, dgamma, dbeta and scratch must be non-null");
@@ -445,6 +447,11 @@ void layernorm_backward(cudaStream_t s, const bf16* dy, const bf16* sum, const f
   CUTRAIN_CHECK(is_aligned16(scratch), "layernorm_backward: scratch must be 16-byte aligned");
   float* partial = static_cast<float*>(scratch);
   const bool vec = cols % kBf16PerVec == 0 && all_aligned({dy, sum, gamma, d_extra, d_sum});
+  if (version == KernelVersion::V2 && vec && detail::ln_bwd_v2_supported(cols)) {
+    detail::ln_bwd_v2(s, dy, sum, mean, rstd, gamma, d_extra, d_sum, dgamma, dbeta, param_grad_type, accumulate,
+                      partial, rows, cols);
+    return;
+  }
   int P;
   if (vec) {
     P = vec_partials(rows, cols);
