@@ -1,13 +1,15 @@
 // bench_dense: LayerNorm (fused residual), GELU and embedding, forward / backward / both, at the
 // BF16 example's shapes (2048 tokens, hidden 1024, FF 4096, vocab 50000) and large ones. Bytes are
 // what each kernel must move; frac_copy_bw compares with the device's copy bandwidth.
-// Names match bench/peers/dense_peer.py.
+// Names match bench/peers/dense_peer.py. Kernels with several versions are also run as
+// "<name>@v1", "<name>@v2" (the plain name is the launcher's default).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
 #include <memory>
 #include <utility>
 #include <string>
+#include <vector>
 
 #include "bench/support/bench_support.h"
 #include "kernels/embedding.cuh"
@@ -61,7 +63,7 @@ std::string shape(long a, long b) { return std::to_string(a) + "x" + std::to_str
 enum class Dir { Fwd, Bwd, FwdBwd };
 const char* dir_name(Dir d) { return d == Dir::Fwd ? "fwd" : d == Dir::Bwd ? "bwd" : "fwdbwd"; }
 
-void bench_layernorm(benchmark::State& state, int rows, int cols, Dir dir) {
+void bench_layernorm(benchmark::State& state, int rows, int cols, Dir dir, k::KernelVersion ver) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n = static_cast<std::size_t>(rows) * cols;
   auto x = bf16_buf(n, 1), res = bf16_buf(n, 2), dy = bf16_buf(n, 3);
@@ -75,7 +77,7 @@ void bench_layernorm(benchmark::State& state, int rows, int cols, Dir dir) {
   auto bwd = [&](cudaStream_t s) {
     k::layernorm_backward(s, dy->as<bf16>(), sum.as<bf16>(), mean.as<float>(), rstd.as<float>(), g->as<bf16>(),
                           nullptr, dsum.as<bf16>(), dg.as<void>(), db.as<void>(), DType::F32, false,
-                          scratch.as<void>(), rows, cols);
+                          scratch.as<void>(), rows, cols, ver);
   };
   fwd(bench::bench_stream());  // backward reads the forward's sum / mean / rstd
   // Bytes: forward reads x, residual, writes sum, y (+ stats); backward reads dy, sum, writes d_sum
@@ -88,20 +90,24 @@ void bench_layernorm(benchmark::State& state, int rows, int cols, Dir dir) {
 }
 
 // ---- GELU (exact erf, no bias: what F.gelu is compared on) ----
-void bench_gelu(benchmark::State& state, int rows, int cols, Dir dir) {
+void bench_gelu(benchmark::State& state, int rows, int cols, Dir dir, k::KernelVersion ver) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n = static_cast<std::size_t>(rows) * cols;
   auto in = bf16_buf(n, 6, 0.f, 3.f), dout = bf16_buf(n, 7);
   Buf out(n * 2), din(n * 2);
-  auto fwd = [&](cudaStream_t s) { k::gelu_forward(s, in->as<bf16>(), nullptr, nullptr, out.as<bf16>(), rows, cols); };
-  auto bwd = [&](cudaStream_t s) { k::gelu_backward(s, dout->as<bf16>(), in->as<bf16>(), din.as<bf16>(), n); };
+  auto fwd = [&](cudaStream_t s) {
+    k::gelu_forward(s, in->as<bf16>(), nullptr, nullptr, out.as<bf16>(), rows, cols, k::GeluKind::Erf, ver);
+  };
+  auto bwd = [&](cudaStream_t s) {
+    k::gelu_backward(s, dout->as<bf16>(), in->as<bf16>(), din.as<bf16>(), n, k::GeluKind::Erf, ver);
+  };
   if (dir == Dir::Fwd) bench::run_timed(state, fwd, 4.0 * n, 0);
   else if (dir == Dir::Bwd) bench::run_timed(state, bwd, 6.0 * n, 0);
   else bench::run_timed(state, [&](cudaStream_t s) { fwd(s); bwd(s); }, 10.0 * n, 0);
 }
 
 // ---- Embedding: B*T tokens of width C, vocabulary V; bf16 gradient tables accumulated ----
-void bench_embedding(benchmark::State& state, int B, int T, int C, int V, Dir dir) {
+void bench_embedding(benchmark::State& state, int B, int T, int C, int V, Dir dir, k::KernelVersion ver) {
   if (!bench::require_gpu(state)) return;
   const int N = B * T;
   const std::size_t nc = static_cast<std::size_t>(N) * C;
@@ -120,7 +126,7 @@ void bench_embedding(benchmark::State& state, int B, int T, int C, int V, Dir di
   };
   auto bwd = [&](cudaStream_t s) {
     k::embedding_backward(s, dout->as<bf16>(), tok.as<int32_t>(), dwte.as<void>(), dwpe.as<void>(), DType::BF16,
-                          true, B, T, C, V, scratch.as<void>());
+                          true, B, T, C, V, scratch.as<void>(), ver);
   };
   // Forward: token ids, N wte rows, the T wpe rows once, N output rows. Backward (accumulate):
   // dout, read+write of <= N dwte rows, read+write of the T dwpe rows.
@@ -137,24 +143,39 @@ void reg(const std::string& name, F fn) {
       ->Unit(benchmark::kMicrosecond);
 }
 
+// "" (the default), "@v1", "@v2"; `versioned` false: the default only (one implementation).
+struct Ver {
+  const char* suffix;
+  k::KernelVersion v;
+};
+std::vector<Ver> versions(bool versioned) {
+  if (!versioned) return {{"", k::KernelVersion::Default}};
+  return {{"", k::KernelVersion::Default}, {"@v1", k::KernelVersion::V1}, {"@v2", k::KernelVersion::V2}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   struct Shape2 { int rows, cols; };
+  // LayerNorm: the backward has versions (the forward does not).
   for (Shape2 sh : {Shape2{2048, 1024}, Shape2{16384, 4096}})
     for (Dir d : {Dir::Fwd, Dir::Bwd, Dir::FwdBwd})
-      reg(std::string("layernorm/") + dir_name(d) + "/" + shape(sh.rows, sh.cols),
-          [=](benchmark::State& st) { bench_layernorm(st, sh.rows, sh.cols, d); });
+      for (Ver v : versions(d != Dir::Fwd))
+        reg(std::string("layernorm/") + dir_name(d) + "/" + shape(sh.rows, sh.cols) + v.suffix,
+            [=](benchmark::State& st) { bench_layernorm(st, sh.rows, sh.cols, d, v.v); });
   for (Shape2 sh : {Shape2{2048, 4096}, Shape2{16384, 16384}})
     for (Dir d : {Dir::Fwd, Dir::Bwd, Dir::FwdBwd})
-      reg(std::string("gelu/") + dir_name(d) + "/" + shape(sh.rows, sh.cols),
-          [=](benchmark::State& st) { bench_gelu(st, sh.rows, sh.cols, d); });
-  // (B, T): 4 x 512 = 2048 tokens (the example), 32 x 512 = 16384 tokens at width 4096.
+      for (Ver v : versions(true))
+        reg(std::string("gelu/") + dir_name(d) + "/" + shape(sh.rows, sh.cols) + v.suffix,
+            [=](benchmark::State& st) { bench_gelu(st, sh.rows, sh.cols, d, v.v); });
+  // (B, T): 4 x 512 = 2048 tokens (the example), 32 x 512 = 16384 tokens at width 4096. The
+  // backward has versions (v2 covers <= 4096 tokens; at 16384 it runs v1's path).
   struct Shape3 { int B, T, C; };
   for (Shape3 sh : {Shape3{4, 512, 1024}, Shape3{32, 512, 4096}})
     for (Dir d : {Dir::Fwd, Dir::Bwd})
-      reg(std::string("embedding/") + dir_name(d) + "/" + shape(long(sh.B) * sh.T, sh.C),
-          [=](benchmark::State& st) { bench_embedding(st, sh.B, sh.T, sh.C, 50000, d); });
+      for (Ver v : versions(d == Dir::Bwd && sh.B * sh.T <= 4096))
+        reg(std::string("embedding/") + dir_name(d) + "/" + shape(long(sh.B) * sh.T, sh.C) + v.suffix,
+            [=](benchmark::State& st) { bench_embedding(st, sh.B, sh.T, sh.C, 50000, d, v.v); });
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

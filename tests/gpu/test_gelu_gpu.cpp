@@ -1,6 +1,7 @@
 // GPU tests of kernels/gelu against the fp64 CPU reference: erf and tanh, with and without bias,
 // pre-activation output, in-place use, odd sizes (vector tail, cols % 8 != 0), misaligned
-// pointers (scalar path), backward with aliasing, determinism, bad arguments.
+// pointers (scalar path), backward with aliasing, determinism, bad arguments. Every version (V1,
+// V2) runs every case, and V2 must give V1's bits (same math, more loads in flight).
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -36,13 +37,17 @@ std::vector<uint16_t> bits_of(const std::vector<float>& v) {
 
 }  // namespace
 
+const kernels::KernelVersion kVersions[] = {kernels::KernelVersion::V1, kernels::KernelVersion::V2};
+
 TEST(GeluGpu, ForwardBackwardMatchReference) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
+  for (auto ver : kVersions)
   for (const Shape& s : kShapes) {
     for (int variant = 0; variant < 16; ++variant) {
       const bool tanh = variant & 1, with_bias = variant & 2, in_place = variant & 4, misalign = variant & 8;
-      SCOPED_TRACE(std::to_string(s.rows) + "x" + std::to_string(s.cols) + (tanh ? " tanh" : " erf") +
+      SCOPED_TRACE("v" + std::to_string(static_cast<int>(ver)) + " " + std::to_string(s.rows) + "x" +
+                   std::to_string(s.cols) + (tanh ? " tanh" : " erf") +
                    (with_bias ? " bias" : "") + (in_place ? " in-place" : "") + (misalign ? " misaligned" : ""));
       const kernels::GeluKind kind = tanh ? kernels::GeluKind::Tanh : kernels::GeluKind::Erf;
       const std::size_t n = static_cast<std::size_t>(s.rows) * s.cols;
@@ -56,7 +61,7 @@ TEST(GeluGpu, ForwardBackwardMatchReference) {
       dout.poison();
       bf16* out_ptr = in_place ? din.get() + off : dout.get() + off;
       kernels::gelu_forward(nullptr, din.get() + off, with_bias ? dbias.get() : nullptr,
-                            with_bias ? dpre.get() + off : nullptr, out_ptr, s.rows, s.cols, kind);
+                            with_bias ? dpre.get() + off : nullptr, out_ptr, s.rows, s.cols, kind, ver);
       auto want = ref::gelu_forward(in.data(), with_bias ? bias.data() : nullptr, s.rows, s.cols, tanh);
       auto got = dl(in_place ? din : dout, off, n);
       ASSERT_EQ(test::count_nan(got), 0u) << "out not fully written";
@@ -74,15 +79,53 @@ TEST(GeluGpu, ForwardBackwardMatchReference) {
       ul(dg, off, g);
       ul(dp, off, pre);
       bf16* dx_ptr = in_place ? dg.get() + off : dx.get() + off;
-      kernels::gelu_backward(nullptr, dg.get() + off, dp.get() + off, dx_ptr, n, kind);
+      kernels::gelu_backward(nullptr, dg.get() + off, dp.get() + off, dx_ptr, n, kind, ver);
       auto got_dx = dl(in_place ? dg : dx, off, n);
       ASSERT_EQ(test::count_nan(got_dx), 0u) << "din not fully written";
       EXPECT_LE(test::rel_error(got_dx, ref::gelu_backward(g.data(), pre.data(), n, tanh)), 1e-2);
       if (!in_place) {
         // Determinism: a second run gives the same bits.
         dx.poison();
-        kernels::gelu_backward(nullptr, dg.get() + off, dp.get() + off, dx_ptr, n, kind);
+        kernels::gelu_backward(nullptr, dg.get() + off, dp.get() + off, dx_ptr, n, kind, ver);
         EXPECT_EQ(bits_of(dl(dx, off, n)), bits_of(got_dx));
+      }
+    }
+  }
+}
+
+// V2 against V1 on shapes where the grid-stride loop runs several (partial) iterations: the same
+// bits everywhere (forward with and without bias, pre_out, backward), every element written.
+TEST(GeluGpu, VersionsAgreeBitwise) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (const Shape& s : {Shape{3001, 4104}, Shape{1, 13}, Shape{7, 1030}, Shape{1025, 2048}}) {
+    for (bool tanh : {false, true}) {
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE(std::to_string(s.rows) + "x" + std::to_string(s.cols) + (tanh ? " tanh" : " erf") +
+                     (with_bias ? " bias" : ""));
+        const auto kind = tanh ? kernels::GeluKind::Tanh : kernels::GeluKind::Erf;
+        const std::size_t n = static_cast<std::size_t>(s.rows) * s.cols;
+        const auto in = test::round_bf16(test::random_normal(n, rng, 0.f, 3.f));
+        const auto bias = test::round_bf16(test::random_normal(s.cols, rng, 0.f, 0.5f));
+        const auto g = test::round_bf16(test::random_normal(n, rng));
+        test::DeviceArray<bf16> din(test::to_bf16(in)), dbias(test::to_bf16(bias)), dg(test::to_bf16(g));
+        std::vector<float> outs[2], pres[2], dxs[2];
+        for (int k = 0; k < 2; ++k) {
+          const auto ver = kVersions[k];
+          test::DeviceArray<bf16> out(n), pre(n), dx(n);
+          kernels::gelu_forward(nullptr, din.get(), with_bias ? dbias.get() : nullptr, with_bias ? pre.get() : nullptr,
+                                out.get(), s.rows, s.cols, kind, ver);
+          kernels::gelu_backward(nullptr, dg.get(), din.get(), dx.get(), n, kind, ver);
+          outs[k] = test::download_float(out);
+          dxs[k] = test::download_float(dx);
+          if (with_bias) pres[k] = test::download_float(pre);
+          ASSERT_EQ(test::count_nan(outs[k]) + test::count_nan(dxs[k]) + test::count_nan(pres[k]), 0u)
+              << "v" << k + 1 << ": an output was not fully written";
+        }
+        EXPECT_EQ(bits_of(outs[1]), bits_of(outs[0])) << "forward v2 differs from v1";
+        EXPECT_EQ(bits_of(pres[1]), bits_of(pres[0])) << "pre_out v2 differs from v1";
+        EXPECT_EQ(bits_of(dxs[1]), bits_of(dxs[0])) << "backward v2 differs from v1";
+        EXPECT_LE(test::rel_error(dxs[1], ref::gelu_backward(g.data(), in.data(), n, tanh)), 1e-2);
       }
     }
   }
@@ -94,11 +137,13 @@ TEST(GeluGpu, TailsAndZero) {
   std::vector<float> in;
   for (float x = -12.f; x <= 12.f; x += 0.0625f) in.push_back(round_bf16(x));
   const int n = static_cast<int>(in.size());
+  for (auto ver : kVersions)
   for (bool tanh : {false, true}) {
+    SCOPED_TRACE("v" + std::to_string(static_cast<int>(ver)) + (tanh ? " tanh" : " erf"));
     const auto kind = tanh ? kernels::GeluKind::Tanh : kernels::GeluKind::Erf;
     test::DeviceArray<bf16> d(test::to_bf16(in)), o(n), ones(test::to_bf16(std::vector<float>(n, 1.f))), dx(n);
-    kernels::gelu_forward(nullptr, d.get(), nullptr, nullptr, o.get(), 1, n, kind);
-    kernels::gelu_backward(nullptr, ones.get(), d.get(), dx.get(), n, kind);
+    kernels::gelu_forward(nullptr, d.get(), nullptr, nullptr, o.get(), 1, n, kind, ver);
+    kernels::gelu_backward(nullptr, ones.get(), d.get(), dx.get(), n, kind, ver);
     auto got = test::download_float(o), got_dx = test::download_float(dx);
     for (int i = 0; i < n; ++i) {
       const double x = in[i];

@@ -1,6 +1,7 @@
 // GPU tests of kernels/layernorm against the fp64 CPU reference: forward (sum, y, mean, rstd),
 // backward (d_sum with/without d_extra and aliasing, dgamma/dbeta in fp32 and bf16, accumulate),
 // determinism, odd shapes, the scalar fallback (cols % 8 != 0, misaligned pointers), bad shapes.
+// Every backward version (V1, V2) is run on every case.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -134,8 +135,8 @@ struct BwdResult {
 };
 
 // Runs forward then backward on the GPU for one configuration and checks it against the reference.
-void check_backward(const Case& c, DType pt, bool accumulate, bool with_extra, bool alias, std::mt19937_64& rng,
-                    BwdResult* out = nullptr, const std::vector<float>* fixed_dy = nullptr) {
+void check_backward(kernels::KernelVersion ver, const Case& c, DType pt, bool accumulate, bool with_extra, bool alias,
+                    std::mt19937_64& rng, BwdResult* out = nullptr, const std::vector<float>* fixed_dy = nullptr) {
   const std::size_t n = static_cast<std::size_t>(c.rows) * c.cols;
   Inputs in = make_inputs(c.rows, c.cols, rng);
   Buf x(n, c.misalign), res(n, c.misalign), sum(n, c.misalign), y(n, c.misalign);
@@ -170,7 +171,7 @@ void check_backward(const Case& c, DType pt, bool accumulate, bool with_extra, b
   test::DeviceArray<uint8_t> scratch(kernels::layernorm_backward_scratch_bytes(c.rows, c.cols));
   kernels::layernorm_backward(nullptr, dyb.get(), sum.get(), mean.get(), rstd.get(), g.get(),
                               with_extra ? extrab.get() : nullptr, d_sum, dgamma, dbeta, pt, accumulate,
-                              scratch.get(), c.rows, c.cols);
+                              scratch.get(), c.rows, c.cols, ver);
   CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
 
   const auto sum_h = sum.download(n);
@@ -192,28 +193,49 @@ void check_backward(const Case& c, DType pt, bool accumulate, bool with_extra, b
   if (out) *out = std::move(r);
 }
 
+const kernels::KernelVersion kVersions[] = {kernels::KernelVersion::V1, kernels::KernelVersion::V2};
+std::string vname(kernels::KernelVersion v) { return "v" + std::to_string(static_cast<int>(v)); }
+
+// Shapes where V2's team layouts (1, 2, 4, 8, 16 warps per row; several rows per team, so the
+// prefetch of the next row and the team-order combination of the partials run) and its
+// fallbacks (cols > 8192, cols % 8 != 0) are exercised.
+const std::vector<Case>& v2_cases() {
+  static const std::vector<Case> c = {{2500, 512}, {3000, 1024}, {700, 2048}, {600, 4096}, {1000, 8192},
+                                      {333, 1032}, {530, 4104},  {9, 8200},   {41, 200},   {17, 4100}};
+  return c;
+}
+
 }  // namespace
 
 TEST(LayerNormGpu, BackwardMatchesReference) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  for (const Case& c : cases()) {
-    SCOPED_TRACE(name(c));
-    check_backward(c, DType::F32, false, false, false, rng);
-    check_backward(c, DType::BF16, true, true, false, rng);
+  for (auto ver : kVersions) {
+    for (const Case& c : cases()) {
+      SCOPED_TRACE(vname(ver) + " " + name(c));
+      check_backward(ver, c, DType::F32, false, false, false, rng);
+      check_backward(ver, c, DType::BF16, true, true, false, rng);
+    }
+    for (const Case& c : v2_cases()) {
+      SCOPED_TRACE(vname(ver) + " " + name(c));
+      check_backward(ver, c, DType::F32, false, true, false, rng);
+      check_backward(ver, c, DType::F32, true, false, true, rng);
+    }
   }
 }
 
 TEST(LayerNormGpu, BackwardVariants) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  for (const Case& c : {Case{33, 1000}, Case{129, 2048}, Case{7, 64}, Case{11, 1030}}) {
-    for (DType pt : {DType::F32, DType::BF16}) {
-      for (int v = 0; v < 8; ++v) {
-        const bool acc = v & 1, extra = v & 2, alias = v & 4;
-        SCOPED_TRACE(name(c) + " " + dtype_name(pt) + (acc ? " accumulate" : "") + (extra ? " d_extra" : "") +
-                     (alias ? " d_sum=dy" : ""));
-        check_backward(c, pt, acc, extra, alias, rng);
+  for (auto ver : kVersions) {
+    for (const Case& c : {Case{33, 1000}, Case{129, 2048}, Case{7, 64}, Case{11, 1030}, Case{700, 4096}}) {
+      for (DType pt : {DType::F32, DType::BF16}) {
+        for (int v = 0; v < 8; ++v) {
+          const bool acc = v & 1, extra = v & 2, alias = v & 4;
+          SCOPED_TRACE(vname(ver) + " " + name(c) + " " + dtype_name(pt) + (acc ? " accumulate" : "") +
+                       (extra ? " d_extra" : "") + (alias ? " d_sum=dy" : ""));
+          check_backward(ver, c, pt, acc, extra, alias, rng);
+        }
       }
     }
   }
@@ -222,18 +244,21 @@ TEST(LayerNormGpu, BackwardVariants) {
 // Same inputs twice: identical bits in d_sum, dgamma and dbeta (deterministic reduction).
 TEST(LayerNormGpu, BackwardIsDeterministic) {
   CUTRAIN_REQUIRE_GPU();
-  for (const Case& c : {Case{2048, 1024}, Case{2049, 1536}, Case{5, 16384}, Case{333, 1000}, Case{64, 4096, true}}) {
-    for (DType pt : {DType::F32, DType::BF16}) {
-      SCOPED_TRACE(name(c) + " " + dtype_name(pt));
-      // The same seed for both runs gives the same inputs.
-      const auto seed = test::fresh_rng()();
-      std::mt19937_64 r1(seed), r2(seed);
-      BwdResult a, b;
-      check_backward(c, pt, false, true, false, r1, &a);
-      check_backward(c, pt, false, true, false, r2, &b);
-      EXPECT_EQ(a.d_sum_bits, b.d_sum_bits);
-      EXPECT_EQ(float_bits(a.dgamma), float_bits(b.dgamma));
-      EXPECT_EQ(float_bits(a.dbeta), float_bits(b.dbeta));
+  for (auto ver : kVersions) {
+    for (const Case& c : {Case{2048, 1024}, Case{2049, 1536}, Case{5, 16384}, Case{333, 1000}, Case{64, 4096, true},
+                          Case{1500, 4096}, Case{3000, 512}}) {
+      for (DType pt : {DType::F32, DType::BF16}) {
+        SCOPED_TRACE(vname(ver) + " " + name(c) + " " + dtype_name(pt));
+        // The same seed for both runs gives the same inputs.
+        const auto seed = test::fresh_rng()();
+        std::mt19937_64 r1(seed), r2(seed);
+        BwdResult a, b;
+        check_backward(ver, c, pt, false, true, false, r1, &a);
+        check_backward(ver, c, pt, false, true, false, r2, &b);
+        EXPECT_EQ(a.d_sum_bits, b.d_sum_bits);
+        EXPECT_EQ(float_bits(a.dgamma), float_bits(b.dgamma));
+        EXPECT_EQ(float_bits(a.dbeta), float_bits(b.dbeta));
+      }
     }
   }
 }
