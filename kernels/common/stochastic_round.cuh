@@ -5,8 +5,9 @@
 // step) rounds to the same bits, and the CPU reference (tests/reference/adamw_ref.cpp) can reproduce
 // them exactly. Everything here is __host__ __device__ for that reason.
 //
-// Cost: one 64-bit mix per (stream, index >> 32) "key" (hoisted out of loops by callers) and one
-// 32-bit mix per element; each mix yields 32 bits, i.e. two 16-bit roundings.
+// Cost: one 64-bit mix per (stream, index >> 32) "key" (hoisted out of loops by callers) and
+// 32-bit mixes per element; each mix yields 32 bits, i.e. two 16-bit roundings. Two assignments of
+// bits to outputs exist: v1 (AdamVariant::V1, kept for benchmarking) and v2 (the default), below.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -57,6 +58,30 @@ __host__ __device__ __forceinline__ std::uint32_t sr_random(std::uint64_t seed, 
                                                             std::uint64_t index) {
   return sr_bits(sr_key(seed, step, stream, static_cast<std::uint32_t>(index >> 32)),
                  static_cast<std::uint32_t>(index));
+}
+
+// ---- v2 bit assignment (AdamVariant::Default), cheaper: 1.5 mixes per element with three
+// rounded outputs, 0.5 with one (v1 above spends 2 and 1). Same contract: the bits of element
+// `index` depend only on (seed, step, index).
+//   parameter: one mix per element PAIR of stream 0, sr_bits(key0, lo >> 1); the even element
+//              takes the low 16 bits, the odd one the high 16 bits;
+//   m, v (bf16 moments only): one mix per element of stream 1, sr_bits(key1, lo); m low, v high.
+// Pairs never straddle a 2^32 window (lo >> 1 stays inside it), so the key hoisting still works.
+
+// The parameter's 16 bits for element `index_lo` from its pair's hash `pair_hash`.
+__host__ __device__ __forceinline__ std::uint32_t sr_pair_half(std::uint32_t pair_hash, std::uint32_t index_lo) {
+  return (pair_hash >> ((index_lo & 1u) * 16u)) & 0xffffu;
+}
+
+// Host-side convenience (CPU reference, tests): the three 16-bit draws of element `index`.
+struct SrDrawsV2 {
+  std::uint32_t param, m, v;
+};
+__host__ __device__ __forceinline__ SrDrawsV2 sr_draws_v2(std::uint64_t seed, std::uint64_t step, std::uint64_t index) {
+  const std::uint32_t hi = static_cast<std::uint32_t>(index >> 32), lo = static_cast<std::uint32_t>(index);
+  const std::uint32_t hp = sr_bits(sr_key(seed, step, 0, hi), lo >> 1);
+  const std::uint32_t hmv = sr_bits(sr_key(seed, step, 1, hi), lo);
+  return SrDrawsV2{sr_pair_half(hp, lo), hmv & 0xffffu, hmv >> 16};
 }
 
 // Rounds the fp32 bit pattern `u` to bf16 bits: up (away from zero in magnitude) with probability

@@ -17,7 +17,10 @@ namespace cutrain {
 namespace {
 
 using kernels::AdamParams;
+using kernels::AdamVariant;
 using kernels::OptimizerLayout;
+
+const char* variant_tag(AdamVariant v) { return v == AdamVariant::V1 ? "_v1" : ""; }
 using test::DeviceArray;
 
 const char* name_of(OptimizerLayout l) {
@@ -56,6 +59,7 @@ struct State {
   OptimizerLayout layout;
   DType gt;
   std::size_t n, off;  // off: elements of misalignment of every device view
+  AdamVariant variant = AdamVariant::Default;
   std::vector<float> params, master, m, v;
   DeviceArray<bf16> d_params, d_m16, d_v16, d_g16;
   DeviceArray<float> d_master, d_m32, d_v32, d_g32;
@@ -137,7 +141,7 @@ struct State {
     void* vv = full() ? static_cast<void*>(d_v16.get() + off) : d_v32.get() + off;
     kernels::adam_step(nullptr, layout, p, d_params.get() + off, g, gt,
                        layout == OptimizerLayout::Baseline ? d_master.get() + off : nullptr, mm, vv, n, device_scale,
-                       skip);
+                       skip, variant);
     CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   }
 };
@@ -149,11 +153,13 @@ std::vector<float> make_grads(std::size_t n, DType gt, std::mt19937_64& rng, flo
 
 // Three steps; after each, the device state is compared with the reference applied to the
 // previous device state (so rounding differences do not compound).
-void check_steps(OptimizerLayout layout, DType gt, bool decoupled, bool sr, std::size_t n, std::size_t off) {
-  SCOPED_TRACE(std::string(name_of(layout)) + " grads=" + dtype_name(gt) + " decoupled=" + std::to_string(decoupled) +
+void check_steps(OptimizerLayout layout, DType gt, bool decoupled, bool sr, std::size_t n, std::size_t off,
+                 AdamVariant variant) {
+  SCOPED_TRACE(std::string(name_of(layout)) + variant_tag(variant) + " grads=" + dtype_name(gt) + " decoupled=" + std::to_string(decoupled) +
                " sr=" + std::to_string(sr) + " n=" + std::to_string(n) + " off=" + std::to_string(off));
   auto rng = test::fresh_rng();
   State st(layout, gt, n, off);
+  st.variant = variant;
   st.randomize(rng);
   st.upload();
   AdamParams p;
@@ -172,7 +178,7 @@ void check_steps(OptimizerLayout layout, DType gt, bool decoupled, bool sr, std:
     auto g = make_grads(n, gt, rng);
     st.upload_grads(g);
     st.step(p);
-    ref::adam_step(layout, p, p.grad_scale, rp, g, rmas, rm, rv);
+    ref::adam_step(layout, p, p.grad_scale, rp, g, rmas, rm, rv, variant);
     std::vector<float> gp, gmas, gm, gv;
     st.download(gp, gmas, gm, gv);
     expect_bf16_close(gp, rp, "params");
@@ -192,30 +198,33 @@ void check_steps(OptimizerLayout layout, DType gt, bool decoupled, bool sr, std:
   }
 }
 
-using AdamCase = std::tuple<OptimizerLayout, DType, bool, bool>;
+using AdamCase = std::tuple<OptimizerLayout, DType, bool, bool, AdamVariant>;
 class AdamGpu : public ::testing::TestWithParam<AdamCase> {};
 
 TEST_P(AdamGpu, MatchesReferenceOddSize) {
   CUTRAIN_REQUIRE_GPU();
-  auto [layout, gt, decoupled, sr] = GetParam();
-  check_steps(layout, gt, decoupled, sr, 1000003, 0);
+  auto [layout, gt, decoupled, sr, variant] = GetParam();
+  check_steps(layout, gt, decoupled, sr, 1000003, 0, variant);
 }
 
 TEST_P(AdamGpu, MatchesReferenceTinyAndMisaligned) {
   CUTRAIN_REQUIRE_GPU();
-  auto [layout, gt, decoupled, sr] = GetParam();
-  for (std::size_t n : {1, 7, 9, 4099}) check_steps(layout, gt, decoupled, sr, n, 0);
-  check_steps(layout, gt, decoupled, sr, 100003, 1);  // views off 16-byte alignment: scalar path
+  auto [layout, gt, decoupled, sr, variant] = GetParam();
+  // Around the v2 warp tile (256 elements) and its tail too.
+  for (std::size_t n : {1, 7, 9, 255, 256, 257, 4099}) check_steps(layout, gt, decoupled, sr, n, 0, variant);
+  check_steps(layout, gt, decoupled, sr, 100003, 1, variant);  // views off 16-byte alignment: scalar path
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, AdamGpu,
     ::testing::Combine(::testing::Values(OptimizerLayout::Baseline, OptimizerLayout::Bf16MasterWG,
                                          OptimizerLayout::Bf16Full),
-                       ::testing::Values(DType::BF16, DType::F32), ::testing::Bool(), ::testing::Bool()),
+                       ::testing::Values(DType::BF16, DType::F32), ::testing::Bool(), ::testing::Bool(),
+                       ::testing::Values(AdamVariant::Default, AdamVariant::V1)),
     [](const ::testing::TestParamInfo<AdamCase>& i) {
       return std::string(name_of(std::get<0>(i.param))) + "_" + dtype_name(std::get<1>(i.param)) +
-             (std::get<2>(i.param) ? "_AdamW" : "_AdamL2") + (std::get<3>(i.param) ? "_SR" : "_RNE");
+             (std::get<2>(i.param) ? "_AdamW" : "_AdamL2") + (std::get<3>(i.param) ? "_SR" : "_RNE") +
+             variant_tag(std::get<4>(i.param));
     });
 
 TEST(AdamGpuControl, SkipFlagChangesNothingAndDeviceScaleMultiplies) {
@@ -301,8 +310,11 @@ TEST(AdamGpuStochasticRounding, NearestStallsStochasticDrifts) {
   AdamParams p;
   p.lr = 1e-4f;  // per-step change ~1e-4, bf16 half-ulp at 1.0 is 2^-9 ~ 2e-3
   p.weight_decay = 0.f;
+  for (AdamVariant variant : {AdamVariant::Default, AdamVariant::V1})
   for (bool sr : {false, true}) {
+    SCOPED_TRACE(std::string("variant") + variant_tag(variant));
     State st(OptimizerLayout::Bf16MasterWG, DType::BF16, n);
+    st.variant = variant;
     st.params.assign(n, 1.f);
     st.m.assign(n, 0.f);
     st.v.assign(n, 0.f);
@@ -335,11 +347,14 @@ TEST(AdamGpuStochasticRounding, NearestStallsStochasticDrifts) {
 // One step on fp32 masters in [1, 2): each bf16 copy is one of the two neighbours of the fp32
 // value, the rounding error has mean 0 within statistical bounds, the same seed gives the same bits
 // and another seed different bits.
-TEST(AdamGpuStochasticRounding, UnbiasedAndSeeded) {
+class AdamGpuSrVariant : public ::testing::TestWithParam<AdamVariant> {};
+
+TEST_P(AdamGpuSrVariant, UnbiasedAndSeeded) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   const std::size_t n = 1 << 20;
   State st(OptimizerLayout::Baseline, DType::F32, n);
+  st.variant = GetParam();
   st.master = test::random_uniform(n, rng, 1.01f, 1.99f);  // stays in [1, 2) after the step
   st.params = test::round_bf16(st.master);
   st.m.assign(n, 0.f);
@@ -362,7 +377,7 @@ TEST(AdamGpuStochasticRounding, UnbiasedAndSeeded) {
   run(43, pc, mc);
   EXPECT_EQ(std::memcmp(pa.data(), pb.data(), 4 * n), 0) << "same seed, different bits";
   std::size_t differ = 0;
-  double sum = 0, sumsq = 0;
+  double sum = 0, sumsq = 0, sum_par[2] = {0, 0};  // by index parity: the two halves of a v2 pair hash
   for (std::size_t i = 0; i < n; ++i) {
     differ += pa[i] != pc[i];
     const double ulp = std::ldexp(1.0, -7);  // bf16 ulp in [1, 2)
@@ -372,11 +387,66 @@ TEST(AdamGpuStochasticRounding, UnbiasedAndSeeded) {
     const double e = pa[i] - static_cast<double>(ma[i]);
     sum += e;
     sumsq += e * e;
+    sum_par[i & 1] += e;
   }
   EXPECT_GT(differ, n / 10) << "another seed should change many roundings";
   const double mean = sum / n, sd = std::sqrt(sumsq / n - mean * mean);
   EXPECT_NEAR(mean, 0.0, 5 * sd / std::sqrt(double(n))) << "stochastic rounding is biased";
+  for (int par = 0; par < 2; ++par)
+    EXPECT_NEAR(sum_par[par] / (n / 2), 0.0, 5 * sd / std::sqrt(double(n / 2))) << "biased at parity " << par;
 }
+
+// The bf16 moments of Bf16Full get their own draws: m and v round without bias, with the
+// reference's bits (up to rare fp32-rounding ties between the kernel's fmaf chain and fp64).
+TEST_P(AdamGpuSrVariant, Bf16FullMomentsUnbiasedWithReferenceBits) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const std::size_t n = 1 << 20;
+  State st(OptimizerLayout::Bf16Full, DType::F32, n);
+  st.variant = GetParam();
+  st.params = test::round_bf16(test::random_uniform(n, rng, 1.01f, 1.99f));
+  st.m = test::round_bf16(test::random_uniform(n, rng, 2.f, 3.9f));
+  st.v = test::round_bf16(test::random_uniform(n, rng, 2.f, 3.9f));
+  st.upload();
+  auto g = test::random_uniform(n, rng, 2.f, 3.9f);  // m_new = (m + g) / 2, v_new = (v + g^2) / 2: inexact
+  st.upload_grads(g);
+  AdamParams p;
+  p.lr = 1e-3f;
+  p.beta1 = 0.5f;
+  p.beta2 = 0.5f;
+  p.stochastic_rounding = true;
+  p.seed = rng();
+  st.step(p);
+  std::vector<float> gp, gmas, gm, gv;
+  st.download(gp, gmas, gm, gv);
+  std::vector<float> rp = st.params, rmas(n, 0.f), rm = st.m, rv = st.v;
+  ref::adam_step(OptimizerLayout::Bf16Full, p, 1.0, rp, g, rmas, rm, rv, GetParam());
+  std::size_t differ_m = 0, differ_v = 0, differ_p = 0;
+  double sum[2] = {0, 0}, sumsq[2] = {0, 0};
+  for (std::size_t i = 0; i < n; ++i) {
+    differ_m += gm[i] != rm[i];
+    differ_v += gv[i] != rv[i];
+    differ_p += gp[i] != rp[i];
+    const double e[2] = {gm[i] - (0.5 * st.m[i] + 0.5 * g[i]), gv[i] - (0.5 * st.v[i] + 0.25 * double(g[i]) * g[i])};
+    for (int k = 0; k < 2; ++k) {
+      sum[k] += e[k];
+      sumsq[k] += e[k] * e[k];
+    }
+  }
+  EXPECT_LE(differ_m, n / 2000) << "m: the kernel's draws differ from the reference's";
+  EXPECT_LE(differ_v, n / 2000) << "v: the kernel's draws differ from the reference's";
+  EXPECT_LE(differ_p, n / 2000) << "params: the kernel's draws differ from the reference's";
+  for (int k = 0; k < 2; ++k) {
+    const double mean = sum[k] / n, sd = std::sqrt(sumsq[k] / n - mean * mean);
+    EXPECT_GT(sd, 0.0);
+    EXPECT_NEAR(mean, 0.0, 5 * sd / std::sqrt(double(n))) << (k == 0 ? "m" : "v") << " rounding is biased";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, AdamGpuSrVariant, ::testing::Values(AdamVariant::Default, AdamVariant::V1),
+                         [](const ::testing::TestParamInfo<AdamVariant>& i) {
+                           return i.param == AdamVariant::V1 ? std::string("v1") : std::string("v2");
+                         });
 
 // More than 2^31 elements (size_t indexing, the tail, the high index bits of the SR key).
 TEST(AdamGpuLarge, MoreThan2Pow31Elements) {

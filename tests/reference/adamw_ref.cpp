@@ -17,7 +17,7 @@ float bf16_store(float f, bool stochastic, unsigned r16) {
 
 void adam_step(kernels::OptimizerLayout layout, const kernels::AdamParams& p, double scale, std::vector<float>& params,
                const std::vector<float>& grads, std::vector<float>& master, std::vector<float>& m,
-               std::vector<float>& v) {
+               std::vector<float>& v, kernels::AdamVariant variant) {
   using kernels::OptimizerLayout;
   const double b1 = p.beta1, b2 = p.beta2;
   const double bc1 = 1.0 - std::pow(b1, p.step), bc2 = 1.0 - std::pow(b2, p.step);
@@ -31,16 +31,22 @@ void adam_step(kernels::OptimizerLayout layout, const kernels::AdamParams& p, do
     double update = (mi / bc1) / (std::sqrt(vi / bc2) + p.eps);
     if (p.decoupled) update += p.weight_decay * w;
     w -= p.lr * update;
-    std::uint32_t r0 = 0, r1 = 0;
+    std::uint32_t rp = 0, rm = 0, rv = 0;  // 16-bit draws of the parameter, m, v
     if (p.stochastic_rounding) {
-      r0 = kernels::sr_random(p.seed, static_cast<std::uint64_t>(p.step), 0, i);
-      r1 = kernels::sr_random(p.seed, static_cast<std::uint64_t>(p.step), 1, i);
+      const auto step = static_cast<std::uint64_t>(p.step);
+      if (variant == kernels::AdamVariant::V1) {
+        const std::uint32_t r0 = kernels::sr_random(p.seed, step, 0, i), r1 = kernels::sr_random(p.seed, step, 1, i);
+        rp = r0 & 0xffffu, rm = r0 >> 16, rv = r1 & 0xffffu;
+      } else {
+        const kernels::SrDrawsV2 d = kernels::sr_draws_v2(p.seed, step, i);
+        rp = d.param, rm = d.m, rv = d.v;
+      }
     }
     if (base) master[i] = static_cast<float>(w);
-    params[i] = bf16_store(static_cast<float>(w), p.stochastic_rounding, r0 & 0xffffu);
+    params[i] = bf16_store(static_cast<float>(w), p.stochastic_rounding, rp);
     if (full) {
-      m[i] = bf16_store(static_cast<float>(mi), p.stochastic_rounding, r0 >> 16);
-      v[i] = bf16_store(static_cast<float>(vi), p.stochastic_rounding, r1 & 0xffffu);
+      m[i] = bf16_store(static_cast<float>(mi), p.stochastic_rounding, rm);
+      v[i] = bf16_store(static_cast<float>(vi), p.stochastic_rounding, rv);
     } else {
       m[i] = static_cast<float>(mi);
       v[i] = static_cast<float>(vi);
