@@ -1,4 +1,5 @@
-// Fused softmax cross-entropy, one block per row, three launches:
+// Fused softmax cross-entropy, one block per row. v1: three launches (v2, the default, overlaps
+// 1 with 2 through programmatic dependent launch and folds 3 into 2's last block; see run()):
 //   1. ce_count_kernel (1 block): validates the labels, counts the non-ignored rows (the mean's
 //      denominator must be known before any gradient is written), reports the first bad row;
 //   2. ce_row_kernel (one block per row): pass 1 streams the row once with 16-byte loads, keeps an
@@ -32,7 +33,8 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 struct CeHeader {
   int n_valid;
-  int pad[3];
+  unsigned done;  // v2: row blocks finished (zeroed by the count kernel; the last one takes the mean)
+  int pad[2];
 };
 constexpr std::size_t kRowLossOffset = sizeof(CeHeader);
 
@@ -105,10 +107,17 @@ __device__ __forceinline__ void unpack8(uint4 raw, float f[8]) {
   }
 }
 
+// Programmatic dependent launch (sm_90): the count kernel lets the row kernel start at once, and
+// the row kernel waits for the count kernel's results (memory visible) only where it needs them.
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // ---- kernel 1: labels -> n_valid, first bad row ----
 
+template <bool kV2>
 __global__ void __launch_bounds__(kSmallThreads) ce_count_kernel(const int32_t* __restrict__ labels, int rows, int vocab,
                                                                 int ignore_index, CeHeader* hdr, int* status) {
+  if constexpr (kV2) pdl_launch_dependents();
   __shared__ int sm_count[32], sm_bad[32];
   int count = 0, bad = INT_MAX;
   for (int r = threadIdx.x; r < rows; r += blockDim.x) {
@@ -131,6 +140,7 @@ __global__ void __launch_bounds__(kSmallThreads) ce_count_kernel(const int32_t* 
       b = min(b, sm_bad[w]);
     }
     hdr->n_valid = c;
+    if constexpr (kV2) hdr->done = 0;
     if (status) *status = b == INT_MAX ? 0 : b + 1;
   }
 }
@@ -142,11 +152,42 @@ struct RowArgs {
   const int32_t* labels;
   int vocab, ld, ignore_index;
   float grad_scale;
-  const CeHeader* hdr;
+  CeHeader* hdr;
   float* row_loss_tmp;
   float* row_loss;
   int cache_vecs;  // 16-byte vectors of the row body parked in shared memory
+  int rows;
+  float* loss_mean;  // v2: written by the last row block
 };
+
+// v2's fused finish: every block counts itself done; the last one (it sees every other block's
+// row loss after the fences) takes the mean in a fixed order, so the result stays deterministic.
+// Called by every thread of the block.
+__device__ __forceinline__ void ce_finish_in_last_block(const RowArgs& a) {
+  __shared__ bool is_last;
+  __shared__ double sm[32];
+  pdl_wait();  // hdr->done and n_valid come from the count kernel
+  if (threadIdx.x == 0) {
+    __threadfence();  // this block's row loss (written by this thread) before the count
+    is_last = atomicAdd(&a.hdr->done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  double acc = 0;
+  for (int r = threadIdx.x; r < a.rows; r += blockDim.x) acc += static_cast<double>(__ldcg(a.row_loss_tmp + r));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) sm[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t = 0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) t += sm[w];
+    const int nv = __ldcg(&a.hdr->n_valid);
+    *a.loss_mean = nv > 0 ? static_cast<float>(t / nv) : 0.f;
+  }
+}
 
 // Zeros [begin, end) of a row with scalar stores (the padding, the misaligned head/tail).
 __device__ __forceinline__ void zero_scalar(bf16* x, int begin, int end) {
@@ -154,7 +195,7 @@ __device__ __forceinline__ void zero_scalar(bf16* x, int begin, int end) {
   for (int j = begin + threadIdx.x; j < end; j += blockDim.x) x[j] = z;
 }
 
-template <bool kGrad>
+template <bool kGrad, bool kV2>
 __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
   extern __shared__ uint4 cache[];
   const int row = blockIdx.x;
@@ -180,6 +221,7 @@ __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
       zero_scalar(x, 0, head);
       zero_scalar(x, tail_start, a.ld);  // tail and padding
     }
+    if constexpr (kV2) ce_finish_in_last_block(a);
     return;
   }
 
@@ -222,9 +264,13 @@ __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
     a.row_loss_tmp[row] = loss;
     if (a.row_loss) a.row_loss[row] = loss;
   }
-  if constexpr (!kGrad) return;
+  if constexpr (!kGrad) {
+    if constexpr (kV2) ce_finish_in_last_block(a);
+    return;
+  }
 
   // ---- pass 2: dlogits = (softmax - onehot) * grad_scale / n_valid, in place ----
+  if constexpr (kV2) pdl_wait();  // n_valid from the count kernel, which ran alongside pass 1
   const float gs = a.grad_scale / static_cast<float>(max(a.hdr->n_valid, 1));
   if (tid < head) x[tid] = __float2bfloat16_rn((fast_ex2(fmaf(x_head, kLog2e, -c)) - (tid == label ? 1.f : 0.f)) * gs);
   if (tid < tail) {
@@ -253,6 +299,7 @@ __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
     }
   }
   zero_scalar(x, a.vocab, a.ld);  // padding columns
+  if constexpr (kV2) ce_finish_in_last_block(a);
 }
 
 // ---- kernel 3: the mean over the non-ignored rows ----
@@ -299,30 +346,50 @@ void check_common(const char* fn, const void* logits, const int32_t* labels, int
   CUTRAIN_CHECK((reinterpret_cast<std::uintptr_t>(logits) & 1u) == 0, fn, ": logits must be 2-byte aligned");
 }
 
-template <bool kGrad>
+// v1: three plain launches. v2 (default): the row kernel is a programmatic dependent of the count
+// kernel (starts streaming its rows while the labels are counted) and its last block takes the
+// mean (no finish launch): two launch gaps and two serial one-block kernels fewer, which is most
+// of the gap to the copy bandwidth at few rows (2048 x 50k moves only ~200 MB each way).
+template <bool kGrad, bool kV2>
 void run(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int vocab, int ld, float* loss_mean,
          float* row_loss, int* status, void* scratch, int ignore_index, float grad_scale) {
   auto* hdr = static_cast<CeHeader*>(scratch);
   auto* row_loss_tmp = reinterpret_cast<float*>(static_cast<char*>(scratch) + kRowLossOffset);
-  ce_count_kernel<<<1, kSmallThreads, 0, s>>>(labels, rows, vocab, ignore_index, hdr, status);
+  ce_count_kernel<kV2><<<1, kSmallThreads, 0, s>>>(labels, rows, vocab, ignore_index, hdr, status);
   CUTRAIN_LAUNCH_CHECK("ce_count_kernel");
 
-  RowArgs a{logits, labels, vocab, ld, ignore_index, grad_scale, hdr, row_loss_tmp, row_loss, 0};
+  RowArgs a{logits, labels, vocab, ld, ignore_index, grad_scale, hdr, row_loss_tmp, row_loss, 0, rows, loss_mean};
+  auto kernel = ce_row_kernel<kGrad, kV2>;
   std::size_t smem = 0;
   if constexpr (kGrad) {
     a.cache_vecs = cache_vecs_for(vocab);
     smem = static_cast<std::size_t>(a.cache_vecs) * 16;
-    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(ce_row_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem)));
+    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     // Ask for the largest shared-memory split so two parked rows fit per SM (L1 is not needed).
-    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(ce_row_kernel<true>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                             static_cast<int>(cudaSharedmemCarveoutMaxShared)));
   }
-  ce_row_kernel<kGrad><<<rows, kThreads, smem, s>>>(a);
-  CUTRAIN_LAUNCH_CHECK(kGrad ? "ce_row_kernel<grad>" : "ce_row_kernel<forward>");
-
-  ce_finish_kernel<<<1, kSmallThreads, 0, s>>>(row_loss_tmp, rows, hdr, loss_mean);
-  CUTRAIN_LAUNCH_CHECK("ce_finish_kernel");
+  const char* what = kGrad ? (kV2 ? "ce_row_kernel<grad,v2>" : "ce_row_kernel<grad,v1>")
+                           : (kV2 ? "ce_row_kernel<forward,v2>" : "ce_row_kernel<forward,v1>");
+  if constexpr (kV2) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(rows));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    CUTRAIN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+    CUTRAIN_LAUNCH_CHECK(what);
+  } else {
+    kernel<<<rows, kThreads, smem, s>>>(a);
+    CUTRAIN_LAUNCH_CHECK(what);
+    ce_finish_kernel<<<1, kSmallThreads, 0, s>>>(row_loss_tmp, rows, hdr, loss_mean);
+    CUTRAIN_LAUNCH_CHECK("ce_finish_kernel");
+  }
 }
 
 }  // namespace
@@ -334,20 +401,27 @@ std::size_t cross_entropy_scratch_bytes(int rows) {
 
 void cross_entropy_forward_backward(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
                                     float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index,
-                                    float grad_scale) {
+                                    float grad_scale, CrossEntropyVariant variant) {
   check_common("cross_entropy_forward_backward", logits, labels, rows, vocab, ld, loss_mean, scratch);
   CUTRAIN_CHECK(std::isfinite(grad_scale), "cross_entropy_forward_backward: grad_scale must be finite, got ", grad_scale);
   NvtxRange range("cross_entropy_fwdbwd");
-  run<true>(s, logits, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, grad_scale);
+  if (variant == CrossEntropyVariant::V1)
+    run<true, false>(s, logits, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, grad_scale);
+  else
+    run<true, true>(s, logits, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, grad_scale);
 }
 
 void cross_entropy_forward(cudaStream_t s, const bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
-                           float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index) {
+                           float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index,
+                           CrossEntropyVariant variant) {
   check_common("cross_entropy_forward", logits, labels, rows, vocab, ld, loss_mean, scratch);
   NvtxRange range("cross_entropy_fwd");
   // The forward instance never writes through the pointer.
-  run<false>(s, const_cast<bf16*>(logits), labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index,
-             1.f);
+  bf16* x = const_cast<bf16*>(logits);
+  if (variant == CrossEntropyVariant::V1)
+    run<false, false>(s, x, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, 1.f);
+  else
+    run<false, true>(s, x, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, 1.f);
 }
 
 }  // namespace cutrain::kernels

@@ -12,7 +12,12 @@
 namespace cutrain {
 namespace {
 
+using kernels::CrossEntropyVariant;
 using test::DeviceArray;
+
+// Every test runs both kernel variants (the default v2 and the kept v1).
+constexpr CrossEntropyVariant kVariants[] = {CrossEntropyVariant::Default, CrossEntropyVariant::V1};
+std::string variant_name(CrossEntropyVariant v) { return v == CrossEntropyVariant::V1 ? "v1" : "v2"; }
 
 struct CeCase {
   int rows, vocab, ld;
@@ -33,7 +38,8 @@ struct CeRun {
 
 // Uploads logits/labels, runs forward+backward (or forward only), downloads everything.
 CeRun run_ce(const std::vector<float>& logits, const std::vector<int32_t>& labels, const CeCase& c, bool backward,
-             int ignore_index = -100, float grad_scale = 1.f, bool* logits_untouched = nullptr) {
+             int ignore_index = -100, float grad_scale = 1.f, bool* logits_untouched = nullptr,
+             CrossEntropyVariant variant = CrossEntropyVariant::Default) {
   auto hb = test::to_bf16(logits);
   DeviceArray<bf16> d_logits(hb);
   DeviceArray<int32_t> d_labels(labels);
@@ -43,10 +49,10 @@ CeRun run_ce(const std::vector<float>& logits, const std::vector<int32_t>& label
   if (backward) {
     kernels::cross_entropy_forward_backward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld,
                                             d_loss.get(), d_row.get(), d_status.get(), scratch.get(), ignore_index,
-                                            grad_scale);
+                                            grad_scale, variant);
   } else {
     kernels::cross_entropy_forward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld, d_loss.get(),
-                                   d_row.get(), d_status.get(), scratch.get(), ignore_index);
+                                   d_row.get(), d_status.get(), scratch.get(), ignore_index, variant);
   }
   CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   CeRun r;
@@ -114,8 +120,11 @@ TEST_P(CrossEntropyGpu, ForwardBackwardMatchesReference) {
   Inputs in = make_inputs(c, rng);
   const float grad_scale = 0.75f;
   auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, -100, grad_scale);
-  CeRun r = run_ce(in.logits, in.labels, c, true, -100, grad_scale);
-  check_against_ref(c, in, r, want, -100, grad_scale);
+  for (auto var : kVariants) {
+    SCOPED_TRACE(variant_name(var));
+    CeRun r = run_ce(in.logits, in.labels, c, true, -100, grad_scale, nullptr, var);
+    check_against_ref(c, in, r, want, -100, grad_scale);
+  }
 }
 
 TEST_P(CrossEntropyGpu, ForwardOnlyLeavesLogitsAndMatchesLoss) {
@@ -124,12 +133,16 @@ TEST_P(CrossEntropyGpu, ForwardOnlyLeavesLogitsAndMatchesLoss) {
   auto rng = test::fresh_rng();
   Inputs in = make_inputs(c, rng);
   auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld);
-  bool untouched = false;
-  CeRun r = run_ce(in.logits, in.labels, c, false, -100, 1.f, &untouched);
-  EXPECT_TRUE(untouched);
-  EXPECT_NEAR(r.loss, want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean)));
-  for (int i = 0; i < c.rows; ++i)
-    ASSERT_NEAR(r.row_loss[i], want.row_loss[i], 1e-4 * std::max(1.0, std::fabs(want.row_loss[i]))) << "row " << i;
+  for (auto var : kVariants) {
+    SCOPED_TRACE(variant_name(var));
+    bool untouched = false;
+    CeRun r = run_ce(in.logits, in.labels, c, false, -100, 1.f, &untouched, var);
+    EXPECT_TRUE(untouched);
+    EXPECT_EQ(r.status, want.status);
+    EXPECT_NEAR(r.loss, want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean)));
+    for (int i = 0; i < c.rows; ++i)
+      ASSERT_NEAR(r.row_loss[i], want.row_loss[i], 1e-4 * std::max(1.0, std::fabs(want.row_loss[i]))) << "row " << i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyGpu,
@@ -153,11 +166,14 @@ TEST(CrossEntropyGpuLabels, OutOfRangeLabelsReportedAndIgnored) {
   in.labels[4] = -5;
   auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld);
   ASSERT_EQ(want.status, 3);
-  CeRun r = run_ce(in.logits, in.labels, c, true);
-  check_against_ref(c, in, r, want);
-  EXPECT_EQ(r.status, 3);
-  EXPECT_EQ(r.row_loss[2], 0.f);
-  EXPECT_EQ(r.row_loss[4], 0.f);
+  for (auto var : kVariants) {
+    SCOPED_TRACE(variant_name(var));
+    CeRun r = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr, var);
+    check_against_ref(c, in, r, want);
+    EXPECT_EQ(r.status, 3);
+    EXPECT_EQ(r.row_loss[2], 0.f);
+    EXPECT_EQ(r.row_loss[4], 0.f);
+  }
 }
 
 TEST(CrossEntropyGpuLabels, CustomIgnoreIndexAndAllIgnored) {
@@ -167,15 +183,20 @@ TEST(CrossEntropyGpuLabels, CustomIgnoreIndexAndAllIgnored) {
   Inputs in = make_inputs(c, rng);
   in.labels[0] = 0;  // ignore_index 0: this row is ignored, -100 would be an out-of-range label
   auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, 0, 1.0);
-  CeRun r = run_ce(in.logits, in.labels, c, true, 0, 1.f);
-  check_against_ref(c, in, r, want, 0);
-  for (int j = 0; j < c.ld; ++j) ASSERT_EQ(r.dlogits[j], 0.f);
+  for (auto var : kVariants) {
+    SCOPED_TRACE(variant_name(var));
+    CeRun r = run_ce(in.logits, in.labels, c, true, 0, 1.f, nullptr, var);
+    check_against_ref(c, in, r, want, 0);
+    for (int j = 0; j < c.ld; ++j) ASSERT_EQ(r.dlogits[j], 0.f);
 
-  std::vector<int32_t> all_ignored(c.rows, -100);
-  CeRun z = run_ce(in.logits, all_ignored, c, true);
-  EXPECT_EQ(z.loss, 0.f);
-  EXPECT_EQ(z.status, 0);
-  for (float g : z.dlogits) ASSERT_EQ(g, 0.f);
+    std::vector<int32_t> all_ignored(c.rows, -100);
+    CeRun z = run_ce(in.logits, all_ignored, c, true, -100, 1.f, nullptr, var);
+    EXPECT_EQ(z.loss, 0.f);
+    EXPECT_EQ(z.status, 0);
+    for (float g : z.dlogits) ASSERT_EQ(g, 0.f);
+    CeRun zf = run_ce(in.logits, all_ignored, c, false, -100, 1.f, nullptr, var);
+    EXPECT_EQ(zf.loss, 0.f);
+  }
 }
 
 TEST(CrossEntropyGpuDeterminism, SameBitsEveryRun) {
@@ -183,11 +204,43 @@ TEST(CrossEntropyGpuDeterminism, SameBitsEveryRun) {
   auto rng = test::fresh_rng();
   const CeCase c{2048, 50304, 50304, 0.05f, 2.f};
   Inputs in = make_inputs(c, rng);
-  CeRun a = run_ce(in.logits, in.labels, c, true);
-  CeRun b = run_ce(in.logits, in.labels, c, true);
-  EXPECT_EQ(std::memcmp(&a.loss, &b.loss, 4), 0);
-  EXPECT_EQ(std::memcmp(a.row_loss.data(), b.row_loss.data(), 4 * a.row_loss.size()), 0);
-  EXPECT_EQ(std::memcmp(a.dlogits.data(), b.dlogits.data(), 4 * a.dlogits.size()), 0);
+  std::vector<CeRun> first;
+  for (auto var : kVariants) {
+    SCOPED_TRACE(variant_name(var));
+    CeRun a = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr, var);
+    CeRun b = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr, var);
+    EXPECT_EQ(std::memcmp(&a.loss, &b.loss, 4), 0);
+    EXPECT_EQ(std::memcmp(a.row_loss.data(), b.row_loss.data(), 4 * a.row_loss.size()), 0);
+    EXPECT_EQ(std::memcmp(a.dlogits.data(), b.dlogits.data(), 4 * a.dlogits.size()), 0);
+    first.push_back(std::move(a));
+  }
+  // The variants share the row math: identical per-row losses and gradients, bit for bit.
+  EXPECT_EQ(std::memcmp(first[0].row_loss.data(), first[1].row_loss.data(), 4 * first[0].row_loss.size()), 0);
+  EXPECT_EQ(std::memcmp(first[0].dlogits.data(), first[1].dlogits.data(), 4 * first[0].dlogits.size()), 0);
+  EXPECT_NEAR(first[0].loss, first[1].loss, 1e-6 * std::max(1.f, std::fabs(first[1].loss)));
+}
+
+// Back-to-back calls on one stream reuse the scratch (v2's done counter must be re-armed by each
+// call's count kernel) and several thousand rows make many blocks race for "last".
+TEST(CrossEntropyGpuDeterminism, RepeatedCallsOnOneStreamReuseScratch) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const CeCase c{4099, 1031, 1031, 0.1f, 2.f};
+  Inputs in = make_inputs(c, rng);
+  auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld);
+  auto hb = test::to_bf16(in.logits);
+  DeviceArray<bf16> d_logits(hb);
+  DeviceArray<int32_t> d_labels(in.labels);
+  DeviceArray<float> d_loss(4);
+  DeviceArray<char> scratch(kernels::cross_entropy_scratch_bytes(c.rows));
+  for (int k = 0; k < 4; ++k)
+    kernels::cross_entropy_forward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld, d_loss.get() + k,
+                                   nullptr, nullptr, scratch.get());
+  auto loss = d_loss.download();
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_NEAR(loss[k], want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean))) << "call " << k;
+    EXPECT_EQ(std::memcmp(&loss[k], &loss[0], 4), 0) << "call " << k;
+  }
 }
 
 TEST(CrossEntropyGpuArgs, BadShapesThrowBeforeLaunch) {
