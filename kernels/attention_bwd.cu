@@ -345,10 +345,14 @@ void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf
     CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     kv<<<kv_grid, KB * 2, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, nullptr, sh.seq, sh.heads, scale_log2, scale);
     CUTRAIN_LAUNCH_CHECK("attention_dkdv_kernel");
-    auto q = dq_kernel<D, CAUSAL>;
-    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(q, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem<D>()));
-    q<<<grid, kThreads, dq_smem<D>(), st>>>(qkv, dout, lse, dvec, dqkv, sh.seq, sh.heads, scale_log2, scale);
-    CUTRAIN_LAUNCH_CHECK("attention_dq_kernel");
+    if constexpr (KB == 128) {  // the v2 variants
+      dq_v2(st, qkv, dout, lse, dvec, dqkv, sh);
+    } else {
+      auto q = dq_kernel<D, CAUSAL>;
+      CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(q, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem<D>()));
+      q<<<grid, kThreads, dq_smem<D>(), st>>>(qkv, dout, lse, dvec, dqkv, sh.seq, sh.heads, scale_log2, scale);
+      CUTRAIN_LAUNCH_CHECK("attention_dq_kernel");
+    }
   } else {
     CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, rows * D * sizeof(float), st));
     auto kv = dkdv_kernel<D, CAUSAL, true, KB>;
@@ -362,7 +366,8 @@ void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf
   }
 }
 
-// v1 and v2_m128n32: 64 keys per dK/dV CTA; v2_m128 and v2_m128w8: 128.
+// v1 and v2_m128n32: 64 keys per dK/dV CTA and the v1 dQ pass; v2_m128 and v2_m128w8: 128 keys and
+// the v2 dQ pass (attention_bwd_dq_v2.cu).
 template <int D, bool CAUSAL>
 void launch_backward_variant(cudaStream_t st, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
                              bf16* dqkv, void* scratch, const AttentionShape& sh, bool deterministic) {

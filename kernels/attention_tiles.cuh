@@ -127,4 +127,9 @@ Variant current_variant();
 // query rows each; K/V tiles of 32 or 64 keys.
 void forward_v2(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const AttentionShape& shape, Variant v);
 
+// Deterministic dQ pass of the v2 variants (kernels/attention_bwd_dq_v2.cu): dqkv's q slot from
+// dvec = rowsum(dO o O) (fp32 [B, H, S]); CTA 128 queries, 4 warps x 32 rows, 32-key tiles.
+void dq_v2(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+           const AttentionShape& shape);
+
 }  // namespace cutrain::kernels::attn

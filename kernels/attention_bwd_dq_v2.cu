@@ -1,0 +1,215 @@
+// Deterministic backward's dQ pass, v2 variants: CTA = 128 queries, 4 warps x 32 rows (two
+// m-tiles), walking 32-key (D=128: 16-key) tiles of K and V: dQ += dS K with dS = P o (dO V^T - Dvec) and P
+// recomputed from lse. Why: as in the forward, v1's 16 rows per warp make every K/V fragment read
+// by ldmatrix feed one mma; two m-tiles per warp feed two. QREG (D=64) also keeps the warp's Q and
+// dO A fragments in registers for the whole pass; D=128 re-reads them from shared memory.
+#include <cmath>
+
+#include "kernels/attention.cuh"
+#include "kernels/attention_tiles.cuh"
+#include "runtime/check.h"
+
+namespace cutrain::kernels {
+namespace attn {
+namespace {
+
+constexpr int kWarps = 4, kMT = 2, kBM = kWarps * kMT * 16, kT = kWarps * 32;
+// Keys per K/V tile: 32 for D=64; 16 for D=128, where 32 left 8 bytes of spills (254 registers).
+template <int D>
+constexpr int key_tile() { return D == 64 ? 32 : 16; }
+
+// acc[i] = A_i B^T for the warp's kMT m-tiles against a 32-row tile B (b_addr: its ldmatrix
+// address for this lane); A from registers (QREG) or from shared memory at a_addr.
+template <int D, bool QREG, int R, int kBN = key_tile<D>()>
+__device__ __forceinline__ void abt_tiles(float (&acc)[kMT][kBN / 8][4], const std::uint32_t (&af)[R][QREG ? D / 16 : 1][4],
+                                          std::uint32_t a_addr, std::uint32_t b_addr) {
+#pragma unroll
+  for (int i = 0; i < kMT; ++i)
+#pragma unroll
+    for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][n][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    std::uint32_t a[kMT][4];
+#pragma unroll
+    for (int i = 0; i < kMT; ++i) {
+      if constexpr (QREG) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a[i][r] = af[i][kk][r];
+      } else {
+        mma::ldmatrix_x4(a[i], a_addr + (i * 16 * ld<D>() + kk * 16) * 2);
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < kBN / 16; ++np) {
+      std::uint32_t bb[4];
+      mma::ldmatrix_x4(bb, b_addr + (np * 16 * ld<D>() + kk * 16) * 2);
+#pragma unroll
+      for (int i = 0; i < kMT; ++i) {
+        mma::mma_bf16_16816(acc[i][2 * np], a[i], bb[0], bb[1]);
+        mma::mma_bf16_16816(acc[i][2 * np + 1], a[i], bb[2], bb[3]);
+      }
+    }
+  }
+}
+
+template <int D, bool CAUSAL, bool QREG>
+__global__ void __launch_bounds__(kT) dq_v2_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ dout,
+                                                   const float* __restrict__ lse, const float* __restrict__ dvec,
+                                                   bf16* __restrict__ dqkv, int S, int H, float scale_log2,
+                                                   float scale) {
+  constexpr int kBN = key_tile<D>();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sdO = sQ + kBM * ld<D>();
+  bf16* sK = sdO + kBM * ld<D>();     // [2][kBN][ld]
+  bf16* sV = sK + 2 * kBN * ld<D>();  // [2][kBN][ld]
+
+  const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // heaviest first
+  const int m0 = qblock * kBM, head = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
+  const int w0 = m0 + warp * kMT * 16;  // the warp's first query row
+  const std::size_t tok = 3ull * H * D, otok = static_cast<std::size_t>(H) * D;
+  const std::size_t qoff = static_cast<std::size_t>(b) * S * tok + static_cast<std::size_t>(head) * D;
+  const bf16* gq = qkv + qoff;
+  const bf16* gk = gq + otok;
+  const bf16* gv = gk + otok;
+  const bf16* gdo = dout + static_cast<std::size_t>(b) * S * otok + static_cast<std::size_t>(head) * D;
+  const float* glse = lse + (static_cast<std::size_t>(b) * H + head) * S;
+  const float* gdv = dvec + (static_cast<std::size_t>(b) * H + head) * S;
+
+  int n_tiles = (S + kBN - 1) / kBN;
+  if (CAUSAL) n_tiles = min(n_tiles, (m0 + kBM - 1) / kBN + 1);
+
+  float l2[kMT][2], dd[kMT][2];  // this thread's rows: w0 + 16i + gi (+8)
+#pragma unroll
+  for (int i = 0; i < kMT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = w0 + i * 16 + gi + 8 * h;
+      l2[i][h] = r < S ? glse[r] * kLog2e : 0.f;
+      dd[i][h] = r < S ? gdv[r] : 0.f;
+    }
+
+  load_rows<D, kBM, kT>(sQ, gq, m0, S, tok);
+  load_rows<D, kBM, kT>(sdO, gdo, m0, S, otok);
+  load_rows<D, kBN, kT>(sK, gk, 0, S, tok);
+  load_rows<D, kBN, kT>(sV, gv, 0, S, tok);
+  mma::cp_async_commit();
+  mma::cp_async_wait<0>();
+  __syncthreads();
+
+  // A-fragment addresses of the warp's Q and dO rows (m-tile i: + 16 rows, k-slice kk: + 32 bytes).
+  const int a_off = (warp * kMT * 16 + (lane & 15)) * ld<D>() + (lane >> 4) * 8;
+  const std::uint32_t q_addr = mma::smem_addr(sQ + a_off), do_addr = mma::smem_addr(sdO + a_off);
+  std::uint32_t qf[kMT][QREG ? D / 16 : 1][4], df[kMT][QREG ? D / 16 : 1][4];  // unused unless QREG
+  if constexpr (QREG) {
+#pragma unroll
+    for (int i = 0; i < kMT; ++i)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        mma::ldmatrix_x4(qf[i][kk], q_addr + (i * 16 * ld<D>() + kk * 16) * 2);
+        mma::ldmatrix_x4(df[i][kk], do_addr + (i * 16 * ld<D>() + kk * 16) * 2);
+      }
+  }
+
+  float dq[kMT][D / 8][4];
+#pragma unroll
+  for (int i = 0; i < kMT; ++i)
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dq[i][d][e] = 0.f;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int n0 = j * kBN;
+    if (j + 1 < n_tiles) {
+      const int nb = (j + 1) & 1;
+      load_rows<D, kBN, kT>(sK + nb * kBN * ld<D>(), gk, n0 + kBN, S, tok);
+      load_rows<D, kBN, kT>(sV + nb * kBN * ld<D>(), gv, n0 + kBN, S, tok);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+    } else {
+      mma::cp_async_wait<0>();
+    }
+    __syncthreads();
+    const bf16* k_tile = sK + (j & 1) * kBN * ld<D>();
+    const bf16* v_tile = sV + (j & 1) * kBN * ld<D>();
+
+    if (!CAUSAL || n0 <= w0 + kMT * 16 - 1) {  // causal: a warp before the whole tile adds nothing
+      // s = Q K^T, then dp = dO V^T, for kMT x 16 rows x 32 keys; each K/V fragment feeds kMT mma.
+      // (One product at a time: fewer fragments live at once, which keeps D=128 clear of spills.)
+      float s[kMT][kBN / 8][4], dp[kMT][kBN / 8][4];
+      const int b_off = ((lane & 7) + (lane >> 4) * 8) * ld<D>() + ((lane >> 3) & 1) * 8;
+      abt_tiles<D, QREG>(s, qf, q_addr, mma::smem_addr(k_tile + b_off));
+      abt_tiles<D, QREG>(dp, df, do_addr, mma::smem_addr(v_tile + b_off));
+
+      // dS = P o (dP - Dvec), P = exp2(scale_log2 s - lse log2 e); dead entries (past S, causal) 0.
+      const bool mask = n0 + kBN > S || (CAUSAL && n0 + kBN - 1 > w0);
+      std::uint32_t sf[kMT][kBN / 16][4];
+#pragma unroll
+      for (int i = 0; i < kMT; ++i) {
+#pragma unroll
+        for (int n = 0; n < kBN / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = n0 + n * 8 + 2 * t + (e & 1);
+            const int row = w0 + i * 16 + gi + (e >> 1) * 8;
+            const bool dead = mask && (col >= S || (CAUSAL && col > row));
+            const float p = dead ? 0.f : exp2f(fmaf(s[i][n][e], scale_log2, -l2[i][e >> 1]));
+            s[i][n][e] = p * (dp[i][n][e] - dd[i][e >> 1]);
+          }
+        to_a_frags<kBN>(sf[i], s[i]);
+      }
+
+      // dQ += dS K; each K fragment (read transposed) feeds kMT mma.
+      const std::uint32_t kt_addr =
+          mma::smem_addr(k_tile + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld<D>() + (lane >> 4) * 8);
+#pragma unroll
+      for (int ks = 0; ks < kBN / 16; ++ks)
+#pragma unroll
+        for (int dp2 = 0; dp2 < D / 16; ++dp2) {
+          std::uint32_t bb[4];
+          mma::ldmatrix_x4_trans(bb, kt_addr + (ks * 16 * ld<D>() + dp2 * 16) * 2);
+#pragma unroll
+          for (int i = 0; i < kMT; ++i) {
+            mma::mma_bf16_16816(dq[i][2 * dp2], sf[i][ks], bb[0], bb[1]);
+            mma::mma_bf16_16816(dq[i][2 * dp2 + 1], sf[i][ks], bb[2], bb[3]);
+          }
+        }
+    }
+    __syncthreads();  // every warp is done with this buffer before it is refilled
+  }
+
+#pragma unroll
+  for (int i = 0; i < kMT; ++i) store_rows<D>(dqkv + qoff, dq[i], w0 + i * 16, S, tok, scale);
+}
+
+template <int D, bool CAUSAL>
+void launch(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+            const AttentionShape& sh) {
+  constexpr bool kQReg = D == 64;
+  constexpr int kBN = key_tile<D>();
+  constexpr int kSmem = (2 * kBM + 4 * kBN) * ld<D>() * 2;  // Q, dO + 2 K + 2 V tiles
+  auto kernel = dq_v2_kernel<D, CAUSAL, kQReg>;
+  CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
+  const dim3 grid((sh.seq + kBM - 1) / kBM, sh.heads, sh.batch);
+  kernel<<<grid, kT, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, sh.seq, sh.heads, scale_log2, scale);
+  CUTRAIN_LAUNCH_CHECK("attention_dq_v2_kernel");
+}
+
+}  // namespace
+
+void dq_v2(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+           const AttentionShape& sh) {
+  const bool c = sh.causal;
+  if (sh.head_dim == 64)
+    c ? launch<64, true>(s, qkv, dout, lse, dvec, dqkv, sh) : launch<64, false>(s, qkv, dout, lse, dvec, dqkv, sh);
+  else
+    c ? launch<128, true>(s, qkv, dout, lse, dvec, dqkv, sh) : launch<128, false>(s, qkv, dout, lse, dvec, dqkv, sh);
+}
+
+}  // namespace attn
+}  // namespace cutrain::kernels
