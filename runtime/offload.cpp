@@ -269,6 +269,12 @@ void StateOffloader::offload(const std::vector<std::string>& names, const Offloa
       debug_log("state '", s->name, "' is empty: nothing to offload");
       continue;
     }
+    if (s->buffer)
+      CUTRAIN_CHECK(s->buffer->bytes() == s->bytes && s->buffer->get(), "offload of state '", s->name,
+                    "': its buffer changed outside the offloader (registered with ", s->bytes, " bytes, now ",
+                    s->buffer->bytes(), ")");
+    else
+      CUTRAIN_CHECK(s->ext.data() != nullptr, "offload of state '", s->name, "': its device pointer is null");
     todo.push_back(s);
   }
   if (opt.device == OffloadDevice::Nvme) {
@@ -401,15 +407,33 @@ void StateOffloader::reload(const std::vector<std::string>& names, bool non_bloc
       break;
     }
 
-  // 1. Device memory for all of them (on exhaustion, give back what this call took).
-  std::vector<State*> got;
+  // Device memory state by state; a state's copy is queued as soon as its block exists, so the
+  // later allocations overlap the earlier copies. Each copy waits for the owner stream at its
+  // block's allocation point (the block may come from owner-stream work still queued). On
+  // exhaustion, what this call took is given back (a block with a queued copy is held back by
+  // record_stream until the copy is done) and every state stays offloaded with its host copy.
+  std::vector<State*> got, cpu, nvme;
+  cudaStream_t cs = nullptr;
   try {
     for (State* s : todo) {
       if (s->buffer) *s->buffer = Buffer(alloc_, s->bytes, owner_);
       else s->ext.reallocate();
       got.push_back(s);
+      if (s->where != OffloadDevice::Cpu) {
+        nvme.push_back(s);
+        continue;
+      }
+      if (!cs) cs = copy_stream();
+      Event ready(false);
+      ready.record(owner_);
+      ready.wait_on(cs);
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(s->device_ptr(), s->host, s->bytes, cudaMemcpyHostToDevice, cs));
+      // If the owner frees the block before waiting for the reload, it is still held back.
+      if (s->buffer) alloc_.record_stream(s->buffer->get(), cs);
+      cpu.push_back(s);
     }
   } catch (...) {
+    if (cs) cudaStreamSynchronize(cs);  // external states: their release must not race the copy
     for (State* s : got) {
       if (s->buffer) s->buffer->reset();
       else s->ext.release();
@@ -418,36 +442,34 @@ void StateOffloader::reload(const std::vector<std::string>& names, bool non_bloc
   }
   ++generation_;
 
-  std::vector<State*> cpu, nvme;
-  for (State* s : todo) (s->where == OffloadDevice::Cpu ? cpu : nvme).push_back(s);
-  if (!nvme.empty()) {
-    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(owner_));  // the new blocks' previous users are done
-    for (State* s : nvme) {
-      impl_->aio->sync_pread(s->device_ptr(), s->bytes, s->file);
-      std::remove(s->file.c_str());
-      s->file.clear();
-      s->offloaded = false;
-    }
-  }
   if (!cpu.empty()) {
-    // 2. Copies on the copy stream, after the allocation point on the owner stream.
-    cudaStream_t cs = copy_stream();
-    Event ready(false);
-    ready.record(owner_);
-    ready.wait_on(cs);
-    for (State* s : cpu)
-      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(s->device_ptr(), s->host, s->bytes, cudaMemcpyHostToDevice, cs));
     auto done = std::make_shared<Event>(false);
     done->record(cs);
     for (State* s : cpu) {
-      // If the owner frees the block before waiting on the reload, it is still held back.
-      if (s->buffer) alloc_.record_stream(s->buffer->get(), cs);
       s->offloaded = false;
       s->reload_done = done;
     }
     if (!non_blocking) {
       done->synchronize();
       for (State* s : cpu) s->reload_done.reset();
+    }
+  }
+  if (!nvme.empty()) {
+    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(owner_));  // the new blocks' previous users are done
+    for (std::size_t i = 0; i < nvme.size(); ++i) {
+      State* s = nvme[i];
+      try {
+        impl_->aio->sync_pread(s->device_ptr(), s->bytes, s->file);
+      } catch (...) {  // this one and the rest stay offloaded in their files
+        for (std::size_t j = i; j < nvme.size(); ++j) {
+          if (nvme[j]->buffer) nvme[j]->buffer->reset();
+          else nvme[j]->ext.release();
+        }
+        throw;
+      }
+      std::remove(s->file.c_str());
+      s->file.clear();
+      s->offloaded = false;
     }
   }
 }

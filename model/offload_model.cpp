@@ -1,0 +1,196 @@
+// The offload example's SimpleModel: y = W_{L-1}(... W_0 x + b_0 ...) + b_{L-1}, loss =
+// CrossEntropy(y, label). Micro batch 1, so every GEMM has M = 1.
+#include "model/offload_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "kernels/adamw.cuh"
+#include "kernels/cross_entropy.cuh"
+#include "runtime/check.h"
+
+namespace cutrain::model {
+
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Fills master[i] (fp32) and params[i] (bf16 bits) for i in [begin, end) with U(-bound, bound),
+// a pure function of (seed, i): the same model whatever the chunking or thread count.
+void init_chunk(std::uint64_t seed, std::size_t begin, std::size_t end, float bound, float* master,
+                std::uint16_t* params) {
+  const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  const std::size_t n = end - begin, per = (n + threads - 1) / threads;
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) {
+    std::size_t lo = std::min(n, t * per), hi = std::min(n, lo + per);
+    pool.emplace_back([=] {
+      for (std::size_t j = lo; j < hi; ++j) {
+        double u = double(splitmix64(seed * 0x100000001b3ull + begin + j) >> 11) * 0x1.0p-53;  // [0, 1)
+        float v = float((2.0 * u - 1.0) * bound);
+        master[j] = v;
+        params[j] = f32_to_bf16_bits(v);
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace
+
+const std::vector<std::string>& OffloadModel::state_names() {
+  static const std::vector<std::string> names{"optim_states", "hp_params", "lp_params", "lp_grads"};
+  return names;
+}
+
+OffloadModel::OffloadModel(const OffloadModelOptions& o)
+    : opt_(o), h_(o.hidden), L_(o.nlayers), alloc_(device_allocator()) {
+  CUTRAIN_CHECK(o.dtype == DType::BF16, "offload model: dtype ", dtype_name(o.dtype),
+                " is not supported: the dense kernels (kernels/gemm.cuh, kernels/cross_entropy.cuh) are bf16-only; "
+                "use bfloat16");
+  CUTRAIN_CHECK(h_ >= 2, "offload model: hidden_dim must be at least 2 (classes), got ", h_);
+  CUTRAIN_CHECK(L_ >= 1, "offload model: nlayers must be at least 1, got ", L_);
+  const std::size_t h = std::size_t(h_), per_layer = h * h + h;
+  n_ = std::size_t(L_) * per_layer;
+  cudaStream_t s = stream_.get();
+
+  params_ = Buffer(alloc_, n_ * 2, s);
+  grads_ = Buffer(alloc_, n_ * 2, s);
+  master_ = Buffer(alloc_, n_ * 4, s);
+  moments_ = Buffer(alloc_, 2 * n_ * 4, s);
+  acts_ = Buffer(alloc_, (std::size_t(L_) + 1) * h * 2, s);
+  dx_ = Buffer(alloc_, 2 * h * 2, s);
+  labels_d_ = Buffer(alloc_, 4, s);
+  loss_d_ = Buffer(alloc_, 4, s);
+  status_d_ = Buffer(alloc_, 4, s);
+  scratch_ = Buffer(alloc_, std::max(kernels::bias_grad_scratch_bytes(1, h_), kernels::cross_entropy_scratch_bytes(1)),
+                    s);
+  gemm_ = std::make_unique<kernels::Gemm>(&alloc_);
+  stage_ = Buffer(pinned_allocator(), h * 2 + 16);
+
+  // Parameters in chunks (bounded host memory for multi-GiB models).
+  const float bound = 1.f / std::sqrt(float(h_));
+  const std::size_t chunk = std::size_t{1} << 24;
+  std::vector<float> m(std::min(chunk, n_));
+  std::vector<std::uint16_t> p(m.size());
+  for (std::size_t b = 0; b < n_; b += chunk) {
+    const std::size_t e = std::min(n_, b + chunk);
+    init_chunk(o.seed, b, e, bound, m.data(), p.data());
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(master_.as<float>() + b, m.data(), (e - b) * 4, cudaMemcpyHostToDevice, s));
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(params_.as<std::uint16_t>() + b, p.data(), (e - b) * 2, cudaMemcpyHostToDevice, s));
+    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));  // the host chunk is reused
+  }
+  CUTRAIN_CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), s));
+  CUTRAIN_CUDA_CHECK(cudaMemsetAsync(moments_.get(), 0, moments_.bytes(), s));
+  stream_.synchronize();
+
+  offloader_ = std::make_unique<StateOffloader>(alloc_, s);
+  offloader_->add("optim_states", &moments_);
+  offloader_->add("hp_params", &master_);
+  offloader_->add("lp_params", &params_);
+  offloader_->add("lp_grads", &grads_);
+}
+
+OffloadModel::~OffloadModel() { cudaStreamSynchronize(stream_.get()); }
+
+std::size_t OffloadModel::state_bytes() const {
+  return n_ * 2 + n_ * 2 + n_ * 4 + 2 * n_ * 4;
+}
+
+float OffloadModel::step(const float* x, int label) {
+  CUTRAIN_CHECK(label >= 0 && label < h_, "offload model: label must be in [0, ", h_, "), got ", label);
+  cudaStream_t s = stream_.get();
+  // Anything still offloaded comes back (non-blocking); each state is waited for right before its
+  // first use, so the copies of the later ones (moments, master) overlap the forward/backward.
+  offloader_->reload(true);
+  const std::size_t h = std::size_t(h_), per_layer = h * h + h;
+
+  auto* xh = stage_.as<std::uint16_t>();
+  for (std::size_t i = 0; i < h; ++i) xh[i] = f32_to_bf16_bits(x[i]);
+  std::memcpy(reinterpret_cast<char*>(xh) + h * 2, &label, 4);
+  bf16* acts = acts_.as<bf16>();
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(acts, xh, h * 2, cudaMemcpyHostToDevice, s));
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(labels_d_.get(), reinterpret_cast<char*>(xh) + h * 2, 4, cudaMemcpyHostToDevice, s));
+  CUTRAIN_CUDA_CHECK(cudaMemsetAsync(status_d_.get(), 0, 4, s));
+
+  offloader_->wait_resident("lp_params", s);
+  const bf16* P = params_.as<bf16>();
+  bf16* G = grads_.as<bf16>();
+  for (int l = 0; l < L_; ++l) {
+    const bf16* W = P + l * per_layer;
+    gemm_->forward(s, acts + l * h, W, W + h * h, acts + (l + 1) * h, 1, h_, h_, kernels::GemmEpilogue::Bias);
+  }
+  bf16* logits = acts + std::size_t(L_) * h;
+  kernels::cross_entropy_forward_backward(s, logits, labels_d_.as<std::int32_t>(), 1, h_, h_, loss_d_.as<float>(),
+                                          nullptr, status_d_.as<int>(), scratch_.get());
+  // Backward: dy starts as d(logits) (in place); dx ping-pongs between the two halves of dx_.
+  const bf16* dy = logits;
+  offloader_->wait_resident("lp_grads", s);
+  for (int l = L_ - 1; l >= 0; --l) {
+    const bf16* W = P + l * per_layer;
+    bf16* gW = G + l * per_layer;
+    gemm_->grad_weight(s, dy, acts + l * h, gW, DType::BF16, 1, h_, h_, false);
+    kernels::bias_grad(s, dy, gW + h * h, DType::BF16, 1, h_, false, scratch_.get());
+    if (l > 0) {
+      bf16* dx = dx_.as<bf16>() + ((L_ - 1 - l) % 2) * h;
+      gemm_->grad_input(s, dy, W, dx, 1, h_, h_);
+      dy = dx;
+    }
+  }
+  offloader_->wait_resident("hp_params", s);
+  offloader_->wait_resident("optim_states", s);
+  kernels::AdamParams ap;
+  ap.lr = opt_.lr;
+  ap.step = ++step_;
+  ap.weight_decay = 0.f;
+  auto* m = moments_.as<float>();
+  kernels::adam_step(s, kernels::OptimizerLayout::Baseline, ap, params_.as<bf16>(), G, DType::BF16,
+                     master_.as<float>(), m, m + n_, n_, nullptr, nullptr);
+
+  float loss = 0.f;
+  int status = 0;
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<char*>(xh) + h * 2, loss_d_.get(), 4, cudaMemcpyDeviceToHost, s));
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<char*>(xh) + h * 2 + 4, status_d_.get(), 4,
+                                     cudaMemcpyDeviceToHost, s));
+  stream_.synchronize();
+  std::memcpy(&loss, reinterpret_cast<char*>(xh) + h * 2, 4);
+  std::memcpy(&status, reinterpret_cast<char*>(xh) + h * 2 + 4, 4);
+  CUTRAIN_CHECK(status == 0, "offload model: cross-entropy reported a bad label (row ", status - 1, ")");
+  return loss;
+}
+
+void OffloadModel::offload_states(const std::vector<std::string>& include, const OffloadOptions& options) {
+  offloader_->offload(include, options);
+}
+
+void OffloadModel::reload_states(bool non_blocking) { offloader_->reload(non_blocking); }
+
+namespace {
+template <typename T>
+std::vector<T> download(StateOffloader& off, const char* name, const Buffer& b, cudaStream_t s) {
+  off.wait_resident(name, s);
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<T> out(b.bytes() / sizeof(T));
+  CUTRAIN_CUDA_CHECK(cudaMemcpy(out.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
+  return out;
+}
+}  // namespace
+
+std::vector<std::uint16_t> OffloadModel::download_params() {
+  return download<std::uint16_t>(*offloader_, "lp_params", params_, stream_.get());
+}
+std::vector<float> OffloadModel::download_master() {
+  return download<float>(*offloader_, "hp_params", master_, stream_.get());
+}
+std::vector<float> OffloadModel::download_moments() {
+  return download<float>(*offloader_, "optim_states", moments_, stream_.get());
+}
+
+}  // namespace cutrain::model
