@@ -21,7 +21,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");
   describe_ = "cuda (" + device_info().name + ")";
   CachingAllocator& A = device_allocator();
-  const std::int64_t before = A.stats().allocated_bytes.current;
+  const AllocatorStats before = A.stats();
 
   // Persistent state in the layout's dtypes; grads zeroed once so the flat buffer's padding stays 0.
   params_ = Buffer(A, n_ * 2, stream_);
@@ -29,7 +29,9 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   if (plan_.has_master) master_ = Buffer(A, n_ * 4, stream_);
   m_ = Buffer(A, n_ * dtype_size(plan_.moment), stream_);
   v_ = Buffer(A, n_ * dtype_size(plan_.moment), stream_);
-  state_bytes_ = std::size_t(A.stats().allocated_bytes.current - before);
+  const AllocatorStats after = A.stats();
+  state_bytes_ = std::size_t(after.allocated_bytes.current - before.allocated_bytes.current);
+  state_requested_bytes_ = std::size_t(after.requested_bytes.current - before.requested_bytes.current);
 
   std::vector<float> init(n_);
   table_.init(init.data(), o.seed);

@@ -39,7 +39,10 @@ class GpuEngine final : public TrainBackend {
   std::vector<float> download_params() const;  // flat bf16 params, as float
   const PrecisionPlan& plan() const { return plan_; }
   // Bytes the persistent training state took from the allocator (params, grads, master, moments).
+  // `state_requested_bytes` is what the engine asked for (exactly n x bytes/param); `state_bytes`
+  // what the allocator handed out (rounding, unsplit remainders).
   std::size_t state_bytes() const { return state_bytes_; }
+  std::size_t state_requested_bytes() const { return state_requested_bytes_; }
   bool graph_active() const { return graph_exec_ != nullptr; }
 
  private:
@@ -58,7 +61,7 @@ class GpuEngine final : public TrainBackend {
   std::string describe_;
   Buffer params_, grads_, master_, m_, v_;
   Buffer tokens_d_, labels_d_, flags_d_, norm_scratch_;
-  std::size_t state_bytes_ = 0;
+  std::size_t state_bytes_ = 0, state_requested_bytes_ = 0;
   std::unique_ptr<GpuTransformer> model_;
   // Host pinned staging: tokens, labels [accum*B*S], and the flags read back after each step.
   std::int32_t* tokens_h_ = nullptr;

@@ -108,8 +108,10 @@ TEST_P(ModelGpu, PersistentBytesMatchTheLayout) {
   for (int accum : {1, 2}) {
     GpuEngine eng(o, config_for(GetParam(), accum));
     const std::size_t want = eng.table().flat_size() * eng.plan().bytes_per_param();
+    EXPECT_EQ(eng.state_requested_bytes(), want) << GetParam() << " accumulation " << accum;
+    // Handed out: 512 B rounding, and a cached block reused whole when the rest would be < 1 MiB.
     EXPECT_GE(eng.state_bytes(), want);
-    EXPECT_LE(eng.state_bytes(), want + 5 * 512) << GetParam() << " accumulation " << accum;
+    EXPECT_LE(eng.state_bytes(), want + 5 * ((1u << 20) + 512)) << GetParam() << " accumulation " << accum;
   }
 }
 
