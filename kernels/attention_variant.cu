@@ -11,22 +11,30 @@
 namespace cutrain::kernels {
 namespace {
 
-constexpr const char* kNames[] = {"v1", "v2_m128", "v2_m128n32", "v2_m128w8"};
+constexpr const char* kNames[] = {"v1", "v2_m128", "v2_m128n32", "v2_m128w8"};  // attn::Variant's order
 constexpr int kCount = static_cast<int>(sizeof(kNames) / sizeof(kNames[0]));
+// The default variant: the fastest one that passed every GPU test on the device (one line to change).
+constexpr attn::Variant kDefault = attn::Variant::V1;
 std::atomic<int> g_variant{-1};  // -1: not chosen yet (the environment decides at first use)
 
 int index_of(const std::string& name, const char* where) {
-  if (name.empty()) return 0;
+  if (name.empty()) return static_cast<int>(kDefault);
   for (int i = 0; i < kCount; ++i)
     if (name == kNames[i]) return i;
-  std::ostringstream known;
-  for (int i = 0; i < kCount; ++i) known << (i ? ", " : "") << kNames[i];
+  std::ostringstream known;  // the default first, as attention_variant_names() lists them
+  const std::vector<std::string> names = attention_variant_names();
+  for (std::size_t i = 0; i < names.size(); ++i) known << (i ? ", " : "") << names[i];
   CUTRAIN_FAIL(where, ": unknown attention variant '", name, "', expected one of: ", known.str());
 }
 
 }  // namespace
 
-std::vector<std::string> attention_variant_names() { return {kNames, kNames + kCount}; }
+std::vector<std::string> attention_variant_names() {
+  std::vector<std::string> names{kNames[static_cast<int>(kDefault)]};
+  for (int i = 0; i < kCount; ++i)
+    if (i != static_cast<int>(kDefault)) names.emplace_back(kNames[i]);
+  return names;
+}
 
 void attention_set_variant(const std::string& name) { g_variant.store(index_of(name, "attention_set_variant")); }
 
