@@ -6,7 +6,9 @@
 //      online (max, sum 2^(y - max)) in log2 units and parks the raw bf16 vectors in shared memory;
 //      pass 2 turns the parked copy into the gradient and writes it over the logits. A 50k-vocab
 //      row (100 KB) fits, two blocks per SM, so HBM sees one read and one write per element.
-//      Longer rows park what fits and re-read the rest (from L2 when it is still there);
+//      Longer rows park what fits and re-read the rest (v1; from HBM once 264 rows in flight
+//      outgrow the L2). v2 splits such rows over a thread-block cluster of up to 8 CTAs, each
+//      parking one slice, so up to ~450k-column rows are still read once;
 //   3. ce_finish_kernel (1 block): the mean of the row losses in a fixed order (deterministic).
 // Extra memory: the scratch of 16 + 4 * rows bytes.
 #include "kernels/cross_entropy.cuh"
@@ -15,6 +17,8 @@
 #include <cfloat>
 #include <climits>
 #include <cmath>
+
+#include <cooperative_groups.h>
 
 #include "kernels/common/vec.cuh"
 #include "runtime/check.h"
@@ -158,6 +162,7 @@ struct RowArgs {
   int cache_vecs;  // 16-byte vectors of the row body parked in shared memory
   int rows;
   float* loss_mean;  // v2: written by the last row block
+  int split;         // v2 long rows: CTAs (one thread-block cluster) per row; 1 otherwise
 };
 
 // v2's fused finish: every block counts itself done; the last one (it sees every other block's
@@ -195,10 +200,18 @@ __device__ __forceinline__ void zero_scalar(bf16* x, int begin, int end) {
   for (int j = begin + threadIdx.x; j < end; j += blockDim.x) x[j] = z;
 }
 
-template <bool kGrad, bool kV2>
+// kCluster (v2, rows longer than one CTA can park): a cluster of a.split CTAs per row, each
+// parking and streaming one contiguous slice of the row's vectors; the CTAs exchange their
+// (max, sum) through distributed shared memory and combine them in rank order (deterministic).
+// Rank 0 owns the scalar head/tail, the label's logit, the row loss and the padding.
+template <bool kGrad, bool kV2, bool kCluster>
 __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
+  static_assert(kV2 || !kCluster, "the cluster split is a v2 feature");
   extern __shared__ uint4 cache[];
-  const int row = blockIdx.x;
+  const int split = kCluster ? a.split : 1;
+  const int rank = kCluster ? static_cast<int>(blockIdx.x % static_cast<unsigned>(split)) : 0;
+  const bool owner = rank == 0;
+  const int row = kCluster ? static_cast<int>(blockIdx.x / static_cast<unsigned>(split)) : blockIdx.x;
   const int tid = threadIdx.x;
   bf16* x = a.logits + static_cast<std::size_t>(row) * a.ld;
   const int label = a.labels[row];
@@ -208,18 +221,26 @@ __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
   const int head = min(a.vocab, static_cast<int>(((16u - (reinterpret_cast<std::uintptr_t>(x) & 15u)) & 15u) >> 1));
   const int nvec = (a.vocab - head) / 8;
   const int tail_start = head + nvec * 8;
-  const int tail = a.vocab - tail_start;
+  const int tail = owner ? a.vocab - tail_start : 0;
+  const int head_here = owner ? head : 0;
   bf16* body = x + head;
+  // This CTA's slice of the vectors (the whole row unless split).
+  const int per = kCluster ? (nvec + split - 1) / split : nvec;
+  const int v_begin = kCluster ? min(nvec, rank * per) : 0;
+  const int v_end = kCluster ? min(nvec, v_begin + per) : nvec;
 
-  if (!valid) {  // block-uniform: ignored (or bad-label) row: no loss, zero gradient
-    if (tid == 0) {
+  if (!valid) {  // block-uniform (cluster-uniform): ignored (or bad-label) row: no loss, zero gradient
+    if (tid == 0 && owner) {
       a.row_loss_tmp[row] = 0.f;
       if (a.row_loss) a.row_loss[row] = 0.f;
     }
     if constexpr (kGrad) {
-      for (int v = tid; v < nvec; v += blockDim.x) store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, make_uint4(0, 0, 0, 0));
-      zero_scalar(x, 0, head);
-      zero_scalar(x, tail_start, a.ld);  // tail and padding
+      for (int v = v_begin + tid; v < v_end; v += blockDim.x)
+        store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, make_uint4(0, 0, 0, 0));
+      if (owner) {
+        zero_scalar(x, 0, head);
+        zero_scalar(x, tail_start, a.ld);  // tail and padding
+      }
     }
     if constexpr (kV2) ce_finish_in_last_block(a);
     return;
@@ -228,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
   // ---- pass 1: online log-sum-exp over the row ----
   float m = -FLT_MAX, s = 0.f;
   float x_head = 0.f, x_tail = 0.f;
-  if (tid < head) {
+  if (tid < head_here) {
     x_head = __bfloat162float(x[tid]);
     lse_add1(m, s, x_head);
   }
@@ -236,19 +257,20 @@ __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
     x_tail = __bfloat162float(x[tail_start + tid]);
     lse_add1(m, s, x_tail);
   }
-  const int cache_vecs = kGrad ? min(a.cache_vecs, nvec) : 0;
-  for (int v0 = tid; v0 < nvec; v0 += kUnroll1 * kThreads) {
+  // Vectors v in [v_begin, cache_end) are parked at cache[v - v_begin].
+  const int cache_end = kGrad ? v_begin + min(a.cache_vecs, v_end - v_begin) : v_begin;
+  for (int v0 = v_begin + tid; v0 < v_end; v0 += kUnroll1 * kThreads) {
     uint4 r[kUnroll1];
 #pragma unroll
     for (int k = 0; k < kUnroll1; ++k) {
       const int v = v0 + k * kThreads;
-      if (v < nvec) r[k] = load16(body + static_cast<std::size_t>(v) * 8);
+      if (v < v_end) r[k] = load16(body + static_cast<std::size_t>(v) * 8);
     }
 #pragma unroll
     for (int k = 0; k < kUnroll1; ++k) {
       const int v = v0 + k * kThreads;
-      if (v < nvec) {
-        if (v < cache_vecs) cache[v] = r[k];
+      if (v < v_end) {
+        if (v < cache_end) cache[v - v_begin] = r[k];
         float f[8];
         unpack8(r[k], f);
         lse_add8(m, s, f);
@@ -256,10 +278,24 @@ __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
     }
   }
   float x_label = 0.f;
-  if (tid == 0) x_label = __bfloat162float(x[label]);  // read before the barrier in lse_block
+  if (tid == 0 && owner) x_label = __bfloat162float(x[label]);  // before any CTA of the row writes
   lse_block(m, s);
+  if constexpr (kCluster) {
+    __shared__ float2 cl_ms;
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    if (tid == 0) cl_ms = make_float2(m, s);
+    cluster.sync();  // every slice's (m, s) written; also: no CTA writes gradients before all read x
+    float mm = -FLT_MAX, ss = 0.f;
+    for (int r = 0; r < split; ++r) {
+      const float2 o = *cluster.map_shared_rank(&cl_ms, static_cast<unsigned>(r));
+      lse_combine(mm, ss, o.x, o.y);
+    }
+    m = mm, s = ss;
+    cluster.sync();  // no CTA exits while a peer may still read its cl_ms
+  }
   const float c = m + log2f(s);  // log2 of the softmax denominator: p_j = 2^(x_j log2e - c)
-  if (tid == 0) {
+  if (tid == 0 && owner) {
     const float loss = c * kLn2 - x_label;
     a.row_loss_tmp[row] = loss;
     if (a.row_loss) a.row_loss[row] = loss;
@@ -272,23 +308,23 @@ __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
   // ---- pass 2: dlogits = (softmax - onehot) * grad_scale / n_valid, in place ----
   if constexpr (kV2) pdl_wait();  // n_valid from the count kernel, which ran alongside pass 1
   const float gs = a.grad_scale / static_cast<float>(max(a.hdr->n_valid, 1));
-  if (tid < head) x[tid] = __float2bfloat16_rn((fast_ex2(fmaf(x_head, kLog2e, -c)) - (tid == label ? 1.f : 0.f)) * gs);
+  if (tid < head_here) x[tid] = __float2bfloat16_rn((fast_ex2(fmaf(x_head, kLog2e, -c)) - (tid == label ? 1.f : 0.f)) * gs);
   if (tid < tail) {
     const int j = tail_start + tid;
     x[j] = __float2bfloat16_rn((fast_ex2(fmaf(x_tail, kLog2e, -c)) - (j == label ? 1.f : 0.f)) * gs);
   }
   const int label_off = label - head;  // label's position in the body (may be outside it)
-  for (int v0 = tid; v0 < nvec; v0 += kUnroll * kThreads) {
+  for (int v0 = v_begin + tid; v0 < v_end; v0 += kUnroll * kThreads) {
     uint4 r[kUnroll];
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       const int v = v0 + k * kThreads;
-      if (v < nvec) r[k] = v < cache_vecs ? cache[v] : load16(body + static_cast<std::size_t>(v) * 8);
+      if (v < v_end) r[k] = v < cache_end ? cache[v - v_begin] : load16(body + static_cast<std::size_t>(v) * 8);
     }
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       const int v = v0 + k * kThreads;
-      if (v < nvec) {
+      if (v < v_end) {
         float f[8];
         unpack8(r[k], f);
         const int off = label_off - v * 8;
@@ -298,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
       }
     }
   }
-  zero_scalar(x, a.vocab, a.ld);  // padding columns
+  if (owner) zero_scalar(x, a.vocab, a.ld);  // padding columns
   if constexpr (kV2) ce_finish_in_last_block(a);
 }
 
@@ -324,14 +360,21 @@ __global__ void __launch_bounds__(kSmallThreads) ce_finish_kernel(const float* _
 
 // Shared-memory budget for parking a row: two blocks per SM (so one block's reduction overlaps
 // the other's streaming), less the per-block reservation and the static reduction buffers.
-int cache_vecs_for(int vocab) {
+int cache_budget_vecs() {
   int dev = 0, per_sm = 0, optin = 0;
   CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
   CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
   CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  const int budget = std::min(optin - 1024, per_sm / 2 - 2048);
-  const int want = ceil_div(vocab, 8) + 1;
-  return std::max(0, std::min(want, budget / 16));
+  return std::max(0, std::min(optin - 1024, per_sm / 2 - 2048) / 16);
+}
+int row_vecs(int vocab) { return ceil_div(vocab, 8) + 1; }  // vectors of a row body, at most
+
+constexpr int kMaxSplit = 8;  // portable thread-block cluster size
+
+// v2: CTAs per row so that each slice fits the per-CTA budget (1 for rows that already fit).
+int split_for(int vocab) {
+  const int budget = std::max(1, cache_budget_vecs());
+  return std::min(kMaxSplit, std::max(1, ceil_div(row_vecs(vocab), budget)));
 }
 
 void check_common(const char* fn, const void* logits, const int32_t* labels, int rows, int vocab, int ld,
@@ -358,30 +401,40 @@ void run(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int voca
   ce_count_kernel<kV2><<<1, kSmallThreads, 0, s>>>(labels, rows, vocab, ignore_index, hdr, status);
   CUTRAIN_LAUNCH_CHECK("ce_count_kernel");
 
-  RowArgs a{logits, labels, vocab, ld, ignore_index, grad_scale, hdr, row_loss_tmp, row_loss, 0, rows, loss_mean};
-  auto kernel = ce_row_kernel<kGrad, kV2>;
+  RowArgs a{logits, labels, vocab, ld, ignore_index, grad_scale, hdr, row_loss_tmp, row_loss, 0, rows, loss_mean, 1};
+  // Rows longer than one CTA can park are split over a cluster (v2, gradient pass only: the
+  // forward keeps nothing in shared memory).
+  if constexpr (kV2 && kGrad) a.split = split_for(vocab);
+  CUTRAIN_CHECK(static_cast<long long>(rows) * a.split <= INT_MAX, "cross_entropy: rows * split = ", rows, " * ",
+                a.split, " exceeds the grid limit");
+  auto kernel = a.split > 1 ? ce_row_kernel<kGrad, kV2, kV2> : ce_row_kernel<kGrad, kV2, false>;
   std::size_t smem = 0;
   if constexpr (kGrad) {
-    a.cache_vecs = cache_vecs_for(vocab);
+    a.cache_vecs = std::min(cache_budget_vecs(), ceil_div(row_vecs(vocab), a.split));
     smem = static_cast<std::size_t>(a.cache_vecs) * 16;
     CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     // Ask for the largest shared-memory split so two parked rows fit per SM (L1 is not needed).
     CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                             static_cast<int>(cudaSharedmemCarveoutMaxShared)));
   }
-  const char* what = kGrad ? (kV2 ? "ce_row_kernel<grad,v2>" : "ce_row_kernel<grad,v1>")
+  const char* what = kGrad ? (kV2 ? (a.split > 1 ? "ce_row_kernel<grad,v2,cluster>" : "ce_row_kernel<grad,v2>")
+                                  : "ce_row_kernel<grad,v1>")
                            : (kV2 ? "ce_row_kernel<forward,v2>" : "ce_row_kernel<forward,v1>");
   if constexpr (kV2) {
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(rows));
+    cfg.gridDim = dim3(static_cast<unsigned>(rows * a.split));
     cfg.blockDim = dim3(kThreads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute attr[1];
+    cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
+    attr[1].id = cudaLaunchAttributeClusterDimension;
+    attr[1].val.clusterDim.x = static_cast<unsigned>(a.split);
+    attr[1].val.clusterDim.y = 1;
+    attr[1].val.clusterDim.z = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = a.split > 1 ? 2 : 1;
     CUTRAIN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
     CUTRAIN_LAUNCH_CHECK(what);
   } else {

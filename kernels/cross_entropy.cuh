@@ -22,7 +22,8 @@ namespace cutrain::kernels {
 // Deterministic: the mean is summed in a fixed order. Any ld and base alignment (odd ld is fine).
 // `scratch`: cross_entropy_scratch_bytes(rows) bytes, 16-byte aligned.
 // `variant`: Default (v2: the row kernel overlaps the label count through programmatic dependent
-// launch and its last block takes the mean: 2 launches) or V1 (the previous 3-launch sequence),
+// launch and its last block takes the mean: 2 launches; rows too long for one CTA's shared memory
+// (vocab > ~57k on an H100/H200) are split over a thread-block cluster) or V1 (the previous 3-launch sequence),
 // kept so one benchmark run compares them ("@v1"). Same results (the mean's fixed summation
 // order differs between variants: last bits of *loss_mean may differ, each deterministic).
 enum class CrossEntropyVariant { Default, V1 };
