@@ -37,9 +37,10 @@ void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const 
 // (read once, at the first attention call) picks it. Unknown names throw, naming the known ones.
 //   v1          fwd: CTA 64 queries, 4 warps x 16 rows, 64-key tiles.   bwd: dK/dV CTA 64 keys (4 warps).
 //   v2_m128     fwd: CTA 128 queries, 4 warps x 32 rows, 64-key tiles (D128: 32), Q re-read from shared
-//               memory.                                                 bwd: dK/dV CTA 128 keys (8 warps).
+//               memory.  bwd: dK/dV CTA 128 keys (8 warps); deterministic dQ CTA 128 queries, 4 x 32 rows.
 //   v2_m128n32  fwd: CTA 128 queries, 4 warps x 32 rows, 32-key tiles, Q in registers (D64).  bwd: as v1.
-//   v2_m128w8   fwd: CTA 128 queries, 8 warps x 16 rows, 64-key tiles.  bwd: dK/dV CTA 128 keys (8 warps).
+//   v2_m128w8   fwd: CTA 128 queries, 8 warps x 16 rows, 64-key tiles.  bwd: as v2_m128.
+// (The default is one constant, kDefault in kernels/attention_variant.cu.)
 std::vector<std::string> attention_variant_names();
 void attention_set_variant(const std::string& name);  // "" = the default
 std::string attention_variant();
