@@ -153,7 +153,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyGpu,
                                            CeCase{2048, 50257, 50257, 0.1f, 2.f}, CeCase{2048, 50257, 50304, 0.1f, 2.f},
                                            CeCase{1, 262144, 262144, 0.f, 2.f}, CeCase{3, 262144, 262147, 0.f, 2.f},
                                            CeCase{64, 262144, 262144, 0.1f, 2.f}, CeCase{5, 100003, 100003, 0.f, 8.f},
-                                           CeCase{17, 2, 9, 0.f, 1.f}),
+                                           CeCase{17, 2, 9, 0.f, 1.f},
+                                           // v2 cluster split: 3 CTAs per row, and 8 (the cap) with
+                                           // slices longer than a CTA parks (re-read path).
+                                           CeCase{7, 131071, 131072, 0.3f, 2.f}, CeCase{2, 600001, 600003, 0.f, 2.f}),
                          [](const ::testing::TestParamInfo<CeCase>& i) { return case_name(i.param); });
 
 TEST(CrossEntropyGpuLabels, OutOfRangeLabelsReportedAndIgnored) {
@@ -173,6 +176,23 @@ TEST(CrossEntropyGpuLabels, OutOfRangeLabelsReportedAndIgnored) {
     EXPECT_EQ(r.status, 3);
     EXPECT_EQ(r.row_loss[2], 0.f);
     EXPECT_EQ(r.row_loss[4], 0.f);
+  }
+}
+
+// Labels at the edges of the row and of the v2 cluster slices (each slice's first and last
+// vector, rank 0 owning the label's logit wherever it lies), with a misaligned row start.
+TEST(CrossEntropyGpuLabels, LabelsAtRowAndSliceEdges) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const CeCase c{12, 262144, 262145, 0.f, 3.f};
+  Inputs in = make_inputs(c, rng);
+  const int edges[12] = {0, 1, 7, 8, 52428, 52432, 104860, 157288, 209716, 262136, 262142, 262143};
+  for (int i = 0; i < c.rows; ++i) in.labels[i] = edges[i];
+  auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, -100, 2.0);
+  for (auto var : kVariants) {
+    SCOPED_TRACE(variant_name(var));
+    CeRun r = run_ce(in.logits, in.labels, c, true, -100, 2.f, nullptr, var);
+    check_against_ref(c, in, r, want, -100, 2.0);
   }
 }
 
