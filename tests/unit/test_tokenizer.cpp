@@ -236,8 +236,10 @@ TEST(Gpt2Tokenizer, HeapBpeMatchesNaiveBpeOnRandomPieces) {
   static const NaiveGpt2 naive;
   auto rng = test::fresh_rng();
   std::vector<std::string> words;
-  for (int i = 0; i < 200; ++i)
-    for (auto p : pretokenize(random_tricky_text(rng, 1 + rng() % 30))) words.emplace_back(p);
+  for (int i = 0; i < 200; ++i) {
+    const std::string text = random_tricky_text(rng, 1 + rng() % 30);  // outlives the views into it
+    for (auto p : pretokenize(text)) words.emplace_back(p);
+  }
   // Repetitive pieces stress the "merge all occurrences, then look again" order.
   for (const char* unit : {"a", "aa", "ab", " ", "1", "12", "=", "😀", "\xFF"})
     for (int reps : {2, 3, 5, 8, 13, 31}) {
