@@ -14,3 +14,5 @@ target_sources(cutrain_model PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train_loop.cpp
 )
+# The token-shard sampler for --use_real_data.
+target_link_libraries(cutrain_model PUBLIC cutrain_data)

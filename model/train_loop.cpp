@@ -11,6 +11,7 @@
 
 #include "model/checkpoint.h"
 #include "model/cpu_backend.h"
+#include "model/data/batch_sampler.h"
 #include "model/engine.h"
 #include "model/lr_schedule.h"
 #include "model/precision.h"
@@ -20,6 +21,10 @@
 #include "runtime/file_util.h"
 
 namespace cutrain::model {
+
+namespace {
+constexpr int kGpt2Vocab = 50257;
+}
 
 std::string format_gb(std::int64_t bytes) {
   char buf[64];
@@ -69,9 +74,8 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   CUTRAIN_CHECK(o.log_interval >= 1, "train: --log_interval must be >= 1, got ", o.log_interval);
   CUTRAIN_CHECK(o.batch_size >= 1 && o.seq_length >= 1, "train: --batch_size and --seq_length must be >= 1, got ",
                 o.batch_size, " and ", o.seq_length);
-  CUTRAIN_CHECK(!o.use_real_data,
-                "train: --use_real_data needs the token-shard loader (model/data), not wired into train yet; "
-                "run without it for the BF16 example's random data");
+  CUTRAIN_CHECK(!o.use_real_data || !o.data.empty(),
+                "train: --use_real_data needs --data PATTERN (llm.c token shards, e.g. from `cutrain prepare-data`)");
 
   TrainConfig cfg = load_config(o.deepspeed_config);
   for (const auto& w : cfg.warnings) out << "[Rank 0] config warning: " << w << "\n";
@@ -83,7 +87,13 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   const int accum = cfg.accumulation();
 
   BackendOptions bo;
-  bo.dims = ModelDims{o.hidden_dim, o.num_layers, o.num_heads, o.vocab_size, o.seq_length};
+  int vocab = o.vocab_size;
+  if (o.use_real_data && vocab < kGpt2Vocab) {
+    // The BF16 example sizes the model by the tokenizer's vocabulary with real data.
+    out << "[Rank 0] --use_real_data: vocab_size " << vocab << " -> " << kGpt2Vocab << " (the GPT-2 tokenizer's)\n";
+    vocab = kGpt2Vocab;
+  }
+  bo.dims = ModelDims{o.hidden_dim, o.num_layers, o.num_heads, vocab, o.seq_length};
   bo.batch = o.batch_size;
   bo.seq = o.seq_length;
   bo.seed = o.seed;
@@ -91,8 +101,21 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   bo.cuda_graph = o.cuda_graph;
   bo.dims.validate();
 
+  std::unique_ptr<data::BatchSampler> sampler;
+  if (o.use_real_data) {
+    data::SamplerOptions so;
+    so.patterns = o.data;
+    so.batch_size = o.batch_size;
+    so.seq_len = o.seq_length;
+    so.seed = o.seed;
+    so.labels = o.next_token_labels ? data::Labels::kNextToken : data::Labels::kIdentity;
+    so.vocab_size = kGpt2Vocab;
+    sampler = std::make_unique<data::BatchSampler>(so);
+    out << "[Rank 0] Dataset loaded: " << sampler->num_tokens() << " tokens, " << sampler->batches_per_epoch()
+        << " batches per epoch, vocab_size=" << kGpt2Vocab << "\n";
+  }
   out << "[Rank 0] Creating model with hidden_dim=" << o.hidden_dim << ", num_layers=" << o.num_layers
-      << ", num_heads=" << o.num_heads << ", vocab_size=" << o.vocab_size << "\n";
+      << ", num_heads=" << o.num_heads << ", vocab_size=" << vocab << "\n";
   std::unique_ptr<TrainBackend> be =
       o.device == "cpu" ? make_cpu_backend(bo, cfg) : make_gpu_backend(bo, cfg);
   const std::size_t nparams = be->table().num_params();
@@ -118,13 +141,19 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
 
   const std::size_t per_step = std::size_t(accum) * o.batch_size * o.seq_length;
   std::vector<std::int32_t> tokens(per_step), labels(per_step);
+  const std::size_t per_micro = std::size_t(o.batch_size) * o.seq_length;
+  auto draw_real = [&](int step) {
+    // Batch number step*accum + a: a pure function of the step, so resume continues the stream.
+    for (int a = 0; a < accum; ++a)
+      sampler->fill(std::int64_t(step) * accum + a, tokens.data() + a * per_micro, labels.data() + a * per_micro);
+  };
   auto draw = [&] {
     // Random input ids and random labels in [0, vocab), like the BF16 example.
-    std::uniform_int_distribution<std::int32_t> d(0, o.vocab_size - 1);
+    std::uniform_int_distribution<std::int32_t> d(0, vocab - 1);
     for (auto& t : tokens) t = d(data_rng);
     for (auto& l : labels) l = d(data_rng);
   };
-  if (o.fixed_batch) draw();
+  if (o.fixed_batch) sampler ? draw_real(first_step) : draw();
 
   std::string metrics;
   std::string csv = "step,loss\n";
@@ -134,7 +163,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   int timed = 0;
   const int last = first_step + o.num_steps - 1;
   for (int step = first_step; step <= last; ++step) {
-    if (!o.fixed_batch) draw();
+    if (!o.fixed_batch) sampler ? draw_real(step) : draw();
     const float lr = schedule.lr(step);
     const auto t0 = std::chrono::steady_clock::now();
     const StepStats st = be->step(tokens.data(), labels.data(), step + 1, lr);

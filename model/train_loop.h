@@ -22,6 +22,8 @@ struct TrainOptions {
   bool activation_checkpointing = false;
   std::filesystem::path loss_log_file;
   bool use_real_data = false;
+  std::vector<std::string> data;  // --data: glob patterns of llm.c token shards (with --use_real_data)
+  bool next_token_labels = false;  // labels = the next token (default: labels = input ids, as the example)
   std::uint64_t seed = 42;
   std::filesystem::path metrics_file;
   std::filesystem::path save_dir, resume_dir;

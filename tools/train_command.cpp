@@ -76,7 +76,10 @@ CommandRegistrar reg("train", [](CLI::App& parent, int& exit_code) {
   sub->add_option("--log_interval", o.log_interval, "Print a Step line every N steps")->capture_default_str();
   sub->add_flag("--activation_checkpointing", o.activation_checkpointing, "Recompute each block in backward");
   sub->add_option("--loss_log_file", o.loss_log_file, "Write step,loss CSV here");
-  sub->add_flag("--use_real_data", o.use_real_data, "Real token data (not wired yet)");
+  sub->add_flag("--use_real_data", o.use_real_data, "Train on token shards (--data) instead of random tokens");
+  sub->add_option("--data", o.data, "Glob pattern(s) of llm.c token shards for --use_real_data");
+  sub->add_flag("--next_token_labels", o.next_token_labels,
+                "Labels = the next token (default: labels = input ids, as the BF16 example)");
   sub->add_option("--seed", o.seed, "Seed of init and data")->capture_default_str();
   sub->add_option("--metrics_file", o.metrics_file, "One JSON line per step (loss, lr, grad norm, time, memory)");
   sub->add_option("--save", o.save_dir, "Save a checkpoint to DIR at the end");

@@ -4,10 +4,12 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <cmath>
 #include <fstream>
 #include <regex>
 #include <sstream>
 
+#include "model/data/token_shard.h"
 #include "model/train_loop.h"
 #include "runtime/config.h"
 #include "runtime/error.h"
@@ -177,6 +179,34 @@ TEST(TrainLoop, ResumeGivesBitIdenticalLosses) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("embedding.weight"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+TEST(TrainLoop, RealDataFromTokenShards) {
+  auto rng = test::fresh_rng();
+  const fs::path dir = temp_dir("real");
+  // A shard of GPT-2 token ids (any value below 50257), written in llm.c's format.
+  const std::vector<std::int32_t> toks = test::random_ints(4000, rng, 0, 50256);
+  data::write_shard((dir / "train_000.bin").string(), toks);
+  TrainOptions o = tiny(rng());
+  o.vocab_size = 64;  // raised to the tokenizer's 50257 with real data, as the BF16 example does
+  o.num_steps = 3;
+  o.use_real_data = true;
+  o.data = {(dir / "train_*.bin").string()};
+  std::ostringstream out;
+  TrainResult r = run_training(o, out);
+  EXPECT_NE(out.str().find("vocab_size=50257"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("Dataset loaded: 4000 tokens"), std::string::npos) << out.str();
+  ASSERT_EQ(r.losses.size(), 3u);
+  for (double l : r.losses) EXPECT_TRUE(std::isfinite(l));
+  // Without --data it is an error that says what is missing.
+  o.data.clear();
+  try {
+    run_training(o, out);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--data"), std::string::npos) << e.what();
   }
   fs::remove_all(dir);
 }
