@@ -1,0 +1,73 @@
+// @brief What each kernel call of a training step must compute and move (FLOPs, bytes), from the
+// model's shapes: the numbers the timing report turns into achieved TFLOP/s and GB/s. Minimal
+// traffic: every operand read once and every output written once (a kernel that re-reads moves
+// more than this and shows up with a lower GB/s). Memory-bound kernels declare bytes only (their
+// arithmetic is not tensor-core work and would only clutter the TFLOP/s column); GEMMs and
+// attention declare both. Shapes follow kernels/*.cuh.
+#pragma once
+
+#include <cstddef>
+
+namespace cutrain::model::cost {
+
+struct Cost {
+  double flops = 0;
+  double bytes = 0;
+};
+
+inline double d(std::size_t v) { return static_cast<double>(v); }
+
+// y[M,N] = x[M,K]·W[N,K]ᵀ (+ bias), bf16.
+inline Cost gemm_forward(std::size_t M, std::size_t N, std::size_t K, bool bias = true) {
+  return {2 * d(M) * d(N) * d(K), 2 * (d(M) * d(K) + d(N) * d(K) + d(M) * d(N)) + (bias ? 2 * d(N) : 0)};
+}
+// dx[M,K] = dy[M,N]·W[N,K] (+ dx when beta != 0).
+inline Cost gemm_grad_input(std::size_t M, std::size_t N, std::size_t K, bool beta) {
+  return {2 * d(M) * d(N) * d(K), 2 * (d(M) * d(N) + d(N) * d(K) + d(M) * d(K)) + (beta ? 2 * d(M) * d(K) : 0)};
+}
+// dW[N,K] (+)= dy[M,N]ᵀ·x[M,K]; dW of `dw_bytes` per element, read too when accumulating.
+inline Cost gemm_grad_weight(std::size_t M, std::size_t N, std::size_t K, std::size_t dw_bytes, bool acc) {
+  return {2 * d(M) * d(N) * d(K), 2 * (d(M) * d(N) + d(M) * d(K)) + d(N) * d(K) * d(dw_bytes) * (acc ? 2 : 1)};
+}
+// db[N] (+)= Σ_rows dy[M,N].
+inline Cost bias_grad(std::size_t M, std::size_t N, std::size_t db_bytes, bool acc) {
+  return {0, 2 * d(M) * d(N) + d(N) * d(db_bytes) * (acc ? 2 : 1)};
+}
+// Flash-style attention over qkv[B,S,3,H,D]: forward QKᵀ and PV (4·B·H·S²·D); backward recomputes
+// QKᵀ and computes dV, dP, dQ, dK (10·B·H·S²·D). Causal masks halve both.
+inline Cost attention_forward(std::size_t B, std::size_t S, std::size_t H, std::size_t D, bool causal) {
+  const double tok = d(B) * d(S), f = 4 * d(B) * d(H) * d(S) * d(S) * d(D);
+  return {causal ? f / 2 : f, 2 * tok * 3 * d(H) * d(D) + 2 * tok * d(H) * d(D) + 4 * d(B) * d(H) * d(S)};
+}
+inline Cost attention_backward(std::size_t B, std::size_t S, std::size_t H, std::size_t D, bool causal) {
+  const double tok = d(B) * d(S), f = 10 * d(B) * d(H) * d(S) * d(S) * d(D);
+  // reads qkv, out, dout, lse; writes dqkv
+  return {causal ? f / 2 : f, 2 * tok * d(H) * d(D) * (3 + 1 + 1 + 3) + 4 * d(B) * d(H) * d(S)};
+}
+// out = LN(a + b): reads a, b, gamma, beta; writes the sum, out, mean, rstd.
+inline Cost layernorm_residual_forward(std::size_t M, std::size_t h) {
+  return {0, 2 * d(M) * d(h) * 4 + 8 * d(M) + 4 * d(h)};
+}
+// reads dy, x, mean, rstd, gamma; writes dx and dgamma, dbeta (read too when accumulating).
+inline Cost layernorm_backward(std::size_t M, std::size_t h, std::size_t g_bytes, bool acc) {
+  return {0, 2 * d(M) * d(h) * 3 + 8 * d(M) + 2 * d(h) + 2 * d(h) * d(g_bytes) * (acc ? 2 : 1)};
+}
+inline Cost gelu_forward(std::size_t n) { return {0, 4 * d(n)}; }
+inline Cost gelu_backward(std::size_t n) { return {0, 6 * d(n)}; }
+// Fused softmax + loss + dlogits in place over logits[M,V]: one read, one write, the labels.
+inline Cost cross_entropy(std::size_t M, std::size_t V) { return {0, 4 * d(M) * d(V) + 4 * d(M)}; }
+// Token + position rows gathered and summed; backward scatters them into the tables.
+inline Cost embedding_forward(std::size_t B, std::size_t S, std::size_t h) {
+  return {0, 2 * d(B) * d(S) * d(h) * 2 + 2 * d(S) * d(h) + 4 * d(B) * d(S)};
+}
+inline Cost embedding_backward(std::size_t B, std::size_t S, std::size_t h, std::size_t g_bytes) {
+  return {0, 2 * d(B) * d(S) * d(h) + 4 * d(B) * d(S) + 2 * d(B) * d(S) * d(h) * d(g_bytes)};
+}
+// Global gradient norm: one read of the flat gradients.
+inline Cost grad_norm(std::size_t n, std::size_t g_bytes) { return {0, d(n) * d(g_bytes)}; }
+// Adam(W) over the flat buffers: params bf16 and moments (and master) read and written, grads read.
+inline Cost adam_step(std::size_t n, std::size_t g_bytes, std::size_t moment_bytes, bool master) {
+  return {0, d(n) * (2 * 2 + d(g_bytes) + 2 * 2 * d(moment_bytes) + (master ? 8 : 0))};
+}
+
+}  // namespace cutrain::model::cost
