@@ -5,6 +5,6 @@
 
 namespace cutrain::kernels {
 
-enum class KernelVersion : int { Default = 0, V1 = 1, V2 = 2 };
+enum class KernelVersion : int { Default = 0, V1 = 1, V2 = 2, V3 = 3 };
 
 }  // namespace cutrain::kernels

@@ -122,7 +122,11 @@ BwdOut run_backward(const Shape& s, const std::vector<int32_t>& tok, const std::
 }
 
 const kernels::KernelVersion kVersions[] = {kernels::KernelVersion::V1, kernels::KernelVersion::V2};
-std::string vname(kernels::KernelVersion v) { return "v" + std::to_string(static_cast<int>(v)) + " "; }
+std::string vname(kernels::KernelVersion v) {
+  std::ostringstream os;  // (not "v" + std::string: GCC 12's false -Wrestrict)
+  os << "v" << static_cast<int>(v) << " ";
+  return os.str();
+}
 
 }  // namespace
 

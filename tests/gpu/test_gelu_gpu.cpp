@@ -1,9 +1,12 @@
 // GPU tests of kernels/gelu against the fp64 CPU reference: erf and tanh, with and without bias,
 // pre-activation output, in-place use, odd sizes (vector tail, cols % 8 != 0), misaligned
 // pointers (scalar path), backward with aliasing, determinism, bad arguments. Every version (V1,
-// V2) runs every case, and V2 must give V1's bits (same math, more loads in flight).
+// V2, V3) runs every case; V2 must give V1's bits (same math, more loads in flight); V3 (fitted Φ)
+// must be within one bf16 step of the fp64 GELU for every bf16 input in [-12, 12].
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <sstream>
 #include <vector>
 
 #include "kernels/gelu.cuh"
@@ -37,7 +40,14 @@ std::vector<uint16_t> bits_of(const std::vector<float>& v) {
 
 }  // namespace
 
-const kernels::KernelVersion kVersions[] = {kernels::KernelVersion::V1, kernels::KernelVersion::V2};
+std::string vname(kernels::KernelVersion v) {
+  std::ostringstream os;  // (not "v" + std::string: GCC 12's false -Wrestrict)
+  os << "v" << static_cast<int>(v);
+  return os.str();
+}
+
+const kernels::KernelVersion kVersions[] = {kernels::KernelVersion::V1, kernels::KernelVersion::V2,
+                                            kernels::KernelVersion::V3};
 
 TEST(GeluGpu, ForwardBackwardMatchReference) {
   CUTRAIN_REQUIRE_GPU();
@@ -46,8 +56,8 @@ TEST(GeluGpu, ForwardBackwardMatchReference) {
   for (const Shape& s : kShapes) {
     for (int variant = 0; variant < 16; ++variant) {
       const bool tanh = variant & 1, with_bias = variant & 2, in_place = variant & 4, misalign = variant & 8;
-      SCOPED_TRACE("v" + std::to_string(static_cast<int>(ver)) + " " + std::to_string(s.rows) + "x" +
-                   std::to_string(s.cols) + (tanh ? " tanh" : " erf") +
+      SCOPED_TRACE(vname(ver) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                   (tanh ? " tanh" : " erf") +
                    (with_bias ? " bias" : "") + (in_place ? " in-place" : "") + (misalign ? " misaligned" : ""));
       const kernels::GeluKind kind = tanh ? kernels::GeluKind::Tanh : kernels::GeluKind::Erf;
       const std::size_t n = static_cast<std::size_t>(s.rows) * s.cols;
@@ -93,7 +103,7 @@ TEST(GeluGpu, ForwardBackwardMatchReference) {
   }
 }
 
-// V2 against V1 on shapes where the grid-stride loop runs several (partial) iterations: the same
+// V2 (kVersions[1]) against V1 (kVersions[0]) on shapes where the grid-stride loop runs several (partial) iterations: the same
 // bits everywhere (forward with and without bias, pre_out, backward), every element written.
 TEST(GeluGpu, VersionsAgreeBitwise) {
   CUTRAIN_REQUIRE_GPU();
@@ -131,6 +141,39 @@ TEST(GeluGpu, VersionsAgreeBitwise) {
   }
 }
 
+// V3's fitted Φ on every bf16 value in [-12, 12] (each bit pattern once, tails included, where
+// the fit keeps its relative accuracy down to x = -10): forward within 2^-8 relative of the fp64
+// GELU plus 1e-20 (below -10 the clamp gives |gelu| < 1e-22), backward within 2^-8 relative plus
+// 1e-5 (gelu' crosses zero near -0.75, where fp32 Φ + xφ cancels).
+TEST(GeluGpu, FastPhiWithinOneBf16Step) {
+  CUTRAIN_REQUIRE_GPU();
+  std::vector<float> in;
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    const float x = bf16_bits_to_f32(static_cast<uint16_t>(b));
+    // (bf16 subnormal results would round coarsely whatever the math: inputs >= 1e-30 or zero)
+    if (std::isfinite(x) && std::abs(x) <= 12.f && (x == 0.f || std::abs(x) >= 1e-30f)) in.push_back(x);
+  }
+  in.resize(in.size() / 8 * 8 + 3);  // a 3-element tail after the vectors (values repeat: fine)
+  for (std::size_t i = in.size() - 3; i < in.size(); ++i) in[i] = -0.5f * static_cast<float>(i % 7);
+  const std::size_t n = in.size();
+  test::DeviceArray<bf16> d(test::to_bf16(in)), o(n), ones(test::to_bf16(std::vector<float>(n, 1.f))), dx(n);
+  kernels::gelu_forward(nullptr, d.get(), nullptr, nullptr, o.get(), 1, static_cast<int>(n), kernels::GeluKind::Erf,
+                        kernels::KernelVersion::V3);
+  kernels::gelu_backward(nullptr, ones.get(), d.get(), dx.get(), n, kernels::GeluKind::Erf,
+                         kernels::KernelVersion::V3);
+  const auto got = test::download_float(o), got_dx = test::download_float(dx);
+  ASSERT_EQ(test::count_nan(got) + test::count_nan(got_dx), 0u) << "an output was not fully written";
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double x = in[i], y = ref::gelu_erf(x), dy = ref::gelu_erf_grad(x);
+    const bool ok = std::abs(got[i] - y) <= std::ldexp(std::abs(y), -8) + 1e-20 &&
+                    std::abs(got_dx[i] - dy) <= std::ldexp(std::abs(dy), -8) + 1e-5;
+    if (!ok && ++bad <= 10)
+      ADD_FAILURE() << "x=" << x << ": gelu " << got[i] << " want " << y << ", gelu' " << got_dx[i] << " want " << dy;
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 // Large magnitudes and the region around 0, where erf vs tanh and the derivative's shape matter.
 TEST(GeluGpu, TailsAndZero) {
   CUTRAIN_REQUIRE_GPU();
@@ -139,7 +182,7 @@ TEST(GeluGpu, TailsAndZero) {
   const int n = static_cast<int>(in.size());
   for (auto ver : kVersions)
   for (bool tanh : {false, true}) {
-    SCOPED_TRACE("v" + std::to_string(static_cast<int>(ver)) + (tanh ? " tanh" : " erf"));
+    SCOPED_TRACE(vname(ver) + (tanh ? " tanh" : " erf"));
     const auto kind = tanh ? kernels::GeluKind::Tanh : kernels::GeluKind::Erf;
     test::DeviceArray<bf16> d(test::to_bf16(in)), o(n), ones(test::to_bf16(std::vector<float>(n, 1.f))), dx(n);
     kernels::gelu_forward(nullptr, d.get(), nullptr, nullptr, o.get(), 1, n, kind, ver);
