@@ -40,6 +40,7 @@ void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const 
 //               memory.  bwd: dK/dV CTA 128 keys (8 warps); deterministic dQ CTA 128 queries, 4 x 32 rows.
 //   v2_m128n32  fwd: CTA 128 queries, 4 warps x 32 rows, 32-key tiles, Q in registers (D64).  bwd: as v1.
 //   v2_m128w8   fwd: CTA 128 queries, 8 warps x 16 rows, 64-key tiles.  bwd: as v2_m128.
+//   v2_m128k32  fwd: as v2_m128.  bwd: as v2_m128 but the fast mode's D64 dK/dV: 4 warps x 32 keys.
 // (The default is one constant, kDefault in kernels/attention_variant.cu.)
 std::vector<std::string> attention_variant_names();
 void attention_set_variant(const std::string& name);  // "" = the default

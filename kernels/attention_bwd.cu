@@ -328,7 +328,9 @@ std::size_t dvec_bytes(const AttentionShape& sh) {
 
 template <int D, bool CAUSAL, int KB>
 void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
-                     bf16* dqkv, void* scratch, const AttentionShape& sh, bool deterministic) {
+                     bf16* dqkv, void* scratch, const AttentionShape& sh, bool deterministic, bool kv32) {
+  // kv32 (v2_m128k32, D=64, fast mode): the dK/dV pass with 32 keys per warp (attention_bwd_dkdv_v2.cu).
+  const bool kv_v2 = kv32 && D == 64 && KB == 128;
   float* dvec = static_cast<float*>(scratch);
   float* dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + dvec_bytes(sh));
   const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
@@ -340,7 +342,7 @@ void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf
   const dim3 grid((sh.seq + kBlock - 1) / kBlock, sh.heads, sh.batch);
   const dim3 kv_grid((sh.seq + KB - 1) / KB, sh.heads, sh.batch);
   if (deterministic) {
-    auto kv = dkdv_kernel<D, CAUSAL, false, KB>;
+    auto kv = dkdv_kernel<D, CAUSAL, false, KB>;  // (dkdv_v2 has no deterministic form: it spills)
     constexpr int kSmem = dkdv_smem<D, false, KB>();
     CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     kv<<<kv_grid, KB * 2, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, nullptr, sh.seq, sh.heads, scale_log2, scale);
@@ -355,11 +357,15 @@ void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf
     }
   } else {
     CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, rows * D * sizeof(float), st));
-    auto kv = dkdv_kernel<D, CAUSAL, true, KB>;
-    constexpr int kSmem = dkdv_smem<D, true, KB>();
-    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    kv<<<kv_grid, KB * 2, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, dq_acc, sh.seq, sh.heads, scale_log2, scale);
-    CUTRAIN_LAUNCH_CHECK("attention_dkdv_kernel(atomic dq)");
+    if (kv_v2) {
+      dkdv_v2(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh);
+    } else {
+      auto kv = dkdv_kernel<D, CAUSAL, true, KB>;
+      constexpr int kSmem = dkdv_smem<D, true, KB>();
+      CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kv, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      kv<<<kv_grid, KB * 2, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, dq_acc, sh.seq, sh.heads, scale_log2, scale);
+      CUTRAIN_LAUNCH_CHECK("attention_dkdv_kernel(atomic dq)");
+    }
     dq_convert_kernel<D><<<static_cast<unsigned>((rows * D / 2 + 255) / 256), 256, 0, st>>>(dq_acc, dqkv, rows,
                                                                                              sh.heads, scale);
     CUTRAIN_LAUNCH_CHECK("attention_dq_convert_kernel");
@@ -367,15 +373,16 @@ void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf
 }
 
 // v1 and v2_m128n32: 64 keys per dK/dV CTA and the v1 dQ pass; v2_m128 and v2_m128w8: 128 keys and
-// the v2 dQ pass (attention_bwd_dq_v2.cu).
+// the v2 dQ pass (attention_bwd_dq_v2.cu); v2_m128k32: as v2_m128 with 4 warps x 32 keys for D=64.
 template <int D, bool CAUSAL>
 void launch_backward_variant(cudaStream_t st, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
                              bf16* dqkv, void* scratch, const AttentionShape& sh, bool deterministic) {
   const Variant v = current_variant();
-  if (v == Variant::V2_M128 || v == Variant::V2_M128W8)
-    launch_backward<D, CAUSAL, 128>(st, qkv, out, dout, lse, dqkv, scratch, sh, deterministic);
+  if (v == Variant::V2_M128 || v == Variant::V2_M128W8 || v == Variant::V2_M128K32)
+    launch_backward<D, CAUSAL, 128>(st, qkv, out, dout, lse, dqkv, scratch, sh, deterministic,
+                                    v == Variant::V2_M128K32);
   else
-    launch_backward<D, CAUSAL, 64>(st, qkv, out, dout, lse, dqkv, scratch, sh, deterministic);
+    launch_backward<D, CAUSAL, 64>(st, qkv, out, dout, lse, dqkv, scratch, sh, deterministic, false);
 }
 
 }  // namespace

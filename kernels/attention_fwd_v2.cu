@@ -227,7 +227,8 @@ template <int D, bool CAUSAL>
 void launch_variant(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, const AttentionShape& sh, Variant v) {
   constexpr int kBN = D == 64 ? 64 : 32;  // D128: 32-key tiles, the only MT=2 shape that fits in registers
   switch (v) {
-    case Variant::V2_M128: launch<D, CAUSAL, 4, 2, kBN, false>(st, qkv, out, lse, sh); break;
+    case Variant::V2_M128:
+    case Variant::V2_M128K32: launch<D, CAUSAL, 4, 2, kBN, false>(st, qkv, out, lse, sh); break;
     case Variant::V2_M128N32: launch<D, CAUSAL, 4, 2, 32, D == 64>(st, qkv, out, lse, sh); break;
     case Variant::V2_M128W8: launch<D, CAUSAL, 8, 1, 64, true>(st, qkv, out, lse, sh); break;
     default: CUTRAIN_FAIL("attention forward_v2: variant ", static_cast<int>(v), " is not a v2 variant");

@@ -120,7 +120,7 @@ void check_shape(const AttentionShape& shape, const char* who);
 
 // The kernel variant in force (attention_set_variant / CUTRAIN_ATTN_VARIANT), as an index into
 // attention_variant_names(). The enum order is that list's order.
-enum class Variant { V1 = 0, V2_M128 = 1, V2_M128N32 = 2, V2_M128W8 = 3 };
+enum class Variant { V1 = 0, V2_M128 = 1, V2_M128N32 = 2, V2_M128W8 = 3, V2_M128K32 = 4 };
 Variant current_variant();
 
 // Forward of the v2 variants (kernels/attention_fwd_v2.cu): CTA = WARPS warps x MT m-tiles of 16
@@ -129,6 +129,11 @@ void forward_v2(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const At
 
 // Deterministic dQ pass of the v2 variants (kernels/attention_bwd_dq_v2.cu): dqkv's q slot from
 // dvec = rowsum(dO o O) (fp32 [B, H, S]); CTA 128 queries, 4 warps x 32 rows, 32-key tiles.
+// dK/dV pass of v2_m128k32, D=64 only (kernels/attention_bwd_dkdv_v2.cu): CTA 128 keys, 4 warps x
+// 32 keys, 32-query tiles; fast mode only: dq_acc (non-null) gets the fp32 atomics of dS K.
+void dkdv_v2(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+             float* dq_acc, const AttentionShape& shape);
+
 void dq_v2(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
            const AttentionShape& shape);
 

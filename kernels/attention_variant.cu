@@ -11,7 +11,7 @@
 namespace cutrain::kernels {
 namespace {
 
-constexpr const char* kNames[] = {"v1", "v2_m128", "v2_m128n32", "v2_m128w8"};  // attn::Variant's order
+constexpr const char* kNames[] = {"v1", "v2_m128", "v2_m128n32", "v2_m128w8", "v2_m128k32"};  // attn::Variant's order
 constexpr int kCount = static_cast<int>(sizeof(kNames) / sizeof(kNames[0]));
 // The default variant: the fastest one that passed every GPU test on the device (one line to change).
 constexpr attn::Variant kDefault = attn::Variant::V1;
