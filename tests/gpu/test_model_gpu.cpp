@@ -6,6 +6,11 @@
 #include <cmath>
 #include <limits>
 
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "model/checkpoint.h"
 #include "model/engine.h"
 #include "model/reference_model.h"
 #include "runtime/config.h"
@@ -46,6 +51,12 @@ Batch random_batch(std::mt19937_64& rng, std::size_t n, int vocab) {
   return {test::random_ints(n, rng, 0, vocab - 1), test::random_ints(n, rng, 0, vocab - 1)};
 }
 
+std::vector<double> to_double(const std::vector<float>& v) {
+  std::vector<double> d(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) d[i] = v[i];
+  return d;
+}
+
 class ModelGpu : public ::testing::TestWithParam<const char*> {};
 
 }  // namespace
@@ -63,7 +74,7 @@ TEST_P(ModelGpu, LossAndEveryGradientMatchTheReferenceAtStep0) {
 
   // The reference sees exactly the GPU's (bf16-rounded) parameters.
   const std::vector<float> params = eng.download_params();
-  std::vector<double> p(params.begin(), params.end()), g(params.size(), 0.0);
+  std::vector<double> p = to_double(params), g(params.size(), 0.0);
   ReferenceModel<double> ref(eng.table());
   const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
   ref.backward(p.data(), g.data());
@@ -150,7 +161,7 @@ TEST_P(ModelGpu, AccumulationAveragesTheMicroBatches) {
   const double loss = eng.forward_backward(b.tokens.data(), b.labels.data());
   const std::vector<float> grads = eng.download_grads();
   const std::vector<float> params = eng.download_params();
-  std::vector<double> p(params.begin(), params.end()), g(params.size(), 0.0);
+  std::vector<double> p = to_double(params), g(params.size(), 0.0);
   ReferenceModel<double> ref(eng.table());
   double ref_loss = 0;
   for (int a = 0; a < 2; ++a) {
@@ -196,7 +207,35 @@ TEST_P(ModelGpu, NonFiniteGradientsSkipTheStep) {
   EXPECT_TRUE(s.skipped) << "grad norm " << s.grad_norm;
   const std::vector<float> after = eng.download_params();
   for (std::size_t i = 0; i < before.size(); ++i)
-    if (i != bad) ASSERT_EQ(before[i], after[i]) << "param " << i << " changed in a skipped step";
+    if (i != bad) {
+      ASSERT_EQ(before[i], after[i]) << "param " << i << " changed in a skipped step";
+    }
+}
+
+TEST_P(ModelGpu, ResumeFromACheckpointIsBitIdentical) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const BackendOptions o = small_model(rng());
+  const TrainConfig cfg = config_for(GetParam());
+  std::vector<Batch> batches;
+  for (int i = 0; i < 6; ++i) batches.push_back(random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab));
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("cutrain_gpu_ckpt_" + std::string(GetParam()) + "_" + std::to_string(::getpid()));
+  std::vector<double> full;
+  {
+    GpuEngine a(o, cfg);
+    for (int s = 0; s < 6; ++s) full.push_back(a.step(batches[s].tokens.data(), batches[s].labels.data(), s + 1, 1e-3f).loss);
+  }
+  {
+    GpuEngine b(o, cfg);
+    for (int s = 0; s < 3; ++s) b.step(batches[s].tokens.data(), batches[s].labels.data(), s + 1, 1e-3f);
+    save_checkpoint(dir, b, CheckpointMeta{3, ""});
+  }
+  GpuEngine c(o, config_for(GetParam()));
+  EXPECT_EQ(load_checkpoint(dir, c).step, 3);
+  for (int s = 3; s < 6; ++s)
+    EXPECT_EQ(c.step(batches[s].tokens.data(), batches[s].labels.data(), s + 1, 1e-3f).loss, full[s]) << "step " << s;
+  std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ModelGpu, ::testing::Values("baseline", "bf16_master_wg", "bf16_full"),
@@ -211,7 +250,7 @@ TEST(ModelGpuWide, GradientsMatchAtHeadDim128) {
   const double loss = eng.forward_backward(b.tokens.data(), b.labels.data());
   const std::vector<float> grads = eng.download_grads();
   const std::vector<float> params = eng.download_params();
-  std::vector<double> p(params.begin(), params.end()), g(params.size(), 0.0);
+  std::vector<double> p = to_double(params), g(params.size(), 0.0);
   ReferenceModel<double> ref(eng.table());
   const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
   ref.backward(p.data(), g.data());
