@@ -139,6 +139,15 @@ __global__ void __launch_bounds__(KB * 2) dkdv_kernel(const bf16* __restrict__ q
         const bool dead = mask && (m0 + qi >= S || (CAUSAL && m0 + qi < key));
         p[n][e] = dead ? 0.f : exp2f(fmaf(p[n][e], scale_log2, -l_tile[qi]));
       }
+    // Keys past S: their zero K rows give P = exp2(-lse), inf for a row whose lse < -88.7, and
+    // inf * 0 would poison the fast mode's dQ. Zero them (the last key block only).
+    if (n0 + KB > S) {
+#pragma unroll
+      for (int n = 0; n < QT / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (key_base + (e >> 1) * 8 >= S) p[n][e] = 0.f;
+    }
     std::uint32_t pf[QT / 16][4];
     to_a_frags<QT>(pf, p);
     warp_pb<D, QT>(dv, pf, do_tile);
@@ -153,7 +162,7 @@ __global__ void __launch_bounds__(KB * 2) dkdv_kernel(const bf16* __restrict__ q
     to_a_frags<QT>(pf, ds);
     warp_pb<D, QT>(dk, pf, q_tile);
     if constexpr (ATOMIC_DQ) {
-      // Key rows past S carry nonzero dS here, but their K rows are zero-filled, so they add exact zeros.
+      // Key rows past S carry dS = 0 (dead above) and zero-filled K rows.
       // Park dS^T (bf16, the values the dK product used), then dQ[q, d0..] += dS[q, keys] K[keys, d0..].
 #pragma unroll
       for (int n = 0; n < QT / 8; ++n)

@@ -140,7 +140,8 @@ __global__ void __launch_bounds__(kT) dkdv_v2_kernel(const bf16* __restrict__ qk
     // P^T = exp2(scale_log2 * K Q^T - lse_log2[q]) for the warp's 32 keys x 32 queries.
     float p[kMT][kQT / 8][4];
     abt2(p, k_addr, mma::smem_addr(q_tile + b_off));
-    const bool mask = m0 + kQT > S || (CAUSAL && m0 < k0 + kMT * 16 - 1);
+    // Keys past S are dead too (P = exp2(-lse) of their zero rows can overflow; inf * 0 in dQ).
+    const bool mask = m0 + kQT > S || k0 + kMT * 16 > S || (CAUSAL && m0 < k0 + kMT * 16 - 1);
 #pragma unroll
     for (int i = 0; i < kMT; ++i)
 #pragma unroll
@@ -149,7 +150,7 @@ __global__ void __launch_bounds__(kT) dkdv_v2_kernel(const bf16* __restrict__ qk
         for (int e = 0; e < 4; ++e) {
           const int qi = n * 8 + 2 * t + (e & 1);
           const int key = k0 + i * 16 + gi + (e >> 1) * 8;
-          const bool dead = mask && (m0 + qi >= S || (CAUSAL && m0 + qi < key));
+          const bool dead = mask && (m0 + qi >= S || key >= S || (CAUSAL && m0 + qi < key));
           p[i][n][e] = dead ? 0.f : exp2f(fmaf(p[i][n][e], scale_log2, -l_tile[qi]));
         }
     pb2(dv, p, mma::smem_addr(do_tile + bt_off));
@@ -168,7 +169,7 @@ __global__ void __launch_bounds__(kT) dkdv_v2_kernel(const bf16* __restrict__ qk
     if constexpr (ATOMIC_DQ) {
       // Park dS^T (bf16, as the dK product used it); then warp w adds dQ[16 queries (w & 1), 32
       // columns (w >> 1)] = dS[queries, 128 keys] K[128 keys, cols] into the fp32 accumulator.
-      // Key rows past S carry nonzero dS here, but their K rows are zero-filled: exact zeros.
+      // Key rows past S carry dS = 0 (dead above) and zero-filled K rows.
 #pragma unroll
       for (int i = 0; i < kMT; ++i)
 #pragma unroll
