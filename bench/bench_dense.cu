@@ -2,7 +2,8 @@
 // BF16 example's shapes (2048 tokens, hidden 1024, FF 4096, vocab 50000) and large ones. Bytes are
 // what each kernel must move; frac_copy_bw compares with the device's copy bandwidth.
 // Names match bench/peers/dense_peer.py. Kernels with several versions are also run as
-// "<name>@v1", "<name>@v2" (GELU also "@v3"; the plain name is the launcher's default).
+// "<name>@v1", "<name>@v2" (GELU and the LayerNorm backward also "@v3"; the plain name is the
+// launcher's default).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -161,7 +162,7 @@ int main(int argc, char** argv) {
   // LayerNorm: the backward has versions (the forward does not).
   for (Shape2 sh : {Shape2{2048, 1024}, Shape2{16384, 4096}})
     for (Dir d : {Dir::Fwd, Dir::Bwd, Dir::FwdBwd})
-      for (const Ver& v : versions(d != Dir::Fwd ? 2 : 0))
+      for (const Ver& v : versions(d != Dir::Fwd ? 3 : 0))  // v3: 1 vector/thread, 2 rows ahead
         reg(std::string("layernorm/") + dir_name(d) + "/" + shape(sh.rows, sh.cols) + v.suffix,
             [=](benchmark::State& st) { bench_layernorm(st, sh.rows, sh.cols, d, v.v); });
   for (Shape2 sh : {Shape2{2048, 4096}, Shape2{16384, 16384}})

@@ -23,26 +23,32 @@
 namespace cutrain::kernels::detail {
 namespace {
 
-constexpr int kVpt = 2;           // 16-byte vectors per thread per row
-constexpr int kBlockWarps = 8;    // 256-thread blocks (TW <= 8); TW = 16 runs 512-thread blocks
-constexpr int kMaxTeamWarps = 16; // 16 warps x 32 lanes x 2 vectors x 8 = 8192 columns
+// Per version: vectors per thread, warps per block (teams are packed up to this), rows prefetched,
+// and the residency the grid aims for. v2: 2 vectors, 256-thread blocks, 1 row ahead, 16 warps/SM
+// (2 blocks at <= 128 registers). v3: 1 vector, 512-thread blocks, 2 rows ahead, 32 warps/SM
+// (2 blocks at <= 64 registers): the same registers per SM, twice the rows in flight.
+struct Cfg {
+  int vpt, block_warps, depth, warps_per_sm, max_team_warps;
+};
+constexpr Cfg kV2{2, 8, 1, 16, 16};  // 16 warps x 32 lanes x 2 vectors x 8 = 8192 columns
+constexpr Cfg kV3{1, 16, 2, 32, 16}; // 16 x 32 x 1 x 8 = 4096 columns (wider rows: v2)
 constexpr int kGridSms = 132;     // H100/H200 SM count: sizes the grid only (bits are device-independent)
-constexpr int kWarpsPerSm = 16;   // residency the grid aims for (2 x 256 threads at <= 128 registers)
 constexpr int kFinalLanes = 32;   // finalize: partial rows summed in parallel per column
 
-int team_warps(int cols) {
-  const int need = ceil_div(cols / kBf16PerVec, kVpt * kWarpSize);
+int team_warps(const Cfg& g, int cols) {
+  const int need = ceil_div(cols / kBf16PerVec, g.vpt * kWarpSize);
   int tw = 1;
   while (tw < need) tw *= 2;
   return tw;
 }
-int teams_per_block(int tw) { return std::max(1, kBlockWarps / tw); }
-int grid_blocks(int rows, int cols) {
-  const int tw = team_warps(cols), rpb = teams_per_block(tw);
-  const int target = kGridSms * kWarpsPerSm / (tw * rpb);
-  // At least two rows per team, so the prefetch has something to overlap.
-  return std::max(1, std::min(target, ceil_div(rows, 2 * rpb)));
+int teams_per_block(const Cfg& g, int tw) { return std::min(8, std::max(1, g.block_warps / tw)); }
+int grid_blocks(const Cfg& g, int rows, int cols) {
+  const int tw = team_warps(g, cols), rpb = teams_per_block(g, tw);
+  const int target = kGridSms * g.warps_per_sm / (tw * rpb);
+  // At least DEPTH + 1 rows per team, so the prefetch has something to overlap.
+  return std::max(1, std::min(target, ceil_div(rows, (g.depth + 1) * rpb)));
 }
+bool fits(const Cfg& g, int cols) { return cols <= g.max_team_warps * kWarpSize * g.vpt * kBf16PerVec; }
 
 // Barrier of team `team` of RPB (TT threads each): bar.sync on barrier 1 + team (0 is
 // __syncthreads). Immediate ids, so ptxas reserves RPB + 1 barriers, not all 16 (on Hopper 64
@@ -70,8 +76,10 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float f[8]) {
   load_bf16x8(reinterpret_cast<const bf16*>(&raw), f);  // register-to-register: no memory access
 }
 
-template <int TW, int RPB>
-__global__ void __launch_bounds__(TW * RPB * kWarpSize, TW * RPB <= kBlockWarps ? 2 : 1)
+// VPT vectors per thread, DEPTH rows prefetched ahead (v2: 2 and 1; v3: 1 and 2, twice the warps
+// at half the registers each), MINB blocks per SM for the register budget.
+template <int TW, int RPB, int kVpt, int DEPTH, int MINB>
+__global__ void __launch_bounds__(TW * RPB * kWarpSize, MINB)
     ln_bwd_team(const bf16* dy, const bf16* __restrict__ sum, const float* __restrict__ mean,
                 const float* __restrict__ rstd, const bf16* __restrict__ gamma, const bf16* __restrict__ d_extra,
                 bf16* d_sum, float* __restrict__ partial, int rows, int cols) {
@@ -105,34 +113,53 @@ __global__ void __launch_bounds__(TW * RPB * kWarpSize, TW * RPB <= kBlockWarps 
 #pragma unroll
     for (int k = 0; k < 8; ++k) acc_g[i][k] = acc_b[i][k] = 0.f;
 
-  uint4 dyn[kVpt], xn[kVpt];
-  float mn = 0.f, rn = 0.f;
-  auto fetch = [&](int r) {
+  // Rows in flight: slot d holds row + d*U (loaded DEPTH rows ahead of its use).
+  uint4 qdy[DEPTH][kVpt], qx[DEPTH][kVpt];
+  float qm[DEPTH], qr[DEPTH];
+#pragma unroll
+  for (int d = 0; d < DEPTH; ++d) {
+    qm[d] = qr[d] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) qdy[d][i] = qx[d][i] = make_uint4(0, 0, 0, 0);
+  }
+  auto fetch = [&](int d, int r) {
     const std::size_t base = static_cast<std::size_t>(r) * cols;
 #pragma unroll
     for (int i = 0; i < kVpt; ++i) {
       if (on[i]) {
-        dyn[i] = load16(dy + base + off[i]);
-        xn[i] = load16<Load::Streaming>(sum + base + off[i]);
+        qdy[d][i] = load16(dy + base + off[i]);
+        qx[d][i] = load16<Load::Streaming>(sum + base + off[i]);
       }
     }
-    mn = mean[r];
-    rn = rstd[r];
+    qm[d] = mean[r];
+    qr[d] = rstd[r];
   };
 
   int row = blockIdx.x * RPB + team;
-  if (row < rows) fetch(row);
+#pragma unroll
+  for (int d = 0; d < DEPTH; ++d)
+    if (row + d * U < rows) fetch(d, row + d * U);
   int parity = 0;
   for (; row < rows; row += U) {
     uint4 dyc[kVpt], xc[kVpt], er[kVpt];
 #pragma unroll
     for (int i = 0; i < kVpt; ++i) {
-      dyc[i] = dyn[i];
-      xc[i] = xn[i];
+      dyc[i] = qdy[0][i];
+      xc[i] = qx[0][i];
     }
-    const float m = mn, r = rn;
+    const float m = qm[0], r = qr[0];
+#pragma unroll
+    for (int d = 0; d + 1 < DEPTH; ++d) {
+      qm[d] = qm[d + 1];
+      qr[d] = qr[d + 1];
+#pragma unroll
+      for (int i = 0; i < kVpt; ++i) {
+        qdy[d][i] = qdy[d + 1][i];
+        qx[d][i] = qx[d + 1][i];
+      }
+    }
     const std::size_t base = static_cast<std::size_t>(row) * cols;
-    if (row + U < rows) fetch(row + U);  // team-uniform
+    if (row + DEPTH * U < rows) fetch(DEPTH - 1, row + DEPTH * U);  // team-uniform
 #pragma unroll
     for (int i = 0; i < kVpt; ++i)
       er[i] = (d_extra && on[i]) ? load16<Load::Streaming>(d_extra + base + off[i]) : make_uint4(0, 0, 0, 0);
@@ -265,36 +292,52 @@ __global__ void __launch_bounds__(kWarpSize * kFinalLanes)
   }
 }
 
-template <int TW>
+// V3 selects the v3 configuration (VPT 1, DEPTH 2), otherwise v2's.
+template <bool V3, int TW>
 void launch_team(cudaStream_t s, int blocks, const bf16* dy, const bf16* sum, const float* mean, const float* rstd,
                  const bf16* gamma, const bf16* d_extra, bf16* d_sum, float* partial, int rows, int cols) {
-  constexpr int RPB = TW >= kBlockWarps ? 1 : kBlockWarps / TW;
-  ln_bwd_team<TW, RPB><<<blocks, TW * RPB * kWarpSize, 0, s>>>(dy, sum, mean, rstd, gamma, d_extra, d_sum, partial,
-                                                              rows, cols);
-  CUTRAIN_LAUNCH_CHECK("ln_bwd_team");
+  constexpr Cfg g = V3 ? kV3 : kV2;
+  constexpr int RPB = TW >= g.block_warps ? 1 : (g.block_warps / TW > 8 ? 8 : g.block_warps / TW);
+  constexpr int kThreadsPerBlock = TW * RPB * kWarpSize;
+  // Two blocks per SM: <= 128 registers at 256 threads, <= 64 at 512; v2's 512-thread teams
+  // (TW = 16) keep 128 registers and one block per SM.
+  constexpr int MINB = kThreadsPerBlock <= 256 || V3 ? 2 : 1;
+  ln_bwd_team<TW, RPB, g.vpt, g.depth, MINB><<<blocks, kThreadsPerBlock, 0, s>>>(dy, sum, mean, rstd, gamma, d_extra,
+                                                                               d_sum, partial, rows, cols);
+  CUTRAIN_LAUNCH_CHECK(V3 ? "ln_bwd_team (v3)" : "ln_bwd_team (v2)");
+}
+
+template <bool V3>
+void launch_main(cudaStream_t s, int P, int tw, const bf16* dy, const bf16* sum, const float* mean, const float* rstd,
+                 const bf16* gamma, const bf16* d_extra, bf16* d_sum, float* partial, int rows, int cols) {
+  switch (tw) {
+    case 1: launch_team<V3, 1>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
+    case 2: launch_team<V3, 2>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
+    case 4: launch_team<V3, 4>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
+    case 8: launch_team<V3, 8>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
+    default: launch_team<V3, 16>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
+  }
 }
 
 }  // namespace
 
-bool ln_bwd_v2_supported(int cols) { return cols <= kMaxTeamWarps * kWarpSize * kVpt * kBf16PerVec; }
+bool ln_bwd_v2_supported(int cols) { return fits(kV2, cols); }
 
 std::size_t ln_bwd_v2_scratch_bytes(int rows, int cols) {
-  return 2 * static_cast<std::size_t>(grid_blocks(rows, cols)) * cols * sizeof(float);
+  const int P = std::max(grid_blocks(kV2, rows, cols), grid_blocks(kV3, rows, cols));
+  return 2 * static_cast<std::size_t>(P) * cols * sizeof(float);
 }
 
 void ln_bwd_v2(cudaStream_t s, const bf16* dy, const bf16* sum, const float* mean, const float* rstd,
                const bf16* gamma, const bf16* d_extra, bf16* d_sum, void* dgamma, void* dbeta, DType param_grad_type,
-               bool accumulate, float* partial, int rows, int cols) {
+               bool accumulate, float* partial, int rows, int cols, bool v3) {
   CUTRAIN_CHECK(ln_bwd_v2_supported(cols) && cols % kBf16PerVec == 0,
                 "layernorm_backward v2: needs cols % 8 == 0 and cols <= 8192, got ", cols);
-  const int P = grid_blocks(rows, cols);
-  switch (team_warps(cols)) {
-    case 1: launch_team<1>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
-    case 2: launch_team<2>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
-    case 4: launch_team<4>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
-    case 8: launch_team<8>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
-    default: launch_team<16>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
-  }
+  v3 = v3 && fits(kV3, cols);
+  const Cfg& g = v3 ? kV3 : kV2;
+  const int P = grid_blocks(g, rows, cols);
+  if (v3) launch_main<true>(s, P, team_warps(g, cols), dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols);
+  else launch_main<false>(s, P, team_warps(g, cols), dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols);
   const dim3 grid(ceil_div(cols, kWarpSize)), block(kWarpSize, kFinalLanes);
   if (param_grad_type == DType::F32) {
     ln_param_finalize_v2<float><<<grid, block, 0, s>>>(partial, P, cols, static_cast<float*>(dgamma),

@@ -1,7 +1,7 @@
 // GPU tests of kernels/layernorm against the fp64 CPU reference: forward (sum, y, mean, rstd),
 // backward (d_sum with/without d_extra and aliasing, dgamma/dbeta in fp32 and bf16, accumulate),
 // determinism, odd shapes, the scalar fallback (cols % 8 != 0, misaligned pointers), bad shapes.
-// Every backward version (V1, V2) is run on every case.
+// Every backward version (V1, V2, V3) is run on every case.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -193,12 +193,13 @@ void check_backward(kernels::KernelVersion ver, const Case& c, DType pt, bool ac
   if (out) *out = std::move(r);
 }
 
-const kernels::KernelVersion kVersions[] = {kernels::KernelVersion::V1, kernels::KernelVersion::V2};
+const kernels::KernelVersion kVersions[] = {kernels::KernelVersion::V1, kernels::KernelVersion::V2,
+                                            kernels::KernelVersion::V3};
 std::string vname(kernels::KernelVersion v) { return "v" + std::to_string(static_cast<int>(v)); }
 
-// Shapes where V2's team layouts (1, 2, 4, 8, 16 warps per row; several rows per team, so the
-// prefetch of the next row and the team-order combination of the partials run) and its
-// fallbacks (cols > 8192, cols % 8 != 0) are exercised.
+// Shapes where V2's and V3's team layouts (1, 2, 4, 8, 16 warps per row; several rows per team,
+// so the prefetch of the next rows and the team-order combination of the partials run) and their
+// fallbacks (V3: cols > 4096 runs V2; both: cols > 8192, cols % 8 != 0 run V1) are exercised.
 const std::vector<Case>& v2_cases() {
   static const std::vector<Case> c = {{2500, 512}, {3000, 1024}, {700, 2048}, {600, 4096}, {1000, 8192},
                                       {333, 1032}, {530, 4104},  {9, 8200},   {41, 200},   {17, 4100}};
