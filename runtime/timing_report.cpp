@@ -41,11 +41,12 @@ std::string fold_layer_index(std::string_view name) {
 
 namespace {
 
-ReportRow make_row(const RegionTotals& r, double step_total_ms, const DevicePeaks& pk) {
+ReportRow make_row(const RegionTotals& r, double step_total_ms, std::size_t steps, const DevicePeaks& pk) {
   ReportRow row;
   row.name = r.name;
   row.calls = r.calls;
   row.total_ms = r.total_ms;
+  if (steps > 0) row.ms_per_step = r.total_ms / double(steps);
   if (step_total_ms > 0) row.pct_of_step = 100.0 * r.total_ms / step_total_ms;
   const double s = r.total_ms * 1e-3;
   if (s > 0 && r.flops > 0) row.tflops = r.flops / s / 1e12;
@@ -62,7 +63,11 @@ std::string fmt(const char* f, double v) {
 }
 
 nlohmann::json row_json(const ReportRow& r) {
-  nlohmann::json j = {{"name", r.name}, {"calls", r.calls}, {"total_ms", r.total_ms}, {"pct_of_step", r.pct_of_step}};
+  nlohmann::json j = {{"name", r.name},
+                      {"calls", r.calls},
+                      {"total_ms", r.total_ms},
+                      {"ms_per_step", r.ms_per_step},
+                      {"pct_of_step", r.pct_of_step}};
   if (r.tflops > 0) j["tflops"] = r.tflops, j["frac_gemm_peak"] = r.frac_gemm_peak;
   if (r.gbps > 0) j["gbps"] = r.gbps, j["frac_copy_bw"] = r.frac_copy_bw;
   return j;
@@ -100,7 +105,7 @@ TimingReport make_timing_report(const std::vector<RegionTotals>& regions, const 
   std::vector<RegionTotals> folded;
   std::unordered_map<std::string, std::size_t> index;
   for (const RegionTotals& r : regions) {
-    rep.rows.push_back(make_row(r, rep.step_total_ms, peaks));
+    rep.rows.push_back(make_row(r, rep.step_total_ms, step_ms.size(), peaks));
     std::string k = fold_layer_index(r.name);
     auto [it, fresh] = index.emplace(k, folded.size());
     if (fresh) {
@@ -114,7 +119,7 @@ TimingReport make_timing_report(const std::vector<RegionTotals>& regions, const 
       f.bytes += r.bytes;
     }
   }
-  for (const RegionTotals& r : folded) rep.by_kind.push_back(make_row(r, rep.step_total_ms, peaks));
+  for (const RegionTotals& r : folded) rep.by_kind.push_back(make_row(r, rep.step_total_ms, step_ms.size(), peaks));
   return rep;
 }
 
@@ -147,13 +152,13 @@ std::string format_timing_report(const TimingReport& r, bool all_rows) {
   std::size_t w = 6;
   for (const ReportRow& row : rows) w = std::max(w, row.name.size());
   char line[512];
-  std::snprintf(line, sizeof line, "  %-*s %8s %11s %7s %9s %6s %9s %6s\n", int(w), "region", "calls", "total ms",
-                "% step", "TFLOP/s", "%gemm", "GB/s", "%copy");
+  std::snprintf(line, sizeof line, "  %-*s %8s %11s %9s %7s %9s %6s %9s %6s\n", int(w), "region", "calls",
+                "total ms", "ms/step", "% step", "TFLOP/s", "%gemm", "GB/s", "%copy");
   out += line;
   for (const ReportRow& row : rows) {
     auto opt = [](double v, const char* f) { return v > 0 ? fmt(f, v) : std::string("-"); };
-    std::snprintf(line, sizeof line, "  %-*s %8lld %11.3f %7s %9s %6s %9s %6s\n", int(w), row.name.c_str(),
-                  static_cast<long long>(row.calls), row.total_ms,
+    std::snprintf(line, sizeof line, "  %-*s %8lld %11.3f %9.3f %7s %9s %6s %9s %6s\n", int(w), row.name.c_str(),
+                  static_cast<long long>(row.calls), row.total_ms, row.ms_per_step,
                   r.step_total_ms > 0 ? fmt("%.1f", row.pct_of_step).c_str() : "-", opt(row.tflops, "%.1f").c_str(),
                   opt(100 * row.frac_gemm_peak, "%.0f").c_str(), opt(row.gbps, "%.0f").c_str(),
                   opt(100 * row.frac_copy_bw, "%.0f").c_str());

@@ -39,6 +39,7 @@ struct ReportRow {
   std::string name;
   std::int64_t calls = 0;
   double total_ms = 0;
+  double ms_per_step = 0;  // total_ms / timed steps (0 without step samples)
   double pct_of_step = 0;  // total_ms / (sum of the step region's ms) * 100; 0 without a step region
   double tflops = 0;       // flops / total time (0 when the region declared no flops)
   double gbps = 0;         // bytes / total time (0 when the region declared no bytes)

@@ -65,6 +65,7 @@ TEST(TimingReport, RatesSharesAndMfuFromSyntheticTimings) {
   EXPECT_DOUBLE_EQ(r.step_total_ms, 40.0);
   const ReportRow& g = row(r.rows, "step/fwd/layer00/gemm");
   EXPECT_NEAR(g.pct_of_step, 20.0, 1e-12);
+  EXPECT_NEAR(g.ms_per_step, 4.0, 1e-12);
   EXPECT_NEAR(g.tflops, 4e12 / 8e-3 / 1e12, 1e-9);  // 500 TFLOP/s
   EXPECT_NEAR(g.frac_gemm_peak, 500.0 / 800.0, 1e-12);
   EXPECT_EQ(g.gbps, 0);
@@ -95,6 +96,7 @@ TEST(TimingReport, UnknownPeaksAndNoStepRegionGiveZerosNotNan) {
   TimingReport r = make_timing_report({{"fwd", 1, 3.0, 1e9, 1e9}}, {}, none, "step", 1e12, "x");
   EXPECT_EQ(r.step_total_ms, 0);
   EXPECT_EQ(r.rows[0].pct_of_step, 0);
+  EXPECT_EQ(r.rows[0].ms_per_step, 0);
   EXPECT_EQ(r.rows[0].frac_gemm_peak, 0);
   EXPECT_EQ(r.rows[0].frac_copy_bw, 0);
   EXPECT_GT(r.rows[0].tflops, 0);
@@ -128,6 +130,7 @@ TEST(TimingReport, TableAndJsonCarryEveryField) {
   EXPECT_EQ(j["regions_by_kind"].size(), 2u);
   EXPECT_NEAR(j["regions"][1]["tflops"].get<double>(), 400.0, 1e-9);
   EXPECT_NEAR(j["regions"][1]["gbps"].get<double>(), 200.0, 1e-9);
+  EXPECT_NEAR(j["regions"][1]["ms_per_step"].get<double>(), 5.0, 1e-12);
   EXPECT_FALSE(j["regions"][0].contains("tflops"));
   EXPECT_NEAR(j["mfu_datasheet"][0].get<double>(), 300.0 / 989.4, 1e-12);
   EXPECT_EQ(j["flops_formula"], "6N + 12LTC (PaLM)");
