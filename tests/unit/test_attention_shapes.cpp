@@ -1,6 +1,7 @@
 // CPU tests of the attention launchers' shape checks: refused before anything reaches the device.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
 #include <string>
 
@@ -48,6 +49,13 @@ TEST(AttentionShapes, FlopsAndScratch) {
   // Fast mode adds the fp32 dQ accumulator, B*S*H*D.
   EXPECT_EQ(kernels::attention_backward_scratch_bytes(sh, false),
             kernels::attention_backward_scratch_bytes(sh, true) + 4u * 512 * 16 * 64 * 4);
+}
+
+// Declared first: it must see the choice before any test sets one. ctest runs it once more with
+// CUTRAIN_ATTN_VARIANT=v2_m128 (tests/attention.cmake, test attention_variant_from_env).
+TEST(AttentionVariants, FromEnvironmentOrDefault) {
+  const char* env = std::getenv("CUTRAIN_ATTN_VARIANT");
+  EXPECT_EQ(kernels::attention_variant(), env && *env ? std::string(env) : kernels::attention_variant_names()[0]);
 }
 
 TEST(AttentionVariants, NamesSetAndUnknown) {
