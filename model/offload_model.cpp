@@ -43,6 +43,16 @@ void init_chunk(std::uint64_t seed, std::size_t begin, std::size_t end, float bo
   for (auto& th : pool) th.join();
 }
 
+// Checked before any CUDA call (the first member is initialized from it).
+const OffloadModelOptions& validated(const OffloadModelOptions& o) {
+  CUTRAIN_CHECK(o.dtype == DType::BF16, "offload model: dtype ", dtype_name(o.dtype),
+                " is not supported: the dense kernels (kernels/gemm.cuh, kernels/cross_entropy.cuh) are bf16-only; "
+                "use bfloat16");
+  CUTRAIN_CHECK(o.hidden >= 2, "offload model: hidden_dim must be at least 2 (classes), got ", o.hidden);
+  CUTRAIN_CHECK(o.nlayers >= 1, "offload model: nlayers must be at least 1, got ", o.nlayers);
+  return o;
+}
+
 }  // namespace
 
 const std::vector<std::string>& OffloadModel::state_names() {
@@ -51,12 +61,7 @@ const std::vector<std::string>& OffloadModel::state_names() {
 }
 
 OffloadModel::OffloadModel(const OffloadModelOptions& o)
-    : opt_(o), h_(o.hidden), L_(o.nlayers), alloc_(device_allocator()) {
-  CUTRAIN_CHECK(o.dtype == DType::BF16, "offload model: dtype ", dtype_name(o.dtype),
-                " is not supported: the dense kernels (kernels/gemm.cuh, kernels/cross_entropy.cuh) are bf16-only; "
-                "use bfloat16");
-  CUTRAIN_CHECK(h_ >= 2, "offload model: hidden_dim must be at least 2 (classes), got ", h_);
-  CUTRAIN_CHECK(L_ >= 1, "offload model: nlayers must be at least 1, got ", L_);
+    : opt_(validated(o)), h_(o.hidden), L_(o.nlayers), alloc_(device_allocator()) {
   const std::size_t h = std::size_t(h_), per_layer = h * h + h;
   n_ = std::size_t(L_) * per_layer;
   cudaStream_t s = stream_.get();
