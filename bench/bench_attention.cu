@@ -93,6 +93,7 @@ void bench_attention(benchmark::State& state, AttentionShape sh, Pass pass, cons
 void reg(const std::string& name, std::function<void(benchmark::State&)> fn) {
   benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); })
       ->UseManualTime()
+      ->Iterations(100)  // a median of 100 flushed samples: 160 benchmarks (every variant) stay a few minutes
       ->Unit(benchmark::kMicrosecond);
 }
 
