@@ -1,5 +1,6 @@
 // `cutrain train`: the BF16 example's train.py (same flags, defaults and output), on the GPU
 // engine or, with --device cpu, on the CPU reference model. The program's default command.
+#include <filesystem>
 #include <iostream>
 
 #include "model/precision.h"
@@ -37,6 +38,11 @@ int run_train(TrainFlags& f) {
     // The main job: the BF16 example's default size with the bf16_full config on a GPU, or a
     // small CPU run where there is none.
     o.deepspeed_config = "configs/bf16_full.json";
+#ifdef CUTRAIN_SOURCE_DIR
+    // Run from elsewhere than the repository root: the checkout's configs/.
+    if (!std::filesystem::exists(o.deepspeed_config))
+      o.deepspeed_config = std::filesystem::path(CUTRAIN_SOURCE_DIR) / "configs" / "bf16_full.json";
+#endif
     std::string why;
     if (gpu_available(&why)) {
       std::cout << "cutrain train: no arguments: the BF16 example's default model with " << o.deepspeed_config.string()
