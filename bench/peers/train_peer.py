@@ -9,12 +9,12 @@ Prints the same SUMMARY line as train.py / cutrain. Eager by default, --compile 
 """
 import argparse
 import json
-import math
 import sys
 import time
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 
 
 class Block(nn.Module):
