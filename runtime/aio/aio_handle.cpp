@@ -154,6 +154,8 @@ struct AioHandle::Impl {
   std::vector<std::future<void>> pending_device;
   std::mutex pending_m;
   Buffer bounce[2];
+  // One pair of bounce buffers per handle: device requests (sync or async) take turns on it.
+  std::mutex bounce_m;
   std::string fallback;
 
   // Queues one host-memory request on the workers; returns its Op (not yet complete).
@@ -235,6 +237,7 @@ struct AioHandle::Impl {
 
   // Device memory: two pinned bounce buffers; disk I/O of one chunk overlaps the copy of the other.
   void device_io(void* dev, std::size_t bytes, const std::string& path, std::int64_t offset, bool read) {
+    std::lock_guard<std::mutex> hold(bounce_m);
     ensure_bounce();
     cudaStream_t s;
     CUTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

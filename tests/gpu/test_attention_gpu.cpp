@@ -4,6 +4,9 @@
 // (kernels::attention_variant_names()) runs every case.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -48,6 +51,25 @@ struct VariantScope {
 };
 
 class AttentionGpu : public ::testing::TestWithParam<Param> {};
+
+// dQ and dK vanish where the softmax is one-hot (seq 1, the first causal row, saturated logits):
+// there ||ref|| -> 0 and a plain relative error divides rounding noise by ~0. Their error is
+// measured against max(||ref||, 5% of ||dV_ref||): dV = P^T dO carries the gradients' natural
+// scale, and the cancelling terms of dQ/dK are of that size.
+template <typename A, typename B>
+double grad_error(const A& out, const B& ref, const B& dv_ref) {
+  double num = 0, den = 0, dv = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(out[i])) return INFINITY;
+    const double d = static_cast<double>(out[i]) - static_cast<double>(ref[i]);
+    num += d * d;
+    den += static_cast<double>(ref[i]) * static_cast<double>(ref[i]);
+  }
+  for (const auto& x : dv_ref) dv += static_cast<double>(x) * static_cast<double>(x);
+  const double floor = 0.05 * std::sqrt(dv);
+  const double scale = std::max(std::sqrt(den), floor);
+  return scale == 0 ? (num == 0 ? 0.0 : INFINITY) : std::sqrt(num) / scale;
+}
 
 TEST_P(AttentionGpu, MatchesReferences) {
   CUTRAIN_REQUIRE_GPU();
@@ -98,7 +120,7 @@ TEST_P(AttentionGpu, MatchesReferences) {
   const auto dqkv_nh = dqkv_n.download();
   const char* names[3] = {"dQ", "dK", "dV"};
   for (int w = 0; w < 3; ++w)
-    EXPECT_LE(test::rel_error(slot(dqkv_h, sh, w), slot(dqkv_nh, sh, w)), 1e-2) << names[w] << " vs naive";
+    EXPECT_LE(grad_error(slot(dqkv_h, sh, w), slot(dqkv_nh, sh, w), slot(dqkv_nh, sh, 2)), 1e-2) << names[w] << " vs naive";
 
   // Same bits on a second deterministic run.
   kernels::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv2.get(), scratch.get(), sh, true);
@@ -112,13 +134,13 @@ TEST_P(AttentionGpu, MatchesReferences) {
   const auto fast_h = test::download_float(dqkv_fast);
   ASSERT_EQ(test::count_nan(fast_h), 0u);
   for (int w = 0; w < 3; ++w)
-    EXPECT_LE(test::rel_error(slot(fast_h, sh, w), slot(dqkv_nh, sh, w)), 1e-2) << names[w] << " (fast) vs naive";
+    EXPECT_LE(grad_error(slot(fast_h, sh, w), slot(dqkv_nh, sh, w), slot(dqkv_nh, sh, 2)), 1e-2) << names[w] << " (fast) vs naive";
   // A second fast run on the same (now dirty) scratch: the launcher must clear its dQ accumulator.
   dqkv_fast.poison();
   kernels::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv_fast.get(),
                               scratch_fast.get(), sh, false);
   const auto fast2_h = test::download_float(dqkv_fast);
-  EXPECT_LE(test::rel_error(slot(fast2_h, sh, 0), slot(dqkv_nh, sh, 0)), 1e-2) << "dQ (fast, second run) vs naive";
+  EXPECT_LE(grad_error(slot(fast2_h, sh, 0), slot(dqkv_nh, sh, 0), slot(dqkv_nh, sh, 2)), 1e-2) << "dQ (fast, second run) vs naive";
 
   // ---- fp64 CPU reference where it is cheap ----
   if (seq <= 129 || (seq <= 512 && heads == 1)) {
@@ -128,7 +150,7 @@ TEST_P(AttentionGpu, MatchesReferences) {
     EXPECT_LE(test::rel_error(lse_h, lse_r), 1e-4) << "lse vs CPU";
     ref::attention_backward(qkv_f, out_h, dout_f, sh, dqkv_r);
     for (int w = 0; w < 3; ++w)
-      EXPECT_LE(test::rel_error(slot(dqkv_h, sh, w), slot(dqkv_r, sh, w)), 1e-2) << names[w] << " vs CPU";
+      EXPECT_LE(grad_error(slot(dqkv_h, sh, w), slot(dqkv_r, sh, w), slot(dqkv_r, sh, 2)), 1e-2) << names[w] << " vs CPU";
   }
 }
 
