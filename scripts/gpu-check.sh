@@ -50,11 +50,14 @@ if ! cmake --build "$build" -j"$(nproc)" >"$out/logs/build.log" 2>&1; then
 fi
 say "build: $(( $(date +%s) - t0 )) s"
 
-ctest_args=(--test-dir "$build" --output-on-failure --timeout 600 --output-junit "$out/logs/ctest.xml")
+# GPU tests are small except a few (they check free memory and skip): 8 at once on one GPU keeps
+# the 800-odd test processes (each pays the CUDA start-up) to a couple of minutes.
+ctest_args=(--test-dir "$build" --output-on-failure --timeout 300 -j "${CTEST_JOBS:-8}" --output-junit "$out/logs/ctest.xml")
 [ -n "$tests_re" ] && ctest_args+=(-R "$tests_re")
 ctest "${ctest_args[@]}" >"$out/logs/test.log" 2>&1
 test_rc=$?
-grep -E "tests passed|tests failed|\*\*\*Failed|\*\*\*Skipped|Not Run|Exception|Timeout" "$out/logs/test.log" | head -60 | tee -a "$summary"
+grep -E "tests passed|tests failed|\*\*\*Failed|Exception|Timeout|NOT_BUILT" "$out/logs/test.log" | head -80 | tee -a "$summary"
+echo "skipped: $(grep -c '\*\*\*Skipped' "$out/logs/test.log")" | tee -a "$summary"
 say "ctest rc=$test_rc"
 
 if [ "$bench_re" != "none" ]; then
@@ -62,8 +65,8 @@ if [ "$bench_re" != "none" ]; then
     [ -x "$b" ] || continue
     name=$(basename "$b")
     echo "$name" | grep -qE "$bench_re" || continue
-    "$b" --benchmark_out="$out/logs/$name.json" --benchmark_out_format=json \
-         --benchmark_counters_tabular=true >"$out/logs/$name.txt" 2>&1
+    timeout "${BENCH_TIMEOUT:-240}" "$b" --benchmark_out="$out/logs/$name.json" --benchmark_out_format=json \
+         --benchmark_counters_tabular=true ${BENCH_FILTER:+--benchmark_filter="$BENCH_FILTER"} >"$out/logs/$name.txt" 2>&1
     say "-- $name (rc=$?)"
     grep -vE '^\s*$' "$out/logs/$name.txt" | tail -n +3 | cut -c1-200 | tee -a "$summary" >/dev/null
   done
