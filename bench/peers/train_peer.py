@@ -172,7 +172,7 @@ def main():
         except Exception as e:  # keep the other rows
             print(f"peer: {cfg} {'compile' if comp else 'eager'} failed: {e}", file=sys.stderr)
             continue
-        rows.append({"name": f"train/step/{shape}@{layout}" + ("_compile" if comp else ""), "time_us": avg * 1e6})
+        rows.append({"name": f"train/step/{shape}_{layout}" + ("@compile" if comp else ""), "time_us": avg * 1e6})
     json.dump({"device": torch.cuda.get_device_name(0), "results": rows}, open(args.out, "w"), indent=1)
 
 
