@@ -26,7 +26,7 @@ for c in "${configs[@]}"; do
   echo "== cutrain train --deepspeed_config configs/$c.json ${args[*]:-}"
   "$bin" train --deepspeed_config "configs/$c.json" --loss_log_file "$out/loss_$c.csv" "${args[@]}" | tee "$out/$c.log"
   if ((peer)); then
-    for mode in eager compile; do
+    for mode in ${PEER_MODES:-eager compile}; do  # PEER_MODES=eager skips torch.compile (minutes)
       flag=(); [ $mode = compile ] && flag=(--compile)
       python3 bench/peers/train_peer.py --deepspeed_config "configs/$c.json" --loss_log_file "$out/loss_${c}_torch_$mode.csv" \
           "${flag[@]}" "${args[@]}" | tee "$out/${c}_torch_$mode.log" || echo "peer $c $mode failed"
