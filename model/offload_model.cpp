@@ -56,7 +56,7 @@ const OffloadModelOptions& validated(const OffloadModelOptions& o) {
 }  // namespace
 
 const std::vector<std::string>& OffloadModel::state_names() {
-  static const std::vector<std::string> names{"optim_states", "hp_params", "lp_params", "lp_grads"};
+  static const std::vector<std::string> names{"lp_params", "lp_grads", "hp_params", "optim_states"};
   return names;
 }
 
@@ -97,10 +97,12 @@ OffloadModel::OffloadModel(const OffloadModelOptions& o)
   stream_.synchronize();
 
   offloader_ = std::make_unique<StateOffloader>(alloc_, s);
-  offloader_->add("optim_states", &moments_);
-  offloader_->add("hp_params", &master_);
+  // In the order a step uses them: a reload copies them in this order, so the forward can start
+  // as soon as lp_params is back while the rest is still copying.
   offloader_->add("lp_params", &params_);
   offloader_->add("lp_grads", &grads_);
+  offloader_->add("hp_params", &master_);
+  offloader_->add("optim_states", &moments_);
 }
 
 OffloadModel::~OffloadModel() { cudaStreamSynchronize(stream_.get()); }

@@ -413,6 +413,7 @@ void StateOffloader::reload(const std::vector<std::string>& names, bool non_bloc
   // exhaustion, what this call took is given back (a block with a queued copy is held back by
   // record_stream until the copy is done) and every state stays offloaded with its host copy.
   std::vector<State*> got, cpu, nvme;
+  std::vector<std::shared_ptr<Event>> cpu_done;
   cudaStream_t cs = nullptr;
   try {
     for (State* s : todo) {
@@ -428,9 +429,13 @@ void StateOffloader::reload(const std::vector<std::string>& names, bool non_bloc
       ready.record(owner_);
       ready.wait_on(cs);
       CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(s->device_ptr(), s->host, s->bytes, cudaMemcpyHostToDevice, cs));
+      // One event per state: a user waiting for the first state does not wait for the others.
+      auto done = std::make_shared<Event>(false);
+      done->record(cs);
       // If the owner frees the block before waiting for the reload, it is still held back.
       if (s->buffer) alloc_.record_stream(s->buffer->get(), cs);
       cpu.push_back(s);
+      cpu_done.push_back(std::move(done));
     }
   } catch (...) {
     if (cs) cudaStreamSynchronize(cs);  // external states: their release must not race the copy
@@ -443,14 +448,12 @@ void StateOffloader::reload(const std::vector<std::string>& names, bool non_bloc
   ++generation_;
 
   if (!cpu.empty()) {
-    auto done = std::make_shared<Event>(false);
-    done->record(cs);
-    for (State* s : cpu) {
-      s->offloaded = false;
-      s->reload_done = done;
+    for (std::size_t i = 0; i < cpu.size(); ++i) {
+      cpu[i]->offloaded = false;
+      cpu[i]->reload_done = cpu_done[i];
     }
     if (!non_blocking) {
-      done->synchronize();
+      cpu_done.back()->synchronize();  // the copy stream runs them in order
       for (State* s : cpu) s->reload_done.reset();
     }
   }
