@@ -195,6 +195,17 @@ MemoryStats GpuEngine::memory() const {
 
 void GpuEngine::reset_peak() { device_allocator().reset_peak(); }
 
+void GpuEngine::release_workspace() {
+  stream_.synchronize();
+  // The graph holds the workspace's addresses: it goes too, and the next step starts eager again.
+  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+  if (graph_) cudaGraphDestroy(graph_);
+  graph_exec_ = nullptr;
+  graph_ = nullptr;
+  eager_steps_ = 0;
+  model_->release_workspace();
+}
+
 namespace {
 std::vector<float> download(const Buffer& b, DType t, std::size_t n) {
   std::vector<float> out(n);

@@ -26,6 +26,7 @@ class GpuEngine final : public TrainBackend {
   StepStats step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) override;
   MemoryStats memory() const override;
   void reset_peak() override;
+  void release_workspace() override;
   HostState save_state() const override;
   void load_state(const HostState& state) override;
   const char* describe() const override { return describe_.c_str(); }

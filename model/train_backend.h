@@ -36,6 +36,9 @@ class TrainBackend {
   virtual StepStats step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) = 0;
   virtual MemoryStats memory() const = 0;
   virtual void reset_peak() = 0;
+  // Frees activations and scratch (they come back on the next step): the final allocated figure
+  // then counts the training state only, as PyTorch's does once its activations are freed.
+  virtual void release_workspace() {}
   virtual HostState save_state() const = 0;
   virtual void load_state(const HostState& state) = 0;
   virtual const char* describe() const = 0;  // "cuda (NVIDIA H200)", "cpu (reference model)"

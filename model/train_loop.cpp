@@ -196,6 +196,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
       metrics += j.dump() + "\n";
     }
   }
+  be->release_workspace();
   const MemoryStats fin = be->memory();
   res.avg_step_time = timed ? time_sum / timed : 0.0;
   res.peak_bytes = fin.peak;

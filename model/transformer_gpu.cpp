@@ -72,6 +72,15 @@ void GpuTransformer::allocate(cudaStream_t s) {
   scratch_ = take(std::max<std::size_t>(sc, 256));
 }
 
+void GpuTransformer::release_workspace() {
+  buffers_.clear();
+  xs_.clear();
+  acts_.clear();
+  logits_ = dx_ = dh_ = d4h_ = dqkv_ = nullptr;
+  scratch_ = nullptr;
+  workspace_bytes_ = 0;
+}
+
 void GpuTransformer::layer_forward(cudaStream_t s, const bf16* P, int l, const LayerActs& a, const bf16* x_in,
                                    bf16* x_out) {
   const LayerIndex& L = table_.layer(l);

@@ -37,6 +37,8 @@ class GpuTransformer {
                         const std::int32_t* tokens, const std::int32_t* labels, float grad_scale, float* d_loss,
                         int* d_status);
 
+  // Returns activations and scratch to the allocator; the next call allocates them again.
+  void release_workspace();
   // Bytes of activations + scratch this model holds once allocated (0 before the first call).
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
