@@ -9,6 +9,7 @@
 
 #include "kernels/adamw.cuh"
 #include "kernels/cross_entropy.cuh"
+#include "model/offload_linear_fp32.h"
 #include "runtime/check.h"
 
 namespace cutrain::model {
@@ -45,9 +46,9 @@ void init_chunk(std::uint64_t seed, std::size_t begin, std::size_t end, float bo
 
 // Checked before any CUDA call (the first member is initialized from it).
 const OffloadModelOptions& validated(const OffloadModelOptions& o) {
-  CUTRAIN_CHECK(o.dtype == DType::BF16, "offload model: dtype ", dtype_name(o.dtype),
-                " is not supported: the dense kernels (kernels/gemm.cuh, kernels/cross_entropy.cuh) are bf16-only; "
-                "use bfloat16");
+  CUTRAIN_CHECK(o.dtype == DType::BF16 || o.dtype == DType::F32, "offload model: dtype ", dtype_name(o.dtype),
+                " is not supported: the kernels have bf16 and fp32 paths only (no fp16 GEMM, loss or loss "
+                "scaling); use bfloat16 or float32");
   CUTRAIN_CHECK(o.hidden >= 2, "offload model: hidden_dim must be at least 2 (classes), got ", o.hidden);
   CUTRAIN_CHECK(o.nlayers >= 1, "offload model: nlayers must be at least 1, got ", o.nlayers);
   return o;
@@ -66,19 +67,22 @@ OffloadModel::OffloadModel(const OffloadModelOptions& o)
   n_ = std::size_t(L_) * per_layer;
   cudaStream_t s = stream_.get();
 
-  params_ = Buffer(alloc_, n_ * 2, s);
-  grads_ = Buffer(alloc_, n_ * 2, s);
+  const std::size_t es = dtype_size(o.dtype);  // lp params, grads and activations: bf16 or fp32
+  params_ = Buffer(alloc_, n_ * es, s);
+  grads_ = Buffer(alloc_, n_ * es, s);
   master_ = Buffer(alloc_, n_ * 4, s);
   moments_ = Buffer(alloc_, 2 * n_ * 4, s);
-  acts_ = Buffer(alloc_, (std::size_t(L_) + 1) * h * 2, s);
-  dx_ = Buffer(alloc_, 2 * h * 2, s);
+  acts_ = Buffer(alloc_, (std::size_t(L_) + 1) * h * es, s);
+  dx_ = Buffer(alloc_, 2 * h * es, s);
   labels_d_ = Buffer(alloc_, 4, s);
   loss_d_ = Buffer(alloc_, 4, s);
   status_d_ = Buffer(alloc_, 4, s);
   scratch_ = Buffer(alloc_, std::max(kernels::bias_grad_scratch_bytes(1, h_), kernels::cross_entropy_scratch_bytes(1)),
                     s);
-  gemm_ = std::make_unique<kernels::Gemm>(&alloc_);
-  stage_ = Buffer(pinned_allocator(), h * 2 + 16);
+  if (o.dtype == DType::F32) lin32_ = std::make_unique<Fp32Linear>(h_, h_, alloc_);
+  else gemm_ = std::make_unique<kernels::Gemm>(&alloc_);
+  // Input (bf16 or fp32), label, loss, status; fp32 mode: the logits / their gradient too.
+  stage_ = Buffer(pinned_allocator(), 2 * h * 4 + 64);
 
   // Parameters in chunks (bounded host memory for multi-GiB models).
   const float bound = 1.f / std::sqrt(float(h_));
@@ -89,7 +93,11 @@ OffloadModel::OffloadModel(const OffloadModelOptions& o)
     const std::size_t e = std::min(n_, b + chunk);
     init_chunk(o.seed, b, e, bound, m.data(), p.data());
     CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(master_.as<float>() + b, m.data(), (e - b) * 4, cudaMemcpyHostToDevice, s));
-    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(params_.as<std::uint16_t>() + b, p.data(), (e - b) * 2, cudaMemcpyHostToDevice, s));
+    if (o.dtype == DType::F32)  // lp params = the fp32 values, a copy apart from the master (as in DeepSpeed)
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(params_.as<float>() + b, m.data(), (e - b) * 4, cudaMemcpyHostToDevice, s));
+    else
+      CUTRAIN_CUDA_CHECK(
+          cudaMemcpyAsync(params_.as<std::uint16_t>() + b, p.data(), (e - b) * 2, cudaMemcpyHostToDevice, s));
     CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));  // the host chunk is reused
   }
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), s));
@@ -108,7 +116,8 @@ OffloadModel::OffloadModel(const OffloadModelOptions& o)
 OffloadModel::~OffloadModel() { cudaStreamSynchronize(stream_.get()); }
 
 std::size_t OffloadModel::state_bytes() const {
-  return n_ * 2 + n_ * 2 + n_ * 4 + 2 * n_ * 4;
+  const std::size_t es = dtype_size(opt_.dtype);
+  return n_ * es + n_ * es + n_ * 4 + 2 * n_ * 4;
 }
 
 float OffloadModel::step(const float* x, int label) {
@@ -117,6 +126,7 @@ float OffloadModel::step(const float* x, int label) {
   // Anything still offloaded comes back (non-blocking); each state is waited for right before its
   // first use, so the copies of the later ones (moments, master) overlap the forward/backward.
   offloader_->reload(true);
+  if (opt_.dtype == DType::F32) return step_fp32(x, label);
   const std::size_t h = std::size_t(h_), per_layer = h * h + h;
 
   auto* xh = stage_.as<std::uint16_t>();
@@ -171,6 +181,65 @@ float OffloadModel::step(const float* x, int label) {
   std::memcpy(&status, reinterpret_cast<char*>(xh) + h * 2 + 4, 4);
   CUTRAIN_CHECK(status == 0, "offload model: cross-entropy reported a bad label (row ", status - 1, ")");
   return loss;
+}
+
+// fp32: cuBLASLt fp32 products, the loss and its gradient on the host in double (one row of
+// `hidden` logits), Adam through the baseline kernel with the fp32 master (its bf16 parameter
+// write goes to a transient scratch), then lp params = master.
+float OffloadModel::step_fp32(const float* x, int label) {
+  cudaStream_t s = stream_.get();
+  const std::size_t h = std::size_t(h_), per_layer = h * h + h;
+  float* xh = stage_.as<float>();
+  float* logits_h = xh + h;
+  std::memcpy(xh, x, h * 4);
+  float* acts = acts_.as<float>();
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(acts, xh, h * 4, cudaMemcpyHostToDevice, s));
+  offloader_->wait_resident("lp_params", s);
+  const float* P = params_.as<float>();
+  float* G = grads_.as<float>();
+  for (int l = 0; l < L_; ++l) {
+    const float* W = P + l * per_layer;
+    lin32_->forward(s, acts + l * h, W, W + h * h, acts + (l + 1) * h);
+  }
+  float* logits = acts + std::size_t(L_) * h;
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(logits_h, logits, h * 4, cudaMemcpyDeviceToHost, s));
+  stream_.synchronize();
+  double mx = logits_h[0];
+  for (std::size_t i = 1; i < h; ++i) mx = std::max(mx, double(logits_h[i]));
+  double sum = 0;
+  for (std::size_t i = 0; i < h; ++i) sum += std::exp(double(logits_h[i]) - mx);
+  const double loss = std::log(sum) + mx - double(logits_h[label]);
+  for (std::size_t i = 0; i < h; ++i)
+    logits_h[i] = float(std::exp(double(logits_h[i]) - mx) / sum - (int(i) == label ? 1.0 : 0.0));
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(logits, logits_h, h * 4, cudaMemcpyHostToDevice, s));
+  const float* dy = logits;
+  offloader_->wait_resident("lp_grads", s);
+  for (int l = L_ - 1; l >= 0; --l) {
+    const float* W = P + l * per_layer;
+    float* gW = G + l * per_layer;
+    lin32_->grad_weight(s, dy, acts + l * h, gW);
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(gW + h * h, dy, h * 4, cudaMemcpyDeviceToDevice, s));  // db = dy (M = 1)
+    if (l > 0) {
+      float* dx = dx_.as<float>() + ((L_ - 1 - l) % 2) * h;
+      lin32_->grad_input(s, dy, W, dx);
+      dy = dx;
+    }
+  }
+  offloader_->wait_resident("hp_params", s);
+  offloader_->wait_resident("optim_states", s);
+  kernels::AdamParams ap;
+  ap.lr = opt_.lr;
+  ap.step = ++step_;
+  ap.weight_decay = 0.f;
+  auto* m = moments_.as<float>();
+  {
+    Buffer bf16_out(alloc_, n_ * 2, s);
+    kernels::adam_step(s, kernels::OptimizerLayout::Baseline, ap, bf16_out.as<bf16>(), G, DType::F32,
+                       master_.as<float>(), m, m + n_, n_, nullptr, nullptr);
+  }  // freed on `s`: reused only by later work on it
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(params_.get(), master_.get(), n_ * 4, cudaMemcpyDeviceToDevice, s));
+  stream_.synchronize();
+  return float(loss);
 }
 
 void OffloadModel::offload_states(const std::vector<std::string>& include, const OffloadOptions& options) {

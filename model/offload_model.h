@@ -1,6 +1,7 @@
 // @brief The offload example's SimpleModel on the GPU: `nlayers` Linear(hidden, hidden) layers
 // (with bias) in sequence and a cross-entropy loss over `hidden` classes, trained with Adam in
-// the BF16 example's baseline layout (bf16 params + grads, fp32 master + moments), micro batch 1.
+// the BF16 example's baseline layout (bf16 params + grads, fp32 master + moments), micro batch 1;
+// or in float32 (fp32 params + grads, fp32 master + moments).
 // Its training state is registered with a StateOffloader under DeepSpeed's offload_states names:
 // lp_params, lp_grads, hp_params, optim_states (exp_avg and exp_avg_sq in one buffer).
 #pragma once
@@ -21,10 +22,14 @@
 
 namespace cutrain::model {
 
+class Fp32Linear;
+
 struct OffloadModelOptions {
   int hidden = 1024;
   int nlayers = 1;
-  DType dtype = DType::BF16;  // only bf16 (the kernels are bf16-only): anything else is an error
+  // bf16: bf16 params/grads/activations; fp32: fp32 ones (plus the fp32 master, as in DeepSpeed).
+  // float16 is an error (no fp16 kernels).
+  DType dtype = DType::BF16;
   float lr = 1e-6f;
   std::uint64_t seed = 42;    // nn.Linear-style init U(-1/sqrt(h), 1/sqrt(h)), from this seed
 };
@@ -57,6 +62,7 @@ class OffloadModel {
   static const std::vector<std::string>& state_names();
 
  private:
+  float step_fp32(const float* x, int label);
   OffloadModelOptions opt_;
   int h_, L_;
   std::size_t n_;  // parameters: L * (h*h + h)
@@ -65,7 +71,8 @@ class OffloadModel {
   Buffer params_, grads_, master_, moments_;
   Buffer acts_, dx_, labels_d_, loss_d_, status_d_, scratch_;
   Buffer stage_;  // pinned: the input, label, and the loss/status read back
-  std::unique_ptr<kernels::Gemm> gemm_;
+  std::unique_ptr<kernels::Gemm> gemm_;       // bf16
+  std::unique_ptr<Fp32Linear> lin32_;   // fp32
   std::unique_ptr<StateOffloader> offloader_;
   int step_ = 0;
 };

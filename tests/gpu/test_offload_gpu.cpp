@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -343,14 +344,17 @@ TEST(OffloadGpu, NvmeRoundTrip) {
 }
 
 // Training continues exactly: N steps with an offload/reload round trip in the middle give the
-// same losses and the same final state, bit for bit, as N steps without.
-TEST(OffloadModelGpu, ContinuationIsBitExact) {
+// same losses and the same final state, bit for bit, as N steps without (bf16 and fp32).
+class OffloadModelDtypes : public ::testing::TestWithParam<DType> {};
+
+TEST_P(OffloadModelDtypes, ContinuationIsBitExact) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   const int hidden = 384 + 2 * int(rng() % 64), steps = 6;  // an odd-ish size each run
   model::OffloadModelOptions mo;
   mo.hidden = hidden;
   mo.nlayers = 3;
+  mo.dtype = GetParam();
   mo.lr = 1e-3f;  // large enough that every step changes the bf16 params
   mo.seed = rng();
   std::vector<std::vector<float>> xs;
@@ -386,6 +390,72 @@ TEST(OffloadModelGpu, ContinuationIsBitExact) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Dtypes, OffloadModelDtypes, ::testing::Values(DType::BF16, DType::F32),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// The fp32 model against a double-precision host reference: the first loss, and the first Adam
+// step, which moves every parameter with a clear gradient by lr against the gradient's sign.
+TEST(OffloadModelGpu, Fp32StepMatchesTheReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const int h = 40 + int(rng() % 25), L = 2;
+  model::OffloadModelOptions mo;
+  mo.hidden = h;
+  mo.nlayers = L;
+  mo.dtype = DType::F32;
+  mo.lr = 1e-3f;
+  mo.seed = rng();
+  model::OffloadModel m(mo);
+  const std::vector<float> w0 = m.download_master();
+  const std::size_t per = std::size_t(h) * h + h;
+  ASSERT_EQ(w0.size(), per * L);
+  const std::vector<float> x = test::random_normal(h, rng);
+  const int label = int(rng() % h);
+  // Reference forward / backward in double.
+  std::vector<std::vector<double>> a(L + 1, std::vector<double>(h));
+  for (int i = 0; i < h; ++i) a[0][i] = x[i];
+  for (int l = 0; l < L; ++l)
+    for (int n = 0; n < h; ++n) {
+      double acc = w0[l * per + std::size_t(h) * h + n];
+      for (int k = 0; k < h; ++k) acc += double(w0[l * per + std::size_t(n) * h + k]) * a[l][k];
+      a[l + 1][n] = acc;
+    }
+  double mx = a[L][0], sum = 0;
+  for (double z : a[L]) mx = std::max(mx, z);
+  for (double z : a[L]) sum += std::exp(z - mx);
+  const double loss_ref = std::log(sum) + mx - a[L][label];
+  std::vector<double> g(per * L), dy(h);
+  for (int n = 0; n < h; ++n) dy[n] = std::exp(a[L][n] - mx) / sum - (n == label ? 1.0 : 0.0);
+  for (int l = L - 1; l >= 0; --l) {
+    for (int n = 0; n < h; ++n) {
+      for (int k = 0; k < h; ++k) g[l * per + std::size_t(n) * h + k] = dy[n] * a[l][k];
+      g[l * per + std::size_t(h) * h + n] = dy[n];
+    }
+    std::vector<double> dx(h, 0.0);
+    for (int n = 0; n < h; ++n)
+      for (int k = 0; k < h; ++k) dx[k] += double(w0[l * per + std::size_t(n) * h + k]) * dy[n];
+    dy = dx;
+  }
+  const float loss = m.step(x.data(), label);
+  EXPECT_LE(std::abs(loss - loss_ref) / std::abs(loss_ref), 1e-5) << loss << " vs " << loss_ref;
+  const std::vector<float> w1 = m.download_master();
+  double gmax = 0;
+  for (double v : g) gmax = std::max(gmax, std::abs(v));
+  std::size_t checked = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    if (std::abs(g[i]) < 1e-3 * gmax) continue;
+    const double d = double(w1[i]) - double(w0[i]);
+    ASSERT_LT(d * g[i], 0.0) << "element " << i << ": moved " << d << " with gradient " << g[i];
+    ASSERT_NEAR(std::abs(d), 1e-3, 2e-4) << "element " << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, g.size() / 4);
+  // fp32 lp params are the master after the step.
+  const std::vector<std::uint16_t> p = m.download_params();
+  ASSERT_EQ(p.size() * 2, w1.size() * 4);
+  EXPECT_EQ(std::memcmp(p.data(), w1.data(), w1.size() * 4), 0);
+}
+
 // Non-blocking offload followed at once by the next step (no reload call): the step's
 // ensure_resident reloads and orders everything.
 TEST(OffloadModelGpu, StepAfterNonBlockingOffloadReloadsItself) {
@@ -415,6 +485,7 @@ TEST(OffloadModelGpu, UnsupportedDtypeIsAClearError) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(e.message().find("float16 is not supported"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("use bfloat16 or float32"), std::string::npos) << e.message();
   }
 }
 
