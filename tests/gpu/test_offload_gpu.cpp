@@ -203,15 +203,15 @@ TEST(OffloadGpu, NonBlockingOffloadWaitsForQueuedWrites) {
   st.off->offload({}, o);  // first round: pinned buffers allocated
   st.off->reload(false);
   // The owner stalls, then overwrites every state; the offload is queued meanwhile.
-  stall(st.stream.get(), 200);
+  stall(st.stream.get(), 500);
   for (std::size_t i = 0; i < st.names.size(); ++i) {
     st.data[i].assign(st.sizes[i], static_cast<std::uint8_t>(0x30 + i));
     CUTRAIN_CUDA_CHECK(cudaMemsetAsync(st.bufs[i].get(), 0x30 + int(i), st.sizes[i], st.stream.get()));
   }
-  auto t0 = std::chrono::steady_clock::now();
   st.off->offload({}, o);
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(ms, 150.0) << "a non-blocking pinned offload should return while the owner stream is stalled";
+  // Returned without waiting for the owner (no timing: also holds under compute-sanitizer).
+  EXPECT_EQ(cudaStreamQuery(st.stream.get()), cudaErrorNotReady)
+      << "a non-blocking pinned offload should return while the owner stream is still stalled";
   st.off->reload(true);
   st.expect_intact("after a non-blocking offload behind queued writes");
 }
