@@ -12,6 +12,7 @@
 namespace cutrain::model {
 
 namespace {
+void upload(const Buffer& b, DType t, const std::vector<float>& v, cudaStream_t s);
 float* as_f32(const Buffer& b) { return b.as<float>(); }
 }  // namespace
 
@@ -33,14 +34,16 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   state_bytes_ = std::size_t(after.allocated_bytes.current - before.allocated_bytes.current);
   state_requested_bytes_ = std::size_t(after.requested_bytes.current - before.requested_bytes.current);
 
-  std::vector<float> init(n_);
-  table_.init(init.data(), o.seed);
-  HostState st;
-  st.params = std::move(init);
-  if (plan_.has_master) st.master = st.params;
-  st.exp_avg.assign(n_, 0.f);
-  st.exp_avg_sq.assign(n_, 0.f);
-  load_state(st);
+  {
+    // Fresh state: the initial weights (bf16 params, fp32 master from the same values) and zero
+    // moments set on the device, so a 6.86B model does not stage four fp32 copies in host memory.
+    std::vector<float> init(n_);
+    table_.init(init.data(), o.seed);
+    upload(params_, DType::BF16, init, stream_);
+    if (plan_.has_master) upload(master_, DType::F32, init, stream_);
+  }
+  CUTRAIN_CUDA_CHECK(cudaMemsetAsync(m_.get(), 0, m_.bytes(), stream_));
+  CUTRAIN_CUDA_CHECK(cudaMemsetAsync(v_.get(), 0, v_.bytes(), stream_));
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), stream_));
 
   const std::size_t per_step = std::size_t(accum_) * o.batch * o.seq;

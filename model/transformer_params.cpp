@@ -1,5 +1,9 @@
 #include "model/transformer_params.h"
 
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
 #include <cmath>
 #include <random>
 
@@ -70,7 +74,21 @@ const ParamTensor& TransformerParams::find(const std::string& name) const {
 
 void TransformerParams::init(float* flat, std::uint64_t seed) const {
   for (std::size_t i = 0; i < flat_size_; ++i) flat[i] = 0.f;
-  for (std::size_t k = 0; k < tensors_.size(); ++k) {
+  // Tensors are independent (one generator each), so they are filled on several threads: the
+  // values do not depend on the thread count. A 6.86B model takes seconds instead of a minute.
+  std::atomic<std::size_t> next{0};
+  auto worker = [&] {
+    for (std::size_t k; (k = next.fetch_add(1)) < tensors_.size();) init_tensor(flat, seed, k);
+  };
+  const unsigned nthreads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (unsigned i = 1; i < nthreads; ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+}
+
+void TransformerParams::init_tensor(float* flat, std::uint64_t seed, std::size_t k) const {
+  {
     const ParamTensor& t = tensors_[k];
     // One generator per tensor (seed, index): a tensor's values do not depend on the others' sizes.
     std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + k + 1);

@@ -61,6 +61,7 @@ class TransformerParams {
   // same values. nn.Embedding N(0,1); nn.Linear U(±1/sqrt(in)) weight and bias; MHA in_proj
   // xavier_uniform, its biases 0; LayerNorm 1/0.
   void init(float* flat, std::uint64_t seed) const;
+  void init_tensor(float* flat, std::uint64_t seed, std::size_t index) const;  // one tensor of init()
 
  private:
   int add(std::string name, std::vector<std::int64_t> shape, InitKind init, double bound);
