@@ -1,7 +1,8 @@
 // Offload round trips through the StateOffloader (offload + reload, blocking, including the
 // device free / empty_cache and the reallocation) against raw cudaMemcpyAsync D2H + H2D between
 // the same kind of buffers. Host-timed (the calls are synchronous), median of the iterations.
-// Names: offload/roundtrip_<pinned|pageable>/<bytes> and offload/raw_<pinned|pageable>/<bytes>;
+// Names: offload/roundtrip_<pinned|pageable|pageable_driver>/<bytes> (pageable: through the staged
+// copier; pageable_driver: the driver's pageable cudaMemcpyAsync) and offload/raw_<pinned|pageable>/<bytes>;
 // bench/peers/offload_peer.py times PyTorch's (DeepSpeed's) way under the same names.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
@@ -42,7 +43,7 @@ void time_host(benchmark::State& state, double bytes, const std::function<void()
   set_counters(state, t, bytes, 0);
 }
 
-void BM_roundtrip(benchmark::State& state, std::size_t bytes, bool pin) {
+void BM_roundtrip(benchmark::State& state, std::size_t bytes, bool pin, bool staging = true) {
   if (!require_gpu(state)) return;
   CachingAllocator& a = device_allocator();
   Stream s;
@@ -53,6 +54,7 @@ void BM_roundtrip(benchmark::State& state, std::size_t bytes, bool pin) {
   off.add("state", &buf);
   OffloadOptions o;
   o.pin_memory = pin;
+  o.pageable_staging = staging;
   time_host(state, 2.0 * double(bytes), [&] {
     off.offload({}, o);
     off.reload(false);
@@ -85,6 +87,10 @@ void register_all() {
       benchmark::RegisterBenchmark(("offload/roundtrip_" + kind + "/" + std::to_string(bytes)).c_str(),
                                    [=](benchmark::State& st) { BM_roundtrip(st, bytes, pin); })
           ->UseManualTime()->Iterations(iters)->Unit(benchmark::kMillisecond);
+      if (!pin)  // the driver's own pageable path instead of the staged copier
+        benchmark::RegisterBenchmark(("offload/roundtrip_pageable_driver/" + std::to_string(bytes)).c_str(),
+                                     [=](benchmark::State& st) { BM_roundtrip(st, bytes, false, false); })
+            ->UseManualTime()->Iterations(iters)->Unit(benchmark::kMillisecond);
       benchmark::RegisterBenchmark(("offload/raw_" + kind + "/" + std::to_string(bytes)).c_str(),
                                    [=](benchmark::State& st) { BM_raw(st, bytes, pin); })
           ->UseManualTime()->Iterations(iters)->Unit(benchmark::kMillisecond);

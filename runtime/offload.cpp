@@ -18,6 +18,7 @@
 #include "runtime/check.h"
 #include "runtime/device.h"
 #include "runtime/nvtx.h"
+#include "runtime/staged_copy.h"
 
 namespace cutrain {
 
@@ -81,6 +82,7 @@ struct StateOffloader::State {
   void* host = nullptr;
   std::size_t host_bytes = 0;
   bool host_pinned = false;
+  bool host_staged = false;               // pageable, copied through the staged copier
   std::string file;                       // NVMe: the state's file while offloaded
   std::shared_ptr<Event> reload_done;     // a reload copy possibly still in flight
   bool release_pending = false;           // external state: device memory freed once the copy is done
@@ -99,6 +101,12 @@ struct StateOffloader::Impl {
   };
   std::vector<PendingOffload> pending;
   std::unique_ptr<aio::AioHandle> aio;
+  std::unique_ptr<StagedCopier> staged;  // pageable copies (created on first use)
+
+  StagedCopier& staged_copier() {
+    if (!staged) staged = std::make_unique<StagedCopier>();
+    return *staged;
+  }
 
   void free_host(State& s) {
     if (!s.host) return;
@@ -120,7 +128,11 @@ StateOffloader::~StateOffloader() {
   } catch (const Error& e) {
     std::cerr << "[offload] warning: while destroying the offloader: " << e.message() << "\n";
   }
-  bool pinned = false;
+  bool pinned = impl_->staged != nullptr;
+  try {
+    impl_->staged.reset();
+  } catch (...) {
+  }
   for (auto& s : impl_->states) {
     if (s->offloaded && s->host)
       std::cerr << "[offload] warning: state '" << s->name << "' is destroyed while offloaded (its data is lost)\n";
@@ -318,14 +330,17 @@ void StateOffloader::offload(const std::vector<std::string>& names, const Offloa
       s->host_pinned = opt.pin_memory;
       fresh.push_back(s);
     }
+    for (State* s : todo) s->host_staged = !opt.pin_memory && opt.pageable_staging;
 
     // 2. Copies on the copy stream, after the owner's queued work.
     cudaStream_t cs = copy_stream();
     Event ready(false);
     ready.record(owner_);
     ready.wait_on(cs);
-    for (State* s : todo)
-      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(s->host, s->device_ptr(), s->bytes, cudaMemcpyDeviceToHost, cs));
+    for (State* s : todo) {
+      if (s->host_staged) impl_->staged_copier().to_host(s->host, s->device_ptr(), s->bytes, cs);
+      else CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(s->host, s->device_ptr(), s->bytes, cudaMemcpyDeviceToHost, cs));
+    }
     auto done = std::make_shared<Event>(false);
     done->record(cs);
 
@@ -428,7 +443,8 @@ void StateOffloader::reload(const std::vector<std::string>& names, bool non_bloc
       Event ready(false);
       ready.record(owner_);
       ready.wait_on(cs);
-      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(s->device_ptr(), s->host, s->bytes, cudaMemcpyHostToDevice, cs));
+      if (s->host_staged) impl_->staged_copier().to_device(s->device_ptr(), s->host, s->bytes, cs);
+      else CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(s->device_ptr(), s->host, s->bytes, cudaMemcpyHostToDevice, cs));
       // One event per state: a user waiting for the first state does not wait for the others.
       auto done = std::make_shared<Event>(false);
       done->record(cs);
@@ -506,7 +522,8 @@ void StateOffloader::free_offload_buffers() {
     CUTRAIN_CHECK(!(s->offloaded && s->where == OffloadDevice::Cpu), "free_offload_buffers: state '", s->name,
                   "' is offloaded: its host buffer holds its only copy (reload first)");
   synchronize();
-  bool pinned = false;
+  bool pinned = impl_->staged != nullptr;
+  impl_->staged.reset();  // its pinned bounce buffers
   for (auto& s : impl_->states) {
     pinned = pinned || (s->host && s->host_pinned);
     impl_->free_host(*s);

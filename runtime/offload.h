@@ -39,6 +39,9 @@ OffloadDevice parse_offload_device(std::string_view s);  // "cpu" | "nvme", else
 struct OffloadOptions {
   OffloadDevice device = OffloadDevice::Cpu;
   bool pin_memory = true;     // false: pageable host memory (malloc'd)
+  // pin_memory == false: copy through two pinned bounce buffers with host threads
+  // (runtime/staged_copy.h); false: the driver's own pageable cudaMemcpyAsync.
+  bool pageable_staging = true;
   bool non_blocking = false;  // copies on the copy stream, returns at once (not for NVMe)
   std::string nvme_path;      // device == Nvme: the folder the state files go to
 };

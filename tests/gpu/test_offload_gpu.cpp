@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -18,6 +19,7 @@
 #include "model/offload_model.h"
 #include "runtime/allocator.h"
 #include "runtime/offload.h"
+#include "runtime/staged_copy.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
@@ -44,8 +46,11 @@ std::vector<std::uint8_t> download(const void* p, std::size_t n) {
   return h;
 }
 
+// cudaMemcpy runs on the legacy stream, which the tests' non-blocking streams do not wait for:
+// synchronize the device so later work on any stream sees the bytes.
 void upload(void* p, const std::vector<std::uint8_t>& h) {
   CUTRAIN_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size(), cudaMemcpyHostToDevice));
+  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 std::size_t free_device_memory() {
@@ -191,6 +196,46 @@ TEST(OffloadGpu, SubsetRepeatsAndKindSwitch) {
   EXPECT_EQ(st.off->pinned_buffer_bytes(), 0u);
   st.off->reload(true);
   st.expect_intact("after a pageable round trip following a pinned one");
+}
+
+// The staged pageable copier: odd sizes around its chunk size, both directions, bit-exact, and
+// ordered after work queued on its stream.
+TEST(StagedCopyGpu, RoundTripsOddSizesInOrder) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const std::size_t chunk = 64 * 1024;
+  Stream s;
+  for (int threads : {1, 4}) {
+    StagedCopier c(chunk, threads);
+    for (std::size_t bytes : {std::size_t{1}, std::size_t{4095}, chunk, chunk + 1, 3 * chunk + 77, 10 * MiB + 3}) {
+      auto data = random_bytes(bytes, rng);
+      test::DeviceArray<std::uint8_t> dev(bytes), back(bytes);
+      CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());  // their poisoning ran on the legacy stream
+      // Queued before the copy: a stall, then the real contents; the copy must see them.
+      stall(s.get(), 50);
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(dev.get(), data.data(), bytes, cudaMemcpyHostToDevice, s.get()));
+      std::vector<std::uint8_t> host(bytes + 1, 0xEE);
+      c.to_host(host.data(), dev.get(), bytes, s.get());
+      EXPECT_EQ(std::memcmp(host.data(), data.data(), bytes), 0) << bytes << " bytes to host, " << threads << " threads";
+      EXPECT_EQ(host[bytes], 0xEE);
+      c.to_device(back.get(), host.data(), bytes, s.get());
+      std::fill(host.begin(), host.end(), 0);  // the source may change once to_device returned
+      s.synchronize();
+      EXPECT_TRUE(back.download() == data) << bytes << " bytes to device, " << threads << " threads";
+    }
+  }
+}
+
+TEST(OffloadGpu, PageableDriverPathRoundTrip) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  States st(rng);
+  OffloadOptions o;
+  o.pin_memory = false;
+  o.pageable_staging = false;
+  st.off->offload({}, o);
+  st.off->reload(false);
+  st.expect_intact("after a pageable round trip on the driver's path");
 }
 
 // The offload copy must wait for owner-stream work queued before it.

@@ -3,6 +3,8 @@
 // leaves the device state intact. The copies themselves are in tests/gpu/test_offload_gpu.cpp.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,7 @@
 #include "runtime/error.h"
 #include "runtime/host_source.h"
 #include "runtime/offload.h"
+#include "runtime/staged_copy.h"
 
 using namespace cutrain;
 
@@ -131,6 +134,22 @@ TEST(Offload, HostExhaustionLeavesTheDeviceStateIntact) {
   EXPECT_FALSE(f.off.is_offloaded("hp_params"));
   EXPECT_EQ(f.off.host_buffer_bytes(), 0u);
   EXPECT_TRUE(f.b);
+}
+
+TEST(StagedCopy, ParallelMemcpyCopiesEveryByte) {
+  std::random_device rd;
+  std::mt19937_64 rng(rd());
+  for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{4095}, (std::size_t{4} << 20) + 1,
+                            (std::size_t{21} << 20) + 4097, std::size_t{33} << 20}) {
+    for (int threads : {1, 3, 8}) {
+      std::vector<unsigned char> src(bytes + 2), dst(bytes + 2, 0xEE);
+      for (auto& c : src) c = static_cast<unsigned char>(rng());
+      parallel_memcpy(dst.data() + 1, src.data() + 1, bytes, threads);  // odd addresses
+      EXPECT_EQ(std::memcmp(dst.data() + 1, src.data() + 1, bytes), 0) << bytes << " bytes, " << threads << " threads";
+      EXPECT_EQ(dst[0], 0xEE);
+      EXPECT_EQ(dst[bytes + 1], 0xEE) << "wrote past the end";
+    }
+  }
 }
 
 }  // namespace
