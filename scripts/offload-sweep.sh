@@ -3,7 +3,9 @@
 # pin_memory x non_blocking combinations over N trials, then a markdown table with one column per
 # combination and one row per trial, cells "offload / load" in seconds.
 #   scripts/offload-sweep.sh [--trials N] [--cutrain PATH] [--log FILE] [-- offload-bench args...]
-#   e.g. scripts/offload-sweep.sh --trials 3 -- --hidden_dim 16384 --nlayers 4
+#   e.g. scripts/offload-sweep.sh --trials 3 -- --hidden_dim 16384 --nlayers 4   (16 GiB of state)
+# Each run skips the raw-copy anchor and the overlap measurement (--no_extras); run
+# `cutrain offload-bench` alone for those.
 set -euo pipefail
 trials=3
 cutrain="${CUTRAIN:-build/release/tools/cutrain}"
@@ -28,7 +30,7 @@ for trial in $(seq 1 "$trials"); do
       [[ $pin == 1 ]] && flags+=(--pin_memory)
       [[ $nb == 1 ]] && flags+=(--non_blocking)
       echo "== trial $trial: pin_memory=$pin non_blocking=$nb" >&2
-      "$cutrain" offload-bench "${flags[@]}" --log "$log" "$@" | grep -E '^(Summary|Bandwidth):' >&2
+      "$cutrain" offload-bench "${flags[@]}" --no_extras --log "$log" "$@" | grep -E '^(Summary|Bandwidth):' >&2
     done
   done
 done
