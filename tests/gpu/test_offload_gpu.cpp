@@ -123,6 +123,7 @@ TEST_P(OffloadModes, RoundTripIsBitExactAndMemoryMoves) {
   o.pin_memory = mode.pin;
   o.non_blocking = mode.non_blocking;
 
+  std::int64_t best_free_gain = 0;  // the driver's free memory: other processes may allocate meanwhile
   for (int round = 0; round < 2; ++round) {
     const AllocatorStats before = st.alloc.stats();
     const std::size_t free_before = free_device_memory();
@@ -138,7 +139,8 @@ TEST_P(OffloadModes, RoundTripIsBitExactAndMemoryMoves) {
     // The two large states own their segments: reserved memory and the driver's free memory move.
     const std::size_t large = st.sizes[2] + st.sizes[3];
     EXPECT_LE(after.reserved_bytes.current + std::int64_t(large), before.reserved_bytes.current);
-    EXPECT_GE(free_device_memory(), free_before + large - 8 * MiB);
+    best_free_gain = std::max(best_free_gain, std::int64_t(free_device_memory()) - std::int64_t(free_before));
+    EXPECT_GT(after.num_raw_frees, before.num_raw_frees) << "segments went back to the driver (cudaFree)";
     EXPECT_EQ(st.off->host_buffer_bytes(), st.total());
     EXPECT_EQ(st.off->pinned_buffer_bytes(), mode.pin ? st.total() : 0u);
     for (std::size_t i = 0; i < st.names.size(); ++i)
@@ -159,6 +161,9 @@ TEST_P(OffloadModes, RoundTripIsBitExactAndMemoryMoves) {
     for (const auto& n : st.names) EXPECT_FALSE(st.off->is_offloaded(n)) << n;
     st.expect_intact(round == 0 ? "after the first round trip" : "after the second round trip");
   }
+  // ctest runs GPU tests in parallel: the best of the two rounds must show the segments returned.
+  EXPECT_GE(best_free_gain, std::int64_t(st.sizes[2] + st.sizes[3]) - std::int64_t(8 * MiB))
+      << "cudaMemGetInfo's free memory did not grow by the large states";
   st.off->free_offload_buffers();
   EXPECT_EQ(st.off->host_buffer_bytes(), 0u);
 }
