@@ -34,7 +34,7 @@ step() {
   echo "-- $name: rc=$rc in $(( $(date +%s) - t0 )) s" >>"$sum"
 }
 bin=build/gpu/tools/cutrain
-export CTEST_JOBS=${CTEST_JOBS:-8}
+export CTEST_JOBS=${CTEST_JOBS:-12}
 
 # 1. Build and every test (gpu-check keeps its own logs under $OUT/logs and summary.txt).
 OUT=$OUT/check scripts/gpu-check.sh --bench none >"$logs/gpu-check.txt" 2>&1
@@ -61,7 +61,7 @@ echo "-- attention variant for the training runs: ${CUTRAIN_ATTN_VARIANT:-defaul
 # 3. The main job and its peer: three layouts at the BF16 example's defaults.
 step comparison 150 "OUT=$OUT/cmp PEER_MODES=eager scripts/run-comparison.sh --bin $bin --with-peer"
 tail -30 "$logs/comparison.txt" >>"$sum" 2>/dev/null
-step train_6p86b 90 "for c in baseline bf16_full; do $bin train --deepspeed_config configs/\$c.json --hidden_dim 4096 --num_layers 32 --num_heads 32 --batch_size 1 --seq_length 512 --activation_checkpointing --num_steps 6 --warmup_steps 2 --log_interval 2 | grep -E 'parameters|Memory after|Step|SUMMARY'; done"
+step train_6p86b 90 "for c in baseline bf16_full; do $bin train --deepspeed_config configs/\$c.json --hidden_dim 4096 --num_layers 32 --num_heads 32 --batch_size 1 --seq_length 512 --activation_checkpointing --num_steps 4 --warmup_steps 1 --log_interval 1 | grep -E 'parameters|Memory after|Step|SUMMARY'; done"
 grep -E "SUMMARY|Model parameters" "$logs/train_6p86b.txt" >>"$sum" 2>/dev/null
 step train_llmc_shape 45 "$bin train --deepspeed_config configs/baseline.json --hidden_dim 768 --num_layers 12 --num_heads 12 --vocab_size 50257 --seq_length 1024 --batch_size 16 --num_steps 15 --warmup_steps 5 | tail -3"
 grep SUMMARY "$logs/train_llmc_shape.txt" >>"$sum" 2>/dev/null
