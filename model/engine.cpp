@@ -1,5 +1,6 @@
 #include "model/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -56,6 +57,12 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   CUTRAIN_CUDA_CHECK(cudaMallocHost(&labels_h_, per_step * 4));
   CUTRAIN_CUDA_CHECK(cudaMallocHost(&flags_h_, flag_words_ * 4));
   model_ = std::make_unique<GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A);
+  offloader_ = std::make_unique<StateOffloader>(A, stream_.get());
+  offloader_->add("lp_params", &params_);
+  offloader_->add(plan_.grad == DType::BF16 ? "lp_grads" : "contiguous_grad_buffer", &grads_);
+  if (plan_.has_master) offloader_->add("hp_params", &master_);
+  offloader_->add("optim_states.exp_avg", &m_);
+  offloader_->add("optim_states.exp_avg_sq", &v_);
   stream_.synchronize();
 }
 
@@ -110,7 +117,47 @@ void GpuEngine::read_flags() {
   }
 }
 
+std::vector<std::string> GpuEngine::offloadable_states() const {
+  std::vector<std::string> out{"optim_states"};
+  if (plan_.has_master) out.push_back("hp_params");
+  out.push_back("lp_params");
+  out.push_back(plan_.grad == DType::BF16 ? "lp_grads" : "contiguous_grad_buffer");
+  return out;
+}
+
+void GpuEngine::offload_states(const std::vector<std::string>& include, OffloadDevice device, bool pin_memory,
+                               bool non_blocking, const std::string& nvme_path) {
+  const std::vector<std::string> valid = offloadable_states();
+  std::vector<std::string> names;
+  for (const auto& g : include.empty() ? valid : include) {
+    if (std::find(valid.begin(), valid.end(), g) == valid.end()) {
+      std::string list;
+      for (const auto& v : valid) list += (list.empty() ? "" : ", ") + v;
+      CUTRAIN_FAIL("offload_states: '", g, "' is not a state of the ", plan_.name(), " layout; valid: ", list);
+    }
+    if (g == "optim_states") {
+      names.push_back("optim_states.exp_avg");
+      names.push_back("optim_states.exp_avg_sq");
+    } else {
+      names.push_back(g);
+    }
+  }
+  OffloadOptions o;
+  o.device = device;
+  o.pin_memory = pin_memory;
+  o.non_blocking = non_blocking;
+  o.nvme_path = nvme_path;
+  offloader_->offload(names, o);
+}
+
+void GpuEngine::reload_states(bool non_blocking) { offloader_->reload(non_blocking); }
+
+void GpuEngine::ensure_state() const {
+  if (offloader_) offloader_->ensure_resident(stream_.get());  // null only during construction
+}
+
 double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_t* labels) {
+  ensure_state();
   stage_batch(tokens, labels);
   enqueue_forward_backward();
   read_flags();
@@ -121,6 +168,16 @@ double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_
 
 StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
   NvtxRange r("step");
+  ensure_state();
+  if (offloader_->generation() != graph_generation_) {
+    // A reload reallocated the states: the captured graph holds their old addresses.
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+    graph_exec_ = nullptr;
+    graph_ = nullptr;
+    eager_steps_ = 0;  // one eager step, then a new capture (as after release_workspace)
+    graph_generation_ = offloader_->generation();
+  }
   stage_batch(tokens, labels);
   // Step 1 runs eagerly (cuBLASLt plans, first allocation of activations); the next one is
   // captured and every later one replays the graph.
@@ -234,21 +291,25 @@ void upload(const Buffer& b, DType t, const std::vector<float>& v, cudaStream_t 
 }  // namespace
 
 std::vector<float> GpuEngine::download_grads() const {
+  ensure_state();
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return download(grads_, plan_.grad, n_);
 }
 void GpuEngine::poison_grads() {
+  ensure_state();
   const std::size_t es = dtype_size(plan_.grad);
   for (const auto& t : table_.tensors())
     CUTRAIN_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(grads_.get()) + t.offset * es, 0xFF, t.count * es, stream_));
 }
 
 std::vector<float> GpuEngine::download_params() const {
+  ensure_state();
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return download(params_, DType::BF16, n_);
 }
 
 HostState GpuEngine::save_state() const {
+  ensure_state();
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   HostState s;
   s.params = download(params_, DType::BF16, n_);
@@ -263,6 +324,7 @@ void GpuEngine::load_state(const HostState& s) {
                 "gpu engine: state of ", s.params.size(), " params does not fit the model's flat size ", n_);
   CUTRAIN_CHECK(!plan_.has_master || s.master.size() == n_, "gpu engine: the ", plan_.name(),
                 " layout needs fp32 master weights of ", n_, " elements, the state has ", s.master.size());
+  ensure_state();
   upload(params_, DType::BF16, s.params, stream_);
   if (plan_.has_master) upload(master_, DType::F32, s.master, stream_);
   upload(m_, plan_.moment, s.exp_avg, stream_);

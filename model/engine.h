@@ -14,6 +14,7 @@
 #include "model/train_backend.h"
 #include "model/transformer_gpu.h"
 #include "runtime/device.h"
+#include "runtime/offload.h"
 
 namespace cutrain::model {
 
@@ -46,11 +47,23 @@ class GpuEngine final : public TrainBackend {
   std::size_t state_requested_bytes() const { return state_requested_bytes_; }
   bool graph_active() const { return graph_exec_ != nullptr; }
 
+  // DeepSpeed's engine.offload_states / reload_states. `include`: any of optim_states (moments),
+  // hp_params (fp32 master), lp_params (bf16 params), lp_grads (the bf16 gradient buffer) or
+  // contiguous_grad_buffer (the fp32 accumulation buffer), as the layout has them; empty: all.
+  // device nvme needs `nvme_path` (a folder). After a non-blocking reload (or none) the next use
+  // of the state waits for (or does) the reload itself; the CUDA graph is rebuilt after a reload.
+  void offload_states(const std::vector<std::string>& include = {}, OffloadDevice device = OffloadDevice::Cpu,
+                      bool pin_memory = true, bool non_blocking = false, const std::string& nvme_path = "");
+  void reload_states(bool non_blocking = false);
+  std::vector<std::string> offloadable_states() const;  // the include names this layout has
+  StateOffloader& offloader() { return *offloader_; }
+
  private:
   void stage_batch(const std::int32_t* tokens, const std::int32_t* labels);
   void enqueue_forward_backward();  // static: capturable
   void enqueue_norm();
   void read_flags();
+  void ensure_state() const;  // offloaded states reloaded, the stream waits for reloads in flight
 
   BackendOptions opt_;
   TrainConfig cfg_;
@@ -74,6 +87,9 @@ class GpuEngine final : public TrainBackend {
   cudaGraphExec_t graph_exec_ = nullptr;
   int eager_steps_ = 0;
   bool graph_failed_ = false;
+  // Last: destroyed first, while the state buffers it moves still exist.
+  std::unique_ptr<StateOffloader> offloader_;
+  std::uint64_t graph_generation_ = 0;  // offloader generation the graph was captured at
 };
 
 std::unique_ptr<TrainBackend> make_gpu_backend(const BackendOptions& options, const TrainConfig& config);

@@ -13,3 +13,5 @@ foreach(mode cpu cuda)
   endif()
   set_tests_properties(e2e_offload_cli_${mode} PROPERTIES SKIP_RETURN_CODE 77 LABELS ${label})
 endforeach()
+# GpuEngine::offload_states / reload_states (training continues bit-exactly, every layout).
+cutrain_add_test(NAME test_offload_engine_gpu LABEL gpu SOURCES gpu/test_offload_engine_gpu.cpp LIBS cutrain_model)
