@@ -23,30 +23,10 @@ using kernels::AttentionShape;
 
 namespace {
 
-__global__ void fill_random_bf16_kernel(bf16* p, std::size_t n, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
-    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ seed;
-    h ^= h >> 15; h *= 0x2C1B3C6Du; h ^= h >> 12; h *= 0x297A2D39u; h ^= h >> 15;
-    p[i] = __float2bfloat16_rn(2.f * ((h >> 8) * (1.f / 16777216.f)) - 1.f);
-  }
-}
-
-class DevBuf {
- public:
-  explicit DevBuf(std::size_t bytes) { CUTRAIN_CUDA_CHECK(cudaMalloc(&p_, bytes)); }
-  ~DevBuf() { cudaFree(p_); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <typename T> T* as() const { return static_cast<T*>(p_); }
-
- private:
-  void* p_ = nullptr;
-};
-
+using DevBuf = bench::DeviceBuffer;
 std::unique_ptr<DevBuf> random_bf16(std::size_t n, std::uint32_t seed) {
   auto b = std::make_unique<DevBuf>(n * sizeof(bf16));
-  fill_random_bf16_kernel<<<1024, 256>>>(b->as<bf16>(), n, seed);
-  CUTRAIN_LAUNCH_CHECK("fill_random_bf16_kernel");
+  bench::fill_uniform(b->as<bf16>(), n, -1.f, 1.f, seed);
   return b;
 }
 

@@ -23,38 +23,11 @@ namespace k = cutrain::kernels;
 
 namespace {
 
-__global__ void fill_bf16(bf16* p, std::size_t n, std::uint32_t seed, float mean, float scale) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ seed;
-    h ^= h >> 15; h *= 0x2C1B3C6Du; h ^= h >> 12; h *= 0x297A2D39u; h ^= h >> 15;
-    p[i] = __float2bfloat16_rn(mean + scale * ((h >> 8) * (2.f / 16777216.f) - 1.f));
-  }
-}
-__global__ void fill_tokens(int32_t* p, int n, int vocab, std::uint32_t seed) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ seed;
-    h ^= h >> 16; h *= 0x7FEB352Du; h ^= h >> 15; h *= 0x846CA68Bu; h ^= h >> 16;
-    p[i] = static_cast<int32_t>(h % static_cast<std::uint32_t>(vocab));
-  }
-}
-
-class Buf {
- public:
-  explicit Buf(std::size_t bytes) { CUTRAIN_CUDA_CHECK(cudaMalloc(&p_, bytes ? bytes : 1)); }
-  ~Buf() { cudaFree(p_); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  template <typename T> T* as() const { return static_cast<T*>(p_); }
-
- private:
-  void* p_ = nullptr;
-};
+using Buf = bench::DeviceBuffer;
 
 std::unique_ptr<Buf> bf16_buf(std::size_t n, std::uint32_t seed, float mean = 0.f, float scale = 1.f) {
   auto b = std::make_unique<Buf>(n * sizeof(bf16));
-  fill_bf16<<<1024, 256>>>(b->as<bf16>(), n, seed, mean, scale);
-  CUTRAIN_LAUNCH_CHECK("fill_bf16");
+  bench::fill_uniform(b->as<bf16>(), n, mean - scale, mean + scale, seed);
   return b;
 }
 
@@ -113,8 +86,7 @@ void bench_embedding(benchmark::State& state, int B, int T, int C, int V, Dir di
   const int N = B * T;
   const std::size_t nc = static_cast<std::size_t>(N) * C;
   Buf tok(N * 4), status(4);
-  fill_tokens<<<64, 256>>>(tok.as<int32_t>(), N, V, 8);
-  CUTRAIN_LAUNCH_CHECK("fill_tokens");
+  bench::fill_classes(tok.as<int32_t>(), N, V, 8);
   auto wte = bf16_buf(static_cast<std::size_t>(V) * C, 9), wpe = bf16_buf(static_cast<std::size_t>(T) * C, 10);
   auto dout = bf16_buf(nc, 11);
   Buf out(nc * 2), dwte(static_cast<std::size_t>(V) * C * 2), dwpe(static_cast<std::size_t>(T) * C * 2);

@@ -26,37 +26,9 @@ using kernels::OptimizerLayout;
 
 namespace {
 
-class DevBuf {
- public:
-  explicit DevBuf(std::size_t bytes) { CUTRAIN_CUDA_CHECK(cudaMalloc(&p_, bytes > 0 ? bytes : 1)); }
-  ~DevBuf() { cudaFree(p_); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <typename T>
-  T* as() const { return static_cast<T*>(p_); }
+using DevBuf = bench::DeviceBuffer;
+using bench::fill_uniform;
 
- private:
-  void* p_ = nullptr;
-};
-
-// Uniform values in [lo, hi) from a hash of the index (any dtype of float or bf16).
-template <typename T>
-__global__ void fill_uniform_kernel(T* p, std::size_t n, float lo, float hi, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
-    const float u = (kernels::sr_mix32(static_cast<std::uint32_t>(i) ^ seed) >> 8) * (1.f / 16777216.f);
-    p[i] = static_cast<T>(lo + (hi - lo) * u);
-  }
-}
-__global__ void fill_labels_kernel(int32_t* p, int n, int vocab, std::uint32_t seed) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    p[i] = static_cast<int32_t>(kernels::sr_mix32(static_cast<std::uint32_t>(i) ^ seed) % static_cast<unsigned>(vocab));
-}
-
-template <typename T>
-void fill_uniform(T* p, std::size_t n, float lo, float hi, std::uint32_t seed) {
-  fill_uniform_kernel<T><<<2048, 256>>>(p, n, lo, hi, seed);
-  CUTRAIN_LAUNCH_CHECK("fill_uniform_kernel");
-}
 
 void reg(const std::string& name, std::function<void(benchmark::State&)> fn) {
   benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); })
@@ -71,8 +43,7 @@ void bench_cross_entropy(benchmark::State& state, int rows, int vocab, kernels::
   DevBuf logits(n * sizeof(bf16)), labels(rows * sizeof(int32_t)), loss(sizeof(float)), row_loss(rows * sizeof(float)),
       status(sizeof(int)), scratch(kernels::cross_entropy_scratch_bytes(rows));
   fill_uniform(logits.as<bf16>(), n, -4.f, 4.f, 1);
-  fill_labels_kernel<<<256, 256>>>(labels.as<int32_t>(), rows, vocab, 2);
-  CUTRAIN_LAUNCH_CHECK("fill_labels_kernel");
+  bench::fill_classes(labels.as<int32_t>(), rows, vocab, 2);
   const double bytes = 2.0 * n * sizeof(bf16) + rows * (sizeof(int32_t) + sizeof(float));
   bench::run_timed(
       state,

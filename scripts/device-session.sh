@@ -79,7 +79,7 @@ cat "$logs/compare.md" >>"$sum"
 
 # 5. Real data, offload sweep, I/O tools, an ncu capture.
 step real_data 90 "$bin prepare-data --input .devdata/wikitext-2/valid.txt .devdata/wikitext-2/test.txt --vocab .devdata/gpt2/encoder.json --merges .devdata/gpt2/vocab.bpe --output /tmp/wt2 --val_fraction 0.1 && ls /tmp/wt2* && $bin train --deepspeed_config configs/bf16_full.json --use_real_data --data '/tmp/wt2_train_*.bin' --next_token_labels --num_steps 300 --log_interval 25 --loss_log_file $logs/real_data_loss.csv | grep -E 'Step|SUMMARY|eval|val'"
-step offload_sweep 60 "scripts/offload-sweep.sh --trials 2 --cutrain $bin -- --hidden_dim 16384 --nlayers 4"
+step offload_sweep 60 "scripts/offload-sweep.sh --trials 2 --cutrain $bin -- --hidden_dim 8192 --nlayers 1; $bin offload-bench --hidden_dim 16384 --nlayers 4 --pin_memory --iteration 3 --warmup 1 | tail -6"
 step io 90 "mkdir -p /tmp/io && $bin io-bench --folder /tmp/io --io_size 1G --read --loops 3 && $bin io-bench --folder /tmp/io --io_size 1G --loops 3 && $bin io-bench --folder /tmp/io --io_size 1G --read --gpu --loops 3 --no_baselines && $bin file-access --folder /tmp/io --size 1G && $bin nvme-tune --folder /tmp/io --io_size 256M --io_parallel 1 4"
 step timing_report 45 "if $bin train --help | grep -q timing_report; then $bin train --deepspeed_config configs/bf16_full.json --num_steps 8 --timing_report $logs/timing_report.json; else echo 'no --timing_report in this build'; fi"
 tail -45 "$logs/timing_report.txt" >>"$sum" 2>/dev/null

@@ -103,6 +103,44 @@ Timing run_timed(benchmark::State& state, const std::function<void(cudaStream_t)
   return t;
 }
 
+DeviceBuffer::DeviceBuffer(std::size_t bytes) { CUTRAIN_CUDA_CHECK(cudaMalloc(&p_, bytes ? bytes : 1)); }
+DeviceBuffer::~DeviceBuffer() { cudaFree(p_); }
+
+namespace {
+__device__ std::uint32_t hash32(std::uint32_t x) {
+  x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu; x ^= x >> 16;
+  return x;
+}
+template <typename T>
+__global__ void fill_uniform_kernel(T* p, std::size_t n, float lo, float hi, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    const float u = (hash32(static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ seed) >> 8) * (1.f / 16777216.f);
+    p[i] = static_cast<T>(lo + (hi - lo) * u);
+  }
+}
+__global__ void fill_classes_kernel(std::int32_t* p, std::size_t n, int classes, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+    p[i] = static_cast<std::int32_t>(hash32(static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ seed) % static_cast<unsigned>(classes));
+}
+}  // namespace
+
+void fill_uniform(bf16* p, std::size_t n, float lo, float hi, std::uint32_t seed) {
+  fill_uniform_kernel<bf16><<<2048, 256, 0, bench_stream()>>>(p, n, lo, hi, seed);
+  CUTRAIN_LAUNCH_CHECK("fill_uniform_kernel<bf16>");
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(bench_stream()));
+}
+void fill_uniform(float* p, std::size_t n, float lo, float hi, std::uint32_t seed) {
+  fill_uniform_kernel<float><<<2048, 256, 0, bench_stream()>>>(p, n, lo, hi, seed);
+  CUTRAIN_LAUNCH_CHECK("fill_uniform_kernel<float>");
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(bench_stream()));
+}
+void fill_classes(std::int32_t* p, std::size_t n, int classes, std::uint32_t seed) {
+  CUTRAIN_CHECK(classes > 0, "fill_classes: classes must be positive, got ", classes);
+  fill_classes_kernel<<<256, 256, 0, bench_stream()>>>(p, n, classes, seed);
+  CUTRAIN_LAUNCH_CHECK("fill_classes_kernel");
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(bench_stream()));
+}
+
 bool require_gpu(benchmark::State& state) {
   std::string why;
   if (gpu_available(&why)) return true;

@@ -9,6 +9,10 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include "runtime/dtype.h"
+
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -44,5 +48,26 @@ bool require_gpu(benchmark::State& state);
 
 // A default stream for benchmarks (non-blocking, created on first use).
 cudaStream_t bench_stream();
+
+// Device memory for benchmark inputs (cudaMalloc, at least one byte; freed on destruction).
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(p_); }
+  void* get() const { return p_; }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// Inputs are never zeros (METHOD.md: zeros can time faster than real data): values hashed from
+// (index, seed), uniform in [lo, hi), or integer classes in [0, classes).
+void fill_uniform(bf16* p, std::size_t n, float lo, float hi, std::uint32_t seed);
+void fill_uniform(float* p, std::size_t n, float lo, float hi, std::uint32_t seed);
+void fill_classes(std::int32_t* p, std::size_t n, int classes, std::uint32_t seed);
 
 }  // namespace cutrain::bench
