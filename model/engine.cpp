@@ -8,7 +8,10 @@
 #include "kernels/adamw.cuh"
 #include "kernels/reduce.cuh"
 #include "runtime/check.h"
+#include "model/kernel_costs.h"
 #include "runtime/nvtx.h"
+#include "runtime/profiler.h"
+#include "runtime/timing.h"
 
 namespace cutrain::model {
 
@@ -56,6 +59,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   CUTRAIN_CUDA_CHECK(cudaMallocHost(&tokens_h_, per_step * 4));
   CUTRAIN_CUDA_CHECK(cudaMallocHost(&labels_h_, per_step * 4));
   CUTRAIN_CUDA_CHECK(cudaMallocHost(&flags_h_, flag_words_ * 4));
+  nvtx_name_stream(stream_.get(), "cutrain.compute");
   model_ = std::make_unique<GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A);
   offloader_ = std::make_unique<StateOffloader>(A, stream_.get());
   offloader_->add("lp_params", &params_);
@@ -86,8 +90,11 @@ void GpuEngine::stage_batch(const std::int32_t* tokens, const std::int32_t* labe
 // and shapes every step, so it can be captured once and replayed.
 void GpuEngine::enqueue_forward_backward() {
   const std::size_t per_micro = std::size_t(opt_.batch) * opt_.seq;
-  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(tokens_d_.get(), tokens_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
-  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(labels_d_.get(), labels_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
+  {
+    TimedRegion r("h2d", stream_, 0, 2.0 * accum_ * per_micro * 4);
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(tokens_d_.get(), tokens_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(labels_d_.get(), labels_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
+  }
   float* flags = as_f32(flags_d_);
   int* status = reinterpret_cast<int*>(flags + accum_ + 3);
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(status, 0, 2 * accum_ * sizeof(int), stream_));
@@ -100,6 +107,8 @@ void GpuEngine::enqueue_forward_backward() {
 
 void GpuEngine::enqueue_norm() {
   float* flags = as_f32(flags_d_);
+  const cost::Cost c = cost::grad_norm(n_, dtype_size(plan_.grad));
+  TimedRegion r("grad_norm", stream_, c.flops, c.bytes);
   kernels::grad_norm_clip(stream_, grads_.get(), plan_.grad, n_, cfg_.gradient_clipping, flags + accum_,
                           flags + accum_ + 1, reinterpret_cast<int*>(flags + accum_ + 2), norm_scratch_.get());
 }
@@ -167,8 +176,11 @@ double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_
 }
 
 StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
-  NvtxRange r("step");
-  ensure_state();
+  TimedRegion r("step", stream_);
+  {
+    TimedRegion ro("offload", stream_);  // a pending reload of offloaded states lands here
+    ensure_state();
+  }
   if (offloader_->generation() != graph_generation_) {
     // A reload reallocated the states: the captured graph holds their old addresses.
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
@@ -181,7 +193,9 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   stage_batch(tokens, labels);
   // Step 1 runs eagerly (cuBLASLt plans, first allocation of activations); the next one is
   // captured and every later one replays the graph.
-  const bool want_graph = opt_.cuda_graph && !graph_failed_ && eager_steps_ >= 1;
+  // --timing_report and --profile_steps switch replay off for the steps they measure.
+  const bool replay_ok = graph_replay_allowed();
+  const bool want_graph = opt_.cuda_graph && !graph_failed_ && eager_steps_ >= 1 && replay_ok;
   if (want_graph && !graph_exec_) {
     // A capture that fails (a launcher that syncs or allocates) falls back to eager steps, with a
     // warning; nothing captured has run, so this step then runs eagerly.
@@ -212,7 +226,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
       std::cerr << "[Rank 0] warning: CUDA graph capture failed, running eagerly: " << why << "\n";
     }
   }
-  if (graph_exec_) {
+  if (graph_exec_ && replay_ok) {
     CUTRAIN_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
   } else {
     enqueue_forward_backward();
@@ -233,7 +247,8 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   p.seed = opt_.seed;
   float* flags = as_f32(flags_d_);
   {
-    NvtxRange ro("optimizer");
+    const cost::Cost c = cost::adam_step(n_, dtype_size(plan_.grad), dtype_size(plan_.moment), plan_.has_master);
+    TimedRegion ro("optimizer", stream_, c.flops, c.bytes);
     kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>(), grads_.get(), plan_.grad,
                        plan_.has_master ? as_f32(master_) : nullptr, m_.get(), v_.get(), n_, flags + accum_ + 1,
                        reinterpret_cast<const int*>(flags + accum_ + 2));

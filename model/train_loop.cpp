@@ -114,6 +114,8 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
     out << "[Rank 0] Dataset loaded: " << sampler->num_tokens() << " tokens, " << sampler->batches_per_epoch()
         << " batches per epoch, vocab_size=" << kGpt2Vocab << "\n";
   }
+  // Before the engine allocates: measures the device's peaks when --timing_report is on.
+  StepProfiler prof(o.profiling, TransformerParams(bo.dims), bo.batch, bo.seq, accum, bo.causal, o.device == "cuda");
   out << "[Rank 0] Creating model with hidden_dim=" << o.hidden_dim << ", num_layers=" << o.num_layers
       << ", num_heads=" << o.num_heads << ", vocab_size=" << vocab << "\n";
   std::unique_ptr<TrainBackend> be =
@@ -162,12 +164,15 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   double time_sum = 0;
   int timed = 0;
   const int last = first_step + o.num_steps - 1;
+  prof.set_steps(first_step, last, o.warmup_steps);
   for (int step = first_step; step <= last; ++step) {
     if (!o.fixed_batch) sampler ? draw_real(step) : draw();
     const float lr = schedule.lr(step);
+    prof.begin_step(step);
     const auto t0 = std::chrono::steady_clock::now();
     const StepStats st = be->step(tokens.data(), labels.data(), step + 1, lr);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    prof.end_step(step);
     if (step - first_step >= o.warmup_steps) {
       time_sum += dt;
       ++timed;
@@ -219,6 +224,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
     out << "Loss history saved to: " << o.loss_log_file.string() << "\n";
   }
   if (!o.metrics_file.empty()) write_text(o.metrics_file, metrics);
+  prof.finish(out);
   if (!o.save_dir.empty()) {
     std::ostringstream rng_text;
     rng_text << data_rng;

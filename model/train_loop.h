@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "model/step_profiler.h"
+
 namespace cutrain::model {
 
 struct TrainOptions {
@@ -30,6 +32,7 @@ struct TrainOptions {
   std::string device = "cuda";  // "cuda" | "cpu"
   bool cuda_graph = true;
   bool fixed_batch = false;  // reuse the first batch every step (a loss that must fall)
+  ProfilingOptions profiling;  // --timing_report, --profile_steps (docs/profiling.md)
 };
 
 struct TrainResult {

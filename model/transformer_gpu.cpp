@@ -8,11 +8,23 @@
 #include "kernels/gelu.cuh"
 #include "kernels/layernorm.cuh"
 #include "runtime/check.h"
+#include "model/kernel_costs.h"
 #include "runtime/nvtx.h"
+#include "runtime/timing.h"
 
 namespace cutrain::model {
 
 using kernels::GemmEpilogue;
+
+namespace {
+// One kernel call as a named region: NVTX always, CUDA events under --timing_report, with the
+// FLOPs and bytes the call must compute and move (model/kernel_costs.h).
+template <typename Launch>
+void timed(cudaStream_t s, const char* name, cost::Cost c, Launch&& launch) {
+  TimedRegion r(name, s, c.flops, c.bytes);
+  launch();
+}
+}  // namespace
 
 GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
                                CachingAllocator& alloc)
@@ -87,19 +99,37 @@ void GpuTransformer::layer_forward(cudaStream_t s, const bf16* P, int l, const L
   const int h = table_.dims().hidden, F = table_.dims().ffn();
   auto w = [&](int idx) { return P + table_.tensor(idx).offset; };
   bf16* proj = dh_;  // free during forward and before a layer's backward uses it
+  const auto& A = attn_;
   {
-    NvtxRange r("attn");
-    gemm_->forward(s, x_in, w(L.in_proj_w), w(L.in_proj_b), a.qkv, M_, 3 * h, h, GemmEpilogue::Bias);
-    kernels::attention_forward(s, a.qkv, a.att, a.lse, attn_);
-    gemm_->forward(s, a.att, w(L.out_proj_w), w(L.out_proj_b), proj, M_, h, h, GemmEpilogue::Bias);
-    kernels::layernorm_residual_forward(s, proj, x_in, a.s1, a.x1, a.mean1, a.rstd1, w(L.norm1_w), w(L.norm1_b), M_, h);
+    TimedRegion r("attn", s);
+    timed(s, "qkv", cost::gemm_forward(M_, 3 * h, h), [&] {
+      gemm_->forward(s, x_in, w(L.in_proj_w), w(L.in_proj_b), a.qkv, M_, 3 * h, h, GemmEpilogue::Bias);
+    });
+    timed(s, "attention", cost::attention_forward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
+          [&] { kernels::attention_forward(s, a.qkv, a.att, a.lse, attn_); });
+    timed(s, "out_proj", cost::gemm_forward(M_, h, h), [&] {
+      gemm_->forward(s, a.att, w(L.out_proj_w), w(L.out_proj_b), proj, M_, h, h, GemmEpilogue::Bias);
+    });
+    timed(s, "ln1", cost::layernorm_residual_forward(M_, h), [&] {
+      kernels::layernorm_residual_forward(s, proj, x_in, a.s1, a.x1, a.mean1, a.rstd1, w(L.norm1_w), w(L.norm1_b), M_,
+                                          h);
+    });
   }
   {
-    NvtxRange r("mlp");
-    gemm_->forward(s, a.x1, w(L.ff0_w), w(L.ff0_b), a.f, M_, F, h, GemmEpilogue::Bias);
-    kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(M_), F, kernels::GeluKind::Erf);
-    gemm_->forward(s, a.g, w(L.ff2_w), w(L.ff2_b), proj, M_, h, F, GemmEpilogue::Bias);
-    kernels::layernorm_residual_forward(s, proj, a.x1, a.s2, x_out, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), M_, h);
+    TimedRegion r("mlp", s);
+    timed(s, "fc1", cost::gemm_forward(M_, F, h), [&] {
+      gemm_->forward(s, a.x1, w(L.ff0_w), w(L.ff0_b), a.f, M_, F, h, GemmEpilogue::Bias);
+    });
+    timed(s, "gelu", cost::gelu_forward(std::size_t(M_) * F), [&] {
+      kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(M_), F, kernels::GeluKind::Erf);
+    });
+    timed(s, "fc2", cost::gemm_forward(M_, h, F), [&] {
+      gemm_->forward(s, a.g, w(L.ff2_w), w(L.ff2_b), proj, M_, h, F, GemmEpilogue::Bias);
+    });
+    timed(s, "ln2", cost::layernorm_residual_forward(M_, h), [&] {
+      kernels::layernorm_residual_forward(s, proj, a.x1, a.s2, x_out, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), M_,
+                                          h);
+    });
   }
 }
 
@@ -110,30 +140,49 @@ void GpuTransformer::layer_backward(cudaStream_t s, const bf16* P, char* G, DTyp
   const std::size_t es = dtype_size(gt);
   auto w = [&](int idx) { return P + table_.tensor(idx).offset; };
   auto g = [&](int idx) { return static_cast<void*>(G + table_.tensor(idx).offset * es); };
+  const auto& A = attn_;
   {
-    NvtxRange r("mlp");
+    TimedRegion r("mlp", s);
     // dx_ holds dL/d(block output); LN2 backward in place gives d s2 (= d x1 residual share = d ff out).
-    kernels::layernorm_backward(s, dx_, a.s2, a.mean2, a.rstd2, w(L.norm2_w), nullptr, dx_, g(L.norm2_w),
-                                g(L.norm2_b), gt, acc, scratch_, M_, h);
-    gemm_->grad_weight(s, dx_, a.g, g(L.ff2_w), gt, M_, h, F, acc);
-    kernels::bias_grad(s, dx_, g(L.ff2_b), gt, M_, h, acc, scratch_);
-    gemm_->grad_input(s, dx_, w(L.ff2_w), d4h_, M_, h, F, 0.f);
-    kernels::gelu_backward(s, d4h_, a.f, d4h_, std::size_t(M_) * F, kernels::GeluKind::Erf);
-    gemm_->grad_weight(s, d4h_, a.x1, g(L.ff0_w), gt, M_, F, h, acc);
-    kernels::bias_grad(s, d4h_, g(L.ff0_b), gt, M_, F, acc, scratch_);
-    gemm_->grad_input(s, d4h_, w(L.ff0_w), dx_, M_, F, h, 1.f);  // dx_ = d x1 (residual + ff)
+    timed(s, "ln2", cost::layernorm_backward(M_, h, es, acc), [&] {
+      kernels::layernorm_backward(s, dx_, a.s2, a.mean2, a.rstd2, w(L.norm2_w), nullptr, dx_, g(L.norm2_w),
+                                  g(L.norm2_b), gt, acc, scratch_, M_, h);
+    });
+    timed(s, "fc2_dw", cost::gemm_grad_weight(M_, h, F, es, acc),
+          [&] { gemm_->grad_weight(s, dx_, a.g, g(L.ff2_w), gt, M_, h, F, acc); });
+    timed(s, "fc2_db", cost::bias_grad(M_, h, es, acc),
+          [&] { kernels::bias_grad(s, dx_, g(L.ff2_b), gt, M_, h, acc, scratch_); });
+    timed(s, "fc2_dx", cost::gemm_grad_input(M_, h, F, false),
+          [&] { gemm_->grad_input(s, dx_, w(L.ff2_w), d4h_, M_, h, F, 0.f); });
+    timed(s, "gelu", cost::gelu_backward(std::size_t(M_) * F),
+          [&] { kernels::gelu_backward(s, d4h_, a.f, d4h_, std::size_t(M_) * F, kernels::GeluKind::Erf); });
+    timed(s, "fc1_dw", cost::gemm_grad_weight(M_, F, h, es, acc),
+          [&] { gemm_->grad_weight(s, d4h_, a.x1, g(L.ff0_w), gt, M_, F, h, acc); });
+    timed(s, "fc1_db", cost::bias_grad(M_, F, es, acc),
+          [&] { kernels::bias_grad(s, d4h_, g(L.ff0_b), gt, M_, F, acc, scratch_); });
+    timed(s, "fc1_dx", cost::gemm_grad_input(M_, F, h, true),  // dx_ = d x1 (residual + ff)
+          [&] { gemm_->grad_input(s, d4h_, w(L.ff0_w), dx_, M_, F, h, 1.f); });
   }
   {
-    NvtxRange r("attn");
-    kernels::layernorm_backward(s, dx_, a.s1, a.mean1, a.rstd1, w(L.norm1_w), nullptr, dx_, g(L.norm1_w),
-                                g(L.norm1_b), gt, acc, scratch_, M_, h);
-    gemm_->grad_weight(s, dx_, a.att, g(L.out_proj_w), gt, M_, h, h, acc);
-    kernels::bias_grad(s, dx_, g(L.out_proj_b), gt, M_, h, acc, scratch_);
-    gemm_->grad_input(s, dx_, w(L.out_proj_w), dh_, M_, h, h, 0.f);
-    kernels::attention_backward(s, a.qkv, a.att, dh_, a.lse, dqkv_, scratch_, attn_, true);
-    gemm_->grad_weight(s, dqkv_, x_in, g(L.in_proj_w), gt, M_, 3 * h, h, acc);
-    kernels::bias_grad(s, dqkv_, g(L.in_proj_b), gt, M_, 3 * h, acc, scratch_);
-    gemm_->grad_input(s, dqkv_, w(L.in_proj_w), dx_, M_, 3 * h, h, 1.f);  // dx_ = d x_in
+    TimedRegion r("attn", s);
+    timed(s, "ln1", cost::layernorm_backward(M_, h, es, acc), [&] {
+      kernels::layernorm_backward(s, dx_, a.s1, a.mean1, a.rstd1, w(L.norm1_w), nullptr, dx_, g(L.norm1_w),
+                                  g(L.norm1_b), gt, acc, scratch_, M_, h);
+    });
+    timed(s, "out_proj_dw", cost::gemm_grad_weight(M_, h, h, es, acc),
+          [&] { gemm_->grad_weight(s, dx_, a.att, g(L.out_proj_w), gt, M_, h, h, acc); });
+    timed(s, "out_proj_db", cost::bias_grad(M_, h, es, acc),
+          [&] { kernels::bias_grad(s, dx_, g(L.out_proj_b), gt, M_, h, acc, scratch_); });
+    timed(s, "out_proj_dx", cost::gemm_grad_input(M_, h, h, false),
+          [&] { gemm_->grad_input(s, dx_, w(L.out_proj_w), dh_, M_, h, h, 0.f); });
+    timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
+          [&] { kernels::attention_backward(s, a.qkv, a.att, dh_, a.lse, dqkv_, scratch_, attn_, true); });
+    timed(s, "qkv_dw", cost::gemm_grad_weight(M_, 3 * h, h, es, acc),
+          [&] { gemm_->grad_weight(s, dqkv_, x_in, g(L.in_proj_w), gt, M_, 3 * h, h, acc); });
+    timed(s, "qkv_db", cost::bias_grad(M_, 3 * h, es, acc),
+          [&] { kernels::bias_grad(s, dqkv_, g(L.in_proj_b), gt, M_, 3 * h, acc, scratch_); });
+    timed(s, "qkv_dx", cost::gemm_grad_input(M_, 3 * h, h, true),  // dx_ = d x_in
+          [&] { gemm_->grad_input(s, dqkv_, w(L.in_proj_w), dx_, M_, 3 * h, h, 1.f); });
   }
 }
 
@@ -151,39 +200,49 @@ void GpuTransformer::forward_backward(cudaStream_t s, const bf16* P, void* grads
   auto g = [&](int idx) { return static_cast<void*>(G + table_.tensor(idx).offset * es); };
   char name[16];
   {
-    NvtxRange fwd("fwd");
-    kernels::embedding_forward(s, tokens, w(table_.embedding()), w(table_.pos_embedding()), xs_[0], B_, S_, h, V,
-                               d_status);
+    TimedRegion fwd("fwd", s);
+    timed(s, "embedding", cost::embedding_forward(B_, S_, h), [&] {
+      kernels::embedding_forward(s, tokens, w(table_.embedding()), w(table_.pos_embedding()), xs_[0], B_, S_, h, V,
+                                 d_status);
+    });
     for (int l = 0; l < Ln; ++l) {
       std::snprintf(name, sizeof name, "layer%02d", l);
-      NvtxRange r(name);
+      TimedRegion r(name, s);
       layer_forward(s, P, l, acts_[checkpointing_ ? 0 : l], xs_[l], xs_[l + 1]);
     }
-    NvtxRange r("head");
-    gemm_->forward(s, xs_[Ln], w(table_.output_w()), w(table_.output_b()), logits_, M_, V, h, GemmEpilogue::Bias);
-    kernels::cross_entropy_forward_backward(s, logits_, labels, M_, V, V, d_loss, nullptr, d_status + 1, scratch_,
-                                            -100, grad_scale);
+    TimedRegion r("head", s);
+    timed(s, "logits", cost::gemm_forward(M_, V, h), [&] {
+      gemm_->forward(s, xs_[Ln], w(table_.output_w()), w(table_.output_b()), logits_, M_, V, h, GemmEpilogue::Bias);
+    });
+    timed(s, "cross_entropy", cost::cross_entropy(M_, V), [&] {
+      kernels::cross_entropy_forward_backward(s, logits_, labels, M_, V, V, d_loss, nullptr, d_status + 1, scratch_,
+                                              -100, grad_scale);
+    });
   }
-  NvtxRange bwd("bwd");
+  TimedRegion bwd("bwd", s);
   {
-    NvtxRange r("head");
-    gemm_->grad_weight(s, logits_, xs_[Ln], g(table_.output_w()), gt, M_, V, h, acc);
-    kernels::bias_grad(s, logits_, g(table_.output_b()), gt, M_, V, acc, scratch_);
-    gemm_->grad_input(s, logits_, w(table_.output_w()), dx_, M_, V, h, 0.f);
+    TimedRegion r("head", s);
+    timed(s, "dw", cost::gemm_grad_weight(M_, V, h, es, acc),
+          [&] { gemm_->grad_weight(s, logits_, xs_[Ln], g(table_.output_w()), gt, M_, V, h, acc); });
+    timed(s, "db", cost::bias_grad(M_, V, es, acc),
+          [&] { kernels::bias_grad(s, logits_, g(table_.output_b()), gt, M_, V, acc, scratch_); });
+    timed(s, "dx", cost::gemm_grad_input(M_, V, h, false),
+          [&] { gemm_->grad_input(s, logits_, w(table_.output_w()), dx_, M_, V, h, 0.f); });
   }
   for (int l = Ln - 1; l >= 0; --l) {
     std::snprintf(name, sizeof name, "layer%02d", l);
-    NvtxRange r(name);
+    TimedRegion r(name, s);
     const LayerActs& a = acts_[checkpointing_ ? 0 : l];
     if (checkpointing_) {
-      NvtxRange rc("recompute");
+      TimedRegion rc("recompute", s);
       layer_forward(s, P, l, a, xs_[l], xs_[l + 1]);  // xs_[l+1] is no longer needed: same bits anyway
     }
     layer_backward(s, P, G, gt, acc, l, a, xs_[l]);
   }
-  NvtxRange r("embedding");
-  kernels::embedding_backward(s, dx_, tokens, g(table_.embedding()), g(table_.pos_embedding()), gt, acc, B_, S_, h, V,
-                              scratch_);
+  timed(s, "embedding", cost::embedding_backward(B_, S_, h, es), [&] {
+    kernels::embedding_backward(s, dx_, tokens, g(table_.embedding()), g(table_.pos_embedding()), gt, acc, B_, S_, h,
+                                V, scratch_);
+  });
 }
 
 }  // namespace cutrain::model

@@ -19,6 +19,8 @@ struct TrainFlags {
   bool print_layouts = false;
   CLI::Option* lr_opt = nullptr;
   CLI::Option* config_opt = nullptr;
+  std::string timing_file;
+  CLI::Option* timing_opt = nullptr;
   CLI::App* sub = nullptr;
 };
 
@@ -30,6 +32,10 @@ int run_train(TrainFlags& f) {
   model::TrainOptions o = f.o;
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
   o.cuda_graph = !f.no_cuda_graph;
+  if (f.timing_opt->count()) {
+    o.profiling.timing_report = true;
+    o.profiling.timing_report_file = f.timing_file;
+  }
   std::size_t given = 0;  // `cutrain` or `cutrain train` with no flags at all: the default run
   for (const CLI::Option* opt : f.sub->get_options()) given += opt->count();
   const bool no_args = given == 0;
@@ -94,6 +100,17 @@ CommandRegistrar reg("train", [](CLI::App& parent, int& exit_code) {
   sub->add_flag("--no_cuda_graph", f.no_cuda_graph, "Run every step eagerly (no CUDA graph replay)");
   sub->add_flag("--print_layouts", f.print_layouts, "Print the precision layouts' bytes per parameter and exit");
   sub->add_flag("--fixed_batch", o.fixed_batch, "Reuse the first batch every step (the loss must fall)");
+  f.timing_opt = sub->add_option("--timing_report", f.timing_file,
+                                 "Time every named region with CUDA events for --timing_steps steps after the warm-up "
+                                 "and print a table with MFU at the end; with FILE also write it as JSON")
+                     ->expected(0, 1)
+                     ->type_name("[FILE.json]");
+  sub->add_option("--timing_steps", o.profiling.timing_steps, "Steps --timing_report covers")->capture_default_str();
+  sub->add_flag("--timing_all_rows", o.profiling.timing_all_rows, "Timing table with one row per layer (not layer*)");
+  sub->add_option("--profile_steps", o.profiling.profile_steps,
+                  "A:B: cudaProfilerStart before step A, cudaProfilerStop after step B (nsys/ncu capture ranges)");
+  sub->add_flag("--profile_graphs", o.profiling.profile_with_graphs,
+                "Keep CUDA-graph replay on inside --profile_steps (default: eager there)");
   sub->callback([&exit_code] { exit_code = run_train(f); });
   return sub;
 });
