@@ -68,8 +68,12 @@ class DeviceArray {
 
   T* get() const { return p_; }
   std::size_t size() const { return n_; }
+  // Synchronous: cudaMemset runs on the legacy default stream, which does not order against
+  // non-blocking streams, so without the sync a later copy on such a stream could race it.
   void poison() {
-    if (n_) CUTRAIN_CUDA_CHECK(cudaMemset(p_, 0xFF, n_ * sizeof(T)));
+    if (!n_) return;
+    CUTRAIN_CUDA_CHECK(cudaMemset(p_, 0xFF, n_ * sizeof(T)));
+    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   }
   void upload(const std::vector<T>& host) {
     CUTRAIN_CHECK(host.size() == n_, "upload of ", host.size(), " elements into ", n_);
