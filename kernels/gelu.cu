@@ -21,11 +21,14 @@ constexpr float kTanhCoef = 0.044715f;
 
 template <GeluKind K>
 __device__ __forceinline__ float gelu(float x) {
+  // Φ(x) as 0.5·erfc(-x/√2) and 0.5·(1 + tanh(u)) as the logistic 1/(1 + e^(-2u)): the forms
+  // 0.5·(1 + erf) and 0.5·(1 + tanh) cancel catastrophically in the negative tail (the H200 run
+  // measured 4.7% error on a single tanh-GELU element there).
   if constexpr (K == GeluKind::Erf) {
-    return 0.5f * x * (1.f + erff(x * kInvSqrt2));
+    return 0.5f * x * erfcf(-x * kInvSqrt2);
   } else {
     const float u = kSqrt2OverPi * (x + kTanhCoef * x * x * x);
-    return 0.5f * x * (1.f + tanhf(u));
+    return x / (1.f + __expf(-2.f * u));
   }
 }
 
@@ -33,14 +36,15 @@ __device__ __forceinline__ float gelu(float x) {
 template <GeluKind K>
 __device__ __forceinline__ float gelu_grad(float x) {
   if constexpr (K == GeluKind::Erf) {
-    const float cdf = 0.5f * (1.f + erff(x * kInvSqrt2));
+    const float cdf = 0.5f * erfcf(-x * kInvSqrt2);
     const float pdf = kInvSqrt2Pi * __expf(-0.5f * x * x);
     return cdf + x * pdf;
   } else {
+    // With s = 0.5·(1 + tanh u) = 1/(1 + e^(-2u)): 0.5·(1 - tanh²u) = 2·s·(1 - s).
     const float u = kSqrt2OverPi * (x + kTanhCoef * x * x * x);
-    const float t = tanhf(u);
+    const float sg = 1.f / (1.f + __expf(-2.f * u));
     const float du = kSqrt2OverPi * (1.f + 3.f * kTanhCoef * x * x);
-    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
+    return sg + 2.f * x * sg * (1.f - sg) * du;
   }
 }
 

@@ -4,6 +4,10 @@
 // (exhaustion changes nothing), then copy.
 #include "runtime/offload.h"
 
+#include <mutex>
+
+#include <map>
+
 #include <sys/mman.h>
 #include <sys/stat.h>
 
@@ -92,7 +96,7 @@ struct StateOffloader::State {
 
 struct StateOffloader::Impl {
   std::vector<std::unique_ptr<State>> states;
-  std::optional<Stream> copy;
+  cudaStream_t copy = nullptr;  // the process-wide copy stream of the device (copy_stream())
   // Non-blocking offloads whose copies may still run: their completion event and what then
   // remains to do (release external states, return segments to the driver).
   struct PendingOffload {
@@ -150,12 +154,26 @@ StateOffloader::~StateOffloader() {
   }
 }
 
+// One copy stream per device for the whole process, never destroyed: blocks recorded on it with
+// record_stream can be freed after this offloader is gone, and the allocator then records an
+// event on the stream. A destroyed stream's handle is invalid (seen on the H200 as
+// cudaErrorContextIsDestroyed when tests tore down), so the stream must outlive every block.
 cudaStream_t StateOffloader::copy_stream() {
   if (!impl_->copy) {
-    impl_->copy.emplace(/*non_blocking=*/true);
-    nvtx_name_stream(impl_->copy->get(), "offload copy");
+    static std::mutex m;
+    static std::map<int, cudaStream_t>* streams = new std::map<int, cudaStream_t>;
+    const int dev = current_device();
+    std::lock_guard<std::mutex> g(m);
+    auto it = streams->find(dev);
+    if (it == streams->end()) {
+      cudaStream_t cs = nullptr;
+      CUTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+      nvtx_name_stream(cs, "offload copy");
+      it = streams->emplace(dev, cs).first;
+    }
+    impl_->copy = it->second;
   }
-  return impl_->copy->get();
+  return impl_->copy;
 }
 
 void StateOffloader::add(const std::string& name, Buffer* buffer) {
@@ -264,7 +282,7 @@ void StateOffloader::reap() {
 }
 
 void StateOffloader::synchronize() {
-  if (impl_->copy) impl_->copy->synchronize();
+  if (impl_->copy) CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(impl_->copy));
   reap();
   for (auto& s : impl_->states) s->reload_done.reset();
 }
@@ -322,7 +340,7 @@ void StateOffloader::offload(const std::vector<std::string>& names, const Offloa
                      " buffer (", why, "); nothing was offloaded and the device state is intact");
       }
       if (s->host) {  // cannot be a leftover in use: an offloaded state is never in `todo`
-        if (impl_->copy) impl_->copy->synchronize();  // a reload may still read the old buffer
+        if (impl_->copy) CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(impl_->copy));  // a reload may still read the old buffer
         impl_->free_host(*s);
       }
       s->host = p;
@@ -376,7 +394,7 @@ void StateOffloader::offload(const std::vector<std::string>& names, const Offloa
   // NVMe: each state to <folder>/<name>.state through the aio handle (synchronous).
   if (!impl_->aio) impl_->aio = std::make_unique<aio::AioHandle>();
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(owner_));
-  if (impl_->copy) impl_->copy->synchronize();
+  if (impl_->copy) CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(impl_->copy));
   std::vector<std::string> files;
   try {
     for (State* s : todo) {
@@ -502,7 +520,7 @@ void StateOffloader::wait_resident(const std::string& name, cudaStream_t stream)
     s.reload_done.reset();
     return;
   }
-  if (impl_->copy && stream == impl_->copy->get()) return;  // same stream: ordered already
+  if (impl_->copy && stream == impl_->copy) return;  // same stream: ordered already
   s.reload_done->wait_on(stream);
 }
 

@@ -29,7 +29,8 @@ done
 command -v python3 >/dev/null || { echo "bench-all: python3 is needed to merge the results" >&2; exit 2; }
 [ -d "$build/bench" ] || { echo "bench-all: no $build/bench: build first (cmake --build --preset release)" >&2; exit 2; }
 
-commit=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
+# --verify: outside a checkout plain rev-parse echoes "HEAD" before failing (seen on the GPU machine)
+commit=$(git -C "$root" rev-parse --verify -q HEAD 2>/dev/null || echo unknown)
 dirty=(); [ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ] && dirty=(--dirty)
 date=$(date -u +%FT%TZ)
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0 2>/dev/null | head -1)
