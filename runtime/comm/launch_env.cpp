@@ -25,24 +25,24 @@ int parse_int_or(const std::function<const char*(const char*)>& get, const char*
 LaunchEnv read_launch_env(const std::function<const char*(const char*)>& get) {
   LaunchEnv e;
   constexpr int kMaxWorld = 1 << 20;
-  if (get("RANK") && get("WORLD_SIZE")) {
-    e.source = "torchrun";
-    e.world_size = parse_int(get, "WORLD_SIZE", 1, kMaxWorld);
-    e.rank = parse_int(get, "RANK", 0, e.world_size - 1);
-    e.local_rank = parse_int_or(get, "LOCAL_RANK", e.rank, 0, e.world_size - 1);
-    e.local_world_size = parse_int_or(get, "LOCAL_WORLD_SIZE", e.world_size, 1, e.world_size);
-  } else if (get("OMPI_COMM_WORLD_RANK") && get("OMPI_COMM_WORLD_SIZE")) {
-    e.source = "openmpi";
-    e.world_size = parse_int(get, "OMPI_COMM_WORLD_SIZE", 1, kMaxWorld);
-    e.rank = parse_int(get, "OMPI_COMM_WORLD_RANK", 0, e.world_size - 1);
-    e.local_rank = parse_int_or(get, "OMPI_COMM_WORLD_LOCAL_RANK", e.rank, 0, e.world_size - 1);
-    e.local_world_size = parse_int_or(get, "OMPI_COMM_WORLD_LOCAL_SIZE", e.world_size, 1, e.world_size);
-  } else if (get("SLURM_PROCID") && get("SLURM_NTASKS")) {
-    e.source = "slurm";
-    e.world_size = parse_int(get, "SLURM_NTASKS", 1, kMaxWorld);
-    e.rank = parse_int(get, "SLURM_PROCID", 0, e.world_size - 1);
-    e.local_rank = parse_int_or(get, "SLURM_LOCALID", e.rank, 0, e.world_size - 1);
-    e.local_world_size = parse_int_or(get, "SLURM_NTASKS_PER_NODE", e.world_size, 1, e.world_size);
+  // The launchers differ only in their variable names; the first whose rank and size are set wins.
+  struct Scheme {
+    const char *source, *rank, *world, *local_rank, *local_world;
+  };
+  static constexpr Scheme kSchemes[] = {
+      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+       "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+  };
+  for (const Scheme& sc : kSchemes) {
+    if (!get(sc.rank) || !get(sc.world)) continue;
+    e.source = sc.source;
+    e.world_size = parse_int(get, sc.world, 1, kMaxWorld);
+    e.rank = parse_int(get, sc.rank, 0, e.world_size - 1);
+    e.local_rank = parse_int_or(get, sc.local_rank, e.rank, 0, e.world_size - 1);
+    e.local_world_size = parse_int_or(get, sc.local_world, e.world_size, 1, e.world_size);
+    break;
   }
   if (const char* a = get("MASTER_ADDR"); a && *a) e.master_addr = a;
   e.master_port = parse_int_or(get, "MASTER_PORT", e.master_port, 1, 65535);
