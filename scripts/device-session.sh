@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on the lent GPU machine, in order of importance, under a global deadline so that a run
+# Prepared by scripts/device-snapshot.sh (run it from .snap/). One call on the lent GPU machine, in order of importance, under a global deadline so that a run
 # cut short still returns what it measured: build + every test (scripts/gpu-check.sh), the main job
 # and its PyTorch peer (the comparison run), the 6.86B model, the llm.c shape, kernel benchmarks and
 # their PyTorch peers, real-data training, the offload sweep, the I/O tools, an ncu capture.

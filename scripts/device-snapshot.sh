@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Prepares .snap/ for a device call: the committed tree (git archive HEAD, so other people's
+# uncommitted edits cannot break the device build), the offline .deb files (.deps/, made by
+# scripts/offline-deps.sh when missing) and the test data from ../shared/data (.devdata/).
+# Then call the device with carry [".snap"] and: cd .snap && scripts/device-session.sh
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+[ -d .deps ] && ls .deps/*.deb >/dev/null 2>&1 || scripts/offline-deps.sh
+if [ ! -d .devdata ] && [ -d ../shared/data ]; then
+  mkdir -p .devdata && cp -r ../shared/data/gpt2 ../shared/data/wikitext-2 .devdata/
+fi
+rm -rf .snap && mkdir .snap
+git archive HEAD | tar -x -C .snap
+cp -r .deps .snap/
+[ -d .devdata ] && cp -r .devdata .snap/
+du -sh .snap
