@@ -6,13 +6,4 @@ cutrain_add_test(NAME test_precision LABEL cpu SOURCES unit/test_precision.cpp L
 cutrain_add_test(NAME test_train_loop LABEL cpu SOURCES unit/test_train_loop.cpp LIBS cutrain_model)
 cutrain_add_test(NAME test_model_gpu LABEL gpu SOURCES gpu/test_model_gpu.cpp LIBS cutrain_model)
 # The `cutrain train` binary end to end (CPU always; CUDA skipped without a device).
-foreach(dev cpu cuda)
-  add_test(NAME e2e_train_cli_${dev} COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/train_cli.sh $<TARGET_FILE:cutrain> ${dev}
-           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-  if(dev STREQUAL "cpu")
-    set(label cpu)
-  else()
-    set(label gpu)
-  endif()
-  set_tests_properties(e2e_train_cli_${dev} PROPERTIES SKIP_RETURN_CODE 77 LABELS ${label})
-endforeach()
+cutrain_add_cli_test(train_cli train_cli.sh)

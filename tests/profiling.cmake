@@ -5,10 +5,5 @@ cutrain_add_test(NAME test_step_profiler_gpu LABEL gpu SOURCES gpu/test_step_pro
                  LIBS cutrain_model)
 # `cutrain train --timing_report --profile_steps` end to end (CPU always; CUDA skipped without a device).
 if(TARGET cutrain)
-  foreach(dev cpu cuda)
-    add_test(NAME e2e_profile_cli_${dev}
-             COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/profile_cli.sh $<TARGET_FILE:cutrain> ${dev}
-             WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-    set_tests_properties(e2e_profile_cli_${dev} PROPERTIES SKIP_RETURN_CODE 77 LABELS $<IF:$<STREQUAL:${dev},cpu>,cpu,gpu>)
-  endforeach()
+  cutrain_add_cli_test(profile_cli profile_cli.sh)
 endif()
