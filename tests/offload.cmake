@@ -1,6 +1,7 @@
-# StateOffloader: CPU bookkeeping and errors; GPU round trips, memory movement, ordering.
+# StateOffloader: CPU bookkeeping and errors; GPU round trips, memory movement, ordering. The GPU
+# tests run alone (SERIAL): they check that cudaMemGetInfo's free memory moves.
 cutrain_add_test(NAME test_offload LABEL cpu SOURCES unit/test_offload.cpp)
-cutrain_add_test(NAME test_offload_gpu LABEL gpu SOURCES gpu/test_offload_gpu.cpp LIBS cutrain_offload_model)
+cutrain_add_test(NAME test_offload_gpu LABEL gpu SERIAL SOURCES gpu/test_offload_gpu.cpp LIBS cutrain_offload_model)
 # `cutrain offload-bench` and scripts/offload-sweep.sh end to end (cpu: error paths; cuda: the
 # output lines, the log, the table; skipped without a device).
 cutrain_add_cli_test(offload_cli offload_cli.sh)
