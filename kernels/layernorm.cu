@@ -447,6 +447,8 @@ void layernorm_backward(cudaStream_t s, const bf16* dy, const bf16* sum, const f
   CUTRAIN_CHECK(is_aligned16(scratch), "layernorm_backward: scratch must be 16-byte aligned");
   float* partial = static_cast<float*>(scratch);
   const bool vec = cols % kBf16PerVec == 0 && all_aligned({dy, sum, gamma, d_extra, d_sum});
+  // Default = V2: the fastest at both of the issue's shapes on the H200 (docs/perf-notes.md).
+  if (version == KernelVersion::Default) version = KernelVersion::V2;
   if ((version == KernelVersion::V2 || version == KernelVersion::V3) && vec && detail::ln_bwd_v2_supported(cols)) {
     detail::ln_bwd_v2(s, dy, sum, mean, rstd, gamma, d_extra, d_sum, dgamma, dbeta, param_grad_type, accumulate,
                       partial, rows, cols, version == KernelVersion::V3);

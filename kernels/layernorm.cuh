@@ -26,7 +26,7 @@ void layernorm_residual_forward(cudaStream_t s, const bf16* x, const bf16* resid
 // version). `version`: V1 = row per warp / row per block; V2 = a warp team per row, 2 vectors per
 // thread, the next row prefetched (vector path up to 8192 columns; other shapes run V1); V3 = V2
 // with 1 vector per thread, twice the warps, two rows prefetched (up to 4096 columns; wider rows
-// run V2). Default = V1 until the device run picks.
+// run V2). Default = V2 (measured fastest on the H200 at 2048x1024 and 16384x4096).
 std::size_t layernorm_backward_scratch_bytes(int rows, int cols);
 void layernorm_backward(cudaStream_t s, const bf16* dy, const bf16* sum, const float* mean, const float* rstd,
                         const bf16* gamma, const bf16* d_extra, bf16* d_sum, void* dgamma, void* dbeta,

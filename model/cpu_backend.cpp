@@ -46,6 +46,10 @@ class CpuBackend final : public TrainBackend {
     return st;
   }
 
+  double eval_loss(const std::int32_t* tokens, const std::int32_t* labels) override {
+    return model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
+  }
+
   MemoryStats memory() const override {
     // The training state on the host (params, grads, two moments), fp32.
     const auto bytes = std::int64_t(4 * 4 * params_.size());

@@ -25,6 +25,7 @@ class GpuEngine final : public TrainBackend {
 
   const TransformerParams& table() const override { return table_; }
   StepStats step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) override;
+  double eval_loss(const std::int32_t* tokens, const std::int32_t* labels) override;
   MemoryStats memory() const override;
   void reset_peak() override;
   void release_workspace() override;

@@ -11,6 +11,7 @@ target_sources(cutrain_model PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/cpu_backend.cpp
   ${CMAKE_CURRENT_LIST_DIR}/transformer_gpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/engine_eval.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train_loop.cpp
 )

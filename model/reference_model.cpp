@@ -120,7 +120,7 @@ double ReferenceModel<T>::forward(const T* P, const std::int32_t* tokens, const 
   CUTRAIN_CHECK(S <= d.max_seq, "reference model: seq ", S, " exceeds the position table's ", d.max_seq, " rows");
   B_ = B;
   S_ = S;
-  const int h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), V = d.vocab;
+  const int h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), V = d.vocab, Vr = d.vocab_rows();
   const int M = B * S;
   tokens_.assign(tokens, tokens + M);
   labels_.assign(labels, labels + M);
@@ -191,8 +191,8 @@ double ReferenceModel<T>::forward(const T* P, const std::int32_t* tokens, const 
                a.rstd2.data(), M, h);
   }
   x_final_ = x;
-  logits_.resize(std::size_t(M) * V);
-  linear_fwd(x.data(), at(p_.output_w()), at(p_.output_b()), logits_.data(), M, V, h);
+  logits_.resize(std::size_t(M) * Vr);
+  linear_fwd(x.data(), at(p_.output_w()), at(p_.output_b()), logits_.data(), M, Vr, h);
 
   double loss = 0;
   n_valid_ = 0;
@@ -200,7 +200,7 @@ double ReferenceModel<T>::forward(const T* P, const std::int32_t* tokens, const 
     const int y = labels[m];
     if (y == kIgnore) continue;
     CUTRAIN_CHECK(y >= 0 && y < V, "reference model: label ", y, " at position ", m, " is outside [0, ", V, ")");
-    const T* lr = &logits_[std::size_t(m) * V];
+    const T* lr = &logits_[std::size_t(m) * Vr];
     double mx = -INFINITY;
     for (int v = 0; v < V; ++v) mx = std::max(mx, double(lr[v]));
     double sum = 0;
@@ -215,28 +215,28 @@ template <typename T>
 void ReferenceModel<T>::backward(const T* P, T* G, double grad_scale) {
   const ModelDims& d = p_.dims();
   CUTRAIN_CHECK(B_ > 0, "reference model: backward() before forward()");
-  const int B = B_, S = S_, h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), V = d.vocab;
+  const int B = B_, S = S_, h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), V = d.vocab, Vr = d.vocab_rows();
   const int M = B * S;
   auto at = [&](int idx) { return P + p_.tensor(idx).offset; };
   auto gat = [&](int idx) { return G + p_.tensor(idx).offset; };
 
   // dlogits = (softmax - onehot) * grad_scale / n_valid
-  std::vector<T> dlogits(std::size_t(M) * V, T(0));
+  std::vector<T> dlogits(std::size_t(M) * Vr, T(0));
   for (int m = 0; m < M; ++m) {
     const int y = labels_[m];
     if (y == kIgnore) continue;
-    const T* lr = &logits_[std::size_t(m) * V];
+    const T* lr = &logits_[std::size_t(m) * Vr];
     double mx = -INFINITY;
     for (int v = 0; v < V; ++v) mx = std::max(mx, double(lr[v]));
     double sum = 0;
     for (int v = 0; v < V; ++v) sum += std::exp(double(lr[v]) - mx);
     const double k = grad_scale / double(n_valid_);
     for (int v = 0; v < V; ++v)
-      dlogits[std::size_t(m) * V + v] = T((std::exp(double(lr[v]) - mx) / sum - (v == y ? 1.0 : 0.0)) * k);
+      dlogits[std::size_t(m) * Vr + v] = T((std::exp(double(lr[v]) - mx) / sum - (v == y ? 1.0 : 0.0)) * k);
   }
   std::vector<T> dx(std::size_t(M) * h);
   linear_bwd(x_final_.data(), at(p_.output_w()), dlogits.data(), dx.data(), false, gat(p_.output_w()),
-             gat(p_.output_b()), M, V, h);
+             gat(p_.output_b()), M, Vr, h);
 
   const double scale = 1.0 / std::sqrt(double(D));
   std::vector<T> ds(std::size_t(M) * h), dg(std::size_t(M) * F), datt(std::size_t(M) * h), dqkv(std::size_t(M) * 3 * h);

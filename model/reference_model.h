@@ -26,7 +26,7 @@ class ReferenceModel {
   // activations of the last forward() with the same params.
   void backward(const T* params, T* grads, double grad_scale = 1.0);
 
-  const std::vector<T>& logits() const { return logits_; }  // [B*S, V] of the last forward
+  const std::vector<T>& logits() const { return logits_; }  // [B*S, vocab_rows] of the last forward
 
  private:
   struct LayerActs {

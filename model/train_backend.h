@@ -34,6 +34,9 @@ class TrainBackend {
   virtual const TransformerParams& table() const = 0;
   // tokens, labels: host int32 [accumulation, B, S]. `step` is 1-based (Adam bias correction).
   virtual StepStats step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) = 0;
+  // Evaluation: the mean loss of one micro-batch (tokens, labels: host int32 [B, S]) under the
+  // current parameters; no gradient, no optimizer state touched.
+  virtual double eval_loss(const std::int32_t* tokens, const std::int32_t* labels) = 0;
   virtual MemoryStats memory() const = 0;
   virtual void reset_peak() = 0;
   // Frees activations and scratch (they come back on the next step): the final allocated figure

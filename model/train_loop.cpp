@@ -2,7 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -76,6 +78,21 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
                 o.batch_size, " and ", o.seq_length);
   CUTRAIN_CHECK(!o.use_real_data || !o.data.empty(),
                 "train: --use_real_data needs --data PATTERN (llm.c token shards, e.g. from `cutrain prepare-data`)");
+  CUTRAIN_CHECK(o.labels == "auto" || o.labels == "next_token" || o.labels == "identity",
+                "train: --labels must be auto, next_token or identity, got '", o.labels, "'");
+  CUTRAIN_CHECK(o.labels == "auto" || o.use_real_data, "train: --labels ", o.labels,
+                " applies to --use_real_data (random data has random labels, as the BF16 example)");
+  CUTRAIN_CHECK(o.attention == "auto" || o.attention == "causal" || o.attention == "bidirectional",
+                "train: --attention must be auto, causal or bidirectional, got '", o.attention, "'");
+  CUTRAIN_CHECK(o.pad_vocab >= 0, "train: --pad_vocab must be a positive multiple (e.g. 64 or 128), got ",
+                o.pad_vocab);
+  CUTRAIN_CHECK(o.eval_data.empty() || o.use_real_data,
+                "train: --eval_data needs --use_real_data (validation shards go with training shards)");
+  CUTRAIN_CHECK(o.eval_interval >= 0, "train: --eval_interval must be >= 0 (0: only before and after), got ",
+                o.eval_interval);
+  CUTRAIN_CHECK(o.eval_steps >= 1, "train: --eval_steps must be >= 1, got ", o.eval_steps);
+  const bool next_token = o.use_real_data && o.labels != "identity";
+  const bool causal = o.attention == "causal" || (o.attention == "auto" && next_token);
 
   TrainConfig cfg = load_config(o.deepspeed_config);
   for (const auto& w : cfg.warnings) out << "[Rank 0] config warning: " << w << "\n";
@@ -94,6 +111,12 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
     vocab = kGpt2Vocab;
   }
   bo.dims = ModelDims{o.hidden_dim, o.num_layers, o.num_heads, vocab, o.seq_length};
+  if (o.pad_vocab > 0) {
+    bo.dims.padded_vocab = int(data::padded_vocab_size(vocab, o.pad_vocab));
+    out << "[Rank 0] --pad_vocab " << o.pad_vocab << ": " << vocab << " -> " << bo.dims.padded_vocab
+        << " rows in the embedding and output projection (padded logits get no loss and no gradient)\n";
+  }
+  bo.causal = causal;
   bo.batch = o.batch_size;
   bo.seq = o.seq_length;
   bo.seed = o.seed;
@@ -101,19 +124,33 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   bo.cuda_graph = o.cuda_graph;
   bo.dims.validate();
 
-  std::unique_ptr<data::BatchSampler> sampler;
+  std::unique_ptr<data::BatchSampler> sampler, eval_sampler;
+  int eval_batches = 0;
   if (o.use_real_data) {
     data::SamplerOptions so;
     so.patterns = o.data;
     so.batch_size = o.batch_size;
     so.seq_len = o.seq_length;
     so.seed = o.seed;
-    so.labels = o.next_token_labels ? data::Labels::kNextToken : data::Labels::kIdentity;
+    so.labels = next_token ? data::Labels::kNextToken : data::Labels::kIdentity;
     so.vocab_size = kGpt2Vocab;
     sampler = std::make_unique<data::BatchSampler>(so);
     out << "[Rank 0] Dataset loaded: " << sampler->num_tokens() << " tokens, " << sampler->batches_per_epoch()
         << " batches per epoch, vocab_size=" << kGpt2Vocab << "\n";
+    if (!o.eval_data.empty()) {
+      so.patterns = o.eval_data;
+      so.shuffle = false;  // the same first windows every evaluation: one curve, comparable points
+      eval_sampler = std::make_unique<data::BatchSampler>(so);
+      eval_batches = int(std::min<std::int64_t>(o.eval_steps, eval_sampler->batches_per_epoch()));
+      out << "[Rank 0] Validation data: " << eval_sampler->num_tokens() << " tokens, " << eval_batches
+          << " batches per evaluation";
+      if (eval_batches < o.eval_steps) out << " (--eval_steps " << o.eval_steps << " is more than the data holds)";
+      out << "\n";
+    }
   }
+  out << "[Rank 0] Objective: " << (o.use_real_data ? (next_token ? "next-token labels" : "labels = input ids")
+                                                     : "random tokens and labels")
+      << ", " << (causal ? "causal" : "bidirectional") << " attention\n";
   // Before the engine allocates: measures the device's peaks when --timing_report is on.
   StepProfiler prof(o.profiling, TransformerParams(bo.dims), bo.batch, bo.seq, accum, bo.causal, o.device == "cuda");
   out << "[Rank 0] Creating model with hidden_dim=" << o.hidden_dim << ", num_layers=" << o.num_layers
@@ -157,9 +194,28 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   };
   if (o.fixed_batch) sampler ? draw_real(first_step) : draw();
 
+  // Validation: the mean of the first eval_batches batches' mean losses (every batch has B*S
+  // targets, so this is the mean over all targets), and its exponential.
+  std::vector<std::int32_t> eval_tokens(per_micro), eval_labels(per_micro);
+  auto evaluate = [&](int after_step) {
+    EvalPoint e;
+    e.after_step = after_step;
+    e.batches = eval_batches;
+    for (int b = 0; b < eval_batches; ++b) {
+      eval_sampler->fill(b, eval_tokens.data(), eval_labels.data());
+      e.loss += be->eval_loss(eval_tokens.data(), eval_labels.data()) / eval_batches;
+    }
+    e.perplexity = std::exp(e.loss);
+    out << "[Rank 0] Eval " << (after_step < first_step ? "before training" : "after step " + std::to_string(after_step))
+        << ": val_loss=" << fixed(e.loss, 4) << ", val_ppl=" << fixed(e.perplexity, 2) << " (" << eval_batches
+        << " batches of " << o.batch_size << " x " << o.seq_length << ")\n";
+    return e;
+  };
+  TrainResult res;
+  if (eval_sampler) res.evals.push_back(evaluate(first_step - 1));
+
   std::string metrics;
   std::string csv = "step,loss\n";
-  TrainResult res;
   res.params = nparams;
   double time_sum = 0;
   int timed = 0;
@@ -187,6 +243,8 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
     if (step % o.log_interval == 0 || step == last)
       out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
           << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak) << "\n";
+    const bool eval_now = eval_sampler && (step == last || (o.eval_interval > 0 && (step + 1) % o.eval_interval == 0));
+    if (eval_now) res.evals.push_back(evaluate(step));
     if (!o.metrics_file.empty()) {
       nlohmann::json j = {{"step", step},
                           {"loss", loss},
@@ -198,6 +256,10 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
                           {"allocated_bytes", mem.allocated},
                           {"reserved_bytes", mem.reserved},
                           {"peak_bytes", mem.peak}};
+      if (eval_now) {
+        j["val_loss"] = res.evals.back().loss;
+        j["val_ppl"] = res.evals.back().perplexity;
+      }
       metrics += j.dump() + "\n";
     }
   }
@@ -216,9 +278,16 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   out << "  Average step time: " << fixed(res.avg_step_time, 3) << "s\n";
   out << "  Peak memory: " << format_gb(fin.peak) << "\n";
   out << "  Final allocated memory: " << format_gb(fin.allocated) << "\n";
+  if (!res.evals.empty())
+    out << "  Validation loss: " << fixed(res.evals.front().loss, 4) << " -> " << fixed(res.evals.back().loss, 4)
+        << " (perplexity " << fixed(res.evals.front().perplexity, 2) << " -> " << fixed(res.evals.back().perplexity, 2)
+        << ")\n";
   out << std::string(60, '=') << "\n";
   out << "SUMMARY: config=" << o.deepspeed_config.string() << " params=" << nparams << " peak_mem_bytes=" << fin.peak
-      << " alloc_mem_bytes=" << fin.allocated << " avg_step_time=" << fixed(res.avg_step_time, 4) << "\n";
+      << " alloc_mem_bytes=" << fin.allocated << " avg_step_time=" << fixed(res.avg_step_time, 4);
+  if (!res.evals.empty())  // our extension: the last validation loss and perplexity
+    out << " val_loss=" << fixed(res.evals.back().loss, 4) << " val_ppl=" << fixed(res.evals.back().perplexity, 2);
+  out << "\n";
   if (!o.loss_log_file.empty()) {
     write_text(o.loss_log_file, csv);
     out << "Loss history saved to: " << o.loss_log_file.string() << "\n";

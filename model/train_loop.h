@@ -25,7 +25,17 @@ struct TrainOptions {
   std::filesystem::path loss_log_file;
   bool use_real_data = false;
   std::vector<std::string> data;  // --data: glob patterns of llm.c token shards (with --use_real_data)
-  bool next_token_labels = false;  // labels = the next token (default: labels = input ids, as the example)
+  // --labels: "auto" (real data: next_token; random data: random labels as the BF16 example),
+  // "next_token" (targets = the following token) or "identity" (labels = input ids, the BF16
+  // example's --use_real_data exactly).
+  std::string labels = "auto";
+  // --attention: "auto" (causal for next-token real data, else bidirectional as the example),
+  // "causal" or "bidirectional".
+  std::string attention = "auto";
+  int pad_vocab = 0;  // --pad_vocab: round the vocabulary's rows up to a multiple of this (0: none)
+  std::vector<std::string> eval_data;  // --eval_data: validation shards (with --use_real_data)
+  int eval_interval = 0;               // evaluate after every N steps (0: only before and after the run)
+  int eval_steps = 20;                 // validation batches per evaluation (the first N, in file order)
   std::uint64_t seed = 42;
   std::filesystem::path metrics_file;
   std::filesystem::path save_dir, resume_dir;
@@ -35,8 +45,15 @@ struct TrainOptions {
   ProfilingOptions profiling;  // --timing_report, --profile_steps (docs/profiling.md)
 };
 
+struct EvalPoint {
+  int after_step = -1;  // the last step trained before it (-1 + first step: before training)
+  double loss = 0, perplexity = 0;
+  int batches = 0;
+};
+
 struct TrainResult {
   std::vector<double> losses;
+  std::vector<EvalPoint> evals;  // --eval_data: before training, every --eval_interval, at the end
   double avg_step_time = 0;
   std::int64_t peak_bytes = 0, alloc_bytes = 0;
   std::size_t params = 0;

@@ -44,7 +44,7 @@ GpuTransformer::~GpuTransformer() = default;
 
 void GpuTransformer::allocate(cudaStream_t s) {
   const ModelDims& d = table_.dims();
-  const std::size_t M = M_, h = d.hidden, F = d.ffn(), V = d.vocab, H = d.heads;
+  const std::size_t M = M_, h = d.hidden, F = d.ffn(), V = d.vocab_rows(), H = d.heads;
   auto take = [&](std::size_t bytes) {
     buffers_.emplace_back(alloc_, bytes, s);
     workspace_bytes_ += bytes;
@@ -78,7 +78,7 @@ void GpuTransformer::allocate(cudaStream_t s) {
   std::size_t sc = 0;
   for (std::size_t n : {3 * h, h, F, V}) sc = std::max(sc, kernels::bias_grad_scratch_bytes(M_, int(n)));
   sc = std::max(sc, kernels::layernorm_backward_scratch_bytes(M_, d.hidden));
-  sc = std::max(sc, kernels::embedding_backward_scratch_bytes(B_, S_, d.hidden, d.vocab));
+  sc = std::max(sc, kernels::embedding_backward_scratch_bytes(B_, S_, d.hidden, d.vocab_rows()));
   sc = std::max(sc, kernels::attention_backward_scratch_bytes(attn_, true));
   sc = std::max(sc, kernels::cross_entropy_scratch_bytes(M_));
   scratch_ = take(std::max<std::size_t>(sc, 256));
@@ -186,6 +186,41 @@ void GpuTransformer::layer_backward(cudaStream_t s, const bf16* P, char* G, DTyp
   }
 }
 
+// Embeddings, every block and the output projection into logits_ [M, vocab_rows]: the forward
+// both training and evaluation run.
+void GpuTransformer::forward_to_logits(cudaStream_t s, const bf16* P, const std::int32_t* tokens, int* d_status) {
+  const ModelDims& d = table_.dims();
+  const int h = d.hidden, Vr = d.vocab_rows(), Ln = d.layers;
+  auto w = [&](int idx) { return P + table_.tensor(idx).offset; };
+  char name[16];
+  timed(s, "embedding", cost::embedding_forward(B_, S_, h), [&] {
+    // Token ids are checked against the real vocabulary: padded rows are never a token.
+    kernels::embedding_forward(s, tokens, w(table_.embedding()), w(table_.pos_embedding()), xs_[0], B_, S_, h, d.vocab,
+                               d_status);
+  });
+  for (int l = 0; l < Ln; ++l) {
+    std::snprintf(name, sizeof name, "layer%02d", l);
+    TimedRegion r(name, s);
+    layer_forward(s, P, l, acts_[checkpointing_ ? 0 : l], xs_[l], xs_[l + 1]);
+  }
+  TimedRegion r("head", s);
+  timed(s, "logits", cost::gemm_forward(M_, Vr, h), [&] {
+    gemm_->forward(s, xs_[Ln], w(table_.output_w()), w(table_.output_b()), logits_, M_, Vr, h, GemmEpilogue::Bias);
+  });
+}
+
+void GpuTransformer::forward_loss(cudaStream_t s, const bf16* P, const std::int32_t* tokens,
+                                  const std::int32_t* labels, float* d_loss, int* d_status) {
+  if (buffers_.empty()) allocate(s);
+  const ModelDims& d = table_.dims();
+  TimedRegion ev("eval", s);
+  forward_to_logits(s, P, tokens, d_status);
+  timed(s, "cross_entropy", cost::cross_entropy(M_, d.vocab), [&] {
+    kernels::cross_entropy_forward(s, logits_, labels, M_, d.vocab, d.vocab_rows(), d_loss, nullptr, d_status + 1,
+                                   scratch_);
+  });
+}
+
 void GpuTransformer::forward_backward(cudaStream_t s, const bf16* P, void* grads, DType gt, bool acc,
                                       const std::int32_t* tokens, const std::int32_t* labels, float grad_scale,
                                       float* d_loss, int* d_status) {
@@ -193,7 +228,7 @@ void GpuTransformer::forward_backward(cudaStream_t s, const bf16* P, void* grads
                 dtype_name(gt));
   if (buffers_.empty()) allocate(s);
   const ModelDims& d = table_.dims();
-  const int h = d.hidden, V = d.vocab, Ln = d.layers;
+  const int h = d.hidden, V = d.vocab_rows(), Ln = d.layers;
   char* G = static_cast<char*>(grads);
   const std::size_t es = dtype_size(gt);
   auto w = [&](int idx) { return P + table_.tensor(idx).offset; };
@@ -201,22 +236,12 @@ void GpuTransformer::forward_backward(cudaStream_t s, const bf16* P, void* grads
   char name[16];
   {
     TimedRegion fwd("fwd", s);
-    timed(s, "embedding", cost::embedding_forward(B_, S_, h), [&] {
-      kernels::embedding_forward(s, tokens, w(table_.embedding()), w(table_.pos_embedding()), xs_[0], B_, S_, h, V,
-                                 d_status);
-    });
-    for (int l = 0; l < Ln; ++l) {
-      std::snprintf(name, sizeof name, "layer%02d", l);
-      TimedRegion r(name, s);
-      layer_forward(s, P, l, acts_[checkpointing_ ? 0 : l], xs_[l], xs_[l + 1]);
-    }
+    forward_to_logits(s, P, tokens, d_status);
     TimedRegion r("head", s);
-    timed(s, "logits", cost::gemm_forward(M_, V, h), [&] {
-      gemm_->forward(s, xs_[Ln], w(table_.output_w()), w(table_.output_b()), logits_, M_, V, h, GemmEpilogue::Bias);
-    });
-    timed(s, "cross_entropy", cost::cross_entropy(M_, V), [&] {
-      kernels::cross_entropy_forward_backward(s, logits_, labels, M_, V, V, d_loss, nullptr, d_status + 1, scratch_,
-                                              -100, grad_scale);
+    // The loss covers the real vocabulary; padded columns get gradient 0.
+    timed(s, "cross_entropy", cost::cross_entropy(M_, d.vocab), [&] {
+      kernels::cross_entropy_forward_backward(s, logits_, labels, M_, d.vocab, V, d_loss, nullptr, d_status + 1,
+                                              scratch_, -100, grad_scale);
     });
   }
   TimedRegion bwd("bwd", s);

@@ -37,6 +37,11 @@ class GpuTransformer {
                         const std::int32_t* tokens, const std::int32_t* labels, float grad_scale, float* d_loss,
                         int* d_status);
 
+  // Evaluation: the forward and the mean loss of one micro-batch, no gradients (logits kept).
+  // Writes *d_loss and d_status[0..1] like forward_backward.
+  void forward_loss(cudaStream_t s, const bf16* params, const std::int32_t* tokens, const std::int32_t* labels,
+                    float* d_loss, int* d_status);
+
   // Returns activations and scratch to the allocator; the next call allocates them again.
   void release_workspace();
   // Bytes of activations + scratch this model holds once allocated (0 before the first call).
@@ -48,6 +53,7 @@ class GpuTransformer {
     float *lse, *mean1, *rstd1, *mean2, *rstd2;
   };
   void allocate(cudaStream_t s);
+  void forward_to_logits(cudaStream_t s, const bf16* P, const std::int32_t* tokens, int* d_status);
   void layer_forward(cudaStream_t s, const bf16* P, int l, const LayerActs& a, const bf16* x_in, bf16* x_out);
   void layer_backward(cudaStream_t s, const bf16* P, char* G, DType gt, bool acc, int l, const LayerActs& a,
                       const bf16* x_in);

@@ -18,6 +18,8 @@ void ModelDims::validate() const {
   CUTRAIN_CHECK(hidden % heads == 0, "model: num_heads must divide hidden_dim (hidden_dim ", hidden, " / num_heads ",
                 heads, " leaves remainder ", hidden % heads, ")");
   CUTRAIN_CHECK(vocab > 0, "model: vocab_size must be positive, got ", vocab);
+  CUTRAIN_CHECK(padded_vocab == 0 || padded_vocab >= vocab, "model: the padded vocabulary (", padded_vocab,
+                ") must be 0 (no padding) or at least vocab_size (", vocab, ")");
   CUTRAIN_CHECK(max_seq > 0, "model: seq_length must be positive, got ", max_seq);
 }
 
@@ -38,7 +40,7 @@ int TransformerParams::add(std::string name, std::vector<std::int64_t> shape, In
 
 TransformerParams::TransformerParams(const ModelDims& dims) : dims_(dims) {
   dims_.validate();
-  const std::int64_t h = dims.hidden, f = dims.ffn(), V = dims.vocab, S = dims.max_seq;
+  const std::int64_t h = dims.hidden, f = dims.ffn(), V = dims.vocab_rows(), S = dims.max_seq;
   const double lin_h = 1.0 / std::sqrt(double(h));  // kaiming_uniform(a=sqrt(5)) bound for fan_in h
   const double lin_f = 1.0 / std::sqrt(double(f));
   add("embedding.weight", {V, h}, InitKind::Normal01, 0);

@@ -15,6 +15,10 @@ struct ModelDims {
   int heads = 16;
   int vocab = 50000;
   int max_seq = 512;  // rows of pos_embedding (the BF16 example uses max_seq_len = seq_length)
+  // --pad_vocab: rows of the token embedding and the output projection (0: = vocab). Rows past
+  // `vocab` are never a token, get no loss and no gradient: their logits never win.
+  int padded_vocab = 0;
+  int vocab_rows() const { return padded_vocab > vocab ? padded_vocab : vocab; }
   int head_dim() const { return hidden / heads; }
   int ffn() const { return 4 * hidden; }
   // Throws cutrain::Error naming the bad field (heads must divide hidden, all positive).

@@ -8,3 +8,6 @@ cutrain_add_test(NAME test_prepare_data_e2e LABEL cpu SOURCES e2e/test_prepare_d
 target_compile_definitions(test_prepare_data_e2e PRIVATE CUTRAIN_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
                            CUTRAIN_BIN="$<TARGET_FILE:cutrain>")
 add_dependencies(test_prepare_data_e2e cutrain)
+# `cutrain train --use_real_data --eval_data` end to end (next-token + causal default, validation
+# loss, --pad_vocab, --labels identity, input errors); skipped without ../shared/data.
+cutrain_add_cli_test(real_data_cli real_data_cli.sh)

@@ -90,8 +90,27 @@ CommandRegistrar reg("train", [](CLI::App& parent, int& exit_code) {
   sub->add_option("--loss_log_file", o.loss_log_file, "Write step,loss CSV here");
   sub->add_flag("--use_real_data", o.use_real_data, "Train on token shards (--data) instead of random tokens");
   sub->add_option("--data", o.data, "Glob pattern(s) of llm.c token shards for --use_real_data");
-  sub->add_flag("--next_token_labels", o.next_token_labels,
-                "Labels = the next token (default: labels = input ids, as the BF16 example)");
+  sub->add_option("--labels", o.labels,
+                  "Real data: next_token (targets = the following token; the default) or identity (labels = input "
+                  "ids: the BF16 example's --use_real_data exactly)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "next_token", "identity"}));
+  sub->add_flag_callback("--next_token_labels", [&o] { o.labels = "next_token"; },
+                         "Same as --labels next_token (kept for earlier scripts)");
+  sub->add_option("--attention", o.attention,
+                  "causal or bidirectional; auto: causal with next-token real data, else bidirectional (the example)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "causal", "bidirectional"}));
+  sub->add_option("--pad_vocab", o.pad_vocab,
+                  "Round the vocabulary's rows up to a multiple of N for the GEMMs (no value: 64; 50257 -> 50304)")
+      ->expected(0, 1)
+      ->default_str("64")
+      ->type_name("[N]");
+  sub->add_option("--eval_data", o.eval_data, "Glob pattern(s) of validation shards (with --use_real_data)");
+  sub->add_option("--eval_interval", o.eval_interval,
+                  "Evaluate after every N steps (0: only before training and after the last step)")
+      ->capture_default_str();
+  sub->add_option("--eval_steps", o.eval_steps, "Validation batches per evaluation")->capture_default_str();
   sub->add_option("--seed", o.seed, "Seed of init and data")->capture_default_str();
   sub->add_option("--metrics_file", o.metrics_file, "One JSON line per step (loss, lr, grad norm, time, memory)");
   sub->add_option("--save", o.save_dir, "Save a checkpoint to DIR at the end");

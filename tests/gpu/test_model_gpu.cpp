@@ -272,3 +272,74 @@ TEST(ModelGpuWide, GradientsMatchAtHeadDim128) {
     EXPECT_LE(test::rel_error(out, want), 2e-2) << t.name;
   }
 }
+
+// Evaluation (--eval_data): the forward alone gives the training forward's loss and the
+// reference's, for both masks, and leaves parameters and the step graph as they were.
+TEST(ModelGpuEval, EvalLossMatchesTheReferenceAndLeavesTheStateAlone) {
+  CUTRAIN_REQUIRE_GPU();
+  for (bool causal : {false, true}) {
+    auto rng = test::fresh_rng();
+    BackendOptions o = small_model(rng());
+    o.causal = causal;
+    GpuEngine eng(o, config_for("bf16_master_wg"));
+    const std::size_t n = std::size_t(o.batch) * o.seq;
+    for (int s = 1; s <= 3; ++s) {  // eager step, capture, replay: the graph exists before the eval
+      const Batch b = random_batch(rng, n, o.dims.vocab);
+      eng.step(b.tokens.data(), b.labels.data(), s, 1e-3f);
+    }
+    const bool graph = eng.graph_active();
+    const std::vector<float> before = eng.download_params();
+    const Batch b = random_batch(rng, n, o.dims.vocab);
+    const double eval = eng.eval_loss(b.tokens.data(), b.labels.data());
+    EXPECT_EQ(eng.download_params(), before) << "evaluation changed the parameters";
+    EXPECT_EQ(eng.graph_active(), graph);
+    std::vector<double> p = to_double(before);
+    ReferenceModel<double> ref(eng.table(), causal);
+    const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
+    EXPECT_NEAR(eval, ref_loss, 2e-2 * ref_loss) << (causal ? "causal" : "bidirectional");
+    const double trained = eng.forward_backward(b.tokens.data(), b.labels.data());
+    EXPECT_NEAR(eval, trained, 1e-5 * trained) << "eval and training forward disagree";
+    // A bad label is still an error naming it, and the engine goes on afterwards.
+    Batch bad = b;
+    bad.labels[5] = o.dims.vocab;
+    EXPECT_THROW(eng.eval_loss(bad.tokens.data(), bad.labels.data()), Error);
+    EXPECT_NEAR(eng.eval_loss(b.tokens.data(), b.labels.data()), eval, 1e-6 * eval);
+  }
+}
+
+// --pad_vocab: 1000 -> 1024 rows. The padded logits take no part in the loss and the padded rows
+// of the embedding and the output projection get exactly zero gradient; the rest matches the
+// (padded) reference.
+TEST(ModelGpuPadVocab, PaddedRowsGetNoLossAndNoGradient) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  BackendOptions o = small_model(rng());
+  o.dims.padded_vocab = 1024;
+  o.causal = true;
+  GpuEngine eng(o, config_for("baseline"));
+  const TransformerParams& t = eng.table();
+  ASSERT_EQ(t.tensor(t.embedding()).shape[0], 1024);
+  ASSERT_EQ(t.tensor(t.output_w()).shape[0], 1024);
+  const Batch b = random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab);
+  eng.poison_grads();
+  const double loss = eng.forward_backward(b.tokens.data(), b.labels.data());
+  const std::vector<float> grads = eng.download_grads();
+  EXPECT_EQ(test::count_nan(grads), 0u) << "gradient elements left unwritten (poison) or non-finite";
+  const int h = o.dims.hidden;
+  for (int idx : {t.embedding(), t.output_w(), t.output_b()}) {
+    const ParamTensor& p = t.tensor(idx);
+    const std::size_t row = p.shape.size() == 2 ? std::size_t(h) : 1;
+    for (std::size_t i = std::size_t(o.dims.vocab) * row; i < p.count; ++i)
+      ASSERT_EQ(grads[p.offset + i], 0.f) << p.name << " padded element " << i;
+  }
+  std::vector<double> p = to_double(eng.download_params()), g(grads.size(), 0.0);
+  ReferenceModel<double> ref(t, true);
+  const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
+  ref.backward(p.data(), g.data());
+  EXPECT_NEAR(loss, ref_loss, 2e-2 * ref_loss);
+  for (const auto& pt : t.tensors()) {
+    std::vector<float> out(grads.begin() + pt.offset, grads.begin() + pt.offset + pt.count);
+    std::vector<double> want(g.begin() + pt.offset, g.begin() + pt.offset + pt.count);
+    EXPECT_LE(test::rel_error(out, want), 2e-2) << pt.name;
+  }
+}

@@ -124,3 +124,45 @@ TEST(ReferenceModel, RejectsBadTokensAndLabels) {
   EXPECT_THROW(model.forward(p.data(), tok.data(), lab.data(), 1, 4), Error);
   EXPECT_THROW(model.forward(p.data(), tok.data(), lab.data(), 1, 5), Error);  // seq > max_seq
 }
+
+// --pad_vocab: a model whose embedding and output projection have padded rows computes the same
+// loss and the same gradients as the unpadded model holding its real rows, and its padded rows get
+// zero gradient (whatever their values: they are random here, so a leak would show).
+TEST(ReferenceModel, PaddedVocabularyIsInvisible) {
+  auto rng = test::fresh_rng();
+  ModelDims d{8, 1, 2, 11, 5};
+  ModelDims dp = d;
+  dp.padded_vocab = 16;
+  TransformerParams plain(d), padded(dp);
+  ASSERT_EQ(padded.tensor(padded.output_w()).shape[0], 16);
+  std::vector<float> pi(padded.flat_size());
+  padded.init(pi.data(), rng());
+  std::vector<double> pp(pi.begin(), pi.end()), p0(plain.flat_size(), 0.0);
+  for (std::size_t i = 0; i < plain.tensors().size(); ++i) {  // the real rows: each tensor's leading part
+    const ParamTensor& a = plain.tensor(int(i));
+    const ParamTensor& b = padded.tensor(int(i));
+    ASSERT_EQ(a.name, b.name);
+    std::copy(pp.begin() + b.offset, pp.begin() + b.offset + a.count, p0.begin() + a.offset);
+  }
+  const int B = 2, S = 5;
+  auto tok = test::random_ints(B * S, rng, 0, d.vocab - 1);
+  auto lab = test::random_ints(B * S, rng, 0, d.vocab - 1);
+  ReferenceModel<double> m0(plain, true), mp(padded, true);
+  const double l0 = m0.forward(p0.data(), tok.data(), lab.data(), B, S);
+  const double lp = mp.forward(pp.data(), tok.data(), lab.data(), B, S);
+  EXPECT_DOUBLE_EQ(l0, lp);
+  std::vector<double> g0(plain.flat_size(), 0.0), gp(padded.flat_size(), 0.0);
+  m0.backward(p0.data(), g0.data());
+  mp.backward(pp.data(), gp.data());
+  for (std::size_t i = 0; i < plain.tensors().size(); ++i) {
+    const ParamTensor& a = plain.tensor(int(i));
+    const ParamTensor& b = padded.tensor(int(i));
+    for (std::size_t k = 0; k < b.count; ++k) {
+      const double want = k < a.count ? g0[a.offset + k] : 0.0;
+      ASSERT_NEAR(gp[b.offset + k], want, 1e-12 + 1e-9 * std::abs(want)) << b.name << " element " << k;
+    }
+  }
+  // Tokens and labels of the padded rows are still out of range.
+  tok[0] = 12;
+  EXPECT_THROW(mp.forward(pp.data(), tok.data(), lab.data(), B, S), Error);
+}
