@@ -54,6 +54,8 @@ class GpuEngine final : public TrainBackend {
   // contiguous_grad_buffer (the fp32 accumulation buffer), as the layout has them; empty: all.
   // device nvme needs `nvme_path` (a folder). After a non-blocking reload (or none) the next use
   // of the state waits for (or does) the reload itself; the CUDA graph is rebuilt after a reload.
+  // With zero_optimization.offload_optimizer the swap first hands its states back (they are then
+  // resident until the next optimizer step swaps them out again).
   void offload_states(const std::vector<std::string>& include = {}, OffloadDevice device = OffloadDevice::Cpu,
                       bool pin_memory = true, bool non_blocking = false, const std::string& nvme_path = "");
   void reload_states(bool non_blocking = false);
