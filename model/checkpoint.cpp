@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <deque>
 
 #include "model/safetensors.h"
 #include "runtime/error.h"
@@ -11,8 +12,8 @@
 namespace cutrain::model {
 namespace {
 
-const char* kModel = "model.safetensors";
-const char* kOptim = "optimizer.safetensors";
+const char* kModel = kCheckpointModelFile;
+const char* kOptim = kCheckpointOptimFile;
 const char* kState = "trainer_state.json";
 
 std::vector<std::uint16_t> to_bf16_bits(const std::vector<float>& v) {
@@ -21,67 +22,97 @@ std::vector<std::uint16_t> to_bf16_bits(const std::vector<float>& v) {
   return b;
 }
 
-// Reads tensor `name` (shape of `t`) into flat[t.offset ...] as float.
-void read_into(const SafetensorsReader& r, const std::string& name, const ParamTensor& t, std::vector<float>& flat) {
-  const SafetensorsTensorInfo& info = r.tensor(name);
-  CUTRAIN_CHECK(info.shape == t.shape, r.path().string(), ": tensor '", name, "' has a shape of ", info.shape.size(),
-                " dims / ", info.numel(), " elements, the model expects ", t.count, " elements");
-  if (info.dtype == DType::F32) {
-    r.read(name, flat.data() + t.offset, t.count * 4);
-  } else {
-    CUTRAIN_CHECK(info.dtype == DType::BF16, r.path().string(), ": tensor '", name, "' is ", info.dtype_name,
+// The tensors of one file to read into flat float buffers: F32 straight into place, BF16 through
+// bits converted afterwards. Every read of the file goes to CheckpointFiles at once (one stream
+// through the file on the aio path).
+class FileLoad {
+ public:
+  explicit FileLoad(const SafetensorsReader& r) : r_(r) {}
+  // Tensor `name` (shape of `t`) into flat[t.offset ...] as float.
+  void add(const std::string& name, const ParamTensor& t, std::vector<float>& flat) {
+    const SafetensorsTensorInfo& info = r_.tensor(name);
+    CUTRAIN_CHECK(info.shape == t.shape, r_.path().string(), ": tensor '", name, "' has a shape of ", info.shape.size(),
+                  " dims / ", info.numel(), " elements, the model expects ", t.count, " elements");
+    if (info.dtype == DType::F32) {
+      reads_.push_back({name, flat.data() + t.offset, t.count * 4});
+      return;
+    }
+    CUTRAIN_CHECK(info.dtype == DType::BF16, r_.path().string(), ": tensor '", name, "' is ", info.dtype_name,
                   ", expected BF16 or F32");
-    std::vector<std::uint16_t> b(t.count);
-    r.read(name, b.data(), t.count * 2);
-    for (std::size_t i = 0; i < t.count; ++i) flat[t.offset + i] = bf16_bits_to_f32(b[i]);
+    bits_.push_back({std::vector<std::uint16_t>(t.count), flat.data() + t.offset});
+    reads_.push_back({name, bits_.back().bits.data(), t.count * 2});
   }
-}
+  void run(CheckpointFiles& files) {
+    files.read(r_, reads_);
+    for (auto& b : bits_)
+      for (std::size_t i = 0; i < b.bits.size(); ++i) b.dst[i] = bf16_bits_to_f32(b.bits[i]);
+  }
+
+ private:
+  struct Bits {
+    std::vector<std::uint16_t> bits;
+    float* dst;
+  };
+  const SafetensorsReader& r_;
+  std::vector<TensorRead> reads_;
+  std::deque<Bits> bits_;  // stable addresses while reads_ points into them
+};
 
 }  // namespace
 
-void save_checkpoint(const std::filesystem::path& dir, const TrainBackend& be, const CheckpointMeta& meta) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  CUTRAIN_CHECK(!ec, "checkpoint: cannot create directory ", dir.string(), ": ", ec.message());
-  const HostState s = be.save_state();
-  const TransformerParams& T = be.table();
+void checkpoint_tensors(const TransformerParams& T, const HostState& s, CheckpointTensors& out) {
   const bool bf = s.param_dtype == DType::BF16;
-  const std::vector<std::uint16_t> pbits = bf ? to_bf16_bits(s.params) : std::vector<std::uint16_t>{};
-
-  std::vector<SafetensorsEntry> model, optim;
-  std::vector<std::string> names;  // keeps the optimizer names alive
-  names.reserve(T.tensors().size() * 3);
+  out.pbits = bf ? to_bf16_bits(s.params) : std::vector<std::uint16_t>{};
+  out.model.clear();
+  out.optim.clear();
+  out.names.clear();
   for (const auto& t : T.tensors()) {
-    model.push_back({t.name, s.param_dtype, t.shape,
-                     bf ? static_cast<const void*>(pbits.data() + t.offset) : s.params.data() + t.offset});
+    out.model.push_back({t.name, s.param_dtype, t.shape,
+                         bf ? static_cast<const void*>(out.pbits.data() + t.offset) : s.params.data() + t.offset});
     auto add = [&](const char* suffix, const std::vector<float>& v) {
       if (v.empty()) return;
-      names.push_back(t.name + suffix);
-      optim.push_back({names.back(), DType::F32, t.shape, v.data() + t.offset});
+      out.names.push_back(t.name + suffix);
+      out.optim.push_back({out.names.back(), DType::F32, t.shape, v.data() + t.offset});
     };
     add(".master", s.master);
     add(".exp_avg", s.exp_avg);
     add(".exp_avg_sq", s.exp_avg_sq);
   }
+}
+
+void save_checkpoint(const std::filesystem::path& dir, const TrainBackend& be, const CheckpointMeta& meta,
+                     CheckpointIo io) {
+  CheckpointFiles files(io);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  CUTRAIN_CHECK(!ec, "checkpoint: cannot create directory ", dir.string(), ": ", ec.message());
+  const HostState s = be.save_state();
+  const TransformerParams& T = be.table();
+  CheckpointTensors ct;
+  checkpoint_tensors(T, s, ct);
   const SafetensorsMetadata md{{"format", "pt"}, {"producer", "cutrain"}};
-  write_safetensors(dir / kModel, model, md);
-  write_safetensors(dir / kOptim, optim, md);
+  files.write_safetensors(dir / kModel, ct.model, md);
+  files.write_safetensors(dir / kOptim, ct.optim, md);
   nlohmann::json j = {{"step", meta.step}, {"data_rng", meta.data_rng}, {"num_params", T.num_params()}};
   AtomicFileWriter w(dir / kState);
   w.write(j.dump(2) + "\n");
   w.commit();
 }
 
-CheckpointMeta load_checkpoint(const std::filesystem::path& dir, TrainBackend& be) {
+CheckpointMeta load_checkpoint(const std::filesystem::path& dir, TrainBackend& be, CheckpointIo io) {
+  CheckpointFiles files(io);
   const TransformerParams& T = be.table();
   HostState s = be.save_state();  // right sizes and dtypes; every real element is overwritten
   SafetensorsReader mr(dir / kModel), orr(dir / kOptim);
+  FileLoad ml(mr), ol(orr);
   for (const auto& t : T.tensors()) {
-    read_into(mr, t.name, t, s.params);
-    if (!s.master.empty()) read_into(orr, t.name + ".master", t, s.master);
-    read_into(orr, t.name + ".exp_avg", t, s.exp_avg);
-    read_into(orr, t.name + ".exp_avg_sq", t, s.exp_avg_sq);
+    ml.add(t.name, t, s.params);
+    if (!s.master.empty()) ol.add(t.name + ".master", t, s.master);
+    ol.add(t.name + ".exp_avg", t, s.exp_avg);
+    ol.add(t.name + ".exp_avg_sq", t, s.exp_avg_sq);
   }
+  ml.run(files);
+  ol.run(files);
   be.load_state(s);
   const auto path = dir / kState;
   const std::vector<std::byte> bytes = read_file(path);

@@ -25,6 +25,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   std::string why;
   CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");
   describe_ = "cuda (" + device_info().name + ")";
+  check_offload_paths(c);  // before any allocation: a missing swap folder fails fast
   CachingAllocator& A = device_allocator();
   const AllocatorStats before = A.stats();
 
@@ -67,6 +68,15 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   if (plan_.has_master) offloader_->add("hp_params", &master_);
   offloader_->add("optim_states.exp_avg", &m_);
   offloader_->add("optim_states.exp_avg_sq", &v_);
+  if (c.zero_optimization.offload_optimizer.device != "none") {
+    // DeepSpeed's NVMe optimizer offload swaps the optimizer's partitions: the moments and the
+    // fp32 master weights (when the layout has them). The bf16 params and the gradients stay.
+    std::vector<std::pair<std::string, Buffer*>> swapped{{"optim_states.exp_avg", &m_}, {"optim_states.exp_avg_sq", &v_}};
+    if (plan_.has_master) swapped.emplace_back("hp_params", &master_);
+    swap_ = std::make_unique<OptimizerSwap>(c, A, stream_.get(), std::move(swapped));
+    swap_->swap_out(/*non_blocking=*/false);  // off the device from the start
+    std::cout << "[Rank 0] " << swap_->describe() << std::endl;
+  }
   stream_.synchronize();
 }
 
@@ -137,6 +147,7 @@ std::vector<std::string> GpuEngine::offloadable_states() const {
 void GpuEngine::offload_states(const std::vector<std::string>& include, OffloadDevice device, bool pin_memory,
                                bool non_blocking, const std::string& nvme_path) {
   const std::vector<std::string> valid = offloadable_states();
+  if (swap_) swap_->make_resident();  // the optimizer swap gives its states back first
   std::vector<std::string> names;
   for (const auto& g : include.empty() ? valid : include) {
     if (std::find(valid.begin(), valid.end(), g) == valid.end()) {
@@ -181,6 +192,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     TimedRegion ro("offload", stream_);  // a pending reload of offloaded states lands here
     ensure_state();
   }
+  if (swap_) swap_->begin_step();  // pipeline_read: the reload runs during forward/backward
   if (offloader_->generation() != graph_generation_) {
     // A reload reallocated the states: the captured graph holds their old addresses.
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
@@ -219,6 +231,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     }
     if (why.empty()) {
       graph_ = g;
+      ++graph_captures_;
     } else {
       if (g) cudaGraphDestroy(g);
       cudaGetLastError();  // clear the sticky-free error state of the failed capture
@@ -246,6 +259,10 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   p.stochastic_rounding = cfg_.bf16.stochastic_rounding;
   p.seed = opt_.seed;
   float* flags = as_f32(flags_d_);
+  if (swap_) {
+    TimedRegion ro("offload", stream_);
+    swap_->before_optimizer();  // the optimizer launch waits for the reload (or does it, blocking)
+  }
   {
     const cost::Cost c = cost::adam_step(n_, dtype_size(plan_.grad), dtype_size(plan_.moment), plan_.has_master);
     TimedRegion ro("optimizer", stream_, c.flops, c.bytes);
@@ -253,6 +270,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
                        plan_.has_master ? as_f32(master_) : nullptr, m_.get(), v_.get(), n_, flags + accum_ + 1,
                        reinterpret_cast<const int*>(flags + accum_ + 2));
   }
+  if (swap_) swap_->after_optimizer();  // pipeline_write: the write-out overlaps the rest of the step
   read_flags();
   StepStats st;
   for (int a = 0; a < accum_; ++a) st.loss += flags_h_[a] / accum_;
@@ -325,12 +343,14 @@ std::vector<float> GpuEngine::download_params() const {
 
 HostState GpuEngine::save_state() const {
   ensure_state();
+  if (swap_) swap_->make_resident();
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   HostState s;
   s.params = download(params_, DType::BF16, n_);
   if (plan_.has_master) s.master = download(master_, DType::F32, n_);
   s.exp_avg = download(m_, plan_.moment, n_);
   s.exp_avg_sq = download(v_, plan_.moment, n_);
+  if (swap_) swap_->swap_out(/*non_blocking=*/false);  // back where it lives between steps
   return s;
 }
 
@@ -340,10 +360,12 @@ void GpuEngine::load_state(const HostState& s) {
   CUTRAIN_CHECK(!plan_.has_master || s.master.size() == n_, "gpu engine: the ", plan_.name(),
                 " layout needs fp32 master weights of ", n_, " elements, the state has ", s.master.size());
   ensure_state();
+  if (swap_) swap_->make_resident();
   upload(params_, DType::BF16, s.params, stream_);
   if (plan_.has_master) upload(master_, DType::F32, s.master, stream_);
   upload(m_, plan_.moment, s.exp_avg, stream_);
   upload(v_, plan_.moment, s.exp_avg_sq, stream_);
+  if (swap_) swap_->swap_out(/*non_blocking=*/false);
 }
 
 std::unique_ptr<TrainBackend> make_gpu_backend(const BackendOptions& o, const TrainConfig& c) {

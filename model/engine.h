@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/cpu_backend.h"
+#include "model/optimizer_swap.h"
 #include "model/precision.h"
 #include "model/train_backend.h"
 #include "model/transformer_gpu.h"
@@ -47,17 +48,23 @@ class GpuEngine final : public TrainBackend {
   std::size_t state_bytes() const { return state_bytes_; }
   std::size_t state_requested_bytes() const { return state_requested_bytes_; }
   bool graph_active() const { return graph_exec_ != nullptr; }
+  int graph_captures() const { return graph_captures_; }  // successful captures so far
 
   // DeepSpeed's engine.offload_states / reload_states. `include`: any of optim_states (moments),
   // hp_params (fp32 master), lp_params (bf16 params), lp_grads (the bf16 gradient buffer) or
   // contiguous_grad_buffer (the fp32 accumulation buffer), as the layout has them; empty: all.
   // device nvme needs `nvme_path` (a folder). After a non-blocking reload (or none) the next use
   // of the state waits for (or does) the reload itself; the CUDA graph is rebuilt after a reload.
+  // With zero_optimization.offload_optimizer the swap first hands its states back (they are then
+  // resident until the next optimizer step swaps them out again).
   void offload_states(const std::vector<std::string>& include = {}, OffloadDevice device = OffloadDevice::Cpu,
                       bool pin_memory = true, bool non_blocking = false, const std::string& nvme_path = "");
   void reload_states(bool non_blocking = false);
   std::vector<std::string> offloadable_states() const;  // the include names this layout has
   StateOffloader& offloader() { return *offloader_; }
+  // zero_optimization.offload_optimizer (device cpu or nvme): the optimizer state's swap; null
+  // when the config offloads nothing.
+  OptimizerSwap* optimizer_swap() { return swap_.get(); }
 
  private:
   void stage_batch(const std::int32_t* tokens, const std::int32_t* labels);
@@ -88,9 +95,12 @@ class GpuEngine final : public TrainBackend {
   cudaGraphExec_t graph_exec_ = nullptr;
   int eager_steps_ = 0;
   bool graph_failed_ = false;
+  int graph_captures_ = 0;
   // Last: destroyed first, while the state buffers it moves still exist.
   std::unique_ptr<StateOffloader> offloader_;
   std::uint64_t graph_generation_ = 0;  // offloader generation the graph was captured at
+  // After offloader_: destroyed before it (both before the buffers they move).
+  std::unique_ptr<OptimizerSwap> swap_;
 };
 
 std::unique_ptr<TrainBackend> make_gpu_backend(const BackendOptions& options, const TrainConfig& config);

@@ -12,7 +12,9 @@ target_sources(cutrain_model PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/transformer_gpu.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_eval.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/optimizer_swap.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/checkpoint_io.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train_loop.cpp
 )
 # The token-shard sampler for --use_real_data.

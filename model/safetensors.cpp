@@ -77,8 +77,14 @@ std::uint64_t SafetensorsTensorInfo::numel() const { return checked_numel(shape)
 
 // ---- writer ----
 
-void write_safetensors(const fs::path& path, std::span<const SafetensorsEntry> tensors,
-                       const SafetensorsMetadata& metadata) {
+std::uint64_t SafetensorsImage::total_bytes() const {
+  std::uint64_t n = prefix.size();
+  for (const auto& d : data) n += d.size();
+  return n;
+}
+
+SafetensorsImage safetensors_image(const fs::path& path, std::span<const SafetensorsEntry> tensors,
+                                   const SafetensorsMetadata& metadata) {
   std::set<std::string_view> names;
   std::vector<std::uint64_t> bytes(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -124,11 +130,20 @@ void write_safetensors(const fs::path& path, std::span<const SafetensorsEntry> t
 
   unsigned char len[8];
   put_u64_le(text.size(), len);
-  AtomicFileWriter out(path);
-  out.write(len, 8);
-  out.write(text);
+  SafetensorsImage img;
+  img.prefix.assign(reinterpret_cast<const char*>(len), 8);
+  img.prefix += text;
   for (std::size_t i : order)
-    if (bytes[i]) out.write(tensors[i].data, bytes[i]);
+    if (bytes[i]) img.data.emplace_back(static_cast<const std::byte*>(tensors[i].data), bytes[i]);
+  return img;
+}
+
+void write_safetensors(const fs::path& path, std::span<const SafetensorsEntry> tensors,
+                       const SafetensorsMetadata& metadata) {
+  const SafetensorsImage img = safetensors_image(path, tensors, metadata);
+  AtomicFileWriter out(path);
+  out.write(img.prefix);
+  for (const auto& d : img.data) out.write(d.data(), d.size());
   out.commit();
 }
 

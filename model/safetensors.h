@@ -35,6 +35,17 @@ using SafetensorsMetadata = std::map<std::string, std::string>;
 void write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
                        const SafetensorsMetadata& metadata = {});
 
+// The bytes of that file without writing it: `prefix` (the 8-byte length and the padded JSON
+// header), then `data` in file order (views of the entries' memory). write_safetensors writes
+// exactly prefix + data; other writers (the aio checkpoint path) can too. Same checks and errors.
+struct SafetensorsImage {
+  std::string prefix;
+  std::vector<std::span<const std::byte>> data;
+  std::uint64_t total_bytes() const;
+};
+SafetensorsImage safetensors_image(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
+                                   const SafetensorsMetadata& metadata = {});
+
 // "BF16" for DType::BF16 etc.
 const char* safetensors_dtype_name(DType t);
 
@@ -60,6 +71,7 @@ class SafetensorsReader {
   // In file order (by offset).
   const std::vector<SafetensorsTensorInfo>& tensors() const { return tensors_; }
   const SafetensorsMetadata& metadata() const { return metadata_; }
+  std::uint64_t data_start() const { return data_start_; }  // file offset of the data section
   bool contains(std::string_view name) const;
   const SafetensorsTensorInfo& tensor(std::string_view name) const;  // Error naming file and tensor if absent
 

@@ -4,6 +4,7 @@ target_sources(cutrain_runtime PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/aio/uring_queue.cpp
   ${CMAKE_CURRENT_LIST_DIR}/aio/libaio_queue.cpp
   ${CMAKE_CURRENT_LIST_DIR}/aio/aio_handle.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/aio/aio_file.cpp
   ${CMAKE_CURRENT_LIST_DIR}/aio/gds_handle.cpp)
 if(LibUring_FOUND)
   target_link_libraries(cutrain_runtime PUBLIC LibUring::uring)

@@ -2,6 +2,7 @@
 target_sources(cutrain_runtime PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/config_batch.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/config_offload.cpp
   ${CMAKE_CURRENT_LIST_DIR}/config_reader.cpp
   ${CMAKE_CURRENT_LIST_DIR}/json_util.cpp
   ${CMAKE_CURRENT_LIST_DIR}/file_util.cpp

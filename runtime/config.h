@@ -162,4 +162,9 @@ TrainConfig load_config(const std::filesystem::path& path, const ConfigLoadOptio
 // The same from a JSON text (`origin` names it in messages and becomes `source`).
 TrainConfig parse_config(const std::string& json_text, const std::string& origin, const ConfigLoadOptions& options = {});
 
+// What can only be checked where the run starts (not by check-config on another machine):
+// zero_optimization.offload_optimizer with device "nvme" needs nvme_path to be an existing,
+// writable folder. Throws ConfigError naming the JSON path, what was expected and what was found.
+void check_offload_paths(const TrainConfig& config);
+
 }  // namespace cutrain

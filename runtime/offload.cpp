@@ -4,9 +4,9 @@
 // (exhaustion changes nothing), then copy.
 #include "runtime/offload.h"
 
-#include <mutex>
-
+#include <future>
 #include <map>
+#include <mutex>
 
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -90,6 +90,7 @@ struct StateOffloader::State {
   std::string file;                       // NVMe: the state's file while offloaded
   std::shared_ptr<Event> reload_done;     // a reload copy possibly still in flight
   bool release_pending = false;           // external state: device memory freed once the copy is done
+  bool nvme_busy = false;                 // part of the NVMe job in flight
 
   void* device_ptr() const { return buffer ? buffer->get() : (ext.data ? ext.data() : nullptr); }
 };
@@ -105,6 +106,19 @@ struct StateOffloader::Impl {
   };
   std::vector<PendingOffload> pending;
   std::unique_ptr<aio::AioHandle> aio;
+  aio::HandleOptions aio_options;
+  // The NVMe job in flight (non-blocking NVMe offload or reload).
+  struct NvmeJob {
+    std::future<void> done;
+    std::vector<State*> states;
+    bool write = false;
+  };
+  std::optional<NvmeJob> job;
+
+  aio::AioHandle& handle() {
+    if (!aio) aio = std::make_unique<aio::AioHandle>(aio_options);
+    return *aio;
+  }
   std::unique_ptr<StagedCopier> staged;  // pageable copies (created on first use)
 
   StagedCopier& staged_copier() {
@@ -138,8 +152,12 @@ StateOffloader::~StateOffloader() {
   } catch (...) {
   }
   for (auto& s : impl_->states) {
-    if (s->offloaded && s->host)
+    if (s->offloaded && s->where == OffloadDevice::Cpu && s->host)
       std::cerr << "[offload] warning: state '" << s->name << "' is destroyed while offloaded (its data is lost)\n";
+    if (s->offloaded && s->where == OffloadDevice::Nvme && !s->file.empty()) {
+      debug_log("state '", s->name, "' is destroyed while offloaded: removing ", s->file);
+      std::remove(s->file.c_str());  // nothing can reload it any more
+    }
     pinned = pinned || (s->host && s->host_pinned);
     try {
       impl_->free_host(*s);
@@ -262,7 +280,52 @@ std::size_t StateOffloader::pinned_buffer_bytes() const {
   return n;
 }
 
+void StateOffloader::finish_nvme_job(bool wait) {
+  auto& job = impl_->job;
+  if (!job) return;
+  if (!wait && job->done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+  Impl::NvmeJob j = std::move(*job);
+  job.reset();
+  auto release = [](State* s) {
+    if (s->buffer) s->buffer->reset();
+    else s->ext.release();
+  };
+  try {
+    j.done.get();
+  } catch (...) {
+    for (State* s : j.states) {
+      s->nvme_busy = false;
+      if (j.write) {  // the device memory was never released: the state stays resident
+        s->offloaded = false;
+        s->file.clear();
+      } else {  // the files are intact: the state stays offloaded in them
+        release(s);
+        s->offloaded = true;
+      }
+    }
+    if (!j.write) alloc_.empty_cache();
+    throw;
+  }
+  for (State* s : j.states) {
+    s->nvme_busy = false;
+    if (j.write) {
+      release(s);
+    } else {
+      std::remove(s->file.c_str());
+      s->file.clear();
+    }
+  }
+  if (j.write) alloc_.empty_cache();
+}
+
+void StateOffloader::set_aio_options(const aio::HandleOptions& options) {
+  finish_nvme_job(true);
+  impl_->aio.reset();
+  impl_->aio_options = options;
+}
+
 void StateOffloader::reap() {
+  finish_nvme_job(false);
   auto& pend = impl_->pending;
   if (pend.empty()) return;
   bool any = false;
@@ -282,6 +345,7 @@ void StateOffloader::reap() {
 }
 
 void StateOffloader::synchronize() {
+  finish_nvme_job(true);
   if (impl_->copy) CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(impl_->copy));
   reap();
   for (auto& s : impl_->states) s->reload_done.reset();
@@ -289,6 +353,7 @@ void StateOffloader::synchronize() {
 
 void StateOffloader::offload(const std::vector<std::string>& names, const OffloadOptions& opt) {
   std::vector<State*> sel = select(names);
+  finish_nvme_job(true);  // one NVMe job at a time; a finished write also releases its memory here
   std::vector<State*> todo;
   for (State* s : sel) {
     if (s->offloaded) {
@@ -391,8 +456,52 @@ void StateOffloader::offload(const std::vector<std::string>& names, const Offloa
     return;
   }
 
-  // NVMe: each state to <folder>/<name>.state through the aio handle (synchronous).
-  if (!impl_->aio) impl_->aio = std::make_unique<aio::AioHandle>();
+  // NVMe: each state to <folder>/<name>.state through the aio handle; a temp name renamed into
+  // place once written.
+  aio::AioHandle& handle = impl_->handle();
+  if (opt.non_blocking) {
+    // A background job: after the owner's queued work, write; the memory is released by reap.
+    auto ready = std::make_shared<Event>(false);
+    ready->record(owner_);
+    struct Item {
+      const void* ptr;
+      std::size_t bytes;
+      std::string file;
+    };
+    std::vector<Item> items;
+    for (State* s : todo) items.push_back({s->device_ptr(), s->bytes, opt.nvme_path + "/" + file_stem(s->name) + ".state"});
+    const int dev = current_device();
+    Impl::NvmeJob job;
+    job.write = true;
+    job.states = todo;
+    job.done = std::async(std::launch::async, [&handle, ready, items, dev] {
+      CUTRAIN_CUDA_CHECK(cudaSetDevice(dev));
+      ready->synchronize();
+      std::vector<std::string> written;
+      try {
+        for (const Item& it : items) {
+          const std::string tmp = it.file + ".tmp";
+          handle.sync_pwrite(it.ptr, it.bytes, tmp);
+          CUTRAIN_SYS_CHECK(std::rename(tmp.c_str(), it.file.c_str()));
+          written.push_back(it.file);
+        }
+      } catch (...) {
+        for (const Item& it : items) std::remove((it.file + ".tmp").c_str());
+        for (const auto& f : written) std::remove(f.c_str());
+        throw;
+      }
+    });
+    for (std::size_t i = 0; i < todo.size(); ++i) {
+      State* s = todo[i];
+      s->offloaded = true;
+      s->where = OffloadDevice::Nvme;
+      s->file = items[i].file;
+      s->nvme_busy = true;
+      s->reload_done.reset();
+    }
+    impl_->job = std::move(job);
+    return;
+  }
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(owner_));
   if (impl_->copy) CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(impl_->copy));
   std::vector<std::string> files;
@@ -400,7 +509,7 @@ void StateOffloader::offload(const std::vector<std::string>& names, const Offloa
     for (State* s : todo) {
       std::string file = opt.nvme_path + "/" + file_stem(s->name) + ".state";
       std::string tmp = file + ".tmp";
-      impl_->aio->sync_pwrite(s->device_ptr(), s->bytes, tmp);
+      handle.sync_pwrite(s->device_ptr(), s->bytes, tmp);
       CUTRAIN_SYS_CHECK(std::rename(tmp.c_str(), file.c_str()));
       files.push_back(file);
     }
@@ -431,6 +540,7 @@ void StateOffloader::reload(const std::vector<std::string>& names, bool non_bloc
   }
   if (todo.empty()) return;
   NvtxRange range("reload_states");
+  finish_nvme_job(true);  // a write in flight must land before its file is read
   reap();
   // An external state whose release waits on a copy: finish that first (the callbacks free and
   // reallocate in order).
@@ -491,12 +601,40 @@ void StateOffloader::reload(const std::vector<std::string>& names, bool non_bloc
       for (State* s : cpu) s->reload_done.reset();
     }
   }
-  if (!nvme.empty()) {
+  if (!nvme.empty() && non_blocking) {
+    // A background job reads the files once the owner stream has passed the allocation point;
+    // wait_resident joins it.
+    auto ready = std::make_shared<Event>(false);
+    ready->record(owner_);
+    struct Item {
+      void* ptr;
+      std::size_t bytes;
+      std::string file;
+    };
+    std::vector<Item> items;
+    for (State* s : nvme) items.push_back({s->device_ptr(), s->bytes, s->file});
+    aio::AioHandle& handle = impl_->handle();
+    const int dev = current_device();
+    Impl::NvmeJob job;
+    job.write = false;
+    job.states = nvme;
+    job.done = std::async(std::launch::async, [&handle, ready, items, dev] {
+      CUTRAIN_CUDA_CHECK(cudaSetDevice(dev));
+      ready->synchronize();
+      for (const Item& it : items) handle.sync_pread(it.ptr, it.bytes, it.file);
+    });
+    for (State* s : nvme) {
+      s->offloaded = false;
+      s->nvme_busy = true;
+      s->reload_done.reset();
+    }
+    impl_->job = std::move(job);
+  } else if (!nvme.empty()) {
     CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(owner_));  // the new blocks' previous users are done
     for (std::size_t i = 0; i < nvme.size(); ++i) {
       State* s = nvme[i];
       try {
-        impl_->aio->sync_pread(s->device_ptr(), s->bytes, s->file);
+        impl_->handle().sync_pread(s->device_ptr(), s->bytes, s->file);
       } catch (...) {  // this one and the rest stay offloaded in their files
         for (std::size_t j = i; j < nvme.size(); ++j) {
           if (nvme[j]->buffer) nvme[j]->buffer->reset();
@@ -513,6 +651,7 @@ void StateOffloader::reload(const std::vector<std::string>& names, bool non_bloc
 
 void StateOffloader::wait_resident(const std::string& name, cudaStream_t stream) {
   State& s = find(name);
+  if (s.nvme_busy && !s.offloaded) finish_nvme_job(true);  // its read job: the data is on the device after it
   CUTRAIN_CHECK(!s.offloaded, "state '", name, "' is offloaded to ", offload_device_name(s.where),
                 ": reload it (reload_states) before using it");
   if (!s.reload_done) return;

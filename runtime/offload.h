@@ -12,6 +12,17 @@
 // freed block is held back, via record_stream, until the copy is done); the reserved segments
 // go back to the driver at the next call that finds the copies done (or synchronize()).
 //
+// NVMe jobs. A non-blocking NVMe offload starts a background job that waits for the owner
+// stream's queued work (an event), writes each state's device memory to its file through the aio
+// handle, and renames it into place; the device memory stays allocated until the job is done and
+// is released by the next call that finds it done (reap: offload, reload, wait_resident,
+// ensure_resident, synchronize). A non-blocking NVMe reload allocates the device memory on the
+// owner stream and starts a job that reads the files into it; wait_resident (or
+// ensure_resident, synchronize) joins that job. One job at a time: any offload or reload first
+// joins the job in flight. A job's error is thrown by the call that joins it; a failed write
+// leaves the states resident (their device memory was never released), a failed read leaves
+// them offloaded in their files.
+//
 // Pointers. A reload reallocates: a state's device address may change. Users re-read
 // Buffer::get() (or their ExternalState's pointer) after a reload, and anything that captured the
 // old address (a CUDA graph) must be rebuilt; generation() counts reloads for that purpose.
@@ -31,6 +42,9 @@ namespace cutrain {
 
 class Buffer;
 class CachingAllocator;
+namespace aio {
+struct HandleOptions;
+}
 
 enum class OffloadDevice { Cpu, Nvme };
 const char* offload_device_name(OffloadDevice d);
@@ -42,7 +56,9 @@ struct OffloadOptions {
   // pin_memory == false: copy through two pinned bounce buffers with host threads
   // (runtime/staged_copy.h); false: the driver's own pageable cudaMemcpyAsync.
   bool pageable_staging = true;
-  bool non_blocking = false;  // copies on the copy stream, returns at once (not for NVMe)
+  // Copies on the copy stream, returns at once. NVMe: the file I/O runs on a background job (one
+  // at a time; see "NVMe jobs" above).
+  bool non_blocking = false;
   std::string nvme_path;      // device == Nvme: the folder the state files go to
 };
 
@@ -102,6 +118,9 @@ class StateOffloader {
   void free_offload_buffers();
 
   cudaStream_t copy_stream();  // created on first use
+  // Options of the aio handle used for NVMe states (block size, queue depth, workers ...). Joins
+  // the NVMe job in flight; the handle is recreated on its next use.
+  void set_aio_options(const aio::HandleOptions& options);
 
  private:
   struct State;
@@ -110,6 +129,9 @@ class StateOffloader {
   const State& find(const std::string& name) const;
   std::vector<State*> select(const std::vector<std::string>& names);
   void reap();  // completes finished non-blocking offloads: releases memory, empty_cache
+  // Completes the NVMe job in flight (`wait`: blocks for it; else only when it is done). Rethrows
+  // its error after restoring the states' bookkeeping.
+  void finish_nvme_job(bool wait);
 
   CachingAllocator& alloc_;
   cudaStream_t owner_;

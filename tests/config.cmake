@@ -9,7 +9,7 @@ cutrain_add_test(NAME test_safetensors LABEL cpu SOURCES unit/test_safetensors.c
 
 # End to end through the `cutrain` binary: the shipped configs pass strict, a missing one fails.
 if(TARGET cutrain)
-  foreach(cfg baseline bf16_master_wg bf16_full offload_cpu offload_nvme)
+  foreach(cfg baseline bf16_master_wg bf16_full offload_cpu offload_nvme bf16_full_nvme_optimizer)
     add_test(NAME e2e.check_config.${cfg} COMMAND cutrain check-config configs/${cfg}.json --strict --world-size 4
              WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
     set_tests_properties(e2e.check_config.${cfg} PROPERTIES LABELS cpu

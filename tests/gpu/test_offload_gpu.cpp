@@ -393,6 +393,45 @@ TEST(OffloadGpu, NvmeRoundTrip) {
   std::filesystem::remove_all(tmpl);
 }
 
+// Non-blocking NVMe: a background write that holds the device memory until it lands, a background
+// read that wait_resident joins; a read that fails leaves the state offloaded with its file.
+TEST(OffloadGpu, NvmeNonBlockingRoundTripAndFailedRead) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  States st(rng);
+  char tmpl[] = "/tmp/cutrain-offload-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  OffloadOptions o;
+  o.device = OffloadDevice::Nvme;
+  o.nvme_path = dir;
+  o.non_blocking = true;
+  const auto before = st.alloc.stats().allocated_bytes.current;
+  st.off->offload({}, o);
+  for (const auto& n : st.names) EXPECT_TRUE(st.off->is_offloaded(n)) << n;
+  EXPECT_THROW(st.off->wait_resident("hp_params", st.stream.get()), Error);
+  st.off->synchronize();  // the write lands, the device memory goes back
+  EXPECT_LE(st.alloc.stats().allocated_bytes.current + std::int64_t(st.total()), before);
+  EXPECT_EQ(std::filesystem::file_size(dir + "/lp_grads.state"), st.sizes[3]);
+  st.off->reload(true);
+  st.expect_intact("after a non-blocking NVMe round trip");  // wait_resident joins the read job
+  EXPECT_FALSE(std::filesystem::exists(dir + "/lp_grads.state"));
+
+  st.off->offload({"lp_params"}, o);
+  st.off->synchronize();
+  const std::string f = dir + "/lp_params.state";
+  ASSERT_TRUE(std::filesystem::exists(f));
+  std::filesystem::resize_file(f, 100);  // too short now: the read job fails
+  st.off->reload(true);
+  EXPECT_FALSE(st.off->is_offloaded("lp_params"));  // reading
+  EXPECT_THROW(st.off->wait_resident("lp_params", st.stream.get()), Error);
+  EXPECT_TRUE(st.off->is_offloaded("lp_params")) << "a failed read leaves the state offloaded";
+  EXPECT_TRUE(std::filesystem::exists(f));
+  st.off.reset();  // destroyed while offloaded to NVMe: its file goes
+  EXPECT_FALSE(std::filesystem::exists(f));
+  std::filesystem::remove_all(dir);
+}
+
 // Training continues exactly: N steps with an offload/reload round trip in the middle give the
 // same losses and the same final state, bit for bit, as N steps without (bf16 and fp32).
 class OffloadModelDtypes : public ::testing::TestWithParam<DType> {};

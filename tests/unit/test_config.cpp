@@ -353,6 +353,44 @@ TEST(Config, LoadFileNamesItInErrors) {
   std::filesystem::remove_all(dir);
 }
 
+// check_offload_paths: the NVMe swap folder of offload_optimizer, checked where the run starts.
+TEST(Config, NvmeOptimizerOffloadNeedsAnExistingFolder) {
+  const auto dir = std::filesystem::temp_directory_path() / ("cutrain_cfg_nvme_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto config_with = [](const std::string& device, const std::string& path) {
+    return parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2,
+        "offload_optimizer": {"device": ")" + device + R"(", "nvme_path": ")" + path + R"("}}})", "nvme.json");
+  };
+  auto expect_path_error = [](const TrainConfig& c, std::initializer_list<std::string> parts) {
+    try {
+      check_offload_paths(c);
+      ADD_FAILURE() << "no ConfigError";
+    } catch (const ConfigError& e) {
+      for (const auto& p : parts) EXPECT_NE(e.message().find(p), std::string::npos) << "missing '" << p << "' in: " << e.message();
+    }
+  };
+  // Missing folder: the JSON path, what was expected, what was found.
+  expect_path_error(config_with("nvme", dir.string()),
+                    {"nvme.json", "zero_optimization.offload_optimizer.nvme_path", "expected an existing folder",
+                     "'" + dir.string() + "' does not exist"});
+  // A file where the folder should be.
+  std::filesystem::create_directories(dir);
+  const auto file = dir / "not_a_folder";
+  write_file_atomic(file, std::string_view("x"));
+  expect_path_error(config_with("nvme", file.string()),
+                    {"zero_optimization.offload_optimizer.nvme_path", "expected an existing folder",
+                     "'" + file.string() + "' is not a folder"});
+  // Empty path (a config built in code; the parser already refuses it in a file).
+  TrainConfig empty = config_with("cpu", "");
+  empty.zero_optimization.offload_optimizer.device = "nvme";
+  expect_path_error(empty, {"zero_optimization.offload_optimizer.nvme_path", "found nothing"});
+  // An existing folder passes; device cpu and none never look at the path.
+  EXPECT_NO_THROW(check_offload_paths(config_with("nvme", dir.string())));
+  EXPECT_NO_THROW(check_offload_paths(config_with("cpu", (dir / "missing").string())));
+  EXPECT_NO_THROW(check_offload_paths(parse_config(R"({"train_micro_batch_size_per_gpu": 1})", "none.json")));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Config, BatchResolutionForSeveralWorldSizes) {
   TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})", "b.json");
   for (int w : {1, 2, 3, 8}) {
@@ -403,7 +441,8 @@ TEST(Config, ShippedConfigsLoad) {
   const std::filesystem::path dir = std::filesystem::path(CUTRAIN_SOURCE_DIR) / "configs";
   ConfigLoadOptions strict;
   strict.strict = true;
-  for (const char* name : {"baseline.json", "bf16_master_wg.json", "bf16_full.json", "offload_cpu.json", "offload_nvme.json"}) {
+  for (const char* name : {"baseline.json", "bf16_master_wg.json", "bf16_full.json", "offload_cpu.json", "offload_nvme.json",
+                           "bf16_full_nvme_optimizer.json"}) {
     SCOPED_TRACE(name);
     TrainConfig c = load_config(dir / name, strict);
     EXPECT_TRUE(c.warnings.empty()) << warnings_text(c);
@@ -442,6 +481,11 @@ TEST(Config, ShippedConfigsLoad) {
   EXPECT_EQ(nvme.zero_optimization.offload_optimizer.device, "nvme");
   EXPECT_EQ(nvme.zero_optimization.offload_optimizer.nvme_path, "/tmp/cutrain_nvme");
   EXPECT_EQ(nvme.source, dir / "offload_nvme.json");
+  TrainConfig swap = load_config(dir / "bf16_full_nvme_optimizer.json");
+  EXPECT_TRUE(swap.bf16.bf16_optimizer_states);
+  EXPECT_EQ(swap.zero_optimization.offload_optimizer.device, "nvme");
+  EXPECT_TRUE(swap.zero_optimization.offload_optimizer.pipeline_read);
+  EXPECT_TRUE(swap.zero_optimization.offload_optimizer.pipeline_write);
 }
 
 // Random damage to a shipped config: parsing either succeeds or throws ConfigError, never another
