@@ -14,9 +14,11 @@
 #include "model/checkpoint.h"
 #include "model/cpu_backend.h"
 #include "model/data/batch_sampler.h"
+#include "model/data/data_loader.h"
 #include "model/engine.h"
 #include "model/lr_schedule.h"
 #include "model/precision.h"
+#include "runtime/allocator.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
@@ -181,10 +183,42 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   const std::size_t per_step = std::size_t(accum) * o.batch_size * o.seq_length;
   std::vector<std::int32_t> tokens(per_step), labels(per_step);
   const std::size_t per_micro = std::size_t(o.batch_size) * o.seq_length;
+  // Real data: micro-batch number step*accum + a, a pure function of the step, so resume continues
+  // the stream. A background thread (DataLoader) reads the next one into the other of two host
+  // slots, pinned on the GPU path, while this one trains.
+  // The slots are declared first so the loader (and its thread, which writes them) goes first.
+  std::vector<Buffer> pinned_slots;
+  std::vector<std::vector<std::int32_t>> host_slots;
+  std::unique_ptr<data::DataLoader> loader;
+  if (sampler && !o.fixed_batch) {
+    std::int32_t* slot[4];
+    pinned_slots.reserve(4);
+    host_slots.reserve(4);
+    for (auto& p : slot) {
+      if (o.device == "cuda") {
+        pinned_slots.emplace_back(pinned_allocator(), per_micro * sizeof(std::int32_t));
+        p = pinned_slots.back().as<std::int32_t>();
+      } else {
+        p = host_slots.emplace_back(per_micro).data();
+      }
+    }
+    loader = std::make_unique<data::DataLoader>(sampler->options(), data::HostBatchBuffers{{slot[0], slot[1]}, {slot[2], slot[3]}},
+                                                std::int64_t(first_step) * accum);
+  }
   auto draw_real = [&](int step) {
-    // Batch number step*accum + a: a pure function of the step, so resume continues the stream.
-    for (int a = 0; a < accum; ++a)
-      sampler->fill(std::int64_t(step) * accum + a, tokens.data() + a * per_micro, labels.data() + a * per_micro);
+    for (int a = 0; a < accum; ++a) {
+      const std::int64_t want = std::int64_t(step) * accum + a;
+      std::int32_t* t = tokens.data() + a * per_micro;
+      std::int32_t* l = labels.data() + a * per_micro;
+      if (!loader) {
+        sampler->fill(want, t, l);
+        continue;
+      }
+      const data::Batch b = loader->next();
+      CUTRAIN_CHECK(b.step == want, "train: data loader handed out batch ", b.step, ", expected ", want);
+      std::copy(b.inputs, b.inputs + per_micro, t);
+      std::copy(b.targets, b.targets + per_micro, l);
+    }
   };
   auto draw = [&] {
     // Random input ids and random labels in [0, vocab), like the BF16 example.

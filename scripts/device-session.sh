@@ -102,7 +102,8 @@ fi
 
 if want ncu; then
   # Exactly steps 3 and 4 of the BF16 example's model (eager inside the window).
-  step ncu 150 "ncu --clock-control none --profile-from-start off --section SpeedOfLight --csv $bin train --deepspeed_config configs/bf16_full.json --num_steps 5 --profile_steps 3:4 > $logs/ncu.csv; rc=\$?; wc -l $logs/ncu.csv; python3 scripts/ncu_summary.py $logs/ncu.csv; exit \$rc"
+  # About 0.3 s per launch under ncu: two whole steps (~560 launches) need ~4 minutes.
+  step ncu 280 "ncu --clock-control none --profile-from-start off --section SpeedOfLight --csv $root/$bin train --deepspeed_config configs/bf16_full.json --num_steps 5 --profile_steps 3:4 > $logs/ncu.csv; rc=\$?; wc -l $logs/ncu.csv; python3 scripts/ncu_summary.py $logs/ncu.csv; exit \$rc"
   tail -40 "$logs/ncu.txt" >>"$sum" 2>/dev/null
 fi
 

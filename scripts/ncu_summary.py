@@ -39,7 +39,10 @@ def main():
         if value is None:
             continue
         if metric == "Duration":
-            scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}.get(unit, 1.0)
+            scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+                     "s": 1e6, "second": 1e6}.get(unit)
+            if scale is None:
+                sys.exit(f"ncu_summary: unknown Duration unit {unit!r}")
             k["dur_us"] += value * scale
         elif metric == "Compute (SM) Throughput":
             k["sm"].append(value)

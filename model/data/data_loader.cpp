@@ -4,8 +4,9 @@
 
 namespace cutrain::data {
 
-DataLoader::DataLoader(SamplerOptions options, HostBatchBuffers buffers)
-    : sampler_(std::move(options)), buffers_(buffers) {
+DataLoader::DataLoader(SamplerOptions options, HostBatchBuffers buffers, int64_t first_step)
+    : sampler_(std::move(options)), buffers_(buffers), next_fill_(first_step), next_consume_(first_step) {
+  CUTRAIN_CHECK(first_step >= 0, "data loader: first_step must be >= 0, got ", first_step);
   for (int k = 0; k < 2; ++k)
     CUTRAIN_CHECK(buffers_.inputs[k] && buffers_.targets[k], "data loader: host buffer slot ", k,
                   " is null (expected two slots of inputs and targets, B*T int32 each)");
@@ -75,11 +76,12 @@ Batch DataLoader::next() {
   return {buffers_.inputs[slot], buffers_.targets[slot], step, step / sampler_.batches_per_epoch()};
 }
 
-void DataLoader::reset() {
+void DataLoader::reset(int64_t first_step) {
+  CUTRAIN_CHECK(first_step >= 0, "data loader: first_step must be >= 0, got ", first_step);
   stop();
   ready_[0] = ready_[1] = false;
   held_ = -1;
-  next_fill_ = next_consume_ = 0;
+  next_fill_ = next_consume_ = first_step;
   error_ = nullptr;
   start();
 }

@@ -22,13 +22,14 @@ struct HostBatchBuffers {
 struct Batch {
   const int32_t* inputs;   // [B, T]
   const int32_t* targets;  // [B, T]
-  int64_t step;            // 0, 1, ... since construction or reset()
+  int64_t step;            // first_step, first_step + 1, ... since construction or reset()
   int64_t epoch;           // step / batches_per_epoch
 };
 
 class DataLoader {
  public:
-  DataLoader(SamplerOptions options, HostBatchBuffers buffers);
+  // `first_step`: the first batch handed out (a resumed run continues the same stream).
+  DataLoader(SamplerOptions options, HostBatchBuffers buffers, int64_t first_step = 0);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
@@ -37,8 +38,8 @@ class DataLoader {
   // a caller copying them to the device asynchronously must wait for that copy before calling
   // next() again. Errors of the background thread are rethrown here.
   Batch next();
-  // Back to step 0 (same order: eval loops call this before each evaluation).
-  void reset();
+  // Back to step `first_step` (same order: eval loops call this before each evaluation).
+  void reset(int64_t first_step = 0);
 
   int64_t batches_per_epoch() const { return sampler_.batches_per_epoch(); }
   int64_t num_tokens() const { return sampler_.num_tokens(); }

@@ -23,18 +23,18 @@ head -c 120000 "$data/wikitext-2/valid.txt" >"$tmp/text.txt"
 ls "$tmp"/wt_train_*.bin "$tmp"/wt_val_*.bin >/dev/null || fail "shards not written"
 
 if [ "$device" = cuda ]; then
-  steps=60
-  size=(--hidden_dim 256 --num_heads 4 --num_layers 2 --seq_length 64 --batch_size 8 --eval_interval 20
+  steps=60; every=20
+  size=(--hidden_dim 256 --num_heads 4 --num_layers 2 --seq_length 64 --batch_size 8
         --eval_steps 4 --learning_rate 2e-3)
 else
-  steps=8
-  size=(--hidden_dim 32 --num_heads 2 --num_layers 1 --seq_length 16 --batch_size 2 --eval_interval 4
+  steps=8; every=4
+  size=(--hidden_dim 32 --num_heads 2 --num_layers 1 --seq_length 16 --batch_size 2
         --eval_steps 2 --learning_rate 1e-2)
 fi
 run() { "$bin" train --deepspeed_config configs/bf16_master_wg.json --device "$device" --use_real_data \
           --data "$tmp/wt_train_*.bin" --eval_data "$tmp/wt_val_*.bin" "${size[@]}" --log_interval 4 --seed 3 "$@"; }
 
-run --num_steps "$steps" --pad_vocab --metrics_file "$tmp/m.jsonl" >"$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt"; fail "real-data run"; }
+run --num_steps "$steps" --eval_interval "$every" --pad_vocab --metrics_file "$tmp/m.jsonl" >"$tmp/out.txt" 2>&1 || { cat "$tmp/out.txt"; fail "real-data run"; }
 grep -q "Objective: next-token labels, causal attention" "$tmp/out.txt" || fail "default objective is not next-token + causal"
 grep -q -- "--pad_vocab 64: 50257 -> 50304 rows" "$tmp/out.txt" || fail "pad_vocab line"
 grep -Eq "^\[Rank 0\] Eval before training: val_loss=[0-9.]+, val_ppl=[0-9.]+ \([0-9]+ batches" "$tmp/out.txt" \
@@ -55,6 +55,16 @@ for r in ev:
     assert abs(r["val_ppl"] - math.exp(r["val_loss"])) < 1e-3 * r["val_ppl"], r
 PY
 echo "ok: next-token real data with validation ($device)"
+
+# Resume mid-stream: 3 steps + save, then 3 more from the checkpoint, give the losses of 6 straight
+# steps (the loader restarts at the checkpoint's batch).
+run --num_steps 6 --loss_log_file "$tmp/straight.csv" >"$tmp/s.txt" 2>&1 || { cat "$tmp/s.txt"; fail "straight run"; }
+run --num_steps 3 --save "$tmp/ck" >"$tmp/a.txt" 2>&1 || { cat "$tmp/a.txt"; fail "first half"; }
+run --num_steps 3 --resume "$tmp/ck" --loss_log_file "$tmp/resumed.csv" >"$tmp/b.txt" 2>&1 \
+  || { cat "$tmp/b.txt"; fail "resumed half"; }
+[ "$(tail -n 3 "$tmp/straight.csv")" = "$(tail -n 3 "$tmp/resumed.csv")" ] \
+  || { paste "$tmp/straight.csv" "$tmp/resumed.csv"; fail "resumed losses differ from the straight run"; }
+echo "ok: resume continues the data stream"
 
 # --labels identity: the BF16 example's objective (labels = inputs, no mask).
 run --num_steps 2 --labels identity >"$tmp/id.txt" 2>&1 || { cat "$tmp/id.txt"; fail "--labels identity run"; }

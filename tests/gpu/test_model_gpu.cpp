@@ -14,6 +14,7 @@
 #include "model/engine.h"
 #include "model/reference_model.h"
 #include "runtime/config.h"
+#include "tests/support/small_model.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
@@ -21,15 +22,7 @@ using namespace cutrain::model;
 
 namespace {
 
-// h 128 with 2 heads (head_dim 64, what the attention kernel supports), 2 layers, vocab 1000.
-BackendOptions small_model(std::uint64_t seed, int hidden = 128, int heads = 2) {
-  BackendOptions o;
-  o.dims = ModelDims{hidden, 2, heads, 1000, 64};
-  o.batch = 2;
-  o.seq = 64;
-  o.seed = seed;
-  return o;
-}
+using test::small_model;
 
 TrainConfig config_for(const std::string& layout, int accumulation = 1, float clip = 0.f) {
   std::string bf16 = R"("enabled": true)";

@@ -7,6 +7,7 @@
 #include "model/engine.h"
 #include "runtime/allocator.h"
 #include "runtime/config.h"
+#include "tests/support/small_model.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
@@ -14,15 +15,7 @@ using namespace cutrain::model;
 
 namespace {
 
-BackendOptions small_model(std::uint64_t seed) {
-  BackendOptions o;
-  o.dims = ModelDims{128, 2, 2, 1000, 64};
-  o.batch = 2;
-  o.seq = 64;
-  o.seed = seed;
-  o.cuda_graph = true;
-  return o;
-}
+using test::small_model;
 
 TrainConfig config_for(const std::string& layout) {
   std::string bf16 = R"("enabled": true)";

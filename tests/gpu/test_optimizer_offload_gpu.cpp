@@ -15,6 +15,7 @@
 #include "model/engine.h"
 #include "runtime/allocator.h"
 #include "runtime/config.h"
+#include "tests/support/small_model.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
@@ -38,15 +39,7 @@ const Variant kVariants[] = {
     {"cpu_pageable_blocking", "cpu", false, false, false},
 };
 
-BackendOptions small_model(std::uint64_t seed) {
-  BackendOptions o;
-  o.dims = ModelDims{128, 2, 2, 1000, 64};
-  o.batch = 2;
-  o.seq = 64;
-  o.seed = seed;
-  o.cuda_graph = true;
-  return o;
-}
+using test::small_model;
 
 std::string b(bool v) { return v ? "true" : "false"; }
 

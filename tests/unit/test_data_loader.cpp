@@ -231,6 +231,34 @@ TEST(DataLoader, BackgroundThreadYieldsTheSamplersBatchesInOrder) {
   }
 }
 
+// A resumed run: the loader starts at batch `first`, in the middle of an epoch, and reset(first)
+// goes back there; the batches are the sampler's, in order.
+TEST(DataLoader, StartsAtAGivenStepForResume) {
+  auto rng = test::fresh_rng();
+  const int64_t T = 4 + rng() % 9, B = 1 + rng() % 4;
+  ShardSet set({T * 30 + int64_t(rng() % 5)});
+  auto o = options(set, B, T);
+  o.seed = rng();
+  std::vector<int32_t> slots[4];
+  for (auto& v : slots) v.assign(B * T, -1);
+  HostBatchBuffers buf{{slots[0].data(), slots[2].data()}, {slots[1].data(), slots[3].data()}};
+  BatchSampler ref(o);
+  const int64_t first = 1 + int64_t(rng() % std::uint64_t(2 * ref.batches_per_epoch()));
+  DataLoader loader(o, buf, first);
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int64_t k = first; k < first + 7; ++k) {
+      const Batch batch = loader.next();
+      ASSERT_EQ(batch.step, k);
+      ref.fill(k, in.data(), tg.data());
+      ASSERT_EQ(std::vector<int32_t>(batch.inputs, batch.inputs + B * T), in) << "step " << k;
+      ASSERT_EQ(std::vector<int32_t>(batch.targets, batch.targets + B * T), tg) << "step " << k;
+    }
+    loader.reset(first);
+  }
+  EXPECT_THROW(DataLoader(o, buf, -1), Error);
+}
+
 TEST(DataLoader, PrefetchesIntoTheOtherSlotAndNeverTouchesTheHeldOne) {
   ShardSet set({64 * 50});
   auto o = options(set, 2, 32);
