@@ -39,8 +39,9 @@ class GpuEngine final : public TrainBackend {
   void load_state(const HostState& state) override;
   const char* describe() const override { return describe_.c_str(); }
 
-  // For tests: forward + backward of the micro-batches only (no optimizer step); returns the
-  // mean loss. Gradients stay in the flat gradient buffer.
+  // For tests: forward + backward of the micro-batches only (no optimizer step, no ZeRO
+  // reduction: this rank's own gradients); returns the mean loss. Gradients stay in the flat
+  // gradient buffer. After a ZeRO 1-2 step only this rank's partition of it is reduced.
   double forward_backward(const std::int32_t* tokens, const std::int32_t* labels);
   std::vector<float> download_grads() const;   // flat, as float
   // Fills every real gradient element with 0xFF (NaN) so a test sees which ones a step wrote.
