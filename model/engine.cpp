@@ -25,13 +25,15 @@ float* as_f32(const Buffer& b) { return b.as<float>(); }
 
 // The communicator of this process: the one the caller gave, else one from the launch
 // environment when it names more than one rank (collective over all ranks), else none.
-std::shared_ptr<comm::Communicator> resolve_communicator(const BackendOptions& o) {
+std::shared_ptr<comm::Communicator> resolve_communicator(const BackendOptions& o, const TrainConfig& c) {
   if (o.comm) {
     CUTRAIN_CUDA_CHECK(cudaSetDevice(o.comm->device()));
     return o.comm;
   }
   const comm::LaunchEnv env = comm::read_launch_env();
   if (env.world_size <= 1) return nullptr;  // a single process never needs NCCL
+  // What this world size cannot run (stage 3) fails here, before the rendezvous and NCCL set-up.
+  make_zero_plan(c.zero_optimization.stage, 1, env.world_size, env.rank, /*has_comm=*/true);
   std::cout << "[Rank " << env.rank << "] data parallel: rank " << env.rank << " of " << env.world_size << " (from "
             << env.source << "), local rank " << env.local_rank << " -> cuda:" << env.local_rank
             << ", rendezvous " << env.master_addr << ":" << env.master_port << std::endl;
@@ -46,7 +48,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
       plan_(plan_from_config(c)),
       accum_(c.accumulation()),
       n_(table_.flat_size()),
-      comm_(resolve_communicator(o)) {
+      comm_(resolve_communicator(o, c)) {
   std::string why;
   CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");
   describe_ = "cuda (" + device_info().name + ")";
