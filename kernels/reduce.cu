@@ -113,18 +113,35 @@ __global__ void __launch_bounds__(kThreads) sumsq_partials_kernel(const G* __res
   if (threadIdx.x == 0) partials[blockIdx.x] = s;
 }
 
+// The norm and clip coefficient from the total sum of squares (one formula for both entry points,
+// so the split sum-of-squares path gives the same bits as grad_norm_clip).
+__device__ __forceinline__ void norm_from_total(double total, float max_norm, float* norm, float* clip_scale,
+                                                int* nonfinite) {
+  const float r = static_cast<float>(sqrt(total));
+  const bool bad = !isfinite(r);
+  *norm = r;
+  if (nonfinite) *nonfinite = bad ? 1 : 0;
+  if (clip_scale) *clip_scale = (max_norm > 0.f && !bad) ? fminf(1.f, max_norm / (r + 1e-6f)) : 1.f;
+}
+
 __global__ void __launch_bounds__(kMaxBlocks) norm_finish_kernel(const double* __restrict__ partials, int nparts,
                                                                 float max_norm, float* norm, float* clip_scale,
                                                                 int* nonfinite) {
   const double v = static_cast<int>(threadIdx.x) < nparts ? partials[threadIdx.x] : 0.0;
   const double total = block_sum_f64(v);
-  if (threadIdx.x == 0) {
-    const float r = static_cast<float>(sqrt(total));
-    const bool bad = !isfinite(r);
-    *norm = r;
-    if (nonfinite) *nonfinite = bad ? 1 : 0;
-    if (clip_scale) *clip_scale = (max_norm > 0.f && !bad) ? fminf(1.f, max_norm / (r + 1e-6f)) : 1.f;
-  }
+  if (threadIdx.x == 0) norm_from_total(total, max_norm, norm, clip_scale, nonfinite);
+}
+
+__global__ void __launch_bounds__(kMaxBlocks) sumsq_finish_kernel(const double* __restrict__ partials, int nparts,
+                                                                 double* __restrict__ sumsq) {
+  const double v = static_cast<int>(threadIdx.x) < nparts ? partials[threadIdx.x] : 0.0;
+  const double total = block_sum_f64(v);
+  if (threadIdx.x == 0) *sumsq = total;
+}
+
+__global__ void norm_from_sumsq_kernel(const double* __restrict__ sumsq, float max_norm, float* norm,
+                                       float* clip_scale, int* nonfinite) {
+  norm_from_total(*sumsq, max_norm, norm, clip_scale, nonfinite);
 }
 
 template <typename G>
@@ -142,16 +159,15 @@ void launch_partials(cudaStream_t s, const G* g, std::size_t n, double* partials
 
 std::size_t grad_norm_scratch_bytes(std::size_t /*n*/) { return kMaxBlocks * sizeof(double); }
 
-void grad_norm_clip(cudaStream_t s, const void* grads, DType grad_type, std::size_t n, float max_norm, float* norm,
-                    float* clip_scale, int* nonfinite, void* scratch) {
-  CUTRAIN_CHECK(grad_type == DType::BF16 || grad_type == DType::F32,
-                "grad_norm_clip: grad_type must be bfloat16 or float32, got ", dtype_name(grad_type));
-  CUTRAIN_CHECK(norm != nullptr, "grad_norm_clip: norm (device fp32 output) must be non-null");
-  CUTRAIN_CHECK(scratch != nullptr, "grad_norm_clip: scratch of grad_norm_scratch_bytes(n) = ",
-                grad_norm_scratch_bytes(n), " bytes must be non-null");
-  CUTRAIN_CHECK(is_aligned16(scratch), "grad_norm_clip: scratch must be 16-byte aligned");
-  CUTRAIN_CHECK(n == 0 || grads != nullptr, "grad_norm_clip: grads must be non-null for n = ", n);
-  NvtxRange range("grad_norm_clip");
+namespace {
+// Pass 1 into `scratch`; returns the number of block partials written.
+int enqueue_partials(const char* who, cudaStream_t s, const void* grads, DType grad_type, std::size_t n, void* scratch) {
+  CUTRAIN_CHECK(grad_type == DType::BF16 || grad_type == DType::F32, who,
+                ": grad_type must be bfloat16 or float32, got ", dtype_name(grad_type));
+  CUTRAIN_CHECK(scratch != nullptr, who, ": scratch of grad_norm_scratch_bytes(n) = ", grad_norm_scratch_bytes(n),
+                " bytes must be non-null");
+  CUTRAIN_CHECK(is_aligned16(scratch), who, ": scratch must be 16-byte aligned");
+  CUTRAIN_CHECK(n == 0 || grads != nullptr, who, ": grads must be non-null for n = ", n);
   double* partials = static_cast<double*>(scratch);
   int blocks = 0;
   if (n > 0) {
@@ -161,8 +177,33 @@ void grad_norm_clip(cudaStream_t s, const void* grads, DType grad_type, std::siz
     if (grad_type == DType::BF16) launch_partials(s, static_cast<const bf16*>(grads), n, partials, blocks, vec);
     else launch_partials(s, static_cast<const float*>(grads), n, partials, blocks, vec);
   }
-  norm_finish_kernel<<<1, kMaxBlocks, 0, s>>>(partials, blocks, max_norm, norm, clip_scale, nonfinite);
+  return blocks;
+}
+}  // namespace
+
+void grad_norm_clip(cudaStream_t s, const void* grads, DType grad_type, std::size_t n, float max_norm, float* norm,
+                    float* clip_scale, int* nonfinite, void* scratch) {
+  CUTRAIN_CHECK(norm != nullptr, "grad_norm_clip: norm (device fp32 output) must be non-null");
+  NvtxRange range("grad_norm_clip");
+  const int blocks = enqueue_partials("grad_norm_clip", s, grads, grad_type, n, scratch);
+  norm_finish_kernel<<<1, kMaxBlocks, 0, s>>>(static_cast<double*>(scratch), blocks, max_norm, norm, clip_scale,
+                                              nonfinite);
   CUTRAIN_LAUNCH_CHECK("norm_finish_kernel");
+}
+
+void grad_sumsq(cudaStream_t s, const void* grads, DType grad_type, std::size_t n, double* sumsq, void* scratch) {
+  CUTRAIN_CHECK(sumsq != nullptr, "grad_sumsq: sumsq (device fp64 output) must be non-null");
+  NvtxRange range("grad_sumsq");
+  const int blocks = enqueue_partials("grad_sumsq", s, grads, grad_type, n, scratch);
+  sumsq_finish_kernel<<<1, kMaxBlocks, 0, s>>>(static_cast<double*>(scratch), blocks, sumsq);
+  CUTRAIN_LAUNCH_CHECK("sumsq_finish_kernel");
+}
+
+void grad_norm_from_sumsq(cudaStream_t s, const double* sumsq, float max_norm, float* norm, float* clip_scale,
+                          int* nonfinite) {
+  CUTRAIN_CHECK(sumsq != nullptr && norm != nullptr, "grad_norm_from_sumsq: sumsq and norm must be non-null");
+  norm_from_sumsq_kernel<<<1, 1, 0, s>>>(sumsq, max_norm, norm, clip_scale, nonfinite);
+  CUTRAIN_LAUNCH_CHECK("norm_from_sumsq_kernel");
 }
 
 }  // namespace cutrain::kernels

@@ -19,4 +19,13 @@ std::size_t grad_norm_scratch_bytes(std::size_t n);
 void grad_norm_clip(cudaStream_t s, const void* grads, DType grad_type, std::size_t n, float max_norm, float* norm,
                     float* clip_scale, int* nonfinite, void* scratch);
 
+// The same norm in two halves, for data parallelism (ZeRO stages 1-2, each rank holding one
+// partition of the reduced gradient): grad_sumsq writes the sum of squares of grads[n] as one
+// device double (the same deterministic passes as grad_norm_clip); after the ranks' sums are
+// all-reduced, grad_norm_from_sumsq derives norm / clip_scale / nonfinite with grad_norm_clip's
+// formula. On one rank the two together give exactly grad_norm_clip's bits.
+void grad_sumsq(cudaStream_t s, const void* grads, DType grad_type, std::size_t n, double* sumsq, void* scratch);
+void grad_norm_from_sumsq(cudaStream_t s, const double* sumsq, float max_norm, float* norm, float* clip_scale,
+                          int* nonfinite);
+
 }  // namespace cutrain::kernels

@@ -7,6 +7,10 @@
 #include "model/train_backend.h"
 #include "runtime/config.h"
 
+namespace cutrain::comm {
+class Communicator;
+}
+
 namespace cutrain::model {
 
 struct BackendOptions {
@@ -16,6 +20,10 @@ struct BackendOptions {
   bool activation_checkpointing = false;
   bool cuda_graph = true;
   bool causal = false;
+  // Data parallelism (GPU engine): the NCCL communicator to reduce over. Null: the engine reads
+  // the launch environment (runtime/comm/launch_env.h) and creates one only when WORLD_SIZE > 1;
+  // a single process without launcher variables never touches NCCL.
+  std::shared_ptr<comm::Communicator> comm;
 };
 
 std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& options, const TrainConfig& config);

@@ -9,6 +9,8 @@
 #include "kernels/reduce.cuh"
 #include "runtime/check.h"
 #include "model/kernel_costs.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/comm/launch_env.h"
 #include "runtime/nvtx.h"
 #include "runtime/profiler.h"
 #include "runtime/timing.h"
@@ -16,25 +18,55 @@
 namespace cutrain::model {
 
 namespace {
-void upload(const Buffer& b, DType t, const std::vector<float>& v, cudaStream_t s);
+void upload(const Buffer& b, DType t, const float* v, std::size_t n, cudaStream_t s);
+void upload(const Buffer& b, DType t, const std::vector<float>& v, cudaStream_t s) { upload(b, t, v.data(), v.size(), s); }
+std::vector<float> download(const Buffer& b, DType t, std::size_t n);
 float* as_f32(const Buffer& b) { return b.as<float>(); }
+
+// The communicator of this process: the one the caller gave, else one from the launch
+// environment when it names more than one rank (collective over all ranks), else none.
+std::shared_ptr<comm::Communicator> resolve_communicator(const BackendOptions& o, const TrainConfig& c) {
+  if (o.comm) {
+    CUTRAIN_CUDA_CHECK(cudaSetDevice(o.comm->device()));
+    return o.comm;
+  }
+  const comm::LaunchEnv env = comm::read_launch_env();
+  if (env.world_size <= 1) return nullptr;  // a single process never needs NCCL
+  // What this world size cannot run (stage 3) fails here, before the rendezvous and NCCL set-up.
+  make_zero_plan(c.zero_optimization.stage, 1, env.world_size, env.rank, /*has_comm=*/true);
+  std::cout << "[Rank " << env.rank << "] data parallel: rank " << env.rank << " of " << env.world_size << " (from "
+            << env.source << "), local rank " << env.local_rank << " -> cuda:" << env.local_rank
+            << ", rendezvous " << env.master_addr << ":" << env.master_port << std::endl;
+  return std::shared_ptr<comm::Communicator>(comm::Communicator::create(env));
+}
 }  // namespace
 
 GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
-    : opt_(o), cfg_(c), table_(o.dims), plan_(plan_from_config(c)), accum_(c.accumulation()), n_(table_.flat_size()) {
+    : opt_(o),
+      cfg_(c),
+      table_(o.dims),
+      plan_(plan_from_config(c)),
+      accum_(c.accumulation()),
+      n_(table_.flat_size()),
+      comm_(resolve_communicator(o, c)) {
   std::string why;
   CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");
   describe_ = "cuda (" + device_info().name + ")";
+  zero_ = make_zero_plan(c.zero_optimization.stage, n_, comm_ ? comm_->world_size() : 1, comm_ ? comm_->rank() : 0,
+                         comm_ != nullptr);
   check_offload_paths(c);  // before any allocation: a missing swap folder fails fast
   CachingAllocator& A = device_allocator();
   const AllocatorStats before = A.stats();
 
   // Persistent state in the layout's dtypes; grads zeroed once so the flat buffer's padding stays 0.
-  params_ = Buffer(A, n_ * 2, stream_);
-  grads_ = Buffer(A, n_ * dtype_size(plan_.grad), stream_);
-  if (plan_.has_master) master_ = Buffer(A, n_ * 4, stream_);
-  m_ = Buffer(A, n_ * dtype_size(plan_.moment), stream_);
-  v_ = Buffer(A, n_ * dtype_size(plan_.moment), stream_);
+  // Partitioned (ZeRO 1-2): params and grads padded to world x per_rank elements; master and
+  // moments only for this rank's partition. Otherwise flat == state == n_.
+  const std::size_t flat = zero_.flat_elems(), ns = zero_.state_elems();
+  params_ = Buffer(A, flat * 2, stream_);
+  grads_ = Buffer(A, flat * dtype_size(plan_.grad), stream_);
+  if (plan_.has_master) master_ = Buffer(A, ns * 4, stream_);
+  m_ = Buffer(A, ns * dtype_size(plan_.moment), stream_);
+  v_ = Buffer(A, ns * dtype_size(plan_.moment), stream_);
   const AllocatorStats after = A.stats();
   state_bytes_ = std::size_t(after.allocated_bytes.current - before.allocated_bytes.current);
   state_requested_bytes_ = std::size_t(after.requested_bytes.current - before.requested_bytes.current);
@@ -44,8 +76,15 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     // moments set on the device, so a 6.86B model does not stage four fp32 copies in host memory.
     std::vector<float> init(n_);
     table_.init(init.data(), o.seed);
+    if (flat > n_) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(params_.get(), 0, params_.bytes(), stream_));
     upload(params_, DType::BF16, init, stream_);
-    if (plan_.has_master) upload(master_, DType::F32, init, stream_);
+    if (plan_.has_master) {
+      // This rank's partition of the initial weights (all of them when not partitioned).
+      const comm::Range r = zero_.state_range();
+      const std::size_t real = r.begin < n_ ? std::min(r.end, n_) - r.begin : 0;
+      if (real < ns) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(master_.get(), 0, master_.bytes(), stream_));
+      upload(master_, DType::F32, init.data() + std::min(r.begin, n_), real, stream_);
+    }
   }
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(m_.get(), 0, m_.bytes(), stream_));
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(v_.get(), 0, v_.bytes(), stream_));
@@ -61,6 +100,9 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   CUTRAIN_CUDA_CHECK(cudaMallocHost(&labels_h_, per_step * 4));
   CUTRAIN_CUDA_CHECK(cudaMallocHost(&flags_h_, flag_words_ * 4));
   nvtx_name_stream(stream_.get(), "cutrain.compute");
+  std::cout << zero_memory_line(plan_, zero_) << std::endl;
+  if (zero_.mode != ZeroMode::None)
+    zero_comm_ = std::make_unique<ZeroComm>(comm_, zero_, c.zero_optimization, table_, plan_.grad, A, stream_.get());
   model_ = std::make_unique<GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A);
   offloader_ = std::make_unique<StateOffloader>(A, stream_.get());
   offloader_->add("lp_params", &params_);
@@ -115,10 +157,22 @@ void GpuEngine::enqueue_forward_backward() {
   }
 }
 
+void GpuEngine::enqueue_reduce() {
+  if (!zero_comm_) return;
+  TimedRegion r("grad_reduce", stream_);
+  zero_comm_->reduce_grads(stream_, grads_.get());
+}
+
 void GpuEngine::enqueue_norm() {
   float* flags = as_f32(flags_d_);
-  const cost::Cost c = cost::grad_norm(n_, dtype_size(plan_.grad));
+  const cost::Cost c = cost::grad_norm(zero_.norm_range().size(), dtype_size(plan_.grad));
   TimedRegion r("grad_norm", stream_, c.flops, c.bytes);
+  if (zero_comm_) {
+    // Global over the ranks: the same norm, clip coefficient and skip flag on every rank.
+    zero_comm_->global_norm(stream_, grads_.get(), cfg_.gradient_clipping, flags + accum_, flags + accum_ + 1,
+                            reinterpret_cast<int*>(flags + accum_ + 2), norm_scratch_.get());
+    return;
+  }
   kernels::grad_norm_clip(stream_, grads_.get(), plan_.grad, n_, cfg_.gradient_clipping, flags + accum_,
                           flags + accum_ + 1, reinterpret_cast<int*>(flags + accum_ + 2), norm_scratch_.get());
 }
@@ -215,6 +269,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     CUTRAIN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
       enqueue_forward_backward();
+      enqueue_reduce();
       enqueue_norm();
     } catch (const Error& e) {
       why = e.what();
@@ -243,6 +298,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     CUTRAIN_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
   } else {
     enqueue_forward_backward();
+    enqueue_reduce();
     enqueue_norm();
     ++eager_steps_;
   }
@@ -264,11 +320,20 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     swap_->before_optimizer();  // the optimizer launch waits for the reload (or does it, blocking)
   }
   {
-    const cost::Cost c = cost::adam_step(n_, dtype_size(plan_.grad), dtype_size(plan_.moment), plan_.has_master);
+    // The flat range this rank updates: all of it, or its ZeRO partition (master and moments are
+    // then partition-sized buffers, indexed from 0).
+    const comm::Range sr = zero_.state_range();
+    const std::size_t gs = dtype_size(plan_.grad);
+    const cost::Cost c = cost::adam_step(sr.size(), gs, dtype_size(plan_.moment), plan_.has_master);
     TimedRegion ro("optimizer", stream_, c.flops, c.bytes);
-    kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>(), grads_.get(), plan_.grad,
-                       plan_.has_master ? as_f32(master_) : nullptr, m_.get(), v_.get(), n_, flags + accum_ + 1,
+    kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>() + sr.begin,
+                       static_cast<const char*>(grads_.get()) + sr.begin * gs, plan_.grad,
+                       plan_.has_master ? as_f32(master_) : nullptr, m_.get(), v_.get(), sr.size(), flags + accum_ + 1,
                        reinterpret_cast<const int*>(flags + accum_ + 2));
+  }
+  if (zero_comm_) {
+    TimedRegion rg("param_gather", stream_);
+    zero_comm_->gather_params(stream_, params_.as<bf16>());  // no-op at stage 0
   }
   if (swap_) swap_->after_optimizer();  // pipeline_write: the write-out overlaps the rest of the step
   read_flags();
@@ -311,12 +376,15 @@ std::vector<float> download(const Buffer& b, DType t, std::size_t n) {
   }
   return out;
 }
-void upload(const Buffer& b, DType t, const std::vector<float>& v, cudaStream_t s) {
+void upload(const Buffer& b, DType t, const float* v, std::size_t n, cudaStream_t s) {
+  CUTRAIN_CHECK(n * dtype_size(t) <= b.bytes(), "gpu engine: upload of ", n, " elements overruns a buffer of ", b.bytes(),
+                " bytes");
+  if (n == 0) return;
   if (t == DType::F32) {
-    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(b.get(), v.data(), v.size() * 4, cudaMemcpyHostToDevice, s));
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(b.get(), v, n * 4, cudaMemcpyHostToDevice, s));
   } else {
-    std::vector<std::uint16_t> h(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16_bits(v[i]);
+    std::vector<std::uint16_t> h(n);
+    for (std::size_t i = 0; i < n; ++i) h[i] = f32_to_bf16_bits(v[i]);
     CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(b.get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice, s));
   }
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));  // h is about to go out of scope
@@ -345,11 +413,19 @@ HostState GpuEngine::save_state() const {
   ensure_state();
   if (swap_) swap_->make_resident();
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // Partitioned: every rank's partition gathered first (collective: all ranks save together).
+  auto state = [&](const Buffer& b, DType t) {
+    if (!zero_.partitioned()) return download(b, t, n_);
+    Buffer full(device_allocator(), zero_.part.padded_numel * dtype_size(t), stream_);
+    zero_comm_->gather_state(stream_, b.get(), full.get(), t);
+    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return download(full, t, n_);
+  };
   HostState s;
   s.params = download(params_, DType::BF16, n_);
-  if (plan_.has_master) s.master = download(master_, DType::F32, n_);
-  s.exp_avg = download(m_, plan_.moment, n_);
-  s.exp_avg_sq = download(v_, plan_.moment, n_);
+  if (plan_.has_master) s.master = state(master_, DType::F32);
+  s.exp_avg = state(m_, plan_.moment);
+  s.exp_avg_sq = state(v_, plan_.moment);
   if (swap_) swap_->swap_out(/*non_blocking=*/false);  // back where it lives between steps
   return s;
 }
@@ -362,9 +438,16 @@ void GpuEngine::load_state(const HostState& s) {
   ensure_state();
   if (swap_) swap_->make_resident();
   upload(params_, DType::BF16, s.params, stream_);
-  if (plan_.has_master) upload(master_, DType::F32, s.master, stream_);
-  upload(m_, plan_.moment, s.exp_avg, stream_);
-  upload(v_, plan_.moment, s.exp_avg_sq, stream_);
+  // This rank's partition of each optimizer state (all of it when not partitioned); padding 0.
+  const comm::Range r = zero_.state_range();
+  const std::size_t real = r.begin < n_ ? std::min(r.end, n_) - r.begin : 0;
+  auto put = [&](const Buffer& b, DType t, const std::vector<float>& v) {
+    if (real < zero_.state_elems()) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(b.get(), 0, b.bytes(), stream_));
+    upload(b, t, v.data() + std::min(r.begin, n_), real, stream_);
+  };
+  if (plan_.has_master) put(master_, DType::F32, s.master);
+  put(m_, plan_.moment, s.exp_avg);
+  put(v_, plan_.moment, s.exp_avg_sq);
   if (swap_) swap_->swap_out(/*non_blocking=*/false);
 }
 

@@ -1,7 +1,10 @@
 // @brief The GPU training engine: the flat training state in the config's precision layout,
 // micro-batches with gradient accumulation, global-norm clipping, NaN/Inf skip, one fused Adam(W)
 // launch over the flat buffers, allocator memory statistics, and CUDA-graph replay of the
-// forward/backward/grad-norm part of the step after a warm-up step.
+// forward/backward/grad-norm part of the step after a warm-up step. Data parallel over NCCL
+// ranks with ZeRO stages 0-2 (docs/distributed.md): gradient all-reduce (0), or optimizer state
+// partitioned + gradient reduce-scatter + param all-gather (1, 2); the collectives of the
+// gradient reduction and norm are part of the captured graph.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,6 +17,8 @@
 #include "model/precision.h"
 #include "model/train_backend.h"
 #include "model/transformer_gpu.h"
+#include "model/zero_comm.h"
+#include "model/zero_plan.h"
 #include "runtime/device.h"
 #include "runtime/offload.h"
 
@@ -34,8 +39,9 @@ class GpuEngine final : public TrainBackend {
   void load_state(const HostState& state) override;
   const char* describe() const override { return describe_.c_str(); }
 
-  // For tests: forward + backward of the micro-batches only (no optimizer step); returns the
-  // mean loss. Gradients stay in the flat gradient buffer.
+  // For tests: forward + backward of the micro-batches only (no optimizer step, no ZeRO
+  // reduction: this rank's own gradients); returns the mean loss. Gradients stay in the flat
+  // gradient buffer. After a ZeRO 1-2 step only this rank's partition of it is reduced.
   double forward_backward(const std::int32_t* tokens, const std::int32_t* labels);
   std::vector<float> download_grads() const;   // flat, as float
   // Fills every real gradient element with 0xFF (NaN) so a test sees which ones a step wrote.
@@ -48,6 +54,7 @@ class GpuEngine final : public TrainBackend {
   std::size_t state_bytes() const { return state_bytes_; }
   std::size_t state_requested_bytes() const { return state_requested_bytes_; }
   bool graph_active() const { return graph_exec_ != nullptr; }
+  const ZeroPlan& zero_plan() const { return zero_; }
   int graph_captures() const { return graph_captures_; }  // successful captures so far
 
   // DeepSpeed's engine.offload_states / reload_states. `include`: any of optim_states (moments),
@@ -69,6 +76,7 @@ class GpuEngine final : public TrainBackend {
  private:
   void stage_batch(const std::int32_t* tokens, const std::int32_t* labels);
   void enqueue_forward_backward();  // static: capturable
+  void enqueue_reduce();  // the ZeRO gradient reduction (nothing without a communicator)
   void enqueue_norm();
   void read_flags();
   void ensure_state() const;  // offloaded states reloaded, the stream waits for reloads in flight
@@ -79,7 +87,11 @@ class GpuEngine final : public TrainBackend {
   PrecisionPlan plan_;
   int accum_;
   std::size_t n_;
+  // Before stream_: resolving it selects the rank's device, where the stream is then created.
+  std::shared_ptr<comm::Communicator> comm_;
   Stream stream_;
+  ZeroPlan zero_;
+  std::unique_ptr<ZeroComm> zero_comm_;  // null for ZeroMode::None
   std::string describe_;
   Buffer params_, grads_, master_, m_, v_;
   Buffer tokens_d_, labels_d_, flags_d_, norm_scratch_;

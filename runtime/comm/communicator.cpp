@@ -73,6 +73,9 @@ void Communicator::all_gather(const void* send, void* recv, std::size_t n, DType
 void Communicator::broadcast(void* buf, std::size_t n, DType t, int root, cudaStream_t s) {
   CUTRAIN_NCCL_CHECK(ncclBroadcast(buf, buf, n, nccl_type(t), root, impl_->comm, s));
 }
+void Communicator::all_reduce_sum_f64(double* buf, std::size_t n, cudaStream_t s) {
+  CUTRAIN_NCCL_CHECK(ncclAllReduce(buf, buf, n, ncclFloat64, ncclSum, impl_->comm, s));
+}
 
 #else
 
@@ -90,6 +93,7 @@ void Communicator::reduce_scatter(const void*, void*, std::size_t, DType, Reduce
 }
 void Communicator::all_gather(const void*, void*, std::size_t, DType, cudaStream_t) { CUTRAIN_FAIL("built without NCCL"); }
 void Communicator::broadcast(void*, std::size_t, DType, int, cudaStream_t) { CUTRAIN_FAIL("built without NCCL"); }
+void Communicator::all_reduce_sum_f64(double*, std::size_t, cudaStream_t) { CUTRAIN_FAIL("built without NCCL"); }
 
 #endif
 

@@ -38,6 +38,8 @@ class Communicator {
   // recv[world*count]: rank r's send[count] lands at recv[r*count].
   void all_gather(const void* send, void* recv, std::size_t send_count, DType t, cudaStream_t s);
   void broadcast(void* buf, std::size_t count, DType t, int root, cudaStream_t s);
+  // In-place sum of fp64 values (DType has no fp64): the ranks' gradient sums of squares.
+  void all_reduce_sum_f64(double* buf, std::size_t count, cudaStream_t s);
 
  private:
   Communicator() = default;

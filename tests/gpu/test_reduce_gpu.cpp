@@ -76,6 +76,59 @@ TEST_P(GradNormGpu, MatchesReferenceAndIsDeterministic) {
   EXPECT_EQ(e.clip, 1.f);
 }
 
+// The split path of data parallelism (ZeRO 1-2): grad_sumsq + grad_norm_from_sumsq gives exactly
+// grad_norm_clip's bits on the whole buffer, and two halves' sums (added as an all-reduce would)
+// give the whole's norm.
+TEST_P(GradNormGpu, SumOfSquaresSplitGivesTheSameBits) {
+  CUTRAIN_REQUIRE_GPU();
+  auto [gt, n, off] = GetParam();
+  auto rng = test::fresh_rng();
+  auto g = test::random_normal(n, rng, 0.f, 1e-2f);
+  if (gt == DType::BF16) g = test::round_bf16(g);
+  DeviceGrads d(g, gt, off);
+  const double want = ref::grad_norm(g);
+  for (float max_norm : {0.f, static_cast<float>(want / 3)}) {
+    const NormOut a = run_norm(d.ptr(), gt, n, max_norm);
+    DeviceArray<double> sumsq(1);
+    DeviceArray<float> norm(1), clip(1);
+    DeviceArray<int> bad(1);
+    DeviceArray<char> scratch(kernels::grad_norm_scratch_bytes(n));
+    kernels::grad_sumsq(nullptr, d.ptr(), gt, n, sumsq.get(), scratch.get());
+    kernels::grad_norm_from_sumsq(nullptr, sumsq.get(), max_norm, norm.get(), clip.get(), bad.get());
+    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    const float bn = norm.download()[0], bc = clip.download()[0];
+    EXPECT_EQ(std::memcmp(&a.norm, &bn, 4), 0) << a.norm << " vs " << bn;
+    EXPECT_EQ(std::memcmp(&a.clip, &bc, 4), 0) << a.clip << " vs " << bc;
+    EXPECT_EQ(bad.download()[0], 0);
+    EXPECT_NEAR(sumsq.download()[0], want * want, 1e-5 * want * want + 1e-30);
+  }
+  // Two halves (the first a whole number of 8-element vectors, as ZeRO partitions are).
+  const std::size_t h = n / 16 * 8;
+  const std::size_t es = dtype_size(gt);
+  DeviceArray<double> s1(1), s2(1);
+  DeviceArray<char> scratch(kernels::grad_norm_scratch_bytes(n));
+  kernels::grad_sumsq(nullptr, d.ptr(), gt, h, s1.get(), scratch.get());
+  kernels::grad_sumsq(nullptr, static_cast<const char*>(d.ptr()) + h * es, gt, n - h, s2.get(), scratch.get());
+  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_NEAR(std::sqrt(s1.download()[0] + s2.download()[0]), want, 1e-5 * want);
+}
+
+TEST(GradNormGpuNonfinite, SumOfSquaresCarriesNanToTheFlag) {
+  CUTRAIN_REQUIRE_GPU();
+  std::vector<float> g(1000, 0.5f);
+  g[517] = std::nanf("");
+  DeviceArray<float> d(g);
+  DeviceArray<double> sumsq(1);
+  DeviceArray<float> norm(1), clip(1);
+  DeviceArray<int> bad(1);
+  DeviceArray<char> scratch(kernels::grad_norm_scratch_bytes(g.size()));
+  kernels::grad_sumsq(nullptr, d.get(), DType::F32, g.size(), sumsq.get(), scratch.get());
+  kernels::grad_norm_from_sumsq(nullptr, sumsq.get(), 1.f, norm.get(), clip.get(), bad.get());
+  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(bad.download()[0], 1);
+  EXPECT_EQ(clip.download()[0], 1.f);
+}
+
 INSTANTIATE_TEST_SUITE_P(Sizes, GradNormGpu,
                          ::testing::Combine(::testing::Values(DType::BF16, DType::F32),
                                             ::testing::Values(std::size_t(1), std::size_t(7), std::size_t(4097),

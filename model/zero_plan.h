@@ -1,0 +1,59 @@
+// @brief ZeRO in the GPU engine, the pure part (no CUDA): which mode a configured stage runs in
+// at a world size, the flat partition of the optimizer state (runtime/comm/partition.h), and the
+// bytes per parameter one rank keeps (the start-up memory line).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "model/precision.h"
+#include "runtime/comm/partition.h"
+
+namespace cutrain::model {
+
+enum class ZeroMode {
+  None,         // no collectives: the single-process engine (no communicator, or stage 3 at world 1)
+  AllReduce,    // stage 0: every rank keeps everything; gradients all-reduced (averaged)
+  Partitioned,  // stages 1 and 2: optimizer state (moments, fp32 master) for this rank's partition only
+};
+
+struct ZeroPlan {
+  int stage = 0;  // as configured (zero_optimization.stage)
+  int world = 1, rank = 0;
+  bool has_comm = false;
+  ZeroMode mode = ZeroMode::None;
+  // The flat buffer split over `world` ranks; per_rank is a whole number of 16-byte vectors for
+  // every dtype the engine keeps (a multiple of 8 elements: 16 B of bf16, 32 B of fp32).
+  comm::FlatPartition part;
+
+  bool partitioned() const { return mode == ZeroMode::Partitioned; }
+  // Elements of the bf16 params and the gradient buffer: the padded size when partitioned (the
+  // reduce-scatter and all-gather address world x per_rank elements), else the model's flat size.
+  std::size_t flat_elems() const;
+  // The flat range whose optimizer state (moments, master) this rank holds and updates: its
+  // padded partition when partitioned, else [0, numel).
+  comm::Range state_range() const;
+  std::size_t state_elems() const { return state_range().size(); }
+  // The real (unpadded) elements of this rank's partition: where its gradient norm share is summed.
+  comm::Range norm_range() const;
+  const char* mode_name() const;
+};
+
+// Throws cutrain::Error: stage outside 0..3; world > 1 without a communicator; stage 3 with
+// world > 1 (not implemented yet). Stage 3 at world 1 runs as the single-process engine.
+ZeroPlan make_zero_plan(int stage, std::size_t numel, int world, int rank, bool has_comm);
+
+// Bytes per parameter one rank keeps for the persistent training state (what the engine
+// allocates, padding aside). master is 0 when the layout has no fp32 master.
+struct ZeroBytes {
+  double params = 0, grads = 0, master = 0, moments = 0;
+  int divisor = 1;  // master and moments are divided by it (world size when partitioned)
+  double total() const { return params + grads + (master + moments) / divisor; }
+};
+ZeroBytes zero_bytes_per_param(const PrecisionPlan& precision, const ZeroPlan& zero);
+
+// "[Rank r] ZeRO stage S, world size W: params 2 + grads 2 + (master 4 + moments 8)/W bytes/param
+// = X (<mode note>)".
+std::string zero_memory_line(const PrecisionPlan& precision, const ZeroPlan& zero);
+
+}  // namespace cutrain::model

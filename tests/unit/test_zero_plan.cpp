@@ -1,0 +1,148 @@
+// ZeRO's pure logic in the engine: which mode each stage runs in, the partition ranges the
+// engine's buffers and optimizer launch use, stage 0's all-reduce ranges, bytes per parameter and
+// the start-up memory line.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "model/precision.h"
+#include "model/transformer_params.h"
+#include "model/zero_comm.h"
+#include "model/zero_plan.h"
+
+using namespace cutrain;
+using namespace cutrain::model;
+
+TEST(ZeroPlan, ModeOfEachStageWithAndWithoutCommunicator) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    const ZeroPlan none = make_zero_plan(stage, 1000, 1, 0, /*has_comm=*/false);
+    EXPECT_EQ(none.mode, ZeroMode::None) << "stage " << stage << " without a communicator";
+    EXPECT_EQ(none.flat_elems(), 1000u);
+    EXPECT_EQ(none.state_range().begin, 0u);
+    EXPECT_EQ(none.state_range().end, 1000u);
+  }
+  EXPECT_EQ(make_zero_plan(0, 1000, 1, 0, true).mode, ZeroMode::AllReduce);
+  EXPECT_EQ(make_zero_plan(1, 1000, 1, 0, true).mode, ZeroMode::Partitioned);
+  EXPECT_EQ(make_zero_plan(2, 1000, 4, 3, true).mode, ZeroMode::Partitioned);
+  EXPECT_EQ(make_zero_plan(3, 1000, 1, 0, true).mode, ZeroMode::None) << "stage 3 at world 1: the plain engine";
+}
+
+TEST(ZeroPlan, RejectsWhatIsNotImplementedOrInconsistent) {
+  try {
+    make_zero_plan(3, 1000, 2, 0, true);
+    FAIL() << "stage 3 at world size 2 must be refused";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("stage 3 with world size > 1 is not implemented yet"), std::string::npos) << m;
+    EXPECT_NE(m.find("stage 3 at world size 1 runs as"), std::string::npos) << m;
+  }
+  EXPECT_THROW(make_zero_plan(0, 1000, 2, 0, /*has_comm=*/false), Error);
+  EXPECT_THROW(make_zero_plan(4, 1000, 1, 0, true), Error);
+  EXPECT_THROW(make_zero_plan(-1, 1000, 1, 0, true), Error);
+  EXPECT_THROW(make_zero_plan(1, 1000, 2, 2, true), Error);
+}
+
+TEST(ZeroPlan, PartitionsTileThePaddedBufferInWholeVectors) {
+  for (int world = 1; world <= 17; ++world) {
+    for (std::size_t numel : {std::size_t(1), std::size_t(64), std::size_t(1000), std::size_t(12345),
+                              std::size_t(1) << 20}) {
+      std::size_t next = 0, real = 0;
+      for (int r = 0; r < world; ++r) {
+        const ZeroPlan z = make_zero_plan(1, numel, world, r, true);
+        const comm::Range s = z.state_range();
+        EXPECT_EQ(s.begin, next) << "world " << world << " rank " << r << " numel " << numel;
+        EXPECT_EQ(s.size(), z.part.per_rank);
+        EXPECT_EQ(s.size() % 8, 0u) << "partition of " << s.size() << " elements is not whole 16-byte bf16 vectors";
+        EXPECT_EQ((s.begin * 2) % 16, 0u) << "bf16 partition start misaligned";
+        EXPECT_EQ((s.begin * 4) % 16, 0u) << "fp32 partition start misaligned";
+        const comm::Range n = z.norm_range();
+        EXPECT_LE(n.end, numel);
+        if (!n.empty()) {
+          EXPECT_EQ(n.begin, s.begin);
+          real += n.size();
+        }
+        next = s.end;
+        EXPECT_EQ(z.flat_elems(), z.part.padded_numel);
+        EXPECT_EQ(z.flat_elems(), z.part.per_rank * std::size_t(world));
+      }
+      EXPECT_EQ(next, make_zero_plan(1, numel, world, 0, true).flat_elems());
+      EXPECT_EQ(real, numel) << "the norm ranges must cover every real element exactly once";
+    }
+  }
+}
+
+TEST(ZeroPlan, WorldOneOverTheModelFlatBufferHasNoPadding) {
+  // Bit-identity with the single-process engine at world 1 needs the same element counts.
+  const TransformerParams t(ModelDims{128, 2, 2, 1000, 64});
+  const ZeroPlan z = make_zero_plan(2, t.flat_size(), 1, 0, true);
+  EXPECT_EQ(z.flat_elems(), t.flat_size());
+  EXPECT_EQ(z.state_elems(), t.flat_size());
+  EXPECT_EQ(z.norm_range().size(), t.flat_size());
+}
+
+TEST(ZeroPlan, BytesPerParamPerStageAndLayout) {
+  const PrecisionPlan base = plan_for(OptimizerLayout::Baseline, 1);
+  const PrecisionPlan base_acc = plan_for(OptimizerLayout::Baseline, 4);
+  const PrecisionPlan wg = plan_for(OptimizerLayout::Bf16MasterWG, 1);
+  const PrecisionPlan full = plan_for(OptimizerLayout::Bf16Full, 1);
+  // Not partitioned: the layout's own figure.
+  for (const PrecisionPlan* p : {&base, &base_acc, &wg, &full}) {
+    EXPECT_DOUBLE_EQ(zero_bytes_per_param(*p, make_zero_plan(0, 1000, 1, 0, false)).total(), double(p->bytes_per_param()))
+        << p->name();
+    EXPECT_DOUBLE_EQ(zero_bytes_per_param(*p, make_zero_plan(0, 1000, 8, 0, true)).total(), double(p->bytes_per_param()))
+        << p->name() << " stage 0 partitions nothing";
+  }
+  EXPECT_DOUBLE_EQ(zero_bytes_per_param(base, make_zero_plan(1, 1000, 4, 0, true)).total(), 2 + 2 + 12.0 / 4);
+  EXPECT_DOUBLE_EQ(zero_bytes_per_param(base, make_zero_plan(2, 1000, 4, 1, true)).total(), 2 + 2 + 12.0 / 4);
+  EXPECT_DOUBLE_EQ(zero_bytes_per_param(base_acc, make_zero_plan(1, 1000, 8, 0, true)).total(), 2 + 4 + 12.0 / 8);
+  EXPECT_DOUBLE_EQ(zero_bytes_per_param(wg, make_zero_plan(1, 1000, 2, 0, true)).total(), 2 + 2 + 8.0 / 2);
+  EXPECT_DOUBLE_EQ(zero_bytes_per_param(full, make_zero_plan(2, 1000, 2, 0, true)).total(), 2 + 2 + 4.0 / 2);
+  EXPECT_DOUBLE_EQ(zero_bytes_per_param(base, make_zero_plan(1, 1000, 1, 0, true)).total(), 16.0);
+}
+
+TEST(ZeroPlan, MemoryLineNamesStageWorldAndBreakdown) {
+  const PrecisionPlan base = plan_for(OptimizerLayout::Baseline, 1);
+  const std::string l1 = zero_memory_line(base, make_zero_plan(1, 1000, 4, 2, true));
+  EXPECT_EQ(l1.rfind("[Rank 2] ZeRO stage 1, world size 4: params 2 + grads 2 + (master 4 + moments 8)/4 bytes/param "
+                     "= 7.00 (",
+                     0),
+            0u)
+      << l1;
+  const std::string l0 = zero_memory_line(base, make_zero_plan(0, 1000, 1, 0, false));
+  EXPECT_EQ(l0.rfind("[Rank 0] ZeRO stage 0, world size 1: params 2 + grads 2 + master 4 + moments 8 bytes/param = 16.00",
+                     0),
+            0u)
+      << l0;
+  const std::string lf = zero_memory_line(plan_for(OptimizerLayout::Bf16Full, 1), make_zero_plan(2, 1000, 2, 0, true));
+  EXPECT_NE(lf.find("params 2 + grads 2 + (moments 4)/2 bytes/param = 6.00"), std::string::npos) << lf;
+  EXPECT_NE(lf.find("full gradient buffer stays"), std::string::npos) << lf;
+  const std::string l3 = zero_memory_line(base, make_zero_plan(3, 1000, 1, 0, false));
+  EXPECT_NE(l3.find("stage 3 at world size 1"), std::string::npos) << l3;
+}
+
+TEST(ZeroPlan, Stage0RangesCoverEveryTensorOnce) {
+  const TransformerParams t(ModelDims{128, 2, 2, 1000, 64});
+  const auto whole = stage0_ranges(t, /*overlap_comm=*/false, 1000);
+  ASSERT_EQ(whole.size(), 1u);
+  EXPECT_EQ(whole[0].begin, 0u);
+  EXPECT_EQ(whole[0].end, t.flat_size());
+  for (std::size_t bucket : {std::size_t(1), std::size_t(20000), std::size_t(200000), t.flat_size()}) {
+    const auto r = stage0_ranges(t, /*overlap_comm=*/true, bucket);
+    ASSERT_FALSE(r.empty());
+    for (std::size_t i = 1; i < r.size(); ++i) EXPECT_LE(r[i - 1].end, r[i].begin) << "bucket " << bucket;
+    for (const auto& tensor : t.tensors()) {
+      const auto n = std::count_if(r.begin(), r.end(), [&](const comm::Range& b) {
+        return b.begin <= tensor.offset && tensor.offset + tensor.count <= b.end;
+      });
+      EXPECT_EQ(n, 1) << tensor.name << " must lie in exactly one bucket (bucket " << bucket << ")";
+    }
+    for (const auto& b : r) {
+      bool single = std::count_if(t.tensors().begin(), t.tensors().end(), [&](const ParamTensor& x) {
+                      return b.begin <= x.offset && x.offset < b.end;
+                    }) == 1;
+      EXPECT_TRUE(b.size() <= bucket || single) << "bucket of " << b.size() << " > " << bucket;
+    }
+  }
+  EXPECT_EQ(stage0_ranges(t, true, t.flat_size()).size(), 1u);
+}
