@@ -12,6 +12,7 @@
 #include "model/engine.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/config.h"
+#include "tests/support/small_model.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
@@ -40,15 +41,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& i) {
 // gtest prints the parameter into the discovered ctest names: a stable, readable form.
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name({c, 0}); }
 
-BackendOptions small_model(std::uint64_t seed) {
-  BackendOptions o;
-  o.dims = ModelDims{128, 2, 2, 1000, 64};
-  o.batch = 2;
-  o.seq = 64;
-  o.seed = seed;
-  o.cuda_graph = true;
-  return o;
-}
+using test::small_model;
 
 TrainConfig config_for(const Case& c, int stage) {
   std::string bf16 = R"("enabled": true)";
