@@ -19,6 +19,7 @@
 #include "model/lr_schedule.h"
 #include "model/precision.h"
 #include "runtime/allocator.h"
+#include "runtime/comm/launch_env.h"
 #include "runtime/config.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
@@ -100,7 +101,10 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   for (const auto& w : cfg.warnings) out << "[Rank 0] config warning: " << w << "\n";
   // The command line's batch size is the micro batch (the BF16 example passes the same 4 to both).
   if (!cfg.train_micro_batch_size_per_gpu) cfg.train_micro_batch_size_per_gpu = o.batch_size;
-  cfg.resolve_batch(1);
+  // Data parallel (cutrain launch, torchrun, mpirun, Slurm): the engine makes the communicator from
+  // the same variables; here they size the global batch and deal real-data batches by rank.
+  const comm::LaunchEnv env = o.device == "cuda" ? comm::read_launch_env() : comm::LaunchEnv{};
+  cfg.resolve_batch(env.world_size);
   if (o.learning_rate) cfg.optimizer.lr = *o.learning_rate;
   const LrSchedule schedule = LrSchedule::from_config(cfg);
   const int accum = cfg.accumulation();
@@ -134,6 +138,10 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
     so.batch_size = o.batch_size;
     so.seq_len = o.seq_length;
     so.seed = o.seed;
+    // Each rank trains on its own batches of the same shuffled epoch. (Random data stays the same
+    // on every rank, so a W-rank run reproduces the single-process losses: a correctness check.)
+    so.rank = env.rank;
+    so.world_size = env.world_size;
     so.labels = next_token ? data::Labels::kNextToken : data::Labels::kIdentity;
     so.vocab_size = kGpt2Vocab;
     sampler = std::make_unique<data::BatchSampler>(so);
@@ -141,6 +149,8 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
         << " batches per epoch, vocab_size=" << kGpt2Vocab << "\n";
     if (!o.eval_data.empty()) {
       so.patterns = o.eval_data;
+      so.rank = 0;  // every rank evaluates the same batches (the parameters are the same)
+      so.world_size = 1;
       so.shuffle = false;  // the same first windows every evaluation: one curve, comparable points
       eval_sampler = std::make_unique<data::BatchSampler>(so);
       eval_batches = int(std::min<std::int64_t>(o.eval_steps, eval_sampler->batches_per_epoch()));
