@@ -85,12 +85,7 @@ TEST_P(OptimizerOffloadGpu, SwappedStateTrainsBitIdenticallyAndLeavesTheDevice) 
   auto rng = test::fresh_rng();
   const BackendOptions o = small_model(rng());
   const int steps = 6;
-  const std::size_t n = std::size_t(o.batch) * o.seq;
-  std::vector<std::vector<std::int32_t>> tok, lab;
-  for (int i = 0; i < steps; ++i) {
-    tok.push_back(test::random_ints(n, rng, 0, o.dims.vocab - 1));
-    lab.push_back(test::random_ints(n, rng, 0, o.dims.vocab - 1));
-  }
+  const auto [tok, lab] = test::random_step_batches(rng, steps, o);
   const fs::path dir = fresh_dir(var.name);
 
   auto run = [&](const Variant& v) {

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
+#include <vector>
 
 #include "model/cpu_backend.h"
+#include "tests/support/test_support.h"
 
 namespace cutrain::test {
 
@@ -16,6 +19,20 @@ inline model::BackendOptions small_model(std::uint64_t seed, int hidden = 128, i
   o.seed = seed;
   o.cuda_graph = true;
   return o;
+}
+
+// `count` steps of random tokens and labels in [0, vocab), B*S each: tokens[i], labels[i].
+struct StepBatches {
+  std::vector<std::vector<std::int32_t>> tokens, labels;
+};
+inline StepBatches random_step_batches(std::mt19937_64& rng, int count, const model::BackendOptions& o) {
+  StepBatches b;
+  const std::size_t n = std::size_t(o.batch) * o.seq;
+  for (int i = 0; i < count; ++i) {
+    b.tokens.push_back(random_ints(n, rng, 0, o.dims.vocab - 1));
+    b.labels.push_back(random_ints(n, rng, 0, o.dims.vocab - 1));
+  }
+  return b;
 }
 
 }  // namespace cutrain::test
