@@ -6,15 +6,9 @@
 #         same losses as configs/bf16_full.json, prints the offload line, leaves no swap files; a
 #         missing nvme_path folder is an error naming the key. (exits 77 = skipped without a GPU)
 #   nvme_cli.sh CUTRAIN_BINARY cpu|cuda
-set -euo pipefail
-bin=$1; device=$2
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-if [ "$device" = cuda ] && "$bin" info 2>&1 | grep -q "no CUDA device"; then echo "no CUDA device: skipped"; exit 77; fi
-if [ "$device" = cuda ]; then size=(--hidden_dim 128 --num_heads 2 --num_layers 2 --vocab_size 1000 --seq_length 64 --batch_size 2)
-else size=(--hidden_dim 32 --num_heads 2 --num_layers 2 --vocab_size 64 --seq_length 8 --batch_size 2); fi
+source "$(dirname "$0")/e2e_lib.sh"
+skip_without_gpu
+small_size
 common=(--device "$device" "${size[@]}" --warmup_steps 2 --log_interval 1 --fixed_batch --learning_rate 1e-2 --seed 7)
 
 if [ "$device" = cpu ]; then

@@ -3,19 +3,14 @@
 # run_benchmark.sh would run them: the output lines, the log, the table; errors for bad flags.
 #   offload_cli.sh CUTRAIN_BINARY cpu|cuda   (cpu: the error paths only; cuda: exits 77 = skipped
 #   when there is no GPU)
-set -euo pipefail
-bin=$1; mode=$2
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/e2e_lib.sh"
 expect_error() {  # expect_error PATTERN ARGS...: a non-zero exit with PATTERN in the output
   local pat=$1; shift
   if "$bin" offload-bench "$@" >"$tmp/err.txt" 2>&1; then cat "$tmp/err.txt"; fail "no error for: $*"; fi
   grep -q -- "$pat" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "error for '$*' lacks '$pat'"; }
 }
 
-if [ "$mode" = cpu ]; then
+if [ "$device" = cpu ]; then
   expect_error "float16 is not supported" --dtype torch.float16 --log "$tmp/x.log"
   expect_error "must exceed --warmup" --iteration 2 --warmup 3 --log "$tmp/x.log"
   expect_error "torch.bfloat16, torch.float16 or torch.float32" --dtype int8 --log "$tmp/x.log"

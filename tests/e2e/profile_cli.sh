@@ -4,15 +4,9 @@
 # peaks, MFU per step), the loss identical to a run without the flags (timing changes nothing but
 # graph replay); on the CPU: the notes, and bad --profile_steps values rejected.
 #   profile_cli.sh CUTRAIN_BINARY cpu|cuda     (cuda: exits 77 = skipped when there is no GPU)
-set -euo pipefail
-bin=$1; device=$2
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-if [ "$device" = cuda ] && "$bin" info 2>&1 | grep -q "no CUDA device"; then echo "no CUDA device: skipped"; exit 77; fi
-if [ "$device" = cuda ]; then size=(--hidden_dim 128 --num_heads 2 --num_layers 3 --vocab_size 1000 --seq_length 64 --batch_size 2)
-else size=(--hidden_dim 32 --num_heads 2 --num_layers 2 --vocab_size 64 --seq_length 8 --batch_size 2); fi
+source "$(dirname "$0")/e2e_lib.sh"
+skip_without_gpu
+small_size 3
 common=(train --deepspeed_config configs/bf16_full.json --device "$device" "${size[@]}" --num_steps 8 --warmup_steps 2
         --log_interval 1 --seed 3 --loss_log_file)
 

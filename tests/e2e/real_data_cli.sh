@@ -4,18 +4,13 @@
 # Eval lines, val_loss/val_ppl in the metrics and the SUMMARY line, a validation loss that falls,
 # --pad_vocab, --labels identity (the BF16 example's objective), and the input errors.
 #   real_data_cli.sh CUTRAIN_BINARY cpu|cuda   (exits 77 = skipped: no GPU for cuda, or no data)
-set -euo pipefail
-bin=$1; device=$2
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
+source "$(dirname "$0")/e2e_lib.sh"
 data=${CUTRAIN_DATA_DIR:-$root/../shared/data}
 [ -e "$data/wikitext-2/valid.txt" ] || data=$root/.devdata
 if [ ! -e "$data/wikitext-2/valid.txt" ] || [ ! -e "$data/gpt2/encoder.json" ]; then
   echo "WikiText-2 / GPT-2 files not found (set CUTRAIN_DATA_DIR): skipped"; exit 77
 fi
-if [ "$device" = cuda ] && "$bin" info 2>&1 | grep -q "no CUDA device"; then echo "no CUDA device: skipped"; exit 77; fi
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+skip_without_gpu
 
 head -c 120000 "$data/wikitext-2/valid.txt" >"$tmp/text.txt"
 "$bin" prepare-data --input "$tmp/text.txt" --vocab "$data/gpt2/encoder.json" --merges "$data/gpt2/vocab.bpe" \

@@ -3,15 +3,9 @@
 # its output lines, the loss CSV, the metrics JSON, that the loss falls on a fixed batch, that a
 # missing config is an error and that `cutrain` with no arguments runs the default job.
 #   train_cli.sh CUTRAIN_BINARY cpu|cuda     (cuda: exits 77 = skipped when there is no GPU)
-set -euo pipefail
-bin=$1; device=$2
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-if [ "$device" = cuda ] && "$bin" info 2>&1 | grep -q "no CUDA device"; then echo "no CUDA device: skipped"; exit 77; fi
-if [ "$device" = cuda ]; then size=(--hidden_dim 128 --num_heads 2 --num_layers 2 --vocab_size 1000 --seq_length 64 --batch_size 2)
-else size=(--hidden_dim 32 --num_heads 2 --num_layers 2 --vocab_size 64 --seq_length 8 --batch_size 2); fi
+source "$(dirname "$0")/e2e_lib.sh"
+skip_without_gpu
+small_size
 
 for cfg in baseline bf16_master_wg bf16_full; do
   out=$tmp/$cfg.txt

@@ -5,16 +5,11 @@
 # rank's, and the losses must equal the single-GPU run's (exactly in exact arithmetic; checked to
 # 1e-5). Stage 3 at world size 2 must be refused with its message. Needs 2 GPUs and NCCL.
 #   zero_cli.sh CUTRAIN_BINARY cpu|cuda     (exits 77 = skipped: cpu, or fewer than 2 GPUs)
-set -euo pipefail
-bin=$1; device=$2
-root=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$root"
+source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] || { echo "data parallelism needs CUDA devices: skipped on cpu"; exit 77; }
 if "$bin" info 2>&1 | grep -q "no CUDA device"; then echo "no CUDA device: skipped"; exit 77; fi
 gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
 [ "${gpus:-0}" -ge 2 ] || { echo "needs 2 GPUs, found ${gpus:-0}: skipped"; exit 77; }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 port=$((29600 + $$ % 1000))
 size=(--hidden_dim 128 --num_heads 2 --num_layers 2 --vocab_size 1000 --seq_length 64 --batch_size 2
       --num_steps 8 --warmup_steps 2 --log_interval 1 --fixed_batch --learning_rate 1e-2 --seed 7)
