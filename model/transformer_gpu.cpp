@@ -186,9 +186,10 @@ void GpuTransformer::layer_backward(cudaStream_t s, const bf16* P, char* G, DTyp
   }
 }
 
-// Embeddings, every block and the output projection into logits_ [M, vocab_rows]: the forward
-// both training and evaluation run.
-void GpuTransformer::forward_to_logits(cudaStream_t s, const bf16* P, const std::int32_t* tokens, int* d_status) {
+// Embeddings, every block and the output projection into logits_ [M, vocab_rows], then `loss`
+// (training's or evaluation's cross-entropy) in the same "head" region: the forward both run.
+template <typename Loss>
+void GpuTransformer::forward(cudaStream_t s, const bf16* P, const std::int32_t* tokens, int* d_status, Loss&& loss) {
   const ModelDims& d = table_.dims();
   const int h = d.hidden, Vr = d.vocab_rows(), Ln = d.layers;
   auto w = [&](int idx) { return P + table_.tensor(idx).offset; };
@@ -207,6 +208,7 @@ void GpuTransformer::forward_to_logits(cudaStream_t s, const bf16* P, const std:
   timed(s, "logits", cost::gemm_forward(M_, Vr, h), [&] {
     gemm_->forward(s, xs_[Ln], w(table_.output_w()), w(table_.output_b()), logits_, M_, Vr, h, GemmEpilogue::Bias);
   });
+  loss();
 }
 
 void GpuTransformer::forward_loss(cudaStream_t s, const bf16* P, const std::int32_t* tokens,
@@ -214,10 +216,11 @@ void GpuTransformer::forward_loss(cudaStream_t s, const bf16* P, const std::int3
   if (buffers_.empty()) allocate(s);
   const ModelDims& d = table_.dims();
   TimedRegion ev("eval", s);
-  forward_to_logits(s, P, tokens, d_status);
-  timed(s, "cross_entropy", cost::cross_entropy(M_, d.vocab), [&] {
-    kernels::cross_entropy_forward(s, logits_, labels, M_, d.vocab, d.vocab_rows(), d_loss, nullptr, d_status + 1,
-                                   scratch_);
+  forward(s, P, tokens, d_status, [&] {
+    timed(s, "cross_entropy", cost::cross_entropy(M_, d.vocab), [&] {
+      kernels::cross_entropy_forward(s, logits_, labels, M_, d.vocab, d.vocab_rows(), d_loss, nullptr, d_status + 1,
+                                     scratch_);
+    });
   });
 }
 
@@ -236,12 +239,12 @@ void GpuTransformer::forward_backward(cudaStream_t s, const bf16* P, void* grads
   char name[16];
   {
     TimedRegion fwd("fwd", s);
-    forward_to_logits(s, P, tokens, d_status);
-    TimedRegion r("head", s);
-    // The loss covers the real vocabulary; padded columns get gradient 0.
-    timed(s, "cross_entropy", cost::cross_entropy(M_, d.vocab), [&] {
-      kernels::cross_entropy_forward_backward(s, logits_, labels, M_, d.vocab, V, d_loss, nullptr, d_status + 1,
-                                              scratch_, -100, grad_scale);
+    forward(s, P, tokens, d_status, [&] {
+      // The loss covers the real vocabulary; padded columns get gradient 0.
+      timed(s, "cross_entropy", cost::cross_entropy(M_, d.vocab), [&] {
+        kernels::cross_entropy_forward_backward(s, logits_, labels, M_, d.vocab, V, d_loss, nullptr, d_status + 1,
+                                                scratch_, -100, grad_scale);
+      });
     });
   }
   TimedRegion bwd("bwd", s);

@@ -53,7 +53,8 @@ class GpuTransformer {
     float *lse, *mean1, *rstd1, *mean2, *rstd2;
   };
   void allocate(cudaStream_t s);
-  void forward_to_logits(cudaStream_t s, const bf16* P, const std::int32_t* tokens, int* d_status);
+  template <typename Loss>  // defined and instantiated in transformer_gpu.cpp only
+  void forward(cudaStream_t s, const bf16* P, const std::int32_t* tokens, int* d_status, Loss&& loss);
   void layer_forward(cudaStream_t s, const bf16* P, int l, const LayerActs& a, const bf16* x_in, bf16* x_out);
   void layer_backward(cudaStream_t s, const bf16* P, char* G, DType gt, bool acc, int l, const LayerActs& a,
                       const bf16* x_in);
