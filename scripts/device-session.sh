@@ -6,12 +6,12 @@
 #   comparison  the main job and its PyTorch peer (three layouts), the 6.86B model, the llm.c shape
 #   real_data   prepare WikiText-2, train with validation (next-token, causal, --pad_vocab)
 #   kernels     kernel benchmarks (BENCH_LIST, BENCH_FILTER) and their PyTorch peers in the same
-#               call, then the ratio table
+#               call (PEER_LIST, default all four), then the ratio table
 #   timing      --timing_report of the BF16 example's model
 #   ncu         ncu capture of exactly steps 3-4 (--profile_steps)
 #   offload     the offload sweep, a large offload-bench, racecheck on a non-blocking round trip
 #   io          io-bench (read/write/gpu), file-access, nvme-tune
-#   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark)
+#   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
 # summary to $OUT/summary.txt.
@@ -86,7 +86,7 @@ if want kernels; then
     [ -n "${BENCH_FILTER:-}" ] && f="--benchmark_filter='$BENCH_FILTER'"
     step bench_$b 60 "build/gpu/bench/bench_$b $f --benchmark_out=$logs/bench_$b.json --benchmark_out_format=json --benchmark_counters_tabular=true"
   done
-  for p in attention dense k3 offload; do
+  for p in ${PEER_LIST:-attention dense k3 offload}; do
     [ -e bench/peers/${p}_peer.py ] && step peer_$p 60 "python3 bench/peers/${p}_peer.py --out $logs/${p}_peer.json"
   done
   python3 bench/peers/compare.py --ours "$logs"/bench_*.json --peers "$logs"/*_peer.json >"$logs/compare.md" 2>&1
@@ -120,7 +120,7 @@ if want io; then
 fi
 
 if want extra && [ -n "${EXTRA_CMD:-}" ]; then
-  step extra 60 "$EXTRA_CMD"
+  step extra "${EXTRA_LIMIT:-60}" "$EXTRA_CMD"
   tail -25 "$logs/extra.txt" >>"$sum" 2>/dev/null
 fi
 
