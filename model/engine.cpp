@@ -159,6 +159,7 @@ void GpuEngine::enqueue_forward_backward() {
 
 void GpuEngine::enqueue_reduce() {
   if (!zero_comm_) return;
+  TimedRegion rc("comm", stream_);  // the communication phase: step/comm/...
   TimedRegion r("grad_reduce", stream_);
   zero_comm_->reduce_grads(stream_, grads_.get());
 }
@@ -332,6 +333,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
                        reinterpret_cast<const int*>(flags + accum_ + 2));
   }
   if (zero_comm_) {
+    TimedRegion rc("comm", stream_);
     TimedRegion rg("param_gather", stream_);
     zero_comm_->gather_params(stream_, params_.as<bf16>());  // no-op at stage 0
   }

@@ -44,7 +44,7 @@ void ZeroComm::join(cudaStream_t compute) {
 }
 
 void ZeroComm::reduce_grads(cudaStream_t compute, void* grads) {
-  NvtxRange range("zero.reduce_grads");
+  NvtxRange range("nccl");
   fork(compute);
   const std::size_t es = dtype_size(grad_type_);
   if (plan_.mode == ZeroMode::AllReduce) {
@@ -81,7 +81,7 @@ void ZeroComm::global_norm(cudaStream_t compute, const void* grads, float max_no
 
 void ZeroComm::gather_params(cudaStream_t compute, bf16* params) {
   if (plan_.mode != ZeroMode::Partitioned) return;
-  NvtxRange range("zero.gather_params");
+  NvtxRange range("nccl");
   const std::size_t per = plan_.part.per_rank;
   fork(compute);
   comm_->all_gather(params + std::size_t(plan_.rank) * per, params, per, DType::BF16, comm_stream_.get());

@@ -10,7 +10,7 @@
 #   timing      --timing_report of the BF16 example's model
 #   ncu         ncu capture of exactly steps 3-4 (--profile_steps)
 #   offload     the offload sweep, a large offload-bench, racecheck on a non-blocking round trip
-#   io          io-bench (read/write/gpu), file-access, nvme-tune
+#   io          io-bench (read/write/gpu), file-access and its Python peer, nvme-tune
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -115,8 +115,8 @@ if want offload; then
 fi
 
 if want io; then
-  step io 100 "mkdir -p /tmp/io && $bin io-bench --folder /tmp/io --io_size 1G --read --loops 3 && $bin io-bench --folder /tmp/io --io_size 1G --loops 3 && $bin io-bench --folder /tmp/io --io_size 1G --read --gpu --loops 3 --no_baselines && $bin file-access --folder /tmp/io --size 1G && $bin nvme-tune --folder /tmp/io --io_size 256M --io_parallel 1 4"
-  grep -E "Speed|GB/s|best|aio|backend" "$logs/io.txt" | tail -40 >>"$sum" 2>/dev/null
+  step io 130 "mkdir -p /tmp/io && $bin io-bench --folder /tmp/io --io_size 1G --read --loops 3 && $bin io-bench --folder /tmp/io --io_size 1G --loops 3 && $bin io-bench --folder /tmp/io --io_size 1G --read --gpu --loops 3 --no_baselines && $bin file-access --folder /tmp/io --size 1G && python3 bench/peers/file_access_peer.py --folder /tmp/io --out $logs/file_access_peer.json && $bin nvme-tune --folder /tmp/io --io_size 256M --io_parallel 1 4"
+  grep -E "Speed|GB/s|best|aio|backend|tensor" "$logs/io.txt" | tail -50 >>"$sum" 2>/dev/null
 fi
 
 if want extra && [ -n "${EXTRA_CMD:-}" ]; then

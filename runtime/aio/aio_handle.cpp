@@ -18,6 +18,7 @@
 
 #include "runtime/allocator.h"
 #include "runtime/check.h"
+#include "runtime/nvtx.h"
 
 namespace cutrain::aio {
 
@@ -329,18 +330,24 @@ AioHandle::~AioHandle() {
 Backend AioHandle::backend() const { return impl_->workers.front()->backend(); }
 const std::string& AioHandle::fallback_reason() const { return impl_->fallback; }
 
+// NVTX: the I/O phase is "io/read", "io/write", "io/wait" under whatever range is open (e.g.
+// step/offload/optimizer_swap_in_wait/io/read).
 std::int64_t AioHandle::sync_pread(void* b, std::size_t n, const std::string& path, std::int64_t off) {
+  NvtxRange r("io/read");
   impl_->run_sync(b, n, path, off, true);
   return static_cast<std::int64_t>(n);
 }
 std::int64_t AioHandle::sync_pwrite(const void* b, std::size_t n, const std::string& path, std::int64_t off) {
+  NvtxRange r("io/write");
   impl_->run_sync(const_cast<void*>(b), n, path, off, false);
   return static_cast<std::int64_t>(n);
 }
 void AioHandle::async_pread(void* b, std::size_t n, const std::string& path, std::int64_t off) {
+  NvtxRange r("io/read_submit");
   impl_->run_async(b, n, path, off, true);
 }
 void AioHandle::async_pwrite(const void* b, std::size_t n, const std::string& path, std::int64_t off) {
+  NvtxRange r("io/write_submit");
   impl_->run_async(const_cast<void*>(b), n, path, off, false);
 }
 
@@ -385,6 +392,7 @@ std::int64_t AioHandle::pwrite(const void* b, std::size_t n, const std::string& 
 }
 
 int AioHandle::wait() {
+  NvtxRange r("io/wait");
   std::vector<std::shared_ptr<Op>> ops;
   std::vector<std::future<void>> dev;
   {
