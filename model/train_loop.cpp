@@ -72,7 +72,7 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
 
 }  // namespace
 
-TrainResult run_training(const TrainOptions& o, std::ostream& out) {
+TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
   CUTRAIN_CHECK(!o.deepspeed_config.empty(), "train: --deepspeed_config PATH is required");
   CUTRAIN_CHECK(o.device == "cuda" || o.device == "cpu", "train: --device must be cuda or cpu, got '", o.device, "'");
   CUTRAIN_CHECK(o.num_steps >= 1, "train: --num_steps must be >= 1, got ", o.num_steps);
@@ -97,13 +97,18 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out) {
   const bool next_token = o.use_real_data && o.labels != "identity";
   const bool causal = o.attention == "causal" || (o.attention == "auto" && next_token);
 
+  // Data parallel (cutrain launch, torchrun, mpirun, Slurm): the engine makes the communicator from
+  // the same variables; here they size the global batch and deal real-data batches by rank.
+  const comm::LaunchEnv env = o.device == "cuda" ? comm::read_launch_env() : comm::LaunchEnv{};
+  // As the BF16 example's print_rank_0: the log is rank 0's; other ranks print only their ZeRO
+  // memory line (the engine's) and errors.
+  std::ostream quiet(nullptr);
+  std::ostream& out = env.rank == 0 ? out_all : quiet;
+
   TrainConfig cfg = load_config(o.deepspeed_config);
   for (const auto& w : cfg.warnings) out << "[Rank 0] config warning: " << w << "\n";
   // The command line's batch size is the micro batch (the BF16 example passes the same 4 to both).
   if (!cfg.train_micro_batch_size_per_gpu) cfg.train_micro_batch_size_per_gpu = o.batch_size;
-  // Data parallel (cutrain launch, torchrun, mpirun, Slurm): the engine makes the communicator from
-  // the same variables; here they size the global batch and deal real-data batches by rank.
-  const comm::LaunchEnv env = o.device == "cuda" ? comm::read_launch_env() : comm::LaunchEnv{};
   cfg.resolve_batch(env.world_size);
   if (o.learning_rate) cfg.optimizer.lr = *o.learning_rate;
   const LrSchedule schedule = LrSchedule::from_config(cfg);
