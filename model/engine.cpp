@@ -32,7 +32,7 @@ std::shared_ptr<comm::Communicator> resolve_communicator(const BackendOptions& o
   }
   const comm::LaunchEnv env = comm::read_launch_env();
   if (env.world_size <= 1) return nullptr;  // a single process never needs NCCL
-  // What this world size cannot run (stage 3) fails here, before the rendezvous and NCCL set-up.
+  // An invalid stage fails here, before the rendezvous and NCCL set-up.
   make_zero_plan(c.zero_optimization.stage, 1, env.world_size, env.rank, /*has_comm=*/true);
   std::cout << "[Rank " << env.rank << "] data parallel: rank " << env.rank << " of " << env.world_size << " (from "
             << env.source << "), local rank " << env.local_rank << " -> cuda:" << env.local_rank
@@ -64,6 +64,11 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   // gradients in this rank's shard; the full gradient buffer in the padded layout. Otherwise
   // flat == state == n_.
   if (zero_.sharded()) {
+    // The shards live on the device; moving them to the host or NVMe is not implemented.
+    CUTRAIN_CHECK(c.zero_optimization.offload_param.device == "none",
+                  "zero_optimization.offload_param.device \"", c.zero_optimization.offload_param.device,
+                  "\" is not supported by the GPU engine's stage 3 (the parameter shards stay on the device); set it "
+                  "to \"none\" (offload_optimizer is supported)");
     std::vector<comm::Range> units;
     for (const ParamUnit& u : table_.units()) units.push_back({u.begin, u.end});
     layout_ = make_shard_layout(units, n_, zero_.world,
