@@ -168,7 +168,7 @@ void GpuEngine::stage_batch(const std::int32_t* tokens, const std::int32_t* labe
 
 // H2D copies from the pinned staging, every micro-batch's forward/backward: the same pointers
 // and shapes every step, so it can be captured once and replayed.
-void GpuEngine::enqueue_forward_backward() {
+void GpuEngine::enqueue_forward_backward(bool step) {
   const std::size_t per_micro = std::size_t(opt_.batch) * opt_.seq;
   {
     TimedRegion r("h2d", stream_, 0, 2.0 * accum_ * per_micro * 4);
@@ -179,22 +179,32 @@ void GpuEngine::enqueue_forward_backward() {
   int* status = reinterpret_cast<int*>(flags + accum_ + 3);
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(status, 0, 2 * accum_ * sizeof(int), stream_));
   // Stage 3: one pass over every micro-batch, so the prefetch runs across micro-batch boundaries.
+  // With overlap_comm each unit's gradients are reduce-scattered during the backward of the last
+  // micro-batch, as soon as they are final (else enqueue_reduce does it after backward).
   FlatParams flat(table_, params_.as<bf16>());
-  if (sharded_) sharded_->begin_pass(params_.as<bf16>(), train_order_);
+  ShardedParams::OverlapReduce overlap{grads_.get(), grad_shard_.get(), plan_.grad, accum_};
+  if (sharded_)
+    sharded_->begin_pass(params_.as<bf16>(), train_order_,
+                         step && cfg_.zero_optimization.overlap_comm ? &overlap : nullptr);
   ParamAccess& P = sharded_ ? static_cast<ParamAccess&>(*sharded_) : flat;
   for (int a = 0; a < accum_; ++a) {
     model_->forward_backward(stream_, P, grads_.get(), plan_.grad, a > 0, tokens_d_.as<std::int32_t>() + a * per_micro,
                              labels_d_.as<std::int32_t>() + a * per_micro, 1.f / float(accum_), flags + a,
                              status + 2 * a);
   }
-  if (sharded_) sharded_->end_pass();
+  if (sharded_) sharded_->end_pass(stream_);
 }
 
 void GpuEngine::enqueue_reduce() {
   if (!zero_comm_) return;
   TimedRegion r("grad_reduce", stream_);
-  if (sharded_) sharded_->reduce_grads(stream_, grads_.get(), grad_shard_.get(), plan_.grad);
-  else zero_comm_->reduce_grads(stream_, grads_.get());
+  if (sharded_) {
+    // overlap_comm: already reduced during the backward (enqueue_forward_backward).
+    if (!cfg_.zero_optimization.overlap_comm)
+      sharded_->reduce_grads(stream_, grads_.get(), grad_shard_.get(), plan_.grad);
+  } else {
+    zero_comm_->reduce_grads(stream_, grads_.get());
+  }
 }
 
 void GpuEngine::enqueue_norm() {
@@ -275,7 +285,7 @@ void GpuEngine::ensure_state() const {
 double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_t* labels) {
   ensure_state();
   stage_batch(tokens, labels);
-  enqueue_forward_backward();
+  enqueue_forward_backward(/*step=*/false);
   read_flags();
   double loss = 0;
   for (int a = 0; a < accum_; ++a) loss += flags_h_[a] / accum_;

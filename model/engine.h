@@ -84,7 +84,9 @@ class GpuEngine final : public TrainBackend {
 
  private:
   void stage_batch(const std::int32_t* tokens, const std::int32_t* labels);
-  void enqueue_forward_backward();  // static: capturable
+  // Static: capturable. `step`: a training step's pass (stage 3 with overlap_comm then reduces
+  // the gradients during the backward); false for the forward_backward() test helper.
+  void enqueue_forward_backward(bool step = true);
   void enqueue_reduce();  // the ZeRO gradient reduction (nothing without a communicator)
   void enqueue_norm();
   void read_flags();

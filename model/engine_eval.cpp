@@ -23,7 +23,7 @@ double GpuEngine::eval_loss(const std::int32_t* tokens, const std::int32_t* labe
   if (sharded_) sharded_->begin_pass(params_.as<bf16>(), eval_order_);  // stage 3: gathered unit by unit
   ParamAccess& P = sharded_ ? static_cast<ParamAccess&>(*sharded_) : flat;
   model_->forward_loss(stream_, P, tokens_d_.as<std::int32_t>(), labels_d_.as<std::int32_t>(), flags, status);
-  if (sharded_) sharded_->end_pass();
+  if (sharded_) sharded_->end_pass(stream_);
   read_flags();  // synchronizes; a bad token or label is an error naming its position
   return flags_h_[0];
 }

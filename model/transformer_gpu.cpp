@@ -273,6 +273,7 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
     timed(s, "dx", cost::gemm_grad_input(M_, V, h, false),
           [&] { gemm_->grad_input(s, logits_, H.w(table_.output_w()), dx_, M_, V, h, 0.f); });
     P.release(s, table_.head_unit());
+    P.grads_written(s, table_.head_unit());
   }
   for (int l = Ln - 1; l >= 0; --l) {
     std::snprintf(name, sizeof name, "layer%02d", l);
@@ -285,6 +286,7 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
     }
     layer_backward(s, U, gt, acc, l, a, xs_[l]);
     P.release(s, table_.layer_unit(l));
+    P.grads_written(s, table_.layer_unit(l));
   }
   // The embedding backward reads no parameters: its unit is not acquired, only its gradients addressed.
   const ParamUnit& eu = table_.units().at(std::size_t(table_.embedding_unit()));
@@ -294,6 +296,7 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
     kernels::embedding_backward(s, dx_, tokens, g(table_.embedding()), g(table_.pos_embedding()), gt, acc, B_, S_, h,
                                 V, scratch_);
   });
+  P.grads_written(s, table_.embedding_unit());
 }
 
 }  // namespace cutrain::model

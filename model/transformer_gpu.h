@@ -31,6 +31,8 @@ class ParamAccess {
   virtual void release(cudaStream_t s, int u) = 0;
   // Element offset of unit u's gradients in the gradient buffer (tensors keep their in-unit offsets).
   virtual std::size_t grad_offset(int u) const = 0;
+  // After the last kernel on `s` that writes unit u's gradients in one micro-batch's backward.
+  virtual void grads_written(cudaStream_t s, int u) {}
 };
 
 // Every unit in one flat bf16 buffer at its TransformerParams offsets; gradients likewise.

@@ -28,7 +28,7 @@ void ShardedParams::join(cudaStream_t compute) {
   done_.wait_on(compute);
 }
 
-void ShardedParams::begin_pass(const bf16* shard, const std::vector<int>& order) {
+void ShardedParams::begin_pass(const bf16* shard, const std::vector<int>& order, const OverlapReduce* reduce) {
   CUTRAIN_CHECK(!in_pass_, "ZeRO stage 3: a pass began while another one is open");
   CUTRAIN_CHECK(shard != nullptr, "ZeRO stage 3: no param shard");
   shard_ = shard;
@@ -40,13 +40,43 @@ void ShardedParams::begin_pass(const bf16* shard, const std::vector<int>& order)
   }
   pos_ = next_gather_ = 0;
   live_unit_ = -1;
+  reducing_ = reduce != nullptr;
+  if (reducing_) {
+    CUTRAIN_CHECK(reduce->grads && reduce->grad_shard && reduce->micro_batches >= 1,
+                  "ZeRO stage 3: an overlapped reduction needs both gradient buffers and a micro-batch count");
+    reduce_ = *reduce;
+  }
+  written_.assign(layout_.units.size(), 0);
+  reduced_ = 0;
   in_pass_ = true;
 }
 
-void ShardedParams::end_pass() {
+void ShardedParams::end_pass(cudaStream_t s) {
   CUTRAIN_CHECK(in_pass_ && pos_ == order_.size() && live_unit_ < 0, "ZeRO stage 3: the pass used ", pos_, " of ",
                 order_.size(), " planned units", live_unit_ >= 0 ? " and left one acquired" : "");
   in_pass_ = false;
+  if (!reducing_) return;
+  CUTRAIN_CHECK(reduced_ == layout_.units.size(), "ZeRO stage 3: the pass reduced the gradients of ", reduced_, " of ",
+                layout_.units.size(), " units");
+  join(s);  // the norm and the optimizer read the gradient shard
+}
+
+void ShardedParams::grads_written(cudaStream_t s, int u) {
+  CUTRAIN_CHECK(in_pass_ && u >= 0 && std::size_t(u) < layout_.units.size(), "ZeRO stage 3: gradients of unit ", u,
+                " written outside a pass");
+  if (!reducing_ || ++written_[std::size_t(u)] != reduce_.micro_batches) return;
+  // The last micro-batch's backward of this unit is done: its gradients are final.
+  grads_ready_.record(s);
+  grads_ready_.wait_on(comm_stream_);
+  reduce_unit(layout_.units[std::size_t(u)], reduce_.grads, reduce_.grad_shard, reduce_.grad_type);
+  ++reduced_;
+}
+
+void ShardedParams::reduce_unit(const ShardUnit& s, const void* grads, void* grad_shard, DType t) {
+  const std::size_t es = dtype_size(t);
+  comm_->reduce_scatter(static_cast<const char*>(grads) + s.padded_offset * es,
+                        static_cast<char*>(grad_shard) + s.shard_offset * es, s.per_rank, t, comm::ReduceOp::Avg,
+                        comm_stream_);
 }
 
 void ShardedParams::gather(std::size_t k) {
@@ -89,12 +119,8 @@ void ShardedParams::release(cudaStream_t s, int u) {
 
 void ShardedParams::reduce_grads(cudaStream_t compute, const void* grads, void* grad_shard, DType t) {
   NvtxRange range("zero3.reduce_grads");
-  const std::size_t es = dtype_size(t);
   fork(compute);
-  for (const ShardUnit& s : layout_.units)
-    comm_->reduce_scatter(static_cast<const char*>(grads) + s.padded_offset * es,
-                          static_cast<char*>(grad_shard) + s.shard_offset * es, s.per_rank, t, comm::ReduceOp::Avg,
-                          comm_stream_);
+  for (const ShardUnit& s : layout_.units) reduce_unit(s, grads, grad_shard, t);
   join(compute);
 }
 

@@ -10,6 +10,11 @@
 // stream, and gather k + 2 (issued at acquire of k + 1) waits for it before overwriting the
 // buffer. The first gather of a pass waits for everything the compute stream did before. Every
 // event is recorded and waited within the same pass, so a pass can be captured in a CUDA graph.
+//
+// With overlap_comm, a unit's gradient reduce-scatter starts as soon as the pass's last backward
+// of that unit has written them (the last micro-batch), overlapping the rest of the backward; the
+// compute stream joins them at end_pass. Without it, reduce_grads runs after backward. Both
+// reduce the same data with the same collectives: the results are identical.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,13 +39,25 @@ class ShardedParams final : public ParamAccess {
 
   // One pass of the model (a step's micro-batches, or an eval forward): the units are acquired in
   // exactly `order` (zero_shard_layout.h's stage3_use_order; checked). `shard`: this rank's bf16
-  // param shard (read again every pass: an offload reload moves it).
-  void begin_pass(const bf16* shard, const std::vector<int>& order);
-  void end_pass();  // checks that every use of the order happened
+  // param shard (read again every pass: an offload reload moves it). `reduce`: a training pass
+  // whose gradients are reduce-scattered during backward (overlap_comm) into `grad_shard`, from
+  // the gradient buffer `grads` of dtype `grad_type`, once each unit's `micro_batches`-th backward
+  // has written them; null when the pass reduces nothing.
+  struct OverlapReduce {
+    const void* grads = nullptr;
+    void* grad_shard = nullptr;
+    DType grad_type = DType::BF16;
+    int micro_batches = 1;
+  };
+  void begin_pass(const bf16* shard, const std::vector<int>& order, const OverlapReduce* reduce = nullptr);
+  // Checks that every use of the order happened; with `reduce`, that every unit was reduced, and
+  // the compute stream `s` waits for the reductions.
+  void end_pass(cudaStream_t s);
 
   const bf16* acquire(cudaStream_t s, int u) override;
   void release(cudaStream_t s, int u) override;
   std::size_t grad_offset(int u) const override { return layout_.units.at(std::size_t(u)).padded_offset; }
+  void grads_written(cudaStream_t s, int u) override;
 
   // After the last backward: every unit's gradients (padded layout, `t`) reduce-scattered
   // (average) into this rank's gradient shard (shard layout).
@@ -58,6 +75,7 @@ class ShardedParams final : public ParamAccess {
   void fork(cudaStream_t compute);
   void join(cudaStream_t compute);
   void gather(std::size_t k);  // the pass's k-th gathered use into buffer k % 2, on the comm stream
+  void reduce_unit(const ShardUnit& s, const void* grads, void* grad_shard, DType t);  // on the comm stream
 
   std::shared_ptr<comm::Communicator> comm_;
   cudaStream_t comm_stream_;
@@ -73,6 +91,11 @@ class ShardedParams final : public ParamAccess {
   std::size_t pos_ = 0, next_gather_ = 0;
   int live_unit_ = -1;  // the acquired, not yet released unit
   bool in_pass_ = false;
+  bool reducing_ = false;
+  OverlapReduce reduce_;
+  std::vector<int> written_;  // per unit: backwards that wrote its gradients in this pass
+  std::size_t reduced_ = 0;
+  Event grads_ready_{false};
   std::size_t gathers_issued_ = 0;
 };
 

@@ -26,7 +26,7 @@ struct Case {
   int stage;
   int accumulation = 1;
   float clip = 0.f;
-  bool overlap_comm = false;  // stage 0: bucketed all-reduce
+  bool overlap_comm = false;  // stage 0: bucketed all-reduce; stage 3: reduce-scatter during backward
   bool stochastic_rounding = false;
   long long persistence = -1;  // stage 3: stage3_param_persistence_threshold (-1: the default, 100000)
   bool checkpointing = false;  // activation checkpointing (stage 3: the recompute reads the gathered unit)
@@ -36,7 +36,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   const Case& c = i.param;
   std::string n = std::string(c.layout) + "_stage" + std::to_string(c.stage) + "_accum" + std::to_string(c.accumulation);
   if (c.clip > 0) n += "_clip";
-  if (c.overlap_comm) n += "_buckets";
+  if (c.overlap_comm) n += c.stage == 3 ? "_overlap" : "_buckets";
   if (c.stochastic_rounding) n += "_sr";
   if (c.persistence >= 0) n += "_persist" + std::to_string(c.persistence);
   if (c.checkpointing) n += "_ckpt";
@@ -213,7 +213,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"baseline", 3, 2, 1.0f}, Case{"bf16_master_wg", 3, 2, 0.5f},
                       Case{"bf16_full", 3, 1, 1.0f, false, true}, Case{"baseline", 3, 2, 0.f, false, false, 150000},
                       Case{"bf16_master_wg", 3, 2, 1.0f, false, false, -1, true},
-                      Case{"bf16_full", 3, 1, 0.f, false, false, 1000000000, true}),
+                      Case{"bf16_full", 3, 1, 0.f, false, false, 1000000000, true},
+                      // Stage 3 with overlap_comm: each unit reduce-scattered during the last backward.
+                      Case{"baseline", 3, 2, 1.0f, true}, Case{"bf16_full", 3, 1, 0.f, true, true},
+                      Case{"bf16_master_wg", 3, 3, 0.5f, true, false, 150000, true}),
     case_name);
 
 TEST(ZeroWorldOneStage3, WithoutACommunicatorRunsAsTheSingleProcessEngine) {
