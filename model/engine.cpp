@@ -32,7 +32,7 @@ std::shared_ptr<comm::Communicator> resolve_communicator(const BackendOptions& o
   }
   const comm::LaunchEnv env = comm::read_launch_env();
   if (env.world_size <= 1) return nullptr;  // a single process never needs NCCL
-  // What this world size cannot run (stage 3) fails here, before the rendezvous and NCCL set-up.
+  // An invalid stage fails here, before the rendezvous and NCCL set-up.
   make_zero_plan(c.zero_optimization.stage, 1, env.world_size, env.rank, /*has_comm=*/true);
   std::cout << "[Rank " << env.rank << "] data parallel: rank " << env.rank << " of " << env.world_size << " (from "
             << env.source << "), local rank " << env.local_rank << " -> cuda:" << env.local_rank
@@ -60,10 +60,27 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
 
   // Persistent state in the layout's dtypes; grads zeroed once so the flat buffer's padding stays 0.
   // Partitioned (ZeRO 1-2): params and grads padded to world x per_rank elements; master and
-  // moments only for this rank's partition. Otherwise flat == state == n_.
-  const std::size_t flat = zero_.flat_elems(), ns = zero_.state_elems();
-  params_ = Buffer(A, flat * 2, stream_);
+  // moments only for this rank's partition. Sharded (3): params, master, moments and the reduced
+  // gradients in this rank's shard; the full gradient buffer in the padded layout. Otherwise
+  // flat == state == n_.
+  if (zero_.sharded()) {
+    // The shards live on the device; moving them to the host or NVMe is not implemented.
+    CUTRAIN_CHECK(c.zero_optimization.offload_param.device == "none",
+                  "zero_optimization.offload_param.device \"", c.zero_optimization.offload_param.device,
+                  "\" is not supported by the GPU engine's stage 3 (the parameter shards stay on the device); set it "
+                  "to \"none\" (offload_optimizer is supported)");
+    std::vector<comm::Range> units;
+    for (const ParamUnit& u : table_.units()) units.push_back({u.begin, u.end});
+    layout_ = make_shard_layout(units, n_, zero_.world,
+                                std::size_t(c.zero_optimization.stage3_param_persistence_threshold));
+    train_order_ = stage3_use_order(table_.dims().layers, accum_, /*eval=*/false);
+    eval_order_ = stage3_use_order(table_.dims().layers, 1, /*eval=*/true);
+  }
+  const std::size_t flat = zero_.sharded() ? layout_.padded_elems : zero_.flat_elems();
+  const std::size_t ns = zero_.sharded() ? layout_.shard_elems : zero_.state_elems();
+  params_ = Buffer(A, (zero_.sharded() ? ns : flat) * 2, stream_);
   grads_ = Buffer(A, flat * dtype_size(plan_.grad), stream_);
+  if (zero_.sharded()) grad_shard_ = Buffer(A, ns * dtype_size(plan_.grad), stream_);
   if (plan_.has_master) master_ = Buffer(A, ns * 4, stream_);
   m_ = Buffer(A, ns * dtype_size(plan_.moment), stream_);
   v_ = Buffer(A, ns * dtype_size(plan_.moment), stream_);
@@ -76,33 +93,44 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     // moments set on the device, so a 6.86B model does not stage four fp32 copies in host memory.
     std::vector<float> init(n_);
     table_.init(init.data(), o.seed);
-    if (flat > n_) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(params_.get(), 0, params_.bytes(), stream_));
-    upload(params_, DType::BF16, init, stream_);
-    if (plan_.has_master) {
-      // This rank's partition of the initial weights (all of them when not partitioned).
-      const comm::Range r = zero_.state_range();
-      const std::size_t real = r.begin < n_ ? std::min(r.end, n_) - r.begin : 0;
-      if (real < ns) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(master_.get(), 0, master_.bytes(), stream_));
-      upload(master_, DType::F32, init.data() + std::min(r.begin, n_), real, stream_);
+    if (zero_.sharded()) {
+      const std::vector<float> shard = layout_.shard_from_flat(init.data(), zero_.rank);
+      upload(params_, DType::BF16, shard, stream_);
+      if (plan_.has_master) upload(master_, DType::F32, shard, stream_);
+    } else {
+      if (flat > n_) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(params_.get(), 0, params_.bytes(), stream_));
+      upload(params_, DType::BF16, init, stream_);
+      if (plan_.has_master) {
+        // This rank's partition of the initial weights (all of them when not partitioned).
+        const comm::Range r = zero_.state_range();
+        const std::size_t real = r.begin < n_ ? std::min(r.end, n_) - r.begin : 0;
+        if (real < ns) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(master_.get(), 0, master_.bytes(), stream_));
+        upload(master_, DType::F32, init.data() + std::min(r.begin, n_), real, stream_);
+      }
     }
   }
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(m_.get(), 0, m_.bytes(), stream_));
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(v_.get(), 0, v_.bytes(), stream_));
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), stream_));
+  if (grad_shard_) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(grad_shard_.get(), 0, grad_shard_.bytes(), stream_));
 
   const std::size_t per_step = std::size_t(accum_) * o.batch * o.seq;
   tokens_d_ = Buffer(A, per_step * 4, stream_);
   labels_d_ = Buffer(A, per_step * 4, stream_);
   flag_words_ = std::size_t(accum_) + 2 + 1 + 2 * std::size_t(accum_);
   flags_d_ = Buffer(A, flag_words_ * 4, stream_);
-  norm_scratch_ = Buffer(A, kernels::grad_norm_scratch_bytes(n_), stream_);
+  norm_scratch_ = Buffer(A, kernels::grad_norm_scratch_bytes(std::max(n_, layout_.shard_elems)), stream_);
   CUTRAIN_CUDA_CHECK(cudaMallocHost(&tokens_h_, per_step * 4));
   CUTRAIN_CUDA_CHECK(cudaMallocHost(&labels_h_, per_step * 4));
   CUTRAIN_CUDA_CHECK(cudaMallocHost(&flags_h_, flag_words_ * 4));
   nvtx_name_stream(stream_.get(), "cutrain.compute");
-  std::cout << zero_memory_line(plan_, zero_) << std::endl;
+  std::cout << zero_memory_line(plan_, zero_, layout_.gather_elems, layout_.persistent_elems) << std::endl;
   if (zero_.mode != ZeroMode::None)
     zero_comm_ = std::make_unique<ZeroComm>(comm_, zero_, c.zero_optimization, table_, plan_.grad, A, stream_.get());
+  if (zero_.sharded()) {
+    sharded_ = std::make_unique<ShardedParams>(comm_, zero_comm_->stream(), layout_, table_, A, stream_.get());
+    sharded_->refresh_persistent(stream_, params_.as<bf16>());
+  }
   model_ = std::make_unique<GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A);
   offloader_ = std::make_unique<StateOffloader>(A, stream_.get());
   offloader_->add("lp_params", &params_);
@@ -140,7 +168,7 @@ void GpuEngine::stage_batch(const std::int32_t* tokens, const std::int32_t* labe
 
 // H2D copies from the pinned staging, every micro-batch's forward/backward: the same pointers
 // and shapes every step, so it can be captured once and replayed.
-void GpuEngine::enqueue_forward_backward() {
+void GpuEngine::enqueue_forward_backward(bool step) {
   const std::size_t per_micro = std::size_t(opt_.batch) * opt_.seq;
   {
     TimedRegion r("h2d", stream_, 0, 2.0 * accum_ * per_micro * 4);
@@ -150,24 +178,48 @@ void GpuEngine::enqueue_forward_backward() {
   float* flags = as_f32(flags_d_);
   int* status = reinterpret_cast<int*>(flags + accum_ + 3);
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(status, 0, 2 * accum_ * sizeof(int), stream_));
+  // Stage 3: one pass over every micro-batch, so the prefetch runs across micro-batch boundaries.
+  // With overlap_comm each unit's gradients are reduce-scattered during the backward of the last
+  // micro-batch, as soon as they are final (else enqueue_reduce does it after backward).
+  FlatParams flat(table_, params_.as<bf16>());
+  ShardedParams::OverlapReduce overlap{grads_.get(), grad_shard_.get(), plan_.grad, accum_};
+  if (sharded_)
+    sharded_->begin_pass(params_.as<bf16>(), train_order_,
+                         step && cfg_.zero_optimization.overlap_comm ? &overlap : nullptr);
+  ParamAccess& P = sharded_ ? static_cast<ParamAccess&>(*sharded_) : flat;
   for (int a = 0; a < accum_; ++a) {
-    model_->forward_backward(stream_, params_.as<bf16>(), grads_.get(), plan_.grad, a > 0,
-                             tokens_d_.as<std::int32_t>() + a * per_micro, labels_d_.as<std::int32_t>() + a * per_micro,
-                             1.f / float(accum_), flags + a, status + 2 * a);
+    model_->forward_backward(stream_, P, grads_.get(), plan_.grad, a > 0, tokens_d_.as<std::int32_t>() + a * per_micro,
+                             labels_d_.as<std::int32_t>() + a * per_micro, 1.f / float(accum_), flags + a,
+                             status + 2 * a);
   }
+  if (sharded_) sharded_->end_pass(stream_);
 }
 
 void GpuEngine::enqueue_reduce() {
   if (!zero_comm_) return;
   TimedRegion rc("comm", stream_);  // the communication phase: step/comm/...
   TimedRegion r("grad_reduce", stream_);
-  zero_comm_->reduce_grads(stream_, grads_.get());
+  if (sharded_) {
+    // overlap_comm: already reduced during the backward (enqueue_forward_backward).
+    if (!cfg_.zero_optimization.overlap_comm)
+      sharded_->reduce_grads(stream_, grads_.get(), grad_shard_.get(), plan_.grad);
+  } else {
+    zero_comm_->reduce_grads(stream_, grads_.get());
+  }
 }
 
 void GpuEngine::enqueue_norm() {
   float* flags = as_f32(flags_d_);
-  const cost::Cost c = cost::grad_norm(zero_.norm_range().size(), dtype_size(plan_.grad));
+  const std::size_t count = zero_.sharded() ? layout_.shard_elems : zero_.norm_range().size();
+  const cost::Cost c = cost::grad_norm(count, dtype_size(plan_.grad));
   TimedRegion r("grad_norm", stream_, c.flops, c.bytes);
+  if (sharded_) {
+    // The shard's padding is 0 (never written, reduced from zeros): it adds nothing to the sum.
+    zero_comm_->global_norm_of_shard(stream_, grad_shard_.get(), count, cfg_.gradient_clipping, flags + accum_,
+                                     flags + accum_ + 1, reinterpret_cast<int*>(flags + accum_ + 2),
+                                     norm_scratch_.get());
+    return;
+  }
   if (zero_comm_) {
     // Global over the ranks: the same norm, clip coefficient and skip flag on every rank.
     zero_comm_->global_norm(stream_, grads_.get(), cfg_.gradient_clipping, flags + accum_, flags + accum_ + 1,
@@ -234,7 +286,7 @@ void GpuEngine::ensure_state() const {
 double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_t* labels) {
   ensure_state();
   stage_batch(tokens, labels);
-  enqueue_forward_backward();
+  enqueue_forward_backward(/*step=*/false);
   read_flags();
   double loss = 0;
   for (int a = 0; a < accum_; ++a) loss += flags_h_[a] / accum_;
@@ -322,17 +374,23 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   }
   {
     // The flat range this rank updates: all of it, or its ZeRO partition (master and moments are
-    // then partition-sized buffers, indexed from 0).
-    const comm::Range sr = zero_.state_range();
+    // then partition-sized buffers, indexed from 0). Stage 3: the whole shard, every buffer
+    // shard-sized (the reduced gradients in grad_shard_).
+    const comm::Range sr = zero_.sharded() ? comm::Range{0, layout_.shard_elems} : zero_.state_range();
     const std::size_t gs = dtype_size(plan_.grad);
+    const void* g = zero_.sharded() ? grad_shard_.get() : static_cast<const char*>(grads_.get()) + sr.begin * gs;
     const cost::Cost c = cost::adam_step(sr.size(), gs, dtype_size(plan_.moment), plan_.has_master);
     TimedRegion ro("optimizer", stream_, c.flops, c.bytes);
-    kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>() + sr.begin,
-                       static_cast<const char*>(grads_.get()) + sr.begin * gs, plan_.grad,
+    kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>() + sr.begin, g, plan_.grad,
                        plan_.has_master ? as_f32(master_) : nullptr, m_.get(), v_.get(), sr.size(), flags + accum_ + 1,
                        reinterpret_cast<const int*>(flags + accum_ + 2));
   }
-  if (zero_comm_) {
+  if (sharded_) {
+    // Params stay sharded: only the persistent units are gathered again.
+    TimedRegion rc("comm", stream_);
+    TimedRegion rg("param_gather", stream_);
+    sharded_->refresh_persistent(stream_, params_.as<bf16>());
+  } else if (zero_comm_) {
     TimedRegion rc("comm", stream_);
     TimedRegion rg("param_gather", stream_);
     zero_comm_->gather_params(stream_, params_.as<bf16>());  // no-op at stage 0
@@ -396,19 +454,43 @@ void upload(const Buffer& b, DType t, const float* v, std::size_t n, cudaStream_
 std::vector<float> GpuEngine::download_grads() const {
   ensure_state();
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (zero_.sharded()) {
+    const std::vector<float> padded = download(grads_, plan_.grad, layout_.padded_elems);
+    return layout_.flat_from_padded(padded.data());
+  }
   return download(grads_, plan_.grad, n_);
 }
 void GpuEngine::poison_grads() {
   ensure_state();
   const std::size_t es = dtype_size(plan_.grad);
-  for (const auto& t : table_.tensors())
-    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(grads_.get()) + t.offset * es, 0xFF, t.count * es, stream_));
+  for (std::size_t i = 0; i < table_.tensors().size(); ++i) {
+    const ParamTensor& t = table_.tensors()[i];
+    std::size_t at = t.offset;  // stage 3: the tensor's place in the padded layout
+    if (zero_.sharded()) {
+      const int u = table_.unit_of(int(i));
+      at = layout_.units[std::size_t(u)].padded_offset + (t.offset - table_.units()[std::size_t(u)].begin);
+    }
+    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(grads_.get()) + at * es, 0xFF, t.count * es, stream_));
+  }
 }
 
 std::vector<float> GpuEngine::download_params() const {
   ensure_state();
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (zero_.sharded()) return gather_sharded(params_, DType::BF16);
   return download(params_, DType::BF16, n_);
+}
+
+std::vector<float> GpuEngine::gather_sharded(const Buffer& shard, DType t) const {
+  Buffer padded(device_allocator(), layout_.padded_elems * dtype_size(t), stream_);
+  sharded_->gather_padded(stream_, shard.get(), padded.get(), t);
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const std::vector<float> p = download(padded, t, layout_.padded_elems);
+  return layout_.flat_from_padded(p.data());
+}
+
+void GpuEngine::put_sharded(const Buffer& shard, DType t, const float* flat) {
+  upload(shard, t, layout_.shard_from_flat(flat, zero_.rank), stream_);
 }
 
 HostState GpuEngine::save_state() const {
@@ -417,6 +499,7 @@ HostState GpuEngine::save_state() const {
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   // Partitioned: every rank's partition gathered first (collective: all ranks save together).
   auto state = [&](const Buffer& b, DType t) {
+    if (zero_.sharded()) return gather_sharded(b, t);
     if (!zero_.partitioned()) return download(b, t, n_);
     Buffer full(device_allocator(), zero_.part.padded_numel * dtype_size(t), stream_);
     zero_comm_->gather_state(stream_, b.get(), full.get(), t);
@@ -424,7 +507,7 @@ HostState GpuEngine::save_state() const {
     return download(full, t, n_);
   };
   HostState s;
-  s.params = download(params_, DType::BF16, n_);
+  s.params = zero_.sharded() ? gather_sharded(params_, DType::BF16) : download(params_, DType::BF16, n_);
   if (plan_.has_master) s.master = state(master_, DType::F32);
   s.exp_avg = state(m_, plan_.moment);
   s.exp_avg_sq = state(v_, plan_.moment);
@@ -439,6 +522,17 @@ void GpuEngine::load_state(const HostState& s) {
                 " layout needs fp32 master weights of ", n_, " elements, the state has ", s.master.size());
   ensure_state();
   if (swap_) swap_->make_resident();
+  if (zero_.sharded()) {
+    // This rank's shard of every state; the persistent units gathered again from the new params.
+    put_sharded(params_, DType::BF16, s.params.data());
+    if (plan_.has_master) put_sharded(master_, DType::F32, s.master.data());
+    put_sharded(m_, plan_.moment, s.exp_avg.data());
+    put_sharded(v_, plan_.moment, s.exp_avg_sq.data());
+    sharded_->refresh_persistent(stream_, params_.as<bf16>());
+    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (swap_) swap_->swap_out(/*non_blocking=*/false);
+    return;
+  }
   upload(params_, DType::BF16, s.params, stream_);
   // This rank's partition of each optimizer state (all of it when not partitioned); padding 0.
   const comm::Range r = zero_.state_range();

@@ -2,9 +2,12 @@
 // micro-batches with gradient accumulation, global-norm clipping, NaN/Inf skip, one fused Adam(W)
 // launch over the flat buffers, allocator memory statistics, and CUDA-graph replay of the
 // forward/backward/grad-norm part of the step after a warm-up step. Data parallel over NCCL
-// ranks with ZeRO stages 0-2 (docs/distributed.md): gradient all-reduce (0), or optimizer state
-// partitioned + gradient reduce-scatter + param all-gather (1, 2); the collectives of the
-// gradient reduction and norm are part of the captured graph.
+// ranks with ZeRO stages 0-3 (docs/distributed.md): gradient all-reduce (0), or optimizer state
+// partitioned + gradient reduce-scatter + param all-gather (1, 2), or (3) params, optimizer
+// state and reduced gradients in per-unit shards with each unit (embeddings, block, head)
+// gathered just before use and the next one prefetched on the communication stream
+// (model/zero_stage3.h). The collectives of the gradient reduction and norm, and stage 3's
+// gathers, are part of the captured graph.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,6 +22,8 @@
 #include "model/transformer_gpu.h"
 #include "model/zero_comm.h"
 #include "model/zero_plan.h"
+#include "model/zero_shard_layout.h"
+#include "model/zero_stage3.h"
 #include "runtime/device.h"
 #include "runtime/offload.h"
 
@@ -41,12 +46,14 @@ class GpuEngine final : public TrainBackend {
 
   // For tests: forward + backward of the micro-batches only (no optimizer step, no ZeRO
   // reduction: this rank's own gradients); returns the mean loss. Gradients stay in the flat
-  // gradient buffer. After a ZeRO 1-2 step only this rank's partition of it is reduced.
+  // gradient buffer. After a ZeRO 1-2 step only this rank's partition of it is reduced; stage 3
+  // keeps this rank's unreduced gradients there (the reduced ones are in its gradient shard).
   double forward_backward(const std::int32_t* tokens, const std::int32_t* labels);
-  std::vector<float> download_grads() const;   // flat, as float
+  std::vector<float> download_grads() const;   // flat, as float (stage 3: from the padded layout)
   // Fills every real gradient element with 0xFF (NaN) so a test sees which ones a step wrote.
   void poison_grads();
-  std::vector<float> download_params() const;  // flat bf16 params, as float
+  // Flat bf16 params, as float. Stage 3: gathered from every rank's shard (collective).
+  std::vector<float> download_params() const;
   const PrecisionPlan& plan() const { return plan_; }
   // Bytes the persistent training state took from the allocator (params, grads, master, moments).
   // `state_requested_bytes` is what the engine asked for (exactly n x bytes/param); `state_bytes`
@@ -55,6 +62,8 @@ class GpuEngine final : public TrainBackend {
   std::size_t state_requested_bytes() const { return state_requested_bytes_; }
   bool graph_active() const { return graph_exec_ != nullptr; }
   const ZeroPlan& zero_plan() const { return zero_; }
+  // Stage 3 (ZeroMode::Sharded) only: the per-unit shard layout and its gathers; null otherwise.
+  const ShardedParams* sharded() const { return sharded_.get(); }
   int graph_captures() const { return graph_captures_; }  // successful captures so far
 
   // DeepSpeed's engine.offload_states / reload_states. `include`: any of optim_states (moments),
@@ -75,11 +84,17 @@ class GpuEngine final : public TrainBackend {
 
  private:
   void stage_batch(const std::int32_t* tokens, const std::int32_t* labels);
-  void enqueue_forward_backward();  // static: capturable
+  // Static: capturable. `step`: a training step's pass (stage 3 with overlap_comm then reduces
+  // the gradients during the backward); false for the forward_backward() test helper.
+  void enqueue_forward_backward(bool step = true);
   void enqueue_reduce();  // the ZeRO gradient reduction (nothing without a communicator)
   void enqueue_norm();
   void read_flags();
   void ensure_state() const;  // offloaded states reloaded, the stream waits for reloads in flight
+  // Stage 3: a shard-layout state gathered from every rank (collective) into the flat layout.
+  std::vector<float> gather_sharded(const Buffer& shard, DType t) const;
+  // Stage 3: this rank's shard of a flat host state uploaded into `shard` (padding 0).
+  void put_sharded(const Buffer& shard, DType t, const float* flat);
 
   BackendOptions opt_;
   TrainConfig cfg_;
@@ -92,11 +107,17 @@ class GpuEngine final : public TrainBackend {
   Stream stream_;
   ZeroPlan zero_;
   std::unique_ptr<ZeroComm> zero_comm_;  // null for ZeroMode::None
+  // Stage 3: the units' shard layout, the use orders of a step and of an eval forward.
+  ShardLayout layout_;
+  std::vector<int> train_order_, eval_order_;
   std::string describe_;
-  Buffer params_, grads_, master_, m_, v_;
+  // Stage 3: params_, master_, m_, v_ and grad_shard_ hold this rank's shard (layout_.shard_elems);
+  // grads_ is the full gradient buffer in the padded layout (backward writes every unit).
+  Buffer params_, grads_, master_, m_, v_, grad_shard_;
   Buffer tokens_d_, labels_d_, flags_d_, norm_scratch_;
   std::size_t state_bytes_ = 0, state_requested_bytes_ = 0;
   std::unique_ptr<GpuTransformer> model_;
+  std::unique_ptr<ShardedParams> sharded_;  // stage 3 only; after zero_comm_ (uses its stream)
   // Host pinned staging: tokens, labels [accum*B*S], and the flags read back after each step.
   std::int32_t* tokens_h_ = nullptr;
   std::int32_t* labels_h_ = nullptr;

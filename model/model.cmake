@@ -15,6 +15,8 @@ target_sources(cutrain_model PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/optimizer_swap.cpp
   ${CMAKE_CURRENT_LIST_DIR}/zero_plan.cpp
   ${CMAKE_CURRENT_LIST_DIR}/zero_comm.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/zero_shard_layout.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/zero_stage3.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint.cpp
   ${CMAKE_CURRENT_LIST_DIR}/checkpoint_io.cpp
   ${CMAKE_CURRENT_LIST_DIR}/train_loop.cpp

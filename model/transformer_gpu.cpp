@@ -93,11 +93,17 @@ void GpuTransformer::release_workspace() {
   workspace_bytes_ = 0;
 }
 
-void GpuTransformer::layer_forward(cudaStream_t s, const bf16* P, int l, const LayerActs& a, const bf16* x_in,
+GpuTransformer::Unit GpuTransformer::unit(ParamAccess& P, cudaStream_t s, int u, char* G, DType gt) {
+  const std::size_t es = dtype_size(gt);
+  return Unit{&table_, P.acquire(s, u), G ? G + P.grad_offset(u) * es : nullptr, table_.units().at(std::size_t(u)).begin,
+              es};
+}
+
+void GpuTransformer::layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const bf16* x_in,
                                    bf16* x_out) {
   const LayerIndex& L = table_.layer(l);
   const int h = table_.dims().hidden, F = table_.dims().ffn();
-  auto w = [&](int idx) { return P + table_.tensor(idx).offset; };
+  auto w = [&](int idx) { return U.w(idx); };
   bf16* proj = dh_;  // free during forward and before a layer's backward uses it
   const auto& A = attn_;
   {
@@ -133,13 +139,13 @@ void GpuTransformer::layer_forward(cudaStream_t s, const bf16* P, int l, const L
   }
 }
 
-void GpuTransformer::layer_backward(cudaStream_t s, const bf16* P, char* G, DType gt, bool acc, int l,
-                                    const LayerActs& a, const bf16* x_in) {
+void GpuTransformer::layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a,
+                                    const bf16* x_in) {
   const LayerIndex& L = table_.layer(l);
   const int h = table_.dims().hidden, F = table_.dims().ffn();
   const std::size_t es = dtype_size(gt);
-  auto w = [&](int idx) { return P + table_.tensor(idx).offset; };
-  auto g = [&](int idx) { return static_cast<void*>(G + table_.tensor(idx).offset * es); };
+  auto w = [&](int idx) { return U.w(idx); };
+  auto g = [&](int idx) { return U.g(idx); };
   const auto& A = attn_;
   {
     TimedRegion r("mlp", s);
@@ -188,43 +194,54 @@ void GpuTransformer::layer_backward(cudaStream_t s, const bf16* P, char* G, DTyp
 
 // Embeddings, every block and the output projection into logits_ [M, vocab_rows], then `loss`
 // (training's or evaluation's cross-entropy) in the same "head" region: the forward both run.
+// Each unit is acquired just before its first kernel and released after its last; the head
+// stays acquired for the caller (its backward reads output_w).
 template <typename Loss>
-void GpuTransformer::forward(cudaStream_t s, const bf16* P, const std::int32_t* tokens, int* d_status, Loss&& loss) {
+GpuTransformer::Unit GpuTransformer::forward(cudaStream_t s, ParamAccess& P, char* G, DType gt,
+                                             const std::int32_t* tokens, int* d_status, Loss&& loss) {
   const ModelDims& d = table_.dims();
   const int h = d.hidden, Vr = d.vocab_rows(), Ln = d.layers;
-  auto w = [&](int idx) { return P + table_.tensor(idx).offset; };
   char name[16];
-  timed(s, "embedding", cost::embedding_forward(B_, S_, h), [&] {
-    // Token ids are checked against the real vocabulary: padded rows are never a token.
-    kernels::embedding_forward(s, tokens, w(table_.embedding()), w(table_.pos_embedding()), xs_[0], B_, S_, h, d.vocab,
-                               d_status);
-  });
+  {
+    const Unit E = unit(P, s, table_.embedding_unit(), G, gt);
+    timed(s, "embedding", cost::embedding_forward(B_, S_, h), [&] {
+      // Token ids are checked against the real vocabulary: padded rows are never a token.
+      kernels::embedding_forward(s, tokens, E.w(table_.embedding()), E.w(table_.pos_embedding()), xs_[0], B_, S_, h,
+                                 d.vocab, d_status);
+    });
+    P.release(s, table_.embedding_unit());
+  }
   for (int l = 0; l < Ln; ++l) {
     std::snprintf(name, sizeof name, "layer%02d", l);
     TimedRegion r(name, s);
-    layer_forward(s, P, l, acts_[checkpointing_ ? 0 : l], xs_[l], xs_[l + 1]);
+    const Unit U = unit(P, s, table_.layer_unit(l), G, gt);
+    layer_forward(s, U, l, acts_[checkpointing_ ? 0 : l], xs_[l], xs_[l + 1]);
+    P.release(s, table_.layer_unit(l));
   }
   TimedRegion r("head", s);
+  const Unit H = unit(P, s, table_.head_unit(), G, gt);
   timed(s, "logits", cost::gemm_forward(M_, Vr, h), [&] {
-    gemm_->forward(s, xs_[Ln], w(table_.output_w()), w(table_.output_b()), logits_, M_, Vr, h, GemmEpilogue::Bias);
+    gemm_->forward(s, xs_[Ln], H.w(table_.output_w()), H.w(table_.output_b()), logits_, M_, Vr, h, GemmEpilogue::Bias);
   });
   loss();
+  return H;
 }
 
-void GpuTransformer::forward_loss(cudaStream_t s, const bf16* P, const std::int32_t* tokens,
+void GpuTransformer::forward_loss(cudaStream_t s, ParamAccess& P, const std::int32_t* tokens,
                                   const std::int32_t* labels, float* d_loss, int* d_status) {
   if (buffers_.empty()) allocate(s);
   const ModelDims& d = table_.dims();
   TimedRegion ev("eval", s);
-  forward(s, P, tokens, d_status, [&] {
+  forward(s, P, nullptr, DType::BF16, tokens, d_status, [&] {
     timed(s, "cross_entropy", cost::cross_entropy(M_, d.vocab), [&] {
       kernels::cross_entropy_forward(s, logits_, labels, M_, d.vocab, d.vocab_rows(), d_loss, nullptr, d_status + 1,
                                      scratch_);
     });
   });
+  P.release(s, table_.head_unit());
 }
 
-void GpuTransformer::forward_backward(cudaStream_t s, const bf16* P, void* grads, DType gt, bool acc,
+void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grads, DType gt, bool acc,
                                       const std::int32_t* tokens, const std::int32_t* labels, float grad_scale,
                                       float* d_loss, int* d_status) {
   CUTRAIN_CHECK(gt == DType::BF16 || gt == DType::F32, "gpu model: gradients must be bf16 or float32, got ",
@@ -234,12 +251,11 @@ void GpuTransformer::forward_backward(cudaStream_t s, const bf16* P, void* grads
   const int h = d.hidden, V = d.vocab_rows(), Ln = d.layers;
   char* G = static_cast<char*>(grads);
   const std::size_t es = dtype_size(gt);
-  auto w = [&](int idx) { return P + table_.tensor(idx).offset; };
-  auto g = [&](int idx) { return static_cast<void*>(G + table_.tensor(idx).offset * es); };
   char name[16];
+  Unit H{};
   {
     TimedRegion fwd("fwd", s);
-    forward(s, P, tokens, d_status, [&] {
+    H = forward(s, P, G, gt, tokens, d_status, [&] {
       // The loss covers the real vocabulary; padded columns get gradient 0.
       timed(s, "cross_entropy", cost::cross_entropy(M_, d.vocab), [&] {
         kernels::cross_entropy_forward_backward(s, logits_, labels, M_, d.vocab, V, d_loss, nullptr, d_status + 1,
@@ -251,26 +267,36 @@ void GpuTransformer::forward_backward(cudaStream_t s, const bf16* P, void* grads
   {
     TimedRegion r("head", s);
     timed(s, "dw", cost::gemm_grad_weight(M_, V, h, es, acc),
-          [&] { gemm_->grad_weight(s, logits_, xs_[Ln], g(table_.output_w()), gt, M_, V, h, acc); });
+          [&] { gemm_->grad_weight(s, logits_, xs_[Ln], H.g(table_.output_w()), gt, M_, V, h, acc); });
     timed(s, "db", cost::bias_grad(M_, V, es, acc),
-          [&] { kernels::bias_grad(s, logits_, g(table_.output_b()), gt, M_, V, acc, scratch_); });
+          [&] { kernels::bias_grad(s, logits_, H.g(table_.output_b()), gt, M_, V, acc, scratch_); });
     timed(s, "dx", cost::gemm_grad_input(M_, V, h, false),
-          [&] { gemm_->grad_input(s, logits_, w(table_.output_w()), dx_, M_, V, h, 0.f); });
+          [&] { gemm_->grad_input(s, logits_, H.w(table_.output_w()), dx_, M_, V, h, 0.f); });
+    P.release(s, table_.head_unit());
+    P.grads_written(s, table_.head_unit());
   }
   for (int l = Ln - 1; l >= 0; --l) {
     std::snprintf(name, sizeof name, "layer%02d", l);
     TimedRegion r(name, s);
     const LayerActs& a = acts_[checkpointing_ ? 0 : l];
+    const Unit U = unit(P, s, table_.layer_unit(l), G, gt);  // the recompute reads the same gathered unit
     if (checkpointing_) {
       TimedRegion rc("recompute", s);
-      layer_forward(s, P, l, a, xs_[l], xs_[l + 1]);  // xs_[l+1] is no longer needed: same bits anyway
+      layer_forward(s, U, l, a, xs_[l], xs_[l + 1]);  // xs_[l+1] is no longer needed: same bits anyway
     }
-    layer_backward(s, P, G, gt, acc, l, a, xs_[l]);
+    layer_backward(s, U, gt, acc, l, a, xs_[l]);
+    P.release(s, table_.layer_unit(l));
+    P.grads_written(s, table_.layer_unit(l));
   }
+  // The embedding backward reads no parameters: its unit is not acquired, only its gradients addressed.
+  const ParamUnit& eu = table_.units().at(std::size_t(table_.embedding_unit()));
+  char* ge = G + P.grad_offset(table_.embedding_unit()) * es;
+  auto g = [&](int idx) { return static_cast<void*>(ge + (table_.tensor(idx).offset - eu.begin) * es); };
   timed(s, "embedding", cost::embedding_backward(B_, S_, h, es), [&] {
     kernels::embedding_backward(s, dx_, tokens, g(table_.embedding()), g(table_.pos_embedding()), gt, acc, B_, S_, h,
                                 V, scratch_);
   });
+  P.grads_written(s, table_.embedding_unit());
 }
 
 }  // namespace cutrain::model

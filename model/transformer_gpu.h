@@ -18,6 +18,36 @@
 
 namespace cutrain::model {
 
+// Where the model finds each parameter unit's weights and writes its gradients (units:
+// TransformerParams::units()). The plain engine: one flat buffer (FlatParams). ZeRO stage 3:
+// a unit gathered into a buffer of its own just before use (model/zero_stage3.h).
+class ParamAccess {
+ public:
+  virtual ~ParamAccess() = default;
+  // Before the first kernel on `s` that reads unit `u`'s params: the unit's params, indexed from
+  // the unit's first element (tensor t at t.offset - unit.begin). Valid on `s` until release().
+  virtual const bf16* acquire(cudaStream_t s, int u) = 0;
+  // After the last kernel on `s` that reads them.
+  virtual void release(cudaStream_t s, int u) = 0;
+  // Element offset of unit u's gradients in the gradient buffer (tensors keep their in-unit offsets).
+  virtual std::size_t grad_offset(int u) const = 0;
+  // After the last kernel on `s` that writes unit u's gradients in one micro-batch's backward.
+  virtual void grads_written(cudaStream_t s, int u) {}
+};
+
+// Every unit in one flat bf16 buffer at its TransformerParams offsets; gradients likewise.
+class FlatParams final : public ParamAccess {
+ public:
+  FlatParams(const TransformerParams& table, const bf16* params) : table_(table), params_(params) {}
+  const bf16* acquire(cudaStream_t, int u) override { return params_ + table_.units().at(std::size_t(u)).begin; }
+  void release(cudaStream_t, int) override {}
+  std::size_t grad_offset(int u) const override { return table_.units().at(std::size_t(u)).begin; }
+
+ private:
+  const TransformerParams& table_;
+  const bf16* params_;
+};
+
 class GpuTransformer {
  public:
   // B×S tokens per micro-batch (S <= dims.max_seq). `checkpointing`: keep only each block's
@@ -28,18 +58,20 @@ class GpuTransformer {
   GpuTransformer(const GpuTransformer&) = delete;
   GpuTransformer& operator=(const GpuTransformer&) = delete;
 
-  // Forward to the loss and the whole backward of one micro-batch. params: bf16 flat; grads: flat
-  // of `grad_type` (bf16 or fp32), written (accumulate=false) or added to (accumulate=true);
+  // Forward to the loss and the whole backward of one micro-batch. params: where each unit's bf16
+  // params are (acquired in the order zero_shard_layout.h's stage3_use_order gives); grads: flat
+  // of `grad_type` (bf16 or fp32) at params.grad_offset of each unit, written (accumulate=false)
+  // or added to (accumulate=true);
   // tokens, labels: device int32 [B*S]. Writes the mean loss to *d_loss (device fp32) and the
   // first bad token / label index + 1 to d_status[0] / d_status[1] (device ints, 0 when valid).
   // `grad_scale` multiplies the loss gradient (1/accumulation for averaged micro-batches).
-  void forward_backward(cudaStream_t s, const bf16* params, void* grads, DType grad_type, bool accumulate,
+  void forward_backward(cudaStream_t s, ParamAccess& params, void* grads, DType grad_type, bool accumulate,
                         const std::int32_t* tokens, const std::int32_t* labels, float grad_scale, float* d_loss,
                         int* d_status);
 
   // Evaluation: the forward and the mean loss of one micro-batch, no gradients (logits kept).
   // Writes *d_loss and d_status[0..1] like forward_backward.
-  void forward_loss(cudaStream_t s, const bf16* params, const std::int32_t* tokens, const std::int32_t* labels,
+  void forward_loss(cudaStream_t s, ParamAccess& params, const std::int32_t* tokens, const std::int32_t* labels,
                     float* d_loss, int* d_status);
 
   // Returns activations and scratch to the allocator; the next call allocates them again.
@@ -52,12 +84,24 @@ class GpuTransformer {
     bf16 *qkv, *att, *s1, *x1, *f, *g, *s2;
     float *lse, *mean1, *rstd1, *mean2, *rstd2;
   };
+  // One acquired unit: its params and (in backward) its gradients, indexed by tensor.
+  struct Unit {
+    const TransformerParams* table;
+    const bf16* params;    // the unit's first element
+    char* grads;           // the unit's first gradient element (null in forward)
+    std::size_t begin;     // the unit's first flat element
+    std::size_t es;        // gradient element bytes
+    const bf16* w(int t) const { return params + (table->tensor(t).offset - begin); }
+    void* g(int t) const { return grads + (table->tensor(t).offset - begin) * es; }
+  };
+  Unit unit(ParamAccess& P, cudaStream_t s, int u, char* G, DType gt);
   void allocate(cudaStream_t s);
+  // Leaves the head unit acquired (released by the caller after the loss or the head backward).
   template <typename Loss>  // defined and instantiated in transformer_gpu.cpp only
-  void forward(cudaStream_t s, const bf16* P, const std::int32_t* tokens, int* d_status, Loss&& loss);
-  void layer_forward(cudaStream_t s, const bf16* P, int l, const LayerActs& a, const bf16* x_in, bf16* x_out);
-  void layer_backward(cudaStream_t s, const bf16* P, char* G, DType gt, bool acc, int l, const LayerActs& a,
-                      const bf16* x_in);
+  Unit forward(cudaStream_t s, ParamAccess& P, char* G, DType gt, const std::int32_t* tokens, int* d_status,
+               Loss&& loss);
+  void layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const bf16* x_in, bf16* x_out);
+  void layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a, const bf16* x_in);
 
   const TransformerParams& table_;
   int B_, S_, M_;

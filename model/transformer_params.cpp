@@ -65,6 +65,15 @@ TransformerParams::TransformerParams(const ModelDims& dims) : dims_(dims) {
   }
   output_w_ = add("output_proj.weight", {V, h}, InitKind::Uniform, lin_h);
   output_b_ = add("output_proj.bias", {V}, InitKind::Uniform, lin_h);
+  // Units: [embedding, pos_embedding], each block's 12 tensors, [output_w, output_b].
+  auto unit = [&](int first, int last) {
+    for (int t = first; t < last; ++t) unit_of_.push_back(static_cast<int>(units_.size()));
+    const std::size_t end = last < static_cast<int>(tensors_.size()) ? tensors_[std::size_t(last)].offset : flat_size_;
+    units_.push_back({tensors_[std::size_t(first)].offset, end, first, last});
+  };
+  unit(0, 2);
+  for (int i = 0; i < dims.layers; ++i) unit(layers_[std::size_t(i)].in_proj_w, layers_[std::size_t(i)].norm2_b + 1);
+  unit(output_w_, output_b_ + 1);
 }
 
 const ParamTensor& TransformerParams::find(const std::string& name) const {

@@ -37,6 +37,13 @@ struct ParamTensor {
   double bound = 0;                 // Uniform: U(-bound, bound)
 };
 
+// A contiguous run of whole tensors the model uses together: the embedding tables, one block,
+// or the head (output projection). ZeRO stage 3 gathers parameters unit by unit.
+struct ParamUnit {
+  std::size_t begin = 0, end = 0;  // flat element range [begin, end), padding between tensors included
+  int first = 0, last = 0;         // tensor indices [first, last)
+};
+
 // Tensor indices of one block, in PyTorch's order.
 struct LayerIndex {
   int in_proj_w, in_proj_b, out_proj_w, out_proj_b, norm1_w, norm1_b, ff0_w, ff0_b, ff2_w, ff2_b, norm2_w, norm2_b;
@@ -60,6 +67,13 @@ class TransformerParams {
   const LayerIndex& layer(int i) const { return layers_.at(static_cast<std::size_t>(i)); }
   int output_w() const { return output_w_; }
   int output_b() const { return output_b_; }
+  // Units in flat-buffer order: embedding_unit() (token + position tables), layer_unit(l) for
+  // each block, head_unit() (output projection weight and bias). They tile [0, flat_size()).
+  const std::vector<ParamUnit>& units() const { return units_; }
+  int embedding_unit() const { return 0; }
+  int layer_unit(int l) const { return 1 + l; }
+  int head_unit() const { return 1 + dims_.layers; }
+  int unit_of(int tensor) const { return unit_of_.at(static_cast<std::size_t>(tensor)); }
 
   // PyTorch default init into `flat` (flat_size() floats; padding set to 0), seeded: same seed,
   // same values. nn.Embedding N(0,1); nn.Linear U(±1/sqrt(in)) weight and bias; MHA in_proj
@@ -72,6 +86,8 @@ class TransformerParams {
   ModelDims dims_;
   std::vector<ParamTensor> tensors_;
   std::vector<LayerIndex> layers_;
+  std::vector<ParamUnit> units_;
+  std::vector<int> unit_of_;  // per tensor
   int output_w_ = -1, output_b_ = -1;
   std::size_t num_params_ = 0, flat_size_ = 0;
 };

@@ -71,8 +71,14 @@ void ZeroComm::global_norm(cudaStream_t compute, const void* grads, float max_no
   }
   const comm::Range r = plan_.norm_range();
   const std::size_t es = dtype_size(grad_type_);
+  global_norm_of_shard(compute, static_cast<const char*>(grads) + r.begin * es, r.size(), max_norm, norm, clip_scale,
+                       nonfinite, scratch);
+}
+
+void ZeroComm::global_norm_of_shard(cudaStream_t compute, const void* grads, std::size_t count, float max_norm,
+                                    float* norm, float* clip_scale, int* nonfinite, void* scratch) {
   double* s = sumsq_.as<double>();
-  kernels::grad_sumsq(compute, static_cast<const char*>(grads) + r.begin * es, grad_type_, r.size(), s, scratch);
+  kernels::grad_sumsq(compute, grads, grad_type_, count, s, scratch);
   fork(compute);
   comm_->all_reduce_sum_f64(s, 1, comm_stream_.get());
   join(compute);

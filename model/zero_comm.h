@@ -8,6 +8,8 @@
 // tensor boundaries (partition.h's make_buckets), all launched after backward: the buckets do not
 // overlap backward, only each other's launch latency. Every rank then has the same gradients and
 // computes the same norm (the single-process kernel), so the NaN/Inf skip is identical everywhere.
+// Stage 3 (ZeroMode::Sharded): the norm over the gradient shard (global_norm_of_shard); the
+// gathers and the per-unit reduce-scatter live in model/zero_stage3.h, on this object's stream.
 // Stages 1-2 (ZeroMode::Partitioned): one in-place reduce-scatter (average) of the padded flat
 // gradient buffer; rank r's reduced partition is grads[r*per_rank, (r+1)*per_rank). The norm is
 // the sum of squares of each rank's (real) partition, all-reduced in fp64, then the usual formula:
@@ -41,6 +43,10 @@ class ZeroComm {
   // `scratch`: kernels::grad_norm_scratch_bytes bytes.
   void global_norm(cudaStream_t compute, const void* grads, float max_norm, float* norm, float* clip_scale,
                    int* nonfinite, void* scratch);
+  // The same over `count` elements of this rank's reduced gradients at `grads` (Sharded: the
+  // gradient shard): fp64 sum of squares all-reduced, then the usual formula.
+  void global_norm_of_shard(cudaStream_t compute, const void* grads, std::size_t count, float max_norm, float* norm,
+                            float* clip_scale, int* nonfinite, void* scratch);
   // After the optimizer (Partitioned): every rank's updated partition of the bf16 params into
   // the full flat buffer (in place). No-op for AllReduce.
   void gather_params(cudaStream_t compute, bf16* params);
@@ -50,6 +56,9 @@ class ZeroComm {
 
   const std::vector<comm::Range>& buckets() const { return buckets_; }
   comm::Communicator& communicator() { return *comm_; }
+  // The communication stream: stage 3's gathers use it too, so every collective of a rank is
+  // issued on one stream in one order.
+  cudaStream_t stream() const { return comm_stream_.get(); }
 
  private:
   // compute -> comm stream fork, and the join back.

@@ -12,9 +12,11 @@
 namespace cutrain::model {
 
 enum class ZeroMode {
-  None,         // no collectives: the single-process engine (no communicator, or stage 3 at world 1)
+  None,         // no collectives: the single-process engine (no communicator)
   AllReduce,    // stage 0: every rank keeps everything; gradients all-reduced (averaged)
   Partitioned,  // stages 1 and 2: optimizer state (moments, fp32 master) for this rank's partition only
+  Sharded,      // stage 3: params, optimizer state and reduced gradients in per-unit shards
+                // (model/zero_shard_layout.h), params gathered unit by unit before use
 };
 
 struct ZeroPlan {
@@ -27,11 +29,13 @@ struct ZeroPlan {
   comm::FlatPartition part;
 
   bool partitioned() const { return mode == ZeroMode::Partitioned; }
+  bool sharded() const { return mode == ZeroMode::Sharded; }
   // Elements of the bf16 params and the gradient buffer: the padded size when partitioned (the
   // reduce-scatter and all-gather address world x per_rank elements), else the model's flat size.
+  // Not for Sharded (throws): stage 3's sizes come from its ShardLayout.
   std::size_t flat_elems() const;
   // The flat range whose optimizer state (moments, master) this rank holds and updates: its
-  // padded partition when partitioned, else [0, numel).
+  // padded partition when partitioned, else [0, numel). Not for Sharded (throws).
   comm::Range state_range() const;
   std::size_t state_elems() const { return state_range().size(); }
   // The real (unpadded) elements of this rank's partition: where its gradient norm share is summed.
@@ -39,21 +43,27 @@ struct ZeroPlan {
   const char* mode_name() const;
 };
 
-// Throws cutrain::Error: stage outside 0..3; world > 1 without a communicator; stage 3 with
-// world > 1 (not implemented yet). Stage 3 at world 1 runs as the single-process engine.
+// Throws cutrain::Error: stage outside 0..3; world > 1 without a communicator. Without a
+// communicator every stage is the single-process engine (None); with one, stage 3 is Sharded at
+// every world size (at world size 1 it runs the real gather/shard path on a one-rank communicator).
 ZeroPlan make_zero_plan(int stage, std::size_t numel, int world, int rank, bool has_comm);
 
 // Bytes per parameter one rank keeps for the persistent training state (what the engine
 // allocates, padding aside). master is 0 when the layout has no fp32 master.
 struct ZeroBytes {
   double params = 0, grads = 0, master = 0, moments = 0;
-  int divisor = 1;  // master and moments are divided by it (world size when partitioned)
-  double total() const { return params + grads + (master + moments) / divisor; }
+  int divisor = 1;        // master and moments are divided by it (world size when partitioned or sharded)
+  int param_divisor = 1;  // params are divided by it (world size when sharded)
+  double grad_shard = 0;  // Sharded: the reduced gradient shard, grads/W (the full buffer stays, see zero_shard_layout.h)
+  double total() const { return params / param_divisor + grads + grad_shard + (master + moments) / divisor; }
 };
 ZeroBytes zero_bytes_per_param(const PrecisionPlan& precision, const ZeroPlan& zero);
 
 // "[Rank r] ZeRO stage S, world size W: params 2 + grads 2 + (master 4 + moments 8)/W bytes/param
-// = X (<mode note>)".
-std::string zero_memory_line(const PrecisionPlan& precision, const ZeroPlan& zero);
+// = X (<mode note>)". Stage 3 (Sharded): "params 2/W + grads 2 + grad shard 2/W + (...)/W
+// bytes/param = X, plus 2 gather buffers of G elements and P persistent elements (bf16) (...)",
+// G and P from the ShardLayout.
+std::string zero_memory_line(const PrecisionPlan& precision, const ZeroPlan& zero, std::size_t gather_elems = 0,
+                             std::size_t persistent_elems = 0);
 
 }  // namespace cutrain::model

@@ -25,18 +25,23 @@ TEST(ZeroPlan, ModeOfEachStageWithAndWithoutCommunicator) {
   EXPECT_EQ(make_zero_plan(0, 1000, 1, 0, true).mode, ZeroMode::AllReduce);
   EXPECT_EQ(make_zero_plan(1, 1000, 1, 0, true).mode, ZeroMode::Partitioned);
   EXPECT_EQ(make_zero_plan(2, 1000, 4, 3, true).mode, ZeroMode::Partitioned);
-  EXPECT_EQ(make_zero_plan(3, 1000, 1, 0, true).mode, ZeroMode::None) << "stage 3 at world 1: the plain engine";
+  EXPECT_EQ(make_zero_plan(3, 1000, 1, 0, true).mode, ZeroMode::Sharded)
+      << "stage 3 at world 1 with a communicator runs the real gather/shard path";
+  EXPECT_EQ(make_zero_plan(3, 1000, 8, 5, true).mode, ZeroMode::Sharded);
+  EXPECT_STREQ(make_zero_plan(3, 1000, 2, 1, true).mode_name(), "sharded");
 }
 
-TEST(ZeroPlan, RejectsWhatIsNotImplementedOrInconsistent) {
-  try {
-    make_zero_plan(3, 1000, 2, 0, true);
-    FAIL() << "stage 3 at world size 2 must be refused";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("stage 3 with world size > 1 is not implemented yet"), std::string::npos) << m;
-    EXPECT_NE(m.find("stage 3 at world size 1 runs as"), std::string::npos) << m;
-  }
+TEST(ZeroPlan, ShardedHasNoFlatPartitionRanges) {
+  // Stage 3's sizes and ranges come from its ShardLayout: the flat-partition accessors refuse.
+  const ZeroPlan z = make_zero_plan(3, 1000, 2, 0, true);
+  EXPECT_THROW(z.flat_elems(), Error);
+  EXPECT_THROW(z.state_range(), Error);
+  EXPECT_THROW(z.norm_range(), Error);
+}
+
+TEST(ZeroPlan, RejectsWhatIsInconsistent) {
+  EXPECT_NO_THROW(make_zero_plan(3, 1000, 2, 0, true)) << "stage 3 at world size 2 is implemented";
+  EXPECT_THROW(make_zero_plan(3, 1000, 2, 0, /*has_comm=*/false), Error);
   EXPECT_THROW(make_zero_plan(0, 1000, 2, 0, /*has_comm=*/false), Error);
   EXPECT_THROW(make_zero_plan(4, 1000, 1, 0, true), Error);
   EXPECT_THROW(make_zero_plan(-1, 1000, 1, 0, true), Error);
@@ -99,6 +104,13 @@ TEST(ZeroPlan, BytesPerParamPerStageAndLayout) {
   EXPECT_DOUBLE_EQ(zero_bytes_per_param(wg, make_zero_plan(1, 1000, 2, 0, true)).total(), 2 + 2 + 8.0 / 2);
   EXPECT_DOUBLE_EQ(zero_bytes_per_param(full, make_zero_plan(2, 1000, 2, 0, true)).total(), 2 + 2 + 4.0 / 2);
   EXPECT_DOUBLE_EQ(zero_bytes_per_param(base, make_zero_plan(1, 1000, 1, 0, true)).total(), 16.0);
+  // Stage 3: params and optimizer state over W; the full gradient buffer stays, plus its shard.
+  EXPECT_DOUBLE_EQ(zero_bytes_per_param(base, make_zero_plan(3, 1000, 4, 0, true)).total(), 2.0 / 4 + 2 + 2.0 / 4 + 12.0 / 4);
+  EXPECT_DOUBLE_EQ(zero_bytes_per_param(base_acc, make_zero_plan(3, 1000, 8, 0, true)).total(),
+                   2.0 / 8 + 4 + 4.0 / 8 + 12.0 / 8);
+  EXPECT_DOUBLE_EQ(zero_bytes_per_param(full, make_zero_plan(3, 1000, 2, 1, true)).total(), 1 + 2 + 1 + 2);
+  EXPECT_DOUBLE_EQ(zero_bytes_per_param(wg, make_zero_plan(3, 1000, 1, 0, true)).total(), 2 + 2 + 2 + 8.0)
+      << "world 1: the shard is a second full-size gradient buffer";
 }
 
 TEST(ZeroPlan, MemoryLineNamesStageWorldAndBreakdown) {
@@ -119,6 +131,13 @@ TEST(ZeroPlan, MemoryLineNamesStageWorldAndBreakdown) {
   EXPECT_NE(lf.find("full gradient buffer stays"), std::string::npos) << lf;
   const std::string l3 = zero_memory_line(base, make_zero_plan(3, 1000, 1, 0, false));
   EXPECT_NE(l3.find("stage 3 at world size 1"), std::string::npos) << l3;
+  const std::string s3 = zero_memory_line(base, make_zero_plan(3, 1000, 4, 1, true), 4096, 128);
+  EXPECT_EQ(s3.rfind("[Rank 1] ZeRO stage 3, world size 4: params 2/4 + grads 2 + grad shard 2/4 + (master 4 + "
+                     "moments 8)/4 bytes/param = 6.00, plus 2 gather buffers of 4096 elements and 128 persistent "
+                     "elements (bf16) (",
+                     0),
+            0u)
+      << s3;
 }
 
 TEST(ZeroPlan, Stage0RangesCoverEveryTensorOnce) {
