@@ -23,6 +23,10 @@ TEST(GeluRef, KnownValues) {
   // Far tails: identity on the right, zero on the left.
   EXPECT_NEAR(ref::gelu_erf(10.0), 10.0, 1e-12);
   EXPECT_NEAR(ref::gelu_erf(-10.0), 0.0, 1e-12);
+  // The negative tail keeps its relative precision (1 + erf / 1 + tanh would cancel; values from
+  // mpmath at 40 digits).
+  EXPECT_NEAR(ref::gelu_erf(-8.0) / -4.97676845941742729881279613807e-15, 1.0, 1e-12);
+  EXPECT_NEAR(ref::gelu_tanh(-8.0) / -3.107782937501111218031581e-21, 1.0, 1e-12);
 }
 
 TEST(GeluRef, GradMatchesFiniteDifference) {
