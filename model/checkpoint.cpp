@@ -81,12 +81,13 @@ void checkpoint_tensors(const TransformerParams& T, const HostState& s, Checkpoi
 }
 
 void save_checkpoint(const std::filesystem::path& dir, const TrainBackend& be, const CheckpointMeta& meta,
-                     CheckpointIo io) {
+                     CheckpointIo io, bool write_files) {
+  const HostState s = be.save_state();  // first: a collective under ZeRO, every rank takes part
+  if (!write_files) return;
   CheckpointFiles files(io);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   CUTRAIN_CHECK(!ec, "checkpoint: cannot create directory ", dir.string(), ": ", ec.message());
-  const HostState s = be.save_state();
   const TransformerParams& T = be.table();
   CheckpointTensors ct;
   checkpoint_tensors(T, s, ct);

@@ -34,8 +34,11 @@ void checkpoint_tensors(const TransformerParams& table, const HostState& state, 
 inline const char* kCheckpointModelFile = "model.safetensors";
 inline const char* kCheckpointOptimFile = "optimizer.safetensors";
 
+// Under ZeRO (stages 1-3 with a communicator) the backend's save_state() is a collective: every
+// rank calls save_checkpoint, and only the one with `write_files` (rank 0) writes DIR; the others
+// take part in the gather and return.
 void save_checkpoint(const std::filesystem::path& dir, const TrainBackend& backend, const CheckpointMeta& meta,
-                     CheckpointIo io = CheckpointIo::Auto);
+                     CheckpointIo io = CheckpointIo::Auto, bool write_files = true);
 // Loads DIR into `backend` (names and shapes checked against its parameter table).
 CheckpointMeta load_checkpoint(const std::filesystem::path& dir, TrainBackend& backend, CheckpointIo io = CheckpointIo::Auto);
 

@@ -346,7 +346,8 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
   if (!o.save_dir.empty()) {
     std::ostringstream rng_text;
     rng_text << data_rng;
-    save_checkpoint(o.save_dir, *be, CheckpointMeta{last + 1, rng_text.str()});
+    save_checkpoint(o.save_dir, *be, CheckpointMeta{last + 1, rng_text.str()}, CheckpointIo::Auto,
+                    /*write_files=*/env.rank == 0);  // ranks > 0 join the state's gather only
     out << "[Rank 0] Checkpoint saved to: " << o.save_dir.string() << " (step " << last + 1 << ")\n";
   }
   out.flush();
