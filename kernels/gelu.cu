@@ -239,10 +239,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The version Default runs (both directions): V3, the fastest on the H200 (docs/perf-notes.md).
+KernelVersion resolve(KernelVersion v) { return v == KernelVersion::Default ? KernelVersion::V3 : v; }
+
 template <GeluKind K>
 void launch_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_out, bf16* out, std::size_t n,
                     int cols, KernelVersion version) {
-  if (version == KernelVersion::Default) version = KernelVersion::V3;
+  version = resolve(version);
   const bool vec = is_aligned16(in) && is_aligned16(out) && (!pre_out || is_aligned16(pre_out)) &&
                    (!bias || (is_aligned16(bias) && cols % kBf16PerVec == 0));
   if (vec && version == KernelVersion::V3) {
@@ -266,7 +269,7 @@ void launch_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_
 template <GeluKind K>
 void launch_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n,
                      KernelVersion version) {
-  if (version == KernelVersion::Default) version = KernelVersion::V3;
+  version = resolve(version);
   const bool vec = is_aligned16(dout) && is_aligned16(pre) && is_aligned16(din);
   if (vec && version == KernelVersion::V3) {
     gelu_bwd_vec_v2<K, 2, true><<<grid_for(gelu_bwd_vec_v2<K, 2, true>, n / kBf16PerVec), kThreads, 0, s>>>(

@@ -463,13 +463,9 @@ std::vector<float> GpuEngine::download_grads() const {
 void GpuEngine::poison_grads() {
   ensure_state();
   const std::size_t es = dtype_size(plan_.grad);
-  for (std::size_t i = 0; i < table_.tensors().size(); ++i) {
-    const ParamTensor& t = table_.tensors()[i];
-    std::size_t at = t.offset;  // stage 3: the tensor's place in the padded layout
-    if (zero_.sharded()) {
-      const int u = table_.unit_of(int(i));
-      at = layout_.units[std::size_t(u)].padded_offset + (t.offset - table_.units()[std::size_t(u)].begin);
-    }
+  for (const auto& t : table_.tensors()) {
+    // Stage 3: the tensor's place in the padded layout (a tensor never spans two units).
+    const std::size_t at = zero_.sharded() ? layout_.padded_of_flat(t.offset) : t.offset;
     CUTRAIN_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(grads_.get()) + at * es, 0xFF, t.count * es, stream_));
   }
 }

@@ -56,6 +56,15 @@ std::size_t ShardLayout::flat_of_padded(std::size_t p) const {
   return within < s.flat.size() ? s.flat.begin + within : numel;
 }
 
+std::size_t ShardLayout::padded_of_flat(std::size_t f) const {
+  CUTRAIN_CHECK(f < numel, "ZeRO stage 3: flat index ", f, " outside ", numel);
+  // The unit whose flat range holds f: the last one starting at or before it.
+  auto it = std::upper_bound(units.begin(), units.end(), f,
+                             [](std::size_t v, const ShardUnit& s) { return v < s.flat.begin; });
+  const ShardUnit& s = *(it - 1);
+  return s.padded_offset + (f - s.flat.begin);
+}
+
 std::vector<float> ShardLayout::shard_from_flat(const float* flat, int rank) const {
   std::vector<float> out(shard_elems, 0.f);
   for (std::size_t u = 0; u < units.size(); ++u) {

@@ -50,6 +50,8 @@ struct ShardLayout {
   comm::Range piece_flat(std::size_t u, int rank) const;
   // Flat index of a padded-layout index, or numel when it is padding.
   std::size_t flat_of_padded(std::size_t padded_index) const;
+  // Padded-layout index of a flat index (< numel): where backward writes that gradient element.
+  std::size_t padded_of_flat(std::size_t flat_index) const;
   // Host copies between layouts (float values; padding written as 0):
   // rank r's shard (shard_elems) from the flat buffer (numel).
   std::vector<float> shard_from_flat(const float* flat, int rank) const;

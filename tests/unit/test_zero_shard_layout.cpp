@@ -153,6 +153,9 @@ TEST(ZeroShardLayout, HostCopiesRoundTripThroughShardsAndPaddedLayout) {
       const std::size_t f = L.flat_of_padded(p);
       if (f == numel) EXPECT_EQ(padded[p], 0.f) << "padding is 0 (world " << world << ", index " << p << ")";
       else EXPECT_EQ(padded[p], flat[f]) << "world " << world << ", index " << p;
+      if (f != numel) {
+        EXPECT_EQ(L.padded_of_flat(f), p) << "the inverse, world " << world << ", index " << p;
+      }
     }
   }
 }
