@@ -289,12 +289,11 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
     P.grads_written(s, table_.layer_unit(l));
   }
   // The embedding backward reads no parameters: its unit is not acquired, only its gradients addressed.
-  const ParamUnit& eu = table_.units().at(std::size_t(table_.embedding_unit()));
-  char* ge = G + P.grad_offset(table_.embedding_unit()) * es;
-  auto g = [&](int idx) { return static_cast<void*>(ge + (table_.tensor(idx).offset - eu.begin) * es); };
+  const int eu = table_.embedding_unit();
+  const Unit E{&table_, nullptr, G + P.grad_offset(eu) * es, table_.units().at(std::size_t(eu)).begin, es};
   timed(s, "embedding", cost::embedding_backward(B_, S_, h, es), [&] {
-    kernels::embedding_backward(s, dx_, tokens, g(table_.embedding()), g(table_.pos_embedding()), gt, acc, B_, S_, h,
-                                V, scratch_);
+    kernels::embedding_backward(s, dx_, tokens, E.g(table_.embedding()), E.g(table_.pos_embedding()), gt, acc, B_, S_,
+                                h, V, scratch_);
   });
   P.grads_written(s, table_.embedding_unit());
 }
