@@ -1,14 +1,26 @@
-// @brief bias_grad (kernels/gemm.cuh): db[N] = Σ_rows dy[M,N], deterministic two-stage reduction.
+// @brief bias_grad (kernels/gemm.cuh): db[N] = Σ_rows dy[M,N], deterministic, in two versions.
 //
 // Why our own kernel: on the H200 cuBLASLt's BGRADB epilogue ran ~30% slower than a plain GEMM and
-// DGELU_BGRAD ~4x slower, while this reduction reads dy once at near copy bandwidth.
+// DGELU_BGRAD ~4x slower, while this reduction reads dy once.
 //
-// Stage 1: the rows are cut into `splits` fixed chunks; block (tile, split) sums its chunk of a
-// 256-column tile (8 columns per thread through one 16-byte load, 8 row lanes per block) and
-// writes one fp32 partial per column to scratch[split][N]. Stage 2: one thread per column sums
-// the partials in split order (+ the old db when accumulating). The split count depends only on
-// (M, N), never on the device or timing, so the result has the same bits every run.
+// V1, two launches: the rows are cut into `splits` fixed chunks; block (tile, split) sums its
+// chunk of a 256-column tile (8 columns per thread through one 16-byte load, 8 row lanes per
+// block) and writes one fp32 partial per column to scratch[split][N]; then one thread per column
+// sums the partials in split order (+ the old db when accumulating). At the model's shapes
+// (2048 x 1024..4096) the second launch, 1024-4096 threads each walking 64 partials, cost as much
+// as the first (ncu, session 4: 6.0 us each), so the pair ran at 0.08-0.26 of copy bandwidth.
+//
+// V2 (sm_90), one launch: a thread-block cluster of 8 blocks, one per row split, owns a 64-column
+// tile; each block sums its rows (16-byte loads, 32 row lanes), then block 0 adds the 8 blocks'
+// column sums through distributed shared memory in rank order. No scratch, no second launch.
+//
+// Both: the split plan depends only on (M, N), never on the device or timing, so the result has
+// the same bits every run.
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <array>
+#include <atomic>
 
 #include "kernels/gemm.cuh"
 #include "runtime/check.h"
@@ -114,6 +126,108 @@ __global__ void bias_grad_finish_kernel(const float* __restrict__ partial, OutT*
   store_f(db + col, s);
 }
 
+
+// ---- V2: one cluster per 64-column tile, the row splits summed through DSMEM ----
+
+constexpr int kV2Tile = 64;      // columns per cluster: one 128-byte line of a bf16 row
+constexpr int kV2Threads = 256;
+constexpr int kV2Cluster = 8;    // blocks (row splits) per cluster: the portable maximum
+
+// VEC = 8: 16-byte loads, 8 column lanes x 32 row lanes; VEC = 1: 64 column lanes x 4 row lanes.
+template <int VEC, typename OutT>
+__global__ void __cluster_dims__(1, kV2Cluster, 1) __launch_bounds__(kV2Threads)
+    bias_grad_cluster_kernel(const bf16* __restrict__ dy, OutT* __restrict__ db, int M, int N, int rows_per_split,
+                             bool accumulate) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  constexpr int kLanesXv = kV2Tile / VEC;
+  constexpr int kLanesYv = kV2Threads / kLanesXv;
+  __shared__ float lanes[kLanesYv][kV2Tile];
+  __shared__ float block_sum[kV2Tile];
+
+  const int tx = threadIdx.x % kLanesXv, ty = threadIdx.x / kLanesXv;
+  const int tile_col = blockIdx.x * kV2Tile;
+  const int col = tile_col + tx * VEC;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int split = static_cast<int>(cluster.block_rank());  // the grid is one cluster tall
+  const int r_begin = split * rows_per_split;
+  const int r_end = min(M, r_begin + rows_per_split);
+
+  float acc[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) acc[j] = 0.f;
+  if (col < N) {  // VEC = 8: N % 8 == 0, so all 8 columns are in range
+    const bf16* p = dy + static_cast<std::size_t>(r_begin + ty) * N + col;
+    const std::size_t step = static_cast<std::size_t>(kLanesYv) * N;
+#pragma unroll 8
+    for (int r = r_begin + ty; r < r_end; r += kLanesYv, p += step) {
+      if constexpr (VEC == 8) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __bfloat1622float2(h[j]);
+          acc[2 * j] += f.x;
+          acc[2 * j + 1] += f.y;
+        }
+      } else {
+        acc[0] += __bfloat162float(*p);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) lanes[ty][tx * VEC + j] = acc[j];
+  __syncthreads();
+  if (threadIdx.x < kV2Tile) {  // the row lanes in fixed order
+    float s = 0.f;
+#pragma unroll 8
+    for (int y = 0; y < kLanesYv; ++y) s += lanes[y][threadIdx.x];
+    block_sum[threadIdx.x] = s;
+  }
+  cluster.sync();
+  const int c = tile_col + static_cast<int>(threadIdx.x);
+  if (split == 0 && threadIdx.x < kV2Tile && c < N) {  // the splits in rank order
+    float s = 0.f;
+#pragma unroll
+    for (int r = 0; r < kV2Cluster; ++r) s += cluster.map_shared_rank(block_sum, r)[threadIdx.x];
+    if (accumulate) s = load_f(db + c) + s;
+    store_f(db + c, s);
+  }
+  cluster.sync();  // every block's shared memory must outlive block 0's reads
+#else
+  __trap();  // the launcher runs V2 only on sm_90 and newer
+#endif
+}
+
+// Whether the current device has thread-block clusters (sm_90+), asked once per device.
+bool device_has_clusters() {
+  static std::array<std::atomic<int>, 64> known{};  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= static_cast<int>(known.size())) dev = 0;
+  int k = known[dev].load(std::memory_order_relaxed);
+  if (k == 0) {
+    int major = 0;
+    CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    k = major >= 9 ? 2 : 1;
+    known[dev].store(k, std::memory_order_relaxed);
+  }
+  return k == 2;
+}
+
+template <typename OutT>
+void launch_v2(cudaStream_t s, const bf16* dy, OutT* db, int M, int N, bool accumulate, bool vec) {
+  const int rows = (M + kV2Cluster - 1) / kV2Cluster;
+  const dim3 grid(static_cast<unsigned>((N + kV2Tile - 1) / kV2Tile), kV2Cluster);
+  if (vec) {
+    bias_grad_cluster_kernel<8, OutT><<<grid, kV2Threads, 0, s>>>(dy, db, M, N, rows, accumulate);
+    CUTRAIN_LAUNCH_CHECK("bias_grad_cluster_kernel<8>");
+  } else {
+    bias_grad_cluster_kernel<1, OutT><<<grid, kV2Threads, 0, s>>>(dy, db, M, N, rows, accumulate);
+    CUTRAIN_LAUNCH_CHECK("bias_grad_cluster_kernel<1>");
+  }
+}
+
 }  // namespace
 
 std::size_t bias_grad_scratch_bytes(int M, int N) {
@@ -121,13 +235,22 @@ std::size_t bias_grad_scratch_bytes(int M, int N) {
   return static_cast<std::size_t>(split_plan(M, N).splits) * N * sizeof(float);
 }
 
-void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, int N, bool accumulate, void* scratch) {
+void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, int N, bool accumulate, void* scratch,
+               KernelVersion version) {
   const char* fn = "bias_grad";
   CUTRAIN_CHECK(M > 0 && N > 0, fn, ": M and N must be > 0, got M=", M, " N=", N);
   CUTRAIN_CHECK(db_type == DType::BF16 || db_type == DType::F32, fn, ": db_type must be bfloat16 or float32, got ",
                 dtype_name(db_type));
-  CUTRAIN_CHECK(dy != nullptr && db != nullptr && scratch != nullptr, fn, ": dy, db and scratch must not be null, got dy=",
-                static_cast<const void*>(dy), " db=", db, " scratch=", scratch);
+  CUTRAIN_CHECK(version == KernelVersion::Default || version == KernelVersion::V1 || version == KernelVersion::V2, fn,
+                ": version must be Default, V1 or V2, got V", static_cast<int>(version));
+  CUTRAIN_CHECK(dy != nullptr && db != nullptr, fn, ": dy and db must not be null, got dy=",
+                static_cast<const void*>(dy), " db=", db);
+  const bool clusters = device_has_clusters();
+  CUTRAIN_CHECK(version != KernelVersion::V2 || clusters, fn,
+                ": V2 needs thread-block clusters (sm_90 or newer); this device has none");
+  if (version == KernelVersion::Default) version = clusters ? KernelVersion::V2 : KernelVersion::V1;
+  CUTRAIN_CHECK(version == KernelVersion::V2 || scratch != nullptr, fn,
+                ": scratch must not be null for V1 (bias_grad_scratch_bytes(M, N) bytes), got scratch=", scratch);
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(dy) % 2 == 0, fn, ": dy must be 2-byte aligned, got ",
                 static_cast<const void*>(dy));
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(db) % dtype_size(db_type) == 0, fn, ": db must be ",
@@ -135,10 +258,18 @@ void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, i
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(scratch) % 4 == 0, fn, ": scratch must be 4-byte aligned, got ",
                 scratch);
 
+  const bool vec = N % 8 == 0 && reinterpret_cast<std::uintptr_t>(dy) % 16 == 0;
+  if (version == KernelVersion::V2) {
+    if (db_type == DType::F32) {
+      launch_v2(s, dy, static_cast<float*>(db), M, N, accumulate, vec);
+    } else {
+      launch_v2(s, dy, static_cast<bf16*>(db), M, N, accumulate, vec);
+    }
+    return;
+  }
   const SplitPlan plan = split_plan(M, N);
   float* partial = static_cast<float*>(scratch);
   const dim3 block(kLanesX, kLanesY);
-  const bool vec = N % 8 == 0 && reinterpret_cast<std::uintptr_t>(dy) % 16 == 0;
   if (vec) {
     const dim3 grid((N + kTileCols - 1) / kTileCols, plan.splits);
     bias_grad_partial_kernel<8><<<grid, block, 0, s>>>(dy, partial, M, N, plan.rows_per_split);

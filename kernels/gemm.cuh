@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/common/version.h"
 #include "runtime/dtype.h"
 
 namespace cutrain {
@@ -73,8 +74,11 @@ class Gemm {
 };
 
 // db[N] = Σ_rows dy[M,N] (+ db when accumulate), fp32 math, deterministic (fixed reduction order,
-// no float atomics). db is bf16 or fp32. `scratch` holds bias_grad_scratch_bytes(M, N) bytes.
+// no float atomics). db is bf16 or fp32. V1: two launches through `scratch`
+// (bias_grad_scratch_bytes(M, N) bytes); V2 (the default on sm_90+): one launch of 8-block
+// clusters, no scratch (may be null). Before sm_90 the default is V1, so size scratch for V1.
 std::size_t bias_grad_scratch_bytes(int M, int N);
-void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, int N, bool accumulate, void* scratch);
+void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, int N, bool accumulate, void* scratch,
+               KernelVersion version = KernelVersion::Default);
 
 }  // namespace cutrain::kernels
