@@ -298,10 +298,11 @@ void register_all() {
   }
   for (const auto& mn : bias_shapes) {
     const int M = mn.first, N = mn.second;
-    // The plain name is the launcher's default; "@v1" the two-launch version it replaced.
+    // The plain name is the launcher's default (V2 up to N = 8192, V1 beyond); "@v1", "@v2" each.
     const std::string name = "bias_grad/" + std::to_string(M) + "x" + std::to_string(N);
     reg(name, [=](benchmark::State& st) { bench_bias_grad(st, M, N, kernels::KernelVersion::Default); });
     reg(name + "@v1", [=](benchmark::State& st) { bench_bias_grad(st, M, N, kernels::KernelVersion::V1); });
+    reg(name + "@v2", [=](benchmark::State& st) { bench_bias_grad(st, M, N, kernels::KernelVersion::V2); });
   }
 }
 

@@ -13,6 +13,7 @@
 // V2 (sm_90), one launch: a thread-block cluster of 8 blocks, one per row split, owns a 64-column
 // tile; each block sums its rows (16-byte loads, 32 row lanes), then block 0 adds the 8 blocks'
 // column sums through distributed shared memory in rank order. No scratch, no second launch.
+// The default is V2 for N <= 8192 on sm_90+ and V1 otherwise (default_version: measured).
 //
 // Both: the split plan depends only on (M, N), never on the device or timing, so the result has
 // the same bits every run.
@@ -215,6 +216,16 @@ bool device_has_clusters() {
   return k == 2;
 }
 
+// Measured on the H200 (session 4, docs/perf-notes.md): V2 wins while its grid is at most about
+// one wave of 8 blocks per SM (2048 x 1024..4096: 1.3-1.4x; 16384 x 4096: 1.08x); with more
+// column tiles V1's wider tiles and no cluster barriers win (2048 x 50000: V1 1.12x faster;
+// 16384 x 16384: 1.07x). The choice depends on N and the device only, so the bits stay fixed.
+constexpr int kV2MaxTiles = 128;  // N <= 8192
+
+KernelVersion default_version(int N, bool clusters) {
+  return clusters && (N + kV2Tile - 1) / kV2Tile <= kV2MaxTiles ? KernelVersion::V2 : KernelVersion::V1;
+}
+
 template <typename OutT>
 void launch_v2(cudaStream_t s, const bf16* dy, OutT* db, int M, int N, bool accumulate, bool vec) {
   const int rows = (M + kV2Cluster - 1) / kV2Cluster;
@@ -248,7 +259,7 @@ void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, i
   const bool clusters = device_has_clusters();
   CUTRAIN_CHECK(version != KernelVersion::V2 || clusters, fn,
                 ": V2 needs thread-block clusters (sm_90 or newer); this device has none");
-  if (version == KernelVersion::Default) version = clusters ? KernelVersion::V2 : KernelVersion::V1;
+  if (version == KernelVersion::Default) version = default_version(N, clusters);
   CUTRAIN_CHECK(version == KernelVersion::V2 || scratch != nullptr, fn,
                 ": scratch must not be null for V1 (bias_grad_scratch_bytes(M, N) bytes), got scratch=", scratch);
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(dy) % 2 == 0, fn, ": dy must be 2-byte aligned, got ",

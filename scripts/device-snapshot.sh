@@ -12,6 +12,9 @@ if [ ! -d .devdata ] && [ -d ../shared/data ]; then
 fi
 rm -rf .snap && mkdir .snap
 git archive HEAD | tar -x -C .snap
+# The snapshot has no .git: gpu-check reads the commit from here (git there would name whatever
+# checkout encloses .snap on the device).
+git rev-parse --short HEAD >.snap/COMMIT
 cp -r .deps .snap/
 [ -d .devdata ] && cp -r .devdata .snap/
 du -sh .snap

@@ -36,7 +36,8 @@ for f in .deps/*.deb; do
 done
 export LD_LIBRARY_PATH=$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
-say "== $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null || echo nogit) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
+commit=$(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo nogit)
+say "== $(date -u +%FT%TZ) $commit on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
 build=$root/build/gpu
 gen=""; command -v ninja >/dev/null && gen="-G Ninja"
 t0=$(date +%s)

@@ -57,11 +57,12 @@ for label, a, pk, t in rows:
     print(f"{label:<25}| {gb(a):>16} | {gb(pk):>11} | {t:.4f}s")
 base = next((r for r in rows if r[0] == "baseline"), None)
 if base:
-    print("\nReduction against baseline:")
+    print("\nChange against baseline (negative: less memory):")
     for label, a, pk, t in rows:
         if label != "baseline" and base[1] and base[2]:
-            print(f"  {label}: allocated -{100 * (1 - a / base[1]):.1f}%, peak -{100 * (1 - pk / base[2]):.1f}%, "
-                  f"step time {t / base[3]:.2f}x" if base[3] else "")
+            change = lambda x, b: f"{100 * (x / b - 1):+.1f}%"  # signed: a rise reads "+", not "--"
+            print(f"  {label}: allocated {change(a, base[1])}, peak {change(pk, base[2])}"
+                  + (f", step time {t / base[3]:.2f}x" if base[3] else ""))
 try:
     import matplotlib
     matplotlib.use("Agg")
