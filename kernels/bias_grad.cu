@@ -50,6 +50,34 @@ SplitPlan split_plan(int M, int N) {
   return {splits, rows};
 }
 
+// One thread's column sums over rows r_first, r_first + LANES_Y, ... < r_end of columns
+// col..col+VEC-1 (VEC = 8: one 16-byte load a row, needs N % 8 == 0 and 16-byte alignment; VEC = 1:
+// scalar). Both versions; the order of the adds is fixed, UNROLL only sets loads in flight.
+template <int VEC, int LANES_Y, int UNROLL>
+__device__ __forceinline__ void sum_rows(const bf16* __restrict__ dy, int N, int col, int r_first, int r_end,
+                                         float (&acc)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) acc[j] = 0.f;
+  if (col >= N) return;  // VEC = 8: N % 8 == 0, so all 8 columns are in range
+  const bf16* p = dy + static_cast<std::size_t>(r_first) * N + col;
+  const std::size_t step = static_cast<std::size_t>(LANES_Y) * N;
+#pragma unroll UNROLL
+  for (int r = r_first; r < r_end; r += LANES_Y, p += step) {
+    if constexpr (VEC == 8) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(h[j]);
+        acc[2 * j] += f.x;
+        acc[2 * j + 1] += f.y;
+      }
+    } else {
+      acc[0] += __bfloat162float(*p);
+    }
+  }
+}
+
 // VEC = 8: 16-byte loads (needs N % 8 == 0 and a 16-byte aligned dy); VEC = 1: scalar loads.
 template <int VEC>
 __global__ void __launch_bounds__(kLanesX* kLanesY) bias_grad_partial_kernel(const bf16* __restrict__ dy,
@@ -65,28 +93,7 @@ __global__ void __launch_bounds__(kLanesX* kLanesY) bias_grad_partial_kernel(con
   const int r_end = min(M, r_begin + rows_per_split);
 
   float acc[VEC];
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) acc[j] = 0.f;
-
-  if (col < N) {  // VEC = 8: N % 8 == 0, so all 8 columns are in range
-    const bf16* p = dy + static_cast<std::size_t>(r_begin + threadIdx.y) * N + col;
-    const std::size_t step = static_cast<std::size_t>(kLanesY) * N;
-#pragma unroll 4
-    for (int r = r_begin + threadIdx.y; r < r_end; r += kLanesY, p += step) {
-      if constexpr (VEC == 8) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __bfloat1622float2(h[j]);
-          acc[2 * j] += f.x;
-          acc[2 * j + 1] += f.y;
-        }
-      } else {
-        acc[0] += __bfloat162float(*p);
-      }
-    }
-  }
+  sum_rows<VEC, kLanesY, 4>(dy, N, col, r_begin + threadIdx.y, r_end, acc);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) sums[threadIdx.y][threadIdx.x * VEC + j] = acc[j];
   __syncthreads();
@@ -155,27 +162,7 @@ __global__ void __cluster_dims__(1, kV2Cluster, 1) __launch_bounds__(kV2Threads)
   const int r_end = min(M, r_begin + rows_per_split);
 
   float acc[VEC];
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) acc[j] = 0.f;
-  if (col < N) {  // VEC = 8: N % 8 == 0, so all 8 columns are in range
-    const bf16* p = dy + static_cast<std::size_t>(r_begin + ty) * N + col;
-    const std::size_t step = static_cast<std::size_t>(kLanesYv) * N;
-#pragma unroll 8
-    for (int r = r_begin + ty; r < r_end; r += kLanesYv, p += step) {
-      if constexpr (VEC == 8) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __bfloat1622float2(h[j]);
-          acc[2 * j] += f.x;
-          acc[2 * j + 1] += f.y;
-        }
-      } else {
-        acc[0] += __bfloat162float(*p);
-      }
-    }
-  }
+  sum_rows<VEC, kLanesYv, 8>(dy, N, col, r_begin + ty, r_end, acc);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) lanes[ty][tx * VEC + j] = acc[j];
   __syncthreads();
