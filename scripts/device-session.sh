@@ -6,7 +6,7 @@
 #   comparison  the main job and its PyTorch peer (three layouts), the 6.86B model, the llm.c shape
 #   real_data   prepare WikiText-2, train with validation (next-token, causal, --pad_vocab)
 #   kernels     kernel benchmarks (BENCH_LIST, BENCH_FILTER) and their PyTorch peers in the same
-#               call (PEER_LIST, default all four), then the ratio table
+#               call (PEER_LIST, default all five), then the ratio table
 #   timing      --timing_report of the BF16 example's model
 #   ncu         ncu capture of exactly steps 3-4 (--profile_steps)
 #   offload     the offload sweep, a large offload-bench, racecheck on a non-blocking round trip
@@ -86,7 +86,7 @@ if want kernels; then
     [ -n "${BENCH_FILTER:-}" ] && f="--benchmark_filter='$BENCH_FILTER'"
     step bench_$b 60 "build/gpu/bench/bench_$b $f --benchmark_out=$logs/bench_$b.json --benchmark_out_format=json --benchmark_counters_tabular=true"
   done
-  for p in ${PEER_LIST:-attention dense k3 offload}; do
+  for p in ${PEER_LIST:-attention dense k3 offload gemm}; do
     [ -e bench/peers/${p}_peer.py ] && step peer_$p 60 "python3 bench/peers/${p}_peer.py --out $logs/${p}_peer.json"
   done
   python3 bench/peers/compare.py --ours "$logs"/bench_*.json --peers "$logs"/*_peer.json >"$logs/compare.md" 2>&1
