@@ -134,7 +134,6 @@ __global__ void bias_grad_finish_kernel(const float* __restrict__ partial, OutT*
   store_f(db + col, s);
 }
 
-
 // ---- V2: one cluster per 64-column tile, the row splits summed through DSMEM ----
 
 constexpr int kV2Tile = 64;      // columns per cluster: one 128-byte line of a bf16 row
@@ -204,9 +203,9 @@ bool device_has_clusters() {
 }
 
 // Measured on the H200 (session 4, docs/perf-notes.md): V2 wins while its grid is at most about
-// one wave of 8 blocks per SM (2048 x 1024..4096: 1.3-1.4x; 16384 x 4096: 1.08x); with more
-// column tiles V1's wider tiles and no cluster barriers win (2048 x 50000: V1 1.12x faster;
-// 16384 x 16384: 1.07x). The choice depends on N and the device only, so the bits stay fixed.
+// one wave of 8 blocks per SM (2048 x 1024..4096: 1.3-1.4x; 16384 x 4096: 1.07x); with more
+// column tiles V1's wider tiles and no cluster barriers win (2048 x 50000: V1 1.11x faster;
+// 16384 x 16384: 1.08x). The choice depends on N and the device only, so the bits stay fixed.
 constexpr int kV2MaxTiles = 128;  // N <= 8192
 
 KernelVersion default_version(int N, bool clusters) {
