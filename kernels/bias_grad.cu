@@ -20,8 +20,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 
 #include "kernels/gemm.cuh"
 #include "runtime/check.h"
@@ -186,20 +184,13 @@ __global__ void __cluster_dims__(1, kV2Cluster, 1) __launch_bounds__(kV2Threads)
 #endif
 }
 
-// Whether the current device has thread-block clusters (sm_90+), asked once per device.
+// Whether the current device has thread-block clusters (sm_90+). Asked each call, as the other
+// launchers ask for their SM counts: cudaDeviceGetAttribute is a cached lookup in the runtime.
 bool device_has_clusters() {
-  static std::array<std::atomic<int>, 64> known{};  // 0 unknown, 1 no, 2 yes
-  int dev = 0;
+  int dev = 0, major = 0;
   CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= static_cast<int>(known.size())) dev = 0;
-  int k = known[dev].load(std::memory_order_relaxed);
-  if (k == 0) {
-    int major = 0;
-    CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    k = major >= 9 ? 2 : 1;
-    known[dev].store(k, std::memory_order_relaxed);
-  }
-  return k == 2;
+  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return major >= 9;
 }
 
 // Measured on the H200 (session 4, docs/perf-notes.md): V2 wins while its grid is at most about
@@ -239,7 +230,7 @@ void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, i
   CUTRAIN_CHECK(db_type == DType::BF16 || db_type == DType::F32, fn, ": db_type must be bfloat16 or float32, got ",
                 dtype_name(db_type));
   CUTRAIN_CHECK(version == KernelVersion::Default || version == KernelVersion::V1 || version == KernelVersion::V2, fn,
-                ": version must be Default, V1 or V2, got V", static_cast<int>(version));
+                ": version must be Default, V1 or V2, got ", version_name(version));
   CUTRAIN_CHECK(dy != nullptr && db != nullptr, fn, ": dy and db must not be null, got dy=",
                 static_cast<const void*>(dy), " db=", db);
   const bool clusters = device_has_clusters();

@@ -3,8 +3,15 @@
 // check every one; Default is the version the measurements picked.
 #pragma once
 
+#include <string>
+
 namespace cutrain::kernels {
 
 enum class KernelVersion : int { Default = 0, V1 = 1, V2 = 2, V3 = 3 };
+
+// "default", "v1", "v2", "v3": for test traces and error messages.
+inline std::string version_name(KernelVersion v) {
+  return v == KernelVersion::Default ? "default" : "v" + std::to_string(static_cast<int>(v));
+}
 
 }  // namespace cutrain::kernels

@@ -431,10 +431,6 @@ namespace {
 const std::vector<kernels::KernelVersion> kBiasGradVersions = {kernels::KernelVersion::V1, kernels::KernelVersion::V2,
                                                                kernels::KernelVersion::Default};
 
-std::string version_label(kernels::KernelVersion v) {
-  return v == kernels::KernelVersion::Default ? "default" : "v" + std::to_string(static_cast<int>(v));
-}
-
 }  // namespace
 
 TEST(BiasGradGpu, MatchesReferenceBf16AndF32WithAccumulate) {
@@ -450,7 +446,7 @@ TEST(BiasGradGpu, MatchesReferenceBf16AndF32WithAccumulate) {
     for (auto version : kBiasGradVersions) {
       void* sc = version == kernels::KernelVersion::V2 ? nullptr : scratch.get();
       for (bool acc : {false, true}) {
-        SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + " " + version_label(version) +
+        SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + " " + kernels::version_name(version) +
                      (acc ? " accumulate" : ""));
         const auto want = ref::bias_grad(dy.host, M, N, acc ? &init : nullptr);
         DeviceArray<float> dbf(N);
@@ -477,7 +473,7 @@ TEST(BiasGradGpu, MisalignedInputTakesTheScalarPathCorrectly) {
   auto buf = make_tensor(std::size_t(M) * N + 1, rng);
   std::vector<float> dy(buf.host.begin() + 1, buf.host.end());
   for (auto version : kBiasGradVersions) {
-    SCOPED_TRACE(version_label(version));
+    SCOPED_TRACE(kernels::version_name(version));
     DeviceArray<float> db(N), scratch(kernels::bias_grad_scratch_bytes(M, N) / sizeof(float));
     kernels::bias_grad(nullptr, buf.dev.get() + 1, db.get(), DType::F32, M, N, false, scratch.get(), version);
     const auto got = db.download();
@@ -493,7 +489,7 @@ TEST(BiasGradGpu, IsBitwiseDeterministic) {
     auto dy = make_tensor(std::size_t(M) * N, rng);
     DeviceArray<float> scratch(kernels::bias_grad_scratch_bytes(M, N) / sizeof(float));
     for (auto version : kBiasGradVersions) {
-      SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + " " + version_label(version));
+      SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + " " + kernels::version_name(version));
       std::vector<float> runs[2];
       for (auto& r : runs) {
         DeviceArray<float> db(N);

@@ -195,7 +195,6 @@ void check_backward(kernels::KernelVersion ver, const Case& c, DType pt, bool ac
 
 const kernels::KernelVersion kVersions[] = {kernels::KernelVersion::V1, kernels::KernelVersion::V2,
                                             kernels::KernelVersion::V3};
-std::string vname(kernels::KernelVersion v) { return "v" + std::to_string(static_cast<int>(v)); }
 
 // Shapes where V2's and V3's team layouts (1, 2, 4, 8, 16 warps per row; several rows per team,
 // so the prefetch of the next rows and the team-order combination of the partials run) and their
@@ -213,12 +212,12 @@ TEST(LayerNormGpu, BackwardMatchesReference) {
   auto rng = test::fresh_rng();
   for (auto ver : kVersions) {
     for (const Case& c : cases()) {
-      SCOPED_TRACE(vname(ver) + " " + name(c));
+      SCOPED_TRACE(kernels::version_name(ver) + " " + name(c));
       check_backward(ver, c, DType::F32, false, false, false, rng);
       check_backward(ver, c, DType::BF16, true, true, false, rng);
     }
     for (const Case& c : v2_cases()) {
-      SCOPED_TRACE(vname(ver) + " " + name(c));
+      SCOPED_TRACE(kernels::version_name(ver) + " " + name(c));
       check_backward(ver, c, DType::F32, false, true, false, rng);
       check_backward(ver, c, DType::F32, true, false, true, rng);
     }
@@ -233,7 +232,7 @@ TEST(LayerNormGpu, BackwardVariants) {
       for (DType pt : {DType::F32, DType::BF16}) {
         for (int v = 0; v < 8; ++v) {
           const bool acc = v & 1, extra = v & 2, alias = v & 4;
-          SCOPED_TRACE(vname(ver) + " " + name(c) + " " + dtype_name(pt) + (acc ? " accumulate" : "") +
+          SCOPED_TRACE(kernels::version_name(ver) + " " + name(c) + " " + dtype_name(pt) + (acc ? " accumulate" : "") +
                        (extra ? " d_extra" : "") + (alias ? " d_sum=dy" : ""));
           check_backward(ver, c, pt, acc, extra, alias, rng);
         }
@@ -249,7 +248,7 @@ TEST(LayerNormGpu, BackwardIsDeterministic) {
     for (const Case& c : {Case{2048, 1024}, Case{2049, 1536}, Case{5, 16384}, Case{333, 1000}, Case{64, 4096, true},
                           Case{1500, 4096}, Case{3000, 512}}) {
       for (DType pt : {DType::F32, DType::BF16}) {
-        SCOPED_TRACE(vname(ver) + " " + name(c) + " " + dtype_name(pt));
+        SCOPED_TRACE(kernels::version_name(ver) + " " + name(c) + " " + dtype_name(pt));
         // The same seed for both runs gives the same inputs.
         const auto seed = test::fresh_rng()();
         std::mt19937_64 r1(seed), r2(seed);
