@@ -85,16 +85,33 @@ __device__ __forceinline__ float gelu_grad_fast(float x) {
   return fmaf(x, pdf, phi_fast(x));
 }
 
-// The math of a kernel: exact (erff / tanhf) or, for the erf kind with kFast, the fit above.
+// Fast tanh form (version 3, tanh kind): the same logistic as gelu<Tanh>, with the IEEE division
+// (about ten instructions and a slow-path branch) replaced by __fdividef (rcp.approx and a multiply,
+// 2 ulp). Where e^(-2u) exceeds 2^126 (x < -9.8) __fdividef returns 0, as the exact form's x / inf
+// does a little further out; |gelu| there is < 1e-36.
+__device__ __forceinline__ float logistic_2u(float x) {  // 0.5·(1 + tanh u) = 1 / (1 + e^(-2u))
+  const float u = kSqrt2OverPi * fmaf(kTanhCoef * x, x * x, x);
+  return __fdividef(1.f, 1.f + __expf(-2.f * u));
+}
+__device__ __forceinline__ float gelu_tanh_fast(float x) { return x * logistic_2u(x); }
+__device__ __forceinline__ float gelu_tanh_grad_fast(float x) {
+  const float sg = logistic_2u(x);
+  const float du = kSqrt2OverPi * fmaf(3.f * kTanhCoef * x, x, 1.f);
+  return fmaf(2.f * x * sg * (1.f - sg), du, sg);
+}
+
+// The math of a kernel: exact (erff / IEEE division) or, with kFast, the fits above.
 template <GeluKind K, bool kFast>
 __device__ __forceinline__ float gelu_v(float x) {
-  if constexpr (kFast && K == GeluKind::Erf) return gelu_fast(x);
-  else return gelu<K>(x);
+  if constexpr (!kFast) return gelu<K>(x);
+  else if constexpr (K == GeluKind::Erf) return gelu_fast(x);
+  else return gelu_tanh_fast(x);
 }
 template <GeluKind K, bool kFast>
 __device__ __forceinline__ float gelu_grad_v(float x) {
-  if constexpr (kFast && K == GeluKind::Erf) return gelu_grad_fast(x);
-  else return gelu_grad<K>(x);
+  if constexpr (!kFast) return gelu_grad<K>(x);
+  else if constexpr (K == GeluKind::Erf) return gelu_grad_fast(x);
+  else return gelu_tanh_grad_fast(x);
 }
 
 int sm_count() {

@@ -18,10 +18,10 @@ enum class GeluKind { Erf, Tanh };
 // `version` (both directions): V1 = two (forward) / one (backward) 16-byte vectors in flight per
 // thread; V2 = four / two (each of dout and pre), same math, same bits as V1; V3 = V2 with the
 // erf kind's Φ from a degree-8 fit of log2 Φ (relative error <= 3e-5, well under bf16's 2e-3:
-// not bit-identical to erff, about half the instructions; the tanh kind and the scalar path
-// (misaligned pointers) run V2's / V1's exact math). Every version is checked on every bf16 input
-// in [-12, 12] to stay within one bf16 step of the fp64 GELU. Default = V3, the fastest on the
-// H200 (docs/perf-notes.md, dense kernels).
+// not bit-identical to erff, about half the instructions) and the tanh kind's division by
+// __fdividef (2 ulp); the scalar path (misaligned pointers) runs V1's exact math. Every version
+// and kind is checked on every bf16 input in [-12, 12] to stay within one bf16 step of the fp64
+// GELU. Default = V3, the fastest on the H200 (docs/perf-notes.md, dense kernels).
 void gelu_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_out, bf16* out, std::size_t rows,
                   int cols, GeluKind kind = GeluKind::Erf, KernelVersion version = KernelVersion::Default);
 

@@ -141,7 +141,7 @@ TEST(GeluGpu, VersionsAgreeBitwise) {
   }
 }
 
-// Every bf16 value in [-12, 12] (each bit pattern once, tails included), every version: forward
+// Every bf16 value in [-12, 12] (each bit pattern once, tails included), every version and kind: forward
 // and backward within one bf16 step (the bf16 ulp at the fp64 value) of the fp64 GELU. Absolute slack: backward
 // 1e-5 (gelu' crosses zero near -0.75, where fp32 Φ + xφ cancels); forward 1e-30 for the exact
 // versions (erff / erfcf), 1e-12 for V3's fitted Φ (session 2 saw up to 2.5% relative error below
@@ -158,13 +158,14 @@ TEST(GeluGpu, EveryBf16InputWithinOneBf16Step) {
   in.resize(in.size() / 8 * 8 + 3);  // a 3-element tail after the vectors (values repeat: fine)
   for (std::size_t i = in.size() - 3; i < in.size(); ++i) in[i] = -0.5f * static_cast<float>(i % 7);
   const std::size_t n = in.size();
-  for (auto ver : kVersions) {
-    SCOPED_TRACE(vname(ver));
-    const double fwd_slack = ver == kernels::KernelVersion::V3 ? 1e-12 : 1e-30;
+  for (auto ver : kVersions)
+  for (bool tanh : {false, true}) {
+    SCOPED_TRACE(vname(ver) + (tanh ? " tanh" : " erf"));
+    const auto kind = tanh ? kernels::GeluKind::Tanh : kernels::GeluKind::Erf;
+    const double fwd_slack = ver == kernels::KernelVersion::V3 && !tanh ? 1e-12 : 1e-30;
     test::DeviceArray<bf16> d(test::to_bf16(in)), o(n), ones(test::to_bf16(std::vector<float>(n, 1.f))), dx(n);
-    kernels::gelu_forward(nullptr, d.get(), nullptr, nullptr, o.get(), 1, static_cast<int>(n),
-                          kernels::GeluKind::Erf, ver);
-    kernels::gelu_backward(nullptr, ones.get(), d.get(), dx.get(), n, kernels::GeluKind::Erf, ver);
+    kernels::gelu_forward(nullptr, d.get(), nullptr, nullptr, o.get(), 1, static_cast<int>(n), kind, ver);
+    kernels::gelu_backward(nullptr, ones.get(), d.get(), dx.get(), n, kind, ver);
     const auto got = test::download_float(o), got_dx = test::download_float(dx);
     ASSERT_EQ(test::count_nan(got) + test::count_nan(got_dx), 0u) << "an output was not fully written";
     int bad = 0;
@@ -172,7 +173,8 @@ TEST(GeluGpu, EveryBf16InputWithinOneBf16Step) {
     // of it; a CPU emulation of the exact path (fp32 erff/erfcf, bf16 rounding) lands within 0.5.
     auto bf16_step = [](double v) { return v == 0 ? 0.0 : std::ldexp(1.0, std::ilogb(v) - 7); };
     for (std::size_t i = 0; i < n; ++i) {
-      const double x = in[i], y = ref::gelu_erf(x), dy = ref::gelu_erf_grad(x);
+      const double x = in[i], y = tanh ? ref::gelu_tanh(x) : ref::gelu_erf(x);
+      const double dy = tanh ? ref::gelu_tanh_grad(x) : ref::gelu_erf_grad(x);
       const bool ok = std::abs(got[i] - y) <= bf16_step(y) + fwd_slack &&
                       std::abs(got_dx[i] - dy) <= bf16_step(dy) + 1e-5;
       if (!ok && ++bad <= 10)
