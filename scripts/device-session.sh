@@ -6,7 +6,7 @@
 #   comparison  the main job and its PyTorch peer (three layouts), the 6.86B model, the llm.c shape
 #   real_data   prepare WikiText-2, train with validation (next-token, causal, --pad_vocab)
 #   kernels     kernel benchmarks (BENCH_LIST, BENCH_FILTER) and their PyTorch peers in the same
-#               call (PEER_LIST, default all five), then the ratio table
+#               call (PEER_LIST, default all five), then the ratio table (KERNEL_ROUNDS=N: N rounds)
 #   timing      --timing_report of the BF16 example's model
 #   ncu         ncu capture of exactly steps 3-4 (--profile_steps)
 #   offload     the offload sweep, a large offload-bench, racecheck on a non-blocking round trip
@@ -80,16 +80,35 @@ fi
 
 if want kernels; then
   # Ours and the PyTorch peers in the same call: the ratio table compares like with like.
-  for b in ${BENCH_LIST:-attention k3 dense offload gemm allocator}; do
-    [ -x build/gpu/bench/bench_$b ] || continue
-    f=""
-    [ -n "${BENCH_FILTER:-}" ] && f="--benchmark_filter='$BENCH_FILTER'"
-    step bench_$b 60 "build/gpu/bench/bench_$b $f --benchmark_out=$logs/bench_$b.json --benchmark_out_format=json --benchmark_counters_tabular=true"
-  done
-  for p in ${PEER_LIST:-attention dense k3 offload gemm}; do
-    [ -e bench/peers/${p}_peer.py ] && step peer_$p 60 "python3 bench/peers/${p}_peer.py --out $logs/${p}_peer.json"
-  done
-  python3 bench/peers/compare.py --ours "$logs"/bench_*.json --peers "$logs"/*_peer.json >"$logs/compare.md" 2>&1
+  # KERNEL_ROUNDS=N (default 1) repeats both sides N times, alternating which runs first, into
+  # logs/roundK/; the table then shows every round's ratio (for shapes where the two sides call
+  # the same library and differ by less than the run-to-run spread).
+  run_ours() { # run_ours DIR SUFFIX
+    for b in ${BENCH_LIST:-attention k3 dense offload gemm allocator}; do
+      [ -x build/gpu/bench/bench_$b ] || continue
+      local f=""
+      [ -n "${BENCH_FILTER:-}" ] && f="--benchmark_filter='$BENCH_FILTER'"
+      step bench_$b$2 60 "build/gpu/bench/bench_$b $f --benchmark_out=$1/bench_$b.json --benchmark_out_format=json --benchmark_counters_tabular=true"
+    done
+  }
+  run_peers() { # run_peers DIR SUFFIX
+    for p in ${PEER_LIST:-attention dense k3 offload gemm}; do
+      [ -e bench/peers/${p}_peer.py ] && step peer_$p$2 60 "python3 bench/peers/${p}_peer.py --out $1/${p}_peer.json"
+    done
+  }
+  rounds=${KERNEL_ROUNDS:-1}
+  if (( rounds > 1 )); then
+    for ((r = 1; r <= rounds; r++)); do
+      mkdir -p "$logs/round$r"
+      if (( r % 2 )); then run_ours "$logs/round$r" _r$r; run_peers "$logs/round$r" _r$r
+      else run_peers "$logs/round$r" _r$r; run_ours "$logs/round$r" _r$r; fi
+    done
+    python3 bench/peers/compare.py --rounds "$logs"/round* >"$logs/compare.md" 2>&1
+  else
+    run_ours "$logs" ""
+    run_peers "$logs" ""
+    python3 bench/peers/compare.py --ours "$logs"/bench_*.json --peers "$logs"/*_peer.json >"$logs/compare.md" 2>&1
+  fi
   cat "$logs/compare.md" >>"$sum"
 fi
 if want timing; then

@@ -2,9 +2,16 @@
 """Joins our Google Benchmark JSON (counter median_us) with the PyTorch peers' JSON (time_us) by
 benchmark name and prints a markdown table: ours, peer, and peer/ours (> 1 means we are faster).
 A peer row named "<name>@<variant>" (e.g. "attention/fwd/B4H16S512D64@flash") is compared with our
-"<name>"."""
+"<name>".
+
+With --rounds DIR..., each DIR holds one round's bench_*.json and *_peer.json (scripts/device-session.sh,
+KERNEL_ROUNDS=N, alternates which side runs first): the table gives the median time of each side
+over the rounds and every round's ratio, so a ratio is read against its own spread."""
 import argparse
+import glob
 import json
+import os
+import statistics
 import sys
 
 
@@ -35,11 +42,51 @@ def load_peers(paths):
     return peers
 
 
+def print_rounds(dirs):
+    rounds = [(load_ours(sorted(glob.glob(os.path.join(d, "bench_*.json")))),
+               load_peers(sorted(glob.glob(os.path.join(d, "*_peer.json"))))) for d in dirs]
+    order = []  # peer row names in first-seen order
+    for _, peers in rounds:
+        for r in peers:
+            if r["name"] not in order:
+                order.append(r["name"])
+    print(f"| benchmark | peer | ours (us, median of rounds) | peer (us) | peer/ours, each of {len(dirs)} rounds "
+          "| lowest | median |")
+    print("|---|---|---:|---:|---|---:|---:|")
+    for name in order:
+        base, _, variant = name.partition("@")
+        mine, theirs, ratios = [], [], []
+        for ours, peers in rounds:
+            t = next((r["time_us"] for r in peers if r["name"] == name), None)
+            m = ours.get(base)
+            if t is not None:
+                theirs.append(t)
+            if m is not None:
+                mine.append(m)
+            if t is not None and m is not None:
+                ratios.append(t / m)
+        if not ratios:
+            print(f"| {base} | {variant or 'torch'} | (not run) | "
+                  f"{statistics.median(theirs) if theirs else float('nan'):.1f} | | | |")
+            continue
+        each = ", ".join(f"{x:.2f}" for x in ratios)
+        print(f"| {base} | {variant or 'torch'} | {statistics.median(mine):.1f} | {statistics.median(theirs):.1f} | "
+              f"{each} | {min(ratios):.2f}x | {statistics.median(ratios):.2f}x |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--ours", nargs="*", default=[])
     ap.add_argument("--peers", nargs="*", default=[])
+    ap.add_argument("--rounds", nargs="*", default=[], help="one folder per round (see above)")
     a = ap.parse_args()
+    if a.rounds:
+        missing = [d for d in a.rounds if not os.path.isdir(d)]
+        if missing:
+            print(f"compare: --rounds: not a folder: {', '.join(missing)}", file=sys.stderr)
+            return 2
+        print_rounds(a.rounds)
+        return 0
     ours = load_ours(a.ours)
     peers = load_peers(a.peers)
     print("| benchmark | peer | ours (us) | peer (us) | peer/ours |")
@@ -51,7 +98,8 @@ def main():
             print(f"| {base} | {variant or 'torch'} | (not run) | {r['time_us']:.1f} | |")
             continue
         print(f"| {base} | {variant or 'torch'} | {mine:.1f} | {r['time_us']:.1f} | {r['time_us'] / mine:.2f}x |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
