@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tests of the benchmark-suite tools on synthetic inputs (no GPU, no pip): bench/merge_runs.py,
-bench/compare_runs.py, and scripts/bench-all.sh driven by fake bench_* binaries and a fake
-nvidia-smi."""
+bench/compare_runs.py, bench/peers/compare.py (one run and --rounds), and scripts/bench-all.sh
+driven by fake bench_* binaries and a fake nvidia-smi."""
 import json
 import os
 import random
@@ -180,6 +180,42 @@ JSON
 echo "fake @NAME@ ran"
 exit @RC@
 """
+
+
+class PeerCompare(Scratch):
+    """bench/peers/compare.py: ours (Google Benchmark median_us) against a peer (time_us) by name."""
+
+    def round_dir(self, name, ours_us, peer_us):
+        d = os.path.join(self.dir, name)
+        os.makedirs(d)
+        with open(os.path.join(d, "bench_gemm.json"), "w") as f:
+            json.dump(gbench_doc([("gemm/fwd/8x8x8/manual_time", ours_us, 1000, {})]), f)
+        with open(os.path.join(d, "gemm_peer.json"), "w") as f:
+            json.dump({"results": [{"name": "gemm/fwd/8x8x8", "time_us": peer_us},
+                                   {"name": "gemm/only_peer/8x8x8", "time_us": 3.0}]}, f)
+        return d
+
+    def test_one_run_prints_peer_over_ours(self):
+        d = self.round_dir("r1", 10.0, 12.0)
+        rc, out, err = self.run_py("peers/compare.py", "--ours", os.path.join(d, "bench_gemm.json"), "--peers",
+                                   os.path.join(d, "gemm_peer.json"))
+        self.assertEqual(rc, 0, err)
+        self.assertIn("| gemm/fwd/8x8x8 | torch | 10.0 | 12.0 | 1.20x |", out)
+        self.assertIn("| gemm/only_peer/8x8x8 | torch | (not run) | 3.0 | |", out)
+
+    def test_rounds_give_every_ratio_the_lowest_and_the_median(self):
+        dirs = [self.round_dir("r1", 10.0, 12.0), self.round_dir("r2", 10.0, 9.0), self.round_dir("r3", 12.0, 12.0)]
+        rc, out, err = self.run_py("peers/compare.py", "--rounds", *dirs)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("each of 3 rounds", out)
+        self.assertIn("| gemm/fwd/8x8x8 | torch | 10.0 | 12.0 | 1.20, 0.90, 1.00 | 0.90x | 1.00x |", out)
+        self.assertIn("| gemm/only_peer/8x8x8 | torch | (not run) | 3.0 | | | |", out)
+
+    def test_a_missing_round_folder_is_named(self):
+        rc, out, err = self.run_py("peers/compare.py", "--rounds", os.path.join(self.dir, "nope"))
+        self.assertEqual(rc, 2)
+        self.assertIn("not a folder", err)
+        self.assertIn("nope", err)
 
 
 class BenchAll(Scratch):
