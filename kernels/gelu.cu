@@ -87,7 +87,7 @@ __device__ __forceinline__ float gelu_grad_fast(float x) {
 
 // Fast tanh form (version 3, tanh kind): the same logistic as gelu<Tanh>, with the IEEE division
 // (about ten instructions and a slow-path branch) replaced by __fdividef (rcp.approx and a multiply,
-// 2 ulp). Where e^(-2u) exceeds 2^126 (x < -9.8) __fdividef returns 0, as the exact form's x / inf
+// 2 ulp). Where e^(-2u) exceeds 2^126 (x < -10.0) __fdividef returns 0, as the exact form's x / inf
 // does a little further out; |gelu| there is < 1e-36.
 __device__ __forceinline__ float logistic_2u(float x) {  // 0.5·(1 + tanh u) = 1 / (1 + e^(-2u))
   const float u = kSqrt2OverPi * fmaf(kTanhCoef * x, x * x, x);
