@@ -29,19 +29,30 @@ __device__ __forceinline__ float phi_exact(float x) {
   return x >= -3.f ? 0.5f * (1.f + erff(x * kInvSqrt2)) : 0.5f * erfcf(-x * kInvSqrt2);
 }
 
-template <GeluKind K>
+// a / b: IEEE (about ten instructions and a slow-path branch) or, with kFast (version 3's tanh
+// kind), __fdividef: rcp.approx and a multiply, 2 ulp. Where b > 2^126 (the tanh form's
+// e^(-2u) there: x < -10.0) __fdividef returns 0, as the IEEE x / inf does a little further out;
+// |gelu| there is < 1e-36.
+template <bool kFast>
+__device__ __forceinline__ float divide(float a, float b) {
+  if constexpr (kFast) return __fdividef(a, b);
+  else return a / b;
+}
+
+// The erf kind's exact math (its fast form is gelu_fast below); the tanh kind with either division.
+template <GeluKind K, bool kFastDiv = false>
 __device__ __forceinline__ float gelu(float x) {
   // The tanh form's 0.5·(1 + tanh(u)) is the logistic 1/(1 + e^(-2u)), which does not cancel.
   if constexpr (K == GeluKind::Erf) {
     return x * phi_exact(x);
   } else {
     const float u = kSqrt2OverPi * (x + kTanhCoef * x * x * x);
-    return x / (1.f + __expf(-2.f * u));
+    return divide<kFastDiv>(x, 1.f + __expf(-2.f * u));
   }
 }
 
 // d gelu(x) / dx
-template <GeluKind K>
+template <GeluKind K, bool kFastDiv = false>
 __device__ __forceinline__ float gelu_grad(float x) {
   if constexpr (K == GeluKind::Erf) {
     const float cdf = phi_exact(x);
@@ -50,7 +61,7 @@ __device__ __forceinline__ float gelu_grad(float x) {
   } else {
     // With s = 0.5·(1 + tanh u) = 1/(1 + e^(-2u)): 0.5·(1 - tanh²u) = 2·s·(1 - s).
     const float u = kSqrt2OverPi * (x + kTanhCoef * x * x * x);
-    const float sg = 1.f / (1.f + __expf(-2.f * u));
+    const float sg = divide<kFastDiv>(1.f, 1.f + __expf(-2.f * u));
     const float du = kSqrt2OverPi * (1.f + 3.f * kTanhCoef * x * x);
     return sg + 2.f * x * sg * (1.f - sg) * du;
   }
@@ -85,33 +96,17 @@ __device__ __forceinline__ float gelu_grad_fast(float x) {
   return fmaf(x, pdf, phi_fast(x));
 }
 
-// Fast tanh form (version 3, tanh kind): the same logistic as gelu<Tanh>, with the IEEE division
-// (about ten instructions and a slow-path branch) replaced by __fdividef (rcp.approx and a multiply,
-// 2 ulp). Where e^(-2u) exceeds 2^126 (x < -10.0) __fdividef returns 0, as the exact form's x / inf
-// does a little further out; |gelu| there is < 1e-36.
-__device__ __forceinline__ float logistic_2u(float x) {  // 0.5·(1 + tanh u) = 1 / (1 + e^(-2u))
-  const float u = kSqrt2OverPi * fmaf(kTanhCoef * x, x * x, x);
-  return __fdividef(1.f, 1.f + __expf(-2.f * u));
-}
-__device__ __forceinline__ float gelu_tanh_fast(float x) { return x * logistic_2u(x); }
-__device__ __forceinline__ float gelu_tanh_grad_fast(float x) {
-  const float sg = logistic_2u(x);
-  const float du = kSqrt2OverPi * fmaf(3.f * kTanhCoef * x, x, 1.f);
-  return fmaf(2.f * x * sg * (1.f - sg), du, sg);
-}
-
-// The math of a kernel: exact (erff / IEEE division) or, with kFast, the fits above.
+// The math of a kernel: exact (erff / IEEE division) or, with kFast, the erf fit above and the
+// tanh kind's fast division.
 template <GeluKind K, bool kFast>
 __device__ __forceinline__ float gelu_v(float x) {
-  if constexpr (!kFast) return gelu<K>(x);
-  else if constexpr (K == GeluKind::Erf) return gelu_fast(x);
-  else return gelu_tanh_fast(x);
+  if constexpr (kFast && K == GeluKind::Erf) return gelu_fast(x);
+  else return gelu<K, kFast>(x);
 }
 template <GeluKind K, bool kFast>
 __device__ __forceinline__ float gelu_grad_v(float x) {
-  if constexpr (!kFast) return gelu_grad<K>(x);
-  else if constexpr (K == GeluKind::Erf) return gelu_grad_fast(x);
-  else return gelu_tanh_grad_fast(x);
+  if constexpr (kFast && K == GeluKind::Erf) return gelu_grad_fast(x);
+  else return gelu_grad<K, kFast>(x);
 }
 
 int sm_count() {
