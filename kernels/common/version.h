@@ -9,9 +9,13 @@ namespace cutrain::kernels {
 
 enum class KernelVersion : int { Default = 0, V1 = 1, V2 = 2, V3 = 3 };
 
-// "default", "v1", "v2", "v3": for test traces and error messages.
+// "default", "v1", "v2", "v3": for test traces and error messages. (Appended, not "v" + string:
+// that form draws GCC 12's false -Wrestrict at every inlined call site.)
 inline std::string version_name(KernelVersion v) {
-  return v == KernelVersion::Default ? "default" : "v" + std::to_string(static_cast<int>(v));
+  if (v == KernelVersion::Default) return "default";
+  std::string name(1, 'v');
+  name += std::to_string(static_cast<int>(v));
+  return name;
 }
 
 }  // namespace cutrain::kernels

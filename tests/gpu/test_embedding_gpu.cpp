@@ -122,11 +122,6 @@ BwdOut run_backward(const Shape& s, const std::vector<int32_t>& tok, const std::
 }
 
 const kernels::KernelVersion kVersions[] = {kernels::KernelVersion::V1, kernels::KernelVersion::V2};
-std::string vname(kernels::KernelVersion v) {
-  std::ostringstream os;  // (not "v" + std::string: GCC 12's false -Wrestrict)
-  os << "v" << static_cast<int>(v) << " ";
-  return os.str();
-}
 
 }  // namespace
 
@@ -138,7 +133,7 @@ TEST(EmbeddingGpu, BackwardMatchesReferenceAndIsDeterministic) {
     for (DType gt : {DType::F32, DType::BF16}) {
       for (int v = 0; v < 4; ++v) {
         const bool accumulate = v & 1, with_bad = v & 2;
-        SCOPED_TRACE(vname(ver) + label(s) + " " + dtype_name(gt) + (accumulate ? " accumulate" : "") +
+        SCOPED_TRACE(kernels::version_name(ver) + " " + label(s) + " " + dtype_name(gt) + (accumulate ? " accumulate" : "") +
                      (with_bad ? " bad ids" : ""));
         const int N = s.B * s.T;
         auto tok = tokens_for(s, rng);
@@ -190,7 +185,7 @@ TEST(EmbeddingGpu, BackwardAllSameToken) {
   const auto dout = test::round_bf16(test::random_normal(static_cast<std::size_t>(s.B) * s.T * s.C, rng));
   auto want = ref::embedding_backward(dout.data(), tok.data(), nullptr, nullptr, s.B, s.T, s.C, s.vocab);
   for (auto ver : kVersions) {
-    SCOPED_TRACE(vname(ver));
+    SCOPED_TRACE(kernels::version_name(ver));
     auto got = run_backward(s, tok, dout, DType::F32, false, {}, {}, ver);
     ASSERT_EQ(test::count_nan(got.dwte), 0u);
     EXPECT_LE(test::rel_error(got.dwte, want.dwte), 1e-5);

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <sstream>
 #include <vector>
 
 #include "kernels/gelu.cuh"
@@ -40,12 +39,6 @@ std::vector<uint16_t> bits_of(const std::vector<float>& v) {
 
 }  // namespace
 
-std::string vname(kernels::KernelVersion v) {
-  std::ostringstream os;  // (not "v" + std::string: GCC 12's false -Wrestrict)
-  os << "v" << static_cast<int>(v);
-  return os.str();
-}
-
 const kernels::KernelVersion kVersions[] = {kernels::KernelVersion::V1, kernels::KernelVersion::V2,
                                             kernels::KernelVersion::V3};
 
@@ -56,7 +49,7 @@ TEST(GeluGpu, ForwardBackwardMatchReference) {
   for (const Shape& s : kShapes) {
     for (int variant = 0; variant < 16; ++variant) {
       const bool tanh = variant & 1, with_bias = variant & 2, in_place = variant & 4, misalign = variant & 8;
-      SCOPED_TRACE(vname(ver) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+      SCOPED_TRACE(kernels::version_name(ver) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
                    (tanh ? " tanh" : " erf") +
                    (with_bias ? " bias" : "") + (in_place ? " in-place" : "") + (misalign ? " misaligned" : ""));
       const kernels::GeluKind kind = tanh ? kernels::GeluKind::Tanh : kernels::GeluKind::Erf;
@@ -160,7 +153,7 @@ TEST(GeluGpu, EveryBf16InputWithinOneBf16Step) {
   const std::size_t n = in.size();
   for (auto ver : kVersions)
   for (bool tanh : {false, true}) {
-    SCOPED_TRACE(vname(ver) + (tanh ? " tanh" : " erf"));
+    SCOPED_TRACE(kernels::version_name(ver) + (tanh ? " tanh" : " erf"));
     const auto kind = tanh ? kernels::GeluKind::Tanh : kernels::GeluKind::Erf;
     const double fwd_slack = ver == kernels::KernelVersion::V3 && !tanh ? 1e-12 : 1e-30;
     test::DeviceArray<bf16> d(test::to_bf16(in)), o(n), ones(test::to_bf16(std::vector<float>(n, 1.f))), dx(n);
@@ -192,7 +185,7 @@ TEST(GeluGpu, TailsAndZero) {
   const int n = static_cast<int>(in.size());
   for (auto ver : kVersions)
   for (bool tanh : {false, true}) {
-    SCOPED_TRACE(vname(ver) + (tanh ? " tanh" : " erf"));
+    SCOPED_TRACE(kernels::version_name(ver) + (tanh ? " tanh" : " erf"));
     const auto kind = tanh ? kernels::GeluKind::Tanh : kernels::GeluKind::Erf;
     test::DeviceArray<bf16> d(test::to_bf16(in)), o(n), ones(test::to_bf16(std::vector<float>(n, 1.f))), dx(n);
     kernels::gelu_forward(nullptr, d.get(), nullptr, nullptr, o.get(), 1, n, kind, ver);
