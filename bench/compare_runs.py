@@ -5,6 +5,12 @@ B (the candidate), the ratio B/A, and a flag on every benchmark more than --thre
 benchmark of A is missing or failed in B), 0 otherwise, 2 on unreadable input.
 
     compare_runs.py A.json B.json [--threshold 5] [--strict] [--only-changed]
+    compare_runs.py A1.json,A2.json,A3.json B1.json,B2.json,B3.json ...
+
+With comma-separated lists, each side is several rounds of the same benchmarks (run alternately
+in one session, as scripts/device-session.sh's `against` section does): a benchmark's figure is
+the median over the rounds of its per-round median, the verdict is taken on that, and the table
+adds the range of the per-round ratios B_i/A_i (rounds paired by position).
 
 A and B are files written by scripts/bench-all.sh (bench/merge_runs.py), or plain Google
 Benchmark --benchmark_out JSON files. The median is the "median_us" counter every cutrain
@@ -46,6 +52,40 @@ def median(e):
     return float(v) if isinstance(v, (int, float)) and v > 0 else None
 
 
+def median_of(values):
+    vals = sorted(v for v in values if v is not None)
+    if not vals:
+        return None
+    n = len(vals)
+    return vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2])
+
+
+def combine(rounds):
+    """{name: entry} of one side from its rounds: an entry whose median_us is the median over the
+    rounds where it ran (an error only where it failed in every round), with the per-round medians
+    kept under "rounds"."""
+    out = {}
+    for r in rounds:
+        for name in r:
+            if name not in out:
+                per = [median(x.get(name)) for x in rounds]
+                m = median_of(per)
+                out[name] = {"name": name, "rounds": per}
+                if m is None:
+                    out[name]["error"] = "failed in every round"
+                else:
+                    out[name]["median_us"] = m
+    return out
+
+
+def ratio_range(ea, eb):
+    """(lowest, highest) per-round ratio B_i/A_i over the rounds where both ran, or None."""
+    if not ea or not eb or "rounds" not in ea or "rounds" not in eb:
+        return None
+    rs = [b / a for a, b in zip(ea["rounds"], eb["rounds"]) if a and b]
+    return (min(rs), max(rs)) if rs else None
+
+
 def compare(a, b, threshold_pct):
     """Rows (name, a_us, b_us, ratio, status) in A's order then B's new ones; status is one of
     "", "SLOWER", "faster", "missing in B", "new in B", "failed in A", "failed in B"."""
@@ -75,8 +115,8 @@ def compare(a, b, threshold_pct):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("a", help="baseline run")
-    ap.add_argument("b", help="candidate run")
+    ap.add_argument("a", help="baseline run (or comma-separated rounds)")
+    ap.add_argument("b", help="candidate run (or comma-separated rounds)")
     ap.add_argument("--threshold", type=float, default=5.0, help="percent slower that counts as a regression")
     ap.add_argument("--strict", action="store_true", help="a benchmark missing or failed in B also fails")
     ap.add_argument("--only-changed", action="store_true", help="print only flagged rows")
@@ -84,29 +124,49 @@ def main(argv=None):
     if args.threshold < 0:
         print("compare_runs: --threshold must be >= 0", file=sys.stderr)
         return 2
-    loaded = []
-    for path in (args.a, args.b):
-        try:
-            loaded.append(load(path))
-        except (OSError, ValueError) as e:
-            print(f"compare_runs: {path}: {e}", file=sys.stderr)
+    sides = []
+    for arg in (args.a, args.b):
+        paths = [p for p in arg.split(",") if p]
+        runs = []
+        for path in paths:
+            try:
+                runs.append(load(path))
+            except (OSError, ValueError) as e:
+                print(f"compare_runs: {path}: {e}", file=sys.stderr)
+                return 2
+        if not runs:
+            print(f"compare_runs: no file in '{arg}'", file=sys.stderr)
             return 2
-    (meta_a, a), (meta_b, b) = loaded
-    for tag, path, m in (("A", args.a, meta_a), ("B", args.b, meta_b)):
-        print(f"{tag}: {path}  device={m['device'] or '?'} driver={m['driver'] or '?'} "
+        sides.append((paths, runs))
+    if len(sides[0][0]) != len(sides[1][0]):
+        print(f"compare_runs: A has {len(sides[0][0])} rounds and B {len(sides[1][0])}: give both the same "
+              "number", file=sys.stderr)
+        return 2
+    rounds = len(sides[0][0])
+    (meta_a, a), (meta_b, b) = [(runs[0][0], runs[0][1] if rounds == 1 else combine([r[1] for r in runs]))
+                                for _, runs in sides]
+    for tag, (paths, _), m in (("A", sides[0], meta_a), ("B", sides[1], meta_b)):
+        print(f"{tag}: {', '.join(paths)}  device={m['device'] or '?'} driver={m['driver'] or '?'} "
               f"commit={m['commit'] or '?'} date={m['date'] or '?'}")
+    if rounds > 1:
+        print(f"{rounds} rounds: each figure is the median over the rounds; the range is B_i/A_i per round")
     if meta_a["device"] and meta_b["device"] and meta_a["device"] != meta_b["device"]:
         print(f"warning: different devices ({meta_a['device']} vs {meta_b['device']}): ratios compare hardware too")
     rows = compare(a, b, args.threshold)
     print()
-    print("| benchmark | A median (us) | B median (us) | B/A | |")
-    print("|---|---:|---:|---:|---|")
+    extra_head, extra_rule = (" rounds B/A |", "---:|") if rounds > 1 else ("", "")
+    print(f"| benchmark | A median (us) | B median (us) | B/A |{extra_head} |")
+    print(f"|---|---:|---:|---:|{extra_rule}---|")
     fmt = lambda v: f"{v:.2f}" if v is not None else "-"
     for name, ma, mb, ratio, status in rows:
         if args.only_changed and not status:
             continue
         flag = f"**SLOWER {100 * (ratio - 1):+.1f}%**" if status == "SLOWER" else status
-        print(f"| {name} | {fmt(ma)} | {fmt(mb)} | {fmt(ratio) + 'x' if ratio else '-'} | {flag} |")
+        extra = ""
+        if rounds > 1:
+            rr = ratio_range(a.get(name), b.get(name))
+            extra = f" {rr[0]:.3f}-{rr[1]:.3f} |" if rr else " - |"
+        print(f"| {name} | {fmt(ma)} | {fmt(mb)} | {fmt(ratio) + 'x' if ratio else '-'} |{extra} {flag} |")
     slower = [r for r in rows if r[4] == "SLOWER"]
     lost = [r for r in rows if r[4] in ("missing in B", "failed in B")]
     print()

@@ -3,6 +3,10 @@
 # under a global deadline, so that a run cut short still returns what it measured. Steps, in the
 # order they run (the default is all of them; --only picks some, --skip drops some):
 #   check       build + every test (scripts/gpu-check.sh; TESTS=REGEX for a subset)
+#   against     only with .snap/against/ (device-snapshot.sh --against REV): builds REV's tree and
+#               runs the benchmarks of both builds (AGAINST_BENCH, default the kernel suites), in
+#               AGAINST_ROUNDS rounds (default 3) alternating which runs first, then the table of
+#               REV/this per benchmark (bench/compare_runs.py, AGAINST_THRESHOLD percent, default 2)
 #   comparison  the main job and its PyTorch peer (three layouts), the 6.86B model, the llm.c shape
 #   real_data   prepare WikiText-2, train with validation (next-token, causal, --pad_vocab)
 #   kernels     kernel benchmarks (BENCH_LIST, BENCH_FILTER) and their PyTorch peers in the same
@@ -62,6 +66,29 @@ fi
 echo "-- gpu-check rc=$? ($(( budget - $(left) )) s so far)" >>"$sum"
 cat "$OUT/check/summary.txt" >>"$sum" 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >>"$sum" 2>&1
+
+if want against && [ -d against ]; then
+  # REV's tree, built as gpu-check builds this one (same prefix of unpacked .deps), tests off.
+  gen=""; command -v ninja >/dev/null && gen="-G Ninja"
+  step build_against 240 "cmake -S against -B build/against $gen -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/tmp/cutrain-deps/usr -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCUTRAIN_BUILD_TESTS=OFF && cmake --build build/against -j$(nproc)"
+  export LD_LIBRARY_PATH=/tmp/cutrain-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  mkdir -p "$logs/against"
+  against_bench=${AGAINST_BENCH:-attention|dense|k3|gemm}
+  olds=(); news=()
+  for ((r = 1; r <= ${AGAINST_ROUNDS:-3}; r++)); do
+    order="new old"; (( r % 2 )) || order="old new"
+    for side in $order; do
+      b=build/gpu; c=$(cat COMMIT 2>/dev/null)
+      [ "$side" = old ] && { b=build/against; c=$(cat against/COMMIT 2>/dev/null); }
+      step against_${side}_r$r 200 "scripts/bench-all.sh --build $b --commit '${c:-unknown}' --bench '$against_bench' --out $logs/against/${side}_r$r.json"
+    done
+    olds+=("$logs/against/old_r$r.json"); news+=("$logs/against/new_r$r.json")
+  done
+  ( IFS=,; python3 bench/compare_runs.py "${olds[*]}" "${news[*]}" --threshold "${AGAINST_THRESHOLD:-2}" \
+      >"$logs/against.md" 2>&1 )
+  echo "-- against $(cat against/COMMIT 2>/dev/null): rc=$? (A = that commit, B = $(cat COMMIT 2>/dev/null))" >>"$sum"
+  cat "$logs/against.md" >>"$sum"
+fi
 
 if want comparison; then
   step comparison 150 "OUT=$OUT/cmp PEER_MODES=eager scripts/run-comparison.sh --bin $bin --with-peer"

@@ -3,7 +3,17 @@
 # uncommitted edits cannot break the device build), the offline .deb files (.deps/, made by
 # scripts/offline-deps.sh when missing) and the test data from ../shared/data (.devdata/).
 # Then call the device with carry [".snap"] and: cd .snap && scripts/device-session.sh
+#   scripts/device-snapshot.sh [--against REV]
+# --against REV also puts REV's tree into .snap/against/ (with its COMMIT), for the session's
+# `against` section: the same benchmarks from both builds, in rounds, in the same call.
 set -euo pipefail
+against=""
+while (($#)); do
+  case "$1" in
+    --against) against=$2; shift 2 ;;
+    *) echo "device-snapshot: unknown option $1 (expected --against REV)" >&2; exit 2 ;;
+  esac
+done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 [ -d .deps ] && ls .deps/*.deb >/dev/null 2>&1 || scripts/offline-deps.sh
@@ -15,6 +25,12 @@ git archive HEAD | tar -x -C .snap
 # The snapshot has no .git: gpu-check reads the commit from here (git there would name whatever
 # checkout encloses .snap on the device).
 git rev-parse --short HEAD >.snap/COMMIT
+if [ -n "$against" ]; then
+  rev=$(git rev-parse --verify -q "$against^{commit}") || { echo "device-snapshot: --against: no commit '$against'" >&2; exit 2; }
+  mkdir .snap/against
+  git archive "$rev" | tar -x -C .snap/against
+  git rev-parse --short "$rev" >.snap/against/COMMIT
+fi
 cp -r .deps .snap/
 [ -d .devdata ] && cp -r .devdata .snap/
 du -sh .snap

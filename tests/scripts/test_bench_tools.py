@@ -162,6 +162,36 @@ class CompareRuns(Scratch):
         self.assertEqual(rc, 2)
         self.assertIn("nope.json", se)
 
+    def test_rounds_take_the_median_of_each_side_and_show_the_ratio_range(self):
+        base = random.Random().uniform(50, 500)
+        # k/steady: B is 1% slower in every round; k/noisy: one outlier round on each side that the
+        # median ignores; k/slow: 3% slower in every round (over a 2% threshold).
+        a_rounds = [("k/steady", base), ("k/noisy", base), ("k/slow", base)]
+        b_rounds = [("k/steady", base * 1.01), ("k/noisy", base), ("k/slow", base * 1.03)]
+        a1 = self.make_run("a1.json", a_rounds)
+        a2 = self.make_run("a2.json", [("k/steady", base), ("k/noisy", base * 2), ("k/slow", base)])
+        a3 = self.make_run("a3.json", a_rounds)
+        b1 = self.make_run("b1.json", b_rounds)
+        b2 = self.make_run("b2.json", b_rounds)
+        b3 = self.make_run("b3.json", [("k/steady", base * 1.01), ("k/noisy", base * 3), ("k/slow", base * 1.03)])
+        rc, so, se = self.run_py("compare_runs.py", f"{a1},{a2},{a3}", f"{b1},{b2},{b3}", "--threshold", "2")
+        self.assertEqual(rc, 1, so + se)
+        lines = {l.split("|")[1].strip(): l for l in so.splitlines() if l.startswith("| k/")}
+        self.assertIn("3 rounds", so)
+        self.assertNotIn("SLOWER", lines["k/steady"])
+        self.assertIn("1.010-1.010", lines["k/steady"])
+        self.assertNotIn("SLOWER", lines["k/noisy"])
+        self.assertIn("1.00x", lines["k/noisy"])
+        self.assertIn("0.500-3.000", lines["k/noisy"])  # rounds 2 (base/2base) and 3 (3base/base)
+        self.assertIn("SLOWER +3.0%", lines["k/slow"])
+        # Unequal round counts and an empty list are usage errors that say so.
+        rc, so, se = self.run_py("compare_runs.py", f"{a1},{a2}", b1)
+        self.assertEqual(rc, 2)
+        self.assertIn("same number", se)
+        rc, so, se = self.run_py("compare_runs.py", ",", b1)
+        self.assertEqual(rc, 2)
+        self.assertIn("no file", se)
+
     def test_compare_function_directly(self):
         rows = compare_runs.compare({"x": {"median_us": 1.0}}, {"x": {"median_us": 1.2}}, 5.0)
         self.assertEqual(rows[0][4], "SLOWER")
