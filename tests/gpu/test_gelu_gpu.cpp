@@ -127,7 +127,9 @@ TEST(GeluGpu, GridStrideShapesAreDeterministic) {
         EXPECT_EQ(bits_of(outs[1]), bits_of(outs[0])) << "forward differs between runs";
         EXPECT_EQ(bits_of(pres[1]), bits_of(pres[0])) << "pre_out differs between runs";
         EXPECT_EQ(bits_of(dxs[1]), bits_of(dxs[0])) << "backward differs between runs";
-        if (with_bias) EXPECT_EQ(bits_of(pres[0]), bits_of(want.pre)) << "pre must be the bf16-rounded in + bias";
+        if (with_bias) {
+          EXPECT_EQ(bits_of(pres[0]), bits_of(want.pre)) << "pre must be the bf16-rounded in + bias";
+        }
         EXPECT_LE(test::rel_error(outs[0], want.out), 1e-2);
         EXPECT_LE(test::rel_error(dxs[0], ref::gelu_backward(g.data(), in.data(), n, tanh)), 1e-2);
       }

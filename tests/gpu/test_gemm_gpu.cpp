@@ -77,6 +77,13 @@ const char* name(GemmEpilogue e) {
   return "?";
 }
 
+// Every element written (none left NaN from the poison) and within `tol` of the reference.
+template <typename Want>
+void expect_written_and_close(const std::vector<float>& got, const Want& want, double tol, const std::string& what) {
+  EXPECT_EQ(test::count_nan(got), 0u) << what << (what.empty() ? "" : ": ") << "unwritten (NaN) outputs";
+  EXPECT_LE(test::rel_error(got, want), tol) << what;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -104,8 +111,7 @@ TEST(GemmGpu, ForwardMatchesReferenceForEveryEpilogue) {
       const auto want = ref::gemm_forward(x.host, w.host, has_bias ? b.host.data() : nullptr, s.M, s.N, s.K, gelu,
                                           gelu ? &pre : nullptr);
       const auto got = test::download_float(y);
-      EXPECT_EQ(test::count_nan(got), 0u) << "unwritten (NaN) outputs";
-      EXPECT_LE(test::rel_error(got, want), kBf16Tol);
+      expect_written_and_close(got, want, kBf16Tol, "");
       if (gelu) {
         const auto got_pre = test::download_float(aux);
         EXPECT_EQ(test::count_nan(got_pre), 0u) << "unwritten (NaN) pre-activations";
@@ -205,8 +211,7 @@ TEST(GemmGpu, GradInputMatchesReferenceWithBetaAndDgelu) {
       const auto want = ref::gemm_grad_input(dy.host, w.host, s.M, s.N, s.K, c.beta,
                                              c.beta != 0.f ? &init.host : nullptr, c.dgelu ? &pre.host : nullptr);
       const auto got = test::download_float(dx);
-      EXPECT_EQ(test::count_nan(got), 0u) << "unwritten (NaN) outputs";
-      EXPECT_LE(test::rel_error(got, want), kBf16Tol);
+      expect_written_and_close(got, want, kBf16Tol, "");
     }
   }
 }
@@ -236,16 +241,14 @@ TEST(GemmGpu, GradWeightMatchesReferenceBf16AndF32WithAccumulate) {
         if (acc) dw.upload(init);
         gemm.grad_weight(nullptr, dy.dev.get(), x.dev.get(), dw.get(), DType::F32, s.M, s.N, s.K, acc);
         const auto got = dw.download();
-        EXPECT_EQ(test::count_nan(got), 0u) << "fp32: unwritten (NaN) outputs";
-        EXPECT_LE(test::rel_error(got, want), kF32GemmTol) << "fp32";
+        expect_written_and_close(got, want, kF32GemmTol, "fp32");
       }
       {
         DeviceArray<bf16> dw(n);
         if (acc) dw.upload(test::to_bf16(init));
         gemm.grad_weight(nullptr, dy.dev.get(), x.dev.get(), dw.get(), DType::BF16, s.M, s.N, s.K, acc);
         const auto got = test::download_float(dw);
-        EXPECT_EQ(test::count_nan(got), 0u) << "bf16: unwritten (NaN) outputs";
-        EXPECT_LE(test::rel_error(got, want), kBf16Tol) << "bf16";
+        expect_written_and_close(got, want, kBf16Tol, "bf16");
       }
     }
   }
@@ -443,14 +446,12 @@ TEST(BiasGradGpu, MatchesReferenceBf16AndF32WithAccumulate) {
         if (acc) dbf.upload(init);
         kernels::bias_grad(nullptr, dy.dev.get(), dbf.get(), DType::F32, M, N, acc, sc);
         const auto gotf = dbf.download();
-        EXPECT_EQ(test::count_nan(gotf), 0u) << "fp32: unwritten (NaN) outputs";
-        EXPECT_LE(test::rel_error(gotf, want), kF32SumTol) << "fp32";
+        expect_written_and_close(gotf, want, kF32SumTol, "fp32");
         DeviceArray<bf16> dbb(N);
         if (acc) dbb.upload(test::to_bf16(init));
         kernels::bias_grad(nullptr, dy.dev.get(), dbb.get(), DType::BF16, M, N, acc, sc);
         const auto gotb = test::download_float(dbb);
-        EXPECT_EQ(test::count_nan(gotb), 0u) << "bf16: unwritten (NaN) outputs";
-        EXPECT_LE(test::rel_error(gotb, want), kBf16Tol) << "bf16";
+        expect_written_and_close(gotb, want, kBf16Tol, "bf16");
       }
     }
   }

@@ -136,10 +136,10 @@ TEST(StochasticRound, MeanMatchesValueAndBitsAreReproducible) {
   EXPECT_NE(kernels::sr_random(1, 1, 0, 5), kernels::sr_random(1, 1, 0, (std::uint64_t(1) << 32) + 5));
 }
 
-// The v2 assignment (the AdamW default): every one of its three 16-bit draws (parameter from the
+// The optimizer's assignment (sr_draws): every one of its three 16-bit draws (parameter from the
 // two halves of a pair hash, m and v from the halves of a per-element hash) rounds without bias,
 // the draws are reproducible, change with seed and step, and tell the 2^32 windows apart.
-TEST(StochasticRound, V2DrawsUnbiasedAndReproducible) {
+TEST(StochasticRound, OptimizerDrawsUnbiasedAndReproducible) {
   auto rng = test::fresh_rng();
   auto vals = test::random_normal(8, rng, 0.f, 3.f);
   const int draws = 200000;
@@ -183,7 +183,7 @@ TEST(StochasticRound, V2DrawsUnbiasedAndReproducible) {
   EXPECT_GT(diff_mv, 990);
   EXPECT_GT(diff_pair, 990);
   EXPECT_NE(kernels::sr_draws(1, 1, 5).m, kernels::sr_draws(1, 1, (std::uint64_t(1) << 32) + 5).m);
-  // The reference's v2 step uses exactly these draws: a parameter rounding with q = 1/2 of an ulp.
+  // The reference's step uses exactly these draws: a parameter rounding with q = 1/2 of an ulp.
   const std::uint64_t i = 12345;
   const float w = 1.f + 0.5f * std::ldexp(1.f, -7);  // halfway between bf16 neighbours 1 and 1 + 2^-7
   const kernels::SrDraws d = kernels::sr_draws(3, 1, i);
