@@ -1,4 +1,4 @@
-// GPU tests of kernels/gemm (the cuBLASLt wrapper and bias_grad) against the fp64 CPU references
+// @brief GPU tests of kernels/gemm (the cuBLASLt wrapper and bias_grad) against the fp64 CPU references
 // in tests/reference/gemm_ref.h: fresh random inputs, outputs poisoned with NaN first (so every
 // element must be written), odd shapes and the model's shapes at small M, both the fused
 // epilogues and their fallbacks, accumulation, determinism, alignment and argument errors.
