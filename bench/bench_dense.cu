@@ -1,9 +1,7 @@
-// bench_dense: LayerNorm (fused residual), GELU and embedding, forward / backward / both, at the
+// @brief bench_dense: LayerNorm (fused residual), GELU and embedding, forward / backward / both, at the
 // BF16 example's shapes (2048 tokens, hidden 1024, FF 4096, vocab 50000) and large ones. Bytes are
 // what each kernel must move; frac_copy_bw compares with the device's copy bandwidth.
-// Names match bench/peers/dense_peer.py. Kernels with several versions are also run as
-// "<name>@v1", "<name>@v2" (GELU and the LayerNorm backward also "@v3"; the plain name is the
-// launcher's default).
+// Names match bench/peers/dense_peer.py.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -37,7 +35,7 @@ std::string shape(long a, long b) { return std::to_string(a) + "x" + std::to_str
 enum class Dir { Fwd, Bwd, FwdBwd };
 const char* dir_name(Dir d) { return d == Dir::Fwd ? "fwd" : d == Dir::Bwd ? "bwd" : "fwdbwd"; }
 
-void bench_layernorm(benchmark::State& state, int rows, int cols, Dir dir, k::KernelVersion ver) {
+void bench_layernorm(benchmark::State& state, int rows, int cols, Dir dir) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n = static_cast<std::size_t>(rows) * cols;
   auto x = bf16_buf(n, 1), res = bf16_buf(n, 2), dy = bf16_buf(n, 3);
@@ -51,7 +49,7 @@ void bench_layernorm(benchmark::State& state, int rows, int cols, Dir dir, k::Ke
   auto bwd = [&](cudaStream_t s) {
     k::layernorm_backward(s, dy->as<bf16>(), sum.as<bf16>(), mean.as<float>(), rstd.as<float>(), g->as<bf16>(),
                           nullptr, dsum.as<bf16>(), dg.as<void>(), db.as<void>(), DType::F32, false,
-                          scratch.as<void>(), rows, cols, ver);
+                          scratch.as<void>(), rows, cols);
   };
   fwd(bench::bench_stream());  // backward reads the forward's sum / mean / rstd
   // Bytes: forward reads x, residual, writes sum, y (+ stats); backward reads dy, sum, writes d_sum
@@ -64,16 +62,16 @@ void bench_layernorm(benchmark::State& state, int rows, int cols, Dir dir, k::Ke
 }
 
 // ---- GELU (exact erf, no bias: what F.gelu is compared on) ----
-void bench_gelu(benchmark::State& state, int rows, int cols, Dir dir, k::KernelVersion ver) {
+void bench_gelu(benchmark::State& state, int rows, int cols, Dir dir) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n = static_cast<std::size_t>(rows) * cols;
   auto in = bf16_buf(n, 6, 0.f, 3.f), dout = bf16_buf(n, 7);
   Buf out(n * 2), din(n * 2);
   auto fwd = [&](cudaStream_t s) {
-    k::gelu_forward(s, in->as<bf16>(), nullptr, nullptr, out.as<bf16>(), rows, cols, k::GeluKind::Erf, ver);
+    k::gelu_forward(s, in->as<bf16>(), nullptr, nullptr, out.as<bf16>(), rows, cols, k::GeluKind::Erf);
   };
   auto bwd = [&](cudaStream_t s) {
-    k::gelu_backward(s, dout->as<bf16>(), in->as<bf16>(), din.as<bf16>(), n, k::GeluKind::Erf, ver);
+    k::gelu_backward(s, dout->as<bf16>(), in->as<bf16>(), din.as<bf16>(), n, k::GeluKind::Erf);
   };
   if (dir == Dir::Fwd) bench::run_timed(state, fwd, 4.0 * n, 0);
   else if (dir == Dir::Bwd) bench::run_timed(state, bwd, 6.0 * n, 0);
@@ -81,7 +79,7 @@ void bench_gelu(benchmark::State& state, int rows, int cols, Dir dir, k::KernelV
 }
 
 // ---- Embedding: B*T tokens of width C, vocabulary V; bf16 gradient tables accumulated ----
-void bench_embedding(benchmark::State& state, int B, int T, int C, int V, Dir dir, k::KernelVersion ver) {
+void bench_embedding(benchmark::State& state, int B, int T, int C, int V, Dir dir) {
   if (!bench::require_gpu(state)) return;
   const int N = B * T;
   const std::size_t nc = static_cast<std::size_t>(N) * C;
@@ -99,7 +97,7 @@ void bench_embedding(benchmark::State& state, int B, int T, int C, int V, Dir di
   };
   auto bwd = [&](cudaStream_t s) {
     k::embedding_backward(s, dout->as<bf16>(), tok.as<int32_t>(), dwte.as<void>(), dwpe.as<void>(), DType::BF16,
-                          true, B, T, C, V, scratch.as<void>(), ver);
+                          true, B, T, C, V, scratch.as<void>());
   };
   // Forward: token ids, N wte rows, the T wpe rows once, N output rows. Backward (accumulate):
   // dout, read+write of <= N dwte rows, read+write of the T dwpe rows.
@@ -116,40 +114,24 @@ void reg(const std::string& name, F fn) {
       ->Unit(benchmark::kMicrosecond);
 }
 
-// "" (the default), then "@v1" .. "@v<count>"; count 0: the default only (one implementation).
-struct Ver {
-  std::string suffix;
-  k::KernelVersion v;
-};
-std::vector<Ver> versions(int count) {
-  std::vector<Ver> out{{"", k::KernelVersion::Default}};
-  for (int i = 1; i <= count; ++i) out.push_back({"@v" + std::to_string(i), static_cast<k::KernelVersion>(i)});
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   struct Shape2 { int rows, cols; };
-  // LayerNorm: the backward has versions (the forward does not).
   for (Shape2 sh : {Shape2{2048, 1024}, Shape2{16384, 4096}})
     for (Dir d : {Dir::Fwd, Dir::Bwd, Dir::FwdBwd})
-      for (const Ver& v : versions(d != Dir::Fwd ? 3 : 0))  // v3: 1 vector/thread, 2 rows ahead
-        reg(std::string("layernorm/") + dir_name(d) + "/" + shape(sh.rows, sh.cols) + v.suffix,
-            [=](benchmark::State& st) { bench_layernorm(st, sh.rows, sh.cols, d, v.v); });
+      reg(std::string("layernorm/") + dir_name(d) + "/" + shape(sh.rows, sh.cols),
+          [=](benchmark::State& st) { bench_layernorm(st, sh.rows, sh.cols, d); });
   for (Shape2 sh : {Shape2{2048, 4096}, Shape2{16384, 16384}})
     for (Dir d : {Dir::Fwd, Dir::Bwd, Dir::FwdBwd})
-      for (const Ver& v : versions(3))  // v3: fitted Φ
-        reg(std::string("gelu/") + dir_name(d) + "/" + shape(sh.rows, sh.cols) + v.suffix,
-            [=](benchmark::State& st) { bench_gelu(st, sh.rows, sh.cols, d, v.v); });
-  // (B, T): 4 x 512 = 2048 tokens (the example), 32 x 512 = 16384 tokens at width 4096. The
-  // backward has versions (v2 covers <= 4096 tokens; at 16384 it runs v1's path).
+      reg(std::string("gelu/") + dir_name(d) + "/" + shape(sh.rows, sh.cols),
+          [=](benchmark::State& st) { bench_gelu(st, sh.rows, sh.cols, d); });
+  // (B, T): 4 x 512 = 2048 tokens (the example), 32 x 512 = 16384 tokens at width 4096.
   struct Shape3 { int B, T, C; };
   for (Shape3 sh : {Shape3{4, 512, 1024}, Shape3{32, 512, 4096}})
     for (Dir d : {Dir::Fwd, Dir::Bwd})
-      for (const Ver& v : versions(d == Dir::Bwd && sh.B * sh.T <= 4096 ? 2 : 0))
-        reg(std::string("embedding/") + dir_name(d) + "/" + shape(long(sh.B) * sh.T, sh.C) + v.suffix,
-            [=](benchmark::State& st) { bench_embedding(st, sh.B, sh.T, sh.C, 50000, d, v.v); });
+      reg(std::string("embedding/") + dir_name(d) + "/" + shape(long(sh.B) * sh.T, sh.C),
+          [=](benchmark::State& st) { bench_embedding(st, sh.B, sh.T, sh.C, 50000, d); });
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

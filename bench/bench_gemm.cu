@@ -250,13 +250,13 @@ void bench_wgrad(benchmark::State& state, Shape s, Wgrad kind, bool raw) {
 
 // ---- bias_grad alone: db[N] = Σ_rows dy[M,N] ----
 
-void bench_bias_grad(benchmark::State& state, int M, int N, kernels::KernelVersion version) {
+void bench_bias_grad(benchmark::State& state, int M, int N) {
   if (!bench::require_gpu(state)) return;
   auto dy = random_bf16(std::size_t(M) * N, 9);
   auto db = zeros(std::size_t(N) * 2);
   auto scratch = zeros(kernels::bias_grad_scratch_bytes(M, N));
   bench::run_timed(state, [&](cudaStream_t st) {
-    kernels::bias_grad(st, dy->as<bf16>(), db->as<void>(), DType::BF16, M, N, false, scratch->as<void>(), version);
+    kernels::bias_grad(st, dy->as<bf16>(), db->as<void>(), DType::BF16, M, N, false, scratch->as<void>());
   }, b2(double(M) * N) + b2(N), 0);
 }
 
@@ -300,11 +300,8 @@ void register_all() {
   }
   for (const auto& mn : bias_shapes) {
     const int M = mn.first, N = mn.second;
-    // The plain name is the launcher's default (V2 up to N = 8192, V1 beyond); "@v1", "@v2" each.
     const std::string name = "bias_grad/" + std::to_string(M) + "x" + std::to_string(N);
-    reg(name, [=](benchmark::State& st) { bench_bias_grad(st, M, N, kernels::KernelVersion::Default); });
-    reg(name + "@v1", [=](benchmark::State& st) { bench_bias_grad(st, M, N, kernels::KernelVersion::V1); });
-    reg(name + "@v2", [=](benchmark::State& st) { bench_bias_grad(st, M, N, kernels::KernelVersion::V2); });
+    reg(name, [=](benchmark::State& st) { bench_bias_grad(st, M, N); });
   }
 }
 

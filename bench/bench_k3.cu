@@ -1,7 +1,7 @@
 // @brief Benchmarks of the k3 kernels: fused cross-entropy forward+backward, Adam/AdamW in each
 // precision layout, the global gradient norm. Names match bench/peers/k3_peer.py:
 //   cross_entropy/fwdbwd/<rows>x<vocab>, adamw/<baseline|bf16_master_wg|bf16_full>[_sr]/<n>,
-//   grad_norm/<bf16|fp32>/<n>. "@v1" names run the previous kernel variants (kept for comparison).
+//   grad_norm/<bf16|fp32>/<n>.
 // Bytes are what each kernel must move: cross-entropy reads the logits once and writes dlogits
 // once (plus labels and row losses); AdamW moves adam_bytes_per_param(layout) per parameter;
 // the norm reads the gradients once. Cross-entropy runs in place, so after the first call the
@@ -37,7 +37,7 @@ void reg(const std::string& name, std::function<void(benchmark::State&)> fn) {
 }
 
 // ---- cross-entropy ----
-void bench_cross_entropy(benchmark::State& state, int rows, int vocab, kernels::CrossEntropyVariant variant) {
+void bench_cross_entropy(benchmark::State& state, int rows, int vocab) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n = static_cast<std::size_t>(rows) * vocab;
   DevBuf logits(n * sizeof(bf16)), labels(rows * sizeof(int32_t)), loss(sizeof(float)), row_loss(rows * sizeof(float)),
@@ -50,7 +50,7 @@ void bench_cross_entropy(benchmark::State& state, int rows, int vocab, kernels::
       [&](cudaStream_t s) {
         kernels::cross_entropy_forward_backward(s, logits.as<bf16>(), labels.as<int32_t>(), rows, vocab, vocab,
                                                 loss.as<float>(), row_loss.as<float>(), status.as<int>(),
-                                                scratch.as<void>(), -100, 1.f, variant);
+                                                scratch.as<void>(), -100, 1.f);
       },
       bytes, 0);
   state.counters["extra_bytes"] = static_cast<double>(kernels::cross_entropy_scratch_bytes(rows));
@@ -66,7 +66,7 @@ const char* layout_tag(OptimizerLayout l) {
   return "?";
 }
 
-void bench_adam(benchmark::State& state, OptimizerLayout layout, std::size_t n, bool sr, kernels::AdamVariant variant) {
+void bench_adam(benchmark::State& state, OptimizerLayout layout, std::size_t n, bool sr) {
   if (!bench::require_gpu(state)) return;
   const bool full = layout == OptimizerLayout::Bf16Full;
   const std::size_t msz = full ? sizeof(bf16) : sizeof(float);
@@ -93,7 +93,7 @@ void bench_adam(benchmark::State& state, OptimizerLayout layout, std::size_t n, 
         p.step = ++step;
         kernels::adam_step(s, layout, p, params.as<bf16>(), grads.as<void>(), DType::BF16,
                            layout == OptimizerLayout::Baseline ? master.as<float>() : nullptr, m.as<void>(),
-                           v.as<void>(), n, nullptr, nullptr, variant);
+                           v.as<void>(), n, nullptr, nullptr);
       },
       kernels::adam_bytes_per_param(layout, DType::BF16) * static_cast<double>(n), 0);
   state.counters["bytes_per_param"] = kernels::adam_bytes_per_param(layout, DType::BF16);
@@ -118,18 +118,14 @@ void register_all() {
   for (auto rv : {std::pair{2048, 50000}, std::pair{8192, 50304}, std::pair{16384, 50304}, std::pair{8192, 50257},
                   std::pair{2048, 262144}}) {
     const int rows = rv.first, vocab = rv.second;
-    for (auto var : {kernels::CrossEntropyVariant::Default, kernels::CrossEntropyVariant::V1})
-      reg("cross_entropy/fwdbwd/" + std::to_string(rows) + "x" + std::to_string(vocab) +
-              (var == kernels::CrossEntropyVariant::V1 ? "@v1" : ""),
-          [=](benchmark::State& st) { bench_cross_entropy(st, rows, vocab, var); });
+    reg("cross_entropy/fwdbwd/" + std::to_string(rows) + "x" + std::to_string(vocab),
+        [=](benchmark::State& st) { bench_cross_entropy(st, rows, vocab); });
   }
   for (std::size_t n : {std::size_t(254128976), std::size_t(1300000000)})
     for (OptimizerLayout l : {OptimizerLayout::Baseline, OptimizerLayout::Bf16MasterWG, OptimizerLayout::Bf16Full})
       for (bool sr : {false, true})
-        for (auto var : {kernels::AdamVariant::Default, kernels::AdamVariant::V1})
-          reg(std::string("adamw/") + layout_tag(l) + (sr ? "_sr/" : "/") + std::to_string(n) +
-                  (var == kernels::AdamVariant::V1 ? "@v1" : ""),
-              [=](benchmark::State& st) { bench_adam(st, l, n, sr, var); });
+        reg(std::string("adamw/") + layout_tag(l) + (sr ? "_sr/" : "/") + std::to_string(n),
+            [=](benchmark::State& st) { bench_adam(st, l, n, sr); });
   for (std::size_t n : {std::size_t(254128976), std::size_t(1300000000)}) {
     reg("grad_norm/bf16/" + std::to_string(n), [=](benchmark::State& st) { bench_grad_norm(st, DType::BF16, n); });
     reg("grad_norm/fp32/" + std::to_string(n), [=](benchmark::State& st) { bench_grad_norm(st, DType::F32, n); });

@@ -27,27 +27,18 @@ struct AdamParams {
   std::uint64_t seed = 0;      // stochastic rounding: hash(seed, step, index) -> reproducible bits
 };
 
-// Kernel variants, so one benchmark run compares them ("@v1" names); tests run both.
-//   Default (v2): warp-coalesced accesses for every array (fp32 arrays as 16-byte float4 per lane,
-//                 bf16 arrays as 8-byte loads when any fp32 array is present), two chunks in
-//                 flight per thread, the v2 stochastic-rounding bits (stochastic_round.cuh).
-//   V1:           8 consecutive elements per thread (fp32 arrays half-coalesced), v1 SR bits.
-// The two variants round stochastically with DIFFERENT bits (both reproducible); a run should
-// keep one variant across resumes to keep the bit-reproducibility contract.
-enum class AdamVariant { Default, V1 };
-
 // params: bf16 [n]. grads: [n] of `grad_type` (bf16, or fp32 for an accumulation buffer).
 // master: fp32 [n] for Baseline, null otherwise. m, v: fp32 [n] (Baseline, Bf16MasterWG) or bf16
 // [n] (Bf16Full). `device_scale` (may be null): a device fp32 multiplied into grad_scale (the
 // clipping coefficient computed on the device). `skip` (may be null): a device int; when non-zero
 // the launch changes nothing (NaN/Inf gradients). Buffers should be 16-byte aligned (the vector
 // path); a misaligned view is still correct, through a slower scalar path. Stochastic rounding
-// bits: kernels/common/stochastic_round.cuh (v2: sr_draws_v2; v1: stream 0 for the parameter
-// (low 16 bits) and m (high), stream 1 for v), index = element index: reproducible across runs
-// and resumes.
+// bits: kernels/common/stochastic_round.cuh (sr_draws), index = element index: reproducible
+// across runs and resumes. The kernel moves warp-coalesced chunks (fp32 arrays as 16-byte float4
+// per lane, bf16 arrays as 8-byte loads when any fp32 array is present), two chunks in flight.
 void adam_step(cudaStream_t s, OptimizerLayout layout, const AdamParams& p, bf16* params, const void* grads,
                DType grad_type, float* master, void* m, void* v, std::size_t n, const float* device_scale,
-               const int* skip, AdamVariant variant = AdamVariant::Default);
+               const int* skip);
 
 // Bytes one step must move per parameter for the layout (for benchmarks and docs).
 double adam_bytes_per_param(OptimizerLayout layout, DType grad_type);

@@ -1,15 +1,15 @@
-// Fused softmax cross-entropy, one block per row. v1: three launches (v2, the default, overlaps
-// 1 with 2 through programmatic dependent launch and folds 3 into 2's last block; see run()):
+// @brief Fused softmax cross-entropy (see cross_entropy.cuh): two launches, one block (or one
+// cluster) per row.
 //   1. ce_count_kernel (1 block): validates the labels, counts the non-ignored rows (the mean's
-//      denominator must be known before any gradient is written), reports the first bad row;
+//      denominator must be known before any gradient is written), reports the first bad row. It
+//      lets the row kernel start at once (programmatic dependent launch).
 //   2. ce_row_kernel (one block per row): pass 1 streams the row once with 16-byte loads, keeps an
 //      online (max, sum 2^(y - max)) in log2 units and parks the raw bf16 vectors in shared memory;
-//      pass 2 turns the parked copy into the gradient and writes it over the logits. A 50k-vocab
-//      row (100 KB) fits, two blocks per SM, so HBM sees one read and one write per element.
-//      Longer rows park what fits and re-read the rest (v1; from HBM once 264 rows in flight
-//      outgrow the L2). v2 splits such rows over a thread-block cluster of up to 8 CTAs, each
-//      parking one slice, so up to ~450k-column rows are still read once;
-//   3. ce_finish_kernel (1 block): the mean of the row losses in a fixed order (deterministic).
+//      pass 2 (after waiting for the count) turns the parked copy into the gradient and writes it
+//      over the logits. A 50k-vocab row (100 KB) fits, two blocks per SM, so HBM sees one read and
+//      one write per element. Longer rows are split over a thread-block cluster of up to 8 CTAs,
+//      each parking one slice, so up to ~450k-column rows are still read once. The last block to
+//      finish takes the mean of the row losses in a fixed order (deterministic).
 // Extra memory: the scratch of 16 + 4 * rows bytes.
 #include "kernels/cross_entropy.cuh"
 
@@ -28,16 +28,21 @@ namespace cutrain::kernels {
 
 namespace {
 
-constexpr int kThreads = 512;       // row kernel
-constexpr int kSmallThreads = 1024; // count / finish kernels
-constexpr int kUnroll = 4;          // 16-byte loads in flight per thread per iteration (pass 2)
-constexpr int kUnroll1 = 8;         // the same for pass 1, which has nothing else in flight
+// The row kernel's tile: threads per block (two blocks per SM), 16-byte loads in flight per
+// thread per iteration in pass 1 (nothing else in flight) and pass 2, CTAs per row at most (the
+// portable cluster size). The count kernel runs kCountThreads.
+struct CeTile {
+  static constexpr int kThreads = 512, kPass1Loads = 8, kPass2Loads = 4, kMaxSplit = 8;
+  static constexpr int kCountThreads = 1024;
+};
+constexpr int kThreads = CeTile::kThreads;
+constexpr int kSmallThreads = CeTile::kCountThreads;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 struct CeHeader {
   int n_valid;
-  unsigned done;  // v2: row blocks finished (zeroed by the count kernel; the last one takes the mean)
+  unsigned done;  // row blocks finished (zeroed by the count kernel; the last one takes the mean)
   int pad[2];
 };
 constexpr std::size_t kRowLossOffset = sizeof(CeHeader);
@@ -118,10 +123,9 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 
 // ---- kernel 1: labels -> n_valid, first bad row ----
 
-template <bool kV2>
 __global__ void __launch_bounds__(kSmallThreads) ce_count_kernel(const int32_t* __restrict__ labels, int rows, int vocab,
                                                                 int ignore_index, CeHeader* hdr, int* status) {
-  if constexpr (kV2) pdl_launch_dependents();
+  pdl_launch_dependents();
   __shared__ int sm_count[32], sm_bad[32];
   int count = 0, bad = INT_MAX;
   for (int r = threadIdx.x; r < rows; r += blockDim.x) {
@@ -144,7 +148,7 @@ __global__ void __launch_bounds__(kSmallThreads) ce_count_kernel(const int32_t* 
       b = min(b, sm_bad[w]);
     }
     hdr->n_valid = c;
-    if constexpr (kV2) hdr->done = 0;
+    hdr->done = 0;
     if (status) *status = b == INT_MAX ? 0 : b + 1;
   }
 }
@@ -161,11 +165,11 @@ struct RowArgs {
   float* row_loss;
   int cache_vecs;  // 16-byte vectors of the row body parked in shared memory
   int rows;
-  float* loss_mean;  // v2: written by the last row block
-  int split;         // v2 long rows: CTAs (one thread-block cluster) per row; 1 otherwise
+  float* loss_mean;  // written by the last row block
+  int split;         // long rows: CTAs (one thread-block cluster) per row; 1 otherwise
 };
 
-// v2's fused finish: every block counts itself done; the last one (it sees every other block's
+// The fused finish: every block counts itself done; the last one (it sees every other block's
 // row loss after the fences) takes the mean in a fixed order, so the result stays deterministic.
 // Called by every thread of the block.
 __device__ __forceinline__ void ce_finish_in_last_block(const RowArgs& a) {
@@ -212,13 +216,13 @@ __device__ __forceinline__ void zero_scalar(bf16* x, int begin, int end) {
   for (int j = begin + threadIdx.x; j < end; j += blockDim.x) x[j] = z;
 }
 
-// kCluster (v2, rows longer than one CTA can park): a cluster of a.split CTAs per row, each
+// kCluster (rows longer than one CTA can park): a cluster of a.split CTAs per row, each
 // parking and streaming one contiguous slice of the row's vectors; the CTAs exchange their
 // (max, sum) through distributed shared memory and combine them in rank order (deterministic).
 // Rank 0 owns the scalar head/tail, the label's logit, the row loss and the padding.
-template <bool kGrad, bool kV2, bool kCluster>
-__global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
-  static_assert(kV2 || !kCluster, "the cluster split is a v2 feature");
+template <class Tile, bool kGrad, bool kCluster>
+__global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
+  constexpr int kThreads = Tile::kThreads, kUnroll1 = Tile::kPass1Loads, kUnroll = Tile::kPass2Loads;
   extern __shared__ uint4 cache[];
   const int split = kCluster ? a.split : 1;
   const int rank = kCluster ? static_cast<int>(blockIdx.x % static_cast<unsigned>(split)) : 0;
@@ -254,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
         zero_scalar(x, tail_start, a.ld);  // tail and padding
       }
     }
-    if constexpr (kV2) ce_finish_in_last_block(a);
+    ce_finish_in_last_block(a);
     return;
   }
 
@@ -313,12 +317,12 @@ __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
     if (a.row_loss) a.row_loss[row] = loss;
   }
   if constexpr (!kGrad) {
-    if constexpr (kV2) ce_finish_in_last_block(a);
+    ce_finish_in_last_block(a);
     return;
   }
 
   // ---- pass 2: dlogits = (softmax - onehot) * grad_scale / n_valid, in place ----
-  if constexpr (kV2) pdl_wait();  // n_valid from the count kernel, which ran alongside pass 1
+  pdl_wait();  // n_valid from the count kernel, which ran alongside pass 1
   const float gs = a.grad_scale / static_cast<float>(max(a.hdr->n_valid, 1));
   if (tid < head_here) x[tid] = __float2bfloat16_rn((fast_ex2(fmaf(x_head, kLog2e, -c)) - (tid == label ? 1.f : 0.f)) * gs);
   if (tid < tail) {
@@ -347,27 +351,7 @@ __global__ void __launch_bounds__(kThreads, 2) ce_row_kernel(RowArgs a) {
     }
   }
   if (owner) zero_scalar(x, a.vocab, a.ld);  // padding columns
-  if constexpr (kV2) ce_finish_in_last_block(a);
-}
-
-// ---- kernel 3: the mean over the non-ignored rows ----
-
-__global__ void __launch_bounds__(kSmallThreads) ce_finish_kernel(const float* __restrict__ row_loss, int rows,
-                                                                 const CeHeader* hdr, float* loss_mean) {
-  __shared__ double sm[32];
-  double acc = 0;
-  for (int r = threadIdx.x; r < rows; r += blockDim.x) acc += static_cast<double>(row_loss[r]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) sm[warp] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double t = 0;
-    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) t += sm[w];
-    const int nv = hdr->n_valid;
-    *loss_mean = nv > 0 ? static_cast<float>(t / nv) : 0.f;
-  }
+  ce_finish_in_last_block(a);
 }
 
 // Shared-memory budget for parking a row: two blocks per SM (so one block's reduction overlaps
@@ -381,9 +365,9 @@ int cache_budget_vecs() {
 }
 int row_vecs(int vocab) { return ceil_div(vocab, 8) + 1; }  // vectors of a row body, at most
 
-constexpr int kMaxSplit = 8;  // portable thread-block cluster size
+constexpr int kMaxSplit = CeTile::kMaxSplit;
 
-// v2: CTAs per row so that each slice fits the per-CTA budget (1 for rows that already fit).
+// CTAs per row so that each slice fits the per-CTA budget (1 for rows that already fit).
 int split_for(int vocab) {
   const int budget = std::max(1, cache_budget_vecs());
   return std::min(kMaxSplit, std::max(1, ceil_div(row_vecs(vocab), budget)));
@@ -401,25 +385,25 @@ void check_common(const char* fn, const void* logits, const int32_t* labels, int
   CUTRAIN_CHECK((reinterpret_cast<std::uintptr_t>(logits) & 1u) == 0, fn, ": logits must be 2-byte aligned");
 }
 
-// v1: three plain launches. v2 (default): the row kernel is a programmatic dependent of the count
-// kernel (starts streaming its rows while the labels are counted) and its last block takes the
-// mean (no finish launch): two launch gaps and two serial one-block kernels fewer, which is most
-// of the gap to the copy bandwidth at few rows (2048 x 50k moves only ~200 MB each way).
-template <bool kGrad, bool kV2>
+// The row kernel is a programmatic dependent of the count kernel (starts streaming its rows while
+// the labels are counted) and its last block takes the mean (no finish launch): at few rows
+// (2048 x 50k moves only ~200 MB each way) launch gaps and serial one-block kernels are most of
+// the gap to the copy bandwidth.
+template <bool kGrad>
 void run(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int vocab, int ld, float* loss_mean,
          float* row_loss, int* status, void* scratch, int ignore_index, float grad_scale) {
   auto* hdr = static_cast<CeHeader*>(scratch);
   auto* row_loss_tmp = reinterpret_cast<float*>(static_cast<char*>(scratch) + kRowLossOffset);
-  ce_count_kernel<kV2><<<1, kSmallThreads, 0, s>>>(labels, rows, vocab, ignore_index, hdr, status);
+  ce_count_kernel<<<1, kSmallThreads, 0, s>>>(labels, rows, vocab, ignore_index, hdr, status);
   CUTRAIN_LAUNCH_CHECK("ce_count_kernel");
 
   RowArgs a{logits, labels, vocab, ld, ignore_index, grad_scale, hdr, row_loss_tmp, row_loss, 0, rows, loss_mean, 1};
-  // Rows longer than one CTA can park are split over a cluster (v2, gradient pass only: the
-  // forward keeps nothing in shared memory).
-  if constexpr (kV2 && kGrad) a.split = split_for(vocab);
+  // Rows longer than one CTA can park are split over a cluster (gradient pass only: the forward
+  // keeps nothing in shared memory).
+  if constexpr (kGrad) a.split = split_for(vocab);
   CUTRAIN_CHECK(static_cast<long long>(rows) * a.split <= INT_MAX, "cross_entropy: rows * split = ", rows, " * ",
                 a.split, " exceeds the grid limit");
-  auto kernel = a.split > 1 ? ce_row_kernel<kGrad, kV2, kV2> : ce_row_kernel<kGrad, kV2, false>;
+  auto kernel = a.split > 1 ? ce_row_kernel<CeTile, kGrad, true> : ce_row_kernel<CeTile, kGrad, false>;
   std::size_t smem = 0;
   if constexpr (kGrad) {
     a.cache_vecs = std::min(cache_budget_vecs(), ceil_div(row_vecs(vocab), a.split));
@@ -429,32 +413,24 @@ void run(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int voca
     CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                             static_cast<int>(cudaSharedmemCarveoutMaxShared)));
   }
-  const char* what = kGrad ? (kV2 ? (a.split > 1 ? "ce_row_kernel<grad,v2,cluster>" : "ce_row_kernel<grad,v2>")
-                                  : "ce_row_kernel<grad,v1>")
-                           : (kV2 ? "ce_row_kernel<forward,v2>" : "ce_row_kernel<forward,v1>");
-  if constexpr (kV2) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(rows * a.split));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = static_cast<unsigned>(a.split);
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = a.split > 1 ? 2 : 1;
-    CUTRAIN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
-    CUTRAIN_LAUNCH_CHECK(what);
-  } else {
-    kernel<<<rows, kThreads, smem, s>>>(a);
-    CUTRAIN_LAUNCH_CHECK(what);
-    ce_finish_kernel<<<1, kSmallThreads, 0, s>>>(row_loss_tmp, rows, hdr, loss_mean);
-    CUTRAIN_LAUNCH_CHECK("ce_finish_kernel");
-  }
+  const char* what = kGrad ? (a.split > 1 ? "ce_row_kernel<grad,cluster>" : "ce_row_kernel<grad>")
+                           : "ce_row_kernel<forward>";
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(rows * a.split));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = static_cast<unsigned>(a.split);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = a.split > 1 ? 2 : 1;
+  CUTRAIN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+  CUTRAIN_LAUNCH_CHECK(what);
 }
 
 }  // namespace
@@ -466,27 +442,20 @@ std::size_t cross_entropy_scratch_bytes(int rows) {
 
 void cross_entropy_forward_backward(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
                                     float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index,
-                                    float grad_scale, CrossEntropyVariant variant) {
+                                    float grad_scale) {
   check_common("cross_entropy_forward_backward", logits, labels, rows, vocab, ld, loss_mean, scratch);
   CUTRAIN_CHECK(std::isfinite(grad_scale), "cross_entropy_forward_backward: grad_scale must be finite, got ", grad_scale);
   NvtxRange range("cross_entropy_fwdbwd");
-  if (variant == CrossEntropyVariant::V1)
-    run<true, false>(s, logits, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, grad_scale);
-  else
-    run<true, true>(s, logits, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, grad_scale);
+  run<true>(s, logits, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, grad_scale);
 }
 
 void cross_entropy_forward(cudaStream_t s, const bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
-                           float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index,
-                           CrossEntropyVariant variant) {
+                           float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index) {
   check_common("cross_entropy_forward", logits, labels, rows, vocab, ld, loss_mean, scratch);
   NvtxRange range("cross_entropy_fwd");
   // The forward instance never writes through the pointer.
   bf16* x = const_cast<bf16*>(logits);
-  if (variant == CrossEntropyVariant::V1)
-    run<false, false>(s, x, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, 1.f);
-  else
-    run<false, true>(s, x, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, 1.f);
+  run<false>(s, x, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, 1.f);
 }
 
 }  // namespace cutrain::kernels

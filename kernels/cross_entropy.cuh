@@ -21,22 +21,17 @@ namespace cutrain::kernels {
 // When every row is ignored, *loss_mean = 0 and all gradients are 0 (PyTorch would give NaN).
 // Deterministic: the mean is summed in a fixed order. Any ld and base alignment (odd ld is fine).
 // `scratch`: cross_entropy_scratch_bytes(rows) bytes, 16-byte aligned.
-// `variant`: Default (v2: the row kernel overlaps the label count through programmatic dependent
-// launch and its last block takes the mean: 2 launches; rows too long for one CTA's shared memory
-// (vocab > ~57k on an H100/H200) are split over a thread-block cluster) or V1 (the previous 3-launch sequence),
-// kept so one benchmark run compares them ("@v1"). Same results (the mean's fixed summation
-// order differs between variants: last bits of *loss_mean may differ, each deterministic).
-enum class CrossEntropyVariant { Default, V1 };
+// Two launches: the row kernel overlaps the label count through programmatic dependent launch
+// and its last block takes the mean; rows too long for one CTA's shared memory (vocab > ~57k on
+// an H100/H200) are split over a thread-block cluster.
 
 std::size_t cross_entropy_scratch_bytes(int rows);
 void cross_entropy_forward_backward(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
                                     float* loss_mean, float* row_loss, int* status, void* scratch,
-                                    int ignore_index = -100, float grad_scale = 1.f,
-                                    CrossEntropyVariant variant = CrossEntropyVariant::Default);
+                                    int ignore_index = -100, float grad_scale = 1.f);
 
 // Forward only (evaluation): the same loss, logits untouched.
 void cross_entropy_forward(cudaStream_t s, const bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
-                           float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index = -100,
-                           CrossEntropyVariant variant = CrossEntropyVariant::Default);
+                           float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index = -100);
 
 }  // namespace cutrain::kernels

@@ -1,4 +1,4 @@
-// Token + position embedding forward and deterministic backward (see embedding.cuh).
+// @brief Token + position embedding forward and deterministic backward (see embedding.cuh).
 //
 // Backward without float atomics: the (token, position) pairs are sorted by token with CUB's
 // stable radix sort (part of the CUDA toolkit), so positions of one token come out in ascending
@@ -19,9 +19,13 @@
 namespace cutrain::kernels {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kGridCap = 132 * 16;  // grid-stride loops: at most this many blocks
-constexpr int kWarpVecs = 4;        // dwte: vectors of 8 per lane per column chunk (1024 columns / warp)
+// The tile of every kernel here: threads per block, the grid-stride cap on blocks, and for dwte
+// the vectors of 8 per lane per column chunk (1024 columns per warp pass over a token's run).
+struct EmbTile {
+  static constexpr int kThreads = 256, kGridCap = 132 * 16, kWarpVecs = 4;
+};
+constexpr int kThreads = EmbTile::kThreads;
+constexpr int kGridCap = EmbTile::kGridCap;
 
 int grid_for(std::size_t items) {
   return static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(ceil_div<std::size_t>(items, kThreads), kGridCap)));
@@ -90,8 +94,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // One warp per sorted index; the warp at the head of a run of equal tokens sums that run's dout
 // rows in (ascending position) order and writes dwte[token] once.
-template <bool kVec, typename TG>
-__global__ void __launch_bounds__(kThreads)
+template <class Tile, bool kVec, typename TG>
+__global__ void __launch_bounds__(Tile::kThreads)
     emb_bwd_wte(const bf16* __restrict__ dout, const uint32_t* __restrict__ keys, const int32_t* __restrict__ pos,
                 TG* __restrict__ dwte, bool accumulate, int N, int C, int vocab) {
   const int lane = threadIdx.x % kWarpSize;
@@ -102,7 +106,7 @@ __global__ void __launch_bounds__(kThreads)
   int end = i + 1;
   while (end < N && keys[end] == key) ++end;
   TG* dst = dwte + static_cast<std::size_t>(key) * C;
-  constexpr int kW = kVec ? kBf16PerVec : 1;
+  constexpr int kW = kVec ? kBf16PerVec : 1, kWarpVecs = Tile::kWarpVecs;
   constexpr int kChunk = kWarpVecs * kWarpSize * kW;  // columns per pass over the run
   for (int c0 = 0; c0 < C; c0 += kChunk) {
     float acc[kWarpVecs][kW];
@@ -156,110 +160,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Backward v2, for small batches (N <= kSmallTokens): one kernel, no sort (v1's CUB radix sort
-// costs several launches, ~29 us at 2048 tokens). Blocks [0, wte_blocks): the block copies the N
-// keys (token, or -1 when out of range) to shared memory; the warp of position i returns unless
-// i is the first position of its token, otherwise it sums the rows of every later position with
-// that token in ascending order and writes dwte[token] once: the order v1's stable sort gives,
-// so the bits equal v1's. The remaining blocks do dwpe (Σ over b in order, as v1). O(N^2 / 32)
-// key comparisons in all, cheap from shared memory at these sizes.
-constexpr int kSmallTokens = 4096;
-
-template <bool kVec, typename TG>
-__global__ void __launch_bounds__(kThreads)
-    emb_bwd_small(const bf16* __restrict__ dout, const int32_t* __restrict__ tokens, TG* __restrict__ dwte,
-                  TG* __restrict__ dwpe, bool accumulate, int N, int T, int C, int vocab, int wte_blocks) {
-  constexpr int kW = kVec ? kBf16PerVec : 1;
-  if (static_cast<int>(blockIdx.x) >= wte_blocks) {
-    // dwpe[t, c] (+)= Σ_b dout[b, t, c]: kW consecutive elements per thread.
-    const std::size_t per_b = static_cast<std::size_t>(T) * C;
-    const std::size_t e = (static_cast<std::size_t>(blockIdx.x - wte_blocks) * blockDim.x + threadIdx.x) * kW;
-    if (e >= per_b) return;
-    const int B = N / T;
-    float acc[kW];
-#pragma unroll
-    for (int k = 0; k < kW; ++k) acc[k] = 0.f;
-    for (int b = 0; b < B; ++b) {
-      const bf16* src = dout + static_cast<std::size_t>(b) * per_b + e;
-      if constexpr (kVec) {
-        float d[8];
-        load_bf16x8<Load::Streaming>(src, d);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) acc[k] += d[k];
-      } else {
-        acc[0] += __bfloat162float(*src);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kW; ++k) {
-      float r = acc[k];
-      if (accumulate) r += to_f32(dwpe[e + k]);
-      dwpe[e + k] = from_f32<TG>(r);
-    }
-    return;
-  }
-
-  extern __shared__ int keys[];  // N entries
-  for (int j = threadIdx.x; j < N; j += blockDim.x) {
-    const int tok = tokens[j];
-    keys[j] = (tok >= 0 && tok < vocab) ? tok : -1;
-  }
-  __syncthreads();
-  const int lane = threadIdx.x % kWarpSize;
-  const int i = blockIdx.x * (kThreads / kWarpSize) + threadIdx.x / kWarpSize;
-  if (i >= N) return;
-  const int key = keys[i];
-  if (key < 0) return;
-  for (int j0 = 0; j0 < i; j0 += kWarpSize) {  // an earlier position of the same token owns the row
-    const int j = j0 + lane;
-    if (__any_sync(kFullMask, j < i && keys[j] == key)) return;  // warp-uniform
-  }
-  TG* dst = dwte + static_cast<std::size_t>(key) * C;
-  constexpr int kChunk = kWarpVecs * kWarpSize * kW;  // columns per pass over the positions
-  for (int c0 = 0; c0 < C; c0 += kChunk) {
-    float acc[kWarpVecs][kW];
-#pragma unroll
-    for (int v = 0; v < kWarpVecs; ++v)
-#pragma unroll
-      for (int k = 0; k < kW; ++k) acc[v][k] = 0.f;
-    for (int j0 = i; j0 < N; j0 += kWarpSize) {
-      const int jl = j0 + lane;
-      unsigned match = __ballot_sync(kFullMask, jl < N && keys[jl] == key);
-      while (match) {  // ascending positions
-        const int j = j0 + __ffs(match) - 1;
-        match &= match - 1;
-        const bf16* src = dout + static_cast<std::size_t>(j) * C;
-#pragma unroll
-        for (int v = 0; v < kWarpVecs; ++v) {
-          const int c = c0 + (v * kWarpSize + lane) * kW;
-          if (c < C) {
-            if constexpr (kVec) {
-              float d[8];
-              load_bf16x8<Load::Streaming>(src + c, d);
-#pragma unroll
-              for (int k = 0; k < 8; ++k) acc[v][k] += d[k];
-            } else {
-              acc[v][0] += __bfloat162float(src[c]);
-            }
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int v = 0; v < kWarpVecs; ++v) {
-      const int c = c0 + (v * kWarpSize + lane) * kW;
-      if (c < C) {
-#pragma unroll
-        for (int k = 0; k < kW; ++k) {
-          float r = acc[v][k];
-          if (accumulate) r += to_f32(dst[c + k]);
-          dst[c + k] = from_f32<TG>(r);
-        }
-      }
-    }
-  }
-}
-
 // Byte offsets of the backward's scratch pieces (each 256-byte aligned).
 struct ScratchLayout {
   std::size_t keys_in, keys_out, vals_in, vals_out, temp, temp_bytes, total;
@@ -294,33 +194,9 @@ void check_shapes(const char* what, int B, int T, int C, int vocab) {
 }
 
 template <typename TG>
-void launch_backward_small(cudaStream_t s, const bf16* dout, const int32_t* tokens, TG* dwte, TG* dwpe,
-                           bool accumulate, int B, int T, int C, int vocab) {
-  const int N = B * T;
-  if (!accumulate)
-    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dwte, 0, static_cast<std::size_t>(vocab) * C * sizeof(TG), s));
-  const bool vec = C % kBf16PerVec == 0 && is_aligned16(dout) && is_aligned16(dwte) && is_aligned16(dwpe);
-  const int wte_blocks = ceil_div(N, kThreads / kWarpSize);
-  const std::size_t wpe_items = static_cast<std::size_t>(T) * C / (vec ? kBf16PerVec : 1);
-  const int blocks = wte_blocks + static_cast<int>(ceil_div<std::size_t>(wpe_items, kThreads));
-  const std::size_t smem = static_cast<std::size_t>(N) * sizeof(int);
-  if (vec)
-    emb_bwd_small<true, TG><<<blocks, kThreads, smem, s>>>(dout, tokens, dwte, dwpe, accumulate, N, T, C, vocab,
-                                                           wte_blocks);
-  else
-    emb_bwd_small<false, TG><<<blocks, kThreads, smem, s>>>(dout, tokens, dwte, dwpe, accumulate, N, T, C, vocab,
-                                                            wte_blocks);
-  CUTRAIN_LAUNCH_CHECK("emb_bwd_small");
-}
-
-template <typename TG>
 void launch_backward(cudaStream_t s, const bf16* dout, const int32_t* tokens, TG* dwte, TG* dwpe, bool accumulate,
-                     int B, int T, int C, int vocab, void* scratch, KernelVersion version) {
+                     int B, int T, int C, int vocab, void* scratch) {
   const int N = B * T;
-  if (version == KernelVersion::V2 && N <= kSmallTokens) {
-    launch_backward_small(s, dout, tokens, dwte, dwpe, accumulate, B, T, C, vocab);
-    return;
-  }
   const ScratchLayout l = scratch_layout(N, vocab);
   char* base = static_cast<char*>(scratch);
   auto* keys_in = reinterpret_cast<uint32_t*>(base + l.keys_in);
@@ -339,8 +215,11 @@ void launch_backward(cudaStream_t s, const bf16* dout, const int32_t* tokens, TG
   const bool vec = C % kBf16PerVec == 0 && is_aligned16(dout) && is_aligned16(dwte);
   const int warps_per_block = kThreads / kWarpSize;
   const int blocks = ceil_div(N, warps_per_block);
-  if (vec) emb_bwd_wte<true, TG><<<blocks, kThreads, 0, s>>>(dout, keys_out, vals_out, dwte, accumulate, N, C, vocab);
-  else emb_bwd_wte<false, TG><<<blocks, kThreads, 0, s>>>(dout, keys_out, vals_out, dwte, accumulate, N, C, vocab);
+  if (vec)
+    emb_bwd_wte<EmbTile, true, TG><<<blocks, kThreads, 0, s>>>(dout, keys_out, vals_out, dwte, accumulate, N, C, vocab);
+  else
+    emb_bwd_wte<EmbTile, false, TG><<<blocks, kThreads, 0, s>>>(dout, keys_out, vals_out, dwte, accumulate, N, C,
+                                                                vocab);
   CUTRAIN_LAUNCH_CHECK("emb_bwd_wte");
   emb_bwd_wpe<TG><<<grid_for(static_cast<std::size_t>(T) * C), kThreads, 0, s>>>(dout, dwpe, accumulate, B, T, C);
   CUTRAIN_LAUNCH_CHECK("emb_bwd_wpe");
@@ -371,18 +250,17 @@ std::size_t embedding_backward_scratch_bytes(int B, int T, int C, int vocab) {
 }
 
 void embedding_backward(cudaStream_t s, const bf16* dout, const int32_t* tokens, void* dwte, void* dwpe,
-                        DType grad_type, bool accumulate, int B, int T, int C, int vocab, void* scratch,
-                        KernelVersion version) {
+                        DType grad_type, bool accumulate, int B, int T, int C, int vocab, void* scratch) {
   check_shapes("embedding_backward", B, T, C, vocab);
   CUTRAIN_CHECK(dout && tokens && dwte && dwpe && scratch,
                 "embedding_backward: dout, tokens, dwte, dwpe and scratch must be non-null");
   CUTRAIN_CHECK(is_aligned16(scratch), "embedding_backward: scratch must be 16-byte aligned");
   if (grad_type == DType::F32) {
     launch_backward<float>(s, dout, tokens, static_cast<float*>(dwte), static_cast<float*>(dwpe), accumulate, B, T,
-                           C, vocab, scratch, version);
+                           C, vocab, scratch);
   } else if (grad_type == DType::BF16) {
     launch_backward<bf16>(s, dout, tokens, static_cast<bf16*>(dwte), static_cast<bf16*>(dwpe), accumulate, B, T, C,
-                          vocab, scratch, version);
+                          vocab, scratch);
   } else {
     CUTRAIN_FAIL("embedding_backward: gradient tables must be bfloat16 or float32, got ", dtype_name(grad_type));
   }

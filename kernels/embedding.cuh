@@ -6,7 +6,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/common/version.h"
 #include "runtime/dtype.h"
 
 namespace cutrain::kernels {
@@ -24,12 +23,9 @@ void embedding_forward(cudaStream_t s, const int32_t* tokens, const bf16* wte, c
 // when accumulate, zeroed otherwise. `scratch`: embedding_backward_scratch_bytes(B, T, C, vocab).
 // Token ids outside [0, vocab) contribute nothing (the forward reports them); rows t >= T of
 // dwpe are never touched. embedding_backward_scratch_bytes needs a CUDA device (it asks CUB).
-// `version`: V1 = CUB radix sort by token, a warp per distinct token; V2 = for B*T <= 4096 one
-// kernel without a sort (same summation order, same bits as V1; larger batches run V1).
-// Default = V1 until the device run picks.
+// Runs a CUB radix sort by token, then a warp per distinct token.
 std::size_t embedding_backward_scratch_bytes(int B, int T, int C, int vocab);
 void embedding_backward(cudaStream_t s, const bf16* dout, const int32_t* tokens, void* dwte, void* dwpe,
-                        DType grad_type, bool accumulate, int B, int T, int C, int vocab, void* scratch,
-                        KernelVersion version = KernelVersion::Default);
+                        DType grad_type, bool accumulate, int B, int T, int C, int vocab, void* scratch);
 
 }  // namespace cutrain::kernels

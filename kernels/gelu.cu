@@ -1,8 +1,10 @@
-// GELU forward (optionally with the bias add) and backward, exact erf or tanh (see gelu.cuh).
+// @brief GELU forward (optionally with the bias add) and backward, erf or tanh kind (see gelu.cuh).
 //
 // Elementwise and memory-bound: each thread moves 16-byte vectors of 8 bf16 in a grid-stride
-// loop. The vector path needs 16-byte aligned pointers and, with a bias, cols % 8 == 0 (so a
-// vector never straddles two rows); otherwise a scalar kernel does the same math.
+// loop, several vectors loaded before any is stored (GeluTile). The vector path needs 16-byte
+// aligned pointers and, with a bias, cols % 8 == 0 (so a vector never straddles two rows); it
+// uses the fast math below (the erf kind's fitted Φ, the tanh kind's __fdividef). Otherwise a
+// scalar kernel computes the exact math (erff / IEEE division).
 #include "kernels/gelu.cuh"
 
 #include <algorithm>
@@ -13,24 +15,28 @@
 namespace cutrain::kernels {
 namespace {
 
-constexpr int kThreads = 256;
+// The tile of the vector kernels: threads per block and 16-byte vectors in flight per thread
+// (forward: of `in`; backward: of each of dout and pre).
+struct GeluTile {
+  static constexpr int kThreads = 256, kFwdVecs = 4, kBwdVecs = 2;
+};
+constexpr int kThreads = GeluTile::kThreads;
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 constexpr float kSqrt2OverPi = 0.79788456080286536f;
 constexpr float kTanhCoef = 0.044715f;
 
-// Φ(x) = 0.5·(1 + erf(x/√2)), exact to fp32 rounding. 1 + erf cancels in the negative tail (the
-// H200 run measured 4.7% error on one element there), so below x = -3 it is 0.5·erfc(-x/√2). Not
-// erfc everywhere: erfcf costs about twice erff's instructions, and erfc-everywhere (session 1's
-// fix) made GELU issue-bound at 0.52 of copy bandwidth. At x >= -3, Φ >= 1.3e-3 and erff's
-// absolute error (~6e-8) is under 1e-4 of Φ, far below bf16's step. With random data the
-// branch is warp-uniform almost always (0.13% of normal samples lie below -3).
+// Φ(x) = 0.5·(1 + erf(x/√2)), exact to fp32 rounding. 1 + erf cancels in the negative tail, so
+// below x = -3 it is 0.5·erfc(-x/√2). Not erfc everywhere: erfcf costs about twice erff's
+// instructions, enough to make GELU issue-bound. At x >= -3, Φ >= 1.3e-3 and erff's absolute
+// error (~6e-8) is under 1e-4 of Φ, far below bf16's step. With random data the branch is
+// warp-uniform almost always (0.13% of normal samples lie below -3).
 __device__ __forceinline__ float phi_exact(float x) {
   return x >= -3.f ? 0.5f * (1.f + erff(x * kInvSqrt2)) : 0.5f * erfcf(-x * kInvSqrt2);
 }
 
-// a / b: IEEE (about ten instructions and a slow-path branch) or, with kFast (version 3's tanh
-// kind), __fdividef: rcp.approx and a multiply, 2 ulp. Where b > 2^126 (the tanh form's
+// a / b: IEEE (about ten instructions and a slow-path branch) or, with kFast (the vector path's
+// tanh kind), __fdividef: rcp.approx and a multiply, 2 ulp. Where b > 2^126 (the tanh form's
 // e^(-2u) there: x < -10.0) __fdividef returns 0, as the IEEE x / inf does a little further out;
 // |gelu| there is < 1e-36.
 template <bool kFast>
@@ -39,7 +45,8 @@ __device__ __forceinline__ float divide(float a, float b) {
   else return a / b;
 }
 
-// The erf kind's exact math (its fast form is gelu_fast below); the tanh kind with either division.
+// The exact math (scalar path); the tanh kind also with the fast division (vector path). The erf
+// kind's fast form is gelu_fast below.
 template <GeluKind K, bool kFastDiv = false>
 __device__ __forceinline__ float gelu(float x) {
   // The tanh form's 0.5·(1 + tanh(u)) is the logistic 1/(1 + e^(-2u)), which does not cancel.
@@ -67,7 +74,7 @@ __device__ __forceinline__ float gelu_grad(float x) {
   }
 }
 
-// Fast Φ (version 3, erf kind): Φ(t) = 2^S(t) for t <= 0, S the degree-8 Chebyshev interpolant of
+// Fast Φ (the vector path's erf kind): Φ(t) = 2^S(t) for t <= 0, S the degree-8 Chebyshev interpolant of
 // log2 Φ on [-10, 0] in u = t/5 + 1 (monomial coefficients below), and Φ(x) = 1 - Φ(-x) for x > 0.
 // Relative error of Φ <= 3e-5 everywhere (checked in fp32 against erfc on 2e5 points), so also in
 // the negative tail, where 0.5 (1 + erff) loses its relative precision; 12 instructions against
@@ -96,17 +103,16 @@ __device__ __forceinline__ float gelu_grad_fast(float x) {
   return fmaf(x, pdf, phi_fast(x));
 }
 
-// The math of a kernel: exact (erff / IEEE division) or, with kFast, the erf fit above and the
-// tanh kind's fast division.
-template <GeluKind K, bool kFast>
+// The vector path's math: the erf fit above, the tanh kind with the fast division.
+template <GeluKind K>
 __device__ __forceinline__ float gelu_v(float x) {
-  if constexpr (kFast && K == GeluKind::Erf) return gelu_fast(x);
-  else return gelu<K, kFast>(x);
+  if constexpr (K == GeluKind::Erf) return gelu_fast(x);
+  else return gelu<K, true>(x);
 }
-template <GeluKind K, bool kFast>
+template <GeluKind K>
 __device__ __forceinline__ float gelu_grad_v(float x) {
-  if constexpr (kFast && K == GeluKind::Erf) return gelu_grad_fast(x);
-  else return gelu_grad<K, kFast>(x);
+  if constexpr (K == GeluKind::Erf) return gelu_grad_fast(x);
+  else return gelu_grad<K, true>(x);
 }
 
 int sm_count() {
@@ -133,10 +139,11 @@ int grid_for(Kernel kernel, std::size_t work_items) {
 // Vector path: n elements, nvec = n / 8 full vectors, the last n % 8 done by thread 0 of block 0.
 // `in` and `out` may alias (no __restrict__); bias has cols % 8 == 0 here.
 // kU vectors per iteration, all loaded before any is stored: kU times the bytes in flight (in/out
-// may alias, so the compiler would not hoist a load over an earlier store). v1: kU = 2; v2: kU = 4.
-template <GeluKind K, int kU, bool kFast = false>
-__global__ void __launch_bounds__(kThreads)
+// may alias, so the compiler would not hoist a load over an earlier store).
+template <GeluKind K, class Tile>
+__global__ void __launch_bounds__(Tile::kThreads)
     gelu_fwd_vec(const bf16* in, const bf16* __restrict__ bias, bf16* pre_out, bf16* out, std::size_t n, int cols) {
+  constexpr int kU = Tile::kFwdVecs;
   const std::size_t nvec = n / kBf16PerVec;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t v0 = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; v0 < nvec;
@@ -162,7 +169,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       float y[8];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) y[k] = gelu_v<K, kFast>(x[u][k]);
+      for (int k = 0; k < 8; ++k) y[k] = gelu_v<K>(x[u][k]);
       store_bf16x8(out + off, y);  // default policy: the next GEMM reads it soon
     }
   }
@@ -173,7 +180,7 @@ __global__ void __launch_bounds__(kThreads)
       x = __bfloat162float(__float2bfloat16_rn(x + __bfloat162float(bias[i % cols])));
       if (pre_out) pre_out[i] = __float2bfloat16_rn(x);
     }
-    out[i] = __float2bfloat16_rn(gelu_v<K, kFast>(x));
+    out[i] = __float2bfloat16_rn(gelu_v<K>(x));
   }
 }
 
@@ -191,35 +198,22 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// `dout` and `din` may alias. vec = use 16-byte vectors for the first n / 8 * 8 elements.
-template <GeluKind K, bool kVec>
+// Backward, scalar path. `dout` and `din` may alias.
+template <GeluKind K>
 __global__ void __launch_bounds__(kThreads)
-    gelu_bwd(const bf16* dout, const bf16* __restrict__ pre, bf16* din, std::size_t n) {
+    gelu_bwd_scalar(const bf16* dout, const bf16* __restrict__ pre, bf16* din, std::size_t n) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  std::size_t done = 0;
-  if constexpr (kVec) {
-    const std::size_t nvec = n / kBf16PerVec;
-    for (std::size_t v = tid; v < nvec; v += stride) {
-      const std::size_t off = v * kBf16PerVec;
-      float d[8], x[8], o[8];
-      load_bf16x8<Load::Streaming>(dout + off, d);
-      load_bf16x8<Load::Streaming>(pre + off, x);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) o[k] = d[k] * gelu_grad<K>(x[k]);
-      store_bf16x8<Store::Streaming>(din + off, o);
-    }
-    done = nvec * kBf16PerVec;
-  }
-  for (std::size_t i = done + tid; i < n; i += stride)
+  for (std::size_t i = tid; i < n; i += stride)
     din[i] = __float2bfloat16_rn(__bfloat162float(dout[i]) * gelu_grad<K>(__bfloat162float(pre[i])));
 }
 
-// Backward v2, vector path: kU vectors of dout and pre loaded per iteration before any store (v1
-// has one of each in flight per thread), the n % 8 tail by the first threads of block 0.
-template <GeluKind K, int kU, bool kFast = false>
-__global__ void __launch_bounds__(kThreads)
-    gelu_bwd_vec_v2(const bf16* dout, const bf16* __restrict__ pre, bf16* din, std::size_t n) {
+// Backward, vector path: kU vectors of each of dout and pre loaded per iteration before any
+// store, the n % 8 tail by the first threads of block 0. `dout` and `din` may alias.
+template <GeluKind K, class Tile>
+__global__ void __launch_bounds__(Tile::kThreads)
+    gelu_bwd_vec(const bf16* dout, const bf16* __restrict__ pre, bf16* din, std::size_t n) {
+  constexpr int kU = Tile::kBwdVecs;
   const std::size_t nvec = n / kBf16PerVec;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t v0 = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; v0 < nvec;
@@ -241,36 +235,24 @@ __global__ void __launch_bounds__(kThreads)
       load_bf16x8(reinterpret_cast<const bf16*>(&d[u]), df);  // register unpack
       load_bf16x8(reinterpret_cast<const bf16*>(&x[u]), xf);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) o[k] = df[k] * gelu_grad_v<K, kFast>(xf[k]);
+      for (int k = 0; k < 8; ++k) o[k] = df[k] * gelu_grad_v<K>(xf[k]);
       store_bf16x8<Store::Streaming>(din + v * kBf16PerVec, o);
     }
   }
   if (blockIdx.x == 0 && threadIdx.x < n % kBf16PerVec) {
     const std::size_t i = nvec * kBf16PerVec + threadIdx.x;
-    din[i] = __float2bfloat16_rn(__bfloat162float(dout[i]) * gelu_grad_v<K, kFast>(__bfloat162float(pre[i])));
+    din[i] = __float2bfloat16_rn(__bfloat162float(dout[i]) * gelu_grad_v<K>(__bfloat162float(pre[i])));
   }
 }
 
-// The version Default runs (both directions): V3, the fastest on the H200 (docs/perf-notes.md).
-KernelVersion resolve(KernelVersion v) { return v == KernelVersion::Default ? KernelVersion::V3 : v; }
-
 template <GeluKind K>
 void launch_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_out, bf16* out, std::size_t n,
-                    int cols, KernelVersion version) {
-  version = resolve(version);
+                    int cols) {
   const bool vec = is_aligned16(in) && is_aligned16(out) && (!pre_out || is_aligned16(pre_out)) &&
                    (!bias || (is_aligned16(bias) && cols % kBf16PerVec == 0));
-  if (vec && version == KernelVersion::V3) {
-    gelu_fwd_vec<K, 4, true><<<grid_for(gelu_fwd_vec<K, 4, true>, n / kBf16PerVec), kThreads, 0, s>>>(
+  if (vec) {
+    gelu_fwd_vec<K, GeluTile><<<grid_for(gelu_fwd_vec<K, GeluTile>, n / kBf16PerVec), kThreads, 0, s>>>(
         in, bias, pre_out, out, n, cols);
-    CUTRAIN_LAUNCH_CHECK("gelu_fwd_vec (v3)");
-  } else if (vec && version == KernelVersion::V2) {
-    gelu_fwd_vec<K, 4><<<grid_for(gelu_fwd_vec<K, 4>, n / kBf16PerVec), kThreads, 0, s>>>(in, bias, pre_out, out, n,
-                                                                                           cols);
-    CUTRAIN_LAUNCH_CHECK("gelu_fwd_vec (v2)");
-  } else if (vec) {
-    gelu_fwd_vec<K, 2><<<grid_for(gelu_fwd_vec<K, 2>, n / kBf16PerVec), kThreads, 0, s>>>(in, bias, pre_out, out, n,
-                                                                                           cols);
     CUTRAIN_LAUNCH_CHECK("gelu_fwd_vec");
   } else {
     gelu_fwd_scalar<K><<<grid_for(gelu_fwd_scalar<K>, n), kThreads, 0, s>>>(in, bias, pre_out, out, n, cols);
@@ -279,43 +261,37 @@ void launch_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_
 }
 
 template <GeluKind K>
-void launch_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n,
-                     KernelVersion version) {
-  version = resolve(version);
+void launch_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n) {
   const bool vec = is_aligned16(dout) && is_aligned16(pre) && is_aligned16(din);
-  if (vec && version == KernelVersion::V3) {
-    gelu_bwd_vec_v2<K, 2, true><<<grid_for(gelu_bwd_vec_v2<K, 2, true>, n / kBf16PerVec), kThreads, 0, s>>>(
-        dout, pre, din, n);
-  } else if (vec && version == KernelVersion::V2) {
-    gelu_bwd_vec_v2<K, 2><<<grid_for(gelu_bwd_vec_v2<K, 2>, n / kBf16PerVec), kThreads, 0, s>>>(dout, pre, din, n);
-  } else if (vec) {
-    gelu_bwd<K, true><<<grid_for(gelu_bwd<K, true>, n / kBf16PerVec), kThreads, 0, s>>>(dout, pre, din, n);
+  if (vec) {
+    gelu_bwd_vec<K, GeluTile><<<grid_for(gelu_bwd_vec<K, GeluTile>, n / kBf16PerVec), kThreads, 0, s>>>(dout, pre,
+                                                                                                      din, n);
+    CUTRAIN_LAUNCH_CHECK("gelu_bwd_vec");
   } else {
-    gelu_bwd<K, false><<<grid_for(gelu_bwd<K, false>, n), kThreads, 0, s>>>(dout, pre, din, n);
+    gelu_bwd_scalar<K><<<grid_for(gelu_bwd_scalar<K>, n), kThreads, 0, s>>>(dout, pre, din, n);
+    CUTRAIN_LAUNCH_CHECK("gelu_bwd_scalar");
   }
-  CUTRAIN_LAUNCH_CHECK("gelu_bwd");
 }
 
 }  // namespace
 
 void gelu_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_out, bf16* out, std::size_t rows,
-                  int cols, GeluKind kind, KernelVersion version) {
+                  int cols, GeluKind kind) {
   CUTRAIN_CHECK(rows > 0 && cols > 0, "gelu_forward: rows and cols must be positive, got ", rows, "x", cols);
   CUTRAIN_CHECK(in && out, "gelu_forward: in and out must be non-null");
   CUTRAIN_CHECK(!pre_out || (pre_out != in && pre_out != out),
                 "gelu_forward: pre_out must not alias in or out");
   const std::size_t n = rows * static_cast<std::size_t>(cols);
-  if (kind == GeluKind::Erf) launch_forward<GeluKind::Erf>(s, in, bias, pre_out, out, n, cols, version);
-  else launch_forward<GeluKind::Tanh>(s, in, bias, pre_out, out, n, cols, version);
+  if (kind == GeluKind::Erf) launch_forward<GeluKind::Erf>(s, in, bias, pre_out, out, n, cols);
+  else launch_forward<GeluKind::Tanh>(s, in, bias, pre_out, out, n, cols);
 }
 
-void gelu_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n, GeluKind kind,
-                   KernelVersion version) {
+void gelu_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n, GeluKind kind) {
   CUTRAIN_CHECK(n > 0, "gelu_backward: n must be positive, got ", n);
   CUTRAIN_CHECK(dout && pre && din, "gelu_backward: dout, pre and din must be non-null");
   CUTRAIN_CHECK(din != pre, "gelu_backward: din must not alias pre");
-  if (kind == GeluKind::Erf) launch_backward<GeluKind::Erf>(s, dout, pre, din, n, version);
-  else launch_backward<GeluKind::Tanh>(s, dout, pre, din, n, version);
+  if (kind == GeluKind::Erf) launch_backward<GeluKind::Erf>(s, dout, pre, din, n);
+  else launch_backward<GeluKind::Tanh>(s, dout, pre, din, n);
 }
 
 }  // namespace cutrain::kernels

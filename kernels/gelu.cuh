@@ -6,7 +6,6 @@
 
 #include <cstddef>
 
-#include "kernels/common/version.h"
 #include "runtime/dtype.h"
 
 namespace cutrain::kernels {
@@ -15,18 +14,16 @@ enum class GeluKind { Erf, Tanh };
 
 // pre = in + bias[col] (bias may be null); out = gelu(pre). `pre_out` (may be null) receives pre
 // when a bias is added, for backward. `in` and `out` may alias. in/out are [rows, cols].
-// `version` (both directions): V1 = two (forward) / one (backward) 16-byte vectors in flight per
-// thread; V2 = four / two (each of dout and pre), same math, same bits as V1; V3 = V2 with the
-// erf kind's Φ from a degree-8 fit of log2 Φ (relative error <= 3e-5, well under bf16's 2e-3:
-// not bit-identical to erff, about half the instructions) and the tanh kind's division by
-// __fdividef (2 ulp); the scalar path (misaligned pointers) runs V1's exact math. Every version
-// and kind is checked on every bf16 input in [-12, 12] to stay within one bf16 step of the fp64
-// GELU. Default = V3, the fastest on the H200 (docs/perf-notes.md, dense kernels).
+// Both directions: with 16-byte aligned pointers, the erf kind's Φ comes from a degree-8 fit of
+// log2 Φ (relative error <= 3e-5, well under bf16's 2e-3: not bit-identical to erff, about half
+// the instructions) and the tanh kind divides by __fdividef (2 ulp); misaligned pointers take a
+// scalar path with the exact math (erff / IEEE division). Both kinds are checked on every bf16
+// input in [-12, 12] to stay within one bf16 step of the fp64 GELU.
 void gelu_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_out, bf16* out, std::size_t rows,
-                  int cols, GeluKind kind = GeluKind::Erf, KernelVersion version = KernelVersion::Default);
+                  int cols, GeluKind kind = GeluKind::Erf);
 
 // din = dout ⊙ gelu'(pre); din may alias dout. n elements.
 void gelu_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n,
-                   GeluKind kind = GeluKind::Erf, KernelVersion version = KernelVersion::Default);
+                   GeluKind kind = GeluKind::Erf);
 
 }  // namespace cutrain::kernels

@@ -20,7 +20,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/common/version.h"
 #include "runtime/dtype.h"
 
 namespace cutrain {
@@ -74,12 +73,11 @@ class Gemm {
 };
 
 // db[N] = Σ_rows dy[M,N] (+ db when accumulate), fp32 math, deterministic (fixed reduction order,
-// no float atomics). db is bf16 or fp32. V1: two launches through `scratch`
-// (bias_grad_scratch_bytes(M, N) bytes); V2 (sm_90+): one launch of 8-block clusters, no scratch
-// (may be null). The default is V2 for N <= 8192 on sm_90+ and V1 otherwise, so size scratch
-// for V1 unless V2 is asked for.
+// no float atomics). db is bf16 or fp32. N <= 8192 on sm_90+: one launch of 8-block clusters, no
+// scratch (may be null); wider (or without clusters): two launches through `scratch` of
+// bias_grad_scratch_bytes(M, N) bytes.
 std::size_t bias_grad_scratch_bytes(int M, int N);
-void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, int N, bool accumulate, void* scratch,
-               KernelVersion version = KernelVersion::Default);
+void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, int N, bool accumulate,
+               void* scratch);
 
 }  // namespace cutrain::kernels

@@ -6,7 +6,6 @@
 
 #include <cstddef>
 
-#include "kernels/common/version.h"
 #include "runtime/dtype.h"
 
 namespace cutrain::kernels {
@@ -22,15 +21,12 @@ void layernorm_residual_forward(cudaStream_t s, const bf16* x, const bf16* resid
 // residual) = LN backward, plus `d_extra` when non-null (another gradient of the same tensor).
 // d_sum may alias dy. dgamma/dbeta (type `param_grad_type`, bf16 or fp32) are written, or
 // accumulated when `accumulate`, through a deterministic two-stage reduction (same bits every
-// run) using `scratch` of layernorm_backward_scratch_bytes(rows, cols) bytes (enough for every
-// version). `version`: V1 = row per warp / row per block; V2 = a warp team per row, 2 vectors per
-// thread, the next row prefetched (vector path up to 8192 columns; other shapes run V1); V3 = V2
-// with 1 vector per thread, twice the warps, two rows prefetched (up to 4096 columns; wider rows
-// run V2). Default = V2 (measured fastest on the H200 at 2048x1024 and 16384x4096).
+// run) using `scratch` of layernorm_backward_scratch_bytes(rows, cols) bytes. Kernels by shape
+// (kernels/layernorm_tiles.cuh): a warp team per row with the next row prefetched up to 8192
+// columns, a block per row beyond; a scalar path when cols % 8 != 0 or a pointer is misaligned.
 std::size_t layernorm_backward_scratch_bytes(int rows, int cols);
 void layernorm_backward(cudaStream_t s, const bf16* dy, const bf16* sum, const float* mean, const float* rstd,
                         const bf16* gamma, const bf16* d_extra, bf16* d_sum, void* dgamma, void* dbeta,
-                        DType param_grad_type, bool accumulate, void* scratch, int rows, int cols,
-                        KernelVersion version = KernelVersion::Default);
+                        DType param_grad_type, bool accumulate, void* scratch, int rows, int cols);
 
 }  // namespace cutrain::kernels

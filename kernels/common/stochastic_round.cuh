@@ -6,8 +6,8 @@
 // them exactly. Everything here is __host__ __device__ for that reason.
 //
 // Cost: one 64-bit mix per (stream, index >> 32) "key" (hoisted out of loops by callers) and
-// 32-bit mixes per element; each mix yields 32 bits, i.e. two 16-bit roundings. Two assignments of
-// bits to outputs exist: v1 (AdamVariant::V1, kept for benchmarking) and v2 (the default), below.
+// 32-bit mixes per element; each mix yields 32 bits, i.e. two 16-bit roundings (the assignment of
+// bits to outputs: sr_draws below).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -60,9 +60,8 @@ __host__ __device__ __forceinline__ std::uint32_t sr_random(std::uint64_t seed, 
                  static_cast<std::uint32_t>(index));
 }
 
-// ---- v2 bit assignment (AdamVariant::Default), cheaper: 1.5 mixes per element with three
-// rounded outputs, 0.5 with one (v1 above spends 2 and 1). Same contract: the bits of element
-// `index` depend only on (seed, step, index).
+// ---- The optimizer's bit assignment: 1.5 mixes per element with three rounded outputs, 0.5 with
+// one. The bits of element `index` depend only on (seed, step, index).
 //   parameter: one mix per element PAIR of stream 0, sr_bits(key0, lo >> 1); the even element
 //              takes the low 16 bits, the odd one the high 16 bits;
 //   m, v (bf16 moments only): one mix per element of stream 1, sr_bits(key1, lo); m low, v high.
@@ -74,14 +73,14 @@ __host__ __device__ __forceinline__ std::uint32_t sr_pair_half(std::uint32_t pai
 }
 
 // Host-side convenience (CPU reference, tests): the three 16-bit draws of element `index`.
-struct SrDrawsV2 {
+struct SrDraws {
   std::uint32_t param, m, v;
 };
-__host__ __device__ __forceinline__ SrDrawsV2 sr_draws_v2(std::uint64_t seed, std::uint64_t step, std::uint64_t index) {
+__host__ __device__ __forceinline__ SrDraws sr_draws(std::uint64_t seed, std::uint64_t step, std::uint64_t index) {
   const std::uint32_t hi = static_cast<std::uint32_t>(index >> 32), lo = static_cast<std::uint32_t>(index);
   const std::uint32_t hp = sr_bits(sr_key(seed, step, 0, hi), lo >> 1);
   const std::uint32_t hmv = sr_bits(sr_key(seed, step, 1, hi), lo);
-  return SrDrawsV2{sr_pair_half(hp, lo), hmv & 0xffffu, hmv >> 16};
+  return SrDraws{sr_pair_half(hp, lo), hmv & 0xffffu, hmv >> 16};
 }
 
 // Rounds the fp32 bit pattern `u` to bf16 bits: up (away from zero in magnitude) with probability

@@ -1,4 +1,4 @@
-// GPU tests of adam_step against the fp64 reference for every layout, gradient type, Adam/AdamW,
+// @brief GPU tests of adam_step against the fp64 reference for every layout, gradient type, Adam/AdamW,
 // round-to-nearest and stochastic rounding; odd sizes, misaligned views (scalar path), skip and
 // device scale, the round-to-nearest stall vs stochastic drift, SR statistics and seeding, n > 2^31.
 #include <gtest/gtest.h>
@@ -19,10 +19,8 @@ namespace cutrain {
 namespace {
 
 using kernels::AdamParams;
-using kernels::AdamVariant;
 using kernels::OptimizerLayout;
 
-const char* variant_tag(AdamVariant v) { return v == AdamVariant::V1 ? "_v1" : ""; }
 using test::DeviceArray;
 
 const char* name_of(OptimizerLayout l) {
@@ -69,7 +67,6 @@ struct State {
   OptimizerLayout layout;
   DType gt;
   std::size_t n, off;  // off: elements of misalignment of every device view
-  AdamVariant variant = AdamVariant::Default;
   std::vector<float> params, master, m, v;
   DeviceArray<bf16> d_params, d_m16, d_v16, d_g16;
   DeviceArray<float> d_master, d_m32, d_v32, d_g32;
@@ -151,7 +148,7 @@ struct State {
     void* vv = full() ? static_cast<void*>(d_v16.get() + off) : d_v32.get() + off;
     kernels::adam_step(nullptr, layout, p, d_params.get() + off, g, gt,
                        layout == OptimizerLayout::Baseline ? d_master.get() + off : nullptr, mm, vv, n, device_scale,
-                       skip, variant);
+                       skip);
     CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   }
 };
@@ -163,13 +160,11 @@ std::vector<float> make_grads(std::size_t n, DType gt, std::mt19937_64& rng, flo
 
 // Three steps; after each, the device state is compared with the reference applied to the
 // previous device state (so rounding differences do not compound).
-void check_steps(OptimizerLayout layout, DType gt, bool decoupled, bool sr, std::size_t n, std::size_t off,
-                 AdamVariant variant) {
-  SCOPED_TRACE(std::string(name_of(layout)) + variant_tag(variant) + " grads=" + dtype_name(gt) + " decoupled=" + std::to_string(decoupled) +
+void check_steps(OptimizerLayout layout, DType gt, bool decoupled, bool sr, std::size_t n, std::size_t off) {
+  SCOPED_TRACE(std::string(name_of(layout)) + " grads=" + dtype_name(gt) + " decoupled=" + std::to_string(decoupled) +
                " sr=" + std::to_string(sr) + " n=" + std::to_string(n) + " off=" + std::to_string(off));
   auto rng = test::fresh_rng();
   State st(layout, gt, n, off);
-  st.variant = variant;
   st.randomize(rng);
   st.upload();
   AdamParams p;
@@ -188,7 +183,7 @@ void check_steps(OptimizerLayout layout, DType gt, bool decoupled, bool sr, std:
     auto g = make_grads(n, gt, rng);
     st.upload_grads(g);
     st.step(p);
-    ref::adam_step(layout, p, p.grad_scale, rp, g, rmas, rm, rv, variant);
+    ref::adam_step(layout, p, p.grad_scale, rp, g, rmas, rm, rv);
     std::vector<float> gp, gmas, gm, gv;
     st.download(gp, gmas, gm, gv);
     expect_bf16_close(gp, rp, "params");
@@ -208,33 +203,31 @@ void check_steps(OptimizerLayout layout, DType gt, bool decoupled, bool sr, std:
   }
 }
 
-using AdamCase = std::tuple<OptimizerLayout, DType, bool, bool, AdamVariant>;
+using AdamCase = std::tuple<OptimizerLayout, DType, bool, bool>;
 class AdamGpu : public ::testing::TestWithParam<AdamCase> {};
 
 TEST_P(AdamGpu, MatchesReferenceOddSize) {
   CUTRAIN_REQUIRE_GPU();
-  auto [layout, gt, decoupled, sr, variant] = GetParam();
-  check_steps(layout, gt, decoupled, sr, 1000003, 0, variant);
+  auto [layout, gt, decoupled, sr] = GetParam();
+  check_steps(layout, gt, decoupled, sr, 1000003, 0);
 }
 
 TEST_P(AdamGpu, MatchesReferenceTinyAndMisaligned) {
   CUTRAIN_REQUIRE_GPU();
-  auto [layout, gt, decoupled, sr, variant] = GetParam();
-  // Around the v2 warp tile (256 elements) and its tail too.
-  for (std::size_t n : {1, 7, 9, 255, 256, 257, 4099}) check_steps(layout, gt, decoupled, sr, n, 0, variant);
-  check_steps(layout, gt, decoupled, sr, 100003, 1, variant);  // views off 16-byte alignment: scalar path
+  auto [layout, gt, decoupled, sr] = GetParam();
+  // Around the warp tile (256 elements) and its tail too.
+  for (std::size_t n : {1, 7, 9, 255, 256, 257, 4099}) check_steps(layout, gt, decoupled, sr, n, 0);
+  check_steps(layout, gt, decoupled, sr, 100003, 1);  // views off 16-byte alignment: scalar path
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, AdamGpu,
     ::testing::Combine(::testing::Values(OptimizerLayout::Baseline, OptimizerLayout::Bf16MasterWG,
                                          OptimizerLayout::Bf16Full),
-                       ::testing::Values(DType::BF16, DType::F32), ::testing::Bool(), ::testing::Bool(),
-                       ::testing::Values(AdamVariant::Default, AdamVariant::V1)),
+                       ::testing::Values(DType::BF16, DType::F32), ::testing::Bool(), ::testing::Bool()),
     [](const ::testing::TestParamInfo<AdamCase>& i) {
       return std::string(name_of(std::get<0>(i.param))) + "_" + dtype_name(std::get<1>(i.param)) +
-             (std::get<2>(i.param) ? "_AdamW" : "_AdamL2") + (std::get<3>(i.param) ? "_SR" : "_RNE") +
-             variant_tag(std::get<4>(i.param));
+             (std::get<2>(i.param) ? "_AdamW" : "_AdamL2") + (std::get<3>(i.param) ? "_SR" : "_RNE");
     });
 
 TEST(AdamGpuControl, SkipFlagChangesNothingAndDeviceScaleMultiplies) {
@@ -320,12 +313,10 @@ TEST(AdamGpuStochasticRounding, NearestStallsStochasticDrifts) {
   AdamParams p;
   p.lr = 1e-4f;  // per-step change ~1e-4, bf16 half-ulp at 1.0 is 2^-9 ~ 2e-3
   p.weight_decay = 0.f;
-  for (AdamVariant variant : {AdamVariant::Default, AdamVariant::V1})
   for (bool sr : {false, true}) {
-    SCOPED_TRACE(std::string("variant") + variant_tag(variant));
+    SCOPED_TRACE(sr ? "stochastic" : "nearest");
     State st(OptimizerLayout::Bf16MasterWG, DType::BF16, n);
-    st.variant = variant;
-    st.params.assign(n, 1.f);
+      st.params.assign(n, 1.f);
     st.m.assign(n, 0.f);
     st.v.assign(n, 0.f);
     st.upload();
@@ -357,14 +348,11 @@ TEST(AdamGpuStochasticRounding, NearestStallsStochasticDrifts) {
 // One step on fp32 masters in [1, 2): each bf16 copy is one of the two neighbours of the fp32
 // value, the rounding error has mean 0 within statistical bounds, the same seed gives the same bits
 // and another seed different bits.
-class AdamGpuSrVariant : public ::testing::TestWithParam<AdamVariant> {};
-
-TEST_P(AdamGpuSrVariant, UnbiasedAndSeeded) {
+TEST(AdamGpuSr, UnbiasedAndSeeded) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   const std::size_t n = 1 << 20;
   State st(OptimizerLayout::Baseline, DType::F32, n);
-  st.variant = GetParam();
   st.master = test::random_uniform(n, rng, 1.01f, 1.99f);  // stays in [1, 2) after the step
   st.params = test::round_bf16(st.master);
   st.m.assign(n, 0.f);
@@ -387,7 +375,7 @@ TEST_P(AdamGpuSrVariant, UnbiasedAndSeeded) {
   run(43, pc, mc);
   EXPECT_EQ(std::memcmp(pa.data(), pb.data(), 4 * n), 0) << "same seed, different bits";
   std::size_t differ = 0;
-  double sum = 0, sumsq = 0, sum_par[2] = {0, 0};  // by index parity: the two halves of a v2 pair hash
+  double sum = 0, sumsq = 0, sum_par[2] = {0, 0};  // by index parity: the two halves of a pair hash
   for (std::size_t i = 0; i < n; ++i) {
     differ += pa[i] != pc[i];
     const double ulp = std::ldexp(1.0, -7);  // bf16 ulp in [1, 2)
@@ -408,12 +396,11 @@ TEST_P(AdamGpuSrVariant, UnbiasedAndSeeded) {
 
 // The bf16 moments of Bf16Full get their own draws: m and v round without bias, with the
 // reference's bits (up to rare fp32-rounding ties between the kernel's fmaf chain and fp64).
-TEST_P(AdamGpuSrVariant, Bf16FullMomentsUnbiasedWithReferenceBits) {
+TEST(AdamGpuSr, Bf16FullMomentsUnbiasedWithReferenceBits) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   const std::size_t n = 1 << 20;
   State st(OptimizerLayout::Bf16Full, DType::F32, n);
-  st.variant = GetParam();
   st.params = test::round_bf16(test::random_uniform(n, rng, 1.01f, 1.99f));
   st.m = test::round_bf16(test::random_uniform(n, rng, 2.f, 3.9f));
   st.v = test::round_bf16(test::random_uniform(n, rng, 2.f, 3.9f));
@@ -430,7 +417,7 @@ TEST_P(AdamGpuSrVariant, Bf16FullMomentsUnbiasedWithReferenceBits) {
   std::vector<float> gp, gmas, gm, gv;
   st.download(gp, gmas, gm, gv);
   std::vector<float> rp = st.params, rmas(n, 0.f), rm = st.m, rv = st.v;
-  ref::adam_step(OptimizerLayout::Bf16Full, p, 1.0, rp, g, rmas, rm, rv, GetParam());
+  ref::adam_step(OptimizerLayout::Bf16Full, p, 1.0, rp, g, rmas, rm, rv);
   std::size_t differ_m = 0, differ_v = 0, differ_p = 0;
   double sum[2] = {0, 0}, sumsq[2] = {0, 0};
   for (std::size_t i = 0; i < n; ++i) {
@@ -452,11 +439,6 @@ TEST_P(AdamGpuSrVariant, Bf16FullMomentsUnbiasedWithReferenceBits) {
     EXPECT_NEAR(mean, 0.0, 5 * sd / std::sqrt(double(n))) << (k == 0 ? "m" : "v") << " rounding is biased";
   }
 }
-
-INSTANTIATE_TEST_SUITE_P(Variants, AdamGpuSrVariant, ::testing::Values(AdamVariant::Default, AdamVariant::V1),
-                         [](const ::testing::TestParamInfo<AdamVariant>& i) {
-                           return i.param == AdamVariant::V1 ? std::string("v1") : std::string("v2");
-                         });
 
 // More than 2^31 elements (size_t indexing, the tail, the high index bits of the SR key).
 TEST(AdamGpuLarge, MoreThan2Pow31Elements) {

@@ -1,4 +1,4 @@
-// GPU tests of the fused cross-entropy against the fp64 reference: loss, per-row loss, in-place
+// @brief GPU tests of the fused cross-entropy against the fp64 reference: loss, per-row loss, in-place
 // dlogits, ignored rows, padding columns, bad labels, misaligned rows (odd ld), determinism.
 #include <gtest/gtest.h>
 
@@ -12,12 +12,8 @@
 namespace cutrain {
 namespace {
 
-using kernels::CrossEntropyVariant;
 using test::DeviceArray;
 
-// Every test runs both kernel variants (the default v2 and the kept v1).
-constexpr CrossEntropyVariant kVariants[] = {CrossEntropyVariant::Default, CrossEntropyVariant::V1};
-std::string variant_name(CrossEntropyVariant v) { return v == CrossEntropyVariant::V1 ? "v1" : "v2"; }
 
 struct CeCase {
   int rows, vocab, ld;
@@ -38,8 +34,7 @@ struct CeRun {
 
 // Uploads logits/labels, runs forward+backward (or forward only), downloads everything.
 CeRun run_ce(const std::vector<float>& logits, const std::vector<int32_t>& labels, const CeCase& c, bool backward,
-             int ignore_index = -100, float grad_scale = 1.f, bool* logits_untouched = nullptr,
-             CrossEntropyVariant variant = CrossEntropyVariant::Default) {
+             int ignore_index = -100, float grad_scale = 1.f, bool* logits_untouched = nullptr) {
   auto hb = test::to_bf16(logits);
   DeviceArray<bf16> d_logits(hb);
   DeviceArray<int32_t> d_labels(labels);
@@ -49,10 +44,10 @@ CeRun run_ce(const std::vector<float>& logits, const std::vector<int32_t>& label
   if (backward) {
     kernels::cross_entropy_forward_backward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld,
                                             d_loss.get(), d_row.get(), d_status.get(), scratch.get(), ignore_index,
-                                            grad_scale, variant);
+                                            grad_scale);
   } else {
     kernels::cross_entropy_forward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld, d_loss.get(),
-                                   d_row.get(), d_status.get(), scratch.get(), ignore_index, variant);
+                                   d_row.get(), d_status.get(), scratch.get(), ignore_index);
   }
   CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   CeRun r;
@@ -120,11 +115,8 @@ TEST_P(CrossEntropyGpu, ForwardBackwardMatchesReference) {
   Inputs in = make_inputs(c, rng);
   const float grad_scale = 0.75f;
   auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, -100, grad_scale);
-  for (auto var : kVariants) {
-    SCOPED_TRACE(variant_name(var));
-    CeRun r = run_ce(in.logits, in.labels, c, true, -100, grad_scale, nullptr, var);
-    check_against_ref(c, in, r, want, -100, grad_scale);
-  }
+  CeRun r = run_ce(in.logits, in.labels, c, true, -100, grad_scale, nullptr);
+  check_against_ref(c, in, r, want, -100, grad_scale);
 }
 
 TEST_P(CrossEntropyGpu, ForwardOnlyLeavesLogitsAndMatchesLoss) {
@@ -133,16 +125,13 @@ TEST_P(CrossEntropyGpu, ForwardOnlyLeavesLogitsAndMatchesLoss) {
   auto rng = test::fresh_rng();
   Inputs in = make_inputs(c, rng);
   auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld);
-  for (auto var : kVariants) {
-    SCOPED_TRACE(variant_name(var));
-    bool untouched = false;
-    CeRun r = run_ce(in.logits, in.labels, c, false, -100, 1.f, &untouched, var);
-    EXPECT_TRUE(untouched);
-    EXPECT_EQ(r.status, want.status);
-    EXPECT_NEAR(r.loss, want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean)));
-    for (int i = 0; i < c.rows; ++i)
-      ASSERT_NEAR(r.row_loss[i], want.row_loss[i], 1e-4 * std::max(1.0, std::fabs(want.row_loss[i]))) << "row " << i;
-  }
+  bool untouched = false;
+  CeRun r = run_ce(in.logits, in.labels, c, false, -100, 1.f, &untouched);
+  EXPECT_TRUE(untouched);
+  EXPECT_EQ(r.status, want.status);
+  EXPECT_NEAR(r.loss, want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean)));
+  for (int i = 0; i < c.rows; ++i)
+    ASSERT_NEAR(r.row_loss[i], want.row_loss[i], 1e-4 * std::max(1.0, std::fabs(want.row_loss[i]))) << "row " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyGpu,
@@ -154,7 +143,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyGpu,
                                            CeCase{1, 262144, 262144, 0.f, 2.f}, CeCase{3, 262144, 262147, 0.f, 2.f},
                                            CeCase{64, 262144, 262144, 0.1f, 2.f}, CeCase{5, 100003, 100003, 0.f, 8.f},
                                            CeCase{17, 2, 9, 0.f, 1.f},
-                                           // v2 cluster split: 3 CTAs per row, and 8 (the cap) with
+                                           // cluster split: 3 CTAs per row, and 8 (the cap) with
                                            // slices longer than a CTA parks (re-read path).
                                            CeCase{7, 131071, 131072, 0.3f, 2.f}, CeCase{2, 600001, 600003, 0.f, 2.f}),
                          [](const ::testing::TestParamInfo<CeCase>& i) { return case_name(i.param); });
@@ -169,17 +158,14 @@ TEST(CrossEntropyGpuLabels, OutOfRangeLabelsReportedAndIgnored) {
   in.labels[4] = -5;
   auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld);
   ASSERT_EQ(want.status, 3);
-  for (auto var : kVariants) {
-    SCOPED_TRACE(variant_name(var));
-    CeRun r = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr, var);
-    check_against_ref(c, in, r, want);
-    EXPECT_EQ(r.status, 3);
-    EXPECT_EQ(r.row_loss[2], 0.f);
-    EXPECT_EQ(r.row_loss[4], 0.f);
-  }
+  CeRun r = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr);
+  check_against_ref(c, in, r, want);
+  EXPECT_EQ(r.status, 3);
+  EXPECT_EQ(r.row_loss[2], 0.f);
+  EXPECT_EQ(r.row_loss[4], 0.f);
 }
 
-// Labels at the edges of the row and of the v2 cluster slices (each slice's first and last
+// Labels at the edges of the row and of the cluster slices (each slice's first and last
 // vector, rank 0 owning the label's logit wherever it lies), with a misaligned row start.
 TEST(CrossEntropyGpuLabels, LabelsAtRowAndSliceEdges) {
   CUTRAIN_REQUIRE_GPU();
@@ -189,11 +175,8 @@ TEST(CrossEntropyGpuLabels, LabelsAtRowAndSliceEdges) {
   const int edges[12] = {0, 1, 7, 8, 52428, 52432, 104860, 157288, 209716, 262136, 262142, 262143};
   for (int i = 0; i < c.rows; ++i) in.labels[i] = edges[i];
   auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, -100, 2.0);
-  for (auto var : kVariants) {
-    SCOPED_TRACE(variant_name(var));
-    CeRun r = run_ce(in.logits, in.labels, c, true, -100, 2.f, nullptr, var);
-    check_against_ref(c, in, r, want, -100, 2.0);
-  }
+  CeRun r = run_ce(in.logits, in.labels, c, true, -100, 2.f, nullptr);
+  check_against_ref(c, in, r, want, -100, 2.0);
 }
 
 TEST(CrossEntropyGpuLabels, CustomIgnoreIndexAndAllIgnored) {
@@ -203,20 +186,17 @@ TEST(CrossEntropyGpuLabels, CustomIgnoreIndexAndAllIgnored) {
   Inputs in = make_inputs(c, rng);
   in.labels[0] = 0;  // ignore_index 0: this row is ignored, -100 would be an out-of-range label
   auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, 0, 1.0);
-  for (auto var : kVariants) {
-    SCOPED_TRACE(variant_name(var));
-    CeRun r = run_ce(in.logits, in.labels, c, true, 0, 1.f, nullptr, var);
-    check_against_ref(c, in, r, want, 0);
-    for (int j = 0; j < c.ld; ++j) ASSERT_EQ(r.dlogits[j], 0.f);
+  CeRun r = run_ce(in.logits, in.labels, c, true, 0, 1.f, nullptr);
+  check_against_ref(c, in, r, want, 0);
+  for (int j = 0; j < c.ld; ++j) ASSERT_EQ(r.dlogits[j], 0.f);
 
-    std::vector<int32_t> all_ignored(c.rows, -100);
-    CeRun z = run_ce(in.logits, all_ignored, c, true, -100, 1.f, nullptr, var);
-    EXPECT_EQ(z.loss, 0.f);
-    EXPECT_EQ(z.status, 0);
-    for (float g : z.dlogits) ASSERT_EQ(g, 0.f);
-    CeRun zf = run_ce(in.logits, all_ignored, c, false, -100, 1.f, nullptr, var);
-    EXPECT_EQ(zf.loss, 0.f);
-  }
+  std::vector<int32_t> all_ignored(c.rows, -100);
+  CeRun z = run_ce(in.logits, all_ignored, c, true, -100, 1.f, nullptr);
+  EXPECT_EQ(z.loss, 0.f);
+  EXPECT_EQ(z.status, 0);
+  for (float g : z.dlogits) ASSERT_EQ(g, 0.f);
+  CeRun zf = run_ce(in.logits, all_ignored, c, false, -100, 1.f, nullptr);
+  EXPECT_EQ(zf.loss, 0.f);
 }
 
 TEST(CrossEntropyGpuDeterminism, SameBitsEveryRun) {
@@ -224,23 +204,14 @@ TEST(CrossEntropyGpuDeterminism, SameBitsEveryRun) {
   auto rng = test::fresh_rng();
   const CeCase c{2048, 50304, 50304, 0.05f, 2.f};
   Inputs in = make_inputs(c, rng);
-  std::vector<CeRun> first;
-  for (auto var : kVariants) {
-    SCOPED_TRACE(variant_name(var));
-    CeRun a = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr, var);
-    CeRun b = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr, var);
-    EXPECT_EQ(std::memcmp(&a.loss, &b.loss, 4), 0);
-    EXPECT_EQ(std::memcmp(a.row_loss.data(), b.row_loss.data(), 4 * a.row_loss.size()), 0);
-    EXPECT_EQ(std::memcmp(a.dlogits.data(), b.dlogits.data(), 4 * a.dlogits.size()), 0);
-    first.push_back(std::move(a));
-  }
-  // The variants share the row math: identical per-row losses and gradients, bit for bit.
-  EXPECT_EQ(std::memcmp(first[0].row_loss.data(), first[1].row_loss.data(), 4 * first[0].row_loss.size()), 0);
-  EXPECT_EQ(std::memcmp(first[0].dlogits.data(), first[1].dlogits.data(), 4 * first[0].dlogits.size()), 0);
-  EXPECT_NEAR(first[0].loss, first[1].loss, 1e-6 * std::max(1.f, std::fabs(first[1].loss)));
+  CeRun a = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr);
+  CeRun b = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr);
+  EXPECT_EQ(std::memcmp(&a.loss, &b.loss, 4), 0);
+  EXPECT_EQ(std::memcmp(a.row_loss.data(), b.row_loss.data(), 4 * a.row_loss.size()), 0);
+  EXPECT_EQ(std::memcmp(a.dlogits.data(), b.dlogits.data(), 4 * a.dlogits.size()), 0);
 }
 
-// Back-to-back calls on one stream reuse the scratch (v2's done counter must be re-armed by each
+// Back-to-back calls on one stream reuse the scratch (the done counter must be re-armed by each
 // call's count kernel) and several thousand rows make many blocks race for "last".
 TEST(CrossEntropyGpuDeterminism, RepeatedCallsOnOneStreamReuseScratch) {
   CUTRAIN_REQUIRE_GPU();

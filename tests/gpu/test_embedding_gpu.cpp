@@ -1,8 +1,7 @@
-// GPU tests of kernels/embedding against the fp64 CPU reference: forward, backward into both
-// tables (fp32 and bf16, accumulate or overwrite), heavily repeated tokens, out-of-range ids
+// @brief GPU tests of kernels/embedding against the fp64 CPU reference: forward, backward into
+// both tables (fp32 and bf16, accumulate or overwrite), heavily repeated tokens, out-of-range ids
 // (reported through the status flag, rows zeroed, never read: huge ids would fault), C % 8 != 0,
-// determinism of the backward. Every backward version (V1 sort, V2 sort-free for small batches)
-// runs every case, and V2 must give V1's bits (the same summation order).
+// widths of several 1024-column chunks, determinism of the backward.
 #include <gtest/gtest.h>
 
 #include <climits>
@@ -98,8 +97,7 @@ struct BwdOut {
 };
 
 BwdOut run_backward(const Shape& s, const std::vector<int32_t>& tok, const std::vector<float>& dout, DType gt,
-                    bool accumulate, const std::vector<float>& wte0, const std::vector<float>& wpe0,
-                    kernels::KernelVersion ver) {
+                    bool accumulate, const std::vector<float>& wte0, const std::vector<float>& wpe0) {
   const std::size_t nte = static_cast<std::size_t>(s.vocab) * s.C, npe = static_cast<std::size_t>(s.T) * s.C;
   test::DeviceArray<int32_t> dtok(tok);
   test::DeviceArray<bf16> ddout(test::to_bf16(dout));
@@ -115,25 +113,22 @@ BwdOut run_backward(const Shape& s, const std::vector<int32_t>& tok, const std::
   void* te = gt == DType::F32 ? static_cast<void*>(te32.get()) : te16.get();
   void* pe = gt == DType::F32 ? static_cast<void*>(pe32.get()) : pe16.get();
   kernels::embedding_backward(nullptr, ddout.get(), dtok.get(), te, pe, gt, accumulate, s.B, s.T, s.C, s.vocab,
-                              scratch.get(), ver);
+                              scratch.get());
   CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   if (gt == DType::F32) return {te32.download(), pe32.download()};
   return {test::download_float(te16), test::download_float(pe16)};
 }
-
-const kernels::KernelVersion kVersions[] = {kernels::KernelVersion::V1, kernels::KernelVersion::V2};
 
 }  // namespace
 
 TEST(EmbeddingGpu, BackwardMatchesReferenceAndIsDeterministic) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  for (auto ver : kVersions)
   for (const Shape& s : kShapes) {
     for (DType gt : {DType::F32, DType::BF16}) {
       for (int v = 0; v < 4; ++v) {
         const bool accumulate = v & 1, with_bad = v & 2;
-        SCOPED_TRACE(kernels::version_name(ver) + " " + label(s) + " " + dtype_name(gt) + (accumulate ? " accumulate" : "") +
+        SCOPED_TRACE(label(s) + " " + dtype_name(gt) + (accumulate ? " accumulate" : "") +
                      (with_bad ? " bad ids" : ""));
         const int N = s.B * s.T;
         auto tok = tokens_for(s, rng);
@@ -151,7 +146,7 @@ TEST(EmbeddingGpu, BackwardMatchesReferenceAndIsDeterministic) {
         }
         auto want = ref::embedding_backward(dout.data(), tok.data(), accumulate ? wte0.data() : nullptr,
                                             accumulate ? wpe0.data() : nullptr, s.B, s.T, s.C, s.vocab);
-        auto a = run_backward(s, tok, dout, gt, accumulate, wte0, wpe0, ver);
+        auto a = run_backward(s, tok, dout, gt, accumulate, wte0, wpe0);
         ASSERT_EQ(test::count_nan(a.dwte), 0u) << "dwte not fully written";
         ASSERT_EQ(test::count_nan(a.dwpe), 0u) << "dwpe not fully written";
         const double tol = gt == DType::F32 ? 1e-5 : 1e-2;
@@ -168,7 +163,7 @@ TEST(EmbeddingGpu, BackwardMatchesReferenceAndIsDeterministic) {
             ASSERT_EQ(a.dwte[i], accumulate ? wte0[i] : 0.f) << "absent row " << r << " col " << c;
           }
         }
-        auto b = run_backward(s, tok, dout, gt, accumulate, wte0, wpe0, ver);
+        auto b = run_backward(s, tok, dout, gt, accumulate, wte0, wpe0);
         EXPECT_EQ(float_bits(a.dwte), float_bits(b.dwte)) << "dwte differs between two runs";
         EXPECT_EQ(float_bits(a.dwpe), float_bits(b.dwpe)) << "dwpe differs between two runs";
       }
@@ -184,19 +179,16 @@ TEST(EmbeddingGpu, BackwardAllSameToken) {
   std::vector<int32_t> tok(s.B * s.T, 42);
   const auto dout = test::round_bf16(test::random_normal(static_cast<std::size_t>(s.B) * s.T * s.C, rng));
   auto want = ref::embedding_backward(dout.data(), tok.data(), nullptr, nullptr, s.B, s.T, s.C, s.vocab);
-  for (auto ver : kVersions) {
-    SCOPED_TRACE(kernels::version_name(ver));
-    auto got = run_backward(s, tok, dout, DType::F32, false, {}, {}, ver);
-    ASSERT_EQ(test::count_nan(got.dwte), 0u);
-    EXPECT_LE(test::rel_error(got.dwte, want.dwte), 1e-5);
-    EXPECT_LE(test::rel_error(got.dwpe, want.dwpe), 1e-5);
-  }
+  auto got = run_backward(s, tok, dout, DType::F32, false, {}, {});
+  ASSERT_EQ(test::count_nan(got.dwte), 0u);
+  EXPECT_LE(test::rel_error(got.dwte, want.dwte), 1e-5);
+  EXPECT_LE(test::rel_error(got.dwpe, want.dwpe), 1e-5);
 }
 
-// V2 (no sort) against V1 (sort): identical bits, on batches with many repeats, bad ids, widths
-// with a column remainder and more than one 1024-column chunk, and the 4096-token limit of V2
-// (4097 tokens runs V1's path under V2 too).
-TEST(EmbeddingGpu, BackwardVersionsAgreeBitwise) {
+// Batches with many repeats, bad ids, widths with a column remainder and more than one
+// 1024-column chunk, 4097 tokens: every element written, the reference matched, the same bits
+// on a second run.
+TEST(EmbeddingGpu, BackwardRepeatsAndWideRows) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   for (const Shape& s : {Shape{4, 512, 1024, 50000}, Shape{8, 512, 2056, 300}, Shape{1, 4097, 64, 20},
@@ -211,16 +203,16 @@ TEST(EmbeddingGpu, BackwardVersionsAgreeBitwise) {
         const auto dout = test::round_bf16(test::random_normal(static_cast<std::size_t>(N) * s.C, rng));
         auto wte0 = test::round_bf16(test::random_normal(static_cast<std::size_t>(s.vocab) * s.C, rng));
         auto wpe0 = test::round_bf16(test::random_normal(static_cast<std::size_t>(s.T) * s.C, rng));
-        auto v1 = run_backward(s, tok, dout, gt, accumulate, wte0, wpe0, kernels::KernelVersion::V1);
-        auto v2 = run_backward(s, tok, dout, gt, accumulate, wte0, wpe0, kernels::KernelVersion::V2);
-        ASSERT_EQ(test::count_nan(v2.dwte) + test::count_nan(v2.dwpe), 0u) << "v2 left elements unwritten";
-        EXPECT_EQ(float_bits(v2.dwte), float_bits(v1.dwte)) << "dwte: v2 differs from v1";
-        EXPECT_EQ(float_bits(v2.dwpe), float_bits(v1.dwpe)) << "dwpe: v2 differs from v1";
-        if (s.B * s.T <= 4096) {
-          auto want = ref::embedding_backward(dout.data(), tok.data(), accumulate ? wte0.data() : nullptr,
-                                              accumulate ? wpe0.data() : nullptr, s.B, s.T, s.C, s.vocab);
-          EXPECT_LE(test::rel_error(v2.dwte, want.dwte), gt == DType::F32 ? 1e-5 : 1e-2);
-        }
+        auto a = run_backward(s, tok, dout, gt, accumulate, wte0, wpe0);
+        auto b = run_backward(s, tok, dout, gt, accumulate, wte0, wpe0);
+        ASSERT_EQ(test::count_nan(a.dwte) + test::count_nan(a.dwpe), 0u) << "elements left unwritten";
+        EXPECT_EQ(float_bits(a.dwte), float_bits(b.dwte)) << "dwte differs between two runs";
+        EXPECT_EQ(float_bits(a.dwpe), float_bits(b.dwpe)) << "dwpe differs between two runs";
+        auto want = ref::embedding_backward(dout.data(), tok.data(), accumulate ? wte0.data() : nullptr,
+                                            accumulate ? wpe0.data() : nullptr, s.B, s.T, s.C, s.vocab);
+        const double tol = gt == DType::F32 ? 1e-5 : 1e-2;
+        EXPECT_LE(test::rel_error(a.dwte, want.dwte), tol);
+        EXPECT_LE(test::rel_error(a.dwpe, want.dwpe), tol);
       }
     }
   }

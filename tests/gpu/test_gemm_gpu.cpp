@@ -1,4 +1,4 @@
-// GPU tests of kernels/gemm (the cuBLASLt wrapper and bias_grad) against the fp64 CPU references
+// @brief GPU tests of kernels/gemm (the cuBLASLt wrapper and bias_grad) against the fp64 CPU references
 // in tests/reference/gemm_ref.h: fresh random inputs, outputs poisoned with NaN first (so every
 // element must be written), odd shapes and the model's shapes at small M, both the fused
 // epilogues and their fallbacks, accumulation, determinism, alignment and argument errors.
@@ -77,6 +77,13 @@ const char* name(GemmEpilogue e) {
   return "?";
 }
 
+// Every element written (none left NaN from the poison) and within `tol` of the reference.
+template <typename Want>
+void expect_written_and_close(const std::vector<float>& got, const Want& want, double tol, const std::string& what) {
+  EXPECT_EQ(test::count_nan(got), 0u) << what << (what.empty() ? "" : ": ") << "unwritten (NaN) outputs";
+  EXPECT_LE(test::rel_error(got, want), tol) << what;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -104,8 +111,7 @@ TEST(GemmGpu, ForwardMatchesReferenceForEveryEpilogue) {
       const auto want = ref::gemm_forward(x.host, w.host, has_bias ? b.host.data() : nullptr, s.M, s.N, s.K, gelu,
                                           gelu ? &pre : nullptr);
       const auto got = test::download_float(y);
-      EXPECT_EQ(test::count_nan(got), 0u) << "unwritten (NaN) outputs";
-      EXPECT_LE(test::rel_error(got, want), kBf16Tol);
+      expect_written_and_close(got, want, kBf16Tol, "");
       if (gelu) {
         const auto got_pre = test::download_float(aux);
         EXPECT_EQ(test::count_nan(got_pre), 0u) << "unwritten (NaN) pre-activations";
@@ -205,8 +211,7 @@ TEST(GemmGpu, GradInputMatchesReferenceWithBetaAndDgelu) {
       const auto want = ref::gemm_grad_input(dy.host, w.host, s.M, s.N, s.K, c.beta,
                                              c.beta != 0.f ? &init.host : nullptr, c.dgelu ? &pre.host : nullptr);
       const auto got = test::download_float(dx);
-      EXPECT_EQ(test::count_nan(got), 0u) << "unwritten (NaN) outputs";
-      EXPECT_LE(test::rel_error(got, want), kBf16Tol);
+      expect_written_and_close(got, want, kBf16Tol, "");
     }
   }
 }
@@ -236,16 +241,14 @@ TEST(GemmGpu, GradWeightMatchesReferenceBf16AndF32WithAccumulate) {
         if (acc) dw.upload(init);
         gemm.grad_weight(nullptr, dy.dev.get(), x.dev.get(), dw.get(), DType::F32, s.M, s.N, s.K, acc);
         const auto got = dw.download();
-        EXPECT_EQ(test::count_nan(got), 0u) << "fp32: unwritten (NaN) outputs";
-        EXPECT_LE(test::rel_error(got, want), kF32GemmTol) << "fp32";
+        expect_written_and_close(got, want, kF32GemmTol, "fp32");
       }
       {
         DeviceArray<bf16> dw(n);
         if (acc) dw.upload(test::to_bf16(init));
         gemm.grad_weight(nullptr, dy.dev.get(), x.dev.get(), dw.get(), DType::BF16, s.M, s.N, s.K, acc);
         const auto got = test::download_float(dw);
-        EXPECT_EQ(test::count_nan(got), 0u) << "bf16: unwritten (NaN) outputs";
-        EXPECT_LE(test::rel_error(got, want), kBf16Tol) << "bf16";
+        expect_written_and_close(got, want, kBf16Tol, "bf16");
       }
     }
   }
@@ -410,13 +413,9 @@ TEST(GemmGpu, InvalidArgumentsThrowAndLeaveOutputsUntouched) {
                "M=0");
   expect_error([&] { kernels::bias_grad(nullptr, dy.dev.get(), db.get(), DType::F16, M, N, false, scratch.get()); },
                "float16");
-  expect_error([&] {
-    kernels::bias_grad(nullptr, dy.dev.get(), db.get(), DType::F32, M, N, false, nullptr, kernels::KernelVersion::V1);
-  }, "scratch");
-  expect_error([&] {
-    kernels::bias_grad(nullptr, dy.dev.get(), db.get(), DType::F32, M, N, false, scratch.get(),
-                       kernels::KernelVersion::V3);
-  }, "version");
+  // Past 8192 columns the wide tile needs scratch (the check fires before any access to dy).
+  expect_error([&] { kernels::bias_grad(nullptr, dy.dev.get(), db.get(), DType::F32, M, 8193, false, nullptr); },
+               "scratch");
   expect_error([&] { kernels::bias_grad_scratch_bytes(M, 0); }, "N=0");
   for (float v : db.download()) ASSERT_TRUE(std::isnan(v));
 }
@@ -425,42 +424,34 @@ TEST(GemmGpu, InvalidArgumentsThrowAndLeaveOutputsUntouched) {
 // bias_grad
 // ---------------------------------------------------------------------------------------------
 
-namespace {
-
-// Every version, and the default; V2 runs without scratch (null) and V1 with poisoned scratch.
-const std::vector<kernels::KernelVersion> kBiasGradVersions = {kernels::KernelVersion::V1, kernels::KernelVersion::V2,
-                                                               kernels::KernelVersion::Default};
-
-}  // namespace
-
 TEST(BiasGradGpu, MatchesReferenceBf16AndF32WithAccumulate) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
+  // Both sides of the tile table's boundary (cluster tile up to N = 8192, wide tile beyond).
   const std::vector<std::pair<int, int>> shapes = {{1, 1},      {7, 13},      {31, 8},    {4097, 24},   {333, 1000},
                                                    {2048, 1024}, {1000, 4096}, {3, 50000}, {2048, 50000}, {9, 72},
-                                                   {16385, 136}};
+                                                   {16385, 136}, {300, 8192},  {300, 8193}};
   for (auto [M, N] : shapes) {
     auto dy = make_tensor(std::size_t(M) * N, rng);
     const auto init = test::round_bf16(test::random_normal(N, rng, 0.f, std::sqrt(float(M))));
     DeviceArray<float> scratch(kernels::bias_grad_scratch_bytes(M, N) / sizeof(float));  // poisoned
-    for (auto version : kBiasGradVersions) {
-      void* sc = version == kernels::KernelVersion::V2 ? nullptr : scratch.get();
+    // Up to 8192 columns no scratch is needed: run those without (null) too.
+    for (void* sc : {static_cast<void*>(scratch.get()), static_cast<void*>(nullptr)}) {
+      if (!sc && N > 8192) continue;
       for (bool acc : {false, true}) {
-        SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + " " + kernels::version_name(version) +
+        SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + (sc ? "" : " no scratch") +
                      (acc ? " accumulate" : ""));
         const auto want = ref::bias_grad(dy.host, M, N, acc ? &init : nullptr);
         DeviceArray<float> dbf(N);
         if (acc) dbf.upload(init);
-        kernels::bias_grad(nullptr, dy.dev.get(), dbf.get(), DType::F32, M, N, acc, sc, version);
+        kernels::bias_grad(nullptr, dy.dev.get(), dbf.get(), DType::F32, M, N, acc, sc);
         const auto gotf = dbf.download();
-        EXPECT_EQ(test::count_nan(gotf), 0u) << "fp32: unwritten (NaN) outputs";
-        EXPECT_LE(test::rel_error(gotf, want), kF32SumTol) << "fp32";
+        expect_written_and_close(gotf, want, kF32SumTol, "fp32");
         DeviceArray<bf16> dbb(N);
         if (acc) dbb.upload(test::to_bf16(init));
-        kernels::bias_grad(nullptr, dy.dev.get(), dbb.get(), DType::BF16, M, N, acc, sc, version);
+        kernels::bias_grad(nullptr, dy.dev.get(), dbb.get(), DType::BF16, M, N, acc, sc);
         const auto gotb = test::download_float(dbb);
-        EXPECT_EQ(test::count_nan(gotb), 0u) << "bf16: unwritten (NaN) outputs";
-        EXPECT_LE(test::rel_error(gotb, want), kBf16Tol) << "bf16";
+        expect_written_and_close(gotb, want, kBf16Tol, "bf16");
       }
     }
   }
@@ -469,13 +460,13 @@ TEST(BiasGradGpu, MatchesReferenceBf16AndF32WithAccumulate) {
 TEST(BiasGradGpu, MisalignedInputTakesTheScalarPathCorrectly) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  const int M = 517, N = 1024;  // N % 8 == 0 but dy starts 1 element in: not 16-byte aligned
-  auto buf = make_tensor(std::size_t(M) * N + 1, rng);
-  std::vector<float> dy(buf.host.begin() + 1, buf.host.end());
-  for (auto version : kBiasGradVersions) {
-    SCOPED_TRACE(kernels::version_name(version));
+  const int M = 517;  // N % 8 == 0 but dy starts 1 element in: not 16-byte aligned
+  for (int N : {1024, 8200}) {  // both tiles
+    SCOPED_TRACE(N);
+    auto buf = make_tensor(std::size_t(M) * N + 1, rng);
+    std::vector<float> dy(buf.host.begin() + 1, buf.host.end());
     DeviceArray<float> db(N), scratch(kernels::bias_grad_scratch_bytes(M, N) / sizeof(float));
-    kernels::bias_grad(nullptr, buf.dev.get() + 1, db.get(), DType::F32, M, N, false, scratch.get(), version);
+    kernels::bias_grad(nullptr, buf.dev.get() + 1, db.get(), DType::F32, M, N, false, scratch.get());
     const auto got = db.download();
     EXPECT_EQ(test::count_nan(got), 0u);
     EXPECT_LE(test::rel_error(got, ref::bias_grad(dy, M, N)), kF32SumTol);
@@ -488,15 +479,13 @@ TEST(BiasGradGpu, IsBitwiseDeterministic) {
   for (auto [M, N] : std::vector<std::pair<int, int>>{{16384, 4096}, {2048, 50000}, {999, 13}}) {
     auto dy = make_tensor(std::size_t(M) * N, rng);
     DeviceArray<float> scratch(kernels::bias_grad_scratch_bytes(M, N) / sizeof(float));
-    for (auto version : kBiasGradVersions) {
-      SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + " " + kernels::version_name(version));
-      std::vector<float> runs[2];
-      for (auto& r : runs) {
-        DeviceArray<float> db(N);
-        kernels::bias_grad(nullptr, dy.dev.get(), db.get(), DType::F32, M, N, false, scratch.get(), version);
-        r = db.download();
-      }
-      EXPECT_TRUE(same_bits(runs[0], runs[1]));
+    SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N));
+    std::vector<float> runs[2];
+    for (auto& r : runs) {
+      DeviceArray<float> db(N);
+      kernels::bias_grad(nullptr, dy.dev.get(), db.get(), DType::F32, M, N, false, scratch.get());
+      r = db.download();
     }
+    EXPECT_TRUE(same_bits(runs[0], runs[1]));
   }
 }

@@ -1,7 +1,7 @@
-// GPU tests of kernels/layernorm against the fp64 CPU reference: forward (sum, y, mean, rstd),
-// backward (d_sum with/without d_extra and aliasing, dgamma/dbeta in fp32 and bf16, accumulate),
-// determinism, odd shapes, the scalar fallback (cols % 8 != 0, misaligned pointers), bad shapes.
-// Every backward version (V1, V2, V3) is run on every case.
+// @brief GPU tests of kernels/layernorm against the fp64 CPU reference: forward (sum, y, mean,
+// rstd), backward (d_sum with/without d_extra and aliasing, dgamma/dbeta in fp32 and bf16,
+// accumulate), determinism, odd shapes, every backward tile (team widths, the wide-row block path
+// past 8192 columns) and the scalar fallback (cols % 8 != 0, misaligned pointers), bad shapes.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -72,6 +72,23 @@ Inputs make_inputs(int rows, int cols, std::mt19937_64& rng) {
           test::round_bf16(test::random_normal(cols, rng, 0.f, 0.25f))};
 }
 
+// One case's forward on the GPU: its inputs uploaded, the forward run.
+struct Forward {
+  Buf x, res, sum, y, g, b;
+  test::DeviceArray<float> mean, rstd;
+  Forward(const Case& c, const Inputs& in, bool with_res)
+      : x(size(c), c.misalign), res(size(c), c.misalign), sum(size(c), c.misalign), y(size(c), c.misalign),
+        g(c.cols, false), b(c.cols, false), mean(c.rows), rstd(c.rows) {
+    x.upload(in.x);
+    res.upload(in.res);
+    g.upload(in.gamma);
+    b.upload(in.beta);
+    kernels::layernorm_residual_forward(nullptr, x.get(), with_res ? res.get() : nullptr, sum.get(), y.get(),
+                                        mean.get(), rstd.get(), g.get(), b.get(), c.rows, c.cols);
+  }
+  static std::size_t size(const Case& c) { return static_cast<std::size_t>(c.rows) * c.cols; }
+};
+
 }  // namespace
 
 TEST(LayerNormGpu, ForwardMatchesReference) {
@@ -82,20 +99,12 @@ TEST(LayerNormGpu, ForwardMatchesReference) {
       SCOPED_TRACE(name(c) + (with_res ? " residual" : " no residual"));
       const std::size_t n = static_cast<std::size_t>(c.rows) * c.cols;
       Inputs in = make_inputs(c.rows, c.cols, rng);
-      Buf x(n, c.misalign), res(n, c.misalign), sum(n, c.misalign), y(n, c.misalign);
-      Buf g(c.cols, false), b(c.cols, false);
-      x.upload(in.x);
-      res.upload(in.res);
-      g.upload(in.gamma);
-      b.upload(in.beta);
-      test::DeviceArray<float> mean(c.rows), rstd(c.rows);
-      kernels::layernorm_residual_forward(nullptr, x.get(), with_res ? res.get() : nullptr, sum.get(), y.get(),
-                                          mean.get(), rstd.get(), g.get(), b.get(), c.rows, c.cols);
+      Forward f(c, in, with_res);
       CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
       auto want = ref::layernorm_forward(in.x.data(), with_res ? in.res.data() : nullptr, in.gamma.data(),
                                          in.beta.data(), c.rows, c.cols);
-      auto got_sum = sum.download(n), got_y = y.download(n);
-      auto got_mean = mean.download(), got_rstd = rstd.download();
+      auto got_sum = f.sum.download(n), got_y = f.y.download(n);
+      auto got_mean = f.mean.download(), got_rstd = f.rstd.download();
       ASSERT_EQ(test::count_nan(got_sum), 0u) << "sum not fully written";
       ASSERT_EQ(test::count_nan(got_y), 0u) << "y not fully written";
       ASSERT_EQ(test::count_nan(got_mean) + test::count_nan(got_rstd), 0u) << "mean/rstd not fully written";
@@ -135,19 +144,11 @@ struct BwdResult {
 };
 
 // Runs forward then backward on the GPU for one configuration and checks it against the reference.
-void check_backward(kernels::KernelVersion ver, const Case& c, DType pt, bool accumulate, bool with_extra, bool alias,
+void check_backward(const Case& c, DType pt, bool accumulate, bool with_extra, bool alias,
                     std::mt19937_64& rng, BwdResult* out = nullptr, const std::vector<float>* fixed_dy = nullptr) {
   const std::size_t n = static_cast<std::size_t>(c.rows) * c.cols;
   Inputs in = make_inputs(c.rows, c.cols, rng);
-  Buf x(n, c.misalign), res(n, c.misalign), sum(n, c.misalign), y(n, c.misalign);
-  Buf g(c.cols, false), b(c.cols, false);
-  x.upload(in.x);
-  res.upload(in.res);
-  g.upload(in.gamma);
-  b.upload(in.beta);
-  test::DeviceArray<float> mean(c.rows), rstd(c.rows);
-  kernels::layernorm_residual_forward(nullptr, x.get(), res.get(), sum.get(), y.get(), mean.get(), rstd.get(),
-                                      g.get(), b.get(), c.rows, c.cols);
+  Forward f(c, in, true);
   const auto dy = fixed_dy ? *fixed_dy : test::round_bf16(test::random_normal(n, rng));
   const auto extra = test::round_bf16(test::random_normal(n, rng, 0.f, 0.5f));
   Buf dyb(n, c.misalign), extrab(n, c.misalign), dsum(n, c.misalign);
@@ -169,12 +170,12 @@ void check_backward(kernels::KernelVersion ver, const Case& c, DType pt, bool ac
   void* dgamma = pt == DType::F32 ? static_cast<void*>(dg32.get()) : dg16.get();
   void* dbeta = pt == DType::F32 ? static_cast<void*>(db32.get()) : db16.get();
   test::DeviceArray<uint8_t> scratch(kernels::layernorm_backward_scratch_bytes(c.rows, c.cols));
-  kernels::layernorm_backward(nullptr, dyb.get(), sum.get(), mean.get(), rstd.get(), g.get(),
+  kernels::layernorm_backward(nullptr, dyb.get(), f.sum.get(), f.mean.get(), f.rstd.get(), f.g.get(),
                               with_extra ? extrab.get() : nullptr, d_sum, dgamma, dbeta, pt, accumulate,
-                              scratch.get(), c.rows, c.cols, ver);
+                              scratch.get(), c.rows, c.cols);
   CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
 
-  const auto sum_h = sum.download(n);
+  const auto sum_h = f.sum.download(n);
   auto want = ref::layernorm_backward(dy.data(), sum_h.data(), in.gamma.data(), with_extra ? extra.data() : nullptr,
                                       accumulate ? g0.data() : nullptr, accumulate ? b0.data() : nullptr, c.rows,
                                       c.cols);
@@ -193,13 +194,10 @@ void check_backward(kernels::KernelVersion ver, const Case& c, DType pt, bool ac
   if (out) *out = std::move(r);
 }
 
-const kernels::KernelVersion kVersions[] = {kernels::KernelVersion::V1, kernels::KernelVersion::V2,
-                                            kernels::KernelVersion::V3};
-
-// Shapes where V2's and V3's team layouts (1, 2, 4, 8, 16 warps per row; several rows per team,
-// so the prefetch of the next rows and the team-order combination of the partials run) and their
-// fallbacks (V3: cols > 4096 runs V2; both: cols > 8192, cols % 8 != 0 run V1) are exercised.
-const std::vector<Case>& v2_cases() {
+// Shapes that exercise every team layout of the backward (1, 2, 4, 8, 16 warps per row; several
+// rows per team, so the prefetch of the next rows and the team-order combination of the partials
+// run) and the other paths (cols > 8192: the block-per-row kernel; cols % 8 != 0: scalar).
+const std::vector<Case>& tile_cases() {
   static const std::vector<Case> c = {{2500, 512}, {3000, 1024}, {700, 2048}, {600, 4096}, {1000, 8192},
                                       {333, 1032}, {530, 4104},  {9, 8200},   {41, 200},   {17, 4100}};
   return c;
@@ -210,32 +208,28 @@ const std::vector<Case>& v2_cases() {
 TEST(LayerNormGpu, BackwardMatchesReference) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  for (auto ver : kVersions) {
-    for (const Case& c : cases()) {
-      SCOPED_TRACE(kernels::version_name(ver) + " " + name(c));
-      check_backward(ver, c, DType::F32, false, false, false, rng);
-      check_backward(ver, c, DType::BF16, true, true, false, rng);
-    }
-    for (const Case& c : v2_cases()) {
-      SCOPED_TRACE(kernels::version_name(ver) + " " + name(c));
-      check_backward(ver, c, DType::F32, false, true, false, rng);
-      check_backward(ver, c, DType::F32, true, false, true, rng);
-    }
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(name(c));
+    check_backward(c, DType::F32, false, false, false, rng);
+    check_backward(c, DType::BF16, true, true, false, rng);
+  }
+  for (const Case& c : tile_cases()) {
+    SCOPED_TRACE(name(c));
+    check_backward(c, DType::F32, false, true, false, rng);
+    check_backward(c, DType::F32, true, false, true, rng);
   }
 }
 
 TEST(LayerNormGpu, BackwardVariants) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  for (auto ver : kVersions) {
-    for (const Case& c : {Case{33, 1000}, Case{129, 2048}, Case{7, 64}, Case{11, 1030}, Case{700, 4096}}) {
-      for (DType pt : {DType::F32, DType::BF16}) {
-        for (int v = 0; v < 8; ++v) {
-          const bool acc = v & 1, extra = v & 2, alias = v & 4;
-          SCOPED_TRACE(kernels::version_name(ver) + " " + name(c) + " " + dtype_name(pt) + (acc ? " accumulate" : "") +
-                       (extra ? " d_extra" : "") + (alias ? " d_sum=dy" : ""));
-          check_backward(ver, c, pt, acc, extra, alias, rng);
-        }
+  for (const Case& c : {Case{33, 1000}, Case{129, 2048}, Case{7, 64}, Case{11, 1030}, Case{700, 4096}}) {
+    for (DType pt : {DType::F32, DType::BF16}) {
+      for (int v = 0; v < 8; ++v) {
+        const bool acc = v & 1, extra = v & 2, alias = v & 4;
+        SCOPED_TRACE(name(c) + " " + dtype_name(pt) + (acc ? " accumulate" : "") + (extra ? " d_extra" : "") +
+                     (alias ? " d_sum=dy" : ""));
+        check_backward(c, pt, acc, extra, alias, rng);
       }
     }
   }
@@ -244,21 +238,19 @@ TEST(LayerNormGpu, BackwardVariants) {
 // Same inputs twice: identical bits in d_sum, dgamma and dbeta (deterministic reduction).
 TEST(LayerNormGpu, BackwardIsDeterministic) {
   CUTRAIN_REQUIRE_GPU();
-  for (auto ver : kVersions) {
-    for (const Case& c : {Case{2048, 1024}, Case{2049, 1536}, Case{5, 16384}, Case{333, 1000}, Case{64, 4096, true},
-                          Case{1500, 4096}, Case{3000, 512}}) {
-      for (DType pt : {DType::F32, DType::BF16}) {
-        SCOPED_TRACE(kernels::version_name(ver) + " " + name(c) + " " + dtype_name(pt));
-        // The same seed for both runs gives the same inputs.
-        const auto seed = test::fresh_rng()();
-        std::mt19937_64 r1(seed), r2(seed);
-        BwdResult a, b;
-        check_backward(ver, c, pt, false, true, false, r1, &a);
-        check_backward(ver, c, pt, false, true, false, r2, &b);
-        EXPECT_EQ(a.d_sum_bits, b.d_sum_bits);
-        EXPECT_EQ(float_bits(a.dgamma), float_bits(b.dgamma));
-        EXPECT_EQ(float_bits(a.dbeta), float_bits(b.dbeta));
-      }
+  for (const Case& c : {Case{2048, 1024}, Case{2049, 1536}, Case{5, 16384}, Case{333, 1000}, Case{64, 4096, true},
+                        Case{1500, 4096}, Case{3000, 512}}) {
+    for (DType pt : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(name(c) + " " + dtype_name(pt));
+      // The same seed for both runs gives the same inputs.
+      const auto seed = test::fresh_rng()();
+      std::mt19937_64 r1(seed), r2(seed);
+      BwdResult a, b;
+      check_backward(c, pt, false, true, false, r1, &a);
+      check_backward(c, pt, false, true, false, r2, &b);
+      EXPECT_EQ(a.d_sum_bits, b.d_sum_bits);
+      EXPECT_EQ(float_bits(a.dgamma), float_bits(b.dgamma));
+      EXPECT_EQ(float_bits(a.dbeta), float_bits(b.dbeta));
     }
   }
 }

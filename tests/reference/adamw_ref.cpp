@@ -1,3 +1,4 @@
+// @brief CPU reference of one Adam / AdamW step (see adamw_ref.h).
 #include "tests/reference/adamw_ref.h"
 
 #include <cmath>
@@ -17,7 +18,7 @@ float bf16_store(float f, bool stochastic, unsigned r16) {
 
 void adam_step(kernels::OptimizerLayout layout, const kernels::AdamParams& p, double scale, std::vector<float>& params,
                const std::vector<float>& grads, std::vector<float>& master, std::vector<float>& m,
-               std::vector<float>& v, kernels::AdamVariant variant) {
+               std::vector<float>& v) {
   using kernels::OptimizerLayout;
   const double b1 = p.beta1, b2 = p.beta2;
   const double bc1 = 1.0 - std::pow(b1, p.step), bc2 = 1.0 - std::pow(b2, p.step);
@@ -33,14 +34,8 @@ void adam_step(kernels::OptimizerLayout layout, const kernels::AdamParams& p, do
     w -= p.lr * update;
     std::uint32_t rp = 0, rm = 0, rv = 0;  // 16-bit draws of the parameter, m, v
     if (p.stochastic_rounding) {
-      const auto step = static_cast<std::uint64_t>(p.step);
-      if (variant == kernels::AdamVariant::V1) {
-        const std::uint32_t r0 = kernels::sr_random(p.seed, step, 0, i), r1 = kernels::sr_random(p.seed, step, 1, i);
-        rp = r0 & 0xffffu, rm = r0 >> 16, rv = r1 & 0xffffu;
-      } else {
-        const kernels::SrDrawsV2 d = kernels::sr_draws_v2(p.seed, step, i);
-        rp = d.param, rm = d.m, rv = d.v;
-      }
+      const kernels::SrDraws d = kernels::sr_draws(p.seed, static_cast<std::uint64_t>(p.step), i);
+      rp = d.param, rm = d.m, rv = d.v;
     }
     if (base) master[i] = static_cast<float>(w);
     params[i] = bf16_store(static_cast<float>(w), p.stochastic_rounding, rp);

@@ -12,12 +12,10 @@ namespace cutrain::ref {
 // `m`, `v` fp32 values, or bf16 values for Bf16Full. `scale` is the full gradient factor
 // (grad_scale times any device scale). Updates everything in place, rounding each store the way
 // the kernel does: fp32 stores round the double result to float; bf16 stores round that float to
-// bf16 (nearest-even, or stochastically with the bits of that kernel `variant`: v2 as
-// kernels::sr_draws_v2; v1: stream 0 low half for the parameter, stream 0 high half for m,
-// stream 1 low half for v).
+// bf16 (nearest-even, or stochastically with the kernel's bits, kernels::sr_draws).
 void adam_step(kernels::OptimizerLayout layout, const kernels::AdamParams& p, double scale, std::vector<float>& params,
                const std::vector<float>& grads, std::vector<float>& master, std::vector<float>& m,
-               std::vector<float>& v, kernels::AdamVariant variant = kernels::AdamVariant::Default);
+               std::vector<float>& v);
 
 // The kernel's bf16 store of `f`: nearest-even, or stochastic with the 16 bits `r16`.
 float bf16_store(float f, bool stochastic, unsigned r16);

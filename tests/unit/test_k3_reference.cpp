@@ -136,10 +136,10 @@ TEST(StochasticRound, MeanMatchesValueAndBitsAreReproducible) {
   EXPECT_NE(kernels::sr_random(1, 1, 0, 5), kernels::sr_random(1, 1, 0, (std::uint64_t(1) << 32) + 5));
 }
 
-// The v2 assignment (the AdamW default): every one of its three 16-bit draws (parameter from the
+// The optimizer's assignment (sr_draws): every one of its three 16-bit draws (parameter from the
 // two halves of a pair hash, m and v from the halves of a per-element hash) rounds without bias,
 // the draws are reproducible, change with seed and step, and tell the 2^32 windows apart.
-TEST(StochasticRound, V2DrawsUnbiasedAndReproducible) {
+TEST(StochasticRound, OptimizerDrawsUnbiasedAndReproducible) {
   auto rng = test::fresh_rng();
   auto vals = test::random_normal(8, rng, 0.f, 3.f);
   const int draws = 200000;
@@ -157,7 +157,7 @@ TEST(StochasticRound, V2DrawsUnbiasedAndReproducible) {
         const std::uint64_t idx = base + static_cast<std::uint64_t>(i);
         if (which < 2 && static_cast<int>(idx & 1) != which) continue;
         if (which >= 2 && (i & 1)) continue;
-        const kernels::SrDrawsV2 d = kernels::sr_draws_v2(9, 4, idx);
+        const kernels::SrDraws d = kernels::sr_draws(9, 4, idx);
         const std::uint32_t r16 = which < 2 ? d.param : which == 2 ? d.m : d.v;
         ASSERT_LE(r16, 0xffffu);
         const float r = bf16_bits_to_f32(kernels::sr_round_bits(u, r16));
@@ -171,22 +171,22 @@ TEST(StochasticRound, V2DrawsUnbiasedAndReproducible) {
   }
   int diff_seed = 0, diff_step = 0, diff_mv = 0, diff_pair = 0;
   for (std::uint64_t i = 0; i < 1000; ++i) {
-    const auto a = kernels::sr_draws_v2(11, 5, i), b = kernels::sr_draws_v2(11, 5, i);
+    const auto a = kernels::sr_draws(11, 5, i), b = kernels::sr_draws(11, 5, i);
     EXPECT_TRUE(a.param == b.param && a.m == b.m && a.v == b.v);
-    diff_seed += a.m != kernels::sr_draws_v2(12, 5, i).m;
-    diff_step += a.param != kernels::sr_draws_v2(11, 6, i).param;
+    diff_seed += a.m != kernels::sr_draws(12, 5, i).m;
+    diff_step += a.param != kernels::sr_draws(11, 6, i).param;
     diff_mv += a.m != a.v;
-    diff_pair += kernels::sr_draws_v2(11, 5, 2 * i).param != kernels::sr_draws_v2(11, 5, 2 * i + 1).param;
+    diff_pair += kernels::sr_draws(11, 5, 2 * i).param != kernels::sr_draws(11, 5, 2 * i + 1).param;
   }
   EXPECT_GT(diff_seed, 990);
   EXPECT_GT(diff_step, 990);
   EXPECT_GT(diff_mv, 990);
   EXPECT_GT(diff_pair, 990);
-  EXPECT_NE(kernels::sr_draws_v2(1, 1, 5).m, kernels::sr_draws_v2(1, 1, (std::uint64_t(1) << 32) + 5).m);
-  // The reference's v2 step uses exactly these draws: a parameter rounding with q = 1/2 of an ulp.
+  EXPECT_NE(kernels::sr_draws(1, 1, 5).m, kernels::sr_draws(1, 1, (std::uint64_t(1) << 32) + 5).m);
+  // The reference's step uses exactly these draws: a parameter rounding with q = 1/2 of an ulp.
   const std::uint64_t i = 12345;
   const float w = 1.f + 0.5f * std::ldexp(1.f, -7);  // halfway between bf16 neighbours 1 and 1 + 2^-7
-  const kernels::SrDrawsV2 d = kernels::sr_draws_v2(3, 1, i);
+  const kernels::SrDraws d = kernels::sr_draws(3, 1, i);
   std::uint32_t wu;
   std::memcpy(&wu, &w, 4);
   EXPECT_EQ(ref::bf16_store(w, true, d.param), bf16_bits_to_f32(kernels::sr_round_bits(wu, d.param)));

@@ -1,0 +1,516 @@
+// @brief LayerNorm backward (see layernorm.cuh): d_sum and the deterministic dgamma/dbeta.
+//
+// Three paths, chosen by shape and alignment (layernorm_tiles.cuh):
+// - BwdTeam (vector path, cols <= 8192): a row belongs to a team of TW warps, 2 vectors of 8 per
+//   thread; teams are packed to a 256-thread block, so narrow rows do not mean few warps per SM.
+//   Every team loads row k+U into registers before it reduces and stores row k (two rows in
+//   flight per team, the load latency hidden behind the reduction and the stores); one
+//   team-local named barrier per row (double-buffered slots), never a block barrier in the row
+//   loop; gamma stays packed in registers for the whole kernel.
+// - BlockRow (vector path, wider rows): a row per block of up to 512 threads, 4 vectors each.
+//   (At these widths a 16-warp team would need more registers than a 512-thread block has.)
+// - Scalar (cols % 8 != 0 or misaligned): a parameter-partials kernel, then one block per row.
+// dgamma/dbeta: each block (unit) of the main grid owns a fixed set of rows and writes one fp32
+// partial row per column to scratch ([2][P][cols]: dgamma partials then dbeta partials); a
+// finalize kernel sums the partials in block order. P is a function of (rows, cols) only, so the
+// bits do not depend on the device.
+#include <algorithm>
+
+#include "kernels/layernorm.cuh"
+#include "kernels/layernorm_tiles.cuh"
+
+namespace cutrain::kernels {
+namespace {
+
+using namespace ln;
+
+constexpr int kGridSms = 132;  // H100/H200 SM count: sizes the team grid only (bits are device-independent)
+
+// Partials of the BlockRow and Scalar paths: bounded so the finalize stays small.
+int max_partials(int cols) { return cols <= 4096 ? 512 : 256; }
+int row_partials(int rows, int cols) { return std::min(rows, max_partials(cols)); }
+
+// BwdTeam: warps per team (a power of two), teams per block, blocks in the grid.
+int team_warps(int cols) {
+  const int need = ceil_div(cols / kBf16PerVec, BwdTeam::kVpt * kWarpSize);
+  int tw = 1;
+  while (tw < need) tw *= 2;
+  return tw;
+}
+int teams_per_block(int tw) { return std::min(8, std::max(1, BwdTeam::kBlockWarps / tw)); }
+int team_partials(int rows, int cols) {
+  const int tw = team_warps(cols), rpb = teams_per_block(tw);
+  const int target = kGridSms * BwdTeam::kWarpsPerSm / (tw * rpb);
+  // At least kDepth + 1 rows per team, so the prefetch has something to overlap.
+  return std::max(1, std::min(target, ceil_div(rows, (BwdTeam::kDepth + 1) * rpb)));
+}
+
+// Barrier of team `team` of RPB (TT threads each): bar.sync on barrier 1 + team (0 is
+// __syncthreads). Immediate ids, so ptxas reserves RPB + 1 barriers, not all 16 (on Hopper 64
+// barriers per SM are shared by its blocks: 16 per block would cap residency at 4 blocks).
+template <int RPB, int TT>
+__device__ __forceinline__ void team_barrier(int team) {
+  static_assert(RPB <= 8, "team_barrier: at most 8 teams per block");
+  if constexpr (RPB == 1) {
+    __syncthreads();
+  } else {
+    switch (team) {
+      case 0: asm volatile("bar.sync 1, %0;" ::"n"(TT) : "memory"); break;
+      case 1: asm volatile("bar.sync 2, %0;" ::"n"(TT) : "memory"); break;
+      case 2: asm volatile("bar.sync 3, %0;" ::"n"(TT) : "memory"); break;
+      case 3: asm volatile("bar.sync 4, %0;" ::"n"(TT) : "memory"); break;
+      case 4: asm volatile("bar.sync 5, %0;" ::"n"(TT) : "memory"); break;
+      case 5: asm volatile("bar.sync 6, %0;" ::"n"(TT) : "memory"); break;
+      case 6: asm volatile("bar.sync 7, %0;" ::"n"(TT) : "memory"); break;
+      default: asm volatile("bar.sync 8, %0;" ::"n"(TT) : "memory"); break;
+    }
+  }
+}
+
+__device__ __forceinline__ void unpack8(const uint4& raw, float f[8]) {
+  load_bf16x8(reinterpret_cast<const bf16*>(&raw), f);  // register-to-register: no memory access
+}
+
+// Tile::kVpt vectors per thread, Tile::kDepth rows prefetched ahead; TW warps per team, RPB teams
+// per block, MINB blocks per SM for the register budget.
+template <class Tile, int TW, int RPB, int MINB>
+__global__ void __launch_bounds__(TW * RPB * kWarpSize, MINB)
+    ln_bwd_team(const bf16* dy, const bf16* __restrict__ sum, const float* __restrict__ mean,
+                const float* __restrict__ rstd, const bf16* __restrict__ gamma, const bf16* __restrict__ d_extra,
+                bf16* d_sum, float* __restrict__ partial, int rows, int cols) {
+  // dy and d_sum may alias: a thread reads each element (of this row or the next) before it
+  // writes the same element, so neither is __restrict__.
+  constexpr int kVpt = Tile::kVpt, DEPTH = Tile::kDepth;
+  constexpr int TT = TW * kWarpSize;
+  // Team sums: [team][parity][warp][s1, s2]. Two parities, so the slot written for row k+1
+  // cannot be one a slower thread of the team is still reading for row k (one barrier per row).
+  __shared__ float red[RPB * 2 * TW * 2];
+  constexpr int kCombine = RPB > 1 ? TW * kVpt * kWarpSize * kBf16PerVec : 1;  // widest row for this TW
+  __shared__ float sg[kCombine], sb[kCombine];
+
+  const int team = threadIdx.x / TT, t = threadIdx.x % TT;
+  const int warp = t / kWarpSize, lane = t % kWarpSize;
+  const int nvec = cols / kBf16PerVec;
+  const int U = gridDim.x * RPB;  // teams in the grid; team u owns rows u, u + U, ...
+
+  bool on[kVpt];
+  int off[kVpt];  // column of the vector within a row (32-bit: fewer registers)
+  uint4 graw[kVpt];
+#pragma unroll
+  for (int i = 0; i < kVpt; ++i) {
+    const int vi = t + i * TT;
+    on[i] = vi < nvec;
+    off[i] = vi * kBf16PerVec;
+    graw[i] = on[i] ? load16<Load::ReadOnly>(gamma + off[i]) : make_uint4(0, 0, 0, 0);
+  }
+  float acc_g[kVpt][8], acc_b[kVpt][8];
+#pragma unroll
+  for (int i = 0; i < kVpt; ++i)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc_g[i][k] = acc_b[i][k] = 0.f;
+
+  // Rows in flight: slot d holds row + d*U (loaded DEPTH rows ahead of its use).
+  uint4 qdy[DEPTH][kVpt], qx[DEPTH][kVpt];
+  float qm[DEPTH], qr[DEPTH];
+#pragma unroll
+  for (int d = 0; d < DEPTH; ++d) {
+    qm[d] = qr[d] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) qdy[d][i] = qx[d][i] = make_uint4(0, 0, 0, 0);
+  }
+  auto fetch = [&](int d, int r) {
+    const std::size_t base = static_cast<std::size_t>(r) * cols;
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) {
+      if (on[i]) {
+        qdy[d][i] = load16(dy + base + off[i]);
+        qx[d][i] = load16<Load::Streaming>(sum + base + off[i]);
+      }
+    }
+    qm[d] = mean[r];
+    qr[d] = rstd[r];
+  };
+
+  int row = blockIdx.x * RPB + team;
+#pragma unroll
+  for (int d = 0; d < DEPTH; ++d)
+    if (row + d * U < rows) fetch(d, row + d * U);
+  int parity = 0;
+  for (; row < rows; row += U) {
+    uint4 dyc[kVpt], xc[kVpt], er[kVpt];
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) {
+      dyc[i] = qdy[0][i];
+      xc[i] = qx[0][i];
+    }
+    const float m = qm[0], r = qr[0];
+#pragma unroll
+    for (int d = 0; d + 1 < DEPTH; ++d) {
+      qm[d] = qm[d + 1];
+      qr[d] = qr[d + 1];
+#pragma unroll
+      for (int i = 0; i < kVpt; ++i) {
+        qdy[d][i] = qdy[d + 1][i];
+        qx[d][i] = qx[d + 1][i];
+      }
+    }
+    const std::size_t base = static_cast<std::size_t>(row) * cols;
+    if (row + DEPTH * U < rows) fetch(DEPTH - 1, row + DEPTH * U);  // team-uniform
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i)
+      er[i] = (d_extra && on[i]) ? load16<Load::Streaming>(d_extra + base + off[i]) : make_uint4(0, 0, 0, 0);
+
+    float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) {
+      if (on[i]) {
+        float g[8], d[8], xv[8];
+        unpack8(graw[i], g);
+        unpack8(dyc[i], d);
+        unpack8(xc[i], xv);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float xh = (xv[k] - m) * r;
+          const float dxh = d[k] * g[k];
+          s1 += dxh;
+          s2 += dxh * xh;
+          acc_g[i][k] += d[k] * xh;
+          acc_b[i][k] += d[k];
+        }
+      }
+    }
+    s1 = warp_sum(s1);
+    s2 = warp_sum(s2);
+    if constexpr (TW > 1) {
+      float* slot = red + (team * 2 + parity) * TW * 2;
+      if (lane == 0) {
+        slot[2 * warp] = s1;
+        slot[2 * warp + 1] = s2;
+      }
+      team_barrier<RPB, TT>(team);
+      s1 = s2 = 0.f;
+#pragma unroll
+      for (int w = 0; w < TW; ++w) {  // warp order: the same bits in every thread
+        s1 += slot[2 * w];
+        s2 += slot[2 * w + 1];
+      }
+      parity ^= 1;
+    }
+    const float a = s1 / cols, b = s2 / cols;
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) {
+      if (on[i]) {
+        float g[8], d[8], xv[8], e[8], o[8];
+        unpack8(graw[i], g);
+        unpack8(dyc[i], d);
+        unpack8(xc[i], xv);
+        unpack8(er[i], e);  // zeros without d_extra
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float xh = (xv[k] - m) * r;
+          o[k] = r * (d[k] * g[k] - a - xh * b);
+          if (d_extra) o[k] += e[k];
+        }
+        store_bf16x8(d_sum + base + off[i], o);
+      }
+    }
+  }
+
+  float* pg = partial;
+  float* pb = partial + static_cast<std::size_t>(gridDim.x) * cols;
+  const std::size_t prow = static_cast<std::size_t>(blockIdx.x) * cols;
+  if constexpr (RPB == 1) {
+#pragma unroll
+    for (int i = 0; i < kVpt; ++i) {
+      if (on[i]) {
+        store_f32x4(pg + prow + off[i], acc_g[i]);
+        store_f32x4(pg + prow + off[i] + 4, acc_g[i] + 4);
+        store_f32x4(pb + prow + off[i], acc_b[i]);
+        store_f32x4(pb + prow + off[i] + 4, acc_b[i] + 4);
+      }
+    }
+  } else {
+    // Teams in order 0..RPB-1 (fixed), then one coalesced partial row per block.
+    for (int w = 0; w < RPB; ++w) {
+      if (team == w) {
+#pragma unroll
+        for (int i = 0; i < kVpt; ++i) {
+          if (on[i]) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+              const int c = off[i] + k;
+              sg[c] = w == 0 ? acc_g[i][k] : sg[c] + acc_g[i][k];
+              sb[c] = w == 0 ? acc_b[i][k] : sb[c] + acc_b[i][k];
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+    for (int c = threadIdx.x * 4; c < cols; c += blockDim.x * 4) {
+      store_f32x4(pg + prow + c, sg + c);
+      store_f32x4(pb + prow + c, sb + c);
+    }
+  }
+}
+
+// BlockRow: unit (block) u handles rows u, u + U, ... and accumulates dgamma/dbeta for its
+// columns in registers; one partial row per block.
+template <class Tile>
+__global__ void __launch_bounds__(Tile::kMaxThreads, 1)
+    ln_bwd_block_row(const bf16* dy, const bf16* __restrict__ sum, const float* __restrict__ mean,
+                     const float* __restrict__ rstd, const bf16* __restrict__ gamma, const bf16* __restrict__ d_extra,
+                     bf16* d_sum, float* __restrict__ partial, int rows, int cols) {
+  // dy and d_sum may alias (each element is read before the same thread writes it): no __restrict__.
+  constexpr int VPT = Tile::kVpt;
+  __shared__ float red[2 * 32];
+  const int team = blockDim.x;
+  const int t = threadIdx.x;
+  const int unit = blockIdx.x;
+  const int units = gridDim.x;
+  const int nvec = cols / kBf16PerVec;
+
+  float acc_g[VPT][8], acc_b[VPT][8];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc_g[i][k] = acc_b[i][k] = 0.f;
+
+  for (int row = unit; row < rows; row += units) {
+    const std::size_t base = static_cast<std::size_t>(row) * cols;
+    const bf16* dy_row = dy + base;
+    const bf16* sum_row = sum + base;
+    const float m = mean[row], r = rstd[row];
+    uint4 dy_raw[VPT], x_raw[VPT];  // kept packed: half the registers of fp32
+    float s1 = 0.f, s2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int vi = t + i * team;
+      if (vi < nvec) {
+        const int off = vi * kBf16PerVec;  // within the row: 32-bit math keeps registers free
+        dy_raw[i] = load16(dy_row + off);
+        x_raw[i] = load16<Load::Streaming>(sum_row + off);
+        float g[8], d[8], xv[8];
+        load_bf16x8<Load::ReadOnly>(gamma + vi * kBf16PerVec, g);
+        load_bf16x8(reinterpret_cast<const bf16*>(&dy_raw[i]), d);
+        load_bf16x8(reinterpret_cast<const bf16*>(&x_raw[i]), xv);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float xh = (xv[k] - m) * r;
+          const float dxh = d[k] * g[k];
+          s1 += dxh;
+          s2 += dxh * xh;
+          acc_g[i][k] += d[k] * xh;
+          acc_b[i][k] += d[k];
+        }
+      }
+    }
+    const float2 tot = block_sum2(make_float2(s1, s2), red);
+    const float mean_dxh = tot.x / cols, mean_dxh_xh = tot.y / cols;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      const int vi = t + i * team;
+      if (vi < nvec) {
+        const int off = vi * kBf16PerVec;
+        float g[8], d[8], xv[8], e[8], o[8];
+        load_bf16x8<Load::ReadOnly>(gamma + vi * kBf16PerVec, g);
+        load_bf16x8(reinterpret_cast<const bf16*>(&dy_raw[i]), d);
+        load_bf16x8(reinterpret_cast<const bf16*>(&x_raw[i]), xv);
+        if (d_extra) load_bf16x8<Load::Streaming>(d_extra + base + off, e);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float xh = (xv[k] - m) * r;
+          o[k] = r * (d[k] * g[k] - mean_dxh - xh * mean_dxh_xh);
+          if (d_extra) o[k] += e[k];
+        }
+        store_bf16x8(d_sum + base + off, o);
+      }
+    }
+  }
+
+  float* pg = partial;
+  float* pb = partial + static_cast<std::size_t>(gridDim.x) * cols;
+  const std::size_t prow = static_cast<std::size_t>(blockIdx.x) * cols;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int vi = t + i * team;
+    if (vi < nvec) {
+      const std::size_t off = prow + static_cast<std::size_t>(vi) * kBf16PerVec;
+      store_f32x4(pg + off, acc_g[i]);
+      store_f32x4(pg + off + 4, acc_g[i] + 4);
+      store_f32x4(pb + off, acc_b[i]);
+      store_f32x4(pb + off + 4, acc_b[i] + 4);
+    }
+  }
+}
+
+// Backward, scalar path, parameter gradients: partial p sums rows [p*chunk, (p+1)*chunk) for 32
+// columns; block (32, 8): ty strides the rows, then the 8 lanes are combined in ty order.
+// Runs BEFORE ln_bwd_scalar_rows because d_sum may overwrite dy.
+__global__ void __launch_bounds__(kWarpSize * Scalar::kPartialRows)
+    ln_bwd_scalar_params(const bf16* __restrict__ dy, const bf16* __restrict__ sum, const float* __restrict__ mean,
+                         const float* __restrict__ rstd, float* __restrict__ partial, int rows, int cols) {
+  __shared__ float sg[Scalar::kPartialRows][kWarpSize], sb[Scalar::kPartialRows][kWarpSize];
+  const int c = blockIdx.x * kWarpSize + threadIdx.x;
+  const int p = blockIdx.y, P = gridDim.y;
+  const int chunk = ceil_div(rows, P);
+  const int r0 = p * chunk, r1 = min(rows, r0 + chunk);
+  float g = 0.f, b = 0.f;
+  if (c < cols) {
+    for (int row = r0 + threadIdx.y; row < r1; row += Scalar::kPartialRows) {
+      const std::size_t i = static_cast<std::size_t>(row) * cols + c;
+      const float d = __bfloat162float(dy[i]);
+      g += d * (__bfloat162float(sum[i]) - mean[row]) * rstd[row];
+      b += d;
+    }
+  }
+  sg[threadIdx.y][threadIdx.x] = g;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    for (int k = 1; k < Scalar::kPartialRows; ++k) {
+      g += sg[k][threadIdx.x];
+      b += sb[k][threadIdx.x];
+    }
+    partial[static_cast<std::size_t>(p) * cols + c] = g;
+    partial[static_cast<std::size_t>(P + p) * cols + c] = b;
+  }
+}
+
+// Backward, scalar path, input gradient: one block per row, two passes.
+__global__ void __launch_bounds__(Scalar::kThreads)
+    ln_bwd_scalar_rows(const bf16* dy, const bf16* __restrict__ sum, const float* __restrict__ mean,
+                       const float* __restrict__ rstd, const bf16* __restrict__ gamma,
+                       const bf16* __restrict__ d_extra, bf16* d_sum, int rows, int cols) {
+  __shared__ float red[2 * 32];
+  const int row = blockIdx.x;
+  const std::size_t base = static_cast<std::size_t>(row) * cols;
+  const float m = mean[row], r = rstd[row];
+  float s1 = 0.f, s2 = 0.f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float dxh = __bfloat162float(dy[base + c]) * __bfloat162float(gamma[c]);
+    s1 += dxh;
+    s2 += dxh * (__bfloat162float(sum[base + c]) - m) * r;
+  }
+  const float2 tot = block_sum2(make_float2(s1, s2), red);
+  const float a = tot.x / cols, b = tot.y / cols;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float xh = (__bfloat162float(sum[base + c]) - m) * r;
+    float o = r * (__bfloat162float(dy[base + c]) * __bfloat162float(gamma[c]) - a - xh * b);
+    if (d_extra) o += __bfloat162float(d_extra[base + c]);
+    d_sum[base + c] = __float2bfloat16_rn(o);
+  }
+}
+
+// Finalize: dgamma[c] (+)= Σ_p partial_g[p][c] in p order, likewise dbeta. Block (32, kFinalLanes):
+// lane ty sums partials ty, ty + kFinalLanes, ...; the lane sums are then combined in ty order.
+template <int kFinalLanes, typename TParam>
+__global__ void __launch_bounds__(kWarpSize * kFinalLanes)
+    ln_param_finalize(const float* __restrict__ partial, int P, int cols, TParam* __restrict__ dgamma,
+                      TParam* __restrict__ dbeta, bool accumulate) {
+  __shared__ float sg[kFinalLanes][kWarpSize], sb[kFinalLanes][kWarpSize];
+  const int c = blockIdx.x * kWarpSize + threadIdx.x;
+  float g = 0.f, b = 0.f;
+  if (c < cols) {
+#pragma unroll 4
+    for (int p = threadIdx.y; p < P; p += kFinalLanes) {
+      g += partial[static_cast<std::size_t>(p) * cols + c];
+      b += partial[static_cast<std::size_t>(P + p) * cols + c];
+    }
+  }
+  sg[threadIdx.y][threadIdx.x] = g;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    for (int k = 1; k < kFinalLanes; ++k) {
+      g += sg[k][threadIdx.x];
+      b += sb[k][threadIdx.x];
+    }
+    if (accumulate) {
+      g += to_f32(dgamma[c]);
+      b += to_f32(dbeta[c]);
+    }
+    dgamma[c] = from_f32<TParam>(g);
+    dbeta[c] = from_f32<TParam>(b);
+  }
+}
+
+template <class Tile, typename TParam>
+void launch_finalize(cudaStream_t s, const float* partial, int P, int cols, void* dgamma, void* dbeta,
+                     bool accumulate) {
+  ln_param_finalize<Tile::kFinalLanes, TParam><<<dim3(ceil_div(cols, kWarpSize)), dim3(kWarpSize, Tile::kFinalLanes),
+                                                 0, s>>>(partial, P, cols, static_cast<TParam*>(dgamma),
+                                                         static_cast<TParam*>(dbeta), accumulate);
+  CUTRAIN_LAUNCH_CHECK("ln_param_finalize");
+}
+template <class Tile>
+void launch_finalize(cudaStream_t s, DType type, const float* partial, int P, int cols, void* dgamma, void* dbeta,
+                     bool accumulate) {
+  if (type == DType::F32) launch_finalize<Tile, float>(s, partial, P, cols, dgamma, dbeta, accumulate);
+  else launch_finalize<Tile, bf16>(s, partial, P, cols, dgamma, dbeta, accumulate);
+}
+
+template <int TW>
+void launch_team(cudaStream_t s, int blocks, const bf16* dy, const bf16* sum, const float* mean, const float* rstd,
+                 const bf16* gamma, const bf16* d_extra, bf16* d_sum, float* partial, int rows, int cols) {
+  using T = BwdTeam;
+  constexpr int RPB = TW >= T::kBlockWarps ? 1 : (T::kBlockWarps / TW > 8 ? 8 : T::kBlockWarps / TW);
+  constexpr int kThreadsPerBlock = TW * RPB * kWarpSize;
+  // Two blocks per SM (<= 128 registers) at 256 threads; 512-thread teams (TW = 16) keep 128
+  // registers and one block per SM.
+  constexpr int MINB = kThreadsPerBlock <= 256 ? 2 : 1;
+  ln_bwd_team<T, TW, RPB, MINB><<<blocks, kThreadsPerBlock, 0, s>>>(dy, sum, mean, rstd, gamma, d_extra, d_sum,
+                                                                    partial, rows, cols);
+  CUTRAIN_LAUNCH_CHECK("ln_bwd_team");
+}
+
+}  // namespace
+
+std::size_t layernorm_backward_scratch_bytes(int rows, int cols) {
+  check_shape("layernorm_backward_scratch_bytes", rows, cols);
+  // The vector path's partials, or the scalar path's (pointer alignment is not known here).
+  const int vec = use_bwd_team(cols) ? team_partials(rows, cols) : row_partials(rows, cols);
+  const int P = std::max(vec, row_partials(rows, cols));
+  return 2 * static_cast<std::size_t>(P) * cols * sizeof(float);
+}
+
+void layernorm_backward(cudaStream_t s, const bf16* dy, const bf16* sum, const float* mean, const float* rstd,
+                        const bf16* gamma, const bf16* d_extra, bf16* d_sum, void* dgamma, void* dbeta,
+                        DType param_grad_type, bool accumulate, void* scratch, int rows, int cols) {
+  check_shape("layernorm_backward", rows, cols);
+  CUTRAIN_CHECK(dy && sum && mean && rstd && gamma && d_sum && dgamma && dbeta && scratch,
+                "layernorm_backward: dy, sum, mean, rstd, gamma, d_sum, dgamma, dbeta and scratch must be non-null");
+  CUTRAIN_CHECK(param_grad_type == DType::BF16 || param_grad_type == DType::F32,
+                "layernorm_backward: dgamma/dbeta must be bfloat16 or float32, got ", dtype_name(param_grad_type));
+  CUTRAIN_CHECK(is_aligned16(scratch), "layernorm_backward: scratch must be 16-byte aligned");
+  float* partial = static_cast<float*>(scratch);
+  const bool vec = cols % kBf16PerVec == 0 && all_aligned({dy, sum, gamma, d_extra, d_sum});
+  if (vec && use_bwd_team(cols)) {
+    const int P = team_partials(rows, cols);
+    switch (team_warps(cols)) {
+      case 1: launch_team<1>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
+      case 2: launch_team<2>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
+      case 4: launch_team<4>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
+      case 8: launch_team<8>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
+      default: launch_team<16>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
+    }
+    launch_finalize<BwdTeam>(s, param_grad_type, partial, P, cols, dgamma, dbeta, accumulate);
+    return;
+  }
+  const int P = row_partials(rows, cols);
+  if (vec) {
+    ln_bwd_block_row<BlockRow><<<P, block_row_threads(cols), 0, s>>>(dy, sum, mean, rstd, gamma, d_extra, d_sum,
+                                                                    partial, rows, cols);
+    CUTRAIN_LAUNCH_CHECK("ln_bwd_block_row");
+    launch_finalize<BlockRow>(s, param_grad_type, partial, P, cols, dgamma, dbeta, accumulate);
+  } else {
+    ln_bwd_scalar_params<<<dim3(ceil_div(cols, kWarpSize), P), dim3(kWarpSize, Scalar::kPartialRows), 0, s>>>(
+        dy, sum, mean, rstd, partial, rows, cols);
+    CUTRAIN_LAUNCH_CHECK("ln_bwd_scalar_params");
+    ln_bwd_scalar_rows<<<rows, Scalar::kThreads, 0, s>>>(dy, sum, mean, rstd, gamma, d_extra, d_sum, rows, cols);
+    CUTRAIN_LAUNCH_CHECK("ln_bwd_scalar_rows");
+    launch_finalize<Scalar>(s, param_grad_type, partial, P, cols, dgamma, dbeta, accumulate);
+  }
+}
+
+}  // namespace cutrain::kernels
