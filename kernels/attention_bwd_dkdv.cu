@@ -46,14 +46,12 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
 
   const int n0 = blockIdx.x * KB, head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
-  const std::size_t tok = 3ull * H * D, otok = static_cast<std::size_t>(H) * D;
-  const std::size_t qoff = static_cast<std::size_t>(b) * S * tok + static_cast<std::size_t>(head) * D;
-  const bf16* gq = qkv + qoff;
-  const bf16* gk = gq + otok;
-  const bf16* gv = gk + otok;
+  const QkvSlices<D> g(qkv, b, head, S, H);
+  const std::size_t tok = g.tok, otok = g.otok, qoff = g.qoff;
+  const bf16 *gq = g.q, *gk = g.k, *gv = g.v;
   const bf16* gdo = dout + static_cast<std::size_t>(b) * S * otok + static_cast<std::size_t>(head) * D;
-  const float* glse = lse + (static_cast<std::size_t>(b) * H + head) * S;
-  const float* gdv = dvec + (static_cast<std::size_t>(b) * H + head) * S;
+  const float* glse = head_vector(lse, b, head, S, H);
+  const float* gdv = head_vector(dvec, b, head, S, H);
 
   const int q_first = CAUSAL ? n0 / QT : 0;  // causal: queries before the first key see none of it
   const int q_tiles = (S + QT - 1) / QT;

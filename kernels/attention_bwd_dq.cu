@@ -67,14 +67,12 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
   const int m0 = qblock * kBM, head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
   const int w0 = m0 + warp * kMT * 16;  // the warp's first query row
-  const std::size_t tok = 3ull * H * D, otok = static_cast<std::size_t>(H) * D;
-  const std::size_t qoff = static_cast<std::size_t>(b) * S * tok + static_cast<std::size_t>(head) * D;
-  const bf16* gq = qkv + qoff;
-  const bf16* gk = gq + otok;
-  const bf16* gv = gk + otok;
+  const QkvSlices<D> g(qkv, b, head, S, H);
+  const std::size_t tok = g.tok, otok = g.otok, qoff = g.qoff;
+  const bf16 *gq = g.q, *gk = g.k, *gv = g.v;
   const bf16* gdo = dout + static_cast<std::size_t>(b) * S * otok + static_cast<std::size_t>(head) * D;
-  const float* glse = lse + (static_cast<std::size_t>(b) * H + head) * S;
-  const float* gdv = dvec + (static_cast<std::size_t>(b) * H + head) * S;
+  const float* glse = head_vector(lse, b, head, S, H);
+  const float* gdv = head_vector(dvec, b, head, S, H);
 
   int n_tiles = (S + kBN - 1) / kBN;
   if (CAUSAL) n_tiles = min(n_tiles, (m0 + kBM - 1) / kBN + 1);
@@ -121,16 +119,7 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
 
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = j * kBN;
-    if (j + 1 < n_tiles) {
-      const int nb = (j + 1) & 1;
-      load_rows<D, kBN, kT>(sK + nb * kBN * ld<D>(), gk, n0 + kBN, S, tok);
-      load_rows<D, kBN, kT>(sV + nb * kBN * ld<D>(), gv, n0 + kBN, S, tok);
-      mma::cp_async_commit();
-      mma::cp_async_wait<1>();
-    } else {
-      mma::cp_async_wait<0>();
-    }
-    __syncthreads();
+    kv_stream_step<D, kBN, kT>(sK, sV, gk, gv, j, n_tiles, S, tok);
     const bf16* k_tile = sK + (j & 1) * kBN * ld<D>();
     const bf16* v_tile = sV + (j & 1) * kBN * ld<D>();
 

@@ -1,5 +1,5 @@
 // @brief Internal to the attention family: the online softmax (running max, rescale, row sums),
-// the exp2 of scaled scores, and the causal / sequence-end masks, on mma C fragments.
+// the exp2 of scaled scores, and the causal / sequence-end mask, on mma C fragments.
 // C fragment layout (kernels/common/mma_sm80.cuh): lane = 4*gi + t; element e of n-tile n is at
 // row gi + 8*(e >> 1), column 8*n + 2*t + (e & 1). A row of a 16-row m-tile lives in the 4 lanes
 // of a quad; h = e >> 1 picks the thread's row gi or gi + 8.
@@ -29,23 +29,11 @@ __device__ __forceinline__ float scaled_exp2(float s, float scale_log2, float m)
   return exp2f(fmaf(s, scale_log2, -m));
 }
 
-// Which score entries do not exist: keys at or past the sequence end, and (causal) keys after
-// their query. "Key tile" forms: rows are queries and the streamed columns keys (forward, dQ);
-// "query tile" forms: rows are keys and the streamed columns queries (dK/dV).
+// The score entries that do not exist: keys at or past the sequence end, and (causal) keys after
+// their query (rows are queries, columns keys).
 template <bool CAUSAL>
 struct Mask {
   int seq;
-  // Whether the key tile [n0, n0 + bn) can hold a dead entry for some row from row0 on.
-  __device__ __forceinline__ bool key_tile_partial(int row0, int n0, int bn) const {
-    return n0 + bn > seq || (CAUSAL && n0 + bn - 1 > row0);
-  }
-  __device__ __forceinline__ bool key_dead(int row, int col) const { return col >= seq || (CAUSAL && col > row); }
-  // Whether the query tile [m0, m0 + bm) can hold a dead entry for a key up to key_last.
-  __device__ __forceinline__ bool query_tile_partial(int key_last, int m0, int bm) const {
-    return m0 + bm > seq || (CAUSAL && m0 < key_last);
-  }
-  __device__ __forceinline__ bool query_dead(int key, int q) const { return q >= seq || (CAUSAL && q < key); }
-
   // Forward: dead scores of a warp's MT m-tiles (rows row0 + 16i.., keys n0..) become -inf.
   template <int MT, int NT>
   __device__ __forceinline__ void apply(float (&s)[MT][NT][4], int row0, int n0) const {
