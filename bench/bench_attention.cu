@@ -2,9 +2,7 @@
 // FlashAttention's own backward; bwd_det: the deterministic mode) and forward+backward (fast), full
 // and causal, on the BF16 example's shape and the shapes the PyTorch peer
 // (bench/peers/attention_peer.py) times under the same names.
-// Names: "attention/<fwd|bwd|bwd_det|fwdbwd>[_causal]/B4H16S512D64" for the default kernel variant,
-// the same with "@<variant>" for each other one (kernels::attention_variant_names()), so one run
-// compares them all. TFLOP/s from 4·B·H·S²·D forward, 2.5x that backward, halved causal;
+// Names: "attention/<fwd|bwd|bwd_det|fwdbwd>[_causal]/B4H16S512D64". TFLOP/s from 4·B·H·S²·D forward, 2.5x that backward, halved causal;
 // bytes = what each pass must read and write once.
 #include <benchmark/benchmark.h>
 
@@ -37,9 +35,8 @@ std::string shape_name(const AttentionShape& s) {
 
 enum class Pass { Fwd, Bwd, BwdDet, FwdBwd };
 
-void bench_attention(benchmark::State& state, AttentionShape sh, Pass pass, const std::string& variant) {
+void bench_attention(benchmark::State& state, AttentionShape sh, Pass pass) {
   if (!bench::require_gpu(state)) return;
-  kernels::attention_set_variant(variant);
   const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
   const std::size_t n_l = std::size_t(sh.batch) * sh.heads * sh.seq;
   auto qkv = random_bf16(n_qkv, 1), dout = random_bf16(n_o, 2);
@@ -73,25 +70,22 @@ void bench_attention(benchmark::State& state, AttentionShape sh, Pass pass, cons
 void reg(const std::string& name, std::function<void(benchmark::State&)> fn) {
   benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); })
       ->UseManualTime()
-      ->Iterations(100)  // a median of 100 flushed samples: 160 benchmarks (every variant) stay a few minutes
+      ->Iterations(100)  // a median of 100 flushed samples
       ->Unit(benchmark::kMicrosecond);
 }
 
 void register_all() {
   const std::vector<AttentionShape> shapes = {
       {4, 512, 16, 64, false}, {4, 2048, 16, 64, false}, {2, 8192, 16, 64, false}, {4, 2048, 16, 128, false}};
-  const std::vector<std::string> variants = kernels::attention_variant_names();
-  for (const std::string& v : variants)
-    for (AttentionShape s : shapes)
-      for (bool causal : {false, true}) {
-        s.causal = causal;
-        const std::string suffix =
-            std::string(causal ? "_causal/" : "/") + shape_name(s) + (v == variants[0] ? "" : "@" + v);
-        reg("attention/fwd" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::Fwd, v); });
-        reg("attention/bwd" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::Bwd, v); });
-        reg("attention/bwd_det" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::BwdDet, v); });
-        reg("attention/fwdbwd" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::FwdBwd, v); });
-      }
+  for (AttentionShape s : shapes)
+    for (bool causal : {false, true}) {
+      s.causal = causal;
+      const std::string suffix = std::string(causal ? "_causal/" : "/") + shape_name(s);
+      reg("attention/fwd" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::Fwd); });
+      reg("attention/bwd" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::Bwd); });
+      reg("attention/bwd_det" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::BwdDet); });
+      reg("attention/fwdbwd" + suffix, [=](benchmark::State& st) { bench_attention(st, s, Pass::FwdBwd); });
+    }
 }
 
 }  // namespace

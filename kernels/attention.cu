@@ -1,4 +1,4 @@
-// Attention family: shape validation and the FLOP counts the benchmarks report.
+// @brief Attention family: shape validation and the FLOP counts the benchmarks report.
 #include "kernels/attention.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/error.h"

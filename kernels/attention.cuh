@@ -5,8 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <string>
-#include <vector>
 
 #include "runtime/dtype.h"
 
@@ -30,21 +28,6 @@ void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, c
 std::size_t attention_backward_scratch_bytes(const AttentionShape& shape, bool deterministic);
 void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
                         bf16* dqkv, void* scratch, const AttentionShape& shape, bool deterministic);
-
-// Kernel variants (tile shapes), selectable at run time so one benchmark run can compare them.
-// attention_variant_names()[0] is the default. The choice is process-wide and applies to the next
-// launch; if attention_set_variant was never called, the environment variable CUTRAIN_ATTN_VARIANT
-// (read once, at the first attention call) picks it. Unknown names throw, naming the known ones.
-//   v1          fwd: CTA 64 queries, 4 warps x 16 rows, 64-key tiles.   bwd: dK/dV CTA 64 keys (4 warps).
-//   v2_m128     fwd: CTA 128 queries, 4 warps x 32 rows, 64-key tiles (D128: 32), Q re-read from shared
-//               memory.  bwd: dK/dV CTA 128 keys (8 warps); deterministic dQ CTA 128 queries, 4 x 32 rows.
-//   v2_m128n32  fwd: CTA 128 queries, 4 warps x 32 rows, 32-key tiles, Q in registers (D64).  bwd: as v1.
-//   v2_m128w8   fwd: CTA 128 queries, 8 warps x 16 rows, 64-key tiles.  bwd: as v2_m128.
-//   v2_m128k32  fwd: as v2_m128.  bwd: as v2_m128 but the fast mode's D64 dK/dV: 4 warps x 32 keys.
-// (The default is one constant, kDefault in kernels/attention_variant.cu.)
-std::vector<std::string> attention_variant_names();
-void attention_set_variant(const std::string& name);  // "" = the default
-std::string attention_variant();
 
 // Training FLOPs as the benchmarks count them: 4·B·H·S²·D forward, 2.5× that backward, halved causal.
 double attention_forward_flops(const AttentionShape& shape);

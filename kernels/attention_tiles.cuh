@@ -1,5 +1,5 @@
-// @brief Internal to the attention family: tile constants, the cp.async tile loader and the two
-// warp-level tensor-core products every attention kernel is built from.
+// @brief Internal to the attention family: the cp.async tile loaders, the warp-level tensor-core
+// products every attention kernel is built from, the per-(batch, head) slices and the launchers.
 //   warp_abt: acc[16 x 8*NT] = A[16 x D] * B[8*NT x D]^T   (A, B row-major in shared memory)
 //   warp_pb:  acc[16 x D]   += P[16 x K] * B[K x D]        (P already in A-fragment registers)
 // Shared-memory rows are padded to D+8 bf16 (a 16-byte skew per row), so the 8 row addresses of
@@ -12,21 +12,49 @@
 #include <cstdint>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_tile_size.h"
 #include "kernels/common/mma_sm80.cuh"
 
 namespace cutrain::kernels::attn {
 
-constexpr int kThreads = 128;  // 4 warps; each warp owns 16 rows of the block's 64
-constexpr int kBlock = 64;     // query rows per CTA (forward, dQ) and key rows per CTA (dK/dV)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 template <int D>
 constexpr int ld() { return D + 8; }  // shared-memory row stride, elements
 
+// Zeroes a fragment array of any shape.
+__device__ __forceinline__ void zero(float& x) { x = 0.f; }
+template <typename T, int N>
+__device__ __forceinline__ void zero(T (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) zero(a[i]);
+}
+
+// One (batch, head)'s slices of qkv [B, S, 3, H, D]: rows `tok` elements apart; `otok` = H*D, the
+// row stride of [B, S, H, D] tensors (out, dout) and the distance from q to k to v.
+template <int D>
+struct QkvSlices {
+  std::size_t tok, otok, qoff;
+  const bf16 *q, *k, *v;
+  __device__ __forceinline__ QkvSlices(const bf16* qkv, int b, int head, int S, int H)
+      : tok(3ull * H * D),
+        otok(static_cast<std::size_t>(H) * D),
+        qoff(static_cast<std::size_t>(b) * S * tok + static_cast<std::size_t>(head) * D),
+        q(qkv + qoff),
+        k(q + otok),
+        v(k + otok) {}
+};
+
+// The (batch, head) row of an fp32 [B, H, S] vector (lse, rowsum(dO o O)).
+template <typename T>
+__device__ __forceinline__ T* head_vector(T* v, int b, int head, int S, int H) {
+  return v + (static_cast<std::size_t>(b) * H + head) * S;
+}
+
 // Copies rows [row0, row0+ROWS) of a [S, D] slice whose rows lie `stride` elements apart into
 // shared memory (row stride ld<D>()); rows at or past S become zeros. THREADS: the CTA's size.
-template <int D, int ROWS, int THREADS = kThreads>
+template <int D, int ROWS, int THREADS>
 __device__ __forceinline__ void load_rows(bf16* smem, const bf16* g, int row0, int S, std::size_t stride) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   static_assert((ROWS * kChunks) % THREADS == 0, "tile must split evenly over the CTA");
@@ -38,6 +66,25 @@ __device__ __forceinline__ void load_rows(bf16* smem, const bf16* g, int row0, i
     const bf16* src = valid ? g + static_cast<std::size_t>(row0 + r) * stride + c * 8 : g;
     mma::cp_async_16(mma::smem_addr(smem + r * ld<D>() + c * 8), src, valid);
   }
+}
+
+// Step j of a K/V stream of n_tiles tiles of BN rows through the double buffers sK, sV
+// ([2][BN][ld] each; tile 0 already issued): issues tile j+1 into the other buffer, waits for tile
+// j, then syncs the CTA. Tile j lies in buffer j & 1.
+template <int D, int BN, int THREADS>
+__device__ __forceinline__ void kv_stream_step(bf16* sK, bf16* sV, const bf16* gk, const bf16* gv, int j, int n_tiles,
+                                               int S, std::size_t tok) {
+  const int n0 = j * BN;
+  if (j + 1 < n_tiles) {
+    const int nb = (j + 1) & 1;
+    load_rows<D, BN, THREADS>(sK + nb * BN * ld<D>(), gk, n0 + BN, S, tok);
+    load_rows<D, BN, THREADS>(sV + nb * BN * ld<D>(), gv, n0 + BN, S, tok);
+    mma::cp_async_commit();
+    mma::cp_async_wait<1>();
+  } else {
+    mma::cp_async_wait<0>();
+  }
+  __syncthreads();
 }
 
 // acc = A[a_row0 .. a_row0+16, 0..D) * B[0 .. 8*NT, 0..D)^T.
@@ -118,23 +165,14 @@ __device__ __forceinline__ void store_rows(bf16* g, const float (&acc)[D / 8][4]
 // Shape validation shared by the launchers (throws cutrain::Error naming what is wrong).
 void check_shape(const AttentionShape& shape, const char* who);
 
-// The kernel variant in force (attention_set_variant / CUTRAIN_ATTN_VARIANT), as an index into
-// attention_variant_names(). The enum order is that list's order.
-enum class Variant { V1 = 0, V2_M128 = 1, V2_M128N32 = 2, V2_M128W8 = 3, V2_M128K32 = 4 };
-Variant current_variant();
-
-// Forward of the v2 variants (kernels/attention_fwd_v2.cu): CTA = WARPS warps x MT m-tiles of 16
-// query rows each; K/V tiles of 32 or 64 keys.
-void forward_v2(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const AttentionShape& shape, Variant v);
-
-// Deterministic dQ pass of the v2 variants (kernels/attention_bwd_dq_v2.cu): dqkv's q slot from
-// dvec = rowsum(dO o O) (fp32 [B, H, S]); CTA 128 queries, 4 warps x 32 rows, 32-key tiles.
-// dK/dV pass of v2_m128k32, D=64 only (kernels/attention_bwd_dkdv_v2.cu): CTA 128 keys, 4 warps x
-// 32 keys, 32-query tiles; fast mode only: dq_acc (non-null) gets the fp32 atomics of dS K.
-void dkdv_v2(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-             float* dq_acc, const AttentionShape& shape);
-
-void dq_v2(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-           const AttentionShape& shape);
+// Backward passes (kernels/attention_bwd_dkdv.cu, kernels/attention_bwd_dq.cu), head_dim D and
+// causal or not per `shape`. dvec: rowsum(dO o O), fp32 [B, H, S].
+// dK/dV: dqkv's k and v slots; with a non-null dq_acc (the fast mode) it also adds dS K, unscaled,
+// into that fp32 [B, S, H, D] accumulator with atomics.
+void dkdv(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+          float* dq_acc, const AttentionShape& shape);
+// dQ (the deterministic mode): dqkv's q slot.
+void dq(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+        const AttentionShape& shape);
 
 }  // namespace cutrain::kernels::attn

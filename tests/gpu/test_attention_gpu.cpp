@@ -1,7 +1,6 @@
-// GPU tests of the flash attention kernels against the naive GPU reference (all sizes) and the
+// @brief GPU tests of the flash attention kernels against the naive GPU reference (all sizes) and the
 // fp64 CPU reference (small sizes): O, lse, dQ, dK, dV on fresh random inputs, outputs poisoned
-// first; the deterministic backward gives identical bits twice. Every kernel variant
-// (kernels::attention_variant_names()) runs every case.
+// first; the deterministic backward gives identical bits twice.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,8 +22,8 @@ using kernels::AttentionShape;
 
 namespace {
 
-// (seq, heads, causal, head_dim, large logits, variant)
-using Param = std::tuple<int, int, bool, int, bool, std::string>;
+// (seq, heads, causal, head_dim, large logits)
+using Param = std::tuple<int, int, bool, int, bool>;
 
 // Slot w (0 q, 1 k, 2 v) of a [B, S, 3, H, D] array.
 template <typename T>
@@ -40,15 +39,9 @@ std::vector<T> slot(const std::vector<T>& a, const AttentionShape& s, int w) {
 std::string param_name(const Param& p) {
   std::ostringstream os;  // (not operator+ chains: GCC 12 -O3 raises a false -Wrestrict on those)
   os << 'S' << std::get<0>(p) << 'H' << std::get<1>(p) << 'D' << std::get<3>(p) << (std::get<2>(p) ? "_causal" : "_full")
-     << (std::get<4>(p) ? "_large" : "") << '_' << std::get<5>(p);
+     << (std::get<4>(p) ? "_large" : "");
   return os.str();
 }
-
-// Selects a variant for one test and puts the default back afterwards.
-struct VariantScope {
-  explicit VariantScope(const std::string& name) { kernels::attention_set_variant(name); }
-  ~VariantScope() { kernels::attention_set_variant(""); }
-};
 
 class AttentionGpu : public ::testing::TestWithParam<Param> {};
 
@@ -73,9 +66,7 @@ double grad_error(const A& out, const B& ref, const B& dv_ref) {
 
 TEST_P(AttentionGpu, MatchesReferences) {
   CUTRAIN_REQUIRE_GPU();
-  const auto [seq, heads, causal, dim, large, variant] = GetParam();
-  const VariantScope scope(variant);
-  ASSERT_EQ(kernels::attention_variant(), variant);
+  const auto [seq, heads, causal, dim, large] = GetParam();
   AttentionShape sh{seq <= 129 ? 2 : 1, seq, heads, dim, causal};
   auto rng = test::fresh_rng();
   const std::size_t n_qkv = static_cast<std::size_t>(sh.batch) * seq * 3 * heads * dim, n_o = n_qkv / 3;
@@ -156,8 +147,7 @@ TEST_P(AttentionGpu, MatchesReferences) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionGpu,
                          ::testing::Combine(::testing::Values(1, 7, 64, 129, 200, 512, 2048), ::testing::Values(1, 16),
-                                            ::testing::Bool(), ::testing::Values(64, 128), ::testing::Bool(),
-                                            ::testing::ValuesIn(kernels::attention_variant_names())),
+                                            ::testing::Bool(), ::testing::Values(64, 128), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<Param>& i) { return param_name(i.param); });
 
 }  // namespace

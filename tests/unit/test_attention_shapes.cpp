@@ -1,7 +1,6 @@
-// CPU tests of the attention launchers' shape checks: refused before anything reaches the device.
+// @brief CPU tests of the attention launchers' shape checks: refused before anything reaches the device.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <functional>
 #include <string>
 
@@ -49,29 +48,6 @@ TEST(AttentionShapes, FlopsAndScratch) {
   // Fast mode adds the fp32 dQ accumulator, B*S*H*D.
   EXPECT_EQ(kernels::attention_backward_scratch_bytes(sh, false),
             kernels::attention_backward_scratch_bytes(sh, true) + 4u * 512 * 16 * 64 * 4);
-}
-
-// Declared first: it must see the choice before any test sets one. ctest runs it once more with
-// CUTRAIN_ATTN_VARIANT=v2_m128 (tests/attention.cmake, test attention_variant_from_env).
-TEST(AttentionVariants, FromEnvironmentOrDefault) {
-  const char* env = std::getenv("CUTRAIN_ATTN_VARIANT");
-  EXPECT_EQ(kernels::attention_variant(), env && *env ? std::string(env) : kernels::attention_variant_names()[0]);
-}
-
-TEST(AttentionVariants, NamesSetAndUnknown) {
-  const auto names = kernels::attention_variant_names();
-  ASSERT_GE(names.size(), 2u);
-  for (std::size_t i = 0; i < names.size(); ++i)
-    for (std::size_t j = i + 1; j < names.size(); ++j) EXPECT_NE(names[i], names[j]);
-  for (const auto& n : names) {
-    kernels::attention_set_variant(n);
-    EXPECT_EQ(kernels::attention_variant(), n);
-  }
-  kernels::attention_set_variant("");
-  EXPECT_EQ(kernels::attention_variant(), names[0]);
-  expect_error([] { kernels::attention_set_variant("v9_nope"); },
-               "unknown attention variant 'v9_nope', expected one of: " + names[0] + ", ");
-  EXPECT_EQ(kernels::attention_variant(), names[0]) << "a refused name must leave the choice alone";
 }
 
 }  // namespace

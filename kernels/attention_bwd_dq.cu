@@ -1,11 +1,12 @@
-// Deterministic backward's dQ pass, v2 variants: CTA = 128 queries, 4 warps x 32 rows (two
-// m-tiles), walking 32-key (D=128: 16-key) tiles of K and V: dQ += dS K with dS = P o (dO V^T - Dvec) and P
-// recomputed from lse. Why: as in the forward, v1's 16 rows per warp make every K/V fragment read
-// by ldmatrix feed one mma; two m-tiles per warp feed two. QREG (D=64) also keeps the warp's Q and
-// dO A fragments in registers for the whole pass; D=128 re-reads them from shared memory.
+// @brief Deterministic attention backward's dQ pass: CTA = Tile::kWarps warps x kMTiles m-tiles of
+// 16 queries, walking K/V tiles of kBlockN keys: dQ += dS K with dS = P o (dO V^T - Dvec) and P
+// recomputed from lse. Every K/V fragment read by ldmatrix feeds kMTiles mma; with Tile::kARegs
+// the warp's Q and dO A fragments stay in registers for the whole pass, else they are re-read
+// from shared memory.
 #include <cmath>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_softmax.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/check.h"
 
@@ -13,14 +14,9 @@ namespace cutrain::kernels {
 namespace attn {
 namespace {
 
-constexpr int kWarps = 4, kMT = 2, kBM = kWarps * kMT * 16, kT = kWarps * 32;
-// Keys per K/V tile: 32 for D=64; 16 for D=128, where 32 left 8 bytes of spills (254 registers).
-template <int D>
-constexpr int key_tile() { return D == 64 ? 32 : 16; }
-
-// acc[i] = A_i B^T for the warp's kMT m-tiles against a 32-row tile B (b_addr: its ldmatrix
+// acc[i] = A_i B^T for the warp's kMT m-tiles against a kBN-row tile B (b_addr: its ldmatrix
 // address for this lane); A from registers (QREG) or from shared memory at a_addr.
-template <int D, bool QREG, int R, int kBN = key_tile<D>()>
+template <int D, int kMT, int kBN, bool QREG, int R>
 __device__ __forceinline__ void abt_tiles(float (&acc)[kMT][kBN / 8][4], const std::uint32_t (&af)[R][QREG ? D / 16 : 1][4],
                                           std::uint32_t a_addr, std::uint32_t b_addr) {
 #pragma unroll
@@ -54,12 +50,13 @@ __device__ __forceinline__ void abt_tiles(float (&acc)[kMT][kBN / 8][4], const s
   }
 }
 
-template <int D, bool CAUSAL, bool QREG>
-__global__ void __launch_bounds__(kT) dq_v2_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ dout,
+template <typename Tile>
+__global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ dout,
                                                    const float* __restrict__ lse, const float* __restrict__ dvec,
                                                    bf16* __restrict__ dqkv, int S, int H, float scale_log2,
                                                    float scale) {
-  constexpr int kBN = key_tile<D>();
+  constexpr int D = Tile::kHeadDim, kMT = Tile::kMTiles, kBM = Tile::kBlockM, kBN = Tile::kBlockN, kT = Tile::kThreads;
+  constexpr bool CAUSAL = Tile::kCausal, QREG = Tile::kARegs;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
   bf16* sdO = sQ + kBM * ld<D>();
@@ -70,14 +67,12 @@ __global__ void __launch_bounds__(kT) dq_v2_kernel(const bf16* __restrict__ qkv,
   const int m0 = qblock * kBM, head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
   const int w0 = m0 + warp * kMT * 16;  // the warp's first query row
-  const std::size_t tok = 3ull * H * D, otok = static_cast<std::size_t>(H) * D;
-  const std::size_t qoff = static_cast<std::size_t>(b) * S * tok + static_cast<std::size_t>(head) * D;
-  const bf16* gq = qkv + qoff;
-  const bf16* gk = gq + otok;
-  const bf16* gv = gk + otok;
+  const QkvSlices<D> g(qkv, b, head, S, H);
+  const std::size_t tok = g.tok, otok = g.otok, qoff = g.qoff;
+  const bf16 *gq = g.q, *gk = g.k, *gv = g.v;
   const bf16* gdo = dout + static_cast<std::size_t>(b) * S * otok + static_cast<std::size_t>(head) * D;
-  const float* glse = lse + (static_cast<std::size_t>(b) * H + head) * S;
-  const float* gdv = dvec + (static_cast<std::size_t>(b) * H + head) * S;
+  const float* glse = head_vector(lse, b, head, S, H);
+  const float* gdv = head_vector(dvec, b, head, S, H);
 
   int n_tiles = (S + kBN - 1) / kBN;
   if (CAUSAL) n_tiles = min(n_tiles, (m0 + kBM - 1) / kBN + 1);
@@ -124,26 +119,17 @@ __global__ void __launch_bounds__(kT) dq_v2_kernel(const bf16* __restrict__ qkv,
 
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = j * kBN;
-    if (j + 1 < n_tiles) {
-      const int nb = (j + 1) & 1;
-      load_rows<D, kBN, kT>(sK + nb * kBN * ld<D>(), gk, n0 + kBN, S, tok);
-      load_rows<D, kBN, kT>(sV + nb * kBN * ld<D>(), gv, n0 + kBN, S, tok);
-      mma::cp_async_commit();
-      mma::cp_async_wait<1>();
-    } else {
-      mma::cp_async_wait<0>();
-    }
-    __syncthreads();
+    kv_stream_step<D, kBN, kT>(sK, sV, gk, gv, j, n_tiles, S, tok);
     const bf16* k_tile = sK + (j & 1) * kBN * ld<D>();
     const bf16* v_tile = sV + (j & 1) * kBN * ld<D>();
 
     if (!CAUSAL || n0 <= w0 + kMT * 16 - 1) {  // causal: a warp before the whole tile adds nothing
-      // s = Q K^T, then dp = dO V^T, for kMT x 16 rows x 32 keys; each K/V fragment feeds kMT mma.
+      // s = Q K^T, then dp = dO V^T, for kMT x 16 rows x kBN keys; each K/V fragment feeds kMT mma.
       // (One product at a time: fewer fragments live at once, which keeps D=128 clear of spills.)
       float s[kMT][kBN / 8][4], dp[kMT][kBN / 8][4];
       const int b_off = ((lane & 7) + (lane >> 4) * 8) * ld<D>() + ((lane >> 3) & 1) * 8;
-      abt_tiles<D, QREG>(s, qf, q_addr, mma::smem_addr(k_tile + b_off));
-      abt_tiles<D, QREG>(dp, df, do_addr, mma::smem_addr(v_tile + b_off));
+      abt_tiles<D, kMT, kBN, QREG>(s, qf, q_addr, mma::smem_addr(k_tile + b_off));
+      abt_tiles<D, kMT, kBN, QREG>(dp, df, do_addr, mma::smem_addr(v_tile + b_off));
 
       // dS = P o (dP - Dvec), P = exp2(scale_log2 s - lse log2 e); dead entries (past S, causal) 0.
       const bool mask = n0 + kBN > S || (CAUSAL && n0 + kBN - 1 > w0);
@@ -187,28 +173,28 @@ __global__ void __launch_bounds__(kT) dq_v2_kernel(const bf16* __restrict__ qkv,
 }
 
 template <int D, bool CAUSAL>
-void launch(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-            const AttentionShape& sh) {
-  constexpr bool kQReg = D == 64;
-  constexpr int kBN = key_tile<D>();
-  constexpr int kSmem = (2 * kBM + 4 * kBN) * ld<D>() * 2;  // Q, dO + 2 K + 2 V tiles
-  auto kernel = dq_v2_kernel<D, CAUSAL, kQReg>;
+void launch_dq(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+               const AttentionShape& sh) {
+  using T = Tile<Pass::Dq, D, CAUSAL>;
+  constexpr int kSmem = (2 * T::kBlockM + 4 * T::kBlockN) * ld<D>() * 2;  // Q, dO + 2 K + 2 V tiles
+  auto kernel = dq_kernel<T>;
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
-  const dim3 grid((sh.seq + kBM - 1) / kBM, sh.heads, sh.batch);
-  kernel<<<grid, kT, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, sh.seq, sh.heads, scale_log2, scale);
-  CUTRAIN_LAUNCH_CHECK("attention_dq_v2_kernel");
+  const dim3 grid((sh.seq + T::kBlockM - 1) / T::kBlockM, sh.heads, sh.batch);
+  kernel<<<grid, T::kThreads, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, sh.seq, sh.heads, scale_log2, scale);
+  CUTRAIN_LAUNCH_CHECK("attention_dq_kernel");
 }
 
 }  // namespace
 
-void dq_v2(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-           const AttentionShape& sh) {
+void dq(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+        const AttentionShape& sh) {
   const bool c = sh.causal;
   if (sh.head_dim == 64)
-    c ? launch<64, true>(s, qkv, dout, lse, dvec, dqkv, sh) : launch<64, false>(s, qkv, dout, lse, dvec, dqkv, sh);
+    c ? launch_dq<64, true>(s, qkv, dout, lse, dvec, dqkv, sh) : launch_dq<64, false>(s, qkv, dout, lse, dvec, dqkv, sh);
   else
-    c ? launch<128, true>(s, qkv, dout, lse, dvec, dqkv, sh) : launch<128, false>(s, qkv, dout, lse, dvec, dqkv, sh);
+    c ? launch_dq<128, true>(s, qkv, dout, lse, dvec, dqkv, sh)
+      : launch_dq<128, false>(s, qkv, dout, lse, dvec, dqkv, sh);
 }
 
 }  // namespace attn
