@@ -52,7 +52,7 @@ TEST(AttentionShapes, FlopsAndScratch) {
 }
 
 // Declared first: it must see the choice before any test sets one. ctest runs it once more with
-// CUTRAIN_ATTN_VARIANT=v2_m128 (tests/attention.cmake, test attention_variant_from_env).
+// CUTRAIN_ATTN_VARIANT=v2_m128 (tests/CMakeLists.txt, test attention_variant_from_env).
 TEST(AttentionVariants, FromEnvironmentOrDefault) {
   const char* env = std::getenv("CUTRAIN_ATTN_VARIANT");
   EXPECT_EQ(kernels::attention_variant(), env && *env ? std::string(env) : kernels::attention_variant_names()[0]);
