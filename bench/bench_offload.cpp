@@ -101,10 +101,4 @@ void register_all() {
 }  // namespace
 }  // namespace cutrain::bench
 
-int main(int argc, char** argv) {
-  cutrain::bench::register_all();
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return cutrain::bench::run_benchmarks(argc, argv, cutrain::bench::register_all); }

@@ -8,9 +8,9 @@
 #include <sstream>
 #include <thread>
 
-#include "model/data/documents.h"
-#include "model/data/encode_documents.h"
-#include "model/data/gpt2_tokenizer.h"
+#include "data/documents.h"
+#include "data/encode_documents.h"
+#include "data/gpt2_tokenizer.h"
 
 namespace {
 

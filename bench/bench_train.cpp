@@ -8,8 +8,8 @@
 #include <random>
 
 #include "bench/support/bench_support.h"
-#include "model/engine.h"
-#include "runtime/config.h"
+#include "train/config.h"
+#include "train/engine.h"
 
 namespace {
 

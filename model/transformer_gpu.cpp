@@ -147,6 +147,20 @@ void GpuTransformer::layer_backward(cudaStream_t s, const Unit& U, DType gt, boo
   auto w = [&](int idx) { return U.w(idx); };
   auto g = [&](int idx) { return U.g(idx); };
   const auto& A = attn_;
+  // One linear layer's backward (y = x W^T + b, W [N, K], dy [M, N]): dW and db (accumulated per
+  // `acc`), then dx; beta 1 adds dx to what `dx` holds (the residual's share). Regions
+  // <name>_dw, <name>_db, <name>_dx.
+  struct LinearRegions {
+    const char *dw, *db, *dx;
+  };
+  auto linear_backward = [&](LinearRegions n, const bf16* dy, const bf16* x, int w_idx, int b_idx, bf16* dx, int N, int K,
+                             float beta) {
+    timed(s, n.dw, cost::gemm_grad_weight(M_, N, K, es, acc),
+          [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, M_, N, K, acc); });
+    timed(s, n.db, cost::bias_grad(M_, N, es, acc), [&] { kernels::bias_grad(s, dy, g(b_idx), gt, M_, N, acc, scratch_); });
+    timed(s, n.dx, cost::gemm_grad_input(M_, N, K, beta != 0.f),
+          [&] { gemm_->grad_input(s, dy, w(w_idx), dx, M_, N, K, beta); });
+  };
   {
     TimedRegion r("mlp", s);
     // dx_ holds dL/d(block output); LN2 backward in place gives d s2 (= d x1 residual share = d ff out).
@@ -154,20 +168,10 @@ void GpuTransformer::layer_backward(cudaStream_t s, const Unit& U, DType gt, boo
       kernels::layernorm_backward(s, dx_, a.s2, a.mean2, a.rstd2, w(L.norm2_w), nullptr, dx_, g(L.norm2_w),
                                   g(L.norm2_b), gt, acc, scratch_, M_, h);
     });
-    timed(s, "fc2_dw", cost::gemm_grad_weight(M_, h, F, es, acc),
-          [&] { gemm_->grad_weight(s, dx_, a.g, g(L.ff2_w), gt, M_, h, F, acc); });
-    timed(s, "fc2_db", cost::bias_grad(M_, h, es, acc),
-          [&] { kernels::bias_grad(s, dx_, g(L.ff2_b), gt, M_, h, acc, scratch_); });
-    timed(s, "fc2_dx", cost::gemm_grad_input(M_, h, F, false),
-          [&] { gemm_->grad_input(s, dx_, w(L.ff2_w), d4h_, M_, h, F, 0.f); });
+    linear_backward({"fc2_dw", "fc2_db", "fc2_dx"}, dx_, a.g, L.ff2_w, L.ff2_b, d4h_, h, F, 0.f);
     timed(s, "gelu", cost::gelu_backward(std::size_t(M_) * F),
           [&] { kernels::gelu_backward(s, d4h_, a.f, d4h_, std::size_t(M_) * F, kernels::GeluKind::Erf); });
-    timed(s, "fc1_dw", cost::gemm_grad_weight(M_, F, h, es, acc),
-          [&] { gemm_->grad_weight(s, d4h_, a.x1, g(L.ff0_w), gt, M_, F, h, acc); });
-    timed(s, "fc1_db", cost::bias_grad(M_, F, es, acc),
-          [&] { kernels::bias_grad(s, d4h_, g(L.ff0_b), gt, M_, F, acc, scratch_); });
-    timed(s, "fc1_dx", cost::gemm_grad_input(M_, F, h, true),  // dx_ = d x1 (residual + ff)
-          [&] { gemm_->grad_input(s, d4h_, w(L.ff0_w), dx_, M_, F, h, 1.f); });
+    linear_backward({"fc1_dw", "fc1_db", "fc1_dx"}, d4h_, a.x1, L.ff0_w, L.ff0_b, dx_, F, h, 1.f);  // dx_ = d x1
   }
   {
     TimedRegion r("attn", s);
@@ -175,20 +179,10 @@ void GpuTransformer::layer_backward(cudaStream_t s, const Unit& U, DType gt, boo
       kernels::layernorm_backward(s, dx_, a.s1, a.mean1, a.rstd1, w(L.norm1_w), nullptr, dx_, g(L.norm1_w),
                                   g(L.norm1_b), gt, acc, scratch_, M_, h);
     });
-    timed(s, "out_proj_dw", cost::gemm_grad_weight(M_, h, h, es, acc),
-          [&] { gemm_->grad_weight(s, dx_, a.att, g(L.out_proj_w), gt, M_, h, h, acc); });
-    timed(s, "out_proj_db", cost::bias_grad(M_, h, es, acc),
-          [&] { kernels::bias_grad(s, dx_, g(L.out_proj_b), gt, M_, h, acc, scratch_); });
-    timed(s, "out_proj_dx", cost::gemm_grad_input(M_, h, h, false),
-          [&] { gemm_->grad_input(s, dx_, w(L.out_proj_w), dh_, M_, h, h, 0.f); });
+    linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dx"}, dx_, a.att, L.out_proj_w, L.out_proj_b, dh_, h, h, 0.f);
     timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
           [&] { kernels::attention_backward(s, a.qkv, a.att, dh_, a.lse, dqkv_, scratch_, attn_, true); });
-    timed(s, "qkv_dw", cost::gemm_grad_weight(M_, 3 * h, h, es, acc),
-          [&] { gemm_->grad_weight(s, dqkv_, x_in, g(L.in_proj_w), gt, M_, 3 * h, h, acc); });
-    timed(s, "qkv_db", cost::bias_grad(M_, 3 * h, es, acc),
-          [&] { kernels::bias_grad(s, dqkv_, g(L.in_proj_b), gt, M_, 3 * h, acc, scratch_); });
-    timed(s, "qkv_dx", cost::gemm_grad_input(M_, 3 * h, h, true),  // dx_ = d x_in
-          [&] { gemm_->grad_input(s, dqkv_, w(L.in_proj_w), dx_, M_, 3 * h, h, 1.f); });
+    linear_backward({"qkv_dw", "qkv_db", "qkv_dx"}, dqkv_, x_in, L.in_proj_w, L.in_proj_b, dx_, 3 * h, h, 1.f);  // dx_ = d x_in
   }
 }
 

@@ -20,7 +20,7 @@ namespace cutrain::model {
 
 // Where the model finds each parameter unit's weights and writes its gradients (units:
 // TransformerParams::units()). The plain engine: one flat buffer (FlatParams). ZeRO stage 3:
-// a unit gathered into a buffer of its own just before use (model/zero_stage3.h).
+// a unit gathered into a buffer of its own just before use (parallel/zero_stage3.h).
 class ParamAccess {
  public:
   virtual ~ParamAccess() = default;

@@ -182,4 +182,13 @@ void ReadOnlyFile::read_at(std::uint64_t offset, void* dst, std::size_t bytes) c
   pread_exact(fd_, path_, offset, dst, bytes);
 }
 
+bool drop_page_cache(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  return true;
+}
+
 }  // namespace cutrain

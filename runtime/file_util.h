@@ -64,4 +64,9 @@ class ReadOnlyFile {
   std::uint64_t size_ = 0;
 };
 
+// Writes back and evicts the page cache of `path` (fdatasync, then POSIX_FADV_DONTNEED), so the
+// next read of it comes from the disk where the file system honours the advice. False when the
+// file cannot be opened.
+bool drop_page_cache(const std::filesystem::path& path);
+
 }  // namespace cutrain

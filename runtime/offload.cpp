@@ -174,8 +174,8 @@ StateOffloader::~StateOffloader() {
 
 // One copy stream per device for the whole process, never destroyed: blocks recorded on it with
 // record_stream can be freed after this offloader is gone, and the allocator then records an
-// event on the stream. A destroyed stream's handle is invalid (seen on the H200 as
-// cudaErrorContextIsDestroyed when tests tore down), so the stream must outlive every block.
+// event on the stream. A destroyed stream's handle is invalid (cudaErrorContextIsDestroyed at
+// teardown), so the stream must outlive every block.
 cudaStream_t StateOffloader::copy_stream() {
   if (!impl_->copy) {
     static std::mutex m;

@@ -1,6 +1,6 @@
-// @brief StateOffloader: moves named device states (training state buffers) to pinned or pageable
-// host memory, or to files on NVMe, and back, releasing the device memory in between. The
-// equivalent of DeepSpeed ZeRO-3's engine.offload_states / reload_states.
+// @brief StateOffloader: moves named device buffers ("states") to pinned or pageable host memory,
+// or to files on NVMe, and back, releasing the device memory in between: the mechanism under
+// DeepSpeed-style offload_states / reload_states.
 //
 // Ordering. Every state belongs to one "owner" stream (the stream its users run on). An offload
 // first makes the copy stream wait for the work queued on the owner stream, so it copies what

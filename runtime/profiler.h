@@ -41,8 +41,8 @@ class ProfileWindow {
   std::function<void()> start_, stop_;
 };
 
-// Whether the engine may replay its captured CUDA graph for the step it is about to run. The
-// timing report and a profile window switch it off for the steps they measure, so kernels and
+// Whether work captured as a CUDA graph may be replayed for the step about to run. The timing
+// report and a profile window switch it off for the steps they measure, so kernels and
 // their regions show up one by one (a replayed graph hides the launches from NVTX and events).
 void set_graph_replay_allowed(bool allowed);
 bool graph_replay_allowed();

@@ -8,7 +8,7 @@
 //
 // Rules: all work of a region must be on its stream (events time that stream only). Regions opened
 // while their stream is being captured into a CUDA graph record no events (timing events inside a
-// graph are not meaningful): the engine runs eagerly while the timer is enabled. Use one host
+// graph are not meaningful): callers run their work eagerly while the timer is enabled. Use one host
 // thread per timer at a time (a mutex guards it, but regions from two threads would interleave
 // their NVTX paths per thread, not per timer). Call collect() outside every timed region.
 #pragma once
@@ -83,7 +83,7 @@ class RegionTimer {
   std::uint64_t generation_ = 0;
 };
 
-// The process-wide timer the engine's regions use; disabled until a tool enables it.
+// The process-wide timer every TimedRegion uses; disabled until a tool enables it.
 RegionTimer& region_timer();
 
 class TimedRegion {

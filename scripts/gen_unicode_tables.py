@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Generates model/data/unicode_tables.h: the code-point ranges GPT-2's pre-tokenizer needs.
+"""Generates data/unicode_tables.h: the code-point ranges GPT-2's pre-tokenizer needs.
 
 GPT-2's pattern uses \\p{L} (general category L*), \\p{N} (N*) and \\s. The `regex` package GPT-2
 runs under treats \\s as the Unicode White_Space property, which is str.isspace() without the four
 information separators U+001C..U+001F (checked against regex 2026.5.9). Categories come from this
 Python's unicodedata; its Unicode version is written into the header.
 
-Usage: python3 scripts/gen_unicode_tables.py > model/data/unicode_tables.h
+Usage: python3 scripts/gen_unicode_tables.py > data/unicode_tables.h
 """
 import sys
 import unicodedata

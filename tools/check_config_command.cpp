@@ -6,9 +6,9 @@
 #include <memory>
 #include <string>
 
-#include "model/lr_schedule.h"
-#include "runtime/config.h"
-#include "tools/command_registry.h"
+#include "tools/commands.h"
+#include "train/config.h"
+#include "train/lr_schedule.h"
 
 namespace cutrain::tools {
 namespace {
@@ -32,15 +32,15 @@ int run_check_config(const Options& o) {
   std::printf("%s: OK (%zu warning%s)\n", o.path.c_str(), c.warnings.size(), c.warnings.size() == 1 ? "" : "s");
   std::printf("  batch      train %d = micro %d x accumulation %d x world %d\n", *c.train_batch_size, c.micro_batch(),
               c.accumulation(), o.world_size);
-  std::printf("  optimizer  %s lr %g betas (%g, %g) eps %g weight_decay %g%s\n", c.optimizer.type.c_str(), c.optimizer.lr,
+  std::printf("  optimizer  %s lr %g betas (%g, %g) eps %g weight_decay %g%s\n", name(c.optimizer.type), c.optimizer.lr,
               c.optimizer.beta1, c.optimizer.beta2, c.optimizer.eps, c.optimizer.weight_decay,
               c.optimizer.adam_w_mode ? " (decoupled)" : " (L2)");
   std::printf("  precision  bf16 %s, master weights+grads bf16 %s, optimizer states bf16 %s, fp16 %s, autocast %s (%s)\n",
               on(c.bf16.enabled), on(c.bf16.bf16_master_weights_and_grads), on(c.bf16.bf16_optimizer_states),
-              on(c.fp16.enabled), on(c.torch_autocast.enabled), c.torch_autocast.dtype.c_str());
+              on(c.fp16.enabled), on(c.torch_autocast.enabled), name(c.torch_autocast.dtype));
   std::printf("  zero       stage %d, overlap_comm %s, reduce_bucket %lld, offload optimizer %s, offload param %s\n", z.stage,
-              on(z.overlap_comm), static_cast<long long>(z.reduce_bucket_size), z.offload_optimizer.device.c_str(),
-              z.offload_param.device.c_str());
+              on(z.overlap_comm), static_cast<long long>(z.reduce_bucket_size), name(z.offload_optimizer.device),
+              name(z.offload_param.device));
   std::printf("  clipping   %g, steps_per_print %d, activation checkpointing %s\n", c.gradient_clipping, c.steps_per_print,
               on(c.has_activation_checkpointing));
   LrSchedule lr = LrSchedule::from_config(c);
@@ -49,7 +49,9 @@ int run_check_config(const Options& o) {
   return 0;
 }
 
-const CommandRegistrar reg("check-config", [](CLI::App& parent, int& exit_code) {
+}  // namespace
+
+CLI::App* setup_check_config_command(CLI::App& parent, int& exit_code) {
   auto o = std::make_shared<Options>();
   CLI::App* sub = parent.add_subcommand("check-config", "Load a DeepSpeed-style config, print what it resolves to");
   sub->add_option("config", o->path, "the JSON file")->required();
@@ -58,7 +60,6 @@ const CommandRegistrar reg("check-config", [](CLI::App& parent, int& exit_code) 
   sub->add_option("--steps", o->steps, "how many first learning rates to print")->check(CLI::NonNegativeNumber);
   sub->callback([o, &exit_code] { exit_code = run_check_config(*o); });
   return sub;
-});
+}
 
-}  // namespace
 }  // namespace cutrain::tools

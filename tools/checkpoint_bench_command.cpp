@@ -1,6 +1,6 @@
 // `cutrain checkpoint-bench`: the checkpoint files of a model's training state (254M parameters at
 // the defaults, baseline layout: bf16 model file, fp32 master + moments in the optimizer file)
-// written and read through each checkpoint I/O path (model/checkpoint_io.h: plain buffered I/O
+// written and read through each checkpoint I/O path (train/checkpoint_io.h: plain buffered I/O
 // and the aio handle), GB/s for each, every read checked against what was written. The page cache
 // of the files is dropped (posix_fadvise DONTNEED after the fsync) before each read.
 #include <fcntl.h>
@@ -12,11 +12,12 @@
 #include <iomanip>
 #include <iostream>
 
-#include "model/checkpoint.h"
-#include "model/checkpoint_io.h"
 #include "runtime/aio/aio_handle.h"
 #include "runtime/error.h"
-#include "tools/command_registry.h"
+#include "runtime/file_util.h"
+#include "tools/commands.h"
+#include "train/checkpoint.h"
+#include "train/checkpoint_io.h"
 
 namespace cutrain::tools {
 namespace {
@@ -30,10 +31,7 @@ struct CheckpointBenchArgs {
 };
 
 void drop_cache(const std::filesystem::path& p) {
-  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-  CUTRAIN_CHECK(fd >= 0, "checkpoint-bench: cannot open ", p.string(), " to drop its page cache");
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // advice: the figure is then a disk read where it works
-  ::close(fd);
+  CUTRAIN_CHECK(drop_page_cache(p), "checkpoint-bench: cannot open ", p.string(), " to drop its page cache");
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -134,7 +132,9 @@ int run_checkpoint_bench(const CheckpointBenchArgs& a) {
   return 0;
 }
 
-CommandRegistrar reg("checkpoint-bench", [](CLI::App& parent, int& exit_code) {
+}  // namespace
+
+CLI::App* setup_checkpoint_bench_command(CLI::App& parent, int& exit_code) {
   auto* a = new CheckpointBenchArgs;  // lives for the process, like the CLI app
   CLI::App* sub = parent.add_subcommand("checkpoint-bench", "Checkpoint file save/load GB/s: plain I/O vs the aio handle");
   sub->add_option("--dir", a->dir, "Folder for the checkpoint files (put it on the drive to measure)")->capture_default_str();
@@ -150,7 +150,6 @@ CommandRegistrar reg("checkpoint-bench", [](CLI::App& parent, int& exit_code) {
   sub->add_flag("--keep", a->keep, "Keep the files");
   sub->callback([a, &exit_code] { exit_code = run_checkpoint_bench(*a); });
   return sub;
-});
+}
 
-}  // namespace
 }  // namespace cutrain::tools

@@ -10,7 +10,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/rendezvous.h"
 #include "runtime/device.h"
-#include "tools/command_registry.h"
+#include "tools/commands.h"
 
 namespace cutrain::tools {
 namespace {
@@ -44,13 +44,14 @@ int run_comm_check(int timeout_s) {
   return 0;
 }
 
-CommandRegistrar reg("comm-check", [](CLI::App& parent, int& exit_code) {
+}  // namespace
+
+CLI::App* setup_comm_check_command(CLI::App& parent, int& exit_code) {
   auto* timeout = new int(60);
   CLI::App* sub = parent.add_subcommand("comm-check", "Check the rendezvous and NCCL of a multi-process launch");
   sub->add_option("--timeout", *timeout, "Seconds to wait for peers")->capture_default_str();
   sub->callback([timeout, &exit_code] { exit_code = run_comm_check(*timeout); });
   return sub;
-});
+}
 
-}  // namespace
 }  // namespace cutrain::tools

@@ -18,21 +18,14 @@
 #include "runtime/allocator.h"
 #include "runtime/check.h"
 #include "runtime/device.h"
-#include "tools/command_registry.h"
+#include "runtime/file_util.h"
+#include "tools/commands.h"
 #include "tools/io_measure.h"
 
 namespace cutrain::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-void drop_cache(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
-}
 
 struct Args {
   std::string folder = "/tmp";
@@ -45,7 +38,7 @@ template <typename F>
 double median_seconds(int loops, const std::string& file, bool drop, F&& f) {
   std::vector<double> s;
   for (int i = 0; i < loops; ++i) {
-    if (drop) drop_cache(file);
+    if (drop) drop_page_cache(file);
     auto t0 = Clock::now();
     f();
     s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -124,7 +117,9 @@ int run(const Args& a) {
   return 0;
 }
 
-CommandRegistrar reg("file-access", [](CLI::App& parent, int& exit_code) {
+}  // namespace
+
+CLI::App* setup_file_access_command(CLI::App& parent, int& exit_code) {
   auto* a = new Args;
   CLI::App* sub = parent.add_subcommand(
       "file-access", "Load/store a CPU and a GPU tensor: buffered file I/O vs the async handle (deepnvme/file_access)");
@@ -134,7 +129,6 @@ CommandRegistrar reg("file-access", [](CLI::App& parent, int& exit_code) {
   sub->add_flag("--no_gpu", a->no_gpu, "CPU tensors only");
   sub->callback([a, &exit_code] { exit_code = run(*a); });
   return sub;
-});
+}
 
-}  // namespace
 }  // namespace cutrain::tools

@@ -6,7 +6,7 @@
 #include "runtime/allocator.h"
 #include "runtime/check.h"
 #include "runtime/device.h"
-#include "tools/command_registry.h"
+#include "tools/commands.h"
 
 namespace cutrain::tools {
 namespace {
@@ -76,11 +76,12 @@ int run_info() {
   return 0;
 }
 
-CommandRegistrar reg("info", [](CLI::App& parent, int& exit_code) {
+}  // namespace
+
+CLI::App* setup_info_command(CLI::App& parent, int& exit_code) {
   CLI::App* sub = parent.add_subcommand("info", "Print the devices, their memory and the allocator statistics");
   sub->callback([&exit_code] { exit_code = run_info(); });
   return sub;
-});
+}
 
-}  // namespace
 }  // namespace cutrain::tools

@@ -6,7 +6,7 @@
 
 #include "runtime/aio/gds_handle.h"
 #include "runtime/error.h"
-#include "tools/command_registry.h"
+#include "tools/commands.h"
 #include "tools/io_measure.h"
 
 namespace cutrain::tools {
@@ -76,7 +76,9 @@ int run_io_bench(const IoBenchArgs& a) {
   return 0;
 }
 
-CommandRegistrar reg("io-bench", [](CLI::App& parent, int& exit_code) {
+}  // namespace
+
+CLI::App* setup_io_bench_command(CLI::App& parent, int& exit_code) {
   auto* a = new IoBenchArgs;  // lives for the process, like the CLI app
   CLI::App* sub = parent.add_subcommand("io-bench", "Benchmark async tensor I/O (like DeepSpeed's ds_io)");
   sub->add_option("--folder", a->folders, "Folder(s) to read from / write to (one file each)");
@@ -99,7 +101,6 @@ CommandRegistrar reg("io-bench", [](CLI::App& parent, int& exit_code) {
   sub->add_flag("--no_baselines", a->no_baselines, "Skip the buffered and O_DIRECT-threads baselines");
   sub->callback([a, &exit_code] { exit_code = run_io_bench(*a); });
   return sub;
-});
+}
 
-}  // namespace
 }  // namespace cutrain::tools

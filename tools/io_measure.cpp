@@ -16,20 +16,13 @@
 #include "runtime/allocator.h"
 #include "runtime/check.h"
 #include "runtime/device.h"
+#include "runtime/file_util.h"
 
 namespace cutrain::tools {
 
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-void drop_cache(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fdatasync(fd);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  ::close(fd);
-}
 
 // Pinned memory where a GPU exists (what the handle's users pass); plain 4096-aligned memory on a
 // machine without one, so the I/O path still runs there.
@@ -117,7 +110,7 @@ IoResult run_io_job(const IoJob& job) {
   std::string backend;
   for (int loop = 0; loop < job.loops; ++loop) {
     if (job.read)
-      for (std::size_t i = 0; i < nf; ++i) drop_cache(file_for(job.folders[i], i));
+      for (std::size_t i = 0; i < nf; ++i) drop_page_cache(file_for(job.folders[i], i));
     std::vector<double> task(nf), e2e(nf);
     std::vector<std::thread> threads;
     std::vector<std::exception_ptr> errors(nf);
@@ -179,7 +172,7 @@ double buffered_baseline_gbps(const IoJob& job) {
   std::vector<double> s;
   for (int loop = 0; loop < job.loops; ++loop) {
     const std::string f = file_for(job.folders[0], 0) + (job.read ? "" : ".buffered");
-    if (job.read) drop_cache(f);
+    if (job.read) drop_page_cache(f);
     auto t0 = Clock::now();
     if (job.read) {
       aio::buffered_read(buf.data(), job.io_size, f);
@@ -203,7 +196,7 @@ double odirect_threads_baseline_gbps(const IoJob& job, int* best_threads) {
     std::vector<double> s;
     for (int loop = 0; loop < job.loops; ++loop) {
       const std::string f = file_for(job.folders[0], 0) + (job.read ? "" : ".odirect");
-      if (job.read) drop_cache(f);
+      if (job.read) drop_page_cache(f);
       int fd = ::open(f.c_str(), (job.read ? O_RDONLY : (O_WRONLY | O_CREAT)) | O_DIRECT, 0644);
       CUTRAIN_CHECK(fd >= 0, "O_DIRECT open of '", f, "' failed: ", std::strerror(errno));
       auto t0 = Clock::now();

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "runtime/error.h"
-#include "tools/command_registry.h"
+#include "tools/commands.h"
 
 namespace cutrain::tools {
 namespace {
@@ -77,7 +77,9 @@ int run_launch(const LaunchArgs& a) {
   return result;
 }
 
-CommandRegistrar reg("launch", [](CLI::App& parent, int& exit_code) {
+}  // namespace
+
+CLI::App* setup_launch_command(CLI::App& parent, int& exit_code) {
   auto* a = new LaunchArgs;
   CLI::App* sub = parent.add_subcommand("launch", "Start one process per local GPU with torchrun's environment variables");
   sub->add_option("--num_gpus", a->num_gpus, "Processes to start (one per GPU)")->capture_default_str();
@@ -86,7 +88,6 @@ CommandRegistrar reg("launch", [](CLI::App& parent, int& exit_code) {
   sub->add_option("command", a->command, "Program and arguments (after --)")->required();
   sub->callback([a, &exit_code] { exit_code = run_launch(*a); });
   return sub;
-});
+}
 
-}  // namespace
 }  // namespace cutrain::tools

@@ -1,11 +1,11 @@
 // `cutrain nvme-tune`: DeepSpeed's ds_nvme_tune equivalent. Sweeps the handle's knobs, prints the
-// best read and write and a ready "aio" block with exactly the keys runtime/config reads.
+// best read and write and a ready "aio" block with exactly the keys train/config reads.
 #include <iomanip>
 #include <iostream>
 #include <sstream>
 
 #include "runtime/error.h"
-#include "tools/command_registry.h"
+#include "tools/commands.h"
 #include "tools/io_measure.h"
 
 namespace cutrain::tools {
@@ -75,7 +75,9 @@ int run_tune(const TuneArgs& a) {
   return 0;
 }
 
-CommandRegistrar reg("nvme-tune", [](CLI::App& parent, int& exit_code) {
+}  // namespace
+
+CLI::App* setup_nvme_tune_command(CLI::App& parent, int& exit_code) {
   auto* a = new TuneArgs;
   CLI::App* sub = parent.add_subcommand("nvme-tune", "Sweep the async I/O knobs and print the best \"aio\" config");
   sub->add_option("--folder", a->folders, "Folder(s) on the device(s) to tune")->required();
@@ -87,7 +89,6 @@ CommandRegistrar reg("nvme-tune", [](CLI::App& parent, int& exit_code) {
   sub->add_flag("--gpu", a->gpu, "GPU buffers");
   sub->callback([a, &exit_code] { exit_code = run_tune(*a); });
   return sub;
-});
+}
 
-}  // namespace
 }  // namespace cutrain::tools

@@ -12,10 +12,10 @@
 #include <random>
 #include <sstream>
 
-#include "model/offload_model.h"
 #include "runtime/allocator.h"
 #include "runtime/check.h"
-#include "tools/command_registry.h"
+#include "tools/commands.h"
+#include "tools/offload_model/offload_model.h"
 
 namespace cutrain::tools {
 namespace {
@@ -195,7 +195,9 @@ int run_offload_bench(const OffloadBenchArgs& a) {
   return 0;
 }
 
-CommandRegistrar reg("offload-bench", [](CLI::App& parent, int& exit_code) {
+}  // namespace
+
+CLI::App* setup_offload_bench_command(CLI::App& parent, int& exit_code) {
   auto* a = new OffloadBenchArgs;  // lives for the process, like the CLI app
   CLI::App* sub = parent.add_subcommand(
       "offload-bench", "Offload training state to host memory and back (DeepSpeedExamples offload_states)");
@@ -218,7 +220,6 @@ CommandRegistrar reg("offload-bench", [](CLI::App& parent, int& exit_code) {
   sub->add_option("--seed", a->seed, "Seed of the model and the data")->capture_default_str();
   sub->callback([a, &exit_code] { exit_code = run_offload_bench(*a); });
   return sub;
-});
+}
 
-}  // namespace
 }  // namespace cutrain::tools

@@ -11,12 +11,12 @@
 #include <sstream>
 #include <thread>
 
-#include "model/data/documents.h"
-#include "model/data/encode_documents.h"
-#include "model/data/gpt2_tokenizer.h"
-#include "model/data/token_shard.h"
+#include "data/documents.h"
+#include "data/encode_documents.h"
+#include "data/gpt2_tokenizer.h"
+#include "data/token_shard.h"
 #include "runtime/error.h"
-#include "tools/command_registry.h"
+#include "tools/commands.h"
 
 namespace cutrain::tools {
 namespace {
@@ -117,7 +117,9 @@ int run_prepare(const PrepareArgs& a) {
   return 0;
 }
 
-CommandRegistrar reg("prepare-data", [](CLI::App& parent, int& exit_code) {
+}  // namespace
+
+CLI::App* setup_prepare_data_command(CLI::App& parent, int& exit_code) {
   auto args = std::make_shared<PrepareArgs>();
   CLI::App* sub = parent.add_subcommand("prepare-data", "Tokenize text files (GPT-2 BPE) into llm.c .bin token shards");
   sub->add_option("--input", args->inputs, "Text files (UTF-8); documents split on WikiText headings or blank lines")
@@ -132,7 +134,6 @@ CommandRegistrar reg("prepare-data", [](CLI::App& parent, int& exit_code) {
   sub->add_option("--split", args->split, "Documents: auto | headings | paragraphs | none");
   sub->callback([args, &exit_code] { exit_code = run_prepare(*args); });
   return sub;
-});
+}
 
-}  // namespace
 }  // namespace cutrain::tools

@@ -3,10 +3,10 @@
 #include <filesystem>
 #include <iostream>
 
-#include "model/precision.h"
-#include "model/train_loop.h"
 #include "runtime/device.h"
-#include "tools/command_registry.h"
+#include "tools/commands.h"
+#include "train/precision.h"
+#include "train/train_loop.h"
 
 namespace cutrain::tools {
 namespace {
@@ -14,6 +14,8 @@ namespace {
 struct TrainFlags {
   model::TrainOptions o;
   std::string config;
+  // The string-valued flags, turned into their enums once in run_train.
+  std::string device = "cuda", labels = "auto", attention = "auto";
   float learning_rate = 1e-4f;
   bool no_cuda_graph = false;
   bool print_layouts = false;
@@ -30,6 +32,9 @@ int run_train(TrainFlags& f) {
     return 0;
   }
   model::TrainOptions o = f.o;
+  o.device = parse_choice(kTrainDevices, f.device, "--device");
+  o.labels = parse_choice(kLabelsChoices, f.labels, "--labels");
+  o.attention = parse_choice(kAttentionChoices, f.attention, "--attention");
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
   o.cuda_graph = !f.no_cuda_graph;
   if (f.timing_opt->count()) {
@@ -54,7 +59,7 @@ int run_train(TrainFlags& f) {
       std::cout << "cutrain train: no arguments: the BF16 example's default model with " << o.deepspeed_config.string()
                 << " on the GPU\n";
     } else {
-      o.device = "cpu";
+      o.device = TrainDevice::Cpu;
       o.hidden_dim = 64, o.num_layers = 2, o.num_heads = 4, o.vocab_size = 512;
       o.batch_size = 2, o.seq_length = 32, o.num_steps = 10, o.warmup_steps = 2, o.log_interval = 2;
       std::cout << "cutrain train: no arguments and no CUDA device (" << why << "): a small run on the CPU "
@@ -68,9 +73,10 @@ int run_train(TrainFlags& f) {
   return 0;
 }
 
-CommandRegistrar reg("train", [](CLI::App& parent, int& exit_code) {
+}  // namespace
+
+CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   static TrainFlags f;
-  set_default_command("train");  // again here, after every static initializer has run
   auto& o = f.o;
   CLI::App* sub = parent.add_subcommand("train", "Train the BF16 example's transformer (DeepSpeed-style config)");
   f.sub = sub;
@@ -90,14 +96,14 @@ CommandRegistrar reg("train", [](CLI::App& parent, int& exit_code) {
   sub->add_option("--loss_log_file", o.loss_log_file, "Write step,loss CSV here");
   sub->add_flag("--use_real_data", o.use_real_data, "Train on token shards (--data) instead of random tokens");
   sub->add_option("--data", o.data, "Glob pattern(s) of llm.c token shards for --use_real_data");
-  sub->add_option("--labels", o.labels,
+  sub->add_option("--labels", f.labels,
                   "Real data: next_token (targets = the following token; the default) or identity (labels = input "
                   "ids: the BF16 example's --use_real_data exactly)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "next_token", "identity"}));
-  sub->add_flag_callback("--next_token_labels", [&o] { o.labels = "next_token"; },
+  sub->add_flag_callback("--next_token_labels", [] { f.labels = "next_token"; },
                          "Same as --labels next_token (kept for earlier scripts)");
-  sub->add_option("--attention", o.attention,
+  sub->add_option("--attention", f.attention,
                   "causal or bidirectional; auto: causal with next-token real data, else bidirectional (the example)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "causal", "bidirectional"}));
@@ -115,7 +121,7 @@ CommandRegistrar reg("train", [](CLI::App& parent, int& exit_code) {
   sub->add_option("--metrics_file", o.metrics_file, "One JSON line per step (loss, lr, grad norm, time, memory)");
   sub->add_option("--save", o.save_dir, "Save a checkpoint to DIR at the end");
   sub->add_option("--resume", o.resume_dir, "Resume from a checkpoint DIR");
-  sub->add_option("--device", o.device, "cuda or cpu")->capture_default_str()->check(CLI::IsMember({"cuda", "cpu"}));
+  sub->add_option("--device", f.device, "cuda or cpu")->capture_default_str()->check(CLI::IsMember({"cuda", "cpu"}));
   sub->add_flag("--no_cuda_graph", f.no_cuda_graph, "Run every step eagerly (no CUDA graph replay)");
   sub->add_flag("--print_layouts", f.print_layouts, "Print the precision layouts' bytes per parameter and exit");
   sub->add_flag("--fixed_batch", o.fixed_batch, "Reuse the first batch every step (the loss must fall)");
@@ -132,11 +138,6 @@ CommandRegistrar reg("train", [](CLI::App& parent, int& exit_code) {
                 "Keep CUDA-graph replay on inside --profile_steps (default: eager there)");
   sub->callback([&exit_code] { exit_code = run_train(f); });
   return sub;
-});
+}
 
-struct DefaultTrain {
-  DefaultTrain() { set_default_command("train"); }
-} default_train;
-
-}  // namespace
 }  // namespace cutrain::tools

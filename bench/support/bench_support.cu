@@ -148,4 +148,13 @@ bool require_gpu(benchmark::State& state) {
   return false;
 }
 
+int run_benchmarks(int argc, char** argv, void (*register_all)()) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
+
 }  // namespace cutrain::bench

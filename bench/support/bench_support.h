@@ -70,4 +70,8 @@ void fill_uniform(bf16* p, std::size_t n, float lo, float hi, std::uint32_t seed
 void fill_uniform(float* p, std::size_t n, float lo, float hi, std::uint32_t seed);
 void fill_classes(std::int32_t* p, std::size_t n, int classes, std::uint32_t seed);
 
+// The body of every benchmark program's main: `register_all()` adds the benchmarks, then Google
+// Benchmark runs those argv selects. Returns the exit code (1 for an unrecognized argument).
+int run_benchmarks(int argc, char** argv, void (*register_all)());
+
 }  // namespace cutrain::bench

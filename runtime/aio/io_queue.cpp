@@ -79,4 +79,9 @@ std::unique_ptr<IoQueue> make_queue(Backend wanted, const QueueOptions& o, std::
   return std::make_unique<ThreadQueue>();
 }
 
+std::unique_ptr<IoQueue> queue_unavailable(std::string* why, std::string reason) {
+  if (why) *why = std::move(reason);
+  return nullptr;
+}
+
 }  // namespace cutrain::aio

@@ -49,4 +49,7 @@ std::unique_ptr<IoQueue> make_queue(Backend wanted, const QueueOptions& opts, st
 // and the last-resort backend). Throws on error or EOF.
 void finish_sync(const Piece& p, std::size_t done);
 
+// For the backends' factories: no queue, with `reason` in `why` (when given).
+std::unique_ptr<IoQueue> queue_unavailable(std::string* why, std::string reason);
+
 }  // namespace cutrain::aio

@@ -93,11 +93,8 @@ class LibAioQueue final : public IoQueue {
 
 std::unique_ptr<IoQueue> make_libaio_queue(const QueueOptions& o, std::string* why) {
   io_context_t ctx = nullptr;
-  int r = io_setup(o.queue_depth, &ctx);
-  if (r < 0) {
-    if (why) *why = std::string("io_setup: ") + std::strerror(-r);
-    return nullptr;
-  }
+  if (int r = io_setup(o.queue_depth, &ctx); r < 0)
+    return queue_unavailable(why, std::string("io_setup: ") + std::strerror(-r));
   return std::make_unique<LibAioQueue>(ctx, o);
 }
 
@@ -107,8 +104,7 @@ std::unique_ptr<IoQueue> make_libaio_queue(const QueueOptions& o, std::string* w
 
 namespace cutrain::aio {
 std::unique_ptr<IoQueue> make_libaio_queue(const QueueOptions&, std::string* why) {
-  if (why) *why = "cutrain was built without libaio (install libaio-dev and reconfigure)";
-  return nullptr;
+  return queue_unavailable(why, "cutrain was built without libaio (install libaio-dev and reconfigure)");
 }
 }  // namespace cutrain::aio
 

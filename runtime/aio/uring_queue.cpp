@@ -79,11 +79,8 @@ class UringQueue final : public IoQueue {
 
 std::unique_ptr<IoQueue> make_uring_queue(const QueueOptions& o, std::string* why) {
   io_uring ring;
-  int r = io_uring_queue_init(static_cast<unsigned>(o.queue_depth), &ring, 0);
-  if (r < 0) {
-    if (why) *why = std::string("io_uring_queue_init: ") + std::strerror(-r);
-    return nullptr;
-  }
+  if (int r = io_uring_queue_init(static_cast<unsigned>(o.queue_depth), &ring, 0); r < 0)
+    return queue_unavailable(why, std::string("io_uring_queue_init: ") + std::strerror(-r));
   return std::make_unique<UringQueue>(ring, o);
 }
 
@@ -93,8 +90,7 @@ std::unique_ptr<IoQueue> make_uring_queue(const QueueOptions& o, std::string* wh
 
 namespace cutrain::aio {
 std::unique_ptr<IoQueue> make_uring_queue(const QueueOptions&, std::string* why) {
-  if (why) *why = "cutrain was built without liburing (install liburing-dev and reconfigure)";
-  return nullptr;
+  return queue_unavailable(why, "cutrain was built without liburing (install liburing-dev and reconfigure)");
 }
 }  // namespace cutrain::aio
 

@@ -5,9 +5,9 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "model/data/documents.h"
-#include "model/data/encode_documents.h"
-#include "model/data/token_shard.h"
+#include "data/documents.h"
+#include "data/encode_documents.h"
+#include "data/token_shard.h"
 #include "tests/unit/data_test_util.h"
 
 namespace cutrain::data {

@@ -10,12 +10,12 @@
 
 #include <filesystem>
 
-#include "model/checkpoint.h"
-#include "model/engine.h"
 #include "model/reference_model.h"
-#include "runtime/config.h"
 #include "tests/support/small_model.h"
 #include "tests/support/test_support.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/engine.h"
 
 using namespace cutrain;
 using namespace cutrain::model;

@@ -4,11 +4,11 @@
 // offloaded states' bytes.
 #include <gtest/gtest.h>
 
-#include "model/engine.h"
 #include "runtime/allocator.h"
-#include "runtime/config.h"
 #include "tests/support/small_model.h"
 #include "tests/support/test_support.h"
+#include "train/config.h"
+#include "train/engine.h"
 
 using namespace cutrain;
 using namespace cutrain::model;

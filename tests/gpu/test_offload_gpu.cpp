@@ -16,11 +16,11 @@
 #include <thread>
 #include <vector>
 
-#include "model/offload_model.h"
 #include "runtime/allocator.h"
 #include "runtime/offload.h"
 #include "runtime/staged_copy.h"
 #include "tests/support/test_support.h"
+#include "tools/offload_model/offload_model.h"
 
 using namespace cutrain;
 

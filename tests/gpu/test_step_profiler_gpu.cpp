@@ -8,12 +8,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/step_profiler.h"
 #include "runtime/file_util.h"
 #include "runtime/profiler.h"
 #include "runtime/timing.h"
 #include "tests/gpu/spin_kernel.h"
 #include "tests/support/test_support.h"
+#include "train/step_profiler.h"
 
 using namespace cutrain;
 using namespace cutrain::model;

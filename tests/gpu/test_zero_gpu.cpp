@@ -10,11 +10,11 @@
 #include <ostream>
 #include <string>
 
-#include "model/engine.h"
 #include "runtime/comm/communicator.h"
-#include "runtime/config.h"
 #include "tests/support/small_model.h"
 #include "tests/support/test_support.h"
+#include "train/config.h"
+#include "train/engine.h"
 
 using namespace cutrain;
 using namespace cutrain::model;

@@ -1,4 +1,4 @@
-// @brief The small transformer the GPU model/engine tests train: hidden 128 with 2 heads
+// @brief The small transformer the GPU model and engine tests train: hidden 128 with 2 heads
 // (head_dim 64, what the attention kernel supports), 2 layers, vocab 1000, batch 2 x 64.
 #pragma once
 
@@ -6,8 +6,8 @@
 #include <random>
 #include <vector>
 
-#include "model/cpu_backend.h"
 #include "tests/support/test_support.h"
+#include "train/cpu_backend.h"
 
 namespace cutrain::test {
 

@@ -9,7 +9,7 @@
 #include <sstream>
 #include <string>
 
-#include "model/data/gpt2_tokenizer.h"
+#include "data/gpt2_tokenizer.h"
 
 namespace cutrain::test {
 

@@ -9,14 +9,14 @@
 #include <filesystem>
 #include <random>
 
-#include "model/checkpoint.h"
-#include "model/checkpoint_io.h"
-#include "model/cpu_backend.h"
 #include "runtime/aio/aio_file.h"
-#include "runtime/config.h"
 #include "runtime/error.h"
 #include "runtime/file_util.h"
 #include "tests/support/test_support.h"
+#include "train/checkpoint.h"
+#include "train/checkpoint_io.h"
+#include "train/config.h"
+#include "train/cpu_backend.h"
 
 using namespace cutrain;
 using namespace cutrain::model;

@@ -8,8 +8,8 @@
 #include <random>
 #include <string>
 
+#include "parallel/partition.h"
 #include "runtime/comm/launch_env.h"
-#include "runtime/comm/partition.h"
 #include "runtime/comm/rendezvous.h"
 #include "runtime/error.h"
 #include "tests/support/test_support.h"

@@ -8,8 +8,8 @@
 #include <string>
 #include <unistd.h>
 
-#include "runtime/config.h"
 #include "runtime/file_util.h"
+#include "train/config.h"
 
 using namespace cutrain;
 
@@ -86,7 +86,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c.steps_per_print, 7);
   EXPECT_FLOAT_EQ(c.gradient_clipping, 1.5f);
   EXPECT_TRUE(c.wall_clock_breakdown);
-  EXPECT_EQ(c.optimizer.type, "Adam");  // case-insensitive, canonical spelling
+  EXPECT_EQ(c.optimizer.type, OptimizerType::Adam);  // case-insensitive, canonical spelling
   EXPECT_FLOAT_EQ(c.optimizer.lr, 3e-4f);
   EXPECT_FLOAT_EQ(c.optimizer.beta1, 0.8f);
   EXPECT_FLOAT_EQ(c.optimizer.beta2, 0.95f);
@@ -94,12 +94,12 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_FLOAT_EQ(c.optimizer.weight_decay, 0.1f);
   EXPECT_FALSE(c.optimizer.adam_w_mode);  // type Adam honours adam_w_mode: false (L2)
   EXPECT_FALSE(c.optimizer.bias_correction);
-  EXPECT_EQ(c.scheduler.type, "WarmupDecayLR");
+  EXPECT_EQ(c.scheduler.type, SchedulerType::WarmupDecayLR);
   EXPECT_FLOAT_EQ(c.scheduler.warmup_min_lr, 1e-6f);
   ASSERT_TRUE(c.scheduler.warmup_max_lr.has_value());
   EXPECT_FLOAT_EQ(*c.scheduler.warmup_max_lr, 2e-4f);
   EXPECT_EQ(c.scheduler.warmup_num_steps, 50);
-  EXPECT_EQ(c.scheduler.warmup_type, "linear");
+  EXPECT_EQ(c.scheduler.warmup_type, WarmupType::Linear);
   EXPECT_EQ(c.scheduler.total_num_steps, 500);
   EXPECT_TRUE(c.bf16.enabled);
   EXPECT_TRUE(c.bf16.bf16_master_weights_and_grads);
@@ -127,7 +127,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(z.sub_group_size, 100000000);
   EXPECT_TRUE(z.round_robin_gradients);
   EXPECT_TRUE(z.stage3_gather_16bit_weights_on_model_save);
-  EXPECT_EQ(z.offload_optimizer.device, "nvme");
+  EXPECT_EQ(z.offload_optimizer.device, OffloadTarget::Nvme);
   EXPECT_EQ(z.offload_optimizer.nvme_path, "/tmp/x");
   EXPECT_TRUE(z.offload_optimizer.pin_memory);
   EXPECT_EQ(z.offload_optimizer.buffer_count, 6);
@@ -135,13 +135,13 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_TRUE(z.offload_optimizer.pipeline_write);
   EXPECT_TRUE(z.offload_optimizer.fast_init);
   EXPECT_FLOAT_EQ(z.offload_optimizer.ratio, 0.5f);
-  EXPECT_EQ(z.offload_param.device, "cpu");
+  EXPECT_EQ(z.offload_param.device, OffloadTarget::Cpu);
   EXPECT_TRUE(z.offload_param.pin_memory);
   EXPECT_EQ(z.offload_param.buffer_count, 5);
   EXPECT_EQ(z.offload_param.buffer_size, 200000000);
   EXPECT_EQ(z.offload_param.max_in_cpu, 3000000000LL);
   EXPECT_TRUE(c.torch_autocast.enabled);
-  EXPECT_EQ(c.torch_autocast.dtype, "torch.bfloat16");  // normalized
+  EXPECT_EQ(c.torch_autocast.dtype, AutocastDtype::BFloat16);  // normalized
   ASSERT_EQ(c.torch_autocast.lower_precision_safe_modules.size(), 1u);
   EXPECT_EQ(c.torch_autocast.lower_precision_safe_modules[0], "torch.nn.Linear");
   EXPECT_TRUE(c.has_activation_checkpointing);
@@ -163,12 +163,12 @@ TEST(Config, ParsesEveryKey) {
 
 TEST(Config, DefaultsWhenSectionsAreAbsent) {
   TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 2})", "min.json");
-  EXPECT_EQ(c.optimizer.type, "AdamW");
+  EXPECT_EQ(c.optimizer.type, OptimizerType::AdamW);
   EXPECT_TRUE(c.optimizer.adam_w_mode);
-  EXPECT_TRUE(c.scheduler.type.empty());
+  EXPECT_EQ(c.scheduler.type, SchedulerType::None);
   EXPECT_FALSE(c.bf16.enabled);
   EXPECT_EQ(c.zero_optimization.stage, 0);
-  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, "none");
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadTarget::None);
   EXPECT_FALSE(c.has_activation_checkpointing);
   EXPECT_EQ(c.aio.block_size, 1048576);
   EXPECT_EQ(c.train_batch_size, 2);
@@ -268,7 +268,7 @@ TEST(Config, SchedulerParamsOfAnotherSchedulerAreErrors) {
                {"scheduler.params.warmup_num_steps", "positive integer", "found number 0"});
   TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupCosineLR",
       "params": {"total_num_steps": 100, "warmup_num_steps": 10, "warmup_min_ratio": 0.1, "cos_min_ratio": 0.01}}})", "c.json");
-  EXPECT_EQ(c.scheduler.type, "WarmupCosineLR");
+  EXPECT_EQ(c.scheduler.type, SchedulerType::WarmupCosineLR);
   EXPECT_FLOAT_EQ(c.scheduler.warmup_min_ratio, 0.1f);
   EXPECT_FLOAT_EQ(c.scheduler.cos_min_ratio, 0.01f);
   EXPECT_EQ(c.scheduler.total_num_steps, 100);
@@ -382,7 +382,7 @@ TEST(Config, NvmeOptimizerOffloadNeedsAnExistingFolder) {
                      "'" + file.string() + "' is not a folder"});
   // Empty path (a config built in code; the parser already refuses it in a file).
   TrainConfig empty = config_with("cpu", "");
-  empty.zero_optimization.offload_optimizer.device = "nvme";
+  empty.zero_optimization.offload_optimizer.device = OffloadTarget::Nvme;
   expect_path_error(empty, {"zero_optimization.offload_optimizer.nvme_path", "found nothing"});
   // An existing folder passes; device cpu and none never look at the path.
   EXPECT_NO_THROW(check_offload_paths(config_with("nvme", dir.string())));
@@ -449,7 +449,7 @@ TEST(Config, ShippedConfigsLoad) {
     EXPECT_EQ(c.micro_batch(), 4);
     EXPECT_EQ(c.accumulation(), 1);
     EXPECT_EQ(c.train_batch_size, 4);
-    EXPECT_EQ(c.optimizer.type, "AdamW");
+    EXPECT_EQ(c.optimizer.type, OptimizerType::AdamW);
     EXPECT_FLOAT_EQ(c.optimizer.lr, 1e-4f);
     EXPECT_FLOAT_EQ(c.optimizer.beta1, 0.9f);
     EXPECT_FLOAT_EQ(c.optimizer.beta2, 0.999f);
@@ -474,16 +474,16 @@ TEST(Config, ShippedConfigsLoad) {
   EXPECT_TRUE(full.bf16.bf16_master_weights_and_grads);
   EXPECT_TRUE(full.bf16.bf16_optimizer_states);
   EXPECT_TRUE(full.torch_autocast.enabled);
-  EXPECT_EQ(full.torch_autocast.dtype, "torch.bfloat16");
+  EXPECT_EQ(full.torch_autocast.dtype, AutocastDtype::BFloat16);
   TrainConfig cpu = load_config(dir / "offload_cpu.json");
-  EXPECT_EQ(cpu.zero_optimization.offload_optimizer.device, "cpu");
+  EXPECT_EQ(cpu.zero_optimization.offload_optimizer.device, OffloadTarget::Cpu);
   TrainConfig nvme = load_config(dir / "offload_nvme.json");
-  EXPECT_EQ(nvme.zero_optimization.offload_optimizer.device, "nvme");
+  EXPECT_EQ(nvme.zero_optimization.offload_optimizer.device, OffloadTarget::Nvme);
   EXPECT_EQ(nvme.zero_optimization.offload_optimizer.nvme_path, "/tmp/cutrain_nvme");
   EXPECT_EQ(nvme.source, dir / "offload_nvme.json");
   TrainConfig swap = load_config(dir / "bf16_full_nvme_optimizer.json");
   EXPECT_TRUE(swap.bf16.bf16_optimizer_states);
-  EXPECT_EQ(swap.zero_optimization.offload_optimizer.device, "nvme");
+  EXPECT_EQ(swap.zero_optimization.offload_optimizer.device, OffloadTarget::Nvme);
   EXPECT_TRUE(swap.zero_optimization.offload_optimizer.pipeline_read);
   EXPECT_TRUE(swap.zero_optimization.offload_optimizer.pipeline_write);
 }
@@ -508,4 +508,46 @@ TEST(Config, RandomDamageGivesConfigErrorsOnly) {
     }
   }
   EXPECT_GT(refused, 0);
+}
+
+// String choices become enums where the JSON is read, in any case the file spells them.
+TEST(ConfigChoices, ParsedOnceIntoEnums) {
+  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "adamw"},
+      "scheduler": {"type": "warmupcosinelr", "params": {"total_num_steps": 10, "warmup_num_steps": 2, "warmup_type": "LINEAR"}},
+      "bf16": {"enabled": false}, "torch_autocast": {"enabled": true, "dtype": "torch.half"},
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "CPU"}, "offload_param": {"device": null}}})",
+                               "choices.json");
+  EXPECT_EQ(c.optimizer.type, OptimizerType::AdamW);
+  EXPECT_EQ(c.scheduler.type, SchedulerType::WarmupCosineLR);
+  EXPECT_EQ(c.scheduler.warmup_type, WarmupType::Linear);
+  EXPECT_EQ(c.torch_autocast.dtype, AutocastDtype::Float16);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadTarget::Cpu);
+  EXPECT_EQ(c.zero_optimization.offload_param.device, OffloadTarget::None);
+}
+
+TEST(ConfigChoices, NamesRoundTripThroughTheirTables) {
+  for (const auto& ch : kOptimizerTypes) EXPECT_EQ(parse_choice(kOptimizerTypes, name(ch.value), "x"), ch.value);
+  for (const auto& ch : kSchedulerTypes) EXPECT_EQ(parse_choice(kSchedulerTypes, name(ch.value), "x"), ch.value);
+  for (const auto& ch : kWarmupTypes) EXPECT_EQ(parse_choice(kWarmupTypes, name(ch.value), "x"), ch.value);
+  for (const auto& ch : kOffloadTargets) EXPECT_EQ(parse_choice(kOffloadTargets, name(ch.value), "x"), ch.value);
+  for (const auto& ch : kAutocastDtypes) EXPECT_EQ(parse_choice(kAutocastDtypes, name(ch.value), "x"), ch.value);
+  for (const auto& ch : kTrainDevices) EXPECT_EQ(parse_choice(kTrainDevices, name(ch.value), "x"), ch.value);
+  for (const auto& ch : kLabelsChoices) EXPECT_EQ(parse_choice(kLabelsChoices, name(ch.value), "x"), ch.value);
+  for (const auto& ch : kAttentionChoices) EXPECT_EQ(parse_choice(kAttentionChoices, name(ch.value), "x"), ch.value);
+  EXPECT_STREQ(name(SchedulerType::None), "");
+  EXPECT_STREQ(name(OffloadTarget::None), "none");
+  EXPECT_STREQ(name(AutocastDtype::BFloat16), "torch.bfloat16");
+}
+
+// A flag's bad value: the flag, what was expected and what was found.
+TEST(ConfigChoices, BadFlagValueNamesFlagExpectedAndFound) {
+  try {
+    parse_choice(kAttentionChoices, "sliding", "--attention");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("--attention: expected one of \"auto\", \"causal\", \"bidirectional\", found \"sliding\""),
+              std::string::npos)
+        << e.message();
+  }
+  EXPECT_THROW(parse_choice(kTrainDevices, "CUDA", "--device"), Error);  // flags are case-sensitive
 }

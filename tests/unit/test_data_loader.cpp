@@ -7,7 +7,7 @@
 #include <set>
 #include <thread>
 
-#include "model/data/data_loader.h"
+#include "data/data_loader.h"
 #include "runtime/error.h"
 #include "tests/support/test_support.h"
 #include "tests/unit/data_test_util.h"

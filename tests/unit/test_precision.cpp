@@ -1,7 +1,7 @@
 // The precision layouts: buffers and bytes per parameter, chosen from the config's bf16 section.
 #include <gtest/gtest.h>
 
-#include "model/precision.h"
+#include "train/precision.h"
 
 using namespace cutrain;
 using namespace cutrain::model;

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "model/safetensors.h"
 #include "runtime/file_util.h"
+#include "runtime/safetensors.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;

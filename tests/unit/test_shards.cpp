@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "model/data/token_shard.h"
+#include "data/token_shard.h"
 #include "runtime/error.h"
 #include "tests/support/test_support.h"
 #include "tests/unit/data_test_util.h"

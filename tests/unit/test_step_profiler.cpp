@@ -5,11 +5,11 @@
 #include <random>
 #include <sstream>
 
-#include "model/step_profiler.h"
 #include "runtime/error.h"
 #include "runtime/profiler.h"
 #include "runtime/timing.h"
 #include "tests/support/test_support.h"
+#include "train/step_profiler.h"
 
 using namespace cutrain;
 using namespace cutrain::model;

@@ -9,11 +9,11 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "model/data/byte_unicode.h"
-#include "model/data/documents.h"
-#include "model/data/encode_documents.h"
-#include "model/data/pretokenize.h"
-#include "model/data/utf8.h"
+#include "data/byte_unicode.h"
+#include "data/documents.h"
+#include "data/encode_documents.h"
+#include "data/pretokenize.h"
+#include "data/utf8.h"
 #include "tests/support/test_support.h"
 #include "tests/unit/data_test_util.h"
 

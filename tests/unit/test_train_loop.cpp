@@ -9,11 +9,11 @@
 #include <regex>
 #include <sstream>
 
-#include "model/data/token_shard.h"
-#include "model/train_loop.h"
-#include "runtime/config.h"
+#include "data/token_shard.h"
 #include "runtime/error.h"
 #include "tests/support/test_support.h"
+#include "train/config.h"
+#include "train/train_loop.h"
 
 using namespace cutrain;
 using namespace cutrain::model;
@@ -33,7 +33,7 @@ TrainOptions tiny(std::uint64_t seed) {
   o.deepspeed_config = "configs/baseline.json";
   o.hidden_dim = 32, o.num_layers = 2, o.num_heads = 2, o.vocab_size = 64;
   o.batch_size = 2, o.seq_length = 8, o.num_steps = 6, o.warmup_steps = 2, o.log_interval = 2;
-  o.device = "cpu";
+  o.device = TrainDevice::Cpu;
   o.seed = seed;
   return o;
 }

@@ -6,10 +6,11 @@
 #include <algorithm>
 #include <string>
 
-#include "model/precision.h"
 #include "model/transformer_params.h"
-#include "model/zero_comm.h"
-#include "model/zero_plan.h"
+#include "parallel/zero_comm.h"
+#include "parallel/zero_plan.h"
+#include "train/precision.h"
+#include "train/zero_memory.h"
 
 using namespace cutrain;
 using namespace cutrain::model;

@@ -1,4 +1,4 @@
-// ZeRO stage 3's pure layout (model/zero_shard_layout.h): every unit partitioned over W ranks on
+// ZeRO stage 3's pure layout (parallel/zero_shard_layout.h): every unit partitioned over W ranks on
 // its own, the shard offsets, the padded layout, the gather buffer size, persistence, the host
 // copies between layouts, and the order in which a step uses the units.
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "model/transformer_params.h"
-#include "model/zero_shard_layout.h"
+#include "parallel/zero_shard_layout.h"
 #include "runtime/error.h"
 
 using namespace cutrain;

@@ -1,1 +1,0 @@
-cutrain_add_bench(NAME bench_attention SOURCES bench_attention.cu LIBS cutrain_kernel_attention)

@@ -1,1 +1,0 @@
-cutrain_add_kernel(embedding SOURCES ${CMAKE_CURRENT_LIST_DIR}/embedding.cu)

@@ -1,1 +1,0 @@
-cutrain_add_kernel(gelu SOURCES ${CMAKE_CURRENT_LIST_DIR}/gelu.cu)

@@ -1,0 +1,71 @@
+// @brief ZeRO stage 3, the pure layout (no CUDA): every parameter unit (transformer_params.h's
+// ParamUnit: embeddings, each block, the head) is partitioned over the ranks on its own, so that
+// gathering one unit is one all-gather. A rank's shard is the concatenation of its pieces of
+// every unit; the bf16 params, the fp32 master, the moments and the reduced gradients of a rank
+// all use that shard layout, so the fused optimizer runs once over contiguous shard buffers.
+//
+// Index spaces:
+//   flat    the model's flat buffer [0, numel) (TransformerParams offsets);
+//   padded  every unit padded to world x per_rank elements, units back to back: the layout of a
+//           gathered unit, of the full gradient buffer and of a gathered state (save_state);
+//           unit u starts at padded_offset = world x shard_offset;
+//   shard   one rank's pieces, unit after unit: unit u's piece at [shard_offset, +per_rank).
+// Rank r's piece of unit u is the unit's padded elements [r x per_rank, (r+1) x per_rank).
+// per_rank is a multiple of 8 elements (whole 16-byte vectors of bf16 and fp32), so every piece,
+// gathered unit and shard offset is 16-byte aligned. At world size 1 with the model's 64-element
+// aligned units nothing is padded: padded == shard == flat.
+//
+// stage3_param_persistence_threshold: a unit with at most that many real elements is persistent:
+// still partitioned for the optimizer, but kept gathered on every rank between steps (one
+// all-gather after each optimizer step) instead of being gathered before each use.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "parallel/partition.h"
+
+namespace cutrain::model {
+
+struct ShardUnit {
+  comm::Range flat;               // the unit's real elements in the flat buffer
+  std::size_t per_rank = 0;       // elements of each rank's piece (multiple of 8)
+  std::size_t shard_offset = 0;   // the piece's start in every rank's shard
+  std::size_t padded_offset = 0;  // the unit's start in the padded layout (world x shard_offset)
+  bool persistent = false;        // kept gathered between steps (see above)
+  std::size_t persistent_offset = 0;  // persistent units: start in the persistent buffer
+  std::size_t padded_size(int world) const { return per_rank * static_cast<std::size_t>(world); }
+};
+
+struct ShardLayout {
+  int world = 1;
+  std::size_t numel = 0;             // the flat buffer's elements
+  std::vector<ShardUnit> units;
+  std::size_t shard_elems = 0;       // per rank: sum of per_rank
+  std::size_t padded_elems = 0;      // world x shard_elems
+  std::size_t gather_elems = 0;      // one gather buffer: the largest non-persistent unit, padded (0: none)
+  std::size_t persistent_elems = 0;  // the persistent units, padded, back to back
+
+  // Rank r's piece of unit u in flat coordinates, clipped to the unit's real elements (may be empty).
+  comm::Range piece_flat(std::size_t u, int rank) const;
+  // Flat index of a padded-layout index, or numel when it is padding.
+  std::size_t flat_of_padded(std::size_t padded_index) const;
+  // Padded-layout index of a flat index (< numel): where backward writes that gradient element.
+  std::size_t padded_of_flat(std::size_t flat_index) const;
+  // Host copies between layouts (float values; padding written as 0):
+  // rank r's shard (shard_elems) from the flat buffer (numel).
+  std::vector<float> shard_from_flat(const float* flat, int rank) const;
+  // The flat buffer (numel) from the padded layout (padded_elems).
+  std::vector<float> flat_from_padded(const float* padded) const;
+};
+
+// Units must tile [0, numel) in order (checked). Throws on world < 1.
+ShardLayout make_shard_layout(const std::vector<comm::Range>& units, std::size_t numel, int world,
+                              std::size_t persistence_threshold);
+
+// The order in which a training step uses the units: per micro-batch the forward (embeddings,
+// blocks, head) and the backward (head kept from the forward, blocks in reverse; the embedding
+// backward needs no parameters). `eval`: the forward only, one micro-batch.
+std::vector<int> stage3_use_order(int layers, int micro_batches, bool eval);
+
+}  // namespace cutrain::model

@@ -1,0 +1,85 @@
+#include "train/checkpoint_io.h"
+
+#include <cstdlib>
+
+#include "runtime/aio/aio_file.h"
+#include "runtime/aio/aio_handle.h"
+#include "runtime/error.h"
+
+namespace cutrain {
+
+CheckpointIo parse_checkpoint_io(std::string_view s) {
+  if (s == "auto") return CheckpointIo::Auto;
+  if (s == "aio") return CheckpointIo::Aio;
+  if (s == "plain") return CheckpointIo::Plain;
+  CUTRAIN_FAIL("checkpoint io: expected \"auto\", \"aio\" or \"plain\", found \"", s, "\"");
+}
+
+const char* checkpoint_io_name(CheckpointIo io) {
+  switch (io) {
+    case CheckpointIo::Auto: return "auto";
+    case CheckpointIo::Aio: return "aio";
+    case CheckpointIo::Plain: return "plain";
+  }
+  return "?";
+}
+
+CheckpointFiles::CheckpointFiles(CheckpointIo requested) : io_(requested) {
+  if (io_ == CheckpointIo::Auto) {
+    if (const char* env = std::getenv("CUTRAIN_CHECKPOINT_IO"); env && *env) {
+      try {
+        io_ = parse_checkpoint_io(env);
+      } catch (const Error& e) {
+        CUTRAIN_FAIL("CUTRAIN_CHECKPOINT_IO=", env, ": ", e.message());
+      }
+      why_ = detail::concat("CUTRAIN_CHECKPOINT_IO=", env);
+    }
+  }
+  if (io_ == CheckpointIo::Auto) {
+    handle_ = std::make_unique<aio::AioHandle>();
+    if (handle_->backend() == aio::Backend::Threads) {
+      io_ = CheckpointIo::Plain;
+      why_ = "no kernel async I/O backend (" + handle_->fallback_reason() + ")";
+      handle_.reset();
+    } else {
+      io_ = CheckpointIo::Aio;
+      why_ = std::string("aio backend ") + aio::backend_name(handle_->backend());
+    }
+  }
+  if (io_ == CheckpointIo::Aio && !handle_) handle_ = std::make_unique<aio::AioHandle>();
+  if (why_.empty()) why_ = std::string("asked for ") + checkpoint_io_name(io_);
+}
+
+CheckpointFiles::~CheckpointFiles() = default;
+
+void CheckpointFiles::write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
+                                        const SafetensorsMetadata& metadata) {
+  if (io_ == CheckpointIo::Plain) {
+    cutrain::write_safetensors(path, tensors, metadata);
+    return;
+  }
+  const SafetensorsImage img = safetensors_image(path, tensors, metadata);
+  std::vector<std::span<const std::byte>> pieces;
+  pieces.reserve(img.data.size() + 1);
+  pieces.emplace_back(reinterpret_cast<const std::byte*>(img.prefix.data()), img.prefix.size());
+  pieces.insert(pieces.end(), img.data.begin(), img.data.end());
+  aio::write_file_atomic(*handle_, path, pieces);
+}
+
+void CheckpointFiles::read(const SafetensorsReader& r, std::span<const TensorRead> reads) {
+  if (io_ == CheckpointIo::Plain) {
+    for (const auto& t : reads) r.read(t.name, t.dst, t.bytes);
+    return;
+  }
+  std::vector<aio::FileRange> ranges;
+  ranges.reserve(reads.size());
+  for (const auto& t : reads) {
+    const SafetensorsTensorInfo& info = r.tensor(t.name);
+    CUTRAIN_CHECK(t.bytes == info.bytes(), "safetensors '", r.path().string(), "': tensor '", t.name, "' holds ",
+                  info.bytes(), " bytes (", info.dtype_name, "), but the destination has ", t.bytes);
+    ranges.push_back({r.data_start() + info.begin, t.dst, t.bytes});
+  }
+  aio::read_ranges(*handle_, r.path(), ranges);
+}
+
+}  // namespace cutrain

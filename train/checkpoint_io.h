@@ -1,0 +1,54 @@
+// @brief How checkpoint files travel to and from disk. `aio`: through the aio handle
+// (runtime/aio/aio_file.h: O_DIRECT, two aligned staging chunks, pinned with a GPU; still a temp
+// name, fsync and rename). `plain`: buffered write() / pread() (AtomicFileWriter, ReadOnlyFile).
+// Both write byte-identical files. `auto` takes CUTRAIN_CHECKPOINT_IO (aio | plain) when set,
+// else aio when the handle gets a kernel async backend (io_uring or libaio), else plain.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "runtime/safetensors.h"
+
+namespace cutrain {
+namespace aio {
+class AioHandle;
+}
+
+enum class CheckpointIo { Auto, Aio, Plain };
+CheckpointIo parse_checkpoint_io(std::string_view s);  // "auto" | "aio" | "plain", else an error
+const char* checkpoint_io_name(CheckpointIo io);
+
+// One tensor to read: all of its bytes into `dst`.
+struct TensorRead {
+  std::string name;
+  void* dst = nullptr;
+  std::size_t bytes = 0;
+};
+
+// The files of one save or load (it holds the aio handle for them).
+class CheckpointFiles {
+ public:
+  explicit CheckpointFiles(CheckpointIo requested = CheckpointIo::Auto);
+  ~CheckpointFiles();
+  CheckpointFiles(const CheckpointFiles&) = delete;
+  CheckpointFiles& operator=(const CheckpointFiles&) = delete;
+
+  CheckpointIo io() const { return io_; }  // Aio or Plain, never Auto
+  const std::string& why() const { return why_; }  // how Auto decided
+
+  void write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
+                         const SafetensorsMetadata& metadata = {});
+  // Sizes checked against the file's tensors (an error names the file and tensor).
+  void read(const SafetensorsReader& reader, std::span<const TensorRead> reads);
+
+ private:
+  CheckpointIo io_;
+  std::string why_;
+  std::unique_ptr<aio::AioHandle> handle_;
+};
+
+}  // namespace cutrain

@@ -1,0 +1,102 @@
+// @brief The string-valued choices of the DeepSpeed config and of `cutrain train`'s flags as typed
+// enums. Each has one table of its spellings: the config reader and the flag parser turn text
+// into the enum through it (once, where the JSON or the flags are read), and the printers turn the
+// enum back into the same spelling. Nothing downstream compares strings.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace cutrain {
+
+template <class E>
+struct Choice {
+  E value;
+  const char* name;
+};
+
+// ---- the DeepSpeed config ----
+
+// optimizer.type (case-insensitive in the file).
+enum class OptimizerType { Adam, AdamW };
+inline constexpr std::array<Choice<OptimizerType>, 2> kOptimizerTypes{
+    {{OptimizerType::Adam, "Adam"}, {OptimizerType::AdamW, "AdamW"}}};
+
+// scheduler.type; None: no scheduler section (a constant lr).
+enum class SchedulerType { None, WarmupLR, WarmupDecayLR, WarmupCosineLR };
+inline constexpr std::array<Choice<SchedulerType>, 3> kSchedulerTypes{{{SchedulerType::WarmupLR, "WarmupLR"},
+                                                                        {SchedulerType::WarmupDecayLR, "WarmupDecayLR"},
+                                                                        {SchedulerType::WarmupCosineLR, "WarmupCosineLR"}}};
+
+// scheduler.params.warmup_type.
+enum class WarmupType { Log, Linear };
+inline constexpr std::array<Choice<WarmupType>, 2> kWarmupTypes{{{WarmupType::Log, "log"}, {WarmupType::Linear, "linear"}}};
+
+// zero_optimization.offload_optimizer.device / offload_param.device (null reads as None).
+enum class OffloadTarget { None, Cpu, Nvme };
+inline constexpr std::array<Choice<OffloadTarget>, 3> kOffloadTargets{
+    {{OffloadTarget::None, "none"}, {OffloadTarget::Cpu, "cpu"}, {OffloadTarget::Nvme, "nvme"}}};
+
+// torch_autocast.dtype, by its normalized spelling (the reader also takes "bfloat16", "torch.bf16",
+// "float16", "torch.half").
+enum class AutocastDtype { BFloat16, Float16 };
+inline constexpr std::array<Choice<AutocastDtype>, 2> kAutocastDtypes{
+    {{AutocastDtype::BFloat16, "torch.bfloat16"}, {AutocastDtype::Float16, "torch.float16"}}};
+
+// ---- `cutrain train` flags ----
+
+// --device.
+enum class TrainDevice { Cuda, Cpu };
+inline constexpr std::array<Choice<TrainDevice>, 2> kTrainDevices{{{TrainDevice::Cuda, "cuda"}, {TrainDevice::Cpu, "cpu"}}};
+
+// --labels: Auto (real data: next-token; random data: random labels, as the BF16 example),
+// NextToken (targets = the following token), Identity (labels = input ids, the BF16 example's
+// --use_real_data exactly).
+enum class LabelsChoice { Auto, NextToken, Identity };
+inline constexpr std::array<Choice<LabelsChoice>, 3> kLabelsChoices{
+    {{LabelsChoice::Auto, "auto"}, {LabelsChoice::NextToken, "next_token"}, {LabelsChoice::Identity, "identity"}}};
+
+// --attention: Auto (causal for next-token real data, else bidirectional as the example).
+enum class AttentionChoice { Auto, Causal, Bidirectional };
+inline constexpr std::array<Choice<AttentionChoice>, 3> kAttentionChoices{{{AttentionChoice::Auto, "auto"},
+                                                                            {AttentionChoice::Causal, "causal"},
+                                                                            {AttentionChoice::Bidirectional, "bidirectional"}}};
+
+// The spelling of a value ("" for a value the table does not list, e.g. SchedulerType::None).
+template <class E, std::size_t N>
+constexpr const char* choice_name(const std::array<Choice<E>, N>& table, E value) {
+  for (const Choice<E>& c : table)
+    if (c.value == value) return c.name;
+  return "";
+}
+
+// `one of "a", "b", "c"`: what an error message says was expected.
+template <class E, std::size_t N>
+std::string choices_text(const std::array<Choice<E>, N>& table) {
+  std::string s = "one of";
+  for (std::size_t i = 0; i < N; ++i) s += std::string(i ? ", \"" : " \"") + table[i].name + "\"";
+  return s;
+}
+
+// Parses `text` (exact spelling) for the flag or JSON path `what`. Throws cutrain::Error
+// "<what>: expected one of "a", "b", found "x"".
+[[noreturn]] void fail_choice(std::string_view what, const std::string& expected, std::string_view found);
+template <class E, std::size_t N>
+E parse_choice(const std::array<Choice<E>, N>& table, std::string_view text, std::string_view what) {
+  for (const Choice<E>& c : table)
+    if (text == c.name) return c.value;
+  fail_choice(what, choices_text(table), text);
+}
+
+inline const char* name(OptimizerType v) { return choice_name(kOptimizerTypes, v); }
+inline const char* name(SchedulerType v) { return choice_name(kSchedulerTypes, v); }
+inline const char* name(WarmupType v) { return choice_name(kWarmupTypes, v); }
+inline const char* name(OffloadTarget v) { return choice_name(kOffloadTargets, v); }
+inline const char* name(AutocastDtype v) { return choice_name(kAutocastDtypes, v); }
+inline const char* name(TrainDevice v) { return choice_name(kTrainDevices, v); }
+inline const char* name(LabelsChoice v) { return choice_name(kLabelsChoices, v); }
+inline const char* name(AttentionChoice v) { return choice_name(kAttentionChoices, v); }
+
+}  // namespace cutrain

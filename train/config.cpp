@@ -1,0 +1,311 @@
+// DeepSpeed-style JSON -> TrainConfig: one parse function per section, then the cross-section
+// checks DeepSpeed itself would fail on (or silently misbehave with).
+#include "train/config.h"
+
+#include <limits>
+
+#include "runtime/file_util.h"
+#include "runtime/json_util.h"
+#include "train/config_reader.h"
+
+namespace cutrain {
+namespace {
+
+using config_detail::join_path;
+using config_detail::Reader;
+using nlohmann::json;
+constexpr std::int64_t kMaxInt = std::numeric_limits<int>::max();
+constexpr std::int64_t kMaxI64 = std::numeric_limits<std::int64_t>::max();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+void parse_optimizer(Reader& r, const json& j, OptimizerConfig& o) {
+  const std::string path = "optimizer";
+  r.check_object(j, path, {"type", "params"});
+  r.read_choice(j, path, "type", o.type, kOptimizerTypes);
+  bool adam_w_mode_given = false;
+  if (const json* p = Reader::find(j, "params")) {
+    const std::string pp = "optimizer.params";
+    r.check_object(*p, pp, {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "torch_adam", "amsgrad"});
+    r.read(*p, pp, "lr", o.lr, 0.0, kInf);
+    if (const json* b = Reader::find(*p, "betas")) {
+      if (!b->is_array() || b->size() != 2) r.fail_expected(pp + ".betas", "an array of 2 numbers", *b);
+      o.beta1 = static_cast<float>(r.as_number((*b)[0], pp + ".betas[0]", 0.0, 1.0, false, true));
+      o.beta2 = static_cast<float>(r.as_number((*b)[1], pp + ".betas[1]", 0.0, 1.0, false, true));
+    }
+    r.read(*p, pp, "eps", o.eps, 0.0, kInf, /*lo_open=*/true);
+    r.read(*p, pp, "weight_decay", o.weight_decay, 0.0, kInf);
+    adam_w_mode_given = Reader::find(*p, "adam_w_mode") != nullptr;
+    r.read(*p, pp, "adam_w_mode", o.adam_w_mode);
+    r.read(*p, pp, "bias_correction", o.bias_correction);
+    bool unused = false;
+    r.read(*p, pp, "torch_adam", unused);
+    if (const json* a = Reader::find(*p, "amsgrad"); a && r.as_bool(*a, pp + ".amsgrad"))
+      r.fail(pp + ".amsgrad", "amsgrad is not supported by cutrain's Adam; remove it or set it to false");
+  }
+  // DeepSpeed: type AdamW is always decoupled weight decay; adam_w_mode only matters for type Adam.
+  if (o.type == OptimizerType::AdamW) {
+    if (adam_w_mode_given && !o.adam_w_mode)
+      r.warn("optimizer.params.adam_w_mode", "false has no effect with type AdamW (DeepSpeed ignores it too)");
+    o.adam_w_mode = true;
+  }
+}
+
+void parse_scheduler(Reader& r, const json& j, SchedulerConfig& s) {
+  r.check_object(j, "scheduler", {"type", "params"});
+  const json* t = Reader::find(j, "type");
+  if (!t) r.fail_missing("scheduler.type", "\"WarmupLR\", \"WarmupDecayLR\" or \"WarmupCosineLR\"", "a scheduler section needs a type");
+  r.read_choice(j, "scheduler", "type", s.type, kSchedulerTypes);
+  static const json empty = json::object();
+  const json* p = Reader::find(j, "params");
+  if (!p) p = &empty;
+  const std::string pp = "scheduler.params";
+  // DeepSpeed passes params as keyword arguments: a key of another scheduler is a TypeError there,
+  // so an unknown key here is an error even without strict.
+  if (s.type == SchedulerType::WarmupCosineLR)
+    r.check_object(*p, pp, {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type", "last_batch_iteration"}, {}, true);
+  else if (s.type == SchedulerType::WarmupDecayLR)
+    r.check_object(*p, pp, {"total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}, {}, true);
+  else
+    r.check_object(*p, pp, {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}, {},
+                   true);
+  if (const json* v = Reader::find(*p, "last_batch_iteration"); v && r.as_int(*v, pp + ".last_batch_iteration", -1, kMaxInt) != -1)
+    r.fail(pp + ".last_batch_iteration", "resuming a schedule mid-way is done from a checkpoint, not the config; remove it or set -1");
+  r.read(*p, pp, "warmup_num_steps", s.warmup_num_steps, 1, kMaxInt);
+  r.read_choice(*p, pp, "warmup_type", s.warmup_type, kWarmupTypes);
+  if (s.type == SchedulerType::WarmupCosineLR) {
+    r.read(*p, pp, "warmup_min_ratio", s.warmup_min_ratio, 0.0, 1.0);
+    r.read(*p, pp, "cos_min_ratio", s.cos_min_ratio, 0.0, 1.0);
+  } else {
+    r.read(*p, pp, "warmup_min_lr", s.warmup_min_lr, 0.0, kInf);
+    if (const json* v = Reader::find(*p, "warmup_max_lr"); v && !v->is_null())
+      s.warmup_max_lr = static_cast<float>(r.as_number(*v, pp + ".warmup_max_lr", 0.0, kInf));
+  }
+  if (s.type != SchedulerType::WarmupLR) {
+    if (!Reader::find(*p, "total_num_steps"))
+      r.fail_missing(pp + ".total_num_steps", "a positive integer", std::string(name(s.type)) + " requires it");
+    r.read(*p, pp, "total_num_steps", s.total_num_steps, 1, kMaxInt);
+    if (s.total_num_steps < s.warmup_num_steps)
+      r.warn(pp + ".total_num_steps", detail::concat(s.total_num_steps, " is less than warmup_num_steps ", s.warmup_num_steps));
+  }
+  if (s.type == SchedulerType::WarmupDecayLR && !s.warmup_max_lr)
+    r.warn(pp + ".warmup_max_lr", "not given: DeepSpeed's WarmupDecayLR then peaks at 0.001, not at the optimizer lr");
+}
+
+void parse_bf16(Reader& r, const json& j, const std::string& path, Bf16Config& b) {
+  r.check_object(j, path, {"enabled", "bf16_master_weights_and_grads", "bf16_optimizer_states", "stochastic_rounding"},
+                 {"immediate_grad_update", "check_grad_overflow", "auto_cast"});
+  r.read(j, path, "enabled", b.enabled);
+  r.read(j, path, "bf16_master_weights_and_grads", b.bf16_master_weights_and_grads);
+  r.read(j, path, "bf16_optimizer_states", b.bf16_optimizer_states);
+  r.read(j, path, "stochastic_rounding", b.stochastic_rounding);
+}
+
+void parse_fp16(Reader& r, const json& j, Fp16Config& f) {
+  const std::string path = "fp16";
+  r.check_object(j, path, {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+                           "consecutive_hysteresis", "min_loss_scale"},
+                 {"fp16_master_weights_and_grads"});
+  r.read(j, path, "enabled", f.enabled);
+  r.read(j, path, "auto_cast", f.auto_cast);
+  r.read(j, path, "loss_scale", f.loss_scale, 0.0, kInf);
+  r.read(j, path, "initial_scale_power", f.initial_scale_power, 0, 63);
+  r.read(j, path, "loss_scale_window", f.loss_scale_window, 1, kMaxInt);
+  r.read(j, path, "hysteresis", f.hysteresis, 1, kMaxInt);
+  r.read(j, path, "consecutive_hysteresis", f.consecutive_hysteresis);
+  r.read(j, path, "min_loss_scale", f.min_loss_scale, 0.0, kInf, true);
+}
+
+void parse_offload(Reader& r, const json& j, const std::string& path, bool optimizer, OffloadConfig& o) {
+  if (optimizer)
+    r.check_object(j, path, {"device", "nvme_path", "pin_memory", "buffer_count", "pipeline_read", "pipeline_write", "fast_init", "ratio"},
+                   {"pipeline"});
+  else
+    r.check_object(j, path, {"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu"});
+  if (const json* d = Reader::find(j, "device"); d && d->is_null()) {
+    o.device = OffloadTarget::None;
+  } else {
+    r.read_choice(j, path, "device", o.device, kOffloadTargets);
+  }
+  if (const json* n = Reader::find(j, "nvme_path"); n && !n->is_null()) o.nvme_path = r.as_string(*n, path + ".nvme_path");
+  r.read(j, path, "pin_memory", o.pin_memory);
+  r.read(j, path, "buffer_count", o.buffer_count, 1, kMaxInt);
+  r.read(j, path, "buffer_size", o.buffer_size, 1, kMaxI64);
+  r.read(j, path, "max_in_cpu", o.max_in_cpu, 0, kMaxI64);
+  r.read(j, path, "pipeline_read", o.pipeline_read);
+  r.read(j, path, "pipeline_write", o.pipeline_write);
+  r.read(j, path, "fast_init", o.fast_init);
+  r.read(j, path, "ratio", o.ratio, 0.0, 1.0, true);
+  if (o.device == OffloadTarget::Nvme && o.nvme_path.empty())
+    r.fail_missing(path + ".nvme_path", "a directory path", "device \"nvme\" needs a place for its swap files");
+}
+
+void parse_zero(Reader& r, const json& j, ZeroConfig& z) {
+  const std::string path = "zero_optimization";
+  r.check_object(j, path,
+                 {"stage", "overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size", "reduce_scatter",
+                  "allgather_partitions", "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size",
+                  "stage3_max_live_parameters", "stage3_max_reuse_distance", "sub_group_size", "round_robin_gradients",
+                  "stage3_gather_16bit_weights_on_model_save", "offload_optimizer", "offload_param"},
+                 {"elastic_checkpoint", "load_from_fp32_weights", "ignore_unused_parameters", "zero_hpz_partition_size",
+                  "zero_quantized_weights", "zero_quantized_gradients", "mics_shard_size", "memory_efficient_linear",
+                  "stage3_gather_fp16_weights_on_model_save", "use_multi_rank_bucket_allreduce", "legacy_stage1"});
+  r.read(j, path, "stage", z.stage, 0, 3);
+  r.read(j, path, "overlap_comm", z.overlap_comm);
+  r.read(j, path, "contiguous_gradients", z.contiguous_gradients);
+  r.read(j, path, "reduce_bucket_size", z.reduce_bucket_size, 1, kMaxI64);
+  r.read(j, path, "allgather_bucket_size", z.allgather_bucket_size, 1, kMaxI64);
+  r.read(j, path, "reduce_scatter", z.reduce_scatter);
+  r.read(j, path, "allgather_partitions", z.allgather_partitions);
+  r.read(j, path, "stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 0, kMaxI64);
+  r.read(j, path, "stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0, kMaxI64);
+  r.read(j, path, "stage3_max_live_parameters", z.stage3_max_live_parameters, 0, kMaxI64);
+  r.read(j, path, "stage3_max_reuse_distance", z.stage3_max_reuse_distance, 0, kMaxI64);
+  r.read(j, path, "sub_group_size", z.sub_group_size, 1, kMaxI64);
+  r.read(j, path, "round_robin_gradients", z.round_robin_gradients);
+  r.read(j, path, "stage3_gather_16bit_weights_on_model_save", z.stage3_gather_16bit_weights_on_model_save);
+  if (const json* o = Reader::find(j, "offload_optimizer"))
+    parse_offload(r, *o, path + ".offload_optimizer", true, z.offload_optimizer);
+  if (const json* o = Reader::find(j, "offload_param")) parse_offload(r, *o, path + ".offload_param", false, z.offload_param);
+  if (z.offload_param.device != OffloadTarget::None && z.stage != 3)
+    r.fail(path + ".offload_param.device",
+           detail::concat("offloading parameters needs ZeRO stage 3 (they are partitioned only there), but stage is ", z.stage));
+  if (z.offload_optimizer.device != OffloadTarget::None && z.stage == 0)
+    r.fail(path + ".offload_optimizer.device", "offloading the optimizer needs ZeRO stage 1, 2 or 3, but stage is 0");
+}
+
+void parse_autocast(Reader& r, const json& j, AutocastConfig& a) {
+  const std::string path = "torch_autocast";
+  r.check_object(j, path, {"enabled", "dtype", "lower_precision_safe_modules"});
+  r.read(j, path, "enabled", a.enabled);
+  if (const json* d = Reader::find(j, "dtype")) {
+    std::string s = r.as_string(*d, path + ".dtype");
+    if (s == "torch.bfloat16" || s == "bfloat16" || s == "torch.bf16") a.dtype = AutocastDtype::BFloat16;
+    else if (s == "torch.float16" || s == "float16" || s == "torch.half") a.dtype = AutocastDtype::Float16;
+    else r.fail_expected(path + ".dtype", "\"torch.bfloat16\" or \"torch.float16\"", *d);
+  }
+  if (const json* m = Reader::find(j, "lower_precision_safe_modules")) {
+    const std::string mp = path + ".lower_precision_safe_modules";
+    if (!m->is_array()) r.fail_expected(mp, "an array of module class names", *m);
+    a.lower_precision_safe_modules.clear();
+    for (std::size_t i = 0; i < m->size(); ++i)
+      a.lower_precision_safe_modules.push_back(r.as_string((*m)[i], detail::concat(mp, "[", i, "]")));
+  }
+}
+
+void parse_activation_checkpointing(Reader& r, const json& j, ActivationCheckpointingConfig& a) {
+  const std::string path = "activation_checkpointing";
+  r.check_object(j, path, {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization", "number_checkpoints",
+                           "synchronize_checkpoint_boundary", "profile"});
+  r.read(j, path, "partition_activations", a.partition_activations);
+  r.read(j, path, "cpu_checkpointing", a.cpu_checkpointing);
+  r.read(j, path, "contiguous_memory_optimization", a.contiguous_memory_optimization);
+  if (const json* n = Reader::find(j, "number_checkpoints"); n && !n->is_null())
+    a.number_checkpoints = static_cast<int>(r.as_int(*n, path + ".number_checkpoints", 1, kMaxInt));
+  r.read(j, path, "synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary);
+  r.read(j, path, "profile", a.profile);
+  // DeepSpeed's checkpointing asserts these too.
+  if (a.cpu_checkpointing && !a.partition_activations)
+    r.fail(path + ".cpu_checkpointing", "cpu_checkpointing needs partition_activations: true");
+  if (a.contiguous_memory_optimization && !a.partition_activations)
+    r.fail(path + ".contiguous_memory_optimization", "contiguous_memory_optimization needs partition_activations: true");
+  if (a.contiguous_memory_optimization && !a.number_checkpoints)
+    r.fail(path + ".contiguous_memory_optimization", "contiguous_memory_optimization needs number_checkpoints (the layer count)");
+}
+
+void parse_aio(Reader& r, const json& j, AioConfig& a) {
+  const std::string path = "aio";
+  r.check_object(j, path, {"block_size", "queue_depth", "intra_op_parallelism", "thread_count", "single_submit", "overlap_events", "use_gds"});
+  r.read(j, path, "block_size", a.block_size, 1, kMaxI64);
+  if (a.block_size % 512 != 0)
+    r.fail_expected(path + ".block_size", "a multiple of 512 (O_DIRECT transfers whole sectors)", j["block_size"]);
+  r.read(j, path, "queue_depth", a.queue_depth, 1, kMaxInt);
+  if (Reader::find(j, "thread_count") && Reader::find(j, "intra_op_parallelism"))
+    r.fail(path + ".thread_count", "give intra_op_parallelism or its old name thread_count, not both");
+  r.read(j, path, "thread_count", a.intra_op_parallelism, 1, kMaxInt);
+  r.read(j, path, "intra_op_parallelism", a.intra_op_parallelism, 1, kMaxInt);
+  r.read(j, path, "single_submit", a.single_submit);
+  r.read(j, path, "overlap_events", a.overlap_events);
+  r.read(j, path, "use_gds", a.use_gds);
+}
+
+// Combinations that are each valid alone but not together.
+void check_consistency(Reader& r, const TrainConfig& c) {
+  if (c.fp16.enabled && c.bf16.enabled)
+    r.fail("fp16.enabled", "fp16 and bf16 are both enabled; a run trains in one of them, so disable one");
+  if (c.bf16.bf16_optimizer_states && !c.bf16.bf16_master_weights_and_grads)
+    r.fail("bf16.bf16_optimizer_states",
+           "bf16_optimizer_states needs bf16_master_weights_and_grads: true (DeepSpeed keeps the optimizer states in "
+           "bf16 only on top of bf16 master weights and gradients)");
+  if (c.bf16.bf16_master_weights_and_grads && !c.bf16.enabled)
+    r.fail("bf16.bf16_master_weights_and_grads", "bf16_master_weights_and_grads needs bf16.enabled: true");
+  if (c.bf16.stochastic_rounding && !c.bf16.enabled)
+    r.fail("bf16.stochastic_rounding", "stochastic_rounding applies to bf16 writes and needs bf16.enabled: true");
+  if (c.torch_autocast.enabled && c.torch_autocast.dtype == AutocastDtype::Float16 && c.bf16.enabled)
+    r.fail("torch_autocast.dtype", "autocast to torch.float16 while the model is bf16 (bf16.enabled); use torch.bfloat16");
+}
+
+}  // namespace
+
+TrainConfig parse_config(const std::string& json_text, const std::string& origin, const ConfigLoadOptions& options) {
+  json root;
+  try {
+    root = parse_json_strict(json_text, origin);
+  } catch (const JsonSyntaxError& e) {
+    throw ConfigError(e.message(), __FILE__, __LINE__);
+  }
+  TrainConfig c;
+  Reader r(origin, options.strict, &c.warnings);
+  r.check_object(root, "",
+                 {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "steps_per_print",
+                  "gradient_clipping", "wall_clock_breakdown", "optimizer", "scheduler", "bf16", "bfloat16", "fp16",
+                  "zero_optimization", "torch_autocast", "activation_checkpointing", "aio"},
+                 {"prescale_gradients", "gradient_predivide_factor", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+                  "memory_breakdown", "dump_state", "tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler",
+                  "comms_logger", "communication_data_type", "sparse_gradients", "elasticity", "checkpoint",
+                  "data_efficiency", "compression_training", "data_types", "seq_parallel_communication_data_type"});
+  auto read_opt_int = [&](const char* key, std::optional<int>& out) {
+    if (const json* v = Reader::find(root, key); v && !v->is_null())
+      out = static_cast<int>(r.as_int(*v, key, 1, kMaxInt));
+  };
+  read_opt_int("train_batch_size", c.train_batch_size);
+  read_opt_int("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
+  read_opt_int("gradient_accumulation_steps", c.gradient_accumulation_steps);
+  r.read(root, "", "steps_per_print", c.steps_per_print, 1, kMaxInt);
+  r.read(root, "", "gradient_clipping", c.gradient_clipping, 0.0, kInf);
+  r.read(root, "", "wall_clock_breakdown", c.wall_clock_breakdown);
+  if (const json* v = Reader::find(root, "optimizer")) parse_optimizer(r, *v, c.optimizer);
+  if (const json* v = Reader::find(root, "scheduler")) parse_scheduler(r, *v, c.scheduler);
+  const json* bf = Reader::find(root, "bf16");
+  const json* bfloat = Reader::find(root, "bfloat16");
+  if (bf && bfloat) r.fail("bfloat16", "give bf16 or its old name bfloat16, not both");
+  if (bf) parse_bf16(r, *bf, "bf16", c.bf16);
+  if (bfloat) parse_bf16(r, *bfloat, "bfloat16", c.bf16);
+  if (const json* v = Reader::find(root, "fp16")) parse_fp16(r, *v, c.fp16);
+  if (const json* v = Reader::find(root, "zero_optimization")) parse_zero(r, *v, c.zero_optimization);
+  if (const json* v = Reader::find(root, "torch_autocast")) parse_autocast(r, *v, c.torch_autocast);
+  if (const json* v = Reader::find(root, "activation_checkpointing")) {
+    c.has_activation_checkpointing = true;
+    parse_activation_checkpointing(r, *v, c.activation_checkpointing);
+  }
+  if (const json* v = Reader::find(root, "aio")) parse_aio(r, *v, c.aio);
+  check_consistency(r, c);
+  c.source = origin;
+  c.resolve_batch(options.world_size);
+  return c;
+}
+
+TrainConfig load_config(const std::filesystem::path& path, const ConfigLoadOptions& options) {
+  std::string text;
+  try {
+    text = read_text_file(path);
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ConfigError(detail::concat("cannot read config: ", e.message()), __FILE__, __LINE__);
+  }
+  TrainConfig c = parse_config(text, path.string(), options);
+  c.source = path;
+  return c;
+}
+
+}  // namespace cutrain

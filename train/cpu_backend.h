@@ -1,0 +1,31 @@
+// @brief The CPU training backend: the fp32 reference model and a host AdamW, with the engine's
+// clipping and NaN/Inf skip. Slow; for tests, CI and machines without a GPU.
+#pragma once
+
+#include <memory>
+
+#include "train/config.h"
+#include "train/train_backend.h"
+
+namespace cutrain::comm {
+class Communicator;
+}
+
+namespace cutrain::model {
+
+struct BackendOptions {
+  ModelDims dims;
+  int batch = 4, seq = 512;
+  std::uint64_t seed = 42;
+  bool activation_checkpointing = false;
+  bool cuda_graph = true;
+  bool causal = false;
+  // Data parallelism (GPU engine): the NCCL communicator to reduce over. Null: the engine reads
+  // the launch environment (runtime/comm/launch_env.h) and creates one only when WORLD_SIZE > 1;
+  // a single process without launcher variables never touches NCCL.
+  std::shared_ptr<comm::Communicator> comm;
+};
+
+std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& options, const TrainConfig& config);
+
+}  // namespace cutrain::model

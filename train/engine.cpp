@@ -1,0 +1,553 @@
+#include "train/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+
+#include "kernels/adamw.cuh"
+#include "kernels/reduce.cuh"
+#include "model/kernel_costs.h"
+#include "runtime/check.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/comm/launch_env.h"
+#include "runtime/nvtx.h"
+#include "runtime/profiler.h"
+#include "runtime/timing.h"
+#include "train/zero_memory.h"
+
+namespace cutrain::model {
+
+namespace {
+void upload(const Buffer& b, DType t, const float* v, std::size_t n, cudaStream_t s);
+void upload(const Buffer& b, DType t, const std::vector<float>& v, cudaStream_t s) { upload(b, t, v.data(), v.size(), s); }
+std::vector<float> download(const Buffer& b, DType t, std::size_t n);
+float* as_f32(const Buffer& b) { return b.as<float>(); }
+
+// The communicator of this process: the one the caller gave, else one from the launch
+// environment when it names more than one rank (collective over all ranks), else none.
+std::shared_ptr<comm::Communicator> resolve_communicator(const BackendOptions& o, const TrainConfig& c) {
+  if (o.comm) {
+    CUTRAIN_CUDA_CHECK(cudaSetDevice(o.comm->device()));
+    return o.comm;
+  }
+  const comm::LaunchEnv env = comm::read_launch_env();
+  if (env.world_size <= 1) return nullptr;  // a single process never needs NCCL
+  // An invalid stage fails here, before the rendezvous and NCCL set-up.
+  make_zero_plan(c.zero_optimization.stage, 1, env.world_size, env.rank, /*has_comm=*/true);
+  std::cout << "[Rank " << env.rank << "] data parallel: rank " << env.rank << " of " << env.world_size << " (from "
+            << env.source << "), local rank " << env.local_rank << " -> cuda:" << env.local_rank
+            << ", rendezvous " << env.master_addr << ":" << env.master_port << std::endl;
+  return std::shared_ptr<comm::Communicator>(comm::Communicator::create(env));
+}
+}  // namespace
+
+GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
+    : opt_(o),
+      cfg_(c),
+      table_(o.dims),
+      plan_(plan_from_config(c)),
+      accum_(c.accumulation()),
+      n_(table_.flat_size()),
+      comm_(resolve_communicator(o, c)) {
+  std::string why;
+  CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");
+  describe_ = "cuda (" + device_info().name + ")";
+  zero_ = make_zero_plan(c.zero_optimization.stage, n_, comm_ ? comm_->world_size() : 1, comm_ ? comm_->rank() : 0,
+                         comm_ != nullptr);
+  check_offload_paths(c);  // before any allocation: a missing swap folder fails fast
+  CachingAllocator& A = device_allocator();
+  const AllocatorStats before = A.stats();
+
+  // Persistent state in the layout's dtypes; grads zeroed once so the flat buffer's padding stays 0.
+  // Partitioned (ZeRO 1-2): params and grads padded to world x per_rank elements; master and
+  // moments only for this rank's partition. Sharded (3): params, master, moments and the reduced
+  // gradients in this rank's shard; the full gradient buffer in the padded layout. Otherwise
+  // flat == state == n_.
+  if (zero_.sharded()) {
+    // The shards live on the device; moving them to the host or NVMe is not implemented.
+    CUTRAIN_CHECK(c.zero_optimization.offload_param.device == OffloadTarget::None,
+                  "zero_optimization.offload_param.device \"", name(c.zero_optimization.offload_param.device),
+                  "\" is not supported by the GPU engine's stage 3 (the parameter shards stay on the device); set it "
+                  "to \"none\" (offload_optimizer is supported)");
+    std::vector<comm::Range> units;
+    for (const ParamUnit& u : table_.units()) units.push_back({u.begin, u.end});
+    layout_ = make_shard_layout(units, n_, zero_.world,
+                                std::size_t(c.zero_optimization.stage3_param_persistence_threshold));
+    train_order_ = stage3_use_order(table_.dims().layers, accum_, /*eval=*/false);
+    eval_order_ = stage3_use_order(table_.dims().layers, 1, /*eval=*/true);
+  }
+  const std::size_t flat = zero_.sharded() ? layout_.padded_elems : zero_.flat_elems();
+  const std::size_t ns = zero_.sharded() ? layout_.shard_elems : zero_.state_elems();
+  params_ = Buffer(A, (zero_.sharded() ? ns : flat) * 2, stream_);
+  grads_ = Buffer(A, flat * dtype_size(plan_.grad), stream_);
+  if (zero_.sharded()) grad_shard_ = Buffer(A, ns * dtype_size(plan_.grad), stream_);
+  if (plan_.has_master) master_ = Buffer(A, ns * 4, stream_);
+  m_ = Buffer(A, ns * dtype_size(plan_.moment), stream_);
+  v_ = Buffer(A, ns * dtype_size(plan_.moment), stream_);
+  const AllocatorStats after = A.stats();
+  state_bytes_ = std::size_t(after.allocated_bytes.current - before.allocated_bytes.current);
+  state_requested_bytes_ = std::size_t(after.requested_bytes.current - before.requested_bytes.current);
+
+  {
+    // Fresh state: the initial weights (bf16 params, fp32 master from the same values) and zero
+    // moments set on the device, so a 6.86B model does not stage four fp32 copies in host memory.
+    std::vector<float> init(n_);
+    table_.init(init.data(), o.seed);
+    if (zero_.sharded()) {
+      const std::vector<float> shard = layout_.shard_from_flat(init.data(), zero_.rank);
+      upload(params_, DType::BF16, shard, stream_);
+      if (plan_.has_master) upload(master_, DType::F32, shard, stream_);
+    } else {
+      if (flat > n_) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(params_.get(), 0, params_.bytes(), stream_));
+      upload(params_, DType::BF16, init, stream_);
+      if (plan_.has_master) {
+        // This rank's partition of the initial weights (all of them when not partitioned).
+        const comm::Range r = zero_.state_range();
+        const std::size_t real = r.begin < n_ ? std::min(r.end, n_) - r.begin : 0;
+        if (real < ns) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(master_.get(), 0, master_.bytes(), stream_));
+        upload(master_, DType::F32, init.data() + std::min(r.begin, n_), real, stream_);
+      }
+    }
+  }
+  CUTRAIN_CUDA_CHECK(cudaMemsetAsync(m_.get(), 0, m_.bytes(), stream_));
+  CUTRAIN_CUDA_CHECK(cudaMemsetAsync(v_.get(), 0, v_.bytes(), stream_));
+  CUTRAIN_CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), stream_));
+  if (grad_shard_) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(grad_shard_.get(), 0, grad_shard_.bytes(), stream_));
+
+  const std::size_t per_step = std::size_t(accum_) * o.batch * o.seq;
+  tokens_d_ = Buffer(A, per_step * 4, stream_);
+  labels_d_ = Buffer(A, per_step * 4, stream_);
+  flag_words_ = std::size_t(accum_) + 2 + 1 + 2 * std::size_t(accum_);
+  flags_d_ = Buffer(A, flag_words_ * 4, stream_);
+  norm_scratch_ = Buffer(A, kernels::grad_norm_scratch_bytes(std::max(n_, layout_.shard_elems)), stream_);
+  CUTRAIN_CUDA_CHECK(cudaMallocHost(&tokens_h_, per_step * 4));
+  CUTRAIN_CUDA_CHECK(cudaMallocHost(&labels_h_, per_step * 4));
+  CUTRAIN_CUDA_CHECK(cudaMallocHost(&flags_h_, flag_words_ * 4));
+  nvtx_name_stream(stream_.get(), "cutrain.compute");
+  std::cout << zero_memory_line(plan_, zero_, layout_.gather_elems, layout_.persistent_elems) << std::endl;
+  if (zero_.mode != ZeroMode::None)
+    zero_comm_ = std::make_unique<ZeroComm>(comm_, zero_, ZeroCommOptions{c.zero_optimization.overlap_comm, c.zero_optimization.reduce_bucket_size}, table_, plan_.grad, A, stream_.get());
+  if (zero_.sharded()) {
+    sharded_ = std::make_unique<ShardedParams>(comm_, zero_comm_->stream(), layout_, table_, A, stream_.get());
+    sharded_->refresh_persistent(stream_, params_.as<bf16>());
+  }
+  model_ = std::make_unique<GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A);
+  offloader_ = std::make_unique<StateOffloader>(A, stream_.get());
+  offloader_->add("lp_params", &params_);
+  offloader_->add(plan_.grad == DType::BF16 ? "lp_grads" : "contiguous_grad_buffer", &grads_);
+  if (plan_.has_master) offloader_->add("hp_params", &master_);
+  offloader_->add("optim_states.exp_avg", &m_);
+  offloader_->add("optim_states.exp_avg_sq", &v_);
+  if (c.zero_optimization.offload_optimizer.device != OffloadTarget::None) {
+    // DeepSpeed's NVMe optimizer offload swaps the optimizer's partitions: the moments and the
+    // fp32 master weights (when the layout has them). The bf16 params and the gradients stay.
+    std::vector<std::pair<std::string, Buffer*>> swapped{{"optim_states.exp_avg", &m_}, {"optim_states.exp_avg_sq", &v_}};
+    if (plan_.has_master) swapped.emplace_back("hp_params", &master_);
+    swap_ = std::make_unique<OptimizerSwap>(c, A, stream_.get(), std::move(swapped));
+    swap_->swap_out(/*non_blocking=*/false);  // off the device from the start
+    std::cout << "[Rank 0] " << swap_->describe() << std::endl;
+  }
+  stream_.synchronize();
+}
+
+GpuEngine::~GpuEngine() {
+  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+  if (graph_) cudaGraphDestroy(graph_);
+  cudaStreamSynchronize(stream_);
+  cudaFreeHost(tokens_h_);
+  cudaFreeHost(labels_h_);
+  cudaFreeHost(flags_h_);
+}
+
+void GpuEngine::stage_batch(const std::int32_t* tokens, const std::int32_t* labels) {
+  // The previous step's copies finished (each step ends with a sync), so the staging is free.
+  const std::size_t per_step = std::size_t(accum_) * opt_.batch * opt_.seq;
+  std::memcpy(tokens_h_, tokens, per_step * 4);
+  std::memcpy(labels_h_, labels, per_step * 4);
+}
+
+// H2D copies from the pinned staging, every micro-batch's forward/backward: the same pointers
+// and shapes every step, so it can be captured once and replayed.
+void GpuEngine::enqueue_forward_backward(bool step) {
+  const std::size_t per_micro = std::size_t(opt_.batch) * opt_.seq;
+  {
+    TimedRegion r("h2d", stream_, 0, 2.0 * accum_ * per_micro * 4);
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(tokens_d_.get(), tokens_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(labels_d_.get(), labels_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
+  }
+  float* flags = as_f32(flags_d_);
+  int* status = reinterpret_cast<int*>(flags + accum_ + 3);
+  CUTRAIN_CUDA_CHECK(cudaMemsetAsync(status, 0, 2 * accum_ * sizeof(int), stream_));
+  // Stage 3: one pass over every micro-batch, so the prefetch runs across micro-batch boundaries.
+  // With overlap_comm each unit's gradients are reduce-scattered during the backward of the last
+  // micro-batch, as soon as they are final (else enqueue_reduce does it after backward).
+  FlatParams flat(table_, params_.as<bf16>());
+  ShardedParams::OverlapReduce overlap{grads_.get(), grad_shard_.get(), plan_.grad, accum_};
+  if (sharded_)
+    sharded_->begin_pass(params_.as<bf16>(), train_order_,
+                         step && cfg_.zero_optimization.overlap_comm ? &overlap : nullptr);
+  ParamAccess& P = sharded_ ? static_cast<ParamAccess&>(*sharded_) : flat;
+  for (int a = 0; a < accum_; ++a) {
+    model_->forward_backward(stream_, P, grads_.get(), plan_.grad, a > 0, tokens_d_.as<std::int32_t>() + a * per_micro,
+                             labels_d_.as<std::int32_t>() + a * per_micro, 1.f / float(accum_), flags + a,
+                             status + 2 * a);
+  }
+  if (sharded_) sharded_->end_pass(stream_);
+}
+
+void GpuEngine::enqueue_reduce() {
+  if (!zero_comm_) return;
+  TimedRegion rc("comm", stream_);  // the communication phase: step/comm/...
+  TimedRegion r("grad_reduce", stream_);
+  if (sharded_) {
+    // overlap_comm: already reduced during the backward (enqueue_forward_backward).
+    if (!cfg_.zero_optimization.overlap_comm)
+      sharded_->reduce_grads(stream_, grads_.get(), grad_shard_.get(), plan_.grad);
+  } else {
+    zero_comm_->reduce_grads(stream_, grads_.get());
+  }
+}
+
+void GpuEngine::enqueue_norm() {
+  float* flags = as_f32(flags_d_);
+  const std::size_t count = zero_.sharded() ? layout_.shard_elems : zero_.norm_range().size();
+  const cost::Cost c = cost::grad_norm(count, dtype_size(plan_.grad));
+  TimedRegion r("grad_norm", stream_, c.flops, c.bytes);
+  if (sharded_) {
+    // The shard's padding is 0 (never written, reduced from zeros): it adds nothing to the sum.
+    zero_comm_->global_norm_of_shard(stream_, grad_shard_.get(), count, cfg_.gradient_clipping, flags + accum_,
+                                     flags + accum_ + 1, reinterpret_cast<int*>(flags + accum_ + 2),
+                                     norm_scratch_.get());
+    return;
+  }
+  if (zero_comm_) {
+    // Global over the ranks: the same norm, clip coefficient and skip flag on every rank.
+    zero_comm_->global_norm(stream_, grads_.get(), cfg_.gradient_clipping, flags + accum_, flags + accum_ + 1,
+                            reinterpret_cast<int*>(flags + accum_ + 2), norm_scratch_.get());
+    return;
+  }
+  kernels::grad_norm_clip(stream_, grads_.get(), plan_.grad, n_, cfg_.gradient_clipping, flags + accum_,
+                          flags + accum_ + 1, reinterpret_cast<int*>(flags + accum_ + 2), norm_scratch_.get());
+}
+
+void GpuEngine::read_flags() {
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(flags_h_, flags_d_.get(), flag_words_ * 4, cudaMemcpyDeviceToHost, stream_));
+  stream_.synchronize();
+  const int* status = reinterpret_cast<const int*>(flags_h_ + accum_ + 3);
+  const std::size_t per_micro = std::size_t(opt_.batch) * opt_.seq;
+  for (int a = 0; a < accum_; ++a) {
+    CUTRAIN_CHECK(status[2 * a] == 0, "train: token id at micro-batch ", a, " position ", status[2 * a] - 1,
+                  " is outside [0, vocab_size=", table_.dims().vocab, ") (", per_micro, " tokens per micro-batch)");
+    CUTRAIN_CHECK(status[2 * a + 1] == 0, "train: label at micro-batch ", a, " row ", status[2 * a + 1] - 1,
+                  " is outside [0, vocab_size=", table_.dims().vocab, ")");
+  }
+}
+
+std::vector<std::string> GpuEngine::offloadable_states() const {
+  std::vector<std::string> out{"optim_states"};
+  if (plan_.has_master) out.push_back("hp_params");
+  out.push_back("lp_params");
+  out.push_back(plan_.grad == DType::BF16 ? "lp_grads" : "contiguous_grad_buffer");
+  return out;
+}
+
+void GpuEngine::offload_states(const std::vector<std::string>& include, OffloadDevice device, bool pin_memory,
+                               bool non_blocking, const std::string& nvme_path) {
+  const std::vector<std::string> valid = offloadable_states();
+  if (swap_) swap_->make_resident();  // the optimizer swap gives its states back first
+  std::vector<std::string> names;
+  for (const auto& g : include.empty() ? valid : include) {
+    if (std::find(valid.begin(), valid.end(), g) == valid.end()) {
+      std::string list;
+      for (const auto& v : valid) list += (list.empty() ? "" : ", ") + v;
+      CUTRAIN_FAIL("offload_states: '", g, "' is not a state of the ", plan_.name(), " layout; valid: ", list);
+    }
+    if (g == "optim_states") {
+      names.push_back("optim_states.exp_avg");
+      names.push_back("optim_states.exp_avg_sq");
+    } else {
+      names.push_back(g);
+    }
+  }
+  OffloadOptions o;
+  o.device = device;
+  o.pin_memory = pin_memory;
+  o.non_blocking = non_blocking;
+  o.nvme_path = nvme_path;
+  offloader_->offload(names, o);
+}
+
+void GpuEngine::reload_states(bool non_blocking) { offloader_->reload(non_blocking); }
+
+void GpuEngine::ensure_state() const {
+  if (offloader_) offloader_->ensure_resident(stream_.get());  // null only during construction
+}
+
+double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_t* labels) {
+  ensure_state();
+  stage_batch(tokens, labels);
+  enqueue_forward_backward(/*step=*/false);
+  read_flags();
+  double loss = 0;
+  for (int a = 0; a < accum_; ++a) loss += flags_h_[a] / accum_;
+  return loss;
+}
+
+StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
+  TimedRegion r("step", stream_);
+  {
+    TimedRegion ro("offload", stream_);  // a pending reload of offloaded states lands here
+    ensure_state();
+  }
+  if (swap_) swap_->begin_step();  // pipeline_read: the reload runs during forward/backward
+  if (offloader_->generation() != graph_generation_) {
+    // A reload reallocated the states: the captured graph holds their old addresses.
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+    graph_exec_ = nullptr;
+    graph_ = nullptr;
+    eager_steps_ = 0;  // one eager step, then a new capture (as after release_workspace)
+    graph_generation_ = offloader_->generation();
+  }
+  stage_batch(tokens, labels);
+  // Step 1 runs eagerly (cuBLASLt plans, first allocation of activations); the next one is
+  // captured and every later one replays the graph.
+  // --timing_report and --profile_steps switch replay off for the steps they measure.
+  const bool replay_ok = graph_replay_allowed();
+  const bool want_graph = opt_.cuda_graph && !graph_failed_ && eager_steps_ >= 1 && replay_ok;
+  if (want_graph && !graph_exec_) {
+    // A capture that fails (a launcher that syncs or allocates) falls back to eager steps, with a
+    // warning; nothing captured has run, so this step then runs eagerly.
+    std::string why;
+    CUTRAIN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue_forward_backward();
+      enqueue_reduce();
+      enqueue_norm();
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    cudaGraph_t g = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream_, &g);
+    if (why.empty() && end != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
+    if (why.empty()) {
+      const cudaError_t inst = cudaGraphInstantiate(&graph_exec_, g, 0);
+      if (inst != cudaSuccess) {
+        why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
+        graph_exec_ = nullptr;
+      }
+    }
+    if (why.empty()) {
+      graph_ = g;
+      ++graph_captures_;
+    } else {
+      if (g) cudaGraphDestroy(g);
+      cudaGetLastError();  // clear the sticky-free error state of the failed capture
+      graph_failed_ = true;
+      std::cerr << "[Rank 0] warning: CUDA graph capture failed, running eagerly: " << why << "\n";
+    }
+  }
+  if (graph_exec_ && replay_ok) {
+    CUTRAIN_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+  } else {
+    enqueue_forward_backward();
+    enqueue_reduce();
+    enqueue_norm();
+    ++eager_steps_;
+  }
+  // The optimizer launch stays outside the graph: lr and the bias-correction step change every step.
+  kernels::AdamParams p;
+  p.lr = lr;
+  p.beta1 = cfg_.optimizer.beta1;
+  p.beta2 = cfg_.optimizer.beta2;
+  p.eps = cfg_.optimizer.eps;
+  p.weight_decay = cfg_.optimizer.weight_decay;
+  p.decoupled = cfg_.optimizer.adam_w_mode;
+  p.step = step;
+  p.grad_scale = 1.f;
+  p.stochastic_rounding = cfg_.bf16.stochastic_rounding;
+  p.seed = opt_.seed;
+  float* flags = as_f32(flags_d_);
+  if (swap_) {
+    TimedRegion ro("offload", stream_);
+    swap_->before_optimizer();  // the optimizer launch waits for the reload (or does it, blocking)
+  }
+  {
+    // The flat range this rank updates: all of it, or its ZeRO partition (master and moments are
+    // then partition-sized buffers, indexed from 0). Stage 3: the whole shard, every buffer
+    // shard-sized (the reduced gradients in grad_shard_).
+    const comm::Range sr = zero_.sharded() ? comm::Range{0, layout_.shard_elems} : zero_.state_range();
+    const std::size_t gs = dtype_size(plan_.grad);
+    const void* g = zero_.sharded() ? grad_shard_.get() : static_cast<const char*>(grads_.get()) + sr.begin * gs;
+    const cost::Cost c = cost::adam_step(sr.size(), gs, dtype_size(plan_.moment), plan_.has_master);
+    TimedRegion ro("optimizer", stream_, c.flops, c.bytes);
+    kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>() + sr.begin, g, plan_.grad,
+                       plan_.has_master ? as_f32(master_) : nullptr, m_.get(), v_.get(), sr.size(), flags + accum_ + 1,
+                       reinterpret_cast<const int*>(flags + accum_ + 2));
+  }
+  if (sharded_) {
+    // Params stay sharded: only the persistent units are gathered again.
+    TimedRegion rc("comm", stream_);
+    TimedRegion rg("param_gather", stream_);
+    sharded_->refresh_persistent(stream_, params_.as<bf16>());
+  } else if (zero_comm_) {
+    TimedRegion rc("comm", stream_);
+    TimedRegion rg("param_gather", stream_);
+    zero_comm_->gather_params(stream_, params_.as<bf16>());  // no-op at stage 0
+  }
+  if (swap_) swap_->after_optimizer();  // pipeline_write: the write-out overlaps the rest of the step
+  read_flags();
+  StepStats st;
+  for (int a = 0; a < accum_; ++a) st.loss += flags_h_[a] / accum_;
+  st.grad_norm = flags_h_[accum_];
+  int nonfinite = 0;
+  std::memcpy(&nonfinite, flags_h_ + accum_ + 2, 4);
+  st.skipped = nonfinite != 0;
+  return st;
+}
+
+MemoryStats GpuEngine::memory() const {
+  const AllocatorStats s = device_allocator().stats();
+  return {s.allocated_bytes.current, s.reserved_bytes.current, s.allocated_bytes.peak};
+}
+
+void GpuEngine::reset_peak() { device_allocator().reset_peak(); }
+
+void GpuEngine::release_workspace() {
+  stream_.synchronize();
+  // The graph holds the workspace's addresses: it goes too, and the next step starts eager again.
+  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+  if (graph_) cudaGraphDestroy(graph_);
+  graph_exec_ = nullptr;
+  graph_ = nullptr;
+  eager_steps_ = 0;
+  model_->release_workspace();
+}
+
+namespace {
+std::vector<float> download(const Buffer& b, DType t, std::size_t n) {
+  std::vector<float> out(n);
+  if (t == DType::F32) {
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(out.data(), b.get(), n * 4, cudaMemcpyDeviceToHost));
+  } else {
+    std::vector<std::uint16_t> h(n);
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(h.data(), b.get(), n * 2, cudaMemcpyDeviceToHost));
+    for (std::size_t i = 0; i < n; ++i) out[i] = bf16_bits_to_f32(h[i]);
+  }
+  return out;
+}
+void upload(const Buffer& b, DType t, const float* v, std::size_t n, cudaStream_t s) {
+  CUTRAIN_CHECK(n * dtype_size(t) <= b.bytes(), "gpu engine: upload of ", n, " elements overruns a buffer of ", b.bytes(),
+                " bytes");
+  if (n == 0) return;
+  if (t == DType::F32) {
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(b.get(), v, n * 4, cudaMemcpyHostToDevice, s));
+  } else {
+    std::vector<std::uint16_t> h(n);
+    for (std::size_t i = 0; i < n; ++i) h[i] = f32_to_bf16_bits(v[i]);
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(b.get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice, s));
+  }
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));  // h is about to go out of scope
+}
+}  // namespace
+
+std::vector<float> GpuEngine::download_grads() const {
+  ensure_state();
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (zero_.sharded()) {
+    const std::vector<float> padded = download(grads_, plan_.grad, layout_.padded_elems);
+    return layout_.flat_from_padded(padded.data());
+  }
+  return download(grads_, plan_.grad, n_);
+}
+void GpuEngine::poison_grads() {
+  ensure_state();
+  const std::size_t es = dtype_size(plan_.grad);
+  for (const auto& t : table_.tensors()) {
+    // Stage 3: the tensor's place in the padded layout (a tensor never spans two units).
+    const std::size_t at = zero_.sharded() ? layout_.padded_of_flat(t.offset) : t.offset;
+    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(grads_.get()) + at * es, 0xFF, t.count * es, stream_));
+  }
+}
+
+std::vector<float> GpuEngine::download_params() const {
+  ensure_state();
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (zero_.sharded()) return gather_sharded(params_, DType::BF16);
+  return download(params_, DType::BF16, n_);
+}
+
+std::vector<float> GpuEngine::gather_sharded(const Buffer& shard, DType t) const {
+  Buffer padded(device_allocator(), layout_.padded_elems * dtype_size(t), stream_);
+  sharded_->gather_padded(stream_, shard.get(), padded.get(), t);
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const std::vector<float> p = download(padded, t, layout_.padded_elems);
+  return layout_.flat_from_padded(p.data());
+}
+
+void GpuEngine::put_sharded(const Buffer& shard, DType t, const float* flat) {
+  upload(shard, t, layout_.shard_from_flat(flat, zero_.rank), stream_);
+}
+
+HostState GpuEngine::save_state() const {
+  ensure_state();
+  if (swap_) swap_->make_resident();
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // Partitioned: every rank's partition gathered first (collective: all ranks save together).
+  auto state = [&](const Buffer& b, DType t) {
+    if (zero_.sharded()) return gather_sharded(b, t);
+    if (!zero_.partitioned()) return download(b, t, n_);
+    Buffer full(device_allocator(), zero_.part.padded_numel * dtype_size(t), stream_);
+    zero_comm_->gather_state(stream_, b.get(), full.get(), t);
+    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return download(full, t, n_);
+  };
+  HostState s;
+  s.params = zero_.sharded() ? gather_sharded(params_, DType::BF16) : download(params_, DType::BF16, n_);
+  if (plan_.has_master) s.master = state(master_, DType::F32);
+  s.exp_avg = state(m_, plan_.moment);
+  s.exp_avg_sq = state(v_, plan_.moment);
+  if (swap_) swap_->swap_out(/*non_blocking=*/false);  // back where it lives between steps
+  return s;
+}
+
+void GpuEngine::load_state(const HostState& s) {
+  CUTRAIN_CHECK(s.params.size() == n_ && s.exp_avg.size() == n_ && s.exp_avg_sq.size() == n_,
+                "gpu engine: state of ", s.params.size(), " params does not fit the model's flat size ", n_);
+  CUTRAIN_CHECK(!plan_.has_master || s.master.size() == n_, "gpu engine: the ", plan_.name(),
+                " layout needs fp32 master weights of ", n_, " elements, the state has ", s.master.size());
+  ensure_state();
+  if (swap_) swap_->make_resident();
+  if (zero_.sharded()) {
+    // This rank's shard of every state; the persistent units gathered again from the new params.
+    put_sharded(params_, DType::BF16, s.params.data());
+    if (plan_.has_master) put_sharded(master_, DType::F32, s.master.data());
+    put_sharded(m_, plan_.moment, s.exp_avg.data());
+    put_sharded(v_, plan_.moment, s.exp_avg_sq.data());
+    sharded_->refresh_persistent(stream_, params_.as<bf16>());
+    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (swap_) swap_->swap_out(/*non_blocking=*/false);
+    return;
+  }
+  upload(params_, DType::BF16, s.params, stream_);
+  // This rank's partition of each optimizer state (all of it when not partitioned); padding 0.
+  const comm::Range r = zero_.state_range();
+  const std::size_t real = r.begin < n_ ? std::min(r.end, n_) - r.begin : 0;
+  auto put = [&](const Buffer& b, DType t, const std::vector<float>& v) {
+    if (real < zero_.state_elems()) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(b.get(), 0, b.bytes(), stream_));
+    upload(b, t, v.data() + std::min(r.begin, n_), real, stream_);
+  };
+  if (plan_.has_master) put(master_, DType::F32, s.master);
+  put(m_, plan_.moment, s.exp_avg);
+  put(v_, plan_.moment, s.exp_avg_sq);
+  if (swap_) swap_->swap_out(/*non_blocking=*/false);
+}
+
+std::unique_ptr<TrainBackend> make_gpu_backend(const BackendOptions& o, const TrainConfig& c) {
+  std::string why;
+  CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");
+  return std::make_unique<GpuEngine>(o, c);
+}
+
+}  // namespace cutrain::model

@@ -1,0 +1,141 @@
+// @brief The GPU training engine: the flat training state in the config's precision layout,
+// micro-batches with gradient accumulation, global-norm clipping, NaN/Inf skip, one fused Adam(W)
+// launch over the flat buffers, allocator memory statistics, and CUDA-graph replay of the
+// forward/backward/grad-norm part of the step after a warm-up step. Data parallel over NCCL
+// ranks with ZeRO stages 0-3 (docs/distributed.md): gradient all-reduce (0), or optimizer state
+// partitioned + gradient reduce-scatter + param all-gather (1, 2), or (3) params, optimizer
+// state and reduced gradients in per-unit shards with each unit (embeddings, block, head)
+// gathered just before use and the next one prefetched on the communication stream
+// (parallel/zero_stage3.h). The collectives of the gradient reduction and norm, and stage 3's
+// gathers, are part of the captured graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <vector>
+
+#include "model/transformer_gpu.h"
+#include "parallel/zero_comm.h"
+#include "parallel/zero_plan.h"
+#include "parallel/zero_shard_layout.h"
+#include "parallel/zero_stage3.h"
+#include "runtime/device.h"
+#include "runtime/offload.h"
+#include "train/cpu_backend.h"
+#include "train/optimizer_swap.h"
+#include "train/precision.h"
+#include "train/train_backend.h"
+
+namespace cutrain::model {
+
+class GpuEngine final : public TrainBackend {
+ public:
+  GpuEngine(const BackendOptions& options, const TrainConfig& config);
+  ~GpuEngine() override;
+
+  const TransformerParams& table() const override { return table_; }
+  StepStats step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) override;
+  double eval_loss(const std::int32_t* tokens, const std::int32_t* labels) override;
+  MemoryStats memory() const override;
+  void reset_peak() override;
+  void release_workspace() override;
+  HostState save_state() const override;
+  void load_state(const HostState& state) override;
+  const char* describe() const override { return describe_.c_str(); }
+
+  // For tests: forward + backward of the micro-batches only (no optimizer step, no ZeRO
+  // reduction: this rank's own gradients); returns the mean loss. Gradients stay in the flat
+  // gradient buffer. After a ZeRO 1-2 step only this rank's partition of it is reduced; stage 3
+  // keeps this rank's unreduced gradients there (the reduced ones are in its gradient shard).
+  double forward_backward(const std::int32_t* tokens, const std::int32_t* labels);
+  std::vector<float> download_grads() const;   // flat, as float (stage 3: from the padded layout)
+  // Fills every real gradient element with 0xFF (NaN) so a test sees which ones a step wrote.
+  void poison_grads();
+  // Flat bf16 params, as float. Stage 3: gathered from every rank's shard (collective).
+  std::vector<float> download_params() const;
+  const PrecisionPlan& plan() const { return plan_; }
+  // Bytes the persistent training state took from the allocator (params, grads, master, moments).
+  // `state_requested_bytes` is what the engine asked for (exactly n x bytes/param); `state_bytes`
+  // what the allocator handed out (rounding, unsplit remainders).
+  std::size_t state_bytes() const { return state_bytes_; }
+  std::size_t state_requested_bytes() const { return state_requested_bytes_; }
+  bool graph_active() const { return graph_exec_ != nullptr; }
+  const ZeroPlan& zero_plan() const { return zero_; }
+  // Stage 3 (ZeroMode::Sharded) only: the per-unit shard layout and its gathers; null otherwise.
+  const ShardedParams* sharded() const { return sharded_.get(); }
+  int graph_captures() const { return graph_captures_; }  // successful captures so far
+
+  // DeepSpeed's engine.offload_states / reload_states. `include`: any of optim_states (moments),
+  // hp_params (fp32 master), lp_params (bf16 params), lp_grads (the bf16 gradient buffer) or
+  // contiguous_grad_buffer (the fp32 accumulation buffer), as the layout has them; empty: all.
+  // device nvme needs `nvme_path` (a folder). After a non-blocking reload (or none) the next use
+  // of the state waits for (or does) the reload itself; the CUDA graph is rebuilt after a reload.
+  // With zero_optimization.offload_optimizer the swap first hands its states back (they are then
+  // resident until the next optimizer step swaps them out again).
+  void offload_states(const std::vector<std::string>& include = {}, OffloadDevice device = OffloadDevice::Cpu,
+                      bool pin_memory = true, bool non_blocking = false, const std::string& nvme_path = "");
+  void reload_states(bool non_blocking = false);
+  std::vector<std::string> offloadable_states() const;  // the include names this layout has
+  StateOffloader& offloader() { return *offloader_; }
+  // zero_optimization.offload_optimizer (device cpu or nvme): the optimizer state's swap; null
+  // when the config offloads nothing.
+  OptimizerSwap* optimizer_swap() { return swap_.get(); }
+
+ private:
+  void stage_batch(const std::int32_t* tokens, const std::int32_t* labels);
+  // Static: capturable. `step`: a training step's pass (stage 3 with overlap_comm then reduces
+  // the gradients during the backward); false for the forward_backward() test helper.
+  void enqueue_forward_backward(bool step = true);
+  void enqueue_reduce();  // the ZeRO gradient reduction (nothing without a communicator)
+  void enqueue_norm();
+  void read_flags();
+  void ensure_state() const;  // offloaded states reloaded, the stream waits for reloads in flight
+  // Stage 3: a shard-layout state gathered from every rank (collective) into the flat layout.
+  std::vector<float> gather_sharded(const Buffer& shard, DType t) const;
+  // Stage 3: this rank's shard of a flat host state uploaded into `shard` (padding 0).
+  void put_sharded(const Buffer& shard, DType t, const float* flat);
+
+  BackendOptions opt_;
+  TrainConfig cfg_;
+  TransformerParams table_;
+  PrecisionPlan plan_;
+  int accum_;
+  std::size_t n_;
+  // Before stream_: resolving it selects the rank's device, where the stream is then created.
+  std::shared_ptr<comm::Communicator> comm_;
+  Stream stream_;
+  ZeroPlan zero_;
+  std::unique_ptr<ZeroComm> zero_comm_;  // null for ZeroMode::None
+  // Stage 3: the units' shard layout, the use orders of a step and of an eval forward.
+  ShardLayout layout_;
+  std::vector<int> train_order_, eval_order_;
+  std::string describe_;
+  // Stage 3: params_, master_, m_, v_ and grad_shard_ hold this rank's shard (layout_.shard_elems);
+  // grads_ is the full gradient buffer in the padded layout (backward writes every unit).
+  Buffer params_, grads_, master_, m_, v_, grad_shard_;
+  Buffer tokens_d_, labels_d_, flags_d_, norm_scratch_;
+  std::size_t state_bytes_ = 0, state_requested_bytes_ = 0;
+  std::unique_ptr<GpuTransformer> model_;
+  std::unique_ptr<ShardedParams> sharded_;  // stage 3 only; after zero_comm_ (uses its stream)
+  // Host pinned staging: tokens, labels [accum*B*S], and the flags read back after each step.
+  std::int32_t* tokens_h_ = nullptr;
+  std::int32_t* labels_h_ = nullptr;
+  float* flags_h_ = nullptr;
+  // flags layout (fp32 words): loss[accum], norm, clip_scale, then ints nonfinite, status[2*accum]
+  std::size_t flag_words_ = 0;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t graph_exec_ = nullptr;
+  int eager_steps_ = 0;
+  bool graph_failed_ = false;
+  int graph_captures_ = 0;
+  // Last: destroyed first, while the state buffers it moves still exist.
+  std::unique_ptr<StateOffloader> offloader_;
+  std::uint64_t graph_generation_ = 0;  // offloader generation the graph was captured at
+  // After offloader_: destroyed before it (both before the buffers they move).
+  std::unique_ptr<OptimizerSwap> swap_;
+};
+
+std::unique_ptr<TrainBackend> make_gpu_backend(const BackendOptions& options, const TrainConfig& config);
+
+}  // namespace cutrain::model

@@ -1,0 +1,352 @@
+#include "train/train_loop.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include "data/batch_sampler.h"
+#include "data/data_loader.h"
+#include "runtime/allocator.h"
+#include "runtime/comm/launch_env.h"
+#include "runtime/device.h"
+#include "runtime/error.h"
+#include "runtime/file_util.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/cpu_backend.h"
+#include "train/engine.h"
+#include "train/lr_schedule.h"
+#include "train/precision.h"
+
+namespace cutrain::model {
+
+namespace {
+constexpr int kGpt2Vocab = 50257;
+}
+
+std::string format_gb(std::int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f GB", double(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+std::string with_commas(std::uint64_t n) {
+  const std::string digits = std::to_string(n);
+  std::string s;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) s += ',';
+    s += digits[i];
+  }
+  return s;
+}
+
+namespace {
+
+// Shortest text that reads back as the same double (Python's repr, as csv.writer writes it).
+std::string repr(double x) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, x);
+  std::string s(buf, r.ptr);
+  if (s.find_first_of(".en") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string fixed(double x, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
+  return buf;
+}
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  AtomicFileWriter w(path);
+  w.write(text);
+  w.commit();
+}
+
+}  // namespace
+
+TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
+  CUTRAIN_CHECK(!o.deepspeed_config.empty(), "train: --deepspeed_config PATH is required");
+  CUTRAIN_CHECK(o.num_steps >= 1, "train: --num_steps must be >= 1, got ", o.num_steps);
+  CUTRAIN_CHECK(o.log_interval >= 1, "train: --log_interval must be >= 1, got ", o.log_interval);
+  CUTRAIN_CHECK(o.batch_size >= 1 && o.seq_length >= 1, "train: --batch_size and --seq_length must be >= 1, got ",
+                o.batch_size, " and ", o.seq_length);
+  CUTRAIN_CHECK(!o.use_real_data || !o.data.empty(),
+                "train: --use_real_data needs --data PATTERN (llm.c token shards, e.g. from `cutrain prepare-data`)");
+  CUTRAIN_CHECK(o.labels == LabelsChoice::Auto || o.use_real_data, "train: --labels ", name(o.labels),
+                " applies to --use_real_data (random data has random labels, as the BF16 example)");
+  CUTRAIN_CHECK(o.pad_vocab >= 0, "train: --pad_vocab must be a positive multiple (e.g. 64 or 128), got ",
+                o.pad_vocab);
+  CUTRAIN_CHECK(o.eval_data.empty() || o.use_real_data,
+                "train: --eval_data needs --use_real_data (validation shards go with training shards)");
+  CUTRAIN_CHECK(o.eval_interval >= 0, "train: --eval_interval must be >= 0 (0: only before and after), got ",
+                o.eval_interval);
+  CUTRAIN_CHECK(o.eval_steps >= 1, "train: --eval_steps must be >= 1, got ", o.eval_steps);
+  const bool next_token = o.use_real_data && o.labels != LabelsChoice::Identity;
+  const bool causal = o.attention == AttentionChoice::Causal || (o.attention == AttentionChoice::Auto && next_token);
+
+  // Data parallel (cutrain launch, torchrun, mpirun, Slurm): the engine makes the communicator from
+  // the same variables; here they size the global batch and deal real-data batches by rank.
+  const comm::LaunchEnv env = o.device == TrainDevice::Cuda ? comm::read_launch_env() : comm::LaunchEnv{};
+  // As the BF16 example's print_rank_0: the log is rank 0's; other ranks print only their ZeRO
+  // memory line (the engine's) and errors.
+  std::ostream quiet(nullptr);
+  std::ostream& out = env.rank == 0 ? out_all : quiet;
+
+  TrainConfig cfg = load_config(o.deepspeed_config);
+  for (const auto& w : cfg.warnings) out << "[Rank 0] config warning: " << w << "\n";
+  // The command line's batch size is the micro batch (the BF16 example passes the same 4 to both).
+  if (!cfg.train_micro_batch_size_per_gpu) cfg.train_micro_batch_size_per_gpu = o.batch_size;
+  cfg.resolve_batch(env.world_size);
+  if (o.learning_rate) cfg.optimizer.lr = *o.learning_rate;
+  const LrSchedule schedule = LrSchedule::from_config(cfg);
+  const int accum = cfg.accumulation();
+
+  BackendOptions bo;
+  int vocab = o.vocab_size;
+  if (o.use_real_data && vocab < kGpt2Vocab) {
+    // The BF16 example sizes the model by the tokenizer's vocabulary with real data.
+    out << "[Rank 0] --use_real_data: vocab_size " << vocab << " -> " << kGpt2Vocab << " (the GPT-2 tokenizer's)\n";
+    vocab = kGpt2Vocab;
+  }
+  bo.dims = ModelDims{o.hidden_dim, o.num_layers, o.num_heads, vocab, o.seq_length};
+  if (o.pad_vocab > 0) {
+    bo.dims.padded_vocab = int(data::padded_vocab_size(vocab, o.pad_vocab));
+    out << "[Rank 0] --pad_vocab " << o.pad_vocab << ": " << vocab << " -> " << bo.dims.padded_vocab
+        << " rows in the embedding and output projection (padded logits get no loss and no gradient)\n";
+  }
+  bo.causal = causal;
+  bo.batch = o.batch_size;
+  bo.seq = o.seq_length;
+  bo.seed = o.seed;
+  bo.activation_checkpointing = o.activation_checkpointing;
+  bo.cuda_graph = o.cuda_graph;
+  bo.dims.validate();
+
+  std::unique_ptr<data::BatchSampler> sampler, eval_sampler;
+  int eval_batches = 0;
+  if (o.use_real_data) {
+    data::SamplerOptions so;
+    so.patterns = o.data;
+    so.batch_size = o.batch_size;
+    so.seq_len = o.seq_length;
+    so.seed = o.seed;
+    // Each rank trains on its own batches of the same shuffled epoch. (Random data stays the same
+    // on every rank, so a W-rank run reproduces the single-process losses: a correctness check.)
+    so.rank = env.rank;
+    so.world_size = env.world_size;
+    so.labels = next_token ? data::Labels::kNextToken : data::Labels::kIdentity;
+    so.vocab_size = kGpt2Vocab;
+    sampler = std::make_unique<data::BatchSampler>(so);
+    out << "[Rank 0] Dataset loaded: " << sampler->num_tokens() << " tokens, " << sampler->batches_per_epoch()
+        << " batches per epoch, vocab_size=" << kGpt2Vocab << "\n";
+    if (!o.eval_data.empty()) {
+      so.patterns = o.eval_data;
+      so.rank = 0;  // every rank evaluates the same batches (the parameters are the same)
+      so.world_size = 1;
+      so.shuffle = false;  // the same first windows every evaluation: one curve, comparable points
+      eval_sampler = std::make_unique<data::BatchSampler>(so);
+      eval_batches = int(std::min<std::int64_t>(o.eval_steps, eval_sampler->batches_per_epoch()));
+      out << "[Rank 0] Validation data: " << eval_sampler->num_tokens() << " tokens, " << eval_batches
+          << " batches per evaluation";
+      if (eval_batches < o.eval_steps) out << " (--eval_steps " << o.eval_steps << " is more than the data holds)";
+      out << "\n";
+    }
+  }
+  out << "[Rank 0] Objective: " << (o.use_real_data ? (next_token ? "next-token labels" : "labels = input ids")
+                                                     : "random tokens and labels")
+      << ", " << (causal ? "causal" : "bidirectional") << " attention\n";
+  // Before the engine allocates: measures the device's peaks when --timing_report is on.
+  StepProfiler prof(o.profiling, TransformerParams(bo.dims), bo.batch, bo.seq, accum, bo.causal, o.device == TrainDevice::Cuda);
+  out << "[Rank 0] Creating model with hidden_dim=" << o.hidden_dim << ", num_layers=" << o.num_layers
+      << ", num_heads=" << o.num_heads << ", vocab_size=" << vocab << "\n";
+  std::unique_ptr<TrainBackend> be =
+      o.device == TrainDevice::Cpu ? make_cpu_backend(bo, cfg) : make_gpu_backend(bo, cfg);
+  const std::size_t nparams = be->table().num_params();
+  out << "[Rank 0] Model parameters: " << with_commas(nparams) << " total, " << with_commas(nparams) << " trainable\n";
+  if (o.activation_checkpointing) out << "[Rank 0] Activation checkpointing enabled\n";
+  const PrecisionPlan plan = plan_from_config(cfg);
+  out << "[Rank 0] cutrain initialized with config: " << o.deepspeed_config.string() << " (" << be->describe()
+      << ", layout " << plan.name() << ", " << plan.bytes_per_param() << " bytes/param, accumulation " << accum
+      << ")\n";
+
+  int first_step = 0;
+  std::mt19937_64 data_rng(o.seed);
+  if (!o.resume_dir.empty()) {
+    CheckpointMeta meta = load_checkpoint(o.resume_dir, *be);
+    first_step = meta.step;
+    std::istringstream(meta.data_rng) >> data_rng;
+    out << "[Rank 0] Resumed from " << o.resume_dir.string() << " at step " << first_step << "\n";
+  }
+  be->reset_peak();
+  const MemoryStats init_mem = be->memory();
+  out << "[Rank 0] Memory after init: allocated=" << format_gb(init_mem.allocated)
+      << ", reserved=" << format_gb(init_mem.reserved) << "\n";
+
+  const std::size_t per_step = std::size_t(accum) * o.batch_size * o.seq_length;
+  std::vector<std::int32_t> tokens(per_step), labels(per_step);
+  const std::size_t per_micro = std::size_t(o.batch_size) * o.seq_length;
+  // Real data: micro-batch number step*accum + a, a pure function of the step, so resume continues
+  // the stream. A background thread (DataLoader) reads the next one into the other of two host
+  // slots, pinned on the GPU path, while this one trains.
+  // The slots are declared first so the loader (and its thread, which writes them) goes first.
+  std::vector<Buffer> pinned_slots;
+  std::vector<std::vector<std::int32_t>> host_slots;
+  std::unique_ptr<data::DataLoader> loader;
+  if (sampler && !o.fixed_batch) {
+    std::int32_t* slot[4];
+    pinned_slots.reserve(4);
+    host_slots.reserve(4);
+    for (auto& p : slot) {
+      if (o.device == TrainDevice::Cuda) {
+        pinned_slots.emplace_back(pinned_allocator(), per_micro * sizeof(std::int32_t));
+        p = pinned_slots.back().as<std::int32_t>();
+      } else {
+        p = host_slots.emplace_back(per_micro).data();
+      }
+    }
+    loader = std::make_unique<data::DataLoader>(sampler->options(), data::HostBatchBuffers{{slot[0], slot[1]}, {slot[2], slot[3]}},
+                                                std::int64_t(first_step) * accum);
+  }
+  auto draw_real = [&](int step) {
+    for (int a = 0; a < accum; ++a) {
+      const std::int64_t want = std::int64_t(step) * accum + a;
+      std::int32_t* t = tokens.data() + a * per_micro;
+      std::int32_t* l = labels.data() + a * per_micro;
+      if (!loader) {
+        sampler->fill(want, t, l);
+        continue;
+      }
+      const data::Batch b = loader->next();
+      CUTRAIN_CHECK(b.step == want, "train: data loader handed out batch ", b.step, ", expected ", want);
+      std::copy(b.inputs, b.inputs + per_micro, t);
+      std::copy(b.targets, b.targets + per_micro, l);
+    }
+  };
+  auto draw = [&] {
+    // Random input ids and random labels in [0, vocab), like the BF16 example.
+    std::uniform_int_distribution<std::int32_t> d(0, vocab - 1);
+    for (auto& t : tokens) t = d(data_rng);
+    for (auto& l : labels) l = d(data_rng);
+  };
+  if (o.fixed_batch) sampler ? draw_real(first_step) : draw();
+
+  // Validation: the mean of the first eval_batches batches' mean losses (every batch has B*S
+  // targets, so this is the mean over all targets), and its exponential.
+  std::vector<std::int32_t> eval_tokens(per_micro), eval_labels(per_micro);
+  auto evaluate = [&](int after_step) {
+    EvalPoint e;
+    e.after_step = after_step;
+    e.batches = eval_batches;
+    for (int b = 0; b < eval_batches; ++b) {
+      eval_sampler->fill(b, eval_tokens.data(), eval_labels.data());
+      e.loss += be->eval_loss(eval_tokens.data(), eval_labels.data()) / eval_batches;
+    }
+    e.perplexity = std::exp(e.loss);
+    out << "[Rank 0] Eval " << (after_step < first_step ? "before training" : "after step " + std::to_string(after_step))
+        << ": val_loss=" << fixed(e.loss, 4) << ", val_ppl=" << fixed(e.perplexity, 2) << " (" << eval_batches
+        << " batches of " << o.batch_size << " x " << o.seq_length << ")\n";
+    return e;
+  };
+  TrainResult res;
+  if (eval_sampler) res.evals.push_back(evaluate(first_step - 1));
+
+  std::string metrics;
+  std::string csv = "step,loss\n";
+  res.params = nparams;
+  double time_sum = 0;
+  int timed = 0;
+  const int last = first_step + o.num_steps - 1;
+  prof.set_steps(first_step, last, o.warmup_steps);
+  for (int step = first_step; step <= last; ++step) {
+    if (!o.fixed_batch) sampler ? draw_real(step) : draw();
+    const float lr = schedule.lr(step);
+    prof.begin_step(step);
+    const auto t0 = std::chrono::steady_clock::now();
+    const StepStats st = be->step(tokens.data(), labels.data(), step + 1, lr);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    prof.end_step(step);
+    if (step - first_step >= o.warmup_steps) {
+      time_sum += dt;
+      ++timed;
+    }
+    const float loss = float(st.loss);
+    res.losses.push_back(loss);
+    csv += std::to_string(step) + "," + repr(loss) + "\n";
+    const MemoryStats mem = be->memory();
+    if (st.skipped)
+      out << "[Rank 0] warning: step " << step << ": non-finite gradient norm (" << st.grad_norm
+          << "), optimizer step skipped\n";
+    if (step % o.log_interval == 0 || step == last)
+      out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
+          << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak) << "\n";
+    const bool eval_now = eval_sampler && (step == last || (o.eval_interval > 0 && (step + 1) % o.eval_interval == 0));
+    if (eval_now) res.evals.push_back(evaluate(step));
+    if (!o.metrics_file.empty()) {
+      nlohmann::json j = {{"step", step},
+                          {"loss", loss},
+                          {"lr", lr},
+                          {"grad_norm", st.grad_norm},
+                          {"skipped", st.skipped},
+                          {"step_time_s", dt},
+                          {"tokens_per_s", double(per_step) / dt},
+                          {"allocated_bytes", mem.allocated},
+                          {"reserved_bytes", mem.reserved},
+                          {"peak_bytes", mem.peak}};
+      if (eval_now) {
+        j["val_loss"] = res.evals.back().loss;
+        j["val_ppl"] = res.evals.back().perplexity;
+      }
+      metrics += j.dump() + "\n";
+    }
+  }
+  be->release_workspace();
+  const MemoryStats fin = be->memory();
+  res.avg_step_time = timed ? time_sum / timed : 0.0;
+  res.peak_bytes = fin.peak;
+  res.alloc_bytes = fin.allocated;
+
+  out << "\n" << std::string(60, '=') << "\n";
+  out << "[Rank 0] FINAL RESULTS\n";
+  out << "  Config: " << o.deepspeed_config.string() << "\n";
+  out << "  Model: hidden_dim=" << o.hidden_dim << ", num_layers=" << o.num_layers << "\n";
+  out << "  Parameters: " << with_commas(nparams) << "\n";
+  out << "  Batch size: " << o.batch_size << ", Seq length: " << o.seq_length << "\n";
+  out << "  Average step time: " << fixed(res.avg_step_time, 3) << "s\n";
+  out << "  Peak memory: " << format_gb(fin.peak) << "\n";
+  out << "  Final allocated memory: " << format_gb(fin.allocated) << "\n";
+  if (!res.evals.empty())
+    out << "  Validation loss: " << fixed(res.evals.front().loss, 4) << " -> " << fixed(res.evals.back().loss, 4)
+        << " (perplexity " << fixed(res.evals.front().perplexity, 2) << " -> " << fixed(res.evals.back().perplexity, 2)
+        << ")\n";
+  out << std::string(60, '=') << "\n";
+  out << "SUMMARY: config=" << o.deepspeed_config.string() << " params=" << nparams << " peak_mem_bytes=" << fin.peak
+      << " alloc_mem_bytes=" << fin.allocated << " avg_step_time=" << fixed(res.avg_step_time, 4);
+  if (!res.evals.empty())  // our extension: the last validation loss and perplexity
+    out << " val_loss=" << fixed(res.evals.back().loss, 4) << " val_ppl=" << fixed(res.evals.back().perplexity, 2);
+  out << "\n";
+  if (!o.loss_log_file.empty()) {
+    write_text(o.loss_log_file, csv);
+    out << "Loss history saved to: " << o.loss_log_file.string() << "\n";
+  }
+  if (!o.metrics_file.empty()) write_text(o.metrics_file, metrics);
+  prof.finish(out);
+  if (!o.save_dir.empty()) {
+    std::ostringstream rng_text;
+    rng_text << data_rng;
+    save_checkpoint(o.save_dir, *be, CheckpointMeta{last + 1, rng_text.str()}, CheckpointIo::Auto,
+                    /*write_files=*/env.rank == 0);  // ranks > 0 join the state's gather only
+    out << "[Rank 0] Checkpoint saved to: " << o.save_dir.string() << " (step " << last + 1 << ")\n";
+  }
+  out.flush();
+  return res;
+}
+
+}  // namespace cutrain::model

@@ -1,0 +1,65 @@
+// @brief The training loop of `cutrain train`: the BF16 example's train.py, line for line in its
+// output (Model parameters, Memory after init, Step lines, FINAL RESULTS, SUMMARY, loss CSV), plus
+// a per-step JSON metrics file. Runs on the GPU engine or the CPU reference backend.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "train/choices.h"
+#include "train/step_profiler.h"
+
+namespace cutrain::model {
+
+struct TrainOptions {
+  std::filesystem::path deepspeed_config;
+  int hidden_dim = 1024, num_layers = 12, num_heads = 16, vocab_size = 50000;
+  int batch_size = 4, seq_length = 512;
+  int num_steps = 20, warmup_steps = 5;
+  std::optional<float> learning_rate;  // given: overrides the config's optimizer lr
+  int log_interval = 5;
+  bool activation_checkpointing = false;
+  std::filesystem::path loss_log_file;
+  bool use_real_data = false;
+  std::vector<std::string> data;  // --data: glob patterns of llm.c token shards (with --use_real_data)
+  LabelsChoice labels = LabelsChoice::Auto;           // --labels (train/choices.h)
+  AttentionChoice attention = AttentionChoice::Auto;  // --attention
+  int pad_vocab = 0;  // --pad_vocab: round the vocabulary's rows up to a multiple of this (0: none)
+  std::vector<std::string> eval_data;  // --eval_data: validation shards (with --use_real_data)
+  int eval_interval = 0;               // evaluate after every N steps (0: only before and after the run)
+  int eval_steps = 20;                 // validation batches per evaluation (the first N, in file order)
+  std::uint64_t seed = 42;
+  std::filesystem::path metrics_file;
+  std::filesystem::path save_dir, resume_dir;
+  TrainDevice device = TrainDevice::Cuda;  // --device
+  bool cuda_graph = true;
+  bool fixed_batch = false;  // reuse the first batch every step (a loss that must fall)
+  ProfilingOptions profiling;  // --timing_report, --profile_steps (docs/profiling.md)
+};
+
+struct EvalPoint {
+  int after_step = -1;  // the last step trained before it (-1 + first step: before training)
+  double loss = 0, perplexity = 0;
+  int batches = 0;
+};
+
+struct TrainResult {
+  std::vector<double> losses;
+  std::vector<EvalPoint> evals;  // --eval_data: before training, every --eval_interval, at the end
+  double avg_step_time = 0;
+  std::int64_t peak_bytes = 0, alloc_bytes = 0;
+  std::size_t params = 0;
+};
+
+// Runs the loop, printing to `out`. Throws cutrain::Error (config, shapes, files, CUDA).
+TrainResult run_training(const TrainOptions& options, std::ostream& out);
+
+// "1.23 GB" (1024³ bytes, two decimals) and "254,128,976", as the BF16 example prints them.
+std::string format_gb(std::int64_t bytes);
+std::string with_commas(std::uint64_t n);
+
+}  // namespace cutrain::model
