@@ -7,6 +7,9 @@ benchmark of A is missing or failed in B), 0 otherwise, 2 on unreadable input.
     compare_runs.py A.json B.json [--threshold 5] [--strict] [--only-changed]
     compare_runs.py A1.json,A2.json,A3.json B1.json,B2.json,B3.json ...
 
+--slower-filter prints only a --benchmark_filter regex matching the flagged (SLOWER) benchmarks,
+an empty line when none is flagged: the input of a re-run of just those rows in more rounds.
+
 With comma-separated lists, each side is several rounds of the same benchmarks (run alternately
 in one session, as scripts/device-session.sh's `against` section does): a benchmark's figure is
 the median over the rounds of its per-round median, the verdict is taken on that, and the table
@@ -86,6 +89,16 @@ def ratio_range(ea, eb):
     return (min(rs), max(rs)) if rs else None
 
 
+_ERE_SPECIAL = set(".[]{}()\\*+?|^$")
+
+
+def name_filter(names):
+    """A --benchmark_filter regex (POSIX extended, as Google Benchmark matches it) that matches
+    exactly these benchmark names, with or without the /iterations:.../manual_time suffix."""
+    esc = ["".join("\\" + c if c in _ERE_SPECIAL else c for c in n) for n in names]
+    return f"^({'|'.join(esc)})(/|$)" if esc else ""
+
+
 def compare(a, b, threshold_pct):
     """Rows (name, a_us, b_us, ratio, status) in A's order then B's new ones; status is one of
     "", "SLOWER", "faster", "missing in B", "new in B", "failed in A", "failed in B"."""
@@ -120,6 +133,8 @@ def main(argv=None):
     ap.add_argument("--threshold", type=float, default=5.0, help="percent slower that counts as a regression")
     ap.add_argument("--strict", action="store_true", help="a benchmark missing or failed in B also fails")
     ap.add_argument("--only-changed", action="store_true", help="print only flagged rows")
+    ap.add_argument("--slower-filter", action="store_true",
+                    help="print only a --benchmark_filter regex of the SLOWER rows (empty line if none)")
     args = ap.parse_args(argv)
     if args.threshold < 0:
         print("compare_runs: --threshold must be >= 0", file=sys.stderr)
@@ -145,6 +160,9 @@ def main(argv=None):
     rounds = len(sides[0][0])
     (meta_a, a), (meta_b, b) = [(runs[0][0], runs[0][1] if rounds == 1 else combine([r[1] for r in runs]))
                                 for _, runs in sides]
+    if args.slower_filter:
+        print(name_filter([r[0] for r in compare(a, b, args.threshold) if r[4] == "SLOWER"]))
+        return 0
     for tag, (paths, _), m in (("A", sides[0], meta_a), ("B", sides[1], meta_b)):
         print(f"{tag}: {', '.join(paths)}  device={m['device'] or '?'} driver={m['driver'] or '?'} "
               f"commit={m['commit'] or '?'} date={m['date'] or '?'}")

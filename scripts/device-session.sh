@@ -4,9 +4,11 @@
 # order they run (the default is all of them; --only picks some, --skip drops some):
 #   check       build + every test (scripts/gpu-check.sh; TESTS=REGEX for a subset)
 #   against     only with .snap/against/ (device-snapshot.sh --against REV): builds REV's tree and
-#               runs the benchmarks of both builds (AGAINST_BENCH, default the kernel suites), in
-#               AGAINST_ROUNDS rounds (default 3) alternating which runs first, then the table of
-#               REV/this per benchmark (bench/compare_runs.py, AGAINST_THRESHOLD percent, default 2)
+#               runs the benchmarks of both builds (AGAINST_BENCH, default the kernel suites; REV's
+#               rows filtered by AGAINST_OLD_FILTER), re-runs the rows more than AGAINST_THRESHOLD
+#               percent slower (default 2) in AGAINST_ROUNDS - 1 more rounds (default 3 in all),
+#               alternating which build runs first, then the table of this build against REV
+#               (bench/compare_runs.py: the median over the rounds each row ran in)
 #   comparison  the main job and its PyTorch peer (three layouts), the 6.86B model, the llm.c shape
 #   real_data   prepare WikiText-2, train with validation (next-token, causal, --pad_vocab)
 #   kernels     kernel benchmarks (BENCH_LIST, BENCH_FILTER) and their PyTorch peers in the same
@@ -74,16 +76,26 @@ if want against && [ -d against ]; then
   export LD_LIBRARY_PATH=/tmp/cutrain-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   mkdir -p "$logs/against"
   against_bench=${AGAINST_BENCH:-attention|dense|k3|gemm}
-  olds=(); news=()
-  for ((r = 1; r <= ${AGAINST_ROUNDS:-3}; r++)); do
-    order="new old"; (( r % 2 )) || order="old new"
-    for side in $order; do
-      b=build/gpu; c=$(cat COMMIT 2>/dev/null)
-      [ "$side" = old ] && { b=build/against; c=$(cat against/COMMIT 2>/dev/null); }
-      step against_${side}_r$r 200 "scripts/bench-all.sh --build $b --commit '${c:-unknown}' --bench '$against_bench' --out $logs/against/${side}_r$r.json"
+  # bench_side SIDE ROUND [FILTER]: one bench-all run of this build (new) or REV's (old).
+  bench_side() {
+    local b=build/gpu c; c=$(cat COMMIT 2>/dev/null)
+    [ "$1" = old ] && { b=build/against; c=$(cat against/COMMIT 2>/dev/null); }
+    step against_$1_r$2 240 "scripts/bench-all.sh --build $b --commit '${c:-unknown}' --bench '$against_bench' ${3:+--filter '$3'} --out $logs/against/$1_r$2.json"
+  }
+  # Round 1: every benchmark of both builds (REV's filtered with AGAINST_OLD_FILTER, e.g. to
+  # leave out rows this build no longer has). Then AGAINST_ROUNDS - 1 more rounds (default 2) of
+  # only the rows round 1 flagged, alternating which build runs first.
+  bench_side new 1; bench_side old 1 "${AGAINST_OLD_FILTER:-}"
+  olds=("$logs/against/old_r1.json"); news=("$logs/against/new_r1.json")
+  flagged=$(python3 bench/compare_runs.py "${olds[0]}" "${news[0]}" --threshold "${AGAINST_THRESHOLD:-2}" --slower-filter 2>/dev/null)
+  echo "-- against round 1 flagged: ${flagged:-none}" >>"$sum"
+  if [ -n "$flagged" ]; then
+    for ((r = 2; r <= ${AGAINST_ROUNDS:-3}; r++)); do
+      if (( r % 2 )); then bench_side new $r "$flagged"; bench_side old $r "$flagged"
+      else bench_side old $r "$flagged"; bench_side new $r "$flagged"; fi
+      olds+=("$logs/against/old_r$r.json"); news+=("$logs/against/new_r$r.json")
     done
-    olds+=("$logs/against/old_r$r.json"); news+=("$logs/against/new_r$r.json")
-  done
+  fi
   ( IFS=,; python3 bench/compare_runs.py "${olds[*]}" "${news[*]}" --threshold "${AGAINST_THRESHOLD:-2}" \
       >"$logs/against.md" 2>&1 )
   echo "-- against $(cat against/COMMIT 2>/dev/null): rc=$? (A = that commit, B = $(cat COMMIT 2>/dev/null))" >>"$sum"

@@ -192,6 +192,21 @@ class CompareRuns(Scratch):
         self.assertEqual(rc, 2)
         self.assertIn("no file", se)
 
+    def test_slower_filter_matches_exactly_the_flagged_names(self):
+        import re
+        a = self.make_run("a.json", [("gemm/fwd_bias+gelu/2x3x4", 10.0), ("k/ok", 10.0), ("k/ok2", 10.0)])
+        b = self.make_run("b.json", [("gemm/fwd_bias+gelu/2x3x4", 11.0), ("k/ok", 10.0), ("k/ok2", 12.0)])
+        rc, so, se = self.run_py("compare_runs.py", a, b, "--slower-filter")
+        self.assertEqual(rc, 0, se)
+        rx = re.compile(so.strip())
+        self.assertTrue(rx.search("gemm/fwd_bias+gelu/2x3x4/iterations:100/manual_time"))
+        self.assertTrue(rx.search("k/ok2"))
+        self.assertFalse(rx.search("k/ok"))
+        self.assertFalse(rx.search("gemm/fwd_biasgelu/2x3x4"))
+        self.assertFalse(rx.search("k/ok22"))
+        rc, so, se = self.run_py("compare_runs.py", a, a, "--slower-filter")
+        self.assertEqual((rc, so.strip()), (0, ""))
+
     def test_compare_function_directly(self):
         rows = compare_runs.compare({"x": {"median_us": 1.0}}, {"x": {"median_us": 1.2}}, 5.0)
         self.assertEqual(rows[0][4], "SLOWER")
