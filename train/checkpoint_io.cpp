@@ -6,7 +6,7 @@
 #include "runtime/aio/aio_handle.h"
 #include "runtime/error.h"
 
-namespace cutrain {
+namespace cutrain::train {
 
 CheckpointIo parse_checkpoint_io(std::string_view s) {
   if (s == "auto") return CheckpointIo::Auto;
@@ -82,4 +82,4 @@ void CheckpointFiles::read(const SafetensorsReader& r, std::span<const TensorRea
   aio::read_ranges(*handle_, r.path(), ranges);
 }
 
-}  // namespace cutrain
+}  // namespace cutrain::train

@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-namespace cutrain {
+namespace cutrain::train {
 
 template <class E>
 struct Choice {
@@ -99,4 +99,4 @@ inline const char* name(TrainDevice v) { return choice_name(kTrainDevices, v); }
 inline const char* name(LabelsChoice v) { return choice_name(kLabelsChoices, v); }
 inline const char* name(AttentionChoice v) { return choice_name(kAttentionChoices, v); }
 
-}  // namespace cutrain
+}  // namespace cutrain::train

@@ -6,7 +6,7 @@
 
 #include "train/config.h"
 
-namespace cutrain {
+namespace cutrain::train {
 
 namespace {
 [[noreturn]] void batch_error(const TrainConfig& c, const std::string& why) {
@@ -65,4 +65,4 @@ void TrainConfig::resolve_batch(int world_size) {
   gradient_accumulation_steps = static_cast<int>(accum);
 }
 
-}  // namespace cutrain
+}  // namespace cutrain::train
