@@ -14,17 +14,16 @@
 namespace {
 
 using namespace cutrain;
-using namespace cutrain::model;
 
 void BM_TrainStep(benchmark::State& state, const char* layout) {
   if (!bench::require_gpu(state)) return;
-  BackendOptions o;  // the BF16 example's defaults
-  o.dims = ModelDims{1024, 12, 16, 50000, 512};
+  train::BackendOptions o;  // the BF16 example's defaults
+  o.dims = model::ModelDims{1024, 12, 16, 50000, 512};
   o.batch = 4;
   o.seq = 512;
-  TrainConfig cfg = load_config(std::string("configs/") + layout + ".json");
+  train::TrainConfig cfg = train::load_config(std::string("configs/") + layout + ".json");
   cfg.resolve_batch(1);
-  auto eng = std::make_unique<GpuEngine>(o, cfg);
+  auto eng = std::make_unique<train::GpuEngine>(o, cfg);
   const std::size_t n = std::size_t(o.batch) * o.seq * cfg.accumulation();
   std::mt19937_64 rng(42);
   std::uniform_int_distribution<std::int32_t> d(0, o.dims.vocab - 1);

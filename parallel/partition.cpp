@@ -4,7 +4,7 @@
 
 #include "runtime/error.h"
 
-namespace cutrain::comm {
+namespace cutrain::parallel {
 
 Range FlatPartition::rank_range(int rank) const {
   CUTRAIN_CHECK(rank >= 0 && rank < world, "rank ", rank, " out of range for world size ", world);
@@ -63,4 +63,4 @@ std::vector<bool> persistent_tensors(const std::vector<TensorSpan>& tensors, std
   return f;
 }
 
-}  // namespace cutrain::comm
+}  // namespace cutrain::parallel

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace cutrain::comm {
+namespace cutrain::parallel {
 
 struct Range {
   std::size_t begin = 0, end = 0;  // [begin, end)
@@ -50,4 +50,4 @@ std::vector<Bucket> make_buckets(const std::vector<TensorSpan>& tensors, std::si
 // every rank (not partitioned). Returns the flags, one per tensor.
 std::vector<bool> persistent_tensors(const std::vector<TensorSpan>& tensors, std::size_t threshold);
 
-}  // namespace cutrain::comm
+}  // namespace cutrain::parallel

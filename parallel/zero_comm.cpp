@@ -5,20 +5,20 @@
 #include "runtime/check.h"
 #include "runtime/nvtx.h"
 
-namespace cutrain::model {
+namespace cutrain::parallel {
 
-std::vector<comm::Range> stage0_ranges(const TransformerParams& table, bool overlap_comm, std::size_t bucket_elems) {
+std::vector<Range> stage0_ranges(const model::TransformerParams& table, bool overlap_comm, std::size_t bucket_elems) {
   if (!overlap_comm) return {{0, table.flat_size()}};
-  std::vector<comm::TensorSpan> spans;
+  std::vector<TensorSpan> spans;
   for (const auto& t : table.tensors()) spans.push_back({t.name, t.offset, t.count});
-  std::vector<comm::Range> out;
+  std::vector<Range> out;
   // Between buckets only flat-buffer padding is skipped: zero on every rank, never written.
-  for (const auto& b : comm::make_buckets(spans, bucket_elems)) out.push_back(b.range);
+  for (const auto& b : make_buckets(spans, bucket_elems)) out.push_back(b.range);
   return out;
 }
 
 ZeroComm::ZeroComm(std::shared_ptr<comm::Communicator> comm, const ZeroPlan& plan, const ZeroCommOptions& config,
-                   const TransformerParams& table, DType grad_type, CachingAllocator& alloc, cudaStream_t compute)
+                   const model::TransformerParams& table, DType grad_type, CachingAllocator& alloc, cudaStream_t compute)
     : comm_(std::move(comm)), plan_(plan), grad_type_(grad_type) {
   CUTRAIN_CHECK(comm_ != nullptr, "ZeroComm: no communicator");
   CUTRAIN_CHECK(plan_.mode != ZeroMode::None, "ZeroComm: ZeRO mode 'none' has no collectives");
@@ -48,7 +48,7 @@ void ZeroComm::reduce_grads(cudaStream_t compute, void* grads) {
   fork(compute);
   const std::size_t es = dtype_size(grad_type_);
   if (plan_.mode == ZeroMode::AllReduce) {
-    for (const comm::Range& r : buckets_)
+    for (const Range& r : buckets_)
       comm_->all_reduce(static_cast<char*>(grads) + r.begin * es, r.size(), grad_type_, comm::ReduceOp::Avg,
                         comm_stream_.get());
   } else {
@@ -69,7 +69,7 @@ void ZeroComm::global_norm(cudaStream_t compute, const void* grads, float max_no
                             scratch);
     return;
   }
-  const comm::Range r = plan_.norm_range();
+  const Range r = plan_.norm_range();
   const std::size_t es = dtype_size(grad_type_);
   global_norm_of_shard(compute, static_cast<const char*>(grads) + r.begin * es, r.size(), max_norm, norm, clip_scale,
                        nonfinite, scratch);
@@ -101,4 +101,4 @@ void ZeroComm::gather_state(cudaStream_t compute, const void* part_buf, void* fu
   join(compute);
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::parallel

@@ -22,14 +22,13 @@
 #include <memory>
 #include <vector>
 
+#include "model/transformer_params.h"
 #include "parallel/zero_plan.h"
 #include "runtime/allocator.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/device.h"
 
-namespace cutrain::model {
-
-class TransformerParams;
+namespace cutrain::parallel {
 
 // What the collectives take from zero_optimization: overlap_comm (stage 0 in buckets along tensor
 // boundaries) and the bucket size in elements.
@@ -42,7 +41,7 @@ class ZeroComm {
  public:
   // `plan.mode` must not be None. `grad_type`: the flat gradient buffer's dtype.
   ZeroComm(std::shared_ptr<comm::Communicator> comm, const ZeroPlan& plan, const ZeroCommOptions& options,
-           const TransformerParams& table, DType grad_type, CachingAllocator& alloc, cudaStream_t compute);
+           const model::TransformerParams& table, DType grad_type, CachingAllocator& alloc, cudaStream_t compute);
 
   // After the last backward, on `compute`: the gradient reduction of the mode (see above).
   void reduce_grads(cudaStream_t compute, void* grads);
@@ -61,7 +60,7 @@ class ZeroComm {
   // `part_buf`: this rank's per_rank elements of `t`; `full`: world x per_rank elements.
   void gather_state(cudaStream_t compute, const void* part_buf, void* full, DType t);
 
-  const std::vector<comm::Range>& buckets() const { return buckets_; }
+  const std::vector<Range>& buckets() const { return buckets_; }
   comm::Communicator& communicator() { return *comm_; }
   // The communication stream: stage 3's gathers use it too, so every collective of a rank is
   // issued on one stream in one order.
@@ -75,7 +74,7 @@ class ZeroComm {
   std::shared_ptr<comm::Communicator> comm_;
   ZeroPlan plan_;
   DType grad_type_;
-  std::vector<comm::Range> buckets_;  // AllReduce: the all-reduce launches over the flat buffer
+  std::vector<Range> buckets_;        // AllReduce: the all-reduce launches over the flat buffer
   Stream comm_stream_;
   Event ready_{false}, done_{false};
   Buffer sumsq_;  // one fp64: this rank's sum of squares, then the global one
@@ -83,6 +82,6 @@ class ZeroComm {
 
 // The all-reduce ranges of stage 0: the whole real buffer in one launch without overlap_comm,
 // else buckets of at most `bucket_elems` along tensor boundaries. Pure (tests).
-std::vector<comm::Range> stage0_ranges(const TransformerParams& table, bool overlap_comm, std::size_t bucket_elems);
+std::vector<Range> stage0_ranges(const model::TransformerParams& table, bool overlap_comm, std::size_t bucket_elems);
 
-}  // namespace cutrain::model
+}  // namespace cutrain::parallel

@@ -2,20 +2,20 @@
 
 #include "runtime/error.h"
 
-namespace cutrain::model {
+namespace cutrain::parallel {
 
 std::size_t ZeroPlan::flat_elems() const {
   CUTRAIN_CHECK(!sharded(), "ZeroPlan::flat_elems: stage 3's buffer sizes come from its ShardLayout");
   return partitioned() ? part.padded_numel : part.numel;
 }
 
-comm::Range ZeroPlan::state_range() const {
+Range ZeroPlan::state_range() const {
   CUTRAIN_CHECK(!sharded(), "ZeroPlan::state_range: stage 3's shard comes from its ShardLayout");
   if (partitioned()) return part.rank_range(rank);
   return {0, part.numel};
 }
 
-comm::Range ZeroPlan::norm_range() const {
+Range ZeroPlan::norm_range() const {
   CUTRAIN_CHECK(!sharded(), "ZeroPlan::norm_range: stage 3's norm runs over its whole gradient shard");
   if (partitioned()) return part.owned_real(rank);
   return {0, part.numel};
@@ -42,7 +42,7 @@ ZeroPlan make_zero_plan(int stage, std::size_t numel, int world, int rank, bool 
   z.has_comm = has_comm;
   // 2-byte elements with 16-byte alignment: per_rank is a multiple of 8 elements, so every
   // partition of the bf16 params/grads and of the fp32 master/moments/grads starts 16-byte aligned.
-  z.part = comm::partition_flat(numel, world, 2, 16);
+  z.part = partition_flat(numel, world, 2, 16);
   if (!has_comm) z.mode = ZeroMode::None;
   else if (stage == 3) z.mode = ZeroMode::Sharded;
   else if (stage == 0) z.mode = ZeroMode::AllReduce;
@@ -50,4 +50,4 @@ ZeroPlan make_zero_plan(int stage, std::size_t numel, int world, int rank, bool 
   return z;
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::parallel

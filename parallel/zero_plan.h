@@ -7,7 +7,7 @@
 
 #include "parallel/partition.h"
 
-namespace cutrain::model {
+namespace cutrain::parallel {
 
 enum class ZeroMode {
   None,         // no collectives: the single-process engine (no communicator)
@@ -24,7 +24,7 @@ struct ZeroPlan {
   ZeroMode mode = ZeroMode::None;
   // The flat buffer split over `world` ranks; per_rank is a whole number of 16-byte vectors for
   // every dtype the engine keeps (a multiple of 8 elements: 16 B of bf16, 32 B of fp32).
-  comm::FlatPartition part;
+  FlatPartition part;
 
   bool partitioned() const { return mode == ZeroMode::Partitioned; }
   bool sharded() const { return mode == ZeroMode::Sharded; }
@@ -34,10 +34,10 @@ struct ZeroPlan {
   std::size_t flat_elems() const;
   // The flat range whose optimizer state (moments, master) this rank holds and updates: its
   // padded partition when partitioned, else [0, numel). Not for Sharded (throws).
-  comm::Range state_range() const;
+  Range state_range() const;
   std::size_t state_elems() const { return state_range().size(); }
   // The real (unpadded) elements of this rank's partition: where its gradient norm share is summed.
-  comm::Range norm_range() const;
+  Range norm_range() const;
   const char* mode_name() const;
 };
 
@@ -46,4 +46,4 @@ struct ZeroPlan {
 // every world size (at world size 1 it runs the real gather/shard path on a one-rank communicator).
 ZeroPlan make_zero_plan(int stage, std::size_t numel, int world, int rank, bool has_comm);
 
-}  // namespace cutrain::model
+}  // namespace cutrain::parallel

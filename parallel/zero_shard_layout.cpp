@@ -4,9 +4,9 @@
 
 #include "runtime/error.h"
 
-namespace cutrain::model {
+namespace cutrain::parallel {
 
-ShardLayout make_shard_layout(const std::vector<comm::Range>& units, std::size_t numel, int world,
+ShardLayout make_shard_layout(const std::vector<Range>& units, std::size_t numel, int world,
                               std::size_t persistence_threshold) {
   CUTRAIN_CHECK(world >= 1, "ZeRO stage 3: world size must be >= 1, got ", world);
   CUTRAIN_CHECK(!units.empty(), "ZeRO stage 3: the model has no parameter units");
@@ -14,14 +14,14 @@ ShardLayout make_shard_layout(const std::vector<comm::Range>& units, std::size_t
   L.world = world;
   L.numel = numel;
   std::size_t next = 0;
-  for (const comm::Range& r : units) {
+  for (const Range& r : units) {
     CUTRAIN_CHECK(r.begin == next && r.end > r.begin, "ZeRO stage 3: parameter unit [", r.begin, ", ", r.end,
                   ") does not continue the previous one at ", next);
     next = r.end;
     ShardUnit u;
     u.flat = r;
     // 2-byte elements, 16-byte vectors: per_rank is a multiple of 8 elements.
-    u.per_rank = comm::partition_flat(r.size(), world, 2, 16).per_rank;
+    u.per_rank = partition_flat(r.size(), world, 2, 16).per_rank;
     u.shard_offset = L.shard_elems;
     u.padded_offset = L.shard_elems * static_cast<std::size_t>(world);
     u.persistent = r.size() <= persistence_threshold;
@@ -39,7 +39,7 @@ ShardLayout make_shard_layout(const std::vector<comm::Range>& units, std::size_t
   return L;
 }
 
-comm::Range ShardLayout::piece_flat(std::size_t u, int rank) const {
+Range ShardLayout::piece_flat(std::size_t u, int rank) const {
   CUTRAIN_CHECK(u < units.size() && rank >= 0 && rank < world, "ZeRO stage 3: no piece of unit ", u, " for rank ", rank);
   const ShardUnit& s = units[u];
   const std::size_t b = s.flat.begin + static_cast<std::size_t>(rank) * s.per_rank;
@@ -68,7 +68,7 @@ std::size_t ShardLayout::padded_of_flat(std::size_t f) const {
 std::vector<float> ShardLayout::shard_from_flat(const float* flat, int rank) const {
   std::vector<float> out(shard_elems, 0.f);
   for (std::size_t u = 0; u < units.size(); ++u) {
-    const comm::Range r = piece_flat(u, rank);
+    const Range r = piece_flat(u, rank);
     std::copy(flat + r.begin, flat + r.end, out.begin() + static_cast<std::ptrdiff_t>(units[u].shard_offset));
   }
   return out;
@@ -94,4 +94,4 @@ std::vector<int> stage3_use_order(int layers, int micro_batches, bool eval) {
   return order;
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::parallel

@@ -25,10 +25,10 @@
 
 #include "parallel/partition.h"
 
-namespace cutrain::model {
+namespace cutrain::parallel {
 
 struct ShardUnit {
-  comm::Range flat;               // the unit's real elements in the flat buffer
+  Range flat;                     // the unit's real elements in the flat buffer
   std::size_t per_rank = 0;       // elements of each rank's piece (multiple of 8)
   std::size_t shard_offset = 0;   // the piece's start in every rank's shard
   std::size_t padded_offset = 0;  // the unit's start in the padded layout (world x shard_offset)
@@ -47,7 +47,7 @@ struct ShardLayout {
   std::size_t persistent_elems = 0;  // the persistent units, padded, back to back
 
   // Rank r's piece of unit u in flat coordinates, clipped to the unit's real elements (may be empty).
-  comm::Range piece_flat(std::size_t u, int rank) const;
+  Range piece_flat(std::size_t u, int rank) const;
   // Flat index of a padded-layout index, or numel when it is padding.
   std::size_t flat_of_padded(std::size_t padded_index) const;
   // Padded-layout index of a flat index (< numel): where backward writes that gradient element.
@@ -60,7 +60,7 @@ struct ShardLayout {
 };
 
 // Units must tile [0, numel) in order (checked). Throws on world < 1.
-ShardLayout make_shard_layout(const std::vector<comm::Range>& units, std::size_t numel, int world,
+ShardLayout make_shard_layout(const std::vector<Range>& units, std::size_t numel, int world,
                               std::size_t persistence_threshold);
 
 // The order in which a training step uses the units: per micro-batch the forward (embeddings,
@@ -68,4 +68,4 @@ ShardLayout make_shard_layout(const std::vector<comm::Range>& units, std::size_t
 // backward needs no parameters). `eval`: the forward only, one micro-batch.
 std::vector<int> stage3_use_order(int layers, int micro_batches, bool eval);
 
-}  // namespace cutrain::model
+}  // namespace cutrain::parallel

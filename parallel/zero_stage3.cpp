@@ -3,10 +3,10 @@
 #include "runtime/check.h"
 #include "runtime/nvtx.h"
 
-namespace cutrain::model {
+namespace cutrain::parallel {
 
 ShardedParams::ShardedParams(std::shared_ptr<comm::Communicator> comm, cudaStream_t comm_stream,
-                             const ShardLayout& layout, const TransformerParams& table, CachingAllocator& alloc,
+                             const ShardLayout& layout, const model::TransformerParams& table, CachingAllocator& alloc,
                              cudaStream_t compute)
     : comm_(std::move(comm)), comm_stream_(comm_stream), layout_(layout), table_(table) {
   CUTRAIN_CHECK(comm_ != nullptr, "ZeRO stage 3: no communicator");
@@ -144,4 +144,4 @@ void ShardedParams::gather_padded(cudaStream_t compute, const void* shard, void*
   join(compute);
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::parallel

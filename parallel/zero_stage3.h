@@ -28,14 +28,14 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/device.h"
 
-namespace cutrain::model {
+namespace cutrain::parallel {
 
-class ShardedParams final : public ParamAccess {
+class ShardedParams final : public model::ParamAccess {
  public:
   // `comm_stream`: ZeroComm's communication stream (outlives this object). Allocates the two
   // gather buffers (layout.gather_elems each) and the persistent buffer, bf16.
   ShardedParams(std::shared_ptr<comm::Communicator> comm, cudaStream_t comm_stream, const ShardLayout& layout,
-                const TransformerParams& table, CachingAllocator& alloc, cudaStream_t compute);
+                const model::TransformerParams& table, CachingAllocator& alloc, cudaStream_t compute);
 
   // One pass of the model (a step's micro-batches, or an eval forward): the units are acquired in
   // exactly `order` (zero_shard_layout.h's stage3_use_order; checked). `shard`: this rank's bf16
@@ -80,7 +80,7 @@ class ShardedParams final : public ParamAccess {
   std::shared_ptr<comm::Communicator> comm_;
   cudaStream_t comm_stream_;
   ShardLayout layout_;
-  const TransformerParams& table_;
+  const model::TransformerParams& table_;
   Buffer gather_buf_[2], persistent_;
   Event gathered_[2]{Event(false), Event(false)}, free_[2]{Event(false), Event(false)};
   Event ready_{false}, done_{false};
@@ -99,4 +99,4 @@ class ShardedParams final : public ParamAccess {
   std::size_t gathers_issued_ = 0;
 };
 
-}  // namespace cutrain::model
+}  // namespace cutrain::parallel

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <deque>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "runtime/check.h"
+#include "runtime/choice.h"
 
 namespace cutrain {
 
@@ -81,14 +83,9 @@ std::string hex(const void* p) {
   return buf;
 }
 
-const char* state_name(BlockState s) {
-  switch (s) {
-    case BlockState::Allocated: return "allocated";
-    case BlockState::Pending: return "pending_free";
-    case BlockState::Free: return "free";
-  }
-  return "?";
-}
+constexpr std::array<Choice<BlockState>, 3> kBlockStateNames{
+    {{BlockState::Allocated, "allocated"}, {BlockState::Pending, "pending_free"}, {BlockState::Free, "free"}}};
+const char* state_name(BlockState s) { return choice_name(kBlockStateNames, s, "?"); }
 
 std::size_t segment_size(std::size_t size) {
   if (size <= kSmallSize) return kSmallBuffer;

@@ -14,19 +14,11 @@ namespace cutrain::detail {
 [[noreturn]] void throw_launch(cudaError_t err, const char* kernel, const char* file, int line);
 }  // namespace cutrain::detail
 
-#define CUTRAIN_CUDA_CHECK(expr)                                                       \
-  do {                                                                                 \
-    cudaError_t cutrain_err_ = (expr);                                                 \
-    if (cutrain_err_ != cudaSuccess) \
-      ::cutrain::detail::throw_cuda(cutrain_err_, #expr, __FILE__, __LINE__);          \
-  } while (0)
+#define CUTRAIN_CUDA_CHECK(expr) \
+  CUTRAIN_CHECK_STATUS(cudaError_t, expr, cudaSuccess, ::cutrain::detail::throw_cuda, #expr)
 
-#define CUTRAIN_CUBLAS_CHECK(expr)                                                     \
-  do {                                                                                 \
-    cublasStatus_t cutrain_st_ = (expr);                                               \
-    if (cutrain_st_ != CUBLAS_STATUS_SUCCESS) \
-      ::cutrain::detail::throw_cublas(cutrain_st_, #expr, __FILE__, __LINE__);         \
-  } while (0)
+#define CUTRAIN_CUBLAS_CHECK(expr) \
+  CUTRAIN_CHECK_STATUS(cublasStatus_t, expr, CUBLAS_STATUS_SUCCESS, ::cutrain::detail::throw_cublas, #expr)
 
 // For POSIX calls that return -1 and set errno.
 #define CUTRAIN_SYS_CHECK(expr)                                                        \
@@ -37,9 +29,5 @@ namespace cutrain::detail {
 
 // After every <<<...>>> launch: reports configuration errors (bad grid, too much shared
 // memory) at the launch site, without synchronizing.
-#define CUTRAIN_LAUNCH_CHECK(kernel_name)                                              \
-  do {                                                                                 \
-    cudaError_t cutrain_err_ = cudaGetLastError();                                     \
-    if (cutrain_err_ != cudaSuccess) \
-      ::cutrain::detail::throw_launch(cutrain_err_, kernel_name, __FILE__, __LINE__);  \
-  } while (0)
+#define CUTRAIN_LAUNCH_CHECK(kernel_name) \
+  CUTRAIN_CHECK_STATUS(cudaError_t, cudaGetLastError(), cudaSuccess, ::cutrain::detail::throw_launch, kernel_name)

@@ -62,6 +62,15 @@ std::string describe(const DeviceInfo& i) {
                         (i.runtime_version % 1000) / 10, ")");
 }
 
+namespace {
+// Move-assignment of an owned CUDA handle: ours destroyed, theirs taken, theirs left empty.
+template <class H, class Destroy>
+void take_handle(H& mine, H& theirs, Destroy destroy) {
+  if (mine) destroy(mine);
+  mine = std::exchange(theirs, nullptr);
+}
+}  // namespace
+
 Stream::Stream(bool non_blocking, int priority) {
   CUTRAIN_CUDA_CHECK(
       cudaStreamCreateWithPriority(&s_, non_blocking ? cudaStreamNonBlocking : cudaStreamDefault, priority));
@@ -70,10 +79,7 @@ Stream::~Stream() {
   if (s_) cudaStreamDestroy(s_);
 }
 Stream& Stream::operator=(Stream&& o) noexcept {
-  if (this != &o) {
-    if (s_) cudaStreamDestroy(s_);
-    s_ = std::exchange(o.s_, nullptr);
-  }
+  if (this != &o) take_handle(s_, o.s_, cudaStreamDestroy);
   return *this;
 }
 void Stream::synchronize() const { CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s_)); }
@@ -85,10 +91,7 @@ Event::~Event() {
   if (e_) cudaEventDestroy(e_);
 }
 Event& Event::operator=(Event&& o) noexcept {
-  if (this != &o) {
-    if (e_) cudaEventDestroy(e_);
-    e_ = std::exchange(o.e_, nullptr);
-  }
+  if (this != &o) take_handle(e_, o.e_, cudaEventDestroy);
   return *this;
 }
 void Event::record(cudaStream_t stream) { CUTRAIN_CUDA_CHECK(cudaEventRecord(e_, stream)); }

@@ -16,8 +16,12 @@ namespace detail {
 
 void throw_error(std::string message, const char* file, int line) { throw Error(std::move(message), file, line); }
 
+static std::string cuda_text(cudaError_t err) {
+  return concat(cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+}
+
 void throw_cuda(cudaError_t err, const char* expr, const char* file, int line) {
-  std::string msg = concat(expr, " failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  std::string msg = concat(expr, " failed: ", cuda_text(err));
   if (err == cudaErrorMemoryAllocation) throw OutOfMemoryError(std::move(msg), file, line);
   throw Error(std::move(msg), file, line);
 }
@@ -32,8 +36,7 @@ void throw_errno(int err, const char* expr, const char* file, int line) {
 }
 
 void throw_launch(cudaError_t err, const char* kernel, const char* file, int line) {
-  throw Error(concat("launch of ", kernel, " failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"),
-              file, line);
+  throw Error(concat("launch of ", kernel, " failed: ", cuda_text(err)), file, line);
 }
 
 }  // namespace detail

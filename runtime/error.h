@@ -49,5 +49,16 @@ std::string concat(Args&&... args) {
       ::cutrain::detail::throw_error(::cutrain::detail::concat(__VA_ARGS__), __FILE__, __LINE__); \
   } while (0)
 
+// The one shape of a checked library call: `call` evaluated once into a `type`; any status but `ok`
+// goes to `report(status, what, __FILE__, __LINE__)`, a [[noreturn]] reporter that throws
+// cutrain::Error with the library's message (CUTRAIN_CUDA_CHECK and its siblings in check.h and
+// nccl_check.h).
+#define CUTRAIN_CHECK_STATUS(type, call, ok, report, what)  \
+  do {                                                      \
+    type cutrain_status_ = (call);                          \
+    if (cutrain_status_ != (ok)) \
+      report(cutrain_status_, what, __FILE__, __LINE__);    \
+  } while (0)
+
 #define CUTRAIN_FAIL(...) \
   ::cutrain::detail::throw_error(::cutrain::detail::concat(__VA_ARGS__), __FILE__, __LINE__)

@@ -13,9 +13,5 @@ namespace cutrain::detail {
 }
 }  // namespace cutrain::detail
 
-#define CUTRAIN_NCCL_CHECK(expr)                                                       \
-  do {                                                                                 \
-    ncclResult_t cutrain_r_ = (expr);                                                  \
-    if (cutrain_r_ != ncclSuccess) \
-      ::cutrain::detail::throw_nccl(cutrain_r_, #expr, __FILE__, __LINE__);            \
-  } while (0)
+#define CUTRAIN_NCCL_CHECK(expr) \
+  CUTRAIN_CHECK_STATUS(ncclResult_t, expr, ncclSuccess, ::cutrain::detail::throw_nccl, #expr)

@@ -4,6 +4,7 @@
 // (exhaustion changes nothing), then copy.
 #include "runtime/offload.h"
 
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -118,6 +119,32 @@ struct StateOffloader::Impl {
   aio::AioHandle& handle() {
     if (!aio) aio = std::make_unique<aio::AioHandle>(aio_options);
     return *aio;
+  }
+
+  // One file of an NVMe job: a state's device bytes and the file they go to or come from.
+  struct NvmeItem {
+    void* ptr;
+    std::size_t bytes;
+    std::string file;
+  };
+  using NvmeBody = std::function<void(aio::AioHandle&, const std::vector<NvmeItem>&)>;
+  // Starts the NVMe job of `states`: on a thread of its own, on this device, once `owner` has run
+  // the work queued so far, `body` moves the bytes of `items`.
+  void start_nvme_job(cudaStream_t owner, bool write, const std::vector<State*>& states,
+                      std::vector<NvmeItem> items, NvmeBody body) {
+    auto ready = std::make_shared<Event>(false);
+    ready->record(owner);
+    aio::AioHandle& h = handle();
+    const int dev = current_device();
+    NvmeJob j;
+    j.write = write;
+    j.states = states;
+    j.done = std::async(std::launch::async, [&h, ready, items = std::move(items), dev, body = std::move(body)] {
+      CUTRAIN_CUDA_CHECK(cudaSetDevice(dev));
+      ready->synchronize();
+      body(h, items);
+    });
+    job = std::move(j);
   }
   std::unique_ptr<StagedCopier> staged;  // pageable copies (created on first use)
 
@@ -461,45 +488,34 @@ void StateOffloader::offload(const std::vector<std::string>& names, const Offloa
   aio::AioHandle& handle = impl_->handle();
   if (opt.non_blocking) {
     // A background job: after the owner's queued work, write; the memory is released by reap.
-    auto ready = std::make_shared<Event>(false);
-    ready->record(owner_);
-    struct Item {
-      const void* ptr;
-      std::size_t bytes;
-      std::string file;
-    };
-    std::vector<Item> items;
+    std::vector<Impl::NvmeItem> items;
     for (State* s : todo) items.push_back({s->device_ptr(), s->bytes, opt.nvme_path + "/" + file_stem(s->name) + ".state"});
-    const int dev = current_device();
-    Impl::NvmeJob job;
-    job.write = true;
-    job.states = todo;
-    job.done = std::async(std::launch::async, [&handle, ready, items, dev] {
-      CUTRAIN_CUDA_CHECK(cudaSetDevice(dev));
-      ready->synchronize();
-      std::vector<std::string> written;
-      try {
-        for (const Item& it : items) {
-          const std::string tmp = it.file + ".tmp";
-          handle.sync_pwrite(it.ptr, it.bytes, tmp);
-          CUTRAIN_SYS_CHECK(std::rename(tmp.c_str(), it.file.c_str()));
-          written.push_back(it.file);
-        }
-      } catch (...) {
-        for (const Item& it : items) std::remove((it.file + ".tmp").c_str());
-        for (const auto& f : written) std::remove(f.c_str());
-        throw;
-      }
-    });
+    std::vector<std::string> files;
+    for (const Impl::NvmeItem& it : items) files.push_back(it.file);
+    impl_->start_nvme_job(owner_, /*write=*/true, todo, std::move(items),
+                          [](aio::AioHandle& h, const std::vector<Impl::NvmeItem>& job_items) {
+                            std::vector<std::string> written;
+                            try {
+                              for (const Impl::NvmeItem& it : job_items) {
+                                const std::string tmp = it.file + ".tmp";
+                                h.sync_pwrite(it.ptr, it.bytes, tmp);
+                                CUTRAIN_SYS_CHECK(std::rename(tmp.c_str(), it.file.c_str()));
+                                written.push_back(it.file);
+                              }
+                            } catch (...) {
+                              for (const Impl::NvmeItem& it : job_items) std::remove((it.file + ".tmp").c_str());
+                              for (const auto& f : written) std::remove(f.c_str());
+                              throw;
+                            }
+                          });
     for (std::size_t i = 0; i < todo.size(); ++i) {
       State* s = todo[i];
       s->offloaded = true;
       s->where = OffloadDevice::Nvme;
-      s->file = items[i].file;
+      s->file = files[i];
       s->nvme_busy = true;
       s->reload_done.reset();
     }
-    impl_->job = std::move(job);
     return;
   }
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(owner_));
@@ -604,31 +620,17 @@ void StateOffloader::reload(const std::vector<std::string>& names, bool non_bloc
   if (!nvme.empty() && non_blocking) {
     // A background job reads the files once the owner stream has passed the allocation point;
     // wait_resident joins it.
-    auto ready = std::make_shared<Event>(false);
-    ready->record(owner_);
-    struct Item {
-      void* ptr;
-      std::size_t bytes;
-      std::string file;
-    };
-    std::vector<Item> items;
+    std::vector<Impl::NvmeItem> items;
     for (State* s : nvme) items.push_back({s->device_ptr(), s->bytes, s->file});
-    aio::AioHandle& handle = impl_->handle();
-    const int dev = current_device();
-    Impl::NvmeJob job;
-    job.write = false;
-    job.states = nvme;
-    job.done = std::async(std::launch::async, [&handle, ready, items, dev] {
-      CUTRAIN_CUDA_CHECK(cudaSetDevice(dev));
-      ready->synchronize();
-      for (const Item& it : items) handle.sync_pread(it.ptr, it.bytes, it.file);
-    });
+    impl_->start_nvme_job(owner_, /*write=*/false, nvme, std::move(items),
+                          [](aio::AioHandle& h, const std::vector<Impl::NvmeItem>& job_items) {
+                            for (const Impl::NvmeItem& it : job_items) h.sync_pread(it.ptr, it.bytes, it.file);
+                          });
     for (State* s : nvme) {
       s->offloaded = false;
       s->nvme_busy = true;
       s->reload_done.reset();
     }
-    impl_->job = std::move(job);
   } else if (!nvme.empty()) {
     CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(owner_));  // the new blocks' previous users are done
     for (std::size_t i = 0; i < nvme.size(); ++i) {

@@ -23,10 +23,10 @@ struct Options {
 const char* on(bool b) { return b ? "on" : "off"; }
 
 int run_check_config(const Options& o) {
-  ConfigLoadOptions lo;
+  train::ConfigLoadOptions lo;
   lo.strict = o.strict;
   lo.world_size = o.world_size;
-  TrainConfig c = load_config(o.path, lo);
+  train::TrainConfig c = train::load_config(o.path, lo);
   for (const auto& w : c.warnings) std::cerr << "warning: " << w << "\n";
   const auto& z = c.zero_optimization;
   std::printf("%s: OK (%zu warning%s)\n", o.path.c_str(), c.warnings.size(), c.warnings.size() == 1 ? "" : "s");
@@ -43,7 +43,7 @@ int run_check_config(const Options& o) {
               name(z.offload_param.device));
   std::printf("  clipping   %g, steps_per_print %d, activation checkpointing %s\n", c.gradient_clipping, c.steps_per_print,
               on(c.has_activation_checkpointing));
-  LrSchedule lr = LrSchedule::from_config(c);
+  train::LrSchedule lr = train::LrSchedule::from_config(c);
   std::printf("  schedule   %s\n", lr.describe().c_str());
   for (int s = 0; s < o.steps; ++s) std::printf("    step %d lr %.6g\n", s, lr.lr(s));
   return 0;

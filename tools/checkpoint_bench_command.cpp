@@ -39,9 +39,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // Reads every tensor of `path` through `files` into `dst` (the data section's size) at its offset.
-void load_file(CheckpointFiles& files, const std::filesystem::path& path, std::vector<std::byte>& dst) {
+void load_file(train::CheckpointFiles& files, const std::filesystem::path& path, std::vector<std::byte>& dst) {
   SafetensorsReader r(path);
-  std::vector<TensorRead> reads;
+  std::vector<train::TensorRead> reads;
   std::uint64_t total = 0;
   for (const auto& t : r.tensors()) {
     reads.push_back({t.name, dst.data() + t.begin, t.bytes()});
@@ -64,10 +64,9 @@ void verify(const std::filesystem::path& path, const std::vector<SafetensorsEntr
 }
 
 int run_checkpoint_bench(const CheckpointBenchArgs& a) {
-  using namespace cutrain::model;
-  const TransformerParams T(ModelDims{a.hidden, a.layers, a.heads, a.vocab, a.max_seq});
+  const model::TransformerParams T(model::ModelDims{a.hidden, a.layers, a.heads, a.vocab, a.max_seq});
   const std::size_t n = T.flat_size();
-  HostState s;
+  train::HostState s;
   s.params.resize(n);
   s.master.resize(n);
   s.exp_avg.resize(n);
@@ -79,8 +78,8 @@ int run_checkpoint_bench(const CheckpointBenchArgs& a) {
     s.exp_avg[i] = x * 1e-3f;
     s.exp_avg_sq[i] = x * x * 1e-6f;
   }
-  CheckpointTensors ct;
-  checkpoint_tensors(T, s, ct);
+  train::CheckpointTensors ct;
+  train::checkpoint_tensors(T, s, ct);
   const SafetensorsMetadata md{{"format", "pt"}, {"producer", "cutrain"}};
   std::error_code ec;
   std::filesystem::create_directories(a.dir, ec);
@@ -96,7 +95,7 @@ int run_checkpoint_bench(const CheckpointBenchArgs& a) {
   std::uint64_t model_bytes = 0, optim_bytes = 0;
   std::vector<std::byte> model_dst, optim_dst;
   for (const auto& name : a.paths) {
-    CheckpointFiles files(parse_checkpoint_io(name));
+    train::CheckpointFiles files(train::parse_checkpoint_io(name));
     const auto mp = dir / ("model." + name + ".safetensors"), op = dir / ("optimizer." + name + ".safetensors");
     double best_save = 1e30, best_load = 1e30;
     for (int rep = 0; rep < a.reps; ++rep) {

@@ -80,7 +80,7 @@ int run_offload_bench(const OffloadBenchArgs& a) {
   CUTRAIN_CHECK(a.iteration > a.warmup, "--iteration (", a.iteration, ") must exceed --warmup (", a.warmup,
                 "): the summary averages the iterations after the warm-up");
   CUTRAIN_CHECK(a.warmup >= 0, "--warmup must be >= 0, got ", a.warmup);
-  model::OffloadModelOptions mo;
+  OffloadModelOptions mo;
   mo.hidden = a.hidden_dim;
   mo.nlayers = a.nlayers;
   mo.dtype = parse_dtype(a.dtype);
@@ -93,7 +93,7 @@ int run_offload_bench(const OffloadBenchArgs& a) {
   oo.nvme_path = a.nvme_path;
   oo.pageable_staging = !a.no_pageable_staging;
 
-  model::OffloadModel m(mo);
+  OffloadModel m(mo);
   CachingAllocator& alloc = device_allocator();
   StateOffloader& off = m.offloader();
   std::vector<std::string> names = a.included_state.empty() ? off.names() : a.included_state;

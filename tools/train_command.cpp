@@ -12,7 +12,7 @@ namespace cutrain::tools {
 namespace {
 
 struct TrainFlags {
-  model::TrainOptions o;
+  train::TrainOptions o;
   std::string config;
   // The string-valued flags, turned into their enums once in run_train.
   std::string device = "cuda", labels = "auto", attention = "auto";
@@ -28,13 +28,13 @@ struct TrainFlags {
 
 int run_train(TrainFlags& f) {
   if (f.print_layouts) {
-    std::cout << model::bytes_per_param_table();
+    std::cout << train::bytes_per_param_table();
     return 0;
   }
-  model::TrainOptions o = f.o;
-  o.device = parse_choice(kTrainDevices, f.device, "--device");
-  o.labels = parse_choice(kLabelsChoices, f.labels, "--labels");
-  o.attention = parse_choice(kAttentionChoices, f.attention, "--attention");
+  train::TrainOptions o = f.o;
+  o.device = train::parse_choice(train::kTrainDevices, f.device, "--device");
+  o.labels = train::parse_choice(train::kLabelsChoices, f.labels, "--labels");
+  o.attention = train::parse_choice(train::kAttentionChoices, f.attention, "--attention");
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
   o.cuda_graph = !f.no_cuda_graph;
   if (f.timing_opt->count()) {
@@ -59,7 +59,7 @@ int run_train(TrainFlags& f) {
       std::cout << "cutrain train: no arguments: the BF16 example's default model with " << o.deepspeed_config.string()
                 << " on the GPU\n";
     } else {
-      o.device = TrainDevice::Cpu;
+      o.device = train::TrainDevice::Cpu;
       o.hidden_dim = 64, o.num_layers = 2, o.num_heads = 4, o.vocab_size = 512;
       o.batch_size = 2, o.seq_length = 32, o.num_steps = 10, o.warmup_steps = 2, o.log_interval = 2;
       std::cout << "cutrain train: no arguments and no CUDA device (" << why << "): a small run on the CPU "
@@ -69,7 +69,7 @@ int run_train(TrainFlags& f) {
   } else {
     o.deepspeed_config = f.config;
   }
-  model::run_training(o, std::cout);
+  train::run_training(o, std::cout);
   return 0;
 }
 

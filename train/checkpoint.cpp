@@ -9,7 +9,7 @@
 #include "runtime/file_util.h"
 #include "runtime/safetensors.h"
 
-namespace cutrain::model {
+namespace cutrain::train {
 namespace {
 
 const char* kModel = kCheckpointModelFile;
@@ -29,7 +29,7 @@ class FileLoad {
  public:
   explicit FileLoad(const SafetensorsReader& r) : r_(r) {}
   // Tensor `name` (shape of `t`) into flat[t.offset ...] as float.
-  void add(const std::string& name, const ParamTensor& t, std::vector<float>& flat) {
+  void add(const std::string& name, const model::ParamTensor& t, std::vector<float>& flat) {
     const SafetensorsTensorInfo& info = r_.tensor(name);
     CUTRAIN_CHECK(info.shape == t.shape, r_.path().string(), ": tensor '", name, "' has a shape of ", info.shape.size(),
                   " dims / ", info.numel(), " elements, the model expects ", t.count, " elements");
@@ -60,7 +60,7 @@ class FileLoad {
 
 }  // namespace
 
-void checkpoint_tensors(const TransformerParams& T, const HostState& s, CheckpointTensors& out) {
+void checkpoint_tensors(const model::TransformerParams& T, const HostState& s, CheckpointTensors& out) {
   const bool bf = s.param_dtype == DType::BF16;
   out.pbits = bf ? to_bf16_bits(s.params) : std::vector<std::uint16_t>{};
   out.model.clear();
@@ -88,7 +88,7 @@ void save_checkpoint(const std::filesystem::path& dir, const TrainBackend& be, c
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   CUTRAIN_CHECK(!ec, "checkpoint: cannot create directory ", dir.string(), ": ", ec.message());
-  const TransformerParams& T = be.table();
+  const model::TransformerParams& T = be.table();
   CheckpointTensors ct;
   checkpoint_tensors(T, s, ct);
   const SafetensorsMetadata md{{"format", "pt"}, {"producer", "cutrain"}};
@@ -102,7 +102,7 @@ void save_checkpoint(const std::filesystem::path& dir, const TrainBackend& be, c
 
 CheckpointMeta load_checkpoint(const std::filesystem::path& dir, TrainBackend& be, CheckpointIo io) {
   CheckpointFiles files(io);
-  const TransformerParams& T = be.table();
+  const model::TransformerParams& T = be.table();
   HostState s = be.save_state();  // right sizes and dtypes; every real element is overwritten
   SafetensorsReader mr(dir / kModel), orr(dir / kOptim);
   FileLoad ml(mr), ol(orr);
@@ -128,4 +128,4 @@ CheckpointMeta load_checkpoint(const std::filesystem::path& dir, TrainBackend& b
   return {j["step"].get<int>(), j["data_rng"].get<std::string>()};
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

@@ -16,7 +16,7 @@
 #include "train/checkpoint_io.h"
 #include "train/train_backend.h"
 
-namespace cutrain::model {
+namespace cutrain::train {
 
 struct CheckpointMeta {
   int step = 0;          // the next step to run (0-based)
@@ -30,7 +30,7 @@ struct CheckpointTensors {
   std::vector<std::uint16_t> pbits;
   std::deque<std::string> names;  // the optimizer tensor names (stable addresses)
 };
-void checkpoint_tensors(const TransformerParams& table, const HostState& state, CheckpointTensors& out);
+void checkpoint_tensors(const model::TransformerParams& table, const HostState& state, CheckpointTensors& out);
 inline const char* kCheckpointModelFile = "model.safetensors";
 inline const char* kCheckpointOptimFile = "optimizer.safetensors";
 
@@ -42,4 +42,4 @@ void save_checkpoint(const std::filesystem::path& dir, const TrainBackend& backe
 // Loads DIR into `backend` (names and shapes checked against its parameter table).
 CheckpointMeta load_checkpoint(const std::filesystem::path& dir, TrainBackend& backend, CheckpointIo io = CheckpointIo::Auto);
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

@@ -1,28 +1,27 @@
 #include "train/checkpoint_io.h"
 
+#include <array>
 #include <cstdlib>
 
 #include "runtime/aio/aio_file.h"
 #include "runtime/aio/aio_handle.h"
+#include "runtime/choice.h"
 #include "runtime/error.h"
 
-namespace cutrain {
+namespace cutrain::train {
+
+namespace {
+constexpr std::array<Choice<CheckpointIo>, 3> kCheckpointIos{
+    {{CheckpointIo::Auto, "auto"}, {CheckpointIo::Aio, "aio"}, {CheckpointIo::Plain, "plain"}}};
+}  // namespace
 
 CheckpointIo parse_checkpoint_io(std::string_view s) {
-  if (s == "auto") return CheckpointIo::Auto;
-  if (s == "aio") return CheckpointIo::Aio;
-  if (s == "plain") return CheckpointIo::Plain;
+  for (const Choice<CheckpointIo>& c : kCheckpointIos)
+    if (s == c.name) return c.value;
   CUTRAIN_FAIL("checkpoint io: expected \"auto\", \"aio\" or \"plain\", found \"", s, "\"");
 }
 
-const char* checkpoint_io_name(CheckpointIo io) {
-  switch (io) {
-    case CheckpointIo::Auto: return "auto";
-    case CheckpointIo::Aio: return "aio";
-    case CheckpointIo::Plain: return "plain";
-  }
-  return "?";
-}
+const char* checkpoint_io_name(CheckpointIo io) { return choice_name(kCheckpointIos, io, "?"); }
 
 CheckpointFiles::CheckpointFiles(CheckpointIo requested) : io_(requested) {
   if (io_ == CheckpointIo::Auto) {
@@ -82,4 +81,4 @@ void CheckpointFiles::read(const SafetensorsReader& r, std::span<const TensorRea
   aio::read_ranges(*handle_, r.path(), ranges);
 }
 
-}  // namespace cutrain
+}  // namespace cutrain::train

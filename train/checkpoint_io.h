@@ -13,10 +13,11 @@
 
 #include "runtime/safetensors.h"
 
-namespace cutrain {
-namespace aio {
+namespace cutrain::aio {
 class AioHandle;
-}
+}  // namespace cutrain::aio
+
+namespace cutrain::train {
 
 enum class CheckpointIo { Auto, Aio, Plain };
 CheckpointIo parse_checkpoint_io(std::string_view s);  // "auto" | "aio" | "plain", else an error
@@ -51,4 +52,4 @@ class CheckpointFiles {
   std::unique_ptr<aio::AioHandle> handle_;
 };
 
-}  // namespace cutrain
+}  // namespace cutrain::train

@@ -9,13 +9,9 @@
 #include <string>
 #include <string_view>
 
-namespace cutrain {
+#include "runtime/choice.h"
 
-template <class E>
-struct Choice {
-  E value;
-  const char* name;
-};
+namespace cutrain::train {
 
 // ---- the DeepSpeed config ----
 
@@ -64,13 +60,8 @@ inline constexpr std::array<Choice<AttentionChoice>, 3> kAttentionChoices{{{Atte
                                                                             {AttentionChoice::Causal, "causal"},
                                                                             {AttentionChoice::Bidirectional, "bidirectional"}}};
 
-// The spelling of a value ("" for a value the table does not list, e.g. SchedulerType::None).
-template <class E, std::size_t N>
-constexpr const char* choice_name(const std::array<Choice<E>, N>& table, E value) {
-  for (const Choice<E>& c : table)
-    if (c.value == value) return c.name;
-  return "";
-}
+// choice_name (runtime/choice.h) spells a value; "" for one its table does not list, e.g.
+// SchedulerType::None.
 
 // `one of "a", "b", "c"`: what an error message says was expected.
 template <class E, std::size_t N>
@@ -99,4 +90,4 @@ inline const char* name(TrainDevice v) { return choice_name(kTrainDevices, v); }
 inline const char* name(LabelsChoice v) { return choice_name(kLabelsChoices, v); }
 inline const char* name(AttentionChoice v) { return choice_name(kAttentionChoices, v); }
 
-}  // namespace cutrain
+}  // namespace cutrain::train

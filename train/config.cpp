@@ -8,7 +8,7 @@
 #include "runtime/json_util.h"
 #include "train/config_reader.h"
 
-namespace cutrain {
+namespace cutrain::train {
 namespace {
 
 using config_detail::join_path;
@@ -308,4 +308,4 @@ TrainConfig load_config(const std::filesystem::path& path, const ConfigLoadOptio
   return c;
 }
 
-}  // namespace cutrain
+}  // namespace cutrain::train

@@ -14,7 +14,7 @@
 #include "runtime/error.h"
 #include "train/choices.h"
 
-namespace cutrain {
+namespace cutrain::train {
 
 class ConfigError : public Error {
  public:
@@ -168,4 +168,4 @@ TrainConfig parse_config(const std::string& json_text, const std::string& origin
 // writable folder. Throws ConfigError naming the JSON path, what was expected and what was found.
 void check_offload_paths(const TrainConfig& config);
 
-}  // namespace cutrain
+}  // namespace cutrain::train

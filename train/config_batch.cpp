@@ -6,7 +6,7 @@
 
 #include "train/config.h"
 
-namespace cutrain {
+namespace cutrain::train {
 
 namespace {
 [[noreturn]] void batch_error(const TrainConfig& c, const std::string& why) {
@@ -25,22 +25,21 @@ void TrainConfig::resolve_batch(int world_size) {
 
   const long long w = world_size;
   long long train = 0, micro = 0, accum = 0;
+  // train_batch_size and one factor (`given`, value `per`) given: the other factor, `missing`.
+  const auto other_factor = [&](long long per, const char* given, const char* missing) {
+    if (train % (per * w) != 0)
+      batch_error(*this, detail::concat("train_batch_size ", train, " is not a multiple of ", given, " ", per,
+                                        " * world size ", w, " = ", per * w, ", so no whole ", missing, " fits"));
+    return train / (per * w);
+  };
   if (g.train && g.micro && g.accumulation) {
     train = *g.train, micro = *g.micro, accum = *g.accumulation;
   } else if (g.train && g.micro) {
     train = *g.train, micro = *g.micro;
-    if (train % (micro * w) != 0)
-      batch_error(*this, detail::concat("train_batch_size ", train, " is not a multiple of train_micro_batch_size_per_gpu ",
-                                        micro, " * world size ", w, " = ", micro * w,
-                                        ", so no whole gradient_accumulation_steps fits"));
-    accum = train / (micro * w);
+    accum = other_factor(micro, "train_micro_batch_size_per_gpu", "gradient_accumulation_steps");
   } else if (g.train && g.accumulation) {
     train = *g.train, accum = *g.accumulation;
-    if (train % (accum * w) != 0)
-      batch_error(*this, detail::concat("train_batch_size ", train, " is not a multiple of gradient_accumulation_steps ",
-                                        accum, " * world size ", w, " = ", accum * w,
-                                        ", so no whole train_micro_batch_size_per_gpu fits"));
-    micro = train / (accum * w);
+    micro = other_factor(accum, "gradient_accumulation_steps", "train_micro_batch_size_per_gpu");
   } else if (g.micro && g.accumulation) {
     micro = *g.micro, accum = *g.accumulation, train = micro * accum * w;
   } else if (g.train) {
@@ -65,4 +64,4 @@ void TrainConfig::resolve_batch(int world_size) {
   gradient_accumulation_steps = static_cast<int>(accum);
 }
 
-}  // namespace cutrain
+}  // namespace cutrain::train

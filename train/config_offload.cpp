@@ -7,7 +7,7 @@
 #include "train/config.h"
 #include "train/config_reader.h"
 
-namespace cutrain {
+namespace cutrain::train {
 
 void check_offload_paths(const TrainConfig& c) {
   const OffloadConfig& o = c.zero_optimization.offload_optimizer;
@@ -29,4 +29,4 @@ void check_offload_paths(const TrainConfig& c) {
                                 "' is not writable"));
 }
 
-}  // namespace cutrain
+}  // namespace cutrain::train

@@ -9,7 +9,7 @@
 #include "runtime/json_util.h"
 #include "train/config.h"
 
-namespace cutrain::config_detail {
+namespace cutrain::train::config_detail {
 
 std::size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -205,4 +205,4 @@ void Reader::read_choice(const json& obj, const std::string& path, std::string_v
   fail_expected(p, expected, *v);
 }
 
-}  // namespace cutrain::config_detail
+}  // namespace cutrain::train::config_detail

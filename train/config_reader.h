@@ -14,7 +14,7 @@
 
 #include "train/choices.h"
 
-namespace cutrain::config_detail {
+namespace cutrain::train::config_detail {
 
 using nlohmann::json;
 
@@ -83,4 +83,4 @@ class Reader {
 
 std::string range_text(double lo, double hi, bool lo_open, bool hi_open);
 
-}  // namespace cutrain::config_detail
+}  // namespace cutrain::train::config_detail

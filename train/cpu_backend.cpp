@@ -6,7 +6,7 @@
 #include "model/reference_model.h"
 #include "runtime/error.h"
 
-namespace cutrain::model {
+namespace cutrain::train {
 namespace {
 
 class CpuBackend final : public TrainBackend {
@@ -20,7 +20,7 @@ class CpuBackend final : public TrainBackend {
     m_.assign(n, 0.f);
     v_.assign(n, 0.f);
   }
-  const TransformerParams& table() const override { return table_; }
+  const model::TransformerParams& table() const override { return table_; }
 
   StepStats step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) override {
     const int accum = cfg_.accumulation();
@@ -41,7 +41,7 @@ class CpuBackend final : public TrainBackend {
     double scale = 1.0;
     if (cfg_.gradient_clipping > 0) scale = std::min(1.0, cfg_.gradient_clipping / (st.grad_norm + 1e-6));
     const auto& o = cfg_.optimizer;
-    reference_adam_step(params_.data(), grads_.data(), m_.data(), v_.data(), params_.size(), lr, o.beta1, o.beta2,
+    model::reference_adam_step(params_.data(), grads_.data(), m_.data(), v_.data(), params_.size(), lr, o.beta1, o.beta2,
                         o.eps, o.weight_decay, o.adam_w_mode, step, scale);
     return st;
   }
@@ -69,8 +69,8 @@ class CpuBackend final : public TrainBackend {
  private:
   BackendOptions opt_;
   TrainConfig cfg_;
-  TransformerParams table_;
-  ReferenceModel<float> model_;
+  model::TransformerParams table_;
+  model::ReferenceModel<float> model_;
   std::vector<float> params_, grads_, m_, v_;
 };
 
@@ -80,4 +80,4 @@ std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& o, const Tr
   return std::make_unique<CpuBackend>(o, c);
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

@@ -11,10 +11,10 @@ namespace cutrain::comm {
 class Communicator;
 }
 
-namespace cutrain::model {
+namespace cutrain::train {
 
 struct BackendOptions {
-  ModelDims dims;
+  model::ModelDims dims;
   int batch = 4, seq = 512;
   std::uint64_t seed = 42;
   bool activation_checkpointing = false;
@@ -28,4 +28,4 @@ struct BackendOptions {
 
 std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& options, const TrainConfig& config);
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

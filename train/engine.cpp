@@ -16,7 +16,7 @@
 #include "runtime/timing.h"
 #include "train/zero_memory.h"
 
-namespace cutrain::model {
+namespace cutrain::train {
 
 namespace {
 void upload(const Buffer& b, DType t, const float* v, std::size_t n, cudaStream_t s);
@@ -34,7 +34,7 @@ std::shared_ptr<comm::Communicator> resolve_communicator(const BackendOptions& o
   const comm::LaunchEnv env = comm::read_launch_env();
   if (env.world_size <= 1) return nullptr;  // a single process never needs NCCL
   // An invalid stage fails here, before the rendezvous and NCCL set-up.
-  make_zero_plan(c.zero_optimization.stage, 1, env.world_size, env.rank, /*has_comm=*/true);
+  parallel::make_zero_plan(c.zero_optimization.stage, 1, env.world_size, env.rank, /*has_comm=*/true);
   std::cout << "[Rank " << env.rank << "] data parallel: rank " << env.rank << " of " << env.world_size << " (from "
             << env.source << "), local rank " << env.local_rank << " -> cuda:" << env.local_rank
             << ", rendezvous " << env.master_addr << ":" << env.master_port << std::endl;
@@ -53,7 +53,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   std::string why;
   CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");
   describe_ = "cuda (" + device_info().name + ")";
-  zero_ = make_zero_plan(c.zero_optimization.stage, n_, comm_ ? comm_->world_size() : 1, comm_ ? comm_->rank() : 0,
+  zero_ = parallel::make_zero_plan(c.zero_optimization.stage, n_, comm_ ? comm_->world_size() : 1, comm_ ? comm_->rank() : 0,
                          comm_ != nullptr);
   check_offload_paths(c);  // before any allocation: a missing swap folder fails fast
   CachingAllocator& A = device_allocator();
@@ -70,12 +70,12 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
                   "zero_optimization.offload_param.device \"", name(c.zero_optimization.offload_param.device),
                   "\" is not supported by the GPU engine's stage 3 (the parameter shards stay on the device); set it "
                   "to \"none\" (offload_optimizer is supported)");
-    std::vector<comm::Range> units;
-    for (const ParamUnit& u : table_.units()) units.push_back({u.begin, u.end});
-    layout_ = make_shard_layout(units, n_, zero_.world,
+    std::vector<parallel::Range> units;
+    for (const model::ParamUnit& u : table_.units()) units.push_back({u.begin, u.end});
+    layout_ = parallel::make_shard_layout(units, n_, zero_.world,
                                 std::size_t(c.zero_optimization.stage3_param_persistence_threshold));
-    train_order_ = stage3_use_order(table_.dims().layers, accum_, /*eval=*/false);
-    eval_order_ = stage3_use_order(table_.dims().layers, 1, /*eval=*/true);
+    train_order_ = parallel::stage3_use_order(table_.dims().layers, accum_, /*eval=*/false);
+    eval_order_ = parallel::stage3_use_order(table_.dims().layers, 1, /*eval=*/true);
   }
   const std::size_t flat = zero_.sharded() ? layout_.padded_elems : zero_.flat_elems();
   const std::size_t ns = zero_.sharded() ? layout_.shard_elems : zero_.state_elems();
@@ -103,7 +103,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
       upload(params_, DType::BF16, init, stream_);
       if (plan_.has_master) {
         // This rank's partition of the initial weights (all of them when not partitioned).
-        const comm::Range r = zero_.state_range();
+        const parallel::Range r = zero_.state_range();
         const std::size_t real = r.begin < n_ ? std::min(r.end, n_) - r.begin : 0;
         if (real < ns) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(master_.get(), 0, master_.bytes(), stream_));
         upload(master_, DType::F32, init.data() + std::min(r.begin, n_), real, stream_);
@@ -126,13 +126,13 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   CUTRAIN_CUDA_CHECK(cudaMallocHost(&flags_h_, flag_words_ * 4));
   nvtx_name_stream(stream_.get(), "cutrain.compute");
   std::cout << zero_memory_line(plan_, zero_, layout_.gather_elems, layout_.persistent_elems) << std::endl;
-  if (zero_.mode != ZeroMode::None)
-    zero_comm_ = std::make_unique<ZeroComm>(comm_, zero_, ZeroCommOptions{c.zero_optimization.overlap_comm, c.zero_optimization.reduce_bucket_size}, table_, plan_.grad, A, stream_.get());
+  if (zero_.mode != parallel::ZeroMode::None)
+    zero_comm_ = std::make_unique<parallel::ZeroComm>(comm_, zero_, parallel::ZeroCommOptions{c.zero_optimization.overlap_comm, c.zero_optimization.reduce_bucket_size}, table_, plan_.grad, A, stream_.get());
   if (zero_.sharded()) {
-    sharded_ = std::make_unique<ShardedParams>(comm_, zero_comm_->stream(), layout_, table_, A, stream_.get());
+    sharded_ = std::make_unique<parallel::ShardedParams>(comm_, zero_comm_->stream(), layout_, table_, A, stream_.get());
     sharded_->refresh_persistent(stream_, params_.as<bf16>());
   }
-  model_ = std::make_unique<GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A);
+  model_ = std::make_unique<model::GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A);
   offloader_ = std::make_unique<StateOffloader>(A, stream_.get());
   offloader_->add("lp_params", &params_);
   offloader_->add(plan_.grad == DType::BF16 ? "lp_grads" : "contiguous_grad_buffer", &grads_);
@@ -182,12 +182,12 @@ void GpuEngine::enqueue_forward_backward(bool step) {
   // Stage 3: one pass over every micro-batch, so the prefetch runs across micro-batch boundaries.
   // With overlap_comm each unit's gradients are reduce-scattered during the backward of the last
   // micro-batch, as soon as they are final (else enqueue_reduce does it after backward).
-  FlatParams flat(table_, params_.as<bf16>());
-  ShardedParams::OverlapReduce overlap{grads_.get(), grad_shard_.get(), plan_.grad, accum_};
+  model::FlatParams flat(table_, params_.as<bf16>());
+  parallel::ShardedParams::OverlapReduce overlap{grads_.get(), grad_shard_.get(), plan_.grad, accum_};
   if (sharded_)
     sharded_->begin_pass(params_.as<bf16>(), train_order_,
                          step && cfg_.zero_optimization.overlap_comm ? &overlap : nullptr);
-  ParamAccess& P = sharded_ ? static_cast<ParamAccess&>(*sharded_) : flat;
+  model::ParamAccess& P = sharded_ ? static_cast<model::ParamAccess&>(*sharded_) : flat;
   for (int a = 0; a < accum_; ++a) {
     model_->forward_backward(stream_, P, grads_.get(), plan_.grad, a > 0, tokens_d_.as<std::int32_t>() + a * per_micro,
                              labels_d_.as<std::int32_t>() + a * per_micro, 1.f / float(accum_), flags + a,
@@ -212,7 +212,7 @@ void GpuEngine::enqueue_reduce() {
 void GpuEngine::enqueue_norm() {
   float* flags = as_f32(flags_d_);
   const std::size_t count = zero_.sharded() ? layout_.shard_elems : zero_.norm_range().size();
-  const cost::Cost c = cost::grad_norm(count, dtype_size(plan_.grad));
+  const model::cost::Cost c = model::cost::grad_norm(count, dtype_size(plan_.grad));
   TimedRegion r("grad_norm", stream_, c.flops, c.bytes);
   if (sharded_) {
     // The shard's padding is 0 (never written, reduced from zeros): it adds nothing to the sum.
@@ -377,10 +377,10 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     // The flat range this rank updates: all of it, or its ZeRO partition (master and moments are
     // then partition-sized buffers, indexed from 0). Stage 3: the whole shard, every buffer
     // shard-sized (the reduced gradients in grad_shard_).
-    const comm::Range sr = zero_.sharded() ? comm::Range{0, layout_.shard_elems} : zero_.state_range();
+    const parallel::Range sr = zero_.sharded() ? parallel::Range{0, layout_.shard_elems} : zero_.state_range();
     const std::size_t gs = dtype_size(plan_.grad);
     const void* g = zero_.sharded() ? grad_shard_.get() : static_cast<const char*>(grads_.get()) + sr.begin * gs;
-    const cost::Cost c = cost::adam_step(sr.size(), gs, dtype_size(plan_.moment), plan_.has_master);
+    const model::cost::Cost c = model::cost::adam_step(sr.size(), gs, dtype_size(plan_.moment), plan_.has_master);
     TimedRegion ro("optimizer", stream_, c.flops, c.bytes);
     kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>() + sr.begin, g, plan_.grad,
                        plan_.has_master ? as_f32(master_) : nullptr, m_.get(), v_.get(), sr.size(), flags + accum_ + 1,
@@ -532,7 +532,7 @@ void GpuEngine::load_state(const HostState& s) {
   }
   upload(params_, DType::BF16, s.params, stream_);
   // This rank's partition of each optimizer state (all of it when not partitioned); padding 0.
-  const comm::Range r = zero_.state_range();
+  const parallel::Range r = zero_.state_range();
   const std::size_t real = r.begin < n_ ? std::min(r.end, n_) - r.begin : 0;
   auto put = [&](const Buffer& b, DType t, const std::vector<float>& v) {
     if (real < zero_.state_elems()) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(b.get(), 0, b.bytes(), stream_));
@@ -550,4 +550,4 @@ std::unique_ptr<TrainBackend> make_gpu_backend(const BackendOptions& o, const Tr
   return std::make_unique<GpuEngine>(o, c);
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

@@ -27,14 +27,14 @@
 #include "train/precision.h"
 #include "train/train_backend.h"
 
-namespace cutrain::model {
+namespace cutrain::train {
 
 class GpuEngine final : public TrainBackend {
  public:
   GpuEngine(const BackendOptions& options, const TrainConfig& config);
   ~GpuEngine() override;
 
-  const TransformerParams& table() const override { return table_; }
+  const model::TransformerParams& table() const override { return table_; }
   StepStats step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) override;
   double eval_loss(const std::int32_t* tokens, const std::int32_t* labels) override;
   MemoryStats memory() const override;
@@ -61,9 +61,9 @@ class GpuEngine final : public TrainBackend {
   std::size_t state_bytes() const { return state_bytes_; }
   std::size_t state_requested_bytes() const { return state_requested_bytes_; }
   bool graph_active() const { return graph_exec_ != nullptr; }
-  const ZeroPlan& zero_plan() const { return zero_; }
+  const parallel::ZeroPlan& zero_plan() const { return zero_; }
   // Stage 3 (ZeroMode::Sharded) only: the per-unit shard layout and its gathers; null otherwise.
-  const ShardedParams* sharded() const { return sharded_.get(); }
+  const parallel::ShardedParams* sharded() const { return sharded_.get(); }
   int graph_captures() const { return graph_captures_; }  // successful captures so far
 
   // DeepSpeed's engine.offload_states / reload_states. `include`: any of optim_states (moments),
@@ -98,17 +98,17 @@ class GpuEngine final : public TrainBackend {
 
   BackendOptions opt_;
   TrainConfig cfg_;
-  TransformerParams table_;
+  model::TransformerParams table_;
   PrecisionPlan plan_;
   int accum_;
   std::size_t n_;
   // Before stream_: resolving it selects the rank's device, where the stream is then created.
   std::shared_ptr<comm::Communicator> comm_;
   Stream stream_;
-  ZeroPlan zero_;
-  std::unique_ptr<ZeroComm> zero_comm_;  // null for ZeroMode::None
+  parallel::ZeroPlan zero_;
+  std::unique_ptr<parallel::ZeroComm> zero_comm_;  // null for ZeroMode::None
   // Stage 3: the units' shard layout, the use orders of a step and of an eval forward.
-  ShardLayout layout_;
+  parallel::ShardLayout layout_;
   std::vector<int> train_order_, eval_order_;
   std::string describe_;
   // Stage 3: params_, master_, m_, v_ and grad_shard_ hold this rank's shard (layout_.shard_elems);
@@ -116,8 +116,8 @@ class GpuEngine final : public TrainBackend {
   Buffer params_, grads_, master_, m_, v_, grad_shard_;
   Buffer tokens_d_, labels_d_, flags_d_, norm_scratch_;
   std::size_t state_bytes_ = 0, state_requested_bytes_ = 0;
-  std::unique_ptr<GpuTransformer> model_;
-  std::unique_ptr<ShardedParams> sharded_;  // stage 3 only; after zero_comm_ (uses its stream)
+  std::unique_ptr<model::GpuTransformer> model_;
+  std::unique_ptr<parallel::ShardedParams> sharded_;  // stage 3 only; after zero_comm_ (uses its stream)
   // Host pinned staging: tokens, labels [accum*B*S], and the flags read back after each step.
   std::int32_t* tokens_h_ = nullptr;
   std::int32_t* labels_h_ = nullptr;
@@ -138,4 +138,4 @@ class GpuEngine final : public TrainBackend {
 
 std::unique_ptr<TrainBackend> make_gpu_backend(const BackendOptions& options, const TrainConfig& config);
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

@@ -5,7 +5,7 @@
 #include "runtime/check.h"
 #include "train/engine.h"
 
-namespace cutrain::model {
+namespace cutrain::train {
 
 double GpuEngine::eval_loss(const std::int32_t* tokens, const std::int32_t* labels) {
   ensure_state();  // offloaded params come back first
@@ -19,13 +19,13 @@ double GpuEngine::eval_loss(const std::int32_t* tokens, const std::int32_t* labe
   float* flags = flags_d_.as<float>();
   int* status = reinterpret_cast<int*>(flags + accum_ + 3);
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(status, 0, 2 * accum_ * sizeof(int), stream_));
-  FlatParams flat(table_, params_.as<bf16>());
+  model::FlatParams flat(table_, params_.as<bf16>());
   if (sharded_) sharded_->begin_pass(params_.as<bf16>(), eval_order_);  // stage 3: gathered unit by unit
-  ParamAccess& P = sharded_ ? static_cast<ParamAccess&>(*sharded_) : flat;
+  model::ParamAccess& P = sharded_ ? static_cast<model::ParamAccess&>(*sharded_) : flat;
   model_->forward_loss(stream_, P, tokens_d_.as<std::int32_t>(), labels_d_.as<std::int32_t>(), flags, status);
   if (sharded_) sharded_->end_pass(stream_);
   read_flags();  // synchronizes; a bad token or label is an error naming its position
   return flags_h_[0];
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numbers>
 
-namespace cutrain {
+namespace cutrain::train {
 
 LrSchedule LrSchedule::from_config(const TrainConfig& config) {
   const SchedulerConfig& s = config.scheduler;
@@ -96,4 +96,4 @@ std::string LrSchedule::describe() const {
   return "?";
 }
 
-}  // namespace cutrain
+}  // namespace cutrain::train

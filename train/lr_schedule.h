@@ -6,7 +6,7 @@
 
 #include "train/config.h"
 
-namespace cutrain {
+namespace cutrain::train {
 
 class LrSchedule {
  public:
@@ -38,4 +38,4 @@ class LrSchedule {
   double warmup_min_ratio_ = 0, cos_min_ratio_ = 0;
 };
 
-}  // namespace cutrain
+}  // namespace cutrain::train

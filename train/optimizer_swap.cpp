@@ -5,7 +5,7 @@
 #include "runtime/check.h"
 #include "runtime/nvtx.h"
 
-namespace cutrain::model {
+namespace cutrain::train {
 
 OptimizerSwap::OptimizerSwap(const TrainConfig& c, CachingAllocator& alloc, cudaStream_t stream,
                              std::vector<std::pair<std::string, Buffer*>> states)
@@ -78,4 +78,4 @@ void OptimizerSwap::make_resident() {
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

@@ -21,7 +21,7 @@
 #include "runtime/offload.h"
 #include "train/config.h"
 
-namespace cutrain::model {
+namespace cutrain::train {
 
 class OptimizerSwap {
  public:
@@ -58,4 +58,4 @@ class OptimizerSwap {
   std::string describe_;
 };
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

@@ -2,7 +2,7 @@
 
 #include <sstream>
 
-namespace cutrain::model {
+namespace cutrain::train {
 
 std::vector<BufferSpec> PrecisionPlan::buffers() const {
   std::vector<BufferSpec> b{{"params", param}, {"grads", grad}};
@@ -70,4 +70,4 @@ std::string bytes_per_param_table() {
   return os.str();
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

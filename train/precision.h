@@ -9,7 +9,7 @@
 #include "runtime/dtype.h"
 #include "train/config.h"
 
-namespace cutrain::model {
+namespace cutrain::train {
 
 using kernels::OptimizerLayout;
 
@@ -39,4 +39,4 @@ PrecisionPlan plan_from_config(const TrainConfig& config);
 // README's accounting, one line each.
 std::string bytes_per_param_table();
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

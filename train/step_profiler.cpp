@@ -7,11 +7,11 @@
 #include "runtime/peaks.h"
 #include "runtime/timing.h"
 
-namespace cutrain::model {
+namespace cutrain::train {
 
-double model_flops_per_step(const TransformerParams& t, int batch, int seq, int accumulation, bool causal,
+double model_flops_per_step(const model::TransformerParams& t, int batch, int seq, int accumulation, bool causal,
                             std::string* formula) {
-  const ModelDims& d = t.dims();
+  const model::ModelDims& d = t.dims();
   const double N = double(t.num_params()) - double(t.tensor(t.embedding()).count) -
                    double(t.tensor(t.pos_embedding()).count);
   const double tokens = double(batch) * seq * accumulation;
@@ -23,7 +23,7 @@ double model_flops_per_step(const TransformerParams& t, int batch, int seq, int 
   return (6.0 * N + attn) * tokens;
 }
 
-StepProfiler::StepProfiler(const ProfilingOptions& o, const TransformerParams& table, int batch, int seq,
+StepProfiler::StepProfiler(const ProfilingOptions& o, const model::TransformerParams& table, int batch, int seq,
                            int accumulation, bool causal, bool on_gpu)
     : opt_(o) {
   // Parsed on every backend (a typo fails fast); armed only on the GPU, where there is a profiler.
@@ -92,4 +92,4 @@ void StepProfiler::finish(std::ostream& out) {
   }
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

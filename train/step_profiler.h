@@ -13,7 +13,7 @@
 #include "runtime/profiler.h"
 #include "runtime/timing_report.h"
 
-namespace cutrain::model {
+namespace cutrain::train {
 
 struct ProfilingOptions {
   std::string profile_steps;        // "A:B", empty: no window
@@ -29,14 +29,14 @@ struct ProfilingOptions {
 // 12·L·T·C per token without a mask (6·L·T·C with a causal mask, as llm.c counts). N excludes the
 // token and position embedding tables (lookups, no matmul; the output head is a separate matmul
 // here and is counted). `formula` (optional) receives that description with the numbers.
-double model_flops_per_step(const TransformerParams& table, int batch, int seq, int accumulation, bool causal,
+double model_flops_per_step(const model::TransformerParams& table, int batch, int seq, int accumulation, bool causal,
                             std::string* formula = nullptr);
 
 class StepProfiler {
  public:
   // Measures the peaks now when timing on a GPU: construct it before the engine allocates its
   // state. Throws Error for a bad --profile_steps or --timing_steps (on every backend).
-  StepProfiler(const ProfilingOptions& options, const TransformerParams& table, int batch, int seq, int accumulation,
+  StepProfiler(const ProfilingOptions& options, const model::TransformerParams& table, int batch, int seq, int accumulation,
                bool causal, bool on_gpu);
   ~StepProfiler();
   StepProfiler(const StepProfiler&) = delete;
@@ -67,4 +67,4 @@ class StepProfiler {
   DevicePeaks peaks_;
 };
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

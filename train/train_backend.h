@@ -10,7 +10,7 @@
 #include "model/transformer_params.h"
 #include "runtime/dtype.h"
 
-namespace cutrain::model {
+namespace cutrain::train {
 
 struct MemoryStats {
   std::int64_t allocated = 0, reserved = 0, peak = 0;
@@ -31,7 +31,7 @@ struct HostState {
 class TrainBackend {
  public:
   virtual ~TrainBackend() = default;
-  virtual const TransformerParams& table() const = 0;
+  virtual const model::TransformerParams& table() const = 0;
   // tokens, labels: host int32 [accumulation, B, S]. `step` is 1-based (Adam bias correction).
   virtual StepStats step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) = 0;
   // Evaluation: the mean loss of one micro-batch (tokens, labels: host int32 [B, S]) under the
@@ -47,4 +47,4 @@ class TrainBackend {
   virtual const char* describe() const = 0;  // "cuda (NVIDIA H200)", "cpu (reference model)"
 };
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

@@ -25,7 +25,7 @@
 #include "train/lr_schedule.h"
 #include "train/precision.h"
 
-namespace cutrain::model {
+namespace cutrain::train {
 
 namespace {
 constexpr int kGpt2Vocab = 50257;
@@ -116,7 +116,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
     out << "[Rank 0] --use_real_data: vocab_size " << vocab << " -> " << kGpt2Vocab << " (the GPT-2 tokenizer's)\n";
     vocab = kGpt2Vocab;
   }
-  bo.dims = ModelDims{o.hidden_dim, o.num_layers, o.num_heads, vocab, o.seq_length};
+  bo.dims = model::ModelDims{o.hidden_dim, o.num_layers, o.num_heads, vocab, o.seq_length};
   if (o.pad_vocab > 0) {
     bo.dims.padded_vocab = int(data::padded_vocab_size(vocab, o.pad_vocab));
     out << "[Rank 0] --pad_vocab " << o.pad_vocab << ": " << vocab << " -> " << bo.dims.padded_vocab
@@ -164,7 +164,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
                                                      : "random tokens and labels")
       << ", " << (causal ? "causal" : "bidirectional") << " attention\n";
   // Before the engine allocates: measures the device's peaks when --timing_report is on.
-  StepProfiler prof(o.profiling, TransformerParams(bo.dims), bo.batch, bo.seq, accum, bo.causal, o.device == TrainDevice::Cuda);
+  StepProfiler prof(o.profiling, model::TransformerParams(bo.dims), bo.batch, bo.seq, accum, bo.causal, o.device == TrainDevice::Cuda);
   out << "[Rank 0] Creating model with hidden_dim=" << o.hidden_dim << ", num_layers=" << o.num_layers
       << ", num_heads=" << o.num_heads << ", vocab_size=" << vocab << "\n";
   std::unique_ptr<TrainBackend> be =
@@ -349,4 +349,4 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
   return res;
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

@@ -13,7 +13,7 @@
 #include "train/choices.h"
 #include "train/step_profiler.h"
 
-namespace cutrain::model {
+namespace cutrain::train {
 
 struct TrainOptions {
   std::filesystem::path deepspeed_config;
@@ -62,4 +62,4 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out);
 std::string format_gb(std::int64_t bytes);
 std::string with_commas(std::uint64_t n);
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

@@ -3,9 +3,9 @@
 #include <cstdio>
 #include <sstream>
 
-namespace cutrain::model {
+namespace cutrain::train {
 
-ZeroBytes zero_bytes_per_param(const PrecisionPlan& p, const ZeroPlan& z) {
+ZeroBytes zero_bytes_per_param(const PrecisionPlan& p, const parallel::ZeroPlan& z) {
   ZeroBytes b;
   b.params = double(dtype_size(p.param));
   b.grads = double(dtype_size(p.grad));
@@ -19,7 +19,7 @@ ZeroBytes zero_bytes_per_param(const PrecisionPlan& p, const ZeroPlan& z) {
   return b;
 }
 
-std::string zero_memory_line(const PrecisionPlan& p, const ZeroPlan& z, std::size_t gather_elems,
+std::string zero_memory_line(const PrecisionPlan& p, const parallel::ZeroPlan& z, std::size_t gather_elems,
                              std::size_t persistent_elems) {
   const ZeroBytes b = zero_bytes_per_param(p, z);
   auto num = [](double v) {
@@ -44,16 +44,16 @@ std::string zero_memory_line(const PrecisionPlan& p, const ZeroPlan& z, std::siz
       << " persistent elements (bf16)";
   o << " (";
   switch (z.mode) {
-    case ZeroMode::None:
+    case parallel::ZeroMode::None:
       o << (z.stage == 3 ? "stage 3 at world size 1 without a communicator: the single-process engine"
                          : "single process, no collectives");
       break;
-    case ZeroMode::AllReduce: o << "gradients all-reduced, nothing partitioned"; break;
-    case ZeroMode::Partitioned:
+    case parallel::ZeroMode::AllReduce: o << "gradients all-reduced, nothing partitioned"; break;
+    case parallel::ZeroMode::Partitioned:
       o << "optimizer state partitioned, gradients reduce-scattered, params all-gathered";
       if (z.stage == 2) o << "; the full gradient buffer stays: backward writes one flat buffer";
       break;
-    case ZeroMode::Sharded:
+    case parallel::ZeroMode::Sharded:
       o << "params, optimizer state and reduced gradients sharded; params gathered per unit before use, the next "
            "prefetched; the full gradient buffer stays: backward writes one flat buffer";
       break;
@@ -62,4 +62,4 @@ std::string zero_memory_line(const PrecisionPlan& p, const ZeroPlan& z, std::siz
   return o.str();
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::train

@@ -365,30 +365,33 @@ void validate_against_file(const void* buffer, std::size_t bytes, const std::str
     CUTRAIN_FAIL("validation of '", path, "' failed: first differing byte at offset ",
                  offset + (mis.first - file.begin()), " of ", bytes, " bytes");
 }
+
+// What pread and pwrite share: `async` queues the request (wait() reports it), else it runs now and
+// `validate` compares the buffer with the file afterwards. Returns the bytes.
+template <class Queue, class Run>
+std::int64_t queued_or_now(const char* op, const char* kind, const void* b, std::size_t n, const std::string& path,
+                           bool validate, bool async, std::int64_t off, Queue queue, Run run) {
+  CUTRAIN_CHECK(!(validate && async), op, ": validate needs a synchronous ", kind, " (async=false)");
+  if (async) {
+    queue();
+  } else {
+    run();
+    if (validate) validate_against_file(b, n, path, off);
+  }
+  return static_cast<std::int64_t>(n);
+}
 }  // namespace
 
 std::int64_t AioHandle::pread(void* b, std::size_t n, const std::string& path, bool validate, bool async,
                               std::int64_t off) {
-  CUTRAIN_CHECK(!(validate && async), "pread: validate needs a synchronous read (async=false)");
-  if (async) {
-    async_pread(b, n, path, off);
-    return static_cast<std::int64_t>(n);
-  }
-  sync_pread(b, n, path, off);
-  if (validate) validate_against_file(b, n, path, off);
-  return static_cast<std::int64_t>(n);
+  return queued_or_now("pread", "read", b, n, path, validate, async, off, [&] { async_pread(b, n, path, off); },
+                       [&] { sync_pread(b, n, path, off); });
 }
 
 std::int64_t AioHandle::pwrite(const void* b, std::size_t n, const std::string& path, bool validate, bool async,
                                std::int64_t off) {
-  CUTRAIN_CHECK(!(validate && async), "pwrite: validate needs a synchronous write (async=false)");
-  if (async) {
-    async_pwrite(b, n, path, off);
-    return static_cast<std::int64_t>(n);
-  }
-  sync_pwrite(b, n, path, off);
-  if (validate) validate_against_file(b, n, path, off);
-  return static_cast<std::int64_t>(n);
+  return queued_or_now("pwrite", "write", b, n, path, validate, async, off, [&] { async_pwrite(b, n, path, off); },
+                       [&] { sync_pwrite(b, n, path, off); });
 }
 
 int AioHandle::wait() {

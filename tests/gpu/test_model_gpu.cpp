@@ -18,13 +18,12 @@
 #include "train/engine.h"
 
 using namespace cutrain;
-using namespace cutrain::model;
 
 namespace {
 
 using test::small_model;
 
-TrainConfig config_for(const std::string& layout, int accumulation = 1, float clip = 0.f) {
+train::TrainConfig config_for(const std::string& layout, int accumulation = 1, float clip = 0.f) {
   std::string bf16 = R"("enabled": true)";
   if (layout != "baseline") bf16 += R"(, "bf16_master_weights_and_grads": true)";
   if (layout == "bf16_full") bf16 += R"(, "bf16_optimizer_states": true)";
@@ -32,7 +31,7 @@ TrainConfig config_for(const std::string& layout, int accumulation = 1, float cl
                            std::to_string(accumulation) + R"(, "gradient_clipping": )" + std::to_string(clip) +
                            R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999],
                            "eps": 1e-8, "weight_decay": 0.01}}, "bf16": {)" + bf16 + "}}";
-  TrainConfig c = parse_config(text, "test:" + layout);
+  train::TrainConfig c = train::parse_config(text, "test:" + layout);
   c.resolve_batch(1);
   return c;
 }
@@ -57,8 +56,8 @@ class ModelGpu : public ::testing::TestWithParam<const char*> {};
 TEST_P(ModelGpu, LossAndEveryGradientMatchTheReferenceAtStep0) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  const BackendOptions o = small_model(rng());
-  GpuEngine eng(o, config_for(GetParam()));
+  const train::BackendOptions o = small_model(rng());
+  train::GpuEngine eng(o, config_for(GetParam()));
   const Batch b = random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab);
   eng.poison_grads();
   const double loss = eng.forward_backward(b.tokens.data(), b.labels.data());
@@ -68,7 +67,7 @@ TEST_P(ModelGpu, LossAndEveryGradientMatchTheReferenceAtStep0) {
   // The reference sees exactly the GPU's (bf16-rounded) parameters.
   const std::vector<float> params = eng.download_params();
   std::vector<double> p = to_double(params), g(params.size(), 0.0);
-  ReferenceModel<double> ref(eng.table());
+  model::ReferenceModel<double> ref(eng.table());
   const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
   ref.backward(p.data(), g.data());
   EXPECT_NEAR(loss, ref_loss, 2e-2 * ref_loss) << GetParam();
@@ -82,21 +81,21 @@ TEST_P(ModelGpu, LossAndEveryGradientMatchTheReferenceAtStep0) {
 TEST_P(ModelGpu, TwentyStepsFollowTheReference) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  const BackendOptions o = small_model(rng());
-  const TrainConfig cfg = config_for(GetParam());
-  GpuEngine eng(o, cfg);
+  const train::BackendOptions o = small_model(rng());
+  const train::TrainConfig cfg = config_for(GetParam());
+  train::GpuEngine eng(o, cfg);
   const std::vector<float> init = eng.download_params();
   std::vector<float> p = init, g(init.size()), m(init.size(), 0.f), v(init.size(), 0.f);
-  ReferenceModel<float> ref(eng.table());
+  model::ReferenceModel<float> ref(eng.table());
   const std::size_t n = std::size_t(o.batch) * o.seq;
   double first = 0, last = 0;
   for (int step = 1; step <= 20; ++step) {
     const Batch b = random_batch(rng, n, o.dims.vocab);
-    const StepStats st = eng.step(b.tokens.data(), b.labels.data(), step, 1e-3f);
+    const train::StepStats st = eng.step(b.tokens.data(), b.labels.data(), step, 1e-3f);
     const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
     std::fill(g.begin(), g.end(), 0.f);
     ref.backward(p.data(), g.data());
-    reference_adam_step(p.data(), g.data(), m.data(), v.data(), p.size(), 1e-3, 0.9, 0.999, 1e-8, 0.01, true, step);
+    model::reference_adam_step(p.data(), g.data(), m.data(), v.data(), p.size(), 1e-3, 0.9, 0.999, 1e-8, 0.01, true, step);
     EXPECT_FALSE(st.skipped);
     EXPECT_NEAR(st.loss, ref_loss, 0.02 * ref_loss) << GetParam() << " step " << step;
     if (step == 1) first = st.loss;
@@ -108,9 +107,9 @@ TEST_P(ModelGpu, TwentyStepsFollowTheReference) {
 
 TEST_P(ModelGpu, PersistentBytesMatchTheLayout) {
   CUTRAIN_REQUIRE_GPU();
-  const BackendOptions o = small_model(7);
+  const train::BackendOptions o = small_model(7);
   for (int accum : {1, 2}) {
-    GpuEngine eng(o, config_for(GetParam(), accum));
+    train::GpuEngine eng(o, config_for(GetParam(), accum));
     const std::size_t want = eng.table().flat_size() * eng.plan().bytes_per_param();
     EXPECT_EQ(eng.state_requested_bytes(), want) << GetParam() << " accumulation " << accum;
     // Handed out: 512 B rounding, and a cached block reused whole when the rest would be < 1 MiB.
@@ -123,16 +122,16 @@ TEST_P(ModelGpu, GraphReplayEqualsEagerAndCheckpointingEqualsNone) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   const std::uint64_t seed = rng();
-  BackendOptions eager = small_model(seed), graph = eager, ckpt = eager;
+  train::BackendOptions eager = small_model(seed), graph = eager, ckpt = eager;
   eager.cuda_graph = false;
   ckpt.activation_checkpointing = true;
-  const TrainConfig cfg = config_for(GetParam(), 1, 1.0f);  // clipping on too
-  GpuEngine a(eager, cfg), b(graph, cfg), c(ckpt, cfg);
+  const train::TrainConfig cfg = config_for(GetParam(), 1, 1.0f);  // clipping on too
+  train::GpuEngine a(eager, cfg), b(graph, cfg), c(ckpt, cfg);
   for (int step = 1; step <= 5; ++step) {
     const Batch batch = random_batch(rng, std::size_t(eager.batch) * eager.seq, eager.dims.vocab);
-    const StepStats sa = a.step(batch.tokens.data(), batch.labels.data(), step, 1e-3f);
-    const StepStats sb = b.step(batch.tokens.data(), batch.labels.data(), step, 1e-3f);
-    const StepStats sc = c.step(batch.tokens.data(), batch.labels.data(), step, 1e-3f);
+    const train::StepStats sa = a.step(batch.tokens.data(), batch.labels.data(), step, 1e-3f);
+    const train::StepStats sb = b.step(batch.tokens.data(), batch.labels.data(), step, 1e-3f);
+    const train::StepStats sc = c.step(batch.tokens.data(), batch.labels.data(), step, 1e-3f);
     EXPECT_EQ(sa.loss, sb.loss) << "graph vs eager, step " << step;
     EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "graph vs eager, step " << step;
     EXPECT_EQ(sa.loss, sc.loss) << "checkpointing vs none, step " << step;
@@ -157,8 +156,8 @@ TEST_P(ModelGpu, GraphReplayEqualsEagerAndCheckpointingEqualsNone) {
 TEST_P(ModelGpu, AccumulationAveragesTheMicroBatches) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  const BackendOptions o = small_model(rng());
-  GpuEngine eng(o, config_for(GetParam(), 2));
+  const train::BackendOptions o = small_model(rng());
+  train::GpuEngine eng(o, config_for(GetParam(), 2));
   const std::size_t n = std::size_t(o.batch) * o.seq;
   const Batch b = random_batch(rng, 2 * n, o.dims.vocab);
   eng.poison_grads();  // the first micro-batch must write, not add
@@ -166,7 +165,7 @@ TEST_P(ModelGpu, AccumulationAveragesTheMicroBatches) {
   const std::vector<float> grads = eng.download_grads();
   const std::vector<float> params = eng.download_params();
   std::vector<double> p = to_double(params), g(params.size(), 0.0);
-  ReferenceModel<double> ref(eng.table());
+  model::ReferenceModel<double> ref(eng.table());
   double ref_loss = 0;
   for (int a = 0; a < 2; ++a) {
     ref_loss += 0.5 * ref.forward(p.data(), b.tokens.data() + a * n, b.labels.data() + a * n, o.batch, o.seq);
@@ -183,8 +182,8 @@ TEST_P(ModelGpu, AccumulationAveragesTheMicroBatches) {
 TEST_P(ModelGpu, BadTokenIsReportedWithItsPosition) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  const BackendOptions o = small_model(rng());
-  GpuEngine eng(o, config_for(GetParam()));
+  const train::BackendOptions o = small_model(rng());
+  train::GpuEngine eng(o, config_for(GetParam()));
   Batch b = random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab);
   b.tokens[37] = o.dims.vocab + 5;
   try {
@@ -198,16 +197,16 @@ TEST_P(ModelGpu, BadTokenIsReportedWithItsPosition) {
 TEST_P(ModelGpu, NonFiniteGradientsSkipTheStep) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  const BackendOptions o = small_model(rng());
-  GpuEngine eng(o, config_for(GetParam(), 1, 1.0f));
-  HostState st = eng.save_state();
+  const train::BackendOptions o = small_model(rng());
+  train::GpuEngine eng(o, config_for(GetParam(), 1, 1.0f));
+  train::HostState st = eng.save_state();
   const std::size_t bad = eng.table().tensor(eng.table().output_b()).offset + 3;
   st.params[bad] = std::numeric_limits<float>::infinity();
   if (!st.master.empty()) st.master[bad] = st.params[bad];
   eng.load_state(st);
   const std::vector<float> before = eng.download_params();
   const Batch b = random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab);
-  const StepStats s = eng.step(b.tokens.data(), b.labels.data(), 1, 1e-3f);
+  const train::StepStats s = eng.step(b.tokens.data(), b.labels.data(), 1, 1e-3f);
   EXPECT_TRUE(s.skipped) << "grad norm " << s.grad_norm;
   const std::vector<float> after = eng.download_params();
   for (std::size_t i = 0; i < before.size(); ++i)
@@ -219,24 +218,24 @@ TEST_P(ModelGpu, NonFiniteGradientsSkipTheStep) {
 TEST_P(ModelGpu, ResumeFromACheckpointIsBitIdentical) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  const BackendOptions o = small_model(rng());
-  const TrainConfig cfg = config_for(GetParam());
+  const train::BackendOptions o = small_model(rng());
+  const train::TrainConfig cfg = config_for(GetParam());
   std::vector<Batch> batches;
   for (int i = 0; i < 6; ++i) batches.push_back(random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab));
   const auto dir = std::filesystem::temp_directory_path() /
                    ("cutrain_gpu_ckpt_" + std::string(GetParam()) + "_" + std::to_string(::getpid()));
   std::vector<double> full;
   {
-    GpuEngine a(o, cfg);
+    train::GpuEngine a(o, cfg);
     for (int s = 0; s < 6; ++s) full.push_back(a.step(batches[s].tokens.data(), batches[s].labels.data(), s + 1, 1e-3f).loss);
   }
   {
-    GpuEngine b(o, cfg);
+    train::GpuEngine b(o, cfg);
     for (int s = 0; s < 3; ++s) b.step(batches[s].tokens.data(), batches[s].labels.data(), s + 1, 1e-3f);
-    save_checkpoint(dir, b, CheckpointMeta{3, ""});
+    train::save_checkpoint(dir, b, train::CheckpointMeta{3, ""});
   }
-  GpuEngine c(o, config_for(GetParam()));
-  EXPECT_EQ(load_checkpoint(dir, c).step, 3);
+  train::GpuEngine c(o, config_for(GetParam()));
+  EXPECT_EQ(train::load_checkpoint(dir, c).step, 3);
   for (int s = 3; s < 6; ++s)
     EXPECT_EQ(c.step(batches[s].tokens.data(), batches[s].labels.data(), s + 1, 1e-3f).loss, full[s]) << "step " << s;
   std::filesystem::remove_all(dir);
@@ -248,14 +247,14 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ModelGpu, ::testing::Values("baseline", "bf16_
 TEST(ModelGpuWide, GradientsMatchAtHeadDim128) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  const BackendOptions o = small_model(rng(), 256, 2);  // head_dim 128
-  GpuEngine eng(o, config_for("bf16_full"));
+  const train::BackendOptions o = small_model(rng(), 256, 2);  // head_dim 128
+  train::GpuEngine eng(o, config_for("bf16_full"));
   const Batch b = random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab);
   const double loss = eng.forward_backward(b.tokens.data(), b.labels.data());
   const std::vector<float> grads = eng.download_grads();
   const std::vector<float> params = eng.download_params();
   std::vector<double> p = to_double(params), g(params.size(), 0.0);
-  ReferenceModel<double> ref(eng.table());
+  model::ReferenceModel<double> ref(eng.table());
   const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
   ref.backward(p.data(), g.data());
   EXPECT_NEAR(loss, ref_loss, 2e-2 * ref_loss);
@@ -272,9 +271,9 @@ TEST(ModelGpuEval, EvalLossMatchesTheReferenceAndLeavesTheStateAlone) {
   CUTRAIN_REQUIRE_GPU();
   for (bool causal : {false, true}) {
     auto rng = test::fresh_rng();
-    BackendOptions o = small_model(rng());
+    train::BackendOptions o = small_model(rng());
     o.causal = causal;
-    GpuEngine eng(o, config_for("bf16_master_wg"));
+    train::GpuEngine eng(o, config_for("bf16_master_wg"));
     const std::size_t n = std::size_t(o.batch) * o.seq;
     for (int s = 1; s <= 3; ++s) {  // eager step, capture, replay: the graph exists before the eval
       const Batch b = random_batch(rng, n, o.dims.vocab);
@@ -287,7 +286,7 @@ TEST(ModelGpuEval, EvalLossMatchesTheReferenceAndLeavesTheStateAlone) {
     EXPECT_EQ(eng.download_params(), before) << "evaluation changed the parameters";
     EXPECT_EQ(eng.graph_active(), graph);
     std::vector<double> p = to_double(before);
-    ReferenceModel<double> ref(eng.table(), causal);
+    model::ReferenceModel<double> ref(eng.table(), causal);
     const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
     EXPECT_NEAR(eval, ref_loss, 2e-2 * ref_loss) << (causal ? "causal" : "bidirectional");
     const double trained = eng.forward_backward(b.tokens.data(), b.labels.data());
@@ -306,11 +305,11 @@ TEST(ModelGpuEval, EvalLossMatchesTheReferenceAndLeavesTheStateAlone) {
 TEST(ModelGpuPadVocab, PaddedRowsGetNoLossAndNoGradient) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  BackendOptions o = small_model(rng());
+  train::BackendOptions o = small_model(rng());
   o.dims.padded_vocab = 1024;
   o.causal = true;
-  GpuEngine eng(o, config_for("baseline"));
-  const TransformerParams& t = eng.table();
+  train::GpuEngine eng(o, config_for("baseline"));
+  const model::TransformerParams& t = eng.table();
   ASSERT_EQ(t.tensor(t.embedding()).shape[0], 1024);
   ASSERT_EQ(t.tensor(t.output_w()).shape[0], 1024);
   const Batch b = random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab);
@@ -320,13 +319,13 @@ TEST(ModelGpuPadVocab, PaddedRowsGetNoLossAndNoGradient) {
   EXPECT_EQ(test::count_nan(grads), 0u) << "gradient elements left unwritten (poison) or non-finite";
   const int h = o.dims.hidden;
   for (int idx : {t.embedding(), t.output_w(), t.output_b()}) {
-    const ParamTensor& p = t.tensor(idx);
+    const model::ParamTensor& p = t.tensor(idx);
     const std::size_t row = p.shape.size() == 2 ? std::size_t(h) : 1;
     for (std::size_t i = std::size_t(o.dims.vocab) * row; i < p.count; ++i)
       ASSERT_EQ(grads[p.offset + i], 0.f) << p.name << " padded element " << i;
   }
   std::vector<double> p = to_double(eng.download_params()), g(grads.size(), 0.0);
-  ReferenceModel<double> ref(t, true);
+  model::ReferenceModel<double> ref(t, true);
   const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
   ref.backward(p.data(), g.data());
   EXPECT_NEAR(loss, ref_loss, 2e-2 * ref_loss);

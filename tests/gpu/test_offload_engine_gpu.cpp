@@ -11,20 +11,19 @@
 #include "train/engine.h"
 
 using namespace cutrain;
-using namespace cutrain::model;
 
 namespace {
 
 using test::small_model;
 
-TrainConfig config_for(const std::string& layout) {
+train::TrainConfig config_for(const std::string& layout) {
   std::string bf16 = R"("enabled": true)";
   if (layout != "baseline") bf16 += R"(, "bf16_master_weights_and_grads": true)";
   if (layout == "bf16_full") bf16 += R"(, "bf16_optimizer_states": true)";
   const std::string text = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8,
       "weight_decay": 0.01}}, "bf16": {)" + bf16 + "}}";
-  TrainConfig c = parse_config(text, "test:" + layout);
+  train::TrainConfig c = train::parse_config(text, "test:" + layout);
   c.resolve_batch(1);
   return c;
 }
@@ -34,11 +33,11 @@ class OffloadEngineGpu : public ::testing::TestWithParam<const char*> {};
 TEST_P(OffloadEngineGpu, ContinuationAfterRoundTripsIsBitExact) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  const BackendOptions o = small_model(rng());
+  const train::BackendOptions o = small_model(rng());
   const int steps = 6;
   const auto [tok, lab] = test::random_step_batches(rng, steps, o);
   auto run = [&](bool offload) {
-    GpuEngine eng(o, config_for(GetParam()));
+    train::GpuEngine eng(o, config_for(GetParam()));
     std::vector<double> losses;
     for (int i = 0; i < steps; ++i) {
       losses.push_back(eng.step(tok[i].data(), lab[i].data(), i + 1, 1e-3f).loss);
@@ -68,7 +67,7 @@ TEST_P(OffloadEngineGpu, ContinuationAfterRoundTripsIsBitExact) {
 
 TEST(OffloadEngineGpu, UnknownStateNamesTheValidOnes) {
   CUTRAIN_REQUIRE_GPU();
-  GpuEngine eng(small_model(1), config_for("bf16_master_wg"));
+  train::GpuEngine eng(small_model(1), config_for("bf16_master_wg"));
   try {
     eng.offload_states({"hp_params"}, OffloadDevice::Cpu, true, false);  // no fp32 master in this layout
     FAIL() << "expected an error";

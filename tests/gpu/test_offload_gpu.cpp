@@ -440,7 +440,7 @@ TEST_P(OffloadModelDtypes, ContinuationIsBitExact) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   const int hidden = 384 + 2 * int(rng() % 64), steps = 6;  // an odd-ish size each run
-  model::OffloadModelOptions mo;
+  tools::OffloadModelOptions mo;
   mo.hidden = hidden;
   mo.nlayers = 3;
   mo.dtype = GetParam();
@@ -453,7 +453,7 @@ TEST_P(OffloadModelDtypes, ContinuationIsBitExact) {
     labels.push_back(int(rng() % hidden));
   }
   auto run = [&](int mode) {  // 0: plain, 1: blocking pinned round trip, 2: non-blocking pageable
-    model::OffloadModel m(mo);
+    tools::OffloadModel m(mo);
     std::vector<float> losses;
     for (int i = 0; i < steps; ++i) {
       losses.push_back(m.step(xs[i].data(), labels[i]));
@@ -488,13 +488,13 @@ TEST(OffloadModelGpu, Fp32StepMatchesTheReference) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   const int h = 40 + int(rng() % 25), L = 2;
-  model::OffloadModelOptions mo;
+  tools::OffloadModelOptions mo;
   mo.hidden = h;
   mo.nlayers = L;
   mo.dtype = DType::F32;
   mo.lr = 1e-3f;
   mo.seed = rng();
-  model::OffloadModel m(mo);
+  tools::OffloadModel m(mo);
   const std::vector<float> w0 = m.download_master();
   const std::size_t per = std::size_t(h) * h + h;
   ASSERT_EQ(w0.size(), per * L);
@@ -550,12 +550,12 @@ TEST(OffloadModelGpu, Fp32StepMatchesTheReference) {
 TEST(OffloadModelGpu, StepAfterNonBlockingOffloadReloadsItself) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  model::OffloadModelOptions mo;
+  tools::OffloadModelOptions mo;
   mo.hidden = 256;
   mo.nlayers = 2;
   mo.seed = rng();
   auto x = test::random_normal(256, rng);
-  model::OffloadModel a(mo), b(mo);
+  tools::OffloadModel a(mo), b(mo);
   a.step(x.data(), 3);
   b.step(x.data(), 3);
   OffloadOptions o;
@@ -567,10 +567,10 @@ TEST(OffloadModelGpu, StepAfterNonBlockingOffloadReloadsItself) {
 
 TEST(OffloadModelGpu, UnsupportedDtypeIsAClearError) {
   CUTRAIN_REQUIRE_GPU();
-  model::OffloadModelOptions mo;
+  tools::OffloadModelOptions mo;
   mo.dtype = DType::F16;
   try {
-    model::OffloadModel m(mo);
+    tools::OffloadModel m(mo);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(e.message().find("float16 is not supported"), std::string::npos) << e.message();

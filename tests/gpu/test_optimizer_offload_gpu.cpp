@@ -19,7 +19,6 @@
 #include "train/engine.h"
 
 using namespace cutrain;
-using namespace cutrain::model;
 namespace fs = std::filesystem;
 
 namespace {
@@ -43,7 +42,7 @@ using test::small_model;
 
 std::string b(bool v) { return v ? "true" : "false"; }
 
-TrainConfig config_for(const std::string& layout, const Variant& v, const std::string& nvme_dir) {
+train::TrainConfig config_for(const std::string& layout, const Variant& v, const std::string& nvme_dir) {
   std::string bf16 = R"("enabled": true)";
   if (layout != "baseline") bf16 += R"(, "bf16_master_weights_and_grads": true)";
   if (layout == "bf16_full") bf16 += R"(, "bf16_optimizer_states": true)";
@@ -55,7 +54,7 @@ TrainConfig config_for(const std::string& layout, const Variant& v, const std::s
   const std::string text = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8,
       "weight_decay": 0.01}}, "bf16": {)" + bf16 + "}, \"zero_optimization\": {" + zero + "}}";
-  TrainConfig c = parse_config(text, "test:" + layout + ":" + v.name);
+  train::TrainConfig c = train::parse_config(text, "test:" + layout + ":" + v.name);
   c.resolve_batch(1);
   return c;
 }
@@ -72,7 +71,7 @@ fs::path fresh_dir(const std::string& tag) {
 struct RunResult {
   std::vector<double> losses;
   std::vector<float> params;
-  HostState state;
+  train::HostState state;
   int captures = 0;
 };
 
@@ -83,7 +82,7 @@ TEST_P(OptimizerOffloadGpu, SwappedStateTrainsBitIdenticallyAndLeavesTheDevice) 
   const std::string layout = std::get<0>(GetParam());
   const Variant& var = kVariants[std::get<1>(GetParam())];
   auto rng = test::fresh_rng();
-  const BackendOptions o = small_model(rng());
+  const train::BackendOptions o = small_model(rng());
   const int steps = 6;
   const auto [tok, lab] = test::random_step_batches(rng, steps, o);
   const fs::path dir = fresh_dir(var.name);
@@ -91,10 +90,10 @@ TEST_P(OptimizerOffloadGpu, SwappedStateTrainsBitIdenticallyAndLeavesTheDevice) 
   auto run = [&](const Variant& v) {
     const bool swapped = std::string(v.device) != "none";
     testing::internal::CaptureStdout();
-    auto eng = std::make_unique<GpuEngine>(o, config_for(layout, v, dir.string()));
+    auto eng = std::make_unique<train::GpuEngine>(o, config_for(layout, v, dir.string()));
     const std::string log = testing::internal::GetCapturedStdout();
     RunResult r;
-    OptimizerSwap* swap = eng->optimizer_swap();
+    train::OptimizerSwap* swap = eng->optimizer_swap();
     EXPECT_EQ(swap != nullptr, swapped);
     if (swapped) {
       // The start-up line says what goes where.
@@ -177,9 +176,9 @@ TEST(OptimizerOffloadGpu, MissingNvmeFolderIsAConfigErrorAtEngineStart) {
   const fs::path missing = fs::temp_directory_path() / ("cutrain_no_such_swap_" + std::to_string(::getpid()));
   fs::remove_all(missing);
   try {
-    GpuEngine eng(small_model(1), config_for("bf16_full", kVariants[0], missing.string()));
+    train::GpuEngine eng(small_model(1), config_for("bf16_full", kVariants[0], missing.string()));
     FAIL() << "expected a ConfigError";
-  } catch (const ConfigError& e) {
+  } catch (const train::ConfigError& e) {
     EXPECT_NE(e.message().find("zero_optimization.offload_optimizer.nvme_path"), std::string::npos) << e.message();
     EXPECT_NE(e.message().find(missing.string()), std::string::npos) << e.message();
   }

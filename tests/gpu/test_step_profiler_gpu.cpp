@@ -16,18 +16,17 @@
 #include "train/step_profiler.h"
 
 using namespace cutrain;
-using namespace cutrain::model;
 
 TEST(StepProfilerGpu, TimesTheWindowEagerlyAndWritesTheReport) {
   CUTRAIN_REQUIRE_GPU();
-  TransformerParams t(ModelDims{64, 2, 4, 512, 32});
+  model::TransformerParams t(model::ModelDims{64, 2, 4, 512, 32});
   const auto path = std::filesystem::temp_directory_path() / ("cutrain_steps_" + std::to_string(getpid()) + ".json");
-  ProfilingOptions o;
+  train::ProfilingOptions o;
   o.timing_report = true;
   o.timing_report_file = path;
   o.timing_steps = 3;
   o.profile_steps = "4:5";  // cudaProfilerStart/Stop without a profiler attached are no-ops
-  StepProfiler p(o, t, 2, 32, 1, false, true);
+  train::StepProfiler p(o, t, 2, 32, 1, false, true);
   p.set_steps(0, 7, 2);
   EXPECT_TRUE(p.timing());
   EXPECT_EQ(p.timed_first(), 2);

@@ -17,7 +17,6 @@
 #include "train/engine.h"
 
 using namespace cutrain;
-using namespace cutrain::model;
 
 namespace {
 
@@ -48,7 +47,7 @@ void PrintTo(const Case& c, std::ostream* os) { *os << case_name({c, 0}); }
 
 using test::small_model;
 
-TrainConfig config_for(const Case& c, int stage) {
+train::TrainConfig config_for(const Case& c, int stage) {
   std::string bf16 = R"("enabled": true)";
   if (std::string(c.layout) != "baseline") bf16 += R"(, "bf16_master_weights_and_grads": true)";
   if (std::string(c.layout) == "bf16_full") bf16 += R"(, "bf16_optimizer_states": true)";
@@ -63,7 +62,7 @@ TrainConfig config_for(const Case& c, int stage) {
                            R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999],
                            "eps": 1e-8, "weight_decay": 0.01}}, "bf16": {)" + bf16 +
                            R"(}, "zero_optimization": )" + zero + "}";
-  TrainConfig cfg = parse_config(text, std::string("test:") + c.layout);
+  train::TrainConfig cfg = train::parse_config(text, std::string("test:") + c.layout);
   cfg.resolve_batch(1);
   return cfg;
 }
@@ -91,14 +90,14 @@ std::shared_ptr<comm::Communicator> one_rank_comm() {
     if (!comm::nccl_available()) GTEST_SKIP() << "cutrain was built without NCCL";        \
   } while (0)
 
-BackendOptions options_for(const Case& c, std::uint64_t seed) {
-  BackendOptions o = small_model(seed);
+train::BackendOptions options_for(const Case& c, std::uint64_t seed) {
+  train::BackendOptions o = small_model(seed);
   o.activation_checkpointing = c.checkpointing;
   return o;
 }
 
-ZeroMode expected_mode(int stage) {
-  return stage == 0 ? ZeroMode::AllReduce : stage == 3 ? ZeroMode::Sharded : ZeroMode::Partitioned;
+parallel::ZeroMode expected_mode(int stage) {
+  return stage == 0 ? parallel::ZeroMode::AllReduce : stage == 3 ? parallel::ZeroMode::Sharded : parallel::ZeroMode::Partitioned;
 }
 
 class ZeroWorldOne : public ::testing::TestWithParam<Case> {};
@@ -109,21 +108,21 @@ TEST_P(ZeroWorldOne, MatchesTheSingleProcessEngineBitForBit) {
   CUTRAIN_REQUIRE_NCCL();
   const Case c = GetParam();
   auto rng = test::fresh_rng();
-  const BackendOptions plain = options_for(c, rng());
-  BackendOptions zero = plain;
+  const train::BackendOptions plain = options_for(c, rng());
+  train::BackendOptions zero = plain;
   zero.comm = one_rank_comm();
-  GpuEngine ref(plain, config_for(c, 0));
-  GpuEngine eng(zero, config_for(c, c.stage));
-  ASSERT_EQ(ref.zero_plan().mode, ZeroMode::None);
+  train::GpuEngine ref(plain, config_for(c, 0));
+  train::GpuEngine eng(zero, config_for(c, c.stage));
+  ASSERT_EQ(ref.zero_plan().mode, parallel::ZeroMode::None);
   ASSERT_EQ(eng.zero_plan().mode, expected_mode(c.stage));
   ASSERT_EQ(eng.zero_plan().world, 1);
   if (c.stage == 3) {
     ASSERT_NE(eng.sharded(), nullptr);
-    const ShardLayout& L = eng.sharded()->layout();
+    const parallel::ShardLayout& L = eng.sharded()->layout();
     EXPECT_EQ(L.padded_elems, ref.table().flat_size()) << "world 1: nothing padded";
     if (c.persistence < 0) {
       // The default threshold (100000) keeps none of the small model's units (all > 100000 elements).
-      for (const ShardUnit& u : L.units) EXPECT_FALSE(u.persistent);
+      for (const parallel::ShardUnit& u : L.units) EXPECT_FALSE(u.persistent);
     } else {
       EXPECT_GT(L.persistent_elems, 0u) << "the case should keep some unit persistent";
     }
@@ -134,8 +133,8 @@ TEST_P(ZeroWorldOne, MatchesTheSingleProcessEngineBitForBit) {
   for (int step = 1; step <= 5; ++step) {
     const auto tokens = test::random_ints(per_step, rng, 0, plain.dims.vocab - 1);
     const auto labels = test::random_ints(per_step, rng, 0, plain.dims.vocab - 1);
-    const StepStats a = ref.step(tokens.data(), labels.data(), step, 1e-3f);
-    const StepStats b = eng.step(tokens.data(), labels.data(), step, 1e-3f);
+    const train::StepStats a = ref.step(tokens.data(), labels.data(), step, 1e-3f);
+    const train::StepStats b = eng.step(tokens.data(), labels.data(), step, 1e-3f);
     EXPECT_EQ(a.loss, b.loss) << case_name({c, 0}) << " step " << step;
     EXPECT_EQ(a.grad_norm, b.grad_norm) << case_name({c, 0}) << " step " << step;
     EXPECT_EQ(a.skipped, b.skipped) << "step " << step;
@@ -156,7 +155,7 @@ TEST_P(ZeroWorldOne, MatchesTheSingleProcessEngineBitForBit) {
   EXPECT_TRUE(eng.graph_active()) << "the step graph (with the NCCL collectives) should be captured and replayed";
   EXPECT_TRUE(same_bits(ref.download_params(), eng.download_params())) << "final params";
   EXPECT_TRUE(same_bits(ref.download_grads(), eng.download_grads())) << "last gradients";
-  const HostState sa = ref.save_state(), sb = eng.save_state();  // partitioned / sharded: gathered over the ranks
+  const train::HostState sa = ref.save_state(), sb = eng.save_state();  // partitioned / sharded: gathered over the ranks
   EXPECT_TRUE(same_bits(sa.params, sb.params)) << "saved params";
   EXPECT_TRUE(same_bits(sa.master, sb.master)) << "fp32 master";
   EXPECT_TRUE(same_bits(sa.exp_avg, sb.exp_avg)) << "exp_avg";
@@ -168,10 +167,10 @@ TEST_P(ZeroWorldOne, StateLoadedIntoThePartitionContinuesIdentically) {
   const Case c = GetParam();
   if (c.stage == 0) GTEST_SKIP() << "stage 0 keeps the whole state: nothing partition-specific to load";
   auto rng = test::fresh_rng();
-  const BackendOptions plain = options_for(c, rng());
-  BackendOptions zero = plain;
+  const train::BackendOptions plain = options_for(c, rng());
+  train::BackendOptions zero = plain;
   zero.comm = one_rank_comm();
-  GpuEngine src(plain, config_for(c, 0));
+  train::GpuEngine src(plain, config_for(c, 0));
   const std::size_t per_step = std::size_t(c.accumulation) * plain.batch * plain.seq;
   int step = 1;
   auto batch = [&] {
@@ -182,8 +181,8 @@ TEST_P(ZeroWorldOne, StateLoadedIntoThePartitionContinuesIdentically) {
     const auto b = batch();
     src.step(b.first.data(), b.second.data(), step, 1e-3f);
   }
-  const HostState s = src.save_state();
-  GpuEngine ref(plain, config_for(c, 0)), eng(zero, config_for(c, c.stage));
+  const train::HostState s = src.save_state();
+  train::GpuEngine ref(plain, config_for(c, 0)), eng(zero, config_for(c, c.stage));
   ref.load_state(s);
   eng.load_state(s);
   for (; step <= 5; ++step) {
@@ -222,10 +221,10 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(ZeroWorldOneStage3, WithoutACommunicatorRunsAsTheSingleProcessEngine) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  const BackendOptions plain = small_model(rng());
+  const train::BackendOptions plain = small_model(rng());
   const Case c{"baseline", 3};
-  GpuEngine ref(plain, config_for(c, 0)), eng(plain, config_for(c, 3));
-  EXPECT_EQ(eng.zero_plan().mode, ZeroMode::None) << "a single process never creates a communicator";
+  train::GpuEngine ref(plain, config_for(c, 0)), eng(plain, config_for(c, 3));
+  EXPECT_EQ(eng.zero_plan().mode, parallel::ZeroMode::None) << "a single process never creates a communicator";
   EXPECT_EQ(eng.sharded(), nullptr);
   for (int step = 1; step <= 3; ++step) {
     const auto t = test::random_ints(std::size_t(plain.batch) * plain.seq, rng, 0, plain.dims.vocab - 1);
@@ -239,10 +238,10 @@ TEST(ZeroWorldOneStage3, WithoutACommunicatorRunsAsTheSingleProcessEngine) {
 TEST(ZeroWorldOneStage3, SaveLoadRoundTripContinuesIdentically) {
   CUTRAIN_REQUIRE_NCCL();
   auto rng = test::fresh_rng();
-  BackendOptions o = small_model(rng());
+  train::BackendOptions o = small_model(rng());
   o.comm = one_rank_comm();
   const Case c{"baseline", 3, 2, 1.0f};
-  GpuEngine a(o, config_for(c, 3));
+  train::GpuEngine a(o, config_for(c, 3));
   const std::size_t per_step = std::size_t(c.accumulation) * o.batch * o.seq;
   auto ints = [&] { return test::random_ints(per_step, rng, 0, o.dims.vocab - 1); };
   int step = 1;
@@ -250,18 +249,18 @@ TEST(ZeroWorldOneStage3, SaveLoadRoundTripContinuesIdentically) {
     const auto t = ints(), l = ints();
     a.step(t.data(), l.data(), step, 1e-3f);
   }
-  BackendOptions ob = o;
+  train::BackendOptions ob = o;
   ob.comm = one_rank_comm();  // its own communicator: the two engines' graphs never share one
-  GpuEngine b(ob, config_for(c, 3));
+  train::GpuEngine b(ob, config_for(c, 3));
   b.load_state(a.save_state());
   EXPECT_TRUE(same_bits(a.download_params(), b.download_params()));
   for (; step <= 4; ++step) {
     const auto t = ints(), l = ints();
-    const StepStats sa = a.step(t.data(), l.data(), step, 1e-3f), sb = b.step(t.data(), l.data(), step, 1e-3f);
+    const train::StepStats sa = a.step(t.data(), l.data(), step, 1e-3f), sb = b.step(t.data(), l.data(), step, 1e-3f);
     EXPECT_EQ(sa.loss, sb.loss) << "step " << step;
     EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << step;
   }
-  const HostState x = a.save_state(), y = b.save_state();
+  const train::HostState x = a.save_state(), y = b.save_state();
   EXPECT_TRUE(same_bits(x.params, y.params));
   EXPECT_TRUE(same_bits(x.master, y.master));
   EXPECT_TRUE(same_bits(x.exp_avg, y.exp_avg));
@@ -273,11 +272,11 @@ TEST(ZeroWorldOneStage3, SaveLoadRoundTripContinuesIdentically) {
 TEST(ZeroWorldOneStage3, OffloadStatesRoundTripContinuesIdentically) {
   CUTRAIN_REQUIRE_NCCL();
   auto rng = test::fresh_rng();
-  const BackendOptions plain = small_model(rng());
-  BackendOptions zero = plain;
+  const train::BackendOptions plain = small_model(rng());
+  train::BackendOptions zero = plain;
   zero.comm = one_rank_comm();
   const Case c{"bf16_master_wg", 3};
-  GpuEngine ref(plain, config_for(c, 0)), eng(zero, config_for(c, 3));
+  train::GpuEngine ref(plain, config_for(c, 0)), eng(zero, config_for(c, 3));
   for (int step = 1; step <= 4; ++step) {
     if (step == 3) {
       ref.offload_states();

@@ -11,8 +11,8 @@
 
 namespace cutrain::test {
 
-inline model::BackendOptions small_model(std::uint64_t seed, int hidden = 128, int heads = 2) {
-  model::BackendOptions o;
+inline train::BackendOptions small_model(std::uint64_t seed, int hidden = 128, int heads = 2) {
+  train::BackendOptions o;
   o.dims = model::ModelDims{hidden, 2, heads, 1000, 64};
   o.batch = 2;
   o.seq = 64;
@@ -25,7 +25,7 @@ inline model::BackendOptions small_model(std::uint64_t seed, int hidden = 128, i
 struct StepBatches {
   std::vector<std::vector<std::int32_t>> tokens, labels;
 };
-inline StepBatches random_step_batches(std::mt19937_64& rng, int count, const model::BackendOptions& o) {
+inline StepBatches random_step_batches(std::mt19937_64& rng, int count, const train::BackendOptions& o) {
   StepBatches b;
   const std::size_t n = std::size_t(o.batch) * o.seq;
   for (int i = 0; i < count; ++i) {

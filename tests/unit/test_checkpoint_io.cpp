@@ -19,7 +19,6 @@
 #include "train/cpu_backend.h"
 
 using namespace cutrain;
-using namespace cutrain::model;
 namespace fs = std::filesystem;
 
 namespace {
@@ -39,17 +38,17 @@ std::vector<std::byte> random_bytes(std::size_t n, std::mt19937_64& rng) {
   return v;
 }
 
-BackendOptions tiny(std::uint64_t seed) {
-  BackendOptions o;
-  o.dims = ModelDims{32, 2, 2, 64, 8};
+train::BackendOptions tiny(std::uint64_t seed) {
+  train::BackendOptions o;
+  o.dims = model::ModelDims{32, 2, 2, 64, 8};
   o.batch = 2;
   o.seq = 8;
   o.seed = seed;
   return o;
 }
 
-TrainConfig adamw_config() {
-  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+train::TrainConfig adamw_config() {
+  train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}})", "test:ckptio");
   c.resolve_batch(1);
   return c;
@@ -58,7 +57,7 @@ TrainConfig adamw_config() {
 struct Batches {
   std::vector<std::vector<std::int32_t>> tok, lab;
 };
-Batches make_batches(int steps, const BackendOptions& o, std::mt19937_64& rng) {
+Batches make_batches(int steps, const train::BackendOptions& o, std::mt19937_64& rng) {
   Batches b;
   const std::size_t n = std::size_t(o.batch) * o.seq;
   for (int i = 0; i < steps; ++i) {
@@ -68,7 +67,7 @@ Batches make_batches(int steps, const BackendOptions& o, std::mt19937_64& rng) {
   return b;
 }
 
-std::vector<double> train(TrainBackend& be, const Batches& b, int from, int to) {
+std::vector<double> run_steps(train::TrainBackend& be, const Batches& b, int from, int to) {
   std::vector<double> losses;
   for (int i = from; i < to; ++i) losses.push_back(be.step(b.tok[i].data(), b.lab[i].data(), i + 1, 1e-2f).loss);
   return losses;
@@ -137,38 +136,38 @@ TEST(AioFile, ReadRangesScattersAnyOrderAndNamesTheFileAtEof) {
 }
 
 TEST(CheckpointIo, ParsesNamesAndTheEnvironmentOverride) {
-  EXPECT_EQ(parse_checkpoint_io("aio"), CheckpointIo::Aio);
-  EXPECT_EQ(parse_checkpoint_io("plain"), CheckpointIo::Plain);
-  EXPECT_EQ(parse_checkpoint_io("auto"), CheckpointIo::Auto);
-  EXPECT_THROW(parse_checkpoint_io("odirect"), Error);
-  EXPECT_EQ(CheckpointFiles(CheckpointIo::Plain).io(), CheckpointIo::Plain);
-  EXPECT_EQ(CheckpointFiles(CheckpointIo::Aio).io(), CheckpointIo::Aio);
+  EXPECT_EQ(train::parse_checkpoint_io("aio"), train::CheckpointIo::Aio);
+  EXPECT_EQ(train::parse_checkpoint_io("plain"), train::CheckpointIo::Plain);
+  EXPECT_EQ(train::parse_checkpoint_io("auto"), train::CheckpointIo::Auto);
+  EXPECT_THROW(train::parse_checkpoint_io("odirect"), Error);
+  EXPECT_EQ(train::CheckpointFiles(train::CheckpointIo::Plain).io(), train::CheckpointIo::Plain);
+  EXPECT_EQ(train::CheckpointFiles(train::CheckpointIo::Aio).io(), train::CheckpointIo::Aio);
   ::setenv("CUTRAIN_CHECKPOINT_IO", "plain", 1);
-  EXPECT_EQ(CheckpointFiles().io(), CheckpointIo::Plain);
+  EXPECT_EQ(train::CheckpointFiles().io(), train::CheckpointIo::Plain);
   ::setenv("CUTRAIN_CHECKPOINT_IO", "aio", 1);
-  EXPECT_EQ(CheckpointFiles().io(), CheckpointIo::Aio);
-  EXPECT_EQ(CheckpointFiles(CheckpointIo::Plain).io(), CheckpointIo::Plain);  // an explicit choice wins
+  EXPECT_EQ(train::CheckpointFiles().io(), train::CheckpointIo::Aio);
+  EXPECT_EQ(train::CheckpointFiles(train::CheckpointIo::Plain).io(), train::CheckpointIo::Plain);  // an explicit choice wins
   ::setenv("CUTRAIN_CHECKPOINT_IO", "fast", 1);
   try {
-    CheckpointFiles f;
+    train::CheckpointFiles f;
     ADD_FAILURE() << "expected an error for CUTRAIN_CHECKPOINT_IO=fast";
   } catch (const Error& e) {
     EXPECT_NE(e.message().find("CUTRAIN_CHECKPOINT_IO=fast"), std::string::npos) << e.message();
   }
   ::unsetenv("CUTRAIN_CHECKPOINT_IO");
-  const CheckpointIo chosen = CheckpointFiles().io();
-  EXPECT_TRUE(chosen == CheckpointIo::Aio || chosen == CheckpointIo::Plain);
+  const train::CheckpointIo chosen = train::CheckpointFiles().io();
+  EXPECT_TRUE(chosen == train::CheckpointIo::Aio || chosen == train::CheckpointIo::Plain);
 }
 
 TEST(CheckpointIo, BothPathsWriteByteIdenticalFiles) {
   auto rng = test::fresh_rng();
-  const BackendOptions o = tiny(rng());
-  auto be = make_cpu_backend(o, adamw_config());
+  const train::BackendOptions o = tiny(rng());
+  auto be = train::make_cpu_backend(o, adamw_config());
   const Batches b = make_batches(2, o, rng);
-  train(*be, b, 0, 2);
+  run_steps(*be, b, 0, 2);
   const fs::path plain = temp_dir("plain"), viaaio = temp_dir("aio");
-  save_checkpoint(plain, *be, {2, "rng-state"}, CheckpointIo::Plain);
-  save_checkpoint(viaaio, *be, {2, "rng-state"}, CheckpointIo::Aio);
+  train::save_checkpoint(plain, *be, {2, "rng-state"}, train::CheckpointIo::Plain);
+  train::save_checkpoint(viaaio, *be, {2, "rng-state"}, train::CheckpointIo::Aio);
   for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json"}) {
     const auto a = read_file(plain / f), c = read_file(viaaio / f);
     EXPECT_GT(a.size(), 0u) << f;
@@ -178,25 +177,25 @@ TEST(CheckpointIo, BothPathsWriteByteIdenticalFiles) {
 
 TEST(CheckpointIo, ResumeIsBitIdenticalWhicheverPathWroteOrReads) {
   auto rng = test::fresh_rng();
-  const BackendOptions o = tiny(rng());
-  const TrainConfig c = adamw_config();
+  const train::BackendOptions o = tiny(rng());
+  const train::TrainConfig c = adamw_config();
   const Batches b = make_batches(5, o, rng);
-  auto ref = make_cpu_backend(o, c);
-  train(*ref, b, 0, 2);
+  auto ref = train::make_cpu_backend(o, c);
+  run_steps(*ref, b, 0, 2);
   const fs::path dir = temp_dir("resume");
-  save_checkpoint(dir, *ref, {2, "rng-state"}, CheckpointIo::Aio);
-  const std::vector<double> want = train(*ref, b, 2, 5);
-  const HostState want_state = ref->save_state();
-  for (CheckpointIo io : {CheckpointIo::Aio, CheckpointIo::Plain}) {
-    auto be = make_cpu_backend(tiny(o.seed + 1), c);  // other initial weights: everything must come from the file
-    const CheckpointMeta meta = load_checkpoint(dir, *be, io);
+  train::save_checkpoint(dir, *ref, {2, "rng-state"}, train::CheckpointIo::Aio);
+  const std::vector<double> want = run_steps(*ref, b, 2, 5);
+  const train::HostState want_state = ref->save_state();
+  for (train::CheckpointIo io : {train::CheckpointIo::Aio, train::CheckpointIo::Plain}) {
+    auto be = train::make_cpu_backend(tiny(o.seed + 1), c);  // other initial weights: everything must come from the file
+    const train::CheckpointMeta meta = train::load_checkpoint(dir, *be, io);
     EXPECT_EQ(meta.step, 2);
     EXPECT_EQ(meta.data_rng, "rng-state");
-    EXPECT_EQ(train(*be, b, 2, 5), want) << checkpoint_io_name(io);
-    const HostState got = be->save_state();
-    EXPECT_TRUE(got.params == want_state.params) << checkpoint_io_name(io);
-    EXPECT_TRUE(got.master == want_state.master) << checkpoint_io_name(io);
-    EXPECT_TRUE(got.exp_avg == want_state.exp_avg) << checkpoint_io_name(io);
-    EXPECT_TRUE(got.exp_avg_sq == want_state.exp_avg_sq) << checkpoint_io_name(io);
+    EXPECT_EQ(run_steps(*be, b, 2, 5), want) << train::checkpoint_io_name(io);
+    const train::HostState got = be->save_state();
+    EXPECT_TRUE(got.params == want_state.params) << train::checkpoint_io_name(io);
+    EXPECT_TRUE(got.master == want_state.master) << train::checkpoint_io_name(io);
+    EXPECT_TRUE(got.exp_avg == want_state.exp_avg) << train::checkpoint_io_name(io);
+    EXPECT_TRUE(got.exp_avg_sq == want_state.exp_avg_sq) << train::checkpoint_io_name(io);
   }
 }

@@ -118,7 +118,7 @@ TEST(Partition, EveryWorldSizeAndOddCounts) {
     for (std::size_t numel : {std::size_t(0), std::size_t(1), std::size_t(7), std::size_t(254128976),
                               std::size_t(rng() % 100000 + 1), std::size_t(1234567)}) {
       for (std::size_t eb : {std::size_t(2), std::size_t(4)}) {
-        FlatPartition p = partition_flat(numel, world, eb, 16);
+        parallel::FlatPartition p = parallel::partition_flat(numel, world, eb, 16);
         SCOPED_TRACE(testing::Message() << "world=" << world << " numel=" << numel << " eb=" << eb);
         ASSERT_GE(p.padded_numel, numel);
         ASSERT_EQ(p.padded_numel % world, 0u);
@@ -126,11 +126,11 @@ TEST(Partition, EveryWorldSizeAndOddCounts) {
         ASSERT_LT(p.padding(), static_cast<std::size_t>(world) * p.align_elems + (numel == 0 ? p.align_elems * world : 0));
         std::size_t covered = 0;
         for (int r = 0; r < world; ++r) {
-          Range rr = p.rank_range(r);
+          parallel::Range rr = p.rank_range(r);
           ASSERT_EQ(rr.size(), p.per_rank);
           ASSERT_EQ(rr.begin, covered);
           covered = rr.end;
-          Range real = p.owned_real(r);
+          parallel::Range real = p.owned_real(r);
           ASSERT_LE(real.end, numel);
           if (!rr.empty()) {
             ASSERT_EQ(p.owner_of(rr.begin), r);
@@ -141,21 +141,21 @@ TEST(Partition, EveryWorldSizeAndOddCounts) {
       }
     }
   }
-  EXPECT_THROW(partition_flat(10, 0, 2), Error);
-  EXPECT_THROW(partition_flat(10, 2, 3, 16), Error);
+  EXPECT_THROW(parallel::partition_flat(10, 0, 2), Error);
+  EXPECT_THROW(parallel::partition_flat(10, 2, 3, 16), Error);
 }
 
 TEST(Partition, BucketsFollowTensorBoundaries) {
-  std::vector<TensorSpan> t = {{"a", 0, 100}, {"b", 128, 50}, {"c", 192, 1000}, {"d", 1216, 10}, {"e", 1232, 20}};
-  auto b = make_buckets(t, 200);
+  std::vector<parallel::TensorSpan> t = {{"a", 0, 100}, {"b", 128, 50}, {"c", 192, 1000}, {"d", 1216, 10}, {"e", 1232, 20}};
+  auto b = parallel::make_buckets(t, 200);
   ASSERT_EQ(b.size(), 3u);
   EXPECT_EQ(b[0].range.begin, 0u);
   EXPECT_EQ(b[0].range.end, 178u);
   EXPECT_EQ(b[0].tensors, (std::vector<std::size_t>{0, 1}));
   EXPECT_EQ(b[1].tensors, (std::vector<std::size_t>{2}));  // larger than a bucket: its own
   EXPECT_EQ(b[2].tensors, (std::vector<std::size_t>{3, 4}));
-  std::vector<TensorSpan> bad = {{"x", 0, 10}, {"y", 5, 10}};
-  EXPECT_THROW(make_buckets(bad, 100), Error);
-  auto keep = persistent_tensors(t, 50);
+  std::vector<parallel::TensorSpan> bad = {{"x", 0, 10}, {"y", 5, 10}};
+  EXPECT_THROW(parallel::make_buckets(bad, 100), Error);
+  auto keep = parallel::persistent_tensors(t, 50);
   EXPECT_EQ(keep, (std::vector<bool>{false, true, false, true, true}));
 }

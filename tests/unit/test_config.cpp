@@ -17,17 +17,17 @@ namespace {
 
 // Parses `text` expecting a ConfigError whose message holds every one of `parts`.
 void expect_error(const std::string& text, std::initializer_list<std::string> parts, bool strict = false) {
-  ConfigLoadOptions opt;
+  train::ConfigLoadOptions opt;
   opt.strict = strict;
   try {
-    parse_config(text, "test.json", opt);
+    train::parse_config(text, "test.json", opt);
     ADD_FAILURE() << "no ConfigError for: " << text;
-  } catch (const ConfigError& e) {
+  } catch (const train::ConfigError& e) {
     for (const auto& p : parts) EXPECT_NE(e.message().find(p), std::string::npos) << "missing '" << p << "' in: " << e.message();
   }
 }
 
-bool any_warning_has(const TrainConfig& c, std::initializer_list<std::string> parts) {
+bool any_warning_has(const train::TrainConfig& c, std::initializer_list<std::string> parts) {
   for (const auto& w : c.warnings) {
     bool all = true;
     for (const auto& p : parts) all = all && w.find(p) != std::string::npos;
@@ -36,7 +36,7 @@ bool any_warning_has(const TrainConfig& c, std::initializer_list<std::string> pa
   return false;
 }
 
-std::string warnings_text(const TrainConfig& c) {
+std::string warnings_text(const train::TrainConfig& c) {
   std::string s;
   for (const auto& w : c.warnings) s += w + "\n";
   return s;
@@ -78,7 +78,7 @@ const char* kEveryKey = R"({
 }  // namespace
 
 TEST(Config, ParsesEveryKey) {
-  TrainConfig c = parse_config(kEveryKey, "every.json");
+  train::TrainConfig c = train::parse_config(kEveryKey, "every.json");
   EXPECT_TRUE(c.warnings.empty()) << warnings_text(c);
   EXPECT_EQ(c.train_batch_size, 24);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 3);
@@ -86,7 +86,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c.steps_per_print, 7);
   EXPECT_FLOAT_EQ(c.gradient_clipping, 1.5f);
   EXPECT_TRUE(c.wall_clock_breakdown);
-  EXPECT_EQ(c.optimizer.type, OptimizerType::Adam);  // case-insensitive, canonical spelling
+  EXPECT_EQ(c.optimizer.type, train::OptimizerType::Adam);  // case-insensitive, canonical spelling
   EXPECT_FLOAT_EQ(c.optimizer.lr, 3e-4f);
   EXPECT_FLOAT_EQ(c.optimizer.beta1, 0.8f);
   EXPECT_FLOAT_EQ(c.optimizer.beta2, 0.95f);
@@ -94,12 +94,12 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_FLOAT_EQ(c.optimizer.weight_decay, 0.1f);
   EXPECT_FALSE(c.optimizer.adam_w_mode);  // type Adam honours adam_w_mode: false (L2)
   EXPECT_FALSE(c.optimizer.bias_correction);
-  EXPECT_EQ(c.scheduler.type, SchedulerType::WarmupDecayLR);
+  EXPECT_EQ(c.scheduler.type, train::SchedulerType::WarmupDecayLR);
   EXPECT_FLOAT_EQ(c.scheduler.warmup_min_lr, 1e-6f);
   ASSERT_TRUE(c.scheduler.warmup_max_lr.has_value());
   EXPECT_FLOAT_EQ(*c.scheduler.warmup_max_lr, 2e-4f);
   EXPECT_EQ(c.scheduler.warmup_num_steps, 50);
-  EXPECT_EQ(c.scheduler.warmup_type, WarmupType::Linear);
+  EXPECT_EQ(c.scheduler.warmup_type, train::WarmupType::Linear);
   EXPECT_EQ(c.scheduler.total_num_steps, 500);
   EXPECT_TRUE(c.bf16.enabled);
   EXPECT_TRUE(c.bf16.bf16_master_weights_and_grads);
@@ -127,7 +127,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(z.sub_group_size, 100000000);
   EXPECT_TRUE(z.round_robin_gradients);
   EXPECT_TRUE(z.stage3_gather_16bit_weights_on_model_save);
-  EXPECT_EQ(z.offload_optimizer.device, OffloadTarget::Nvme);
+  EXPECT_EQ(z.offload_optimizer.device, train::OffloadTarget::Nvme);
   EXPECT_EQ(z.offload_optimizer.nvme_path, "/tmp/x");
   EXPECT_TRUE(z.offload_optimizer.pin_memory);
   EXPECT_EQ(z.offload_optimizer.buffer_count, 6);
@@ -135,13 +135,13 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_TRUE(z.offload_optimizer.pipeline_write);
   EXPECT_TRUE(z.offload_optimizer.fast_init);
   EXPECT_FLOAT_EQ(z.offload_optimizer.ratio, 0.5f);
-  EXPECT_EQ(z.offload_param.device, OffloadTarget::Cpu);
+  EXPECT_EQ(z.offload_param.device, train::OffloadTarget::Cpu);
   EXPECT_TRUE(z.offload_param.pin_memory);
   EXPECT_EQ(z.offload_param.buffer_count, 5);
   EXPECT_EQ(z.offload_param.buffer_size, 200000000);
   EXPECT_EQ(z.offload_param.max_in_cpu, 3000000000LL);
   EXPECT_TRUE(c.torch_autocast.enabled);
-  EXPECT_EQ(c.torch_autocast.dtype, AutocastDtype::BFloat16);  // normalized
+  EXPECT_EQ(c.torch_autocast.dtype, train::AutocastDtype::BFloat16);  // normalized
   ASSERT_EQ(c.torch_autocast.lower_precision_safe_modules.size(), 1u);
   EXPECT_EQ(c.torch_autocast.lower_precision_safe_modules[0], "torch.nn.Linear");
   EXPECT_TRUE(c.has_activation_checkpointing);
@@ -162,13 +162,13 @@ TEST(Config, ParsesEveryKey) {
 }
 
 TEST(Config, DefaultsWhenSectionsAreAbsent) {
-  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 2})", "min.json");
-  EXPECT_EQ(c.optimizer.type, OptimizerType::AdamW);
+  train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 2})", "min.json");
+  EXPECT_EQ(c.optimizer.type, train::OptimizerType::AdamW);
   EXPECT_TRUE(c.optimizer.adam_w_mode);
-  EXPECT_EQ(c.scheduler.type, SchedulerType::None);
+  EXPECT_EQ(c.scheduler.type, train::SchedulerType::None);
   EXPECT_FALSE(c.bf16.enabled);
   EXPECT_EQ(c.zero_optimization.stage, 0);
-  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadTarget::None);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, train::OffloadTarget::None);
   EXPECT_FALSE(c.has_activation_checkpointing);
   EXPECT_EQ(c.aio.block_size, 1048576);
   EXPECT_EQ(c.train_batch_size, 2);
@@ -176,7 +176,7 @@ TEST(Config, DefaultsWhenSectionsAreAbsent) {
 }
 
 TEST(Config, AcceptsIntegralFloatsForIntegers) {
-  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 4.0, "zero_optimization": {"stage": 3e0,
+  train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 4.0, "zero_optimization": {"stage": 3e0,
       "reduce_bucket_size": 5e8, "stage3_param_persistence_threshold": 1e4}})", "f.json");
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
   EXPECT_EQ(c.zero_optimization.stage, 3);
@@ -227,7 +227,7 @@ TEST(Config, OutOfRangeNamesIndexedPath) {
 }
 
 TEST(Config, UnknownKeyWarnsWithNearestKey) {
-  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimisation": {},
+  train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimisation": {},
       "bf16": {"enabled": true, "bf16_master_weight_and_grads": true}})", "w.json");
   EXPECT_TRUE(any_warning_has(c, {"w.json", "unknown key 'zero_optimisation'", "nearest known key: 'zero_optimization'", "ignored"}))
       << warnings_text(c);
@@ -235,7 +235,7 @@ TEST(Config, UnknownKeyWarnsWithNearestKey) {
       << warnings_text(c);
   EXPECT_FALSE(c.bf16.bf16_master_weights_and_grads);  // a misspelt key does not set the field
   // Nested two levels down, and case-only typos.
-  TrainConfig d = parse_config(R"({"train_micro_batch_size_per_gpu": 1,
+  train::TrainConfig d = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1,
       "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memroy": true}}, "Steps_Per_Print": 3})", "n.json");
   EXPECT_TRUE(any_warning_has(d, {"zero_optimization.offload_optimizer.pin_memroy",
                                   "'zero_optimization.offload_optimizer.pin_memory'"})) << warnings_text(d);
@@ -244,13 +244,13 @@ TEST(Config, UnknownKeyWarnsWithNearestKey) {
 
 TEST(Config, StrictModeMakesUnknownKeysErrors) {
   const char* text = R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"overlap_com": true}})";
-  EXPECT_NO_THROW(parse_config(text, "s.json"));
+  EXPECT_NO_THROW(train::parse_config(text, "s.json"));
   expect_error(text, {"test.json", "zero_optimization.overlap_com", "unknown key", "'zero_optimization.overlap_comm'", "strict"},
                /*strict=*/true);
   // DeepSpeed keys cutrain accepts without acting on stay warnings, even strict.
-  ConfigLoadOptions strict;
+  train::ConfigLoadOptions strict;
   strict.strict = true;
-  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "tensorboard": {"enabled": true}})", "t.json", strict);
+  train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "tensorboard": {"enabled": true}})", "t.json", strict);
   EXPECT_TRUE(any_warning_has(c, {"tensorboard", "does not act on"})) << warnings_text(c);
 }
 
@@ -266,13 +266,13 @@ TEST(Config, SchedulerParamsOfAnotherSchedulerAreErrors) {
                {"scheduler.params.warmup_type", "\"log\", \"linear\"", "found string \"exp\""});
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})",
                {"scheduler.params.warmup_num_steps", "positive integer", "found number 0"});
-  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupCosineLR",
+  train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupCosineLR",
       "params": {"total_num_steps": 100, "warmup_num_steps": 10, "warmup_min_ratio": 0.1, "cos_min_ratio": 0.01}}})", "c.json");
-  EXPECT_EQ(c.scheduler.type, SchedulerType::WarmupCosineLR);
+  EXPECT_EQ(c.scheduler.type, train::SchedulerType::WarmupCosineLR);
   EXPECT_FLOAT_EQ(c.scheduler.warmup_min_ratio, 0.1f);
   EXPECT_FLOAT_EQ(c.scheduler.cos_min_ratio, 0.01f);
   EXPECT_EQ(c.scheduler.total_num_steps, 100);
-  TrainConfig d = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupDecayLR",
+  train::TrainConfig d = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupDecayLR",
       "params": {"total_num_steps": 100, "warmup_max_lr": null}}})", "d.json");
   EXPECT_FALSE(d.scheduler.warmup_max_lr.has_value());
   EXPECT_TRUE(any_warning_has(d, {"warmup_max_lr", "0.001"})) << warnings_text(d);
@@ -319,9 +319,9 @@ TEST(Config, DuplicateKeyIsAnError) {
 TEST(Config, MissingFileSaysSoWithPath) {
   const std::string p = "/nonexistent_cutrain_dir/missing_config.json";
   try {
-    load_config(p);
+    train::load_config(p);
     FAIL() << "no throw";
-  } catch (const ConfigError& e) {
+  } catch (const train::ConfigError& e) {
     EXPECT_NE(e.message().find(p), std::string::npos) << e.message();
     EXPECT_NE(e.message().find("not found"), std::string::npos) << e.message();
   }
@@ -330,9 +330,9 @@ TEST(Config, MissingFileSaysSoWithPath) {
 TEST(Config, DirectoryInsteadOfFileIsNamed) {
   const auto dir = std::filesystem::temp_directory_path();
   try {
-    load_config(dir);
+    train::load_config(dir);
     FAIL() << "no throw";
-  } catch (const ConfigError& e) {
+  } catch (const train::ConfigError& e) {
     EXPECT_NE(e.message().find(dir.string()), std::string::npos) << e.message();
     EXPECT_NE(e.message().find("is a directory"), std::string::npos) << e.message();
   }
@@ -344,9 +344,9 @@ TEST(Config, LoadFileNamesItInErrors) {
   auto path = dir / "bad.json";
   write_file_atomic(path, std::string_view(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": 1}})"));
   try {
-    load_config(path);
+    train::load_config(path);
     ADD_FAILURE() << "no throw";
-  } catch (const ConfigError& e) {
+  } catch (const train::ConfigError& e) {
     EXPECT_NE(e.message().find(path.string()), std::string::npos) << e.message();
     EXPECT_NE(e.message().find("bf16.enabled"), std::string::npos) << e.message();
   }
@@ -358,14 +358,14 @@ TEST(Config, NvmeOptimizerOffloadNeedsAnExistingFolder) {
   const auto dir = std::filesystem::temp_directory_path() / ("cutrain_cfg_nvme_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   auto config_with = [](const std::string& device, const std::string& path) {
-    return parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2,
+    return train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2,
         "offload_optimizer": {"device": ")" + device + R"(", "nvme_path": ")" + path + R"("}}})", "nvme.json");
   };
-  auto expect_path_error = [](const TrainConfig& c, std::initializer_list<std::string> parts) {
+  auto expect_path_error = [](const train::TrainConfig& c, std::initializer_list<std::string> parts) {
     try {
-      check_offload_paths(c);
+      train::check_offload_paths(c);
       ADD_FAILURE() << "no ConfigError";
-    } catch (const ConfigError& e) {
+    } catch (const train::ConfigError& e) {
       for (const auto& p : parts) EXPECT_NE(e.message().find(p), std::string::npos) << "missing '" << p << "' in: " << e.message();
     }
   };
@@ -381,25 +381,25 @@ TEST(Config, NvmeOptimizerOffloadNeedsAnExistingFolder) {
                     {"zero_optimization.offload_optimizer.nvme_path", "expected an existing folder",
                      "'" + file.string() + "' is not a folder"});
   // Empty path (a config built in code; the parser already refuses it in a file).
-  TrainConfig empty = config_with("cpu", "");
-  empty.zero_optimization.offload_optimizer.device = OffloadTarget::Nvme;
+  train::TrainConfig empty = config_with("cpu", "");
+  empty.zero_optimization.offload_optimizer.device = train::OffloadTarget::Nvme;
   expect_path_error(empty, {"zero_optimization.offload_optimizer.nvme_path", "found nothing"});
   // An existing folder passes; device cpu and none never look at the path.
-  EXPECT_NO_THROW(check_offload_paths(config_with("nvme", dir.string())));
-  EXPECT_NO_THROW(check_offload_paths(config_with("cpu", (dir / "missing").string())));
-  EXPECT_NO_THROW(check_offload_paths(parse_config(R"({"train_micro_batch_size_per_gpu": 1})", "none.json")));
+  EXPECT_NO_THROW(train::check_offload_paths(config_with("nvme", dir.string())));
+  EXPECT_NO_THROW(train::check_offload_paths(config_with("cpu", (dir / "missing").string())));
+  EXPECT_NO_THROW(train::check_offload_paths(train::parse_config(R"({"train_micro_batch_size_per_gpu": 1})", "none.json")));
   std::filesystem::remove_all(dir);
 }
 
 TEST(Config, BatchResolutionForSeveralWorldSizes) {
-  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})", "b.json");
+  train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})", "b.json");
   for (int w : {1, 2, 3, 8}) {
     c.resolve_batch(w);
     EXPECT_EQ(c.train_batch_size, 8 * w) << "world " << w;
     EXPECT_EQ(c.micro_batch(), 4);
     EXPECT_EQ(c.accumulation(), 2);
   }
-  TrainConfig t = parse_config(R"({"train_batch_size": 48, "train_micro_batch_size_per_gpu": 4})", "t.json");
+  train::TrainConfig t = train::parse_config(R"({"train_batch_size": 48, "train_micro_batch_size_per_gpu": 4})", "t.json");
   EXPECT_EQ(t.accumulation(), 12);
   t.resolve_batch(2);
   EXPECT_EQ(t.accumulation(), 6);
@@ -408,30 +408,30 @@ TEST(Config, BatchResolutionForSeveralWorldSizes) {
   try {
     t.resolve_batch(5);
     ADD_FAILURE() << "48 over 4 * 5 resolved";
-  } catch (const ConfigError& e) {
+  } catch (const train::ConfigError& e) {
     EXPECT_NE(e.message().find("t.json"), std::string::npos) << e.message();
     EXPECT_NE(e.message().find("world size 5"), std::string::npos) << e.message();
   }
-  TrainConfig g = parse_config(R"({"train_batch_size": 48, "gradient_accumulation_steps": 3})", "g.json");
+  train::TrainConfig g = train::parse_config(R"({"train_batch_size": 48, "gradient_accumulation_steps": 3})", "g.json");
   EXPECT_EQ(g.micro_batch(), 16);
   g.resolve_batch(4);
   EXPECT_EQ(g.micro_batch(), 4);
-  TrainConfig only = parse_config(R"({"train_batch_size": 12})", "o.json");
+  train::TrainConfig only = train::parse_config(R"({"train_batch_size": 12})", "o.json");
   only.resolve_batch(3);
   EXPECT_EQ(only.micro_batch(), 4);
   EXPECT_EQ(only.accumulation(), 1);
-  ConfigLoadOptions w2;
+  train::ConfigLoadOptions w2;
   w2.world_size = 2;
-  TrainConfig all = parse_config(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4})", "a.json", w2);
+  train::TrainConfig all = train::parse_config(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4})", "a.json", w2);
   EXPECT_EQ(all.train_batch_size, 16);
-  EXPECT_THROW(all.resolve_batch(1), ConfigError);
-  ConfigLoadOptions w4;
+  EXPECT_THROW(all.resolve_batch(1), train::ConfigError);
+  train::ConfigLoadOptions w4;
   w4.world_size = 4;
   expect_error(R"({"gradient_accumulation_steps": 2})", {"test.json", "found neither"});
   try {
-    parse_config(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4})", "x.json", w4);
+    train::parse_config(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4})", "x.json", w4);
     ADD_FAILURE() << "16 != 2 * 4 * 4 resolved";
-  } catch (const ConfigError& e) {
+  } catch (const train::ConfigError& e) {
     EXPECT_NE(e.message().find("train_batch_size 16 != train_micro_batch_size_per_gpu 2 * gradient_accumulation_steps 4 * world size 4 = 32"),
               std::string::npos) << e.message();
   }
@@ -439,17 +439,17 @@ TEST(Config, BatchResolutionForSeveralWorldSizes) {
 
 TEST(Config, ShippedConfigsLoad) {
   const std::filesystem::path dir = std::filesystem::path(CUTRAIN_SOURCE_DIR) / "configs";
-  ConfigLoadOptions strict;
+  train::ConfigLoadOptions strict;
   strict.strict = true;
   for (const char* name : {"baseline.json", "bf16_master_wg.json", "bf16_full.json", "offload_cpu.json", "offload_nvme.json",
                            "bf16_full_nvme_optimizer.json"}) {
     SCOPED_TRACE(name);
-    TrainConfig c = load_config(dir / name, strict);
+    train::TrainConfig c = train::load_config(dir / name, strict);
     EXPECT_TRUE(c.warnings.empty()) << warnings_text(c);
     EXPECT_EQ(c.micro_batch(), 4);
     EXPECT_EQ(c.accumulation(), 1);
     EXPECT_EQ(c.train_batch_size, 4);
-    EXPECT_EQ(c.optimizer.type, OptimizerType::AdamW);
+    EXPECT_EQ(c.optimizer.type, train::OptimizerType::AdamW);
     EXPECT_FLOAT_EQ(c.optimizer.lr, 1e-4f);
     EXPECT_FLOAT_EQ(c.optimizer.beta1, 0.9f);
     EXPECT_FLOAT_EQ(c.optimizer.beta2, 0.999f);
@@ -462,28 +462,28 @@ TEST(Config, ShippedConfigsLoad) {
     EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 50000000);
     EXPECT_EQ(c.zero_optimization.stage3_param_persistence_threshold, 0);
   }
-  TrainConfig base = load_config(dir / "baseline.json");
+  train::TrainConfig base = train::load_config(dir / "baseline.json");
   EXPECT_FALSE(base.bf16.bf16_master_weights_and_grads);
   EXPECT_FALSE(base.bf16.bf16_optimizer_states);
   EXPECT_FALSE(base.torch_autocast.enabled);
-  TrainConfig mwg = load_config(dir / "bf16_master_wg.json");
+  train::TrainConfig mwg = train::load_config(dir / "bf16_master_wg.json");
   EXPECT_TRUE(mwg.bf16.bf16_master_weights_and_grads);
   EXPECT_FALSE(mwg.bf16.bf16_optimizer_states);
   EXPECT_FALSE(mwg.torch_autocast.enabled);
-  TrainConfig full = load_config(dir / "bf16_full.json");
+  train::TrainConfig full = train::load_config(dir / "bf16_full.json");
   EXPECT_TRUE(full.bf16.bf16_master_weights_and_grads);
   EXPECT_TRUE(full.bf16.bf16_optimizer_states);
   EXPECT_TRUE(full.torch_autocast.enabled);
-  EXPECT_EQ(full.torch_autocast.dtype, AutocastDtype::BFloat16);
-  TrainConfig cpu = load_config(dir / "offload_cpu.json");
-  EXPECT_EQ(cpu.zero_optimization.offload_optimizer.device, OffloadTarget::Cpu);
-  TrainConfig nvme = load_config(dir / "offload_nvme.json");
-  EXPECT_EQ(nvme.zero_optimization.offload_optimizer.device, OffloadTarget::Nvme);
+  EXPECT_EQ(full.torch_autocast.dtype, train::AutocastDtype::BFloat16);
+  train::TrainConfig cpu = train::load_config(dir / "offload_cpu.json");
+  EXPECT_EQ(cpu.zero_optimization.offload_optimizer.device, train::OffloadTarget::Cpu);
+  train::TrainConfig nvme = train::load_config(dir / "offload_nvme.json");
+  EXPECT_EQ(nvme.zero_optimization.offload_optimizer.device, train::OffloadTarget::Nvme);
   EXPECT_EQ(nvme.zero_optimization.offload_optimizer.nvme_path, "/tmp/cutrain_nvme");
   EXPECT_EQ(nvme.source, dir / "offload_nvme.json");
-  TrainConfig swap = load_config(dir / "bf16_full_nvme_optimizer.json");
+  train::TrainConfig swap = train::load_config(dir / "bf16_full_nvme_optimizer.json");
   EXPECT_TRUE(swap.bf16.bf16_optimizer_states);
-  EXPECT_EQ(swap.zero_optimization.offload_optimizer.device, OffloadTarget::Nvme);
+  EXPECT_EQ(swap.zero_optimization.offload_optimizer.device, train::OffloadTarget::Nvme);
   EXPECT_TRUE(swap.zero_optimization.offload_optimizer.pipeline_read);
   EXPECT_TRUE(swap.zero_optimization.offload_optimizer.pipeline_write);
 }
@@ -499,8 +499,8 @@ TEST(Config, RandomDamageGivesConfigErrorsOnly) {
     std::string bad = text;
     for (int f = 0; f < 1 + static_cast<int>(rng() % 3); ++f) bad[rng() % bad.size()] = alphabet[rng() % (sizeof alphabet - 1)];
     try {
-      parse_config(bad, "damaged.json");
-    } catch (const ConfigError& e) {
+      train::parse_config(bad, "damaged.json");
+    } catch (const train::ConfigError& e) {
       ++refused;
       EXPECT_NE(e.message().find("damaged.json"), std::string::npos) << e.message();
     } catch (const std::exception& e) {
@@ -512,42 +512,42 @@ TEST(Config, RandomDamageGivesConfigErrorsOnly) {
 
 // String choices become enums where the JSON is read, in any case the file spells them.
 TEST(ConfigChoices, ParsedOnceIntoEnums) {
-  TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "adamw"},
+  train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "adamw"},
       "scheduler": {"type": "warmupcosinelr", "params": {"total_num_steps": 10, "warmup_num_steps": 2, "warmup_type": "LINEAR"}},
       "bf16": {"enabled": false}, "torch_autocast": {"enabled": true, "dtype": "torch.half"},
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "CPU"}, "offload_param": {"device": null}}})",
                                "choices.json");
-  EXPECT_EQ(c.optimizer.type, OptimizerType::AdamW);
-  EXPECT_EQ(c.scheduler.type, SchedulerType::WarmupCosineLR);
-  EXPECT_EQ(c.scheduler.warmup_type, WarmupType::Linear);
-  EXPECT_EQ(c.torch_autocast.dtype, AutocastDtype::Float16);
-  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadTarget::Cpu);
-  EXPECT_EQ(c.zero_optimization.offload_param.device, OffloadTarget::None);
+  EXPECT_EQ(c.optimizer.type, train::OptimizerType::AdamW);
+  EXPECT_EQ(c.scheduler.type, train::SchedulerType::WarmupCosineLR);
+  EXPECT_EQ(c.scheduler.warmup_type, train::WarmupType::Linear);
+  EXPECT_EQ(c.torch_autocast.dtype, train::AutocastDtype::Float16);
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, train::OffloadTarget::Cpu);
+  EXPECT_EQ(c.zero_optimization.offload_param.device, train::OffloadTarget::None);
 }
 
 TEST(ConfigChoices, NamesRoundTripThroughTheirTables) {
-  for (const auto& ch : kOptimizerTypes) EXPECT_EQ(parse_choice(kOptimizerTypes, name(ch.value), "x"), ch.value);
-  for (const auto& ch : kSchedulerTypes) EXPECT_EQ(parse_choice(kSchedulerTypes, name(ch.value), "x"), ch.value);
-  for (const auto& ch : kWarmupTypes) EXPECT_EQ(parse_choice(kWarmupTypes, name(ch.value), "x"), ch.value);
-  for (const auto& ch : kOffloadTargets) EXPECT_EQ(parse_choice(kOffloadTargets, name(ch.value), "x"), ch.value);
-  for (const auto& ch : kAutocastDtypes) EXPECT_EQ(parse_choice(kAutocastDtypes, name(ch.value), "x"), ch.value);
-  for (const auto& ch : kTrainDevices) EXPECT_EQ(parse_choice(kTrainDevices, name(ch.value), "x"), ch.value);
-  for (const auto& ch : kLabelsChoices) EXPECT_EQ(parse_choice(kLabelsChoices, name(ch.value), "x"), ch.value);
-  for (const auto& ch : kAttentionChoices) EXPECT_EQ(parse_choice(kAttentionChoices, name(ch.value), "x"), ch.value);
-  EXPECT_STREQ(name(SchedulerType::None), "");
-  EXPECT_STREQ(name(OffloadTarget::None), "none");
-  EXPECT_STREQ(name(AutocastDtype::BFloat16), "torch.bfloat16");
+  for (const auto& ch : train::kOptimizerTypes) EXPECT_EQ(train::parse_choice(train::kOptimizerTypes, name(ch.value), "x"), ch.value);
+  for (const auto& ch : train::kSchedulerTypes) EXPECT_EQ(train::parse_choice(train::kSchedulerTypes, name(ch.value), "x"), ch.value);
+  for (const auto& ch : train::kWarmupTypes) EXPECT_EQ(train::parse_choice(train::kWarmupTypes, name(ch.value), "x"), ch.value);
+  for (const auto& ch : train::kOffloadTargets) EXPECT_EQ(train::parse_choice(train::kOffloadTargets, name(ch.value), "x"), ch.value);
+  for (const auto& ch : train::kAutocastDtypes) EXPECT_EQ(train::parse_choice(train::kAutocastDtypes, name(ch.value), "x"), ch.value);
+  for (const auto& ch : train::kTrainDevices) EXPECT_EQ(train::parse_choice(train::kTrainDevices, name(ch.value), "x"), ch.value);
+  for (const auto& ch : train::kLabelsChoices) EXPECT_EQ(train::parse_choice(train::kLabelsChoices, name(ch.value), "x"), ch.value);
+  for (const auto& ch : train::kAttentionChoices) EXPECT_EQ(train::parse_choice(train::kAttentionChoices, name(ch.value), "x"), ch.value);
+  EXPECT_STREQ(name(train::SchedulerType::None), "");
+  EXPECT_STREQ(name(train::OffloadTarget::None), "none");
+  EXPECT_STREQ(name(train::AutocastDtype::BFloat16), "torch.bfloat16");
 }
 
 // A flag's bad value: the flag, what was expected and what was found.
 TEST(ConfigChoices, BadFlagValueNamesFlagExpectedAndFound) {
   try {
-    parse_choice(kAttentionChoices, "sliding", "--attention");
+    train::parse_choice(train::kAttentionChoices, "sliding", "--attention");
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(e.message().find("--attention: expected one of \"auto\", \"causal\", \"bidirectional\", found \"sliding\""),
               std::string::npos)
         << e.message();
   }
-  EXPECT_THROW(parse_choice(kTrainDevices, "CUDA", "--device"), Error);  // flags are case-sensitive
+  EXPECT_THROW(train::parse_choice(train::kTrainDevices, "CUDA", "--device"), Error);  // flags are case-sensitive
 }

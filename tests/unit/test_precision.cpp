@@ -4,36 +4,36 @@
 #include "train/precision.h"
 
 using namespace cutrain;
-using namespace cutrain::model;
+using kernels::OptimizerLayout;
 
 TEST(Precision, BytesPerParamOfEachLayout) {
-  EXPECT_EQ(plan_for(OptimizerLayout::Baseline, 1).bytes_per_param(), 16u);
-  EXPECT_EQ(plan_for(OptimizerLayout::Baseline, 4).bytes_per_param(), 18u);  // fp32 grads replace bf16
-  EXPECT_EQ(plan_for(OptimizerLayout::Bf16MasterWG, 1).bytes_per_param(), 12u);
-  EXPECT_EQ(plan_for(OptimizerLayout::Bf16MasterWG, 4).bytes_per_param(), 12u);
-  EXPECT_EQ(plan_for(OptimizerLayout::Bf16Full, 1).bytes_per_param(), 8u);
-  const auto b = plan_for(OptimizerLayout::Baseline, 1).buffers();
+  EXPECT_EQ(train::plan_for(OptimizerLayout::Baseline, 1).bytes_per_param(), 16u);
+  EXPECT_EQ(train::plan_for(OptimizerLayout::Baseline, 4).bytes_per_param(), 18u);  // fp32 grads replace bf16
+  EXPECT_EQ(train::plan_for(OptimizerLayout::Bf16MasterWG, 1).bytes_per_param(), 12u);
+  EXPECT_EQ(train::plan_for(OptimizerLayout::Bf16MasterWG, 4).bytes_per_param(), 12u);
+  EXPECT_EQ(train::plan_for(OptimizerLayout::Bf16Full, 1).bytes_per_param(), 8u);
+  const auto b = train::plan_for(OptimizerLayout::Baseline, 1).buffers();
   ASSERT_EQ(b.size(), 5u);
   EXPECT_EQ(b[2].name, "master");
   EXPECT_EQ(b[2].dtype, DType::F32);
-  EXPECT_EQ(plan_for(OptimizerLayout::Bf16Full, 1).buffers().size(), 4u);
+  EXPECT_EQ(train::plan_for(OptimizerLayout::Bf16Full, 1).buffers().size(), 4u);
 }
 
 TEST(Precision, LayoutFromConfig) {
-  TrainConfig c;
+  train::TrainConfig c;
   c.bf16.enabled = true;
-  EXPECT_EQ(plan_from_config(c).layout, OptimizerLayout::Baseline);
+  EXPECT_EQ(train::plan_from_config(c).layout, OptimizerLayout::Baseline);
   c.bf16.bf16_master_weights_and_grads = true;
-  EXPECT_EQ(plan_from_config(c).layout, OptimizerLayout::Bf16MasterWG);
+  EXPECT_EQ(train::plan_from_config(c).layout, OptimizerLayout::Bf16MasterWG);
   c.bf16.bf16_optimizer_states = true;
-  EXPECT_EQ(plan_from_config(c).layout, OptimizerLayout::Bf16Full);
-  EXPECT_STREQ(plan_from_config(c).name(), "bf16_full");
-  TrainConfig shipped = load_config("configs/bf16_master_wg.json");
-  EXPECT_EQ(plan_from_config(shipped).layout, OptimizerLayout::Bf16MasterWG);
+  EXPECT_EQ(train::plan_from_config(c).layout, OptimizerLayout::Bf16Full);
+  EXPECT_STREQ(train::plan_from_config(c).name(), "bf16_full");
+  train::TrainConfig shipped = train::load_config("configs/bf16_master_wg.json");
+  EXPECT_EQ(train::plan_from_config(shipped).layout, OptimizerLayout::Bf16MasterWG);
 }
 
 TEST(Precision, TableNamesEveryLayout) {
-  const std::string t = bytes_per_param_table();
+  const std::string t = train::bytes_per_param_table();
   for (const char* s : {"baseline", "bf16_master_wg", "bf16_full", "| 16", "| 12", "| 8", "| 18"})
     EXPECT_NE(t.find(s), std::string::npos) << s << "\n" << t;
 }

@@ -8,14 +8,13 @@
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
-using namespace cutrain::model;
 
 namespace {
 
 void gradient_check(bool causal) {
   auto rng = test::fresh_rng();
-  ModelDims d{8, 2, 2, 11, 5};
-  TransformerParams table(d);
+  model::ModelDims d{8, 2, 2, 11, 5};
+  model::TransformerParams table(d);
   std::vector<float> init(table.flat_size());
   table.init(init.data(), rng());
   std::vector<double> p(init.begin(), init.end());
@@ -24,7 +23,7 @@ void gradient_check(bool causal) {
   auto lab = test::random_ints(B * S, rng, 0, d.vocab - 1);
   lab[3] = -100;  // an ignored row
 
-  ReferenceModel<double> model(table, causal);
+  model::ReferenceModel<double> model(table, causal);
   model.forward(p.data(), tok.data(), lab.data(), B, S);
   std::vector<double> g(table.flat_size(), 0.0);
   model.backward(p.data(), g.data());
@@ -68,13 +67,13 @@ TEST(ReferenceModel, GradientsMatchFiniteDifferencesCausal) { gradient_check(tru
 
 TEST(ReferenceModel, CausalMaskIgnoresTheFuture) {
   auto rng = test::fresh_rng();
-  ModelDims d{16, 1, 2, 13, 6};
-  TransformerParams table(d);
+  model::ModelDims d{16, 1, 2, 13, 6};
+  model::TransformerParams table(d);
   std::vector<float> p(table.flat_size());
   table.init(p.data(), rng());
   auto tok = test::random_ints(6, rng, 0, 12);
   auto lab = test::random_ints(6, rng, 0, 12);
-  ReferenceModel<float> causal(table, true), full(table, false);
+  model::ReferenceModel<float> causal(table, true), full(table, false);
   causal.forward(p.data(), tok.data(), lab.data(), 1, 6);
   std::vector<float> before = causal.logits();
   full.forward(p.data(), tok.data(), lab.data(), 1, 6);
@@ -89,14 +88,14 @@ TEST(ReferenceModel, CausalMaskIgnoresTheFuture) {
 
 TEST(ReferenceModel, AdamStepsLowerTheLossOnAFixedBatch) {
   auto rng = test::fresh_rng();
-  ModelDims d{32, 2, 4, 50, 16};
-  TransformerParams table(d);
+  model::ModelDims d{32, 2, 4, 50, 16};
+  model::TransformerParams table(d);
   std::vector<float> p(table.flat_size()), g(table.flat_size()), m(table.flat_size(), 0.f), v(table.flat_size(), 0.f);
   table.init(p.data(), rng());
   const int B = 2, S = 16;
   auto tok = test::random_ints(B * S, rng, 0, d.vocab - 1);
   auto lab = test::random_ints(B * S, rng, 0, d.vocab - 1);
-  ReferenceModel<float> model(table);
+  model::ReferenceModel<float> model(table);
   double first = 0, last = 0;
   for (int step = 1; step <= 8; ++step) {
     const double loss = model.forward(p.data(), tok.data(), lab.data(), B, S);
@@ -105,18 +104,18 @@ TEST(ReferenceModel, AdamStepsLowerTheLossOnAFixedBatch) {
     last = loss;
     std::fill(g.begin(), g.end(), 0.f);
     model.backward(p.data(), g.data());
-    reference_adam_step(p.data(), g.data(), m.data(), v.data(), p.size(), 1e-2, 0.9, 0.999, 1e-8, 0.01, true, step);
+    model::reference_adam_step(p.data(), g.data(), m.data(), v.data(), p.size(), 1e-2, 0.9, 0.999, 1e-8, 0.01, true, step);
   }
   EXPECT_LT(last, first - 0.5) << "first " << first << " last " << last;
   EXPECT_GT(first, std::log(50.0) - 3.0);  // initial loss near log(V) give or take the random init
 }
 
 TEST(ReferenceModel, RejectsBadTokensAndLabels) {
-  ModelDims d{8, 1, 2, 5, 4};
-  TransformerParams table(d);
+  model::ModelDims d{8, 1, 2, 5, 4};
+  model::TransformerParams table(d);
   std::vector<float> p(table.flat_size());
   table.init(p.data(), 1);
-  ReferenceModel<float> model(table);
+  model::ReferenceModel<float> model(table);
   std::vector<int32_t> tok{0, 1, 5, 2}, lab{0, 1, 2, 3};
   EXPECT_THROW(model.forward(p.data(), tok.data(), lab.data(), 1, 4), Error);
   tok[2] = 4;
@@ -130,24 +129,24 @@ TEST(ReferenceModel, RejectsBadTokensAndLabels) {
 // zero gradient (whatever their values: they are random here, so a leak would show).
 TEST(ReferenceModel, PaddedVocabularyIsInvisible) {
   auto rng = test::fresh_rng();
-  ModelDims d{8, 1, 2, 11, 5};
-  ModelDims dp = d;
+  model::ModelDims d{8, 1, 2, 11, 5};
+  model::ModelDims dp = d;
   dp.padded_vocab = 16;
-  TransformerParams plain(d), padded(dp);
+  model::TransformerParams plain(d), padded(dp);
   ASSERT_EQ(padded.tensor(padded.output_w()).shape[0], 16);
   std::vector<float> pi(padded.flat_size());
   padded.init(pi.data(), rng());
   std::vector<double> pp(pi.begin(), pi.end()), p0(plain.flat_size(), 0.0);
   for (std::size_t i = 0; i < plain.tensors().size(); ++i) {  // the real rows: each tensor's leading part
-    const ParamTensor& a = plain.tensor(int(i));
-    const ParamTensor& b = padded.tensor(int(i));
+    const model::ParamTensor& a = plain.tensor(int(i));
+    const model::ParamTensor& b = padded.tensor(int(i));
     ASSERT_EQ(a.name, b.name);
     std::copy(pp.begin() + b.offset, pp.begin() + b.offset + a.count, p0.begin() + a.offset);
   }
   const int B = 2, S = 5;
   auto tok = test::random_ints(B * S, rng, 0, d.vocab - 1);
   auto lab = test::random_ints(B * S, rng, 0, d.vocab - 1);
-  ReferenceModel<double> m0(plain, true), mp(padded, true);
+  model::ReferenceModel<double> m0(plain, true), mp(padded, true);
   const double l0 = m0.forward(p0.data(), tok.data(), lab.data(), B, S);
   const double lp = mp.forward(pp.data(), tok.data(), lab.data(), B, S);
   EXPECT_DOUBLE_EQ(l0, lp);
@@ -155,8 +154,8 @@ TEST(ReferenceModel, PaddedVocabularyIsInvisible) {
   m0.backward(p0.data(), g0.data());
   mp.backward(pp.data(), gp.data());
   for (std::size_t i = 0; i < plain.tensors().size(); ++i) {
-    const ParamTensor& a = plain.tensor(int(i));
-    const ParamTensor& b = padded.tensor(int(i));
+    const model::ParamTensor& a = plain.tensor(int(i));
+    const model::ParamTensor& b = padded.tensor(int(i));
     for (std::size_t k = 0; k < b.count; ++k) {
       const double want = k < a.count ? g0[a.offset + k] : 0.0;
       ASSERT_NEAR(gp[b.offset + k], want, 1e-12 + 1e-9 * std::abs(want)) << b.name << " element " << k;

@@ -12,7 +12,6 @@
 #include "train/step_profiler.h"
 
 using namespace cutrain;
-using namespace cutrain::model;
 
 TEST(ModelFlops, MatchesTheHandCount) {
   auto rng = test::fresh_rng();
@@ -21,63 +20,63 @@ TEST(ModelFlops, MatchesTheHandCount) {
   const int L = std::uniform_int_distribution<int>(1, 5)(rng), V = std::uniform_int_distribution<int>(7, 999)(rng);
   const int S = std::uniform_int_distribution<int>(1, 64)(rng), B = std::uniform_int_distribution<int>(1, 4)(rng);
   const int accum = std::uniform_int_distribution<int>(1, 3)(rng);
-  TransformerParams t(ModelDims{h, L, heads, V, S});
+  model::TransformerParams t(model::ModelDims{h, L, heads, V, S});
   // Per block: in_proj 3h*h+3h, out_proj h*h+h, two LayerNorms 4h, ff 8h*h+5h; head V*h+V.
   const double N = double(L) * (12.0 * h * h + 13.0 * h) + double(V) * h + V;
   const double tokens = double(B) * S * accum;
   std::string formula;
-  EXPECT_DOUBLE_EQ(model_flops_per_step(t, B, S, accum, false, &formula), (6 * N + 12.0 * L * S * h) * tokens);
-  EXPECT_DOUBLE_EQ(model_flops_per_step(t, B, S, accum, true), (6 * N + 6.0 * L * S * h) * tokens);
+  EXPECT_DOUBLE_EQ(train::model_flops_per_step(t, B, S, accum, false, &formula), (6 * N + 12.0 * L * S * h) * tokens);
+  EXPECT_DOUBLE_EQ(train::model_flops_per_step(t, B, S, accum, true), (6 * N + 6.0 * L * S * h) * tokens);
   EXPECT_NE(formula.find("12*L*T*C"), std::string::npos) << formula;
   EXPECT_NE(formula.find("N=" + std::to_string(std::size_t(N))), std::string::npos) << formula;
 }
 
 TEST(StepProfiler, TimesStepsAfterWarmupAndClipsToTheRun) {
-  TransformerParams t(ModelDims{64, 2, 4, 512, 32});
-  ProfilingOptions o;
+  model::TransformerParams t(model::ModelDims{64, 2, 4, 512, 32});
+  train::ProfilingOptions o;
   o.timing_report = true;
   o.timing_steps = 5;
   {
-    StepProfiler p(o, t, 2, 32, 1, false, /*on_gpu=*/false);
+    train::StepProfiler p(o, t, 2, 32, 1, false, /*on_gpu=*/false);
     p.set_steps(0, 19, 5);
     EXPECT_EQ(p.timed_first(), 5);
     EXPECT_EQ(p.timed_last(), 9);
     EXPECT_FALSE(p.timing());  // no CUDA events on the CPU backend
   }
   {
-    StepProfiler p(o, t, 2, 32, 1, false, false);
+    train::StepProfiler p(o, t, 2, 32, 1, false, false);
     p.set_steps(10, 12, 5);  // resumed at 10, 3 steps
     EXPECT_EQ(p.timed_first(), 12);
     EXPECT_EQ(p.timed_last(), 12);
   }
   {
-    StepProfiler p(o, t, 2, 32, 1, false, false);
+    train::StepProfiler p(o, t, 2, 32, 1, false, false);
     p.set_steps(0, 0, 5);  // one step: time it anyway
     EXPECT_EQ(p.timed_first(), 0);
     EXPECT_EQ(p.timed_last(), 0);
   }
   {
-    StepProfiler p(o, t, 2, 32, 1, false, false);
+    train::StepProfiler p(o, t, 2, 32, 1, false, false);
     p.set_steps(0, 9, 0);  // no warm-up asked: still skip step 0
     EXPECT_EQ(p.timed_first(), 1);
     EXPECT_EQ(p.timed_last(), 5);
   }
   {
-    StepProfiler p(o, t, 2, 32, 1, false, false);
+    train::StepProfiler p(o, t, 2, 32, 1, false, false);
     EXPECT_THROW(p.set_steps(5, 4, 0), Error);
   }
   o.timing_steps = 0;
-  EXPECT_THROW(StepProfiler(o, t, 2, 32, 1, false, false), Error);
+  EXPECT_THROW(train::StepProfiler(o, t, 2, 32, 1, false, false), Error);
 }
 
 TEST(StepProfiler, CpuBackendValidatesButIgnoresTheProfilerFlags) {
-  TransformerParams t(ModelDims{64, 2, 4, 512, 32});
-  ProfilingOptions o;
+  model::TransformerParams t(model::ModelDims{64, 2, 4, 512, 32});
+  train::ProfilingOptions o;
   o.profile_steps = "3:1";
-  EXPECT_THROW(StepProfiler(o, t, 2, 32, 1, false, false), Error);
+  EXPECT_THROW(train::StepProfiler(o, t, 2, 32, 1, false, false), Error);
   o.profile_steps = "1:3";
   o.timing_report = true;
-  StepProfiler p(o, t, 2, 32, 1, false, false);
+  train::StepProfiler p(o, t, 2, 32, 1, false, false);
   p.set_steps(0, 9, 0);
   EXPECT_FALSE(p.window().active());
   for (int s = 0; s <= 9; ++s) {

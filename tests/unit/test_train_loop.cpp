@@ -16,7 +16,6 @@
 #include "train/train_loop.h"
 
 using namespace cutrain;
-using namespace cutrain::model;
 namespace fs = std::filesystem;
 
 namespace {
@@ -28,12 +27,12 @@ fs::path temp_dir(const std::string& tag) {
   return d;
 }
 
-TrainOptions tiny(std::uint64_t seed) {
-  TrainOptions o;
+train::TrainOptions tiny(std::uint64_t seed) {
+  train::TrainOptions o;
   o.deepspeed_config = "configs/baseline.json";
   o.hidden_dim = 32, o.num_layers = 2, o.num_heads = 2, o.vocab_size = 64;
   o.batch_size = 2, o.seq_length = 8, o.num_steps = 6, o.warmup_steps = 2, o.log_interval = 2;
-  o.device = TrainDevice::Cpu;
+  o.device = train::TrainDevice::Cpu;
   o.seed = seed;
   return o;
 }
@@ -50,20 +49,20 @@ std::string slurp(const fs::path& p) {
 TEST(TrainLoop, OutputLinesCsvAndMetrics) {
   auto rng = test::fresh_rng();
   const fs::path dir = temp_dir("out");
-  TrainOptions o = tiny(rng());
+  train::TrainOptions o = tiny(rng());
   o.fixed_batch = true;
   o.learning_rate = 1e-2f;
   o.loss_log_file = dir / "loss.csv";
   o.metrics_file = dir / "metrics.jsonl";
   std::ostringstream out;
-  TrainResult r = run_training(o, out);
+  train::TrainResult r = train::run_training(o, out);
   const std::string text = out.str();
   SCOPED_TRACE(text);
 
   // 2 embeddings + 2 layers * (12h^2 + 13h) + output (V*h + V)
   const std::size_t h = 32, V = 64, n = V * h + 8 * h + 2 * (12 * h * h + 13 * h) + V * h + V;
   EXPECT_EQ(r.params, n);
-  EXPECT_NE(text.find("Model parameters: " + with_commas(n) + " total, " + with_commas(n) + " trainable"),
+  EXPECT_NE(text.find("Model parameters: " + train::with_commas(n) + " total, " + train::with_commas(n) + " trainable"),
             std::string::npos);
   EXPECT_TRUE(std::regex_search(text, std::regex(R"(Memory after init: allocated=\d+\.\d\d GB, reserved=\d+\.\d\d GB)")));
   for (int s : {0, 2, 4, 5})
@@ -110,11 +109,11 @@ TEST(TrainLoop, OutputLinesCsvAndMetrics) {
 }
 
 TEST(TrainLoop, ConfigErrorsNameTheFile) {
-  TrainOptions o = tiny(1);
+  train::TrainOptions o = tiny(1);
   o.deepspeed_config = "configs/does_not_exist.json";
   std::ostringstream out;
   try {
-    run_training(o, out);
+    train::run_training(o, out);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("does_not_exist.json"), std::string::npos) << e.what();
@@ -123,7 +122,7 @@ TEST(TrainLoop, ConfigErrorsNameTheFile) {
   std::ofstream(dir / "bad.json") << "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"fast\"}}}";
   o.deepspeed_config = dir / "bad.json";
   try {
-    run_training(o, out);
+    train::run_training(o, out);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("bad.json"), std::string::npos) << e.what();
@@ -131,10 +130,10 @@ TEST(TrainLoop, ConfigErrorsNameTheFile) {
   }
   o = tiny(1);
   o.deepspeed_config.clear();
-  EXPECT_THROW(run_training(o, out), Error);
+  EXPECT_THROW(train::run_training(o, out), Error);
   o = tiny(1);
   o.num_heads = 3;
-  EXPECT_THROW(run_training(o, out), Error);
+  EXPECT_THROW(train::run_training(o, out), Error);
   fs::remove_all(dir);
 }
 
@@ -143,24 +142,24 @@ TEST(TrainLoop, ResumeGivesBitIdenticalLosses) {
   const std::uint64_t seed = rng();
   const fs::path dir = temp_dir("resume");
   std::ostringstream out;
-  TrainOptions full = tiny(seed);
+  train::TrainOptions full = tiny(seed);
   full.learning_rate = 3e-3f;
-  TrainResult a = run_training(full, out);
+  train::TrainResult a = train::run_training(full, out);
 
-  TrainOptions first = full;
+  train::TrainOptions first = full;
   first.num_steps = 3;
   first.save_dir = dir / "ckpt";
-  TrainResult b = run_training(first, out);
+  train::TrainResult b = train::run_training(first, out);
   ASSERT_TRUE(fs::exists(dir / "ckpt" / "model.safetensors"));
   ASSERT_TRUE(fs::exists(dir / "ckpt" / "optimizer.safetensors"));
   ASSERT_TRUE(fs::exists(dir / "ckpt" / "trainer_state.json"));
 
-  TrainOptions second = full;
+  train::TrainOptions second = full;
   second.num_steps = 3;
   second.resume_dir = dir / "ckpt";
   second.loss_log_file = dir / "loss.csv";
   std::ostringstream out2;
-  TrainResult c = run_training(second, out2);
+  train::TrainResult c = train::run_training(second, out2);
   ASSERT_EQ(c.losses.size(), 3u);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(b.losses[i], a.losses[i]) << i;
@@ -171,11 +170,11 @@ TEST(TrainLoop, ResumeGivesBitIdenticalLosses) {
   EXPECT_EQ(out2.str().find("Step 0: loss="), std::string::npos) << out2.str();
   EXPECT_NE(slurp(second.loss_log_file).find("\n5,"), std::string::npos);
   // A checkpoint of another model size is refused with the tensor named.
-  TrainOptions other = second;
+  train::TrainOptions other = second;
   other.hidden_dim = 64;
   other.num_heads = 4;
   try {
-    run_training(other, out2);
+    train::run_training(other, out2);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("embedding.weight"), std::string::npos) << e.what();
@@ -189,13 +188,13 @@ TEST(TrainLoop, RealDataFromTokenShards) {
   // A shard of GPT-2 token ids (any value below 50257), written in llm.c's format.
   const std::vector<std::int32_t> toks = test::random_ints(4000, rng, 0, 50256);
   data::write_shard((dir / "train_000.bin").string(), toks);
-  TrainOptions o = tiny(rng());
+  train::TrainOptions o = tiny(rng());
   o.vocab_size = 64;  // raised to the tokenizer's 50257 with real data, as the BF16 example does
   o.num_steps = 3;
   o.use_real_data = true;
   o.data = {(dir / "train_*.bin").string()};
   std::ostringstream out;
-  TrainResult r = run_training(o, out);
+  train::TrainResult r = train::run_training(o, out);
   EXPECT_NE(out.str().find("vocab_size=50257"), std::string::npos) << out.str();
   EXPECT_NE(out.str().find("Dataset loaded: 4000 tokens"), std::string::npos) << out.str();
   ASSERT_EQ(r.losses.size(), 3u);
@@ -203,7 +202,7 @@ TEST(TrainLoop, RealDataFromTokenShards) {
   // Without --data it is an error that says what is missing.
   o.data.clear();
   try {
-    run_training(o, out);
+    train::run_training(o, out);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--data"), std::string::npos) << e.what();

@@ -8,19 +8,18 @@
 #include "runtime/error.h"
 
 using namespace cutrain;
-using namespace cutrain::model;
 
 TEST(TransformerParams, DefaultsGiveTheBf16ExampleCount) {
-  TransformerParams p(ModelDims{});
+  model::TransformerParams p(model::ModelDims{});
   EXPECT_EQ(p.num_params(), 254128976u);
   EXPECT_EQ(p.tensors().size(), 2u + 12u * 12u + 2u);
   EXPECT_GE(p.flat_size(), p.num_params());
-  EXPECT_LT(p.flat_size(), p.num_params() + p.tensors().size() * TransformerParams::kAlign);
+  EXPECT_LT(p.flat_size(), p.num_params() + p.tensors().size() * model::TransformerParams::kAlign);
 }
 
 TEST(TransformerParams, NamesShapesAndOrderMatchPyTorch) {
-  ModelDims d{32, 2, 4, 100, 16};
-  TransformerParams p(d);
+  model::ModelDims d{32, 2, 4, 100, 16};
+  model::TransformerParams p(d);
   const auto& t = p.tensors();
   EXPECT_EQ(t[0].name, "embedding.weight");
   EXPECT_EQ(t[0].shape, (std::vector<std::int64_t>{100, 32}));
@@ -42,11 +41,11 @@ TEST(TransformerParams, NamesShapesAndOrderMatchPyTorch) {
 }
 
 TEST(TransformerParams, OffsetsAreAlignedAndDisjoint) {
-  TransformerParams p(ModelDims{24, 3, 3, 77, 9});
+  model::TransformerParams p(model::ModelDims{24, 3, 3, 77, 9});
   std::size_t end = 0, total = 0;
   std::set<std::string> names;
   for (const auto& t : p.tensors()) {
-    EXPECT_EQ(t.offset % TransformerParams::kAlign, 0u) << t.name;
+    EXPECT_EQ(t.offset % model::TransformerParams::kAlign, 0u) << t.name;
     EXPECT_GE(t.offset, end) << t.name;
     end = t.offset + t.count;
     total += t.count;
@@ -58,20 +57,20 @@ TEST(TransformerParams, OffsetsAreAlignedAndDisjoint) {
 
 TEST(TransformerParams, HeadsMustDivideHidden) {
   try {
-    TransformerParams p(ModelDims{100, 1, 16, 10, 4});
+    model::TransformerParams p(model::ModelDims{100, 1, 16, 10, 4});
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("num_heads must divide hidden_dim"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(TransformerParams(ModelDims{64, 1, 4, 0, 4}), Error);
+  EXPECT_THROW(model::TransformerParams(model::ModelDims{64, 1, 4, 0, 4}), Error);
 }
 
 TEST(TransformerParams, InitFollowsPyTorchDefaults) {
-  ModelDims d{64, 2, 4, 500, 32};
-  TransformerParams p(d);
+  model::ModelDims d{64, 2, 4, 500, 32};
+  model::TransformerParams p(d);
   std::vector<float> w(p.flat_size(), 123.f);
   p.init(w.data(), 42);
-  auto stats = [&](const ParamTensor& t, double* mean, double* sd, double* mx) {
+  auto stats = [&](const model::ParamTensor& t, double* mean, double* sd, double* mx) {
     double s = 0, s2 = 0, m = 0;
     for (std::size_t i = 0; i < t.count; ++i) {
       s += w[t.offset + i];

@@ -13,40 +13,40 @@
 #include "train/zero_memory.h"
 
 using namespace cutrain;
-using namespace cutrain::model;
+using kernels::OptimizerLayout;
 
 TEST(ZeroPlan, ModeOfEachStageWithAndWithoutCommunicator) {
   for (int stage = 0; stage <= 3; ++stage) {
-    const ZeroPlan none = make_zero_plan(stage, 1000, 1, 0, /*has_comm=*/false);
-    EXPECT_EQ(none.mode, ZeroMode::None) << "stage " << stage << " without a communicator";
+    const parallel::ZeroPlan none = parallel::make_zero_plan(stage, 1000, 1, 0, /*has_comm=*/false);
+    EXPECT_EQ(none.mode, parallel::ZeroMode::None) << "stage " << stage << " without a communicator";
     EXPECT_EQ(none.flat_elems(), 1000u);
     EXPECT_EQ(none.state_range().begin, 0u);
     EXPECT_EQ(none.state_range().end, 1000u);
   }
-  EXPECT_EQ(make_zero_plan(0, 1000, 1, 0, true).mode, ZeroMode::AllReduce);
-  EXPECT_EQ(make_zero_plan(1, 1000, 1, 0, true).mode, ZeroMode::Partitioned);
-  EXPECT_EQ(make_zero_plan(2, 1000, 4, 3, true).mode, ZeroMode::Partitioned);
-  EXPECT_EQ(make_zero_plan(3, 1000, 1, 0, true).mode, ZeroMode::Sharded)
+  EXPECT_EQ(parallel::make_zero_plan(0, 1000, 1, 0, true).mode, parallel::ZeroMode::AllReduce);
+  EXPECT_EQ(parallel::make_zero_plan(1, 1000, 1, 0, true).mode, parallel::ZeroMode::Partitioned);
+  EXPECT_EQ(parallel::make_zero_plan(2, 1000, 4, 3, true).mode, parallel::ZeroMode::Partitioned);
+  EXPECT_EQ(parallel::make_zero_plan(3, 1000, 1, 0, true).mode, parallel::ZeroMode::Sharded)
       << "stage 3 at world 1 with a communicator runs the real gather/shard path";
-  EXPECT_EQ(make_zero_plan(3, 1000, 8, 5, true).mode, ZeroMode::Sharded);
-  EXPECT_STREQ(make_zero_plan(3, 1000, 2, 1, true).mode_name(), "sharded");
+  EXPECT_EQ(parallel::make_zero_plan(3, 1000, 8, 5, true).mode, parallel::ZeroMode::Sharded);
+  EXPECT_STREQ(parallel::make_zero_plan(3, 1000, 2, 1, true).mode_name(), "sharded");
 }
 
 TEST(ZeroPlan, ShardedHasNoFlatPartitionRanges) {
   // Stage 3's sizes and ranges come from its ShardLayout: the flat-partition accessors refuse.
-  const ZeroPlan z = make_zero_plan(3, 1000, 2, 0, true);
+  const parallel::ZeroPlan z = parallel::make_zero_plan(3, 1000, 2, 0, true);
   EXPECT_THROW(z.flat_elems(), Error);
   EXPECT_THROW(z.state_range(), Error);
   EXPECT_THROW(z.norm_range(), Error);
 }
 
 TEST(ZeroPlan, RejectsWhatIsInconsistent) {
-  EXPECT_NO_THROW(make_zero_plan(3, 1000, 2, 0, true)) << "stage 3 at world size 2 is implemented";
-  EXPECT_THROW(make_zero_plan(3, 1000, 2, 0, /*has_comm=*/false), Error);
-  EXPECT_THROW(make_zero_plan(0, 1000, 2, 0, /*has_comm=*/false), Error);
-  EXPECT_THROW(make_zero_plan(4, 1000, 1, 0, true), Error);
-  EXPECT_THROW(make_zero_plan(-1, 1000, 1, 0, true), Error);
-  EXPECT_THROW(make_zero_plan(1, 1000, 2, 2, true), Error);
+  EXPECT_NO_THROW(parallel::make_zero_plan(3, 1000, 2, 0, true)) << "stage 3 at world size 2 is implemented";
+  EXPECT_THROW(parallel::make_zero_plan(3, 1000, 2, 0, /*has_comm=*/false), Error);
+  EXPECT_THROW(parallel::make_zero_plan(0, 1000, 2, 0, /*has_comm=*/false), Error);
+  EXPECT_THROW(parallel::make_zero_plan(4, 1000, 1, 0, true), Error);
+  EXPECT_THROW(parallel::make_zero_plan(-1, 1000, 1, 0, true), Error);
+  EXPECT_THROW(parallel::make_zero_plan(1, 1000, 2, 2, true), Error);
 }
 
 TEST(ZeroPlan, PartitionsTileThePaddedBufferInWholeVectors) {
@@ -55,14 +55,14 @@ TEST(ZeroPlan, PartitionsTileThePaddedBufferInWholeVectors) {
                               std::size_t(1) << 20}) {
       std::size_t next = 0, real = 0;
       for (int r = 0; r < world; ++r) {
-        const ZeroPlan z = make_zero_plan(1, numel, world, r, true);
-        const comm::Range s = z.state_range();
+        const parallel::ZeroPlan z = parallel::make_zero_plan(1, numel, world, r, true);
+        const parallel::Range s = z.state_range();
         EXPECT_EQ(s.begin, next) << "world " << world << " rank " << r << " numel " << numel;
         EXPECT_EQ(s.size(), z.part.per_rank);
         EXPECT_EQ(s.size() % 8, 0u) << "partition of " << s.size() << " elements is not whole 16-byte bf16 vectors";
         EXPECT_EQ((s.begin * 2) % 16, 0u) << "bf16 partition start misaligned";
         EXPECT_EQ((s.begin * 4) % 16, 0u) << "fp32 partition start misaligned";
-        const comm::Range n = z.norm_range();
+        const parallel::Range n = z.norm_range();
         EXPECT_LE(n.end, numel);
         if (!n.empty()) {
           EXPECT_EQ(n.begin, s.begin);
@@ -72,7 +72,7 @@ TEST(ZeroPlan, PartitionsTileThePaddedBufferInWholeVectors) {
         EXPECT_EQ(z.flat_elems(), z.part.padded_numel);
         EXPECT_EQ(z.flat_elems(), z.part.per_rank * std::size_t(world));
       }
-      EXPECT_EQ(next, make_zero_plan(1, numel, world, 0, true).flat_elems());
+      EXPECT_EQ(next, parallel::make_zero_plan(1, numel, world, 0, true).flat_elems());
       EXPECT_EQ(real, numel) << "the norm ranges must cover every real element exactly once";
     }
   }
@@ -80,59 +80,59 @@ TEST(ZeroPlan, PartitionsTileThePaddedBufferInWholeVectors) {
 
 TEST(ZeroPlan, WorldOneOverTheModelFlatBufferHasNoPadding) {
   // Bit-identity with the single-process engine at world 1 needs the same element counts.
-  const TransformerParams t(ModelDims{128, 2, 2, 1000, 64});
-  const ZeroPlan z = make_zero_plan(2, t.flat_size(), 1, 0, true);
+  const model::TransformerParams t(model::ModelDims{128, 2, 2, 1000, 64});
+  const parallel::ZeroPlan z = parallel::make_zero_plan(2, t.flat_size(), 1, 0, true);
   EXPECT_EQ(z.flat_elems(), t.flat_size());
   EXPECT_EQ(z.state_elems(), t.flat_size());
   EXPECT_EQ(z.norm_range().size(), t.flat_size());
 }
 
 TEST(ZeroPlan, BytesPerParamPerStageAndLayout) {
-  const PrecisionPlan base = plan_for(OptimizerLayout::Baseline, 1);
-  const PrecisionPlan base_acc = plan_for(OptimizerLayout::Baseline, 4);
-  const PrecisionPlan wg = plan_for(OptimizerLayout::Bf16MasterWG, 1);
-  const PrecisionPlan full = plan_for(OptimizerLayout::Bf16Full, 1);
+  const train::PrecisionPlan base = train::plan_for(OptimizerLayout::Baseline, 1);
+  const train::PrecisionPlan base_acc = train::plan_for(OptimizerLayout::Baseline, 4);
+  const train::PrecisionPlan wg = train::plan_for(OptimizerLayout::Bf16MasterWG, 1);
+  const train::PrecisionPlan full = train::plan_for(OptimizerLayout::Bf16Full, 1);
   // Not partitioned: the layout's own figure.
-  for (const PrecisionPlan* p : {&base, &base_acc, &wg, &full}) {
-    EXPECT_DOUBLE_EQ(zero_bytes_per_param(*p, make_zero_plan(0, 1000, 1, 0, false)).total(), double(p->bytes_per_param()))
+  for (const train::PrecisionPlan* p : {&base, &base_acc, &wg, &full}) {
+    EXPECT_DOUBLE_EQ(train::zero_bytes_per_param(*p, parallel::make_zero_plan(0, 1000, 1, 0, false)).total(), double(p->bytes_per_param()))
         << p->name();
-    EXPECT_DOUBLE_EQ(zero_bytes_per_param(*p, make_zero_plan(0, 1000, 8, 0, true)).total(), double(p->bytes_per_param()))
+    EXPECT_DOUBLE_EQ(train::zero_bytes_per_param(*p, parallel::make_zero_plan(0, 1000, 8, 0, true)).total(), double(p->bytes_per_param()))
         << p->name() << " stage 0 partitions nothing";
   }
-  EXPECT_DOUBLE_EQ(zero_bytes_per_param(base, make_zero_plan(1, 1000, 4, 0, true)).total(), 2 + 2 + 12.0 / 4);
-  EXPECT_DOUBLE_EQ(zero_bytes_per_param(base, make_zero_plan(2, 1000, 4, 1, true)).total(), 2 + 2 + 12.0 / 4);
-  EXPECT_DOUBLE_EQ(zero_bytes_per_param(base_acc, make_zero_plan(1, 1000, 8, 0, true)).total(), 2 + 4 + 12.0 / 8);
-  EXPECT_DOUBLE_EQ(zero_bytes_per_param(wg, make_zero_plan(1, 1000, 2, 0, true)).total(), 2 + 2 + 8.0 / 2);
-  EXPECT_DOUBLE_EQ(zero_bytes_per_param(full, make_zero_plan(2, 1000, 2, 0, true)).total(), 2 + 2 + 4.0 / 2);
-  EXPECT_DOUBLE_EQ(zero_bytes_per_param(base, make_zero_plan(1, 1000, 1, 0, true)).total(), 16.0);
+  EXPECT_DOUBLE_EQ(train::zero_bytes_per_param(base, parallel::make_zero_plan(1, 1000, 4, 0, true)).total(), 2 + 2 + 12.0 / 4);
+  EXPECT_DOUBLE_EQ(train::zero_bytes_per_param(base, parallel::make_zero_plan(2, 1000, 4, 1, true)).total(), 2 + 2 + 12.0 / 4);
+  EXPECT_DOUBLE_EQ(train::zero_bytes_per_param(base_acc, parallel::make_zero_plan(1, 1000, 8, 0, true)).total(), 2 + 4 + 12.0 / 8);
+  EXPECT_DOUBLE_EQ(train::zero_bytes_per_param(wg, parallel::make_zero_plan(1, 1000, 2, 0, true)).total(), 2 + 2 + 8.0 / 2);
+  EXPECT_DOUBLE_EQ(train::zero_bytes_per_param(full, parallel::make_zero_plan(2, 1000, 2, 0, true)).total(), 2 + 2 + 4.0 / 2);
+  EXPECT_DOUBLE_EQ(train::zero_bytes_per_param(base, parallel::make_zero_plan(1, 1000, 1, 0, true)).total(), 16.0);
   // Stage 3: params and optimizer state over W; the full gradient buffer stays, plus its shard.
-  EXPECT_DOUBLE_EQ(zero_bytes_per_param(base, make_zero_plan(3, 1000, 4, 0, true)).total(), 2.0 / 4 + 2 + 2.0 / 4 + 12.0 / 4);
-  EXPECT_DOUBLE_EQ(zero_bytes_per_param(base_acc, make_zero_plan(3, 1000, 8, 0, true)).total(),
+  EXPECT_DOUBLE_EQ(train::zero_bytes_per_param(base, parallel::make_zero_plan(3, 1000, 4, 0, true)).total(), 2.0 / 4 + 2 + 2.0 / 4 + 12.0 / 4);
+  EXPECT_DOUBLE_EQ(train::zero_bytes_per_param(base_acc, parallel::make_zero_plan(3, 1000, 8, 0, true)).total(),
                    2.0 / 8 + 4 + 4.0 / 8 + 12.0 / 8);
-  EXPECT_DOUBLE_EQ(zero_bytes_per_param(full, make_zero_plan(3, 1000, 2, 1, true)).total(), 1 + 2 + 1 + 2);
-  EXPECT_DOUBLE_EQ(zero_bytes_per_param(wg, make_zero_plan(3, 1000, 1, 0, true)).total(), 2 + 2 + 2 + 8.0)
+  EXPECT_DOUBLE_EQ(train::zero_bytes_per_param(full, parallel::make_zero_plan(3, 1000, 2, 1, true)).total(), 1 + 2 + 1 + 2);
+  EXPECT_DOUBLE_EQ(train::zero_bytes_per_param(wg, parallel::make_zero_plan(3, 1000, 1, 0, true)).total(), 2 + 2 + 2 + 8.0)
       << "world 1: the shard is a second full-size gradient buffer";
 }
 
 TEST(ZeroPlan, MemoryLineNamesStageWorldAndBreakdown) {
-  const PrecisionPlan base = plan_for(OptimizerLayout::Baseline, 1);
-  const std::string l1 = zero_memory_line(base, make_zero_plan(1, 1000, 4, 2, true));
+  const train::PrecisionPlan base = train::plan_for(OptimizerLayout::Baseline, 1);
+  const std::string l1 = train::zero_memory_line(base, parallel::make_zero_plan(1, 1000, 4, 2, true));
   EXPECT_EQ(l1.rfind("[Rank 2] ZeRO stage 1, world size 4: params 2 + grads 2 + (master 4 + moments 8)/4 bytes/param "
                      "= 7.00 (",
                      0),
             0u)
       << l1;
-  const std::string l0 = zero_memory_line(base, make_zero_plan(0, 1000, 1, 0, false));
+  const std::string l0 = train::zero_memory_line(base, parallel::make_zero_plan(0, 1000, 1, 0, false));
   EXPECT_EQ(l0.rfind("[Rank 0] ZeRO stage 0, world size 1: params 2 + grads 2 + master 4 + moments 8 bytes/param = 16.00",
                      0),
             0u)
       << l0;
-  const std::string lf = zero_memory_line(plan_for(OptimizerLayout::Bf16Full, 1), make_zero_plan(2, 1000, 2, 0, true));
+  const std::string lf = train::zero_memory_line(train::plan_for(OptimizerLayout::Bf16Full, 1), parallel::make_zero_plan(2, 1000, 2, 0, true));
   EXPECT_NE(lf.find("params 2 + grads 2 + (moments 4)/2 bytes/param = 6.00"), std::string::npos) << lf;
   EXPECT_NE(lf.find("full gradient buffer stays"), std::string::npos) << lf;
-  const std::string l3 = zero_memory_line(base, make_zero_plan(3, 1000, 1, 0, false));
+  const std::string l3 = train::zero_memory_line(base, parallel::make_zero_plan(3, 1000, 1, 0, false));
   EXPECT_NE(l3.find("stage 3 at world size 1"), std::string::npos) << l3;
-  const std::string s3 = zero_memory_line(base, make_zero_plan(3, 1000, 4, 1, true), 4096, 128);
+  const std::string s3 = train::zero_memory_line(base, parallel::make_zero_plan(3, 1000, 4, 1, true), 4096, 128);
   EXPECT_EQ(s3.rfind("[Rank 1] ZeRO stage 3, world size 4: params 2/4 + grads 2 + grad shard 2/4 + (master 4 + "
                      "moments 8)/4 bytes/param = 6.00, plus 2 gather buffers of 4096 elements and 128 persistent "
                      "elements (bf16) (",
@@ -142,27 +142,27 @@ TEST(ZeroPlan, MemoryLineNamesStageWorldAndBreakdown) {
 }
 
 TEST(ZeroPlan, Stage0RangesCoverEveryTensorOnce) {
-  const TransformerParams t(ModelDims{128, 2, 2, 1000, 64});
-  const auto whole = stage0_ranges(t, /*overlap_comm=*/false, 1000);
+  const model::TransformerParams t(model::ModelDims{128, 2, 2, 1000, 64});
+  const auto whole = parallel::stage0_ranges(t, /*overlap_comm=*/false, 1000);
   ASSERT_EQ(whole.size(), 1u);
   EXPECT_EQ(whole[0].begin, 0u);
   EXPECT_EQ(whole[0].end, t.flat_size());
   for (std::size_t bucket : {std::size_t(1), std::size_t(20000), std::size_t(200000), t.flat_size()}) {
-    const auto r = stage0_ranges(t, /*overlap_comm=*/true, bucket);
+    const auto r = parallel::stage0_ranges(t, /*overlap_comm=*/true, bucket);
     ASSERT_FALSE(r.empty());
     for (std::size_t i = 1; i < r.size(); ++i) EXPECT_LE(r[i - 1].end, r[i].begin) << "bucket " << bucket;
     for (const auto& tensor : t.tensors()) {
-      const auto n = std::count_if(r.begin(), r.end(), [&](const comm::Range& b) {
+      const auto n = std::count_if(r.begin(), r.end(), [&](const parallel::Range& b) {
         return b.begin <= tensor.offset && tensor.offset + tensor.count <= b.end;
       });
       EXPECT_EQ(n, 1) << tensor.name << " must lie in exactly one bucket (bucket " << bucket << ")";
     }
     for (const auto& b : r) {
-      bool single = std::count_if(t.tensors().begin(), t.tensors().end(), [&](const ParamTensor& x) {
+      bool single = std::count_if(t.tensors().begin(), t.tensors().end(), [&](const model::ParamTensor& x) {
                       return b.begin <= x.offset && x.offset < b.end;
                     }) == 1;
       EXPECT_TRUE(b.size() <= bucket || single) << "bucket of " << b.size() << " > " << bucket;
     }
   }
-  EXPECT_EQ(stage0_ranges(t, true, t.flat_size()).size(), 1u);
+  EXPECT_EQ(parallel::stage0_ranges(t, true, t.flat_size()).size(), 1u);
 }

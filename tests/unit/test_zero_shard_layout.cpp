@@ -12,12 +12,11 @@
 #include "runtime/error.h"
 
 using namespace cutrain;
-using namespace cutrain::model;
 
 namespace {
 
-std::vector<comm::Range> tile(const std::vector<std::size_t>& sizes) {
-  std::vector<comm::Range> out;
+std::vector<parallel::Range> tile(const std::vector<std::size_t>& sizes) {
+  std::vector<parallel::Range> out;
   std::size_t at = 0;
   for (std::size_t n : sizes) {
     out.push_back({at, at + n});
@@ -27,12 +26,12 @@ std::vector<comm::Range> tile(const std::vector<std::size_t>& sizes) {
 }
 
 // Odd unit sizes (not multiples of 8 nor of any world size), and the small model's real units.
-std::vector<std::vector<comm::Range>> unit_sets() {
-  std::vector<std::vector<comm::Range>> sets{tile({1}), tile({7, 1, 13}), tile({1000, 12345, 3, 64, 999}),
+std::vector<std::vector<parallel::Range>> unit_sets() {
+  std::vector<std::vector<parallel::Range>> sets{tile({1}), tile({7, 1, 13}), tile({1000, 12345, 3, 64, 999}),
                                              tile({(std::size_t(1) << 20) + 1, 17})};
-  const TransformerParams t(ModelDims{128, 2, 2, 1000, 64});
-  std::vector<comm::Range> model;
-  for (const ParamUnit& u : t.units()) model.push_back({u.begin, u.end});
+  const model::TransformerParams t(model::ModelDims{128, 2, 2, 1000, 64});
+  std::vector<parallel::Range> model;
+  for (const model::ParamUnit& u : t.units()) model.push_back({u.begin, u.end});
   sets.push_back(model);
   return sets;
 }
@@ -43,12 +42,12 @@ TEST(ZeroShardLayout, PiecesCoverEveryRealElementOnceInWholeVectors) {
   for (const auto& units : unit_sets()) {
     const std::size_t numel = units.back().end;
     for (int world = 1; world <= 64; ++world) {
-      const ShardLayout L = make_shard_layout(units, numel, world, /*persistence_threshold=*/0);
+      const parallel::ShardLayout L = parallel::make_shard_layout(units, numel, world, /*persistence_threshold=*/0);
       ASSERT_EQ(L.units.size(), units.size());
       std::vector<int> seen(numel, 0);
       std::size_t shard = 0, gather = 0;
       for (std::size_t u = 0; u < units.size(); ++u) {
-        const ShardUnit& s = L.units[u];
+        const parallel::ShardUnit& s = L.units[u];
         EXPECT_EQ(s.per_rank % 8, 0u) << "world " << world << " unit " << u << ": piece not whole 16-byte vectors";
         EXPECT_GE(s.padded_size(world), units[u].size()) << "padding cannot drop elements";
         EXPECT_LT(s.padded_size(world) - units[u].size(), std::size_t(8) * world) << "more padding than needed";
@@ -59,7 +58,7 @@ TEST(ZeroShardLayout, PiecesCoverEveryRealElementOnceInWholeVectors) {
         shard += s.per_rank;
         gather = std::max(gather, s.padded_size(world));
         for (int r = 0; r < world; ++r) {
-          const comm::Range p = L.piece_flat(u, r);
+          const parallel::Range p = L.piece_flat(u, r);
           EXPECT_LE(p.size(), s.per_rank);
           for (std::size_t i = p.begin; i < p.end; ++i) {
             ASSERT_GE(i, units[u].begin);
@@ -80,10 +79,10 @@ TEST(ZeroShardLayout, PiecesCoverEveryRealElementOnceInWholeVectors) {
 
 TEST(ZeroShardLayout, WorldOneOverTheModelIsTheFlatBuffer) {
   // Bit-identity at world size 1 needs shard == padded == flat (the units are 64-element aligned).
-  const TransformerParams t(ModelDims{128, 2, 2, 1000, 64});
-  std::vector<comm::Range> units;
-  for (const ParamUnit& u : t.units()) units.push_back({u.begin, u.end});
-  const ShardLayout L = make_shard_layout(units, t.flat_size(), 1, 0);
+  const model::TransformerParams t(model::ModelDims{128, 2, 2, 1000, 64});
+  std::vector<parallel::Range> units;
+  for (const model::ParamUnit& u : t.units()) units.push_back({u.begin, u.end});
+  const parallel::ShardLayout L = parallel::make_shard_layout(units, t.flat_size(), 1, 0);
   EXPECT_EQ(L.shard_elems, t.flat_size());
   EXPECT_EQ(L.padded_elems, t.flat_size());
   for (std::size_t u = 0; u < units.size(); ++u) {
@@ -93,13 +92,13 @@ TEST(ZeroShardLayout, WorldOneOverTheModelIsTheFlatBuffer) {
 }
 
 TEST(ZeroShardLayout, ModelUnitsTileTheFlatBuffer) {
-  const TransformerParams t(ModelDims{128, 3, 2, 1000, 64});
+  const model::TransformerParams t(model::ModelDims{128, 3, 2, 1000, 64});
   ASSERT_EQ(t.units().size(), 5u);
   EXPECT_EQ(t.embedding_unit(), 0);
   EXPECT_EQ(t.layer_unit(2), 3);
   EXPECT_EQ(t.head_unit(), 4);
   std::size_t at = 0;
-  for (const ParamUnit& u : t.units()) {
+  for (const model::ParamUnit& u : t.units()) {
     EXPECT_EQ(u.begin, at);
     at = u.end;
     for (int i = u.first; i < u.last; ++i) {
@@ -109,7 +108,7 @@ TEST(ZeroShardLayout, ModelUnitsTileTheFlatBuffer) {
   }
   EXPECT_EQ(at, t.flat_size());
   for (int i = 0; i < int(t.tensors().size()); ++i) {
-    const ParamUnit& u = t.units()[std::size_t(t.unit_of(i))];
+    const model::ParamUnit& u = t.units()[std::size_t(t.unit_of(i))];
     EXPECT_TRUE(u.first <= i && i < u.last) << t.tensor(i).name;
   }
   EXPECT_EQ(t.unit_of(t.output_b()), t.head_unit());
@@ -119,7 +118,7 @@ TEST(ZeroShardLayout, ModelUnitsTileTheFlatBuffer) {
 
 TEST(ZeroShardLayout, PersistenceThresholdKeepsSmallUnitsGathered) {
   const auto units = tile({100, 5000, 64, 3000});
-  const ShardLayout L = make_shard_layout(units, 8164, 4, /*persistence_threshold=*/100);
+  const parallel::ShardLayout L = parallel::make_shard_layout(units, 8164, 4, /*persistence_threshold=*/100);
   EXPECT_TRUE(L.units[0].persistent);
   EXPECT_FALSE(L.units[1].persistent);
   EXPECT_TRUE(L.units[2].persistent);
@@ -129,14 +128,14 @@ TEST(ZeroShardLayout, PersistenceThresholdKeepsSmallUnitsGathered) {
   EXPECT_EQ(L.persistent_elems, L.units[0].padded_size(4) + L.units[2].padded_size(4));
   EXPECT_EQ(L.gather_elems, L.units[1].padded_size(4)) << "persistent units need no gather buffer";
   // Every unit persistent: no gather buffer at all.
-  EXPECT_EQ(make_shard_layout(units, 8164, 4, 1u << 30).gather_elems, 0u);
+  EXPECT_EQ(parallel::make_shard_layout(units, 8164, 4, 1u << 30).gather_elems, 0u);
 }
 
 TEST(ZeroShardLayout, HostCopiesRoundTripThroughShardsAndPaddedLayout) {
   for (int world : {1, 2, 3, 8}) {
     const auto units = tile({13, 1000, 7});
     const std::size_t numel = 1020;
-    const ShardLayout L = make_shard_layout(units, numel, world, 0);
+    const parallel::ShardLayout L = parallel::make_shard_layout(units, numel, world, 0);
     std::vector<float> flat(numel);
     std::iota(flat.begin(), flat.end(), 1.f);
     // What an all-gather of every unit builds: rank r's piece at padded_offset + r * per_rank.
@@ -144,7 +143,7 @@ TEST(ZeroShardLayout, HostCopiesRoundTripThroughShardsAndPaddedLayout) {
     for (int r = 0; r < world; ++r) {
       const std::vector<float> shard = L.shard_from_flat(flat.data(), r);
       ASSERT_EQ(shard.size(), L.shard_elems);
-      for (const ShardUnit& s : L.units)
+      for (const parallel::ShardUnit& s : L.units)
         std::copy(shard.begin() + std::ptrdiff_t(s.shard_offset), shard.begin() + std::ptrdiff_t(s.shard_offset + s.per_rank),
                   padded.begin() + std::ptrdiff_t(s.padded_offset + std::size_t(r) * s.per_rank));
     }
@@ -161,16 +160,16 @@ TEST(ZeroShardLayout, HostCopiesRoundTripThroughShardsAndPaddedLayout) {
 }
 
 TEST(ZeroShardLayout, RejectsUnitsThatDoNotTile) {
-  EXPECT_THROW(make_shard_layout({{0, 10}, {11, 20}}, 20, 2, 0), Error);
-  EXPECT_THROW(make_shard_layout({{0, 10}}, 20, 2, 0), Error);
-  EXPECT_THROW(make_shard_layout({}, 0, 2, 0), Error);
-  EXPECT_THROW(make_shard_layout(tile({10}), 10, 0, 0), Error);
+  EXPECT_THROW(parallel::make_shard_layout({{0, 10}, {11, 20}}, 20, 2, 0), Error);
+  EXPECT_THROW(parallel::make_shard_layout({{0, 10}}, 20, 2, 0), Error);
+  EXPECT_THROW(parallel::make_shard_layout({}, 0, 2, 0), Error);
+  EXPECT_THROW(parallel::make_shard_layout(tile({10}), 10, 0, 0), Error);
 }
 
 TEST(ZeroShardLayout, UseOrderOfAStepAndOfAnEvalForward) {
   // 2 layers: units 0 embeddings, 1-2 blocks, 3 head. The head's forward and backward are one use.
-  EXPECT_EQ(stage3_use_order(2, 1, false), (std::vector<int>{0, 1, 2, 3, 2, 1}));
-  EXPECT_EQ(stage3_use_order(2, 2, false), (std::vector<int>{0, 1, 2, 3, 2, 1, 0, 1, 2, 3, 2, 1}));
-  EXPECT_EQ(stage3_use_order(2, 4, true), (std::vector<int>{0, 1, 2, 3}));
-  EXPECT_EQ(stage3_use_order(0, 2, false), (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(parallel::stage3_use_order(2, 1, false), (std::vector<int>{0, 1, 2, 3, 2, 1}));
+  EXPECT_EQ(parallel::stage3_use_order(2, 2, false), (std::vector<int>{0, 1, 2, 3, 2, 1, 0, 1, 2, 3, 2, 1}));
+  EXPECT_EQ(parallel::stage3_use_order(2, 4, true), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(parallel::stage3_use_order(0, 2, false), (std::vector<int>{0, 1, 0, 1}));
 }

@@ -8,7 +8,7 @@
 #include "runtime/allocator.h"
 #include "runtime/check.h"
 
-namespace cutrain::model {
+namespace cutrain::tools {
 
 struct Fp32Linear::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -103,4 +103,4 @@ void Fp32Linear::grad_weight(cudaStream_t s, const float* dy, const float* x, fl
   run(s, wgrad_, x, dy, dW, 0.f);
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::tools

@@ -12,7 +12,7 @@ class CachingAllocator;
 class Buffer;
 }
 
-namespace cutrain::model {
+namespace cutrain::tools {
 
 class Fp32Linear {
  public:
@@ -37,4 +37,4 @@ class Fp32Linear {
   CachingAllocator& alloc_;
 };
 
-}  // namespace cutrain::model
+}  // namespace cutrain::tools

@@ -12,7 +12,7 @@
 #include "runtime/check.h"
 #include "tools/offload_model/offload_linear_fp32.h"
 
-namespace cutrain::model {
+namespace cutrain::tools {
 
 namespace {
 
@@ -271,4 +271,4 @@ std::vector<float> OffloadModel::download_moments() {
   return download<float>(*offloader_, "optim_states", moments_, stream_.get());
 }
 
-}  // namespace cutrain::model
+}  // namespace cutrain::tools

@@ -21,7 +21,7 @@
 #include "runtime/dtype.h"
 #include "runtime/offload.h"
 
-namespace cutrain::model {
+namespace cutrain::tools {
 
 class Fp32Linear;
 
@@ -79,4 +79,4 @@ class OffloadModel {
   int step_ = 0;
 };
 
-}  // namespace cutrain::model
+}  // namespace cutrain::tools
