@@ -67,12 +67,7 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
   const int m0 = qblock * kBM, head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
   const int w0 = m0 + warp * kMT * 16;  // the warp's first query row
-  const QkvSlices<D> g(qkv, b, head, S, H);
-  const std::size_t tok = g.tok, otok = g.otok, qoff = g.qoff;
-  const bf16 *gq = g.q, *gk = g.k, *gv = g.v;
-  const bf16* gdo = dout + static_cast<std::size_t>(b) * S * otok + static_cast<std::size_t>(head) * D;
-  const float* glse = head_vector(lse, b, head, S, H);
-  const float* gdv = head_vector(dvec, b, head, S, H);
+  const BwdSlices<D> g(qkv, dout, lse, dvec, b, head, S, H);
 
   int n_tiles = (S + kBN - 1) / kBN;
   if (CAUSAL) n_tiles = min(n_tiles, (m0 + kBM - 1) / kBN + 1);
@@ -83,14 +78,14 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = w0 + i * 16 + gi + 8 * h;
-      l2[i][h] = r < S ? glse[r] * kLog2e : 0.f;
-      dd[i][h] = r < S ? gdv[r] : 0.f;
+      l2[i][h] = r < S ? g.lse[r] * kLog2e : 0.f;
+      dd[i][h] = r < S ? g.dvec[r] : 0.f;
     }
 
-  load_rows<D, kBM, kT>(sQ, gq, m0, S, tok);
-  load_rows<D, kBM, kT>(sdO, gdo, m0, S, otok);
-  load_rows<D, kBN, kT>(sK, gk, 0, S, tok);
-  load_rows<D, kBN, kT>(sV, gv, 0, S, tok);
+  load_rows<D, kBM, kT>(sQ, g.q, m0, S, g.tok);
+  load_rows<D, kBM, kT>(sdO, g.dout, m0, S, g.otok);
+  load_rows<D, kBN, kT>(sK, g.k, 0, S, g.tok);
+  load_rows<D, kBN, kT>(sV, g.v, 0, S, g.tok);
   mma::cp_async_commit();
   mma::cp_async_wait<0>();
   __syncthreads();
@@ -119,7 +114,7 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
 
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = j * kBN;
-    kv_stream_step<D, kBN, kT>(sK, sV, gk, gv, j, n_tiles, S, tok);
+    kv_stream_step<D, kBN, kT>(sK, sV, g.k, g.v, j, n_tiles, S, g.tok);
     const bf16* k_tile = sK + (j & 1) * kBN * ld<D>();
     const bf16* v_tile = sV + (j & 1) * kBN * ld<D>();
 
@@ -169,7 +164,7 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
   }
 
 #pragma unroll
-  for (int i = 0; i < kMT; ++i) store_rows<D>(dqkv + qoff, dq[i], w0 + i * 16, S, tok, scale);
+  for (int i = 0; i < kMT; ++i) store_rows<D>(dqkv + g.qoff, dq[i], w0 + i * 16, S, g.tok, scale);
 }
 
 template <int D, bool CAUSAL>

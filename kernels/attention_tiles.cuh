@@ -52,6 +52,20 @@ __device__ __forceinline__ T* head_vector(T* v, int b, int head, int S, int H) {
   return v + (static_cast<std::size_t>(b) * H + head) * S;
 }
 
+// The backward passes' slices: QkvSlices, dO's rows ([B, S, H, D], row stride otok) and the
+// (batch, head) rows of lse and Dvec.
+template <int D>
+struct BwdSlices : QkvSlices<D> {
+  const bf16* dout;
+  const float *lse, *dvec;
+  __device__ __forceinline__ BwdSlices(const bf16* qkv, const bf16* dout_all, const float* lse_all,
+                                       const float* dvec_all, int b, int head, int S, int H)
+      : QkvSlices<D>(qkv, b, head, S, H),
+        dout(dout_all + static_cast<std::size_t>(b) * S * this->otok + static_cast<std::size_t>(head) * D),
+        lse(head_vector(lse_all, b, head, S, H)),
+        dvec(head_vector(dvec_all, b, head, S, H)) {}
+};
+
 // Copies rows [row0, row0+ROWS) of a [S, D] slice whose rows lie `stride` elements apart into
 // shared memory (row stride ld<D>()); rows at or past S become zeros. THREADS: the CTA's size.
 template <int D, int ROWS, int THREADS>
