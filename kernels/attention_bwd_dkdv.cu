@@ -66,10 +66,8 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
   mma::cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.f;
+  zero(dk);
+  zero(dv);
   const int key_base = n0 + warp * 16 + gi;  // this thread's keys: key_base, key_base + 8
 
   for (int qt = q_first; qt < q_tiles; ++qt) {
@@ -141,10 +139,7 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
 #pragma unroll
       for (int dc = d0; dc < d0 + DN; dc += DC) {
         float acc[DC / 8][4];
-#pragma unroll
-        for (int i = 0; i < DC / 8; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+        zero(acc);
         const std::uint32_t b_addr =
             mma::smem_addr(sK + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld<D>() + dc + (lane >> 4) * 8);
 #pragma unroll

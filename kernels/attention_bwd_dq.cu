@@ -19,12 +19,7 @@ namespace {
 template <int D, int kMT, int kBN, bool QREG, int R>
 __device__ __forceinline__ void abt_tiles(float (&acc)[kMT][kBN / 8][4], const std::uint32_t (&af)[R][QREG ? D / 16 : 1][4],
                                           std::uint32_t a_addr, std::uint32_t b_addr) {
-#pragma unroll
-  for (int i = 0; i < kMT; ++i)
-#pragma unroll
-    for (int n = 0; n < kBN / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][n][e] = 0.f;
+  zero(acc);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     std::uint32_t a[kMT][4];
@@ -105,12 +100,7 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
   }
 
   float dq[kMT][D / 8][4];
-#pragma unroll
-  for (int i = 0; i < kMT; ++i)
-#pragma unroll
-    for (int d = 0; d < D / 8; ++d)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dq[i][d][e] = 0.f;
+  zero(dq);
 
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = j * kBN;
