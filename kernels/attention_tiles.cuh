@@ -103,28 +103,25 @@ __device__ __forceinline__ void kv_stream_step(bf16* sK, bf16* sV, const bf16* g
   __syncthreads();
 }
 
-// This lane's ldmatrix.x4 row address (elements from the tile start) in a row-major tile of row
+// Lane `lane`'s ldmatrix.x4 row address (elements from the tile start) in a row-major tile of row
 // stride LD: lanes 8i..8i+7 address the 8 rows of matrix i.
 // A operand, rows row0..row0+15: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
 // (rows 8-15, k 8-15).
 template <int LD>
-__device__ __forceinline__ int frag_a_offset(int row0) {
-  const int lane = threadIdx.x & 31;
+__device__ __forceinline__ int frag_a_offset(int lane, int row0) {
   return (row0 + (lane & 15)) * LD + (lane >> 4) * 8;
 }
-// B operand stored with the n index as rows (K in Q K^T), columns col0..: (n 0-7, k 0-7),
-// (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
+// B operand stored with the n index as rows (K in Q K^T): (n 0-7, k 0-7), (n 0-7, k 8-15),
+// (n 8-15, k 0-7), (n 8-15, k 8-15).
 template <int LD>
-__device__ __forceinline__ int frag_b_nrows_offset(int col0) {
-  const int lane = threadIdx.x & 31;
-  return ((lane & 7) + (lane >> 4) * 8) * LD + col0 + ((lane >> 3) & 1) * 8;
+__device__ __forceinline__ int frag_b_nrows_offset(int lane) {
+  return ((lane & 7) + (lane >> 4) * 8) * LD + ((lane >> 3) & 1) * 8;
 }
-// B operand stored with the k index as rows (V in P V), read transposed, columns col0..:
-// (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
+// B operand stored with the k index as rows (V in P V), read transposed: (k 0-7, n 0-7),
+// (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
 template <int LD>
-__device__ __forceinline__ int frag_b_krows_offset(int col0) {
-  const int lane = threadIdx.x & 31;
-  return ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + col0 + (lane >> 4) * 8;
+__device__ __forceinline__ int frag_b_krows_offset(int lane) {
+  return ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
 }
 
 // Where the m-tile products get A fragments: before k-slice k, a_frags.load(i, k, buf[i]) for
@@ -210,17 +207,19 @@ __device__ __forceinline__ auto& one_mtile(T (&f)[N][4]) {
 // acc = A[a_row0 .. a_row0+16, 0..D) * B[0 .. 8*NT, 0..D)^T (one m-tile, A and B in shared memory).
 template <int D, int NT>
 __device__ __forceinline__ void warp_abt(float (&acc)[NT][4], const bf16* sA, int a_row0, const bf16* sB) {
+  const int lane = threadIdx.x & 31;
   zero(acc);
-  const std::uint32_t a_addr = mma::smem_addr(sA + frag_a_offset<ld<D>()>(a_row0));
-  const std::uint32_t b_addr = mma::smem_addr(sB + frag_b_nrows_offset<ld<D>()>(0));
+  const std::uint32_t a_addr = mma::smem_addr(sA + frag_a_offset<ld<D>()>(lane, a_row0));
+  const std::uint32_t b_addr = mma::smem_addr(sB + frag_b_nrows_offset<ld<D>()>(lane));
   mma_abt<D, 1, NT>(one_mtile(acc), SmemFrags<ld<D>()>{a_addr}, b_addr);
 }
 
 // acc += P * B[0..K, 0..D), P given as K/16 A fragments (one m-tile).
 template <int D, int K>
 __device__ __forceinline__ void warp_pb(float (&acc)[D / 8][4], const std::uint32_t (&p)[K / 16][4], const bf16* sB) {
+  const int lane = threadIdx.x & 31;
   mma_ab<ld<D>(), K, 1, D / 8>(one_mtile(acc), RegFrags<1, K / 16>{one_mtile(p)},
-                               mma::smem_addr(sB + frag_b_krows_offset<ld<D>()>(0)));
+                               mma::smem_addr(sB + frag_b_krows_offset<ld<D>()>(lane)));
 }
 
 // C fragments of a 16 x K fp32 tile -> K/16 bf16 A fragments (n-tiles 2j, 2j+1 form k-slice j).
