@@ -46,35 +46,28 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
 
   const int n0 = blockIdx.x * KB, head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
-  const QkvSlices<D> g(qkv, b, head, S, H);
-  const std::size_t tok = g.tok, otok = g.otok, qoff = g.qoff;
-  const bf16 *gq = g.q, *gk = g.k, *gv = g.v;
-  const bf16* gdo = dout + static_cast<std::size_t>(b) * S * otok + static_cast<std::size_t>(head) * D;
-  const float* glse = head_vector(lse, b, head, S, H);
-  const float* gdv = head_vector(dvec, b, head, S, H);
+  const BwdSlices<D> g(qkv, dout, lse, dvec, b, head, S, H);
 
   const int q_first = CAUSAL ? n0 / QT : 0;  // causal: queries before the first key see none of it
   const int q_tiles = (S + QT - 1) / QT;
 
   auto load_q_tile = [&](int qt, int buf) {
-    load_rows<D, QT, kT>(sQ + buf * QT * ld<D>(), gq, qt * QT, S, tok);
-    load_rows<D, QT, kT>(sdO + buf * QT * ld<D>(), gdo, qt * QT, S, otok);
+    load_rows<D, QT, kT>(sQ + buf * QT * ld<D>(), g.q, qt * QT, S, g.tok);
+    load_rows<D, QT, kT>(sdO + buf * QT * ld<D>(), g.dout, qt * QT, S, g.otok);
     for (int i = threadIdx.x; i < QT; i += kT) {
       const int q = qt * QT + i;
-      sL[buf * QT + i] = q < S ? glse[q] * kLog2e : 0.f;
-      sDv[buf * QT + i] = q < S ? gdv[q] : 0.f;
+      sL[buf * QT + i] = q < S ? g.lse[q] * kLog2e : 0.f;
+      sDv[buf * QT + i] = q < S ? g.dvec[q] : 0.f;
     }
   };
-  load_rows<D, KB, kT>(sK, gk, n0, S, tok);
-  load_rows<D, KB, kT>(sV, gv, n0, S, tok);
+  load_rows<D, KB, kT>(sK, g.k, n0, S, g.tok);
+  load_rows<D, KB, kT>(sV, g.v, n0, S, g.tok);
   load_q_tile(q_first, 0);
   mma::cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.f;
+  zero(dk);
+  zero(dv);
   const int key_base = n0 + warp * 16 + gi;  // this thread's keys: key_base, key_base + 8
 
   for (int qt = q_first; qt < q_tiles; ++qt) {
@@ -146,10 +139,7 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
 #pragma unroll
       for (int dc = d0; dc < d0 + DN; dc += DC) {
         float acc[DC / 8][4];
-#pragma unroll
-        for (int i = 0; i < DC / 8; ++i)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+        zero(acc);
         const std::uint32_t b_addr =
             mma::smem_addr(sK + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld<D>() + dc + (lane >> 4) * 8);
 #pragma unroll
@@ -169,7 +159,7 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
           const int q = m0 + q0 + gi + 8 * h;
           if (q >= S) continue;
           float* dst =
-              dq_acc + (static_cast<std::size_t>(b) * S + q) * otok + static_cast<std::size_t>(head) * D + dc + 2 * t;
+              dq_acc + (static_cast<std::size_t>(b) * S + q) * g.otok + static_cast<std::size_t>(head) * D + dc + 2 * t;
 #pragma unroll
           for (int dt = 0; dt < DC / 8; ++dt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -185,9 +175,9 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
     __syncthreads();  // every warp is done with this buffer (and sdS) before it is refilled
   }
 
-  bf16* gdk = dqkv + qoff + otok;
-  store_rows<D>(gdk, dk, n0 + warp * 16, S, tok, scale);
-  store_rows<D>(gdk + otok, dv, n0 + warp * 16, S, tok, 1.f);
+  bf16* gdk = dqkv + g.qoff + g.otok;
+  store_rows<D>(gdk, dk, n0 + warp * 16, S, g.tok, scale);
+  store_rows<D>(gdk + g.otok, dv, n0 + warp * 16, S, g.tok, 1.f);
 }
 
 template <int D, bool CAUSAL, bool DET>

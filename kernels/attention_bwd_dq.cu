@@ -14,42 +14,6 @@ namespace cutrain::kernels {
 namespace attn {
 namespace {
 
-// acc[i] = A_i B^T for the warp's kMT m-tiles against a kBN-row tile B (b_addr: its ldmatrix
-// address for this lane); A from registers (QREG) or from shared memory at a_addr.
-template <int D, int kMT, int kBN, bool QREG, int R>
-__device__ __forceinline__ void abt_tiles(float (&acc)[kMT][kBN / 8][4], const std::uint32_t (&af)[R][QREG ? D / 16 : 1][4],
-                                          std::uint32_t a_addr, std::uint32_t b_addr) {
-#pragma unroll
-  for (int i = 0; i < kMT; ++i)
-#pragma unroll
-    for (int n = 0; n < kBN / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][n][e] = 0.f;
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    std::uint32_t a[kMT][4];
-#pragma unroll
-    for (int i = 0; i < kMT; ++i) {
-      if constexpr (QREG) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) a[i][r] = af[i][kk][r];
-      } else {
-        mma::ldmatrix_x4(a[i], a_addr + (i * 16 * ld<D>() + kk * 16) * 2);
-      }
-    }
-#pragma unroll
-    for (int np = 0; np < kBN / 16; ++np) {
-      std::uint32_t bb[4];
-      mma::ldmatrix_x4(bb, b_addr + (np * 16 * ld<D>() + kk * 16) * 2);
-#pragma unroll
-      for (int i = 0; i < kMT; ++i) {
-        mma::mma_bf16_16816(acc[i][2 * np], a[i], bb[0], bb[1]);
-        mma::mma_bf16_16816(acc[i][2 * np + 1], a[i], bb[2], bb[3]);
-      }
-    }
-  }
-}
-
 template <typename Tile>
 __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ dout,
                                                    const float* __restrict__ lse, const float* __restrict__ dvec,
@@ -67,12 +31,7 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
   const int m0 = qblock * kBM, head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
   const int w0 = m0 + warp * kMT * 16;  // the warp's first query row
-  const QkvSlices<D> g(qkv, b, head, S, H);
-  const std::size_t tok = g.tok, otok = g.otok, qoff = g.qoff;
-  const bf16 *gq = g.q, *gk = g.k, *gv = g.v;
-  const bf16* gdo = dout + static_cast<std::size_t>(b) * S * otok + static_cast<std::size_t>(head) * D;
-  const float* glse = head_vector(lse, b, head, S, H);
-  const float* gdv = head_vector(dvec, b, head, S, H);
+  const BwdSlices<D> g(qkv, dout, lse, dvec, b, head, S, H);
 
   int n_tiles = (S + kBN - 1) / kBN;
   if (CAUSAL) n_tiles = min(n_tiles, (m0 + kBM - 1) / kBN + 1);
@@ -83,14 +42,14 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = w0 + i * 16 + gi + 8 * h;
-      l2[i][h] = r < S ? glse[r] * kLog2e : 0.f;
-      dd[i][h] = r < S ? gdv[r] : 0.f;
+      l2[i][h] = r < S ? g.lse[r] * kLog2e : 0.f;
+      dd[i][h] = r < S ? g.dvec[r] : 0.f;
     }
 
-  load_rows<D, kBM, kT>(sQ, gq, m0, S, tok);
-  load_rows<D, kBM, kT>(sdO, gdo, m0, S, otok);
-  load_rows<D, kBN, kT>(sK, gk, 0, S, tok);
-  load_rows<D, kBN, kT>(sV, gv, 0, S, tok);
+  load_rows<D, kBM, kT>(sQ, g.q, m0, S, g.tok);
+  load_rows<D, kBM, kT>(sdO, g.dout, m0, S, g.otok);
+  load_rows<D, kBN, kT>(sK, g.k, 0, S, g.tok);
+  load_rows<D, kBN, kT>(sV, g.v, 0, S, g.tok);
   mma::cp_async_commit();
   mma::cp_async_wait<0>();
   __syncthreads();
@@ -110,16 +69,11 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
   }
 
   float dq[kMT][D / 8][4];
-#pragma unroll
-  for (int i = 0; i < kMT; ++i)
-#pragma unroll
-    for (int d = 0; d < D / 8; ++d)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dq[i][d][e] = 0.f;
+  zero(dq);
 
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = j * kBN;
-    kv_stream_step<D, kBN, kT>(sK, sV, gk, gv, j, n_tiles, S, tok);
+    kv_stream_step<D, kBN, kT>(sK, sV, g.k, g.v, j, n_tiles, S, g.tok);
     const bf16* k_tile = sK + (j & 1) * kBN * ld<D>();
     const bf16* v_tile = sV + (j & 1) * kBN * ld<D>();
 
@@ -127,9 +81,15 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
       // s = Q K^T, then dp = dO V^T, for kMT x 16 rows x kBN keys; each K/V fragment feeds kMT mma.
       // (One product at a time: fewer fragments live at once, which keeps D=128 clear of spills.)
       float s[kMT][kBN / 8][4], dp[kMT][kBN / 8][4];
-      const int b_off = ((lane & 7) + (lane >> 4) * 8) * ld<D>() + ((lane >> 3) & 1) * 8;
-      abt_tiles<D, kMT, kBN, QREG>(s, qf, q_addr, mma::smem_addr(k_tile + b_off));
-      abt_tiles<D, kMT, kBN, QREG>(dp, df, do_addr, mma::smem_addr(v_tile + b_off));
+      const int b_off = frag_b_nrows_offset<ld<D>()>(lane);
+      const std::uint32_t k_addr = mma::smem_addr(k_tile + b_off);
+      zero(s);
+      if constexpr (QREG) mma_abt<D, kMT, kBN / 8>(s, RegFrags<kMT, D / 16>{qf}, k_addr);
+      else mma_abt<D, kMT, kBN / 8>(s, SmemFrags<ld<D>()>{q_addr}, k_addr);
+      const std::uint32_t v_addr = mma::smem_addr(v_tile + b_off);
+      zero(dp);
+      if constexpr (QREG) mma_abt<D, kMT, kBN / 8>(dp, RegFrags<kMT, D / 16>{df}, v_addr);
+      else mma_abt<D, kMT, kBN / 8>(dp, SmemFrags<ld<D>()>{do_addr}, v_addr);
 
       // dS = P o (dP - Dvec), P = exp2(scale_log2 s - lse log2 e); dead entries (past S, causal) 0.
       const bool mask = n0 + kBN > S || (CAUSAL && n0 + kBN - 1 > w0);
@@ -150,26 +110,16 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
       }
 
       // dQ += dS K; each K fragment (read transposed) feeds kMT mma.
+      // (The address spelled out: through frag_b_krows_offset the D=128 kernels schedule differently.)
       const std::uint32_t kt_addr =
           mma::smem_addr(k_tile + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld<D>() + (lane >> 4) * 8);
-#pragma unroll
-      for (int ks = 0; ks < kBN / 16; ++ks)
-#pragma unroll
-        for (int dp2 = 0; dp2 < D / 16; ++dp2) {
-          std::uint32_t bb[4];
-          mma::ldmatrix_x4_trans(bb, kt_addr + (ks * 16 * ld<D>() + dp2 * 16) * 2);
-#pragma unroll
-          for (int i = 0; i < kMT; ++i) {
-            mma::mma_bf16_16816(dq[i][2 * dp2], sf[i][ks], bb[0], bb[1]);
-            mma::mma_bf16_16816(dq[i][2 * dp2 + 1], sf[i][ks], bb[2], bb[3]);
-          }
-        }
+      mma_ab<ld<D>(), kBN, kMT, D / 8>(dq, RegFrags<kMT, kBN / 16>{sf}, kt_addr);
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
 
 #pragma unroll
-  for (int i = 0; i < kMT; ++i) store_rows<D>(dqkv + qoff, dq[i], w0 + i * 16, S, tok, scale);
+  for (int i = 0; i < kMT; ++i) store_rows<D>(dqkv + g.qoff, dq[i], w0 + i * 16, S, g.tok, scale);
 }
 
 template <int D, bool CAUSAL>

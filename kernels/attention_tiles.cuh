@@ -1,7 +1,9 @@
 // @brief Internal to the attention family: the cp.async tile loaders, the warp-level tensor-core
 // products every attention kernel is built from, the per-(batch, head) slices and the launchers.
-//   warp_abt: acc[16 x 8*NT] = A[16 x D] * B[8*NT x D]^T   (A, B row-major in shared memory)
-//   warp_pb:  acc[16 x D]   += P[16 x K] * B[K x D]        (P already in A-fragment registers)
+//   mma_abt: acc[i][16 x 8*NT] += A_i[16 x D] * B[8*NT x D]^T  (MT m-tiles; B row-major in shared memory)
+//   mma_ab:  acc[i][16 x 8*NT] += A_i[16 x K] * B[K x 8*NT]   (MT m-tiles; B read transposed)
+//   warp_abt, warp_pb: the same for one m-tile, A from shared memory or from registers (P).
+// A fragments come from registers (RegFrags) or from shared memory (SmemFrags).
 // Shared-memory rows are padded to D+8 bf16 (a 16-byte skew per row), so the 8 row addresses of
 // every ldmatrix phase fall in 8 different 16-byte bank groups: conflict-free without swizzling.
 #pragma once
@@ -52,6 +54,20 @@ __device__ __forceinline__ T* head_vector(T* v, int b, int head, int S, int H) {
   return v + (static_cast<std::size_t>(b) * H + head) * S;
 }
 
+// The backward passes' slices: QkvSlices, dO's rows ([B, S, H, D], row stride otok) and the
+// (batch, head) rows of lse and Dvec.
+template <int D>
+struct BwdSlices : QkvSlices<D> {
+  const bf16* dout;
+  const float *lse, *dvec;
+  __device__ __forceinline__ BwdSlices(const bf16* qkv, const bf16* dout_all, const float* lse_all,
+                                       const float* dvec_all, int b, int head, int S, int H)
+      : QkvSlices<D>(qkv, b, head, S, H),
+        dout(dout_all + static_cast<std::size_t>(b) * S * this->otok + static_cast<std::size_t>(head) * D),
+        lse(head_vector(lse_all, b, head, S, H)),
+        dvec(head_vector(dvec_all, b, head, S, H)) {}
+};
+
 // Copies rows [row0, row0+ROWS) of a [S, D] slice whose rows lie `stride` elements apart into
 // shared memory (row stride ld<D>()); rows at or past S become zeros. THREADS: the CTA's size.
 template <int D, int ROWS, int THREADS>
@@ -87,50 +103,123 @@ __device__ __forceinline__ void kv_stream_step(bf16* sK, bf16* sV, const bf16* g
   __syncthreads();
 }
 
-// acc = A[a_row0 .. a_row0+16, 0..D) * B[0 .. 8*NT, 0..D)^T.
-template <int D, int NT>
-__device__ __forceinline__ void warp_abt(float (&acc)[NT][4], const bf16* sA, int a_row0, const bf16* sB) {
+// Lane `lane`'s ldmatrix.x4 row address (elements from the tile start) in a row-major tile of row
+// stride LD: lanes 8i..8i+7 address the 8 rows of matrix i.
+// A operand, rows row0..row0+15: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+// (rows 8-15, k 8-15).
+template <int LD>
+__device__ __forceinline__ int frag_a_offset(int lane, int row0) {
+  return (row0 + (lane & 15)) * LD + (lane >> 4) * 8;
+}
+// B operand stored with the n index as rows (K in Q K^T): (n 0-7, k 0-7), (n 0-7, k 8-15),
+// (n 8-15, k 0-7), (n 8-15, k 8-15).
+template <int LD>
+__device__ __forceinline__ int frag_b_nrows_offset(int lane) {
+  return ((lane & 7) + (lane >> 4) * 8) * LD + ((lane >> 3) & 1) * 8;
+}
+// B operand stored with the k index as rows (V in P V), read transposed: (k 0-7, n 0-7),
+// (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
+template <int LD>
+__device__ __forceinline__ int frag_b_krows_offset(int lane) {
+  return ((lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
+}
+
+// Where the m-tile products get A fragments: before k-slice k, a_frags.load(i, k, buf[i]) for
+// every m-tile i; then a_frags.get(buf, i, k) is m-tile i's fragment.
+// From registers: f[i][k] (no copy).
+template <int MT, int KS>
+struct RegFrags {
+  const std::uint32_t (&f)[MT][KS][4];
+  __device__ __forceinline__ void load(int, int, std::uint32_t (&)[4]) const {}
+  template <class Buf>
+  __device__ __forceinline__ const std::uint32_t (&get(const Buf&, int i, int k) const)[4] {
+    return f[i][k];
+  }
+};
+// From a row-major shared-memory tile of row stride LD with ldmatrix; `addr`: this lane's
+// frag_a_offset address of m-tile 0 (m-tile i lies 16 rows further, k-slice k 16 columns).
+template <int LD>
+struct SmemFrags {
+  std::uint32_t addr;
+  __device__ __forceinline__ void load(int i, int k, std::uint32_t (&a)[4]) const {
+    mma::ldmatrix_x4(a, addr + (i * 16 * LD + k * 16) * 2);
+  }
+  template <class Buf>
+  __device__ __forceinline__ const std::uint32_t (&get(const Buf& buf, int i, int) const)[4] {
+    return buf[i];
+  }
+};
+
+// acc[i] += A_i B^T for MT m-tiles A_i [16 x D] (from a_frags) against B [8*NT x D], row-major with
+// row stride ld<D>() (b_addr: this lane's frag_b_nrows_offset address). Every B fragment feeds MT
+// mma.
+template <int D, int MT, int NT, class AFrags>
+__device__ __forceinline__ void mma_abt(float (&acc)[MT][NT][4], const AFrags& a_frags, std::uint32_t b_addr) {
   static_assert(NT % 2 == 0, "n-tiles come in pairs (one ldmatrix.x4 feeds two mma)");
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
-  // A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15).
-  const std::uint32_t a_addr = mma::smem_addr(sA + (a_row0 + (lane & 15)) * ld<D>() + (lane >> 4) * 8);
-  // B (rows are the n index): (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15).
-  const std::uint32_t b_addr =
-      mma::smem_addr(sB + ((lane & 7) + (lane >> 4) * 8) * ld<D>() + ((lane >> 3) & 1) * 8);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    std::uint32_t a[4];
-    mma::ldmatrix_x4(a, a_addr + kk * 32);
+    std::uint32_t a[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) a_frags.load(i, kk, a[i]);
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       std::uint32_t b[4];
       mma::ldmatrix_x4(b, b_addr + (np * 16 * ld<D>() + kk * 16) * 2);
-      mma::mma_bf16_16816(acc[2 * np], a, b[0], b[1]);
-      mma::mma_bf16_16816(acc[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        mma::mma_bf16_16816(acc[i][2 * np], a_frags.get(a, i, kk), b[0], b[1]);
+        mma::mma_bf16_16816(acc[i][2 * np + 1], a_frags.get(a, i, kk), b[2], b[3]);
+      }
     }
   }
 }
 
-// acc += P * B[0..K, 0..D), P given as K/16 A fragments.
+// acc[i] += A_i B for MT m-tiles A_i [16 x K] (from a_frags, one k-slice at a time) and B [K x 8*NT]
+// read transposed from a tile of row stride LDB (b_addr: this lane's frag_b_krows_offset address).
+// Every B fragment feeds MT mma.
+template <int LDB, int K, int MT, int NT, class AFrags>
+__device__ __forceinline__ void mma_ab(float (&acc)[MT][NT][4], const AFrags& a_frags, std::uint32_t b_addr) {
+  static_assert(NT % 2 == 0, "n-tiles come in pairs (one ldmatrix.x4 feeds two mma)");
+#pragma unroll
+  for (int ks = 0; ks < K / 16; ++ks) {
+    std::uint32_t a[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i) a_frags.load(i, ks, a[i]);
+#pragma unroll
+    for (int dp = 0; dp < NT / 2; ++dp) {
+      std::uint32_t b[4];
+      mma::ldmatrix_x4_trans(b, b_addr + (ks * 16 * LDB + dp * 16) * 2);
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        mma::mma_bf16_16816(acc[i][2 * dp], a_frags.get(a, i, ks), b[0], b[1]);
+        mma::mma_bf16_16816(acc[i][2 * dp + 1], a_frags.get(a, i, ks), b[2], b[3]);
+      }
+    }
+  }
+}
+
+// One m-tile's [N][4] fragments as the [1][N][4] array the m-tile products take.
+template <typename T, int N>
+__device__ __forceinline__ auto& one_mtile(T (&f)[N][4]) {
+  return reinterpret_cast<T(&)[1][N][4]>(f);
+}
+
+// acc = A[a_row0 .. a_row0+16, 0..D) * B[0 .. 8*NT, 0..D)^T (one m-tile, A and B in shared memory).
+template <int D, int NT>
+__device__ __forceinline__ void warp_abt(float (&acc)[NT][4], const bf16* sA, int a_row0, const bf16* sB) {
+  const int lane = threadIdx.x & 31;
+  zero(acc);
+  const std::uint32_t a_addr = mma::smem_addr(sA + frag_a_offset<ld<D>()>(lane, a_row0));
+  const std::uint32_t b_addr = mma::smem_addr(sB + frag_b_nrows_offset<ld<D>()>(lane));
+  mma_abt<D, 1, NT>(one_mtile(acc), SmemFrags<ld<D>()>{a_addr}, b_addr);
+}
+
+// acc += P * B[0..K, 0..D), P given as K/16 A fragments (one m-tile).
 template <int D, int K>
 __device__ __forceinline__ void warp_pb(float (&acc)[D / 8][4], const std::uint32_t (&p)[K / 16][4], const bf16* sB) {
   const int lane = threadIdx.x & 31;
-  // Transposed B: (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
-  const std::uint32_t b_addr =
-      mma::smem_addr(sB + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld<D>() + (lane >> 4) * 8);
-#pragma unroll
-  for (int ks = 0; ks < K / 16; ++ks)
-#pragma unroll
-    for (int dp = 0; dp < D / 16; ++dp) {
-      std::uint32_t b[4];
-      mma::ldmatrix_x4_trans(b, b_addr + (ks * 16 * ld<D>() + dp * 16) * 2);
-      mma::mma_bf16_16816(acc[2 * dp], p[ks], b[0], b[1]);
-      mma::mma_bf16_16816(acc[2 * dp + 1], p[ks], b[2], b[3]);
-    }
+  mma_ab<ld<D>(), K, 1, D / 8>(one_mtile(acc), RegFrags<1, K / 16>{one_mtile(p)},
+                               mma::smem_addr(sB + frag_b_krows_offset<ld<D>()>(lane)));
 }
 
 // C fragments of a 16 x K fp32 tile -> K/16 bf16 A fragments (n-tiles 2j, 2j+1 form k-slice j).

@@ -71,6 +71,34 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float f[8]) {
   load_bf16x8(reinterpret_cast<const bf16*>(&raw), f);  // register-to-register: no memory access
 }
 
+// The per-element math both vector paths share, for one vector of 8 (g: gamma, d: dy, xv: the
+// LayerNorm input, m, r: the row's mean and rstd).
+// Pass 1: the row sums s1 = sum(dy gamma), s2 = sum(dy gamma xhat) and the dgamma/dbeta
+// accumulators of the vector.
+__device__ __forceinline__ void bwd_accumulate8(const float g[8], const float d[8], const float xv[8], float m, float r,
+                                                float& s1, float& s2, float acc_g[8], float acc_b[8]) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float xh = (xv[k] - m) * r;
+    const float dxh = d[k] * g[k];
+    s1 += dxh;
+    s2 += dxh * xh;
+    acc_g[k] += d[k] * xh;
+    acc_b[k] += d[k];
+  }
+}
+// Pass 2: the input gradient o = rstd (dy gamma - a - xhat b) (+ e, the d_extra vector, when
+// `extra`), with a = s1 / cols and b = s2 / cols.
+__device__ __forceinline__ void bwd_dx8(const float g[8], const float d[8], const float xv[8], const float e[8], float m,
+                                        float r, float a, float b, bool extra, float o[8]) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float xh = (xv[k] - m) * r;
+    o[k] = r * (d[k] * g[k] - a - xh * b);
+    if (extra) o[k] += e[k];
+  }
+}
+
 // Tile::kVpt vectors per thread, Tile::kDepth rows prefetched ahead; TW warps per team, RPB teams
 // per block, MINB blocks per SM for the register budget.
 template <class Tile, int TW, int RPB, int MINB>
@@ -168,15 +196,7 @@ __global__ void __launch_bounds__(TW * RPB * kWarpSize, MINB)
         unpack8(graw[i], g);
         unpack8(dyc[i], d);
         unpack8(xc[i], xv);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float xh = (xv[k] - m) * r;
-          const float dxh = d[k] * g[k];
-          s1 += dxh;
-          s2 += dxh * xh;
-          acc_g[i][k] += d[k] * xh;
-          acc_b[i][k] += d[k];
-        }
+        bwd_accumulate8(g, d, xv, m, r, s1, s2, acc_g[i], acc_b[i]);
       }
     }
     s1 = warp_sum(s1);
@@ -205,12 +225,7 @@ __global__ void __launch_bounds__(TW * RPB * kWarpSize, MINB)
         unpack8(dyc[i], d);
         unpack8(xc[i], xv);
         unpack8(er[i], e);  // zeros without d_extra
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float xh = (xv[k] - m) * r;
-          o[k] = r * (d[k] * g[k] - a - xh * b);
-          if (d_extra) o[k] += e[k];
-        }
+        bwd_dx8(g, d, xv, e, m, r, a, b, d_extra != nullptr, o);
         store_bf16x8(d_sum + base + off[i], o);
       }
     }
@@ -294,15 +309,7 @@ __global__ void __launch_bounds__(Tile::kMaxThreads, 1)
         load_bf16x8<Load::ReadOnly>(gamma + vi * kBf16PerVec, g);
         load_bf16x8(reinterpret_cast<const bf16*>(&dy_raw[i]), d);
         load_bf16x8(reinterpret_cast<const bf16*>(&x_raw[i]), xv);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float xh = (xv[k] - m) * r;
-          const float dxh = d[k] * g[k];
-          s1 += dxh;
-          s2 += dxh * xh;
-          acc_g[i][k] += d[k] * xh;
-          acc_b[i][k] += d[k];
-        }
+        bwd_accumulate8(g, d, xv, m, r, s1, s2, acc_g[i], acc_b[i]);
       }
     }
     const float2 tot = block_sum2(make_float2(s1, s2), red);
@@ -317,12 +324,7 @@ __global__ void __launch_bounds__(Tile::kMaxThreads, 1)
         load_bf16x8(reinterpret_cast<const bf16*>(&dy_raw[i]), d);
         load_bf16x8(reinterpret_cast<const bf16*>(&x_raw[i]), xv);
         if (d_extra) load_bf16x8<Load::Streaming>(d_extra + base + off, e);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float xh = (xv[k] - m) * r;
-          o[k] = r * (d[k] * g[k] - mean_dxh - xh * mean_dxh_xh);
-          if (d_extra) o[k] += e[k];
-        }
+        bwd_dx8(g, d, xv, e, m, r, mean_dxh, mean_dxh_xh, d_extra != nullptr, o);
         store_bf16x8(d_sum + base + off, o);
       }
     }

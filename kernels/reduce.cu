@@ -1,4 +1,4 @@
-// Global gradient norm in two deterministic passes: (1) a fixed grid (a function of n only, not
+// @brief Global gradient norm in two deterministic passes: (1) a fixed grid (a function of n only, not
 // of the device, so every run and every H100/H200 gives the same bits) where each thread sums
 // squares in fp32 into 8 independent accumulators (one per vector lane: short sums, small
 // rounding error even at 1.3e9 elements), then the block combines them in double in a fixed

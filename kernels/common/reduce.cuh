@@ -11,49 +11,45 @@ namespace cutrain::kernels {
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// Butterfly reduction: every lane ends with the sum over all 32 lanes (same order, same bits
-// in every lane).
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
+// The combining operators: `Op{}(a, b)` and the identity `Op::identity()`.
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+  __device__ __forceinline__ static float identity() { return 0.f; }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  __device__ __forceinline__ static float identity() { return -INFINITY; }
+};
 
-// Sum over all threads of the block; every thread gets the result. `smem` holds at least
+// Butterfly reduction: every lane ends with Op over all 32 lanes (same order, same bits in every
+// lane).
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = Op{}(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce<SumOp>(v); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce<MaxOp>(v); }
+
+// Op over all threads of the block; every thread gets the result. `smem` holds at least
 // blockDim.x / 32 floats; blockDim.x must be a multiple of 32. Contains __syncthreads, so every
 // thread of the block must call it; it may be called repeatedly with the same `smem` (it
 // synchronizes before returning so the buffer can be reused).
-__device__ __forceinline__ float block_sum(float v, float* smem) {
+template <class Op>
+__device__ __forceinline__ float block_reduce(float v, float* smem) {
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int nwarps = blockDim.x / kWarpSize;
-  v = warp_sum(v);
+  v = warp_reduce<Op>(v);
   if (lane == 0) smem[warp] = v;
   __syncthreads();
-  float t = lane < nwarps ? smem[lane] : 0.f;
-  t = warp_sum(t);
+  float t = lane < nwarps ? smem[lane] : Op::identity();
+  t = warp_reduce<Op>(t);
   __syncthreads();
   return t;
 }
-__device__ __forceinline__ float block_max(float v, float* smem) {
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int nwarps = blockDim.x / kWarpSize;
-  v = warp_max(v);
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  float t = lane < nwarps ? smem[lane] : -INFINITY;
-  t = warp_max(t);
-  __syncthreads();
-  return t;
-}
-
-}  // namespace cutrain::kernels
-
-namespace cutrain::kernels {
+__device__ __forceinline__ float block_sum(float v, float* smem) { return block_reduce<SumOp>(v, smem); }
+__device__ __forceinline__ float block_max(float v, float* smem) { return block_reduce<MaxOp>(v, smem); }
 
 // Two sums at once (one shared-memory round trip): block_sum of a.x and of a.y. `smem` holds at
 // least 2 * blockDim.x / 32 floats. Same rules as block_sum.

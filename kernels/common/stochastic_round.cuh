@@ -17,24 +17,26 @@
 
 namespace cutrain::kernels {
 
-// 32-bit finalizer with low bias (xor-shift-multiply; a bijection on uint32).
-__host__ __device__ __forceinline__ std::uint32_t sr_mix32(std::uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
+// The xor-shift-multiply finalizer shape: x ^= x >> S1; x *= M1; x ^= x >> S2; x *= M2;
+// x ^= x >> S3 (every step is a bijection for odd M, so the whole mix is one).
+template <typename T, int S1, T M1, int S2, T M2, int S3>
+__host__ __device__ __forceinline__ T sr_xsm_mix(T x) {
+  x ^= x >> S1;
+  x *= M1;
+  x ^= x >> S2;
+  x *= M2;
+  x ^= x >> S3;
   return x;
+}
+
+// 32-bit finalizer with low bias (a bijection on uint32).
+__host__ __device__ __forceinline__ std::uint32_t sr_mix32(std::uint32_t x) {
+  return sr_xsm_mix<std::uint32_t, 16, 0x7feb352dU, 15, 0x846ca68bU, 16>(x);
 }
 
 // splitmix64 finalizer.
 __host__ __device__ __forceinline__ std::uint64_t sr_mix64(std::uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
+  return sr_xsm_mix<std::uint64_t, 30, 0xbf58476d1ce4e5b9ULL, 27, 0x94d049bb133111ebULL, 31>(x);
 }
 
 // The per-(seed, step, stream, high index bits) key. `stream` tells apart the several bf16
