@@ -137,6 +137,20 @@ int grid_for(Kernel kernel, std::size_t work_items) {
 }
 
 // Vector path: n elements, nvec = n / 8 full vectors, the last n % 8 done by thread 0 of block 0.
+// One element of the forward: the bias added and rounded to bf16 (backward differentiates at the
+// stored pre-activation), written to pre_out if asked, then f of it. The vector path's tail and the
+// scalar path both go through it.
+template <class F>
+__device__ __forceinline__ void fwd_element(const bf16* in, const bf16* __restrict__ bias, bf16* pre_out, bf16* out,
+                                            std::size_t i, int cols, F f) {
+  float x = __bfloat162float(in[i]);
+  if (bias) {
+    x = __bfloat162float(__float2bfloat16_rn(x + __bfloat162float(bias[i % cols])));
+    if (pre_out) pre_out[i] = __float2bfloat16_rn(x);
+  }
+  out[i] = __float2bfloat16_rn(f(x));
+}
+
 // `in` and `out` may alias (no __restrict__); bias has cols % 8 == 0 here.
 // kU vectors per iteration, all loaded before any is stored: kU times the bytes in flight (in/out
 // may alias, so the compiler would not hoist a load over an earlier store).
@@ -173,29 +187,16 @@ __global__ void __launch_bounds__(Tile::kThreads)
       store_bf16x8(out + off, y);  // default policy: the next GEMM reads it soon
     }
   }
-  if (blockIdx.x == 0 && threadIdx.x < n % kBf16PerVec) {
-    const std::size_t i = nvec * kBf16PerVec + threadIdx.x;
-    float x = __bfloat162float(in[i]);
-    if (bias) {
-      x = __bfloat162float(__float2bfloat16_rn(x + __bfloat162float(bias[i % cols])));
-      if (pre_out) pre_out[i] = __float2bfloat16_rn(x);
-    }
-    out[i] = __float2bfloat16_rn(gelu_v<K>(x));
-  }
+  if (blockIdx.x == 0 && threadIdx.x < n % kBf16PerVec)
+    fwd_element(in, bias, pre_out, out, nvec * kBf16PerVec + threadIdx.x, cols, gelu_v<K>);
 }
 
 template <GeluKind K>
 __global__ void __launch_bounds__(kThreads)
     gelu_fwd_scalar(const bf16* in, const bf16* __restrict__ bias, bf16* pre_out, bf16* out, std::size_t n, int cols) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float x = __bfloat162float(in[i]);
-    if (bias) {
-      x = __bfloat162float(__float2bfloat16_rn(x + __bfloat162float(bias[i % cols])));
-      if (pre_out) pre_out[i] = __float2bfloat16_rn(x);
-    }
-    out[i] = __float2bfloat16_rn(gelu<K>(x));
-  }
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    fwd_element(in, bias, pre_out, out, i, cols, gelu<K>);
 }
 
 // Backward, scalar path. `dout` and `din` may alias.
