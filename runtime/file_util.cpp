@@ -27,15 +27,7 @@ fs::path temp_name_for(const fs::path& path) {
 
 void fsync_directory(const fs::path& path) {
   fs::path dir = path.parent_path();
-  if (dir.empty()) dir = ".";
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) CUTRAIN_FAIL("cannot open directory '", dir.string(), "' to fsync it: ", errno_text(errno));
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  // Some file systems (e.g. certain network mounts) refuse fsync on directories: not a data loss.
-  if (rc != 0 && err != EINVAL && err != ENOTSUP)
-    CUTRAIN_FAIL("fsync of directory '", dir.string(), "' failed: ", errno_text(err));
+  fsync_folder(dir.empty() ? fs::path(".") : dir);
 }
 
 // Opens `path` for reading; errors tell "not found" from "a directory" from "no permission".
@@ -77,6 +69,17 @@ void pread_exact(int fd, const fs::path& path, std::uint64_t offset, void* dst, 
 }
 
 }  // namespace
+
+void fsync_folder(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) CUTRAIN_FAIL("cannot open directory '", dir.string(), "' to fsync it: ", errno_text(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  // Some file systems (e.g. certain network mounts) refuse fsync on directories: not a data loss.
+  if (rc != 0 && err != EINVAL && err != ENOTSUP)
+    CUTRAIN_FAIL("fsync of directory '", dir.string(), "' failed: ", errno_text(err));
+}
 
 // ---- AtomicFileWriter ----
 

@@ -41,6 +41,10 @@ void write_file_atomic(const std::filesystem::path& path, std::span<const std::s
 void write_file_atomic(const std::filesystem::path& path, std::span<const std::byte> bytes);
 void write_file_atomic(const std::filesystem::path& path, std::string_view text);
 
+// fsync of a directory itself (its entries: names created, renamed or removed in it). A file system
+// that refuses fsync on directories (EINVAL, ENOTSUP) is not an error.
+void fsync_folder(const std::filesystem::path& dir);
+
 // Whole-file reads. Errors say which path and why (not found, a directory, permission, I/O).
 std::vector<std::byte> read_file(const std::filesystem::path& path);
 std::string read_text_file(const std::filesystem::path& path);

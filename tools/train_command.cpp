@@ -23,6 +23,10 @@ struct TrainFlags {
   CLI::Option* config_opt = nullptr;
   std::string timing_file;
   CLI::Option* timing_opt = nullptr;
+  int save_interval = 0, keep_last = 0;
+  CLI::Option* save_interval_opt = nullptr;
+  CLI::Option* keep_last_opt = nullptr;
+  std::vector<std::pair<CLI::Option*, bool train::TrainOptions::ShapeGiven::*>> shape_opts;
   CLI::App* sub = nullptr;
 };
 
@@ -37,6 +41,9 @@ int run_train(TrainFlags& f) {
   o.attention = train::parse_choice(train::kAttentionChoices, f.attention, "--attention");
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
   o.cuda_graph = !f.no_cuda_graph;
+  if (f.save_interval_opt->count()) o.save_interval = f.save_interval;
+  if (f.keep_last_opt->count()) o.keep_last = f.keep_last;
+  for (const auto& [opt, given] : f.shape_opts) o.shape_given.*given = opt->count() > 0;
   if (f.timing_opt->count()) {
     o.profiling.timing_report = true;
     o.profiling.timing_report_file = f.timing_file;
@@ -81,12 +88,19 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   CLI::App* sub = parent.add_subcommand("train", "Train the BF16 example's transformer (DeepSpeed-style config)");
   f.sub = sub;
   f.config_opt = sub->add_option("--deepspeed_config", f.config, "DeepSpeed-style JSON config (required)");
-  sub->add_option("--hidden_dim", o.hidden_dim, "Hidden size")->capture_default_str();
-  sub->add_option("--num_layers", o.num_layers, "Transformer blocks")->capture_default_str();
-  sub->add_option("--num_heads", o.num_heads, "Attention heads")->capture_default_str();
-  sub->add_option("--vocab_size", o.vocab_size, "Vocabulary size")->capture_default_str();
+  using G = train::TrainOptions::ShapeGiven;
+  auto shape = [&](CLI::Option* opt, bool G::*given) {
+    f.shape_opts.emplace_back(opt, given);
+    return opt;
+  };
+  // The shape flags: with --resume, the checkpoint's config.json gives the ones left out.
+  shape(sub->add_option("--hidden_dim", o.hidden_dim, "Hidden size"), &G::hidden_dim)->capture_default_str();
+  shape(sub->add_option("--num_layers", o.num_layers, "Transformer blocks"), &G::num_layers)->capture_default_str();
+  shape(sub->add_option("--num_heads", o.num_heads, "Attention heads"), &G::num_heads)->capture_default_str();
+  shape(sub->add_option("--vocab_size", o.vocab_size, "Vocabulary size"), &G::vocab_size)->capture_default_str();
   sub->add_option("--batch_size", o.batch_size, "Micro batch size")->capture_default_str();
-  sub->add_option("--seq_length", o.seq_length, "Sequence length (= max_seq_len)")->capture_default_str();
+  shape(sub->add_option("--seq_length", o.seq_length, "Sequence length (= max_seq_len)"), &G::seq_length)
+      ->capture_default_str();
   sub->add_option("--num_steps", o.num_steps, "Optimizer steps")->capture_default_str();
   sub->add_option("--warmup_steps", o.warmup_steps, "Steps left out of the average step time")->capture_default_str();
   f.lr_opt = sub->add_option("--learning_rate", f.learning_rate, "Overrides the config's optimizer lr when given")
@@ -107,11 +121,11 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
                   "causal or bidirectional; auto: causal with next-token real data, else bidirectional (the example)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "causal", "bidirectional"}));
-  sub->add_option("--pad_vocab", o.pad_vocab,
+  shape(sub->add_option("--pad_vocab", o.pad_vocab,
                   "Round the vocabulary's rows up to a multiple of N for the GEMMs (no value: 64; 50257 -> 50304)")
       ->expected(0, 1)
       ->default_str("64")
-      ->type_name("[N]");
+      ->type_name("[N]"), &G::pad_vocab);
   sub->add_option("--eval_data", o.eval_data, "Glob pattern(s) of validation shards (with --use_real_data)");
   sub->add_option("--eval_interval", o.eval_interval,
                   "Evaluate after every N steps (0: only before training and after the last step)")
@@ -119,8 +133,17 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   sub->add_option("--eval_steps", o.eval_steps, "Validation batches per evaluation")->capture_default_str();
   sub->add_option("--seed", o.seed, "Seed of init and data")->capture_default_str();
   sub->add_option("--metrics_file", o.metrics_file, "One JSON line per step (loss, lr, grad norm, time, memory)");
-  sub->add_option("--save", o.save_dir, "Save a checkpoint to DIR at the end");
-  sub->add_option("--resume", o.resume_dir, "Resume from a checkpoint DIR");
+  sub->add_option("--save", o.save_dir,
+                  "Save checkpoints under DIR (DIR/global_step<N>, DIR/latest) at the end and every --save_interval");
+  f.save_interval_opt =
+      sub->add_option("--save_interval", f.save_interval, "With --save: also save after every N steps (N >= 1)");
+  f.keep_last_opt = sub->add_option("--keep_last", f.keep_last,
+                                    "With --save: keep the K newest step folders (K >= 1; never the one latest names)");
+  sub->add_option("--resume", o.resume_dir,
+                  "Resume from a checkpoint: DIR (follows DIR/latest) or a step folder DIR/global_step<N>; verified "
+                  "first, and it gives the shape flags left out");
+  sub->add_flag("--accept_legacy_checkpoint", o.accept_legacy_checkpoint,
+                "--resume of a checkpoint of the layout before manifests (three files, no checksums; a warning)");
   sub->add_option("--device", f.device, "cuda or cpu")->capture_default_str()->check(CLI::IsMember({"cuda", "cpu"}));
   sub->add_flag("--no_cuda_graph", f.no_cuda_graph, "Run every step eagerly (no CUDA graph replay)");
   sub->add_flag("--print_layouts", f.print_layouts, "Print the precision layouts' bytes per parameter and exit");

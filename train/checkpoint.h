@@ -1,26 +1,35 @@
-// @brief Checkpoints of a training run: DIR/model.safetensors (PyTorch state_dict names, params
-// in their real dtype), DIR/optimizer.safetensors ("<name>.master" / ".exp_avg" / ".exp_avg_sq",
-// fp32: the bf16 moments of bf16_full are exact in fp32) and DIR/trainer_state.json (step, data
-// RNG), each written atomically, the JSON last. Resuming replays the same losses bit for bit.
-// The safetensors payloads go through the aio handle or plain buffered I/O (train/checkpoint_io.h:
-// `io`, default Auto: CUTRAIN_CHECKPOINT_IO, else aio when a kernel async backend runs); the
-// files are byte-identical either way.
+// @brief Checkpoints of a training run: one step folder per save under a root DIR (the folder
+// protocol in train/checkpoint_store.h, the manifest in train/checkpoint_manifest.h). A step
+// folder holds model.safetensors (PyTorch state_dict names, params in their real dtype),
+// optimizer.safetensors ("<name>.master" / ".exp_avg" / ".exp_avg_sq", fp32: the bf16 moments of
+// bf16_full are exact in fp32), trainer_state.json (step, data RNG), config.json (the model's
+// shape and layout) and manifest.json, written last. Resuming verifies the manifest first and
+// replays the same losses bit for bit. The safetensors payloads go through the aio handle or plain
+// buffered I/O (train/checkpoint_io.h: `io`, default Auto: CUTRAIN_CHECKPOINT_IO, else aio when a
+// kernel async backend runs); the files are byte-identical either way.
 #pragma once
+
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <deque>
 #include <filesystem>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "train/checkpoint_io.h"
+#include "train/checkpoint_manifest.h"
 #include "train/train_backend.h"
 
 namespace cutrain::train {
 
 struct CheckpointMeta {
-  int step = 0;          // the next step to run (0-based)
+  int step = 0;          // steps done = the next step to run (0-based)
   std::string data_rng;  // the data generator's state (std::mt19937_64 text form)
+  // For config.json: the precision layout's name (empty: not recorded, not checked on resume) and
+  // whether attention is causal.
+  std::string layout;
+  bool causal = false;
 };
 
 // The two safetensors files of a state as save_checkpoint writes them: entries viewing `state`
@@ -34,12 +43,52 @@ void checkpoint_tensors(const model::TransformerParams& table, const HostState& 
 inline const char* kCheckpointModelFile = "model.safetensors";
 inline const char* kCheckpointOptimFile = "optimizer.safetensors";
 
-// Under ZeRO (stages 1-3 with a communicator) the backend's save_state() is a collective: every
-// rank calls save_checkpoint, and only the one with `write_files` (rank 0) writes DIR; the others
-// take part in the gather and return.
-void save_checkpoint(const std::filesystem::path& dir, const TrainBackend& backend, const CheckpointMeta& meta,
-                     CheckpointIo io = CheckpointIo::Auto, bool write_files = true);
-// Loads DIR into `backend` (names and shapes checked against its parameter table).
-CheckpointMeta load_checkpoint(const std::filesystem::path& dir, TrainBackend& backend, CheckpointIo io = CheckpointIo::Auto);
+inline const char* kCheckpointStateFile = "trainer_state.json";
+inline const char* kCheckpointConfigFile = "config.json";
+
+// config.json: the model's dimensions and layout, for --resume and for rebuilding the model in
+// PyTorch (keys in docs/training.md).
+nlohmann::json checkpoint_model_config(const model::ModelDims& dims, DType param_dtype, std::size_t num_params,
+                                       const std::string& layout, bool causal);
+// The dimensions a config.json gives (`where` names the file in errors).
+model::ModelDims checkpoint_model_dims(const nlohmann::json& config, const std::string& where);
+
+struct CheckpointSaveOptions {
+  CheckpointIo io = CheckpointIo::Auto;
+  bool write_files = true;  // false: take part in the state's gather only (ZeRO ranks > 0)
+  int keep_last = 0;        // > 0: keep the K highest step folders (and the one `latest` names)
+};
+struct CheckpointSaveReport {
+  std::filesystem::path folder;    // ROOT/global_step<N>; empty where nothing was written
+  std::vector<std::string> notes;  // stale temporaries removed, folders pruned: one line each
+};
+
+// Saves a step folder ROOT/global_step<meta.step> and points ROOT/latest at it (atomic as a
+// folder: docs/training.md). Under ZeRO (stages 1-3 with a communicator) the backend's
+// save_state() is a collective: every rank calls save_checkpoint, and only the one with
+// `write_files` (rank 0) writes; the others take part in the gather and return.
+CheckpointSaveReport save_checkpoint(const std::filesystem::path& root, const TrainBackend& backend,
+                                     const CheckpointMeta& meta, const CheckpointSaveOptions& options = {});
+
+// A checkpoint found and verified: `path` is a root (its `latest` is followed) or a step folder.
+struct OpenedCheckpoint {
+  std::filesystem::path folder;
+  bool legacy = false;  // the layout before manifests, read only with accept_legacy
+  Manifest manifest;    // not for legacy
+  std::vector<std::string> notes;  // unlisted files, the legacy warning
+};
+// Refuses (cutrain::Error naming the folder, the file, expected and found) a missing folder, a
+// `latest` naming a missing folder, a folder without manifest.json, and any file missing, of
+// another size or checksum, or of another step. The pre-manifest layout (the three files directly
+// in the folder) is refused unless `accept_legacy`, with a message saying how to convert it.
+OpenedCheckpoint open_checkpoint(const std::filesystem::path& path, bool accept_legacy = false);
+
+// Loads a verified checkpoint into `backend` (its shape checked against config.json, names and
+// shapes against the parameter table).
+CheckpointMeta load_checkpoint(const OpenedCheckpoint& checkpoint, TrainBackend& backend,
+                               CheckpointIo io = CheckpointIo::Auto);
+// open_checkpoint(path) + load.
+CheckpointMeta load_checkpoint(const std::filesystem::path& path, TrainBackend& backend,
+                               CheckpointIo io = CheckpointIo::Auto);
 
 }  // namespace cutrain::train

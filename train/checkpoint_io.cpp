@@ -7,6 +7,7 @@
 #include "runtime/aio/aio_handle.h"
 #include "runtime/choice.h"
 #include "runtime/error.h"
+#include "runtime/file_util.h"
 
 namespace cutrain::train {
 
@@ -51,18 +52,21 @@ CheckpointFiles::CheckpointFiles(CheckpointIo requested) : io_(requested) {
 
 CheckpointFiles::~CheckpointFiles() = default;
 
-void CheckpointFiles::write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
-                                        const SafetensorsMetadata& metadata) {
-  if (io_ == CheckpointIo::Plain) {
-    cutrain::write_safetensors(path, tensors, metadata);
-    return;
-  }
+FileDigest CheckpointFiles::write_safetensors(const std::filesystem::path& path,
+                                             std::span<const SafetensorsEntry> tensors,
+                                             const SafetensorsMetadata& metadata) {
   const SafetensorsImage img = safetensors_image(path, tensors, metadata);
   std::vector<std::span<const std::byte>> pieces;
   pieces.reserve(img.data.size() + 1);
   pieces.emplace_back(reinterpret_cast<const std::byte*>(img.prefix.data()), img.prefix.size());
   pieces.insert(pieces.end(), img.data.begin(), img.data.end());
-  aio::write_file_atomic(*handle_, path, pieces);
+  Xxh64 sum;
+  for (const auto& p : pieces) sum.update(p.data(), p.size());
+  if (io_ == CheckpointIo::Plain)
+    cutrain::write_file_atomic(path, pieces);
+  else
+    aio::write_file_atomic(*handle_, path, pieces);
+  return {img.total_bytes(), sum.digest()};
 }
 
 void CheckpointFiles::read(const SafetensorsReader& r, std::span<const TensorRead> reads) {

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "runtime/safetensors.h"
+#include "runtime/xxhash64.h"
 
 namespace cutrain::aio {
 class AioHandle;
@@ -41,8 +42,9 @@ class CheckpointFiles {
   CheckpointIo io() const { return io_; }  // Aio or Plain, never Auto
   const std::string& why() const { return why_; }  // how Auto decided
 
-  void write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
-                         const SafetensorsMetadata& metadata = {});
+  // Returns the file's size and XXH64, computed over the bytes handed to the write.
+  FileDigest write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
+                               const SafetensorsMetadata& metadata = {});
   // Sizes checked against the file's tensors (an error names the file and tensor).
   void read(const SafetensorsReader& reader, std::span<const TensorRead> reads);
 

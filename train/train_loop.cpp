@@ -19,6 +19,7 @@
 #include "runtime/error.h"
 #include "runtime/file_util.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_store.h"
 #include "train/config.h"
 #include "train/cpu_backend.h"
 #include "train/engine.h"
@@ -70,9 +71,35 @@ void write_text(const std::filesystem::path& path, const std::string& text) {
   w.commit();
 }
 
+// --resume: the shape flags the run did not give take the checkpoint's values.
+void take_checkpoint_shape(TrainOptions& o, const model::ModelDims& d) {
+  const TrainOptions::ShapeGiven& g = o.shape_given;
+  if (!g.hidden_dim) o.hidden_dim = d.hidden;
+  if (!g.num_layers) o.num_layers = d.layers;
+  if (!g.num_heads) o.num_heads = d.heads;
+  if (!g.vocab_size) o.vocab_size = d.vocab;
+  if (!g.seq_length) o.seq_length = d.max_seq;
+  if (!g.pad_vocab) o.pad_vocab = d.padded_vocab > d.vocab ? d.padded_vocab : 0;
+}
+
+// The run's model against the checkpoint's: a difference names the flag and both values.
+void check_checkpoint_shape(const model::ModelDims& run, const model::ModelDims& ck, const std::string& where) {
+  auto same = [&](const char* flag, const char* key, int a, int b) {
+    CUTRAIN_CHECK(a == b, "train: ", flag, " gives ", key, " ", a, ", the checkpoint (", where, ") has ", b,
+                  " (leave the flag out to take the checkpoint's)");
+  };
+  same("--hidden_dim", "hidden_dim", run.hidden, ck.hidden);
+  same("--num_layers", "num_layers", run.layers, ck.layers);
+  same("--num_heads", "num_heads", run.heads, ck.heads);
+  same("--vocab_size", "vocab_size", run.vocab, ck.vocab);
+  same("--pad_vocab", "embedding_rows", run.vocab_rows(), ck.vocab_rows());
+  same("--seq_length", "max_seq_len", run.max_seq, ck.max_seq);
+}
+
 }  // namespace
 
-TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
+TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
+  TrainOptions o = options;  // --resume fills the shape flags not given
   CUTRAIN_CHECK(!o.deepspeed_config.empty(), "train: --deepspeed_config PATH is required");
   CUTRAIN_CHECK(o.num_steps >= 1, "train: --num_steps must be >= 1, got ", o.num_steps);
   CUTRAIN_CHECK(o.log_interval >= 1, "train: --log_interval must be >= 1, got ", o.log_interval);
@@ -89,6 +116,14 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
   CUTRAIN_CHECK(o.eval_interval >= 0, "train: --eval_interval must be >= 0 (0: only before and after), got ",
                 o.eval_interval);
   CUTRAIN_CHECK(o.eval_steps >= 1, "train: --eval_steps must be >= 1, got ", o.eval_steps);
+  CUTRAIN_CHECK(!o.save_interval || *o.save_interval >= 1,
+                "train: --save_interval: expected N >= 1 (save after every N steps), found ", *o.save_interval);
+  CUTRAIN_CHECK(!o.keep_last || *o.keep_last >= 1, "train: --keep_last: expected K >= 1 (step folders kept), found ",
+                *o.keep_last);
+  CUTRAIN_CHECK((!o.save_interval && !o.keep_last) || !o.save_dir.empty(), "train: ",
+                o.save_interval ? "--save_interval" : "--keep_last", ": expected --save DIR with it, found none");
+  CUTRAIN_CHECK(!o.accept_legacy_checkpoint || !o.resume_dir.empty(),
+                "train: --accept_legacy_checkpoint: expected --resume DIR with it, found none");
   const bool next_token = o.use_real_data && o.labels != LabelsChoice::Identity;
   const bool causal = o.attention == AttentionChoice::Causal || (o.attention == AttentionChoice::Auto && next_token);
 
@@ -100,6 +135,20 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
   std::ostream quiet(nullptr);
   std::ostream& out = env.rank == 0 ? out_all : quiet;
 
+  // Checkpoints before any work: --save's folder must take files (rank 0 writes), --resume's is
+  // found and verified against its manifest, and gives the shape flags not given.
+  if (!o.save_dir.empty() && env.rank == 0) check_checkpoint_root(o.save_dir, "train: --save");
+  std::optional<OpenedCheckpoint> resume;
+  model::ModelDims resume_dims;
+  if (!o.resume_dir.empty()) {
+    resume = open_checkpoint(o.resume_dir, o.accept_legacy_checkpoint);
+    for (const auto& n : resume->notes) out << "[Rank 0] checkpoint " << n << "\n";
+    if (!resume->legacy) {
+      resume_dims = checkpoint_model_dims(resume->manifest.config, (resume->folder / kCheckpointConfigFile).string());
+      take_checkpoint_shape(o, resume_dims);
+    }
+  }
+
   TrainConfig cfg = load_config(o.deepspeed_config);
   for (const auto& w : cfg.warnings) out << "[Rank 0] config warning: " << w << "\n";
   // The command line's batch size is the micro batch (the BF16 example passes the same 4 to both).
@@ -108,6 +157,13 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
   if (o.learning_rate) cfg.optimizer.lr = *o.learning_rate;
   const LrSchedule schedule = LrSchedule::from_config(cfg);
   const int accum = cfg.accumulation();
+  const PrecisionPlan plan = plan_from_config(cfg);
+  if (resume && !resume->legacy) {
+    const std::string ck_layout = resume->manifest.config.value("precision_layout", std::string());
+    CUTRAIN_CHECK(ck_layout.empty() || ck_layout == plan.name(), "train: ", o.deepspeed_config.string(),
+                  " gives the precision layout ", plan.name(), ", the checkpoint (", resume->folder.string(),
+                  "/config.json) has ", ck_layout);
+  }
 
   BackendOptions bo;
   int vocab = o.vocab_size;
@@ -129,6 +185,8 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
   bo.activation_checkpointing = o.activation_checkpointing;
   bo.cuda_graph = o.cuda_graph;
   bo.dims.validate();
+  if (resume && !resume->legacy)
+    check_checkpoint_shape(bo.dims, resume_dims, (resume->folder / kCheckpointConfigFile).string());
 
   std::unique_ptr<data::BatchSampler> sampler, eval_sampler;
   int eval_batches = 0;
@@ -172,19 +230,28 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
   const std::size_t nparams = be->table().num_params();
   out << "[Rank 0] Model parameters: " << with_commas(nparams) << " total, " << with_commas(nparams) << " trainable\n";
   if (o.activation_checkpointing) out << "[Rank 0] Activation checkpointing enabled\n";
-  const PrecisionPlan plan = plan_from_config(cfg);
   out << "[Rank 0] cutrain initialized with config: " << o.deepspeed_config.string() << " (" << be->describe()
       << ", layout " << plan.name() << ", " << plan.bytes_per_param() << " bytes/param, accumulation " << accum
       << ")\n";
 
   int first_step = 0;
   std::mt19937_64 data_rng(o.seed);
-  if (!o.resume_dir.empty()) {
-    CheckpointMeta meta = load_checkpoint(o.resume_dir, *be);
+  if (resume) {
+    CheckpointMeta meta = load_checkpoint(*resume, *be);
     first_step = meta.step;
     std::istringstream(meta.data_rng) >> data_rng;
-    out << "[Rank 0] Resumed from " << o.resume_dir.string() << " at step " << first_step << "\n";
+    out << "[Rank 0] Resumed from " << resume->folder.string() << " at step " << first_step << "\n";
   }
+  // A checkpoint of `done` steps; under ZeRO every rank joins the state's gather, rank 0 writes.
+  auto save = [&](int done) {
+    std::ostringstream rng_text;
+    rng_text << data_rng;
+    const CheckpointSaveReport r =
+        save_checkpoint(o.save_dir, *be, CheckpointMeta{done, rng_text.str(), plan.name(), causal},
+                        {CheckpointIo::Auto, /*write_files=*/env.rank == 0, o.keep_last.value_or(0)});
+    for (const auto& n : r.notes) out << "[Rank 0] checkpoint: " << n << "\n";
+    out << "[Rank 0] Checkpoint saved to: " << (o.save_dir / step_tag(done)).string() << " (step " << done << ")\n";
+  };
   be->reset_peak();
   const MemoryStats init_mem = be->memory();
   out << "[Rank 0] Memory after init: allocated=" << format_gb(init_mem.allocated)
@@ -306,6 +373,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
       }
       metrics += j.dump() + "\n";
     }
+    if (!o.save_dir.empty() && step != last && interval_save_due(step + 1, o.save_interval.value_or(0))) save(step + 1);
   }
   be->release_workspace();
   const MemoryStats fin = be->memory();
@@ -338,13 +406,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
   }
   if (!o.metrics_file.empty()) write_text(o.metrics_file, metrics);
   prof.finish(out);
-  if (!o.save_dir.empty()) {
-    std::ostringstream rng_text;
-    rng_text << data_rng;
-    save_checkpoint(o.save_dir, *be, CheckpointMeta{last + 1, rng_text.str()}, CheckpointIo::Auto,
-                    /*write_files=*/env.rank == 0);  // ranks > 0 join the state's gather only
-    out << "[Rank 0] Checkpoint saved to: " << o.save_dir.string() << " (step " << last + 1 << ")\n";
-  }
+  if (!o.save_dir.empty()) save(last + 1);
   out.flush();
   return res;
 }

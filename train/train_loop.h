@@ -34,7 +34,17 @@ struct TrainOptions {
   int eval_steps = 20;                 // validation batches per evaluation (the first N, in file order)
   std::uint64_t seed = 42;
   std::filesystem::path metrics_file;
-  std::filesystem::path save_dir, resume_dir;
+  std::filesystem::path save_dir, resume_dir;  // --save ROOT, --resume ROOT or ROOT/global_step<N>
+  std::optional<int> save_interval;  // --save_interval N (>= 1, with --save): also save after every N steps
+  std::optional<int> keep_last;      // --keep_last K (>= 1, with --save): keep the K newest step folders
+  bool accept_legacy_checkpoint = false;  // --resume of the layout before manifests, without checksums
+  // Which shape flags the run gave (the command line sets these; a library caller's values count
+  // as given). With --resume the others take the checkpoint's config.json values, and a given one
+  // that contradicts the checkpoint is an error.
+  struct ShapeGiven {
+    bool hidden_dim = true, num_layers = true, num_heads = true, vocab_size = true, seq_length = true,
+         pad_vocab = true;
+  } shape_given;
   TrainDevice device = TrainDevice::Cuda;  // --device
   bool cuda_graph = true;
   bool fixed_batch = false;  // reuse the first batch every step (a loss that must fall)

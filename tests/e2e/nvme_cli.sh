@@ -16,8 +16,9 @@ if [ "$device" = cpu ]; then
     CUTRAIN_CHECKPOINT_IO=$io "$bin" train --deepspeed_config configs/baseline.json "${common[@]}" --num_steps 4 \
         --save "$tmp/ckpt_$io" >"$tmp/save_$io.txt" 2>&1 || { cat "$tmp/save_$io.txt"; fail "save with $io"; }
   done
-  for f in model.safetensors optimizer.safetensors trainer_state.json; do
-    cmp -s "$tmp/ckpt_plain/$f" "$tmp/ckpt_aio/$f" || fail "$f differs between CUTRAIN_CHECKPOINT_IO=plain and aio"
+  for f in model.safetensors optimizer.safetensors trainer_state.json config.json manifest.json; do
+    cmp -s "$tmp/ckpt_plain/global_step4/$f" "$tmp/ckpt_aio/global_step4/$f" \
+      || fail "$f differs between CUTRAIN_CHECKPOINT_IO=plain and aio"
   done
   # Resume from the aio checkpoint (read through aio) and through plain: the same losses.
   for io in aio plain; do

@@ -232,10 +232,15 @@ TEST_P(ModelGpu, ResumeFromACheckpointIsBitIdentical) {
   {
     train::GpuEngine b(o, cfg);
     for (int s = 0; s < 3; ++s) b.step(batches[s].tokens.data(), batches[s].labels.data(), s + 1, 1e-3f);
-    train::save_checkpoint(dir, b, train::CheckpointMeta{3, ""});
+    train::save_checkpoint(dir, b, train::CheckpointMeta{3, "", GetParam(), false});
   }
+  // The step folder, verified against its manifest before the load; bf16 params on the GPU.
+  const train::OpenedCheckpoint opened = train::open_checkpoint(dir);
+  EXPECT_EQ(opened.folder, dir / "global_step3");
+  EXPECT_EQ(opened.manifest.config["param_dtype"], "BF16");
+  EXPECT_EQ(opened.manifest.config["precision_layout"], GetParam());
   train::GpuEngine c(o, config_for(GetParam()));
-  EXPECT_EQ(train::load_checkpoint(dir, c).step, 3);
+  EXPECT_EQ(train::load_checkpoint(opened, c).step, 3);
   for (int s = 3; s < 6; ++s)
     EXPECT_EQ(c.step(batches[s].tokens.data(), batches[s].labels.data(), s + 1, 1e-3f).loss, full[s]) << "step " << s;
   std::filesystem::remove_all(dir);

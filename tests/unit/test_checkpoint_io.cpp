@@ -166,10 +166,11 @@ TEST(CheckpointIo, BothPathsWriteByteIdenticalFiles) {
   const Batches b = make_batches(2, o, rng);
   run_steps(*be, b, 0, 2);
   const fs::path plain = temp_dir("plain"), viaaio = temp_dir("aio");
-  train::save_checkpoint(plain, *be, {2, "rng-state"}, train::CheckpointIo::Plain);
-  train::save_checkpoint(viaaio, *be, {2, "rng-state"}, train::CheckpointIo::Aio);
-  for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json"}) {
-    const auto a = read_file(plain / f), c = read_file(viaaio / f);
+  train::save_checkpoint(plain, *be, {2, "rng-state", "baseline", false}, {train::CheckpointIo::Plain, true, 0});
+  train::save_checkpoint(viaaio, *be, {2, "rng-state", "baseline", false}, {train::CheckpointIo::Aio, true, 0});
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json", "config.json",
+                        "manifest.json"}) {
+    const auto a = read_file(plain / "global_step2" / f), c = read_file(viaaio / "global_step2" / f);
     EXPECT_GT(a.size(), 0u) << f;
     EXPECT_TRUE(a == c) << f << ": plain " << a.size() << " bytes, aio " << c.size() << " bytes";
   }
@@ -183,7 +184,7 @@ TEST(CheckpointIo, ResumeIsBitIdenticalWhicheverPathWroteOrReads) {
   auto ref = train::make_cpu_backend(o, c);
   run_steps(*ref, b, 0, 2);
   const fs::path dir = temp_dir("resume");
-  train::save_checkpoint(dir, *ref, {2, "rng-state"}, train::CheckpointIo::Aio);
+  train::save_checkpoint(dir, *ref, {2, "rng-state", "baseline", false}, {train::CheckpointIo::Aio, true, 0});
   const std::vector<double> want = run_steps(*ref, b, 2, 5);
   const train::HostState want_state = ref->save_state();
   for (train::CheckpointIo io : {train::CheckpointIo::Aio, train::CheckpointIo::Plain}) {

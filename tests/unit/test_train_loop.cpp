@@ -150,9 +150,9 @@ TEST(TrainLoop, ResumeGivesBitIdenticalLosses) {
   first.num_steps = 3;
   first.save_dir = dir / "ckpt";
   train::TrainResult b = train::run_training(first, out);
-  ASSERT_TRUE(fs::exists(dir / "ckpt" / "model.safetensors"));
-  ASSERT_TRUE(fs::exists(dir / "ckpt" / "optimizer.safetensors"));
-  ASSERT_TRUE(fs::exists(dir / "ckpt" / "trainer_state.json"));
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json", "config.json", "manifest.json"})
+    ASSERT_TRUE(fs::exists(dir / "ckpt" / "global_step3" / f)) << f;
+  ASSERT_TRUE(fs::exists(dir / "ckpt" / "latest"));
 
   train::TrainOptions second = full;
   second.num_steps = 3;
@@ -169,7 +169,7 @@ TEST(TrainLoop, ResumeGivesBitIdenticalLosses) {
   EXPECT_NE(out2.str().find("Step 4: loss="), std::string::npos) << out2.str();
   EXPECT_EQ(out2.str().find("Step 0: loss="), std::string::npos) << out2.str();
   EXPECT_NE(slurp(second.loss_log_file).find("\n5,"), std::string::npos);
-  // A checkpoint of another model size is refused with the tensor named.
+  // A model size other than the checkpoint's is refused, the flag and both sizes named.
   train::TrainOptions other = second;
   other.hidden_dim = 64;
   other.num_heads = 4;
@@ -177,7 +177,9 @@ TEST(TrainLoop, ResumeGivesBitIdenticalLosses) {
     train::run_training(other, out2);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("embedding.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--hidden_dim gives hidden_dim 64, the checkpoint ("), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find(") has 32"), std::string::npos) << e.what();
   }
   fs::remove_all(dir);
 }
