@@ -121,12 +121,15 @@ void parse_offload(Reader& r, const json& j, const std::string& path, bool optim
   if (const json* n = Reader::find(j, "nvme_path"); n && !n->is_null()) o.nvme_path = r.as_string(*n, path + ".nvme_path");
   r.read(j, path, "pin_memory", o.pin_memory);
   r.read(j, path, "buffer_count", o.buffer_count, 1, kMaxInt);
-  r.read(j, path, "buffer_size", o.buffer_size, 1, kMaxI64);
-  r.read(j, path, "max_in_cpu", o.max_in_cpu, 0, kMaxI64);
-  r.read(j, path, "pipeline_read", o.pipeline_read);
-  r.read(j, path, "pipeline_write", o.pipeline_write);
-  r.read(j, path, "fast_init", o.fast_init);
-  r.read(j, path, "ratio", o.ratio, 0.0, 1.0, true);
+  if (optimizer) {
+    r.read(j, path, "pipeline_read", o.pipeline_read);
+    r.read(j, path, "pipeline_write", o.pipeline_write);
+    r.read(j, path, "fast_init", o.fast_init);
+    r.read(j, path, "ratio", o.ratio, 0.0, 1.0, true);
+  } else {
+    r.read(j, path, "buffer_size", o.buffer_size, 1, kMaxI64);
+    r.read(j, path, "max_in_cpu", o.max_in_cpu, 0, kMaxI64);
+  }
   if (o.device == OffloadTarget::Nvme && o.nvme_path.empty())
     r.fail_missing(path + ".nvme_path", "a directory path", "device \"nvme\" needs a place for its swap files");
 }

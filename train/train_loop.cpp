@@ -335,7 +335,7 @@ TrainResult run_training(const TrainOptions& o, std::ostream& out_all) {
       progress_time += dt;
       const int done = step - first_step + 1;
       out << "\r[step " << step + 1 << "/" << last + 1 << "] ETA " << duration_text(progress_time / done * (last - step))
-          << ", " << with_commas(std::uint64_t(double(per_step) / dt)) << " tokens/s, mem " << format_gb(mem.allocated)
+          << ", " << with_commas(dt > 0 ? std::uint64_t(double(per_step) / dt) : 0) << " tokens/s, mem " << format_gb(mem.allocated)
           << " (peak " << format_gb(mem.peak) << ")\033[K" << std::flush;
       progress_shown = true;
     }

@@ -700,4 +700,8 @@ TEST(ConfigKeys, UnknownKeysStayWarningsNamingTheNearest) {
   train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabeld": true}})", "u.json");
   ASSERT_EQ(c.warnings.size(), 1u) << warnings_text(c);
   EXPECT_TRUE(any_warning_has(c, {"u.json", "fp16.enabeld", "unknown key", "'fp16.enabled'", "ignored"})) << warnings_text(c);
+  // A key of the other offload section: unknown here, not read.
+  train::TrainConfig d = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1,
+      "offload_optimizer": {"device": "cpu", "buffer_size": 5}}})", "o.json");
+  EXPECT_TRUE(any_warning_has(d, {"zero_optimization.offload_optimizer.buffer_size", "unknown key"})) << warnings_text(d);
 }
