@@ -545,7 +545,7 @@ TEST(Config, RandomDamageGivesConfigErrorsOnly) {
 TEST(ConfigChoices, ParsedOnceIntoEnums) {
   train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "adamw"},
       "scheduler": {"type": "warmupcosinelr", "params": {"total_num_steps": 10, "warmup_num_steps": 2, "warmup_type": "LINEAR"}},
-      "bf16": {"enabled": false}, "torch_autocast": {"enabled": true, "dtype": "torch.half"},
+      "bf16": {"enabled": false}, "torch_autocast": {"enabled": false, "dtype": "torch.half"},
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "CPU"}, "offload_param": {"device": null}}})",
                                "choices.json");
   EXPECT_EQ(c.optimizer.type, train::OptimizerType::AdamW);
