@@ -5,12 +5,10 @@
 
 namespace cutrain {
 
-static std::string with_location(const std::string& message, const char* file, int line) {
-  return detail::concat(message, " [", file, ":", line, "]");
-}
-
 Error::Error(std::string message, const char* file, int line)
-    : std::runtime_error(with_location(message, file, line)), message_(std::move(message)), file_(file), line_(line) {}
+    : std::runtime_error(message), message_(std::move(message)), file_(file), line_(line) {}
+
+std::string Error::location() const { return detail::concat(file_ ? file_ : "?", ":", line_); }
 
 namespace detail {
 

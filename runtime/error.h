@@ -9,14 +9,17 @@
 
 namespace cutrain {
 
-// Every failure in cutrain throws this: what failed, where (file:line) and, for library calls,
-// the library's own message. Callers (tests, the training loop) can catch and recover.
+// Every failure in cutrain throws this: what failed and, for library calls, the library's own
+// message (what() == message(), the text a user sees), and the source location that threw it
+// (file(), line(), location(): diagnostics, printed by the program only with CUTRAIN_DEBUG=1).
+// Callers (tests, the training loop) can catch and recover.
 class Error : public std::runtime_error {
  public:
   Error(std::string message, const char* file, int line);
   const std::string& message() const { return message_; }
   const char* file() const { return file_; }
   int line() const { return line_; }
+  std::string location() const;  // "file:line"
 
  private:
   std::string message_;

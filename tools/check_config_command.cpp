@@ -41,7 +41,8 @@ int run_check_config(const Options& o) {
   std::printf("  zero       stage %d, overlap_comm %s, reduce_bucket %lld, offload optimizer %s, offload param %s\n", z.stage,
               on(z.overlap_comm), static_cast<long long>(z.reduce_bucket_size), name(z.offload_optimizer.device),
               name(z.offload_param.device));
-  std::printf("  clipping   %g, steps_per_print %d, activation checkpointing %s\n", c.gradient_clipping, c.steps_per_print,
+  std::printf("  clipping   %g, steps_per_print %s, activation checkpointing %s\n", c.gradient_clipping,
+              c.steps_per_print ? std::to_string(*c.steps_per_print).c_str() : "(--log_interval)",
               on(c.has_activation_checkpointing));
   train::LrSchedule lr = train::LrSchedule::from_config(c);
   std::printf("  schedule   %s\n", lr.describe().c_str());

@@ -1,9 +1,17 @@
 // The `cutrain` program: one table of subcommands, one of them the default (the main job).
+// stdout is line-buffered (a `| tee log` sees each line as it is printed); an error prints its
+// message, and its source location only with CUTRAIN_DEBUG=1.
+#include <cuda_runtime.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
+#include <string>
 
 #include "runtime/error.h"
+#include "tools/build_info.h"
 #include "tools/commands.h"
 
 namespace cutrain::tools {
@@ -36,13 +44,32 @@ const Command& default_command() {
   return kCommands[0];
 }
 
+// "cutrain 0.1.0 (abc1234, CUDA 12.4, sm_90)": the CUDA runtime this binary links (no device needed).
+std::string version_text() {
+  int rt = 0;
+  std::string cuda = cudaRuntimeGetVersion(&rt) == cudaSuccess
+                         ? std::to_string(rt / 1000) + "." + std::to_string(rt % 1000 / 10)
+                         : std::string("unknown");
+  return std::string("cutrain ") + CUTRAIN_VERSION + " (" + CUTRAIN_GIT_COMMIT + ", CUDA " + cuda + ", " +
+         CUTRAIN_CUDA_ARCHS + ")";
+}
+
+// CUTRAIN_DEBUG set to anything but "" or "0".
+bool debug_mode() {
+  const char* v = std::getenv("CUTRAIN_DEBUG");
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
 }  // namespace
 }  // namespace cutrain::tools
 
 int main(int argc, char** argv) {
   using namespace cutrain::tools;
-  CLI::App app{"cutrain: a hand-written CUDA training runtime (BF16 layouts, offload, NVMe I/O, NCCL)"};
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  CLI::App app{"cutrain: a hand-written CUDA training runtime (BF16 layouts, offload, NVMe I/O, NCCL)\n"
+               "CUTRAIN_DEBUG=1: errors also name the source location that raised them"};
   app.require_subcommand(0, 1);
+  app.set_version_flag("--version", version_text(), "Print the version, commit, CUDA runtime and architectures");
   int exit_code = 0;
   CLI::App* def = nullptr;
   for (const Command& c : kCommands) {
@@ -60,7 +87,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const cutrain::Error& e) {
     std::fflush(stdout);
-    std::cerr << "cutrain: error: " << e.what() << "\n";
+    std::cerr << "cutrain: error: " << e.what();
+    if (debug_mode()) std::cerr << " [" << e.location() << "]";
+    std::cerr << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -1,5 +1,7 @@
 // `cutrain train`: the BF16 example's train.py (same flags, defaults and output), on the GPU
 // engine or, with --device cpu, on the CPU reference model. The program's default command.
+#include <unistd.h>
+
 #include <filesystem>
 #include <iostream>
 
@@ -17,6 +19,8 @@ struct TrainFlags {
   // The string-valued flags, turned into their enums once in run_train.
   std::string device = "cuda", labels = "auto", attention = "auto";
   float learning_rate = 1e-4f;
+  int log_interval = 5;
+  CLI::Option* log_interval_opt = nullptr;
   bool no_cuda_graph = false;
   bool print_layouts = false;
   CLI::Option* lr_opt = nullptr;
@@ -40,6 +44,8 @@ int run_train(TrainFlags& f) {
   o.labels = train::parse_choice(train::kLabelsChoices, f.labels, "--labels");
   o.attention = train::parse_choice(train::kAttentionChoices, f.attention, "--attention");
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
+  if (f.log_interval_opt->count()) o.log_interval = f.log_interval;
+  o.progress = ::isatty(STDOUT_FILENO) == 1;
   o.cuda_graph = !f.no_cuda_graph;
   if (f.save_interval_opt->count()) o.save_interval = f.save_interval;
   if (f.keep_last_opt->count()) o.keep_last = f.keep_last;
@@ -105,7 +111,8 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   sub->add_option("--warmup_steps", o.warmup_steps, "Steps left out of the average step time")->capture_default_str();
   f.lr_opt = sub->add_option("--learning_rate", f.learning_rate, "Overrides the config's optimizer lr when given")
                  ->capture_default_str();
-  sub->add_option("--log_interval", o.log_interval, "Print a Step line every N steps")->capture_default_str();
+  f.log_interval_opt = sub->add_option("--log_interval", f.log_interval,
+                                       "Print a Step line every N steps (not given: the config's steps_per_print, else 5)");
   sub->add_flag("--activation_checkpointing", o.activation_checkpointing, "Recompute each block in backward");
   sub->add_option("--loss_log_file", o.loss_log_file, "Write step,loss CSV here");
   sub->add_flag("--use_real_data", o.use_real_data, "Train on token shards (--data) instead of random tokens");
@@ -150,7 +157,8 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   sub->add_flag("--fixed_batch", o.fixed_batch, "Reuse the first batch every step (the loss must fall)");
   f.timing_opt = sub->add_option("--timing_report", f.timing_file,
                                  "Time every named region with CUDA events for --timing_steps steps after the warm-up "
-                                 "and print a table with MFU at the end; with FILE also write it as JSON")
+                                 "and print a table with MFU at the end; with FILE also write it as JSON (the config's "
+                                 "wall_clock_breakdown: true is the same without FILE)")
                      ->expected(0, 1)
                      ->type_name("[FILE.json]");
   sub->add_option("--timing_steps", o.profiling.timing_steps, "Steps --timing_report covers")->capture_default_str();

@@ -1,5 +1,7 @@
-// DeepSpeed-style JSON -> TrainConfig: one parse function per section, then the cross-section
-// checks DeepSpeed itself would fail on (or silently misbehave with).
+// DeepSpeed-style JSON -> TrainConfig: one parse function per section (the keys each accepts are
+// the key table's, train/config_keys.cpp), the table's pass (warnings for keys read but not acted
+// on, errors for features cutrain lacks), then the cross-section checks DeepSpeed itself would fail
+// on (or silently misbehave with).
 #include "train/config.h"
 
 #include <limits>
@@ -20,12 +22,12 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 void parse_optimizer(Reader& r, const json& j, OptimizerConfig& o) {
   const std::string path = "optimizer";
-  r.check_object(j, path, {"type", "params"});
+  r.check_object(j, path);
   r.read_choice(j, path, "type", o.type, kOptimizerTypes);
   bool adam_w_mode_given = false;
   if (const json* p = Reader::find(j, "params")) {
     const std::string pp = "optimizer.params";
-    r.check_object(*p, pp, {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "torch_adam", "amsgrad"});
+    r.check_object(*p, pp);
     r.read(*p, pp, "lr", o.lr, 0.0, kInf);
     if (const json* b = Reader::find(*p, "betas")) {
       if (!b->is_array() || b->size() != 2) r.fail_expected(pp + ".betas", "an array of 2 numbers", *b);
@@ -39,8 +41,7 @@ void parse_optimizer(Reader& r, const json& j, OptimizerConfig& o) {
     r.read(*p, pp, "bias_correction", o.bias_correction);
     bool unused = false;
     r.read(*p, pp, "torch_adam", unused);
-    if (const json* a = Reader::find(*p, "amsgrad"); a && r.as_bool(*a, pp + ".amsgrad"))
-      r.fail(pp + ".amsgrad", "amsgrad is not supported by cutrain's Adam; remove it or set it to false");
+    if (const json* a = Reader::find(*p, "amsgrad")) r.as_bool(*a, pp + ".amsgrad");
   }
   // DeepSpeed: type AdamW is always decoupled weight decay; adam_w_mode only matters for type Adam.
   if (o.type == OptimizerType::AdamW) {
@@ -51,7 +52,7 @@ void parse_optimizer(Reader& r, const json& j, OptimizerConfig& o) {
 }
 
 void parse_scheduler(Reader& r, const json& j, SchedulerConfig& s) {
-  r.check_object(j, "scheduler", {"type", "params"});
+  r.check_object(j, "scheduler");
   const json* t = Reader::find(j, "type");
   if (!t) r.fail_missing("scheduler.type", "\"WarmupLR\", \"WarmupDecayLR\" or \"WarmupCosineLR\"", "a scheduler section needs a type");
   r.read_choice(j, "scheduler", "type", s.type, kSchedulerTypes);
@@ -62,14 +63,12 @@ void parse_scheduler(Reader& r, const json& j, SchedulerConfig& s) {
   // DeepSpeed passes params as keyword arguments: a key of another scheduler is a TypeError there,
   // so an unknown key here is an error even without strict.
   if (s.type == SchedulerType::WarmupCosineLR)
-    r.check_object(*p, pp, {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type", "last_batch_iteration"}, {}, true);
+    r.check_object(*p, pp, {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type", "last_batch_iteration"}, true);
   else if (s.type == SchedulerType::WarmupDecayLR)
-    r.check_object(*p, pp, {"total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}, {}, true);
+    r.check_object(*p, pp, {"total_num_steps", "warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}, true);
   else
-    r.check_object(*p, pp, {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}, {},
-                   true);
-  if (const json* v = Reader::find(*p, "last_batch_iteration"); v && r.as_int(*v, pp + ".last_batch_iteration", -1, kMaxInt) != -1)
-    r.fail(pp + ".last_batch_iteration", "resuming a schedule mid-way is done from a checkpoint, not the config; remove it or set -1");
+    r.check_object(*p, pp, {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}, true);
+  if (const json* v = Reader::find(*p, "last_batch_iteration")) r.as_int(*v, pp + ".last_batch_iteration", -1, kMaxInt);
   r.read(*p, pp, "warmup_num_steps", s.warmup_num_steps, 1, kMaxInt);
   r.read_choice(*p, pp, "warmup_type", s.warmup_type, kWarmupTypes);
   if (s.type == SchedulerType::WarmupCosineLR) {
@@ -92,8 +91,7 @@ void parse_scheduler(Reader& r, const json& j, SchedulerConfig& s) {
 }
 
 void parse_bf16(Reader& r, const json& j, const std::string& path, Bf16Config& b) {
-  r.check_object(j, path, {"enabled", "bf16_master_weights_and_grads", "bf16_optimizer_states", "stochastic_rounding"},
-                 {"immediate_grad_update", "check_grad_overflow", "auto_cast"});
+  r.check_object(j, path);
   r.read(j, path, "enabled", b.enabled);
   r.read(j, path, "bf16_master_weights_and_grads", b.bf16_master_weights_and_grads);
   r.read(j, path, "bf16_optimizer_states", b.bf16_optimizer_states);
@@ -102,9 +100,7 @@ void parse_bf16(Reader& r, const json& j, const std::string& path, Bf16Config& b
 
 void parse_fp16(Reader& r, const json& j, Fp16Config& f) {
   const std::string path = "fp16";
-  r.check_object(j, path, {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
-                           "consecutive_hysteresis", "min_loss_scale"},
-                 {"fp16_master_weights_and_grads"});
+  r.check_object(j, path);
   r.read(j, path, "enabled", f.enabled);
   r.read(j, path, "auto_cast", f.auto_cast);
   r.read(j, path, "loss_scale", f.loss_scale, 0.0, kInf);
@@ -116,11 +112,7 @@ void parse_fp16(Reader& r, const json& j, Fp16Config& f) {
 }
 
 void parse_offload(Reader& r, const json& j, const std::string& path, bool optimizer, OffloadConfig& o) {
-  if (optimizer)
-    r.check_object(j, path, {"device", "nvme_path", "pin_memory", "buffer_count", "pipeline_read", "pipeline_write", "fast_init", "ratio"},
-                   {"pipeline"});
-  else
-    r.check_object(j, path, {"device", "nvme_path", "pin_memory", "buffer_count", "buffer_size", "max_in_cpu"});
+  r.check_object(j, path);
   if (const json* d = Reader::find(j, "device"); d && d->is_null()) {
     o.device = OffloadTarget::None;
   } else {
@@ -129,26 +121,22 @@ void parse_offload(Reader& r, const json& j, const std::string& path, bool optim
   if (const json* n = Reader::find(j, "nvme_path"); n && !n->is_null()) o.nvme_path = r.as_string(*n, path + ".nvme_path");
   r.read(j, path, "pin_memory", o.pin_memory);
   r.read(j, path, "buffer_count", o.buffer_count, 1, kMaxInt);
-  r.read(j, path, "buffer_size", o.buffer_size, 1, kMaxI64);
-  r.read(j, path, "max_in_cpu", o.max_in_cpu, 0, kMaxI64);
-  r.read(j, path, "pipeline_read", o.pipeline_read);
-  r.read(j, path, "pipeline_write", o.pipeline_write);
-  r.read(j, path, "fast_init", o.fast_init);
-  r.read(j, path, "ratio", o.ratio, 0.0, 1.0, true);
+  if (optimizer) {
+    r.read(j, path, "pipeline_read", o.pipeline_read);
+    r.read(j, path, "pipeline_write", o.pipeline_write);
+    r.read(j, path, "fast_init", o.fast_init);
+    r.read(j, path, "ratio", o.ratio, 0.0, 1.0, true);
+  } else {
+    r.read(j, path, "buffer_size", o.buffer_size, 1, kMaxI64);
+    r.read(j, path, "max_in_cpu", o.max_in_cpu, 0, kMaxI64);
+  }
   if (o.device == OffloadTarget::Nvme && o.nvme_path.empty())
     r.fail_missing(path + ".nvme_path", "a directory path", "device \"nvme\" needs a place for its swap files");
 }
 
 void parse_zero(Reader& r, const json& j, ZeroConfig& z) {
   const std::string path = "zero_optimization";
-  r.check_object(j, path,
-                 {"stage", "overlap_comm", "contiguous_gradients", "reduce_bucket_size", "allgather_bucket_size", "reduce_scatter",
-                  "allgather_partitions", "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size",
-                  "stage3_max_live_parameters", "stage3_max_reuse_distance", "sub_group_size", "round_robin_gradients",
-                  "stage3_gather_16bit_weights_on_model_save", "offload_optimizer", "offload_param"},
-                 {"elastic_checkpoint", "load_from_fp32_weights", "ignore_unused_parameters", "zero_hpz_partition_size",
-                  "zero_quantized_weights", "zero_quantized_gradients", "mics_shard_size", "memory_efficient_linear",
-                  "stage3_gather_fp16_weights_on_model_save", "use_multi_rank_bucket_allreduce", "legacy_stage1"});
+  r.check_object(j, path);
   r.read(j, path, "stage", z.stage, 0, 3);
   r.read(j, path, "overlap_comm", z.overlap_comm);
   r.read(j, path, "contiguous_gradients", z.contiguous_gradients);
@@ -175,7 +163,7 @@ void parse_zero(Reader& r, const json& j, ZeroConfig& z) {
 
 void parse_autocast(Reader& r, const json& j, AutocastConfig& a) {
   const std::string path = "torch_autocast";
-  r.check_object(j, path, {"enabled", "dtype", "lower_precision_safe_modules"});
+  r.check_object(j, path);
   r.read(j, path, "enabled", a.enabled);
   if (const json* d = Reader::find(j, "dtype")) {
     std::string s = r.as_string(*d, path + ".dtype");
@@ -194,8 +182,7 @@ void parse_autocast(Reader& r, const json& j, AutocastConfig& a) {
 
 void parse_activation_checkpointing(Reader& r, const json& j, ActivationCheckpointingConfig& a) {
   const std::string path = "activation_checkpointing";
-  r.check_object(j, path, {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization", "number_checkpoints",
-                           "synchronize_checkpoint_boundary", "profile"});
+  r.check_object(j, path);
   r.read(j, path, "partition_activations", a.partition_activations);
   r.read(j, path, "cpu_checkpointing", a.cpu_checkpointing);
   r.read(j, path, "contiguous_memory_optimization", a.contiguous_memory_optimization);
@@ -214,7 +201,7 @@ void parse_activation_checkpointing(Reader& r, const json& j, ActivationCheckpoi
 
 void parse_aio(Reader& r, const json& j, AioConfig& a) {
   const std::string path = "aio";
-  r.check_object(j, path, {"block_size", "queue_depth", "intra_op_parallelism", "thread_count", "single_submit", "overlap_events", "use_gds"});
+  r.check_object(j, path);
   r.read(j, path, "block_size", a.block_size, 1, kMaxI64);
   if (a.block_size % 512 != 0)
     r.fail_expected(path + ".block_size", "a multiple of 512 (O_DIRECT transfers whole sectors)", j["block_size"]);
@@ -230,8 +217,6 @@ void parse_aio(Reader& r, const json& j, AioConfig& a) {
 
 // Combinations that are each valid alone but not together.
 void check_consistency(Reader& r, const TrainConfig& c) {
-  if (c.fp16.enabled && c.bf16.enabled)
-    r.fail("fp16.enabled", "fp16 and bf16 are both enabled; a run trains in one of them, so disable one");
   if (c.bf16.bf16_optimizer_states && !c.bf16.bf16_master_weights_and_grads)
     r.fail("bf16.bf16_optimizer_states",
            "bf16_optimizer_states needs bf16_master_weights_and_grads: true (DeepSpeed keeps the optimizer states in "
@@ -240,8 +225,8 @@ void check_consistency(Reader& r, const TrainConfig& c) {
     r.fail("bf16.bf16_master_weights_and_grads", "bf16_master_weights_and_grads needs bf16.enabled: true");
   if (c.bf16.stochastic_rounding && !c.bf16.enabled)
     r.fail("bf16.stochastic_rounding", "stochastic_rounding applies to bf16 writes and needs bf16.enabled: true");
-  if (c.torch_autocast.enabled && c.torch_autocast.dtype == AutocastDtype::Float16 && c.bf16.enabled)
-    r.fail("torch_autocast.dtype", "autocast to torch.float16 while the model is bf16 (bf16.enabled); use torch.bfloat16");
+  if (c.torch_autocast.enabled && c.torch_autocast.dtype == AutocastDtype::Float16)
+    r.fail("torch_autocast.dtype", "autocast to torch.float16 is not implemented (the model computes in bf16); use torch.bfloat16");
 }
 
 }  // namespace
@@ -255,14 +240,7 @@ TrainConfig parse_config(const std::string& json_text, const std::string& origin
   }
   TrainConfig c;
   Reader r(origin, options.strict, &c.warnings);
-  r.check_object(root, "",
-                 {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "steps_per_print",
-                  "gradient_clipping", "wall_clock_breakdown", "optimizer", "scheduler", "bf16", "bfloat16", "fp16",
-                  "zero_optimization", "torch_autocast", "activation_checkpointing", "aio"},
-                 {"prescale_gradients", "gradient_predivide_factor", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
-                  "memory_breakdown", "dump_state", "tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler",
-                  "comms_logger", "communication_data_type", "sparse_gradients", "elasticity", "checkpoint",
-                  "data_efficiency", "compression_training", "data_types", "seq_parallel_communication_data_type"});
+  r.check_object(root, "");
   auto read_opt_int = [&](const char* key, std::optional<int>& out) {
     if (const json* v = Reader::find(root, key); v && !v->is_null())
       out = static_cast<int>(r.as_int(*v, key, 1, kMaxInt));
@@ -270,7 +248,7 @@ TrainConfig parse_config(const std::string& json_text, const std::string& origin
   read_opt_int("train_batch_size", c.train_batch_size);
   read_opt_int("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
   read_opt_int("gradient_accumulation_steps", c.gradient_accumulation_steps);
-  r.read(root, "", "steps_per_print", c.steps_per_print, 1, kMaxInt);
+  read_opt_int("steps_per_print", c.steps_per_print);
   r.read(root, "", "gradient_clipping", c.gradient_clipping, 0.0, kInf);
   r.read(root, "", "wall_clock_breakdown", c.wall_clock_breakdown);
   if (const json* v = Reader::find(root, "optimizer")) parse_optimizer(r, *v, c.optimizer);
@@ -288,6 +266,7 @@ TrainConfig parse_config(const std::string& json_text, const std::string& origin
     parse_activation_checkpointing(r, *v, c.activation_checkpointing);
   }
   if (const json* v = Reader::find(root, "aio")) parse_aio(r, *v, c.aio);
+  r.apply_key_table(root, "");
   check_consistency(r, c);
   c.source = origin;
   c.resolve_batch(options.world_size);

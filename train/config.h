@@ -1,6 +1,7 @@
 // @brief The DeepSpeed config schema: JSON -> typed, validated TrainConfig.
-// Key names are DeepSpeed's, so a DeepSpeed user's file works. Unknown keys: a warning naming the
-// key and the nearest known key (an error with strict). Wrong types / out-of-range values /
+// Key names are DeepSpeed's, so a DeepSpeed user's file works. Every key the reader accepts has a
+// status in train/config_keys.h: acted on, warned about (read but not acted on), or an error.
+// Unknown keys: a warning naming the key and the nearest known key (an error with strict). Wrong types / out-of-range values /
 // inconsistent combinations: a ConfigError naming the file, the JSON path, what was expected and
 // what was found. String-valued choices arrive as enums (train/choices.h).
 #pragma once
@@ -125,7 +126,7 @@ struct TrainConfig {
   std::optional<int> train_batch_size;
   std::optional<int> train_micro_batch_size_per_gpu;
   std::optional<int> gradient_accumulation_steps;
-  int steps_per_print = 10;
+  std::optional<int> steps_per_print;  // absent: the Step line interval is --log_interval's
   float gradient_clipping = 0.f;  // 0: off
   bool wall_clock_breakdown = false;
   OptimizerConfig optimizer;
@@ -137,7 +138,7 @@ struct TrainConfig {
   ActivationCheckpointingConfig activation_checkpointing;
   bool has_activation_checkpointing = false;  // the section was present
   AioConfig aio;
-  std::vector<std::string> warnings;  // unknown keys etc., already formatted
+  std::vector<std::string> warnings;  // unknown keys, keys not acted on, etc., already formatted
 
   // Resolves the batch triple for `world_size` ranks (fills the missing ones; ConfigError when
   // they do not multiply out or none is given).

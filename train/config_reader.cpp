@@ -8,6 +8,7 @@
 
 #include "runtime/json_util.h"
 #include "train/config.h"
+#include "train/config_keys.h"
 
 namespace cutrain::train::config_detail {
 
@@ -86,30 +87,60 @@ void Reader::warn(const std::string& path, const std::string& what) {
   if (warnings_) warnings_->push_back(detail::concat(origin_, ": ", path, ": ", what));
 }
 
+void Reader::warn_text(const std::string& text) {
+  if (warnings_) warnings_->push_back(text);
+}
+
 const json* Reader::find(const json& obj, std::string_view key) {
   auto it = obj.find(key);
   return it == obj.end() ? nullptr : &*it;
 }
 
+void Reader::check_object(const json& v, const std::string& path, bool unknown_is_error) {
+  check_object(v, path, config_key_children(path), unknown_is_error);
+}
+
 void Reader::check_object(const json& v, const std::string& path, const std::vector<std::string_view>& known,
-                          const std::vector<std::string_view>& ignored, bool unknown_is_error) {
+                          bool unknown_is_error) {
   if (!v.is_object()) fail_expected(path.empty() ? "(top level)" : path, "an object", v);
   for (auto it = v.begin(); it != v.end(); ++it) {
     const std::string& key = it.key();
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
     std::string key_path = join_path(path, key);
-    if (std::find(ignored.begin(), ignored.end(), key) != ignored.end()) {
-      warn(key_path, "a DeepSpeed key cutrain does not act on; ignored");
-      continue;
-    }
-    std::vector<std::string_view> all(known);
-    all.insert(all.end(), ignored.begin(), ignored.end());
-    std::string near = nearest(key, all);
+    std::string near = nearest(key, known);
     std::string text = detail::concat("unknown key '", key, "'");
     if (!near.empty()) text += detail::concat(" (nearest known key: '", join_path(path, near), "')");
     if (unknown_is_error) fail(key_path, text);
     if (strict_) fail(key_path, text + "; unknown keys are errors in strict mode");
     warn(key_path, text + "; ignored");
+  }
+}
+
+// `fine` is '|'-separated JSON texts.
+static bool is_fine(const json& v, std::string_view fine) {
+  while (!fine.empty()) {
+    const std::size_t bar = fine.find('|');
+    const std::string_view one = fine.substr(0, bar);
+    if (json::parse(one) == v) return true;
+    if (bar == std::string_view::npos) break;
+    fine.remove_prefix(bar + 1);
+  }
+  return false;
+}
+
+void Reader::apply_key_table(const json& v, const std::string& path) {
+  if (!v.is_object()) return;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string key_path = join_path(path, it.key());
+    const ConfigKey* k = find_config_key(key_path);
+    if (!k) continue;  // unknown: check_object has reported it
+    if (k->section) {
+      apply_key_table(*it, key_path);
+      continue;
+    }
+    if (k->status == KeyStatus::Acted || (!k->fine.empty() && is_fine(*it, k->fine))) continue;
+    if (k->status == KeyStatus::Error) fail(key_path, std::string(k->what));
+    warn_text(not_acted_warning(key_path, k->what));
   }
 }
 
@@ -162,36 +193,44 @@ double Reader::as_number(const json& v, const std::string& path, double lo, doub
   return d;
 }
 
+// The path of a key a parse function reads: it must have an entry in the key table, so no key is
+// read without a status (a programming error otherwise, found by the tests that read it).
+std::string Reader::table_path(const std::string& path, std::string_view key) {
+  std::string p = join_path(path, key);
+  CUTRAIN_CHECK(find_config_key(p) != nullptr, "config key ", p, " is read but has no entry in train/config_keys.cpp");
+  return p;
+}
+
 void Reader::read(const json& obj, const std::string& path, std::string_view key, bool& out) const {
-  if (const json* v = find(obj, key)) out = as_bool(*v, join_path(path, key));
+  if (const json* v = find(obj, key)) out = as_bool(*v, table_path(path, key));
 }
 
 void Reader::read(const json& obj, const std::string& path, std::string_view key, std::string& out) const {
-  if (const json* v = find(obj, key)) out = as_string(*v, join_path(path, key));
+  if (const json* v = find(obj, key)) out = as_string(*v, table_path(path, key));
 }
 
 void Reader::read(const json& obj, const std::string& path, std::string_view key, int& out, std::int64_t lo,
                   std::int64_t hi) const {
   hi = std::min<std::int64_t>(hi, std::numeric_limits<int>::max());
-  if (const json* v = find(obj, key)) out = static_cast<int>(as_int(*v, join_path(path, key), lo, hi));
+  if (const json* v = find(obj, key)) out = static_cast<int>(as_int(*v, table_path(path, key), lo, hi));
 }
 
 void Reader::read(const json& obj, const std::string& path, std::string_view key, std::int64_t& out,
                   std::int64_t lo, std::int64_t hi) const {
-  if (const json* v = find(obj, key)) out = as_int(*v, join_path(path, key), lo, hi);
+  if (const json* v = find(obj, key)) out = as_int(*v, table_path(path, key), lo, hi);
 }
 
 void Reader::read(const json& obj, const std::string& path, std::string_view key, float& out, double lo, double hi,
                   bool lo_open, bool hi_open) const {
   if (const json* v = find(obj, key))
-    out = static_cast<float>(as_number(*v, join_path(path, key), lo, hi, lo_open, hi_open));
+    out = static_cast<float>(as_number(*v, table_path(path, key), lo, hi, lo_open, hi_open));
 }
 
 void Reader::read_choice(const json& obj, const std::string& path, std::string_view key, std::string& out,
                          const std::vector<std::string_view>& choices) const {
   const json* v = find(obj, key);
   if (!v) return;
-  std::string p = join_path(path, key);
+  std::string p = table_path(path, key);
   std::string expected = "one of";
   for (std::size_t i = 0; i < choices.size(); ++i) expected += detail::concat(i ? ", " : " ", "\"", choices[i], "\"");
   if (!v->is_string()) fail_expected(p, expected, *v, auto_hint(*v));

@@ -36,11 +36,19 @@ class Reader {
   [[noreturn]] void fail_missing(const std::string& path, const std::string& expected, const std::string& why) const;
   [[noreturn]] void fail(const std::string& path, const std::string& why) const;
   void warn(const std::string& path, const std::string& what);
+  // A warning as it is, without the origin and path prefix.
+  void warn_text(const std::string& text);
 
-  // `v` must be an object whose keys are all in `known`; keys in `ignored` are DeepSpeed keys cutrain
-  // accepts but does not act on (a warning, never an error). Others: warning or, strict, an error.
+  // `v` must be an object whose keys are all in the key table (train/config_keys.h) under `path`.
+  // Others: a warning naming the nearest key or, strict or `unknown_is_error`, an error.
+  void check_object(const json& v, const std::string& path, bool unknown_is_error = false);
+  // The same with the allowed keys given (a subset of the table's, e.g. one scheduler type's).
   void check_object(const json& v, const std::string& path, const std::vector<std::string_view>& known,
-                    const std::vector<std::string_view>& ignored = {}, bool unknown_is_error = false);
+                    bool unknown_is_error);
+  // After the typed reads: every key present in `v` (at `path`) by its table status: a Warned key
+  // whose value is not one of its fine values gets its warning, an Error key fails; sections are
+  // descended into.
+  void apply_key_table(const json& v, const std::string& path);
   static const json* find(const json& obj, std::string_view key);
 
   bool as_bool(const json& v, const std::string& path) const;
@@ -76,6 +84,7 @@ class Reader {
   }
 
  private:
+  static std::string table_path(const std::string& path, std::string_view key);
   std::string origin_;
   bool strict_;
   std::vector<std::string>* warnings_;

@@ -17,12 +17,12 @@
 #include "runtime/comm/launch_env.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
-#include "runtime/file_util.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_store.h"
 #include "train/config.h"
 #include "train/cpu_backend.h"
 #include "train/engine.h"
+#include "train/line_log.h"
 #include "train/lr_schedule.h"
 #include "train/precision.h"
 
@@ -30,6 +30,7 @@ namespace cutrain::train {
 
 namespace {
 constexpr int kGpt2Vocab = 50257;
+constexpr int kDefaultLogInterval = 5;  // train.py's --log_interval
 }
 
 std::string format_gb(std::int64_t bytes) {
@@ -65,10 +66,14 @@ std::string fixed(double x, int digits) {
   return buf;
 }
 
-void write_text(const std::filesystem::path& path, const std::string& text) {
-  AtomicFileWriter w(path);
-  w.write(text);
-  w.commit();
+// "1h02m", "3m05s", "12s".
+std::string duration_text(double seconds) {
+  const long s = std::lround(std::max(0.0, seconds));
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, s / 60 % 60);
+  else if (s >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  else std::snprintf(buf, sizeof buf, "%lds", s);
+  return buf;
 }
 
 // --resume: the shape flags the run did not give take the checkpoint's values.
@@ -102,7 +107,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   TrainOptions o = options;  // --resume fills the shape flags not given
   CUTRAIN_CHECK(!o.deepspeed_config.empty(), "train: --deepspeed_config PATH is required");
   CUTRAIN_CHECK(o.num_steps >= 1, "train: --num_steps must be >= 1, got ", o.num_steps);
-  CUTRAIN_CHECK(o.log_interval >= 1, "train: --log_interval must be >= 1, got ", o.log_interval);
+  CUTRAIN_CHECK(!o.log_interval || *o.log_interval >= 1, "train: --log_interval must be >= 1, got ", o.log_interval.value_or(0));
   CUTRAIN_CHECK(o.batch_size >= 1 && o.seq_length >= 1, "train: --batch_size and --seq_length must be >= 1, got ",
                 o.batch_size, " and ", o.seq_length);
   CUTRAIN_CHECK(!o.use_real_data || !o.data.empty(),
@@ -150,7 +155,21 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   }
 
   TrainConfig cfg = load_config(o.deepspeed_config);
-  for (const auto& w : cfg.warnings) out << "[Rank 0] config warning: " << w << "\n";
+  for (const auto& w : cfg.warnings) out << "[Rank 0] warning: " << w << "\n";
+  const int log_interval = o.log_interval.value_or(cfg.steps_per_print.value_or(kDefaultLogInterval));
+  ProfilingOptions profiling = o.profiling;
+  if (cfg.wall_clock_breakdown && !profiling.timing_report) {
+    profiling.timing_report = true;
+    out << "[Rank 0] wall_clock_breakdown: the timing report is on (as --timing_report)\n";
+  }
+  // Before the first step (and before the model is built): a log that cannot be written fails now.
+  // Rank 0's files only; every step appends its line when it ends.
+  LineLog loss_log, metrics_log;
+  if (env.rank == 0 && !o.loss_log_file.empty()) {
+    loss_log = LineLog("--loss_log_file", o.loss_log_file);
+    loss_log.append("step,loss\n");
+  }
+  if (env.rank == 0 && !o.metrics_file.empty()) metrics_log = LineLog("--metrics_file", o.metrics_file);
   // The command line's batch size is the micro batch (the BF16 example passes the same 4 to both).
   if (!cfg.train_micro_batch_size_per_gpu) cfg.train_micro_batch_size_per_gpu = o.batch_size;
   cfg.resolve_batch(env.world_size);
@@ -222,7 +241,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                                                      : "random tokens and labels")
       << ", " << (causal ? "causal" : "bidirectional") << " attention\n";
   // Before the engine allocates: measures the device's peaks when --timing_report is on.
-  StepProfiler prof(o.profiling, model::TransformerParams(bo.dims), bo.batch, bo.seq, accum, bo.causal, o.device == TrainDevice::Cuda);
+  StepProfiler prof(profiling, model::TransformerParams(bo.dims), bo.batch, bo.seq, accum, bo.causal, o.device == TrainDevice::Cuda);
   out << "[Rank 0] Creating model with hidden_dim=" << o.hidden_dim << ", num_layers=" << o.num_layers
       << ", num_heads=" << o.num_heads << ", vocab_size=" << vocab << "\n";
   std::unique_ptr<TrainBackend> be =
@@ -325,12 +344,12 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   TrainResult res;
   if (eval_sampler) res.evals.push_back(evaluate(first_step - 1));
 
-  std::string metrics;
-  std::string csv = "step,loss\n";
   res.params = nparams;
   double time_sum = 0;
   int timed = 0;
   const int last = first_step + o.num_steps - 1;
+  bool progress_shown = false;  // a progress line (no newline) is on the terminal
+  double progress_time = 0;
   prof.set_steps(first_step, last, o.warmup_steps);
   for (int step = first_step; step <= last; ++step) {
     if (!o.fixed_batch) sampler ? draw_real(step) : draw();
@@ -346,17 +365,21 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     }
     const float loss = float(st.loss);
     res.losses.push_back(loss);
-    csv += std::to_string(step) + "," + repr(loss) + "\n";
+    if (loss_log.is_open()) loss_log.append(std::to_string(step) + "," + repr(loss) + "\n");
     const MemoryStats mem = be->memory();
+    if (progress_shown) {
+      out << "\r\033[K";  // the progress line gives way to the lines below
+      progress_shown = false;
+    }
     if (st.skipped)
       out << "[Rank 0] warning: step " << step << ": non-finite gradient norm (" << st.grad_norm
           << "), optimizer step skipped\n";
-    if (step % o.log_interval == 0 || step == last)
+    if (step % log_interval == 0 || step == last)
       out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
           << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak) << "\n";
     const bool eval_now = eval_sampler && (step == last || (o.eval_interval > 0 && (step + 1) % o.eval_interval == 0));
     if (eval_now) res.evals.push_back(evaluate(step));
-    if (!o.metrics_file.empty()) {
+    if (metrics_log.is_open()) {
       nlohmann::json j = {{"step", step},
                           {"loss", loss},
                           {"lr", lr},
@@ -371,10 +394,21 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
         j["val_loss"] = res.evals.back().loss;
         j["val_ppl"] = res.evals.back().perplexity;
       }
-      metrics += j.dump() + "\n";
+      metrics_log.append(j.dump() + "\n");
+    }
+    if (o.progress && step < last) {
+      // The mean step time so far (the first step included: an estimate, not the average of
+      // FINAL RESULTS) times the steps left.
+      progress_time += dt;
+      const int done = step - first_step + 1;
+      out << "\r[step " << step + 1 << "/" << last + 1 << "] ETA " << duration_text(progress_time / done * (last - step))
+          << ", " << with_commas(dt > 0 ? std::uint64_t(double(per_step) / dt) : 0) << " tokens/s, mem " << format_gb(mem.allocated)
+          << " (peak " << format_gb(mem.peak) << ")\033[K" << std::flush;
+      progress_shown = true;
     }
     if (!o.save_dir.empty() && step != last && interval_save_due(step + 1, o.save_interval.value_or(0))) save(step + 1);
   }
+  if (progress_shown) out << "\r\033[K";
   be->release_workspace();
   const MemoryStats fin = be->memory();
   res.avg_step_time = timed ? time_sum / timed : 0.0;
@@ -400,11 +434,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (!res.evals.empty())  // our extension: the last validation loss and perplexity
     out << " val_loss=" << fixed(res.evals.back().loss, 4) << " val_ppl=" << fixed(res.evals.back().perplexity, 2);
   out << "\n";
-  if (!o.loss_log_file.empty()) {
-    write_text(o.loss_log_file, csv);
-    out << "Loss history saved to: " << o.loss_log_file.string() << "\n";
-  }
-  if (!o.metrics_file.empty()) write_text(o.metrics_file, metrics);
+  if (loss_log.is_open()) out << "Loss history saved to: " << o.loss_log_file.string() << "\n";
   prof.finish(out);
   if (!o.save_dir.empty()) save(last + 1);
   out.flush();

@@ -1,6 +1,7 @@
 // @brief The training loop of `cutrain train`: the BF16 example's train.py, line for line in its
 // output (Model parameters, Memory after init, Step lines, FINAL RESULTS, SUMMARY, loss CSV), plus
-// a per-step JSON metrics file. Runs on the GPU engine or the CPU reference backend.
+// a per-step JSON metrics file. The loss CSV and the metrics file are opened before the first step
+// and get each step's line when the step ends. Runs on the GPU engine or the CPU reference backend.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,11 @@ struct TrainOptions {
   int batch_size = 4, seq_length = 512;
   int num_steps = 20, warmup_steps = 5;
   std::optional<float> learning_rate;  // given: overrides the config's optimizer lr
-  int log_interval = 5;
+  // Step lines every N steps; not given: the config's steps_per_print, else 5 (train.py's default).
+  std::optional<int> log_interval;
+  // A progress line (step, ETA, tokens/s, memory) rewritten in place after each step: for a
+  // terminal (`cutrain train` sets it when stdout is one), never for a pipe or a file.
+  bool progress = false;
   bool activation_checkpointing = false;
   std::filesystem::path loss_log_file;
   bool use_real_data = false;

@@ -9,7 +9,8 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 # exit 77 (ctest: skipped) for the cuda variant on a machine without a GPU
 skip_without_gpu() {
-  if [ "$device" = cuda ] && "$bin" info 2>&1 | grep -q "no CUDA device"; then echo "no CUDA device: skipped"; exit 77; fi
+  # info's whole output first: `info | grep -q` would end info with SIGPIPE (stdout is line-buffered)
+  if [ "$device" = cuda ] && grep -q "no CUDA device" <<<"$("$bin" info 2>&1 || true)"; then echo "no CUDA device: skipped"; exit 77; fi
 }
 # small_size [LAYERS]: the model flags of a quick run on $device (GPU: head_dim 64, as attention needs)
 small_size() {

@@ -9,7 +9,7 @@
 #   zero_cli.sh CUTRAIN_BINARY cpu|cuda     (exits 77 = skipped: cpu, or fewer than 2 GPUs)
 source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] || { echo "data parallelism needs CUDA devices: skipped on cpu"; exit 77; }
-if "$bin" info 2>&1 | grep -q "no CUDA device"; then echo "no CUDA device: skipped"; exit 77; fi
+if grep -q "no CUDA device" <<<"$("$bin" info 2>&1 || true)"; then echo "no CUDA device: skipped"; exit 77; fi
 gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
 [ "${gpus:-0}" -ge 2 ] || { echo "needs 2 GPUs, found ${gpus:-0}: skipped"; exit 77; }
 port=$((29600 + $$ % 1000))

@@ -8,8 +8,16 @@
 #include <string>
 #include <unistd.h>
 
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
 #include "runtime/file_util.h"
 #include "train/config.h"
+#include "train/config_keys.h"
 
 using namespace cutrain;
 
@@ -50,7 +58,7 @@ const char* kEveryKey = R"({
   "gradient_clipping": 1.5,
   "wall_clock_breakdown": true,
   "optimizer": {"type": "adam", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6, "weight_decay": 0.1,
-                                           "adam_w_mode": false, "bias_correction": false, "torch_adam": true}},
+                                           "adam_w_mode": false, "bias_correction": true, "torch_adam": true}},
   "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 1e-6, "warmup_max_lr": 2e-4,
                 "warmup_num_steps": 50, "warmup_type": "linear", "total_num_steps": 500}},
   "bf16": {"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true,
@@ -65,7 +73,7 @@ const char* kEveryKey = R"({
     "round_robin_gradients": true, "stage3_gather_16bit_weights_on_model_save": true,
     "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/x", "pin_memory": true, "buffer_count": 6,
                           "pipeline_read": true, "pipeline_write": true, "fast_init": true, "ratio": 0.5},
-    "offload_param": {"device": "cpu", "pin_memory": true, "buffer_count": 5, "buffer_size": 2e8, "max_in_cpu": 3e9}
+    "offload_param": {"device": "none", "pin_memory": true, "buffer_count": 5, "buffer_size": 2e8, "max_in_cpu": 3e9}
   },
   "torch_autocast": {"enabled": true, "dtype": "bfloat16", "lower_precision_safe_modules": ["torch.nn.Linear"]},
   "activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true,
@@ -77,9 +85,34 @@ const char* kEveryKey = R"({
 
 }  // namespace
 
+// The warning of a Warned key, from the table.
+std::string warning_of(const std::string& path) {
+  const train::ConfigKey* k = train::find_config_key(path);
+  EXPECT_NE(k, nullptr) << path;
+  EXPECT_EQ(k ? k->status : train::KeyStatus::Acted, train::KeyStatus::Warned) << path;
+  return train::not_acted_warning(path, k ? k->what : "");
+}
+
 TEST(Config, ParsesEveryKey) {
   train::TrainConfig c = train::parse_config(kEveryKey, "every.json");
-  EXPECT_TRUE(c.warnings.empty()) << warnings_text(c);
+  // Exactly the keys read but not acted on, each once (their values are not the fine ones).
+  std::multiset<std::string> expected;
+  for (const char* p : {"optimizer.params.torch_adam", "fp16.auto_cast", "fp16.loss_scale", "fp16.initial_scale_power",
+                        "fp16.loss_scale_window", "fp16.hysteresis", "fp16.consecutive_hysteresis", "fp16.min_loss_scale",
+                        "zero_optimization.contiguous_gradients", "zero_optimization.allgather_bucket_size",
+                        "zero_optimization.reduce_scatter", "zero_optimization.allgather_partitions",
+                        "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.stage3_max_live_parameters",
+                        "zero_optimization.stage3_max_reuse_distance", "zero_optimization.sub_group_size",
+                        "zero_optimization.round_robin_gradients", "zero_optimization.offload_optimizer.buffer_count",
+                        "zero_optimization.offload_optimizer.fast_init", "zero_optimization.offload_optimizer.ratio",
+                        "zero_optimization.offload_param.pin_memory", "zero_optimization.offload_param.buffer_count",
+                        "zero_optimization.offload_param.buffer_size", "zero_optimization.offload_param.max_in_cpu",
+                        "torch_autocast.lower_precision_safe_modules", "activation_checkpointing.partition_activations",
+                        "activation_checkpointing.cpu_checkpointing", "activation_checkpointing.contiguous_memory_optimization",
+                        "activation_checkpointing.number_checkpoints", "activation_checkpointing.synchronize_checkpoint_boundary",
+                        "activation_checkpointing.profile", "aio.use_gds"})
+    expected.insert(warning_of(p));
+  EXPECT_EQ(std::multiset<std::string>(c.warnings.begin(), c.warnings.end()), expected) << warnings_text(c);
   EXPECT_EQ(c.train_batch_size, 24);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 3);
   EXPECT_EQ(c.gradient_accumulation_steps, 8);
@@ -93,7 +126,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_FLOAT_EQ(c.optimizer.eps, 1e-6f);
   EXPECT_FLOAT_EQ(c.optimizer.weight_decay, 0.1f);
   EXPECT_FALSE(c.optimizer.adam_w_mode);  // type Adam honours adam_w_mode: false (L2)
-  EXPECT_FALSE(c.optimizer.bias_correction);
+  EXPECT_TRUE(c.optimizer.bias_correction);
   EXPECT_EQ(c.scheduler.type, train::SchedulerType::WarmupDecayLR);
   EXPECT_FLOAT_EQ(c.scheduler.warmup_min_lr, 1e-6f);
   ASSERT_TRUE(c.scheduler.warmup_max_lr.has_value());
@@ -135,7 +168,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_TRUE(z.offload_optimizer.pipeline_write);
   EXPECT_TRUE(z.offload_optimizer.fast_init);
   EXPECT_FLOAT_EQ(z.offload_optimizer.ratio, 0.5f);
-  EXPECT_EQ(z.offload_param.device, train::OffloadTarget::Cpu);
+  EXPECT_EQ(z.offload_param.device, train::OffloadTarget::None);
   EXPECT_TRUE(z.offload_param.pin_memory);
   EXPECT_EQ(z.offload_param.buffer_count, 5);
   EXPECT_EQ(z.offload_param.buffer_size, 200000000);
@@ -251,7 +284,7 @@ TEST(Config, StrictModeMakesUnknownKeysErrors) {
   train::ConfigLoadOptions strict;
   strict.strict = true;
   train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "tensorboard": {"enabled": true}})", "t.json", strict);
-  EXPECT_TRUE(any_warning_has(c, {"tensorboard", "does not act on"})) << warnings_text(c);
+  EXPECT_EQ(c.warnings, std::vector<std::string>{warning_of("tensorboard")}) << warnings_text(c);
 }
 
 TEST(Config, SchedulerParamsOfAnotherSchedulerAreErrors) {
@@ -283,8 +316,6 @@ TEST(Config, InconsistentCombinationsSayWhy) {
                {"test.json", "bf16.bf16_optimizer_states", "needs bf16_master_weights_and_grads: true"});
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"bf16_master_weights_and_grads": true}})",
                {"bf16.bf16_master_weights_and_grads", "needs bf16.enabled: true"});
-  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "fp16": {"enabled": true}})",
-               {"fp16 and bf16 are both enabled"});
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})",
                {"zero_optimization.offload_param.device", "needs ZeRO stage 3", "stage is 2"});
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}})",
@@ -296,7 +327,7 @@ TEST(Config, InconsistentCombinationsSayWhy) {
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "bfloat16": {"enabled": true}})",
                {"bfloat16", "not both"});
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"params": {"amsgrad": true}}})",
-               {"optimizer.params.amsgrad", "not supported"});
+               {"optimizer.params.amsgrad", "not implemented"});
   expect_error(R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 4})",
                {"test.json", "batch sizes", "train_batch_size 10 is not a multiple of train_micro_batch_size_per_gpu 4"});
 }
@@ -514,7 +545,7 @@ TEST(Config, RandomDamageGivesConfigErrorsOnly) {
 TEST(ConfigChoices, ParsedOnceIntoEnums) {
   train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "adamw"},
       "scheduler": {"type": "warmupcosinelr", "params": {"total_num_steps": 10, "warmup_num_steps": 2, "warmup_type": "LINEAR"}},
-      "bf16": {"enabled": false}, "torch_autocast": {"enabled": true, "dtype": "torch.half"},
+      "bf16": {"enabled": false}, "torch_autocast": {"enabled": false, "dtype": "torch.half"},
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "CPU"}, "offload_param": {"device": null}}})",
                                "choices.json");
   EXPECT_EQ(c.optimizer.type, train::OptimizerType::AdamW);
@@ -550,4 +581,127 @@ TEST(ConfigChoices, BadFlagValueNamesFlagExpectedAndFound) {
         << e.message();
   }
   EXPECT_THROW(train::parse_choice(train::kTrainDevices, "CUDA", "--device"), Error);  // flags are case-sensitive
+}
+
+// ---- the key table (train/config_keys.h): acted on, warned, error ----
+
+TEST(ConfigKeys, TableIsWellFormedAndDocumented) {
+  std::ifstream f(std::filesystem::path(CUTRAIN_SOURCE_DIR) / "docs" / "config.md");
+  std::stringstream doc;
+  doc << f.rdbuf();
+  std::set<std::string_view> seen;
+  int acted = 0, warned = 0, error = 0;
+  for (const train::ConfigKey& k : train::config_keys()) {
+    SCOPED_TRACE(std::string(k.path));
+    EXPECT_TRUE(seen.insert(k.path).second) << "listed twice";
+    const std::size_t dot = k.path.rfind('.');
+    if (dot != std::string_view::npos) {
+      const train::ConfigKey* parent = train::find_config_key(k.path.substr(0, dot));
+      ASSERT_NE(parent, nullptr);
+      EXPECT_TRUE(parent->section);
+    }
+    if (k.status != train::KeyStatus::Acted) {
+      EXPECT_FALSE(k.what.empty()) << "a key not acted on says why";
+    }
+    for (std::string_view fine = k.fine; !fine.empty();) {
+      const std::size_t bar = fine.find('|');
+      EXPECT_TRUE(nlohmann::json::accept(fine.substr(0, bar))) << fine;
+      if (bar == std::string_view::npos) break;
+      fine.remove_prefix(bar + 1);
+    }
+    if (!k.section) {
+      EXPECT_NE(doc.str().find("`" + std::string(k.path) + "`"), std::string::npos) << "not in docs/config.md";
+      (k.status == train::KeyStatus::Acted ? acted : k.status == train::KeyStatus::Warned ? warned : error)++;
+    }
+  }
+  EXPECT_NE(doc.str().find(std::to_string(acted) + " acted on, " + std::to_string(warned) + " warned, " +
+                           std::to_string(error) + " errors"),
+            std::string::npos)
+      << "docs/config.md's counts: " << acted << " acted on, " << warned << " warned, " << error << " errors";
+}
+
+TEST(ConfigKeys, WarnedKeyGivesExactlyItsWarning) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"("zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e9})", "zero_optimization.stage3_max_live_parameters"},
+      {R"("zero_optimization": {"allgather_bucket_size": 5e8})", "zero_optimization.allgather_bucket_size"},
+      {R"("zero_optimization": {"contiguous_gradients": false})", "zero_optimization.contiguous_gradients"},
+      {R"("fp16": {"enabled": false, "loss_scale": 0})", "fp16.loss_scale"},
+      {R"("bf16": {"enabled": false})", "bf16.enabled"},
+      {R"("bfloat16": {"enabled": false})", "bfloat16.enabled"},  // the old name, named as written
+      {R"("tensorboard": {"enabled": true, "output_path": "tb/"})", "tensorboard"},
+      {R"("activation_checkpointing": {"profile": true})", "activation_checkpointing.profile"},
+      {R"("aio": {"use_gds": true})", "aio.use_gds"},
+  };
+  for (const auto& [section, path] : cases) {
+    SCOPED_TRACE(path);
+    const std::string text = std::string(R"({"train_micro_batch_size_per_gpu": 1, )") + section + "}";
+    train::TrainConfig c = train::parse_config(text, "w.json");
+    const train::ConfigKey* k = train::find_config_key(path);
+    ASSERT_NE(k, nullptr);
+    EXPECT_EQ(c.warnings, std::vector<std::string>{train::not_acted_warning(path, k->what)}) << warnings_text(c);
+    EXPECT_EQ(c.warnings.at(0).rfind(std::string("config key ") + path + " is read but not acted on (", 0), 0u);
+  }
+}
+
+TEST(ConfigKeys, FineValuesAndActedKeysGiveNone) {
+  // Every acted-on key, and warned keys at the value cutrain implements anyway.
+  const char* text = R"({
+    "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+    "steps_per_print": 3, "gradient_clipping": 1.0, "wall_clock_breakdown": true,
+    "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "betas": [0.9, 0.99], "eps": 1e-8, "weight_decay": 0.01,
+                                             "adam_w_mode": true, "bias_correction": true, "amsgrad": false, "torch_adam": false}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 1e-3, "warmup_num_steps": 10,
+                                                 "warmup_type": "linear", "last_batch_iteration": -1}},
+    "bf16": {"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true,
+             "stochastic_rounding": true, "check_grad_overflow": true},
+    "fp16": {"enabled": false},
+    "zero_optimization": {"stage": 2, "overlap_comm": true, "contiguous_gradients": true, "reduce_bucket_size": 5e7,
+                          "reduce_scatter": true, "allgather_partitions": true, "round_robin_gradients": false,
+                          "stage3_param_persistence_threshold": 0, "stage3_gather_16bit_weights_on_model_save": true,
+                          "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/x", "pin_memory": true,
+                                                "pipeline_read": true, "pipeline_write": true, "fast_init": false, "ratio": 1},
+                          "offload_param": {"device": null}},
+    "torch_autocast": {"enabled": true, "dtype": "torch.bfloat16"},
+    "activation_checkpointing": {"partition_activations": false, "number_checkpoints": null},
+    "tensorboard": {"enabled": false},
+    "aio": {"block_size": 1048576, "queue_depth": 8, "thread_count": 2, "single_submit": false, "overlap_events": true,
+            "use_gds": false}
+  })";
+  train::TrainConfig c = train::parse_config(text, "a.json");
+  EXPECT_TRUE(c.warnings.empty()) << warnings_text(c);
+  EXPECT_EQ(c.steps_per_print, 3);
+  EXPECT_TRUE(c.wall_clock_breakdown);
+  // steps_per_print absent: not given (the loop then uses --log_interval's default).
+  EXPECT_FALSE(train::parse_config(R"({"train_micro_batch_size_per_gpu": 1})", "m.json").steps_per_print.has_value());
+}
+
+TEST(ConfigKeys, ErrorKeysNameTheKeyAndWhy) {
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true}})",
+               {"test.json", "fp16.enabled: fp16 training is not implemented yet; use bf16"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "fp16": {"enabled": true}})",
+               {"fp16.enabled: fp16 training is not implemented yet; use bf16"});
+  // Strict or not, the same error.
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true, "loss_scale": 0}})",
+               {"fp16.enabled", "not implemented"}, /*strict=*/true);
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"params": {"bias_correction": false}}})",
+               {"optimizer.params.bias_correction", "without bias correction is not implemented"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})",
+               {"zero_optimization.offload_param.device", "parameter offload is not implemented"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": 7}}})",
+               {"scheduler.params.last_batch_iteration", "--resume"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "torch_autocast": {"enabled": true, "dtype": "torch.float16"}})",
+               {"torch_autocast.dtype", "torch.float16 is not implemented", "torch.bfloat16"});
+  // A wrong type is still a type error first (the table acts on valid values).
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": "yes"}})",
+               {"fp16.enabled", "expected a boolean"});
+}
+
+TEST(ConfigKeys, UnknownKeysStayWarningsNamingTheNearest) {
+  train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabeld": true}})", "u.json");
+  ASSERT_EQ(c.warnings.size(), 1u) << warnings_text(c);
+  EXPECT_TRUE(any_warning_has(c, {"u.json", "fp16.enabeld", "unknown key", "'fp16.enabled'", "ignored"})) << warnings_text(c);
+  // A key of the other offload section: unknown here, not read.
+  train::TrainConfig d = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1,
+      "offload_optimizer": {"device": "cpu", "buffer_size": 5}}})", "o.json");
+  EXPECT_TRUE(any_warning_has(d, {"zero_optimization.offload_optimizer.buffer_size", "unknown key"})) << warnings_text(d);
 }

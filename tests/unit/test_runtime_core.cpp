@@ -19,7 +19,11 @@ TEST(Error, CarriesMessageFileAndLine) {
     FAIL() << "no throw";
   } catch (const Error& e) {
     EXPECT_EQ(e.message(), "arithmetic is broken: 2 != 3");
-    EXPECT_NE(std::string(e.what()).find("test_runtime_core.cpp:"), std::string::npos) << e.what();
+    // The user-facing text has no source location; the object keeps it.
+    EXPECT_EQ(std::string(e.what()), e.message());
+    EXPECT_NE(e.location().find("test_runtime_core.cpp:"), std::string::npos) << e.location();
+    EXPECT_NE(std::string(e.file()).find("test_runtime_core.cpp"), std::string::npos) << e.file();
+    EXPECT_EQ(e.location().substr(e.location().rfind(':') + 1), std::to_string(e.line()));
     EXPECT_GT(e.line(), 0);
   }
 }
@@ -32,6 +36,8 @@ TEST(Error, CudaCheckNamesExpressionAndLibraryMessage) {
     std::string w = e.what();
     EXPECT_NE(w.find("cudaErrorInvalidValue"), std::string::npos) << w;
     EXPECT_NE(w.find("invalid argument"), std::string::npos) << w;
+    EXPECT_EQ(w.find(".cpp:"), std::string::npos) << w;
+    EXPECT_NE(e.location().find("test_runtime_core.cpp:"), std::string::npos) << e.location();
   }
 }
 

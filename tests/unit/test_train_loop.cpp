@@ -211,3 +211,97 @@ TEST(TrainLoop, RealDataFromTokenShards) {
   }
   fs::remove_all(dir);
 }
+
+TEST(TrainLoop, LogInAMissingFolderFailsBeforeTheFirstStep) {
+  for (const bool metrics : {false, true}) {
+    train::TrainOptions o = tiny(2);
+    const fs::path bad = temp_dir("nolog") / "missing" / "log.txt";
+    (metrics ? o.metrics_file : o.loss_log_file) = bad;
+    std::ostringstream out;
+    try {
+      train::run_training(o, out);
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      const std::string flag = metrics ? "--metrics_file " : "--loss_log_file ";
+      EXPECT_NE(e.message().find(flag + bad.string()), std::string::npos) << e.message();
+      EXPECT_NE(e.message().find("does not exist"), std::string::npos) << e.message();
+    }
+    EXPECT_EQ(out.str().find("Step 0"), std::string::npos) << out.str();
+    EXPECT_EQ(out.str().find("Creating model"), std::string::npos) << "checked before the model is built";
+  }
+}
+
+TEST(TrainLoop, StepsPerPrintWhenNoLogInterval) {
+  const fs::path dir = temp_dir("spp");
+  std::ofstream(dir / "c.json") << R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 4, "bf16": {"enabled": true}})";
+  train::TrainOptions o = tiny(3);
+  o.deepspeed_config = dir / "c.json";
+  o.num_steps = 9;
+  o.log_interval.reset();
+  std::ostringstream out;
+  train::run_training(o, out);
+  for (int s = 0; s < 9; ++s)
+    EXPECT_EQ(out.str().find("Step " + std::to_string(s) + ":") != std::string::npos, s % 4 == 0 || s == 8) << s;
+  // --log_interval given wins over steps_per_print.
+  o.log_interval = 3;
+  std::ostringstream out3;
+  train::run_training(o, out3);
+  EXPECT_NE(out3.str().find("Step 3:"), std::string::npos);
+  EXPECT_EQ(out3.str().find("Step 4:"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(TrainLoop, ProgressLineOnlyWhenAsked) {
+  train::TrainOptions o = tiny(4);
+  std::ostringstream plain;
+  train::run_training(o, plain);
+  EXPECT_EQ(plain.str().find('\r'), std::string::npos);
+  EXPECT_EQ(plain.str().find("ETA"), std::string::npos);
+  o.progress = true;
+  std::ostringstream tty;
+  train::run_training(o, tty);
+  const std::string t = tty.str();
+  EXPECT_TRUE(std::regex_search(t, std::regex(R"(\r\[step 1/6\] ETA \d+s, [0-9,]+ tokens/s, mem \d+\.\d\d GB \(peak \d+\.\d\d GB\))")))
+      << t;
+  EXPECT_NE(t.find("[step 5/6]"), std::string::npos);
+  EXPECT_EQ(t.find("[step 6/6]"), std::string::npos) << "no progress line after the last step";
+  // Cleared before the next line: the Step and FINAL lines start clean.
+  EXPECT_NE(t.find("\r\033[K[Rank 0] Step 2:"), std::string::npos) << t;
+}
+
+TEST(TrainLoop, WallClockBreakdownTurnsOnTheTimingReport) {
+  const fs::path dir = temp_dir("wcb");
+  std::ofstream(dir / "c.json") << R"({"train_micro_batch_size_per_gpu": 2, "wall_clock_breakdown": true, "bf16": {"enabled": true}})";
+  train::TrainOptions o = tiny(5);
+  o.deepspeed_config = dir / "c.json";
+  std::ostringstream out;
+  train::run_training(o, out);
+  EXPECT_NE(out.str().find("wall_clock_breakdown: the timing report is on"), std::string::npos) << out.str();
+  // The CPU backend has no CUDA events: it says so, as for --timing_report.
+  EXPECT_NE(out.str().find("--timing_report: no report on the CPU backend"), std::string::npos) << out.str();
+  fs::remove_all(dir);
+}
+
+TEST(TrainLoop, ConfigKeysNotActedOnAreWarnedAtStart) {
+  const fs::path dir = temp_dir("warn");
+  std::ofstream(dir / "c.json")
+      << R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage3_max_live_parameters": 1e9}})";
+  train::TrainOptions o = tiny(6);
+  o.deepspeed_config = dir / "c.json";
+  std::ostringstream out;
+  train::run_training(o, out);
+  const std::string t = out.str();
+  const std::size_t w = t.find("[Rank 0] warning: config key zero_optimization.stage3_max_live_parameters is read but not acted on (");
+  EXPECT_NE(w, std::string::npos) << t;
+  EXPECT_LT(w, t.find("Step 0")) << "at start";
+  std::ofstream(dir / "fp16.json") << R"({"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": true}})";
+  o.deepspeed_config = dir / "fp16.json";
+  try {
+    train::run_training(o, out);
+    FAIL() << "fp16.enabled: true trained";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("fp16.enabled: fp16 training is not implemented yet; use bf16"), std::string::npos)
+        << e.message();
+  }
+  fs::remove_all(dir);
+}

@@ -1,0 +1,223 @@
+// The key table of the DeepSpeed config (train/config_keys.h), in the order docs/config.md lists it.
+#include "train/config_keys.h"
+
+#include <array>
+
+namespace cutrain::train {
+namespace {
+
+constexpr KeyStatus A = KeyStatus::Acted;
+constexpr KeyStatus W = KeyStatus::Warned;
+constexpr KeyStatus E = KeyStatus::Error;
+constexpr bool kSection = true;
+
+constexpr std::string_view kNoFp16 = "fp16 training is not implemented, so loss scaling has nothing to act on";
+constexpr std::string_view kNoPartitionedCkpt =
+    "cutrain's activation checkpointing is the --activation_checkpointing flag: every block's input kept, the block "
+    "recomputed in backward; partitioned, CPU or profiled checkpointing is not implemented";
+constexpr std::string_view kNoParamOffload = "parameter offload is not implemented, so its buffers do not exist";
+constexpr std::string_view kNotImplemented = "a DeepSpeed feature cutrain does not implement";
+
+constexpr ConfigKey kKeys[] = {
+    // Top level.
+    {"train_batch_size", A, "", "the global batch: micro x accumulation x world size"},
+    {"train_micro_batch_size_per_gpu", A, "", "the micro batch per rank (given: it wins over --batch_size)"},
+    {"gradient_accumulation_steps", A, "", "micro-batches per optimizer step"},
+    {"steps_per_print", A, "", "the Step line interval when --log_interval is not given"},
+    {"gradient_clipping", A, "", "clip the global gradient norm to this (0: off)"},
+    {"wall_clock_breakdown", A, "", "true: the timing report (as --timing_report without a file), printed at the end"},
+    {"optimizer", A, "", "", kSection},
+    {"scheduler", A, "", "", kSection},
+    {"bf16", A, "", "", kSection},
+    {"bfloat16", A, "", "the old name of bf16", kSection},
+    {"fp16", A, "", "", kSection},
+    {"zero_optimization", A, "", "", kSection},
+    {"torch_autocast", A, "", "", kSection},
+    {"activation_checkpointing", A, "", "", kSection},
+    {"aio", A, "", "", kSection},
+    {"prescale_gradients", W, "false", "gradients are averaged once, after the reduction"},
+    {"gradient_predivide_factor", W, "1|1.0", "gradients are averaged once, after the reduction"},
+    {"zero_allow_untested_optimizer", W, "", "cutrain has only its own Adam(W)"},
+    {"zero_force_ds_cpu_optimizer", W, "", "the optimizer always runs on the GPU"},
+    {"memory_breakdown", W, "false", "the Step lines and --metrics_file report memory"},
+    {"dump_state", W, "false", "not implemented"},
+    {"tensorboard", W, R"({"enabled":false})", "no TensorBoard writer; --metrics_file writes one JSON line per step"},
+    {"wandb", W, R"({"enabled":false})", "no W&B writer; --metrics_file writes one JSON line per step"},
+    {"csv_monitor", W, R"({"enabled":false})", "no CSV monitor; --loss_log_file and --metrics_file write per step"},
+    {"comet", W, R"({"enabled":false})", "no Comet writer; --metrics_file writes one JSON line per step"},
+    {"flops_profiler", W, R"({"enabled":false})", "not implemented; --timing_report prints FLOPs and MFU per region"},
+    {"comms_logger", W, R"({"enabled":false})", "not implemented"},
+    {"communication_data_type", W, "", "collectives move the gradients' own dtype"},
+    {"sparse_gradients", W, "false", "every gradient is dense"},
+    {"elasticity", W, R"({"enabled":false})", kNotImplemented},
+    {"checkpoint", W, "", "checkpoints are --save / --resume"},
+    {"data_efficiency", W, R"({"enabled":false})", kNotImplemented},
+    {"compression_training", W, "", kNotImplemented},
+    {"data_types", W, "", "the dtypes follow the bf16 section's layout"},
+    {"seq_parallel_communication_data_type", W, "", "sequence parallelism is not implemented"},
+
+    // optimizer
+    {"optimizer.type", A, "", "Adam or AdamW (any case)"},
+    {"optimizer.params", A, "", "", kSection},
+    {"optimizer.params.lr", A, "", "the learning rate (--learning_rate overrides it)"},
+    {"optimizer.params.betas", A, "", "Adam's beta1, beta2"},
+    {"optimizer.params.eps", A, "", "Adam's epsilon"},
+    {"optimizer.params.weight_decay", A, "", "decoupled (AdamW) or L2 (Adam without adam_w_mode)"},
+    {"optimizer.params.adam_w_mode", A, "", "type Adam: true decoupled weight decay, false L2"},
+    {"optimizer.params.bias_correction", E, "true", "Adam without bias correction is not implemented"},
+    {"optimizer.params.torch_adam", W, "false", "cutrain's fused Adam computes the same update"},
+    {"optimizer.params.amsgrad", E, "false", "amsgrad is not implemented"},
+
+    // scheduler (a parameter of another scheduler type is an error, as DeepSpeed's TypeError)
+    {"scheduler.type", A, "", "WarmupLR, WarmupDecayLR or WarmupCosineLR"},
+    {"scheduler.params", A, "", "", kSection},
+    {"scheduler.params.warmup_min_lr", A, "", "WarmupLR / WarmupDecayLR: the lr at step 0"},
+    {"scheduler.params.warmup_max_lr", A, "", "WarmupLR / WarmupDecayLR: the lr after warm-up"},
+    {"scheduler.params.warmup_num_steps", A, "", "warm-up steps"},
+    {"scheduler.params.warmup_type", A, "", "log or linear warm-up"},
+    {"scheduler.params.total_num_steps", A, "", "WarmupDecayLR / WarmupCosineLR: the steps of the schedule"},
+    {"scheduler.params.warmup_min_ratio", A, "", "WarmupCosineLR: the lr ratio at step 0"},
+    {"scheduler.params.cos_min_ratio", A, "", "WarmupCosineLR: the lr ratio at the end"},
+    {"scheduler.params.last_batch_iteration", E, "-1", "resuming a schedule mid-way is done by --resume"},
+
+    // bf16 (old name bfloat16)
+    {"bf16.enabled", W, "true", "the model always computes in bf16; fp32 training is not implemented"},
+    {"bf16.bf16_master_weights_and_grads", A, "", "bf16 master weights and gradients (layout bf16_master_wg)"},
+    {"bf16.bf16_optimizer_states", A, "", "bf16 Adam moments too (layout bf16_full)"},
+    {"bf16.stochastic_rounding", A, "", "cutrain's: stochastic rounding of the optimizer's bf16 writes"},
+    {"bf16.immediate_grad_update", W, "", "the optimizer runs once per step over the flat buffers"},
+    {"bf16.check_grad_overflow", W, "true", "a non-finite gradient norm always skips the optimizer step"},
+    {"bf16.auto_cast", W, "false", "the model computes in bf16 already"},
+
+    // fp16
+    {"fp16.enabled", E, "false", "fp16 training is not implemented yet; use bf16"},
+    {"fp16.auto_cast", W, "false", kNoFp16},
+    {"fp16.loss_scale", W, "", kNoFp16},
+    {"fp16.initial_scale_power", W, "", kNoFp16},
+    {"fp16.loss_scale_window", W, "", kNoFp16},
+    {"fp16.hysteresis", W, "", kNoFp16},
+    {"fp16.consecutive_hysteresis", W, "", kNoFp16},
+    {"fp16.min_loss_scale", W, "", kNoFp16},
+    {"fp16.fp16_master_weights_and_grads", W, "false", kNoFp16},
+
+    // zero_optimization
+    {"zero_optimization.stage", A, "", "ZeRO stage 0-3 (data parallel with a communicator, docs/distributed.md)"},
+    {"zero_optimization.overlap_comm", A, "", "reduce gradients during the backward (buckets at 0, per unit at 3)"},
+    {"zero_optimization.contiguous_gradients", W, "true", "gradients always land in one flat buffer"},
+    {"zero_optimization.reduce_bucket_size", A, "", "elements per gradient all-reduce bucket with overlap_comm"},
+    {"zero_optimization.allgather_bucket_size", W, "",
+     "stages 1-2 all-gather the updated parameters in one call per step"},
+    {"zero_optimization.reduce_scatter", W, "true", "stages 1-2 always reduce-scatter the gradients"},
+    {"zero_optimization.allgather_partitions", W, "true", "stages 1-2 always all-gather the partitions"},
+    {"zero_optimization.stage3_param_persistence_threshold", A, "",
+     "stage 3: units of at most this many elements stay whole on every rank"},
+    {"zero_optimization.stage3_prefetch_bucket_size", W, "",
+     "stage 3 prefetches exactly the next parameter unit, not by an element budget"},
+    {"zero_optimization.stage3_max_live_parameters", W, "",
+     "stage 3 holds at most two gathered units (the one in use and the prefetched one)"},
+    {"zero_optimization.stage3_max_reuse_distance", W, "",
+     "stage 3 releases every gathered unit after use and gathers it again for backward"},
+    {"zero_optimization.sub_group_size", W, "", "the optimizer is one fused launch over the whole partition"},
+    {"zero_optimization.round_robin_gradients", W, "false", "not implemented"},
+    {"zero_optimization.stage3_gather_16bit_weights_on_model_save", W, "true",
+     "--save always writes the whole bf16 model"},
+    {"zero_optimization.stage3_gather_fp16_weights_on_model_save", W, "true",
+     "--save always writes the whole bf16 model"},
+    {"zero_optimization.offload_optimizer", A, "", "", kSection},
+    {"zero_optimization.offload_param", A, "", "", kSection},
+    {"zero_optimization.elastic_checkpoint", W, "false", kNotImplemented},
+    {"zero_optimization.load_from_fp32_weights", W, "", "checkpoints are cutrain's own files (--save / --resume)"},
+    {"zero_optimization.ignore_unused_parameters", W, "", "every parameter of the model has a gradient"},
+    {"zero_optimization.zero_hpz_partition_size", W, "1", "hierarchical partitioning (ZeRO++) is not implemented"},
+    {"zero_optimization.zero_quantized_weights", W, "false", "quantized collectives (ZeRO++) are not implemented"},
+    {"zero_optimization.zero_quantized_gradients", W, "false", "quantized collectives (ZeRO++) are not implemented"},
+    {"zero_optimization.mics_shard_size", W, "-1", "MiCS is not implemented"},
+    {"zero_optimization.memory_efficient_linear", W, "", "the GEMMs are cuBLASLt calls"},
+    {"zero_optimization.use_multi_rank_bucket_allreduce", W, "", "not implemented"},
+    {"zero_optimization.legacy_stage1", W, "false", "not implemented"},
+
+    // zero_optimization.offload_optimizer
+    {"zero_optimization.offload_optimizer.device", A, "", "none, cpu or nvme: where the optimizer state waits between steps"},
+    {"zero_optimization.offload_optimizer.nvme_path", A, "", "nvme: the folder of the swap files (must exist)"},
+    {"zero_optimization.offload_optimizer.pin_memory", A, "", "cpu: pinned (true) or pageable host memory"},
+    {"zero_optimization.offload_optimizer.buffer_count", W, "", "the state travels through the aio handle's own bounce buffers"},
+    {"zero_optimization.offload_optimizer.pipeline_read", A, "", "the reload overlaps forward/backward"},
+    {"zero_optimization.offload_optimizer.pipeline_write", A, "", "the write-out overlaps the rest of the step"},
+    {"zero_optimization.offload_optimizer.pipeline", W, "", "the old switch; use pipeline_read / pipeline_write"},
+    {"zero_optimization.offload_optimizer.fast_init", W, "false", "the state is created on the device, then offloaded"},
+    {"zero_optimization.offload_optimizer.ratio", W, "1|1.0", "the whole optimizer state is offloaded"},
+
+    // zero_optimization.offload_param
+    {"zero_optimization.offload_param.device", E, "\"none\"|null",
+     "parameter offload is not implemented (stage 3's parameter shards stay on the device); use \"none\""},
+    {"zero_optimization.offload_param.nvme_path", W, "", kNoParamOffload},
+    {"zero_optimization.offload_param.pin_memory", W, "", kNoParamOffload},
+    {"zero_optimization.offload_param.buffer_count", W, "", kNoParamOffload},
+    {"zero_optimization.offload_param.buffer_size", W, "", kNoParamOffload},
+    {"zero_optimization.offload_param.max_in_cpu", W, "", kNoParamOffload},
+
+    // torch_autocast
+    {"torch_autocast.enabled", A, "",
+     "the model computes in bf16 either way (as DeepSpeed's bf16.enabled); torch.float16 autocast is an error"},
+    {"torch_autocast.dtype", A, "", "torch.bfloat16 (torch.float16 with enabled: an error)"},
+    {"torch_autocast.lower_precision_safe_modules", W, "", "every layer computes in bf16"},
+
+    // activation_checkpointing
+    {"activation_checkpointing.partition_activations", W, "false", kNoPartitionedCkpt},
+    {"activation_checkpointing.cpu_checkpointing", W, "false", kNoPartitionedCkpt},
+    {"activation_checkpointing.contiguous_memory_optimization", W, "false", kNoPartitionedCkpt},
+    {"activation_checkpointing.number_checkpoints", W, "null", kNoPartitionedCkpt},
+    {"activation_checkpointing.synchronize_checkpoint_boundary", W, "false", kNoPartitionedCkpt},
+    {"activation_checkpointing.profile", W, "false", kNoPartitionedCkpt},
+
+    // aio (the optimizer swap's I/O, docs/nvme.md)
+    {"aio.block_size", A, "", "bytes per I/O request (a multiple of 512)"},
+    {"aio.queue_depth", A, "", "requests in flight per worker"},
+    {"aio.intra_op_parallelism", A, "", "I/O workers per transfer"},
+    {"aio.thread_count", A, "", "the old name of intra_op_parallelism"},
+    {"aio.single_submit", A, "", "submit requests one at a time"},
+    {"aio.overlap_events", A, "", "reap completions while submitting"},
+    {"aio.use_gds", W, "false", "the optimizer swap goes through pinned bounce buffers (GDS only in io-bench)"},
+};
+
+}  // namespace
+
+std::span<const ConfigKey> config_keys() { return kKeys; }
+
+const ConfigKey* find_config_key(std::string_view path) {
+  std::string normalized;
+  constexpr std::string_view kOld = "bfloat16.";
+  if (path.substr(0, kOld.size()) == kOld) {
+    normalized = "bf16." + std::string(path.substr(kOld.size()));
+    path = normalized;
+  }
+  for (const ConfigKey& k : kKeys)
+    if (k.path == path) return &k;
+  return nullptr;
+}
+
+std::vector<std::string_view> config_key_children(std::string_view parent) {
+  if (parent == "bfloat16") parent = "bf16";
+  std::vector<std::string_view> out;
+  for (const ConfigKey& k : kKeys) {
+    const std::size_t dot = k.path.rfind('.');
+    const std::string_view up = dot == std::string_view::npos ? std::string_view() : k.path.substr(0, dot);
+    if (up == parent) out.push_back(dot == std::string_view::npos ? k.path : k.path.substr(dot + 1));
+  }
+  return out;
+}
+
+const char* name(KeyStatus s) {
+  switch (s) {
+    case KeyStatus::Acted: return "acted on";
+    case KeyStatus::Warned: return "warned";
+    case KeyStatus::Error: return "error";
+  }
+  return "?";
+}
+
+std::string not_acted_warning(const std::string& path, std::string_view why) {
+  return "config key " + path + " is read but not acted on (" + std::string(why) + ")";
+}
+
+}  // namespace cutrain::train
