@@ -32,8 +32,8 @@ int run_comm_check(const CommCheckArgs& a) {
     auto got = comm::rendezvous_broadcast(env, token, timeout);
     CUTRAIN_CHECK(got == token, "rendezvous delivered the wrong token");
     std::cout << "rank " << env.rank << " of " << env.world_size << " (" << env.source << "): rendezvous ok at "
-              << env.master_addr << ":" << env.port() << " (from " << env.rendezvous_port_from << "); NCCL check skipped (" << (comm::nccl_available() ? why : "built without NCCL")
-              << ")\n";
+              << env.master_addr << ":" << env.port() << " (from " << env.rendezvous_port_from
+              << "); NCCL check skipped (" << (comm::nccl_available() ? why : "built without NCCL") << ")\n";
     return 0;
   }
   auto c = comm::Communicator::create(env, -1, timeout);
@@ -48,7 +48,8 @@ int run_comm_check(const CommCheckArgs& a) {
   const float want = env.world_size * (env.world_size + 1) / 2.0f;
   for (float x : h) CUTRAIN_CHECK(x == want, "all-reduce gave ", x, ", expected ", want);
   std::cout << "rank " << env.rank << " of " << env.world_size << " (" << env.source << ", GPU " << c->device()
-            << "): rendezvous and NCCL all-reduce ok\n";
+            << "): rendezvous at " << env.master_addr << ":" << env.port() << " (from " << env.rendezvous_port_from
+            << ") and NCCL all-reduce ok\n";
   return 0;
 }
 

@@ -50,7 +50,7 @@ double median_seconds(int loops, const std::string& file, bool drop, F&& f) {
 
 int run(const Args& a) {
   CUTRAIN_CHECK(std::filesystem::is_directory(a.folder), "--folder '", a.folder, "' is not a directory");
-  const std::size_t n = parse_size(a.size);
+  const std::size_t n = parse_size_flag("--size", a.size);
   const bool gpu = !a.no_gpu && gpu_available();
   const std::string file = (std::filesystem::path(a.folder) / "cutrain_file_access.bin").string();
   // The CPU tensor: pinned memory where a GPU exists (what the handle's users allocate).

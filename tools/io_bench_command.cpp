@@ -67,11 +67,11 @@ int run_io_bench(const IoBenchArgs& a) {
     job.gpus.insert(job.gpus.end(), gpus.begin(), gpus.end());
   }
   job.use_gds = a.use_gds;
-  job.io_size = parse_size(a.io_size);
+  job.io_size = parse_size_flag("--io_size", a.io_size);
   job.read = a.read;
   job.loops = a.loops;
   job.validate = a.validate;
-  job.handle.block_size = parse_size(a.block_size);
+  job.handle.block_size = parse_size_flag("--block_size", a.block_size);
   job.handle.queue_depth = a.queue_depth;
   job.handle.single_submit = a.single_submit;
   job.handle.overlap_events = !a.sequential_requests;

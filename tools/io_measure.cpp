@@ -89,6 +89,15 @@ std::size_t parse_size(const std::string& s) {
   return static_cast<std::size_t>(v * mult);
 }
 
+std::size_t parse_size_flag(const std::string& flag, const std::string& s) {
+  try {
+    return parse_size(s);
+  } catch (const Error&) {
+    CUTRAIN_FAIL(flag, ": expected a size in bytes with an optional K, M or G suffix (powers of 1024), such as 1M, ",
+                 "found '", s, "'");
+  }
+}
+
 std::string size_string(std::size_t bytes) {
   const char* units[] = {"G", "M", "K"};
   const std::size_t mult[] = {1u << 30, 1u << 20, 1u << 10};

@@ -46,7 +46,9 @@ double odirect_threads_baseline_bytes_per_s(const IoJob& job, int* best_threads 
 
 std::string file_for(const std::string& folder, std::size_t index);
 std::size_t parse_size(const std::string& s);  // "400M", "1G", "4096", "1.5G" (K, M, G: powers of 1024)
-std::string size_string(std::size_t bytes);    // 1048576 -> "1M", 131072 -> "128K", 1000 -> "1000"
+std::string size_string(std::size_t bytes);
+// parse_size for a flag's value: the error names the flag ("--io_size: expected ..., found '1X'").
+std::size_t parse_size_flag(const std::string& flag, const std::string& s);    // 1048576 -> "1M", 131072 -> "128K", 1000 -> "1000"
 
 // nvme-tune's search space: every combination is one run.
 struct SweepConfig {

@@ -47,7 +47,10 @@ std::string this_host_name() {
 
 std::string join(const std::vector<int>& v) {
   std::string s;
-  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  for (int x : v) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
   return s;
 }
 
@@ -68,7 +71,8 @@ std::string visible_devices(const std::vector<int>& gpus) {
     CUTRAIN_CHECK(static_cast<std::size_t>(g) < seen.size(), "launch: GPU slot ", g,
                   " of this node: expected an index into CUDA_VISIBLE_DEVICES='", outer, "' (", seen.size(),
                   " devices), found none at ", g);
-    s += (s.empty() ? "" : ",") + seen[g];
+    if (!s.empty()) s += ',';
+    s += seen[g];
   }
   return s;
 }

@@ -69,13 +69,13 @@ int run_tune(const TuneArgs& a) {
   SweepConfig sweep = a.sweep_config.empty() ? SweepConfig{} : read_sweep_config(a.sweep_config);
   if (!a.block_sizes.empty()) {
     sweep.block_size.clear();
-    for (const auto& b : a.block_sizes) sweep.block_size.push_back(parse_size(b));
+    for (const auto& b : a.block_sizes) sweep.block_size.push_back(parse_size_flag("--block_size", b));
   }
   if (!a.queue_depths.empty()) sweep.queue_depth = a.queue_depths;
   if (!a.parallelism.empty()) sweep.io_parallel = a.parallelism;
   for (int q : sweep.queue_depth) CUTRAIN_CHECK(q >= 1, "--queue_depth: expected depths >= 1, found ", q);
   for (int p : sweep.io_parallel) CUTRAIN_CHECK(p >= 1, "--io_parallel: expected counts >= 1, found ", p);
-  const std::size_t io_size = parse_size(a.io_size);
+  const std::size_t io_size = parse_size_flag("--io_size", a.io_size);
   if (!a.log_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(a.log_dir, ec);

@@ -27,13 +27,19 @@ long parse_count(const std::string& s) {
 
 std::string join_hosts(const std::vector<HostSlots>& hosts) {
   std::string out;
-  for (const auto& h : hosts) out += (out.empty() ? "" : ", ") + h.host;
+  for (const auto& h : hosts) {
+    if (!out.empty()) out += ", ";
+    out += h.host;
+  }
   return out.empty() ? "none" : out;
 }
 
 std::string join_slots(const std::vector<int>& slots) {
   std::string out;
-  for (int s : slots) out += (out.empty() ? "" : ",") + std::to_string(s);
+  for (int s : slots) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(s);
+  }
   return out;
 }
 
@@ -172,7 +178,8 @@ LaunchPlan make_launch_plan(const LaunchRequest& r) {
     for (auto& h : hosts) {
       CUTRAIN_CHECK(static_cast<std::size_t>(r.num_gpus) <= h.slots.size(), "--num_gpus ", r.num_gpus,
                     ": expected at most the slots of each host, found ", h.host, " with ", h.slots.size(), " (",
-                    join_slots(h.slots), ") in ", origin, r.include.empty() && r.exclude.empty() ? "" : " after the filter");
+                    join_slots(h.slots), ") in ", origin,
+                    r.include.empty() && r.exclude.empty() ? "" : " after the filter");
       h.slots.resize(static_cast<std::size_t>(r.num_gpus));
     }
 

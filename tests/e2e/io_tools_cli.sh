@@ -29,6 +29,8 @@ expect_error() {  # expect_error 'message part' cutrain-args...
 }
 expect_error "--folder_to_device_mapping '$tmp/io:x': expected FOLDER:GPU_INDEX with a GPU index >= 0, found 'x'" \
   io-bench --folder_to_device_mapping "$tmp/io:x" --io_size 1M
+expect_error "--io_size: expected a size in bytes with an optional K, M or G suffix (powers of 1024), such as 1M, found '4X'" \
+  io-bench --folder "$tmp/io" --io_size 4X
 expect_error "--use_gds: expected" io-bench --folder "$tmp/io" --io_size 1M --use_gds
 if [ "$device" = cpu ]; then
   expect_error "--gpu: expected a CUDA device" io-bench --folder "$tmp/io" --io_size 1M --gpu

@@ -72,8 +72,9 @@ expect_refused "expected this machine" --hostfile "$tmp/elsewhere"
 
 # --- torchrun: its TCPStore (a stand-in listener here) holds MASTER_PORT ---
 listen() {  # listen PORT: a listener on 127.0.0.1:PORT in the background; its pid in $listener
-  python3 -c "import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(8); \
-print('up', flush=True); time.sleep(120)" "$1" >"$tmp/listen$1" &
+  python3 -c "import socket,sys,time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT, not a listener
+s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(8); print('up', flush=True); time.sleep(120)" "$1" >"$tmp/listen$1" &
   listener=$!
   for _ in $(seq 50); do grep -q up "$tmp/listen$1" 2>/dev/null && return 0; sleep 0.1; done
   fail "listener on $1 did not start"

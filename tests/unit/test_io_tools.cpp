@@ -143,3 +143,10 @@ TEST(IoTools, SmallWriteAndReadJob) {
   EXPECT_FALSE(r.backend.empty());
   std::filesystem::remove_all(dir);
 }
+
+TEST(IoTools, SizeFlagErrorsNameTheFlag) {
+  EXPECT_EQ(parse_size_flag("--io_size", "4M"), 4u << 20);
+  auto m = message_of([] { parse_size_flag("--io_size", "4X"); });
+  EXPECT_HAS(m, "--io_size: expected a size in bytes");
+  EXPECT_HAS(m, "found '4X'");
+}
