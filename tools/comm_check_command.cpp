@@ -15,7 +15,15 @@
 namespace cutrain::tools {
 namespace {
 
-int run_comm_check(int timeout_s) {
+struct CommCheckArgs {
+  int timeout_s = 60;
+  int local_rank = 0;
+  CLI::Option* local_rank_opt = nullptr;
+};
+
+int run_comm_check(const CommCheckArgs& a) {
+  if (a.local_rank_opt->count()) comm::apply_local_rank_flag(a.local_rank);
+  const int timeout_s = a.timeout_s;
   comm::LaunchEnv env = comm::read_launch_env();
   const auto timeout = std::chrono::seconds(timeout_s);
   std::string why;
@@ -23,9 +31,9 @@ int run_comm_check(int timeout_s) {
     std::vector<char> token = {'o', 'k'};
     auto got = comm::rendezvous_broadcast(env, token, timeout);
     CUTRAIN_CHECK(got == token, "rendezvous delivered the wrong token");
-    std::cout << "rank " << env.rank << " of " << env.world_size << " (" << env.source
-              << "): rendezvous ok; NCCL check skipped (" << (comm::nccl_available() ? why : "built without NCCL")
-              << ")\n";
+    std::cout << "rank " << env.rank << " of " << env.world_size << " (" << env.source << "): rendezvous ok at "
+              << env.master_addr << ":" << env.port() << " (from " << env.rendezvous_port_from
+              << "); NCCL check skipped (" << (comm::nccl_available() ? why : "built without NCCL") << ")\n";
     return 0;
   }
   auto c = comm::Communicator::create(env, -1, timeout);
@@ -40,17 +48,20 @@ int run_comm_check(int timeout_s) {
   const float want = env.world_size * (env.world_size + 1) / 2.0f;
   for (float x : h) CUTRAIN_CHECK(x == want, "all-reduce gave ", x, ", expected ", want);
   std::cout << "rank " << env.rank << " of " << env.world_size << " (" << env.source << ", GPU " << c->device()
-            << "): rendezvous and NCCL all-reduce ok\n";
+            << "): rendezvous at " << env.master_addr << ":" << env.port() << " (from " << env.rendezvous_port_from
+            << ") and NCCL all-reduce ok\n";
   return 0;
 }
 
 }  // namespace
 
 CLI::App* setup_comm_check_command(CLI::App& parent, int& exit_code) {
-  auto* timeout = new int(60);
+  auto* a = new CommCheckArgs;
   CLI::App* sub = parent.add_subcommand("comm-check", "Check the rendezvous and NCCL of a multi-process launch");
-  sub->add_option("--timeout", *timeout, "Seconds to wait for peers")->capture_default_str();
-  sub->callback([timeout, &exit_code] { exit_code = run_comm_check(*timeout); });
+  sub->add_option("--timeout", a->timeout_s, "Seconds to wait for peers")->capture_default_str();
+  a->local_rank_opt = sub->add_option("--local_rank", a->local_rank,
+                                      "As DeepSpeed's launcher passes it (must agree with LOCAL_RANK when set too)");
+  sub->callback([a, &exit_code] { exit_code = run_comm_check(*a); });
   return sub;
 }
 

@@ -1,6 +1,7 @@
 // `cutrain file-access`: DeepSpeedExamples' deepnvme/file_access workload: the four operations
 // (load/store of a CPU tensor and of a GPU tensor), each through plain buffered file I/O and
-// through the async I/O handle, in the same run, with the speed-up.
+// through the async I/O handle, in the same run, with the speed-up. GB/sec is 1024^3 bytes per
+// second, as in DeepSpeed's tools.
 #include <cuda_runtime.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -49,7 +50,7 @@ double median_seconds(int loops, const std::string& file, bool drop, F&& f) {
 
 int run(const Args& a) {
   CUTRAIN_CHECK(std::filesystem::is_directory(a.folder), "--folder '", a.folder, "' is not a directory");
-  const std::size_t n = parse_size(a.size);
+  const std::size_t n = parse_size_flag("--size", a.size);
   const bool gpu = !a.no_gpu && gpu_available();
   const std::string file = (std::filesystem::path(a.folder) / "cutrain_file_access.bin").string();
   // The CPU tensor: pinned memory where a GPU exists (what the handle's users allocate).
@@ -102,11 +103,12 @@ int run(const Args& a) {
     CUTRAIN_CHECK(std::memcmp(back.data(), cpu, n) == 0, "file-access: GPU tensor differs after the round trip");
   }
   std::cout << "file-access: " << n << " bytes in '" << a.folder << "', " << a.loops << " loops (median), backend "
-            << aio::backend_name(h.backend()) << (gpu ? "" : ", no GPU: CPU tensors only") << "\n";
-  std::cout << "| operation | buffered GB/s | cutrain aio GB/s | speed-up |\n|---|---:|---:|---:|\n"
+            << aio::backend_name(h.backend()) << (gpu ? "" : ", no GPU: CPU tensors only")
+            << "; GB/sec = 1024^3 bytes per second\n";
+  std::cout << "| operation | buffered GB/sec | cutrain aio GB/sec | speed-up |\n|---|---:|---:|---:|\n"
             << std::fixed << std::setprecision(2);
   for (const auto& r : rows)
-    std::cout << "| " << r.op << " | " << n / r.py / 1e9 << " | " << n / r.aio / 1e9 << " | " << r.py / r.aio
+    std::cout << "| " << r.op << " | " << gb_per_s(n / r.py) << " | " << gb_per_s(n / r.aio) << " | " << r.py / r.aio
               << "x |\n";
   std::filesystem::remove(file);
   if (dev) CUTRAIN_CUDA_CHECK(cudaFree(dev));

@@ -17,6 +17,7 @@
 #include "runtime/check.h"
 #include "runtime/device.h"
 #include "runtime/file_util.h"
+#include "runtime/json_util.h"
 
 namespace cutrain::tools {
 
@@ -86,6 +87,114 @@ std::size_t parse_size(const std::string& s) {
   else CUTRAIN_CHECK(unit.empty(), "size '", s, "': expected a number with an optional K, M or G suffix");
   CUTRAIN_CHECK(v > 0 && std::isfinite(v), "size '", s, "' must be positive");
   return static_cast<std::size_t>(v * mult);
+}
+
+std::size_t parse_size_flag(const std::string& flag, const std::string& s) {
+  try {
+    return parse_size(s);
+  } catch (const Error&) {
+    CUTRAIN_FAIL(flag, ": expected a size in bytes with an optional K, M or G suffix (powers of 1024), such as 1M, ",
+                 "found '", s, "'");
+  }
+}
+
+std::string size_string(std::size_t bytes) {
+  const char* units[] = {"G", "M", "K"};
+  const std::size_t mult[] = {1u << 30, 1u << 20, 1u << 10};
+  for (int i = 0; i < 3; ++i)
+    if (bytes >= mult[i] && bytes % mult[i] == 0) return std::to_string(bytes / mult[i]) + units[i];
+  return std::to_string(bytes);
+}
+
+SweepConfig parse_sweep_config(const std::string& text, const std::string& origin) {
+  const nlohmann::json j = parse_json_strict(text, origin);
+  CUTRAIN_CHECK(j.is_object(), origin, ": expected a JSON object of lists (ds_nvme_tune's sweep config), found ",
+                describe_json(j));
+  CUTRAIN_CHECK(!(j.contains("overlap_events") && j.contains("sequential_requests")), origin,
+                ": expected one of overlap_events and sequential_requests (each is the other's inverse), found both");
+  SweepConfig c;
+  auto list_of = [&](const std::string& key, const nlohmann::json& v, const char* what) {
+    CUTRAIN_CHECK(v.is_array() && !v.empty(), origin, ": ", key, ": expected a non-empty list of ", what, ", found ",
+                  describe_json(v));
+  };
+  auto ints = [&](const std::string& key, const nlohmann::json& v) {
+    list_of(key, v, "integers >= 1");
+    std::vector<int> out;
+    for (const auto& x : v) {
+      CUTRAIN_CHECK(x.is_number_integer() && x.get<long long>() >= 1 && x.get<long long>() <= (1 << 20), origin, ": ",
+                    key, ": expected integers >= 1, found ", describe_json(x));
+      out.push_back(x.get<int>());
+    }
+    return out;
+  };
+  auto bools = [&](const std::string& key, const nlohmann::json& v, bool invert) {
+    list_of(key, v, "booleans");
+    std::vector<bool> out;
+    for (const auto& x : v) {
+      CUTRAIN_CHECK(x.is_boolean(), origin, ": ", key, ": expected true or false, found ", describe_json(x));
+      out.push_back(x.get<bool>() != invert);
+    }
+    return out;
+  };
+  for (const auto& [key, v] : j.items()) {
+    if (key == "block_size") {
+      list_of(key, v, "sizes (\"1M\", \"128K\" or byte counts)");
+      c.block_size.clear();
+      for (const auto& x : v) {
+        std::size_t b = 0;
+        if (x.is_number_integer() && x.get<long long>() >= 1) {
+          b = x.get<std::size_t>();
+        } else if (x.is_string()) {
+          try {
+            b = parse_size(x.get<std::string>());
+          } catch (const Error&) {
+          }
+        }
+        CUTRAIN_CHECK(b >= 1, origin, ": block_size: expected a size such as \"1M\" or 1048576, found ",
+                      describe_json(x));
+        c.block_size.push_back(b);
+      }
+    } else if (key == "queue_depth") {
+      c.queue_depth = ints(key, v);
+    } else if (key == "io_parallel") {
+      c.io_parallel = ints(key, v);
+    } else if (key == "single_submit") {
+      c.single_submit = bools(key, v, false);
+    } else if (key == "overlap_events") {
+      c.overlap_events = bools(key, v, false);
+    } else if (key == "sequential_requests") {
+      c.overlap_events = bools(key, v, true);
+    } else {
+      CUTRAIN_FAIL(origin, ": expected keys block_size, queue_depth, io_parallel, single_submit, overlap_events or ",
+                   "sequential_requests, found '", key, "'");
+    }
+  }
+  return c;
+}
+
+SweepConfig read_sweep_config(const std::string& path) {
+  CUTRAIN_CHECK(std::filesystem::is_regular_file(path), "--sweep_config ", path,
+                ": expected a JSON file of lists, found no such file");
+  return parse_sweep_config(read_text_file(path), path);
+}
+
+std::string aio_config_json(const aio::HandleOptions& h, bool use_gds) {
+  nlohmann::ordered_json aio;
+  aio["block_size"] = h.block_size;
+  aio["queue_depth"] = h.queue_depth;
+  aio["intra_op_parallelism"] = h.intra_op_parallelism;
+  aio["single_submit"] = h.single_submit;
+  aio["overlap_events"] = h.overlap_events;
+  aio["use_gds"] = use_gds;
+  nlohmann::ordered_json block;
+  block["aio"] = aio;
+  return block.dump(2);
+}
+
+std::string run_log_name(bool read, const aio::HandleOptions& h) {
+  return std::string(read ? "read" : "write") + (h.single_submit ? "_single" : "_block") +
+         (h.overlap_events ? "_overlap" : "_sequential") + "_p" + std::to_string(h.intra_op_parallelism) + "_d" +
+         std::to_string(h.queue_depth) + "_bs" + size_string(h.block_size) + ".txt";
 }
 
 void prepare_files(const IoJob& job) {
@@ -163,10 +272,10 @@ IoResult run_io_job(const IoJob& job) {
     backend = names[0];
   }
   const double total = static_cast<double>(job.io_size) * nf;
-  return {total / median(task_s) / 1e9, total / median(e2e_s) / 1e9, backend};
+  return {total / median(task_s), total / median(e2e_s), backend};
 }
 
-double buffered_baseline_gbps(const IoJob& job) {
+double buffered_baseline_bytes_per_s(const IoJob& job) {
   if (job.read) prepare_files(job);
   std::vector<char> buf(job.io_size, 'b');
   std::vector<double> s;
@@ -182,10 +291,10 @@ double buffered_baseline_gbps(const IoJob& job) {
     s.push_back(seconds_since(t0));
     if (!job.read) std::filesystem::remove(f);
   }
-  return job.io_size / median(s) / 1e9;
+  return job.io_size / median(s);
 }
 
-double odirect_threads_baseline_gbps(const IoJob& job, int* best_threads) {
+double odirect_threads_baseline_bytes_per_s(const IoJob& job, int* best_threads) {
   if (job.read) prepare_files(job);
   const std::size_t block = 8u << 20;
   const std::size_t n = job.io_size / 4096 * 4096;
@@ -220,7 +329,7 @@ double odirect_threads_baseline_gbps(const IoJob& job, int* best_threads) {
       if (!job.read) std::filesystem::remove(f);
       CUTRAIN_CHECK(!failed, "O_DIRECT baseline: a pread/pwrite on '", f, "' failed or was short");
     }
-    double g = n / median(s) / 1e9;
+    double g = n / median(s);
     if (g > best) {
       best = g;
       if (best_threads) *best_threads = threads;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "runtime/comm/launch_env.h"
 #include "runtime/device.h"
 #include "tools/commands.h"
 #include "train/precision.h"
@@ -31,6 +32,8 @@ struct TrainFlags {
   CLI::Option* save_interval_opt = nullptr;
   CLI::Option* keep_last_opt = nullptr;
   std::vector<std::pair<CLI::Option*, bool train::TrainOptions::ShapeGiven::*>> shape_opts;
+  int local_rank = 0;
+  CLI::Option* local_rank_opt = nullptr;
   CLI::App* sub = nullptr;
 };
 
@@ -39,6 +42,7 @@ int run_train(TrainFlags& f) {
     std::cout << train::bytes_per_param_table();
     return 0;
   }
+  if (f.local_rank_opt->count()) comm::apply_local_rank_flag(f.local_rank);
   train::TrainOptions o = f.o;
   o.device = train::parse_choice(train::kTrainDevices, f.device, "--device");
   o.labels = train::parse_choice(train::kLabelsChoices, f.labels, "--labels");
@@ -55,7 +59,8 @@ int run_train(TrainFlags& f) {
     o.profiling.timing_report_file = f.timing_file;
   }
   std::size_t given = 0;  // `cutrain` or `cutrain train` with no flags at all: the default run
-  for (const CLI::Option* opt : f.sub->get_options()) given += opt->count();
+  for (const CLI::Option* opt : f.sub->get_options())
+    if (opt != f.local_rank_opt) given += opt->count();  // a launcher's --local_rank alone keeps the default run
   const bool no_args = given == 0;
   if (f.config.empty()) {
     if (!no_args) throw CLI::RequiredError("--deepspeed_config");
@@ -167,6 +172,9 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
                   "A:B: cudaProfilerStart before step A, cudaProfilerStop after step B (nsys/ncu capture ranges)");
   sub->add_flag("--profile_graphs", o.profiling.profile_with_graphs,
                 "Keep CUDA-graph replay on inside --profile_steps (default: eager there)");
+  f.local_rank_opt = sub->add_option("--local_rank", f.local_rank,
+                                     "This process's GPU on its node, as DeepSpeed's launcher passes it (must "
+                                     "agree with LOCAL_RANK when that is set too)");
   sub->callback([&exit_code] { exit_code = run_train(f); });
   return sub;
 }

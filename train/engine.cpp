@@ -37,7 +37,7 @@ std::shared_ptr<comm::Communicator> resolve_communicator(const BackendOptions& o
   parallel::make_zero_plan(c.zero_optimization.stage, 1, env.world_size, env.rank, /*has_comm=*/true);
   std::cout << "[Rank " << env.rank << "] data parallel: rank " << env.rank << " of " << env.world_size << " (from "
             << env.source << "), local rank " << env.local_rank << " -> cuda:" << env.local_rank
-            << ", rendezvous " << env.master_addr << ":" << env.master_port << std::endl;
+            << ", rendezvous " << env.master_addr << ":" << env.port() << std::endl;
   return std::shared_ptr<comm::Communicator>(comm::Communicator::create(env));
 }
 }  // namespace

@@ -20,6 +20,11 @@ int parse_int_or(const std::function<const char*(const char*)>& get, const char*
   const char* v = get(name);
   return (v && *v) ? parse_int(get, name, lo, hi) : dflt;
 }
+
+// Set by torch elastic's agent (torchrun, python -m torch.distributed.run) for every worker.
+constexpr const char* kTorchelasticVariables[] = {"TORCHELASTIC_RUN_ID",      "TORCHELASTIC_RESTART_COUNT",
+                                                  "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
+                                                  "GROUP_RANK",               "ROLE_RANK"};
 }  // namespace
 
 LaunchEnv read_launch_env(const std::function<const char*(const char*)>& get) {
@@ -48,11 +53,46 @@ LaunchEnv read_launch_env(const std::function<const char*(const char*)>& get) {
   e.master_port = parse_int_or(get, "MASTER_PORT", e.master_port, 1, 65535);
   CUTRAIN_CHECK(e.local_rank < e.local_world_size || e.source == "default",
                 "local rank ", e.local_rank, " >= local world size ", e.local_world_size, " (from ", e.source, ")");
+
+  for (const char* v : kTorchelasticVariables)
+    if (const char* x = get(v); x && *x) {
+      e.torchelastic_variable = v;
+      break;
+    }
+  if (const char* p = get("CUTRAIN_RENDEZVOUS_PORT"); p && *p) {
+    e.rendezvous_port = parse_int(get, "CUTRAIN_RENDEZVOUS_PORT", 1, 65535);
+    e.rendezvous_port_from = "CUTRAIN_RENDEZVOUS_PORT";
+  } else if (!e.torchelastic_variable.empty()) {
+    CUTRAIN_CHECK(e.master_port < 65535, "environment variable MASTER_PORT=65535: under torchrun (",
+                  e.torchelastic_variable, " is set) cutrain's rendezvous uses MASTER_PORT + 1, expected a MASTER_PORT "
+                  "below 65535; set CUTRAIN_RENDEZVOUS_PORT to a free port (the same on every rank)");
+    e.rendezvous_port = e.master_port + 1;
+    e.rendezvous_port_from = "MASTER_PORT + 1 (torchrun's TCPStore listens on MASTER_PORT; " +
+                             e.torchelastic_variable + " is set)";
+  } else {
+    e.rendezvous_port = e.master_port;
+    e.rendezvous_port_from = "MASTER_PORT";
+  }
   return e;
 }
 
 LaunchEnv read_launch_env() {
   return read_launch_env([](const char* n) { return std::getenv(n); });
+}
+
+std::string check_local_rank_flag(int flag_value, const std::function<const char*(const char*)>& get) {
+  CUTRAIN_CHECK(flag_value >= 0, "--local_rank: expected a local rank >= 0, found ", flag_value);
+  const char* env = get("LOCAL_RANK");
+  if (!env || !*env) return std::to_string(flag_value);
+  const int from_env = parse_int(get, "LOCAL_RANK", 0, 1 << 20);
+  CUTRAIN_CHECK(from_env == flag_value, "--local_rank=", flag_value, " disagrees with environment variable LOCAL_RANK=",
+                from_env, ": expected the same local rank from both (the launcher sets both; pass one of them)");
+  return "";
+}
+
+void apply_local_rank_flag(int flag_value) {
+  const std::string value = check_local_rank_flag(flag_value, [](const char* n) { return std::getenv(n); });
+  if (!value.empty()) ::setenv("LOCAL_RANK", value.c_str(), 1);
 }
 
 }  // namespace cutrain::comm

@@ -59,9 +59,11 @@ sockaddr_in resolve(const LaunchEnv& env) {
   CUTRAIN_CHECK(rc == 0 && res, "rendezvous: cannot resolve MASTER_ADDR '", env.master_addr, "': ", gai_strerror(rc));
   sockaddr_in a = *reinterpret_cast<sockaddr_in*>(res->ai_addr);
   ::freeaddrinfo(res);
-  a.sin_port = htons(static_cast<std::uint16_t>(env.master_port));
+  a.sin_port = htons(static_cast<std::uint16_t>(env.port()));
   return a;
 }
+
+bool is_loopback(const sockaddr_in& a) { return (ntohl(a.sin_addr.s_addr) >> 24) == 127; }
 
 constexpr std::uint32_t kMagic = 0x63747276;  // "ctrv"
 }  // namespace
@@ -71,16 +73,29 @@ std::vector<char> rendezvous_broadcast(const LaunchEnv& env, const std::vector<c
   if (env.world_size == 1) return blob;
   const auto deadline = Clock::now() + timeout;
   const sockaddr_in addr = resolve(env);
-  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  const std::string where = env.master_addr + ":" + std::to_string(env.port()) + " (port from " +
+                            env.rendezvous_port_from + ")";
   if (env.rank == 0) {
     Fd ls(::socket(AF_INET, SOCK_STREAM, 0));
     CUTRAIN_CHECK(ls.fd >= 0, "rendezvous: socket(): ", std::strerror(errno));
     int one = 1;
     ::setsockopt(ls.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in any = addr;
-    any.sin_addr.s_addr = htonl(INADDR_ANY);
-    CUTRAIN_CHECK(::bind(ls.fd, reinterpret_cast<const sockaddr*>(&any), sizeof any) == 0, "rendezvous: rank 0 cannot bind port ",
-                  env.master_port, ": ", std::strerror(errno), " (is another job using MASTER_PORT?)");
+    // A loopback MASTER_ADDR (one node) listens on that address only; any other on every interface,
+    // since the peers connect from other hosts.
+    sockaddr_in bind_addr = addr;
+    if (!is_loopback(addr)) bind_addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (::bind(ls.fd, reinterpret_cast<const sockaddr*>(&bind_addr), sizeof bind_addr) != 0) {
+      const int err = errno;
+      const std::string holder = env.rendezvous_port_from == "MASTER_PORT"
+                                     ? " (torchrun's or PyTorch's TCPStore, or another job)"
+                                     : " (another job)";
+      CUTRAIN_FAIL("rendezvous: rank 0 cannot listen on port ", env.port(), ", the port from ", env.rendezvous_port_from,
+                   ": ", std::strerror(err),
+                   err == EADDRINUSE ? "; another process already listens there" + holder +
+                                           ": set CUTRAIN_RENDEZVOUS_PORT to a free port (the same on every rank) or "
+                                           "choose another MASTER_PORT"
+                                     : std::string());
+    }
     CUTRAIN_CHECK(::listen(ls.fd, 1024) == 0, "rendezvous: listen(): ", std::strerror(errno));
     std::vector<bool> seen(env.world_size, false);
     seen[0] = true;
@@ -136,8 +151,9 @@ std::vector<char> rendezvous_broadcast(const LaunchEnv& env, const std::vector<c
       io_all(s.fd, &ack, 1, true, deadline, "acknowledging");
       return out;
     }
+    const int err = errno;
     CUTRAIN_CHECK(remaining_ms(deadline) > 0, "rendezvous: rank ", env.rank, " could not reach rank 0 at ", where,
-                  " within ", timeout.count() / 1000.0, " s: ", std::strerror(errno));
+                  " within ", timeout.count() / 1000.0, " s: ", std::strerror(err));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
