@@ -17,20 +17,15 @@
 #include "train/checkpoint_io.h"
 #include "train/config.h"
 #include "train/cpu_backend.h"
+#include "tests/support/cpu_test_util.h"
+#include "tests/support/tiny_cpu_backend.h"
 
 using namespace cutrain;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& tag) {
-  static int n = 0;
-  fs::path d = fs::temp_directory_path() /
-               ("cutrain_ckptio_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& tag) { return test::fresh_temp_dir("ckptio", tag); }
 
 std::vector<std::byte> random_bytes(std::size_t n, std::mt19937_64& rng) {
   std::vector<std::byte> v(n);
@@ -38,21 +33,7 @@ std::vector<std::byte> random_bytes(std::size_t n, std::mt19937_64& rng) {
   return v;
 }
 
-train::BackendOptions tiny(std::uint64_t seed) {
-  train::BackendOptions o;
-  o.dims = model::ModelDims{32, 2, 2, 64, 8};
-  o.batch = 2;
-  o.seq = 8;
-  o.seed = seed;
-  return o;
-}
-
-train::TrainConfig adamw_config() {
-  train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}})", "test:ckptio");
-  c.resolve_batch(1);
-  return c;
-}
+train::TrainConfig adamw_config() { return test::tiny_adamw_config("test:ckptio"); }
 
 struct Batches {
   std::vector<std::vector<std::int32_t>> tok, lab;
@@ -161,7 +142,7 @@ TEST(CheckpointIo, ParsesNamesAndTheEnvironmentOverride) {
 
 TEST(CheckpointIo, BothPathsWriteByteIdenticalFiles) {
   auto rng = test::fresh_rng();
-  const train::BackendOptions o = tiny(rng());
+  const train::BackendOptions o = test::tiny_backend(rng());
   auto be = train::make_cpu_backend(o, adamw_config());
   const Batches b = make_batches(2, o, rng);
   run_steps(*be, b, 0, 2);
@@ -178,7 +159,7 @@ TEST(CheckpointIo, BothPathsWriteByteIdenticalFiles) {
 
 TEST(CheckpointIo, ResumeIsBitIdenticalWhicheverPathWroteOrReads) {
   auto rng = test::fresh_rng();
-  const train::BackendOptions o = tiny(rng());
+  const train::BackendOptions o = test::tiny_backend(rng());
   const train::TrainConfig c = adamw_config();
   const Batches b = make_batches(5, o, rng);
   auto ref = train::make_cpu_backend(o, c);
@@ -188,7 +169,7 @@ TEST(CheckpointIo, ResumeIsBitIdenticalWhicheverPathWroteOrReads) {
   const std::vector<double> want = run_steps(*ref, b, 2, 5);
   const train::HostState want_state = ref->save_state();
   for (train::CheckpointIo io : {train::CheckpointIo::Aio, train::CheckpointIo::Plain}) {
-    auto be = train::make_cpu_backend(tiny(o.seed + 1), c);  // other initial weights: everything must come from the file
+    auto be = train::make_cpu_backend(test::tiny_backend(o.seed + 1), c);  // other initial weights: everything must come from the file
     const train::CheckpointMeta meta = train::load_checkpoint(dir, *be, io);
     EXPECT_EQ(meta.step, 2);
     EXPECT_EQ(meta.data_rng, "rng-state");

@@ -22,40 +22,21 @@
 #include "train/config.h"
 #include "train/cpu_backend.h"
 #include "train/train_loop.h"
+#include "tests/support/cpu_test_util.h"
+#include "tests/support/tiny_cpu_backend.h"
 
 using namespace cutrain;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& tag) {
-  static int n = 0;
-  fs::path d = fs::temp_directory_path() /
-               ("cutrain_ckstore_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& tag) { return test::fresh_temp_dir("ckstore", tag); }
 
-train::BackendOptions tiny_backend(std::uint64_t seed) {
-  train::BackendOptions o;
-  o.dims = model::ModelDims{32, 2, 2, 64, 8};
-  o.batch = 2;
-  o.seq = 8;
-  o.seed = seed;
-  return o;
-}
-
-train::TrainConfig adamw_config() {
-  train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-      "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}})", "test:ckstore");
-  c.resolve_batch(1);
-  return c;
-}
+train::TrainConfig adamw_config() { return test::tiny_adamw_config("test:ckstore"); }
 
 // A root with a saved step folder of `step` steps (a backend stepped once).
 std::unique_ptr<train::TrainBackend> stepped_backend(std::uint64_t seed) {
-  const train::BackendOptions o = tiny_backend(seed);
+  const train::BackendOptions o = test::tiny_backend(seed);
   auto be = train::make_cpu_backend(o, adamw_config());
   auto rng = test::fresh_rng();
   const std::size_t n = std::size_t(o.batch) * o.seq;
@@ -225,7 +206,7 @@ TEST(CheckpointFolder, VerifierRefusesTruncatedFlippedMissingAndMixedFiles) {
   const train::OpenedCheckpoint c = train::open_checkpoint(root);
   ASSERT_EQ(c.notes.size(), 1u);
   expect_has(c.notes[0], "README.txt");
-  auto into = train::make_cpu_backend(tiny_backend(9), adamw_config());
+  auto into = train::make_cpu_backend(test::tiny_backend(9), adamw_config());
   EXPECT_EQ(train::load_checkpoint(c, *into).step, 2);
   EXPECT_TRUE(into->save_state().params == be->save_state().params);
   fs::remove_all(root);
@@ -291,7 +272,7 @@ TEST(CheckpointFolder, TheLayoutBeforeManifestsIsRefusedUnlessAccepted) {
   EXPECT_TRUE(c.legacy);
   ASSERT_EQ(c.notes.size(), 1u);
   expect_has(c.notes[0], "warning");
-  auto into = train::make_cpu_backend(tiny_backend(8), adamw_config());
+  auto into = train::make_cpu_backend(test::tiny_backend(8), adamw_config());
   EXPECT_EQ(train::load_checkpoint(c, *into).step, 1);
   EXPECT_TRUE(into->save_state().params == be->save_state().params);
   // A temporary folder of a killed save is not mistaken for the old layout.

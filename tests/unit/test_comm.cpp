@@ -20,6 +20,7 @@
 #include "runtime/comm/rendezvous.h"
 #include "runtime/error.h"
 #include "tests/support/test_support.h"
+#include "tests/support/cpu_test_util.h"
 
 using namespace cutrain;
 using namespace cutrain::comm;
@@ -337,15 +338,7 @@ TEST(LaunchEnv, LocalRankFlagAgreesWithTheEnvironment) {
 // ---- the launch plan: DeepSpeed's hostfile, --include / --exclude, --num_nodes, --num_gpus ----
 
 namespace {
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "(no error)";
-}
-#define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << (msg)
+using test::message_of;
 
 std::string write_temp(const std::string& name, const std::string& text) {
   const std::string path = testing::TempDir() + "/" + name + std::to_string(::getpid());

@@ -12,20 +12,13 @@
 #include "runtime/error.h"
 #include "runtime/json_util.h"
 #include "tools/io_measure.h"
+#include "tests/support/cpu_test_util.h"
 
 using namespace cutrain;
 using namespace cutrain::tools;
 
 namespace {
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "(no error)";
-}
-#define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << (msg)
+using test::message_of;
 
 std::filesystem::path temp_folder(const std::string& name) {
   auto p = std::filesystem::path(testing::TempDir()) / (name + std::to_string(::getpid()));

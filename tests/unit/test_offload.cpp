@@ -13,6 +13,7 @@
 #include "runtime/host_source.h"
 #include "runtime/offload.h"
 #include "runtime/staged_copy.h"
+#include "tests/support/cpu_test_util.h"
 
 using namespace cutrain;
 
@@ -29,14 +30,7 @@ struct Fixture {
   }
 };
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "(no error)";
-}
+using test::message_of;
 
 TEST(Offload, RegistrationAndQueries) {
   Fixture f;

@@ -16,19 +16,14 @@
 #include "runtime/file_util.h"
 #include "runtime/safetensors.h"
 #include "tests/support/test_support.h"
+#include "tests/support/cpu_test_util.h"
 
 using namespace cutrain;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir() {
-  static int n = 0;
-  fs::path p = fs::temp_directory_path() / ("cutrain_st_" + std::to_string(::getpid()) + "_" + std::to_string(n++));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
+fs::path temp_dir() { return test::fresh_temp_dir("st"); }
 
 struct Tensor {
   std::string name;

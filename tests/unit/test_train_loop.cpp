@@ -14,18 +14,14 @@
 #include "tests/support/test_support.h"
 #include "train/config.h"
 #include "train/train_loop.h"
+#include "tests/support/cpu_test_util.h"
 
 using namespace cutrain;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& tag) {
-  fs::path d = fs::temp_directory_path() / ("cutrain_train_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& tag) { return test::fresh_temp_dir("train", tag); }
 
 train::TrainOptions tiny(std::uint64_t seed) {
   train::TrainOptions o;
