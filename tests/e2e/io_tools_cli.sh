@@ -32,9 +32,9 @@ expect_error "--folder_to_device_mapping '$tmp/io:x': expected FOLDER:GPU_INDEX 
 expect_error "--io_size: expected a size in bytes with an optional K, M or G suffix (powers of 1024), such as 1M, found '4X'" \
   io-bench --folder "$tmp/io" --io_size 4X
 expect_error "--use_gds: expected" io-bench --folder "$tmp/io" --io_size 1M --use_gds
-if [ "$device" = cpu ]; then
-  expect_error "--gpu: expected a CUDA device" io-bench --folder "$tmp/io" --io_size 1M --gpu
-  expect_error "--gds: expected a CUDA device" nvme-tune --nvme_dir "$tmp/io" --io_size 1M --gds
+if [ "$device" = cpu ]; then  # with no GPU visible (also on a machine that has one)
+  CUDA_VISIBLE_DEVICES= expect_error "--gpu: expected a CUDA device" io-bench --folder "$tmp/io" --io_size 1M --gpu
+  CUDA_VISIBLE_DEVICES= expect_error "--gds: expected a CUDA device" nvme-tune --nvme_dir "$tmp/io" --io_size 1M --gds
 fi
 
 # --- nvme-tune: a sweep config, per-run logs, the aio block ---

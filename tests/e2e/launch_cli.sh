@@ -13,6 +13,8 @@ source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] && { echo "CPU checks only: skipped"; exit 77; }
 unset CUDA_VISIBLE_DEVICES RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT \
   TORCHELASTIC_RUN_ID GROUP_RANK CUTRAIN_RENDEZVOUS_PORT
+# comm-check runs below see no GPU (CUDA_VISIBLE_DEVICES empty), so they check the rendezvous and
+# the flags alone, as on a machine without one, also where two ranks share one GPU or more.
 port=$((20000 + (RANDOM % 10000) * 2))
 record='echo "$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT ${CUDA_VISIBLE_DEVICES-unset}" >"$0/r$RANK"'
 
@@ -65,7 +67,7 @@ printf 'node-x slots=2\n' >"$tmp/elsewhere"
 expect_refused "expected this machine" --hostfile "$tmp/elsewhere"
 
 # --- comm-check under cutrain launch: rank 0 listens on MASTER_PORT ---
-"$bin" launch --num_gpus 2 --master_port "$port" -- "$bin" comm-check --timeout 30 >"$tmp/cc.txt" 2>&1 \
+CUDA_VISIBLE_DEVICES= "$bin" launch --num_gpus 2 --master_port "$port" -- "$bin" comm-check --timeout 30 >"$tmp/cc.txt" 2>&1 \
   || { cat "$tmp/cc.txt"; fail "comm-check under cutrain launch"; }
 [ "$(grep -c "rendezvous ok at 127.0.0.1:$port (from MASTER_PORT)" "$tmp/cc.txt")" = 2 ] \
   || { cat "$tmp/cc.txt"; fail "comm-check lines under cutrain launch"; }
@@ -84,7 +86,7 @@ trap 'kill $store ${other-} 2>/dev/null; rm -rf "$tmp"' EXIT
 torchrun_env() {  # torchrun_env RANK: what torchrun's agent sets for a worker of a 2-process job
   echo RANK=$1 LOCAL_RANK=$1 GROUP_RANK=0 ROLE_RANK=$1 ROLE_NAME=default WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 \
     ROLE_WORLD_SIZE=2 GROUP_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port TORCHELASTIC_RUN_ID=none \
-    TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_MAX_RESTARTS=0 TORCHELASTIC_USE_AGENT_STORE=True
+    TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_MAX_RESTARTS=0 TORCHELASTIC_USE_AGENT_STORE=True CUDA_VISIBLE_DEVICES=
 }
 env $(torchrun_env 1) "$bin" comm-check --timeout 30 >"$tmp/t1.txt" 2>&1 &
 rank1=$!
@@ -115,7 +117,7 @@ LOCAL_RANK=0 "$bin" "${train[@]}" --local_rank=0 >"$tmp/lr.txt" 2>&1 || { cat "$
 if LOCAL_RANK=0 "$bin" "${train[@]}" --local_rank=1 >"$tmp/lr_bad.txt" 2>&1; then fail "--local_rank=1 with LOCAL_RANK=0"; fi
 grep -q "\-\-local_rank=1 disagrees with environment variable LOCAL_RANK=0" "$tmp/lr_bad.txt" \
   || { cat "$tmp/lr_bad.txt"; fail "--local_rank message"; }
-if LOCAL_RANK=1 "$bin" comm-check --local_rank 0 >"$tmp/lr_cc.txt" 2>&1; then fail "comm-check --local_rank 0 with LOCAL_RANK=1"; fi
+if LOCAL_RANK=1 CUDA_VISIBLE_DEVICES= "$bin" comm-check --local_rank 0 >"$tmp/lr_cc.txt" 2>&1; then fail "comm-check --local_rank 0 with LOCAL_RANK=1"; fi
 grep -q "\-\-local_rank=0 disagrees with environment variable LOCAL_RANK=1" "$tmp/lr_cc.txt" \
   || { cat "$tmp/lr_cc.txt"; fail "comm-check --local_rank message"; }
 echo "PASS"
