@@ -78,8 +78,10 @@ int run_checkpoint_bench(const CheckpointBenchArgs& a) {
     s.exp_avg[i] = x * 1e-3f;
     s.exp_avg_sq[i] = x * x * 1e-6f;
   }
+  train::StateSnapshot snap;
+  train::snapshot_from_host_state(s, snap);
   train::CheckpointTensors ct;
-  train::checkpoint_tensors(T, s, ct);
+  train::checkpoint_tensors(T, snap, ct);
   const SafetensorsMetadata md{{"format", "pt"}, {"producer", "cutrain"}};
   std::error_code ec;
   std::filesystem::create_directories(a.dir, ec);

@@ -18,7 +18,7 @@ struct TrainFlags {
   train::TrainOptions o;
   std::string config;
   // The string-valued flags, turned into their enums once in run_train.
-  std::string device = "cuda", labels = "auto", attention = "auto";
+  std::string device = "cuda", labels = "auto", attention = "auto", save_mode = "auto";
   float learning_rate = 1e-4f;
   int log_interval = 5;
   CLI::Option* log_interval_opt = nullptr;
@@ -47,6 +47,7 @@ int run_train(TrainFlags& f) {
   o.device = train::parse_choice(train::kTrainDevices, f.device, "--device");
   o.labels = train::parse_choice(train::kLabelsChoices, f.labels, "--labels");
   o.attention = train::parse_choice(train::kAttentionChoices, f.attention, "--attention");
+  o.save_mode = train::parse_choice(train::kSaveModes, f.save_mode, "--save_mode");
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
   if (f.log_interval_opt->count()) o.log_interval = f.log_interval;
   o.progress = ::isatty(STDOUT_FILENO) == 1;
@@ -151,6 +152,11 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
       sub->add_option("--save_interval", f.save_interval, "With --save: also save after every N steps (N >= 1)");
   f.keep_last_opt = sub->add_option("--keep_last", f.keep_last,
                                     "With --save: keep the K newest step folders (K >= 1; never the one latest names)");
+  sub->add_option("--save_mode", f.save_mode,
+                  "With --save: async (snapshot to pinned host memory, the write in the background while training "
+                  "goes on), sync (the step waits for the write) or auto (async when the snapshot fits in half the "
+                  "available host memory)")
+      ->capture_default_str();
   sub->add_option("--resume", o.resume_dir,
                   "Resume from a checkpoint: DIR (follows DIR/latest) or a step folder DIR/global_step<N>; verified "
                   "first, and it gives the shape flags left out");

@@ -23,12 +23,6 @@ const char* kOptim = kCheckpointOptimFile;
 const char* kState = kCheckpointStateFile;
 const char* kConfig = kCheckpointConfigFile;
 
-std::vector<std::uint16_t> to_bf16_bits(const std::vector<float>& v) {
-  std::vector<std::uint16_t> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16_bits(v[i]);
-  return b;
-}
-
 // The tensors of one file to read into flat float buffers: F32 straight into place, BF16 through
 // bits converted afterwards. Every read of the file goes to CheckpointFiles at once (one stream
 // through the file on the aio path).
@@ -67,19 +61,24 @@ class FileLoad {
 
 }  // namespace
 
-void checkpoint_tensors(const model::TransformerParams& T, const HostState& s, CheckpointTensors& out) {
-  const bool bf = s.param_dtype == DType::BF16;
-  out.pbits = bf ? to_bf16_bits(s.params) : std::vector<std::uint16_t>{};
+void checkpoint_tensors(const model::TransformerParams& T, const StateSnapshot& s, CheckpointTensors& out) {
   out.model.clear();
   out.optim.clear();
   out.names.clear();
+  const std::size_t n = T.flat_size();
+  CUTRAIN_CHECK(s.params.numel() == n, "checkpoint: the state snapshot holds ", s.params.numel(),
+                " params, the parameter table ", n);
+  auto at = [](const SnapshotTensor& v, const model::ParamTensor& t) {
+    return static_cast<const char*>(v.data()) + t.offset * dtype_size(v.dtype());
+  };
   for (const auto& t : T.tensors()) {
-    out.model.push_back({t.name, s.param_dtype, t.shape,
-                         bf ? static_cast<const void*>(out.pbits.data() + t.offset) : s.params.data() + t.offset});
-    auto add = [&](const char* suffix, const std::vector<float>& v) {
+    out.model.push_back({t.name, s.params.dtype(), t.shape, at(s.params, t)});
+    auto add = [&](const char* suffix, const SnapshotTensor& v) {
       if (v.empty()) return;
+      CUTRAIN_CHECK(v.numel() == n, "checkpoint: the state snapshot's ", t.name, suffix, " holds ", v.numel(),
+                    " elements, expected ", n);
       out.names.push_back(t.name + suffix);
-      out.optim.push_back({out.names.back(), DType::F32, t.shape, v.data() + t.offset});
+      out.optim.push_back({out.names.back(), v.dtype(), t.shape, at(v, t)});
     };
     add(".master", s.master);
     add(".exp_avg", s.exp_avg);
@@ -87,7 +86,7 @@ void checkpoint_tensors(const model::TransformerParams& T, const HostState& s, C
   }
 }
 
-json checkpoint_model_config(const model::ModelDims& d, DType param_dtype, std::size_t num_params,
+json checkpoint_model_config(const model::ModelDims& d, DType param_dtype, DType moment_dtype, std::size_t num_params,
                              const std::string& layout, bool causal) {
   return {{"architecture", "SimpleTransformerModel"},
           {"hidden_dim", d.hidden},
@@ -105,7 +104,7 @@ json checkpoint_model_config(const model::ModelDims& d, DType param_dtype, std::
           {"causal", causal},
           {"precision_layout", layout},
           {"param_dtype", safetensors_dtype_name(param_dtype)},
-          {"optimizer_dtype", "F32"},
+          {"optimizer_dtype", safetensors_dtype_name(moment_dtype)},
           {"num_params", num_params}};
 }
 
@@ -124,9 +123,17 @@ model::ModelDims checkpoint_model_dims(const json& c, const std::string& where) 
 
 CheckpointSaveReport save_checkpoint(const std::filesystem::path& root, const TrainBackend& be,
                                      const CheckpointMeta& meta, const CheckpointSaveOptions& opt) {
-  const HostState s = be.save_state();  // first: a collective under ZeRO, every rank takes part
+  StateSnapshot s;
+  s.pinned = false;  // written right away: no copy engine reads it
+  be.snapshot_state(s);  // first: a collective under ZeRO, every rank takes part
+  if (!opt.write_files) return {};
+  return write_checkpoint(root, be.table(), s, meta, opt);
+}
+
+CheckpointSaveReport write_checkpoint(const std::filesystem::path& root, const model::TransformerParams& T,
+                                      const StateSnapshot& s, const CheckpointMeta& meta,
+                                      const CheckpointSaveOptions& opt, std::uint64_t* written_bytes) {
   CheckpointSaveReport report;
-  if (!opt.write_files) return report;
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
   CUTRAIN_CHECK(!ec, "checkpoint: cannot create directory ", root.string(), ": ", ec.message());
@@ -138,15 +145,20 @@ CheckpointSaveReport save_checkpoint(const std::filesystem::path& root, const Tr
   CheckpointFiles files(opt.io);
   StepFolderWriter folder(root, meta.step);
   const std::filesystem::path& dir = folder.dir();
-  const model::TransformerParams& T = be.table();
   CheckpointTensors ct;
   checkpoint_tensors(T, s, ct);
   const SafetensorsMetadata md{{"format", "pt"}, {"producer", "cutrain"}};
   Manifest m;
   m.tag = folder.tag();
   m.step = meta.step;
-  m.config = checkpoint_model_config(T.dims(), s.param_dtype, T.num_params(), meta.layout, meta.causal);
-  auto add = [&](const char* name, FileDigest d) { m.files.push_back({name, d.bytes, d.xxh64}); };
+  m.config = checkpoint_model_config(T.dims(), s.params.dtype(), s.exp_avg.dtype(), T.num_params(), meta.layout,
+                                     meta.causal);
+  std::uint64_t total = 0;
+  auto add = [&](const char* name, FileDigest d) {
+    m.files.push_back({name, d.bytes, d.xxh64});
+    total += d.bytes;
+  };
+  checkpoint_fault_point("start", meta.step);
   add(kModel, files.write_safetensors(dir / kModel, ct.model, md));
   add(kOptim, files.write_safetensors(dir / kOptim, ct.optim, md));
   auto add_text = [&](const char* name, const std::string& text) {
@@ -164,6 +176,7 @@ CheckpointSaveReport save_checkpoint(const std::filesystem::path& root, const Tr
     for (const auto& n : pruned) line += " " + (root / n).string();
     report.notes.push_back(line);
   }
+  if (written_bytes) *written_bytes = total;
   return report;
 }
 

@@ -1,9 +1,9 @@
 // @brief Checkpoints of a training run: one step folder per save under a root DIR (the folder
 // protocol in train/checkpoint_store.h, the manifest in train/checkpoint_manifest.h). A step
 // folder holds model.safetensors (PyTorch state_dict names, params in their real dtype),
-// optimizer.safetensors ("<name>.master" / ".exp_avg" / ".exp_avg_sq", fp32: the bf16 moments of
-// bf16_full are exact in fp32), trainer_state.json (step, data RNG), config.json (the model's
-// shape and layout) and manifest.json, written last. Resuming verifies the manifest first and
+// optimizer.safetensors ("<name>.master" / ".exp_avg" / ".exp_avg_sq" in their real dtypes: fp32
+// master, fp32 moments or bf16 ones with bf16_optimizer_states), trainer_state.json (step, data
+// RNG), config.json (the model's shape and layout) and manifest.json, written last. Resuming verifies the manifest first and
 // replays the same losses bit for bit. The safetensors payloads go through the aio handle or plain
 // buffered I/O (train/checkpoint_io.h: `io`, default Auto: CUTRAIN_CHECKPOINT_IO, else aio when a
 // kernel async backend runs); the files are byte-identical either way.
@@ -19,6 +19,7 @@
 
 #include "train/checkpoint_io.h"
 #include "train/checkpoint_manifest.h"
+#include "train/state_snapshot.h"
 #include "train/train_backend.h"
 
 namespace cutrain::train {
@@ -32,14 +33,13 @@ struct CheckpointMeta {
   bool causal = false;
 };
 
-// The two safetensors files of a state as save_checkpoint writes them: entries viewing `state`
-// (and `pbits`, the bf16 params). Keep the state alive while the entries are used.
+// The two safetensors files of a state as a checkpoint holds them: entries viewing `state`'s
+// storage, each tensor in its own dtype. Keep the snapshot alive while the entries are used.
 struct CheckpointTensors {
   std::vector<SafetensorsEntry> model, optim;
-  std::vector<std::uint16_t> pbits;
   std::deque<std::string> names;  // the optimizer tensor names (stable addresses)
 };
-void checkpoint_tensors(const model::TransformerParams& table, const HostState& state, CheckpointTensors& out);
+void checkpoint_tensors(const model::TransformerParams& table, const StateSnapshot& state, CheckpointTensors& out);
 inline const char* kCheckpointModelFile = "model.safetensors";
 inline const char* kCheckpointOptimFile = "optimizer.safetensors";
 
@@ -48,8 +48,9 @@ inline const char* kCheckpointConfigFile = "config.json";
 
 // config.json: the model's dimensions and layout, for --resume and for rebuilding the model in
 // PyTorch (keys in docs/training.md).
-nlohmann::json checkpoint_model_config(const model::ModelDims& dims, DType param_dtype, std::size_t num_params,
-                                       const std::string& layout, bool causal);
+// `moment_dtype`: the dtype of exp_avg / exp_avg_sq in optimizer.safetensors (the master is F32).
+nlohmann::json checkpoint_model_config(const model::ModelDims& dims, DType param_dtype, DType moment_dtype,
+                                       std::size_t num_params, const std::string& layout, bool causal);
 // The dimensions a config.json gives (`where` names the file in errors).
 model::ModelDims checkpoint_model_dims(const nlohmann::json& config, const std::string& where);
 
@@ -65,10 +66,18 @@ struct CheckpointSaveReport {
 
 // Saves a step folder ROOT/global_step<meta.step> and points ROOT/latest at it (atomic as a
 // folder: docs/training.md). Under ZeRO (stages 1-3 with a communicator) the backend's
-// save_state() is a collective: every rank calls save_checkpoint, and only the one with
+// snapshot_state() is a collective: every rank calls save_checkpoint, and only the one with
 // `write_files` (rank 0) writes; the others take part in the gather and return.
 CheckpointSaveReport save_checkpoint(const std::filesystem::path& root, const TrainBackend& backend,
                                      const CheckpointMeta& meta, const CheckpointSaveOptions& options = {});
+// The writing half of save_checkpoint: a snapshot already taken (of a model with `table`) into
+// ROOT/global_step<meta.step>. Touches no device and no backend, so it can run on another thread
+// while training goes on (train/checkpoint_writer.h). `written_bytes`, when given, gets the
+// payload bytes written.
+CheckpointSaveReport write_checkpoint(const std::filesystem::path& root, const model::TransformerParams& table,
+                                      const StateSnapshot& state, const CheckpointMeta& meta,
+                                      const CheckpointSaveOptions& options = {},
+                                      std::uint64_t* written_bytes = nullptr);
 
 // A checkpoint found and verified: `path` is a root (its `latest` is followed) or a step folder.
 struct OpenedCheckpoint {

@@ -200,14 +200,22 @@ fs::path StepFolderWriter::publish() {
   return final_dir;
 }
 
-void checkpoint_fault_point(const char* stage, int step) {
-  const char* env = std::getenv("CUTRAIN_TEST_CHECKPOINT_KILL");
-  if (!env || !*env) return;
+namespace {
+// Whether `env` (<stage> or <stage>@<step>) names this point of a save.
+bool fault_named(const char* env, const char* stage, int step) {
+  if (!env || !*env) return false;
   std::string_view want(env);
   const auto at = want.find('@');
-  if (want.substr(0, at) != stage) return;
-  if (at != std::string_view::npos && digits(want.substr(at + 1)) != std::optional<long>(step)) return;
-  ::raise(SIGKILL);
+  if (want.substr(0, at) != stage) return false;
+  return at == std::string_view::npos || digits(want.substr(at + 1)) == std::optional<long>(step);
+}
+}  // namespace
+
+void checkpoint_fault_point(const char* stage, int step) {
+  if (fault_named(std::getenv("CUTRAIN_TEST_CHECKPOINT_KILL"), stage, step)) ::raise(SIGKILL);
+  if (fault_named(std::getenv("CUTRAIN_TEST_CHECKPOINT_FAIL"), stage, step))
+    CUTRAIN_FAIL("checkpoint: the write of step ", step, " failed at '", stage,
+                 "' (CUTRAIN_TEST_CHECKPOINT_FAIL, a test-only fault)");
 }
 
 }  // namespace cutrain::train

@@ -72,10 +72,12 @@ class StepFolderWriter {
 };
 
 // Test-only fault injection (docs/training.md): with CUTRAIN_TEST_CHECKPOINT_KILL=<stage> or
-// <stage>@<step>, the process sends itself SIGKILL at that point of a save (of that step). Stages
-// in save order: files (payload files written, no manifest), manifest (manifest written, folder
-// not renamed), rename (folder renamed, latest not updated), latest (latest updated, nothing
-// pruned), prune (one old folder renamed away, not deleted).
+// <stage>@<step>, the process sends itself SIGKILL at that point of a save (of that step); with
+// CUTRAIN_TEST_CHECKPOINT_FAIL=<stage>[@<step>] the write throws cutrain::Error there (a failed
+// write: the temp folder is removed, the previous checkpoint stays). Stages in save order: start
+// (temp folder created, nothing written), files (payload files written, no manifest), manifest
+// (manifest written, folder not renamed), rename (folder renamed, latest not updated), latest
+// (latest updated, nothing pruned), prune (one old folder renamed away, not deleted).
 void checkpoint_fault_point(const char* stage, int step);
 
 }  // namespace cutrain::train

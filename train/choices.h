@@ -60,6 +60,12 @@ inline constexpr std::array<Choice<AttentionChoice>, 3> kAttentionChoices{{{Atte
                                                                             {AttentionChoice::Causal, "causal"},
                                                                             {AttentionChoice::Bidirectional, "bidirectional"}}};
 
+// --save_mode: Auto (async when the state's snapshot fits in half the host's available memory,
+// else sync), Async (snapshot, then the write in the background), Sync (the step waits for the write).
+enum class SaveMode { Auto, Async, Sync };
+inline constexpr std::array<Choice<SaveMode>, 3> kSaveModes{
+    {{SaveMode::Auto, "auto"}, {SaveMode::Async, "async"}, {SaveMode::Sync, "sync"}}};
+
 // choice_name (runtime/choice.h) spells a value; "" for one its table does not list, e.g.
 // SchedulerType::None.
 
@@ -89,5 +95,6 @@ inline const char* name(AutocastDtype v) { return choice_name(kAutocastDtypes, v
 inline const char* name(TrainDevice v) { return choice_name(kTrainDevices, v); }
 inline const char* name(LabelsChoice v) { return choice_name(kLabelsChoices, v); }
 inline const char* name(AttentionChoice v) { return choice_name(kAttentionChoices, v); }
+inline const char* name(SaveMode v) { return choice_name(kSaveModes, v); }
 
 }  // namespace cutrain::train

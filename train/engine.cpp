@@ -508,8 +508,30 @@ HostState GpuEngine::save_state() const {
   if (plan_.has_master) s.master = state(master_, DType::F32);
   s.exp_avg = state(m_, plan_.moment);
   s.exp_avg_sq = state(v_, plan_.moment);
+  s.moment_dtype = plan_.moment;
   if (swap_) swap_->swap_out(/*non_blocking=*/false);  // back where it lives between steps
   return s;
+}
+
+void GpuEngine::snapshot_state(StateSnapshot& out) const {
+  // Partitioned, sharded or swapped states are gathered (and converted) by save_state(); a whole
+  // resident state is copied as it is, one device-to-host copy per buffer into pinned storage.
+  if (zero_.partitioned() || zero_.sharded() || swap_) {
+    TrainBackend::snapshot_state(out);
+    return;
+  }
+  ensure_state();
+  out.pinned = true;
+  auto copy = [&](SnapshotTensor& t, const Buffer& b, DType dtype) {
+    void* dst = t.reserve(dtype, n_, /*pinned=*/true);
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, b.get(), n_ * dtype_size(dtype), cudaMemcpyDeviceToHost, stream_));
+  };
+  copy(out.params, params_, DType::BF16);
+  if (plan_.has_master) copy(out.master, master_, DType::F32);
+  else out.master.clear();
+  copy(out.exp_avg, m_, plan_.moment);
+  copy(out.exp_avg_sq, v_, plan_.moment);
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void GpuEngine::load_state(const HostState& s) {

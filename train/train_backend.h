@@ -9,6 +9,7 @@
 
 #include "model/transformer_params.h"
 #include "runtime/dtype.h"
+#include "train/state_snapshot.h"
 
 namespace cutrain::train {
 
@@ -26,6 +27,7 @@ struct StepStats {
 struct HostState {
   std::vector<float> params, master, exp_avg, exp_avg_sq;  // master empty when the layout has none
   DType param_dtype = DType::BF16;  // what the params really are (F32 on the CPU backend)
+  DType moment_dtype = DType::F32;  // what exp_avg / exp_avg_sq really are (BF16 with bf16_optimizer_states)
 };
 
 class TrainBackend {
@@ -44,6 +46,9 @@ class TrainBackend {
   virtual void release_workspace() {}
   virtual HostState save_state() const = 0;
   virtual void load_state(const HostState& state) = 0;
+  // The state in its own dtypes, into `out`'s reused storage (checkpoints). A collective under
+  // ZeRO, as save_state(). The default goes through save_state().
+  virtual void snapshot_state(StateSnapshot& out) const { snapshot_from_host_state(save_state(), out); }
   virtual const char* describe() const = 0;  // "cuda (NVIDIA H200)", "cpu (reference model)"
 };
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <random>
 #include <sstream>
@@ -19,6 +20,7 @@
 #include "runtime/error.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_store.h"
+#include "train/checkpoint_writer.h"
 #include "train/config.h"
 #include "train/cpu_backend.h"
 #include "train/engine.h"
@@ -99,6 +101,25 @@ void check_checkpoint_shape(const model::ModelDims& run, const model::ModelDims&
   same("--vocab_size", "vocab_size", run.vocab, ck.vocab);
   same("--pad_vocab", "embedding_rows", run.vocab_rows(), ck.vocab_rows());
   same("--seq_length", "max_seq_len", run.max_seq, ck.max_seq);
+}
+
+// Host bytes of the state's snapshot (train/state_snapshot.h): params (bf16 on the GPU, fp32 on
+// the CPU backend), the fp32 master when the layout has one, two moments.
+std::uint64_t snapshot_bytes_estimate(std::size_t flat, const PrecisionPlan& plan, TrainDevice device) {
+  const std::size_t per = device == TrainDevice::Cpu ? 4 + 2 * 4
+                                                     : 2 + (plan.has_master ? 4 : 0) + 2 * dtype_size(plan.moment);
+  return std::uint64_t(flat) * per;
+}
+
+// MemAvailable of /proc/meminfo in bytes (0: not known).
+std::uint64_t host_memory_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  std::uint64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
 }
 
 }  // namespace
@@ -261,15 +282,68 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     std::istringstream(meta.data_rng) >> data_rng;
     out << "[Rank 0] Resumed from " << resume->folder.string() << " at step " << first_step << "\n";
   }
-  // A checkpoint of `done` steps; under ZeRO every rank joins the state's gather, rank 0 writes.
+  // Checkpoints (--save): the writer snapshots the state at the step boundary (under ZeRO every
+  // rank joins its gather) and rank 0 writes it, in the background unless --save_mode sync.
+  std::optional<CheckpointWriter> writer;
+  TrainResult res;
+  if (!o.save_dir.empty()) {
+    bool async = o.save_mode != SaveMode::Sync;
+    if (o.save_mode == SaveMode::Auto) {
+      const std::uint64_t need = snapshot_bytes_estimate(be->table().flat_size(), plan, o.device);
+      const std::uint64_t avail = host_memory_available();
+      if (avail > 0 && need > avail / 2) {
+        async = false;
+        out << "[Rank 0] checkpoint: --save_mode auto: the state's snapshot (" << format_gb(std::int64_t(need))
+            << ") is more than half the host's available memory (" << format_gb(std::int64_t(avail))
+            << "): saves are synchronous (--save_mode async to insist)\n";
+      }
+    }
+    writer.emplace(CheckpointWriterOptions{o.save_dir, CheckpointIo::Auto, o.keep_last.value_or(0), async,
+                                           /*write_files=*/env.rank == 0});
+    res.saves.async = async;
+  }
+  // The saves that finished since the last look: their lines, the run's save figures.
+  SaveOutcome last_seen;
+  auto report_saves = [&]() -> const SaveOutcome* {
+    const SaveOutcome* last = nullptr;
+    for (SaveOutcome& s : writer->take_finished()) {
+      SaveStats& t = res.saves;
+      ++t.saves;
+      t.snapshot_s += s.snapshot_s;
+      t.wait_s += s.wait_s;
+      t.write_s += s.write_s;
+      if (s.ok) {
+        t.bytes += s.bytes;
+        for (const auto& n : s.report.notes) out << "[Rank 0] checkpoint: " << n << "\n";
+        out << "[Rank 0] Checkpoint saved to: " << (o.save_dir / step_tag(s.step)).string() << " (step " << s.step
+            << ")\n";
+        out << "[Rank 0] checkpoint: " << format_gb(std::int64_t(s.bytes)) << " written in " << fixed(s.write_s, 3)
+            << " s (" << fixed(s.write_s > 0 ? double(s.bytes) / s.write_s / double(1u << 30) : 0.0, 2) << " GB/sec"
+            << (s.background ? ", in the background" : "") << "), snapshot " << fixed(s.snapshot_s, 3) << " s";
+        if (s.wait_s >= 0.001) out << ", waited " << fixed(s.wait_s, 3) << " s for the previous write";
+        out << "\n";
+      } else {
+        t.failed_steps.push_back(s.step);
+        std::optional<std::string> latest;
+        try {
+          latest = read_latest(o.save_dir);
+        } catch (const Error&) {
+        }
+        out << "[Rank 0] error: the checkpoint of step " << s.step << " was not saved: " << s.error
+            << "; no step folder of it was left, the last complete checkpoint is "
+            << (latest ? (o.save_dir / *latest).string() : std::string("none")) << "; training goes on\n";
+      }
+      last_seen = std::move(s);
+      last = &last_seen;
+    }
+    return last;
+  };
+  // A checkpoint of `done` steps.
   auto save = [&](int done) {
     std::ostringstream rng_text;
     rng_text << data_rng;
-    const CheckpointSaveReport r =
-        save_checkpoint(o.save_dir, *be, CheckpointMeta{done, rng_text.str(), plan.name(), causal},
-                        {CheckpointIo::Auto, /*write_files=*/env.rank == 0, o.keep_last.value_or(0)});
-    for (const auto& n : r.notes) out << "[Rank 0] checkpoint: " << n << "\n";
-    out << "[Rank 0] Checkpoint saved to: " << (o.save_dir / step_tag(done)).string() << " (step " << done << ")\n";
+    writer->save(*be, CheckpointMeta{done, rng_text.str(), plan.name(), causal});
+    report_saves();  // sync: this save's lines now
   };
   be->reset_peak();
   const MemoryStats init_mem = be->memory();
@@ -341,7 +415,6 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
         << " batches of " << o.batch_size << " x " << o.seq_length << ")\n";
     return e;
   };
-  TrainResult res;
   if (eval_sampler) res.evals.push_back(evaluate(first_step - 1));
 
   res.params = nparams;
@@ -355,6 +428,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     if (!o.fixed_batch) sampler ? draw_real(step) : draw();
     const float lr = schedule.lr(step);
     prof.begin_step(step);
+    const bool writing = writer && writer->in_flight();  // a background write shares the machine
     const auto t0 = std::chrono::steady_clock::now();
     const StepStats st = be->step(tokens.data(), labels.data(), step + 1, lr);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -362,7 +436,13 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     if (step - first_step >= o.warmup_steps) {
       time_sum += dt;
       ++timed;
+      if (writer) {
+        SaveStats& t = res.saves;
+        (writing ? t.steps_in_flight : t.steps_other) += 1;
+        (writing ? t.time_in_flight : t.time_other) += dt;
+      }
     }
+    if (writer) report_saves();  // a background save that ended: reported at this step
     const float loss = float(st.loss);
     res.losses.push_back(loss);
     if (loss_log.is_open()) loss_log.append(std::to_string(step) + "," + repr(loss) + "\n");
@@ -424,6 +504,18 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   out << "  Average step time: " << fixed(res.avg_step_time, 3) << "s\n";
   out << "  Peak memory: " << format_gb(fin.peak) << "\n";
   out << "  Final allocated memory: " << format_gb(fin.allocated) << "\n";
+  if (writer && res.saves.async && res.saves.steps_in_flight > 0) {
+    const SaveStats& t = res.saves;
+    const double in = t.time_in_flight / t.steps_in_flight;
+    out << "  Steps during background checkpoint writes: " << t.steps_in_flight << ", mean " << fixed(in, 4) << "s";
+    if (t.steps_other > 0) {
+      const double other = t.time_other / t.steps_other;
+      out << " against " << fixed(other, 4) << "s in the " << t.steps_other << " other steps ("
+          << (in >= other ? "+" : "") << fixed(100.0 * (in / other - 1.0), 1) << "%)";
+    }
+    out << "\n";
+  }
+
   if (!res.evals.empty())
     out << "  Validation loss: " << fixed(res.evals.front().loss, 4) << " -> " << fixed(res.evals.back().loss, 4)
         << " (perplexity " << fixed(res.evals.front().perplexity, 2) << " -> " << fixed(res.evals.back().perplexity, 2)
@@ -436,7 +528,19 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   out << "\n";
   if (loss_log.is_open()) out << "Loss history saved to: " << o.loss_log_file.string() << "\n";
   prof.finish(out);
-  if (!o.save_dir.empty()) save(last + 1);
+  if (writer) {
+    save(last + 1);
+    writer->wait();
+    const SaveOutcome* final_save = report_saves();
+    if (!res.saves.failed_steps.empty()) {
+      out << "[Rank 0] checkpoint: " << res.saves.failed_steps.size() << " of " << res.saves.saves
+          << " saves failed (step";
+      for (int st : res.saves.failed_steps) out << " " << st;
+      out << ")\n";
+    }
+    CUTRAIN_CHECK(env.rank != 0 || (final_save && final_save->ok), "train: the final checkpoint (step ", last + 1,
+                  ") was not saved to ", o.save_dir.string(), final_save ? ": " + final_save->error : std::string());
+  }
   out.flush();
   return res;
 }

@@ -42,6 +42,7 @@ struct TrainOptions {
   std::filesystem::path save_dir, resume_dir;  // --save ROOT, --resume ROOT or ROOT/global_step<N>
   std::optional<int> save_interval;  // --save_interval N (>= 1, with --save): also save after every N steps
   std::optional<int> keep_last;      // --keep_last K (>= 1, with --save): keep the K newest step folders
+  SaveMode save_mode = SaveMode::Auto;  // --save_mode (train/choices.h; train/checkpoint_writer.h)
   bool accept_legacy_checkpoint = false;  // --resume of the layout before manifests, without checksums
   // Which shape flags the run gave (the command line sets these; a library caller's values count
   // as given). With --resume the others take the checkpoint's config.json values, and a given one
@@ -62,8 +63,21 @@ struct EvalPoint {
   int batches = 0;
 };
 
+// The checkpoint saves of a run (--save).
+struct SaveStats {
+  bool async = false;
+  int saves = 0;
+  std::vector<int> failed_steps;  // saves whose write failed (reported at the next step)
+  double snapshot_s = 0, wait_s = 0, write_s = 0;  // summed over the saves
+  std::uint64_t bytes = 0;                          // written by the saves that completed
+  // Timed steps (after warm-up) that ran while a background write was in flight, and the others.
+  int steps_in_flight = 0, steps_other = 0;
+  double time_in_flight = 0, time_other = 0;
+};
+
 struct TrainResult {
   std::vector<double> losses;
+  SaveStats saves;
   std::vector<EvalPoint> evals;  // --eval_data: before training, every --eval_interval, at the end
   double avg_step_time = 0;
   std::int64_t peak_bytes = 0, alloc_bytes = 0;

@@ -1,0 +1,54 @@
+#include "train/state_snapshot.h"
+
+#include <cstring>
+
+#include "runtime/device.h"
+#include "runtime/error.h"
+#include "train/train_backend.h"
+
+namespace cutrain::train {
+
+void* SnapshotTensor::reserve(DType dtype, std::size_t numel, bool pinned) {
+  const std::size_t bytes = numel * dtype_size(dtype);
+  dtype_ = dtype;
+  numel_ = numel;
+  if (pinned) {
+    if (pinned_.bytes() < bytes) {
+      pinned_.reset();  // back to the allocator's cache first: a larger block may reuse it
+      pinned_ = Buffer(pinned_allocator(), bytes);
+    }
+    data_ = pinned_.get();
+  } else {
+    if (plain_.size() < bytes) plain_.resize(bytes);
+    data_ = plain_.data();
+  }
+  return data_;
+}
+
+namespace {
+
+void put(SnapshotTensor& t, const std::vector<float>& v, DType dtype, bool pinned) {
+  if (v.empty()) {
+    t.clear();
+    return;
+  }
+  void* dst = t.reserve(dtype, v.size(), pinned);
+  if (dtype == DType::F32) {
+    std::memcpy(dst, v.data(), v.size() * 4);
+    return;
+  }
+  CUTRAIN_CHECK(dtype == DType::BF16, "state snapshot: expected an F32 or BF16 state, found ", dtype_name(dtype));
+  auto* b = static_cast<std::uint16_t*>(dst);
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16_bits(v[i]);
+}
+
+}  // namespace
+
+void snapshot_from_host_state(const HostState& h, StateSnapshot& out) {
+  put(out.params, h.params, h.param_dtype, out.pinned);
+  put(out.master, h.master, DType::F32, out.pinned);
+  put(out.exp_avg, h.exp_avg, h.moment_dtype, out.pinned);
+  put(out.exp_avg_sq, h.exp_avg_sq, h.moment_dtype, out.pinned);
+}
+
+}  // namespace cutrain::train

@@ -1,0 +1,51 @@
+// @brief The training state copied to host memory in the dtypes it has on the device (bf16 or
+// fp32 params, fp32 master, fp32 or bf16 moments): what a checkpoint's files hold, taken in one go
+// at a step boundary so that training can go on while it is written (train/checkpoint_writer.h).
+// Its storage is pinned when a GPU is present (the device-to-host copies run at the link's speed
+// and the aio engine writes from it) and is kept for the next snapshot of the same size.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/allocator.h"
+#include "runtime/dtype.h"
+
+namespace cutrain::train {
+
+struct HostState;
+
+// One flat state tensor (the parameter table's layout) in host memory.
+class SnapshotTensor {
+ public:
+  // Storage for `numel` elements of `dtype` (the previous storage when it is big enough).
+  void* reserve(DType dtype, std::size_t numel, bool pinned);
+  void clear() { numel_ = 0; }  // absent from this snapshot (a layout without fp32 master)
+  bool empty() const { return numel_ == 0; }
+  DType dtype() const { return dtype_; }
+  std::size_t numel() const { return numel_; }
+  std::size_t bytes() const { return numel_ * dtype_size(dtype_); }
+  const void* data() const { return data_; }
+  void* data() { return data_; }
+
+ private:
+  DType dtype_ = DType::F32;
+  std::size_t numel_ = 0;
+  void* data_ = nullptr;
+  Buffer pinned_;                  // from the pinned caching allocator
+  std::vector<std::byte> plain_;  // CPU-only machines
+};
+
+struct StateSnapshot {
+  SnapshotTensor params, master, exp_avg, exp_avg_sq;
+  bool pinned = false;  // storage pinned (its owner sets it: whether a GPU is present)
+  std::size_t bytes() const { return params.bytes() + master.bytes() + exp_avg.bytes() + exp_avg_sq.bytes(); }
+};
+
+// The snapshot of a host state: params in `h.param_dtype`, the master in fp32, the moments in
+// `h.moment_dtype` (exact: they came from that dtype).
+void snapshot_from_host_state(const HostState& h, StateSnapshot& out);
+
+}  // namespace cutrain::train
