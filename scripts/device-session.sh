@@ -17,6 +17,10 @@
 #   ncu         ncu capture of exactly steps 3-4 (--profile_steps)
 #   offload     the offload sweep, a large offload-bench, racecheck on a non-blocking round trip
 #   io          io-bench (read/write/gpu), file-access and its Python peer, nvme-tune
+#   checkpoints O_DIRECT write bandwidth (io-bench), then a 0.8B-parameter bf16_full run with
+#               background saves (step time while a write is in flight against the others, the
+#               write's GB/sec), sync saves and a cold --resume, and torch.save / torch.load of the
+#               same tensors (bench/peers/checkpoint_peer.py) in the same call (CKPT_DIR, /tmp)
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -175,6 +179,23 @@ fi
 if want io; then
   step io 130 "mkdir -p /tmp/io && $bin io-bench --folder /tmp/io --io_size 1G --read --loops 3 && $bin io-bench --folder /tmp/io --io_size 1G --loops 3 && $bin io-bench --folder /tmp/io --io_size 1G --read --gpu --loops 3 --no_baselines && $bin file-access --folder /tmp/io --size 1G && python3 bench/peers/file_access_peer.py --folder /tmp/io --out $logs/file_access_peer.json && $bin nvme-tune --folder /tmp/io --io_size 256M --io_parallel 1 4"
   grep -E "Speed|GB/s|best|aio|backend|tensor" "$logs/io.txt" | tail -50 >>"$sum" 2>/dev/null
+fi
+
+if want checkpoints; then
+  ck=${CKPT_DIR:-/tmp/cutrain_ck}
+  rm -rf "$ck"; mkdir -p "$ck"
+  big=(--deepspeed_config configs/bf16_full.json --hidden_dim 2048 --num_layers 12 --num_heads 16 --batch_size 16
+       --seq_length 512 --warmup_steps 5 --log_interval 50)
+  step ckpt_io 60 "$bin io-bench --folder $ck/io --io_size 4G --loops 2; rm -rf $ck/io"
+  grep -E "GB/sec|write|O_DIRECT" "$logs/ckpt_io.txt" | tail -8 >>"$sum" 2>/dev/null
+  step ckpt_async 120 "$bin train ${big[*]} --num_steps 240 --save $ck/async --save_interval 80 --keep_last 1 --save_mode async"
+  grep -E "checkpoint:|Checkpoint saved|Steps during|Average step" "$logs/ckpt_async.txt" | tail -14 >>"$sum" 2>/dev/null
+  rm -rf "$ck/async"
+  step ckpt_sync 90 "$bin train ${big[*]} --num_steps 20 --save $ck/sync --save_interval 10 --keep_last 1 --save_mode sync && python3 bench/peers/checkpoint_peer.py --drop_cache $ck/sync && $bin train ${big[*]} --num_steps 2 --resume $ck/sync"
+  grep -E "checkpoint:|Resumed" "$logs/ckpt_sync.txt" | tail -8 >>"$sum" 2>/dev/null
+  step ckpt_peer 120 "python3 bench/peers/checkpoint_peer.py --like $ck/sync/global_step20 --dir $ck/peer --reps 3 --cutrain_log $logs/ckpt_sync.txt --out $logs/checkpoint_peer.json"
+  tail -6 "$logs/ckpt_peer.txt" >>"$sum" 2>/dev/null
+  rm -rf "$ck"
 fi
 
 if want extra && [ -n "${EXTRA_CMD:-}" ]; then

@@ -61,11 +61,12 @@ FileDigest CheckpointFiles::write_safetensors(const std::filesystem::path& path,
   pieces.emplace_back(reinterpret_cast<const std::byte*>(img.prefix.data()), img.prefix.size());
   pieces.insert(pieces.end(), img.data.begin(), img.data.end());
   Xxh64 sum;
-  for (const auto& p : pieces) sum.update(p.data(), p.size());
-  if (io_ == CheckpointIo::Plain)
+  if (io_ == CheckpointIo::Plain) {
+    for (const auto& p : pieces) sum.update(p.data(), p.size());
     cutrain::write_file_atomic(path, pieces);
-  else
-    aio::write_file_atomic(*handle_, path, pieces);
+  } else {
+    aio::write_file_atomic(*handle_, path, pieces, aio::kFileChunkBytes, &sum);
+  }
   return {img.total_bytes(), sum.digest()};
 }
 

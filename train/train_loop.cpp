@@ -166,8 +166,11 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (!o.save_dir.empty() && env.rank == 0) check_checkpoint_root(o.save_dir, "train: --save");
   std::optional<OpenedCheckpoint> resume;
   model::ModelDims resume_dims;
+  double verify_s = 0;
   if (!o.resume_dir.empty()) {
+    const auto tv = std::chrono::steady_clock::now();
     resume = open_checkpoint(o.resume_dir, o.accept_legacy_checkpoint);
+    verify_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tv).count();
     for (const auto& n : resume->notes) out << "[Rank 0] checkpoint " << n << "\n";
     if (!resume->legacy) {
       resume_dims = checkpoint_model_dims(resume->manifest.config, (resume->folder / kCheckpointConfigFile).string());
@@ -277,10 +280,19 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   int first_step = 0;
   std::mt19937_64 data_rng(o.seed);
   if (resume) {
+    const auto tl = std::chrono::steady_clock::now();
     CheckpointMeta meta = load_checkpoint(*resume, *be);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
     first_step = meta.step;
     std::istringstream(meta.data_rng) >> data_rng;
     out << "[Rank 0] Resumed from " << resume->folder.string() << " at step " << first_step << "\n";
+    if (!resume->legacy) {
+      std::uint64_t bytes = 0;
+      for (const auto& f : resume->manifest.files) bytes += f.bytes;
+      out << "[Rank 0] checkpoint: " << format_gb(std::int64_t(bytes)) << " verified in " << fixed(verify_s, 3)
+          << " s and loaded in " << fixed(load_s, 3) << " s ("
+          << fixed(double(bytes) / (verify_s + load_s) / double(1u << 30), 2) << " GB/sec end to end)\n";
+    }
   }
   // Checkpoints (--save): the writer snapshots the state at the step boundary (under ZeRO every
   // rank joins its gather) and rank 0 writes it, in the background unless --save_mode sync.

@@ -50,7 +50,7 @@ void check_chunk(std::size_t chunk) {
 }  // namespace
 
 void write_file_atomic(AioHandle& h, const std::filesystem::path& path, std::span<const std::span<const std::byte>> pieces,
-                       std::size_t chunk) {
+                       std::size_t chunk, Xxh64* sum) {
   check_chunk(chunk);
   AtomicFileWriter w(path);  // the temp name; removed again if anything below throws
   const std::string tmp = w.temp_path().string();
@@ -62,6 +62,7 @@ void write_file_atomic(AioHandle& h, const std::filesystem::path& path, std::spa
   try {
     // Chunk k goes out at offset k * chunk (aligned); filling the next chunk overlaps its write.
     auto flush = [&] {
+      if (sum) sum->update(buf[cur], fill);  // while the other chunk's write runs, from cache
       if (inflight) h.wait();  // the other chunk's write: that buffer is filled next
       h.async_pwrite(buf[cur], fill, tmp, static_cast<std::int64_t>(off));
       inflight = true;

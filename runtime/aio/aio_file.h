@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/aio/aio_handle.h"
+#include "runtime/xxhash64.h"
 
 namespace cutrain::aio {
 
@@ -18,8 +19,11 @@ constexpr std::size_t kFileChunkBytes = std::size_t{64} << 20;
 
 // Writes `pieces` back to back as `path`: to AtomicFileWriter's temp name through `handle`, then
 // fsync, rename over `path`, fsync the folder. A failure leaves no temp file and the old `path`.
+// `sum`, when given, is updated with every byte written (each chunk hashed while the other one's
+// write runs).
 void write_file_atomic(AioHandle& handle, const std::filesystem::path& path,
-                       std::span<const std::span<const std::byte>> pieces, std::size_t chunk_bytes = kFileChunkBytes);
+                       std::span<const std::span<const std::byte>> pieces, std::size_t chunk_bytes = kFileChunkBytes,
+                       Xxh64* sum = nullptr);
 
 // One range of a file to read into host memory.
 struct FileRange {
