@@ -186,7 +186,7 @@ if want checkpoints; then
   rm -rf "$ck"; mkdir -p "$ck"
   big=(--deepspeed_config configs/bf16_full.json --hidden_dim 2048 --num_layers 12 --num_heads 16 --batch_size 16
        --seq_length 512 --warmup_steps 5 --log_interval 50)
-  step ckpt_io 60 "$bin io-bench --folder $ck/io --io_size 4G --loops 2; rm -rf $ck/io"
+  step ckpt_io 60 "mkdir -p $ck/io && $bin io-bench --folder $ck/io --io_size 4G --loops 2; rm -rf $ck/io"
   grep -E "GB/sec|write|O_DIRECT" "$logs/ckpt_io.txt" | tail -8 >>"$sum" 2>/dev/null
   step ckpt_async 120 "$bin train ${big[*]} --num_steps 240 --save $ck/async --save_interval 80 --keep_last 1 --save_mode async"
   grep -E "checkpoint:|Checkpoint saved|Steps during|Average step" "$logs/ckpt_async.txt" | tail -14 >>"$sum" 2>/dev/null

@@ -142,7 +142,7 @@ CheckpointSaveReport write_checkpoint(const std::filesystem::path& root, const m
     for (const auto& n : stale) line += " " + n;
     report.notes.push_back(line);
   }
-  CheckpointFiles files(opt.io);
+  CheckpointFiles files(opt.io, opt.handle);
   StepFolderWriter folder(root, meta.step);
   const std::filesystem::path& dir = folder.dir();
   CheckpointTensors ct;

@@ -24,7 +24,7 @@ CheckpointIo parse_checkpoint_io(std::string_view s) {
 
 const char* checkpoint_io_name(CheckpointIo io) { return choice_name(kCheckpointIos, io, "?"); }
 
-CheckpointFiles::CheckpointFiles(CheckpointIo requested) : io_(requested) {
+CheckpointFiles::CheckpointFiles(CheckpointIo requested, const aio::HandleOptions& handle) : io_(requested) {
   if (io_ == CheckpointIo::Auto) {
     if (const char* env = std::getenv("CUTRAIN_CHECKPOINT_IO"); env && *env) {
       try {
@@ -36,7 +36,7 @@ CheckpointFiles::CheckpointFiles(CheckpointIo requested) : io_(requested) {
     }
   }
   if (io_ == CheckpointIo::Auto) {
-    handle_ = std::make_unique<aio::AioHandle>();
+    handle_ = std::make_unique<aio::AioHandle>(handle);
     if (handle_->backend() == aio::Backend::Threads) {
       io_ = CheckpointIo::Plain;
       why_ = "no kernel async I/O backend (" + handle_->fallback_reason() + ")";
@@ -46,7 +46,7 @@ CheckpointFiles::CheckpointFiles(CheckpointIo requested) : io_(requested) {
       why_ = std::string("aio backend ") + aio::backend_name(handle_->backend());
     }
   }
-  if (io_ == CheckpointIo::Aio && !handle_) handle_ = std::make_unique<aio::AioHandle>();
+  if (io_ == CheckpointIo::Aio && !handle_) handle_ = std::make_unique<aio::AioHandle>(handle);
   if (why_.empty()) why_ = std::string("asked for ") + checkpoint_io_name(io_);
 }
 

@@ -11,12 +11,10 @@
 #include <string>
 #include <string_view>
 
+#include "runtime/aio/aio_handle.h"
 #include "runtime/safetensors.h"
 #include "runtime/xxhash64.h"
 
-namespace cutrain::aio {
-class AioHandle;
-}  // namespace cutrain::aio
 
 namespace cutrain::train {
 
@@ -34,7 +32,7 @@ struct TensorRead {
 // The files of one save or load (it holds the aio handle for them).
 class CheckpointFiles {
  public:
-  explicit CheckpointFiles(CheckpointIo requested = CheckpointIo::Auto);
+  explicit CheckpointFiles(CheckpointIo requested = CheckpointIo::Auto, const aio::HandleOptions& handle = {});
   ~CheckpointFiles();
   CheckpointFiles(const CheckpointFiles&) = delete;
   CheckpointFiles& operator=(const CheckpointFiles&) = delete;

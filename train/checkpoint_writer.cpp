@@ -49,6 +49,11 @@ std::vector<SaveOutcome> CheckpointWriter::take_finished() {
   return out;
 }
 
+void CheckpointWriter::prepare(const TrainBackend& be) {
+  wait();
+  be.snapshot_state(snap_);
+}
+
 void CheckpointWriter::save(const TrainBackend& be, const CheckpointMeta& meta) {
   // The snapshot's storage is the previous save's until its write ends.
   const auto t0 = std::chrono::steady_clock::now();
@@ -63,7 +68,7 @@ void CheckpointWriter::save(const TrainBackend& be, const CheckpointMeta& meta) 
   if (!table_) table_.emplace(be.table().dims());
   if (!opt_.async) {
     const auto t2 = std::chrono::steady_clock::now();
-    o.report = write_checkpoint(opt_.root, *table_, snap_, meta, {opt_.io, true, opt_.keep_last}, &o.bytes);
+    o.report = write_checkpoint(opt_.root, *table_, snap_, meta, {opt_.io, true, opt_.keep_last, opt_.handle}, &o.bytes);
     o.write_s = seconds_since(t2);
     o.ok = true;
     finished_.push_back(std::move(o));
@@ -78,7 +83,8 @@ void CheckpointWriter::save(const TrainBackend& be, const CheckpointMeta& meta) 
       // The aio engine's pinned staging comes from the caller's device.
       if (device_ >= 0) CUTRAIN_CUDA_CHECK(cudaSetDevice(device_));
       running_.report =
-          write_checkpoint(opt_.root, *table_, snap_, meta, {opt_.io, true, opt_.keep_last}, &running_.bytes);
+          write_checkpoint(opt_.root, *table_, snap_, meta, {opt_.io, true, opt_.keep_last, opt_.handle},
+                           &running_.bytes);
       running_.ok = true;
     } catch (const Error& e) {
       running_.error = e.message();

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/aio/aio_handle.h"
 #include "train/checkpoint.h"
 
 namespace cutrain::train {
@@ -27,6 +28,7 @@ struct CheckpointWriterOptions {
   int keep_last = 0;
   bool async = true;
   bool write_files = true;  // false: take part in the snapshot's gather only (ZeRO ranks > 0)
+  aio::HandleOptions handle;  // the aio engine's settings for the files (the config's aio block)
 };
 
 // What one save did.
@@ -57,8 +59,11 @@ class CheckpointWriter {
   void wait();             // until no write is in flight
   // The saves finished since the last call, oldest first (non-blocking).
   std::vector<SaveOutcome> take_finished();
-  // The snapshot's host bytes (0 before the first save).
+  // Takes a snapshot now, only to allocate its storage (a collective under ZeRO, as save()).
+  void prepare(const TrainBackend& backend);
+  // The snapshot's host bytes (0 before the first save or prepare) and whether they are pinned.
   std::size_t snapshot_bytes() const { return snap_.bytes(); }
+  bool snapshot_pinned() const { return snap_.pinned; }
 
  private:
   void collect();  // joins a finished worker, its outcome to finished_

@@ -310,14 +310,28 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
             << "): saves are synchronous (--save_mode async to insist)\n";
       }
     }
+    aio::HandleOptions handle;  // the config's aio block (DeepSpeed's key names) drives checkpoint I/O too
+    handle.block_size = std::size_t(cfg.aio.block_size);
+    handle.queue_depth = cfg.aio.queue_depth;
+    handle.intra_op_parallelism = cfg.aio.intra_op_parallelism;
+    handle.single_submit = cfg.aio.single_submit;
+    handle.overlap_events = cfg.aio.overlap_events;
     writer.emplace(CheckpointWriterOptions{o.save_dir, CheckpointIo::Auto, o.keep_last.value_or(0), async,
-                                           /*write_files=*/env.rank == 0});
+                                           /*write_files=*/env.rank == 0, handle});
     res.saves.async = async;
+    if (async) {
+      // The pinned snapshot storage now, before the first step: a host that cannot hold it fails
+      // here, and the first save does not stop training to allocate it.
+      const auto tp = std::chrono::steady_clock::now();
+      writer->prepare(*be);
+      out << "[Rank 0] checkpoint: saves in the background from a " << format_gb(std::int64_t(writer->snapshot_bytes()))
+          << " snapshot in " << (writer->snapshot_pinned() ? "pinned" : "plain") << " host memory (allocated in "
+          << fixed(std::chrono::duration<double>(std::chrono::steady_clock::now() - tp).count(), 3) << " s)\n";
+    }
   }
   // The saves that finished since the last look: their lines, the run's save figures.
-  SaveOutcome last_seen;
-  auto report_saves = [&]() -> const SaveOutcome* {
-    const SaveOutcome* last = nullptr;
+  std::optional<SaveOutcome> last_saved;  // the newest outcome reported
+  auto report_saves = [&] {
     for (SaveOutcome& s : writer->take_finished()) {
       SaveStats& t = res.saves;
       ++t.saves;
@@ -345,10 +359,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
             << "; no step folder of it was left, the last complete checkpoint is "
             << (latest ? (o.save_dir / *latest).string() : std::string("none")) << "; training goes on\n";
       }
-      last_seen = std::move(s);
-      last = &last_seen;
+      last_saved = std::move(s);
     }
-    return last;
   };
   // A checkpoint of `done` steps.
   auto save = [&](int done) {
@@ -543,15 +555,16 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (writer) {
     save(last + 1);
     writer->wait();
-    const SaveOutcome* final_save = report_saves();
+    report_saves();
     if (!res.saves.failed_steps.empty()) {
       out << "[Rank 0] checkpoint: " << res.saves.failed_steps.size() << " of " << res.saves.saves
           << " saves failed (step";
       for (int st : res.saves.failed_steps) out << " " << st;
       out << ")\n";
     }
-    CUTRAIN_CHECK(env.rank != 0 || (final_save && final_save->ok), "train: the final checkpoint (step ", last + 1,
-                  ") was not saved to ", o.save_dir.string(), final_save ? ": " + final_save->error : std::string());
+    const bool final_ok = last_saved && last_saved->step == last + 1 && last_saved->ok;
+    CUTRAIN_CHECK(env.rank != 0 || final_ok, "train: the final checkpoint (step ", last + 1, ") was not saved to ",
+                  o.save_dir.string(), last_saved && !last_saved->ok ? ": " + last_saved->error : std::string());
   }
   out.flush();
   return res;

@@ -227,6 +227,19 @@ TEST(CheckpointWriter, TheLoopReportsAFailedBackgroundSaveAndTrainsOn) {
   EXPECT_HAS(out.str(), "[Rank 0] checkpoint: 1 of 3 saves failed (step 4)");
   EXPECT_EQ(names_in(dir / "ck"), (std::vector<std::string>{"global_step2", "global_step6", "latest"}));
 
+  EXPECT_HAS(ref_out.str(), "[Rank 0] checkpoint: saves in the background from a ");
+  // Sync saves: the same folders and losses, no background line.
+  train::TrainOptions so = tiny_run(seed, dir / "sync");
+  so.save_mode = train::SaveMode::Sync;
+  std::ostringstream sync_out;
+  const train::TrainResult rs = train::run_training(so, sync_out);
+  EXPECT_EQ(rs.losses, ref.losses);
+  EXPECT_FALSE(rs.saves.async);
+  EXPECT_EQ(rs.saves.saves, 3);
+  EXPECT_EQ(sync_out.str().find("in the background"), std::string::npos) << sync_out.str();
+  EXPECT_HAS(sync_out.str(), "Checkpoint saved to: " + (dir / "sync" / "global_step6").string() + " (step 6)");
+  EXPECT_EQ(train::open_checkpoint(dir / "sync").manifest.step, 6);
+
   // The final save failing fails the run (after its lines), sync or async.
   for (auto mode : {train::SaveMode::Async, train::SaveMode::Sync}) {
     train::TrainOptions f = tiny_run(seed, dir / ("final_" + std::string(train::name(mode))));
