@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <optional>
+#include <tuple>
 
+#include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/file_util.h"
 #include "runtime/json_util.h"
@@ -22,42 +25,6 @@ const char* kModel = kCheckpointModelFile;
 const char* kOptim = kCheckpointOptimFile;
 const char* kState = kCheckpointStateFile;
 const char* kConfig = kCheckpointConfigFile;
-
-// The tensors of one file to read into flat float buffers: F32 straight into place, BF16 through
-// bits converted afterwards. Every read of the file goes to CheckpointFiles at once (one stream
-// through the file on the aio path).
-class FileLoad {
- public:
-  explicit FileLoad(const SafetensorsReader& r) : r_(r) {}
-  // Tensor `name` (shape of `t`) into flat[t.offset ...] as float.
-  void add(const std::string& name, const model::ParamTensor& t, std::vector<float>& flat) {
-    const SafetensorsTensorInfo& info = r_.tensor(name);
-    CUTRAIN_CHECK(info.shape == t.shape, r_.path().string(), ": tensor '", name, "' has a shape of ", info.shape.size(),
-                  " dims / ", info.numel(), " elements, the model expects ", t.count, " elements");
-    if (info.dtype == DType::F32) {
-      reads_.push_back({name, flat.data() + t.offset, t.count * 4});
-      return;
-    }
-    CUTRAIN_CHECK(info.dtype == DType::BF16, r_.path().string(), ": tensor '", name, "' is ", info.dtype_name,
-                  ", expected BF16 or F32");
-    bits_.push_back({std::vector<std::uint16_t>(t.count), flat.data() + t.offset});
-    reads_.push_back({name, bits_.back().bits.data(), t.count * 2});
-  }
-  void run(CheckpointFiles& files) {
-    files.read(r_, reads_);
-    for (auto& b : bits_)
-      for (std::size_t i = 0; i < b.bits.size(); ++i) b.dst[i] = bf16_bits_to_f32(b.bits[i]);
-  }
-
- private:
-  struct Bits {
-    std::vector<std::uint16_t> bits;
-    float* dst;
-  };
-  const SafetensorsReader& r_;
-  std::vector<TensorRead> reads_;
-  std::deque<Bits> bits_;  // stable addresses while reads_ points into them
-};
 
 }  // namespace
 
@@ -196,7 +163,7 @@ std::string list_names(const std::vector<std::string>& v) {
 
 }  // namespace
 
-OpenedCheckpoint open_checkpoint(const std::filesystem::path& path, bool accept_legacy) {
+OpenedCheckpoint open_checkpoint(const std::filesystem::path& path, bool accept_legacy, bool checksum_on_load) {
   namespace fs = std::filesystem;
   std::error_code ec;
   CUTRAIN_CHECK(fs::is_directory(path, ec), "checkpoint: expected a folder (a checkpoint root or a step folder), found '",
@@ -247,7 +214,8 @@ OpenedCheckpoint open_checkpoint(const std::filesystem::path& path, bool accept_
                  : !temps.empty() ? " (only temporaries of saves that did not finish: " + list_names(temps) + ")"
                                   : std::string());
   }
-  VerifiedFolder v = verify_checkpoint_folder(folder);
+  if (checksum_on_load) c.checksum_on_load = {kModel, kOptim};
+  VerifiedFolder v = verify_checkpoint_folder(folder, c.checksum_on_load);
   c.folder = v.folder;
   c.manifest = std::move(v.manifest);
   for (const auto& n : v.notes)
@@ -258,6 +226,44 @@ OpenedCheckpoint open_checkpoint(const std::filesystem::path& path, bool accept_
 CheckpointMeta load_checkpoint(const std::filesystem::path& path, TrainBackend& be, CheckpointIo io) {
   return load_checkpoint(open_checkpoint(path), be, io);
 }
+
+namespace {
+
+// The reads of one part of the state (the tensors named <table name><suffix>, all of one dtype)
+// from `r` into `dst`, the flat layout's padding zeroed. No such tensors: `dst` cleared, or an
+// error naming the file when the part is required.
+std::vector<TensorRead> part_reads(const SafetensorsReader& r, const model::TransformerParams& T, SnapshotTensor& dst,
+                                   const char* suffix, bool required, bool pinned) {
+  const std::string first = T.tensors().front().name + suffix;
+  if (!r.contains(first)) {
+    CUTRAIN_CHECK(!required, r.path().string(), ": expected tensor '", first, "', found none");
+    dst.clear();
+    return {};
+  }
+  const SafetensorsTensorInfo& fi = r.tensor(first);
+  CUTRAIN_CHECK(fi.dtype == DType::F32 || fi.dtype == DType::BF16, r.path().string(), ": tensor '", first, "' is ",
+                fi.dtype_name, ", expected BF16 or F32");
+  const DType dt = *fi.dtype;
+  const std::size_t es = dtype_size(dt), n = T.flat_size();
+  char* base = static_cast<char*>(dst.reserve(dt, n, pinned));
+  std::vector<TensorRead> reads;
+  std::size_t filled = 0;  // elements up to here are written or zeroed
+  for (const auto& t : T.tensors()) {
+    const std::string name = t.name + suffix;
+    const SafetensorsTensorInfo& info = r.tensor(name);
+    CUTRAIN_CHECK(info.shape == t.shape, r.path().string(), ": tensor '", name, "' has a shape of ", info.shape.size(),
+                  " dims / ", info.numel(), " elements, the model expects ", t.count, " elements");
+    CUTRAIN_CHECK(info.dtype == dt, r.path().string(), ": tensor '", name, "' is ", info.dtype_name, ", expected ",
+                  fi.dtype_name, " as '", first, "'");
+    if (t.offset > filled) std::memset(base + filled * es, 0, (t.offset - filled) * es);
+    reads.push_back({name, base + t.offset * es, t.count * es});
+    filled = std::max(filled, t.offset + t.count);
+  }
+  if (n > filled) std::memset(base + filled * es, 0, (n - filled) * es);
+  return reads;
+}
+
+}  // namespace
 
 CheckpointMeta load_checkpoint(const OpenedCheckpoint& c, TrainBackend& be, CheckpointIo io) {
   const std::filesystem::path& dir = c.folder;
@@ -275,18 +281,27 @@ CheckpointMeta load_checkpoint(const OpenedCheckpoint& c, TrainBackend& be, Chec
     same("embedding_rows", want.vocab_rows(), have.vocab_rows());
     same("max_seq_len", want.max_seq, have.max_seq);
   }
+  // The files in their own dtypes into a snapshot (pinned with a GPU: the engine's copies go up
+  // from it as they are), each read once; the checksums left to the load are checked before the
+  // backend's state is touched.
+  StateSnapshot s;
+  s.pinned = gpu_available();
   CheckpointFiles files(io);
-  HostState s = be.save_state();  // right sizes and dtypes; every real element is overwritten
   SafetensorsReader mr(dir / kModel), orr(dir / kOptim);
-  FileLoad ml(mr), ol(orr);
-  for (const auto& t : T.tensors()) {
-    ml.add(t.name, t, s.params);
-    if (!s.master.empty()) ol.add(t.name + ".master", t, s.master);
-    ol.add(t.name + ".exp_avg", t, s.exp_avg);
-    ol.add(t.name + ".exp_avg_sq", t, s.exp_avg_sq);
+  const std::vector<TensorRead> model_reads = part_reads(mr, T, s.params, "", true, s.pinned);
+  std::vector<TensorRead> optim_reads;
+  for (auto [part, suffix, required] : {std::tuple{&s.master, ".master", false}, {&s.exp_avg, ".exp_avg", true},
+                                        {&s.exp_avg_sq, ".exp_avg_sq", true}}) {
+    auto r = part_reads(orr, T, *part, suffix, required, s.pinned);
+    optim_reads.insert(optim_reads.end(), r.begin(), r.end());
   }
-  ml.run(files);
-  ol.run(files);
+  auto wants = [&](const char* f) {
+    return std::find(c.checksum_on_load.begin(), c.checksum_on_load.end(), f) != c.checksum_on_load.end();
+  };
+  for (auto [reader, reads, name] : {std::tuple{&mr, &model_reads, kModel}, {&orr, &optim_reads, kOptim}}) {
+    const std::optional<FileDigest> d = files.read(*reader, *reads, wants(name));
+    if (d) check_file_digest(dir, c.manifest, name, d->bytes, d->xxh64);
+  }
   const auto path = dir / kState;
   const json j = parse_json_strict(read_text_file(path), path.string());
   CUTRAIN_CHECK(j.is_object() && j.contains("step") && j["step"].is_number_integer() && j.contains("data_rng") &&
@@ -295,7 +310,7 @@ CheckpointMeta load_checkpoint(const OpenedCheckpoint& c, TrainBackend& be, Chec
   if (j.contains("num_params"))
     CUTRAIN_CHECK(j["num_params"] == T.num_params(), "checkpoint: ", path.string(), ": num_params: expected ",
                   T.num_params(), " (the model's), found ", j["num_params"].dump());
-  be.load_state(s);
+  be.restore_snapshot(s);
   return {j["step"].get<int>(), j["data_rng"].get<std::string>(), {}, false};
 }
 

@@ -87,12 +87,19 @@ struct OpenedCheckpoint {
   bool legacy = false;  // the layout before manifests, read only with accept_legacy
   Manifest manifest;    // not for legacy
   std::vector<std::string> notes;  // unlisted files, the legacy warning
+  // Files whose checksum load_checkpoint checks as it reads them (open_checkpoint's
+  // checksum_on_load: their sizes are checked at open).
+  std::vector<std::string> checksum_on_load;
 };
 // Refuses (cutrain::Error naming the folder, the file, expected and found) a missing folder, a
 // `latest` naming a missing folder, a folder without manifest.json, and any file missing, of
 // another size or checksum, or of another step. The pre-manifest layout (the three files directly
 // in the folder) is refused unless `accept_legacy`, with a message saying how to convert it.
-OpenedCheckpoint open_checkpoint(const std::filesystem::path& path, bool accept_legacy = false);
+// `checksum_on_load`: the two safetensors files' checksums are left to load_checkpoint, which
+// computes them in the same pass as it reads them (a resume reads each file once); a mismatch is
+// then refused there, with the same message, before the backend's state changes.
+OpenedCheckpoint open_checkpoint(const std::filesystem::path& path, bool accept_legacy = false,
+                                 bool checksum_on_load = false);
 
 // Loads a verified checkpoint into `backend` (its shape checked against config.json, names and
 // shapes against the parameter table).

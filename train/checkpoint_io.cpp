@@ -70,20 +70,32 @@ FileDigest CheckpointFiles::write_safetensors(const std::filesystem::path& path,
   return {img.total_bytes(), sum.digest()};
 }
 
-void CheckpointFiles::read(const SafetensorsReader& r, std::span<const TensorRead> reads) {
+std::optional<FileDigest> CheckpointFiles::read(const SafetensorsReader& r, std::span<const TensorRead> reads,
+                                                bool digest) {
+  const std::uint64_t size = std::filesystem::file_size(r.path());
   if (io_ == CheckpointIo::Plain) {
     for (const auto& t : reads) r.read(t.name, t.dst, t.bytes);
-    return;
+    if (!digest) return std::nullopt;
+    return xxh64_file(r.path());
   }
   std::vector<aio::FileRange> ranges;
-  ranges.reserve(reads.size());
+  ranges.reserve(reads.size() + 1);
+  std::vector<char> head;
+  if (digest) {  // the header too, so that the pass covers the file from its first byte
+    head.resize(r.data_start());
+    ranges.push_back({0, head.data(), head.size()});
+  }
   for (const auto& t : reads) {
     const SafetensorsTensorInfo& info = r.tensor(t.name);
     CUTRAIN_CHECK(t.bytes == info.bytes(), "safetensors '", r.path().string(), "': tensor '", t.name, "' holds ",
                   info.bytes(), " bytes (", info.dtype_name, "), but the destination has ", t.bytes);
     ranges.push_back({r.data_start() + info.begin, t.dst, t.bytes});
   }
-  aio::read_ranges(*handle_, r.path(), ranges);
+  Xxh64 sum;
+  const auto [lo, hi] = aio::read_ranges(*handle_, r.path(), ranges, aio::kFileChunkBytes, digest ? &sum : nullptr);
+  if (!digest) return std::nullopt;
+  if (lo == 0 && hi == size) return FileDigest{size, sum.digest()};
+  return xxh64_file(r.path());  // the reads left part of the file out: hash it whole
 }
 
 }  // namespace cutrain::train

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -43,8 +44,11 @@ class CheckpointFiles {
   // Returns the file's size and XXH64, computed over the bytes handed to the write.
   FileDigest write_safetensors(const std::filesystem::path& path, std::span<const SafetensorsEntry> tensors,
                                const SafetensorsMetadata& metadata = {});
-  // Sizes checked against the file's tensors (an error names the file and tensor).
-  void read(const SafetensorsReader& reader, std::span<const TensorRead> reads);
+  // Sizes checked against the file's tensors (an error names the file and tensor). With `digest`,
+  // also the whole file's size and XXH64: on the aio path from the same pass (the header read with
+  // the tensors), on the plain path from a second one.
+  std::optional<FileDigest> read(const SafetensorsReader& reader, std::span<const TensorRead> reads,
+                                 bool digest = false);
 
  private:
   CheckpointIo io_;

@@ -52,6 +52,13 @@ struct VerifiedFolder {
 // files listed; every listed file present with its size and checksum; config.json equal to the
 // manifest's config. Files the manifest does not list are accepted and named in `notes` (nothing
 // reads them). Throws cutrain::Error otherwise.
-VerifiedFolder verify_checkpoint_folder(const std::filesystem::path& folder);
+// `checksum_later`: files whose size is checked here and whose checksum the caller checks while it
+// reads them (check_file_digest), so that a load reads them once.
+VerifiedFolder verify_checkpoint_folder(const std::filesystem::path& folder,
+                                        const std::vector<std::string>& checksum_later = {});
+// The size and XXH64 of a file of `folder` as read against its manifest entry: the verifier's error
+// (naming the folder, the file, expected and found) when they differ.
+void check_file_digest(const std::filesystem::path& folder, const Manifest& manifest, const std::string& file,
+                       std::uint64_t bytes, std::uint64_t xxh64);
 
 }  // namespace cutrain::train

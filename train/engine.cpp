@@ -566,6 +566,32 @@ void GpuEngine::load_state(const HostState& s) {
   if (swap_) swap_->swap_out(/*non_blocking=*/false);
 }
 
+void GpuEngine::restore_snapshot(const StateSnapshot& s) {
+  if (zero_.partitioned() || zero_.sharded() || swap_) {
+    TrainBackend::restore_snapshot(s);
+    return;
+  }
+  CUTRAIN_CHECK(s.params.numel() == n_ && s.exp_avg.numel() == n_ && s.exp_avg_sq.numel() == n_, "gpu engine: state of ",
+                s.params.numel(), " params does not fit the model's flat size ", n_);
+  CUTRAIN_CHECK(!plan_.has_master || s.master.numel() == n_, "gpu engine: the ", plan_.name(),
+                " layout needs fp32 master weights of ", n_, " elements, the state has ", s.master.numel());
+  ensure_state();
+  // A tensor in the buffer's dtype goes up as it is; another dtype (a checkpoint of another layout
+  // or of the CPU backend) is converted on the host first.
+  auto put = [&](const Buffer& b, DType t, const SnapshotTensor& v) {
+    if (v.dtype() == t) {
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(b.get(), v.data(), v.bytes(), cudaMemcpyHostToDevice, stream_));
+      return;
+    }
+    upload(b, t, to_floats(v), stream_);
+  };
+  put(params_, DType::BF16, s.params);
+  if (plan_.has_master) put(master_, DType::F32, s.master);
+  put(m_, plan_.moment, s.exp_avg);
+  put(v_, plan_.moment, s.exp_avg_sq);
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 std::unique_ptr<TrainBackend> make_gpu_backend(const BackendOptions& o, const TrainConfig& c) {
   std::string why;
   CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");

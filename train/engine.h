@@ -43,6 +43,7 @@ class GpuEngine final : public TrainBackend {
   HostState save_state() const override;
   void load_state(const HostState& state) override;
   void snapshot_state(StateSnapshot& out) const override;
+  void restore_snapshot(const StateSnapshot& s) override;
   const char* describe() const override { return describe_.c_str(); }
 
   // For tests: forward + backward of the micro-batches only (no optimizer step, no ZeRO

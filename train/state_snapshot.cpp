@@ -44,6 +44,29 @@ void put(SnapshotTensor& t, const std::vector<float>& v, DType dtype, bool pinne
 
 }  // namespace
 
+std::vector<float> to_floats(const SnapshotTensor& t) {
+  std::vector<float> v(t.numel());
+  if (t.dtype() == DType::F32) {
+    if (!v.empty()) std::memcpy(v.data(), t.data(), v.size() * 4);
+    return v;
+  }
+  CUTRAIN_CHECK(t.dtype() == DType::BF16, "state snapshot: expected an F32 or BF16 state, found ", dtype_name(t.dtype()));
+  const auto* b = static_cast<const std::uint16_t*>(t.data());
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = bf16_bits_to_f32(b[i]);
+  return v;
+}
+
+HostState host_state_from_snapshot(const StateSnapshot& s) {
+  HostState h;
+  h.params = to_floats(s.params);
+  h.master = to_floats(s.master);
+  h.exp_avg = to_floats(s.exp_avg);
+  h.exp_avg_sq = to_floats(s.exp_avg_sq);
+  h.param_dtype = s.params.dtype();
+  h.moment_dtype = s.exp_avg.dtype();
+  return h;
+}
+
 void snapshot_from_host_state(const HostState& h, StateSnapshot& out) {
   put(out.params, h.params, h.param_dtype, out.pinned);
   put(out.master, h.master, DType::F32, out.pinned);

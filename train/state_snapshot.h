@@ -47,5 +47,9 @@ struct StateSnapshot {
 // The snapshot of a host state: params in `h.param_dtype`, the master in fp32, the moments in
 // `h.moment_dtype` (exact: they came from that dtype).
 void snapshot_from_host_state(const HostState& h, StateSnapshot& out);
+// A tensor's elements as fp32.
+std::vector<float> to_floats(const SnapshotTensor& t);
+// The other way (every element to fp32; the dtypes kept in param_dtype / moment_dtype).
+HostState host_state_from_snapshot(const StateSnapshot& s);
 
 }  // namespace cutrain::train

@@ -49,6 +49,9 @@ class TrainBackend {
   // The state in its own dtypes, into `out`'s reused storage (checkpoints). A collective under
   // ZeRO, as save_state(). The default goes through save_state().
   virtual void snapshot_state(StateSnapshot& out) const { snapshot_from_host_state(save_state(), out); }
+  // The inverse (a checkpoint read into a snapshot): the state becomes the snapshot's. The default
+  // goes through load_state().
+  virtual void restore_snapshot(const StateSnapshot& s) { load_state(host_state_from_snapshot(s)); }
   virtual const char* describe() const = 0;  // "cuda (NVIDIA H200)", "cpu (reference model)"
 };
 

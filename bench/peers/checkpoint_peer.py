@@ -8,7 +8,7 @@ the GPU. Host-timed, median of --reps.
 
 With --cutrain_log FILE (the output of `cutrain train` runs with a sync save and a --resume), the
 table puts cutrain's figures beside these: the sync save (snapshot + write) and the resume
-(verify + load). --drop_cache DIR only drops the page cache of DIR's files (before a cutrain
+(manifest, files with checksums, into the GPU). --drop_cache DIR only drops the page cache of DIR's files (before a cutrain
 resume) and exits."""
 import argparse
 import json
@@ -50,9 +50,9 @@ def cutrain_figures(logs):
             m = re.search(r"checkpoint: ([0-9.]+) GB written in ([0-9.]+) s \(([0-9.]+) GB/sec\), snapshot ([0-9.]+) s", line)
             if m:
                 save = (float(m.group(2)) + float(m.group(4)), float(m.group(1)) * unit)
-            m = re.search(r"checkpoint: ([0-9.]+) GB verified in ([0-9.]+) s and loaded in ([0-9.]+) s", line)
+            m = re.search(r"checkpoint: ([0-9.]+) GB read in ([0-9.]+) s", line)
             if m:
-                load = (float(m.group(2)) + float(m.group(3)), float(m.group(1)) * unit)
+                load = (float(m.group(2)), float(m.group(1)) * unit)
     return save, load
 
 

@@ -94,12 +94,13 @@ void write_file_atomic(AioHandle& h, const std::filesystem::path& path, std::spa
   w.commit();  // fsync (covers the data the handle wrote through its own descriptors), rename, fsync the folder
 }
 
-void read_ranges(AioHandle& h, const std::filesystem::path& path, std::span<const FileRange> ranges, std::size_t chunk) {
+std::pair<std::uint64_t, std::uint64_t> read_ranges(AioHandle& h, const std::filesystem::path& path,
+                                                    std::span<const FileRange> ranges, std::size_t chunk, Xxh64* sum) {
   check_chunk(chunk);
   std::vector<FileRange> rs;
   for (const auto& r : ranges)
     if (r.bytes > 0) rs.push_back(r);
-  if (rs.empty()) return;
+  if (rs.empty()) return {0, 0};
   std::sort(rs.begin(), rs.end(), [](const FileRange& a, const FileRange& b) { return a.offset < b.offset; });
   std::uint64_t hi = 0;
   for (const auto& r : rs) hi = std::max<std::uint64_t>(hi, r.offset + r.bytes);
@@ -117,6 +118,7 @@ void read_ranges(AioHandle& h, const std::filesystem::path& path, std::span<cons
       if (k + 1 < nchunks) h.async_pread(buf[(k + 1) % 2], len_of(k + 1), file, static_cast<std::int64_t>(lo + (k + 1) * chunk));
       const std::uint64_t cs = lo + k * chunk, ce = cs + len_of(k);
       const char* data = buf[k % 2];
+      if (sum) sum->update(data, ce - cs);
       for (std::size_t i = first; i < rs.size() && rs[i].offset < ce; ++i) {
         const std::uint64_t b = std::max(cs, rs[i].offset), e = std::min(ce, rs[i].offset + rs[i].bytes);
         if (b < e) std::memcpy(static_cast<char*>(rs[i].dst) + (b - rs[i].offset), data + (b - cs), e - b);
@@ -131,6 +133,7 @@ void read_ranges(AioHandle& h, const std::filesystem::path& path, std::span<cons
     }
     throw;
   }
+  return {lo, hi};
 }
 
 }  // namespace cutrain::aio

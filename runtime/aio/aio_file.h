@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "runtime/aio/aio_handle.h"
@@ -35,7 +36,11 @@ struct FileRange {
 // Reads every range (any order; they may not overlap each other's destinations) by streaming the
 // file span they cover through the staging chunks. A range past the end of the file is an error
 // naming the file.
-void read_ranges(AioHandle& handle, const std::filesystem::path& path, std::span<const FileRange> ranges,
-                 std::size_t chunk_bytes = kFileChunkBytes);
+// `sum`, when given, is updated with every byte of the span read (from the first range's offset
+// rounded down to 4096 to the end of the last range, in file order): with ranges from offset 0 to
+// the end of the file, the whole file's XXH64 in the same pass. Returns the span [begin, end).
+std::pair<std::uint64_t, std::uint64_t> read_ranges(AioHandle& handle, const std::filesystem::path& path,
+                                                    std::span<const FileRange> ranges,
+                                                    std::size_t chunk_bytes = kFileChunkBytes, Xxh64* sum = nullptr);
 
 }  // namespace cutrain::aio

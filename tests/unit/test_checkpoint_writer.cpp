@@ -251,3 +251,39 @@ TEST(CheckpointWriter, TheLoopReportsAFailedBackgroundSaveAndTrainsOn) {
   }
   fs::remove_all(dir);
 }
+
+// A resume reads each payload file once: the checksums computed in the same pass (aio: with the
+// header in the read; plain: a second pass), a damaged file refused at load before the backend's
+// state changes, with the verifier's message.
+TEST(CheckpointWriter, ChecksumsOnLoadReadOnceAndRefuseADamagedFileBeforeTheStateChanges) {
+  auto rng = test::fresh_rng();
+  const train::BackendOptions o = test::tiny_backend(rng());
+  auto be = train::make_cpu_backend(o, config());
+  const Batch b = random_batch(o, rng);
+  be->step(b.tok.data(), b.lab.data(), 1, 1e-2f);
+  const fs::path dir = test::fresh_temp_dir("ckwriter", "onload");
+  train::save_checkpoint(dir, *be, {1, "rng", "baseline", false}, {train::CheckpointIo::Plain, true, 0});
+  for (auto io : {train::CheckpointIo::Aio, train::CheckpointIo::Plain}) {
+    const auto c = train::open_checkpoint(dir, false, /*checksum_on_load=*/true);
+    EXPECT_EQ(c.checksum_on_load.size(), 2u);
+    auto into = train::make_cpu_backend(o, config());
+    EXPECT_EQ(train::load_checkpoint(c, *into, io).step, 1);
+    expect_same_state(into->save_state(), be->save_state());
+  }
+  // One flipped byte in the optimizer file's last tensor: the size is right, the open passes.
+  const fs::path f = dir / "global_step1" / train::kCheckpointOptimFile;
+  std::string bytes = read_text_file(f);
+  bytes[bytes.size() - 3] ^= 0x40;
+  write_file_atomic(f, std::string_view(bytes));
+  for (auto io : {train::CheckpointIo::Aio, train::CheckpointIo::Plain}) {
+    const auto c = train::open_checkpoint(dir, false, /*checksum_on_load=*/true);
+    auto into = train::make_cpu_backend(o, config());
+    const train::HostState before = into->save_state();
+    EXPECT_HAS(test::message_of([&] { train::load_checkpoint(c, *into, io); }),
+               "checkpoint " + (dir / "global_step1").string() + ": file optimizer.safetensors: expected XXH64 ");
+    expect_same_state(into->save_state(), before);
+  }
+  // Without checksum_on_load the open itself refuses it.
+  EXPECT_HAS(test::message_of([&] { train::open_checkpoint(dir); }), "file optimizer.safetensors: expected XXH64 ");
+  fs::remove_all(dir);
+}
