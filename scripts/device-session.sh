@@ -184,17 +184,22 @@ fi
 if want checkpoints; then
   ck=${CKPT_DIR:-/tmp/cutrain_ck}
   rm -rf "$ck"; mkdir -p "$ck"
-  big=(--deepspeed_config configs/bf16_full.json --hidden_dim 2048 --num_layers 12 --num_heads 16 --batch_size 16
-       --seq_length 512 --warmup_steps 5 --log_interval 50)
-  step ckpt_io 60 "mkdir -p $ck/io && $bin io-bench --folder $ck/io --io_size 4G --loops 2; rm -rf $ck/io"
-  grep -E "GB/sec|write|O_DIRECT" "$logs/ckpt_io.txt" | tail -8 >>"$sum" 2>/dev/null
-  step ckpt_async 120 "$bin train ${big[*]} --num_steps 240 --save $ck/async --save_interval 80 --keep_last 1 --save_mode async"
-  grep -E "checkpoint:|Checkpoint saved|Steps during|Average step" "$logs/ckpt_async.txt" | tail -14 >>"$sum" 2>/dev/null
+  big=(--hidden_dim 2048 --num_layers 12 --num_heads 16 --batch_size 16 --seq_length 512 --warmup_steps 5
+       --log_interval 50)
+  # The aio block at 4 workers per transfer (ds_nvme_tune's best write here) for the p4 runs.
+  python3 -c "import json; c = json.load(open('configs/bf16_full.json')); c['aio'] = {'intra_op_parallelism': 4}; json.dump(c, open('$ck/bf16_full_p4.json', 'w'))"
+  step ckpt_io 90 "mkdir -p $ck/io && $bin io-bench --folder $ck/io --io_size 4G --loops 2 && $bin io-bench --folder $ck/io --io_size 4G --loops 2 --io_parallel 4 --no_baselines; rm -rf $ck/io"
+  grep -E "GB/sec|O_DIRECT|buffered" "$logs/ckpt_io.txt" | tail -12 >>"$sum" 2>/dev/null
+  step ckpt_async 120 "$bin train --deepspeed_config configs/bf16_full.json ${big[*]} --num_steps 240 --save $ck/async --save_interval 80 --keep_last 1 --save_mode async"
+  grep -E "checkpoint:|Steps during|Average step" "$logs/ckpt_async.txt" | tail -12 >>"$sum" 2>/dev/null
   rm -rf "$ck/async"
-  step ckpt_sync 90 "$bin train ${big[*]} --num_steps 20 --save $ck/sync --save_interval 10 --keep_last 1 --save_mode sync && python3 bench/peers/checkpoint_peer.py --drop_cache $ck/sync && $bin train ${big[*]} --num_steps 2 --resume $ck/sync"
-  grep -E "checkpoint:|Resumed" "$logs/ckpt_sync.txt" | tail -8 >>"$sum" 2>/dev/null
-  step ckpt_peer 120 "python3 bench/peers/checkpoint_peer.py --like $ck/sync/global_step20 --dir $ck/peer --reps 3 --cutrain_log $logs/ckpt_sync.txt --out $logs/checkpoint_peer.json"
-  tail -6 "$logs/ckpt_peer.txt" >>"$sum" 2>/dev/null
+  for p in p1 p4; do
+    cfg=configs/bf16_full.json; [ $p = p4 ] && cfg=$ck/bf16_full_p4.json
+    step ckpt_sync_$p 120 "$bin train --deepspeed_config $cfg ${big[*]} --num_steps 30 --save $ck/sync_$p --save_interval 10 --keep_last 1 --save_mode sync && for r in 1 2; do python3 bench/peers/checkpoint_peer.py --drop_cache $ck/sync_$p && $bin train --deepspeed_config $cfg ${big[*]} --num_steps 1 --resume $ck/sync_$p || exit 1; done"
+    grep -E "checkpoint:" "$logs/ckpt_sync_$p.txt" | tail -8 >>"$sum" 2>/dev/null
+  done
+  step ckpt_peer 120 "python3 bench/peers/checkpoint_peer.py --like $ck/sync_p4/global_step30 --dir $ck/peer --reps 3 --cutrain_log $logs/ckpt_sync_p1.txt --out $logs/checkpoint_peer.json"
+  tail -9 "$logs/ckpt_peer.txt" >>"$sum" 2>/dev/null
   rm -rf "$ck"
 fi
 

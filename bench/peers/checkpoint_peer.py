@@ -42,18 +42,19 @@ def header(path):
 
 
 def cutrain_figures(logs):
-    """(save seconds, save bytes, load seconds, load bytes) of the last sync save and resume."""
-    save = load = None
-    unit = float(1 << 30)
+    """Median seconds of cutrain's sync saves (snapshot + write) and of its resumes (manifest,
+    files with checksums, into the GPU) found in the logs, with their counts."""
+    saves, loads = [], []
     for path in logs:
         for line in open(path, errors="replace"):
             m = re.search(r"checkpoint: ([0-9.]+) GB written in ([0-9.]+) s \(([0-9.]+) GB/sec\), snapshot ([0-9.]+) s", line)
             if m:
-                save = (float(m.group(2)) + float(m.group(4)), float(m.group(1)) * unit)
+                saves.append(float(m.group(2)) + float(m.group(4)))
             m = re.search(r"checkpoint: ([0-9.]+) GB read in ([0-9.]+) s", line)
             if m:
-                load = (float(m.group(2)), float(m.group(1)) * unit)
-    return save, load
+                loads.append(float(m.group(2)))
+    med = lambda v: (statistics.median(v), len(v)) if v else None
+    return med(saves), med(loads)
 
 
 def main():
@@ -121,7 +122,7 @@ def main():
         print("| operation | torch | cutrain | cutrain / torch (speed) |")
         print("|---|---:|---:|---:|")
         if cs:
-            print(f"| sync save (cutrain: snapshot + write) | {s:.3f} s | {cs[0]:.3f} s | {s / cs[0]:.2f}x |")
+            print(f"| sync save (cutrain: snapshot + write, median of {cs[1]}) | {s:.3f} s | {cs[0]:.3f} s | {s / cs[0]:.2f}x |")
             rows["cutrain_save_s"] = cs[0]
         if cl:
             print(f"| load (cutrain: verify + load) | {l:.3f} s | {cl[0]:.3f} s | {l / cl[0]:.2f}x |")

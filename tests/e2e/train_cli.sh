@@ -48,6 +48,13 @@ echo '{"optimizer": {"type": "AdamW", "params": {"lr": "fast"}}}' >"$tmp/bad.jso
 if "$bin" train --deepspeed_config "$tmp/bad.json" --device cpu >"$tmp/bad.txt" 2>&1; then fail "bad config accepted"; fi
 grep -q "bad.json" "$tmp/bad.txt" || { cat "$tmp/bad.txt"; fail "config error message"; }
 
+# --save_mode takes auto, async or sync; another value is refused before any work.
+if "$bin" train --deepspeed_config configs/baseline.json --device cpu --save "$tmp/ck" --save_mode later \
+    >"$tmp/mode.txt" 2>&1; then fail "--save_mode later accepted"; fi
+grep -q -- '--save_mode: expected one of "auto", "async", "sync", found "later"' "$tmp/mode.txt" \
+  || { cat "$tmp/mode.txt"; fail "--save_mode message"; }
+[ ! -e "$tmp/ck" ] || fail "--save_mode error left a checkpoint folder"
+
 if [ "$device" = cpu ]; then
   # No arguments, no GPU visible: the small CPU run of the default job, saying so.
   CUDA_VISIBLE_DEVICES= "$bin" >"$tmp/default.txt" 2>&1 || { cat "$tmp/default.txt"; fail "default run"; }
