@@ -229,37 +229,37 @@ CheckpointMeta load_checkpoint(const std::filesystem::path& path, TrainBackend& 
 
 namespace {
 
-// The reads of one part of the state (the tensors named <table name><suffix>, all of one dtype)
-// from `r` into `dst`, the flat layout's padding zeroed. No such tensors: `dst` cleared, or an
-// error naming the file when the part is required.
-std::vector<TensorRead> part_reads(const SafetensorsReader& r, const model::TransformerParams& T, SnapshotTensor& dst,
-                                   const char* suffix, bool required, bool pinned) {
+// The dtype of one part of the state in `r` (the tensors named <table name><suffix>, all of one
+// dtype: checked when the reads are made), nullopt when the file has none of it.
+std::optional<DType> part_dtype(const SafetensorsReader& r, const model::TransformerParams& T, const char* suffix) {
   const std::string first = T.tensors().front().name + suffix;
-  if (!r.contains(first)) {
-    CUTRAIN_CHECK(!required, r.path().string(), ": expected tensor '", first, "', found none");
-    dst.clear();
-    return {};
-  }
+  if (!r.contains(first)) return std::nullopt;
   const SafetensorsTensorInfo& fi = r.tensor(first);
   CUTRAIN_CHECK(fi.dtype == DType::F32 || fi.dtype == DType::BF16, r.path().string(), ": tensor '", first, "' is ",
                 fi.dtype_name, ", expected BF16 or F32");
-  const DType dt = *fi.dtype;
+  return *fi.dtype;
+}
+
+// The reads of one part into the flat buffer `base` (host or device) of that dtype. On the host
+// the flat layout's padding is zeroed here (device scratch comes zeroed).
+std::vector<TensorRead> part_reads(const SafetensorsReader& r, const model::TransformerParams& T, const char* suffix,
+                                   DType dt, char* base, bool device) {
   const std::size_t es = dtype_size(dt), n = T.flat_size();
-  char* base = static_cast<char*>(dst.reserve(dt, n, pinned));
+  const std::string first = T.tensors().front().name + suffix;
   std::vector<TensorRead> reads;
-  std::size_t filled = 0;  // elements up to here are written or zeroed
+  std::size_t filled = 0;  // elements up to here are read or zeroed
   for (const auto& t : T.tensors()) {
     const std::string name = t.name + suffix;
     const SafetensorsTensorInfo& info = r.tensor(name);
     CUTRAIN_CHECK(info.shape == t.shape, r.path().string(), ": tensor '", name, "' has a shape of ", info.shape.size(),
                   " dims / ", info.numel(), " elements, the model expects ", t.count, " elements");
     CUTRAIN_CHECK(info.dtype == dt, r.path().string(), ": tensor '", name, "' is ", info.dtype_name, ", expected ",
-                  fi.dtype_name, " as '", first, "'");
-    if (t.offset > filled) std::memset(base + filled * es, 0, (t.offset - filled) * es);
-    reads.push_back({name, base + t.offset * es, t.count * es});
+                  safetensors_dtype_name(dt), " as '", first, "'");
+    if (!device && t.offset > filled) std::memset(base + filled * es, 0, (t.offset - filled) * es);
+    reads.push_back({name, base + t.offset * es, t.count * es, device});
     filled = std::max(filled, t.offset + t.count);
   }
-  if (n > filled) std::memset(base + filled * es, 0, (n - filled) * es);
+  if (!device && n > filled) std::memset(base + filled * es, 0, (n - filled) * es);
   return reads;
 }
 
@@ -281,19 +281,47 @@ CheckpointMeta load_checkpoint(const OpenedCheckpoint& c, TrainBackend& be, Chec
     same("embedding_rows", want.vocab_rows(), have.vocab_rows());
     same("max_seq_len", want.max_seq, have.max_seq);
   }
-  // The files in their own dtypes into a snapshot (pinned with a GPU: the engine's copies go up
-  // from it as they are), each read once; the checksums left to the load are checked before the
-  // backend's state is touched.
-  StateSnapshot s;
-  s.pinned = gpu_available();
+  // The files in their own dtypes, each read once, its checksum (when left to the load) computed
+  // in the same pass and checked before the backend's state changes: straight into device scratch
+  // when the backend takes the dtypes as they are (the aio path), else into a host snapshot
+  // (pinned with a GPU) that restore_snapshot converts where needed.
   CheckpointFiles files(io);
   SafetensorsReader mr(dir / kModel), orr(dir / kOptim);
-  const std::vector<TensorRead> model_reads = part_reads(mr, T, s.params, "", true, s.pinned);
-  std::vector<TensorRead> optim_reads;
-  for (auto [part, suffix, required] : {std::tuple{&s.master, ".master", false}, {&s.exp_avg, ".exp_avg", true},
-                                        {&s.exp_avg_sq, ".exp_avg_sq", true}}) {
-    auto r = part_reads(orr, T, *part, suffix, required, s.pinned);
-    optim_reads.insert(optim_reads.end(), r.begin(), r.end());
+  struct Part {
+    const SafetensorsReader* r;
+    const char* suffix;
+    bool required;
+    SnapshotTensor* host;
+    DeviceRestore::Part dev;
+  };
+  StateSnapshot s;
+  s.pinned = gpu_available();
+  const Part parts[4] = {{&mr, "", true, &s.params, DeviceRestore::Params},
+                         {&orr, ".master", false, &s.master, DeviceRestore::Master},
+                         {&orr, ".exp_avg", true, &s.exp_avg, DeviceRestore::ExpAvg},
+                         {&orr, ".exp_avg_sq", true, &s.exp_avg_sq, DeviceRestore::ExpAvgSq}};
+  std::optional<DType> dts[4];
+  for (int i = 0; i < 4; ++i) {
+    dts[i] = part_dtype(*parts[i].r, T, parts[i].suffix);
+    CUTRAIN_CHECK(dts[i] || !parts[i].required, parts[i].r->path().string(), ": expected tensor '",
+                  T.tensors().front().name + parts[i].suffix, "', found none");
+  }
+  std::unique_ptr<DeviceRestore> dev;
+  if (files.io() == CheckpointIo::Aio && *dts[2] == *dts[3]) dev = be.device_restore(*dts[0], dts[1], *dts[2]);
+  std::vector<TensorRead> model_reads, optim_reads;
+  for (int i = 0; i < 4; ++i) {
+    const Part& p = parts[i];
+    char* base = nullptr;
+    if (dev) {
+      base = static_cast<char*>(dev->part(p.dev));
+    } else if (dts[i]) {
+      base = static_cast<char*>(p.host->reserve(*dts[i], T.flat_size(), s.pinned));
+    } else {
+      p.host->clear();
+    }
+    if (!base) continue;  // a part the file or the state does not have
+    auto r = part_reads(*p.r, T, p.suffix, *dts[i], base, dev != nullptr);
+    (p.r == &mr ? model_reads : optim_reads).insert((p.r == &mr ? model_reads : optim_reads).end(), r.begin(), r.end());
   }
   auto wants = [&](const char* f) {
     return std::find(c.checksum_on_load.begin(), c.checksum_on_load.end(), f) != c.checksum_on_load.end();
@@ -310,7 +338,8 @@ CheckpointMeta load_checkpoint(const OpenedCheckpoint& c, TrainBackend& be, Chec
   if (j.contains("num_params"))
     CUTRAIN_CHECK(j["num_params"] == T.num_params(), "checkpoint: ", path.string(), ": num_params: expected ",
                   T.num_params(), " (the model's), found ", j["num_params"].dump());
-  be.restore_snapshot(s);
+  if (dev) dev->commit();
+  else be.restore_snapshot(s);
   return {j["step"].get<int>(), j["data_rng"].get<std::string>(), {}, false};
 }
 

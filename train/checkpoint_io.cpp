@@ -74,7 +74,10 @@ std::optional<FileDigest> CheckpointFiles::read(const SafetensorsReader& r, std:
                                                 bool digest) {
   const std::uint64_t size = std::filesystem::file_size(r.path());
   if (io_ == CheckpointIo::Plain) {
-    for (const auto& t : reads) r.read(t.name, t.dst, t.bytes);
+    for (const auto& t : reads) {
+      CUTRAIN_CHECK(!t.device, "checkpoint io: a read into device memory needs the aio path (tensor '", t.name, "')");
+      r.read(t.name, t.dst, t.bytes);
+    }
     if (!digest) return std::nullopt;
     return xxh64_file(r.path());
   }
@@ -89,7 +92,7 @@ std::optional<FileDigest> CheckpointFiles::read(const SafetensorsReader& r, std:
     const SafetensorsTensorInfo& info = r.tensor(t.name);
     CUTRAIN_CHECK(t.bytes == info.bytes(), "safetensors '", r.path().string(), "': tensor '", t.name, "' holds ",
                   info.bytes(), " bytes (", info.dtype_name, "), but the destination has ", t.bytes);
-    ranges.push_back({r.data_start() + info.begin, t.dst, t.bytes});
+    ranges.push_back({r.data_start() + info.begin, t.dst, t.bytes, t.device});
   }
   Xxh64 sum;
   const auto [lo, hi] = aio::read_ranges(*handle_, r.path(), ranges, aio::kFileChunkBytes, digest ? &sum : nullptr);

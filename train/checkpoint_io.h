@@ -28,6 +28,7 @@ struct TensorRead {
   std::string name;
   void* dst = nullptr;
   std::size_t bytes = 0;
+  bool device = false;  // dst is device memory (the aio path only)
 };
 
 // The files of one save or load (it holds the aio handle for them).

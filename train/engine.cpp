@@ -1,6 +1,8 @@
 #include "train/engine.h"
 
 #include <algorithm>
+#include <array>
+#include <functional>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -590,6 +592,61 @@ void GpuEngine::restore_snapshot(const StateSnapshot& s) {
   put(m_, plan_.moment, s.exp_avg);
   put(v_, plan_.moment, s.exp_avg_sq);
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+namespace {
+
+// Scratch buffers of the parts the engine holds; commit() copies them over the live ones.
+class EngineRestore final : public DeviceRestore {
+ public:
+  struct Target {
+    const Buffer* live = nullptr;
+    Buffer scratch;
+  };
+  EngineRestore(std::array<Target, 4> t, std::size_t bytes_each[4], cudaStream_t stream,
+                std::function<void()> before_commit)
+      : t_(std::move(t)), stream_(stream), before_(std::move(before_commit)) {
+    for (int i = 0; i < 4; ++i) bytes_[i] = bytes_each[i];
+  }
+  void* part(Part p) override { return t_[p].live ? t_[p].scratch.get() : nullptr; }
+  void commit() override {
+    before_();
+    for (int i = 0; i < 4; ++i)
+      if (t_[i].live)
+        CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(t_[i].live->get(), t_[i].scratch.get(), bytes_[i], cudaMemcpyDeviceToDevice,
+                                           stream_));
+    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  std::array<Target, 4> t_;
+  std::size_t bytes_[4] = {};
+  cudaStream_t stream_;
+  std::function<void()> before_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceRestore> GpuEngine::device_restore(DType params, std::optional<DType> master, DType moments) {
+  if (zero_.partitioned() || zero_.sharded() || swap_) return nullptr;
+  if (params != DType::BF16 || moments != plan_.moment) return nullptr;
+  if (plan_.has_master && master != DType::F32) return nullptr;
+  std::array<EngineRestore::Target, 4> t;
+  std::size_t bytes[4] = {n_ * 2, plan_.has_master ? n_ * 4 : 0, n_ * dtype_size(plan_.moment),
+                          n_ * dtype_size(plan_.moment)};
+  const Buffer* live[4] = {&params_, plan_.has_master ? &master_ : nullptr, &m_, &v_};
+  try {
+    for (int i = 0; i < 4; ++i) {
+      if (!live[i]) continue;
+      t[i].live = live[i];
+      t[i].scratch = Buffer(device_allocator(), bytes[i], stream_);
+      CUTRAIN_CUDA_CHECK(cudaMemsetAsync(t[i].scratch.get(), 0, bytes[i], stream_));
+    }
+    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } catch (const Error&) {
+    return nullptr;  // no room for the scratch: the load goes through host memory
+  }
+  return std::make_unique<EngineRestore>(std::move(t), bytes, stream_, [this] { ensure_state(); });
 }
 
 std::unique_ptr<TrainBackend> make_gpu_backend(const BackendOptions& o, const TrainConfig& c) {

@@ -44,6 +44,7 @@ class GpuEngine final : public TrainBackend {
   void load_state(const HostState& state) override;
   void snapshot_state(StateSnapshot& out) const override;
   void restore_snapshot(const StateSnapshot& s) override;
+  std::unique_ptr<DeviceRestore> device_restore(DType params, std::optional<DType> master, DType moments) override;
   const char* describe() const override { return describe_.c_str(); }
 
   // For tests: forward + backward of the micro-batches only (no optimizer step, no ZeRO

@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "model/transformer_params.h"
@@ -30,6 +32,19 @@ struct HostState {
   DType moment_dtype = DType::F32;  // what exp_avg / exp_avg_sq really are (BF16 with bf16_optimizer_states)
 };
 
+// A load straight into device memory: scratch buffers for the state's parts that the load fills
+// (zeroed first: the flat layout's padding), made the backend's state by commit(). Nothing of the
+// state changes before commit(); destroyed without it, the scratch is freed.
+class DeviceRestore {
+ public:
+  enum Part { Params, Master, ExpAvg, ExpAvgSq };
+  virtual ~DeviceRestore() = default;
+  // The part's device buffer (the flat size, in the dtype device_restore was offered), or nullptr
+  // for a part the state does not hold (the fp32 master of a layout without one): not to be read.
+  virtual void* part(Part p) = 0;
+  virtual void commit() = 0;
+};
+
 class TrainBackend {
  public:
   virtual ~TrainBackend() = default;
@@ -52,6 +67,13 @@ class TrainBackend {
   // The inverse (a checkpoint read into a snapshot): the state becomes the snapshot's. The default
   // goes through load_state().
   virtual void restore_snapshot(const StateSnapshot& s) { load_state(host_state_from_snapshot(s)); }
+  // A device restore for a checkpoint whose parts are in these dtypes (master: nullopt when it has
+  // none), when the backend takes them as they are and has the device memory for the scratch;
+  // nullptr otherwise (the load goes through restore_snapshot).
+  virtual std::unique_ptr<DeviceRestore> device_restore(DType params, std::optional<DType> master, DType moments) {
+    (void)params, (void)master, (void)moments;
+    return nullptr;
+  }
   virtual const char* describe() const = 0;  // "cuda (NVIDIA H200)", "cpu (reference model)"
 };
 

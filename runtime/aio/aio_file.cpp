@@ -5,7 +5,10 @@
 #include <cstring>
 #include <string>
 
+#include <cuda_runtime.h>
+
 #include "runtime/allocator.h"
+#include "runtime/check.h"
 #include "runtime/device.h"
 #include "runtime/error.h"
 #include "runtime/file_util.h"
@@ -121,7 +124,14 @@ std::pair<std::uint64_t, std::uint64_t> read_ranges(AioHandle& h, const std::fil
       if (sum) sum->update(data, ce - cs);
       for (std::size_t i = first; i < rs.size() && rs[i].offset < ce; ++i) {
         const std::uint64_t b = std::max(cs, rs[i].offset), e = std::min(ce, rs[i].offset + rs[i].bytes);
-        if (b < e) std::memcpy(static_cast<char*>(rs[i].dst) + (b - rs[i].offset), data + (b - cs), e - b);
+        if (b >= e) {
+        } else if (rs[i].device) {
+          // Synchronous: the chunk is read into again once this returns.
+          CUTRAIN_CUDA_CHECK(cudaMemcpy(static_cast<char*>(rs[i].dst) + (b - rs[i].offset), data + (b - cs), e - b,
+                                        cudaMemcpyHostToDevice));
+        } else {
+          std::memcpy(static_cast<char*>(rs[i].dst) + (b - rs[i].offset), data + (b - cs), e - b);
+        }
         if (i == first && rs[i].offset + rs[i].bytes <= ce) ++first;
       }
       h.wait();

@@ -26,11 +26,13 @@ void write_file_atomic(AioHandle& handle, const std::filesystem::path& path,
                        std::span<const std::span<const std::byte>> pieces, std::size_t chunk_bytes = kFileChunkBytes,
                        Xxh64* sum = nullptr);
 
-// One range of a file to read into host memory.
+// One range of a file to read into host memory, or device memory when `device` (copied from the
+// pinned staging chunk, which the next chunk's read overlaps).
 struct FileRange {
   std::uint64_t offset = 0;
   void* dst = nullptr;
   std::size_t bytes = 0;
+  bool device = false;
 };
 
 // Reads every range (any order; they may not overlap each other's destinations) by streaming the

@@ -13,6 +13,8 @@
 #include <filesystem>
 
 #include "model/reference_model.h"
+#include "runtime/file_util.h"
+#include "tests/support/cpu_test_util.h"
 #include "tests/support/small_model.h"
 #include "tests/support/test_support.h"
 #include "train/checkpoint.h"
@@ -289,12 +291,32 @@ TEST_P(ModelGpu, AsyncSaveWhileTrainingResumesBitIdentical) {
     ASSERT_EQ(done.size(), 1u);
     EXPECT_TRUE(done[0].ok) << done[0].error;
   }
-  const train::OpenedCheckpoint opened = train::open_checkpoint(dir);
+  const train::OpenedCheckpoint opened = train::open_checkpoint(dir, false, /*checksum_on_load=*/true);
   EXPECT_EQ(opened.manifest.config["optimizer_dtype"], std::string(GetParam()) == "bf16_full" ? "BF16" : "F32");
-  train::GpuEngine c(o, cfg);
-  EXPECT_EQ(train::load_checkpoint(opened, c).step, 3);
-  for (int s = 3; s < 6; ++s)
-    EXPECT_EQ(c.step(batches[s].tokens.data(), batches[s].labels.data(), s + 1, 1e-3f).loss, full[s]) << "step " << s;
+  // The aio path loads into device scratch; the plain path through a host snapshot: the same state.
+  for (auto io : {train::CheckpointIo::Aio, train::CheckpointIo::Plain}) {
+    train::GpuEngine c(o, cfg);
+    EXPECT_EQ(train::load_checkpoint(opened, c, io).step, 3);
+    for (int s = 3; s < 6; ++s)
+      EXPECT_EQ(c.step(batches[s].tokens.data(), batches[s].labels.data(), s + 1, 1e-3f).loss, full[s])
+          << "step " << s << ", io " << train::checkpoint_io_name(io);
+  }
+  // A damaged optimizer file (one byte, same size) is refused at load, the engine's state unchanged.
+  const auto f = opened.folder / train::kCheckpointOptimFile;
+  std::string bytes = read_text_file(f);
+  bytes[bytes.size() / 2] ^= 0x10;
+  write_file_atomic(f, std::string_view(bytes));
+  for (auto io : {train::CheckpointIo::Aio, train::CheckpointIo::Plain}) {
+    train::GpuEngine d(o, cfg);
+    const train::HostState before = d.save_state();
+    EXPECT_HAS(test::message_of([&] { train::load_checkpoint(train::open_checkpoint(dir, false, true), d, io); }),
+               "file optimizer.safetensors: expected XXH64");
+    const train::HostState after = d.save_state();
+    EXPECT_EQ(after.params, before.params);
+    EXPECT_EQ(after.exp_avg, before.exp_avg);
+    EXPECT_EQ(after.exp_avg_sq, before.exp_avg_sq);
+    EXPECT_EQ(after.master, before.master);
+  }
   std::filesystem::remove_all(dir);
 }
 
