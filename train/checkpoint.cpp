@@ -84,6 +84,7 @@ void checkpoint_tensors(const model::TransformerParams& T, const HostState& s, C
     add(".master", s.master);
     add(".exp_avg", s.exp_avg);
     add(".exp_avg_sq", s.exp_avg_sq);
+    add(".compensation", s.compensation);
   }
 }
 
@@ -266,11 +267,24 @@ CheckpointMeta load_checkpoint(const OpenedCheckpoint& c, TrainBackend& be, Chec
   HostState s = be.save_state();  // right sizes and dtypes; every real element is overwritten
   SafetensorsReader mr(dir / kModel), orr(dir / kOptim);
   FileLoad ml(mr), ol(orr);
+  // The compensation is all or nothing: it is saved for every tensor or for none.
+  const bool has_comp = !T.tensors().empty() && orr.contains(T.tensors().front().name + ".compensation");
+  std::vector<std::string> notes;
+  if (!s.compensation.empty() && !has_comp) {
+    std::fill(s.compensation.begin(), s.compensation.end(), 0.f);
+    notes.push_back("warning: " + (dir / kOptim).string() +
+                    " has no compensation tensors (saved without bf16.bf16_master_compensation): the compensation "
+                    "starts at zero");
+  } else if (s.compensation.empty() && has_comp) {
+    notes.push_back("warning: " + (dir / kOptim).string() +
+                    " holds a bf16 master's compensation; this run has bf16.bf16_master_compensation off and drops it");
+  }
   for (const auto& t : T.tensors()) {
     ml.add(t.name, t, s.params);
     if (!s.master.empty()) ol.add(t.name + ".master", t, s.master);
     ol.add(t.name + ".exp_avg", t, s.exp_avg);
     ol.add(t.name + ".exp_avg_sq", t, s.exp_avg_sq);
+    if (!s.compensation.empty() && has_comp) ol.add(t.name + ".compensation", t, s.compensation);
   }
   ml.run(files);
   ol.run(files);
@@ -283,7 +297,7 @@ CheckpointMeta load_checkpoint(const OpenedCheckpoint& c, TrainBackend& be, Chec
     CUTRAIN_CHECK(j["num_params"] == T.num_params(), "checkpoint: ", path.string(), ": num_params: expected ",
                   T.num_params(), " (the model's), found ", j["num_params"].dump());
   be.load_state(s);
-  return {j["step"].get<int>(), j["data_rng"].get<std::string>(), {}, false};
+  return {j["step"].get<int>(), j["data_rng"].get<std::string>(), {}, false, std::move(notes)};
 }
 
 }  // namespace cutrain::train

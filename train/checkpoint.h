@@ -1,8 +1,8 @@
 // @brief Checkpoints of a training run: one step folder per save under a root DIR (the folder
 // protocol in train/checkpoint_store.h, the manifest in train/checkpoint_manifest.h). A step
 // folder holds model.safetensors (PyTorch state_dict names, params in their real dtype),
-// optimizer.safetensors ("<name>.master" / ".exp_avg" / ".exp_avg_sq", fp32: the bf16 moments of
-// bf16_full are exact in fp32), trainer_state.json (step, data RNG), config.json (the model's
+// optimizer.safetensors ("<name>.master" / ".exp_avg" / ".exp_avg_sq", and ".compensation" for a
+// compensated bf16 master; fp32: the bf16 moments and compensation are exact in fp32), trainer_state.json (step, data RNG), config.json (the model's
 // shape and layout) and manifest.json, written last. Resuming verifies the manifest first and
 // replays the same losses bit for bit. The safetensors payloads go through the aio handle or plain
 // buffered I/O (train/checkpoint_io.h: `io`, default Auto: CUTRAIN_CHECKPOINT_IO, else aio when a
@@ -30,6 +30,7 @@ struct CheckpointMeta {
   // whether attention is causal.
   std::string layout;
   bool causal = false;
+  std::vector<std::string> notes;  // load: warnings to print (a compensation started at zero or dropped)
 };
 
 // The two safetensors files of a state as save_checkpoint writes them: entries viewing `state`
@@ -84,7 +85,10 @@ struct OpenedCheckpoint {
 OpenedCheckpoint open_checkpoint(const std::filesystem::path& path, bool accept_legacy = false);
 
 // Loads a verified checkpoint into `backend` (its shape checked against config.json, names and
-// shapes against the parameter table).
+// shapes against the parameter table). A backend with a compensated bf16 master loading a
+// checkpoint without ".compensation" tensors starts the compensation at zero (the weights are the
+// checkpoint's bf16 master exactly), and a checkpoint's compensation is dropped by a backend
+// without one: both with a note in the returned meta.
 CheckpointMeta load_checkpoint(const OpenedCheckpoint& checkpoint, TrainBackend& backend,
                                CheckpointIo io = CheckpointIo::Auto);
 // open_checkpoint(path) + load.

@@ -25,6 +25,7 @@ struct StepStats {
 // The whole training state as host fp32 copies, in the flat layout (checkpoints).
 struct HostState {
   std::vector<float> params, master, exp_avg, exp_avg_sq;  // master empty when the layout has none
+  std::vector<float> compensation;  // the bf16 master's compensation (bf16 values); empty when off
   DType param_dtype = DType::BF16;  // what the params really are (F32 on the CPU backend)
 };
 

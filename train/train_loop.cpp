@@ -250,7 +250,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   out << "[Rank 0] Model parameters: " << with_commas(nparams) << " total, " << with_commas(nparams) << " trainable\n";
   if (o.activation_checkpointing) out << "[Rank 0] Activation checkpointing enabled\n";
   out << "[Rank 0] cutrain initialized with config: " << o.deepspeed_config.string() << " (" << be->describe()
-      << ", layout " << plan.name() << ", " << plan.bytes_per_param() << " bytes/param, accumulation " << accum
+      << ", layout " << plan.label() << ", " << plan.bytes_per_param() << " bytes/param, accumulation " << accum
       << ")\n";
 
   int first_step = 0;
@@ -259,6 +259,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     CheckpointMeta meta = load_checkpoint(*resume, *be);
     first_step = meta.step;
     std::istringstream(meta.data_rng) >> data_rng;
+    for (const auto& n : meta.notes) out << "[Rank 0] checkpoint " << n << "\n";
     out << "[Rank 0] Resumed from " << resume->folder.string() << " at step " << first_step << "\n";
   }
   // A checkpoint of `done` steps; under ZeRO every rank joins the state's gather, rank 0 writes.

@@ -24,9 +24,7 @@ namespace {
 using test::small_model;
 
 train::TrainConfig config_for(const std::string& layout, int accumulation = 1, float clip = 0.f) {
-  std::string bf16 = R"("enabled": true)";
-  if (layout != "baseline") bf16 += R"(, "bf16_master_weights_and_grads": true)";
-  if (layout == "bf16_full") bf16 += R"(, "bf16_optimizer_states": true)";
+  std::string bf16 = test::bf16_section(layout);
   const std::string text = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )" +
                            std::to_string(accumulation) + R"(, "gradient_clipping": )" + std::to_string(clip) +
                            R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999],
@@ -246,7 +244,9 @@ TEST_P(ModelGpu, ResumeFromACheckpointIsBitIdentical) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, ModelGpu, ::testing::Values("baseline", "bf16_master_wg", "bf16_full"),
+INSTANTIATE_TEST_SUITE_P(Layouts, ModelGpu,
+                         ::testing::Values("baseline", "bf16_master_wg", "bf16_full", "bf16_master_wg_comp",
+                                           "bf16_full_comp"),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(ModelGpuWide, GradientsMatchAtHeadDim128) {
