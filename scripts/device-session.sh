@@ -17,6 +17,10 @@
 #   ncu         ncu capture of exactly steps 3-4 (--profile_steps)
 #   offload     the offload sweep, a large offload-bench, racecheck on a non-blocking round trip
 #   io          io-bench (read/write/gpu), file-access and its Python peer, nvme-tune
+#   quality     the bf16 master's compensation: its GPU tests, the optimizer-step cost of the
+#               compensated vs the plain bf16 master (bench_k3 adamw/*_comp, vs_plain), then
+#               scripts/quality-run.sh (five layouts x 2 models x 1000 steps on WikiText-2 within
+#               QUALITY_BUDGET s, default 270): the loss table and curves in logs/quality/
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -175,6 +179,17 @@ fi
 if want io; then
   step io 130 "mkdir -p /tmp/io && $bin io-bench --folder /tmp/io --io_size 1G --read --loops 3 && $bin io-bench --folder /tmp/io --io_size 1G --loops 3 && $bin io-bench --folder /tmp/io --io_size 1G --read --gpu --loops 3 --no_baselines && $bin file-access --folder /tmp/io --size 1G && python3 bench/peers/file_access_peer.py --folder /tmp/io --out $logs/file_access_peer.json && $bin nvme-tune --folder /tmp/io --io_size 256M --io_parallel 1 4"
   grep -E "Speed|GB/s|best|aio|backend|tensor" "$logs/io.txt" | tail -50 >>"$sum" 2>/dev/null
+fi
+
+if want quality; then
+  # About 4 minutes: tests ~40 s, the benchmark ~30 s, the runs ~150 s (the BF16 example's model
+  # ~9 ms a step, GPT-2 small at batch 4 x 512 ~5 ms, plus start-up and validation).
+  step quality_tests 120 "ctest --test-dir build/gpu -j $CTEST_JOBS --output-on-failure -R 'Compensat|_comp|e2e_quality_run_cli'"
+  grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/quality_tests.txt" | tail -15 >>"$sum" 2>/dev/null
+  step quality_bench 90 "build/gpu/bench/bench_k3 --benchmark_filter='adamw/bf16_(master_wg|full)(_comp)?/' --benchmark_out=$logs/bench_k3_comp.json --benchmark_out_format=json --benchmark_counters_tabular=true"
+  qb=${QUALITY_BUDGET:-270}
+  step quality_run $((qb + 30)) "scripts/quality-run.sh --bin $bin --data .devdata --budget $qb --bench_json $logs/bench_k3_comp.json --out $logs/quality; rc=\$?; rm -rf $logs/quality/data; exit \$rc"
+  sed -n '/^## BF16 master weights/,$p' "$logs/quality_run.txt" | grep -v "^quality-run:" >>"$sum" 2>/dev/null
 fi
 
 if want extra && [ -n "${EXTRA_CMD:-}" ]; then

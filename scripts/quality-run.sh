@@ -8,27 +8,29 @@
 #
 #   scripts/quality-run.sh [--bin BIN] [--device cuda|cpu] [--models LIST] [--layouts LIST]
 #       [--steps N] [--warmup N] [--lr LR] [--eval_interval N] [--eval_steps N] [--seed N]
-#       [--budget SECONDS] [--data DIR] [--text_bytes N] [--deepspeed_logs DIR] [--out DIR]
+#       [--budget SECONDS] [--data DIR] [--text_bytes N] [--deepspeed_logs DIR] [--bench_json FILE]
+#       [--out DIR]
 #
 # Models (--models, comma-separated, default bf16_example,gpt2_small):
 #   bf16_example  the BF16 example's model: h 1024, 12 layers, 16 heads, batch 4 x seq 512
 #   gpt2_small    GPT-2 small's shape: h 768, 12 layers, 12 heads, at batch 4 x seq 512 (seq 1024
 #                 x batch 16 takes 34 ms a step: 5 layouts x 1000 steps would not fit the budget)
-#   tiny          h 32, 1 layer, 2 heads, batch 2 x seq 16 (the CPU end-to-end test)
+#   tiny          h 128, 1 layer, 2 heads, batch 2 x seq 16 (the end-to-end test)
 # Every model reads the GPT-2 tokenizer's vocabulary (50257, padded to 50304), next-token labels,
 # causal attention. --budget: a run is started only when the time its model's previous run took
 # (or, for the first, an estimate of 12 ms a step + 15 s) still fits; the others are listed as
 # skipped in the table. --data: the folder with wikitext-2/{valid,test}.txt and
 # gpt2/{encoder.json,vocab.bpe} (default $CUTRAIN_DATA_DIR, ../shared/data, then .devdata);
 # WikiText-2's train split is not there, so valid + test are the corpus, 10% of it held out.
-# --text_bytes N: the first N bytes of each file only (quick runs).
+# --text_bytes N: the first N bytes of each file only (quick runs). --bench_json: bench_k3's JSON
+# with the adamw/*_comp rows, whose cost against the plain bf16 master joins the report.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bin=build/release/tools/cutrain; device=cuda; models=bf16_example,gpt2_small
 layouts=baseline,bf16_master_wg,bf16_full,bf16_full_comp,bf16_full_sr
 steps=1000; warmup=100; lr=3e-4; eval_interval=100; eval_steps=20; seed=42; budget=0; text_bytes=0
-data=""; ds_logs=""; out=${OUT:-$root/build/quality}
+data=""; ds_logs=""; bench_json=""; out=${OUT:-$root/build/quality}
 while (($#)); do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -45,6 +47,7 @@ while (($#)); do
     --data) data=$2; shift 2 ;;
     --text_bytes) text_bytes=$2; shift 2 ;;
     --deepspeed_logs) ds_logs=$2; shift 2 ;;
+    --bench_json) bench_json=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     *) echo "quality-run: unknown option '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -64,7 +67,7 @@ model_flags() {
   case $1 in
     bf16_example) echo "--hidden_dim 1024 --num_layers 12 --num_heads 16 --batch_size 4 --seq_length 512" ;;
     gpt2_small) echo "--hidden_dim 768 --num_layers 12 --num_heads 12 --batch_size 4 --seq_length 512" ;;
-    tiny) echo "--hidden_dim 32 --num_layers 1 --num_heads 2 --batch_size 2 --seq_length 16" ;;
+    tiny) echo "--hidden_dim 128 --num_layers 1 --num_heads 2 --batch_size 2 --seq_length 16" ;;
     *) return 1 ;;
   esac
 }
@@ -72,7 +75,7 @@ model_desc() {
   case $1 in
     bf16_example) echo "the BF16 example's model (h 1024, 12 layers, 16 heads), batch 4 x seq 512" ;;
     gpt2_small) echo "GPT-2 small's shape (h 768, 12 layers, 12 heads), batch 4 x seq 512" ;;
-    tiny) echo "tiny (h 32, 1 layer, 2 heads), batch 2 x seq 16" ;;
+    tiny) echo "tiny (h 128, 1 layer, 2 heads), batch 2 x seq 16" ;;
   esac
 }
 # The layout's DeepSpeed config: the shipped one plus the bf16 option.
@@ -169,6 +172,9 @@ for m in "${model_list[@]}"; do
   done
 done
 
-python3 scripts/quality_report.py --results "$out" ${ds_logs:+--deepspeed_logs "$ds_logs"} --md "$out/quality.md" \
+[ -z "$bench_json" ] || [ -e "$bench_json" ] || echo "quality-run: --bench_json $bench_json not found: no cost rows" >&2
+[ -e "$bench_json" ] || bench_json=""
+python3 scripts/quality_report.py --results "$out" ${ds_logs:+--deepspeed_logs "$ds_logs"} ${bench_json:+--bench "$bench_json"} \
+    --md "$out/quality.md" \
     --svg "$out/quality.svg"
 echo "quality-run: $(( $(date +%s) - t_start )) s; table $out/quality.md, curves $out/quality.svg"

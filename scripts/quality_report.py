@@ -5,10 +5,12 @@ the compensated and stochastically rounded bf16 masters) and an SVG of the curve
 DeepSpeed's published 7B loss curves. Plain Python (no matplotlib), so it runs on the device and
 again here on fetched logs:
 
-  scripts/quality_report.py --results DIR [--deepspeed_logs DIR] [--md FILE] [--svg FILE]
+  scripts/quality_report.py --results DIR [--deepspeed_logs DIR] [--bench BENCH_K3_JSON] [--md FILE] [--svg FILE]
 
 DIR holds <model>/<layout>.log (the `cutrain train` output) and <model>/<layout>_loss.csv, and
-DIR/models.txt one line per model: "<name>|<description>".
+DIR/models.txt one line per model: "<name>|<description>". --bench: bench_k3's JSON with the
+adamw/<layout>_comp/<n> rows (counter vs_plain: the compensated step over the plain one, measured
+in the same call; target <= 1.05).
 """
 import argparse
 import csv
@@ -132,6 +134,22 @@ def model_table(name, desc, runs):
     return out, verdicts
 
 
+def bench_lines(path):
+    if not path:
+        return []
+    import json
+    rows = [b for b in json.load(open(path)).get("benchmarks", []) if "vs_plain" in b]
+    out = ["Optimizer step cost, compensated against plain bf16 master (same buffers, same call; target <= 1.05):", "",
+           "| benchmark | time | vs plain | bytes/param moved | target |", "|---|---|---|---|---|"]
+    for b in rows:
+        r = b["vs_plain"]
+        out.append(f"| {b['name']} | {b['real_time']:.1f} {b.get('time_unit', '')} | {r:.3f}x | "
+                   f"{b.get('bytes_per_param', float('nan')):g} | {'met' if r <= 1.05 else 'MISSED'} |")
+    if not rows:
+        out.append("| (no adamw/*_comp rows in the file) | | | | |")
+    return out + [""]
+
+
 def deepspeed_curves(folder):
     if not folder:
         return {}
@@ -253,6 +271,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", required=True)
     ap.add_argument("--deepspeed_logs", default="")
+    ap.add_argument("--bench", default="")
     ap.add_argument("--md", default="")
     ap.add_argument("--svg", default="")
     a = ap.parse_args()
@@ -275,6 +294,7 @@ def main():
         lines += t
         verdicts += v
     lines += deepspeed_lines(ds)
+    lines += bench_lines(a.bench)
     if verdicts:
         lines += ["Targets:", ""] + [f"- {v}" for v in verdicts] + [""]
     text = "\n".join(lines)

@@ -77,6 +77,7 @@ TEST(OffloadEngineGpu, UnknownStateNamesTheValidOnes) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, OffloadEngineGpu,
                          ::testing::Values("baseline", "bf16_master_wg", "bf16_full", "bf16_master_wg_comp",
-                                           "bf16_full_comp"));
+                                           "bf16_full_comp"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
