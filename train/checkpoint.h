@@ -30,7 +30,7 @@ struct CheckpointMeta {
   // whether attention is causal.
   std::string layout;
   bool causal = false;
-  std::vector<std::string> notes;  // load: warnings to print (a compensation started at zero or dropped)
+  std::vector<std::string> notes = {};  // load: warnings to print (a compensation started at zero or dropped)
 };
 
 // The two safetensors files of a state as save_checkpoint writes them: entries viewing `state`

@@ -158,6 +158,8 @@ TEST_P(ZeroWorldOne, MatchesTheSingleProcessEngineBitForBit) {
   EXPECT_TRUE(same_bits(sa.master, sb.master)) << "fp32 master";
   EXPECT_TRUE(same_bits(sa.exp_avg, sb.exp_avg)) << "exp_avg";
   EXPECT_TRUE(same_bits(sa.exp_avg_sq, sb.exp_avg_sq)) << "exp_avg_sq";
+  EXPECT_TRUE(same_bits(sa.compensation, sb.compensation)) << "bf16 master's compensation";
+  EXPECT_EQ(sb.compensation.size(), std::string(c.layout).find("_comp") != std::string::npos ? sb.params.size() : 0u);
 }
 
 TEST_P(ZeroWorldOne, StateLoadedIntoThePartitionContinuesIdentically) {
