@@ -178,7 +178,7 @@ __device__ __forceinline__ void adam_chunks(const AdamConsts& c, const AdamPtrs&
   for (int u = 0; u < U; ++u) {
 #pragma unroll
     for (int k = 0; k < C; ++k) {
-      if constexpr (K) p[u][k] += k_[u][k];  // exact: |c| <= half an ulp of w
+      if constexpr (K) p[u][k] += k_[u][k];  // w + c: exact while |c| >= 2^-16 |w|, else fp32's rounding
       adam_math(c, g[u][k] * scale, p[u][k], m[u][k], v[u][k]);
     }
   }

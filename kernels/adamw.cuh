@@ -39,7 +39,7 @@ struct AdamParams {
 // the part of each weight below its bf16 rounding; the kernel updates w + c in fp32 and stores
 // w' = round(x) (nearest, or stochastic with the parameter's draws) and c' = rne(x - w'), so a
 // bf16 master carries about 16 mantissa bits for 2 more bytes per parameter (docs/training.md).
-// It is a compile-time flag of the one kernel (an instance per layout with and without). The kernel moves warp-coalesced chunks (fp32 arrays as 16-byte float4
+// Compensation is a compile-time flag of the kernel (instances with and without). The kernel moves warp-coalesced chunks (fp32 arrays as 16-byte float4
 // per lane, bf16 arrays as 8-byte loads when any fp32 array is present), two chunks in flight.
 void adam_step(cudaStream_t s, OptimizerLayout layout, const AdamParams& p, bf16* params, const void* grads,
                DType grad_type, float* master, void* m, void* v, std::size_t n, const float* device_scale,
