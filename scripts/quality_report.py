@@ -169,7 +169,10 @@ def deepspeed_lines(curves):
     return [
         "DeepSpeed's published 7B run (WikiText-103, 1000 steps, training loss per step, from its logs): "
         f"final {b[-1]:.4f} (baseline) vs {f[-1]:.4f} (bf16_full), {fmt_pct(pct(f[-1], b[-1]))}; "
-        f"mean {sum(b) / len(b):.4f} vs {sum(f) / len(f):.4f}, {fmt_pct(pct(sum(f) / len(f), sum(b) / len(b)))}.",
+        f"mean {sum(b) / len(b):.4f} vs {sum(f) / len(f):.4f}, {fmt_pct(pct(sum(f) / len(f), sum(b) / len(b)))}; "
+        f"the mean from step 10 on (after bf16_full's early spike, {max(f[:10]):.1f} at step {f.index(max(f[:10]))}): "
+        f"{sum(b[10:]) / len(b[10:]):.4f} vs {sum(f[10:]) / len(f[10:]):.4f}, "
+        f"{fmt_pct(pct(sum(f[10:]) / len(f[10:]), sum(b[10:]) / len(b[10:])))}.",
         "",
     ]
 
@@ -201,8 +204,18 @@ def nice_ticks(lo, hi, n=5):
     return ticks
 
 
-def panel(x0, y0, w, h, title, series, ylabel):
-    """series: [(label, color, [(x, y)], dashed)]"""
+def delta_pct(points, base):
+    """points and base: smoothed (step, loss); the relative difference in % at the common steps,
+    from a tenth of the run on (the first steps' spikes, e.g. DeepSpeed's bf16_full at 36.0 on
+    step 3, would hide the rest)."""
+    b = dict(base)
+    start = 0.1 * max((s for s, _ in points), default=0)
+    return [(s, 100.0 * (v / b[s] - 1.0)) for s, v in points if s >= start and s in b and b[s] > 0]
+
+
+def panel(x0, y0, w, h, title, series, ylabel, clip_low=False):
+    """series: [(label, color, [(x, y)], dashed)]. clip_low: the lower end at the 2nd percentile
+    too (a delta plot), else at the lowest value."""
     pts = [p for _, _, ps, _ in series for p in ps if math.isfinite(p[1])]
     g = [f'<g transform="translate({x0},{y0})">',
          f'<text x="{w / 2}" y="-8" text-anchor="middle" font-size="13" font-weight="bold">{title}</text>',
@@ -215,7 +228,7 @@ def panel(x0, y0, w, h, title, series, ylabel):
     xlo, xhi = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
     # The start (near ln(vocab)) would flatten the rest: y from the lowest value to the 98th
     # percentile, padded; points above are drawn at the top edge.
-    ylo, yhi = ys[0], ys[int(0.98 * (len(ys) - 1))]
+    ylo, yhi = ys[int(0.02 * (len(ys) - 1)) if clip_low else 0], ys[int(0.98 * (len(ys) - 1))]
     pad = 0.05 * (yhi - ylo if yhi > ylo else 1)
     ylo, yhi = ylo - pad, yhi + pad
     sx = lambda x: (x - xlo) / (xhi - xlo) * w
@@ -227,14 +240,18 @@ def panel(x0, y0, w, h, title, series, ylabel):
         g.append(f'<text x="{sx(t):.1f}" y="{h + 14}" text-anchor="middle" font-size="10">{t:g}</text>')
     g.append(f'<text x="{w / 2}" y="{h + 30}" text-anchor="middle" font-size="11">step</text>')
     g.append(f'<text transform="translate(-38,{h / 2}) rotate(-90)" text-anchor="middle" font-size="11">{ylabel}</text>')
-    for i, (label, color, ps, dashed) in enumerate(series):
-        ps = [p for p in ps if math.isfinite(p[1])]
-        if not ps:
-            continue
+    drawn = [(label, color, [p for p in ps if math.isfinite(p[1])], dashed) for label, color, ps, dashed in series]
+    drawn = [d for d in drawn if d[2]]
+    for label, color, ps, dashed in drawn:
         d = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in ps)
         dash = ' stroke-dasharray="5,3"' if dashed else ""
         g.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5"{dash} points="{d}"/>')
-        ly = 14 + 14 * i
+    # The legend in a box over the top right corner.
+    g.append(f'<rect x="{w - 196}" y="4" width="192" height="{14 * len(drawn) + 6}" fill="white" '
+             f'fill-opacity="0.85" stroke="#bbb"/>')
+    for i, (label, color, _, dashed) in enumerate(drawn):
+        ly = 18 + 14 * i
+        dash = ' stroke-dasharray="5,3"' if dashed else ""
         g.append(f'<line x1="{w - 190}" x2="{w - 170}" y1="{ly - 4}" y2="{ly - 4}" stroke="{color}" stroke-width="2"{dash}/>')
         g.append(f'<text x="{w - 165}" y="{ly}" font-size="10">{label}</text>')
     g.append("</g>")
@@ -242,24 +259,37 @@ def panel(x0, y0, w, h, title, series, ylabel):
 
 
 def write_svg(path, models, ds):
-    w, h, mx, my = 430, 250, 70, 60
+    """A row per model: validation loss, training loss (mean of 25 steps), and the training loss
+    against baseline in % (mean of 50 steps) beside DeepSpeed's bf16_full against its baseline
+    (dashed); a last row with DeepSpeed's published 7B curves."""
+    w, h, mx, my = 400, 250, 70, 60
     rows = len(models) + (1 if ds else 0)
-    width, height = 2 * (w + mx) + 20, rows * (h + my + 20) + 20
+    width, height = 3 * (w + mx) + 20, rows * (h + my + 20) + 20
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif">',
            f'<rect width="{width}" height="{height}" fill="white"/>']
+    ds_delta = []
+    if "baseline" in ds and "bf16_full" in ds:
+        ds_delta = delta_pct(smooth(ds["bf16_full"], 50), smooth(ds["baseline"], 50))
     y = my - 20
     for name, desc, runs in models:
-        val = [(LABELS[l], COLORS[l], r["evals"], False) for l, r in runs.items() if r and not r["skipped"]]
-        tr = [(LABELS[l], COLORS[l], smooth(r["train"]), False) for l, r in runs.items() if r and not r["skipped"]]
+        live = [(l, r) for l, r in runs.items() if r and not r["skipped"]]
+        val = [(LABELS[l], COLORS[l], r["evals"], False) for l, r in live]
+        tr = [(LABELS[l], COLORS[l], smooth(r["train"]), False) for l, r in live]
+        base = smooth(runs["baseline"]["train"], 50) if "baseline" in dict(live) else []
+        dl = [(LABELS[l], COLORS[l], delta_pct(smooth(r["train"], 50), base), False) for l, r in live if l != "baseline"]
+        if ds_delta:
+            dl.append(("DeepSpeed 7B bf16_full", "#000000", ds_delta, True))
         out += panel(mx, y, w, h, f"{name}: validation loss", val, "val loss")
         out += panel(2 * mx + w, y, w, h, f"{name}: training loss (mean of 25 steps)", tr, "train loss")
+        out += panel(3 * mx + 2 * w, y, w, h, f"{name}: training loss vs baseline (from 10%)", dl, "% (mean of 50 steps)",
+                     clip_low=True)
         y += h + my + 20
     if ds:
-        series = [("DeepSpeed 7B baseline", COLORS["baseline"], ds.get("baseline", []), False),
-                  ("DeepSpeed 7B bf16_full", COLORS["bf16_full"], ds.get("bf16_full", []), False)]
-        out += panel(mx, y, w, h, "DeepSpeed 7B (published): training loss", series, "train loss")
-        series = [(l, c, smooth(p), d) for l, c, p, d in series]
-        out += panel(2 * mx + w, y, w, h, "DeepSpeed 7B: training loss (mean of 25 steps)", series, "train loss")
+        series = [("DeepSpeed 7B baseline", COLORS["baseline"], smooth(ds.get("baseline", [])), False),
+                  ("DeepSpeed 7B bf16_full", COLORS["bf16_full"], smooth(ds.get("bf16_full", [])), True)]
+        out += panel(mx, y, w, h, "DeepSpeed 7B (published): training loss (mean of 25)", series, "train loss")
+        out += panel(2 * mx + w, y, w, h, "DeepSpeed 7B: bf16_full vs baseline (from 10%)", [series[1][:2] + (ds_delta, True)],
+                     "% (mean of 50 steps)", clip_low=True)
     out.append("</svg>")
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End to end, scripts/quality-run.sh on the tiny model: WikiText-2 shards prepared, the five
 # layouts trained with validation, the loss table (a row per layout, deltas against baseline, the
-# targets' verdicts), the SVG (one curve per layout and panel, DeepSpeed's 7B curves when its logs
+# targets' verdicts), the SVG (a curve per layout and panel, DeepSpeed's 7B curves when its logs
 # are here), the report again from the results folder, --budget skipping runs, and input errors.
 #   quality_run_cli.sh CUTRAIN_BINARY cpu|cuda   (exits 77 = skipped: no GPU for cuda, or no data)
 source "$(dirname "$0")/e2e_lib.sh"
@@ -37,7 +37,9 @@ for l in ("baseline", "bf16_master_wg", "bf16_full", "bf16_full_comp", "bf16_ful
     assert ('"stochastic_rounding": true' in cfg) == (l == "bf16_full_sr"), l
 svg = xml.dom.minidom.parse(os.path.join(out, "quality.svg"))
 lines = svg.getElementsByTagName("polyline")
-want = 2 * 5 + (4 if os.path.exists(os.path.join(ds, "baseline_loss.csv")) else 0)
+# validation and training loss: 5 each; against baseline: 4; with DeepSpeed's logs its delta beside
+# them, and its row (2 curves, 1 delta).
+want = 5 + 5 + 4 + (1 + 3 if os.path.exists(os.path.join(ds, "baseline_loss.csv")) else 0)
 assert len(lines) == want, (len(lines), want)
 PY
 echo "ok: five layouts, table and curves ($device)"

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "runtime/allocator.h"
@@ -89,8 +90,8 @@ TEST(CompensationGpu, CheckpointWithoutCompensationResumesFromZeroWithAWarning) 
   }
   train::GpuEngine b(o, config_for("bf16_full_comp"));
   for (int i = 0; i < 2; ++i) b.step(tok[i].data(), lab[i].data(), i + 1, 1e-3f);  // a non-zero compensation
-  ASSERT_TRUE(std::any_of(b.save_state().compensation.begin(), b.save_state().compensation.end(),
-                          [](float c) { return c != 0.f; }))
+  const std::vector<float> before = b.save_state().compensation;
+  ASSERT_TRUE(std::any_of(before.begin(), before.end(), [](float c) { return c != 0.f; }))
       << "two steps leave some rounding residual";
   const train::CheckpointMeta m = train::load_checkpoint(dir / "plain", b);
   EXPECT_TRUE(has(m.notes, "starts at zero")) << (m.notes.empty() ? "no notes" : m.notes[0]);
