@@ -170,7 +170,7 @@ def deepspeed_lines(curves):
         "DeepSpeed's published 7B run (WikiText-103, 1000 steps, training loss per step, from its logs): "
         f"final {b[-1]:.4f} (baseline) vs {f[-1]:.4f} (bf16_full), {fmt_pct(pct(f[-1], b[-1]))}; "
         f"mean {sum(b) / len(b):.4f} vs {sum(f) / len(f):.4f}, {fmt_pct(pct(sum(f) / len(f), sum(b) / len(b)))}; "
-        f"the mean from step 10 on (after bf16_full's early spike, {max(f[:10]):.1f} at step {f.index(max(f[:10]))}): "
+        f"the mean from step 10 on (bf16_full's first 10 steps peak at {max(f[:10]):.1f}, step {f.index(max(f[:10]))}): "
         f"{sum(b[10:]) / len(b[10:]):.4f} vs {sum(f[10:]) / len(f[10:]):.4f}, "
         f"{fmt_pct(pct(sum(f[10:]) / len(f[10:]), sum(b[10:]) / len(b[10:])))}.",
         "",
