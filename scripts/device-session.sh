@@ -20,7 +20,8 @@
 #   quality     the bf16 master's compensation: its GPU tests, the optimizer-step cost of the
 #               compensated vs the plain bf16 master (bench_k3 adamw/*_comp, vs_plain), then
 #               scripts/quality-run.sh (five layouts x 2 models x 1000 steps on WikiText-2 within
-#               QUALITY_BUDGET s, default 240): the loss table and curves in logs/quality/
+#               QUALITY_BUDGET s, default 240; QUALITY_MODELS=bf16_example or gpt2_small for one
+#               model per call): the loss table and curves in logs/quality/
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -188,7 +189,7 @@ if want quality; then
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/quality_tests.txt" | tail -15 >>"$sum" 2>/dev/null
   step quality_bench 60 "build/gpu/bench/bench_k3 --benchmark_filter='adamw/bf16_(master_wg|full)(_comp)?/' --benchmark_out=$logs/bench_k3_comp.json --benchmark_out_format=json --benchmark_counters_tabular=true"
   qb=${QUALITY_BUDGET:-240}
-  step quality_run $((qb + 30)) "scripts/quality-run.sh --bin $bin --data .devdata --budget $qb --bench_json $logs/bench_k3_comp.json --out $logs/quality; rc=\$?; rm -rf $logs/quality/data; exit \$rc"
+  step quality_run $((qb + 30)) "scripts/quality-run.sh --bin $bin --data .devdata --budget $qb ${QUALITY_MODELS:+--models $QUALITY_MODELS} --bench_json $logs/bench_k3_comp.json --out $logs/quality; rc=\$?; rm -rf $logs/quality/data; exit \$rc"
   sed -n '/^## BF16 master weights/,$p' "$logs/quality_run.txt" | grep -v "^quality-run:" >>"$sum" 2>/dev/null
 fi
 
