@@ -1,7 +1,9 @@
 // @brief Benchmarks of the k3 kernels: fused cross-entropy forward+backward, Adam/AdamW in each
 // precision layout, the global gradient norm. Names match bench/peers/k3_peer.py:
 //   cross_entropy/fwdbwd/<rows>x<vocab>, adamw/<baseline|bf16_master_wg|bf16_full>[_sr]/<n>,
-//   grad_norm/<bf16|fp32>/<n>.
+//   grad_norm/<bf16|fp32>/<n>; and ours only, adamw/<bf16_master_wg|bf16_full>_comp/<n>: the
+//   compensated bf16 master, with counter vs_plain = its median over the plain layout's median
+//   on the same buffers in the same call (the plain launch timed before and after it; target <= 1.05).
 // Bytes are what each kernel must move: cross-entropy reads the logits once and writes dlogits
 // once (plus labels and row losses); AdamW moves adam_bytes_per_param(layout) per parameter;
 // the norm reads the gradients once. Cross-entropy runs in place, so after the first call the
@@ -66,13 +68,14 @@ const char* layout_tag(OptimizerLayout l) {
   return "?";
 }
 
-void bench_adam(benchmark::State& state, OptimizerLayout layout, std::size_t n, bool sr) {
+void bench_adam(benchmark::State& state, OptimizerLayout layout, std::size_t n, bool sr, bool comp = false) {
   if (!bench::require_gpu(state)) return;
   const bool full = layout == OptimizerLayout::Bf16Full;
   const std::size_t msz = full ? sizeof(bf16) : sizeof(float);
   DevBuf params(n * sizeof(bf16)), grads(n * sizeof(bf16)), m(n * msz), v(n * msz),
-      master(layout == OptimizerLayout::Baseline ? n * sizeof(float) : 0);
+      master(layout == OptimizerLayout::Baseline ? n * sizeof(float) : 0), cbuf(comp ? n * sizeof(bf16) : 0);
   fill_uniform(params.as<bf16>(), n, -0.05f, 0.05f, 3);
+  if (comp) fill_uniform(cbuf.as<bf16>(), n, -1e-5f, 1e-5f, 8);  // below half an ulp of the weights
   fill_uniform(grads.as<bf16>(), n, -1e-3f, 1e-3f, 4);
   if (layout == OptimizerLayout::Baseline) fill_uniform(master.as<float>(), n, -0.05f, 0.05f, 3);
   if (full) {
@@ -87,16 +90,23 @@ void bench_adam(benchmark::State& state, OptimizerLayout layout, std::size_t n, 
   p.stochastic_rounding = sr;
   p.seed = 42;
   int step = 0;
-  bench::run_timed(
-      state,
-      [&](cudaStream_t s) {
-        p.step = ++step;
-        kernels::adam_step(s, layout, p, params.as<bf16>(), grads.as<void>(), DType::BF16,
-                           layout == OptimizerLayout::Baseline ? master.as<float>() : nullptr, m.as<void>(),
-                           v.as<void>(), n, nullptr, nullptr);
-      },
-      kernels::adam_bytes_per_param(layout, DType::BF16) * static_cast<double>(n), 0);
-  state.counters["bytes_per_param"] = kernels::adam_bytes_per_param(layout, DType::BF16);
+  auto launch = [&](cudaStream_t s, bf16* c) {
+    p.step = ++step;
+    kernels::adam_step(s, layout, p, params.as<bf16>(), grads.as<void>(), DType::BF16,
+                       layout == OptimizerLayout::Baseline ? master.as<float>() : nullptr, m.as<void>(), v.as<void>(),
+                       n, nullptr, nullptr, c);
+  };
+  auto plain = [&](cudaStream_t s) { launch(s, nullptr); };
+  // The anchor of a compensated row: the plain launch, before and after, the mean of the two medians.
+  const double before = comp ? bench::time_median(plain, 15).median_us : 0;
+  const bench::Timing t = bench::run_timed(
+      state, [&](cudaStream_t s) { launch(s, comp ? cbuf.as<bf16>() : nullptr); },
+      kernels::adam_bytes_per_param(layout, DType::BF16, comp) * static_cast<double>(n), 0);
+  state.counters["bytes_per_param"] = kernels::adam_bytes_per_param(layout, DType::BF16, comp);
+  if (comp) {
+    const double after = bench::time_median(plain, 15).median_us;
+    state.counters["vs_plain"] = t.median_us / (0.5 * (before + after));
+  }
 }
 
 // ---- grad norm ----
@@ -126,6 +136,10 @@ void register_all() {
       for (bool sr : {false, true})
         reg(std::string("adamw/") + layout_tag(l) + (sr ? "_sr/" : "/") + std::to_string(n),
             [=](benchmark::State& st) { bench_adam(st, l, n, sr); });
+  for (std::size_t n : {std::size_t(254128976), std::size_t(1300000000)})
+    for (OptimizerLayout l : {OptimizerLayout::Bf16MasterWG, OptimizerLayout::Bf16Full})
+      reg(std::string("adamw/") + layout_tag(l) + "_comp/" + std::to_string(n),
+          [=](benchmark::State& st) { bench_adam(st, l, n, false, true); });
   for (std::size_t n : {std::size_t(254128976), std::size_t(1300000000)}) {
     reg("grad_norm/bf16/" + std::to_string(n), [=](benchmark::State& st) { bench_grad_norm(st, DType::BF16, n); });
     reg("grad_norm/fp32/" + std::to_string(n), [=](benchmark::State& st) { bench_grad_norm(st, DType::F32, n); });

@@ -1,8 +1,10 @@
 // @brief Adam / AdamW in one grid-stride launch over the flat buffers, one template instance per
-// (layout, gradient type, tile). Memory-bound: each thread moves 8 elements per iteration in
+// (layout, gradient type, tile, compensated or not). Memory-bound: each thread moves 8 elements per iteration in
 // warp-coalesced chunks; the math is DeepSpeed's FusedAdam (apex multi_tensor_adam):
 //   Adam  (L2):      g += wd * p;  m, v updated;  p -= lr * m_hat / (sqrt(v_hat) + eps)
 //   AdamW (decoupled):              m, v updated;  p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p)
+// Compensated bf16 master (Kahan): the weight is w + c (bf16 param + bf16 compensation), updated
+// in fp32; w' = round(x), c' = rne(x - w') (x - w' is exact in fp32).
 #include "kernels/adamw.cuh"
 
 #include <algorithm>
@@ -40,6 +42,7 @@ struct AdamPtrs {
   std::size_t n;
   const float* device_scale;
   const int* skip;
+  bf16* comp;  // the compensation buffer (compensated instances only)
 };
 
 __device__ __forceinline__ void adam_math(const AdamConsts& c, float g, float& p, float& m, float& v) {
@@ -153,26 +156,31 @@ __device__ __forceinline__ void sr_chunk(const AdamConsts& c, std::size_t base, 
 }
 
 // U chunks of C elements, the first at `base`, the next ones 32 * C further each.
-template <OptimizerLayout L, typename G, int C, int U>
+template <OptimizerLayout L, typename G, bool K, int C, int U>
 __device__ __forceinline__ void adam_chunks(const AdamConsts& c, const AdamPtrs& a, float scale, std::size_t base,
                                             SrState& st) {
   constexpr bool kFull = L == OptimizerLayout::Bf16Full;
   using Moment = std::conditional_t<kFull, bf16, float>;
   constexpr std::size_t kStep = 32 * C;
-  float g[U][C], p[U][C], m[U][C], v[U][C];
+  static_assert(!K || L != OptimizerLayout::Baseline, "the compensation belongs to bf16 master weights");
+  float g[U][C], p[U][C], m[U][C], v[U][C], k_[K ? U : 1][C];
 #pragma unroll
   for (int u = 0; u < U; ++u) {  // every load of every chunk issued before any math
     const std::size_t i = base + u * kStep;
     load_c<C>(static_cast<const G*>(a.grads) + i, g[u]);
     if constexpr (L == OptimizerLayout::Baseline) load_c<C>(a.master + i, p[u]);
     else load_c<C>(a.params + i, p[u]);
+    if constexpr (K) load_c<C>(a.comp + i, k_[u]);
     load_c<C>(static_cast<const Moment*>(a.m) + i, m[u]);
     load_c<C>(static_cast<const Moment*>(a.v) + i, v[u]);
   }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
 #pragma unroll
-    for (int k = 0; k < C; ++k) adam_math(c, g[u][k] * scale, p[u][k], m[u][k], v[u][k]);
+    for (int k = 0; k < C; ++k) {
+      if constexpr (K) p[u][k] += k_[u][k];  // w + c: exact while |c| >= 2^-16 |w|, else fp32's rounding
+      adam_math(c, g[u][k] * scale, p[u][k], m[u][k], v[u][k]);
+    }
   }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -180,7 +188,19 @@ __device__ __forceinline__ void adam_chunks(const AdamConsts& c, const AdamPtrs&
     std::uint32_t rp[C], rm[C], rv[C];
     if (c.sr) sr_chunk<C, kFull>(c, i, st, rp, rm, rv);
     if constexpr (L == OptimizerLayout::Baseline) store_c<C>(a.master + i, p[u]);
-    store_c<C>(a.params + i, p[u], c.sr, rp);
+    if constexpr (K) {
+      // w' rounded (nearest or stochastic), then the residual x - w' (exact in fp32) to bf16.
+#pragma unroll
+      for (int k = 0; k < C; ++k) {
+        const float x = p[u][k];
+        p[u][k] = __bfloat162float(c.sr ? bf16_round_stochastic(x, rp[k]) : __float2bfloat16_rn(x));
+        k_[u][k] = x - p[u][k];
+      }
+      store_c<C>(a.comp + i, k_[u], false, rp);
+      store_c<C>(a.params + i, p[u], false, rp);  // already bf16 values: the store is exact
+    } else {
+      store_c<C>(a.params + i, p[u], c.sr, rp);
+    }
     if constexpr (kFull) {
       store_c<C>(static_cast<bf16*>(a.m) + i, m[u], c.sr, rm);
       store_c<C>(static_cast<bf16*>(a.v) + i, v[u], c.sr, rv);
@@ -191,7 +211,7 @@ __device__ __forceinline__ void adam_chunks(const AdamConsts& c, const AdamPtrs&
   }
 }
 
-template <OptimizerLayout L, typename G, class Tile>
+template <OptimizerLayout L, typename G, bool K, class Tile>
 __global__ void __launch_bounds__(kThreads) adam_kernel(AdamConsts c, AdamPtrs a) {
   constexpr int C = Tile::kChunk, U = Tile::kChunks;
   if (a.skip != nullptr && *a.skip != 0) return;
@@ -202,11 +222,11 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(AdamConsts c, AdamPtrs a
   const std::size_t nwarps = static_cast<std::size_t>(gridDim.x) * blockDim.x / 32;
   const std::size_t tiles = a.n / kTile;
   SrState st;
-  for (std::size_t t = warp; t < tiles; t += nwarps) adam_chunks<L, G, C, U>(c, a, scale, t * kTile + lane * C, st);
+  for (std::size_t t = warp; t < tiles; t += nwarps) adam_chunks<L, G, K, C, U>(c, a, scale, t * kTile + lane * C, st);
   if constexpr (kTile > 1) {
     // The n % kTile tail (< 256 elements), one element per leading thread (the grid has >= 256).
     const std::size_t i = tiles * kTile + tid;
-    if (i < a.n) adam_chunks<L, G, 1, 1>(c, a, scale, i, st);
+    if (i < a.n) adam_chunks<L, G, K, 1, 1>(c, a, scale, i, st);
   }
 }
 
@@ -222,24 +242,31 @@ unsigned resident_blocks(K kernel, std::size_t threads_needed) {
   return static_cast<unsigned>(std::min<std::size_t>(want, static_cast<std::size_t>(sms) * per_sm));
 }
 
-template <OptimizerLayout L, typename G, class Tile>
+template <OptimizerLayout L, typename G, bool K, class Tile>
 void launch(cudaStream_t s, const AdamConsts& c, const AdamPtrs& a, const char* what) {
-  auto kernel = adam_kernel<L, G, Tile>;
+  auto kernel = adam_kernel<L, G, K, Tile>;
   const unsigned blocks = resident_blocks(kernel, ceil_div<std::size_t>(a.n, Tile::kChunk * Tile::kChunks));
   kernel<<<blocks, kThreads, 0, s>>>(c, a);
   CUTRAIN_LAUNCH_CHECK(what);
 }
 
-template <OptimizerLayout L, typename G>
+template <OptimizerLayout L, typename G, bool K>
 void launch_layout(cudaStream_t s, const AdamConsts& c, const AdamPtrs& a, bool vec) {
-  if (vec) launch<L, G, VectorTile<L, G>>(s, c, a, "adam_kernel<vector>");
-  else launch<L, G, ScalarTile>(s, c, a, "adam_kernel<scalar>");
+  if (vec) launch<L, G, K, VectorTile<L, G>>(s, c, a, "adam_kernel<vector>");
+  else launch<L, G, K, ScalarTile>(s, c, a, "adam_kernel<scalar>");
 }
 
-template <OptimizerLayout L>
+template <OptimizerLayout L, bool K>
 void launch_grad_type(cudaStream_t s, DType gt, const AdamConsts& c, const AdamPtrs& a, bool vec) {
-  if (gt == DType::BF16) launch_layout<L, bf16>(s, c, a, vec);
-  else launch_layout<L, float>(s, c, a, vec);
+  if (gt == DType::BF16) launch_layout<L, bf16, K>(s, c, a, vec);
+  else launch_layout<L, float, K>(s, c, a, vec);
+}
+
+// The bf16-master layouts, plain or compensated (Baseline has no compensated instance).
+template <OptimizerLayout L>
+void launch_bf16_master(cudaStream_t s, DType gt, const AdamConsts& c, const AdamPtrs& a, bool vec) {
+  if (a.comp != nullptr) launch_grad_type<L, true>(s, gt, c, a, vec);
+  else launch_grad_type<L, false>(s, gt, c, a, vec);
 }
 
 const char* layout_name(OptimizerLayout l) {
@@ -253,19 +280,20 @@ const char* layout_name(OptimizerLayout l) {
 
 }  // namespace
 
-double adam_bytes_per_param(OptimizerLayout layout, DType grad_type) {
+double adam_bytes_per_param(OptimizerLayout layout, DType grad_type, bool compensated) {
   const double g = static_cast<double>(dtype_size(grad_type));
+  const double k = compensated && layout != OptimizerLayout::Baseline ? 4 : 0;  // r/w the bf16 compensation
   switch (layout) {
-    case OptimizerLayout::Baseline: return 2 + g + 8 + 8 + 8;  // write param; read grad; r/w master, m, v (fp32)
-    case OptimizerLayout::Bf16MasterWG: return 4 + g + 8 + 8;  // r/w param; read grad; r/w m, v (fp32)
-    case OptimizerLayout::Bf16Full: return 4 + g + 4 + 4;      // r/w param; read grad; r/w m, v (bf16)
+    case OptimizerLayout::Baseline: return 2 + g + 8 + 8 + 8;      // write param; read grad; r/w master, m, v (fp32)
+    case OptimizerLayout::Bf16MasterWG: return 4 + g + 8 + 8 + k;  // r/w param; read grad; r/w m, v (fp32)
+    case OptimizerLayout::Bf16Full: return 4 + g + 4 + 4 + k;      // r/w param; read grad; r/w m, v (bf16)
   }
   return 0;
 }
 
 void adam_step(cudaStream_t s, OptimizerLayout layout, const AdamParams& p, bf16* params, const void* grads,
                DType grad_type, float* master, void* m, void* v, std::size_t n, const float* device_scale,
-               const int* skip) {
+               const int* skip, bf16* compensation) {
   CUTRAIN_CHECK(grad_type == DType::BF16 || grad_type == DType::F32,
                 "adam_step: grad_type must be bfloat16 or float32, got ", dtype_name(grad_type));
   CUTRAIN_CHECK(p.step >= 1, "adam_step: step is 1-based (bias correction), got ", p.step);
@@ -279,6 +307,9 @@ void adam_step(cudaStream_t s, OptimizerLayout layout, const AdamParams& p, bf16
                 "): params, grads, m and v must be non-null for n = ", n);
   CUTRAIN_CHECK(layout != OptimizerLayout::Baseline || master != nullptr,
                 "adam_step: layout Baseline needs the fp32 master weights, got master = null");
+  CUTRAIN_CHECK(layout != OptimizerLayout::Baseline || compensation == nullptr,
+                "adam_step: a compensation buffer belongs to bf16 master weights (Bf16MasterWG, Bf16Full); layout "
+                "Baseline keeps an fp32 master, pass compensation = null");
   NvtxRange range("adam_step");
 
   AdamConsts c{};
@@ -296,15 +327,17 @@ void adam_step(cudaStream_t s, OptimizerLayout layout, const AdamParams& p, bf16
   c.sr = p.stochastic_rounding;
   c.seed = p.seed;
   c.step = static_cast<std::uint64_t>(p.step);
-  const AdamPtrs a{params, grads, layout == OptimizerLayout::Baseline ? master : nullptr, m, v, n, device_scale, skip};
+  const AdamPtrs a{params, grads, layout == OptimizerLayout::Baseline ? master : nullptr, m, v, n, device_scale, skip,
+                   compensation};
 
   // 16-byte accesses need every buffer aligned; a misaligned view (rare) takes the scalar path.
   const bool vec = is_aligned16(params) && is_aligned16(grads) && is_aligned16(m) && is_aligned16(v) &&
-                   (layout != OptimizerLayout::Baseline || is_aligned16(master));
+                   (layout != OptimizerLayout::Baseline || is_aligned16(master)) &&
+                   (compensation == nullptr || is_aligned16(compensation));
   switch (layout) {
-    case OptimizerLayout::Baseline: launch_grad_type<OptimizerLayout::Baseline>(s, grad_type, c, a, vec); break;
-    case OptimizerLayout::Bf16MasterWG: launch_grad_type<OptimizerLayout::Bf16MasterWG>(s, grad_type, c, a, vec); break;
-    case OptimizerLayout::Bf16Full: launch_grad_type<OptimizerLayout::Bf16Full>(s, grad_type, c, a, vec); break;
+    case OptimizerLayout::Baseline: launch_grad_type<OptimizerLayout::Baseline, false>(s, grad_type, c, a, vec); break;
+    case OptimizerLayout::Bf16MasterWG: launch_bf16_master<OptimizerLayout::Bf16MasterWG>(s, grad_type, c, a, vec); break;
+    case OptimizerLayout::Bf16Full: launch_bf16_master<OptimizerLayout::Bf16Full>(s, grad_type, c, a, vec); break;
   }
 }
 

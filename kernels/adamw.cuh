@@ -1,5 +1,6 @@
 // @brief Adam / AdamW over the flat parameter buffer in one launch, for each precision layout,
-// with optional stochastic rounding of every bf16 write.
+// with optional stochastic rounding of every bf16 write and an optional bf16 compensation buffer
+// (Kahan summation) for bf16 master weights.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,13 +35,17 @@ struct AdamParams {
 // the launch changes nothing (NaN/Inf gradients). Buffers should be 16-byte aligned (the vector
 // path); a misaligned view is still correct, through a slower scalar path. Stochastic rounding
 // bits: kernels/common/stochastic_round.cuh (sr_draws), index = element index: reproducible
-// across runs and resumes. The kernel moves warp-coalesced chunks (fp32 arrays as 16-byte float4
+// across runs and resumes. `compensation` (may be null; Bf16MasterWG and Bf16Full only): bf16 [n],
+// the part of each weight below its bf16 rounding; the kernel updates w + c in fp32 and stores
+// w' = round(x) (nearest, or stochastic with the parameter's draws) and c' = rne(x - w'), so a
+// bf16 master carries about 16 mantissa bits for 2 more bytes per parameter (docs/training.md).
+// Compensation is a compile-time flag of the kernel (instances with and without). The kernel moves warp-coalesced chunks (fp32 arrays as 16-byte float4
 // per lane, bf16 arrays as 8-byte loads when any fp32 array is present), two chunks in flight.
 void adam_step(cudaStream_t s, OptimizerLayout layout, const AdamParams& p, bf16* params, const void* grads,
                DType grad_type, float* master, void* m, void* v, std::size_t n, const float* device_scale,
-               const int* skip);
+               const int* skip, bf16* compensation = nullptr);
 
 // Bytes one step must move per parameter for the layout (for benchmarks and docs).
-double adam_bytes_per_param(OptimizerLayout layout, DType grad_type);
+double adam_bytes_per_param(OptimizerLayout layout, DType grad_type, bool compensated = false);
 
 }  // namespace cutrain::kernels

@@ -65,9 +65,11 @@ inline Cost embedding_backward(std::size_t B, std::size_t S, std::size_t h, std:
 }
 // Global gradient norm: one read of the flat gradients.
 inline Cost grad_norm(std::size_t n, std::size_t g_bytes) { return {0, d(n) * d(g_bytes)}; }
-// Adam(W) over the flat buffers: params bf16 and moments (and master) read and written, grads read.
-inline Cost adam_step(std::size_t n, std::size_t g_bytes, std::size_t moment_bytes, bool master) {
-  return {0, d(n) * (2 * 2 + d(g_bytes) + 2 * 2 * d(moment_bytes) + (master ? 8 : 0))};
+// Adam(W) over the flat buffers: params bf16 and moments (and master, or the bf16 master's bf16
+// compensation) read and written, grads read.
+inline Cost adam_step(std::size_t n, std::size_t g_bytes, std::size_t moment_bytes, bool master,
+                      bool compensation = false) {
+  return {0, d(n) * (2 * 2 + d(g_bytes) + 2 * 2 * d(moment_bytes) + (master ? 8 : 0) + (compensation ? 4 : 0))};
 }
 
 }  // namespace cutrain::model::cost

@@ -21,6 +21,11 @@
 #               background saves (step time while a write is in flight against the others, the
 #               write's GB/sec), sync saves and a cold --resume, and torch.save / torch.load of the
 #               same tensors (bench/peers/checkpoint_peer.py) in the same call (CKPT_DIR, /tmp)
+#   quality     the bf16 master's compensation: its GPU tests, the optimizer-step cost of the
+#               compensated vs the plain bf16 master (bench_k3 adamw/*_comp, vs_plain), then
+#               scripts/quality-run.sh (five layouts x 2 models x 1000 steps on WikiText-2 within
+#               QUALITY_BUDGET s, default 240; QUALITY_MODELS=bf16_example or gpt2_small for one
+#               model per call): the loss table and curves in logs/quality/
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -201,6 +206,17 @@ if want checkpoints; then
   step ckpt_peer 120 "python3 bench/peers/checkpoint_peer.py --like $ck/sync_p4/global_step30 --dir $ck/peer --reps 3 --cutrain_log $logs/ckpt_sync_p1.txt --out $logs/checkpoint_peer.json"
   tail -9 "$logs/ckpt_peer.txt" >>"$sum" 2>/dev/null
   rm -rf "$ck"
+fi
+
+if want quality; then
+  # About 4 minutes: tests ~40 s, the benchmark ~30 s, the runs ~150 s (the BF16 example's model
+  # ~9 ms a step, GPT-2 small at batch 4 x 512 ~5 ms, plus start-up and validation).
+  step quality_tests 90 "ctest --test-dir build/gpu -j $CTEST_JOBS --output-on-failure -R 'Compensat|_comp|e2e_quality_run_cli'"
+  grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/quality_tests.txt" | tail -15 >>"$sum" 2>/dev/null
+  step quality_bench 60 "build/gpu/bench/bench_k3 --benchmark_filter='adamw/bf16_(master_wg|full)(_comp)?/' --benchmark_out=$logs/bench_k3_comp.json --benchmark_out_format=json --benchmark_counters_tabular=true"
+  qb=${QUALITY_BUDGET:-240}
+  step quality_run $((qb + 30)) "scripts/quality-run.sh --bin $bin --data .devdata --budget $qb ${QUALITY_MODELS:+--models $QUALITY_MODELS} --bench_json $logs/bench_k3_comp.json --out $logs/quality; rc=\$?; rm -rf $logs/quality/data; exit \$rc"
+  sed -n '/^## BF16 master weights/,$p' "$logs/quality_run.txt" | grep -v "^quality-run:" >>"$sum" 2>/dev/null
 fi
 
 if want extra && [ -n "${EXTRA_CMD:-}" ]; then

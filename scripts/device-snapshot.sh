@@ -20,6 +20,11 @@ cd "$root"
 if [ ! -d .devdata ] && [ -d ../shared/data ]; then
   mkdir -p .devdata && cp -r ../shared/data/gpt2 ../shared/data/wikitext-2 .devdata/
 fi
+# DeepSpeed's published 7B loss logs, for the quality section's plot.
+ds_logs=../shared/peers/deepspeed/examples/training/bf16_master_weight/logs/7b_loss_run
+if [ -d .devdata ] && [ ! -d .devdata/deepspeed_bf16_logs ] && [ -d "$ds_logs" ]; then
+  mkdir -p .devdata/deepspeed_bf16_logs && cp "$ds_logs"/*.csv .devdata/deepspeed_bf16_logs/
+fi
 rm -rf .snap && mkdir .snap
 git archive HEAD | tar -x -C .snap
 # The snapshot has no .git: gpu-check reads the commit from here (git there would name whatever

@@ -35,8 +35,10 @@ int run_check_config(const Options& o) {
   std::printf("  optimizer  %s lr %g betas (%g, %g) eps %g weight_decay %g%s\n", name(c.optimizer.type), c.optimizer.lr,
               c.optimizer.beta1, c.optimizer.beta2, c.optimizer.eps, c.optimizer.weight_decay,
               c.optimizer.adam_w_mode ? " (decoupled)" : " (L2)");
-  std::printf("  precision  bf16 %s, master weights+grads bf16 %s, optimizer states bf16 %s, fp16 %s, autocast %s (%s)\n",
+  std::printf("  precision  bf16 %s, master weights+grads bf16 %s, optimizer states bf16 %s, stochastic rounding %s, "
+              "master compensation %s, fp16 %s, autocast %s (%s)\n",
               on(c.bf16.enabled), on(c.bf16.bf16_master_weights_and_grads), on(c.bf16.bf16_optimizer_states),
+              on(c.bf16.stochastic_rounding), on(c.bf16.bf16_master_compensation),
               on(c.fp16.enabled), on(c.torch_autocast.enabled), name(c.torch_autocast.dtype));
   std::printf("  zero       stage %d, overlap_comm %s, reduce_bucket %lld, offload optimizer %s, offload param %s\n", z.stage,
               on(z.overlap_comm), static_cast<long long>(z.reduce_bucket_size), name(z.offload_optimizer.device),

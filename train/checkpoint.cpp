@@ -50,6 +50,7 @@ void checkpoint_tensors(const model::TransformerParams& T, const StateSnapshot& 
     add(".master", s.master);
     add(".exp_avg", s.exp_avg);
     add(".exp_avg_sq", s.exp_avg_sq);
+    add(".compensation", s.compensation);
   }
 }
 
@@ -296,32 +297,48 @@ CheckpointMeta load_checkpoint(const OpenedCheckpoint& c, TrainBackend& be, Chec
   };
   StateSnapshot s;
   s.pinned = gpu_available();
-  const Part parts[4] = {{&mr, "", true, &s.params, DeviceRestore::Params},
+  const Part parts[5] = {{&mr, "", true, &s.params, DeviceRestore::Params},
                          {&orr, ".master", false, &s.master, DeviceRestore::Master},
                          {&orr, ".exp_avg", true, &s.exp_avg, DeviceRestore::ExpAvg},
-                         {&orr, ".exp_avg_sq", true, &s.exp_avg_sq, DeviceRestore::ExpAvgSq}};
-  std::optional<DType> dts[4];
-  for (int i = 0; i < 4; ++i) {
+                         {&orr, ".exp_avg_sq", true, &s.exp_avg_sq, DeviceRestore::ExpAvgSq},
+                         {&orr, ".compensation", false, &s.compensation, DeviceRestore::Compensation}};
+  std::optional<DType> dts[5];
+  for (int i = 0; i < 5; ++i) {
     dts[i] = part_dtype(*parts[i].r, T, parts[i].suffix);
     CUTRAIN_CHECK(dts[i] || !parts[i].required, parts[i].r->path().string(), ": expected tensor '",
                   T.tensors().front().name + parts[i].suffix, "', found none");
   }
+  // The compensation is all or nothing: saved for every tensor or for none. A backend keeping one
+  // starts it at zero when the file has none (its weights are the checkpoint's bf16 master exactly);
+  // one without it drops the file's.
+  std::vector<std::string> notes;
+  if (be.has_compensation() && !dts[4]) {
+    notes.push_back("warning: " + (dir / kOptim).string() +
+                    " has no compensation tensors (saved without bf16.bf16_master_compensation): the compensation "
+                    "starts at zero");
+  } else if (!be.has_compensation() && dts[4]) {
+    notes.push_back("warning: " + (dir / kOptim).string() +
+                    " holds a bf16 master's compensation; this run has bf16.bf16_master_compensation off and drops it");
+    dts[4].reset();
+  }
   std::unique_ptr<DeviceRestore> dev;
-  if (files.io() == CheckpointIo::Aio && *dts[2] == *dts[3]) dev = be.device_restore(*dts[0], dts[1], *dts[2]);
+  if (files.io() == CheckpointIo::Aio && *dts[2] == *dts[3])
+    dev = be.device_restore(*dts[0], dts[1], *dts[2], dts[4]);
   std::vector<TensorRead> model_reads, optim_reads;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 5; ++i) {
     const Part& p = parts[i];
     char* base = nullptr;
-    if (dev) {
+    if (!dts[i]) {
+      p.host->clear();  // a part the file does not have (device scratch for it stays zero)
+    } else if (dev) {
       base = static_cast<char*>(dev->part(p.dev));
-    } else if (dts[i]) {
-      base = static_cast<char*>(p.host->reserve(*dts[i], T.flat_size(), s.pinned));
     } else {
-      p.host->clear();
+      base = static_cast<char*>(p.host->reserve(*dts[i], T.flat_size(), s.pinned));
     }
     if (!base) continue;  // a part the file or the state does not have
     auto r = part_reads(*p.r, T, p.suffix, *dts[i], base, dev != nullptr);
-    (p.r == &mr ? model_reads : optim_reads).insert((p.r == &mr ? model_reads : optim_reads).end(), r.begin(), r.end());
+    auto& into = p.r == &mr ? model_reads : optim_reads;
+    into.insert(into.end(), r.begin(), r.end());
   }
   auto wants = [&](const char* f) {
     return std::find(c.checksum_on_load.begin(), c.checksum_on_load.end(), f) != c.checksum_on_load.end();
@@ -340,7 +357,7 @@ CheckpointMeta load_checkpoint(const OpenedCheckpoint& c, TrainBackend& be, Chec
                   T.num_params(), " (the model's), found ", j["num_params"].dump());
   if (dev) dev->commit();
   else be.restore_snapshot(s);
-  return {j["step"].get<int>(), j["data_rng"].get<std::string>(), {}, false};
+  return {j["step"].get<int>(), j["data_rng"].get<std::string>(), {}, false, std::move(notes)};
 }
 
 }  // namespace cutrain::train

@@ -1,9 +1,10 @@
 // @brief Checkpoints of a training run: one step folder per save under a root DIR (the folder
 // protocol in train/checkpoint_store.h, the manifest in train/checkpoint_manifest.h). A step
 // folder holds model.safetensors (PyTorch state_dict names, params in their real dtype),
-// optimizer.safetensors ("<name>.master" / ".exp_avg" / ".exp_avg_sq" in their real dtypes: fp32
-// master, fp32 moments or bf16 ones with bf16_optimizer_states), trainer_state.json (step, data
-// RNG), config.json (the model's shape and layout) and manifest.json, written last. Resuming verifies the manifest first and
+// optimizer.safetensors ("<name>.master" / ".exp_avg" / ".exp_avg_sq", and ".compensation" for a
+// compensated bf16 master, in their real dtypes: fp32 master, fp32 moments or bf16 ones with
+// bf16_optimizer_states, bf16 compensation), trainer_state.json (step, data RNG), config.json (the
+// model's shape and layout) and manifest.json, written last. Resuming verifies the manifest first and
 // replays the same losses bit for bit. The safetensors payloads go through the aio handle or plain
 // buffered I/O (train/checkpoint_io.h: `io`, default Auto: CUTRAIN_CHECKPOINT_IO, else aio when a
 // kernel async backend runs); the files are byte-identical either way.
@@ -32,6 +33,7 @@ struct CheckpointMeta {
   // whether attention is causal.
   std::string layout;
   bool causal = false;
+  std::vector<std::string> notes = {};  // load: warnings to print (a compensation started at zero or dropped)
 };
 
 // The two safetensors files of a state as a checkpoint holds them: entries viewing `state`'s
@@ -102,7 +104,10 @@ OpenedCheckpoint open_checkpoint(const std::filesystem::path& path, bool accept_
                                  bool checksum_on_load = false);
 
 // Loads a verified checkpoint into `backend` (its shape checked against config.json, names and
-// shapes against the parameter table).
+// shapes against the parameter table). A backend with a compensated bf16 master loading a
+// checkpoint without ".compensation" tensors starts the compensation at zero (the weights are the
+// checkpoint's bf16 master exactly), and a checkpoint's compensation is dropped by a backend
+// without one: both with a note in the returned meta.
 CheckpointMeta load_checkpoint(const OpenedCheckpoint& checkpoint, TrainBackend& backend,
                                CheckpointIo io = CheckpointIo::Auto);
 // open_checkpoint(path) + load.

@@ -96,6 +96,7 @@ void parse_bf16(Reader& r, const json& j, const std::string& path, Bf16Config& b
   r.read(j, path, "bf16_master_weights_and_grads", b.bf16_master_weights_and_grads);
   r.read(j, path, "bf16_optimizer_states", b.bf16_optimizer_states);
   r.read(j, path, "stochastic_rounding", b.stochastic_rounding);
+  r.read(j, path, "bf16_master_compensation", b.bf16_master_compensation);
 }
 
 void parse_fp16(Reader& r, const json& j, Fp16Config& f) {
@@ -223,6 +224,10 @@ void check_consistency(Reader& r, const TrainConfig& c) {
            "bf16 only on top of bf16 master weights and gradients)");
   if (c.bf16.bf16_master_weights_and_grads && !c.bf16.enabled)
     r.fail("bf16.bf16_master_weights_and_grads", "bf16_master_weights_and_grads needs bf16.enabled: true");
+  if (c.bf16.bf16_master_compensation && !c.bf16.bf16_master_weights_and_grads)
+    r.fail("bf16.bf16_master_compensation",
+           "bf16_master_compensation compensates bf16 master weights and needs bf16_master_weights_and_grads: true "
+           "(the baseline layout's fp32 master needs no compensation)");
   if (c.bf16.stochastic_rounding && !c.bf16.enabled)
     r.fail("bf16.stochastic_rounding", "stochastic_rounding applies to bf16 writes and needs bf16.enabled: true");
   if (c.torch_autocast.enabled && c.torch_autocast.dtype == AutocastDtype::Float16)

@@ -82,6 +82,9 @@ struct Bf16Config {
   bool bf16_master_weights_and_grads = false;
   bool bf16_optimizer_states = false;
   bool stochastic_rounding = false;  // cutrain extension: stochastic rounding of bf16 writes
+  // cutrain extension: a bf16 compensation buffer beside bf16 master weights (Kahan summation of
+  // the updates' rounding errors); needs bf16_master_weights_and_grads.
+  bool bf16_master_compensation = false;
 };
 
 // fp16 mixed precision (the offload example's fp16 variant). Never together with bf16.

@@ -56,7 +56,7 @@ class CpuBackend final : public TrainBackend {
     return {bytes, bytes, bytes};
   }
   void reset_peak() override {}
-  HostState save_state() const override { return {params_, {}, m_, v_, DType::F32}; }
+  HostState save_state() const override { return {params_, {}, m_, v_, {}, DType::F32}; }
   void load_state(const HostState& s) override {
     CUTRAIN_CHECK(s.params.size() == params_.size() && s.exp_avg.size() == m_.size() && s.exp_avg_sq.size() == v_.size(),
                   "cpu backend: state of ", s.params.size(), " params does not fit the model's ", params_.size());

@@ -85,6 +85,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   grads_ = Buffer(A, flat * dtype_size(plan_.grad), stream_);
   if (zero_.sharded()) grad_shard_ = Buffer(A, ns * dtype_size(plan_.grad), stream_);
   if (plan_.has_master) master_ = Buffer(A, ns * 4, stream_);
+  if (plan_.compensation) comp_ = Buffer(A, ns * 2, stream_);  // partitioned and sharded like the master
   m_ = Buffer(A, ns * dtype_size(plan_.moment), stream_);
   v_ = Buffer(A, ns * dtype_size(plan_.moment), stream_);
   const AllocatorStats after = A.stats();
@@ -114,6 +115,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   }
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(m_.get(), 0, m_.bytes(), stream_));
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(v_.get(), 0, v_.bytes(), stream_));
+  if (plan_.compensation) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(comp_.get(), 0, comp_.bytes(), stream_));  // the weights start exact
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), stream_));
   if (grad_shard_) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(grad_shard_.get(), 0, grad_shard_.bytes(), stream_));
 
@@ -141,11 +143,14 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   if (plan_.has_master) offloader_->add("hp_params", &master_);
   offloader_->add("optim_states.exp_avg", &m_);
   offloader_->add("optim_states.exp_avg_sq", &v_);
+  if (plan_.compensation) offloader_->add("optim_states.compensation", &comp_);
   if (c.zero_optimization.offload_optimizer.device != OffloadTarget::None) {
     // DeepSpeed's NVMe optimizer offload swaps the optimizer's partitions: the moments and the
-    // fp32 master weights (when the layout has them). The bf16 params and the gradients stay.
+    // fp32 master weights (when the layout has them), or the bf16 master's compensation. The bf16
+    // params and the gradients stay.
     std::vector<std::pair<std::string, Buffer*>> swapped{{"optim_states.exp_avg", &m_}, {"optim_states.exp_avg_sq", &v_}};
     if (plan_.has_master) swapped.emplace_back("hp_params", &master_);
+    if (plan_.compensation) swapped.emplace_back("optim_states.compensation", &comp_);
     swap_ = std::make_unique<OptimizerSwap>(c, A, stream_.get(), std::move(swapped));
     swap_->swap_out(/*non_blocking=*/false);  // off the device from the start
     std::cout << "[Rank 0] " << swap_->describe() << std::endl;
@@ -268,6 +273,7 @@ void GpuEngine::offload_states(const std::vector<std::string>& include, OffloadD
     if (g == "optim_states") {
       names.push_back("optim_states.exp_avg");
       names.push_back("optim_states.exp_avg_sq");
+      if (plan_.compensation) names.push_back("optim_states.compensation");
     } else {
       names.push_back(g);
     }
@@ -382,11 +388,12 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     const parallel::Range sr = zero_.sharded() ? parallel::Range{0, layout_.shard_elems} : zero_.state_range();
     const std::size_t gs = dtype_size(plan_.grad);
     const void* g = zero_.sharded() ? grad_shard_.get() : static_cast<const char*>(grads_.get()) + sr.begin * gs;
-    const model::cost::Cost c = model::cost::adam_step(sr.size(), gs, dtype_size(plan_.moment), plan_.has_master);
+    const model::cost::Cost c =
+        model::cost::adam_step(sr.size(), gs, dtype_size(plan_.moment), plan_.has_master, plan_.compensation);
     TimedRegion ro("optimizer", stream_, c.flops, c.bytes);
     kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>() + sr.begin, g, plan_.grad,
                        plan_.has_master ? as_f32(master_) : nullptr, m_.get(), v_.get(), sr.size(), flags + accum_ + 1,
-                       reinterpret_cast<const int*>(flags + accum_ + 2));
+                       reinterpret_cast<const int*>(flags + accum_ + 2), plan_.compensation ? comp_.as<bf16>() : nullptr);
   }
   if (sharded_) {
     // Params stay sharded: only the persistent units are gathered again.
@@ -508,6 +515,7 @@ HostState GpuEngine::save_state() const {
   HostState s;
   s.params = zero_.sharded() ? gather_sharded(params_, DType::BF16) : download(params_, DType::BF16, n_);
   if (plan_.has_master) s.master = state(master_, DType::F32);
+  if (plan_.compensation) s.compensation = state(comp_, DType::BF16);
   s.exp_avg = state(m_, plan_.moment);
   s.exp_avg_sq = state(v_, plan_.moment);
   s.moment_dtype = plan_.moment;
@@ -533,6 +541,8 @@ void GpuEngine::snapshot_state(StateSnapshot& out) const {
   else out.master.clear();
   copy(out.exp_avg, m_, plan_.moment);
   copy(out.exp_avg_sq, v_, plan_.moment);
+  if (plan_.compensation) copy(out.compensation, comp_, DType::BF16);
+  else out.compensation.clear();
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -541,12 +551,20 @@ void GpuEngine::load_state(const HostState& s) {
                 "gpu engine: state of ", s.params.size(), " params does not fit the model's flat size ", n_);
   CUTRAIN_CHECK(!plan_.has_master || s.master.size() == n_, "gpu engine: the ", plan_.name(),
                 " layout needs fp32 master weights of ", n_, " elements, the state has ", s.master.size());
+  CUTRAIN_CHECK(!plan_.compensation || s.compensation.empty() || s.compensation.size() == n_, "gpu engine: the ",
+                plan_.label(), " layout needs a compensation of ", n_, " elements, the state has ",
+                s.compensation.size());
+  // No compensation in the state (a checkpoint saved without one): it starts at zero.
+  std::vector<float> zeros;
+  if (plan_.compensation && s.compensation.empty()) zeros.assign(n_, 0.f);
+  const std::vector<float>& comp = zeros.empty() ? s.compensation : zeros;
   ensure_state();
   if (swap_) swap_->make_resident();
   if (zero_.sharded()) {
     // This rank's shard of every state; the persistent units gathered again from the new params.
     put_sharded(params_, DType::BF16, s.params.data());
     if (plan_.has_master) put_sharded(master_, DType::F32, s.master.data());
+    if (plan_.compensation) put_sharded(comp_, DType::BF16, comp.data());
     put_sharded(m_, plan_.moment, s.exp_avg.data());
     put_sharded(v_, plan_.moment, s.exp_avg_sq.data());
     sharded_->refresh_persistent(stream_, params_.as<bf16>());
@@ -563,6 +581,7 @@ void GpuEngine::load_state(const HostState& s) {
     upload(b, t, v.data() + std::min(r.begin, n_), real, stream_);
   };
   if (plan_.has_master) put(master_, DType::F32, s.master);
+  if (plan_.compensation) put(comp_, DType::BF16, comp);
   put(m_, plan_.moment, s.exp_avg);
   put(v_, plan_.moment, s.exp_avg_sq);
   if (swap_) swap_->swap_out(/*non_blocking=*/false);
@@ -591,6 +610,10 @@ void GpuEngine::restore_snapshot(const StateSnapshot& s) {
   if (plan_.has_master) put(master_, DType::F32, s.master);
   put(m_, plan_.moment, s.exp_avg);
   put(v_, plan_.moment, s.exp_avg_sq);
+  if (plan_.compensation) {
+    if (s.compensation.empty()) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(comp_.get(), 0, comp_.bytes(), stream_));
+    else put(comp_, DType::BF16, s.compensation);
+  }
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -603,15 +626,15 @@ class EngineRestore final : public DeviceRestore {
     const Buffer* live = nullptr;
     Buffer scratch;
   };
-  EngineRestore(std::array<Target, 4> t, std::size_t bytes_each[4], cudaStream_t stream,
+  EngineRestore(std::array<Target, 5> t, std::size_t bytes_each[5], cudaStream_t stream,
                 std::function<void()> before_commit)
       : t_(std::move(t)), stream_(stream), before_(std::move(before_commit)) {
-    for (int i = 0; i < 4; ++i) bytes_[i] = bytes_each[i];
+    for (int i = 0; i < 5; ++i) bytes_[i] = bytes_each[i];
   }
   void* part(Part p) override { return t_[p].live ? t_[p].scratch.get() : nullptr; }
   void commit() override {
     before_();
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 5; ++i)
       if (t_[i].live)
         CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(t_[i].live->get(), t_[i].scratch.get(), bytes_[i], cudaMemcpyDeviceToDevice,
                                            stream_));
@@ -619,24 +642,28 @@ class EngineRestore final : public DeviceRestore {
   }
 
  private:
-  std::array<Target, 4> t_;
-  std::size_t bytes_[4] = {};
+  std::array<Target, 5> t_;
+  std::size_t bytes_[5] = {};
   cudaStream_t stream_;
   std::function<void()> before_;
 };
 
 }  // namespace
 
-std::unique_ptr<DeviceRestore> GpuEngine::device_restore(DType params, std::optional<DType> master, DType moments) {
+std::unique_ptr<DeviceRestore> GpuEngine::device_restore(DType params, std::optional<DType> master, DType moments,
+                                                         std::optional<DType> compensation) {
   if (zero_.partitioned() || zero_.sharded() || swap_) return nullptr;
   if (params != DType::BF16 || moments != plan_.moment) return nullptr;
   if (plan_.has_master && master != DType::F32) return nullptr;
-  std::array<EngineRestore::Target, 4> t;
-  std::size_t bytes[4] = {n_ * 2, plan_.has_master ? n_ * 4 : 0, n_ * dtype_size(plan_.moment),
-                          n_ * dtype_size(plan_.moment)};
-  const Buffer* live[4] = {&params_, plan_.has_master ? &master_ : nullptr, &m_, &v_};
+  if (plan_.compensation && compensation && *compensation != DType::BF16) return nullptr;
+  std::array<EngineRestore::Target, 5> t;
+  std::size_t bytes[5] = {n_ * 2, plan_.has_master ? n_ * 4 : 0, n_ * dtype_size(plan_.moment),
+                          n_ * dtype_size(plan_.moment), plan_.compensation ? n_ * 2 : 0};
+  // A compensation the file lacks stays zero in its scratch: it starts at zero.
+  const Buffer* live[5] = {&params_, plan_.has_master ? &master_ : nullptr, &m_, &v_,
+                           plan_.compensation ? &comp_ : nullptr};
   try {
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 5; ++i) {
       if (!live[i]) continue;
       t[i].live = live[i];
       t[i].scratch = Buffer(device_allocator(), bytes[i], stream_);

@@ -44,7 +44,9 @@ class GpuEngine final : public TrainBackend {
   void load_state(const HostState& state) override;
   void snapshot_state(StateSnapshot& out) const override;
   void restore_snapshot(const StateSnapshot& s) override;
-  std::unique_ptr<DeviceRestore> device_restore(DType params, std::optional<DType> master, DType moments) override;
+  std::unique_ptr<DeviceRestore> device_restore(DType params, std::optional<DType> master, DType moments,
+                                                std::optional<DType> compensation) override;
+  bool has_compensation() const override { return plan_.compensation; }
   const char* describe() const override { return describe_.c_str(); }
 
   // For tests: forward + backward of the micro-batches only (no optimizer step, no ZeRO
@@ -58,7 +60,8 @@ class GpuEngine final : public TrainBackend {
   // Flat bf16 params, as float. Stage 3: gathered from every rank's shard (collective).
   std::vector<float> download_params() const;
   const PrecisionPlan& plan() const { return plan_; }
-  // Bytes the persistent training state took from the allocator (params, grads, master, moments).
+  // Bytes the persistent training state took from the allocator (params, grads, master or
+  // compensation, moments).
   // `state_requested_bytes` is what the engine asked for (exactly n x bytes/param); `state_bytes`
   // what the allocator handed out (rounding, unsplit remainders).
   std::size_t state_bytes() const { return state_bytes_; }
@@ -69,7 +72,8 @@ class GpuEngine final : public TrainBackend {
   const parallel::ShardedParams* sharded() const { return sharded_.get(); }
   int graph_captures() const { return graph_captures_; }  // successful captures so far
 
-  // DeepSpeed's engine.offload_states / reload_states. `include`: any of optim_states (moments),
+  // DeepSpeed's engine.offload_states / reload_states. `include`: any of optim_states (moments, and
+  // the bf16 master's compensation when the layout has one),
   // hp_params (fp32 master), lp_params (bf16 params), lp_grads (the bf16 gradient buffer) or
   // contiguous_grad_buffer (the fp32 accumulation buffer), as the layout has them; empty: all.
   // device nvme needs `nvme_path` (a folder). After a non-blocking reload (or none) the next use
@@ -114,9 +118,10 @@ class GpuEngine final : public TrainBackend {
   parallel::ShardLayout layout_;
   std::vector<int> train_order_, eval_order_;
   std::string describe_;
-  // Stage 3: params_, master_, m_, v_ and grad_shard_ hold this rank's shard (layout_.shard_elems);
-  // grads_ is the full gradient buffer in the padded layout (backward writes every unit).
-  Buffer params_, grads_, master_, m_, v_, grad_shard_;
+  // Stage 3: params_, master_, comp_, m_, v_ and grad_shard_ hold this rank's shard
+  // (layout_.shard_elems); grads_ is the full gradient buffer in the padded layout (backward writes
+  // every unit). comp_: the bf16 master's compensation (plan_.compensation), sized like m_ in bf16.
+  Buffer params_, grads_, master_, comp_, m_, v_, grad_shard_;
   Buffer tokens_d_, labels_d_, flags_d_, norm_scratch_;
   std::size_t state_bytes_ = 0, state_requested_bytes_ = 0;
   std::unique_ptr<model::GpuTransformer> model_;

@@ -2,11 +2,14 @@
 
 #include <sstream>
 
+#include "runtime/error.h"
+
 namespace cutrain::train {
 
 std::vector<BufferSpec> PrecisionPlan::buffers() const {
   std::vector<BufferSpec> b{{"params", param}, {"grads", grad}};
   if (has_master) b.push_back({"master", DType::F32});
+  if (compensation) b.push_back({"compensation", DType::BF16});
   b.push_back({"exp_avg", moment});
   b.push_back({"exp_avg_sq", moment});
   return b;
@@ -27,8 +30,14 @@ const char* PrecisionPlan::name() const {
   return "?";
 }
 
-PrecisionPlan plan_for(OptimizerLayout layout, int accumulation) {
+std::string PrecisionPlan::label() const { return std::string(name()) + (compensation ? "+compensation" : ""); }
+
+PrecisionPlan plan_for(OptimizerLayout layout, int accumulation, bool compensation) {
+  CUTRAIN_CHECK(!compensation || layout != OptimizerLayout::Baseline,
+                "precision: the compensation buffer belongs to bf16 master weights; the baseline layout keeps an fp32 "
+                "master (set bf16.bf16_master_weights_and_grads to use bf16.bf16_master_compensation)");
   PrecisionPlan p;
+  p.compensation = compensation;
   p.layout = layout;
   p.has_master = layout == OptimizerLayout::Baseline;
   p.moment = layout == OptimizerLayout::Bf16Full ? DType::BF16 : DType::F32;
@@ -42,7 +51,7 @@ PrecisionPlan plan_from_config(const TrainConfig& c) {
   OptimizerLayout l = OptimizerLayout::Baseline;
   if (c.bf16.bf16_optimizer_states) l = OptimizerLayout::Bf16Full;
   else if (c.bf16.bf16_master_weights_and_grads) l = OptimizerLayout::Bf16MasterWG;
-  return plan_for(l, c.accumulation());
+  return plan_for(l, c.accumulation(), c.bf16.bf16_master_compensation);
 }
 
 std::string bytes_per_param_table() {
@@ -67,6 +76,8 @@ std::string bytes_per_param_table() {
   row(plan_for(OptimizerLayout::Baseline, 2), "baseline, accum>1", "20");
   row(plan_for(OptimizerLayout::Bf16MasterWG, 1), "bf16_master_wg", "-");
   row(plan_for(OptimizerLayout::Bf16Full, 1), "bf16_full", "12 (counts 2 for each of 6 buffers)");
+  row(plan_for(OptimizerLayout::Bf16MasterWG, 1, true), "bf16_master_wg+comp", "-");
+  row(plan_for(OptimizerLayout::Bf16Full, 1, true), "bf16_full+comp", "-");
   return os.str();
 }
 

@@ -1,5 +1,6 @@
-// @brief The BF16 example's three precision layouts: which persistent buffers exist, in which
-// dtype, and their analytic bytes per parameter (what the engine allocates, nothing hidden).
+// @brief The BF16 example's three precision layouts (and the compensated bf16 master): which
+// persistent buffers exist, in which dtype, and their analytic bytes per parameter (what the
+// engine allocates, nothing hidden).
 #pragma once
 
 #include <string>
@@ -14,7 +15,7 @@ namespace cutrain::train {
 using kernels::OptimizerLayout;
 
 struct BufferSpec {
-  std::string name;  // "params", "grads", "master", "exp_avg", "exp_avg_sq"
+  std::string name;  // "params", "grads", "master", "compensation", "exp_avg", "exp_avg_sq"
   DType dtype;
 };
 
@@ -24,18 +25,23 @@ struct PrecisionPlan {
   DType grad = DType::BF16;    // F32 for Baseline with gradient accumulation (accumulates in fp32)
   DType moment = DType::F32;   // BF16 for Bf16Full
   bool has_master = true;      // fp32 master weights (Baseline only)
+  // bf16 compensation of the bf16 master (Bf16MasterWG / Bf16Full with bf16.bf16_master_compensation):
+  // 2 more bytes per parameter, partitioned and offloaded like the optimizer state.
+  bool compensation = false;
 
   std::vector<BufferSpec> buffers() const;
   std::size_t bytes_per_param() const;  // sum of the buffers' element sizes
-  const char* name() const;             // "baseline" | "bf16_master_wg" | "bf16_full"
+  const char* name() const;             // "baseline" | "bf16_master_wg" | "bf16_full" (the layout)
+  std::string label() const;            // name() + "+compensation" when compensated
 };
 
 // From the config's bf16 section: bf16_optimizer_states -> Bf16Full, bf16_master_weights_and_grads
-// -> Bf16MasterWG, otherwise Baseline. `accumulation` > 1 makes Baseline's gradients fp32.
-PrecisionPlan plan_for(OptimizerLayout layout, int accumulation);
+// -> Bf16MasterWG, otherwise Baseline; bf16_master_compensation adds the compensation buffer.
+// `accumulation` > 1 makes Baseline's gradients fp32. `compensation` with Baseline is an error.
+PrecisionPlan plan_for(OptimizerLayout layout, int accumulation, bool compensation = false);
 PrecisionPlan plan_from_config(const TrainConfig& config);
 
-// The table of all three layouts (and Baseline with accumulation), next to the BF16 example
+// The table of all three layouts (Baseline with accumulation, the compensated ones), next to the BF16 example
 // README's accounting, one line each.
 std::string bytes_per_param_table();
 

@@ -62,6 +62,7 @@ HostState host_state_from_snapshot(const StateSnapshot& s) {
   h.master = to_floats(s.master);
   h.exp_avg = to_floats(s.exp_avg);
   h.exp_avg_sq = to_floats(s.exp_avg_sq);
+  h.compensation = to_floats(s.compensation);
   h.param_dtype = s.params.dtype();
   h.moment_dtype = s.exp_avg.dtype();
   return h;
@@ -72,6 +73,7 @@ void snapshot_from_host_state(const HostState& h, StateSnapshot& out) {
   put(out.master, h.master, DType::F32, out.pinned);
   put(out.exp_avg, h.exp_avg, h.moment_dtype, out.pinned);
   put(out.exp_avg_sq, h.exp_avg_sq, h.moment_dtype, out.pinned);
+  put(out.compensation, h.compensation, DType::BF16, out.pinned);
 }
 
 }  // namespace cutrain::train

@@ -39,13 +39,15 @@ class SnapshotTensor {
 };
 
 struct StateSnapshot {
-  SnapshotTensor params, master, exp_avg, exp_avg_sq;
+  SnapshotTensor params, master, exp_avg, exp_avg_sq, compensation;  // compensation: bf16, when kept
   bool pinned = false;  // storage pinned (its owner sets it: whether a GPU is present)
-  std::size_t bytes() const { return params.bytes() + master.bytes() + exp_avg.bytes() + exp_avg_sq.bytes(); }
+  std::size_t bytes() const {
+    return params.bytes() + master.bytes() + exp_avg.bytes() + exp_avg_sq.bytes() + compensation.bytes();
+  }
 };
 
 // The snapshot of a host state: params in `h.param_dtype`, the master in fp32, the moments in
-// `h.moment_dtype` (exact: they came from that dtype).
+// `h.moment_dtype`, the compensation in bf16 (exact: they came from those dtypes).
 void snapshot_from_host_state(const HostState& h, StateSnapshot& out);
 // A tensor's elements as fp32.
 std::vector<float> to_floats(const SnapshotTensor& t);

@@ -28,6 +28,7 @@ struct StepStats {
 // The whole training state as host fp32 copies, in the flat layout (checkpoints).
 struct HostState {
   std::vector<float> params, master, exp_avg, exp_avg_sq;  // master empty when the layout has none
+  std::vector<float> compensation;  // the bf16 master's compensation (bf16 values); empty when off
   DType param_dtype = DType::BF16;  // what the params really are (F32 on the CPU backend)
   DType moment_dtype = DType::F32;  // what exp_avg / exp_avg_sq really are (BF16 with bf16_optimizer_states)
 };
@@ -37,7 +38,7 @@ struct HostState {
 // state changes before commit(); destroyed without it, the scratch is freed.
 class DeviceRestore {
  public:
-  enum Part { Params, Master, ExpAvg, ExpAvgSq };
+  enum Part { Params, Master, ExpAvg, ExpAvgSq, Compensation };
   virtual ~DeviceRestore() = default;
   // The part's device buffer (the flat size, in the dtype device_restore was offered), or nullptr
   // for a part the state does not hold (the fp32 master of a layout without one): not to be read.
@@ -67,13 +68,16 @@ class TrainBackend {
   // The inverse (a checkpoint read into a snapshot): the state becomes the snapshot's. The default
   // goes through load_state().
   virtual void restore_snapshot(const StateSnapshot& s) { load_state(host_state_from_snapshot(s)); }
-  // A device restore for a checkpoint whose parts are in these dtypes (master: nullopt when it has
-  // none), when the backend takes them as they are and has the device memory for the scratch;
-  // nullptr otherwise (the load goes through restore_snapshot).
-  virtual std::unique_ptr<DeviceRestore> device_restore(DType params, std::optional<DType> master, DType moments) {
-    (void)params, (void)master, (void)moments;
+  // A device restore for a checkpoint whose parts are in these dtypes (master, compensation:
+  // nullopt when it has none), when the backend takes them as they are and has the device memory
+  // for the scratch; nullptr otherwise (the load goes through restore_snapshot).
+  virtual std::unique_ptr<DeviceRestore> device_restore(DType params, std::optional<DType> master, DType moments,
+                                                        std::optional<DType> compensation) {
+    (void)params, (void)master, (void)moments, (void)compensation;
     return nullptr;
   }
+  // Whether the state holds a bf16 master's compensation (bf16.bf16_master_compensation).
+  virtual bool has_compensation() const { return false; }
   virtual const char* describe() const = 0;  // "cuda (NVIDIA H200)", "cpu (reference model)"
 };
 

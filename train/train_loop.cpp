@@ -274,7 +274,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   out << "[Rank 0] Model parameters: " << with_commas(nparams) << " total, " << with_commas(nparams) << " trainable\n";
   if (o.activation_checkpointing) out << "[Rank 0] Activation checkpointing enabled\n";
   out << "[Rank 0] cutrain initialized with config: " << o.deepspeed_config.string() << " (" << be->describe()
-      << ", layout " << plan.name() << ", " << plan.bytes_per_param() << " bytes/param, accumulation " << accum
+      << ", layout " << plan.label() << ", " << plan.bytes_per_param() << " bytes/param, accumulation " << accum
       << ")\n";
 
   int first_step = 0;
@@ -285,6 +285,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
     first_step = meta.step;
     std::istringstream(meta.data_rng) >> data_rng;
+    for (const auto& n : meta.notes) out << "[Rank 0] checkpoint " << n << "\n";
     out << "[Rank 0] Resumed from " << resume->folder.string() << " at step " << first_step << "\n";
     if (!resume->legacy) {
       std::uint64_t bytes = 0;

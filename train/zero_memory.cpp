@@ -11,6 +11,7 @@ ZeroBytes zero_bytes_per_param(const PrecisionPlan& p, const parallel::ZeroPlan&
   b.grads = double(dtype_size(p.grad));
   b.master = p.has_master ? 4.0 : 0.0;
   b.moments = 2.0 * double(dtype_size(p.moment));
+  b.compensation = p.compensation ? 2.0 : 0.0;
   b.divisor = z.partitioned() || z.sharded() ? z.world : 1;
   if (z.sharded()) {
     b.param_divisor = z.world;
@@ -32,8 +33,9 @@ std::string zero_memory_line(const PrecisionPlan& p, const parallel::ZeroPlan& z
   if (z.sharded()) o << "/" << b.param_divisor;
   o << " + grads " << num(b.grads) << " + ";
   if (z.sharded()) o << "grad shard " << num(b.grads) << "/" << z.world << " + ";
-  const std::string state = b.master > 0 ? "master " + num(b.master) + " + moments " + num(b.moments)
-                                         : "moments " + num(b.moments);
+  std::string state = b.master > 0 ? "master " + num(b.master) + " + " : "";
+  if (b.compensation > 0) state += "compensation " + num(b.compensation) + " + ";
+  state += "moments " + num(b.moments);
   if (b.divisor > 1 || z.partitioned() || z.sharded()) o << "(" << state << ")/" << b.divisor;
   else o << state;
   char total[32];

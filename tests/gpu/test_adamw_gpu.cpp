@@ -1,6 +1,8 @@
 // @brief GPU tests of adam_step against the fp64 reference for every layout, gradient type, Adam/AdamW,
 // round-to-nearest and stochastic rounding; odd sizes, misaligned views (scalar path), skip and
-// device scale, the round-to-nearest stall vs stochastic drift, SR statistics and seeding, n > 2^31.
+// device scale, the round-to-nearest stall vs stochastic drift, SR statistics and seeding, n > 2^31;
+// the compensated bf16 master (Kahan) against the reference, and its far smaller drift from an fp32
+// master than the plain bf16 master's.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -67,12 +69,15 @@ struct State {
   OptimizerLayout layout;
   DType gt;
   std::size_t n, off;  // off: elements of misalignment of every device view
-  std::vector<float> params, master, m, v;
-  DeviceArray<bf16> d_params, d_m16, d_v16, d_g16;
+  bool compensated;    // a bf16 compensation buffer beside the bf16 master
+  std::vector<float> params, master, m, v, comp;
+  DeviceArray<bf16> d_params, d_m16, d_v16, d_g16, d_comp;
   DeviceArray<float> d_master, d_m32, d_v32, d_g32;
 
-  State(OptimizerLayout l, DType g, std::size_t n_, std::size_t off_ = 0) : layout(l), gt(g), n(n_), off(off_) {
+  State(OptimizerLayout l, DType g, std::size_t n_, std::size_t off_ = 0, bool comp_ = false)
+      : layout(l), gt(g), n(n_), off(off_), compensated(comp_) {
     d_params = DeviceArray<bf16>(n + off);
+    if (compensated) d_comp = DeviceArray<bf16>(n + off);
     if (gt == DType::BF16) d_g16 = DeviceArray<bf16>(n + off);
     else d_g32 = DeviceArray<float>(n + off);
     if (l == OptimizerLayout::Baseline) d_master = DeviceArray<float>(n + off);
@@ -95,6 +100,13 @@ struct State {
     if (full()) {
       m = test::round_bf16(m);
       v = test::round_bf16(v);
+    }
+    // A compensation as the kernel leaves it: bf16, within half an ulp of its weight.
+    comp.assign(n, 0.f);
+    if (compensated) {
+      const auto u = test::random_uniform(n, rng, -0.5f, 0.5f);
+      for (std::size_t i = 0; i < n; ++i)
+        comp[i] = params[i] == 0.f ? 0.f : round_bf16(std::ldexp(u[i], std::ilogb(params[i]) - 7));
     }
   }
 
@@ -122,6 +134,7 @@ struct State {
 
   void upload() {
     put(d_params, off, params);
+    if (compensated) put(d_comp, off, comp);
     if (layout == OptimizerLayout::Baseline) put(d_master, off, master);
     if (full()) {
       put(d_m16, off, m);
@@ -142,13 +155,14 @@ struct State {
     mm = full() ? get(d_m16, off, n) : get(d_m32, off, n);
     vv = full() ? get(d_v16, off, n) : get(d_v32, off, n);
   }
+  std::vector<float> download_comp() const { return get(d_comp, off, n); }
   void step(const AdamParams& p, const float* device_scale = nullptr, const int* skip = nullptr) {
     const void* g = gt == DType::BF16 ? static_cast<const void*>(d_g16.get() + off) : d_g32.get() + off;
     void* mm = full() ? static_cast<void*>(d_m16.get() + off) : d_m32.get() + off;
     void* vv = full() ? static_cast<void*>(d_v16.get() + off) : d_v32.get() + off;
     kernels::adam_step(nullptr, layout, p, d_params.get() + off, g, gt,
                        layout == OptimizerLayout::Baseline ? d_master.get() + off : nullptr, mm, vv, n, device_scale,
-                       skip);
+                       skip, compensated ? d_comp.get() + off : nullptr);
     CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   }
 };
@@ -160,11 +174,13 @@ std::vector<float> make_grads(std::size_t n, DType gt, std::mt19937_64& rng, flo
 
 // Three steps; after each, the device state is compared with the reference applied to the
 // previous device state (so rounding differences do not compound).
-void check_steps(OptimizerLayout layout, DType gt, bool decoupled, bool sr, std::size_t n, std::size_t off) {
+void check_steps(OptimizerLayout layout, DType gt, bool decoupled, bool sr, std::size_t n, std::size_t off,
+                 bool comp = false) {
   SCOPED_TRACE(std::string(name_of(layout)) + " grads=" + dtype_name(gt) + " decoupled=" + std::to_string(decoupled) +
-               " sr=" + std::to_string(sr) + " n=" + std::to_string(n) + " off=" + std::to_string(off));
+               " sr=" + std::to_string(sr) + " n=" + std::to_string(n) + " off=" + std::to_string(off) +
+               " compensated=" + std::to_string(comp));
   auto rng = test::fresh_rng();
-  State st(layout, gt, n, off);
+  State st(layout, gt, n, off, comp);
   st.randomize(rng);
   st.upload();
   AdamParams p;
@@ -177,16 +193,31 @@ void check_steps(OptimizerLayout layout, DType gt, bool decoupled, bool sr, std:
   p.grad_scale = 0.5f;
   p.stochastic_rounding = sr;
   p.seed = rng();
-  std::vector<float> rp = st.params, rmas = st.master, rm = st.m, rv = st.v;
+  std::vector<float> rp = st.params, rmas = st.master, rm = st.m, rv = st.v, rc = st.comp;
   for (int step = 1; step <= 3; ++step) {
     p.step = step + 10 * (step == 3);  // also a later step (bias correction near 1)
     auto g = make_grads(n, gt, rng);
     st.upload_grads(g);
     st.step(p);
-    ref::adam_step(layout, p, p.grad_scale, rp, g, rmas, rm, rv);
-    std::vector<float> gp, gmas, gm, gv;
+    ref::adam_step(layout, p, p.grad_scale, rp, g, rmas, rm, rv, comp ? &rc : nullptr);
+    std::vector<float> gp, gmas, gm, gv, gc;
     st.download(gp, gmas, gm, gv);
     expect_bf16_close(gp, rp, "params");
+    if (comp) {
+      // The weight is w + c: where the kernel's fp32 x and the reference's differ across a
+      // rounding boundary, w moves one ulp and c the other way, so the sum is what must agree:
+      // within 2^-7 of an ulp of w (c itself is rounded to bf16: 2^-9 of its half ulp).
+      gc = st.download_comp();
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_FALSE(std::isnan(gc[i])) << "compensation[" << i << "] not written";
+        const double want = double(rp[i]) + rc[i], got = double(gp[i]) + gc[i];
+        const double tol = (rp[i] == 0.f ? 0.0 : std::ldexp(1.0, std::ilogb(rp[i]) - 7 - 7)) + 1e-8;
+        ASSERT_LE(std::abs(got - want), tol) << "w + c at " << i << ": got " << gp[i] << " + " << gc[i] << ", want "
+                                             << rp[i] << " + " << rc[i];
+        ASSERT_LE(std::abs(double(gc[i])), rp[i] == 0.f ? 1e-8 : std::ldexp(1.0, std::ilogb(gp[i]) - 7))
+            << "compensation[" << i << "] larger than an ulp of its weight";
+      }
+    }
     if (layout == OptimizerLayout::Baseline) {
       EXPECT_LE(test::rel_error(gmas, rmas), 1e-5) << "master, step " << step;
     }
@@ -199,7 +230,7 @@ void check_steps(OptimizerLayout layout, DType gt, bool decoupled, bool sr, std:
       EXPECT_LE(test::rel_error(gv, rv), 1e-5) << "v, step " << step;
     }
     if (::testing::Test::HasFatalFailure()) return;
-    rp = gp, rmas = gmas, rm = gm, rv = gv;  // continue from the device state
+    rp = gp, rmas = gmas, rm = gm, rv = gv, rc = gc;  // continue from the device state
   }
 }
 
@@ -229,6 +260,76 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(name_of(std::get<0>(i.param))) + "_" + dtype_name(std::get<1>(i.param)) +
              (std::get<2>(i.param) ? "_AdamW" : "_AdamL2") + (std::get<3>(i.param) ? "_SR" : "_RNE");
     });
+
+// The compensated bf16 master: both bf16-master layouts, both gradient types, AdamW and Adam-L2,
+// nearest and stochastic rounding of w, odd, tiny and misaligned sizes.
+using CompCase = std::tuple<OptimizerLayout, DType, bool, bool>;
+class AdamGpuCompensated : public ::testing::TestWithParam<CompCase> {};
+
+TEST_P(AdamGpuCompensated, MatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto [layout, gt, decoupled, sr] = GetParam();
+  check_steps(layout, gt, decoupled, sr, 1000003, 0, true);
+  for (std::size_t n : {1, 7, 255, 257, 4099}) check_steps(layout, gt, decoupled, sr, n, 0, true);
+  check_steps(layout, gt, decoupled, sr, 100003, 1, true);  // scalar path
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, AdamGpuCompensated,
+    ::testing::Combine(::testing::Values(OptimizerLayout::Bf16MasterWG, OptimizerLayout::Bf16Full),
+                       ::testing::Values(DType::BF16, DType::F32), ::testing::Bool(), ::testing::Bool()),
+    [](const ::testing::TestParamInfo<CompCase>& i) {
+      return std::string(name_of(std::get<0>(i.param))) + "_" + dtype_name(std::get<1>(i.param)) +
+             (std::get<2>(i.param) ? "_AdamW" : "_AdamL2") + (std::get<3>(i.param) ? "_SR" : "_RNE");
+    });
+
+// 1000 steps of drifting random gradients on the device: the compensated bf16 master stays within
+// one bf16 ulp of an fp32 master run on the same gradients (Baseline layout), the plain bf16
+// master does not (its updates below half an ulp are lost).
+TEST(AdamGpuCompensated, StaysWithinAnUlpOfAnFp32MasterOver1000Steps) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const std::size_t n = 100003;
+  const int steps = 1000;
+  State fp32(OptimizerLayout::Baseline, DType::F32, n), comp(OptimizerLayout::Bf16MasterWG, DType::F32, n, 0, true),
+      plain(OptimizerLayout::Bf16MasterWG, DType::F32, n);
+  auto w0 = test::random_uniform(n, rng, 0.5f, 2.f);
+  const auto sign = test::random_uniform(n, rng, -1.f, 1.f);
+  for (std::size_t i = 0; i < n; ++i) w0[i] = round_bf16(sign[i] < 0 ? -w0[i] : w0[i]);
+  for (State* s : {&fp32, &comp, &plain}) {
+    s->params = w0;
+    s->master = s->layout == OptimizerLayout::Baseline ? w0 : std::vector<float>(n, 0.f);
+    s->comp.assign(n, 0.f);
+    s->m.assign(n, 0.f);
+    s->v.assign(n, 0.f);
+    s->upload();
+  }
+  const auto mean = test::random_normal(n, rng, 0.f, 1e-2f);
+  AdamParams p;
+  p.lr = 3e-4f;
+  p.weight_decay = 0.01f;
+  for (int step = 1; step <= steps; ++step) {
+    auto g = test::random_normal(n, rng, 0.f, 1e-2f);
+    for (std::size_t i = 0; i < n; ++i) g[i] += mean[i];
+    p.step = step;
+    for (State* s : {&fp32, &comp, &plain}) {
+      s->upload_grads(g);
+      s->step(p);
+    }
+  }
+  std::vector<float> fp, fmas, fm, fv, cp, cmas, cm, cv, pp, pmas, pm, pv;
+  fp32.download(fp, fmas, fm, fv);
+  comp.download(cp, cmas, cm, cv);
+  plain.download(pp, pmas, pm, pv);
+  std::size_t comp_off = 0, plain_off = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double ulp = std::ldexp(1.0, std::ilogb(fmas[i]) - 7);
+    comp_off += std::abs(double(cp[i]) - fmas[i]) > ulp;
+    plain_off += std::abs(double(pp[i]) - fmas[i]) > ulp;
+  }
+  EXPECT_EQ(comp_off, 0u) << "compensated bf16 master: elements more than one ulp from the fp32 master";
+  EXPECT_GT(plain_off, n / 2) << "the plain bf16 master should lose most of the drift (else the test cannot fail)";
+}
 
 TEST(AdamGpuControl, SkipFlagChangesNothingAndDeviceScaleMultiplies) {
   CUTRAIN_REQUIRE_GPU();
@@ -489,6 +590,11 @@ TEST(AdamGpuArgs, RejectsBadArguments) {
   EXPECT_THROW(kernels::adam_step(nullptr, OptimizerLayout::Baseline, ap, p.get(), g.get(), DType::BF16, nullptr,
                                   m.get(), v.get(), 16, nullptr, nullptr),
                Error);  // Baseline without master
+  DeviceArray<float> master(16);
+  DeviceArray<bf16> comp(16);
+  EXPECT_THROW(kernels::adam_step(nullptr, OptimizerLayout::Baseline, ap, p.get(), g.get(), DType::BF16, master.get(),
+                                  m.get(), v.get(), 16, nullptr, nullptr, comp.get()),
+               Error);  // a compensation belongs to a bf16 master
   EXPECT_THROW(kernels::adam_step(nullptr, OptimizerLayout::Bf16MasterWG, ap, p.get(), g.get(), DType::I32, nullptr,
                                   m.get(), v.get(), 16, nullptr, nullptr),
                Error);

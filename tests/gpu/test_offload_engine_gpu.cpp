@@ -17,9 +17,7 @@ namespace {
 using test::small_model;
 
 train::TrainConfig config_for(const std::string& layout) {
-  std::string bf16 = R"("enabled": true)";
-  if (layout != "baseline") bf16 += R"(, "bf16_master_weights_and_grads": true)";
-  if (layout == "bf16_full") bf16 += R"(, "bf16_optimizer_states": true)";
+  std::string bf16 = test::bf16_section(layout);
   const std::string text = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8,
       "weight_decay": 0.01}}, "bf16": {)" + bf16 + "}}";
@@ -77,6 +75,9 @@ TEST(OffloadEngineGpu, UnknownStateNamesTheValidOnes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, OffloadEngineGpu, ::testing::Values("baseline", "bf16_master_wg", "bf16_full"));
+INSTANTIATE_TEST_SUITE_P(Layouts, OffloadEngineGpu,
+                         ::testing::Values("baseline", "bf16_master_wg", "bf16_full", "bf16_master_wg_comp",
+                                           "bf16_full_comp"),
+                         [](const auto& info) { return std::string(info.param); });
 
 }  // namespace

@@ -43,9 +43,7 @@ using test::small_model;
 std::string b(bool v) { return v ? "true" : "false"; }
 
 train::TrainConfig config_for(const std::string& layout, const Variant& v, const std::string& nvme_dir) {
-  std::string bf16 = R"("enabled": true)";
-  if (layout != "baseline") bf16 += R"(, "bf16_master_weights_and_grads": true)";
-  if (layout == "bf16_full") bf16 += R"(, "bf16_optimizer_states": true)";
+  std::string bf16 = test::bf16_section(layout);
   std::string zero = R"("stage": 2)";
   if (std::string(v.device) != "none")
     zero += R"(, "offload_optimizer": {"device": ")" + std::string(v.device) + R"(", "nvme_path": ")" + nvme_dir +
@@ -102,10 +100,13 @@ TEST_P(OptimizerOffloadGpu, SwappedStateTrainsBitIdenticallyAndLeavesTheDevice) 
                 std::string::npos)
           << log;
       EXPECT_EQ(log.find("hp_params") != std::string::npos, eng->plan().has_master) << log;
-      // At least the moments (and the fp32 master where the layout has it).
+      EXPECT_EQ(log.find("optim_states.compensation") != std::string::npos, eng->plan().compensation) << log;
+      // At least the moments (and the fp32 master, or the bf16 master's compensation, where the
+      // layout has it).
       const std::size_t moments = 2 * eng->table().flat_size() * dtype_size(eng->plan().moment);
       const std::size_t master = eng->plan().has_master ? eng->table().flat_size() * 4 : 0;
-      EXPECT_EQ(swap->bytes(), moments + master);
+      const std::size_t comp = eng->plan().compensation ? eng->table().flat_size() * 2 : 0;
+      EXPECT_EQ(swap->bytes(), moments + master + comp);
       EXPECT_TRUE(swap->swapped_out()) << "the state must be off the device from the start";
     }
     for (int i = 0; i < steps; ++i) {
@@ -155,6 +156,8 @@ TEST_P(OptimizerOffloadGpu, SwappedStateTrainsBitIdenticallyAndLeavesTheDevice) 
   EXPECT_TRUE(got.state.master == ref.state.master) << "fp32 master differs";
   EXPECT_TRUE(got.state.exp_avg == ref.state.exp_avg) << "exp_avg differs";
   EXPECT_TRUE(got.state.exp_avg_sq == ref.state.exp_avg_sq) << "exp_avg_sq differs";
+  EXPECT_TRUE(got.state.compensation == ref.state.compensation) << "compensation differs";
+  EXPECT_EQ(got.state.compensation.size(), ref.params.size() * std::size_t(layout.find("_comp") != std::string::npos));
   // Captures at step 2 and, after offload_states' reload, at step 6; the swap (its own offloader,
   // states the graph does not touch) never forces another.
   EXPECT_EQ(ref.captures, 2);
@@ -167,7 +170,8 @@ std::string case_name(const ::testing::TestParamInfo<std::tuple<const char*, int
 }
 
 INSTANTIATE_TEST_SUITE_P(LayoutsAndVariants, OptimizerOffloadGpu,
-                         ::testing::Combine(::testing::Values("baseline", "bf16_master_wg", "bf16_full"),
+                         ::testing::Combine(::testing::Values("baseline", "bf16_master_wg", "bf16_full",
+                                                                              "bf16_full_comp"),
                                             ::testing::Range(0, int(std::size(kVariants)))),
                          case_name);
 

@@ -21,7 +21,7 @@ using namespace cutrain;
 namespace {
 
 struct Case {
-  const char* layout;  // baseline | bf16_master_wg | bf16_full
+  const char* layout;  // baseline | bf16_master_wg | bf16_full | bf16_master_wg_comp | bf16_full_comp
   int stage;
   int accumulation = 1;
   float clip = 0.f;
@@ -48,9 +48,7 @@ void PrintTo(const Case& c, std::ostream* os) { *os << case_name({c, 0}); }
 using test::small_model;
 
 train::TrainConfig config_for(const Case& c, int stage) {
-  std::string bf16 = R"("enabled": true)";
-  if (std::string(c.layout) != "baseline") bf16 += R"(, "bf16_master_weights_and_grads": true)";
-  if (std::string(c.layout) == "bf16_full") bf16 += R"(, "bf16_optimizer_states": true)";
+  std::string bf16 = test::bf16_section(c.layout);
   if (c.stochastic_rounding) bf16 += R"(, "stochastic_rounding": true)";
   // A small reduce bucket so overlap_comm really splits the model's ~0.4M-element buffer.
   std::string zero = R"({"stage": )" + std::to_string(stage) + R"(, "overlap_comm": )" +
@@ -160,6 +158,8 @@ TEST_P(ZeroWorldOne, MatchesTheSingleProcessEngineBitForBit) {
   EXPECT_TRUE(same_bits(sa.master, sb.master)) << "fp32 master";
   EXPECT_TRUE(same_bits(sa.exp_avg, sb.exp_avg)) << "exp_avg";
   EXPECT_TRUE(same_bits(sa.exp_avg_sq, sb.exp_avg_sq)) << "exp_avg_sq";
+  EXPECT_TRUE(same_bits(sa.compensation, sb.compensation)) << "bf16 master's compensation";
+  EXPECT_EQ(sb.compensation.size(), std::string(c.layout).find("_comp") != std::string::npos ? sb.params.size() : 0u);
 }
 
 TEST_P(ZeroWorldOne, StateLoadedIntoThePartitionContinuesIdentically) {
@@ -215,7 +215,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"bf16_full", 3, 1, 0.f, false, false, 1000000000, true},
                       // Stage 3 with overlap_comm: each unit reduce-scattered during the last backward.
                       Case{"baseline", 3, 2, 1.0f, true}, Case{"bf16_full", 3, 1, 0.f, true, true},
-                      Case{"bf16_master_wg", 3, 3, 0.5f, true, false, 150000, true}),
+                      Case{"bf16_master_wg", 3, 3, 0.5f, true, false, 150000, true},
+                      // The compensated bf16 master: partitioned (1, 2) and sharded (3) like the moments.
+                      Case{"bf16_master_wg_comp", 0}, Case{"bf16_full_comp", 1}, Case{"bf16_master_wg_comp", 2, 2, 0.5f},
+                      Case{"bf16_full_comp", 3}, Case{"bf16_full_comp", 3, 1, 1.0f, true, true}),
     case_name);
 
 TEST(ZeroWorldOneStage3, WithoutACommunicatorRunsAsTheSingleProcessEngine) {

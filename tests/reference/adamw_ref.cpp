@@ -6,6 +6,7 @@
 
 #include "kernels/common/stochastic_round.cuh"
 #include "runtime/dtype.h"
+#include "runtime/error.h"
 
 namespace cutrain::ref {
 
@@ -18,14 +19,17 @@ float bf16_store(float f, bool stochastic, unsigned r16) {
 
 void adam_step(kernels::OptimizerLayout layout, const kernels::AdamParams& p, double scale, std::vector<float>& params,
                const std::vector<float>& grads, std::vector<float>& master, std::vector<float>& m,
-               std::vector<float>& v) {
+               std::vector<float>& v, std::vector<float>* comp) {
   using kernels::OptimizerLayout;
   const double b1 = p.beta1, b2 = p.beta2;
   const double bc1 = 1.0 - std::pow(b1, p.step), bc2 = 1.0 - std::pow(b2, p.step);
   const bool base = layout == OptimizerLayout::Baseline, full = layout == OptimizerLayout::Bf16Full;
+  CUTRAIN_CHECK(comp == nullptr || (!base && comp->size() == params.size()),
+                "ref::adam_step: the compensation belongs to a bf16 master and has one element per parameter");
   for (std::size_t i = 0; i < params.size(); ++i) {
     double g = static_cast<double>(grads[i]) * scale;
     double w = base ? master[i] : params[i];
+    if (comp) w += (*comp)[i];
     if (!p.decoupled) g += p.weight_decay * w;
     const double mi = b1 * m[i] + (1 - b1) * g;
     const double vi = b2 * v[i] + (1 - b2) * g * g;
@@ -39,6 +43,7 @@ void adam_step(kernels::OptimizerLayout layout, const kernels::AdamParams& p, do
     }
     if (base) master[i] = static_cast<float>(w);
     params[i] = bf16_store(static_cast<float>(w), p.stochastic_rounding, rp);
+    if (comp) (*comp)[i] = round_bf16(static_cast<float>(w) - params[i]);  // the difference is exact in float
     if (full) {
       m[i] = bf16_store(static_cast<float>(mi), p.stochastic_rounding, rm);
       v[i] = bf16_store(static_cast<float>(vi), p.stochastic_rounding, rv);

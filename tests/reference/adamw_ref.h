@@ -13,9 +13,11 @@ namespace cutrain::ref {
 // (grad_scale times any device scale). Updates everything in place, rounding each store the way
 // the kernel does: fp32 stores round the double result to float; bf16 stores round that float to
 // bf16 (nearest-even, or stochastically with the kernel's bits, kernels::sr_draws).
+// `comp` (non-null: the compensated bf16 master, not Baseline): bf16 values; the weight is
+// params + comp, updated in fp64, rounded to float x; params = bf16_store(x), comp = rne(x - params).
 void adam_step(kernels::OptimizerLayout layout, const kernels::AdamParams& p, double scale, std::vector<float>& params,
                const std::vector<float>& grads, std::vector<float>& master, std::vector<float>& m,
-               std::vector<float>& v);
+               std::vector<float>& v, std::vector<float>* comp = nullptr);
 
 // The kernel's bf16 store of `f`: nearest-even, or stochastic with the 16 bits `r16`.
 float bf16_store(float f, bool stochastic, unsigned r16);

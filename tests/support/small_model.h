@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tests/support/test_support.h"
@@ -19,6 +20,16 @@ inline train::BackendOptions small_model(std::uint64_t seed, int hidden = 128, i
   o.seed = seed;
   o.cuda_graph = true;
   return o;
+}
+
+// The config's bf16 section (inside the braces) for a layout's test name: baseline,
+// bf16_master_wg, bf16_full, and the compensated bf16_master_wg_comp, bf16_full_comp.
+inline std::string bf16_section(const std::string& layout) {
+  std::string s = R"("enabled": true)";
+  if (layout != "baseline") s += R"(, "bf16_master_weights_and_grads": true)";
+  if (layout.rfind("bf16_full", 0) == 0) s += R"(, "bf16_optimizer_states": true)";
+  if (layout.size() > 5 && layout.compare(layout.size() - 5, 5, "_comp") == 0) s += R"(, "bf16_master_compensation": true)";
+  return s;
 }
 
 // `count` steps of random tokens and labels in [0, vocab), B*S each: tokens[i], labels[i].

@@ -316,6 +316,15 @@ TEST(Config, InconsistentCombinationsSayWhy) {
                {"test.json", "bf16.bf16_optimizer_states", "needs bf16_master_weights_and_grads: true"});
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"bf16_master_weights_and_grads": true}})",
                {"bf16.bf16_master_weights_and_grads", "needs bf16.enabled: true"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true, "bf16_master_compensation": true}})",
+               {"test.json", "bf16.bf16_master_compensation", "needs bf16_master_weights_and_grads: true"});
+  {
+    const train::TrainConfig c = train::parse_config(
+        R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true, "bf16_master_weights_and_grads": true,
+            "bf16_master_compensation": true}})", "comp.json");
+    EXPECT_TRUE(c.bf16.bf16_master_compensation);
+    EXPECT_FALSE(any_warning_has(c, {"compensation"})) << warnings_text(c);
+  }
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})",
                {"zero_optimization.offload_param.device", "needs ZeRO stage 3", "stage is 2"});
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}})",

@@ -1,6 +1,7 @@
 // The precision layouts: buffers and bytes per parameter, chosen from the config's bf16 section.
 #include <gtest/gtest.h>
 
+#include "runtime/error.h"
 #include "train/precision.h"
 
 using namespace cutrain;
@@ -19,6 +20,26 @@ TEST(Precision, BytesPerParamOfEachLayout) {
   EXPECT_EQ(train::plan_for(OptimizerLayout::Bf16Full, 1).buffers().size(), 4u);
 }
 
+TEST(Precision, CompensationAddsOneBf16Buffer) {
+  const auto wg = train::plan_for(OptimizerLayout::Bf16MasterWG, 1, true);
+  const auto full = train::plan_for(OptimizerLayout::Bf16Full, 1, true);
+  EXPECT_EQ(wg.bytes_per_param(), 14u);
+  EXPECT_EQ(full.bytes_per_param(), 10u);  // the 10 bytes instead of baseline's 16
+  const auto b = full.buffers();
+  ASSERT_EQ(b.size(), 5u);
+  EXPECT_EQ(b[2].name, "compensation");
+  EXPECT_EQ(b[2].dtype, DType::BF16);
+  EXPECT_STREQ(full.name(), "bf16_full");
+  EXPECT_EQ(full.label(), "bf16_full+compensation");
+  EXPECT_THROW(train::plan_for(OptimizerLayout::Baseline, 1, true), Error);
+  train::TrainConfig c;
+  c.bf16.enabled = c.bf16.bf16_master_weights_and_grads = c.bf16.bf16_optimizer_states = true;
+  EXPECT_FALSE(train::plan_from_config(c).compensation);
+  c.bf16.bf16_master_compensation = true;
+  EXPECT_TRUE(train::plan_from_config(c).compensation);
+  EXPECT_EQ(train::plan_from_config(c).bytes_per_param(), 10u);
+}
+
 TEST(Precision, LayoutFromConfig) {
   train::TrainConfig c;
   c.bf16.enabled = true;
@@ -34,6 +55,7 @@ TEST(Precision, LayoutFromConfig) {
 
 TEST(Precision, TableNamesEveryLayout) {
   const std::string t = train::bytes_per_param_table();
-  for (const char* s : {"baseline", "bf16_master_wg", "bf16_full", "| 16", "| 12", "| 8", "| 18"})
+  for (const char* s : {"baseline", "bf16_master_wg", "bf16_full", "| 16", "| 12", "| 8", "| 18", "bf16_full+comp", "| 10",
+                        "| 14"})
     EXPECT_NE(t.find(s), std::string::npos) << s << "\n" << t;
 }

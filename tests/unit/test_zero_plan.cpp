@@ -114,6 +114,23 @@ TEST(ZeroPlan, BytesPerParamPerStageAndLayout) {
       << "world 1: the shard is a second full-size gradient buffer";
 }
 
+TEST(ZeroPlan, CompensationIsTwoBytesPerParamPartitionedLikeTheMoments) {
+  for (OptimizerLayout l : {OptimizerLayout::Bf16MasterWG, OptimizerLayout::Bf16Full}) {
+    const train::PrecisionPlan plain = train::plan_for(l, 1), comp = train::plan_for(l, 1, true);
+    EXPECT_EQ(comp.bytes_per_param(), plain.bytes_per_param() + 2) << comp.label();
+    EXPECT_DOUBLE_EQ(train::zero_bytes_per_param(comp, parallel::make_zero_plan(0, 1000, 1, 0, false)).total(),
+                     double(comp.bytes_per_param()));
+    for (int stage : {1, 2, 3}) {
+      const parallel::ZeroPlan z = parallel::make_zero_plan(stage, 1000, 4, 1, true);
+      EXPECT_DOUBLE_EQ(train::zero_bytes_per_param(comp, z).total() - train::zero_bytes_per_param(plain, z).total(), 2.0 / 4)
+          << comp.label() << " stage " << stage;
+    }
+  }
+  const std::string line = train::zero_memory_line(train::plan_for(OptimizerLayout::Bf16Full, 1, true),
+                                                   parallel::make_zero_plan(2, 1000, 2, 0, true));
+  EXPECT_NE(line.find("(compensation 2 + moments 4)/2 bytes/param = 7.00"), std::string::npos) << line;
+}
+
 TEST(ZeroPlan, MemoryLineNamesStageWorldAndBreakdown) {
   const train::PrecisionPlan base = train::plan_for(OptimizerLayout::Baseline, 1);
   const std::string l1 = train::zero_memory_line(base, parallel::make_zero_plan(1, 1000, 4, 2, true));
