@@ -7,6 +7,7 @@
 
 #include "runtime/comm/launch_env.h"
 #include "runtime/device.h"
+#include "runtime/error.h"
 #include "tools/commands.h"
 #include "train/precision.h"
 #include "train/train_loop.h"
@@ -18,7 +19,9 @@ struct TrainFlags {
   train::TrainOptions o;
   std::string config;
   // The string-valued flags, turned into their enums once in run_train.
-  std::string device = "cuda", labels = "auto", attention = "auto";
+  std::string device = "cuda", labels = "auto", attention = "auto", model = "simple", gpt2_size;
+  CLI::Option* model_opt = nullptr;
+  CLI::Option* gpt2_size_opt = nullptr;
   float learning_rate = 1e-4f;
   int log_interval = 5;
   CLI::Option* log_interval_opt = nullptr;
@@ -47,6 +50,24 @@ int run_train(TrainFlags& f) {
   o.device = train::parse_choice(train::kTrainDevices, f.device, "--device");
   o.labels = train::parse_choice(train::kLabelsChoices, f.labels, "--labels");
   o.attention = train::parse_choice(train::kAttentionChoices, f.attention, "--attention");
+  o.model = train::parse_choice(train::kModelArchs, f.model, "--model");
+  if (f.gpt2_size_opt->count()) {
+    // llm.c's -e dN: GPT-2 of that depth, 1024 positions; shape flags given beside it must agree.
+    const train::Gpt2Size z = train::parse_choice(train::kGpt2Sizes, f.gpt2_size, "--gpt2_size");
+    CUTRAIN_CHECK(!f.model_opt->count() || o.model == model::Arch::Gpt2, "train: --gpt2_size ", f.gpt2_size,
+                  " is a GPT-2 size, --model says ", f.model);
+    o.model = model::Arch::Gpt2;
+    auto set = [&](const char* flag, int& v, int want) {
+      for (const auto& [opt, given] : f.shape_opts)
+        CUTRAIN_CHECK(!(opt->get_name() == flag && opt->count() && v != want), "train: ", flag, " ", v,
+                      " contradicts --gpt2_size ", f.gpt2_size, " (", want, ")");
+      v = want;
+    };
+    set("--hidden_dim", o.hidden_dim, z.channels);
+    set("--num_layers", o.num_layers, z.layers);
+    set("--num_heads", o.num_heads, z.heads);
+    if (o.max_seq_len == 0) o.max_seq_len = 1024;
+  }
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
   if (f.log_interval_opt->count()) o.log_interval = f.log_interval;
   o.progress = ::isatty(STDOUT_FILENO) == 1;
@@ -54,6 +75,7 @@ int run_train(TrainFlags& f) {
   if (f.save_interval_opt->count()) o.save_interval = f.save_interval;
   if (f.keep_last_opt->count()) o.keep_last = f.keep_last;
   for (const auto& [opt, given] : f.shape_opts) o.shape_given.*given = opt->count() > 0;
+  if (f.gpt2_size_opt->count()) o.shape_given.hidden_dim = o.shape_given.num_layers = o.shape_given.num_heads = true;
   if (f.timing_opt->count()) {
     o.profiling.timing_report = true;
     o.profiling.timing_report_file = f.timing_file;
@@ -109,6 +131,20 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   shape(sub->add_option("--num_layers", o.num_layers, "Transformer blocks"), &G::num_layers)->capture_default_str();
   shape(sub->add_option("--num_heads", o.num_heads, "Attention heads"), &G::num_heads)->capture_default_str();
   shape(sub->add_option("--vocab_size", o.vocab_size, "Vocabulary size"), &G::vocab_size)->capture_default_str();
+  f.model_opt = sub->add_option("--model", f.model,
+                                "Architecture: simple (the BF16 example's post-LN model) or gpt2 (llm.c's GPT-2: "
+                                "pre-LN, tied head, tanh GELU, causal, vocabulary padded to 128)")
+                    ->capture_default_str()
+                    ->check(CLI::IsMember({"simple", "gpt2"}));
+  f.gpt2_size_opt = sub->add_option("-e,--gpt2_size", f.gpt2_size,
+                                    "llm.c's GPT-2 sizes: d6, d12 (124M), d24, d36, d48 (sets --model gpt2, the "
+                                    "hidden size, layers and heads, 1024 positions)")
+                        ->check(CLI::IsMember({"d6", "d12", "d24", "d36", "d48"}));
+  sub->add_option("--max_seq_len", o.max_seq_len, "Rows of the position table (not given: --seq_length)");
+  sub->add_option("--init_from_llmc", o.init_from_llmc,
+                  "Start from llm.c's model file (model_*.bin of its -o folder, or gpt2_124M_bf16.bin): it gives "
+                  "the architecture and shape; the optimizer starts fresh");
+  sub->add_option("--save_llmc", o.save_llmc, "At the end, write the params as llm.c's model file (bf16, version 5)");
   sub->add_option("--batch_size", o.batch_size, "Micro batch size")->capture_default_str();
   shape(sub->add_option("--seq_length", o.seq_length, "Sequence length (= max_seq_len)"), &G::seq_length)
       ->capture_default_str();

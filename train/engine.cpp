@@ -65,6 +65,10 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   // gradients in this rank's shard; the full gradient buffer in the padded layout. Otherwise
   // flat == state == n_.
   if (zero_.sharded()) {
+    // GPT-2's tied head reads the embedding unit a second time, after the blocks: stage 3's
+    // gather order (parallel/zero_shard_layout.h) does not have that use.
+    CUTRAIN_CHECK(o.dims.arch != model::Arch::Gpt2, "train: zero_optimization.stage 3 is not supported for --model ",
+                  "gpt2 (its tied head reuses the embedding unit); use stage 0, 1 or 2");
     // The shards live on the device; moving them to the host or NVMe is not implemented.
     CUTRAIN_CHECK(c.zero_optimization.offload_param.device == OffloadTarget::None,
                   "zero_optimization.offload_param.device \"", name(c.zero_optimization.offload_param.device),
