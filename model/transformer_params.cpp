@@ -95,27 +95,40 @@ void TransformerParams::build_gpt2() {
   add("wpe.weight", {T, C}, InitKind::Normal, kStd);
   for (int i = 0; i < dims.layers; ++i) {
     const std::string p = "h." + std::to_string(i) + ".";
+    // The four matrices first, then the eight vectors: each block is two decay runs.
     LayerIndex L{};
-    L.norm1_w = add(p + "ln_1.weight", {C}, InitKind::Ones, 0);
-    layer_first_.push_back(L.norm1_w);
-    L.norm1_b = add(p + "ln_1.bias", {C}, InitKind::Zeros, 0);
     L.in_proj_w = add(p + "attn.c_attn.weight", {3 * C, C}, InitKind::Normal, kStd);
-    L.in_proj_b = add(p + "attn.c_attn.bias", {3 * C}, InitKind::Zeros, 0);
+    layer_first_.push_back(L.in_proj_w);
     L.out_proj_w = add(p + "attn.c_proj.weight", {C, C}, InitKind::Normal, res_std);
+    L.ff0_w = add(p + "mlp.c_fc.weight", {F, C}, InitKind::Normal, kStd);
+    L.ff2_w = add(p + "mlp.c_proj.weight", {C, F}, InitKind::Normal, res_std);
+    L.norm1_w = add(p + "ln_1.weight", {C}, InitKind::Ones, 0);
+    L.norm1_b = add(p + "ln_1.bias", {C}, InitKind::Zeros, 0);
+    L.in_proj_b = add(p + "attn.c_attn.bias", {3 * C}, InitKind::Zeros, 0);
     L.out_proj_b = add(p + "attn.c_proj.bias", {C}, InitKind::Zeros, 0);
     L.norm2_w = add(p + "ln_2.weight", {C}, InitKind::Ones, 0);
     L.norm2_b = add(p + "ln_2.bias", {C}, InitKind::Zeros, 0);
-    L.ff0_w = add(p + "mlp.c_fc.weight", {F, C}, InitKind::Normal, kStd);
     L.ff0_b = add(p + "mlp.c_fc.bias", {F}, InitKind::Zeros, 0);
-    L.ff2_w = add(p + "mlp.c_proj.weight", {C, F}, InitKind::Normal, res_std);
     L.ff2_b = add(p + "mlp.c_proj.bias", {C}, InitKind::Zeros, 0);
+    for (int t = L.norm1_w; t <= L.ff2_b; ++t) tensors_[std::size_t(t)].decay = false;
     layer_end_.push_back(L.ff2_b + 1);
     layers_.push_back(L);
   }
   lnf_w_ = add("ln_f.weight", {C}, InitKind::Ones, 0);
   lnf_b_ = add("ln_f.bias", {C}, InitKind::Zeros, 0);
+  tensors_[std::size_t(lnf_w_)].decay = tensors_[std::size_t(lnf_b_)].decay = false;
   output_w_ = 0;  // tied to wte
   output_b_ = -1;
+}
+
+std::vector<DecayRun> TransformerParams::decay_runs() const {
+  std::vector<DecayRun> runs;
+  for (const ParamTensor& t : tensors_) {
+    if (!runs.empty() && runs.back().decay == t.decay) continue;
+    if (!runs.empty()) runs.back().end = t.offset;
+    runs.push_back({t.offset, flat_size_, t.decay});
+  }
+  return runs;
 }
 
 const ParamTensor& TransformerParams::find(const std::string& name) const {

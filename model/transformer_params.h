@@ -44,6 +44,16 @@ struct ParamTensor {
   std::size_t count = 0;            // product of shape
   InitKind init = InitKind::Zeros;
   double bound = 0;                 // Uniform: U(-bound, bound); Normal: the standard deviation
+  // Whether optimizer.params.weight_decay applies: every tensor of the seed model (the BF16
+  // example's AdamW over model.parameters()); GPT-2's matrices and embeddings only (llm.c's rule:
+  // no decay for biases and LayerNorm).
+  bool decay = true;
+};
+
+// A flat range whose tensors share the decay flag (runs tile [0, flat_size()), padding included).
+struct DecayRun {
+  std::size_t begin = 0, end = 0;
+  bool decay = true;
 };
 
 // A contiguous run of whole tensors the model uses together: the embedding tables, one block,
@@ -86,6 +96,10 @@ class TransformerParams {
   // each block, head_unit() (Simple: output projection weight and bias; Gpt2: the final
   // LayerNorm, the head's weight being in the embedding unit). They tile [0, flat_size()).
   const std::vector<ParamUnit>& units() const { return units_; }
+  // Adjacent tensors with the same decay flag merged: one run for the seed model; for GPT-2
+  // [wte, wpe, block 0's matrices], [block 0's vectors], [block 1's matrices], ... [the last
+  // block's vectors, ln_f]: two runs per block (its matrices come first).
+  std::vector<DecayRun> decay_runs() const;
   int embedding_unit() const { return 0; }
   int layer_unit(int l) const { return 1 + l; }
   int head_unit() const { return 1 + dims_.layers; }

@@ -17,6 +17,13 @@
 #   ncu         ncu capture of exactly steps 3-4 (--profile_steps)
 #   offload     the offload sweep, a large offload-bench, racecheck on a non-blocking round trip
 #   io          io-bench (read/write/gpu), file-access and its Python peer, nvme-tune
+#   llmc        llm.c (PEERS_DIR, default .peers/: ../shared/peers' run.sh and llmc/) beside cutrain's
+#               GPT-2 on the same WikiText-2 tokens: llm.c trains 30 steps from its d12 init and
+#               writes its checkpoint; cutrain's validation loss of it against llm.c's; 200 steps
+#               of the same recipe from it on both (configs/llmc_gpt2_constant.json = llm.c's
+#               -l 3e-4 -u 0 -q 1.0 -c 0.1), cutrain's result read back by llm.c; d12 B16/B32
+#               T1024 tokens/s and peak memory (scripts/peak-mem.sh) of both; the table by
+#               scripts/llmc_compare.py. About 6 minutes with llm.c's build.
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -175,6 +182,36 @@ fi
 if want io; then
   step io 130 "mkdir -p /tmp/io && $bin io-bench --folder /tmp/io --io_size 1G --read --loops 3 && $bin io-bench --folder /tmp/io --io_size 1G --loops 3 && $bin io-bench --folder /tmp/io --io_size 1G --read --gpu --loops 3 --no_baselines && $bin file-access --folder /tmp/io --size 1G && python3 bench/peers/file_access_peer.py --folder /tmp/io --out $logs/file_access_peer.json && $bin nvme-tune --folder /tmp/io --io_size 256M --io_parallel 1 4"
   grep -E "Speed|GB/s|best|aio|backend|tensor" "$logs/io.txt" | tail -50 >>"$sum" 2>/dev/null
+fi
+
+if want llmc; then
+  peers=${PEERS_DIR:-$root/.peers}
+  lc=/tmp/llmc  # run.sh builds train_gpt2cu and writes train.bin / val.bin (WikiText-2 valid / test) here
+  ck=$lc/ck/model_00000030.bin
+  lenv='cud=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])"); export LD_LIBRARY_PATH=$cud/lib:${LD_LIBRARY_PATH:-}; cd '$lc
+  lbin="./train_gpt2cu -i $lc/train.bin -j $lc/val.bin -t 1024 -m 8 -s 100000 -l 3e-4 -u 0 -q 1.0 -c 0.1"
+  cfg=configs/llmc_gpt2_constant.json
+  cdata="--use_real_data --data $lc/train.bin --eval_data $lc/val.bin --eval_steps 8 --seq_length 1024"
+  if [ -x "$peers/run.sh" ]; then
+    step llmc_build 240 "$peers/run.sh llmc-gpt2 16 1"
+    step llmc_train 90 "$lenv && $lbin -e d12 -b 16 -x 30 -v 1000 -n 30 -o $lc/ck && ls -l $ck"
+    step llmc_parity 90 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 1"
+    step llmc_200 90 "$lenv && $lbin -e $ck -b 16 -x 200 -v 1000"
+    step cutrain_200 150 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 200 --log_interval 1 --save_llmc $lc/cutrain_200.bin"
+    step llmc_back 60 "$lenv && $lbin -e $lc/cutrain_200.bin -b 16 -x 1 -v 1000"
+    # Throughput: llm.c first at B16, cutrain first at B32 (neither always warms the GPU for the other).
+    for b in 16 32; do
+      crun="scripts/peak-mem.sh $logs/cutrain_speed_b$b.mem $bin train --deepspeed_config $cfg -e d12 $cdata --batch_size $b --num_steps 30 --warmup_steps 10"
+      [ $b = 32 ] && step cutrain_speed_b$b 120 "$crun"
+      step llmc_speed_b$b 90 "$lenv && $root/scripts/peak-mem.sh $logs/llmc_speed_b$b.mem $lbin -e d12 -b $b -x 30 -v 100000"
+      [ $b = 16 ] && step cutrain_speed_b$b 120 "$crun"
+    done
+    python3 scripts/llmc_compare.py --logs "$logs" >>"$sum" 2>&1
+    grep -E "^val loss" "$logs/llmc_back.txt" | head -1 | sed 's/^/llm.c reading cutrain_200.bin (step 0): /' >>"$sum"
+    grep -E "Eval after" "$logs/cutrain_200.txt" | tail -1 | sed 's/^/cutrain before writing it: /' >>"$sum"
+  else
+    echo "-- llmc: no $peers/run.sh (carry ../shared/peers as .peers, or set PEERS_DIR)" >>"$sum"
+  fi
 fi
 
 if want extra && [ -n "${EXTRA_CMD:-}" ]; then

@@ -49,6 +49,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
       plan_(plan_from_config(c)),
       accum_(c.accumulation()),
       n_(table_.flat_size()),
+      decay_runs_(table_.decay_runs()),
       comm_(resolve_communicator(o, c)) {
   std::string why;
   CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");
@@ -64,6 +65,8 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   // moments only for this rank's partition. Sharded (3): params, master, moments and the reduced
   // gradients in this rank's shard; the full gradient buffer in the padded layout. Otherwise
   // flat == state == n_.
+  CUTRAIN_CHECK(!zero_.sharded() || decay_runs_.size() == 1,
+                "train: zero_optimization.stage 3 needs one weight-decay rule for every parameter");
   if (zero_.sharded()) {
     // GPT-2's tied head reads the embedding unit a second time, after the blocks: stage 3's
     // gather order (parallel/zero_shard_layout.h) does not have that use.
@@ -386,9 +389,22 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     const void* g = zero_.sharded() ? grad_shard_.get() : static_cast<const char*>(grads_.get()) + sr.begin * gs;
     const model::cost::Cost c = model::cost::adam_step(sr.size(), gs, dtype_size(plan_.moment), plan_.has_master);
     TimedRegion ro("optimizer", stream_, c.flops, c.bytes);
-    kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>() + sr.begin, g, plan_.grad,
-                       plan_.has_master ? as_f32(master_) : nullptr, m_.get(), v_.get(), sr.size(), flags + accum_ + 1,
-                       reinterpret_cast<const int*>(flags + accum_ + 2));
+    // One launch per decay run (model/transformer_params.h): a single one for the seed model;
+    // GPT-2 decays its matrices and embeddings only. The last run also covers the partition's
+    // padding past n_. Stage 3 (refused for GPT-2) has one run over its whole shard.
+    const std::size_t ms = dtype_size(plan_.moment);
+    for (std::size_t k = 0; k < decay_runs_.size(); ++k) {
+      const model::DecayRun& run = decay_runs_[k];
+      const std::size_t b = zero_.sharded() ? sr.begin : std::max(run.begin, sr.begin);
+      const std::size_t e = zero_.sharded() || k + 1 == decay_runs_.size() ? sr.end : std::min(run.end, sr.end);
+      if (b >= e) continue;
+      const std::size_t o = b - sr.begin;  // into this rank's (partition-indexed) state buffers
+      p.weight_decay = run.decay ? cfg_.optimizer.weight_decay : 0.f;
+      kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>() + b, static_cast<const char*>(g) + o * gs,
+                         plan_.grad, plan_.has_master ? as_f32(master_) + o : nullptr,
+                         static_cast<char*>(m_.get()) + o * ms, static_cast<char*>(v_.get()) + o * ms, e - b,
+                         flags + accum_ + 1, reinterpret_cast<const int*>(flags + accum_ + 2));
+    }
   }
   if (sharded_) {
     // Params stay sharded: only the persistent units are gathered again.

@@ -32,14 +32,14 @@ train::BackendOptions gpt2_model(std::uint64_t seed) {
   return o;
 }
 
-train::TrainConfig config_for(const std::string& layout, int accumulation = 1) {
+train::TrainConfig config_for(const std::string& layout, int accumulation = 1, double wd = 0.0) {
   std::string bf16 = R"("enabled": true)";
   if (layout != "baseline") bf16 += R"(, "bf16_master_weights_and_grads": true)";
   if (layout == "bf16_full") bf16 += R"(, "bf16_optimizer_states": true)";
   const std::string text = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )" +
                            std::to_string(accumulation) + R"(, "gradient_clipping": 1.0,
                            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95],
-                           "eps": 1e-8, "weight_decay": 0.0}}, "bf16": {)" + bf16 + "}}";
+                           "eps": 1e-8, "weight_decay": )" + std::to_string(wd) + R"(}}, "bf16": {)" + bf16 + "}}";
   train::TrainConfig c = train::parse_config(text, "test:" + layout);
   c.resolve_batch(1);
   return c;
@@ -87,7 +87,8 @@ TEST_P(Gpt2Gpu, TenStepsFollowTheReference) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   const train::BackendOptions o = gpt2_model(rng());
-  train::GpuEngine eng(o, config_for(GetParam()));
+  // Weight decay 0.1 on the matrices and embeddings only, as llm.c.
+  train::GpuEngine eng(o, config_for(GetParam(), 1, 0.1));
   std::vector<float> p = eng.download_params(), g(p.size()), m(p.size(), 0.f), v(p.size(), 0.f);
   model::ReferenceModel<float> ref(eng.table());
   const std::size_t n = std::size_t(o.batch) * o.seq;
@@ -102,13 +103,22 @@ TEST_P(Gpt2Gpu, TenStepsFollowTheReference) {
     for (float x : g) norm += double(x) * x;
     norm = std::sqrt(norm);
     const double clip = norm > 1.0 ? 1.0 / norm : 1.0;
-    model::reference_adam_step(p.data(), g.data(), m.data(), v.data(), p.size(), 1e-3, 0.9, 0.95, 1e-8, 0.0, true,
-                               step, clip);
+    for (const model::DecayRun& r : eng.table().decay_runs())
+      model::reference_adam_step(p.data() + r.begin, g.data() + r.begin, m.data() + r.begin, v.data() + r.begin,
+                                 r.end - r.begin, 1e-3, 0.9, 0.95, 1e-8, r.decay ? 0.1 : 0.0, true, step, clip);
     EXPECT_FALSE(st.skipped);
     EXPECT_NEAR(st.loss, ref_loss, 0.01 * ref_loss) << GetParam() << " step " << step;
     EXPECT_NEAR(st.grad_norm, norm, 0.03 * norm) << GetParam() << " step " << step;
   }
   EXPECT_TRUE(eng.graph_active());
+  // A LayerNorm weight (never decayed) and a matrix after ten steps, against the reference's.
+  const std::vector<float> after = eng.download_params();
+  for (int idx : {eng.table().layer(1).norm2_w, eng.table().layer(1).ff0_w}) {
+    const auto& t = eng.table().tensor(idx);
+    std::vector<float> got(after.begin() + t.offset, after.begin() + t.offset + t.count);
+    std::vector<float> want(p.begin() + t.offset, p.begin() + t.offset + t.count);
+    EXPECT_LE(test::rel_error(got, want), 2e-2) << GetParam() << ": " << t.name;
+  }
 }
 
 TEST_P(Gpt2Gpu, GraphEqualsEagerAndCheckpointingEqualsNone) {

@@ -129,3 +129,33 @@ TEST(Gpt2Params, InitIsGpt2s) {
   for (std::size_t i = 0; i < b.count; ++i) ASSERT_EQ(p[b.offset + i], 0.f);
   for (std::size_t i = 0; i < w.count; ++i) ASSERT_EQ(p[w.offset + i], 1.f);
 }
+
+// llm.c decays wte, wpe and the four matrices of each block; nothing else. The seed model decays all.
+TEST(Gpt2Params, WeightDecayRunsCoverTheMatricesOnly) {
+  const model::ModelDims d = gpt2_dims(64, 3, 2, 100, 32, 128);
+  model::TransformerParams t(d);
+  const auto runs = t.decay_runs();
+  ASSERT_EQ(runs.size(), 6u);  // two per block
+  EXPECT_EQ(runs.front().begin, 0u);
+  EXPECT_EQ(runs.back().end, t.flat_size());
+  for (std::size_t k = 1; k < runs.size(); ++k) {
+    EXPECT_EQ(runs[k].begin, runs[k - 1].end);
+    EXPECT_NE(runs[k].decay, runs[k - 1].decay);
+  }
+  std::size_t decayed = 0;
+  for (const auto& r : runs)
+    for (const auto& x : t.tensors())
+      if (x.offset >= r.begin && x.offset < r.end) {
+        EXPECT_EQ(r.decay, x.decay) << x.name;
+        if (r.decay) decayed += x.count;
+      }
+  const std::size_t C = 64, L = 3;
+  EXPECT_EQ(decayed, 128 * C + 32 * C + L * (3 * C * C + C * C + 4 * C * C + 4 * C * C));
+  EXPECT_FALSE(t.tensor(t.layer(0).in_proj_b).decay);
+  EXPECT_FALSE(t.tensor(t.final_norm_w()).decay);
+  EXPECT_TRUE(t.tensor(t.pos_embedding()).decay);
+  model::TransformerParams simple(model::ModelDims{64, 2, 2, 100, 32});
+  ASSERT_EQ(simple.decay_runs().size(), 1u);
+  EXPECT_TRUE(simple.decay_runs()[0].decay);
+  EXPECT_EQ(simple.decay_runs()[0].end, simple.flat_size());
+}
