@@ -21,7 +21,8 @@
 #               GPT-2 on the same WikiText-2 tokens: llm.c trains 30 steps from its d12 init and
 #               writes its checkpoint; cutrain's validation loss of it against llm.c's; 200 steps
 #               of the same recipe from it on both (configs/llmc_gpt2_constant.json = llm.c's
-#               -l 3e-4 -u 0 -q 1.0 -c 0.1), cutrain's result read back by llm.c; d12 B16/B32
+#               -l 3e-4 -u 0 -q 1.0 -c 0.1), cutrain's result read back by llm.c and by PyTorch
+#               (bench/peers/gpt2_torch_eval.py on --save_hf's safetensors); d12 B16/B32
 #               T1024 tokens/s and peak memory (scripts/peak-mem.sh) of both; the table by
 #               scripts/llmc_compare.py. About 6 minutes with llm.c's build.
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
@@ -197,7 +198,8 @@ if want llmc; then
     step llmc_train 90 "$lenv && $lbin -e d12 -b 16 -x 30 -v 1000 -n 30 -o $lc/ck && ls -l $ck"
     step llmc_parity 90 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 1"
     step llmc_200 90 "$lenv && $lbin -e $ck -b 16 -x 200 -v 1000"
-    step cutrain_200 150 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 200 --log_interval 1 --save_llmc $lc/cutrain_200.bin"
+    step cutrain_200 150 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 200 --log_interval 1 --save_llmc $lc/cutrain_200.bin --save_hf $lc/cutrain_200.safetensors"
+    step torch_eval 60 "python3 bench/peers/gpt2_torch_eval.py --weights $lc/cutrain_200.safetensors --tokens $lc/val.bin --heads 12 --batch 16 --seq 1024 --batches 8"
     step llmc_back 60 "$lenv && $lbin -e $lc/cutrain_200.bin -b 16 -x 1 -v 1000"
     # Throughput: llm.c first at B16, cutrain first at B32 (neither always warms the GPU for the other).
     for b in 16 32; do
@@ -209,6 +211,7 @@ if want llmc; then
     python3 scripts/llmc_compare.py --logs "$logs" >>"$sum" 2>&1
     grep -E "^val loss" "$logs/llmc_back.txt" | head -1 | sed 's/^/llm.c reading cutrain_200.bin (step 0): /' >>"$sum"
     grep -E "Eval after" "$logs/cutrain_200.txt" | tail -1 | sed 's/^/cutrain before writing it: /' >>"$sum"
+    grep -E "^torch val loss" "$logs/torch_eval.txt" | sed 's/^/PyTorch on cutrain_200.safetensors: /' >>"$sum"
   else
     echo "-- llmc: no $peers/run.sh (carry ../shared/peers as .peers, or set PEERS_DIR)" >>"$sum"
   fi

@@ -145,6 +145,10 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
                   "Start from llm.c's model file (model_*.bin of its -o folder, or gpt2_124M_bf16.bin): it gives "
                   "the architecture and shape; the optimizer starts fresh");
   sub->add_option("--save_llmc", o.save_llmc, "At the end, write the params as llm.c's model file (bf16, version 5)");
+  sub->add_option("--init_from_hf", o.init_from_hf,
+                  "Start from Hugging Face GPT-2 safetensors (transformer.h.0.attn.c_attn.weight, ...; F32 or BF16); "
+                  "the shape comes from the flags, e.g. -e d12 --vocab_size 50257");
+  sub->add_option("--save_hf", o.save_hf, "At the end, write the params as Hugging Face GPT-2 safetensors (F32)");
   sub->add_option("--batch_size", o.batch_size, "Micro batch size")->capture_default_str();
   shape(sub->add_option("--seq_length", o.seq_length, "Sequence length (= max_seq_len)"), &G::seq_length)
       ->capture_default_str();

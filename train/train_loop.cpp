@@ -23,7 +23,7 @@
 #include "train/cpu_backend.h"
 #include "train/engine.h"
 #include "train/line_log.h"
-#include "train/llmc_io.h"
+#include "train/gpt2_io.h"
 #include "train/lr_schedule.h"
 #include "train/precision.h"
 
@@ -162,6 +162,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   const bool gpt2 = o.model == model::Arch::Gpt2;
   CUTRAIN_CHECK(!gpt2 || o.attention != AttentionChoice::Bidirectional,
                 "train: --model gpt2 is causal; --attention bidirectional is for --model simple");
+  CUTRAIN_CHECK((o.init_from_hf.empty() && o.save_hf.empty()) || gpt2, "train: --init_from_hf / --save_hf ",
+                "use Hugging Face's GPT-2 names: expected --model gpt2 (or --gpt2_size), found --model ", name(o.model));
+  CUTRAIN_CHECK(o.init_from_hf.empty() || o.init_from_llmc.empty(),
+                "train: --init_from_hf and --init_from_llmc both given; expected one");
   CUTRAIN_CHECK(o.save_llmc.empty() || gpt2, "train: --save_llmc writes llm.c's GPT-2 layout: expected --model gpt2 (or "
                 "--gpt2_size, --init_from_llmc), found --model ", name(o.model));
   CUTRAIN_CHECK(o.max_seq_len == 0 || o.seq_length <= o.max_seq_len, "train: --seq_length ", o.seq_length,
@@ -296,6 +300,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
         << (llmc->version == model::kLlmcVersionBf16 ? "bf16" : "fp32") << ", " << llmc->layers << " layers, "
         << llmc->channels << " channels, " << llmc->heads << " heads, vocab " << llmc->vocab << " padded to "
         << llmc->padded_vocab << ", " << llmc->max_seq << " positions)\n";
+  }
+  if (!o.init_from_hf.empty()) {
+    init_from_hf(*be, o.init_from_hf);
+    out << "[Rank 0] Initialized from Hugging Face GPT-2 safetensors " << o.init_from_hf.string() << "\n";
   }
   const std::size_t nparams = be->table().num_params();
   out << "[Rank 0] Model parameters: " << with_commas(nparams) << " total, " << with_commas(nparams) << " trainable\n";
@@ -463,6 +471,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (!o.save_llmc.empty()) {
     save_llmc(*be, o.save_llmc, /*bf16=*/true, env.rank == 0);
     out << "[Rank 0] llm.c checkpoint saved to: " << o.save_llmc.string() << " (bf16, version 5)\n";
+  }
+  if (!o.save_hf.empty()) {
+    save_hf(*be, o.save_hf, env.rank == 0);
+    out << "[Rank 0] Hugging Face GPT-2 safetensors saved to: " << o.save_hf.string() << " (F32)\n";
   }
   be->release_workspace();
   const MemoryStats fin = be->memory();

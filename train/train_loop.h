@@ -25,6 +25,9 @@ struct TrainOptions {
   // --init_from_llmc: start from llm.c's model file (it gives the model's shape and arch);
   // --save_llmc: write the trained params as llm.c's model file (bf16, version 5) at the end.
   std::filesystem::path init_from_llmc, save_llmc;
+  // --init_from_hf / --save_hf: the same with Hugging Face's GPT-2 safetensors (F32); the shape
+  // comes from the flags (--gpt2_size), the file is checked against it.
+  std::filesystem::path init_from_hf, save_hf;
   int num_steps = 20, warmup_steps = 5;
   std::optional<float> learning_rate;  // given: overrides the config's optimizer lr
   // Step lines every N steps; not given: the config's steps_per_print, else 5 (train.py's default).

@@ -14,7 +14,7 @@
 #include "tests/support/test_support.h"
 #include "train/config.h"
 #include "train/engine.h"
-#include "train/llmc_io.h"
+#include "train/gpt2_io.h"
 
 using namespace cutrain;
 
