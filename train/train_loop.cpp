@@ -154,24 +154,6 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   CUTRAIN_CHECK(!o.accept_legacy_checkpoint || !o.resume_dir.empty(),
                 "train: --accept_legacy_checkpoint: expected --resume DIR with it, found none");
   const bool next_token = o.use_real_data && o.labels != LabelsChoice::Identity;
-  std::optional<model::LlmcHeader> llmc;
-  if (!o.init_from_llmc.empty()) {
-    llmc = model::read_llmc_header(o.init_from_llmc);
-    take_llmc_shape(o, *llmc);
-  }
-  const bool gpt2 = o.model == model::Arch::Gpt2;
-  CUTRAIN_CHECK(!gpt2 || o.attention != AttentionChoice::Bidirectional,
-                "train: --model gpt2 is causal; --attention bidirectional is for --model simple");
-  CUTRAIN_CHECK((o.init_from_hf.empty() && o.save_hf.empty()) || gpt2, "train: --init_from_hf / --save_hf ",
-                "use Hugging Face's GPT-2 names: expected --model gpt2 (or --gpt2_size), found --model ", name(o.model));
-  CUTRAIN_CHECK(o.init_from_hf.empty() || o.init_from_llmc.empty(),
-                "train: --init_from_hf and --init_from_llmc both given; expected one");
-  CUTRAIN_CHECK(o.save_llmc.empty() || gpt2, "train: --save_llmc writes llm.c's GPT-2 layout: expected --model gpt2 (or "
-                "--gpt2_size, --init_from_llmc), found --model ", name(o.model));
-  CUTRAIN_CHECK(o.max_seq_len == 0 || o.seq_length <= o.max_seq_len, "train: --seq_length ", o.seq_length,
-                " is longer than --max_seq_len ", o.max_seq_len);
-  const bool causal = gpt2 || o.attention == AttentionChoice::Causal ||
-                      (o.attention == AttentionChoice::Auto && next_token);
 
   // Data parallel (cutrain launch, torchrun, mpirun, Slurm): the engine makes the communicator from
   // the same variables; here they size the global batch and deal real-data batches by rank.
@@ -194,6 +176,27 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       take_checkpoint_shape(o, resume_dims);
     }
   }
+  // --init_from_llmc gives the shape and the architecture (after --resume's: both are errors together).
+  std::optional<model::LlmcHeader> llmc;
+  CUTRAIN_CHECK(o.resume_dir.empty() || (o.init_from_llmc.empty() && o.init_from_hf.empty()),
+                "train: --resume continues a checkpoint; --init_from_llmc / --init_from_hf start a new run: expected one");
+  if (!o.init_from_llmc.empty()) {
+    llmc = model::read_llmc_header(o.init_from_llmc);
+    take_llmc_shape(o, *llmc);
+  }
+  const bool gpt2 = o.model == model::Arch::Gpt2;
+  CUTRAIN_CHECK(!gpt2 || o.attention != AttentionChoice::Bidirectional,
+                "train: --model gpt2 is causal; --attention bidirectional is for --model simple");
+  CUTRAIN_CHECK((o.init_from_hf.empty() && o.save_hf.empty()) || gpt2, "train: --init_from_hf / --save_hf ",
+                "use Hugging Face's GPT-2 names: expected --model gpt2 (or --gpt2_size), found --model ", name(o.model));
+  CUTRAIN_CHECK(o.init_from_hf.empty() || o.init_from_llmc.empty(),
+                "train: --init_from_hf and --init_from_llmc both given; expected one");
+  CUTRAIN_CHECK(o.save_llmc.empty() || gpt2, "train: --save_llmc writes llm.c's GPT-2 layout: expected --model gpt2 (or "
+                "--gpt2_size, --init_from_llmc), found --model ", name(o.model));
+  CUTRAIN_CHECK(o.max_seq_len == 0 || o.seq_length <= o.max_seq_len, "train: --seq_length ", o.seq_length,
+                " is longer than --max_seq_len ", o.max_seq_len);
+  const bool causal = gpt2 || o.attention == AttentionChoice::Causal ||
+                      (o.attention == AttentionChoice::Auto && next_token);
 
   TrainConfig cfg = load_config(o.deepspeed_config);
   for (const auto& w : cfg.warnings) out << "[Rank 0] warning: " << w << "\n";
