@@ -154,7 +154,7 @@ TEST(Gpt2GpuLlmc, ModelFileLoadsEvaluatesAndWritesBackUnchanged) {
   model::TransformerParams table(o.dims);
   std::vector<float> flat(table.flat_size());
   table.init(flat.data(), rng());
-  for (float& x : flat) x *= 20.f;  // away from GPT-2's small init, so the loss says something
+  for (float& x : flat) x *= 5.f;  // away from GPT-2's small init, so the loss says something
   model::save_llmc_checkpoint(dir / "in.bin", table, flat.data(), /*bf16=*/true);
   train::GpuEngine eng(o, config_for("bf16_full"));
   train::init_from_llmc(eng, dir / "in.bin");
@@ -167,7 +167,7 @@ TEST(Gpt2GpuLlmc, ModelFileLoadsEvaluatesAndWritesBackUnchanged) {
   std::vector<double> p = to_double(want);
   model::ReferenceModel<double> ref(table);
   const double ref_loss = ref.forward(p.data(), tok.data(), lab.data(), o.batch, o.seq);
-  EXPECT_NEAR(eng.eval_loss(tok.data(), lab.data()), ref_loss, 5e-3 * ref_loss);
+  EXPECT_NEAR(eng.eval_loss(tok.data(), lab.data()), ref_loss, 2e-2 * ref_loss);
   train::save_llmc(eng, dir / "out.bin", /*bf16=*/true);
   EXPECT_EQ(read_file(dir / "out.bin"), read_file(dir / "in.bin"));
 }
