@@ -18,8 +18,14 @@ namespace cutrain::model {
 using kernels::GemmEpilogue;
 
 GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
-                               CachingAllocator& alloc)
-    : table_(table), B_(B), S_(S), M_(B * S), checkpointing_(checkpointing), alloc_(alloc) {
+                               CachingAllocator& alloc, bool recompute_gelu)
+    : table_(table),
+      B_(B),
+      S_(S),
+      M_(B * S),
+      checkpointing_(checkpointing),
+      recompute_gelu_(recompute_gelu && !checkpointing && table.dims().arch == Arch::Gpt2),
+      alloc_(alloc) {
   const ModelDims& d = table.dims();
   CUTRAIN_CHECK(B > 0 && S > 0, "gpu model: batch and seq must be positive, got B=", B, " S=", S);
   CUTRAIN_CHECK(S <= d.max_seq, "gpu model: seq ", S, " exceeds the position table's ", d.max_seq, " rows");
@@ -46,13 +52,14 @@ void GpuTransformer::allocate(cudaStream_t s) {
   xs_.resize(d.layers + 1);
   for (auto& x : xs_) x = bf(M * h);
   acts_.resize(checkpointing_ ? 1 : d.layers);
+  bf16* shared_g = recompute_gelu_ ? bf(M * F) : nullptr;
   for (auto& a : acts_) {
     a.qkv = bf(M * 3 * h);
     a.att = bf(M * h);
     a.s1 = bf(M * h);
     a.x1 = bf(M * h);
     a.f = bf(M * F);
-    a.g = bf(M * F);
+    a.g = shared_g ? shared_g : bf(M * F);
     a.s2 = bf(M * h);
     a.lse = f32(std::size_t(B_) * H * S_);
     a.mean1 = f32(M);

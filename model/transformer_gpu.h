@@ -52,8 +52,11 @@ class GpuTransformer {
  public:
   // B×S tokens per micro-batch (S <= dims.max_seq). `checkpointing`: keep only each block's
   // input and recompute the block in backward. GPT-2 is causal whatever `causal` says.
+  // `recompute_gelu` (GPT-2; llm.c's -r 1): one GELU output buffer shared by the blocks, the
+  // output recomputed from the stored pre-activation in backward (a GELU pass per block for
+  // (layers - 1) x B x S x 4C bf16 less memory).
   GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
-                 CachingAllocator& alloc);
+                 CachingAllocator& alloc, bool recompute_gelu = false);
   ~GpuTransformer();
   GpuTransformer(const GpuTransformer&) = delete;
   GpuTransformer& operator=(const GpuTransformer&) = delete;
@@ -117,6 +120,7 @@ class GpuTransformer {
   const TransformerParams& table_;
   int B_, S_, M_;
   bool checkpointing_;
+  bool recompute_gelu_;
   kernels::AttentionShape attn_;
   CachingAllocator& alloc_;
   std::unique_ptr<kernels::Gemm> gemm_;

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/attention.cuh"
+#include "kernels/gelu.cuh"
 #include "kernels/layernorm.cuh"
 #include "model/kernel_costs.h"
 #include "model/timed_call.h"
@@ -77,6 +78,11 @@ void GpuTransformer::gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt
   };
   {
     TimedRegion r("mlp", s);
+    if (recompute_gelu_) {  // a.g is shared by the blocks: this block's from its pre-activation
+      timed(s, "gelu_recompute", cost::gelu_forward(std::size_t(M_) * F), [&] {
+        kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(M_), F, kernels::GeluKind::Tanh);
+      });
+    }
     // dx_ = d(block output) = d(MLP output) = the residual's share of d s1.
     linear_backward({"fc2_dw", "fc2_db", "fc2_dx"}, dx_, a.g, L.ff2_w, L.ff2_b, d4h_, h, F, a.f);  // d4h_ = d f
     linear_backward({"fc1_dw", "fc1_db", "fc1_dx"}, d4h_, a.s2, L.ff0_w, L.ff0_b, dh_, F, h, nullptr);  // d s2

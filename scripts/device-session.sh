@@ -23,7 +23,8 @@
 #               of the same recipe from it on both (configs/llmc_gpt2_constant.json = llm.c's
 #               -l 3e-4 -u 0 -q 1.0 -c 0.1), cutrain's result read back by llm.c and by PyTorch
 #               (bench/peers/gpt2_torch_eval.py on --save_hf's safetensors); d12 B16/B32
-#               T1024 tokens/s and peak memory (scripts/peak-mem.sh) of both; the table by
+#               T1024 tokens/s and peak memory (scripts/peak-mem.sh) of both (cutrain with and without
+#               --recompute_gelu); the table by
 #               scripts/llmc_compare.py. About 6 minutes with llm.c's build.
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
@@ -201,12 +202,15 @@ if want llmc; then
     step cutrain_200 150 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 200 --log_interval 1 --save_llmc $lc/cutrain_200.bin --save_hf $lc/cutrain_200.safetensors"
     step torch_eval 60 "python3 bench/peers/gpt2_torch_eval.py --weights $lc/cutrain_200.safetensors --tokens $lc/val.bin --heads 12 --batch 16 --seq 1024 --batches 8"
     step llmc_back 60 "$lenv && $lbin -e $lc/cutrain_200.bin -b 16 -x 1 -v 1000"
-    # Throughput: llm.c first at B16, cutrain first at B32 (neither always warms the GPU for the other).
+    # Throughput: llm.c first at B16, last at B32 (neither always runs on a warmer GPU); cutrain
+    # with and without --recompute_gelu (llm.c's -r 1, its default).
     for b in 16 32; do
       crun="scripts/peak-mem.sh $logs/cutrain_speed_b$b.mem $bin train --deepspeed_config $cfg -e d12 $cdata --batch_size $b --num_steps 30 --warmup_steps 10"
-      [ $b = 32 ] && step cutrain_speed_b$b 120 "$crun"
-      step llmc_speed_b$b 90 "$lenv && $root/scripts/peak-mem.sh $logs/llmc_speed_b$b.mem $lbin -e d12 -b $b -x 30 -v 100000"
-      [ $b = 16 ] && step cutrain_speed_b$b 120 "$crun"
+      rrun="scripts/peak-mem.sh $logs/cutrain_speed_r_b$b.mem $bin train --deepspeed_config $cfg -e d12 $cdata --batch_size $b --num_steps 30 --warmup_steps 10 --recompute_gelu"
+      [ $b = 16 ] && step llmc_speed_b$b 90 "$lenv && $root/scripts/peak-mem.sh $logs/llmc_speed_b$b.mem $lbin -e d12 -b $b -x 30 -v 100000"
+      step cutrain_speed_b$b 120 "$crun"
+      step cutrain_speed_r_b$b 120 "$rrun"
+      [ $b = 32 ] && step llmc_speed_b$b 90 "$lenv && $root/scripts/peak-mem.sh $logs/llmc_speed_b$b.mem $lbin -e d12 -b $b -x 30 -v 100000"
     done
     python3 scripts/llmc_compare.py --logs "$logs" >>"$sum" 2>&1
     grep -E "^val loss" "$logs/llmc_back.txt" | head -1 | sed 's/^/llm.c reading cutrain_200.bin (step 0): /' >>"$sum"

@@ -7,7 +7,7 @@ each target marked met or missed.
 DIR holds the section's logs: llmc_train.txt (llm.c from its d12 init, -o), llmc_parity.txt
 (cutrain's validation loss of that checkpoint), llmc_200.txt / cutrain_200.txt (200 steps of
 the same recipe from the checkpoint), llmc_speed_b{16,32}.txt / cutrain_speed_b{16,32}.txt
-(throughput runs) with their *.mem files (peak nvidia-smi memory.used, MiB, minus the idle
+and cutrain_speed_r_b{16,32}.txt (--recompute_gelu) (throughput runs) with their *.mem files (peak nvidia-smi memory.used, MiB, minus the idle
 figure before the run).
 """
 import argparse
@@ -99,18 +99,20 @@ def main():
 
     for b in (16, 32):
         ms = llmc_avg_ms(read(L(f"llmc_speed_b{b}.txt")))
-        s = cutrain_avg_s(read(L(f"cutrain_speed_b{b}.txt")))
-        lm, cm = mem(L(f"llmc_speed_b{b}.mem")), mem(L(f"cutrain_speed_b{b}.mem"))
-        if ms and s:
-            lt, ct = b * 1024 / (ms / 1e3), b * 1024 / s
-            r = ct / lt
-            line = (f"speed d12 B{b} T1024: llm.c {lt:,.0f} tok/s ({ms:.2f} ms), cutrain {ct:,.0f} tok/s "
-                    f"({1e3 * s:.2f} ms): {r:.3f}x (target >= 1.18x: {mark(r >= 1.18)})")
-        else:
-            line = f"speed d12 B{b}: missing numbers (llm.c {ms} ms, cutrain {s} s)"
-        if lm and cm:
-            line += f"; peak memory llm.c {lm / 1024:.2f} GiB, cutrain {cm / 1024:.2f} GiB (target <=: {mark(cm <= lm)})"
-        rows.append(line)
+        lm = mem(L(f"llmc_speed_b{b}.mem"))
+        for tag, what in (("", "cutrain"), ("r_", "cutrain --recompute_gelu")):
+            s = cutrain_avg_s(read(L(f"cutrain_speed_{tag}b{b}.txt")))
+            cm = mem(L(f"cutrain_speed_{tag}b{b}.mem"))
+            if ms and s:
+                lt, ct = b * 1024 / (ms / 1e3), b * 1024 / s
+                r = ct / lt
+                line = (f"speed d12 B{b} T1024: llm.c {lt:,.0f} tok/s ({ms:.2f} ms), {what} {ct:,.0f} tok/s "
+                        f"({1e3 * s:.2f} ms): {r:.3f}x (target >= 1.18x: {mark(r >= 1.18)})")
+            else:
+                line = f"speed d12 B{b}: missing numbers (llm.c {ms} ms, {what} {s} s)"
+            if lm and cm:
+                line += f"; peak memory llm.c {lm / 1024:.2f} GiB, {what} {cm / 1024:.2f} GiB (target <=: {mark(cm <= lm)})"
+            rows.append(line)
     print("\n".join(rows))
 
 

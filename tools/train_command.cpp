@@ -159,6 +159,8 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   f.log_interval_opt = sub->add_option("--log_interval", f.log_interval,
                                        "Print a Step line every N steps (not given: the config's steps_per_print, else 5)");
   sub->add_flag("--activation_checkpointing", o.activation_checkpointing, "Recompute each block in backward");
+  sub->add_flag("--recompute_gelu", o.recompute_gelu,
+                "GPT-2: one GELU output buffer for all blocks, recomputed in backward (llm.c's -r 1)");
   sub->add_option("--loss_log_file", o.loss_log_file, "Write step,loss CSV here");
   sub->add_flag("--use_real_data", o.use_real_data, "Train on token shards (--data) instead of random tokens");
   sub->add_option("--data", o.data, "Glob pattern(s) of llm.c token shards for --use_real_data");

@@ -139,7 +139,8 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     sharded_ = std::make_unique<parallel::ShardedParams>(comm_, zero_comm_->stream(), layout_, table_, A, stream_.get());
     sharded_->refresh_persistent(stream_, params_.as<bf16>());
   }
-  model_ = std::make_unique<model::GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A);
+  model_ = std::make_unique<model::GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A,
+                                                   o.recompute_gelu);
   offloader_ = std::make_unique<StateOffloader>(A, stream_.get());
   offloader_->add("lp_params", &params_);
   offloader_->add(plan_.grad == DType::BF16 ? "lp_grads" : "contiguous_grad_buffer", &grads_);

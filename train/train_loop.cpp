@@ -253,6 +253,9 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   bo.seq = o.seq_length;
   bo.seed = o.seed;
   bo.activation_checkpointing = o.activation_checkpointing;
+  bo.recompute_gelu = o.recompute_gelu;
+  CUTRAIN_CHECK(!o.recompute_gelu || gpt2, "train: --recompute_gelu applies to --model gpt2, found --model ",
+                name(o.model));
   bo.cuda_graph = o.cuda_graph;
   bo.dims.validate();
   if (resume && !resume->legacy)

@@ -36,6 +36,7 @@ struct TrainOptions {
   // terminal (`cutrain train` sets it when stdout is one), never for a pipe or a file.
   bool progress = false;
   bool activation_checkpointing = false;
+  bool recompute_gelu = false;  // --recompute_gelu (GPT-2: llm.c's -r 1)
   std::filesystem::path loss_log_file;
   bool use_real_data = false;
   std::vector<std::string> data;  // --data: glob patterns of llm.c token shards (with --use_real_data)
