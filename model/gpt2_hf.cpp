@@ -29,6 +29,19 @@ std::vector<std::int64_t> hf_shape(const TransformerParams& t, int idx) {
   return s;
 }
 
+// HF's name of a table tensor (the table names the block's linear layers qkv / proj / fc / proj).
+std::string hf_name(const std::string& name, bool prefixed) {
+  std::string n = name;
+  for (const auto& [ours, hf] : {std::pair<const char*, const char*>{".attn.qkv.", ".attn.c_attn."},
+                                 {".attn.proj.", ".attn.c_proj."},
+                                 {".mlp.fc.", ".mlp.c_fc."},
+                                 {".mlp.proj.", ".mlp.c_proj."}}) {
+    const std::size_t at = n.find(ours);
+    if (at != std::string::npos) n.replace(at, std::string(ours).size(), hf);
+  }
+  return (prefixed ? kPrefix : "") + n;
+}
+
 std::string shape_text(const std::vector<std::int64_t>& s) {
   std::string r = "[";
   for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
@@ -72,7 +85,7 @@ void save_gpt2_safetensors(const std::filesystem::path& path, const TransformerP
       for (std::size_t k = 0; k < n; ++k) b[k] = f32_to_bf16_bits(v[k]);
       data = b.data();
     }
-    entries.push_back({kPrefix + pt.name, dtype, shape, data});
+    entries.push_back({hf_name(pt.name, true), dtype, shape, data});
   }
   write_safetensors(path, entries, {{"format", "pt"}});
 }
@@ -82,11 +95,11 @@ void load_gpt2_safetensors(const std::filesystem::path& path, const TransformerP
   const SafetensorsReader r(path);
   const std::string where = "GPT-2 safetensors " + path.string();
   for (std::size_t i = 0; i < t.flat_size(); ++i) flat[i] = 0.f;
-  const bool prefixed = r.contains(std::string(kPrefix) + t.tensor(0).name);
+  const bool prefixed = r.contains(hf_name(t.tensor(0).name, true));
   std::set<std::string> used;
   for (int i = 0; i < int(t.tensors().size()); ++i) {
     const ParamTensor& pt = t.tensor(i);
-    const std::string name = (prefixed ? kPrefix : "") + pt.name;
+    const std::string name = hf_name(pt.name, prefixed);
     CUTRAIN_CHECK(r.contains(name), where, ": no tensor '", name, "' (the model has ", t.dims().layers, " layers, ",
                   t.dims().hidden, " channels)");
     const SafetensorsTensorInfo& info = r.tensor(name);

@@ -84,8 +84,9 @@ void TransformerParams::build_simple() {
   output_b_ = add("output_proj.bias", {V}, InitKind::Uniform, lin_h);
 }
 
-// Weights in nn.Linear's [out, in] layout (what the GEMMs read), so c_attn is [3C, C]: HF's
-// Conv1D stores the transpose (model/gpt2_hf.h converts).
+// Weights in nn.Linear's [out, in] layout (what the GEMMs read): qkv is [3C, C]. The names are
+// cutrain's own (attn.qkv, attn.proj, mlp.fc, mlp.proj), not HF's c_attn / c_proj / c_fc, whose
+// Conv1D stores the transpose: model/gpt2_hf.h converts names and layout.
 void TransformerParams::build_gpt2() {
   const ModelDims& dims = dims_;
   const std::int64_t C = dims.hidden, F = dims.ffn(), V = dims.vocab_rows(), T = dims.max_seq;
@@ -97,19 +98,19 @@ void TransformerParams::build_gpt2() {
     const std::string p = "h." + std::to_string(i) + ".";
     // The four matrices first, then the eight vectors: each block is two decay runs.
     LayerIndex L{};
-    L.in_proj_w = add(p + "attn.c_attn.weight", {3 * C, C}, InitKind::Normal, kStd);
+    L.in_proj_w = add(p + "attn.qkv.weight", {3 * C, C}, InitKind::Normal, kStd);
     layer_first_.push_back(L.in_proj_w);
-    L.out_proj_w = add(p + "attn.c_proj.weight", {C, C}, InitKind::Normal, res_std);
-    L.ff0_w = add(p + "mlp.c_fc.weight", {F, C}, InitKind::Normal, kStd);
-    L.ff2_w = add(p + "mlp.c_proj.weight", {C, F}, InitKind::Normal, res_std);
+    L.out_proj_w = add(p + "attn.proj.weight", {C, C}, InitKind::Normal, res_std);
+    L.ff0_w = add(p + "mlp.fc.weight", {F, C}, InitKind::Normal, kStd);
+    L.ff2_w = add(p + "mlp.proj.weight", {C, F}, InitKind::Normal, res_std);
     L.norm1_w = add(p + "ln_1.weight", {C}, InitKind::Ones, 0);
     L.norm1_b = add(p + "ln_1.bias", {C}, InitKind::Zeros, 0);
-    L.in_proj_b = add(p + "attn.c_attn.bias", {3 * C}, InitKind::Zeros, 0);
-    L.out_proj_b = add(p + "attn.c_proj.bias", {C}, InitKind::Zeros, 0);
+    L.in_proj_b = add(p + "attn.qkv.bias", {3 * C}, InitKind::Zeros, 0);
+    L.out_proj_b = add(p + "attn.proj.bias", {C}, InitKind::Zeros, 0);
     L.norm2_w = add(p + "ln_2.weight", {C}, InitKind::Ones, 0);
     L.norm2_b = add(p + "ln_2.bias", {C}, InitKind::Zeros, 0);
-    L.ff0_b = add(p + "mlp.c_fc.bias", {F}, InitKind::Zeros, 0);
-    L.ff2_b = add(p + "mlp.c_proj.bias", {C}, InitKind::Zeros, 0);
+    L.ff0_b = add(p + "mlp.fc.bias", {F}, InitKind::Zeros, 0);
+    L.ff2_b = add(p + "mlp.proj.bias", {C}, InitKind::Zeros, 0);
     for (int t = L.norm1_w; t <= L.ff2_b; ++t) tensors_[std::size_t(t)].decay = false;
     layer_end_.push_back(L.ff2_b + 1);
     layers_.push_back(L);

@@ -63,8 +63,8 @@ struct ParamUnit {
   int first = 0, last = 0;         // tensor indices [first, last)
 };
 
-// Tensor indices of one block (Simple: in PyTorch's order; Gpt2: norm1 = ln_1, in_proj = c_attn,
-// out_proj = attn c_proj, norm2 = ln_2, ff0 = c_fc, ff2 = mlp c_proj, in llm.c's order).
+// Tensor indices of one block (Simple: in PyTorch's order; Gpt2: norm1 = ln_1, in_proj = attn.qkv
+// (HF's c_attn), out_proj = attn.proj, norm2 = ln_2, ff0 = mlp.fc (c_fc), ff2 = mlp.proj).
 struct LayerIndex {
   int in_proj_w, in_proj_b, out_proj_w, out_proj_b, norm1_w, norm1_b, ff0_w, ff0_b, ff2_w, ff2_b, norm2_w, norm2_b;
 };

@@ -93,7 +93,7 @@ TEST(Gpt2Params, Gpt2SmallHasLlmcsParameterCountAndUnits) {
   EXPECT_TRUE(t.tied_head());
   EXPECT_EQ(t.output_w(), t.embedding());
   EXPECT_EQ(t.output_b(), -1);
-  EXPECT_EQ(t.tensor(t.layer(3).in_proj_w).name, "h.3.attn.c_attn.weight");
+  EXPECT_EQ(t.tensor(t.layer(3).in_proj_w).name, "h.3.attn.qkv.weight");
   EXPECT_EQ(t.tensor(t.layer(3).in_proj_w).shape, (std::vector<std::int64_t>{3 * 768, 768}));
   EXPECT_EQ(t.tensor(t.final_norm_w()).name, "ln_f.weight");
   EXPECT_EQ(t.unit_of(t.final_norm_b()), t.head_unit());

@@ -64,9 +64,9 @@ std::vector<std::byte> expected_file(const model::TransformerParams& t, const st
   };
   put("wte.weight");
   put("wpe.weight");
-  for (const char* leaf : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
-                           "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
-                           "mlp.c_proj.weight", "mlp.c_proj.bias"})
+  for (const char* leaf : {"ln_1.weight", "ln_1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
+                           "attn.proj.bias", "ln_2.weight", "ln_2.bias", "mlp.fc.weight", "mlp.fc.bias",
+                           "mlp.proj.weight", "mlp.proj.bias"})
     for (int l = 0; l < d.layers; ++l) put("h." + std::to_string(l) + "." + leaf);
   put("ln_f.weight");
   put("ln_f.bias");
