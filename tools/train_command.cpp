@@ -67,6 +67,9 @@ int run_train(TrainFlags& f) {
     set("--num_layers", o.num_layers, z.layers);
     set("--num_heads", o.num_heads, z.heads);
     if (o.max_seq_len == 0) o.max_seq_len = 1024;
+    bool vocab_given = false;  // GPT-2's tokenizer, as llm.c's -e dN
+    for (const auto& [opt, given] : f.shape_opts) vocab_given |= opt->get_name() == "--vocab_size" && opt->count() > 0;
+    if (!vocab_given) o.vocab_size = 50257;
   }
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
   if (f.log_interval_opt->count()) o.log_interval = f.log_interval;
@@ -138,7 +141,7 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
                     ->check(CLI::IsMember({"simple", "gpt2"}));
   f.gpt2_size_opt = sub->add_option("-e,--gpt2_size", f.gpt2_size,
                                     "llm.c's GPT-2 sizes: d6, d12 (124M), d24, d36, d48 (sets --model gpt2, the "
-                                    "hidden size, layers and heads, 1024 positions)")
+                                    "hidden size, layers and heads, 1024 positions, vocabulary 50257)")
                         ->check(CLI::IsMember({"d6", "d12", "d24", "d36", "d48"}));
   sub->add_option("--max_seq_len", o.max_seq_len, "Rows of the position table (not given: --seq_length)");
   sub->add_option("--init_from_llmc", o.init_from_llmc,
