@@ -1,5 +1,5 @@
-// @brief The CPU reference of the whole model (either architecture of TransformerParams): forward to the mean cross-entropy
-// loss and the full backward, over the flat parameter layout of TransformerParams. Templated on the
+// @brief The CPU reference of the whole model (either architecture of TransformerParams): forward
+// to the mean cross-entropy loss and the full backward, over the flat parameter layout. Templated on the
 // storage type (float for the CPU training path and GPU comparisons, double for finite-difference
 // gradient checks); sums are accumulated in double either way. Not fast: it is the yardstick.
 #pragma once

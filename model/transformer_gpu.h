@@ -1,7 +1,8 @@
 // @brief The GPU forward and backward of the model as a list of kernel calls (kernels/*.cuh):
 // the BF16 example's post-LN blocks or GPT-2's pre-LN blocks (transformer_gpu_gpt2.cpp), fused
-// cross-entropy, every layer's gradients landing in the flat gradient buffer. Activations and scratch come from the caching allocator once, at the
-// first call, so the call sequence is static (CUDA-graph capturable): no allocation, no host sync.
+// cross-entropy, every layer's gradients landing in the flat gradient buffer. Activations and
+// scratch come from the caching allocator once, at the first call, so the call sequence is static
+// (CUDA-graph capturable): no allocation, no host sync.
 #pragma once
 
 #include <cuda_runtime.h>
