@@ -3,112 +3,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/reference_ops.h"
 #include "runtime/error.h"
 
 namespace cutrain::model {
-namespace {
 
-constexpr double kLnEps = 1e-5;
-constexpr int kIgnore = -100;
-
-// y[M,N] = x[M,K] · W[N,K]ᵀ + b[N]
-template <typename T>
-void linear_fwd(const T* x, const T* W, const T* b, T* y, int M, int N, int K) {
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < N; ++j) {
-      double acc = b ? double(b[j]) : 0.0;
-      const T* xr = x + std::size_t(i) * K;
-      const T* wr = W + std::size_t(j) * K;
-      for (int k = 0; k < K; ++k) acc += double(xr[k]) * double(wr[k]);
-      y[std::size_t(i) * N + j] = T(acc);
-    }
-}
-
-// dx[M,K] (+)= dy·W; dW[N,K] += dyᵀ·x; db[N] += Σ dy
-template <typename T>
-void linear_bwd(const T* x, const T* W, const T* dy, T* dx, bool dx_accumulate, T* dW, T* db, int M, int N, int K) {
-  if (dx) {
-    std::vector<double> acc(K);
-    for (int i = 0; i < M; ++i) {
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int j = 0; j < N; ++j) {
-        const double d = double(dy[std::size_t(i) * N + j]);
-        const T* wr = W + std::size_t(j) * K;
-        for (int k = 0; k < K; ++k) acc[k] += d * double(wr[k]);
-      }
-      T* dxr = dx + std::size_t(i) * K;
-      for (int k = 0; k < K; ++k) dxr[k] = T((dx_accumulate ? double(dxr[k]) : 0.0) + acc[k]);
-    }
-  }
-  for (int j = 0; j < N; ++j) {
-    std::vector<double> acc(K, 0.0);
-    double bacc = 0;
-    for (int i = 0; i < M; ++i) {
-      const double d = double(dy[std::size_t(i) * N + j]);
-      bacc += d;
-      const T* xr = x + std::size_t(i) * K;
-      for (int k = 0; k < K; ++k) acc[k] += d * double(xr[k]);
-    }
-    T* dwr = dW + std::size_t(j) * K;
-    for (int k = 0; k < K; ++k) dwr[k] = T(double(dwr[k]) + acc[k]);
-    if (db) db[j] = T(double(db[j]) + bacc);
-  }
-}
-
-// y = LN(a + b) with gamma/beta; s = a + b stored.
-template <typename T>
-void add_ln_fwd(const T* a, const T* b, const T* gamma, const T* beta, T* s, T* y, double* mean, double* rstd, int M,
-                int C) {
-  for (int i = 0; i < M; ++i) {
-    const std::size_t r = std::size_t(i) * C;
-    double mu = 0;
-    for (int c = 0; c < C; ++c) {
-      s[r + c] = T(double(a[r + c]) + double(b[r + c]));
-      mu += double(s[r + c]);
-    }
-    mu /= C;
-    double var = 0;
-    for (int c = 0; c < C; ++c) var += (double(s[r + c]) - mu) * (double(s[r + c]) - mu);
-    var /= C;
-    const double rs = 1.0 / std::sqrt(var + kLnEps);
-    mean[i] = mu;
-    rstd[i] = rs;
-    for (int c = 0; c < C; ++c) y[r + c] = T((double(s[r + c]) - mu) * rs * double(gamma[c]) + double(beta[c]));
-  }
-}
-
-// ds = LN backward of dy; dgamma, dbeta accumulated.
-template <typename T>
-void ln_bwd(const T* dy, const T* s, const double* mean, const double* rstd, const T* gamma, T* ds, T* dgamma,
-            T* dbeta, int M, int C) {
-  std::vector<double> dg(C, 0.0), dbv(C, 0.0), dxhat(C), xhat(C);
-  for (int i = 0; i < M; ++i) {
-    const std::size_t r = std::size_t(i) * C;
-    double m1 = 0, m2 = 0;
-    for (int c = 0; c < C; ++c) {
-      xhat[c] = (double(s[r + c]) - mean[i]) * rstd[i];
-      dxhat[c] = double(dy[r + c]) * double(gamma[c]);
-      dg[c] += double(dy[r + c]) * xhat[c];
-      dbv[c] += double(dy[r + c]);
-      m1 += dxhat[c];
-      m2 += dxhat[c] * xhat[c];
-    }
-    m1 /= C;
-    m2 /= C;
-    for (int c = 0; c < C; ++c) ds[r + c] = T(rstd[i] * (dxhat[c] - m1 - xhat[c] * m2));
-  }
-  for (int c = 0; c < C; ++c) {
-    dgamma[c] = T(double(dgamma[c]) + dg[c]);
-    dbeta[c] = T(double(dbeta[c]) + dbv[c]);
-  }
-}
-
-double gelu(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
-double gelu_grad(double x) {
-  return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
-}
-
-}  // namespace
+using namespace ref_ops;
 
 template <typename T>
 ReferenceModel<T>::ReferenceModel(const TransformerParams& params, bool causal) : p_(params), causal_(causal) {}
@@ -118,6 +18,7 @@ double ReferenceModel<T>::forward(const T* P, const std::int32_t* tokens, const 
   const ModelDims& d = p_.dims();
   CUTRAIN_CHECK(B > 0 && S > 0, "reference model: batch and seq must be positive, got B=", B, " S=", S);
   CUTRAIN_CHECK(S <= d.max_seq, "reference model: seq ", S, " exceeds the position table's ", d.max_seq, " rows");
+  if (d.arch == Arch::Gpt2) return forward_gpt2(P, tokens, labels, B, S);
   B_ = B;
   S_ = S;
   const int h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), V = d.vocab, Vr = d.vocab_rows();
@@ -136,7 +37,6 @@ double ReferenceModel<T>::forward(const T* P, const std::int32_t* tokens, const 
   }
 
   acts_.assign(d.layers, {});
-  const double scale = 1.0 / std::sqrt(double(D));
   std::vector<T> tmp(std::size_t(M) * h);
   for (int l = 0; l < d.layers; ++l) {
     const LayerIndex& L = p_.layer(l);
@@ -144,34 +44,7 @@ double ReferenceModel<T>::forward(const T* P, const std::int32_t* tokens, const 
     a.x_in = x;
     a.qkv.resize(std::size_t(M) * 3 * h);
     linear_fwd(x.data(), at(L.in_proj_w), at(L.in_proj_b), a.qkv.data(), M, 3 * h, h);
-    a.probs.assign(std::size_t(B) * H * S * S, T(0));
-    a.att.assign(std::size_t(M) * h, T(0));
-    std::vector<double> sc(S);
-    for (int b = 0; b < B; ++b)
-      for (int hh = 0; hh < H; ++hh)
-        for (int i = 0; i < S; ++i) {
-          const T* q = &a.qkv[(std::size_t(b) * S + i) * 3 * h + hh * D];
-          const int jmax = causal_ ? i + 1 : S;
-          double mx = -INFINITY;
-          for (int j = 0; j < jmax; ++j) {
-            const T* k = &a.qkv[(std::size_t(b) * S + j) * 3 * h + h + hh * D];
-            double dot = 0;
-            for (int e = 0; e < D; ++e) dot += double(q[e]) * double(k[e]);
-            sc[j] = dot * scale;
-            mx = std::max(mx, sc[j]);
-          }
-          double sum = 0;
-          for (int j = 0; j < jmax; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
-          T* pr = &a.probs[((std::size_t(b) * H + hh) * S + i) * S];
-          for (int j = 0; j < jmax; ++j) pr[j] = T(sc[j] / sum);
-          T* o = &a.att[(std::size_t(b) * S + i) * h + hh * D];
-          for (int e = 0; e < D; ++e) {
-            double acc = 0;
-            for (int j = 0; j < jmax; ++j)
-              acc += (sc[j] / sum) * double(a.qkv[(std::size_t(b) * S + j) * 3 * h + 2 * h + hh * D + e]);
-            o[e] = T(acc);
-          }
-        }
+    attention_fwd(a.qkv, a.probs, a.att, B, S, H, D, causal_);
     linear_fwd(a.att.data(), at(L.out_proj_w), at(L.out_proj_b), tmp.data(), M, h, h);
     a.s1.resize(std::size_t(M) * h);
     a.x1.resize(std::size_t(M) * h);
@@ -194,6 +67,14 @@ double ReferenceModel<T>::forward(const T* P, const std::int32_t* tokens, const 
   logits_.resize(std::size_t(M) * Vr);
   linear_fwd(x.data(), at(p_.output_w()), at(p_.output_b()), logits_.data(), M, Vr, h);
 
+  return loss_from_logits();
+}
+
+// Mean cross-entropy of logits_ against labels_ over the real vocabulary; sets n_valid_.
+template <typename T>
+double ReferenceModel<T>::loss_from_logits() {
+  const int V = p_.dims().vocab, Vr = p_.dims().vocab_rows(), M = B_ * S_;
+  const std::int32_t* labels = labels_.data();
   double loss = 0;
   n_valid_ = 0;
   for (int m = 0; m < M; ++m) {
@@ -211,16 +92,10 @@ double ReferenceModel<T>::forward(const T* P, const std::int32_t* tokens, const 
   return n_valid_ ? loss / double(n_valid_) : 0.0;
 }
 
+// dlogits = (softmax - onehot) * grad_scale / n_valid over the real vocabulary; padded columns 0.
 template <typename T>
-void ReferenceModel<T>::backward(const T* P, T* G, double grad_scale) {
-  const ModelDims& d = p_.dims();
-  CUTRAIN_CHECK(B_ > 0, "reference model: backward() before forward()");
-  const int B = B_, S = S_, h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), V = d.vocab, Vr = d.vocab_rows();
-  const int M = B * S;
-  auto at = [&](int idx) { return P + p_.tensor(idx).offset; };
-  auto gat = [&](int idx) { return G + p_.tensor(idx).offset; };
-
-  // dlogits = (softmax - onehot) * grad_scale / n_valid
+std::vector<T> ReferenceModel<T>::dlogits(double grad_scale) const {
+  const int V = p_.dims().vocab, Vr = p_.dims().vocab_rows(), M = B_ * S_;
   std::vector<T> dlogits(std::size_t(M) * Vr, T(0));
   for (int m = 0; m < M; ++m) {
     const int y = labels_[m];
@@ -234,11 +109,24 @@ void ReferenceModel<T>::backward(const T* P, T* G, double grad_scale) {
     for (int v = 0; v < V; ++v)
       dlogits[std::size_t(m) * Vr + v] = T((std::exp(double(lr[v]) - mx) / sum - (v == y ? 1.0 : 0.0)) * k);
   }
+  return dlogits;
+}
+
+template <typename T>
+void ReferenceModel<T>::backward(const T* P, T* G, double grad_scale) {
+  const ModelDims& d = p_.dims();
+  CUTRAIN_CHECK(B_ > 0, "reference model: backward() before forward()");
+  if (d.arch == Arch::Gpt2) return backward_gpt2(P, G, grad_scale);
+  const int B = B_, S = S_, h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), Vr = d.vocab_rows();
+  const int M = B * S;
+  auto at = [&](int idx) { return P + p_.tensor(idx).offset; };
+  auto gat = [&](int idx) { return G + p_.tensor(idx).offset; };
+
+  const std::vector<T> dlogits = this->dlogits(grad_scale);
   std::vector<T> dx(std::size_t(M) * h);
   linear_bwd(x_final_.data(), at(p_.output_w()), dlogits.data(), dx.data(), false, gat(p_.output_w()),
              gat(p_.output_b()), M, Vr, h);
 
-  const double scale = 1.0 / std::sqrt(double(D));
   std::vector<T> ds(std::size_t(M) * h), dg(std::size_t(M) * F), datt(std::size_t(M) * h), dqkv(std::size_t(M) * 3 * h);
   for (int l = d.layers - 1; l >= 0; --l) {
     const LayerIndex& L = p_.layer(l);
@@ -254,37 +142,7 @@ void ReferenceModel<T>::backward(const T* P, T* G, double grad_scale) {
            gat(L.norm1_b), M, h);
     linear_bwd(a.att.data(), at(L.out_proj_w), dx.data(), datt.data(), false, gat(L.out_proj_w), gat(L.out_proj_b),
                M, h, h);
-    std::fill(dqkv.begin(), dqkv.end(), T(0));
-    std::vector<double> dp(S), dsc(S);
-    for (int b = 0; b < B; ++b)
-      for (int hh = 0; hh < H; ++hh)
-        for (int i = 0; i < S; ++i) {
-          const int jmax = causal_ ? i + 1 : S;
-          const T* pr = &a.probs[((std::size_t(b) * H + hh) * S + i) * S];
-          const T* dO = &datt[(std::size_t(b) * S + i) * h + hh * D];
-          double rowdot = 0;
-          for (int j = 0; j < jmax; ++j) {
-            const T* v = &a.qkv[(std::size_t(b) * S + j) * 3 * h + 2 * h + hh * D];
-            double acc = 0;
-            for (int e = 0; e < D; ++e) acc += double(dO[e]) * double(v[e]);
-            dp[j] = acc;
-            rowdot += double(pr[j]) * acc;
-          }
-          for (int j = 0; j < jmax; ++j) dsc[j] = double(pr[j]) * (dp[j] - rowdot) * scale;
-          const T* q = &a.qkv[(std::size_t(b) * S + i) * 3 * h + hh * D];
-          T* dq = &dqkv[(std::size_t(b) * S + i) * 3 * h + hh * D];
-          for (int j = 0; j < jmax; ++j) {
-            const std::size_t rj = (std::size_t(b) * S + j) * 3 * h + hh * D;
-            const T* k = &a.qkv[rj + h];
-            T* dk = &dqkv[rj + h];
-            T* dv = &dqkv[rj + 2 * h];
-            for (int e = 0; e < D; ++e) {
-              dq[e] = T(double(dq[e]) + dsc[j] * double(k[e]));
-              dk[e] = T(double(dk[e]) + dsc[j] * double(q[e]));
-              dv[e] = T(double(dv[e]) + double(pr[j]) * double(dO[e]));
-            }
-          }
-        }
+    attention_bwd(a.qkv, a.probs, datt, dqkv, B, S, H, D, causal_);
     // dx (= d s1, the residual's share) += dqkv · W_in
     linear_bwd(a.x_in.data(), at(L.in_proj_w), dqkv.data(), dx.data(), true, gat(L.in_proj_w), gat(L.in_proj_b), M,
                3 * h, h);

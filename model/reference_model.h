@@ -1,5 +1,5 @@
-// @brief The CPU reference of the whole SimpleTransformerModel: forward to the mean cross-entropy
-// loss and the full backward, over the flat parameter layout of TransformerParams. Templated on the
+// @brief The CPU reference of the whole model (either architecture of TransformerParams): forward
+// to the mean cross-entropy loss and the full backward, over the flat parameter layout. Templated on the
 // storage type (float for the CPU training path and GPU comparisons, double for finite-difference
 // gradient checks); sums are accumulated in double either way. Not fast: it is the yardstick.
 #pragma once
@@ -15,7 +15,8 @@ namespace cutrain::model {
 template <typename T>
 class ReferenceModel {
  public:
-  // `causal`: mask future positions in attention (the BF16 example uses no mask).
+  // `causal`: mask future positions in attention (the BF16 example uses no mask; GPT-2 is always
+  // causal, whatever is passed).
   explicit ReferenceModel(const TransformerParams& params, bool causal = false);
 
   // Mean cross-entropy of labels (ignore_index -100 rows skipped) for tokens [B, S]; keeps the
@@ -33,12 +34,21 @@ class ReferenceModel {
     std::vector<T> x_in, qkv, probs, att, s1, x1, f, g, s2;
     std::vector<double> mean1, rstd1, mean2, rstd2;
   };
+  // GPT-2 (reference_gpt2.cpp): pre-LN blocks (x1 = LN1(x_in), s1 = x_in + attn, s2 = LN2(s1)),
+  // final LayerNorm, head tied to the token embedding. Logits' shared softmax: dlogits().
+  double forward_gpt2(const T* params, const std::int32_t* tokens, const std::int32_t* labels, int B, int S);
+  void backward_gpt2(const T* params, T* grads, double grad_scale);
+  std::vector<T> dlogits(double grad_scale) const;
+  double loss_from_logits();
+
   const TransformerParams& p_;
   bool causal_;
   int B_ = 0, S_ = 0;
   std::vector<std::int32_t> tokens_, labels_;
   std::vector<LayerActs> acts_;
   std::vector<T> x_final_, logits_;
+  std::vector<T> x_lnf_;               // GPT-2: LN_f(x_final_)
+  std::vector<double> mean_f_, rstd_f_;
   std::size_t n_valid_ = 0;
 };
 

@@ -9,6 +9,7 @@
 #include "kernels/layernorm.cuh"
 #include "runtime/check.h"
 #include "model/kernel_costs.h"
+#include "model/timed_call.h"
 #include "runtime/nvtx.h"
 #include "runtime/timing.h"
 
@@ -16,19 +17,15 @@ namespace cutrain::model {
 
 using kernels::GemmEpilogue;
 
-namespace {
-// One kernel call as a named region: NVTX always, CUDA events under --timing_report, with the
-// FLOPs and bytes the call must compute and move (model/kernel_costs.h).
-template <typename Launch>
-void timed(cudaStream_t s, const char* name, cost::Cost c, Launch&& launch) {
-  TimedRegion r(name, s, c.flops, c.bytes);
-  launch();
-}
-}  // namespace
-
 GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
-                               CachingAllocator& alloc)
-    : table_(table), B_(B), S_(S), M_(B * S), checkpointing_(checkpointing), alloc_(alloc) {
+                               CachingAllocator& alloc, bool recompute_gelu)
+    : table_(table),
+      B_(B),
+      S_(S),
+      M_(B * S),
+      checkpointing_(checkpointing),
+      recompute_gelu_(recompute_gelu && !checkpointing && table.dims().arch == Arch::Gpt2),
+      alloc_(alloc) {
   const ModelDims& d = table.dims();
   CUTRAIN_CHECK(B > 0 && S > 0, "gpu model: batch and seq must be positive, got B=", B, " S=", S);
   CUTRAIN_CHECK(S <= d.max_seq, "gpu model: seq ", S, " exceeds the position table's ", d.max_seq, " rows");
@@ -36,7 +33,7 @@ GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, boo
                 d.head_dim(), " (hidden_dim ", d.hidden, " / num_heads ", d.heads, ")");
   CUTRAIN_CHECK(d.hidden >= 64 && d.hidden <= 16384, "gpu model: LayerNorm supports hidden_dim in [64, 16384], got ",
                 d.hidden);
-  attn_ = kernels::AttentionShape{B, S, d.heads, d.head_dim(), causal};
+  attn_ = kernels::AttentionShape{B, S, d.heads, d.head_dim(), causal || d.arch == Arch::Gpt2};
   gemm_ = std::make_unique<kernels::Gemm>(&alloc);
 }
 
@@ -55,13 +52,14 @@ void GpuTransformer::allocate(cudaStream_t s) {
   xs_.resize(d.layers + 1);
   for (auto& x : xs_) x = bf(M * h);
   acts_.resize(checkpointing_ ? 1 : d.layers);
+  bf16* shared_g = recompute_gelu_ ? bf(M * F) : nullptr;
   for (auto& a : acts_) {
     a.qkv = bf(M * 3 * h);
     a.att = bf(M * h);
     a.s1 = bf(M * h);
     a.x1 = bf(M * h);
     a.f = bf(M * F);
-    a.g = bf(M * F);
+    a.g = shared_g ? shared_g : bf(M * F);
     a.s2 = bf(M * h);
     a.lse = f32(std::size_t(B_) * H * S_);
     a.mean1 = f32(M);
@@ -70,6 +68,11 @@ void GpuTransformer::allocate(cudaStream_t s) {
     a.rstd2 = f32(M);
   }
   logits_ = bf(M * V);
+  if (d.arch == Arch::Gpt2) {
+    lnf_ = bf(M * h);
+    mean_f_ = f32(M);
+    rstd_f_ = f32(M);
+  }
   dx_ = bf(M * h);
   dh_ = bf(M * h);
   d4h_ = bf(M * F);
@@ -88,7 +91,8 @@ void GpuTransformer::release_workspace() {
   buffers_.clear();
   xs_.clear();
   acts_.clear();
-  logits_ = dx_ = dh_ = d4h_ = dqkv_ = nullptr;
+  logits_ = dx_ = dh_ = d4h_ = dqkv_ = lnf_ = nullptr;
+  mean_f_ = rstd_f_ = nullptr;
   scratch_ = nullptr;
   workspace_bytes_ = 0;
 }
@@ -195,6 +199,7 @@ GpuTransformer::Unit GpuTransformer::forward(cudaStream_t s, ParamAccess& P, cha
                                              const std::int32_t* tokens, int* d_status, Loss&& loss) {
   const ModelDims& d = table_.dims();
   const int h = d.hidden, Vr = d.vocab_rows(), Ln = d.layers;
+  const bool gpt2 = d.arch == Arch::Gpt2;
   char name[16];
   {
     const Unit E = unit(P, s, table_.embedding_unit(), G, gt);
@@ -209,11 +214,23 @@ GpuTransformer::Unit GpuTransformer::forward(cudaStream_t s, ParamAccess& P, cha
     std::snprintf(name, sizeof name, "layer%02d", l);
     TimedRegion r(name, s);
     const Unit U = unit(P, s, table_.layer_unit(l), G, gt);
-    layer_forward(s, U, l, acts_[checkpointing_ ? 0 : l], xs_[l], xs_[l + 1]);
+    if (gpt2) {
+      const LayerActs* prev = l > 0 ? &acts_[checkpointing_ ? 0 : l - 1] : nullptr;
+      gpt2_layer_forward(s, U, l, acts_[checkpointing_ ? 0 : l], prev, xs_[l], l > 0);
+    } else {
+      layer_forward(s, U, l, acts_[checkpointing_ ? 0 : l], xs_[l], xs_[l + 1]);
+    }
     P.release(s, table_.layer_unit(l));
   }
   TimedRegion r("head", s);
   const Unit H = unit(P, s, table_.head_unit(), G, gt);
+  if (gpt2) {
+    // The tied head reads wte: the embedding unit again, held until the head's backward is done.
+    tied_ = unit(P, s, table_.embedding_unit(), G, gt);
+    gpt2_head_forward(s, H, tied_);
+    loss();
+    return H;
+  }
   timed(s, "logits", cost::gemm_forward(M_, Vr, h), [&] {
     gemm_->forward(s, xs_[Ln], H.w(table_.output_w()), H.w(table_.output_b()), logits_, M_, Vr, h, GemmEpilogue::Bias);
   });
@@ -233,6 +250,7 @@ void GpuTransformer::forward_loss(cudaStream_t s, ParamAccess& P, const std::int
     });
   });
   P.release(s, table_.head_unit());
+  if (d.arch == Arch::Gpt2) P.release(s, table_.embedding_unit());
 }
 
 void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grads, DType gt, bool acc,
@@ -258,7 +276,14 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
     });
   }
   TimedRegion bwd("bwd", s);
-  {
+  const bool gpt2 = d.arch == Arch::Gpt2;
+  if (gpt2) {
+    TimedRegion r("head", s);
+    gpt2_head_backward(s, H, tied_, gt, acc);
+    P.release(s, table_.head_unit());
+    P.release(s, table_.embedding_unit());
+    P.grads_written(s, table_.head_unit());
+  } else {
     TimedRegion r("head", s);
     timed(s, "dw", cost::gemm_grad_weight(M_, V, h, es, acc),
           [&] { gemm_->grad_weight(s, logits_, xs_[Ln], H.g(table_.output_w()), gt, M_, V, h, acc); });
@@ -276,18 +301,26 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
     const Unit U = unit(P, s, table_.layer_unit(l), G, gt);  // the recompute reads the same gathered unit
     if (checkpointing_) {
       TimedRegion rc("recompute", s);
-      layer_forward(s, U, l, a, xs_[l], xs_[l + 1]);  // xs_[l+1] is no longer needed: same bits anyway
+      if (gpt2) gpt2_layer_forward(s, U, l, a, nullptr, xs_[l], false);  // from the stored block input
+      else layer_forward(s, U, l, a, xs_[l], xs_[l + 1]);  // xs_[l+1] is no longer needed: same bits anyway
     }
-    layer_backward(s, U, gt, acc, l, a, xs_[l]);
+    if (gpt2) gpt2_layer_backward(s, U, gt, acc, l, a, xs_[l]);
+    else layer_backward(s, U, gt, acc, l, a, xs_[l]);
     P.release(s, table_.layer_unit(l));
     P.grads_written(s, table_.layer_unit(l));
   }
   // The embedding backward reads no parameters: its unit is not acquired, only its gradients addressed.
   const int eu = table_.embedding_unit();
   const Unit E{&table_, nullptr, G + P.grad_offset(eu) * es, table_.units().at(std::size_t(eu)).begin, es};
+  // GPT-2: wte's gradient already holds the head's share (written per `acc`), so the lookup's
+  // share is added; wpe's, when not accumulating, is cleared first.
+  if (gpt2 && !acc) {
+    const ParamTensor& wpe = table_.tensor(table_.pos_embedding());
+    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(E.g(table_.pos_embedding()), 0, wpe.count * es, s));
+  }
   timed(s, "embedding", cost::embedding_backward(B_, S_, h, es), [&] {
-    kernels::embedding_backward(s, dx_, tokens, E.g(table_.embedding()), E.g(table_.pos_embedding()), gt, acc, B_, S_,
-                                h, V, scratch_);
+    kernels::embedding_backward(s, dx_, tokens, E.g(table_.embedding()), E.g(table_.pos_embedding()), gt,
+                                acc || gpt2, B_, S_, h, V, scratch_);
   });
   P.grads_written(s, table_.embedding_unit());
 }

@@ -1,7 +1,8 @@
-// @brief The GPU forward and backward of the BF16 example's transformer as a list of kernel
-// calls (kernels/*.cuh): post-LN blocks, fused cross-entropy, every layer's gradients landing in
-// the flat gradient buffer. Activations and scratch come from the caching allocator once, at the
-// first call, so the call sequence is static (CUDA-graph capturable): no allocation, no host sync.
+// @brief The GPU forward and backward of the model as a list of kernel calls (kernels/*.cuh):
+// the BF16 example's post-LN blocks or GPT-2's pre-LN blocks (transformer_gpu_gpt2.cpp), fused
+// cross-entropy, every layer's gradients landing in the flat gradient buffer. Activations and
+// scratch come from the caching allocator once, at the first call, so the call sequence is static
+// (CUDA-graph capturable): no allocation, no host sync.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -51,9 +52,12 @@ class FlatParams final : public ParamAccess {
 class GpuTransformer {
  public:
   // B×S tokens per micro-batch (S <= dims.max_seq). `checkpointing`: keep only each block's
-  // input and recompute the block in backward.
+  // input and recompute the block in backward. GPT-2 is causal whatever `causal` says.
+  // `recompute_gelu` (GPT-2; llm.c's -r 1): one GELU output buffer shared by the blocks, the
+  // output recomputed from the stored pre-activation in backward (a GELU pass per block for
+  // (layers - 1) x B x S x 4C bf16 less memory).
   GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
-                 CachingAllocator& alloc);
+                 CachingAllocator& alloc, bool recompute_gelu = false);
   ~GpuTransformer();
   GpuTransformer(const GpuTransformer&) = delete;
   GpuTransformer& operator=(const GpuTransformer&) = delete;
@@ -102,10 +106,22 @@ class GpuTransformer {
                Loss&& loss);
   void layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const bf16* x_in, bf16* x_out);
   void layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a, const bf16* x_in);
+  // GPT-2 (x1 = LN1(x_in), s1 = x_in + attn, s2 = LN2(s1), f = fc(s2), g = gelu_tanh(f), the MLP's
+  // output left in dh_). `fuse`: x_in = prev->s1 + dh_ (the previous block's output) is computed
+  // here, by LN1's residual add; otherwise (block 0, the recompute) x_in is already there.
+  void gpt2_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const LayerActs* prev, bf16* x_in,
+                          bool fuse);
+  // dx_: d(block output) in, d x_in out.
+  void gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a,
+                           const bf16* x_in);
+  // The final LayerNorm and the tied logits; the head's backward down to dx_ = d x_L.
+  void gpt2_head_forward(cudaStream_t s, const Unit& H, const Unit& E);
+  void gpt2_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc);
 
   const TransformerParams& table_;
   int B_, S_, M_;
   bool checkpointing_;
+  bool recompute_gelu_;
   kernels::AttentionShape attn_;
   CachingAllocator& alloc_;
   std::unique_ptr<kernels::Gemm> gemm_;
@@ -113,6 +129,9 @@ class GpuTransformer {
   std::vector<bf16*> xs_;          // block inputs: xs_[0] = embeddings, xs_[L] = final hidden
   std::vector<LayerActs> acts_;    // one per layer (one shared set with checkpointing)
   bf16 *logits_ = nullptr, *dx_ = nullptr, *dh_ = nullptr, *d4h_ = nullptr, *dqkv_ = nullptr;
+  bf16* lnf_ = nullptr;                            // GPT-2: LN_f(x_L)
+  float *mean_f_ = nullptr, *rstd_f_ = nullptr;
+  Unit tied_{};                                    // GPT-2: the embedding unit the head reads (wte)
   void* scratch_ = nullptr;
   std::size_t workspace_bytes_ = 0;
 };

@@ -40,6 +40,21 @@ int TransformerParams::add(std::string name, std::vector<std::int64_t> shape, In
 
 TransformerParams::TransformerParams(const ModelDims& dims) : dims_(dims) {
   dims_.validate();
+  if (dims_.arch == Arch::Gpt2) build_gpt2();
+  else build_simple();
+  // Units: [embedding, pos_embedding], each block's 12 tensors, the head's tensors.
+  auto unit = [&](int first, int last) {
+    for (int t = first; t < last; ++t) unit_of_.push_back(static_cast<int>(units_.size()));
+    const std::size_t end = last < static_cast<int>(tensors_.size()) ? tensors_[std::size_t(last)].offset : flat_size_;
+    units_.push_back({tensors_[std::size_t(first)].offset, end, first, last});
+  };
+  unit(0, 2);
+  for (int i = 0; i < dims_.layers; ++i) unit(layer_first_[std::size_t(i)], layer_end_[std::size_t(i)]);
+  unit(layers_.empty() ? 2 : layer_end_.back(), static_cast<int>(tensors_.size()));
+}
+
+void TransformerParams::build_simple() {
+  const ModelDims& dims = dims_;
   const std::int64_t h = dims.hidden, f = dims.ffn(), V = dims.vocab_rows(), S = dims.max_seq;
   const double lin_h = 1.0 / std::sqrt(double(h));  // kaiming_uniform(a=sqrt(5)) bound for fan_in h
   const double lin_f = 1.0 / std::sqrt(double(f));
@@ -50,6 +65,7 @@ TransformerParams::TransformerParams(const ModelDims& dims) : dims_(dims) {
     LayerIndex L{};
     // xavier_uniform on [3h, h]: sqrt(6 / (fan_in + fan_out)).
     L.in_proj_w = add(p + "attention.in_proj_weight", {3 * h, h}, InitKind::Uniform, std::sqrt(6.0 / double(h + 3 * h)));
+    layer_first_.push_back(L.in_proj_w);
     L.in_proj_b = add(p + "attention.in_proj_bias", {3 * h}, InitKind::Zeros, 0);
     L.out_proj_w = add(p + "attention.out_proj.weight", {h, h}, InitKind::Uniform, lin_h);
     L.out_proj_b = add(p + "attention.out_proj.bias", {h}, InitKind::Zeros, 0);
@@ -61,19 +77,59 @@ TransformerParams::TransformerParams(const ModelDims& dims) : dims_(dims) {
     L.ff2_b = add(p + "ff.2.bias", {h}, InitKind::Uniform, lin_f);
     L.norm2_w = add(p + "norm2.weight", {h}, InitKind::Ones, 0);
     L.norm2_b = add(p + "norm2.bias", {h}, InitKind::Zeros, 0);
+    layer_end_.push_back(L.norm2_b + 1);
     layers_.push_back(L);
   }
   output_w_ = add("output_proj.weight", {V, h}, InitKind::Uniform, lin_h);
   output_b_ = add("output_proj.bias", {V}, InitKind::Uniform, lin_h);
-  // Units: [embedding, pos_embedding], each block's 12 tensors, [output_w, output_b].
-  auto unit = [&](int first, int last) {
-    for (int t = first; t < last; ++t) unit_of_.push_back(static_cast<int>(units_.size()));
-    const std::size_t end = last < static_cast<int>(tensors_.size()) ? tensors_[std::size_t(last)].offset : flat_size_;
-    units_.push_back({tensors_[std::size_t(first)].offset, end, first, last});
-  };
-  unit(0, 2);
-  for (int i = 0; i < dims.layers; ++i) unit(layers_[std::size_t(i)].in_proj_w, layers_[std::size_t(i)].norm2_b + 1);
-  unit(output_w_, output_b_ + 1);
+}
+
+// Weights in nn.Linear's [out, in] layout (what the GEMMs read): qkv is [3C, C]. The names are
+// cutrain's own (attn.qkv, attn.proj, mlp.fc, mlp.proj), not HF's c_attn / c_proj / c_fc, whose
+// Conv1D stores the transpose: model/gpt2_hf.h converts names and layout.
+void TransformerParams::build_gpt2() {
+  const ModelDims& dims = dims_;
+  const std::int64_t C = dims.hidden, F = dims.ffn(), V = dims.vocab_rows(), T = dims.max_seq;
+  constexpr double kStd = 0.02;
+  const double res_std = kStd / std::sqrt(2.0 * std::max(dims.layers, 1));
+  add("wte.weight", {V, C}, InitKind::Normal, kStd);
+  add("wpe.weight", {T, C}, InitKind::Normal, kStd);
+  for (int i = 0; i < dims.layers; ++i) {
+    const std::string p = "h." + std::to_string(i) + ".";
+    // The four matrices first, then the eight vectors: each block is two decay runs.
+    LayerIndex L{};
+    L.in_proj_w = add(p + "attn.qkv.weight", {3 * C, C}, InitKind::Normal, kStd);
+    layer_first_.push_back(L.in_proj_w);
+    L.out_proj_w = add(p + "attn.proj.weight", {C, C}, InitKind::Normal, res_std);
+    L.ff0_w = add(p + "mlp.fc.weight", {F, C}, InitKind::Normal, kStd);
+    L.ff2_w = add(p + "mlp.proj.weight", {C, F}, InitKind::Normal, res_std);
+    L.norm1_w = add(p + "ln_1.weight", {C}, InitKind::Ones, 0);
+    L.norm1_b = add(p + "ln_1.bias", {C}, InitKind::Zeros, 0);
+    L.in_proj_b = add(p + "attn.qkv.bias", {3 * C}, InitKind::Zeros, 0);
+    L.out_proj_b = add(p + "attn.proj.bias", {C}, InitKind::Zeros, 0);
+    L.norm2_w = add(p + "ln_2.weight", {C}, InitKind::Ones, 0);
+    L.norm2_b = add(p + "ln_2.bias", {C}, InitKind::Zeros, 0);
+    L.ff0_b = add(p + "mlp.fc.bias", {F}, InitKind::Zeros, 0);
+    L.ff2_b = add(p + "mlp.proj.bias", {C}, InitKind::Zeros, 0);
+    for (int t = L.norm1_w; t <= L.ff2_b; ++t) tensors_[std::size_t(t)].decay = false;
+    layer_end_.push_back(L.ff2_b + 1);
+    layers_.push_back(L);
+  }
+  lnf_w_ = add("ln_f.weight", {C}, InitKind::Ones, 0);
+  lnf_b_ = add("ln_f.bias", {C}, InitKind::Zeros, 0);
+  tensors_[std::size_t(lnf_w_)].decay = tensors_[std::size_t(lnf_b_)].decay = false;
+  output_w_ = 0;  // tied to wte
+  output_b_ = -1;
+}
+
+std::vector<DecayRun> TransformerParams::decay_runs() const {
+  std::vector<DecayRun> runs;
+  for (const ParamTensor& t : tensors_) {
+    if (!runs.empty() && runs.back().decay == t.decay) continue;
+    if (!runs.empty()) runs.back().end = t.offset;
+    runs.push_back({t.offset, flat_size_, t.decay});
+  }
+  return runs;
 }
 
 const ParamTensor& TransformerParams::find(const std::string& name) const {
@@ -112,6 +168,11 @@ void TransformerParams::init_tensor(float* flat, std::uint64_t seed, std::size_t
       }
       case InitKind::Uniform: {
         std::uniform_real_distribution<double> d(-t.bound, t.bound);
+        for (std::size_t i = 0; i < t.count; ++i) p[i] = static_cast<float>(d(rng));
+        break;
+      }
+      case InitKind::Normal: {
+        std::normal_distribution<double> d(0.0, t.bound);
         for (std::size_t i = 0; i < t.count; ++i) p[i] = static_cast<float>(d(rng));
         break;
       }

@@ -26,6 +26,15 @@
 #               scripts/quality-run.sh (five layouts x 2 models x 1000 steps on WikiText-2 within
 #               QUALITY_BUDGET s, default 240; QUALITY_MODELS=bf16_example or gpt2_small for one
 #               model per call): the loss table and curves in logs/quality/
+#   llmc        llm.c (PEERS_DIR, default .peers/: ../shared/peers' run.sh and llmc/) beside cutrain's
+#               GPT-2 on the same WikiText-2 tokens: llm.c trains 30 steps from its d12 init and
+#               writes its checkpoint; cutrain's validation loss of it against llm.c's; 200 steps
+#               of the same recipe from it on both (configs/llmc_gpt2_constant.json = llm.c's
+#               -l 3e-4 -u 0 -q 1.0 -c 0.1), cutrain's result read back by llm.c and by PyTorch
+#               (bench/peers/gpt2_torch_eval.py on --save_hf's safetensors); d12 B16/B32
+#               T1024 tokens/s and peak memory (scripts/peak-mem.sh) of both (cutrain with and without
+#               --recompute_gelu); the table by
+#               scripts/llmc_compare.py. About 6 minutes with llm.c's build.
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -193,17 +202,22 @@ if want checkpoints; then
        --log_interval 50)
   # The aio block at 4 workers per transfer (ds_nvme_tune's best write here) for the p4 runs.
   python3 -c "import json; c = json.load(open('configs/bf16_full.json')); c['aio'] = {'intra_op_parallelism': 4}; json.dump(c, open('$ck/bf16_full_p4.json', 'w'))"
-  step ckpt_io 90 "mkdir -p $ck/io && $bin io-bench --folder $ck/io --io_size 4G --loops 2 && $bin io-bench --folder $ck/io --io_size 4G --loops 2 --io_parallel 4 --no_baselines; rm -rf $ck/io"
+  # CKPT_FULL=0: one io-bench, no async run, no p4 runs (a shorter call).
+  full=${CKPT_FULL:-1}
+  p4cmd="&& $bin io-bench --folder $ck/io --io_size 4G --loops 2 --io_parallel 4 --no_baselines"
+  [ "$full" = 1 ] || p4cmd=""
+  step ckpt_io 90 "mkdir -p $ck/io && $bin io-bench --folder $ck/io --io_size 4G --loops 2 $p4cmd; rm -rf $ck/io"
   grep -E "GB/sec|O_DIRECT|buffered" "$logs/ckpt_io.txt" | tail -12 >>"$sum" 2>/dev/null
-  step ckpt_async 120 "$bin train --deepspeed_config configs/bf16_full.json ${big[*]} --num_steps 240 --save $ck/async --save_interval 80 --keep_last 1 --save_mode async"
+  [ "$full" = 1 ] && step ckpt_async 120 "$bin train --deepspeed_config configs/bf16_full.json ${big[*]} --num_steps 240 --save $ck/async --save_interval 80 --keep_last 1 --save_mode async"
   grep -E "checkpoint:|Steps during|Average step" "$logs/ckpt_async.txt" | tail -12 >>"$sum" 2>/dev/null
   rm -rf "$ck/async"
-  for p in p1 p4; do
+  parts=p1; [ "$full" = 1 ] && parts="p1 p4"
+  for p in $parts; do
     cfg=configs/bf16_full.json; [ $p = p4 ] && cfg=$ck/bf16_full_p4.json
     step ckpt_sync_$p 120 "$bin train --deepspeed_config $cfg ${big[*]} --num_steps 30 --save $ck/sync_$p --save_interval 10 --keep_last 1 --save_mode sync && for r in 1 2; do python3 bench/peers/checkpoint_peer.py --drop_cache $ck/sync_$p && $bin train --deepspeed_config $cfg ${big[*]} --num_steps 1 --resume $ck/sync_$p || exit 1; done"
     grep -E "checkpoint:" "$logs/ckpt_sync_$p.txt" | tail -8 >>"$sum" 2>/dev/null
   done
-  step ckpt_peer 120 "python3 bench/peers/checkpoint_peer.py --like $ck/sync_p4/global_step30 --dir $ck/peer --reps 3 --cutrain_log $logs/ckpt_sync_p1.txt --out $logs/checkpoint_peer.json"
+  step ckpt_peer 120 "python3 bench/peers/checkpoint_peer.py --like $ck/sync_p1/global_step30 --dir $ck/peer --reps 3 --cutrain_log $logs/ckpt_sync_p1.txt --out $logs/checkpoint_peer.json"
   tail -9 "$logs/ckpt_peer.txt" >>"$sum" 2>/dev/null
   rm -rf "$ck"
 fi
@@ -211,12 +225,48 @@ fi
 if want quality; then
   # About 4 minutes: tests ~40 s, the benchmark ~30 s, the runs ~150 s (the BF16 example's model
   # ~9 ms a step, GPT-2 small at batch 4 x 512 ~5 ms, plus start-up and validation).
-  step quality_tests 90 "ctest --test-dir build/gpu -j $CTEST_JOBS --output-on-failure -R 'Compensat|_comp|e2e_quality_run_cli'"
+  [ "${QUALITY_TESTS:-1}" = 1 ] && step quality_tests 90 "ctest --test-dir build/gpu -j $CTEST_JOBS --output-on-failure -R 'Compensat|_comp|e2e_quality_run_cli'"
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/quality_tests.txt" | tail -15 >>"$sum" 2>/dev/null
   step quality_bench 60 "build/gpu/bench/bench_k3 --benchmark_filter='adamw/bf16_(master_wg|full)(_comp)?/' --benchmark_out=$logs/bench_k3_comp.json --benchmark_out_format=json --benchmark_counters_tabular=true"
   qb=${QUALITY_BUDGET:-240}
   step quality_run $((qb + 30)) "scripts/quality-run.sh --bin $bin --data .devdata --budget $qb ${QUALITY_MODELS:+--models $QUALITY_MODELS} --bench_json $logs/bench_k3_comp.json --out $logs/quality; rc=\$?; rm -rf $logs/quality/data; exit \$rc"
   sed -n '/^## BF16 master weights/,$p' "$logs/quality_run.txt" | grep -v "^quality-run:" >>"$sum" 2>/dev/null
+fi
+
+if want llmc; then
+  peers=${PEERS_DIR:-$root/.peers}
+  lc=/tmp/llmc  # run.sh builds train_gpt2cu and writes train.bin / val.bin (WikiText-2 valid / test) here
+  ck=$lc/ck/model_00000030.bin
+  lenv='cud=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])"); export LD_LIBRARY_PATH=$cud/lib:${LD_LIBRARY_PATH:-}; cd '$lc
+  lbin="./train_gpt2cu -i $lc/train.bin -j $lc/val.bin -t 1024 -m 8 -s 100000 -l 3e-4 -u 0 -q 1.0 -c 0.1"
+  cfg=configs/llmc_gpt2_constant.json
+  cdata="--use_real_data --data $lc/train.bin --eval_data $lc/val.bin --eval_steps 8 --seq_length 1024"
+  if [ -x "$peers/run.sh" ]; then
+    step llmc_build 240 "$peers/run.sh llmc-gpt2 16 1"
+    step llmc_train 90 "$lenv && $lbin -e d12 -b 16 -x 30 -v 1000 -n 30 -o $lc/ck && ls -l $ck"
+    step llmc_parity 90 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 1"
+    step llmc_200 90 "$lenv && $lbin -e $ck -b 16 -x 200 -v 1000"
+    step cutrain_200 150 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 200 --log_interval 1 --save_llmc $lc/cutrain_200.bin --save_hf $lc/cutrain_200.safetensors"
+    # Throughput: llm.c first at B16, last at B32 (neither always runs on a warmer GPU); cutrain
+    # with and without --recompute_gelu (llm.c's -r 1, its default).
+    for b in 16 32; do
+      crun="scripts/peak-mem.sh $logs/cutrain_speed_b$b.mem $bin train --deepspeed_config $cfg -e d12 $cdata --batch_size $b --num_steps 30 --warmup_steps 10"
+      rrun="scripts/peak-mem.sh $logs/cutrain_speed_r_b$b.mem $bin train --deepspeed_config $cfg -e d12 $cdata --batch_size $b --num_steps 30 --warmup_steps 10 --recompute_gelu"
+      [ $b = 16 ] && step llmc_speed_b$b 90 "$lenv && $root/scripts/peak-mem.sh $logs/llmc_speed_b$b.mem $lbin -e d12 -b $b -x 30 -v 100000"
+      step cutrain_speed_b$b 120 "$crun"
+      step cutrain_speed_r_b$b 120 "$rrun"
+      [ $b = 32 ] && step llmc_speed_b$b 90 "$lenv && $root/scripts/peak-mem.sh $logs/llmc_speed_b$b.mem $lbin -e d12 -b $b -x 30 -v 100000"
+    done
+    # The round trips last (the targets above come first when time is short).
+    step torch_eval 60 "python3 bench/peers/gpt2_torch_eval.py --weights $lc/cutrain_200.safetensors --tokens $lc/val.bin --heads 12 --batch 16 --seq 1024 --batches 8"
+    step llmc_back 60 "$lenv && $lbin -e $lc/cutrain_200.bin -b 16 -x 1 -v 1000"
+    python3 scripts/llmc_compare.py --logs "$logs" >>"$sum" 2>&1
+    grep -E "^val loss" "$logs/llmc_back.txt" | head -1 | sed 's/^/llm.c reading cutrain_200.bin (step 0): /' >>"$sum"
+    grep -E "Eval after" "$logs/cutrain_200.txt" | tail -1 | sed 's/^/cutrain before writing it: /' >>"$sum"
+    grep -E "^torch val loss" "$logs/torch_eval.txt" | sed 's/^/PyTorch on cutrain_200.safetensors: /' >>"$sum"
+  else
+    echo "-- llmc: no $peers/run.sh (carry ../shared/peers as .peers, or set PEERS_DIR)" >>"$sum"
+  fi
 fi
 
 if want extra && [ -n "${EXTRA_CMD:-}" ]; then

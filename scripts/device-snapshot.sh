@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares .snap/ for a device call: the committed tree (git archive HEAD, so other people's
 # uncommitted edits cannot break the device build), the offline .deb files (.deps/, made by
-# scripts/offline-deps.sh when missing) and the test data from ../shared/data (.devdata/).
+# scripts/offline-deps.sh when missing), the test data from ../shared/data (.devdata/) and llm.c
+# from ../shared/peers (.peers/).
 # Then call the device with carry [".snap"] and: cd .snap && scripts/device-session.sh
 #   scripts/device-snapshot.sh [--against REV]
 # --against REV also puts REV's tree into .snap/against/ (with its COMMIT), for the session's
@@ -38,4 +39,8 @@ if [ -n "$against" ]; then
 fi
 cp -r .deps .snap/
 [ -d .devdata ] && cp -r .devdata .snap/
+# llm.c for the session's `llmc` section: run.sh and llmc/ of ../shared/peers (4 MB) as .peers/.
+if [ -d ../shared/peers/llmc ]; then
+  mkdir -p .snap/.peers && cp -r ../shared/peers/run.sh ../shared/peers/llmc .snap/.peers/
+fi
 du -sh .snap

@@ -7,6 +7,7 @@
 
 #include "runtime/comm/launch_env.h"
 #include "runtime/device.h"
+#include "runtime/error.h"
 #include "tools/commands.h"
 #include "train/precision.h"
 #include "train/train_loop.h"
@@ -18,7 +19,9 @@ struct TrainFlags {
   train::TrainOptions o;
   std::string config;
   // The string-valued flags, turned into their enums once in run_train.
-  std::string device = "cuda", labels = "auto", attention = "auto", save_mode = "auto";
+  std::string device = "cuda", labels = "auto", attention = "auto", save_mode = "auto", model = "simple", gpt2_size;
+  CLI::Option* model_opt = nullptr;
+  CLI::Option* gpt2_size_opt = nullptr;
   float learning_rate = 1e-4f;
   int log_interval = 5;
   CLI::Option* log_interval_opt = nullptr;
@@ -48,6 +51,27 @@ int run_train(TrainFlags& f) {
   o.labels = train::parse_choice(train::kLabelsChoices, f.labels, "--labels");
   o.attention = train::parse_choice(train::kAttentionChoices, f.attention, "--attention");
   o.save_mode = train::parse_choice(train::kSaveModes, f.save_mode, "--save_mode");
+  o.model = train::parse_choice(train::kModelArchs, f.model, "--model");
+  if (f.gpt2_size_opt->count()) {
+    // llm.c's -e dN: GPT-2 of that depth, 1024 positions; shape flags given beside it must agree.
+    const train::Gpt2Size z = train::parse_choice(train::kGpt2Sizes, f.gpt2_size, "--gpt2_size");
+    CUTRAIN_CHECK(!f.model_opt->count() || o.model == model::Arch::Gpt2, "train: --gpt2_size ", f.gpt2_size,
+                  " is a GPT-2 size, --model says ", f.model);
+    o.model = model::Arch::Gpt2;
+    auto set = [&](const char* flag, int& v, int want) {
+      for (const auto& [opt, given] : f.shape_opts)
+        CUTRAIN_CHECK(!(opt->get_name() == flag && opt->count() && v != want), "train: ", flag, " ", v,
+                      " contradicts --gpt2_size ", f.gpt2_size, " (", want, ")");
+      v = want;
+    };
+    set("--hidden_dim", o.hidden_dim, z.channels);
+    set("--num_layers", o.num_layers, z.layers);
+    set("--num_heads", o.num_heads, z.heads);
+    if (o.max_seq_len == 0) o.max_seq_len = 1024;
+    bool vocab_given = false;  // GPT-2's tokenizer, as llm.c's -e dN
+    for (const auto& [opt, given] : f.shape_opts) vocab_given |= opt->get_name() == "--vocab_size" && opt->count() > 0;
+    if (!vocab_given) o.vocab_size = 50257;
+  }
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
   if (f.log_interval_opt->count()) o.log_interval = f.log_interval;
   o.progress = ::isatty(STDOUT_FILENO) == 1;
@@ -55,6 +79,7 @@ int run_train(TrainFlags& f) {
   if (f.save_interval_opt->count()) o.save_interval = f.save_interval;
   if (f.keep_last_opt->count()) o.keep_last = f.keep_last;
   for (const auto& [opt, given] : f.shape_opts) o.shape_given.*given = opt->count() > 0;
+  if (f.gpt2_size_opt->count()) o.shape_given.hidden_dim = o.shape_given.num_layers = o.shape_given.num_heads = true;
   if (f.timing_opt->count()) {
     o.profiling.timing_report = true;
     o.profiling.timing_report_file = f.timing_file;
@@ -110,6 +135,24 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   shape(sub->add_option("--num_layers", o.num_layers, "Transformer blocks"), &G::num_layers)->capture_default_str();
   shape(sub->add_option("--num_heads", o.num_heads, "Attention heads"), &G::num_heads)->capture_default_str();
   shape(sub->add_option("--vocab_size", o.vocab_size, "Vocabulary size"), &G::vocab_size)->capture_default_str();
+  f.model_opt = sub->add_option("--model", f.model,
+                                "Architecture: simple (the BF16 example's post-LN model) or gpt2 (llm.c's GPT-2: "
+                                "pre-LN, tied head, tanh GELU, causal, vocabulary padded to 128)")
+                    ->capture_default_str()
+                    ->check(CLI::IsMember({"simple", "gpt2"}));
+  f.gpt2_size_opt = sub->add_option("-e,--gpt2_size", f.gpt2_size,
+                                    "llm.c's GPT-2 sizes: d6, d12 (124M), d24, d36, d48 (sets --model gpt2, the "
+                                    "hidden size, layers and heads, 1024 positions, vocabulary 50257)")
+                        ->check(CLI::IsMember({"d6", "d12", "d24", "d36", "d48"}));
+  sub->add_option("--max_seq_len", o.max_seq_len, "Rows of the position table (not given: --seq_length)");
+  sub->add_option("--init_from_llmc", o.init_from_llmc,
+                  "Start from llm.c's model file (model_*.bin of its -o folder, or gpt2_124M_bf16.bin): it gives "
+                  "the architecture and shape; the optimizer starts fresh");
+  sub->add_option("--save_llmc", o.save_llmc, "At the end, write the params as llm.c's model file (bf16, version 5)");
+  sub->add_option("--init_from_hf", o.init_from_hf,
+                  "Start from Hugging Face GPT-2 safetensors (transformer.h.0.attn.c_attn.weight, ...; F32 or BF16); "
+                  "the shape comes from the flags, e.g. -e d12 --vocab_size 50257");
+  sub->add_option("--save_hf", o.save_hf, "At the end, write the params as Hugging Face GPT-2 safetensors (F32)");
   sub->add_option("--batch_size", o.batch_size, "Micro batch size")->capture_default_str();
   shape(sub->add_option("--seq_length", o.seq_length, "Sequence length (= max_seq_len)"), &G::seq_length)
       ->capture_default_str();
@@ -120,6 +163,8 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   f.log_interval_opt = sub->add_option("--log_interval", f.log_interval,
                                        "Print a Step line every N steps (not given: the config's steps_per_print, else 5)");
   sub->add_flag("--activation_checkpointing", o.activation_checkpointing, "Recompute each block in backward");
+  sub->add_flag("--recompute_gelu", o.recompute_gelu,
+                "GPT-2: one GELU output buffer for all blocks, recomputed in backward (llm.c's -r 1)");
   sub->add_option("--loss_log_file", o.loss_log_file, "Write step,loss CSV here");
   sub->add_flag("--use_real_data", o.use_real_data, "Train on token shards (--data) instead of random tokens");
   sub->add_option("--data", o.data, "Glob pattern(s) of llm.c token shards for --use_real_data");

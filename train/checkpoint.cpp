@@ -56,7 +56,8 @@ void checkpoint_tensors(const model::TransformerParams& T, const StateSnapshot& 
 
 json checkpoint_model_config(const model::ModelDims& d, DType param_dtype, DType moment_dtype, std::size_t num_params,
                              const std::string& layout, bool causal) {
-  return {{"architecture", "SimpleTransformerModel"},
+  const bool gpt2 = d.arch == model::Arch::Gpt2;
+  return {{"architecture", gpt2 ? "GPT2" : "SimpleTransformerModel"},
           {"hidden_dim", d.hidden},
           {"num_layers", d.layers},
           {"num_heads", d.heads},
@@ -65,10 +66,10 @@ json checkpoint_model_config(const model::ModelDims& d, DType param_dtype, DType
           {"vocab_size", d.vocab},
           {"embedding_rows", d.vocab_rows()},
           {"max_seq_len", d.max_seq},
-          {"norm", "post_layernorm"},
+          {"norm", gpt2 ? "pre_layernorm" : "post_layernorm"},
           {"layer_norm_eps", 1e-5},
-          {"activation", "gelu"},
-          {"tied_embeddings", false},
+          {"activation", gpt2 ? "gelu_tanh" : "gelu"},
+          {"tied_embeddings", gpt2},
           {"causal", causal},
           {"precision_layout", layout},
           {"param_dtype", safetensors_dtype_name(param_dtype)},
@@ -86,6 +87,10 @@ model::ModelDims checkpoint_model_dims(const json& c, const std::string& where) 
   model::ModelDims d{get("hidden_dim"), get("num_layers"), get("num_heads"), get("vocab_size"), get("max_seq_len")};
   const int rows = get("embedding_rows");
   d.padded_vocab = rows > d.vocab ? rows : 0;
+  const std::string arch = c.value("architecture", std::string("SimpleTransformerModel"));
+  CUTRAIN_CHECK(arch == "SimpleTransformerModel" || arch == "GPT2", where, ": architecture: expected ",
+                "\"SimpleTransformerModel\" or \"GPT2\", found \"", arch, "\"");
+  if (arch == "GPT2") d.arch = model::Arch::Gpt2;
   return d;
 }
 

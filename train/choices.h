@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "model/transformer_params.h"
 #include "runtime/choice.h"
 
 namespace cutrain::train {
@@ -65,6 +66,19 @@ inline constexpr std::array<Choice<AttentionChoice>, 3> kAttentionChoices{{{Atte
 enum class SaveMode { Auto, Async, Sync };
 inline constexpr std::array<Choice<SaveMode>, 3> kSaveModes{
     {{SaveMode::Auto, "auto"}, {SaveMode::Async, "async"}, {SaveMode::Sync, "sync"}}};
+// --model: the architecture (model/transformer_params.h): the BF16 example's or GPT-2 (llm.c's).
+inline constexpr std::array<Choice<model::Arch>, 2> kModelArchs{
+    {{model::Arch::Simple, "simple"}, {model::Arch::Gpt2, "gpt2"}}};
+
+// --gpt2_size / -e: llm.c's GPT-2 sizes by depth (its `-e dN`): channels and heads of each.
+struct Gpt2Size {
+  int layers, channels, heads;
+};
+inline constexpr std::array<Choice<Gpt2Size>, 5> kGpt2Sizes{{{{6, 384, 6}, "d6"},
+                                                             {{12, 768, 12}, "d12"},
+                                                             {{24, 1024, 16}, "d24"},
+                                                             {{36, 1280, 20}, "d36"},
+                                                             {{48, 1600, 25}, "d48"}}};
 
 // choice_name (runtime/choice.h) spells a value; "" for one its table does not list, e.g.
 // SchedulerType::None.
@@ -96,5 +110,6 @@ inline const char* name(TrainDevice v) { return choice_name(kTrainDevices, v); }
 inline const char* name(LabelsChoice v) { return choice_name(kLabelsChoices, v); }
 inline const char* name(AttentionChoice v) { return choice_name(kAttentionChoices, v); }
 inline const char* name(SaveMode v) { return choice_name(kSaveModes, v); }
+inline const char* name(model::Arch v) { return choice_name(kModelArchs, v); }
 
 }  // namespace cutrain::train

@@ -41,8 +41,10 @@ class CpuBackend final : public TrainBackend {
     double scale = 1.0;
     if (cfg_.gradient_clipping > 0) scale = std::min(1.0, cfg_.gradient_clipping / (st.grad_norm + 1e-6));
     const auto& o = cfg_.optimizer;
-    model::reference_adam_step(params_.data(), grads_.data(), m_.data(), v_.data(), params_.size(), lr, o.beta1, o.beta2,
-                        o.eps, o.weight_decay, o.adam_w_mode, step, scale);
+    for (const model::DecayRun& r : table_.decay_runs())  // GPT-2: no decay for biases and LayerNorm
+      model::reference_adam_step(params_.data() + r.begin, grads_.data() + r.begin, m_.data() + r.begin,
+                                 v_.data() + r.begin, r.end - r.begin, lr, o.beta1, o.beta2, o.eps,
+                                 r.decay ? o.weight_decay : 0.0, o.adam_w_mode, step, scale);
     return st;
   }
 

@@ -18,6 +18,7 @@ struct BackendOptions {
   int batch = 4, seq = 512;
   std::uint64_t seed = 42;
   bool activation_checkpointing = false;
+  bool recompute_gelu = false;  // GPT-2 on the GPU: llm.c's -r 1 (model/transformer_gpu.h)
   bool cuda_graph = true;
   bool causal = false;
   // Data parallelism (GPU engine): the NCCL communicator to reduce over. Null: the engine reads

@@ -51,6 +51,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
       plan_(plan_from_config(c)),
       accum_(c.accumulation()),
       n_(table_.flat_size()),
+      decay_runs_(table_.decay_runs()),
       comm_(resolve_communicator(o, c)) {
   std::string why;
   CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");
@@ -66,7 +67,13 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   // moments only for this rank's partition. Sharded (3): params, master, moments and the reduced
   // gradients in this rank's shard; the full gradient buffer in the padded layout. Otherwise
   // flat == state == n_.
+  CUTRAIN_CHECK(!zero_.sharded() || decay_runs_.size() == 1,
+                "train: zero_optimization.stage 3 needs one weight-decay rule for every parameter");
   if (zero_.sharded()) {
+    // GPT-2's tied head reads the embedding unit a second time, after the blocks: stage 3's
+    // gather order (parallel/zero_shard_layout.h) does not have that use.
+    CUTRAIN_CHECK(o.dims.arch != model::Arch::Gpt2, "train: zero_optimization.stage 3 is not supported for --model ",
+                  "gpt2 (its tied head reuses the embedding unit); use stage 0, 1 or 2");
     // The shards live on the device; moving them to the host or NVMe is not implemented.
     CUTRAIN_CHECK(c.zero_optimization.offload_param.device == OffloadTarget::None,
                   "zero_optimization.offload_param.device \"", name(c.zero_optimization.offload_param.device),
@@ -136,7 +143,8 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     sharded_ = std::make_unique<parallel::ShardedParams>(comm_, zero_comm_->stream(), layout_, table_, A, stream_.get());
     sharded_->refresh_persistent(stream_, params_.as<bf16>());
   }
-  model_ = std::make_unique<model::GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A);
+  model_ = std::make_unique<model::GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A,
+                                                   o.recompute_gelu);
   offloader_ = std::make_unique<StateOffloader>(A, stream_.get());
   offloader_->add("lp_params", &params_);
   offloader_->add(plan_.grad == DType::BF16 ? "lp_grads" : "contiguous_grad_buffer", &grads_);
@@ -391,9 +399,26 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     const model::cost::Cost c =
         model::cost::adam_step(sr.size(), gs, dtype_size(plan_.moment), plan_.has_master, plan_.compensation);
     TimedRegion ro("optimizer", stream_, c.flops, c.bytes);
-    kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>() + sr.begin, g, plan_.grad,
-                       plan_.has_master ? as_f32(master_) : nullptr, m_.get(), v_.get(), sr.size(), flags + accum_ + 1,
-                       reinterpret_cast<const int*>(flags + accum_ + 2), plan_.compensation ? comp_.as<bf16>() : nullptr);
+    // One launch per decay run (model/transformer_params.h): a single one for the seed model;
+    // GPT-2 decays its matrices and embeddings only. The last run also covers the partition's
+    // padding past n_. Stage 3 (refused for GPT-2) has one run over its whole shard.
+    const std::size_t ms = dtype_size(plan_.moment);
+    for (std::size_t k = 0; k < decay_runs_.size(); ++k) {
+      const model::DecayRun& run = decay_runs_[k];
+      const std::size_t b = zero_.sharded() ? sr.begin : std::max(run.begin, sr.begin);
+      const std::size_t e = zero_.sharded() || k + 1 == decay_runs_.size() ? sr.end : std::min(run.end, sr.end);
+      if (b >= e) continue;
+      const std::size_t o = b - sr.begin;  // into this rank's (partition-indexed) state buffers
+      p.weight_decay = run.decay ? cfg_.optimizer.weight_decay : 0.f;
+      // Stochastic rounding draws by (seed, step, index within the launch): another seed per run,
+      // so runs do not repeat each other's bits (run 0 keeps the seed of the single launch).
+      p.seed = opt_.seed + k * 0x9E3779B97F4A7C15ull;
+      kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>() + b, static_cast<const char*>(g) + o * gs,
+                         plan_.grad, plan_.has_master ? as_f32(master_) + o : nullptr,
+                         static_cast<char*>(m_.get()) + o * ms, static_cast<char*>(v_.get()) + o * ms, e - b,
+                         flags + accum_ + 1, reinterpret_cast<const int*>(flags + accum_ + 2),
+                         plan_.compensation ? comp_.as<bf16>() + o : nullptr);
+    }
   }
   if (sharded_) {
     // Params stay sharded: only the persistent units are gathered again.

@@ -109,6 +109,7 @@ class GpuEngine final : public TrainBackend {
   PrecisionPlan plan_;
   int accum_;
   std::size_t n_;
+  std::vector<model::DecayRun> decay_runs_;  // one optimizer launch each (weight decay on or off)
   // Before stream_: resolving it selects the rank's device, where the stream is then created.
   std::shared_ptr<comm::Communicator> comm_;
   Stream stream_;

@@ -25,6 +25,7 @@
 #include "train/cpu_backend.h"
 #include "train/engine.h"
 #include "train/line_log.h"
+#include "train/gpt2_io.h"
 #include "train/lr_schedule.h"
 #include "train/precision.h"
 
@@ -87,6 +88,7 @@ void take_checkpoint_shape(TrainOptions& o, const model::ModelDims& d) {
   if (!g.vocab_size) o.vocab_size = d.vocab;
   if (!g.seq_length) o.seq_length = d.max_seq;
   if (!g.pad_vocab) o.pad_vocab = d.padded_vocab > d.vocab ? d.padded_vocab : 0;
+  o.model = d.arch;
 }
 
 // The run's model against the checkpoint's: a difference names the flag and both values.
@@ -122,6 +124,28 @@ std::uint64_t host_memory_available() {
   return 0;
 }
 
+// --init_from_llmc: the file gives the architecture and every shape; a shape flag given with
+// another value is an error naming the flag, the file and both values.
+void take_llmc_shape(TrainOptions& o, const model::LlmcHeader& h) {
+  const TrainOptions::ShapeGiven& g = o.shape_given;
+  const std::string where = "the llm.c checkpoint " + o.init_from_llmc.string();
+  auto take = [&](const char* flag, bool given, int& v, int file) {
+    CUTRAIN_CHECK(!given || v == file, "train: ", flag, " gives ", v, ", ", where, " has ", file,
+                  " (leave the flag out to take the file's)");
+    v = file;
+  };
+  take("--hidden_dim", g.hidden_dim, o.hidden_dim, h.channels);
+  take("--num_layers", g.num_layers, o.num_layers, h.layers);
+  take("--num_heads", g.num_heads, o.num_heads, h.heads);
+  take("--vocab_size", g.vocab_size, o.vocab_size, h.vocab);
+  CUTRAIN_CHECK(o.max_seq_len == 0 || o.max_seq_len == h.max_seq, "train: --max_seq_len gives ", o.max_seq_len,
+                ", ", where, " has ", h.max_seq);
+  o.max_seq_len = h.max_seq;
+  CUTRAIN_CHECK(o.seq_length <= h.max_seq, "train: --seq_length ", o.seq_length, " is longer than ", where,
+                "'s position table (", h.max_seq, " rows)");
+  o.model = model::Arch::Gpt2;
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
@@ -151,7 +175,6 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   CUTRAIN_CHECK(!o.accept_legacy_checkpoint || !o.resume_dir.empty(),
                 "train: --accept_legacy_checkpoint: expected --resume DIR with it, found none");
   const bool next_token = o.use_real_data && o.labels != LabelsChoice::Identity;
-  const bool causal = o.attention == AttentionChoice::Causal || (o.attention == AttentionChoice::Auto && next_token);
 
   // Data parallel (cutrain launch, torchrun, mpirun, Slurm): the engine makes the communicator from
   // the same variables; here they size the global batch and deal real-data batches by rank.
@@ -177,6 +200,27 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       take_checkpoint_shape(o, resume_dims);
     }
   }
+  // --init_from_llmc gives the shape and the architecture (after --resume's: both are errors together).
+  std::optional<model::LlmcHeader> llmc;
+  CUTRAIN_CHECK(o.resume_dir.empty() || (o.init_from_llmc.empty() && o.init_from_hf.empty()),
+                "train: --resume continues a checkpoint; --init_from_llmc / --init_from_hf start a new run: expected one");
+  if (!o.init_from_llmc.empty()) {
+    llmc = model::read_llmc_header(o.init_from_llmc);
+    take_llmc_shape(o, *llmc);
+  }
+  const bool gpt2 = o.model == model::Arch::Gpt2;
+  CUTRAIN_CHECK(!gpt2 || o.attention != AttentionChoice::Bidirectional,
+                "train: --model gpt2 is causal; --attention bidirectional is for --model simple");
+  CUTRAIN_CHECK((o.init_from_hf.empty() && o.save_hf.empty()) || gpt2, "train: --init_from_hf / --save_hf ",
+                "use Hugging Face's GPT-2 names: expected --model gpt2 (or --gpt2_size), found --model ", name(o.model));
+  CUTRAIN_CHECK(o.init_from_hf.empty() || o.init_from_llmc.empty(),
+                "train: --init_from_hf and --init_from_llmc both given; expected one");
+  CUTRAIN_CHECK(o.save_llmc.empty() || gpt2, "train: --save_llmc writes llm.c's GPT-2 layout: expected --model gpt2 (or "
+                "--gpt2_size, --init_from_llmc), found --model ", name(o.model));
+  CUTRAIN_CHECK(o.max_seq_len == 0 || o.seq_length <= o.max_seq_len, "train: --seq_length ", o.seq_length,
+                " is longer than --max_seq_len ", o.max_seq_len);
+  const bool causal = gpt2 || o.attention == AttentionChoice::Causal ||
+                      (o.attention == AttentionChoice::Auto && next_token);
 
   TrainConfig cfg = load_config(o.deepspeed_config);
   for (const auto& w : cfg.warnings) out << "[Rank 0] warning: " << w << "\n";
@@ -215,8 +259,15 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     out << "[Rank 0] --use_real_data: vocab_size " << vocab << " -> " << kGpt2Vocab << " (the GPT-2 tokenizer's)\n";
     vocab = kGpt2Vocab;
   }
-  bo.dims = model::ModelDims{o.hidden_dim, o.num_layers, o.num_heads, vocab, o.seq_length};
-  if (o.pad_vocab > 0) {
+  bo.dims = model::ModelDims{o.hidden_dim, o.num_layers, o.num_heads, vocab, o.max_seq_len ? o.max_seq_len : o.seq_length};
+  bo.dims.arch = o.model;
+  // GPT-2 pads its vocabulary to a multiple of 128 as llm.c does (50257 -> 50304) unless told.
+  if (gpt2 && !o.shape_given.pad_vocab && o.pad_vocab == 0) o.pad_vocab = 128;
+  if (llmc) {
+    bo.dims.padded_vocab = llmc->padded_vocab > llmc->vocab ? llmc->padded_vocab : 0;
+    CUTRAIN_CHECK(vocab == llmc->vocab, "train: the data's vocabulary (", vocab, ") is not the llm.c checkpoint ",
+                  o.init_from_llmc.string(), "'s vocab_size ", llmc->vocab);
+  } else if (o.pad_vocab > 0) {
     bo.dims.padded_vocab = int(data::padded_vocab_size(vocab, o.pad_vocab));
     out << "[Rank 0] --pad_vocab " << o.pad_vocab << ": " << vocab << " -> " << bo.dims.padded_vocab
         << " rows in the embedding and output projection (padded logits get no loss and no gradient)\n";
@@ -226,6 +277,9 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   bo.seq = o.seq_length;
   bo.seed = o.seed;
   bo.activation_checkpointing = o.activation_checkpointing;
+  bo.recompute_gelu = o.recompute_gelu;
+  CUTRAIN_CHECK(!o.recompute_gelu || gpt2, "train: --recompute_gelu applies to --model gpt2, found --model ",
+                name(o.model));
   bo.cuda_graph = o.cuda_graph;
   bo.dims.validate();
   if (resume && !resume->legacy)
@@ -266,10 +320,21 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       << ", " << (causal ? "causal" : "bidirectional") << " attention\n";
   // Before the engine allocates: measures the device's peaks when --timing_report is on.
   StepProfiler prof(profiling, model::TransformerParams(bo.dims), bo.batch, bo.seq, accum, bo.causal, o.device == TrainDevice::Cuda);
-  out << "[Rank 0] Creating model with hidden_dim=" << o.hidden_dim << ", num_layers=" << o.num_layers
+  out << "[Rank 0] Creating " << (gpt2 ? "GPT-2 (pre-LN, tied head, tanh GELU)" : "model") << " with hidden_dim=" << o.hidden_dim << ", num_layers=" << o.num_layers
       << ", num_heads=" << o.num_heads << ", vocab_size=" << vocab << "\n";
   std::unique_ptr<TrainBackend> be =
       o.device == TrainDevice::Cpu ? make_cpu_backend(bo, cfg) : make_gpu_backend(bo, cfg);
+  if (llmc) {
+    init_from_llmc(*be, o.init_from_llmc);
+    out << "[Rank 0] Initialized from llm.c checkpoint " << o.init_from_llmc.string() << " ("
+        << (llmc->version == model::kLlmcVersionBf16 ? "bf16" : "fp32") << ", " << llmc->layers << " layers, "
+        << llmc->channels << " channels, " << llmc->heads << " heads, vocab " << llmc->vocab << " padded to "
+        << llmc->padded_vocab << ", " << llmc->max_seq << " positions)\n";
+  }
+  if (!o.init_from_hf.empty()) {
+    init_from_hf(*be, o.init_from_hf);
+    out << "[Rank 0] Initialized from Hugging Face GPT-2 safetensors " << o.init_from_hf.string() << "\n";
+  }
   const std::size_t nparams = be->table().num_params();
   out << "[Rank 0] Model parameters: " << with_commas(nparams) << " total, " << with_commas(nparams) << " trainable\n";
   if (o.activation_checkpointing) out << "[Rank 0] Activation checkpointing enabled\n";
@@ -514,6 +579,14 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     if (!o.save_dir.empty() && step != last && interval_save_due(step + 1, o.save_interval.value_or(0))) save(step + 1);
   }
   if (progress_shown) out << "\r\033[K";
+  if (!o.save_llmc.empty()) {
+    save_llmc(*be, o.save_llmc, /*bf16=*/true, env.rank == 0);
+    out << "[Rank 0] llm.c checkpoint saved to: " << o.save_llmc.string() << " (bf16, version 5)\n";
+  }
+  if (!o.save_hf.empty()) {
+    save_hf(*be, o.save_hf, env.rank == 0);
+    out << "[Rank 0] Hugging Face GPT-2 safetensors saved to: " << o.save_hf.string() << " (F32)\n";
+  }
   be->release_workspace();
   const MemoryStats fin = be->memory();
   res.avg_step_time = timed ? time_sum / timed : 0.0;

@@ -20,6 +20,14 @@ struct TrainOptions {
   std::filesystem::path deepspeed_config;
   int hidden_dim = 1024, num_layers = 12, num_heads = 16, vocab_size = 50000;
   int batch_size = 4, seq_length = 512;
+  model::Arch model = model::Arch::Simple;  // --model (--gpt2_size / -e and --init_from_llmc set gpt2)
+  int max_seq_len = 0;  // --max_seq_len: rows of the position table (0: = seq_length; GPT-2 sizes: 1024)
+  // --init_from_llmc: start from llm.c's model file (it gives the model's shape and arch);
+  // --save_llmc: write the trained params as llm.c's model file (bf16, version 5) at the end.
+  std::filesystem::path init_from_llmc, save_llmc;
+  // --init_from_hf / --save_hf: the same with Hugging Face's GPT-2 safetensors (F32); the shape
+  // comes from the flags (--gpt2_size), the file is checked against it.
+  std::filesystem::path init_from_hf, save_hf;
   int num_steps = 20, warmup_steps = 5;
   std::optional<float> learning_rate;  // given: overrides the config's optimizer lr
   // Step lines every N steps; not given: the config's steps_per_print, else 5 (train.py's default).
@@ -28,6 +36,7 @@ struct TrainOptions {
   // terminal (`cutrain train` sets it when stdout is one), never for a pipe or a file.
   bool progress = false;
   bool activation_checkpointing = false;
+  bool recompute_gelu = false;  // --recompute_gelu (GPT-2: llm.c's -r 1)
   std::filesystem::path loss_log_file;
   bool use_real_data = false;
   std::vector<std::string> data;  // --data: glob patterns of llm.c token shards (with --use_real_data)

@@ -17,6 +17,7 @@
 
 #include "runtime/file_util.h"
 #include "train/config.h"
+#include "train/lr_schedule.h"
 #include "train/config_keys.h"
 
 using namespace cutrain;
@@ -713,4 +714,39 @@ TEST(ConfigKeys, UnknownKeysStayWarningsNamingTheNearest) {
   train::TrainConfig d = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1,
       "offload_optimizer": {"device": "cpu", "buffer_size": 5}}})", "o.json");
   EXPECT_TRUE(any_warning_has(d, {"zero_optimization.offload_optimizer.buffer_size", "unknown key"})) << warnings_text(d);
+}
+
+// llm.c's GPT-2 recipe as DeepSpeed configs: AdamW 0.9/0.95, eps 1e-8, weight decay 0.1, clipping
+// 1.0, bf16 with fp32 master weights (the baseline layout), stochastic rounding; the first with
+// 700 warm-up steps and cosine to 0, the second (the device comparison's) with a constant lr.
+TEST(Config, LlmcGpt2ConfigsLoad) {
+  const std::filesystem::path dir = std::filesystem::path(CUTRAIN_SOURCE_DIR) / "configs";
+  train::ConfigLoadOptions strict;
+  strict.strict = true;
+  for (const char* name : {"llmc_gpt2.json", "llmc_gpt2_constant.json"}) {
+    SCOPED_TRACE(name);
+    const train::TrainConfig c = train::load_config(dir / name, strict);
+    EXPECT_TRUE(c.warnings.empty()) << warnings_text(c);
+    EXPECT_EQ(c.optimizer.type, train::OptimizerType::AdamW);
+    EXPECT_FLOAT_EQ(c.optimizer.beta1, 0.9f);
+    EXPECT_FLOAT_EQ(c.optimizer.beta2, 0.95f);
+    EXPECT_FLOAT_EQ(c.optimizer.eps, 1e-8f);
+    EXPECT_FLOAT_EQ(c.optimizer.weight_decay, 0.1f);
+    EXPECT_FLOAT_EQ(c.gradient_clipping, 1.0f);
+    EXPECT_TRUE(c.bf16.enabled);
+    EXPECT_FALSE(c.bf16.bf16_master_weights_and_grads);
+    EXPECT_TRUE(c.bf16.stochastic_rounding);
+    EXPECT_EQ(c.zero_optimization.stage, 0);
+  }
+  const train::TrainConfig cos = train::load_config(dir / "llmc_gpt2.json");
+  const train::LrSchedule s = train::LrSchedule::from_config(cos);
+  EXPECT_FLOAT_EQ(cos.optimizer.lr, 6e-4f);
+  EXPECT_FLOAT_EQ(s.lr(0), 0.f);                   // DeepSpeed's: lr 0 before the first step
+  EXPECT_NEAR(s.lr(351), 6e-4 * 350 / 700, 1e-9);  // linear warm-up
+  EXPECT_NEAR(s.lr(701), 6e-4, 1e-9);
+  EXPECT_LT(s.lr(10000), 6e-4 * 0.6);
+  EXPECT_NEAR(s.lr(18866), 0.0, 1e-9);             // cosine to cos_min_ratio 0
+  const train::TrainConfig cst = train::load_config(dir / "llmc_gpt2_constant.json");
+  const train::LrSchedule k = train::LrSchedule::from_config(cst);
+  for (int step : {0, 1, 199, 5000}) EXPECT_FLOAT_EQ(k.lr(step), 3e-4f);
 }

@@ -1,0 +1,127 @@
+// The GPT-2 architecture of the CPU reference model: pre-LN blocks, final LayerNorm, tanh GELU,
+// causal attention, the head tied to the token embedding (its gradient adds to the embedding's).
+#include "model/reference_model.h"
+#include "model/reference_ops.h"
+#include "runtime/error.h"
+
+namespace cutrain::model {
+
+using namespace ref_ops;
+
+template <typename T>
+double ReferenceModel<T>::forward_gpt2(const T* P, const std::int32_t* tokens, const std::int32_t* labels, int B,
+                                       int S) {
+  const ModelDims& d = p_.dims();
+  B_ = B;
+  S_ = S;
+  const int h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), V = d.vocab, Vr = d.vocab_rows();
+  const int M = B * S;
+  tokens_.assign(tokens, tokens + M);
+  labels_.assign(labels, labels + M);
+  auto at = [&](int idx) { return P + p_.tensor(idx).offset; };
+
+  std::vector<T> x(std::size_t(M) * h);  // the residual stream
+  for (int m = 0; m < M; ++m) {
+    const int tok = tokens[m];
+    CUTRAIN_CHECK(tok >= 0 && tok < V, "reference model: token ", tok, " at position ", m, " is outside [0, ", V, ")");
+    const T* e = at(p_.embedding()) + std::size_t(tok) * h;
+    const T* pe = at(p_.pos_embedding()) + std::size_t(m % S) * h;
+    for (int c = 0; c < h; ++c) x[std::size_t(m) * h + c] = T(double(e[c]) + double(pe[c]));
+  }
+  acts_.assign(d.layers, {});
+  std::vector<T> tmp(std::size_t(M) * h);
+  for (int l = 0; l < d.layers; ++l) {
+    const LayerIndex& L = p_.layer(l);
+    LayerActs& a = acts_[l];
+    a.x_in = x;
+    a.x1.resize(std::size_t(M) * h);
+    a.mean1.resize(M);
+    a.rstd1.resize(M);
+    ln_fwd(x.data(), at(L.norm1_w), at(L.norm1_b), a.x1.data(), a.mean1.data(), a.rstd1.data(), M, h);
+    a.qkv.resize(std::size_t(M) * 3 * h);
+    linear_fwd(a.x1.data(), at(L.in_proj_w), at(L.in_proj_b), a.qkv.data(), M, 3 * h, h);
+    attention_fwd(a.qkv, a.probs, a.att, B, S, H, D, true);
+    linear_fwd(a.att.data(), at(L.out_proj_w), at(L.out_proj_b), tmp.data(), M, h, h);
+    a.s1.resize(std::size_t(M) * h);
+    for (std::size_t i = 0; i < a.s1.size(); ++i) a.s1[i] = T(double(x[i]) + double(tmp[i]));
+    a.s2.resize(std::size_t(M) * h);
+    a.mean2.resize(M);
+    a.rstd2.resize(M);
+    ln_fwd(a.s1.data(), at(L.norm2_w), at(L.norm2_b), a.s2.data(), a.mean2.data(), a.rstd2.data(), M, h);
+    a.f.resize(std::size_t(M) * F);
+    a.g.resize(std::size_t(M) * F);
+    linear_fwd(a.s2.data(), at(L.ff0_w), at(L.ff0_b), a.f.data(), M, F, h);
+    for (std::size_t i = 0; i < a.f.size(); ++i) a.g[i] = T(gelu_tanh(double(a.f[i])));
+    linear_fwd(a.g.data(), at(L.ff2_w), at(L.ff2_b), tmp.data(), M, h, F);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = T(double(a.s1[i]) + double(tmp[i]));
+  }
+  x_final_ = x;
+  x_lnf_.resize(x.size());
+  mean_f_.resize(M);
+  rstd_f_.resize(M);
+  ln_fwd(x.data(), at(p_.final_norm_w()), at(p_.final_norm_b()), x_lnf_.data(), mean_f_.data(), rstd_f_.data(), M, h);
+  logits_.resize(std::size_t(M) * Vr);
+  linear_fwd(x_lnf_.data(), at(p_.output_w()), static_cast<const T*>(nullptr), logits_.data(), M, Vr, h);
+  return loss_from_logits();
+}
+
+template <typename T>
+void ReferenceModel<T>::backward_gpt2(const T* P, T* G, double grad_scale) {
+  const ModelDims& d = p_.dims();
+  const int B = B_, S = S_, h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), Vr = d.vocab_rows();
+  const int M = B * S;
+  auto at = [&](int idx) { return P + p_.tensor(idx).offset; };
+  auto gat = [&](int idx) { return G + p_.tensor(idx).offset; };
+  auto add_into = [](std::vector<T>& dst, const std::vector<T>& src) {
+    for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = T(double(dst[i]) + double(src[i]));
+  };
+
+  const std::vector<T> dlogits = this->dlogits(grad_scale);
+  std::vector<T> dln(std::size_t(M) * h), dx(std::size_t(M) * h), tmp(std::size_t(M) * h);
+  // The tied head: its weight gradient lands in the token embedding's.
+  linear_bwd(x_lnf_.data(), at(p_.output_w()), dlogits.data(), dln.data(), false, gat(p_.output_w()),
+             static_cast<T*>(nullptr), M, Vr, h);
+  ln_bwd(dln.data(), x_final_.data(), mean_f_.data(), rstd_f_.data(), at(p_.final_norm_w()), dx.data(),
+         gat(p_.final_norm_w()), gat(p_.final_norm_b()), M, h);
+
+  std::vector<T> dg(std::size_t(M) * F), datt(std::size_t(M) * h), dqkv(std::size_t(M) * 3 * h);
+  for (int l = d.layers - 1; l >= 0; --l) {
+    const LayerIndex& L = p_.layer(l);
+    const LayerActs& a = acts_[l];
+    // x_out = s1 + mlp(LN2(s1)): dx is d x_out, then d s1.
+    linear_bwd(a.g.data(), at(L.ff2_w), dx.data(), dg.data(), false, gat(L.ff2_w), gat(L.ff2_b), M, h, F);
+    for (std::size_t i = 0; i < dg.size(); ++i) dg[i] = T(double(dg[i]) * gelu_tanh_grad(double(a.f[i])));
+    linear_bwd(a.s2.data(), at(L.ff0_w), dg.data(), dln.data(), false, gat(L.ff0_w), gat(L.ff0_b), M, F, h);
+    ln_bwd(dln.data(), a.s1.data(), a.mean2.data(), a.rstd2.data(), at(L.norm2_w), tmp.data(), gat(L.norm2_w),
+           gat(L.norm2_b), M, h);
+    add_into(dx, tmp);
+    // s1 = x_in + attn(LN1(x_in)): dx becomes d x_in.
+    linear_bwd(a.att.data(), at(L.out_proj_w), dx.data(), datt.data(), false, gat(L.out_proj_w), gat(L.out_proj_b),
+               M, h, h);
+    attention_bwd(a.qkv, a.probs, datt, dqkv, B, S, H, D, true);
+    linear_bwd(a.x1.data(), at(L.in_proj_w), dqkv.data(), dln.data(), false, gat(L.in_proj_w), gat(L.in_proj_b), M,
+               3 * h, h);
+    ln_bwd(dln.data(), a.x_in.data(), a.mean1.data(), a.rstd1.data(), at(L.norm1_w), tmp.data(), gat(L.norm1_w),
+           gat(L.norm1_b), M, h);
+    add_into(dx, tmp);
+  }
+  T* dwte = gat(p_.embedding());
+  T* dwpe = gat(p_.pos_embedding());
+  for (int m = 0; m < M; ++m) {
+    T* e = dwte + std::size_t(tokens_[m]) * h;
+    T* pe = dwpe + std::size_t(m % S) * h;
+    for (int c = 0; c < h; ++c) {
+      const double g = double(dx[std::size_t(m) * h + c]);
+      e[c] = T(double(e[c]) + g);
+      pe[c] = T(double(pe[c]) + g);
+    }
+  }
+}
+
+template double ReferenceModel<float>::forward_gpt2(const float*, const std::int32_t*, const std::int32_t*, int, int);
+template double ReferenceModel<double>::forward_gpt2(const double*, const std::int32_t*, const std::int32_t*, int,
+                                                     int);
+template void ReferenceModel<float>::backward_gpt2(const float*, float*, double);
+template void ReferenceModel<double>::backward_gpt2(const double*, double*, double);
+
+}  // namespace cutrain::model

@@ -1,0 +1,141 @@
+// GPT-2's blocks and head on the GPU (llm.c's model): pre-LN blocks whose residual add is fused
+// into the next LayerNorm (LN1 of the next block, or the final LN_f), c_fc with cuBLASLt's
+// bias + tanh-GELU epilogue and c_proj's backward with its DGELU epilogue, the logits from the
+// token embedding (tied head, no bias).
+#include <cuda_runtime.h>
+
+#include "kernels/attention.cuh"
+#include "kernels/gelu.cuh"
+#include "kernels/layernorm.cuh"
+#include "model/kernel_costs.h"
+#include "model/timed_call.h"
+#include "model/transformer_gpu.h"
+#include "runtime/timing.h"
+
+namespace cutrain::model {
+
+using kernels::GemmEpilogue;
+
+void GpuTransformer::gpt2_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a,
+                                        const LayerActs* prev, bf16* x_in, bool fuse) {
+  const LayerIndex& L = table_.layer(l);
+  const int h = table_.dims().hidden, F = table_.dims().ffn();
+  auto w = [&](int idx) { return U.w(idx); };
+  const auto& A = attn_;
+  {
+    TimedRegion r("attn", s);
+    timed(s, "ln1", cost::layernorm_residual_forward(M_, h), [&] {
+      if (fuse)  // x_in = prev block's s1 + its MLP output (in dh_)
+        kernels::layernorm_residual_forward(s, dh_, prev->s1, x_in, a.x1, a.mean1, a.rstd1, w(L.norm1_w),
+                                            w(L.norm1_b), M_, h);
+      else
+        kernels::layernorm_residual_forward(s, x_in, nullptr, nullptr, a.x1, a.mean1, a.rstd1, w(L.norm1_w),
+                                            w(L.norm1_b), M_, h);
+    });
+    timed(s, "qkv", cost::gemm_forward(M_, 3 * h, h), [&] {
+      gemm_->forward(s, a.x1, w(L.in_proj_w), w(L.in_proj_b), a.qkv, M_, 3 * h, h, GemmEpilogue::Bias);
+    });
+    timed(s, "attention", cost::attention_forward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
+          [&] { kernels::attention_forward(s, a.qkv, a.att, a.lse, attn_); });
+    timed(s, "out_proj", cost::gemm_forward(M_, h, h), [&] {
+      gemm_->forward(s, a.att, w(L.out_proj_w), w(L.out_proj_b), dh_, M_, h, h, GemmEpilogue::Bias);
+    });
+  }
+  {
+    TimedRegion r("mlp", s);
+    timed(s, "ln2", cost::layernorm_residual_forward(M_, h), [&] {
+      kernels::layernorm_residual_forward(s, dh_, x_in, a.s1, a.s2, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), M_,
+                                          h);
+    });
+    timed(s, "fc1", cost::gemm_forward(M_, F, h), [&] {
+      gemm_->forward(s, a.s2, w(L.ff0_w), w(L.ff0_b), a.g, M_, F, h, GemmEpilogue::BiasGeluTanh, a.f);
+    });
+    timed(s, "fc2", cost::gemm_forward(M_, h, F), [&] {
+      gemm_->forward(s, a.g, w(L.ff2_w), w(L.ff2_b), dh_, M_, h, F, GemmEpilogue::Bias);
+    });
+  }
+}
+
+void GpuTransformer::gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a,
+                                         const bf16* x_in) {
+  const LayerIndex& L = table_.layer(l);
+  const int h = table_.dims().hidden, F = table_.dims().ffn();
+  const std::size_t es = dtype_size(gt);
+  auto w = [&](int idx) { return U.w(idx); };
+  auto g = [&](int idx) { return U.g(idx); };
+  const auto& A = attn_;
+  struct LinearRegions {
+    const char *dw, *db, *dx;
+  };
+  // y = x W^T + b with dy [M, N]: dW, db per `acc`, then dx (with the DGELU epilogue when `aux`).
+  auto linear_backward = [&](LinearRegions n, const bf16* dy, const bf16* x, int w_idx, int b_idx, bf16* dx, int N,
+                             int K, const bf16* aux) {
+    timed(s, n.dw, cost::gemm_grad_weight(M_, N, K, es, acc),
+          [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, M_, N, K, acc); });
+    timed(s, n.db, cost::bias_grad(M_, N, es, acc), [&] { kernels::bias_grad(s, dy, g(b_idx), gt, M_, N, acc, scratch_); });
+    timed(s, n.dx, cost::gemm_grad_input(M_, N, K, false),
+          [&] { gemm_->grad_input(s, dy, w(w_idx), dx, M_, N, K, 0.f, aux); });
+  };
+  {
+    TimedRegion r("mlp", s);
+    if (recompute_gelu_) {  // a.g is shared by the blocks: this block's from its pre-activation
+      timed(s, "gelu_recompute", cost::gelu_forward(std::size_t(M_) * F), [&] {
+        kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(M_), F, kernels::GeluKind::Tanh);
+      });
+    }
+    // dx_ = d(block output) = d(MLP output) = the residual's share of d s1.
+    linear_backward({"fc2_dw", "fc2_db", "fc2_dx"}, dx_, a.g, L.ff2_w, L.ff2_b, d4h_, h, F, a.f);  // d4h_ = d f
+    linear_backward({"fc1_dw", "fc1_db", "fc1_dx"}, d4h_, a.s2, L.ff0_w, L.ff0_b, dh_, F, h, nullptr);  // d s2
+    timed(s, "ln2", cost::layernorm_backward(M_, h, es, acc), [&] {  // dh_ = d s1 (LN2's + the residual's)
+      kernels::layernorm_backward(s, dh_, a.s1, a.mean2, a.rstd2, w(L.norm2_w), dx_, dh_, g(L.norm2_w), g(L.norm2_b),
+                                  gt, acc, scratch_, M_, h);
+    });
+  }
+  {
+    TimedRegion r("attn", s);
+    linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dx"}, dh_, a.att, L.out_proj_w, L.out_proj_b, dx_, h, h,
+                    nullptr);  // dx_ = d att
+    timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
+          [&] { kernels::attention_backward(s, a.qkv, a.att, dx_, a.lse, dqkv_, scratch_, attn_, true); });
+    linear_backward({"qkv_dw", "qkv_db", "qkv_dx"}, dqkv_, a.x1, L.in_proj_w, L.in_proj_b, dx_, 3 * h, h,
+                    nullptr);  // dx_ = d x1
+    timed(s, "ln1", cost::layernorm_backward(M_, h, es, acc), [&] {  // dx_ = d x_in (LN1's + d s1)
+      kernels::layernorm_backward(s, dx_, x_in, a.mean1, a.rstd1, w(L.norm1_w), dh_, dx_, g(L.norm1_w), g(L.norm1_b),
+                                  gt, acc, scratch_, M_, h);
+    });
+  }
+}
+
+void GpuTransformer::gpt2_head_forward(cudaStream_t s, const Unit& H, const Unit& E) {
+  const ModelDims& d = table_.dims();
+  const int h = d.hidden, Vr = d.vocab_rows(), Ln = d.layers;
+  timed(s, "ln_f", cost::layernorm_residual_forward(M_, h), [&] {
+    if (Ln > 0)  // x_L = the last block's s1 + its MLP output (in dh_)
+      kernels::layernorm_residual_forward(s, dh_, acts_[checkpointing_ ? 0 : Ln - 1].s1, xs_[Ln], lnf_, mean_f_,
+                                          rstd_f_, H.w(table_.final_norm_w()), H.w(table_.final_norm_b()), M_, h);
+    else
+      kernels::layernorm_residual_forward(s, xs_[0], nullptr, nullptr, lnf_, mean_f_, rstd_f_,
+                                          H.w(table_.final_norm_w()), H.w(table_.final_norm_b()), M_, h);
+  });
+  timed(s, "logits", cost::gemm_forward(M_, Vr, h, false), [&] {
+    gemm_->forward(s, lnf_, E.w(table_.output_w()), nullptr, logits_, M_, Vr, h, GemmEpilogue::None);
+  });
+}
+
+void GpuTransformer::gpt2_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc) {
+  const ModelDims& d = table_.dims();
+  const int h = d.hidden, V = d.vocab_rows(), Ln = d.layers;
+  const std::size_t es = dtype_size(gt);
+  // logits_ holds dlogits. The tied weight's gradient is wte's: written (or added) here, the
+  // embedding lookup's share added by the embedding backward.
+  timed(s, "dw", cost::gemm_grad_weight(M_, V, h, es, acc),
+        [&] { gemm_->grad_weight(s, logits_, lnf_, E.g(table_.output_w()), gt, M_, V, h, acc); });
+  timed(s, "dx", cost::gemm_grad_input(M_, V, h, false),
+        [&] { gemm_->grad_input(s, logits_, E.w(table_.output_w()), dh_, M_, V, h, 0.f); });
+  timed(s, "ln_f", cost::layernorm_backward(M_, h, es, acc), [&] {
+    kernels::layernorm_backward(s, dh_, xs_[Ln], mean_f_, rstd_f_, H.w(table_.final_norm_w()), nullptr, dx_,
+                                H.g(table_.final_norm_w()), H.g(table_.final_norm_b()), gt, acc, scratch_, M_, h);
+  });
+}
+
+}  // namespace cutrain::model
