@@ -12,22 +12,10 @@ template <typename T>
 double ReferenceModel<T>::forward_gpt2(const T* P, const std::int32_t* tokens, const std::int32_t* labels, int B,
                                        int S) {
   const ModelDims& d = p_.dims();
-  B_ = B;
-  S_ = S;
-  const int h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), V = d.vocab, Vr = d.vocab_rows();
+  const int h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), Vr = d.vocab_rows();
   const int M = B * S;
-  tokens_.assign(tokens, tokens + M);
-  labels_.assign(labels, labels + M);
   auto at = [&](int idx) { return P + p_.tensor(idx).offset; };
-
-  std::vector<T> x(std::size_t(M) * h);  // the residual stream
-  for (int m = 0; m < M; ++m) {
-    const int tok = tokens[m];
-    CUTRAIN_CHECK(tok >= 0 && tok < V, "reference model: token ", tok, " at position ", m, " is outside [0, ", V, ")");
-    const T* e = at(p_.embedding()) + std::size_t(tok) * h;
-    const T* pe = at(p_.pos_embedding()) + std::size_t(m % S) * h;
-    for (int c = 0; c < h; ++c) x[std::size_t(m) * h + c] = T(double(e[c]) + double(pe[c]));
-  }
+  std::vector<T> x = embed(P, tokens, labels, B, S);  // the residual stream
   acts_.assign(d.layers, {});
   std::vector<T> tmp(std::size_t(M) * h);
   for (int l = 0; l < d.layers; ++l) {

@@ -14,27 +14,36 @@ template <typename T>
 ReferenceModel<T>::ReferenceModel(const TransformerParams& params, bool causal) : p_(params), causal_(causal) {}
 
 template <typename T>
+std::vector<T> ReferenceModel<T>::embed(const T* P, const std::int32_t* tokens, const std::int32_t* labels, int B,
+                                        int S) {
+  const int h = p_.dims().hidden, V = p_.dims().vocab, M = B * S;
+  B_ = B;
+  S_ = S;
+  tokens_.assign(tokens, tokens + M);
+  labels_.assign(labels, labels + M);
+  const T* emb = P + p_.tensor(p_.embedding()).offset;
+  const T* pos = P + p_.tensor(p_.pos_embedding()).offset;
+  std::vector<T> x(std::size_t(M) * h);
+  for (int m = 0; m < M; ++m) {
+    const int tok = tokens[m];
+    CUTRAIN_CHECK(tok >= 0 && tok < V, "reference model: token ", tok, " at position ", m, " is outside [0, ", V, ")");
+    const T* e = emb + std::size_t(tok) * h;
+    const T* pe = pos + std::size_t(m % S) * h;
+    for (int c = 0; c < h; ++c) x[std::size_t(m) * h + c] = T(double(e[c]) + double(pe[c]));
+  }
+  return x;
+}
+
+template <typename T>
 double ReferenceModel<T>::forward(const T* P, const std::int32_t* tokens, const std::int32_t* labels, int B, int S) {
   const ModelDims& d = p_.dims();
   CUTRAIN_CHECK(B > 0 && S > 0, "reference model: batch and seq must be positive, got B=", B, " S=", S);
   CUTRAIN_CHECK(S <= d.max_seq, "reference model: seq ", S, " exceeds the position table's ", d.max_seq, " rows");
   if (d.arch == Arch::Gpt2) return forward_gpt2(P, tokens, labels, B, S);
-  B_ = B;
-  S_ = S;
-  const int h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), V = d.vocab, Vr = d.vocab_rows();
+  const int h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), Vr = d.vocab_rows();
   const int M = B * S;
-  tokens_.assign(tokens, tokens + M);
-  labels_.assign(labels, labels + M);
   auto at = [&](int idx) { return P + p_.tensor(idx).offset; };
-
-  std::vector<T> x(std::size_t(M) * h);
-  for (int m = 0; m < M; ++m) {
-    const int tok = tokens[m];
-    CUTRAIN_CHECK(tok >= 0 && tok < V, "reference model: token ", tok, " at position ", m, " is outside [0, ", V, ")");
-    const T* e = at(p_.embedding()) + std::size_t(tok) * h;
-    const T* pe = at(p_.pos_embedding()) + std::size_t(m % S) * h;
-    for (int c = 0; c < h; ++c) x[std::size_t(m) * h + c] = T(double(e[c]) + double(pe[c]));
-  }
+  std::vector<T> x = embed(P, tokens, labels, B, S);
 
   acts_.assign(d.layers, {});
   std::vector<T> tmp(std::size_t(M) * h);

@@ -36,6 +36,9 @@ class ReferenceModel {
   };
   // GPT-2 (reference_gpt2.cpp): pre-LN blocks (x1 = LN1(x_in), s1 = x_in + attn, s2 = LN2(s1)),
   // final LayerNorm, head tied to the token embedding. Logits' shared softmax: dlogits().
+  // Both architectures' start: keeps B, S, tokens and labels, checks the tokens and returns the
+  // token + position embeddings [B*S, hidden].
+  std::vector<T> embed(const T* params, const std::int32_t* tokens, const std::int32_t* labels, int B, int S);
   double forward_gpt2(const T* params, const std::int32_t* tokens, const std::int32_t* labels, int B, int S);
   void backward_gpt2(const T* params, T* grads, double grad_scale);
   std::vector<T> dlogits(double grad_scale) const;

@@ -1,5 +1,5 @@
 // @brief The smallest CPU training backend the checkpoint tests save and load: 32 hidden, 2 layers,
-// 2 heads, vocab 64, seq 8, batch 2, AdamW.
+// 2 heads, vocab 64, seq 8, batch 2, AdamW; and the training loop's options of that size.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +7,7 @@
 
 #include "train/config.h"
 #include "train/cpu_backend.h"
+#include "train/train_loop.h"
 
 namespace cutrain::test {
 
@@ -26,6 +27,19 @@ inline train::TrainConfig tiny_adamw_config(const std::string& origin) {
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}})", origin);
   c.resolve_batch(1);
   return c;
+}
+
+// `cutrain train` on the CPU backend at the same model size (baseline config, 6 steps, lr 3e-3,
+// every step logged): the training-loop tests' run.
+inline train::TrainOptions tiny_train_options(std::uint64_t seed) {
+  train::TrainOptions o;
+  o.deepspeed_config = "configs/baseline.json";
+  o.hidden_dim = 32, o.num_layers = 2, o.num_heads = 2, o.vocab_size = 64;
+  o.batch_size = 2, o.seq_length = 8, o.num_steps = 6, o.warmup_steps = 1, o.log_interval = 1;
+  o.device = train::TrainDevice::Cpu;
+  o.seed = seed;
+  o.learning_rate = 3e-3f;
+  return o;
 }
 
 }  // namespace cutrain::test

@@ -73,16 +73,7 @@ std::vector<std::string> names_in(const fs::path& d) {
   return v;
 }
 
-train::TrainOptions tiny_run(std::uint64_t seed) {
-  train::TrainOptions o;
-  o.deepspeed_config = "configs/baseline.json";
-  o.hidden_dim = 32, o.num_layers = 2, o.num_heads = 2, o.vocab_size = 64;
-  o.batch_size = 2, o.seq_length = 8, o.num_steps = 6, o.warmup_steps = 1, o.log_interval = 1;
-  o.device = train::TrainDevice::Cpu;
-  o.seed = seed;
-  o.learning_rate = 3e-3f;
-  return o;
-}
+train::TrainOptions tiny_run(std::uint64_t seed) { return test::tiny_train_options(seed); }
 
 }  // namespace
 

@@ -190,13 +190,7 @@ TEST(CheckpointWriter, Bf16MomentsAreStoredAsBf16AndLoadBackExactly) {
 
 namespace {
 train::TrainOptions tiny_run(std::uint64_t seed, const fs::path& save) {
-  train::TrainOptions o;
-  o.deepspeed_config = "configs/baseline.json";
-  o.hidden_dim = 32, o.num_layers = 2, o.num_heads = 2, o.vocab_size = 64;
-  o.batch_size = 2, o.seq_length = 8, o.num_steps = 6, o.warmup_steps = 1, o.log_interval = 1;
-  o.device = train::TrainDevice::Cpu;
-  o.seed = seed;
-  o.learning_rate = 3e-3f;
+  train::TrainOptions o = test::tiny_train_options(seed);
   o.save_dir = save;
   o.save_interval = 2;
   return o;

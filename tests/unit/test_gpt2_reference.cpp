@@ -7,6 +7,7 @@
 #include <random>
 
 #include "model/reference_model.h"
+#include "tests/support/finite_difference.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
@@ -38,30 +39,14 @@ TEST(Gpt2Reference, GradientsMatchFiniteDifferences) {
   auto lab = test::random_ints(B * S, rng, 0, d.vocab - 1);
   lab[4] = -100;
   model::ReferenceModel<double> model(table);
-  model.forward(p.data(), tok.data(), lab.data(), B, S);
-  std::vector<double> g(table.flat_size(), 0.0);
-  model.backward(p.data(), g.data());
-
-  const double h = 1e-6;
-  for (const auto& t : table.tensors()) {
-    std::vector<float> fd(t.count);
-    std::vector<double> an(t.count);
-    for (std::size_t i = 0; i < t.count; ++i) {
-      double& x = p[t.offset + i];
-      const double x0 = x;
-      x = x0 + h;
-      const double lp = model.forward(p.data(), tok.data(), lab.data(), B, S);
-      x = x0 - h;
-      const double lm = model.forward(p.data(), tok.data(), lab.data(), B, S);
-      x = x0;
-      fd[i] = float((lp - lm) / (2 * h));
-      an[i] = g[t.offset + i];
-    }
-    double norm = 0;
-    for (double v : an) norm += v * v;
-    ASSERT_GT(norm, 0.0) << t.name << " got no gradient";
-    EXPECT_LE(test::rel_error(fd, an), 1e-5) << t.name;
-  }
+  const std::vector<double> g = test::check_gradients(
+      model, table, p, tok, lab, B, S,
+      [&](const model::ParamTensor& t, const std::vector<float>& fd, const std::vector<double>& an) {
+        double norm = 0;
+        for (double v : an) norm += v * v;
+        ASSERT_GT(norm, 0.0) << t.name << " got no gradient";
+        EXPECT_LE(test::rel_error(fd, an), 1e-5) << t.name;
+      });
   // The padded rows of the tied embedding: no token, no logit in the loss, no gradient.
   const auto& wte = table.tensor(table.embedding());
   for (std::size_t i = std::size_t(d.vocab) * d.hidden; i < wte.count; ++i) EXPECT_EQ(g[wte.offset + i], 0.0);

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "model/reference_model.h"
+#include "tests/support/finite_difference.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
@@ -24,34 +25,18 @@ void gradient_check(bool causal) {
   lab[3] = -100;  // an ignored row
 
   model::ReferenceModel<double> model(table, causal);
-  model.forward(p.data(), tok.data(), lab.data(), B, S);
-  std::vector<double> g(table.flat_size(), 0.0);
-  model.backward(p.data(), g.data());
-
-  const double h = 1e-6;
-  for (const auto& t : table.tensors()) {
-    std::vector<float> fd(t.count);
-    std::vector<double> an(t.count);
-    for (std::size_t i = 0; i < t.count; ++i) {
-      double& x = p[t.offset + i];
-      const double x0 = x;
-      x = x0 + h;
-      const double lp = model.forward(p.data(), tok.data(), lab.data(), B, S);
-      x = x0 - h;
-      const double lm = model.forward(p.data(), tok.data(), lab.data(), B, S);
-      x = x0;
-      fd[i] = float((lp - lm) / (2 * h));
-      an[i] = g[t.offset + i];
-    }
-    // fd is rounded to float for rel_error's signature; 1e-5 leaves room for that and FD error.
-    double norm = 0;
-    for (double v : an) norm += v * v;
-    if (norm == 0) {
-      for (float v : fd) EXPECT_NEAR(v, 0.0, 1e-7) << t.name;
-      continue;
-    }
-    EXPECT_LE(test::rel_error(fd, an), 1e-5) << t.name << (causal ? " (causal)" : "");
-  }
+  // fd is rounded to float for rel_error's signature; 1e-5 leaves room for that and FD error.
+  const std::vector<double> g = test::check_gradients(
+      model, table, p, tok, lab, B, S,
+      [&](const model::ParamTensor& t, const std::vector<float>& fd, const std::vector<double>& an) {
+        double norm = 0;
+        for (double v : an) norm += v * v;
+        if (norm == 0) {
+          for (float v : fd) EXPECT_NEAR(v, 0.0, 1e-7) << t.name;
+          return;
+        }
+        EXPECT_LE(test::rel_error(fd, an), 1e-5) << t.name << (causal ? " (causal)" : "");
+      });
   // Padding of the flat buffer gets no gradient.
   std::size_t end = 0;
   for (const auto& t : table.tensors()) {
