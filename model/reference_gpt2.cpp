@@ -93,17 +93,7 @@ void ReferenceModel<T>::backward_gpt2(const T* P, T* G, double grad_scale) {
            gat(L.norm1_b), M, h);
     add_into(dx, tmp);
   }
-  T* dwte = gat(p_.embedding());
-  T* dwpe = gat(p_.pos_embedding());
-  for (int m = 0; m < M; ++m) {
-    T* e = dwte + std::size_t(tokens_[m]) * h;
-    T* pe = dwpe + std::size_t(m % S) * h;
-    for (int c = 0; c < h; ++c) {
-      const double g = double(dx[std::size_t(m) * h + c]);
-      e[c] = T(double(e[c]) + g);
-      pe[c] = T(double(pe[c]) + g);
-    }
-  }
+  embed_backward(dx, G);
 }
 
 template double ReferenceModel<float>::forward_gpt2(const float*, const std::int32_t*, const std::int32_t*, int, int);

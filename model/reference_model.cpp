@@ -35,6 +35,22 @@ std::vector<T> ReferenceModel<T>::embed(const T* P, const std::int32_t* tokens, 
 }
 
 template <typename T>
+void ReferenceModel<T>::embed_backward(const std::vector<T>& dx, T* G) const {
+  const int h = p_.dims().hidden, M = B_ * S_;
+  T* dwte = G + p_.tensor(p_.embedding()).offset;
+  T* dwpe = G + p_.tensor(p_.pos_embedding()).offset;
+  for (int m = 0; m < M; ++m) {
+    T* e = dwte + std::size_t(tokens_[m]) * h;
+    T* pe = dwpe + std::size_t(m % S_) * h;
+    for (int c = 0; c < h; ++c) {
+      const double g = double(dx[std::size_t(m) * h + c]);
+      e[c] = T(double(e[c]) + g);
+      pe[c] = T(double(pe[c]) + g);
+    }
+  }
+}
+
+template <typename T>
 double ReferenceModel<T>::forward(const T* P, const std::int32_t* tokens, const std::int32_t* labels, int B, int S) {
   const ModelDims& d = p_.dims();
   CUTRAIN_CHECK(B > 0 && S > 0, "reference model: batch and seq must be positive, got B=", B, " S=", S);
@@ -156,17 +172,7 @@ void ReferenceModel<T>::backward(const T* P, T* G, double grad_scale) {
     linear_bwd(a.x_in.data(), at(L.in_proj_w), dqkv.data(), dx.data(), true, gat(L.in_proj_w), gat(L.in_proj_b), M,
                3 * h, h);
   }
-  T* dwte = gat(p_.embedding());
-  T* dwpe = gat(p_.pos_embedding());
-  for (int m = 0; m < M; ++m) {
-    T* e = dwte + std::size_t(tokens_[m]) * h;
-    T* pe = dwpe + std::size_t(m % S) * h;
-    for (int c = 0; c < h; ++c) {
-      const double g = double(dx[std::size_t(m) * h + c]);
-      e[c] = T(double(e[c]) + g);
-      pe[c] = T(double(pe[c]) + g);
-    }
-  }
+  embed_backward(dx, G);
 }
 
 template <typename T>

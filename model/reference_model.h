@@ -39,6 +39,9 @@ class ReferenceModel {
   // Both architectures' start: keeps B, S, tokens and labels, checks the tokens and returns the
   // token + position embeddings [B*S, hidden].
   std::vector<T> embed(const T* params, const std::int32_t* tokens, const std::int32_t* labels, int B, int S);
+  // And its end: the residual stream's gradient `dx` [B*S, hidden] added into the token and
+  // position embeddings' gradients in `grads`.
+  void embed_backward(const std::vector<T>& dx, T* grads) const;
   double forward_gpt2(const T* params, const std::int32_t* tokens, const std::int32_t* labels, int B, int S);
   void backward_gpt2(const T* params, T* grads, double grad_scale);
   std::vector<T> dlogits(double grad_scale) const;

@@ -61,7 +61,7 @@ struct CheckpointSaveOptions {
   CheckpointIo io = CheckpointIo::Auto;
   bool write_files = true;  // false: take part in the state's gather only (ZeRO ranks > 0)
   int keep_last = 0;        // > 0: keep the K highest step folders (and the one `latest` names)
-  aio::HandleOptions handle;  // the aio engine's settings (the config's aio block)
+  aio::HandleOptions handle = {};  // the aio engine's settings (the config's aio block)
 };
 struct CheckpointSaveReport {
   std::filesystem::path folder;    // ROOT/global_step<N>; empty where nothing was written

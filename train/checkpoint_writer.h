@@ -28,7 +28,7 @@ struct CheckpointWriterOptions {
   int keep_last = 0;
   bool async = true;
   bool write_files = true;  // false: take part in the snapshot's gather only (ZeRO ranks > 0)
-  aio::HandleOptions handle;  // the aio engine's settings for the files (the config's aio block)
+  aio::HandleOptions handle = {};  // the aio engine's settings for the files (the config's aio block)
 };
 
 // What one save did.
