@@ -52,6 +52,24 @@ std::vector<double> to_double(const std::vector<float>& v) {
   return d;
 }
 
+// The resume tests' run: a small model of `layout`, six random batches and the losses of six
+// uninterrupted steps over them.
+struct ResumeCase {
+  train::BackendOptions o;
+  train::TrainConfig cfg;
+  std::vector<Batch> batches;
+  std::vector<double> full;
+};
+ResumeCase resume_case(const char* layout) {
+  auto rng = test::fresh_rng();
+  ResumeCase r{small_model(rng()), config_for(layout), {}, {}};
+  for (int i = 0; i < 6; ++i) r.batches.push_back(random_batch(rng, std::size_t(r.o.batch) * r.o.seq, r.o.dims.vocab));
+  train::GpuEngine a(r.o, r.cfg);
+  for (int s = 0; s < 6; ++s)
+    r.full.push_back(a.step(r.batches[s].tokens.data(), r.batches[s].labels.data(), s + 1, 1e-3f).loss);
+  return r;
+}
+
 class ModelGpu : public ::testing::TestWithParam<const char*> {};
 
 }  // namespace
@@ -220,18 +238,10 @@ TEST_P(ModelGpu, NonFiniteGradientsSkipTheStep) {
 
 TEST_P(ModelGpu, ResumeFromACheckpointIsBitIdentical) {
   CUTRAIN_REQUIRE_GPU();
-  auto rng = test::fresh_rng();
-  const train::BackendOptions o = small_model(rng());
-  const train::TrainConfig cfg = config_for(GetParam());
-  std::vector<Batch> batches;
-  for (int i = 0; i < 6; ++i) batches.push_back(random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab));
+  const ResumeCase rc = resume_case(GetParam());
+  const auto& [o, cfg, batches, full] = rc;
   const auto dir = std::filesystem::temp_directory_path() /
                    ("cutrain_gpu_ckpt_" + std::string(GetParam()) + "_" + std::to_string(::getpid()));
-  std::vector<double> full;
-  {
-    train::GpuEngine a(o, cfg);
-    for (int s = 0; s < 6; ++s) full.push_back(a.step(batches[s].tokens.data(), batches[s].labels.data(), s + 1, 1e-3f).loss);
-  }
   {
     train::GpuEngine b(o, cfg);
     for (int s = 0; s < 3; ++s) b.step(batches[s].tokens.data(), batches[s].labels.data(), s + 1, 1e-3f);
@@ -254,19 +264,11 @@ TEST_P(ModelGpu, ResumeFromACheckpointIsBitIdentical) {
 // bit-identically; the moments are stored in their own dtype.
 TEST_P(ModelGpu, AsyncSaveWhileTrainingResumesBitIdentical) {
   CUTRAIN_REQUIRE_GPU();
-  auto rng = test::fresh_rng();
-  const train::BackendOptions o = small_model(rng());
-  const train::TrainConfig cfg = config_for(GetParam());
-  std::vector<Batch> batches;
-  for (int i = 0; i < 6; ++i) batches.push_back(random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab));
+  const ResumeCase rc = resume_case(GetParam());
+  const auto& [o, cfg, batches, full] = rc;
   const auto dir = std::filesystem::temp_directory_path() /
                    ("cutrain_gpu_async_ckpt_" + std::string(GetParam()) + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
-  std::vector<double> full;
-  {
-    train::GpuEngine a(o, cfg);
-    for (int s = 0; s < 6; ++s) full.push_back(a.step(batches[s].tokens.data(), batches[s].labels.data(), s + 1, 1e-3f).loss);
-  }
   {
     train::GpuEngine b(o, cfg);
     for (int s = 0; s < 3; ++s) b.step(batches[s].tokens.data(), batches[s].labels.data(), s + 1, 1e-3f);
