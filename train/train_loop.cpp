@@ -172,6 +172,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                 *o.keep_last);
   CUTRAIN_CHECK((!o.save_interval && !o.keep_last) || !o.save_dir.empty(), "train: ",
                 o.save_interval ? "--save_interval" : "--keep_last", ": expected --save DIR with it, found none");
+  CUTRAIN_CHECK(o.save_mode == SaveMode::Auto || !o.save_dir.empty(), "train: --save_mode ", name(o.save_mode),
+                ": expected --save DIR with it, found none");
   CUTRAIN_CHECK(!o.accept_legacy_checkpoint || !o.resume_dir.empty(),
                 "train: --accept_legacy_checkpoint: expected --resume DIR with it, found none");
   const bool next_token = o.use_real_data && o.labels != LabelsChoice::Identity;

@@ -234,6 +234,13 @@ TEST(CheckpointWriter, TheLoopReportsAFailedBackgroundSaveAndTrainsOn) {
   EXPECT_HAS(sync_out.str(), "Checkpoint saved to: " + (dir / "sync" / "global_step6").string() + " (step 6)");
   EXPECT_EQ(train::open_checkpoint(dir / "sync").manifest.step, 6);
 
+  // --save_mode without --save is refused before any work.
+  train::TrainOptions nosave = tiny_run(seed, "");
+  nosave.save_interval.reset();
+  nosave.save_mode = train::SaveMode::Async;
+  EXPECT_HAS(test::message_of([&] { train::run_training(nosave, sync_out); }),
+             "--save_mode async: expected --save DIR with it, found none");
+
   // The final save failing fails the run (after its lines), sync or async.
   for (auto mode : {train::SaveMode::Async, train::SaveMode::Sync}) {
     train::TrainOptions f = tiny_run(seed, dir / ("final_" + std::string(train::name(mode))));
