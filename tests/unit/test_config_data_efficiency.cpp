@@ -3,6 +3,7 @@
 // what was expected and what was found.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <initializer_list>
 #include <string>
 
@@ -151,4 +152,19 @@ TEST(ConfigDataEfficiency, ErrorsNameKeyExpectedAndFound) {
     "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 1}})"),
                {rarity + ".index_to_sample_path: expected the index file of `cutrain analyze-data", "found nothing"});
   expect_error(with_curriculum(""), {mp + ": expected at least one metric, found none"});
+}
+
+// The shipped example: strict, only the warnings of the enabled switches (the sampler is not wired).
+TEST(ConfigDataEfficiency, ShippedCurriculumConfigLoads) {
+  train::ConfigLoadOptions strict;
+  strict.strict = true;
+  const train::TrainConfig c = train::load_config(
+      std::filesystem::path(CUTRAIN_SOURCE_DIR) / "configs" / "curriculum_vocabularyrarity.json", strict);
+  ASSERT_EQ(c.warnings.size(), 3u);
+  for (const auto& w : c.warnings) EXPECT_NE(w.find(".enabled is read but not acted on"), std::string::npos) << w;
+  ASSERT_EQ(c.data_efficiency.metrics.size(), 1u);
+  const auto& p = c.data_efficiency.metrics[0].pacing;
+  EXPECT_EQ(p.type, train::CurriculumSchedule::FixedRoot);
+  EXPECT_EQ(p.total_curriculum_step, 1000);
+  EXPECT_FALSE(c.data_efficiency.random_ltd_enabled);
 }
