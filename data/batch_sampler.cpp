@@ -37,6 +37,10 @@ int64_t padded_vocab_size(int64_t vocab_size, int64_t multiple) {
   return (vocab_size + multiple - 1) / multiple * multiple;
 }
 
+int64_t windows_in_shard(int64_t tokens, int64_t seq_len, int64_t window_len) {
+  return tokens >= window_len ? (tokens - window_len) / seq_len + 1 : 0;
+}
+
 BatchSampler::BatchSampler(SamplerOptions options) : options_(std::move(options)) {
   const SamplerOptions& o = options_;
   CUTRAIN_CHECK(o.batch_size > 0 && o.seq_len > 0, "data loader: batch size and sequence length must be positive, found B=",
@@ -51,8 +55,7 @@ BatchSampler::BatchSampler(SamplerOptions options) : options_(std::move(options)
     shards_.push_back(TokenShard::open(path, o.vocab_size));
     const auto n = static_cast<int64_t>(shards_.back().size());
     num_tokens_ += n;
-    // Windows start every T tokens and never cross a shard boundary.
-    const int64_t windows = n >= window_len_ ? (n - window_len_) / o.seq_len + 1 : 0;
+    const int64_t windows = windows_in_shard(n, o.seq_len, window_len_);
     window_base_.push_back(window_base_.back() + static_cast<uint64_t>(windows));
   }
   const auto windows = static_cast<int64_t>(window_base_.back());

@@ -31,6 +31,11 @@ struct SamplerOptions {
 // pattern that matches nothing.
 std::vector<std::string> expand_shard_patterns(const std::vector<std::string>& patterns);
 
+// The windows of a shard of `tokens` tokens: they start every seq_len tokens, hold window_len
+// (seq_len, + 1 with next-token labels) tokens and never cross the shard's end. The curriculum
+// index (data/sample_index.h) numbers the same windows.
+int64_t windows_in_shard(int64_t tokens, int64_t seq_len, int64_t window_len);
+
 // The vocabulary size rounded up to a multiple (--pad_vocab: 50257 -> 50304).
 int64_t padded_vocab_size(int64_t vocab_size, int64_t multiple = 64);
 

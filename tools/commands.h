@@ -11,6 +11,7 @@ namespace cutrain::tools {
 
 using CommandSetup = CLI::App* (*)(CLI::App& parent, int& exit_code);
 
+CLI::App* setup_analyze_data_command(CLI::App& parent, int& exit_code);
 CLI::App* setup_check_config_command(CLI::App& parent, int& exit_code);
 CLI::App* setup_checkpoint_bench_command(CLI::App& parent, int& exit_code);
 CLI::App* setup_comm_check_command(CLI::App& parent, int& exit_code);

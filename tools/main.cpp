@@ -25,6 +25,7 @@ struct Command {
 
 // In the order `cutrain --help` lists them.
 constexpr Command kCommands[] = {
+    {"analyze-data", setup_analyze_data_command, false},
     {"check-config", setup_check_config_command, false},
     {"checkpoint-bench", setup_checkpoint_bench_command, false},
     {"comm-check", setup_comm_check_command, false},

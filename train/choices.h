@@ -42,6 +42,29 @@ enum class AutocastDtype { BFloat16, Float16 };
 inline constexpr std::array<Choice<AutocastDtype>, 2> kAutocastDtypes{
     {{AutocastDtype::BFloat16, "torch.bfloat16"}, {AutocastDtype::Float16, "torch.float16"}}};
 
+// data_efficiency.data_sampling.curriculum_learning (and the legacy top-level curriculum_learning).
+// The metric names (curriculum_metrics' keys; the legacy curriculum_type "seqlen" is SeqlenTruncate).
+enum class CurriculumMetric { SeqlenTruncate, SeqlenReshape, VocabularyRarity };
+inline constexpr std::array<Choice<CurriculumMetric>, 3> kCurriculumMetrics{
+    {{CurriculumMetric::SeqlenTruncate, "seqlen_truncate"},
+     {CurriculumMetric::SeqlenReshape, "seqlen_reshape"},
+     {CurriculumMetric::VocabularyRarity, "vocabularyrarity"}}};
+// schedule_type: the pacing function (train/curriculum_schedule.h); DeepSpeed's "custom" needs a
+// Python callback and is an error.
+enum class CurriculumSchedule { FixedLinear, FixedRoot, FixedDiscrete };
+inline constexpr std::array<Choice<CurriculumSchedule>, 3> kCurriculumSchedules{
+    {{CurriculumSchedule::FixedLinear, "fixed_linear"},
+     {CurriculumSchedule::FixedRoot, "fixed_root"},
+     {CurriculumSchedule::FixedDiscrete, "fixed_discrete"}}};
+// difficulty_type: the difficulty is the metric's value or its percentile over the samples.
+enum class DifficultyType { Value, Percentile };
+inline constexpr std::array<Choice<DifficultyType>, 2> kDifficultyTypes{
+    {{DifficultyType::Value, "value"}, {DifficultyType::Percentile, "percentile"}}};
+// clustering_type.
+enum class ClusteringType { ScheduleBased, SingleCluster };
+inline constexpr std::array<Choice<ClusteringType>, 2> kClusteringTypes{
+    {{ClusteringType::ScheduleBased, "schedule_based"}, {ClusteringType::SingleCluster, "single_cluster"}}};
+
 // ---- `cutrain train` flags ----
 
 // --device.
@@ -106,6 +129,10 @@ inline const char* name(SchedulerType v) { return choice_name(kSchedulerTypes, v
 inline const char* name(WarmupType v) { return choice_name(kWarmupTypes, v); }
 inline const char* name(OffloadTarget v) { return choice_name(kOffloadTargets, v); }
 inline const char* name(AutocastDtype v) { return choice_name(kAutocastDtypes, v); }
+inline const char* name(CurriculumMetric v) { return choice_name(kCurriculumMetrics, v); }
+inline const char* name(CurriculumSchedule v) { return choice_name(kCurriculumSchedules, v); }
+inline const char* name(DifficultyType v) { return choice_name(kDifficultyTypes, v); }
+inline const char* name(ClusteringType v) { return choice_name(kClusteringTypes, v); }
 inline const char* name(TrainDevice v) { return choice_name(kTrainDevices, v); }
 inline const char* name(LabelsChoice v) { return choice_name(kLabelsChoices, v); }
 inline const char* name(AttentionChoice v) { return choice_name(kAttentionChoices, v); }

@@ -271,6 +271,8 @@ TrainConfig parse_config(const std::string& json_text, const std::string& origin
     parse_activation_checkpointing(r, *v, c.activation_checkpointing);
   }
   if (const json* v = Reader::find(root, "aio")) parse_aio(r, *v, c.aio);
+  if (const json* v = Reader::find(root, "data_efficiency")) config_detail::parse_data_efficiency(r, *v, c.data_efficiency);
+  if (const json* v = Reader::find(root, "curriculum_learning")) config_detail::parse_legacy_curriculum(r, *v, c.curriculum_learning);
   r.apply_key_table(root, "");
   check_consistency(r, c);
   c.source = origin;

@@ -14,6 +14,7 @@
 
 #include "runtime/error.h"
 #include "train/choices.h"
+#include "train/config_data_efficiency.h"
 
 namespace cutrain::train {
 
@@ -141,6 +142,8 @@ struct TrainConfig {
   ActivationCheckpointingConfig activation_checkpointing;
   bool has_activation_checkpointing = false;  // the section was present
   AioConfig aio;
+  DataEfficiencyConfig data_efficiency;
+  LegacyCurriculumConfig curriculum_learning;
   std::vector<std::string> warnings;  // unknown keys, keys not acted on, etc., already formatted
 
   // Resolves the batch triple for `world_size` ranks (fills the missing ones; ConfigError when

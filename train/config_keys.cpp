@@ -17,6 +17,14 @@ constexpr std::string_view kNoPartitionedCkpt =
     "recomputed in backward; partitioned, CPU or profiled checkpointing is not implemented";
 constexpr std::string_view kNoParamOffload = "parameter offload is not implemented, so its buffers do not exist";
 constexpr std::string_view kNotImplemented = "a DeepSpeed feature cutrain does not implement";
+constexpr std::string_view kCurriculumNotWired =
+    "the curriculum sampler is not wired into cutrain train yet: the section is checked, the pacing function is "
+    "train/curriculum_schedule.h and cutrain analyze-data builds the vocabularyrarity index (docs/data-efficiency.md)";
+constexpr std::string_view kNoVariableSeqlen =
+    "a sequence-length curriculum needs a sequence length that changes during training, which the engine does not "
+    "support yet";
+constexpr std::string_view kChecked = "checked (type, range, consistency); applied once the curriculum sampler is wired";
+constexpr std::string_view kNoRandomLtd = "random-LTD is not implemented (it needs the engine's per-layer token gather/scatter)";
 
 constexpr ConfigKey kKeys[] = {
     // Top level.
@@ -51,7 +59,8 @@ constexpr ConfigKey kKeys[] = {
     {"sparse_gradients", W, "false", "every gradient is dense"},
     {"elasticity", W, R"({"enabled":false})", kNotImplemented},
     {"checkpoint", W, "", "checkpoints are --save / --resume"},
-    {"data_efficiency", W, R"({"enabled":false})", kNotImplemented},
+    {"data_efficiency", A, "", "", kSection},
+    {"curriculum_learning", A, "", "", kSection},
     {"compression_training", W, "", kNotImplemented},
     {"data_types", W, "", "the dtypes follow the bf16 section's layout"},
     {"seq_parallel_communication_data_type", W, "", "sequence parallelism is not implemented"},
@@ -179,6 +188,64 @@ constexpr ConfigKey kKeys[] = {
     {"aio.single_submit", A, "", "submit requests one at a time"},
     {"aio.overlap_events", A, "", "reap completions while submitting"},
     {"aio.use_gds", W, "false", "the optimizer swap goes through pinned bounce buffers (GDS only in io-bench)"},
+
+    // data_efficiency (docs/data-efficiency.md). The <metric> entries stand for each key of
+    // curriculum_metrics (seqlen_truncate, seqlen_reshape, vocabularyrarity): the reader checks them.
+    {"data_efficiency.enabled", W, "false", kCurriculumNotWired},
+    {"data_efficiency.seed", A, "", kChecked},
+    {"data_efficiency.data_sampling", A, "", "", kSection},
+    {"data_efficiency.data_sampling.enabled", W, "false", kCurriculumNotWired},
+    {"data_efficiency.data_sampling.num_epochs", A, "", kChecked},
+    {"data_efficiency.data_sampling.num_workers", A, "", kChecked},
+    {"data_efficiency.data_sampling.dynamic_batching", W, R"({"enabled":false})", "dynamic batching is not implemented"},
+    {"data_efficiency.data_sampling.curriculum_learning", A, "", "", kSection},
+    {"data_efficiency.data_sampling.curriculum_learning.enabled", W, "false", kCurriculumNotWired},
+    {"data_efficiency.data_sampling.curriculum_learning.data_cluster_path", A, "", kChecked},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics", A, "", "", kSection},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_truncate", W, "", kNoVariableSeqlen},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_reshape", W, "", kNoVariableSeqlen},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.vocabularyrarity", A, "",
+     "mean -log p(token) of each sample, indexed by cutrain analyze-data; checked"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>", A, "", "", kSection},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.index_to_sample_path", A, "",
+     "the index file cutrain analyze-data writes (vocabularyrarity: required when the curriculum is enabled)"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.index_to_metric_path", A, "",
+     "checked; cutrain's index file holds both mappings, so it may name the same file"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.difficulty_type", A, "",
+     "value or percentile"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.clustering_type", A, "",
+     "schedule_based or single_cluster; checked"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.min_difficulty", A, "", "the pacing's start"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.max_difficulty", A, "", "the pacing's end"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_type", A, "",
+     "fixed_linear, fixed_root or fixed_discrete (train/curriculum_schedule.h)"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config", A, "", "", kSection},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.total_curriculum_step", A, "",
+     "fixed_linear / fixed_root: steps from min to max difficulty"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.difficulty_step", A, "",
+     "fixed_linear / fixed_root: the difficulty is rounded down to a multiple of it"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.root_degree", A, "",
+     "fixed_root: the root's degree"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.difficulty", A, "",
+     "fixed_discrete: the difficulties"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.max_step", A, "",
+     "fixed_discrete: the last step of each difficulty but the last"},
+    {"data_efficiency.data_routing", A, "", "", kSection},
+    {"data_efficiency.data_routing.enabled", W, "false", kNoRandomLtd},
+    {"data_efficiency.data_routing.random_ltd", W, R"({"enabled":false})", kNoRandomLtd},
+
+    // curriculum_learning (the legacy sequence-length warm-up)
+    {"curriculum_learning.enabled", W, "false", kNoVariableSeqlen},
+    {"curriculum_learning.curriculum_type", A, "", "\"seqlen\"; checked"},
+    {"curriculum_learning.min_difficulty", A, "", kChecked},
+    {"curriculum_learning.max_difficulty", A, "", kChecked},
+    {"curriculum_learning.schedule_type", A, "", "fixed_linear, fixed_root or fixed_discrete; checked"},
+    {"curriculum_learning.schedule_config", A, "", "", kSection},
+    {"curriculum_learning.schedule_config.total_curriculum_step", A, "", kChecked},
+    {"curriculum_learning.schedule_config.difficulty_step", A, "", kChecked},
+    {"curriculum_learning.schedule_config.root_degree", A, "", kChecked},
+    {"curriculum_learning.schedule_config.difficulty", A, "", kChecked},
+    {"curriculum_learning.schedule_config.max_step", A, "", kChecked},
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "train/choices.h"
+#include "train/config_data_efficiency.h"
 
 namespace cutrain::train::config_detail {
 
@@ -91,5 +92,9 @@ class Reader {
 };
 
 std::string range_text(double lo, double hi, bool lo_open, bool hi_open);
+
+// train/config_data_efficiency.cpp: the data_efficiency section and the legacy curriculum_learning.
+void parse_data_efficiency(Reader& r, const json& j, DataEfficiencyConfig& d);
+void parse_legacy_curriculum(Reader& r, const json& j, LegacyCurriculumConfig& c);
 
 }  // namespace cutrain::train::config_detail
