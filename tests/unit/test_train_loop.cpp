@@ -12,6 +12,7 @@
 #include "data/token_shard.h"
 #include "runtime/error.h"
 #include "tests/support/test_support.h"
+#include "tests/support/tiny_cpu_backend.h"
 #include "train/config.h"
 #include "train/train_loop.h"
 #include "tests/support/cpu_test_util.h"
@@ -23,13 +24,11 @@ namespace {
 
 fs::path temp_dir(const std::string& tag) { return test::fresh_temp_dir("train", tag); }
 
+// The tiny run with the config's learning rate, two warm-up steps, every second step logged.
 train::TrainOptions tiny(std::uint64_t seed) {
-  train::TrainOptions o;
-  o.deepspeed_config = "configs/baseline.json";
-  o.hidden_dim = 32, o.num_layers = 2, o.num_heads = 2, o.vocab_size = 64;
-  o.batch_size = 2, o.seq_length = 8, o.num_steps = 6, o.warmup_steps = 2, o.log_interval = 2;
-  o.device = train::TrainDevice::Cpu;
-  o.seed = seed;
+  train::TrainOptions o = test::tiny_train_options(seed);
+  o.warmup_steps = 2, o.log_interval = 2;
+  o.learning_rate.reset();
   return o;
 }
 
