@@ -288,6 +288,11 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (resume && !resume->legacy)
     check_checkpoint_shape(bo.dims, resume_dims, (resume->folder / kCheckpointConfigFile).string());
 
+  if (!o.use_real_data && cfg.data_efficiency.curriculum_active())
+    for (const auto& m : cfg.data_efficiency.metrics)
+      CUTRAIN_CHECK(m.metric != CurriculumMetric::VocabularyRarity, "train: ", o.deepspeed_config.string(),
+                    ": the vocabularyrarity curriculum draws token shards by its index: expected --use_real_data "
+                    "--data PATTERN, found random data");
   std::unique_ptr<data::BatchSampler> sampler, eval_sampler;
   std::optional<CurriculumSetup> curriculum;
   int eval_batches = 0;

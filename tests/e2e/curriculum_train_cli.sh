@@ -86,4 +86,7 @@ make_config "$tmp/bad_missing.json" missing.json percentile 10 100
 expect_error "index_to_sample_path: expected the index" "$tmp/bad_missing.json"
 make_config "$tmp/bad_empty.json" idx.json value 1000 2000
 expect_error "curriculum: no sample is eligible at step 0" "$tmp/bad_empty.json"
+if "$bin" train --device cpu --deepspeed_config "$tmp/cur.json" --hidden_dim 32 --num_heads 2 --num_layers 1 \
+    --seq_length 16 --batch_size 2 --num_steps 1 >"$tmp/err.txt" 2>&1; then fail "curriculum accepted with random data"; fi
+grep -q "expected --use_real_data" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "random-data error"; }
 echo "curriculum_train_cli: ok"
