@@ -87,13 +87,21 @@ void BatchSampler::build_order(int64_t epoch) {
 
 void BatchSampler::fill(int64_t step, int32_t* inputs, int32_t* targets) {
   CUTRAIN_CHECK(step >= 0, "data loader: batch step ", step, " is negative");
-  const int64_t epoch = step / batches_per_epoch_;
-  const int64_t in_epoch = step % batches_per_epoch_;
-  if (epoch != order_epoch_) build_order(epoch);
   const int64_t B = options_.batch_size, T = options_.seq_len;
-  const int64_t first = (in_epoch * options_.world_size + options_.rank) * B;
+  std::vector<uint32_t> windows;
+  if (options_.curriculum) {
+    windows = options_.curriculum->draw(step, options_.rank, options_.world_size, B);
+  } else {
+    const int64_t epoch = step / batches_per_epoch_;
+    const int64_t in_epoch = step % batches_per_epoch_;
+    if (epoch != order_epoch_) build_order(epoch);
+    const int64_t first = (in_epoch * options_.world_size + options_.rank) * B;
+    windows.assign(order_.begin() + first, order_.begin() + first + B);
+  }
   for (int64_t b = 0; b < B; ++b) {
-    const uint64_t w = order_[static_cast<std::size_t>(first + b)];
+    const uint64_t w = windows[static_cast<std::size_t>(b)];
+    CUTRAIN_CHECK(w < window_base_.back(), "data loader: window ", w, " is outside the shards' ", window_base_.back(),
+                  " windows");
     const auto s = static_cast<std::size_t>(
         std::upper_bound(window_base_.begin(), window_base_.end(), w) - window_base_.begin() - 1);
     const uint16_t* src = shards_[s].tokens() + (w - window_base_[s]) * static_cast<uint64_t>(T);

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "data/curriculum_draw.h"
 #include "data/token_shard.h"
 
 namespace cutrain::data {
@@ -25,6 +27,9 @@ struct SamplerOptions {
   bool shuffle = true;  // false: windows in file order (eval)
   Labels labels = Labels::kNextToken;
   int32_t vocab_size = 50257;  // every token must be below it (the tokenizer's, before padding)
+  // Set: batch s holds the windows the curriculum draws for micro-batch s (the index must match
+  // these shards: data/sample_index.h's check_index_matches); unset: the shuffled epochs.
+  std::shared_ptr<const CurriculumDraw> curriculum;
 };
 
 // The files the patterns match, each pattern's matches sorted, duplicates dropped; an error names a

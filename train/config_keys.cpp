@@ -17,14 +17,13 @@ constexpr std::string_view kNoPartitionedCkpt =
     "recomputed in backward; partitioned, CPU or profiled checkpointing is not implemented";
 constexpr std::string_view kNoParamOffload = "parameter offload is not implemented, so its buffers do not exist";
 constexpr std::string_view kNotImplemented = "a DeepSpeed feature cutrain does not implement";
-constexpr std::string_view kCurriculumNotWired =
-    "the curriculum sampler is not wired into cutrain train yet: the section is checked, the pacing function is "
-    "train/curriculum_schedule.h and cutrain analyze-data builds the vocabularyrarity index (docs/data-efficiency.md)";
 constexpr std::string_view kNoVariableSeqlen =
     "a sequence-length curriculum needs a sequence length that changes during training, which the engine does not "
     "support yet";
 constexpr std::string_view kChecked =
-    "checked (type, range, consistency); the curriculum sampler is not wired into cutrain train yet";
+    "checked (type, range, consistency); cutrain's curriculum draw (docs/data-efficiency.md) does not use it";
+constexpr std::string_view kLegacyChecked =
+    "checked (type, range, consistency); the sequence-length warm-up is not implemented";
 constexpr std::string_view kNoRandomLtd = "random-LTD is not implemented (it needs the engine's per-layer token gather/scatter)";
 
 constexpr ConfigKey kKeys[] = {
@@ -192,61 +191,51 @@ constexpr ConfigKey kKeys[] = {
 
     // data_efficiency (docs/data-efficiency.md). The <metric> entries stand for each key of
     // curriculum_metrics (seqlen_truncate, seqlen_reshape, vocabularyrarity): the reader checks them.
-    {"data_efficiency.enabled", W, "false", kCurriculumNotWired},
-    {"data_efficiency.seed", W, "", kChecked},
+    {"data_efficiency.enabled", A, "", "with data_sampling.enabled and curriculum_learning.enabled: the vocabularyrarity curriculum draws the training batches of --use_real_data (docs/data-efficiency.md)"},
+    {"data_efficiency.seed", A, "", "the curriculum draw's seed (the batches are a function of it and the step)"},
     {"data_efficiency.data_sampling", A, "", "", kSection},
-    {"data_efficiency.data_sampling.enabled", W, "false", kCurriculumNotWired},
+    {"data_efficiency.data_sampling.enabled", A, "", "one of the curriculum's three switches (with data_efficiency.enabled, curriculum_learning.enabled)"},
     {"data_efficiency.data_sampling.num_epochs", W, "", kChecked},
     {"data_efficiency.data_sampling.num_workers", W, "", kChecked},
     {"data_efficiency.data_sampling.dynamic_batching", W, R"({"enabled":false})", "dynamic batching is not implemented"},
     {"data_efficiency.data_sampling.curriculum_learning", A, "", "", kSection},
-    {"data_efficiency.data_sampling.curriculum_learning.enabled", W, "false", kCurriculumNotWired},
+    {"data_efficiency.data_sampling.curriculum_learning.enabled", A, "", "one of the curriculum's three switches (with data_efficiency.enabled, data_sampling.enabled)"},
     {"data_efficiency.data_sampling.curriculum_learning.data_cluster_path", W, "", kChecked},
     {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics", A, "", "", kSection},
     {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_truncate", W, "", kNoVariableSeqlen},
     {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_reshape", W, "", kNoVariableSeqlen},
-    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.vocabularyrarity", W, "",
-     "mean -log p(token) of each sample, indexed by cutrain analyze-data; checked; the curriculum sampler is not wired into cutrain train yet"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.vocabularyrarity", A, "", "mean -log p(token) of each sample, indexed by cutrain analyze-data: each step draws from the samples within [min_difficulty, the pacing's difficulty]"},
     {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>", A, "", "", kSection},
-    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.index_to_sample_path", W, "",
-     "the index file cutrain analyze-data writes (vocabularyrarity: required when the curriculum is enabled); the curriculum sampler is not wired into cutrain train yet"},
-    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.index_to_metric_path", W, "",
-     "checked; cutrain's index file holds both mappings, so it may name the same file; the curriculum sampler is not wired into cutrain train yet"},
-    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.difficulty_type", W, "",
-     "value or percentile; the curriculum sampler is not wired into cutrain train yet"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.index_to_sample_path", A, "", "the index file cutrain analyze-data writes, relative to the config file's folder; checked against the training shards and --seq_length before any step"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.index_to_metric_path", A, "", "cutrain's index file holds both mappings: absent or the same file as index_to_sample_path (else an error)"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.difficulty_type", A, "", "value (the metric's value) or percentile (0-100 of the samples by difficulty)"},
     {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.clustering_type", W, "",
-     "schedule_based or single_cluster; checked; the curriculum sampler is not wired into cutrain train yet"},
-    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.min_difficulty", W, "", "the pacing's start; the curriculum sampler is not wired into cutrain train yet"},
-    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.max_difficulty", W, "", "the pacing's end; the curriculum sampler is not wired into cutrain train yet"},
-    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_type", W, "",
-     "fixed_linear, fixed_root or fixed_discrete (train/curriculum_schedule.h); the curriculum sampler is not wired into cutrain train yet"},
+     "schedule_based or single_cluster; checked; each step draws from the whole eligible range, without clusters"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.min_difficulty", A, "", "the pacing's start and the eligible set's lower bound"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.max_difficulty", A, "", "the pacing's end"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_type", A, "", "fixed_linear, fixed_root or fixed_discrete (train/curriculum_schedule.h)"},
     {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config", A, "", "", kSection},
-    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.total_curriculum_step", W, "",
-     "fixed_linear / fixed_root: steps from min to max difficulty; the curriculum sampler is not wired into cutrain train yet"},
-    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.difficulty_step", W, "",
-     "fixed_linear / fixed_root: the difficulty is rounded down to a multiple of it; the curriculum sampler is not wired into cutrain train yet"},
-    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.root_degree", W, "",
-     "fixed_root: the root's degree; the curriculum sampler is not wired into cutrain train yet"},
-    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.difficulty", W, "",
-     "fixed_discrete: the difficulties; the curriculum sampler is not wired into cutrain train yet"},
-    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.max_step", W, "",
-     "fixed_discrete: the last step of each difficulty but the last; the curriculum sampler is not wired into cutrain train yet"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.total_curriculum_step", A, "", "fixed_linear / fixed_root: steps from min to max difficulty"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.difficulty_step", A, "", "fixed_linear / fixed_root: the difficulty is rounded down to a multiple of it"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.root_degree", A, "", "fixed_root: the root's degree"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.difficulty", A, "", "fixed_discrete: the difficulties"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.max_step", A, "", "fixed_discrete: the last step of each difficulty but the last"},
     {"data_efficiency.data_routing", A, "", "", kSection},
     {"data_efficiency.data_routing.enabled", W, "false", kNoRandomLtd},
     {"data_efficiency.data_routing.random_ltd", W, R"({"enabled":false})", kNoRandomLtd},
 
     // curriculum_learning (the legacy sequence-length warm-up)
     {"curriculum_learning.enabled", W, "false", kNoVariableSeqlen},
-    {"curriculum_learning.curriculum_type", W, "", "\"seqlen\"; checked; the curriculum sampler is not wired into cutrain train yet"},
-    {"curriculum_learning.min_difficulty", W, "", kChecked},
-    {"curriculum_learning.max_difficulty", W, "", kChecked},
-    {"curriculum_learning.schedule_type", W, "", "fixed_linear, fixed_root or fixed_discrete; checked; the curriculum sampler is not wired into cutrain train yet"},
+    {"curriculum_learning.curriculum_type", W, "", "\"seqlen\"; checked; the sequence-length warm-up is not implemented"},
+    {"curriculum_learning.min_difficulty", W, "", kLegacyChecked},
+    {"curriculum_learning.max_difficulty", W, "", kLegacyChecked},
+    {"curriculum_learning.schedule_type", W, "", "fixed_linear, fixed_root or fixed_discrete; checked; the sequence-length warm-up is not implemented"},
     {"curriculum_learning.schedule_config", A, "", "", kSection},
-    {"curriculum_learning.schedule_config.total_curriculum_step", W, "", kChecked},
-    {"curriculum_learning.schedule_config.difficulty_step", W, "", kChecked},
-    {"curriculum_learning.schedule_config.root_degree", W, "", kChecked},
-    {"curriculum_learning.schedule_config.difficulty", W, "", kChecked},
-    {"curriculum_learning.schedule_config.max_step", W, "", kChecked},
+    {"curriculum_learning.schedule_config.total_curriculum_step", W, "", kLegacyChecked},
+    {"curriculum_learning.schedule_config.difficulty_step", W, "", kLegacyChecked},
+    {"curriculum_learning.schedule_config.root_degree", W, "", kLegacyChecked},
+    {"curriculum_learning.schedule_config.difficulty", W, "", kLegacyChecked},
+    {"curriculum_learning.schedule_config.max_step", W, "", kLegacyChecked},
 };
 
 }  // namespace

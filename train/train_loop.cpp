@@ -23,6 +23,7 @@
 #include "train/checkpoint_writer.h"
 #include "train/config.h"
 #include "train/cpu_backend.h"
+#include "train/curriculum_setup.h"
 #include "train/engine.h"
 #include "train/line_log.h"
 #include "train/gpt2_io.h"
@@ -287,7 +288,13 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (resume && !resume->legacy)
     check_checkpoint_shape(bo.dims, resume_dims, (resume->folder / kCheckpointConfigFile).string());
 
+  if (!o.use_real_data && cfg.data_efficiency.curriculum_active())
+    for (const auto& m : cfg.data_efficiency.metrics)
+      CUTRAIN_CHECK(m.metric != CurriculumMetric::VocabularyRarity, "train: ", o.deepspeed_config.string(),
+                    ": the vocabularyrarity curriculum draws token shards by its index: expected --use_real_data "
+                    "--data PATTERN, found random data");
   std::unique_ptr<data::BatchSampler> sampler, eval_sampler;
+  std::optional<CurriculumSetup> curriculum;
   int eval_batches = 0;
   if (o.use_real_data) {
     data::SamplerOptions so;
@@ -301,7 +308,13 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     so.world_size = env.world_size;
     so.labels = next_token ? data::Labels::kNextToken : data::Labels::kIdentity;
     so.vocab_size = kGpt2Vocab;
+    curriculum = make_curriculum(cfg, o.deepspeed_config, o.data, o.seq_length, o.seq_length + (next_token ? 1 : 0), accum);
+    if (curriculum) {
+      so.curriculum = curriculum->draw;
+      out << "[Rank 0] " << curriculum->describe << "\n";
+    }
     sampler = std::make_unique<data::BatchSampler>(so);
+    so.curriculum = nullptr;  // validation draws its fixed first windows
     out << "[Rank 0] Dataset loaded: " << sampler->num_tokens() << " tokens, " << sampler->batches_per_epoch()
         << " batches per epoch, vocab_size=" << kGpt2Vocab << "\n";
     if (!o.eval_data.empty()) {
@@ -546,9 +559,18 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     if (st.skipped)
       out << "[Rank 0] warning: step " << step << ": non-finite gradient norm (" << st.grad_norm
           << "), optimizer step skipped\n";
-    if (step % log_interval == 0 || step == last)
+    std::int64_t difficulty = 0;
+    if (curriculum) difficulty = curriculum->draw->difficulty(step);
+    if (step % log_interval == 0 || step == last) {
       out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
           << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak) << "\n";
+      if (curriculum) {
+        const auto [first, end] = curriculum->draw->eligible(difficulty);
+        out << "[Rank 0] Step " << step << ": curriculum difficulty=" << difficulty << " ("
+            << (curriculum->draw->percentile ? "percentile" : "value") << "), eligible samples=" << end - first
+            << " of " << curriculum->draw->sorted.size() << "\n";
+      }
+    }
     const bool eval_now = eval_sampler && (step == last || (o.eval_interval > 0 && (step + 1) % o.eval_interval == 0));
     if (eval_now) res.evals.push_back(evaluate(step));
     if (metrics_log.is_open()) {
@@ -562,6 +584,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                           {"allocated_bytes", mem.allocated},
                           {"reserved_bytes", mem.reserved},
                           {"peak_bytes", mem.peak}};
+      if (curriculum) j["curriculum_difficulty"] = difficulty;
       if (eval_now) {
         j["val_loss"] = res.evals.back().loss;
         j["val_ppl"] = res.evals.back().perplexity;
