@@ -108,6 +108,12 @@ void parse_metric(Reader& r, const json& j, const std::string& path, CurriculumM
   };
   choice("difficulty_type", m.difficulty_type, kDifficultyTypes);
   choice("clustering_type", m.clustering_type, kClusteringTypes);
+  // The metric's keys are not walked by the key table's pass (a metric is named by the user):
+  // the one read but not acted on says so here.
+  if (Reader::find(j, "clustering_type")) {
+    const std::string key = std::string(kMetricTable) + ".clustering_type";
+    r.warn_text(not_acted_warning(path + ".clustering_type", find_config_key(key)->what));
+  }
   const bool pct = m.difficulty_type == DifficultyType::Percentile;
   const bool seqlen = metric != CurriculumMetric::VocabularyRarity;
   parse_pacing(r, j, path, pct ? 0 : (seqlen ? 1 : 0), pct ? 100 : kMaxI64, m.pacing);
