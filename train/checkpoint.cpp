@@ -105,7 +105,7 @@ CheckpointSaveReport save_checkpoint(const std::filesystem::path& root, const Tr
 
 CheckpointSaveReport write_checkpoint(const std::filesystem::path& root, const model::TransformerParams& T,
                                       const StateSnapshot& s, const CheckpointMeta& meta,
-                                      const CheckpointSaveOptions& opt, std::uint64_t* written_bytes) {
+                                      const CheckpointSaveOptions& opt) {
   CheckpointSaveReport report;
   std::error_code ec;
   std::filesystem::create_directories(root, ec);
@@ -126,10 +126,9 @@ CheckpointSaveReport write_checkpoint(const std::filesystem::path& root, const m
   m.step = meta.step;
   m.config = checkpoint_model_config(T.dims(), s.params.dtype(), s.exp_avg.dtype(), T.num_params(), meta.layout,
                                      meta.causal);
-  std::uint64_t total = 0;
   auto add = [&](const char* name, FileDigest d) {
     m.files.push_back({name, d.bytes, d.xxh64});
-    total += d.bytes;
+    report.bytes += d.bytes;
   };
   checkpoint_fault_point("start", meta.step);
   add(kModel, files.write_safetensors(dir / kModel, ct.model, md));
@@ -149,7 +148,6 @@ CheckpointSaveReport write_checkpoint(const std::filesystem::path& root, const m
     for (const auto& n : pruned) line += " " + (root / n).string();
     report.notes.push_back(line);
   }
-  if (written_bytes) *written_bytes = total;
   return report;
 }
 

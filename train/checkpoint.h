@@ -65,6 +65,7 @@ struct CheckpointSaveOptions {
 };
 struct CheckpointSaveReport {
   std::filesystem::path folder;    // ROOT/global_step<N>; empty where nothing was written
+  std::uint64_t bytes = 0;         // every file of the step folder
   std::vector<std::string> notes;  // stale temporaries removed, folders pruned: one line each
 };
 
@@ -76,12 +77,10 @@ CheckpointSaveReport save_checkpoint(const std::filesystem::path& root, const Tr
                                      const CheckpointMeta& meta, const CheckpointSaveOptions& options = {});
 // The writing half of save_checkpoint: a snapshot already taken (of a model with `table`) into
 // ROOT/global_step<meta.step>. Touches no device and no backend, so it can run on another thread
-// while training goes on (train/checkpoint_writer.h). `written_bytes`, when given, gets the
-// payload bytes written.
+// while training goes on (train/checkpoint_writer.h).
 CheckpointSaveReport write_checkpoint(const std::filesystem::path& root, const model::TransformerParams& table,
                                       const StateSnapshot& state, const CheckpointMeta& meta,
-                                      const CheckpointSaveOptions& options = {},
-                                      std::uint64_t* written_bytes = nullptr);
+                                      const CheckpointSaveOptions& options = {});
 
 // A checkpoint found and verified: `path` is a root (its `latest` is followed) or a step folder.
 struct OpenedCheckpoint {

@@ -68,7 +68,7 @@ void CheckpointWriter::save(const TrainBackend& be, const CheckpointMeta& meta) 
   if (!table_) table_.emplace(be.table().dims());
   if (!opt_.async) {
     const auto t2 = std::chrono::steady_clock::now();
-    o.report = write_checkpoint(opt_.root, *table_, snap_, meta, {opt_.io, true, opt_.keep_last, opt_.handle}, &o.bytes);
+    o.report = write_checkpoint(opt_.root, *table_, snap_, meta, {opt_.io, true, opt_.keep_last, opt_.handle});
     o.write_s = seconds_since(t2);
     o.ok = true;
     finished_.push_back(std::move(o));
@@ -82,9 +82,7 @@ void CheckpointWriter::save(const TrainBackend& be, const CheckpointMeta& meta) 
     try {
       // The aio engine's pinned staging comes from the caller's device.
       if (device_ >= 0) CUTRAIN_CUDA_CHECK(cudaSetDevice(device_));
-      running_.report =
-          write_checkpoint(opt_.root, *table_, snap_, meta, {opt_.io, true, opt_.keep_last, opt_.handle},
-                           &running_.bytes);
+      running_.report = write_checkpoint(opt_.root, *table_, snap_, meta, {opt_.io, true, opt_.keep_last, opt_.handle});
       running_.ok = true;
     } catch (const Error& e) {
       running_.error = e.message();

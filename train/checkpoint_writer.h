@@ -38,7 +38,6 @@ struct SaveOutcome {
   bool ok = false;
   std::string error;  // when !ok: what failed
   CheckpointSaveReport report;
-  std::uint64_t bytes = 0;  // bytes written (every file of the step folder)
   double wait_s = 0;        // waiting for the previous save's write before this snapshot
   double snapshot_s = 0;    // the snapshot (training stopped for it)
   double write_s = 0;       // the files, the manifest, the renames

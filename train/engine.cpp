@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <functional>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -651,14 +650,12 @@ class EngineRestore final : public DeviceRestore {
     const Buffer* live = nullptr;
     Buffer scratch;
   };
-  EngineRestore(std::array<Target, 5> t, std::size_t bytes_each[5], cudaStream_t stream,
-                std::function<void()> before_commit)
-      : t_(std::move(t)), stream_(stream), before_(std::move(before_commit)) {
+  EngineRestore(std::array<Target, 5> t, std::size_t bytes_each[5], cudaStream_t stream)
+      : t_(std::move(t)), stream_(stream) {
     for (int i = 0; i < 5; ++i) bytes_[i] = bytes_each[i];
   }
   void* part(Part p) override { return t_[p].live ? t_[p].scratch.get() : nullptr; }
   void commit() override {
-    before_();
     for (int i = 0; i < 5; ++i)
       if (t_[i].live)
         CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(t_[i].live->get(), t_[i].scratch.get(), bytes_[i], cudaMemcpyDeviceToDevice,
@@ -670,7 +667,6 @@ class EngineRestore final : public DeviceRestore {
   std::array<Target, 5> t_;
   std::size_t bytes_[5] = {};
   cudaStream_t stream_;
-  std::function<void()> before_;
 };
 
 }  // namespace
@@ -687,6 +683,7 @@ std::unique_ptr<DeviceRestore> GpuEngine::device_restore(DType params, std::opti
   // A compensation the file lacks stays zero in its scratch: it starts at zero.
   const Buffer* live[5] = {&params_, plan_.has_master ? &master_ : nullptr, &m_, &v_,
                            plan_.compensation ? &comp_ : nullptr};
+  ensure_state();  // offloaded states back before commit() copies over them
   try {
     for (int i = 0; i < 5; ++i) {
       if (!live[i]) continue;
@@ -698,7 +695,7 @@ std::unique_ptr<DeviceRestore> GpuEngine::device_restore(DType params, std::opti
   } catch (const Error&) {
     return nullptr;  // no room for the scratch: the load goes through host memory
   }
-  return std::make_unique<EngineRestore>(std::move(t), bytes, stream_, [this] { ensure_state(); });
+  return std::make_unique<EngineRestore>(std::move(t), bytes, stream_);
 }
 
 std::unique_ptr<TrainBackend> make_gpu_backend(const BackendOptions& o, const TrainConfig& c) {

@@ -106,11 +106,10 @@ void check_checkpoint_shape(const model::ModelDims& run, const model::ModelDims&
   same("--seq_length", "max_seq_len", run.max_seq, ck.max_seq);
 }
 
-// Host bytes of the state's snapshot (train/state_snapshot.h): params (bf16 on the GPU, fp32 on
-// the CPU backend), the fp32 master when the layout has one, two moments.
+// Host bytes of the state's snapshot (train/state_snapshot.h): every persistent buffer of the
+// layout but the gradients; the CPU backend keeps fp32 params and moments only.
 std::uint64_t snapshot_bytes_estimate(std::size_t flat, const PrecisionPlan& plan, TrainDevice device) {
-  const std::size_t per = device == TrainDevice::Cpu ? 4 + 2 * 4
-                                                     : 2 + (plan.has_master ? 4 : 0) + 2 * dtype_size(plan.moment);
+  const std::size_t per = device == TrainDevice::Cpu ? 3 * 4 : plan.bytes_per_param() - dtype_size(plan.grad);
   return std::uint64_t(flat) * per;
 }
 
@@ -420,12 +419,12 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       t.wait_s += s.wait_s;
       t.write_s += s.write_s;
       if (s.ok) {
-        t.bytes += s.bytes;
+        t.bytes += s.report.bytes;
         for (const auto& n : s.report.notes) out << "[Rank 0] checkpoint: " << n << "\n";
         out << "[Rank 0] Checkpoint saved to: " << (o.save_dir / step_tag(s.step)).string() << " (step " << s.step
             << ")\n";
-        out << "[Rank 0] checkpoint: " << format_gb(std::int64_t(s.bytes)) << " written in " << fixed(s.write_s, 3)
-            << " s (" << fixed(s.write_s > 0 ? double(s.bytes) / s.write_s / double(1u << 30) : 0.0, 2) << " GB/sec"
+        out << "[Rank 0] checkpoint: " << format_gb(std::int64_t(s.report.bytes)) << " written in " << fixed(s.write_s, 3)
+            << " s (" << fixed(s.write_s > 0 ? double(s.report.bytes) / s.write_s / double(1u << 30) : 0.0, 2) << " GB/sec"
             << (s.background ? ", in the background" : "") << "), snapshot " << fixed(s.snapshot_s, 3) << " s";
         if (s.wait_s >= 0.001) out << ", waited " << fixed(s.wait_s, 3) << " s for the previous write";
         out << "\n";

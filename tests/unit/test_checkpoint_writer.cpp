@@ -81,7 +81,7 @@ TEST(CheckpointWriter, AsyncSaveHoldsTheStepBoundaryStateAndMatchesASyncSaveByte
   EXPECT_TRUE(done[0].ok) << done[0].error;
   EXPECT_TRUE(done[0].background);
   EXPECT_EQ(done[0].step, 1);
-  EXPECT_GT(done[0].bytes, 0u);
+  EXPECT_GT(done[0].report.bytes, 0u);
   EXPECT_TRUE(w.take_finished().empty());  // reported once
 
   auto into = train::make_cpu_backend(o, config());
