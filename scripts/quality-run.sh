@@ -132,8 +132,10 @@ c["scheduler"] = {"type": "WarmupCosineLR", "params": {"total_num_steps": steps,
                   "warmup_type": "linear", "warmup_min_ratio": 0.0, "cos_min_ratio": 0.1}}
 if layout == "bf16_full_comp":
     c["bf16"]["bf16_master_compensation"] = True
-if layout == "bf16_full_sr":
-    c["bf16"]["stochastic_rounding"] = True
+# Named in every bf16 layout: bf16 masters round stochastically by default, and the plain
+# layouts are measured with round-to-nearest.
+if c.get("bf16", {}).get("enabled"):
+    c["bf16"]["stochastic_rounding"] = layout == "bf16_full_sr"
 with open(dst + ".tmp", "w") as f:
     json.dump(c, f, indent=2)
 os.replace(dst + ".tmp", dst)

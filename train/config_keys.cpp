@@ -93,7 +93,9 @@ constexpr ConfigKey kKeys[] = {
     {"bf16.enabled", W, "true", "the model always computes in bf16; fp32 training is not implemented"},
     {"bf16.bf16_master_weights_and_grads", A, "", "bf16 master weights and gradients (layout bf16_master_wg)"},
     {"bf16.bf16_optimizer_states", A, "", "bf16 Adam moments too (layout bf16_full)"},
-    {"bf16.stochastic_rounding", A, "", "cutrain's: stochastic rounding of the optimizer's bf16 writes"},
+    {"bf16.stochastic_rounding", A, "",
+     "cutrain's: stochastic rounding of the optimizer's bf16 writes (default: on with bf16 master weights "
+     "without compensation)"},
     {"bf16.bf16_master_compensation", A, "", "cutrain's: a bf16 compensation buffer (Kahan) beside bf16 master weights"},
     {"bf16.immediate_grad_update", W, "", "the optimizer runs once per step over the flat buffers"},
     {"bf16.check_grad_overflow", W, "true", "a non-finite gradient norm always skips the optimizer step"},

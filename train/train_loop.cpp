@@ -353,8 +353,12 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   out << "[Rank 0] Model parameters: " << with_commas(nparams) << " total, " << with_commas(nparams) << " trainable\n";
   if (o.activation_checkpointing) out << "[Rank 0] Activation checkpointing enabled\n";
   out << "[Rank 0] cutrain initialized with config: " << o.deepspeed_config.string() << " (" << be->describe()
-      << ", layout " << plan.label() << ", " << plan.bytes_per_param() << " bytes/param, accumulation " << accum
-      << ")\n";
+      << ", layout " << plan.label() << ", " << plan.bytes_per_param() << " bytes/param"
+      << (o.device != TrainDevice::Cuda ? ""
+          : cfg.bf16.stochastic_rounding   ? ", stochastic rounding"
+          : plan.has_master                ? ""
+                                           : ", round-to-nearest")
+      << ", accumulation " << accum << ")\n";
 
   int first_step = 0;
   std::mt19937_64 data_rng(o.seed);

@@ -593,6 +593,29 @@ TEST(ConfigChoices, BadFlagValueNamesFlagExpectedAndFound) {
   EXPECT_THROW(train::parse_choice(train::kTrainDevices, "CUDA", "--device"), Error);  // flags are case-sensitive
 }
 
+// bf16 master weights round stochastically unless the config names stochastic_rounding or asks
+// for the compensation; an fp32 master (the baseline layout) never does by default.
+TEST(Config, StochasticRoundingDefaultFollowsTheLayout) {
+  auto sr = [](const std::string& bf16) {
+    return train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "bf16": )" + bf16 + "}", "sr.json")
+        .bf16.stochastic_rounding;
+  };
+  EXPECT_FALSE(sr(R"({"enabled": true})"));
+  EXPECT_TRUE(sr(R"({"enabled": true, "bf16_master_weights_and_grads": true})"));
+  EXPECT_TRUE(sr(R"({"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true})"));
+  EXPECT_FALSE(sr(R"({"enabled": true, "bf16_master_weights_and_grads": true, "bf16_master_compensation": true})"));
+  EXPECT_FALSE(sr(R"({"enabled": true, "bf16_master_weights_and_grads": true, "stochastic_rounding": false})"));
+  EXPECT_TRUE(sr(R"({"enabled": true, "bf16_master_weights_and_grads": true, "bf16_master_compensation": true,
+                    "stochastic_rounding": true})"));
+  EXPECT_TRUE(sr(R"({"enabled": true, "stochastic_rounding": true})"));
+  EXPECT_FALSE(train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "bfloat16": {"enabled": true,
+      "bf16_master_weights_and_grads": true, "stochastic_rounding": false}})", "sr.json").bf16.stochastic_rounding);
+  EXPECT_TRUE(train::load_config(std::filesystem::path(CUTRAIN_SOURCE_DIR) / "configs" / "bf16_full.json")
+                  .bf16.stochastic_rounding);
+  EXPECT_FALSE(train::load_config(std::filesystem::path(CUTRAIN_SOURCE_DIR) / "configs" / "baseline.json")
+                   .bf16.stochastic_rounding);
+}
+
 // ---- the key table (train/config_keys.h): acted on, warned, error ----
 
 TEST(ConfigKeys, TableIsWellFormedAndDocumented) {
