@@ -547,6 +547,28 @@ HostState GpuEngine::save_state() const {
   return s;
 }
 
+namespace {
+
+SnapshotTensor& snapshot_part(StateSnapshot& s, DeviceRestore::Part p) {
+  SnapshotTensor* parts[] = {&s.params, &s.master, &s.exp_avg, &s.exp_avg_sq, &s.compensation};
+  return *parts[p];
+}
+const SnapshotTensor& snapshot_part(const StateSnapshot& s, DeviceRestore::Part p) {
+  return snapshot_part(const_cast<StateSnapshot&>(s), p);
+}
+
+}  // namespace
+
+std::vector<GpuEngine::StatePart> GpuEngine::state_parts() const {
+  using P = DeviceRestore::Part;
+  std::vector<StatePart> parts{{P::Params, &params_, DType::BF16}};
+  if (plan_.has_master) parts.push_back({P::Master, &master_, DType::F32});
+  parts.push_back({P::ExpAvg, &m_, plan_.moment});
+  parts.push_back({P::ExpAvgSq, &v_, plan_.moment});
+  if (plan_.compensation) parts.push_back({P::Compensation, &comp_, DType::BF16});
+  return parts;
+}
+
 void GpuEngine::snapshot_state(StateSnapshot& out) const {
   // Partitioned, sharded or swapped states are gathered (and converted) by save_state(); a whole
   // resident state is copied as it is, one device-to-host copy per buffer into pinned storage.
@@ -556,17 +578,12 @@ void GpuEngine::snapshot_state(StateSnapshot& out) const {
   }
   ensure_state();
   out.pinned = true;
-  auto copy = [&](SnapshotTensor& t, const Buffer& b, DType dtype) {
-    void* dst = t.reserve(dtype, n_, /*pinned=*/true);
-    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst, b.get(), n_ * dtype_size(dtype), cudaMemcpyDeviceToHost, stream_));
-  };
-  copy(out.params, params_, DType::BF16);
-  if (plan_.has_master) copy(out.master, master_, DType::F32);
-  else out.master.clear();
-  copy(out.exp_avg, m_, plan_.moment);
-  copy(out.exp_avg_sq, v_, plan_.moment);
-  if (plan_.compensation) copy(out.compensation, comp_, DType::BF16);
-  else out.compensation.clear();
+  for (int p = 0; p < 5; ++p) snapshot_part(out, static_cast<DeviceRestore::Part>(p)).clear();  // absent unless held
+  for (const StatePart& sp : state_parts()) {
+    void* dst = snapshot_part(out, sp.part).reserve(sp.dtype, n_, /*pinned=*/true);
+    CUTRAIN_CUDA_CHECK(
+        cudaMemcpyAsync(dst, sp.buffer->get(), n_ * dtype_size(sp.dtype), cudaMemcpyDeviceToHost, stream_));
+  }
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -623,20 +640,14 @@ void GpuEngine::restore_snapshot(const StateSnapshot& s) {
   ensure_state();
   // A tensor in the buffer's dtype goes up as it is; another dtype (a checkpoint of another layout
   // or of the CPU backend) is converted on the host first.
-  auto put = [&](const Buffer& b, DType t, const SnapshotTensor& v) {
-    if (v.dtype() == t) {
-      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(b.get(), v.data(), v.bytes(), cudaMemcpyHostToDevice, stream_));
-      return;
-    }
-    upload(b, t, to_floats(v), stream_);
-  };
-  put(params_, DType::BF16, s.params);
-  if (plan_.has_master) put(master_, DType::F32, s.master);
-  put(m_, plan_.moment, s.exp_avg);
-  put(v_, plan_.moment, s.exp_avg_sq);
-  if (plan_.compensation) {
-    if (s.compensation.empty()) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(comp_.get(), 0, comp_.bytes(), stream_));
-    else put(comp_, DType::BF16, s.compensation);
+  for (const StatePart& sp : state_parts()) {
+    const SnapshotTensor& v = snapshot_part(s, sp.part);
+    if (sp.part == DeviceRestore::Compensation && v.empty())  // a checkpoint without one: it starts at zero
+      CUTRAIN_CUDA_CHECK(cudaMemsetAsync(sp.buffer->get(), 0, sp.buffer->bytes(), stream_));
+    else if (v.dtype() == sp.dtype)
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(sp.buffer->get(), v.data(), v.bytes(), cudaMemcpyHostToDevice, stream_));
+    else
+      upload(*sp.buffer, sp.dtype, to_floats(v), stream_);
   }
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
@@ -678,18 +689,15 @@ std::unique_ptr<DeviceRestore> GpuEngine::device_restore(DType params, std::opti
   if (plan_.has_master && master != DType::F32) return nullptr;
   if (plan_.compensation && compensation && *compensation != DType::BF16) return nullptr;
   std::array<EngineRestore::Target, 5> t;
-  std::size_t bytes[5] = {n_ * 2, plan_.has_master ? n_ * 4 : 0, n_ * dtype_size(plan_.moment),
-                          n_ * dtype_size(plan_.moment), plan_.compensation ? n_ * 2 : 0};
-  // A compensation the file lacks stays zero in its scratch: it starts at zero.
-  const Buffer* live[5] = {&params_, plan_.has_master ? &master_ : nullptr, &m_, &v_,
-                           plan_.compensation ? &comp_ : nullptr};
+  std::size_t bytes[5] = {};
   ensure_state();  // offloaded states back before commit() copies over them
   try {
-    for (int i = 0; i < 5; ++i) {
-      if (!live[i]) continue;
-      t[i].live = live[i];
-      t[i].scratch = Buffer(device_allocator(), bytes[i], stream_);
-      CUTRAIN_CUDA_CHECK(cudaMemsetAsync(t[i].scratch.get(), 0, bytes[i], stream_));
+    // A compensation the file lacks stays zero in its scratch: it starts at zero.
+    for (const StatePart& sp : state_parts()) {
+      bytes[sp.part] = n_ * dtype_size(sp.dtype);
+      t[sp.part].live = sp.buffer;
+      t[sp.part].scratch = Buffer(device_allocator(), bytes[sp.part], stream_);
+      CUTRAIN_CUDA_CHECK(cudaMemsetAsync(t[sp.part].scratch.get(), 0, bytes[sp.part], stream_));
     }
     CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   } catch (const Error&) {

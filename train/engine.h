@@ -102,6 +102,14 @@ class GpuEngine final : public TrainBackend {
   std::vector<float> gather_sharded(const Buffer& shard, DType t) const;
   // Stage 3: this rank's shard of a flat host state uploaded into `shard` (padding 0).
   void put_sharded(const Buffer& shard, DType t, const float* flat);
+  // The state buffers the layout holds (resident, unpartitioned), in DeviceRestore's part order,
+  // with their dtypes: what a snapshot copies and a restore fills.
+  struct StatePart {
+    DeviceRestore::Part part;
+    const Buffer* buffer;
+    DType dtype;
+  };
+  std::vector<StatePart> state_parts() const;
 
   BackendOptions opt_;
   TrainConfig cfg_;
