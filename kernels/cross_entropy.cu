@@ -222,6 +222,26 @@ __device__ __forceinline__ void zero_scalar(bf16* x, int begin, int end) {
   for (int j = begin + threadIdx.x; j < end; j += blockDim.x) x[j] = z;
 }
 
+__device__ __forceinline__ void write_row_loss(const RowArgs& a, int row, float loss) {
+  a.row_loss_tmp[row] = loss;
+  if (a.row_loss) a.row_loss[row] = loss;
+}
+
+// One gradient element: (p_j - [j == label]) * gs with p_j = 2^(x log2e - c).
+__device__ __forceinline__ bf16 grad_of(float x, bool is_label, float c, float gs) {
+  return __float2bfloat16_rn((fast_ex2(fmaf(x, kLog2e, -c)) - (is_label ? 1.f : 0.f)) * gs);
+}
+
+// Eight gradient elements from their raw bf16 logits to dst (16-byte aligned); `off`: the
+// label's index within the eight (any other value: not among them).
+__device__ __forceinline__ void grad8(uint4 raw, int off, float c, float gs, bf16* dst) {
+  float f[8];
+  unpack8(raw, f);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = (fast_ex2(fmaf(f[i], kLog2e, -c)) - (i == off ? 1.f : 0.f)) * gs;
+  store_bf16x8<Store::Streaming>(dst, f);
+}
+
 // kCluster (rows longer than one CTA can park): a cluster of a.split CTAs per row, each
 // parking and streaming one contiguous slice of the row's vectors; the CTAs exchange their
 // (max, sum) through distributed shared memory and combine them in rank order (deterministic).
@@ -252,10 +272,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
   const int v_end = kCluster ? min(nvec, v_begin + per) : nvec;
 
   if (!valid) {  // block-uniform (cluster-uniform): ignored (or bad-label) row: no loss, zero gradient
-    if (tid == 0 && owner) {
-      a.row_loss_tmp[row] = 0.f;
-      if (a.row_loss) a.row_loss[row] = 0.f;
-    }
+    if (tid == 0 && owner) write_row_loss(a, row, 0.f);
     if constexpr (kGrad) {
       for (int v = v_begin + tid; v < v_end; v += blockDim.x)
         store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, make_uint4(0, 0, 0, 0));
@@ -317,11 +334,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
     cluster.sync();  // no CTA exits while a peer may still read its cl_ms
   }
   const float c = m + log2f(s);  // log2 of the softmax denominator: p_j = 2^(x_j log2e - c)
-  if (tid == 0 && owner) {
-    const float loss = c * kLn2 - x_label;
-    a.row_loss_tmp[row] = loss;
-    if (a.row_loss) a.row_loss[row] = loss;
-  }
+  if (tid == 0 && owner) write_row_loss(a, row, c * kLn2 - x_label);
   if constexpr (!kGrad) {
     ce_finish_in_last_block(a);
     return;
@@ -330,11 +343,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
   // ---- pass 2: dlogits = (softmax - onehot) * grad_scale / n_valid, in place ----
   pdl_wait();  // n_valid from the count kernel, which ran alongside pass 1
   const float gs = a.grad_scale / static_cast<float>(max(a.hdr->n_valid, 1));
-  if (tid < head_here) x[tid] = __float2bfloat16_rn((fast_ex2(fmaf(x_head, kLog2e, -c)) - (tid == label ? 1.f : 0.f)) * gs);
-  if (tid < tail) {
-    const int j = tail_start + tid;
-    x[j] = __float2bfloat16_rn((fast_ex2(fmaf(x_tail, kLog2e, -c)) - (j == label ? 1.f : 0.f)) * gs);
-  }
+  if (tid < head_here) x[tid] = grad_of(x_head, tid == label, c, gs);
+  if (tid < tail) x[tail_start + tid] = grad_of(x_tail, tail_start + tid == label, c, gs);
   const int label_off = label - head;  // label's position in the body (may be outside it)
   for (int v0 = v_begin + tid; v0 < v_end; v0 += kUnroll * kThreads) {
     uint4 r[kUnroll];
@@ -346,14 +356,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       const int v = v0 + k * kThreads;
-      if (v < v_end) {
-        float f[8];
-        unpack8(r[k], f);
-        const int off = label_off - v * 8;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] = (fast_ex2(fmaf(f[i], kLog2e, -c)) - (i == off ? 1.f : 0.f)) * gs;
-        store_bf16x8<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, f);
-      }
+      if (v < v_end) grad8(r[k], label_off - v * 8, c, gs, body + static_cast<std::size_t>(v) * 8);
     }
   }
   if (owner) zero_scalar(x, a.vocab, a.ld);  // padding columns
@@ -413,10 +416,7 @@ __global__ void __launch_bounds__(Tile::kPipeThreads, 1) ce_pipelined_kernel(Row
     mbar_wait(&full[buf], static_cast<std::uint32_t>(iter >> 1) & 1u);
 
     if (!valid) {  // block-uniform: no loss, zero gradient (the copy has landed: the buffer is free)
-      if (tid == 0) {
-        a.row_loss_tmp[row] = 0.f;
-        if (a.row_loss) a.row_loss[row] = 0.f;
-      }
+      if (tid == 0) write_row_loss(a, row, 0.f);
       for (int v = tid; v < nvec; v += kThreads)
         store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, make_uint4(0, 0, 0, 0));
       zero_scalar(x, 0, head);
@@ -442,33 +442,19 @@ __global__ void __launch_bounds__(Tile::kPipeThreads, 1) ce_pipelined_kernel(Row
     }
     lse_block(m, s);
     const float c = m + log2f(s);
-    if (tid == 0) {
-      const float loss = c * kLn2 - x_label;
-      a.row_loss_tmp[row] = loss;
-      if (a.row_loss) a.row_loss[row] = loss;
-    }
+    if (tid == 0) write_row_loss(a, row, c * kLn2 - x_label);
 
     // ---- dlogits = (softmax - onehot) * grad_scale / n_valid, over the logits ----
     pdl_wait();  // n_valid from the count kernel (returns at once after the first row)
     const float gs = a.grad_scale / static_cast<float>(max(a.hdr->n_valid, 1));
-    if (tid < head) x[tid] = __float2bfloat16_rn((fast_ex2(fmaf(x_head, kLog2e, -c)) - (tid == label ? 1.f : 0.f)) * gs);
-    if (tid < tail) {
-      const int j = tail_start + tid;
-      x[j] = __float2bfloat16_rn((fast_ex2(fmaf(x_tail, kLog2e, -c)) - (j == label ? 1.f : 0.f)) * gs);
-    }
+    if (tid < head) x[tid] = grad_of(x_head, tid == label, c, gs);
+    if (tid < tail) x[tail_start + tid] = grad_of(x_tail, tail_start + tid == label, c, gs);
     const int label_off = label - head;
     for (int v0 = tid; v0 < nvec; v0 += kUnroll * kThreads) {
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
         const int v = v0 + k * kThreads;
-        if (v < nvec) {
-          float f[8];
-          unpack8(cache[v], f);
-          const int off = label_off - v * 8;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) f[i] = (fast_ex2(fmaf(f[i], kLog2e, -c)) - (i == off ? 1.f : 0.f)) * gs;
-          store_bf16x8<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, f);
-        }
+        if (v < nvec) grad8(cache[v], label_off - v * 8, c, gs, body + static_cast<std::size_t>(v) * 8);
       }
     }
     zero_scalar(x, a.vocab, a.ld);  // padding columns
