@@ -232,14 +232,37 @@ __device__ __forceinline__ bf16 grad_of(float x, bool is_label, float c, float g
   return __float2bfloat16_rn((fast_ex2(fmaf(x, kLog2e, -c)) - (is_label ? 1.f : 0.f)) * gs);
 }
 
+// The gradient scale folded into the exponent: p_j * |gs| = 2^(x_j log2e - c_scaled), so the
+// body's elements cost one fma and one ex2 each; the sign of gs goes onto the bf16 bits.
+struct GradScale {
+  float c_scaled;      // c - log2 |gs| (+inf when gs = 0: every element 0)
+  float abs_gs;        // |gs|: subtracted at the label's element
+  unsigned sign_bits;  // 0x80008000 when gs < 0, else 0
+};
+__device__ __forceinline__ GradScale grad_scale_of(float c, float gs) {
+  return {c - log2f(fabsf(gs)), fabsf(gs), gs < 0.f ? 0x80008000u : 0u};
+}
+
 // Eight gradient elements from their raw bf16 logits to dst (16-byte aligned); `off`: the
 // label's index within the eight (any other value: not among them).
-__device__ __forceinline__ void grad8(uint4 raw, int off, float c, float gs, bf16* dst) {
+__device__ __forceinline__ void grad8(uint4 raw, int off, const GradScale& g, bf16* dst) {
   float f[8];
   unpack8(raw, f);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) f[i] = (fast_ex2(fmaf(f[i], kLog2e, -c)) - (i == off ? 1.f : 0.f)) * gs;
-  store_bf16x8<Store::Streaming>(dst, f);
+  for (int i = 0; i < 8; ++i) f[i] = fast_ex2(fmaf(f[i], kLog2e, -g.c_scaled));
+  if (static_cast<unsigned>(off) < 8u) {  // one vector of the row: the -1 of the one-hot
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (i == off) f[i] -= g.abs_gs;
+  }
+  uint4 out;
+  unsigned* w = reinterpret_cast<unsigned*>(&out);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    w[i] = *reinterpret_cast<const unsigned*>(&h) ^ g.sign_bits;
+  }
+  store16<Store::Streaming>(dst, out);
 }
 
 // kCluster (rows longer than one CTA can park): a cluster of a.split CTAs per row, each
@@ -346,6 +369,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
   if (tid < head_here) x[tid] = grad_of(x_head, tid == label, c, gs);
   if (tid < tail) x[tail_start + tid] = grad_of(x_tail, tail_start + tid == label, c, gs);
   const int label_off = label - head;  // label's position in the body (may be outside it)
+  const GradScale g = grad_scale_of(c, gs);
   for (int v0 = v_begin + tid; v0 < v_end; v0 += kUnroll * kThreads) {
     uint4 r[kUnroll];
 #pragma unroll
@@ -356,7 +380,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       const int v = v0 + k * kThreads;
-      if (v < v_end) grad8(r[k], label_off - v * 8, c, gs, body + static_cast<std::size_t>(v) * 8);
+      if (v < v_end) grad8(r[k], label_off - v * 8, g, body + static_cast<std::size_t>(v) * 8);
     }
   }
   if (owner) zero_scalar(x, a.vocab, a.ld);  // padding columns
@@ -450,11 +474,12 @@ __global__ void __launch_bounds__(Tile::kPipeThreads, 1) ce_pipelined_kernel(Row
     if (tid < head) x[tid] = grad_of(x_head, tid == label, c, gs);
     if (tid < tail) x[tail_start + tid] = grad_of(x_tail, tail_start + tid == label, c, gs);
     const int label_off = label - head;
+    const GradScale g = grad_scale_of(c, gs);
     for (int v0 = tid; v0 < nvec; v0 += kUnroll * kThreads) {
 #pragma unroll
       for (int k = 0; k < kUnroll; ++k) {
         const int v = v0 + k * kThreads;
-        if (v < nvec) grad8(cache[v], label_off - v * 8, c, gs, body + static_cast<std::size_t>(v) * 8);
+        if (v < nvec) grad8(cache[v], label_off - v * 8, g, body + static_cast<std::size_t>(v) * 8);
       }
     }
     zero_scalar(x, a.vocab, a.ld);  // padding columns
