@@ -1,0 +1,39 @@
+// @brief The MoE layer's shape and routing options (DeepSpeed's deepspeed.moe.layer.MoE names), their
+// validation, and the layout of its parameters in one buffer.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace cutrain::model {
+
+struct MoeConfig {
+  int hidden = 0;   // model dim (DeepSpeed: hidden_size)
+  int ffn = 0;      // each expert's fc1 width
+  int experts = 0;  // num_experts
+  int k = 1;        // routes per token: top-1 or top-2
+  double capacity_factor = 1.0;       // training
+  double eval_capacity_factor = 1.0;  // evaluation
+  int min_capacity = 4;
+  bool drop_tokens = true;
+};
+
+// Errors (cutrain::Error) that name the field, what was expected and what was found: experts < 1,
+// k not 1 or 2, k > experts, a capacity factor <= 0 (or not finite), min_capacity < 0, hidden or
+// ffn < 1, and (with tokens > 0) fewer tokens than min_capacity under top-1, as DeepSpeed asserts.
+// `where` prefixes the messages (e.g. the config file or the layer's name).
+void validate(const MoeConfig& c, int tokens = 0, const std::string& where = "MoE layer");
+
+// The routing capacity of one call: ceil(k · tokens / experts · factor), at least min_capacity,
+// with the training or the evaluation factor.
+int moe_layer_capacity(const MoeConfig& c, int tokens, bool train);
+
+// Parameters, bf16 or fp32 alike, in one buffer: the gate's wg [E, H] (bias-free, as DeepSpeed's
+// TopKGate), then every expert's fc1 weight [E, F, H] and fc2 weight [E, H, F] (bias-free Linear
+// layers). Offsets in elements.
+struct MoeParamLayout {
+  std::size_t wg = 0, w1 = 0, w2 = 0, total = 0;
+};
+MoeParamLayout moe_param_layout(const MoeConfig& c);
+
+}  // namespace cutrain::model

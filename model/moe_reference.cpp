@@ -1,0 +1,177 @@
+// @brief The MoE layer's CPU reference (model/moe_reference.h).
+#include "model/moe_reference.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <limits>
+
+#include "model/reference_ops.h"
+#include "runtime/error.h"
+
+namespace cutrain::model {
+
+MoeReference::MoeReference(const MoeConfig& c) : c_(c), layout_(moe_param_layout(c)) { validate(c); }
+
+double MoeReference::forward(const double* params, const double* x, int T, bool train, double* y) {
+  validate(c_, T);
+  const int E = c_.experts, H = c_.hidden, F = c_.ffn, k = c_.k;
+  T_ = T;
+  x_.assign(x, x + std::size_t(T) * H);
+  const double* wg = params + layout_.wg;
+  const double* w1 = params + layout_.w1;
+  const double* w2 = params + layout_.w2;
+  logits_.assign(std::size_t(T) * E, 0);
+  ref_ops::linear_fwd(x, wg, static_cast<const double*>(nullptr), logits_.data(), T, E, H);
+
+  // Softmax and the routes: route 0 the first largest probability, route 1 the first largest
+  // other logit.
+  probs_.assign(std::size_t(T) * E, 0);
+  expert_.assign(std::size_t(T) * k, 0);
+  for (int s = 0; s < T; ++s) {
+    const double* l = &logits_[std::size_t(s) * E];
+    double* p = &probs_[std::size_t(s) * E];
+    const double mx = *std::max_element(l, l + E);
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += std::exp(l[e] - mx);
+    int best = 0;
+    for (int e = 0; e < E; ++e) {
+      p[e] = std::exp(l[e] - mx) / sum;
+      if (p[e] > p[best]) best = e;
+    }
+    expert_[std::size_t(s) * k] = best;
+    if (k == 2) {
+      int second = -1;
+      for (int e = 0; e < E; ++e)
+        if (e != best && (second < 0 || l[e] > l[second])) second = e;
+      expert_[std::size_t(s) * 2 + 1] = second;
+    }
+  }
+  // Positions in token order, route 1 after all of route 0; capacity; dropping.
+  counts_.assign(E, 0);
+  std::vector<int> raw(std::size_t(T) * k), first(E, 0);
+  for (int r = 0; r < k; ++r)
+    for (int s = 0; s < T; ++s) raw[std::size_t(s) * k + r] = counts_[expert_[std::size_t(s) * k + r]]++;
+  for (int s = 0; s < T; ++s) ++first[expert_[std::size_t(s) * k]];
+  capacity_ = c_.drop_tokens ? moe_layer_capacity(c_, T, train) : *std::max_element(counts_.begin(), counts_.end());
+  kept_.assign(E, 0);
+  offsets_.assign(E + 1, 0);
+  dropped_ = 0;
+  ce_.assign(E, 0);
+  double l_aux = 0;
+  for (int e = 0; e < E; ++e) {
+    kept_[e] = std::min(counts_[e], capacity_);
+    offsets_[e + 1] = offsets_[e] + kept_[e];
+    dropped_ += counts_[e] - kept_[e];
+    double me = 0;
+    for (int s = 0; s < T; ++s) me += probs_[std::size_t(s) * E + e];
+    ce_[e] = double(first[e]) / T;
+    l_aux += me / T * ce_[e];
+  }
+  l_aux *= E;
+  const int R = offsets_[E];
+  position_.assign(std::size_t(T) * k, -1);
+  row_of_.assign(std::size_t(T) * k, -1);
+  weight_.assign(std::size_t(T) * k, 0);
+  row_token_.assign(R, 0);
+  row_expert_.assign(R, 0);
+  for (int s = 0; s < T; ++s) {
+    double p[2] = {0, 0};
+    for (int r = 0; r < k; ++r) {
+      const std::size_t at = std::size_t(s) * k + r;
+      if (raw[at] >= capacity_) continue;
+      const int e = expert_[at];
+      position_[at] = raw[at];
+      row_of_[at] = offsets_[e] + raw[at];
+      row_token_[row_of_[at]] = s;
+      row_expert_[row_of_[at]] = e;
+      p[r] = probs_[std::size_t(s) * E + e];
+    }
+    if (k == 1) {
+      weight_[s] = p[0];
+    } else {
+      const double d = std::max(p[0] + p[1], double(FLT_EPSILON));
+      weight_[std::size_t(s) * 2] = p[0] / d;
+      weight_[std::size_t(s) * 2 + 1] = p[1] / d;
+    }
+  }
+  // Experts, row by row.
+  a1_.assign(std::size_t(R) * F, 0);
+  h_.assign(std::size_t(R) * F, 0);
+  o_.assign(std::size_t(R) * H, 0);
+  for (int row = 0; row < R; ++row) {
+    const int e = row_expert_[row];
+    const double* xr = x + std::size_t(row_token_[row]) * H;
+    ref_ops::linear_fwd(xr, w1 + std::size_t(e) * F * H, static_cast<const double*>(nullptr),
+                        &a1_[std::size_t(row) * F], 1, F, H);
+    for (int f = 0; f < F; ++f) h_[std::size_t(row) * F + f] = ref_ops::gelu(a1_[std::size_t(row) * F + f]);
+    ref_ops::linear_fwd(&h_[std::size_t(row) * F], w2 + std::size_t(e) * H * F, static_cast<const double*>(nullptr),
+                        &o_[std::size_t(row) * H], 1, H, F);
+  }
+  std::fill(y, y + std::size_t(T) * H, 0.0);
+  for (int s = 0; s < T; ++s)
+    for (int r = 0; r < k; ++r) {
+      const std::int64_t row = row_of_[std::size_t(s) * k + r];
+      if (row < 0) continue;
+      for (int j = 0; j < H; ++j) y[std::size_t(s) * H + j] += weight_[std::size_t(s) * k + r] * o_[row * H + j];
+    }
+  return l_aux;
+}
+
+void MoeReference::backward(const double* params, const double* dy, double aux_grad, double* dx, double* dparams) {
+  CUTRAIN_CHECK(T_ > 0, "MoeReference::backward: call forward first");
+  const int T = T_, E = c_.experts, H = c_.hidden, F = c_.ffn, k = c_.k, R = offsets_[E];
+  const double* wg = params + layout_.wg;
+  const double* w1 = params + layout_.w1;
+  const double* w2 = params + layout_.w2;
+  std::fill(dx, dx + std::size_t(T) * H, 0.0);
+  // Combine: the weights' gradient and each row's output gradient.
+  std::vector<double> dweight(std::size_t(T) * k, 0), dout(std::size_t(R) * H, 0);
+  for (int s = 0; s < T; ++s)
+    for (int r = 0; r < k; ++r) {
+      const std::int64_t row = row_of_[std::size_t(s) * k + r];
+      if (row < 0) continue;
+      double dot = 0;
+      for (int j = 0; j < H; ++j) {
+        dot += dy[std::size_t(s) * H + j] * o_[row * H + j];
+        dout[row * H + j] = weight_[std::size_t(s) * k + r] * dy[std::size_t(s) * H + j];
+      }
+      dweight[std::size_t(s) * k + r] = dot;
+    }
+  // Experts backward, row by row.
+  std::vector<double> da(F);
+  for (int row = 0; row < R; ++row) {
+    const int e = row_expert_[row], s = row_token_[row];
+    ref_ops::linear_bwd(&h_[std::size_t(row) * F], w2 + std::size_t(e) * H * F, &dout[std::size_t(row) * H],
+                        da.data(), false, dparams + layout_.w2 + std::size_t(e) * H * F,
+                        static_cast<double*>(nullptr), 1, H, F);
+    for (int f = 0; f < F; ++f) da[f] *= ref_ops::gelu_grad(a1_[std::size_t(row) * F + f]);
+    ref_ops::linear_bwd(&x_[std::size_t(s) * H], w1 + std::size_t(e) * F * H, da.data(), dx + std::size_t(s) * H,
+                        true, dparams + layout_.w1 + std::size_t(e) * F * H, static_cast<double*>(nullptr), 1, F, H);
+  }
+  // Gate: the normalization of the weights, the aux loss's constant ce, the softmax.
+  std::vector<double> dlogits(std::size_t(T) * E), dp(E);
+  for (int s = 0; s < T; ++s) {
+    const double* p = &probs_[std::size_t(s) * E];
+    for (int e = 0; e < E; ++e) dp[e] = aux_grad * E * ce_[e] / T;
+    if (k == 1) {
+      if (row_of_[s] >= 0) dp[expert_[s]] += dweight[s];
+    } else {
+      const std::size_t at = std::size_t(s) * 2;
+      const bool k0 = row_of_[at] >= 0, k1 = row_of_[at + 1] >= 0;
+      const double a = k0 ? p[expert_[at]] : 0, b = k1 ? p[expert_[at + 1]] : 0, d = a + b;
+      const double dd = d >= FLT_EPSILON ? d * d : 0;
+      const double da0 = d >= FLT_EPSILON ? (dweight[at] - dweight[at + 1]) * b / dd : dweight[at] / FLT_EPSILON;
+      const double db0 = d >= FLT_EPSILON ? (dweight[at + 1] - dweight[at]) * a / dd : dweight[at + 1] / FLT_EPSILON;
+      if (k0) dp[expert_[at]] += da0;
+      if (k1) dp[expert_[at + 1]] += db0;
+    }
+    double dot = 0;
+    for (int e = 0; e < E; ++e) dot += p[e] * dp[e];
+    for (int e = 0; e < E; ++e) dlogits[std::size_t(s) * E + e] = p[e] * (dp[e] - dot);
+  }
+  ref_ops::linear_bwd(x_.data(), wg, dlogits.data(), dx, true, dparams + layout_.wg, static_cast<double*>(nullptr), T,
+                      E, H);
+}
+
+}  // namespace cutrain::model
