@@ -14,6 +14,7 @@
 #include "kernels/moe_gate.cuh"
 #include "kernels/moe_grouped_gemm.cuh"
 #include "kernels/moe_permute.cuh"
+#include "kernels/moe_residual.cuh"
 #include "tests/reference/moe_ref.h"
 #include "tests/support/test_support.h"
 
@@ -254,6 +255,42 @@ TEST(MoeGroupedGemmGpu, MatchesReference) {
   // Which calls ran as the per-group cuBLASLt loop (an fp32 dW the grouped call may refuse).
   std::cout << "GroupedGemm fallback calls: " << gg.fallback_count() << "\n";
   RecordProperty("grouped_gemm_fallbacks", int(gg.fallback_count()));
+}
+
+TEST(MoeResidualGpu, MixMatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (auto [T, H] : {std::pair{1, 1}, {7, 13}, {64, 64}, {300, 1024}, {33, 1000}}) {
+    SCOPED_TRACE("T=" + std::to_string(T) + " H=" + std::to_string(H));
+    const std::size_t TH = std::size_t(T) * H;
+    const auto ym = test::round_bf16(test::random_normal(TH, rng)), yr = test::round_bf16(test::random_normal(TH, rng));
+    const auto logits = test::random_normal(std::size_t(T) * 2, rng, 0.f, 2.f);
+    const float bias[2] = {test::round_bf16({0.3f})[0], test::round_bf16({-0.7f})[0]};
+    DeviceArray<bf16> dym_in(test::to_bf16(ym)), dyr_in(test::to_bf16(yr)), db(test::to_bf16({bias[0], bias[1]}));
+    DeviceArray<float> dl(logits), coef(std::size_t(T) * 2);
+    DeviceArray<bf16> y(TH);
+    kernels::moe_residual_mix_forward(nullptr, dym_in.get(), dyr_in.get(), dl.get(), db.get(), y.get(), coef.get(), T,
+                                      H);
+    std::vector<double> want_y, want_c;
+    ref::moe_residual_mix_forward(ym, yr, logits, bias, T, H, want_y, want_c);
+    const auto got_y = test::download_float(y);
+    EXPECT_EQ(test::count_nan(got_y), 0u);
+    EXPECT_LT(test::rel_error(got_y, want_y), kBf16Tol);
+    const auto got_c = coef.download();
+    EXPECT_LT(test::rel_error(got_c, want_c), kF32Tol);
+
+    const auto dy = test::round_bf16(test::random_normal(TH, rng));
+    DeviceArray<bf16> ddy(test::to_bf16(dy)), dm(TH), dr(TH), dlog(std::size_t(T) * 2);
+    kernels::moe_residual_mix_backward(nullptr, ddy.get(), dym_in.get(), dyr_in.get(), coef.get(), dm.get(), dr.get(),
+                                       dlog.get(), T, H);
+    std::vector<double> want_dm, want_dr, want_dl;
+    ref::moe_residual_mix_backward(dy, ym, yr, got_c, T, H, want_dm, want_dr, want_dl);
+    EXPECT_LT(test::rel_error(test::download_float(dm), want_dm), kBf16Tol);
+    EXPECT_LT(test::rel_error(test::download_float(dr), want_dr), kBf16Tol);
+    const auto got_dl = test::download_float(dlog);
+    EXPECT_EQ(test::count_nan(got_dl), 0u);
+    EXPECT_LT(test::rel_error(got_dl, want_dl), kBf16Tol);
+  }
 }
 
 TEST(MoeGroupedGemmGpu, NamesBadArguments) {

@@ -228,4 +228,44 @@ std::vector<double> grouped_gemm_grad_weight(const std::vector<float>& dy, const
   return dw;
 }
 
+void moe_residual_mix_forward(const std::vector<float>& y_moe, const std::vector<float>& y_mlp,
+                              const std::vector<float>& logits, const float bias[2], int T, int H,
+                              std::vector<double>& y, std::vector<double>& coef) {
+  y.assign(std::size_t(T) * H, 0);
+  coef.assign(std::size_t(T) * 2, 0);
+  for (int s = 0; s < T; ++s) {
+    const double l0 = double(logits[2 * s]) + bias[0], l1 = double(logits[2 * s + 1]) + bias[1];
+    const double c0 = 1 / (1 + std::exp(l1 - l0)), c1 = 1 - c0;
+    coef[2 * s] = c0;
+    coef[2 * s + 1] = c1;
+    for (int h = 0; h < H; ++h) {
+      const std::size_t i = std::size_t(s) * H + h;
+      y[i] = c0 * y_moe[i] + c1 * y_mlp[i];
+    }
+  }
+}
+
+void moe_residual_mix_backward(const std::vector<float>& dy, const std::vector<float>& y_moe,
+                               const std::vector<float>& y_mlp, const std::vector<float>& coef, int T, int H,
+                               std::vector<double>& dy_moe, std::vector<double>& dy_mlp,
+                               std::vector<double>& dlogits) {
+  dy_moe.assign(std::size_t(T) * H, 0);
+  dy_mlp.assign(std::size_t(T) * H, 0);
+  dlogits.assign(std::size_t(T) * 2, 0);
+  for (int s = 0; s < T; ++s) {
+    const double c0 = coef[2 * s], c1 = coef[2 * s + 1];
+    double d0 = 0, d1 = 0;
+    for (int h = 0; h < H; ++h) {
+      const std::size_t i = std::size_t(s) * H + h;
+      dy_moe[i] = c0 * dy[i];
+      dy_mlp[i] = c1 * dy[i];
+      d0 += double(dy[i]) * y_moe[i];
+      d1 += double(dy[i]) * y_mlp[i];
+    }
+    const double dot = c0 * d0 + c1 * d1;  // the softmax Jacobian
+    dlogits[2 * s] = c0 * (d0 - dot);
+    dlogits[2 * s + 1] = c1 * (d1 - dot);
+  }
+}
+
 }  // namespace cutrain::ref

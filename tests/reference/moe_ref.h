@@ -53,4 +53,14 @@ std::vector<double> grouped_gemm_grad_weight(const std::vector<float>& dy, const
                                              const std::vector<int>& rows, int N, int K,
                                              const std::vector<float>* dw_init = nullptr);
 
+// PR-MoE's residual mix: c = softmax(logits + bias) per token, y = c0·y_moe + c1·y_mlp.
+void moe_residual_mix_forward(const std::vector<float>& y_moe, const std::vector<float>& y_mlp,
+                              const std::vector<float>& logits, const float bias[2], int tokens, int hidden,
+                              std::vector<double>& y, std::vector<double>& coef);
+// dy_moe = c0·dy, dy_mlp = c1·dy, dlogits [T,2]; `coef` as the forward wrote it.
+void moe_residual_mix_backward(const std::vector<float>& dy, const std::vector<float>& y_moe,
+                               const std::vector<float>& y_mlp, const std::vector<float>& coef, int tokens,
+                               int hidden, std::vector<double>& dy_moe, std::vector<double>& dy_mlp,
+                               std::vector<double>& dlogits);
+
 }  // namespace cutrain::ref

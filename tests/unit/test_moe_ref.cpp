@@ -182,7 +182,9 @@ TEST(MoeArgs, CapacityMatchesReferenceAndNamesBadInput) {
       for (int k : {1, 2})
         for (double cf : {0.5, 1.0, 1.25, 2.0})
           for (int mc : {0, 4})
-            if (k <= E) EXPECT_EQ(kernels::moe_capacity(T, E, k, cf, mc), ref::moe_capacity(T, E, k, cf, mc));
+            if (k <= E) {
+              EXPECT_EQ(kernels::moe_capacity(T, E, k, cf, mc), ref::moe_capacity(T, E, k, cf, mc));
+            }
   auto message = [](auto f) {
     try {
       f();
@@ -204,4 +206,35 @@ TEST(MoeArgs, CapacityMatchesReferenceAndNamesBadInput) {
   sh.capacity = 4;
   EXPECT_NE(message([&] { kernels::moe_gate_forward(nullptr, nullptr, sh, {}, nullptr); }).find("must be non-null"),
             std::string::npos);
+}
+
+TEST(MoeRef, ResidualMixBackwardMatchesFiniteDifferences) {
+  auto rng = test::fresh_rng();
+  const int T = 5, H = 7;
+  const auto ym = test::random_normal(T * H, rng), yr = test::random_normal(T * H, rng);
+  const auto b = test::random_normal(T * H, rng);
+  auto logits = test::random_normal(T * 2, rng);
+  const float bias[2] = {0.25f, -0.5f};
+  auto loss = [&](const std::vector<float>& l) {
+    std::vector<double> y, c;
+    ref::moe_residual_mix_forward(ym, yr, l, bias, T, H, y, c);
+    double v = 0;
+    for (int i = 0; i < T * H; ++i) v += b[i] * y[i];
+    return v;
+  };
+  std::vector<double> y, c, dm, dr, dl;
+  ref::moe_residual_mix_forward(ym, yr, logits, bias, T, H, y, c);
+  EXPECT_NEAR(c[0] + c[1], 1.0, 1e-15);
+  ref::moe_residual_mix_backward(b, ym, yr, std::vector<float>(c.begin(), c.end()), T, H, dm, dr, dl);
+  for (int i = 0; i < T * 2; ++i) {
+    auto lp = logits, lm = logits;
+    lp[i] += 1e-3f;
+    lm[i] -= 1e-3f;
+    const double fd = (loss(lp) - loss(lm)) / (double(lp[i]) - double(lm[i]));
+    EXPECT_NEAR(dl[i], fd, 1e-5 * (1 + std::abs(fd)));  // float coefficients: ~1e-7 relative
+  }
+  for (int i = 0; i < T * H; ++i) {
+    EXPECT_NEAR(dm[i], c[2 * (i / H)] * b[i], 1e-6);
+    EXPECT_NEAR(dr[i], c[2 * (i / H) + 1] * b[i], 1e-6);
+  }
 }
