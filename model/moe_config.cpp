@@ -36,7 +36,11 @@ MoeParamLayout moe_param_layout(const MoeConfig& c) {
   l.wg = 0;
   l.w1 = E * H;
   l.w2 = l.w1 + E * F * H;
-  l.total = l.w2 + E * H * F;
+  l.r1 = l.w2 + E * H * F;
+  l.r2 = l.r1 + (c.use_residual ? F * H : 0);
+  l.cw = l.r2 + (c.use_residual ? H * F : 0);
+  l.cb = l.cw + (c.use_residual ? 2 * H : 0);
+  l.total = l.cb + (c.use_residual ? 2 : 0);
   return l;
 }
 

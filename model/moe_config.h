@@ -16,6 +16,7 @@ struct MoeConfig {
   double eval_capacity_factor = 1.0;  // evaluation
   int min_capacity = 4;
   bool drop_tokens = true;
+  bool use_residual = false;  // PR-MoE: a dense MLP beside the experts, mixed by a learned 2-way softmax
 };
 
 // Errors (cutrain::Error) that name the field, what was expected and what was found: experts < 1,
@@ -30,9 +31,11 @@ int moe_layer_capacity(const MoeConfig& c, int tokens, bool train);
 
 // Parameters, bf16 or fp32 alike, in one buffer: the gate's wg [E, H] (bias-free, as DeepSpeed's
 // TopKGate), then every expert's fc1 weight [E, F, H] and fc2 weight [E, H, F] (bias-free Linear
-// layers). Offsets in elements.
+// layers); with use_residual then the dense MLP's fc1 [F, H] and fc2 [H, F] (the experts' shape)
+// and the mix's coefficient Linear(H, 2): weight [2, H], bias [2]. Offsets in elements (the
+// residual ones equal `total`'s value before them when absent).
 struct MoeParamLayout {
-  std::size_t wg = 0, w1 = 0, w2 = 0, total = 0;
+  std::size_t wg = 0, w1 = 0, w2 = 0, r1 = 0, r2 = 0, cw = 0, cb = 0, total = 0;
 };
 MoeParamLayout moe_param_layout(const MoeConfig& c);
 

@@ -12,6 +12,7 @@
 #include "kernels/moe_gate.cuh"
 #include "kernels/moe_grouped_gemm.cuh"
 #include "kernels/moe_permute.cuh"
+#include "kernels/moe_residual.cuh"
 #include "runtime/check.h"
 #include "runtime/nvtx.h"
 
@@ -37,6 +38,9 @@ struct MoeLayerGpu::Impl {
   Buffer logits, probs, expert, position, weight, offsets, ce, gate_ws;  // per token / expert
   Buffer xp, a1, h, o;                                                   // per permuted row
   Buffer dlogits, dweight, dout, dh;                                     // backward
+  // PR-MoE's residual branch: the MoE output, the MLP (pre-GELU, GELU, output), the mix's logits
+  // and coefficients; their gradients.
+  Buffer ym, ar, hr, yr, clog, coef, dym, dyr, dclog, dhr, bias_scratch;
   // The last forward.
   int T = 0, R = 0;
   std::vector<int> rows;
@@ -62,6 +66,19 @@ struct MoeLayerGpu::Impl {
     dweight = Buffer(alloc, T * K * 4);
     dout = Buffer(alloc, R * H * 2);
     dh = Buffer(alloc, R * F * 2);
+    if (c.use_residual) {
+      ym = Buffer(alloc, T * H * 2);
+      ar = Buffer(alloc, T * F * 2);
+      hr = Buffer(alloc, T * F * 2);
+      yr = Buffer(alloc, T * H * 2);
+      clog = Buffer(alloc, T * 2 * 4);
+      coef = Buffer(alloc, T * 2 * 4);
+      dym = Buffer(alloc, T * H * 2);
+      dyr = Buffer(alloc, T * H * 2);
+      dclog = Buffer(alloc, T * 2 * 2);
+      dhr = Buffer(alloc, T * F * 2);
+      bias_scratch = Buffer(alloc, std::max<std::size_t>(16, kernels::bias_grad_scratch_bytes(max_t, 2)));
+    }
   }
   ~Impl() {
     if (host_small) cudaFreeHost(host_small);
@@ -120,7 +137,17 @@ MoeForwardStats MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const b
   kernels::gelu_forward(s, m.a1.as<bf16>(), nullptr, nullptr, m.h.as<bf16>(), std::size_t(m.R), F,
                         kernels::GeluKind::Erf);
   m.grouped.forward(s, m.h.as<bf16>(), w2, m.o.as<bf16>(), m.rows.data(), E, H, F);
-  kernels::moe_unpermute(s, m.o.as<bf16>(), m.weight.as<float>(), rt, y, H);
+  bf16* y_moe = m.c.use_residual ? m.ym.as<bf16>() : y;
+  kernels::moe_unpermute(s, m.o.as<bf16>(), m.weight.as<float>(), rt, y_moe, H);
+  if (m.c.use_residual) {  // the dense MLP beside the experts, then the learned mix
+    m.gemm.forward(s, x, params + m.layout.r1, nullptr, m.ar.as<bf16>(), tokens, F, H);
+    kernels::gelu_forward(s, m.ar.as<bf16>(), nullptr, nullptr, m.hr.as<bf16>(), std::size_t(tokens), F,
+                          kernels::GeluKind::Erf);
+    m.gemm.forward(s, m.hr.as<bf16>(), params + m.layout.r2, nullptr, m.yr.as<bf16>(), tokens, H, F);
+    m.gemm.forward_fp32(s, x, params + m.layout.cw, m.clog.as<float>(), tokens, 2, H);
+    kernels::moe_residual_mix_forward(s, y_moe, m.yr.as<bf16>(), m.clog.as<float>(), params + m.layout.cb, y,
+                                      m.coef.as<float>(), tokens, H);
+  }
   return st;
 }
 
@@ -141,6 +168,12 @@ void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, co
   const auto rt = m.routing();
   bf16* dout = m.dout.as<bf16>();
   bf16* dh = m.dh.as<bf16>();
+  const bf16* dy_in = dy;
+  if (m.c.use_residual) {  // the MoE branch sees c0·dy
+    kernels::moe_residual_mix_backward(s, dy_in, m.ym.as<bf16>(), m.yr.as<bf16>(), m.coef.as<float>(),
+                                       m.dym.as<bf16>(), m.dyr.as<bf16>(), m.dclog.as<bf16>(), T, H);
+    dy = m.dym.as<bf16>();
+  }
 
   kernels::moe_unpermute_backward(s, dy, m.o.as<bf16>(), m.weight.as<float>(), rt, dout, m.dweight.as<float>(), H);
   m.grouped.grad_weight(s, dout, m.h.as<bf16>(), g + m.layout.w2 * es, grad_type, m.rows.data(), E, H, F, accumulate);
@@ -154,6 +187,17 @@ void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, co
                              m.dweight.as<float>(), m.ce.as<float>(), aux_grad, T, E, K, m.dlogits.as<bf16>());
   m.gemm.grad_input(s, m.dlogits.as<bf16>(), wg, dx, T, E, H, 1.f);
   m.gemm.grad_weight(s, m.dlogits.as<bf16>(), x, g + m.layout.wg * es, grad_type, T, E, H, accumulate);
+  if (!m.c.use_residual) return;
+  const bf16* dclog = m.dclog.as<bf16>();
+  m.gemm.grad_input(s, dclog, params + m.layout.cw, dx, T, 2, H, 1.f);
+  m.gemm.grad_weight(s, dclog, x, g + m.layout.cw * es, grad_type, T, 2, H, accumulate);
+  kernels::bias_grad(s, dclog, g + m.layout.cb * es, grad_type, T, 2, accumulate, m.bias_scratch.get());
+  bf16* dhr = m.dhr.as<bf16>();
+  m.gemm.grad_weight(s, m.dyr.as<bf16>(), m.hr.as<bf16>(), g + m.layout.r2 * es, grad_type, T, H, F, accumulate);
+  m.gemm.grad_input(s, m.dyr.as<bf16>(), params + m.layout.r2, dhr, T, H, F);
+  kernels::gelu_backward(s, dhr, m.ar.as<bf16>(), dhr, std::size_t(T) * F, kernels::GeluKind::Erf);
+  m.gemm.grad_weight(s, dhr, x, g + m.layout.r1 * es, grad_type, T, F, H, accumulate);
+  m.gemm.grad_input(s, dhr, params + m.layout.r1, dx, T, F, H, 1.f);
 }
 
 }  // namespace cutrain::model

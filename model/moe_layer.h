@@ -1,8 +1,9 @@
 // @brief The MoE layer on the GPU (DeepSpeed's deepspeed.moe.layer.MoE at ep_size 1, without
-// noise, random token selection or the residual variant): gate linear (fp32 logits) -> gate
-// (kernels/moe_gate) -> permutation into the expert-contiguous buffer -> each expert's fc1, GELU
-// (erf), fc2 as grouped GEMMs -> weighted un-permutation; and the backward of all of it, the aux
-// loss's gradient included. Checked against model/moe_reference.h.
+// noise or random token selection): gate linear (fp32 logits) -> gate (kernels/moe_gate) ->
+// permutation into the expert-contiguous buffer -> each expert's fc1, GELU (erf), fc2 as grouped
+// GEMMs -> weighted un-permutation; with use_residual (PR-MoE) a dense MLP beside it and the
+// learned 2-way mix (kernels/moe_residual); and the backward of all of it, the aux loss's gradient
+// included. Checked against model/moe_reference.h.
 //
 // The gate's per-expert row counts are copied to the host once per forward (the grouped GEMMs need
 // them there): the forward synchronizes its stream once and is not CUDA-graph capturable.

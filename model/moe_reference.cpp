@@ -115,12 +115,41 @@ double MoeReference::forward(const double* params, const double* x, int T, bool 
       if (row < 0) continue;
       for (int j = 0; j < H; ++j) y[std::size_t(s) * H + j] += weight_[std::size_t(s) * k + r] * o_[row * H + j];
     }
+  if (c_.use_residual) {  // y = c0·moe + c1·mlp, c = softmax(x·Wcᵀ + bc)
+    ym_.assign(y, y + std::size_t(T) * H);
+    ar_.assign(std::size_t(T) * F, 0);
+    hr_.assign(std::size_t(T) * F, 0);
+    yr_.assign(std::size_t(T) * H, 0);
+    coef_.assign(std::size_t(T) * 2, 0);
+    ref_ops::linear_fwd(x, params + layout_.r1, static_cast<const double*>(nullptr), ar_.data(), T, F, H);
+    for (std::size_t i = 0; i < hr_.size(); ++i) hr_[i] = ref_ops::gelu(ar_[i]);
+    ref_ops::linear_fwd(hr_.data(), params + layout_.r2, static_cast<const double*>(nullptr), yr_.data(), T, H, F);
+    ref_ops::linear_fwd(x, params + layout_.cw, params + layout_.cb, coef_.data(), T, 2, H);
+    for (int s = 0; s < T; ++s) {
+      const double c0 = 1 / (1 + std::exp(coef_[2 * s + 1] - coef_[2 * s]));
+      coef_[2 * s] = c0;
+      coef_[2 * s + 1] = 1 - c0;
+      for (int j = 0; j < H; ++j) {
+        const std::size_t i = std::size_t(s) * H + j;
+        y[i] = c0 * ym_[i] + (1 - c0) * yr_[i];
+      }
+    }
+  }
   return l_aux;
 }
 
-void MoeReference::backward(const double* params, const double* dy, double aux_grad, double* dx, double* dparams) {
+void MoeReference::backward(const double* params, const double* dy_in, double aux_grad, double* dx,
+                            double* dparams) {
   CUTRAIN_CHECK(T_ > 0, "MoeReference::backward: call forward first");
   const int T = T_, E = c_.experts, H = c_.hidden, F = c_.ffn, k = c_.k, R = offsets_[E];
+  // With the residual mix: the MoE branch sees c0·dy; the MLP and the coefficients come last.
+  std::vector<double> dy_moe;
+  const double* dy = dy_in;
+  if (c_.use_residual) {
+    dy_moe.resize(std::size_t(T) * H);
+    for (std::size_t i = 0; i < dy_moe.size(); ++i) dy_moe[i] = coef_[2 * (i / H)] * dy_in[i];
+    dy = dy_moe.data();
+  }
   const double* wg = params + layout_.wg;
   const double* w1 = params + layout_.w1;
   const double* w2 = params + layout_.w2;
@@ -172,6 +201,28 @@ void MoeReference::backward(const double* params, const double* dy, double aux_g
   }
   ref_ops::linear_bwd(x_.data(), wg, dlogits.data(), dx, true, dparams + layout_.wg, static_cast<double*>(nullptr), T,
                       E, H);
+  if (!c_.use_residual) return;
+  std::vector<double> dyr(std::size_t(T) * H), dc(std::size_t(T) * 2), dar(std::size_t(T) * F, 0);
+  for (int s = 0; s < T; ++s) {
+    const double c0 = coef_[2 * s], c1 = coef_[2 * s + 1];
+    double d0 = 0, d1 = 0;
+    for (int j = 0; j < H; ++j) {
+      const std::size_t i = std::size_t(s) * H + j;
+      dyr[i] = c1 * dy_in[i];
+      d0 += dy_in[i] * ym_[i];
+      d1 += dy_in[i] * yr_[i];
+    }
+    const double dot = c0 * d0 + c1 * d1;
+    dc[2 * s] = c0 * (d0 - dot);
+    dc[2 * s + 1] = c1 * (d1 - dot);
+  }
+  ref_ops::linear_bwd(x_.data(), params + layout_.cw, dc.data(), dx, true, dparams + layout_.cw, dparams + layout_.cb,
+                      T, 2, H);
+  ref_ops::linear_bwd(hr_.data(), params + layout_.r2, dyr.data(), dar.data(), false, dparams + layout_.r2,
+                      static_cast<double*>(nullptr), T, H, F);
+  for (std::size_t i = 0; i < dar.size(); ++i) dar[i] *= ref_ops::gelu_grad(ar_[i]);
+  ref_ops::linear_bwd(x_.data(), params + layout_.r1, dar.data(), dx, true, dparams + layout_.r1,
+                      static_cast<double*>(nullptr), T, F, H);
 }
 
 }  // namespace cutrain::model

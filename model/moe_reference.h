@@ -1,7 +1,8 @@
 // @brief The CPU reference of the MoE layer (model/moe_layer.h's GPU layer is checked against it):
 // gate linear, softmax, top-1 / top-2 routing with capacity and dropping (DeepSpeed's top1gating /
 // top2gating without noise), every expert's fc1 -> GELU (erf) -> fc2, the weighted combine, the
-// load-balancing loss; forward and backward in fp64, written token by token.
+// load-balancing loss; with use_residual PR-MoE's dense MLP beside it and the learned 2-way mix;
+// forward and backward in fp64, written token by token.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,7 @@ class MoeReference {
   MoeParamLayout layout_;
   int T_ = 0, capacity_ = 0, dropped_ = 0;
   std::vector<double> x_, logits_, probs_, weight_, ce_, a1_, h_, o_;
+  std::vector<double> ym_, ar_, hr_, yr_, coef_;  // the residual branch: MoE output, MLP, mix
   std::vector<int> expert_, position_, counts_, kept_, offsets_, row_token_, row_expert_;
   std::vector<std::int64_t> row_of_;  // [T,k], -1 dropped
 };

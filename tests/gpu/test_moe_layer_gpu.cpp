@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,7 @@ struct Case {
   int T, H, F, E, k;
   double cf;
   bool drop;
+  bool residual = false;
 };
 
 }  // namespace
@@ -53,14 +55,16 @@ TEST(MoeLayerGpu, MatchesReferenceWithGradients) {
   auto rng = test::fresh_rng();
   const std::vector<Case> cases = {{50, 32, 48, 4, 1, 1.0, true},  {64, 64, 128, 8, 2, 1.0, true},
                                    {33, 24, 40, 3, 2, 1.0, false}, {40, 20, 36, 5, 1, 0.5, true},
-                                   {100, 64, 64, 16, 2, 1.25, true}};
+                                   {100, 64, 64, 16, 2, 1.25, true}, {48, 32, 40, 4, 2, 1.0, true, true},
+                                   {37, 20, 24, 3, 1, 1.0, true, true}};
   CachingAllocator alloc(make_device_source());
   for (const Case& cs : cases) {
     SCOPED_TRACE("T=" + std::to_string(cs.T) + " H=" + std::to_string(cs.H) + " F=" + std::to_string(cs.F) +
-                 " E=" + std::to_string(cs.E) + " k=" + std::to_string(cs.k));
+                 " E=" + std::to_string(cs.E) + " k=" + std::to_string(cs.k) + (cs.residual ? " residual" : ""));
     MoeConfig c;
     c.hidden = cs.H, c.ffn = cs.F, c.experts = cs.E, c.k = cs.k, c.capacity_factor = cs.cf, c.drop_tokens = cs.drop;
     c.min_capacity = 4;
+    c.use_residual = cs.residual;
     const auto lay = model::moe_param_layout(c);
     const std::size_t TH = std::size_t(cs.T) * cs.H;
     model::MoeReference ref(c);
@@ -93,8 +97,27 @@ TEST(MoeLayerGpu, MatchesReferenceWithGradients) {
     const std::vector<double> pd(p.begin(), p.end()), dyd(dy.begin(), dy.end());
     ref.backward(pd.data(), dyd.data(), aux_grad, dx_ref.data(), g_ref.data());
     DeviceArray<bf16> ddy(test::to_bf16(dy)), dx(TH);
-    const char* names[3] = {"wg", "w1", "w2"};
-    const std::size_t at[3] = {lay.wg, lay.w1, lay.w2}, n[3] = {lay.w1 - lay.wg, lay.w2 - lay.w1, lay.total - lay.w2};
+    const char* names[7] = {"wg", "w1", "w2", "mlp fc1", "mlp fc2", "coef weight", "coef bias"};
+    const std::size_t at[7] = {lay.wg, lay.w1, lay.w2, lay.r1, lay.r2, lay.cw, lay.cb};
+    const std::size_t n[7] = {lay.w1 - lay.wg, lay.w2 - lay.w1, lay.r1 - lay.w2, lay.r2 - lay.r1,
+                              lay.cw - lay.r2, lay.cb - lay.cw, lay.total - lay.cb};
+    const int tensors = cs.residual ? 7 : 3;
+    // Each tensor by relative error; the coefficient bias (two sums over tokens of values of both
+    // signs, whose total may cancel) against the scale of the coefficient weight's gradient.
+    auto check_grads = [&](const std::vector<float>& got, const std::vector<double>& want, const std::string& tag) {
+      for (int t = 0; t < tensors; ++t) {
+        const auto g = slice(got, at[t], n[t]);
+        const auto w = slice(want, at[t], n[t]);
+        if (t < 6) {
+          EXPECT_LT(test::rel_error(g, w), kGradTol) << names[t] << tag;
+          continue;
+        }
+        double rms = 0;
+        for (std::size_t i = 0; i < n[5]; ++i) rms += want[at[5] + i] * want[at[5] + i];
+        rms = std::sqrt(rms / double(n[5]));
+        for (std::size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], w[i], kGradTol * rms) << names[t] << tag;
+      }
+    };
     {  // fp32 gradients, written then accumulated
       DeviceArray<float> g(lay.total);
       layer.backward(nullptr, dp.get(), dx_in.get(), ddy.get(), aux_grad, dx.get(), g.get(), DType::F32, false);
@@ -103,22 +126,19 @@ TEST(MoeLayerGpu, MatchesReferenceWithGradients) {
       EXPECT_LT(test::rel_error(dx_got, dx_ref), kGradTol) << "dx";
       const auto g_got = g.download();
       EXPECT_EQ(test::count_nan(g_got), 0u);
-      for (int t = 0; t < 3; ++t)
-        EXPECT_LT(test::rel_error(slice(g_got, at[t], n[t]), slice(g_ref, at[t], n[t])), kGradTol) << names[t];
+      check_grads(g_got, g_ref, "");
       layer.backward(nullptr, dp.get(), dx_in.get(), ddy.get(), aux_grad, dx.get(), g.get(), DType::F32, true);
       auto twice = g_ref;
       for (auto& v : twice) v *= 2;
       const auto g2 = g.download();
-      for (int t = 0; t < 3; ++t)
-        EXPECT_LT(test::rel_error(slice(g2, at[t], n[t]), slice(twice, at[t], n[t])), kGradTol) << names[t] << " x2";
+      check_grads(g2, twice, " (accumulated)");
     }
     {  // bf16 gradients
       DeviceArray<bf16> g(lay.total);
       layer.backward(nullptr, dp.get(), dx_in.get(), ddy.get(), aux_grad, dx.get(), g.get(), DType::BF16, false);
       const auto g_got = test::download_float(g);
       EXPECT_EQ(test::count_nan(g_got), 0u);
-      for (int t = 0; t < 3; ++t)
-        EXPECT_LT(test::rel_error(slice(g_got, at[t], n[t]), slice(g_ref, at[t], n[t])), kGradTol) << names[t];
+      check_grads(g_got, g_ref, " (bf16)");
     }
   }
 }

@@ -54,9 +54,11 @@ double loss_of(model::MoeReference& r, const std::vector<double>& p, const std::
 
 TEST(MoeLayerRef, GradientsMatchFiniteDifferences) {
   auto rng = test::fresh_rng();
-  for (int k : {1, 2}) {
+  for (int variant = 0; variant < 3; ++variant) {  // top-1, top-2, top-2 with the residual MLP (PR-MoE)
+    const int k = variant == 0 ? 1 : 2;
     MoeConfig c;
     c.hidden = 6, c.ffn = 5, c.experts = 4, c.k = k, c.capacity_factor = 0.75, c.min_capacity = 1;
+    c.use_residual = variant == 2;
     const int T = 10;
     const auto lay = model::moe_param_layout(c);
     model::MoeReference r(c);
