@@ -13,6 +13,7 @@
 #include <cfloat>
 #include <cmath>
 
+#include "kernels/common/counter_uniform.cuh"
 #include "kernels/common/reduce.cuh"
 #include "kernels/common/vec.cuh"
 #include "runtime/check.h"
@@ -63,7 +64,8 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
 
 template <int K>
 __global__ void __launch_bounds__(kThreads) gate_route_kernel(const float* __restrict__ logits, int T, int E,
-                                                               int chunks, float* __restrict__ probs,
+                                                               int chunks, MoeGateNoise noise,
+                                                               float* __restrict__ probs,
                                                                std::int32_t* __restrict__ expert, Workspace ws) {
   __shared__ int sel[K][kChunk];
   const int chunk = blockIdx.x, t0 = chunk * kChunk, n = min(kChunk, T - t0);
@@ -82,8 +84,9 @@ __global__ void __launch_bounds__(kThreads) gate_route_kernel(const float* __res
     for (int e = lane; e < E; e += 32) {
       const float p = expf(row[e] - mx) * inv;
       probs[s * E + e] = p;
-      if (p > best) {  // lanes visit e in increasing order: the first maximum stays
-        best = p;
+      const float key = noise.rsample ? row[e] + counter_gumbel(noise.seed, s * E + e) : p;
+      if (key > best) {  // lanes visit e in increasing order: the first maximum stays
+        best = key;
         best_e = e;
       }
     }
@@ -96,11 +99,13 @@ __global__ void __launch_bounds__(kThreads) gate_route_kernel(const float* __res
     if constexpr (K == 2) {
       float b2 = -INFINITY;
       int e2 = E;
-      for (int e = lane; e < E; e += 32)
-        if (e != best_e && row[e] > b2) {
-          b2 = row[e];
+      for (int e = lane; e < E; e += 32) {
+        const float key = noise.second_sampling ? row[e] + counter_gumbel(noise.seed, s * E + e) : row[e];
+        if (e != best_e && key > b2) {
+          b2 = key;
           e2 = e;
         }
+      }
       warp_argmax(b2, e2);
       if (e2 == E) e2 = best_e == 0 ? 1 : 0;  // all other logits -inf/NaN: the lowest other index
       if (lane == 0) {
@@ -288,8 +293,11 @@ void moe_gate_forward(cudaStream_t s, const float* logits, const MoeGateShape& s
   NvtxRange range("moe_gate_fwd");
   const int chunks = ceil_div(T, kChunk);
   const Workspace ws = carve(workspace, T, E, K);
-  if (K == 1) gate_route_kernel<1><<<chunks, kThreads, 0, s>>>(logits, T, E, chunks, out.probs, out.expert, ws);
-  else gate_route_kernel<2><<<chunks, kThreads, 0, s>>>(logits, T, E, chunks, out.probs, out.expert, ws);
+  CUTRAIN_CHECK(!shape.noise.rsample || K == 1, fn, ": RSample noise is top-1's (DeepSpeed ignores it under top-2)");
+  CUTRAIN_CHECK(!shape.noise.second_sampling || K == 2, fn, ": second-expert sampling needs k = 2");
+  if (K == 1)
+    gate_route_kernel<1><<<chunks, kThreads, 0, s>>>(logits, T, E, chunks, shape.noise, out.probs, out.expert, ws);
+  else gate_route_kernel<2><<<chunks, kThreads, 0, s>>>(logits, T, E, chunks, shape.noise, out.probs, out.expert, ws);
   CUTRAIN_LAUNCH_CHECK("gate_route_kernel");
   const int scan_threads = std::min(kMoeMaxExperts, ceil_div(E, 32) * 32);
   gate_scan_kernel<<<1, scan_threads, 0, s>>>(ws, T, E, K, chunks, shape.drop_tokens, shape.capacity, out);

@@ -5,7 +5,9 @@
 //
 // Semantics (T tokens, E experts, k routes per token, p = softmax(logits) in fp32):
 //  - route 0 of token s is argmax_e p[s,e]; route 1 (k = 2) is argmax of the logits with route 0's
-//    expert excluded. Ties go to the lowest expert index.
+//    expert excluded. Ties go to the lowest expert index. With noise (MoeGateNoise) the arg-maxes
+//    read logits + Gumbel(seed, s·E + e) instead (DeepSpeed's RSample for top-1's route 0 and
+//    top2_2nd_expert_sampling for top-2's route 1); p stays the clean softmax.
 //  - positions: route 0's tokens of expert e are numbered 0, 1, ... in token order; route 1's follow
 //    after all of e's route-0 tokens, again in token order. A route is kept when its position is
 //    below the capacity, otherwise dropped (position -1, weight 0). kept[e] = min(count[e], capacity).
@@ -31,10 +33,18 @@ constexpr int kMoeMaxExperts = 1024;  // one expert per thread of the gate's sca
 // ceil(k · tokens / experts · capacity_factor), at least min_capacity. Errors name bad arguments.
 int moe_capacity(int tokens, int experts, int k, double capacity_factor, int min_capacity);
 
+// Gumbel noise on the routing decisions (kernels/common/counter_uniform.cuh draws).
+struct MoeGateNoise {
+  bool rsample = false;          // route 0 of top-1 by argmax(logits + Gumbel)
+  bool second_sampling = false;  // route 1 of top-2 by argmax(logits + Gumbel) without route 0's expert
+  std::uint64_t seed = 0;
+};
+
 struct MoeGateShape {
   int tokens = 0, experts = 0, k = 1;
   bool drop_tokens = true;
   int capacity = 0;  // used with drop_tokens (> 0)
+  MoeGateNoise noise{};
 };
 
 // Device outputs of the forward. [T,k] arrays are row-major (token s, route r at s·k + r).

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/common/counter_uniform.cuh"
+
 namespace cutrain::ref {
 
 int moe_capacity(int tokens, int experts, int k, double capacity_factor, int min_capacity) {
@@ -14,7 +16,9 @@ int moe_capacity(int tokens, int experts, int k, double capacity_factor, int min
   return std::max(c, min_capacity);
 }
 
-MoeGateRef moe_gate_forward(const std::vector<float>& logits, int T, int E, int k, bool drop_tokens, int capacity) {
+MoeGateRef moe_gate_forward(const std::vector<float>& logits, int T, int E, int k, bool drop_tokens, int capacity,
+                            bool rsample, bool second_sampling, std::uint64_t seed) {
+  auto noisy = [&](int s, int e) { return logits[std::size_t(s) * E + e] + kernels::counter_gumbel(seed, std::uint64_t(s) * E + e); };
   MoeGateRef g;
   g.tokens = T, g.experts = E, g.k = k;
   g.probs.assign(std::size_t(T) * E, 0);
@@ -28,13 +32,18 @@ MoeGateRef moe_gate_forward(const std::vector<float>& logits, int T, int E, int 
     int best = 0;
     for (int e = 0; e < E; ++e) {
       g.probs[std::size_t(s) * E + e] = std::exp(double(l[e]) - mx) / sum;
-      if (g.probs[std::size_t(s) * E + e] > g.probs[std::size_t(s) * E + best]) best = e;  // first max wins
+      const bool better = rsample ? noisy(s, e) > noisy(s, best)
+                                  : g.probs[std::size_t(s) * E + e] > g.probs[std::size_t(s) * E + best];
+      if (better) best = e;  // the first maximum wins
     }
     g.expert[std::size_t(s) * k] = best;
     if (k == 2) {
       int second = -1;
-      for (int e = 0; e < E; ++e)
-        if (e != best && (second < 0 || l[e] > l[second])) second = e;
+      for (int e = 0; e < E; ++e) {
+        if (e == best) continue;
+        const bool better = second < 0 || (second_sampling ? noisy(s, e) > noisy(s, second) : l[e] > l[second]);
+        if (better) second = e;
+      }
       g.expert[std::size_t(s) * 2 + 1] = second;
     }
   }

@@ -238,3 +238,36 @@ TEST(MoeRef, ResidualMixBackwardMatchesFiniteDifferences) {
     EXPECT_NEAR(dr[i], c[2 * (i / H) + 1] * b[i], 1e-6);
   }
 }
+
+// Gumbel-max: with RSample, route 0 is a draw from softmax(logits) (the counter-based draws are
+// uniform and independent enough for it), while the weights stay the clean probabilities.
+TEST(MoeRef, RSampleRoutesByTheGumbelMaxTrick) {
+  const int T = 40000, E = 4;
+  const float row[E] = {0.f, std::log(2.f), std::log(3.f), std::log(4.f)};  // p = 0.1, 0.2, 0.3, 0.4
+  std::vector<float> logits(std::size_t(T) * E);
+  for (int s = 0; s < T; ++s)
+    for (int e = 0; e < E; ++e) logits[std::size_t(s) * E + e] = row[e];
+  const auto g = ref::moe_gate_forward(logits, T, E, 1, false, 0, true, false, 12345);
+  for (int e = 0; e < E; ++e) {
+    const double p = (e + 1) / 10.0, f = double(g.expert_counts[e]) / T;
+    EXPECT_NEAR(f, p, 4 * std::sqrt(p * (1 - p) / T)) << "expert " << e;
+  }
+  EXPECT_NEAR(g.probs[0], 0.1, 1e-6);
+  // Another seed routes differently; the same seed identically.
+  const auto h = ref::moe_gate_forward(logits, T, E, 1, false, 0, true, false, 999);
+  const auto g2 = ref::moe_gate_forward(logits, T, E, 1, false, 0, true, false, 12345);
+  EXPECT_NE(g.expert, h.expert);
+  EXPECT_EQ(g.expert, g2.expert);
+  // Second-expert sampling under top-2: route 0 stays the argmax, route 1 is sampled among the rest.
+  const auto t2 = ref::moe_gate_forward(logits, T, E, 2, false, 0, false, true, 7);
+  std::vector<int> second(E, 0);
+  for (int s = 0; s < T; ++s) {
+    EXPECT_EQ(t2.expert[std::size_t(s) * 2], 3);
+    ++second[t2.expert[std::size_t(s) * 2 + 1]];
+  }
+  EXPECT_EQ(second[3], 0);
+  for (int e = 0; e < 3; ++e) {
+    const double p = (e + 1) / 6.0, f = double(second[e]) / T;
+    EXPECT_NEAR(f, p, 4 * std::sqrt(p * (1 - p) / T)) << "second expert " << e;
+  }
+}
