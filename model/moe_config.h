@@ -3,9 +3,14 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace cutrain::model {
+
+// DeepSpeed's noisy_gate_policy, applied in training only: Jitter multiplies the gate's input by
+// U(1 - 0.01, 1 + 0.01) per element; RSample routes top-1 by argmax(logits + Gumbel).
+enum class MoeNoisyGate { None, Jitter, RSample };
 
 struct MoeConfig {
   int hidden = 0;   // model dim (DeepSpeed: hidden_size)
@@ -17,11 +22,22 @@ struct MoeConfig {
   int min_capacity = 4;
   bool drop_tokens = true;
   bool use_residual = false;  // PR-MoE: a dense MLP beside the experts, mixed by a learned 2-way softmax
+  MoeNoisyGate noisy_gate_policy = MoeNoisyGate::None;
+  // Top-2's second expert by argmax(logits + Gumbel) over the others (DeepSpeed's default is true;
+  // here false, the deterministic routing). Applied in training and evaluation, as DeepSpeed does.
+  bool top2_2nd_expert_sampling = false;
 };
+
+constexpr float kMoeJitterEps = 0.01f;  // DeepSpeed's multiplicative_jitter epsilon
+
+// The noise streams of one forward, from its seed: the gate's Gumbel draws and the jitter's.
+inline std::uint64_t moe_gumbel_seed(std::uint64_t seed) { return seed; }
+inline std::uint64_t moe_jitter_seed(std::uint64_t seed) { return seed ^ 0x6a09e667f3bcc909ULL; }
 
 // Errors (cutrain::Error) that name the field, what was expected and what was found: experts < 1,
 // k not 1 or 2, k > experts, a capacity factor <= 0 (or not finite), min_capacity < 0, hidden or
-// ffn < 1, and (with tokens > 0) fewer tokens than min_capacity under top-1, as DeepSpeed asserts.
+// ffn < 1, and (with tokens > 0) fewer tokens than min_capacity under top-1, as DeepSpeed asserts;
+// RSample with k = 2 (DeepSpeed's top-2 silently ignores it; here it is an error).
 // `where` prefixes the messages (e.g. the config file or the layer's name).
 void validate(const MoeConfig& c, int tokens = 0, const std::string& where = "MoE layer");
 

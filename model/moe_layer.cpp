@@ -11,6 +11,7 @@
 #include "kernels/gemm.cuh"
 #include "kernels/moe_gate.cuh"
 #include "kernels/moe_grouped_gemm.cuh"
+#include "kernels/moe_jitter.cuh"
 #include "kernels/moe_permute.cuh"
 #include "kernels/moe_residual.cuh"
 #include "runtime/check.h"
@@ -41,9 +42,13 @@ struct MoeLayerGpu::Impl {
   // PR-MoE's residual branch: the MoE output, the MLP (pre-GELU, GELU, output), the mix's logits
   // and coefficients; their gradients.
   Buffer ym, ar, hr, yr, clog, coef, dym, dyr, dclog, dhr, bias_scratch;
+  // Jitter: the gate's jittered input and its input gradient before the jitter.
+  Buffer xj, dxg;
   // The last forward.
   int T = 0, R = 0;
   std::vector<int> rows;
+  bool jitter = false;
+  std::uint64_t seed = 0;
 
   Impl(const MoeConfig& cfg, int max_t, CachingAllocator& alloc)
       : c(cfg), layout(moe_param_layout(cfg)), max_tokens(max_t), gemm(&alloc), grouped(cfg.experts) {
@@ -66,6 +71,10 @@ struct MoeLayerGpu::Impl {
     dweight = Buffer(alloc, T * K * 4);
     dout = Buffer(alloc, R * H * 2);
     dh = Buffer(alloc, R * F * 2);
+    if (c.noisy_gate_policy == MoeNoisyGate::Jitter) {
+      xj = Buffer(alloc, T * H * 2);
+      dxg = Buffer(alloc, T * H * 2);
+    }
     if (c.use_residual) {
       ym = Buffer(alloc, T * H * 2);
       ar = Buffer(alloc, T * F * 2);
@@ -100,7 +109,7 @@ MoeLayerGpu::~MoeLayerGpu() = default;
 const MoeConfig& MoeLayerGpu::config() const { return impl_->c; }
 
 MoeForwardStats MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const bf16* x, bf16* y, int tokens,
-                                     bool train) {
+                                     bool train, std::uint64_t seed) {
   Impl& m = *impl_;
   validate(m.c, tokens);
   CUTRAIN_CHECK(tokens <= m.max_tokens, "MoE layer: ", tokens, " tokens is more than max_tokens = ", m.max_tokens);
@@ -112,13 +121,23 @@ MoeForwardStats MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const b
   const bf16* w1 = params + m.layout.w1;
   const bf16* w2 = params + m.layout.w2;
 
-  m.gemm.forward_fp32(s, x, wg, m.logits.as<float>(), tokens, E, H);
+  m.jitter = train && m.c.noisy_gate_policy == MoeNoisyGate::Jitter;
+  m.seed = seed;
+  const bf16* gate_in = x;
+  if (m.jitter) {
+    kernels::moe_jitter_forward(s, x, m.xj.as<bf16>(), std::size_t(tokens) * H, kMoeJitterEps, moe_jitter_seed(seed));
+    gate_in = m.xj.as<bf16>();
+  }
+  m.gemm.forward_fp32(s, gate_in, wg, m.logits.as<float>(), tokens, E, H);
   std::int32_t* small = m.small.as<std::int32_t>();
   kernels::MoeGateOutputs out{m.probs.as<float>(), m.expert.as<std::int32_t>(), m.position.as<std::int32_t>(),
                               m.weight.as<float>(), small + E, small, m.offsets.as<std::int32_t>(),
                               m.ce.as<float>(), reinterpret_cast<float*>(small + 2 * E + 2), small + 2 * E};
-  const int cap = m.c.drop_tokens ? moe_layer_capacity(m.c, tokens, train) : 0;
-  kernels::moe_gate_forward(s, m.logits.as<float>(), {tokens, E, K, m.c.drop_tokens, cap}, out, m.gate_ws.get());
+  kernels::MoeGateShape shape{tokens, E, K, m.c.drop_tokens, m.c.drop_tokens ? moe_layer_capacity(m.c, tokens, train) : 0};
+  shape.noise.rsample = train && m.c.noisy_gate_policy == MoeNoisyGate::RSample;
+  shape.noise.second_sampling = m.c.top2_2nd_expert_sampling && K == 2;
+  shape.noise.seed = moe_gumbel_seed(seed);
+  kernels::moe_gate_forward(s, m.logits.as<float>(), shape, out, m.gate_ws.get());
   CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(m.host_small, small, (2 * E + 3) * 4, cudaMemcpyDeviceToHost, s));
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
 
@@ -185,8 +204,15 @@ void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, co
   kernels::moe_permute_backward(s, dxp, rt, dx, H, false);
   kernels::moe_gate_backward(s, m.probs.as<float>(), m.expert.as<std::int32_t>(), m.position.as<std::int32_t>(),
                              m.dweight.as<float>(), m.ce.as<float>(), aux_grad, T, E, K, m.dlogits.as<bf16>());
-  m.gemm.grad_input(s, m.dlogits.as<bf16>(), wg, dx, T, E, H, 1.f);
-  m.gemm.grad_weight(s, m.dlogits.as<bf16>(), x, g + m.layout.wg * es, grad_type, T, E, H, accumulate);
+  if (m.jitter) {  // logits = (x ⊙ u)·Wgᵀ
+    m.gemm.grad_input(s, m.dlogits.as<bf16>(), wg, m.dxg.as<bf16>(), T, E, H);
+    kernels::moe_jitter_backward(s, m.dxg.as<bf16>(), dx, std::size_t(T) * H, kMoeJitterEps, moe_jitter_seed(m.seed));
+    m.gemm.grad_weight(s, m.dlogits.as<bf16>(), m.xj.as<bf16>(), g + m.layout.wg * es, grad_type, T, E, H,
+                       accumulate);
+  } else {
+    m.gemm.grad_input(s, m.dlogits.as<bf16>(), wg, dx, T, E, H, 1.f);
+    m.gemm.grad_weight(s, m.dlogits.as<bf16>(), x, g + m.layout.wg * es, grad_type, T, E, H, accumulate);
+  }
   if (!m.c.use_residual) return;
   const bf16* dclog = m.dclog.as<bf16>();
   m.gemm.grad_input(s, dclog, params + m.layout.cw, dx, T, 2, H, 1.f);

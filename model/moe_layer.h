@@ -1,5 +1,5 @@
 // @brief The MoE layer on the GPU (DeepSpeed's deepspeed.moe.layer.MoE at ep_size 1, without
-// noise or random token selection): gate linear (fp32 logits) -> gate (kernels/moe_gate) ->
+// random token selection): [gate input jitter ->] gate linear (fp32 logits) -> gate (kernels/moe_gate) ->
 // permutation into the expert-contiguous buffer -> each expert's fc1, GELU (erf), fc2 as grouped
 // GEMMs -> weighted un-permutation; with use_residual (PR-MoE) a dense MLP beside it and the
 // learned 2-way mix (kernels/moe_residual); and the backward of all of it, the aux loss's gradient
@@ -42,8 +42,11 @@ class MoeLayerGpu {
   MoeLayerGpu& operator=(const MoeLayerGpu&) = delete;
 
   // y[T,H] from x[T,H] (bf16); params bf16 at moe_param_layout. `train` picks capacity_factor or
-  // eval_capacity_factor. x and params must stay unchanged until backward.
-  MoeForwardStats forward(cudaStream_t s, const bf16* params, const bf16* x, bf16* y, int tokens, bool train);
+  // eval_capacity_factor (and enables noisy_gate_policy). `seed` draws the gate's noise (a
+  // function of the step keeps a resumed run's routing). x and params must stay unchanged until
+  // backward.
+  MoeForwardStats forward(cudaStream_t s, const bf16* params, const bf16* x, bf16* y, int tokens, bool train,
+                          std::uint64_t seed = 0);
 
   // After forward: dx[T,H] written; grads of `grad_type` (bf16 or fp32) at moe_param_layout,
   // written or (accumulate) added to. aux_grad = d loss / d l_aux (DeepSpeed: the moe loss coeff).

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/common/counter_uniform.cuh"
 #include "model/reference_ops.h"
 #include "runtime/error.h"
 
@@ -13,7 +14,14 @@ namespace cutrain::model {
 
 MoeReference::MoeReference(const MoeConfig& c) : c_(c), layout_(moe_param_layout(c)) { validate(c); }
 
-double MoeReference::forward(const double* params, const double* x, int T, bool train, double* y) {
+namespace {
+double jitter_factor(std::uint64_t seed, std::size_t i) {
+  return 1.0 - kMoeJitterEps + 2.0 * kMoeJitterEps * kernels::counter_uniform(moe_jitter_seed(seed), i);
+}
+}  // namespace
+
+double MoeReference::forward(const double* params, const double* x, int T, bool train, double* y,
+                             std::uint64_t seed) {
   validate(c_, T);
   const int E = c_.experts, H = c_.hidden, F = c_.ffn, k = c_.k;
   T_ = T;
@@ -21,8 +29,19 @@ double MoeReference::forward(const double* params, const double* x, int T, bool 
   const double* wg = params + layout_.wg;
   const double* w1 = params + layout_.w1;
   const double* w2 = params + layout_.w2;
+  jitter_ = train && c_.noisy_gate_policy == MoeNoisyGate::Jitter;
+  seed_ = seed;
+  xg_ = x_;
+  if (jitter_)
+    for (std::size_t i = 0; i < xg_.size(); ++i) xg_[i] *= jitter_factor(seed, i);
   logits_.assign(std::size_t(T) * E, 0);
-  ref_ops::linear_fwd(x, wg, static_cast<const double*>(nullptr), logits_.data(), T, E, H);
+  ref_ops::linear_fwd(xg_.data(), wg, static_cast<const double*>(nullptr), logits_.data(), T, E, H);
+  const bool rsample = train && c_.noisy_gate_policy == MoeNoisyGate::RSample;
+  const bool second_sampling = c_.top2_2nd_expert_sampling && k == 2;
+  auto noisy = [&](int s, int e) {
+    return logits_[std::size_t(s) * E + e] + kernels::counter_gumbel(moe_gumbel_seed(seed), std::uint64_t(s) * E + e);
+  };
+  gap_ = std::numeric_limits<double>::infinity();
 
   // Softmax and the routes: route 0 the first largest probability, route 1 the first largest
   // other logit.
@@ -34,18 +53,23 @@ double MoeReference::forward(const double* params, const double* x, int T, bool 
     const double mx = *std::max_element(l, l + E);
     double sum = 0;
     for (int e = 0; e < E; ++e) sum += std::exp(l[e] - mx);
-    int best = 0;
-    for (int e = 0; e < E; ++e) {
-      p[e] = std::exp(l[e] - mx) / sum;
-      if (p[e] > p[best]) best = e;
-    }
-    expert_[std::size_t(s) * k] = best;
-    if (k == 2) {
-      int second = -1;
+    for (int e = 0; e < E; ++e) p[e] = std::exp(l[e] - mx) / sum;
+    // The keys each route's arg-max reads (route 0: p, i.e. the logits' order, or logit + Gumbel).
+    auto pick = [&](bool use_noise, int skip) {
+      auto sel = [&](int e) { return use_noise ? noisy(s, e) : (skip < 0 ? p[e] : l[e]); };
+      auto margin = [&](int e) { return use_noise ? noisy(s, e) : l[e]; };  // p's order in logit units
+      int best = -1;
       for (int e = 0; e < E; ++e)
-        if (e != best && (second < 0 || l[e] > l[second])) second = e;
-      expert_[std::size_t(s) * 2 + 1] = second;
-    }
+        if (e != skip && (best < 0 || sel(e) > sel(best))) best = e;  // the first maximum wins
+      double next = -std::numeric_limits<double>::infinity();
+      for (int e = 0; e < E; ++e)
+        if (e != skip && e != best) next = std::max(next, margin(e));
+      gap_ = std::min(gap_, margin(best) - next);
+      return best;
+    };
+    const int best = pick(rsample, -1);
+    expert_[std::size_t(s) * k] = best;
+    if (k == 2) expert_[std::size_t(s) * 2 + 1] = pick(second_sampling, best);
   }
   // Positions in token order, route 1 after all of route 0; capacity; dropping.
   counts_.assign(E, 0);
@@ -199,8 +223,15 @@ void MoeReference::backward(const double* params, const double* dy_in, double au
     for (int e = 0; e < E; ++e) dot += p[e] * dp[e];
     for (int e = 0; e < E; ++e) dlogits[std::size_t(s) * E + e] = p[e] * (dp[e] - dot);
   }
-  ref_ops::linear_bwd(x_.data(), wg, dlogits.data(), dx, true, dparams + layout_.wg, static_cast<double*>(nullptr), T,
-                      E, H);
+  if (jitter_) {  // logits = (x ⊙ u)·Wgᵀ: dWg from the jittered input, dx through u
+    std::vector<double> dxg(std::size_t(T) * H, 0.0);
+    ref_ops::linear_bwd(xg_.data(), wg, dlogits.data(), dxg.data(), false, dparams + layout_.wg,
+                        static_cast<double*>(nullptr), T, E, H);
+    for (std::size_t i = 0; i < dxg.size(); ++i) dx[i] += dxg[i] * jitter_factor(seed_, i);
+  } else {
+    ref_ops::linear_bwd(x_.data(), wg, dlogits.data(), dx, true, dparams + layout_.wg, static_cast<double*>(nullptr),
+                        T, E, H);
+  }
   if (!c_.use_residual) return;
   std::vector<double> dyr(std::size_t(T) * H), dc(std::size_t(T) * 2), dar(std::size_t(T) * F, 0);
   for (int s = 0; s < T; ++s) {

@@ -17,7 +17,9 @@ class MoeReference {
   explicit MoeReference(const MoeConfig& c);
 
   // y[T,H] from x[T,H] and params (moe_param_layout). Returns l_aux. Keeps what backward needs.
-  double forward(const double* params, const double* x, int tokens, bool train, double* y);
+  // `seed` draws the noise of noisy_gate_policy / top2_2nd_expert_sampling (moe_config.h's streams,
+  // the GPU layer's draws; the jittered gate input stays fp64 here, the GPU rounds it to bf16).
+  double forward(const double* params, const double* x, int tokens, bool train, double* y, std::uint64_t seed = 0);
   // After forward: dx[T,H] written; dparams (moe_param_layout) accumulated. aux_grad = d loss / d l_aux.
   void backward(const double* params, const double* dy, double aux_grad, double* dx, double* dparams);
 
@@ -28,11 +30,18 @@ class MoeReference {
   const std::vector<int>& expert() const { return expert_; }      // [T,k]
   const std::vector<int>& position() const { return position_; }  // [T,k], -1 dropped
   const std::vector<double>& logits() const { return logits_; }   // [T,E]
+  // The smallest margin, over tokens and routes, between the chosen key (logit, or logit + Gumbel
+  // with noise) and the next: what fp32 on the GPU must not reorder.
+  double routing_gap() const { return gap_; }
 
  private:
   MoeConfig c_;
   MoeParamLayout layout_;
   int T_ = 0, capacity_ = 0, dropped_ = 0;
+  double gap_ = 0;
+  bool jitter_ = false;
+  std::uint64_t seed_ = 0;
+  std::vector<double> xg_;  // the gate's input (x, or x jittered)
   std::vector<double> x_, logits_, probs_, weight_, ce_, a1_, h_, o_;
   std::vector<double> ym_, ar_, hr_, yr_, coef_;  // the residual branch: MoE output, MLP, mix
   std::vector<int> expert_, position_, counts_, kept_, offsets_, row_token_, row_expert_;

@@ -13,6 +13,7 @@
 
 #include "kernels/moe_gate.cuh"
 #include "kernels/moe_grouped_gemm.cuh"
+#include "kernels/moe_jitter.cuh"
 #include "kernels/moe_permute.cuh"
 #include "kernels/moe_residual.cuh"
 #include "tests/reference/moe_ref.h"
@@ -312,6 +313,34 @@ TEST(MoeResidualGpu, MixMatchesReference) {
     const auto got_dl = test::download_float(dlog);
     EXPECT_EQ(test::count_nan(got_dl), 0u);
     EXPECT_LT(test::rel_error(got_dl, want_dl), kBf16Tol);
+  }
+}
+
+TEST(MoeJitterGpu, MatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (std::size_t n : {std::size_t(1), std::size_t(1000), std::size_t(8192) * 64 + 3}) {
+    const std::uint64_t seed = rng();
+    const float eps = 0.5f;  // large enough that a wrong draw cannot hide under bf16 rounding
+    const auto x = test::round_bf16(test::random_normal(n, rng)), g = test::round_bf16(test::random_normal(n, rng));
+    const auto d0 = test::round_bf16(test::random_normal(n, rng));
+    DeviceArray<bf16> dx_(test::to_bf16(x)), xj(n), dg(test::to_bf16(g)), dd(test::to_bf16(d0));
+    kernels::moe_jitter_forward(nullptr, dx_.get(), xj.get(), n, eps, seed);
+    kernels::moe_jitter_backward(nullptr, dg.get(), dd.get(), n, eps, seed);
+    std::vector<double> want_xj(n), want_dx(n);
+    double lo = 2, hi = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double u = ref::moe_jitter_factor(eps, seed, i);
+      lo = std::min(lo, u), hi = std::max(hi, u);
+      want_xj[i] = x[i] * u;
+      want_dx[i] = d0[i] + g[i] * u;
+    }
+    EXPECT_GE(lo, 1 - eps);
+    EXPECT_LE(hi, 1 + eps);
+    const auto got = test::download_float(xj);
+    EXPECT_EQ(test::count_nan(got), 0u);
+    EXPECT_LT(test::rel_error(got, want_xj), kBf16Tol);
+    EXPECT_LT(test::rel_error(test::download_float(dd), want_dx), kBf16Tol);
   }
 }
 

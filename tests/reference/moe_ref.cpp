@@ -237,6 +237,10 @@ std::vector<double> grouped_gemm_grad_weight(const std::vector<float>& dy, const
   return dw;
 }
 
+double moe_jitter_factor(float eps, std::uint64_t seed, std::uint64_t i) {
+  return 1.0 - eps + 2.0 * eps * kernels::counter_uniform(seed, i);
+}
+
 void moe_residual_mix_forward(const std::vector<float>& y_moe, const std::vector<float>& y_mlp,
                               const std::vector<float>& logits, const float bias[2], int T, int H,
                               std::vector<double>& y, std::vector<double>& coef) {

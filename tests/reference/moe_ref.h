@@ -55,6 +55,9 @@ std::vector<double> grouped_gemm_grad_weight(const std::vector<float>& dy, const
                                              const std::vector<int>& rows, int N, int K,
                                              const std::vector<float>* dw_init = nullptr);
 
+// The jitter factor of element i (kernels/moe_jitter.cuh): 1 - eps + 2·eps·counter_uniform(seed, i).
+double moe_jitter_factor(float eps, std::uint64_t seed, std::uint64_t i);
+
 // PR-MoE's residual mix: c = softmax(logits + bias) per token, y = c0·y_moe + c1·y_mlp.
 void moe_residual_mix_forward(const std::vector<float>& y_moe, const std::vector<float>& y_mlp,
                               const std::vector<float>& logits, const float bias[2], int tokens, int hidden,

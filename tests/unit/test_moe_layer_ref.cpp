@@ -24,27 +24,15 @@ std::vector<double> normal(std::size_t n, std::mt19937_64& rng, double sd) {
   return {f.begin(), f.end()};
 }
 
-// The smallest gap between a token's chosen logits and the next: finite differences of size h must
-// not reorder them.
-double routing_gap(const model::MoeReference& r, int T, int E, int k) {
-  double gap = 1e9;
-  for (int s = 0; s < T; ++s) {
-    std::vector<double> l(r.logits().begin() + s * E, r.logits().begin() + (s + 1) * E);
-    std::sort(l.rbegin(), l.rend());
-    for (int j = 0; j < std::min(k, E - 1); ++j) gap = std::min(gap, l[j] - l[j + 1]);
-  }
-  return gap;
-}
-
 struct Loss {
   std::vector<double> c;  // loss = Σ c·y + a·l_aux
   double a;
 };
 
 double loss_of(model::MoeReference& r, const std::vector<double>& p, const std::vector<double>& x, int T,
-               const Loss& L) {
+               const Loss& L, std::uint64_t seed) {
   std::vector<double> y(x.size());
-  const double l_aux = r.forward(p.data(), x.data(), T, true, y.data());
+  const double l_aux = r.forward(p.data(), x.data(), T, true, y.data(), seed);
   double l = L.a * l_aux;
   for (std::size_t i = 0; i < y.size(); ++i) l += L.c[i] * y[i];
   return l;
@@ -54,11 +42,15 @@ double loss_of(model::MoeReference& r, const std::vector<double>& p, const std::
 
 TEST(MoeLayerRef, GradientsMatchFiniteDifferences) {
   auto rng = test::fresh_rng();
-  for (int variant = 0; variant < 3; ++variant) {  // top-1, top-2, top-2 with the residual MLP (PR-MoE)
-    const int k = variant == 0 ? 1 : 2;
+  // top-1, top-2, top-2 with the residual MLP (PR-MoE), top-1 RSample, top-2 Jitter + 2nd-expert sampling
+  for (int variant = 0; variant < 5; ++variant) {
+    const int k = variant == 0 || variant == 3 ? 1 : 2;
     MoeConfig c;
     c.hidden = 6, c.ffn = 5, c.experts = 4, c.k = k, c.capacity_factor = 0.75, c.min_capacity = 1;
     c.use_residual = variant == 2;
+    if (variant == 3) c.noisy_gate_policy = model::MoeNoisyGate::RSample;
+    if (variant == 4) c.noisy_gate_policy = model::MoeNoisyGate::Jitter, c.top2_2nd_expert_sampling = true;
+    const std::uint64_t seed = rng();
     const int T = 10;
     const auto lay = model::moe_param_layout(c);
     model::MoeReference r(c);
@@ -68,25 +60,25 @@ TEST(MoeLayerRef, GradientsMatchFiniteDifferences) {
       p = normal(lay.total, rng, 0.5);
       x = normal(std::size_t(T) * c.hidden, rng, 1.0);
       std::vector<double> y(x.size());
-      r.forward(p.data(), x.data(), T, true, y.data());
-      if (routing_gap(r, T, c.experts, k) > 1e-3 && r.dropped() > 0) break;
+      r.forward(p.data(), x.data(), T, true, y.data(), seed);
+      if (r.routing_gap() > 1e-3 && r.dropped() > 0) break;
     }
     const Loss L{normal(x.size(), rng, 1.0), 0.3};
-    loss_of(r, p, x, T, L);
+    loss_of(r, p, x, T, L, seed);
     std::vector<double> dx(x.size()), dp(lay.total, 0.0);
     r.backward(p.data(), L.c.data(), L.a, dx.data(), dp.data());
     const double h = 1e-6;
     auto fd = [&](std::vector<double>& v, std::size_t i) {
       const double v0 = v[i];
       v[i] = v0 + h;
-      const double lp = loss_of(r, p, x, T, L);
+      const double lp = loss_of(r, p, x, T, L, seed);
       v[i] = v0 - h;
-      const double lm = loss_of(r, p, x, T, L);
+      const double lm = loss_of(r, p, x, T, L, seed);
       v[i] = v0;
       return (lp - lm) / (2 * h);
     };
-    for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(dx[i], fd(x, i), 1e-6) << "k=" << k << " dx " << i;
-    for (std::size_t i = 0; i < lay.total; ++i) EXPECT_NEAR(dp[i], fd(p, i), 1e-6) << "k=" << k << " dparam " << i;
+    for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(dx[i], fd(x, i), 1e-6) << "variant " << variant << " dx " << i;
+    for (std::size_t i = 0; i < lay.total; ++i) EXPECT_NEAR(dp[i], fd(p, i), 1e-6) << "variant " << variant << " dparam " << i;
   }
 }
 
@@ -140,4 +132,7 @@ TEST(MoeLayerRef, BadConfigurationsAreNamed) {
             std::string::npos);
   EXPECT_NE(message(ok, 3).find("needs at least min_capacity = 4 tokens"), std::string::npos);
   EXPECT_NE(message(with([](MoeConfig& c) { c.hidden = 0; }), 0).find("moe.json: hidden must be"), std::string::npos);
+  EXPECT_NE(message(with([](MoeConfig& c) { c.k = 2, c.noisy_gate_policy = model::MoeNoisyGate::RSample; }), 0)
+                .find("RSample routes top-1 only"),
+            std::string::npos);
 }
