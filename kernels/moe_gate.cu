@@ -29,12 +29,13 @@ constexpr int kWarps = kThreads / 32;
 std::size_t align16(std::size_t b) { return (b + 15) & ~std::size_t(15); }
 
 // The workspace: chunk counts and chunk bases [k][chunks][E], chunk probability sums [chunks][E],
-// ranks [T,k].
+// ranks [T,k], the random token selection's key thresholds [E].
 struct Workspace {
   std::int32_t* counts;
   std::int32_t* base;
   float* psum;
   std::int32_t* rank;
+  std::uint64_t* thresh;
 };
 Workspace carve(void* ws, int tokens, int experts, int k) {
   const std::size_t chunks = ceil_div(tokens, kChunk);
@@ -47,6 +48,8 @@ Workspace carve(void* ws, int tokens, int experts, int k) {
   w.psum = reinterpret_cast<float*>(p);
   p += align16(sizeof(float) * chunks * experts);
   w.rank = reinterpret_cast<std::int32_t*>(p);
+  p += align16(sizeof(std::int32_t) * std::size_t(tokens) * k);
+  w.thresh = reinterpret_cast<std::uint64_t*>(p);
   return w;
 }
 
@@ -181,6 +184,91 @@ __global__ void gate_scan_kernel(Workspace ws, int T, int E, int K, int chunks, 
   out.stats[1] = dropped;
 }
 
+// ---- random token selection (top-1): the capacity-th largest key of each expert over capacity,
+// by an MSB-first radix select over the 56-bit keys (8 bits a pass, integer histogram), then the
+// chunk counts, ranks and bases of the kept tokens only ----
+
+constexpr int kRtsThreads = 256;
+constexpr int kRtsKeyBits = 56;  // moe_rts_key: 24 draw bits above 32 index bits
+
+__global__ void __launch_bounds__(kRtsThreads) rts_select_kernel(const std::int32_t* __restrict__ expert, int T, int E,
+                                                                  const std::int32_t* __restrict__ counts,
+                                                                  const std::int32_t* __restrict__ stats,
+                                                                  std::uint64_t seed, std::uint64_t* __restrict__ thresh) {
+  __shared__ int hist[256];
+  __shared__ std::uint64_t s_prefix;
+  __shared__ int s_need;
+  const int e = blockIdx.x;
+  const int cap = stats[0];
+  if (counts[e] <= cap) {  // block-uniform: every token of e is kept
+    if (threadIdx.x == 0) thresh[e] = 0;
+    return;
+  }
+  std::uint64_t prefix = 0;
+  int need = cap;  // the rank (from the top) of the key sought among those matching `prefix`
+  for (int shift = kRtsKeyBits - 8; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += kRtsThreads) hist[b] = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < T; s += kRtsThreads) {
+      if (expert[s] != e) continue;
+      const std::uint64_t key = moe_rts_key(seed, s, e, E);
+      if ((key >> (shift + 8)) == (prefix >> (shift + 8))) atomicAdd(&hist[(key >> shift) & 255], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int acc = 0;
+      for (int b = 255; b >= 0; --b) {
+        if (acc + hist[b] >= need) {
+          s_prefix = prefix | (std::uint64_t(b) << shift);
+          s_need = need - acc;
+          break;
+        }
+        acc += hist[b];
+      }
+    }
+    __syncthreads();
+    prefix = s_prefix;
+    need = s_need;
+    __syncthreads();  // s_prefix / hist are rewritten by the next pass
+  }
+  if (threadIdx.x == 0) thresh[e] = prefix;  // keys are distinct: exactly the capacity-th largest
+}
+
+constexpr int kDroppedRank = 1 << 29;  // beyond any capacity: finalize drops the route
+
+__global__ void __launch_bounds__(kRtsThreads) rts_rank_kernel(const std::int32_t* __restrict__ expert, int T, int E,
+                                                                int chunks, std::uint64_t seed, Workspace ws) {
+  __shared__ int sel[kChunk];
+  const int chunk = blockIdx.x, t0 = chunk * kChunk, n = min(kChunk, T - t0);
+  if (threadIdx.x < n) {
+    const int s = t0 + threadIdx.x, e = expert[s];
+    sel[threadIdx.x] = moe_rts_key(seed, s, e, E) >= ws.thresh[e] ? e : -1;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += kRtsThreads) {
+    int c = 0;
+    for (int i = 0; i < n; ++i) c += sel[i] == e;
+    ws.counts[std::size_t(chunk) * E + e] = c;
+  }
+  if (threadIdx.x < n) {
+    const int e = sel[threadIdx.x];
+    int c = 0;
+    for (int j = 0; j < int(threadIdx.x); ++j) c += sel[j] == e;
+    ws.rank[t0 + threadIdx.x] = e < 0 ? kDroppedRank : c;
+  }
+}
+
+__global__ void rts_base_kernel(Workspace ws, int E, int chunks) {
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int run = 0;
+    for (int c = 0; c < chunks; ++c) {
+      const std::size_t at = std::size_t(c) * E + e;
+      ws.base[at] = run;
+      run += ws.counts[at];
+    }
+  }
+}
+
 template <int K>
 __global__ void gate_finalize_kernel(Workspace ws, int T, int E, int chunks, MoeGateOutputs out) {
   const int s = blockIdx.x * blockDim.x + threadIdx.x;
@@ -276,7 +364,7 @@ std::size_t moe_gate_workspace_bytes(int tokens, int experts, int k) {
   check_gate_dims("moe_gate_workspace_bytes", tokens, experts, k);
   const std::size_t chunks = ceil_div(tokens, kChunk);
   return 2 * align16(sizeof(std::int32_t) * k * chunks * experts) + align16(sizeof(float) * chunks * experts) +
-         align16(sizeof(std::int32_t) * std::size_t(tokens) * k);
+         align16(sizeof(std::int32_t) * std::size_t(tokens) * k) + align16(sizeof(std::uint64_t) * experts);
 }
 
 void moe_gate_forward(cudaStream_t s, const float* logits, const MoeGateShape& shape, const MoeGateOutputs& out,
@@ -295,6 +383,7 @@ void moe_gate_forward(cudaStream_t s, const float* logits, const MoeGateShape& s
   const Workspace ws = carve(workspace, T, E, K);
   CUTRAIN_CHECK(!shape.noise.rsample || K == 1, fn, ": RSample noise is top-1's (DeepSpeed ignores it under top-2)");
   CUTRAIN_CHECK(!shape.noise.second_sampling || K == 2, fn, ": second-expert sampling needs k = 2");
+  CUTRAIN_CHECK(!shape.noise.rts || K == 1, fn, ": random token selection (rts) is top-1's (DeepSpeed's top-2 has none)");
   if (K == 1)
     gate_route_kernel<1><<<chunks, kThreads, 0, s>>>(logits, T, E, chunks, shape.noise, out.probs, out.expert, ws);
   else gate_route_kernel<2><<<chunks, kThreads, 0, s>>>(logits, T, E, chunks, shape.noise, out.probs, out.expert, ws);
@@ -302,6 +391,15 @@ void moe_gate_forward(cudaStream_t s, const float* logits, const MoeGateShape& s
   const int scan_threads = std::min(kMoeMaxExperts, ceil_div(E, 32) * 32);
   gate_scan_kernel<<<1, scan_threads, 0, s>>>(ws, T, E, K, chunks, shape.drop_tokens, shape.capacity, out);
   CUTRAIN_LAUNCH_CHECK("gate_scan_kernel");
+  if (shape.noise.rts && shape.drop_tokens) {  // without dropping every token fits: nothing to select
+    rts_select_kernel<<<E, kRtsThreads, 0, s>>>(out.expert, T, E, out.expert_counts, out.stats, shape.noise.seed,
+                                                ws.thresh);
+    CUTRAIN_LAUNCH_CHECK("rts_select_kernel");
+    rts_rank_kernel<<<chunks, kRtsThreads, 0, s>>>(out.expert, T, E, chunks, shape.noise.seed, ws);
+    CUTRAIN_LAUNCH_CHECK("rts_rank_kernel");
+    rts_base_kernel<<<1, scan_threads, 0, s>>>(ws, E, chunks);
+    CUTRAIN_LAUNCH_CHECK("rts_base_kernel");
+  }
   const int blocks = ceil_div(T, 256);
   if (K == 1) gate_finalize_kernel<1><<<blocks, 256, 0, s>>>(ws, T, E, chunks, out);
   else gate_finalize_kernel<2><<<blocks, 256, 0, s>>>(ws, T, E, chunks, out);

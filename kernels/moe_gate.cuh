@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/common/counter_uniform.cuh"
 #include "runtime/dtype.h"
 
 namespace cutrain::kernels {
@@ -37,8 +38,16 @@ int moe_capacity(int tokens, int experts, int k, double capacity_factor, int min
 struct MoeGateNoise {
   bool rsample = false;          // route 0 of top-1 by argmax(logits + Gumbel)
   bool second_sampling = false;  // route 1 of top-2 by argmax(logits + Gumbel) without route 0's expert
+  bool rts = false;              // top-1 with drop_tokens: random token selection over capacity
   std::uint64_t seed = 0;
 };
+
+// The selection key of token s routed to expert e under rts: 24 random bits above the complement
+// of the token index (larger keys are kept; equal draws keep the lower token).
+__host__ __device__ inline std::uint64_t moe_rts_key(std::uint64_t seed, int s, int e, int experts) {
+  const std::uint64_t draw = counter_bits24(seed ^ 0xbb67ae8584caa73bULL, std::uint64_t(s) * experts + e);
+  return (draw << 32) | (0xffffffffULL - static_cast<std::uint32_t>(s));
+}
 
 struct MoeGateShape {
   int tokens = 0, experts = 0, k = 1;

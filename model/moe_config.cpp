@@ -22,6 +22,7 @@ void validate(const MoeConfig& c, int tokens, const std::string& where) {
   CUTRAIN_CHECK(c.min_capacity >= 0, where, ": min_capacity must be >= 0, got ", c.min_capacity);
   CUTRAIN_CHECK(c.noisy_gate_policy != MoeNoisyGate::RSample || c.k == 1, where,
                 ": noisy_gate_policy RSample routes top-1 only, got k = ", c.k, " (use Jitter or None)");
+  CUTRAIN_CHECK(!c.use_rts || c.k == 1, where, ": use_rts (random token selection) is top-1's, got k = ", c.k);
   if (tokens > 0 && c.k == 1)
     CUTRAIN_CHECK(tokens >= c.min_capacity, where, ": top-1 routing needs at least min_capacity = ", c.min_capacity,
                   " tokens per call, got ", tokens, " (lower min_capacity or raise the batch)");

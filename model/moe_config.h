@@ -26,6 +26,9 @@ struct MoeConfig {
   // Top-2's second expert by argmax(logits + Gumbel) over the others (DeepSpeed's default is true;
   // here false, the deterministic routing). Applied in training and evaluation, as DeepSpeed does.
   bool top2_2nd_expert_sampling = false;
+  // Top-1's random token selection over capacity (DeepSpeed's default is true; here false, the
+  // first tokens in order). Applied in training and evaluation, as DeepSpeed does.
+  bool use_rts = false;
 };
 
 constexpr float kMoeJitterEps = 0.01f;  // DeepSpeed's multiplicative_jitter epsilon
@@ -37,7 +40,7 @@ inline std::uint64_t moe_jitter_seed(std::uint64_t seed) { return seed ^ 0x6a09e
 // Errors (cutrain::Error) that name the field, what was expected and what was found: experts < 1,
 // k not 1 or 2, k > experts, a capacity factor <= 0 (or not finite), min_capacity < 0, hidden or
 // ffn < 1, and (with tokens > 0) fewer tokens than min_capacity under top-1, as DeepSpeed asserts;
-// RSample with k = 2 (DeepSpeed's top-2 silently ignores it; here it is an error).
+// RSample or use_rts with k = 2 (DeepSpeed's top-2 silently ignores them; here they are errors).
 // `where` prefixes the messages (e.g. the config file or the layer's name).
 void validate(const MoeConfig& c, int tokens = 0, const std::string& where = "MoE layer");
 

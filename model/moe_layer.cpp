@@ -136,6 +136,7 @@ MoeForwardStats MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const b
   kernels::MoeGateShape shape{tokens, E, K, m.c.drop_tokens, m.c.drop_tokens ? moe_layer_capacity(m.c, tokens, train) : 0};
   shape.noise.rsample = train && m.c.noisy_gate_policy == MoeNoisyGate::RSample;
   shape.noise.second_sampling = m.c.top2_2nd_expert_sampling && K == 2;
+  shape.noise.rts = m.c.use_rts;
   shape.noise.seed = moe_gumbel_seed(seed);
   kernels::moe_gate_forward(s, m.logits.as<float>(), shape, out, m.gate_ws.get());
   CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(m.host_small, small, (2 * E + 3) * 4, cudaMemcpyDeviceToHost, s));

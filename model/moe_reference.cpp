@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "kernels/common/counter_uniform.cuh"
+#include "kernels/moe_gate.cuh"
 #include "model/reference_ops.h"
 #include "runtime/error.h"
 
@@ -78,6 +79,20 @@ double MoeReference::forward(const double* params, const double* x, int T, bool 
     for (int s = 0; s < T; ++s) raw[std::size_t(s) * k + r] = counts_[expert_[std::size_t(s) * k + r]]++;
   for (int s = 0; s < T; ++s) ++first[expert_[std::size_t(s) * k]];
   capacity_ = c_.drop_tokens ? moe_layer_capacity(c_, T, train) : *std::max_element(counts_.begin(), counts_.end());
+  if (c_.use_rts && c_.drop_tokens) {  // top-1: each expert over capacity keeps its largest keys, in token order
+    for (int e = 0; e < E; ++e) {
+      if (counts_[e] <= capacity_) continue;
+      std::vector<std::pair<std::uint64_t, int>> keyed;
+      for (int s = 0; s < T; ++s)
+        if (expert_[s] == e) keyed.push_back({kernels::moe_rts_key(moe_gumbel_seed(seed), s, e, E), s});
+      std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      std::vector<char> keep(T, 0);
+      for (int i = 0; i < capacity_; ++i) keep[keyed[i].second] = 1;
+      int pos = 0;
+      for (int s = 0; s < T; ++s)
+        if (expert_[s] == e) raw[s] = keep[s] ? pos++ : capacity_;
+    }
+  }
   kept_.assign(E, 0);
   offsets_.assign(E + 1, 0);
   dropped_ = 0;

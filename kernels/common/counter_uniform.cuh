@@ -12,10 +12,15 @@
 
 namespace cutrain::kernels {
 
-// Uniform in (0, 1): the top 24 bits of a splitmix64 mix of (seed, i), centred in their bin.
-__host__ __device__ __forceinline__ float counter_uniform(std::uint64_t seed, std::uint64_t i) {
+// 24 random bits: the top of a splitmix64 mix of (seed, i).
+__host__ __device__ __forceinline__ std::uint32_t counter_bits24(std::uint64_t seed, std::uint64_t i) {
   const std::uint64_t h = sr_mix64(sr_mix64(seed ^ 0x452821e638d01377ULL) ^ (i * 0x9e3779b97f4a7c15ULL));
-  return (float(h >> 40) + 0.5f) * (1.f / 16777216.f);
+  return static_cast<std::uint32_t>(h >> 40);
+}
+
+// Uniform in (0, 1): counter_bits24 centred in its bin.
+__host__ __device__ __forceinline__ float counter_uniform(std::uint64_t seed, std::uint64_t i) {
+  return (float(counter_bits24(seed, i)) + 0.5f) * (1.f / 16777216.f);
 }
 
 // Standard Gumbel: -log(-log(u)).

@@ -121,21 +121,23 @@ TEST(MoeGateGpu, ForwardAndBackwardMatchReference) {
   }
 }
 
+// RSample and random token selection (top-1), second-expert sampling (top-2).
 TEST(MoeGateGpu, NoiseMatchesReference) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   for (const GateCase& c : {GateCase{65, 5, 1, true, 1.0, 1}, GateCase{333, 64, 1, true, 1.0, 4},
+                            GateCase{8192, 8, 1, true, 0.75, 4}, GateCase{5000, 64, 1, true, 0.5, 0},
                             GateCase{200, 8, 2, true, 1.0, 4}, GateCase{1000, 64, 2, false, 1, 0}}) {
     SCOPED_TRACE(str(c));
     const std::uint64_t seed = rng();
-    const bool rsample = c.k == 1, second = c.k == 2;
+    const bool rsample = c.k == 1, second = c.k == 2, rts = c.k == 1;
     const int cap = c.drop ? kernels::moe_capacity(c.T, c.E, c.k, c.cf, c.min_capacity) : 0;
     const auto logits = grid_logits(c.T, c.E, rng);
-    const auto ref = ref::moe_gate_forward(logits, c.T, c.E, c.k, c.drop, cap, rsample, second, seed);
+    const auto ref = ref::moe_gate_forward(logits, c.T, c.E, c.k, c.drop, cap, rsample, second, seed, rts);
     DeviceArray<float> dl(logits);
     GpuGate g(c.T, c.E, c.k);
     kernels::MoeGateShape sh{c.T, c.E, c.k, c.drop, cap};
-    sh.noise = {rsample, second, seed};
+    sh.noise = {rsample, second, rts, seed};
     kernels::moe_gate_forward(nullptr, dl.get(), sh, g.outputs(), g.ws.get());
     EXPECT_EQ(g.expert.download(), ref.expert);
     EXPECT_EQ(g.position.download(), ref.position);

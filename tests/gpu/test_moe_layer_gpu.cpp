@@ -38,6 +38,7 @@ struct Case {
   bool residual = false;
   model::MoeNoisyGate noise = model::MoeNoisyGate::None;
   bool second_sampling = false;
+  bool rts = false;
 };
 
 }  // namespace
@@ -49,19 +50,20 @@ TEST(MoeLayerGpu, MatchesReferenceWithGradients) {
                                    {33, 24, 40, 3, 2, 1.0, false}, {40, 20, 36, 5, 1, 0.5, true},
                                    {100, 64, 64, 16, 2, 1.25, true}, {48, 32, 40, 4, 2, 1.0, true, true},
                                    {37, 20, 24, 3, 1, 1.0, true, true},
-                                   {60, 32, 40, 6, 1, 1.0, true, false, model::MoeNoisyGate::RSample},
+                                   {60, 32, 40, 6, 1, 1.0, true, false, model::MoeNoisyGate::RSample, false, true},
                                    {24, 32, 40, 6, 2, 1.0, true, false, model::MoeNoisyGate::Jitter, true}};
   CachingAllocator alloc(make_device_source());
   for (const Case& cs : cases) {
     SCOPED_TRACE("T=" + std::to_string(cs.T) + " H=" + std::to_string(cs.H) + " F=" + std::to_string(cs.F) +
                  " E=" + std::to_string(cs.E) + " k=" + std::to_string(cs.k) + (cs.residual ? " residual" : "") +
-                 " noise=" + std::to_string(int(cs.noise)) + (cs.second_sampling ? " 2nd-sampling" : ""));
+                 " noise=" + std::to_string(int(cs.noise)) + (cs.second_sampling ? " 2nd-sampling" : "") + (cs.rts ? " rts" : ""));
     MoeConfig c;
     c.hidden = cs.H, c.ffn = cs.F, c.experts = cs.E, c.k = cs.k, c.capacity_factor = cs.cf, c.drop_tokens = cs.drop;
     c.min_capacity = 4;
     c.use_residual = cs.residual;
     c.noisy_gate_policy = cs.noise;
     c.top2_2nd_expert_sampling = cs.second_sampling;
+    c.use_rts = cs.rts;
     const std::uint64_t seed = rng();
     // The GPU rounds the jittered gate input to bf16 (the reference keeps it in fp64): a wider margin.
     const double min_gap = cs.noise == model::MoeNoisyGate::Jitter ? 0.05 : 1e-3;

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "kernels/common/counter_uniform.cuh"
+#include "kernels/moe_gate.cuh"
 
 namespace cutrain::ref {
 
@@ -17,7 +18,7 @@ int moe_capacity(int tokens, int experts, int k, double capacity_factor, int min
 }
 
 MoeGateRef moe_gate_forward(const std::vector<float>& logits, int T, int E, int k, bool drop_tokens, int capacity,
-                            bool rsample, bool second_sampling, std::uint64_t seed) {
+                            bool rsample, bool second_sampling, std::uint64_t seed, bool rts) {
   auto noisy = [&](int s, int e) { return logits[std::size_t(s) * E + e] + kernels::counter_gumbel(seed, std::uint64_t(s) * E + e); };
   MoeGateRef g;
   g.tokens = T, g.experts = E, g.k = k;
@@ -58,6 +59,20 @@ MoeGateRef moe_gate_forward(const std::vector<float>& logits, int T, int E, int 
   for (int s = 0; s < T; ++s) ++total0[g.expert[std::size_t(s) * k]];
   g.expert_counts = next;
   g.capacity = drop_tokens ? capacity : *std::max_element(next.begin(), next.end());
+  if (rts && k == 1 && drop_tokens) {  // keep each expert's `capacity` largest keys, in token order
+    for (int e = 0; e < E; ++e) {
+      std::vector<std::pair<std::uint64_t, int>> keyed;
+      for (int s = 0; s < T; ++s)
+        if (g.expert[s] == e) keyed.push_back({kernels::moe_rts_key(seed, s, e, E), s});
+      if (int(keyed.size()) <= g.capacity) continue;
+      std::sort(keyed.begin(), keyed.end(), [](auto& a, auto& b) { return a.first > b.first; });
+      std::vector<char> keep(T, 0);
+      for (int i = 0; i < g.capacity; ++i) keep[keyed[i].second] = 1;
+      int pos = 0;
+      for (int s = 0; s < T; ++s)
+        if (g.expert[s] == e) raw[s] = keep[s] ? pos++ : g.capacity;
+    }
+  }
   g.position.assign(std::size_t(T) * k, -1);
   g.weight.assign(std::size_t(T) * k, 0);
   for (int s = 0; s < T; ++s) {

@@ -24,9 +24,11 @@ struct MoeGateRef {
 
 // logits [T,E]; capacity used only with drop_tokens. rsample / second_sampling: the arg-max of
 // route 0 (top-1) / route 1 (top-2) reads float(logit) + kernels::counter_gumbel(seed, s·E + e).
+// rts (top-1 with dropping): an expert over capacity keeps its `capacity` tokens of largest
+// kernels::moe_rts_key, numbered in token order.
 MoeGateRef moe_gate_forward(const std::vector<float>& logits, int tokens, int experts, int k, bool drop_tokens,
                             int capacity, bool rsample = false, bool second_sampling = false,
-                            std::uint64_t seed = 0);
+                            std::uint64_t seed = 0, bool rts = false);
 // d loss / d logits [T,E] from dweight [T,k] and the gradient of l_aux.
 std::vector<double> moe_gate_backward(const MoeGateRef& g, const std::vector<double>& dweight, double aux_grad);
 

@@ -42,13 +42,13 @@ double loss_of(model::MoeReference& r, const std::vector<double>& p, const std::
 
 TEST(MoeLayerRef, GradientsMatchFiniteDifferences) {
   auto rng = test::fresh_rng();
-  // top-1, top-2, top-2 with the residual MLP (PR-MoE), top-1 RSample, top-2 Jitter + 2nd-expert sampling
+  // top-1, top-2, top-2 with the residual MLP (PR-MoE), top-1 RSample + RTS, top-2 Jitter + 2nd-expert sampling
   for (int variant = 0; variant < 5; ++variant) {
     const int k = variant == 0 || variant == 3 ? 1 : 2;
     MoeConfig c;
     c.hidden = 6, c.ffn = 5, c.experts = 4, c.k = k, c.capacity_factor = 0.75, c.min_capacity = 1;
     c.use_residual = variant == 2;
-    if (variant == 3) c.noisy_gate_policy = model::MoeNoisyGate::RSample;
+    if (variant == 3) c.noisy_gate_policy = model::MoeNoisyGate::RSample, c.use_rts = true;
     if (variant == 4) c.noisy_gate_policy = model::MoeNoisyGate::Jitter, c.top2_2nd_expert_sampling = true;
     const std::uint64_t seed = rng();
     const int T = 10;
@@ -132,6 +132,8 @@ TEST(MoeLayerRef, BadConfigurationsAreNamed) {
             std::string::npos);
   EXPECT_NE(message(ok, 3).find("needs at least min_capacity = 4 tokens"), std::string::npos);
   EXPECT_NE(message(with([](MoeConfig& c) { c.hidden = 0; }), 0).find("moe.json: hidden must be"), std::string::npos);
+  EXPECT_NE(message(with([](MoeConfig& c) { c.k = 2, c.use_rts = true; }), 0).find("use_rts (random token"),
+            std::string::npos);
   EXPECT_NE(message(with([](MoeConfig& c) { c.k = 2, c.noisy_gate_policy = model::MoeNoisyGate::RSample; }), 0)
                 .find("RSample routes top-1 only"),
             std::string::npos);

@@ -92,19 +92,22 @@ TEST(MoeRef, GateBackwardMatchesFiniteDifferences) {
   auto rng = test::fresh_rng();
   for (int k : {1, 2}) {
     const int T = 9, E = 5, cap = k == 1 ? 2 : 4;  // some routes dropped
-    // Distinct logits on a 0.25 grid: h = 1e-3 never reorders them.
+    // Distinct logits on a 0.25 grid: h = 1e-3 never reorders them. Redrawn until some route drops.
     std::vector<float> logits(T * E);
-    for (int s = 0; s < T; ++s) {
-      std::vector<int> perm(E);
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng);
-      for (int e = 0; e < E; ++e) logits[s * E + e] = 0.25f * perm[e];
+    ref::MoeGateRef g;
+    for (int tries = 0; tries < 100 && g.dropped == 0; ++tries) {
+      for (int s = 0; s < T; ++s) {
+        std::vector<int> perm(E);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int e = 0; e < E; ++e) logits[s * E + e] = 0.25f * perm[e];
+      }
+      g = ref::moe_gate_forward(logits, T, E, k, true, cap);
     }
+    ASSERT_GT(g.dropped, 0);
     std::vector<double> c(T * k);
     for (auto& v : c) v = test::random_normal(1, rng)[0];
     const double a = 0.37;
-    const auto g = ref::moe_gate_forward(logits, T, E, k, true, cap);
-    EXPECT_GT(g.dropped, 0);
     const auto dl = ref::moe_gate_backward(g, c, a);
     for (int i = 0; i < T * E; ++i) {
       auto lp = logits, lm = logits;
@@ -270,4 +273,34 @@ TEST(MoeRef, RSampleRoutesByTheGumbelMaxTrick) {
     const double p = (e + 1) / 6.0, f = double(second[e]) / T;
     EXPECT_NEAR(f, p, 4 * std::sqrt(p * (1 - p) / T)) << "second expert " << e;
   }
+}
+
+// Random token selection: an expert over capacity keeps `capacity` tokens chosen by the key (not
+// the first ones), numbered in token order; the kept set changes with the seed, the counts do not.
+TEST(MoeRef, RandomTokenSelectionKeepsCapacityByKey) {
+  const int T = 50, E = 2, cap = 10;
+  std::vector<float> logits(T * E, 0.f);
+  for (int s = 0; s < T; ++s) logits[s * E + (s % 5 == 0)] = 1.f;  // 40 tokens to expert 0, 10 to 1
+  const auto g = ref::moe_gate_forward(logits, T, E, 1, true, cap, false, false, 77, true);
+  const auto plain = ref::moe_gate_forward(logits, T, E, 1, true, cap);
+  EXPECT_EQ(g.kept_counts, plain.kept_counts);
+  EXPECT_EQ(g.dropped, 30);
+  std::vector<int> kept;
+  std::vector<std::uint64_t> keys_kept, keys_dropped;
+  for (int s = 0; s < T; ++s) {
+    if (g.expert[s] != 0) {
+      EXPECT_EQ(g.position[s], plain.position[s]);  // expert 1 fits: nothing selected
+      continue;
+    }
+    const auto key = kernels::moe_rts_key(77, s, 0, E);
+    if (g.position[s] >= 0) kept.push_back(g.position[s]), keys_kept.push_back(key);
+    else keys_dropped.push_back(key);
+  }
+  ASSERT_EQ(kept.size(), std::size_t(cap));
+  for (int i = 0; i < cap; ++i) EXPECT_EQ(kept[i], i);  // in token order
+  EXPECT_GT(*std::min_element(keys_kept.begin(), keys_kept.end()),
+            *std::max_element(keys_dropped.begin(), keys_dropped.end()));
+  EXPECT_NE(g.position, plain.position);  // not the first ten (a 1 in C(40,10) chance to be)
+  const auto h = ref::moe_gate_forward(logits, T, E, 1, true, cap, false, false, 78, true);
+  EXPECT_NE(g.position, h.position);
 }
