@@ -1,7 +1,7 @@
 // @brief Benchmarks of the MoE layer (model/moe_layer.h) and its grouped expert GEMM.
 //
 //   moe/fwd/T8192_H1024_F4096_E<E>_k<k>      the layer's forward (gate GEMM, gate, permute, fc1,
-//   moe/fwd_bwd/...                          GELU, fc2, un-permute; + the whole backward), bf16,
+//   moe/fwd_bwd/...[_residual]               GELU, fc2, un-permute; + the whole backward), bf16,
 //                                            capacity factor 1, token dropping, bf16 gradients;
 //                                            peer: bench/peers/moe_peer.py (DeepSpeed's MoE layer
 //                                            and a plain PyTorch MoE, same names with @variant)
@@ -60,10 +60,11 @@ std::string layer_shape(int E, int k) {
          std::to_string(E) + "_k" + std::to_string(k);
 }
 
-void bench_layer(benchmark::State& state, int E, int k, bool backward) {
+void bench_layer(benchmark::State& state, int E, int k, bool backward, bool residual = false) {
   if (!bench::require_gpu(state)) return;
   model::MoeConfig c;
   c.hidden = kHidden, c.ffn = kFfn, c.experts = E, c.k = k, c.capacity_factor = 1.0, c.min_capacity = 4;
+  c.use_residual = residual;
   const auto lay = model::moe_param_layout(c);
   auto params = random_bf16(lay.total, 11, 0.03f);
   auto x = random_bf16(std::size_t(kTokens) * kHidden, 12, 1.f);
@@ -75,7 +76,8 @@ void bench_layer(benchmark::State& state, int E, int k, bool backward) {
   const auto st = layer.forward(bench::bench_stream(), params->as<bf16>(), x->as<bf16>(), y->as<bf16>(), kTokens, true);
   const double R = std::accumulate(st.kept_counts.begin(), st.kept_counts.end(), 0.0);
   const double gate = 2.0 * kTokens * E * kHidden, experts = 2.0 * 2.0 * R * kHidden * kFfn;
-  const double flops = backward ? 3 * (gate + experts) : gate + experts;
+  const double mlp = residual ? 2.0 * 2.0 * kTokens * kHidden * kFfn + 2.0 * kTokens * 2 * kHidden : 0.0;
+  const double flops = (backward ? 3 : 1) * (gate + experts + mlp);
   // Bytes: the weights once per pass (the GEMMs' floor; activations are re-read by design).
   const double bytes = double(lay.total) * 2 * (backward ? 3 : 1);
   bench::run_timed(state, [&](cudaStream_t s) {
@@ -158,6 +160,11 @@ void register_all() {
       reg("moe/fwd/" + sh, 30, [=](benchmark::State& st) { bench_layer(st, E, k, false); });
       reg("moe/fwd_bwd/" + sh, 30, [=](benchmark::State& st) { bench_layer(st, E, k, true); });
     }
+  // PR-MoE's residual variant (a dense MLP beside the experts, the learned mix), top-1.
+  for (int E : {8, 64}) {
+    const std::string sh = layer_shape(E, 1) + "_residual";
+    reg("moe/fwd_bwd/" + sh, 30, [=](benchmark::State& st) { bench_layer(st, E, 1, true, true); });
+  }
   // fc1's shape (N = F, K = H) and fc2's (N = H, K = F) at the rows of top-1 and top-2.
   for (int R : {kTokens, 2 * kTokens})
     for (auto nk : {std::pair{kFfn, kHidden}, std::pair{kHidden, kFfn}})

@@ -5,7 +5,8 @@ capacity, each expert's rows by index, weighted index_add), both bf16 with the s
 expert FFN (Linear(H, F) -> GELU -> Linear(F, H)), forward and forward+backward (incl. the aux loss
 at coefficient 0.01), at hidden 1024, FFN 4096, 8192 tokens, 8 and 64 experts.
 
-Names: "moe/<fwd|fwd_bwd>/T8192_H1024_F4096_E<E>_k<k>@deepspeed" and "...@torch". Run DeepSpeed's
+Names: "moe/<fwd|fwd_bwd>/T8192_H1024_F4096_E<E>_k<k>@deepspeed" and "...@torch"; DeepSpeed's
+use_residual=True (PR-MoE) at top-1 as "moe/fwd_bwd/..._k1_residual@deepspeed". Run DeepSpeed's
 rows through ../shared/peers/run.sh ds-python (it installs DeepSpeed); without DeepSpeed only the
 plain PyTorch rows are written."""
 import os
@@ -61,19 +62,20 @@ class TorchMoE(nn.Module):
         return out, l_aux
 
 
+def fwd_bwd_once(module, x, dy):
+    module.zero_grad(set_to_none=True)
+    x.grad = None
+    out, l_aux = module(x)[:2]
+    torch.autograd.backward([out, l_aux], [dy, torch.tensor(AUX_COEF, device=x.device, dtype=l_aux.dtype)])
+
+
 def timed_rows(res, name, module, x, dy):
     def fwd():
         with torch.no_grad():
             module(x)
 
-    def fwd_bwd():
-        module.zero_grad(set_to_none=True)
-        x.grad = None
-        out, l_aux = module(x)[:2]
-        torch.autograd.backward([out, l_aux], [dy, torch.tensor(AUX_COEF, device=x.device, dtype=l_aux.dtype)])
-
     res.add(name.replace("{dir}", "fwd"), peer_util.time_us(fwd, iters=res.iters))
-    res.add(name.replace("{dir}", "fwd_bwd"), peer_util.time_us(fwd_bwd, iters=res.iters))
+    res.add(name.replace("{dir}", "fwd_bwd"), peer_util.time_us(lambda: fwd_bwd_once(module, x, dy), iters=res.iters))
 
 
 def main():
@@ -99,6 +101,15 @@ def main():
                 m.set_deepspeed_parallelism()
                 m = m.cuda().to(torch.bfloat16)
                 timed_rows(res, f"moe/{{dir}}/{sh}@deepspeed", m, x, dy)
+                del m
+            if MoE is not None and k == 1:  # PR-MoE's residual variant (bench_moe's *_residual rows)
+                m = MoE(hidden_size=H, expert=expert_ffn(), num_experts=E, ep_size=1, k=1, capacity_factor=1.0,
+                        eval_capacity_factor=1.0, min_capacity=4, use_residual=True, noisy_gate_policy=None,
+                        drop_tokens=True, use_rts=False, top2_2nd_expert_sampling=False)
+                m.set_deepspeed_parallelism()
+                m = m.cuda().to(torch.bfloat16)
+                name = f"moe/fwd_bwd/{sh}_residual@deepspeed"
+                res.add(name, peer_util.time_us(lambda: fwd_bwd_once(m, x, dy), iters=res.iters))
                 del m
             t = TorchMoE(E, k).cuda().to(torch.bfloat16)
             timed_rows(res, f"moe/{{dir}}/{sh}@torch", t, x, dy)
