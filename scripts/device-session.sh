@@ -35,6 +35,11 @@
 #               T1024 tokens/s and peak memory (scripts/peak-mem.sh) of both (cutrain with and without
 #               --recompute_gelu); the table by
 #               scripts/llmc_compare.py. About 6 minutes with llm.c's build.
+#   moe         the MoE kernels' and layer's GPU tests, bench_moe (the layer at T8192 H1024 F4096, 8/64
+#               experts, top-1/top-2; the grouped expert GEMM vs one dense GEMM and vs a per-expert
+#               loop) and bench/peers/moe_peer.py through PEERS_DIR's run.sh ds-python (DeepSpeed's MoE
+#               layer at ep_size 1, a plain PyTorch MoE) in the same call, then the ratio table
+#               (scripts/moe_table.py). About 4 minutes (DeepSpeed's install, no JIT op).
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -267,6 +272,21 @@ if want llmc; then
   else
     echo "-- llmc: no $peers/run.sh (carry ../shared/peers as .peers, or set PEERS_DIR)" >>"$sum"
   fi
+fi
+
+if want moe; then
+  peers=${PEERS_DIR:-$root/.peers}
+  step moe_tests 120 "ctest --test-dir build/gpu -j 4 --output-on-failure -R '^Moe|test_moe'"
+  grep -E "tests passed|FAILED|Failed|GroupedGemm fallback" "$logs/moe_tests.txt" >>"$sum" 2>/dev/null
+  step bench_moe 150 "build/gpu/bench/bench_moe --benchmark_out=$logs/bench_moe.json --benchmark_out_format=json --benchmark_counters_tabular=true"
+  if [ -x "$peers/run.sh" ]; then
+    step peer_moe 240 "$peers/run.sh ds-python $root/bench/peers/moe_peer.py --out $logs/moe_peer.json"
+  else
+    echo "-- moe: no $peers/run.sh (carry ../shared/peers as .peers, or set PEERS_DIR): plain PyTorch peer only" >>"$sum"
+    step peer_moe 120 "python3 bench/peers/moe_peer.py --out $logs/moe_peer.json"
+  fi
+  python3 scripts/moe_table.py --ours "$logs/bench_moe.json" --peer "$logs/moe_peer.json" >"$logs/moe_table.md" 2>&1
+  cat "$logs/moe_table.md" >>"$sum"
 fi
 
 if want extra && [ -n "${EXTRA_CMD:-}" ]; then
