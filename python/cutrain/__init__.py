@@ -15,6 +15,8 @@ import tempfile
 from ._cutrain import Error, __version__, aio_handle, gds_available, gds_handle
 from . import _cutrain
 
+Error.__module__ = "cutrain"
+
 __all__ = ["Error", "__version__", "aio_handle", "gds_handle", "gds_available", "AsyncIOBuilder", "GDSBuilder",
            "train", "load_checkpoint", "train_flags"]
 
