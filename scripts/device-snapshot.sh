@@ -18,6 +18,7 @@ done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 [ -d .deps ] && ls .deps/*.deb >/dev/null 2>&1 || scripts/offline-deps.sh
+ls .deps/wheels/nanobind-*.whl >/dev/null 2>&1 || scripts/offline-deps.sh --wheels-only
 if [ ! -d .devdata ] && [ -d ../shared/data ]; then
   mkdir -p .devdata && cp -r ../shared/data/gpt2 ../shared/data/wikitext-2 .devdata/
 fi
@@ -39,8 +40,12 @@ if [ -n "$against" ]; then
 fi
 cp -r .deps .snap/
 [ -d .devdata ] && cp -r .devdata .snap/
-# llm.c for the session's `llmc` section: run.sh and llmc/ of ../shared/peers (4 MB) as .peers/.
+# llm.c for the session's `llmc` section: run.sh and llmc/ of ../shared/peers (4 MB) as .peers/;
+# DeepSpeed's wheels (5 MB) for the `python` section's ds-python.
 if [ -d ../shared/peers/llmc ]; then
   mkdir -p .snap/.peers && cp -r ../shared/peers/run.sh ../shared/peers/llmc .snap/.peers/
+fi
+if [ -d ../shared/peers/deepspeed/wheels ]; then
+  mkdir -p .snap/.peers/deepspeed && cp ../shared/peers/run.sh .snap/.peers/ && cp -r ../shared/peers/deepspeed/wheels .snap/.peers/deepspeed/
 fi
 du -sh .snap

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -185,6 +186,21 @@ class PyAioHandle : public HandleBase {
     h_.reset();
   }
   std::string backend() const { return closed_ ? "closed" : aio::backend_name(h_->backend()); }
+
+  // The anchor of bench/python_overhead.py: `iterations` sync_pread (or sync_pwrite) calls of the
+  // C++ engine in a C++ loop, the GIL released; seconds per call.
+  double engine_loop(nb::handle buffer, const std::string& path, bool read, int iterations) {
+    TensorArg t = arg("_engine_loop", buffer, read);
+    nb::gil_scoped_release r;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iterations; ++i) {
+      if (read)
+        h_->sync_pread(t.data, t.bytes, path, 0);
+      else
+        h_->sync_pwrite(t.data, t.bytes, path, 0);
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iterations;
+  }
 
  private:
   TensorArg arg(const char* op, nb::handle buffer, bool writable) {
@@ -376,7 +392,9 @@ void bind_io_handles(nb::module_& m) {
                           "Reads the whole file into a tensor of its size. Returns 0.")
                      .def("write", &PyAioHandle::write, "buffer"_a, "filename"_a, "validate"_a,
                           "file_offset"_a = 0, "Writes the tensor. Returns 0.")
-                     .def_prop_ro("backend", &PyAioHandle::backend);
+                     .def_prop_ro("backend", &PyAioHandle::backend)
+                     .def("_engine_loop", &PyAioHandle::engine_loop, "buffer"_a, "filename"_a, "read"_a,
+                          "iterations"_a);
   common_methods<PyAioHandle>(aio_cls);
 
   auto gds_cls = nb::class_<PyGdsHandle>(m, "gds_handle", "DeepNVMe's gds_handle (GPUDirect Storage via cuFile).")
