@@ -8,9 +8,19 @@ A DeepNVMe script runs on cutrain by changing its import:
 
 docs/python.md has the tutorial's examples.
 """
+import importlib.util
 import json
 import os
 import tempfile
+
+# PyTorch first where it is installed: the module and torch both load libnccl.so.2 and the CUDA
+# runtime by soname, and the process keeps whichever loads first; torch's own (as new as torch
+# needs) serve cutrain as well, while a system NCCL loaded first can lack symbols torch needs.
+if importlib.util.find_spec("torch") is not None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
 
 from ._cutrain import Error, __version__, aio_handle, gds_available, gds_handle
 from . import _cutrain

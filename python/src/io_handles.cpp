@@ -45,8 +45,8 @@ class HandleBase {
 
   nb::object new_cpu_locked_tensor(std::size_t num_elem, nb::handle example) {
     open("new_cpu_locked_tensor");
-    TensorArg ex = tensor_arg(example, "new_cpu_locked_tensor", "example_tensor", false);
-    nb::object t = new_locked_tensor(num_elem, ex.dtype, is_torch_tensor(example), "new_cpu_locked_tensor");
+    const nb::dlpack::dtype dt = tensor_dtype(example, "new_cpu_locked_tensor", "example_tensor");
+    nb::object t = new_locked_tensor(num_elem, dt, is_torch_tensor(example), "new_cpu_locked_tensor");
     locked_.insert(tensor_arg(t, "new_cpu_locked_tensor", "tensor", false).data);
     return t;
   }

@@ -6,6 +6,9 @@
 
 namespace cutrain::python {
 
+// The general path: nanobind's DLPack / buffer-protocol import.
+TensorArg tensor_arg_dlpack(nb::handle obj, const char* op, const char* arg, bool writable);
+
 namespace {
 std::string py_type_name(nb::handle obj) { return nb::cast<std::string>(nb::str(obj.type().attr("__name__"))); }
 
@@ -41,6 +44,34 @@ TensorArg from_array(A&& a, nb::handle obj, const char* op, const char* arg) {
   t.keep = nb::cast(a);
   return t;
 }
+
+// torch.Tensor once torch has been imported (by anyone): a cached type object, so the check is a
+// pointer comparison after the first tensor.
+nb::handle torch_tensor_type() {
+  static nb::handle type;
+  if (!type.is_valid()) {
+    nb::dict modules = nb::borrow<nb::dict>(nb::module_::import_("sys").attr("modules"));
+    if (modules.contains("torch")) type = nb::handle(modules["torch"].attr("Tensor")).inc_ref();  // kept for the process
+  }
+  return type;
+}
+
+TensorArg from_torch(nb::handle obj, const char* op, const char* arg) {
+  if (!nb::cast<bool>(obj.attr("is_contiguous")()))
+    throw nb::value_error((std::string(op) + ": " + arg + " is a non-contiguous tensor (Tensor); pass a contiguous " +
+                           "one (e.g. .contiguous())")
+                              .c_str());
+  TensorArg t;
+  t.device = nb::cast<bool>(obj.attr("is_cuda"));
+  if (!t.device && nb::cast<std::string>(nb::str(obj.attr("device").attr("type"))) != "cpu")
+    throw nb::value_error((std::string(op) + ": " + arg + " lives on " + nb::cast<std::string>(nb::str(obj.attr("device"))) +
+                           "; only CPU and CUDA tensors are supported")
+                              .c_str());
+  t.data = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(obj.attr("data_ptr")()));
+  t.bytes = nb::cast<std::size_t>(obj.attr("nbytes"));
+  t.keep = nb::borrow(obj);
+  return t;
+}
 }  // namespace
 
 bool is_torch_tensor(nb::handle obj) {
@@ -51,6 +82,16 @@ bool is_torch_tensor(nb::handle obj) {
 }
 
 TensorArg tensor_arg(nb::handle obj, const char* op, const char* arg, bool writable) {
+  nb::handle tt = torch_tensor_type();
+  if (tt.is_valid() && PyObject_IsInstance(obj.ptr(), tt.ptr()) == 1) return from_torch(obj, op, arg);
+  return tensor_arg_dlpack(obj, op, arg, writable);
+}
+
+nb::dlpack::dtype tensor_dtype(nb::handle obj, const char* op, const char* arg) {
+  return tensor_arg_dlpack(obj, op, arg, false).dtype;
+}
+
+TensorArg tensor_arg_dlpack(nb::handle obj, const char* op, const char* arg, bool writable) {
   if (writable) {
     nb::ndarray<> a;
     if (nb::try_cast(obj, a, false)) return from_array(a, obj, op, arg);

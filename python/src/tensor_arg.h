@@ -21,8 +21,13 @@ struct TensorArg {
 };
 
 // `op` and `arg` name the call in errors ("sync_pread", "buffer"). `writable`: the call writes
-// into the tensor (a read from a file), so a read-only buffer is refused.
+// into the tensor (a read from a file), so a read-only buffer is refused. A torch.Tensor is read
+// through its own attributes (data_ptr, nbytes, is_contiguous, is_cuda: a fraction of a
+// microsecond, where its __dlpack__ takes about two); `dtype` is then left empty.
 TensorArg tensor_arg(nb::handle obj, const char* op, const char* arg, bool writable);
+
+// The element type of any tensor (through DLPack or the buffer protocol).
+nb::dlpack::dtype tensor_dtype(nb::handle obj, const char* op, const char* arg);
 
 // Whether `obj` is a torch.Tensor (without importing torch).
 bool is_torch_tensor(nb::handle obj);
