@@ -20,6 +20,13 @@ done
 build=$(cd "$build" && pwd)
 out=${out:-$build/wheel}
 mkdir -p "$out"
+home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
+[ -z "$home" ] || [ "$(cd "$home" && pwd)" = "$root" ] ||
+  { echo "build-wheel: $build was configured from $home, not $root" >&2; exit 2; }
+# scikit-build-core deletes a tree's cache (tests, benchmarks and every -D with it) when its own
+# install path differs from the last run's (.skbuild-info.json); the tree is this source's, checked
+# above, so the record goes and the cache stays.
+rm -f "$build/.skbuild-info.json"
 gen=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
 [ -n "$gen" ] && export CMAKE_GENERATOR="$gen"
 for m in scikit_build_core nanobind; do
