@@ -22,13 +22,13 @@ if importlib.util.find_spec("torch") is not None:
     except ImportError:
         pass
 
-from ._cutrain import Error, __version__, aio_handle, gds_available, gds_handle
+from ._cutrain import Error, Trainer, __version__, aio_handle, gds_available, gds_handle
 from . import _cutrain
 
 Error.__module__ = "cutrain"
 
 __all__ = ["Error", "__version__", "aio_handle", "gds_handle", "gds_available", "AsyncIOBuilder", "GDSBuilder",
-           "train", "load_checkpoint", "train_flags"]
+           "train", "load_checkpoint", "train_flags", "Trainer"]
 
 
 class _Op:

@@ -4,6 +4,7 @@
 #include "io_handles.h"
 #include "runtime/error.h"
 #include "train_bindings.h"
+#include "trainer.h"
 
 namespace nb = nanobind;
 
@@ -14,4 +15,5 @@ NB_MODULE(_cutrain, m) {
   nb::exception<cutrain::Error>(m, "Error", PyExc_RuntimeError);
   cutrain::python::bind_io_handles(m);
   cutrain::python::bind_train(m);
+  cutrain::python::bind_trainer(m);
 }

@@ -152,3 +152,28 @@ def test_cupy_array(h, tmp_path):
     dst = cp.zeros_like(src)
     h.sync_pread(dst, path)
     assert bool((dst == src).all())
+
+
+@cuda
+@pytest.mark.parametrize("non_blocking", [False, True])
+def test_trainer_offload_reload_keeps_the_run(non_blocking):
+    # Two trainers on the same batches; one offloads every state between steps and reloads it.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    shape = dict(hidden_dim=256, num_layers=2, num_heads=4, vocab_size=1024, batch_size=2, seq_length=64)
+    cfg = os.path.join(root, "configs", "bf16_full.json")
+    a = cutrain.Trainer(cfg, device="cuda", **shape)
+    b = cutrain.Trainer(cfg, device="cuda", **shape)
+    assert "optim_states" in a.offloadable_states()
+    g = torch.Generator().manual_seed(3)
+    la, lb = [], []
+    for _ in range(4):
+        x = torch.randint(0, 1024, (1, 2, 64), dtype=torch.int32, generator=g)
+        y = torch.randint(0, 1024, (1, 2, 64), dtype=torch.int32, generator=g)
+        la.append(a.step(x, y)["loss"])
+        before = a.memory()["allocated"]
+        a.offload_states(non_blocking=non_blocking)
+        if not non_blocking:
+            assert a.memory()["allocated"] < before
+        a.reload_states(non_blocking=non_blocking)
+        lb.append(b.step(x, y)["loss"])
+    assert la == lb
