@@ -18,6 +18,7 @@ done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 [ -d .deps ] && ls .deps/*.deb >/dev/null 2>&1 || scripts/offline-deps.sh
+ls .deps/wheels/nanobind-*.whl >/dev/null 2>&1 || scripts/offline-deps.sh --wheels-only
 if [ ! -d .devdata ] && [ -d ../shared/data ]; then
   mkdir -p .devdata && cp -r ../shared/data/gpt2 ../shared/data/wikitext-2 .devdata/
 fi
@@ -43,9 +44,9 @@ cp -r .deps .snap/
 if [ -d ../shared/peers/llmc ]; then
   mkdir -p .snap/.peers && cp -r ../shared/peers/run.sh ../shared/peers/llmc .snap/.peers/
 fi
-# DeepSpeed's wheels (5 MB) for run.sh ds-python: the `moe` section's peer (DeepSpeed's MoE layer).
+# DeepSpeed's wheels (5 MB) for run.sh ds-python: the `moe` section's peer (DeepSpeed's MoE layer)
+# and the `python` section's DeepNVMe comparison.
 if [ -d ../shared/peers/deepspeed/wheels ]; then
-  mkdir -p .snap/.peers/deepspeed && cp ../shared/peers/run.sh .snap/.peers/
-  cp -r ../shared/peers/deepspeed/wheels .snap/.peers/deepspeed/
+  mkdir -p .snap/.peers/deepspeed && cp ../shared/peers/run.sh .snap/.peers/ && cp -r ../shared/peers/deepspeed/wheels .snap/.peers/deepspeed/
 fi
 du -sh .snap
