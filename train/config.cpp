@@ -4,6 +4,7 @@
 // on (or silently misbehave with).
 #include "train/config.h"
 
+#include <cmath>
 #include <limits>
 
 #include "runtime/file_util.h"
@@ -124,7 +125,13 @@ void parse_fp16(Reader& r, const json& j, Fp16Config& f) {
   r.read(j, path, "loss_scale_window", f.loss_scale_window, 1, kMaxInt);
   r.read(j, path, "hysteresis", f.hysteresis, 1, kMaxInt);
   r.read(j, path, "consecutive_hysteresis", f.consecutive_hysteresis);
-  r.read(j, path, "min_loss_scale", f.min_loss_scale, 0.0, kInf, true);
+  // DeepSpeed's DeepSpeedFP16Config types min_loss_scale as an int (a fraction fails there).
+  if (const json* v = Reader::find(j, "min_loss_scale"))
+    f.min_loss_scale = static_cast<float>(r.as_int(*v, path + ".min_loss_scale", 1, kMaxInt));
+  if (f.loss_scale == 0.f && std::ldexp(1.0, f.initial_scale_power) < f.min_loss_scale)
+    r.fail(path + ".initial_scale_power",
+           detail::concat("the dynamic scale starts at 2^", f.initial_scale_power, ", below min_loss_scale ",
+                          f.min_loss_scale));
 }
 
 void parse_offload(Reader& r, const json& j, const std::string& path, bool optimizer, OffloadConfig& o) {

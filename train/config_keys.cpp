@@ -11,7 +11,9 @@ constexpr KeyStatus W = KeyStatus::Warned;
 constexpr KeyStatus E = KeyStatus::Error;
 constexpr bool kSection = true;
 
-constexpr std::string_view kNoFp16 = "fp16 training is not implemented, so loss scaling has nothing to act on";
+constexpr std::string_view kNoFp16 =
+    "checked (type, range); train/loss_scaler.h implements DeepSpeed's loss scaling, but fp16 training is not "
+    "implemented, so nothing is scaled";
 constexpr std::string_view kNoPartitionedCkpt =
     "cutrain's activation checkpointing is the --activation_checkpointing flag: every block's input kept, the block "
     "recomputed in backward; partitioned, CPU or profiled checkpointing is not implemented";
@@ -104,7 +106,9 @@ constexpr ConfigKey kKeys[] = {
     {"bf16.auto_cast", W, "false", "the model computes in bf16 already"},
 
     // fp16
-    {"fp16.enabled", E, "false", "fp16 training is not implemented yet; use bf16"},
+    {"fp16.enabled", E, "false",
+     "fp16 training (fp16 GEMMs and kernels) is not implemented: the fp16 block is checked and its dynamic loss "
+     "scaler exists (train/loss_scaler.h), but nothing computes in fp16; use bf16 (bf16.enabled: true)"},
     {"fp16.auto_cast", W, "false", kNoFp16},
     {"fp16.loss_scale", W, "", kNoFp16},
     {"fp16.initial_scale_power", W, "", kNoFp16},

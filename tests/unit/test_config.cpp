@@ -65,7 +65,7 @@ const char* kEveryKey = R"({
   "bf16": {"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true,
            "stochastic_rounding": true},
   "fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 8, "loss_scale_window": 500, "hysteresis": 3,
-           "consecutive_hysteresis": true, "min_loss_scale": 0.5, "auto_cast": true},
+           "consecutive_hysteresis": true, "min_loss_scale": 2, "auto_cast": true},
   "zero_optimization": {
     "stage": 3, "overlap_comm": true, "contiguous_gradients": false, "reduce_bucket_size": 5e7,
     "allgather_bucket_size": 2e8, "reduce_scatter": false, "allgather_partitions": false,
@@ -144,7 +144,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c.fp16.loss_scale_window, 500);
   EXPECT_EQ(c.fp16.hysteresis, 3);
   EXPECT_TRUE(c.fp16.consecutive_hysteresis);
-  EXPECT_FLOAT_EQ(c.fp16.min_loss_scale, 0.5f);
+  EXPECT_FLOAT_EQ(c.fp16.min_loss_scale, 2.f);
   EXPECT_TRUE(c.fp16.auto_cast);
   const auto& z = c.zero_optimization;
   EXPECT_EQ(z.stage, 3);
@@ -687,9 +687,9 @@ TEST(ConfigKeys, FineValuesAndActedKeysGiveNone) {
 
 TEST(ConfigKeys, ErrorKeysNameTheKeyAndWhy) {
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true}})",
-               {"test.json", "fp16.enabled: fp16 training is not implemented yet; use bf16"});
+               {"test.json", "fp16.enabled: fp16 training (fp16 GEMMs and kernels) is not implemented"});
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "fp16": {"enabled": true}})",
-               {"fp16.enabled: fp16 training is not implemented yet; use bf16"});
+               {"fp16.enabled: fp16 training (fp16 GEMMs and kernels) is not implemented"});
   // Strict or not, the same error.
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true, "loss_scale": 0}})",
                {"fp16.enabled", "not implemented"}, /*strict=*/true);
