@@ -26,7 +26,8 @@
 #               scripts/quality-run.sh (five layouts x 2 models x 1000 steps on WikiText-2 within
 #               QUALITY_BUDGET s, default 240; QUALITY_MODELS=bf16_example or gpt2_small for one
 #               model per call): the loss table and curves in logs/quality/
-#   lamb        LAMB (kernels/lamb.cuh): its GPU tests, CPU tests and e2e (ctest -R 'Lamb|lamb'),
+#   lamb        LAMB (kernels/lamb.cuh): its GPU tests, CPU tests and e2e, with the loss scaler's and
+#               the dropout kernels' tests (ctest -R 'Lamb|lamb|LossScaler|Dropout|Philox'),
 #               bench_lamb (the kernel pair on BERT-Large's tensors and on 4096 small ones, each
 #               layout, RNE and SR: frac_copy_bw, vs_adam = its median over AdamW's on the same
 #               buffers in the same call, bytes_vs_adam = what vs_adam is at equal bandwidth), and
@@ -239,7 +240,7 @@ if want quality; then
 fi
 
 if want lamb; then
-  step lamb_tests 150 "ctest --test-dir build/gpu -j $CTEST_JOBS --output-on-failure -R 'Lamb|lamb'"
+  step lamb_tests 150 "ctest --test-dir build/gpu -j $CTEST_JOBS --output-on-failure -R 'Lamb|lamb|LossScaler|Dropout|Philox'"
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/lamb_tests.txt" | tail -15 >>"$sum" 2>/dev/null
   step lamb_bench 120 "build/gpu/bench/bench_lamb --benchmark_out=$logs/bench_lamb.json --benchmark_out_format=json --benchmark_counters_tabular=true"
   python3 - "$logs/bench_lamb.json" >>"$sum" 2>&1 <<'PY'
