@@ -11,10 +11,10 @@ small_size
 run_flags=(--deepspeed_config configs/lamb.json --device "$device" --warmup_steps 1 --log_interval 1 --seed 5)
 "$bin" train "${run_flags[@]}" "${size[@]}" --num_steps 6 --loss_log_file "$tmp/ref.csv" >"$tmp/ref.txt" 2>&1 \
   || { cat "$tmp/ref.txt"; fail "uninterrupted Lamb run"; }
-# On a fixed batch the loss falls by more than 0.5 in 8 steps.
+# On a fixed batch the loss falls by more than 0.2 in 8 steps (as train_cli.sh asks of AdamW).
 "$bin" train "${run_flags[@]}" "${size[@]}" --num_steps 8 --fixed_batch --learning_rate 1e-2 --loss_log_file "$tmp/fixed.csv" \
   >"$tmp/f.txt" 2>&1 || { cat "$tmp/f.txt"; fail "Lamb fixed-batch run"; }
-awk -F, 'NR == 2 { first = $2 } NR > 1 { if ($2 != $2 + 0) bad = 1; last = $2 } END { exit !(!bad && last < first - 0.5) }' \
+awk -F, 'NR == 2 { first = $2 } NR > 1 { if ($2 != $2 + 0) bad = 1; last = $2 } END { exit !(!bad && last < first - 0.2) }' \
   "$tmp/fixed.csv" || { cat "$tmp/fixed.csv"; fail "Lamb: the loss on a fixed batch is not finite or does not fall"; }
 
 # The same run under AdamW (the Lamb-only parameters removed): other losses.

@@ -293,7 +293,8 @@ TEST_P(LambGpu, MatchesReferenceOverOddTensors) {
   auto [layout, gt, sr] = GetParam();
   auto rng = test::fresh_rng();
   std::size_t n = 0;
-  State st(layout, gt, odd_tensors(0, n), n);
+  const auto tensors = odd_tensors(0, n);  // sets n (before State reads it)
+  State st(layout, gt, tensors, n);
   ASSERT_TRUE(st.plan.aligned4);
   check_steps(st, some_params(rng, sr));
 }
@@ -303,7 +304,8 @@ TEST_P(LambGpu, MatchesReferenceOnTheScalarPath) {
   auto [layout, gt, sr] = GetParam();
   auto rng = test::fresh_rng();
   std::size_t n = 0;
-  State st(layout, gt, odd_tensors(1, n), n);
+  const auto tensors = odd_tensors(1, n);  // sets n (before State reads it)
+  State st(layout, gt, tensors, n);
   ASSERT_FALSE(st.plan.aligned4);
   check_steps(st, some_params(rng, sr));
 }
@@ -314,7 +316,8 @@ TEST_P(LambGpu, CompensatedMatchesReference) {
   if (layout == OptimizerLayout::Baseline) GTEST_SKIP() << "Baseline keeps an fp32 master: no compensation";
   auto rng = test::fresh_rng();
   std::size_t n = 0;
-  State st(layout, gt, odd_tensors(0, n), n, true);
+  const auto tensors = odd_tensors(0, n);
+  State st(layout, gt, tensors, n, true);
   check_steps(st, some_params(rng, sr));
 }
 
@@ -358,7 +361,8 @@ TEST(LambGpuFlags, SkipChangesNothingAndDeviceScaleMultiplies) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   std::size_t n = 0;
-  State st(OptimizerLayout::Bf16MasterWG, DType::F32, odd_tensors(0, n), n);
+  const auto tensors = odd_tensors(0, n);
+  State st(OptimizerLayout::Bf16MasterWG, DType::F32, tensors, n);
   st.randomize(rng);
   st.upload();
   const auto g = make_grads(st, rng);
