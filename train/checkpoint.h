@@ -4,7 +4,7 @@
 // optimizer.safetensors ("<name>.master" / ".exp_avg" / ".exp_avg_sq", and ".compensation" for a
 // compensated bf16 master, in their real dtypes: fp32 master, fp32 moments or bf16 ones with
 // bf16_optimizer_states, bf16 compensation), trainer_state.json (step, data RNG), config.json (the
-// model's shape and layout) and manifest.json, written last. Resuming verifies the manifest first and
+// model's shape, layout and optimizer) and manifest.json, written last. Resuming verifies the manifest first and
 // replays the same losses bit for bit. The safetensors payloads go through the aio handle or plain
 // buffered I/O (train/checkpoint_io.h: `io`, default Auto: CUTRAIN_CHECKPOINT_IO, else aio when a
 // kernel async backend runs); the files are byte-identical either way.
