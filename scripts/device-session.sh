@@ -31,7 +31,8 @@
 #               bench_lamb (the kernel pair on BERT-Large's tensors and on 4096 small ones, each
 #               layout, RNE and SR: frac_copy_bw, vs_adam = its median over AdamW's on the same
 #               buffers in the same call, bytes_vs_adam = what vs_adam is at equal bandwidth), and
-#               8 steps of configs/lamb.json on the BF16 example's model. About 2 minutes.
+#               bench_dropout (the Philox masks against copy bandwidth: frac_copy_bw), 8 steps of
+#               configs/lamb.json on the BF16 example's model. About 3 minutes.
 #   llmc        llm.c (PEERS_DIR, default .peers/: ../shared/peers' run.sh and llmc/) beside cutrain's
 #               GPT-2 on the same WikiText-2 tokens: llm.c trains 30 steps from its d12 init and
 #               writes its checkpoint; cutrain's validation loss of it against llm.c's; 200 steps
@@ -249,6 +250,14 @@ print("lamb bench: row, median us, frac_copy_bw, vs_adam (bytes_vs_adam: the equ
 for b in json.load(open(sys.argv[1]))["benchmarks"]:
     if "vs_adam" in b:
         print(f"  {b['name']:36s} {b['median_us']:9.1f} {b['frac_copy_bw']:6.3f} {b['vs_adam']:6.3f} ({b['bytes_vs_adam']:.3f})")
+PY
+  step dropout_bench 60 "build/gpu/bench/bench_dropout --benchmark_out=$logs/bench_dropout.json --benchmark_out_format=json --benchmark_counters_tabular=true"
+  python3 - "$logs/bench_dropout.json" >>"$sum" 2>&1 <<'PY'
+import json, sys
+print("dropout bench: row, median us, frac_copy_bw")
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    if "frac_copy_bw" in b:
+        print(f"  {b['name']:44s} {b['median_us']:9.1f} {b['frac_copy_bw']:6.3f}")
 PY
   step lamb_train 60 "$bin train --deepspeed_config configs/lamb.json --num_steps 8 --warmup_steps 2 --log_interval 1 | grep -E 'layout|Step|SUMMARY'"
   grep -E "Step 7|SUMMARY" "$logs/lamb_train.txt" | sed 's/^/lamb train: /' >>"$sum" 2>/dev/null
