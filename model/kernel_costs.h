@@ -72,4 +72,13 @@ inline Cost adam_step(std::size_t n, std::size_t g_bytes, std::size_t moment_byt
   return {0, d(n) * (2 * 2 + d(g_bytes) + 2 * 2 * d(moment_bytes) + (master ? 8 : 0) + (compensation ? 4 : 0))};
 }
 
+// LAMB's two passes: pass 1 reads the gradient and the weight and r/w m, v; pass 2 reads the
+// weight, m and v again and writes the weight (and the bf16 param beside an fp32 master).
+inline Cost lamb_step(std::size_t n, std::size_t g_bytes, std::size_t moment_bytes, bool master,
+                      bool compensation = false) {
+  const double w = master ? 4 : 2;
+  return {0, d(n) * (d(g_bytes) + w + 4 * d(moment_bytes) + w + 2 * d(moment_bytes) + w + (master ? 2 : 0) +
+                     (compensation ? 6 : 0))};
+}
+
 }  // namespace cutrain::model::cost

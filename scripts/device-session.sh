@@ -26,6 +26,13 @@
 #               scripts/quality-run.sh (five layouts x 2 models x 1000 steps on WikiText-2 within
 #               QUALITY_BUDGET s, default 240; QUALITY_MODELS=bf16_example or gpt2_small for one
 #               model per call): the loss table and curves in logs/quality/
+#   lamb        LAMB (kernels/lamb.cuh): its GPU tests, CPU tests and e2e, with the loss scaler's and
+#               the dropout kernels' tests (ctest -R 'Lamb|lamb|LossScaler|Dropout|Philox'),
+#               bench_lamb (the kernel pair on BERT-Large's tensors and on 4096 small ones, each
+#               layout, RNE and SR: frac_copy_bw, vs_adam = its median over AdamW's on the same
+#               buffers in the same call, bytes_vs_adam = what vs_adam is at equal bandwidth), and
+#               bench_dropout (the Philox masks against copy bandwidth: frac_copy_bw), 8 steps of
+#               configs/lamb.json on the BF16 example's model. About 3 minutes.
 #   llmc        llm.c (PEERS_DIR, default .peers/: ../shared/peers' run.sh and llmc/) beside cutrain's
 #               GPT-2 on the same WikiText-2 tokens: llm.c trains 30 steps from its d12 init and
 #               writes its checkpoint; cutrain's validation loss of it against llm.c's; 200 steps
@@ -244,6 +251,29 @@ if want quality; then
   qb=${QUALITY_BUDGET:-240}
   step quality_run $((qb + 30)) "scripts/quality-run.sh --bin $bin --data .devdata --budget $qb ${QUALITY_MODELS:+--models $QUALITY_MODELS} --bench_json $logs/bench_k3_comp.json --out $logs/quality; rc=\$?; rm -rf $logs/quality/data; exit \$rc"
   sed -n '/^## BF16 master weights/,$p' "$logs/quality_run.txt" | grep -v "^quality-run:" >>"$sum" 2>/dev/null
+fi
+
+if want lamb; then
+  step lamb_tests 150 "ctest --test-dir build/gpu -j $CTEST_JOBS --output-on-failure -R 'Lamb|lamb|LossScaler|Dropout|Philox'"
+  grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/lamb_tests.txt" | tail -15 >>"$sum" 2>/dev/null
+  step lamb_bench 120 "build/gpu/bench/bench_lamb --benchmark_out=$logs/bench_lamb.json --benchmark_out_format=json --benchmark_counters_tabular=true"
+  python3 - "$logs/bench_lamb.json" >>"$sum" 2>&1 <<'PY'
+import json, sys
+print("lamb bench: row, median us, frac_copy_bw, vs_adam (bytes_vs_adam: the equal-bandwidth ratio)")
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    if "vs_adam" in b:
+        print(f"  {b['name']:36s} {b['median_us']:9.1f} {b['frac_copy_bw']:6.3f} {b['vs_adam']:6.3f} ({b['bytes_vs_adam']:.3f})")
+PY
+  step dropout_bench 60 "build/gpu/bench/bench_dropout --benchmark_out=$logs/bench_dropout.json --benchmark_out_format=json --benchmark_counters_tabular=true"
+  python3 - "$logs/bench_dropout.json" >>"$sum" 2>&1 <<'PY'
+import json, sys
+print("dropout bench: row, median us, frac_copy_bw")
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    if "frac_copy_bw" in b:
+        print(f"  {b['name']:44s} {b['median_us']:9.1f} {b['frac_copy_bw']:6.3f}")
+PY
+  step lamb_train 60 "$bin train --deepspeed_config configs/lamb.json --num_steps 8 --warmup_steps 2 --log_interval 1 | grep -E 'layout|Step|SUMMARY'"
+  grep -E "Step 7|SUMMARY" "$logs/lamb_train.txt" | sed 's/^/lamb train: /' >>"$sum" 2>/dev/null
 fi
 
 if want llmc; then

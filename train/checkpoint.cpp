@@ -77,6 +77,22 @@ json checkpoint_model_config(const model::ModelDims& d, DType param_dtype, DType
           {"num_params", num_params}};
 }
 
+void check_checkpoint_optimizer(const json& c, OptimizerType type, const std::string& where) {
+  const bool recorded = c.is_object() && c.contains("optimizer");
+  if (recorded && !c["optimizer"].is_string())
+    throw OptimizerMismatchError(detail::concat(where, ": optimizer: expected a string, found ", describe_json(c["optimizer"])),
+                                 __FILE__, __LINE__);
+  const std::string saved = recorded ? c["optimizer"].get<std::string>() : "Adam or AdamW (not recorded)";
+  const bool same = recorded ? saved == name(type) : type != OptimizerType::Lamb;
+  if (!same)
+    throw OptimizerMismatchError(
+        detail::concat(where, ": optimizer: the checkpoint holds the state of optimizer ", saved,
+                       ", this run's optimizer.type is ", name(type),
+                       "; resume with the checkpoint's optimizer.type or start a new run (its exp_avg / exp_avg_sq "
+                       "mean another optimizer's moments)"),
+        __FILE__, __LINE__);
+}
+
 model::ModelDims checkpoint_model_dims(const json& c, const std::string& where) {
   auto get = [&](const char* key) {
     CUTRAIN_CHECK(c.is_object() && c.contains(key) && c[key].is_number_integer() && c[key].get<long long>() > 0, where,
@@ -126,6 +142,7 @@ CheckpointSaveReport write_checkpoint(const std::filesystem::path& root, const m
   m.step = meta.step;
   m.config = checkpoint_model_config(T.dims(), s.params.dtype(), s.exp_avg.dtype(), T.num_params(), meta.layout,
                                      meta.causal);
+  if (!meta.optimizer.empty()) m.config["optimizer"] = meta.optimizer;
   auto add = [&](const char* name, FileDigest d) {
     m.files.push_back({name, d.bytes, d.xxh64});
     report.bytes += d.bytes;

@@ -4,7 +4,7 @@
 // optimizer.safetensors ("<name>.master" / ".exp_avg" / ".exp_avg_sq", and ".compensation" for a
 // compensated bf16 master, in their real dtypes: fp32 master, fp32 moments or bf16 ones with
 // bf16_optimizer_states, bf16 compensation), trainer_state.json (step, data RNG), config.json (the
-// model's shape and layout) and manifest.json, written last. Resuming verifies the manifest first and
+// model's shape, layout and optimizer) and manifest.json, written last. Resuming verifies the manifest first and
 // replays the same losses bit for bit. The safetensors payloads go through the aio handle or plain
 // buffered I/O (train/checkpoint_io.h: `io`, default Auto: CUTRAIN_CHECKPOINT_IO, else aio when a
 // kernel async backend runs); the files are byte-identical either way.
@@ -19,8 +19,10 @@
 #include <vector>
 
 #include "runtime/aio/aio_handle.h"
+#include "runtime/error.h"
 #include "train/checkpoint_io.h"
 #include "train/checkpoint_manifest.h"
+#include "train/choices.h"
 #include "train/state_snapshot.h"
 #include "train/train_backend.h"
 
@@ -34,6 +36,8 @@ struct CheckpointMeta {
   std::string layout;
   bool causal = false;
   std::vector<std::string> notes = {};  // load: warnings to print (a compensation started at zero or dropped)
+  // For config.json: the optimizer.type whose state optimizer.safetensors holds (empty: not recorded).
+  std::string optimizer = {};
 };
 
 // The two safetensors files of a state as a checkpoint holds them: entries viewing `state`'s
@@ -54,6 +58,16 @@ inline const char* kCheckpointConfigFile = "config.json";
 // `moment_dtype`: the dtype of exp_avg / exp_avg_sq in optimizer.safetensors (the master is F32).
 nlohmann::json checkpoint_model_config(const model::ModelDims& dims, DType param_dtype, DType moment_dtype,
                                        std::size_t num_params, const std::string& layout, bool causal);
+// Refuses (OptimizerMismatchError, naming the file and both types) a resume whose optimizer.type is
+// not the one config.json records: the same exp_avg / exp_avg_sq tensors are Adam's moments or
+// LAMB's, and continuing one with the other is not the run that was saved. A config.json without
+// the key predates Lamb: it was written by Adam or AdamW, and only Lamb is refused.
+class OptimizerMismatchError : public Error {
+ public:
+  using Error::Error;
+};
+void check_checkpoint_optimizer(const nlohmann::json& config, OptimizerType type, const std::string& where);
+
 // The dimensions a config.json gives (`where` names the file in errors).
 model::ModelDims checkpoint_model_dims(const nlohmann::json& config, const std::string& where);
 

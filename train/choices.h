@@ -16,10 +16,10 @@ namespace cutrain::train {
 
 // ---- the DeepSpeed config ----
 
-// optimizer.type (case-insensitive in the file).
-enum class OptimizerType { Adam, AdamW };
-inline constexpr std::array<Choice<OptimizerType>, 2> kOptimizerTypes{
-    {{OptimizerType::Adam, "Adam"}, {OptimizerType::AdamW, "AdamW"}}};
+// optimizer.type (case-insensitive in the file, as DeepSpeed lower-cases it).
+enum class OptimizerType { Adam, AdamW, Lamb };
+inline constexpr std::array<Choice<OptimizerType>, 3> kOptimizerTypes{
+    {{OptimizerType::Adam, "Adam"}, {OptimizerType::AdamW, "AdamW"}, {OptimizerType::Lamb, "Lamb"}}};
 
 // scheduler.type; None: no scheduler section (a constant lr).
 enum class SchedulerType { None, WarmupLR, WarmupDecayLR, WarmupCosineLR };

@@ -4,6 +4,7 @@
 // on (or silently misbehave with).
 #include "train/config.h"
 
+#include <cmath>
 #include <limits>
 
 #include "runtime/file_util.h"
@@ -42,6 +43,21 @@ void parse_optimizer(Reader& r, const json& j, OptimizerConfig& o) {
     bool unused = false;
     r.read(*p, pp, "torch_adam", unused);
     if (const json* a = Reader::find(*p, "amsgrad")) r.as_bool(*a, pp + ".amsgrad");
+    r.read(*p, pp, "max_coeff", o.max_coeff, 0.0, kInf);
+    r.read(*p, pp, "min_coeff", o.min_coeff, 0.0, kInf);
+    r.read(*p, pp, "eps_inside_sqrt", o.eps_inside_sqrt);
+    // DeepSpeed passes params to the optimizer's constructor as keyword arguments: a parameter of
+    // the other family is a TypeError there, so it is an error here.
+    const bool lamb = o.type == OptimizerType::Lamb;
+    for (const char* k : {"max_coeff", "min_coeff", "eps_inside_sqrt"})
+      if (!lamb && Reader::find(*p, k))
+        r.fail(pp + "." + k, std::string(k) + " is a parameter of type Lamb; type is " + name(o.type));
+    for (const char* k : {"adam_w_mode", "torch_adam"})
+      if (lamb && Reader::find(*p, k)) r.fail(pp + "." + k, std::string(k) + " is a parameter of type Adam / AdamW; type is Lamb");
+    if (!lamb && !o.bias_correction)
+      r.fail(pp + ".bias_correction", "Adam without bias correction is not implemented (type Lamb supports it)");
+    if (o.min_coeff > o.max_coeff)
+      r.fail(pp + ".min_coeff", detail::concat("min_coeff ", o.min_coeff, " is above max_coeff ", o.max_coeff));
   }
   // DeepSpeed: type AdamW is always decoupled weight decay; adam_w_mode only matters for type Adam.
   if (o.type == OptimizerType::AdamW) {
@@ -119,7 +135,13 @@ void parse_fp16(Reader& r, const json& j, Fp16Config& f) {
   r.read(j, path, "loss_scale_window", f.loss_scale_window, 1, kMaxInt);
   r.read(j, path, "hysteresis", f.hysteresis, 1, kMaxInt);
   r.read(j, path, "consecutive_hysteresis", f.consecutive_hysteresis);
-  r.read(j, path, "min_loss_scale", f.min_loss_scale, 0.0, kInf, true);
+  // DeepSpeed's DeepSpeedFP16Config types min_loss_scale as an int (a fraction fails there).
+  if (const json* v = Reader::find(j, "min_loss_scale"))
+    f.min_loss_scale = static_cast<float>(r.as_int(*v, path + ".min_loss_scale", 1, kMaxInt));
+  if (f.loss_scale == 0.f && std::ldexp(1.0, f.initial_scale_power) < f.min_loss_scale)
+    r.fail(path + ".initial_scale_power",
+           detail::concat("the dynamic scale starts at 2^", f.initial_scale_power, ", below min_loss_scale ",
+                          f.min_loss_scale));
 }
 
 void parse_offload(Reader& r, const json& j, const std::string& path, bool optimizer, OffloadConfig& o) {
@@ -240,6 +262,11 @@ void check_consistency(Reader& r, const TrainConfig& c) {
            "(the baseline layout's fp32 master needs no compensation)");
   if (c.bf16.stochastic_rounding && !c.bf16.enabled)
     r.fail("bf16.stochastic_rounding", "stochastic_rounding applies to bf16 writes and needs bf16.enabled: true");
+  if (c.optimizer.type == OptimizerType::Lamb && c.zero_optimization.stage > 0)
+    r.fail("zero_optimization.stage",
+           detail::concat("optimizer type Lamb needs ZeRO stage 0, found stage ", c.zero_optimization.stage,
+                          ": its per-tensor trust ratios need whole tensors on a rank (DeepSpeed's ZeRO does not "
+                          "support FusedLamb either)"));
   if (c.torch_autocast.enabled && c.torch_autocast.dtype == AutocastDtype::Float16)
     r.fail("torch_autocast.dtype", "autocast to torch.float16 is not implemented (the model computes in bf16); use torch.bfloat16");
 }

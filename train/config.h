@@ -31,7 +31,10 @@ struct OptimizerConfig {
   float weight_decay = 0.f;
   // DeepSpeed's Adam with adam_w_mode=true is AdamW; type "Adam" uses L2 unless adam_w_mode.
   bool adam_w_mode = true;
-  bool bias_correction = true;
+  bool bias_correction = true;  // false: Lamb only (Adam without bias correction is an error)
+  // Lamb (DeepSpeed's FusedLamb): the trust ratio's clamp, and eps under the square root.
+  float max_coeff = 10.f, min_coeff = 0.01f;
+  bool eps_inside_sqrt = false;
 };
 
 struct SchedulerConfig {

@@ -11,7 +11,9 @@ constexpr KeyStatus W = KeyStatus::Warned;
 constexpr KeyStatus E = KeyStatus::Error;
 constexpr bool kSection = true;
 
-constexpr std::string_view kNoFp16 = "fp16 training is not implemented, so loss scaling has nothing to act on";
+constexpr std::string_view kNoFp16 =
+    "checked (type, range); train/loss_scaler.h implements DeepSpeed's loss scaling, but fp16 training is not "
+    "implemented, so nothing is scaled";
 constexpr std::string_view kNoPartitionedCkpt =
     "cutrain's activation checkpointing is the --activation_checkpointing flag: every block's input kept, the block "
     "recomputed in backward; partitioned, CPU or profiled checkpointing is not implemented";
@@ -45,7 +47,7 @@ constexpr ConfigKey kKeys[] = {
     {"aio", A, "", "", kSection},
     {"prescale_gradients", W, "false", "gradients are averaged once, after the reduction"},
     {"gradient_predivide_factor", W, "1|1.0", "gradients are averaged once, after the reduction"},
-    {"zero_allow_untested_optimizer", W, "", "cutrain has only its own Adam(W)"},
+    {"zero_allow_untested_optimizer", W, "", "cutrain has only its own Adam(W) and Lamb (Lamb refuses ZeRO)"},
     {"zero_force_ds_cpu_optimizer", W, "", "the optimizer always runs on the GPU"},
     {"memory_breakdown", W, "false", "the Step lines and --metrics_file report memory"},
     {"dump_state", W, "false", "not implemented"},
@@ -66,14 +68,18 @@ constexpr ConfigKey kKeys[] = {
     {"seq_parallel_communication_data_type", W, "", "sequence parallelism is not implemented"},
 
     // optimizer
-    {"optimizer.type", A, "", "Adam or AdamW (any case)"},
+    {"optimizer.type", A, "", "Adam, AdamW or Lamb (any case); Lamb needs ZeRO stage 0"},
     {"optimizer.params", A, "", "", kSection},
     {"optimizer.params.lr", A, "", "the learning rate (--learning_rate overrides it)"},
     {"optimizer.params.betas", A, "", "Adam's beta1, beta2"},
     {"optimizer.params.eps", A, "", "Adam's epsilon"},
     {"optimizer.params.weight_decay", A, "", "decoupled (AdamW) or L2 (Adam without adam_w_mode)"},
     {"optimizer.params.adam_w_mode", A, "", "type Adam: true decoupled weight decay, false L2"},
-    {"optimizer.params.bias_correction", E, "true", "Adam without bias correction is not implemented"},
+    {"optimizer.params.bias_correction", A, "", "Lamb: false steps by lr without bias correction; Adam / AdamW: false is an error (not implemented)"},
+    {"optimizer.params.max_coeff", A, "", "Lamb: the trust ratio's upper clamp (default 10)"},
+    {"optimizer.params.min_coeff", A, "", "Lamb: the trust ratio's lower clamp (default 0.01)"},
+    {"optimizer.params.eps_inside_sqrt", A, "", "Lamb: sqrt(v + eps) instead of sqrt(v) + eps"},
+    {"optimizer.params.max_grad_norm", E, "", "DeepSpeed refuses it too; use gradient_clipping"},
     {"optimizer.params.torch_adam", W, "false", "cutrain's fused Adam computes the same update"},
     {"optimizer.params.amsgrad", E, "false", "amsgrad is not implemented"},
 
@@ -102,7 +108,9 @@ constexpr ConfigKey kKeys[] = {
     {"bf16.auto_cast", W, "false", "the model computes in bf16 already"},
 
     // fp16
-    {"fp16.enabled", E, "false", "fp16 training is not implemented yet; use bf16"},
+    {"fp16.enabled", E, "false",
+     "fp16 training (fp16 GEMMs and kernels) is not implemented: the fp16 block is checked and its dynamic loss "
+     "scaler exists (train/loss_scaler.h), but nothing computes in fp16; use bf16 (bf16.enabled: true)"},
     {"fp16.auto_cast", W, "false", kNoFp16},
     {"fp16.loss_scale", W, "", kNoFp16},
     {"fp16.initial_scale_power", W, "", kNoFp16},

@@ -5,6 +5,7 @@
 
 #include "model/reference_model.h"
 #include "runtime/error.h"
+#include "train/lamb_optimizer.h"
 
 namespace cutrain::train {
 namespace {
@@ -19,6 +20,7 @@ class CpuBackend final : public TrainBackend {
     grads_.assign(n, 0.f);
     m_.assign(n, 0.f);
     v_.assign(n, 0.f);
+    if (c.optimizer.type == OptimizerType::Lamb) lamb_tensors_ = lamb_tensors(table_);
   }
   const model::TransformerParams& table() const override { return table_; }
 
@@ -41,6 +43,11 @@ class CpuBackend final : public TrainBackend {
     double scale = 1.0;
     if (cfg_.gradient_clipping > 0) scale = std::min(1.0, cfg_.gradient_clipping / (st.grad_norm + 1e-6));
     const auto& o = cfg_.optimizer;
+    if (o.type == OptimizerType::Lamb) {
+      host_lamb_step(lamb_params(o, lr, step), scale, lamb_tensors_, params_.data(), grads_.data(), m_.data(),
+                     v_.data());
+      return st;
+    }
     for (const model::DecayRun& r : table_.decay_runs())  // GPT-2: no decay for biases and LayerNorm
       model::reference_adam_step(params_.data() + r.begin, grads_.data() + r.begin, m_.data() + r.begin,
                                  v_.data() + r.begin, r.end - r.begin, lr, o.beta1, o.beta2, o.eps,
@@ -74,6 +81,7 @@ class CpuBackend final : public TrainBackend {
   model::TransformerParams table_;
   model::ReferenceModel<float> model_;
   std::vector<float> params_, grads_, m_, v_;
+  std::vector<kernels::LambTensor> lamb_tensors_;  // Lamb: the model's parameter tensors
 };
 
 }  // namespace

@@ -1,4 +1,4 @@
-// @brief The CPU training backend: the fp32 reference model and a host AdamW, with the engine's
+// @brief The CPU training backend: the fp32 reference model and a host AdamW or LAMB, with the engine's
 // clipping and NaN/Inf skip. Slow; for tests, CI and machines without a GPU.
 #pragma once
 

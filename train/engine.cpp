@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "kernels/adamw.cuh"
+#include "kernels/lamb.cuh"
 #include "kernels/reduce.cuh"
 #include "model/kernel_costs.h"
 #include "runtime/check.h"
@@ -15,6 +16,7 @@
 #include "runtime/nvtx.h"
 #include "runtime/profiler.h"
 #include "runtime/timing.h"
+#include "train/lamb_optimizer.h"
 #include "train/zero_memory.h"
 
 namespace cutrain::train {
@@ -125,6 +127,20 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(grads_.get(), 0, grads_.bytes(), stream_));
   if (grad_shard_) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(grad_shard_.get(), 0, grad_shard_.bytes(), stream_));
 
+  if (c.optimizer.type == OptimizerType::Lamb) {
+    // The per-tensor trust ratios need whole tensors on this rank (the config refuses ZeRO too).
+    CUTRAIN_CHECK(!zero_.partitioned() && !zero_.sharded(), "train: optimizer type Lamb needs zero_optimization.stage 0 ",
+                  "(its trust ratios are per whole tensor), found stage ", c.zero_optimization.stage);
+    const kernels::LambPlan lp = kernels::LambPlan::make(lamb_tensors(table_));
+    std::vector<unsigned char> packed(lp.table_bytes());
+    lp.pack(packed.data());
+    lamb_table_ = Buffer(A, packed.size(), stream_);
+    lamb_ws_ = Buffer(A, lp.workspace_bytes(), stream_);
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(lamb_table_.get(), packed.data(), packed.size(), cudaMemcpyHostToDevice, stream_));
+    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(lamb_ws_.get(), 0, lamb_ws_.bytes(), stream_));  // the counters start at 0
+    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `packed` is freed at the end of this block
+    lamb_ = kernels::lamb_device_table(lp, lamb_table_.get(), lamb_ws_.get());
+  }
   const std::size_t per_step = std::size_t(accum_) * o.batch * o.seq;
   tokens_d_ = Buffer(A, per_step * 4, stream_);
   labels_d_ = Buffer(A, per_step * 4, stream_);
@@ -395,14 +411,25 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     const parallel::Range sr = zero_.sharded() ? parallel::Range{0, layout_.shard_elems} : zero_.state_range();
     const std::size_t gs = dtype_size(plan_.grad);
     const void* g = zero_.sharded() ? grad_shard_.get() : static_cast<const char*>(grads_.get()) + sr.begin * gs;
+    const bool lamb = cfg_.optimizer.type == OptimizerType::Lamb;
     const model::cost::Cost c =
-        model::cost::adam_step(sr.size(), gs, dtype_size(plan_.moment), plan_.has_master, plan_.compensation);
+        lamb ? model::cost::lamb_step(sr.size(), gs, dtype_size(plan_.moment), plan_.has_master, plan_.compensation)
+             : model::cost::adam_step(sr.size(), gs, dtype_size(plan_.moment), plan_.has_master, plan_.compensation);
     TimedRegion ro("optimizer", stream_, c.flops, c.bytes);
+    if (lamb) {
+      // One launch pair over the model's tensors (ZeRO stage 0: the whole flat buffer here).
+      kernels::LambParams lp = lamb_params(cfg_.optimizer, lr, step);
+      lp.stochastic_rounding = cfg_.bf16.stochastic_rounding;
+      lp.seed = opt_.seed;
+      kernels::lamb_step(stream_, plan_.layout, lp, lamb_, params_.as<bf16>(), g, plan_.grad,
+                         plan_.has_master ? as_f32(master_) : nullptr, m_.get(), v_.get(), flags + accum_ + 1,
+                         reinterpret_cast<const int*>(flags + accum_ + 2), plan_.compensation ? comp_.as<bf16>() : nullptr);
+    }
     // One launch per decay run (model/transformer_params.h): a single one for the seed model;
     // GPT-2 decays its matrices and embeddings only. The last run also covers the partition's
     // padding past n_. Stage 3 (refused for GPT-2) has one run over its whole shard.
     const std::size_t ms = dtype_size(plan_.moment);
-    for (std::size_t k = 0; k < decay_runs_.size(); ++k) {
+    for (std::size_t k = 0; !lamb && k < decay_runs_.size(); ++k) {
       const model::DecayRun& run = decay_runs_[k];
       const std::size_t b = zero_.sharded() ? sr.begin : std::max(run.begin, sr.begin);
       const std::size_t e = zero_.sharded() || k + 1 == decay_runs_.size() ? sr.end : std::min(run.end, sr.end);

@@ -22,6 +22,7 @@
 #include "parallel/zero_stage3.h"
 #include "runtime/device.h"
 #include "runtime/offload.h"
+#include "kernels/lamb.cuh"
 #include "train/cpu_backend.h"
 #include "train/optimizer_swap.h"
 #include "train/precision.h"
@@ -132,6 +133,9 @@ class GpuEngine final : public TrainBackend {
   // every unit). comp_: the bf16 master's compensation (plan_.compensation), sized like m_ in bf16.
   Buffer params_, grads_, master_, comp_, m_, v_, grad_shard_;
   Buffer tokens_d_, labels_d_, flags_d_, norm_scratch_;
+  // Lamb: the packed tensor table and the workspace (partials, ratios, counters) of lamb_step.
+  Buffer lamb_table_, lamb_ws_;
+  kernels::LambDeviceTable lamb_;
   std::size_t state_bytes_ = 0, state_requested_bytes_ = 0;
   std::unique_ptr<model::GpuTransformer> model_;
   std::unique_ptr<parallel::ShardedParams> sharded_;  // stage 3 only; after zero_comm_ (uses its stream)

@@ -252,6 +252,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     CUTRAIN_CHECK(ck_layout.empty() || ck_layout == plan.name(), "train: ", o.deepspeed_config.string(),
                   " gives the precision layout ", plan.name(), ", the checkpoint (", resume->folder.string(),
                   "/config.json) has ", ck_layout);
+    check_checkpoint_optimizer(resume->manifest.config, cfg.optimizer.type,
+                               (resume->folder / kCheckpointConfigFile).string());
   }
 
   BackendOptions bo;
@@ -450,7 +452,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   auto save = [&](int done) {
     std::ostringstream rng_text;
     rng_text << data_rng;
-    writer->save(*be, CheckpointMeta{done, rng_text.str(), plan.name(), causal});
+    writer->save(*be, CheckpointMeta{done, rng_text.str(), plan.name(), causal, {}, name(cfg.optimizer.type)});
     report_saves();  // sync: this save's lines now
   };
   be->reset_peak();

@@ -65,7 +65,7 @@ const char* kEveryKey = R"({
   "bf16": {"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true,
            "stochastic_rounding": true},
   "fp16": {"enabled": false, "loss_scale": 0, "initial_scale_power": 8, "loss_scale_window": 500, "hysteresis": 3,
-           "consecutive_hysteresis": true, "min_loss_scale": 0.5, "auto_cast": true},
+           "consecutive_hysteresis": true, "min_loss_scale": 2, "auto_cast": true},
   "zero_optimization": {
     "stage": 3, "overlap_comm": true, "contiguous_gradients": false, "reduce_bucket_size": 5e7,
     "allgather_bucket_size": 2e8, "reduce_scatter": false, "allgather_partitions": false,
@@ -144,7 +144,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c.fp16.loss_scale_window, 500);
   EXPECT_EQ(c.fp16.hysteresis, 3);
   EXPECT_TRUE(c.fp16.consecutive_hysteresis);
-  EXPECT_FLOAT_EQ(c.fp16.min_loss_scale, 0.5f);
+  EXPECT_FLOAT_EQ(c.fp16.min_loss_scale, 2.f);
   EXPECT_TRUE(c.fp16.auto_cast);
   const auto& z = c.zero_optimization;
   EXPECT_EQ(z.stage, 3);
@@ -252,8 +252,8 @@ TEST(Config, OutOfRangeNamesIndexedPath) {
                {"gradient_clipping", "expected a number >= 0", "found number -1"});
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "aio": {"block_size": 1000}})",
                {"aio.block_size", "multiple of 512", "found number 1000"});
-  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Lamb"}})",
-               {"optimizer.type", "one of \"Adam\", \"AdamW\"", "found string \"Lamb\""});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adagrad"}})",
+               {"optimizer.type", "one of \"Adam\", \"AdamW\", \"Lamb\"", "found string \"Adagrad\""});
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}})",
                {"zero_optimization.offload_param.device", "\"none\", \"cpu\", \"nvme\"", "found string \"gpu\""});
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "torch_autocast": {"dtype": "torch.float32"}})",
@@ -710,9 +710,9 @@ TEST(ConfigKeys, FineValuesAndActedKeysGiveNone) {
 
 TEST(ConfigKeys, ErrorKeysNameTheKeyAndWhy) {
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true}})",
-               {"test.json", "fp16.enabled: fp16 training is not implemented yet; use bf16"});
+               {"test.json", "fp16.enabled: fp16 training (fp16 GEMMs and kernels) is not implemented"});
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "fp16": {"enabled": true}})",
-               {"fp16.enabled: fp16 training is not implemented yet; use bf16"});
+               {"fp16.enabled: fp16 training (fp16 GEMMs and kernels) is not implemented"});
   // Strict or not, the same error.
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true, "loss_scale": 0}})",
                {"fp16.enabled", "not implemented"}, /*strict=*/true);
@@ -772,4 +772,42 @@ TEST(Config, LlmcGpt2ConfigsLoad) {
   const train::TrainConfig cst = train::load_config(dir / "llmc_gpt2_constant.json");
   const train::LrSchedule k = train::LrSchedule::from_config(cst);
   for (int step : {0, 1, 199, 5000}) EXPECT_FLOAT_EQ(k.lr(step), 3e-4f);
+}
+
+// ---- optimizer type Lamb (DeepSpeed's FusedLamb parameters) ----
+
+TEST(ConfigLamb, ParsesItsParameters) {
+  const train::TrainConfig c = train::parse_config(
+      R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "lamb", "params": {"lr": 11e-3,
+          "weight_decay": 0.01, "bias_correction": false, "max_coeff": 0.3, "min_coeff": 0.01,
+          "eps_inside_sqrt": true}}})",
+      "lamb.json");
+  EXPECT_EQ(c.optimizer.type, train::OptimizerType::Lamb);  // any case, as DeepSpeed's
+  EXPECT_FLOAT_EQ(c.optimizer.lr, 11e-3f);
+  EXPECT_FALSE(c.optimizer.bias_correction);
+  EXPECT_FLOAT_EQ(c.optimizer.max_coeff, 0.3f);
+  EXPECT_FLOAT_EQ(c.optimizer.min_coeff, 0.01f);
+  EXPECT_TRUE(c.optimizer.eps_inside_sqrt);
+  EXPECT_TRUE(c.warnings.empty());
+  const train::TrainConfig d = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Lamb"}})", "d.json");
+  EXPECT_FLOAT_EQ(d.optimizer.max_coeff, 10.f);  // FusedLamb's defaults
+  EXPECT_FLOAT_EQ(d.optimizer.min_coeff, 0.01f);
+  EXPECT_FALSE(d.optimizer.eps_inside_sqrt);
+}
+
+TEST(ConfigLamb, ParametersOfTheOtherFamilyAndBadCombinationsAreErrors) {
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"max_coeff": 0.3}}})",
+               {"optimizer.params.max_coeff", "a parameter of type Lamb; type is AdamW"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"eps_inside_sqrt": true}}})",
+               {"optimizer.params.eps_inside_sqrt", "type is Adam"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Lamb", "params": {"adam_w_mode": true}}})",
+               {"optimizer.params.adam_w_mode", "type Adam / AdamW; type is Lamb"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Lamb", "params": {"min_coeff": 2, "max_coeff": 1}}})",
+               {"optimizer.params.min_coeff", "above max_coeff"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Lamb", "params": {"max_grad_norm": 1.0}}})",
+               {"optimizer.params.max_grad_norm", "gradient_clipping"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Lamb"}, "zero_optimization": {"stage": 1}})",
+               {"zero_optimization.stage", "Lamb needs ZeRO stage 0, found stage 1"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Lamb", "params": {"max_coeff": -1}}})",
+               {"optimizer.params.max_coeff"});
 }
