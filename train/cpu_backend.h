@@ -1,5 +1,6 @@
 // @brief The CPU training backend: the fp32 reference model and a host AdamW, with the engine's
-// clipping and NaN/Inf skip. Slow; for tests, CI and machines without a GPU.
+// clipping and NaN/Inf skip; data parallel with ZeRO stages 0-3 over the host communicator under
+// a launcher (train/cpu_zero.h). Slow; for tests, CI and machines without a GPU.
 #pragma once
 
 #include <memory>
@@ -21,9 +22,10 @@ struct BackendOptions {
   bool recompute_gelu = false;  // GPT-2 on the GPU: llm.c's -r 1 (model/transformer_gpu.h)
   bool cuda_graph = true;
   bool causal = false;
-  // Data parallelism (GPU engine): the NCCL communicator to reduce over. Null: the engine reads
-  // the launch environment (runtime/comm/launch_env.h) and creates one only when WORLD_SIZE > 1;
-  // a single process without launcher variables never touches NCCL.
+  // Data parallelism: the communicator to reduce over (NCCL for the GPU engine, the host
+  // communicator for the CPU backend: train/cpu_zero.h). Null: the backend reads the launch
+  // environment (runtime/comm/launch_env.h) and creates one only when WORLD_SIZE > 1; a single
+  // process without launcher variables never makes one.
   std::shared_ptr<comm::Communicator> comm;
 };
 

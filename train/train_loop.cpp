@@ -178,9 +178,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                 "train: --accept_legacy_checkpoint: expected --resume DIR with it, found none");
   const bool next_token = o.use_real_data && o.labels != LabelsChoice::Identity;
 
-  // Data parallel (cutrain launch, torchrun, mpirun, Slurm): the engine makes the communicator from
-  // the same variables; here they size the global batch and deal real-data batches by rank.
-  const comm::LaunchEnv env = o.device == TrainDevice::Cuda ? comm::read_launch_env() : comm::LaunchEnv{};
+  // Data parallel (cutrain launch, torchrun, mpirun, Slurm): the backend makes the communicator from
+  // the same variables (NCCL on GPUs, the host communicator on the CPU backend); here they size the
+  // global batch and deal batches by rank.
+  const comm::LaunchEnv env = comm::read_launch_env();
   // As the BF16 example's print_rank_0: the log is rank 0's; other ranks print only their ZeRO
   // memory line (the engine's) and errors.
   std::ostream quiet(nullptr);
@@ -498,11 +499,25 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       std::copy(b.targets, b.targets + per_micro, l);
     }
   };
+  // Random data on the CPU backend with several ranks is dealt by rank: every rank draws the global
+  // batch (world x accumulation micro-batches, the single process's at the same train_batch_size)
+  // and keeps micro-batches [rank x accumulation, (rank + 1) x accumulation). On GPUs every rank
+  // draws the same batch (docs/distributed.md).
+  const bool deal_random = o.device == TrainDevice::Cpu && env.world_size > 1;
   auto draw = [&] {
     // Random input ids and random labels in [0, vocab), like the BF16 example.
     std::uniform_int_distribution<std::int32_t> d(0, vocab - 1);
-    for (auto& t : tokens) t = d(data_rng);
-    for (auto& l : labels) l = d(data_rng);
+    if (!deal_random) {
+      for (auto& t : tokens) t = d(data_rng);
+      for (auto& l : labels) l = d(data_rng);
+      return;
+    }
+    const std::size_t first = std::size_t(env.rank) * per_step, total = std::size_t(env.world_size) * per_step;
+    for (std::vector<std::int32_t>* v : {&tokens, &labels})
+      for (std::size_t i = 0; i < total; ++i) {
+        const std::int32_t x = d(data_rng);
+        if (i >= first && i < first + per_step) (*v)[i - first] = x;
+      }
   };
   if (o.fixed_batch) sampler ? draw_real(first_step) : draw();
 
