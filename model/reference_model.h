@@ -12,6 +12,14 @@
 
 namespace cutrain::model {
 
+// A contiguous run of the model's layer sequence (embedding, blocks [first, end), head): what one
+// pipeline stage computes. The default is the whole model.
+struct LayerSpan {
+  bool embedding = true;
+  int first = 0, end = -1;  // blocks; end -1: through the last block
+  bool head = true;         // the output projection and the loss
+};
+
 template <typename T>
 class ReferenceModel {
  public:
@@ -28,6 +36,17 @@ class ReferenceModel {
   void backward(const T* params, T* grads, double grad_scale = 1.0);
 
   const std::vector<T>& logits() const { return logits_; }  // [B*S, vocab_rows] of the last forward
+
+  // One span (SimpleTransformerModel only; GPT-2's tied head spans the first and last layers):
+  // the input is `tokens` when the span starts with the embedding, else `x_in` [B*S, hidden];
+  // `labels` are read when it ends with the head, which returns the loss; otherwise the output
+  // [B*S, hidden] goes to `x_out` and 0 is returned. forward() is the whole span.
+  double forward_span(const T* params, const LayerSpan& span, const std::int32_t* tokens, const std::int32_t* labels,
+                      const T* x_in, int B, int S, std::vector<T>* x_out);
+  // The backward of the last forward_span: from the loss when the span has the head, else from
+  // `dx_out` (the gradient of its output); the gradient of its input goes to `dx_in` unless the
+  // span starts with the embedding.
+  void backward_span(const T* params, T* grads, const T* dx_out, double grad_scale, std::vector<T>* dx_in);
 
  private:
   struct LayerActs {
@@ -49,6 +68,7 @@ class ReferenceModel {
 
   const TransformerParams& p_;
   bool causal_;
+  LayerSpan span_;  // of the last forward, end resolved
   int B_ = 0, S_ = 0;
   std::vector<std::int32_t> tokens_, labels_;
   std::vector<LayerActs> acts_;
