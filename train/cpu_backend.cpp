@@ -6,6 +6,7 @@
 #include "model/reference_model.h"
 #include "runtime/comm/host_communicator.h"
 #include "runtime/error.h"
+#include "train/cpu_pipeline.h"
 #include "train/cpu_zero.h"
 
 namespace cutrain::train {
@@ -156,6 +157,7 @@ class CpuBackend final : public TrainBackend {
 }  // namespace
 
 std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& o, const TrainConfig& c) {
+  if (o.pipeline_stages > 1) return make_cpu_pipeline_backend(o, c);
   return std::make_unique<CpuBackend>(o, c);
 }
 

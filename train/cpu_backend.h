@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "train/config.h"
 #include "train/train_backend.h"
@@ -27,6 +28,10 @@ struct BackendOptions {
   // environment (runtime/comm/launch_env.h) and creates one only when WORLD_SIZE > 1; a single
   // process without launcher variables never makes one.
   std::shared_ptr<comm::Communicator> comm;
+  // Pipeline parallelism (CPU backend: train/cpu_pipeline.h): stages > 1 splits the model's
+  // layers over that many ranks by DeepSpeed's partition_method.
+  int pipeline_stages = 1;
+  std::string partition_method = "parameters";
 };
 
 std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& options, const TrainConfig& config);

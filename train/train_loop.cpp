@@ -243,7 +243,18 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (env.rank == 0 && !o.metrics_file.empty()) metrics_log = LineLog("--metrics_file", o.metrics_file);
   // The command line's batch size is the micro batch (the BF16 example passes the same 4 to both).
   if (!cfg.train_micro_batch_size_per_gpu) cfg.train_micro_batch_size_per_gpu = o.batch_size;
-  cfg.resolve_batch(env.world_size);
+  // The ranks are pipeline stages x data-parallel replicas; the batch is the replicas'.
+  const int pp = o.pipeline_parallel_size;
+  CUTRAIN_CHECK(pp >= 1, "train: --pipeline_parallel_size: expected a number of stages >= 1, found ", pp);
+  CUTRAIN_CHECK(pp == 1 || o.device == TrainDevice::Cpu, "train: --pipeline_parallel_size ", pp,
+                ": pipeline parallelism runs on --device cpu (over the host communicator); the GPU engine has none yet");
+  CUTRAIN_CHECK(env.world_size % pp == 0, "train: --pipeline_parallel_size ", pp, " does not divide the world size ",
+                env.world_size, ": expected world size = data-parallel degree x pipeline stages");
+  CUTRAIN_CHECK(pp == 1 || env.world_size == pp, "train: --pipeline_parallel_size ", pp, " with world size ",
+                env.world_size, ": data parallelism x pipeline (degree ", env.world_size / pp,
+                ") is not implemented: expected one rank per stage");
+  const int dp_world = env.world_size / pp, dp_rank = pp == 1 ? env.rank : 0;
+  cfg.resolve_batch(dp_world);
   if (o.learning_rate) cfg.optimizer.lr = *o.learning_rate;
   const LrSchedule schedule = LrSchedule::from_config(cfg);
   const int accum = cfg.accumulation();
@@ -284,6 +295,11 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   CUTRAIN_CHECK(!o.recompute_gelu || gpt2, "train: --recompute_gelu applies to --model gpt2, found --model ",
                 name(o.model));
   bo.cuda_graph = o.cuda_graph;
+  bo.pipeline_stages = pp;
+  bo.partition_method = o.partition_method;
+  if (pp > 1 && accum == 1)
+    out << "[Rank 0] warning: a pipeline of " << pp << " stages with gradient_accumulation_steps 1: one micro-batch "
+        << "per step, so no stage overlaps another (bubble fraction " << pp - 1 << "/" << pp << ")\n";
   bo.dims.validate();
   if (resume && !resume->legacy)
     check_checkpoint_shape(bo.dims, resume_dims, (resume->folder / kCheckpointConfigFile).string());
@@ -304,8 +320,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     so.seed = o.seed;
     // Each rank trains on its own batches of the same shuffled epoch. (Random data stays the same
     // on every rank, so a W-rank run reproduces the single-process losses: a correctness check.)
-    so.rank = env.rank;
-    so.world_size = env.world_size;
+    so.rank = dp_rank;
+    so.world_size = dp_world;
     so.labels = next_token ? data::Labels::kNextToken : data::Labels::kIdentity;
     so.vocab_size = kGpt2Vocab;
     curriculum = make_curriculum(cfg, o.deepspeed_config, o.data, o.seq_length, o.seq_length + (next_token ? 1 : 0), accum);
@@ -503,7 +519,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   // batch (world x accumulation micro-batches, the single process's at the same train_batch_size)
   // and keeps micro-batches [rank x accumulation, (rank + 1) x accumulation). On GPUs every rank
   // draws the same batch (docs/distributed.md).
-  const bool deal_random = o.device == TrainDevice::Cpu && env.world_size > 1;
+  const bool deal_random = o.device == TrainDevice::Cpu && dp_world > 1;
   auto draw = [&] {
     // Random input ids and random labels in [0, vocab), like the BF16 example.
     std::uniform_int_distribution<std::int32_t> d(0, vocab - 1);
@@ -512,7 +528,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       for (auto& l : labels) l = d(data_rng);
       return;
     }
-    const std::size_t first = std::size_t(env.rank) * per_step, total = std::size_t(env.world_size) * per_step;
+    const std::size_t first = std::size_t(dp_rank) * per_step, total = std::size_t(dp_world) * per_step;
     for (std::vector<std::int32_t>* v : {&tokens, &labels})
       for (std::size_t i = 0; i < total; ++i) {
         const std::int32_t x = d(data_rng);

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# End to end, pipeline parallelism on the CPU backend: `cutrain launch --backend host --num_procs
+# S -- cutrain train --device cpu --pipeline_parallel_size S` at 2 and 4 stages (partition_method
+# parameters, uniform and type:TransformerBlock) against the single process over the same 8
+# micro-batches per step (gradient_accumulation_steps 8): the same losses and the same checkpoint
+# bytes (1F1B runs each stage's backwards in micro-batch order, so every gradient is accumulated
+# in the single process's order; without gradient_clipping the norm's summation order changes
+# nothing), the partition and bubble line, a single-process checkpoint resumed on 2 stages, and
+# the bad input: a degree that does not divide the world size, data x pipeline, more stages than
+# layers, a type:REGEX without enough matches, GPT-2's tied head, ZeRO with a pipeline, and the
+# warning of a pipeline without gradient accumulation.
+#   pipeline_host_cli.sh CUTRAIN_BINARY cpu|cuda   (the cuda variant exits 77: CPU backend only)
+source "$(dirname "$0")/e2e_lib.sh"
+[ "$device" = cuda ] && { echo "pipeline parallelism runs on the CPU backend: skipped on cuda"; exit 77; }
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID GROUP_RANK \
+  CUTRAIN_RENDEZVOUS_PORT
+port=$((20000 + (RANDOM % 20000)))
+size=(--device cpu --hidden_dim 32 --num_heads 2 --num_layers 4 --vocab_size 64 --seq_length 8 --batch_size 1
+      --log_interval 1 --learning_rate 1e-2 --seed 7)
+config() {  # config OUT ACCUM [STAGE]
+  python3 - "$1" "$2" "${3:-0}" <<'PY'
+import json, sys
+c = json.load(open("configs/baseline.json"))
+c["zero_optimization"]["stage"] = int(sys.argv[3])
+c["train_micro_batch_size_per_gpu"] = 1
+c["gradient_accumulation_steps"] = int(sys.argv[2])
+json.dump(c, open(sys.argv[1], "w"))
+PY
+}
+config "$tmp/a8.json" 8
+config "$tmp/a1.json" 1
+config "$tmp/z1.json" 8 1
+pipe() {  # pipe STAGES OUT train-args...: S ranks through the host launcher
+  local s=$1 out=$2; shift 2
+  "$bin" launch --backend host --num_procs "$s" --master_port $port -- "$bin" train "${size[@]}" \
+      --pipeline_parallel_size "$s" "$@" >"$out" 2>&1
+  local rc=$?
+  port=$((port + 1))
+  return $rc
+}
+same_losses() {
+  python3 - "$1" "$2" <<'PY'
+import csv, sys
+a, b = ([float(r["loss"]) for r in csv.DictReader(open(p))] for p in sys.argv[1:])
+assert len(a) == len(b) and len(a) > 0, (a, b)
+for x, y in zip(a, b):
+    assert abs(x - y) <= 1e-6 * abs(x), ("pipeline != single process", a, b)
+PY
+}
+
+"$bin" train "${size[@]}" --deepspeed_config "$tmp/a8.json" --num_steps 4 --loss_log_file "$tmp/single.csv" \
+    --save "$tmp/ck_single" >"$tmp/single.txt" 2>&1 || { cat "$tmp/single.txt"; fail "single process"; }
+for run in "2 parameters" "2 uniform" "4 type:TransformerBlock"; do
+  set -- $run
+  s=$1 method=$2 name=p$1_${2//[^a-z]/}
+  pipe "$s" "$tmp/$name.txt" --deepspeed_config "$tmp/a8.json" --num_steps 4 --partition_method "$method" \
+      --loss_log_file "$tmp/$name.csv" --save "$tmp/ck_$name" || { cat "$tmp/$name.txt"; fail "$name run"; }
+  grep -q "^\[Rank 0\] pipeline: $s stages, partition_method $method: stage 0 = layers 0-" "$tmp/$name.txt" \
+      || { cat "$tmp/$name.txt"; fail "$name: the partition line"; }
+  for r in $(seq 0 $((s - 1))); do
+    grep -q "^\[Rank $r\] pipeline stage $r of $s over the host" "$tmp/$name.txt" || fail "$name: rank $r's stage line"
+  done
+  same_losses "$tmp/single.csv" "$tmp/$name.csv" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
+  for f in model.safetensors optimizer.safetensors trainer_state.json; do
+    cmp "$tmp/ck_single/global_step4/$f" "$tmp/ck_$name/global_step4/$f" || fail "$name: $f differs"
+  done
+  echo "ok: $s stages ($method) = the single process (losses, checkpoint bytes)"
+done
+grep -q "1F1B over 8 micro-batches, predicted bubble fraction 0.273 ((S-1)/(M+S-1) = 3/11)" "$tmp"/p4_*.txt \
+    || fail "the bubble fraction of 4 stages"
+
+# The single process's checkpoint on 2 stages continues as the single process does.
+"$bin" train "${size[@]}" --deepspeed_config "$tmp/a8.json" --num_steps 2 --resume "$tmp/ck_single" \
+    --loss_log_file "$tmp/single_r.csv" >"$tmp/single_r.txt" 2>&1 || { cat "$tmp/single_r.txt"; fail "single resume"; }
+pipe 2 "$tmp/pr.txt" --deepspeed_config "$tmp/a8.json" --num_steps 2 --resume "$tmp/ck_single" \
+    --loss_log_file "$tmp/pr.csv" || { cat "$tmp/pr.txt"; fail "2-stage resume"; }
+same_losses "$tmp/single_r.csv" "$tmp/pr.csv" || fail "resumed losses"
+echo "ok: a single-process checkpoint resumed on 2 stages"
+
+# No gradient accumulation: it runs, with the warning.
+pipe 2 "$tmp/w.txt" --deepspeed_config "$tmp/a1.json" --num_steps 1 || { cat "$tmp/w.txt"; fail "accumulation 1"; }
+grep -q "warning: a pipeline of 2 stages with gradient_accumulation_steps 1: one micro-batch per step, so no stage \
+overlaps another (bubble fraction 1/2)" "$tmp/w.txt" || { cat "$tmp/w.txt"; fail "the accumulation warning"; }
+
+refused() {  # refused 'message' PROCS train-args...
+  local want=$1 n=$2; shift 2
+  if "$bin" launch --backend host --num_procs "$n" --master_port $port -- "$bin" train "${size[@]}" --num_steps 1 "$@" \
+      >"$tmp/err.txt" 2>&1; then cat "$tmp/err.txt"; fail "accepted: $*"; fi
+  port=$((port + 1))
+  grep -qF -- "$want" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "message for $* lacks: $want"; }
+}
+refused "train: --pipeline_parallel_size 3 does not divide the world size 4" 4 --deepspeed_config "$tmp/a8.json" \
+    --pipeline_parallel_size 3
+refused "data parallelism x pipeline (degree 2) is not implemented" 4 --deepspeed_config "$tmp/a8.json" \
+    --pipeline_parallel_size 2
+refused "pipeline: 7 stages for a model of 6 layers" 7 --deepspeed_config "$tmp/a8.json" --pipeline_parallel_size 7
+refused "pipeline: partition_method type:OutputHead matches 1 layer(s) for 2 stages" 2 --deepspeed_config \
+    "$tmp/a8.json" --pipeline_parallel_size 2 --partition_method type:OutputHead
+refused "--partition_method: expected parameters, uniform or type:REGEX" 2 --deepspeed_config "$tmp/a8.json" \
+    --pipeline_parallel_size 2 --partition_method balanced
+refused "GPT-2's head is tied to its embedding" 2 --deepspeed_config "$tmp/a8.json" --pipeline_parallel_size 2 \
+    --model gpt2
+refused "zero_optimization.stage 1 with --pipeline_parallel_size 2: expected stage 0" 2 --deepspeed_config \
+    "$tmp/z1.json" --pipeline_parallel_size 2
+if "$bin" train --deepspeed_config "$tmp/a8.json" --device cuda --pipeline_parallel_size 2 >"$tmp/err.txt" 2>&1; then
+  fail "a GPU pipeline was accepted"; fi
+grep -qF "pipeline parallelism runs on --device cpu" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "the GPU message"; }
+echo "ok: bad pipeline input refused"

@@ -1,0 +1,166 @@
+#include "train/cpu_pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+
+#include "model/reference_model.h"
+#include "parallel/partition.h"
+#include "parallel/pipeline_plan.h"
+#include "runtime/comm/host_communicator.h"
+#include "runtime/error.h"
+
+namespace cutrain::train {
+namespace {
+
+using parallel::PipeAction;
+
+class CpuPipelineBackend final : public TrainBackend {
+ public:
+  CpuPipelineBackend(const BackendOptions& o, const TrainConfig& c) : opt_(o), cfg_(c), table_(o.dims) {
+    CUTRAIN_CHECK(o.dims.arch != model::Arch::Gpt2, "pipeline parallelism on the CPU backend: GPT-2's head is tied "
+                  "to its embedding across the first and last stages, which is not implemented: expected --model simple");
+    CUTRAIN_CHECK(c.zero_optimization.stage == 0, "pipeline parallelism on the CPU backend: zero_optimization.stage ",
+                  c.zero_optimization.stage, " with --pipeline_parallel_size ", o.pipeline_stages,
+                  ": expected stage 0 (ZeRO with a pipeline is not implemented)");
+    const auto layers = parallel::pipeline_layers(table_);
+    plan_ = parallel::make_pipeline_plan(layers, parallel::parse_partition_method(o.partition_method, "--partition_method"),
+                                         o.pipeline_stages, c.accumulation());
+    comm_ = o.comm;
+    if (!comm_) {
+      const comm::LaunchEnv env = comm::read_launch_env();
+      CUTRAIN_CHECK(env.world_size == o.pipeline_stages, "pipeline: --pipeline_parallel_size ", o.pipeline_stages,
+                    " with world size ", env.world_size, ": expected one rank per stage");
+      // Rings that hold every activation a stage sends before its neighbour takes it: at most S
+      // in flight per direction in 1F1B, so no send waits.
+      comm::HostCommOptions ho;
+      const std::size_t act = std::size_t(o.batch) * o.seq * o.dims.hidden * sizeof(float);
+      ho.channel_bytes = std::max(ho.channel_bytes, act * std::size_t(o.pipeline_stages + 1));
+      comm_ = comm::create_host_communicator(env, ho);
+    }
+    CUTRAIN_CHECK(comm_->device() < 0, "cpu backend: expected a host communicator, found ", comm_->backend_name());
+    stage_ = comm_->rank();
+    const parallel::PipelineStage& st = plan_.parts[std::size_t(stage_)];
+    const int L = o.dims.layers;
+    // Layer i of the sequence is parameter unit i: 0 the embedding, 1 + l block l, L + 1 the head.
+    span_.embedding = st.first == 0;
+    span_.head = st.end == L + 2;
+    span_.first = std::max(st.first, 1) - 1;
+    span_.end = std::min(st.end, L + 1) - 1;
+    owned_ = {table_.units()[std::size_t(st.first)].begin, table_.units()[std::size_t(st.end) - 1].end};
+    const std::size_t n = table_.flat_size();
+    params_.resize(n);
+    table_.init(params_.data(), o.seed);  // every rank alike; each uses and updates its own layers
+    grads_.assign(n, 0.f);
+    m_.assign(owned_.size(), 0.f);
+    v_.assign(owned_.size(), 0.f);
+    for (int m = 0; m < plan_.micro_batches; ++m) models_.emplace_back(table_, o.causal);
+    if (stage_ == 0) std::cout << "[Rank 0] " << plan_.describe(layers) << std::endl;
+    std::cout << "[Rank " << stage_ << "] pipeline stage " << stage_ << " of " << plan_.stages << " over the "
+              << comm_->backend_name() << " communicator: layers " << st.first << "-" << st.end - 1 << ", flat ["
+              << owned_.begin << ", " << owned_.end << ")" << std::endl;
+  }
+  const model::TransformerParams& table() const override { return table_; }
+
+  StepStats step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) override {
+    const int M = plan_.micro_batches;
+    const std::size_t per = std::size_t(opt_.batch) * opt_.seq, act = per * std::size_t(opt_.dims.hidden);
+    std::fill(grads_.begin() + std::ptrdiff_t(owned_.begin), grads_.begin() + std::ptrdiff_t(owned_.end), 0.f);
+    double loss = 0;
+    std::vector<float> in(act), out, dout(act), din;
+    for (const PipeAction& a : parallel::one_f_one_b(stage_, plan_.stages, M)) {
+      model::ReferenceModel<float>& mdl = models_[std::size_t(a.micro)];
+      const std::size_t at = std::size_t(a.micro) * per;
+      if (a.kind == PipeAction::Forward) {
+        if (!span_.embedding) comm_->recv(in.data(), act, DType::F32, stage_ - 1, nullptr);
+        const double l = mdl.forward_span(params_.data(), span_, tokens + at, labels + at, in.data(), opt_.batch,
+                                          opt_.seq, &out);
+        if (span_.head) loss += l / M;
+        else comm_->send(out.data(), act, DType::F32, stage_ + 1, nullptr);
+      } else {
+        if (!span_.head) comm_->recv(dout.data(), act, DType::F32, stage_ + 1, nullptr);
+        mdl.backward_span(params_.data(), grads_.data(), dout.data(), 1.0 / M, &din);
+        if (!span_.embedding) comm_->send(din.data(), act, DType::F32, stage_ - 1, nullptr);
+      }
+    }
+    StepStats st;
+    st.loss = span_.head ? loss : 0.0;
+    comm_->all_reduce_sum_f64(&st.loss, 1, nullptr);  // from the last stage to every rank
+    double sq = 0;
+    for (std::size_t i = owned_.begin; i < owned_.end; ++i) sq += double(grads_[i]) * grads_[i];
+    comm_->all_reduce_sum_f64(&sq, 1, nullptr);
+    st.grad_norm = std::sqrt(sq);
+    if (!std::isfinite(st.grad_norm)) {
+      st.skipped = true;
+      return st;
+    }
+    double scale = 1.0;
+    if (cfg_.gradient_clipping > 0) scale = std::min(1.0, cfg_.gradient_clipping / (st.grad_norm + 1e-6));
+    const auto& o = cfg_.optimizer;
+    for (const model::DecayRun& r : table_.decay_runs()) {
+      const std::size_t a = std::max(r.begin, owned_.begin), b = std::min(r.end, owned_.end);
+      if (a < b)
+        model::reference_adam_step(params_.data() + a, grads_.data() + a, m_.data() + (a - owned_.begin),
+                                   v_.data() + (a - owned_.begin), b - a, lr, o.beta1, o.beta2, o.eps,
+                                   r.decay ? o.weight_decay : 0.0, o.adam_w_mode, step, scale);
+    }
+    return st;
+  }
+
+  double eval_loss(const std::int32_t* tokens, const std::int32_t* labels) override {
+    const std::size_t act = std::size_t(opt_.batch) * opt_.seq * std::size_t(opt_.dims.hidden);
+    std::vector<float> in(act), out;
+    if (!span_.embedding) comm_->recv(in.data(), act, DType::F32, stage_ - 1, nullptr);
+    double loss = models_[0].forward_span(params_.data(), span_, tokens, labels, in.data(), opt_.batch, opt_.seq, &out);
+    if (!span_.head) comm_->send(out.data(), act, DType::F32, stage_ + 1, nullptr), loss = 0;
+    comm_->all_reduce_sum_f64(&loss, 1, nullptr);
+    return loss;
+  }
+
+  MemoryStats memory() const override {
+    const auto bytes = std::int64_t(4 * 4 * owned_.size());  // this stage's params, grads, two moments
+    return {bytes, bytes, bytes};
+  }
+  void reset_peak() override {}
+  HostState save_state() const override {
+    // Every rank's slice into the flat buffers (zeros elsewhere), summed: the stages' state exactly.
+    const std::size_t n = table_.flat_size();
+    HostState s{std::vector<float>(n, 0.f), {}, std::vector<float>(n, 0.f), std::vector<float>(n, 0.f), {}, DType::F32};
+    std::copy(params_.begin() + std::ptrdiff_t(owned_.begin), params_.begin() + std::ptrdiff_t(owned_.end),
+              s.params.begin() + std::ptrdiff_t(owned_.begin));
+    std::copy(m_.begin(), m_.end(), s.exp_avg.begin() + std::ptrdiff_t(owned_.begin));
+    std::copy(v_.begin(), v_.end(), s.exp_avg_sq.begin() + std::ptrdiff_t(owned_.begin));
+    for (std::vector<float>* v : {&s.params, &s.exp_avg, &s.exp_avg_sq})
+      comm_->all_reduce(v->data(), n, DType::F32, comm::ReduceOp::Sum, nullptr);
+    return s;
+  }
+  void load_state(const HostState& s) override {
+    const std::size_t n = table_.flat_size();
+    CUTRAIN_CHECK(s.params.size() == n && s.exp_avg.size() == n && s.exp_avg_sq.size() == n, "cpu backend: state of ",
+                  s.params.size(), " params does not fit the model's ", n);
+    params_ = s.params;
+    m_.assign(s.exp_avg.begin() + std::ptrdiff_t(owned_.begin), s.exp_avg.begin() + std::ptrdiff_t(owned_.end));
+    v_.assign(s.exp_avg_sq.begin() + std::ptrdiff_t(owned_.begin), s.exp_avg_sq.begin() + std::ptrdiff_t(owned_.end));
+  }
+  const char* describe() const override { return "cpu (fp32 reference model, pipeline over the host communicator)"; }
+
+ private:
+  BackendOptions opt_;
+  TrainConfig cfg_;
+  model::TransformerParams table_;
+  parallel::PipelinePlan plan_;
+  std::shared_ptr<comm::Communicator> comm_;
+  int stage_ = 0;
+  model::LayerSpan span_;
+  parallel::Range owned_;  // this stage's layers in the flat buffer
+  std::vector<float> params_, grads_, m_, v_;  // params_, grads_ full size; m_, v_ of owned_
+  std::vector<model::ReferenceModel<float>> models_;  // one per micro-batch: its activations
+};
+
+}  // namespace
+
+std::unique_ptr<TrainBackend> make_cpu_pipeline_backend(const BackendOptions& o, const TrainConfig& c) {
+  return std::make_unique<CpuPipelineBackend>(o, c);
+}
+
+}  // namespace cutrain::train

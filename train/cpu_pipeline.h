@@ -1,0 +1,20 @@
+// @brief Pipeline parallelism on the CPU backend: one stage per rank over the host communicator
+// (runtime/comm/host_communicator.h), on parallel/pipeline_plan.h's partition and 1F1B schedule.
+// The step's gradient_accumulation_steps micro-batches flow through the stages: a stage receives
+// its input activations from the previous one (stage 0: the tokens), sends its output to the next
+// and, in backward, receives the output's gradient and sends its input's back. Each rank keeps and
+// updates the params, gradients and moments of its own layers; the global gradient norm is the
+// fp64 sum of the stages' squares; the loss (computed on the last stage) is shared with every
+// rank. Checkpoints gather the stages' slices into the one flat state (rank 0 writes it).
+// SimpleTransformerModel only: GPT-2's head is tied to the embedding (not implemented here).
+#pragma once
+
+#include <memory>
+
+#include "train/cpu_backend.h"
+
+namespace cutrain::train {
+
+std::unique_ptr<TrainBackend> make_cpu_pipeline_backend(const BackendOptions& options, const TrainConfig& config);
+
+}  // namespace cutrain::train
