@@ -52,13 +52,6 @@ void ReferenceModel<T>::embed_backward(const std::vector<T>& dx, T* G) const {
 
 template <typename T>
 double ReferenceModel<T>::forward(const T* P, const std::int32_t* tokens, const std::int32_t* labels, int B, int S) {
-  if (p_.dims().arch == Arch::Gpt2) {
-    const ModelDims& d = p_.dims();
-    CUTRAIN_CHECK(B > 0 && S > 0, "reference model: batch and seq must be positive, got B=", B, " S=", S);
-    CUTRAIN_CHECK(S <= d.max_seq, "reference model: seq ", S, " exceeds the position table's ", d.max_seq, " rows");
-    span_ = LayerSpan{true, 0, d.layers, true};
-    return forward_gpt2(P, tokens, labels, B, S);
-  }
   return forward_span(P, LayerSpan{}, tokens, labels, nullptr, B, S, nullptr);
 }
 
@@ -68,13 +61,13 @@ double ReferenceModel<T>::forward_span(const T* P, const LayerSpan& span, const 
   const ModelDims& d = p_.dims();
   CUTRAIN_CHECK(B > 0 && S > 0, "reference model: batch and seq must be positive, got B=", B, " S=", S);
   CUTRAIN_CHECK(S <= d.max_seq, "reference model: seq ", S, " exceeds the position table's ", d.max_seq, " rows");
-  CUTRAIN_CHECK(d.arch != Arch::Gpt2, "reference model: GPT-2 runs whole (its head is tied to the embedding), not by span");
   const int end = span.end < 0 ? d.layers : span.end;
   CUTRAIN_CHECK(span.first >= 0 && span.first <= end && end <= d.layers, "reference model: blocks [", span.first, ", ",
                 end, ") outside the model's ", d.layers);
   CUTRAIN_CHECK((span.embedding || x_in) && (span.head || x_out), "reference model: a span without the embedding "
                 "needs its input, one without the head a place for its output");
   span_ = LayerSpan{span.embedding, span.first, end, span.head};
+  if (d.arch == Arch::Gpt2) return forward_gpt2(P, tokens, labels, x_in, B, S, x_out);
   const int h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), Vr = d.vocab_rows();
   const int M = B * S;
   auto at = [&](int idx) { return P + p_.tensor(idx).offset; };
@@ -172,7 +165,6 @@ template <typename T>
 void ReferenceModel<T>::backward(const T* P, T* G, double grad_scale) {
   const ModelDims& d = p_.dims();
   CUTRAIN_CHECK(B_ > 0, "reference model: backward() before forward()");
-  if (d.arch == Arch::Gpt2) return backward_gpt2(P, G, grad_scale);
   CUTRAIN_CHECK(span_.embedding && span_.head && span_.first == 0 && span_.end == d.layers,
                 "reference model: backward() after a forward_span() of part of the model: use backward_span()");
   backward_span(P, G, nullptr, grad_scale, nullptr);
@@ -182,9 +174,9 @@ template <typename T>
 void ReferenceModel<T>::backward_span(const T* P, T* G, const T* dx_out, double grad_scale, std::vector<T>* dx_in) {
   const ModelDims& d = p_.dims();
   CUTRAIN_CHECK(B_ > 0, "reference model: backward() before forward()");
-  CUTRAIN_CHECK(d.arch != Arch::Gpt2, "reference model: GPT-2 runs whole (its head is tied to the embedding), not by span");
   CUTRAIN_CHECK((span_.head || dx_out) && (span_.embedding || dx_in), "reference model: a span without the head needs "
                 "the gradient of its output, one without the embedding a place for the gradient of its input");
+  if (d.arch == Arch::Gpt2) return backward_gpt2(P, G, dx_out, grad_scale, dx_in);
   const int B = B_, S = S_, h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), Vr = d.vocab_rows();
   const int M = B * S;
   auto at = [&](int idx) { return P + p_.tensor(idx).offset; };

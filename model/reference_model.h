@@ -37,8 +37,8 @@ class ReferenceModel {
 
   const std::vector<T>& logits() const { return logits_; }  // [B*S, vocab_rows] of the last forward
 
-  // One span (SimpleTransformerModel only; GPT-2's tied head spans the first and last layers):
-  // the input is `tokens` when the span starts with the embedding, else `x_in` [B*S, hidden];
+  // One span (GPT-2: the head's weight is the token embedding's, in the params and gradients of
+  // the first layer, whichever span holds the head): the input is `tokens` when the span starts with the embedding, else `x_in` [B*S, hidden];
   // `labels` are read when it ends with the head, which returns the loss; otherwise the output
   // [B*S, hidden] goes to `x_out` and 0 is returned. forward() is the whole span.
   double forward_span(const T* params, const LayerSpan& span, const std::int32_t* tokens, const std::int32_t* labels,
@@ -61,8 +61,9 @@ class ReferenceModel {
   // And its end: the residual stream's gradient `dx` [B*S, hidden] added into the token and
   // position embeddings' gradients in `grads`.
   void embed_backward(const std::vector<T>& dx, T* grads) const;
-  double forward_gpt2(const T* params, const std::int32_t* tokens, const std::int32_t* labels, int B, int S);
-  void backward_gpt2(const T* params, T* grads, double grad_scale);
+  double forward_gpt2(const T* params, const std::int32_t* tokens, const std::int32_t* labels, const T* x_in, int B,
+                      int S, std::vector<T>* x_out);
+  void backward_gpt2(const T* params, T* grads, const T* dx_out, double grad_scale, std::vector<T>* dx_in);
   std::vector<T> dlogits(double grad_scale) const;
   double loss_from_logits();
 

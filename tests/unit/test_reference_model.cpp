@@ -154,10 +154,14 @@ TEST(ReferenceModel, PaddedVocabularyIsInvisible) {
 
 // Pipeline stages: the model cut into spans (embedding + blocks, blocks, blocks + head), each
 // span's output fed to the next and the gradients back, gives the whole model's loss and
-// gradients bit for bit (the same operations in the same order).
-TEST(ReferenceModelSpans, ChainedSpansEqualTheWholeModel) {
+// gradients bit for bit (the same operations in the same order; GPT-2's tied head adds into the
+// token embedding's gradient before the embedding does, as in the whole model).
+class ReferenceModelSpans : public ::testing::TestWithParam<model::Arch> {};
+INSTANTIATE_TEST_SUITE_P(Archs, ReferenceModelSpans, ::testing::Values(model::Arch::Simple, model::Arch::Gpt2));
+TEST_P(ReferenceModelSpans, ChainedSpansEqualTheWholeModel) {
   auto rng = test::fresh_rng();
   model::ModelDims d{16, 4, 2, 13, 6};
+  d.arch = GetParam();
   model::TransformerParams table(d);
   std::vector<float> p(table.flat_size());
   table.init(p.data(), rng());
