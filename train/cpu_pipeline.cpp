@@ -18,8 +18,6 @@ using parallel::PipeAction;
 class CpuPipelineBackend final : public TrainBackend {
  public:
   CpuPipelineBackend(const BackendOptions& o, const TrainConfig& c) : opt_(o), cfg_(c), table_(o.dims) {
-    CUTRAIN_CHECK(o.dims.arch != model::Arch::Gpt2, "pipeline parallelism on the CPU backend: GPT-2's head is tied "
-                  "to its embedding across the first and last stages, which is not implemented: expected --model simple");
     CUTRAIN_CHECK(c.zero_optimization.stage == 0, "pipeline parallelism on the CPU backend: zero_optimization.stage ",
                   c.zero_optimization.stage, " with --pipeline_parallel_size ", o.pipeline_stages,
                   ": expected stage 0 (ZeRO with a pipeline is not implemented)");
@@ -54,8 +52,24 @@ class CpuPipelineBackend final : public TrainBackend {
     grads_.assign(n, 0.f);
     m_.assign(owned_.size(), 0.f);
     v_.assign(owned_.size(), 0.f);
+    // GPT-2's head is the token embedding (DeepSpeed's TiedLayerSpec): the last stage keeps a copy
+    // of it with its own moments; the two stages' gradients of it are summed after the backwards,
+    // so both copies take the same update. Stage 0 owns it (checkpoints, the norm).
+    if (table_.tied_head()) {
+      const model::ParamTensor& wte = table_.tensor(table_.embedding());
+      tied_ = {wte.offset, wte.offset + wte.count};
+      tied_decay_ = wte.decay;
+      if (span_.head && !span_.embedding) {
+        m_tied_.assign(tied_.size(), 0.f);
+        v_tied_.assign(tied_.size(), 0.f);
+      }
+    }
     for (int m = 0; m < plan_.micro_batches; ++m) models_.emplace_back(table_, o.causal);
-    if (stage_ == 0) std::cout << "[Rank 0] " << plan_.describe(layers) << std::endl;
+    if (stage_ == 0)
+      std::cout << "[Rank 0] " << plan_.describe(layers)
+                << (tied_.empty() ? "" : "; tied: the token embedding is the head's weight on stages 0 and " +
+                                             std::to_string(plan_.stages - 1) + ", its gradients summed between them")
+                << std::endl;
     std::cout << "[Rank " << stage_ << "] pipeline stage " << stage_ << " of " << plan_.stages << " over the "
               << comm_->backend_name() << " communicator: layers " << st.first << "-" << st.end - 1 << ", flat ["
               << owned_.begin << ", " << owned_.end << ")" << std::endl;
@@ -66,6 +80,8 @@ class CpuPipelineBackend final : public TrainBackend {
     const int M = plan_.micro_batches;
     const std::size_t per = std::size_t(opt_.batch) * opt_.seq, act = per * std::size_t(opt_.dims.hidden);
     std::fill(grads_.begin() + std::ptrdiff_t(owned_.begin), grads_.begin() + std::ptrdiff_t(owned_.end), 0.f);
+    if (holds_tied_copy())
+      std::fill(grads_.begin() + std::ptrdiff_t(tied_.begin), grads_.begin() + std::ptrdiff_t(tied_.end), 0.f);
     double loss = 0;
     std::vector<float> in(act), out, dout(act), din;
     for (const PipeAction& a : parallel::one_f_one_b(stage_, plan_.stages, M)) {
@@ -82,6 +98,13 @@ class CpuPipelineBackend final : public TrainBackend {
         mdl.backward_span(params_.data(), grads_.data(), dout.data(), 1.0 / M, &din);
         if (!span_.embedding) comm_->send(din.data(), act, DType::F32, stage_ - 1, nullptr);
       }
+    }
+    if (!tied_.empty()) {  // every rank joins; the stages without the tied weight add zeros
+      std::vector<float> g(tied_.size(), 0.f);
+      const bool has = span_.embedding || span_.head;
+      if (has) std::copy(grads_.begin() + std::ptrdiff_t(tied_.begin), grads_.begin() + std::ptrdiff_t(tied_.end), g.begin());
+      comm_->all_reduce(g.data(), g.size(), DType::F32, comm::ReduceOp::Sum, nullptr);
+      if (has) std::copy(g.begin(), g.end(), grads_.begin() + std::ptrdiff_t(tied_.begin));
     }
     StepStats st;
     st.loss = span_.head ? loss : 0.0;
@@ -104,6 +127,10 @@ class CpuPipelineBackend final : public TrainBackend {
                                    v_.data() + (a - owned_.begin), b - a, lr, o.beta1, o.beta2, o.eps,
                                    r.decay ? o.weight_decay : 0.0, o.adam_w_mode, step, scale);
     }
+    if (holds_tied_copy())  // the same update as stage 0's of the same values
+      model::reference_adam_step(params_.data() + tied_.begin, grads_.data() + tied_.begin, m_tied_.data(),
+                                 v_tied_.data(), tied_.size(), lr, o.beta1, o.beta2, o.eps,
+                                 tied_decay_ ? o.weight_decay : 0.0, o.adam_w_mode, step, scale);
     return st;
   }
 
@@ -118,7 +145,8 @@ class CpuPipelineBackend final : public TrainBackend {
   }
 
   MemoryStats memory() const override {
-    const auto bytes = std::int64_t(4 * 4 * owned_.size());  // this stage's params, grads, two moments
+    // This stage's params, grads, two moments (and the last stage's copy of a tied weight).
+    const auto bytes = std::int64_t(4 * 4 * (owned_.size() + (holds_tied_copy() ? tied_.size() : 0)));
     return {bytes, bytes, bytes};
   }
   void reset_peak() override {}
@@ -141,6 +169,10 @@ class CpuPipelineBackend final : public TrainBackend {
     params_ = s.params;
     m_.assign(s.exp_avg.begin() + std::ptrdiff_t(owned_.begin), s.exp_avg.begin() + std::ptrdiff_t(owned_.end));
     v_.assign(s.exp_avg_sq.begin() + std::ptrdiff_t(owned_.begin), s.exp_avg_sq.begin() + std::ptrdiff_t(owned_.end));
+    if (holds_tied_copy()) {
+      m_tied_.assign(s.exp_avg.begin() + std::ptrdiff_t(tied_.begin), s.exp_avg.begin() + std::ptrdiff_t(tied_.end));
+      v_tied_.assign(s.exp_avg_sq.begin() + std::ptrdiff_t(tied_.begin), s.exp_avg_sq.begin() + std::ptrdiff_t(tied_.end));
+    }
   }
   const char* describe() const override { return "cpu (fp32 reference model, pipeline over the host communicator)"; }
 
@@ -155,6 +187,10 @@ class CpuPipelineBackend final : public TrainBackend {
   parallel::Range owned_;  // this stage's layers in the flat buffer
   std::vector<float> params_, grads_, m_, v_;  // params_, grads_ full size; m_, v_ of owned_
   std::vector<model::ReferenceModel<float>> models_;  // one per micro-batch: its activations
+  parallel::Range tied_;  // GPT-2: the token embedding, the head's weight (empty for Simple)
+  bool tied_decay_ = true;
+  std::vector<float> m_tied_, v_tied_;  // the last stage's moments of its copy
+  bool holds_tied_copy() const { return !tied_.empty() && span_.head && !span_.embedding; }
 };
 
 }  // namespace

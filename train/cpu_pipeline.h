@@ -6,7 +6,9 @@
 // updates the params, gradients and moments of its own layers; the global gradient norm is the
 // fp64 sum of the stages' squares; the loss (computed on the last stage) is shared with every
 // rank. Checkpoints gather the stages' slices into the one flat state (rank 0 writes it).
-// SimpleTransformerModel only: GPT-2's head is tied to the embedding (not implemented here).
+// GPT-2's head is tied to the token embedding (DeepSpeed's TiedLayerSpec): the last stage keeps a
+// copy of it, the first and last stages' gradients of it are summed after the backwards, and both
+// copies take the same optimizer update.
 #pragma once
 
 #include <memory>

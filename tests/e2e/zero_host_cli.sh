@@ -6,9 +6,8 @@
 # micro-batches and each rank runs one. Random data is dealt by rank on the CPU backend, so the
 # global batch is the single process's. Checked: the losses (fp32, within 1e-6 relative), the
 # saved checkpoint (rank 0 writes the gathered state: the same files, every tensor within 1e-5 of
-# the single process's by relative norm, trainer_state.json identical; the key bias, whose gradient
-# is zero in exact arithmetic (softmax does not see it), moves by Adam's normalised round-off, so
-# its slice is held to Adam's step bound instead), a resume of the
+# the single process's by relative norm, trainer_state.json identical: tests/e2e/compare_checkpoints.py,
+# which holds the key bias to Adam's step bound), a resume of the
 # single-process checkpoint on 4 ranks at stage 3 that continues the single process's losses, a
 # rank that fails (named by the launcher, the others stopped) and the launcher's bad input.
 #   zero_host_cli.sh CUTRAIN_BINARY cpu|cuda   (the cuda variant exits 77: the host backend is CPU only)
@@ -33,42 +32,7 @@ PY
 }
 
 compare() {  # compare SINGLE_DIR DP_DIR STEP: the checkpoints' tensors and trainer state
-  python3 - "$1/global_step$3" "$2/global_step$3" <<'PY'
-import json, math, struct, sys
-from array import array
-def tensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        head = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, t in head.items():
-        if name == "__metadata__":
-            continue
-        assert t["dtype"] == "F32", (name, t["dtype"])
-        a = array("f")
-        a.frombytes(data[t["data_offsets"][0]:t["data_offsets"][1]])
-        out[name] = a
-    return out
-one, dp = sys.argv[1], sys.argv[2]
-hidden = json.load(open(f"{one}/config.json"))["hidden_dim"]
-bound = 2 * 1e-2 * 4  # two runs' Adam steps of at most lr each, 4 steps
-for f in ("model.safetensors", "optimizer.safetensors"):
-    a, b = tensors(f"{one}/{f}"), tensors(f"{dp}/{f}")
-    assert sorted(a) == sorted(b), (f, sorted(a), sorted(b))
-    for k in a:
-        if k.endswith("attention.in_proj_bias"):  # [q | k | v]: the key slice apart
-            key = range(hidden, 2 * hidden)
-            if f == "model.safetensors":
-                assert all(abs(a[k][i] - b[k][i]) <= bound for i in key), (f, k, "key bias")
-            for i in key:
-                a[k][i] = b[k][i] = 0.0
-        num = math.sqrt(sum((x - y) ** 2 for x, y in zip(a[k], b[k])))
-        den = math.sqrt(sum(x * x for x in a[k])) or 1.0
-        assert len(a[k]) == len(b[k]) and num <= 1e-5 * den, (f, k, num / den)
-assert open(f"{one}/trainer_state.json").read() == open(f"{dp}/trainer_state.json").read(), "trainer_state.json"
-assert json.load(open(f"{one}/config.json")) == json.load(open(f"{dp}/config.json")), "config.json"
-PY
+  python3 tests/e2e/compare_checkpoints.py "$1/global_step$3" "$2/global_step$3" --lr 1e-2 --steps "$3"
 }
 
 losses() {  # losses A.csv B.csv: the same steps, within 1e-6 relative
