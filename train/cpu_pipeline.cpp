@@ -27,8 +27,8 @@ class CpuPipelineBackend final : public TrainBackend {
     comm_ = o.comm;
     if (!comm_) {
       const comm::LaunchEnv env = comm::read_launch_env();
-      CUTRAIN_CHECK(env.world_size == o.pipeline_stages, "pipeline: --pipeline_parallel_size ", o.pipeline_stages,
-                    " with world size ", env.world_size, ": expected one rank per stage");
+      CUTRAIN_CHECK(env.world_size % o.pipeline_stages == 0, "pipeline: --pipeline_parallel_size ", o.pipeline_stages,
+                    " does not divide the world size ", env.world_size);
       // Rings that hold every activation a stage sends before its neighbour takes it: at most S
       // in flight per direction in 1F1B, so no send waits.
       comm::HostCommOptions ho;
@@ -37,7 +37,14 @@ class CpuPipelineBackend final : public TrainBackend {
       comm_ = comm::create_host_communicator(env, ho);
     }
     CUTRAIN_CHECK(comm_->device() < 0, "cpu backend: expected a host communicator, found ", comm_->backend_name());
-    stage_ = comm_->rank();
+    // The grid as DeepSpeed's (pipe outer, data inner): rank = stage x dp + replica.
+    CUTRAIN_CHECK(comm_->world_size() % plan_.stages == 0, "pipeline: ", plan_.stages,
+                  " stages do not divide the world size ", comm_->world_size());
+    dp_ = comm_->world_size() / plan_.stages;
+    stage_ = comm_->rank() / dp_;
+    replica_ = comm_->rank() % dp_;
+    prev_ = comm_->rank() - dp_;
+    next_ = comm_->rank() + dp_;
     const parallel::PipelineStage& st = plan_.parts[std::size_t(stage_)];
     const int L = o.dims.layers;
     // Layer i of the sequence is parameter unit i: 0 the embedding, 1 + l block l, L + 1 the head.
@@ -65,12 +72,17 @@ class CpuPipelineBackend final : public TrainBackend {
       }
     }
     for (int m = 0; m < plan_.micro_batches; ++m) models_.emplace_back(table_, o.causal);
-    if (stage_ == 0)
+    if (comm_->rank() == 0)
       std::cout << "[Rank 0] " << plan_.describe(layers)
+                << (dp_ > 1 ? "; " + std::to_string(dp_) + " data-parallel replicas (rank = stage x " +
+                                  std::to_string(dp_) + " + replica)"
+                            : std::string())
                 << (tied_.empty() ? "" : "; tied: the token embedding is the head's weight on stages 0 and " +
                                              std::to_string(plan_.stages - 1) + ", its gradients summed between them")
                 << std::endl;
-    std::cout << "[Rank " << stage_ << "] pipeline stage " << stage_ << " of " << plan_.stages << " over the "
+    std::cout << "[Rank " << comm_->rank() << "] pipeline stage " << stage_ << " of " << plan_.stages
+              << (dp_ > 1 ? ", replica " + std::to_string(replica_) + " of " + std::to_string(dp_) : std::string())
+              << " over the "
               << comm_->backend_name() << " communicator: layers " << st.first << "-" << st.end - 1 << ", flat ["
               << owned_.begin << ", " << owned_.end << ")" << std::endl;
   }
@@ -88,29 +100,24 @@ class CpuPipelineBackend final : public TrainBackend {
       model::ReferenceModel<float>& mdl = models_[std::size_t(a.micro)];
       const std::size_t at = std::size_t(a.micro) * per;
       if (a.kind == PipeAction::Forward) {
-        if (!span_.embedding) comm_->recv(in.data(), act, DType::F32, stage_ - 1, nullptr);
+        if (!span_.embedding) comm_->recv(in.data(), act, DType::F32, prev_, nullptr);
         const double l = mdl.forward_span(params_.data(), span_, tokens + at, labels + at, in.data(), opt_.batch,
                                           opt_.seq, &out);
         if (span_.head) loss += l / M;
-        else comm_->send(out.data(), act, DType::F32, stage_ + 1, nullptr);
+        else comm_->send(out.data(), act, DType::F32, next_, nullptr);
       } else {
-        if (!span_.head) comm_->recv(dout.data(), act, DType::F32, stage_ + 1, nullptr);
+        if (!span_.head) comm_->recv(dout.data(), act, DType::F32, next_, nullptr);
         mdl.backward_span(params_.data(), grads_.data(), dout.data(), 1.0 / M, &din);
-        if (!span_.embedding) comm_->send(din.data(), act, DType::F32, stage_ - 1, nullptr);
+        if (!span_.embedding) comm_->send(din.data(), act, DType::F32, prev_, nullptr);
       }
     }
-    if (!tied_.empty()) {  // every rank joins; the stages without the tied weight add zeros
-      std::vector<float> g(tied_.size(), 0.f);
-      const bool has = span_.embedding || span_.head;
-      if (has) std::copy(grads_.begin() + std::ptrdiff_t(tied_.begin), grads_.begin() + std::ptrdiff_t(tied_.end), g.begin());
-      comm_->all_reduce(g.data(), g.size(), DType::F32, comm::ReduceOp::Sum, nullptr);
-      if (has) std::copy(g.begin(), g.end(), grads_.begin() + std::ptrdiff_t(tied_.begin));
-    }
+    reduce_grads();
     StepStats st;
-    st.loss = span_.head ? loss : 0.0;
+    st.loss = span_.head ? loss / dp_ : 0.0;
     comm_->all_reduce_sum_f64(&st.loss, 1, nullptr);  // from the last stage to every rank
-    double sq = 0;
-    for (std::size_t i = owned_.begin; i < owned_.end; ++i) sq += double(grads_[i]) * grads_[i];
+    double sq = 0;  // replica 0 of each stage: the stage's reduced gradients once
+    if (replica_ == 0)
+      for (std::size_t i = owned_.begin; i < owned_.end; ++i) sq += double(grads_[i]) * grads_[i];
     comm_->all_reduce_sum_f64(&sq, 1, nullptr);
     st.grad_norm = std::sqrt(sq);
     if (!std::isfinite(st.grad_norm)) {
@@ -137,9 +144,10 @@ class CpuPipelineBackend final : public TrainBackend {
   double eval_loss(const std::int32_t* tokens, const std::int32_t* labels) override {
     const std::size_t act = std::size_t(opt_.batch) * opt_.seq * std::size_t(opt_.dims.hidden);
     std::vector<float> in(act), out;
-    if (!span_.embedding) comm_->recv(in.data(), act, DType::F32, stage_ - 1, nullptr);
+    if (!span_.embedding) comm_->recv(in.data(), act, DType::F32, prev_, nullptr);
     double loss = models_[0].forward_span(params_.data(), span_, tokens, labels, in.data(), opt_.batch, opt_.seq, &out);
-    if (!span_.head) comm_->send(out.data(), act, DType::F32, stage_ + 1, nullptr), loss = 0;
+    if (!span_.head) comm_->send(out.data(), act, DType::F32, next_, nullptr), loss = 0;
+    loss /= dp_;  // every replica evaluates the same batch
     comm_->all_reduce_sum_f64(&loss, 1, nullptr);
     return loss;
   }
@@ -154,10 +162,12 @@ class CpuPipelineBackend final : public TrainBackend {
     // Every rank's slice into the flat buffers (zeros elsewhere), summed: the stages' state exactly.
     const std::size_t n = table_.flat_size();
     HostState s{std::vector<float>(n, 0.f), {}, std::vector<float>(n, 0.f), std::vector<float>(n, 0.f), {}, DType::F32};
-    std::copy(params_.begin() + std::ptrdiff_t(owned_.begin), params_.begin() + std::ptrdiff_t(owned_.end),
-              s.params.begin() + std::ptrdiff_t(owned_.begin));
-    std::copy(m_.begin(), m_.end(), s.exp_avg.begin() + std::ptrdiff_t(owned_.begin));
-    std::copy(v_.begin(), v_.end(), s.exp_avg_sq.begin() + std::ptrdiff_t(owned_.begin));
+    if (replica_ == 0) {  // one replica per stage
+      std::copy(params_.begin() + std::ptrdiff_t(owned_.begin), params_.begin() + std::ptrdiff_t(owned_.end),
+                s.params.begin() + std::ptrdiff_t(owned_.begin));
+      std::copy(m_.begin(), m_.end(), s.exp_avg.begin() + std::ptrdiff_t(owned_.begin));
+      std::copy(v_.begin(), v_.end(), s.exp_avg_sq.begin() + std::ptrdiff_t(owned_.begin));
+    }
     for (std::vector<float>* v : {&s.params, &s.exp_avg, &s.exp_avg_sq})
       comm_->all_reduce(v->data(), n, DType::F32, comm::ReduceOp::Sum, nullptr);
     return s;
@@ -182,7 +192,7 @@ class CpuPipelineBackend final : public TrainBackend {
   model::TransformerParams table_;
   parallel::PipelinePlan plan_;
   std::shared_ptr<comm::Communicator> comm_;
-  int stage_ = 0;
+  int dp_ = 1, stage_ = 0, replica_ = 0, prev_ = -1, next_ = -1;  // the grid: ranks of the neighbour stages
   model::LayerSpan span_;
   parallel::Range owned_;  // this stage's layers in the flat buffer
   std::vector<float> params_, grads_, m_, v_;  // params_, grads_ full size; m_, v_ of owned_
@@ -191,6 +201,27 @@ class CpuPipelineBackend final : public TrainBackend {
   bool tied_decay_ = true;
   std::vector<float> m_tied_, v_tied_;  // the last stage's moments of its copy
   bool holds_tied_copy() const { return !tied_.empty() && span_.head && !span_.embedding; }
+
+  // After the backwards: each stage's gradients averaged over its replicas and a tied weight's
+  // summed over its two stages, in one all-reduce over the flat buffer: every rank adds its
+  // stage's slice (and the last stage its tied copy's gradient), zeros elsewhere.
+  void reduce_grads() {
+    if (dp_ == 1 && tied_.empty()) return;
+    const std::size_t n = table_.flat_size();
+    std::vector<float> g(n, 0.f);
+    auto take = [&](parallel::Range r) {
+      std::copy(grads_.begin() + std::ptrdiff_t(r.begin), grads_.begin() + std::ptrdiff_t(r.end),
+                g.begin() + std::ptrdiff_t(r.begin));
+    };
+    take(owned_);
+    if (holds_tied_copy()) take(tied_);
+    comm_->all_reduce(g.data(), n, DType::F32, comm::ReduceOp::Sum, nullptr);
+    auto give = [&](parallel::Range r) {
+      for (std::size_t i = r.begin; i < r.end; ++i) grads_[i] = g[i] / float(dp_);
+    };
+    give(owned_);
+    if (holds_tied_copy()) give(tied_);
+  }
 };
 
 }  // namespace

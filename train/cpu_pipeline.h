@@ -9,6 +9,10 @@
 // GPT-2's head is tied to the token embedding (DeepSpeed's TiedLayerSpec): the last stage keeps a
 // copy of it, the first and last stages' gradients of it are summed after the backwards, and both
 // copies take the same optimizer update.
+// Data x pipeline: world = dp x stages, ranks laid out as DeepSpeed's grid (pipe outer, data
+// inner: rank = stage x dp + replica); each replica pipelines its own micro-batches and, after the
+// backwards, each stage's gradients are averaged over its replicas (one all-reduce over the flat
+// buffer, which also sums a tied weight's two stages).
 #pragma once
 
 #include <memory>

@@ -250,10 +250,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                 ": pipeline parallelism runs on --device cpu (over the host communicator); the GPU engine has none yet");
   CUTRAIN_CHECK(env.world_size % pp == 0, "train: --pipeline_parallel_size ", pp, " does not divide the world size ",
                 env.world_size, ": expected world size = data-parallel degree x pipeline stages");
-  CUTRAIN_CHECK(pp == 1 || env.world_size == pp, "train: --pipeline_parallel_size ", pp, " with world size ",
-                env.world_size, ": data parallelism x pipeline (degree ", env.world_size / pp,
-                ") is not implemented: expected one rank per stage");
-  const int dp_world = env.world_size / pp, dp_rank = pp == 1 ? env.rank : 0;
+  // Ranks as DeepSpeed's grid: rank = stage x dp + replica (train/cpu_pipeline.h).
+  const int dp_world = env.world_size / pp, dp_rank = env.rank % dp_world;
   cfg.resolve_batch(dp_world);
   if (o.learning_rate) cfg.optimizer.lr = *o.learning_rate;
   const LrSchedule schedule = LrSchedule::from_config(cfg);

@@ -5,10 +5,11 @@
 # micro-batches per step (gradient_accumulation_steps 8): the same losses and the same checkpoint
 # bytes (1F1B runs each stage's backwards in micro-batch order, so every gradient is accumulated
 # in the single process's order; without gradient_clipping the norm's summation order changes
-# nothing), the partition and bubble line, a single-process checkpoint resumed on 2 stages, and
-# the bad input: a degree that does not divide the world size, data x pipeline, more stages than
-# layers, a type:REGEX without enough matches, ZeRO with a pipeline, and the warning of a pipeline
-# without gradient accumulation. GPT-2 at 2 and 4 stages: the head tied to the embedding.
+# nothing), the partition and bubble line, GPT-2 at 2 and 4 stages (the head tied to the
+# embedding), data x pipeline grids (2 x 2, 2 x 4) against the single process with the same global
+# batch, a single-process checkpoint resumed on 2 stages, and the bad input: a degree that does not
+# divide the world size, more stages than layers, a type:REGEX without enough matches, ZeRO with a
+# pipeline, and the warning of a pipeline without gradient accumulation.
 #   pipeline_host_cli.sh CUTRAIN_BINARY cpu|cuda   (the cuda variant exits 77: CPU backend only)
 source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] && { echo "pipeline parallelism runs on the CPU backend: skipped on cuda"; exit 77; }
@@ -83,6 +84,37 @@ for s in 2 4; do
   echo "ok: GPT-2 (tied head) on $s stages = the single process (losses, checkpoint)"
 done
 
+# Data x pipeline: 2 replicas x 2 stages (4 ranks) and 2 x 4 (8 ranks, GPT-2) with train_batch_size
+# 8 (micro 1): each replica pipelines 4 micro-batches, the single process accumulates 8.
+python3 - "$tmp/t8.json" <<'PY'
+import json, sys
+c = json.load(open("configs/baseline.json"))
+c["zero_optimization"]["stage"] = 0
+c["train_micro_batch_size_per_gpu"] = 1
+c["train_batch_size"] = 8
+c.pop("gradient_accumulation_steps")
+json.dump(c, open(sys.argv[1], "w"))
+PY
+for run in "4 2 simple" "8 4 gpt2"; do
+  set -- $run
+  w=$1 s=$2 m=$3 name=dp$1x$2
+  "$bin" train "${size[@]}" --model "$m" --deepspeed_config "$tmp/t8.json" --num_steps 4 \
+      --loss_log_file "$tmp/${name}_1.csv" --save "$tmp/ck_${name}_1" >"$tmp/${name}_1.txt" 2>&1 \
+      || { cat "$tmp/${name}_1.txt"; fail "$name: single process"; }
+  "$bin" launch --backend host --num_procs "$w" --master_port $port -- "$bin" train "${size[@]}" --model "$m" \
+      --deepspeed_config "$tmp/t8.json" --num_steps 4 --pipeline_parallel_size "$s" --loss_log_file "$tmp/$name.csv" \
+      --save "$tmp/ck_$name" >"$tmp/$name.txt" 2>&1 || { cat "$tmp/$name.txt"; fail "$name run"; }
+  port=$((port + 1))
+  grep -q "1F1B over 4 micro-batches.*; 2 data-parallel replicas (rank = stage x 2 + replica)" "$tmp/$name.txt" \
+      || { cat "$tmp/$name.txt"; fail "$name: the grid line"; }
+  grep -q "^\[Rank $((w - 1))\] pipeline stage $((s - 1)) of $s, replica 1 of 2 over the host" "$tmp/$name.txt" \
+      || { cat "$tmp/$name.txt"; fail "$name: the last rank's stage line"; }
+  same_losses "$tmp/${name}_1.csv" "$tmp/$name.csv" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
+  python3 tests/e2e/compare_checkpoints.py "$tmp/ck_${name}_1/global_step4" "$tmp/ck_$name/global_step4" \
+      || fail "$name: checkpoint"
+  echo "ok: $m, 2 replicas x $s stages = the single process (losses, checkpoint)"
+done
+
 grep -q "1F1B over 8 micro-batches, predicted bubble fraction 0.273 ((S-1)/(M+S-1) = 3/11)" "$tmp"/p4_*.txt \
     || fail "the bubble fraction of 4 stages"
 
@@ -108,8 +140,6 @@ refused() {  # refused 'message' PROCS train-args...
 }
 refused "train: --pipeline_parallel_size 3 does not divide the world size 4" 4 --deepspeed_config "$tmp/a8.json" \
     --pipeline_parallel_size 3
-refused "data parallelism x pipeline (degree 2) is not implemented" 4 --deepspeed_config "$tmp/a8.json" \
-    --pipeline_parallel_size 2
 refused "pipeline: 7 stages for a model of 6 layers" 7 --deepspeed_config "$tmp/a8.json" --pipeline_parallel_size 7
 refused "pipeline: partition_method type:OutputHead matches 1 layer(s) for 2 stages" 2 --deepspeed_config \
     "$tmp/a8.json" --pipeline_parallel_size 2 --partition_method type:OutputHead
