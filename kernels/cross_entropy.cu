@@ -1,15 +1,18 @@
-// @brief Fused softmax cross-entropy (see cross_entropy.cuh): two launches, one block (or one
-// cluster) per row.
+// @brief Fused softmax cross-entropy (see cross_entropy.cuh): two launches.
 //   1. ce_count_kernel (1 block): validates the labels, counts the non-ignored rows (the mean's
 //      denominator must be known before any gradient is written), reports the first bad row. It
 //      lets the row kernel start at once (programmatic dependent launch).
-//   2. ce_row_kernel (one block per row): pass 1 streams the row once with 16-byte loads, keeps an
-//      online (max, sum 2^(y - max)) in log2 units and parks the raw bf16 vectors in shared memory;
-//      pass 2 (after waiting for the count) turns the parked copy into the gradient and writes it
-//      over the logits. A 50k-vocab row (100 KB) fits, two blocks per SM, so HBM sees one read and
-//      one write per element. Longer rows are split over a thread-block cluster of up to 8 CTAs,
-//      each parking one slice, so up to ~450k-column rows are still read once. The last block to
-//      finish takes the mean of the row losses in a fixed order (deterministic).
+//   2. The row kernel, by path:
+//      - gradient, rows that fit twice in a CTA's shared memory (up to ~57k columns):
+//        ce_pipelined_kernel, one persistent CTA per SM with two row buffers filled by bulk
+//        copies (kernels/common/bulk_copy.cuh): the next row loads while this one's
+//        log-sum-exp and gradient are computed from shared memory, so HBM sees one read and one
+//        write per element and the reads never wait for the math;
+//      - gradient, longer rows: ce_row_kernel over a thread-block cluster of up to 8 CTAs per row,
+//        each parking one slice of the row in shared memory (up to ~450k-column rows read once);
+//      - forward only: ce_row_kernel, one block per row streaming it once.
+//      The online (max, sum 2^(y - max)) is kept in log2 units. The last block to finish takes
+//      the mean of the row losses in a fixed order (deterministic).
 // Extra memory: the scratch of 16 + 4 * rows bytes.
 #include "kernels/cross_entropy.cuh"
 
@@ -20,6 +23,7 @@
 
 #include <cooperative_groups.h>
 
+#include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/vec.cuh"
 #include "runtime/check.h"
 #include "runtime/nvtx.h"
@@ -34,6 +38,8 @@ namespace {
 struct CeTile {
   static constexpr int kThreads = 512, kPass1Loads = 8, kPass2Loads = 4, kMaxSplit = 8;
   static constexpr int kCountThreads = 1024;
+  // The pipelined gradient kernel: one CTA per SM, shared-memory vectors per thread in flight.
+  static constexpr int kPipeThreads = 1024, kPipeLoads = 4;
 };
 constexpr int kThreads = CeTile::kThreads;
 constexpr int kSmallThreads = CeTile::kCountThreads;
@@ -216,6 +222,49 @@ __device__ __forceinline__ void zero_scalar(bf16* x, int begin, int end) {
   for (int j = begin + threadIdx.x; j < end; j += blockDim.x) x[j] = z;
 }
 
+__device__ __forceinline__ void write_row_loss(const RowArgs& a, int row, float loss) {
+  a.row_loss_tmp[row] = loss;
+  if (a.row_loss) a.row_loss[row] = loss;
+}
+
+// One gradient element: (p_j - [j == label]) * gs with p_j = 2^(x log2e - c).
+__device__ __forceinline__ bf16 grad_of(float x, bool is_label, float c, float gs) {
+  return __float2bfloat16_rn((fast_ex2(fmaf(x, kLog2e, -c)) - (is_label ? 1.f : 0.f)) * gs);
+}
+
+// The gradient scale folded into the exponent: p_j * |gs| = 2^(x_j log2e - c_scaled), so the
+// body's elements cost one fma and one ex2 each; the sign of gs goes onto the bf16 bits.
+struct GradScale {
+  float c_scaled;      // c - log2 |gs| (+inf when gs = 0: every element 0)
+  float abs_gs;        // |gs|: subtracted at the label's element
+  unsigned sign_bits;  // 0x80008000 when gs < 0, else 0
+};
+__device__ __forceinline__ GradScale grad_scale_of(float c, float gs) {
+  return {c - log2f(fabsf(gs)), fabsf(gs), gs < 0.f ? 0x80008000u : 0u};
+}
+
+// Eight gradient elements from their raw bf16 logits to dst (16-byte aligned); `off`: the
+// label's index within the eight (any other value: not among them).
+__device__ __forceinline__ void grad8(uint4 raw, int off, const GradScale& g, bf16* dst) {
+  float f[8];
+  unpack8(raw, f);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = fast_ex2(fmaf(f[i], kLog2e, -g.c_scaled));
+  if (static_cast<unsigned>(off) < 8u) {  // one vector of the row: the -1 of the one-hot
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (i == off) f[i] -= g.abs_gs;
+  }
+  uint4 out;
+  unsigned* w = reinterpret_cast<unsigned*>(&out);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    w[i] = *reinterpret_cast<const unsigned*>(&h) ^ g.sign_bits;
+  }
+  store16<Store::Streaming>(dst, out);
+}
+
 // kCluster (rows longer than one CTA can park): a cluster of a.split CTAs per row, each
 // parking and streaming one contiguous slice of the row's vectors; the CTAs exchange their
 // (max, sum) through distributed shared memory and combine them in rank order (deterministic).
@@ -246,10 +295,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
   const int v_end = kCluster ? min(nvec, v_begin + per) : nvec;
 
   if (!valid) {  // block-uniform (cluster-uniform): ignored (or bad-label) row: no loss, zero gradient
-    if (tid == 0 && owner) {
-      a.row_loss_tmp[row] = 0.f;
-      if (a.row_loss) a.row_loss[row] = 0.f;
-    }
+    if (tid == 0 && owner) write_row_loss(a, row, 0.f);
     if constexpr (kGrad) {
       for (int v = v_begin + tid; v < v_end; v += blockDim.x)
         store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, make_uint4(0, 0, 0, 0));
@@ -311,11 +357,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
     cluster.sync();  // no CTA exits while a peer may still read its cl_ms
   }
   const float c = m + log2f(s);  // log2 of the softmax denominator: p_j = 2^(x_j log2e - c)
-  if (tid == 0 && owner) {
-    const float loss = c * kLn2 - x_label;
-    a.row_loss_tmp[row] = loss;
-    if (a.row_loss) a.row_loss[row] = loss;
-  }
+  if (tid == 0 && owner) write_row_loss(a, row, c * kLn2 - x_label);
   if constexpr (!kGrad) {
     ce_finish_in_last_block(a);
     return;
@@ -324,12 +366,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
   // ---- pass 2: dlogits = (softmax - onehot) * grad_scale / n_valid, in place ----
   pdl_wait();  // n_valid from the count kernel, which ran alongside pass 1
   const float gs = a.grad_scale / static_cast<float>(max(a.hdr->n_valid, 1));
-  if (tid < head_here) x[tid] = __float2bfloat16_rn((fast_ex2(fmaf(x_head, kLog2e, -c)) - (tid == label ? 1.f : 0.f)) * gs);
-  if (tid < tail) {
-    const int j = tail_start + tid;
-    x[j] = __float2bfloat16_rn((fast_ex2(fmaf(x_tail, kLog2e, -c)) - (j == label ? 1.f : 0.f)) * gs);
-  }
+  if (tid < head_here) x[tid] = grad_of(x_head, tid == label, c, gs);
+  if (tid < tail) x[tail_start + tid] = grad_of(x_tail, tail_start + tid == label, c, gs);
   const int label_off = label - head;  // label's position in the body (may be outside it)
+  const GradScale g = grad_scale_of(c, gs);
   for (int v0 = v_begin + tid; v0 < v_end; v0 += kUnroll * kThreads) {
     uint4 r[kUnroll];
 #pragma unroll
@@ -340,17 +380,111 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       const int v = v0 + k * kThreads;
-      if (v < v_end) {
-        float f[8];
-        unpack8(r[k], f);
-        const int off = label_off - v * 8;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) f[i] = (fast_ex2(fmaf(f[i], kLog2e, -c)) - (i == off ? 1.f : 0.f)) * gs;
-        store_bf16x8<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, f);
-      }
+      if (v < v_end) grad8(r[k], label_off - v * 8, g, body + static_cast<std::size_t>(v) * 8);
     }
   }
   if (owner) zero_scalar(x, a.vocab, a.ld);  // padding columns
+  ce_finish_in_last_block(a);
+}
+
+// The gradient path for rows that fit twice in one CTA's shared memory (up to ~57k columns on an
+// H100/H200): a persistent CTA per SM walks rows blockIdx.x, + gridDim.x, ... with two row
+// buffers. While it computes a row from one buffer (the log-sum-exp, then the gradient written
+// over the logits), a bulk copy fills the other with its next row, so HBM reads never wait for
+// the math and the gradient's stores overlap the next row's load.
+template <class Tile>
+__global__ void __launch_bounds__(Tile::kPipeThreads, 1) ce_pipelined_kernel(RowArgs a) {
+  constexpr int kThreads = Tile::kPipeThreads, kUnroll = Tile::kPipeLoads;
+  extern __shared__ uint4 buffers[];  // two buffers of a.cache_vecs vectors
+  __shared__ alignas(8) std::uint64_t full[2];
+  const int tid = threadIdx.x;
+  auto body_of = [&](int row, int& head, int& nvec) {
+    bf16* x = a.logits + static_cast<std::size_t>(row) * a.ld;
+    head = min(a.vocab, static_cast<int>(((16u - (reinterpret_cast<std::uintptr_t>(x) & 15u)) & 15u) >> 1));
+    nvec = (a.vocab - head) / 8;
+    return x;
+  };
+  auto fill = [&](int row, int buf) {  // one thread
+    int head, nvec;
+    bf16* x = body_of(row, head, nvec);
+    const auto bytes = static_cast<std::uint32_t>(nvec) * 16u;
+    mbar_expect_bytes(&full[buf], bytes);
+    if (bytes > 0) bulk_load(buffers + static_cast<std::size_t>(buf) * a.cache_vecs, x + head, bytes, &full[buf]);
+  };
+  if (tid == 0) {
+    mbar_init(&full[0]);
+    mbar_init(&full[1]);
+    if (static_cast<int>(blockIdx.x) < a.rows) fill(blockIdx.x, 0);
+  }
+  __syncthreads();
+
+  int iter = 0;
+  for (int row = blockIdx.x; row < a.rows; row += gridDim.x, ++iter) {
+    const int buf = iter & 1;
+    // The other buffer was last read by the previous row, which every thread has finished.
+    if (tid == 0 && row + static_cast<int>(gridDim.x) < a.rows) fill(row + gridDim.x, buf ^ 1);
+    int head, nvec;
+    bf16* x = body_of(row, head, nvec);
+    bf16* body = x + head;
+    const uint4* cache = buffers + static_cast<std::size_t>(buf) * a.cache_vecs;
+    const int tail_start = head + nvec * 8;
+    const int tail = a.vocab - tail_start;
+    const int label = a.labels[row];
+    const bool valid = label_valid(label, a.vocab, a.ignore_index);
+    float x_head = 0.f, x_tail = 0.f, x_label = 0.f;
+    if (valid) {
+      if (tid < head) x_head = __bfloat162float(x[tid]);
+      if (tid < tail) x_tail = __bfloat162float(x[tail_start + tid]);
+      if (tid == 0) x_label = __bfloat162float(x[label]);
+    }
+    mbar_wait(&full[buf], static_cast<std::uint32_t>(iter >> 1) & 1u);
+
+    if (!valid) {  // block-uniform: no loss, zero gradient (the copy has landed: the buffer is free)
+      if (tid == 0) write_row_loss(a, row, 0.f);
+      for (int v = tid; v < nvec; v += kThreads)
+        store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, make_uint4(0, 0, 0, 0));
+      zero_scalar(x, 0, head);
+      zero_scalar(x, tail_start, a.ld);  // tail and padding
+      __syncthreads();
+      continue;
+    }
+
+    // ---- the row's log-sum-exp, from shared memory ----
+    float m = -FLT_MAX, s = 0.f;
+    if (tid < head) lse_add1(m, s, x_head);
+    if (tid < tail) lse_add1(m, s, x_tail);
+    for (int v0 = tid; v0 < nvec; v0 += kUnroll * kThreads) {
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const int v = v0 + k * kThreads;
+        if (v < nvec) {
+          float f[8];
+          unpack8(cache[v], f);
+          lse_add8(m, s, f);
+        }
+      }
+    }
+    lse_block(m, s);
+    const float c = m + log2f(s);
+    if (tid == 0) write_row_loss(a, row, c * kLn2 - x_label);
+
+    // ---- dlogits = (softmax - onehot) * grad_scale / n_valid, over the logits ----
+    pdl_wait();  // n_valid from the count kernel (returns at once after the first row)
+    const float gs = a.grad_scale / static_cast<float>(max(a.hdr->n_valid, 1));
+    if (tid < head) x[tid] = grad_of(x_head, tid == label, c, gs);
+    if (tid < tail) x[tail_start + tid] = grad_of(x_tail, tail_start + tid == label, c, gs);
+    const int label_off = label - head;
+    const GradScale g = grad_scale_of(c, gs);
+    for (int v0 = tid; v0 < nvec; v0 += kUnroll * kThreads) {
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k) {
+        const int v = v0 + k * kThreads;
+        if (v < nvec) grad8(cache[v], label_off - v * 8, g, body + static_cast<std::size_t>(v) * 8);
+      }
+    }
+    zero_scalar(x, a.vocab, a.ld);  // padding columns
+    __syncthreads();  // every thread is done with this buffer before it is filled again
+  }
   ce_finish_in_last_block(a);
 }
 
@@ -364,6 +498,22 @@ int cache_budget_vecs() {
   return std::max(0, std::min(optin - 1024, per_sm / 2 - 2048) / 16);
 }
 int row_vecs(int vocab) { return ceil_div(vocab, 8) + 1; }  // vectors of a row body, at most
+
+// Vectors per buffer of the pipelined kernel: two buffers in one CTA's shared memory (one CTA per
+// SM), less the static reduction buffers and barriers.
+int pipeline_budget_vecs() {
+  int dev = 0, per_sm = 0, optin = 0;
+  CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
+  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return std::max(0, std::min(optin, per_sm - 1024) - 1024) / 32;
+}
+int sm_count() {
+  int dev = 0, n = 0;
+  CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
+  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
 
 constexpr int kMaxSplit = CeTile::kMaxSplit;
 
@@ -398,6 +548,27 @@ void run(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int voca
   CUTRAIN_LAUNCH_CHECK("ce_count_kernel");
 
   RowArgs a{logits, labels, vocab, ld, ignore_index, grad_scale, hdr, row_loss_tmp, row_loss, 0, rows, loss_mean, 1};
+  cudaLaunchAttribute pdl;
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  if constexpr (kGrad) {
+    if (const int pipe = pipeline_budget_vecs(); row_vecs(vocab) <= pipe) {
+      a.cache_vecs = row_vecs(vocab);
+      const std::size_t smem = 2 * static_cast<std::size_t>(a.cache_vecs) * 16;
+      auto kernel = ce_pipelined_kernel<CeTile>;
+      CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(static_cast<unsigned>(std::min(rows, sm_count())));
+      cfg.blockDim = dim3(CeTile::kPipeThreads);
+      cfg.dynamicSmemBytes = smem;
+      cfg.stream = s;
+      cfg.attrs = &pdl;
+      cfg.numAttrs = 1;
+      CUTRAIN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+      CUTRAIN_LAUNCH_CHECK("ce_pipelined_kernel<grad>");
+      return;
+    }
+  }
   // Rows longer than one CTA can park are split over a cluster (gradient pass only: the forward
   // keeps nothing in shared memory).
   if constexpr (kGrad) a.split = split_for(vocab);

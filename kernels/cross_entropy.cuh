@@ -22,8 +22,9 @@ namespace cutrain::kernels {
 // Deterministic: the mean is summed in a fixed order. Any ld and base alignment (odd ld is fine).
 // `scratch`: cross_entropy_scratch_bytes(rows) bytes, 16-byte aligned.
 // Two launches: the row kernel overlaps the label count through programmatic dependent launch
-// and its last block takes the mean; rows too long for one CTA's shared memory (vocab > ~57k on
-// an H100/H200) are split over a thread-block cluster.
+// and its last block takes the mean. With the gradient, rows up to ~57k columns (H100/H200) are
+// walked by one persistent CTA per SM that loads the next row while it computes this one; longer
+// rows are split over a thread-block cluster.
 
 std::size_t cross_entropy_scratch_bytes(int rows);
 void cross_entropy_forward_backward(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int vocab, int ld,

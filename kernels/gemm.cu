@@ -377,6 +377,16 @@ void Gemm::forward(cudaStream_t s, const bf16* x, const bf16* w, const bf16* bia
   CUTRAIN_LAUNCH_CHECK("bias_gelu_fallback_kernel");
 }
 
+void Gemm::forward_fp32(cudaStream_t s, const bf16* x, const bf16* w, float* y, int M, int N, int K) {
+  const char* fn = "Gemm::forward_fp32";
+  check_dims(fn, M, N, K);
+  check_ptr(fn, "x", x, 2);
+  check_ptr(fn, "w", w, 2);
+  check_ptr(fn, "y", y, 4);
+  NvtxRange range("gemm_fwd_fp32");
+  impl_->run(s, Matmul{Op::Forward, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, CUDA_R_32F}, true);
+}
+
 void Gemm::grad_input(cudaStream_t s, const bf16* dy, const bf16* w, bf16* dx, int M, int N, int K, float beta,
                       const bf16* dgelu_tanh_aux) {
   const char* fn = "Gemm::grad_input";

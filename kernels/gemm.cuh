@@ -47,6 +47,10 @@ class Gemm {
   void forward(cudaStream_t s, const bf16* x, const bf16* w, const bf16* bias, bf16* y, int M, int N, int K,
                GemmEpilogue ep = GemmEpilogue::None, bf16* aux = nullptr);
 
+  // y[M,N] = x[M,K] · W[N,K]ᵀ with an fp32 output (no epilogue): logits that are not rounded to
+  // bf16 (the MoE gate's, which top-k routing reads).
+  void forward_fp32(cudaStream_t s, const bf16* x, const bf16* w, float* y, int M, int N, int K);
+
   // dx[M,K] = dy[M,N] · W[N,K]  (+ beta · dx: beta = 1 accumulates, e.g. a residual gradient).
   // With dgelu_tanh_aux non-null: dx = (dy·W) ⊙ gelu_tanh'(aux[M,K]) (cuBLASLt DGELU epilogue);
   // beta must then be 0 (an error otherwise: cuBLASLt would apply gelu' to the accumulated sum).

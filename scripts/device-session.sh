@@ -38,6 +38,19 @@
 #               T1024 tokens/s and peak memory (scripts/peak-mem.sh) of both (cutrain with and without
 #               --recompute_gelu); the table by
 #               scripts/llmc_compare.py. About 6 minutes with llm.c's build.
+#   moe         the MoE kernels' and layer's GPU tests, bench_moe (the layer at T8192 H1024 F4096, 8/64
+#               experts, top-1/top-2; the grouped expert GEMM vs one dense GEMM and vs a per-expert
+#               loop) and bench/peers/moe_peer.py through PEERS_DIR's run.sh ds-python (DeepSpeed's MoE
+#               layer at ep_size 1, a plain PyTorch MoE) in the same call, then the ratio table
+#               (scripts/moe_table.py). About 4 minutes (DeepSpeed's install, no JIT op).
+#   python      the Python package: the wheel built from build/gpu (scripts/build-wheel.sh, with
+#               scikit-build-core / nanobind / pytest from .deps/wheels), installed into a folder of
+#               its own; python/tests with PyTorch and CUDA; the 4 KiB call overhead against the C++
+#               engine's (bench/python/python_overhead.py); then DeepNVMe's tutorial operations
+#               through cutrain's handle and DeepSpeed's in the same process (bench/peers/
+#               deepnvme_peer.py under PEERS_DIR's run.sh ds-python: the same checks on both, then
+#               the GB/s table with ours/DeepSpeed per row; DNVME_DIR, default /tmp/dnvme;
+#               DNVME_SIZE, default 1G; DNVME_REPS, default 3). About 6 minutes after the build.
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -274,6 +287,40 @@ if want llmc; then
     grep -E "^torch val loss" "$logs/torch_eval.txt" | sed 's/^/PyTorch on cutrain_200.safetensors: /' >>"$sum"
   else
     echo "-- llmc: no $peers/run.sh (carry ../shared/peers as .peers, or set PEERS_DIR)" >>"$sum"
+  fi
+fi
+
+if want moe; then
+  peers=${PEERS_DIR:-$root/.peers}
+  step moe_tests 120 "ctest --test-dir build/gpu -j 4 --output-on-failure -R '^Moe|test_moe'"
+  grep -E "tests passed|FAILED|Failed|GroupedGemm fallback" "$logs/moe_tests.txt" >>"$sum" 2>/dev/null
+  step bench_moe 150 "build/gpu/bench/bench_moe --benchmark_out=$logs/bench_moe.json --benchmark_out_format=json --benchmark_counters_tabular=true"
+  if [ -x "$peers/run.sh" ]; then
+    step peer_moe 240 "$peers/run.sh ds-python $root/bench/peers/moe_peer.py --out $logs/moe_peer.json"
+  else
+    echo "-- moe: no $peers/run.sh (carry ../shared/peers as .peers, or set PEERS_DIR): plain PyTorch peer only" >>"$sum"
+    step peer_moe 120 "python3 bench/peers/moe_peer.py --out $logs/moe_peer.json"
+  fi
+  python3 scripts/moe_table.py --ours "$logs/bench_moe.json" --peer "$logs/moe_peer.json" >"$logs/moe_table.md" 2>&1
+  cat "$logs/moe_table.md" >>"$sum"
+fi
+
+if want python; then
+  pyd=/tmp/cutrain-python
+  rm -rf "$pyd"; mkdir -p "$pyd"
+  step python_wheel 300 "python3 -m pip install -q --no-index --find-links .deps/wheels --target $pyd/build-deps scikit-build-core nanobind pytest && PYTHONPATH=$pyd/build-deps scripts/build-wheel.sh --build-dir build/gpu --out $pyd/dist && python3 -m pip install -q --no-deps --no-index --target $pyd/site $pyd/dist/cutrain-*.whl && ls $pyd/dist"
+  tail -3 "$logs/python_wheel.txt" >>"$sum" 2>/dev/null
+  pyenv="PYTHONPATH=$pyd/site:$pyd/build-deps"
+  step python_tests 240 "cd /tmp && $pyenv python3 -m pytest -q -rs -p no:cacheprovider $root/python/tests"
+  grep -E "passed|failed|SKIPPED|Error" "$logs/python_tests.txt" | tail -12 >>"$sum" 2>/dev/null
+  step python_overhead 90 "$pyenv python3 bench/python/python_overhead.py --folder /tmp/cutrain_ov --torch --out $logs/python_overhead_torch.json && $pyenv python3 bench/python/python_overhead.py --folder /dev/shm/cutrain_ov --out $logs/python_overhead_numpy.json"
+  grep -vE "^\s*$" "$logs/python_overhead.txt" | tail -16 >>"$sum" 2>/dev/null
+  peers=${PEERS_DIR:-$root/.peers}
+  if [ -x "$peers/run.sh" ]; then
+    step python_deepnvme 420 "$pyenv $peers/run.sh ds-python bench/peers/deepnvme_peer.py --folder ${DNVME_DIR:-/tmp/dnvme} --size ${DNVME_SIZE:-1G} --reps ${DNVME_REPS:-3} --out $logs/deepnvme_peer.json; rc=\$?; rm -rf ${DNVME_DIR:-/tmp/dnvme}; exit \$rc"
+    grep -E "^check|FAILED|^\||^target|^bench" "$logs/python_deepnvme.txt" >>"$sum" 2>/dev/null
+  else
+    echo "-- python_deepnvme: no $peers/run.sh (device-snapshot.sh copies ../shared/peers as .peers, or set PEERS_DIR)" >>"$sum"
   fi
 fi
 

@@ -2,7 +2,7 @@
 # Prepares .snap/ for a device call: the committed tree (git archive HEAD, so other people's
 # uncommitted edits cannot break the device build), the offline .deb files (.deps/, made by
 # scripts/offline-deps.sh when missing), the test data from ../shared/data (.devdata/) and llm.c
-# from ../shared/peers (.peers/).
+# from ../shared/peers with DeepSpeed's wheels (.peers/).
 # Then call the device with carry [".snap"] and: cd .snap && scripts/device-session.sh
 #   scripts/device-snapshot.sh [--against REV]
 # --against REV also puts REV's tree into .snap/against/ (with its COMMIT), for the session's
@@ -18,6 +18,7 @@ done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 [ -d .deps ] && ls .deps/*.deb >/dev/null 2>&1 || scripts/offline-deps.sh
+ls .deps/wheels/nanobind-*.whl >/dev/null 2>&1 || scripts/offline-deps.sh --wheels-only
 if [ ! -d .devdata ] && [ -d ../shared/data ]; then
   mkdir -p .devdata && cp -r ../shared/data/gpt2 ../shared/data/wikitext-2 .devdata/
 fi
@@ -42,5 +43,10 @@ cp -r .deps .snap/
 # llm.c for the session's `llmc` section: run.sh and llmc/ of ../shared/peers (4 MB) as .peers/.
 if [ -d ../shared/peers/llmc ]; then
   mkdir -p .snap/.peers && cp -r ../shared/peers/run.sh ../shared/peers/llmc .snap/.peers/
+fi
+# DeepSpeed's wheels (5 MB) for run.sh ds-python: the `moe` section's peer (DeepSpeed's MoE layer)
+# and the `python` section's DeepNVMe comparison.
+if [ -d ../shared/peers/deepspeed/wheels ]; then
+  mkdir -p .snap/.peers/deepspeed && cp ../shared/peers/run.sh .snap/.peers/ && cp -r ../shared/peers/deepspeed/wheels .snap/.peers/deepspeed/
 fi
 du -sh .snap

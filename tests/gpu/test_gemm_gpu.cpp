@@ -123,6 +123,24 @@ TEST(GemmGpu, ForwardMatchesReferenceForEveryEpilogue) {
 
 // At the model's shapes (all dims multiples of 8, 256-byte aligned buffers) every epilogue must
 // run fused in cuBLASLt; a silent fallback would still be correct but slow.
+// The fp32-output forward (the MoE gate's logits): every element written, fp32 accuracy, at odd
+// shapes and with an output that is only 4-byte aligned.
+TEST(GemmGpu, ForwardFp32MatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  Gemm gemm;
+  for (const Shape& s : std::vector<Shape>{{7, 13, 5}, {1, 1, 1}, {33, 17, 65}, {8192, 64, 1024}, {100, 2, 96}}) {
+    SCOPED_TRACE(str(s));
+    Tensor x = make_tensor(std::size_t(s.M) * s.K, rng), w = make_tensor(std::size_t(s.N) * s.K, rng, 0.1f);
+    DeviceArray<float> y(std::size_t(s.M) * s.N + 1);
+    gemm.forward_fp32(nullptr, x.dev.get(), w.dev.get(), y.get() + 1, s.M, s.N, s.K);
+    const auto all = y.download();
+    const std::vector<float> got(all.begin() + 1, all.end());
+    EXPECT_EQ(test::count_nan(got), 0u);
+    EXPECT_LT(test::rel_error(got, ref::gemm_forward(x.host, w.host, nullptr, s.M, s.N, s.K)), kF32GemmTol);
+  }
+}
+
 TEST(GemmGpu, FusedEpiloguesAreUsedAtModelShapes) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();

@@ -1,0 +1,22 @@
+// @brief The MoE gate's multiplicative jitter (DeepSpeed's noisy_gate_policy "Jitter", from the Switch
+// Transformer): the gate reads x · u with u uniform in [1 - eps, 1 + eps] per element, drawn from
+// kernels/common/counter_uniform.cuh as u = 1 - eps + 2·eps·counter_uniform(seed, i), i = s·H + h.
+// The backward multiplies the gate GEMM's input gradient by the same u and adds it to dx.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/dtype.h"
+
+namespace cutrain::kernels {
+
+// xj[n] = x[n] · u(n), n elements (bf16).
+void moe_jitter_forward(cudaStream_t s, const bf16* x, bf16* xj, std::size_t n, float eps, std::uint64_t seed);
+
+// dx[n] += g[n] · u(n).
+void moe_jitter_backward(cudaStream_t s, const bf16* g, bf16* dx, std::size_t n, float eps, std::uint64_t seed);
+
+}  // namespace cutrain::kernels

@@ -1,0 +1,230 @@
+// @brief The GPU MoE layer (model/moe_layer.h) as a list of kernel calls. Buffers are sized once
+// for max_tokens (rows of the permuted buffer: at most k · max_tokens); the backward reuses the fc2
+// output gradient's buffer for the permuted input gradient once fc2's GEMMs have read it.
+#include "model/moe_layer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "kernels/gelu.cuh"
+#include "kernels/gemm.cuh"
+#include "kernels/moe_gate.cuh"
+#include "kernels/moe_grouped_gemm.cuh"
+#include "kernels/moe_jitter.cuh"
+#include "kernels/moe_permute.cuh"
+#include "kernels/moe_residual.cuh"
+#include "runtime/check.h"
+#include "runtime/nvtx.h"
+
+namespace cutrain::model {
+
+int MoeForwardStats::min_load() const {
+  return kept_counts.empty() ? 0 : *std::min_element(kept_counts.begin(), kept_counts.end());
+}
+int MoeForwardStats::max_load() const {
+  return kept_counts.empty() ? 0 : *std::max_element(kept_counts.begin(), kept_counts.end());
+}
+
+struct MoeLayerGpu::Impl {
+  MoeConfig c;
+  MoeParamLayout layout;
+  int max_tokens;
+  kernels::Gemm gemm;
+  kernels::GroupedGemm grouped;
+  // The small results the host reads after the gate, contiguous on both sides for one copy:
+  // kept_counts [E], expert_counts [E], stats [2], l_aux [1].
+  Buffer small;
+  std::int32_t* host_small = nullptr;
+  Buffer logits, probs, expert, position, weight, offsets, ce, gate_ws;  // per token / expert
+  Buffer xp, a1, h, o;                                                   // per permuted row
+  Buffer dlogits, dweight, dout, dh;                                     // backward
+  // PR-MoE's residual branch: the MoE output, the MLP (pre-GELU, GELU, output), the mix's logits
+  // and coefficients; their gradients.
+  Buffer ym, ar, hr, yr, clog, coef, dym, dyr, dclog, dhr, bias_scratch;
+  // Jitter: the gate's jittered input and its input gradient before the jitter.
+  Buffer xj, dxg;
+  // The last forward.
+  int T = 0, R = 0;
+  std::vector<int> rows;
+  bool jitter = false;
+  std::uint64_t seed = 0;
+
+  Impl(const MoeConfig& cfg, int max_t, CachingAllocator& alloc)
+      : c(cfg), layout(moe_param_layout(cfg)), max_tokens(max_t), gemm(&alloc), grouped(cfg.experts) {
+    const std::size_t E = c.experts, H = c.hidden, F = c.ffn, T = max_t, K = c.k, R = K * T;
+    small = Buffer(alloc, (2 * E + 3) * 4);
+    CUTRAIN_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_small), (2 * E + 3) * 4, cudaHostAllocDefault));
+    logits = Buffer(alloc, T * E * 4);
+    probs = Buffer(alloc, T * E * 4);
+    expert = Buffer(alloc, T * K * 4);
+    position = Buffer(alloc, T * K * 4);
+    weight = Buffer(alloc, T * K * 4);
+    offsets = Buffer(alloc, (E + 1) * 4);
+    ce = Buffer(alloc, E * 4);
+    gate_ws = Buffer(alloc, kernels::moe_gate_workspace_bytes(max_t, c.experts, c.k));
+    xp = Buffer(alloc, R * H * 2);
+    a1 = Buffer(alloc, R * F * 2);
+    h = Buffer(alloc, R * F * 2);
+    o = Buffer(alloc, R * H * 2);
+    dlogits = Buffer(alloc, T * E * 2);
+    dweight = Buffer(alloc, T * K * 4);
+    dout = Buffer(alloc, R * H * 2);
+    dh = Buffer(alloc, R * F * 2);
+    if (c.noisy_gate_policy == MoeNoisyGate::Jitter) {
+      xj = Buffer(alloc, T * H * 2);
+      dxg = Buffer(alloc, T * H * 2);
+    }
+    if (c.use_residual) {
+      ym = Buffer(alloc, T * H * 2);
+      ar = Buffer(alloc, T * F * 2);
+      hr = Buffer(alloc, T * F * 2);
+      yr = Buffer(alloc, T * H * 2);
+      clog = Buffer(alloc, T * 2 * 4);
+      coef = Buffer(alloc, T * 2 * 4);
+      dym = Buffer(alloc, T * H * 2);
+      dyr = Buffer(alloc, T * H * 2);
+      dclog = Buffer(alloc, T * 2 * 2);
+      dhr = Buffer(alloc, T * F * 2);
+      bias_scratch = Buffer(alloc, std::max<std::size_t>(16, kernels::bias_grad_scratch_bytes(max_t, 2)));
+    }
+  }
+  ~Impl() {
+    if (host_small) cudaFreeHost(host_small);
+  }
+
+  kernels::MoeRouting routing() const {
+    return {expert.as<std::int32_t>(), position.as<std::int32_t>(), offsets.as<std::int32_t>(), T, c.k};
+  }
+};
+
+MoeLayerGpu::MoeLayerGpu(const MoeConfig& c, int max_tokens, CachingAllocator& alloc) {
+  validate(c);
+  CUTRAIN_CHECK(max_tokens >= 1, "MoE layer: max_tokens must be >= 1, got ", max_tokens);
+  impl_ = std::make_unique<Impl>(c, max_tokens, alloc);
+}
+
+MoeLayerGpu::~MoeLayerGpu() = default;
+
+const MoeConfig& MoeLayerGpu::config() const { return impl_->c; }
+
+MoeForwardStats MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const bf16* x, bf16* y, int tokens,
+                                     bool train, std::uint64_t seed) {
+  Impl& m = *impl_;
+  validate(m.c, tokens);
+  CUTRAIN_CHECK(tokens <= m.max_tokens, "MoE layer: ", tokens, " tokens is more than max_tokens = ", m.max_tokens);
+  CUTRAIN_CHECK(params && x && y, "MoE layer forward: params, x and y must be non-null");
+  NvtxRange range("moe_forward");
+  const int E = m.c.experts, H = m.c.hidden, F = m.c.ffn, K = m.c.k;
+  m.T = tokens;
+  const bf16* wg = params + m.layout.wg;
+  const bf16* w1 = params + m.layout.w1;
+  const bf16* w2 = params + m.layout.w2;
+
+  m.jitter = train && m.c.noisy_gate_policy == MoeNoisyGate::Jitter;
+  m.seed = seed;
+  const bf16* gate_in = x;
+  if (m.jitter) {
+    kernels::moe_jitter_forward(s, x, m.xj.as<bf16>(), std::size_t(tokens) * H, kMoeJitterEps, moe_jitter_seed(seed));
+    gate_in = m.xj.as<bf16>();
+  }
+  m.gemm.forward_fp32(s, gate_in, wg, m.logits.as<float>(), tokens, E, H);
+  std::int32_t* small = m.small.as<std::int32_t>();
+  kernels::MoeGateOutputs out{m.probs.as<float>(), m.expert.as<std::int32_t>(), m.position.as<std::int32_t>(),
+                              m.weight.as<float>(), small + E, small, m.offsets.as<std::int32_t>(),
+                              m.ce.as<float>(), reinterpret_cast<float*>(small + 2 * E + 2), small + 2 * E};
+  kernels::MoeGateShape shape{tokens, E, K, m.c.drop_tokens, m.c.drop_tokens ? moe_layer_capacity(m.c, tokens, train) : 0};
+  shape.noise.rsample = train && m.c.noisy_gate_policy == MoeNoisyGate::RSample;
+  shape.noise.second_sampling = m.c.top2_2nd_expert_sampling && K == 2;
+  shape.noise.rts = m.c.use_rts;
+  shape.noise.seed = moe_gumbel_seed(seed);
+  kernels::moe_gate_forward(s, m.logits.as<float>(), shape, out, m.gate_ws.get());
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(m.host_small, small, (2 * E + 3) * 4, cudaMemcpyDeviceToHost, s));
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
+
+  MoeForwardStats st;
+  st.kept_counts.assign(m.host_small, m.host_small + E);
+  st.expert_counts.assign(m.host_small + E, m.host_small + 2 * E);
+  st.capacity = m.host_small[2 * E];
+  st.dropped = m.host_small[2 * E + 1];
+  std::memcpy(&st.l_aux, m.host_small + 2 * E + 2, 4);
+  m.rows = st.kept_counts;
+  m.R = std::accumulate(m.rows.begin(), m.rows.end(), 0);
+
+  const auto rt = m.routing();
+  kernels::moe_permute(s, x, rt, m.xp.as<bf16>(), H);
+  m.grouped.forward(s, m.xp.as<bf16>(), w1, m.a1.as<bf16>(), m.rows.data(), E, F, H);
+  kernels::gelu_forward(s, m.a1.as<bf16>(), nullptr, nullptr, m.h.as<bf16>(), std::size_t(m.R), F,
+                        kernels::GeluKind::Erf);
+  m.grouped.forward(s, m.h.as<bf16>(), w2, m.o.as<bf16>(), m.rows.data(), E, H, F);
+  bf16* y_moe = m.c.use_residual ? m.ym.as<bf16>() : y;
+  kernels::moe_unpermute(s, m.o.as<bf16>(), m.weight.as<float>(), rt, y_moe, H);
+  if (m.c.use_residual) {  // the dense MLP beside the experts, then the learned mix
+    m.gemm.forward(s, x, params + m.layout.r1, nullptr, m.ar.as<bf16>(), tokens, F, H);
+    kernels::gelu_forward(s, m.ar.as<bf16>(), nullptr, nullptr, m.hr.as<bf16>(), std::size_t(tokens), F,
+                          kernels::GeluKind::Erf);
+    m.gemm.forward(s, m.hr.as<bf16>(), params + m.layout.r2, nullptr, m.yr.as<bf16>(), tokens, H, F);
+    m.gemm.forward_fp32(s, x, params + m.layout.cw, m.clog.as<float>(), tokens, 2, H);
+    kernels::moe_residual_mix_forward(s, y_moe, m.yr.as<bf16>(), m.clog.as<float>(), params + m.layout.cb, y,
+                                      m.coef.as<float>(), tokens, H);
+  }
+  return st;
+}
+
+void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, const bf16* dy, float aux_grad,
+                           bf16* dx, void* grads, DType grad_type, bool accumulate) {
+  Impl& m = *impl_;
+  CUTRAIN_CHECK(m.T > 0, "MoE layer backward: call forward first");
+  CUTRAIN_CHECK(params && x && dy && dx && grads, "MoE layer backward: every pointer must be non-null");
+  CUTRAIN_CHECK(grad_type == DType::BF16 || grad_type == DType::F32,
+                "MoE layer backward: gradients must be bf16 or fp32, got ", dtype_name(grad_type));
+  NvtxRange range("moe_backward");
+  const int E = m.c.experts, H = m.c.hidden, F = m.c.ffn, K = m.c.k, T = m.T;
+  const bf16* wg = params + m.layout.wg;
+  const bf16* w1 = params + m.layout.w1;
+  const bf16* w2 = params + m.layout.w2;
+  char* g = static_cast<char*>(grads);
+  const std::size_t es = dtype_size(grad_type);
+  const auto rt = m.routing();
+  bf16* dout = m.dout.as<bf16>();
+  bf16* dh = m.dh.as<bf16>();
+  const bf16* dy_in = dy;
+  if (m.c.use_residual) {  // the MoE branch sees c0·dy
+    kernels::moe_residual_mix_backward(s, dy_in, m.ym.as<bf16>(), m.yr.as<bf16>(), m.coef.as<float>(),
+                                       m.dym.as<bf16>(), m.dyr.as<bf16>(), m.dclog.as<bf16>(), T, H);
+    dy = m.dym.as<bf16>();
+  }
+
+  kernels::moe_unpermute_backward(s, dy, m.o.as<bf16>(), m.weight.as<float>(), rt, dout, m.dweight.as<float>(), H);
+  m.grouped.grad_weight(s, dout, m.h.as<bf16>(), g + m.layout.w2 * es, grad_type, m.rows.data(), E, H, F, accumulate);
+  m.grouped.grad_input(s, dout, w2, dh, m.rows.data(), E, H, F);
+  kernels::gelu_backward(s, dh, m.a1.as<bf16>(), dh, std::size_t(m.R) * F, kernels::GeluKind::Erf);
+  m.grouped.grad_weight(s, dh, m.xp.as<bf16>(), g + m.layout.w1 * es, grad_type, m.rows.data(), E, F, H, accumulate);
+  bf16* dxp = dout;  // fc2's GEMMs above have read dout
+  m.grouped.grad_input(s, dh, w1, dxp, m.rows.data(), E, F, H);
+  kernels::moe_permute_backward(s, dxp, rt, dx, H, false);
+  kernels::moe_gate_backward(s, m.probs.as<float>(), m.expert.as<std::int32_t>(), m.position.as<std::int32_t>(),
+                             m.dweight.as<float>(), m.ce.as<float>(), aux_grad, T, E, K, m.dlogits.as<bf16>());
+  if (m.jitter) {  // logits = (x ⊙ u)·Wgᵀ
+    m.gemm.grad_input(s, m.dlogits.as<bf16>(), wg, m.dxg.as<bf16>(), T, E, H);
+    kernels::moe_jitter_backward(s, m.dxg.as<bf16>(), dx, std::size_t(T) * H, kMoeJitterEps, moe_jitter_seed(m.seed));
+    m.gemm.grad_weight(s, m.dlogits.as<bf16>(), m.xj.as<bf16>(), g + m.layout.wg * es, grad_type, T, E, H,
+                       accumulate);
+  } else {
+    m.gemm.grad_input(s, m.dlogits.as<bf16>(), wg, dx, T, E, H, 1.f);
+    m.gemm.grad_weight(s, m.dlogits.as<bf16>(), x, g + m.layout.wg * es, grad_type, T, E, H, accumulate);
+  }
+  if (!m.c.use_residual) return;
+  const bf16* dclog = m.dclog.as<bf16>();
+  m.gemm.grad_input(s, dclog, params + m.layout.cw, dx, T, 2, H, 1.f);
+  m.gemm.grad_weight(s, dclog, x, g + m.layout.cw * es, grad_type, T, 2, H, accumulate);
+  kernels::bias_grad(s, dclog, g + m.layout.cb * es, grad_type, T, 2, accumulate, m.bias_scratch.get());
+  bf16* dhr = m.dhr.as<bf16>();
+  m.gemm.grad_weight(s, m.dyr.as<bf16>(), m.hr.as<bf16>(), g + m.layout.r2 * es, grad_type, T, H, F, accumulate);
+  m.gemm.grad_input(s, m.dyr.as<bf16>(), params + m.layout.r2, dhr, T, H, F);
+  kernels::gelu_backward(s, dhr, m.ar.as<bf16>(), dhr, std::size_t(T) * F, kernels::GeluKind::Erf);
+  m.gemm.grad_weight(s, dhr, x, g + m.layout.r1 * es, grad_type, T, F, H, accumulate);
+  m.gemm.grad_input(s, dhr, params + m.layout.r1, dx, T, F, H, 1.f);
+}
+
+}  // namespace cutrain::model
