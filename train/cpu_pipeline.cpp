@@ -18,9 +18,9 @@ using parallel::PipeAction;
 class CpuPipelineBackend final : public TrainBackend {
  public:
   CpuPipelineBackend(const BackendOptions& o, const TrainConfig& c) : opt_(o), cfg_(c), table_(o.dims) {
-    CUTRAIN_CHECK(c.zero_optimization.stage == 0, "pipeline parallelism on the CPU backend: zero_optimization.stage ",
+    CUTRAIN_CHECK(c.zero_optimization.stage <= 1, "pipeline parallelism on the CPU backend: zero_optimization.stage ",
                   c.zero_optimization.stage, " with --pipeline_parallel_size ", o.pipeline_stages,
-                  ": expected stage 0 (ZeRO with a pipeline is not implemented)");
+                  ": expected stage 0 or 1 (DeepSpeed's pipeline engine takes ZeRO-1 only)");
     const auto layers = parallel::pipeline_layers(table_);
     plan_ = parallel::make_pipeline_plan(layers, parallel::parse_partition_method(o.partition_method, "--partition_method"),
                                          o.pipeline_stages, c.accumulation());
@@ -57,8 +57,18 @@ class CpuPipelineBackend final : public TrainBackend {
     params_.resize(n);
     table_.init(params_.data(), o.seed);  // every rank alike; each uses and updates its own layers
     grads_.assign(n, 0.f);
-    m_.assign(owned_.size(), 0.f);
-    v_.assign(owned_.size(), 0.f);
+    // ZeRO-1 over the stage's replicas: each keeps and updates the moments of its partition of the
+    // stage's layers (parallel/partition.h), then the replicas' updated params are shared.
+    state_ = owned_;
+    zero1_ = c.zero_optimization.stage == 1 && dp_ > 1;
+    if (zero1_) {
+      const parallel::FlatPartition part = parallel::partition_flat(owned_.size(), dp_, sizeof(float));
+      const parallel::Range r = part.owned_real(replica_);
+      const std::size_t lo = std::min(owned_.begin + r.begin, owned_.end);  // may be empty on the last replicas
+      state_ = {lo, std::max(lo, std::min(owned_.begin + r.end, owned_.end))};
+    }
+    m_.assign(state_.size(), 0.f);
+    v_.assign(state_.size(), 0.f);
     // GPT-2's head is the token embedding (DeepSpeed's TiedLayerSpec): the last stage keeps a copy
     // of it with its own moments; the two stages' gradients of it are summed after the backwards,
     // so both copies take the same update. Stage 0 owns it (checkpoints, the norm).
@@ -82,6 +92,9 @@ class CpuPipelineBackend final : public TrainBackend {
                 << std::endl;
     std::cout << "[Rank " << comm_->rank() << "] pipeline stage " << stage_ << " of " << plan_.stages
               << (dp_ > 1 ? ", replica " + std::to_string(replica_) + " of " + std::to_string(dp_) : std::string())
+              << (zero1_ ? ", ZeRO-1: the moments of [" + std::to_string(state_.begin) + ", " +
+                               std::to_string(state_.end) + ")"
+                         : std::string())
               << " over the "
               << comm_->backend_name() << " communicator: layers " << st.first << "-" << st.end - 1 << ", flat ["
               << owned_.begin << ", " << owned_.end << ")" << std::endl;
@@ -128,12 +141,13 @@ class CpuPipelineBackend final : public TrainBackend {
     if (cfg_.gradient_clipping > 0) scale = std::min(1.0, cfg_.gradient_clipping / (st.grad_norm + 1e-6));
     const auto& o = cfg_.optimizer;
     for (const model::DecayRun& r : table_.decay_runs()) {
-      const std::size_t a = std::max(r.begin, owned_.begin), b = std::min(r.end, owned_.end);
+      const std::size_t a = std::max(r.begin, state_.begin), b = std::min(r.end, state_.end);
       if (a < b)
-        model::reference_adam_step(params_.data() + a, grads_.data() + a, m_.data() + (a - owned_.begin),
-                                   v_.data() + (a - owned_.begin), b - a, lr, o.beta1, o.beta2, o.eps,
+        model::reference_adam_step(params_.data() + a, grads_.data() + a, m_.data() + (a - state_.begin),
+                                   v_.data() + (a - state_.begin), b - a, lr, o.beta1, o.beta2, o.eps,
                                    r.decay ? o.weight_decay : 0.0, o.adam_w_mode, step, scale);
     }
+    if (zero1_) share_params();
     if (holds_tied_copy())  // the same update as stage 0's of the same values
       model::reference_adam_step(params_.data() + tied_.begin, grads_.data() + tied_.begin, m_tied_.data(),
                                  v_tied_.data(), tied_.size(), lr, o.beta1, o.beta2, o.eps,
@@ -154,7 +168,8 @@ class CpuPipelineBackend final : public TrainBackend {
 
   MemoryStats memory() const override {
     // This stage's params, grads, two moments (and the last stage's copy of a tied weight).
-    const auto bytes = std::int64_t(4 * 4 * (owned_.size() + (holds_tied_copy() ? tied_.size() : 0)));
+    const auto bytes = std::int64_t(4 * (2 * owned_.size() + 2 * state_.size()) +
+                                    (holds_tied_copy() ? 4 * 4 * tied_.size() : 0));
     return {bytes, bytes, bytes};
   }
   void reset_peak() override {}
@@ -162,11 +177,12 @@ class CpuPipelineBackend final : public TrainBackend {
     // Every rank's slice into the flat buffers (zeros elsewhere), summed: the stages' state exactly.
     const std::size_t n = table_.flat_size();
     HostState s{std::vector<float>(n, 0.f), {}, std::vector<float>(n, 0.f), std::vector<float>(n, 0.f), {}, DType::F32};
-    if (replica_ == 0) {  // one replica per stage
+    if (replica_ == 0)  // one replica per stage
       std::copy(params_.begin() + std::ptrdiff_t(owned_.begin), params_.begin() + std::ptrdiff_t(owned_.end),
                 s.params.begin() + std::ptrdiff_t(owned_.begin));
-      std::copy(m_.begin(), m_.end(), s.exp_avg.begin() + std::ptrdiff_t(owned_.begin));
-      std::copy(v_.begin(), v_.end(), s.exp_avg_sq.begin() + std::ptrdiff_t(owned_.begin));
+    if (replica_ == 0 || zero1_) {  // ZeRO-1: every replica its partition of the moments
+      std::copy(m_.begin(), m_.end(), s.exp_avg.begin() + std::ptrdiff_t(state_.begin));
+      std::copy(v_.begin(), v_.end(), s.exp_avg_sq.begin() + std::ptrdiff_t(state_.begin));
     }
     for (std::vector<float>* v : {&s.params, &s.exp_avg, &s.exp_avg_sq})
       comm_->all_reduce(v->data(), n, DType::F32, comm::ReduceOp::Sum, nullptr);
@@ -177,8 +193,8 @@ class CpuPipelineBackend final : public TrainBackend {
     CUTRAIN_CHECK(s.params.size() == n && s.exp_avg.size() == n && s.exp_avg_sq.size() == n, "cpu backend: state of ",
                   s.params.size(), " params does not fit the model's ", n);
     params_ = s.params;
-    m_.assign(s.exp_avg.begin() + std::ptrdiff_t(owned_.begin), s.exp_avg.begin() + std::ptrdiff_t(owned_.end));
-    v_.assign(s.exp_avg_sq.begin() + std::ptrdiff_t(owned_.begin), s.exp_avg_sq.begin() + std::ptrdiff_t(owned_.end));
+    m_.assign(s.exp_avg.begin() + std::ptrdiff_t(state_.begin), s.exp_avg.begin() + std::ptrdiff_t(state_.end));
+    v_.assign(s.exp_avg_sq.begin() + std::ptrdiff_t(state_.begin), s.exp_avg_sq.begin() + std::ptrdiff_t(state_.end));
     if (holds_tied_copy()) {
       m_tied_.assign(s.exp_avg.begin() + std::ptrdiff_t(tied_.begin), s.exp_avg.begin() + std::ptrdiff_t(tied_.end));
       v_tied_.assign(s.exp_avg_sq.begin() + std::ptrdiff_t(tied_.begin), s.exp_avg_sq.begin() + std::ptrdiff_t(tied_.end));
@@ -195,7 +211,9 @@ class CpuPipelineBackend final : public TrainBackend {
   int dp_ = 1, stage_ = 0, replica_ = 0, prev_ = -1, next_ = -1;  // the grid: ranks of the neighbour stages
   model::LayerSpan span_;
   parallel::Range owned_;  // this stage's layers in the flat buffer
-  std::vector<float> params_, grads_, m_, v_;  // params_, grads_ full size; m_, v_ of owned_
+  parallel::Range state_;  // the part of owned_ whose moments this rank keeps (all of it without ZeRO-1)
+  bool zero1_ = false;
+  std::vector<float> params_, grads_, m_, v_;  // params_, grads_ full size; m_, v_ of state_
   std::vector<model::ReferenceModel<float>> models_;  // one per micro-batch: its activations
   parallel::Range tied_;  // GPT-2: the token embedding, the head's weight (empty for Simple)
   bool tied_decay_ = true;
@@ -205,6 +223,17 @@ class CpuPipelineBackend final : public TrainBackend {
   // After the backwards: each stage's gradients averaged over its replicas and a tied weight's
   // summed over its two stages, in one all-reduce over the flat buffer: every rank adds its
   // stage's slice (and the last stage its tied copy's gradient), zeros elsewhere.
+  // ZeRO-1: each replica's updated partition to the stage's other replicas (one all-reduce over
+  // the flat buffer, every rank adding its partition, zeros elsewhere: the sum is exact).
+  void share_params() {
+    std::vector<float> p(table_.flat_size(), 0.f);
+    std::copy(params_.begin() + std::ptrdiff_t(state_.begin), params_.begin() + std::ptrdiff_t(state_.end),
+              p.begin() + std::ptrdiff_t(state_.begin));
+    comm_->all_reduce(p.data(), p.size(), DType::F32, comm::ReduceOp::Sum, nullptr);
+    std::copy(p.begin() + std::ptrdiff_t(owned_.begin), p.begin() + std::ptrdiff_t(owned_.end),
+              params_.begin() + std::ptrdiff_t(owned_.begin));
+  }
+
   void reduce_grads() {
     if (dp_ == 1 && tied_.empty()) return;
     const std::size_t n = table_.flat_size();

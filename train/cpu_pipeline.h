@@ -12,7 +12,9 @@
 // Data x pipeline: world = dp x stages, ranks laid out as DeepSpeed's grid (pipe outer, data
 // inner: rank = stage x dp + replica); each replica pipelines its own micro-batches and, after the
 // backwards, each stage's gradients are averaged over its replicas (one all-reduce over the flat
-// buffer, which also sums a tied weight's two stages).
+// buffer, which also sums a tied weight's two stages). ZeRO-1 (zero_optimization.stage 1): each
+// replica keeps the moments of its partition of the stage's layers and updates it; the replicas'
+// updated params are then shared. Stages 2 and 3 are refused (DeepSpeed's pipeline takes ZeRO-1).
 #pragma once
 
 #include <memory>

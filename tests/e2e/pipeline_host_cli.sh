@@ -6,10 +6,11 @@
 # bytes (1F1B runs each stage's backwards in micro-batch order, so every gradient is accumulated
 # in the single process's order; without gradient_clipping the norm's summation order changes
 # nothing), the partition and bubble line, GPT-2 at 2 and 4 stages (the head tied to the
-# embedding), data x pipeline grids (2 x 2, 2 x 4) against the single process with the same global
-# batch, a single-process checkpoint resumed on 2 stages, and the bad input: a degree that does not
-# divide the world size, more stages than layers, a type:REGEX without enough matches, ZeRO with a
-# pipeline, and the warning of a pipeline without gradient accumulation.
+# embedding), data x pipeline grids (2 x 2, 2 x 4; ZeRO-1 at 2 x 2 and 4 x 2) against the single
+# process with the same global batch, a single-process checkpoint resumed on 2 stages, and the bad
+# input: a degree that does not divide the world size, more stages than layers, a type:REGEX
+# without enough matches, ZeRO-2 with a pipeline, and the warning of a pipeline without gradient
+# accumulation.
 #   pipeline_host_cli.sh CUTRAIN_BINARY cpu|cuda   (the cuda variant exits 77: CPU backend only)
 source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] && { echo "pipeline parallelism runs on the CPU backend: skipped on cuda"; exit 77; }
@@ -30,7 +31,7 @@ PY
 }
 config "$tmp/a8.json" 8
 config "$tmp/a1.json" 1
-config "$tmp/z1.json" 8 1
+config "$tmp/z2.json" 8 2
 pipe() {  # pipe STAGES OUT train-args...: S ranks through the host launcher
   local s=$1 out=$2; shift 2
   "$bin" launch --backend host --num_procs "$s" --master_port $port -- "$bin" train "${size[@]}" \
@@ -86,33 +87,37 @@ done
 
 # Data x pipeline: 2 replicas x 2 stages (4 ranks) and 2 x 4 (8 ranks, GPT-2) with train_batch_size
 # 8 (micro 1): each replica pipelines 4 micro-batches, the single process accumulates 8.
-python3 - "$tmp/t8.json" <<'PY'
+# ZeRO-1 (each replica keeps the moments of its partition of the stage) at 2 x 2 and 4 x 2.
+for z in 0 1; do
+  python3 - "$tmp/t8_z$z.json" $z <<'PY'
 import json, sys
 c = json.load(open("configs/baseline.json"))
-c["zero_optimization"]["stage"] = 0
+c["zero_optimization"]["stage"] = int(sys.argv[2])
 c["train_micro_batch_size_per_gpu"] = 1
 c["train_batch_size"] = 8
 c.pop("gradient_accumulation_steps")
 json.dump(c, open(sys.argv[1], "w"))
 PY
-for run in "4 2 simple" "8 4 gpt2"; do
+done
+for run in "4 2 simple 0" "8 4 gpt2 0" "4 2 simple 1" "8 2 gpt2 1"; do
   set -- $run
-  w=$1 s=$2 m=$3 name=dp$1x$2
-  "$bin" train "${size[@]}" --model "$m" --deepspeed_config "$tmp/t8.json" --num_steps 4 \
+  w=$1 s=$2 m=$3 z=$4 name=dp$1x$2_$3_z$4 dp=$(($1 / $2))
+  "$bin" train "${size[@]}" --model "$m" --deepspeed_config "$tmp/t8_z0.json" --num_steps 4 \
       --loss_log_file "$tmp/${name}_1.csv" --save "$tmp/ck_${name}_1" >"$tmp/${name}_1.txt" 2>&1 \
       || { cat "$tmp/${name}_1.txt"; fail "$name: single process"; }
   "$bin" launch --backend host --num_procs "$w" --master_port $port -- "$bin" train "${size[@]}" --model "$m" \
-      --deepspeed_config "$tmp/t8.json" --num_steps 4 --pipeline_parallel_size "$s" --loss_log_file "$tmp/$name.csv" \
+      --deepspeed_config "$tmp/t8_z$z.json" --num_steps 4 --pipeline_parallel_size "$s" --loss_log_file "$tmp/$name.csv" \
       --save "$tmp/ck_$name" >"$tmp/$name.txt" 2>&1 || { cat "$tmp/$name.txt"; fail "$name run"; }
   port=$((port + 1))
-  grep -q "1F1B over 4 micro-batches.*; 2 data-parallel replicas (rank = stage x 2 + replica)" "$tmp/$name.txt" \
-      || { cat "$tmp/$name.txt"; fail "$name: the grid line"; }
-  grep -q "^\[Rank $((w - 1))\] pipeline stage $((s - 1)) of $s, replica 1 of 2 over the host" "$tmp/$name.txt" \
-      || { cat "$tmp/$name.txt"; fail "$name: the last rank's stage line"; }
+  grep -q "1F1B over $((8 / dp)) micro-batches.*; $dp data-parallel replicas (rank = stage x $dp + replica)" \
+      "$tmp/$name.txt" || { cat "$tmp/$name.txt"; fail "$name: the grid line"; }
+  want="^\[Rank $((w - 1))\] pipeline stage $((s - 1)) of $s, replica $((dp - 1)) of $dp"
+  [ "$z" = 1 ] && want="$want, ZeRO-1: the moments of \["
+  grep -q "$want" "$tmp/$name.txt" || { cat "$tmp/$name.txt"; fail "$name: the last rank's stage line"; }
   same_losses "$tmp/${name}_1.csv" "$tmp/$name.csv" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
   python3 tests/e2e/compare_checkpoints.py "$tmp/ck_${name}_1/global_step4" "$tmp/ck_$name/global_step4" \
       || fail "$name: checkpoint"
-  echo "ok: $m, 2 replicas x $s stages = the single process (losses, checkpoint)"
+  echo "ok: $m, $dp replicas x $s stages, ZeRO stage $z = the single process (losses, checkpoint)"
 done
 
 grep -q "1F1B over 8 micro-batches, predicted bubble fraction 0.273 ((S-1)/(M+S-1) = 3/11)" "$tmp"/p4_*.txt \
@@ -145,8 +150,8 @@ refused "pipeline: partition_method type:OutputHead matches 1 layer(s) for 2 sta
     "$tmp/a8.json" --pipeline_parallel_size 2 --partition_method type:OutputHead
 refused "--partition_method: expected parameters, uniform or type:REGEX" 2 --deepspeed_config "$tmp/a8.json" \
     --pipeline_parallel_size 2 --partition_method balanced
-refused "zero_optimization.stage 1 with --pipeline_parallel_size 2: expected stage 0" 2 --deepspeed_config \
-    "$tmp/z1.json" --pipeline_parallel_size 2
+refused "zero_optimization.stage 2 with --pipeline_parallel_size 2: expected stage 0 or 1" 2 --deepspeed_config \
+    "$tmp/z2.json" --pipeline_parallel_size 2
 if "$bin" train --deepspeed_config "$tmp/a8.json" --device cuda --pipeline_parallel_size 2 >"$tmp/err.txt" 2>&1; then
   fail "a GPU pipeline was accepted"; fi
 grep -qF "pipeline parallelism runs on --device cpu" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "the GPU message"; }
