@@ -9,7 +9,8 @@
 # the single process's by relative norm, trainer_state.json identical: tests/e2e/compare_checkpoints.py,
 # which holds the key bias to Adam's step bound), a resume of the
 # single-process checkpoint on 4 ranks at stage 3 that continues the single process's losses, a
-# rank that fails (named by the launcher, the others stopped) and the launcher's bad input.
+# rank that fails (named by the launcher, the others stopped), `comm-check --backend host` and the
+# launcher's bad input.
 #   zero_host_cli.sh CUTRAIN_BINARY cpu|cuda   (the cuda variant exits 77: the host backend is CPU only)
 source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] && { echo "the host communicator serves the CPU backend: skipped on cuda"; exit 77; }
@@ -60,6 +61,16 @@ run_dp() {  # run_dp STAGE WORLD: W ranks against the single process of the same
   compare "$tmp/ck_single_w$w" "$tmp/ck_dp_$name" 4 || fail "$name: checkpoint"
   echo "ok: ZeRO stage $stage on $w ranks = the single process (losses, checkpoint)"
 }
+
+# comm-check over the host communicator under the host launcher.
+"$bin" launch --backend host --num_procs 3 --master_port $port -- "$bin" comm-check --backend host --timeout 30 \
+    >"$tmp/cc.txt" 2>&1 || { cat "$tmp/cc.txt"; fail "comm-check --backend host"; }
+port=$((port + 1))
+for r in 0 1 2; do
+  grep -q "^rank $r of 3 (torchrun): rendezvous at 127.0.0.1:.* and host (shared memory, test backend) all-reduce ok" \
+      "$tmp/cc.txt" || { cat "$tmp/cc.txt"; fail "comm-check --backend host: rank $r"; }
+done
+echo "ok: comm-check --backend host on 3 ranks"
 
 for w in 2 4 8; do
   config 1 "$w"
