@@ -411,8 +411,10 @@ class HostCommunicator final : public Communicator {
 
   // With mu held: throws when a rank recorded a failure, when a rank of `peers` is gone (recording
   // it for the others) or when `start` is more than the timeout ago.
-  void check_peers(const std::vector<int>& peers, const char* what, std::chrono::steady_clock::time_point start) {
-    const std::string who = peers.size() == 1 ? " rank " + std::to_string(peers[0]) : std::string();
+  // `peer`: a send / recv, whose message names its peer ("recv from rank 1: ...").
+  void check_peers(const std::vector<int>& peers, const char* what, std::chrono::steady_clock::time_point start,
+                   bool peer = false) {
+    const std::string who = peer ? " rank " + std::to_string(peers[0]) : std::string();
     if (h_->failed_rank >= 0) CUTRAIN_FAIL("host communicator: rank ", rank(), ": ", what, who, ": ", h_->failure);
     for (int r : peers) {
       std::string why;
@@ -443,7 +445,7 @@ class HostCommunicator final : public Communicator {
   void wait_for(Done done, const std::vector<int>& peers, const char* what, Lock&) {
     const auto start = std::chrono::steady_clock::now();
     while (!done()) {
-      check_peers(peers, what, start);
+      check_peers(peers, what, start, /*peer=*/true);
       timed_wait(what);
     }
   }

@@ -106,6 +106,23 @@ grep -q "cutrain launch: rank 1 exited with status 3; stopping the other ranks" 
     || { cat "$tmp/dead.txt"; fail "the failing rank is not named"; }
 echo "ok: a failing rank is named and the others stopped"
 
+# A rank killed mid-run without a launcher to stop the others (two ranks started by hand): the
+# survivor's error names the dead rank, within seconds rather than the 300 s timeout.
+RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$bin" train --deepspeed_config "$tmp/s1_w4.json" \
+    "${size[@]}" --num_steps 1000000 >"$tmp/killed.txt" 2>&1 &
+victim=$!
+(sleep 2; kill -KILL $victim) &
+t0=$(date +%s)
+if RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$bin" train \
+    --deepspeed_config "$tmp/s1_w4.json" "${size[@]}" --num_steps 1000000 >"$tmp/survivor.txt" 2>&1; then
+  fail "rank 0 finished although rank 1 was killed"; fi
+wait 2>/dev/null || true
+port=$((port + 1))
+grep -q "host communicator: rank 0: .*rank 1 (pid [0-9]*) exited without closing the communicator" \
+    "$tmp/survivor.txt" || { tail -5 "$tmp/survivor.txt"; fail "the survivor does not name the dead rank"; }
+(( $(date +%s) - t0 < 30 )) || fail "the dead rank was found only after $(( $(date +%s) - t0 )) s"
+echo "ok: a killed rank is named by the survivor"
+
 # Bad input, refused before any process starts.
 expect_refused() {  # expect_refused 'message part' launch-args...
   local want=$1; shift
