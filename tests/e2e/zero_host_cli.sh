@@ -9,8 +9,8 @@
 # the single process's by relative norm, trainer_state.json identical: tests/e2e/compare_checkpoints.py,
 # which holds the key bias to Adam's step bound), a resume of the
 # single-process checkpoint on 4 ranks at stage 3 that continues the single process's losses, a
-# rank that fails (named by the launcher, the others stopped), `comm-check --backend host` and the
-# launcher's bad input.
+# rank that fails (named by the launcher, the others stopped), a rank killed mid-run without a
+# launcher (named by the survivor), `comm-check --backend host` and the launcher's bad input.
 #   zero_host_cli.sh CUTRAIN_BINARY cpu|cuda   (the cuda variant exits 77: the host backend is CPU only)
 source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] && { echo "the host communicator serves the CPU backend: skipped on cuda"; exit 77; }
