@@ -1,5 +1,6 @@
 // The GPT-2 architecture of the CPU reference model: pre-LN blocks, final LayerNorm, tanh GELU,
-// causal attention, the head tied to the token embedding (its gradient adds to the embedding's).
+// causal attention, the head tied to the token embedding (its gradient adds to the embedding's);
+// by span as the seed model (a pipeline stage).
 #include "model/reference_model.h"
 #include "model/reference_ops.h"
 #include "runtime/error.h"
@@ -8,17 +9,27 @@ namespace cutrain::model {
 
 using namespace ref_ops;
 
+// span_ is set (by forward_span): the embedding, blocks [span_.first, span_.end), the final
+// LayerNorm and the tied head.
 template <typename T>
-double ReferenceModel<T>::forward_gpt2(const T* P, const std::int32_t* tokens, const std::int32_t* labels, int B,
-                                       int S) {
+double ReferenceModel<T>::forward_gpt2(const T* P, const std::int32_t* tokens, const std::int32_t* labels,
+                                       const T* x_in, int B, int S, std::vector<T>* x_out) {
   const ModelDims& d = p_.dims();
   const int h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), Vr = d.vocab_rows();
   const int M = B * S;
   auto at = [&](int idx) { return P + p_.tensor(idx).offset; };
-  std::vector<T> x = embed(P, tokens, labels, B, S);  // the residual stream
+  std::vector<T> x;  // the residual stream
+  if (span_.embedding) {
+    x = embed(P, tokens, labels, B, S);
+  } else {
+    B_ = B;
+    S_ = S;
+    x.assign(x_in, x_in + std::size_t(M) * h);
+    if (span_.head) labels_.assign(labels, labels + M);
+  }
   acts_.assign(d.layers, {});
   std::vector<T> tmp(std::size_t(M) * h);
-  for (int l = 0; l < d.layers; ++l) {
+  for (int l = span_.first; l < span_.end; ++l) {
     const LayerIndex& L = p_.layer(l);
     LayerActs& a = acts_[l];
     a.x_in = x;
@@ -43,6 +54,10 @@ double ReferenceModel<T>::forward_gpt2(const T* P, const std::int32_t* tokens, c
     linear_fwd(a.g.data(), at(L.ff2_w), at(L.ff2_b), tmp.data(), M, h, F);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = T(double(a.s1[i]) + double(tmp[i]));
   }
+  if (!span_.head) {
+    *x_out = std::move(x);
+    return 0.0;
+  }
   x_final_ = x;
   x_lnf_.resize(x.size());
   mean_f_.resize(M);
@@ -54,7 +69,7 @@ double ReferenceModel<T>::forward_gpt2(const T* P, const std::int32_t* tokens, c
 }
 
 template <typename T>
-void ReferenceModel<T>::backward_gpt2(const T* P, T* G, double grad_scale) {
+void ReferenceModel<T>::backward_gpt2(const T* P, T* G, const T* dx_out, double grad_scale, std::vector<T>* dx_in) {
   const ModelDims& d = p_.dims();
   const int B = B_, S = S_, h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), Vr = d.vocab_rows();
   const int M = B * S;
@@ -64,16 +79,20 @@ void ReferenceModel<T>::backward_gpt2(const T* P, T* G, double grad_scale) {
     for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = T(double(dst[i]) + double(src[i]));
   };
 
-  const std::vector<T> dlogits = this->dlogits(grad_scale);
   std::vector<T> dln(std::size_t(M) * h), dx(std::size_t(M) * h), tmp(std::size_t(M) * h);
-  // The tied head: its weight gradient lands in the token embedding's.
-  linear_bwd(x_lnf_.data(), at(p_.output_w()), dlogits.data(), dln.data(), false, gat(p_.output_w()),
-             static_cast<T*>(nullptr), M, Vr, h);
-  ln_bwd(dln.data(), x_final_.data(), mean_f_.data(), rstd_f_.data(), at(p_.final_norm_w()), dx.data(),
-         gat(p_.final_norm_w()), gat(p_.final_norm_b()), M, h);
+  if (span_.head) {
+    const std::vector<T> dlogits = this->dlogits(grad_scale);
+    // The tied head: its weight gradient lands in the token embedding's.
+    linear_bwd(x_lnf_.data(), at(p_.output_w()), dlogits.data(), dln.data(), false, gat(p_.output_w()),
+               static_cast<T*>(nullptr), M, Vr, h);
+    ln_bwd(dln.data(), x_final_.data(), mean_f_.data(), rstd_f_.data(), at(p_.final_norm_w()), dx.data(),
+           gat(p_.final_norm_w()), gat(p_.final_norm_b()), M, h);
+  } else {
+    dx.assign(dx_out, dx_out + std::size_t(M) * h);
+  }
 
   std::vector<T> dg(std::size_t(M) * F), datt(std::size_t(M) * h), dqkv(std::size_t(M) * 3 * h);
-  for (int l = d.layers - 1; l >= 0; --l) {
+  for (int l = span_.end - 1; l >= span_.first; --l) {
     const LayerIndex& L = p_.layer(l);
     const LayerActs& a = acts_[l];
     // x_out = s1 + mlp(LN2(s1)): dx is d x_out, then d s1.
@@ -93,13 +112,16 @@ void ReferenceModel<T>::backward_gpt2(const T* P, T* G, double grad_scale) {
            gat(L.norm1_b), M, h);
     add_into(dx, tmp);
   }
-  embed_backward(dx, G);
+  if (span_.embedding) embed_backward(dx, G);
+  else *dx_in = std::move(dx);
 }
 
-template double ReferenceModel<float>::forward_gpt2(const float*, const std::int32_t*, const std::int32_t*, int, int);
-template double ReferenceModel<double>::forward_gpt2(const double*, const std::int32_t*, const std::int32_t*, int,
-                                                     int);
-template void ReferenceModel<float>::backward_gpt2(const float*, float*, double);
-template void ReferenceModel<double>::backward_gpt2(const double*, double*, double);
+template double ReferenceModel<float>::forward_gpt2(const float*, const std::int32_t*, const std::int32_t*,
+                                                    const float*, int, int, std::vector<float>*);
+template double ReferenceModel<double>::forward_gpt2(const double*, const std::int32_t*, const std::int32_t*,
+                                                     const double*, int, int, std::vector<double>*);
+template void ReferenceModel<float>::backward_gpt2(const float*, float*, const float*, double, std::vector<float>*);
+template void ReferenceModel<double>::backward_gpt2(const double*, double*, const double*, double,
+                                                    std::vector<double>*);
 
 }  // namespace cutrain::model

@@ -20,7 +20,7 @@ std::vector<T> ReferenceModel<T>::embed(const T* P, const std::int32_t* tokens, 
   B_ = B;
   S_ = S;
   tokens_.assign(tokens, tokens + M);
-  labels_.assign(labels, labels + M);
+  if (labels) labels_.assign(labels, labels + M);  // a pipeline's first stage has no head
   const T* emb = P + p_.tensor(p_.embedding()).offset;
   const T* pos = P + p_.tensor(p_.pos_embedding()).offset;
   std::vector<T> x(std::size_t(M) * h);
@@ -52,18 +52,38 @@ void ReferenceModel<T>::embed_backward(const std::vector<T>& dx, T* G) const {
 
 template <typename T>
 double ReferenceModel<T>::forward(const T* P, const std::int32_t* tokens, const std::int32_t* labels, int B, int S) {
+  return forward_span(P, LayerSpan{}, tokens, labels, nullptr, B, S, nullptr);
+}
+
+template <typename T>
+double ReferenceModel<T>::forward_span(const T* P, const LayerSpan& span, const std::int32_t* tokens,
+                                       const std::int32_t* labels, const T* x_in, int B, int S, std::vector<T>* x_out) {
   const ModelDims& d = p_.dims();
   CUTRAIN_CHECK(B > 0 && S > 0, "reference model: batch and seq must be positive, got B=", B, " S=", S);
   CUTRAIN_CHECK(S <= d.max_seq, "reference model: seq ", S, " exceeds the position table's ", d.max_seq, " rows");
-  if (d.arch == Arch::Gpt2) return forward_gpt2(P, tokens, labels, B, S);
+  const int end = span.end < 0 ? d.layers : span.end;
+  CUTRAIN_CHECK(span.first >= 0 && span.first <= end && end <= d.layers, "reference model: blocks [", span.first, ", ",
+                end, ") outside the model's ", d.layers);
+  CUTRAIN_CHECK((span.embedding || x_in) && (span.head || x_out), "reference model: a span without the embedding "
+                "needs its input, one without the head a place for its output");
+  span_ = LayerSpan{span.embedding, span.first, end, span.head};
+  if (d.arch == Arch::Gpt2) return forward_gpt2(P, tokens, labels, x_in, B, S, x_out);
   const int h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), Vr = d.vocab_rows();
   const int M = B * S;
   auto at = [&](int idx) { return P + p_.tensor(idx).offset; };
-  std::vector<T> x = embed(P, tokens, labels, B, S);
+  std::vector<T> x;
+  if (span.embedding) {
+    x = embed(P, tokens, labels, B, S);
+  } else {
+    B_ = B;
+    S_ = S;
+    x.assign(x_in, x_in + std::size_t(M) * h);
+    if (span.head) labels_.assign(labels, labels + M);
+  }
 
   acts_.assign(d.layers, {});
   std::vector<T> tmp(std::size_t(M) * h);
-  for (int l = 0; l < d.layers; ++l) {
+  for (int l = span.first; l < end; ++l) {
     const LayerIndex& L = p_.layer(l);
     LayerActs& a = acts_[l];
     a.x_in = x;
@@ -87,6 +107,10 @@ double ReferenceModel<T>::forward(const T* P, const std::int32_t* tokens, const 
     a.rstd2.resize(M);
     add_ln_fwd(a.x1.data(), tmp.data(), at(L.norm2_w), at(L.norm2_b), a.s2.data(), x.data(), a.mean2.data(),
                a.rstd2.data(), M, h);
+  }
+  if (!span.head) {
+    *x_out = std::move(x);
+    return 0.0;
   }
   x_final_ = x;
   logits_.resize(std::size_t(M) * Vr);
@@ -141,19 +165,34 @@ template <typename T>
 void ReferenceModel<T>::backward(const T* P, T* G, double grad_scale) {
   const ModelDims& d = p_.dims();
   CUTRAIN_CHECK(B_ > 0, "reference model: backward() before forward()");
-  if (d.arch == Arch::Gpt2) return backward_gpt2(P, G, grad_scale);
+  CUTRAIN_CHECK(span_.embedding && span_.head && span_.first == 0 && span_.end == d.layers,
+                "reference model: backward() after a forward_span() of part of the model: use backward_span()");
+  backward_span(P, G, nullptr, grad_scale, nullptr);
+}
+
+template <typename T>
+void ReferenceModel<T>::backward_span(const T* P, T* G, const T* dx_out, double grad_scale, std::vector<T>* dx_in) {
+  const ModelDims& d = p_.dims();
+  CUTRAIN_CHECK(B_ > 0, "reference model: backward() before forward()");
+  CUTRAIN_CHECK((span_.head || dx_out) && (span_.embedding || dx_in), "reference model: a span without the head needs "
+                "the gradient of its output, one without the embedding a place for the gradient of its input");
+  if (d.arch == Arch::Gpt2) return backward_gpt2(P, G, dx_out, grad_scale, dx_in);
   const int B = B_, S = S_, h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), Vr = d.vocab_rows();
   const int M = B * S;
   auto at = [&](int idx) { return P + p_.tensor(idx).offset; };
   auto gat = [&](int idx) { return G + p_.tensor(idx).offset; };
 
-  const std::vector<T> dlogits = this->dlogits(grad_scale);
   std::vector<T> dx(std::size_t(M) * h);
-  linear_bwd(x_final_.data(), at(p_.output_w()), dlogits.data(), dx.data(), false, gat(p_.output_w()),
-             gat(p_.output_b()), M, Vr, h);
+  if (span_.head) {
+    const std::vector<T> dlogits = this->dlogits(grad_scale);
+    linear_bwd(x_final_.data(), at(p_.output_w()), dlogits.data(), dx.data(), false, gat(p_.output_w()),
+               gat(p_.output_b()), M, Vr, h);
+  } else {
+    dx.assign(dx_out, dx_out + std::size_t(M) * h);
+  }
 
   std::vector<T> ds(std::size_t(M) * h), dg(std::size_t(M) * F), datt(std::size_t(M) * h), dqkv(std::size_t(M) * 3 * h);
-  for (int l = d.layers - 1; l >= 0; --l) {
+  for (int l = span_.end - 1; l >= span_.first; --l) {
     const LayerIndex& L = p_.layer(l);
     const LayerActs& a = acts_[l];
     // x_out = LN2(x1 + ff(x1))
@@ -172,7 +211,8 @@ void ReferenceModel<T>::backward(const T* P, T* G, double grad_scale) {
     linear_bwd(a.x_in.data(), at(L.in_proj_w), dqkv.data(), dx.data(), true, gat(L.in_proj_w), gat(L.in_proj_b), M,
                3 * h, h);
   }
-  embed_backward(dx, G);
+  if (span_.embedding) embed_backward(dx, G);
+  else *dx_in = std::move(dx);
 }
 
 template <typename T>

@@ -12,6 +12,14 @@
 
 namespace cutrain::model {
 
+// A contiguous run of the model's layer sequence (embedding, blocks [first, end), head): what one
+// pipeline stage computes. The default is the whole model.
+struct LayerSpan {
+  bool embedding = true;
+  int first = 0, end = -1;  // blocks; end -1: through the last block
+  bool head = true;         // the output projection and the loss
+};
+
 template <typename T>
 class ReferenceModel {
  public:
@@ -29,6 +37,17 @@ class ReferenceModel {
 
   const std::vector<T>& logits() const { return logits_; }  // [B*S, vocab_rows] of the last forward
 
+  // One span (GPT-2: the head's weight is the token embedding's, in the params and gradients of
+  // the first layer, whichever span holds the head): the input is `tokens` when the span starts with the embedding, else `x_in` [B*S, hidden];
+  // `labels` are read when it ends with the head, which returns the loss; otherwise the output
+  // [B*S, hidden] goes to `x_out` and 0 is returned. forward() is the whole span.
+  double forward_span(const T* params, const LayerSpan& span, const std::int32_t* tokens, const std::int32_t* labels,
+                      const T* x_in, int B, int S, std::vector<T>* x_out);
+  // The backward of the last forward_span: from the loss when the span has the head, else from
+  // `dx_out` (the gradient of its output); the gradient of its input goes to `dx_in` unless the
+  // span starts with the embedding.
+  void backward_span(const T* params, T* grads, const T* dx_out, double grad_scale, std::vector<T>* dx_in);
+
  private:
   struct LayerActs {
     std::vector<T> x_in, qkv, probs, att, s1, x1, f, g, s2;
@@ -42,13 +61,15 @@ class ReferenceModel {
   // And its end: the residual stream's gradient `dx` [B*S, hidden] added into the token and
   // position embeddings' gradients in `grads`.
   void embed_backward(const std::vector<T>& dx, T* grads) const;
-  double forward_gpt2(const T* params, const std::int32_t* tokens, const std::int32_t* labels, int B, int S);
-  void backward_gpt2(const T* params, T* grads, double grad_scale);
+  double forward_gpt2(const T* params, const std::int32_t* tokens, const std::int32_t* labels, const T* x_in, int B,
+                      int S, std::vector<T>* x_out);
+  void backward_gpt2(const T* params, T* grads, const T* dx_out, double grad_scale, std::vector<T>* dx_in);
   std::vector<T> dlogits(double grad_scale) const;
   double loss_from_logits();
 
   const TransformerParams& p_;
   bool causal_;
+  LayerSpan span_;  // of the last forward, end resolved
   int B_ = 0, S_ = 0;
   std::vector<std::int32_t> tokens_, labels_;
   std::vector<LayerActs> acts_;

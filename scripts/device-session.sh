@@ -9,6 +9,9 @@
 #               percent slower (default 2) in AGAINST_ROUNDS - 1 more rounds (default 3 in all),
 #               alternating which build runs first, then the table of this build against REV
 #               (bench/compare_runs.py: the median over the rounds each row ran in)
+#   comm_nccl   the communicator interface on NCCL (one rank: all-to-all, barrier, every
+#               collective; test_comm_gpu) and the ZeRO world-size-1 tests that reach it through
+#               parallel/ (test_zero_gpu ZeroWorldOne*)
 #   comparison  the main job and its PyTorch peer (three layouts), the 6.86B model, the llm.c shape
 #   real_data   prepare WikiText-2, train with validation (next-token, causal, --pad_vocab)
 #   kernels     kernel benchmarks (BENCH_LIST, BENCH_FILTER) and their PyTorch peers in the same
@@ -138,6 +141,11 @@ if want against && [ -d against ]; then
       >"$logs/against.md" 2>&1 )
   echo "-- against $(cat against/COMMIT 2>/dev/null): rc=$? (A = that commit, B = $(cat COMMIT 2>/dev/null))" >>"$sum"
   cat "$logs/against.md" >>"$sum"
+fi
+
+if want comm_nccl; then
+  step comm_nccl 150 "build/gpu/tests/test_comm_gpu && build/gpu/tests/test_zero_gpu --gtest_filter='ZeroWorldOne*'"
+  grep -E "^\[ *(OK|FAILED|SKIPPED|PASSED) *\]" "$logs/comm_nccl.txt" | tail -40 >>"$sum" 2>/dev/null
 fi
 
 if want comparison; then

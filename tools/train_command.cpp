@@ -165,6 +165,12 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   sub->add_flag("--activation_checkpointing", o.activation_checkpointing, "Recompute each block in backward");
   sub->add_flag("--recompute_gelu", o.recompute_gelu,
                 "GPT-2: one GELU output buffer for all blocks, recomputed in backward (llm.c's -r 1)");
+  sub->add_option("--pipeline_parallel_size,--pipeline-parallel-size", o.pipeline_parallel_size,
+                  "--device cpu: pipeline stages, one rank each (cutrain launch --backend host --num_procs N)")
+      ->capture_default_str();
+  sub->add_option("--partition_method", o.partition_method,
+                  "How the pipeline splits the layers: parameters, uniform or type:REGEX (DeepSpeed's PipelineModule)")
+      ->capture_default_str();
   sub->add_option("--loss_log_file", o.loss_log_file, "Write step,loss CSV here");
   sub->add_flag("--use_real_data", o.use_real_data, "Train on token shards (--data) instead of random tokens");
   sub->add_option("--data", o.data, "Glob pattern(s) of llm.c token shards for --use_real_data");

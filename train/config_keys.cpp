@@ -121,7 +121,9 @@ constexpr ConfigKey kKeys[] = {
     {"fp16.fp16_master_weights_and_grads", W, "false", kNoFp16},
 
     // zero_optimization
-    {"zero_optimization.stage", A, "", "ZeRO stage 0-3 (data parallel with a communicator, docs/distributed.md)"},
+    {"zero_optimization.stage", A, "",
+     "ZeRO stage 0-3 (data parallel with a communicator: NCCL on GPUs, the host communicator on the CPU backend; "
+     "docs/distributed.md)"},
     {"zero_optimization.overlap_comm", A, "", "reduce gradients during the backward (buckets at 0, per unit at 3)"},
     {"zero_optimization.contiguous_gradients", W, "true", "gradients always land in one flat buffer"},
     {"zero_optimization.reduce_bucket_size", A, "", "elements per gradient all-reduce bucket with overlap_comm"},

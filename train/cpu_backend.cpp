@@ -4,11 +4,28 @@
 #include <iostream>
 
 #include "model/reference_model.h"
+#include "runtime/comm/host_communicator.h"
 #include "runtime/error.h"
 #include "train/lamb_optimizer.h"
+#include "train/cpu_pipeline.h"
+#include "train/cpu_zero.h"
 
 namespace cutrain::train {
 namespace {
+
+// The communicator of this process: the caller's, else a host communicator when the launch
+// environment names more than one rank (collective over all ranks), else none.
+std::shared_ptr<comm::Communicator> resolve_host_communicator(const BackendOptions& o, const TrainConfig& c) {
+  if (o.comm) return o.comm;
+  const comm::LaunchEnv env = comm::read_launch_env();
+  if (env.world_size <= 1) return nullptr;
+  // An invalid stage fails here, before the rendezvous.
+  parallel::make_zero_plan(c.zero_optimization.stage, 1, env.world_size, env.rank, /*has_comm=*/true);
+  std::cout << "[Rank " << env.rank << "] data parallel: rank " << env.rank << " of " << env.world_size << " (from "
+            << env.source << "), host communicator (shared memory, a test backend), rendezvous " << env.master_addr
+            << ":" << env.port() << std::endl;
+  return comm::create_host_communicator(env);
+}
 
 class CpuBackend final : public TrainBackend {
  public:
@@ -17,6 +34,18 @@ class CpuBackend final : public TrainBackend {
     const std::size_t n = table_.flat_size();
     params_.resize(n);
     table_.init(params_.data(), o.seed);
+    if (auto comm = resolve_host_communicator(o, c)) {
+      CUTRAIN_CHECK(c.optimizer.type != OptimizerType::Lamb,
+                    "cpu backend: optimizer.type Lamb runs on one process (its trust ratios need whole tensors); the "
+                    "CPU backend's data parallelism updates with AdamW only");
+      CUTRAIN_CHECK(comm->device() < 0, "cpu backend: expected a host communicator, found ", comm->backend_name(),
+                    " (GPUs use --device cuda)");
+      zero_ = std::make_unique<CpuZero>(std::move(comm), table_, c, params_);
+      params_.resize(zero_->work_elems(), 0.f);
+      grads_.assign(zero_->work_elems(), 0.f);
+      std::cout << zero_->describe() << std::endl;
+      return;
+    }
     grads_.assign(n, 0.f);
     m_.assign(n, 0.f);
     v_.assign(n, 0.f);
@@ -29,6 +58,7 @@ class CpuBackend final : public TrainBackend {
     const std::size_t per = std::size_t(opt_.batch) * opt_.seq;
     std::fill(grads_.begin(), grads_.end(), 0.f);
     StepStats st;
+    if (zero_) return zero_step(tokens, labels, step, lr);
     for (int a = 0; a < accum; ++a) {
       st.loss += model_.forward(params_.data(), tokens + a * per, labels + a * per, opt_.batch, opt_.seq) / accum;
       model_.backward(params_.data(), grads_.data(), 1.0 / accum);
@@ -56,37 +86,89 @@ class CpuBackend final : public TrainBackend {
   }
 
   double eval_loss(const std::int32_t* tokens, const std::int32_t* labels) override {
-    return model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
+    if (!zero_) return model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
+    zero_->params_for_compute(params_);  // every rank evaluates the same batch
+    const double loss = model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
+    zero_->release_compute(params_);
+    return loss;
   }
 
   MemoryStats memory() const override {
+    if (zero_) {
+      // Between steps the state this rank holds; during one, stage 3's working copies too.
+      const std::int64_t held = zero_->state_bytes();
+      const std::int64_t peak = held + (zero_->plan().sharded() ? std::int64_t(8 * table_.flat_size()) : 0);
+      return {held, peak, peak};
+    }
     // The training state on the host (params, grads, two moments), fp32.
     const auto bytes = std::int64_t(4 * 4 * params_.size());
     return {bytes, bytes, bytes};
   }
   void reset_peak() override {}
-  HostState save_state() const override { return {params_, {}, m_, v_, {}, DType::F32}; }
+  HostState save_state() const override {
+    if (!zero_) return {params_, {}, m_, v_, {}, DType::F32};
+    HostState s{{}, {}, {}, {}, {}, DType::F32};
+    zero_->gather_state(params_, s.params, s.exp_avg, s.exp_avg_sq);  // a collective: every rank calls it
+    return s;
+  }
   void load_state(const HostState& s) override {
+    if (zero_) {
+      const std::size_t n = table_.flat_size();
+      CUTRAIN_CHECK(s.params.size() == n && s.exp_avg.size() == n && s.exp_avg_sq.size() == n, "cpu backend: state of ",
+                    s.params.size(), " params does not fit the model's ", n);
+      zero_->scatter_state(s.params, s.exp_avg, s.exp_avg_sq, params_);
+      return;
+    }
     CUTRAIN_CHECK(s.params.size() == params_.size() && s.exp_avg.size() == m_.size() && s.exp_avg_sq.size() == v_.size(),
                   "cpu backend: state of ", s.params.size(), " params does not fit the model's ", params_.size());
     params_ = s.params;
     m_ = s.exp_avg;
     v_ = s.exp_avg_sq;
   }
-  const char* describe() const override { return "cpu (fp32 reference model)"; }
+  const char* describe() const override {
+    return zero_ ? "cpu (fp32 reference model, data parallel over the host communicator)" : "cpu (fp32 reference model)";
+  }
 
  private:
+  // A data-parallel step: this rank's micro-batches, the gradients reduced and the optimizer
+  // state updated as the ZeRO stage says (train/cpu_zero.h).
+  StepStats zero_step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
+    const int accum = cfg_.accumulation();
+    const std::size_t per = std::size_t(opt_.batch) * opt_.seq;
+    zero_->params_for_compute(params_);
+    std::fill(grads_.begin(), grads_.end(), 0.f);
+    StepStats st;
+    for (int a = 0; a < accum; ++a) {
+      st.loss += model_.forward(params_.data(), tokens + a * per, labels + a * per, opt_.batch, opt_.seq) / accum;
+      model_.backward(params_.data(), grads_.data(), 1.0 / accum);
+    }
+    st.loss = zero_->mean_over_ranks(st.loss);
+    st.grad_norm = zero_->reduce_grads(grads_);
+    if (!std::isfinite(st.grad_norm)) {
+      st.skipped = true;
+      zero_->release_compute(params_);
+      return st;
+    }
+    double scale = 1.0;
+    if (cfg_.gradient_clipping > 0) scale = std::min(1.0, cfg_.gradient_clipping / (st.grad_norm + 1e-6));
+    zero_->adam(params_, grads_, step, lr, scale);
+    zero_->release_compute(params_);
+    return st;
+  }
+
   BackendOptions opt_;
   TrainConfig cfg_;
   model::TransformerParams table_;
   model::ReferenceModel<float> model_;
-  std::vector<float> params_, grads_, m_, v_;
+  std::vector<float> params_, grads_, m_, v_;  // m_, v_: without data parallelism
   std::vector<kernels::LambTensor> lamb_tensors_;  // Lamb: the model's parameter tensors
+  std::unique_ptr<CpuZero> zero_;
 };
 
 }  // namespace
 
 std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& o, const TrainConfig& c) {
+  if (o.pipeline_stages > 1) return make_cpu_pipeline_backend(o, c);
   return std::make_unique<CpuBackend>(o, c);
 }
 

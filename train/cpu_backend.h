@@ -1,8 +1,10 @@
 // @brief The CPU training backend: the fp32 reference model and a host AdamW or LAMB, with the engine's
-// clipping and NaN/Inf skip. Slow; for tests, CI and machines without a GPU.
+// clipping and NaN/Inf skip; data parallel (AdamW) with ZeRO stages 0-3 over the host communicator under
+// a launcher (train/cpu_zero.h). Slow; for tests, CI and machines without a GPU.
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "train/config.h"
 #include "train/train_backend.h"
@@ -21,10 +23,15 @@ struct BackendOptions {
   bool recompute_gelu = false;  // GPT-2 on the GPU: llm.c's -r 1 (model/transformer_gpu.h)
   bool cuda_graph = true;
   bool causal = false;
-  // Data parallelism (GPU engine): the NCCL communicator to reduce over. Null: the engine reads
-  // the launch environment (runtime/comm/launch_env.h) and creates one only when WORLD_SIZE > 1;
-  // a single process without launcher variables never touches NCCL.
+  // Data parallelism: the communicator to reduce over (NCCL for the GPU engine, the host
+  // communicator for the CPU backend: train/cpu_zero.h). Null: the backend reads the launch
+  // environment (runtime/comm/launch_env.h) and creates one only when WORLD_SIZE > 1; a single
+  // process without launcher variables never makes one.
   std::shared_ptr<comm::Communicator> comm;
+  // Pipeline parallelism (CPU backend: train/cpu_pipeline.h): stages > 1 splits the model's
+  // layers over that many ranks by DeepSpeed's partition_method.
+  int pipeline_stages = 1;
+  std::string partition_method = "parameters";
 };
 
 std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& options, const TrainConfig& config);

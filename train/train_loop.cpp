@@ -178,9 +178,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                 "train: --accept_legacy_checkpoint: expected --resume DIR with it, found none");
   const bool next_token = o.use_real_data && o.labels != LabelsChoice::Identity;
 
-  // Data parallel (cutrain launch, torchrun, mpirun, Slurm): the engine makes the communicator from
-  // the same variables; here they size the global batch and deal real-data batches by rank.
-  const comm::LaunchEnv env = o.device == TrainDevice::Cuda ? comm::read_launch_env() : comm::LaunchEnv{};
+  // Data parallel (cutrain launch, torchrun, mpirun, Slurm): the backend makes the communicator from
+  // the same variables (NCCL on GPUs, the host communicator on the CPU backend); here they size the
+  // global batch and deal batches by rank.
+  const comm::LaunchEnv env = comm::read_launch_env();
   // As the BF16 example's print_rank_0: the log is rank 0's; other ranks print only their ZeRO
   // memory line (the engine's) and errors.
   std::ostream quiet(nullptr);
@@ -242,7 +243,19 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (env.rank == 0 && !o.metrics_file.empty()) metrics_log = LineLog("--metrics_file", o.metrics_file);
   // The command line's batch size is the micro batch (the BF16 example passes the same 4 to both).
   if (!cfg.train_micro_batch_size_per_gpu) cfg.train_micro_batch_size_per_gpu = o.batch_size;
-  cfg.resolve_batch(env.world_size);
+  // The ranks are pipeline stages x data-parallel replicas; the batch is the replicas'.
+  const int pp = o.pipeline_parallel_size;
+  CUTRAIN_CHECK(pp >= 1, "train: --pipeline_parallel_size: expected a number of stages >= 1, found ", pp);
+  CUTRAIN_CHECK(pp == 1 || o.device == TrainDevice::Cpu, "train: --pipeline_parallel_size ", pp,
+                ": pipeline parallelism runs on --device cpu (over the host communicator); the GPU engine has none yet");
+  CUTRAIN_CHECK(pp == 1 || cfg.optimizer.type != OptimizerType::Lamb, "train: --pipeline_parallel_size ", pp, ": ",
+                o.deepspeed_config.string(), " gives optimizer.type Lamb, whose trust ratios need whole tensors on one "
+                "rank; the pipeline's stages update with AdamW only");
+  CUTRAIN_CHECK(env.world_size % pp == 0, "train: --pipeline_parallel_size ", pp, " does not divide the world size ",
+                env.world_size, ": expected world size = data-parallel degree x pipeline stages");
+  // Ranks as DeepSpeed's grid: rank = stage x dp + replica (train/cpu_pipeline.h).
+  const int dp_world = env.world_size / pp, dp_rank = env.rank % dp_world;
+  cfg.resolve_batch(dp_world);
   if (o.learning_rate) cfg.optimizer.lr = *o.learning_rate;
   const LrSchedule schedule = LrSchedule::from_config(cfg);
   const int accum = cfg.accumulation();
@@ -285,6 +298,11 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   CUTRAIN_CHECK(!o.recompute_gelu || gpt2, "train: --recompute_gelu applies to --model gpt2, found --model ",
                 name(o.model));
   bo.cuda_graph = o.cuda_graph;
+  bo.pipeline_stages = pp;
+  bo.partition_method = o.partition_method;
+  if (pp > 1 && accum == 1)
+    out << "[Rank 0] warning: a pipeline of " << pp << " stages with gradient_accumulation_steps 1: one micro-batch "
+        << "per step, so no stage overlaps another (bubble fraction " << pp - 1 << "/" << pp << ")\n";
   bo.dims.validate();
   if (resume && !resume->legacy)
     check_checkpoint_shape(bo.dims, resume_dims, (resume->folder / kCheckpointConfigFile).string());
@@ -305,8 +323,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     so.seed = o.seed;
     // Each rank trains on its own batches of the same shuffled epoch. (Random data stays the same
     // on every rank, so a W-rank run reproduces the single-process losses: a correctness check.)
-    so.rank = env.rank;
-    so.world_size = env.world_size;
+    so.rank = dp_rank;
+    so.world_size = dp_world;
     so.labels = next_token ? data::Labels::kNextToken : data::Labels::kIdentity;
     so.vocab_size = kGpt2Vocab;
     curriculum = make_curriculum(cfg, o.deepspeed_config, o.data, o.seq_length, o.seq_length + (next_token ? 1 : 0), accum);
@@ -500,11 +518,25 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       std::copy(b.targets, b.targets + per_micro, l);
     }
   };
+  // Random data on the CPU backend with several ranks is dealt by rank: every rank draws the global
+  // batch (world x accumulation micro-batches, the single process's at the same train_batch_size)
+  // and keeps micro-batches [rank x accumulation, (rank + 1) x accumulation). On GPUs every rank
+  // draws the same batch (docs/distributed.md).
+  const bool deal_random = o.device == TrainDevice::Cpu && dp_world > 1;
   auto draw = [&] {
     // Random input ids and random labels in [0, vocab), like the BF16 example.
     std::uniform_int_distribution<std::int32_t> d(0, vocab - 1);
-    for (auto& t : tokens) t = d(data_rng);
-    for (auto& l : labels) l = d(data_rng);
+    if (!deal_random) {
+      for (auto& t : tokens) t = d(data_rng);
+      for (auto& l : labels) l = d(data_rng);
+      return;
+    }
+    const std::size_t first = std::size_t(dp_rank) * per_step, total = std::size_t(dp_world) * per_step;
+    for (std::vector<std::int32_t>* v : {&tokens, &labels})
+      for (std::size_t i = 0; i < total; ++i) {
+        const std::int32_t x = d(data_rng);
+        if (i >= first && i < first + per_step) (*v)[i - first] = x;
+      }
   };
   if (o.fixed_batch) sampler ? draw_real(first_step) : draw();
 

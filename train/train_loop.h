@@ -37,6 +37,10 @@ struct TrainOptions {
   bool progress = false;
   bool activation_checkpointing = false;
   bool recompute_gelu = false;  // --recompute_gelu (GPT-2: llm.c's -r 1)
+  // Pipeline parallelism (--device cpu): stages, one rank each, and DeepSpeed PipelineModule's
+  // partition_method (docs/distributed.md).
+  int pipeline_parallel_size = 1;
+  std::string partition_method = "parameters";
   std::filesystem::path loss_log_file;
   bool use_real_data = false;
   std::vector<std::string> data;  // --data: glob patterns of llm.c token shards (with --use_real_data)

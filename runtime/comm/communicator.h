@@ -1,6 +1,14 @@
-// @brief One NCCL communicator per process, created from the launch environment: rank 0 makes
-// the NCCL unique id and hands it out over the TCP rendezvous. NVLink multicast (NVLS) is left
-// off: NCCL_NVLS_ENABLE is set to 0 when the user has not set it, and never set on.
+// @brief The communicator interface of the parallel code: collectives and point-to-point transfers
+// among the ranks of one job. Two implementations: NCCL (`Communicator::create`, device memory,
+// enqueued on a CUDA stream: every GPU run uses it) and the host communicator
+// (runtime/comm/host_communicator.h: host memory, processes of one machine, POSIX shared memory:
+// a test and development backend for the CPU backend). parallel/ takes either.
+//
+// Buffers live where the implementation works (device memory for NCCL, host memory for the host
+// communicator); the stream orders NCCL's work and is ignored by the host communicator, whose
+// calls are complete when they return. Every rank calls a collective with the same counts, in the
+// same order. Reductions are in the element type (bf16 / fp16 summed in fp32 and rounded once on
+// the host).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,32 +29,50 @@ bool nccl_available();
 
 class Communicator {
  public:
-  // Collective: every rank of `env` must call it. Uses device `env.local_rank` unless `device` >= 0.
+  // NCCL. Collective: every rank of `env` must call it. Uses device `env.local_rank` unless
+  // `device` >= 0. NVLink multicast (NVLS) is left off: NCCL_NVLS_ENABLE is set to 0 when the user
+  // has not set it, and never set on. Rank 0 makes the NCCL unique id and hands it out over the
+  // TCP rendezvous (runtime/comm/rendezvous.h).
   static std::unique_ptr<Communicator> create(const LaunchEnv& env, int device = -1,
                                               std::chrono::milliseconds timeout = std::chrono::seconds(300));
-  ~Communicator();
+  virtual ~Communicator() = default;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
   int rank() const { return env_.rank; }
   int world_size() const { return env_.world_size; }
+  // The CUDA device of an NCCL communicator; -1 for the host communicator.
   int device() const { return device_; }
+  // "nccl" or "host (shared memory, test backend)".
+  virtual const char* backend_name() const = 0;
 
-  void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op, cudaStream_t s);
-  // recv[count] on rank r = reduce over ranks of send[r*count .. (r+1)*count).
-  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t, ReduceOp op, cudaStream_t s);
+  virtual void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op, cudaStream_t s) = 0;
+  // recv[count] on rank r = reduce over ranks of send[r*count .. (r+1)*count). recv may be the
+  // rank's own block of send (in place).
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t, ReduceOp op,
+                              cudaStream_t s) = 0;
   // recv[world*count]: rank r's send[count] lands at recv[r*count].
-  void all_gather(const void* send, void* recv, std::size_t send_count, DType t, cudaStream_t s);
-  void broadcast(void* buf, std::size_t count, DType t, int root, cudaStream_t s);
+  virtual void all_gather(const void* send, void* recv, std::size_t send_count, DType t, cudaStream_t s) = 0;
+  // send[world*count], recv[world*count]: rank r's block j (send[j*count ..]) lands on rank j at
+  // recv[r*count ..]. send and recv must not overlap.
+  virtual void all_to_all(const void* send, void* recv, std::size_t count, DType t, cudaStream_t s) = 0;
+  virtual void broadcast(void* buf, std::size_t count, DType t, int root, cudaStream_t s) = 0;
   // In-place sum of fp64 values (DType has no fp64): the ranks' gradient sums of squares.
-  void all_reduce_sum_f64(double* buf, std::size_t count, cudaStream_t s);
+  virtual void all_reduce_sum_f64(double* buf, std::size_t count, cudaStream_t s) = 0;
+  // Point to point: `count` elements to / from rank `peer` (!= rank()). Messages between two
+  // ranks arrive in the order sent; each send is matched by one recv of the same count.
+  virtual void send(const void* buf, std::size_t count, DType t, int peer, cudaStream_t s) = 0;
+  virtual void recv(void* buf, std::size_t count, DType t, int peer, cudaStream_t s) = 0;
+  // Returns on every rank once every rank has called it (NCCL: once the stream's work before it
+  // is complete on every rank).
+  virtual void barrier(cudaStream_t s) = 0;
+
+ protected:
+  Communicator(const LaunchEnv& env, int device) : env_(env), device_(device) {}
 
  private:
-  Communicator() = default;
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
   LaunchEnv env_;
-  int device_ = 0;
+  int device_ = -1;
 };
 
 }  // namespace cutrain::comm

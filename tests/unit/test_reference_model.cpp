@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "model/reference_model.h"
+#include "runtime/error.h"
 #include "tests/support/finite_difference.h"
 #include "tests/support/test_support.h"
 
@@ -149,4 +150,41 @@ TEST(ReferenceModel, PaddedVocabularyIsInvisible) {
   // Tokens and labels of the padded rows are still out of range.
   tok[0] = 12;
   EXPECT_THROW(mp.forward(pp.data(), tok.data(), lab.data(), B, S), Error);
+}
+
+// Pipeline stages: the model cut into spans (embedding + blocks, blocks, blocks + head), each
+// span's output fed to the next and the gradients back, gives the whole model's loss and
+// gradients bit for bit (the same operations in the same order; GPT-2's tied head adds into the
+// token embedding's gradient before the embedding does, as in the whole model).
+class ReferenceModelSpans : public ::testing::TestWithParam<model::Arch> {};
+INSTANTIATE_TEST_SUITE_P(Archs, ReferenceModelSpans, ::testing::Values(model::Arch::Simple, model::Arch::Gpt2));
+TEST_P(ReferenceModelSpans, ChainedSpansEqualTheWholeModel) {
+  auto rng = test::fresh_rng();
+  model::ModelDims d{16, 4, 2, 13, 6};
+  d.arch = GetParam();
+  model::TransformerParams table(d);
+  std::vector<float> p(table.flat_size());
+  table.init(p.data(), rng());
+  const int B = 2, S = 6;
+  auto tok = test::random_ints(B * S, rng, 0, d.vocab - 1);
+  auto lab = test::random_ints(B * S, rng, 0, d.vocab - 1);
+  model::ReferenceModel<float> whole(table, true);
+  const double loss = whole.forward(p.data(), tok.data(), lab.data(), B, S);
+  std::vector<float> g(table.flat_size(), 0.f), gs(table.flat_size(), 0.f);
+  whole.backward(p.data(), g.data(), 0.5);
+
+  const model::LayerSpan spans[3] = {{true, 0, 1, false}, {false, 1, 3, false}, {false, 3, 4, true}};
+  std::vector<model::ReferenceModel<float>> parts;
+  for (int i = 0; i < 3; ++i) parts.emplace_back(table, true);
+  std::vector<float> x, y;
+  parts[0].forward_span(p.data(), spans[0], tok.data(), nullptr, nullptr, B, S, &x);
+  parts[1].forward_span(p.data(), spans[1], nullptr, nullptr, x.data(), B, S, &y);
+  const double l2 = parts[2].forward_span(p.data(), spans[2], nullptr, lab.data(), y.data(), B, S, nullptr);
+  EXPECT_EQ(l2, loss);
+  std::vector<float> dy, dx;
+  parts[2].backward_span(p.data(), gs.data(), nullptr, 0.5, &dy);
+  parts[1].backward_span(p.data(), gs.data(), dy.data(), 0.5, &dx);
+  parts[0].backward_span(p.data(), gs.data(), dx.data(), 0.5, nullptr);
+  for (std::size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], gs[i]) << "element " << i;
+  EXPECT_THROW(parts[1].backward(p.data(), gs.data(), 1.0), Error);
 }

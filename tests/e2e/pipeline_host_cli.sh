@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# End to end, pipeline parallelism on the CPU backend: `cutrain launch --backend host --num_procs
+# S -- cutrain train --device cpu --pipeline_parallel_size S` at 2 and 4 stages (partition_method
+# parameters, uniform and type:TransformerBlock) against the single process over the same 8
+# micro-batches per step (gradient_accumulation_steps 8): the same losses and the same checkpoint
+# bytes (1F1B runs each stage's backwards in micro-batch order, so every gradient is accumulated
+# in the single process's order; without gradient_clipping the norm's summation order changes
+# nothing), the partition and bubble line, GPT-2 at 2 and 4 stages (the head tied to the
+# embedding), data x pipeline grids (2 x 2, 2 x 4; ZeRO-1 at 2 x 2 and 4 x 2) against the single
+# process with the same global batch, a single-process checkpoint resumed on 2 stages, and the bad
+# input: a degree that does not divide the world size, more stages than layers, a type:REGEX
+# without enough matches, ZeRO-2 with a pipeline, and the warning of a pipeline without gradient
+# accumulation.
+#   pipeline_host_cli.sh CUTRAIN_BINARY cpu|cuda   (the cuda variant exits 77: CPU backend only)
+source "$(dirname "$0")/e2e_lib.sh"
+[ "$device" = cuda ] && { echo "pipeline parallelism runs on the CPU backend: skipped on cuda"; exit 77; }
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID GROUP_RANK \
+  CUTRAIN_RENDEZVOUS_PORT
+port=$((20000 + (RANDOM % 20000)))
+size=(--device cpu --hidden_dim 32 --num_heads 2 --num_layers 4 --vocab_size 64 --seq_length 8 --batch_size 1
+      --log_interval 1 --learning_rate 1e-2 --seed 7)
+config() {  # config OUT ACCUM [STAGE]
+  python3 - "$1" "$2" "${3:-0}" <<'PY'
+import json, sys
+c = json.load(open("configs/baseline.json"))
+c["zero_optimization"]["stage"] = int(sys.argv[3])
+c["train_micro_batch_size_per_gpu"] = 1
+c["gradient_accumulation_steps"] = int(sys.argv[2])
+json.dump(c, open(sys.argv[1], "w"))
+PY
+}
+config "$tmp/a8.json" 8
+config "$tmp/a1.json" 1
+config "$tmp/z2.json" 8 2
+pipe() {  # pipe STAGES OUT train-args...: S ranks through the host launcher
+  local s=$1 out=$2; shift 2
+  "$bin" launch --backend host --num_procs "$s" --master_port $port -- "$bin" train "${size[@]}" \
+      --pipeline_parallel_size "$s" "$@" >"$out" 2>&1
+  local rc=$?
+  port=$((port + 1))
+  return $rc
+}
+same_losses() {
+  python3 - "$1" "$2" <<'PY'
+import csv, sys
+a, b = ([float(r["loss"]) for r in csv.DictReader(open(p))] for p in sys.argv[1:])
+assert len(a) == len(b) and len(a) > 0, (a, b)
+for x, y in zip(a, b):
+    assert abs(x - y) <= 1e-6 * abs(x), ("pipeline != single process", a, b)
+PY
+}
+
+"$bin" train "${size[@]}" --deepspeed_config "$tmp/a8.json" --num_steps 4 --loss_log_file "$tmp/single.csv" \
+    --save "$tmp/ck_single" >"$tmp/single.txt" 2>&1 || { cat "$tmp/single.txt"; fail "single process"; }
+for run in "2 parameters" "2 uniform" "4 type:TransformerBlock"; do
+  set -- $run
+  s=$1 method=$2 name=p$1_${2//[^a-z]/}
+  pipe "$s" "$tmp/$name.txt" --deepspeed_config "$tmp/a8.json" --num_steps 4 --partition_method "$method" \
+      --loss_log_file "$tmp/$name.csv" --save "$tmp/ck_$name" || { cat "$tmp/$name.txt"; fail "$name run"; }
+  grep -q "^\[Rank 0\] pipeline: $s stages, partition_method $method: stage 0 = layers 0-" "$tmp/$name.txt" \
+      || { cat "$tmp/$name.txt"; fail "$name: the partition line"; }
+  for r in $(seq 0 $((s - 1))); do
+    grep -q "^\[Rank $r\] pipeline stage $r of $s over the host" "$tmp/$name.txt" || fail "$name: rank $r's stage line"
+  done
+  same_losses "$tmp/single.csv" "$tmp/$name.csv" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
+  for f in model.safetensors optimizer.safetensors trainer_state.json; do
+    cmp "$tmp/ck_single/global_step4/$f" "$tmp/ck_$name/global_step4/$f" || fail "$name: $f differs"
+  done
+  echo "ok: $s stages ($method) = the single process (losses, checkpoint bytes)"
+done
+# GPT-2: the head tied to the token embedding on the first and last stages. The tied weight's two
+# gradients are summed in another order than one process's, so the checkpoint is compared within
+# tolerance (tests/e2e/compare_checkpoints.py) and the losses within 1e-6.
+gpt2=(--model gpt2)
+"$bin" train "${size[@]}" "${gpt2[@]}" --deepspeed_config "$tmp/a8.json" --num_steps 4 --loss_log_file "$tmp/g1.csv" \
+    --save "$tmp/ck_g1" >"$tmp/g1.txt" 2>&1 || { cat "$tmp/g1.txt"; fail "GPT-2 single process"; }
+for s in 2 4; do
+  pipe "$s" "$tmp/g$s.txt" "${gpt2[@]}" --deepspeed_config "$tmp/a8.json" --num_steps 4 --partition_method uniform \
+      --loss_log_file "$tmp/g$s.csv" --save "$tmp/ck_g$s" || { cat "$tmp/g$s.txt"; fail "GPT-2 on $s stages"; }
+  grep -q "tied: the token embedding is the head's weight on stages 0 and $((s - 1)), its gradients summed" \
+      "$tmp/g$s.txt" || { cat "$tmp/g$s.txt"; fail "GPT-2: the tied line"; }
+  same_losses "$tmp/g1.csv" "$tmp/g$s.csv" || { cat "$tmp/g$s.txt"; fail "GPT-2 on $s stages: losses"; }
+  python3 tests/e2e/compare_checkpoints.py "$tmp/ck_g1/global_step4" "$tmp/ck_g$s/global_step4" \
+      || fail "GPT-2 on $s stages: checkpoint"
+  echo "ok: GPT-2 (tied head) on $s stages = the single process (losses, checkpoint)"
+done
+
+# Data x pipeline: 2 replicas x 2 stages (4 ranks) and 2 x 4 (8 ranks, GPT-2) with train_batch_size
+# 8 (micro 1): each replica pipelines 4 micro-batches, the single process accumulates 8.
+# ZeRO-1 (each replica keeps the moments of its partition of the stage) at 2 x 2 and 4 x 2.
+for z in 0 1; do
+  python3 - "$tmp/t8_z$z.json" $z <<'PY'
+import json, sys
+c = json.load(open("configs/baseline.json"))
+c["zero_optimization"]["stage"] = int(sys.argv[2])
+c["train_micro_batch_size_per_gpu"] = 1
+c["train_batch_size"] = 8
+c.pop("gradient_accumulation_steps")
+json.dump(c, open(sys.argv[1], "w"))
+PY
+done
+for run in "4 2 simple 0" "8 4 gpt2 0" "4 2 simple 1" "8 2 gpt2 1"; do
+  set -- $run
+  w=$1 s=$2 m=$3 z=$4 name=dp$1x$2_$3_z$4 dp=$(($1 / $2))
+  "$bin" train "${size[@]}" --model "$m" --deepspeed_config "$tmp/t8_z0.json" --num_steps 4 \
+      --loss_log_file "$tmp/${name}_1.csv" --save "$tmp/ck_${name}_1" >"$tmp/${name}_1.txt" 2>&1 \
+      || { cat "$tmp/${name}_1.txt"; fail "$name: single process"; }
+  "$bin" launch --backend host --num_procs "$w" --master_port $port -- "$bin" train "${size[@]}" --model "$m" \
+      --deepspeed_config "$tmp/t8_z$z.json" --num_steps 4 --pipeline_parallel_size "$s" --loss_log_file "$tmp/$name.csv" \
+      --save "$tmp/ck_$name" >"$tmp/$name.txt" 2>&1 || { cat "$tmp/$name.txt"; fail "$name run"; }
+  port=$((port + 1))
+  grep -q "1F1B over $((8 / dp)) micro-batches.*; $dp data-parallel replicas (rank = stage x $dp + replica)" \
+      "$tmp/$name.txt" || { cat "$tmp/$name.txt"; fail "$name: the grid line"; }
+  want="^\[Rank $((w - 1))\] pipeline stage $((s - 1)) of $s, replica $((dp - 1)) of $dp"
+  [ "$z" = 1 ] && want="$want, ZeRO-1: the moments of \["
+  grep -q "$want" "$tmp/$name.txt" || { cat "$tmp/$name.txt"; fail "$name: the last rank's stage line"; }
+  same_losses "$tmp/${name}_1.csv" "$tmp/$name.csv" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
+  python3 tests/e2e/compare_checkpoints.py "$tmp/ck_${name}_1/global_step4" "$tmp/ck_$name/global_step4" \
+      || fail "$name: checkpoint"
+  echo "ok: $m, $dp replicas x $s stages, ZeRO stage $z = the single process (losses, checkpoint)"
+done
+
+grep -q "1F1B over 8 micro-batches, predicted bubble fraction 0.273 ((S-1)/(M+S-1) = 3/11)" "$tmp"/p4_*.txt \
+    || fail "the bubble fraction of 4 stages"
+
+# The single process's checkpoint on 2 stages continues as the single process does.
+"$bin" train "${size[@]}" --deepspeed_config "$tmp/a8.json" --num_steps 2 --resume "$tmp/ck_single" \
+    --loss_log_file "$tmp/single_r.csv" >"$tmp/single_r.txt" 2>&1 || { cat "$tmp/single_r.txt"; fail "single resume"; }
+pipe 2 "$tmp/pr.txt" --deepspeed_config "$tmp/a8.json" --num_steps 2 --resume "$tmp/ck_single" \
+    --loss_log_file "$tmp/pr.csv" || { cat "$tmp/pr.txt"; fail "2-stage resume"; }
+same_losses "$tmp/single_r.csv" "$tmp/pr.csv" || fail "resumed losses"
+echo "ok: a single-process checkpoint resumed on 2 stages"
+
+# No gradient accumulation: it runs, with the warning.
+pipe 2 "$tmp/w.txt" --deepspeed_config "$tmp/a1.json" --num_steps 1 || { cat "$tmp/w.txt"; fail "accumulation 1"; }
+grep -q "warning: a pipeline of 2 stages with gradient_accumulation_steps 1: one micro-batch per step, so no stage \
+overlaps another (bubble fraction 1/2)" "$tmp/w.txt" || { cat "$tmp/w.txt"; fail "the accumulation warning"; }
+
+refused() {  # refused 'message' PROCS train-args...
+  local want=$1 n=$2; shift 2
+  if "$bin" launch --backend host --num_procs "$n" --master_port $port -- "$bin" train "${size[@]}" --num_steps 1 "$@" \
+      >"$tmp/err.txt" 2>&1; then cat "$tmp/err.txt"; fail "accepted: $*"; fi
+  port=$((port + 1))
+  grep -qF -- "$want" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "message for $* lacks: $want"; }
+}
+refused "train: --pipeline_parallel_size 3 does not divide the world size 4" 4 --deepspeed_config "$tmp/a8.json" \
+    --pipeline_parallel_size 3
+refused "pipeline: 7 stages for a model of 6 layers" 7 --deepspeed_config "$tmp/a8.json" --pipeline_parallel_size 7
+refused "pipeline: partition_method type:OutputHead matches 1 layer(s) for 2 stages" 2 --deepspeed_config \
+    "$tmp/a8.json" --pipeline_parallel_size 2 --partition_method type:OutputHead
+refused "--partition_method: expected parameters, uniform or type:REGEX" 2 --deepspeed_config "$tmp/a8.json" \
+    --pipeline_parallel_size 2 --partition_method balanced
+refused "zero_optimization.stage 2 with --pipeline_parallel_size 2: expected stage 0 or 1" 2 --deepspeed_config \
+    "$tmp/z2.json" --pipeline_parallel_size 2
+if "$bin" train --deepspeed_config "$tmp/a8.json" --device cuda --pipeline_parallel_size 2 >"$tmp/err.txt" 2>&1; then
+  fail "a GPU pipeline was accepted"; fi
+grep -qF "pipeline parallelism runs on --device cpu" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "the GPU message"; }
+echo "ok: bad pipeline input refused"

@@ -1,0 +1,70 @@
+// GPU tests of the NCCL communicator through the interface parallel/ takes
+// (runtime/comm/communicator.h), on a one-rank communicator (the lent machine has one GPU and NCCL
+// refuses two ranks on one device): all-to-all (a group of self send / recv), all-reduce,
+// reduce-scatter, all-gather, broadcast, the fp64 sum and the barrier, each output poisoned first
+// and checked against the input (world size 1: the reductions are the identity, Avg included).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <vector>
+
+#include "runtime/check.h"
+#include "runtime/comm/communicator.h"
+#include "tests/support/test_support.h"
+
+using namespace cutrain;
+
+namespace {
+struct DeviceBuf {
+  void* p = nullptr;
+  explicit DeviceBuf(std::size_t bytes) { CUTRAIN_CUDA_CHECK(cudaMalloc(&p, bytes)); }
+  ~DeviceBuf() { cudaFree(p); }
+};
+std::vector<float> download(const DeviceBuf& b, std::size_t n) {
+  std::vector<float> v(n);
+  CUTRAIN_CUDA_CHECK(cudaMemcpy(v.data(), b.p, n * 4, cudaMemcpyDeviceToHost));
+  return v;
+}
+}  // namespace
+
+TEST(NcclCommunicator, EveryOperationOnOneRank) {
+  CUTRAIN_REQUIRE_GPU();
+  if (!comm::nccl_available()) GTEST_SKIP() << "cutrain was built without NCCL";
+  comm::LaunchEnv env;
+  auto c = comm::Communicator::create(env, /*device=*/0);
+  EXPECT_STREQ(c->backend_name(), "nccl");
+  EXPECT_EQ(c->device(), 0);
+  auto rng = test::fresh_rng();
+  const std::size_t n = 1001;
+  const std::vector<float> x = test::random_normal(n, rng);
+  DeviceBuf a(n * 4), b(n * 4);
+  auto reset = [&] {
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(a.p, x.data(), n * 4, cudaMemcpyHostToDevice));
+    CUTRAIN_CUDA_CHECK(cudaMemset(b.p, 0xff, n * 4));  // NaN poison
+  };
+  cudaStream_t s = nullptr;
+  reset();
+  c->all_to_all(a.p, b.p, n, DType::F32, s);
+  c->barrier(s);
+  EXPECT_EQ(download(b, n), x) << "all_to_all";
+  reset();
+  c->all_reduce(a.p, n, DType::F32, comm::ReduceOp::Avg, s);
+  c->reduce_scatter(a.p, b.p, n, DType::F32, comm::ReduceOp::Sum, s);
+  c->barrier(s);
+  EXPECT_EQ(download(b, n), x) << "all_reduce + reduce_scatter";
+  reset();
+  c->all_gather(a.p, b.p, n, DType::F32, s);
+  c->broadcast(b.p, n, DType::F32, 0, s);
+  c->barrier(s);
+  EXPECT_EQ(download(b, n), x) << "all_gather + broadcast";
+  std::vector<double> d = {1.5, -2.25};
+  DeviceBuf dd(16);
+  CUTRAIN_CUDA_CHECK(cudaMemcpy(dd.p, d.data(), 16, cudaMemcpyHostToDevice));
+  c->all_reduce_sum_f64(static_cast<double*>(dd.p), 2, s);
+  c->barrier(s);
+  std::vector<double> back(2);
+  CUTRAIN_CUDA_CHECK(cudaMemcpy(back.data(), dd.p, 16, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, d);
+}

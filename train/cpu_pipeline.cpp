@@ -1,0 +1,262 @@
+#include "train/cpu_pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+
+#include "model/reference_model.h"
+#include "parallel/partition.h"
+#include "parallel/pipeline_plan.h"
+#include "runtime/comm/host_communicator.h"
+#include "runtime/error.h"
+
+namespace cutrain::train {
+namespace {
+
+using parallel::PipeAction;
+
+class CpuPipelineBackend final : public TrainBackend {
+ public:
+  CpuPipelineBackend(const BackendOptions& o, const TrainConfig& c) : opt_(o), cfg_(c), table_(o.dims) {
+    CUTRAIN_CHECK(c.zero_optimization.stage <= 1, "pipeline parallelism on the CPU backend: zero_optimization.stage ",
+                  c.zero_optimization.stage, " with --pipeline_parallel_size ", o.pipeline_stages,
+                  ": expected stage 0 or 1 (DeepSpeed's pipeline engine takes ZeRO-1 only)");
+    const auto layers = parallel::pipeline_layers(table_);
+    plan_ = parallel::make_pipeline_plan(layers, parallel::parse_partition_method(o.partition_method, "--partition_method"),
+                                         o.pipeline_stages, c.accumulation());
+    comm_ = o.comm;
+    if (!comm_) {
+      const comm::LaunchEnv env = comm::read_launch_env();
+      CUTRAIN_CHECK(env.world_size % o.pipeline_stages == 0, "pipeline: --pipeline_parallel_size ", o.pipeline_stages,
+                    " does not divide the world size ", env.world_size);
+      // Rings that hold every activation a stage sends before its neighbour takes it: at most S
+      // in flight per direction in 1F1B, so no send waits.
+      comm::HostCommOptions ho;
+      const std::size_t act = std::size_t(o.batch) * o.seq * o.dims.hidden * sizeof(float);
+      ho.channel_bytes = std::max(ho.channel_bytes, act * std::size_t(o.pipeline_stages + 1));
+      comm_ = comm::create_host_communicator(env, ho);
+    }
+    CUTRAIN_CHECK(comm_->device() < 0, "cpu backend: expected a host communicator, found ", comm_->backend_name());
+    // The grid as DeepSpeed's (pipe outer, data inner): rank = stage x dp + replica.
+    CUTRAIN_CHECK(comm_->world_size() % plan_.stages == 0, "pipeline: ", plan_.stages,
+                  " stages do not divide the world size ", comm_->world_size());
+    dp_ = comm_->world_size() / plan_.stages;
+    stage_ = comm_->rank() / dp_;
+    replica_ = comm_->rank() % dp_;
+    prev_ = comm_->rank() - dp_;
+    next_ = comm_->rank() + dp_;
+    const parallel::PipelineStage& st = plan_.parts[std::size_t(stage_)];
+    const int L = o.dims.layers;
+    // Layer i of the sequence is parameter unit i: 0 the embedding, 1 + l block l, L + 1 the head.
+    span_.embedding = st.first == 0;
+    span_.head = st.end == L + 2;
+    span_.first = std::max(st.first, 1) - 1;
+    span_.end = std::min(st.end, L + 1) - 1;
+    owned_ = {table_.units()[std::size_t(st.first)].begin, table_.units()[std::size_t(st.end) - 1].end};
+    const std::size_t n = table_.flat_size();
+    params_.resize(n);
+    table_.init(params_.data(), o.seed);  // every rank alike; each uses and updates its own layers
+    grads_.assign(n, 0.f);
+    // ZeRO-1 over the stage's replicas: each keeps and updates the moments of its partition of the
+    // stage's layers (parallel/partition.h), then the replicas' updated params are shared.
+    state_ = owned_;
+    zero1_ = c.zero_optimization.stage == 1 && dp_ > 1;
+    if (zero1_) {
+      const parallel::FlatPartition part = parallel::partition_flat(owned_.size(), dp_, sizeof(float));
+      const parallel::Range r = part.owned_real(replica_);
+      const std::size_t lo = std::min(owned_.begin + r.begin, owned_.end);  // may be empty on the last replicas
+      state_ = {lo, std::max(lo, std::min(owned_.begin + r.end, owned_.end))};
+    }
+    m_.assign(state_.size(), 0.f);
+    v_.assign(state_.size(), 0.f);
+    // GPT-2's head is the token embedding (DeepSpeed's TiedLayerSpec): the last stage keeps a copy
+    // of it with its own moments; the two stages' gradients of it are summed after the backwards,
+    // so both copies take the same update. Stage 0 owns it (checkpoints, the norm).
+    if (table_.tied_head()) {
+      const model::ParamTensor& wte = table_.tensor(table_.embedding());
+      tied_ = {wte.offset, wte.offset + wte.count};
+      tied_decay_ = wte.decay;
+      if (span_.head && !span_.embedding) {
+        m_tied_.assign(tied_.size(), 0.f);
+        v_tied_.assign(tied_.size(), 0.f);
+      }
+    }
+    for (int m = 0; m < plan_.micro_batches; ++m) models_.emplace_back(table_, o.causal);
+    if (comm_->rank() == 0)
+      std::cout << "[Rank 0] " << plan_.describe(layers)
+                << (dp_ > 1 ? "; " + std::to_string(dp_) + " data-parallel replicas (rank = stage x " +
+                                  std::to_string(dp_) + " + replica)"
+                            : std::string())
+                << (tied_.empty() ? "" : "; tied: the token embedding is the head's weight on stages 0 and " +
+                                             std::to_string(plan_.stages - 1) + ", its gradients summed between them")
+                << std::endl;
+    std::cout << "[Rank " << comm_->rank() << "] pipeline stage " << stage_ << " of " << plan_.stages
+              << (dp_ > 1 ? ", replica " + std::to_string(replica_) + " of " + std::to_string(dp_) : std::string())
+              << (zero1_ ? ", ZeRO-1: the moments of [" + std::to_string(state_.begin) + ", " +
+                               std::to_string(state_.end) + ")"
+                         : std::string())
+              << " over the "
+              << comm_->backend_name() << " communicator: layers " << st.first << "-" << st.end - 1 << ", flat ["
+              << owned_.begin << ", " << owned_.end << ")" << std::endl;
+  }
+  const model::TransformerParams& table() const override { return table_; }
+
+  StepStats step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) override {
+    const int M = plan_.micro_batches;
+    const std::size_t per = std::size_t(opt_.batch) * opt_.seq, act = per * std::size_t(opt_.dims.hidden);
+    std::fill(grads_.begin() + std::ptrdiff_t(owned_.begin), grads_.begin() + std::ptrdiff_t(owned_.end), 0.f);
+    if (holds_tied_copy())
+      std::fill(grads_.begin() + std::ptrdiff_t(tied_.begin), grads_.begin() + std::ptrdiff_t(tied_.end), 0.f);
+    double loss = 0;
+    std::vector<float> in(act), out, dout(act), din;
+    for (const PipeAction& a : parallel::one_f_one_b(stage_, plan_.stages, M)) {
+      model::ReferenceModel<float>& mdl = models_[std::size_t(a.micro)];
+      const std::size_t at = std::size_t(a.micro) * per;
+      if (a.kind == PipeAction::Forward) {
+        if (!span_.embedding) comm_->recv(in.data(), act, DType::F32, prev_, nullptr);
+        const double l = mdl.forward_span(params_.data(), span_, tokens + at, labels + at, in.data(), opt_.batch,
+                                          opt_.seq, &out);
+        if (span_.head) loss += l / M;
+        else comm_->send(out.data(), act, DType::F32, next_, nullptr);
+      } else {
+        if (!span_.head) comm_->recv(dout.data(), act, DType::F32, next_, nullptr);
+        mdl.backward_span(params_.data(), grads_.data(), dout.data(), 1.0 / M, &din);
+        if (!span_.embedding) comm_->send(din.data(), act, DType::F32, prev_, nullptr);
+      }
+    }
+    reduce_grads();
+    StepStats st;
+    st.loss = span_.head ? loss / dp_ : 0.0;
+    comm_->all_reduce_sum_f64(&st.loss, 1, nullptr);  // from the last stage to every rank
+    double sq = 0;  // replica 0 of each stage: the stage's reduced gradients once
+    if (replica_ == 0)
+      for (std::size_t i = owned_.begin; i < owned_.end; ++i) sq += double(grads_[i]) * grads_[i];
+    comm_->all_reduce_sum_f64(&sq, 1, nullptr);
+    st.grad_norm = std::sqrt(sq);
+    if (!std::isfinite(st.grad_norm)) {
+      st.skipped = true;
+      return st;
+    }
+    double scale = 1.0;
+    if (cfg_.gradient_clipping > 0) scale = std::min(1.0, cfg_.gradient_clipping / (st.grad_norm + 1e-6));
+    const auto& o = cfg_.optimizer;
+    for (const model::DecayRun& r : table_.decay_runs()) {
+      const std::size_t a = std::max(r.begin, state_.begin), b = std::min(r.end, state_.end);
+      if (a < b)
+        model::reference_adam_step(params_.data() + a, grads_.data() + a, m_.data() + (a - state_.begin),
+                                   v_.data() + (a - state_.begin), b - a, lr, o.beta1, o.beta2, o.eps,
+                                   r.decay ? o.weight_decay : 0.0, o.adam_w_mode, step, scale);
+    }
+    if (zero1_) share_params();
+    if (holds_tied_copy())  // the same update as stage 0's of the same values
+      model::reference_adam_step(params_.data() + tied_.begin, grads_.data() + tied_.begin, m_tied_.data(),
+                                 v_tied_.data(), tied_.size(), lr, o.beta1, o.beta2, o.eps,
+                                 tied_decay_ ? o.weight_decay : 0.0, o.adam_w_mode, step, scale);
+    return st;
+  }
+
+  double eval_loss(const std::int32_t* tokens, const std::int32_t* labels) override {
+    const std::size_t act = std::size_t(opt_.batch) * opt_.seq * std::size_t(opt_.dims.hidden);
+    std::vector<float> in(act), out;
+    if (!span_.embedding) comm_->recv(in.data(), act, DType::F32, prev_, nullptr);
+    double loss = models_[0].forward_span(params_.data(), span_, tokens, labels, in.data(), opt_.batch, opt_.seq, &out);
+    if (!span_.head) comm_->send(out.data(), act, DType::F32, next_, nullptr), loss = 0;
+    loss /= dp_;  // every replica evaluates the same batch
+    comm_->all_reduce_sum_f64(&loss, 1, nullptr);
+    return loss;
+  }
+
+  MemoryStats memory() const override {
+    // This stage's params, grads, two moments (and the last stage's copy of a tied weight).
+    const auto bytes = std::int64_t(4 * (2 * owned_.size() + 2 * state_.size()) +
+                                    (holds_tied_copy() ? 4 * 4 * tied_.size() : 0));
+    return {bytes, bytes, bytes};
+  }
+  void reset_peak() override {}
+  HostState save_state() const override {
+    // Every rank's slice into the flat buffers (zeros elsewhere), summed: the stages' state exactly.
+    const std::size_t n = table_.flat_size();
+    HostState s{std::vector<float>(n, 0.f), {}, std::vector<float>(n, 0.f), std::vector<float>(n, 0.f), {}, DType::F32};
+    if (replica_ == 0)  // one replica per stage
+      std::copy(params_.begin() + std::ptrdiff_t(owned_.begin), params_.begin() + std::ptrdiff_t(owned_.end),
+                s.params.begin() + std::ptrdiff_t(owned_.begin));
+    if (replica_ == 0 || zero1_) {  // ZeRO-1: every replica its partition of the moments
+      std::copy(m_.begin(), m_.end(), s.exp_avg.begin() + std::ptrdiff_t(state_.begin));
+      std::copy(v_.begin(), v_.end(), s.exp_avg_sq.begin() + std::ptrdiff_t(state_.begin));
+    }
+    for (std::vector<float>* v : {&s.params, &s.exp_avg, &s.exp_avg_sq})
+      comm_->all_reduce(v->data(), n, DType::F32, comm::ReduceOp::Sum, nullptr);
+    return s;
+  }
+  void load_state(const HostState& s) override {
+    const std::size_t n = table_.flat_size();
+    CUTRAIN_CHECK(s.params.size() == n && s.exp_avg.size() == n && s.exp_avg_sq.size() == n, "cpu backend: state of ",
+                  s.params.size(), " params does not fit the model's ", n);
+    params_ = s.params;
+    m_.assign(s.exp_avg.begin() + std::ptrdiff_t(state_.begin), s.exp_avg.begin() + std::ptrdiff_t(state_.end));
+    v_.assign(s.exp_avg_sq.begin() + std::ptrdiff_t(state_.begin), s.exp_avg_sq.begin() + std::ptrdiff_t(state_.end));
+    if (holds_tied_copy()) {
+      m_tied_.assign(s.exp_avg.begin() + std::ptrdiff_t(tied_.begin), s.exp_avg.begin() + std::ptrdiff_t(tied_.end));
+      v_tied_.assign(s.exp_avg_sq.begin() + std::ptrdiff_t(tied_.begin), s.exp_avg_sq.begin() + std::ptrdiff_t(tied_.end));
+    }
+  }
+  const char* describe() const override { return "cpu (fp32 reference model, pipeline over the host communicator)"; }
+
+ private:
+  BackendOptions opt_;
+  TrainConfig cfg_;
+  model::TransformerParams table_;
+  parallel::PipelinePlan plan_;
+  std::shared_ptr<comm::Communicator> comm_;
+  int dp_ = 1, stage_ = 0, replica_ = 0, prev_ = -1, next_ = -1;  // the grid: ranks of the neighbour stages
+  model::LayerSpan span_;
+  parallel::Range owned_;  // this stage's layers in the flat buffer
+  parallel::Range state_;  // the part of owned_ whose moments this rank keeps (all of it without ZeRO-1)
+  bool zero1_ = false;
+  std::vector<float> params_, grads_, m_, v_;  // params_, grads_ full size; m_, v_ of state_
+  std::vector<model::ReferenceModel<float>> models_;  // one per micro-batch: its activations
+  parallel::Range tied_;  // GPT-2: the token embedding, the head's weight (empty for Simple)
+  bool tied_decay_ = true;
+  std::vector<float> m_tied_, v_tied_;  // the last stage's moments of its copy
+  bool holds_tied_copy() const { return !tied_.empty() && span_.head && !span_.embedding; }
+
+  // After the backwards: each stage's gradients averaged over its replicas and a tied weight's
+  // summed over its two stages, in one all-reduce over the flat buffer: every rank adds its
+  // stage's slice (and the last stage its tied copy's gradient), zeros elsewhere.
+  // ZeRO-1: each replica's updated partition to the stage's other replicas (one all-reduce over
+  // the flat buffer, every rank adding its partition, zeros elsewhere: the sum is exact).
+  void share_params() {
+    std::vector<float> p(table_.flat_size(), 0.f);
+    std::copy(params_.begin() + std::ptrdiff_t(state_.begin), params_.begin() + std::ptrdiff_t(state_.end),
+              p.begin() + std::ptrdiff_t(state_.begin));
+    comm_->all_reduce(p.data(), p.size(), DType::F32, comm::ReduceOp::Sum, nullptr);
+    std::copy(p.begin() + std::ptrdiff_t(owned_.begin), p.begin() + std::ptrdiff_t(owned_.end),
+              params_.begin() + std::ptrdiff_t(owned_.begin));
+  }
+
+  void reduce_grads() {
+    if (dp_ == 1 && tied_.empty()) return;
+    const std::size_t n = table_.flat_size();
+    std::vector<float> g(n, 0.f);
+    auto take = [&](parallel::Range r) {
+      std::copy(grads_.begin() + std::ptrdiff_t(r.begin), grads_.begin() + std::ptrdiff_t(r.end),
+                g.begin() + std::ptrdiff_t(r.begin));
+    };
+    take(owned_);
+    if (holds_tied_copy()) take(tied_);
+    comm_->all_reduce(g.data(), n, DType::F32, comm::ReduceOp::Sum, nullptr);
+    auto give = [&](parallel::Range r) {
+      for (std::size_t i = r.begin; i < r.end; ++i) grads_[i] = g[i] / float(dp_);
+    };
+    give(owned_);
+    if (holds_tied_copy()) give(tied_);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<TrainBackend> make_cpu_pipeline_backend(const BackendOptions& o, const TrainConfig& c) {
+  return std::make_unique<CpuPipelineBackend>(o, c);
+}
+
+}  // namespace cutrain::train
