@@ -16,9 +16,12 @@ namespace {
 // The communicator of this process: the caller's, else a host communicator when the launch
 // environment names more than one rank (collective over all ranks), else none.
 std::shared_ptr<comm::Communicator> resolve_host_communicator(const BackendOptions& o, const TrainConfig& c) {
+  const comm::LaunchEnv env = o.comm ? comm::LaunchEnv{} : comm::read_launch_env();
+  if (!o.comm && env.world_size <= 1) return nullptr;
+  CUTRAIN_CHECK(c.optimizer.type != OptimizerType::Lamb,
+                "cpu backend: optimizer.type Lamb runs on one process (its trust ratios need whole tensors); the "
+                "CPU backend's data parallelism updates with AdamW only");
   if (o.comm) return o.comm;
-  const comm::LaunchEnv env = comm::read_launch_env();
-  if (env.world_size <= 1) return nullptr;
   // An invalid stage fails here, before the rendezvous.
   parallel::make_zero_plan(c.zero_optimization.stage, 1, env.world_size, env.rank, /*has_comm=*/true);
   std::cout << "[Rank " << env.rank << "] data parallel: rank " << env.rank << " of " << env.world_size << " (from "
@@ -35,9 +38,6 @@ class CpuBackend final : public TrainBackend {
     params_.resize(n);
     table_.init(params_.data(), o.seed);
     if (auto comm = resolve_host_communicator(o, c)) {
-      CUTRAIN_CHECK(c.optimizer.type != OptimizerType::Lamb,
-                    "cpu backend: optimizer.type Lamb runs on one process (its trust ratios need whole tensors); the "
-                    "CPU backend's data parallelism updates with AdamW only");
       CUTRAIN_CHECK(comm->device() < 0, "cpu backend: expected a host communicator, found ", comm->backend_name(),
                     " (GPUs use --device cuda)");
       zero_ = std::make_unique<CpuZero>(std::move(comm), table_, c, params_);

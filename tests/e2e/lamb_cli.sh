@@ -3,7 +3,8 @@
 # falls on a fixed batch) and differs from the same run under AdamW; a run saved at step 3 and resumed
 # reproduces the uninterrupted run's losses bit for bit; config.json records the optimizer and a
 # resume under another optimizer.type is refused naming both; Lamb with ZeRO stage 3 and a Lamb
-# parameter under AdamW are config errors naming the key.
+# parameter under AdamW are config errors naming the key; on the CPU, Lamb under the host launcher
+# (data or pipeline parallel) is refused.
 #   lamb_cli.sh CUTRAIN_BINARY cpu|cuda     (cuda: skipped without a GPU)
 source "$(dirname "$0")/e2e_lib.sh"
 skip_without_gpu
@@ -61,4 +62,17 @@ PY
 grep -q "zero_optimization.stage: optimizer type Lamb needs ZeRO stage 0, found stage 3" "$tmp/c.txt" || { cat "$tmp/c.txt"; fail "z3 message"; }
 "$bin" check-config "$tmp/coeff.json" >"$tmp/c.txt" 2>&1 && { cat "$tmp/c.txt"; fail "max_coeff under AdamW accepted"; }
 grep -q "optimizer.params.max_coeff: max_coeff is a parameter of type Lamb; type is AdamW" "$tmp/c.txt" || { cat "$tmp/c.txt"; fail "coeff message"; }
+# The CPU backend's data parallelism and pipeline update with AdamW: Lamb is refused there, naming it.
+if [ "$device" = cpu ]; then
+  if "$bin" launch --backend host --num_procs 2 --master_port $((29700 + RANDOM % 200)) -- "$bin" train "${run_flags[@]}" \
+      "${size[@]}" --num_steps 1 >"$tmp/dp.txt" 2>&1; then
+    cat "$tmp/dp.txt"; fail "Lamb with the CPU backend's data parallelism accepted"
+  fi
+  grep -q "optimizer.type Lamb runs on one process" "$tmp/dp.txt" || { cat "$tmp/dp.txt"; fail "Lamb x data parallel message"; }
+  if "$bin" launch --backend host --num_procs 2 --master_port $((29700 + RANDOM % 200)) -- "$bin" train "${run_flags[@]}" \
+      "${size[@]}" --num_steps 1 --pipeline_parallel_size 2 >"$tmp/pp.txt" 2>&1; then
+    cat "$tmp/pp.txt"; fail "Lamb with a pipeline accepted"
+  fi
+  grep -q "gives optimizer.type Lamb, whose trust ratios need whole tensors" "$tmp/pp.txt" || { cat "$tmp/pp.txt"; fail "Lamb x pipeline message"; }
+fi
 echo "ok: Lamb trains, differs from AdamW, resumes equal, refuses another optimizer and bad configs"
