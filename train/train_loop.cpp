@@ -283,6 +283,13 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   CUTRAIN_CHECK(!o.recompute_gelu || gpt2, "train: --recompute_gelu applies to --model gpt2, found --model ",
                 name(o.model));
   bo.cuda_graph = o.cuda_graph;
+  bo.dims.moe = resolve_moe(o.moe, bo.dims.layers, o.batch_size * o.seq_length);
+  if (bo.dims.moe.any()) {
+    CUTRAIN_CHECK(!llmc && o.init_from_hf.empty() && o.save_llmc.empty() && o.save_hf.empty(),
+                  "train: llm.c's and Hugging Face's GPT-2 files hold dense MLPs: --init_from_llmc, --init_from_hf, ",
+                  "--save_llmc and --save_hf take a model without --num_experts");
+    out << "[Rank 0] " << describe_moe(bo.dims.moe) << "\n";
+  }
   bo.dims.validate();
   if (resume && !resume->legacy)
     check_checkpoint_shape(bo.dims, resume_dims, (resume->folder / kCheckpointConfigFile).string());
@@ -567,6 +574,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     if (step % log_interval == 0 || step == last) {
       out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
           << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak) << "\n";
+      for (const model::MoeBlockStats& m : st.moe)
+        out << "[Rank 0] Step " << step << ": moe block " << m.layer << " l_aux=" << fixed(m.l_aux, 4)
+            << ", dropped=" << m.dropped << ", capacity=" << m.capacity << ", expert load min=" << m.min_load
+            << " max=" << m.max_load << "\n";
       if (curriculum) {
         const auto [first, end] = curriculum->draw->eligible(difficulty);
         out << "[Rank 0] Step " << step << ": curriculum difficulty=" << difficulty << " ("
@@ -588,6 +599,13 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                           {"reserved_bytes", mem.reserved},
                           {"peak_bytes", mem.peak}};
       if (curriculum) j["curriculum_difficulty"] = difficulty;
+      if (!st.moe.empty()) {
+        nlohmann::json layers = nlohmann::json::array();
+        for (const model::MoeBlockStats& m : st.moe)
+          layers.push_back({{"layer", m.layer}, {"l_aux", m.l_aux}, {"dropped", m.dropped}, {"capacity", m.capacity},
+                            {"expert_load_min", m.min_load}, {"expert_load_max", m.max_load}});
+        j["moe"] = layers;
+      }
       if (eval_now) {
         j["val_loss"] = res.evals.back().loss;
         j["val_ppl"] = res.evals.back().perplexity;
