@@ -40,6 +40,7 @@ class ReferenceModel {
   }
   double aux_loss() const { return aux_; }  // sum of the MoE layers' l_aux of the last forward
   const std::vector<MoeBlockStats>& moe_stats() const { return moe_stats_; }  // one per MoE block
+  const MoeReference* moe_layer(int l) const { return moe_.at(std::size_t(l)).get(); }  // null: dense block
 
   const std::vector<T>& logits() const { return logits_; }  // [B*S, vocab_rows] of the last forward
 
