@@ -46,7 +46,7 @@ struct ModelDims {
   // `vocab` are never a token, get no loss and no gradient: their logits never win.
   int padded_vocab = 0;
   Arch arch = Arch::Simple;
-  MoeDims moe;
+  MoeDims moe = {};
   int vocab_rows() const { return padded_vocab > vocab ? padded_vocab : vocab; }
   int head_dim() const { return hidden / heads; }
   int ffn() const { return 4 * hidden; }

@@ -67,7 +67,9 @@ void gradient_check(model::Arch arch, bool residual, int k) {
         // A gradient near fp64's differencing noise (PR-MoE's 2-element coefficient bias): an absolute floor.
         double worst = 0;
         for (std::size_t i = 0; i < an.size(); ++i) worst = std::max(worst, std::abs(double(fd[i]) - an[i]));
-        if (worst > 1e-9) EXPECT_LE(test::rel_error(fd, an), 1e-5) << t.name;
+        if (worst > 1e-9) {
+          EXPECT_LE(test::rel_error(fd, an), 1e-5) << t.name;
+        }
       });
   // The gate gets a gradient, and its aux share is part of it: without the coefficient it differs.
   const model::ParamTensor& wg = table.find(arch == model::Arch::Gpt2 ? "h.1.mlp.deepspeed_moe.gate.wg.weight"
@@ -141,7 +143,9 @@ TEST(MoeModelTable, Gpt2DecaysTheMatricesOnly) {
   // The decay runs tile the buffer and agree with every tensor's flag.
   for (const auto& r : t.decay_runs())
     for (const auto& x : t.tensors())
-      if (x.offset >= r.begin && x.offset < r.end) EXPECT_EQ(x.decay, r.decay) << x.name;
+      if (x.offset >= r.begin && x.offset < r.end) {
+        EXPECT_EQ(x.decay, r.decay) << x.name;
+      }
 }
 
 TEST(MoeModelTable, BadMoeDimsAreNamed) {
