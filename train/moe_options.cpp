@@ -124,8 +124,12 @@ std::string describe_moe(const model::MoeDims& m) {
   std::string blocks, experts;
   for (std::size_t l = 0; l < m.experts.size(); ++l) {
     if (m.experts[l] == 0) continue;
-    blocks += (blocks.empty() ? "" : ",") + std::to_string(l);
-    experts += (experts.empty() ? "" : ",") + std::to_string(m.experts[l]);
+    if (!blocks.empty()) {
+      blocks += ',';
+      experts += ',';
+    }
+    blocks += std::to_string(l);
+    experts += std::to_string(m.experts[l]);
   }
   const char* noise = m.noisy_gate_policy == model::MoeNoisyGate::Jitter    ? "Jitter"
                       : m.noisy_gate_policy == model::MoeNoisyGate::RSample ? "RSample"
