@@ -127,7 +127,7 @@ TEST(MoeEngineGpu, StepsRunEagerAndTheLossFalls) {
   const std::size_t n = std::size_t(o.batch) * o.seq;
   const auto tok = test::random_ints(n, rng, 0, o.dims.vocab - 1), lab = test::random_ints(n, rng, 0, o.dims.vocab - 1);
   double first = 0, last = 0;
-  for (int step = 1; step <= 12; ++step) {
+  for (int step = 1; step <= 20; ++step) {
     const train::StepStats st = eng.step(tok.data(), lab.data(), step, 3e-3f);
     ASSERT_FALSE(st.skipped);
     ASSERT_EQ(st.moe.size(), 2u);
@@ -138,5 +138,5 @@ TEST(MoeEngineGpu, StepsRunEagerAndTheLossFalls) {
   }
   EXPECT_EQ(eng.graph_captures(), 0);
   EXPECT_FALSE(eng.graph_active());
-  EXPECT_LT(last, 0.8 * first);
+  EXPECT_LT(last, 0.85 * first);
 }
