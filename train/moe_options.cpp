@@ -142,4 +142,83 @@ std::string describe_moe(const model::MoeDims& m) {
   return s.str();
 }
 
+namespace {
+const char* noise_name(model::MoeNoisyGate g) {
+  return g == model::MoeNoisyGate::Jitter ? "Jitter" : g == model::MoeNoisyGate::RSample ? "RSample" : "None";
+}
+std::string list(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
+  return s;
+}
+}  // namespace
+
+nlohmann::json moe_config_json(const model::MoeDims& m) {
+  return {{"num_experts_per_layer", m.experts},
+          {"top_k", m.k},
+          {"capacity_factor", m.capacity_factor},
+          {"eval_capacity_factor", m.eval_capacity_factor},
+          {"min_capacity", m.min_capacity},
+          {"drop_tokens", m.drop_tokens},
+          {"mlp_type", m.use_residual ? "residual" : "standard"},
+          {"noisy_gate_policy", noise_name(m.noisy_gate_policy)},
+          {"moe_loss_coeff", m.loss_coeff},
+          {"ep_size", 1}};
+}
+
+model::MoeDims moe_dims_from_json(const nlohmann::json& j, const std::string& where) {
+  auto has = [&](const char* key, bool ok) {
+    CUTRAIN_CHECK(j.is_object() && j.contains(key) && ok, where, ": moe.", key, ": missing or of the wrong type (found ",
+                  j.is_object() && j.contains(key) ? j[key].dump() : std::string("none"), ")");
+  };
+  has("num_experts_per_layer", j.is_object() && j.contains("num_experts_per_layer") && j["num_experts_per_layer"].is_array());
+  model::MoeDims m;
+  for (const auto& e : j["num_experts_per_layer"]) {
+    CUTRAIN_CHECK(e.is_number_integer() && e.get<int>() >= 0, where, ": moe.num_experts_per_layer: expected counts ",
+                  ">= 0, found ", e.dump());
+    m.experts.push_back(e.get<int>());
+  }
+  auto num = [&](const char* key) {
+    has(key, j.is_object() && j.contains(key) && j[key].is_number());
+    return j[key].get<double>();
+  };
+  auto str = [&](const char* key) {
+    has(key, j.is_object() && j.contains(key) && j[key].is_string());
+    return j[key].get<std::string>();
+  };
+  m.k = int(num("top_k"));
+  m.capacity_factor = num("capacity_factor");
+  m.eval_capacity_factor = num("eval_capacity_factor");
+  m.min_capacity = int(num("min_capacity"));
+  has("drop_tokens", j.is_object() && j.contains("drop_tokens") && j["drop_tokens"].is_boolean());
+  m.drop_tokens = j["drop_tokens"].get<bool>();
+  const std::string mlp = str("mlp_type"), noise = str("noisy_gate_policy");
+  CUTRAIN_CHECK(mlp == "standard" || mlp == "residual", where, ": moe.mlp_type: expected standard or residual, found '",
+                mlp, "'");
+  m.use_residual = mlp == "residual";
+  if (noise == "Jitter") m.noisy_gate_policy = model::MoeNoisyGate::Jitter;
+  else if (noise == "RSample") m.noisy_gate_policy = model::MoeNoisyGate::RSample;
+  else CUTRAIN_CHECK(noise == "None", where, ": moe.noisy_gate_policy: expected None, Jitter or RSample, found '", noise, "'");
+  m.loss_coeff = num("moe_loss_coeff");
+  return m;
+}
+
+void check_checkpoint_moe(const model::MoeDims& run, const model::MoeDims& ck, const std::string& where) {
+  auto per_block = [](const model::MoeDims& m, std::size_t layers) {
+    std::vector<int> v = m.experts;
+    v.resize(layers, 0);
+    return v;
+  };
+  const std::size_t n = std::max(run.experts.size(), ck.experts.size());
+  CUTRAIN_CHECK(per_block(run, n) == per_block(ck, n), "train: --num_experts / --moe_layers give experts per block ",
+                list(per_block(run, n)), ", the checkpoint (", where, ") has ", list(per_block(ck, n)),
+                " (leave the MoE flags out to take the checkpoint's)");
+  CUTRAIN_CHECK(!run.any() || run.use_residual == ck.use_residual, "train: --mlp_type ",
+                run.use_residual ? "residual" : "standard", ", the checkpoint (", where, ") has ",
+                ck.use_residual ? "residual" : "standard");
+}
+
 }  // namespace cutrain::train

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "model/transformer_params.h"
 
 namespace cutrain::train {
@@ -33,5 +35,14 @@ model::MoeDims resolve_moe(const MoeOptions& o, int layers, int tokens);
 // "MoE blocks 1, 3: 8, 16 experts, top-1, capacity factor 1 (eval 1), min capacity 4, token
 // dropping, standard MLP, noisy gate None, loss coeff 0.01"
 std::string describe_moe(const model::MoeDims& m);
+
+// A checkpoint's config.json "moe" object (written only for a model with MoE blocks): the experts
+// per block and every routing option, and its inverse (errors name `where` and the key).
+nlohmann::json moe_config_json(const model::MoeDims& m);
+model::MoeDims moe_dims_from_json(const nlohmann::json& j, const std::string& where);
+
+// --resume: a run that gives --num_experts must have the checkpoint's MoE blocks (experts per
+// block, --mlp_type); its routing options may differ. Errors name the flag and both values.
+void check_checkpoint_moe(const model::MoeDims& run, const model::MoeDims& ck, const std::string& where);
 
 }  // namespace cutrain::train

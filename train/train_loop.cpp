@@ -284,6 +284,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                 name(o.model));
   bo.cuda_graph = o.cuda_graph;
   bo.dims.moe = resolve_moe(o.moe, bo.dims.layers, o.batch_size * o.seq_length);
+  if (resume && !resume->legacy) {  // no MoE flag: the checkpoint's MoE blocks, else they must agree
+    if (o.moe.num_experts.empty() && o.moe.given.empty()) bo.dims.moe = resume_dims.moe;
+    check_checkpoint_moe(bo.dims.moe, resume_dims.moe, (resume->folder / kCheckpointConfigFile).string());
+  }
   if (bo.dims.moe.any()) {
     CUTRAIN_CHECK(!llmc && o.init_from_hf.empty() && o.save_llmc.empty() && o.save_hf.empty(),
                   "train: llm.c's and Hugging Face's GPT-2 files hold dense MLPs: --init_from_llmc, --init_from_hf, ",

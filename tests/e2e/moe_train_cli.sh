@@ -2,8 +2,8 @@
 # `cutrain train --num_experts`: a model with MoE blocks trains (the loss falls on a fixed batch,
 # the per-block l_aux / dropped / expert load lines and metrics), both architectures, PR-MoE's
 # pyramid with the residual MLP; a resume from a mid-run checkpoint (which holds the expert
-# tensors under DeepSpeed's names) continues with the uninterrupted run's losses; bad MoE flags are
-# named before any work.
+# tensors under DeepSpeed's names and the MoE options in config.json) continues with the
+# uninterrupted run's losses, with or without the MoE flags; bad MoE flags are named before any work.
 #   moe_train_cli.sh CUTRAIN_BINARY cpu|cuda   (exits 77 = skipped: no GPU for cuda)
 source "$(dirname "$0")/e2e_lib.sh"
 skip_without_gpu
@@ -64,9 +64,14 @@ for s, l in res.items():
     ok = l == full[s] if dev == "cpu" else abs(l - full[s]) <= 1e-4 * abs(full[s])
     assert ok, (s, l, full[s])
 PY
-# A dense model does not take a MoE checkpoint (its FFN tensors are missing).
-if run --resume "$tmp/ck/global_step3" --num_steps 1 >"$tmp/d.txt" 2>&1; then fail "dense resume of a MoE checkpoint accepted"; fi
-grep -q "ff.0.weight" "$tmp/d.txt" || { cat "$tmp/d.txt"; fail "dense resume error does not name the missing tensor"; }
+# Without MoE flags the resume takes the checkpoint's MoE blocks (config.json's "moe"); other
+# experts per block are refused, named.
+run --resume "$tmp/ck/global_step3" --num_steps 3 --loss_log_file "$tmp/res2.csv" >"$tmp/d.txt" 2>&1 \
+  || { cat "$tmp/d.txt"; fail "MoE resume without the MoE flags"; }
+grep -q "MoE blocks 1: 4 experts, top-1, .*noisy gate Jitter" "$tmp/d.txt" || { cat "$tmp/d.txt"; fail "resume did not take the checkpoint's MoE"; }
+cmp -s "$tmp/res.csv" "$tmp/res2.csv" || [ "$device" = cuda ] || fail "the flagless resume's losses differ"
+if run --resume "$tmp/ck/global_step3" --num_steps 1 --num_experts 2 --top_k 1 >"$tmp/d.txt" 2>&1; then fail "resume with other experts accepted"; fi
+grep -q "give experts per block 0,2, the checkpoint (.*config.json) has 0,4" "$tmp/d.txt" || { cat "$tmp/d.txt"; fail "resume mismatch not named"; }
 
 # Bad MoE flags, named before any work.
 expect_error() {  # expect_error TEXT ARGS...

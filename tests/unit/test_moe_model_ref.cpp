@@ -236,3 +236,44 @@ TEST(MoeOptions, BadValuesAreNamed) {
   bad([](auto& o) { o.noisy_gate_policy = "RSample"; o.top_k = 2; }, "RSample routes top-1 only");
   bad([](auto& o) { o.num_experts.clear(); o.given = {"--top_k"}; }, "--top_k configure MoE blocks: expected --num_experts");
 }
+
+TEST(MoeOptions, CheckpointConfigRoundTripAndResumeChecks) {
+  model::MoeDims m;
+  m.experts = {0, 4, 0, 8};
+  m.k = 2;
+  m.capacity_factor = 1.25;
+  m.eval_capacity_factor = 2.0;
+  m.min_capacity = 3;
+  m.drop_tokens = false;
+  m.use_residual = true;
+  m.noisy_gate_policy = model::MoeNoisyGate::Jitter;
+  m.loss_coeff = 0.02;
+  const nlohmann::json j = train::moe_config_json(m);
+  EXPECT_EQ(j["mlp_type"], "residual");
+  const model::MoeDims r = train::moe_dims_from_json(j, "ck/config.json");
+  EXPECT_EQ(r.experts, m.experts);
+  EXPECT_EQ(r.k, 2);
+  EXPECT_DOUBLE_EQ(r.capacity_factor, 1.25);
+  EXPECT_DOUBLE_EQ(r.eval_capacity_factor, 2.0);
+  EXPECT_EQ(r.min_capacity, 3);
+  EXPECT_FALSE(r.drop_tokens);
+  EXPECT_TRUE(r.use_residual);
+  EXPECT_EQ(r.noisy_gate_policy, model::MoeNoisyGate::Jitter);
+  EXPECT_DOUBLE_EQ(r.loss_coeff, 0.02);
+  nlohmann::json bad = j;
+  bad.erase("top_k");
+  expect_error([&] { train::moe_dims_from_json(bad, "ck/config.json"); }, "ck/config.json: moe.top_k: missing");
+  bad = j;
+  bad["mlp_type"] = "dense";
+  expect_error([&] { train::moe_dims_from_json(bad, "ck/config.json"); }, "moe.mlp_type: expected standard or residual");
+  train::check_checkpoint_moe(r, m, "ck");  // the same blocks
+  model::MoeDims other = m;
+  other.k = 1;  // routing options may change on resume
+  train::check_checkpoint_moe(other, m, "ck");
+  other.experts = {0, 4, 0, 4};
+  expect_error([&] { train::check_checkpoint_moe(other, m, "ck"); }, "experts per block 0,4,0,4, the checkpoint (ck) has 0,4,0,8");
+  expect_error([&] { train::check_checkpoint_moe(model::MoeDims{}, m, "ck"); }, "experts per block 0,0,0,0");
+  other = m;
+  other.use_residual = false;
+  expect_error([&] { train::check_checkpoint_moe(other, m, "ck"); }, "--mlp_type standard, the checkpoint (ck) has residual");
+}
