@@ -13,6 +13,7 @@
 #include "tests/support/finite_difference.h"
 #include "tests/support/test_support.h"
 #include "train/moe_options.h"
+#include "train/step_profiler.h"
 
 using namespace cutrain;
 
@@ -276,4 +277,18 @@ TEST(MoeOptions, CheckpointConfigRoundTripAndResumeChecks) {
   other = m;
   other.use_residual = false;
   expect_error([&] { train::check_checkpoint_moe(other, m, "ck"); }, "--mlp_type standard, the checkpoint (ck) has residual");
+}
+
+TEST(MoeOptions, ModelFlopsCountTheActiveExperts) {
+  model::ModelDims dense{64, 2, 2, 100, 16};
+  model::ModelDims moe = dense;
+  moe.moe.experts = {0, 8};
+  moe.moe.k = 2;
+  const model::TransformerParams td(dense), tm(moe);
+  const double fd = train::model_flops_per_step(td, 2, 16, 1, true, nullptr);
+  const double fm = train::model_flops_per_step(tm, 2, 16, 1, true, nullptr);
+  // Block 1: the dense FFN (two matrices and their biases) out, the gate and 2 experts' fc1 / fc2 in.
+  const double F = 256, H = 64, tokens = 32;
+  const double dN = (8 * H + 2 * 2 * F * H) - (2 * F * H + F + H);
+  EXPECT_DOUBLE_EQ(fm - fd, 6 * dN * tokens);
 }
