@@ -94,4 +94,5 @@ expect_error "--mlp_type: expected standard or residual" --num_experts 4 --mlp_t
 expect_error "--moe_noisy_gate_policy: expected None, Jitter or RSample" --num_experts 4 --moe_noisy_gate_policy Gaussian
 expect_error "RSample routes top-1 only" --num_experts 4 --top_k 2 --moe_noisy_gate_policy RSample
 expect_error "--moe_layers and --expert_interval both given" --num_experts 4 --moe_layers 1 --expert_interval 2
+expect_error "hold dense MLPs" --model gpt2 --num_experts 4 --save_hf "$tmp/x.safetensors"
 echo "moe_train_cli ($device): ok"
