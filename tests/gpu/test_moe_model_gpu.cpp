@@ -1,7 +1,8 @@
 // The GPU model with MoE blocks against the CPU reference model (both architectures, top-1 and
 // top-2, standard and PR-MoE's residual MLP): the routing figures, the loss, the aux loss and every
-// parameter gradient at step 0; and engine steps with MoE run eagerly (no CUDA graph) with a loss
-// that falls on a fixed batch.
+// parameter gradient at step 0; engine steps with MoE run eagerly (no CUDA graph) with a loss
+// that falls on a fixed batch; activation checkpointing keeps the bits and the routing figures
+// (the recompute is not counted twice) under gradient accumulation.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,8 +19,9 @@ using namespace cutrain;
 
 namespace {
 
-train::TrainConfig config_for(const std::string& layout) {
-  const std::string text = R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+train::TrainConfig config_for(const std::string& layout, int micro = 1, int accumulation = 1) {
+  const std::string text = R"({"train_micro_batch_size_per_gpu": )" + std::to_string(micro) +
+                           R"(, "gradient_accumulation_steps": )" + std::to_string(accumulation) + R"(,
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8,
       "weight_decay": 0.01}}, "bf16": {)" + test::bf16_section(layout) + "}}";
   train::TrainConfig c = train::parse_config(text, "test:" + layout);
@@ -125,7 +127,7 @@ TEST(MoeEngineGpu, StepsRunEagerAndTheLossFalls) {
   train::BackendOptions o = test::small_model(rng());
   o.dims.moe.experts = {4, 4};
   o.dims.moe.k = 2;
-  train::GpuEngine eng(o, config_for("bf16_full"));
+  train::GpuEngine eng(o, config_for("bf16_full", o.batch));
   const std::size_t n = std::size_t(o.batch) * o.seq;
   const auto tok = test::random_ints(n, rng, 0, o.dims.vocab - 1), lab = test::random_ints(n, rng, 0, o.dims.vocab - 1);
   double first = 0, last = 0;
@@ -141,4 +143,38 @@ TEST(MoeEngineGpu, StepsRunEagerAndTheLossFalls) {
   EXPECT_EQ(eng.graph_captures(), 0);
   EXPECT_FALSE(eng.graph_active());
   EXPECT_LT(last, 0.85 * first);
+}
+
+TEST(MoeEngineGpu, CheckpointingKeepsTheBitsAndTheStatsUnderAccumulation) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (model::Arch arch : {model::Arch::Simple, model::Arch::Gpt2}) {
+    train::BackendOptions o = test::small_model(rng());
+    o.dims.arch = arch;
+    o.causal = true;
+    o.dims.moe.experts = {4, 0};
+    o.dims.moe.use_residual = true;
+    o.dims.moe.noisy_gate_policy = model::MoeNoisyGate::Jitter;  // the recompute draws the same noise
+    train::BackendOptions ck = o;
+    ck.activation_checkpointing = true;
+    const train::TrainConfig cfg = config_for("bf16_master_wg", o.batch, 2);
+    train::GpuEngine a(o, cfg), c(ck, cfg);
+    const std::size_t n = 2 * std::size_t(o.batch) * o.seq;  // two micro-batches per step
+    for (int step = 1; step <= 3; ++step) {
+      const auto tok = test::random_ints(n, rng, 0, o.dims.vocab - 1), lab = test::random_ints(n, rng, 0, o.dims.vocab - 1);
+      const train::StepStats sa = a.step(tok.data(), lab.data(), step, 1e-3f);
+      const train::StepStats sc = c.step(tok.data(), lab.data(), step, 1e-3f);
+      EXPECT_EQ(sa.loss, sc.loss) << "step " << step;
+      EXPECT_EQ(sa.grad_norm, sc.grad_norm) << "step " << step;
+      ASSERT_EQ(sa.moe.size(), 1u);
+      ASSERT_EQ(sc.moe.size(), 1u);
+      EXPECT_EQ(sa.moe[0].l_aux, sc.moe[0].l_aux);
+      EXPECT_EQ(sa.moe[0].dropped, sc.moe[0].dropped);
+      EXPECT_EQ(sa.moe[0].min_load, sc.moe[0].min_load);
+      EXPECT_EQ(sa.moe[0].max_load, sc.moe[0].max_load);
+      // Two micro-batches of 128 tokens, top-1: at most 2 x 128 routes, each kept or dropped.
+      EXPECT_LE(sa.moe[0].dropped, 256);
+      EXPECT_LE(sa.moe[0].max_load, sa.moe[0].capacity);
+    }
+  }
 }
