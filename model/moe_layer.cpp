@@ -172,7 +172,7 @@ MoeForwardStats MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const b
 }
 
 void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, const bf16* dy, float aux_grad,
-                           bf16* dx, void* grads, DType grad_type, bool accumulate) {
+                           bf16* dx, void* grads, DType grad_type, bool accumulate, bool dx_accumulate) {
   Impl& m = *impl_;
   CUTRAIN_CHECK(m.T > 0, "MoE layer backward: call forward first");
   CUTRAIN_CHECK(params && x && dy && dx && grads, "MoE layer backward: every pointer must be non-null");
@@ -202,7 +202,7 @@ void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, co
   m.grouped.grad_weight(s, dh, m.xp.as<bf16>(), g + m.layout.w1 * es, grad_type, m.rows.data(), E, F, H, accumulate);
   bf16* dxp = dout;  // fc2's GEMMs above have read dout
   m.grouped.grad_input(s, dh, w1, dxp, m.rows.data(), E, F, H);
-  kernels::moe_permute_backward(s, dxp, rt, dx, H, false);
+  kernels::moe_permute_backward(s, dxp, rt, dx, H, dx_accumulate);  // dx's first write: dy is read by now
   kernels::moe_gate_backward(s, m.probs.as<float>(), m.expert.as<std::int32_t>(), m.position.as<std::int32_t>(),
                              m.dweight.as<float>(), m.ce.as<float>(), aux_grad, T, E, K, m.dlogits.as<bf16>());
   if (m.jitter) {  // logits = (x ⊙ u)·Wgᵀ

@@ -48,10 +48,11 @@ class MoeLayerGpu {
   MoeForwardStats forward(cudaStream_t s, const bf16* params, const bf16* x, bf16* y, int tokens, bool train,
                           std::uint64_t seed = 0);
 
-  // After forward: dx[T,H] written; grads of `grad_type` (bf16 or fp32) at moe_param_layout,
+  // After forward: dx[T,H] written (or, `dx_accumulate`, added to: dx may then be dy itself, which
+  // is read before dx is first written); grads of `grad_type` (bf16 or fp32) at moe_param_layout,
   // written or (accumulate) added to. aux_grad = d loss / d l_aux (DeepSpeed: the moe loss coeff).
   void backward(cudaStream_t s, const bf16* params, const bf16* x, const bf16* dy, float aux_grad, bf16* dx,
-                void* grads, DType grad_type, bool accumulate);
+                void* grads, DType grad_type, bool accumulate, bool dx_accumulate = false);
 
   const MoeConfig& config() const;
 

@@ -47,11 +47,15 @@ double ReferenceModel<T>::forward_gpt2(const T* P, const std::int32_t* tokens, c
     a.mean2.resize(M);
     a.rstd2.resize(M);
     ln_fwd(a.s1.data(), at(L.norm2_w), at(L.norm2_b), a.s2.data(), a.mean2.data(), a.rstd2.data(), M, h);
-    a.f.resize(std::size_t(M) * F);
-    a.g.resize(std::size_t(M) * F);
-    linear_fwd(a.s2.data(), at(L.ff0_w), at(L.ff0_b), a.f.data(), M, F, h);
-    for (std::size_t i = 0; i < a.f.size(); ++i) a.g[i] = T(gelu_tanh(double(a.f[i])));
-    linear_fwd(a.g.data(), at(L.ff2_w), at(L.ff2_b), tmp.data(), M, h, F);
+    if (moe_[std::size_t(l)]) {  // the MLP is a MoE layer
+      moe_forward(P, l, a.s2.data(), tmp.data());
+    } else {
+      a.f.resize(std::size_t(M) * F);
+      a.g.resize(std::size_t(M) * F);
+      linear_fwd(a.s2.data(), at(L.ff0_w), at(L.ff0_b), a.f.data(), M, F, h);
+      for (std::size_t i = 0; i < a.f.size(); ++i) a.g[i] = T(gelu_tanh(double(a.f[i])));
+      linear_fwd(a.g.data(), at(L.ff2_w), at(L.ff2_b), tmp.data(), M, h, F);
+    }
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = T(double(a.s1[i]) + double(tmp[i]));
   }
   if (!span_.head) {
@@ -96,9 +100,13 @@ void ReferenceModel<T>::backward_gpt2(const T* P, T* G, const T* dx_out, double 
     const LayerIndex& L = p_.layer(l);
     const LayerActs& a = acts_[l];
     // x_out = s1 + mlp(LN2(s1)): dx is d x_out, then d s1.
-    linear_bwd(a.g.data(), at(L.ff2_w), dx.data(), dg.data(), false, gat(L.ff2_w), gat(L.ff2_b), M, h, F);
-    for (std::size_t i = 0; i < dg.size(); ++i) dg[i] = T(double(dg[i]) * gelu_tanh_grad(double(a.f[i])));
-    linear_bwd(a.s2.data(), at(L.ff0_w), dg.data(), dln.data(), false, gat(L.ff0_w), gat(L.ff0_b), M, F, h);
+    if (moe_[std::size_t(l)]) {
+      moe_backward(P, l, dx.data(), dln.data(), G, grad_scale);  // dln = d s2
+    } else {
+      linear_bwd(a.g.data(), at(L.ff2_w), dx.data(), dg.data(), false, gat(L.ff2_w), gat(L.ff2_b), M, h, F);
+      for (std::size_t i = 0; i < dg.size(); ++i) dg[i] = T(double(dg[i]) * gelu_tanh_grad(double(a.f[i])));
+      linear_bwd(a.s2.data(), at(L.ff0_w), dg.data(), dln.data(), false, gat(L.ff0_w), gat(L.ff0_b), M, F, h);
+    }
     ln_bwd(dln.data(), a.s1.data(), a.mean2.data(), a.rstd2.data(), at(L.norm2_w), tmp.data(), gat(L.norm2_w),
            gat(L.norm2_b), M, h);
     add_into(dx, tmp);

@@ -11,7 +11,48 @@ namespace cutrain::model {
 using namespace ref_ops;
 
 template <typename T>
-ReferenceModel<T>::ReferenceModel(const TransformerParams& params, bool causal) : p_(params), causal_(causal) {}
+ReferenceModel<T>::ReferenceModel(const TransformerParams& params, bool causal) : p_(params), causal_(causal) {
+  const ModelDims& d = params.dims();
+  moe_.resize(std::size_t(d.layers));
+  for (int l = 0; l < d.layers; ++l)
+    if (d.moe.is_moe(l)) moe_[std::size_t(l)] = std::make_unique<MoeReference>(d.moe.layer_config(l, d.hidden, d.ffn()));
+}
+
+// The MoE layer works in fp64 on its packed parameters (moe_param_layout from the gate's offset).
+template <typename T>
+void ReferenceModel<T>::moe_forward(const T* P, int l, const T* x, T* y) {
+  const ModelDims& d = p_.dims();
+  const std::size_t M = std::size_t(B_) * S_, h = std::size_t(d.hidden);
+  MoeReference& m = *moe_[std::size_t(l)];
+  const MoeConfig c = d.moe.layer_config(l, d.hidden, d.ffn());
+  validate(c, int(M), "reference model: block " + std::to_string(l) + "'s MoE layer");
+  const std::size_t n = moe_param_layout(c).total;
+  const T* w = P + p_.tensor(p_.layer(l).moe).offset;
+  std::vector<double> wd(w, w + n), xd(x, x + M * h), yd(M * h);
+  const double l_aux = m.forward(wd.data(), xd.data(), int(M), moe_train_, yd.data(), moe_seed_);
+  for (std::size_t i = 0; i < yd.size(); ++i) y[i] = T(yd[i]);
+  aux_ += l_aux;
+  MoeBlockStats st;
+  st.layer = l;
+  st.l_aux = l_aux;
+  st.capacity = m.capacity();
+  st.dropped = m.dropped();
+  st.min_load = *std::min_element(m.kept_counts().begin(), m.kept_counts().end());
+  st.max_load = *std::max_element(m.kept_counts().begin(), m.kept_counts().end());
+  moe_stats_.push_back(st);
+}
+
+template <typename T>
+void ReferenceModel<T>::moe_backward(const T* P, int l, const T* dy, T* dx, T* G, double grad_scale) {
+  const ModelDims& d = p_.dims();
+  const std::size_t M = std::size_t(B_) * S_, h = std::size_t(d.hidden);
+  const std::size_t n = moe_param_layout(d.moe.layer_config(l, d.hidden, d.ffn())).total;
+  const std::size_t off = p_.tensor(p_.layer(l).moe).offset;
+  std::vector<double> wd(P + off, P + off + n), dyd(dy, dy + M * h), dxd(M * h), gd(n, 0.0);
+  moe_[std::size_t(l)]->backward(wd.data(), dyd.data(), d.moe.loss_coeff * grad_scale, dxd.data(), gd.data());
+  for (std::size_t i = 0; i < dxd.size(); ++i) dx[i] = T(dxd[i]);
+  for (std::size_t i = 0; i < n; ++i) G[off + i] = T(double(G[off + i]) + gd[i]);
+}
 
 template <typename T>
 std::vector<T> ReferenceModel<T>::embed(const T* P, const std::int32_t* tokens, const std::int32_t* labels, int B,
@@ -67,6 +108,8 @@ double ReferenceModel<T>::forward_span(const T* P, const LayerSpan& span, const 
   CUTRAIN_CHECK((span.embedding || x_in) && (span.head || x_out), "reference model: a span without the embedding "
                 "needs its input, one without the head a place for its output");
   span_ = LayerSpan{span.embedding, span.first, end, span.head};
+  aux_ = 0;
+  moe_stats_.clear();
   if (d.arch == Arch::Gpt2) return forward_gpt2(P, tokens, labels, x_in, B, S, x_out);
   const int h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), Vr = d.vocab_rows();
   const int M = B * S;
@@ -97,11 +140,15 @@ double ReferenceModel<T>::forward_span(const T* P, const LayerSpan& span, const 
     a.rstd1.resize(M);
     add_ln_fwd(x.data(), tmp.data(), at(L.norm1_w), at(L.norm1_b), a.s1.data(), a.x1.data(), a.mean1.data(),
                a.rstd1.data(), M, h);
-    a.f.resize(std::size_t(M) * F);
-    a.g.resize(std::size_t(M) * F);
-    linear_fwd(a.x1.data(), at(L.ff0_w), at(L.ff0_b), a.f.data(), M, F, h);
-    for (std::size_t i = 0; i < a.f.size(); ++i) a.g[i] = T(gelu(double(a.f[i])));
-    linear_fwd(a.g.data(), at(L.ff2_w), at(L.ff2_b), tmp.data(), M, h, F);
+    if (moe_[std::size_t(l)]) {
+      moe_forward(P, l, a.x1.data(), tmp.data());
+    } else {
+      a.f.resize(std::size_t(M) * F);
+      a.g.resize(std::size_t(M) * F);
+      linear_fwd(a.x1.data(), at(L.ff0_w), at(L.ff0_b), a.f.data(), M, F, h);
+      for (std::size_t i = 0; i < a.f.size(); ++i) a.g[i] = T(gelu(double(a.f[i])));
+      linear_fwd(a.g.data(), at(L.ff2_w), at(L.ff2_b), tmp.data(), M, h, F);
+    }
     a.s2.resize(std::size_t(M) * h);
     a.mean2.resize(M);
     a.rstd2.resize(M);
@@ -198,9 +245,15 @@ void ReferenceModel<T>::backward_span(const T* P, T* G, const T* dx_out, double 
     // x_out = LN2(x1 + ff(x1))
     ln_bwd(dx.data(), a.s2.data(), a.mean2.data(), a.rstd2.data(), at(L.norm2_w), ds.data(), gat(L.norm2_w),
            gat(L.norm2_b), M, h);
-    linear_bwd(a.g.data(), at(L.ff2_w), ds.data(), dg.data(), false, gat(L.ff2_w), gat(L.ff2_b), M, h, F);
-    for (std::size_t i = 0; i < dg.size(); ++i) dg[i] = T(double(dg[i]) * gelu_grad(double(a.f[i])));
-    linear_bwd(a.x1.data(), at(L.ff0_w), dg.data(), ds.data(), true, gat(L.ff0_w), gat(L.ff0_b), M, F, h);
+    if (moe_[std::size_t(l)]) {
+      std::vector<T> dmoe(std::size_t(M) * h);
+      moe_backward(P, l, ds.data(), dmoe.data(), G, grad_scale);
+      for (std::size_t i = 0; i < ds.size(); ++i) ds[i] = T(double(ds[i]) + double(dmoe[i]));
+    } else {
+      linear_bwd(a.g.data(), at(L.ff2_w), ds.data(), dg.data(), false, gat(L.ff2_w), gat(L.ff2_b), M, h, F);
+      for (std::size_t i = 0; i < dg.size(); ++i) dg[i] = T(double(dg[i]) * gelu_grad(double(a.f[i])));
+      linear_bwd(a.x1.data(), at(L.ff0_w), dg.data(), ds.data(), true, gat(L.ff0_w), gat(L.ff0_b), M, F, h);
+    }
     // ds now holds d x1; x1 = LN1(x_in + attn(x_in))
     ln_bwd(ds.data(), a.s1.data(), a.mean1.data(), a.rstd1.data(), at(L.norm1_w), dx.data(), gat(L.norm1_w),
            gat(L.norm1_b), M, h);

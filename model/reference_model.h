@@ -6,8 +6,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "model/moe_reference.h"
+#include "model/moe_stats.h"
 #include "model/transformer_params.h"
 
 namespace cutrain::model {
@@ -28,12 +31,24 @@ class ReferenceModel {
   explicit ReferenceModel(const TransformerParams& params, bool causal = false);
 
   // Mean cross-entropy of labels (ignore_index -100 rows skipped) for tokens [B, S]; keeps the
-  // activations for backward(). params: flat_size() elements.
+  // activations for backward(). params: flat_size() elements. The MoE blocks (MoeDims) run
+  // model/moe_reference.h's layer; the returned loss is the LM loss, aux_loss() their l_aux sum.
   double forward(const T* params, const std::int32_t* tokens, const std::int32_t* labels, int B, int S);
 
-  // Adds d(loss * grad_scale)/d(params) into grads (flat_size(); the caller zeroes it), using the
-  // activations of the last forward() with the same params.
+  // Adds d(objective * grad_scale)/d(params) into grads (flat_size(); the caller zeroes it), using
+  // the activations of the last forward() with the same params. The objective is the LM loss plus
+  // moe.loss_coeff * aux_loss() (each MoE layer's backward gets aux_grad = coeff * grad_scale).
   void backward(const T* params, T* grads, double grad_scale = 1.0);
+
+  // The MoE layers' mode for the next forwards: training (capacity_factor, noisy gate) or
+  // evaluation (eval_capacity_factor), and the gate noise's seed (moe_forward_seed).
+  void set_moe_mode(bool train, std::uint64_t seed = 0) {
+    moe_train_ = train;
+    moe_seed_ = seed;
+  }
+  double aux_loss() const { return aux_; }  // sum of the MoE layers' l_aux of the last forward
+  const std::vector<MoeBlockStats>& moe_stats() const { return moe_stats_; }  // one per MoE block
+  const MoeReference* moe_layer(int l) const { return moe_.at(std::size_t(l)).get(); }  // null: dense block
 
   const std::vector<T>& logits() const { return logits_; }  // [B*S, vocab_rows] of the last forward
 
@@ -66,6 +81,10 @@ class ReferenceModel {
   void backward_gpt2(const T* params, T* grads, const T* dx_out, double grad_scale, std::vector<T>* dx_in);
   std::vector<T> dlogits(double grad_scale) const;
   double loss_from_logits();
+  // Block l's MoE layer on x [M, hidden] into y (the FFN's output); its stats recorded.
+  void moe_forward(const T* params, int l, const T* x, T* y);
+  // Its backward: dx [M, hidden] written from dy, the layer's gradients added into grads.
+  void moe_backward(const T* params, int l, const T* dy, T* dx, T* grads, double grad_scale);
 
   const TransformerParams& p_;
   bool causal_;
@@ -77,6 +96,11 @@ class ReferenceModel {
   std::vector<T> x_lnf_;               // GPT-2: LN_f(x_final_)
   std::vector<double> mean_f_, rstd_f_;
   std::size_t n_valid_ = 0;
+  std::vector<std::unique_ptr<MoeReference>> moe_;  // per block: null for a dense block
+  std::vector<MoeBlockStats> moe_stats_;
+  bool moe_train_ = true;
+  std::uint64_t moe_seed_ = 0;
+  double aux_ = 0;
 };
 
 // One AdamW / Adam step on fp32-or-fp64 host buffers (the CPU training path), PyTorch's formula:

@@ -35,6 +35,32 @@ GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, boo
                 d.hidden);
   attn_ = kernels::AttentionShape{B, S, d.heads, d.head_dim(), causal || d.arch == Arch::Gpt2};
   gemm_ = std::make_unique<kernels::Gemm>(&alloc);
+  moe_.resize(std::size_t(d.layers));
+  for (int l = 0; l < d.layers; ++l) {
+    if (!d.moe.is_moe(l)) continue;
+    const MoeConfig c = d.moe.layer_config(l, d.hidden, d.ffn());
+    validate(c, M_, "gpu model: block " + std::to_string(l) + "'s MoE layer");
+    moe_[std::size_t(l)] = std::make_unique<MoeLayerGpu>(c, M_, alloc);
+  }
+}
+
+// Block l's MoE layer in place of the FFN: x [M, hidden] -> y. Its routing figures merge into
+// moe_stats_ (training forwards only, not a recompute's).
+void GpuTransformer::moe_forward(cudaStream_t s, const Unit& U, int l, const bf16* x, bf16* y) {
+  const MoeForwardStats st = moe_[std::size_t(l)]->forward(s, U.w(table_.layer(l).moe), x, y, M_, moe_train_,
+                                                           moe_forward_seed(moe_seed_, moe_step_, moe_micro_));
+  if (!moe_train_ || moe_recompute_) return;
+  MoeBlockStats b;
+  b.layer = l;
+  b.l_aux = st.l_aux;
+  b.capacity = st.capacity;
+  b.dropped = st.dropped;
+  b.min_load = st.min_load();
+  b.max_load = st.max_load();
+  int k = 0;  // this block's entry: the MoE blocks before it
+  for (int j = 0; j < l; ++j) k += moe_[std::size_t(j)] != nullptr;
+  if (std::size_t(k) >= moe_stats_.size()) moe_stats_.resize(std::size_t(k) + 1);
+  merge_moe_stats(moe_stats_[std::size_t(k)], b, moe_micro_);
 }
 
 GpuTransformer::~GpuTransformer() = default;
@@ -125,6 +151,15 @@ void GpuTransformer::layer_forward(cudaStream_t s, const Unit& U, int l, const L
                                           h);
     });
   }
+  if (moe_[std::size_t(l)]) {
+    TimedRegion r("moe", s);
+    moe_forward(s, U, l, a.x1, proj);
+    timed(s, "ln2", cost::layernorm_residual_forward(M_, h), [&] {
+      kernels::layernorm_residual_forward(s, proj, a.x1, a.s2, x_out, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), M_,
+                                          h);
+    });
+    return;
+  }
   {
     TimedRegion r("mlp", s);
     timed(s, "fc1", cost::gemm_forward(M_, F, h), [&] {
@@ -165,7 +200,17 @@ void GpuTransformer::layer_backward(cudaStream_t s, const Unit& U, DType gt, boo
     timed(s, n.dx, cost::gemm_grad_input(M_, N, K, beta != 0.f),
           [&] { gemm_->grad_input(s, dy, w(w_idx), dx, M_, N, K, beta); });
   };
-  {
+  if (moe_[std::size_t(l)]) {
+    TimedRegion r("moe", s);
+    timed(s, "ln2", cost::layernorm_backward(M_, h, es, acc), [&] {
+      kernels::layernorm_backward(s, dx_, a.s2, a.mean2, a.rstd2, w(L.norm2_w), nullptr, dx_, g(L.norm2_w),
+                                  g(L.norm2_b), gt, acc, scratch_, M_, h);
+    });
+    // dx_ = d s2 (the residual's share of d x1) += the MoE layer's d x1; aux_grad: the objective's
+    // coefficient of l_aux times the micro-batch's loss scale.
+    moe_[std::size_t(l)]->backward(s, U.w(L.moe), a.x1, dx_, float(table_.dims().moe.loss_coeff) * moe_grad_scale_,
+                                   dx_, U.g(L.moe), gt, acc, /*dx_accumulate=*/true);
+  } else {
     TimedRegion r("mlp", s);
     // dx_ holds dL/d(block output); LN2 backward in place gives d s2 (= d x1 residual share = d ff out).
     timed(s, "ln2", cost::layernorm_backward(M_, h, es, acc), [&] {
@@ -243,6 +288,11 @@ void GpuTransformer::forward_loss(cudaStream_t s, ParamAccess& P, const std::int
   if (buffers_.empty()) allocate(s);
   const ModelDims& d = table_.dims();
   TimedRegion ev("eval", s);
+  moe_train_ = false;  // eval_capacity_factor, no gate noise
+  struct TrainAgain {
+    bool& t;
+    ~TrainAgain() { t = true; }
+  } again{moe_train_};
   forward(s, P, nullptr, DType::BF16, tokens, d_status, [&] {
     timed(s, "cross_entropy", cost::cross_entropy(M_, d.vocab), [&] {
       kernels::cross_entropy_forward(s, logits_, labels, M_, d.vocab, d.vocab_rows(), d_loss, nullptr, d_status + 1,
@@ -265,6 +315,9 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
   const std::size_t es = dtype_size(gt);
   char name[16];
   Unit H{};
+  moe_micro_ = acc ? moe_micro_ + 1 : 0;  // the micro-batch of this step (its gate noise, the stats' merge)
+  if (!acc) moe_stats_.clear();
+  moe_grad_scale_ = grad_scale;
   {
     TimedRegion fwd("fwd", s);
     H = forward(s, P, G, gt, tokens, d_status, [&] {
@@ -301,8 +354,10 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
     const Unit U = unit(P, s, table_.layer_unit(l), G, gt);  // the recompute reads the same gathered unit
     if (checkpointing_) {
       TimedRegion rc("recompute", s);
+      moe_recompute_ = true;  // the same routing (same input, params and seed), not counted twice
       if (gpt2) gpt2_layer_forward(s, U, l, a, nullptr, xs_[l], false);  // from the stored block input
       else layer_forward(s, U, l, a, xs_[l], xs_[l + 1]);  // xs_[l+1] is no longer needed: same bits anyway
+      moe_recompute_ = false;
     }
     if (gpt2) gpt2_layer_backward(s, U, gt, acc, l, a, xs_[l]);
     else layer_backward(s, U, gt, acc, l, a, xs_[l]);

@@ -2,7 +2,9 @@
 // the BF16 example's post-LN blocks or GPT-2's pre-LN blocks (transformer_gpu_gpt2.cpp), fused
 // cross-entropy, every layer's gradients landing in the flat gradient buffer. Activations and
 // scratch come from the caching allocator once, at the first call, so the call sequence is static
-// (CUDA-graph capturable): no allocation, no host sync.
+// (CUDA-graph capturable): no allocation, no host sync. A model with MoE blocks (MoeDims) is the
+// exception: each MoE layer (model/moe_layer.h) syncs its stream once per forward for the routing
+// counts and takes its activations at each forward, so it is not capturable (moe_capturable()).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,6 +15,8 @@
 
 #include "kernels/attention.cuh"
 #include "kernels/gemm.cuh"
+#include "model/moe_layer.h"
+#include "model/moe_stats.h"
 #include "model/transformer_params.h"
 #include "runtime/allocator.h"
 #include "runtime/dtype.h"
@@ -78,6 +82,16 @@ class GpuTransformer {
   void forward_loss(cudaStream_t s, ParamAccess& params, const std::int32_t* tokens, const std::int32_t* labels,
                     float* d_loss, int* d_status);
 
+  // MoE blocks: the gate noise's seed of the next step's forwards (moe_forward_seed(seed, step,
+  // micro-batch)), and what each MoE block routed over the micro-batches since the last
+  // forward_backward with accumulate = false (one entry per MoE block, in block order).
+  void set_moe_step(std::uint64_t seed, int step) {
+    moe_seed_ = seed;
+    moe_step_ = step;
+  }
+  const std::vector<MoeBlockStats>& moe_stats() const { return moe_stats_; }
+  bool moe_capturable() const { return !table_.dims().moe.any(); }
+
   // Returns activations and scratch to the allocator; the next call allocates them again.
   void release_workspace();
   // Bytes of activations + scratch this model holds once allocated (0 before the first call).
@@ -132,6 +146,15 @@ class GpuTransformer {
   bf16* lnf_ = nullptr;                            // GPT-2: LN_f(x_L)
   float *mean_f_ = nullptr, *rstd_f_ = nullptr;
   Unit tied_{};                                    // GPT-2: the embedding unit the head reads (wte)
+  // MoE: block l's layer (null for a dense block); the mode of the forward running (training
+  // capacity and noise, or evaluation); a recompute's forward records no stats.
+  std::vector<std::unique_ptr<MoeLayerGpu>> moe_;
+  void moe_forward(cudaStream_t s, const Unit& U, int l, const bf16* x, bf16* y);
+  std::vector<MoeBlockStats> moe_stats_;
+  bool moe_train_ = true, moe_recompute_ = false;
+  float moe_grad_scale_ = 1.f;  // the running forward_backward's grad_scale
+  int moe_micro_ = 0, moe_step_ = 0;
+  std::uint64_t moe_seed_ = 0;
   void* scratch_ = nullptr;
   std::size_t workspace_bytes_ = 0;
 };

@@ -41,6 +41,15 @@ void GpuTransformer::gpt2_layer_forward(cudaStream_t s, const Unit& U, int l, co
       gemm_->forward(s, a.att, w(L.out_proj_w), w(L.out_proj_b), dh_, M_, h, h, GemmEpilogue::Bias);
     });
   }
+  if (moe_[std::size_t(l)]) {  // the MLP is a MoE layer; its output in dh_ as the MLP's
+    TimedRegion r("moe", s);
+    timed(s, "ln2", cost::layernorm_residual_forward(M_, h), [&] {
+      kernels::layernorm_residual_forward(s, dh_, x_in, a.s1, a.s2, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), M_,
+                                          h);
+    });
+    moe_forward(s, U, l, a.s2, dh_);
+    return;
+  }
   {
     TimedRegion r("mlp", s);
     timed(s, "ln2", cost::layernorm_residual_forward(M_, h), [&] {
@@ -76,7 +85,16 @@ void GpuTransformer::gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt
     timed(s, n.dx, cost::gemm_grad_input(M_, N, K, false),
           [&] { gemm_->grad_input(s, dy, w(w_idx), dx, M_, N, K, 0.f, aux); });
   };
-  {
+  if (moe_[std::size_t(l)]) {
+    TimedRegion r("moe", s);
+    // dx_ = d(block output) = d(MoE output): dh_ = d s2, then d s1 (LN2's + the residual's).
+    moe_[std::size_t(l)]->backward(s, U.w(L.moe), a.s2, dx_, float(table_.dims().moe.loss_coeff) * moe_grad_scale_,
+                                   dh_, U.g(L.moe), gt, acc);
+    timed(s, "ln2", cost::layernorm_backward(M_, h, es, acc), [&] {
+      kernels::layernorm_backward(s, dh_, a.s1, a.mean2, a.rstd2, w(L.norm2_w), dx_, dh_, g(L.norm2_w), g(L.norm2_b),
+                                  gt, acc, scratch_, M_, h);
+    });
+  } else {
     TimedRegion r("mlp", s);
     if (recompute_gelu_) {  // a.g is shared by the blocks: this block's from its pre-activation
       timed(s, "gelu_recompute", cost::gelu_forward(std::size_t(M_) * F), [&] {

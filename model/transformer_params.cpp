@@ -5,6 +5,7 @@
 #include <thread>
 
 #include <cmath>
+#include <string>
 #include <random>
 
 #include "runtime/error.h"
@@ -21,9 +22,40 @@ void ModelDims::validate() const {
   CUTRAIN_CHECK(padded_vocab == 0 || padded_vocab >= vocab, "model: the padded vocabulary (", padded_vocab,
                 ") must be 0 (no padding) or at least vocab_size (", vocab, ")");
   CUTRAIN_CHECK(max_seq > 0, "model: seq_length must be positive, got ", max_seq);
+  if (moe.experts.empty()) return;
+  CUTRAIN_CHECK(int(moe.experts.size()) == layers, "model: the MoE blocks list ", moe.experts.size(),
+                " entries (num_experts per block), the model has num_layers = ", layers);
+  for (int l = 0; l < layers; ++l) {
+    CUTRAIN_CHECK(moe.experts[std::size_t(l)] >= 0, "model: block ", l, "'s num_experts must be >= 0, got ",
+                  moe.experts[std::size_t(l)]);
+    if (moe.is_moe(l)) model::validate(moe.layer_config(l, hidden, ffn()), 0, "model: block " + std::to_string(l) + "'s MoE layer");
+  }
+  CUTRAIN_CHECK(std::isfinite(moe.loss_coeff) && moe.loss_coeff >= 0, "model: moe_loss_coeff must be a finite number >= 0, got ",
+                moe.loss_coeff);
 }
 
-int TransformerParams::add(std::string name, std::vector<std::int64_t> shape, InitKind init, double bound) {
+bool MoeDims::any() const {
+  for (int e : experts)
+    if (e > 0) return true;
+  return false;
+}
+
+MoeConfig MoeDims::layer_config(int layer, int hidden, int ffn) const {
+  MoeConfig c;
+  c.hidden = hidden;
+  c.ffn = ffn;
+  c.experts = experts.at(std::size_t(layer));
+  c.k = k;
+  c.capacity_factor = capacity_factor;
+  c.eval_capacity_factor = eval_capacity_factor;
+  c.min_capacity = min_capacity;
+  c.drop_tokens = drop_tokens;
+  c.use_residual = use_residual;
+  c.noisy_gate_policy = noisy_gate_policy;
+  return c;
+}
+
+int TransformerParams::add(std::string name, std::vector<std::int64_t> shape, InitKind init, double bound, bool pad) {
   ParamTensor t;
   t.name = std::move(name);
   t.shape = std::move(shape);
@@ -33,9 +65,50 @@ int TransformerParams::add(std::string name, std::vector<std::int64_t> shape, In
   t.init = init;
   t.bound = bound;
   num_params_ += t.count;
-  flat_size_ += (t.count + kAlign - 1) / kAlign * kAlign;
+  flat_size_ += t.count;
+  if (pad) flat_size_ = (flat_size_ + kAlign - 1) / kAlign * kAlign;
   tensors_.push_back(std::move(t));
   return static_cast<int>(tensors_.size()) - 1;
+}
+
+// DeepSpeed's MoE module names: deepspeed_moe.gate.wg (TopKGate's bias-free Linear),
+// deepspeed_moe.experts.deepspeed_experts.<e>.<expert's own names> (bias-free fc1 / fc2 here),
+// and with use_residual the dense mlp.<...> and coefficient (Linear(H, 2)). The order is
+// moe_param_layout's: every expert's fc1, then every expert's fc2.
+int TransformerParams::add_moe(const std::string& p, int layer, bool gpt2) {
+  const MoeConfig c = dims_.moe.layer_config(layer, dims_.hidden, dims_.ffn());
+  const std::int64_t H = c.hidden, F = c.ffn, E = c.experts;
+  constexpr double kStd = 0.02;
+  const double res_std = kStd / std::sqrt(2.0 * std::max(dims_.layers, 1));
+  const double lin_h = 1.0 / std::sqrt(double(H)), lin_f = 1.0 / std::sqrt(double(F));
+  // Simple: nn.Linear's default U(+-1/sqrt(in)); GPT-2: N(0, 0.02^2), the output projections scaled.
+  auto in_w = [&](const std::string& n, std::vector<std::int64_t> shape) {
+    return gpt2 ? add(n, std::move(shape), InitKind::Normal, kStd, false)
+                : add(n, std::move(shape), InitKind::Uniform, lin_h, false);
+  };
+  auto out_w = [&](const std::string& n, std::vector<std::int64_t> shape) {
+    return gpt2 ? add(n, std::move(shape), InitKind::Normal, res_std, false)
+                : add(n, std::move(shape), InitKind::Uniform, lin_f, false);
+  };
+  const std::string m = p + "deepspeed_moe.";
+  const int wg = in_w(m + "gate.wg.weight", {E, H});
+  const std::string ex = m + "experts.deepspeed_experts.";
+  for (std::int64_t e = 0; e < E; ++e) in_w(ex + std::to_string(e) + ".fc1.weight", {F, H});
+  for (std::int64_t e = 0; e < E; ++e) out_w(ex + std::to_string(e) + ".fc2.weight", {H, F});
+  if (c.use_residual) {
+    in_w(p + "mlp.fc1.weight", {F, H});
+    out_w(p + "mlp.fc2.weight", {H, F});
+    in_w(p + "coefficient.weight", {2, H});
+    const int cb = gpt2 ? add(p + "coefficient.bias", {2}, InitKind::Zeros, 0, false)
+                        : add(p + "coefficient.bias", {2}, InitKind::Uniform, lin_h, false);
+    tensors_[std::size_t(cb)].decay = !gpt2;  // GPT-2: no decay for biases
+  }
+  flat_size_ = (flat_size_ + kAlign - 1) / kAlign * kAlign;
+  // The layer reads one buffer: the table's offsets are moe_param_layout's.
+  const MoeParamLayout L = moe_param_layout(c);
+  CUTRAIN_CHECK(flat_size_ - tensors_[std::size_t(wg)].offset >= L.total, "model: MoE layer table of block ", layer,
+                " does not hold its layout");
+  return wg;
 }
 
 TransformerParams::TransformerParams(const ModelDims& dims) : dims_(dims) {
@@ -71,10 +144,15 @@ void TransformerParams::build_simple() {
     L.out_proj_b = add(p + "attention.out_proj.bias", {h}, InitKind::Zeros, 0);
     L.norm1_w = add(p + "norm1.weight", {h}, InitKind::Ones, 0);
     L.norm1_b = add(p + "norm1.bias", {h}, InitKind::Zeros, 0);
-    L.ff0_w = add(p + "ff.0.weight", {f, h}, InitKind::Uniform, lin_h);
-    L.ff0_b = add(p + "ff.0.bias", {f}, InitKind::Uniform, lin_h);
-    L.ff2_w = add(p + "ff.2.weight", {h, f}, InitKind::Uniform, lin_f);
-    L.ff2_b = add(p + "ff.2.bias", {h}, InitKind::Uniform, lin_f);
+    if (dims.moe.is_moe(i)) {  // the FFN is a MoE layer (DeepSpeed's MoE module in place of ff)
+      L.ff0_w = L.ff0_b = L.ff2_w = L.ff2_b = -1;
+      L.moe = add_moe(p + "ff.", i, false);
+    } else {
+      L.ff0_w = add(p + "ff.0.weight", {f, h}, InitKind::Uniform, lin_h);
+      L.ff0_b = add(p + "ff.0.bias", {f}, InitKind::Uniform, lin_h);
+      L.ff2_w = add(p + "ff.2.weight", {h, f}, InitKind::Uniform, lin_f);
+      L.ff2_b = add(p + "ff.2.bias", {h}, InitKind::Uniform, lin_f);
+    }
     L.norm2_w = add(p + "norm2.weight", {h}, InitKind::Ones, 0);
     L.norm2_b = add(p + "norm2.bias", {h}, InitKind::Zeros, 0);
     layer_end_.push_back(L.norm2_b + 1);
@@ -101,18 +179,27 @@ void TransformerParams::build_gpt2() {
     L.in_proj_w = add(p + "attn.qkv.weight", {3 * C, C}, InitKind::Normal, kStd);
     layer_first_.push_back(L.in_proj_w);
     L.out_proj_w = add(p + "attn.proj.weight", {C, C}, InitKind::Normal, res_std);
-    L.ff0_w = add(p + "mlp.fc.weight", {F, C}, InitKind::Normal, kStd);
-    L.ff2_w = add(p + "mlp.proj.weight", {C, F}, InitKind::Normal, res_std);
+    const bool moe = dims.moe.is_moe(i);
+    L.ff0_w = L.ff0_b = L.ff2_w = L.ff2_b = -1;
+    if (moe) {
+      L.moe = add_moe(p + "mlp.", i, true);  // DeepSpeed's MoE module in place of the MLP
+    } else {
+      L.ff0_w = add(p + "mlp.fc.weight", {F, C}, InitKind::Normal, kStd);
+      L.ff2_w = add(p + "mlp.proj.weight", {C, F}, InitKind::Normal, res_std);
+    }
     L.norm1_w = add(p + "ln_1.weight", {C}, InitKind::Ones, 0);
     L.norm1_b = add(p + "ln_1.bias", {C}, InitKind::Zeros, 0);
     L.in_proj_b = add(p + "attn.qkv.bias", {3 * C}, InitKind::Zeros, 0);
     L.out_proj_b = add(p + "attn.proj.bias", {C}, InitKind::Zeros, 0);
     L.norm2_w = add(p + "ln_2.weight", {C}, InitKind::Ones, 0);
     L.norm2_b = add(p + "ln_2.bias", {C}, InitKind::Zeros, 0);
-    L.ff0_b = add(p + "mlp.fc.bias", {F}, InitKind::Zeros, 0);
-    L.ff2_b = add(p + "mlp.proj.bias", {C}, InitKind::Zeros, 0);
-    for (int t = L.norm1_w; t <= L.ff2_b; ++t) tensors_[std::size_t(t)].decay = false;
-    layer_end_.push_back(L.ff2_b + 1);
+    if (!moe) {
+      L.ff0_b = add(p + "mlp.fc.bias", {F}, InitKind::Zeros, 0);
+      L.ff2_b = add(p + "mlp.proj.bias", {C}, InitKind::Zeros, 0);
+    }
+    const int end = static_cast<int>(tensors_.size());
+    for (int t = L.norm1_w; t < end; ++t) tensors_[std::size_t(t)].decay = false;
+    layer_end_.push_back(end);
     layers_.push_back(L);
   }
   lnf_w_ = add("ln_f.weight", {C}, InitKind::Ones, 0);

@@ -9,12 +9,32 @@
 #include <string>
 #include <vector>
 
+#include "model/moe_config.h"
+
 namespace cutrain::model {
 
 // Simple: the BF16 example's post-LN model (untied head with bias, exact GELU, attention mask as
 // the caller says). Gpt2: pre-LN blocks, final LayerNorm, tied head without bias, tanh GELU,
 // always causal.
 enum class Arch { Simple, Gpt2 };
+
+// The MoE blocks of a model (DeepSpeed's MoE in Megatron-DeepSpeed's GPT): the blocks whose FFN is
+// a MoE layer, each with its expert count (the pyramid of PR-MoE: more experts in later blocks),
+// and the routing options every MoE layer shares. Empty `experts`: a dense model.
+struct MoeDims {
+  std::vector<int> experts;  // per block: 0 = dense FFN, else that block's num_experts (empty: no MoE)
+  int k = 1;
+  double capacity_factor = 1.0, eval_capacity_factor = 1.0;
+  int min_capacity = 4;
+  bool drop_tokens = true;
+  bool use_residual = false;  // --mlp_type residual (PR-MoE)
+  MoeNoisyGate noisy_gate_policy = MoeNoisyGate::None;
+  double loss_coeff = 0.01;  // the objective is lm + loss_coeff * (sum of the layers' l_aux)
+  bool any() const;
+  bool is_moe(int layer) const { return layer < int(experts.size()) && experts[std::size_t(layer)] > 0; }
+  // The MoE layer of block `layer` (is_moe(layer)) for a model of this hidden / ffn width.
+  MoeConfig layer_config(int layer, int hidden, int ffn) const;
+};
 
 struct ModelDims {
   int hidden = 1024;
@@ -26,10 +46,12 @@ struct ModelDims {
   // `vocab` are never a token, get no loss and no gradient: their logits never win.
   int padded_vocab = 0;
   Arch arch = Arch::Simple;
+  MoeDims moe = {};
   int vocab_rows() const { return padded_vocab > vocab ? padded_vocab : vocab; }
   int head_dim() const { return hidden / heads; }
   int ffn() const { return 4 * hidden; }
-  // Throws cutrain::Error naming the bad field (heads must divide hidden, all positive).
+  // Throws cutrain::Error naming the bad field (heads must divide hidden, all positive; the MoE
+  // blocks' entries one per block, each MoE layer's configuration valid).
   void validate() const;
 };
 
@@ -40,7 +62,10 @@ enum class InitKind { Normal01, Uniform, Zeros, Ones, Normal };
 struct ParamTensor {
   std::string name;                 // PyTorch state_dict name
   std::vector<std::int64_t> shape;  // PyTorch shape ([out, in] for Linear weights)
-  std::size_t offset = 0;           // element offset into the flat buffer (multiple of kAlign)
+  // Element offset into the flat buffer: a multiple of kAlign, except for the tensors of a MoE
+  // layer after its gate, which follow each other without padding at moe_param_layout's offsets
+  // (the MoE layer reads them as one buffer; aligned too when hidden is a multiple of 64).
+  std::size_t offset = 0;
   std::size_t count = 0;            // product of shape
   InitKind init = InitKind::Zeros;
   double bound = 0;                 // Uniform: U(-bound, bound); Normal: the standard deviation
@@ -65,8 +90,11 @@ struct ParamUnit {
 
 // Tensor indices of one block (Simple: in PyTorch's order; Gpt2: norm1 = ln_1, in_proj = attn.qkv
 // (HF's c_attn), out_proj = attn.proj, norm2 = ln_2, ff0 = mlp.fc (c_fc), ff2 = mlp.proj).
+// A MoE block (MoeDims::is_moe) has no ff0/ff2 tensors (-1): `moe` is its gate's weight, the first
+// tensor of the MoE layer's parameters (moe_param_layout from its offset); -1 in a dense block.
 struct LayerIndex {
   int in_proj_w, in_proj_b, out_proj_w, out_proj_b, norm1_w, norm1_b, ff0_w, ff0_b, ff2_w, ff2_b, norm2_w, norm2_b;
+  int moe = -1;
 };
 
 class TransformerParams {
@@ -114,7 +142,11 @@ class TransformerParams {
   void init_tensor(float* flat, std::uint64_t seed, std::size_t index) const;  // one tensor of init()
 
  private:
-  int add(std::string name, std::vector<std::int64_t> shape, InitKind init, double bound);
+  // `pad`: the next tensor starts at the next kAlign multiple (false inside a MoE layer's block).
+  int add(std::string name, std::vector<std::int64_t> shape, InitKind init, double bound, bool pad = true);
+  // Block `layer`'s MoE layer under `prefix` (DeepSpeed's state_dict names), its tensors packed at
+  // moe_param_layout's offsets; `gpt2`: GPT-2's init and decay rules. Returns the gate's index.
+  int add_moe(const std::string& prefix, int layer, bool gpt2);
   void build_simple();
   void build_gpt2();
   ModelDims dims_;

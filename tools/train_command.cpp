@@ -37,6 +37,7 @@ struct TrainFlags {
   std::vector<std::pair<CLI::Option*, bool train::TrainOptions::ShapeGiven::*>> shape_opts;
   int local_rank = 0;
   CLI::Option* local_rank_opt = nullptr;
+  std::vector<CLI::Option*> moe_opts;
   CLI::App* sub = nullptr;
 };
 
@@ -80,6 +81,8 @@ int run_train(TrainFlags& f) {
   if (f.keep_last_opt->count()) o.keep_last = f.keep_last;
   for (const auto& [opt, given] : f.shape_opts) o.shape_given.*given = opt->count() > 0;
   if (f.gpt2_size_opt->count()) o.shape_given.hidden_dim = o.shape_given.num_layers = o.shape_given.num_heads = true;
+  for (const CLI::Option* opt : f.moe_opts)
+    if (opt->count() && opt->get_name() != "--num_experts") o.moe.given.push_back(opt->get_name());
   if (f.timing_opt->count()) {
     o.profiling.timing_report = true;
     o.profiling.timing_report_file = f.timing_file;
@@ -229,6 +232,42 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
                   "A:B: cudaProfilerStart before step A, cudaProfilerStop after step B (nsys/ncu capture ranges)");
   sub->add_flag("--profile_graphs", o.profiling.profile_with_graphs,
                 "Keep CUDA-graph replay on inside --profile_steps (default: eager there)");
+  // MoE (docs/moe.md): Megatron-DeepSpeed's names, with its dashed spellings accepted too.
+  auto moe = [&](CLI::Option* opt) {
+    f.moe_opts.push_back(opt);
+    return opt;
+  };
+  moe(sub->add_option("--num_experts,--num-experts", o.moe.num_experts,
+                      "MoE: experts of every MoE block, or a comma list with one count per MoE block (PR-MoE's "
+                      "pyramid); not given: a dense model")
+          ->delimiter(','));
+  moe(sub->add_option("--moe_layers", o.moe.moe_layers,
+                      "MoE blocks: every:N (blocks N-1, 2N-1, ...; default every:2) or a comma list of 0-based blocks"));
+  moe(sub->add_option("--expert_interval,--expert-interval", o.moe.expert_interval,
+                      "Megatron-DeepSpeed's form of --moe_layers every:N"));
+  moe(sub->add_option("--top_k,--topk", o.moe.top_k, "MoE routes per token: 1 or 2")->capture_default_str());
+  moe(sub->add_option("--moe_loss_coeff,--moe-loss-coeff", o.moe.loss_coeff,
+                      "Weight of the load-balancing loss: objective = lm + coeff * sum of the blocks' l_aux")
+          ->capture_default_str());
+  moe(sub->add_option("--moe_train_capacity_factor,--moe-train-capacity-factor", o.moe.train_capacity_factor,
+                      "Expert capacity factor in training (> 0)")
+          ->capture_default_str());
+  moe(sub->add_option("--moe_eval_capacity_factor,--moe-eval-capacity-factor", o.moe.eval_capacity_factor,
+                      "Expert capacity factor in evaluation (> 0)")
+          ->capture_default_str());
+  moe(sub->add_option("--moe_min_capacity,--moe-min-capacity", o.moe.min_capacity, "Smallest expert capacity")
+          ->capture_default_str());
+  moe(sub->add_flag("--disable_moe_token_dropping,--disable-moe-token-dropping", o.moe.disable_token_dropping,
+                    "Capacity = the largest expert's count: no route dropped"));
+  moe(sub->add_option("--mlp_type,--mlp-type", o.moe.mlp_type,
+                      "standard or residual (PR-MoE: a dense MLP beside the experts, mixed by a learned coefficient)")
+          ->capture_default_str());
+  moe(sub->add_option("--moe_noisy_gate_policy,--moe-noisy-gate-policy", o.moe.noisy_gate_policy,
+                      "None, Jitter (gate input noise) or RSample (top-1 routing by logits + Gumbel), in training")
+          ->capture_default_str());
+  moe(sub->add_option("--moe_expert_parallel_size,--moe-expert-parallel-size", o.moe.expert_parallel_size,
+                      "ep_size: 1 (expert parallelism over ranks is not built)")
+          ->capture_default_str());
   f.local_rank_opt = sub->add_option("--local_rank", f.local_rank,
                                      "This process's GPU on its node, as DeepSpeed's launcher passes it (must "
                                      "agree with LOCAL_RANK when that is set too)");

@@ -15,6 +15,7 @@
 #include "runtime/safetensors.h"
 #include "runtime/xxhash64.h"
 #include "train/checkpoint_store.h"
+#include "train/moe_options.h"
 
 namespace cutrain::train {
 using nlohmann::json;
@@ -57,7 +58,7 @@ void checkpoint_tensors(const model::TransformerParams& T, const StateSnapshot& 
 json checkpoint_model_config(const model::ModelDims& d, DType param_dtype, DType moment_dtype, std::size_t num_params,
                              const std::string& layout, bool causal) {
   const bool gpt2 = d.arch == model::Arch::Gpt2;
-  return {{"architecture", gpt2 ? "GPT2" : "SimpleTransformerModel"},
+  json j = {{"architecture", gpt2 ? "GPT2" : "SimpleTransformerModel"},
           {"hidden_dim", d.hidden},
           {"num_layers", d.layers},
           {"num_heads", d.heads},
@@ -75,6 +76,8 @@ json checkpoint_model_config(const model::ModelDims& d, DType param_dtype, DType
           {"param_dtype", safetensors_dtype_name(param_dtype)},
           {"optimizer_dtype", safetensors_dtype_name(moment_dtype)},
           {"num_params", num_params}};
+  if (d.moe.any()) j["moe"] = moe_config_json(d.moe);  // the MoE blocks (train/moe_options.h)
+  return j;
 }
 
 void check_checkpoint_optimizer(const json& c, OptimizerType type, const std::string& where) {
@@ -107,6 +110,7 @@ model::ModelDims checkpoint_model_dims(const json& c, const std::string& where) 
   CUTRAIN_CHECK(arch == "SimpleTransformerModel" || arch == "GPT2", where, ": architecture: expected ",
                 "\"SimpleTransformerModel\" or \"GPT2\", found \"", arch, "\"");
   if (arch == "GPT2") d.arch = model::Arch::Gpt2;
+  if (c.contains("moe")) d.moe = moe_dims_from_json(c["moe"], where);
   return d;
 }
 

@@ -60,8 +60,10 @@ class CpuBackend final : public TrainBackend {
     StepStats st;
     if (zero_) return zero_step(tokens, labels, step, lr);
     for (int a = 0; a < accum; ++a) {
+      model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, a));
       st.loss += model_.forward(params_.data(), tokens + a * per, labels + a * per, opt_.batch, opt_.seq) / accum;
       model_.backward(params_.data(), grads_.data(), 1.0 / accum);
+      merge_moe(st, a);
     }
     double sq = 0;
     for (float g : grads_) sq += double(g) * g;
@@ -86,6 +88,7 @@ class CpuBackend final : public TrainBackend {
   }
 
   double eval_loss(const std::int32_t* tokens, const std::int32_t* labels) override {
+    model_.set_moe_mode(false);  // MoE blocks: eval_capacity_factor, no gate noise
     if (!zero_) return model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
     zero_->params_for_compute(params_);  // every rank evaluates the same batch
     const double loss = model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
@@ -139,8 +142,10 @@ class CpuBackend final : public TrainBackend {
     std::fill(grads_.begin(), grads_.end(), 0.f);
     StepStats st;
     for (int a = 0; a < accum; ++a) {
+      model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, a));
       st.loss += model_.forward(params_.data(), tokens + a * per, labels + a * per, opt_.batch, opt_.seq) / accum;
       model_.backward(params_.data(), grads_.data(), 1.0 / accum);
+      merge_moe(st, a);  // this rank's micro-batches (ep_size 1: every rank holds every expert)
     }
     st.loss = zero_->mean_over_ranks(st.loss);
     st.grad_norm = zero_->reduce_grads(grads_);
@@ -156,6 +161,11 @@ class CpuBackend final : public TrainBackend {
     return st;
   }
 
+  void merge_moe(StepStats& st, int micro) const {  // the MoE blocks' routing of micro-batch `micro`
+    const auto& m = model_.moe_stats();
+    st.moe.resize(m.size());
+    for (std::size_t i = 0; i < m.size(); ++i) model::merge_moe_stats(st.moe[i], m[i], micro);
+  }
   BackendOptions opt_;
   TrainConfig cfg_;
   model::TransformerParams table_;

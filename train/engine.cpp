@@ -57,6 +57,10 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   std::string why;
   CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");
   describe_ = "cuda (" + device_info().name + ")";
+  if (o.dims.moe.any() && opt_.cuda_graph) {  // the MoE layers sync for their routing counts
+    opt_.cuda_graph = false;
+    describe_ += ", eager steps: the MoE layers are not CUDA-graph capturable";
+  }
   zero_ = parallel::make_zero_plan(c.zero_optimization.stage, n_, comm_ ? comm_->world_size() : 1, comm_ ? comm_->rank() : 0,
                          comm_ != nullptr);
   check_offload_paths(c);  // before any allocation: a missing swap folder fails fast
@@ -342,6 +346,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     graph_generation_ = offloader_->generation();
   }
   stage_batch(tokens, labels);
+  model_->set_moe_step(opt_.seed, step);  // the MoE gates' noise: a function of the step
   // Step 1 runs eagerly (cuBLASLt plans, first allocation of activations); the next one is
   // captured and every later one replays the graph.
   // --timing_report and --profile_steps switch replay off for the steps they measure.
@@ -460,6 +465,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   read_flags();
   StepStats st;
   for (int a = 0; a < accum_; ++a) st.loss += flags_h_[a] / accum_;
+  st.moe = model_->moe_stats();
   st.grad_norm = flags_h_[accum_];
   int nonfinite = 0;
   std::memcpy(&nonfinite, flags_h_ + accum_ + 2, 4);

@@ -56,6 +56,8 @@ class GpuEngine final : public TrainBackend {
   // keeps this rank's unreduced gradients there (the reduced ones are in its gradient shard).
   double forward_backward(const std::int32_t* tokens, const std::int32_t* labels);
   std::vector<float> download_grads() const;   // flat, as float (stage 3: from the padded layout)
+  // The MoE blocks' routing of the last forward_backward() or step() (empty for a dense model).
+  const std::vector<model::MoeBlockStats>& moe_stats() const { return model_->moe_stats(); }
   // Fills every real gradient element with 0xFF (NaN) so a test sees which ones a step wrote.
   void poison_grads();
   // Flat bf16 params, as float. Stage 3: gathered from every rank's shard (collective).

@@ -12,13 +12,19 @@ namespace cutrain::train {
 double model_flops_per_step(const model::TransformerParams& t, int batch, int seq, int accumulation, bool causal,
                             std::string* formula) {
   const model::ModelDims& d = t.dims();
-  const double N = double(t.num_params()) - double(t.tensor(t.embedding()).count) -
-                   double(t.tensor(t.pos_embedding()).count);
+  double N = double(t.num_params()) - double(t.tensor(t.embedding()).count) -
+             double(t.tensor(t.pos_embedding()).count);
+  // A MoE block's token passes through k of its E experts: N counts the active parameters.
+  double inactive = 0;
+  for (int l = 0; l < d.layers; ++l)
+    if (d.moe.is_moe(l)) inactive += double(d.moe.experts[std::size_t(l)] - d.moe.k) * 2.0 * d.ffn() * d.hidden;
+  N -= inactive;
   const double tokens = double(batch) * seq * accumulation;
   const double attn = (causal ? 6.0 : 12.0) * d.layers * double(seq) * d.hidden;
   if (formula)
     *formula = detail::concat("(6*N + ", causal ? "6" : "12", "*L*T*C) * tokens, N=", std::size_t(N),
-                              " params without the embedding tables, L=", d.layers, ", T=", seq, ", C=", d.hidden,
+                              " params without the embedding tables", inactive > 0 ? " (MoE: the k experts a token uses)" : "",
+                              ", L=", d.layers, ", T=", seq, ", C=", d.hidden,
                               ", tokens=", std::size_t(tokens), causal ? " (causal: llm.c's count)" : " (no mask)");
   return (6.0 * N + attn) * tokens;
 }

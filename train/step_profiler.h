@@ -28,7 +28,8 @@ struct ProfilingOptions {
 // weight matmuls (forward 2N, backward 4N) plus the attention score and value matmuls,
 // 12·L·T·C per token without a mask (6·L·T·C with a causal mask, as llm.c counts). N excludes the
 // token and position embedding tables (lookups, no matmul; the output head is a separate matmul
-// here and is counted). `formula` (optional) receives that description with the numbers.
+// here and is counted); in a MoE block only the k experts a token uses count (the active
+// parameters). `formula` (optional) receives that description with the numbers.
 double model_flops_per_step(const model::TransformerParams& table, int batch, int seq, int accumulation, bool causal,
                             std::string* formula = nullptr);
 

@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "model/moe_stats.h"
 #include "model/transformer_params.h"
 #include "runtime/dtype.h"
 #include "train/state_snapshot.h"
@@ -23,6 +24,9 @@ struct StepStats {
   double loss = 0;       // mean over the micro-batches of this step
   double grad_norm = 0;  // global norm before clipping
   bool skipped = false;  // NaN/Inf gradients: the optimizer changed nothing
+  // Each MoE block's routing over the step's micro-batches (empty for a dense model). `loss` is
+  // the LM loss; the objective adds moe.loss_coeff times the sum of their l_aux.
+  std::vector<model::MoeBlockStats> moe;
 };
 
 // The whole training state as host fp32 copies, in the flat layout (checkpoints).

@@ -303,6 +303,20 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (pp > 1 && accum == 1)
     out << "[Rank 0] warning: a pipeline of " << pp << " stages with gradient_accumulation_steps 1: one micro-batch "
         << "per step, so no stage overlaps another (bubble fraction " << pp - 1 << "/" << pp << ")\n";
+  bo.dims.moe = resolve_moe(o.moe, bo.dims.layers, o.batch_size * o.seq_length);
+  if (resume && !resume->legacy) {  // no MoE flag: the checkpoint's MoE blocks, else they must agree
+    if (o.moe.num_experts.empty() && o.moe.given.empty()) bo.dims.moe = resume_dims.moe;
+    check_checkpoint_moe(bo.dims.moe, resume_dims.moe, (resume->folder / kCheckpointConfigFile).string());
+  }
+  if (bo.dims.moe.any()) {
+    CUTRAIN_CHECK(pp == 1, "train: --num_experts with --pipeline_parallel_size ", pp,
+                  ": a pipeline of MoE blocks is not built (the stages would have to carry the aux loss); "
+                  "MoE trains on one process or data parallel (ep_size 1)");
+    CUTRAIN_CHECK(!llmc && o.init_from_hf.empty() && o.save_llmc.empty() && o.save_hf.empty(),
+                  "train: llm.c's and Hugging Face's GPT-2 files hold dense MLPs: --init_from_llmc, --init_from_hf, ",
+                  "--save_llmc and --save_hf take a model without --num_experts");
+    out << "[Rank 0] " << describe_moe(bo.dims.moe) << "\n";
+  }
   bo.dims.validate();
   if (resume && !resume->legacy)
     check_checkpoint_shape(bo.dims, resume_dims, (resume->folder / kCheckpointConfigFile).string());
@@ -601,6 +615,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     if (step % log_interval == 0 || step == last) {
       out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
           << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak) << "\n";
+      for (const model::MoeBlockStats& m : st.moe)
+        out << "[Rank 0] Step " << step << ": moe block " << m.layer << " l_aux=" << fixed(m.l_aux, 4)
+            << ", dropped=" << m.dropped << ", capacity=" << m.capacity << ", expert load min=" << m.min_load
+            << " max=" << m.max_load << "\n";
       if (curriculum) {
         const auto [first, end] = curriculum->draw->eligible(difficulty);
         out << "[Rank 0] Step " << step << ": curriculum difficulty=" << difficulty << " ("
@@ -622,6 +640,13 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                           {"reserved_bytes", mem.reserved},
                           {"peak_bytes", mem.peak}};
       if (curriculum) j["curriculum_difficulty"] = difficulty;
+      if (!st.moe.empty()) {
+        nlohmann::json layers = nlohmann::json::array();
+        for (const model::MoeBlockStats& m : st.moe)
+          layers.push_back({{"layer", m.layer}, {"l_aux", m.l_aux}, {"dropped", m.dropped}, {"capacity", m.capacity},
+                            {"expert_load_min", m.min_load}, {"expert_load_max", m.max_load}});
+        j["moe"] = layers;
+      }
       if (eval_now) {
         j["val_loss"] = res.evals.back().loss;
         j["val_ppl"] = res.evals.back().perplexity;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "train/choices.h"
+#include "train/moe_options.h"
 #include "train/step_profiler.h"
 
 namespace cutrain::train {
@@ -68,6 +69,7 @@ struct TrainOptions {
   bool cuda_graph = true;
   bool fixed_batch = false;  // reuse the first batch every step (a loss that must fall)
   ProfilingOptions profiling;  // --timing_report, --profile_steps (docs/profiling.md)
+  MoeOptions moe;              // --num_experts, --moe_* (train/moe_options.h; docs/moe.md)
 };
 
 struct EvalPoint {

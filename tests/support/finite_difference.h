@@ -11,13 +11,16 @@
 namespace cutrain::test {
 
 // One forward + backward at `p`, then for every tensor of `table` the central difference of each
-// element (step `h`, the loss recomputed twice). `check(tensor, fd, analytic)` gets the tensor's
+// element (step `h`, the objective recomputed twice: the loss, plus moe.loss_coeff times the MoE
+// layers' l_aux for a model with MoE blocks). `check(tensor, fd, analytic)` gets the tensor's
 // differences (rounded to float, as rel_error takes them) and analytic gradient. Returns the
 // analytic gradient of the whole flat buffer (padding included).
 template <class Check>
 std::vector<double> check_gradients(model::ReferenceModel<double>& model, const model::TransformerParams& table,
                                     std::vector<double>& p, const std::vector<std::int32_t>& tok,
                                     const std::vector<std::int32_t>& lab, int B, int S, Check check, double h = 1e-6) {
+  const double coeff = table.dims().moe.loss_coeff;
+  auto objective = [&] { return model.forward(p.data(), tok.data(), lab.data(), B, S) + coeff * model.aux_loss(); };
   model.forward(p.data(), tok.data(), lab.data(), B, S);
   std::vector<double> g(table.flat_size(), 0.0);
   model.backward(p.data(), g.data());
@@ -28,9 +31,9 @@ std::vector<double> check_gradients(model::ReferenceModel<double>& model, const 
       double& x = p[t.offset + i];
       const double x0 = x;
       x = x0 + h;
-      const double lp = model.forward(p.data(), tok.data(), lab.data(), B, S);
+      const double lp = objective();
       x = x0 - h;
-      const double lm = model.forward(p.data(), tok.data(), lab.data(), B, S);
+      const double lm = objective();
       x = x0;
       fd[i] = float((lp - lm) / (2 * h));
       an[i] = g[t.offset + i];
