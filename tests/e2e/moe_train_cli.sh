@@ -95,4 +95,13 @@ expect_error "--moe_noisy_gate_policy: expected None, Jitter or RSample" --num_e
 expect_error "RSample routes top-1 only" --num_experts 4 --top_k 2 --moe_noisy_gate_policy RSample
 expect_error "--moe_layers and --expert_interval both given" --num_experts 4 --moe_layers 1 --expert_interval 2
 expect_error "hold dense MLPs" --model gpt2 --num_experts 4 --save_hf "$tmp/x.safetensors"
+# MoE under the CPU backend's pipeline is refused, naming both flags.
+if [ "$device" = cpu ]; then
+  if "$bin" launch --backend host --num_procs 2 --master_port $((29500 + RANDOM % 200)) -- "$bin" train \
+      --device cpu --deepspeed_config configs/bf16_full.json "${size[@]}" --num_steps 1 --num_experts 4 --pipeline_parallel_size 2 >"$tmp/pp.txt" 2>&1; then
+    cat "$tmp/pp.txt"; fail "MoE with a pipeline accepted"
+  fi
+  grep -q "num_experts with --pipeline_parallel_size 2: a pipeline of MoE blocks is not built" "$tmp/pp.txt" \
+    || { cat "$tmp/pp.txt"; fail "MoE x pipeline message"; }
+fi
 echo "moe_train_cli ($device): ok"
