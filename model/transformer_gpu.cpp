@@ -368,10 +368,14 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
   const int eu = table_.embedding_unit();
   const Unit E{&table_, nullptr, G + P.grad_offset(eu) * es, table_.units().at(std::size_t(eu)).begin, es};
   // GPT-2: wte's gradient already holds the head's share (written per `acc`), so the lookup's
-  // share is added; wpe's, when not accumulating, is cleared first.
-  if (gpt2 && !acc) {
+  // share is added; wpe's, when not accumulating, is cleared first. The seed model writes both:
+  // only wpe's rows past this sequence length, which no position reaches, are cleared.
+  if (!acc) {
     const ParamTensor& wpe = table_.tensor(table_.pos_embedding());
-    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(E.g(table_.pos_embedding()), 0, wpe.count * es, s));
+    const std::size_t from = gpt2 ? 0 : std::size_t(S_) * h * es;
+    if (wpe.count * es > from)
+      CUTRAIN_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(E.g(table_.pos_embedding())) + from, 0,
+                                         wpe.count * es - from, s));
   }
   timed(s, "embedding", cost::embedding_backward(B_, S_, h, es), [&] {
     kernels::embedding_backward(s, dx_, tokens, E.g(table_.embedding()), E.g(table_.pos_embedding()), gt,

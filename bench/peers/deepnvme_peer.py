@@ -36,6 +36,11 @@ def builder(impl):
     if impl == "cutrain":
         from cutrain import AsyncIOBuilder
     else:
+        # DeepSpeed 0.19.8's JIT builder parses each TORCH_CUDA_ARCH_LIST entry as major.minor
+        # integers and fails on Hopper's "9.0a"; async_io has no device code, so the plain
+        # capability of the device is enough.
+        major, minor = torch.cuda.get_device_capability()
+        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
         from deepspeed.ops.op_builder import AsyncIOBuilder
     return AsyncIOBuilder().load()
 

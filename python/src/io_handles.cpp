@@ -408,11 +408,12 @@ void bind_io_handles(nb::module_& m) {
                      .def("free_pinned_device_tensor", &PyGdsHandle::free_pinned_device_tensor, "tensor"_a);
   common_methods<PyGdsHandle>(gds_cls);
 
-  m.def("gds_available", [] {
+  m.def("gds_available", [](const std::string& folder) {
     std::string why;
-    const bool ok = aio::gds_available(&why);
+    const bool ok = aio::gds_available(&why, folder);
     return nb::make_tuple(ok, why);
-  }, "(available, reason): whether GPUDirect Storage opens here, and why not.");
+  }, "folder"_a = "", "(available, reason): whether GPUDirect Storage opens here (and registers a file in "
+     "`folder`, when given), and why not.");
 }
 
 }  // namespace cutrain::python

@@ -1,8 +1,11 @@
 #include "tensor_arg.h"
 
+#include <cuda_runtime.h>
 #include <nanobind/stl/string.h>
 
 #include <string>
+
+#include "runtime/check.h"
 
 namespace cutrain::python {
 
@@ -42,6 +45,9 @@ TensorArg from_array(A&& a, nb::handle obj, const char* op, const char* arg) {
   t.device = dev == nb::device::cuda::value;
   t.dtype = a.dtype();
   t.keep = nb::cast(a);
+  // A CUDA array from another library: its producer's streams are unknown here, so the device
+  // finishes its queued work before the engine's copy reads or writes the memory.
+  if (t.device) CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   return t;
 }
 
@@ -70,6 +76,9 @@ TensorArg from_torch(nb::handle obj, const char* op, const char* arg) {
   t.data = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(obj.attr("data_ptr")()));
   t.bytes = nb::cast<std::size_t>(obj.attr("nbytes"));
   t.keep = nb::borrow(obj);
+  // The engine copies on its own stream: what PyTorch's current stream has queued for this tensor
+  // (the kernel that writes it, or one still reading it) finishes first.
+  if (t.device) nb::module_::import_("torch.cuda").attr("current_stream")(obj.attr("device")).attr("synchronize")();
   return t;
 }
 }  // namespace

@@ -67,10 +67,23 @@ struct FileReg {
 };
 }  // namespace
 
-bool gds_available(std::string* why) {
+bool gds_available(std::string* why, const std::string& folder) {
   Driver& d = driver();
-  if (!d.ok && why) *why = d.why;
-  return d.ok;
+  if (!d.ok) {
+    if (why) *why = d.why;
+    return false;
+  }
+  if (folder.empty()) return true;
+  const std::string probe = folder + "/.cutrain_gds_probe." + std::to_string(::getpid());
+  try {
+    FileReg f(probe, /*write=*/true);
+  } catch (const Error& e) {
+    ::unlink(probe.c_str());
+    if (why) *why = e.what();
+    return false;
+  }
+  ::unlink(probe.c_str());
+  return true;
 }
 
 struct GdsHandle::Impl {
@@ -177,7 +190,7 @@ namespace cutrain::aio {
 namespace {
 constexpr const char* kWhy = "cutrain was built without cuFile (libcufile and cufile.h were not found at configure time)";
 }
-bool gds_available(std::string* why) {
+bool gds_available(std::string* why, const std::string&) {
   if (why) *why = kWhy;
   return false;
 }

@@ -12,7 +12,9 @@
 namespace cutrain::aio {
 
 // True when cutrain was built with cuFile and its driver opens; `why` gets the reason otherwise.
-bool gds_available(std::string* why = nullptr);
+// With `folder`: also whether cuFile registers a file there (a file system without GDS support,
+// such as tmpfs or overlayfs, refuses it), probed with a temporary file that is removed.
+bool gds_available(std::string* why = nullptr, const std::string& folder = "");
 
 class GdsHandle {
  public:

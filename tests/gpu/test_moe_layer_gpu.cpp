@@ -88,7 +88,8 @@ TEST(MoeLayerGpu, MatchesReferenceWithGradients) {
     EXPECT_EQ(st.dropped, ref.dropped());
     EXPECT_EQ(st.expert_counts, ref.expert_counts());
     EXPECT_EQ(st.kept_counts, ref.kept_counts());
-    EXPECT_NEAR(st.l_aux, l_aux_ref, 1e-4 * l_aux_ref);
+    // Jitter's bf16 gate input (2^-9 relative) moves the mean probabilities of l_aux by ~1e-4.
+    EXPECT_NEAR(st.l_aux, l_aux_ref, (cs.noise == model::MoeNoisyGate::Jitter ? 1e-3 : 1e-4) * l_aux_ref);
     const auto y_got = test::download_float(y);
     EXPECT_EQ(test::count_nan(y_got), 0u);
     EXPECT_LT(test::rel_error(y_got, y_ref), kOutTol);

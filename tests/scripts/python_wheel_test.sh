@@ -17,6 +17,10 @@ wheel=$("$root/scripts/build-wheel.sh" --build-dir "$build" --python "$py" --out
 restore
 echo "wheel: $(basename "$wheel")"
 "$py" -m venv --system-site-packages "$work/venv"
+# When PYTHON is itself a virtual environment, --system-site-packages reaches its base interpreter's
+# packages only: its own (pytest, NumPy, torch) are added after the new venv's by a .pth file.
+"$py" -c 'import site; print("\n".join(site.getsitepackages()))' \
+  >"$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/parent-site.pth"
 "$work/venv/bin/python" -m pip install -q --no-deps --no-index "$wheel"
 cd "$work"
 "$work/venv/bin/python" -c "import cutrain, sys; f = cutrain._cutrain.__file__; print('installed:', f); sys.exit(0 if f.startswith('$work/venv') else 1)"

@@ -74,6 +74,25 @@ double rel_error(const std::vector<float>& out, const std::vector<double>& ref) 
   return rel_error(out.data(), ref.data(), std::min(out.size(), ref.size()));
 }
 
+int bf16_ulps(float a, float b) {
+  auto ord = [](float f) {
+    const int bits = f32_to_bf16_bits(f);
+    return (bits & 0x8000) ? -(bits & 0x7fff) : bits;
+  };
+  return std::abs(ord(a) - ord(b));
+}
+
+double bf16_cancellation_floor(const std::vector<float>& want, const std::vector<bool>& mask) {
+  double ss = 0;
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (mask.empty() || mask[i]) {
+      ss += double(want[i]) * want[i];
+      ++n;
+    }
+  return std::ldexp(std::sqrt(ss / double(std::max<std::size_t>(1, n))), -8);
+}
+
 double rel_error(const std::vector<float>& out, const std::vector<float>& ref) {
   std::vector<double> r(ref.begin(), ref.end());
   return rel_error(out, r);

@@ -41,6 +41,13 @@ std::vector<float> round_bf16(std::vector<float> v);
 double rel_error(const float* out, const double* ref, std::size_t n);
 double rel_error(const std::vector<float>& out, const std::vector<double>& ref);
 double rel_error(const std::vector<float>& out, const std::vector<float>& ref);
+// Distance in bf16 ulps between two bf16 values held as floats (monotone ordering of the bits).
+int bf16_ulps(float a, float b);
+// The optimizers' bf16 tolerance where an update cancels (a moment beta*m + (1-beta)*g far smaller
+// than its terms, seen on the H200 as 12 ulps at |m| ~ 1e-10): the kernel's fmaf chain and the
+// reference's rounding order legitimately differ by more ulps of the small result, so such an
+// element passes within 2^-8 of the RMS of `want` (over the elements `mask` keeps; all if empty).
+double bf16_cancellation_floor(const std::vector<float>& want, const std::vector<bool>& mask = {});
 // Count of elements that are NaN (a poisoned bf16/fp32 output that was never written stays NaN).
 std::size_t count_nan(const std::vector<float>& v);
 
