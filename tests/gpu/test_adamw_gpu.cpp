@@ -43,9 +43,10 @@ void expect_bf16_close(const std::vector<float>& got, const std::vector<float>& 
   for (std::size_t i = 0; i < got.size(); ++i) {
     ASSERT_FALSE(std::isnan(got[i])) << what << "[" << i << "] not written";
     const int d = test::bf16_ulps(got[i], want[i]);
-    if (d > 1)
+    if (d > 1) {
       ASSERT_LE(std::abs(double(got[i]) - want[i]), floor)
           << what << "[" << i << "]: got " << got[i] << " want " << want[i] << " (" << d << " ulps)";
+    }
     off += d != 0;
   }
   EXPECT_LE(off, got.size() / 100 + 2) << what << ": too many one-ulp differences";
