@@ -347,7 +347,11 @@ if want python; then
   grep -vE "^\s*$" "$logs/python_overhead.txt" | tail -16 >>"$sum" 2>/dev/null
   peers=${PEERS_DIR:-$root/.peers}
   if [ -x "$peers/run.sh" ]; then
-    step python_deepnvme 420 "$pyenv $peers/run.sh ds-python bench/peers/deepnvme_peer.py --folder ${DNVME_DIR:-/tmp/dnvme} --size ${DNVME_SIZE:-1G} --reps ${DNVME_REPS:-3} --out $logs/deepnvme_peer.json; rc=\$?; rm -rf ${DNVME_DIR:-/tmp/dnvme}; exit \$rc"
+    # DeepSpeed's async_io op finds libaio through CFLAGS / LDFLAGS (its compatibility probe) and
+    # CPATH / LIBRARY_PATH (the JIT build): gpu-check unpacked .deps' libaio-dev there.
+    dsaio=/tmp/cutrain-deps/usr
+    aioenv="CFLAGS=-I$dsaio/include LDFLAGS=-L$dsaio/lib/x86_64-linux-gnu CPATH=$dsaio/include LIBRARY_PATH=$dsaio/lib/x86_64-linux-gnu LD_LIBRARY_PATH=$dsaio/lib/x86_64-linux-gnu\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+    step python_deepnvme 420 "$pyenv $aioenv $peers/run.sh ds-python bench/peers/deepnvme_peer.py --folder ${DNVME_DIR:-/tmp/dnvme} --size ${DNVME_SIZE:-1G} --reps ${DNVME_REPS:-3} --out $logs/deepnvme_peer.json; rc=\$?; rm -rf ${DNVME_DIR:-/tmp/dnvme}; exit \$rc"
     grep -E "^check|FAILED|^\||^target|^bench" "$logs/python_deepnvme.txt" >>"$sum" 2>/dev/null
   else
     echo "-- python_deepnvme: no $peers/run.sh (device-snapshot.sh copies ../shared/peers as .peers, or set PEERS_DIR)" >>"$sum"
