@@ -154,7 +154,7 @@ int run_plan(const PlanFlags& fl) {
     rd.layers = run.layers;
     const double want = train::model_flops_per_step(model::TransformerParams(rd), fl.batch, fl.seq, run.accumulation,
                                                     m.causal);
-    CUTRAIN_CHECK(std::abs(run.model_flops_per_step - want) <= 1e-6 * want, what, ": the timed run's model FLOPs per step (",
+    CUTRAIN_CHECK(std::abs(run.model_flops_per_step - want) <= 1e-6 * want, "plan: ", what, ": the timed run's model FLOPs per step (",
                   run.model_flops_per_step, ") are not this model's at its ", run.layers, " layers and ",
                   run.accumulation, " micro-batches (", want, "): time the same --hidden_dim, --num_heads, --vocab_size, "
                   "--batch_size, --seq_length and --attention");
@@ -169,7 +169,7 @@ int run_plan(const PlanFlags& fl) {
   } else if (gpu && !fl.roofline) {
     const int layers = std::min(fl.layers, fl.probe_layers);
     const ProbeResult pr = probe(fl, m, layers, prec);
-    check_run(pr.run, "the profiled run");
+    check_run(pr.run, "the profiled run's timing report");
     kt = pr.run.timings;
     kt.source = "measured on this GPU (" + dev.name + "): cutrain train at these shapes with " + std::to_string(layers) +
                 " layers, 3 timed steps (per-block times)";
