@@ -181,6 +181,37 @@ MemoryBreakdown single_gpu_memory(const PlanModel& m) {
   return mem;
 }
 
+MemoryBreakdown zero_rank_memory(const PlanModel& m, int stage, int world) {
+  CUTRAIN_CHECK(stage >= 0 && stage <= 3 && world >= 1, "plan: no ZeRO stage ", stage, " at world size ", world);
+  const model::TransformerParams table(m.dims);
+  const StateBytes& s = m.state;
+  MemoryBreakdown mem;
+  mem.activations = activation_bytes(m, m.dims.layers, true, 1, 1);
+  mem.buffers = fixed_buffers(m, 1) + r512(8);  // ZeroComm's fp64 norm partial
+  if (stage == 0) {
+    add_full_state(mem, s, double(table.flat_size()));
+  } else if (stage < 3) {
+    const ZeroPlan z = make_zero_plan(stage, table.flat_size(), world, 0, true);
+    mem.params = r512(double(z.flat_elems()) * s.params);
+    mem.grads = r512(double(z.flat_elems()) * s.grads);
+    MemoryBreakdown st;
+    add_full_state(st, s, double(z.state_elems()));
+    mem.optimizer = st.optimizer;
+  } else {
+    const ShardLayout sl = make_shard_layout(unit_ranges(table), table.flat_size(), world, m.persistence_threshold);
+    const double shard = double(sl.shard_elems);
+    mem.params = r512(shard * s.params);
+    // The full gradient buffer (backward writes one flat buffer) and the reduced shard.
+    mem.grads = r512(double(sl.padded_elems) * s.grads) + r512(shard * s.grads);
+    MemoryBreakdown st;
+    add_full_state(st, s, shard);
+    mem.optimizer = st.optimizer;
+    // Two gather buffers (the unit in use and the prefetched one) and the persistent units.
+    mem.buffers += 2 * r512(double(sl.gather_elems) * 2) + (sl.persistent_elems ? r512(sl.persistent_elems * 2.0) : 0);
+  }
+  return mem;
+}
+
 LayoutPrediction predict(const PlanModel& m, const Layout& l, const KernelTimings& t, const LinkModel& link) {
   CUTRAIN_CHECK(link.gbps > 0, "plan: --link_gbps must be > 0, got ", link.gbps);
   CUTRAIN_CHECK(link.latency_us >= 0, "plan: --link_latency_us must be >= 0, got ", link.latency_us);
@@ -199,24 +230,16 @@ LayoutPrediction predict(const PlanModel& m, const Layout& l, const KernelTiming
     const double micro = micro_compute(m, t, 0, L + 2, 1);
     p.compute_s = A * micro;
     p.local_params = table.num_params();
-    p.memory.activations = activation_bytes(m, L, true, 1, 1);
-    p.memory.buffers = fixed_buffers(m, 1);
     const double G = n * s.grads;
+    p.memory = l.dp > 1 ? zero_rank_memory(m, l.zero_stage, l.dp) : single_gpu_memory(m);
     if (l.dp == 1) {
-      add_full_state(p.memory, s, n);
       p.note = "one GPU, no collectives";
     } else if (l.zero_stage == 0) {
-      add_full_state(p.memory, s, n);
       p.comm_s = p.exposed_comm_s = allreduce_seconds(G, l.dp, link);
       p.note = "grads all-reduced after the backward";
     } else if (l.zero_stage < 3) {
       const ZeroPlan z = make_zero_plan(l.zero_stage, table.flat_size(), l.dp, 0, true);
       const double flat = double(z.flat_elems()), part = double(z.state_elems());
-      p.memory.params = r512(flat * s.params);
-      p.memory.grads = r512(flat * s.grads);
-      MemoryBreakdown st;
-      add_full_state(st, s, part);
-      p.memory.optimizer = st.optimizer;
       state_elems = norm_elems = part;
       p.comm_s = p.exposed_comm_s = reduce_scatter_seconds(flat * s.grads, l.dp, link) +
                                     all_gather_seconds(flat * 2, l.dp, link) + allreduce_seconds(8, l.dp, link);
@@ -224,13 +247,6 @@ LayoutPrediction predict(const PlanModel& m, const Layout& l, const KernelTiming
     } else {
       const ShardLayout sl = make_shard_layout(unit_ranges(table), table.flat_size(), l.dp, m.persistence_threshold);
       const double shard = double(sl.shard_elems);
-      p.memory.params = r512(shard * s.params);
-      p.memory.grads = r512(double(sl.padded_elems) * s.grads) + r512(shard * s.grads);
-      MemoryBreakdown st;
-      add_full_state(st, s, shard);
-      p.memory.optimizer = st.optimizer;
-      p.memory.buffers += 2 * r512(double(sl.gather_elems) * 2) + (sl.persistent_elems ? r512(sl.persistent_elems * 2.0) : 0) +
-                          r512(8);
       state_elems = norm_elems = shard;
       // Per micro-batch: each non-persistent unit gathered for its forward, the blocks again for their
       // backward (the head is kept from its forward, the embedding backward reads no params).

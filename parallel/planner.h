@@ -120,6 +120,9 @@ void check_layout(const PlanModel& m, const Layout& l, int num_gpus);
 // One GPU, no collectives (the single-process engine that `cutrain train` runs): what its caching
 // allocator's peak should read during training (the GPU test compares them).
 MemoryBreakdown single_gpu_memory(const PlanModel& m);
+// One rank of the engine under ZeRO `stage` at data-parallel world size `world` with a
+// communicator (at world size 1 too: the engine's one-rank path, stage 3 sharded).
+MemoryBreakdown zero_rank_memory(const PlanModel& m, int stage, int world);
 
 LayoutPrediction predict(const PlanModel& m, const Layout& l, const KernelTimings& t, const LinkModel& link);
 
