@@ -18,8 +18,17 @@ namespace cutrain::parallel {
 
 namespace {
 
-// The caching allocator's block rounding (runtime/allocator.h: kMinBlockSize).
-double r512(double bytes) { return std::ceil(bytes / 512.0) * 512.0; }
+// The bytes a buffer takes from a fresh caching allocator (runtime/allocator.h's rules): 512 B
+// rounding; a request of 10 MiB or more gets a segment of its own rounded to 2 MiB, which is
+// split only when more than 1 MiB would remain (else the block is the whole segment). Smaller
+// large-pool requests split a 20 MiB segment and keep their rounded size.
+double r512(double bytes) {
+  const double r = std::ceil(bytes / 512.0) * 512.0;
+  constexpr double MiB = 1 << 20;
+  if (r < 10 * MiB) return r;
+  const double segment = std::ceil(r / (2 * MiB)) * 2 * MiB;
+  return segment - r > MiB ? r : segment;
+}
 
 // kernels::Gemm's workspace (its constructor's default, which the GPU model uses).
 constexpr double kGemmWorkspace = 32.0 * (1 << 20);

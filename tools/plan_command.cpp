@@ -105,6 +105,16 @@ int run_plan(const PlanFlags& fl) {
   if (!cfg.train_micro_batch_size_per_gpu) cfg.train_micro_batch_size_per_gpu = fl.batch;
   cfg.resolve_batch(1);
   const train::PrecisionPlan prec = train::plan_from_config(cfg);
+  // What the config asks that the planner's model leaves out: said, not silently dropped.
+  if (cfg.optimizer.type == train::OptimizerType::Lamb)
+    std::cout << "warning: " << fl.config << ": optimizer.type Lamb: the plan counts AdamW's state and time (the "
+              << "same buffers; LAMB's second pass and tensor table are not modelled)\n";
+  if (cfg.zero_optimization.offload_optimizer.device != train::OffloadTarget::None)
+    std::cout << "warning: " << fl.config << ": zero_optimization.offload_optimizer is not modelled: the plan keeps the "
+              << "optimizer state on the GPU\n";
+  if (cfg.zero_optimization.offload_param.device != train::OffloadTarget::None)
+    std::cout << "warning: " << fl.config << ": zero_optimization.offload_param is not modelled: the plan keeps the "
+              << "parameters on the GPU\n";
 
   parallel::PlanModel m;
   m.dims = model::ModelDims{fl.hidden, fl.layers, fl.heads, fl.vocab, fl.max_seq ? fl.max_seq : fl.seq};
@@ -220,6 +230,31 @@ int run_plan(const PlanFlags& fl) {
                                  parallel::allreduce_seconds(double(fl.batch) * fl.seq * fl.hidden * 2, l.tp, link))
                 << " ms on the link)\n";
     }
+  }
+  // The persistent state alone, for every precision layout and ZeRO stage at dp = num_gpus.
+  std::cout << "\nPersistent state per GPU (params + grads + optimizer, GB) by precision layout and ZeRO stage, dp = "
+            << fl.num_gpus << ":\n";
+  std::cout << "| precision layout            | bytes/param |  zero0 |  zero1 |  zero2 |  zero3 |\n";
+  std::cout << "|-----------------------------|------------:|-------:|-------:|-------:|-------:|\n";
+  for (const auto& [layout, comp] : {std::pair{kernels::OptimizerLayout::Baseline, false},
+                                     std::pair{kernels::OptimizerLayout::Bf16MasterWG, false},
+                                     std::pair{kernels::OptimizerLayout::Bf16Full, false},
+                                     std::pair{kernels::OptimizerLayout::Bf16MasterWG, true},
+                                     std::pair{kernels::OptimizerLayout::Bf16Full, true}}) {
+    const train::PrecisionPlan p = train::plan_for(layout, m.accumulation, comp);
+    parallel::PlanModel pm = m;
+    pm.state = parallel::StateBytes{p.label(), double(dtype_size(p.param)), double(dtype_size(p.grad)),
+                                    p.has_master ? 4.0 : 0.0, 2.0 * double(dtype_size(p.moment)), p.compensation ? 2.0 : 0.0};
+    char line[160];
+    std::snprintf(line, sizeof line, "| %-27s | %11zu |", p.label().c_str(), p.bytes_per_param());
+    std::cout << line;
+    for (int stage = 0; stage <= 3; ++stage) {
+      const parallel::MemoryBreakdown mem =
+          fl.num_gpus > 1 ? parallel::zero_rank_memory(pm, stage, fl.num_gpus) : parallel::single_gpu_memory(pm);
+      std::snprintf(line, sizeof line, " %6.2f |", (mem.params + mem.grads + mem.optimizer) / kGB);
+      std::cout << line;
+    }
+    std::cout << (p.label() == prec.label() ? "  <- " + fl.config : std::string()) << "\n";
   }
   std::cout << "\nPredicted per GPU (GB = 1024^3 bytes; predictions of cutrain's engine, not measurements):\n";
   std::cout << parallel::format_plan_table(rows, gpu_mem_gb);

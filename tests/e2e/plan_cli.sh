@@ -26,6 +26,9 @@ fi
 cat "$tmp/roof.txt"
 grep -q "kernel timings: roofline of" "$tmp/roof.txt" || fail "roofline source line"
 grep -q "link 450 GB/s per direction, 10 us per ring step (the default: NVLink 4" "$tmp/roof.txt" || fail "link default"
+grep -q "^| bf16_full                   |           8 |.*|  <- configs/bf16_full.json" "$tmp/roof.txt" \
+    || fail "the state table's row of the config's layout"
+grep -q "^| baseline                    |          16 |" "$tmp/roof.txt" || fail "the state table's baseline row"
 grep -q "^| zero0      | 4 x 1 x 1 " "$tmp/roof.txt" || fail "zero0 row"
 grep -q "^| zero3      | 4 x 1 x 1 " "$tmp/roof.txt" || fail "zero3 row"
 grep -q "^| pp4        | 1 x 4 x 1 " "$tmp/roof.txt" || fail "pp4 row"

@@ -118,6 +118,18 @@ TEST(Planner, OneGpuIsTheSingleProcessEngine) {
   EXPECT_NEAR(s.params + s.grads + s.optimizer, double(table.flat_size()) * 8, 4 * 512);
 }
 
+TEST(Planner, StageThreeOnOneRankKeepsTheFullGradientsBesideTheShard) {
+  const PlanModel m = small_plan();
+  const MemoryBreakdown one = single_gpu_memory(m), z3 = zero_rank_memory(m, 3, 1), z1 = zero_rank_memory(m, 1, 1);
+  EXPECT_DOUBLE_EQ(z3.params, one.params);
+  EXPECT_DOUBLE_EQ(z3.optimizer, one.optimizer);
+  EXPECT_DOUBLE_EQ(z3.grads, 2 * one.grads);
+  // Two gather buffers of the largest unit (a block: 12 h^2 + 13 h bf16) and the norm's partial.
+  const double h = m.dims.hidden;
+  EXPECT_NEAR(z3.buffers - one.buffers, 2 * (12 * h * h + 13 * h) * 2, 3 * 512);
+  EXPECT_NEAR(z1.total(), one.total(), 3 * 512);
+}
+
 TEST(Planner, ActivationCheckpointingKeepsOneBlockSetAndTheBlockInputs) {
   PlanModel a = small_plan(6), c = small_plan(6, 1, true);
   const double M = double(a.micro_batch) * a.seq, h = a.dims.hidden, F = 4 * h;
