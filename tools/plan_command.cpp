@@ -39,7 +39,7 @@ struct PlanFlags {
   int probe_layers = 4;
 };
 
-std::string f(const char* fmt, double v) {
+std::string num(const char* fmt, double v) {
   char b[64];
   std::snprintf(b, sizeof b, fmt, v);
   return b;
@@ -68,16 +68,24 @@ ProbeResult probe(const PlanFlags& fl, const parallel::PlanModel& m, int layers,
   o.profiling.timing_report = true;
   o.profiling.timing_report_file = file;
   o.profiling.timing_steps = 3;
-  std::ostringstream log;  // the run's own lines stay out of the plan
+  // The run's own lines (the loop's and the engine's on stdout) stay out of the plan.
+  std::ostringstream log;
+  struct Quiet {
+    std::streambuf* old;
+    explicit Quiet(std::streambuf* to) : old(std::cout.rdbuf(to)) {}
+    ~Quiet() { std::cout.rdbuf(old); }
+  };
   ProbeResult r;
   try {
+    const Quiet quiet(log.rdbuf());
     const train::TrainResult res = train::run_training(o, log);
     r.peak_bytes = double(res.peak_bytes);
     r.run = parallel::read_timing_report(file, dtype_size(prec.grad), dtype_size(prec.moment), prec.has_master,
                                          prec.compensation);
-  } catch (...) {
+  } catch (const Error& e) {
     std::filesystem::remove(file);
-    throw;
+    CUTRAIN_FAIL("plan: the profiled run on this GPU (cutrain train at these shapes with ", layers,
+                 " layers) failed: ", e.what(), "; try fewer --probe_layers, or --roofline, or --kernel_timings FILE");
   }
   std::filesystem::remove(file);
   parallel::PlanModel pm = m;
@@ -151,8 +159,8 @@ int run_plan(const PlanFlags& fl) {
             << m.state.moments << " bytes/param, " << fl.config << "), micro-batch " << fl.batch << " x " << fl.seq
             << ", gradient_accumulation_steps " << m.accumulation << ", activation checkpointing "
             << (m.checkpointing ? "on" : "off") << ", " << (m.causal ? "causal" : "bidirectional") << " attention\n";
-  std::cout << "  " << fl.num_gpus << " GPUs, link " << f("%g", fl.link_gbps) << " GB/s per direction, "
-            << f("%g", fl.link_latency_us) << " us per ring step"
+  std::cout << "  " << fl.num_gpus << " GPUs, link " << num("%g", fl.link_gbps) << " GB/s per direction, "
+            << num("%g", fl.link_latency_us) << " us per ring step"
             << (fl.link_gbps == 450 ? " (the default: NVLink 4 of H100 / H200 SXM, 900 GB/s bidirectional)" : "")
             << "\n";
 
@@ -184,8 +192,8 @@ int run_plan(const PlanFlags& fl) {
     kt.source = "measured on this GPU (" + dev.name + "): cutrain train at these shapes with " + std::to_string(layers) +
                 " layers, 3 timed steps (per-block times)";
     std::cout << "  memory check of the profiled run (1 GPU, " << layers << " layers): predicted "
-              << f("%.3f", pr.predicted_bytes / kGB) << " GB, allocator peak " << f("%.3f", pr.peak_bytes / kGB)
-              << " GB (" << f("%+.1f%%", 100 * (pr.predicted_bytes - pr.peak_bytes) / pr.peak_bytes) << ")\n";
+              << num("%.3f", pr.predicted_bytes / kGB) << " GB, allocator peak " << num("%.3f", pr.peak_bytes / kGB)
+              << " GB (" << num("%+.1f%%", 100 * (pr.predicted_bytes - pr.peak_bytes) / pr.peak_bytes) << ")\n";
   } else {
     parallel::DevicePeakRates peaks;
     if (gpu && datasheet_bf16_tflops(dev.name) > 0) {
@@ -201,12 +209,12 @@ int run_plan(const PlanFlags& fl) {
     if (!gpu) kt.source += "; no GPU here (" + why + ")";
   }
   std::cout << "  kernel timings: " << kt.source << "\n";
-  std::cout << "    per micro-batch: embedding " << f("%.3f", 1e3 * (kt.embed_fwd + kt.embed_bwd)) << " ms, block fwd "
-            << f("%.3f", 1e3 * kt.layer_fwd) << " ms + bwd " << f("%.3f", 1e3 * kt.layer_bwd) << " ms"
-            << (m.checkpointing ? " + recompute " + f("%.3f", 1e3 * (kt.layer_recompute > 0 ? kt.layer_recompute : kt.layer_fwd)) + " ms" : "")
-            << " (LayerNorms " << f("%.1f%%", 100 * kt.layer_replicated_fraction) << "), head "
-            << f("%.3f", 1e3 * (kt.head_fwd + kt.head_bwd)) << " ms; optimizer " << f("%.3f", 1e9 * kt.optimizer_per_elem)
-            << " ns/element, grad norm " << f("%.3f", 1e9 * kt.grad_norm_per_elem) << " ns/element\n";
+  std::cout << "    per micro-batch: embedding " << num("%.3f", 1e3 * (kt.embed_fwd + kt.embed_bwd)) << " ms, block fwd "
+            << num("%.3f", 1e3 * kt.layer_fwd) << " ms + bwd " << num("%.3f", 1e3 * kt.layer_bwd) << " ms"
+            << (m.checkpointing ? " + recompute " + num("%.3f", 1e3 * (kt.layer_recompute > 0 ? kt.layer_recompute : kt.layer_fwd)) + " ms" : "")
+            << " (LayerNorms " << num("%.1f%%", 100 * kt.layer_replicated_fraction) << "), head "
+            << num("%.3f", 1e3 * (kt.head_fwd + kt.head_bwd)) << " ms; optimizer " << num("%.3f", 1e9 * kt.optimizer_per_elem)
+            << " ns/element, grad norm " << num("%.3f", 1e9 * kt.grad_norm_per_elem) << " ns/element\n";
 
   std::vector<parallel::LayoutPrediction> rows;
   for (const parallel::Layout& l : layouts) {
@@ -224,9 +232,9 @@ int run_plan(const PlanFlags& fl) {
       std::cout << "  " << l.name() << ": Megatron partition (QKV and FC1 by columns, out_proj and FC2 by rows, "
                 << "vocabulary-parallel embedding and loss): per block and micro-batch "
                 << parallel::tp_allreduces_per_layer(m, l.tp) << " all-reduces of "
-                << f("%.2f", double(fl.batch) * fl.seq * fl.hidden * 2 / (1 << 20)) << " MiB = "
-                << f("%.2f", parallel::tp_allreduce_bytes_per_layer(m, l.tp) / (1 << 20)) << " MiB ("
-                << f("%.3f", 1e3 * parallel::tp_allreduces_per_layer(m, l.tp) *
+                << num("%.2f", double(fl.batch) * fl.seq * fl.hidden * 2 / (1 << 20)) << " MiB = "
+                << num("%.2f", parallel::tp_allreduce_bytes_per_layer(m, l.tp) / (1 << 20)) << " MiB ("
+                << num("%.3f", 1e3 * parallel::tp_allreduces_per_layer(m, l.tp) *
                                  parallel::allreduce_seconds(double(fl.batch) * fl.seq * fl.hidden * 2, l.tp, link))
                 << " ms on the link)\n";
     }
@@ -258,7 +266,7 @@ int run_plan(const PlanFlags& fl) {
   }
   std::cout << "\nPredicted per GPU (GB = 1024^3 bytes; predictions of cutrain's engine, not measurements):\n";
   std::cout << parallel::format_plan_table(rows, gpu_mem_gb);
-  std::cout << "  fits: total <= " << f("%.1f", gpu_mem_gb) << " GB"
+  std::cout << "  fits: total <= " << num("%.1f", gpu_mem_gb) << " GB"
             << (fl.gpu_memory_gb > 0 ? " (--gpu_memory_gb)" : gpu ? " (this GPU)" : " (80 GB H100 SXM; --gpu_memory_gb)")
             << "; comm s: the exposed part (* = some hidden behind compute)\n";
   for (const parallel::LayoutPrediction& r : rows) std::cout << "  " << r.layout.name() << ": " << r.note << "\n";

@@ -6,6 +6,9 @@
 // and the two gather buffers); the persistent state within 1% of what the engine allocated for it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <memory>
 #include <ostream>
 #include <string>
 
