@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "model/transformer_params.h"
 #include "parallel/planner.h"
 #include "parallel/zero_shard_layout.h"
 #include "runtime/error.h"
+#include "runtime/timing_report.h"
 
 using namespace cutrain;
 using namespace cutrain::parallel;
@@ -268,6 +270,45 @@ TEST(Planner, TimingReportGivesPerBlockAndPerMicroBatchTimes) {
   EXPECT_NE(error_of([&] { timings_from_report(j, "t.json", 2, 2, false, false); }).find("t.json: the timing report has no "
                                                                                           "region step/fwd/embedding"),
             std::string::npos);
+}
+
+TEST(Planner, ReadsTheRuntimesOwnTimingReportJson) {
+  // The report as runtime/timing_report.h writes it (per-layer rows, bytes making GB/s): 3 steps,
+  // 2 micro-batches, 2 blocks.
+  std::vector<RegionTotals> regions;
+  auto add = [&](const std::string& name, std::int64_t calls, double ms, double bytes = 0) {
+    RegionTotals r;
+    r.name = name;
+    r.calls = calls;
+    r.total_ms = ms;
+    r.bytes = bytes;
+    regions.push_back(r);
+  };
+  add("step", 3, 60);
+  add("step/fwd/embedding", 6, 0.6);
+  for (int l = 0; l < 2; ++l) {
+    add("step/fwd/layer0" + std::to_string(l), 6, 3.0);
+    add("step/bwd/layer0" + std::to_string(l), 6, 6.0);
+  }
+  add("step/fwd/head", 6, 1.2);
+  add("step/bwd/head", 6, 2.4);
+  add("step/bwd/embedding", 6, 1.8);
+  add("step/grad_norm", 3, 3.0, 6e9);    // 2000 GB/s
+  add("step/optimizer", 3, 30.0, 3e10);  // 1000 GB/s
+  const TimingReport rep = make_timing_report(regions, {20, 20, 20}, DevicePeaks{"NVIDIA H200", 3000, 700, 989.4}, "step",
+                                              1e12, "test");
+  const TimedRun r = timings_from_report(timing_report_json(rep), "report.json", 2, 2, true, false);
+  EXPECT_EQ(r.steps, 3);
+  EXPECT_EQ(r.accumulation, 2);
+  EXPECT_EQ(r.layers, 2);
+  EXPECT_EQ(r.device, "NVIDIA H200");
+  EXPECT_NEAR(r.timings.layer_fwd, 0.5e-3, 1e-12);
+  EXPECT_NEAR(r.timings.layer_bwd, 1e-3, 1e-12);
+  EXPECT_NEAR(r.timings.embed_bwd, 0.3e-3, 1e-12);
+  EXPECT_NEAR(r.timings.head_fwd, 0.2e-3, 1e-12);
+  // AdamW with an fp32 master: 2*2 + 2 + 2*2*2 + 8 bytes per element at 1000 GB/s.
+  EXPECT_NEAR(r.timings.optimizer_per_elem, 22.0 / 1e12, 1e-18);
+  EXPECT_NEAR(r.timings.grad_norm_per_elem, 2.0 / 2e12, 1e-18);
 }
 
 TEST(Planner, BadInputNamesTheFlag) {
