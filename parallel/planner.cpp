@@ -22,7 +22,7 @@ namespace {
 // rounding; a request of 10 MiB or more gets a segment of its own rounded to 2 MiB, which is
 // split only when more than 1 MiB would remain (else the block is the whole segment). Smaller
 // large-pool requests split a 20 MiB segment and keep their rounded size.
-double r512(double bytes) {
+double alloc_bytes(double bytes) {
   const double r = std::ceil(bytes / 512.0) * 512.0;
   constexpr double MiB = 1 << 20;
   if (r < 10 * MiB) return r;
@@ -48,7 +48,7 @@ double scratch_bytes(const PlanModel& m, int tp) {
   const kernels::AttentionShape a{m.micro_batch, m.seq, d.heads / tp, d.head_dim(), m.causal};
   sc = std::max(sc, double(kernels::attention_backward_scratch_bytes(a, true)));
   sc = std::max(sc, double(kernels::cross_entropy_scratch_bytes(M)));
-  return r512(std::max(sc, 256.0));
+  return alloc_bytes(std::max(sc, 256.0));
 }
 
 // Activations of `blocks` blocks (and the logits when the GPU holds the head) with `in_flight`
@@ -58,13 +58,13 @@ double activation_bytes(const PlanModel& m, int blocks, bool head, int in_flight
   const model::ModelDims& d = m.dims;
   const double M = double(m.micro_batch) * m.seq, h = d.hidden, F = double(d.ffn()) / tp;
   const double V = std::ceil(double(d.vocab_rows()) / tp), H = double(d.heads) / tp;
-  const double act_set = r512(M * 3 * h / tp * 2) + r512(M * h / tp * 2) + 3 * r512(M * h * 2) + 2 * r512(M * F * 2) +
-                         r512(m.micro_batch * H * m.seq * 4) + 4 * r512(M * 4);
-  const double xs = (blocks + 1) * r512(M * h * 2);
+  const double act_set = alloc_bytes(M * 3 * h / tp * 2) + alloc_bytes(M * h / tp * 2) + 3 * alloc_bytes(M * h * 2) + 2 * alloc_bytes(M * F * 2) +
+                         alloc_bytes(m.micro_batch * H * m.seq * 4) + 4 * alloc_bytes(M * 4);
+  const double xs = (blocks + 1) * alloc_bytes(M * h * 2);
   const double sets = m.checkpointing ? 1 : double(blocks) * in_flight;
   const double stored = in_flight * xs + sets * act_set;
-  const double logits = head ? r512(M * V * 2) : 0;
-  const double grads = 2 * r512(M * h * 2) + r512(M * F * 2) + r512(M * 3 * h / tp * 2);
+  const double logits = head ? alloc_bytes(M * V * 2) : 0;
+  const double grads = 2 * alloc_bytes(M * h * 2) + alloc_bytes(M * F * 2) + alloc_bytes(M * 3 * h / tp * 2);
   return stored + logits + grads;
 }
 
@@ -73,15 +73,15 @@ double activation_bytes(const PlanModel& m, int blocks, bool head, int in_flight
 double fixed_buffers(const PlanModel& m, int tp) {
   const double per_step = double(m.accumulation) * m.micro_batch * m.seq;
   const double flags = (m.accumulation + 3 + 2.0 * m.accumulation) * 4;
-  return 2 * r512(per_step * 4) + r512(flags) + r512(kNormScratch) + kGemmWorkspace + scratch_bytes(m, tp);
+  return 2 * alloc_bytes(per_step * 4) + alloc_bytes(flags) + alloc_bytes(kNormScratch) + kGemmWorkspace + scratch_bytes(m, tp);
 }
 
 // Persistent state of `elems` elements per buffer, unpartitioned.
 void add_full_state(MemoryBreakdown& mem, const StateBytes& s, double elems) {
-  mem.params += r512(elems * s.params);
-  mem.grads += r512(elems * s.grads);
-  mem.optimizer += (s.master > 0 ? r512(elems * s.master) : 0) + (s.compensation > 0 ? r512(elems * s.compensation) : 0) +
-                   2 * r512(elems * s.moments / 2);
+  mem.params += alloc_bytes(elems * s.params);
+  mem.grads += alloc_bytes(elems * s.grads);
+  mem.optimizer += (s.master > 0 ? alloc_bytes(elems * s.master) : 0) +
+                   (s.compensation > 0 ? alloc_bytes(elems * s.compensation) : 0) + 2 * alloc_bytes(elems * s.moments / 2);
 }
 
 std::vector<Range> unit_ranges(const model::TransformerParams& t) {
@@ -196,27 +196,27 @@ MemoryBreakdown zero_rank_memory(const PlanModel& m, int stage, int world) {
   const StateBytes& s = m.state;
   MemoryBreakdown mem;
   mem.activations = activation_bytes(m, m.dims.layers, true, 1, 1);
-  mem.buffers = fixed_buffers(m, 1) + r512(8);  // ZeroComm's fp64 norm partial
+  mem.buffers = fixed_buffers(m, 1) + alloc_bytes(8);  // ZeroComm's fp64 norm partial
   if (stage == 0) {
     add_full_state(mem, s, double(table.flat_size()));
   } else if (stage < 3) {
     const ZeroPlan z = make_zero_plan(stage, table.flat_size(), world, 0, true);
-    mem.params = r512(double(z.flat_elems()) * s.params);
-    mem.grads = r512(double(z.flat_elems()) * s.grads);
+    mem.params = alloc_bytes(double(z.flat_elems()) * s.params);
+    mem.grads = alloc_bytes(double(z.flat_elems()) * s.grads);
     MemoryBreakdown st;
     add_full_state(st, s, double(z.state_elems()));
     mem.optimizer = st.optimizer;
   } else {
     const ShardLayout sl = make_shard_layout(unit_ranges(table), table.flat_size(), world, m.persistence_threshold);
     const double shard = double(sl.shard_elems);
-    mem.params = r512(shard * s.params);
+    mem.params = alloc_bytes(shard * s.params);
     // The full gradient buffer (backward writes one flat buffer) and the reduced shard.
-    mem.grads = r512(double(sl.padded_elems) * s.grads) + r512(shard * s.grads);
+    mem.grads = alloc_bytes(double(sl.padded_elems) * s.grads) + alloc_bytes(shard * s.grads);
     MemoryBreakdown st;
     add_full_state(st, s, shard);
     mem.optimizer = st.optimizer;
     // Two gather buffers (the unit in use and the prefetched one) and the persistent units.
-    mem.buffers += 2 * r512(double(sl.gather_elems) * 2) + (sl.persistent_elems ? r512(sl.persistent_elems * 2.0) : 0);
+    mem.buffers += 2 * alloc_bytes(double(sl.gather_elems) * 2) + (sl.persistent_elems ? alloc_bytes(sl.persistent_elems * 2.0) : 0);
   }
   return mem;
 }
@@ -295,7 +295,7 @@ LayoutPrediction predict(const PlanModel& m, const Layout& l, const KernelTiming
       add_full_state(mem, s, local);
       mem.activations = activation_bytes(m, blocks, head, in_flight, 1);
       // Send and receive buffers of the activation and its gradient (one each way per neighbour).
-      mem.buffers = fixed_buffers(m, 1) + (l.pp > 1 ? 2 * r512(act_bytes) : 0);
+      mem.buffers = fixed_buffers(m, 1) + (l.pp > 1 ? 2 * alloc_bytes(act_bytes) : 0);
       if (mem.total() > most) {
         most = mem.total();
         p.memory = mem;
