@@ -58,6 +58,11 @@
 #               deepnvme_peer.py under PEERS_DIR's run.sh ds-python: the same checks on both, then
 #               the GB/s table with ours/DeepSpeed per row; DNVME_DIR, default /tmp/dnvme;
 #               DNVME_SIZE, default 1G; DNVME_REPS, default 3). About 6 minutes after the build.
+#   plan        the layout planner (cutrain plan): its GPU tests (PlannerGpu: predicted against the
+#               allocator's peak; e2e_plan_cli_cuda: the profiled-run source), the 6.86B model on 4 GPUs
+#               (baseline, bf16_full) from a profiled run on this GPU (4 of its 32 layers; the plan
+#               prints that run's peak beside its prediction), then bf16_full from the whole model's
+#               timing report (--kernel_timings). About 3 minutes (the 6.86B init on the host).
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -356,6 +361,14 @@ if want python; then
   else
     echo "-- python_deepnvme: no $peers/run.sh (device-snapshot.sh copies ../shared/peers as .peers, or set PEERS_DIR)" >>"$sum"
   fi
+fi
+
+if want plan; then
+  big="--hidden_dim 4096 --num_layers 32 --num_heads 32 --batch_size 1 --seq_length 512 --activation_checkpointing"
+  step plan_tests 150 "ctest --test-dir build/gpu -j 1 --output-on-failure -R 'PlannerGpu|e2e_plan_cli_cuda'"
+  step plan_6p86b 120 "for c in baseline bf16_full; do $bin plan --deepspeed_config configs/\$c.json $big --num_gpus 4 || exit 1; done"
+  step plan_6p86b_report 180 "$bin train --deepspeed_config configs/bf16_full.json $big --num_steps 6 --warmup_steps 2 --timing_steps 3 --timing_report $logs/timing_6p86b.json | tail -4 && $bin plan --deepspeed_config configs/bf16_full.json $big --num_gpus 4 --kernel_timings $logs/timing_6p86b.json"
+  grep -hE "memory check|^\| zero3|kernel timings" "$logs/plan_6p86b.txt" "$logs/plan_6p86b_report.txt" >>"$sum" 2>/dev/null
 fi
 
 if want extra && [ -n "${EXTRA_CMD:-}" ]; then

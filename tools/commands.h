@@ -21,6 +21,7 @@ CLI::App* setup_io_bench_command(CLI::App& parent, int& exit_code);
 CLI::App* setup_launch_command(CLI::App& parent, int& exit_code);
 CLI::App* setup_nvme_tune_command(CLI::App& parent, int& exit_code);
 CLI::App* setup_offload_bench_command(CLI::App& parent, int& exit_code);
+CLI::App* setup_plan_command(CLI::App& parent, int& exit_code);
 CLI::App* setup_prepare_data_command(CLI::App& parent, int& exit_code);
 CLI::App* setup_train_command(CLI::App& parent, int& exit_code);
 

@@ -35,6 +35,7 @@ constexpr Command kCommands[] = {
     {"launch", setup_launch_command, false},
     {"nvme-tune", setup_nvme_tune_command, false},
     {"offload-bench", setup_offload_bench_command, false},
+    {"plan", setup_plan_command, false},
     {"prepare-data", setup_prepare_data_command, false},
     {"train", setup_train_command, true},
 };
