@@ -32,6 +32,15 @@ struct BackendOptions {
   // layers over that many ranks by DeepSpeed's partition_method.
   int pipeline_stages = 1;
   std::string partition_method = "parameters";
+  // Tensor parallelism (CPU backend: train/cpu_tensor_parallel.h): the degree (its source named in
+  // errors: the flag or tensor_parallel.autotp_size) and Domino's pieces per micro-batch. With
+  // tensor_parallel > 1 make_cpu_backend lays the ranks out on parallel/rank_grid.h's grid and
+  // passes each backend its groups: `comm` the data-parallel group (or, with a pipeline, the
+  // stages x replicas of this tensor-parallel index) and `tp_comm` the tensor-parallel group.
+  int tensor_parallel = 1;
+  std::string tensor_parallel_flag = "--tensor_parallel_size";
+  int domino = 1;
+  std::shared_ptr<comm::Communicator> tp_comm;
 };
 
 std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& options, const TrainConfig& config);

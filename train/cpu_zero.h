@@ -45,6 +45,12 @@ class CpuZero {
   double reduce_grads(std::vector<float>& grads);
   // AdamW on this rank's part with the clip coefficient `scale`, then the params shared again.
   void adam(std::vector<float>& params, const std::vector<float>& grads, int step, float lr, double scale);
+  // Tensor parallelism (train/cpu_tensor_parallel.h): the gradient norm counts only the elements
+  // `counted` marks (flat, numel) and its sum of squares is also summed over `tp_group`.
+  void set_tensor_parallel(const std::vector<unsigned char>* counted, comm::Communicator* tp_group) {
+    counted_ = counted;
+    tp_group_ = tp_group;
+  }
   // The mean of every rank's value.
   double mean_over_ranks(double v);
 
@@ -79,6 +85,8 @@ class CpuZero {
     bool decay = true;
   };
   std::vector<Segment> segments_;
+  const std::vector<unsigned char>* counted_ = nullptr;
+  comm::Communicator* tp_group_ = nullptr;
 };
 
 }  // namespace cutrain::train
