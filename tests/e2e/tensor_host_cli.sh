@@ -5,7 +5,7 @@
 #   TP 2, 4, 8 (the seed model: checkpoint bytes; GPT-2 with its tied head at TP 2 and 4: within
 #   tests/e2e/compare_checkpoints.py's tolerance); Domino's 2 pieces at TP 2 and its summary line;
 #   tensor_parallel.autotp_size from the config; DP x TP (2 x 2 at ZeRO 0-3, 2 x 4 GPT-2 ZeRO-1);
-#   PP x TP (2 x 2; GPT-2 2 x 4) and DP x PP x TP (2 x 2 x 2); a TP checkpoint resumed by one
+#   PP x TP (2 x 2; GPT-2 2 x 4; 2 x 2 with Domino) and DP x PP x TP (2 x 2 x 2); a TP checkpoint resumed by one
 #   process; the bad input: a degree that does not divide the world size, the heads or the
 #   vocabulary, Domino's pieces that do not divide the micro-batch or come without TP, TP on cuda.
 #   tensor_host_cli.sh CUTRAIN_BINARY cpu|cuda   (the cuda variant exits 77: CPU backend only)
@@ -131,6 +131,14 @@ for run_ in "4 2 2 simple 0" "8 2 4 gpt2 0" "8 2 2 gpt2 1"; do
       || fail "$name: checkpoint"
   echo "ok: $m, PP $s x DP $dp x TP $t (ZeRO $z) = the single process (losses, checkpoint)"
 done
+
+# Domino inside a pipeline's stages: PP 2 x TP 2, 2 pieces.
+run 4 "$tmp/ppdom.txt" --deepspeed_config "$tmp/z0.json" --num_steps 3 --tensor_parallel_size 2 \
+    --pipeline_parallel_size 2 --domino 2 --loss_log_file "$tmp/ppdom.csv" || { cat "$tmp/ppdom.txt"; fail "PP x TP domino"; }
+grep -q "^\[Rank 3\] stage 1: tensor parallel: rank 1 of 2: .*; per micro-batch 8 forward and 6 backward all-reduces.*; Domino: 2 pieces" \
+    "$tmp/ppdom.txt" || { cat "$tmp/ppdom.txt"; fail "PP x TP domino: the last stage's line"; }
+same_losses "$tmp/s1.csv" "$tmp/ppdom.csv" || { cat "$tmp/ppdom.txt"; fail "PP x TP domino: losses"; }
+echo "ok: PP 2 x TP 2 with Domino's 2 pieces = the single process"
 
 # A TP checkpoint is the whole model: one process resumes it as it resumes its own.
 "$bin" train "${size[@]}" --deepspeed_config "$tmp/z0.json" --num_steps 2 --resume "$tmp/ck_s1" \
