@@ -51,7 +51,7 @@ class CpuBackend final : public TrainBackend {
       CUTRAIN_CHECK(comm->device() < 0, "cpu backend: expected a host communicator, found ", comm->backend_name(),
                     " (GPUs use --device cuda)");
       zero_ = std::make_unique<CpuZero>(std::move(comm), table_, c, params_);
-      if (tp_) zero_->set_tensor_parallel(&tp_->counted(), &tp_->group());
+      if (tp_) zero_->set_tensor_parallel(&tp_->counted(), &tp_->group(), rank_of(o));
       params_.resize(zero_->work_elems(), 0.f);
       grads_.assign(zero_->work_elems(), 0.f);
       std::cout << zero_->describe() << std::endl;

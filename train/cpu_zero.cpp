@@ -201,9 +201,13 @@ std::int64_t CpuZero::state_bytes() const {
 
 std::string CpuZero::describe() const {
   std::ostringstream os;
-  os << "[Rank " << plan_.rank << "] ZeRO stage " << plan_.stage << ", world size " << plan_.world << " over the "
-     << comm_->backend_name() << " communicator: " << plan_.mode_name() << "; this rank holds the moments of " << m_.size()
-     << " of the " << numel_ << " flat elements";
+  if (tp_group_)
+    os << "[Rank " << world_rank_ << "] ZeRO stage " << plan_.stage << ", data-parallel rank " << plan_.rank << " of "
+       << plan_.world << " over the ";
+  else
+    os << "[Rank " << plan_.rank << "] ZeRO stage " << plan_.stage << ", world size " << plan_.world << " over the ";
+  os << comm_->backend_name() << " communicator: " << plan_.mode_name() << "; this rank holds the moments of "
+     << m_.size() << " of the " << numel_ << " flat elements";
   if (plan_.sharded())
     os << " and the params and reduced gradients of its shard (" << layout_.shard_elems << " elements of "
        << layout_.units.size() << " units), gathered before each forward";
