@@ -99,13 +99,20 @@ std::vector<T> rows_of(const std::vector<T>& v, int i, int rows, int C) {
   return std::vector<T>(a, a + std::ptrdiff_t(rows) * C);
 }
 
+// The pieces' row blocks, in order, into one [M, C] buffer.
+template <typename T>
+void join_pieces(const std::vector<std::vector<T>>& pieces, std::vector<T>& out) {
+  out.clear();
+  for (const std::vector<T>& v : pieces) out.insert(out.end(), v.begin(), v.end());
+}
+
 }  // namespace
 
 template <typename T>
 void ReferenceModel<T>::set_tensor_parallel(const TpSlice& s) {
   const ModelDims& d = p_.dims();
-  CUTRAIN_CHECK(s.size >= 1 && s.rank >= 0 && s.rank < s.size && s.pieces >= 1, "reference model: tensor-parallel rank ",
-                s.rank, " of ", s.size, " with ", s.pieces, " pieces");
+  CUTRAIN_CHECK(s.size >= 1 && s.rank >= 0 && s.rank < s.size && s.pieces >= 1,
+                "reference model: tensor-parallel rank ", s.rank, " of ", s.size, " with ", s.pieces, " pieces");
   CUTRAIN_CHECK(s.size == 1 || s.reducer, "reference model: a tensor-parallel slice without its group's reducer");
   CUTRAIN_CHECK(s.size == 1 || !d.moe.any(), "reference model: tensor parallelism of MoE blocks is not built");
   CUTRAIN_CHECK(0 <= s.head_begin && s.head_begin < s.head_end && s.head_end <= d.heads && 0 <= s.ffn_begin &&
@@ -163,7 +170,10 @@ double ReferenceModel<T>::forward_tp(const T* P, const std::int32_t* tokens, con
                   T(y[std::size_t(r) * h + c] + double(pos[std::size_t((i * Mp + r) % S) * h + c]));
         });
   } else {
-    for (int i = 0; i < p; ++i) xs[std::size_t(i)].assign(x_in + std::size_t(i) * Mp * h, x_in + std::size_t(i + 1) * Mp * h);
+    for (int i = 0; i < p; ++i) {
+      const std::size_t n = std::size_t(Mp) * h;
+      xs[std::size_t(i)].assign(x_in + std::size_t(i) * n, x_in + std::size_t(i + 1) * n);
+    }
   }
 
   tp_acts_.assign(std::size_t(d.layers) * p, {});
@@ -255,13 +265,11 @@ double ReferenceModel<T>::forward_tp(const T* P, const std::int32_t* tokens, con
   }
   loop.flush();
   if (!span_.head) {
-    x_out->resize(std::size_t(M) * h);
-    for (int i = 0; i < p; ++i) std::copy(xs[std::size_t(i)].begin(), xs[std::size_t(i)].end(), x_out->begin() + std::ptrdiff_t(i) * Mp * h);
+    join_pieces(xs, *x_out);
     return 0.0;
   }
   // The head on this rank's vocabulary rows; the logits stay here.
-  x_final_.resize(std::size_t(M) * h);
-  for (int i = 0; i < p; ++i) std::copy(xs[std::size_t(i)].begin(), xs[std::size_t(i)].end(), x_final_.begin() + std::ptrdiff_t(i) * Mp * h);
+  join_pieces(xs, x_final_);
   const T* xh = x_final_.data();
   if (gpt2) {
     x_lnf_.resize(x_final_.size());
@@ -311,7 +319,8 @@ double ReferenceModel<T>::forward_tp(const T* P, const std::int32_t* tokens, con
       row_sum_[std::size_t(m)] = st[std::size_t(i)][std::size_t(2 * r)];
       if (y == kIgnore) continue;
       CUTRAIN_CHECK(y >= 0 && y < V, "reference model: label ", y, " at position ", m, " is outside [0, ", V, ")");
-      loss += std::log(row_sum_[std::size_t(m)]) + row_max_[std::size_t(m)] - st[std::size_t(i)][std::size_t(2 * r + 1)];
+      const double target = st[std::size_t(i)][std::size_t(2 * r + 1)];
+      loss += std::log(row_sum_[std::size_t(m)]) + row_max_[std::size_t(m)] - target;
       ++n_valid_;
     }
   return n_valid_ ? loss / double(n_valid_) : 0.0;
@@ -343,9 +352,9 @@ void ReferenceModel<T>::backward_tp(const T* P, T* G, const T* dx_out, double gr
             const int m = i * Mp + r, lab = labels_[std::size_t(m)];
             if (lab == kIgnore) continue;
             const T* lr = &logits_[std::size_t(m) * Vl];
+            const double top = row_max_[std::size_t(m)], sum = row_sum_[std::size_t(m)];
             for (int c = 0; c < vreal; ++c)
-              dl[std::size_t(r) * Vl + c] = T((std::exp(double(lr[c]) - row_max_[std::size_t(m)]) / row_sum_[std::size_t(m)] -
-                                               (c + v0 == lab ? 1.0 : 0.0)) * k);
+              dl[std::size_t(r) * Vl + c] = T((std::exp(double(lr[c]) - top) / sum - (c + v0 == lab ? 1.0 : 0.0)) * k);
           }
           const T* xh = (gpt2 ? x_lnf_.data() : x_final_.data()) + std::size_t(i) * Mp * h;
           T* gb = p_.output_b() >= 0 ? gat(p_.output_b()) + v0 : nullptr;
@@ -439,9 +448,10 @@ void ReferenceModel<T>::backward_tp(const T* P, T* G, const T* dx_out, double gr
           std::vector<T> blk(std::size_t(Mp) * hl);
           for (int part = 0; part < 3; ++part) {
             const std::size_t row = std::size_t(part) * h + q0;
-            for (int r = 0; r < Mp; ++r)
-              std::copy(dqkv.begin() + std::ptrdiff_t(r) * 3 * hl + part * hl,
-                        dqkv.begin() + std::ptrdiff_t(r) * 3 * hl + (part + 1) * hl, blk.begin() + std::ptrdiff_t(r) * hl);
+            for (int r = 0; r < Mp; ++r) {
+              const auto from = dqkv.begin() + std::ptrdiff_t(r) * 3 * hl + part * hl;
+              std::copy(from, from + hl, blk.begin() + std::ptrdiff_t(r) * hl);
+            }
             linear_bwd(ain, at(L.in_proj_w) + row * h, blk.data(), static_cast<T*>(nullptr), false,
                        gat(L.in_proj_w) + row * h, gat(L.in_proj_b) + row, Mp, hl, h);
             part_dx(blk.data(), at(L.in_proj_w) + row * h, std::size_t(h), y.data(), Mp, hl, h);
@@ -465,8 +475,7 @@ void ReferenceModel<T>::backward_tp(const T* P, T* G, const T* dx_out, double gr
   }
   loop.flush();
   if (!span_.embedding) {
-    dx_in->resize(std::size_t(M) * h);
-    for (int i = 0; i < p; ++i) std::copy(dxs[std::size_t(i)].begin(), dxs[std::size_t(i)].end(), dx_in->begin() + std::ptrdiff_t(i) * Mp * h);
+    join_pieces(dxs, *dx_in);
     return;
   }
   // The vocabulary-parallel embedding's gradient: this rank's rows; the position table whole.

@@ -56,7 +56,8 @@ class GroupCommunicator final : public comm::Communicator {
     char* out = static_cast<char*>(recv);
     std::memmove(out + std::size_t(rank()) * bytes, send, bytes);
     if (rank() == 0) {
-      for (int j = 1; j < world_size(); ++j) parent_->recv(out + std::size_t(j) * bytes, bytes, DType::U8, members_[j], s);
+      for (int j = 1; j < world_size(); ++j)
+        parent_->recv(out + std::size_t(j) * bytes, bytes, DType::U8, members_[std::size_t(j)], s);
       for (int j = 1; j < world_size(); ++j) parent_->send(out, bytes * world_size(), DType::U8, members_[j], s);
     } else {
       parent_->send(out + std::size_t(rank()) * bytes, bytes, DType::U8, members_[0], s);
@@ -69,10 +70,12 @@ class GroupCommunicator final : public comm::Communicator {
     if (rank() == 0) {
       std::vector<char> all(W * W * bytes);
       std::memcpy(all.data(), send, W * bytes);
-      for (std::size_t j = 1; j < W; ++j) parent_->recv(all.data() + j * W * bytes, W * bytes, DType::U8, members_[j], s);
+      for (std::size_t j = 1; j < W; ++j)
+        parent_->recv(all.data() + j * W * bytes, W * bytes, DType::U8, members_[j], s);
       std::vector<char> col(W * bytes);
       for (std::size_t j = 0; j < W; ++j) {
-        for (std::size_t r = 0; r < W; ++r) std::memcpy(col.data() + r * bytes, all.data() + (r * W + j) * bytes, bytes);
+        for (std::size_t r = 0; r < W; ++r)
+          std::memcpy(col.data() + r * bytes, all.data() + (r * W + j) * bytes, bytes);
         if (j == 0) std::memcpy(recv, col.data(), W * bytes);
         else parent_->send(col.data(), W * bytes, DType::U8, members_[j], s);
       }

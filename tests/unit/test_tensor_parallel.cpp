@@ -169,7 +169,8 @@ TEST(DominoTimeline, OnePieceIsSerialTwoPiecesOverlap) {
   EXPECT_DOUBLE_EQ(two.serial_s, 9);
   EXPECT_DOUBLE_EQ(two.overlapped_s, 6);
   EXPECT_DOUBLE_EQ(two.hidden_fraction(), 0.75);
-  EXPECT_NE(error_of([] { parallel::model_overlap({{1, 1}, {1, 1}}, 2); }).find("expected one more"), std::string::npos);
+  EXPECT_NE(error_of([] { parallel::model_overlap({{1, 1}, {1, 1}}, 2); }).find("expected one more"),
+            std::string::npos);
   EXPECT_NE(parallel::describe_overlap(two, 2).find("75.0% of the communication hidden"), std::string::npos);
 }
 
@@ -212,7 +213,8 @@ std::vector<std::string> run_ranks(int world, const std::function<void(std::shar
   std::vector<std::string> out(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
     char buf[4096];
-    for (ssize_t k; (k = ::read(fds[std::size_t(r)], buf, sizeof buf)) > 0;) out[std::size_t(r)].append(buf, std::size_t(k));
+    for (ssize_t k; (k = ::read(fds[std::size_t(r)], buf, sizeof buf)) > 0;)
+      out[std::size_t(r)].append(buf, std::size_t(k));
     ::close(fds[std::size_t(r)]);
     int st = 0;
     ::waitpid(pids[std::size_t(r)], &st, 0);
