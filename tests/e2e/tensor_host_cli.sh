@@ -97,7 +97,9 @@ run 2 "$tmp/auto.txt" --deepspeed_config "$tmp/auto2.json" --num_steps 3 --loss_
     || { cat "$tmp/auto.txt"; fail "autotp_size run"; }
 grep -q "tensor parallel: rank 1 of 2" "$tmp/auto.txt" || { cat "$tmp/auto.txt"; fail "autotp_size: no TP"; }
 same_losses "$tmp/s1.csv" "$tmp/auto.csv" || fail "autotp_size: losses"
-echo "ok: tensor_parallel.autotp_size 2"
+"$bin" check-config "$tmp/auto2.json" >"$tmp/cc.txt" 2>&1 || { cat "$tmp/cc.txt"; fail "check-config"; }
+grep -q "^  tensor     autotp_size 2 " "$tmp/cc.txt" || { cat "$tmp/cc.txt"; fail "check-config: the tensor line"; }
+echo "ok: tensor_parallel.autotp_size 2 (train, check-config)"
 
 # DP x TP: ZeRO's reductions over each tensor-parallel index's replicas.
 for run_ in "4 2 simple 0" "4 2 simple 1" "4 2 simple 2" "4 2 simple 3" "8 4 gpt2 1"; do
