@@ -5,9 +5,10 @@
 #   TP 2, 4, 8 (the seed model: checkpoint bytes; GPT-2 with its tied head at TP 2 and 4: within
 #   tests/e2e/compare_checkpoints.py's tolerance); Domino's 2 pieces at TP 2 and its summary line;
 #   tensor_parallel.autotp_size from the config; DP x TP (2 x 2 at ZeRO 0-3, 2 x 4 GPT-2 ZeRO-1);
-#   PP x TP (2 x 2; GPT-2 2 x 4; 2 x 2 with Domino) and DP x PP x TP (2 x 2 x 2); a TP checkpoint resumed by one
-#   process; the bad input: a degree that does not divide the world size, the heads or the
-#   vocabulary, Domino's pieces that do not divide the micro-batch or come without TP, TP on cuda.
+#   PP x TP (2 x 2; GPT-2 2 x 4; 2 x 2 with Domino) and DP x PP x TP (2 x 2 x 2); a TP checkpoint
+#   resumed by one process; a killed rank named by the survivor; the bad input: a degree that does
+#   not divide the world size, the heads or the vocabulary, Domino's pieces that do not divide the
+#   micro-batch or come without TP, TP on cuda.
 #   tensor_host_cli.sh CUTRAIN_BINARY cpu|cuda   (the cuda variant exits 77: CPU backend only)
 source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] && { echo "tensor parallelism runs on the CPU backend: skipped on cuda"; exit 77; }
@@ -152,6 +153,23 @@ run 2 "$tmp/r2.txt" --deepspeed_config "$tmp/z0.json" --num_steps 2 --resume "$t
     --loss_log_file "$tmp/r2.csv" || { cat "$tmp/r2.txt"; fail "single checkpoint at TP 2"; }
 same_losses "$tmp/r1.csv" "$tmp/r2.csv" || fail "TP 2 resumed losses"
 echo "ok: a TP 4 checkpoint resumed by one process, a single-process one at TP 2"
+
+# A tensor-parallel rank killed mid-run (two ranks started by hand, no launcher to stop the other):
+# the survivor, waiting in its group's all-reduce, names the dead rank within seconds.
+RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$bin" train "${size[@]}" --deepspeed_config \
+    "$tmp/z0.json" --tensor_parallel_size 2 --num_steps 1000000 >"$tmp/killed.txt" 2>&1 &
+victim=$!
+(sleep 2; kill -KILL $victim) &
+t0=$(date +%s)
+if RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$bin" train "${size[@]}" \
+    --deepspeed_config "$tmp/z0.json" --tensor_parallel_size 2 --num_steps 1000000 >"$tmp/survivor.txt" 2>&1; then
+  fail "rank 0 finished although rank 1 was killed"; fi
+wait 2>/dev/null || true
+port=$((port + 1))
+grep -q "host communicator: rank 0: .*rank 1 (pid [0-9]*) exited without closing the communicator" \
+    "$tmp/survivor.txt" || { tail -5 "$tmp/survivor.txt"; fail "the survivor does not name the dead rank"; }
+(( $(date +%s) - t0 < 30 )) || fail "the dead rank was found only after $(( $(date +%s) - t0 )) s"
+echo "ok: a killed tensor-parallel rank is named by the survivor"
 
 refused() {  # refused 'message' PROCS train-args...
   local want=$1 n=$2; shift 2
