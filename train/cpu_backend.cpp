@@ -4,11 +4,11 @@
 #include <iostream>
 
 #include "model/reference_model.h"
+#include "parallel/group_communicator.h"
+#include "parallel/rank_grid.h"
 #include "runtime/comm/host_communicator.h"
 #include "runtime/error.h"
 #include "train/lamb_optimizer.h"
-#include "parallel/group_communicator.h"
-#include "parallel/rank_grid.h"
 #include "train/cpu_pipeline.h"
 #include "train/cpu_tensor_parallel.h"
 #include "train/cpu_zero.h"

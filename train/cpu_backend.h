@@ -1,6 +1,7 @@
 // @brief The CPU training backend: the fp32 reference model and a host AdamW or LAMB, with the engine's
 // clipping and NaN/Inf skip; data parallel (AdamW) with ZeRO stages 0-3 over the host communicator under
-// a launcher (train/cpu_zero.h). Slow; for tests, CI and machines without a GPU.
+// a launcher (train/cpu_zero.h), pipeline (train/cpu_pipeline.h) and tensor parallelism
+// (train/cpu_tensor_parallel.h) and their grid. Slow; for tests, CI and machines without a GPU.
 #pragma once
 
 #include <memory>
