@@ -24,7 +24,8 @@ struct OverlapEstimate {
   double serial_s = 0;               // compute + comm (what ran)
   double overlapped_s = 0;           // the two-stream schedule's makespan
   void add(const OverlapEstimate& o);
-  double hidden_s() const { return serial_s - overlapped_s; }
+  // Clamped at 0: with one piece the makespan is the serial sum taken in another order.
+  double hidden_s() const { return serial_s > overlapped_s ? serial_s - overlapped_s : 0.0; }
   double hidden_fraction() const { return comm_s > 0 ? hidden_s() / comm_s : 0.0; }
 };
 
