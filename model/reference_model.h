@@ -11,6 +11,7 @@
 
 #include "model/moe_reference.h"
 #include "model/moe_stats.h"
+#include "model/tensor_parallel.h"
 #include "model/transformer_params.h"
 
 namespace cutrain::model {
@@ -52,6 +53,14 @@ class ReferenceModel {
 
   const std::vector<T>& logits() const { return logits_; }  // [B*S, vocab_rows] of the last forward
 
+  // Tensor parallelism (Megatron's layout, model/tensor_parallel.h): with slice.size > 1 the spans
+  // compute this rank's heads, FFN columns and vocabulary rows only (reference_tp.cpp), reading and
+  // writing those slices of the flat params and gradients (and the replicated LayerNorms, biases of
+  // the row-parallel layers and position table whole); logits() is then this rank's columns.
+  // Dense blocks only (a MoE block is refused).
+  void set_tensor_parallel(const TpSlice& slice);
+  const TpSlice& tensor_parallel() const { return tp_; }
+
   // One span (GPT-2: the head's weight is the token embedding's, in the params and gradients of
   // the first layer, whichever span holds the head): the input is `tokens` when the span starts with the embedding, else `x_in` [B*S, hidden];
   // `labels` are read when it ends with the head, which returns the loss; otherwise the output
@@ -76,6 +85,10 @@ class ReferenceModel {
   // And its end: the residual stream's gradient `dx` [B*S, hidden] added into the token and
   // position embeddings' gradients in `grads`.
   void embed_backward(const std::vector<T>& dx, T* grads) const;
+  // The tensor-parallel spans of both architectures (reference_tp.cpp).
+  double forward_tp(const T* params, const std::int32_t* tokens, const std::int32_t* labels, const T* x_in, int B,
+                    int S, std::vector<T>* x_out);
+  void backward_tp(const T* params, T* grads, const T* dx_out, double grad_scale, std::vector<T>* dx_in);
   double forward_gpt2(const T* params, const std::int32_t* tokens, const std::int32_t* labels, const T* x_in, int B,
                       int S, std::vector<T>* x_out);
   void backward_gpt2(const T* params, T* grads, const T* dx_out, double grad_scale, std::vector<T>* dx_in);
@@ -101,6 +114,9 @@ class ReferenceModel {
   bool moe_train_ = true;
   std::uint64_t moe_seed_ = 0;
   double aux_ = 0;
+  TpSlice tp_;
+  std::vector<LayerActs> tp_acts_;         // tensor parallel: [block x pieces + piece], piece rows
+  std::vector<double> row_max_, row_sum_;  // vocab-parallel cross-entropy: each row's max and sum-exp
 };
 
 // One AdamW / Adam step on fp32-or-fp64 host buffers (the CPU training path), PyTorch's formula:

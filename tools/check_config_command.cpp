@@ -46,6 +46,9 @@ int run_check_config(const Options& o) {
   std::printf("  clipping   %g, steps_per_print %s, activation checkpointing %s\n", c.gradient_clipping,
               c.steps_per_print ? std::to_string(*c.steps_per_print).c_str() : "(--log_interval)",
               on(c.has_activation_checkpointing));
+  if (c.autotp_size)
+    std::printf("  tensor     autotp_size %d (the CPU backend's tensor-parallel degree without --tensor_parallel_size)\n",
+                *c.autotp_size);
   train::LrSchedule lr = train::LrSchedule::from_config(c);
   std::printf("  schedule   %s\n", lr.describe().c_str());
   for (int s = 0; s < o.steps; ++s) std::printf("    step %d lr %.6g\n", s, lr.lr(s));

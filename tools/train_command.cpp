@@ -171,6 +171,13 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   sub->add_option("--pipeline_parallel_size,--pipeline-parallel-size", o.pipeline_parallel_size,
                   "--device cpu: pipeline stages, one rank each (cutrain launch --backend host --num_procs N)")
       ->capture_default_str();
+  sub->add_option("--tensor_parallel_size,--tensor-parallel-size", o.tensor_parallel_size,
+                  "--device cpu: tensor-parallel degree (Megatron-style; the config's tensor_parallel.autotp_size "
+                  "when not given)");
+  sub->add_option("--domino", o.domino,
+                  "Domino: split each micro-batch into N pieces so one piece's tensor-parallel all-reduce overlaps "
+                  "the next piece's compute (the summary reports the modelled hidden fraction)")
+      ->capture_default_str();
   sub->add_option("--partition_method", o.partition_method,
                   "How the pipeline splits the layers: parameters, uniform or type:REGEX (DeepSpeed's PipelineModule)")
       ->capture_default_str();

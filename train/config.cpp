@@ -248,6 +248,16 @@ void parse_aio(Reader& r, const json& j, AioConfig& a) {
   r.read(j, path, "use_gds", a.use_gds);
 }
 
+void parse_tensor_parallel(Reader& r, const json& j, std::optional<int>& autotp_size) {
+  const std::string path = "tensor_parallel";
+  r.check_object(j, path);
+  if (Reader::find(j, "autotp_size")) {
+    int n = 1;
+    r.read(j, path, "autotp_size", n, 1, kMaxInt);
+    autotp_size = n;
+  }
+}
+
 // Combinations that are each valid alone but not together.
 void check_consistency(Reader& r, const TrainConfig& c) {
   if (c.bf16.bf16_optimizer_states && !c.bf16.bf16_master_weights_and_grads)
@@ -310,6 +320,7 @@ TrainConfig parse_config(const std::string& json_text, const std::string& origin
     parse_activation_checkpointing(r, *v, c.activation_checkpointing);
   }
   if (const json* v = Reader::find(root, "aio")) parse_aio(r, *v, c.aio);
+  if (const json* v = Reader::find(root, "tensor_parallel")) parse_tensor_parallel(r, *v, c.autotp_size);
   if (const json* v = Reader::find(root, "data_efficiency")) config_detail::parse_data_efficiency(r, *v, c.data_efficiency);
   if (const json* v = Reader::find(root, "curriculum_learning")) config_detail::parse_legacy_curriculum(r, *v, c.curriculum_learning);
   r.apply_key_table(root, "");

@@ -145,6 +145,9 @@ struct TrainConfig {
   ActivationCheckpointingConfig activation_checkpointing;
   bool has_activation_checkpointing = false;  // the section was present
   AioConfig aio;
+  // tensor_parallel.autotp_size (DeepSpeed's AutoTP training degree): the CPU backend's
+  // tensor-parallel degree when --tensor_parallel_size is not given (absent: 1).
+  std::optional<int> autotp_size;
   DataEfficiencyConfig data_efficiency;
   LegacyCurriculumConfig curriculum_learning;
   std::vector<std::string> warnings;  // unknown keys, keys not acted on, etc., already formatted

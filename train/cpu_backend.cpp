@@ -4,10 +4,13 @@
 #include <iostream>
 
 #include "model/reference_model.h"
+#include "parallel/group_communicator.h"
+#include "parallel/rank_grid.h"
 #include "runtime/comm/host_communicator.h"
 #include "runtime/error.h"
 #include "train/lamb_optimizer.h"
 #include "train/cpu_pipeline.h"
+#include "train/cpu_tensor_parallel.h"
 #include "train/cpu_zero.h"
 
 namespace cutrain::train {
@@ -16,6 +19,7 @@ namespace {
 // The communicator of this process: the caller's, else a host communicator when the launch
 // environment names more than one rank (collective over all ranks), else none.
 std::shared_ptr<comm::Communicator> resolve_host_communicator(const BackendOptions& o, const TrainConfig& c) {
+  if (o.tp_comm) return o.comm;  // the grid's data-parallel group (none with dp 1), made by make_cpu_backend
   const comm::LaunchEnv env = o.comm ? comm::LaunchEnv{} : comm::read_launch_env();
   if (!o.comm && env.world_size <= 1) return nullptr;
   CUTRAIN_CHECK(c.optimizer.type != OptimizerType::Lamb,
@@ -37,10 +41,17 @@ class CpuBackend final : public TrainBackend {
     const std::size_t n = table_.flat_size();
     params_.resize(n);
     table_.init(params_.data(), o.seed);
+    if (o.tensor_parallel > 1) {
+      tp_ = std::make_unique<CpuTensorParallel>(o, table_);
+      tp_->attach(model_);
+      tp_->keep_held(params_);
+      std::cout << "[Rank " << rank_of(o) << "] " << tp_->describe() << std::endl;
+    }
     if (auto comm = resolve_host_communicator(o, c)) {
       CUTRAIN_CHECK(comm->device() < 0, "cpu backend: expected a host communicator, found ", comm->backend_name(),
                     " (GPUs use --device cuda)");
       zero_ = std::make_unique<CpuZero>(std::move(comm), table_, c, params_);
+      if (tp_) zero_->set_tensor_parallel(&tp_->counted(), &tp_->group(), rank_of(o));
       params_.resize(zero_->work_elems(), 0.f);
       grads_.assign(zero_->work_elems(), 0.f);
       std::cout << zero_->describe() << std::endl;
@@ -61,12 +72,17 @@ class CpuBackend final : public TrainBackend {
     if (zero_) return zero_step(tokens, labels, step, lr);
     for (int a = 0; a < accum; ++a) {
       model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, a));
-      st.loss += model_.forward(params_.data(), tokens + a * per, labels + a * per, opt_.batch, opt_.seq) / accum;
-      model_.backward(params_.data(), grads_.data(), 1.0 / accum);
+      st.loss += forward(tokens + a * per, labels + a * per) / accum;
+      backward(1.0 / accum);
       merge_moe(st, a);
     }
     double sq = 0;
-    for (float g : grads_) sq += double(g) * g;
+    if (tp_) {  // each element once over the group
+      sq = tp_->counted_sq(grads_.data(), 0, grads_.size());
+      tp_->group().all_reduce_sum_f64(&sq, 1, nullptr);
+    } else {
+      for (float g : grads_) sq += double(g) * g;
+    }
     st.grad_norm = std::sqrt(sq);
     if (!std::isfinite(st.grad_norm)) {
       st.skipped = true;
@@ -109,12 +125,21 @@ class CpuBackend final : public TrainBackend {
   }
   void reset_peak() override {}
   HostState save_state() const override {
-    if (!zero_) return {params_, {}, m_, v_, {}, DType::F32};
-    HostState s{{}, {}, {}, {}, {}, DType::F32};
-    zero_->gather_state(params_, s.params, s.exp_avg, s.exp_avg_sq);  // a collective: every rank calls it
+    HostState s{params_, {}, m_, v_, {}, DType::F32};
+    if (zero_) zero_->gather_state(params_, s.params, s.exp_avg, s.exp_avg_sq);  // a collective: every rank calls it
+    if (tp_)  // the group's slices and replicated tensors into the whole model (a collective of the group)
+      for (std::vector<float>* v : {&s.params, &s.exp_avg, &s.exp_avg_sq}) tp_->combine(*v);
     return s;
   }
-  void load_state(const HostState& s) override {
+  void load_state(const HostState& full) override {
+    const HostState* sp = &full;
+    HostState mine;
+    if (tp_) {  // this rank's slices and the replicated tensors
+      mine = full;
+      for (std::vector<float>* v : {&mine.params, &mine.exp_avg, &mine.exp_avg_sq}) tp_->keep_held(*v);
+      sp = &mine;
+    }
+    const HostState& s = *sp;
     if (zero_) {
       const std::size_t n = table_.flat_size();
       CUTRAIN_CHECK(s.params.size() == n && s.exp_avg.size() == n && s.exp_avg_sq.size() == n, "cpu backend: state of ",
@@ -128,7 +153,11 @@ class CpuBackend final : public TrainBackend {
     m_ = s.exp_avg;
     v_ = s.exp_avg_sq;
   }
+  std::string run_summary() const override { return tp_ ? tp_->run_summary() : std::string(); }
   const char* describe() const override {
+    if (tp_)
+      return zero_ ? "cpu (fp32 reference model, data x tensor parallel over the host communicator)"
+                   : "cpu (fp32 reference model, tensor parallel over the host communicator)";
     return zero_ ? "cpu (fp32 reference model, data parallel over the host communicator)" : "cpu (fp32 reference model)";
   }
 
@@ -143,8 +172,8 @@ class CpuBackend final : public TrainBackend {
     StepStats st;
     for (int a = 0; a < accum; ++a) {
       model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, a));
-      st.loss += model_.forward(params_.data(), tokens + a * per, labels + a * per, opt_.batch, opt_.seq) / accum;
-      model_.backward(params_.data(), grads_.data(), 1.0 / accum);
+      st.loss += forward(tokens + a * per, labels + a * per) / accum;
+      backward(1.0 / accum);
       merge_moe(st, a);  // this rank's micro-batches (ep_size 1: every rank holds every expert)
     }
     st.loss = zero_->mean_over_ranks(st.loss);
@@ -161,6 +190,21 @@ class CpuBackend final : public TrainBackend {
     return st;
   }
 
+  // One micro-batch's forward and backward; with tensor parallelism each is a pass of Domino's
+  // timeline (parallel/tp_reducer.h).
+  double forward(const std::int32_t* tokens, const std::int32_t* labels) {
+    if (tp_) tp_->begin_pass();
+    const double loss = model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
+    if (tp_) tp_->end_pass();
+    return loss;
+  }
+  void backward(double scale) {
+    if (tp_) tp_->begin_pass();
+    model_.backward(params_.data(), grads_.data(), scale);
+    if (tp_) tp_->end_pass();
+  }
+  static int rank_of(const BackendOptions&) { return comm::read_launch_env().rank; }
+
   void merge_moe(StepStats& st, int micro) const {  // the MoE blocks' routing of micro-batch `micro`
     const auto& m = model_.moe_stats();
     st.moe.resize(m.size());
@@ -173,12 +217,58 @@ class CpuBackend final : public TrainBackend {
   std::vector<float> params_, grads_, m_, v_;  // m_, v_: without data parallelism
   std::vector<kernels::LambTensor> lamb_tensors_;  // Lamb: the model's parameter tensors
   std::unique_ptr<CpuZero> zero_;
+  std::unique_ptr<CpuTensorParallel> tp_;  // tensor parallelism: this rank's slice
 };
 
 }  // namespace
 
-std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& o, const TrainConfig& c) {
-  if (o.pipeline_stages > 1) return make_cpu_pipeline_backend(o, c);
+std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& opt, const TrainConfig& c) {
+  if (opt.tensor_parallel <= 1) {
+    CUTRAIN_CHECK(opt.domino == 1, "--domino ", opt.domino, ": Domino splits the tensor-parallel all-reduces; expected "
+                  "--tensor_parallel_size > 1, found ", opt.tensor_parallel);
+    if (opt.pipeline_stages > 1) return make_cpu_pipeline_backend(opt, c);
+    return std::make_unique<CpuBackend>(opt, c);
+  }
+  // Tensor parallelism: the world on the grid (parallel/rank_grid.h), each backend given its groups.
+  BackendOptions o = opt;
+  CUTRAIN_CHECK(c.optimizer.type != OptimizerType::Lamb, "cpu backend: optimizer.type Lamb with ",
+                o.tensor_parallel_flag, " ", o.tensor_parallel, ": LAMB's trust ratios need whole tensors on one rank; "
+                "tensor-parallel ranks update with AdamW only");
+  // The slice's checks (heads, FFN, vocabulary; Domino's pieces) before any rendezvous.
+  parallel::make_tp_slice(o.dims, o.tensor_parallel, 0, o.tensor_parallel_flag);
+  parallel::check_domino(o.domino, o.batch, o.tensor_parallel, "--domino");
+  std::shared_ptr<comm::Communicator> world = o.comm;
+  if (!world) {
+    const comm::LaunchEnv env = comm::read_launch_env();
+    parallel::make_rank_grid(env.world_size, o.pipeline_stages, o.tensor_parallel, "--pipeline_parallel_size",
+                             o.tensor_parallel_flag);
+    if (o.pipeline_stages == 1)
+      parallel::make_zero_plan(c.zero_optimization.stage, 1, env.world_size, env.rank, /*has_comm=*/true);
+    comm::HostCommOptions ho;  // rings that hold a pipeline's in-flight activations (train/cpu_pipeline.h)
+    const std::size_t act = std::size_t(o.batch) * o.seq * o.dims.hidden * sizeof(float);
+    ho.channel_bytes = std::max(ho.channel_bytes, act * std::size_t(o.pipeline_stages + 1));
+    world = comm::create_host_communicator(env, ho);
+    if (env.rank == 0)
+      std::cout << "[Rank 0] tensor parallel: world " << env.world_size << " = " << o.pipeline_stages
+                << " stage(s) x " << env.world_size / (o.pipeline_stages * o.tensor_parallel) << " replica(s) x "
+                << o.tensor_parallel << " tensor-parallel ranks (rank = (stage x dp + replica) x "
+                << o.tensor_parallel << " + t), host communicator (shared memory, a test backend)" << std::endl;
+  }
+  CUTRAIN_CHECK(world->device() < 0, "cpu backend: expected a host communicator, found ", world->backend_name());
+  const parallel::RankGrid grid = parallel::make_rank_grid(world->world_size(), o.pipeline_stages, o.tensor_parallel,
+                                                           "--pipeline_parallel_size", o.tensor_parallel_flag);
+  const int r = world->rank();
+  o.tp_comm = parallel::make_group_communicator(world, grid.tp_group(r));
+  if (o.pipeline_stages > 1) {
+    o.comm = parallel::make_group_communicator(world, grid.pipe_dp_group(r));
+    return make_cpu_pipeline_backend(o, c);
+  }
+  o.comm = grid.dp > 1 ? std::shared_ptr<comm::Communicator>(parallel::make_group_communicator(world, grid.dp_group(r)))
+                       : nullptr;
+  if (o.comm)
+    std::cout << "[Rank " << r << "] data parallel: replica " << grid.coord(r).replica << " of " << grid.dp
+              << " (its ZeRO reductions over the " << grid.dp << " ranks of tensor-parallel index " << grid.coord(r).tp
+              << ")" << std::endl;
   return std::make_unique<CpuBackend>(o, c);
 }
 

@@ -1,6 +1,7 @@
 // @brief The CPU training backend: the fp32 reference model and a host AdamW or LAMB, with the engine's
 // clipping and NaN/Inf skip; data parallel (AdamW) with ZeRO stages 0-3 over the host communicator under
-// a launcher (train/cpu_zero.h). Slow; for tests, CI and machines without a GPU.
+// a launcher (train/cpu_zero.h), pipeline (train/cpu_pipeline.h) and tensor parallelism
+// (train/cpu_tensor_parallel.h) and their grid. Slow; for tests, CI and machines without a GPU.
 #pragma once
 
 #include <memory>
@@ -32,6 +33,15 @@ struct BackendOptions {
   // layers over that many ranks by DeepSpeed's partition_method.
   int pipeline_stages = 1;
   std::string partition_method = "parameters";
+  // Tensor parallelism (CPU backend: train/cpu_tensor_parallel.h): the degree (its source named in
+  // errors: the flag or tensor_parallel.autotp_size) and Domino's pieces per micro-batch. With
+  // tensor_parallel > 1 make_cpu_backend lays the ranks out on parallel/rank_grid.h's grid and
+  // passes each backend its groups: `comm` the data-parallel group (or, with a pipeline, the
+  // stages x replicas of this tensor-parallel index) and `tp_comm` the tensor-parallel group.
+  int tensor_parallel = 1;
+  std::string tensor_parallel_flag = "--tensor_parallel_size";
+  int domino = 1;
+  std::shared_ptr<comm::Communicator> tp_comm;
 };
 
 std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& options, const TrainConfig& config);

@@ -9,6 +9,7 @@
 #include "parallel/pipeline_plan.h"
 #include "runtime/comm/host_communicator.h"
 #include "runtime/error.h"
+#include "train/cpu_tensor_parallel.h"
 
 namespace cutrain::train {
 namespace {
@@ -56,6 +57,11 @@ class CpuPipelineBackend final : public TrainBackend {
     const std::size_t n = table_.flat_size();
     params_.resize(n);
     table_.init(params_.data(), o.seed);  // every rank alike; each uses and updates its own layers
+    if (o.tensor_parallel > 1) {  // PP x TP: this stage's layers, this rank's slices of them
+      tp_ = std::make_unique<CpuTensorParallel>(o, table_);
+      tp_->set_span(span_.embedding, span_.end - span_.first, span_.head);
+      tp_->keep_held(params_);
+    }
     grads_.assign(n, 0.f);
     // ZeRO-1 over the stage's replicas: each keeps and updates the moments of its partition of the
     // stage's layers (parallel/partition.h), then the replicas' updated params are shared.
@@ -82,7 +88,11 @@ class CpuPipelineBackend final : public TrainBackend {
       }
     }
     for (int m = 0; m < plan_.micro_batches; ++m) models_.emplace_back(table_, o.causal);
-    if (comm_->rank() == 0)
+    if (tp_)
+      for (auto& m : models_) tp_->attach(m);
+    // The world's rank (with tensor parallelism comm_ is the stages x replicas of this rank's tp index).
+    const int world_rank = o.tp_comm ? comm::read_launch_env().rank : comm_->rank();
+    if (world_rank == 0)
       std::cout << "[Rank 0] " << plan_.describe(layers)
                 << (dp_ > 1 ? "; " + std::to_string(dp_) + " data-parallel replicas (rank = stage x " +
                                   std::to_string(dp_) + " + replica)"
@@ -90,7 +100,7 @@ class CpuPipelineBackend final : public TrainBackend {
                 << (tied_.empty() ? "" : "; tied: the token embedding is the head's weight on stages 0 and " +
                                              std::to_string(plan_.stages - 1) + ", its gradients summed between them")
                 << std::endl;
-    std::cout << "[Rank " << comm_->rank() << "] pipeline stage " << stage_ << " of " << plan_.stages
+    std::cout << "[Rank " << world_rank << "] pipeline stage " << stage_ << " of " << plan_.stages
               << (dp_ > 1 ? ", replica " + std::to_string(replica_) + " of " + std::to_string(dp_) : std::string())
               << (zero1_ ? ", ZeRO-1: the moments of [" + std::to_string(state_.begin) + ", " +
                                std::to_string(state_.end) + ")"
@@ -98,6 +108,7 @@ class CpuPipelineBackend final : public TrainBackend {
               << " over the "
               << comm_->backend_name() << " communicator: layers " << st.first << "-" << st.end - 1 << ", flat ["
               << owned_.begin << ", " << owned_.end << ")" << std::endl;
+    if (tp_) std::cout << "[Rank " << world_rank << "] stage " << stage_ << ": " << tp_->describe() << std::endl;
   }
   const model::TransformerParams& table() const override { return table_; }
 
@@ -114,13 +125,17 @@ class CpuPipelineBackend final : public TrainBackend {
       const std::size_t at = std::size_t(a.micro) * per;
       if (a.kind == PipeAction::Forward) {
         if (!span_.embedding) comm_->recv(in.data(), act, DType::F32, prev_, nullptr);
+        if (tp_) tp_->begin_pass();
         const double l = mdl.forward_span(params_.data(), span_, tokens + at, labels + at, in.data(), opt_.batch,
                                           opt_.seq, &out);
+        if (tp_) tp_->end_pass();
         if (span_.head) loss += l / M;
         else comm_->send(out.data(), act, DType::F32, next_, nullptr);
       } else {
         if (!span_.head) comm_->recv(dout.data(), act, DType::F32, next_, nullptr);
+        if (tp_) tp_->begin_pass();
         mdl.backward_span(params_.data(), grads_.data(), dout.data(), 1.0 / M, &din);
+        if (tp_) tp_->end_pass();
         if (!span_.embedding) comm_->send(din.data(), act, DType::F32, prev_, nullptr);
       }
     }
@@ -129,9 +144,11 @@ class CpuPipelineBackend final : public TrainBackend {
     st.loss = span_.head ? loss / dp_ : 0.0;
     comm_->all_reduce_sum_f64(&st.loss, 1, nullptr);  // from the last stage to every rank
     double sq = 0;  // replica 0 of each stage: the stage's reduced gradients once
-    if (replica_ == 0)
+    if (replica_ == 0 && tp_) sq = tp_->counted_sq(grads_.data(), owned_.begin, owned_.end);
+    else if (replica_ == 0)
       for (std::size_t i = owned_.begin; i < owned_.end; ++i) sq += double(grads_[i]) * grads_[i];
     comm_->all_reduce_sum_f64(&sq, 1, nullptr);
+    if (tp_) tp_->group().all_reduce_sum_f64(&sq, 1, nullptr);
     st.grad_norm = std::sqrt(sq);
     if (!std::isfinite(st.grad_norm)) {
       st.skipped = true;
@@ -184,11 +201,21 @@ class CpuPipelineBackend final : public TrainBackend {
       std::copy(m_.begin(), m_.end(), s.exp_avg.begin() + std::ptrdiff_t(state_.begin));
       std::copy(v_.begin(), v_.end(), s.exp_avg_sq.begin() + std::ptrdiff_t(state_.begin));
     }
-    for (std::vector<float>* v : {&s.params, &s.exp_avg, &s.exp_avg_sq})
+    for (std::vector<float>* v : {&s.params, &s.exp_avg, &s.exp_avg_sq}) {
       comm_->all_reduce(v->data(), n, DType::F32, comm::ReduceOp::Sum, nullptr);
+      if (tp_) tp_->combine(*v);  // the tensor-parallel group's slices into the whole tensors
+    }
     return s;
   }
-  void load_state(const HostState& s) override {
+  void load_state(const HostState& full) override {
+    HostState mine;
+    const HostState* sp = &full;
+    if (tp_) {
+      mine = full;
+      for (std::vector<float>* v : {&mine.params, &mine.exp_avg, &mine.exp_avg_sq}) tp_->keep_held(*v);
+      sp = &mine;
+    }
+    const HostState& s = *sp;
     const std::size_t n = table_.flat_size();
     CUTRAIN_CHECK(s.params.size() == n && s.exp_avg.size() == n && s.exp_avg_sq.size() == n, "cpu backend: state of ",
                   s.params.size(), " params does not fit the model's ", n);
@@ -200,7 +227,11 @@ class CpuPipelineBackend final : public TrainBackend {
       v_tied_.assign(s.exp_avg_sq.begin() + std::ptrdiff_t(tied_.begin), s.exp_avg_sq.begin() + std::ptrdiff_t(tied_.end));
     }
   }
-  const char* describe() const override { return "cpu (fp32 reference model, pipeline over the host communicator)"; }
+  const char* describe() const override {
+    return tp_ ? "cpu (fp32 reference model, pipeline x tensor parallel over the host communicator)"
+               : "cpu (fp32 reference model, pipeline over the host communicator)";
+  }
+  std::string run_summary() const override { return tp_ ? tp_->run_summary() : std::string(); }
 
  private:
   BackendOptions opt_;
@@ -218,6 +249,7 @@ class CpuPipelineBackend final : public TrainBackend {
   parallel::Range tied_;  // GPT-2: the token embedding, the head's weight (empty for Simple)
   bool tied_decay_ = true;
   std::vector<float> m_tied_, v_tied_;  // the last stage's moments of its copy
+  std::unique_ptr<CpuTensorParallel> tp_;  // PP x TP: this rank's slices of its stage
   bool holds_tied_copy() const { return !tied_.empty() && span_.head && !span_.embedding; }
 
   // After the backwards: each stage's gradients averaged over its replicas and a tied weight's

@@ -62,20 +62,24 @@ double CpuZero::reduce_grads(std::vector<float>& grads) {
   CUTRAIN_CHECK(grads.size() == work_elems_, "cpu ZeRO: gradient buffer of ", grads.size(), " elements, expected ",
                 work_elems_);
   double sq = 0;
-  auto sum_sq = [&sq](const float* g, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) sq += double(g[i]) * g[i];
+  // g[0, n) are flat elements [flat, flat + n); with tensor parallelism only the counted ones.
+  auto sum_sq = [&](const float* g, std::size_t n, std::size_t flat) {
+    for (std::size_t i = 0; i < n; ++i)
+      if (!counted_ || (flat + i < numel_ && (*counted_)[flat + i])) sq += double(g[i]) * g[i];
   };
   switch (plan_.mode) {
     case ZeroMode::AllReduce:
       comm_->all_reduce(grads.data(), numel_, DType::F32, comm::ReduceOp::Avg, nullptr);
-      sum_sq(grads.data(), numel_);
-      return std::sqrt(sq);  // every rank has the same gradients: no second collective
+      sum_sq(grads.data(), numel_, 0);
+      // every rank has the same gradients: no second collective (but the tensor-parallel group's)
+      if (tp_group_) tp_group_->all_reduce_sum_f64(&sq, 1, nullptr);
+      return std::sqrt(sq);
     case ZeroMode::Partitioned: {
       const std::size_t per = plan_.part.per_rank;
       float* mine = grads.data() + std::size_t(plan_.rank) * per;
       comm_->reduce_scatter(grads.data(), mine, per, DType::F32, comm::ReduceOp::Avg, nullptr);
       const Range nr = plan_.norm_range();
-      sum_sq(grads.data() + nr.begin, nr.size());
+      sum_sq(grads.data() + nr.begin, nr.size(), nr.begin);
       break;
     }
     case ZeroMode::Sharded: {
@@ -86,12 +90,15 @@ double CpuZero::reduce_grads(std::vector<float>& grads) {
         comm_->reduce_scatter(unit.data(), grad_shard_.data() + u.shard_offset, u.per_rank, DType::F32,
                               comm::ReduceOp::Avg, nullptr);
       }
-      sum_sq(grad_shard_.data(), grad_shard_.size());
+      if (!counted_) sum_sq(grad_shard_.data(), grad_shard_.size(), 0);
+      else
+        for (const Segment& sg : segments_) sum_sq(grad_shard_.data() + sg.shard, sg.count, sg.flat);
       break;
     }
     case ZeroMode::None: CUTRAIN_FAIL("cpu ZeRO: no communicator");
   }
   comm_->all_reduce_sum_f64(&sq, 1, nullptr);
+  if (tp_group_) tp_group_->all_reduce_sum_f64(&sq, 1, nullptr);
   return std::sqrt(sq);
 }
 
@@ -194,9 +201,13 @@ std::int64_t CpuZero::state_bytes() const {
 
 std::string CpuZero::describe() const {
   std::ostringstream os;
-  os << "[Rank " << plan_.rank << "] ZeRO stage " << plan_.stage << ", world size " << plan_.world << " over the "
-     << comm_->backend_name() << " communicator: " << plan_.mode_name() << "; this rank holds the moments of " << m_.size()
-     << " of the " << numel_ << " flat elements";
+  if (tp_group_)
+    os << "[Rank " << world_rank_ << "] ZeRO stage " << plan_.stage << ", data-parallel rank " << plan_.rank << " of "
+       << plan_.world << " over the ";
+  else
+    os << "[Rank " << plan_.rank << "] ZeRO stage " << plan_.stage << ", world size " << plan_.world << " over the ";
+  os << comm_->backend_name() << " communicator: " << plan_.mode_name() << "; this rank holds the moments of "
+     << m_.size() << " of the " << numel_ << " flat elements";
   if (plan_.sharded())
     os << " and the params and reduced gradients of its shard (" << layout_.shard_elems << " elements of "
        << layout_.units.size() << " units), gathered before each forward";

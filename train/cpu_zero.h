@@ -45,6 +45,14 @@ class CpuZero {
   double reduce_grads(std::vector<float>& grads);
   // AdamW on this rank's part with the clip coefficient `scale`, then the params shared again.
   void adam(std::vector<float>& params, const std::vector<float>& grads, int step, float lr, double scale);
+  // Tensor parallelism (train/cpu_tensor_parallel.h): the gradient norm counts only the elements
+  // `counted` marks (flat, numel) and its sum of squares is also summed over `tp_group`; the
+  // communicator is then the data-parallel group and `world_rank` labels the log line.
+  void set_tensor_parallel(const std::vector<unsigned char>* counted, comm::Communicator* tp_group, int world_rank) {
+    counted_ = counted;
+    tp_group_ = tp_group;
+    world_rank_ = world_rank;
+  }
   // The mean of every rank's value.
   double mean_over_ranks(double v);
 
@@ -79,6 +87,9 @@ class CpuZero {
     bool decay = true;
   };
   std::vector<Segment> segments_;
+  const std::vector<unsigned char>* counted_ = nullptr;
+  comm::Communicator* tp_group_ = nullptr;
+  int world_rank_ = -1;
 };
 
 }  // namespace cutrain::train

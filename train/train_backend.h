@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <optional>
 #include <vector>
 
@@ -83,6 +84,9 @@ class TrainBackend {
   // Whether the state holds a bf16 master's compensation (bf16.bf16_master_compensation).
   virtual bool has_compensation() const { return false; }
   virtual const char* describe() const = 0;  // "cuda (NVIDIA H200)", "cpu (reference model)"
+  // A line for the run's summary from the parallel layout (tensor parallelism: Domino's modelled
+  // overlap); empty when there is none.
+  virtual std::string run_summary() const { return {}; }
 };
 
 }  // namespace cutrain::train

@@ -14,6 +14,7 @@
 
 #include "data/batch_sampler.h"
 #include "data/data_loader.h"
+#include "parallel/rank_grid.h"
 #include "runtime/allocator.h"
 #include "runtime/comm/launch_env.h"
 #include "runtime/device.h"
@@ -251,10 +252,23 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   CUTRAIN_CHECK(pp == 1 || cfg.optimizer.type != OptimizerType::Lamb, "train: --pipeline_parallel_size ", pp, ": ",
                 o.deepspeed_config.string(), " gives optimizer.type Lamb, whose trust ratios need whole tensors on one "
                 "rank; the pipeline's stages update with AdamW only");
-  CUTRAIN_CHECK(env.world_size % pp == 0, "train: --pipeline_parallel_size ", pp, " does not divide the world size ",
-                env.world_size, ": expected world size = data-parallel degree x pipeline stages");
-  // Ranks as DeepSpeed's grid: rank = stage x dp + replica (train/cpu_pipeline.h).
-  const int dp_world = env.world_size / pp, dp_rank = env.rank % dp_world;
+  // Tensor parallelism: the flag, else the config's tensor_parallel.autotp_size.
+  const int tp = o.tensor_parallel_size.value_or(cfg.autotp_size.value_or(1));
+  const std::string tp_flag = o.tensor_parallel_size ? std::string("--tensor_parallel_size")
+                                                     : "tensor_parallel.autotp_size (" + o.deepspeed_config.string() + ")";
+  CUTRAIN_CHECK(tp >= 1, "train: ", tp_flag, ": expected a tensor-parallel degree >= 1, found ", tp);
+  CUTRAIN_CHECK(tp == 1 || o.device == TrainDevice::Cpu, "train: ", tp_flag, " ", tp,
+                ": tensor parallelism runs on --device cpu (over the host communicator); it is not built on the GPU "
+                "engine yet");
+  CUTRAIN_CHECK(o.domino == 1 || tp > 1, "train: --domino ", o.domino,
+                ": Domino splits the tensor-parallel all-reduces; expected --tensor_parallel_size > 1, found ", tp);
+  CUTRAIN_CHECK(tp > 1 || env.world_size % pp == 0, "train: --pipeline_parallel_size ", pp,
+                " does not divide the world size ", env.world_size,
+                ": expected world size = data-parallel degree x pipeline stages");
+  // Ranks on the grid (parallel/rank_grid.h): rank = (stage x dp + replica) x tp + t; with tp 1
+  // DeepSpeed's pipeline grid, rank = stage x dp + replica (train/cpu_pipeline.h).
+  const parallel::RankGrid grid = parallel::make_rank_grid(env.world_size, pp, tp, "--pipeline_parallel_size", tp_flag);
+  const int dp_world = grid.dp, dp_rank = grid.coord(env.rank).replica;
   cfg.resolve_batch(dp_world);
   if (o.learning_rate) cfg.optimizer.lr = *o.learning_rate;
   const LrSchedule schedule = LrSchedule::from_config(cfg);
@@ -300,6 +314,9 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   bo.cuda_graph = o.cuda_graph;
   bo.pipeline_stages = pp;
   bo.partition_method = o.partition_method;
+  bo.tensor_parallel = tp;
+  bo.tensor_parallel_flag = tp_flag;
+  bo.domino = o.domino;
   if (pp > 1 && accum == 1)
     out << "[Rank 0] warning: a pipeline of " << pp << " stages with gradient_accumulation_steps 1: one micro-batch "
         << "per step, so no stage overlaps another (bubble fraction " << pp - 1 << "/" << pp << ")\n";
@@ -309,6 +326,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     check_checkpoint_moe(bo.dims.moe, resume_dims.moe, (resume->folder / kCheckpointConfigFile).string());
   }
   if (bo.dims.moe.any()) {
+    CUTRAIN_CHECK(tp == 1, "train: --num_experts with ", tp_flag, " ", tp,
+                  ": tensor parallelism of MoE blocks is not built; MoE trains on one process or data parallel");
     CUTRAIN_CHECK(pp == 1, "train: --num_experts with --pipeline_parallel_size ", pp,
                   ": a pipeline of MoE blocks is not built (the stages would have to carry the aux loss); "
                   "MoE trains on one process or data parallel (ep_size 1)");
@@ -689,6 +708,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   out << "  Average step time: " << fixed(res.avg_step_time, 3) << "s\n";
   out << "  Peak memory: " << format_gb(fin.peak) << "\n";
   out << "  Final allocated memory: " << format_gb(fin.allocated) << "\n";
+  if (const std::string tps = be->run_summary(); !tps.empty()) out << "  Rank 0's " << tps << "\n";
   if (writer && res.saves.async && res.saves.steps_in_flight > 0) {
     const SaveStats& t = res.saves;
     const double in = t.time_in_flight / t.steps_in_flight;

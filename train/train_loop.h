@@ -42,6 +42,10 @@ struct TrainOptions {
   // partition_method (docs/distributed.md).
   int pipeline_parallel_size = 1;
   std::string partition_method = "parameters";
+  // Tensor parallelism (--device cpu): the degree (--tensor_parallel_size; not given: the config's
+  // tensor_parallel.autotp_size, else 1) and Domino's pieces per micro-batch (--domino).
+  std::optional<int> tensor_parallel_size;
+  int domino = 1;
   std::filesystem::path loss_log_file;
   bool use_real_data = false;
   std::vector<std::string> data;  // --data: glob patterns of llm.c token shards (with --use_real_data)

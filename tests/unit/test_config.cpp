@@ -81,7 +81,8 @@ const char* kEveryKey = R"({
                                "contiguous_memory_optimization": true, "number_checkpoints": 12,
                                "synchronize_checkpoint_boundary": true, "profile": true},
   "aio": {"block_size": 2097152, "queue_depth": 64, "intra_op_parallelism": 4, "single_submit": true,
-          "overlap_events": true, "use_gds": true}
+          "overlap_events": true, "use_gds": true},
+  "tensor_parallel": {"autotp_size": 2}
 })";
 
 }  // namespace
@@ -192,6 +193,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_TRUE(c.aio.single_submit);
   EXPECT_TRUE(c.aio.overlap_events);
   EXPECT_TRUE(c.aio.use_gds);
+  EXPECT_EQ(c.autotp_size, 2);
   EXPECT_EQ(c.source, "every.json");
 }
 
@@ -614,6 +616,13 @@ TEST(Config, StochasticRoundingDefaultFollowsTheLayout) {
                   .bf16.stochastic_rounding);
   EXPECT_FALSE(train::load_config(std::filesystem::path(CUTRAIN_SOURCE_DIR) / "configs" / "baseline.json")
                    .bf16.stochastic_rounding);
+}
+
+TEST(Config, TensorParallelAutotpSize) {
+  EXPECT_FALSE(train::parse_config(R"({"train_micro_batch_size_per_gpu": 2})", "a.json").autotp_size);
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "tensor_parallel": {"autotp_size": 0}})",
+               {"tensor_parallel.autotp_size"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "tensor_parallel": 2})", {"tensor_parallel"});
 }
 
 // ---- the key table (train/config_keys.h): acted on, warned, error ----
