@@ -56,10 +56,11 @@ void check_random_ltd(const TrainConfig& config, const RandomLtdRun& run) {
                           "multiple of it: the first steps would keep no token), found ", c.min_value));
   if (c.model_type == RandomLtdModelType::Decoder && !run.causal)
     r.fail(p + ".model_type", "expected \"encoder\": this model's attention is not causal (the BF16 example's "
-                              "synthetic run; --use_real_data and --arch gpt2 train a causal model), found \"decoder\"");
+                              "synthetic run; --attention causal, --use_real_data's next-token labels and --model gpt2 "
+                              "train a causal one), found \"decoder\"");
   if (c.model_type == RandomLtdModelType::Encoder && run.causal)
-    r.fail(p + ".model_type", "expected \"decoder\": this model's attention is causal (--use_real_data or --arch "
-                              "gpt2), found \"encoder\"");
+    r.fail(p + ".model_type", "expected \"decoder\": this model's attention is causal (--attention causal, "
+                              "--use_real_data's next-token labels or --model gpt2), found \"encoder\"");
   if (run.pipeline_stages > 1)
     r.fail(p + ".enabled", detail::concat("expected false with pipeline parallelism (", run.pipeline_stages,
                                           " stages): random-LTD under the pipeline is not implemented, found true"));
