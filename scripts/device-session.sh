@@ -58,6 +58,12 @@
 #               deepnvme_peer.py under PEERS_DIR's run.sh ds-python: the same checks on both, then
 #               the GB/s table with ours/DeepSpeed per row; DNVME_DIR, default /tmp/dnvme;
 #               DNVME_SIZE, default 1G; DNVME_REPS, default 3). About 6 minutes after the build.
+#   random_ltd  random-LTD: its GPU tests (test_token_drop_gpu, test_random_ltd_gpu,
+#               e2e_random_ltd_cli_cuda), then scripts/random_ltd_bench.py: the step time at kept
+#               fractions LTD_FRACTIONS (default 0.5,0.75) against the full-sequence step of the
+#               same config, the BF16 example's model and GPT-2 small at seq 1024, every block or
+#               DeepSpeed's 1..L-2 dropping, LTD_ROUNDS (default 3) alternating rounds, the table
+#               against the target f + 0.08 and the ideal ratio from a timing report. About 5 minutes.
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -352,6 +358,13 @@ if want python; then
   else
     echo "-- python_deepnvme: no $peers/run.sh (device-snapshot.sh copies ../shared/peers as .peers, or set PEERS_DIR)" >>"$sum"
   fi
+fi
+
+if want random_ltd; then
+  step random_ltd_tests 150 "ctest --test-dir build/gpu -j $CTEST_JOBS --output-on-failure -R 'TokenDropGpu|RandomLtdGpu|e2e_random_ltd_cli_cuda'"
+  grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/random_ltd_tests.txt" | tail -15 >>"$sum" 2>/dev/null
+  step random_ltd_bench 300 "python3 scripts/random_ltd_bench.py --bin $bin --fractions ${LTD_FRACTIONS:-0.5,0.75} --rounds ${LTD_ROUNDS:-3} --out $logs/random_ltd"
+  grep -E "^\|" "$logs/random_ltd_bench.txt" >>"$sum" 2>/dev/null
 fi
 
 if want extra && [ -n "${EXTRA_CMD:-}" ]; then
