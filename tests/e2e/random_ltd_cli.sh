@@ -141,6 +141,44 @@ echo "ok: bad input named by JSON path before any step"
 "$bin" check-config configs/curriculum_random_ltd.json >"$tmp/cc.txt" 2>&1 \
   || { cat "$tmp/cc.txt"; fail "check-config curriculum_random_ltd.json"; }
 
+# Composed with the vocabularyrarity curriculum (configs/curriculum_random_ltd.json, decoder) on
+# a shard written here: both lines, both figures in the metrics, the losses finite.
+python3 - "$tmp" <<'PY'
+import random, struct, sys
+rng = random.Random(5)
+n = 4001
+toks = [min(rng.randrange(3000), rng.randrange(3000)) for _ in range(n)]
+with open(f"{sys.argv[1]}/train.bin", "wb") as f:
+    f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+    f.write(struct.pack(f"<{n}H", *toks))
+PY
+"$bin" analyze-data --data "$tmp/train.bin" --seq_length "$S" --metric vocabularyrarity --output "$tmp/idx.json" >/dev/null
+python3 - "$S" "$LO" "$PER" "$tmp/comp.json" <<'PY'
+import json, sys
+S, lo, per, out = sys.argv[1:]
+c = json.load(open("configs/curriculum_random_ltd.json"))
+c["train_micro_batch_size_per_gpu"] = 2
+m = c["data_efficiency"]["data_sampling"]["curriculum_learning"]["curriculum_metrics"]["vocabularyrarity"]
+m["index_to_sample_path"] = m["index_to_metric_path"] = "idx.json"
+m["schedule_config"]["total_curriculum_step"] = 6
+r = c["data_efficiency"]["data_routing"]["random_ltd"]
+r.update({"total_layer_num": 3, "random_ltd_layer_num": 2, "random_ltd_layer_id": [1, 2]})
+r["random_ltd_schedule"].update({"min_value": int(lo), "max_value": int(S),
+                                 "schedule_config": {"require_steps": 4, "seq_per_step": int(per)}})
+json.dump(c, open(out, "w"))
+PY
+"$bin" train --device "$device" --use_real_data --data "$tmp/train.bin" --hidden_dim "${size[1]}" --num_heads 2   --num_layers 3 --seq_length "$S" --batch_size 2 --learning_rate 1e-2 --log_interval 2 --seed 3   --deepspeed_config "$tmp/comp.json" --num_steps 4 --metrics_file "$tmp/mc.jsonl" >"$tmp/comp.txt" 2>&1   || { cat "$tmp/comp.txt"; fail "composed curriculum + random-LTD run"; }
+grep -q "curriculum: vocabularyrarity from" "$tmp/comp.txt" || { cat "$tmp/comp.txt"; fail "composed: curriculum line"; }
+grep -q "random-LTD: blocks \[1, 2\] keep .*, decoder" "$tmp/comp.txt" || { cat "$tmp/comp.txt"; fail "composed: random-LTD line"; }
+python3 - "$tmp/mc.jsonl" <<'PY' || fail "composed metrics"
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 4 and all(math.isfinite(r["loss"]) and "curriculum_difficulty" in r and "layer_tokens" in r
+                              for r in rows), rows
+PY
+check_metrics "$tmp/mc.jsonl" 1 1 0 || fail "composed: layer tokens"
+echo "ok: composed with the vocabularyrarity curriculum"
+
 [ "$device" = cpu ] || exit 0
 # ZeRO over the host launcher: 2 ranks at stages 0 and 2 give the same losses; the layer tokens
 # are the global batch's.
