@@ -168,6 +168,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   ltd_ = std::make_unique<RandomLtdDraw>(c, o.batch, o.seq, o.dims.layers, comm_ ? comm_->rank() : 0);
   std::vector<int> drop_layers;
   if (ltd_->active()) {
+    if (opt_.cuda_graph) describe_ += ", random-LTD: the CUDA graph captured again per kept count";
     drop_layers = c.data_efficiency.random_ltd.layer_ids;
     drop_stride_ = drop_layers.size() * std::size_t(o.batch) * o.seq;
     drop_idx_d_ = Buffer(A, accum_ * drop_stride_ * 4, stream_);

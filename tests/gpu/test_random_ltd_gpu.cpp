@@ -30,7 +30,7 @@ struct Case {
   int accumulation;
 };
 
-// kept = 16, 16, 16, 16, 32, 32, 48, 48, 64 (= S: no drop) at steps 1..9.
+// kept = 16, 16, 16, 32, 32, 32, 48, 48, 64 (= S: no drop) at the 1-based steps 1..9.
 train::TrainConfig ltd_config(const Case& c, int layers) {
   const std::string ids = c.ids;
   const int n = int(std::count(ids.begin(), ids.end(), ',')) + 1;
