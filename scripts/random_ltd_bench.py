@@ -12,7 +12,8 @@ the "ideal" column is what perfect scaling of the dropping blocks alone would gi
 --timing_report of the full run (the layerNN regions' share of the step).
 
     scripts/random_ltd_bench.py --bin build/gpu/tools/cutrain [--fractions 0.5,0.75] [--rounds 3]
-        [--steps 30] [--out DIR]
+        [--steps 30] [--shapes bf16_example,gpt2_small] [--out DIR]
+--shapes tiny_cpu runs the script on the CPU backend (a smoke test of the script, no figure).
 """
 import argparse
 import json
@@ -23,15 +24,20 @@ import subprocess
 import sys
 
 SHAPES = {
-    "bf16_example": {"flags": [], "layers": 12, "seq": 512, "model_type": "encoder"},
+    "bf16_example": {"flags": [], "layers": 12, "seq": 512, "batch": 4, "model_type": "encoder"},
     "gpt2_small": {"flags": ["--hidden_dim", "768", "--num_layers", "12", "--num_heads", "12", "--vocab_size", "50257",
                              "--pad_vocab", "--attention", "causal", "--seq_length", "1024", "--batch_size", "8"],
-                   "layers": 12, "seq": 1024, "model_type": "decoder"},
+                   "layers": 12, "seq": 1024, "batch": 8, "model_type": "decoder"},
+    # A smoke test of the script itself on the CPU backend (no timing report there).
+    "tiny_cpu": {"flags": ["--device", "cpu", "--hidden_dim", "32", "--num_heads", "2", "--num_layers", "3",
+                           "--vocab_size", "64", "--seq_length", "64", "--batch_size", "2"],
+                 "layers": 3, "seq": 64, "batch": 2, "model_type": "encoder", "no_report": True},
 }
 
 
-def write_config(out, kept, ids, layers, model_type):
+def write_config(out, kept, ids, layers, model_type, batch):
     c = json.load(open("configs/random_ltd.json"))
+    c["train_micro_batch_size_per_gpu"] = batch  # the config's micro batch wins over --batch_size
     r = c["data_efficiency"]["data_routing"]
     if kept is None:
         r["enabled"] = False
@@ -92,13 +98,13 @@ def main():
             cfgs = {}
             for name, kept in cases:
                 cfgs[name] = os.path.join(args.out, f"{shape}_{layout}_{name}.json".replace("..", "_"))
-                write_config(cfgs[name], kept, ids, L, sh["model_type"])
+                write_config(cfgs[name], kept, ids, L, sh["model_type"], sh["batch"])
             times = {name: [] for name, _ in cases}
             for r in range(args.rounds):
                 order = cases if r % 2 == 0 else list(reversed(cases))
                 for name, _ in order:
                     times[name].append(run(args, cfgs[name], sh["flags"])[0])
-            if layout == "all_blocks":
+            if layout == "all_blocks" and not sh.get("no_report"):
                 rep = os.path.join(args.out, f"{shape}_timing_full.json")
                 run(args, cfgs["full"], sh["flags"], ["--timing_report", rep], steps=12)
                 share = block_share(rep)
