@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <set>
 #include <string>
 
@@ -147,6 +148,23 @@ TEST(RandomLtdConfig, CheckedAgainstTheModelAndTheRun) {
   low.replace(low.find("\"min_value\": 16"), 15, "\"min_value\": 8");
   expect_error([&] { train::check_random_ltd(train::parse_config(with_ltd(low), "ltd.json"), run); },
                {std::string(kLtd) + ".random_ltd_schedule.min_value", "seq_per_step 16", "found 8"});
+}
+
+TEST(RandomLtdConfig, ShippedConfigsLoad) {
+  train::ConfigLoadOptions strict;
+  strict.strict = true;
+  const auto dir = std::filesystem::path(CUTRAIN_SOURCE_DIR) / "configs";
+  const train::TrainConfig a = train::load_config(dir / "random_ltd.json", strict);
+  EXPECT_TRUE(a.data_efficiency.random_ltd_active());
+  EXPECT_EQ(a.data_efficiency.random_ltd.model_type, train::RandomLtdModelType::Encoder);
+  ASSERT_EQ(a.warnings.size(), 1u) << a.warnings.at(0);
+  EXPECT_TRUE(has_warning(a, std::string(kLtd) + ".model_mask_name is read but not acted on"));
+  train::check_random_ltd(a, {12, 512, false, {}, 1});  // the BF16 example's model, bidirectional
+  const train::TrainConfig b = train::load_config(dir / "curriculum_random_ltd.json", strict);
+  EXPECT_TRUE(b.data_efficiency.random_ltd_active());
+  EXPECT_TRUE(b.data_efficiency.curriculum_active());
+  EXPECT_EQ(b.warnings.size(), 3u);
+  train::check_random_ltd(b, {12, 512, true, {}, 1});  // --use_real_data: causal
 }
 
 TEST(RandomLtdSchedule, FixedLinearAsDeepSpeed) {
