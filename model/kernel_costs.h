@@ -57,6 +57,12 @@ inline Cost gelu_backward(std::size_t n) { return {0, 6 * d(n)}; }
 // Fused softmax + loss + dlogits in place over logits[M,V]: one read, one write, the labels.
 inline Cost cross_entropy(std::size_t M, std::size_t V) { return {0, 4 * d(M) * d(V) + 4 * d(M)}; }
 // Token + position rows gathered and summed; backward scatters them into the tables.
+// random-LTD: rows [B*K, h] bf16 gathered or scattered by int32 indices (with `add`: a second
+// operand read); the bypass copy of the residual stream [M, h].
+inline Cost token_move(std::size_t rows, std::size_t h, bool add = false) {
+  return {0, 2 * d(rows) * d(h) * (add ? 3 : 2) + 4 * d(rows)};
+}
+inline Cost row_copy(std::size_t M, std::size_t h) { return {0, 2 * 2 * d(M) * d(h)}; }
 inline Cost embedding_forward(std::size_t B, std::size_t S, std::size_t h) {
   return {0, 2 * d(B) * d(S) * d(h) * 2 + 2 * d(S) * d(h) + 4 * d(B) * d(S)};
 }

@@ -28,35 +28,44 @@ double ReferenceModel<T>::forward_gpt2(const T* P, const std::int32_t* tokens, c
     if (span_.head) labels_.assign(labels, labels + M);
   }
   acts_.assign(d.layers, {});
-  std::vector<T> tmp(std::size_t(M) * h);
+  std::vector<T> tmp(std::size_t(M) * h), xk;
   for (int l = span_.first; l < span_.end; ++l) {
     const LayerIndex& L = p_.layer(l);
     LayerActs& a = acts_[l];
-    a.x_in = x;
-    a.x1.resize(std::size_t(M) * h);
-    a.mean1.resize(M);
-    a.rstd1.resize(M);
-    ln_fwd(x.data(), at(L.norm1_w), at(L.norm1_b), a.x1.data(), a.mean1.data(), a.rstd1.data(), M, h);
-    a.qkv.resize(std::size_t(M) * 3 * h);
-    linear_fwd(a.x1.data(), at(L.in_proj_w), at(L.in_proj_b), a.qkv.data(), M, 3 * h, h);
-    attention_fwd(a.qkv, a.probs, a.att, B, S, H, D, true);
-    linear_fwd(a.att.data(), at(L.out_proj_w), at(L.out_proj_b), tmp.data(), M, h, h);
-    a.s1.resize(std::size_t(M) * h);
-    for (std::size_t i = 0; i < a.s1.size(); ++i) a.s1[i] = T(double(x[i]) + double(tmp[i]));
-    a.s2.resize(std::size_t(M) * h);
-    a.mean2.resize(M);
-    a.rstd2.resize(M);
-    ln_fwd(a.s1.data(), at(L.norm2_w), at(L.norm2_b), a.s2.data(), a.mean2.data(), a.rstd2.data(), M, h);
+    // random-LTD: a dropping block on its kept tokens, in ascending position order. Causal
+    // attention over them by their order is the causal mask of their original positions restricted
+    // to the kept set (j before i in the kept order iff position j < position i); the positions
+    // themselves were added at the embedding, so the block needs nothing else of them.
+    const int slot = drop_slot(l);
+    const int Sl = slot < 0 ? S : drop_->kept, Ml = B * Sl;
+    if (slot >= 0) xk = gather_tokens(x, slot);
+    std::vector<T>& xb = slot < 0 ? x : xk;
+    a.x_in = xb;
+    a.x1.resize(std::size_t(Ml) * h);
+    a.mean1.resize(Ml);
+    a.rstd1.resize(Ml);
+    ln_fwd(xb.data(), at(L.norm1_w), at(L.norm1_b), a.x1.data(), a.mean1.data(), a.rstd1.data(), Ml, h);
+    a.qkv.resize(std::size_t(Ml) * 3 * h);
+    linear_fwd(a.x1.data(), at(L.in_proj_w), at(L.in_proj_b), a.qkv.data(), Ml, 3 * h, h);
+    attention_fwd(a.qkv, a.probs, a.att, B, Sl, H, D, true);
+    linear_fwd(a.att.data(), at(L.out_proj_w), at(L.out_proj_b), tmp.data(), Ml, h, h);
+    a.s1.resize(std::size_t(Ml) * h);
+    for (std::size_t i = 0; i < a.s1.size(); ++i) a.s1[i] = T(double(xb[i]) + double(tmp[i]));
+    a.s2.resize(std::size_t(Ml) * h);
+    a.mean2.resize(Ml);
+    a.rstd2.resize(Ml);
+    ln_fwd(a.s1.data(), at(L.norm2_w), at(L.norm2_b), a.s2.data(), a.mean2.data(), a.rstd2.data(), Ml, h);
     if (moe_[std::size_t(l)]) {  // the MLP is a MoE layer
       moe_forward(P, l, a.s2.data(), tmp.data());
     } else {
-      a.f.resize(std::size_t(M) * F);
-      a.g.resize(std::size_t(M) * F);
-      linear_fwd(a.s2.data(), at(L.ff0_w), at(L.ff0_b), a.f.data(), M, F, h);
+      a.f.resize(std::size_t(Ml) * F);
+      a.g.resize(std::size_t(Ml) * F);
+      linear_fwd(a.s2.data(), at(L.ff0_w), at(L.ff0_b), a.f.data(), Ml, F, h);
       for (std::size_t i = 0; i < a.f.size(); ++i) a.g[i] = T(gelu_tanh(double(a.f[i])));
-      linear_fwd(a.g.data(), at(L.ff2_w), at(L.ff2_b), tmp.data(), M, h, F);
+      linear_fwd(a.g.data(), at(L.ff2_w), at(L.ff2_b), tmp.data(), Ml, h, F);
     }
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = T(double(a.s1[i]) + double(tmp[i]));
+    for (std::size_t i = 0; i < xb.size(); ++i) xb[i] = T(double(a.s1[i]) + double(tmp[i]));
+    if (slot >= 0) scatter_tokens(xk, slot, x);
   }
   if (!span_.head) {
     *x_out = std::move(x);
@@ -79,9 +88,6 @@ void ReferenceModel<T>::backward_gpt2(const T* P, T* G, const T* dx_out, double 
   const int M = B * S;
   auto at = [&](int idx) { return P + p_.tensor(idx).offset; };
   auto gat = [&](int idx) { return G + p_.tensor(idx).offset; };
-  auto add_into = [](std::vector<T>& dst, const std::vector<T>& src) {
-    for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = T(double(dst[i]) + double(src[i]));
-  };
 
   std::vector<T> dln(std::size_t(M) * h), dx(std::size_t(M) * h), tmp(std::size_t(M) * h);
   if (span_.head) {
@@ -95,30 +101,38 @@ void ReferenceModel<T>::backward_gpt2(const T* P, T* G, const T* dx_out, double 
     dx.assign(dx_out, dx_out + std::size_t(M) * h);
   }
 
-  std::vector<T> dg(std::size_t(M) * F), datt(std::size_t(M) * h), dqkv(std::size_t(M) * 3 * h);
+  std::vector<T> dg(std::size_t(M) * F), datt(std::size_t(M) * h), dqkv(std::size_t(M) * 3 * h), dxk;
   for (int l = span_.end - 1; l >= span_.first; --l) {
     const LayerIndex& L = p_.layer(l);
     const LayerActs& a = acts_[l];
+    const int slot = drop_slot(l);  // random-LTD: the kept tokens' gradient; the dropped ones pass through
+    const int Sl = slot < 0 ? S : drop_->kept, Ml = B * Sl;
+    if (slot >= 0) dxk = gather_tokens(dx, slot);
+    std::vector<T>& dxb = slot < 0 ? dx : dxk;
+    const auto add_rows = [&](std::vector<T>& dst, const std::vector<T>& src) {
+      for (std::size_t i = 0; i < std::size_t(Ml) * h; ++i) dst[i] = T(double(dst[i]) + double(src[i]));
+    };
     // x_out = s1 + mlp(LN2(s1)): dx is d x_out, then d s1.
     if (moe_[std::size_t(l)]) {
-      moe_backward(P, l, dx.data(), dln.data(), G, grad_scale);  // dln = d s2
+      moe_backward(P, l, dxb.data(), dln.data(), G, grad_scale);  // dln = d s2
     } else {
-      linear_bwd(a.g.data(), at(L.ff2_w), dx.data(), dg.data(), false, gat(L.ff2_w), gat(L.ff2_b), M, h, F);
-      for (std::size_t i = 0; i < dg.size(); ++i) dg[i] = T(double(dg[i]) * gelu_tanh_grad(double(a.f[i])));
-      linear_bwd(a.s2.data(), at(L.ff0_w), dg.data(), dln.data(), false, gat(L.ff0_w), gat(L.ff0_b), M, F, h);
+      linear_bwd(a.g.data(), at(L.ff2_w), dxb.data(), dg.data(), false, gat(L.ff2_w), gat(L.ff2_b), Ml, h, F);
+      for (std::size_t i = 0; i < std::size_t(Ml) * F; ++i) dg[i] = T(double(dg[i]) * gelu_tanh_grad(double(a.f[i])));
+      linear_bwd(a.s2.data(), at(L.ff0_w), dg.data(), dln.data(), false, gat(L.ff0_w), gat(L.ff0_b), Ml, F, h);
     }
     ln_bwd(dln.data(), a.s1.data(), a.mean2.data(), a.rstd2.data(), at(L.norm2_w), tmp.data(), gat(L.norm2_w),
-           gat(L.norm2_b), M, h);
-    add_into(dx, tmp);
+           gat(L.norm2_b), Ml, h);
+    add_rows(dxb, tmp);
     // s1 = x_in + attn(LN1(x_in)): dx becomes d x_in.
-    linear_bwd(a.att.data(), at(L.out_proj_w), dx.data(), datt.data(), false, gat(L.out_proj_w), gat(L.out_proj_b),
-               M, h, h);
-    attention_bwd(a.qkv, a.probs, datt, dqkv, B, S, H, D, true);
-    linear_bwd(a.x1.data(), at(L.in_proj_w), dqkv.data(), dln.data(), false, gat(L.in_proj_w), gat(L.in_proj_b), M,
+    linear_bwd(a.att.data(), at(L.out_proj_w), dxb.data(), datt.data(), false, gat(L.out_proj_w), gat(L.out_proj_b),
+               Ml, h, h);
+    attention_bwd(a.qkv, a.probs, datt, dqkv, B, Sl, H, D, true);
+    linear_bwd(a.x1.data(), at(L.in_proj_w), dqkv.data(), dln.data(), false, gat(L.in_proj_w), gat(L.in_proj_b), Ml,
                3 * h, h);
     ln_bwd(dln.data(), a.x_in.data(), a.mean1.data(), a.rstd1.data(), at(L.norm1_w), tmp.data(), gat(L.norm1_w),
-           gat(L.norm1_b), M, h);
-    add_into(dx, tmp);
+           gat(L.norm1_b), Ml, h);
+    add_rows(dxb, tmp);
+    if (slot >= 0) scatter_tokens(dxk, slot, dx);
   }
   if (span_.embedding) embed_backward(dx, G);
   else *dx_in = std::move(dx);

@@ -92,6 +92,33 @@ void ReferenceModel<T>::embed_backward(const std::vector<T>& dx, T* G) const {
 }
 
 template <typename T>
+int ReferenceModel<T>::drop_slot(int l) const {
+  return drop_ ? drop_->slot(l) : -1;
+}
+
+// Rows of the kept tokens of slot `slot`: out[b, j] = x[b, idx[b, j]] ([B, K, hidden] from [B, S, hidden]).
+template <typename T>
+std::vector<T> ReferenceModel<T>::gather_tokens(const std::vector<T>& x, int slot) const {
+  const std::size_t h = std::size_t(p_.dims().hidden), K = std::size_t(drop_->kept);
+  const std::int32_t* idx = drop_->slot_indices(slot);
+  std::vector<T> out(std::size_t(B_) * K * h);
+  for (std::size_t b = 0; b < std::size_t(B_); ++b)
+    for (std::size_t j = 0; j < K; ++j)
+      std::copy_n(&x[(b * S_ + std::size_t(idx[b * K + j])) * h], h, &out[(b * K + j) * h]);
+  return out;
+}
+
+// The inverse: x[b, idx[b, j]] = xk[b, j]; the other rows of x stay (the tokens that bypassed).
+template <typename T>
+void ReferenceModel<T>::scatter_tokens(const std::vector<T>& xk, int slot, std::vector<T>& x) const {
+  const std::size_t h = std::size_t(p_.dims().hidden), K = std::size_t(drop_->kept);
+  const std::int32_t* idx = drop_->slot_indices(slot);
+  for (std::size_t b = 0; b < std::size_t(B_); ++b)
+    for (std::size_t j = 0; j < K; ++j)
+      std::copy_n(&xk[(b * K + j) * h], h, &x[(b * S_ + std::size_t(idx[b * K + j])) * h]);
+}
+
+template <typename T>
 double ReferenceModel<T>::forward(const T* P, const std::int32_t* tokens, const std::int32_t* labels, int B, int S) {
   return forward_span(P, LayerSpan{}, tokens, labels, nullptr, B, S, nullptr);
 }
@@ -108,6 +135,14 @@ double ReferenceModel<T>::forward_span(const T* P, const LayerSpan& span, const 
   CUTRAIN_CHECK((span.embedding || x_in) && (span.head || x_out), "reference model: a span without the embedding "
                 "needs its input, one without the head a place for its output");
   span_ = LayerSpan{span.embedding, span.first, end, span.head};
+  if (drop_ && drop_->active()) {
+    CUTRAIN_CHECK(drop_->batch == B && drop_->seq == S, "reference model: the random-LTD plan is for B=", drop_->batch,
+                  " S=", drop_->seq, ", the forward has B=", B, " S=", S);
+    for (int l : drop_->layers) {
+      CUTRAIN_CHECK(l >= 0 && l < d.layers, "reference model: random-LTD block ", l, " outside the model's ", d.layers);
+      CUTRAIN_CHECK(!moe_[std::size_t(l)], "reference model: random-LTD on MoE block ", l, " is not implemented");
+    }
+  }
   aux_ = 0;
   moe_stats_.clear();
   if (tp_.active()) return forward_tp(P, tokens, labels, x_in, B, S, x_out);
@@ -126,35 +161,42 @@ double ReferenceModel<T>::forward_span(const T* P, const LayerSpan& span, const 
   }
 
   acts_.assign(d.layers, {});
-  std::vector<T> tmp(std::size_t(M) * h);
+  std::vector<T> tmp(std::size_t(M) * h), xk;
   for (int l = span.first; l < end; ++l) {
     const LayerIndex& L = p_.layer(l);
     LayerActs& a = acts_[l];
-    a.x_in = x;
-    a.qkv.resize(std::size_t(M) * 3 * h);
-    linear_fwd(x.data(), at(L.in_proj_w), at(L.in_proj_b), a.qkv.data(), M, 3 * h, h);
-    attention_fwd(a.qkv, a.probs, a.att, B, S, H, D, causal_);
-    linear_fwd(a.att.data(), at(L.out_proj_w), at(L.out_proj_b), tmp.data(), M, h, h);
-    a.s1.resize(std::size_t(M) * h);
-    a.x1.resize(std::size_t(M) * h);
-    a.mean1.resize(M);
-    a.rstd1.resize(M);
-    add_ln_fwd(x.data(), tmp.data(), at(L.norm1_w), at(L.norm1_b), a.s1.data(), a.x1.data(), a.mean1.data(),
-               a.rstd1.data(), M, h);
+    // random-LTD: a dropping block runs on its kept tokens (Sl of them per sequence), gathered
+    // from the residual stream and scattered back after; the others bypass it.
+    const int slot = drop_slot(l);
+    const int Sl = slot < 0 ? S : drop_->kept, Ml = B * Sl;
+    if (slot >= 0) xk = gather_tokens(x, slot);
+    std::vector<T>& xb = slot < 0 ? x : xk;
+    a.x_in = xb;
+    a.qkv.resize(std::size_t(Ml) * 3 * h);
+    linear_fwd(xb.data(), at(L.in_proj_w), at(L.in_proj_b), a.qkv.data(), Ml, 3 * h, h);
+    attention_fwd(a.qkv, a.probs, a.att, B, Sl, H, D, causal_);
+    linear_fwd(a.att.data(), at(L.out_proj_w), at(L.out_proj_b), tmp.data(), Ml, h, h);
+    a.s1.resize(std::size_t(Ml) * h);
+    a.x1.resize(std::size_t(Ml) * h);
+    a.mean1.resize(Ml);
+    a.rstd1.resize(Ml);
+    add_ln_fwd(xb.data(), tmp.data(), at(L.norm1_w), at(L.norm1_b), a.s1.data(), a.x1.data(), a.mean1.data(),
+               a.rstd1.data(), Ml, h);
     if (moe_[std::size_t(l)]) {
       moe_forward(P, l, a.x1.data(), tmp.data());
     } else {
-      a.f.resize(std::size_t(M) * F);
-      a.g.resize(std::size_t(M) * F);
-      linear_fwd(a.x1.data(), at(L.ff0_w), at(L.ff0_b), a.f.data(), M, F, h);
+      a.f.resize(std::size_t(Ml) * F);
+      a.g.resize(std::size_t(Ml) * F);
+      linear_fwd(a.x1.data(), at(L.ff0_w), at(L.ff0_b), a.f.data(), Ml, F, h);
       for (std::size_t i = 0; i < a.f.size(); ++i) a.g[i] = T(gelu(double(a.f[i])));
-      linear_fwd(a.g.data(), at(L.ff2_w), at(L.ff2_b), tmp.data(), M, h, F);
+      linear_fwd(a.g.data(), at(L.ff2_w), at(L.ff2_b), tmp.data(), Ml, h, F);
     }
-    a.s2.resize(std::size_t(M) * h);
-    a.mean2.resize(M);
-    a.rstd2.resize(M);
-    add_ln_fwd(a.x1.data(), tmp.data(), at(L.norm2_w), at(L.norm2_b), a.s2.data(), x.data(), a.mean2.data(),
-               a.rstd2.data(), M, h);
+    a.s2.resize(std::size_t(Ml) * h);
+    a.mean2.resize(Ml);
+    a.rstd2.resize(Ml);
+    add_ln_fwd(a.x1.data(), tmp.data(), at(L.norm2_w), at(L.norm2_b), a.s2.data(), xb.data(), a.mean2.data(),
+               a.rstd2.data(), Ml, h);
+    if (slot >= 0) scatter_tokens(xk, slot, x);
   }
   if (!span.head) {
     *x_out = std::move(x);
@@ -241,30 +283,37 @@ void ReferenceModel<T>::backward_span(const T* P, T* G, const T* dx_out, double 
   }
 
   std::vector<T> ds(std::size_t(M) * h), dg(std::size_t(M) * F), datt(std::size_t(M) * h), dqkv(std::size_t(M) * 3 * h);
+  std::vector<T> dxk;
   for (int l = span_.end - 1; l >= span_.first; --l) {
     const LayerIndex& L = p_.layer(l);
     const LayerActs& a = acts_[l];
+    // random-LTD: the block's gradient on its kept tokens; the dropped ones pass dx through.
+    const int slot = drop_slot(l);
+    const int Sl = slot < 0 ? S : drop_->kept, Ml = B * Sl;
+    if (slot >= 0) dxk = gather_tokens(dx, slot);
+    std::vector<T>& dxb = slot < 0 ? dx : dxk;
     // x_out = LN2(x1 + ff(x1))
-    ln_bwd(dx.data(), a.s2.data(), a.mean2.data(), a.rstd2.data(), at(L.norm2_w), ds.data(), gat(L.norm2_w),
-           gat(L.norm2_b), M, h);
+    ln_bwd(dxb.data(), a.s2.data(), a.mean2.data(), a.rstd2.data(), at(L.norm2_w), ds.data(), gat(L.norm2_w),
+           gat(L.norm2_b), Ml, h);
     if (moe_[std::size_t(l)]) {
       std::vector<T> dmoe(std::size_t(M) * h);
       moe_backward(P, l, ds.data(), dmoe.data(), G, grad_scale);
       for (std::size_t i = 0; i < ds.size(); ++i) ds[i] = T(double(ds[i]) + double(dmoe[i]));
     } else {
-      linear_bwd(a.g.data(), at(L.ff2_w), ds.data(), dg.data(), false, gat(L.ff2_w), gat(L.ff2_b), M, h, F);
-      for (std::size_t i = 0; i < dg.size(); ++i) dg[i] = T(double(dg[i]) * gelu_grad(double(a.f[i])));
-      linear_bwd(a.x1.data(), at(L.ff0_w), dg.data(), ds.data(), true, gat(L.ff0_w), gat(L.ff0_b), M, F, h);
+      linear_bwd(a.g.data(), at(L.ff2_w), ds.data(), dg.data(), false, gat(L.ff2_w), gat(L.ff2_b), Ml, h, F);
+      for (std::size_t i = 0; i < std::size_t(Ml) * F; ++i) dg[i] = T(double(dg[i]) * gelu_grad(double(a.f[i])));
+      linear_bwd(a.x1.data(), at(L.ff0_w), dg.data(), ds.data(), true, gat(L.ff0_w), gat(L.ff0_b), Ml, F, h);
     }
     // ds now holds d x1; x1 = LN1(x_in + attn(x_in))
-    ln_bwd(ds.data(), a.s1.data(), a.mean1.data(), a.rstd1.data(), at(L.norm1_w), dx.data(), gat(L.norm1_w),
-           gat(L.norm1_b), M, h);
-    linear_bwd(a.att.data(), at(L.out_proj_w), dx.data(), datt.data(), false, gat(L.out_proj_w), gat(L.out_proj_b),
-               M, h, h);
-    attention_bwd(a.qkv, a.probs, datt, dqkv, B, S, H, D, causal_);
+    ln_bwd(ds.data(), a.s1.data(), a.mean1.data(), a.rstd1.data(), at(L.norm1_w), dxb.data(), gat(L.norm1_w),
+           gat(L.norm1_b), Ml, h);
+    linear_bwd(a.att.data(), at(L.out_proj_w), dxb.data(), datt.data(), false, gat(L.out_proj_w), gat(L.out_proj_b),
+               Ml, h, h);
+    attention_bwd(a.qkv, a.probs, datt, dqkv, B, Sl, H, D, causal_);
     // dx (= d s1, the residual's share) += dqkv · W_in
-    linear_bwd(a.x_in.data(), at(L.in_proj_w), dqkv.data(), dx.data(), true, gat(L.in_proj_w), gat(L.in_proj_b), M,
+    linear_bwd(a.x_in.data(), at(L.in_proj_w), dqkv.data(), dxb.data(), true, gat(L.in_proj_w), gat(L.in_proj_b), Ml,
                3 * h, h);
+    if (slot >= 0) scatter_tokens(dxk, slot, dx);
   }
   if (span_.embedding) embed_backward(dx, G);
   else *dx_in = std::move(dx);

@@ -12,6 +12,7 @@
 #include "model/moe_reference.h"
 #include "model/moe_stats.h"
 #include "model/tensor_parallel.h"
+#include "model/token_drop_plan.h"
 #include "model/transformer_params.h"
 
 namespace cutrain::model {
@@ -47,6 +48,10 @@ class ReferenceModel {
     moe_train_ = train;
     moe_seed_ = seed;
   }
+  // random-LTD for the next forwards (and their backwards): `plan` (null or inactive: every block
+  // sees every token) stays the caller's and must outlive them. A dropping block runs on the
+  // plan's kept tokens of each sequence, in ascending position order; the others bypass it.
+  void set_token_drop(const TokenDropPlan* plan) { drop_ = plan; }
   double aux_loss() const { return aux_; }  // sum of the MoE layers' l_aux of the last forward
   const std::vector<MoeBlockStats>& moe_stats() const { return moe_stats_; }  // one per MoE block
   const MoeReference* moe_layer(int l) const { return moe_.at(std::size_t(l)).get(); }  // null: dense block
@@ -93,6 +98,10 @@ class ReferenceModel {
                       int S, std::vector<T>* x_out);
   void backward_gpt2(const T* params, T* grads, const T* dx_out, double grad_scale, std::vector<T>* dx_in);
   std::vector<T> dlogits(double grad_scale) const;
+  // random-LTD: block l's slot in the plan (-1: all tokens), and the kept rows' gather / scatter.
+  int drop_slot(int l) const;
+  std::vector<T> gather_tokens(const std::vector<T>& x, int slot) const;
+  void scatter_tokens(const std::vector<T>& xk, int slot, std::vector<T>& x) const;
   double loss_from_logits();
   // Block l's MoE layer on x [M, hidden] into y (the FFN's output); its stats recorded.
   void moe_forward(const T* params, int l, const T* x, T* y);
@@ -117,6 +126,7 @@ class ReferenceModel {
   TpSlice tp_;
   std::vector<LayerActs> tp_acts_;         // tensor parallel: [block x pieces + piece], piece rows
   std::vector<double> row_max_, row_sum_;  // vocab-parallel cross-entropy: each row's max and sum-exp
+  const TokenDropPlan* drop_ = nullptr;
 };
 
 // One AdamW / Adam step on fp32-or-fp64 host buffers (the CPU training path), PyTorch's formula:

@@ -7,6 +7,7 @@
 #include "kernels/embedding.cuh"
 #include "kernels/gelu.cuh"
 #include "kernels/layernorm.cuh"
+#include "kernels/token_drop.cuh"
 #include "runtime/check.h"
 #include "model/kernel_costs.h"
 #include "model/timed_call.h"
@@ -18,7 +19,7 @@ namespace cutrain::model {
 using kernels::GemmEpilogue;
 
 GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
-                               CachingAllocator& alloc, bool recompute_gelu)
+                               CachingAllocator& alloc, bool recompute_gelu, std::vector<int> drop_layers)
     : table_(table),
       B_(B),
       S_(S),
@@ -34,6 +35,13 @@ GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, boo
   CUTRAIN_CHECK(d.hidden >= 64 && d.hidden <= 16384, "gpu model: LayerNorm supports hidden_dim in [64, 16384], got ",
                 d.hidden);
   attn_ = kernels::AttentionShape{B, S, d.heads, d.head_dim(), causal || d.arch == Arch::Gpt2};
+  std::sort(drop_layers.begin(), drop_layers.end());
+  drop_layers.erase(std::unique(drop_layers.begin(), drop_layers.end()), drop_layers.end());
+  for (int l : drop_layers) {
+    CUTRAIN_CHECK(l >= 0 && l < d.layers, "gpu model: random-LTD block ", l, " outside the model's ", d.layers);
+    CUTRAIN_CHECK(!d.moe.is_moe(l), "gpu model: random-LTD on MoE block ", l, " is not implemented");
+  }
+  drop_layers_ = std::move(drop_layers);
   gemm_ = std::make_unique<kernels::Gemm>(&alloc);
   moe_.resize(std::size_t(d.layers));
   for (int l = 0; l < d.layers; ++l) {
@@ -99,6 +107,12 @@ void GpuTransformer::allocate(cudaStream_t s) {
     mean_f_ = f32(M);
     rstd_f_ = f32(M);
   }
+  if (!drop_layers_.empty()) {  // random-LTD's kept rows (at most M of them)
+    xk_.resize(checkpointing_ ? 1 : drop_layers_.size());
+    for (auto& x : xk_) x = bf(M * h);
+    if (d.arch != Arch::Gpt2) xk_out_ = bf(M * h);
+    dxk_ = bf(M * h);
+  }
   dx_ = bf(M * h);
   dh_ = bf(M * h);
   d4h_ = bf(M * F);
@@ -118,9 +132,68 @@ void GpuTransformer::release_workspace() {
   xs_.clear();
   acts_.clear();
   logits_ = dx_ = dh_ = d4h_ = dqkv_ = lnf_ = nullptr;
+  xk_.clear();
+  xk_out_ = dxk_ = nullptr;
   mean_f_ = rstd_f_ = nullptr;
   scratch_ = nullptr;
   workspace_bytes_ = 0;
+}
+
+void GpuTransformer::set_token_drop(int kept, const std::int32_t* d_indices) {
+  const bool on = kept > 0 && kept < S_ && !drop_layers_.empty();
+  CUTRAIN_CHECK(!on || d_indices, "gpu model: random-LTD with ", kept, " kept tokens needs its indices");
+  kept_ = on ? kept : 0;
+  drop_idx_ = on ? d_indices : nullptr;
+}
+
+GpuTransformer::Rows GpuTransformer::kept_rows() const {
+  kernels::AttentionShape a = attn_;
+  a.seq = kept_;
+  return Rows{B_ * kept_, a, dxk_};
+}
+
+int GpuTransformer::drop_slot(int l) const {
+  if (!drop_on_ || kept_ == 0) return -1;
+  const auto it = std::lower_bound(drop_layers_.begin(), drop_layers_.end(), l);
+  return it != drop_layers_.end() && *it == l ? int(it - drop_layers_.begin()) : -1;
+}
+
+// The kept tokens are each sequence's, in ascending position order, and the block sees only them:
+// for the causal (GPT) model, causal attention over their order is exactly the causal mask of the
+// full sequence restricted to them (token j precedes token i in the kept order iff its position
+// is lower), and the positions were added at the embedding, so no mask or position is remapped.
+void GpuTransformer::dropped_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, int slot,
+                                           bool recompute) {
+  const ModelDims& d = table_.dims();
+  const int h = d.hidden;
+  const bool gpt2 = d.arch == Arch::Gpt2;
+  const Rows kr = kept_rows();
+  const std::size_t rows = std::size_t(B_) * kept_;
+  bf16* xk = xk_[checkpointing_ ? 0 : std::size_t(slot)];
+  const std::int32_t* idx = drop_idx_ + std::size_t(slot) * rows;
+  if (gpt2 && !recompute && l > 0 && drop_slot(l - 1) < 0) {
+    // GPT-2's block output (s1 + its MLP's, in dh_) is otherwise summed by the next LN1: here
+    // every token needs it (the dropped ones bypass this block with it), so the fused residual
+    // LayerNorm writes the sum over all rows; its normalized rows are redone on the kept tokens.
+    const LayerIndex& L = table_.layer(l);
+    const LayerActs& prev = acts_[checkpointing_ ? 0 : std::size_t(l - 1)];
+    timed(s, "ltd_sum", cost::layernorm_residual_forward(M_, h), [&] {
+      kernels::layernorm_residual_forward(s, dh_, prev.s1, xs_[l], a.x1, a.mean1, a.rstd1, U.w(L.norm1_w),
+                                          U.w(L.norm1_b), M_, h);
+    });
+  }
+  timed(s, "ltd_gather", cost::token_move(rows, h),
+        [&] { kernels::token_gather(s, xs_[l], idx, xk, B_, S_, kept_, h); });
+  if (gpt2) gpt2_layer_forward(s, U, l, a, nullptr, xk, false, kr);
+  else layer_forward(s, U, l, a, xk, xk_out_, kr);
+  if (recompute) return;
+  timed(s, "ltd_bypass", cost::row_copy(M_, h), [&] {
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(xs_[l + 1], xs_[l], std::size_t(M_) * h * sizeof(bf16),
+                                       cudaMemcpyDeviceToDevice, s));
+  });
+  timed(s, "ltd_scatter", cost::token_move(rows, h, gpt2), [&] {
+    kernels::token_scatter(s, gpt2 ? a.s1 : xk_out_, gpt2 ? dh_ : nullptr, idx, xs_[l + 1], B_, S_, kept_, h);
+  });
 }
 
 GpuTransformer::Unit GpuTransformer::unit(ParamAccess& P, cudaStream_t s, int u, char* G, DType gt) {
@@ -130,62 +203,62 @@ GpuTransformer::Unit GpuTransformer::unit(ParamAccess& P, cudaStream_t s, int u,
 }
 
 void GpuTransformer::layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const bf16* x_in,
-                                   bf16* x_out) {
+                                   bf16* x_out, const Rows& rows) {
   const LayerIndex& L = table_.layer(l);
   const int h = table_.dims().hidden, F = table_.dims().ffn();
   auto w = [&](int idx) { return U.w(idx); };
   bf16* proj = dh_;  // free during forward and before a layer's backward uses it
-  const auto& A = attn_;
+  const auto& A = rows.attn;
   {
     TimedRegion r("attn", s);
-    timed(s, "qkv", cost::gemm_forward(M_, 3 * h, h), [&] {
-      gemm_->forward(s, x_in, w(L.in_proj_w), w(L.in_proj_b), a.qkv, M_, 3 * h, h, GemmEpilogue::Bias);
+    timed(s, "qkv", cost::gemm_forward(rows.M, 3 * h, h), [&] {
+      gemm_->forward(s, x_in, w(L.in_proj_w), w(L.in_proj_b), a.qkv, rows.M, 3 * h, h, GemmEpilogue::Bias);
     });
     timed(s, "attention", cost::attention_forward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
-          [&] { kernels::attention_forward(s, a.qkv, a.att, a.lse, attn_); });
-    timed(s, "out_proj", cost::gemm_forward(M_, h, h), [&] {
-      gemm_->forward(s, a.att, w(L.out_proj_w), w(L.out_proj_b), proj, M_, h, h, GemmEpilogue::Bias);
+          [&] { kernels::attention_forward(s, a.qkv, a.att, a.lse, rows.attn); });
+    timed(s, "out_proj", cost::gemm_forward(rows.M, h, h), [&] {
+      gemm_->forward(s, a.att, w(L.out_proj_w), w(L.out_proj_b), proj, rows.M, h, h, GemmEpilogue::Bias);
     });
-    timed(s, "ln1", cost::layernorm_residual_forward(M_, h), [&] {
-      kernels::layernorm_residual_forward(s, proj, x_in, a.s1, a.x1, a.mean1, a.rstd1, w(L.norm1_w), w(L.norm1_b), M_,
+    timed(s, "ln1", cost::layernorm_residual_forward(rows.M, h), [&] {
+      kernels::layernorm_residual_forward(s, proj, x_in, a.s1, a.x1, a.mean1, a.rstd1, w(L.norm1_w), w(L.norm1_b), rows.M,
                                           h);
     });
   }
   if (moe_[std::size_t(l)]) {
     TimedRegion r("moe", s);
     moe_forward(s, U, l, a.x1, proj);
-    timed(s, "ln2", cost::layernorm_residual_forward(M_, h), [&] {
-      kernels::layernorm_residual_forward(s, proj, a.x1, a.s2, x_out, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), M_,
+    timed(s, "ln2", cost::layernorm_residual_forward(rows.M, h), [&] {
+      kernels::layernorm_residual_forward(s, proj, a.x1, a.s2, x_out, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), rows.M,
                                           h);
     });
     return;
   }
   {
     TimedRegion r("mlp", s);
-    timed(s, "fc1", cost::gemm_forward(M_, F, h), [&] {
-      gemm_->forward(s, a.x1, w(L.ff0_w), w(L.ff0_b), a.f, M_, F, h, GemmEpilogue::Bias);
+    timed(s, "fc1", cost::gemm_forward(rows.M, F, h), [&] {
+      gemm_->forward(s, a.x1, w(L.ff0_w), w(L.ff0_b), a.f, rows.M, F, h, GemmEpilogue::Bias);
     });
-    timed(s, "gelu", cost::gelu_forward(std::size_t(M_) * F), [&] {
-      kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(M_), F, kernels::GeluKind::Erf);
+    timed(s, "gelu", cost::gelu_forward(std::size_t(rows.M) * F), [&] {
+      kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(rows.M), F, kernels::GeluKind::Erf);
     });
-    timed(s, "fc2", cost::gemm_forward(M_, h, F), [&] {
-      gemm_->forward(s, a.g, w(L.ff2_w), w(L.ff2_b), proj, M_, h, F, GemmEpilogue::Bias);
+    timed(s, "fc2", cost::gemm_forward(rows.M, h, F), [&] {
+      gemm_->forward(s, a.g, w(L.ff2_w), w(L.ff2_b), proj, rows.M, h, F, GemmEpilogue::Bias);
     });
-    timed(s, "ln2", cost::layernorm_residual_forward(M_, h), [&] {
-      kernels::layernorm_residual_forward(s, proj, a.x1, a.s2, x_out, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), M_,
+    timed(s, "ln2", cost::layernorm_residual_forward(rows.M, h), [&] {
+      kernels::layernorm_residual_forward(s, proj, a.x1, a.s2, x_out, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), rows.M,
                                           h);
     });
   }
 }
 
 void GpuTransformer::layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a,
-                                    const bf16* x_in) {
+                                    const bf16* x_in, const Rows& rows) {
   const LayerIndex& L = table_.layer(l);
   const int h = table_.dims().hidden, F = table_.dims().ffn();
   const std::size_t es = dtype_size(gt);
   auto w = [&](int idx) { return U.w(idx); };
   auto g = [&](int idx) { return U.g(idx); };
-  const auto& A = attn_;
+  const auto& A = rows.attn;
   // One linear layer's backward (y = x W^T + b, W [N, K], dy [M, N]): dW and db (accumulated per
   // `acc`), then dx; beta 1 adds dx to what `dx` holds (the residual's share). Regions
   // <name>_dw, <name>_db, <name>_dx.
@@ -194,44 +267,44 @@ void GpuTransformer::layer_backward(cudaStream_t s, const Unit& U, DType gt, boo
   };
   auto linear_backward = [&](LinearRegions n, const bf16* dy, const bf16* x, int w_idx, int b_idx, bf16* dx, int N, int K,
                              float beta) {
-    timed(s, n.dw, cost::gemm_grad_weight(M_, N, K, es, acc),
-          [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, M_, N, K, acc); });
-    timed(s, n.db, cost::bias_grad(M_, N, es, acc), [&] { kernels::bias_grad(s, dy, g(b_idx), gt, M_, N, acc, scratch_); });
-    timed(s, n.dx, cost::gemm_grad_input(M_, N, K, beta != 0.f),
-          [&] { gemm_->grad_input(s, dy, w(w_idx), dx, M_, N, K, beta); });
+    timed(s, n.dw, cost::gemm_grad_weight(rows.M, N, K, es, acc),
+          [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, rows.M, N, K, acc); });
+    timed(s, n.db, cost::bias_grad(rows.M, N, es, acc), [&] { kernels::bias_grad(s, dy, g(b_idx), gt, rows.M, N, acc, scratch_); });
+    timed(s, n.dx, cost::gemm_grad_input(rows.M, N, K, beta != 0.f),
+          [&] { gemm_->grad_input(s, dy, w(w_idx), dx, rows.M, N, K, beta); });
   };
   if (moe_[std::size_t(l)]) {
     TimedRegion r("moe", s);
-    timed(s, "ln2", cost::layernorm_backward(M_, h, es, acc), [&] {
-      kernels::layernorm_backward(s, dx_, a.s2, a.mean2, a.rstd2, w(L.norm2_w), nullptr, dx_, g(L.norm2_w),
-                                  g(L.norm2_b), gt, acc, scratch_, M_, h);
+    timed(s, "ln2", cost::layernorm_backward(rows.M, h, es, acc), [&] {
+      kernels::layernorm_backward(s, rows.dx, a.s2, a.mean2, a.rstd2, w(L.norm2_w), nullptr, rows.dx, g(L.norm2_w),
+                                  g(L.norm2_b), gt, acc, scratch_, rows.M, h);
     });
-    // dx_ = d s2 (the residual's share of d x1) += the MoE layer's d x1; aux_grad: the objective's
+    // rows.dx = d s2 (the residual's share of d x1) += the MoE layer's d x1; aux_grad: the objective's
     // coefficient of l_aux times the micro-batch's loss scale.
-    moe_[std::size_t(l)]->backward(s, U.w(L.moe), a.x1, dx_, float(table_.dims().moe.loss_coeff) * moe_grad_scale_,
-                                   dx_, U.g(L.moe), gt, acc, /*dx_accumulate=*/true);
+    moe_[std::size_t(l)]->backward(s, U.w(L.moe), a.x1, rows.dx, float(table_.dims().moe.loss_coeff) * moe_grad_scale_,
+                                   rows.dx, U.g(L.moe), gt, acc, /*dx_accumulate=*/true);
   } else {
     TimedRegion r("mlp", s);
-    // dx_ holds dL/d(block output); LN2 backward in place gives d s2 (= d x1 residual share = d ff out).
-    timed(s, "ln2", cost::layernorm_backward(M_, h, es, acc), [&] {
-      kernels::layernorm_backward(s, dx_, a.s2, a.mean2, a.rstd2, w(L.norm2_w), nullptr, dx_, g(L.norm2_w),
-                                  g(L.norm2_b), gt, acc, scratch_, M_, h);
+    // rows.dx holds dL/d(block output); LN2 backward in place gives d s2 (= d x1 residual share = d ff out).
+    timed(s, "ln2", cost::layernorm_backward(rows.M, h, es, acc), [&] {
+      kernels::layernorm_backward(s, rows.dx, a.s2, a.mean2, a.rstd2, w(L.norm2_w), nullptr, rows.dx, g(L.norm2_w),
+                                  g(L.norm2_b), gt, acc, scratch_, rows.M, h);
     });
-    linear_backward({"fc2_dw", "fc2_db", "fc2_dx"}, dx_, a.g, L.ff2_w, L.ff2_b, d4h_, h, F, 0.f);
-    timed(s, "gelu", cost::gelu_backward(std::size_t(M_) * F),
-          [&] { kernels::gelu_backward(s, d4h_, a.f, d4h_, std::size_t(M_) * F, kernels::GeluKind::Erf); });
-    linear_backward({"fc1_dw", "fc1_db", "fc1_dx"}, d4h_, a.x1, L.ff0_w, L.ff0_b, dx_, F, h, 1.f);  // dx_ = d x1
+    linear_backward({"fc2_dw", "fc2_db", "fc2_dx"}, rows.dx, a.g, L.ff2_w, L.ff2_b, d4h_, h, F, 0.f);
+    timed(s, "gelu", cost::gelu_backward(std::size_t(rows.M) * F),
+          [&] { kernels::gelu_backward(s, d4h_, a.f, d4h_, std::size_t(rows.M) * F, kernels::GeluKind::Erf); });
+    linear_backward({"fc1_dw", "fc1_db", "fc1_dx"}, d4h_, a.x1, L.ff0_w, L.ff0_b, rows.dx, F, h, 1.f);  // rows.dx = d x1
   }
   {
     TimedRegion r("attn", s);
-    timed(s, "ln1", cost::layernorm_backward(M_, h, es, acc), [&] {
-      kernels::layernorm_backward(s, dx_, a.s1, a.mean1, a.rstd1, w(L.norm1_w), nullptr, dx_, g(L.norm1_w),
-                                  g(L.norm1_b), gt, acc, scratch_, M_, h);
+    timed(s, "ln1", cost::layernorm_backward(rows.M, h, es, acc), [&] {
+      kernels::layernorm_backward(s, rows.dx, a.s1, a.mean1, a.rstd1, w(L.norm1_w), nullptr, rows.dx, g(L.norm1_w),
+                                  g(L.norm1_b), gt, acc, scratch_, rows.M, h);
     });
-    linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dx"}, dx_, a.att, L.out_proj_w, L.out_proj_b, dh_, h, h, 0.f);
+    linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dx"}, rows.dx, a.att, L.out_proj_w, L.out_proj_b, dh_, h, h, 0.f);
     timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
-          [&] { kernels::attention_backward(s, a.qkv, a.att, dh_, a.lse, dqkv_, scratch_, attn_, true); });
-    linear_backward({"qkv_dw", "qkv_db", "qkv_dx"}, dqkv_, x_in, L.in_proj_w, L.in_proj_b, dx_, 3 * h, h, 1.f);  // dx_ = d x_in
+          [&] { kernels::attention_backward(s, a.qkv, a.att, dh_, a.lse, dqkv_, scratch_, rows.attn, true); });
+    linear_backward({"qkv_dw", "qkv_db", "qkv_dx"}, dqkv_, x_in, L.in_proj_w, L.in_proj_b, rows.dx, 3 * h, h, 1.f);  // rows.dx = d x_in
   }
 }
 
@@ -259,11 +332,16 @@ GpuTransformer::Unit GpuTransformer::forward(cudaStream_t s, ParamAccess& P, cha
     std::snprintf(name, sizeof name, "layer%02d", l);
     TimedRegion r(name, s);
     const Unit U = unit(P, s, table_.layer_unit(l), G, gt);
-    if (gpt2) {
+    const int slot = drop_slot(l);
+    if (slot >= 0) {
+      dropped_layer_forward(s, U, l, acts_[checkpointing_ ? 0 : l], slot, false);
+    } else if (gpt2) {
       const LayerActs* prev = l > 0 ? &acts_[checkpointing_ ? 0 : l - 1] : nullptr;
-      gpt2_layer_forward(s, U, l, acts_[checkpointing_ ? 0 : l], prev, xs_[l], l > 0);
+      // After a dropping block its output is in xs_[l] already (scattered), not to be summed.
+      gpt2_layer_forward(s, U, l, acts_[checkpointing_ ? 0 : l], prev, xs_[l], l > 0 && drop_slot(l - 1) < 0,
+                         full_rows());
     } else {
-      layer_forward(s, U, l, acts_[checkpointing_ ? 0 : l], xs_[l], xs_[l + 1]);
+      layer_forward(s, U, l, acts_[checkpointing_ ? 0 : l], xs_[l], xs_[l + 1], full_rows());
     }
     P.release(s, table_.layer_unit(l));
   }
@@ -289,6 +367,7 @@ void GpuTransformer::forward_loss(cudaStream_t s, ParamAccess& P, const std::int
   const ModelDims& d = table_.dims();
   TimedRegion ev("eval", s);
   moe_train_ = false;  // eval_capacity_factor, no gate noise
+  drop_on_ = false;     // random-LTD drops in training only
   struct TrainAgain {
     bool& t;
     ~TrainAgain() { t = true; }
@@ -318,6 +397,11 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
   moe_micro_ = acc ? moe_micro_ + 1 : 0;  // the micro-batch of this step (its gate noise, the stats' merge)
   if (!acc) moe_stats_.clear();
   moe_grad_scale_ = grad_scale;
+  drop_on_ = true;
+  struct DropOff {  // the drop applies to this call's forward and backward
+    bool& on;
+    ~DropOff() { on = false; }
+  } drop_off{drop_on_};
   {
     TimedRegion fwd("fwd", s);
     H = forward(s, P, G, gt, tokens, d_status, [&] {
@@ -352,15 +436,34 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
     TimedRegion r(name, s);
     const LayerActs& a = acts_[checkpointing_ ? 0 : l];
     const Unit U = unit(P, s, table_.layer_unit(l), G, gt);  // the recompute reads the same gathered unit
+    const int slot = drop_slot(l);
+    if (slot >= 0) {  // random-LTD: the block's backward on its kept tokens; the dropped rows keep dx_
+      const Rows kr = kept_rows();
+      const std::size_t rows = std::size_t(B_) * kept_;
+      const std::int32_t* idx = drop_idx_ + std::size_t(slot) * rows;
+      if (checkpointing_) {
+        TimedRegion rc("recompute", s);
+        dropped_layer_forward(s, U, l, a, slot, true);
+      }
+      timed(s, "ltd_gather", cost::token_move(rows, h), [&] { kernels::token_gather(s, dx_, idx, dxk_, B_, S_, kept_, h); });
+      const bf16* xk = xk_[checkpointing_ ? 0 : std::size_t(slot)];
+      if (gpt2) gpt2_layer_backward(s, U, gt, acc, l, a, xk, kr);
+      else layer_backward(s, U, gt, acc, l, a, xk, kr);
+      timed(s, "ltd_scatter", cost::token_move(rows, h),
+            [&] { kernels::token_scatter(s, dxk_, nullptr, idx, dx_, B_, S_, kept_, h); });
+      P.release(s, table_.layer_unit(l));
+      P.grads_written(s, table_.layer_unit(l));
+      continue;
+    }
     if (checkpointing_) {
       TimedRegion rc("recompute", s);
       moe_recompute_ = true;  // the same routing (same input, params and seed), not counted twice
-      if (gpt2) gpt2_layer_forward(s, U, l, a, nullptr, xs_[l], false);  // from the stored block input
-      else layer_forward(s, U, l, a, xs_[l], xs_[l + 1]);  // xs_[l+1] is no longer needed: same bits anyway
+      if (gpt2) gpt2_layer_forward(s, U, l, a, nullptr, xs_[l], false, full_rows());  // from the stored block input
+      else layer_forward(s, U, l, a, xs_[l], xs_[l + 1], full_rows());  // xs_[l+1] is no longer needed: same bits anyway
       moe_recompute_ = false;
     }
-    if (gpt2) gpt2_layer_backward(s, U, gt, acc, l, a, xs_[l]);
-    else layer_backward(s, U, gt, acc, l, a, xs_[l]);
+    if (gpt2) gpt2_layer_backward(s, U, gt, acc, l, a, xs_[l], full_rows());
+    else layer_backward(s, U, gt, acc, l, a, xs_[l], full_rows());
     P.release(s, table_.layer_unit(l));
     P.grads_written(s, table_.layer_unit(l));
   }

@@ -5,6 +5,8 @@
 // (CUDA-graph capturable): no allocation, no host sync. A model with MoE blocks (MoeDims) is the
 // exception: each MoE layer (model/moe_layer.h) syncs its stream once per forward for the routing
 // counts and takes its activations at each forward, so it is not capturable (moe_capturable()).
+// random-LTD (set_token_drop): a dropping block runs on the gathered kept tokens of each sequence
+// (kernels/token_drop.cuh) and its output is scattered back; the dropped rows bypass it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -60,8 +62,10 @@ class GpuTransformer {
   // `recompute_gelu` (GPT-2; llm.c's -r 1): one GELU output buffer shared by the blocks, the
   // output recomputed from the stored pre-activation in backward (a GELU pass per block for
   // (layers - 1) x B x S x 4C bf16 less memory).
+  // `drop_layers`: the blocks random-LTD may drop tokens in (their kept-token buffers are part of
+  // the workspace; set_token_drop switches the drop on and off).
   GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
-                 CachingAllocator& alloc, bool recompute_gelu = false);
+                 CachingAllocator& alloc, bool recompute_gelu = false, std::vector<int> drop_layers = {});
   ~GpuTransformer();
   GpuTransformer(const GpuTransformer&) = delete;
   GpuTransformer& operator=(const GpuTransformer&) = delete;
@@ -90,6 +94,13 @@ class GpuTransformer {
     moe_step_ = step;
   }
   const std::vector<MoeBlockStats>& moe_stats() const { return moe_stats_; }
+  // random-LTD for the next forward_backward calls (forward_loss never drops): each drop block
+  // keeps `kept` tokens per sequence at the positions `d_indices` (device int32 [drop_layers
+  // (ascending), B, kept], ascending per sequence: model/token_drop_plan.h's layout), which must
+  // stay valid on the stream until the backward is done. kept 0 or >= S: no drop. The call
+  // sequence depends on `kept` (kernel shapes), not on the indices: a graph captured for one kept
+  // count replays for any indices at that count.
+  void set_token_drop(int kept, const std::int32_t* d_indices);
   bool moe_capturable() const { return !table_.dims().moe.any(); }
 
   // Returns activations and scratch to the allocator; the next call allocates them again.
@@ -118,16 +129,33 @@ class GpuTransformer {
   template <typename Loss>  // defined and instantiated in transformer_gpu.cpp only
   Unit forward(cudaStream_t s, ParamAccess& P, char* G, DType gt, const std::int32_t* tokens, int* d_status,
                Loss&& loss);
-  void layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const bf16* x_in, bf16* x_out);
-  void layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a, const bf16* x_in);
+  // The rows a block runs on: all B x S tokens, or random-LTD's B x kept (attention over `kept`
+  // per sequence); `dx`: the buffer holding d(block output) in backward, d(block input) after it.
+  struct Rows {
+    int M;
+    kernels::AttentionShape attn;
+    bf16* dx;
+  };
+  Rows full_rows() const { return Rows{M_, attn_, dx_}; }
+  Rows kept_rows() const;
+  int drop_slot(int l) const;  // block l's slot in drop_layers_ when the drop is on, else -1
+  void layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const bf16* x_in, bf16* x_out,
+                     const Rows& rows);
+  void layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a, const bf16* x_in,
+                      const Rows& rows);
+  // A dropping block's forward: its kept tokens gathered from xs_[l] into xk, the block on them,
+  // xs_[l+1] = xs_[l] with the kept rows replaced by the block's output. `recompute`: activation
+  // checkpointing's second forward, which leaves xs_[l+1] alone.
+  void dropped_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, int slot, bool recompute);
   // GPT-2 (x1 = LN1(x_in), s1 = x_in + attn, s2 = LN2(s1), f = fc(s2), g = gelu_tanh(f), the MLP's
   // output left in dh_). `fuse`: x_in = prev->s1 + dh_ (the previous block's output) is computed
-  // here, by LN1's residual add; otherwise (block 0, the recompute) x_in is already there.
+  // here, by LN1's residual add; otherwise (block 0, after a dropping block, the recompute, a
+  // dropping block's kept tokens) x_in is already there.
   void gpt2_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const LayerActs* prev, bf16* x_in,
-                          bool fuse);
-  // dx_: d(block output) in, d x_in out.
+                          bool fuse, const Rows& rows);
+  // rows.dx: d(block output) in, d x_in out.
   void gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a,
-                           const bf16* x_in);
+                           const bf16* x_in, const Rows& rows);
   // The final LayerNorm and the tied logits; the head's backward down to dx_ = d x_L.
   void gpt2_head_forward(cudaStream_t s, const Unit& H, const Unit& E);
   void gpt2_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc);
@@ -157,6 +185,15 @@ class GpuTransformer {
   std::uint64_t moe_seed_ = 0;
   void* scratch_ = nullptr;
   std::size_t workspace_bytes_ = 0;
+  // random-LTD: the blocks that may drop (ascending), the drop of the next forward_backward
+  // (kept 0: off), the kept tokens' inputs (one per drop block, one shared with checkpointing),
+  // the seed model's block output on them, and their gradient.
+  std::vector<int> drop_layers_;
+  int kept_ = 0;
+  const std::int32_t* drop_idx_ = nullptr;
+  bool drop_on_ = false;  // during forward_backward only
+  std::vector<bf16*> xk_;
+  bf16 *xk_out_ = nullptr, *dxk_ = nullptr;
 };
 
 }  // namespace cutrain::model

@@ -17,34 +17,34 @@ namespace cutrain::model {
 using kernels::GemmEpilogue;
 
 void GpuTransformer::gpt2_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a,
-                                        const LayerActs* prev, bf16* x_in, bool fuse) {
+                                        const LayerActs* prev, bf16* x_in, bool fuse, const Rows& rows) {
   const LayerIndex& L = table_.layer(l);
   const int h = table_.dims().hidden, F = table_.dims().ffn();
   auto w = [&](int idx) { return U.w(idx); };
-  const auto& A = attn_;
+  const auto& A = rows.attn;
   {
     TimedRegion r("attn", s);
-    timed(s, "ln1", cost::layernorm_residual_forward(M_, h), [&] {
+    timed(s, "ln1", cost::layernorm_residual_forward(rows.M, h), [&] {
       if (fuse)  // x_in = prev block's s1 + its MLP output (in dh_)
         kernels::layernorm_residual_forward(s, dh_, prev->s1, x_in, a.x1, a.mean1, a.rstd1, w(L.norm1_w),
-                                            w(L.norm1_b), M_, h);
+                                            w(L.norm1_b), rows.M, h);
       else
         kernels::layernorm_residual_forward(s, x_in, nullptr, nullptr, a.x1, a.mean1, a.rstd1, w(L.norm1_w),
-                                            w(L.norm1_b), M_, h);
+                                            w(L.norm1_b), rows.M, h);
     });
-    timed(s, "qkv", cost::gemm_forward(M_, 3 * h, h), [&] {
-      gemm_->forward(s, a.x1, w(L.in_proj_w), w(L.in_proj_b), a.qkv, M_, 3 * h, h, GemmEpilogue::Bias);
+    timed(s, "qkv", cost::gemm_forward(rows.M, 3 * h, h), [&] {
+      gemm_->forward(s, a.x1, w(L.in_proj_w), w(L.in_proj_b), a.qkv, rows.M, 3 * h, h, GemmEpilogue::Bias);
     });
     timed(s, "attention", cost::attention_forward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
-          [&] { kernels::attention_forward(s, a.qkv, a.att, a.lse, attn_); });
-    timed(s, "out_proj", cost::gemm_forward(M_, h, h), [&] {
-      gemm_->forward(s, a.att, w(L.out_proj_w), w(L.out_proj_b), dh_, M_, h, h, GemmEpilogue::Bias);
+          [&] { kernels::attention_forward(s, a.qkv, a.att, a.lse, rows.attn); });
+    timed(s, "out_proj", cost::gemm_forward(rows.M, h, h), [&] {
+      gemm_->forward(s, a.att, w(L.out_proj_w), w(L.out_proj_b), dh_, rows.M, h, h, GemmEpilogue::Bias);
     });
   }
   if (moe_[std::size_t(l)]) {  // the MLP is a MoE layer; its output in dh_ as the MLP's
     TimedRegion r("moe", s);
-    timed(s, "ln2", cost::layernorm_residual_forward(M_, h), [&] {
-      kernels::layernorm_residual_forward(s, dh_, x_in, a.s1, a.s2, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), M_,
+    timed(s, "ln2", cost::layernorm_residual_forward(rows.M, h), [&] {
+      kernels::layernorm_residual_forward(s, dh_, x_in, a.s1, a.s2, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), rows.M,
                                           h);
     });
     moe_forward(s, U, l, a.s2, dh_);
@@ -52,74 +52,74 @@ void GpuTransformer::gpt2_layer_forward(cudaStream_t s, const Unit& U, int l, co
   }
   {
     TimedRegion r("mlp", s);
-    timed(s, "ln2", cost::layernorm_residual_forward(M_, h), [&] {
-      kernels::layernorm_residual_forward(s, dh_, x_in, a.s1, a.s2, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), M_,
+    timed(s, "ln2", cost::layernorm_residual_forward(rows.M, h), [&] {
+      kernels::layernorm_residual_forward(s, dh_, x_in, a.s1, a.s2, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), rows.M,
                                           h);
     });
-    timed(s, "fc1", cost::gemm_forward(M_, F, h), [&] {
-      gemm_->forward(s, a.s2, w(L.ff0_w), w(L.ff0_b), a.g, M_, F, h, GemmEpilogue::BiasGeluTanh, a.f);
+    timed(s, "fc1", cost::gemm_forward(rows.M, F, h), [&] {
+      gemm_->forward(s, a.s2, w(L.ff0_w), w(L.ff0_b), a.g, rows.M, F, h, GemmEpilogue::BiasGeluTanh, a.f);
     });
-    timed(s, "fc2", cost::gemm_forward(M_, h, F), [&] {
-      gemm_->forward(s, a.g, w(L.ff2_w), w(L.ff2_b), dh_, M_, h, F, GemmEpilogue::Bias);
+    timed(s, "fc2", cost::gemm_forward(rows.M, h, F), [&] {
+      gemm_->forward(s, a.g, w(L.ff2_w), w(L.ff2_b), dh_, rows.M, h, F, GemmEpilogue::Bias);
     });
   }
 }
 
 void GpuTransformer::gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a,
-                                         const bf16* x_in) {
+                                         const bf16* x_in, const Rows& rows) {
   const LayerIndex& L = table_.layer(l);
   const int h = table_.dims().hidden, F = table_.dims().ffn();
   const std::size_t es = dtype_size(gt);
   auto w = [&](int idx) { return U.w(idx); };
   auto g = [&](int idx) { return U.g(idx); };
-  const auto& A = attn_;
+  const auto& A = rows.attn;
   struct LinearRegions {
     const char *dw, *db, *dx;
   };
   // y = x W^T + b with dy [M, N]: dW, db per `acc`, then dx (with the DGELU epilogue when `aux`).
   auto linear_backward = [&](LinearRegions n, const bf16* dy, const bf16* x, int w_idx, int b_idx, bf16* dx, int N,
                              int K, const bf16* aux) {
-    timed(s, n.dw, cost::gemm_grad_weight(M_, N, K, es, acc),
-          [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, M_, N, K, acc); });
-    timed(s, n.db, cost::bias_grad(M_, N, es, acc), [&] { kernels::bias_grad(s, dy, g(b_idx), gt, M_, N, acc, scratch_); });
-    timed(s, n.dx, cost::gemm_grad_input(M_, N, K, false),
-          [&] { gemm_->grad_input(s, dy, w(w_idx), dx, M_, N, K, 0.f, aux); });
+    timed(s, n.dw, cost::gemm_grad_weight(rows.M, N, K, es, acc),
+          [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, rows.M, N, K, acc); });
+    timed(s, n.db, cost::bias_grad(rows.M, N, es, acc), [&] { kernels::bias_grad(s, dy, g(b_idx), gt, rows.M, N, acc, scratch_); });
+    timed(s, n.dx, cost::gemm_grad_input(rows.M, N, K, false),
+          [&] { gemm_->grad_input(s, dy, w(w_idx), dx, rows.M, N, K, 0.f, aux); });
   };
   if (moe_[std::size_t(l)]) {
     TimedRegion r("moe", s);
-    // dx_ = d(block output) = d(MoE output): dh_ = d s2, then d s1 (LN2's + the residual's).
-    moe_[std::size_t(l)]->backward(s, U.w(L.moe), a.s2, dx_, float(table_.dims().moe.loss_coeff) * moe_grad_scale_,
+    // rows.dx = d(block output) = d(MoE output): dh_ = d s2, then d s1 (LN2's + the residual's).
+    moe_[std::size_t(l)]->backward(s, U.w(L.moe), a.s2, rows.dx, float(table_.dims().moe.loss_coeff) * moe_grad_scale_,
                                    dh_, U.g(L.moe), gt, acc);
-    timed(s, "ln2", cost::layernorm_backward(M_, h, es, acc), [&] {
-      kernels::layernorm_backward(s, dh_, a.s1, a.mean2, a.rstd2, w(L.norm2_w), dx_, dh_, g(L.norm2_w), g(L.norm2_b),
-                                  gt, acc, scratch_, M_, h);
+    timed(s, "ln2", cost::layernorm_backward(rows.M, h, es, acc), [&] {
+      kernels::layernorm_backward(s, dh_, a.s1, a.mean2, a.rstd2, w(L.norm2_w), rows.dx, dh_, g(L.norm2_w), g(L.norm2_b),
+                                  gt, acc, scratch_, rows.M, h);
     });
   } else {
     TimedRegion r("mlp", s);
     if (recompute_gelu_) {  // a.g is shared by the blocks: this block's from its pre-activation
-      timed(s, "gelu_recompute", cost::gelu_forward(std::size_t(M_) * F), [&] {
-        kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(M_), F, kernels::GeluKind::Tanh);
+      timed(s, "gelu_recompute", cost::gelu_forward(std::size_t(rows.M) * F), [&] {
+        kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(rows.M), F, kernels::GeluKind::Tanh);
       });
     }
-    // dx_ = d(block output) = d(MLP output) = the residual's share of d s1.
-    linear_backward({"fc2_dw", "fc2_db", "fc2_dx"}, dx_, a.g, L.ff2_w, L.ff2_b, d4h_, h, F, a.f);  // d4h_ = d f
+    // rows.dx = d(block output) = d(MLP output) = the residual's share of d s1.
+    linear_backward({"fc2_dw", "fc2_db", "fc2_dx"}, rows.dx, a.g, L.ff2_w, L.ff2_b, d4h_, h, F, a.f);  // d4h_ = d f
     linear_backward({"fc1_dw", "fc1_db", "fc1_dx"}, d4h_, a.s2, L.ff0_w, L.ff0_b, dh_, F, h, nullptr);  // d s2
-    timed(s, "ln2", cost::layernorm_backward(M_, h, es, acc), [&] {  // dh_ = d s1 (LN2's + the residual's)
-      kernels::layernorm_backward(s, dh_, a.s1, a.mean2, a.rstd2, w(L.norm2_w), dx_, dh_, g(L.norm2_w), g(L.norm2_b),
-                                  gt, acc, scratch_, M_, h);
+    timed(s, "ln2", cost::layernorm_backward(rows.M, h, es, acc), [&] {  // dh_ = d s1 (LN2's + the residual's)
+      kernels::layernorm_backward(s, dh_, a.s1, a.mean2, a.rstd2, w(L.norm2_w), rows.dx, dh_, g(L.norm2_w), g(L.norm2_b),
+                                  gt, acc, scratch_, rows.M, h);
     });
   }
   {
     TimedRegion r("attn", s);
-    linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dx"}, dh_, a.att, L.out_proj_w, L.out_proj_b, dx_, h, h,
-                    nullptr);  // dx_ = d att
+    linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dx"}, dh_, a.att, L.out_proj_w, L.out_proj_b, rows.dx, h, h,
+                    nullptr);  // rows.dx = d att
     timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
-          [&] { kernels::attention_backward(s, a.qkv, a.att, dx_, a.lse, dqkv_, scratch_, attn_, true); });
-    linear_backward({"qkv_dw", "qkv_db", "qkv_dx"}, dqkv_, a.x1, L.in_proj_w, L.in_proj_b, dx_, 3 * h, h,
-                    nullptr);  // dx_ = d x1
-    timed(s, "ln1", cost::layernorm_backward(M_, h, es, acc), [&] {  // dx_ = d x_in (LN1's + d s1)
-      kernels::layernorm_backward(s, dx_, x_in, a.mean1, a.rstd1, w(L.norm1_w), dh_, dx_, g(L.norm1_w), g(L.norm1_b),
-                                  gt, acc, scratch_, M_, h);
+          [&] { kernels::attention_backward(s, a.qkv, a.att, rows.dx, a.lse, dqkv_, scratch_, rows.attn, true); });
+    linear_backward({"qkv_dw", "qkv_db", "qkv_dx"}, dqkv_, a.x1, L.in_proj_w, L.in_proj_b, rows.dx, 3 * h, h,
+                    nullptr);  // rows.dx = d x1
+    timed(s, "ln1", cost::layernorm_backward(rows.M, h, es, acc), [&] {  // rows.dx = d x_in (LN1's + d s1)
+      kernels::layernorm_backward(s, rows.dx, x_in, a.mean1, a.rstd1, w(L.norm1_w), dh_, rows.dx, g(L.norm1_w), g(L.norm1_b),
+                                  gt, acc, scratch_, rows.M, h);
     });
   }
 }
@@ -128,11 +128,11 @@ void GpuTransformer::gpt2_head_forward(cudaStream_t s, const Unit& H, const Unit
   const ModelDims& d = table_.dims();
   const int h = d.hidden, Vr = d.vocab_rows(), Ln = d.layers;
   timed(s, "ln_f", cost::layernorm_residual_forward(M_, h), [&] {
-    if (Ln > 0)  // x_L = the last block's s1 + its MLP output (in dh_)
+    if (Ln > 0 && drop_slot(Ln - 1) < 0)  // x_L = the last block's s1 + its MLP output (in dh_)
       kernels::layernorm_residual_forward(s, dh_, acts_[checkpointing_ ? 0 : Ln - 1].s1, xs_[Ln], lnf_, mean_f_,
                                           rstd_f_, H.w(table_.final_norm_w()), H.w(table_.final_norm_b()), M_, h);
     else
-      kernels::layernorm_residual_forward(s, xs_[0], nullptr, nullptr, lnf_, mean_f_, rstd_f_,
+      kernels::layernorm_residual_forward(s, xs_[Ln], nullptr, nullptr, lnf_, mean_f_, rstd_f_,  // a dropping last block scattered x_L
                                           H.w(table_.final_norm_w()), H.w(table_.final_norm_b()), M_, h);
   });
   timed(s, "logits", cost::gemm_forward(M_, Vr, h, false), [&] {

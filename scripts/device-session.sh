@@ -63,6 +63,12 @@
 #               (baseline, bf16_full) from a profiled run on this GPU (4 of its 32 layers; the plan
 #               prints that run's peak beside its prediction), then bf16_full from the whole model's
 #               timing report (--kernel_timings). About 3 minutes (the 6.86B init on the host).
+#   random_ltd  random-LTD: its GPU tests (test_token_drop_gpu, test_random_ltd_gpu,
+#               e2e_random_ltd_cli_cuda), then scripts/random_ltd_bench.py: the step time at kept
+#               fractions LTD_FRACTIONS (default 0.5,0.75) against the full-sequence step of the
+#               same config, the BF16 example's model and GPT-2 small at seq 1024, every block or
+#               DeepSpeed's 1..L-2 dropping, LTD_ROUNDS (default 3) alternating rounds, the table
+#               against the target f + 0.08 and the ideal ratio from a timing report. About 5 minutes.
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -369,6 +375,13 @@ if want plan; then
   step plan_6p86b 120 "for c in baseline bf16_full; do $bin plan --deepspeed_config configs/\$c.json $big --num_gpus 4 || exit 1; done"
   step plan_6p86b_report 180 "$bin train --deepspeed_config configs/bf16_full.json $big --num_steps 6 --warmup_steps 2 --timing_steps 3 --timing_report $logs/timing_6p86b.json | tail -4 && $bin plan --deepspeed_config configs/bf16_full.json $big --num_gpus 4 --kernel_timings $logs/timing_6p86b.json"
   grep -hE "memory check|^\| zero3|kernel timings" "$logs/plan_6p86b.txt" "$logs/plan_6p86b_report.txt" >>"$sum" 2>/dev/null
+fi
+
+if want random_ltd; then
+  step random_ltd_tests 150 "ctest --test-dir build/gpu -j $CTEST_JOBS --output-on-failure -R 'TokenDropGpu|RandomLtdGpu|e2e_random_ltd_cli_cuda'"
+  grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/random_ltd_tests.txt" | tail -15 >>"$sum" 2>/dev/null
+  step random_ltd_bench 300 "python3 scripts/random_ltd_bench.py --bin $bin --fractions ${LTD_FRACTIONS:-0.5,0.75} --rounds ${LTD_ROUNDS:-3} --out $logs/random_ltd"
+  grep -E "^\|" "$logs/random_ltd_bench.txt" >>"$sum" 2>/dev/null
 fi
 
 if want extra && [ -n "${EXTRA_CMD:-}" ]; then

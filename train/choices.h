@@ -57,6 +57,19 @@ inline constexpr std::array<Choice<CurriculumSchedule>, 3> kCurriculumSchedules{
      {CurriculumSchedule::FixedRoot, "fixed_root"},
      {CurriculumSchedule::FixedDiscrete, "fixed_discrete"}}};
 // difficulty_type: the difficulty is the metric's value or its percentile over the samples.
+// data_efficiency.data_routing.random_ltd: model_type (decoder: causal attention over the kept
+// tokens; encoder: full attention), hidden_state_order (the framework's layout; cutrain's is
+// always batch_seq_dim) and random_ltd_schedule.schedule_type.
+enum class RandomLtdModelType { Decoder, Encoder };
+inline constexpr std::array<Choice<RandomLtdModelType>, 2> kRandomLtdModelTypes{
+    {{RandomLtdModelType::Decoder, "decoder"}, {RandomLtdModelType::Encoder, "encoder"}}};
+enum class HiddenStateOrder { BatchSeqDim, SeqBatchDim };
+inline constexpr std::array<Choice<HiddenStateOrder>, 2> kHiddenStateOrders{
+    {{HiddenStateOrder::BatchSeqDim, "batch_seq_dim"}, {HiddenStateOrder::SeqBatchDim, "seq_batch_dim"}}};
+enum class RandomLtdSchedule { FixedLinear };
+inline constexpr std::array<Choice<RandomLtdSchedule>, 1> kRandomLtdSchedules{
+    {{RandomLtdSchedule::FixedLinear, "fixed_linear"}}};
+
 enum class DifficultyType { Value, Percentile };
 inline constexpr std::array<Choice<DifficultyType>, 2> kDifficultyTypes{
     {{DifficultyType::Value, "value"}, {DifficultyType::Percentile, "percentile"}}};
@@ -133,6 +146,9 @@ inline const char* name(CurriculumMetric v) { return choice_name(kCurriculumMetr
 inline const char* name(CurriculumSchedule v) { return choice_name(kCurriculumSchedules, v); }
 inline const char* name(DifficultyType v) { return choice_name(kDifficultyTypes, v); }
 inline const char* name(ClusteringType v) { return choice_name(kClusteringTypes, v); }
+inline const char* name(RandomLtdModelType v) { return choice_name(kRandomLtdModelTypes, v); }
+inline const char* name(HiddenStateOrder v) { return choice_name(kHiddenStateOrders, v); }
+inline const char* name(RandomLtdSchedule v) { return choice_name(kRandomLtdSchedules, v); }
 inline const char* name(TrainDevice v) { return choice_name(kTrainDevices, v); }
 inline const char* name(LabelsChoice v) { return choice_name(kLabelsChoices, v); }
 inline const char* name(AttentionChoice v) { return choice_name(kAttentionChoices, v); }

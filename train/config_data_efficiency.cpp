@@ -1,6 +1,8 @@
-// The data_efficiency section (curriculum learning's metrics and pacing, random-LTD's switch) and
+// The data_efficiency section (curriculum learning's metrics and pacing, random-LTD's layers and
+// schedule) and
 // the legacy top-level curriculum_learning. The metric entries are keyed by name, so their keys are
 // read here by hand with their real paths and checked against the table's <metric> entries.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -122,6 +124,76 @@ void parse_metric(Reader& r, const json& j, const std::string& path, CurriculumM
                    "the vocabularyrarity curriculum draws samples by it");
 }
 
+// data_routing.random_ltd: the layers, the model type and the schedule. What needs the model
+// (total_layer_num, the ids, max_value against the sequence length) is checked where the run
+// starts (train/random_ltd_schedule.h: check_random_ltd).
+void parse_random_ltd(Reader& r, const json& j, const std::string& path, RandomLtdConfig& c) {
+  r.check_object(j, path);
+  r.read(j, path, "enabled", c.enabled);
+  const std::string why = "random-LTD is enabled";
+  const auto need_if = [&](std::string_view key, const std::string& expected) -> const json* {
+    const json* v = Reader::find(j, key);
+    if (!v && c.enabled) r.fail_missing(join_path(path, key), expected, why);
+    return v;
+  };
+  if (const json* v = need_if("total_layer_num", "a positive integer (the model's layer count)"))
+    c.total_layer_num = int(r.as_int(*v, path + ".total_layer_num", 1, kMaxInt));
+  if (const json* v = need_if("random_ltd_layer_id", "an array of layer indices"))
+    for (std::int64_t id : int_list(r, *v, path + ".random_ltd_layer_id", 0)) {
+      const std::size_t i = c.layer_ids.size();
+      if (c.total_layer_num > 0 && id >= c.total_layer_num)
+        r.fail(detail::concat(path, ".random_ltd_layer_id[", i, "]"),
+               detail::concat("expected a layer index in [0, total_layer_num ", c.total_layer_num, "), found ", id));
+      for (std::size_t k = 0; k < i; ++k)
+        if (c.layer_ids[k] == id)
+          r.fail(detail::concat(path, ".random_ltd_layer_id[", i, "]"),
+                 detail::concat("expected distinct layers, found ", id, " again (also at [", k, "])"));
+      c.layer_ids.push_back(int(std::min<std::int64_t>(id, kMaxInt)));
+    }
+  if (const json* v = need_if("random_ltd_layer_num", "the number of entries of random_ltd_layer_id")) {
+    c.layer_num = int(r.as_int(*v, path + ".random_ltd_layer_num", 0, kMaxInt));
+    if (std::size_t(c.layer_num) != c.layer_ids.size())
+      r.fail(path + ".random_ltd_layer_num",
+             detail::concat("expected the length of random_ltd_layer_id (", c.layer_ids.size(), "), found ",
+                            c.layer_num));
+  } else {
+    c.layer_num = int(c.layer_ids.size());
+  }
+  if (c.enabled && c.layer_ids.empty())
+    r.fail(path + ".random_ltd_layer_id", "expected at least one layer, found none (random-LTD is enabled)");
+  r.read(j, path, "model_mask_name", c.model_mask_name);
+  r.read_choice(j, path, "model_type", c.model_type, kRandomLtdModelTypes);
+  r.read_choice(j, path, "hidden_state_order", c.hidden_state_order, kHiddenStateOrders);
+  if (const json* lr = Reader::find(j, "layer_token_lr_schedule")) {
+    const std::string lp = path + ".layer_token_lr_schedule";
+    r.check_object(*lr, lp);
+    r.read(*lr, lp, "enabled", c.layer_token_lr_enabled);
+    if (c.layer_token_lr_enabled)
+      r.fail(lp + ".enabled", "expected false: the layer-token learning-rate schedule is not implemented (DeepSpeed "
+                              "raises NotImplementedError for it too)");
+  }
+  const json* sch = need_if("random_ltd_schedule", "an object (min_value, max_value, schedule_type, schedule_config)");
+  if (!sch) return;
+  const std::string sp = path + ".random_ltd_schedule";
+  r.check_object(*sch, sp, true);
+  const std::string swhy = "the random-LTD schedule needs it";
+  c.min_value = r.as_int(*need(r, *sch, sp, "min_value", "a positive integer", swhy), sp + ".min_value", 1, kMaxInt);
+  c.max_value = r.as_int(*need(r, *sch, sp, "max_value", "a positive integer", swhy), sp + ".max_value", 1, kMaxInt);
+  if (c.max_value < c.min_value)
+    r.fail(sp + ".max_value", detail::concat("expected max_value >= min_value ", c.min_value, ", found ", c.max_value));
+  const json* t = need(r, *sch, sp, "schedule_type", choices_text(kRandomLtdSchedules), swhy);
+  if (!t->is_string() || t->get<std::string>() != "fixed_linear")
+    r.fail_expected(sp + ".schedule_type", choices_text(kRandomLtdSchedules) + " (DeepSpeed's random-LTD has only it)",
+                    *t);
+  const std::string cp = sp + ".schedule_config";
+  const json* cfg = need(r, *sch, sp, "schedule_config", "an object (require_steps, seq_per_step)", swhy);
+  r.check_object(*cfg, cp, true);
+  c.require_steps =
+      r.as_int(*need(r, *cfg, cp, "require_steps", "a positive integer", swhy), cp + ".require_steps", 1, kMaxI64);
+  c.seq_per_step =
+      r.as_int(*need(r, *cfg, cp, "seq_per_step", "a positive integer", swhy), cp + ".seq_per_step", 1, kMaxInt);
+}
+
 }  // namespace
 
 void parse_data_efficiency(Reader& r, const json& j, DataEfficiencyConfig& d) {
@@ -132,11 +204,8 @@ void parse_data_efficiency(Reader& r, const json& j, DataEfficiencyConfig& d) {
   if (const json* routing = Reader::find(j, "data_routing")) {
     const std::string rp = path + ".data_routing";
     r.check_object(*routing, rp);
-    if (const json* ltd = Reader::find(*routing, "random_ltd")) {
-      if (!ltd->is_object()) r.fail_expected(rp + ".random_ltd", "an object", *ltd);
-      // random_ltd is one warned key of the table: its contents are DeepSpeed's, not checked here.
-      if (const json* e = Reader::find(*ltd, "enabled")) d.random_ltd_enabled = r.as_bool(*e, rp + ".random_ltd.enabled");
-    }
+    r.read(*routing, rp, "enabled", d.routing_enabled);
+    if (const json* ltd = Reader::find(*routing, "random_ltd")) parse_random_ltd(r, *ltd, rp + ".random_ltd", d.random_ltd);
   }
   const json* s = Reader::find(j, "data_sampling");
   if (!s) return;

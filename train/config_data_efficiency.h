@@ -1,5 +1,5 @@
 // @brief The typed data_efficiency section of the DeepSpeed config (curriculum learning's metrics
-// and pacing; random-LTD is read but not acted on) and the legacy top-level curriculum_learning
+// and pacing; random-LTD's layers and schedule) and the legacy top-level curriculum_learning
 // section. Parsed by train/config_data_efficiency.cpp; the pacing function is
 // train/curriculum_schedule.h.
 #pragma once
@@ -34,6 +34,23 @@ struct CurriculumMetricConfig {
   PacingConfig pacing;
 };
 
+// data_routing.random_ltd (DeepSpeed's key names; docs/data-efficiency.md).
+struct RandomLtdConfig {
+  bool enabled = false;           // random_ltd.enabled
+  int total_layer_num = 0;        // must be the model's block count (checked at the run's start)
+  int layer_num = 0;              // random_ltd_layer_num: layer_ids.size()
+  std::vector<int> layer_ids;     // random_ltd_layer_id: the blocks that drop tokens, as given
+  std::string model_mask_name;    // read, warned: the mask is the model's own
+  RandomLtdModelType model_type = RandomLtdModelType::Decoder;
+  HiddenStateOrder hidden_state_order = HiddenStateOrder::BatchSeqDim;  // read, warned
+  // random_ltd_schedule: the kept token count per sequence, min_value .. max_value over
+  // require_steps, rounded down to a multiple of seq_per_step (train/random_ltd_schedule.h).
+  RandomLtdSchedule schedule_type = RandomLtdSchedule::FixedLinear;
+  std::int64_t min_value = 0, max_value = 0;
+  std::int64_t require_steps = 1, seq_per_step = 1;
+  bool layer_token_lr_enabled = false;  // layer_token_lr_schedule.enabled (true: an error)
+};
+
 struct DataEfficiencyConfig {
   bool enabled = false;
   std::uint64_t seed = 1234;
@@ -43,9 +60,12 @@ struct DataEfficiencyConfig {
   bool curriculum_enabled = false;  // data_sampling.curriculum_learning.enabled
   std::string data_cluster_path;
   std::vector<CurriculumMetricConfig> metrics;  // in the file's order
-  bool random_ltd_enabled = false;  // data_routing.random_ltd.enabled (not acted on)
+  bool routing_enabled = false;  // data_routing.enabled
+  RandomLtdConfig random_ltd;
   // All three switches on: the curriculum applies (DeepSpeed's rule).
   bool curriculum_active() const { return enabled && sampling_enabled && curriculum_enabled; }
+  // data_efficiency.enabled, data_routing.enabled and random_ltd.enabled: random-LTD applies.
+  bool random_ltd_active() const { return enabled && routing_enabled && random_ltd.enabled; }
 };
 
 // The legacy top-level curriculum_learning: a sequence-length warm-up.

@@ -26,7 +26,6 @@ constexpr std::string_view kChecked =
     "checked (type, range, consistency); cutrain's curriculum draw (docs/data-efficiency.md) does not use it";
 constexpr std::string_view kLegacyChecked =
     "checked (type, range, consistency); the sequence-length warm-up is not implemented";
-constexpr std::string_view kNoRandomLtd = "random-LTD is not implemented (it needs the engine's per-layer token gather/scatter)";
 
 constexpr ConfigKey kKeys[] = {
     // Top level.
@@ -205,8 +204,8 @@ constexpr ConfigKey kKeys[] = {
 
     // data_efficiency (docs/data-efficiency.md). The <metric> entries stand for each key of
     // curriculum_metrics (seqlen_truncate, seqlen_reshape, vocabularyrarity): the reader checks them.
-    {"data_efficiency.enabled", A, "", "with data_sampling.enabled and curriculum_learning.enabled: the vocabularyrarity curriculum draws the training batches of --use_real_data (docs/data-efficiency.md)"},
-    {"data_efficiency.seed", A, "", "the curriculum draw's seed (the batches are a function of it and the step)"},
+    {"data_efficiency.enabled", A, "", "with data_sampling.enabled and curriculum_learning.enabled: the vocabularyrarity curriculum draws the training batches of --use_real_data; with data_routing.enabled and random_ltd.enabled: random-LTD (docs/data-efficiency.md)"},
+    {"data_efficiency.seed", A, "", "the curriculum draw's and random-LTD's token selection's seed (both are functions of it and the step)"},
     {"data_efficiency.data_sampling", A, "", "", kSection},
     {"data_efficiency.data_sampling.enabled", A, "", "one of the curriculum's three switches (with data_efficiency.enabled, curriculum_learning.enabled)"},
     {"data_efficiency.data_sampling.num_epochs", W, "", kChecked},
@@ -235,8 +234,27 @@ constexpr ConfigKey kKeys[] = {
     {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.difficulty", A, "", "fixed_discrete: the difficulties"},
     {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.schedule_config.max_step", A, "", "fixed_discrete: the last step of each difficulty but the last"},
     {"data_efficiency.data_routing", A, "", "", kSection},
-    {"data_efficiency.data_routing.enabled", W, "false", kNoRandomLtd},
-    {"data_efficiency.data_routing.random_ltd", W, R"({"enabled":false})", kNoRandomLtd},
+    {"data_efficiency.data_routing.enabled", A, "", "one of random-LTD's three switches (with data_efficiency.enabled, random_ltd.enabled)"},
+    {"data_efficiency.data_routing.random_ltd", A, "", "", kSection},
+    {"data_efficiency.data_routing.random_ltd.enabled", A, "", "one of random-LTD's three switches: the chosen blocks process a random sorted subset of each sequence's tokens, the others bypass them (docs/data-efficiency.md)"},
+    {"data_efficiency.data_routing.random_ltd.total_layer_num", A, "", "must be the model's block count (--num_layers)"},
+    {"data_efficiency.data_routing.random_ltd.random_ltd_layer_num", A, "", "must be the length of random_ltd_layer_id"},
+    {"data_efficiency.data_routing.random_ltd.random_ltd_layer_id", A, "", "the blocks (0-based, distinct) that drop tokens"},
+    {"data_efficiency.data_routing.random_ltd.model_mask_name", W, "", "the attention mask is the model's own (causal for decoder, none for encoder): there is no mask argument to name"},
+    {"data_efficiency.data_routing.random_ltd.model_type", A, "", "decoder (causal attention over the kept tokens: needs a causal model) or encoder (full attention: needs the non-causal BF16-example model)"},
+    {"data_efficiency.data_routing.random_ltd.hidden_state_order", W, R"("batch_seq_dim")", "cutrain's activations are always [batch, seq, hidden]"},
+    {"data_efficiency.data_routing.random_ltd.random_ltd_schedule", A, "", "", kSection},
+    {"data_efficiency.data_routing.random_ltd.random_ltd_schedule.min_value", A, "", "the kept tokens per sequence at step 0"},
+    {"data_efficiency.data_routing.random_ltd.random_ltd_schedule.max_value", A, "", "the kept tokens at require_steps and after (at most --seq_length; equal to it: no drop)"},
+    {"data_efficiency.data_routing.random_ltd.random_ltd_schedule.schedule_type", A, "", "fixed_linear (the only one DeepSpeed has)"},
+    {"data_efficiency.data_routing.random_ltd.random_ltd_schedule.schedule_config", A, "", "", kSection},
+    {"data_efficiency.data_routing.random_ltd.random_ltd_schedule.schedule_config.require_steps", A, "", "steps from min_value to max_value"},
+    {"data_efficiency.data_routing.random_ltd.random_ltd_schedule.schedule_config.seq_per_step", A, "", "the kept count is rounded down to a multiple of it"},
+    {"data_efficiency.data_routing.random_ltd.layer_token_lr_schedule", A, "", "", kSection},
+    {"data_efficiency.data_routing.random_ltd.layer_token_lr_schedule.enabled", A, "", "false only (true is an error: not implemented, as in DeepSpeed)"},
+    {"data_efficiency.data_routing.random_ltd.layer_token_lr_schedule.total_layer_tokens", W, "", "the layer-token learning-rate schedule is not implemented"},
+    {"data_efficiency.data_routing.random_ltd.layer_token_lr_schedule.warmup_type", W, "", "the layer-token learning-rate schedule is not implemented"},
+    {"data_efficiency.data_routing.random_ltd.layer_token_lr_schedule.warmup_layer_tokens", W, "", "the layer-token learning-rate schedule is not implemented"},
 
     // curriculum_learning (the legacy sequence-length warm-up)
     {"curriculum_learning.enabled", W, "false", kNoVariableSeqlen},

@@ -9,6 +9,7 @@
 #include "runtime/comm/host_communicator.h"
 #include "runtime/error.h"
 #include "train/lamb_optimizer.h"
+#include "train/random_ltd_draw.h"
 #include "train/cpu_pipeline.h"
 #include "train/cpu_tensor_parallel.h"
 #include "train/cpu_zero.h"
@@ -52,11 +53,13 @@ class CpuBackend final : public TrainBackend {
                     " (GPUs use --device cuda)");
       zero_ = std::make_unique<CpuZero>(std::move(comm), table_, c, params_);
       if (tp_) zero_->set_tensor_parallel(&tp_->counted(), &tp_->group(), rank_of(o));
+      ltd_ = std::make_unique<RandomLtdDraw>(c, o.batch, o.seq, o.dims.layers, zero_->plan().rank);
       params_.resize(zero_->work_elems(), 0.f);
       grads_.assign(zero_->work_elems(), 0.f);
       std::cout << zero_->describe() << std::endl;
       return;
     }
+    ltd_ = std::make_unique<RandomLtdDraw>(c, o.batch, o.seq, o.dims.layers, 0);
     grads_.assign(n, 0.f);
     m_.assign(n, 0.f);
     v_.assign(n, 0.f);
@@ -72,8 +75,12 @@ class CpuBackend final : public TrainBackend {
     if (zero_) return zero_step(tokens, labels, step, lr);
     for (int a = 0; a < accum; ++a) {
       model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, a));
+      const model::TokenDropPlan& drop = ltd_->draw(step, a);  // random-LTD's kept tokens
+      model_.set_token_drop(&drop);
       st.loss += forward(tokens + a * per, labels + a * per) / accum;
       backward(1.0 / accum);
+      model_.set_token_drop(nullptr);
+      st.layer_tokens += drop.layer_tokens(table_.dims().layers);
       merge_moe(st, a);
     }
     double sq = 0;
@@ -172,8 +179,12 @@ class CpuBackend final : public TrainBackend {
     StepStats st;
     for (int a = 0; a < accum; ++a) {
       model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, a));
+      const model::TokenDropPlan& drop = ltd_->draw(step, a);  // random-LTD's kept tokens
+      model_.set_token_drop(&drop);
       st.loss += forward(tokens + a * per, labels + a * per) / accum;
       backward(1.0 / accum);
+      model_.set_token_drop(nullptr);
+      st.layer_tokens += drop.layer_tokens(table_.dims().layers);
       merge_moe(st, a);  // this rank's micro-batches (ep_size 1: every rank holds every expert)
     }
     st.loss = zero_->mean_over_ranks(st.loss);
@@ -218,6 +229,7 @@ class CpuBackend final : public TrainBackend {
   std::vector<kernels::LambTensor> lamb_tensors_;  // Lamb: the model's parameter tensors
   std::unique_ptr<CpuZero> zero_;
   std::unique_ptr<CpuTensorParallel> tp_;  // tensor parallelism: this rank's slice
+  std::unique_ptr<RandomLtdDraw> ltd_;
 };
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "runtime/profiler.h"
 #include "runtime/timing.h"
 #include "train/lamb_optimizer.h"
+#include "train/random_ltd_draw.h"
 #include "train/zero_memory.h"
 
 namespace cutrain::train {
@@ -162,8 +163,20 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     sharded_ = std::make_unique<parallel::ShardedParams>(comm_, zero_comm_->stream(), layout_, table_, A, stream_.get());
     sharded_->refresh_persistent(stream_, params_.as<bf16>());
   }
+  // random-LTD: the token selection per micro-batch (the CPU backend's draw), staged beside the
+  // tokens: [accum][drop blocks][B][kept] at a fixed stride per micro-batch.
+  ltd_ = std::make_unique<RandomLtdDraw>(c, o.batch, o.seq, o.dims.layers, comm_ ? comm_->rank() : 0);
+  std::vector<int> drop_layers;
+  if (ltd_->active()) {
+    if (opt_.cuda_graph) describe_ += ", random-LTD: the CUDA graph captured again per kept count";
+    drop_layers = c.data_efficiency.random_ltd.layer_ids;
+    drop_stride_ = drop_layers.size() * std::size_t(o.batch) * o.seq;
+    drop_idx_d_ = Buffer(A, accum_ * drop_stride_ * 4, stream_);
+    CUTRAIN_CUDA_CHECK(cudaMallocHost(&drop_idx_h_, accum_ * drop_stride_ * 4));
+    std::fill(drop_idx_h_, drop_idx_h_ + accum_ * drop_stride_, 0);
+  }
   model_ = std::make_unique<model::GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A,
-                                                   o.recompute_gelu);
+                                                   o.recompute_gelu, std::move(drop_layers));
   offloader_ = std::make_unique<StateOffloader>(A, stream_.get());
   offloader_->add("lp_params", &params_);
   offloader_->add(plan_.grad == DType::BF16 ? "lp_grads" : "contiguous_grad_buffer", &grads_);
@@ -192,6 +205,7 @@ GpuEngine::~GpuEngine() {
   cudaFreeHost(tokens_h_);
   cudaFreeHost(labels_h_);
   cudaFreeHost(flags_h_);
+  if (drop_idx_h_) cudaFreeHost(drop_idx_h_);
 }
 
 void GpuEngine::stage_batch(const std::int32_t* tokens, const std::int32_t* labels) {
@@ -201,14 +215,35 @@ void GpuEngine::stage_batch(const std::int32_t* tokens, const std::int32_t* labe
   std::memcpy(labels_h_, labels, per_step * 4);
 }
 
+// random-LTD's selection of every micro-batch of `step` (1-based; 0: no drop) into the pinned
+// staging, and the layer tokens it makes the step process.
+void GpuEngine::stage_drop(int step) {
+  kept_ = 0;
+  step_layer_tokens_ = 0;
+  for (int a = 0; a < accum_; ++a) {
+    if (step <= 0 || !ltd_->active()) {
+      step_layer_tokens_ += std::int64_t(opt_.batch) * opt_.seq * table_.dims().layers;
+      continue;
+    }
+    const model::TokenDropPlan& plan = ltd_->draw(step, a);
+    kept_ = plan.active() ? plan.kept : 0;
+    std::copy(plan.indices.begin(), plan.indices.end(), drop_idx_h_ + a * drop_stride_);
+    step_layer_tokens_ += plan.layer_tokens(table_.dims().layers);
+  }
+}
+
 // H2D copies from the pinned staging, every micro-batch's forward/backward: the same pointers
-// and shapes every step, so it can be captured once and replayed.
+// and shapes every step, so it can be captured once and replayed (random-LTD: the shapes follow
+// the kept count, so a graph holds for one kept count; the indices are staged data).
 void GpuEngine::enqueue_forward_backward(bool step) {
   const std::size_t per_micro = std::size_t(opt_.batch) * opt_.seq;
   {
     TimedRegion r("h2d", stream_, 0, 2.0 * accum_ * per_micro * 4);
     CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(tokens_d_.get(), tokens_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
     CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(labels_d_.get(), labels_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
+    if (drop_idx_h_)
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(drop_idx_d_.get(), drop_idx_h_, accum_ * drop_stride_ * 4,
+                                         cudaMemcpyHostToDevice, stream_));
   }
   float* flags = as_f32(flags_d_);
   int* status = reinterpret_cast<int*>(flags + accum_ + 3);
@@ -223,6 +258,7 @@ void GpuEngine::enqueue_forward_backward(bool step) {
                          step && cfg_.zero_optimization.overlap_comm ? &overlap : nullptr);
   model::ParamAccess& P = sharded_ ? static_cast<model::ParamAccess&>(*sharded_) : flat;
   for (int a = 0; a < accum_; ++a) {
+    model_->set_token_drop(kept_, drop_idx_h_ ? drop_idx_d_.as<std::int32_t>() + a * drop_stride_ : nullptr);
     model_->forward_backward(stream_, P, grads_.get(), plan_.grad, a > 0, tokens_d_.as<std::int32_t>() + a * per_micro,
                              labels_d_.as<std::int32_t>() + a * per_micro, 1.f / float(accum_), flags + a,
                              status + 2 * a);
@@ -319,9 +355,10 @@ void GpuEngine::ensure_state() const {
   if (offloader_) offloader_->ensure_resident(stream_.get());  // null only during construction
 }
 
-double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_t* labels) {
+double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_t* labels, int drop_step) {
   ensure_state();
   stage_batch(tokens, labels);
+  stage_drop(drop_step);
   enqueue_forward_backward(/*step=*/false);
   read_flags();
   double loss = 0;
@@ -346,6 +383,16 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     graph_generation_ = offloader_->generation();
   }
   stage_batch(tokens, labels);
+  stage_drop(step);
+  if (graph_exec_ && kept_ != graph_kept_) {
+    // random-LTD's kept count changed: the kernels' shapes did, so the graph is captured again
+    // for the new count (it grows by the schedule: one capture per value it takes).
+    cudaGraphExecDestroy(graph_exec_);
+    cudaGraphDestroy(graph_);
+    graph_exec_ = nullptr;
+    graph_ = nullptr;
+    eager_steps_ = 0;  // one eager step at the new shapes (their cuBLASLt plans), then the capture
+  }
   model_->set_moe_step(opt_.seed, step);  // the MoE gates' noise: a function of the step
   // Step 1 runs eagerly (cuBLASLt plans, first allocation of activations); the next one is
   // captured and every later one replays the graph.
@@ -376,6 +423,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     }
     if (why.empty()) {
       graph_ = g;
+      graph_kept_ = kept_;
       ++graph_captures_;
     } else {
       if (g) cudaGraphDestroy(g);
@@ -466,6 +514,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   StepStats st;
   for (int a = 0; a < accum_; ++a) st.loss += flags_h_[a] / accum_;
   st.moe = model_->moe_stats();
+  st.layer_tokens = step_layer_tokens_;
   st.grad_norm = flags_h_[accum_];
   int nonfinite = 0;
   std::memcpy(&nonfinite, flags_h_ + accum_ + 2, 4);

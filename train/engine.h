@@ -26,6 +26,7 @@
 #include "train/cpu_backend.h"
 #include "train/optimizer_swap.h"
 #include "train/precision.h"
+#include "train/random_ltd_draw.h"
 #include "train/train_backend.h"
 
 namespace cutrain::train {
@@ -54,7 +55,8 @@ class GpuEngine final : public TrainBackend {
   // reduction: this rank's own gradients); returns the mean loss. Gradients stay in the flat
   // gradient buffer. After a ZeRO 1-2 step only this rank's partition of it is reduced; stage 3
   // keeps this rank's unreduced gradients there (the reduced ones are in its gradient shard).
-  double forward_backward(const std::int32_t* tokens, const std::int32_t* labels);
+  // `drop_step` > 0: with random-LTD's selection of that (1-based) step; 0: every token.
+  double forward_backward(const std::int32_t* tokens, const std::int32_t* labels, int drop_step = 0);
   std::vector<float> download_grads() const;   // flat, as float (stage 3: from the padded layout)
   // The MoE blocks' routing of the last forward_backward() or step() (empty for a dense model).
   const std::vector<model::MoeBlockStats>& moe_stats() const { return model_->moe_stats(); }
@@ -94,6 +96,7 @@ class GpuEngine final : public TrainBackend {
 
  private:
   void stage_batch(const std::int32_t* tokens, const std::int32_t* labels);
+  void stage_drop(int step);
   // Static: capturable. `step`: a training step's pass (stage 3 with overlap_comm then reduces
   // the gradients during the backward); false for the forward_backward() test helper.
   void enqueue_forward_backward(bool step = true);
@@ -147,6 +150,15 @@ class GpuEngine final : public TrainBackend {
   float* flags_h_ = nullptr;
   // flags layout (fp32 words): loss[accum], norm, clip_scale, then ints nonfinite, status[2*accum]
   std::size_t flag_words_ = 0;
+  // random-LTD: the draw, the staged indices (device and pinned host, drop_stride_ per
+  // micro-batch), this step's kept count (0: no drop) and layer tokens, and the kept count the
+  // graph was captured for.
+  std::unique_ptr<RandomLtdDraw> ltd_;
+  Buffer drop_idx_d_;
+  std::int32_t* drop_idx_h_ = nullptr;
+  std::size_t drop_stride_ = 0;
+  int kept_ = 0, graph_kept_ = 0;
+  std::int64_t step_layer_tokens_ = 0;
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;
   int eager_steps_ = 0;

@@ -28,6 +28,9 @@ struct StepStats {
   // Each MoE block's routing over the step's micro-batches (empty for a dense model). `loss` is
   // the LM loss; the objective adds moe.loss_coeff times the sum of their l_aux.
   std::vector<model::MoeBlockStats> moe;
+  // The tokens this rank's blocks processed over the step's micro-batches (random-LTD's
+  // layer_token: a dropping block counts its kept tokens, the others every token).
+  std::int64_t layer_tokens = 0;
 };
 
 // The whole training state as host fp32 copies, in the flat layout (checkpoints).

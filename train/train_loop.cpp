@@ -30,6 +30,7 @@
 #include "train/gpt2_io.h"
 #include "train/lr_schedule.h"
 #include "train/precision.h"
+#include "train/random_ltd_schedule.h"
 
 namespace cutrain::train {
 
@@ -340,6 +341,15 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (resume && !resume->legacy)
     check_checkpoint_shape(bo.dims, resume_dims, (resume->folder / kCheckpointConfigFile).string());
 
+  const RandomLtdConfig& ltd = cfg.data_efficiency.random_ltd;
+  const bool ltd_on = cfg.data_efficiency.random_ltd_active();
+  {
+    RandomLtdRun run{bo.dims.layers, o.seq_length, causal, {}, pp, tp};
+    for (int l = 0; l < bo.dims.layers; ++l)
+      if (bo.dims.moe.is_moe(l)) run.moe_layers.push_back(l);
+    check_random_ltd(cfg, run);
+    if (ltd_on) out << "[Rank 0] " << describe_random_ltd(ltd, o.seq_length) << "\n";
+  }
   if (!o.use_real_data && cfg.data_efficiency.curriculum_active())
     for (const auto& m : cfg.data_efficiency.metrics)
       CUTRAIN_CHECK(m.metric != CurriculumMetric::VocabularyRarity, "train: ", o.deepspeed_config.string(),
@@ -593,6 +603,13 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (eval_sampler) res.evals.push_back(evaluate(first_step - 1));
 
   res.params = nparams;
+  // random-LTD's consumed layer tokens (the global batch's): the steps before a resume from the
+  // schedule (a pure function of the step, what those steps processed), then each step's figure.
+  const std::int64_t global_seqs = std::int64_t(accum) * o.batch_size * dp_world;
+  std::int64_t consumed_layer_tokens = 0;
+  if (ltd_on)
+    for (int s = 0; s < first_step; ++s)
+      consumed_layer_tokens += random_ltd_layer_tokens(ltd, s, global_seqs, bo.dims.layers, o.seq_length);
   double time_sum = 0;
   int timed = 0;
   const int last = first_step + o.num_steps - 1;
@@ -631,6 +648,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
           << "), optimizer step skipped\n";
     std::int64_t difficulty = 0;
     if (curriculum) difficulty = curriculum->draw->difficulty(step);
+    const std::int64_t layer_tokens = st.layer_tokens * dp_world;  // every rank processes the same count
+    consumed_layer_tokens += layer_tokens;
     if (step % log_interval == 0 || step == last) {
       out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
           << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak) << "\n";
@@ -638,6 +657,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
         out << "[Rank 0] Step " << step << ": moe block " << m.layer << " l_aux=" << fixed(m.l_aux, 4)
             << ", dropped=" << m.dropped << ", capacity=" << m.capacity << ", expert load min=" << m.min_load
             << " max=" << m.max_load << "\n";
+      if (ltd_on)
+        out << "[Rank 0] Step " << step << ": random-LTD kept=" << std::min<std::int64_t>(random_ltd_kept(ltd, step), o.seq_length)
+            << " of " << o.seq_length << " tokens in " << ltd.layer_ids.size() << " of " << bo.dims.layers
+            << " blocks, layer_tokens=" << layer_tokens << ", consumed_layer_tokens=" << consumed_layer_tokens << "\n";
       if (curriculum) {
         const auto [first, end] = curriculum->draw->eligible(difficulty);
         out << "[Rank 0] Step " << step << ": curriculum difficulty=" << difficulty << " ("
@@ -659,6 +682,11 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                           {"reserved_bytes", mem.reserved},
                           {"peak_bytes", mem.peak}};
       if (curriculum) j["curriculum_difficulty"] = difficulty;
+      if (ltd_on) {
+        j["random_ltd_kept"] = std::min<std::int64_t>(random_ltd_kept(ltd, step), o.seq_length);
+        j["layer_tokens"] = layer_tokens;
+        j["consumed_layer_tokens"] = consumed_layer_tokens;
+      }
       if (!st.moe.empty()) {
         nlohmann::json layers = nlohmann::json::array();
         for (const model::MoeBlockStats& m : st.moe)

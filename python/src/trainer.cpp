@@ -15,6 +15,7 @@
 #include "train/engine.h"
 #include "train/lr_schedule.h"
 #include "train/precision.h"
+#include "train/random_ltd_schedule.h"
 
 namespace cutrain::python {
 
@@ -44,6 +45,8 @@ class PyTrainer {
     bo.cuda_graph = cuda_graph;
     bo.causal = causal;
     bo.dims.validate();
+    // random-LTD's config against this model, as cutrain train checks it.
+    train::check_random_ltd(cfg_, {num_layers, seq_length, causal || bo.dims.arch == model::Arch::Gpt2, {}, 1});
     tokens_per_step_ = static_cast<std::size_t>(accum_) * batch_size * seq_length;
     tokens_per_batch_ = static_cast<std::size_t>(batch_size) * seq_length;
     vocab_ = vocab_size;
@@ -70,6 +73,7 @@ class PyTrainer {
     d["skipped"] = s.skipped;
     d["lr"] = rate;
     d["step"] = steps_;
+    d["layer_tokens"] = s.layer_tokens;  // this process's blocks' tokens (random-LTD's count)
     return d;
   }
   double eval_loss(nb::handle tokens, nb::handle labels) {

@@ -82,11 +82,7 @@ TEST(ConfigDataEfficiency, DisabledSectionsAreSilent) {
   EXPECT_FALSE(c.data_efficiency.curriculum_active());
 }
 
-TEST(ConfigDataEfficiency, RandomLtdAndSeqlenMetricsAreWarned) {
-  const train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1,
-    "data_efficiency": {"data_routing": {"random_ltd": {"enabled": true, "random_ltd_layer_num": 10}}}})", "de.json");
-  EXPECT_TRUE(c.data_efficiency.random_ltd_enabled);
-  EXPECT_TRUE(has_warning(c, "config key data_efficiency.data_routing.random_ltd is read but not acted on (random-LTD"));
+TEST(ConfigDataEfficiency, SeqlenMetricsAreWarned) {
   const std::string seqlen = R"("seqlen_truncate": {"min_difficulty": 64, "max_difficulty": 1024, "schedule_type": "fixed_linear",
       "schedule_config": {"total_curriculum_step": 100, "difficulty_step": 8}})";
   const train::TrainConfig s = train::parse_config(with_curriculum(seqlen), "de.json");
@@ -174,5 +170,5 @@ TEST(ConfigDataEfficiency, ShippedCurriculumConfigLoads) {
   const auto& p = c.data_efficiency.metrics[0].pacing;
   EXPECT_EQ(p.type, train::CurriculumSchedule::FixedRoot);
   EXPECT_EQ(p.total_curriculum_step, 1000);
-  EXPECT_FALSE(c.data_efficiency.random_ltd_enabled);
+  EXPECT_FALSE(c.data_efficiency.random_ltd_active());
 }

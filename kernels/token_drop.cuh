@@ -1,0 +1,25 @@
+// @brief random-LTD's token gather and scatter: the kept tokens of each sequence out of the
+// residual stream [B, S, hidden] into a dense [B, K, hidden] buffer before a dropping block, and
+// the block's output back into their rows after it (the dropped rows are left as they are: those
+// tokens bypass the block). The same pair moves the gradients the other way in backward.
+// idx: int32 [B, K], each sequence's kept positions (ascending, distinct, in [0, S): the caller's
+// draw, model/token_drop_plan.h; not checked on the device).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "runtime/dtype.h"
+
+namespace cutrain::kernels {
+
+// kept[b, j, :] = x[b, idx[b, j], :] (a bit-exact copy).
+void token_gather(cudaStream_t s, const bf16* x, const std::int32_t* idx, bf16* kept, int B, int S, int K, int hidden);
+
+// out[b, idx[b, j], :] = kept[b, j, :] + add[b, j, :] (add may be null: a bit-exact copy; with it,
+// the sum in fp32 rounded once to bf16). The other rows of out are not touched.
+void token_scatter(cudaStream_t s, const bf16* kept, const bf16* add, const std::int32_t* idx, bf16* out, int B, int S,
+                   int K, int hidden);
+
+}  // namespace cutrain::kernels

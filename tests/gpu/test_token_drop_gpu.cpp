@@ -1,0 +1,106 @@
+// @brief GPU tests of kernels/token_drop (random-LTD's gather and scatter) against
+// tests/reference/token_drop_ref.h on odd shapes, the vector and the scalar paths (hidden % 8,
+// misaligned bases), the scatter with and without its second operand. Fresh random inputs and
+// indices (model/token_drop_plan.h's draw), outputs poisoned with NaN first: a gathered row
+// never written stays NaN, and the scatter must leave every dropped row's poison in place.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/token_drop.cuh"
+#include "model/token_drop_plan.h"
+#include "tests/reference/token_drop_ref.h"
+#include "tests/support/test_support.h"
+
+using namespace cutrain;
+using test::DeviceArray;
+
+namespace {
+
+struct Shape {
+  int B, S, K, h;
+  int offset;  // elements added to every base pointer (1: the scalar path on any hidden)
+};
+
+std::string name(const Shape& s) {
+  return "B" + std::to_string(s.B) + "_S" + std::to_string(s.S) + "_K" + std::to_string(s.K) + "_h" +
+         std::to_string(s.h) + (s.offset ? "_misaligned" : "");
+}
+
+class TokenDropGpu : public ::testing::TestWithParam<Shape> {};
+
+}  // namespace
+
+TEST_P(TokenDropGpu, GatherAndScatterMatchTheReference) {
+  CUTRAIN_REQUIRE_GPU();
+  const Shape sh = GetParam();
+  auto rng = test::fresh_rng();
+  const std::size_t full = std::size_t(sh.B) * sh.S * sh.h, kept_n = std::size_t(sh.B) * sh.K * sh.h;
+  const std::vector<float> x = test::round_bf16(test::random_normal(full, rng));
+  const std::vector<float> y = test::round_bf16(test::random_normal(kept_n, rng));
+  const std::vector<float> z = test::round_bf16(test::random_normal(kept_n, rng));
+  model::TokenDropPlan plan;
+  model::draw_token_drop(plan, rng(), 0, 0, 0, sh.B, sh.S, sh.K, {0});
+  if (!plan.active()) plan.indices = [&] {  // K == S: every position, in order
+    std::vector<std::int32_t> all;
+    for (int b = 0; b < sh.B; ++b)
+      for (int s = 0; s < sh.S; ++s) all.push_back(s);
+    return all;
+  }();
+  const std::vector<std::int32_t>& idx = plan.indices;
+  const int o = sh.offset;
+  auto upload = [&](const std::vector<float>& v) {
+    DeviceArray<bf16> d(v.size() + o);
+    std::vector<bf16> h = test::to_bf16(v);
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(d.get() + o, h.data(), h.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+    return d;
+  };
+  auto download = [&](const DeviceArray<bf16>& d) {
+    std::vector<float> all = test::download_float(d);
+    return std::vector<float>(all.begin() + o, all.end());
+  };
+  DeviceArray<bf16> dx = upload(x), dy = upload(y), dz = upload(z), dkept(kept_n + o), dout(full + o);
+  DeviceArray<std::int32_t> didx(idx);
+  cudaStream_t s = nullptr;
+
+  kernels::token_gather(s, dx.get() + o, didx.get(), dkept.get() + o, sh.B, sh.S, sh.K, sh.h);
+  const std::vector<double> want_g = ref::token_gather({x.begin(), x.end()}, idx, sh.B, sh.S, sh.K, sh.h);
+  const std::vector<float> got_g = download(dkept);
+  EXPECT_EQ(test::count_nan(got_g), 0u) << "a kept row left unwritten";
+  EXPECT_EQ(test::rel_error(got_g, want_g), 0.0) << "the gather is a copy";
+
+  for (bool add : {false, true}) {
+    dout.poison();
+    kernels::token_scatter(s, dy.get() + o, add ? dz.get() + o : nullptr, didx.get(), dout.get() + o, sh.B, sh.S,
+                           sh.K, sh.h);
+    const std::vector<float> got = download(dout);
+    std::vector<double> want(full, std::nan(""));
+    const std::vector<double> zd(z.begin(), z.end());
+    ref::token_scatter({y.begin(), y.end()}, add ? &zd : nullptr, idx, want, sh.B, sh.S, sh.K, sh.h);
+    std::vector<float> got_kept;
+    std::vector<double> want_kept;
+    std::size_t untouched = 0, dropped = 0;
+    for (std::size_t i = 0; i < full; ++i) {
+      if (std::isnan(want[i])) {
+        ++dropped;
+        untouched += std::isnan(got[i]);
+      } else {
+        got_kept.push_back(got[i]);
+        want_kept.push_back(want[i]);
+      }
+    }
+    EXPECT_EQ(untouched, dropped) << "the scatter wrote a dropped row (add " << add << ")";
+    EXPECT_EQ(got_kept.size(), kept_n);
+    // Without `add` a copy; with it one bf16 rounding of the fp32 sum.
+    EXPECT_LE(test::rel_error(got_kept, want_kept), add ? 4e-3 : 0.0) << "add " << add;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(OddShapes, TokenDropGpu,
+                         ::testing::Values(Shape{1, 1, 1, 1, 0}, Shape{3, 17, 5, 7, 0}, Shape{2, 33, 32, 64, 0},
+                                           Shape{2, 33, 32, 64, 1}, Shape{5, 129, 77, 200, 0},
+                                           Shape{4, 512, 256, 1024, 0}, Shape{2, 9, 9, 24, 0},
+                                           Shape{1, 1000, 3, 1032, 1}),
+                         [](const auto& i) { return name(i.param); });
