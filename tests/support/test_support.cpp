@@ -1,5 +1,10 @@
 #include "tests/support/test_support.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -105,5 +110,20 @@ std::size_t count_nan(const std::vector<float>& v) {
 }
 
 std::vector<float> download_float(const DeviceArray<bf16>& a) { return to_float(a.download()); }
+
+int free_tcp_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  CUTRAIN_CHECK(fd >= 0, "free_tcp_port: socket failed");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  CUTRAIN_CHECK(ok, "free_tcp_port: no loopback port could be bound");
+  return ntohs(a.sin_port);
+}
 
 }  // namespace cutrain::test

@@ -101,4 +101,9 @@ class DeviceArray {
 // Downloads a bf16 device array as floats.
 std::vector<float> download_float(const DeviceArray<bf16>& a);
 
+// A loopback TCP port that is free now: the kernel's pick for a socket bound to port 0, closed
+// again. Tests that start a rendezvous take it instead of a number of their own, which another
+// process's outgoing connection may hold (ports of the ephemeral range).
+int free_tcp_port();
+
 }  // namespace cutrain::test

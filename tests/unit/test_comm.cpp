@@ -77,7 +77,7 @@ TEST(LaunchEnv, BadValuesNameTheVariable) {
 
 TEST(Rendezvous, FourProcessesOverLoopback) {
   const int world = 4;
-  const int port = 20000 + static_cast<int>(::getpid() % 20000);
+  const int port = test::free_tcp_port();
   std::vector<char> blob = {'c', 'u', 't', 'r', 'a', 'i', 'n', 0, 42};
   std::vector<pid_t> kids;
   for (int r = 1; r < world; ++r) {
@@ -111,7 +111,7 @@ TEST(Rendezvous, FourProcessesOverLoopback) {
 TEST(Rendezvous, MissingPeerTimesOutNamingIt) {
   LaunchEnv e;
   e.world_size = 3;
-  e.master_port = 40000 + static_cast<int>(::getpid() % 20000);
+  e.master_port = test::free_tcp_port();
   try {
     rendezvous_broadcast(e, {'x'}, std::chrono::milliseconds(300));
     FAIL() << "no throw";

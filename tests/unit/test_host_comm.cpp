@@ -28,10 +28,7 @@ using namespace cutrain::comm;
 
 namespace {
 
-int next_port() {
-  static int n = 0;
-  return 20000 + static_cast<int>((::getpid() * 7 + 131 * n++) % 25000);
-}
+int next_port() { return test::free_tcp_port(); }
 
 // Runs body(comm) on `world` forked ranks; returns each rank's outcome: "" when it returned,
 // else its error message. `before(rank)` runs in the child before the communicator exists.

@@ -176,10 +176,7 @@ TEST(DominoTimeline, OnePieceIsSerialTwoPiecesOverlap) {
 
 // ---- forked ranks over the host communicator ----
 
-int next_port() {
-  static int n = 0;
-  return 21000 + static_cast<int>((::getpid() * 11 + 137 * n++) % 24000);
-}
+int next_port() { return test::free_tcp_port(); }
 
 // body(world communicator) on `world` forked ranks; each rank's error message ("" when it passed).
 std::vector<std::string> run_ranks(int world, const std::function<void(std::shared_ptr<comm::Communicator>)>& body) {
