@@ -73,16 +73,7 @@ class CpuBackend final : public TrainBackend {
     std::fill(grads_.begin(), grads_.end(), 0.f);
     StepStats st;
     if (zero_) return zero_step(tokens, labels, step, lr);
-    for (int a = 0; a < accum; ++a) {
-      model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, a));
-      const model::TokenDropPlan& drop = ltd_->draw(step, a);  // random-LTD's kept tokens
-      model_.set_token_drop(&drop);
-      st.loss += forward(tokens + a * per, labels + a * per) / accum;
-      backward(1.0 / accum);
-      model_.set_token_drop(nullptr);
-      st.layer_tokens += drop.layer_tokens(table_.dims().layers);
-      merge_moe(st, a);
-    }
+    for (int a = 0; a < accum; ++a) micro_batch(tokens + a * per, labels + a * per, step, a, accum, st);
     double sq = 0;
     if (tp_) {  // each element once over the group
       sq = tp_->counted_sq(grads_.data(), 0, grads_.size());
@@ -177,16 +168,7 @@ class CpuBackend final : public TrainBackend {
     zero_->params_for_compute(params_);
     std::fill(grads_.begin(), grads_.end(), 0.f);
     StepStats st;
-    for (int a = 0; a < accum; ++a) {
-      model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, a));
-      const model::TokenDropPlan& drop = ltd_->draw(step, a);  // random-LTD's kept tokens
-      model_.set_token_drop(&drop);
-      st.loss += forward(tokens + a * per, labels + a * per) / accum;
-      backward(1.0 / accum);
-      model_.set_token_drop(nullptr);
-      st.layer_tokens += drop.layer_tokens(table_.dims().layers);
-      merge_moe(st, a);  // this rank's micro-batches (ep_size 1: every rank holds every expert)
-    }
+    for (int a = 0; a < accum; ++a) micro_batch(tokens + a * per, labels + a * per, step, a, accum, st);
     st.loss = zero_->mean_over_ranks(st.loss);
     st.grad_norm = zero_->reduce_grads(grads_);
     if (!std::isfinite(st.grad_norm)) {
@@ -199,6 +181,20 @@ class CpuBackend final : public TrainBackend {
     zero_->adam(params_, grads_, step, lr, scale);
     zero_->release_compute(params_);
     return st;
+  }
+
+  // Micro-batch `a` of `accum`: its MoE seed and random-LTD draw, forward and backward into grads_,
+  // its loss, layer tokens and routing figures added to `st` (under ZeRO: this rank's micro-batches;
+  // ep_size 1, so every rank holds every expert).
+  void micro_batch(const std::int32_t* tokens, const std::int32_t* labels, int step, int a, int accum, StepStats& st) {
+    model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, a));
+    const model::TokenDropPlan& drop = ltd_->draw(step, a);  // random-LTD's kept tokens
+    model_.set_token_drop(&drop);
+    st.loss += forward(tokens, labels) / accum;
+    backward(1.0 / accum);
+    model_.set_token_drop(nullptr);
+    st.layer_tokens += drop.layer_tokens(table_.dims().layers);
+    merge_moe(st, a);
   }
 
   // One micro-batch's forward and backward; with tensor parallelism each is a pass of Domino's

@@ -300,8 +300,10 @@ class HostCommunicator final : public Communicator {
       const int rc = pthread_mutex_lock(&c.h_->mu);
       if (rc == EOWNERDEAD) {
         pthread_mutex_consistent(&c.h_->mu);
+        const std::string dead = c.dead_ranks();
         pthread_mutex_unlock(&c.h_->mu);
-        CUTRAIN_FAIL("host communicator: rank ", c.rank(), ": ", what, ": a rank died inside the communicator's lock");
+        CUTRAIN_FAIL("host communicator: rank ", c.rank(), ": ", what, ": a rank died inside the communicator's lock",
+                     dead);
       }
       CUTRAIN_CHECK(rc == 0, "host communicator: rank ", c.rank(), ": ", what, ": lock failed: ", std::strerror(rc));
     }
@@ -389,6 +391,17 @@ class HostCommunicator final : public Communicator {
     }
   }
 
+  // ": rank R (pid P) exited without closing the communicator" for each other rank whose process
+  // ended (the one that died holding the lock among them), or "" if none is found. mu held.
+  std::string dead_ranks() {
+    std::string out;
+    for (int r = 0; r < world_size(); ++r) {
+      std::string why;
+      if (r != rank() && gone(r, &why) && h_->state[r] == Dead) out += ": " + why;
+    }
+    return out;
+  }
+
   // Whether rank r is gone (its process ended, or it closed its communicator). Called with mu held.
   bool gone(int r, std::string* why) {
     int st = h_->state[r];
@@ -437,7 +450,8 @@ class HostCommunicator final : public Communicator {
     const int rc = pthread_cond_timedwait(&h_->cv, &h_->mu, &ts);
     if (rc == EOWNERDEAD) {
       pthread_mutex_consistent(&h_->mu);
-      CUTRAIN_FAIL("host communicator: rank ", rank(), ": ", what, ": a rank died inside the communicator's lock");
+      CUTRAIN_FAIL("host communicator: rank ", rank(), ": ", what, ": a rank died inside the communicator's lock",
+                   dead_ranks());
     }
   }
   // Waits (mu held through the Lock) until done(), checking on `peers` between waits.
