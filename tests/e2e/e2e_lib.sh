@@ -20,3 +20,17 @@ small_size() {
     size=(--hidden_dim 32 --num_heads 2 --num_layers 2 --vocab_size 64 --seq_length 8 --batch_size 2)
   fi
 }
+# free_port: a loopback TCP port that is free now (the kernel's pick for a socket bound to port 0),
+# for a rendezvous; a number of our own may be held by another process's outgoing connection.
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# same_losses A.csv B.csv WHAT: the loss columns of two --loss_log_file files agree within 1e-6
+# relative (WHAT names the run against the single process in the failure)
+same_losses() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import csv, sys
+a, b = ([float(r["loss"]) for r in csv.DictReader(open(p))] for p in sys.argv[1:3])
+assert len(a) == len(b) and len(a) > 0, (a, b)
+for x, y in zip(a, b):
+    assert abs(x - y) <= 1e-6 * abs(x), (sys.argv[3] + " != single process", a, b)
+PY
+}

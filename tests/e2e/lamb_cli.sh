@@ -64,12 +64,12 @@ grep -q "zero_optimization.stage: optimizer type Lamb needs ZeRO stage 0, found 
 grep -q "optimizer.params.max_coeff: max_coeff is a parameter of type Lamb; type is AdamW" "$tmp/c.txt" || { cat "$tmp/c.txt"; fail "coeff message"; }
 # The CPU backend's data parallelism and pipeline update with AdamW: Lamb is refused there, naming it.
 if [ "$device" = cpu ]; then
-  if "$bin" launch --backend host --num_procs 2 --master_port $((29700 + RANDOM % 200)) -- "$bin" train "${run_flags[@]}" \
+  if "$bin" launch --backend host --num_procs 2 --master_port "$(free_port)" -- "$bin" train "${run_flags[@]}" \
       "${size[@]}" --num_steps 1 >"$tmp/dp.txt" 2>&1; then
     cat "$tmp/dp.txt"; fail "Lamb with the CPU backend's data parallelism accepted"
   fi
   grep -q "optimizer.type Lamb runs on one process" "$tmp/dp.txt" || { cat "$tmp/dp.txt"; fail "Lamb x data parallel message"; }
-  if "$bin" launch --backend host --num_procs 2 --master_port $((29700 + RANDOM % 200)) -- "$bin" train "${run_flags[@]}" \
+  if "$bin" launch --backend host --num_procs 2 --master_port "$(free_port)" -- "$bin" train "${run_flags[@]}" \
       "${size[@]}" --num_steps 1 --pipeline_parallel_size 2 >"$tmp/pp.txt" 2>&1; then
     cat "$tmp/pp.txt"; fail "Lamb with a pipeline accepted"
   fi

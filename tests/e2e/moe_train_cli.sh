@@ -97,7 +97,7 @@ expect_error "--moe_layers and --expert_interval both given" --num_experts 4 --m
 expect_error "hold dense MLPs" --model gpt2 --num_experts 4 --save_hf "$tmp/x.safetensors"
 # MoE under the CPU backend's pipeline is refused, naming both flags.
 if [ "$device" = cpu ]; then
-  if "$bin" launch --backend host --num_procs 2 --master_port $((29500 + RANDOM % 200)) -- "$bin" train \
+  if "$bin" launch --backend host --num_procs 2 --master_port "$(free_port)" -- "$bin" train \
       --device cpu --deepspeed_config configs/bf16_full.json "${size[@]}" --num_steps 1 --num_experts 4 --pipeline_parallel_size 2 >"$tmp/pp.txt" 2>&1; then
     cat "$tmp/pp.txt"; fail "MoE with a pipeline accepted"
   fi

@@ -16,7 +16,7 @@ source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] && { echo "pipeline parallelism runs on the CPU backend: skipped on cuda"; exit 77; }
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID GROUP_RANK \
   CUTRAIN_RENDEZVOUS_PORT
-port=$((20000 + (RANDOM % 20000)))
+port=$(free_port)
 size=(--device cpu --hidden_dim 32 --num_heads 2 --num_layers 4 --vocab_size 64 --seq_length 8 --batch_size 1
       --log_interval 1 --learning_rate 1e-2 --seed 7)
 config() {  # config OUT ACCUM [STAGE]
@@ -37,17 +37,8 @@ pipe() {  # pipe STAGES OUT train-args...: S ranks through the host launcher
   "$bin" launch --backend host --num_procs "$s" --master_port $port -- "$bin" train "${size[@]}" \
       --pipeline_parallel_size "$s" "$@" >"$out" 2>&1
   local rc=$?
-  port=$((port + 1))
+  port=$(free_port)
   return $rc
-}
-same_losses() {
-  python3 - "$1" "$2" <<'PY'
-import csv, sys
-a, b = ([float(r["loss"]) for r in csv.DictReader(open(p))] for p in sys.argv[1:])
-assert len(a) == len(b) and len(a) > 0, (a, b)
-for x, y in zip(a, b):
-    assert abs(x - y) <= 1e-6 * abs(x), ("pipeline != single process", a, b)
-PY
 }
 
 "$bin" train "${size[@]}" --deepspeed_config "$tmp/a8.json" --num_steps 4 --loss_log_file "$tmp/single.csv" \
@@ -62,7 +53,7 @@ for run in "2 parameters" "2 uniform" "4 type:TransformerBlock"; do
   for r in $(seq 0 $((s - 1))); do
     grep -q "^\[Rank $r\] pipeline stage $r of $s over the host" "$tmp/$name.txt" || fail "$name: rank $r's stage line"
   done
-  same_losses "$tmp/single.csv" "$tmp/$name.csv" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
+  same_losses "$tmp/single.csv" "$tmp/$name.csv" "pipeline" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
   for f in model.safetensors optimizer.safetensors trainer_state.json; do
     cmp "$tmp/ck_single/global_step4/$f" "$tmp/ck_$name/global_step4/$f" || fail "$name: $f differs"
   done
@@ -79,7 +70,7 @@ for s in 2 4; do
       --loss_log_file "$tmp/g$s.csv" --save "$tmp/ck_g$s" || { cat "$tmp/g$s.txt"; fail "GPT-2 on $s stages"; }
   grep -q "tied: the token embedding is the head's weight on stages 0 and $((s - 1)), its gradients summed" \
       "$tmp/g$s.txt" || { cat "$tmp/g$s.txt"; fail "GPT-2: the tied line"; }
-  same_losses "$tmp/g1.csv" "$tmp/g$s.csv" || { cat "$tmp/g$s.txt"; fail "GPT-2 on $s stages: losses"; }
+  same_losses "$tmp/g1.csv" "$tmp/g$s.csv" "pipeline" || { cat "$tmp/g$s.txt"; fail "GPT-2 on $s stages: losses"; }
   python3 tests/e2e/compare_checkpoints.py "$tmp/ck_g1/global_step4" "$tmp/ck_g$s/global_step4" \
       || fail "GPT-2 on $s stages: checkpoint"
   echo "ok: GPT-2 (tied head) on $s stages = the single process (losses, checkpoint)"
@@ -108,13 +99,13 @@ for run in "4 2 simple 0" "8 4 gpt2 0" "4 2 simple 1" "8 2 gpt2 1"; do
   "$bin" launch --backend host --num_procs "$w" --master_port $port -- "$bin" train "${size[@]}" --model "$m" \
       --deepspeed_config "$tmp/t8_z$z.json" --num_steps 4 --pipeline_parallel_size "$s" --loss_log_file "$tmp/$name.csv" \
       --save "$tmp/ck_$name" >"$tmp/$name.txt" 2>&1 || { cat "$tmp/$name.txt"; fail "$name run"; }
-  port=$((port + 1))
+  port=$(free_port)
   grep -q "1F1B over $((8 / dp)) micro-batches.*; $dp data-parallel replicas (rank = stage x $dp + replica)" \
       "$tmp/$name.txt" || { cat "$tmp/$name.txt"; fail "$name: the grid line"; }
   want="^\[Rank $((w - 1))\] pipeline stage $((s - 1)) of $s, replica $((dp - 1)) of $dp"
   [ "$z" = 1 ] && want="$want, ZeRO-1: the moments of \["
   grep -q "$want" "$tmp/$name.txt" || { cat "$tmp/$name.txt"; fail "$name: the last rank's stage line"; }
-  same_losses "$tmp/${name}_1.csv" "$tmp/$name.csv" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
+  same_losses "$tmp/${name}_1.csv" "$tmp/$name.csv" "pipeline" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
   python3 tests/e2e/compare_checkpoints.py "$tmp/ck_${name}_1/global_step4" "$tmp/ck_$name/global_step4" \
       || fail "$name: checkpoint"
   echo "ok: $m, $dp replicas x $s stages, ZeRO stage $z = the single process (losses, checkpoint)"
@@ -128,7 +119,7 @@ grep -q "1F1B over 8 micro-batches, predicted bubble fraction 0.273 ((S-1)/(M+S-
     --loss_log_file "$tmp/single_r.csv" >"$tmp/single_r.txt" 2>&1 || { cat "$tmp/single_r.txt"; fail "single resume"; }
 pipe 2 "$tmp/pr.txt" --deepspeed_config "$tmp/a8.json" --num_steps 2 --resume "$tmp/ck_single" \
     --loss_log_file "$tmp/pr.csv" || { cat "$tmp/pr.txt"; fail "2-stage resume"; }
-same_losses "$tmp/single_r.csv" "$tmp/pr.csv" || fail "resumed losses"
+same_losses "$tmp/single_r.csv" "$tmp/pr.csv" "pipeline" || fail "resumed losses"
 echo "ok: a single-process checkpoint resumed on 2 stages"
 
 # No gradient accumulation: it runs, with the warning.
@@ -140,7 +131,7 @@ refused() {  # refused 'message' PROCS train-args...
   local want=$1 n=$2; shift 2
   if "$bin" launch --backend host --num_procs "$n" --master_port $port -- "$bin" train "${size[@]}" --num_steps 1 "$@" \
       >"$tmp/err.txt" 2>&1; then cat "$tmp/err.txt"; fail "accepted: $*"; fi
-  port=$((port + 1))
+  port=$(free_port)
   grep -qF -- "$want" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "message for $* lacks: $want"; }
 }
 refused "train: --pipeline_parallel_size 3 does not divide the world size 4" 4 --deepspeed_config "$tmp/a8.json" \

@@ -182,7 +182,7 @@ echo "ok: composed with the vocabularyrarity curriculum"
 [ "$device" = cpu ] || exit 0
 # ZeRO over the host launcher: 2 ranks at stages 0 and 2 give the same losses; the layer tokens
 # are the global batch's.
-port=$((20000 + (RANDOM % 20000)))
+port=$(free_port)
 for stage in 0 2; do
   python3 - "$tmp/ltd.json" "$stage" "$tmp/z$stage.json" <<'PY'
 import json, sys
@@ -193,7 +193,7 @@ PY
   "$bin" launch --backend host --num_procs 2 --master_port $port -- "$bin" train --device cpu "${size[@]}" \
       --deepspeed_config "$tmp/z$stage.json" --learning_rate 1e-2 --seed 3 --num_steps 4 --loss_log_file "$tmp/z$stage.csv" \
       --metrics_file "$tmp/z$stage.jsonl" >"$tmp/z$stage.txt" 2>&1 || { cat "$tmp/z$stage.txt"; fail "ZeRO $stage"; }
-  port=$((port + 1))
+  port=$(free_port)
   check_metrics "$tmp/z$stage.jsonl" 1 2 0 || { cat "$tmp/z$stage.jsonl"; fail "ZeRO $stage metrics"; }
 done
 python3 - "$tmp/z0.csv" "$tmp/z2.csv" <<'PY' || fail "ZeRO 2 != ZeRO 0 under random-LTD"

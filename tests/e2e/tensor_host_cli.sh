@@ -14,7 +14,7 @@ source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] && { echo "tensor parallelism runs on the CPU backend: skipped on cuda"; exit 77; }
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID GROUP_RANK \
   CUTRAIN_RENDEZVOUS_PORT
-port=$((20000 + (RANDOM % 20000)))
+port=$(free_port)
 size=(--device cpu --hidden_dim 32 --num_heads 8 --num_layers 2 --vocab_size 64 --seq_length 8 --batch_size 2
       --log_interval 1 --learning_rate 1e-2 --seed 7)
 config() {  # config OUT STAGE [AUTOTP]: global batch 8 (micro 2), accumulation from the world
@@ -36,17 +36,8 @@ run() {  # run PROCS OUT train-args...
   local n=$1 out=$2; shift 2
   "$bin" launch --backend host --num_procs "$n" --master_port $port -- "$bin" train "${size[@]}" "$@" >"$out" 2>&1
   local rc=$?
-  port=$((port + 1))
+  port=$(free_port)
   return $rc
-}
-same_losses() {
-  python3 - "$1" "$2" <<'PY'
-import csv, sys
-a, b = ([float(r["loss"]) for r in csv.DictReader(open(p))] for p in sys.argv[1:])
-assert len(a) == len(b) and len(a) > 0, (a, b)
-for x, y in zip(a, b):
-    assert abs(x - y) <= 1e-6 * abs(x), ("tensor parallel != single process", a, b)
-PY
 }
 single() {  # single NAME train-args...: the one-process reference
   local name=$1; shift
@@ -64,7 +55,7 @@ for t in 2 4 8; do
   h=$((8 / t)) v=$((64 / t))
   grep -q "^\[Rank $((t - 1))\] tensor parallel: rank $((t - 1)) of $t: heads \[$((8 - h)), 8), FFN columns \[$((128 - 128 / t)), 128), vocabulary rows \[$((64 - v)), 64)" \
       "$tmp/$name.txt" || { cat "$tmp/$name.txt"; fail "$name: the last rank's slice line"; }
-  same_losses "$tmp/s1.csv" "$tmp/$name.csv" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
+  same_losses "$tmp/s1.csv" "$tmp/$name.csv" "tensor parallel" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
   for f in model.safetensors optimizer.safetensors trainer_state.json; do
     cmp "$tmp/ck_s1/global_step3/$f" "$tmp/ck_$name/global_step3/$f" || fail "$name: $f differs"
   done
@@ -75,7 +66,7 @@ for t in 2 4; do
   name=gtp$t
   run "$t" "$tmp/$name.txt" --model gpt2 --deepspeed_config "$tmp/z0.json" --num_steps 3 --tensor_parallel_size "$t" \
       --loss_log_file "$tmp/$name.csv" --save "$tmp/ck_$name" || { cat "$tmp/$name.txt"; fail "$name run"; }
-  same_losses "$tmp/g1.csv" "$tmp/$name.csv" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
+  same_losses "$tmp/g1.csv" "$tmp/$name.csv" "tensor parallel" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
   python3 tests/e2e/compare_checkpoints.py "$tmp/ck_g1/global_step3" "$tmp/ck_$name/global_step3" \
       || fail "$name: checkpoint"
   echo "ok: GPT-2 (tied head) at TP $t = the single process (losses, checkpoint)"
@@ -84,7 +75,7 @@ done
 # Domino: 2 pieces per micro-batch; the summary reports the modelled hidden fraction.
 run 2 "$tmp/dom.txt" --deepspeed_config "$tmp/z0.json" --num_steps 3 --tensor_parallel_size 2 --domino 2 \
     --loss_log_file "$tmp/dom.csv" --save "$tmp/ck_dom" || { cat "$tmp/dom.txt"; fail "domino run"; }
-same_losses "$tmp/s1.csv" "$tmp/dom.csv" || { cat "$tmp/dom.txt"; fail "domino: losses"; }
+same_losses "$tmp/s1.csv" "$tmp/dom.csv" "tensor parallel" || { cat "$tmp/dom.txt"; fail "domino: losses"; }
 python3 tests/e2e/compare_checkpoints.py "$tmp/ck_s1/global_step3" "$tmp/ck_dom/global_step3" || fail "domino: checkpoint"
 grep -q "Domino: 2 pieces per micro-batch" "$tmp/dom.txt" || { cat "$tmp/dom.txt"; fail "domino: the slice line"; }
 grep -Eq "^  Rank 0's domino: 2 pieces per micro-batch; tensor-parallel all-reduces [0-9.]+ s beside [0-9.]+ s of compute \(forward and backward\); [0-9.]+% of the communication hidden \(modelled on the host" \
@@ -97,7 +88,7 @@ echo "ok: Domino's 2 pieces = the single process; the hidden fraction reported"
 run 2 "$tmp/auto.txt" --deepspeed_config "$tmp/auto2.json" --num_steps 3 --loss_log_file "$tmp/auto.csv" \
     || { cat "$tmp/auto.txt"; fail "autotp_size run"; }
 grep -q "tensor parallel: rank 1 of 2" "$tmp/auto.txt" || { cat "$tmp/auto.txt"; fail "autotp_size: no TP"; }
-same_losses "$tmp/s1.csv" "$tmp/auto.csv" || fail "autotp_size: losses"
+same_losses "$tmp/s1.csv" "$tmp/auto.csv" "tensor parallel" || fail "autotp_size: losses"
 "$bin" check-config "$tmp/auto2.json" >"$tmp/cc.txt" 2>&1 || { cat "$tmp/cc.txt"; fail "check-config"; }
 grep -q "^  tensor     autotp_size 2 " "$tmp/cc.txt" || { cat "$tmp/cc.txt"; fail "check-config: the tensor line"; }
 echo "ok: tensor_parallel.autotp_size 2 (train, check-config)"
@@ -111,7 +102,7 @@ for run_ in "4 2 simple 0" "4 2 simple 1" "4 2 simple 2" "4 2 simple 3" "8 4 gpt
       --loss_log_file "$tmp/$name.csv" --save "$tmp/ck_$name" || { cat "$tmp/$name.txt"; fail "$name run"; }
   grep -q "data parallel: replica 1 of $((w / t)) (its ZeRO reductions over the $((w / t)) ranks of tensor-parallel index" \
       "$tmp/$name.txt" || { cat "$tmp/$name.txt"; fail "$name: the replica line"; }
-  same_losses "$tmp/$ref.csv" "$tmp/$name.csv" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
+  same_losses "$tmp/$ref.csv" "$tmp/$name.csv" "tensor parallel" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
   python3 tests/e2e/compare_checkpoints.py "$tmp/ck_$ref/global_step3" "$tmp/ck_$name/global_step3" \
       || fail "$name: checkpoint"
   echo "ok: $m, DP $((w / t)) x TP $t, ZeRO stage $z = the single process (losses, checkpoint)"
@@ -129,7 +120,7 @@ for run_ in "4 2 2 simple 0" "8 2 4 gpt2 0" "8 2 2 gpt2 1"; do
       || { cat "$tmp/$name.txt"; fail "$name: the last rank's stage line"; }
   grep -q "^\[Rank 0\] tensor parallel: world $w = $s stage(s) x $dp replica(s) x $t tensor-parallel ranks" \
       "$tmp/$name.txt" || { cat "$tmp/$name.txt"; fail "$name: the grid line"; }
-  same_losses "$tmp/$ref.csv" "$tmp/$name.csv" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
+  same_losses "$tmp/$ref.csv" "$tmp/$name.csv" "tensor parallel" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
   python3 tests/e2e/compare_checkpoints.py "$tmp/ck_$ref/global_step3" "$tmp/ck_$name/global_step3" \
       || fail "$name: checkpoint"
   echo "ok: $m, PP $s x DP $dp x TP $t (ZeRO $z) = the single process (losses, checkpoint)"
@@ -140,7 +131,7 @@ run 4 "$tmp/ppdom.txt" --deepspeed_config "$tmp/z0.json" --num_steps 3 --tensor_
     --pipeline_parallel_size 2 --domino 2 --loss_log_file "$tmp/ppdom.csv" || { cat "$tmp/ppdom.txt"; fail "PP x TP domino"; }
 grep -q "^\[Rank 3\] stage 1: tensor parallel: rank 1 of 2: .*; per micro-batch 8 forward and 6 backward all-reduces.*; Domino: 2 pieces" \
     "$tmp/ppdom.txt" || { cat "$tmp/ppdom.txt"; fail "PP x TP domino: the last stage's line"; }
-same_losses "$tmp/s1.csv" "$tmp/ppdom.csv" || { cat "$tmp/ppdom.txt"; fail "PP x TP domino: losses"; }
+same_losses "$tmp/s1.csv" "$tmp/ppdom.csv" "tensor parallel" || { cat "$tmp/ppdom.txt"; fail "PP x TP domino: losses"; }
 echo "ok: PP 2 x TP 2 with Domino's 2 pieces = the single process"
 
 # A TP checkpoint is the whole model: one process resumes it as it resumes its own.
@@ -148,10 +139,10 @@ echo "ok: PP 2 x TP 2 with Domino's 2 pieces = the single process"
     --loss_log_file "$tmp/r1.csv" >"$tmp/r1.txt" 2>&1 || { cat "$tmp/r1.txt"; fail "single resume"; }
 "$bin" train "${size[@]}" --deepspeed_config "$tmp/z0.json" --num_steps 2 --resume "$tmp/ck_tp4" \
     --loss_log_file "$tmp/r4.csv" >"$tmp/r4.txt" 2>&1 || { cat "$tmp/r4.txt"; fail "TP 4 checkpoint on one process"; }
-same_losses "$tmp/r1.csv" "$tmp/r4.csv" || fail "resumed losses"
+same_losses "$tmp/r1.csv" "$tmp/r4.csv" "tensor parallel" || fail "resumed losses"
 run 2 "$tmp/r2.txt" --deepspeed_config "$tmp/z0.json" --num_steps 2 --resume "$tmp/ck_s1" --tensor_parallel_size 2 \
     --loss_log_file "$tmp/r2.csv" || { cat "$tmp/r2.txt"; fail "single checkpoint at TP 2"; }
-same_losses "$tmp/r1.csv" "$tmp/r2.csv" || fail "TP 2 resumed losses"
+same_losses "$tmp/r1.csv" "$tmp/r2.csv" "tensor parallel" || fail "TP 2 resumed losses"
 echo "ok: a TP 4 checkpoint resumed by one process, a single-process one at TP 2"
 
 # A tensor-parallel rank killed mid-run (two ranks started by hand, no launcher to stop the other):
@@ -165,7 +156,7 @@ if RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$bin"
     --deepspeed_config "$tmp/z0.json" --tensor_parallel_size 2 --num_steps 1000000 >"$tmp/survivor.txt" 2>&1; then
   fail "rank 0 finished although rank 1 was killed"; fi
 wait 2>/dev/null || true
-port=$((port + 1))
+port=$(free_port)
 grep -q "host communicator: rank 0: .*rank 1 (pid [0-9]*) exited without closing the communicator" \
     "$tmp/survivor.txt" || { tail -5 "$tmp/survivor.txt"; fail "the survivor does not name the dead rank"; }
 (( $(date +%s) - t0 < 30 )) || fail "the dead rank was found only after $(( $(date +%s) - t0 )) s"
@@ -175,7 +166,7 @@ refused() {  # refused 'message' PROCS train-args...
   local want=$1 n=$2; shift 2
   if "$bin" launch --backend host --num_procs "$n" --master_port $port -- "$bin" train "${rsize[@]}" --num_steps 1 "$@" \
       >"$tmp/err.txt" 2>&1; then cat "$tmp/err.txt"; fail "accepted: $*"; fi
-  port=$((port + 1))
+  port=$(free_port)
   grep -qF -- "$want" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "message for $* lacks: $want"; }
 }
 rsize=("${size[@]}")

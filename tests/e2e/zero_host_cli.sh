@@ -16,7 +16,7 @@ source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] && { echo "the host communicator serves the CPU backend: skipped on cuda"; exit 77; }
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID GROUP_RANK \
   CUTRAIN_RENDEZVOUS_PORT
-port=$((20000 + (RANDOM % 20000)))
+port=$(free_port)
 size=(--device cpu --hidden_dim 32 --num_heads 2 --num_layers 2 --vocab_size 64 --seq_length 8 --batch_size 1
       --log_interval 1 --learning_rate 1e-2 --seed 7)
 
@@ -52,7 +52,7 @@ run_dp() {  # run_dp STAGE WORLD: W ranks against the single process of the same
   "$bin" launch --backend host --num_procs "$w" --master_port $port -- "$bin" train --deepspeed_config "$tmp/$name.json" \
       "${size[@]}" --num_steps 4 --loss_log_file "$tmp/dp_$name.csv" --save "$tmp/ck_dp_$name" >"$out" 2>&1 \
       || { cat "$out"; fail "$name run"; }
-  port=$((port + 1))
+  port=$(free_port)
   for r in $(seq 0 $((w - 1))); do
     grep -q "^\[Rank $r\] ZeRO stage $stage, world size $w over the host (shared memory, test backend) communicator: " \
         "$out" || { cat "$out"; fail "$name: rank $r's ZeRO line"; }
@@ -65,7 +65,7 @@ run_dp() {  # run_dp STAGE WORLD: W ranks against the single process of the same
 # comm-check over the host communicator under the host launcher.
 "$bin" launch --backend host --num_procs 3 --master_port $port -- "$bin" comm-check --backend host --timeout 30 \
     >"$tmp/cc.txt" 2>&1 || { cat "$tmp/cc.txt"; fail "comm-check --backend host"; }
-port=$((port + 1))
+port=$(free_port)
 for r in 0 1 2; do
   grep -q "^rank $r of 3 (torchrun): rendezvous at 127.0.0.1:.* and host (shared memory, test backend) all-reduce ok" \
       "$tmp/cc.txt" || { cat "$tmp/cc.txt"; fail "comm-check --backend host: rank $r"; }
@@ -90,7 +90,7 @@ done
 "$bin" launch --backend host --num_procs 4 --master_port $port -- "$bin" train --deepspeed_config "$tmp/s3_w4.json" \
     "${size[@]}" --num_steps 2 --resume "$tmp/ck_single_w4" --loss_log_file "$tmp/dp_resumed.csv" \
     >"$tmp/dp_resumed.txt" 2>&1 || { cat "$tmp/dp_resumed.txt"; fail "4-rank resume"; }
-port=$((port + 1))
+port=$(free_port)
 losses "$tmp/single_resumed.csv" "$tmp/dp_resumed.csv" || fail "resumed losses"
 grep -q "^4," "$tmp/dp_resumed.csv" || fail "the resumed run starts at step 4"
 echo "ok: a single-process checkpoint resumed on 4 ranks at stage 3"
@@ -101,7 +101,7 @@ if "$bin" launch --backend host --num_procs 3 --master_port $port -- bash -c \
     "${size[@]}" --num_steps 50 >"$tmp/dead.txt" 2>&1; then
   cat "$tmp/dead.txt"; fail "a run with a failing rank succeeded"
 fi
-port=$((port + 1))
+port=$(free_port)
 grep -q "cutrain launch: rank 1 exited with status 3; stopping the other ranks" "$tmp/dead.txt" \
     || { cat "$tmp/dead.txt"; fail "the failing rank is not named"; }
 echo "ok: a failing rank is named and the others stopped"
@@ -117,7 +117,7 @@ if RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 60 "$bin"
     --deepspeed_config "$tmp/s1_w4.json" "${size[@]}" --num_steps 1000000 >"$tmp/survivor.txt" 2>&1; then
   fail "rank 0 finished although rank 1 was killed"; fi
 wait 2>/dev/null || true
-port=$((port + 1))
+port=$(free_port)
 grep -q "host communicator: rank 0: .*rank 1 (pid [0-9]*) exited without closing the communicator" \
     "$tmp/survivor.txt" || { tail -5 "$tmp/survivor.txt"; fail "the survivor does not name the dead rank"; }
 (( $(date +%s) - t0 < 30 )) || fail "the dead rank was found only after $(( $(date +%s) - t0 )) s"
