@@ -1,6 +1,7 @@
 // @brief Attention family: shape validation and the FLOP counts the benchmarks report.
 #include "kernels/attention.cuh"
 #include "kernels/attention_tiles.cuh"
+#include "runtime/check.h"
 #include "runtime/error.h"
 
 namespace cutrain::kernels {
@@ -11,6 +12,23 @@ void attn::check_shape(const AttentionShape& sh, const char* who) {
                 ": batch, seq and heads must be >= 1, got batch=", sh.batch, " seq=", sh.seq, " heads=", sh.heads);
   CUTRAIN_CHECK(sh.heads <= 65535 && sh.batch <= 65535, who,
                 ": heads and batch must be <= 65535 (grid y/z), got heads=", sh.heads, " batch=", sh.batch);
+}
+
+namespace {
+__global__ void key_mask_kernel(const std::int32_t* __restrict__ tokens, std::int32_t pad_id,
+                                std::uint8_t* __restrict__ mask, std::size_t n) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) mask[i] = tokens[i] != pad_id;
+}
+}  // namespace
+
+void attention_key_mask_from_tokens(cudaStream_t s, const std::int32_t* tokens, std::int32_t pad_id,
+                                    std::uint8_t* key_mask, std::size_t n) {
+  CUTRAIN_CHECK(tokens && key_mask, "attention_key_mask_from_tokens: tokens and key_mask must be non-null");
+  if (n == 0) return;
+  const unsigned blocks = static_cast<unsigned>((n + 255) / 256);
+  key_mask_kernel<<<blocks, 256, 0, s>>>(tokens, pad_id, key_mask, n);
+  CUTRAIN_LAUNCH_CHECK("attention_key_mask_from_tokens");
 }
 
 double attention_forward_flops(const AttentionShape& sh) {

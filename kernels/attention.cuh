@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
+#include "kernels/common/philox.cuh"
 #include "runtime/dtype.h"
 
 namespace cutrain::kernels {
@@ -15,19 +17,39 @@ struct AttentionShape {
   bool causal = false;
 };
 
+// BERT's attention: a key (padding) mask and dropout on the softmax probabilities. The default
+// (no mask, p = 0) is plain attention.
+struct AttentionOptions {
+  // Device bytes [B, S]: key j of sequence b may be attended where key_mask[b*S + j] != 0; null:
+  // every key. A query row none of whose keys may be attended gets out 0, lse -inf, gradient 0.
+  const std::uint8_t* key_mask = nullptr;
+  // Dropout on the probabilities P (p in [0, 1)): P[b,h,i,j] is kept, scaled by 1/(1-p), where
+  // dropout_bits(dropout, e / 4).w[e % 4] >= dropout_threshold(p) (kernels/dropout.cuh), with
+  // e = ((b*H + h)*S + i)*S + j; the backward regenerates the same mask. lse stays that of the
+  // undropped softmax.
+  DropoutKey dropout{};
+  float dropout_p = 0.f;
+};
+
+// key_mask[i] = tokens[i] != pad_id over [n] tokens (the mask BERT's padded batches attend with).
+void attention_key_mask_from_tokens(cudaStream_t s, const std::int32_t* tokens, std::int32_t pad_id,
+                                    std::uint8_t* key_mask, std::size_t n);
+
 // qkv: bf16 [B, S, 3, H, D] (the fused in-projection's output as is: q, k, v for each token);
 // out: bf16 [B, S, H, D]; lse: fp32 [B, H, S] (log-sum-exp of the scaled scores, natural log).
 // Softmax scale 1/sqrt(D).
-void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const AttentionShape& shape);
+void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const AttentionShape& shape,
+                       const AttentionOptions& options = {});
 
 // dqkv: bf16 [B, S, 3, H, D] (every element written). `deterministic`: no order-dependent atomics
 // (same bits every run). scratch: attention_backward_scratch_bytes(shape, deterministic) bytes,
 // 16-byte aligned: fp32 rowsum(dO o O) (4·B·H·S, rounded to 256) and, in the fast mode only, an fp32
 // dQ accumulator (4·B·S·H·D) that dQ reaches through atomics. Nothing S x S ever.
-// `out` and `lse` must be this forward's outputs for the same qkv.
+// `out` and `lse` must be this forward's outputs for the same qkv and options.
 std::size_t attention_backward_scratch_bytes(const AttentionShape& shape, bool deterministic);
 void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
-                        bf16* dqkv, void* scratch, const AttentionShape& shape, bool deterministic);
+                        bf16* dqkv, void* scratch, const AttentionShape& shape, bool deterministic,
+                        const AttentionOptions& options = {});
 
 // Training FLOPs as the benchmarks count them: 4·B·H·S²·D forward, 2.5× that backward, halved causal.
 double attention_forward_flops(const AttentionShape& shape);

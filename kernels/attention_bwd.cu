@@ -93,8 +93,11 @@ std::size_t attention_backward_scratch_bytes(const AttentionShape& shape, bool d
 }
 
 void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
-                        bf16* dqkv, void* scratch, const AttentionShape& shape, bool deterministic) {
+                        bf16* dqkv, void* scratch, const AttentionShape& shape, bool deterministic,
+                        const AttentionOptions& options) {
   attn::check_shape(shape, "attention_backward");
+  CUTRAIN_CHECK(!options.key_mask && options.dropout_p == 0.f,
+                "attention_backward: key masks and attention dropout are not implemented yet");
   CUTRAIN_CHECK(qkv && out && dout && lse && dqkv && scratch,
                 "attention_backward: qkv, out, dout, lse, dqkv and scratch must all be non-null");
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0 && reinterpret_cast<std::uintptr_t>(dout) % 16 == 0 &&

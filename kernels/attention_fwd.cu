@@ -151,8 +151,11 @@ void launch_forward(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, con
 }  // namespace
 }  // namespace attn
 
-void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const AttentionShape& shape) {
+void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const AttentionShape& shape,
+                       const AttentionOptions& options) {
   attn::check_shape(shape, "attention_forward");
+  CUTRAIN_CHECK(!options.key_mask && options.dropout_p == 0.f,
+                "attention_forward: key masks and attention dropout are not implemented yet");
   CUTRAIN_CHECK(qkv && out && lse, "attention_forward: qkv, out and lse must be non-null, got qkv=",
                 static_cast<const void*>(qkv), " out=", static_cast<void*>(out), " lse=", static_cast<void*>(lse));
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0 && reinterpret_cast<std::uintptr_t>(out) % 4 == 0,

@@ -49,15 +49,28 @@ __host__ __device__ __forceinline__ PhiloxWords philox4x32_10(PhiloxWords c, std
 
 // Where a dropout mask lives: the run's seed, the optimizer step, and the dropout site (a layer,
 // or a layer's attention / hidden dropout: the caller numbers the sites).
+// `step_ptr` (device memory, kernels only): when set, the step is read from there instead of
+// `step`, so a captured CUDA graph draws each replay's step's mask (the engine writes the step
+// before the replay). The CPU reference leaves it null.
 struct DropoutKey {
   std::uint64_t seed = 0;
   std::uint32_t step = 0, layer = 0;
+  const std::uint32_t* step_ptr = nullptr;
 };
+
+// The step a kernel draws with: *step_ptr when set (read once per kernel is enough), else step.
+__host__ __device__ __forceinline__ std::uint32_t dropout_step(const DropoutKey& k) {
+#ifdef __CUDA_ARCH__
+  return k.step_ptr ? __ldg(k.step_ptr) : k.step;
+#else
+  return k.step;
+#endif
+}
 
 // The 32 random bits of elements 4g .. 4g + 3 (one Philox call).
 __host__ __device__ __forceinline__ PhiloxWords dropout_bits(const DropoutKey& k, std::uint64_t group) {
-  return philox4x32_10(PhiloxWords{{static_cast<std::uint32_t>(group), static_cast<std::uint32_t>(group >> 32), k.step,
-                                    k.layer}},
+  return philox4x32_10(PhiloxWords{{static_cast<std::uint32_t>(group), static_cast<std::uint32_t>(group >> 32),
+                                    dropout_step(k), k.layer}},
                        static_cast<std::uint32_t>(k.seed), static_cast<std::uint32_t>(k.seed >> 32));
 }
 
