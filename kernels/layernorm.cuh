@@ -29,4 +29,14 @@ void layernorm_backward(cudaStream_t s, const bf16* dy, const bf16* sum, const f
                         const bf16* gamma, const bf16* d_extra, bf16* d_sum, void* dgamma, void* dbeta,
                         DType param_grad_type, bool accumulate, void* scratch, int rows, int cols);
 
+// DeepSpeed's normalize_invertible: the same backward without the LN input. The normalized input
+// is recovered from the output, x_hat = (y - beta) / gamma, so `y` (kept anyway as the next
+// layer's input) replaces `sum` and mean is not needed. gamma entries must be non-zero (a zero
+// makes x_hat of that column undefined; DeepSpeed's kernel has the same condition). Same outputs,
+// aliasing, reduction and scratch (layernorm_backward_scratch_bytes) as layernorm_backward.
+void layernorm_backward_from_output(cudaStream_t s, const bf16* dy, const bf16* y, const float* rstd,
+                                    const bf16* gamma, const bf16* beta, const bf16* d_extra, bf16* d_sum,
+                                    void* dgamma, void* dbeta, DType param_grad_type, bool accumulate, void* scratch,
+                                    int rows, int cols);
+
 }  // namespace cutrain::kernels
