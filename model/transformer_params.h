@@ -9,14 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "model/bert_config.h"
 #include "model/moe_config.h"
 
 namespace cutrain::model {
 
 // Simple: the BF16 example's post-LN model (untied head with bias, exact GELU, attention mask as
 // the caller says). Gpt2: pre-LN blocks, final LayerNorm, tied head without bias, tanh GELU,
-// always causal.
-enum class Arch { Simple, Gpt2 };
+// always causal. Bert: the bidirectional encoder of DeepSpeed's BERT pre-training (BertConfig:
+// Pre-LN or Post-LN, dropout, padding masks) with the masked-LM head tied to the word embedding.
+enum class Arch { Simple, Gpt2, Bert };
 
 // The MoE blocks of a model (DeepSpeed's MoE in Megatron-DeepSpeed's GPT): the blocks whose FFN is
 // a MoE layer, each with its expert count (the pyramid of PR-MoE: more experts in later blocks),
@@ -47,9 +49,11 @@ struct ModelDims {
   int padded_vocab = 0;
   Arch arch = Arch::Simple;
   MoeDims moe = {};
+  int intermediate = 0;  // the FFN's width (0: 4 x hidden)
+  BertConfig bert = {};  // Arch::Bert only
   int vocab_rows() const { return padded_vocab > vocab ? padded_vocab : vocab; }
   int head_dim() const { return hidden / heads; }
-  int ffn() const { return 4 * hidden; }
+  int ffn() const { return intermediate > 0 ? intermediate : 4 * hidden; }
   // Throws cutrain::Error naming the bad field (heads must divide hidden, all positive; the MoE
   // blocks' entries one per block, each MoE layer's configuration valid).
   void validate() const;
