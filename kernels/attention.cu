@@ -1,6 +1,11 @@
-// @brief Attention family: shape validation and the FLOP counts the benchmarks report.
+// @brief Attention family: shape and option validation, the key mask from tokens, and the FLOP counts
+// the benchmarks report.
+#include <cmath>
+
 #include "kernels/attention.cuh"
+#include "kernels/attention_options.cuh"
 #include "kernels/attention_tiles.cuh"
+#include "kernels/dropout.cuh"
 #include "runtime/check.h"
 #include "runtime/error.h"
 
@@ -12,6 +17,17 @@ void attn::check_shape(const AttentionShape& sh, const char* who) {
                 ": batch, seq and heads must be >= 1, got batch=", sh.batch, " seq=", sh.seq, " heads=", sh.heads);
   CUTRAIN_CHECK(sh.heads <= 65535 && sh.batch <= 65535, who,
                 ": heads and batch must be <= 65535 (grid y/z), got heads=", sh.heads, " batch=", sh.batch);
+}
+
+attn::OptionArgs attn::option_args(const AttentionOptions& o) {
+  OptionArgs a;
+  a.key_mask = o.key_mask;
+  a.key = o.dropout;
+  CUTRAIN_CHECK(std::isfinite(o.dropout_p) && o.dropout_p >= 0.f && o.dropout_p < 1.f,
+                "attention: options.dropout_p must lie in [0, 1), got ", o.dropout_p);
+  a.threshold = dropout_threshold(o.dropout_p);
+  a.drop_scale = dropout_scale(o.dropout_p);
+  return a;
 }
 
 namespace {

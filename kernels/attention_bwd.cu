@@ -9,9 +9,13 @@
 // With P = exp(scale*S - lse), dP = dO V^T, dS = P o (dP - Dvec):
 //   dV = P^T dO,  dK = scale * dS^T Q,  dQ = scale * dS K.
 // Tile shapes: kernels/attention_tile_size.h.
+// Options (kernels/attention_options.cuh): masked keys and rows with lse -inf get P = 0; with
+// dropout keep mask Z, dV = (P o Z/(1-p))^T dO and dS = P o (dP o Z/(1-p) - Dvec), Dvec unchanged
+// (rowsum(dO o O) equals rowsum(P o dL/dP) with the dropout inside O).
 #include <cmath>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_options.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/check.h"
 
@@ -62,7 +66,8 @@ std::size_t dvec_bytes(const AttentionShape& sh) {
 
 template <int D>
 void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
-                     bf16* dqkv, void* scratch, const AttentionShape& sh, bool deterministic) {
+                     bf16* dqkv, void* scratch, const AttentionShape& sh, bool deterministic,
+                     const OptionArgs& opt) {
   float* dvec = static_cast<float*>(scratch);
   float* dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + dvec_bytes(sh));
   const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
@@ -70,11 +75,11 @@ void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf
                                                                            sh.heads);
   CUTRAIN_LAUNCH_CHECK("attention_row_dot_kernel");
   if (deterministic) {
-    dkdv(st, qkv, dout, lse, dvec, dqkv, nullptr, sh);
-    dq(st, qkv, dout, lse, dvec, dqkv, sh);
+    dkdv(st, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
+    dq(st, qkv, dout, lse, dvec, dqkv, sh, opt);
   } else {
     CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, rows * D * sizeof(float), st));
-    dkdv(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh);
+    dkdv(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
     const float scale = 1.f / std::sqrt(static_cast<float>(D));
     dq_convert_kernel<D><<<static_cast<unsigned>((rows * D / 2 + 255) / 256), 256, 0, st>>>(dq_acc, dqkv, rows,
                                                                                              sh.heads, scale);
@@ -96,8 +101,7 @@ void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const 
                         bf16* dqkv, void* scratch, const AttentionShape& shape, bool deterministic,
                         const AttentionOptions& options) {
   attn::check_shape(shape, "attention_backward");
-  CUTRAIN_CHECK(!options.key_mask && options.dropout_p == 0.f,
-                "attention_backward: key masks and attention dropout are not implemented yet");
+  const attn::OptionArgs opt = attn::option_args(options);
   CUTRAIN_CHECK(qkv && out && dout && lse && dqkv && scratch,
                 "attention_backward: qkv, out, dout, lse, dqkv and scratch must all be non-null");
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0 && reinterpret_cast<std::uintptr_t>(dout) % 16 == 0 &&
@@ -105,9 +109,9 @@ void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const 
                     reinterpret_cast<std::uintptr_t>(scratch) % 16 == 0,
                 "attention_backward: qkv, dout and scratch must be 16-byte aligned, out and dqkv 4-byte aligned");
   if (shape.head_dim == 64)
-    attn::launch_backward<64>(s, qkv, out, dout, lse, dqkv, scratch, shape, deterministic);
+    attn::launch_backward<64>(s, qkv, out, dout, lse, dqkv, scratch, shape, deterministic, opt);
   else
-    attn::launch_backward<128>(s, qkv, out, dout, lse, dqkv, scratch, shape, deterministic);
+    attn::launch_backward<128>(s, qkv, out, dout, lse, dqkv, scratch, shape, deterministic, opt);
 }
 
 }  // namespace cutrain::kernels

@@ -2,9 +2,13 @@
 // warp per 16 keys, walking query tiles of kBlockN through a cp.async double buffer: P^T and dP^T
 // recomputed from lse, dV += P^T dO, dK += dS^T Q. The fast mode (Tile::kDeterministic false)
 // also adds dS K into the fp32 dQ accumulator with atomics.
+// Options (template bools): MASK, a masked key's P is 0 and a CTA whose keys are all masked only
+// writes its zero dK, dV; DROP, the keep bits of P^T (transposed_keep_bits) drop P in dV = P^T dO
+// (scaled by 1/(1-p) at the store) and dP in dS.
 #include <cmath>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_options.cuh"
 #include "kernels/attention_softmax.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/check.h"
@@ -25,11 +29,11 @@ constexpr int dkdv_smem() {
   return (2 * KB + 4 * QT) * ld<D>() * 2 + 4 * QT * 4 + (Tile::kDeterministic ? 0 : KB * (QT + 8) * 2);
 }
 
-template <typename Tile>
+template <typename Tile, bool MASK, bool DROP>
 __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ dout,
                                                         const float* __restrict__ lse, const float* __restrict__ dvec,
                                                         bf16* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
-                                                        int H, float scale_log2, float scale) {
+                                                        int H, float scale_log2, float scale, OptionArgs opt) {
   constexpr int D = Tile::kHeadDim, KB = Tile::kBlockM, QT = Tile::kBlockN, kT = Tile::kThreads;
   constexpr bool CAUSAL = Tile::kCausal, ATOMIC_DQ = !Tile::kDeterministic;
   static_assert(Tile::kMTiles == 1 && !Tile::kARegs, "one 16-key m-tile per warp, K and V re-read from shared memory");
@@ -50,6 +54,8 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
 
   const int q_first = CAUSAL ? n0 / QT : 0;  // causal: queries before the first key see none of it
   const int q_tiles = (S + QT - 1) / QT;
+  [[maybe_unused]] const DropoutKey dkey = DROP ? opt.resolve_step() : DropoutKey{};
+  [[maybe_unused]] const std::uint64_t bh_e = (static_cast<std::uint64_t>(b) * H + head) * S;
 
   auto load_q_tile = [&](int qt, int buf) {
     load_rows<D, QT, kT>(sQ + buf * QT * ld<D>(), g.q, qt * QT, S, g.tok);
@@ -64,15 +70,27 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
   load_rows<D, KB, kT>(sV, g.v, n0, S, g.tok);
   load_q_tile(q_first, 0);
   mma::cp_async_commit();
+  // MASK: which of this thread's two keys may be attended (read while the first tiles load); a CTA
+  // with none walks no query tile (q_end) and stores its zero dK, dV.
+  int q_end = q_tiles;
+  [[maybe_unused]] std::uint32_t key_live = 0;  // bit e: the key of fragment element e (key_base + 8(e>>1))
+  if constexpr (MASK) {
+    const std::uint8_t* km = opt.key_mask + static_cast<std::size_t>(b) * S;
+    const int k0 = n0 + warp * 16 + gi;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (k0 + 8 * h < S && __ldg(km + k0 + 8 * h) != 0) key_live |= 3u << (2 * h);
+    if (!__syncthreads_or(key_live != 0)) q_end = q_first;
+  }
 
   float dk[D / 8][4], dv[D / 8][4];
   zero(dk);
   zero(dv);
   const int key_base = n0 + warp * 16 + gi;  // this thread's keys: key_base, key_base + 8
 
-  for (int qt = q_first; qt < q_tiles; ++qt) {
+  for (int qt = q_first; qt < q_end; ++qt) {
     const int buf = (qt - q_first) & 1, m0 = qt * QT;
-    if (qt + 1 < q_tiles) {
+    if (qt + 1 < q_end) {
       load_q_tile(qt + 1, buf ^ 1);
       mma::cp_async_commit();
       mma::cp_async_wait<1>();
@@ -100,7 +118,15 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
       }
     // Keys past S: their zero K rows give P = exp2(-lse), inf for a row whose lse < -88.7, and
     // inf * 0 would poison the fast mode's dQ. Zero them (the last key block only).
-    if (n0 + KB > S) {
+    // MASK: masked keys (key_live false, which covers keys past S) are zeroed the same way; a row
+    // with lse -inf has every key masked, so its inf never survives.
+    if constexpr (MASK) {
+#pragma unroll
+      for (int n = 0; n < QT / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!((key_live >> e) & 1u)) p[n][e] = 0.f;
+    } else if (n0 + KB > S) {
 #pragma unroll
       for (int n = 0; n < QT / 8; ++n)
 #pragma unroll
@@ -108,16 +134,26 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
           if (key_base + (e >> 1) * 8 >= S) p[n][e] = 0.f;
     }
     std::uint32_t pf[QT / 16][4];
-    to_a_frags<QT>(pf, p);
+    [[maybe_unused]] std::uint32_t keep = 0;  // DROP: bit 4n + e, element e of n-tile n is kept
+    if constexpr (DROP) {
+      keep = transposed_keep_bits<QT / 8>(dkey, opt.threshold, bh_e, S, key_base, m0, S % 4 == 0);
+      to_a_frags_kept<QT>(pf, p, keep);  // dV gets P o Z; the 1/(1-p) is applied at the store
+    } else {
+      to_a_frags<QT>(pf, p);
+    }
     warp_pb<D, QT>(dv, pf, do_tile);
 
-    // dS^T = P^T o (V dO^T - Dvec[q]).
+    // dS^T = P^T o (V dO^T - Dvec[q]); DROP: P^T o (V dO^T o Z/(1-p) - Dvec[q]).
     float ds[QT / 8][4];
     warp_abt<D, QT / 8>(ds, sV, warp * 16, do_tile);
 #pragma unroll
     for (int n = 0; n < QT / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) ds[n][e] = p[n][e] * (ds[n][e] - dv_tile[n * 8 + 2 * t + (e & 1)]);
+      for (int e = 0; e < 4; ++e) {
+        float dp = ds[n][e];
+        if constexpr (DROP) dp = (keep >> (4 * n + e)) & 1u ? dp * opt.drop_scale : 0.f;
+        ds[n][e] = p[n][e] * (dp - dv_tile[n * 8 + 2 * t + (e & 1)]);
+      }
     to_a_frags<QT>(pf, ds);
     warp_pb<D, QT>(dk, pf, q_tile);
     if constexpr (ATOMIC_DQ) {
@@ -175,42 +211,54 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
     __syncthreads();  // every warp is done with this buffer (and sdS) before it is refilled
   }
 
+  if constexpr (MASK) mma::cp_async_wait<0>();  // a CTA that walked nothing still has its first loads out
   bf16* gdk = dqkv + g.qoff + g.otok;
   store_rows<D>(gdk, dk, n0 + warp * 16, S, g.tok, scale);
-  store_rows<D>(gdk + g.otok, dv, n0 + warp * 16, S, g.tok, 1.f);
+  store_rows<D>(gdk + g.otok, dv, n0 + warp * 16, S, g.tok, DROP ? opt.drop_scale : 1.f);
 }
 
-template <int D, bool CAUSAL, bool DET>
+template <int D, bool CAUSAL, bool DET, bool MASK, bool DROP>
 void launch_dkdv(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-                 float* dq_acc, const AttentionShape& sh) {
+                 float* dq_acc, const AttentionShape& sh, const OptionArgs& opt) {
   using T = Tile<Pass::Dkdv, D, CAUSAL, DET>;
-  auto kernel = dkdv_kernel<T>;
+  auto kernel = dkdv_kernel<T, MASK, DROP>;
   constexpr int kSmem = dkdv_smem<T>();
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
   const dim3 grid((sh.seq + T::kBlockM - 1) / T::kBlockM, sh.heads, sh.batch);
-  kernel<<<grid, T::kThreads, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, dq_acc, sh.seq, sh.heads, scale_log2, scale);
+  kernel<<<grid, T::kThreads, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, dq_acc, sh.seq, sh.heads, scale_log2, scale,
+                                           opt);
   CUTRAIN_LAUNCH_CHECK(DET ? "attention_dkdv_kernel" : "attention_dkdv_kernel(atomic dq)");
+}
+
+template <int D, bool CAUSAL, bool DET>
+void launch_dkdv(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+                 float* dq_acc, const AttentionShape& sh, const OptionArgs& opt) {
+  const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
+  if (!mask && !drop) launch_dkdv<D, CAUSAL, DET, false, false>(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else if (!drop) launch_dkdv<D, CAUSAL, DET, true, false>(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else if (!mask) launch_dkdv<D, CAUSAL, DET, false, true>(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else launch_dkdv<D, CAUSAL, DET, true, true>(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
 }
 
 template <int D, bool CAUSAL>
 void launch_dkdv(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-                 float* dq_acc, const AttentionShape& sh) {
-  dq_acc ? launch_dkdv<D, CAUSAL, false>(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh)
-         : launch_dkdv<D, CAUSAL, true>(st, qkv, dout, lse, dvec, dqkv, nullptr, sh);
+                 float* dq_acc, const AttentionShape& sh, const OptionArgs& opt) {
+  dq_acc ? launch_dkdv<D, CAUSAL, false>(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+         : launch_dkdv<D, CAUSAL, true>(st, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
 }
 
 }  // namespace
 
 void dkdv(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-          float* dq_acc, const AttentionShape& sh) {
+          float* dq_acc, const AttentionShape& sh, const OptionArgs& opt) {
   const bool c = sh.causal;
   if (sh.head_dim == 64)
-    c ? launch_dkdv<64, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh)
-      : launch_dkdv<64, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh);
+    c ? launch_dkdv<64, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+      : launch_dkdv<64, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
   else
-    c ? launch_dkdv<128, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh)
-      : launch_dkdv<128, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh);
+    c ? launch_dkdv<128, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+      : launch_dkdv<128, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
 }
 
 }  // namespace attn

@@ -3,9 +3,12 @@
 // recomputed from lse. Every K/V fragment read by ldmatrix feeds kMTiles mma; with Tile::kARegs
 // the warp's Q and dO A fragments stay in registers for the whole pass, else they are re-read
 // from shared memory.
+// Options (template bools): MASK, masked keys get P = 0 and a key tile with no key left is skipped;
+// DROP, dS = P o (dP o Z/(1-p) - Dvec) with the forward's keep bits Z (row_keep_bits).
 #include <cmath>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_options.cuh"
 #include "kernels/attention_softmax.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/check.h"
@@ -14,11 +17,11 @@ namespace cutrain::kernels {
 namespace attn {
 namespace {
 
-template <typename Tile>
+template <typename Tile, bool MASK, bool DROP>
 __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ dout,
                                                    const float* __restrict__ lse, const float* __restrict__ dvec,
                                                    bf16* __restrict__ dqkv, int S, int H, float scale_log2,
-                                                   float scale) {
+                                                   float scale, OptionArgs opt) {
   constexpr int D = Tile::kHeadDim, kMT = Tile::kMTiles, kBM = Tile::kBlockM, kBN = Tile::kBlockN, kT = Tile::kThreads;
   constexpr bool CAUSAL = Tile::kCausal, QREG = Tile::kARegs;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -35,6 +38,11 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
 
   int n_tiles = (S + kBN - 1) / kBN;
   if (CAUSAL) n_tiles = min(n_tiles, (m0 + kBM - 1) / kBN + 1);
+
+  KeyMaskTiles<kBN> key_tiles{MASK ? opt.key_mask + static_cast<std::size_t>(b) * S : nullptr, S, {}};
+  if constexpr (MASK) key_tiles.load(0);
+  [[maybe_unused]] const DropoutKey dkey = DROP ? opt.resolve_step() : DropoutKey{};
+  [[maybe_unused]] const std::uint64_t bh_e = (static_cast<std::uint64_t>(b) * H + head) * S;
 
   float l2[kMT][2], dd[kMT][2];  // this thread's rows: w0 + 16i + gi (+8)
 #pragma unroll
@@ -77,7 +85,13 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
     const bf16* k_tile = sK + (j & 1) * kBN * ld<D>();
     const bf16* v_tile = sV + (j & 1) * kBN * ld<D>();
 
-    if (!CAUSAL || n0 <= w0 + kMT * 16 - 1) {  // causal: a warp before the whole tile adds nothing
+    std::uint32_t kbits[KeyMaskTiles<kBN>::kWords];
+    if constexpr (MASK) {
+      key_tiles.take(kbits);
+      if (j + 1 < n_tiles) key_tiles.load(j + 1);
+    }
+    // Causal: a warp before the whole tile adds nothing; nor does a tile with every key masked.
+    if ((!CAUSAL || n0 <= w0 + kMT * 16 - 1) && (!MASK || any_key(kbits))) {
       // s = Q K^T, then dp = dO V^T, for kMT x 16 rows x kBN keys; each K/V fragment feeds kMT mma.
       // (One product at a time: fewer fragments live at once, which keeps D=128 clear of spills.)
       float s[kMT][kBN / 8][4], dp[kMT][kBN / 8][4];
@@ -96,15 +110,26 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
       std::uint32_t sf[kMT][kBN / 16][4];
 #pragma unroll
       for (int i = 0; i < kMT; ++i) {
+        [[maybe_unused]] std::uint32_t keep[2] = {0, 0};  // DROP: bit 2n + c of row h
+        if constexpr (DROP) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            keep[h] = row_keep_bits<kBN / 8>(dkey, opt.threshold,
+                                             (bh_e + static_cast<std::uint64_t>(w0 + i * 16 + gi + 8 * h)) * S, n0,
+                                             S % 4 == 0);
+        }
 #pragma unroll
         for (int n = 0; n < kBN / 8; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int col = n0 + n * 8 + 2 * t + (e & 1);
             const int row = w0 + i * 16 + gi + (e >> 1) * 8;
-            const bool dead = mask && (col >= S || (CAUSAL && col > row));
+            const bool dead = (mask && (col >= S || (CAUSAL && col > row))) ||
+                              (MASK && !key_ok(kbits, n * 8 + 2 * t + (e & 1)));
             const float p = dead ? 0.f : exp2f(fmaf(s[i][n][e], scale_log2, -l2[i][e >> 1]));
-            s[i][n][e] = p * (dp[i][n][e] - dd[i][e >> 1]);
+            float dpe = dp[i][n][e];
+            if constexpr (DROP) dpe = (keep[e >> 1] >> (2 * n + (e & 1))) & 1u ? dpe * opt.drop_scale : 0.f;
+            s[i][n][e] = p * (dpe - dd[i][e >> 1]);
           }
         to_a_frags<kBN>(sf[i], s[i]);
       }
@@ -122,29 +147,40 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
   for (int i = 0; i < kMT; ++i) store_rows<D>(dqkv + g.qoff, dq[i], w0 + i * 16, S, g.tok, scale);
 }
 
-template <int D, bool CAUSAL>
+template <int D, bool CAUSAL, bool MASK, bool DROP>
 void launch_dq(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-               const AttentionShape& sh) {
+               const AttentionShape& sh, const OptionArgs& opt) {
   using T = Tile<Pass::Dq, D, CAUSAL>;
   constexpr int kSmem = (2 * T::kBlockM + 4 * T::kBlockN) * ld<D>() * 2;  // Q, dO + 2 K + 2 V tiles
-  auto kernel = dq_kernel<T>;
+  auto kernel = dq_kernel<T, MASK, DROP>;
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
   const dim3 grid((sh.seq + T::kBlockM - 1) / T::kBlockM, sh.heads, sh.batch);
-  kernel<<<grid, T::kThreads, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, sh.seq, sh.heads, scale_log2, scale);
+  kernel<<<grid, T::kThreads, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, sh.seq, sh.heads, scale_log2, scale, opt);
   CUTRAIN_LAUNCH_CHECK("attention_dq_kernel");
+}
+
+template <int D, bool CAUSAL>
+void launch_dq(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+               const AttentionShape& sh, const OptionArgs& opt) {
+  const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
+  if (!mask && !drop) launch_dq<D, CAUSAL, false, false>(st, qkv, dout, lse, dvec, dqkv, sh, opt);
+  else if (!drop) launch_dq<D, CAUSAL, true, false>(st, qkv, dout, lse, dvec, dqkv, sh, opt);
+  else if (!mask) launch_dq<D, CAUSAL, false, true>(st, qkv, dout, lse, dvec, dqkv, sh, opt);
+  else launch_dq<D, CAUSAL, true, true>(st, qkv, dout, lse, dvec, dqkv, sh, opt);
 }
 
 }  // namespace
 
 void dq(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-        const AttentionShape& sh) {
+        const AttentionShape& sh, const OptionArgs& opt) {
   const bool c = sh.causal;
   if (sh.head_dim == 64)
-    c ? launch_dq<64, true>(s, qkv, dout, lse, dvec, dqkv, sh) : launch_dq<64, false>(s, qkv, dout, lse, dvec, dqkv, sh);
+    c ? launch_dq<64, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt)
+      : launch_dq<64, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
   else
-    c ? launch_dq<128, true>(s, qkv, dout, lse, dvec, dqkv, sh)
-      : launch_dq<128, false>(s, qkv, dout, lse, dvec, dqkv, sh);
+    c ? launch_dq<128, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt)
+      : launch_dq<128, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
 }
 
 }  // namespace attn

@@ -6,9 +6,14 @@
 // stay in registers; only O and the fp32 log-sum-exp are stored. Causal: tiles past the CTA's last
 // query are never loaded, and a warp whose rows all precede a tile skips its math (it still joins
 // the barriers).
+// BERT's options (template bools, so plain attention compiles as before): MASK, the key mask as
+// -inf scores, a key tile with no key left skipped whole; DROP, the probabilities fed to P V are
+// dropped (the row max and sum, so lse, stay those of the undropped softmax) and the output is
+// scaled by 1/(1-p) once in the epilogue.
 #include <cmath>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_options.cuh"
 #include "kernels/attention_softmax.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/check.h"
@@ -17,10 +22,10 @@ namespace cutrain::kernels {
 namespace attn {
 namespace {
 
-template <typename Tile>
+template <typename Tile, bool MASK, bool DROP>
 __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const bf16* __restrict__ qkv, bf16* __restrict__ out,
                                                                  float* __restrict__ lse, int S, int H,
-                                                                 float scale_log2) {
+                                                                 float scale_log2, OptionArgs opt) {
   constexpr int D = Tile::kHeadDim, MT = Tile::kMTiles, BN = Tile::kBlockN, kT = Tile::kThreads, kBM = Tile::kBlockM;
   constexpr bool CAUSAL = Tile::kCausal;
   static_assert(!Tile::kARegs, "the forward re-reads Q from shared memory");
@@ -38,6 +43,11 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const bf16* __r
 
   int n_tiles = (S + BN - 1) / BN;
   if (CAUSAL) n_tiles = min(n_tiles, (m0 + kBM - 1) / BN + 1);
+
+  KeyMaskTiles<BN> key_tiles{MASK ? opt.key_mask + static_cast<std::size_t>(b) * S : nullptr, S, {}};
+  if constexpr (MASK) key_tiles.load(0);
+  [[maybe_unused]] const DropoutKey dkey = DROP ? opt.resolve_step() : DropoutKey{};
+  [[maybe_unused]] const std::uint64_t bh_e = (static_cast<std::uint64_t>(b) * H + head) * S;
 
   load_rows<D, kBM, kT>(sQ, g.q, m0, S, g.tok);
   mma::cp_async_commit();
@@ -61,8 +71,14 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const bf16* __r
     const bf16* k_tile = sK + (j & 1) * BN * ld<D>();
     const bf16* v_tile = sV + (j & 1) * BN * ld<D>();
 
-    // Causal: a warp whose last row precedes the tile's first key has nothing to add from it.
-    if (!CAUSAL || n0 <= w0 + MT * 16 - 1) {
+    std::uint32_t kbits[KeyMaskTiles<BN>::kWords];
+    if constexpr (MASK) {
+      key_tiles.take(kbits);
+      if (j + 1 < n_tiles) key_tiles.load(j + 1);
+    }
+    // Causal: a warp whose last row precedes the tile's first key has nothing to add from it; a
+    // tile whose keys are all masked adds nothing to any row.
+    if ((!CAUSAL || n0 <= w0 + MT * 16 - 1) && (!MASK || any_key(kbits))) {
       // S = Q K^T, MT x 16 rows x BN keys (raw, unscaled); dead entries -inf.
       // Each K fragment feeds MT mma.
       float s[MT][BN / 8][4];
@@ -86,11 +102,32 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const bf16* __r
         }
       }
       mask.apply(s, w0, n0);
+      if constexpr (MASK) {
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+          for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (!key_ok(kbits, n * 8 + 2 * t + (e & 1))) s[i][n][e] = -INFINITY;
+      }
 
       std::uint32_t p[MT][BN / 16][4];
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
         softmax.template update<BN / 8, D>(i, s[i], o[i], scale_log2);
+        if constexpr (DROP) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const std::uint64_t row_e = (bh_e + static_cast<std::uint64_t>(w0 + i * 16 + gi + 8 * h)) * S;
+            const std::uint32_t keep = row_keep_bits<BN / 8>(dkey, opt.threshold, row_e, n0, S % 4 == 0);
+#pragma unroll
+            for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+              for (int c = 0; c < 2; ++c)
+                if (!((keep >> (2 * n + c)) & 1u)) s[i][n][2 * h + c] = 0.f;
+          }
+        }
         to_a_frags<BN>(p[i], s[i]);
       }
       // O += P V; each V fragment feeds MT mma.
@@ -121,7 +158,8 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const bf16* __r
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float l = softmax.row_sum(i, h);
-      inv[h] = 1.f / l;
+      // MASK: a row with no key left has l = 0 (and m = -inf): out 0, lse -inf.
+      inv[h] = MASK && l == 0.f ? 0.f : (DROP ? opt.drop_scale : 1.f) / l;
       const int row = w0 + i * 16 + gi + 8 * h;
       if (t == 0 && row < S) glse[row] = softmax.lse(i, h, l);
     }
@@ -136,16 +174,27 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const bf16* __r
   }
 }
 
-template <int D, bool CAUSAL>
-void launch_forward(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, const AttentionShape& sh) {
+template <int D, bool CAUSAL, bool MASK, bool DROP>
+void launch_forward(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, const AttentionShape& sh,
+                    const OptionArgs& opt) {
   using T = Tile<Pass::Fwd, D, CAUSAL>;
   constexpr int kSmem = (T::kBlockM + 4 * T::kBlockN) * ld<D>() * 2;  // Q + 2 K + 2 V tiles
-  auto kernel = forward_kernel<T>;
+  auto kernel = forward_kernel<T, MASK, DROP>;
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid((sh.seq + T::kBlockM - 1) / T::kBlockM, sh.heads, sh.batch);
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
-  kernel<<<grid, T::kThreads, kSmem, st>>>(qkv, out, lse, sh.seq, sh.heads, scale_log2);
+  kernel<<<grid, T::kThreads, kSmem, st>>>(qkv, out, lse, sh.seq, sh.heads, scale_log2, opt);
   CUTRAIN_LAUNCH_CHECK("attention_forward_kernel");
+}
+
+template <int D, bool CAUSAL>
+void launch_forward(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, const AttentionShape& sh,
+                    const OptionArgs& opt) {
+  const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
+  if (!mask && !drop) launch_forward<D, CAUSAL, false, false>(st, qkv, out, lse, sh, opt);
+  else if (!drop) launch_forward<D, CAUSAL, true, false>(st, qkv, out, lse, sh, opt);
+  else if (!mask) launch_forward<D, CAUSAL, false, true>(st, qkv, out, lse, sh, opt);
+  else launch_forward<D, CAUSAL, true, true>(st, qkv, out, lse, sh, opt);
 }
 
 }  // namespace
@@ -154,8 +203,7 @@ void launch_forward(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, con
 void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const AttentionShape& shape,
                        const AttentionOptions& options) {
   attn::check_shape(shape, "attention_forward");
-  CUTRAIN_CHECK(!options.key_mask && options.dropout_p == 0.f,
-                "attention_forward: key masks and attention dropout are not implemented yet");
+  const attn::OptionArgs opt = attn::option_args(options);
   CUTRAIN_CHECK(qkv && out && lse, "attention_forward: qkv, out and lse must be non-null, got qkv=",
                 static_cast<const void*>(qkv), " out=", static_cast<void*>(out), " lse=", static_cast<void*>(lse));
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0 && reinterpret_cast<std::uintptr_t>(out) % 4 == 0,
@@ -163,10 +211,11 @@ void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, c
                 static_cast<const void*>(qkv), " out=", static_cast<void*>(out));
   const bool c = shape.causal;
   if (shape.head_dim == 64)
-    c ? attn::launch_forward<64, true>(s, qkv, out, lse, shape) : attn::launch_forward<64, false>(s, qkv, out, lse, shape);
+    c ? attn::launch_forward<64, true>(s, qkv, out, lse, shape, opt)
+      : attn::launch_forward<64, false>(s, qkv, out, lse, shape, opt);
   else
-    c ? attn::launch_forward<128, true>(s, qkv, out, lse, shape)
-      : attn::launch_forward<128, false>(s, qkv, out, lse, shape);
+    c ? attn::launch_forward<128, true>(s, qkv, out, lse, shape, opt)
+      : attn::launch_forward<128, false>(s, qkv, out, lse, shape, opt);
 }
 
 }  // namespace cutrain::kernels

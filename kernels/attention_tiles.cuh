@@ -254,14 +254,16 @@ __device__ __forceinline__ void store_rows(bf16* g, const float (&acc)[D / 8][4]
 // Shape validation shared by the launchers (throws cutrain::Error naming what is wrong).
 void check_shape(const AttentionShape& shape, const char* who);
 
+struct OptionArgs;  // kernels/attention_options.cuh
+
 // Backward passes (kernels/attention_bwd_dkdv.cu, kernels/attention_bwd_dq.cu), head_dim D and
 // causal or not per `shape`. dvec: rowsum(dO o O), fp32 [B, H, S].
 // dK/dV: dqkv's k and v slots; with a non-null dq_acc (the fast mode) it also adds dS K, unscaled,
-// into that fp32 [B, S, H, D] accumulator with atomics.
+// into that fp32 [B, S, H, D] accumulator with atomics. `opt`: the forward's key mask and dropout.
 void dkdv(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-          float* dq_acc, const AttentionShape& shape);
+          float* dq_acc, const AttentionShape& shape, const OptionArgs& opt);
 // dQ (the deterministic mode): dqkv's q slot.
 void dq(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-        const AttentionShape& shape);
+        const AttentionShape& shape, const OptionArgs& opt);
 
 }  // namespace cutrain::kernels::attn

@@ -35,7 +35,9 @@ __host__ __device__ __forceinline__ void philox_mulhilo(std::uint32_t a, std::ui
 __host__ __device__ __forceinline__ PhiloxWords philox4x32_10(PhiloxWords c, std::uint32_t k0, std::uint32_t k1) {
   constexpr std::uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // multipliers
   constexpr std::uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // key increments
+#ifdef __CUDA_ARCH__  // (host compilers warn on the pragma)
 #pragma unroll
+#endif
   for (int r = 0; r < 10; ++r) {
     std::uint32_t hi0, lo0, hi1, lo1;
     philox_mulhilo(kM0, c.w[0], hi0, lo0);
