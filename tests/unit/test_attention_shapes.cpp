@@ -1,6 +1,7 @@
 // @brief CPU tests of the attention launchers' shape checks: refused before anything reaches the device.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -33,6 +34,19 @@ TEST(AttentionShapes, RejectsEmptySequenceAndNullPointers) {
                "seq=0");
   expect_error([&] { kernels::attention_forward(nullptr, nullptr, nullptr, nullptr, AttentionShape{1, 4, 1, 64}); },
                "must be non-null");
+}
+
+TEST(AttentionShapes, RejectsDropoutOutsideZeroOne) {
+  const AttentionShape sh{1, 8, 1, 64, false};
+  for (float p : {1.f, -0.1f, 1.5f, std::nanf("")}) {
+    kernels::AttentionOptions o;
+    o.dropout_p = p;
+    expect_error([&] { kernels::attention_forward(nullptr, nullptr, nullptr, nullptr, sh, o); },
+                 "options.dropout_p must lie in [0, 1)");
+    expect_error([&] { kernels::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, sh,
+                                                   true, o); },
+                 "options.dropout_p must lie in [0, 1)");
+  }
 }
 
 TEST(AttentionShapes, FlopsAndScratch) {
