@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/attention.cuh"
+#include "tests/gpu/attention_checks.h"
 #include "tests/gpu/attention_naive.h"
 #include "tests/reference/attention_ref.h"
 #include "tests/support/test_support.h"
@@ -25,17 +26,6 @@ namespace {
 // (seq, heads, causal, head_dim, large logits)
 using Param = std::tuple<int, int, bool, int, bool>;
 
-// Slot w (0 q, 1 k, 2 v) of a [B, S, 3, H, D] array.
-template <typename T>
-std::vector<T> slot(const std::vector<T>& a, const AttentionShape& s, int w) {
-  const std::size_t row = static_cast<std::size_t>(s.heads) * s.head_dim;
-  std::vector<T> r;
-  r.reserve(a.size() / 3);
-  for (std::size_t t = 0; t < static_cast<std::size_t>(s.batch) * s.seq; ++t)
-    r.insert(r.end(), a.begin() + (t * 3 + w) * row, a.begin() + (t * 3 + w + 1) * row);
-  return r;
-}
-
 std::string param_name(const Param& p) {
   std::ostringstream os;  // (not operator+ chains: GCC 12 -O3 raises a false -Wrestrict on those)
   os << 'S' << std::get<0>(p) << 'H' << std::get<1>(p) << 'D' << std::get<3>(p) << (std::get<2>(p) ? "_causal" : "_full")
@@ -44,25 +34,6 @@ std::string param_name(const Param& p) {
 }
 
 class AttentionGpu : public ::testing::TestWithParam<Param> {};
-
-// dQ and dK vanish where the softmax is one-hot (seq 1, the first causal row, saturated logits):
-// there ||ref|| -> 0 and a plain relative error divides rounding noise by ~0. Their error is
-// measured against max(||ref||, 5% of ||dV_ref||): dV = P^T dO carries the gradients' natural
-// scale, and the cancelling terms of dQ/dK are of that size.
-template <typename A, typename B>
-double grad_error(const A& out, const B& ref, const B& dv_ref) {
-  double num = 0, den = 0, dv = 0;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    if (!std::isfinite(out[i])) return INFINITY;
-    const double d = static_cast<double>(out[i]) - static_cast<double>(ref[i]);
-    num += d * d;
-    den += static_cast<double>(ref[i]) * static_cast<double>(ref[i]);
-  }
-  for (const auto& x : dv_ref) dv += static_cast<double>(x) * static_cast<double>(x);
-  const double floor = 0.05 * std::sqrt(dv);
-  const double scale = std::max(std::sqrt(den), floor);
-  return scale == 0 ? (num == 0 ? 0.0 : INFINITY) : std::sqrt(num) / scale;
-}
 
 TEST_P(AttentionGpu, MatchesReferences) {
   CUTRAIN_REQUIRE_GPU();
@@ -111,7 +82,7 @@ TEST_P(AttentionGpu, MatchesReferences) {
   const auto dqkv_nh = dqkv_n.download();
   const char* names[3] = {"dQ", "dK", "dV"};
   for (int w = 0; w < 3; ++w)
-    EXPECT_LE(grad_error(slot(dqkv_h, sh, w), slot(dqkv_nh, sh, w), slot(dqkv_nh, sh, 2)), 1e-2) << names[w] << " vs naive";
+    EXPECT_LE(test::attention_grad_error(test::attention_slot(dqkv_h, sh, w), test::attention_slot(dqkv_nh, sh, w), test::attention_slot(dqkv_nh, sh, 2)), 1e-2) << names[w] << " vs naive";
 
   // Same bits on a second deterministic run.
   kernels::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv2.get(), scratch.get(), sh, true);
@@ -125,13 +96,13 @@ TEST_P(AttentionGpu, MatchesReferences) {
   const auto fast_h = test::download_float(dqkv_fast);
   ASSERT_EQ(test::count_nan(fast_h), 0u);
   for (int w = 0; w < 3; ++w)
-    EXPECT_LE(grad_error(slot(fast_h, sh, w), slot(dqkv_nh, sh, w), slot(dqkv_nh, sh, 2)), 1e-2) << names[w] << " (fast) vs naive";
+    EXPECT_LE(test::attention_grad_error(test::attention_slot(fast_h, sh, w), test::attention_slot(dqkv_nh, sh, w), test::attention_slot(dqkv_nh, sh, 2)), 1e-2) << names[w] << " (fast) vs naive";
   // A second fast run on the same (now dirty) scratch: the launcher must clear its dQ accumulator.
   dqkv_fast.poison();
   kernels::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv_fast.get(),
                               scratch_fast.get(), sh, false);
   const auto fast2_h = test::download_float(dqkv_fast);
-  EXPECT_LE(grad_error(slot(fast2_h, sh, 0), slot(dqkv_nh, sh, 0), slot(dqkv_nh, sh, 2)), 1e-2) << "dQ (fast, second run) vs naive";
+  EXPECT_LE(test::attention_grad_error(test::attention_slot(fast2_h, sh, 0), test::attention_slot(dqkv_nh, sh, 0), test::attention_slot(dqkv_nh, sh, 2)), 1e-2) << "dQ (fast, second run) vs naive";
 
   // ---- fp64 CPU reference where it is cheap ----
   if (seq <= 129 || (seq <= 512 && heads == 1)) {
@@ -141,7 +112,7 @@ TEST_P(AttentionGpu, MatchesReferences) {
     EXPECT_LE(test::rel_error(lse_h, lse_r), 1e-4) << "lse vs CPU";
     ref::attention_backward(qkv_f, out_h, dout_f, sh, dqkv_r);
     for (int w = 0; w < 3; ++w)
-      EXPECT_LE(grad_error(slot(dqkv_h, sh, w), slot(dqkv_r, sh, w), slot(dqkv_r, sh, 2)), 1e-2) << names[w] << " vs CPU";
+      EXPECT_LE(test::attention_grad_error(test::attention_slot(dqkv_h, sh, w), test::attention_slot(dqkv_r, sh, w), test::attention_slot(dqkv_r, sh, 2)), 1e-2) << names[w] << " vs CPU";
   }
 }
 
