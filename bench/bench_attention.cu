@@ -66,7 +66,7 @@ void bench_attention(benchmark::State& state, AttentionShape sh, Pass pass, Opts
   kernels::AttentionOptions opt;
   if (opts != Opts::Plain) {
     const auto m = padding_mask(sh);
-    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(mask.as<std::uint8_t>(), m.data(), m.size(), cudaMemcpyHostToDevice, st0));
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(mask.as<std::uint8_t>(), m.data(), m.size(), cudaMemcpyHostToDevice));
     opt.key_mask = mask.as<std::uint8_t>();
   }
   if (opts == Opts::MaskDrop) {
