@@ -3,7 +3,7 @@
 // backward modes, against the fp64 CPU reference drawing the same Philox bits; outputs poisoned
 // first. Batches mix a sequence with no valid key, a fully valid one, a padded prefix and a
 // non-prefix random mask. Also: the same key gives the same bits, another step (set directly or
-// read through step_ptr) another mask.
+// read through step_ptr) another mask; the key mask from tokens.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -221,6 +221,21 @@ TEST(AttentionOptionsGpu, DropoutKeyAndStepPtr) {
   std::vector<double> out_r, lse_r;
   ref::attention_forward(qkv_f, sh, out_r, lse_r, ro);
   EXPECT_LE(test::rel_error(test::to_float(e.out), out_r), 1e-2);
+}
+
+// attention_key_mask_from_tokens: 1 where the token is not the pad id, over odd sizes.
+TEST(AttentionOptionsGpu, KeyMaskFromTokens) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (std::size_t n : {std::size_t(1), std::size_t(255), std::size_t(1000)}) {
+    const std::int32_t pad = 3;
+    const auto tokens = test::random_ints(n, rng, 0, 5);
+    test::DeviceArray<std::int32_t> tok_d(tokens);
+    test::DeviceArray<std::uint8_t> mask_d(n);
+    kernels::attention_key_mask_from_tokens(nullptr, tok_d.get(), pad, mask_d.get(), n);
+    const auto mask = mask_d.download();
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(mask[i], tokens[i] != pad ? 1 : 0) << "token " << i << " of " << n;
+  }
 }
 
 }  // namespace
