@@ -257,6 +257,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                       (o.attention == AttentionChoice::Auto && next_token));
 
   TrainConfig cfg = load_config(o.deepspeed_config);
+  CUTRAIN_CHECK(!bert || !cfg.fp16.enabled, "train: ", o.deepspeed_config.string(), ": fp16.enabled: true with --model "
+                "bert: fp16 training is not implemented yet; bf16 is what trains (bf16.enabled: true)");
   for (const auto& w : cfg.warnings) out << "[Rank 0] warning: " << w << "\n";
   const int log_interval = o.log_interval.value_or(cfg.steps_per_print.value_or(kDefaultLogInterval));
   ProfilingOptions profiling = o.profiling;
