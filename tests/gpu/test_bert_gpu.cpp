@@ -103,7 +103,7 @@ GpuRun run_gpu(const model::TransformerParams& table, bool checkpointing, const 
   for (std::size_t i = 0; i < params.size(); ++i) pb[i] = to_bf16(params[i]);
   test::DeviceArray<bf16> dp(pb);
   test::DeviceArray<float> dg(table.flat_size()), dloss(2);
-  test::DeviceArray<std::int32_t> dtok(b.tok), dlab(b.lab), dstatus(4);
+  test::DeviceArray<std::int32_t> dtok(b.tok), dlab(b.lab), dstatus(std::vector<std::int32_t>(4, 0));
   model::FlatParams flat(table, dp.get());
   m.forward_backward(stream, flat, dg.get(), DType::F32, false, dtok.get(), dlab.get(), 1.f, dloss.get(),
                      dstatus.get());
