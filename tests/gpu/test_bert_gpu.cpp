@@ -220,7 +220,7 @@ TEST(BertGpuMemory, EachFlagSavesThePredictedBytes) {
         EXPECT_EQ(g.loss, g0.loss) << what;
         EXPECT_EQ(g.eval_loss, g0.eval_loss) << what;
         if (f.same_bits) EXPECT_EQ(g.grads, g0.grads) << what;
-        else EXPECT_LE(test::rel_error(g.grads, g0.grads), 1e-2) << what;
+        else EXPECT_LE(test::rel_error(g.grads, g0.grads), 2e-2) << what;
       }
       const std::size_t M = kB * kS, h = 128, F = 384, sets = ckpt ? 1 : 2;
       EXPECT_EQ(saved.gelu_checkpoint, sets * M * F * 2);
