@@ -274,7 +274,6 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     loss_log.append("step,loss\n");
   }
   if (env.rank == 0 && !o.metrics_file.empty()) metrics_log = LineLog("--metrics_file", o.metrics_file);
-  // The command line's batch size is the micro batch (the BF16 example passes the same 4 to both).
   if (bert) {
     // The micro-batch: the config's train_micro_batch_size_per_gpu unless --batch_size is given
     // (then they must agree), checked against DeepSpeedTransformerConfig's batch_size.
@@ -294,6 +293,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
           << ": read but not acted on (init, dropout and data draw from --seed " << o.seed << ")\n";
     out << "[Rank 0] " << describe_bert(*bert_setup) << "\n";
   }
+  // The command line's batch size is the micro batch (the BF16 example passes the same 4 to both).
   if (!cfg.train_micro_batch_size_per_gpu) cfg.train_micro_batch_size_per_gpu = o.batch_size;
   // The ranks are pipeline stages x data-parallel replicas; the batch is the replicas'.
   const int pp = o.pipeline_parallel_size;
