@@ -27,4 +27,17 @@ struct BertConfig {
   std::int32_t mask_id = -1, pad_id = -1;
 };
 
+// The dropout sites of a BERT model with `layers` blocks (DropoutKey::layer; docs/bert.md): block
+// l's attention probabilities 4l, its attention sub-layer's hidden dropout 4l + 1, its FFN's
+// 4l + 2, the embeddings' 4·layers. Micro-batch `micro` of a step (gradient accumulation) draws
+// its own masks: its sites are shifted by micro·(4·layers + 1), so micro-batch 0 uses the sites
+// above as they are.
+enum class BertDropoutSite { Attention = 0, AttentionOutput = 1, Output = 2 };
+inline std::uint32_t bert_dropout_layer(int layers, int micro, int block, BertDropoutSite site) {
+  return std::uint32_t(micro) * std::uint32_t(4 * layers + 1) + std::uint32_t(4 * block + int(site));
+}
+inline std::uint32_t bert_embedding_dropout_layer(int layers, int micro) {
+  return std::uint32_t(micro) * std::uint32_t(4 * layers + 1) + std::uint32_t(4 * layers);
+}
+
 }  // namespace cutrain::model

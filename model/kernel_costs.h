@@ -53,6 +53,10 @@ inline Cost layernorm_backward(std::size_t M, std::size_t h, std::size_t g_bytes
   return {0, 2 * d(M) * d(h) * 3 + 8 * d(M) + 2 * d(h) + 2 * d(h) * d(g_bytes) * (acc ? 2 : 1)};
 }
 inline Cost gelu_forward(std::size_t n) { return {0, 4 * d(n)}; }
+// Dropout over n bf16 elements (mask regenerated, not read): one read, one write.
+inline Cost dropout(std::size_t n) { return {0, 4 * d(n)}; }
+// out = residual + dropout(x + bias) over [M, h] bf16: x and residual read, out written, the bias.
+inline Cost bias_dropout_residual(std::size_t M, std::size_t h) { return {0, 2 * d(M) * d(h) * 3 + 2 * d(h)}; }
 inline Cost gelu_backward(std::size_t n) { return {0, 6 * d(n)}; }
 // Fused softmax + loss + dlogits in place over logits[M,V]: one read, one write, the labels.
 inline Cost cross_entropy(std::size_t M, std::size_t V) { return {0, 4 * d(M) * d(V) + 4 * d(M)}; }

@@ -145,6 +145,13 @@ double ReferenceModel<T>::forward_span(const T* P, const LayerSpan& span, const 
   }
   aux_ = 0;
   moe_stats_.clear();
+  if (d.arch == Arch::Bert) {
+    CUTRAIN_CHECK(span.embedding && span.head && span.first == 0 && end == d.layers && !tp_.active(),
+                  "reference model: the bert architecture runs as a whole model (pipeline spans and tensor parallelism "
+                  "are not implemented for it)");
+    CUTRAIN_CHECK(!drop_ || !drop_->active(), "reference model: random-LTD is not implemented for the bert architecture");
+    return forward_bert(P, tokens, labels, B, S);
+  }
   if (tp_.active()) return forward_tp(P, tokens, labels, x_in, B, S, x_out);
   if (d.arch == Arch::Gpt2) return forward_gpt2(P, tokens, labels, x_in, B, S, x_out);
   const int h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), Vr = d.vocab_rows();
@@ -266,6 +273,7 @@ void ReferenceModel<T>::backward_span(const T* P, T* G, const T* dx_out, double 
   CUTRAIN_CHECK(B_ > 0, "reference model: backward() before forward()");
   CUTRAIN_CHECK((span_.head || dx_out) && (span_.embedding || dx_in), "reference model: a span without the head needs "
                 "the gradient of its output, one without the embedding a place for the gradient of its input");
+  if (d.arch == Arch::Bert) return backward_bert(P, G, grad_scale);
   if (tp_.active()) return backward_tp(P, G, dx_out, grad_scale, dx_in);
   if (d.arch == Arch::Gpt2) return backward_gpt2(P, G, dx_out, grad_scale, dx_in);
   const int B = B_, S = S_, h = d.hidden, H = d.heads, D = d.head_dim(), F = d.ffn(), Vr = d.vocab_rows();

@@ -52,6 +52,15 @@ class ReferenceModel {
   // sees every token) stays the caller's and must outlive them. A dropping block runs on the
   // plan's kept tokens of each sequence, in ascending position order; the others bypass it.
   void set_token_drop(const TokenDropPlan* plan) { drop_ = plan; }
+  // BERT's dropout (Arch::Bert; model/bert_config.h's sites): the key of the next forwards' masks
+  // (seed, the optimizer step, the micro-batch of the step), and training (dropout on) or
+  // evaluation (off). The default: training, seed 0, step 0, micro-batch 0.
+  void set_dropout(std::uint64_t seed, std::uint32_t step, int micro = 0) {
+    drop_seed_ = seed;
+    drop_step_ = step;
+    drop_micro_ = micro;
+  }
+  void set_training(bool train) { train_ = train; }
   double aux_loss() const { return aux_; }  // sum of the MoE layers' l_aux of the last forward
   const std::vector<MoeBlockStats>& moe_stats() const { return moe_stats_; }  // one per MoE block
   const MoeReference* moe_layer(int l) const { return moe_.at(std::size_t(l)).get(); }  // null: dense block
@@ -94,6 +103,12 @@ class ReferenceModel {
   double forward_tp(const T* params, const std::int32_t* tokens, const std::int32_t* labels, const T* x_in, int B,
                     int S, std::vector<T>* x_out);
   void backward_tp(const T* params, T* grads, const T* dx_out, double grad_scale, std::vector<T>* dx_in);
+  // BERT (reference_bert.cpp; docs/bert.md): Pre-LN or Post-LN blocks with padding masks and
+  // dropout, the masked-LM head tied to the word embedding. The whole model only (no spans).
+  double forward_bert(const T* params, const std::int32_t* tokens, const std::int32_t* labels, int B, int S);
+  void backward_bert(const T* params, T* grads, double grad_scale);
+  // Multipliers of dropout site `layer` over n elements (empty: no dropout there now).
+  std::vector<double> bert_drop(std::uint32_t layer, float p, std::size_t n) const;
   double forward_gpt2(const T* params, const std::int32_t* tokens, const std::int32_t* labels, const T* x_in, int B,
                       int S, std::vector<T>* x_out);
   void backward_gpt2(const T* params, T* grads, const T* dx_out, double grad_scale, std::vector<T>* dx_in);
@@ -127,6 +142,16 @@ class ReferenceModel {
   std::vector<LayerActs> tp_acts_;         // tensor parallel: [block x pieces + piece], piece rows
   std::vector<double> row_max_, row_sum_;  // vocab-parallel cross-entropy: each row's max and sum-exp
   const TokenDropPlan* drop_ = nullptr;
+  // BERT: the dropout key and mode, the key mask of the last forward ([B*S], empty: no padding
+  // token), the embeddings' LayerNorm input and statistics, the head's transform (dense output,
+  // its GELU, the LayerNorm of that).
+  std::uint64_t drop_seed_ = 0;
+  std::uint32_t drop_step_ = 0;
+  int drop_micro_ = 0;
+  bool train_ = true;
+  std::vector<std::uint8_t> key_mask_;
+  std::vector<T> emb_sum_, head_d_, head_g_, head_n_;
+  std::vector<double> mean_e_, rstd_e_, mean_h_, rstd_h_;
 };
 
 // One AdamW / Adam step on fp32-or-fp64 host buffers (the CPU training path), PyTorch's formula:

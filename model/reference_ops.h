@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
+
 
 namespace cutrain::model::ref_ops {
 
@@ -124,7 +126,8 @@ inline double gelu_tanh_grad(double x) {
 
 // y = LN(x) with gamma/beta (no residual).
 template <typename T>
-void ln_fwd(const T* x, const T* gamma, const T* beta, T* y, double* mean, double* rstd, int M, int C) {
+void ln_fwd(const T* x, const T* gamma, const T* beta, T* y, double* mean, double* rstd, int M, int C,
+            double eps = kLnEps) {
   for (int i = 0; i < M; ++i) {
     const std::size_t r = std::size_t(i) * C;
     double mu = 0;
@@ -133,7 +136,7 @@ void ln_fwd(const T* x, const T* gamma, const T* beta, T* y, double* mean, doubl
     double var = 0;
     for (int c = 0; c < C; ++c) var += (double(x[r + c]) - mu) * (double(x[r + c]) - mu);
     var /= C;
-    const double rs = 1.0 / std::sqrt(var + kLnEps);
+    const double rs = 1.0 / std::sqrt(var + eps);
     mean[i] = mu;
     rstd[i] = rs;
     for (int c = 0; c < C; ++c) y[r + c] = T((double(x[r + c]) - mu) * rs * double(gamma[c]) + double(beta[c]));
@@ -141,10 +144,13 @@ void ln_fwd(const T* x, const T* gamma, const T* beta, T* y, double* mean, doubl
 }
 
 // Softmax attention of qkv [B*S, 3h] (q | k | v, heads of D columns) into att [B*S, h], the
-// probabilities [B, H, S, S] kept for backward.
+// probabilities [B, H, S, S] kept for backward (before dropout). BERT's options
+// (kernels/attention.cuh): `key_mask` [B*S] (null: every key; 0: key j not attended; a row
+// without any key gets 0) and `drop` [B, H, S, S] (null: none), the multiplier of each
+// probability (dropout_multipliers).
 template <typename T>
 void attention_fwd(const std::vector<T>& qkv, std::vector<T>& probs, std::vector<T>& att, int B, int S, int H, int D,
-                   bool causal) {
+                   bool causal, const std::uint8_t* key_mask = nullptr, const double* drop = nullptr) {
   const int h = H * D, M = B * S;
   const double scale = 1.0 / std::sqrt(double(D));
   probs.assign(std::size_t(B) * H * S * S, T(0));
@@ -155,32 +161,38 @@ void attention_fwd(const std::vector<T>& qkv, std::vector<T>& probs, std::vector
       for (int i = 0; i < S; ++i) {
         const T* q = &qkv[(std::size_t(b) * S + i) * 3 * h + hh * D];
         const int jmax = causal ? i + 1 : S;
+        auto allowed = [&](int j) { return !key_mask || key_mask[std::size_t(b) * S + j] != 0; };
         double mx = -INFINITY;
         for (int j = 0; j < jmax; ++j) {
+          if (!allowed(j)) continue;
           const T* k = &qkv[(std::size_t(b) * S + j) * 3 * h + h + hh * D];
           double dot = 0;
           for (int e = 0; e < D; ++e) dot += double(q[e]) * double(k[e]);
           sc[j] = dot * scale;
           mx = std::max(mx, sc[j]);
         }
+        if (mx == -INFINITY) continue;  // no key to attend: probabilities and output stay 0
         double sum = 0;
-        for (int j = 0; j < jmax; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
-        T* pr = &probs[((std::size_t(b) * H + hh) * S + i) * S];
+        for (int j = 0; j < jmax; ++j) sum += (sc[j] = allowed(j) ? std::exp(sc[j] - mx) : 0.0);
+        const std::size_t row = ((std::size_t(b) * H + hh) * S + i) * S;
+        T* pr = &probs[row];
         for (int j = 0; j < jmax; ++j) pr[j] = T(sc[j] / sum);
         T* o = &att[(std::size_t(b) * S + i) * h + hh * D];
         for (int e = 0; e < D; ++e) {
           double acc = 0;
           for (int j = 0; j < jmax; ++j)
-            acc += (sc[j] / sum) * double(qkv[(std::size_t(b) * S + j) * 3 * h + 2 * h + hh * D + e]);
+            acc += (sc[j] / sum) * (drop ? drop[row + j] : 1.0) *
+                   double(qkv[(std::size_t(b) * S + j) * 3 * h + 2 * h + hh * D + e]);
           o[e] = T(acc);
         }
       }
 }
 
-// dqkv = attention backward of datt (dqkv is overwritten).
+// dqkv = attention backward of datt (dqkv is overwritten); `drop` as the forward's (masked keys
+// have probability 0 and need nothing more).
 template <typename T>
 void attention_bwd(const std::vector<T>& qkv, const std::vector<T>& probs, const std::vector<T>& datt,
-                   std::vector<T>& dqkv, int B, int S, int H, int D, bool causal) {
+                   std::vector<T>& dqkv, int B, int S, int H, int D, bool causal, const double* drop = nullptr) {
   const int h = H * D;
   const double scale = 1.0 / std::sqrt(double(D));
   std::fill(dqkv.begin(), dqkv.end(), T(0));
@@ -189,15 +201,17 @@ void attention_bwd(const std::vector<T>& qkv, const std::vector<T>& probs, const
     for (int hh = 0; hh < H; ++hh)
       for (int i = 0; i < S; ++i) {
         const int jmax = causal ? i + 1 : S;
-        const T* pr = &probs[((std::size_t(b) * H + hh) * S + i) * S];
+        const std::size_t row = ((std::size_t(b) * H + hh) * S + i) * S;
+        const T* pr = &probs[row];
+        const double* mr = drop ? drop + row : nullptr;
         const T* dO = &datt[(std::size_t(b) * S + i) * h + hh * D];
         double rowdot = 0;
         for (int j = 0; j < jmax; ++j) {
           const T* v = &qkv[(std::size_t(b) * S + j) * 3 * h + 2 * h + hh * D];
           double acc = 0;
           for (int e = 0; e < D; ++e) acc += double(dO[e]) * double(v[e]);
-          dp[j] = acc;
-          rowdot += double(pr[j]) * acc;
+          dp[j] = acc * (mr ? mr[j] : 1.0);  // d(dropped P) -> dP
+          rowdot += double(pr[j]) * dp[j];
         }
         for (int j = 0; j < jmax; ++j) dsc[j] = double(pr[j]) * (dp[j] - rowdot) * scale;
         const T* q = &qkv[(std::size_t(b) * S + i) * 3 * h + hh * D];
@@ -210,7 +224,7 @@ void attention_bwd(const std::vector<T>& qkv, const std::vector<T>& probs, const
           for (int e = 0; e < D; ++e) {
             dq[e] = T(double(dq[e]) + dsc[j] * double(k[e]));
             dk[e] = T(double(dk[e]) + dsc[j] * double(q[e]));
-            dv[e] = T(double(dv[e]) + double(pr[j]) * double(dO[e]));
+            dv[e] = T(double(dv[e]) + double(pr[j]) * (mr ? mr[j] : 1.0) * double(dO[e]));
           }
         }
       }

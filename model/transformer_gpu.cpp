@@ -34,7 +34,13 @@ GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, boo
                 d.head_dim(), " (hidden_dim ", d.hidden, " / num_heads ", d.heads, ")");
   CUTRAIN_CHECK(d.hidden >= 64 && d.hidden <= 16384, "gpu model: LayerNorm supports hidden_dim in [64, 16384], got ",
                 d.hidden);
-  attn_ = kernels::AttentionShape{B, S, d.heads, d.head_dim(), causal || d.arch == Arch::Gpt2};
+  // GPT-2 is causal, BERT bidirectional, the seed model as the caller says.
+  attn_ = kernels::AttentionShape{B, S, d.heads, d.head_dim(),
+                                  d.arch == Arch::Gpt2 || (causal && d.arch == Arch::Simple)};
+  CUTRAIN_CHECK(d.arch != Arch::Bert || drop_layers.empty(),
+                "gpu model: random-LTD is not implemented for the bert architecture (its padding masks and dropout "
+                "sites are per position); leave data_efficiency.random_ltd off");
+  CUTRAIN_CHECK(d.arch != Arch::Bert || !d.moe.any(), "gpu model: MoE blocks are not implemented for the bert architecture");
   std::sort(drop_layers.begin(), drop_layers.end());
   drop_layers.erase(std::unique(drop_layers.begin(), drop_layers.end()), drop_layers.end());
   for (int l : drop_layers) {
@@ -75,6 +81,7 @@ GpuTransformer::~GpuTransformer() = default;
 
 void GpuTransformer::allocate(cudaStream_t s) {
   const ModelDims& d = table_.dims();
+  if (d.arch == Arch::Bert) return allocate_bert(s);
   const std::size_t M = M_, h = d.hidden, F = d.ffn(), V = d.vocab_rows(), H = d.heads;
   auto take = [&](std::size_t bytes) {
     buffers_.emplace_back(alloc_, bytes, s);
@@ -135,6 +142,9 @@ void GpuTransformer::release_workspace() {
   xk_.clear();
   xk_out_ = dxk_ = nullptr;
   mean_f_ = rstd_f_ = nullptr;
+  key_mask_ = nullptr;
+  emb_sum_ = head_d_ = head_g_ = head_n_ = nullptr;
+  mean_e_ = rstd_e_ = mean_h_ = rstd_h_ = nullptr;
   scratch_ = nullptr;
   workspace_bytes_ = 0;
 }
@@ -317,9 +327,13 @@ GpuTransformer::Unit GpuTransformer::forward(cudaStream_t s, ParamAccess& P, cha
                                              const std::int32_t* tokens, int* d_status, Loss&& loss) {
   const ModelDims& d = table_.dims();
   const int h = d.hidden, Vr = d.vocab_rows(), Ln = d.layers;
-  const bool gpt2 = d.arch == Arch::Gpt2;
+  const bool gpt2 = d.arch == Arch::Gpt2, bert = d.arch == Arch::Bert;
   char name[16];
-  {
+  if (bert) {
+    const Unit E = unit(P, s, table_.embedding_unit(), G, gt);
+    bert_embedding_forward(s, E, tokens, d_status);
+    P.release(s, table_.embedding_unit());
+  } else {
     const Unit E = unit(P, s, table_.embedding_unit(), G, gt);
     timed(s, "embedding", cost::embedding_forward(B_, S_, h), [&] {
       // Token ids are checked against the real vocabulary: padded rows are never a token.
@@ -333,7 +347,9 @@ GpuTransformer::Unit GpuTransformer::forward(cudaStream_t s, ParamAccess& P, cha
     TimedRegion r(name, s);
     const Unit U = unit(P, s, table_.layer_unit(l), G, gt);
     const int slot = drop_slot(l);
-    if (slot >= 0) {
+    if (bert) {
+      bert_layer_forward(s, U, l, acts_[checkpointing_ ? 0 : l]);
+    } else if (slot >= 0) {
       dropped_layer_forward(s, U, l, acts_[checkpointing_ ? 0 : l], slot, false);
     } else if (gpt2) {
       const LayerActs* prev = l > 0 ? &acts_[checkpointing_ ? 0 : l - 1] : nullptr;
@@ -347,10 +363,11 @@ GpuTransformer::Unit GpuTransformer::forward(cudaStream_t s, ParamAccess& P, cha
   }
   TimedRegion r("head", s);
   const Unit H = unit(P, s, table_.head_unit(), G, gt);
-  if (gpt2) {
+  if (gpt2 || bert) {
     // The tied head reads wte: the embedding unit again, held until the head's backward is done.
     tied_ = unit(P, s, table_.embedding_unit(), G, gt);
-    gpt2_head_forward(s, H, tied_);
+    if (gpt2) gpt2_head_forward(s, H, tied_);
+    else bert_head_forward(s, H, tied_);
     loss();
     return H;
   }
@@ -379,7 +396,7 @@ void GpuTransformer::forward_loss(cudaStream_t s, ParamAccess& P, const std::int
     });
   });
   P.release(s, table_.head_unit());
-  if (d.arch == Arch::Gpt2) P.release(s, table_.embedding_unit());
+  if (table_.tied_head()) P.release(s, table_.embedding_unit());
 }
 
 void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grads, DType gt, bool acc,
@@ -398,10 +415,12 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
   if (!acc) moe_stats_.clear();
   moe_grad_scale_ = grad_scale;
   drop_on_ = true;
-  struct DropOff {  // the drop applies to this call's forward and backward
+  train_ = true;  // BERT's dropout
+  struct DropOff {  // the drop (and the dropout) apply to this call's forward and backward
     bool& on;
-    ~DropOff() { on = false; }
-  } drop_off{drop_on_};
+    bool& train;
+    ~DropOff() { on = train = false; }
+  } drop_off{drop_on_, train_};
   {
     TimedRegion fwd("fwd", s);
     H = forward(s, P, G, gt, tokens, d_status, [&] {
@@ -413,10 +432,11 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
     });
   }
   TimedRegion bwd("bwd", s);
-  const bool gpt2 = d.arch == Arch::Gpt2;
-  if (gpt2) {
+  const bool gpt2 = d.arch == Arch::Gpt2, bert = d.arch == Arch::Bert;
+  if (gpt2 || bert) {
     TimedRegion r("head", s);
-    gpt2_head_backward(s, H, tied_, gt, acc);
+    if (gpt2) gpt2_head_backward(s, H, tied_, gt, acc);
+    else bert_head_backward(s, H, tied_, gt, acc);
     P.release(s, table_.head_unit());
     P.release(s, table_.embedding_unit());
     P.grads_written(s, table_.head_unit());
@@ -436,6 +456,16 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
     TimedRegion r(name, s);
     const LayerActs& a = acts_[checkpointing_ ? 0 : l];
     const Unit U = unit(P, s, table_.layer_unit(l), G, gt);  // the recompute reads the same gathered unit
+    if (bert) {
+      if (checkpointing_) {
+        TimedRegion rc("recompute", s);
+        bert_layer_forward(s, U, l, a);  // the same masks (same key); xs_[l+1] gets the same bits
+      }
+      bert_layer_backward(s, U, gt, acc, l, a);
+      P.release(s, table_.layer_unit(l));
+      P.grads_written(s, table_.layer_unit(l));
+      continue;
+    }
     const int slot = drop_slot(l);
     if (slot >= 0) {  // random-LTD: the block's backward on its kept tokens; the dropped rows keep dx_
       const Rows kr = kept_rows();
@@ -467,8 +497,16 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
     P.release(s, table_.layer_unit(l));
     P.grads_written(s, table_.layer_unit(l));
   }
-  // The embedding backward reads no parameters: its unit is not acquired, only its gradients addressed.
   const int eu = table_.embedding_unit();
+  if (bert) {  // the embeddings' LayerNorm backward reads its weight: the unit is acquired
+    TimedRegion r("embedding", s);
+    const Unit E = unit(P, s, eu, G, gt);
+    bert_embedding_backward(s, E, gt, acc, tokens);
+    P.release(s, eu);
+    P.grads_written(s, eu);
+    return;
+  }
+  // The embedding backward reads no parameters: its unit is not acquired, only its gradients addressed.
   const Unit E{&table_, nullptr, G + P.grad_offset(eu) * es, table_.units().at(std::size_t(eu)).begin, es};
   // GPT-2: wte's gradient already holds the head's share (written per `acc`), so the lookup's
   // share is added; wpe's, when not accumulating, is cleared first. The seed model writes both:

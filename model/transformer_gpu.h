@@ -1,6 +1,6 @@
 // @brief The GPU forward and backward of the model as a list of kernel calls (kernels/*.cuh):
-// the BF16 example's post-LN blocks or GPT-2's pre-LN blocks (transformer_gpu_gpt2.cpp), fused
-// cross-entropy, every layer's gradients landing in the flat gradient buffer. Activations and
+// the BF16 example's post-LN blocks, GPT-2's pre-LN blocks (transformer_gpu_gpt2.cpp) or BERT's
+// encoder and masked-LM head (transformer_gpu_bert.cpp; docs/bert.md), fused cross-entropy, every layer's gradients landing in the flat gradient buffer. Activations and
 // scratch come from the caching allocator once, at the first call, so the call sequence is static
 // (CUDA-graph capturable): no allocation, no host sync. A model with MoE blocks (MoeDims) is the
 // exception: each MoE layer (model/moe_layer.h) syncs its stream once per forward for the routing
@@ -58,7 +58,8 @@ class FlatParams final : public ParamAccess {
 class GpuTransformer {
  public:
   // B×S tokens per micro-batch (S <= dims.max_seq). `checkpointing`: keep only each block's
-  // input and recompute the block in backward. GPT-2 is causal whatever `causal` says.
+  // input and recompute the block in backward. GPT-2 is causal whatever `causal` says, BERT
+  // bidirectional (its padding keys masked); BERT refuses random-LTD (`drop_layers`).
   // `recompute_gelu` (GPT-2; llm.c's -r 1): one GELU output buffer shared by the blocks, the
   // output recomputed from the stored pre-activation in backward (a GELU pass per block for
   // (layers - 1) x B x S x 4C bf16 less memory).
@@ -102,6 +103,24 @@ class GpuTransformer {
   // count replays for any indices at that count.
   void set_token_drop(int kept, const std::int32_t* d_indices);
   bool moe_capturable() const { return !table_.dims().moe.any(); }
+
+  // BERT's dropout (model/bert_config.h's sites): the seed and optimizer step of the next
+  // forward_backward calls' masks (forward_loss never drops); `d_step` (device uint32, may be
+  // null): the kernels read the step there instead, so a CUDA graph captured once draws the masks
+  // of the step the engine writes before each replay. Micro-batch k of a step (k forward_backward
+  // calls with accumulate since the last without) draws its own masks.
+  void set_dropout(std::uint64_t seed, std::uint32_t step, const std::uint32_t* d_step = nullptr) {
+    drop_seed_ = seed;
+    drop_step_ = step;
+    drop_step_ptr_ = d_step;
+  }
+  // Workspace bytes each of BERT's memory flags (BertConfig) saves for a model of `dims` at B x S
+  // with or without activation checkpointing: what workspace_bytes() is smaller by with the flag
+  // on (docs/bert.md gives the formulas). 0 for another architecture.
+  struct BertFlagSavings {
+    std::size_t normalize_invertible = 0, gelu_checkpoint = 0, attn_dropout_checkpoint = 0;
+  };
+  static BertFlagSavings bert_flag_savings(const ModelDims& dims, int B, int S, bool checkpointing);
 
   // Returns activations and scratch to the allocator; the next call allocates them again.
   void release_workspace();
@@ -160,6 +179,24 @@ class GpuTransformer {
   void gpt2_head_forward(cudaStream_t s, const Unit& H, const Unit& E);
   void gpt2_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc);
 
+  // BERT (transformer_gpu_bert.cpp): the embeddings (lookup, LayerNorm, dropout into xs_[0]); a
+  // block from xs_[l] to xs_[l+1] (Pre-LN: x1 = LN_attn(x), s1 = a, s2 = LN_out(a); Post-LN: s1 =
+  // LN_attn's input, x1 = a, s2 = LN_out's input); the head (final LayerNorm for Pre-LN, transform,
+  // tied decoder + bias into logits_); each one's backward with dx_ = d(its output) in, d(its
+  // input) out.
+  void allocate_bert(cudaStream_t s);
+  void bert_embedding_forward(cudaStream_t s, const Unit& E, const std::int32_t* tokens, int* d_status);
+  void bert_embedding_backward(cudaStream_t s, const Unit& E, DType gt, bool acc, const std::int32_t* tokens);
+  void bert_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a);
+  void bert_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a);
+  void bert_head_forward(cudaStream_t s, const Unit& H, const Unit& E);
+  void bert_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc);
+  kernels::DropoutKey bert_key(std::uint32_t layer) const {
+    return kernels::DropoutKey{drop_seed_, drop_step_, layer, drop_step_ptr_};
+  }
+  float bert_hidden_p() const;  // the hidden dropout of the running forward (0 outside training)
+  kernels::AttentionOptions bert_attention(int l) const;
+
   const TransformerParams& table_;
   int B_, S_, M_;
   bool checkpointing_;
@@ -194,6 +231,16 @@ class GpuTransformer {
   bool drop_on_ = false;  // during forward_backward only
   std::vector<bf16*> xk_;
   bf16 *xk_out_ = nullptr, *dxk_ = nullptr;
+  // BERT: the dropout key and whether the running forward trains (dropout on); the key mask
+  // [B*S] (null without a pad_id); the embeddings' LayerNorm input and statistics; the head's
+  // transform (dense output, its GELU, the LayerNorm of that).
+  std::uint64_t drop_seed_ = 0;
+  std::uint32_t drop_step_ = 0;
+  const std::uint32_t* drop_step_ptr_ = nullptr;
+  bool train_ = false;
+  std::uint8_t* key_mask_ = nullptr;
+  bf16 *emb_sum_ = nullptr, *head_d_ = nullptr, *head_g_ = nullptr, *head_n_ = nullptr;
+  float *mean_e_ = nullptr, *rstd_e_ = nullptr, *mean_h_ = nullptr, *rstd_h_ = nullptr;
 };
 
 }  // namespace cutrain::model

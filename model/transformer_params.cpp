@@ -22,6 +22,23 @@ void ModelDims::validate() const {
   CUTRAIN_CHECK(padded_vocab == 0 || padded_vocab >= vocab, "model: the padded vocabulary (", padded_vocab,
                 ") must be 0 (no padding) or at least vocab_size (", vocab, ")");
   CUTRAIN_CHECK(max_seq > 0, "model: seq_length must be positive, got ", max_seq);
+  CUTRAIN_CHECK(intermediate >= 0, "model: intermediate_size must be >= 0 (0: 4 x hidden_dim), got ", intermediate);
+  if (arch == Arch::Bert) {
+    const BertConfig& b = bert;
+    CUTRAIN_CHECK(!moe.any(), "model: MoE blocks are not implemented for the bert architecture");
+    CUTRAIN_CHECK(std::isfinite(b.layer_norm_eps) && b.layer_norm_eps > 0, "model: bert layer_norm_eps must be > 0, got ",
+                  b.layer_norm_eps);
+    CUTRAIN_CHECK(b.attn_dropout_ratio >= 0 && b.attn_dropout_ratio < 1, "model: bert attn_dropout_ratio must lie in [0, 1), got ",
+                  b.attn_dropout_ratio);
+    CUTRAIN_CHECK(b.hidden_dropout_ratio >= 0 && b.hidden_dropout_ratio < 1,
+                  "model: bert hidden_dropout_ratio must lie in [0, 1), got ", b.hidden_dropout_ratio);
+    CUTRAIN_CHECK(std::isfinite(b.initializer_range) && b.initializer_range > 0,
+                  "model: bert initializer_range must be > 0, got ", b.initializer_range);
+    CUTRAIN_CHECK(b.mask_id >= -1 && b.mask_id < vocab, "model: bert mask_id must be -1 (none) or a token in [0, ", vocab,
+                  "), got ", b.mask_id);
+    CUTRAIN_CHECK(b.pad_id >= -1 && b.pad_id < vocab, "model: bert pad_id must be -1 (none) or a token in [0, ", vocab,
+                  "), got ", b.pad_id);
+  }
   if (moe.experts.empty()) return;
   CUTRAIN_CHECK(int(moe.experts.size()) == layers, "model: the MoE blocks list ", moe.experts.size(),
                 " entries (num_experts per block), the model has num_layers = ", layers);
@@ -114,6 +131,7 @@ int TransformerParams::add_moe(const std::string& p, int layer, bool gpt2) {
 TransformerParams::TransformerParams(const ModelDims& dims) : dims_(dims) {
   dims_.validate();
   if (dims_.arch == Arch::Gpt2) build_gpt2();
+  else if (dims_.arch == Arch::Bert) build_bert();
   else build_simple();
   // Units: [embedding, pos_embedding], each block's 12 tensors, the head's tensors.
   auto unit = [&](int first, int last) {
@@ -121,9 +139,9 @@ TransformerParams::TransformerParams(const ModelDims& dims) : dims_(dims) {
     const std::size_t end = last < static_cast<int>(tensors_.size()) ? tensors_[std::size_t(last)].offset : flat_size_;
     units_.push_back({tensors_[std::size_t(first)].offset, end, first, last});
   };
-  unit(0, 2);
+  unit(0, embedding_end_);
   for (int i = 0; i < dims_.layers; ++i) unit(layer_first_[std::size_t(i)], layer_end_[std::size_t(i)]);
-  unit(layers_.empty() ? 2 : layer_end_.back(), static_cast<int>(tensors_.size()));
+  unit(layers_.empty() ? embedding_end_ : layer_end_.back(), static_cast<int>(tensors_.size()));
 }
 
 void TransformerParams::build_simple() {
@@ -207,6 +225,56 @@ void TransformerParams::build_gpt2() {
   tensors_[std::size_t(lnf_w_)].decay = tensors_[std::size_t(lnf_b_)].decay = false;
   output_w_ = 0;  // tied to wte
   output_b_ = -1;
+}
+
+// HF's BertForMaskedLM names (docs/bert.md), the fused QKV as the seed model's in-projection.
+// Each block's four matrices first, then its vectors (two decay runs per block, as GPT-2): the
+// matrices and embeddings decay, biases and LayerNorms do not (DeepSpeed's BERT example).
+void TransformerParams::build_bert() {
+  const ModelDims& dims = dims_;
+  const BertConfig& b = dims.bert;
+  const std::int64_t h = dims.hidden, F = dims.ffn(), V = dims.vocab_rows(), S = dims.max_seq;
+  const double std0 = b.initializer_range;
+  const double out_std = b.adjust_init_range ? std0 / std::sqrt(2.0 * std::max(dims.layers, 1)) : std0;
+  auto vec = [&](const std::string& n, std::int64_t c, InitKind k) {
+    const int i = add(n, {c}, k, 0);
+    tensors_[std::size_t(i)].decay = false;
+    return i;
+  };
+  add("bert.embeddings.word_embeddings.weight", {V, h}, InitKind::Normal, std0);
+  add("bert.embeddings.position_embeddings.weight", {S, h}, InitKind::Normal, std0);
+  emb_ln_w_ = vec("bert.embeddings.LayerNorm.weight", h, InitKind::Ones);
+  emb_ln_b_ = vec("bert.embeddings.LayerNorm.bias", h, InitKind::Zeros);
+  embedding_end_ = emb_ln_b_ + 1;
+  for (int i = 0; i < dims.layers; ++i) {
+    const std::string p = "bert.encoder.layer." + std::to_string(i) + ".";
+    LayerIndex L{};
+    L.in_proj_w = add(p + "attention.self.qkv.weight", {3 * h, h}, InitKind::Normal, std0);
+    layer_first_.push_back(L.in_proj_w);
+    L.out_proj_w = add(p + "attention.output.dense.weight", {h, h}, InitKind::Normal, out_std);
+    L.ff0_w = add(p + "intermediate.dense.weight", {F, h}, InitKind::Normal, std0);
+    L.ff2_w = add(p + "output.dense.weight", {h, F}, InitKind::Normal, out_std);
+    L.in_proj_b = vec(p + "attention.self.qkv.bias", 3 * h, InitKind::Zeros);
+    L.out_proj_b = vec(p + "attention.output.dense.bias", h, InitKind::Zeros);
+    L.norm1_w = vec(p + "attention.output.LayerNorm.weight", h, InitKind::Ones);
+    L.norm1_b = vec(p + "attention.output.LayerNorm.bias", h, InitKind::Zeros);
+    L.ff0_b = vec(p + "intermediate.dense.bias", F, InitKind::Zeros);
+    L.ff2_b = vec(p + "output.dense.bias", h, InitKind::Zeros);
+    L.norm2_w = vec(p + "output.LayerNorm.weight", h, InitKind::Ones);
+    L.norm2_b = vec(p + "output.LayerNorm.bias", h, InitKind::Zeros);
+    layer_end_.push_back(L.norm2_b + 1);
+    layers_.push_back(L);
+  }
+  head_dense_w_ = add("cls.predictions.transform.dense.weight", {h, h}, InitKind::Normal, std0);
+  if (b.pre_layer_norm) {
+    lnf_w_ = vec("bert.encoder.final_layernorm.weight", h, InitKind::Ones);
+    lnf_b_ = vec("bert.encoder.final_layernorm.bias", h, InitKind::Zeros);
+  }
+  head_dense_b_ = vec("cls.predictions.transform.dense.bias", h, InitKind::Zeros);
+  head_ln_w_ = vec("cls.predictions.transform.LayerNorm.weight", h, InitKind::Ones);
+  head_ln_b_ = vec("cls.predictions.transform.LayerNorm.bias", h, InitKind::Zeros);
+  output_b_ = vec("cls.predictions.bias", V, InitKind::Zeros);
+  output_w_ = 0;  // the decoder is tied to the word embedding
 }
 
 std::vector<DecayRun> TransformerParams::decay_runs() const {

@@ -1,7 +1,8 @@
-// @brief The parameter tables of the two architectures: the BF16 example's SimpleTransformerModel
-// (PyTorch state_dict names, PyTorch's default init) and GPT-2 as llm.c builds it (pre-LN blocks,
-// final LayerNorm, output projection tied to the token embedding, GPT-2's init). Shapes, offsets
-// into one flat buffer (64-element aligned) and the parameter units.
+// @brief The parameter tables of the three architectures: the BF16 example's SimpleTransformerModel
+// (PyTorch state_dict names, PyTorch's default init), GPT-2 as llm.c builds it (pre-LN blocks,
+// final LayerNorm, output projection tied to the token embedding, GPT-2's init) and BERT's encoder
+// with its masked-LM head (HF's names, DeepSpeed's init; docs/bert.md). Shapes, offsets into one
+// flat buffer (64-element aligned) and the parameter units.
 #pragma once
 
 #include <cstddef>
@@ -55,7 +56,8 @@ struct ModelDims {
   int head_dim() const { return hidden / heads; }
   int ffn() const { return intermediate > 0 ? intermediate : 4 * hidden; }
   // Throws cutrain::Error naming the bad field (heads must divide hidden, all positive; the MoE
-  // blocks' entries one per block, each MoE layer's configuration valid).
+  // blocks' entries one per block, each MoE layer's configuration valid; BERT: its config's
+  // ratios, eps and range, its special tokens inside the vocabulary, no MoE blocks).
   void validate() const;
 };
 
@@ -93,7 +95,9 @@ struct ParamUnit {
 };
 
 // Tensor indices of one block (Simple: in PyTorch's order; Gpt2: norm1 = ln_1, in_proj = attn.qkv
-// (HF's c_attn), out_proj = attn.proj, norm2 = ln_2, ff0 = mlp.fc (c_fc), ff2 = mlp.proj).
+// (HF's c_attn), out_proj = attn.proj, norm2 = ln_2, ff0 = mlp.fc (c_fc), ff2 = mlp.proj; Bert:
+// in_proj = attention.self.qkv, out_proj = attention.output.dense, norm1 =
+// attention.output.LayerNorm, ff0 = intermediate.dense, ff2 = output.dense, norm2 = output.LayerNorm).
 // A MoE block (MoeDims::is_moe) has no ff0/ff2 tensors (-1): `moe` is its gate's weight, the first
 // tensor of the MoE layer's parameters (moe_param_layout from its offset); -1 in a dense block.
 struct LayerIndex {
@@ -116,17 +120,27 @@ class TransformerParams {
 
   int embedding() const { return 0; }
   int pos_embedding() const { return 1; }
+  // Bert only (-1 otherwise): the embeddings' LayerNorm (in the embedding unit), the masked-LM
+  // head's transform (dense + GELU + LayerNorm, in the head unit).
+  int embedding_norm_w() const { return emb_ln_w_; }
+  int embedding_norm_b() const { return emb_ln_b_; }
+  int head_dense_w() const { return head_dense_w_; }
+  int head_dense_b() const { return head_dense_b_; }
+  int head_norm_w() const { return head_ln_w_; }
+  int head_norm_b() const { return head_ln_b_; }
   const LayerIndex& layer(int i) const { return layers_.at(static_cast<std::size_t>(i)); }
-  // The head's weight: its own tensor (Simple) or the token embedding (Gpt2, tied). Its bias:
-  // -1 for Gpt2 (none). The final LayerNorm: Gpt2 only (-1 for Simple).
+  // The head's weight: its own tensor (Simple) or the token embedding (Gpt2, Bert: tied). Its bias:
+  // -1 for Gpt2 (none), Bert's cls.predictions.bias. The final LayerNorm: Gpt2 and Pre-LN Bert
+  // (-1 otherwise).
   int output_w() const { return output_w_; }
   int output_b() const { return output_b_; }
-  bool tied_head() const { return dims_.arch == Arch::Gpt2; }
+  bool tied_head() const { return dims_.arch != Arch::Simple; }
   int final_norm_w() const { return lnf_w_; }
   int final_norm_b() const { return lnf_b_; }
-  // Units in flat-buffer order: embedding_unit() (token + position tables), layer_unit(l) for
-  // each block, head_unit() (Simple: output projection weight and bias; Gpt2: the final
-  // LayerNorm, the head's weight being in the embedding unit). They tile [0, flat_size()).
+  // Units in flat-buffer order: embedding_unit() (token + position tables; Bert: and their
+  // LayerNorm), layer_unit(l) for each block, head_unit() (Simple: output projection weight and
+  // bias; Gpt2: the final LayerNorm, the head's weight being in the embedding unit; Bert: the
+  // final LayerNorm (Pre-LN), the head's transform and bias). They tile [0, flat_size()).
   const std::vector<ParamUnit>& units() const { return units_; }
   // Adjacent tensors with the same decay flag merged: one run for the seed model; for GPT-2
   // [wte, wpe, block 0's matrices], [block 0's vectors], [block 1's matrices], ... [the last
@@ -141,7 +155,8 @@ class TransformerParams {
   // Simple, PyTorch's defaults: nn.Embedding N(0,1); nn.Linear U(±1/sqrt(in)) weight and bias;
   // MHA in_proj xavier_uniform, its biases 0; LayerNorm 1/0. Gpt2, llm.c's: every matrix and
   // both embeddings N(0, 0.02²), the residual projections (attn and mlp c_proj) N(0,
-  // (0.02/sqrt(2·layers))²), biases 0, LayerNorm 1/0.
+  // (0.02/sqrt(2·layers))²), biases 0, LayerNorm 1/0. Bert, DeepSpeed's: the same rule with
+  // initializer_range, the output projections scaled only when adjust_init_range.
   void init(float* flat, std::uint64_t seed) const;
   void init_tensor(float* flat, std::uint64_t seed, std::size_t index) const;  // one tensor of init()
 
@@ -153,6 +168,7 @@ class TransformerParams {
   int add_moe(const std::string& prefix, int layer, bool gpt2);
   void build_simple();
   void build_gpt2();
+  void build_bert();
   ModelDims dims_;
   std::vector<ParamTensor> tensors_;
   std::vector<LayerIndex> layers_;
@@ -160,6 +176,8 @@ class TransformerParams {
   std::vector<int> unit_of_;  // per tensor
   std::vector<int> layer_first_, layer_end_;  // per block: its tensor range [first, end)
   int output_w_ = -1, output_b_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  int emb_ln_w_ = -1, emb_ln_b_ = -1, head_dense_w_ = -1, head_dense_b_ = -1, head_ln_w_ = -1, head_ln_b_ = -1;
+  int embedding_end_ = 2;  // tensors [0, embedding_end_) form the embedding unit
   std::size_t num_params_ = 0, flat_size_ = 0;
 };
 

@@ -38,6 +38,11 @@ struct TrainFlags {
   int local_rank = 0;
   CLI::Option* local_rank_opt = nullptr;
   std::vector<CLI::Option*> moe_opts;
+  std::vector<CLI::Option*> bert_opts;  // --bert_config and bing_bert's flags: --model bert only
+  int max_seq_length = 0, max_predictions_per_seq = 0;
+  CLI::Option* max_seq_length_opt = nullptr;
+  CLI::Option* max_predictions_opt = nullptr;
+  CLI::Option* batch_size_opt = nullptr;
   CLI::App* sub = nullptr;
 };
 
@@ -73,6 +78,12 @@ int run_train(TrainFlags& f) {
     for (const auto& [opt, given] : f.shape_opts) vocab_given |= opt->get_name() == "--vocab_size" && opt->count() > 0;
     if (!vocab_given) o.vocab_size = 50257;
   }
+  for (const CLI::Option* opt : f.bert_opts)
+    CUTRAIN_CHECK(!opt->count() || o.model == model::Arch::Bert, "train: ", opt->get_name(),
+                  " is a flag of BERT pre-training: expected --model bert with it, found --model ", f.model);
+  if (f.max_seq_length_opt->count()) o.bert.max_seq_length = f.max_seq_length;
+  if (f.max_predictions_opt->count()) o.bert.max_predictions_per_seq = f.max_predictions_per_seq;
+  o.batch_size_given = f.batch_size_opt->count() > 0;
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
   if (f.log_interval_opt->count()) o.log_interval = f.log_interval;
   o.progress = ::isatty(STDOUT_FILENO) == 1;
@@ -125,7 +136,7 @@ int run_train(TrainFlags& f) {
 CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   static TrainFlags f;
   auto& o = f.o;
-  CLI::App* sub = parent.add_subcommand("train", "Train the BF16 example's transformer (DeepSpeed-style config)");
+  CLI::App* sub = parent.add_subcommand("train", "Train the BF16 example's transformer, GPT-2 or BERT (DeepSpeed-style config)");
   f.sub = sub;
   f.config_opt = sub->add_option("--deepspeed_config", f.config, "DeepSpeed-style JSON config (required)");
   using G = train::TrainOptions::ShapeGiven;
@@ -139,10 +150,11 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   shape(sub->add_option("--num_heads", o.num_heads, "Attention heads"), &G::num_heads)->capture_default_str();
   shape(sub->add_option("--vocab_size", o.vocab_size, "Vocabulary size"), &G::vocab_size)->capture_default_str();
   f.model_opt = sub->add_option("--model", f.model,
-                                "Architecture: simple (the BF16 example's post-LN model) or gpt2 (llm.c's GPT-2: "
-                                "pre-LN, tied head, tanh GELU, causal, vocabulary padded to 128)")
+                                "Architecture: simple (the BF16 example's post-LN model), gpt2 (llm.c's GPT-2: "
+                                "pre-LN, tied head, tanh GELU, causal, vocabulary padded to 128) or bert (BERT "
+                                "pre-training with masked-LM batches; needs --bert_config; docs/bert.md)")
                     ->capture_default_str()
-                    ->check(CLI::IsMember({"simple", "gpt2"}));
+                    ->check(CLI::IsMember({"simple", "gpt2", "bert"}));
   f.gpt2_size_opt = sub->add_option("-e,--gpt2_size", f.gpt2_size,
                                     "llm.c's GPT-2 sizes: d6, d12 (124M), d24, d36, d48 (sets --model gpt2, the "
                                     "hidden size, layers and heads, 1024 positions, vocabulary 50257)")
@@ -156,7 +168,9 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
                   "Start from Hugging Face GPT-2 safetensors (transformer.h.0.attn.c_attn.weight, ...; F32 or BF16); "
                   "the shape comes from the flags, e.g. -e d12 --vocab_size 50257");
   sub->add_option("--save_hf", o.save_hf, "At the end, write the params as Hugging Face GPT-2 safetensors (F32)");
-  sub->add_option("--batch_size", o.batch_size, "Micro batch size")->capture_default_str();
+  f.batch_size_opt = sub->add_option("--batch_size", o.batch_size,
+                                     "Micro batch size (--model bert: not given, the config's train_micro_batch_size_per_gpu)")
+                         ->capture_default_str();
   shape(sub->add_option("--seq_length", o.seq_length, "Sequence length (= max_seq_len)"), &G::seq_length)
       ->capture_default_str();
   sub->add_option("--num_steps", o.num_steps, "Optimizer steps")->capture_default_str();
@@ -275,6 +289,28 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   moe(sub->add_option("--moe_expert_parallel_size,--moe-expert-parallel-size", o.moe.expert_parallel_size,
                       "ep_size: 1 (expert parallelism over ranks is not built)")
           ->capture_default_str());
+  // BERT pre-training (docs/bert.md): the model config and bing_bert's flags (given: over the file).
+  auto bert = [&](CLI::Option* opt) {
+    f.bert_opts.push_back(opt);
+    return opt;
+  };
+  bert(sub->add_option("--bert_config", o.bert.config,
+                       "--model bert: the model config, bing_bert's (a bert_model_config object with Hugging Face "
+                       "BertConfig's keys) or DeepSpeedTransformerConfig's fields as JSON"));
+  bert(sub->add_flag("--deepspeed_transformer_kernel", o.bert.deepspeed_transformer_kernel,
+                     "bing_bert's flag: accepted (cutrain's BERT layer is always its fused kernel)"));
+  bert(sub->add_flag("--stochastic_mode", o.bert.stochastic_mode,
+                     "DeepSpeed's stochastic_mode: faster, not bit-reproducible"));
+  bert(sub->add_flag("--normalize_invertible", o.bert.normalize_invertible,
+                     "LayerNorm backward from its output: its input is not kept"));
+  bert(sub->add_flag("--gelu_checkpoint", o.bert.gelu_checkpoint, "The GELU output not kept, recomputed in backward"));
+  bert(sub->add_flag("--attention_dropout_checkpoint", o.bert.attention_dropout_checkpoint,
+                     "The dropped attention probabilities not kept, recomputed in backward"));
+  f.max_seq_length_opt = bert(sub->add_option("--max_seq_length", f.max_seq_length,
+                                              "--model bert: the longest sample S (not given: --seq_length)"));
+  f.max_predictions_opt = bert(sub->add_option("--max_predictions_per_seq,--max_pred", f.max_predictions_per_seq,
+                                               "--model bert: the most masked positions per sample (not given: "
+                                               "ceil(0.15 S))"));
   f.local_rank_opt = sub->add_option("--local_rank", f.local_rank,
                                      "This process's GPU on its node, as DeepSpeed's launcher passes it (must "
                                      "agree with LOCAL_RANK when that is set too)");

@@ -7,6 +7,7 @@
 #include <deque>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 
 #include "runtime/device.h"
 #include "runtime/error.h"
@@ -55,10 +56,64 @@ void checkpoint_tensors(const model::TransformerParams& T, const StateSnapshot& 
   }
 }
 
+namespace {
+
+// BERT's model fields in DeepSpeedTransformerConfig's names (model/bert_config.h).
+json bert_config_json(const model::ModelDims& d) {
+  const model::BertConfig& b = d.bert;
+  return {{"pre_layer_norm", b.pre_layer_norm},
+          {"layer_norm_eps", b.layer_norm_eps},
+          {"attn_dropout_ratio", b.attn_dropout_ratio},
+          {"hidden_dropout_ratio", b.hidden_dropout_ratio},
+          {"initializer_range", b.initializer_range},
+          {"adjust_init_range", b.adjust_init_range},
+          {"normalize_invertible", b.normalize_invertible},
+          {"gelu_checkpoint", b.gelu_checkpoint},
+          {"attn_dropout_checkpoint", b.attn_dropout_checkpoint},
+          {"stochastic_mode", b.stochastic_mode},
+          {"mask_id", b.mask_id},
+          {"pad_id", b.pad_id}};
+}
+
+model::BertConfig bert_config_from_json(const json& j, const std::string& where) {
+  CUTRAIN_CHECK(j.is_object(), where, ": bert: expected an object, found ", describe_json(j));
+  model::BertConfig b;
+  auto flag = [&](const char* key, bool& v) {
+    CUTRAIN_CHECK(j.contains(key) && j[key].is_boolean(), where, ": bert.", key, ": expected true or false, found ",
+                  j.contains(key) ? describe_json(j[key]) : std::string("none"));
+    v = j[key].get<bool>();
+  };
+  auto number = [&](const char* key, auto& v) {
+    CUTRAIN_CHECK(j.contains(key) && j[key].is_number(), where, ": bert.", key, ": expected a number, found ",
+                  j.contains(key) ? describe_json(j[key]) : std::string("none"));
+    v = j[key].get<std::decay_t<decltype(v)>>();
+  };
+  flag("pre_layer_norm", b.pre_layer_norm);
+  number("layer_norm_eps", b.layer_norm_eps);
+  number("attn_dropout_ratio", b.attn_dropout_ratio);
+  number("hidden_dropout_ratio", b.hidden_dropout_ratio);
+  number("initializer_range", b.initializer_range);
+  flag("adjust_init_range", b.adjust_init_range);
+  flag("normalize_invertible", b.normalize_invertible);
+  flag("gelu_checkpoint", b.gelu_checkpoint);
+  flag("attn_dropout_checkpoint", b.attn_dropout_checkpoint);
+  flag("stochastic_mode", b.stochastic_mode);
+  number("mask_id", b.mask_id);
+  number("pad_id", b.pad_id);
+  return b;
+}
+
+const char* architecture_name(model::Arch a) {
+  return a == model::Arch::Gpt2 ? "GPT2" : a == model::Arch::Bert ? "BERT" : "SimpleTransformerModel";
+}
+
+}  // namespace
+
 json checkpoint_model_config(const model::ModelDims& d, DType param_dtype, DType moment_dtype, std::size_t num_params,
                              const std::string& layout, bool causal) {
-  const bool gpt2 = d.arch == model::Arch::Gpt2;
-  json j = {{"architecture", gpt2 ? "GPT2" : "SimpleTransformerModel"},
+  const bool gpt2 = d.arch == model::Arch::Gpt2, bert = d.arch == model::Arch::Bert;
+  const bool pre_ln = gpt2 || (bert && d.bert.pre_layer_norm);
+  json j = {{"architecture", architecture_name(d.arch)},
           {"hidden_dim", d.hidden},
           {"num_layers", d.layers},
           {"num_heads", d.heads},
@@ -67,16 +122,17 @@ json checkpoint_model_config(const model::ModelDims& d, DType param_dtype, DType
           {"vocab_size", d.vocab},
           {"embedding_rows", d.vocab_rows()},
           {"max_seq_len", d.max_seq},
-          {"norm", gpt2 ? "pre_layernorm" : "post_layernorm"},
-          {"layer_norm_eps", 1e-5},
+          {"norm", pre_ln ? "pre_layernorm" : "post_layernorm"},
+          {"layer_norm_eps", bert ? double(d.bert.layer_norm_eps) : 1e-5},
           {"activation", gpt2 ? "gelu_tanh" : "gelu"},
-          {"tied_embeddings", gpt2},
-          {"causal", causal},
+          {"tied_embeddings", gpt2 || bert},
+          {"causal", causal && !bert},
           {"precision_layout", layout},
           {"param_dtype", safetensors_dtype_name(param_dtype)},
           {"optimizer_dtype", safetensors_dtype_name(moment_dtype)},
           {"num_params", num_params}};
   if (d.moe.any()) j["moe"] = moe_config_json(d.moe);  // the MoE blocks (train/moe_options.h)
+  if (bert) j["bert"] = bert_config_json(d);
   return j;
 }
 
@@ -107,9 +163,16 @@ model::ModelDims checkpoint_model_dims(const json& c, const std::string& where) 
   const int rows = get("embedding_rows");
   d.padded_vocab = rows > d.vocab ? rows : 0;
   const std::string arch = c.value("architecture", std::string("SimpleTransformerModel"));
-  CUTRAIN_CHECK(arch == "SimpleTransformerModel" || arch == "GPT2", where, ": architecture: expected ",
-                "\"SimpleTransformerModel\" or \"GPT2\", found \"", arch, "\"");
+  CUTRAIN_CHECK(arch == "SimpleTransformerModel" || arch == "GPT2" || arch == "BERT", where, ": architecture: expected ",
+                "\"SimpleTransformerModel\", \"GPT2\" or \"BERT\", found \"", arch, "\"");
   if (arch == "GPT2") d.arch = model::Arch::Gpt2;
+  if (arch == "BERT") {
+    d.arch = model::Arch::Bert;
+    CUTRAIN_CHECK(c.contains("bert"), where, ": architecture BERT needs its \"bert\" object (DeepSpeedTransformerConfig's fields)");
+    d.bert = bert_config_from_json(c["bert"], where);
+    const int ffn = get("ffn_dim");
+    if (ffn != 4 * d.hidden) d.intermediate = ffn;
+  }
   if (c.contains("moe")) d.moe = moe_dims_from_json(c["moe"], where);
   return d;
 }
@@ -305,6 +368,12 @@ CheckpointMeta load_checkpoint(const OpenedCheckpoint& c, TrainBackend& be, Chec
     same("vocab_size", want.vocab, have.vocab);
     same("embedding_rows", want.vocab_rows(), have.vocab_rows());
     same("max_seq_len", want.max_seq, have.max_seq);
+    CUTRAIN_CHECK(want.arch == have.arch, where, ": architecture is ", architecture_name(want.arch),
+                  ", the model being loaded into is ", architecture_name(have.arch));
+    same("ffn_dim", want.ffn(), have.ffn());
+    if (want.arch == model::Arch::Bert)
+      CUTRAIN_CHECK(want.bert.pre_layer_norm == have.bert.pre_layer_norm, where, ": bert.pre_layer_norm is ",
+                    want.bert.pre_layer_norm, ", the model being loaded into has ", have.bert.pre_layer_norm);
   }
   // The files in their own dtypes, each read once, its checksum (when left to the load) computed
   // in the same pass and checked before the backend's state changes: straight into device scratch

@@ -102,9 +102,10 @@ inline constexpr std::array<Choice<AttentionChoice>, 3> kAttentionChoices{{{Atte
 enum class SaveMode { Auto, Async, Sync };
 inline constexpr std::array<Choice<SaveMode>, 3> kSaveModes{
     {{SaveMode::Auto, "auto"}, {SaveMode::Async, "async"}, {SaveMode::Sync, "sync"}}};
-// --model: the architecture (model/transformer_params.h): the BF16 example's or GPT-2 (llm.c's).
-inline constexpr std::array<Choice<model::Arch>, 2> kModelArchs{
-    {{model::Arch::Simple, "simple"}, {model::Arch::Gpt2, "gpt2"}}};
+// --model: the architecture (model/transformer_params.h): the BF16 example's, GPT-2 (llm.c's) or
+// BERT's encoder with its masked-LM head (docs/bert.md).
+inline constexpr std::array<Choice<model::Arch>, 3> kModelArchs{
+    {{model::Arch::Simple, "simple"}, {model::Arch::Gpt2, "gpt2"}, {model::Arch::Bert, "bert"}}};
 
 // --gpt2_size / -e: llm.c's GPT-2 sizes by depth (its `-e dN`): channels and heads of each.
 struct Gpt2Size {

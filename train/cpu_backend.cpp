@@ -103,6 +103,7 @@ class CpuBackend final : public TrainBackend {
 
   double eval_loss(const std::int32_t* tokens, const std::int32_t* labels) override {
     model_.set_moe_mode(false);  // MoE blocks: eval_capacity_factor, no gate noise
+    model_.set_training(false);  // BERT: no dropout
     if (!zero_) return model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
     zero_->params_for_compute(params_);  // every rank evaluates the same batch
     const double loss = model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
@@ -188,6 +189,8 @@ class CpuBackend final : public TrainBackend {
   // ep_size 1, so every rank holds every expert).
   void micro_batch(const std::int32_t* tokens, const std::int32_t* labels, int step, int a, int accum, StepStats& st) {
     model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, a));
+    model_.set_training(true);  // BERT's dropout masks: a function of (seed, step, micro-batch)
+    model_.set_dropout(opt_.seed, std::uint32_t(step), a);
     const model::TokenDropPlan& drop = ltd_->draw(step, a);  // random-LTD's kept tokens
     model_.set_token_drop(&drop);
     st.loss += forward(tokens, labels) / accum;

@@ -78,8 +78,8 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   if (zero_.sharded()) {
     // GPT-2's tied head reads the embedding unit a second time, after the blocks: stage 3's
     // gather order (parallel/zero_shard_layout.h) does not have that use.
-    CUTRAIN_CHECK(o.dims.arch != model::Arch::Gpt2, "train: zero_optimization.stage 3 is not supported for --model ",
-                  "gpt2 (its tied head reuses the embedding unit); use stage 0, 1 or 2");
+    CUTRAIN_CHECK(!table_.tied_head(), "train: zero_optimization.stage 3 is not supported for --model ",
+                  name(o.dims.arch), " (its tied head reuses the embedding unit); use stage 0, 1 or 2");
     // The shards live on the device; moving them to the host or NVMe is not implemented.
     CUTRAIN_CHECK(c.zero_optimization.offload_param.device == OffloadTarget::None,
                   "zero_optimization.offload_param.device \"", name(c.zero_optimization.offload_param.device),
@@ -177,6 +177,11 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   }
   model_ = std::make_unique<model::GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A,
                                                    o.recompute_gelu, std::move(drop_layers));
+  if (o.dims.arch == model::Arch::Bert) {  // dropout: the kernels read the step from step_d_
+    step_d_ = Buffer(A, sizeof(std::uint32_t), stream_);
+    CUTRAIN_CUDA_CHECK(cudaMallocHost(&step_h_, sizeof(std::uint32_t)));
+    stage_step(0);
+  }
   offloader_ = std::make_unique<StateOffloader>(A, stream_.get());
   offloader_->add("lp_params", &params_);
   offloader_->add(plan_.grad == DType::BF16 ? "lp_grads" : "contiguous_grad_buffer", &grads_);
@@ -205,6 +210,7 @@ GpuEngine::~GpuEngine() {
   cudaFreeHost(tokens_h_);
   cudaFreeHost(labels_h_);
   cudaFreeHost(flags_h_);
+  if (step_h_) cudaFreeHost(step_h_);
   if (drop_idx_h_) cudaFreeHost(drop_idx_h_);
 }
 
@@ -213,6 +219,13 @@ void GpuEngine::stage_batch(const std::int32_t* tokens, const std::int32_t* labe
   const std::size_t per_step = std::size_t(accum_) * opt_.batch * opt_.seq;
   std::memcpy(tokens_h_, tokens, per_step * 4);
   std::memcpy(labels_h_, labels, per_step * 4);
+}
+
+// BERT's dropout step (1-based optimizer steps; the previous step's copy finished with its sync).
+void GpuEngine::stage_step(int step) {
+  if (!step_h_) return;
+  *step_h_ = std::uint32_t(step);
+  model_->set_dropout(opt_.seed, std::uint32_t(step), step_d_.as<std::uint32_t>());
 }
 
 // random-LTD's selection of every micro-batch of `step` (1-based; 0: no drop) into the pinned
@@ -244,6 +257,8 @@ void GpuEngine::enqueue_forward_backward(bool step) {
     if (drop_idx_h_)
       CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(drop_idx_d_.get(), drop_idx_h_, accum_ * drop_stride_ * 4,
                                          cudaMemcpyHostToDevice, stream_));
+    if (step_h_)
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(step_d_.get(), step_h_, sizeof(std::uint32_t), cudaMemcpyHostToDevice, stream_));
   }
   float* flags = as_f32(flags_d_);
   int* status = reinterpret_cast<int*>(flags + accum_ + 3);
@@ -359,6 +374,7 @@ double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_
   ensure_state();
   stage_batch(tokens, labels);
   stage_drop(drop_step);
+  stage_step(drop_step);
   enqueue_forward_backward(/*step=*/false);
   read_flags();
   double loss = 0;
@@ -384,6 +400,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   }
   stage_batch(tokens, labels);
   stage_drop(step);
+  stage_step(step);
   if (graph_exec_ && kept_ != graph_kept_) {
     // random-LTD's kept count changed: the kernels' shapes did, so the graph is captured again
     // for the new count (it grows by the schedule: one capture per value it takes).

@@ -55,7 +55,8 @@ class GpuEngine final : public TrainBackend {
   // reduction: this rank's own gradients); returns the mean loss. Gradients stay in the flat
   // gradient buffer. After a ZeRO 1-2 step only this rank's partition of it is reduced; stage 3
   // keeps this rank's unreduced gradients there (the reduced ones are in its gradient shard).
-  // `drop_step` > 0: with random-LTD's selection of that (1-based) step; 0: every token.
+  // `drop_step` > 0: with random-LTD's selection of that (1-based) step; 0: every token. BERT's
+  // dropout draws the masks of step `drop_step` (0 included).
   double forward_backward(const std::int32_t* tokens, const std::int32_t* labels, int drop_step = 0);
   std::vector<float> download_grads() const;   // flat, as float (stage 3: from the padded layout)
   // The MoE blocks' routing of the last forward_backward() or step() (empty for a dense model).
@@ -138,6 +139,11 @@ class GpuEngine final : public TrainBackend {
   // every unit). comp_: the bf16 master's compensation (plan_.compensation), sized like m_ in bf16.
   Buffer params_, grads_, master_, comp_, m_, v_, grad_shard_;
   Buffer tokens_d_, labels_d_, flags_d_, norm_scratch_;
+  // BERT: the optimizer step its dropout masks are drawn for, staged like the tokens (pinned host
+  // word copied to the device word inside the captured part, so a replay reads the new step).
+  Buffer step_d_;
+  std::uint32_t* step_h_ = nullptr;
+  void stage_step(int step);
   // Lamb: the packed tensor table and the workspace (partials, ratios, counters) of lamb_step.
   Buffer lamb_table_, lamb_ws_;
   kernels::LambDeviceTable lamb_;

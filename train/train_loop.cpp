@@ -14,6 +14,7 @@
 
 #include "data/batch_sampler.h"
 #include "data/data_loader.h"
+#include "data/mlm_sampler.h"
 #include "parallel/rank_grid.h"
 #include "runtime/allocator.h"
 #include "runtime/comm/launch_env.h"
@@ -106,6 +107,7 @@ void check_checkpoint_shape(const model::ModelDims& run, const model::ModelDims&
   same("--vocab_size", "vocab_size", run.vocab, ck.vocab);
   same("--pad_vocab", "embedding_rows", run.vocab_rows(), ck.vocab_rows());
   same("--seq_length", "max_seq_len", run.max_seq, ck.max_seq);
+  if (run.arch == model::Arch::Bert) same("--bert_config", "ffn_dim", run.ffn(), ck.ffn());
 }
 
 // Host bytes of the state's snapshot (train/state_snapshot.h): every persistent buffer of the
@@ -178,7 +180,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                 ": expected --save DIR with it, found none");
   CUTRAIN_CHECK(!o.accept_legacy_checkpoint || !o.resume_dir.empty(),
                 "train: --accept_legacy_checkpoint: expected --resume DIR with it, found none");
-  const bool next_token = o.use_real_data && o.labels != LabelsChoice::Identity;
+  bool next_token = o.use_real_data && o.labels != LabelsChoice::Identity;
 
   // Data parallel (cutrain launch, torchrun, mpirun, Slurm): the backend makes the communicator from
   // the same variables (NCCL on GPUs, the host communicator on the CPU backend); here they size the
@@ -214,6 +216,33 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     take_llmc_shape(o, *llmc);
   }
   const bool gpt2 = o.model == model::Arch::Gpt2;
+  // --model bert: the model, the sequence length and the masked-LM cap from --bert_config and
+  // bing_bert's flags (train/bert_options.h); a shape flag that says otherwise is an error.
+  const bool bert = o.model == model::Arch::Bert;
+  std::optional<BertSetup> bert_setup;
+  if (bert) {
+    CUTRAIN_CHECK(o.attention != AttentionChoice::Causal,
+                  "train: --attention causal with --model bert: BERT's encoder is bidirectional ([PAD] keys masked)");
+    CUTRAIN_CHECK(o.labels == LabelsChoice::Auto, "train: --labels ", name(o.labels),
+                  " with --model bert: BERT trains on masked-LM labels (docs/bert.md, \"Data\")");
+    const int pad = o.pad_vocab > 0 ? o.pad_vocab : 128;
+    bert_setup = load_bert_config(o.bert, o.seq_length, pad);
+    const model::ModelDims& d = bert_setup->dims;
+    const TrainOptions::ShapeGiven& g = o.shape_given;
+    auto agree = [&](bool given, const char* flag, int v, const char* key, int want) {
+      CUTRAIN_CHECK(!given || v == want, "train: ", flag, " ", v, " contradicts --bert_config ", o.bert.config.string(),
+                    " (", key, " ", want, "); with --model bert the shape comes from the file: leave ", flag, " out");
+      return want;
+    };
+    o.hidden_dim = agree(g.hidden_dim, "--hidden_dim", o.hidden_dim, "hidden_size", d.hidden);
+    o.num_layers = agree(g.num_layers, "--num_layers", o.num_layers, "num_hidden_layers", d.layers);
+    o.num_heads = agree(g.num_heads, "--num_heads", o.num_heads, "heads", d.heads);
+    o.vocab_size = agree(g.vocab_size, "--vocab_size", o.vocab_size, "the vocabulary: GPT-2's + [MASK] + [PAD]", d.vocab);
+    o.seq_length = bert_setup->seq_len;
+    o.max_seq_len = d.max_seq;
+    o.pad_vocab = pad;
+    next_token = false;
+  }
   CUTRAIN_CHECK(!gpt2 || o.attention != AttentionChoice::Bidirectional,
                 "train: --model gpt2 is causal; --attention bidirectional is for --model simple");
   CUTRAIN_CHECK((o.init_from_hf.empty() && o.save_hf.empty()) || gpt2, "train: --init_from_hf / --save_hf ",
@@ -224,10 +253,12 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                 "--gpt2_size, --init_from_llmc), found --model ", name(o.model));
   CUTRAIN_CHECK(o.max_seq_len == 0 || o.seq_length <= o.max_seq_len, "train: --seq_length ", o.seq_length,
                 " is longer than --max_seq_len ", o.max_seq_len);
-  const bool causal = gpt2 || o.attention == AttentionChoice::Causal ||
-                      (o.attention == AttentionChoice::Auto && next_token);
+  const bool causal = !bert && (gpt2 || o.attention == AttentionChoice::Causal ||
+                      (o.attention == AttentionChoice::Auto && next_token));
 
   TrainConfig cfg = load_config(o.deepspeed_config);
+  CUTRAIN_CHECK(!bert || !cfg.fp16.enabled, "train: ", o.deepspeed_config.string(), ": fp16.enabled: true with --model "
+                "bert: fp16 training is not implemented yet; bf16 is what trains (bf16.enabled: true)");
   for (const auto& w : cfg.warnings) out << "[Rank 0] warning: " << w << "\n";
   const int log_interval = o.log_interval.value_or(cfg.steps_per_print.value_or(kDefaultLogInterval));
   ProfilingOptions profiling = o.profiling;
@@ -243,6 +274,25 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     loss_log.append("step,loss\n");
   }
   if (env.rank == 0 && !o.metrics_file.empty()) metrics_log = LineLog("--metrics_file", o.metrics_file);
+  if (bert) {
+    // The micro-batch: the config's train_micro_batch_size_per_gpu unless --batch_size is given
+    // (then they must agree), checked against DeepSpeedTransformerConfig's batch_size.
+    const std::optional<int> micro = cfg.train_micro_batch_size_per_gpu;
+    std::string source = "--batch_size";
+    if (micro && !o.batch_size_given) {
+      o.batch_size = *micro;
+      source = "train_micro_batch_size_per_gpu of " + o.deepspeed_config.string();
+    }
+    CUTRAIN_CHECK(!micro || *micro == o.batch_size, "train: --batch_size ", o.batch_size,
+                  " contradicts train_micro_batch_size_per_gpu ", micro.value_or(0), " of ", o.deepspeed_config.string(),
+                  " (leave --batch_size out to take the config's)");
+    check_bert_batch(*bert_setup, o.batch_size, source);
+    for (const auto& n : bert_setup->notes) out << "[Rank 0] note: " << n << "\n";
+    if (bert_setup->seed && *bert_setup->seed != o.seed)
+      out << "[Rank 0] note: " << bert_setup->origin << ": seed " << *bert_setup->seed
+          << ": read but not acted on (init, dropout and data draw from --seed " << o.seed << ")\n";
+    out << "[Rank 0] " << describe_bert(*bert_setup) << "\n";
+  }
   // The command line's batch size is the micro batch (the BF16 example passes the same 4 to both).
   if (!cfg.train_micro_batch_size_per_gpu) cfg.train_micro_batch_size_per_gpu = o.batch_size;
   // The ranks are pipeline stages x data-parallel replicas; the batch is the replicas'.
@@ -270,6 +320,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   // DeepSpeed's pipeline grid, rank = stage x dp + replica (train/cpu_pipeline.h).
   const parallel::RankGrid grid = parallel::make_rank_grid(env.world_size, pp, tp, "--pipeline_parallel_size", tp_flag);
   const int dp_world = grid.dp, dp_rank = grid.coord(env.rank).replica;
+  CUTRAIN_CHECK(!bert || (pp == 1 && tp == 1), "train: --model bert trains on one process or data parallel: expected "
+                "no pipeline or tensor parallelism, found --pipeline_parallel_size ", pp, " and ", tp_flag, " ", tp);
   cfg.resolve_batch(dp_world);
   if (o.learning_rate) cfg.optimizer.lr = *o.learning_rate;
   const LrSchedule schedule = LrSchedule::from_config(cfg);
@@ -291,7 +343,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     out << "[Rank 0] --use_real_data: vocab_size " << vocab << " -> " << kGpt2Vocab << " (the GPT-2 tokenizer's)\n";
     vocab = kGpt2Vocab;
   }
-  bo.dims = model::ModelDims{o.hidden_dim, o.num_layers, o.num_heads, vocab, o.max_seq_len ? o.max_seq_len : o.seq_length};
+  bo.dims = bert ? bert_setup->dims
+                 : model::ModelDims{o.hidden_dim, o.num_layers, o.num_heads, vocab, o.max_seq_len ? o.max_seq_len : o.seq_length};
   bo.dims.arch = o.model;
   // GPT-2 pads its vocabulary to a multiple of 128 as llm.c does (50257 -> 50304) unless told.
   if (gpt2 && !o.shape_given.pad_vocab && o.pad_vocab == 0) o.pad_vocab = 128;
@@ -326,6 +379,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     if (o.moe.num_experts.empty() && o.moe.given.empty()) bo.dims.moe = resume_dims.moe;
     check_checkpoint_moe(bo.dims.moe, resume_dims.moe, (resume->folder / kCheckpointConfigFile).string());
   }
+  CUTRAIN_CHECK(!bert || !bo.dims.moe.any(), "train: --num_experts with --model bert: BERT's MoE blocks are not built");
   if (bo.dims.moe.any()) {
     CUTRAIN_CHECK(tp == 1, "train: --num_experts with ", tp_flag, " ", tp,
                   ": tensor parallelism of MoE blocks is not built; MoE trains on one process or data parallel");
@@ -343,6 +397,9 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
 
   const RandomLtdConfig& ltd = cfg.data_efficiency.random_ltd;
   const bool ltd_on = cfg.data_efficiency.random_ltd_active();
+  CUTRAIN_CHECK(!bert || (!ltd_on && !cfg.data_efficiency.curriculum_active()), "train: ", o.deepspeed_config.string(),
+                ": data_efficiency with --model bert: random-LTD and the curriculum are built for the GPT-style "
+                "windows, not for masked-LM samples; expected them off");
   {
     RandomLtdRun run{bo.dims.layers, o.seq_length, causal, {}, pp, tp};
     for (int l = 0; l < bo.dims.layers; ++l)
@@ -358,7 +415,35 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   std::unique_ptr<data::BatchSampler> sampler, eval_sampler;
   std::optional<CurriculumSetup> curriculum;
   int eval_batches = 0;
-  if (o.use_real_data) {
+  // BERT: masked-LM samples from the shards, or synthetic ones (data/mlm_sampler.h). Rows padded to
+  // S: both backends take a fixed [B, S] (the GPU engine's CUDA graph has one shape).
+  std::unique_ptr<data::MlmSampler> mlm, eval_mlm;
+  if (bert) {
+    data::MlmOptions mo;
+    if (o.use_real_data) mo.patterns = o.data;
+    mo.batch_size = o.batch_size;
+    mo.seq_len = o.seq_length;
+    mo.seed = o.seed;
+    mo.rule = data::MlmRule{bert_setup->max_predictions, kBertMaskId, kBertPadId, kBertEot};
+    mo.vocab_size = kGpt2Vocab;
+    mo.eot = kBertEot;
+    mlm = std::make_unique<data::MlmSampler>(mo);
+    if (o.use_real_data)
+      out << "[Rank 0] Dataset loaded: " << mlm->num_tokens() << " tokens, " << mlm->num_documents() << " documents, "
+          << mlm->num_samples() << " masked-LM samples of at most " << o.seq_length << " tokens\n";
+    else
+      out << "[Rank 0] Synthetic masked-LM samples: random real tokens, lengths uniform in [" << std::max(1, o.seq_length / 2)
+          << ", " << o.seq_length << "]\n";
+    if (!o.eval_data.empty()) {
+      mo.patterns = o.eval_data;
+      mo.shuffle = false;  // the same samples and masks every evaluation
+      eval_mlm = std::make_unique<data::MlmSampler>(mo);
+      eval_batches = int(std::min<std::int64_t>(o.eval_steps, eval_mlm->num_samples() / o.batch_size));
+      out << "[Rank 0] Validation data: " << eval_mlm->num_tokens() << " tokens, " << eval_mlm->num_samples()
+          << " masked-LM samples, " << eval_batches << " batches per evaluation\n";
+    }
+  }
+  if (o.use_real_data && !bert) {
     data::SamplerOptions so;
     so.patterns = o.data;
     so.batch_size = o.batch_size;
@@ -392,12 +477,17 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       out << "\n";
     }
   }
+  if (bert)
+    out << "[Rank 0] Objective: masked LM (15% of each sample's real tokens, at most " << bert_setup->max_predictions
+        << ": 80% [MASK], 10% a random token, 10% kept), " << (o.use_real_data ? "token shards" : "synthetic samples")
+        << ", rows padded with [PAD] to " << o.seq_length << ", bidirectional attention\n";
+  else
   out << "[Rank 0] Objective: " << (o.use_real_data ? (next_token ? "next-token labels" : "labels = input ids")
                                                      : "random tokens and labels")
       << ", " << (causal ? "causal" : "bidirectional") << " attention\n";
   // Before the engine allocates: measures the device's peaks when --timing_report is on.
   StepProfiler prof(profiling, model::TransformerParams(bo.dims), bo.batch, bo.seq, accum, bo.causal, o.device == TrainDevice::Cuda);
-  out << "[Rank 0] Creating " << (gpt2 ? "GPT-2 (pre-LN, tied head, tanh GELU)" : "model") << " with hidden_dim=" << o.hidden_dim << ", num_layers=" << o.num_layers
+  out << "[Rank 0] Creating " << (gpt2 ? "GPT-2 (pre-LN, tied head, tanh GELU)" : bert ? "BERT (masked-LM head tied to the word embedding)" : "model") << " with hidden_dim=" << o.hidden_dim << ", num_layers=" << o.num_layers
       << ", num_heads=" << o.num_heads << ", vocab_size=" << vocab << "\n";
   std::unique_ptr<TrainBackend> be =
       o.device == TrainDevice::Cpu ? make_cpu_backend(bo, cfg) : make_gpu_backend(bo, cfg);
@@ -581,7 +671,14 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
         if (i >= first && i < first + per_step) (*v)[i - first] = x;
       }
   };
-  if (o.fixed_batch) sampler ? draw_real(first_step) : draw();
+  // BERT: micro-batch a of this rank at `step` is number (step x world + rank) x accumulation + a of
+  // the masked-LM stream: a pure function of the step (resume), the global batch dealt by rank.
+  auto draw_mlm = [&](int step) {
+    for (int a = 0; a < accum; ++a)
+      mlm->fill((std::int64_t(step) * dp_world + dp_rank) * accum + a, tokens.data() + a * per_micro,
+                labels.data() + a * per_micro);
+  };
+  if (o.fixed_batch) mlm ? draw_mlm(first_step) : sampler ? draw_real(first_step) : draw();
 
   // Validation: the mean of the first eval_batches batches' mean losses (every batch has B*S
   // targets, so this is the mean over all targets), and its exponential.
@@ -591,7 +688,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     e.after_step = after_step;
     e.batches = eval_batches;
     for (int b = 0; b < eval_batches; ++b) {
-      eval_sampler->fill(b, eval_tokens.data(), eval_labels.data());
+      if (eval_mlm) eval_mlm->fill(b, eval_tokens.data(), eval_labels.data());
+      else eval_sampler->fill(b, eval_tokens.data(), eval_labels.data());
       e.loss += be->eval_loss(eval_tokens.data(), eval_labels.data()) / eval_batches;
     }
     e.perplexity = std::exp(e.loss);
@@ -600,7 +698,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
         << " batches of " << o.batch_size << " x " << o.seq_length << ")\n";
     return e;
   };
-  if (eval_sampler) res.evals.push_back(evaluate(first_step - 1));
+  const bool evaluating = eval_sampler || eval_mlm;
+  if (evaluating) res.evals.push_back(evaluate(first_step - 1));
 
   res.params = nparams;
   // random-LTD's consumed layer tokens (the global batch's): the steps before a resume from the
@@ -617,7 +716,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   double progress_time = 0;
   prof.set_steps(first_step, last, o.warmup_steps);
   for (int step = first_step; step <= last; ++step) {
-    if (!o.fixed_batch) sampler ? draw_real(step) : draw();
+    if (!o.fixed_batch) mlm ? draw_mlm(step) : sampler ? draw_real(step) : draw();
     const float lr = schedule.lr(step);
     prof.begin_step(step);
     const bool writing = writer && writer->in_flight();  // a background write shares the machine
@@ -652,7 +751,9 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     consumed_layer_tokens += layer_tokens;
     if (step % log_interval == 0 || step == last) {
       out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
-          << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak) << "\n";
+          << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak);
+      if (bert) out << ", samples/s=" << fixed(double(global_seqs) / dt, 1);
+      out << "\n";
       for (const model::MoeBlockStats& m : st.moe)
         out << "[Rank 0] Step " << step << ": moe block " << m.layer << " l_aux=" << fixed(m.l_aux, 4)
             << ", dropped=" << m.dropped << ", capacity=" << m.capacity << ", expert load min=" << m.min_load
@@ -668,7 +769,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
             << " of " << curriculum->draw->sorted.size() << "\n";
       }
     }
-    const bool eval_now = eval_sampler && (step == last || (o.eval_interval > 0 && (step + 1) % o.eval_interval == 0));
+    const bool eval_now = evaluating && (step == last || (o.eval_interval > 0 && (step + 1) % o.eval_interval == 0));
     if (eval_now) res.evals.push_back(evaluate(step));
     if (metrics_log.is_open()) {
       nlohmann::json j = {{"step", step},
@@ -678,6 +779,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                           {"skipped", st.skipped},
                           {"step_time_s", dt},
                           {"tokens_per_s", double(per_step) / dt},
+                          {"samples_per_s", double(global_seqs) / dt},
                           {"allocated_bytes", mem.allocated},
                           {"reserved_bytes", mem.reserved},
                           {"peak_bytes", mem.peak}};
@@ -734,6 +836,9 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   out << "  Parameters: " << with_commas(nparams) << "\n";
   out << "  Batch size: " << o.batch_size << ", Seq length: " << o.seq_length << "\n";
   out << "  Average step time: " << fixed(res.avg_step_time, 3) << "s\n";
+  if (bert && res.avg_step_time > 0)
+    out << "  Samples/s: " << fixed(double(global_seqs) / res.avg_step_time, 1) << " (" << global_seqs
+        << " sequences of at most " << o.seq_length << " tokens per step)\n";
   out << "  Peak memory: " << format_gb(fin.peak) << "\n";
   out << "  Final allocated memory: " << format_gb(fin.allocated) << "\n";
   if (const std::string tps = be->run_summary(); !tps.empty()) out << "  Rank 0's " << tps << "\n";

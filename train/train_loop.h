@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "train/bert_options.h"
 #include "train/choices.h"
 #include "train/moe_options.h"
 #include "train/step_profiler.h"
@@ -74,6 +75,11 @@ struct TrainOptions {
   bool fixed_batch = false;  // reuse the first batch every step (a loss that must fall)
   ProfilingOptions profiling;  // --timing_report, --profile_steps (docs/profiling.md)
   MoeOptions moe;              // --num_experts, --moe_* (train/moe_options.h; docs/moe.md)
+  // --model bert: --bert_config and bing_bert's flags (train/bert_options.h; docs/bert.md).
+  BertFlags bert;
+  // Whether --batch_size was given: BERT runs take the DeepSpeed config's
+  // train_micro_batch_size_per_gpu when it was not (a library caller's value counts as given).
+  bool batch_size_given = true;
 };
 
 struct EvalPoint {

@@ -69,7 +69,11 @@ const std::map<std::string, Setter>& setters() {
     integer("vocab_size", &O::vocab_size, &G::vocab_size);
     integer("seq_length", &O::seq_length, &G::seq_length);
     integer("pad_vocab", &O::pad_vocab, &G::pad_vocab);
-    integer("batch_size", &O::batch_size);
+    t["batch_size"] = [](O& o, nb::handle v) {
+      if (nb::isinstance<nb::bool_>(v)) throw nb::type_error("train: batch_size must be an int, got bool");
+      o.batch_size = as<int>(v, "batch_size", "an int");
+      o.batch_size_given = true;
+    };
     integer("max_seq_len", &O::max_seq_len);
     integer("num_steps", &O::num_steps);
     integer("warmup_steps", &O::warmup_steps);
@@ -108,6 +112,17 @@ const std::map<std::string, Setter>& setters() {
     t["save_mode"] = [](O& o, nb::handle v) {
       o.save_mode = train::parse_choice(train::kSaveModes, as<std::string>(v, "save_mode", "a str"), "save_mode");
     };
+    // model="bert" (docs/bert.md): the model config and bing_bert's flags.
+    t["bert_config"] = [](O& o, nb::handle v) { o.bert.config = as<std::string>(nb::str(v), "bert_config", "a path"); };
+    t["max_seq_length"] = [](O& o, nb::handle v) { o.bert.max_seq_length = as<int>(v, "max_seq_length", "an int"); };
+    t["max_predictions_per_seq"] = [](O& o, nb::handle v) {
+      o.bert.max_predictions_per_seq = as<int>(v, "max_predictions_per_seq", "an int");
+    };
+    for (auto [k, f] : {std::pair{"stochastic_mode", &train::BertFlags::stochastic_mode},
+                        std::pair{"normalize_invertible", &train::BertFlags::normalize_invertible},
+                        std::pair{"gelu_checkpoint", &train::BertFlags::gelu_checkpoint},
+                        std::pair{"attention_dropout_checkpoint", &train::BertFlags::attention_dropout_checkpoint}})
+      t[k] = [k, f](O& o, nb::handle v) { o.bert.*f = as<bool>(v, k, "a bool"); };
     t["model"] = [](O& o, nb::handle v) {
       o.model = train::parse_choice(train::kModelArchs, as<std::string>(v, "model", "a str"), "model");
     };
@@ -127,6 +142,7 @@ nb::dict train_py(const std::string& config, nb::dict flags, bool quiet) {
   // A library caller's shape is "given" only for the keywords it passes (a --resume takes the
   // checkpoint's shape for the others, as `cutrain train` does).
   o.shape_given = {false, false, false, false, false, false};
+  o.batch_size_given = false;
   o.deepspeed_config = config;
   for (auto [k, v] : flags) {
     const std::string key = nb::cast<std::string>(nb::str(k));

@@ -80,6 +80,21 @@ def test_train_bad_input(tmp_path):
     assert "num_steps" in cutrain.train_flags()
 
 
+def test_train_bert():
+    """model="bert": the model from bert_config, the micro-batch from the DeepSpeed config (4), seeded losses."""
+    bert = dict(model="bert", bert_config=os.path.join(ROOT, "configs", "bert_tiny.json"), device="cpu",
+                max_seq_length=16, num_steps=2, warmup_steps=1, quiet=True)
+    cfg = os.path.join(ROOT, "configs", "bert_tiny_lamb.json")
+    a = cutrain.train(config=cfg, **bert)
+    b = cutrain.train(config=cfg, **bert)
+    assert a["losses"] == b["losses"] and all(np.isfinite(a["losses"]))
+    assert 9.0 < a["losses"][0] < 12.0  # about ln(50259): the masked-LM head over GPT-2's tokens + 2
+    with open(cfg) as f:
+        micro2 = {**json.load(f), "train_micro_batch_size_per_gpu": 2}
+    with pytest.raises(cutrain.Error, match="batch_size: expected the run's micro-batch 2 .*found 4"):
+        cutrain.train(config=micro2, **bert)  # bert_tiny.json's DeepSpeedTransformerConfig batch_size is 4
+
+
 def test_load_checkpoint_bad_input(tmp_path):
     with pytest.raises(cutrain.Error, match="nothing"):
         cutrain.load_checkpoint(str(tmp_path / "nothing"))

@@ -1,0 +1,306 @@
+// BERT (Arch::Bert) on the GPU against the CPU reference model: the loss and every parameter
+// gradient (the tied decoder's share in the word embedding included) of Pre-LN and Post-LN models
+// on padded batches, dropout off and on (the same keys draw the same masks), with each memory flag
+// and with activation checkpointing; the evaluation forward (no dropout); each flag's workspace
+// saving is exactly bert_flag_savings' and changes no result; in the engine with LAMB, two steps
+// draw different masks while CUDA-graph replays (the step read from device memory) give the
+// eager steps' losses, and activation checkpointing the same losses as none.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "model/reference_model.h"
+#include "model/transformer_gpu.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "tests/support/test_support.h"
+#include "train/config.h"
+#include "train/engine.h"
+
+using namespace cutrain;
+
+namespace {
+
+constexpr int kB = 2, kS = 64;
+
+// vocab 1000: tokens 0..997, [MASK] 998, [PAD] 999; 1024 embedding rows. `attention_options`
+// false: no pad token (no key mask) and no attention dropout, the plain attention path.
+model::ModelDims bert_dims(bool pre_ln, bool dropout, bool attention_options = true) {
+  model::ModelDims d{128, 2, 2, 1000, 64};
+  d.padded_vocab = 1024;
+  d.intermediate = 384;
+  d.arch = model::Arch::Bert;
+  d.bert.pre_layer_norm = pre_ln;
+  d.bert.attn_dropout_ratio = dropout ? 0.1f : 0.f;
+  d.bert.hidden_dropout_ratio = dropout ? 0.1f : 0.f;
+  d.bert.initializer_range = 0.05;  // a little away from uniform outputs
+  d.bert.mask_id = 998;
+  d.bert.pad_id = 999;
+  if (!attention_options) {
+    d.bert.pad_id = -1;
+    d.bert.attn_dropout_ratio = 0.f;
+  }
+  return d;
+}
+
+// Masked-LM batches: sequence b > 0 padded over its last 16·b positions; some real positions
+// replaced by [MASK] with a label, about 15% of them labelled, -100 elsewhere.
+struct Batch {
+  std::vector<std::int32_t> tok, lab;
+};
+Batch mlm_batch(int micro_batches, std::mt19937_64& rng, bool pad = true) {
+  const int n = micro_batches * kB * kS;
+  Batch b{test::random_ints(std::size_t(n), rng, 0, 997), std::vector<std::int32_t>(std::size_t(n), -100)};
+  std::uniform_real_distribution<double> u(0, 1);
+  std::uniform_int_distribution<int> word(0, 997);
+  for (int m = 0; m < n; ++m) {
+    const int seq = (m / kS) % kB, t = m % kS;
+    if (pad && seq > 0 && t >= kS - 16 * seq) {
+      b.tok[std::size_t(m)] = 999;
+      continue;
+    }
+    if (u(rng) < 0.15) {
+      b.lab[std::size_t(m)] = b.tok[std::size_t(m)];
+      if (u(rng) < 0.8) b.tok[std::size_t(m)] = 998;
+    }
+  }
+  b.lab[0] = 5;
+  return b;
+}
+
+enum class Variant { Plain, NormalizeInvertible, GeluCheckpoint, AttnDropoutCheckpoint, Checkpointing };
+const char* variant_name(Variant v) {
+  switch (v) {
+    case Variant::Plain: return "Plain";
+    case Variant::NormalizeInvertible: return "NormalizeInvertible";
+    case Variant::GeluCheckpoint: return "GeluCheckpoint";
+    case Variant::AttnDropoutCheckpoint: return "AttnDropoutCheckpoint";
+    case Variant::Checkpointing: return "Checkpointing";
+  }
+  return "?";
+}
+model::ModelDims with_variant(model::ModelDims d, Variant v) {
+  d.bert.normalize_invertible = v == Variant::NormalizeInvertible;
+  d.bert.gelu_checkpoint = v == Variant::GeluCheckpoint;
+  d.bert.attn_dropout_checkpoint = v == Variant::AttnDropoutCheckpoint;
+  return d;
+}
+
+// One forward_backward (fp32 gradients) and one forward_loss of GpuTransformer on bf16 params.
+struct GpuRun {
+  double loss = 0, eval_loss = 0;
+  std::vector<float> grads;
+  std::size_t workspace = 0;
+};
+GpuRun run_gpu(const model::TransformerParams& table, bool checkpointing, const std::vector<float>& params,
+               const Batch& b, std::uint64_t seed, std::uint32_t step) {
+  Stream stream;
+  model::GpuTransformer m(table, kB, kS, checkpointing, false, device_allocator());
+  m.set_dropout(seed, step);
+  std::vector<bf16> pb(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) pb[i] = to_bf16(params[i]);
+  test::DeviceArray<bf16> dp(pb);
+  test::DeviceArray<float> dg(table.flat_size()), dloss(2);
+  test::DeviceArray<std::int32_t> dtok(b.tok), dlab(b.lab), dstatus(std::vector<std::int32_t>(4, 0));
+  model::FlatParams flat(table, dp.get());
+  m.forward_backward(stream, flat, dg.get(), DType::F32, false, dtok.get(), dlab.get(), 1.f, dloss.get(),
+                     dstatus.get());
+  m.forward_loss(stream, flat, dtok.get(), dlab.get(), dloss.get() + 1, dstatus.get() + 2);
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<std::int32_t> status = dstatus.download();
+  for (int s : status) EXPECT_EQ(s, 0) << "token or label status";
+  GpuRun r;
+  const std::vector<float> loss = dloss.download();
+  r.loss = loss[0];
+  r.eval_loss = loss[1];
+  // The tensors' elements (the flat buffer's alignment padding is never written: 0 here).
+  const std::vector<float> all = dg.download();
+  r.grads.assign(all.size(), 0.f);
+  for (const auto& t : table.tensors()) std::copy_n(all.begin() + t.offset, t.count, r.grads.begin() + t.offset);
+  r.workspace = m.workspace_bytes();
+  return r;
+}
+
+// The table's init, rounded to bf16 (what both models then compute with).
+std::vector<float> bf16_params(const model::TransformerParams& table, std::uint64_t seed) {
+  std::vector<float> p(table.flat_size());
+  table.init(p.data(), seed);
+  for (float& x : p) x = round_bf16(x);
+  return p;
+}
+
+struct Case {
+  bool pre_ln, dropout;
+  Variant variant;
+  bool attention_options = true;  // padding (key mask) and attention dropout
+};
+class BertGpu : public ::testing::TestWithParam<Case> {};
+
+}  // namespace
+
+TEST_P(BertGpu, LossAndEveryGradientMatchTheReference) {
+  CUTRAIN_REQUIRE_GPU();
+  const Case c = GetParam();
+  auto rng = test::fresh_rng();
+  const model::TransformerParams table(
+      with_variant(bert_dims(c.pre_ln, c.dropout, c.attention_options), c.variant));
+  const std::vector<float> p = bf16_params(table, rng());
+  const Batch b = mlm_batch(1, rng, c.attention_options);
+  const std::uint64_t seed = rng();
+  const GpuRun g = run_gpu(table, c.variant == Variant::Checkpointing, p, b, seed, 3);
+  EXPECT_EQ(test::count_nan(g.grads), 0u) << "gradient elements left unwritten (poison) or non-finite";
+
+  std::vector<double> pd(p.begin(), p.end()), gd(p.size(), 0.0);
+  model::ReferenceModel<double> ref(table);
+  ref.set_dropout(seed, 3);
+  const double ref_loss = ref.forward(pd.data(), b.tok.data(), b.lab.data(), kB, kS);
+  ref.backward(pd.data(), gd.data());
+  EXPECT_NEAR(g.loss, ref_loss, 1e-2 * ref_loss);
+  for (const auto& t : table.tensors()) {
+    std::vector<float> out(g.grads.begin() + t.offset, g.grads.begin() + t.offset + t.count);
+    std::vector<double> want(gd.begin() + t.offset, gd.begin() + t.offset + t.count);
+    EXPECT_LE(test::rel_error(out, want), 2e-2) << t.name;
+  }
+  const auto& wte = table.tensor(table.embedding());
+  for (std::size_t i = std::size_t(table.dims().vocab) * table.dims().hidden; i < wte.count; ++i)
+    ASSERT_EQ(g.grads[wte.offset + i], 0.f) << "padded row element " << i;
+  ref.set_training(false);
+  const double ref_eval = ref.forward(pd.data(), b.tok.data(), b.lab.data(), kB, kS);
+  EXPECT_NEAR(g.eval_loss, ref_eval, 1e-2 * ref_eval) << "evaluation (no dropout)";
+  if (c.dropout) {
+    EXPECT_NE(g.loss, g.eval_loss) << "training dropped nothing";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Bert, BertGpu,
+    ::testing::Values(Case{true, false, Variant::Plain}, Case{true, true, Variant::Plain},
+                      Case{false, false, Variant::Plain}, Case{false, true, Variant::Plain},
+                      Case{true, true, Variant::NormalizeInvertible}, Case{false, true, Variant::NormalizeInvertible},
+                      Case{true, true, Variant::GeluCheckpoint}, Case{false, true, Variant::GeluCheckpoint},
+                      Case{true, true, Variant::AttnDropoutCheckpoint}, Case{true, true, Variant::Checkpointing},
+                      Case{false, true, Variant::Checkpointing},
+                      // Without a pad token and attention dropout (the plain attention): hidden dropout only.
+                      Case{true, true, Variant::Plain, false}, Case{false, true, Variant::Plain, false},
+                      Case{true, true, Variant::GeluCheckpoint, false}, Case{false, true, Variant::Checkpointing, false}),
+    [](const auto& i) {
+      return std::string(i.param.pre_ln ? "PreLN" : "PostLN") + (i.param.dropout ? "Dropout" : "NoDropout") +
+             variant_name(i.param.variant) + (i.param.attention_options ? "" : "Unpadded");
+    });
+
+// Each flag against none: the workspace smaller by exactly the predicted bytes, the forward the
+// same bits, the gradients the same (gelu_checkpoint and attn_dropout_checkpoint: the same bits;
+// normalize_invertible: the backward from the output rounds differently).
+TEST(BertGpuMemory, EachFlagSavesThePredictedBytes) {
+  CUTRAIN_REQUIRE_GPU();
+  for (bool pre_ln : {true, false})
+    for (bool ckpt : {false, true}) {
+      auto rng = test::fresh_rng();
+      const model::ModelDims base = bert_dims(pre_ln, true);
+      const model::TransformerParams t0(base);
+      const std::vector<float> p = bf16_params(t0, rng());
+      const Batch b = mlm_batch(1, rng);
+      const GpuRun g0 = run_gpu(t0, ckpt, p, b, 17, 2);
+      const auto saved = model::GpuTransformer::bert_flag_savings(base, kB, kS, ckpt);
+      struct Flag {
+        Variant v;
+        std::size_t bytes;
+        bool same_bits;
+      };
+      for (const Flag f : {Flag{Variant::NormalizeInvertible, saved.normalize_invertible, false},
+                           Flag{Variant::GeluCheckpoint, saved.gelu_checkpoint, true},
+                           Flag{Variant::AttnDropoutCheckpoint, saved.attn_dropout_checkpoint, true}}) {
+        const std::string what = std::string(variant_name(f.v)) + (pre_ln ? " pre-LN" : " post-LN") +
+                                 (ckpt ? " checkpointing" : "");
+        const model::TransformerParams t(with_variant(base, f.v));
+        const GpuRun g = run_gpu(t, ckpt, p, b, 17, 2);
+        EXPECT_EQ(g0.workspace - g.workspace, f.bytes) << what;
+        EXPECT_EQ(g.loss, g0.loss) << what;
+        EXPECT_EQ(g.eval_loss, g0.eval_loss) << what;
+        if (f.same_bits) EXPECT_EQ(g.grads, g0.grads) << what;
+        else EXPECT_LE(test::rel_error(g.grads, g0.grads), 2e-2) << what;
+      }
+      const std::size_t M = kB * kS, h = 128, F = 384, sets = ckpt ? 1 : 2;
+      EXPECT_EQ(saved.gelu_checkpoint, sets * M * F * 2);
+      EXPECT_EQ(saved.normalize_invertible, (sets * (pre_ln ? 1 : 2) + 1) * M * h * 2);
+      EXPECT_EQ(saved.attn_dropout_checkpoint, 0u);
+    }
+}
+
+namespace {
+
+train::BackendOptions bert_engine(std::uint64_t seed, bool pre_ln) {
+  train::BackendOptions o;
+  o.dims = bert_dims(pre_ln, true);
+  o.batch = kB;
+  o.seq = kS;
+  o.seed = seed;
+  o.cuda_graph = true;
+  return o;
+}
+
+// configs/lamb.json's optimizer (the BERT tutorial's LAMB) at this test's micro-batch.
+train::TrainConfig lamb_config(int accumulation) {
+  const std::string text = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )" +
+                           std::to_string(accumulation) + R"(, "gradient_clipping": 1.0,
+      "optimizer": {"type": "Lamb", "params": {"lr": 11e-3, "betas": [0.9, 0.999], "eps": 1e-8,
+      "weight_decay": 0.01, "bias_correction": false, "max_coeff": 0.3, "min_coeff": 0.01}},
+      "bf16": {"enabled": true}, "zero_optimization": {"stage": 0}})";
+  train::TrainConfig c = train::parse_config(text, "test:lamb");
+  c.resolve_batch(1);
+  return c;
+}
+
+}  // namespace
+
+TEST(BertGpuEngine, StepsDrawNewMasksGraphReplaysEqualEagerSteps) {
+  CUTRAIN_REQUIRE_GPU();
+  for (bool pre_ln : {true, false})
+    for (int accum : {1, 2}) {
+      auto rng = test::fresh_rng();
+      train::BackendOptions eager = bert_engine(rng(), pre_ln), graph = eager, ckpt = eager;
+      eager.cuda_graph = false;
+      ckpt.activation_checkpointing = true;
+      const train::TrainConfig cfg = lamb_config(accum);
+      const std::string what = std::string(pre_ln ? "pre-LN" : "post-LN") + " accumulation " + std::to_string(accum);
+      {
+        // The masks are a function of the step: the same params and batch, another step, another loss.
+        train::GpuEngine e(eager, cfg);
+        const Batch b = mlm_batch(accum, rng);
+        const double l1 = e.forward_backward(b.tok.data(), b.lab.data(), 1);
+        EXPECT_EQ(l1, e.forward_backward(b.tok.data(), b.lab.data(), 1)) << what;
+        EXPECT_NE(l1, e.forward_backward(b.tok.data(), b.lab.data(), 2)) << what;
+      }
+      train::GpuEngine a(eager, cfg), g(graph, cfg), c(ckpt, cfg);
+      for (int step = 1; step <= 4; ++step) {
+        const Batch b = mlm_batch(accum, rng);
+        const train::StepStats sa = a.step(b.tok.data(), b.lab.data(), step, 1e-3f);
+        const train::StepStats sg = g.step(b.tok.data(), b.lab.data(), step, 1e-3f);
+        const train::StepStats sc = c.step(b.tok.data(), b.lab.data(), step, 1e-3f);
+        EXPECT_TRUE(std::isfinite(sa.loss)) << what;
+        EXPECT_FALSE(sa.skipped) << what;
+        EXPECT_EQ(sa.loss, sg.loss) << "graph vs eager, step " << step << ", " << what;
+        EXPECT_EQ(sa.grad_norm, sg.grad_norm) << "graph vs eager, step " << step << ", " << what;
+        EXPECT_EQ(sa.loss, sc.loss) << "checkpointing vs none, step " << step << ", " << what;
+        EXPECT_EQ(sa.grad_norm, sc.grad_norm) << "checkpointing vs none, step " << step << ", " << what;
+      }
+      EXPECT_TRUE(g.graph_active()) << what;
+      EXPECT_EQ(a.download_params(), g.download_params()) << what;
+    }
+}
+
+TEST(BertGpuEngine, RefusesWhatItDoesNotImplement) {
+  CUTRAIN_REQUIRE_GPU();
+  model::ModelDims d = bert_dims(true, true);
+  d.moe.experts = {0, 4};
+  EXPECT_THROW(model::TransformerParams{d}, Error);
+  const model::TransformerParams table(bert_dims(true, true));
+  try {
+    model::GpuTransformer m(table, kB, kS, false, false, device_allocator(), false, {1});
+    ADD_FAILURE() << "random-LTD accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("random-LTD"), std::string::npos) << e.what();
+  }
+}
