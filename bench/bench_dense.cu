@@ -32,14 +32,23 @@ std::unique_ptr<Buf> bf16_buf(std::size_t n, std::uint32_t seed, float mean = 0.
 std::string shape(long a, long b) { return std::to_string(a) + "x" + std::to_string(b); }
 
 // ---- LayerNorm ----
-enum class Dir { Fwd, Bwd, FwdBwd };
-const char* dir_name(Dir d) { return d == Dir::Fwd ? "fwd" : d == Dir::Bwd ? "bwd" : "fwdbwd"; }
+// BwdFromOutput: LayerNorm only, the backward from the output (layernorm_backward_from_output,
+// DeepSpeed's normalize_invertible) beside "bwd"; PyTorch has no such op, so no peer row.
+enum class Dir { Fwd, Bwd, FwdBwd, BwdFromOutput };
+const char* dir_name(Dir d) {
+  switch (d) {
+    case Dir::Fwd: return "fwd";
+    case Dir::Bwd: return "bwd";
+    case Dir::FwdBwd: return "fwdbwd";
+    default: return "bwd_from_output";
+  }
+}
 
 void bench_layernorm(benchmark::State& state, int rows, int cols, Dir dir) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n = static_cast<std::size_t>(rows) * cols;
   auto x = bf16_buf(n, 1), res = bf16_buf(n, 2), dy = bf16_buf(n, 3);
-  auto g = bf16_buf(cols, 4, 1.f, 0.2f), b = bf16_buf(cols, 5, 0.f, 0.2f);
+  auto g = bf16_buf(cols, 4, 1.f, 0.2f), b = bf16_buf(cols, 5, 0.f, 0.2f);  // gamma in [0.8, 1.2]: non-zero
   Buf sum(n * 2), y(n * 2), dsum(n * 2), mean(rows * 4), rstd(rows * 4), dg(cols * 4), db(cols * 4);
   Buf scratch(k::layernorm_backward_scratch_bytes(rows, cols));
   auto fwd = [&](cudaStream_t s) {
@@ -51,13 +60,21 @@ void bench_layernorm(benchmark::State& state, int rows, int cols, Dir dir) {
                           nullptr, dsum.as<bf16>(), dg.as<void>(), db.as<void>(), DType::F32, false,
                           scratch.as<void>(), rows, cols);
   };
-  fwd(bench::bench_stream());  // backward reads the forward's sum / mean / rstd
+  auto bwd_from_output = [&](cudaStream_t s) {
+    k::layernorm_backward_from_output(s, dy->as<bf16>(), y.as<bf16>(), rstd.as<float>(), g->as<bf16>(),
+                                      b->as<bf16>(), nullptr, dsum.as<bf16>(), dg.as<void>(), db.as<void>(),
+                                      DType::F32, false, scratch.as<void>(), rows, cols);
+  };
+  fwd(bench::bench_stream());  // backward reads the forward's sum (or y) / mean / rstd
   // Bytes: forward reads x, residual, writes sum, y (+ stats); backward reads dy, sum, writes d_sum
-  // (+ stats, parameter gradients). The partials round trip is ours, not counted.
+  // (+ stats, parameter gradients); from the output: dy, y, d_sum, rstd only, gamma and beta.
+  // The partials round trip is ours, not counted.
   const double fwd_bytes = 8.0 * n + 8.0 * rows + 4.0 * cols;
   const double bwd_bytes = 6.0 * n + 8.0 * rows + 2.0 * cols + 8.0 * cols;
+  const double bwd_out_bytes = 6.0 * n + 4.0 * rows + 4.0 * cols + 8.0 * cols;
   if (dir == Dir::Fwd) bench::run_timed(state, fwd, fwd_bytes, 0);
   else if (dir == Dir::Bwd) bench::run_timed(state, bwd, bwd_bytes, 0);
+  else if (dir == Dir::BwdFromOutput) bench::run_timed(state, bwd_from_output, bwd_out_bytes, 0);
   else bench::run_timed(state, [&](cudaStream_t s) { fwd(s); bwd(s); }, fwd_bytes + bwd_bytes, 0);
 }
 
@@ -119,7 +136,7 @@ void reg(const std::string& name, F fn) {
 int main(int argc, char** argv) {
   struct Shape2 { int rows, cols; };
   for (Shape2 sh : {Shape2{2048, 1024}, Shape2{16384, 4096}})
-    for (Dir d : {Dir::Fwd, Dir::Bwd, Dir::FwdBwd})
+    for (Dir d : {Dir::Fwd, Dir::Bwd, Dir::BwdFromOutput, Dir::FwdBwd})
       reg(std::string("layernorm/") + dir_name(d) + "/" + shape(sh.rows, sh.cols),
           [=](benchmark::State& st) { bench_layernorm(st, sh.rows, sh.cols, d); });
   for (Shape2 sh : {Shape2{2048, 4096}, Shape2{16384, 16384}})

@@ -1,4 +1,9 @@
-// @brief LayerNorm backward (see layernorm.cuh): d_sum and the deterministic dgamma/dbeta.
+// @brief LayerNorm backward (see layernorm.cuh): d_sum and the deterministic dgamma/dbeta, from the
+// LayerNorm input (layernorm_backward) or from its output (layernorm_backward_from_output).
+//
+// Every kernel takes the source of x_hat as a template parameter (Src): the input `sum` with the
+// row's mean and rstd, x_hat = (sum - mean) * rstd, or the output `y` with beta and gamma,
+// x_hat = (y - beta) / gamma. The rest (row sums, d_sum, partials, finalize) is shared.
 //
 // Three paths, chosen by shape and alignment (layernorm_tiles.cuh):
 // - BwdTeam (vector path, cols <= 8192): a row belongs to a team of TW warps, 2 vectors of 8 per
@@ -72,15 +77,30 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float f[8]) {
   load_bf16x8(reinterpret_cast<const bf16*>(&raw), f);  // register-to-register: no memory access
 }
 
-// The per-element math both vector paths share, for one vector of 8 (g: gamma, d: dy, xv: the
-// LayerNorm input, m, r: the row's mean and rstd).
+// Where x_hat comes from: the LayerNorm input (with the row's mean), or the output (with beta;
+// DeepSpeed's normalize_invertible). Mean is not read for Output, beta not for Input.
+enum class Src { Input, Output };
+
+// x_hat of one value: v is the LayerNorm input (Input: m, r the row's mean and rstd) or output
+// (Output: g, bt its column's gamma and beta). The output's division is the fast one (about 2 ulp
+// of fp32): y is bf16, whose rounding is 2^16 times coarser, and it keeps the kernel memory-bound.
+template <Src S>
+__device__ __forceinline__ float xhat1(float v, float g, float bt, float m, float r) {
+  if constexpr (S == Src::Input) return (v - m) * r;
+  else return __fdividef(v - bt, g);
+}
+
+// The per-element math every vector path shares, for one vector of 8 (g: gamma, d: dy, xv: the
+// input or output by S, bt: beta (Output only), m, r: the row's mean (Input only) and rstd).
 // Pass 1: the row sums s1 = sum(dy gamma), s2 = sum(dy gamma xhat) and the dgamma/dbeta
 // accumulators of the vector.
-__device__ __forceinline__ void bwd_accumulate8(const float g[8], const float d[8], const float xv[8], float m, float r,
-                                                float& s1, float& s2, float acc_g[8], float acc_b[8]) {
+template <Src S>
+__device__ __forceinline__ void bwd_accumulate8(const float g[8], const float d[8], const float xv[8],
+                                                const float bt[8], float m, float r, float& s1, float& s2,
+                                                float acc_g[8], float acc_b[8]) {
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    const float xh = (xv[k] - m) * r;
+    const float xh = xhat1<S>(xv[k], g[k], bt[k], m, r);
     const float dxh = d[k] * g[k];
     s1 += dxh;
     s2 += dxh * xh;
@@ -90,23 +110,25 @@ __device__ __forceinline__ void bwd_accumulate8(const float g[8], const float d[
 }
 // Pass 2: the input gradient o = rstd (dy gamma - a - xhat b) (+ e, the d_extra vector, when
 // `extra`), with a = s1 / cols and b = s2 / cols.
-__device__ __forceinline__ void bwd_dx8(const float g[8], const float d[8], const float xv[8], const float e[8], float m,
-                                        float r, float a, float b, bool extra, float o[8]) {
+template <Src S>
+__device__ __forceinline__ void bwd_dx8(const float g[8], const float d[8], const float xv[8], const float bt[8],
+                                        const float e[8], float m, float r, float a, float b, bool extra, float o[8]) {
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    const float xh = (xv[k] - m) * r;
+    const float xh = xhat1<S>(xv[k], g[k], bt[k], m, r);
     o[k] = r * (d[k] * g[k] - a - xh * b);
     if (extra) o[k] += e[k];
   }
 }
 
 // Tile::kVpt vectors per thread, Tile::kDepth rows prefetched ahead; TW warps per team, RPB teams
-// per block, MINB blocks per SM for the register budget.
-template <class Tile, int TW, int RPB, int MINB>
+// per block, MINB blocks per SM for the register budget. `xs` is the LayerNorm input (S = Input,
+// with `mean`) or output (S = Output, with `beta`); the pointer S does not read may be null.
+template <Src S, class Tile, int TW, int RPB, int MINB>
 __global__ void __launch_bounds__(TW * RPB * kWarpSize, MINB)
-    ln_bwd_team(const bf16* dy, const bf16* __restrict__ sum, const float* __restrict__ mean,
-                const float* __restrict__ rstd, const bf16* __restrict__ gamma, const bf16* __restrict__ d_extra,
-                bf16* d_sum, float* __restrict__ partial, int rows, int cols) {
+    ln_bwd_team(const bf16* dy, const bf16* __restrict__ xs, const float* __restrict__ mean,
+                const float* __restrict__ rstd, const bf16* __restrict__ gamma, const bf16* __restrict__ beta,
+                const bf16* __restrict__ d_extra, bf16* d_sum, float* __restrict__ partial, int rows, int cols) {
   // dy and d_sum may alias: a thread reads each element (of this row or the next) before it
   // writes the same element, so neither is __restrict__.
   constexpr int kVpt = Tile::kVpt, DEPTH = Tile::kDepth;
@@ -124,13 +146,14 @@ __global__ void __launch_bounds__(TW * RPB * kWarpSize, MINB)
 
   bool on[kVpt];
   int off[kVpt];  // column of the vector within a row (32-bit: fewer registers)
-  uint4 graw[kVpt];
+  uint4 graw[kVpt], braw[kVpt];  // gamma, and beta for Output (unused, so not kept, for Input)
 #pragma unroll
   for (int i = 0; i < kVpt; ++i) {
     const int vi = t + i * TT;
     on[i] = vi < nvec;
     off[i] = vi * kBf16PerVec;
     graw[i] = on[i] ? load16<Load::ReadOnly>(gamma + off[i]) : make_uint4(0, 0, 0, 0);
+    braw[i] = S == Src::Output && on[i] ? load16<Load::ReadOnly>(beta + off[i]) : make_uint4(0, 0, 0, 0);
   }
   float acc_g[kVpt][8], acc_b[kVpt][8];
 #pragma unroll
@@ -153,10 +176,10 @@ __global__ void __launch_bounds__(TW * RPB * kWarpSize, MINB)
     for (int i = 0; i < kVpt; ++i) {
       if (on[i]) {
         qdy[d][i] = load16(dy + base + off[i]);
-        qx[d][i] = load16<Load::Streaming>(sum + base + off[i]);
+        qx[d][i] = load16<Load::Streaming>(xs + base + off[i]);
       }
     }
-    qm[d] = mean[r];
+    qm[d] = S == Src::Input ? mean[r] : 0.f;
     qr[d] = rstd[r];
   };
 
@@ -193,11 +216,12 @@ __global__ void __launch_bounds__(TW * RPB * kWarpSize, MINB)
 #pragma unroll
     for (int i = 0; i < kVpt; ++i) {
       if (on[i]) {
-        float g[8], d[8], xv[8];
+        float g[8], d[8], xv[8], bt[8];
         unpack8(graw[i], g);
         unpack8(dyc[i], d);
         unpack8(xc[i], xv);
-        bwd_accumulate8(g, d, xv, m, r, s1, s2, acc_g[i], acc_b[i]);
+        unpack8(braw[i], bt);
+        bwd_accumulate8<S>(g, d, xv, bt, m, r, s1, s2, acc_g[i], acc_b[i]);
       }
     }
     s1 = warp_sum(s1);
@@ -221,12 +245,13 @@ __global__ void __launch_bounds__(TW * RPB * kWarpSize, MINB)
 #pragma unroll
     for (int i = 0; i < kVpt; ++i) {
       if (on[i]) {
-        float g[8], d[8], xv[8], e[8], o[8];
+        float g[8], d[8], xv[8], bt[8], e[8], o[8];
         unpack8(graw[i], g);
         unpack8(dyc[i], d);
         unpack8(xc[i], xv);
+        unpack8(braw[i], bt);
         unpack8(er[i], e);  // zeros without d_extra
-        bwd_dx8(g, d, xv, e, m, r, a, b, d_extra != nullptr, o);
+        bwd_dx8<S>(g, d, xv, bt, e, m, r, a, b, d_extra != nullptr, o);
         store_bf16x8(d_sum + base + off[i], o);
       }
     }
@@ -271,12 +296,14 @@ __global__ void __launch_bounds__(TW * RPB * kWarpSize, MINB)
 }
 
 // BlockRow: unit (block) u handles rows u, u + U, ... and accumulates dgamma/dbeta for its
-// columns in registers; one partial row per block.
-template <class Tile>
+// columns in registers; one partial row per block. xs, mean, beta: as ln_bwd_team. (The Output
+// instance is at the 128-register cap with about 100 bytes spilled to L1, ptxas sm_90; Input has
+// none. Only rows wider than 8192 columns come here.)
+template <Src S, class Tile>
 __global__ void __launch_bounds__(Tile::kMaxThreads, 1)
-    ln_bwd_block_row(const bf16* dy, const bf16* __restrict__ sum, const float* __restrict__ mean,
-                     const float* __restrict__ rstd, const bf16* __restrict__ gamma, const bf16* __restrict__ d_extra,
-                     bf16* d_sum, float* __restrict__ partial, int rows, int cols) {
+    ln_bwd_block_row(const bf16* dy, const bf16* __restrict__ xs, const float* __restrict__ mean,
+                     const float* __restrict__ rstd, const bf16* __restrict__ gamma, const bf16* __restrict__ beta,
+                     const bf16* __restrict__ d_extra, bf16* d_sum, float* __restrict__ partial, int rows, int cols) {
   // dy and d_sum may alias (each element is read before the same thread writes it): no __restrict__.
   constexpr int VPT = Tile::kVpt;
   __shared__ float red[2 * 32];
@@ -295,8 +322,8 @@ __global__ void __launch_bounds__(Tile::kMaxThreads, 1)
   for (int row = unit; row < rows; row += units) {
     const std::size_t base = static_cast<std::size_t>(row) * cols;
     const bf16* dy_row = dy + base;
-    const bf16* sum_row = sum + base;
-    const float m = mean[row], r = rstd[row];
+    const bf16* x_row = xs + base;
+    const float m = S == Src::Input ? mean[row] : 0.f, r = rstd[row];
     uint4 dy_raw[VPT], x_raw[VPT];  // kept packed: half the registers of fp32
     float s1 = 0.f, s2 = 0.f;
 #pragma unroll
@@ -305,12 +332,13 @@ __global__ void __launch_bounds__(Tile::kMaxThreads, 1)
       if (vi < nvec) {
         const int off = vi * kBf16PerVec;  // within the row: 32-bit math keeps registers free
         dy_raw[i] = load16(dy_row + off);
-        x_raw[i] = load16<Load::Streaming>(sum_row + off);
-        float g[8], d[8], xv[8];
-        load_bf16x8<Load::ReadOnly>(gamma + vi * kBf16PerVec, g);
+        x_raw[i] = load16<Load::Streaming>(x_row + off);
+        float g[8], d[8], xv[8], bt[8] = {};
+        load_bf16x8<Load::ReadOnly>(gamma + off, g);
+        if constexpr (S == Src::Output) load_bf16x8<Load::ReadOnly>(beta + off, bt);
         load_bf16x8(reinterpret_cast<const bf16*>(&dy_raw[i]), d);
         load_bf16x8(reinterpret_cast<const bf16*>(&x_raw[i]), xv);
-        bwd_accumulate8(g, d, xv, m, r, s1, s2, acc_g[i], acc_b[i]);
+        bwd_accumulate8<S>(g, d, xv, bt, m, r, s1, s2, acc_g[i], acc_b[i]);
       }
     }
     const float2 tot = block_sum2(make_float2(s1, s2), red);
@@ -320,12 +348,14 @@ __global__ void __launch_bounds__(Tile::kMaxThreads, 1)
       const int vi = t + i * team;
       if (vi < nvec) {
         const int off = vi * kBf16PerVec;
-        float g[8], d[8], xv[8], e[8], o[8];
-        load_bf16x8<Load::ReadOnly>(gamma + vi * kBf16PerVec, g);
+        float g[8], d[8], xv[8], bt[8] = {}, e[8];
+        load_bf16x8<Load::ReadOnly>(gamma + off, g);
+        if constexpr (S == Src::Output) load_bf16x8<Load::ReadOnly>(beta + off, bt);
         load_bf16x8(reinterpret_cast<const bf16*>(&dy_raw[i]), d);
         load_bf16x8(reinterpret_cast<const bf16*>(&x_raw[i]), xv);
         if (d_extra) load_bf16x8<Load::Streaming>(d_extra + base + off, e);
-        bwd_dx8(g, d, xv, e, m, r, mean_dxh, mean_dxh_xh, d_extra != nullptr, o);
+        float o[8];
+        bwd_dx8<S>(g, d, xv, bt, e, m, r, mean_dxh, mean_dxh_xh, d_extra != nullptr, o);
         store_bf16x8(d_sum + base + off, o);
       }
     }
@@ -349,10 +379,12 @@ __global__ void __launch_bounds__(Tile::kMaxThreads, 1)
 
 // Backward, scalar path, parameter gradients: partial p sums rows [p*chunk, (p+1)*chunk) for 32
 // columns; block (32, 8): ty strides the rows, then the 8 lanes are combined in ty order.
-// Runs BEFORE ln_bwd_scalar_rows because d_sum may overwrite dy.
+// Runs BEFORE ln_bwd_scalar_rows because d_sum may overwrite dy. xs, mean, beta: as ln_bwd_team.
+template <Src S>
 __global__ void __launch_bounds__(kWarpSize * Scalar::kPartialRows)
-    ln_bwd_scalar_params(const bf16* __restrict__ dy, const bf16* __restrict__ sum, const float* __restrict__ mean,
-                         const float* __restrict__ rstd, float* __restrict__ partial, int rows, int cols) {
+    ln_bwd_scalar_params(const bf16* __restrict__ dy, const bf16* __restrict__ xs, const float* __restrict__ mean,
+                         const float* __restrict__ rstd, const bf16* __restrict__ gamma,
+                         const bf16* __restrict__ beta, float* __restrict__ partial, int rows, int cols) {
   __shared__ float sg[Scalar::kPartialRows][kWarpSize], sb[Scalar::kPartialRows][kWarpSize];
   const int c = blockIdx.x * kWarpSize + threadIdx.x;
   const int p = blockIdx.y, P = gridDim.y;
@@ -360,10 +392,13 @@ __global__ void __launch_bounds__(kWarpSize * Scalar::kPartialRows)
   const int r0 = p * chunk, r1 = min(rows, r0 + chunk);
   float g = 0.f, b = 0.f;
   if (c < cols) {
+    const float gc = S == Src::Output ? __bfloat162float(gamma[c]) : 0.f;
+    const float bc = S == Src::Output ? __bfloat162float(beta[c]) : 0.f;
     for (int row = r0 + threadIdx.y; row < r1; row += Scalar::kPartialRows) {
       const std::size_t i = static_cast<std::size_t>(row) * cols + c;
       const float d = __bfloat162float(dy[i]);
-      g += d * (__bfloat162float(sum[i]) - mean[row]) * rstd[row];
+      const float m = S == Src::Input ? mean[row] : 0.f;
+      g += d * xhat1<S>(__bfloat162float(xs[i]), gc, bc, m, rstd[row]);
       b += d;
     }
   }
@@ -380,25 +415,30 @@ __global__ void __launch_bounds__(kWarpSize * Scalar::kPartialRows)
   }
 }
 
-// Backward, scalar path, input gradient: one block per row, two passes.
+// Backward, scalar path, input gradient: one block per row, two passes. xs, mean, beta: as ln_bwd_team.
+template <Src S>
 __global__ void __launch_bounds__(Scalar::kThreads)
-    ln_bwd_scalar_rows(const bf16* dy, const bf16* __restrict__ sum, const float* __restrict__ mean,
-                       const float* __restrict__ rstd, const bf16* __restrict__ gamma,
+    ln_bwd_scalar_rows(const bf16* dy, const bf16* __restrict__ xs, const float* __restrict__ mean,
+                       const float* __restrict__ rstd, const bf16* __restrict__ gamma, const bf16* __restrict__ beta,
                        const bf16* __restrict__ d_extra, bf16* d_sum, int rows, int cols) {
   __shared__ float red[2 * 32];
   const int row = blockIdx.x;
   const std::size_t base = static_cast<std::size_t>(row) * cols;
-  const float m = mean[row], r = rstd[row];
+  const float m = S == Src::Input ? mean[row] : 0.f, r = rstd[row];
+  auto xhat = [&](int c) {
+    const float bc = S == Src::Output ? __bfloat162float(beta[c]) : 0.f;
+    return xhat1<S>(__bfloat162float(xs[base + c]), __bfloat162float(gamma[c]), bc, m, r);
+  };
   float s1 = 0.f, s2 = 0.f;
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
     const float dxh = __bfloat162float(dy[base + c]) * __bfloat162float(gamma[c]);
     s1 += dxh;
-    s2 += dxh * (__bfloat162float(sum[base + c]) - m) * r;
+    s2 += dxh * xhat(c);
   }
   const float2 tot = block_sum2(make_float2(s1, s2), red);
   const float a = tot.x / cols, b = tot.y / cols;
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float xh = (__bfloat162float(sum[base + c]) - m) * r;
+    const float xh = xhat(c);
     float o = r * (__bfloat162float(dy[base + c]) * __bfloat162float(gamma[c]) - a - xh * b);
     if (d_extra) o += __bfloat162float(d_extra[base + c]);
     d_sum[base + c] = __float2bfloat16_rn(o);
@@ -453,18 +493,70 @@ void launch_finalize(cudaStream_t s, DType type, const float* partial, int P, in
   else launch_finalize<Tile, bf16>(s, partial, P, cols, dgamma, dbeta, accumulate);
 }
 
-template <int TW>
-void launch_team(cudaStream_t s, int blocks, const bf16* dy, const bf16* sum, const float* mean, const float* rstd,
-                 const bf16* gamma, const bf16* d_extra, bf16* d_sum, float* partial, int rows, int cols) {
+template <Src S, int TW>
+void launch_team(cudaStream_t s, int blocks, const bf16* dy, const bf16* xs, const float* mean, const float* rstd,
+                 const bf16* gamma, const bf16* beta, const bf16* d_extra, bf16* d_sum, float* partial, int rows,
+                 int cols) {
   using T = BwdTeam;
   constexpr int RPB = TW >= T::kBlockWarps ? 1 : (T::kBlockWarps / TW > 8 ? 8 : T::kBlockWarps / TW);
   constexpr int kThreadsPerBlock = TW * RPB * kWarpSize;
   // Two blocks per SM (<= 128 registers) at 256 threads; 512-thread teams (TW = 16) keep 128
   // registers and one block per SM.
   constexpr int MINB = kThreadsPerBlock <= 256 ? 2 : 1;
-  ln_bwd_team<T, TW, RPB, MINB><<<blocks, kThreadsPerBlock, 0, s>>>(dy, sum, mean, rstd, gamma, d_extra, d_sum,
-                                                                    partial, rows, cols);
+  ln_bwd_team<S, T, TW, RPB, MINB><<<blocks, kThreadsPerBlock, 0, s>>>(dy, xs, mean, rstd, gamma, beta, d_extra,
+                                                                       d_sum, partial, rows, cols);
   CUTRAIN_LAUNCH_CHECK("ln_bwd_team");
+}
+
+// Both public entries: checks (named after `what`), then the path by shape and alignment.
+// `xs` is `sum` (Input) or `y` (Output); mean is read for Input only, beta for Output only.
+template <Src S>
+void backward(const char* what, cudaStream_t s, const bf16* dy, const bf16* xs, const float* mean, const float* rstd,
+              const bf16* gamma, const bf16* beta, const bf16* d_extra, bf16* d_sum, void* dgamma, void* dbeta,
+              DType param_grad_type, bool accumulate, void* scratch, int rows, int cols) {
+  check_shape(what, rows, cols);
+  if constexpr (S == Src::Input) {
+    CUTRAIN_CHECK(dy && xs && mean && rstd && gamma && d_sum && dgamma && dbeta && scratch, what,
+                  ": dy, sum, mean, rstd, gamma, d_sum, dgamma, dbeta and scratch must be non-null");
+  } else {
+    CUTRAIN_CHECK(dy && xs && rstd && gamma && beta && d_sum && dgamma && dbeta && scratch, what,
+                  ": dy, y, rstd, gamma, beta, d_sum, dgamma, dbeta and scratch must be non-null");
+  }
+  CUTRAIN_CHECK(param_grad_type == DType::BF16 || param_grad_type == DType::F32, what,
+                ": dgamma/dbeta must be bfloat16 or float32, got ", dtype_name(param_grad_type));
+  CUTRAIN_CHECK(is_aligned16(scratch), what, ": scratch must be 16-byte aligned");
+  float* partial = static_cast<float*>(scratch);
+  // beta is null for Input (all_aligned skips null pointers).
+  const bool vec = cols % kBf16PerVec == 0 && all_aligned({dy, xs, gamma, beta, d_extra, d_sum});
+  if (vec && use_bwd_team(cols)) {
+    const int P = team_partials(rows, cols);
+    switch (team_warps(cols)) {
+      case 1: launch_team<S, 1>(s, P, dy, xs, mean, rstd, gamma, beta, d_extra, d_sum, partial, rows, cols); break;
+      case 2: launch_team<S, 2>(s, P, dy, xs, mean, rstd, gamma, beta, d_extra, d_sum, partial, rows, cols); break;
+      case 4: launch_team<S, 4>(s, P, dy, xs, mean, rstd, gamma, beta, d_extra, d_sum, partial, rows, cols); break;
+      case 8: launch_team<S, 8>(s, P, dy, xs, mean, rstd, gamma, beta, d_extra, d_sum, partial, rows, cols); break;
+      default:
+        launch_team<S, 16>(s, P, dy, xs, mean, rstd, gamma, beta, d_extra, d_sum, partial, rows, cols);
+        break;
+    }
+    launch_finalize<BwdTeam>(s, param_grad_type, partial, P, cols, dgamma, dbeta, accumulate);
+    return;
+  }
+  const int P = row_partials(rows, cols);
+  if (vec) {
+    ln_bwd_block_row<S, BlockRow><<<P, block_row_threads(cols), 0, s>>>(dy, xs, mean, rstd, gamma, beta, d_extra,
+                                                                       d_sum, partial, rows, cols);
+    CUTRAIN_LAUNCH_CHECK("ln_bwd_block_row");
+    launch_finalize<BlockRow>(s, param_grad_type, partial, P, cols, dgamma, dbeta, accumulate);
+  } else {
+    ln_bwd_scalar_params<S><<<dim3(ceil_div(cols, kWarpSize), P), dim3(kWarpSize, Scalar::kPartialRows), 0, s>>>(
+        dy, xs, mean, rstd, gamma, beta, partial, rows, cols);
+    CUTRAIN_LAUNCH_CHECK("ln_bwd_scalar_params");
+    ln_bwd_scalar_rows<S><<<rows, Scalar::kThreads, 0, s>>>(dy, xs, mean, rstd, gamma, beta, d_extra, d_sum, rows,
+                                                            cols);
+    CUTRAIN_LAUNCH_CHECK("ln_bwd_scalar_rows");
+    launch_finalize<Scalar>(s, param_grad_type, partial, P, cols, dgamma, dbeta, accumulate);
+  }
 }
 
 }  // namespace
@@ -480,45 +572,16 @@ std::size_t layernorm_backward_scratch_bytes(int rows, int cols) {
 void layernorm_backward(cudaStream_t s, const bf16* dy, const bf16* sum, const float* mean, const float* rstd,
                         const bf16* gamma, const bf16* d_extra, bf16* d_sum, void* dgamma, void* dbeta,
                         DType param_grad_type, bool accumulate, void* scratch, int rows, int cols) {
-  check_shape("layernorm_backward", rows, cols);
-  CUTRAIN_CHECK(dy && sum && mean && rstd && gamma && d_sum && dgamma && dbeta && scratch,
-                "layernorm_backward: dy, sum, mean, rstd, gamma, d_sum, dgamma, dbeta and scratch must be non-null");
-  CUTRAIN_CHECK(param_grad_type == DType::BF16 || param_grad_type == DType::F32,
-                "layernorm_backward: dgamma/dbeta must be bfloat16 or float32, got ", dtype_name(param_grad_type));
-  CUTRAIN_CHECK(is_aligned16(scratch), "layernorm_backward: scratch must be 16-byte aligned");
-  float* partial = static_cast<float*>(scratch);
-  const bool vec = cols % kBf16PerVec == 0 && all_aligned({dy, sum, gamma, d_extra, d_sum});
-  if (vec && use_bwd_team(cols)) {
-    const int P = team_partials(rows, cols);
-    switch (team_warps(cols)) {
-      case 1: launch_team<1>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
-      case 2: launch_team<2>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
-      case 4: launch_team<4>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
-      case 8: launch_team<8>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
-      default: launch_team<16>(s, P, dy, sum, mean, rstd, gamma, d_extra, d_sum, partial, rows, cols); break;
-    }
-    launch_finalize<BwdTeam>(s, param_grad_type, partial, P, cols, dgamma, dbeta, accumulate);
-    return;
-  }
-  const int P = row_partials(rows, cols);
-  if (vec) {
-    ln_bwd_block_row<BlockRow><<<P, block_row_threads(cols), 0, s>>>(dy, sum, mean, rstd, gamma, d_extra, d_sum,
-                                                                    partial, rows, cols);
-    CUTRAIN_LAUNCH_CHECK("ln_bwd_block_row");
-    launch_finalize<BlockRow>(s, param_grad_type, partial, P, cols, dgamma, dbeta, accumulate);
-  } else {
-    ln_bwd_scalar_params<<<dim3(ceil_div(cols, kWarpSize), P), dim3(kWarpSize, Scalar::kPartialRows), 0, s>>>(
-        dy, sum, mean, rstd, partial, rows, cols);
-    CUTRAIN_LAUNCH_CHECK("ln_bwd_scalar_params");
-    ln_bwd_scalar_rows<<<rows, Scalar::kThreads, 0, s>>>(dy, sum, mean, rstd, gamma, d_extra, d_sum, rows, cols);
-    CUTRAIN_LAUNCH_CHECK("ln_bwd_scalar_rows");
-    launch_finalize<Scalar>(s, param_grad_type, partial, P, cols, dgamma, dbeta, accumulate);
-  }
+  backward<Src::Input>("layernorm_backward", s, dy, sum, mean, rstd, gamma, nullptr, d_extra, d_sum, dgamma, dbeta,
+                       param_grad_type, accumulate, scratch, rows, cols);
 }
 
-void layernorm_backward_from_output(cudaStream_t, const bf16*, const bf16*, const float*, const bf16*, const bf16*,
-                                    const bf16*, bf16*, void*, void*, DType, bool, void*, int, int) {
-  CUTRAIN_FAIL("layernorm_backward_from_output: not implemented yet");
+void layernorm_backward_from_output(cudaStream_t s, const bf16* dy, const bf16* y, const float* rstd,
+                                    const bf16* gamma, const bf16* beta, const bf16* d_extra, bf16* d_sum,
+                                    void* dgamma, void* dbeta, DType param_grad_type, bool accumulate, void* scratch,
+                                    int rows, int cols) {
+  backward<Src::Output>("layernorm_backward_from_output", s, dy, y, nullptr, rstd, gamma, beta, d_extra, d_sum,
+                        dgamma, dbeta, param_grad_type, accumulate, scratch, rows, cols);
 }
 
 }  // namespace cutrain::kernels

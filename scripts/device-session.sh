@@ -69,6 +69,15 @@
 #               same config, the BF16 example's model and GPT-2 small at seq 1024, every block or
 #               DeepSpeed's 1..L-2 dropping, LTD_ROUNDS (default 3) alternating rounds, the table
 #               against the target f + 0.08 and the ideal ratio from a timing report. About 5 minutes.
+#   bert        issue #20's BERT-Large targets, cutrain and its PyTorch peer (bench/peers/bert_peer.py)
+#               in the same call: the full training step at seq 128 x micro-batch 64 and seq 512 x 16
+#               (samples/s, peak memory), one layer's forward+backward alone at both, and at seq 512
+#               the largest micro-batch under BERT_MEM_CAP_GB (default 40). Peer variants BERT_DTYPES
+#               (default fp16,bf16) x BERT_EXECS (default eager,compile; maxbatch: BERT_MAXBATCH_EXECS,
+#               default eager; BERT_COMPILE_SCOPE=layers compiles each layer alone, a shorter compile).
+#               cutrain's side runs only where `cutrain train --help` names bert.
+#               About 15 minutes with every variant (the compiles dominate): --only bert, or fewer
+#               variants, within one call's budget
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -382,6 +391,32 @@ if want random_ltd; then
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/random_ltd_tests.txt" | tail -15 >>"$sum" 2>/dev/null
   step random_ltd_bench 300 "python3 scripts/random_ltd_bench.py --bin $bin --fractions ${LTD_FRACTIONS:-0.5,0.75} --rounds ${LTD_ROUNDS:-3} --out $logs/random_ltd"
   grep -E "^\|" "$logs/random_ltd_bench.txt" >>"$sum" 2>/dev/null
+fi
+
+if want bert; then
+  cap=${BERT_MEM_CAP_GB:-40}
+  peer="python3 bench/peers/bert_peer.py --dtype ${BERT_DTYPES:-fp16,bf16}"
+  # ---- cutrain's side: `cutrain train --model bert` (the phase configs' micro-batch and sequence
+  # are the peer's shapes below). Runs only once the train command knows the BERT model. ----
+  if $bin train --help 2>&1 | grep -q bert; then
+    step bert_cutrain_s128 240 "$bin train --model bert --deepspeed_config configs/bert_large_seq128.json --num_steps 30 --warmup_steps 10"
+    step bert_cutrain_s512 240 "$bin train --model bert --deepspeed_config configs/bert_large_seq512.json --num_steps 30 --warmup_steps 10"
+    # The layer alone and the largest micro-batch under \$cap (with and without the memory flags)
+    # belong here too, in the form `cutrain train --model bert` gives them.
+    grep -hE "SUMMARY|samples/s" "$logs"/bert_cutrain_*.txt | tail -8 >>"$sum" 2>/dev/null
+  else
+    echo "-- bert: \`$bin train --help\` names no bert model: cutrain's side skipped, the PyTorch peer only" >>"$sum"
+  fi
+  # ---- the PyTorch peer: a table line per variant in each log, JSON beside it ----
+  pv="--exec ${BERT_EXECS:-eager,compile} --compile_scope ${BERT_COMPILE_SCOPE:-model}"
+  step bert_peer_step_s128 300 "$peer $pv --mode step --seq 128 --batch 64 --json $logs/bert_peer_step_s128.json"
+  step bert_peer_step_s512 300 "$peer $pv --mode step --seq 512 --batch 16 --json $logs/bert_peer_step_s512.json"
+  step bert_peer_layer 240 "$peer $pv --mode layer --seq 128 --batch 64 --json $logs/bert_peer_layer_s128.json; $peer $pv --mode layer --seq 512 --batch 16 --json $logs/bert_peer_layer_s512.json"
+  step bert_peer_maxbatch 240 "$peer --exec ${BERT_MAXBATCH_EXECS:-eager} --mode maxbatch --seq 512 --mem_cap_gb $cap --json $logs/bert_peer_maxbatch.json"
+  for f in step_s128 step_s512 layer maxbatch; do
+    grep -hE "^bert/|failed" "$logs/bert_peer_$f.txt" 2>/dev/null | sed 's/^/bert peer: /' >>"$sum"
+  done
+  grep -h "^optimizer:" "$logs/bert_peer_step_s128.txt" 2>/dev/null | head -1 | sed 's/^/bert peer: /' >>"$sum"
 fi
 
 if want extra && [ -n "${EXTRA_CMD:-}" ]; then

@@ -1,7 +1,9 @@
 // @brief GPU tests of kernels/layernorm against the fp64 CPU reference: forward (sum, y, mean,
 // rstd), backward (d_sum with/without d_extra and aliasing, dgamma/dbeta in fp32 and bf16,
 // accumulate), determinism, odd shapes, every backward tile (team widths, the wide-row block path
-// past 8192 columns) and the scalar fallback (cols % 8 != 0, misaligned pointers), bad shapes.
+// past 8192 columns) and the scalar fallback (cols % 8 != 0, misaligned pointers), bad shapes;
+// the backward from the output (normalize_invertible) against its reference and against the
+// backward from the input on the same data.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -255,6 +257,144 @@ TEST(LayerNormGpu, BackwardIsDeterministic) {
   }
 }
 
+// ---- layernorm_backward_from_output (normalize_invertible) ----
+namespace {
+
+// Inputs whose gamma stays away from 0 (|gamma| in [0.5, 1.5], either sign), so x_hat =
+// (y - beta) / gamma is well conditioned.
+Inputs make_invertible_inputs(int rows, int cols, std::mt19937_64& rng) {
+  Inputs in = make_inputs(rows, cols, rng);
+  auto mag = test::random_uniform(cols, rng, 0.5f, 1.5f);
+  auto sign = test::random_uniform(cols, rng, -1.f, 1.f);
+  for (int c = 0; c < cols; ++c) in.gamma[c] = sign[c] < 0 ? -mag[c] : mag[c];
+  in.gamma = test::round_bf16(in.gamma);
+  return in;
+}
+
+// One configuration: the GPU forward gives y and rstd; the backward from y is checked against
+// the fp64 reference on the same y/rstd, and against layernorm_backward (from `sum`, mean and
+// rstd) on the same data: the recovered x_hat differs from the exact one by y's bf16 rounding.
+void check_backward_from_output(const Case& c, DType pt, bool accumulate, bool with_extra, bool alias,
+                                std::mt19937_64& rng, BwdResult* out = nullptr) {
+  const std::size_t n = static_cast<std::size_t>(c.rows) * c.cols;
+  Inputs in = make_invertible_inputs(c.rows, c.cols, rng);
+  Forward f(c, in, true);
+  const auto dy = test::round_bf16(test::random_normal(n, rng));
+  const auto extra = test::round_bf16(test::random_normal(n, rng, 0.f, 0.5f));
+  Buf dyb(n, c.misalign), dy_in(n, c.misalign), extrab(n, c.misalign), dsum(n, c.misalign), dsum_in(n, c.misalign);
+  dyb.upload(dy);
+  dy_in.upload(dy);
+  extrab.upload(extra);
+  bf16* d_sum = alias ? dyb.get() : dsum.get();
+
+  const auto g0 = test::round_bf16(test::random_normal(c.cols, rng));
+  const auto b0 = test::round_bf16(test::random_normal(c.cols, rng));
+  // [0]: from the output, [1]: layernorm_backward. Poisoned unless accumulating.
+  test::DeviceArray<float> dg32[2] = {test::DeviceArray<float>(c.cols), test::DeviceArray<float>(c.cols)};
+  test::DeviceArray<float> db32[2] = {test::DeviceArray<float>(c.cols), test::DeviceArray<float>(c.cols)};
+  Buf dg16[2] = {Buf(c.cols, false), Buf(c.cols, false)}, db16[2] = {Buf(c.cols, false), Buf(c.cols, false)};
+  void* dgamma[2];
+  void* dbeta[2];
+  for (int k = 0; k < 2; ++k) {
+    if (accumulate) {
+      dg32[k].upload(g0);
+      db32[k].upload(b0);
+      dg16[k].upload(g0);
+      db16[k].upload(b0);
+    }
+    dgamma[k] = pt == DType::F32 ? static_cast<void*>(dg32[k].get()) : dg16[k].get();
+    dbeta[k] = pt == DType::F32 ? static_cast<void*>(db32[k].get()) : db16[k].get();
+  }
+  test::DeviceArray<uint8_t> scratch(kernels::layernorm_backward_scratch_bytes(c.rows, c.cols));
+  const bf16* e = with_extra ? extrab.get() : nullptr;
+  kernels::layernorm_backward_from_output(nullptr, dyb.get(), f.y.get(), f.rstd.get(), f.g.get(), f.b.get(), e,
+                                          d_sum, dgamma[0], dbeta[0], pt, accumulate, scratch.get(), c.rows, c.cols);
+  kernels::layernorm_backward(nullptr, dy_in.get(), f.sum.get(), f.mean.get(), f.rstd.get(), f.g.get(), e,
+                              dsum_in.get(), dgamma[1], dbeta[1], pt, accumulate, scratch.get(), c.rows, c.cols);
+  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const auto y_h = f.y.download(n);
+  const auto rstd_h = f.rstd.download();
+  auto want = ref::layernorm_backward_from_output(dy.data(), y_h.data(), rstd_h.data(), in.gamma.data(),
+                                                  in.beta.data(), with_extra ? extra.data() : nullptr,
+                                                  accumulate ? g0.data() : nullptr, accumulate ? b0.data() : nullptr,
+                                                  c.rows, c.cols);
+  auto params = [&](int k, std::vector<float>& g, std::vector<float>& b) {
+    g = pt == DType::F32 ? dg32[k].download() : dg16[k].download(c.cols);
+    b = pt == DType::F32 ? db32[k].download() : db16[k].download(c.cols);
+  };
+  const Buf& ds = alias ? dyb : dsum;
+  BwdResult r, o;
+  r.d_sum = ds.download(n);
+  r.d_sum_bits = ds.bits(n);
+  params(0, r.dgamma, r.dbeta);
+  o.d_sum = dsum_in.download(n);
+  params(1, o.dgamma, o.dbeta);
+  ASSERT_EQ(test::count_nan(r.d_sum), 0u) << "d_sum not fully written";
+  ASSERT_EQ(test::count_nan(r.dgamma) + test::count_nan(r.dbeta), 0u) << "dgamma/dbeta not fully written";
+  ASSERT_EQ(test::count_nan(o.d_sum) + test::count_nan(o.dgamma), 0u) << "layernorm_backward not fully written";
+  // Against the reference on the same y and rstd.
+  EXPECT_LE(test::rel_error(r.d_sum, want.d_sum), 1e-2);
+  const double ptol = pt == DType::F32 ? 1e-4 : 1e-2;
+  EXPECT_LE(test::rel_error(r.dgamma, want.dgamma), ptol);
+  EXPECT_LE(test::rel_error(r.dbeta, want.dbeta), ptol);
+  // Against the backward from the input: y's bf16 rounding (2^-9 relative) moves x_hat by about
+  // 0.1% RMS; both d_sum are bf16.
+  EXPECT_LE(test::rel_error(r.d_sum, o.d_sum), 1e-2);
+  EXPECT_LE(test::rel_error(r.dgamma, o.dgamma), 1e-2);
+  // dbeta = sum of dy does not involve x_hat: the same reduction gives the same bits.
+  EXPECT_EQ(float_bits(r.dbeta), float_bits(o.dbeta));
+  if (out) *out = std::move(r);
+}
+
+}  // namespace
+
+TEST(LayerNormGpu, BackwardFromOutputMatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(name(c));
+    check_backward_from_output(c, DType::F32, false, false, false, rng);
+    check_backward_from_output(c, DType::BF16, true, true, false, rng);
+  }
+  for (const Case& c : tile_cases()) {
+    SCOPED_TRACE(name(c));
+    check_backward_from_output(c, DType::F32, false, true, false, rng);
+    check_backward_from_output(c, DType::BF16, true, false, true, rng);
+  }
+}
+
+TEST(LayerNormGpu, BackwardFromOutputVariants) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (const Case& c : {Case{33, 1000}, Case{129, 2048}, Case{7, 64}, Case{11, 1030}, Case{700, 4096},
+                        Case{13, 776, true}}) {
+    for (DType pt : {DType::F32, DType::BF16}) {
+      for (int v = 0; v < 8; ++v) {
+        const bool acc = v & 1, extra = v & 2, alias = v & 4;
+        SCOPED_TRACE(name(c) + " " + dtype_name(pt) + (acc ? " accumulate" : "") + (extra ? " d_extra" : "") +
+                     (alias ? " d_sum=dy" : ""));
+        check_backward_from_output(c, pt, acc, extra, alias, rng);
+      }
+    }
+  }
+}
+
+TEST(LayerNormGpu, BackwardFromOutputIsDeterministic) {
+  CUTRAIN_REQUIRE_GPU();
+  for (const Case& c : {Case{2048, 1024}, Case{5, 16384}, Case{333, 1000}, Case{64, 4096, true}}) {
+    SCOPED_TRACE(name(c));
+    const auto seed = test::fresh_rng()();
+    std::mt19937_64 r1(seed), r2(seed);
+    BwdResult a, b;
+    check_backward_from_output(c, DType::F32, false, true, false, r1, &a);
+    check_backward_from_output(c, DType::F32, false, true, false, r2, &b);
+    EXPECT_EQ(a.d_sum_bits, b.d_sum_bits);
+    EXPECT_EQ(float_bits(a.dgamma), float_bits(b.dgamma));
+    EXPECT_EQ(float_bits(a.dbeta), float_bits(b.dbeta));
+  }
+}
+
 // Shape checks fire before any CUDA call, so these run on a machine without a GPU too.
 TEST(LayerNormShapes, UnsupportedShapesAreClearErrors) {
   bf16* p = reinterpret_cast<bf16*>(std::uintptr_t{256});
@@ -277,4 +417,22 @@ TEST(LayerNormShapes, UnsupportedShapesAreClearErrors) {
                Error);
   EXPECT_THROW(kernels::layernorm_backward(nullptr, p, p, f, f, p, nullptr, p, f, f, DType::F32, false, nullptr, 4, 64),
                Error);
+  // From the output: the same shape rule, and beta (which it needs, unlike mean) must be given.
+  auto from_output = [&](const bf16* beta, DType pt, int cols) {
+    kernels::layernorm_backward_from_output(nullptr, p, p, f, p, beta, nullptr, p, f, f, pt, false, f, 4, cols);
+  };
+  try {
+    from_output(p, DType::F32, 20000);
+    ADD_FAILURE() << "cols 20000 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layernorm_backward_from_output"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[64, 16384]"), std::string::npos) << e.what();
+  }
+  try {
+    from_output(nullptr, DType::F32, 64);
+    ADD_FAILURE() << "null beta accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("beta"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(from_output(p, DType::F16, 64), Error);
 }

@@ -28,4 +28,11 @@ LayerNormBackward layernorm_backward(const float* dy, const float* sum, const fl
                                      const float* dgamma0, const float* dbeta0, int rows, int cols,
                                      double eps = 1e-5);
 
+// The same backward from the LayerNorm output (kernels' layernorm_backward_from_output): x_hat is
+// recovered as (y - beta) / gamma in fp64 from the given y (bf16 values as floats) and the per-row
+// rstd the forward wrote; mean is not needed. gamma must be non-zero.
+LayerNormBackward layernorm_backward_from_output(const float* dy, const float* y, const float* rstd,
+                                                 const float* gamma, const float* beta, const float* d_extra,
+                                                 const float* dgamma0, const float* dbeta0, int rows, int cols);
+
 }  // namespace cutrain::ref

@@ -121,6 +121,50 @@ TEST(LayerNormRef, BackwardMatchesFiniteDifference) {
   EXPECT_NEAR(bw2.dbeta[3], bw.dbeta[3] - 1.0, 1e-12);
 }
 
+// normalize_invertible: with x_hat recovered from the fp64 forward's output (rounded only to
+// float), the backward from the output gives the ordinary backward's gradients up to that rounding;
+// from a bf16-rounded output, within the bf16 tolerance the GPU test uses against layernorm_backward.
+TEST(LayerNormRef, BackwardFromOutputMatchesBackwardFromInput) {
+  auto rng = test::fresh_rng();
+  for (auto [rows, cols] : {std::pair{3, 67}, std::pair{17, 1030}, std::pair{1, 64}}) {
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
+    const std::size_t n = static_cast<std::size_t>(rows) * cols;
+    auto x = test::random_normal(n, rng, 0.5f, 1.5f);
+    // gamma away from 0 (|gamma| in [0.5, 1.5], either sign): x_hat = (y - beta) / gamma.
+    auto g = test::random_uniform(cols, rng, 0.5f, 1.5f);
+    auto sign = test::random_uniform(cols, rng, -1.f, 1.f);
+    for (int c = 0; c < cols; ++c) g[c] = sign[c] < 0 ? -g[c] : g[c];
+    auto b = test::random_normal(cols, rng, 0.f, 0.3f);
+    auto dy = test::random_normal(n, rng);
+    auto extra = test::random_normal(n, rng, 0.f, 0.5f);
+    auto g0 = test::random_normal(cols, rng), b0 = test::random_normal(cols, rng);
+    auto f = ref::layernorm_forward(x.data(), nullptr, g.data(), b.data(), rows, cols);
+    std::vector<float> y(f.y.begin(), f.y.end()), rstd(f.rstd.begin(), f.rstd.end());
+    for (bool with_extra : {false, true}) {
+      const float* e = with_extra ? extra.data() : nullptr;
+      const float* dg0 = with_extra ? g0.data() : nullptr;  // accumulate onto g0/b0 alongside d_extra
+      const float* db0 = with_extra ? b0.data() : nullptr;
+      auto want = ref::layernorm_backward(dy.data(), x.data(), g.data(), e, dg0, db0, rows, cols);
+      auto got = ref::layernorm_backward_from_output(dy.data(), y.data(), rstd.data(), g.data(), b.data(), e, dg0,
+                                                     db0, rows, cols);
+      std::vector<float> ds(got.d_sum.begin(), got.d_sum.end()), dg(got.dgamma.begin(), got.dgamma.end()),
+          db(got.dbeta.begin(), got.dbeta.end());
+      EXPECT_LE(test::rel_error(ds, want.d_sum), 1e-5);
+      EXPECT_LE(test::rel_error(dg, want.dgamma), 1e-5);
+      EXPECT_LE(test::rel_error(db, want.dbeta), 1e-6);  // dbeta does not involve x_hat
+
+      // From the bf16-rounded output (what the GPU keeps).
+      auto y16 = test::round_bf16(y);
+      auto got16 = ref::layernorm_backward_from_output(dy.data(), y16.data(), rstd.data(), g.data(), b.data(), e,
+                                                       dg0, db0, rows, cols);
+      std::vector<float> ds16(got16.d_sum.begin(), got16.d_sum.end()),
+          dg16(got16.dgamma.begin(), got16.dgamma.end());
+      EXPECT_LE(test::rel_error(ds16, want.d_sum), 1e-2);
+      EXPECT_LE(test::rel_error(dg16, want.dgamma), 1e-2);
+    }
+  }
+}
+
 TEST(EmbeddingRef, ForwardBackwardByHand) {
   const int B = 2, T = 2, C = 2, vocab = 3;
   const int32_t tok[4] = {2, 0, 2, 7};  // repeated 2, one out of range at flat index 3
