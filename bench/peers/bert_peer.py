@@ -346,7 +346,7 @@ def run_maxbatch(a, prec_name, compiled, device):
         try:
             peak = trial(B)
             ok = peak <= cap
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:
             err = "OOM"
         if err:
             # An OOM inside scaler.step leaves the scaler mid-step: a fresh one at the same scale.
