@@ -396,17 +396,10 @@ fi
 if want bert; then
   cap=${BERT_MEM_CAP_GB:-40}
   peer="python3 bench/peers/bert_peer.py --dtype ${BERT_DTYPES:-fp16,bf16}"
-  # ---- cutrain's side: `cutrain train --model bert` (the phase configs' micro-batch and sequence
-  # are the peer's shapes below). Runs only once the train command knows the BERT model. ----
-  if $bin train --help 2>&1 | grep -q bert; then
-    step bert_cutrain_s128 240 "$bin train --model bert --deepspeed_config configs/bert_large_seq128.json --num_steps 30 --warmup_steps 10"
-    step bert_cutrain_s512 240 "$bin train --model bert --deepspeed_config configs/bert_large_seq512.json --num_steps 30 --warmup_steps 10"
-    # The layer alone and the largest micro-batch under \$cap (with and without the memory flags)
-    # belong here too, in the form `cutrain train --model bert` gives them.
-    grep -hE "SUMMARY|samples/s" "$logs"/bert_cutrain_*.txt | tail -8 >>"$sum" 2>/dev/null
-  else
-    echo "-- bert: \`$bin train --help\` names no bert model: cutrain's side skipped, the PyTorch peer only" >>"$sum"
-  fi
+  # ---- cutrain's side (scripts/bert_bench.py): the step at both shapes, one layer inside the step
+  # (timing report), the memory flags at seq 512, the largest micro-batch under the cap ----
+  step bert_cutrain ${BERT_OURS_LIMIT:-300} "python3 scripts/bert_bench.py --bin $bin --parts ${BERT_PARTS:-step,layer,flags,maxbatch} --mem_cap_gb $cap --json $logs/bert_ours.json"
+  grep -hE "^\||^maxbatch|^  (run|layer|maxbatch)" "$logs/bert_cutrain.txt" >>"$sum" 2>/dev/null
   # ---- the PyTorch peer: a table line per variant in each log, JSON beside it ----
   pv="--exec ${BERT_EXECS:-eager,compile} --compile_scope ${BERT_COMPILE_SCOPE:-model}"
   step bert_peer_step_s128 300 "$peer $pv --mode step --seq 128 --batch 64 --json $logs/bert_peer_step_s128.json"
