@@ -75,7 +75,8 @@
 #               the largest micro-batch under BERT_MEM_CAP_GB (default 40). Peer variants BERT_DTYPES
 #               (default fp16,bf16) x BERT_EXECS (default eager,compile; maxbatch: BERT_MAXBATCH_EXECS,
 #               default eager; BERT_COMPILE_SCOPE=layers compiles each layer alone, a shorter compile).
-#               cutrain's side runs only where `cutrain train --help` names bert.
+#               cutrain's side: scripts/bert_bench.py (BERT_PARTS, default step,layer,flags,maxbatch,
+#               within BERT_OURS_LIMIT s, default 300); BERT_PEER=0 leaves the peer out.
 #               About 15 minutes with every variant (the compiles dominate): --only bert, or fewer
 #               variants, within one call's budget
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
@@ -400,7 +401,8 @@ if want bert; then
   # (timing report), the memory flags at seq 512, the largest micro-batch under the cap ----
   step bert_cutrain ${BERT_OURS_LIMIT:-300} "python3 scripts/bert_bench.py --bin $bin --parts ${BERT_PARTS:-step,layer,flags,maxbatch} --mem_cap_gb $cap --json $logs/bert_ours.json"
   grep -hE "^\||^maxbatch|^  (run|layer|maxbatch)" "$logs/bert_cutrain.txt" >>"$sum" 2>/dev/null
-  # ---- the PyTorch peer: a table line per variant in each log, JSON beside it ----
+  # ---- the PyTorch peer (BERT_PEER=0: not run): a table line per variant in each log, JSON beside it ----
+  [ "${BERT_PEER:-1}" = 0 ] || {
   pv="--exec ${BERT_EXECS:-eager,compile} --compile_scope ${BERT_COMPILE_SCOPE:-model}"
   step bert_peer_step_s128 300 "$peer $pv --mode step --seq 128 --batch 64 --json $logs/bert_peer_step_s128.json"
   step bert_peer_step_s512 300 "$peer $pv --mode step --seq 512 --batch 16 --json $logs/bert_peer_step_s512.json"
@@ -410,6 +412,7 @@ if want bert; then
     grep -hE "^bert/|failed" "$logs/bert_peer_$f.txt" 2>/dev/null | sed 's/^/bert peer: /' >>"$sum"
   done
   grep -h "^optimizer:" "$logs/bert_peer_step_s128.txt" 2>/dev/null | head -1 | sed 's/^/bert peer: /' >>"$sum"
+  }
 fi
 
 if want extra && [ -n "${EXTRA_CMD:-}" ]; then
