@@ -1,6 +1,8 @@
 // @brief Dropout kernels (kernels/dropout.cuh): one grid-stride kernel, one thread per group of 4
 // elements (one Philox call gives the group's 4 x 32 bits), templated on the dtype, on the
-// bias + residual fusion and on 4-wide vector accesses (all pointers aligned, and for the fusion
+// bias + residual fusion, on whether anything is dropped (p = 0: no Philox bits drawn, every
+// element kept at scale 1, the same bits as the dropping path would give) and on 4-wide vector
+// accesses (all pointers aligned, and for the fusion
 // cols % 4 == 0 so a group stays in one row); anything else takes the scalar instance. fp32 math
 // with explicit round-to-nearest operations (no contraction into fma), so the CPU reference
 // (tests/reference/dropout_ref.h) gets the same bits.
@@ -37,7 +39,7 @@ __device__ __forceinline__ float to_f(const float* p, std::size_t i) { return p[
 __device__ __forceinline__ void put(bf16* p, std::size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void put(float* p, std::size_t i, float v) { p[i] = v; }
 
-template <typename T, bool kBR, bool kVec>
+template <typename T, bool kBR, bool kDrop, bool kVec>
 __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs a) {
   const T* x = static_cast<const T*>(a.x);
   const T* bias = static_cast<const T*>(a.bias);
@@ -46,7 +48,6 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs a) {
   const std::size_t groups = (a.n + 3) / 4;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t g = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += stride) {
-    const PhiloxWords r = dropout_bits(a.key, g);
     const std::size_t e0 = 4 * g;
     float v[4], b[4] = {0.f, 0.f, 0.f, 0.f}, rs[4] = {0.f, 0.f, 0.f, 0.f};
     const bool whole = kVec && e0 + 4 <= a.n;
@@ -65,10 +66,12 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs a) {
         }
       }
     }
+    PhiloxWords r{};
+    if constexpr (kDrop) r = dropout_bits(a.key, g);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       float t = kBR ? __fadd_rn(v[k], b[k]) : v[k];
-      t = dropout_keep(r.w[k], a.threshold) ? __fmul_rn(t, a.scale) : 0.f;
+      if constexpr (kDrop) t = dropout_keep(r.w[k], a.threshold) ? __fmul_rn(t, a.scale) : 0.f;
       v[k] = kBR ? __fadd_rn(rs[k], t) : t;
     }
     if (whole) {
@@ -92,11 +95,18 @@ unsigned grid_for(std::size_t n) {
   return static_cast<unsigned>(std::clamp<std::size_t>(want, 1, static_cast<std::size_t>(sms) * 8));
 }
 
+template <typename T, bool kBR, bool kDrop>
+void launch_typed(cudaStream_t s, const DropoutArgs& a, bool vec) {
+  if (vec) dropout_kernel<T, kBR, kDrop, true><<<grid_for(a.n), kThreads, 0, s>>>(a);
+  else dropout_kernel<T, kBR, kDrop, false><<<grid_for(a.n), kThreads, 0, s>>>(a);
+  CUTRAIN_LAUNCH_CHECK(kBR ? "bias_dropout_residual_kernel" : "dropout_kernel");
+}
+
 template <typename T, bool kBR>
 void launch_typed(cudaStream_t s, const DropoutArgs& a, bool vec) {
-  if (vec) dropout_kernel<T, kBR, true><<<grid_for(a.n), kThreads, 0, s>>>(a);
-  else dropout_kernel<T, kBR, false><<<grid_for(a.n), kThreads, 0, s>>>(a);
-  CUTRAIN_LAUNCH_CHECK(kBR ? "bias_dropout_residual_kernel" : "dropout_kernel");
+  // threshold 0 (p = 0, or p below 2^-33): every element kept and the scale rounds to 1 in fp32.
+  if (a.threshold > 0) launch_typed<T, kBR, true>(s, a, vec);
+  else launch_typed<T, kBR, false>(s, a, vec);
 }
 
 void launch(cudaStream_t s, const DropoutParams& p, DropoutArgs a, DType dt, bool br, const char* what) {

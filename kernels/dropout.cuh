@@ -34,7 +34,8 @@ void dropout_backward(cudaStream_t s, const DropoutParams& p, const void* dy, vo
 // [rows, cols] (bias [cols]; all of `dtype`; fp32 math: t = x + b, t * scale or 0, + residual, each
 // rounded in fp32, then one rounding to dtype). The mask is dropout_forward's of the flat
 // [rows * cols] tensor, so the backward is d_residual = dy, dx = dropout_backward(dy), and the
-// bias gradient the column sums of dx (kernels::bias_grad).
+// bias gradient the column sums of dx (kernels::bias_grad). With p = 0 (evaluation, or a ratio of 0)
+// no bits are drawn: the plain bias + residual add, the same bits as keeping every element.
 void bias_dropout_residual_forward(cudaStream_t s, const DropoutParams& p, const void* x, const void* bias,
                                    const void* residual, void* out, std::size_t rows, std::size_t cols, DType dtype);
 

@@ -19,7 +19,8 @@ namespace cutrain::model {
 using kernels::GemmEpilogue;
 
 GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
-                               CachingAllocator& alloc, bool recompute_gelu, std::vector<int> drop_layers)
+                               CachingAllocator& alloc, bool recompute_gelu, std::vector<int> drop_layers,
+                               int max_pred)
     : table_(table),
       B_(B),
       S_(S),
@@ -41,6 +42,14 @@ GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, boo
                 "gpu model: random-LTD is not implemented for the bert architecture (its padding masks and dropout "
                 "sites are per position); leave data_efficiency.random_ltd off");
   CUTRAIN_CHECK(d.arch != Arch::Bert || !d.moe.any(), "gpu model: MoE blocks are not implemented for the bert architecture");
+  CUTRAIN_CHECK(max_pred >= 0 && max_pred <= S, "gpu model: max_predictions_per_seq must lie in [0, seq ", S,
+                "] (0: every position), got ", max_pred);
+  CUTRAIN_CHECK(max_pred == 0 || d.arch == Arch::Bert,
+                "gpu model: max_predictions_per_seq applies to the bert architecture's masked-LM head, got ", max_pred);
+  if (d.arch == Arch::Bert) {
+    K_ = mlm_slots(S, max_pred);
+    P_ = B * K_;
+  }
   std::sort(drop_layers.begin(), drop_layers.end());
   drop_layers.erase(std::unique(drop_layers.begin(), drop_layers.end()), drop_layers.end());
   for (int l : drop_layers) {
@@ -143,7 +152,8 @@ void GpuTransformer::release_workspace() {
   xk_out_ = dxk_ = nullptr;
   mean_f_ = rstd_f_ = nullptr;
   key_mask_ = nullptr;
-  emb_sum_ = head_d_ = head_g_ = head_n_ = nullptr;
+  emb_sum_ = head_d_ = head_g_ = head_n_ = head_x_ = nullptr;
+  mlm_pos_ = mlm_labels_ = mlm_slot_ = nullptr;
   mean_e_ = rstd_e_ = mean_h_ = rstd_h_ = nullptr;
   scratch_ = nullptr;
   workspace_bytes_ = 0;
@@ -324,7 +334,8 @@ void GpuTransformer::layer_backward(cudaStream_t s, const Unit& U, DType gt, boo
 // stays acquired for the caller (its backward reads output_w).
 template <typename Loss>
 GpuTransformer::Unit GpuTransformer::forward(cudaStream_t s, ParamAccess& P, char* G, DType gt,
-                                             const std::int32_t* tokens, int* d_status, Loss&& loss) {
+                                             const std::int32_t* tokens, const std::int32_t* labels, int* d_status,
+                                             Loss&& loss) {
   const ModelDims& d = table_.dims();
   const int h = d.hidden, Vr = d.vocab_rows(), Ln = d.layers;
   const bool gpt2 = d.arch == Arch::Gpt2, bert = d.arch == Arch::Bert;
@@ -367,7 +378,7 @@ GpuTransformer::Unit GpuTransformer::forward(cudaStream_t s, ParamAccess& P, cha
     // The tied head reads wte: the embedding unit again, held until the head's backward is done.
     tied_ = unit(P, s, table_.embedding_unit(), G, gt);
     if (gpt2) gpt2_head_forward(s, H, tied_);
-    else bert_head_forward(s, H, tied_);
+    else bert_head_forward(s, H, tied_, labels, d_status);
     loss();
     return H;
   }
@@ -389,10 +400,12 @@ void GpuTransformer::forward_loss(cudaStream_t s, ParamAccess& P, const std::int
     bool& t;
     ~TrainAgain() { t = true; }
   } again{moe_train_};
-  forward(s, P, nullptr, DType::BF16, tokens, d_status, [&] {
-    timed(s, "cross_entropy", cost::cross_entropy(M_, d.vocab), [&] {
-      kernels::cross_entropy_forward(s, logits_, labels, M_, d.vocab, d.vocab_rows(), d_loss, nullptr, d_status + 1,
-                                     scratch_);
+  // BERT: the loss over the head's gathered rows, whose labels the plan checked (d_status[1]).
+  const bool bert = d.arch == Arch::Bert;
+  forward(s, P, nullptr, DType::BF16, tokens, labels, d_status, [&] {
+    timed(s, "cross_entropy", cost::cross_entropy(bert ? P_ : M_, d.vocab), [&] {
+      kernels::cross_entropy_forward(s, logits_, bert ? mlm_labels_ : labels, bert ? P_ : M_, d.vocab, d.vocab_rows(),
+                                     d_loss, nullptr, bert ? nullptr : d_status + 1, scratch_);
     });
   });
   P.release(s, table_.head_unit());
@@ -423,11 +436,15 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
   } drop_off{drop_on_, train_};
   {
     TimedRegion fwd("fwd", s);
-    H = forward(s, P, G, gt, tokens, d_status, [&] {
-      // The loss covers the real vocabulary; padded columns get gradient 0.
-      timed(s, "cross_entropy", cost::cross_entropy(M_, d.vocab), [&] {
-        kernels::cross_entropy_forward_backward(s, logits_, labels, M_, d.vocab, V, d_loss, nullptr, d_status + 1,
-                                                scratch_, -100, grad_scale);
+    H = forward(s, P, G, gt, tokens, labels, d_status, [&] {
+      // The loss covers the real vocabulary; padded columns get gradient 0. BERT: over the head's
+      // gathered rows, whose labels the plan checked (d_status[1]).
+      const bool gathered = d.arch == Arch::Bert;
+      const int rows = gathered ? P_ : M_;
+      timed(s, "cross_entropy", cost::cross_entropy(rows, d.vocab), [&] {
+        kernels::cross_entropy_forward_backward(s, logits_, gathered ? mlm_labels_ : labels, rows, d.vocab, V, d_loss,
+                                                nullptr, gathered ? nullptr : d_status + 1, scratch_, -100,
+                                                grad_scale);
       });
     });
   }

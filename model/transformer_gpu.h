@@ -7,6 +7,8 @@
 // counts and takes its activations at each forward, so it is not capturable (moe_capturable()).
 // random-LTD (set_token_drop): a dropping block runs on the gathered kept tokens of each sequence
 // (kernels/token_drop.cuh) and its output is scattered back; the dropped rows bypass it.
+// BERT's masked-LM head runs on the labelled rows only (kernels/mlm_gather.cuh): B x max_pred
+// slots gathered from the final hidden rows, d(hidden) scattered back.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -65,8 +67,14 @@ class GpuTransformer {
   // (layers - 1) x B x S x 4C bf16 less memory).
   // `drop_layers`: the blocks random-LTD may drop tokens in (their kept-token buffers are part of
   // the workspace; set_token_drop switches the drop on and off).
+  // `max_pred` (BERT: max_predictions_per_seq, in [0, S]): the masked-LM head's slots per sequence;
+  // the head runs on B x max_pred rows, each sequence's labelled rows (label != -100) gathered in
+  // order (docs/bert.md). 0: S slots, room for any labels (the head then runs on B x S rows). A
+  // sequence with more labelled rows than slots is an error reported through d_status[1]. Must be 0
+  // for the other architectures.
   GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
-                 CachingAllocator& alloc, bool recompute_gelu = false, std::vector<int> drop_layers = {});
+                 CachingAllocator& alloc, bool recompute_gelu = false, std::vector<int> drop_layers = {},
+                 int max_pred = 0);
   ~GpuTransformer();
   GpuTransformer(const GpuTransformer&) = delete;
   GpuTransformer& operator=(const GpuTransformer&) = delete;
@@ -76,7 +84,10 @@ class GpuTransformer {
   // of `grad_type` (bf16 or fp32) at params.grad_offset of each unit, written (accumulate=false)
   // or added to (accumulate=true);
   // tokens, labels: device int32 [B*S]. Writes the mean loss to *d_loss (device fp32) and the
-  // first bad token / label index + 1 to d_status[0] / d_status[1] (device ints, 0 when valid).
+  // first bad token / label index + 1 to d_status[0] / d_status[1] (device ints, 0 when valid;
+  // d_status[0] is only raised, so the caller clears it, d_status[1] is written). BERT:
+  // d_status[1] = -(b + 1) when sequence b is the first with more labelled rows than max_pred
+  // (a bad label is reported first).
   // `grad_scale` multiplies the loss gradient (1/accumulation for averaged micro-batches).
   void forward_backward(cudaStream_t s, ParamAccess& params, void* grads, DType grad_type, bool accumulate,
                         const std::int32_t* tokens, const std::int32_t* labels, float grad_scale, float* d_loss,
@@ -120,7 +131,11 @@ class GpuTransformer {
   struct BertFlagSavings {
     std::size_t normalize_invertible = 0, gelu_checkpoint = 0, attn_dropout_checkpoint = 0;
   };
-  static BertFlagSavings bert_flag_savings(const ModelDims& dims, int B, int S, bool checkpointing);
+  // `max_pred`: the constructor's (the head's rows).
+  static BertFlagSavings bert_flag_savings(const ModelDims& dims, int B, int S, bool checkpointing, int max_pred = 0);
+  // BERT's masked-LM head slots per sequence for the constructor's `max_pred` at seq S (0: S).
+  static int mlm_slots(int S, int max_pred) { return max_pred > 0 ? max_pred : S; }
+  int mlm_slots() const { return K_; }
 
   // Returns activations and scratch to the allocator; the next call allocates them again.
   void release_workspace();
@@ -146,8 +161,8 @@ class GpuTransformer {
   void allocate(cudaStream_t s);
   // Leaves the head unit acquired (released by the caller after the loss or the head backward).
   template <typename Loss>  // defined and instantiated in transformer_gpu.cpp only
-  Unit forward(cudaStream_t s, ParamAccess& P, char* G, DType gt, const std::int32_t* tokens, int* d_status,
-               Loss&& loss);
+  Unit forward(cudaStream_t s, ParamAccess& P, char* G, DType gt, const std::int32_t* tokens,
+               const std::int32_t* labels, int* d_status, Loss&& loss);
   // The rows a block runs on: all B x S tokens, or random-LTD's B x kept (attention over `kept`
   // per sequence); `dx`: the buffer holding d(block output) in backward, d(block input) after it.
   struct Rows {
@@ -181,15 +196,16 @@ class GpuTransformer {
 
   // BERT (transformer_gpu_bert.cpp): the embeddings (lookup, LayerNorm, dropout into xs_[0]); a
   // block from xs_[l] to xs_[l+1] (Pre-LN: x1 = LN_attn(x), s1 = a, s2 = LN_out(a); Post-LN: s1 =
-  // LN_attn's input, x1 = a, s2 = LN_out's input); the head (final LayerNorm for Pre-LN, transform,
-  // tied decoder + bias into logits_); each one's backward with dx_ = d(its output) in, d(its
-  // input) out.
+  // LN_attn's input, x1 = a, s2 = LN_out's input); the head on the P_ gathered rows (the plan from
+  // the labels, the rows of xs_[L] into head_x_, final LayerNorm for Pre-LN, transform, tied
+  // decoder + bias into logits_ [P_, vocab_rows]); each one's backward with dx_ = d(its output)
+  // in, d(its input) out (the head's: d(head_x_) scattered into dx_, zeros elsewhere).
   void allocate_bert(cudaStream_t s);
   void bert_embedding_forward(cudaStream_t s, const Unit& E, const std::int32_t* tokens, int* d_status);
   void bert_embedding_backward(cudaStream_t s, const Unit& E, DType gt, bool acc, const std::int32_t* tokens);
   void bert_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a);
   void bert_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a);
-  void bert_head_forward(cudaStream_t s, const Unit& H, const Unit& E);
+  void bert_head_forward(cudaStream_t s, const Unit& H, const Unit& E, const std::int32_t* labels, int* d_status);
   void bert_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc);
   kernels::DropoutKey bert_key(std::uint32_t layer) const {
     return kernels::DropoutKey{drop_seed_, drop_step_, layer, drop_step_ptr_};
@@ -199,6 +215,7 @@ class GpuTransformer {
 
   const TransformerParams& table_;
   int B_, S_, M_;
+  int K_ = 0, P_ = 0;  // BERT: the head's slots per sequence and rows (B_ x K_); 0 otherwise
   bool checkpointing_;
   bool recompute_gelu_;
   kernels::AttentionShape attn_;
@@ -240,6 +257,10 @@ class GpuTransformer {
   bool train_ = false;
   std::uint8_t* key_mask_ = nullptr;
   bf16 *emb_sum_ = nullptr, *head_d_ = nullptr, *head_g_ = nullptr, *head_n_ = nullptr;
+  // The head's plan (kernels::mlm_gather_plan: positions and labels [P_], each row's slot [M_])
+  // and its gathered input rows [P_, h].
+  std::int32_t *mlm_pos_ = nullptr, *mlm_labels_ = nullptr, *mlm_slot_ = nullptr;
+  bf16* head_x_ = nullptr;
   float *mean_e_ = nullptr, *rstd_e_ = nullptr, *mean_h_ = nullptr, *rstd_h_ = nullptr;
 };
 

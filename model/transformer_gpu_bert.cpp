@@ -2,7 +2,9 @@
 // dropout, Pre-LN or Post-LN blocks whose sub-layer outputs go through the fused bias + dropout +
 // residual kernel, attention over the non-padding keys with dropout on its probabilities (the
 // mask computed from the tokens on the device, the dropout regenerated in backward), exact GELU,
-// the head's transform and the decoder tied to the word embedding. DeepSpeed's memory flags:
+// the masked-LM head on the labelled rows only (each sequence's into its own max_pred slots,
+// kernels/mlm_gather.cuh: transform and the decoder tied to the word embedding on B x max_pred
+// rows, d(hidden) scattered back). DeepSpeed's memory flags:
 // gelu_checkpoint (the GELU output recomputed in backward into d4h_), normalize_invertible (the
 // LayerNorm inputs that are not kept anyway live in dqkv_, free during the forward, and the
 // backward reads the output instead), attn_dropout_checkpoint (nothing to drop: the flash
@@ -17,6 +19,8 @@
 #include "kernels/embedding.cuh"
 #include "kernels/gelu.cuh"
 #include "kernels/layernorm.cuh"
+#include "kernels/mlm_gather.cuh"
+#include "kernels/token_drop.cuh"
 #include "model/kernel_costs.h"
 #include "model/timed_call.h"
 #include "model/transformer_gpu.h"
@@ -28,16 +32,17 @@ namespace cutrain::model {
 using kernels::GemmEpilogue;
 
 GpuTransformer::BertFlagSavings GpuTransformer::bert_flag_savings(const ModelDims& d, int B, int S,
-                                                                  bool checkpointing) {
+                                                                  bool checkpointing, int max_pred) {
   BertFlagSavings out;
   if (d.arch != Arch::Bert) return out;
   const std::size_t M = std::size_t(B) * S, h = std::size_t(d.hidden), F = std::size_t(d.ffn());
+  const std::size_t P = std::size_t(B) * mlm_slots(S, max_pred);  // the head's rows
   const std::size_t sets = checkpointing ? 1 : std::size_t(d.layers);  // per-block activation sets
   const std::size_t row = M * h * sizeof(bf16);
   out.gelu_checkpoint = sets * M * F * sizeof(bf16);  // the GELU output of each block
   // The LayerNorm inputs whose output is kept: Pre-LN's attention sum a (LN_out's input; LN_attn's
-  // input is the block input, kept anyway), Post-LN's s1 and s2; the head's GELU output.
-  out.normalize_invertible = sets * row * (d.bert.pre_layer_norm ? 1 : 2) + row;
+  // input is the block input, kept anyway), Post-LN's s1 and s2; the head's GELU output (P rows).
+  out.normalize_invertible = sets * row * (d.bert.pre_layer_norm ? 1 : 2) + P * h * sizeof(bf16);
   out.attn_dropout_checkpoint = 0;  // no probabilities stored, dropped or not
   return out;
 }
@@ -56,11 +61,12 @@ kernels::AttentionOptions GpuTransformer::bert_attention(int l) const {
 }
 
 // Buffers for what BERT keeps: see LayerActs' mapping in transformer_gpu.h. The flags leave out
-// a.s1 (and Post-LN's a.s2) for dqkv_, a.g for d4h_, head_g_ for dqkv_.
+// a.s1 (and Post-LN's a.s2) for dqkv_, a.g for d4h_, head_g_ for dqkv_. The head's buffers have
+// P_ = B x max_pred rows.
 void GpuTransformer::allocate_bert(cudaStream_t s) {
   const ModelDims& d = table_.dims();
   const BertConfig& bc = d.bert;
-  const std::size_t M = M_, h = d.hidden, F = d.ffn(), V = d.vocab_rows(), H = d.heads;
+  const std::size_t M = M_, P = P_, h = d.hidden, F = d.ffn(), V = d.vocab_rows(), H = d.heads;
   auto take = [&](std::size_t bytes) {
     buffers_.emplace_back(alloc_, bytes, s);
     workspace_bytes_ += bytes;
@@ -68,6 +74,7 @@ void GpuTransformer::allocate_bert(cudaStream_t s) {
   };
   auto bf = [&](std::size_t n) { return static_cast<bf16*>(take(n * sizeof(bf16))); };
   auto f32 = [&](std::size_t n) { return static_cast<float*>(take(n * sizeof(float))); };
+  auto i32 = [&](std::size_t n) { return static_cast<std::int32_t*>(take(n * sizeof(std::int32_t))); };
   const bool inv = bc.normalize_invertible, gck = bc.gelu_checkpoint;
   xs_.resize(d.layers + 1);
   for (auto& x : xs_) x = bf(M * h);
@@ -91,17 +98,21 @@ void GpuTransformer::allocate_bert(cudaStream_t s) {
   mean_e_ = f32(M);
   rstd_e_ = f32(M);
   key_mask_ = bc.pad_id >= 0 ? static_cast<std::uint8_t*>(take(M)) : nullptr;
+  mlm_pos_ = i32(P);
+  mlm_labels_ = i32(P);
+  mlm_slot_ = i32(M);
+  head_x_ = bf(P * h);
   if (bc.pre_layer_norm) {
-    lnf_ = bf(M * h);
-    mean_f_ = f32(M);
-    rstd_f_ = f32(M);
+    lnf_ = bf(P * h);
+    mean_f_ = f32(P);
+    rstd_f_ = f32(P);
   }
-  head_d_ = bf(M * h);
-  head_g_ = inv ? nullptr : bf(M * h);
-  head_n_ = bf(M * h);
-  mean_h_ = f32(M);
-  rstd_h_ = f32(M);
-  logits_ = bf(M * V);
+  head_d_ = bf(P * h);
+  head_g_ = inv ? nullptr : bf(P * h);
+  head_n_ = bf(P * h);
+  mean_h_ = f32(P);
+  rstd_h_ = f32(P);
+  logits_ = bf(P * V);
   dx_ = bf(M * h);
   dh_ = bf(M * h);
   d4h_ = bf(M * F);
@@ -115,11 +126,13 @@ void GpuTransformer::allocate_bert(cudaStream_t s) {
   }
   if (!head_g_) head_g_ = dqkv_;
   std::size_t sc = 0;
-  for (std::size_t n : {3 * h, h, F, V}) sc = std::max(sc, kernels::bias_grad_scratch_bytes(M_, int(n)));
-  sc = std::max(sc, kernels::layernorm_backward_scratch_bytes(M_, d.hidden));
+  for (int rows : {M_, P_}) {  // the blocks' rows and the head's
+    for (std::size_t n : {3 * h, h, F, V}) sc = std::max(sc, kernels::bias_grad_scratch_bytes(rows, int(n)));
+    sc = std::max(sc, kernels::layernorm_backward_scratch_bytes(rows, d.hidden));
+  }
   sc = std::max(sc, kernels::embedding_backward_scratch_bytes(B_, S_, d.hidden, d.vocab_rows()));
   sc = std::max(sc, kernels::attention_backward_scratch_bytes(attn_, true));
-  sc = std::max(sc, kernels::cross_entropy_scratch_bytes(M_));
+  sc = std::max(sc, kernels::cross_entropy_scratch_bytes(P_));
   scratch_ = take(std::max<std::size_t>(sc, 256));
 }
 
@@ -316,71 +329,86 @@ void GpuTransformer::bert_layer_backward(cudaStream_t s, const Unit& U, DType gt
   }
 }
 
-void GpuTransformer::bert_head_forward(cudaStream_t s, const Unit& H, const Unit& E) {
+// The plan from the labels (d_status[1]: a bad label, or a sequence with more than K_ labelled
+// rows), the labelled rows of the final hidden state into head_x_, then the head on P_ rows. A
+// row-wise head on the gathered rows gives the all-rows head's values on them; the other rows
+// had no loss.
+void GpuTransformer::bert_head_forward(cudaStream_t s, const Unit& H, const Unit& E, const std::int32_t* labels,
+                                       int* d_status) {
   const ModelDims& d = table_.dims();
-  const int h = d.hidden, Vr = d.vocab_rows(), Ln = d.layers;
+  const int h = d.hidden, Vr = d.vocab_rows(), Ln = d.layers, P = P_;
   const float eps = d.bert.layer_norm_eps;
-  const bf16* xf = xs_[Ln];
+  timed(s, "mlm_plan", cost::Cost{0, 4.0 * M_ + 12.0 * P}, [&] {
+    kernels::mlm_gather_plan(s, labels, B_, S_, K_, d.vocab, mlm_pos_, mlm_labels_, mlm_slot_,
+                             d_status ? d_status + 1 : nullptr);
+  });
+  timed(s, "mlm_gather", cost::token_move(std::size_t(P), h),
+        [&] { kernels::token_gather(s, xs_[Ln], mlm_pos_, head_x_, B_, S_, K_, h); });
+  const bf16* xf = head_x_;
   if (d.bert.pre_layer_norm) {
-    timed(s, "ln_f", cost::layernorm_residual_forward(M_, h), [&] {
-      kernels::layernorm_residual_forward(s, xs_[Ln], nullptr, nullptr, lnf_, mean_f_, rstd_f_,
-                                          H.w(table_.final_norm_w()), H.w(table_.final_norm_b()), M_, h, eps);
+    timed(s, "ln_f", cost::layernorm_residual_forward(P, h), [&] {
+      kernels::layernorm_residual_forward(s, head_x_, nullptr, nullptr, lnf_, mean_f_, rstd_f_,
+                                          H.w(table_.final_norm_w()), H.w(table_.final_norm_b()), P, h, eps);
     });
     xf = lnf_;
   }
-  timed(s, "transform", cost::gemm_forward(M_, h, h), [&] {
-    gemm_->forward(s, xf, H.w(table_.head_dense_w()), H.w(table_.head_dense_b()), head_d_, M_, h, h, GemmEpilogue::Bias);
+  timed(s, "transform", cost::gemm_forward(P, h, h), [&] {
+    gemm_->forward(s, xf, H.w(table_.head_dense_w()), H.w(table_.head_dense_b()), head_d_, P, h, h, GemmEpilogue::Bias);
   });
-  timed(s, "transform_gelu", cost::gelu_forward(std::size_t(M_) * h), [&] {
-    kernels::gelu_forward(s, head_d_, nullptr, nullptr, head_g_, std::size_t(M_), h, kernels::GeluKind::Erf);
+  timed(s, "transform_gelu", cost::gelu_forward(std::size_t(P) * h), [&] {
+    kernels::gelu_forward(s, head_d_, nullptr, nullptr, head_g_, std::size_t(P), h, kernels::GeluKind::Erf);
   });
-  timed(s, "transform_ln", cost::layernorm_residual_forward(M_, h), [&] {
+  timed(s, "transform_ln", cost::layernorm_residual_forward(P, h), [&] {
     kernels::layernorm_residual_forward(s, head_g_, nullptr, nullptr, head_n_, mean_h_, rstd_h_,
-                                        H.w(table_.head_norm_w()), H.w(table_.head_norm_b()), M_, h, eps);
+                                        H.w(table_.head_norm_w()), H.w(table_.head_norm_b()), P, h, eps);
   });
-  timed(s, "logits", cost::gemm_forward(M_, Vr, h), [&] {
-    gemm_->forward(s, head_n_, E.w(table_.output_w()), H.w(table_.output_b()), logits_, M_, Vr, h, GemmEpilogue::Bias);
+  timed(s, "logits", cost::gemm_forward(P, Vr, h), [&] {
+    gemm_->forward(s, head_n_, E.w(table_.output_w()), H.w(table_.output_b()), logits_, P, Vr, h, GemmEpilogue::Bias);
   });
 }
 
+// logits_ holds dlogits [P_, V]; the head's gradients from the gathered rows (the slots past a
+// sequence's count have dlogits 0 and add nothing), then d(head_x_) scattered into dx_ = d x_L.
 void GpuTransformer::bert_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc) {
   const ModelDims& d = table_.dims();
-  const int h = d.hidden, V = d.vocab_rows(), Ln = d.layers;
+  const int h = d.hidden, V = d.vocab_rows(), P = P_;
   const std::size_t es = dtype_size(gt);
   const bool pre = d.bert.pre_layer_norm;
-  // logits_ holds dlogits. The tied weight's gradient is the word embedding's: written (or added)
-  // here, the lookup's share added by the embedding backward.
-  timed(s, "dw", cost::gemm_grad_weight(M_, V, h, es, acc),
-        [&] { gemm_->grad_weight(s, logits_, head_n_, E.g(table_.output_w()), gt, M_, V, h, acc); });
-  timed(s, "db", cost::bias_grad(M_, V, es, acc),
-        [&] { kernels::bias_grad(s, logits_, H.g(table_.output_b()), gt, M_, V, acc, scratch_); });
-  timed(s, "dx", cost::gemm_grad_input(M_, V, h, false),
-        [&] { gemm_->grad_input(s, logits_, E.w(table_.output_w()), dh_, M_, V, h, 0.f); });
-  timed(s, "transform_ln", cost::layernorm_backward(M_, h, es, acc), [&] {
+  // The tied weight's gradient is the word embedding's: written (or added) here, the lookup's
+  // share added by the embedding backward.
+  timed(s, "dw", cost::gemm_grad_weight(P, V, h, es, acc),
+        [&] { gemm_->grad_weight(s, logits_, head_n_, E.g(table_.output_w()), gt, P, V, h, acc); });
+  timed(s, "db", cost::bias_grad(P, V, es, acc),
+        [&] { kernels::bias_grad(s, logits_, H.g(table_.output_b()), gt, P, V, acc, scratch_); });
+  timed(s, "dx", cost::gemm_grad_input(P, V, h, false),
+        [&] { gemm_->grad_input(s, logits_, E.w(table_.output_w()), dh_, P, V, h, 0.f); });
+  timed(s, "transform_ln", cost::layernorm_backward(P, h, es, acc), [&] {
     if (d.bert.normalize_invertible)
       kernels::layernorm_backward_from_output(s, dh_, head_n_, rstd_h_, H.w(table_.head_norm_w()),
                                               H.w(table_.head_norm_b()), nullptr, dh_, H.g(table_.head_norm_w()),
-                                              H.g(table_.head_norm_b()), gt, acc, scratch_, M_, h);
+                                              H.g(table_.head_norm_b()), gt, acc, scratch_, P, h);
     else
       kernels::layernorm_backward(s, dh_, head_g_, mean_h_, rstd_h_, H.w(table_.head_norm_w()), nullptr, dh_,
-                                  H.g(table_.head_norm_w()), H.g(table_.head_norm_b()), gt, acc, scratch_, M_, h);
+                                  H.g(table_.head_norm_w()), H.g(table_.head_norm_b()), gt, acc, scratch_, P, h);
   });
-  timed(s, "transform_gelu", cost::gelu_backward(std::size_t(M_) * h), [&] {
-    kernels::gelu_backward(s, dh_, head_d_, dh_, std::size_t(M_) * h, kernels::GeluKind::Erf);
+  timed(s, "transform_gelu", cost::gelu_backward(std::size_t(P) * h), [&] {
+    kernels::gelu_backward(s, dh_, head_d_, dh_, std::size_t(P) * h, kernels::GeluKind::Erf);
   });
-  const bf16* xf = pre ? lnf_ : xs_[Ln];
-  bf16* dxf = pre ? d4h_ : dx_;
-  timed(s, "transform_dw", cost::gemm_grad_weight(M_, h, h, es, acc),
-        [&] { gemm_->grad_weight(s, dh_, xf, H.g(table_.head_dense_w()), gt, M_, h, h, acc); });
-  timed(s, "transform_db", cost::bias_grad(M_, h, es, acc),
-        [&] { kernels::bias_grad(s, dh_, H.g(table_.head_dense_b()), gt, M_, h, acc, scratch_); });
-  timed(s, "transform_dx", cost::gemm_grad_input(M_, h, h, false),
-        [&] { gemm_->grad_input(s, dh_, H.w(table_.head_dense_w()), dxf, M_, h, h, 0.f); });
+  const bf16* xf = pre ? lnf_ : head_x_;
+  // d4h_ [P_, h] = d(transform input), then (Pre-LN) d(head_x_) in place.
+  timed(s, "transform_dw", cost::gemm_grad_weight(P, h, h, es, acc),
+        [&] { gemm_->grad_weight(s, dh_, xf, H.g(table_.head_dense_w()), gt, P, h, h, acc); });
+  timed(s, "transform_db", cost::bias_grad(P, h, es, acc),
+        [&] { kernels::bias_grad(s, dh_, H.g(table_.head_dense_b()), gt, P, h, acc, scratch_); });
+  timed(s, "transform_dx", cost::gemm_grad_input(P, h, h, false),
+        [&] { gemm_->grad_input(s, dh_, H.w(table_.head_dense_w()), d4h_, P, h, h, 0.f); });
   if (pre)
-    timed(s, "ln_f", cost::layernorm_backward(M_, h, es, acc), [&] {
-      kernels::layernorm_backward(s, d4h_, xs_[Ln], mean_f_, rstd_f_, H.w(table_.final_norm_w()), nullptr, dx_,
-                                  H.g(table_.final_norm_w()), H.g(table_.final_norm_b()), gt, acc, scratch_, M_, h);
+    timed(s, "ln_f", cost::layernorm_backward(P, h, es, acc), [&] {
+      kernels::layernorm_backward(s, d4h_, head_x_, mean_f_, rstd_f_, H.w(table_.final_norm_w()), nullptr, d4h_,
+                                  H.g(table_.final_norm_w()), H.g(table_.final_norm_b()), gt, acc, scratch_, P, h);
     });
+  timed(s, "mlm_scatter", cost::token_move(std::size_t(M_), h),
+        [&] { kernels::mlm_scatter_rows(s, d4h_, mlm_slot_, dx_, M_, h); });
 }
 
 }  // namespace cutrain::model

@@ -24,6 +24,9 @@ struct BackendOptions {
   bool recompute_gelu = false;  // GPT-2 on the GPU: llm.c's -r 1 (model/transformer_gpu.h)
   bool cuda_graph = true;
   bool causal = false;
+  // BERT on the GPU: the masked-LM head's slots per sequence (max_predictions_per_seq; 0: every
+  // position). A sequence with more labels is an error. The CPU reference computes every row.
+  int max_predictions = 0;
   // Data parallelism: the communicator to reduce over (NCCL for the GPU engine, the host
   // communicator for the CPU backend: train/cpu_zero.h). Null: the backend reads the launch
   // environment (runtime/comm/launch_env.h) and creates one only when WORLD_SIZE > 1; a single

@@ -176,7 +176,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     std::fill(drop_idx_h_, drop_idx_h_ + accum_ * drop_stride_, 0);
   }
   model_ = std::make_unique<model::GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A,
-                                                   o.recompute_gelu, std::move(drop_layers));
+                                                   o.recompute_gelu, std::move(drop_layers), o.max_predictions);
   if (o.dims.arch == model::Arch::Bert) {  // dropout: the kernels read the step from step_d_
     step_d_ = Buffer(A, sizeof(std::uint32_t), stream_);
     CUTRAIN_CUDA_CHECK(cudaMallocHost(&step_h_, sizeof(std::uint32_t)));
@@ -324,6 +324,9 @@ void GpuEngine::read_flags() {
   for (int a = 0; a < accum_; ++a) {
     CUTRAIN_CHECK(status[2 * a] == 0, "train: token id at micro-batch ", a, " position ", status[2 * a] - 1,
                   " is outside [0, vocab_size=", table_.dims().vocab, ") (", per_micro, " tokens per micro-batch)");
+    CUTRAIN_CHECK(status[2 * a + 1] >= 0, "train: sequence ", -status[2 * a + 1] - 1, " of micro-batch ", a,
+                  " has more labelled positions (labels != -100) than max_predictions_per_seq=", model_->mlm_slots(),
+                  ", the masked-LM head's slots per sequence; raise --max_predictions_per_seq or mask fewer");
     CUTRAIN_CHECK(status[2 * a + 1] == 0, "train: label at micro-batch ", a, " row ", status[2 * a + 1] - 1,
                   " is outside [0, vocab_size=", table_.dims().vocab, ")");
   }

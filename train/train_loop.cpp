@@ -363,6 +363,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   bo.seed = o.seed;
   bo.activation_checkpointing = o.activation_checkpointing;
   bo.recompute_gelu = o.recompute_gelu;
+  if (bert) bo.max_predictions = bert_setup->max_predictions;  // the masked-LM head's rows (GPU)
   CUTRAIN_CHECK(!o.recompute_gelu || gpt2, "train: --recompute_gelu applies to --model gpt2, found --model ",
                 name(o.model));
   bo.cuda_graph = o.cuda_graph;

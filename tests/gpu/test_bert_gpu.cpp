@@ -4,7 +4,10 @@
 // and with activation checkpointing; the evaluation forward (no dropout); each flag's workspace
 // saving is exactly bert_flag_savings' and changes no result; in the engine with LAMB, two steps
 // draw different masks while CUDA-graph replays (the step read from device memory) give the
-// eager steps' losses, and activation checkpointing the same losses as none.
+// eager steps' losses, and activation checkpointing the same losses as none. The masked-LM head
+// runs on the gathered labelled rows: with max_pred slots per sequence (labels capped to fit) and
+// with 0 (S slots); a sequence with more labels than slots sets the label status (and the engine
+// names it); the head's workspace shrinks to B x max_pred rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -46,11 +49,12 @@ model::ModelDims bert_dims(bool pre_ln, bool dropout, bool attention_options = t
 }
 
 // Masked-LM batches: sequence b > 0 padded over its last 16·b positions; some real positions
-// replaced by [MASK] with a label, about 15% of them labelled, -100 elsewhere.
+// replaced by [MASK] with a label, about 15% of them labelled, -100 elsewhere. `max_pred` > 0: at
+// most that many labels per sequence (the data's cap), the later ones left unlabelled.
 struct Batch {
   std::vector<std::int32_t> tok, lab;
 };
-Batch mlm_batch(int micro_batches, std::mt19937_64& rng, bool pad = true) {
+Batch mlm_batch(int micro_batches, std::mt19937_64& rng, bool pad = true, int max_pred = 0) {
   const int n = micro_batches * kB * kS;
   Batch b{test::random_ints(std::size_t(n), rng, 0, 997), std::vector<std::int32_t>(std::size_t(n), -100)};
   std::uniform_real_distribution<double> u(0, 1);
@@ -67,7 +71,22 @@ Batch mlm_batch(int micro_batches, std::mt19937_64& rng, bool pad = true) {
     }
   }
   b.lab[0] = 5;
+  if (max_pred > 0)
+    for (int q = 0; q < n / kS; ++q) {
+      int count = 0;
+      for (int t = 0; t < kS; ++t) {
+        std::int32_t& l = b.lab[std::size_t(q) * kS + t];
+        if (l != -100 && ++count > max_pred) l = -100;
+      }
+    }
   return b;
+}
+
+// Sequences with exactly this many labels (at its first `n` real positions).
+int labels_in(const Batch& b, int seq) {
+  int n = 0;
+  for (int t = 0; t < kS; ++t) n += b.lab[std::size_t(seq) * kS + t] != -100;
+  return n;
 }
 
 enum class Variant { Plain, NormalizeInvertible, GeluCheckpoint, AttnDropoutCheckpoint, Checkpointing };
@@ -94,10 +113,12 @@ struct GpuRun {
   std::vector<float> grads;
   std::size_t workspace = 0;
 };
+// `max_pred`: the head's slots per sequence (0: S). `expect_status`: the label status both calls
+// must report (0: valid).
 GpuRun run_gpu(const model::TransformerParams& table, bool checkpointing, const std::vector<float>& params,
-               const Batch& b, std::uint64_t seed, std::uint32_t step) {
+               const Batch& b, std::uint64_t seed, std::uint32_t step, int max_pred = 0, int expect_status = 0) {
   Stream stream;
-  model::GpuTransformer m(table, kB, kS, checkpointing, false, device_allocator());
+  model::GpuTransformer m(table, kB, kS, checkpointing, false, device_allocator(), false, {}, max_pred);
   m.set_dropout(seed, step);
   std::vector<bf16> pb(params.size());
   for (std::size_t i = 0; i < params.size(); ++i) pb[i] = to_bf16(params[i]);
@@ -110,7 +131,7 @@ GpuRun run_gpu(const model::TransformerParams& table, bool checkpointing, const 
   m.forward_loss(stream, flat, dtok.get(), dlab.get(), dloss.get() + 1, dstatus.get() + 2);
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
   const std::vector<std::int32_t> status = dstatus.download();
-  for (int s : status) EXPECT_EQ(s, 0) << "token or label status";
+  EXPECT_EQ(status, (std::vector<std::int32_t>{0, expect_status, 0, expect_status})) << "token and label status";
   GpuRun r;
   const std::vector<float> loss = dloss.download();
   r.loss = loss[0];
@@ -135,6 +156,7 @@ struct Case {
   bool pre_ln, dropout;
   Variant variant;
   bool attention_options = true;  // padding (key mask) and attention dropout
+  int max_pred = 0;               // the head's slots per sequence (0: S); the batch's labels capped to fit
 };
 class BertGpu : public ::testing::TestWithParam<Case> {};
 
@@ -147,9 +169,9 @@ TEST_P(BertGpu, LossAndEveryGradientMatchTheReference) {
   const model::TransformerParams table(
       with_variant(bert_dims(c.pre_ln, c.dropout, c.attention_options), c.variant));
   const std::vector<float> p = bf16_params(table, rng());
-  const Batch b = mlm_batch(1, rng, c.attention_options);
+  const Batch b = mlm_batch(1, rng, c.attention_options, c.max_pred);
   const std::uint64_t seed = rng();
-  const GpuRun g = run_gpu(table, c.variant == Variant::Checkpointing, p, b, seed, 3);
+  const GpuRun g = run_gpu(table, c.variant == Variant::Checkpointing, p, b, seed, 3, c.max_pred);
   EXPECT_EQ(test::count_nan(g.grads), 0u) << "gradient elements left unwritten (poison) or non-finite";
 
   std::vector<double> pd(p.begin(), p.end()), gd(p.size(), 0.0);
@@ -184,11 +206,57 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{false, true, Variant::Checkpointing},
                       // Without a pad token and attention dropout (the plain attention): hidden dropout only.
                       Case{true, true, Variant::Plain, false}, Case{false, true, Variant::Plain, false},
-                      Case{true, true, Variant::GeluCheckpoint, false}, Case{false, true, Variant::Checkpointing, false}),
+                      Case{true, true, Variant::GeluCheckpoint, false}, Case{false, true, Variant::Checkpointing, false},
+                      // The head on B x max_pred gathered rows (labels capped at max_pred per sequence).
+                      Case{true, false, Variant::Plain, true, 10}, Case{true, true, Variant::Plain, true, 10},
+                      Case{false, true, Variant::Plain, true, 10}, Case{true, true, Variant::NormalizeInvertible, true, 7},
+                      Case{false, true, Variant::NormalizeInvertible, true, 7},
+                      Case{true, true, Variant::Checkpointing, true, 10}, Case{false, true, Variant::Plain, false, 13}),
     [](const auto& i) {
       return std::string(i.param.pre_ln ? "PreLN" : "PostLN") + (i.param.dropout ? "Dropout" : "NoDropout") +
-             variant_name(i.param.variant) + (i.param.attention_options ? "" : "Unpadded");
+             variant_name(i.param.variant) + (i.param.attention_options ? "" : "Unpadded") +
+             (i.param.max_pred ? "MaxPred" + std::to_string(i.param.max_pred) : "");
     });
+
+// The gathered head (max_pred slots) against S slots on the same batch: the same loss and
+// gradients (the same rows reach the loss; only the GEMMs' row counts differ), and the workspace
+// smaller by at least the logits of the B x (S - max_pred) rows it no longer holds.
+TEST(BertGpuHead, MaxPredSlotsGiveTheAllSlotsResultsInLessMemory) {
+  CUTRAIN_REQUIRE_GPU();
+  for (bool pre_ln : {true, false}) {
+    auto rng = test::fresh_rng();
+    const model::TransformerParams table(bert_dims(pre_ln, true));
+    const std::vector<float> p = bf16_params(table, rng());
+    const int max_pred = 9;
+    const Batch b = mlm_batch(1, rng, true, max_pred);
+    const GpuRun all = run_gpu(table, false, p, b, 5, 1, 0), few = run_gpu(table, false, p, b, 5, 1, max_pred);
+    const std::string what = pre_ln ? "pre-LN" : "post-LN";
+    // The GEMMs on fewer rows may pick other algorithms: the bf16 logits can differ by an ulp.
+    EXPECT_NEAR(few.loss, all.loss, 1e-3 * all.loss) << what;
+    EXPECT_NEAR(few.eval_loss, all.eval_loss, 1e-3 * all.eval_loss) << what;
+    EXPECT_LE(test::rel_error(few.grads, all.grads), 2e-2) << what;
+    const std::size_t logits_rows = std::size_t(kB) * (kS - max_pred);
+    EXPECT_GE(all.workspace - few.workspace, logits_rows * 1024 * sizeof(bf16)) << what;
+  }
+}
+
+// More labelled rows in a sequence than the head has slots: the label status names the sequence
+// (-(b + 1)) in training and evaluation; a bad label is reported first (its row + 1).
+TEST(BertGpuHead, TooManyLabelsInASequenceSetTheLabelStatus) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const model::TransformerParams table(bert_dims(true, true));
+  const std::vector<float> p = bf16_params(table, rng());
+  Batch b = mlm_batch(1, rng, true, 6);
+  for (int t = 0; t < 8; ++t) b.lab[std::size_t(kS) + t] = 3 + t;  // sequence 1: at least 8 labels
+  ASSERT_GT(labels_in(b, 1), 6);
+  ASSERT_LE(labels_in(b, 0), 6);
+  run_gpu(table, false, p, b, 5, 1, 6, -2);
+  b.lab[5] = 5000;  // outside the vocabulary: reported before the full sequence
+  run_gpu(table, false, p, b, 5, 1, 6, 6);
+  EXPECT_THROW(model::GpuTransformer(table, kB, kS, false, false, device_allocator(), false, {}, kS + 1), Error);
+  EXPECT_THROW(model::GpuTransformer(table, kB, kS, false, false, device_allocator(), false, {}, -1), Error);
+}
 
 // Each flag against none: the workspace smaller by exactly the predicted bytes, the forward the
 // same bits, the gradients the same (gelu_checkpoint and attn_dropout_checkpoint: the same bits;
@@ -201,9 +269,10 @@ TEST(BertGpuMemory, EachFlagSavesThePredictedBytes) {
       const model::ModelDims base = bert_dims(pre_ln, true);
       const model::TransformerParams t0(base);
       const std::vector<float> p = bf16_params(t0, rng());
-      const Batch b = mlm_batch(1, rng);
-      const GpuRun g0 = run_gpu(t0, ckpt, p, b, 17, 2);
-      const auto saved = model::GpuTransformer::bert_flag_savings(base, kB, kS, ckpt);
+      const int max_pred = ckpt ? 11 : 0;  // the head's GELU output on B x max_pred rows
+      const Batch b = mlm_batch(1, rng, true, max_pred);
+      const GpuRun g0 = run_gpu(t0, ckpt, p, b, 17, 2, max_pred);
+      const auto saved = model::GpuTransformer::bert_flag_savings(base, kB, kS, ckpt, max_pred);
       struct Flag {
         Variant v;
         std::size_t bytes;
@@ -215,21 +284,23 @@ TEST(BertGpuMemory, EachFlagSavesThePredictedBytes) {
         const std::string what = std::string(variant_name(f.v)) + (pre_ln ? " pre-LN" : " post-LN") +
                                  (ckpt ? " checkpointing" : "");
         const model::TransformerParams t(with_variant(base, f.v));
-        const GpuRun g = run_gpu(t, ckpt, p, b, 17, 2);
+        const GpuRun g = run_gpu(t, ckpt, p, b, 17, 2, max_pred);
         EXPECT_EQ(g0.workspace - g.workspace, f.bytes) << what;
         EXPECT_EQ(g.loss, g0.loss) << what;
         EXPECT_EQ(g.eval_loss, g0.eval_loss) << what;
         if (f.same_bits) EXPECT_EQ(g.grads, g0.grads) << what;
         else EXPECT_LE(test::rel_error(g.grads, g0.grads), 2e-2) << what;
       }
-      const std::size_t M = kB * kS, h = 128, F = 384, sets = ckpt ? 1 : 2;
+      const std::size_t M = kB * kS, P = kB * (max_pred ? max_pred : kS), h = 128, F = 384, sets = ckpt ? 1 : 2;
       EXPECT_EQ(saved.gelu_checkpoint, sets * M * F * 2);
-      EXPECT_EQ(saved.normalize_invertible, (sets * (pre_ln ? 1 : 2) + 1) * M * h * 2);
+      EXPECT_EQ(saved.normalize_invertible, sets * (pre_ln ? 1 : 2) * M * h * 2 + P * h * 2);
       EXPECT_EQ(saved.attn_dropout_checkpoint, 0u);
     }
 }
 
 namespace {
+
+constexpr int kEngineMaxPred = 12;  // the engine's head slots; its batches are capped to fit
 
 train::BackendOptions bert_engine(std::uint64_t seed, bool pre_ln) {
   train::BackendOptions o;
@@ -238,6 +309,7 @@ train::BackendOptions bert_engine(std::uint64_t seed, bool pre_ln) {
   o.seq = kS;
   o.seed = seed;
   o.cuda_graph = true;
+  o.max_predictions = kEngineMaxPred;
   return o;
 }
 
@@ -268,14 +340,14 @@ TEST(BertGpuEngine, StepsDrawNewMasksGraphReplaysEqualEagerSteps) {
       {
         // The masks are a function of the step: the same params and batch, another step, another loss.
         train::GpuEngine e(eager, cfg);
-        const Batch b = mlm_batch(accum, rng);
+        const Batch b = mlm_batch(accum, rng, true, kEngineMaxPred);
         const double l1 = e.forward_backward(b.tok.data(), b.lab.data(), 1);
         EXPECT_EQ(l1, e.forward_backward(b.tok.data(), b.lab.data(), 1)) << what;
         EXPECT_NE(l1, e.forward_backward(b.tok.data(), b.lab.data(), 2)) << what;
       }
       train::GpuEngine a(eager, cfg), g(graph, cfg), c(ckpt, cfg);
       for (int step = 1; step <= 4; ++step) {
-        const Batch b = mlm_batch(accum, rng);
+        const Batch b = mlm_batch(accum, rng, true, kEngineMaxPred);
         const train::StepStats sa = a.step(b.tok.data(), b.lab.data(), step, 1e-3f);
         const train::StepStats sg = g.step(b.tok.data(), b.lab.data(), step, 1e-3f);
         const train::StepStats sc = c.step(b.tok.data(), b.lab.data(), step, 1e-3f);
@@ -289,6 +361,22 @@ TEST(BertGpuEngine, StepsDrawNewMasksGraphReplaysEqualEagerSteps) {
       EXPECT_TRUE(g.graph_active()) << what;
       EXPECT_EQ(a.download_params(), g.download_params()) << what;
     }
+}
+
+TEST(BertGpuEngine, NamesTheSequenceWithTooManyLabels) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  train::GpuEngine e(bert_engine(rng(), true), lamb_config(1));
+  Batch b = mlm_batch(1, rng, true, kEngineMaxPred);
+  for (int t = 0; t < kS; ++t) b.lab[std::size_t(kS) + t] = t < 40 ? 7 : -100;  // sequence 1: 40 labels
+  try {
+    e.step(b.tok.data(), b.lab.data(), 1, 1e-3f);
+    ADD_FAILURE() << "a sequence with 40 labels and 12 slots was accepted";
+  } catch (const Error& err) {
+    const std::string m = err.what();
+    EXPECT_NE(m.find("sequence 1 of micro-batch 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("max_predictions_per_seq=12"), std::string::npos) << m;
+  }
 }
 
 TEST(BertGpuEngine, RefusesWhatItDoesNotImplement) {
