@@ -251,6 +251,12 @@ class Trainer:
         if compiled and a.compile_scope == "model":
             self.fwd = torch.compile(self.model)
         elif compiled:
+            # Each layer is its own module: without room for one compile per layer, dynamo stops
+            # recompiling after its limit (8) and the remaining layers run eagerly.
+            cfg = torch._dynamo.config
+            for k in ("recompile_limit", "cache_size_limit"):
+                if hasattr(cfg, k):
+                    setattr(cfg, k, max(getattr(cfg, k), 4 * len(self.model.encoder.layers)))
             for layer in self.model.encoder.layers:
                 layer.compile()
         fused = device.type == "cuda"
