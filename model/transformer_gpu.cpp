@@ -88,17 +88,18 @@ void GpuTransformer::moe_forward(cudaStream_t s, const Unit& U, int l, const bf1
 
 GpuTransformer::~GpuTransformer() = default;
 
+void* GpuTransformer::take(cudaStream_t s, std::size_t bytes) {
+  buffers_.emplace_back(alloc_, bytes, s);
+  workspace_bytes_ += bytes;
+  return buffers_.back().get();
+}
+
 void GpuTransformer::allocate(cudaStream_t s) {
   const ModelDims& d = table_.dims();
   if (d.arch == Arch::Bert) return allocate_bert(s);
   const std::size_t M = M_, h = d.hidden, F = d.ffn(), V = d.vocab_rows(), H = d.heads;
-  auto take = [&](std::size_t bytes) {
-    buffers_.emplace_back(alloc_, bytes, s);
-    workspace_bytes_ += bytes;
-    return buffers_.back().get();
-  };
-  auto bf = [&](std::size_t n) { return static_cast<bf16*>(take(n * sizeof(bf16))); };
-  auto f32 = [&](std::size_t n) { return static_cast<float*>(take(n * sizeof(float))); };
+  auto bf = [&](std::size_t n) { return take_n<bf16>(s, n); };
+  auto f32 = [&](std::size_t n) { return take_n<float>(s, n); };
   xs_.resize(d.layers + 1);
   for (auto& x : xs_) x = bf(M * h);
   acts_.resize(checkpointing_ ? 1 : d.layers);
@@ -140,7 +141,7 @@ void GpuTransformer::allocate(cudaStream_t s) {
   sc = std::max(sc, kernels::embedding_backward_scratch_bytes(B_, S_, d.hidden, d.vocab_rows()));
   sc = std::max(sc, kernels::attention_backward_scratch_bytes(attn_, true));
   sc = std::max(sc, kernels::cross_entropy_scratch_bytes(M_));
-  scratch_ = take(std::max<std::size_t>(sc, 256));
+  scratch_ = take(s, std::max<std::size_t>(sc, 256));
 }
 
 void GpuTransformer::release_workspace() {

@@ -159,6 +159,13 @@ class GpuTransformer {
   };
   Unit unit(ParamAccess& P, cudaStream_t s, int u, char* G, DType gt);
   void allocate(cudaStream_t s);
+  // One workspace buffer of `bytes` from the allocator on `s`, counted in workspace_bytes_; n
+  // elements of T.
+  void* take(cudaStream_t s, std::size_t bytes);
+  template <typename T>
+  T* take_n(cudaStream_t s, std::size_t n) {
+    return static_cast<T*>(take(s, n * sizeof(T)));
+  }
   // Leaves the head unit acquired (released by the caller after the loss or the head backward).
   template <typename Loss>  // defined and instantiated in transformer_gpu.cpp only
   Unit forward(cudaStream_t s, ParamAccess& P, char* G, DType gt, const std::int32_t* tokens,

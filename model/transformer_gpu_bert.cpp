@@ -67,14 +67,9 @@ void GpuTransformer::allocate_bert(cudaStream_t s) {
   const ModelDims& d = table_.dims();
   const BertConfig& bc = d.bert;
   const std::size_t M = M_, P = P_, h = d.hidden, F = d.ffn(), V = d.vocab_rows(), H = d.heads;
-  auto take = [&](std::size_t bytes) {
-    buffers_.emplace_back(alloc_, bytes, s);
-    workspace_bytes_ += bytes;
-    return buffers_.back().get();
-  };
-  auto bf = [&](std::size_t n) { return static_cast<bf16*>(take(n * sizeof(bf16))); };
-  auto f32 = [&](std::size_t n) { return static_cast<float*>(take(n * sizeof(float))); };
-  auto i32 = [&](std::size_t n) { return static_cast<std::int32_t*>(take(n * sizeof(std::int32_t))); };
+  auto bf = [&](std::size_t n) { return take_n<bf16>(s, n); };
+  auto f32 = [&](std::size_t n) { return take_n<float>(s, n); };
+  auto i32 = [&](std::size_t n) { return take_n<std::int32_t>(s, n); };
   const bool inv = bc.normalize_invertible, gck = bc.gelu_checkpoint;
   xs_.resize(d.layers + 1);
   for (auto& x : xs_) x = bf(M * h);
@@ -97,7 +92,7 @@ void GpuTransformer::allocate_bert(cudaStream_t s) {
   emb_sum_ = bf(M * h);
   mean_e_ = f32(M);
   rstd_e_ = f32(M);
-  key_mask_ = bc.pad_id >= 0 ? static_cast<std::uint8_t*>(take(M)) : nullptr;
+  key_mask_ = bc.pad_id >= 0 ? take_n<std::uint8_t>(s, M) : nullptr;
   mlm_pos_ = i32(P);
   mlm_labels_ = i32(P);
   mlm_slot_ = i32(M);
@@ -133,7 +128,7 @@ void GpuTransformer::allocate_bert(cudaStream_t s) {
   sc = std::max(sc, kernels::embedding_backward_scratch_bytes(B_, S_, d.hidden, d.vocab_rows()));
   sc = std::max(sc, kernels::attention_backward_scratch_bytes(attn_, true));
   sc = std::max(sc, kernels::cross_entropy_scratch_bytes(P_));
-  scratch_ = take(std::max<std::size_t>(sc, 256));
+  scratch_ = take(s, std::max<std::size_t>(sc, 256));
 }
 
 void GpuTransformer::bert_embedding_forward(cudaStream_t s, const Unit& E, const std::int32_t* tokens, int* d_status) {

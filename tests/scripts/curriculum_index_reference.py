@@ -11,20 +11,9 @@ Exit 0 when they agree (metric values to 1e-12 relative), 1 with the first diffe
 import argparse
 import json
 import math
-import struct
 import sys
 
-MAGIC, VERSION = 20240520, 1
-
-
-def read_shard(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    header = struct.unpack("<256i", data[:1024])
-    if header[0] != MAGIC or header[1] != VERSION:
-        raise SystemExit(f"{path}: not an llm.c token shard")
-    n = header[2]
-    return list(struct.unpack(f"<{n}H", data[1024:1024 + 2 * n]))
+from llmc_shard import read_shard
 
 
 def main():

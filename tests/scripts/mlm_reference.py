@@ -14,14 +14,14 @@ hold on the reference's own draws (15% chosen, 80/10/10, labels only at chosen p
 padding); 1 with the first difference otherwise.
 """
 import json
-import struct
 import sys
+
+from llmc_shard import read_shard
 
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
 IGNORE = -100
 STREAM_MASK, STREAM_SYNTHETIC, STREAM_EPOCH = 1, 2, 3
-MAGIC, VERSION = 20240520, 1
 
 
 def mix(z):
@@ -44,16 +44,6 @@ class Rng:
 
     def below(self, n):
         return (self.next() * n) >> 64
-
-
-def read_shard(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    header = struct.unpack("<256i", data[:1024])
-    if header[0] != MAGIC or header[1] != VERSION:
-        raise SystemExit(f"{path}: not an llm.c token shard")
-    n = header[2]
-    return list(struct.unpack(f"<{n}H", data[1024:1024 + 2 * n]))
 
 
 def pieces(tokens, seq_len, eot):

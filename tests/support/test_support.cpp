@@ -62,6 +62,16 @@ std::vector<float> round_bf16(std::vector<float> v) {
   return v;
 }
 
+double stdev(const float* x, std::size_t n) {
+  double s = 0, s2 = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    s += x[i];
+    s2 += double(x[i]) * x[i];
+  }
+  const double m = s / double(n);
+  return std::sqrt(s2 / double(n) - m * m);
+}
+
 double rel_error(const float* out, const double* ref, std::size_t n) {
   double num = 0, den = 0;
   for (std::size_t i = 0; i < n; ++i) {

@@ -39,6 +39,8 @@ std::vector<float> round_bf16(std::vector<float> v);
 
 // ||out - ref|| / ||ref|| in double; NaN/Inf anywhere in `out` gives +inf.
 double rel_error(const float* out, const double* ref, std::size_t n);
+// The population standard deviation of x[0, n) (fp64 sums): what an init rule's spread is checked by.
+double stdev(const float* x, std::size_t n);
 double rel_error(const std::vector<float>& out, const std::vector<double>& ref);
 double rel_error(const std::vector<float>& out, const std::vector<float>& ref);
 // Distance in bf16 ulps between two bf16 values held as floats (monotone ordering of the bits).

@@ -26,6 +26,33 @@ double loss(const std::vector<float>& qkv, const std::vector<float>& dout, const
   return l;
 }
 
+// The reference backward against central differences of loss() (fp64 sums of float inputs, step
+// 1e-2), with `opts`; the gradient must not be trivially zero.
+void expect_backward_matches_finite_differences(std::vector<float> qkv, const std::vector<float>& dout,
+                                                const AttentionShape& sh, const ref::AttentionRefOptions& opts) {
+  std::vector<double> out, lse, dqkv;
+  ref::attention_forward(qkv, sh, out, lse, opts);
+  // The backward takes `out` as floats; with the exact forward output D = rowsum(dout o out) is exact
+  // up to float rounding of out, far below the finite-difference tolerance.
+  std::vector<float> outf(out.begin(), out.end());
+  ref::attention_backward(qkv, outf, dout, sh, dqkv, opts);
+  std::vector<double> fd(qkv.size());
+  for (std::size_t i = 0; i < qkv.size(); ++i) {
+    const float x = qkv[i], h = 1e-2f;
+    qkv[i] = x + h;
+    const double lp = loss(qkv, dout, sh, opts);
+    qkv[i] = x - h;
+    const double lm = loss(qkv, dout, sh, opts);
+    qkv[i] = x;
+    fd[i] = (lp - lm) / (2.0 * h);
+  }
+  std::vector<float> analytic(dqkv.begin(), dqkv.end());
+  EXPECT_LT(test::rel_error(analytic, fd), 1e-3);
+  double norm = 0;
+  for (double v : fd) norm += v * v;
+  EXPECT_GT(norm, 1e-6) << "gradient is trivially zero";
+}
+
 class AttentionRef : public ::testing::TestWithParam<bool> {};
 
 TEST_P(AttentionRef, ForwardMatchesDirectSoftmax) {
@@ -60,29 +87,8 @@ TEST_P(AttentionRef, BackwardMatchesFiniteDifferences) {
   auto rng = test::fresh_rng();
   AttentionShape sh{1, 6, 2, 8, GetParam()};
   const std::size_t n = static_cast<std::size_t>(sh.seq) * 3 * sh.heads * sh.head_dim;
-  auto qkv = test::random_normal(n, rng);
-  const auto dout = test::random_normal(n / 3, rng);
-  std::vector<double> out, lse, dqkv;
-  ref::attention_forward(qkv, sh, out, lse);
-  // The backward takes `out` as floats; with the exact forward output D = rowsum(dout o out) is exact
-  // up to float rounding of out, far below the finite-difference tolerance.
-  std::vector<float> outf(out.begin(), out.end());
-  ref::attention_backward(qkv, outf, dout, sh, dqkv);
-  std::vector<double> fd(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const float x = qkv[i], h = 1e-2f;
-    qkv[i] = x + h;
-    const double lp = loss(qkv, dout, sh);
-    qkv[i] = x - h;
-    const double lm = loss(qkv, dout, sh);
-    qkv[i] = x;
-    fd[i] = (lp - lm) / (2.0 * h);
-  }
-  std::vector<float> analytic(dqkv.begin(), dqkv.end());
-  EXPECT_LT(test::rel_error(analytic, fd), 1e-3);
-  double norm = 0;
-  for (double v : fd) norm += v * v;
-  EXPECT_GT(norm, 1e-6) << "gradient is trivially zero";
+  const auto qkv = test::random_normal(n, rng);
+  expect_backward_matches_finite_differences(qkv, test::random_normal(n / 3, rng), sh, {});
 }
 
 std::size_t qkv_size(const AttentionShape& sh) {
@@ -201,27 +207,8 @@ TEST_P(AttentionRef, MaskedDropoutBackwardMatchesFiniteDifferences) {
   o.dropout = {31337, 4, 0, nullptr};
   o.dropout_p = 0.3f;
   const std::size_t n = qkv_size(sh);
-  auto qkv = test::random_normal(n, rng);
-  const auto dout = test::random_normal(n / 3, rng);
-  std::vector<double> out, lse, dqkv;
-  ref::attention_forward(qkv, sh, out, lse, o);
-  std::vector<float> outf(out.begin(), out.end());
-  ref::attention_backward(qkv, outf, dout, sh, dqkv, o);
-  std::vector<double> fd(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const float x = qkv[i], h = 1e-2f;
-    qkv[i] = x + h;
-    const double lp = loss(qkv, dout, sh, o);
-    qkv[i] = x - h;
-    const double lm = loss(qkv, dout, sh, o);
-    qkv[i] = x;
-    fd[i] = (lp - lm) / (2.0 * h);
-  }
-  std::vector<float> analytic(dqkv.begin(), dqkv.end());
-  EXPECT_LT(test::rel_error(analytic, fd), 1e-3);
-  double norm = 0;
-  for (double v : fd) norm += v * v;
-  EXPECT_GT(norm, 1e-6) << "gradient is trivially zero";
+  const auto qkv = test::random_normal(n, rng);
+  expect_backward_matches_finite_differences(qkv, test::random_normal(n / 3, rng), sh, o);
   std::size_t dropped = 0;
   for (int b = 0; b < sh.batch; ++b)
     for (int h = 0; h < sh.heads; ++h)

@@ -95,13 +95,7 @@ TEST(Gpt2Params, InitIsGpt2s) {
   t.init(p.data(), 7);
   auto stdev = [&](int idx) {
     const auto& x = t.tensor(idx);
-    double s = 0, s2 = 0;
-    for (std::size_t i = 0; i < x.count; ++i) {
-      s += p[x.offset + i];
-      s2 += double(p[x.offset + i]) * p[x.offset + i];
-    }
-    const double m = s / double(x.count);
-    return std::sqrt(s2 / double(x.count) - m * m);
+    return test::stdev(p.data() + x.offset, x.count);
   };
   EXPECT_NEAR(stdev(t.embedding()), 0.02, 5e-4);
   EXPECT_NEAR(stdev(t.pos_embedding()), 0.02, 1e-3);
