@@ -1,5 +1,6 @@
 // Small synchronous requests of the aio handle: run inline on the calling thread against handed
-// to a worker (HandleOptions::inline_bytes 0), per request size, reads and writes of a 4096-aligned
+// to the workers (HandleOptions::inline_bytes 0) with intra_op_parallelism 1 and 4 (a request
+// split into slices on 4 threads), per request size, reads and writes of a 4096-aligned
 // buffer at offset 0 (the O_DIRECT body where the file system takes it). What sets the default
 // inline threshold (docs/nvme.md). CPU only. The folder: CUTRAIN_BENCH_FOLDER (default /tmp).
 //   bench_aio_small [--benchmark_filter=...]
@@ -24,12 +25,14 @@ std::string bench_file() {
   return (dir / "cutrain_bench_aio_small.bin").string();
 }
 
-// Args: request bytes, inline (1) or through the workers (0), read (1) or write (0).
+// Args: request bytes, workers (0: inline on the caller, else intra_op_parallelism), read (1) or
+// write (0).
 void BM_SyncRequest(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
-  const bool run_inline = state.range(1) != 0, read = state.range(2) != 0;
+  const bool run_inline = state.range(1) == 0, read = state.range(2) != 0;
   HandleOptions o;
   o.inline_bytes = run_inline ? bytes : 0;
+  o.intra_op_parallelism = run_inline ? 1 : static_cast<int>(state.range(1));
   AioHandle h(o);
   std::unique_ptr<char, decltype(&std::free)> buf(static_cast<char*>(std::aligned_alloc(4096, bytes)), &std::free);
   std::memset(buf.get(), 7, bytes);
@@ -44,19 +47,21 @@ void BM_SyncRequest(benchmark::State& state) {
   const RequestCounts c = h.request_counts();
   if (run_inline != (c.inline_requests > 0 && c.queued_requests == 0)) state.SkipWithError("the request took the other path");
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
-  state.SetLabel(std::string(read ? "read " : "write ") + (run_inline ? "inline" : "worker") + " " + backend_name(h.backend()));
+  state.SetLabel(std::string(read ? "read " : "write ") +
+                 (run_inline ? std::string("inline") : "workers " + std::to_string(o.intra_op_parallelism)) + " " +
+                 backend_name(h.backend()));
   std::filesystem::remove(path);
 }
 
 void sizes(benchmark::internal::Benchmark* b) {
   for (std::int64_t read : {1, 0})
     for (std::int64_t bytes : {4096, 16384, 65536, 262144, 1048576})
-      for (std::int64_t run_inline : {1, 0}) b->Args({bytes, run_inline, read});
+      for (std::int64_t workers : {0, 1, 4}) b->Args({bytes, workers, read});
 }
 
 }  // namespace
 
-BENCHMARK(BM_SyncRequest)->Apply(sizes)->ArgNames({"bytes", "inline", "read"})->MinTime(0.2)->Repetitions(3)
+BENCHMARK(BM_SyncRequest)->Apply(sizes)->ArgNames({"bytes", "workers", "read"})->MinTime(0.2)->Repetitions(3)
     ->ReportAggregatesOnly(true)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

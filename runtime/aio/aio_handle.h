@@ -30,8 +30,8 @@ struct HandleOptions {
   std::size_t bounce_bytes = 64u << 20;  // each of the two pinned bounce buffers (device I/O)
   // Synchronous host requests of at most this many bytes (and at most block_size) run inline on
   // the calling thread unless async requests are still queued (those finish first, in order).
-  // 0: every request goes to the workers. bench_aio_small measures the threshold (docs/nvme.md).
-  std::size_t inline_bytes = 64u << 10;
+  // 0: every request goes to the workers. The default: bench_aio_small (docs/nvme.md).
+  std::size_t inline_bytes = 256u << 10;
 };
 
 // How the handle's host requests ran (sync and async; device requests count their host chunks).
