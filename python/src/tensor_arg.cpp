@@ -145,24 +145,21 @@ nb::handle torch_tensor_type() {
 bool is_torch_instance(nb::handle obj) {
   nb::handle tt = torch_tensor_type();
   if (!tt.is_valid()) return false;
-  if (obj.type().ptr() == tt.ptr()) return true;
-  const int r = PyObject_IsInstance(obj.ptr(), tt.ptr());  // subclasses: nn.Parameter, ...
-  if (r < 0) throw nb::python_error();
-  return r == 1;
+  // The type's MRO (subclasses: nn.Parameter, ...), without isinstance's __instancecheck__ call.
+  return PyType_IsSubtype(Py_TYPE(obj.ptr()), reinterpret_cast<PyTypeObject*>(tt.ptr())) != 0;
 }
 
 void from_torch(TensorArg& t, nb::handle obj, const char* op, const char* arg, bool keep_alive) {
   const TorchNames& n = torch_names();
   if (!truth(call0(obj, n.is_contiguous))) throw_non_contiguous(obj, op, arg, "e.g. .contiguous()");
-  t.device = truth(attr(obj, n.is_cuda));
-  if (!t.device) {
-    PyObject* cpu = PyObject_GetAttr(obj.ptr(), n.is_cpu);  // PyTorch before 1.13 lacks it
-    const bool on_cpu = cpu ? truth(nb::steal(cpu)) : (PyErr_Clear(), py_str(obj.attr("device").attr("type")) == "cpu");
-    if (!on_cpu)
-      throw nb::value_error((std::string(op) + ": " + arg + " lives on " + py_str(obj.attr("device")) +
-                             "; only CPU and CUDA tensors are supported")
-                                .c_str());
-  }
+  // is_cpu first: one attribute for the common case.
+  PyObject* cpu = PyObject_GetAttr(obj.ptr(), n.is_cpu);  // PyTorch before 1.13 lacks it
+  const bool on_cpu = cpu ? truth(nb::steal(cpu)) : (PyErr_Clear(), py_str(obj.attr("device").attr("type")) == "cpu");
+  t.device = !on_cpu && truth(attr(obj, n.is_cuda));
+  if (!on_cpu && !t.device)
+    throw nb::value_error((std::string(op) + ": " + arg + " lives on " + py_str(obj.attr("device")) +
+                           "; only CPU and CUDA tensors are supported")
+                              .c_str());
   const nb::object ptr = call0(obj, n.data_ptr), nbytes = attr(obj, n.nbytes);
   t.data = PyLong_AsVoidPtr(ptr.ptr());
   t.bytes = PyLong_AsSize_t(nbytes.ptr());
