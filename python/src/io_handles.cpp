@@ -68,7 +68,7 @@ class HandleBase {
   void keep(nb::object o) { pending_.push_back(std::move(o)); }
   // A file name as the engine takes it, without an allocation per call: the str's own UTF-8
   // (cached in it) copied into this thread's string, whose capacity stays. Valid until the
-  // thread's next call.
+  // thread's next call: take it after the tensor argument (whose import may run Python code).
   static const std::string& path_arg(nb::str s) {
     thread_local std::string path;
     Py_ssize_t n = 0;
@@ -157,11 +157,11 @@ class PyAioHandle : public HandleBase {
   }
   int pread(nb::handle buffer, nb::str filename, bool validate, bool async, std::int64_t off) {
     return async ? (check_validate("pread", validate), async_pread(buffer, filename, off))
-                 : sync_checked("pread", buffer, path_arg(filename), validate, off, true);
+                 : sync_checked("pread", buffer, filename, validate, off, true);
   }
   int pwrite(nb::handle buffer, nb::str filename, bool validate, bool async, std::int64_t off) {
     return async ? (check_validate("pwrite", validate), async_pwrite(buffer, filename, off))
-                 : sync_checked("pwrite", buffer, path_arg(filename), validate, off, false);
+                 : sync_checked("pwrite", buffer, filename, validate, off, false);
   }
   // DeepSpeed's non-parallel whole-file forms; 0 on success.
   int read(nb::handle buffer, const std::string& path, bool validate, std::int64_t off) {
@@ -229,9 +229,9 @@ class PyAioHandle : public HandleBase {
     if (validate)
       throw nb::value_error((std::string(op) + ": validate needs a synchronous call (async=False)").c_str());
   }
-  int sync_checked(const char* op, nb::handle buffer, const std::string& path, bool validate, std::int64_t off,
-                   bool read) {
+  int sync_checked(const char* op, nb::handle buffer, nb::str filename, bool validate, std::int64_t off, bool read) {
     TensorArg t = arg(op, buffer, read);
+    const std::string& path = path_arg(filename);  // after arg(): no Python code runs between this and the I/O
     nb::gil_scoped_release r;
     if (read)
       h_->pread(t.data, t.bytes, path, validate, false, off);

@@ -29,8 +29,9 @@ struct HandleOptions {
   bool fsync = false;                  // fdatasync after every write
   std::size_t bounce_bytes = 64u << 20;  // each of the two pinned bounce buffers (device I/O)
   // Synchronous host requests of at most this many bytes (and at most block_size) run inline on
-  // the calling thread unless async requests are still queued (those finish first, in order).
-  // 0: every request goes to the workers. The default: bench_aio_small (docs/nvme.md).
+  // the calling thread, unless async requests have not been collected by wait() yet: then it
+  // queues behind them on the workers (in order). 0: every request goes to the workers. The
+  // default: bench_aio_small (docs/python.md).
   std::size_t inline_bytes = 256u << 10;
 };
 
