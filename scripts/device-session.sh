@@ -57,7 +57,8 @@
 #               through cutrain's handle and DeepSpeed's in the same process (bench/peers/
 #               deepnvme_peer.py under PEERS_DIR's run.sh ds-python: the same checks on both, then
 #               the GB/s table with ours/DeepSpeed per row; DNVME_DIR, default /tmp/dnvme;
-#               DNVME_SIZE, default 1G; DNVME_REPS, default 3). About 6 minutes after the build.
+#               DNVME_SIZE, default 1G; DNVME_REPS, default 8: each side on each of the two files
+#               first and second twice, which 0.96x-0.97x rows need). About 8 minutes after the build.
 #   plan        the layout planner (cutrain plan): its GPU tests (PlannerGpu: predicted against the
 #               allocator's peak; e2e_plan_cli_cuda: the profiled-run source), the 6.86B model on 4 GPUs
 #               (baseline, bf16_full) from a profiled run on this GPU (4 of its 32 layers; the plan
@@ -364,15 +365,15 @@ if want python; then
   pyenv="PYTHONPATH=$pyd/site:$pyd/build-deps"
   step python_tests 240 "cd /tmp && $pyenv python3 -m pytest -q -rs -p no:cacheprovider $root/python/tests"
   grep -E "passed|failed|SKIPPED|Error" "$logs/python_tests.txt" | tail -12 >>"$sum" 2>/dev/null
-  step python_overhead 90 "$pyenv python3 bench/python/python_overhead.py --folder /tmp/cutrain_ov --torch --out $logs/python_overhead_torch.json && $pyenv python3 bench/python/python_overhead.py --folder /dev/shm/cutrain_ov --out $logs/python_overhead_numpy.json"
-  grep -vE "^\s*$" "$logs/python_overhead.txt" | tail -16 >>"$sum" 2>/dev/null
+  step python_overhead 150 "for d in /tmp /dev/shm; do for t in numpy torch; do $pyenv python3 bench/python/python_overhead.py --folder \$d/cutrain_ov \$([ \$t = torch ] && echo --torch) --out $logs/python_overhead_\${t}_\$(basename \$d).json || exit 1; done; done"
+  grep -vE "^\s*$" "$logs/python_overhead.txt" | tail -32 >>"$sum" 2>/dev/null
   peers=${PEERS_DIR:-$root/.peers}
   if [ -x "$peers/run.sh" ]; then
     # DeepSpeed's async_io op finds libaio through CFLAGS / LDFLAGS (its compatibility probe) and
     # CPATH / LIBRARY_PATH (the JIT build): gpu-check unpacked .deps' libaio-dev there.
     dsaio=/tmp/cutrain-deps/usr
     aioenv="CFLAGS=-I$dsaio/include LDFLAGS=-L$dsaio/lib/x86_64-linux-gnu CPATH=$dsaio/include LIBRARY_PATH=$dsaio/lib/x86_64-linux-gnu LD_LIBRARY_PATH=$dsaio/lib/x86_64-linux-gnu\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
-    step python_deepnvme 420 "$pyenv $aioenv $peers/run.sh ds-python bench/peers/deepnvme_peer.py --folder ${DNVME_DIR:-/tmp/dnvme} --size ${DNVME_SIZE:-1G} --reps ${DNVME_REPS:-3} --out $logs/deepnvme_peer.json; rc=\$?; rm -rf ${DNVME_DIR:-/tmp/dnvme}; exit \$rc"
+    step python_deepnvme 600 "$pyenv $aioenv $peers/run.sh ds-python bench/peers/deepnvme_peer.py --folder ${DNVME_DIR:-/tmp/dnvme} --size ${DNVME_SIZE:-1G} --reps ${DNVME_REPS:-8} --out $logs/deepnvme_peer.json; rc=\$?; rm -rf ${DNVME_DIR:-/tmp/dnvme}; exit \$rc"
     grep -E "^check|FAILED|^\||^target|^bench" "$logs/python_deepnvme.txt" >>"$sum" 2>/dev/null
   else
     echo "-- python_deepnvme: no $peers/run.sh (device-snapshot.sh copies ../shared/peers as .peers, or set PEERS_DIR)" >>"$sum"

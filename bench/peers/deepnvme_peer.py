@@ -6,12 +6,20 @@ in the same process: the same script, changing only which AsyncIOBuilder it load
 2. bench: a --size tensor (default 1 GiB) stored and loaded, from a CPU pinned tensor
    (new_cpu_locked_tensor) and from a CUDA tensor, blocking (sync_pwrite / sync_pread) and
    non-blocking (async_* + wait), intra_op_parallelism 1 and 4. Each row runs --reps times per
-   side after one warm-up, alternating which side runs first; a load starts with the file's pages
-   dropped (both sides use O_DIRECT); GB/s is 1024^3 bytes/s of the median time. The table gives
-   ours/DeepSpeed per row.
+   side after one warm-up, the two sides interleaved within every repetition (ours then
+   DeepSpeed's, or the other way round, alternating per repetition); a load starts with the
+   file's pages dropped (both sides use O_DIRECT); GB/s is 1024^3 bytes/s of the median time. The
+   table gives ours/DeepSpeed per row, and the spread of the repetitions' own ratios (each
+   repetition's two runs paired) with how many of them ours won: a row whose ratios straddle 1.0
+   is undecided at that many repetitions. The two sides take turns on two files (swapped every
+   other repetition, so over 4 repetitions each side runs first and second on each file): on the
+   CPU machine the same handle on both sides stored 5-20% faster into one of two files of the same
+   folder, a difference that followed the file and not the handle.
 
-    .peers/run.sh ds-python bench/peers/deepnvme_peer.py --folder /tmp/dnvme [--size 1G] [--reps 3]
-        [--impl both|cutrain|deepspeed] [--no-bench] [--out FILE.json]
+    .peers/run.sh ds-python bench/peers/deepnvme_peer.py --folder /tmp/dnvme [--size 1G] [--reps 8]
+        [--impl both|cutrain|deepspeed|aa] [--no-bench] [--out FILE.json]
+--impl aa runs cutrain's handle on both sides (the second called cutrain_again): the rig's own
+spread, the ratio a row shows with no difference between the sides.
 (cutrain importable: PYTHONPATH with the installed wheel; scripts/device-session.sh --only python.)
 """
 import argparse
@@ -33,7 +41,7 @@ def parse_size(s):
 
 
 def builder(impl):
-    if impl == "cutrain":
+    if impl in ("cutrain", "cutrain_again"):
         from cutrain import AsyncIOBuilder
     else:
         # DeepSpeed 0.19.8's JIT builder parses each TORCH_CUDA_ARCH_LIST entry as major.minor
@@ -159,6 +167,8 @@ def bench(ops, folder, size, reps, cuda):
         bufs[(impl, "cpu_pinned")] = pinned
         if cuda:
             bufs[(impl, "cuda")] = src.to("cuda")
+    # Both files hold `src` once the store rows ran, so a load may read the one the other side stored.
+    files = [os.path.join(folder, f"side{k}.bin") for k in range(len(ops))]
     results = []
     for i, (op, mem, mode, par) in enumerate(ROWS):
         if mem == "cuda" and not cuda:
@@ -166,23 +176,31 @@ def bench(ops, folder, size, reps, cuda):
         times = {impl: [] for impl in ops}
         order = list(ops) if i % 2 == 0 else list(reversed(list(ops)))
         for rep in range(reps + 1):
+            swap = (rep // 2) % 2  # which side gets which file; the order flips every repetition
             for impl in (order if rep % 2 == 0 else list(reversed(order))):
-                path = os.path.join(folder, f"{impl}.bin")
+                path = files[(list(ops).index(impl) + swap) % len(files)]
                 t = run_row(handles[(impl, par)], op, mode, bufs[(impl, mem)], path)
                 if rep > 0:
                     times[impl].append(t)
-        row = dict(op=op, tensor=mem, mode=mode, intra_op_parallelism=par)
+        row = dict(op=op, tensor=mem, mode=mode, intra_op_parallelism=par, seconds=times)
         for impl in ops:
             row[impl] = size / statistics.median(times[impl]) / 2**30
+        line = f"  {op} {mem} {mode} par{par}: " + ", ".join(f"{k} {row[k]:.2f} GB/s" for k in ops)
+        if len(ops) == 2:  # each repetition's ours/DeepSpeed: the same repetition's two runs
+            first, second = list(ops)
+            paired = [d / c for c, d in zip(times[first], times[second])]
+            row["rep_ratios"] = paired
+            line += f", per repetition {min(paired):.2f}x .. {max(paired):.2f}x, ours ahead in " \
+                    f"{sum(r > 1.0 for r in paired)}/{len(paired)}"
         results.append(row)
-        print(f"  {op} {mem} {mode} par{par}: " + ", ".join(f"{k} {row[k]:.2f} GB/s" for k in ops), flush=True)
+        print(line, flush=True)
     # What was loaded last is what was stored: the bytes came back on both sides.
     bad = [k for k, b in bufs.items() if not torch.equal(b.cpu(), src)]
     for (impl, _), h in handles.items():
-        if impl == "cutrain":
+        if impl.startswith("cutrain"):
             h.close()
-    for impl in ops:
-        os.remove(os.path.join(folder, f"{impl}.bin"))
+    for path in files:
+        os.remove(path)
     return results, bad
 
 
@@ -190,14 +208,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--folder", default="/tmp/deepnvme_peer")
     ap.add_argument("--size", default="1G")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--impl", default="both", choices=["both", "cutrain", "deepspeed"])
+    ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--impl", default="both", choices=["both", "cutrain", "deepspeed", "aa"])
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--out")
     a = ap.parse_args()
     os.makedirs(a.folder, exist_ok=True)
     cuda = torch.cuda.is_available()
-    impls = ["cutrain", "deepspeed"] if a.impl == "both" else [a.impl]
+    impls = {"both": ["cutrain", "deepspeed"], "aa": ["cutrain", "cutrain_again"]}.get(a.impl, [a.impl])
     ops = {impl: builder(impl) for impl in impls}
     rc = 0
     for impl, op in ops.items():
@@ -217,17 +235,19 @@ def main():
         rc = 1
     head = "| op | tensor | mode | intra_op_parallelism | " + " | ".join(f"{k} GB/s" for k in impls)
     if len(impls) == 2:
-        head += " | ours/DeepSpeed"
+        head += " | ours/DeepSpeed | per repetition | ours ahead" if a.impl == "both" else \
+            f" | {impls[0]}/{impls[1]} | per repetition | first ahead"
     print(head + " |")
-    print("|---|---|---|---:|" + "---:|" * (len(impls) + (len(impls) == 2)))
+    print("|---|---|---|---:|" + "---:|" * (len(impls) + 3 * (len(impls) == 2)))
     for r in rows:
         line = f"| {r['op']} | {r['tensor']} | {r['mode']} | {r['intra_op_parallelism']} | " + \
             " | ".join(f"{r[k]:.2f}" for k in impls)
         if len(impls) == 2:
-            r["ratio"] = r["cutrain"] / r["deepspeed"]
-            line += f" | {r['ratio']:.2f}x"
+            r["ratio"] = r[impls[0]] / r[impls[1]]
+            p = r["rep_ratios"]
+            line += f" | {r['ratio']:.2f}x | {min(p):.2f}x .. {max(p):.2f}x | {sum(x > 1.0 for x in p)}/{len(p)}"
         print(line + " |")
-    if len(impls) == 2:
+    if a.impl == "both":
         low = [r for r in rows if r["ratio"] < 1.0]
         print(f"target ours >= 1.0x DeepSpeed on every row: {'met' if not low else 'MISSED'} "
               f"({len(rows) - len(low)}/{len(rows)} rows)")

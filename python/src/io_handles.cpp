@@ -66,6 +66,17 @@ class HandleBase {
     if (closed_) throw nb::value_error((std::string(op) + ": the handle is closed").c_str());
   }
   void keep(nb::object o) { pending_.push_back(std::move(o)); }
+  // A file name as the engine takes it, without an allocation per call: the str's own UTF-8
+  // (cached in it) copied into this thread's string, whose capacity stays. Valid until the
+  // thread's next call: take it after the tensor argument (whose import may run Python code).
+  static const std::string& path_arg(nb::str s) {
+    thread_local std::string path;
+    Py_ssize_t n = 0;
+    const char* utf8 = PyUnicode_AsUTF8AndSize(s.ptr(), &n);
+    if (!utf8) throw nb::python_error();
+    path.assign(utf8, static_cast<std::size_t>(n));
+    return path;
+  }
   void drop_pending() { pending_.clear(); }
   bool closed_ = false;
 
@@ -107,20 +118,26 @@ class PyAioHandle : public HandleBase {
     h_ = std::make_unique<aio::AioHandle>(o);
   }
 
-  int sync_pread(nb::handle buffer, const std::string& path, std::int64_t off) {
+  // The GIL is released only around engine calls that do I/O (an empty tensor does none).
+  int sync_pread(nb::handle buffer, nb::str filename, std::int64_t off) {
     TensorArg t = arg("sync_pread", buffer, true);
+    const std::string& path = path_arg(filename);
+    if (t.bytes == 0) return h_->sync_pread(t.data, 0, path, off), 1;
     nb::gil_scoped_release r;
     h_->sync_pread(t.data, t.bytes, path, off);
     return 1;
   }
-  int sync_pwrite(nb::handle buffer, const std::string& path, std::int64_t off) {
+  int sync_pwrite(nb::handle buffer, nb::str filename, std::int64_t off) {
     TensorArg t = arg("sync_pwrite", buffer, false);
+    const std::string& path = path_arg(filename);
+    if (t.bytes == 0) return h_->sync_pwrite(t.data, 0, path, off), 1;
     nb::gil_scoped_release r;
     h_->sync_pwrite(t.data, t.bytes, path, off);
     return 1;
   }
-  int async_pread(nb::handle buffer, const std::string& path, std::int64_t off) {
-    TensorArg t = arg("async_pread", buffer, true);
+  int async_pread(nb::handle buffer, nb::str filename, std::int64_t off) {
+    TensorArg t = arg("async_pread", buffer, true, true);
+    const std::string& path = path_arg(filename);
     {
       nb::gil_scoped_release r;
       h_->async_pread(t.data, t.bytes, path, off);
@@ -128,8 +145,9 @@ class PyAioHandle : public HandleBase {
     keep(std::move(t.keep));
     return 0;
   }
-  int async_pwrite(nb::handle buffer, const std::string& path, std::int64_t off) {
-    TensorArg t = arg("async_pwrite", buffer, false);
+  int async_pwrite(nb::handle buffer, nb::str filename, std::int64_t off) {
+    TensorArg t = arg("async_pwrite", buffer, false, true);
+    const std::string& path = path_arg(filename);
     {
       nb::gil_scoped_release r;
       h_->async_pwrite(t.data, t.bytes, path, off);
@@ -137,13 +155,13 @@ class PyAioHandle : public HandleBase {
     keep(std::move(t.keep));
     return 0;
   }
-  int pread(nb::handle buffer, const std::string& path, bool validate, bool async, std::int64_t off) {
-    return async ? (check_validate("pread", validate), async_pread(buffer, path, off))
-                 : sync_checked("pread", buffer, path, validate, off, true);
+  int pread(nb::handle buffer, nb::str filename, bool validate, bool async, std::int64_t off) {
+    return async ? (check_validate("pread", validate), async_pread(buffer, filename, off))
+                 : sync_checked("pread", buffer, filename, validate, off, true);
   }
-  int pwrite(nb::handle buffer, const std::string& path, bool validate, bool async, std::int64_t off) {
-    return async ? (check_validate("pwrite", validate), async_pwrite(buffer, path, off))
-                 : sync_checked("pwrite", buffer, path, validate, off, false);
+  int pwrite(nb::handle buffer, nb::str filename, bool validate, bool async, std::int64_t off) {
+    return async ? (check_validate("pwrite", validate), async_pwrite(buffer, filename, off))
+                 : sync_checked("pwrite", buffer, filename, validate, off, false);
   }
   // DeepSpeed's non-parallel whole-file forms; 0 on success.
   int read(nb::handle buffer, const std::string& path, bool validate, std::int64_t off) {
@@ -203,17 +221,17 @@ class PyAioHandle : public HandleBase {
   }
 
  private:
-  TensorArg arg(const char* op, nb::handle buffer, bool writable) {
+  TensorArg arg(const char* op, nb::handle buffer, bool writable, bool keep_alive = false) {
     open(op);
-    return tensor_arg(buffer, op, "buffer", writable);
+    return tensor_arg(buffer, op, "buffer", writable, keep_alive);
   }
   static void check_validate(const char* op, bool validate) {
     if (validate)
       throw nb::value_error((std::string(op) + ": validate needs a synchronous call (async=False)").c_str());
   }
-  int sync_checked(const char* op, nb::handle buffer, const std::string& path, bool validate, std::int64_t off,
-                   bool read) {
+  int sync_checked(const char* op, nb::handle buffer, nb::str filename, bool validate, std::int64_t off, bool read) {
     TensorArg t = arg(op, buffer, read);
+    const std::string& path = path_arg(filename);  // after arg(): no Python code runs between this and the I/O
     nb::gil_scoped_release r;
     if (read)
       h_->pread(t.data, t.bytes, path, validate, false, off);

@@ -12,19 +12,35 @@ namespace cutrain::python {
 
 namespace nb = nanobind;
 
+// The bytes of a tensor for the length of a call. Holds the buffer-protocol export it came from
+// (released when it goes: destroy it with the GIL held), so the exporter cannot resize or free
+// the memory under the call.
 struct TensorArg {
   void* data = nullptr;
   std::size_t bytes = 0;
   bool device = false;  // CUDA memory (the engine bounces it through pinned buffers)
-  nb::dlpack::dtype dtype{};
-  nb::object keep;      // the imported view: keeps the producer's memory alive while I/O runs
+  nb::dlpack::dtype dtype{};  // set by the DLPack path only
+  nb::object keep;      // with keep_alive: an object that keeps the memory alive after the call
+
+  TensorArg() = default;
+  TensorArg(TensorArg&& o) noexcept;
+  TensorArg& operator=(TensorArg&&) = delete;
+  TensorArg(const TensorArg&) = delete;
+  ~TensorArg();
+
+  Py_buffer view{};
+  bool has_view = false;
 };
 
 // `op` and `arg` name the call in errors ("sync_pread", "buffer"). `writable`: the call writes
-// into the tensor (a read from a file), so a read-only buffer is refused. A torch.Tensor is read
-// through its own attributes (data_ptr, nbytes, is_contiguous, is_cuda: a fraction of a
-// microsecond, where its __dlpack__ takes about two); `dtype` is then left empty.
-TensorArg tensor_arg(nb::handle obj, const char* op, const char* arg, bool writable);
+// into the tensor (a read from a file), so a read-only buffer is refused. `keep_alive`: fill
+// `keep` (queued operations outlive the call). The cheapest import that keeps every check, by
+// bench/python/python_overhead.py: a torch.Tensor through four of its attributes (is_contiguous,
+// is_cpu (is_cuda when not), data_ptr, nbytes: ~40 ns each, where its __dlpack__ takes ~2 us and
+// device.type 0.26 us), a torch subclass by its MRO (no __instancecheck__ call), a buffer-
+// protocol object through PyObject_GetBuffer (no allocation), anything else through nanobind's
+// DLPack import; `dtype` is set by the last one only.
+TensorArg tensor_arg(nb::handle obj, const char* op, const char* arg, bool writable, bool keep_alive = false);
 
 // The element type of any tensor (through DLPack or the buffer protocol).
 nb::dlpack::dtype tensor_dtype(nb::handle obj, const char* op, const char* arg);

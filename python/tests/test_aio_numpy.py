@@ -139,3 +139,36 @@ def test_context_manager_closes(folder):
         h.sync_pwrite(np.arange(10, dtype=np.uint8), os.path.join(folder, "t.bin"))
     with pytest.raises(ValueError, match="closed"):
         h.sync_pread(np.zeros(10, dtype=np.uint8), os.path.join(folder, "t.bin"))
+
+
+def test_queued_tensor_outlives_the_callers_reference(handle, folder, rng):
+    # The handle keeps what an async call was given until wait(): a temporary array, and a
+    # bytearray whose export it holds (it cannot be resized under the I/O).
+    path = os.path.join(folder, "t.bin")
+    src = random_bytes(rng, 3 * 4096 + 5)
+    assert handle.async_pwrite(src.copy(), path) == 0
+    ba = bytearray(len(src))
+    handle.wait()
+    assert handle.async_pread(ba, path) == 0
+    with pytest.raises(BufferError):
+        ba.extend(b"x")
+    assert handle.wait() == 1
+    assert bytes(ba) == src.tobytes()
+    ba.extend(b"x")  # released at wait()
+    back = bytearray(len(src))
+    assert handle.sync_pread(back, path) == 1
+    assert bytes(back) == src.tobytes()
+
+
+def test_small_and_empty_requests(handle, folder, rng):
+    # Requests of a block or less run on the calling thread in the engine: the same results.
+    path = os.path.join(folder, "t.bin")
+    for n in (1, 100, 4096, 4096 + 3, 65536):
+        for off in (0, 4096, 7):
+            src = random_bytes(rng, n)
+            assert handle.sync_pwrite(src, path, off) == 1
+            dst = np.full(n, 0xCD, dtype=np.uint8)
+            assert handle.sync_pread(dst, path, off) == 1
+            np.testing.assert_array_equal(dst, src)
+    empty = np.zeros(0, dtype=np.uint8)
+    assert handle.sync_pread(empty, path) == 1 and handle.sync_pwrite(empty, path) == 1

@@ -110,3 +110,16 @@ def test_gds_without_cufile_or_host_buffers(file_of_4096):
     with pytest.raises(ValueError, match="gds_handle moves CUDA tensors"):
         g.sync_pread(np.zeros(4096, dtype=np.uint8), file_of_4096)
     g.close()
+
+
+def test_buffer_protocol_objects_are_checked(h, file_of_4096):
+    # Through the buffer protocol directly: the same checks and messages as through DLPack.
+    with pytest.raises(TypeError, match=r"sync_pwrite: buffer must be a tensor .*got ndarray"):
+        h.sync_pwrite(np.array([object()] * 8), file_of_4096)  # Python objects are not data
+    with pytest.raises(ValueError, match=r"sync_pread: buffer is read-only \(memoryview\)"):
+        h.sync_pread(memoryview(bytes(4096)), file_of_4096)
+    with pytest.raises(ValueError, match=r"async_pwrite: buffer is a non-contiguous tensor \(memoryview\)"):
+        h.async_pwrite(memoryview(bytearray(4096))[::2], file_of_4096)
+    with pytest.raises(TypeError):
+        h.sync_pread(np.zeros(16, dtype=np.uint8), 123)  # the file name must be a str
+    assert h.wait() == 0

@@ -179,3 +179,20 @@ def test_trainer_offload_reload_keeps_the_run(non_blocking):
         a.reload_states(non_blocking=non_blocking)
         lb.append(b.step(x, y)["loss"])
     assert la == lb
+
+
+def test_cpu_import_checks_and_keep_alive(h, tmp_path):
+    # A subclass (nn.Parameter) is a tensor too; a temporary given to an async call lives until
+    # wait(); a tensor on another device is refused naming it.
+    path = str(tmp_path / "t.bin")
+    p = torch.nn.Parameter(torch.randn(4099), requires_grad=False)
+    assert h.sync_pwrite(p, path) == 1
+    assert h.async_pwrite(p.detach().clone() * 2, path) == 0
+    assert h.wait() == 1
+    back = torch.zeros(4099)
+    assert h.sync_pread(back, path) == 1
+    assert torch.equal(back, p.detach() * 2)
+    with pytest.raises(ValueError, match=r"sync_pwrite: buffer lives on meta"):
+        h.sync_pwrite(torch.empty(16, device="meta"), path)
+    empty = torch.empty(0)
+    assert h.sync_pread(empty, path) == 1 and h.sync_pwrite(empty, path) == 1

@@ -13,6 +13,7 @@
 #include <exception>
 #include <future>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -46,6 +47,19 @@ int open_or_throw(const std::string& path, int flags, bool* direct_refused = nul
   return fd;
 }
 
+// Closes a request's descriptors, each after fdatasync when `sync`; returns the first fdatasync
+// failure (the descriptors are closed either way).
+std::exception_ptr close_files(std::span<const int> fds, bool sync, const std::string& path) {
+  std::exception_ptr first;
+  for (int fd : fds) {
+    if (sync && ::fdatasync(fd) != 0 && !first)
+      first = std::make_exception_ptr(
+          Error(detail::concat("fdatasync of '", path, "' failed: ", std::strerror(errno)), __FILE__, __LINE__));
+    ::close(fd);
+  }
+  return first;
+}
+
 // One request in flight: its slices finish on worker threads; the last one closes the files.
 struct Op {
   std::atomic<int> remaining{0};
@@ -64,13 +78,9 @@ struct Op {
   }
   void finish_one() {
     if (remaining.fetch_sub(1) != 1) return;
-    for (int fd : fds) {
-      if (fsync && ::fdatasync(fd) != 0 && !error)
-        fail(std::make_exception_ptr(Error(detail::concat("fdatasync of '", path, "' failed: ", std::strerror(errno)),
-                                           __FILE__, __LINE__)));
-      ::close(fd);
-    }
+    std::exception_ptr e = close_files(fds, fsync, path);
     std::lock_guard<std::mutex> g(m);
+    if (e && !error) error = e;
     done = true;
     cv.notify_all();
   }
@@ -159,17 +169,25 @@ struct AioHandle::Impl {
   std::mutex bounce_m;
   std::string fallback;
 
-  // Queues one host-memory request on the workers; returns its Op (not yet complete).
-  std::shared_ptr<Op> submit_host(void* buf, std::size_t bytes, const std::string& path, std::int64_t offset,
-                                  bool read) {
+  std::atomic<std::uint64_t> inline_count{0}, queued_count{0};
+
+  // The descriptors of one host request and its split: [0, body) through `body_fd` (O_DIRECT when
+  // the buffer and offset are 4096-aligned and the file system takes it), [body, bytes) through
+  // the buffered descriptor. What the inline and the worker paths share, checks and messages too.
+  struct Files {
+    int fds[2] = {-1, -1};  // buffered, then O_DIRECT when opened
+    int count = 0;
+    int body_fd = -1;
+    std::size_t body = 0;
+    std::span<const int> all() const { return {fds, static_cast<std::size_t>(count)}; }
+  };
+
+  Files open_request(const void* buf, std::size_t bytes, const std::string& path, std::int64_t offset, bool read) {
     CUTRAIN_CHECK(offset >= 0, "file offset must be >= 0, got ", offset, " for '", path, "'");
-    auto op = std::make_shared<Op>();
-    op->path = path;
-    op->bytes = static_cast<std::int64_t>(bytes);
-    op->fsync = !read && o.fsync;
+    Files f;
     const int base_flags = read ? O_RDONLY : (O_WRONLY | O_CREAT);
-    int buffered_fd = open_or_throw(path, base_flags);
-    op->fds.push_back(buffered_fd);
+    const int buffered_fd = open_or_throw(path, base_flags);
+    f.fds[f.count++] = buffered_fd;
     if (read) {
       std::int64_t size = file_size(buffered_fd, path);
       if (offset + static_cast<std::int64_t>(bytes) > size) {
@@ -179,19 +197,66 @@ struct AioHandle::Impl {
       }
     }
     // O_DIRECT body: the buffer and offset must be aligned; the body is a multiple of 4096.
-    std::size_t body = 0;
-    int direct_fd = -1;
     const bool aligned = reinterpret_cast<std::uintptr_t>(buf) % kAlign == 0 && offset % kAlign == 0;
     if (o.o_direct && aligned && bytes >= kAlign) {
       bool refused = false;
-      direct_fd = open_or_throw(path, base_flags | O_DIRECT, &refused);
+      int direct_fd;
+      try {
+        direct_fd = open_or_throw(path, base_flags | O_DIRECT, &refused);
+      } catch (...) {
+        ::close(buffered_fd);
+        throw;
+      }
       if (direct_fd >= 0) {
-        op->fds.push_back(direct_fd);
-        body = bytes / kAlign * kAlign;
+        f.fds[f.count++] = direct_fd;
+        f.body_fd = direct_fd;
+        f.body = bytes / kAlign * kAlign;
       }
     }
-    const int body_fd = direct_fd >= 0 ? direct_fd : buffered_fd;
-    if (direct_fd < 0) body = bytes;  // everything buffered
+    if (f.body_fd < 0) {  // everything buffered
+      f.body_fd = buffered_fd;
+      f.body = bytes;
+    }
+    return f;
+  }
+
+  // Whether a synchronous host request runs on the calling thread: small, and nothing queued
+  // before it (a queued request on the same file would otherwise be overtaken).
+  bool takes_inline(std::size_t bytes) {
+    if (bytes > std::min(o.inline_bytes, o.block_size)) return false;
+    std::lock_guard<std::mutex> g(pending_m);
+    return pending.empty() && pending_device.empty();
+  }
+
+  // A small request on the calling thread: at most one block, so the body is one piece as on a
+  // worker; the unaligned tail through the buffered descriptor; pread/pwrite to completion.
+  void run_inline(void* buf, std::size_t bytes, const std::string& path, std::int64_t offset, bool read) {
+    inline_count.fetch_add(1, std::memory_order_relaxed);
+    Files f = open_request(buf, bytes, path, offset, read);
+    try {
+      if (f.body > 0) finish_sync(Piece{f.body_fd, buf, f.body, offset, read, &path}, 0);
+      if (f.body < bytes)
+        finish_sync(Piece{f.fds[0], static_cast<char*>(buf) + f.body, bytes - f.body,
+                          offset + static_cast<std::int64_t>(f.body), read, &path},
+                    0);
+    } catch (...) {
+      close_files(f.all(), false, path);
+      throw;
+    }
+    if (std::exception_ptr e = close_files(f.all(), !read && o.fsync, path)) std::rethrow_exception(e);
+  }
+
+  // Queues one host-memory request on the workers; returns its Op (not yet complete).
+  std::shared_ptr<Op> submit_host(void* buf, std::size_t bytes, const std::string& path, std::int64_t offset,
+                                  bool read) {
+    queued_count.fetch_add(1, std::memory_order_relaxed);
+    Files f = open_request(buf, bytes, path, offset, read);
+    auto op = std::make_shared<Op>();
+    op->path = path;
+    op->bytes = static_cast<std::int64_t>(bytes);
+    op->fsync = !read && o.fsync;
+    op->fds.assign(f.fds, f.fds + f.count);
+    const std::size_t body = f.body;
     const std::size_t P = workers.size();
     // Contiguous slices, each a multiple of the alignment (the last one takes the remainder).
     std::size_t slice = (body + P - 1) / P;
@@ -202,7 +267,7 @@ struct AioHandle::Impl {
       std::size_t begin = std::min(body, w * slice), end = std::min(body, begin + slice);
       for (std::size_t at = begin; at < end; at += o.block_size) {
         Piece p;
-        p.fd = body_fd;
+        p.fd = f.body_fd;
         p.buf = static_cast<char*>(buf) + at;
         p.len = std::min(o.block_size, end - at);
         p.offset = offset + static_cast<std::int64_t>(at);
@@ -213,7 +278,7 @@ struct AioHandle::Impl {
     }
     if (body < bytes) {  // unaligned tail through the buffered descriptor
       Piece p;
-      p.fd = buffered_fd;
+      p.fd = f.fds[0];
       p.buf = static_cast<char*>(buf) + body;
       p.len = bytes - body;
       p.offset = offset + static_cast<std::int64_t>(body);
@@ -224,6 +289,14 @@ struct AioHandle::Impl {
     op->remaining = static_cast<int>(P);
     for (std::size_t w = 0; w < P; ++w) workers[w]->push(std::move(jobs[w]));
     return op;
+  }
+
+  // A synchronous host request: inline when small, else on the workers.
+  void host_io(void* buf, std::size_t bytes, const std::string& path, std::int64_t offset, bool read) {
+    if (takes_inline(bytes))
+      run_inline(buf, bytes, path, offset, read);
+    else
+      finish(submit_host(buf, bytes, path, offset, read));
   }
 
   static void finish(const std::shared_ptr<Op>& op) {
@@ -253,7 +326,7 @@ struct AioHandle::Impl {
         for (std::size_t i = 0; i < nchunks; ++i) {
           const int b = static_cast<int>(i % 2);
           if (i >= 2) CUTRAIN_CUDA_CHECK(cudaEventSynchronize(ev[b]));  // bounce b free again
-          finish(submit_host(bounce[b].get(), len_of(i), path, offset + static_cast<std::int64_t>(i * chunk), true));
+          host_io(bounce[b].get(), len_of(i), path, offset + static_cast<std::int64_t>(i * chunk), true);
           CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(d + i * chunk, bounce[b].get(), len_of(i), cudaMemcpyHostToDevice, s));
           CUTRAIN_CUDA_CHECK(cudaEventRecord(ev[b], s));
         }
@@ -270,7 +343,7 @@ struct AioHandle::Impl {
                                                cudaMemcpyDeviceToHost, s));
             CUTRAIN_CUDA_CHECK(cudaEventRecord(ev[1 - b], s));
           }
-          finish(submit_host(bounce[b].get(), len_of(i), path, offset + static_cast<std::int64_t>(i * chunk), false));
+          host_io(bounce[b].get(), len_of(i), path, offset + static_cast<std::int64_t>(i * chunk), false);
         }
       }
       CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -289,7 +362,7 @@ struct AioHandle::Impl {
     if (is_device_pointer(buf))
       device_io(buf, bytes, path, offset, read);
     else
-      finish(submit_host(buf, bytes, path, offset, read));
+      host_io(buf, bytes, path, offset, read);
   }
 
   void run_async(void* buf, std::size_t bytes, const std::string& path, std::int64_t offset, bool read) {
@@ -329,6 +402,9 @@ AioHandle::~AioHandle() {
 
 Backend AioHandle::backend() const { return impl_->workers.front()->backend(); }
 const std::string& AioHandle::fallback_reason() const { return impl_->fallback; }
+RequestCounts AioHandle::request_counts() const {
+  return {impl_->inline_count.load(std::memory_order_relaxed), impl_->queued_count.load(std::memory_order_relaxed)};
+}
 
 // NVTX: the I/O phase is "io/read", "io/write", "io/wait" under whatever range is open (e.g.
 // step/offload/optimizer_swap_in_wait/io/read).

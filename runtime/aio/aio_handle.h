@@ -5,6 +5,8 @@
 // (io_uring, libaio or pread threads). O_DIRECT is used for the 4096-aligned body of a request
 // whose buffer and offset are aligned; an unaligned tail goes through buffered I/O. Device
 // buffers go through two pinned bounce buffers with disk I/O and H2D/D2H copies overlapped.
+// A small synchronous host request (at most `inline_bytes` and one block) runs on the calling
+// thread with the same descriptors, split and checks: waking a worker costs more than its I/O.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +28,17 @@ struct HandleOptions {
   bool o_direct = true;                // false: buffered I/O throughout (the baseline)
   bool fsync = false;                  // fdatasync after every write
   std::size_t bounce_bytes = 64u << 20;  // each of the two pinned bounce buffers (device I/O)
+  // Synchronous host requests of at most this many bytes (and at most block_size) run inline on
+  // the calling thread, unless async requests have not been collected by wait() yet: then it
+  // queues behind them on the workers (in order). 0: every request goes to the workers. The
+  // default: bench_aio_small (docs/python.md).
+  std::size_t inline_bytes = 256u << 10;
+};
+
+// How the handle's host requests ran (sync and async; device requests count their host chunks).
+struct RequestCounts {
+  std::uint64_t inline_requests = 0;  // on the calling thread
+  std::uint64_t queued_requests = 0;  // handed to the workers
 };
 
 class AioHandle {
@@ -65,6 +78,7 @@ class AioHandle {
   static constexpr std::size_t get_alignment() { return 4096; }
   Backend backend() const;             // the backend that actually runs
   const std::string& fallback_reason() const;  // why Auto did not get io_uring ("" if it did)
+  RequestCounts request_counts() const;
 
  private:
   struct Impl;

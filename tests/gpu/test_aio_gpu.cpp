@@ -42,6 +42,11 @@ TEST(AioGpu, DeviceBufferRoundTripThroughBounceBuffers) {
       ASSERT_EQ(on_disk, host);
       h.pread(dst.get(), n, f, /*validate=*/true, /*async=*/false);
       ASSERT_EQ(dst.download(), host);
+      // A chunk of at most inline_bytes (the whole 4096, the 1234-byte last chunk) ran on the
+      // calling thread, the 1 MiB chunks on the workers.
+      const aio::RequestCounts c = h.request_counts();
+      EXPECT_EQ(c.inline_requests, n % (1u << 20) != 0 ? 2u : 0u);
+      EXPECT_EQ(c.queued_requests, 2 * (n >> 20));
       fs::remove(f);
     }
   }
