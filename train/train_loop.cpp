@@ -15,6 +15,7 @@
 #include "data/batch_sampler.h"
 #include "data/data_loader.h"
 #include "data/mlm_sampler.h"
+#include "parallel/expert_parallel_plan.h"
 #include "parallel/rank_grid.h"
 #include "runtime/allocator.h"
 #include "runtime/comm/launch_env.h"
@@ -381,12 +382,19 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     check_checkpoint_moe(bo.dims.moe, resume_dims.moe, (resume->folder / kCheckpointConfigFile).string());
   }
   CUTRAIN_CHECK(!bert || !bo.dims.moe.any(), "train: --num_experts with --model bert: BERT's MoE blocks are not built");
+  bo.expert_parallel = bo.dims.moe.any() ? o.moe.expert_parallel_size : 1;
+  if (bo.dims.moe.any()) bo.dims.moe.ep_size = bo.expert_parallel;  // a resume's checkpoint says what it was run at
+  CUTRAIN_CHECK(bo.expert_parallel == 1 || o.device == TrainDevice::Cpu, "train: --moe_expert_parallel_size ",
+                bo.expert_parallel, " with --device cuda: expert parallelism (the all-to-all over NCCL, the expert "
+                "ZeRO groups) is built on --device cpu over the host communicator only; the GPU runs ep_size 1");
+  if (bo.expert_parallel > 1)  // ep_size divides the data-parallel world (each block's experts: resolve_moe)
+    parallel::make_expert_parallel_groups(dp_world, bo.expert_parallel, "--moe_expert_parallel_size");
   if (bo.dims.moe.any()) {
     CUTRAIN_CHECK(tp == 1, "train: --num_experts with ", tp_flag, " ", tp,
-                  ": tensor parallelism of MoE blocks is not built; MoE trains on one process or data parallel");
+                  ": tensor parallelism of MoE blocks is not built; MoE trains on one process, data parallel or expert parallel");
     CUTRAIN_CHECK(pp == 1, "train: --num_experts with --pipeline_parallel_size ", pp,
                   ": a pipeline of MoE blocks is not built (the stages would have to carry the aux loss); "
-                  "MoE trains on one process or data parallel (ep_size 1)");
+                  "MoE trains on one process, data parallel or expert parallel");
     CUTRAIN_CHECK(!llmc && o.init_from_hf.empty() && o.save_llmc.empty() && o.save_hf.empty(),
                   "train: llm.c's and Hugging Face's GPT-2 files hold dense MLPs: --init_from_llmc, --init_from_hf, ",
                   "--save_llmc and --save_hf take a model without --num_experts");
