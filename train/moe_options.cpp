@@ -164,7 +164,9 @@ nlohmann::json moe_config_json(const model::MoeDims& m) {
           {"mlp_type", m.use_residual ? "residual" : "standard"},
           {"noisy_gate_policy", noise_name(m.noisy_gate_policy)},
           {"moe_loss_coeff", m.loss_coeff},
-          {"ep_size", m.ep_size}};
+          // The saved experts' layout: every expert of a block in one file, whatever the run's ep_size
+          // (an expert-parallel run gathers them), so any ep_size resumes it.
+          {"ep_size", 1}};
 }
 
 model::MoeDims moe_dims_from_json(const nlohmann::json& j, const std::string& where) {

@@ -376,12 +376,20 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (pp > 1 && accum == 1)
     out << "[Rank 0] warning: a pipeline of " << pp << " stages with gradient_accumulation_steps 1: one micro-batch "
         << "per step, so no stage overlaps another (bubble fraction " << pp - 1 << "/" << pp << ")\n";
-  bo.dims.moe = resolve_moe(o.moe, bo.dims.layers, o.batch_size * o.seq_length);
+  // A resume that gives only --moe_expert_parallel_size takes the checkpoint's MoE blocks at that
+  // ep_size (a checkpoint holds every expert whole, whatever ep_size saved it).
+  MoeOptions moe_flags = o.moe;
+  if (resume && !resume->legacy && moe_flags.num_experts.empty() && moe_flags.given.size() == 1 &&
+      moe_flags.given[0] == "--moe_expert_parallel_size")
+    moe_flags.given.clear();
+  bo.dims.moe = resolve_moe(moe_flags, bo.dims.layers, o.batch_size * o.seq_length);
   if (resume && !resume->legacy) {  // no MoE flag: the checkpoint's MoE blocks, else they must agree
-    if (o.moe.num_experts.empty() && o.moe.given.empty()) bo.dims.moe = resume_dims.moe;
+    if (moe_flags.num_experts.empty() && moe_flags.given.empty()) bo.dims.moe = resume_dims.moe;
     check_checkpoint_moe(bo.dims.moe, resume_dims.moe, (resume->folder / kCheckpointConfigFile).string());
   }
   CUTRAIN_CHECK(!bert || !bo.dims.moe.any(), "train: --num_experts with --model bert: BERT's MoE blocks are not built");
+  CUTRAIN_CHECK(o.moe.expert_parallel_size == 1 || bo.dims.moe.any(), "train: --moe_expert_parallel_size ",
+                o.moe.expert_parallel_size, ": the model has no MoE block (expected --num_experts or a MoE checkpoint)");
   bo.expert_parallel = bo.dims.moe.any() ? o.moe.expert_parallel_size : 1;
   if (bo.dims.moe.any()) bo.dims.moe.ep_size = bo.expert_parallel;  // a resume's checkpoint says what it was run at
   CUTRAIN_CHECK(bo.expert_parallel == 1 || o.device == TrainDevice::Cpu, "train: --moe_expert_parallel_size ",
