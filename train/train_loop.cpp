@@ -395,8 +395,6 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   CUTRAIN_CHECK(bo.expert_parallel == 1 || o.device == TrainDevice::Cpu, "train: --moe_expert_parallel_size ",
                 bo.expert_parallel, " with --device cuda: expert parallelism (the all-to-all over NCCL, the expert "
                 "ZeRO groups) is built on --device cpu over the host communicator only; the GPU runs ep_size 1");
-  if (bo.expert_parallel > 1)  // ep_size divides the data-parallel world (each block's experts: resolve_moe)
-    parallel::make_expert_parallel_groups(dp_world, bo.expert_parallel, "--moe_expert_parallel_size");
   if (bo.dims.moe.any()) {
     CUTRAIN_CHECK(tp == 1, "train: --num_experts with ", tp_flag, " ", tp,
                   ": tensor parallelism of MoE blocks is not built; MoE trains on one process, data parallel or expert parallel");
@@ -408,6 +406,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                   "--save_llmc and --save_hf take a model without --num_experts");
     out << "[Rank 0] " << describe_moe(bo.dims.moe) << "\n";
   }
+  if (bo.expert_parallel > 1)  // ep_size divides the data-parallel world (each block's experts: resolve_moe)
+    parallel::make_expert_parallel_groups(dp_world, bo.expert_parallel, "--moe_expert_parallel_size");
   bo.dims.validate();
   if (resume && !resume->legacy)
     check_checkpoint_shape(bo.dims, resume_dims, (resume->folder / kCheckpointConfigFile).string());
