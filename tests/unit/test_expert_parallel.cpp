@@ -43,7 +43,7 @@ std::string error_of(F&& f) {
 
 const char* kFlag = "--moe_expert_parallel_size";
 
-TEST(ExpertParallelPlan, GroupsAsDeepSpeed) {
+TEST(MoeExpertParallelPlan, GroupsAsDeepSpeed) {
   for (int world : {1, 2, 4, 6, 8})
     for (int ep : {1, 2, 3, 4, 8}) {
       if (world % ep) continue;
@@ -80,7 +80,7 @@ TEST(ExpertParallelPlan, GroupsAsDeepSpeed) {
             std::string::npos);
 }
 
-TEST(ExpertParallelPlan, OwnedExpertsTile) {
+TEST(MoeExpertParallelPlan, OwnedExpertsTile) {
   for (int E : {2, 4, 8, 12, 64})
     for (int ep : {1, 2, 4}) {
       if (E % ep) continue;
@@ -106,7 +106,7 @@ model::ModelDims moe_model(model::Arch arch, bool residual) {
   return d;
 }
 
-TEST(ExpertParallelPlan, LayoutCoversTheModelOnce) {
+TEST(MoeExpertParallelPlan, LayoutCoversTheModelOnce) {
   for (model::Arch arch : {model::Arch::Simple, model::Arch::Gpt2})
     for (bool residual : {false, true})
       for (int ep : {1, 2}) {
@@ -149,7 +149,7 @@ TEST(ExpertParallelPlan, LayoutCoversTheModelOnce) {
             std::string::npos);
 }
 
-TEST(ExpertParallelPlan, PackingAndDecayRuns) {
+TEST(MoeExpertParallelPlan, PackingAndDecayRuns) {
   const std::vector<parallel::Range> rs{{2, 5}, {7, 8}, {10, 13}};
   std::vector<float> flat(14);
   for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = float(i);
@@ -166,7 +166,7 @@ TEST(ExpertParallelPlan, PackingAndDecayRuns) {
   EXPECT_EQ(p[2].begin, 5u); EXPECT_EQ(p[2].end, 7u); EXPECT_TRUE(p[2].decay);
 }
 
-TEST(ExpertParallelPlan, ResolveMoeKeepsEpSize) {
+TEST(MoeExpertParallelPlan, ResolveMoeKeepsEpSize) {
   train::MoeOptions o;
   o.num_experts = {4};
   o.expert_parallel_size = 2;
@@ -313,7 +313,7 @@ void check_member(std::shared_ptr<comm::Communicator> world, const LayerCase& lc
   CUTRAIN_CHECK(norm > 0, "rank ", me, ": its experts got no gradient");
 }
 
-TEST(ExpertParallelLayer, ExchangeEqualsTheWholeLayer) {
+TEST(MoeExpertParallelLayer, ExchangeEqualsTheWholeLayer) {
   const std::uint64_t seed = test::fresh_rng()() % 1000000;
   const std::vector<LayerCase> cases{{2, 2, 1, true, false}, {2, 2, 2, true, false}, {4, 4, 1, true, true},
                                      {4, 2, 2, false, false}, {4, 2, 1, true, true}, {4, 4, 2, true, false}};
