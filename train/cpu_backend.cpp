@@ -232,7 +232,9 @@ class CpuBackend final : public TrainBackend {
   // its loss, layer tokens and routing figures added to `st` (under ZeRO: this rank's micro-batches;
   // with expert parallelism its MoE blocks exchange tokens with the expert-parallel group).
   void micro_batch(const std::int32_t* tokens, const std::int32_t* labels, int step, int a, int accum, StepStats& st) {
-    model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, a));
+    // The gate noise's seed from the micro-batch's number in the global batch (this data-parallel
+    // rank's micro-batches follow the lower ranks'), so W ranks draw the single process's noise.
+    model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, dp_rank() * accum + a));
     model_.set_training(true);  // BERT's dropout masks: a function of (seed, step, micro-batch)
     model_.set_dropout(opt_.seed, std::uint32_t(step), a);
     const model::TokenDropPlan& drop = ltd_->draw(step, a);  // random-LTD's kept tokens
@@ -258,6 +260,8 @@ class CpuBackend final : public TrainBackend {
     if (tp_) tp_->end_pass();
   }
   static int rank_of(const BackendOptions&) { return comm::read_launch_env().rank; }
+  // This rank's index among the data-parallel replicas (0 without data parallelism).
+  int dp_rank() const { return ep_ ? opt_.comm->rank() : zero_ ? zero_->plan().rank : 0; }
 
   void merge_moe(StepStats& st, int micro) const {  // the MoE blocks' routing of micro-batch `micro`
     const auto& m = model_.moe_stats();

@@ -5,7 +5,8 @@
 # the W/EP ranks holding them) against the single process with the same global batch
 # (train_batch_size W, micro batch 1: the single process accumulates W micro-batches, each rank runs
 # one; random data is dealt by rank). Cases: worlds 2, 4 and 8 at ep 2 and 4, top-1 and top-2,
-# PR-MoE's residual pyramid, no token dropping, GPT-2's blocks, ZeRO stages 0, 1 and 2. Checked: the
+# PR-MoE's residual pyramid, no token dropping, GPT-2's blocks, the Jitter gate noise with activation
+# checkpointing (the recompute exchanges again), ZeRO stages 0, 1 and 2. Checked: the
 # losses (fp32, within 1e-6 relative), the saved checkpoint (the gathered experts under the single
 # process's names: tests/e2e/compare_checkpoints.py), a resume of the single process's checkpoint and
 # of an ep-2 checkpoint at ep 4 that continue the single process's losses, and the bad input named
@@ -61,6 +62,7 @@ run_ep w4_ep4_top2 1 4 4 --num_experts 4 --expert_interval 1 --top_k 2
 run_ep w4_ep2_nodrop 1 4 2 --num_experts 4 --expert_interval 2 --top_k 2 --disable_moe_token_dropping
 run_ep w4_ep2_gpt2 2 4 2 --model gpt2 --num_experts 4 --expert_interval 1 --top_k 2
 run_ep w8_ep4_top1 2 8 4 --num_experts 4 --expert_interval 1
+run_ep w4_ep2_jitter 1 4 2 --num_experts 4 --expert_interval 1 --moe_noisy_gate_policy Jitter --activation_checkpointing
 
 # Resume at another ep_size: the single process's step-4 checkpoint and the ep-2 one (both hold every
 # expert whole) on 4 ranks at ep_size 4 continue as the single process does; only
