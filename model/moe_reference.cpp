@@ -138,18 +138,18 @@ double MoeReference::forward(const double* params, const double* x, int T, bool 
   if (exchanged()) {
     experts_forward_exchanged(params, x);
   } else {
-  a1_.assign(std::size_t(R) * F, 0);
-  h_.assign(std::size_t(R) * F, 0);
-  o_.assign(std::size_t(R) * H, 0);
-  for (int row = 0; row < R; ++row) {
-    const int e = row_expert_[row];
-    const double* xr = x + std::size_t(row_token_[row]) * H;
-    ref_ops::linear_fwd(xr, w1 + std::size_t(e) * F * H, static_cast<const double*>(nullptr),
-                        &a1_[std::size_t(row) * F], 1, F, H);
-    for (int f = 0; f < F; ++f) h_[std::size_t(row) * F + f] = ref_ops::gelu(a1_[std::size_t(row) * F + f]);
-    ref_ops::linear_fwd(&h_[std::size_t(row) * F], w2 + std::size_t(e) * H * F, static_cast<const double*>(nullptr),
-                        &o_[std::size_t(row) * H], 1, H, F);
-  }
+    a1_.assign(std::size_t(R) * F, 0);
+    h_.assign(std::size_t(R) * F, 0);
+    o_.assign(std::size_t(R) * H, 0);
+    for (int row = 0; row < R; ++row) {
+      const int e = row_expert_[row];
+      const double* xr = x + std::size_t(row_token_[row]) * H;
+      ref_ops::linear_fwd(xr, w1 + std::size_t(e) * F * H, static_cast<const double*>(nullptr),
+                          &a1_[std::size_t(row) * F], 1, F, H);
+      for (int f = 0; f < F; ++f) h_[std::size_t(row) * F + f] = ref_ops::gelu(a1_[std::size_t(row) * F + f]);
+      ref_ops::linear_fwd(&h_[std::size_t(row) * F], w2 + std::size_t(e) * H * F, static_cast<const double*>(nullptr),
+                          &o_[std::size_t(row) * H], 1, H, F);
+    }
   }
   std::fill(y, y + std::size_t(T) * H, 0.0);
   for (int s = 0; s < T; ++s)
