@@ -134,18 +134,22 @@ double MoeReference::forward(const double* params, const double* x, int T, bool 
       weight_[std::size_t(s) * 2 + 1] = p[1] / d;
     }
   }
-  // Experts, row by row.
-  a1_.assign(std::size_t(R) * F, 0);
-  h_.assign(std::size_t(R) * F, 0);
-  o_.assign(std::size_t(R) * H, 0);
-  for (int row = 0; row < R; ++row) {
-    const int e = row_expert_[row];
-    const double* xr = x + std::size_t(row_token_[row]) * H;
-    ref_ops::linear_fwd(xr, w1 + std::size_t(e) * F * H, static_cast<const double*>(nullptr),
-                        &a1_[std::size_t(row) * F], 1, F, H);
-    for (int f = 0; f < F; ++f) h_[std::size_t(row) * F + f] = ref_ops::gelu(a1_[std::size_t(row) * F + f]);
-    ref_ops::linear_fwd(&h_[std::size_t(row) * F], w2 + std::size_t(e) * H * F, static_cast<const double*>(nullptr),
-                        &o_[std::size_t(row) * H], 1, H, F);
+  // Experts, row by row (here, or on the ranks holding them).
+  if (exchanged()) {
+    experts_forward_exchanged(params, x);
+  } else {
+    a1_.assign(std::size_t(R) * F, 0);
+    h_.assign(std::size_t(R) * F, 0);
+    o_.assign(std::size_t(R) * H, 0);
+    for (int row = 0; row < R; ++row) {
+      const int e = row_expert_[row];
+      const double* xr = x + std::size_t(row_token_[row]) * H;
+      ref_ops::linear_fwd(xr, w1 + std::size_t(e) * F * H, static_cast<const double*>(nullptr),
+                          &a1_[std::size_t(row) * F], 1, F, H);
+      for (int f = 0; f < F; ++f) h_[std::size_t(row) * F + f] = ref_ops::gelu(a1_[std::size_t(row) * F + f]);
+      ref_ops::linear_fwd(&h_[std::size_t(row) * F], w2 + std::size_t(e) * H * F, static_cast<const double*>(nullptr),
+                          &o_[std::size_t(row) * H], 1, H, F);
+    }
   }
   std::fill(y, y + std::size_t(T) * H, 0.0);
   for (int s = 0; s < T; ++s)
@@ -206,9 +210,10 @@ void MoeReference::backward(const double* params, const double* dy_in, double au
       }
       dweight[std::size_t(s) * k + r] = dot;
     }
-  // Experts backward, row by row.
+  // Experts backward, row by row (here, or on the ranks holding them).
   std::vector<double> da(F);
-  for (int row = 0; row < R; ++row) {
+  if (exchanged()) experts_backward_exchanged(params, dout, dx, dparams);
+  for (int row = 0; row < R && !exchanged(); ++row) {
     const int e = row_expert_[row], s = row_token_[row];
     ref_ops::linear_bwd(&h_[std::size_t(row) * F], w2 + std::size_t(e) * H * F, &dout[std::size_t(row) * H],
                         da.data(), false, dparams + layout_.w2 + std::size_t(e) * H * F,
@@ -269,6 +274,92 @@ void MoeReference::backward(const double* params, const double* dy_in, double au
   for (std::size_t i = 0; i < dar.size(); ++i) dar[i] *= ref_ops::gelu_grad(ar_[i]);
   ref_ops::linear_bwd(x_.data(), params + layout_.r1, dar.data(), dx, true, dparams + layout_.r1,
                       static_cast<double*>(nullptr), T, F, H);
+}
+
+// The dispatch buffer [E, C, H] holds row (e, pos) of this rank's kept routes at slot e·C + pos;
+// member j gets experts [j·E/ep, (j+1)·E/ep), i.e. the buffer's j-th chunk, and returns their
+// outputs in the same slots. Each slot's expert math is the single process's row math.
+void MoeReference::experts_forward_exchanged(const double* params, const double* x) {
+  const int E = c_.experts, H = c_.hidden, F = c_.ffn, P = ex_->size(), El = E / P, R = offsets_[E];
+  CUTRAIN_CHECK(E % P == 0, "MoE layer: ep_size ", P, " does not divide num_experts ", E);
+  const int C = slots_ = std::max(ex_->max(std::max(capacity_, 1)), 1);
+  const std::size_t chunk = std::size_t(El) * C * H;
+  std::vector<double> send(std::size_t(E) * C * H, 0.0), counts(E), got(std::size_t(P) * El);
+  for (int row = 0; row < R; ++row) {
+    const int e = row_expert_[row], pos = row - offsets_[e];
+    std::copy_n(x + std::size_t(row_token_[row]) * H, H, &send[(std::size_t(e) * C + pos) * H]);
+  }
+  for (int e = 0; e < E; ++e) counts[e] = kept_[e];
+  ex_in_.assign(send.size(), 0.0);
+  ex_->all_to_all(send.data(), ex_in_.data(), chunk);
+  ex_->all_to_all(counts.data(), got.data(), std::size_t(El));
+  ex_count_.assign(got.size(), 0);
+  for (std::size_t i = 0; i < got.size(); ++i) ex_count_[i] = int(got[i]);
+  // This rank's experts on every member's slots: [P][El][C] rows.
+  const double* w1 = params + layout_.w1;
+  const double* w2 = params + layout_.w2;
+  ex_a1_.assign(std::size_t(P) * El * C * F, 0.0);
+  std::vector<double> out(send.size(), 0.0), h(F);
+  for (int src = 0; src < P; ++src)
+    for (int le = 0; le < El; ++le) {
+      const int e = ex_->rank() * El + le;
+      for (int pos = 0; pos < ex_count_[std::size_t(src) * El + le]; ++pos) {
+        const std::size_t slot = (std::size_t(src) * El + le) * C + pos;
+        double* a1 = &ex_a1_[slot * F];
+        ref_ops::linear_fwd(&ex_in_[slot * H], w1 + std::size_t(e) * F * H, static_cast<const double*>(nullptr), a1, 1,
+                            F, H);
+        for (int f = 0; f < F; ++f) h[f] = ref_ops::gelu(a1[f]);
+        ref_ops::linear_fwd(h.data(), w2 + std::size_t(e) * H * F, static_cast<const double*>(nullptr), &out[slot * H],
+                            1, H, F);
+      }
+    }
+  std::vector<double> back(send.size());
+  ex_->all_to_all(out.data(), back.data(), chunk);
+  o_.assign(std::size_t(R) * H, 0);
+  for (int row = 0; row < R; ++row) {
+    const int e = row_expert_[row], pos = row - offsets_[e];
+    std::copy_n(&back[(std::size_t(e) * C + pos) * H], H, &o_[std::size_t(row) * H]);
+  }
+}
+
+// The mirror: the rows' output gradients to the experts' ranks, each expert's backward on its
+// slots (its weights' gradients from every member's tokens), the slots' input gradients back into
+// dx, row by row in the single process's order.
+void MoeReference::experts_backward_exchanged(const double* params, const std::vector<double>& dout, double* dx,
+                                              double* dparams) {
+  const int E = c_.experts, H = c_.hidden, F = c_.ffn, P = ex_->size(), El = E / P, R = offsets_[E], C = slots_;
+  const std::size_t chunk = std::size_t(El) * C * H;
+  std::vector<double> send(std::size_t(E) * C * H, 0.0), dslot(send.size()), dxslot(send.size(), 0.0);
+  for (int row = 0; row < R; ++row) {
+    const int e = row_expert_[row], pos = row - offsets_[e];
+    std::copy_n(&dout[std::size_t(row) * H], H, &send[(std::size_t(e) * C + pos) * H]);
+  }
+  ex_->all_to_all(send.data(), dslot.data(), chunk);
+  const double* w1 = params + layout_.w1;
+  const double* w2 = params + layout_.w2;
+  std::vector<double> h(F), da(F);
+  for (int src = 0; src < P; ++src)
+    for (int le = 0; le < El; ++le) {
+      const int e = ex_->rank() * El + le;
+      for (int pos = 0; pos < ex_count_[std::size_t(src) * El + le]; ++pos) {
+        const std::size_t slot = (std::size_t(src) * El + le) * C + pos;
+        const double* a1 = &ex_a1_[slot * F];
+        for (int f = 0; f < F; ++f) h[f] = ref_ops::gelu(a1[f]);
+        ref_ops::linear_bwd(h.data(), w2 + std::size_t(e) * H * F, &dslot[slot * H], da.data(), false,
+                            dparams + layout_.w2 + std::size_t(e) * H * F, static_cast<double*>(nullptr), 1, H, F);
+        for (int f = 0; f < F; ++f) da[f] *= ref_ops::gelu_grad(a1[f]);
+        ref_ops::linear_bwd(&ex_in_[slot * H], w1 + std::size_t(e) * F * H, da.data(), &dxslot[slot * H], true,
+                            dparams + layout_.w1 + std::size_t(e) * F * H, static_cast<double*>(nullptr), 1, F, H);
+      }
+    }
+  std::vector<double> back(send.size());
+  ex_->all_to_all(dxslot.data(), back.data(), chunk);
+  for (int row = 0; row < R; ++row) {
+    const int e = row_expert_[row], pos = row - offsets_[e];
+    const double* g = &back[(std::size_t(e) * C + pos) * H];
+    double* d = dx + std::size_t(row_token_[row]) * H;
+    for (int j = 0; j < H; ++j) d[j] += g[j];
+  }
 }
 
 }  // namespace cutrain::model

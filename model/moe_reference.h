@@ -9,12 +9,21 @@
 #include <vector>
 
 #include "model/moe_config.h"
+#include "model/moe_exchange.h"
 
 namespace cutrain::model {
 
 class MoeReference {
  public:
   explicit MoeReference(const MoeConfig& c);
+
+  // Expert parallelism (DeepSpeed's ep_size): null or a group of 1 runs every expert here. Else
+  // this rank holds experts [rank·E/ep, (rank+1)·E/ep) of `params` (the others' weights are not
+  // read); the forward gates its own tokens as without it, fills the [E, C, H] dispatch buffer (C:
+  // the group's largest capacity), exchanges it, runs its experts on every member's slots and
+  // exchanges the outputs back; the backward mirrors it. dparams gets only its experts' gradients
+  // (from every member's tokens) and the replicated tensors' (from its own).
+  void set_exchange(MoeExchange* ex) { ex_ = ex; }
 
   // y[T,H] from x[T,H] and params (moe_param_layout). Returns l_aux. Keeps what backward needs.
   // `seed` draws the noise of noisy_gate_policy / top2_2nd_expert_sampling (moe_config.h's streams,
@@ -46,6 +55,15 @@ class MoeReference {
   std::vector<double> ym_, ar_, hr_, yr_, coef_;  // the residual branch: MoE output, MLP, mix
   std::vector<int> expert_, position_, counts_, kept_, offsets_, row_token_, row_expert_;
   std::vector<std::int64_t> row_of_;  // [T,k], -1 dropped
+  // Expert parallelism: the exchange, the slots per expert, the rows this rank's experts computed
+  // for every member ([ep][E/ep][C] slots: their inputs, fc1 pre-activations, counts).
+  MoeExchange* ex_ = nullptr;
+  int slots_ = 0;
+  std::vector<double> ex_in_, ex_a1_;
+  std::vector<int> ex_count_;
+  bool exchanged() const { return ex_ && ex_->size() > 1; }
+  void experts_forward_exchanged(const double* params, const double* x);
+  void experts_backward_exchanged(const double* params, const std::vector<double>& dout, double* dx, double* dparams);
 };
 
 }  // namespace cutrain::model

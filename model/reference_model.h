@@ -61,6 +61,12 @@ class ReferenceModel {
     drop_micro_ = micro;
   }
   void set_training(bool train) { train_ = train; }
+  // Expert parallelism: every MoE block exchanges its tokens over `ex` (model/moe_exchange.h);
+  // params then hold this rank's experts only (null: every expert here).
+  void set_moe_exchange(MoeExchange* ex) {
+    for (auto& m : moe_)
+      if (m) m->set_exchange(ex);
+  }
   double aux_loss() const { return aux_; }  // sum of the MoE layers' l_aux of the last forward
   const std::vector<MoeBlockStats>& moe_stats() const { return moe_stats_; }  // one per MoE block
   const MoeReference* moe_layer(int l) const { return moe_.at(std::size_t(l)).get(); }  // null: dense block

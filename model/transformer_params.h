@@ -33,6 +33,9 @@ struct MoeDims {
   bool use_residual = false;  // --mlp_type residual (PR-MoE)
   MoeNoisyGate noisy_gate_policy = MoeNoisyGate::None;
   double loss_coeff = 0.01;  // the objective is lm + loss_coeff * (sum of the layers' l_aux)
+  // The run's expert-parallel degree (DeepSpeed's ep_size: experts split over that many
+  // data-parallel ranks); the layer's math and the parameters' names do not depend on it.
+  int ep_size = 1;
   bool any() const;
   bool is_moe(int layer) const { return layer < int(experts.size()) && experts[std::size_t(layer)] > 0; }
   // The MoE layer of block `layer` (is_moe(layer)) for a model of this hidden / ffn width.

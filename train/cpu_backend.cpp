@@ -11,6 +11,8 @@
 #include "train/lamb_optimizer.h"
 #include "train/random_ltd_draw.h"
 #include "train/cpu_pipeline.h"
+#include "parallel/expert_parallel_plan.h"
+#include "train/cpu_expert_parallel.h"
 #include "train/cpu_tensor_parallel.h"
 #include "train/cpu_zero.h"
 
@@ -48,6 +50,16 @@ class CpuBackend final : public TrainBackend {
       tp_->keep_held(params_);
       std::cout << "[Rank " << rank_of(o) << "] " << tp_->describe() << std::endl;
     }
+    if (o.ep_comm) {  // expert parallelism: the two ZeRO spaces (train/cpu_expert_parallel.h)
+      ep_ = std::make_unique<CpuExpertParallel>(o.comm, o.ep_comm, o.expert_dp_comm, table_, c, o.expert_parallel,
+                                                params_);
+      ep_->attach(model_);
+      ep_->params_for_compute(params_);
+      grads_.assign(n, 0.f);
+      ltd_ = std::make_unique<RandomLtdDraw>(c, o.batch, o.seq, o.dims.layers, o.comm->rank());
+      std::cout << ep_->describe() << std::endl;
+      return;
+    }
     if (auto comm = resolve_host_communicator(o, c)) {
       CUTRAIN_CHECK(comm->device() < 0, "cpu backend: expected a host communicator, found ", comm->backend_name(),
                     " (GPUs use --device cuda)");
@@ -73,6 +85,7 @@ class CpuBackend final : public TrainBackend {
     std::fill(grads_.begin(), grads_.end(), 0.f);
     StepStats st;
     if (zero_) return zero_step(tokens, labels, step, lr);
+    if (ep_) return ep_step(tokens, labels, step, lr);
     for (int a = 0; a < accum; ++a) micro_batch(tokens + a * per, labels + a * per, step, a, accum, st);
     double sq = 0;
     if (tp_) {  // each element once over the group
@@ -112,6 +125,10 @@ class CpuBackend final : public TrainBackend {
   }
 
   MemoryStats memory() const override {
+    if (ep_) {  // the two spaces' state and the flat buffers the model computes on
+      const std::int64_t b = ep_->state_bytes() + std::int64_t(8 * table_.flat_size());
+      return {b, b, b};
+    }
     if (zero_) {
       // Between steps the state this rank holds; during one, stage 3's working copies too.
       const std::int64_t held = zero_->state_bytes();
@@ -125,12 +142,18 @@ class CpuBackend final : public TrainBackend {
   void reset_peak() override {}
   HostState save_state() const override {
     HostState s{params_, {}, m_, v_, {}, DType::F32};
+    if (ep_) ep_->gather_state(s.params, s.exp_avg, s.exp_avg_sq);  // a collective: the whole model on every rank
     if (zero_) zero_->gather_state(params_, s.params, s.exp_avg, s.exp_avg_sq);  // a collective: every rank calls it
     if (tp_)  // the group's slices and replicated tensors into the whole model (a collective of the group)
       for (std::vector<float>* v : {&s.params, &s.exp_avg, &s.exp_avg_sq}) tp_->combine(*v);
     return s;
   }
   void load_state(const HostState& full) override {
+    if (ep_) {  // this rank's parts of the whole model, any ep_size's checkpoint alike
+      ep_->scatter_state(full.params, full.exp_avg, full.exp_avg_sq);
+      ep_->params_for_compute(params_);
+      return;
+    }
     const HostState* sp = &full;
     HostState mine;
     if (tp_) {  // this rank's slices and the replicated tensors
@@ -154,6 +177,7 @@ class CpuBackend final : public TrainBackend {
   }
   std::string run_summary() const override { return tp_ ? tp_->run_summary() : std::string(); }
   const char* describe() const override {
+    if (ep_) return "cpu (fp32 reference model, data and expert parallel over the host communicator)";
     if (tp_)
       return zero_ ? "cpu (fp32 reference model, data x tensor parallel over the host communicator)"
                    : "cpu (fp32 reference model, tensor parallel over the host communicator)";
@@ -184,11 +208,33 @@ class CpuBackend final : public TrainBackend {
     return st;
   }
 
+  // An expert-parallel step: this rank's micro-batches (their MoE blocks exchanging tokens), the
+  // non-expert and expert gradients reduced over their groups, AdamW on both, the params unpacked.
+  StepStats ep_step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
+    const int accum = cfg_.accumulation();
+    const std::size_t per = std::size_t(opt_.batch) * opt_.seq;
+    StepStats st;
+    for (int a = 0; a < accum; ++a) micro_batch(tokens + a * per, labels + a * per, step, a, accum, st);
+    st.loss = ep_->mean_over_ranks(st.loss);
+    st.grad_norm = ep_->reduce_grads(grads_);
+    if (!std::isfinite(st.grad_norm)) {
+      st.skipped = true;
+      return st;
+    }
+    double scale = 1.0;
+    if (cfg_.gradient_clipping > 0) scale = std::min(1.0, cfg_.gradient_clipping / (st.grad_norm + 1e-6));
+    ep_->adam(step, lr, scale);
+    ep_->params_for_compute(params_);
+    return st;
+  }
+
   // Micro-batch `a` of `accum`: its MoE seed and random-LTD draw, forward and backward into grads_,
   // its loss, layer tokens and routing figures added to `st` (under ZeRO: this rank's micro-batches;
-  // ep_size 1, so every rank holds every expert).
+  // with expert parallelism its MoE blocks exchange tokens with the expert-parallel group).
   void micro_batch(const std::int32_t* tokens, const std::int32_t* labels, int step, int a, int accum, StepStats& st) {
-    model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, a));
+    // The gate noise's seed from the micro-batch's number in the global batch (this data-parallel
+    // rank's micro-batches follow the lower ranks'), so W ranks draw the single process's noise.
+    model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, dp_rank() * accum + a));
     model_.set_training(true);  // BERT's dropout masks: a function of (seed, step, micro-batch)
     model_.set_dropout(opt_.seed, std::uint32_t(step), a);
     const model::TokenDropPlan& drop = ltd_->draw(step, a);  // random-LTD's kept tokens
@@ -214,6 +260,8 @@ class CpuBackend final : public TrainBackend {
     if (tp_) tp_->end_pass();
   }
   static int rank_of(const BackendOptions&) { return comm::read_launch_env().rank; }
+  // This rank's index among the data-parallel replicas (0 without data parallelism).
+  int dp_rank() const { return ep_ ? opt_.comm->rank() : zero_ ? zero_->plan().rank : 0; }
 
   void merge_moe(StepStats& st, int micro) const {  // the MoE blocks' routing of micro-batch `micro`
     const auto& m = model_.moe_stats();
@@ -228,12 +276,51 @@ class CpuBackend final : public TrainBackend {
   std::vector<kernels::LambTensor> lamb_tensors_;  // Lamb: the model's parameter tensors
   std::unique_ptr<CpuZero> zero_;
   std::unique_ptr<CpuTensorParallel> tp_;  // tensor parallelism: this rank's slice
+  std::unique_ptr<CpuExpertParallel> ep_;  // expert parallelism: its groups and two ZeRO spaces
   std::unique_ptr<RandomLtdDraw> ltd_;
 };
 
 }  // namespace
 
+// Expert parallelism: the data-parallel world, its expert-parallel and expert-data-parallel groups
+// (parallel/expert_parallel_plan.h), every bad value named before the rendezvous.
+std::unique_ptr<TrainBackend> make_cpu_expert_parallel_backend(const BackendOptions& opt, const TrainConfig& c) {
+  const char* flag = "--moe_expert_parallel_size";
+  BackendOptions o = opt;
+  CUTRAIN_CHECK(o.tensor_parallel <= 1 && o.pipeline_stages <= 1, flag, " ", o.expert_parallel, " with ",
+                o.tensor_parallel_flag, " ", o.tensor_parallel, " and --pipeline_parallel_size ", o.pipeline_stages,
+                ": expert parallelism runs over data-parallel ranks only; with tensor or pipeline parallelism it is "
+                "not built");
+  CUTRAIN_CHECK(c.optimizer.type != OptimizerType::Lamb, "cpu backend: optimizer.type Lamb with ", flag, " ",
+                o.expert_parallel, ": the CPU backend's data parallelism updates with AdamW only");
+  CUTRAIN_CHECK(c.zero_optimization.stage >= 0 && c.zero_optimization.stage <= 2, "cpu backend: zero_optimization.stage ",
+                c.zero_optimization.stage, " with ", flag, " ", o.expert_parallel,
+                ": expert parallelism partitions the expert and non-expert parameters with ZeRO stages 0-2; stage 3's "
+                "parameter shards are not built for it");
+  // The experts' split (each MoE block's count) before any rendezvous.
+  parallel::make_expert_parallel_layout(model::TransformerParams(o.dims), o.expert_parallel, flag);
+  std::shared_ptr<comm::Communicator> world = o.comm;
+  if (!world) {
+    const comm::LaunchEnv env = comm::read_launch_env();
+    parallel::make_expert_parallel_groups(env.world_size, o.expert_parallel, flag);
+    world = comm::create_host_communicator(env);
+    if (env.rank == 0)
+      std::cout << "[Rank 0] expert parallel: world " << env.world_size << " = " << env.world_size / o.expert_parallel
+                << " expert-parallel group(s) of " << o.expert_parallel << " ranks (" << flag << "), host communicator "
+                << "(shared memory, a test backend)" << std::endl;
+  }
+  CUTRAIN_CHECK(world->device() < 0, "cpu backend: expected a host communicator, found ", world->backend_name());
+  const parallel::ExpertParallelGroups g =
+      parallel::make_expert_parallel_groups(world->world_size(), o.expert_parallel, flag);
+  const int r = world->rank();
+  o.comm = world;
+  o.ep_comm = parallel::make_group_communicator(world, g.ep_group(r));
+  o.expert_dp_comm = parallel::make_group_communicator(world, g.expert_dp_group(r));
+  return std::make_unique<CpuBackend>(o, c);
+}
+
 std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& opt, const TrainConfig& c) {
+  if (opt.expert_parallel > 1) return make_cpu_expert_parallel_backend(opt, c);
   if (opt.tensor_parallel <= 1) {
     CUTRAIN_CHECK(opt.domino == 1, "--domino ", opt.domino, ": Domino splits the tensor-parallel all-reduces; expected "
                   "--tensor_parallel_size > 1, found ", opt.tensor_parallel);

@@ -1,7 +1,7 @@
 // @brief The CPU training backend: the fp32 reference model and a host AdamW or LAMB, with the engine's
 // clipping and NaN/Inf skip; data parallel (AdamW) with ZeRO stages 0-3 over the host communicator under
 // a launcher (train/cpu_zero.h), pipeline (train/cpu_pipeline.h) and tensor parallelism
-// (train/cpu_tensor_parallel.h) and their grid. Slow; for tests, CI and machines without a GPU.
+// (train/cpu_tensor_parallel.h) and their grid; MoE's expert parallelism (train/cpu_expert_parallel.h). Slow; for tests, CI and machines without a GPU.
 #pragma once
 
 #include <memory>
@@ -45,6 +45,12 @@ struct BackendOptions {
   std::string tensor_parallel_flag = "--tensor_parallel_size";
   int domino = 1;
   std::shared_ptr<comm::Communicator> tp_comm;
+  // Expert parallelism (CPU backend: train/cpu_expert_parallel.h): DeepSpeed's ep_size over the
+  // data-parallel ranks. With expert_parallel > 1 make_cpu_backend passes each backend `comm` (the
+  // data-parallel world), `ep_comm` (its expert-parallel group) and `expert_dp_comm` (the ranks
+  // holding its experts). Not with tensor or pipeline parallelism.
+  int expert_parallel = 1;
+  std::shared_ptr<comm::Communicator> ep_comm, expert_dp_comm;
 };
 
 std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& options, const TrainConfig& config);

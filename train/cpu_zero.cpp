@@ -12,15 +12,21 @@ namespace cutrain::train {
 using parallel::Range;
 using parallel::ZeroMode;
 
-CpuZero::CpuZero(std::shared_ptr<comm::Communicator> comm, const model::TransformerParams& table,
-                 const TrainConfig& config, const std::vector<float>& full_params)
-    : comm_(std::move(comm)), table_(table), cfg_(config), numel_(table.flat_size()) {
+CpuZeroSpace model_space(const model::TransformerParams& table) {
+  CpuZeroSpace s;
+  s.numel = table.flat_size();
+  s.decay_runs = table.decay_runs();
+  for (const model::ParamUnit& u : table.units()) s.units.push_back({u.begin, u.end});
+  return s;
+}
+
+CpuZero::CpuZero(std::shared_ptr<comm::Communicator> comm, CpuZeroSpace space, const TrainConfig& config,
+                 const std::vector<float>& full_params)
+    : comm_(std::move(comm)), space_(std::move(space)), cfg_(config), numel_(space_.numel) {
   plan_ = parallel::make_zero_plan(cfg_.zero_optimization.stage, numel_, comm_->world_size(), comm_->rank(),
                                    /*has_comm=*/true);
   if (plan_.sharded()) {
-    std::vector<Range> units;
-    for (const model::ParamUnit& u : table_.units()) units.push_back({u.begin, u.end});
-    layout_ = parallel::make_shard_layout(units, numel_, plan_.world,
+    layout_ = parallel::make_shard_layout(space_.units, numel_, plan_.world,
                                           std::size_t(std::max<std::int64_t>(
                                               0, cfg_.zero_optimization.stage3_param_persistence_threshold)));
     work_elems_ = numel_;
@@ -31,7 +37,7 @@ CpuZero::CpuZero(std::shared_ptr<comm::Communicator> comm, const model::Transfor
     // This rank's pieces in flat coordinates, cut where the weight-decay runs change.
     for (std::size_t u = 0; u < layout_.units.size(); ++u) {
       const Range piece = layout_.piece_flat(u, plan_.rank);
-      for (const model::DecayRun& r : table_.decay_runs()) {
+      for (const model::DecayRun& r : space_.decay_runs) {
         const std::size_t a = std::max(r.begin, piece.begin), b = std::min(r.end, piece.end);
         if (a < b) segments_.push_back({layout_.units[u].shard_offset + (a - piece.begin), a, b - a, r.decay});
       }
@@ -58,7 +64,9 @@ void CpuZero::release_compute(std::vector<float>& params) const {
   if (plan_.sharded()) std::vector<float>().swap(params);
 }
 
-double CpuZero::reduce_grads(std::vector<float>& grads) {
+double CpuZero::reduce_grads(std::vector<float>& grads) { return std::sqrt(reduce_grads_sq(grads)); }
+
+double CpuZero::reduce_grads_sq(std::vector<float>& grads) {
   CUTRAIN_CHECK(grads.size() == work_elems_, "cpu ZeRO: gradient buffer of ", grads.size(), " elements, expected ",
                 work_elems_);
   double sq = 0;
@@ -67,17 +75,25 @@ double CpuZero::reduce_grads(std::vector<float>& grads) {
     for (std::size_t i = 0; i < n; ++i)
       if (!counted_ || (flat + i < numel_ && (*counted_)[flat + i])) sq += double(g[i]) * g[i];
   };
+  const comm::ReduceOp op = space_.grad_divisor > 0 ? comm::ReduceOp::Sum : comm::ReduceOp::Avg;
+  const float inv = space_.grad_divisor > 0 ? float(1.0 / space_.grad_divisor) : 1.f;
+  auto divide = [&](float* g, std::size_t n) {
+    if (space_.grad_divisor > 0)
+      for (std::size_t i = 0; i < n; ++i) g[i] *= inv;
+  };
   switch (plan_.mode) {
     case ZeroMode::AllReduce:
-      comm_->all_reduce(grads.data(), numel_, DType::F32, comm::ReduceOp::Avg, nullptr);
+      comm_->all_reduce(grads.data(), numel_, DType::F32, op, nullptr);
+      divide(grads.data(), numel_);
       sum_sq(grads.data(), numel_, 0);
       // every rank has the same gradients: no second collective (but the tensor-parallel group's)
       if (tp_group_) tp_group_->all_reduce_sum_f64(&sq, 1, nullptr);
-      return std::sqrt(sq);
+      return sq;
     case ZeroMode::Partitioned: {
       const std::size_t per = plan_.part.per_rank;
       float* mine = grads.data() + std::size_t(plan_.rank) * per;
-      comm_->reduce_scatter(grads.data(), mine, per, DType::F32, comm::ReduceOp::Avg, nullptr);
+      comm_->reduce_scatter(grads.data(), mine, per, DType::F32, op, nullptr);
+      divide(mine, per);
       const Range nr = plan_.norm_range();
       sum_sq(grads.data() + nr.begin, nr.size(), nr.begin);
       break;
@@ -87,8 +103,8 @@ double CpuZero::reduce_grads(std::vector<float>& grads) {
       for (const parallel::ShardUnit& u : layout_.units) {
         unit.assign(u.padded_size(plan_.world), 0.f);
         std::copy(grads.begin() + std::ptrdiff_t(u.flat.begin), grads.begin() + std::ptrdiff_t(u.flat.end), unit.begin());
-        comm_->reduce_scatter(unit.data(), grad_shard_.data() + u.shard_offset, u.per_rank, DType::F32,
-                              comm::ReduceOp::Avg, nullptr);
+        comm_->reduce_scatter(unit.data(), grad_shard_.data() + u.shard_offset, u.per_rank, DType::F32, op, nullptr);
+        divide(grad_shard_.data() + u.shard_offset, u.per_rank);
       }
       if (!counted_) sum_sq(grad_shard_.data(), grad_shard_.size(), 0);
       else
@@ -99,7 +115,7 @@ double CpuZero::reduce_grads(std::vector<float>& grads) {
   }
   comm_->all_reduce_sum_f64(&sq, 1, nullptr);
   if (tp_group_) tp_group_->all_reduce_sum_f64(&sq, 1, nullptr);
-  return std::sqrt(sq);
+  return sq;
 }
 
 void CpuZero::adam(std::vector<float>& params, const std::vector<float>& grads, int step, float lr, double scale) {
@@ -110,13 +126,13 @@ void CpuZero::adam(std::vector<float>& params, const std::vector<float>& grads, 
   };
   switch (plan_.mode) {
     case ZeroMode::AllReduce:
-      for (const model::DecayRun& r : table_.decay_runs())
+      for (const model::DecayRun& r : space_.decay_runs)
         update(params.data() + r.begin, grads.data() + r.begin, m_.data() + r.begin, v_.data() + r.begin,
                r.end - r.begin, r.decay);
       return;
     case ZeroMode::Partitioned: {
       const Range own = plan_.part.owned_real(plan_.rank), st = plan_.state_range();
-      for (const model::DecayRun& r : table_.decay_runs()) {
+      for (const model::DecayRun& r : space_.decay_runs) {
         const std::size_t a = std::max(r.begin, own.begin), b = std::min(r.end, own.end);
         if (a < b)
           update(params.data() + a, grads.data() + a, m_.data() + (a - st.begin), v_.data() + (a - st.begin), b - a,

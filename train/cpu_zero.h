@@ -27,10 +27,26 @@
 
 namespace cutrain::train {
 
+// The parameters one CpuZero partitions: a model's flat buffer, or expert parallelism's packed
+// non-expert / expert parameters (train/cpu_expert_parallel.h).
+struct CpuZeroSpace {
+  std::size_t numel = 0;
+  std::vector<model::DecayRun> decay_runs;  // weight decay per run of the space's elements
+  std::vector<parallel::Range> units;       // stage 3's units
+  // 0: the gradients are averaged over the group; > 0: summed over the group and divided by this
+  // (expert parameters: the data-parallel world, so the average is over every rank's tokens as
+  // DeepSpeed's _reduce_expert_gradients divides by the data-parallel world size).
+  int grad_divisor = 0;
+};
+CpuZeroSpace model_space(const model::TransformerParams& table);
+
 class CpuZero {
  public:
   // `full_params`: the flat params every rank initialised alike (the same seed).
   CpuZero(std::shared_ptr<comm::Communicator> comm, const model::TransformerParams& table, const TrainConfig& config,
+          const std::vector<float>& full_params)
+      : CpuZero(std::move(comm), model_space(table), config, full_params) {}
+  CpuZero(std::shared_ptr<comm::Communicator> comm, CpuZeroSpace space, const TrainConfig& config,
           const std::vector<float>& full_params);
 
   const parallel::ZeroPlan& plan() const { return plan_; }
@@ -43,6 +59,8 @@ class CpuZero {
   // The gradients of this rank's micro-batches (work_elems, 0 in padding) reduced over the ranks;
   // returns the global gradient norm.
   double reduce_grads(std::vector<float>& grads);
+  // The same, returning the sum of squares over the group (its elements counted once).
+  double reduce_grads_sq(std::vector<float>& grads);
   // AdamW on this rank's part with the clip coefficient `scale`, then the params shared again.
   void adam(std::vector<float>& params, const std::vector<float>& grads, int step, float lr, double scale);
   // Tensor parallelism (train/cpu_tensor_parallel.h): the gradient norm counts only the elements
@@ -75,7 +93,7 @@ class CpuZero {
   std::vector<float> part_of_flat(const std::vector<float>& flat) const;
 
   std::shared_ptr<comm::Communicator> comm_;
-  const model::TransformerParams& table_;
+  CpuZeroSpace space_;
   TrainConfig cfg_;
   parallel::ZeroPlan plan_;
   parallel::ShardLayout layout_;  // stage 3

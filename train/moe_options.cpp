@@ -94,9 +94,6 @@ model::MoeDims resolve_moe(const MoeOptions& o, int layers, int tokens) {
     CUTRAIN_CHECK(o.top_k <= e, "train: --top_k ", o.top_k, " is more than --num_experts ", e);
     CUTRAIN_CHECK(e % ep == 0, "train: --moe_expert_parallel_size ", ep, " does not divide --num_experts ", e);
   }
-  CUTRAIN_CHECK(ep == 1, "train: --moe_expert_parallel_size ", ep,
-                ": expert parallelism (experts split over ranks, the all-to-all token exchange) is not built; "
-                "what exists is ep_size 1 (every rank holds every expert)");
   const std::vector<int> blocks = moe_blocks(o, layers);
   CUTRAIN_CHECK(!blocks.empty(), "train: --num_experts given but no block is a MoE block (--num_layers ", layers,
                 ", --moe_layers '", o.moe_layers.empty() ? "every:" + std::to_string(o.expert_interval ? o.expert_interval : 2) : o.moe_layers,
@@ -116,6 +113,7 @@ model::MoeDims resolve_moe(const MoeOptions& o, int layers, int tokens) {
   m.drop_tokens = !o.disable_token_dropping;
   m.use_residual = o.mlp_type == "residual";
   m.loss_coeff = o.loss_coeff;
+  m.ep_size = ep;
   return m;
 }
 
@@ -138,7 +136,7 @@ std::string describe_moe(const model::MoeDims& m) {
     << m.capacity_factor << " (eval " << m.eval_capacity_factor << "), min capacity " << m.min_capacity << ", "
     << (m.drop_tokens ? "token dropping" : "no token dropping") << ", "
     << (m.use_residual ? "residual MLP (PR-MoE)" : "standard MLP") << ", noisy gate " << noise << ", loss coeff "
-    << m.loss_coeff << ", ep_size 1";
+    << m.loss_coeff << ", ep_size " << m.ep_size;
   return s.str();
 }
 
@@ -166,6 +164,8 @@ nlohmann::json moe_config_json(const model::MoeDims& m) {
           {"mlp_type", m.use_residual ? "residual" : "standard"},
           {"noisy_gate_policy", noise_name(m.noisy_gate_policy)},
           {"moe_loss_coeff", m.loss_coeff},
+          // The saved experts' layout: every expert of a block in one file, whatever the run's ep_size
+          // (an expert-parallel run gathers them), so any ep_size resumes it.
           {"ep_size", 1}};
 }
 

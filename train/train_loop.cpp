@@ -15,6 +15,7 @@
 #include "data/batch_sampler.h"
 #include "data/data_loader.h"
 #include "data/mlm_sampler.h"
+#include "parallel/expert_parallel_plan.h"
 #include "parallel/rank_grid.h"
 #include "runtime/allocator.h"
 #include "runtime/comm/launch_env.h"
@@ -375,23 +376,38 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (pp > 1 && accum == 1)
     out << "[Rank 0] warning: a pipeline of " << pp << " stages with gradient_accumulation_steps 1: one micro-batch "
         << "per step, so no stage overlaps another (bubble fraction " << pp - 1 << "/" << pp << ")\n";
-  bo.dims.moe = resolve_moe(o.moe, bo.dims.layers, o.batch_size * o.seq_length);
+  // A resume that gives only --moe_expert_parallel_size takes the checkpoint's MoE blocks at that
+  // ep_size (a checkpoint holds every expert whole, whatever ep_size saved it).
+  MoeOptions moe_flags = o.moe;
+  if (resume && !resume->legacy && moe_flags.num_experts.empty() && moe_flags.given.size() == 1 &&
+      moe_flags.given[0] == "--moe_expert_parallel_size")
+    moe_flags.given.clear();
+  bo.dims.moe = resolve_moe(moe_flags, bo.dims.layers, o.batch_size * o.seq_length);
   if (resume && !resume->legacy) {  // no MoE flag: the checkpoint's MoE blocks, else they must agree
-    if (o.moe.num_experts.empty() && o.moe.given.empty()) bo.dims.moe = resume_dims.moe;
+    if (moe_flags.num_experts.empty() && moe_flags.given.empty()) bo.dims.moe = resume_dims.moe;
     check_checkpoint_moe(bo.dims.moe, resume_dims.moe, (resume->folder / kCheckpointConfigFile).string());
   }
   CUTRAIN_CHECK(!bert || !bo.dims.moe.any(), "train: --num_experts with --model bert: BERT's MoE blocks are not built");
+  CUTRAIN_CHECK(o.moe.expert_parallel_size == 1 || bo.dims.moe.any(), "train: --moe_expert_parallel_size ",
+                o.moe.expert_parallel_size, ": the model has no MoE block (expected --num_experts or a MoE checkpoint)");
+  bo.expert_parallel = bo.dims.moe.any() ? o.moe.expert_parallel_size : 1;
+  if (bo.dims.moe.any()) bo.dims.moe.ep_size = bo.expert_parallel;  // a resume's checkpoint says what it was run at
+  CUTRAIN_CHECK(bo.expert_parallel == 1 || o.device == TrainDevice::Cpu, "train: --moe_expert_parallel_size ",
+                bo.expert_parallel, " with --device cuda: expert parallelism (the all-to-all over NCCL, the expert "
+                "ZeRO groups) is built on --device cpu over the host communicator only; the GPU runs ep_size 1");
   if (bo.dims.moe.any()) {
     CUTRAIN_CHECK(tp == 1, "train: --num_experts with ", tp_flag, " ", tp,
-                  ": tensor parallelism of MoE blocks is not built; MoE trains on one process or data parallel");
+                  ": tensor parallelism of MoE blocks is not built; MoE trains on one process, data parallel or expert parallel");
     CUTRAIN_CHECK(pp == 1, "train: --num_experts with --pipeline_parallel_size ", pp,
                   ": a pipeline of MoE blocks is not built (the stages would have to carry the aux loss); "
-                  "MoE trains on one process or data parallel (ep_size 1)");
+                  "MoE trains on one process, data parallel or expert parallel");
     CUTRAIN_CHECK(!llmc && o.init_from_hf.empty() && o.save_llmc.empty() && o.save_hf.empty(),
                   "train: llm.c's and Hugging Face's GPT-2 files hold dense MLPs: --init_from_llmc, --init_from_hf, ",
                   "--save_llmc and --save_hf take a model without --num_experts");
     out << "[Rank 0] " << describe_moe(bo.dims.moe) << "\n";
   }
+  if (bo.expert_parallel > 1)  // ep_size divides the data-parallel world (each block's experts: resolve_moe)
+    parallel::make_expert_parallel_groups(dp_world, bo.expert_parallel, "--moe_expert_parallel_size");
   bo.dims.validate();
   if (resume && !resume->legacy)
     check_checkpoint_shape(bo.dims, resume_dims, (resume->folder / kCheckpointConfigFile).string());
