@@ -24,6 +24,7 @@
 #include "parallel/moe_all_to_all.h"
 #include "runtime/comm/host_communicator.h"
 #include "runtime/error.h"
+#include "tests/support/fork_ranks.h"
 #include "tests/support/test_support.h"
 #include "train/moe_options.h"
 
@@ -181,42 +182,13 @@ TEST(MoeExpertParallelPlan, ResolveMoeKeepsEpSize) {
 // ---- the layer's exchange on forked ranks over the host communicator ----
 
 std::vector<std::string> run_ranks(int world, const std::function<void(std::shared_ptr<comm::Communicator>)>& body) {
-  const int port = test::free_tcp_port();
-  std::vector<pid_t> pids;
-  std::vector<int> fds;
-  for (int r = 0; r < world; ++r) {
-    int p[2];
-    EXPECT_EQ(::pipe(p), 0);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(p[0]);
-      std::string msg;
-      try {
-        comm::LaunchEnv e;
-        e.rank = r;
-        e.world_size = world;
-        e.master_port = port;
-        body(comm::create_host_communicator(e));
-      } catch (const std::exception& ex) {
-        msg = ex.what();
-        if (msg.empty()) msg = "(empty error)";
-      }
-      if (::write(p[1], msg.data(), msg.size()) < 0) ::_exit(2);
-      ::_exit(0);
-    }
-    ::close(p[1]);
-    pids.push_back(pid);
-    fds.push_back(p[0]);
-  }
-  std::vector<std::string> out(static_cast<std::size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    char buf[4096];
-    for (ssize_t k; (k = ::read(fds[std::size_t(r)], buf, sizeof buf)) > 0;) out[std::size_t(r)].append(buf, std::size_t(k));
-    ::close(fds[std::size_t(r)]);
-    int st = 0;
-    ::waitpid(pids[std::size_t(r)], &st, 0);
-  }
-  return out;
+  return test::fork_ranks(world, [&](int rank, int port) {
+    comm::LaunchEnv e;
+    e.rank = rank;
+    e.world_size = world;
+    e.master_port = port;
+    body(comm::create_host_communicator(e));
+  });
 }
 
 std::vector<double> draw(std::uint64_t seed, std::size_t n, double scale) {

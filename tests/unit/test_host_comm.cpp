@@ -21,6 +21,7 @@
 
 #include "runtime/comm/host_communicator.h"
 #include "runtime/error.h"
+#include "tests/support/fork_ranks.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
@@ -28,55 +29,22 @@ using namespace cutrain::comm;
 
 namespace {
 
-int next_port() { return test::free_tcp_port(); }
 
 // Runs body(comm) on `world` forked ranks; returns each rank's outcome: "" when it returned,
 // else its error message. `before(rank)` runs in the child before the communicator exists.
 std::vector<std::string> run_ranks(int world, const std::function<void(Communicator&)>& body,
                                    HostCommOptions opt = {}, const std::function<void(int)>& before = nullptr) {
-  const int port = next_port();
-  std::vector<pid_t> pids;
-  std::vector<int> fds;
-  for (int r = 0; r < world; ++r) {
-    int p[2];
-    EXPECT_EQ(::pipe(p), 0);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(p[0]);
-      std::string msg;
-      try {
-        if (before) before(r);
-        LaunchEnv e;
-        e.rank = r;
-        e.world_size = world;
-        e.master_port = port;
-        auto c = create_host_communicator(e, opt);
-        body(*c);
-      } catch (const std::exception& ex) {
-        msg = ex.what();
-        if (msg.empty()) msg = "(empty error)";
-      }
-      if (::write(p[1], msg.data(), msg.size()) < 0) ::_exit(2);
-      ::_exit(0);
-    }
-    ::close(p[1]);
-    pids.push_back(pid);
-    fds.push_back(p[0]);
-  }
-  std::vector<std::string> out(world);
-  for (int r = 0; r < world; ++r) {
-    char buf[4096];
-    for (ssize_t k; (k = ::read(fds[r], buf, sizeof buf)) > 0;) out[r].append(buf, std::size_t(k));
-    ::close(fds[r]);
-    int st = 0;
-    ::waitpid(pids[r], &st, 0);
-  }
-  return out;
+  return test::fork_ranks(world, [&](int rank, int port) {
+    if (before) before(rank);
+    LaunchEnv e;
+    e.rank = rank;
+    e.world_size = world;
+    e.master_port = port;
+    auto c = create_host_communicator(e, opt);
+    body(*c);
+  });
 }
 
-void expect_all_ok(const std::vector<std::string>& out) {
-  for (std::size_t r = 0; r < out.size(); ++r) EXPECT_EQ(out[r], "") << "rank " << r;
-}
 
 // Rank r's input of a test, the same on every rank that generates it (seed, rank, dtype).
 std::vector<double> inputs(std::uint64_t seed, int rank, DType t, std::size_t n) {
@@ -245,7 +213,7 @@ TEST(HostComm, EveryCollectiveAndDtypeAtWorldSizesOneToEight) {
   small.timeout = std::chrono::seconds(60);
   for (int world = 1; world <= 8; ++world) {
     SCOPED_TRACE("world " + std::to_string(world));
-    expect_all_ok(run_ranks(world, [&](Communicator& c) {
+    test::expect_all_ok(run_ranks(world, [&](Communicator& c) {
       CUTRAIN_CHECK(c.world_size() == world && c.device() == -1, "world ", c.world_size());
       every_collective(c, seed + std::uint64_t(world), 37, small.channel_bytes);
     }, small));
@@ -258,7 +226,7 @@ TEST(HostComm, DefaultSizesLargeOddCount) {
   o.timeout = std::chrono::seconds(60);
   for (int world : {2, 5}) {
     SCOPED_TRACE("world " + std::to_string(world));
-    expect_all_ok(run_ranks(world, [&](Communicator& c) { every_collective(c, seed, 100003, o.channel_bytes); }, o));
+    test::expect_all_ok(run_ranks(world, [&](Communicator& c) { every_collective(c, seed, 100003, o.channel_bytes); }, o));
   }
 }
 
@@ -334,7 +302,7 @@ TEST(HostComm, BadArgumentsAreRefused) {
                       errs.find("expected a peer rank in [0, 2) other than") != std::string::npos,
                   "messages: ", errs);
   });
-  expect_all_ok(out);
+  test::expect_all_ok(out);
   LaunchEnv e;
   e.world_size = 65;
   EXPECT_THROW(create_host_communicator(e), Error);

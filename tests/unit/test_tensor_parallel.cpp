@@ -25,6 +25,7 @@
 #include "parallel/tp_reducer.h"
 #include "runtime/comm/host_communicator.h"
 #include "runtime/error.h"
+#include "tests/support/fork_ranks.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
@@ -176,52 +177,18 @@ TEST(DominoTimeline, OnePieceIsSerialTwoPiecesOverlap) {
 
 // ---- forked ranks over the host communicator ----
 
-int next_port() { return test::free_tcp_port(); }
 
 // body(world communicator) on `world` forked ranks; each rank's error message ("" when it passed).
 std::vector<std::string> run_ranks(int world, const std::function<void(std::shared_ptr<comm::Communicator>)>& body) {
-  const int port = next_port();
-  std::vector<pid_t> pids;
-  std::vector<int> fds;
-  for (int r = 0; r < world; ++r) {
-    int p[2];
-    EXPECT_EQ(::pipe(p), 0);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(p[0]);
-      std::string msg;
-      try {
-        comm::LaunchEnv e;
-        e.rank = r;
-        e.world_size = world;
-        e.master_port = port;
-        body(comm::create_host_communicator(e));
-      } catch (const std::exception& ex) {
-        msg = ex.what();
-        if (msg.empty()) msg = "(empty error)";
-      }
-      if (::write(p[1], msg.data(), msg.size()) < 0) ::_exit(2);
-      ::_exit(0);
-    }
-    ::close(p[1]);
-    pids.push_back(pid);
-    fds.push_back(p[0]);
-  }
-  std::vector<std::string> out(static_cast<std::size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    char buf[4096];
-    for (ssize_t k; (k = ::read(fds[std::size_t(r)], buf, sizeof buf)) > 0;)
-      out[std::size_t(r)].append(buf, std::size_t(k));
-    ::close(fds[std::size_t(r)]);
-    int st = 0;
-    ::waitpid(pids[std::size_t(r)], &st, 0);
-  }
-  return out;
+  return test::fork_ranks(world, [&](int rank, int port) {
+    comm::LaunchEnv e;
+    e.rank = rank;
+    e.world_size = world;
+    e.master_port = port;
+    body(comm::create_host_communicator(e));
+  });
 }
 
-void expect_all_ok(const std::vector<std::string>& out) {
-  for (std::size_t r = 0; r < out.size(); ++r) EXPECT_EQ(out[r], "") << "rank " << r;
-}
 
 // The same draw on every rank: each rank's input is a function of (seed, rank).
 std::vector<float> rank_values(std::uint64_t seed, int rank, std::size_t n) {
@@ -234,7 +201,7 @@ std::vector<float> rank_values(std::uint64_t seed, int rank, std::size_t n) {
 
 TEST(GroupCommunicator, TwoGroupsAtOnce) {
   const std::uint64_t seed = test::fresh_rng()();
-  expect_all_ok(run_ranks(4, [seed](std::shared_ptr<comm::Communicator> world) {
+  test::expect_all_ok(run_ranks(4, [seed](std::shared_ptr<comm::Communicator> world) {
     // Groups {0, 2} and {1, 3} (a tp index's replicas), collectives running concurrently.
     const int me = world->rank();
     const std::vector<int> members = me % 2 ? std::vector<int>{1, 3} : std::vector<int>{0, 2};
@@ -274,7 +241,7 @@ TEST(GroupCommunicator, TwoGroupsAtOnce) {
 // The reference model's tensor-parallel spans against the single model, fp64, on `tp` forked ranks.
 void check_model(model::Arch arch, int tp, int pieces) {
   const std::uint64_t seed = test::fresh_rng()();
-  expect_all_ok(run_ranks(tp, [=](std::shared_ptr<comm::Communicator> world) {
+  test::expect_all_ok(run_ranks(tp, [=](std::shared_ptr<comm::Communicator> world) {
     model::ModelDims d{16, 2, 4, 19, 5};
     d.arch = arch;
     d.padded_vocab = 20;  // a padded row in the last slice
