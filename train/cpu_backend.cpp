@@ -99,8 +99,7 @@ class CpuBackend final : public TrainBackend {
       st.skipped = true;
       return st;
     }
-    double scale = 1.0;
-    if (cfg_.gradient_clipping > 0) scale = std::min(1.0, cfg_.gradient_clipping / (st.grad_norm + 1e-6));
+    const double scale = clip_scale(cfg_.gradient_clipping, st.grad_norm);
     const auto& o = cfg_.optimizer;
     if (o.type == OptimizerType::Lamb) {
       host_lamb_step(lamb_params(o, lr, step), scale, lamb_tensors_, params_.data(), grads_.data(), m_.data(),
@@ -201,8 +200,7 @@ class CpuBackend final : public TrainBackend {
       zero_->release_compute(params_);
       return st;
     }
-    double scale = 1.0;
-    if (cfg_.gradient_clipping > 0) scale = std::min(1.0, cfg_.gradient_clipping / (st.grad_norm + 1e-6));
+    const double scale = clip_scale(cfg_.gradient_clipping, st.grad_norm);
     zero_->adam(params_, grads_, step, lr, scale);
     zero_->release_compute(params_);
     return st;
@@ -221,8 +219,7 @@ class CpuBackend final : public TrainBackend {
       st.skipped = true;
       return st;
     }
-    double scale = 1.0;
-    if (cfg_.gradient_clipping > 0) scale = std::min(1.0, cfg_.gradient_clipping / (st.grad_norm + 1e-6));
+    const double scale = clip_scale(cfg_.gradient_clipping, st.grad_norm);
     ep_->adam(step, lr, scale);
     ep_->params_for_compute(params_);
     return st;

@@ -154,8 +154,7 @@ class CpuPipelineBackend final : public TrainBackend {
       st.skipped = true;
       return st;
     }
-    double scale = 1.0;
-    if (cfg_.gradient_clipping > 0) scale = std::min(1.0, cfg_.gradient_clipping / (st.grad_norm + 1e-6));
+    const double scale = clip_scale(cfg_.gradient_clipping, st.grad_norm);
     const auto& o = cfg_.optimizer;
     for (const model::DecayRun& r : table_.decay_runs()) {
       const std::size_t a = std::max(r.begin, state_.begin), b = std::min(r.end, state_.end);

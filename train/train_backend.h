@@ -3,6 +3,7 @@
 // backend both implement it, so `cutrain train --device cpu` runs the very same loop.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -32,6 +33,12 @@ struct StepStats {
   // layer_token: a dropping block counts its kept tokens, the others every token).
   std::int64_t layer_tokens = 0;
 };
+
+// The factor the gradients are scaled by before the optimizer: DeepSpeed's gradient clipping to
+// `clipping` (0: off) of a step whose global norm is `grad_norm`.
+inline double clip_scale(double clipping, double grad_norm) {
+  return clipping > 0 ? std::min(1.0, clipping / (grad_norm + 1e-6)) : 1.0;
+}
 
 // The whole training state as host fp32 copies, in the flat layout (checkpoints).
 struct HostState {

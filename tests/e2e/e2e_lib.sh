@@ -34,3 +34,22 @@ for x, y in zip(a, b):
     assert abs(x - y) <= 1e-6 * abs(x), (sys.argv[3] + " != single process", a, b)
 PY
 }
+# clear_launch_env: no launcher's rank variables from the calling environment (the host-launcher
+# tests start their own ranks, and a single-process run must not see a rank)
+clear_launch_env() {
+  unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID GROUP_RANK \
+    CUTRAIN_RENDEZVOUS_PORT
+}
+# zero_world_config STAGE WORLD -> $tmp/sSTAGE_wWORLD.json: configs/baseline.json with that ZeRO
+# stage, micro-batch 1 and global batch WORLD
+zero_world_config() {
+  python3 - "$1" "$2" "$tmp/s$1_w$2.json" <<'PY'
+import json, sys
+c = json.load(open("configs/baseline.json"))
+c["zero_optimization"]["stage"] = int(sys.argv[1])
+c["train_micro_batch_size_per_gpu"] = 1
+c["train_batch_size"] = int(sys.argv[2])
+c.pop("gradient_accumulation_steps")
+json.dump(c, open(sys.argv[3], "w"))
+PY
+}

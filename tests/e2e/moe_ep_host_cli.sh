@@ -14,28 +14,16 @@
 #   moe_ep_host_cli.sh CUTRAIN_BINARY cpu|cuda   (the cuda variant exits 77: the host backend is CPU only)
 source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] && { echo "the host communicator serves the CPU backend: skipped on cuda"; exit 77; }
-unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID GROUP_RANK \
-  CUTRAIN_RENDEZVOUS_PORT
+clear_launch_env
 size=(--device cpu --hidden_dim 32 --num_heads 2 --num_layers 2 --vocab_size 64 --seq_length 8 --batch_size 1
       --log_interval 1 --learning_rate 1e-2 --seed 7)
 
-config() {  # config STAGE WORLD -> $tmp/sSTAGE_wWORLD.json: baseline with the stage, micro 1, global batch WORLD
-  python3 - "$1" "$2" "$tmp/s$1_w$2.json" <<'PY'
-import json, sys
-c = json.load(open("configs/baseline.json"))
-c["zero_optimization"]["stage"] = int(sys.argv[1])
-c["train_micro_batch_size_per_gpu"] = 1
-c["train_batch_size"] = int(sys.argv[2])
-c.pop("gradient_accumulation_steps")
-json.dump(c, open(sys.argv[3], "w"))
-PY
-}
 
 # run_ep NAME STAGE WORLD EP MOE-FLAGS...: the single process and W ranks at ep_size EP, same flags.
 run_ep() {
   local name=$1 stage=$2 w=$3 ep=$4; shift 4
   set -- "$@" --moe_min_capacity 1
-  config "$stage" "$w"
+  zero_world_config "$stage" "$w"
   "$bin" train --deepspeed_config "$tmp/s${stage}_w$w.json" "${size[@]}" "$@" --num_steps 4 \
       --loss_log_file "$tmp/single_$name.csv" --save "$tmp/ck_single_$name" >"$tmp/single_$name.txt" 2>&1 \
       || { cat "$tmp/single_$name.txt"; fail "$name: single process"; }
@@ -87,7 +75,7 @@ echo "ok: the single-process and ep-2 checkpoints resumed at ep_size 4"
 # Bad input, named before any step.
 expect_error() {  # expect_error TEXT WORLD ARGS...
   local want=$1 w=$2; shift 2
-  config 1 "$w"
+  zero_world_config 1 "$w"
   if [ "$w" = 1 ]; then
     "$bin" train --deepspeed_config "$tmp/s1_w1.json" "${size[@]}" --num_steps 1 "$@" >"$tmp/e.txt" 2>&1 && fail "accepted: $*"
   else
@@ -108,7 +96,7 @@ grep -qF -- "--moe_expert_parallel_size 2 with --device cuda: expert parallelism
     "$tmp/e.txt" || { cat "$tmp/e.txt"; fail "ep_size 2 on cuda: message"; }
 expect_error "tensor parallelism of MoE blocks is not built" 2 --num_experts 4 --moe_expert_parallel_size 2 --tensor_parallel_size 2
 expect_error "--moe_expert_parallel_size configure MoE blocks: expected --num_experts too" 2 --moe_expert_parallel_size 2
-config 3 2
+zero_world_config 3 2
 if "$bin" launch --backend host --num_procs 2 --master_port "$(free_port)" -- "$bin" train --deepspeed_config "$tmp/s3_w2.json" \
     "${size[@]}" --num_steps 1 --num_experts 4 --moe_expert_parallel_size 2 >"$tmp/e.txt" 2>&1; then fail "stage 3 with ep accepted"; fi
 grep -qF "zero_optimization.stage 3 with --moe_expert_parallel_size 2: expert parallelism partitions the expert and non-expert parameters with ZeRO stages 0-2" \

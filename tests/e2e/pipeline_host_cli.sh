@@ -14,8 +14,7 @@
 #   pipeline_host_cli.sh CUTRAIN_BINARY cpu|cuda   (the cuda variant exits 77: CPU backend only)
 source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] && { echo "pipeline parallelism runs on the CPU backend: skipped on cuda"; exit 77; }
-unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID GROUP_RANK \
-  CUTRAIN_RENDEZVOUS_PORT
+clear_launch_env
 port=$(free_port)
 size=(--device cpu --hidden_dim 32 --num_heads 2 --num_layers 4 --vocab_size 64 --seq_length 8 --batch_size 1
       --log_interval 1 --learning_rate 1e-2 --seed 7)

@@ -9,8 +9,7 @@
 #   random_ltd_cli.sh CUTRAIN_BINARY cpu|cuda
 source "$(dirname "$0")/e2e_lib.sh"
 skip_without_gpu
-unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID GROUP_RANK \
-  CUTRAIN_RENDEZVOUS_PORT
+clear_launch_env
 if [ "$device" = cuda ]; then
   S=64; size=(--hidden_dim 128 --num_heads 2 --num_layers 3 --vocab_size 1000 --seq_length 64 --batch_size 2)
 else

@@ -14,23 +14,11 @@
 #   zero_host_cli.sh CUTRAIN_BINARY cpu|cuda   (the cuda variant exits 77: the host backend is CPU only)
 source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] && { echo "the host communicator serves the CPU backend: skipped on cuda"; exit 77; }
-unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID GROUP_RANK \
-  CUTRAIN_RENDEZVOUS_PORT
+clear_launch_env
 port=$(free_port)
 size=(--device cpu --hidden_dim 32 --num_heads 2 --num_layers 2 --vocab_size 64 --seq_length 8 --batch_size 1
       --log_interval 1 --learning_rate 1e-2 --seed 7)
 
-config() {  # config STAGE WORLD -> $tmp/sSTAGE_wWORLD.json: baseline with the stage, micro 1, global batch WORLD
-  python3 - "$1" "$2" "$tmp/s$1_w$2.json" <<'PY'
-import json, sys
-c = json.load(open("configs/baseline.json"))
-c["zero_optimization"]["stage"] = int(sys.argv[1])
-c["train_micro_batch_size_per_gpu"] = 1
-c["train_batch_size"] = int(sys.argv[2])
-c.pop("gradient_accumulation_steps")
-json.dump(c, open(sys.argv[3], "w"))
-PY
-}
 
 compare() {  # compare SINGLE_DIR DP_DIR STEP: the checkpoints' tensors and trainer state
   python3 tests/e2e/compare_checkpoints.py "$1/global_step$3" "$2/global_step$3" --lr 1e-2 --steps "$3"
@@ -48,7 +36,7 @@ PY
 
 run_dp() {  # run_dp STAGE WORLD: W ranks against the single process of the same global batch
   local stage=$1 w=$2 name=s$1_w$2 out=$tmp/dp_s$1_w$2.txt
-  config "$stage" "$w"
+  zero_world_config "$stage" "$w"
   "$bin" launch --backend host --num_procs "$w" --master_port $port -- "$bin" train --deepspeed_config "$tmp/$name.json" \
       "${size[@]}" --num_steps 4 --loss_log_file "$tmp/dp_$name.csv" --save "$tmp/ck_dp_$name" >"$out" 2>&1 \
       || { cat "$out"; fail "$name run"; }
@@ -73,7 +61,7 @@ done
 echo "ok: comm-check --backend host on 3 ranks"
 
 for w in 2 4 8; do
-  config 1 "$w"
+  zero_world_config 1 "$w"
   "$bin" train --deepspeed_config "$tmp/s1_w$w.json" "${size[@]}" --num_steps 4 --loss_log_file "$tmp/single_w$w.csv" \
       --save "$tmp/ck_single_w$w" >"$tmp/single_w$w.txt" 2>&1 || { cat "$tmp/single_w$w.txt"; fail "single process"; }
   grep -q "accumulation $w)" "$tmp/single_w$w.txt" || { cat "$tmp/single_w$w.txt"; fail "single: accumulation $w"; }

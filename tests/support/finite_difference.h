@@ -3,10 +3,13 @@
 // checks of each tensor.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <vector>
 
 #include "model/reference_model.h"
+#include "tests/support/test_support.h"
 
 namespace cutrain::test {
 
@@ -41,6 +44,17 @@ std::vector<double> check_gradients(model::ReferenceModel<double>& model, const 
     check(t, fd, an);
   }
   return g;
+}
+
+// check_gradients' check where every tensor must get a gradient: a non-zero analytic gradient
+// within `tol` relative error of the differences.
+inline auto every_tensor_within(double tol) {
+  return [tol](const model::ParamTensor& t, const std::vector<float>& fd, const std::vector<double>& an) {
+    double norm = 0;
+    for (double v : an) norm += v * v;
+    ASSERT_GT(norm, 0.0) << t.name << " got no gradient";
+    EXPECT_LE(rel_error(fd, an), tol) << t.name;
+  };
 }
 
 }  // namespace cutrain::test

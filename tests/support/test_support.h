@@ -13,6 +13,7 @@
 #include "runtime/check.h"
 #include "runtime/device.h"
 #include "runtime/dtype.h"
+#include "runtime/error.h"
 
 // Skips the current test, with the runtime's reason, when no CUDA device is usable.
 #define CUTRAIN_REQUIRE_GPU()                                                  \
@@ -102,6 +103,17 @@ class DeviceArray {
 
 // Downloads a bf16 device array as floats.
 std::vector<float> download_float(const DeviceArray<bf16>& a);
+
+// The message of the cutrain::Error that f() throws; "" when it throws none.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // A loopback TCP port that is free now: the kernel's pick for a socket bound to port 0, closed
 // again. Tests that start a rendezvous take it instead of a number of their own, which another

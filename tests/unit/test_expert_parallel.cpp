@@ -32,15 +32,6 @@ using namespace cutrain;
 
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 const char* kFlag = "--moe_expert_parallel_size";
 
@@ -74,10 +65,10 @@ TEST(MoeExpertParallelPlan, GroupsAsDeepSpeed) {
   const auto g = parallel::make_expert_parallel_groups(8, 2, kFlag);
   EXPECT_EQ(g.ep_group(5), (std::vector<int>{4, 5}));
   EXPECT_EQ(g.expert_dp_group(5), (std::vector<int>{1, 3, 5, 7}));
-  EXPECT_NE(error_of([] { parallel::make_expert_parallel_groups(6, 4, kFlag); })
+  EXPECT_NE(test::error_of([] { parallel::make_expert_parallel_groups(6, 4, kFlag); })
                 .find("--moe_expert_parallel_size 4 does not divide the data-parallel world size 6"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parallel::make_expert_parallel_groups(2, 0, kFlag); }).find("must be >= 1, got 0"),
+  EXPECT_NE(test::error_of([] { parallel::make_expert_parallel_groups(2, 0, kFlag); }).find("must be >= 1, got 0"),
             std::string::npos);
 }
 
@@ -94,7 +85,7 @@ TEST(MoeExpertParallelPlan, OwnedExpertsTile) {
       }
       EXPECT_EQ(next, E);
     }
-  EXPECT_NE(error_of([] { parallel::owned_experts(6, 4, 0, kFlag); }).find("4 does not divide a MoE block's 6 experts"),
+  EXPECT_NE(test::error_of([] { parallel::owned_experts(6, 4, 0, kFlag); }).find("4 does not divide a MoE block's 6 experts"),
             std::string::npos);
 }
 
@@ -145,7 +136,7 @@ TEST(MoeExpertParallelPlan, LayoutCoversTheModelOnce) {
         }
       }
   const model::TransformerParams table(moe_model(model::Arch::Simple, false));
-  EXPECT_NE(error_of([&] { parallel::make_expert_parallel_layout(table, 4, kFlag); })
+  EXPECT_NE(test::error_of([&] { parallel::make_expert_parallel_layout(table, 4, kFlag); })
                 .find("--moe_expert_parallel_size 4 does not divide a MoE block's 2 experts"),
             std::string::npos);
 }
@@ -175,7 +166,7 @@ TEST(MoeExpertParallelPlan, ResolveMoeKeepsEpSize) {
   EXPECT_NE(train::describe_moe(train::resolve_moe(o, 2, 16)).find("ep_size 2"), std::string::npos);
   EXPECT_EQ(train::moe_config_json(train::resolve_moe(o, 2, 16))["ep_size"], 1);  // saved experts are whole
   o.expert_parallel_size = 3;
-  EXPECT_NE(error_of([&] { train::resolve_moe(o, 2, 16); }).find("--moe_expert_parallel_size 3 does not divide --num_experts 4"),
+  EXPECT_NE(test::error_of([&] { train::resolve_moe(o, 2, 16); }).find("--moe_expert_parallel_size 3 does not divide --num_experts 4"),
             std::string::npos);
 }
 

@@ -39,15 +39,6 @@ std::vector<std::byte> random_bytes(std::size_t n, std::mt19937_64& rng) {
   return v;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "";
-}
 
 }  // namespace
 
@@ -97,33 +88,33 @@ TEST(FileUtil, AbandonedWriterRemovesTempAndKeepsOldFile) {
 TEST(FileUtil, AtomicWriteFailuresNamePath) {
   TempDir d;
   fs::path missing_dir = d.path / "no_such_dir" / "f.bin";
-  std::string msg = error_of([&] { write_file_atomic(missing_dir, std::string_view("x")); });
+  std::string msg = test::error_of([&] { write_file_atomic(missing_dir, std::string_view("x")); });
   EXPECT_NE(msg.find(missing_dir.string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("No such file"), std::string::npos) << msg;
   // Renaming onto a directory fails after the temp was written: the temp must be gone.
   fs::create_directories(d.path / "adir" / "inner");
   fs::path onto_dir = d.path / "adir";
-  msg = error_of([&] { write_file_atomic(onto_dir, std::string_view("x")); });
+  msg = test::error_of([&] { write_file_atomic(onto_dir, std::string_view("x")); });
   EXPECT_NE(msg.find(onto_dir.string()), std::string::npos) << msg;
   EXPECT_EQ(d.entries(), 1u) << "temp left after a failed rename";
-  msg = error_of([&] { AtomicFileWriter w(d.path / "c.bin"); w.commit(); w.commit(); });
+  msg = test::error_of([&] { AtomicFileWriter w(d.path / "c.bin"); w.commit(); w.commit(); });
   EXPECT_NE(msg.find("twice"), std::string::npos) << msg;
 }
 
 TEST(FileUtil, ReadErrorsNamePathAndReason) {
   TempDir d;
   fs::path missing = d.path / "nope.bin";
-  std::string msg = error_of([&] { read_file(missing); });
+  std::string msg = test::error_of([&] { read_file(missing); });
   EXPECT_NE(msg.find(missing.string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("not found"), std::string::npos) << msg;
-  msg = error_of([&] { read_text_file(d.path); });
+  msg = test::error_of([&] { read_text_file(d.path); });
   EXPECT_NE(msg.find(d.path.string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("is a directory"), std::string::npos) << msg;
   if (::geteuid() != 0) {  // root reads anything
     fs::path locked = d.path / "locked.txt";
     write_file_atomic(locked, std::string_view("secret"));
     ::chmod(locked.c_str(), 0);
-    msg = error_of([&] { read_file(locked); });
+    msg = test::error_of([&] { read_file(locked); });
     EXPECT_NE(msg.find(locked.string()), std::string::npos) << msg;
     EXPECT_NE(msg.find("Permission denied"), std::string::npos) << msg;
   }
@@ -141,7 +132,7 @@ TEST(FileUtil, PositionedReadsAndBounds) {
   f.read_at(1234, got.data(), got.size());
   EXPECT_EQ(0, std::memcmp(got.data(), bytes.data() + 1234, got.size()));
   f.read_at(bytes.size(), got.data(), 0);  // empty read at the end is fine
-  std::string msg = error_of([&] { f.read_at(bytes.size() - 10, got.data(), 11); });
+  std::string msg = test::error_of([&] { f.read_at(bytes.size() - 10, got.data(), 11); });
   EXPECT_NE(msg.find(p.string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("past the end"), std::string::npos) << msg;
 }

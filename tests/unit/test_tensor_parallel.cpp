@@ -32,15 +32,6 @@ using namespace cutrain;
 
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(RankGrid, CoordinatesAndGroups) {
   for (int pp : {1, 2, 4})
@@ -71,10 +62,10 @@ TEST(RankGrid, CoordinatesAndGroups) {
         }
         for (int r = 0; r < w; ++r) EXPECT_EQ(seen_tp[std::size_t(r)] + seen_dp[std::size_t(r)], 2);
       }
-  EXPECT_NE(error_of([] { parallel::make_rank_grid(6, 1, 4, "--pp", "--tensor_parallel_size"); })
+  EXPECT_NE(test::error_of([] { parallel::make_rank_grid(6, 1, 4, "--pp", "--tensor_parallel_size"); })
                 .find("--tensor_parallel_size 4 does not divide the world size 6"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parallel::make_rank_grid(4, 4, 2, "--pipeline_parallel_size", "--tp"); })
+  EXPECT_NE(test::error_of([] { parallel::make_rank_grid(4, 4, 2, "--pipeline_parallel_size", "--tp"); })
                 .find("--pipeline_parallel_size 4 with --tp 2 does not divide the world size 4"),
             std::string::npos);
 }
@@ -100,25 +91,25 @@ TEST(TensorParallelPlan, SlicesTileTheModel) {
 
 TEST(TensorParallelPlan, ErrorsNameTheDegree) {
   model::ModelDims d{24, 2, 6, 30, 5};
-  EXPECT_NE(error_of([&] { parallel::make_tp_slice(d, 4, 0, "tensor_parallel.autotp_size"); })
+  EXPECT_NE(test::error_of([&] { parallel::make_tp_slice(d, 4, 0, "tensor_parallel.autotp_size"); })
                 .find("tensor_parallel.autotp_size 4 does not divide the attention heads (--num_heads 6)"),
             std::string::npos);
   model::ModelDims v = d;
   v.vocab = 31;
-  EXPECT_NE(error_of([&] { parallel::make_tp_slice(v, 2, 0, "--tensor_parallel_size"); })
+  EXPECT_NE(test::error_of([&] { parallel::make_tp_slice(v, 2, 0, "--tensor_parallel_size"); })
                 .find("--tensor_parallel_size 2 does not divide the vocabulary (31 rows"),
             std::string::npos);
   v.padded_vocab = 32;  // padding makes it divide
   EXPECT_EQ(parallel::make_tp_slice(v, 2, 1, "--tensor_parallel_size").vocab_end, 32);
   model::ModelDims m = d;
   m.moe.experts = {0, 2};
-  EXPECT_NE(error_of([&] { parallel::make_tp_slice(m, 2, 0, "--tensor_parallel_size"); })
+  EXPECT_NE(test::error_of([&] { parallel::make_tp_slice(m, 2, 0, "--tensor_parallel_size"); })
                 .find("tensor parallelism of MoE blocks is not built"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parallel::check_domino(3, 4, 2, "--domino"); })
+  EXPECT_NE(test::error_of([] { parallel::check_domino(3, 4, 2, "--domino"); })
                 .find("--domino 3 does not divide the micro-batch of 4 sequences"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parallel::check_domino(2, 4, 1, "--domino"); }).find("expected --tensor_parallel_size > 1"),
+  EXPECT_NE(test::error_of([] { parallel::check_domino(2, 4, 1, "--domino"); }).find("expected --tensor_parallel_size > 1"),
             std::string::npos);
 }
 
@@ -170,7 +161,7 @@ TEST(DominoTimeline, OnePieceIsSerialTwoPiecesOverlap) {
   EXPECT_DOUBLE_EQ(two.serial_s, 9);
   EXPECT_DOUBLE_EQ(two.overlapped_s, 6);
   EXPECT_DOUBLE_EQ(two.hidden_fraction(), 0.75);
-  EXPECT_NE(error_of([] { parallel::model_overlap({{1, 1}, {1, 1}}, 2); }).find("expected one more"),
+  EXPECT_NE(test::error_of([] { parallel::model_overlap({{1, 1}, {1, 1}}, 2); }).find("expected one more"),
             std::string::npos);
   EXPECT_NE(parallel::describe_overlap(two, 2).find("75.0% of the communication hidden"), std::string::npos);
 }
