@@ -1,5 +1,6 @@
 // @brief Adam / AdamW in one grid-stride launch over the flat buffers, one template instance per
-// (layout, gradient type, tile, compensated or not). Memory-bound: each thread moves 8 elements per iteration in
+// (layout, gradient type, tile, compensated or not, parameter type: bf16, or fp16 with the Baseline
+// layout's fp32 master only). Memory-bound: each thread moves 8 elements per iteration in
 // warp-coalesced chunks; the math is DeepSpeed's FusedAdam (apex multi_tensor_adam):
 //   Adam  (L2):      g += wd * p;  m, v updated;  p -= lr * m_hat / (sqrt(v_hat) + eps)
 //   AdamW (decoupled):              m, v updated;  p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p)
@@ -34,8 +35,9 @@ struct AdamConsts {
   std::uint64_t seed, step;
 };
 
+template <typename P>
 struct AdamPtrs {
-  bf16* params;
+  P* params;  // the 16-bit model copy (bf16 or fp16)
   const void* grads;
   float* master;
   void* m;
@@ -43,7 +45,7 @@ struct AdamPtrs {
   std::size_t n;
   const float* device_scale;
   const int* skip;
-  bf16* comp;  // the compensation buffer (compensated instances only)
+  P* comp;  // the compensation buffer (compensated bf16 instances only)
 };
 
 __device__ __forceinline__ void adam_math(const AdamConsts& c, float g, float& p, float& m, float& v) {
@@ -108,8 +110,8 @@ __device__ __forceinline__ void sr_chunk(const AdamConsts& c, std::size_t base, 
 }
 
 // U chunks of C elements, the first at `base`, the next ones 32 * C further each.
-template <OptimizerLayout L, typename G, bool K, int C, int U>
-__device__ __forceinline__ void adam_chunks(const AdamConsts& c, const AdamPtrs& a, float scale, std::size_t base,
+template <OptimizerLayout L, typename G, bool K, int C, int U, typename P>
+__device__ __forceinline__ void adam_chunks(const AdamConsts& c, const AdamPtrs<P>& a, float scale, std::size_t base,
                                             SrState& st) {
   constexpr bool kFull = L == OptimizerLayout::Bf16Full;
   using Moment = std::conditional_t<kFull, bf16, float>;
@@ -163,8 +165,8 @@ __device__ __forceinline__ void adam_chunks(const AdamConsts& c, const AdamPtrs&
   }
 }
 
-template <OptimizerLayout L, typename G, bool K, class Tile>
-__global__ void __launch_bounds__(kThreads) adam_kernel(AdamConsts c, AdamPtrs a) {
+template <OptimizerLayout L, typename G, bool K, class Tile, typename P>
+__global__ void __launch_bounds__(kThreads) adam_kernel(AdamConsts c, AdamPtrs<P> a) {
   constexpr int C = Tile::kChunk, U = Tile::kChunks;
   if (a.skip != nullptr && *a.skip != 0) return;
   const float scale = c.grad_scale * (a.device_scale != nullptr ? *a.device_scale : 1.f);
@@ -194,29 +196,30 @@ unsigned resident_blocks(K kernel, std::size_t threads_needed) {
   return static_cast<unsigned>(std::min<std::size_t>(want, static_cast<std::size_t>(sms) * per_sm));
 }
 
-template <OptimizerLayout L, typename G, bool K, class Tile>
-void launch(cudaStream_t s, const AdamConsts& c, const AdamPtrs& a, const char* what) {
-  auto kernel = adam_kernel<L, G, K, Tile>;
+template <OptimizerLayout L, typename G, bool K, class Tile, typename P>
+void launch(cudaStream_t s, const AdamConsts& c, const AdamPtrs<P>& a, const char* what) {
+  auto kernel = adam_kernel<L, G, K, Tile, P>;
   const unsigned blocks = resident_blocks(kernel, ceil_div<std::size_t>(a.n, Tile::kChunk * Tile::kChunks));
   kernel<<<blocks, kThreads, 0, s>>>(c, a);
   CUTRAIN_LAUNCH_CHECK(what);
 }
 
-template <OptimizerLayout L, typename G, bool K>
-void launch_layout(cudaStream_t s, const AdamConsts& c, const AdamPtrs& a, bool vec) {
+template <OptimizerLayout L, typename G, bool K, typename P>
+void launch_layout(cudaStream_t s, const AdamConsts& c, const AdamPtrs<P>& a, bool vec) {
   if (vec) launch<L, G, K, VectorTile<L, G>>(s, c, a, "adam_kernel<vector>");
   else launch<L, G, K, ScalarTile>(s, c, a, "adam_kernel<scalar>");
 }
 
-template <OptimizerLayout L, bool K>
-void launch_grad_type(cudaStream_t s, DType gt, const AdamConsts& c, const AdamPtrs& a, bool vec) {
-  if (gt == DType::BF16) launch_layout<L, bf16, K>(s, c, a, vec);
-  else launch_layout<L, float, K>(s, c, a, vec);
+// Gradients of the parameters' own type or fp32 (checked by adam_step).
+template <OptimizerLayout L, bool K, typename P>
+void launch_grad_type(cudaStream_t s, DType gt, const AdamConsts& c, const AdamPtrs<P>& a, bool vec) {
+  if (gt == DType::F32) launch_layout<L, float, K>(s, c, a, vec);
+  else launch_layout<L, P, K>(s, c, a, vec);
 }
 
 // The bf16-master layouts, plain or compensated (Baseline has no compensated instance).
 template <OptimizerLayout L>
-void launch_bf16_master(cudaStream_t s, DType gt, const AdamConsts& c, const AdamPtrs& a, bool vec) {
+void launch_bf16_master(cudaStream_t s, DType gt, const AdamConsts& c, const AdamPtrs<bf16>& a, bool vec) {
   if (a.comp != nullptr) launch_grad_type<L, true>(s, gt, c, a, vec);
   else launch_grad_type<L, false>(s, gt, c, a, vec);
 }
@@ -243,11 +246,18 @@ double adam_bytes_per_param(OptimizerLayout layout, DType grad_type, bool compen
   return 0;
 }
 
-void adam_step(cudaStream_t s, OptimizerLayout layout, const AdamParams& p, bf16* params, const void* grads,
+template <typename P>
+void adam_step(cudaStream_t s, OptimizerLayout layout, const AdamParams& p, P* params, const void* grads,
                DType grad_type, float* master, void* m, void* v, std::size_t n, const float* device_scale,
-               const int* skip, bf16* compensation) {
-  CUTRAIN_CHECK(grad_type == DType::BF16 || grad_type == DType::F32,
-                "adam_step: grad_type must be bfloat16 or float32, got ", dtype_name(grad_type));
+               const int* skip, nondeduced_t<P>* compensation) {
+  constexpr DType kParamType = dtype_of<P>();
+  CUTRAIN_CHECK(grad_type == kParamType || grad_type == DType::F32, "adam_step: grad_type must be ",
+                dtype_name(kParamType), " (the parameters' type) or float32, got ", dtype_name(grad_type));
+  CUTRAIN_CHECK(kParamType == DType::BF16 || layout == OptimizerLayout::Baseline, "adam_step: ",
+                dtype_name(kParamType), " parameters need the fp32 master weights (layout Baseline), got layout ",
+                layout_name(layout));
+  CUTRAIN_CHECK(kParamType == DType::BF16 || !p.stochastic_rounding,
+                "adam_step: stochastic rounding is for bf16 parameters, got ", dtype_name(kParamType));
   CUTRAIN_CHECK(p.step >= 1, "adam_step: step is 1-based (bias correction), got ", p.step);
   CUTRAIN_CHECK(p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f,
                 "adam_step: betas must lie in [0, 1), got (", p.beta1, ", ", p.beta2, ")");
@@ -279,18 +289,27 @@ void adam_step(cudaStream_t s, OptimizerLayout layout, const AdamParams& p, bf16
   c.sr = p.stochastic_rounding;
   c.seed = p.seed;
   c.step = static_cast<std::uint64_t>(p.step);
-  const AdamPtrs a{params, grads, layout == OptimizerLayout::Baseline ? master : nullptr, m, v, n, device_scale, skip,
+  const AdamPtrs<P> a{params, grads, layout == OptimizerLayout::Baseline ? master : nullptr, m, v, n, device_scale, skip,
                    compensation};
 
   // 16-byte accesses need every buffer aligned; a misaligned view (rare) takes the scalar path.
   const bool vec = is_aligned16(params) && is_aligned16(grads) && is_aligned16(m) && is_aligned16(v) &&
                    (layout != OptimizerLayout::Baseline || is_aligned16(master)) &&
                    (compensation == nullptr || is_aligned16(compensation));
-  switch (layout) {
-    case OptimizerLayout::Baseline: launch_grad_type<OptimizerLayout::Baseline, false>(s, grad_type, c, a, vec); break;
-    case OptimizerLayout::Bf16MasterWG: launch_bf16_master<OptimizerLayout::Bf16MasterWG>(s, grad_type, c, a, vec); break;
-    case OptimizerLayout::Bf16Full: launch_bf16_master<OptimizerLayout::Bf16Full>(s, grad_type, c, a, vec); break;
+  if constexpr (kParamType != DType::BF16) {
+    launch_grad_type<OptimizerLayout::Baseline, false>(s, grad_type, c, a, vec);  // the only layout (checked above)
+  } else {
+    switch (layout) {
+      case OptimizerLayout::Baseline: launch_grad_type<OptimizerLayout::Baseline, false>(s, grad_type, c, a, vec); break;
+      case OptimizerLayout::Bf16MasterWG: launch_bf16_master<OptimizerLayout::Bf16MasterWG>(s, grad_type, c, a, vec); break;
+      case OptimizerLayout::Bf16Full: launch_bf16_master<OptimizerLayout::Bf16Full>(s, grad_type, c, a, vec); break;
+    }
   }
 }
+
+template void adam_step<bf16>(cudaStream_t, OptimizerLayout, const AdamParams&, bf16*, const void*, DType, float*,
+                              void*, void*, std::size_t, const float*, const int*, bf16*);
+template void adam_step<f16>(cudaStream_t, OptimizerLayout, const AdamParams&, f16*, const void*, DType, float*, void*,
+                             void*, std::size_t, const float*, const int*, f16*);
 
 }  // namespace cutrain::kernels

@@ -28,7 +28,7 @@ struct AdamParams {
   std::uint64_t seed = 0;      // stochastic rounding: hash(seed, step, index) -> reproducible bits
 };
 
-// params: bf16 [n]. grads: [n] of `grad_type` (bf16, or fp32 for an accumulation buffer).
+// params: bf16 (or fp16) [n]. grads: [n] of `grad_type` (the params' type, or fp32 for an accumulation buffer).
 // master: fp32 [n] for Baseline, null otherwise. m, v: fp32 [n] (Baseline, Bf16MasterWG) or bf16
 // [n] (Bf16Full). `device_scale` (may be null): a device fp32 multiplied into grad_scale (the
 // clipping coefficient computed on the device). `skip` (may be null): a device int; when non-zero
@@ -41,9 +41,12 @@ struct AdamParams {
 // bf16 master carries about 16 mantissa bits for 2 more bytes per parameter (docs/training.md).
 // Compensation is a compile-time flag of the kernel (instances with and without). The kernel moves warp-coalesced chunks (fp32 arrays as 16-byte float4
 // per lane, bf16 arrays as 8-byte loads when any fp32 array is present), two chunks in flight.
-void adam_step(cudaStream_t s, OptimizerLayout layout, const AdamParams& p, bf16* params, const void* grads,
+// P, the parameters' (model copy's) type: bf16 (every layout), or fp16 (fp16 training: layout
+// Baseline only, fp32 master, no stochastic rounding; grads fp16 or fp32). Instances of both.
+template <typename P>
+void adam_step(cudaStream_t s, OptimizerLayout layout, const AdamParams& p, P* params, const void* grads,
                DType grad_type, float* master, void* m, void* v, std::size_t n, const float* device_scale,
-               const int* skip, bf16* compensation = nullptr);
+               const int* skip, nondeduced_t<P>* compensation = nullptr);
 
 // Bytes one step must move per parameter for the layout (for benchmarks and docs).
 double adam_bytes_per_param(OptimizerLayout layout, DType grad_type, bool compensated = false);

@@ -35,20 +35,24 @@ struct AttentionOptions {
 void attention_key_mask_from_tokens(cudaStream_t s, const std::int32_t* tokens, std::int32_t pad_id,
                                     std::uint8_t* key_mask, std::size_t n);
 
-// qkv: bf16 [B, S, 3, H, D] (the fused in-projection's output as is: q, k, v for each token);
-// out: bf16 [B, S, H, D]; lse: fp32 [B, H, S] (log-sum-exp of the scaled scores, natural log).
+// E, the element type of qkv, out, dout and dqkv: bf16 or fp16 (instances of both; fp32 softmax and
+// accumulation, mma.sync with E inputs).
+// qkv: E [B, S, 3, H, D] (the fused in-projection's output as is: q, k, v for each token);
+// out: E [B, S, H, D]; lse: fp32 [B, H, S] (log-sum-exp of the scaled scores, natural log).
 // Softmax scale 1/sqrt(D).
-void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const AttentionShape& shape,
+template <typename E>
+void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
                        const AttentionOptions& options = {});
 
-// dqkv: bf16 [B, S, 3, H, D] (every element written). `deterministic`: no order-dependent atomics
+// dqkv: E [B, S, 3, H, D] (every element written). `deterministic`: no order-dependent atomics
 // (same bits every run). scratch: attention_backward_scratch_bytes(shape, deterministic) bytes,
 // 16-byte aligned: fp32 rowsum(dO o O) (4·B·H·S, rounded to 256) and, in the fast mode only, an fp32
 // dQ accumulator (4·B·S·H·D) that dQ reaches through atomics. Nothing S x S ever.
 // `out` and `lse` must be this forward's outputs for the same qkv and options.
 std::size_t attention_backward_scratch_bytes(const AttentionShape& shape, bool deterministic);
-void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
-                        bf16* dqkv, void* scratch, const AttentionShape& shape, bool deterministic,
+template <typename E>
+void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dout, const float* lse,
+                        E* dqkv, void* scratch, const AttentionShape& shape, bool deterministic,
                         const AttentionOptions& options = {});
 
 // Training FLOPs as the benchmarks count them: 4·B·H·S²·D forward, 2.5× that backward, halved causal.

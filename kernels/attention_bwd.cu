@@ -17,6 +17,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/attention_options.cuh"
 #include "kernels/attention_tiles.cuh"
+#include "kernels/common/vec.cuh"
 #include "runtime/check.h"
 
 namespace cutrain::kernels {
@@ -24,18 +25,18 @@ namespace attn {
 namespace {
 
 // One warp per (token, head) row.
-template <int D>
-__global__ void __launch_bounds__(256) row_dot_kernel(const bf16* __restrict__ out, const bf16* __restrict__ dout,
+template <int D, typename E>
+__global__ void __launch_bounds__(256) row_dot_kernel(const E* __restrict__ out, const E* __restrict__ dout,
                                                       float* __restrict__ dvec, int B, int S, int H) {
   const long long row = static_cast<long long>(blockIdx.x) * 8 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= static_cast<long long>(B) * S * H) return;
-  const __nv_bfloat162* o = reinterpret_cast<const __nv_bfloat162*>(out + row * D);
-  const __nv_bfloat162* d = reinterpret_cast<const __nv_bfloat162*>(dout + row * D);
+  const pair16_t<E>* o = reinterpret_cast<const pair16_t<E>*>(out + row * D);
+  const pair16_t<E>* d = reinterpret_cast<const pair16_t<E>*>(dout + row * D);
   float acc = 0.f;
 #pragma unroll
   for (int i = lane; i < D / 2; i += 32) {
-    const float2 a = __bfloat1622float2(o[i]), c = __bfloat1622float2(d[i]);
+    const float2 a = to_f32x2(o[i]), c = to_f32x2(d[i]);
     acc = fmaf(a.x, c.x, fmaf(a.y, c.y, acc));
   }
 #pragma unroll
@@ -48,15 +49,15 @@ __global__ void __launch_bounds__(256) row_dot_kernel(const bf16* __restrict__ o
 
 // dqkv's q slot = scale * dq_acc (the fast mode's fp32 accumulator, [B, S, H, D]); one thread per
 // element pair.
-template <int D>
-__global__ void __launch_bounds__(256) dq_convert_kernel(const float* __restrict__ dq_acc, bf16* __restrict__ dqkv,
+template <int D, typename E>
+__global__ void __launch_bounds__(256) dq_convert_kernel(const float* __restrict__ dq_acc, E* __restrict__ dqkv,
                                                          std::size_t rows, int H, float scale) {
   const std::size_t i = (blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x) * 2;
   if (i >= rows * D) return;
   const std::size_t row = i / D, d = i % D;  // row = (b*S + s)*H + h
   const std::size_t dst = ((row / H) * 3 * H + row % H) * D + d;
   const float2 v = *reinterpret_cast<const float2*>(dq_acc + i);
-  *reinterpret_cast<__nv_bfloat162*>(dqkv + dst) = __floats2bfloat162_rn(v.x * scale, v.y * scale);
+  *reinterpret_cast<pair16_t<E>*>(dqkv + dst) = pack2_rn<E>(v.x * scale, v.y * scale);
 }
 
 std::size_t dvec_bytes(const AttentionShape& sh) {
@@ -64,24 +65,24 @@ std::size_t dvec_bytes(const AttentionShape& sh) {
   return (n + 255) / 256 * 256;
 }
 
-template <int D>
-void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
-                     bf16* dqkv, void* scratch, const AttentionShape& sh, bool deterministic,
+template <int D, typename E>
+void launch_backward(cudaStream_t st, const E* qkv, const E* out, const E* dout, const float* lse,
+                     E* dqkv, void* scratch, const AttentionShape& sh, bool deterministic,
                      const OptionArgs& opt) {
   float* dvec = static_cast<float*>(scratch);
   float* dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + dvec_bytes(sh));
   const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
-  row_dot_kernel<D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st>>>(out, dout, dvec, sh.batch, sh.seq,
+  row_dot_kernel<D, E><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st>>>(out, dout, dvec, sh.batch, sh.seq,
                                                                            sh.heads);
   CUTRAIN_LAUNCH_CHECK("attention_row_dot_kernel");
   if (deterministic) {
-    dkdv(st, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
-    dq(st, qkv, dout, lse, dvec, dqkv, sh, opt);
+    dkdv<E>(st, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
+    dq<E>(st, qkv, dout, lse, dvec, dqkv, sh, opt);
   } else {
     CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, rows * D * sizeof(float), st));
-    dkdv(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+    dkdv<E>(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
     const float scale = 1.f / std::sqrt(static_cast<float>(D));
-    dq_convert_kernel<D><<<static_cast<unsigned>((rows * D / 2 + 255) / 256), 256, 0, st>>>(dq_acc, dqkv, rows,
+    dq_convert_kernel<D, E><<<static_cast<unsigned>((rows * D / 2 + 255) / 256), 256, 0, st>>>(dq_acc, dqkv, rows,
                                                                                              sh.heads, scale);
     CUTRAIN_LAUNCH_CHECK("attention_dq_convert_kernel");
   }
@@ -97,8 +98,9 @@ std::size_t attention_backward_scratch_bytes(const AttentionShape& shape, bool d
   return attn::dvec_bytes(shape) + (deterministic ? 0 : acc);
 }
 
-void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
-                        bf16* dqkv, void* scratch, const AttentionShape& shape, bool deterministic,
+template <typename E>
+void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dout, const float* lse,
+                        E* dqkv, void* scratch, const AttentionShape& shape, bool deterministic,
                         const AttentionOptions& options) {
   attn::check_shape(shape, "attention_backward");
   const attn::OptionArgs opt = attn::option_args(options);
@@ -113,5 +115,10 @@ void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const 
   else
     attn::launch_backward<128>(s, qkv, out, dout, lse, dqkv, scratch, shape, deterministic, opt);
 }
+
+template void attention_backward<bf16>(cudaStream_t, const bf16*, const bf16*, const bf16*, const float*, bf16*, void*,
+                                       const AttentionShape&, bool, const AttentionOptions&);
+template void attention_backward<f16>(cudaStream_t, const f16*, const f16*, const f16*, const float*, f16*, void*,
+                                      const AttentionShape&, bool, const AttentionOptions&);
 
 }  // namespace cutrain::kernels

@@ -29,10 +29,10 @@ constexpr int dkdv_smem() {
   return (2 * KB + 4 * QT) * ld<D>() * 2 + 4 * QT * 4 + (Tile::kDeterministic ? 0 : KB * (QT + 8) * 2);
 }
 
-template <typename Tile, bool MASK, bool DROP>
-__global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ dout,
+template <typename E, typename Tile, bool MASK, bool DROP>
+__global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const E* __restrict__ qkv, const E* __restrict__ dout,
                                                         const float* __restrict__ lse, const float* __restrict__ dvec,
-                                                        bf16* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
+                                                        E* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
                                                         int H, float scale_log2, float scale, OptionArgs opt) {
   constexpr int D = Tile::kHeadDim, KB = Tile::kBlockM, QT = Tile::kBlockN, kT = Tile::kThreads;
   constexpr bool CAUSAL = Tile::kCausal, ATOMIC_DQ = !Tile::kDeterministic;
@@ -40,17 +40,17 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
   constexpr int kLdS = QT + 8;  // dS^T row stride (keys x queries), 16-byte skew per row
   static_assert(D / dq_split<Tile>() % 32 == 0, "dQ columns per warp must be a multiple of 32");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* sK = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sV = sK + KB * ld<D>();
-  bf16* sQ = sV + KB * ld<D>();       // [2][QT][ld]
-  bf16* sdO = sQ + 2 * QT * ld<D>();  // [2][QT][ld]
+  E* sK = reinterpret_cast<E*>(smem_raw);
+  E* sV = sK + KB * ld<D>();
+  E* sQ = sV + KB * ld<D>();       // [2][QT][ld]
+  E* sdO = sQ + 2 * QT * ld<D>();  // [2][QT][ld]
   float* sL = reinterpret_cast<float*>(sdO + 2 * QT * ld<D>());  // [2][QT] lse * log2 e
   float* sDv = sL + 2 * QT;                                       // [2][QT]
-  bf16* sdS = reinterpret_cast<bf16*>(sDv + 2 * QT);               // [KB][kLdS], ATOMIC_DQ only
+  E* sdS = reinterpret_cast<E*>(sDv + 2 * QT);               // [KB][kLdS], ATOMIC_DQ only
 
   const int n0 = blockIdx.x * KB, head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
-  const BwdSlices<D> g(qkv, dout, lse, dvec, b, head, S, H);
+  const BwdSlices<E, D> g(qkv, dout, lse, dvec, b, head, S, H);
 
   const int q_first = CAUSAL ? n0 / QT : 0;  // causal: queries before the first key see none of it
   const int q_tiles = (S + QT - 1) / QT;
@@ -98,8 +98,8 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
       mma::cp_async_wait<0>();
     }
     __syncthreads();
-    const bf16* q_tile = sQ + buf * QT * ld<D>();
-    const bf16* do_tile = sdO + buf * QT * ld<D>();
+    const E* q_tile = sQ + buf * QT * ld<D>();
+    const E* do_tile = sdO + buf * QT * ld<D>();
     const float* l_tile = sL + buf * QT;
     const float* dv_tile = sDv + buf * QT;
 
@@ -137,9 +137,9 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
     [[maybe_unused]] std::uint32_t keep = 0;  // DROP: bit 4n + e, element e of n-tile n is kept
     if constexpr (DROP) {
       keep = transposed_keep_bits<QT / 8>(dkey, opt.threshold, bh_e, S, key_base, m0, S % 4 == 0);
-      to_a_frags_kept<QT>(pf, p, keep);  // dV gets P o Z; the 1/(1-p) is applied at the store
+      to_a_frags_kept<E, QT>(pf, p, keep);  // dV gets P o Z; the 1/(1-p) is applied at the store
     } else {
-      to_a_frags<QT>(pf, p);
+      to_a_frags<E, QT>(pf, p);
     }
     warp_pb<D, QT>(dv, pf, do_tile);
 
@@ -154,17 +154,17 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
         if constexpr (DROP) dp = (keep >> (4 * n + e)) & 1u ? dp * opt.drop_scale : 0.f;
         ds[n][e] = p[n][e] * (dp - dv_tile[n * 8 + 2 * t + (e & 1)]);
       }
-    to_a_frags<QT>(pf, ds);
+    to_a_frags<E, QT>(pf, ds);
     warp_pb<D, QT>(dk, pf, q_tile);
     if constexpr (ATOMIC_DQ) {
       // Key rows past S carry dS = 0 (dead above) and zero-filled K rows.
-      // Park dS^T (bf16, the values the dK product used), then dQ[q, d0..] += dS[q, keys] K[keys, d0..].
+      // Park dS^T (E, the values the dK product used), then dQ[q, d0..] += dS[q, keys] K[keys, d0..].
 #pragma unroll
       for (int n = 0; n < QT / 8; ++n)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
           *reinterpret_cast<std::uint32_t*>(sdS + (warp * 16 + gi + 8 * h) * kLdS + n * 8 + 2 * t) =
-              mma::pack_bf16(ds[n][2 * h], ds[n][2 * h + 1]);
+              mma::pack2<E>(ds[n][2 * h], ds[n][2 * h + 1]);
       __syncthreads();
       constexpr int DN = D / dq_split<Tile>(), DC = 32;  // columns per warp, done 32 at a time (registers)
       const int q0 = (warp % (QT / 16)) * 16, d0 = (warp / (QT / 16)) * DN;
@@ -186,8 +186,8 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
           for (int dp = 0; dp < DC / 16; ++dp) {
             std::uint32_t bb[4];
             mma::ldmatrix_x4_trans(bb, b_addr + (ks * 16 * ld<D>() + dp * 16) * 2);
-            mma::mma_bf16_16816(acc[2 * dp], a, bb[0], bb[1]);
-            mma::mma_bf16_16816(acc[2 * dp + 1], a, bb[2], bb[3]);
+            mma::mma_16816<E>(acc[2 * dp], a, bb[0], bb[1]);
+            mma::mma_16816<E>(acc[2 * dp + 1], a, bb[2], bb[3]);
           }
         }
 #pragma unroll
@@ -212,16 +212,16 @@ __global__ void __launch_bounds__(Tile::kThreads) dkdv_kernel(const bf16* __rest
   }
 
   if constexpr (MASK) mma::cp_async_wait<0>();  // a CTA that walked nothing still has its first loads out
-  bf16* gdk = dqkv + g.qoff + g.otok;
+  E* gdk = dqkv + g.qoff + g.otok;
   store_rows<D>(gdk, dk, n0 + warp * 16, S, g.tok, scale);
   store_rows<D>(gdk + g.otok, dv, n0 + warp * 16, S, g.tok, DROP ? opt.drop_scale : 1.f);
 }
 
-template <int D, bool CAUSAL, bool DET, bool MASK, bool DROP>
-void launch_dkdv(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+template <int D, bool CAUSAL, bool DET, bool MASK, bool DROP, typename E>
+void launch_dkdv(cudaStream_t st, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
                  float* dq_acc, const AttentionShape& sh, const OptionArgs& opt) {
   using T = Tile<Pass::Dkdv, D, CAUSAL, DET>;
-  auto kernel = dkdv_kernel<T, MASK, DROP>;
+  auto kernel = dkdv_kernel<E, T, MASK, DROP>;
   constexpr int kSmem = dkdv_smem<T>();
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
@@ -231,8 +231,8 @@ void launch_dkdv(cudaStream_t st, const bf16* qkv, const bf16* dout, const float
   CUTRAIN_LAUNCH_CHECK(DET ? "attention_dkdv_kernel" : "attention_dkdv_kernel(atomic dq)");
 }
 
-template <int D, bool CAUSAL, bool DET>
-void launch_dkdv(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+template <int D, bool CAUSAL, bool DET, typename E>
+void launch_dkdv(cudaStream_t st, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
                  float* dq_acc, const AttentionShape& sh, const OptionArgs& opt) {
   const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
   if (!mask && !drop) launch_dkdv<D, CAUSAL, DET, false, false>(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
@@ -241,8 +241,8 @@ void launch_dkdv(cudaStream_t st, const bf16* qkv, const bf16* dout, const float
   else launch_dkdv<D, CAUSAL, DET, true, true>(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
 }
 
-template <int D, bool CAUSAL>
-void launch_dkdv(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+template <int D, bool CAUSAL, typename E>
+void launch_dkdv(cudaStream_t st, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
                  float* dq_acc, const AttentionShape& sh, const OptionArgs& opt) {
   dq_acc ? launch_dkdv<D, CAUSAL, false>(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
          : launch_dkdv<D, CAUSAL, true>(st, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
@@ -250,7 +250,8 @@ void launch_dkdv(cudaStream_t st, const bf16* qkv, const bf16* dout, const float
 
 }  // namespace
 
-void dkdv(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+template <typename E>
+void dkdv(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
           float* dq_acc, const AttentionShape& sh, const OptionArgs& opt) {
   const bool c = sh.causal;
   if (sh.head_dim == 64)
@@ -260,6 +261,11 @@ void dkdv(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, c
     c ? launch_dkdv<128, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
       : launch_dkdv<128, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
 }
+
+template void dkdv<bf16>(cudaStream_t, const bf16*, const bf16*, const float*, const float*, bf16*, float*,
+                         const AttentionShape&, const OptionArgs&);
+template void dkdv<f16>(cudaStream_t, const f16*, const f16*, const float*, const float*, f16*, float*,
+                        const AttentionShape&, const OptionArgs&);
 
 }  // namespace attn
 }  // namespace cutrain::kernels

@@ -17,24 +17,24 @@ namespace cutrain::kernels {
 namespace attn {
 namespace {
 
-template <typename Tile, bool MASK, bool DROP>
-__global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ dout,
+template <typename E, typename Tile, bool MASK, bool DROP>
+__global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const E* __restrict__ qkv, const E* __restrict__ dout,
                                                    const float* __restrict__ lse, const float* __restrict__ dvec,
-                                                   bf16* __restrict__ dqkv, int S, int H, float scale_log2,
+                                                   E* __restrict__ dqkv, int S, int H, float scale_log2,
                                                    float scale, OptionArgs opt) {
   constexpr int D = Tile::kHeadDim, kMT = Tile::kMTiles, kBM = Tile::kBlockM, kBN = Tile::kBlockN, kT = Tile::kThreads;
   constexpr bool CAUSAL = Tile::kCausal, QREG = Tile::kARegs;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sdO = sQ + kBM * ld<D>();
-  bf16* sK = sdO + kBM * ld<D>();     // [2][kBN][ld]
-  bf16* sV = sK + 2 * kBN * ld<D>();  // [2][kBN][ld]
+  E* sQ = reinterpret_cast<E*>(smem_raw);
+  E* sdO = sQ + kBM * ld<D>();
+  E* sK = sdO + kBM * ld<D>();     // [2][kBN][ld]
+  E* sV = sK + 2 * kBN * ld<D>();  // [2][kBN][ld]
 
   const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // heaviest first
   const int m0 = qblock * kBM, head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
   const int w0 = m0 + warp * kMT * 16;  // the warp's first query row
-  const BwdSlices<D> g(qkv, dout, lse, dvec, b, head, S, H);
+  const BwdSlices<E, D> g(qkv, dout, lse, dvec, b, head, S, H);
 
   int n_tiles = (S + kBN - 1) / kBN;
   if (CAUSAL) n_tiles = min(n_tiles, (m0 + kBM - 1) / kBN + 1);
@@ -82,8 +82,8 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = j * kBN;
     kv_stream_step<D, kBN, kT>(sK, sV, g.k, g.v, j, n_tiles, S, g.tok);
-    const bf16* k_tile = sK + (j & 1) * kBN * ld<D>();
-    const bf16* v_tile = sV + (j & 1) * kBN * ld<D>();
+    const E* k_tile = sK + (j & 1) * kBN * ld<D>();
+    const E* v_tile = sV + (j & 1) * kBN * ld<D>();
 
     std::uint32_t kbits[KeyMaskTiles<kBN>::kWords];
     if constexpr (MASK) {
@@ -98,12 +98,12 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
       const int b_off = frag_b_nrows_offset<ld<D>()>(lane);
       const std::uint32_t k_addr = mma::smem_addr(k_tile + b_off);
       zero(s);
-      if constexpr (QREG) mma_abt<D, kMT, kBN / 8>(s, RegFrags<kMT, D / 16>{qf}, k_addr);
-      else mma_abt<D, kMT, kBN / 8>(s, SmemFrags<ld<D>()>{q_addr}, k_addr);
+      if constexpr (QREG) mma_abt<E, D, kMT, kBN / 8>(s, RegFrags<kMT, D / 16>{qf}, k_addr);
+      else mma_abt<E, D, kMT, kBN / 8>(s, SmemFrags<ld<D>()>{q_addr}, k_addr);
       const std::uint32_t v_addr = mma::smem_addr(v_tile + b_off);
       zero(dp);
-      if constexpr (QREG) mma_abt<D, kMT, kBN / 8>(dp, RegFrags<kMT, D / 16>{df}, v_addr);
-      else mma_abt<D, kMT, kBN / 8>(dp, SmemFrags<ld<D>()>{do_addr}, v_addr);
+      if constexpr (QREG) mma_abt<E, D, kMT, kBN / 8>(dp, RegFrags<kMT, D / 16>{df}, v_addr);
+      else mma_abt<E, D, kMT, kBN / 8>(dp, SmemFrags<ld<D>()>{do_addr}, v_addr);
 
       // dS = P o (dP - Dvec), P = exp2(scale_log2 s - lse log2 e); dead entries (past S, causal) 0.
       const bool mask = n0 + kBN > S || (CAUSAL && n0 + kBN - 1 > w0);
@@ -131,14 +131,14 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
             if constexpr (DROP) dpe = (keep[e >> 1] >> (2 * n + (e & 1))) & 1u ? dpe * opt.drop_scale : 0.f;
             s[i][n][e] = p * (dpe - dd[i][e >> 1]);
           }
-        to_a_frags<kBN>(sf[i], s[i]);
+        to_a_frags<E, kBN>(sf[i], s[i]);
       }
 
       // dQ += dS K; each K fragment (read transposed) feeds kMT mma.
       // (The address spelled out: through frag_b_krows_offset the D=128 kernels schedule differently.)
       const std::uint32_t kt_addr =
           mma::smem_addr(k_tile + ((lane & 7) + ((lane >> 3) & 1) * 8) * ld<D>() + (lane >> 4) * 8);
-      mma_ab<ld<D>(), kBN, kMT, D / 8>(dq, RegFrags<kMT, kBN / 16>{sf}, kt_addr);
+      mma_ab<E, ld<D>(), kBN, kMT, D / 8>(dq, RegFrags<kMT, kBN / 16>{sf}, kt_addr);
     }
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
@@ -147,12 +147,12 @@ __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const bf16* __restri
   for (int i = 0; i < kMT; ++i) store_rows<D>(dqkv + g.qoff, dq[i], w0 + i * 16, S, g.tok, scale);
 }
 
-template <int D, bool CAUSAL, bool MASK, bool DROP>
-void launch_dq(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+template <int D, bool CAUSAL, bool MASK, bool DROP, typename E>
+void launch_dq(cudaStream_t st, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
                const AttentionShape& sh, const OptionArgs& opt) {
   using T = Tile<Pass::Dq, D, CAUSAL>;
   constexpr int kSmem = (2 * T::kBlockM + 4 * T::kBlockN) * ld<D>() * 2;  // Q, dO + 2 K + 2 V tiles
-  auto kernel = dq_kernel<T, MASK, DROP>;
+  auto kernel = dq_kernel<E, T, MASK, DROP>;
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
   const dim3 grid((sh.seq + T::kBlockM - 1) / T::kBlockM, sh.heads, sh.batch);
@@ -160,8 +160,8 @@ void launch_dq(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* 
   CUTRAIN_LAUNCH_CHECK("attention_dq_kernel");
 }
 
-template <int D, bool CAUSAL>
-void launch_dq(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+template <int D, bool CAUSAL, typename E>
+void launch_dq(cudaStream_t st, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
                const AttentionShape& sh, const OptionArgs& opt) {
   const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
   if (!mask && !drop) launch_dq<D, CAUSAL, false, false>(st, qkv, dout, lse, dvec, dqkv, sh, opt);
@@ -172,7 +172,8 @@ void launch_dq(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* 
 
 }  // namespace
 
-void dq(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+template <typename E>
+void dq(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
         const AttentionShape& sh, const OptionArgs& opt) {
   const bool c = sh.causal;
   if (sh.head_dim == 64)
@@ -182,6 +183,11 @@ void dq(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, con
     c ? launch_dq<128, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt)
       : launch_dq<128, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
 }
+
+template void dq<bf16>(cudaStream_t, const bf16*, const bf16*, const float*, const float*, bf16*,
+                       const AttentionShape&, const OptionArgs&);
+template void dq<f16>(cudaStream_t, const f16*, const f16*, const float*, const float*, f16*, const AttentionShape&,
+                      const OptionArgs&);
 
 }  // namespace attn
 }  // namespace cutrain::kernels

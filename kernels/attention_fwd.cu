@@ -22,23 +22,23 @@ namespace cutrain::kernels {
 namespace attn {
 namespace {
 
-template <typename Tile, bool MASK, bool DROP>
-__global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const bf16* __restrict__ qkv, bf16* __restrict__ out,
+template <typename E, typename Tile, bool MASK, bool DROP>
+__global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const E* __restrict__ qkv, E* __restrict__ out,
                                                                  float* __restrict__ lse, int S, int H,
                                                                  float scale_log2, OptionArgs opt) {
   constexpr int D = Tile::kHeadDim, MT = Tile::kMTiles, BN = Tile::kBlockN, kT = Tile::kThreads, kBM = Tile::kBlockM;
   constexpr bool CAUSAL = Tile::kCausal;
   static_assert(!Tile::kARegs, "the forward re-reads Q from shared memory");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sK = sQ + kBM * ld<D>();     // [2][BN][ld]
-  bf16* sV = sK + 2 * BN * ld<D>();  // [2][BN][ld]
+  E* sQ = reinterpret_cast<E*>(smem_raw);
+  E* sK = sQ + kBM * ld<D>();     // [2][BN][ld]
+  E* sV = sK + 2 * BN * ld<D>();  // [2][BN][ld]
 
   const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: heaviest first
   const int m0 = qblock * kBM, head = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
   const int w0 = m0 + warp * MT * 16;  // the warp's first query row; m-tile i: rows w0 + 16i ..
-  const QkvSlices<D> g(qkv, b, head, S, H);
+  const QkvSlices<E, D> g(qkv, b, head, S, H);
   const Mask<CAUSAL> mask{S};
 
   int n_tiles = (S + BN - 1) / BN;
@@ -68,8 +68,8 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const bf16* __r
   for (int j = 0; j < n_tiles; ++j) {
     const int n0 = j * BN;
     kv_stream_step<D, BN, kT>(sK, sV, g.k, g.v, j, n_tiles, S, g.tok);
-    const bf16* k_tile = sK + (j & 1) * BN * ld<D>();
-    const bf16* v_tile = sV + (j & 1) * BN * ld<D>();
+    const E* k_tile = sK + (j & 1) * BN * ld<D>();
+    const E* v_tile = sV + (j & 1) * BN * ld<D>();
 
     std::uint32_t kbits[KeyMaskTiles<BN>::kWords];
     if constexpr (MASK) {
@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const bf16* __r
           mma::ldmatrix_x4(bb, k_addr + (np * 16 * ld<D>() + kk * 16) * 2);
 #pragma unroll
           for (int i = 0; i < MT; ++i) {
-            mma::mma_bf16_16816(s[i][2 * np], qa[i], bb[0], bb[1]);
-            mma::mma_bf16_16816(s[i][2 * np + 1], qa[i], bb[2], bb[3]);
+            mma::mma_16816<E>(s[i][2 * np], qa[i], bb[0], bb[1]);
+            mma::mma_16816<E>(s[i][2 * np + 1], qa[i], bb[2], bb[3]);
           }
         }
       }
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const bf16* __r
                 if (!((keep >> (2 * n + c)) & 1u)) s[i][n][2 * h + c] = 0.f;
           }
         }
-        to_a_frags<BN>(p[i], s[i]);
+        to_a_frags<E, BN>(p[i], s[i]);
       }
       // O += P V; each V fragment feeds MT mma.
       const std::uint32_t v_addr =
@@ -141,8 +141,8 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const bf16* __r
           mma::ldmatrix_x4_trans(bb, v_addr + (ks * 16 * ld<D>() + dp * 16) * 2);
 #pragma unroll
           for (int i = 0; i < MT; ++i) {
-            mma::mma_bf16_16816(o[i][2 * dp], p[i][ks], bb[0], bb[1]);
-            mma::mma_bf16_16816(o[i][2 * dp + 1], p[i][ks], bb[2], bb[3]);
+            mma::mma_16816<E>(o[i][2 * dp], p[i][ks], bb[0], bb[1]);
+            mma::mma_16816<E>(o[i][2 * dp + 1], p[i][ks], bb[2], bb[3]);
           }
         }
     }
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const bf16* __r
   }
 
   // Epilogue: finish the row sums across the quad, normalize, store O and the log-sum-exp.
-  bf16* gout = out + static_cast<std::size_t>(b) * S * H * D + static_cast<std::size_t>(head) * D;
+  E* gout = out + static_cast<std::size_t>(b) * S * H * D + static_cast<std::size_t>(head) * D;
   float* glse = head_vector(lse, b, head, S, H);
 #pragma unroll
   for (int i = 0; i < MT; ++i) {
@@ -174,12 +174,12 @@ __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const bf16* __r
   }
 }
 
-template <int D, bool CAUSAL, bool MASK, bool DROP>
-void launch_forward(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, const AttentionShape& sh,
+template <int D, bool CAUSAL, bool MASK, bool DROP, typename E>
+void launch_forward(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
                     const OptionArgs& opt) {
   using T = Tile<Pass::Fwd, D, CAUSAL>;
   constexpr int kSmem = (T::kBlockM + 4 * T::kBlockN) * ld<D>() * 2;  // Q + 2 K + 2 V tiles
-  auto kernel = forward_kernel<T, MASK, DROP>;
+  auto kernel = forward_kernel<E, T, MASK, DROP>;
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid((sh.seq + T::kBlockM - 1) / T::kBlockM, sh.heads, sh.batch);
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(D));
@@ -187,8 +187,8 @@ void launch_forward(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, con
   CUTRAIN_LAUNCH_CHECK("attention_forward_kernel");
 }
 
-template <int D, bool CAUSAL>
-void launch_forward(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, const AttentionShape& sh,
+template <int D, bool CAUSAL, typename E>
+void launch_forward(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
                     const OptionArgs& opt) {
   const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
   if (!mask && !drop) launch_forward<D, CAUSAL, false, false>(st, qkv, out, lse, sh, opt);
@@ -200,7 +200,8 @@ void launch_forward(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, con
 }  // namespace
 }  // namespace attn
 
-void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const AttentionShape& shape,
+template <typename E>
+void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
                        const AttentionOptions& options) {
   attn::check_shape(shape, "attention_forward");
   const attn::OptionArgs opt = attn::option_args(options);
@@ -217,5 +218,10 @@ void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, c
     c ? attn::launch_forward<128, true>(s, qkv, out, lse, shape, opt)
       : attn::launch_forward<128, false>(s, qkv, out, lse, shape, opt);
 }
+
+template void attention_forward<bf16>(cudaStream_t, const bf16*, bf16*, float*, const AttentionShape&,
+                                      const AttentionOptions&);
+template void attention_forward<f16>(cudaStream_t, const f16*, f16*, float*, const AttentionShape&,
+                                     const AttentionOptions&);
 
 }  // namespace cutrain::kernels

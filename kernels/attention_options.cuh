@@ -165,16 +165,16 @@ __device__ __forceinline__ std::uint32_t transposed_keep_bits(const DropoutKey& 
 
 // to_a_frags (attention_tiles.cuh) of the kept elements only: element e of n-tile n passes where
 // bit 4n + e of `keep` is set (transposed_keep_bits' order), else it becomes 0.
-template <int K>
+template <typename E, int K>
 __device__ __forceinline__ void to_a_frags_kept(std::uint32_t (&p)[K / 16][4], const float (&c)[K / 8][4],
                                                 std::uint32_t keep) {
   auto kept = [&](int n, int e) { return (keep >> (4 * n + e)) & 1u ? c[n][e] : 0.f; };
 #pragma unroll
   for (int j = 0; j < K / 16; ++j) {
-    p[j][0] = mma::pack_bf16(kept(2 * j, 0), kept(2 * j, 1));
-    p[j][1] = mma::pack_bf16(kept(2 * j, 2), kept(2 * j, 3));
-    p[j][2] = mma::pack_bf16(kept(2 * j + 1, 0), kept(2 * j + 1, 1));
-    p[j][3] = mma::pack_bf16(kept(2 * j + 1, 2), kept(2 * j + 1, 3));
+    p[j][0] = mma::pack2<E>(kept(2 * j, 0), kept(2 * j, 1));
+    p[j][1] = mma::pack2<E>(kept(2 * j, 2), kept(2 * j, 3));
+    p[j][2] = mma::pack2<E>(kept(2 * j + 1, 0), kept(2 * j + 1, 1));
+    p[j][3] = mma::pack2<E>(kept(2 * j + 1, 2), kept(2 * j + 1, 3));
   }
 }
 

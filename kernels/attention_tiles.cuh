@@ -4,7 +4,7 @@
 //   mma_ab:  acc[i][16 x 8*NT] += A_i[16 x K] * B[K x 8*NT]   (MT m-tiles; B read transposed)
 //   warp_abt, warp_pb: the same for one m-tile, A from shared memory or from registers (P).
 // A fragments come from registers (RegFrags) or from shared memory (SmemFrags).
-// Shared-memory rows are padded to D+8 bf16 (a 16-byte skew per row), so the 8 row addresses of
+// Shared-memory rows are padded to D+8 elements (a 16-byte skew per row), so the 8 row addresses of
 // every ldmatrix phase fall in 8 different 16-byte bank groups: conflict-free without swizzling.
 #pragma once
 
@@ -35,11 +35,11 @@ __device__ __forceinline__ void zero(T (&a)[N]) {
 
 // One (batch, head)'s slices of qkv [B, S, 3, H, D]: rows `tok` elements apart; `otok` = H*D, the
 // row stride of [B, S, H, D] tensors (out, dout) and the distance from q to k to v.
-template <int D>
+template <typename E, int D>
 struct QkvSlices {
   std::size_t tok, otok, qoff;
-  const bf16 *q, *k, *v;
-  __device__ __forceinline__ QkvSlices(const bf16* qkv, int b, int head, int S, int H)
+  const E *q, *k, *v;
+  __device__ __forceinline__ QkvSlices(const E* qkv, int b, int head, int S, int H)
       : tok(3ull * H * D),
         otok(static_cast<std::size_t>(H) * D),
         qoff(static_cast<std::size_t>(b) * S * tok + static_cast<std::size_t>(head) * D),
@@ -56,13 +56,13 @@ __device__ __forceinline__ T* head_vector(T* v, int b, int head, int S, int H) {
 
 // The backward passes' slices: QkvSlices, dO's rows ([B, S, H, D], row stride otok) and the
 // (batch, head) rows of lse and Dvec.
-template <int D>
-struct BwdSlices : QkvSlices<D> {
-  const bf16* dout;
+template <typename E, int D>
+struct BwdSlices : QkvSlices<E, D> {
+  const E* dout;
   const float *lse, *dvec;
-  __device__ __forceinline__ BwdSlices(const bf16* qkv, const bf16* dout_all, const float* lse_all,
+  __device__ __forceinline__ BwdSlices(const E* qkv, const E* dout_all, const float* lse_all,
                                        const float* dvec_all, int b, int head, int S, int H)
-      : QkvSlices<D>(qkv, b, head, S, H),
+      : QkvSlices<E, D>(qkv, b, head, S, H),
         dout(dout_all + static_cast<std::size_t>(b) * S * this->otok + static_cast<std::size_t>(head) * D),
         lse(head_vector(lse_all, b, head, S, H)),
         dvec(head_vector(dvec_all, b, head, S, H)) {}
@@ -70,8 +70,8 @@ struct BwdSlices : QkvSlices<D> {
 
 // Copies rows [row0, row0+ROWS) of a [S, D] slice whose rows lie `stride` elements apart into
 // shared memory (row stride ld<D>()); rows at or past S become zeros. THREADS: the CTA's size.
-template <int D, int ROWS, int THREADS>
-__device__ __forceinline__ void load_rows(bf16* smem, const bf16* g, int row0, int S, std::size_t stride) {
+template <int D, int ROWS, int THREADS, typename E>
+__device__ __forceinline__ void load_rows(E* smem, const E* g, int row0, int S, std::size_t stride) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   static_assert((ROWS * kChunks) % THREADS == 0, "tile must split evenly over the CTA");
 #pragma unroll
@@ -79,7 +79,7 @@ __device__ __forceinline__ void load_rows(bf16* smem, const bf16* g, int row0, i
     const int idx = threadIdx.x + i * THREADS;
     const int r = idx / kChunks, c = idx % kChunks;
     const bool valid = row0 + r < S;
-    const bf16* src = valid ? g + static_cast<std::size_t>(row0 + r) * stride + c * 8 : g;
+    const E* src = valid ? g + static_cast<std::size_t>(row0 + r) * stride + c * 8 : g;
     mma::cp_async_16(mma::smem_addr(smem + r * ld<D>() + c * 8), src, valid);
   }
 }
@@ -87,8 +87,8 @@ __device__ __forceinline__ void load_rows(bf16* smem, const bf16* g, int row0, i
 // Step j of a K/V stream of n_tiles tiles of BN rows through the double buffers sK, sV
 // ([2][BN][ld] each; tile 0 already issued): issues tile j+1 into the other buffer, waits for tile
 // j, then syncs the CTA. Tile j lies in buffer j & 1.
-template <int D, int BN, int THREADS>
-__device__ __forceinline__ void kv_stream_step(bf16* sK, bf16* sV, const bf16* gk, const bf16* gv, int j, int n_tiles,
+template <int D, int BN, int THREADS, typename E>
+__device__ __forceinline__ void kv_stream_step(E* sK, E* sV, const E* gk, const E* gv, int j, int n_tiles,
                                                int S, std::size_t tok) {
   const int n0 = j * BN;
   if (j + 1 < n_tiles) {
@@ -153,7 +153,7 @@ struct SmemFrags {
 // acc[i] += A_i B^T for MT m-tiles A_i [16 x D] (from a_frags) against B [8*NT x D], row-major with
 // row stride ld<D>() (b_addr: this lane's frag_b_nrows_offset address). Every B fragment feeds MT
 // mma.
-template <int D, int MT, int NT, class AFrags>
+template <typename E, int D, int MT, int NT, class AFrags>
 __device__ __forceinline__ void mma_abt(float (&acc)[MT][NT][4], const AFrags& a_frags, std::uint32_t b_addr) {
   static_assert(NT % 2 == 0, "n-tiles come in pairs (one ldmatrix.x4 feeds two mma)");
 #pragma unroll
@@ -167,8 +167,8 @@ __device__ __forceinline__ void mma_abt(float (&acc)[MT][NT][4], const AFrags& a
       mma::ldmatrix_x4(b, b_addr + (np * 16 * ld<D>() + kk * 16) * 2);
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
-        mma::mma_bf16_16816(acc[i][2 * np], a_frags.get(a, i, kk), b[0], b[1]);
-        mma::mma_bf16_16816(acc[i][2 * np + 1], a_frags.get(a, i, kk), b[2], b[3]);
+        mma::mma_16816<E>(acc[i][2 * np], a_frags.get(a, i, kk), b[0], b[1]);
+        mma::mma_16816<E>(acc[i][2 * np + 1], a_frags.get(a, i, kk), b[2], b[3]);
       }
     }
   }
@@ -177,7 +177,7 @@ __device__ __forceinline__ void mma_abt(float (&acc)[MT][NT][4], const AFrags& a
 // acc[i] += A_i B for MT m-tiles A_i [16 x K] (from a_frags, one k-slice at a time) and B [K x 8*NT]
 // read transposed from a tile of row stride LDB (b_addr: this lane's frag_b_krows_offset address).
 // Every B fragment feeds MT mma.
-template <int LDB, int K, int MT, int NT, class AFrags>
+template <typename E, int LDB, int K, int MT, int NT, class AFrags>
 __device__ __forceinline__ void mma_ab(float (&acc)[MT][NT][4], const AFrags& a_frags, std::uint32_t b_addr) {
   static_assert(NT % 2 == 0, "n-tiles come in pairs (one ldmatrix.x4 feeds two mma)");
 #pragma unroll
@@ -191,8 +191,8 @@ __device__ __forceinline__ void mma_ab(float (&acc)[MT][NT][4], const AFrags& a_
       mma::ldmatrix_x4_trans(b, b_addr + (ks * 16 * LDB + dp * 16) * 2);
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
-        mma::mma_bf16_16816(acc[i][2 * dp], a_frags.get(a, i, ks), b[0], b[1]);
-        mma::mma_bf16_16816(acc[i][2 * dp + 1], a_frags.get(a, i, ks), b[2], b[3]);
+        mma::mma_16816<E>(acc[i][2 * dp], a_frags.get(a, i, ks), b[0], b[1]);
+        mma::mma_16816<E>(acc[i][2 * dp + 1], a_frags.get(a, i, ks), b[2], b[3]);
       }
     }
   }
@@ -205,49 +205,49 @@ __device__ __forceinline__ auto& one_mtile(T (&f)[N][4]) {
 }
 
 // acc = A[a_row0 .. a_row0+16, 0..D) * B[0 .. 8*NT, 0..D)^T (one m-tile, A and B in shared memory).
-template <int D, int NT>
-__device__ __forceinline__ void warp_abt(float (&acc)[NT][4], const bf16* sA, int a_row0, const bf16* sB) {
+template <int D, int NT, typename E>
+__device__ __forceinline__ void warp_abt(float (&acc)[NT][4], const E* sA, int a_row0, const E* sB) {
   const int lane = threadIdx.x & 31;
   zero(acc);
   const std::uint32_t a_addr = mma::smem_addr(sA + frag_a_offset<ld<D>()>(lane, a_row0));
   const std::uint32_t b_addr = mma::smem_addr(sB + frag_b_nrows_offset<ld<D>()>(lane));
-  mma_abt<D, 1, NT>(one_mtile(acc), SmemFrags<ld<D>()>{a_addr}, b_addr);
+  mma_abt<E, D, 1, NT>(one_mtile(acc), SmemFrags<ld<D>()>{a_addr}, b_addr);
 }
 
 // acc += P * B[0..K, 0..D), P given as K/16 A fragments (one m-tile).
-template <int D, int K>
-__device__ __forceinline__ void warp_pb(float (&acc)[D / 8][4], const std::uint32_t (&p)[K / 16][4], const bf16* sB) {
+template <int D, int K, typename E>
+__device__ __forceinline__ void warp_pb(float (&acc)[D / 8][4], const std::uint32_t (&p)[K / 16][4], const E* sB) {
   const int lane = threadIdx.x & 31;
-  mma_ab<ld<D>(), K, 1, D / 8>(one_mtile(acc), RegFrags<1, K / 16>{one_mtile(p)},
+  mma_ab<E, ld<D>(), K, 1, D / 8>(one_mtile(acc), RegFrags<1, K / 16>{one_mtile(p)},
                                mma::smem_addr(sB + frag_b_krows_offset<ld<D>()>(lane)));
 }
 
-// C fragments of a 16 x K fp32 tile -> K/16 bf16 A fragments (n-tiles 2j, 2j+1 form k-slice j).
-template <int K>
+// C fragments of a 16 x K fp32 tile -> K/16 A fragments of E (n-tiles 2j, 2j+1 form k-slice j).
+template <typename E, int K>
 __device__ __forceinline__ void to_a_frags(std::uint32_t (&p)[K / 16][4], const float (&c)[K / 8][4]) {
 #pragma unroll
   for (int j = 0; j < K / 16; ++j) {
-    p[j][0] = mma::pack_bf16(c[2 * j][0], c[2 * j][1]);
-    p[j][1] = mma::pack_bf16(c[2 * j][2], c[2 * j][3]);
-    p[j][2] = mma::pack_bf16(c[2 * j + 1][0], c[2 * j + 1][1]);
-    p[j][3] = mma::pack_bf16(c[2 * j + 1][2], c[2 * j + 1][3]);
+    p[j][0] = mma::pack2<E>(c[2 * j][0], c[2 * j][1]);
+    p[j][1] = mma::pack2<E>(c[2 * j][2], c[2 * j][3]);
+    p[j][2] = mma::pack2<E>(c[2 * j + 1][0], c[2 * j + 1][1]);
+    p[j][3] = mma::pack2<E>(c[2 * j + 1][2], c[2 * j + 1][3]);
   }
 }
 
-// Writes a warp's 16 x D fp32 accumulator (times `mul`) as bf16 rows row0.. of a slice with row
+// Writes a warp's 16 x D fp32 accumulator (times `mul`) as E rows row0.. of a slice with row
 // stride `stride`; rows at or past S are skipped.
-template <int D>
-__device__ __forceinline__ void store_rows(bf16* g, const float (&acc)[D / 8][4], int row0, int S, std::size_t stride,
+template <int D, typename E>
+__device__ __forceinline__ void store_rows(E* g, const float (&acc)[D / 8][4], int row0, int S, std::size_t stride,
                                            float mul) {
   const int lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + gi + 8 * h;
     if (row >= S) continue;
-    bf16* dst = g + static_cast<std::size_t>(row) * stride + 2 * t;
+    E* dst = g + static_cast<std::size_t>(row) * stride + 2 * t;
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt)
-      *reinterpret_cast<std::uint32_t*>(dst + dt * 8) = mma::pack_bf16(acc[dt][2 * h] * mul, acc[dt][2 * h + 1] * mul);
+      *reinterpret_cast<std::uint32_t*>(dst + dt * 8) = mma::pack2<E>(acc[dt][2 * h] * mul, acc[dt][2 * h + 1] * mul);
   }
 }
 
@@ -260,10 +260,12 @@ struct OptionArgs;  // kernels/attention_options.cuh
 // causal or not per `shape`. dvec: rowsum(dO o O), fp32 [B, H, S].
 // dK/dV: dqkv's k and v slots; with a non-null dq_acc (the fast mode) it also adds dS K, unscaled,
 // into that fp32 [B, S, H, D] accumulator with atomics. `opt`: the forward's key mask and dropout.
-void dkdv(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+template <typename E>
+void dkdv(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
           float* dq_acc, const AttentionShape& shape, const OptionArgs& opt);
 // dQ (the deterministic mode): dqkv's q slot.
-void dq(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+template <typename E>
+void dq(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
         const AttentionShape& shape, const OptionArgs& opt);
 
 }  // namespace cutrain::kernels::attn

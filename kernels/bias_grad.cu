@@ -18,6 +18,7 @@
 
 #include <algorithm>
 
+#include "kernels/common/vec.cuh"
 #include "kernels/gemm.cuh"
 #include "runtime/check.h"
 
@@ -60,35 +61,35 @@ SplitPlan split_plan(int M, int N) {
 // One thread's column sums over rows r_first, r_first + LANES_Y, ... < r_end of columns
 // col..col+VEC-1 (VEC = 8: one 16-byte load a row, needs N % 8 == 0 and 16-byte alignment; VEC = 1:
 // scalar). Both tiles; the order of the adds is fixed, UNROLL only sets loads in flight.
-template <int VEC, int LANES_Y, int UNROLL>
-__device__ __forceinline__ void sum_rows(const bf16* __restrict__ dy, int N, int col, int r_first, int r_end,
+template <int VEC, int LANES_Y, int UNROLL, typename TS>
+__device__ __forceinline__ void sum_rows(const TS* __restrict__ dy, int N, int col, int r_first, int r_end,
                                          float (&acc)[VEC]) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) acc[j] = 0.f;
   if (col >= N) return;  // VEC = 8: N % 8 == 0, so all 8 columns are in range
-  const bf16* p = dy + static_cast<std::size_t>(r_first) * N + col;
+  const TS* p = dy + static_cast<std::size_t>(r_first) * N + col;
   const std::size_t step = static_cast<std::size_t>(LANES_Y) * N;
 #pragma unroll UNROLL
   for (int r = r_first; r < r_end; r += LANES_Y, p += step) {
     if constexpr (VEC == 8) {
       const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+      const pair16_t<TS>* h = reinterpret_cast<const pair16_t<TS>*>(&v);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(h[j]);
+        const float2 f = to_f32x2(h[j]);
         acc[2 * j] += f.x;
         acc[2 * j + 1] += f.y;
       }
     } else {
-      acc[0] += __bfloat162float(*p);
+      acc[0] += to_f32(*p);
     }
   }
 }
 
 // VEC = 8: 16-byte loads (needs N % 8 == 0 and a 16-byte aligned dy); VEC = 1: scalar loads.
-template <class Tile, int VEC>
+template <class Tile, int VEC, typename TS>
 __global__ void __launch_bounds__(Tile::kLanesX* Tile::kLanesY)
-    bias_grad_partial_kernel(const bf16* __restrict__ dy, float* __restrict__ partial, int M, int N,
+    bias_grad_partial_kernel(const TS* __restrict__ dy, float* __restrict__ partial, int M, int N,
                              int rows_per_split) {
   constexpr int kLanesX = Tile::kLanesX, kLanesY = Tile::kLanesY;
   constexpr int kCols = kLanesX * VEC;
@@ -117,18 +118,9 @@ __global__ void __launch_bounds__(Tile::kLanesX* Tile::kLanesY)
 }
 
 template <typename OutT>
-__device__ __forceinline__ float load_f(const OutT* p);
-template <>
-__device__ __forceinline__ float load_f<float>(const float* p) { return *p; }
-template <>
-__device__ __forceinline__ float load_f<bf16>(const bf16* p) { return __bfloat162float(*p); }
-
+__device__ __forceinline__ float load_f(const OutT* p) { return to_f32(*p); }
 template <typename OutT>
-__device__ __forceinline__ void store_f(OutT* p, float v);
-template <>
-__device__ __forceinline__ void store_f<float>(float* p, float v) { *p = v; }
-template <>
-__device__ __forceinline__ void store_f<bf16>(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store_f(OutT* p, float v) { *p = from_f32<OutT>(v); }
 
 template <typename OutT>
 __global__ void bias_grad_finish_kernel(const float* __restrict__ partial, OutT* __restrict__ db, int N, int splits,
@@ -145,9 +137,9 @@ __global__ void bias_grad_finish_kernel(const float* __restrict__ partial, OutT*
 // ---- ClusterTile: one cluster per 64-column tile, the row splits summed through DSMEM ----
 
 // VEC = 8: 16-byte loads, 8 column lanes x 32 row lanes; VEC = 1: 64 column lanes x 4 row lanes.
-template <class Tile, int VEC, typename OutT>
+template <class Tile, int VEC, typename TS, typename OutT>
 __global__ void __cluster_dims__(1, Tile::kCluster, 1) __launch_bounds__(Tile::kThreads)
-    bias_grad_cluster_kernel(const bf16* __restrict__ dy, OutT* __restrict__ db, int M, int N, int rows_per_split,
+    bias_grad_cluster_kernel(const TS* __restrict__ dy, OutT* __restrict__ db, int M, int N, int rows_per_split,
                              bool accumulate) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
@@ -203,15 +195,15 @@ bool device_has_clusters() {
 // Depends on N and the device only, so the bits stay fixed.
 bool use_cluster_tile(int N, bool clusters) { return clusters && N <= ClusterTile::kMaxN; }
 
-template <typename OutT>
-void launch_cluster(cudaStream_t s, const bf16* dy, OutT* db, int M, int N, bool accumulate, bool vec) {
+template <typename TS, typename OutT>
+void launch_cluster(cudaStream_t s, const TS* dy, OutT* db, int M, int N, bool accumulate, bool vec) {
   const int rows = (M + ClusterTile::kCluster - 1) / ClusterTile::kCluster;
   const dim3 grid(static_cast<unsigned>((N + ClusterTile::kCols - 1) / ClusterTile::kCols), ClusterTile::kCluster);
   if (vec) {
-    bias_grad_cluster_kernel<ClusterTile, 8, OutT><<<grid, ClusterTile::kThreads, 0, s>>>(dy, db, M, N, rows, accumulate);
+    bias_grad_cluster_kernel<ClusterTile, 8, TS, OutT><<<grid, ClusterTile::kThreads, 0, s>>>(dy, db, M, N, rows, accumulate);
     CUTRAIN_LAUNCH_CHECK("bias_grad_cluster_kernel<8>");
   } else {
-    bias_grad_cluster_kernel<ClusterTile, 1, OutT><<<grid, ClusterTile::kThreads, 0, s>>>(dy, db, M, N, rows, accumulate);
+    bias_grad_cluster_kernel<ClusterTile, 1, TS, OutT><<<grid, ClusterTile::kThreads, 0, s>>>(dy, db, M, N, rows, accumulate);
     CUTRAIN_LAUNCH_CHECK("bias_grad_cluster_kernel<1>");
   }
 }
@@ -223,12 +215,13 @@ std::size_t bias_grad_scratch_bytes(int M, int N) {
   return static_cast<std::size_t>(split_plan(M, N).splits) * N * sizeof(float);
 }
 
-void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, int N, bool accumulate,
+template <typename TS>
+void bias_grad(cudaStream_t s, const TS* dy, void* db, DType db_type, int M, int N, bool accumulate,
                void* scratch) {
   const char* fn = "bias_grad";
   CUTRAIN_CHECK(M > 0 && N > 0, fn, ": M and N must be > 0, got M=", M, " N=", N);
-  CUTRAIN_CHECK(db_type == DType::BF16 || db_type == DType::F32, fn, ": db_type must be bfloat16 or float32, got ",
-                dtype_name(db_type));
+  CUTRAIN_CHECK(db_type == DType::BF16 || db_type == DType::F16 || db_type == DType::F32, fn,
+                ": db_type must be bfloat16, float16 or float32, got ", dtype_name(db_type));
   CUTRAIN_CHECK(dy != nullptr && db != nullptr, fn, ": dy and db must not be null, got dy=",
                 static_cast<const void*>(dy), " db=", db);
   const bool cluster = use_cluster_tile(N, device_has_clusters());
@@ -243,11 +236,9 @@ void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, i
 
   const bool vec = N % 8 == 0 && reinterpret_cast<std::uintptr_t>(dy) % 16 == 0;
   if (cluster) {
-    if (db_type == DType::F32) {
-      launch_cluster(s, dy, static_cast<float*>(db), M, N, accumulate, vec);
-    } else {
-      launch_cluster(s, dy, static_cast<bf16*>(db), M, N, accumulate, vec);
-    }
+    if (db_type == DType::F32) launch_cluster(s, dy, static_cast<float*>(db), M, N, accumulate, vec);
+    else if (db_type == DType::F16) launch_cluster(s, dy, static_cast<f16*>(db), M, N, accumulate, vec);
+    else launch_cluster(s, dy, static_cast<bf16*>(db), M, N, accumulate, vec);
     return;
   }
   using T = WideTile;
@@ -256,11 +247,11 @@ void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, i
   const dim3 block(T::kLanesX, T::kLanesY);
   if (vec) {
     const dim3 grid((N + T::kTileCols - 1) / T::kTileCols, plan.splits);
-    bias_grad_partial_kernel<T, 8><<<grid, block, 0, s>>>(dy, partial, M, N, plan.rows_per_split);
+    bias_grad_partial_kernel<T, 8, TS><<<grid, block, 0, s>>>(dy, partial, M, N, plan.rows_per_split);
     CUTRAIN_LAUNCH_CHECK("bias_grad_partial_kernel<8>");
   } else {
     const dim3 grid((N + T::kLanesX - 1) / T::kLanesX, plan.splits);
-    bias_grad_partial_kernel<T, 1><<<grid, block, 0, s>>>(dy, partial, M, N, plan.rows_per_split);
+    bias_grad_partial_kernel<T, 1, TS><<<grid, block, 0, s>>>(dy, partial, M, N, plan.rows_per_split);
     CUTRAIN_LAUNCH_CHECK("bias_grad_partial_kernel<1>");
   }
   const int threads = T::kFinishThreads;
@@ -269,11 +260,18 @@ void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, i
     bias_grad_finish_kernel<float><<<blocks, threads, 0, s>>>(partial, static_cast<float*>(db), N, plan.splits,
                                                              accumulate);
     CUTRAIN_LAUNCH_CHECK("bias_grad_finish_kernel<float>");
+  } else if (db_type == DType::F16) {
+    bias_grad_finish_kernel<f16><<<blocks, threads, 0, s>>>(partial, static_cast<f16*>(db), N, plan.splits,
+                                                           accumulate);
+    CUTRAIN_LAUNCH_CHECK("bias_grad_finish_kernel<f16>");
   } else {
     bias_grad_finish_kernel<bf16><<<blocks, threads, 0, s>>>(partial, static_cast<bf16*>(db), N, plan.splits,
                                                             accumulate);
     CUTRAIN_LAUNCH_CHECK("bias_grad_finish_kernel<bf16>");
   }
 }
+
+template void bias_grad<bf16>(cudaStream_t, const bf16*, void*, DType, int, int, bool, void*);
+template void bias_grad<f16>(cudaStream_t, const f16*, void*, DType, int, int, bool, void*);
 
 }  // namespace cutrain::kernels

@@ -112,11 +112,12 @@ __device__ __forceinline__ void lse_block(float& m, float& s) {
   }
 }
 
+template <typename T>
 __device__ __forceinline__ void unpack8(uint4 raw, float f[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  const pair16_t<T>* h = reinterpret_cast<const pair16_t<T>*>(&raw);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 v = __bfloat1622float2(h[i]);
+    const float2 v = to_f32x2(h[i]);
     f[2 * i] = v.x;
     f[2 * i + 1] = v.y;
   }
@@ -161,11 +162,13 @@ __global__ void __launch_bounds__(kSmallThreads) ce_count_kernel(const int32_t* 
 
 // ---- kernel 2: one row per block ----
 
+template <typename T>
 struct RowArgs {
-  bf16* logits;
+  T* logits;
   const int32_t* labels;
   int vocab, ld, ignore_index;
   float grad_scale;
+  const float* device_grad_scale;  // may be null; multiplied into grad_scale (fp16 loss scaling)
   CeHeader* hdr;
   float* row_loss_tmp;
   float* row_loss;
@@ -178,7 +181,8 @@ struct RowArgs {
 // The fused finish: every block counts itself done; the last one (it sees every other block's
 // row loss after the fences) takes the mean in a fixed order, so the result stays deterministic.
 // Called by every thread of the block.
-__device__ __forceinline__ void ce_finish_in_last_block(const RowArgs& a) {
+template <class Args>
+__device__ __forceinline__ void ce_finish_in_last_block(const Args& a) {
   __shared__ bool is_last;
   __shared__ double sm[32];
   pdl_wait();  // hdr->done and n_valid come from the count kernel
@@ -217,23 +221,27 @@ __device__ __forceinline__ void ce_finish_in_last_block(const RowArgs& a) {
 }
 
 // Zeros [begin, end) of a row with scalar stores (the padding, the misaligned head/tail).
-__device__ __forceinline__ void zero_scalar(bf16* x, int begin, int end) {
-  const bf16 z = __float2bfloat16_rn(0.f);
+template <typename T>
+__device__ __forceinline__ void zero_scalar(T* x, int begin, int end) {
+  const T z = from_f32<T>(0.f);
   for (int j = begin + threadIdx.x; j < end; j += blockDim.x) x[j] = z;
 }
 
-__device__ __forceinline__ void write_row_loss(const RowArgs& a, int row, float loss) {
+template <class Args>
+__device__ __forceinline__ void write_row_loss(const Args& a, int row, float loss) {
   a.row_loss_tmp[row] = loss;
   if (a.row_loss) a.row_loss[row] = loss;
 }
 
 // One gradient element: (p_j - [j == label]) * gs with p_j = 2^(x log2e - c).
-__device__ __forceinline__ bf16 grad_of(float x, bool is_label, float c, float gs) {
-  return __float2bfloat16_rn((fast_ex2(fmaf(x, kLog2e, -c)) - (is_label ? 1.f : 0.f)) * gs);
+template <typename T>
+__device__ __forceinline__ T grad_of(float x, bool is_label, float c, float gs) {
+  return from_f32<T>((fast_ex2(fmaf(x, kLog2e, -c)) - (is_label ? 1.f : 0.f)) * gs);
 }
 
 // The gradient scale folded into the exponent: p_j * |gs| = 2^(x_j log2e - c_scaled), so the
-// body's elements cost one fma and one ex2 each; the sign of gs goes onto the bf16 bits.
+// body's elements cost one fma and one ex2 each; the sign of gs goes onto the 16-bit values' sign bits
+// (bit 15 of each half, in T and fp16 alike).
 struct GradScale {
   float c_scaled;      // c - log2 |gs| (+inf when gs = 0: every element 0)
   float abs_gs;        // |gs|: subtracted at the label's element
@@ -243,11 +251,12 @@ __device__ __forceinline__ GradScale grad_scale_of(float c, float gs) {
   return {c - log2f(fabsf(gs)), fabsf(gs), gs < 0.f ? 0x80008000u : 0u};
 }
 
-// Eight gradient elements from their raw bf16 logits to dst (16-byte aligned); `off`: the
+// Eight gradient elements from their raw 16-bit logits to dst (16-byte aligned); `off`: the
 // label's index within the eight (any other value: not among them).
-__device__ __forceinline__ void grad8(uint4 raw, int off, const GradScale& g, bf16* dst) {
+template <typename T>
+__device__ __forceinline__ void grad8(uint4 raw, int off, const GradScale& g, T* dst) {
   float f[8];
-  unpack8(raw, f);
+  unpack8<T>(raw, f);
 #pragma unroll
   for (int i = 0; i < 8; ++i) f[i] = fast_ex2(fmaf(f[i], kLog2e, -g.c_scaled));
   if (static_cast<unsigned>(off) < 8u) {  // one vector of the row: the -1 of the one-hot
@@ -259,7 +268,7 @@ __device__ __forceinline__ void grad8(uint4 raw, int off, const GradScale& g, bf
   unsigned* w = reinterpret_cast<unsigned*>(&out);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    const pair16_t<T> h = pack2_rn<T>(f[2 * i], f[2 * i + 1]);
     w[i] = *reinterpret_cast<const unsigned*>(&h) ^ g.sign_bits;
   }
   store16<Store::Streaming>(dst, out);
@@ -269,8 +278,8 @@ __device__ __forceinline__ void grad8(uint4 raw, int off, const GradScale& g, bf
 // parking and streaming one contiguous slice of the row's vectors; the CTAs exchange their
 // (max, sum) through distributed shared memory and combine them in rank order (deterministic).
 // Rank 0 owns the scalar head/tail, the label's logit, the row loss and the padding.
-template <class Tile, bool kGrad, bool kCluster>
-__global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
+template <typename T, class Tile, bool kGrad, bool kCluster>
+__global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs<T> a) {
   constexpr int kThreads = Tile::kThreads, kUnroll1 = Tile::kPass1Loads, kUnroll = Tile::kPass2Loads;
   extern __shared__ uint4 cache[];
   const int split = kCluster ? a.split : 1;
@@ -278,7 +287,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
   const bool owner = rank == 0;
   const int row = kCluster ? static_cast<int>(blockIdx.x / static_cast<unsigned>(split)) : blockIdx.x;
   const int tid = threadIdx.x;
-  bf16* x = a.logits + static_cast<std::size_t>(row) * a.ld;
+  T* x = a.logits + static_cast<std::size_t>(row) * a.ld;
   const int label = a.labels[row];
   const bool valid = label_valid(label, a.vocab, a.ignore_index);
 
@@ -288,7 +297,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
   const int tail_start = head + nvec * 8;
   const int tail = owner ? a.vocab - tail_start : 0;
   const int head_here = owner ? head : 0;
-  bf16* body = x + head;
+  T* body = x + head;
   // This CTA's slice of the vectors (the whole row unless split).
   const int per = kCluster ? (nvec + split - 1) / split : nvec;
   const int v_begin = kCluster ? min(nvec, rank * per) : 0;
@@ -312,11 +321,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
   float m = -FLT_MAX, s = 0.f;
   float x_head = 0.f, x_tail = 0.f;
   if (tid < head_here) {
-    x_head = __bfloat162float(x[tid]);
+    x_head = to_f32(x[tid]);
     lse_add1(m, s, x_head);
   }
   if (tid < tail) {
-    x_tail = __bfloat162float(x[tail_start + tid]);
+    x_tail = to_f32(x[tail_start + tid]);
     lse_add1(m, s, x_tail);
   }
   // Vectors v in [v_begin, cache_end) are parked at cache[v - v_begin].
@@ -334,13 +343,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
       if (v < v_end) {
         if (v < cache_end) cache[v - v_begin] = r[k];
         float f[8];
-        unpack8(r[k], f);
+        unpack8<T>(r[k], f);
         lse_add8(m, s, f);
       }
     }
   }
   float x_label = 0.f;
-  if (tid == 0 && owner) x_label = __bfloat162float(x[label]);  // before any CTA of the row writes
+  if (tid == 0 && owner) x_label = to_f32(x[label]);  // before any CTA of the row writes
   lse_block(m, s);
   if constexpr (kCluster) {
     __shared__ float2 cl_ms;
@@ -365,9 +374,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
 
   // ---- pass 2: dlogits = (softmax - onehot) * grad_scale / n_valid, in place ----
   pdl_wait();  // n_valid from the count kernel, which ran alongside pass 1
-  const float gs = a.grad_scale / static_cast<float>(max(a.hdr->n_valid, 1));
-  if (tid < head_here) x[tid] = grad_of(x_head, tid == label, c, gs);
-  if (tid < tail) x[tail_start + tid] = grad_of(x_tail, tail_start + tid == label, c, gs);
+  const float gs = (a.device_grad_scale ? a.grad_scale * *a.device_grad_scale : a.grad_scale) /
+                   static_cast<float>(max(a.hdr->n_valid, 1));
+  if (tid < head_here) x[tid] = grad_of<T>(x_head, tid == label, c, gs);
+  if (tid < tail) x[tail_start + tid] = grad_of<T>(x_tail, tail_start + tid == label, c, gs);
   const int label_off = label - head;  // label's position in the body (may be outside it)
   const GradScale g = grad_scale_of(c, gs);
   for (int v0 = v_begin + tid; v0 < v_end; v0 += kUnroll * kThreads) {
@@ -392,21 +402,21 @@ __global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs a) {
 // buffers. While it computes a row from one buffer (the log-sum-exp, then the gradient written
 // over the logits), a bulk copy fills the other with its next row, so HBM reads never wait for
 // the math and the gradient's stores overlap the next row's load.
-template <class Tile>
-__global__ void __launch_bounds__(Tile::kPipeThreads, 1) ce_pipelined_kernel(RowArgs a) {
+template <typename T, class Tile>
+__global__ void __launch_bounds__(Tile::kPipeThreads, 1) ce_pipelined_kernel(RowArgs<T> a) {
   constexpr int kThreads = Tile::kPipeThreads, kUnroll = Tile::kPipeLoads;
   extern __shared__ uint4 buffers[];  // two buffers of a.cache_vecs vectors
   __shared__ alignas(8) std::uint64_t full[2];
   const int tid = threadIdx.x;
   auto body_of = [&](int row, int& head, int& nvec) {
-    bf16* x = a.logits + static_cast<std::size_t>(row) * a.ld;
+    T* x = a.logits + static_cast<std::size_t>(row) * a.ld;
     head = min(a.vocab, static_cast<int>(((16u - (reinterpret_cast<std::uintptr_t>(x) & 15u)) & 15u) >> 1));
     nvec = (a.vocab - head) / 8;
     return x;
   };
   auto fill = [&](int row, int buf) {  // one thread
     int head, nvec;
-    bf16* x = body_of(row, head, nvec);
+    T* x = body_of(row, head, nvec);
     const auto bytes = static_cast<std::uint32_t>(nvec) * 16u;
     mbar_expect_bytes(&full[buf], bytes);
     if (bytes > 0) bulk_load(buffers + static_cast<std::size_t>(buf) * a.cache_vecs, x + head, bytes, &full[buf]);
@@ -424,8 +434,8 @@ __global__ void __launch_bounds__(Tile::kPipeThreads, 1) ce_pipelined_kernel(Row
     // The other buffer was last read by the previous row, which every thread has finished.
     if (tid == 0 && row + static_cast<int>(gridDim.x) < a.rows) fill(row + gridDim.x, buf ^ 1);
     int head, nvec;
-    bf16* x = body_of(row, head, nvec);
-    bf16* body = x + head;
+    T* x = body_of(row, head, nvec);
+    T* body = x + head;
     const uint4* cache = buffers + static_cast<std::size_t>(buf) * a.cache_vecs;
     const int tail_start = head + nvec * 8;
     const int tail = a.vocab - tail_start;
@@ -433,9 +443,9 @@ __global__ void __launch_bounds__(Tile::kPipeThreads, 1) ce_pipelined_kernel(Row
     const bool valid = label_valid(label, a.vocab, a.ignore_index);
     float x_head = 0.f, x_tail = 0.f, x_label = 0.f;
     if (valid) {
-      if (tid < head) x_head = __bfloat162float(x[tid]);
-      if (tid < tail) x_tail = __bfloat162float(x[tail_start + tid]);
-      if (tid == 0) x_label = __bfloat162float(x[label]);
+      if (tid < head) x_head = to_f32(x[tid]);
+      if (tid < tail) x_tail = to_f32(x[tail_start + tid]);
+      if (tid == 0) x_label = to_f32(x[label]);
     }
     mbar_wait(&full[buf], static_cast<std::uint32_t>(iter >> 1) & 1u);
 
@@ -459,7 +469,7 @@ __global__ void __launch_bounds__(Tile::kPipeThreads, 1) ce_pipelined_kernel(Row
         const int v = v0 + k * kThreads;
         if (v < nvec) {
           float f[8];
-          unpack8(cache[v], f);
+          unpack8<T>(cache[v], f);
           lse_add8(m, s, f);
         }
       }
@@ -470,9 +480,10 @@ __global__ void __launch_bounds__(Tile::kPipeThreads, 1) ce_pipelined_kernel(Row
 
     // ---- dlogits = (softmax - onehot) * grad_scale / n_valid, over the logits ----
     pdl_wait();  // n_valid from the count kernel (returns at once after the first row)
-    const float gs = a.grad_scale / static_cast<float>(max(a.hdr->n_valid, 1));
-    if (tid < head) x[tid] = grad_of(x_head, tid == label, c, gs);
-    if (tid < tail) x[tail_start + tid] = grad_of(x_tail, tail_start + tid == label, c, gs);
+    const float gs = (a.device_grad_scale ? a.grad_scale * *a.device_grad_scale : a.grad_scale) /
+                   static_cast<float>(max(a.hdr->n_valid, 1));
+    if (tid < head) x[tid] = grad_of<T>(x_head, tid == label, c, gs);
+    if (tid < tail) x[tail_start + tid] = grad_of<T>(x_tail, tail_start + tid == label, c, gs);
     const int label_off = label - head;
     const GradScale g = grad_scale_of(c, gs);
     for (int v0 = tid; v0 < nvec; v0 += kUnroll * kThreads) {
@@ -539,15 +550,17 @@ void check_common(const char* fn, const void* logits, const int32_t* labels, int
 // the labels are counted) and its last block takes the mean (no finish launch): at few rows
 // (2048 x 50k moves only ~200 MB each way) launch gaps and serial one-block kernels are most of
 // the gap to the copy bandwidth.
-template <bool kGrad>
-void run(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int vocab, int ld, float* loss_mean,
-         float* row_loss, int* status, void* scratch, int ignore_index, float grad_scale) {
+template <bool kGrad, typename T>
+void run(cudaStream_t s, T* logits, const int32_t* labels, int rows, int vocab, int ld, float* loss_mean,
+         float* row_loss, int* status, void* scratch, int ignore_index, float grad_scale,
+         const float* device_grad_scale) {
   auto* hdr = static_cast<CeHeader*>(scratch);
   auto* row_loss_tmp = reinterpret_cast<float*>(static_cast<char*>(scratch) + kRowLossOffset);
   ce_count_kernel<<<1, kSmallThreads, 0, s>>>(labels, rows, vocab, ignore_index, hdr, status);
   CUTRAIN_LAUNCH_CHECK("ce_count_kernel");
 
-  RowArgs a{logits, labels, vocab, ld, ignore_index, grad_scale, hdr, row_loss_tmp, row_loss, 0, rows, loss_mean, 1};
+  RowArgs<T> a{logits, labels,    vocab,    ld, ignore_index, grad_scale, device_grad_scale,
+               hdr,    row_loss_tmp, row_loss, 0,  rows,         loss_mean,  1};
   cudaLaunchAttribute pdl;
   pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl.val.programmaticStreamSerializationAllowed = 1;
@@ -555,7 +568,7 @@ void run(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int voca
     if (const int pipe = pipeline_budget_vecs(); row_vecs(vocab) <= pipe) {
       a.cache_vecs = row_vecs(vocab);
       const std::size_t smem = 2 * static_cast<std::size_t>(a.cache_vecs) * 16;
-      auto kernel = ce_pipelined_kernel<CeTile>;
+      auto kernel = ce_pipelined_kernel<T, CeTile>;
       CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(static_cast<unsigned>(std::min(rows, sm_count())));
@@ -574,7 +587,7 @@ void run(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int voca
   if constexpr (kGrad) a.split = split_for(vocab);
   CUTRAIN_CHECK(static_cast<long long>(rows) * a.split <= INT_MAX, "cross_entropy: rows * split = ", rows, " * ",
                 a.split, " exceeds the grid limit");
-  auto kernel = a.split > 1 ? ce_row_kernel<CeTile, kGrad, true> : ce_row_kernel<CeTile, kGrad, false>;
+  auto kernel = a.split > 1 ? ce_row_kernel<T, CeTile, kGrad, true> : ce_row_kernel<T, CeTile, kGrad, false>;
   std::size_t smem = 0;
   if constexpr (kGrad) {
     a.cache_vecs = std::min(cache_budget_vecs(), ceil_div(row_vecs(vocab), a.split));
@@ -611,22 +624,34 @@ std::size_t cross_entropy_scratch_bytes(int rows) {
   return ceil_div<std::size_t>(b, 256) * 256;
 }
 
-void cross_entropy_forward_backward(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
+template <typename T>
+void cross_entropy_forward_backward(cudaStream_t s, T* logits, const int32_t* labels, int rows, int vocab, int ld,
                                     float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index,
-                                    float grad_scale) {
+                                    float grad_scale, const float* device_grad_scale) {
   check_common("cross_entropy_forward_backward", logits, labels, rows, vocab, ld, loss_mean, scratch);
   CUTRAIN_CHECK(std::isfinite(grad_scale), "cross_entropy_forward_backward: grad_scale must be finite, got ", grad_scale);
   NvtxRange range("cross_entropy_fwdbwd");
-  run<true>(s, logits, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, grad_scale);
+  run<true>(s, logits, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, grad_scale,
+            device_grad_scale);
 }
 
-void cross_entropy_forward(cudaStream_t s, const bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
+template <typename T>
+void cross_entropy_forward(cudaStream_t s, const T* logits, const int32_t* labels, int rows, int vocab, int ld,
                            float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index) {
   check_common("cross_entropy_forward", logits, labels, rows, vocab, ld, loss_mean, scratch);
   NvtxRange range("cross_entropy_fwd");
   // The forward instance never writes through the pointer.
-  bf16* x = const_cast<bf16*>(logits);
-  run<false>(s, x, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, 1.f);
+  T* x = const_cast<T*>(logits);
+  run<false>(s, x, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, 1.f, nullptr);
 }
+
+template void cross_entropy_forward_backward<bf16>(cudaStream_t, bf16*, const int32_t*, int, int, int, float*, float*, int*,
+                                                   void*, int, float, const float*);
+template void cross_entropy_forward<bf16>(cudaStream_t, const bf16*, const int32_t*, int, int, int, float*, float*, int*,
+                                          void*, int);
+template void cross_entropy_forward_backward<f16>(cudaStream_t, f16*, const int32_t*, int, int, int, float*, float*, int*,
+                                                   void*, int, float, const float*);
+template void cross_entropy_forward<f16>(cudaStream_t, const f16*, const int32_t*, int, int, int, float*, float*, int*,
+                                          void*, int);
 
 }  // namespace cutrain::kernels

@@ -10,7 +10,7 @@
 
 namespace cutrain::kernels {
 
-// logits: bf16 [rows, ld] with the first `vocab` columns real (ld >= vocab; columns past vocab
+// logits: bf16 or fp16 [rows, ld] with the first `vocab` columns real (ld >= vocab; columns past vocab
 // are padding: they never win and get gradient 0). labels: int32 [rows]; label == ignore_index
 // rows contribute no loss and get gradient 0. Writes, in place over the logits,
 //   dlogits = (softmax(logits) - onehot(label)) * grad_scale / n_valid
@@ -27,12 +27,18 @@ namespace cutrain::kernels {
 // rows are split over a thread-block cluster.
 
 std::size_t cross_entropy_scratch_bytes(int rows);
-void cross_entropy_forward_backward(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
+// T: the logits' storage type, bf16 or fp16 (instances of both). `device_grad_scale` (device fp32, may
+// be null): multiplied into grad_scale on the device (fp16's loss scale, which a captured CUDA graph
+// must read each replay).
+template <typename T>
+void cross_entropy_forward_backward(cudaStream_t s, T* logits, const int32_t* labels, int rows, int vocab, int ld,
                                     float* loss_mean, float* row_loss, int* status, void* scratch,
-                                    int ignore_index = -100, float grad_scale = 1.f);
+                                    int ignore_index = -100, float grad_scale = 1.f,
+                                    const float* device_grad_scale = nullptr);
 
 // Forward only (evaluation): the same loss, logits untouched.
-void cross_entropy_forward(cudaStream_t s, const bf16* logits, const int32_t* labels, int rows, int vocab, int ld,
+template <typename T>
+void cross_entropy_forward(cudaStream_t s, const T* logits, const int32_t* labels, int rows, int vocab, int ld,
                            float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index = -100);
 
 }  // namespace cutrain::kernels

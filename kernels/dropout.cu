@@ -34,10 +34,10 @@ struct DropoutArgs {
   std::size_t n, cols;
 };
 
-__device__ __forceinline__ float to_f(const bf16* p, std::size_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ float to_f(const float* p, std::size_t i) { return p[i]; }
-__device__ __forceinline__ void put(bf16* p, std::size_t i, float v) { p[i] = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void put(float* p, std::size_t i, float v) { p[i] = v; }
+template <typename T>
+__device__ __forceinline__ float to_f(const T* p, std::size_t i) { return to_f32(p[i]); }
+template <typename T>
+__device__ __forceinline__ void put(T* p, std::size_t i, float v) { p[i] = from_f32<T>(v); }
 
 template <typename T, bool kBR, bool kDrop, bool kVec>
 __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs a) {
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) dropout_kernel(DropoutArgs a) {
       v[k] = kBR ? __fadd_rn(rs[k], t) : t;
     }
     if (whole) {
-      if constexpr (std::is_same_v<T, bf16>) {
+      if constexpr (sizeof(T) == 2) {
         const std::uint32_t unused[4] = {0, 0, 0, 0};
         store_c<4>(out + e0, v, false, unused);
       } else {
@@ -110,19 +110,20 @@ void launch_typed(cudaStream_t s, const DropoutArgs& a, bool vec) {
 }
 
 void launch(cudaStream_t s, const DropoutParams& p, DropoutArgs a, DType dt, bool br, const char* what) {
-  CUTRAIN_CHECK(dt == DType::BF16 || dt == DType::F32, what, ": dtype must be bfloat16 or float32, got ",
-                dtype_name(dt));
+  CUTRAIN_CHECK(dt == DType::BF16 || dt == DType::F16 || dt == DType::F32, what,
+                ": dtype must be bfloat16, float16 or float32, got ", dtype_name(dt));
   a.key = p.key;
   a.threshold = dropout_threshold(p.p);
   a.scale = dropout_scale(p.p);
   if (a.n == 0) return;
   CUTRAIN_CHECK(a.x && a.out && (!br || (a.bias && a.residual)), what, ": null buffer for ", a.n, " elements");
   NvtxRange range(what);
-  // 4-wide: 16 bytes of fp32 or 8 of bf16 per access, so 16-byte (fp32) / 8-byte (bf16) alignment.
+  // 4-wide: 16 bytes of fp32 or 8 of bf16 / fp16 per access, so 16-byte (fp32) / 8-byte alignment.
   const std::size_t align = dt == DType::F32 ? 16 : 8;
   auto ok = [&](const void* q) { return q == nullptr || reinterpret_cast<std::uintptr_t>(q) % align == 0; };
   const bool vec = ok(a.x) && ok(a.out) && ok(a.bias) && ok(a.residual) && (!br || a.cols % 4 == 0);
   if (dt == DType::BF16) br ? launch_typed<bf16, true>(s, a, vec) : launch_typed<bf16, false>(s, a, vec);
+  else if (dt == DType::F16) br ? launch_typed<f16, true>(s, a, vec) : launch_typed<f16, false>(s, a, vec);
   else br ? launch_typed<float, true>(s, a, vec) : launch_typed<float, false>(s, a, vec);
 }
 

@@ -24,7 +24,7 @@ struct DropoutParams {
 std::uint32_t dropout_threshold(float p);
 float dropout_scale(float p);
 
-// out = x * keep / (1 - p) over [n] elements of `dtype` (bf16 or fp32; math in fp32, one rounding).
+// out = x * keep / (1 - p) over [n] elements of `dtype` (bf16, fp16 or fp32; math in fp32, one rounding).
 // In place (out == x) is fine. The mask of element e uses the bits of element e of the flat index.
 void dropout_forward(cudaStream_t s, const DropoutParams& p, const void* x, void* out, std::size_t n, DType dtype);
 // dx = dy * keep / (1 - p) with the forward's mask, regenerated from the same params.

@@ -43,10 +43,10 @@ __device__ void report_bad(int* status, int i) {
   }
 }
 
-template <bool kVec>
+template <typename TS, bool kVec>
 __global__ void __launch_bounds__(kThreads)
-    emb_fwd(const int32_t* __restrict__ tokens, const bf16* __restrict__ wte, const bf16* __restrict__ wpe,
-            bf16* __restrict__ out, int N, int T, int C, int vocab, int* status) {
+    emb_fwd(const int32_t* __restrict__ tokens, const TS* __restrict__ wte, const TS* __restrict__ wpe,
+            TS* __restrict__ out, int N, int T, int C, int vocab, int* status) {
   constexpr int kW = kVec ? kBf16PerVec : 1;  // elements per work item
   const int per_row = C / kW;
   const std::size_t items = static_cast<std::size_t>(N) * per_row;
@@ -62,21 +62,21 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (kVec) {
       float a[8], b[8];
       if (ok) {
-        load_bf16x8<Load::ReadOnly>(wte + static_cast<std::size_t>(tok) * C + c, a);
-        load_bf16x8<Load::ReadOnly>(wpe + static_cast<std::size_t>(t) * C + c, b);
+        load_x8<TS, Load::ReadOnly>(wte + static_cast<std::size_t>(tok) * C + c, a);
+        load_x8<TS, Load::ReadOnly>(wpe + static_cast<std::size_t>(t) * C + c, b);
 #pragma unroll
         for (int k = 0; k < 8; ++k) a[k] += b[k];
       } else {
 #pragma unroll
         for (int k = 0; k < 8; ++k) a[k] = 0.f;
       }
-      store_bf16x8(out + o, a);
+      store_x8(out + o, a);
     } else {
       float v = 0.f;
       if (ok)
-        v = __bfloat162float(wte[static_cast<std::size_t>(tok) * C + c]) +
-            __bfloat162float(wpe[static_cast<std::size_t>(t) * C + c]);
-      out[o] = __float2bfloat16_rn(v);
+        v = to_f32(wte[static_cast<std::size_t>(tok) * C + c]) +
+            to_f32(wpe[static_cast<std::size_t>(t) * C + c]);
+      out[o] = from_f32<TS>(v);
     }
   }
 }
@@ -94,9 +94,9 @@ __global__ void __launch_bounds__(kThreads)
 
 // One warp per sorted index; the warp at the head of a run of equal tokens sums that run's dout
 // rows in (ascending position) order and writes dwte[token] once.
-template <class Tile, bool kVec, typename TG>
+template <class Tile, bool kVec, typename TS, typename TG>
 __global__ void __launch_bounds__(Tile::kThreads)
-    emb_bwd_wte(const bf16* __restrict__ dout, const uint32_t* __restrict__ keys, const int32_t* __restrict__ pos,
+    emb_bwd_wte(const TS* __restrict__ dout, const uint32_t* __restrict__ keys, const int32_t* __restrict__ pos,
                 TG* __restrict__ dwte, bool accumulate, int N, int C, int vocab) {
   const int lane = threadIdx.x % kWarpSize;
   const int i = blockIdx.x * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
@@ -115,18 +115,18 @@ __global__ void __launch_bounds__(Tile::kThreads)
 #pragma unroll
       for (int k = 0; k < kW; ++k) acc[v][k] = 0.f;
     for (int j = i; j < end; ++j) {
-      const bf16* src = dout + static_cast<std::size_t>(pos[j]) * C;
+      const TS* src = dout + static_cast<std::size_t>(pos[j]) * C;
 #pragma unroll
       for (int v = 0; v < kWarpVecs; ++v) {
         const int c = c0 + (v * kWarpSize + lane) * kW;
         if (c < C) {
           if constexpr (kVec) {
             float d[8];
-            load_bf16x8<Load::Streaming>(src + c, d);
+            load_x8<TS, Load::Streaming>(src + c, d);
 #pragma unroll
             for (int k = 0; k < 8; ++k) acc[v][k] += d[k];
           } else {
-            acc[v][0] += __bfloat162float(src[c]);
+            acc[v][0] += to_f32(src[c]);
           }
         }
       }
@@ -147,14 +147,14 @@ __global__ void __launch_bounds__(Tile::kThreads)
 }
 
 // dwpe[t, c] (+)= Σ_b dout[b, t, c], b in order. One thread per (t, c) element.
-template <typename TG>
+template <typename TS, typename TG>
 __global__ void __launch_bounds__(kThreads)
-    emb_bwd_wpe(const bf16* __restrict__ dout, TG* __restrict__ dwpe, bool accumulate, int B, int T, int C) {
+    emb_bwd_wpe(const TS* __restrict__ dout, TG* __restrict__ dwpe, bool accumulate, int B, int T, int C) {
   const std::size_t items = static_cast<std::size_t>(T) * C;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t e = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < items; e += stride) {
     float acc = 0.f;
-    for (int b = 0; b < B; ++b) acc += __bfloat162float(dout[static_cast<std::size_t>(b) * items + e]);
+    for (int b = 0; b < B; ++b) acc += to_f32(dout[static_cast<std::size_t>(b) * items + e]);
     if (accumulate) acc += to_f32(dwpe[e]);
     dwpe[e] = from_f32<TG>(acc);
   }
@@ -193,8 +193,8 @@ void check_shapes(const char* what, int B, int T, int C, int vocab) {
                 ": B*T must be < 2^31 and vocab < 2^30, got B*T=", static_cast<long long>(B) * T, " vocab=", vocab);
 }
 
-template <typename TG>
-void launch_backward(cudaStream_t s, const bf16* dout, const int32_t* tokens, TG* dwte, TG* dwpe, bool accumulate,
+template <typename TS, typename TG>
+void launch_backward(cudaStream_t s, const TS* dout, const int32_t* tokens, TG* dwte, TG* dwpe, bool accumulate,
                      int B, int T, int C, int vocab, void* scratch) {
   const int N = B * T;
   const ScratchLayout l = scratch_layout(N, vocab);
@@ -216,18 +216,19 @@ void launch_backward(cudaStream_t s, const bf16* dout, const int32_t* tokens, TG
   const int warps_per_block = kThreads / kWarpSize;
   const int blocks = ceil_div(N, warps_per_block);
   if (vec)
-    emb_bwd_wte<EmbTile, true, TG><<<blocks, kThreads, 0, s>>>(dout, keys_out, vals_out, dwte, accumulate, N, C, vocab);
+    emb_bwd_wte<EmbTile, true, TS, TG><<<blocks, kThreads, 0, s>>>(dout, keys_out, vals_out, dwte, accumulate, N, C, vocab);
   else
-    emb_bwd_wte<EmbTile, false, TG><<<blocks, kThreads, 0, s>>>(dout, keys_out, vals_out, dwte, accumulate, N, C,
+    emb_bwd_wte<EmbTile, false, TS, TG><<<blocks, kThreads, 0, s>>>(dout, keys_out, vals_out, dwte, accumulate, N, C,
                                                                 vocab);
   CUTRAIN_LAUNCH_CHECK("emb_bwd_wte");
-  emb_bwd_wpe<TG><<<grid_for(static_cast<std::size_t>(T) * C), kThreads, 0, s>>>(dout, dwpe, accumulate, B, T, C);
+  emb_bwd_wpe<TS, TG><<<grid_for(static_cast<std::size_t>(T) * C), kThreads, 0, s>>>(dout, dwpe, accumulate, B, T, C);
   CUTRAIN_LAUNCH_CHECK("emb_bwd_wpe");
 }
 
 }  // namespace
 
-void embedding_forward(cudaStream_t s, const int32_t* tokens, const bf16* wte, const bf16* wpe, bf16* out, int B,
+template <typename TS>
+void embedding_forward(cudaStream_t s, const int32_t* tokens, const TS* wte, const nondeduced_t<TS>* wpe, TS* out, int B,
                        int T, int C, int vocab, int* status) {
   check_shapes("embedding_forward", B, T, C, vocab);
   CUTRAIN_CHECK(tokens && wte && wpe && out, "embedding_forward: tokens, wte, wpe and out must be non-null");
@@ -235,10 +236,10 @@ void embedding_forward(cudaStream_t s, const int32_t* tokens, const bf16* wte, c
   const int N = B * T;
   const bool vec = C % kBf16PerVec == 0 && is_aligned16(wte) && is_aligned16(wpe) && is_aligned16(out);
   if (vec) {
-    emb_fwd<true><<<grid_for(static_cast<std::size_t>(N) * (C / kBf16PerVec)), kThreads, 0, s>>>(
+    emb_fwd<TS, true><<<grid_for(static_cast<std::size_t>(N) * (C / kBf16PerVec)), kThreads, 0, s>>>(
         tokens, wte, wpe, out, N, T, C, vocab, status);
   } else {
-    emb_fwd<false><<<grid_for(static_cast<std::size_t>(N) * C), kThreads, 0, s>>>(tokens, wte, wpe, out, N, T, C,
+    emb_fwd<TS, false><<<grid_for(static_cast<std::size_t>(N) * C), kThreads, 0, s>>>(tokens, wte, wpe, out, N, T, C,
                                                                                   vocab, status);
   }
   CUTRAIN_LAUNCH_CHECK("emb_fwd");
@@ -249,21 +250,34 @@ std::size_t embedding_backward_scratch_bytes(int B, int T, int C, int vocab) {
   return scratch_layout(B * T, vocab).total;
 }
 
-void embedding_backward(cudaStream_t s, const bf16* dout, const int32_t* tokens, void* dwte, void* dwpe,
+template <typename TS>
+void embedding_backward(cudaStream_t s, const TS* dout, const int32_t* tokens, void* dwte, void* dwpe,
                         DType grad_type, bool accumulate, int B, int T, int C, int vocab, void* scratch) {
   check_shapes("embedding_backward", B, T, C, vocab);
   CUTRAIN_CHECK(dout && tokens && dwte && dwpe && scratch,
                 "embedding_backward: dout, tokens, dwte, dwpe and scratch must be non-null");
   CUTRAIN_CHECK(is_aligned16(scratch), "embedding_backward: scratch must be 16-byte aligned");
   if (grad_type == DType::F32) {
-    launch_backward<float>(s, dout, tokens, static_cast<float*>(dwte), static_cast<float*>(dwpe), accumulate, B, T,
+    launch_backward<TS, float>(s, dout, tokens, static_cast<float*>(dwte), static_cast<float*>(dwpe), accumulate, B, T,
                            C, vocab, scratch);
   } else if (grad_type == DType::BF16) {
-    launch_backward<bf16>(s, dout, tokens, static_cast<bf16*>(dwte), static_cast<bf16*>(dwpe), accumulate, B, T, C,
-                          vocab, scratch);
+    launch_backward<TS, __nv_bfloat16>(s, dout, tokens, static_cast<__nv_bfloat16*>(dwte), static_cast<__nv_bfloat16*>(dwpe),
+                                       accumulate, B, T, C, vocab, scratch);
+  } else if (grad_type == DType::F16) {
+    launch_backward<TS, __half>(s, dout, tokens, static_cast<__half*>(dwte), static_cast<__half*>(dwpe), accumulate,
+                                B, T, C, vocab, scratch);
   } else {
-    CUTRAIN_FAIL("embedding_backward: gradient tables must be bfloat16 or float32, got ", dtype_name(grad_type));
+    CUTRAIN_FAIL("embedding_backward: gradient tables must be bfloat16, float16 or float32, got ", dtype_name(grad_type));
   }
 }
+
+template void embedding_forward<bf16>(cudaStream_t, const int32_t*, const bf16*, const bf16*, bf16*, int, int, int, int,
+                                      int*);
+template void embedding_backward<bf16>(cudaStream_t, const bf16*, const int32_t*, void*, void*, DType, bool, int, int,
+                                       int, int, void*);
+template void embedding_forward<f16>(cudaStream_t, const int32_t*, const f16*, const f16*, f16*, int, int, int, int,
+                                      int*);
+template void embedding_backward<f16>(cudaStream_t, const f16*, const int32_t*, void*, void*, DType, bool, int, int,
+                                       int, int, void*);
 
 }  // namespace cutrain::kernels

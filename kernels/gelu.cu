@@ -1,6 +1,7 @@
 // @brief GELU forward (optionally with the bias add) and backward, erf or tanh kind (see gelu.cuh).
 //
-// Elementwise and memory-bound: each thread moves 16-byte vectors of 8 bf16 in a grid-stride
+// Templated on the storage type T (bf16 or fp16; the math is fp32 either way), one instance each.
+// Elementwise and memory-bound: each thread moves 16-byte vectors of 8 16-bit values in a grid-stride
 // loop, several vectors loaded before any is stored (GeluTile). The vector path needs 16-byte
 // aligned pointers and, with a bias, cols % 8 == 0 (so a vector never straddles two rows); it
 // uses the fast math below (the erf kind's fitted Φ, the tanh kind's __fdividef). Otherwise a
@@ -137,26 +138,26 @@ int grid_for(Kernel kernel, std::size_t work_items) {
 }
 
 // Vector path: n elements, nvec = n / 8 full vectors, the last n % 8 done by thread 0 of block 0.
-// One element of the forward: the bias added and rounded to bf16 (backward differentiates at the
+// One element of the forward: the bias added and rounded to T (backward differentiates at the
 // stored pre-activation), written to pre_out if asked, then f of it. The vector path's tail and the
 // scalar path both go through it.
-template <class F>
-__device__ __forceinline__ void fwd_element(const bf16* in, const bf16* __restrict__ bias, bf16* pre_out, bf16* out,
+template <typename T, class F>
+__device__ __forceinline__ void fwd_element(const T* in, const T* __restrict__ bias, T* pre_out, T* out,
                                             std::size_t i, int cols, F f) {
-  float x = __bfloat162float(in[i]);
+  float x = to_f32(in[i]);
   if (bias) {
-    x = __bfloat162float(__float2bfloat16_rn(x + __bfloat162float(bias[i % cols])));
-    if (pre_out) pre_out[i] = __float2bfloat16_rn(x);
+    x = to_f32(from_f32<T>(x + to_f32(bias[i % cols])));
+    if (pre_out) pre_out[i] = from_f32<T>(x);
   }
-  out[i] = __float2bfloat16_rn(f(x));
+  out[i] = from_f32<T>(f(x));
 }
 
 // `in` and `out` may alias (no __restrict__); bias has cols % 8 == 0 here.
 // kU vectors per iteration, all loaded before any is stored: kU times the bytes in flight (in/out
 // may alias, so the compiler would not hoist a load over an earlier store).
-template <GeluKind K, class Tile>
+template <typename T, GeluKind K, class Tile>
 __global__ void __launch_bounds__(Tile::kThreads)
-    gelu_fwd_vec(const bf16* in, const bf16* __restrict__ bias, bf16* pre_out, bf16* out, std::size_t n, int cols) {
+    gelu_fwd_vec(const T* in, const T* __restrict__ bias, T* pre_out, T* out, std::size_t n, int cols) {
   constexpr int kU = Tile::kFwdVecs;
   const std::size_t nvec = n / kBf16PerVec;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
@@ -166,7 +167,7 @@ __global__ void __launch_bounds__(Tile::kThreads)
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const std::size_t v = v0 + u * stride;
-      if (v < nvec) load_bf16x8<Load::Streaming>(in + v * kBf16PerVec, x[u]);
+      if (v < nvec) load_x8<T, Load::Streaming>(in + v * kBf16PerVec, x[u]);
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -175,45 +176,45 @@ __global__ void __launch_bounds__(Tile::kThreads)
       const std::size_t off = v * kBf16PerVec;
       if (bias) {
         float b[8];
-        load_bf16x8<Load::ReadOnly>(bias + off % cols, b);
-        // Backward differentiates at the stored (bf16) pre-activation, so use exactly that here.
+        load_x8<T, Load::ReadOnly>(bias + off % cols, b);
+        // Backward differentiates at the stored (16-bit) pre-activation, so use exactly that here.
 #pragma unroll
-        for (int k = 0; k < 8; ++k) x[u][k] = __bfloat162float(__float2bfloat16_rn(x[u][k] + b[k]));
-        if (pre_out) store_bf16x8(pre_out + off, x[u]);
+        for (int k = 0; k < 8; ++k) x[u][k] = to_f32(from_f32<T>(x[u][k] + b[k]));
+        if (pre_out) store_x8(pre_out + off, x[u]);
       }
       float y[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) y[k] = gelu_v<K>(x[u][k]);
-      store_bf16x8(out + off, y);  // default policy: the next GEMM reads it soon
+      store_x8(out + off, y);  // default policy: the next GEMM reads it soon
     }
   }
   if (blockIdx.x == 0 && threadIdx.x < n % kBf16PerVec)
     fwd_element(in, bias, pre_out, out, nvec * kBf16PerVec + threadIdx.x, cols, gelu_v<K>);
 }
 
-template <GeluKind K>
+template <typename T, GeluKind K>
 __global__ void __launch_bounds__(kThreads)
-    gelu_fwd_scalar(const bf16* in, const bf16* __restrict__ bias, bf16* pre_out, bf16* out, std::size_t n, int cols) {
+    gelu_fwd_scalar(const T* in, const T* __restrict__ bias, T* pre_out, T* out, std::size_t n, int cols) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     fwd_element(in, bias, pre_out, out, i, cols, gelu<K>);
 }
 
 // Backward, scalar path. `dout` and `din` may alias.
-template <GeluKind K>
+template <typename T, GeluKind K>
 __global__ void __launch_bounds__(kThreads)
-    gelu_bwd_scalar(const bf16* dout, const bf16* __restrict__ pre, bf16* din, std::size_t n) {
+    gelu_bwd_scalar(const T* dout, const T* __restrict__ pre, T* din, std::size_t n) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (std::size_t i = tid; i < n; i += stride)
-    din[i] = __float2bfloat16_rn(__bfloat162float(dout[i]) * gelu_grad<K>(__bfloat162float(pre[i])));
+    din[i] = from_f32<T>(to_f32(dout[i]) * gelu_grad<K>(to_f32(pre[i])));
 }
 
 // Backward, vector path: kU vectors of each of dout and pre loaded per iteration before any
 // store, the n % 8 tail by the first threads of block 0. `dout` and `din` may alias.
-template <GeluKind K, class Tile>
+template <typename T, GeluKind K, class Tile>
 __global__ void __launch_bounds__(Tile::kThreads)
-    gelu_bwd_vec(const bf16* dout, const bf16* __restrict__ pre, bf16* din, std::size_t n) {
+    gelu_bwd_vec(const T* dout, const T* __restrict__ pre, T* din, std::size_t n) {
   constexpr int kU = Tile::kBwdVecs;
   const std::size_t nvec = n / kBf16PerVec;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
@@ -233,66 +234,73 @@ __global__ void __launch_bounds__(Tile::kThreads)
       const std::size_t v = v0 + u * stride;
       if (v >= nvec) break;
       float df[8], xf[8], o[8];
-      load_bf16x8(reinterpret_cast<const bf16*>(&d[u]), df);  // register unpack
-      load_bf16x8(reinterpret_cast<const bf16*>(&x[u]), xf);
+      load_x8(reinterpret_cast<const T*>(&d[u]), df);  // register unpack
+      load_x8(reinterpret_cast<const T*>(&x[u]), xf);
 #pragma unroll
       for (int k = 0; k < 8; ++k) o[k] = df[k] * gelu_grad_v<K>(xf[k]);
-      store_bf16x8<Store::Streaming>(din + v * kBf16PerVec, o);
+      store_x8<T, Store::Streaming>(din + v * kBf16PerVec, o);
     }
   }
   if (blockIdx.x == 0 && threadIdx.x < n % kBf16PerVec) {
     const std::size_t i = nvec * kBf16PerVec + threadIdx.x;
-    din[i] = __float2bfloat16_rn(__bfloat162float(dout[i]) * gelu_grad_v<K>(__bfloat162float(pre[i])));
+    din[i] = from_f32<T>(to_f32(dout[i]) * gelu_grad_v<K>(to_f32(pre[i])));
   }
 }
 
-template <GeluKind K>
-void launch_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_out, bf16* out, std::size_t n,
+template <typename T, GeluKind K>
+void launch_forward(cudaStream_t s, const T* in, const T* bias, T* pre_out, T* out, std::size_t n,
                     int cols) {
   const bool vec = is_aligned16(in) && is_aligned16(out) && (!pre_out || is_aligned16(pre_out)) &&
                    (!bias || (is_aligned16(bias) && cols % kBf16PerVec == 0));
   if (vec) {
-    gelu_fwd_vec<K, GeluTile><<<grid_for(gelu_fwd_vec<K, GeluTile>, n / kBf16PerVec), kThreads, 0, s>>>(
+    gelu_fwd_vec<T, K, GeluTile><<<grid_for(gelu_fwd_vec<T, K, GeluTile>, n / kBf16PerVec), kThreads, 0, s>>>(
         in, bias, pre_out, out, n, cols);
     CUTRAIN_LAUNCH_CHECK("gelu_fwd_vec");
   } else {
-    gelu_fwd_scalar<K><<<grid_for(gelu_fwd_scalar<K>, n), kThreads, 0, s>>>(in, bias, pre_out, out, n, cols);
+    gelu_fwd_scalar<T, K><<<grid_for(gelu_fwd_scalar<T, K>, n), kThreads, 0, s>>>(in, bias, pre_out, out, n, cols);
     CUTRAIN_LAUNCH_CHECK("gelu_fwd_scalar");
   }
 }
 
-template <GeluKind K>
-void launch_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n) {
+template <typename T, GeluKind K>
+void launch_backward(cudaStream_t s, const T* dout, const T* pre, T* din, std::size_t n) {
   const bool vec = is_aligned16(dout) && is_aligned16(pre) && is_aligned16(din);
   if (vec) {
-    gelu_bwd_vec<K, GeluTile><<<grid_for(gelu_bwd_vec<K, GeluTile>, n / kBf16PerVec), kThreads, 0, s>>>(dout, pre,
+    gelu_bwd_vec<T, K, GeluTile><<<grid_for(gelu_bwd_vec<T, K, GeluTile>, n / kBf16PerVec), kThreads, 0, s>>>(dout, pre,
                                                                                                       din, n);
     CUTRAIN_LAUNCH_CHECK("gelu_bwd_vec");
   } else {
-    gelu_bwd_scalar<K><<<grid_for(gelu_bwd_scalar<K>, n), kThreads, 0, s>>>(dout, pre, din, n);
+    gelu_bwd_scalar<T, K><<<grid_for(gelu_bwd_scalar<T, K>, n), kThreads, 0, s>>>(dout, pre, din, n);
     CUTRAIN_LAUNCH_CHECK("gelu_bwd_scalar");
   }
 }
 
 }  // namespace
 
-void gelu_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_out, bf16* out, std::size_t rows,
+template <typename T>
+void gelu_forward(cudaStream_t s, const T* in, const nondeduced_t<T>* bias, nondeduced_t<T>* pre_out, T* out, std::size_t rows,
                   int cols, GeluKind kind) {
   CUTRAIN_CHECK(rows > 0 && cols > 0, "gelu_forward: rows and cols must be positive, got ", rows, "x", cols);
   CUTRAIN_CHECK(in && out, "gelu_forward: in and out must be non-null");
   CUTRAIN_CHECK(!pre_out || (pre_out != in && pre_out != out),
                 "gelu_forward: pre_out must not alias in or out");
   const std::size_t n = rows * static_cast<std::size_t>(cols);
-  if (kind == GeluKind::Erf) launch_forward<GeluKind::Erf>(s, in, bias, pre_out, out, n, cols);
-  else launch_forward<GeluKind::Tanh>(s, in, bias, pre_out, out, n, cols);
+  if (kind == GeluKind::Erf) launch_forward<T, GeluKind::Erf>(s, in, bias, pre_out, out, n, cols);
+  else launch_forward<T, GeluKind::Tanh>(s, in, bias, pre_out, out, n, cols);
 }
 
-void gelu_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n, GeluKind kind) {
+template <typename T>
+void gelu_backward(cudaStream_t s, const T* dout, const nondeduced_t<T>* pre, T* din, std::size_t n, GeluKind kind) {
   CUTRAIN_CHECK(n > 0, "gelu_backward: n must be positive, got ", n);
   CUTRAIN_CHECK(dout && pre && din, "gelu_backward: dout, pre and din must be non-null");
   CUTRAIN_CHECK(din != pre, "gelu_backward: din must not alias pre");
-  if (kind == GeluKind::Erf) launch_backward<GeluKind::Erf>(s, dout, pre, din, n);
-  else launch_backward<GeluKind::Tanh>(s, dout, pre, din, n);
+  if (kind == GeluKind::Erf) launch_backward<T, GeluKind::Erf>(s, dout, pre, din, n);
+  else launch_backward<T, GeluKind::Tanh>(s, dout, pre, din, n);
 }
+
+template void gelu_forward<bf16>(cudaStream_t, const bf16*, const bf16*, bf16*, bf16*, std::size_t, int, GeluKind);
+template void gelu_forward<f16>(cudaStream_t, const f16*, const f16*, f16*, f16*, std::size_t, int, GeluKind);
+template void gelu_backward<bf16>(cudaStream_t, const bf16*, const bf16*, bf16*, std::size_t, GeluKind);
+template void gelu_backward<f16>(cudaStream_t, const f16*, const f16*, f16*, std::size_t, GeluKind);
 
 }  // namespace cutrain::kernels

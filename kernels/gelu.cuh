@@ -19,11 +19,14 @@ enum class GeluKind { Erf, Tanh };
 // the instructions) and the tanh kind divides by __fdividef (2 ulp); misaligned pointers take a
 // scalar path with the exact math (erff / IEEE division). Both kinds are checked on every bf16
 // input in [-12, 12] to stay within one bf16 step of the fp64 GELU.
-void gelu_forward(cudaStream_t s, const bf16* in, const bf16* bias, bf16* pre_out, bf16* out, std::size_t rows,
-                  int cols, GeluKind kind = GeluKind::Erf);
+// T is the storage type: bf16 or fp16 (instances of both), the math fp32.
+template <typename T>
+void gelu_forward(cudaStream_t s, const T* in, const nondeduced_t<T>* bias, nondeduced_t<T>* pre_out, T* out,
+                  std::size_t rows, int cols, GeluKind kind = GeluKind::Erf);
 
 // din = dout ⊙ gelu'(pre); din may alias dout. n elements.
-void gelu_backward(cudaStream_t s, const bf16* dout, const bf16* pre, bf16* din, std::size_t n,
+template <typename T>
+void gelu_backward(cudaStream_t s, const T* dout, const nondeduced_t<T>* pre, T* din, std::size_t n,
                    GeluKind kind = GeluKind::Erf);
 
 }  // namespace cutrain::kernels

@@ -22,7 +22,9 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <type_traits>
 
+#include "kernels/common/vec.cuh"
 #include "runtime/allocator.h"
 #include "runtime/check.h"
 #include "runtime/nvtx.h"
@@ -50,22 +52,24 @@ __device__ __forceinline__ float gelu_tanh_grad_f(float x) {
 
 // pre[r,c] += bias[c] in place (bias may be null: pre is already biased); when y is non-null also
 // y = gelu_tanh(pre). `pre` holds the GEMM result on entry.
-__global__ void bias_gelu_fallback_kernel(bf16* __restrict__ pre, const bf16* __restrict__ bias, bf16* __restrict__ y,
+template <typename T>
+__global__ void bias_gelu_fallback_kernel(T* __restrict__ pre, const T* __restrict__ bias, T* __restrict__ y,
                                           std::size_t n, int cols) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
-    float v = __bfloat162float(pre[i]);
+    float v = to_f32(pre[i]);
     if (bias) {
-      v += __bfloat162float(bias[i % cols]);
-      pre[i] = __float2bfloat16_rn(v);
+      v += to_f32(bias[i % cols]);
+      pre[i] = from_f32<T>(v);
     }
-    if (y) y[i] = __float2bfloat16_rn(gelu_tanh_f(v));
+    if (y) y[i] = from_f32<T>(gelu_tanh_f(v));
   }
 }
 
 // g[i] *= gelu_tanh'(pre[i]), in place.
-__global__ void dgelu_tanh_inplace_kernel(bf16* __restrict__ g, const bf16* __restrict__ pre, std::size_t n) {
+template <typename T>
+__global__ void dgelu_tanh_inplace_kernel(T* __restrict__ g, const T* __restrict__ pre, std::size_t n) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
-    g[i] = __float2bfloat16_rn(__bfloat162float(g[i]) * gelu_tanh_grad_f(__bfloat162float(pre[i])));
+    g[i] = from_f32<T>(to_f32(g[i]) * gelu_tanh_grad_f(to_f32(pre[i])));
 }
 
 unsigned elementwise_grid(std::size_t n) {
@@ -118,16 +122,25 @@ struct Matmul {
   const void* bias = nullptr;
   void* aux = nullptr;
   std::int64_t aux_ld = 0;
+  cudaDataType_t ab_type = CUDA_R_16BF;  // A, B (and the bias): the 16-bit storage type
 };
+
+template <typename T>
+constexpr cudaDataType_t cuda_type() {
+  return std::is_same_v<T, __half> ? CUDA_R_16F : CUDA_R_16BF;
+}
+const char* cuda_type_name(cudaDataType_t t) {
+  return t == CUDA_R_32F ? "fp32" : t == CUDA_R_16F ? "fp16" : "bf16";
+}
 
 // Everything that changes the descriptor or the heuristic's answer. Alignments are part of it
 // because the heuristic picks different algorithms for differently aligned pointers.
 using PlanKey = std::tuple<int /*op*/, int, int, int, int /*ta*/, int /*tb*/, int /*epilogue*/, int /*d_type*/,
-                           bool /*beta != 0*/, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t>;
+                           int /*ab_type*/, bool /*beta != 0*/, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t>;
 
 PlanKey key_of(const Matmul& mm) {
   return PlanKey{static_cast<int>(mm.op), mm.m, mm.n, mm.k, static_cast<int>(mm.ta), static_cast<int>(mm.tb),
-                 static_cast<int>(mm.epilogue), static_cast<int>(mm.d_type), mm.beta != 0.f,
+                 static_cast<int>(mm.epilogue), static_cast<int>(mm.d_type), static_cast<int>(mm.ab_type), mm.beta != 0.f,
                  alignment_of(mm.a), alignment_of(mm.b), alignment_of(mm.d), alignment_of(mm.bias),
                  alignment_of(mm.aux)};
 }
@@ -204,15 +217,15 @@ struct Gemm::Impl {
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<std::int32_t>(mm.ta));
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<std::int32_t>(mm.tb));
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(mm.epilogue));
-    if (mm.bias) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(CUDA_R_16BF));
-    // The aux matrix takes D's type (bf16) by default, which is what we store.
+    if (mm.bias) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(mm.ab_type));
+    // The aux matrix takes D's type (the storage type) by default, which is what we store.
     if (mm.aux) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, mm.aux_ld);
     set_epilogue_pointers(plan->desc, mm);  // the heuristic reads their alignment
 
     // Layouts as stored (column-major): op N stores [rows, cols] of op(X); op T stores its transpose.
     const bool at = mm.ta == CUBLAS_OP_T, bt = mm.tb == CUBLAS_OP_T;
-    CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, at ? mm.k : mm.m, at ? mm.m : mm.k, mm.lda));
-    CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, bt ? mm.n : mm.k, bt ? mm.k : mm.n, mm.ldb));
+    CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, mm.ab_type, at ? mm.k : mm.m, at ? mm.m : mm.k, mm.lda));
+    CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, mm.ab_type, bt ? mm.n : mm.k, bt ? mm.k : mm.n, mm.ldb));
     CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, mm.d_type, mm.m, mm.n, mm.ldd));
     CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, mm.d_type, mm.m, mm.n, mm.ldd));
 
@@ -247,7 +260,7 @@ struct Gemm::Impl {
       CUTRAIN_CHECK(!required, "Gemm::", op_name(mm.op), ": cuBLASLt's heuristic found no algorithm for column-major m=",
                     mm.m, " n=", mm.n, " k=", mm.k, " (transa=", mm.ta == CUBLAS_OP_T ? "T" : "N",
                     " transb=", mm.tb == CUBLAS_OP_T ? "T" : "N", ", epilogue ", epilogue_name(mm.epilogue),
-                    ", output ", mm.d_type == CUDA_R_32F ? "fp32" : "bf16", ", beta ", mm.beta,
+                    ", inputs ", cuda_type_name(mm.ab_type), ", output ", cuda_type_name(mm.d_type), ", beta ", mm.beta,
                     ", workspace ", ws_bytes, " B, alignments A/B/D ", alignment_of(mm.a), "/", alignment_of(mm.b),
                     "/", alignment_of(mm.d), " B)");
       return false;
@@ -316,8 +329,9 @@ std::size_t Gemm::plan_count() const { return impl_->plans.size(); }
 std::size_t Gemm::workspace_bytes() const { return impl_->ws_bytes; }
 std::size_t Gemm::fallback_count() const { return impl_->fallbacks; }
 
-void Gemm::forward(cudaStream_t s, const bf16* x, const bf16* w, const bf16* bias, bf16* y, int M, int N, int K,
-                   GemmEpilogue ep, bf16* aux) {
+template <typename T>
+void Gemm::forward(cudaStream_t s, const T* x, const nondeduced_t<T>* w, const nondeduced_t<T>* bias, T* y, int M,
+                   int N, int K, GemmEpilogue ep, nondeduced_t<T>* aux) {
   const char* fn = "Gemm::forward";
   check_dims(fn, M, N, K);
   check_ptr(fn, "x", x, 2);
@@ -342,7 +356,8 @@ void Gemm::forward(cudaStream_t s, const bf16* x, const bf16* w, const bf16* bia
   }
   NvtxRange range("gemm_fwd");
 
-  Matmul mm{Op::Forward, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, CUDA_R_16BF};
+  Matmul mm{Op::Forward, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, cuda_type<T>()};
+  mm.ab_type = cuda_type<T>();
   if (ep == GemmEpilogue::None) {
     impl_->run(s, mm, true);
     return;
@@ -362,7 +377,7 @@ void Gemm::forward(cudaStream_t s, const bf16* x, const bf16* w, const bf16* bia
     fused.aux_ld = N;
     if (impl_->run(s, fused, false)) return;
   }
-  bf16* pre = gelu ? aux : y;
+  T* pre = gelu ? aux : y;
   with_bias.d = pre;
   const bool bias_done = impl_->run(s, with_bias, false);
   if (bias_done && !gelu) return;
@@ -372,23 +387,27 @@ void Gemm::forward(cudaStream_t s, const bf16* x, const bf16* w, const bf16* bia
     impl_->run(s, mm, true);
   }
   const std::size_t n = std::size_t(M) * N;
-  bias_gelu_fallback_kernel<<<elementwise_grid(n), 256, 0, s>>>(pre, bias_done ? nullptr : bias, gelu ? y : nullptr,
+  bias_gelu_fallback_kernel<T><<<elementwise_grid(n), 256, 0, s>>>(pre, bias_done ? nullptr : bias, gelu ? y : nullptr,
                                                                  n, N);
   CUTRAIN_LAUNCH_CHECK("bias_gelu_fallback_kernel");
 }
 
-void Gemm::forward_fp32(cudaStream_t s, const bf16* x, const bf16* w, float* y, int M, int N, int K) {
+template <typename T>
+void Gemm::forward_fp32(cudaStream_t s, const T* x, const nondeduced_t<T>* w, float* y, int M, int N, int K) {
   const char* fn = "Gemm::forward_fp32";
   check_dims(fn, M, N, K);
   check_ptr(fn, "x", x, 2);
   check_ptr(fn, "w", w, 2);
   check_ptr(fn, "y", y, 4);
   NvtxRange range("gemm_fwd_fp32");
-  impl_->run(s, Matmul{Op::Forward, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, CUDA_R_32F}, true);
+  Matmul mm{Op::Forward, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, CUDA_R_32F};
+  mm.ab_type = cuda_type<T>();
+  impl_->run(s, mm, true);
 }
 
-void Gemm::grad_input(cudaStream_t s, const bf16* dy, const bf16* w, bf16* dx, int M, int N, int K, float beta,
-                      const bf16* dgelu_tanh_aux) {
+template <typename T>
+void Gemm::grad_input(cudaStream_t s, const T* dy, const nondeduced_t<T>* w, T* dx, int M, int N, int K, float beta,
+                      const nondeduced_t<T>* dgelu_tanh_aux) {
   const char* fn = "Gemm::grad_input";
   check_dims(fn, M, N, K);
   check_ptr(fn, "dy", dy, 2);
@@ -401,7 +420,8 @@ void Gemm::grad_input(cudaStream_t s, const bf16* dy, const bf16* w, bf16* dx, i
   }
   NvtxRange range("gemm_dgrad");
 
-  Matmul mm{Op::GradInput, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, w, K, dy, N, dx, K, CUDA_R_16BF};
+  Matmul mm{Op::GradInput, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, w, K, dy, N, dx, K, cuda_type<T>()};
+  mm.ab_type = cuda_type<T>();
   mm.beta = beta;
   if (!dgelu_tanh_aux) {
     impl_->run(s, mm, true);
@@ -410,32 +430,45 @@ void Gemm::grad_input(cudaStream_t s, const bf16* dy, const bf16* w, bf16* dx, i
   if (K % 8 == 0) {
     Matmul fused = mm;
     fused.epilogue = CUBLASLT_EPILOGUE_DGELU;
-    fused.aux = const_cast<bf16*>(dgelu_tanh_aux);  // read-only in backward; cuBLASLt's attribute is void*
+    fused.aux = const_cast<T*>(dgelu_tanh_aux);  // read-only in backward; cuBLASLt's attribute is void*
     fused.aux_ld = K;
     if (impl_->run(s, fused, false)) return;
   }
   ++impl_->fallbacks;
   impl_->run(s, mm, true);
   const std::size_t n = std::size_t(M) * K;
-  dgelu_tanh_inplace_kernel<<<elementwise_grid(n), 256, 0, s>>>(dx, dgelu_tanh_aux, n);
+  dgelu_tanh_inplace_kernel<T><<<elementwise_grid(n), 256, 0, s>>>(dx, dgelu_tanh_aux, n);
   CUTRAIN_LAUNCH_CHECK("dgelu_tanh_inplace_kernel");
 }
 
-void Gemm::grad_weight(cudaStream_t s, const bf16* dy, const bf16* x, void* dw, DType dw_type, int M, int N, int K,
-                       bool accumulate) {
+template <typename T>
+void Gemm::grad_weight(cudaStream_t s, const T* dy, const nondeduced_t<T>* x, void* dw, DType dw_type, int M, int N,
+                       int K, bool accumulate) {
   const char* fn = "Gemm::grad_weight";
   check_dims(fn, M, N, K);
-  CUTRAIN_CHECK(dw_type == DType::BF16 || dw_type == DType::F32, fn, ": dw_type must be bfloat16 or float32, got ",
-                dtype_name(dw_type));
+  CUTRAIN_CHECK(dw_type == dtype_of<T>() || dw_type == DType::F32, fn, ": dw_type must be ",
+                dtype_name(dtype_of<T>()), " (the inputs' type) or float32, got ", dtype_name(dw_type));
   check_ptr(fn, "dy", dy, 2);
   check_ptr(fn, "x", x, 2);
   check_ptr(fn, "dw", dw, dtype_size(dw_type));
   NvtxRange range("gemm_wgrad");
 
   Matmul mm{Op::GradWeight, CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, x, K, dy, N, dw, K,
-            dw_type == DType::F32 ? CUDA_R_32F : CUDA_R_16BF};
+            dw_type == DType::F32 ? CUDA_R_32F : cuda_type<T>()};
+  mm.ab_type = cuda_type<T>();
   mm.beta = accumulate ? 1.f : 0.f;
   impl_->run(s, mm, true);
 }
+
+template void Gemm::forward<bf16>(cudaStream_t, const bf16*, const bf16*, const bf16*, bf16*, int, int, int, GemmEpilogue,
+                                  bf16*);
+template void Gemm::forward_fp32<bf16>(cudaStream_t, const bf16*, const bf16*, float*, int, int, int);
+template void Gemm::grad_input<bf16>(cudaStream_t, const bf16*, const bf16*, bf16*, int, int, int, float, const bf16*);
+template void Gemm::grad_weight<bf16>(cudaStream_t, const bf16*, const bf16*, void*, DType, int, int, int, bool);
+template void Gemm::forward<f16>(cudaStream_t, const f16*, const f16*, const f16*, f16*, int, int, int, GemmEpilogue,
+                                  f16*);
+template void Gemm::forward_fp32<f16>(cudaStream_t, const f16*, const f16*, float*, int, int, int);
+template void Gemm::grad_input<f16>(cudaStream_t, const f16*, const f16*, f16*, int, int, int, float, const f16*);
+template void Gemm::grad_weight<f16>(cudaStream_t, const f16*, const f16*, void*, DType, int, int, int, bool);
 
 }  // namespace cutrain::kernels

@@ -1,11 +1,12 @@
 // @brief cuBLASLt GEMMs for the model's linear layers, with fused epilogues.
 //
 // Conventions (all row-major, PyTorch layouts): activations x[M,K], weights W[N,K] (nn.Linear's
-// [out, in]), outputs y[M,N]. bf16 storage, fp32 accumulation. Algorithms are chosen by the
+// [out, in]), outputs y[M,N]. bf16 or fp16 storage (the member templates' T; instances of both),
+// fp32 accumulation (CUBLAS_COMPUTE_32F). Algorithms are chosen by the
 // cuBLASLt heuristic once per (shape, epilogue, dtype) and cached; the workspace is allocated once
 // at construction (from the caching allocator when one is given).
 //
-// Pointers need only element alignment (2 B for bf16, 4 B for fp32); the heuristic is told each
+// Pointers need only element alignment (2 B for bf16 / fp16, 4 B for fp32); the heuristic is told each
 // pointer's real alignment, so misaligned or odd-shaped operands get a (slower) algorithm that
 // supports them. Fused GELU/DGELU epilogues need the aux leading dimension (N resp. K) divisible
 // by 8; otherwise (or when cuBLASLt offers no fused algorithm for an epilogue) the same result is
@@ -44,21 +45,25 @@ class Gemm {
   Gemm& operator=(const Gemm&) = delete;
 
   // y[M,N] = x[M,K] · W[N,K]ᵀ (+ bias[N]); with BiasGeluTanh also aux[M,N] = pre-activation.
-  void forward(cudaStream_t s, const bf16* x, const bf16* w, const bf16* bias, bf16* y, int M, int N, int K,
-               GemmEpilogue ep = GemmEpilogue::None, bf16* aux = nullptr);
+  template <typename T>
+  void forward(cudaStream_t s, const T* x, const nondeduced_t<T>* w, const nondeduced_t<T>* bias, T* y, int M, int N,
+               int K, GemmEpilogue ep = GemmEpilogue::None, nondeduced_t<T>* aux = nullptr);
 
   // y[M,N] = x[M,K] · W[N,K]ᵀ with an fp32 output (no epilogue): logits that are not rounded to
   // bf16 (the MoE gate's, which top-k routing reads).
-  void forward_fp32(cudaStream_t s, const bf16* x, const bf16* w, float* y, int M, int N, int K);
+  template <typename T>
+  void forward_fp32(cudaStream_t s, const T* x, const nondeduced_t<T>* w, float* y, int M, int N, int K);
 
   // dx[M,K] = dy[M,N] · W[N,K]  (+ beta · dx: beta = 1 accumulates, e.g. a residual gradient).
   // With dgelu_tanh_aux non-null: dx = (dy·W) ⊙ gelu_tanh'(aux[M,K]) (cuBLASLt DGELU epilogue);
   // beta must then be 0 (an error otherwise: cuBLASLt would apply gelu' to the accumulated sum).
-  void grad_input(cudaStream_t s, const bf16* dy, const bf16* w, bf16* dx, int M, int N, int K, float beta = 0.f,
-                  const bf16* dgelu_tanh_aux = nullptr);
+  template <typename T>
+  void grad_input(cudaStream_t s, const T* dy, const nondeduced_t<T>* w, T* dx, int M, int N, int K, float beta = 0.f,
+                  const nondeduced_t<T>* dgelu_tanh_aux = nullptr);
 
-  // dW[N,K] = dy[M,N]ᵀ · x[M,K]  (+ dW when accumulate). dW is bf16 or fp32 (`dw_type`).
-  void grad_weight(cudaStream_t s, const bf16* dy, const bf16* x, void* dw, DType dw_type, int M, int N, int K,
+  // dW[N,K] = dy[M,N]ᵀ · x[M,K]  (+ dW when accumulate). dW is T or fp32 (`dw_type`).
+  template <typename T>
+  void grad_weight(cudaStream_t s, const T* dy, const nondeduced_t<T>* x, void* dw, DType dw_type, int M, int N, int K,
                    bool accumulate);
 
   cublasLtHandle_t handle() const { return handle_; }
@@ -77,11 +82,12 @@ class Gemm {
 };
 
 // db[N] = Σ_rows dy[M,N] (+ db when accumulate), fp32 math, deterministic (fixed reduction order,
-// no float atomics). db is bf16 or fp32. N <= 8192 on sm_90+: one launch of 8-block clusters, no
+// no float atomics). dy is bf16 or fp16 (instances of both); db is bf16, fp16 or fp32. N <= 8192 on sm_90+: one launch of 8-block clusters, no
 // scratch (may be null); wider (or without clusters): two launches through `scratch` of
 // bias_grad_scratch_bytes(M, N) bytes.
 std::size_t bias_grad_scratch_bytes(int M, int N);
-void bias_grad(cudaStream_t s, const bf16* dy, void* db, DType db_type, int M, int N, bool accumulate,
+template <typename TS>
+void bias_grad(cudaStream_t s, const TS* dy, void* db, DType db_type, int M, int N, bool accumulate,
                void* scratch);
 
 }  // namespace cutrain::kernels

@@ -1,4 +1,5 @@
 // @brief LAMB's two passes over the tensor table (kernels/lamb.cuh), one template instance per
+// parameter type (bf16; fp16 with the Baseline layout only) and
 // (layout, gradient type, compensated or not, width). Memory-bound: a block takes one chunk of one
 // tensor at a time (grid-stride over the chunks), each thread W = 4 consecutive elements per
 // iteration (fp32 as float4, bf16 as 8 bytes), W = 1 for misaligned buffers and chunk tails.
@@ -33,15 +34,16 @@ struct LambConsts {
   std::uint64_t seed, step;
 };
 
+template <typename P>
 struct LambPtrs {
-  bf16* params;
+  P* params;  // the 16-bit model copy (bf16 or fp16)
   const void* grads;
   float* master;
   void* m;
   void* v;
   const float* device_scale;
   const int* skip;
-  bf16* comp;
+  P* comp;  // compensated bf16 instances only
 };
 
 // The workspace's parts (lamb.cuh: LambDeviceTable).
@@ -96,8 +98,8 @@ __device__ __forceinline__ void draws(const LambConsts& c, std::size_t i, SrStat
   }
 }
 
-template <OptimizerLayout L, bool K, int W>
-__device__ __forceinline__ void load_weight(const LambPtrs& a, std::size_t i, float w[W]) {
+template <OptimizerLayout L, bool K, int W, typename P>
+__device__ __forceinline__ void load_weight(const LambPtrs<P>& a, std::size_t i, float w[W]) {
   if constexpr (L == OptimizerLayout::Baseline) {
     load_c<W>(a.master + i, w);
   } else {
@@ -112,8 +114,8 @@ __device__ __forceinline__ void load_weight(const LambPtrs& a, std::size_t i, fl
 }
 
 // Pass 1 on W elements from `i`: m, v updated and stored; (w^2, u^2) added to `acc`.
-template <OptimizerLayout L, typename G, bool K, int W>
-__device__ __forceinline__ void pass1_elems(const LambConsts& c, const LambPtrs& a, float scale, float wd,
+template <OptimizerLayout L, typename G, bool K, int W, typename P>
+__device__ __forceinline__ void pass1_elems(const LambConsts& c, const LambPtrs<P>& a, float scale, float wd,
                                             std::size_t i, SrState& st, float2& acc) {
   constexpr bool kFull = L == OptimizerLayout::Bf16Full;
   using Moment = std::conditional_t<kFull, bf16, float>;
@@ -151,8 +153,8 @@ __device__ __forceinline__ void pass1_elems(const LambConsts& c, const LambPtrs&
 }
 
 // Pass 2 on W elements from `i`: w -= step * u, stored in the layout's way.
-template <OptimizerLayout L, bool K, int W>
-__device__ __forceinline__ void pass2_elems(const LambConsts& c, const LambPtrs& a, float step, float wd,
+template <OptimizerLayout L, bool K, int W, typename P>
+__device__ __forceinline__ void pass2_elems(const LambConsts& c, const LambPtrs<P>& a, float step, float wd,
                                             std::size_t i, SrState& st) {
   constexpr bool kFull = L == OptimizerLayout::Bf16Full;
   using Moment = std::conditional_t<kFull, bf16, float>;
@@ -218,8 +220,8 @@ __device__ void finish_tensor(const LambConsts& c, const LambTensorInfo& info, s
   }
 }
 
-template <OptimizerLayout L, typename G, bool K, int W>
-__global__ void __launch_bounds__(kThreads) lamb_pass1(LambConsts c, LambPtrs a, LambDeviceTable t) {
+template <OptimizerLayout L, typename G, bool K, int W, typename P>
+__global__ void __launch_bounds__(kThreads) lamb_pass1(LambConsts c, LambPtrs<P> a, LambDeviceTable t) {
   if (a.skip != nullptr && *a.skip != 0) return;
   __shared__ float red[2 * kThreads / 32];
   __shared__ bool last;
@@ -250,8 +252,8 @@ __global__ void __launch_bounds__(kThreads) lamb_pass1(LambConsts c, LambPtrs a,
   }
 }
 
-template <OptimizerLayout L, bool K, int W>
-__global__ void __launch_bounds__(kThreads) lamb_pass2(LambConsts c, LambPtrs a, LambDeviceTable t) {
+template <OptimizerLayout L, bool K, int W, typename P>
+__global__ void __launch_bounds__(kThreads) lamb_pass2(LambConsts c, LambPtrs<P> a, LambDeviceTable t) {
   if (a.skip != nullptr && *a.skip != 0) return;
   const LambTensorInfo* tensors = tensors_of(t);
   const LambChunk* chunks = chunks_of(t);
@@ -280,31 +282,31 @@ unsigned resident_blocks(Kernel kernel, std::uint32_t chunks) {
   return static_cast<unsigned>(std::min<std::size_t>(chunks, static_cast<std::size_t>(sms) * per_sm));
 }
 
-template <OptimizerLayout L, typename G, bool K, int W>
-void launch(cudaStream_t s, const LambConsts& c, const LambPtrs& a, const LambDeviceTable& t) {
-  auto k1 = lamb_pass1<L, G, K, W>;
+template <OptimizerLayout L, typename G, bool K, int W, typename P>
+void launch(cudaStream_t s, const LambConsts& c, const LambPtrs<P>& a, const LambDeviceTable& t) {
+  auto k1 = lamb_pass1<L, G, K, W, P>;
   k1<<<resident_blocks(k1, t.num_chunks), kThreads, 0, s>>>(c, a, t);
   CUTRAIN_LAUNCH_CHECK("lamb_pass1");
-  auto k2 = lamb_pass2<L, K, W>;
+  auto k2 = lamb_pass2<L, K, W, P>;
   k2<<<resident_blocks(k2, t.num_chunks), kThreads, 0, s>>>(c, a, t);
   CUTRAIN_LAUNCH_CHECK("lamb_pass2");
 }
 
-template <OptimizerLayout L, typename G, bool K>
-void launch_width(cudaStream_t s, const LambConsts& c, const LambPtrs& a, const LambDeviceTable& t, bool vec) {
+template <OptimizerLayout L, typename G, bool K, typename P>
+void launch_width(cudaStream_t s, const LambConsts& c, const LambPtrs<P>& a, const LambDeviceTable& t, bool vec) {
   if (vec) launch<L, G, K, 4>(s, c, a, t);
   else launch<L, G, K, 1>(s, c, a, t);
 }
 
-template <OptimizerLayout L, bool K>
-void launch_grad_type(cudaStream_t s, DType gt, const LambConsts& c, const LambPtrs& a, const LambDeviceTable& t,
+template <OptimizerLayout L, bool K, typename P>
+void launch_grad_type(cudaStream_t s, DType gt, const LambConsts& c, const LambPtrs<P>& a, const LambDeviceTable& t,
                       bool vec) {
-  if (gt == DType::BF16) launch_width<L, bf16, K>(s, c, a, t, vec);
-  else launch_width<L, float, K>(s, c, a, t, vec);
+  if (gt == DType::F32) launch_width<L, float, K>(s, c, a, t, vec);
+  else launch_width<L, P, K>(s, c, a, t, vec);  // the parameters' own type (checked by lamb_step)
 }
 
 template <OptimizerLayout L>
-void launch_bf16_master(cudaStream_t s, DType gt, const LambConsts& c, const LambPtrs& a, const LambDeviceTable& t,
+void launch_bf16_master(cudaStream_t s, DType gt, const LambConsts& c, const LambPtrs<bf16>& a, const LambDeviceTable& t,
                         bool vec) {
   if (a.comp != nullptr) launch_grad_type<L, true>(s, gt, c, a, t, vec);
   else launch_grad_type<L, false>(s, gt, c, a, t, vec);
@@ -384,11 +386,17 @@ double lamb_bytes_per_param(OptimizerLayout layout, DType grad_type, bool compen
   return 0;
 }
 
-void lamb_step(cudaStream_t s, OptimizerLayout layout, const LambParams& p, const LambDeviceTable& t, bf16* params,
+template <typename P>
+void lamb_step(cudaStream_t s, OptimizerLayout layout, const LambParams& p, const LambDeviceTable& t, P* params,
                const void* grads, DType grad_type, float* master, void* m, void* v, const float* device_scale,
-               const int* skip, bf16* compensation) {
-  CUTRAIN_CHECK(grad_type == DType::BF16 || grad_type == DType::F32,
-                "lamb_step: grad_type must be bfloat16 or float32, got ", dtype_name(grad_type));
+               const int* skip, nondeduced_t<P>* compensation) {
+  constexpr DType kParamType = dtype_of<P>();
+  CUTRAIN_CHECK(grad_type == kParamType || grad_type == DType::F32, "lamb_step: grad_type must be ",
+                dtype_name(kParamType), " (the parameters' type) or float32, got ", dtype_name(grad_type));
+  CUTRAIN_CHECK(kParamType == DType::BF16 || layout == OptimizerLayout::Baseline, "lamb_step: ",
+                dtype_name(kParamType), " parameters need the fp32 master weights (layout Baseline)");
+  CUTRAIN_CHECK(kParamType == DType::BF16 || !p.stochastic_rounding,
+                "lamb_step: stochastic rounding is for bf16 parameters, got ", dtype_name(kParamType));
   CUTRAIN_CHECK(p.step >= 1, "lamb_step: step is 1-based (bias correction), got ", p.step);
   CUTRAIN_CHECK(p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f,
                 "lamb_step: betas must lie in [0, 1), got (", p.beta1, ", ", p.beta2, ")");
@@ -426,16 +434,25 @@ void lamb_step(cudaStream_t s, OptimizerLayout layout, const LambParams& p, cons
   c.sr = p.stochastic_rounding;
   c.seed = p.seed;
   c.step = static_cast<std::uint64_t>(p.step);
-  const LambPtrs a{params, grads, layout == OptimizerLayout::Baseline ? master : nullptr, m, v, device_scale, skip,
+  const LambPtrs<P> a{params, grads, layout == OptimizerLayout::Baseline ? master : nullptr, m, v, device_scale, skip,
                    compensation};
   const bool vec = t.aligned4 && is_aligned16(params) && is_aligned16(grads) && is_aligned16(m) && is_aligned16(v) &&
                    (layout != OptimizerLayout::Baseline || is_aligned16(master)) &&
                    (compensation == nullptr || is_aligned16(compensation));
-  switch (layout) {
-    case OptimizerLayout::Baseline: launch_grad_type<OptimizerLayout::Baseline, false>(s, grad_type, c, a, t, vec); break;
-    case OptimizerLayout::Bf16MasterWG: launch_bf16_master<OptimizerLayout::Bf16MasterWG>(s, grad_type, c, a, t, vec); break;
-    case OptimizerLayout::Bf16Full: launch_bf16_master<OptimizerLayout::Bf16Full>(s, grad_type, c, a, t, vec); break;
+  if constexpr (kParamType != DType::BF16) {
+    launch_grad_type<OptimizerLayout::Baseline, false>(s, grad_type, c, a, t, vec);  // the only layout (checked above)
+  } else {
+    switch (layout) {
+      case OptimizerLayout::Baseline: launch_grad_type<OptimizerLayout::Baseline, false>(s, grad_type, c, a, t, vec); break;
+      case OptimizerLayout::Bf16MasterWG: launch_bf16_master<OptimizerLayout::Bf16MasterWG>(s, grad_type, c, a, t, vec); break;
+      case OptimizerLayout::Bf16Full: launch_bf16_master<OptimizerLayout::Bf16Full>(s, grad_type, c, a, t, vec); break;
+    }
   }
 }
+
+template void lamb_step<bf16>(cudaStream_t, OptimizerLayout, const LambParams&, const LambDeviceTable&, bf16*,
+                              const void*, DType, float*, void*, void*, const float*, const int*, bf16*);
+template void lamb_step<f16>(cudaStream_t, OptimizerLayout, const LambParams&, const LambDeviceTable&, f16*,
+                             const void*, DType, float*, void*, void*, const float*, const int*, f16*);
 
 }  // namespace cutrain::kernels

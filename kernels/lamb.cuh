@@ -88,9 +88,11 @@ const float* lamb_norms(const LambDeviceTable& t);
 // Buffers as adam_step's (params bf16; grads bf16 or fp32; master fp32 for Baseline; m, v fp32 or
 // bf16 for Bf16Full; compensation bf16 or null), indexed by the flat element index; elements no
 // tensor covers are not touched. `device_scale`, `skip`: as adam_step. Two launches on `s`.
-void lamb_step(cudaStream_t s, OptimizerLayout layout, const LambParams& p, const LambDeviceTable& table, bf16* params,
+// P: bf16, or fp16 (layout Baseline only, as adam_step); instances of both.
+template <typename P>
+void lamb_step(cudaStream_t s, OptimizerLayout layout, const LambParams& p, const LambDeviceTable& table, P* params,
                const void* grads, DType grad_type, float* master, void* m, void* v, const float* device_scale,
-               const int* skip, bf16* compensation = nullptr);
+               const int* skip, nondeduced_t<P>* compensation = nullptr);
 
 // Bytes the two passes must move per parameter (pass 1 as Adam's minus the param write; pass 2
 // reads the weight, m and v again and writes the weight).

@@ -1,7 +1,8 @@
 // @brief LayerNorm backward (see layernorm.cuh): d_sum and the deterministic dgamma/dbeta, from the
 // LayerNorm input (layernorm_backward) or from its output (layernorm_backward_from_output).
 //
-// Every kernel takes the source of x_hat as a template parameter (Src): the input `sum` with the
+// Every kernel is templated on the storage type T (bf16 or fp16, one instance each; fp32 math) and
+// takes the source of x_hat as a template parameter (Src): the input `sum` with the
 // row's mean and rstd, x_hat = (sum - mean) * rstd, or the output `y` with beta and gamma,
 // x_hat = (y - beta) / gamma. The rest (row sums, d_sum, partials, finalize) is shared.
 //
@@ -73,8 +74,9 @@ __device__ __forceinline__ void team_barrier(int team) {
   }
 }
 
+template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& raw, float f[8]) {
-  load_bf16x8(reinterpret_cast<const bf16*>(&raw), f);  // register-to-register: no memory access
+  load_x8(reinterpret_cast<const T*>(&raw), f);  // register-to-register: no memory access
 }
 
 // Where x_hat comes from: the LayerNorm input (with the row's mean), or the output (with beta;
@@ -83,8 +85,8 @@ enum class Src { Input, Output };
 
 // x_hat of one value: v is the LayerNorm input (Input: m, r the row's mean and rstd) or output
 // (Output: g, bt its column's gamma and beta). The output's division is the fast one (about 2 ulp
-// of fp32, two instructions instead of IEEE division's sequence): y is bf16, whose rounding is
-// 2^16 times coarser. (With IEEE division ptxas spills in the team kernels at 128 registers.)
+// of fp32, two instructions instead of IEEE division's sequence): y is T, whose rounding is
+// (or fp16) 2^13 or more times coarser. (With IEEE division ptxas spills in the team kernels at 128 registers.)
 template <Src S>
 __device__ __forceinline__ float xhat1(float v, float g, float bt, float m, float r) {
   if constexpr (S == Src::Input) return (v - m) * r;
@@ -125,11 +127,11 @@ __device__ __forceinline__ void bwd_dx8(const float g[8], const float d[8], cons
 // Tile::kVpt vectors per thread, Tile::kDepth rows prefetched ahead; TW warps per team, RPB teams
 // per block, MINB blocks per SM for the register budget. `xs` is the LayerNorm input (S = Input,
 // with `mean`) or output (S = Output, with `beta`); the pointer S does not read may be null.
-template <Src S, class Tile, int TW, int RPB, int MINB>
+template <Src S, class Tile, typename T, int TW, int RPB, int MINB>
 __global__ void __launch_bounds__(TW * RPB * kWarpSize, MINB)
-    ln_bwd_team(const bf16* dy, const bf16* __restrict__ xs, const float* __restrict__ mean,
-                const float* __restrict__ rstd, const bf16* __restrict__ gamma, const bf16* __restrict__ beta,
-                const bf16* __restrict__ d_extra, bf16* d_sum, float* __restrict__ partial, int rows, int cols) {
+    ln_bwd_team(const T* dy, const T* __restrict__ xs, const float* __restrict__ mean,
+                const float* __restrict__ rstd, const T* __restrict__ gamma, const T* __restrict__ beta,
+                const T* __restrict__ d_extra, T* d_sum, float* __restrict__ partial, int rows, int cols) {
   // dy and d_sum may alias: a thread reads each element (of this row or the next) before it
   // writes the same element, so neither is __restrict__.
   constexpr int kVpt = Tile::kVpt, DEPTH = Tile::kDepth;
@@ -218,10 +220,10 @@ __global__ void __launch_bounds__(TW * RPB * kWarpSize, MINB)
     for (int i = 0; i < kVpt; ++i) {
       if (on[i]) {
         float g[8], d[8], xv[8], bt[8];
-        unpack8(graw[i], g);
-        unpack8(dyc[i], d);
-        unpack8(xc[i], xv);
-        unpack8(braw[i], bt);
+        unpack8<T>(graw[i], g);
+        unpack8<T>(dyc[i], d);
+        unpack8<T>(xc[i], xv);
+        unpack8<T>(braw[i], bt);
         bwd_accumulate8<S>(g, d, xv, bt, m, r, s1, s2, acc_g[i], acc_b[i]);
       }
     }
@@ -247,13 +249,13 @@ __global__ void __launch_bounds__(TW * RPB * kWarpSize, MINB)
     for (int i = 0; i < kVpt; ++i) {
       if (on[i]) {
         float g[8], d[8], xv[8], bt[8], e[8], o[8];
-        unpack8(graw[i], g);
-        unpack8(dyc[i], d);
-        unpack8(xc[i], xv);
-        unpack8(braw[i], bt);
-        unpack8(er[i], e);  // zeros without d_extra
+        unpack8<T>(graw[i], g);
+        unpack8<T>(dyc[i], d);
+        unpack8<T>(xc[i], xv);
+        unpack8<T>(braw[i], bt);
+        unpack8<T>(er[i], e);  // zeros without d_extra
         bwd_dx8<S>(g, d, xv, bt, e, m, r, a, b, d_extra != nullptr, o);
-        store_bf16x8(d_sum + base + off[i], o);
+        store_x8(d_sum + base + off[i], o);
       }
     }
   }
@@ -300,11 +302,11 @@ __global__ void __launch_bounds__(TW * RPB * kWarpSize, MINB)
 // columns in registers; one partial row per block. xs, mean, beta: as ln_bwd_team. (The Output
 // instance is at the 128-register cap with about 100 bytes spilled to L1, ptxas sm_90; Input has
 // none. Only rows wider than 8192 columns come here.)
-template <Src S, class Tile>
+template <Src S, class Tile, typename T>
 __global__ void __launch_bounds__(Tile::kMaxThreads, 1)
-    ln_bwd_block_row(const bf16* dy, const bf16* __restrict__ xs, const float* __restrict__ mean,
-                     const float* __restrict__ rstd, const bf16* __restrict__ gamma, const bf16* __restrict__ beta,
-                     const bf16* __restrict__ d_extra, bf16* d_sum, float* __restrict__ partial, int rows, int cols) {
+    ln_bwd_block_row(const T* dy, const T* __restrict__ xs, const float* __restrict__ mean,
+                     const float* __restrict__ rstd, const T* __restrict__ gamma, const T* __restrict__ beta,
+                     const T* __restrict__ d_extra, T* d_sum, float* __restrict__ partial, int rows, int cols) {
   // dy and d_sum may alias (each element is read before the same thread writes it): no __restrict__.
   constexpr int VPT = Tile::kVpt;
   __shared__ float red[2 * 32];
@@ -322,8 +324,8 @@ __global__ void __launch_bounds__(Tile::kMaxThreads, 1)
 
   for (int row = unit; row < rows; row += units) {
     const std::size_t base = static_cast<std::size_t>(row) * cols;
-    const bf16* dy_row = dy + base;
-    const bf16* x_row = xs + base;
+    const T* dy_row = dy + base;
+    const T* x_row = xs + base;
     const float m = S == Src::Input ? mean[row] : 0.f, r = rstd[row];
     uint4 dy_raw[VPT], x_raw[VPT];  // kept packed: half the registers of fp32
     float s1 = 0.f, s2 = 0.f;
@@ -335,10 +337,10 @@ __global__ void __launch_bounds__(Tile::kMaxThreads, 1)
         dy_raw[i] = load16(dy_row + off);
         x_raw[i] = load16<Load::Streaming>(x_row + off);
         float g[8], d[8], xv[8], bt[8] = {};
-        load_bf16x8<Load::ReadOnly>(gamma + off, g);
-        if constexpr (S == Src::Output) load_bf16x8<Load::ReadOnly>(beta + off, bt);
-        load_bf16x8(reinterpret_cast<const bf16*>(&dy_raw[i]), d);
-        load_bf16x8(reinterpret_cast<const bf16*>(&x_raw[i]), xv);
+        load_x8<T, Load::ReadOnly>(gamma + off, g);
+        if constexpr (S == Src::Output) load_x8<T, Load::ReadOnly>(beta + off, bt);
+        load_x8(reinterpret_cast<const T*>(&dy_raw[i]), d);
+        load_x8(reinterpret_cast<const T*>(&x_raw[i]), xv);
         bwd_accumulate8<S>(g, d, xv, bt, m, r, s1, s2, acc_g[i], acc_b[i]);
       }
     }
@@ -350,14 +352,14 @@ __global__ void __launch_bounds__(Tile::kMaxThreads, 1)
       if (vi < nvec) {
         const int off = vi * kBf16PerVec;
         float g[8], d[8], xv[8], bt[8] = {}, e[8];
-        load_bf16x8<Load::ReadOnly>(gamma + off, g);
-        if constexpr (S == Src::Output) load_bf16x8<Load::ReadOnly>(beta + off, bt);
-        load_bf16x8(reinterpret_cast<const bf16*>(&dy_raw[i]), d);
-        load_bf16x8(reinterpret_cast<const bf16*>(&x_raw[i]), xv);
-        if (d_extra) load_bf16x8<Load::Streaming>(d_extra + base + off, e);
+        load_x8<T, Load::ReadOnly>(gamma + off, g);
+        if constexpr (S == Src::Output) load_x8<T, Load::ReadOnly>(beta + off, bt);
+        load_x8(reinterpret_cast<const T*>(&dy_raw[i]), d);
+        load_x8(reinterpret_cast<const T*>(&x_raw[i]), xv);
+        if (d_extra) load_x8<T, Load::Streaming>(d_extra + base + off, e);
         float o[8];
         bwd_dx8<S>(g, d, xv, bt, e, m, r, mean_dxh, mean_dxh_xh, d_extra != nullptr, o);
-        store_bf16x8(d_sum + base + off, o);
+        store_x8(d_sum + base + off, o);
       }
     }
   }
@@ -381,11 +383,11 @@ __global__ void __launch_bounds__(Tile::kMaxThreads, 1)
 // Backward, scalar path, parameter gradients: partial p sums rows [p*chunk, (p+1)*chunk) for 32
 // columns; block (32, 8): ty strides the rows, then the 8 lanes are combined in ty order.
 // Runs BEFORE ln_bwd_scalar_rows because d_sum may overwrite dy. xs, mean, beta: as ln_bwd_team.
-template <Src S>
+template <Src S, typename T>
 __global__ void __launch_bounds__(kWarpSize * Scalar::kPartialRows)
-    ln_bwd_scalar_params(const bf16* __restrict__ dy, const bf16* __restrict__ xs, const float* __restrict__ mean,
-                         const float* __restrict__ rstd, const bf16* __restrict__ gamma,
-                         const bf16* __restrict__ beta, float* __restrict__ partial, int rows, int cols) {
+    ln_bwd_scalar_params(const T* __restrict__ dy, const T* __restrict__ xs, const float* __restrict__ mean,
+                         const float* __restrict__ rstd, const T* __restrict__ gamma,
+                         const T* __restrict__ beta, float* __restrict__ partial, int rows, int cols) {
   __shared__ float sg[Scalar::kPartialRows][kWarpSize], sb[Scalar::kPartialRows][kWarpSize];
   const int c = blockIdx.x * kWarpSize + threadIdx.x;
   const int p = blockIdx.y, P = gridDim.y;
@@ -393,13 +395,13 @@ __global__ void __launch_bounds__(kWarpSize * Scalar::kPartialRows)
   const int r0 = p * chunk, r1 = min(rows, r0 + chunk);
   float g = 0.f, b = 0.f;
   if (c < cols) {
-    const float gc = S == Src::Output ? __bfloat162float(gamma[c]) : 0.f;
-    const float bc = S == Src::Output ? __bfloat162float(beta[c]) : 0.f;
+    const float gc = S == Src::Output ? to_f32(gamma[c]) : 0.f;
+    const float bc = S == Src::Output ? to_f32(beta[c]) : 0.f;
     for (int row = r0 + threadIdx.y; row < r1; row += Scalar::kPartialRows) {
       const std::size_t i = static_cast<std::size_t>(row) * cols + c;
-      const float d = __bfloat162float(dy[i]);
+      const float d = to_f32(dy[i]);
       const float m = S == Src::Input ? mean[row] : 0.f;
-      g += d * xhat1<S>(__bfloat162float(xs[i]), gc, bc, m, rstd[row]);
+      g += d * xhat1<S>(to_f32(xs[i]), gc, bc, m, rstd[row]);
       b += d;
     }
   }
@@ -417,22 +419,22 @@ __global__ void __launch_bounds__(kWarpSize * Scalar::kPartialRows)
 }
 
 // Backward, scalar path, input gradient: one block per row, two passes. xs, mean, beta: as ln_bwd_team.
-template <Src S>
+template <Src S, typename T>
 __global__ void __launch_bounds__(Scalar::kThreads)
-    ln_bwd_scalar_rows(const bf16* dy, const bf16* __restrict__ xs, const float* __restrict__ mean,
-                       const float* __restrict__ rstd, const bf16* __restrict__ gamma, const bf16* __restrict__ beta,
-                       const bf16* __restrict__ d_extra, bf16* d_sum, int rows, int cols) {
+    ln_bwd_scalar_rows(const T* dy, const T* __restrict__ xs, const float* __restrict__ mean,
+                       const float* __restrict__ rstd, const T* __restrict__ gamma, const T* __restrict__ beta,
+                       const T* __restrict__ d_extra, T* d_sum, int rows, int cols) {
   __shared__ float red[2 * 32];
   const int row = blockIdx.x;
   const std::size_t base = static_cast<std::size_t>(row) * cols;
   const float m = S == Src::Input ? mean[row] : 0.f, r = rstd[row];
   auto xhat = [&](int c) {
-    const float bc = S == Src::Output ? __bfloat162float(beta[c]) : 0.f;
-    return xhat1<S>(__bfloat162float(xs[base + c]), __bfloat162float(gamma[c]), bc, m, r);
+    const float bc = S == Src::Output ? to_f32(beta[c]) : 0.f;
+    return xhat1<S>(to_f32(xs[base + c]), to_f32(gamma[c]), bc, m, r);
   };
   float s1 = 0.f, s2 = 0.f;
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float dxh = __bfloat162float(dy[base + c]) * __bfloat162float(gamma[c]);
+    const float dxh = to_f32(dy[base + c]) * to_f32(gamma[c]);
     s1 += dxh;
     s2 += dxh * xhat(c);
   }
@@ -440,9 +442,9 @@ __global__ void __launch_bounds__(Scalar::kThreads)
   const float a = tot.x / cols, b = tot.y / cols;
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
     const float xh = xhat(c);
-    float o = r * (__bfloat162float(dy[base + c]) * __bfloat162float(gamma[c]) - a - xh * b);
-    if (d_extra) o += __bfloat162float(d_extra[base + c]);
-    d_sum[base + c] = __float2bfloat16_rn(o);
+    float o = r * (to_f32(dy[base + c]) * to_f32(gamma[c]) - a - xh * b);
+    if (d_extra) o += to_f32(d_extra[base + c]);
+    d_sum[base + c] = from_f32<T>(o);
   }
 }
 
@@ -491,29 +493,30 @@ template <class Tile>
 void launch_finalize(cudaStream_t s, DType type, const float* partial, int P, int cols, void* dgamma, void* dbeta,
                      bool accumulate) {
   if (type == DType::F32) launch_finalize<Tile, float>(s, partial, P, cols, dgamma, dbeta, accumulate);
-  else launch_finalize<Tile, bf16>(s, partial, P, cols, dgamma, dbeta, accumulate);
+  else if (type == DType::F16) launch_finalize<Tile, __half>(s, partial, P, cols, dgamma, dbeta, accumulate);
+  else launch_finalize<Tile, __nv_bfloat16>(s, partial, P, cols, dgamma, dbeta, accumulate);
 }
 
-template <Src S, int TW>
-void launch_team(cudaStream_t s, int blocks, const bf16* dy, const bf16* xs, const float* mean, const float* rstd,
-                 const bf16* gamma, const bf16* beta, const bf16* d_extra, bf16* d_sum, float* partial, int rows,
+template <Src S, int TW, typename T>
+void launch_team(cudaStream_t s, int blocks, const T* dy, const T* xs, const float* mean, const float* rstd,
+                 const T* gamma, const T* beta, const T* d_extra, T* d_sum, float* partial, int rows,
                  int cols) {
-  using T = BwdTeam;
-  constexpr int RPB = TW >= T::kBlockWarps ? 1 : (T::kBlockWarps / TW > 8 ? 8 : T::kBlockWarps / TW);
+  using BT = BwdTeam;
+  constexpr int RPB = TW >= BT::kBlockWarps ? 1 : (BT::kBlockWarps / TW > 8 ? 8 : BT::kBlockWarps / TW);
   constexpr int kThreadsPerBlock = TW * RPB * kWarpSize;
   // Two blocks per SM (<= 128 registers) at 256 threads; 512-thread teams (TW = 16) keep 128
   // registers and one block per SM.
   constexpr int MINB = kThreadsPerBlock <= 256 ? 2 : 1;
-  ln_bwd_team<S, T, TW, RPB, MINB><<<blocks, kThreadsPerBlock, 0, s>>>(dy, xs, mean, rstd, gamma, beta, d_extra,
+  ln_bwd_team<S, BT, T, TW, RPB, MINB><<<blocks, kThreadsPerBlock, 0, s>>>(dy, xs, mean, rstd, gamma, beta, d_extra,
                                                                        d_sum, partial, rows, cols);
   CUTRAIN_LAUNCH_CHECK("ln_bwd_team");
 }
 
 // Both public entries: checks (named after `what`), then the path by shape and alignment.
 // `xs` is `sum` (Input) or `y` (Output); mean is read for Input only, beta for Output only.
-template <Src S>
-void backward(const char* what, cudaStream_t s, const bf16* dy, const bf16* xs, const float* mean, const float* rstd,
-              const bf16* gamma, const bf16* beta, const bf16* d_extra, bf16* d_sum, void* dgamma, void* dbeta,
+template <Src S, typename T>
+void backward(const char* what, cudaStream_t s, const T* dy, const T* xs, const float* mean, const float* rstd,
+              const T* gamma, const T* beta, const T* d_extra, T* d_sum, void* dgamma, void* dbeta,
               DType param_grad_type, bool accumulate, void* scratch, int rows, int cols) {
   check_shape(what, rows, cols);
   if constexpr (S == Src::Input) {
@@ -523,8 +526,9 @@ void backward(const char* what, cudaStream_t s, const bf16* dy, const bf16* xs, 
     CUTRAIN_CHECK(dy && xs && rstd && gamma && beta && d_sum && dgamma && dbeta && scratch, what,
                   ": dy, y, rstd, gamma, beta, d_sum, dgamma, dbeta and scratch must be non-null");
   }
-  CUTRAIN_CHECK(param_grad_type == DType::BF16 || param_grad_type == DType::F32, what,
-                ": dgamma/dbeta must be bfloat16 or float32, got ", dtype_name(param_grad_type));
+  CUTRAIN_CHECK(param_grad_type == DType::BF16 || param_grad_type == DType::F16 ||
+                    param_grad_type == DType::F32,
+                what, ": dgamma/dbeta must be bfloat16, float16 or float32, got ", dtype_name(param_grad_type));
   CUTRAIN_CHECK(is_aligned16(scratch), what, ": scratch must be 16-byte aligned");
   float* partial = static_cast<float*>(scratch);
   // beta is null for Input (all_aligned skips null pointers).
@@ -545,15 +549,15 @@ void backward(const char* what, cudaStream_t s, const bf16* dy, const bf16* xs, 
   }
   const int P = row_partials(rows, cols);
   if (vec) {
-    ln_bwd_block_row<S, BlockRow><<<P, block_row_threads(cols), 0, s>>>(dy, xs, mean, rstd, gamma, beta, d_extra,
+    ln_bwd_block_row<S, BlockRow, T><<<P, block_row_threads(cols), 0, s>>>(dy, xs, mean, rstd, gamma, beta, d_extra,
                                                                        d_sum, partial, rows, cols);
     CUTRAIN_LAUNCH_CHECK("ln_bwd_block_row");
     launch_finalize<BlockRow>(s, param_grad_type, partial, P, cols, dgamma, dbeta, accumulate);
   } else {
-    ln_bwd_scalar_params<S><<<dim3(ceil_div(cols, kWarpSize), P), dim3(kWarpSize, Scalar::kPartialRows), 0, s>>>(
+    ln_bwd_scalar_params<S, T><<<dim3(ceil_div(cols, kWarpSize), P), dim3(kWarpSize, Scalar::kPartialRows), 0, s>>>(
         dy, xs, mean, rstd, gamma, beta, partial, rows, cols);
     CUTRAIN_LAUNCH_CHECK("ln_bwd_scalar_params");
-    ln_bwd_scalar_rows<S><<<rows, Scalar::kThreads, 0, s>>>(dy, xs, mean, rstd, gamma, beta, d_extra, d_sum, rows,
+    ln_bwd_scalar_rows<S, T><<<rows, Scalar::kThreads, 0, s>>>(dy, xs, mean, rstd, gamma, beta, d_extra, d_sum, rows,
                                                             cols);
     CUTRAIN_LAUNCH_CHECK("ln_bwd_scalar_rows");
     launch_finalize<Scalar>(s, param_grad_type, partial, P, cols, dgamma, dbeta, accumulate);
@@ -570,19 +574,33 @@ std::size_t layernorm_backward_scratch_bytes(int rows, int cols) {
   return 2 * static_cast<std::size_t>(P) * cols * sizeof(float);
 }
 
-void layernorm_backward(cudaStream_t s, const bf16* dy, const bf16* sum, const float* mean, const float* rstd,
-                        const bf16* gamma, const bf16* d_extra, bf16* d_sum, void* dgamma, void* dbeta,
+template <typename T>
+void layernorm_backward(cudaStream_t s, const T* dy, const nondeduced_t<T>* sum, const float* mean,
+                        const float* rstd, const nondeduced_t<T>* gamma, const nondeduced_t<T>* d_extra, T* d_sum, void* dgamma, void* dbeta,
                         DType param_grad_type, bool accumulate, void* scratch, int rows, int cols) {
-  backward<Src::Input>("layernorm_backward", s, dy, sum, mean, rstd, gamma, nullptr, d_extra, d_sum, dgamma, dbeta,
+  backward<Src::Input, T>("layernorm_backward", s, dy, sum, mean, rstd, gamma, nullptr, d_extra, d_sum, dgamma, dbeta,
                        param_grad_type, accumulate, scratch, rows, cols);
 }
 
-void layernorm_backward_from_output(cudaStream_t s, const bf16* dy, const bf16* y, const float* rstd,
-                                    const bf16* gamma, const bf16* beta, const bf16* d_extra, bf16* d_sum,
+template <typename T>
+void layernorm_backward_from_output(cudaStream_t s, const T* dy, const nondeduced_t<T>* y, const float* rstd,
+                                    const nondeduced_t<T>* gamma, const nondeduced_t<T>* beta,
+                                    const nondeduced_t<T>* d_extra, T* d_sum,
                                     void* dgamma, void* dbeta, DType param_grad_type, bool accumulate, void* scratch,
                                     int rows, int cols) {
-  backward<Src::Output>("layernorm_backward_from_output", s, dy, y, nullptr, rstd, gamma, beta, d_extra, d_sum,
+  backward<Src::Output, T>("layernorm_backward_from_output", s, dy, y, nullptr, rstd, gamma, beta, d_extra, d_sum,
                         dgamma, dbeta, param_grad_type, accumulate, scratch, rows, cols);
 }
+
+template void layernorm_backward<bf16>(cudaStream_t, const bf16*, const bf16*, const float*, const float*, const bf16*,
+                                       const bf16*, bf16*, void*, void*, DType, bool, void*, int, int);
+template void layernorm_backward_from_output<bf16>(cudaStream_t, const bf16*, const bf16*, const float*, const bf16*,
+                                                   const bf16*, const bf16*, bf16*, void*, void*, DType, bool, void*,
+                                                   int, int);
+template void layernorm_backward<f16>(cudaStream_t, const f16*, const f16*, const float*, const float*, const f16*,
+                                       const f16*, f16*, void*, void*, DType, bool, void*, int, int);
+template void layernorm_backward_from_output<f16>(cudaStream_t, const f16*, const f16*, const float*, const f16*,
+                                                   const f16*, const f16*, f16*, void*, void*, DType, bool, void*,
+                                                   int, int);
 
 }  // namespace cutrain::kernels

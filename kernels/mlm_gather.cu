@@ -1,7 +1,7 @@
 // @brief The kernels of kernels/mlm_gather.cuh. The plan: one block of 32 warps, a warp per
 // sequence walking it 32 positions at a time (a ballot and a popcount give each labelled row its
 // slot in row order); the errors are reduced in shared memory and thread 0 writes the status, so
-// the status needs no clearing beforehand. The scatter: a thread per 16-byte vector (8 bf16) when
+// the status needs no clearing beforehand. The scatter: a thread per 16-byte vector (8 bf16 or fp16) when
 // the rows allow it (hidden % 8 == 0, 16-byte aligned bases), per element otherwise (kVec).
 #include "kernels/mlm_gather.cuh"
 
@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "kernels/common/vec.cuh"
 #include "runtime/check.h"
 #include "runtime/nvtx.h"
 
@@ -64,9 +65,9 @@ __global__ void __launch_bounds__(kPlanThreads)
     *status = bad_row != INT_MAX ? bad_row + 1 : full_seq != INT_MAX ? -(full_seq + 1) : 0;
 }
 
-template <int kVec>
-__global__ void scatter_kernel(const bf16* __restrict__ src, const std::int32_t* __restrict__ slot,
-                               bf16* __restrict__ out, std::int64_t n, int H) {
+template <typename T, int kVec>
+__global__ void scatter_kernel(const T* __restrict__ src, const std::int32_t* __restrict__ slot,
+                               T* __restrict__ out, std::int64_t n, int H) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t g = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g * kVec < n; g += stride) {
     const std::int64_t e = g * kVec, r = e / H, c = e % H;
@@ -76,7 +77,7 @@ __global__ void scatter_kernel(const bf16* __restrict__ src, const std::int32_t*
       if (sl >= 0) v = *reinterpret_cast<const uint4*>(src + std::int64_t(sl) * H + c);
       *reinterpret_cast<uint4*>(out + e) = v;
     } else {
-      out[e] = sl >= 0 ? src[std::int64_t(sl) * H + c] : __float2bfloat16_rn(0.f);
+      out[e] = sl >= 0 ? src[std::int64_t(sl) * H + c] : from_f32<T>(0.f);
     }
   }
 }
@@ -95,7 +96,8 @@ void mlm_gather_plan(cudaStream_t s, const std::int32_t* labels, int B, int S, i
   CUTRAIN_LAUNCH_CHECK("mlm_gather_plan");
 }
 
-void mlm_scatter_rows(cudaStream_t s, const bf16* gathered, const std::int32_t* slot, bf16* out, int rows,
+template <typename T>
+void mlm_scatter_rows(cudaStream_t s, const T* gathered, const std::int32_t* slot, T* out, int rows,
                       int hidden) {
   CUTRAIN_CHECK(rows > 0 && hidden > 0, "mlm_scatter_rows: rows and hidden must be > 0, got rows=", rows,
                 " hidden=", hidden);
@@ -107,9 +109,12 @@ void mlm_scatter_rows(cudaStream_t s, const bf16* gathered, const std::int32_t* 
   constexpr int kThreads = 256;
   const std::int64_t groups = vec ? n / 8 : n;
   const unsigned grid = unsigned(std::min<std::int64_t>((groups + kThreads - 1) / kThreads, 65535));
-  if (vec) scatter_kernel<8><<<grid, kThreads, 0, s>>>(gathered, slot, out, n, hidden);
-  else scatter_kernel<1><<<grid, kThreads, 0, s>>>(gathered, slot, out, n, hidden);
+  if (vec) scatter_kernel<T, 8><<<grid, kThreads, 0, s>>>(gathered, slot, out, n, hidden);
+  else scatter_kernel<T, 1><<<grid, kThreads, 0, s>>>(gathered, slot, out, n, hidden);
   CUTRAIN_LAUNCH_CHECK("mlm_scatter_rows");
 }
+
+template void mlm_scatter_rows<bf16>(cudaStream_t, const bf16*, const std::int32_t*, bf16*, int, int);
+template void mlm_scatter_rows<f16>(cudaStream_t, const f16*, const std::int32_t*, f16*, int, int);
 
 }  // namespace cutrain::kernels

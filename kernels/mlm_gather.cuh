@@ -31,6 +31,8 @@ void mlm_gather_plan(cudaStream_t s, const std::int32_t* labels, int B, int S, i
 
 // out[r, :] = slot[r] >= 0 ? gathered[slot[r], :] : 0 over rows r of [rows, hidden] (every row
 // written: the bit-exact copy or zeros).
-void mlm_scatter_rows(cudaStream_t s, const bf16* gathered, const std::int32_t* slot, bf16* out, int rows, int hidden);
+// T: bf16 or fp16 (instances of both).
+template <typename T>
+void mlm_scatter_rows(cudaStream_t s, const T* gathered, const std::int32_t* slot, T* out, int rows, int hidden);
 
 }  // namespace cutrain::kernels

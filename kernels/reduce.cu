@@ -6,6 +6,7 @@
 #include "kernels/reduce.cuh"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/common/vec.cuh"
 #include "runtime/check.h"
@@ -53,14 +54,24 @@ __device__ __forceinline__ Raw<G, W> load_raw(const G* p) {
     r.u[0] = load16<Load::Streaming>(p);
     if constexpr (sizeof(G) == 4) r.u[1] = load16<Load::Streaming>(p + 4);
   } else {
-    r.u[0].x = sizeof(G) == 2 ? static_cast<unsigned>(__bfloat16_as_ushort(*reinterpret_cast<const bf16*>(p))) << 16
-                              : __float_as_uint(*reinterpret_cast<const float*>(p));
+    if constexpr (std::is_same_v<G, __half>) r.u[0].x = __float_as_uint(__half2float(*p));
+    else
+      r.u[0].x = sizeof(G) == 2 ? static_cast<unsigned>(__bfloat16_as_ushort(*reinterpret_cast<const bf16*>(p))) << 16
+                                : __float_as_uint(*reinterpret_cast<const float*>(p));
   }
   return r;
 }
 template <typename G, int W>
 __device__ __forceinline__ void accumulate(const Raw<G, W>& r, float acc[W]) {
-  if constexpr (W == 8 && sizeof(G) == 2) {
+  if constexpr (W == 8 && std::is_same_v<G, __half>) {
+    const __half2* h = reinterpret_cast<const __half2*>(&r.u[0]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(h[i]);
+      acc[2 * i] = fmaf(f.x, f.x, acc[2 * i]);
+      acc[2 * i + 1] = fmaf(f.y, f.y, acc[2 * i + 1]);
+    }
+  } else if constexpr (W == 8 && sizeof(G) == 2) {
     const unsigned w[4] = {r.u[0].x, r.u[0].y, r.u[0].z, r.u[0].w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -73,7 +84,7 @@ __device__ __forceinline__ void accumulate(const Raw<G, W>& r, float acc[W]) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] = fmaf(__uint_as_float(w[i]), __uint_as_float(w[i]), acc[i]);
   } else {
-    const float f = __uint_as_float(r.u[0].x);  // bf16 was widened to fp32 bits at load
+    const float f = __uint_as_float(r.u[0].x);  // bf16 / fp16 was widened to fp32 bits at load
     acc[0] = fmaf(f, f, acc[0]);
   }
 }
@@ -115,21 +126,27 @@ __global__ void __launch_bounds__(kThreads) sumsq_partials_kernel(const G* __res
 
 // The norm and clip coefficient from the total sum of squares (one formula for both entry points,
 // so the split sum-of-squares path gives the same bits as grad_norm_clip).
+// With a loss scale S (fp16), the sum is of the scaled gradients: the norm is sqrt(total) / S and the
+// clip coefficient also carries 1 / S (the one factor the optimizer applies to the stored gradients).
 __device__ __forceinline__ void norm_from_total(double total, float max_norm, float* norm, float* clip_scale,
-                                                int* nonfinite) {
-  const float r = static_cast<float>(sqrt(total));
+                                                int* nonfinite, const float* loss_scale) {
+  const float r = loss_scale ? static_cast<float>(sqrt(total) / static_cast<double>(*loss_scale))
+                             : static_cast<float>(sqrt(total));
   const bool bad = !isfinite(r);
   *norm = r;
   if (nonfinite) *nonfinite = bad ? 1 : 0;
-  if (clip_scale) *clip_scale = (max_norm > 0.f && !bad) ? fminf(1.f, max_norm / (r + 1e-6f)) : 1.f;
+  if (clip_scale) {
+    const float c = (max_norm > 0.f && !bad) ? fminf(1.f, max_norm / (r + 1e-6f)) : 1.f;
+    *clip_scale = loss_scale ? c / *loss_scale : c;
+  }
 }
 
 __global__ void __launch_bounds__(kMaxBlocks) norm_finish_kernel(const double* __restrict__ partials, int nparts,
                                                                 float max_norm, float* norm, float* clip_scale,
-                                                                int* nonfinite) {
+                                                                int* nonfinite, const float* loss_scale) {
   const double v = static_cast<int>(threadIdx.x) < nparts ? partials[threadIdx.x] : 0.0;
   const double total = block_sum_f64(v);
-  if (threadIdx.x == 0) norm_from_total(total, max_norm, norm, clip_scale, nonfinite);
+  if (threadIdx.x == 0) norm_from_total(total, max_norm, norm, clip_scale, nonfinite, loss_scale);
 }
 
 __global__ void __launch_bounds__(kMaxBlocks) sumsq_finish_kernel(const double* __restrict__ partials, int nparts,
@@ -140,8 +157,8 @@ __global__ void __launch_bounds__(kMaxBlocks) sumsq_finish_kernel(const double* 
 }
 
 __global__ void norm_from_sumsq_kernel(const double* __restrict__ sumsq, float max_norm, float* norm,
-                                       float* clip_scale, int* nonfinite) {
-  norm_from_total(*sumsq, max_norm, norm, clip_scale, nonfinite);
+                                       float* clip_scale, int* nonfinite, const float* loss_scale) {
+  norm_from_total(*sumsq, max_norm, norm, clip_scale, nonfinite, loss_scale);
 }
 
 template <typename G>
@@ -162,8 +179,8 @@ std::size_t grad_norm_scratch_bytes(std::size_t /*n*/) { return kMaxBlocks * siz
 namespace {
 // Pass 1 into `scratch`; returns the number of block partials written.
 int enqueue_partials(const char* who, cudaStream_t s, const void* grads, DType grad_type, std::size_t n, void* scratch) {
-  CUTRAIN_CHECK(grad_type == DType::BF16 || grad_type == DType::F32, who,
-                ": grad_type must be bfloat16 or float32, got ", dtype_name(grad_type));
+  CUTRAIN_CHECK(grad_type == DType::BF16 || grad_type == DType::F16 || grad_type == DType::F32, who,
+                ": grad_type must be bfloat16, float16 or float32, got ", dtype_name(grad_type));
   CUTRAIN_CHECK(scratch != nullptr, who, ": scratch of grad_norm_scratch_bytes(n) = ", grad_norm_scratch_bytes(n),
                 " bytes must be non-null");
   CUTRAIN_CHECK(is_aligned16(scratch), who, ": scratch must be 16-byte aligned");
@@ -175,6 +192,7 @@ int enqueue_partials(const char* who, cudaStream_t s, const void* grads, DType g
     const std::size_t groups = vec ? n / kW : n;
     blocks = static_cast<int>(std::min<std::size_t>(kMaxBlocks, ceil_div<std::size_t>(groups > 0 ? groups : 1, kThreads)));
     if (grad_type == DType::BF16) launch_partials(s, static_cast<const bf16*>(grads), n, partials, blocks, vec);
+    else if (grad_type == DType::F16) launch_partials(s, static_cast<const f16*>(grads), n, partials, blocks, vec);
     else launch_partials(s, static_cast<const float*>(grads), n, partials, blocks, vec);
   }
   return blocks;
@@ -182,12 +200,12 @@ int enqueue_partials(const char* who, cudaStream_t s, const void* grads, DType g
 }  // namespace
 
 void grad_norm_clip(cudaStream_t s, const void* grads, DType grad_type, std::size_t n, float max_norm, float* norm,
-                    float* clip_scale, int* nonfinite, void* scratch) {
+                    float* clip_scale, int* nonfinite, void* scratch, const float* loss_scale) {
   CUTRAIN_CHECK(norm != nullptr, "grad_norm_clip: norm (device fp32 output) must be non-null");
   NvtxRange range("grad_norm_clip");
   const int blocks = enqueue_partials("grad_norm_clip", s, grads, grad_type, n, scratch);
   norm_finish_kernel<<<1, kMaxBlocks, 0, s>>>(static_cast<double*>(scratch), blocks, max_norm, norm, clip_scale,
-                                              nonfinite);
+                                              nonfinite, loss_scale);
   CUTRAIN_LAUNCH_CHECK("norm_finish_kernel");
 }
 
@@ -200,9 +218,9 @@ void grad_sumsq(cudaStream_t s, const void* grads, DType grad_type, std::size_t 
 }
 
 void grad_norm_from_sumsq(cudaStream_t s, const double* sumsq, float max_norm, float* norm, float* clip_scale,
-                          int* nonfinite) {
+                          int* nonfinite, const float* loss_scale) {
   CUTRAIN_CHECK(sumsq != nullptr && norm != nullptr, "grad_norm_from_sumsq: sumsq and norm must be non-null");
-  norm_from_sumsq_kernel<<<1, 1, 0, s>>>(sumsq, max_norm, norm, clip_scale, nonfinite);
+  norm_from_sumsq_kernel<<<1, 1, 0, s>>>(sumsq, max_norm, norm, clip_scale, nonfinite, loss_scale);
   CUTRAIN_LAUNCH_CHECK("norm_from_sumsq_kernel");
 }
 

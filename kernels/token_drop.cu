@@ -1,5 +1,5 @@
 // @brief The kernels of kernels/token_drop.cuh: one block per kept row; each thread moves 16-byte
-// vectors (8 bf16) when the rows allow it (hidden % 8 == 0, 16-byte aligned bases), single
+// vectors (8 bf16 or fp16) when the rows allow it (hidden % 8 == 0, 16-byte aligned bases), single
 // elements otherwise (the template flag kVec).
 #include "kernels/token_drop.cuh"
 
@@ -14,28 +14,28 @@ namespace {
 
 constexpr int kThreads = 128;
 
-template <int kVec>
-__global__ void __launch_bounds__(kThreads) gather_kernel(const bf16* __restrict__ x, const std::int32_t* __restrict__ idx,
-                                                           bf16* __restrict__ kept, int S, int K, int H) {
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads) gather_kernel(const T* __restrict__ x, const std::int32_t* __restrict__ idx,
+                                                           T* __restrict__ kept, int S, int K, int H) {
   const std::int64_t row = blockIdx.x;  // b * K + j
   const std::int64_t b = row / K;
-  const bf16* src = x + (b * S + idx[row]) * H;
-  bf16* dst = kept + row * H;
+  const T* src = x + (b * S + idx[row]) * H;
+  T* dst = kept + row * H;
   for (int c = threadIdx.x * kVec; c < H; c += kThreads * kVec) {
     if constexpr (kVec == 8) *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
     else dst[c] = src[c];
   }
 }
 
-template <int kVec>
-__global__ void __launch_bounds__(kThreads) scatter_kernel(const bf16* __restrict__ kept, const bf16* __restrict__ add,
-                                                            const std::int32_t* __restrict__ idx, bf16* __restrict__ out,
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads) scatter_kernel(const T* __restrict__ kept, const T* __restrict__ add,
+                                                            const std::int32_t* __restrict__ idx, T* __restrict__ out,
                                                             int S, int K, int H) {
   const std::int64_t row = blockIdx.x;
   const std::int64_t b = row / K;
-  const bf16* src = kept + row * H;
-  const bf16* plus = add ? add + row * H : nullptr;
-  bf16* dst = out + (b * S + idx[row]) * H;
+  const T* src = kept + row * H;
+  const T* plus = add ? add + row * H : nullptr;
+  T* dst = out + (b * S + idx[row]) * H;
   for (int c = threadIdx.x * kVec; c < H; c += kThreads * kVec) {
     if (!plus) {
       if constexpr (kVec == 8) *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
@@ -44,12 +44,12 @@ __global__ void __launch_bounds__(kThreads) scatter_kernel(const bf16* __restric
     }
     if constexpr (kVec == 8) {
       float f[8], g[8];
-      load_bf16x8(src + c, f);
-      load_bf16x8(plus + c, g);
+      load_x8(src + c, f);
+      load_x8(plus + c, g);
       for (int e = 0; e < 8; ++e) f[e] += g[e];
-      store_bf16x8(dst + c, f);
+      store_x8(dst + c, f);
     } else {
-      dst[c] = __float2bfloat16_rn(__bfloat162float(src[c]) + __bfloat162float(plus[c]));
+      dst[c] = from_f32<T>(to_f32(src[c]) + to_f32(plus[c]));
     }
   }
 }
@@ -69,25 +69,32 @@ bool vec_ok(int hidden, std::initializer_list<const void*> ptrs) {
 
 }  // namespace
 
-void token_gather(cudaStream_t s, const bf16* x, const std::int32_t* idx, bf16* kept, int B, int S, int K, int hidden) {
+template <typename T>
+void token_gather(cudaStream_t s, const T* x, const std::int32_t* idx, T* kept, int B, int S, int K, int hidden) {
   check_shape("token_gather", B, S, K, hidden);
   CUTRAIN_CHECK(x && idx && kept, "token_gather: x, idx and kept must be non-null");
   NvtxRange range("token_gather");
   const unsigned rows = unsigned(std::int64_t(B) * K);
-  if (vec_ok(hidden, {x, kept})) gather_kernel<8><<<rows, kThreads, 0, s>>>(x, idx, kept, S, K, hidden);
-  else gather_kernel<1><<<rows, kThreads, 0, s>>>(x, idx, kept, S, K, hidden);
+  if (vec_ok(hidden, {x, kept})) gather_kernel<T, 8><<<rows, kThreads, 0, s>>>(x, idx, kept, S, K, hidden);
+  else gather_kernel<T, 1><<<rows, kThreads, 0, s>>>(x, idx, kept, S, K, hidden);
   CUTRAIN_LAUNCH_CHECK("gather_kernel");
 }
 
-void token_scatter(cudaStream_t s, const bf16* kept, const bf16* add, const std::int32_t* idx, bf16* out, int B, int S,
+template <typename T>
+void token_scatter(cudaStream_t s, const T* kept, const nondeduced_t<T>* add, const std::int32_t* idx, T* out, int B, int S,
                    int K, int hidden) {
   check_shape("token_scatter", B, S, K, hidden);
   CUTRAIN_CHECK(kept && idx && out, "token_scatter: kept, idx and out must be non-null");
   NvtxRange range("token_scatter");
   const unsigned rows = unsigned(std::int64_t(B) * K);
-  if (vec_ok(hidden, {kept, add, out})) scatter_kernel<8><<<rows, kThreads, 0, s>>>(kept, add, idx, out, S, K, hidden);
-  else scatter_kernel<1><<<rows, kThreads, 0, s>>>(kept, add, idx, out, S, K, hidden);
+  if (vec_ok(hidden, {kept, add, out})) scatter_kernel<T, 8><<<rows, kThreads, 0, s>>>(kept, add, idx, out, S, K, hidden);
+  else scatter_kernel<T, 1><<<rows, kThreads, 0, s>>>(kept, add, idx, out, S, K, hidden);
   CUTRAIN_LAUNCH_CHECK("scatter_kernel");
 }
+
+template void token_gather<bf16>(cudaStream_t, const bf16*, const std::int32_t*, bf16*, int, int, int, int);
+template void token_scatter<bf16>(cudaStream_t, const bf16*, const bf16*, const std::int32_t*, bf16*, int, int, int, int);
+template void token_gather<f16>(cudaStream_t, const f16*, const std::int32_t*, f16*, int, int, int, int);
+template void token_scatter<f16>(cudaStream_t, const f16*, const f16*, const std::int32_t*, f16*, int, int, int, int);
 
 }  // namespace cutrain::kernels

@@ -14,12 +14,15 @@
 
 namespace cutrain::kernels {
 
+// T: bf16 or fp16 (instances of both).
 // kept[b, j, :] = x[b, idx[b, j], :] (a bit-exact copy).
-void token_gather(cudaStream_t s, const bf16* x, const std::int32_t* idx, bf16* kept, int B, int S, int K, int hidden);
+template <typename T>
+void token_gather(cudaStream_t s, const T* x, const std::int32_t* idx, T* kept, int B, int S, int K, int hidden);
 
 // out[b, idx[b, j], :] = kept[b, j, :] + add[b, j, :] (add may be null: a bit-exact copy; with it,
-// the sum in fp32 rounded once to bf16). The other rows of out are not touched.
-void token_scatter(cudaStream_t s, const bf16* kept, const bf16* add, const std::int32_t* idx, bf16* out, int B, int S,
-                   int K, int hidden);
+// the sum in fp32 rounded once to T). The other rows of out are not touched.
+template <typename T>
+void token_scatter(cudaStream_t s, const T* kept, const nondeduced_t<T>* add, const std::int32_t* idx, T* out, int B,
+                   int S, int K, int hidden);
 
 }  // namespace cutrain::kernels

@@ -1,5 +1,5 @@
-// @brief Warp-level tensor-core primitives (sm_80+): mma.sync m16n8k16 bf16 -> fp32, ldmatrix,
-// cp.async with zero fill, and bf16 packing. Fragment layouts (PTX ISA, "mma.m16n8k16"):
+// @brief Warp-level tensor-core primitives (sm_80+): mma.sync m16n8k16 bf16 or fp16 -> fp32, ldmatrix,
+// cp.async with zero fill, and bf16 / fp16 packing. Fragment layouts (PTX ISA, "mma.m16n8k16"):
 //   lane = 4*g + t (g = lane/4 in 0..7, t = lane%4)
 //   A 16x16 (row major), 4 regs of bf16x2: a0 (row g, cols 2t,2t+1), a1 (row g+8, same cols),
 //                                          a2 (row g, cols 2t+8,+9), a3 (row g+8, cols 2t+8,+9)
@@ -8,8 +8,10 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace cutrain::kernels::mma {
 
@@ -27,7 +29,24 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Four 8x8 bf16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i receives
+// The same with fp16 inputs (the fragment layouts are those of bf16).
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                              std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// By the 16-bit element type E (bf16 or fp16).
+template <typename E>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                          std::uint32_t b1) {
+  if constexpr (std::is_same_v<E, __half>) mma_f16_16816(d, a, b0, b1);
+  else mma_bf16_16816(d, a, b0, b1);
+}
+
+// Four 8x8 16-bit matrices; lanes 8i..8i+7 give the row addresses of matrix i, register i receives
 // matrix i's (row g, elements 2t,2t+1).
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -57,6 +76,17 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<std::uint32_t*>(&v);
+}
+
+// (lo, hi) -> fp16x2, and by element type E.
+__device__ __forceinline__ std::uint32_t pack_f16(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<std::uint32_t*>(&v);
+}
+template <typename E>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<E, __half>) return pack_f16(lo, hi);
+  else return pack_bf16(lo, hi);
 }
 
 }  // namespace cutrain::kernels::mma

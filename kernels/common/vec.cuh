@@ -1,5 +1,5 @@
 // @brief Device helpers shared by kernel families: ceil_div, 16-byte vector loads/stores of
-// 8 bf16 (or 4 fp32) with bf16<->fp32 conversion, and alignment tests.
+// 8 16-bit values (bf16 or fp16) or 4 fp32 with conversion to and from fp32, and alignment tests.
 //
 // A 16-byte access is the widest a thread can issue to global memory; memory-bound kernels use
 // these so each warp moves 512 contiguous bytes per instruction. The pointer passed to any
@@ -7,10 +7,12 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace cutrain::kernels {
 
@@ -91,15 +93,62 @@ __device__ __forceinline__ void store_f32x4(float* p, const float f[4]) {
   store16<S>(p, raw);
 }
 
-// Scalar conversions by element type, so a kernel templated on its output type (bf16 or fp32
-// gradients) can read and write either.
+// Scalar conversions by element type, so a kernel templated on its storage type (bf16 or fp16
+// activations, bf16 / fp16 / fp32 gradients) can read and write any of them.
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 template <typename T>
 __device__ __forceinline__ T from_f32(float v);
 template <>
 __device__ __forceinline__ float from_f32<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+
+// The two-element register type of a 16-bit storage type and its conversions.
+template <typename T>
+struct Pair16;
+template <>
+struct Pair16<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+};
+template <>
+struct Pair16<__half> {
+  using type = __half2;
+};
+template <typename T>
+using pair16_t = typename Pair16<T>::type;
+__device__ __forceinline__ float2 to_f32x2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float2 to_f32x2(__half2 v) { return __half22float2(v); }
+// (lo, hi) rounded to nearest-even into one pair, lo in the low half.
+template <typename T>
+__device__ __forceinline__ pair16_t<T> pack2_rn(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) return __floats2half2_rn(lo, hi);
+  else return __floats2bfloat162_rn(lo, hi);
+}
+
+// 8 values of a 16-bit type T (bf16 or fp16) at p (16-byte aligned) -> f[0..7] as fp32, and back
+// (nearest-even). For T = bf16 these are load_bf16x8 / store_bf16x8.
+template <typename T, Load L = Load::Default>
+__device__ __forceinline__ void load_x8(const T* p, float f[8]) {
+  uint4 raw = load16<L>(p);
+  const pair16_t<T>* h = reinterpret_cast<const pair16_t<T>*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 v = to_f32x2(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+template <typename T, Store S = Store::Default>
+__device__ __forceinline__ void store_x8(T* p, const float f[8]) {
+  uint4 raw;
+  pair16_t<T>* h = reinterpret_cast<pair16_t<T>*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = pack2_rn<T>(f[2 * i], f[2 * i + 1]);
+  store16<S>(p, raw);
+}
 
 }  // namespace cutrain::kernels

@@ -592,5 +592,95 @@ TEST(AdamGpuArgs, RejectsBadArguments) {
                Error);
 }
 
+
+// fp16 parameters (fp16 training): layout Baseline only (the fp32 master), fp16 or fp32 gradients
+// that are loss_scale times the true ones, unscaled through device_scale = 1 / loss_scale (what
+// grad_norm_clip's clip_scale carries); the master, m and v against the fp64 reference within 1e-5
+// (fp32 stores), the fp16 params exactly the fp16 rounding of the kernel's own master; aligned and
+// misaligned (scalar path) views; a raised skip flag changes nothing.
+TEST(AdamGpuFp16, BaselineMatchesReferenceWithDeviceUnscale) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (DType gt : {DType::F16, DType::F32}) {
+    for (std::size_t off : {std::size_t(0), std::size_t(1)}) {
+      const std::size_t n = off ? 1001 : 100003;
+      SCOPED_TRACE(std::string("fp16 params, grads ") + dtype_name(gt) + " off " + std::to_string(off));
+      const float loss_scale = 2048.f;
+      std::vector<float> master = test::random_normal(n, rng, 0.f, 1.f);
+      std::vector<float> m = test::random_normal(n, rng, 0.f, 1e-2f), v = test::random_uniform(n, rng, 0.f, 1e-4f);
+      auto up16 = [&](const std::vector<float>& h) {
+        std::vector<float> pad(off, 0.f);
+        pad.insert(pad.end(), h.begin(), h.end());
+        return DeviceArray<f16>(test::to_f16(pad));
+      };
+      auto up32 = [&](const std::vector<float>& h) {
+        std::vector<float> pad(off, 0.f);
+        pad.insert(pad.end(), h.begin(), h.end());
+        return DeviceArray<float>(pad);
+      };
+      auto down = [&](const auto& d) {
+        std::vector<float> h;
+        if constexpr (std::is_same_v<std::decay_t<decltype(d)>, DeviceArray<f16>>) h = test::download_float(d);
+        else h = d.download();
+        return std::vector<float>(h.begin() + off, h.end());
+      };
+      DeviceArray<f16> dp = up16(test::round_f16(master));
+      DeviceArray<float> dmaster = up32(master), dm = up32(m), dv = up32(v);
+      DeviceArray<float> dscale(std::vector<float>{1.f / loss_scale});
+      DeviceArray<int> dskip(std::vector<int>{0});
+      AdamParams p;
+      p.lr = 1e-3f, p.beta1 = 0.9f, p.beta2 = 0.95f, p.weight_decay = 0.05f, p.grad_scale = 0.5f;
+      std::vector<float> rp = test::round_f16(master), rmas = master, rm = m, rv = v;
+      for (int step = 1; step <= 3; ++step) {
+        p.step = step;
+        // The true gradient g, stored scaled by the loss scale (in fp16 where the grads are fp16).
+        auto stored = test::random_normal(n, rng, 0.f, 1e-2f * loss_scale);
+        if (gt == DType::F16) stored = test::round_f16(stored);
+        DeviceArray<f16> dg16 = up16(stored);
+        DeviceArray<float> dg32 = up32(stored);
+        const void* g = gt == DType::F16 ? static_cast<const void*>(dg16.get() + off) : dg32.get() + off;
+        kernels::adam_step(nullptr, OptimizerLayout::Baseline, p, dp.get() + off, g, gt, dmaster.get() + off,
+                           dm.get() + off, dv.get() + off, n, dscale.get(), dskip.get());
+        ref::adam_step(OptimizerLayout::Baseline, p, p.grad_scale / loss_scale, rp, stored, rmas, rm, rv);
+        const auto gp = down(dp), gmas = down(dmaster), gm = down(dm), gv = down(dv);
+        ASSERT_EQ(test::count_nan(gp) + test::count_nan(gmas), 0u) << "params or master not written";
+        EXPECT_LE(test::rel_error(gmas, rmas), 1e-5) << "master, step " << step;
+        EXPECT_LE(test::rel_error(gm, rm), 1e-5) << "m, step " << step;
+        EXPECT_LE(test::rel_error(gv, rv), 1e-5) << "v, step " << step;
+        EXPECT_EQ(gp, test::round_f16(gmas)) << "params must be the fp16 rounding of the master, step " << step;
+        rmas = gmas, rm = gm, rv = gv;  // continue from the device state
+      }
+      // Skipped (an overflow step): nothing changes.
+      const auto before_p = down(dp), before_m = down(dmaster);
+      dskip.upload({1});
+      kernels::adam_step(nullptr, OptimizerLayout::Baseline, p, dp.get() + off,
+                         gt == DType::F16 ? static_cast<const void*>(dp.get() + off) : dmaster.get() + off, gt,
+                         dmaster.get() + off, dm.get() + off, dv.get() + off, n, dscale.get(), dskip.get());
+      EXPECT_EQ(down(dp), before_p) << "a skipped step changed the params";
+      EXPECT_EQ(down(dmaster), before_m) << "a skipped step changed the master";
+    }
+  }
+}
+
+TEST(AdamGpuFp16, RefusesWhatFp16ParamsCannotDo) {
+  CUTRAIN_REQUIRE_GPU();
+  DeviceArray<f16> p(64), g16(64);
+  DeviceArray<bf16> gb(64);
+  DeviceArray<float> mas(64), m(64), v(64);
+  AdamParams ap;
+  auto err = [&](OptimizerLayout l, const void* g, DType gt, bool sr) {
+    ap.stochastic_rounding = sr;
+    return test::error_of([&] {
+      kernels::adam_step(nullptr, l, ap, p.get(), g, gt, mas.get(), m.get(), v.get(), 64, nullptr, nullptr);
+    });
+  };
+  EXPECT_NE(err(OptimizerLayout::Bf16MasterWG, g16.get(), DType::F16, false).find("need the fp32 master weights"),
+            std::string::npos);
+  EXPECT_NE(err(OptimizerLayout::Baseline, g16.get(), DType::F16, true).find("stochastic rounding is for bf16"),
+            std::string::npos);
+  EXPECT_NE(err(OptimizerLayout::Baseline, gb.get(), DType::BF16, false).find("grad_type must be float16"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace cutrain

@@ -251,5 +251,51 @@ TEST(CrossEntropyGpuArgs, BadShapesThrowBeforeLaunch) {
                Error);
 }
 
+// The fp16 instance (fp16 training): forward + backward in place on fp16 logits, with a host
+// grad_scale and fp16's device loss scale (device_grad_scale, read on the device so a captured graph
+// follows it: dlogits carry grad_scale x loss scale), every path (pipelined rows, plain rows,
+// cluster-split long rows, odd ld); the forward alone leaves the logits. Loss within 1e-4 (fp32
+// math); dlogits within 3e-3 (fp16 keeps 11 significant bits; the label entry 2e-3 element-wise).
+TEST(CrossEntropyGpuFp16, ForwardBackwardWithDeviceLossScaleMatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (const CeCase& c : {CeCase{3, 7, 16, 0.f, 3.f}, CeCase{2048, 7, 7, 0.1f, 2.f}, CeCase{64, 30522, 30522, 0.1f, 2.f},
+                          CeCase{2048, 50257, 50304, 0.1f, 2.f}, CeCase{3, 262144, 262147, 0.f, 2.f},
+                          CeCase{2, 600001, 600003, 0.f, 2.f}}) {
+    for (float loss_scale : {1.f, 4096.f}) {
+      SCOPED_TRACE(case_name(c) + " loss scale " + std::to_string(loss_scale) + " fp16");
+      Inputs in = make_inputs(c, rng);
+      in.logits = test::round_f16(in.logits);
+      const float grad_scale = 0.5f;
+      const auto h = test::to_f16(in.logits);
+      DeviceArray<f16> d_logits(h);
+      DeviceArray<int32_t> d_labels(in.labels);
+      DeviceArray<float> d_loss(1), d_row(c.rows), d_scale(std::vector<float>{loss_scale});
+      DeviceArray<int> d_status(1);
+      DeviceArray<char> scratch(kernels::cross_entropy_scratch_bytes(c.rows));
+      kernels::cross_entropy_forward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld, d_loss.get(),
+                                     d_row.get(), d_status.get(), scratch.get());
+      const auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, -100,
+                                           static_cast<double>(grad_scale) * loss_scale);
+      EXPECT_NEAR(d_loss.download()[0], want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean)));
+      EXPECT_TRUE(test::bits16(d_logits.download()) == test::bits16(h)) << "the forward must leave the logits";
+      kernels::cross_entropy_forward_backward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld,
+                                              d_loss.get(), d_row.get(), d_status.get(), scratch.get(), -100,
+                                              grad_scale, d_scale.get());
+      const auto got = test::download_float(d_logits);
+      EXPECT_EQ(d_status.download()[0], want.status);
+      EXPECT_NEAR(d_loss.download()[0], want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean)));
+      ASSERT_EQ(test::count_nan(got), 0u) << "padding or real columns left unwritten (NaN)";
+      EXPECT_LE(test::rel_error(got, want.dlogits), 3e-3);
+      for (int i = 0; i < c.rows; ++i) {
+        if (in.labels[i] < 0) continue;
+        const std::size_t o = static_cast<std::size_t>(i) * c.ld + in.labels[i];
+        ASSERT_NEAR(got[o], want.dlogits[o], 2e-3 * std::fabs(want.dlogits[o]) + 1e-7 * loss_scale)
+            << "label entry, row " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cutrain

@@ -1,5 +1,5 @@
 // @brief GPU tests of the dropout kernels against the CPU reference (tests/reference/dropout_ref.h):
-// outputs (poisoned first) equal to the reference over odd sizes, both dtypes, several p, the
+// outputs (poisoned first) equal to the reference over odd sizes, every dtype (bf16, fp16, fp32), several p, the
 // vector and the scalar (misaligned) path, in place; the mask backward regenerates equals the
 // forward's and the reference's bit for bit; the kept fraction within statistical bounds; the
 // fused bias + residual form, odd and vector-friendly widths, and its mask = plain dropout's.
@@ -30,8 +30,8 @@ struct Dev {
     const std::vector<T> cur = a.download();
     for (std::size_t i = 0; i < a.size(); ++i) t[i] = cur[i];
     for (std::size_t i = 0; i < h.size(); ++i) {
-      if constexpr (std::is_same_v<T, bf16>) t[off + i] = cutrain::to_bf16(h[i]);
-      else t[off + i] = h[i];
+      if constexpr (std::is_same_v<T, float>) t[off + i] = h[i];
+      else t[off + i] = cutrain::from_float<T>(h[i]);
     }
     a.upload(t);
   }
@@ -39,32 +39,29 @@ struct Dev {
     const std::vector<T> t = a.download();
     std::vector<float> h(n);
     for (std::size_t i = 0; i < n; ++i) {
-      if constexpr (std::is_same_v<T, bf16>) h[i] = cutrain::to_float(t[off + i]);
-      else h[i] = t[off + i];
+      if constexpr (std::is_same_v<T, float>) h[i] = t[off + i];
+      else h[i] = cutrain::to_float(t[off + i]);
     }
     return h;
   }
 };
 
-template <typename T>
-constexpr DType dtype_of() {
-  return std::is_same_v<T, bf16> ? DType::BF16 : DType::F32;
-}
-
-// Inputs never exactly 0, so a 0 output means dropped; bf16 inputs are bf16 values.
+// Inputs never exactly 0 (after rounding to T), so a 0 output means dropped; bf16 / fp16 inputs are
+// values of their type.
 template <typename T>
 std::vector<float> inputs(std::size_t n, std::mt19937_64& rng) {
   auto x = test::random_normal(n, rng);
+  if constexpr (!std::is_same_v<T, float>) x = test::round_to<T>(x);
   for (float& v : x)
     if (v == 0.f) v = 1.f;
-  return std::is_same_v<T, bf16> ? test::round_bf16(x) : x;
+  return x;
 }
 
 // The kernel's output in T against the reference's fp32 result rounded to T: equal elements
 // (the same fp32 operations; the relative error is checked too, over all of them).
 template <typename T>
 void expect_equal_outputs(const std::vector<float>& got, std::vector<float> want, const char* what) {
-  if constexpr (std::is_same_v<T, bf16>) want = test::round_bf16(want);
+  if constexpr (!std::is_same_v<T, float>) want = test::round_to<T>(want);
   ASSERT_EQ(test::count_nan(got), 0u) << what << ": elements not written";
   EXPECT_LE(test::rel_error(got, want), 1e-7) << what;
   std::size_t diff = 0;
@@ -104,6 +101,7 @@ TEST(DropoutGpu, MatchesReferenceOverOddSizes) {
   for (std::size_t n : {1, 3, 4, 5, 255, 4099, 1000003})
     for (float p : {0.f, 0.1f, 0.5f}) {
       check_forward_backward<bf16>(n, p, 0);
+      check_forward_backward<f16>(n, p, 0);
       check_forward_backward<float>(n, p, 0);
       if (::testing::Test::HasFatalFailure()) return;
     }
@@ -113,6 +111,7 @@ TEST(DropoutGpu, MisalignedViewsTakeTheScalarPath) {
   CUTRAIN_REQUIRE_GPU();
   for (std::size_t n : {7, 100003}) {
     check_forward_backward<bf16>(n, 0.2f, 1);
+    check_forward_backward<f16>(n, 0.2f, 1);
     check_forward_backward<float>(n, 0.2f, 3);
   }
 }
@@ -162,6 +161,7 @@ TEST(DropoutGpu, BiasDropoutResidualMatchesReference) {
     // p = 0 takes the instance that draws no Philox bits: the plain bias + residual add.
     for (float p : {0.f, 0.1f}) {
       check_bias_residual<bf16>(rows, cols, p);
+      check_bias_residual<f16>(rows, cols, p);
       check_bias_residual<float>(rows, cols, p);
     }
   }

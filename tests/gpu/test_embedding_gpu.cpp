@@ -227,3 +227,48 @@ TEST(EmbeddingArgs, BadArgumentsAreErrors) {
   EXPECT_THROW(kernels::embedding_backward(nullptr, p, t, p, p, DType::F16, false, 2, 4, 8, 10, p), Error);
   EXPECT_THROW(kernels::embedding_backward(nullptr, p, t, p, p, DType::F32, false, 2, 4, 8, 10, nullptr), Error);
 }
+
+// The fp16 instance (fp16 training): forward and backward into fp16 and fp32 tables (accumulate
+// or overwrite) against the fp64 reference. Tolerance 3e-3 for fp16 outputs (11 significant bits;
+// a sum of repeated tokens' rows rounds once), 1e-5 for fp32 tables.
+TEST(EmbeddingGpu, Fp16MatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (const Shape& s : kShapes) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool f32_tables = variant & 1, accumulate = variant & 2;
+      SCOPED_TRACE(label(s) + (f32_tables ? " fp32 grads" : " fp16 grads") + (accumulate ? " accumulate" : "") +
+                   " fp16");
+      const int N = s.B * s.T;
+      const auto tok = tokens_for(s, rng);
+      const std::size_t nte = static_cast<std::size_t>(s.vocab) * s.C, npe = static_cast<std::size_t>(s.T) * s.C;
+      const auto wte = test::round_f16(test::random_normal(nte, rng));
+      const auto wpe = test::round_f16(test::random_normal(npe, rng));
+      test::DeviceArray<int32_t> dtok(tok);
+      test::DeviceArray<f16> dwte(test::to_f16(wte)), dwpe(test::to_f16(wpe)), out(static_cast<std::size_t>(N) * s.C);
+      kernels::embedding_forward(nullptr, dtok.get(), dwte.get(), dwpe.get(), out.get(), s.B, s.T, s.C, s.vocab,
+                                 nullptr);
+      auto want = ref::embedding_forward(tok.data(), wte.data(), wpe.data(), s.B, s.T, s.C, s.vocab, nullptr);
+      const auto got = test::download_float(out);
+      ASSERT_EQ(test::count_nan(got), 0u) << "out not fully written";
+      EXPECT_LE(test::rel_error(got, want), 3e-3);
+
+      const auto dout = test::round_f16(test::random_normal(static_cast<std::size_t>(N) * s.C, rng));
+      const auto te0 = test::round_f16(test::random_normal(nte, rng)), pe0 = test::round_f16(test::random_normal(npe, rng));
+      test::DeviceArray<f16> ddout(test::to_f16(dout)), gte16(test::to_f16(te0)), gpe16(test::to_f16(pe0));
+      test::DeviceArray<float> gte32(te0), gpe32(pe0);
+      test::DeviceArray<uint8_t> scratch(kernels::embedding_backward_scratch_bytes(s.B, s.T, s.C, s.vocab));
+      void* dte = f32_tables ? static_cast<void*>(gte32.get()) : gte16.get();
+      void* dpe = f32_tables ? static_cast<void*>(gpe32.get()) : gpe16.get();
+      kernels::embedding_backward(nullptr, ddout.get(), dtok.get(), dte, dpe, f32_tables ? DType::F32 : DType::F16,
+                                  accumulate, s.B, s.T, s.C, s.vocab, scratch.get());
+      const auto wb = ref::embedding_backward(dout.data(), tok.data(), accumulate ? te0.data() : nullptr,
+                                              accumulate ? pe0.data() : nullptr, s.B, s.T, s.C, s.vocab);
+      const auto got_te = f32_tables ? gte32.download() : test::download_float(gte16);
+      auto got_pe = f32_tables ? gpe32.download() : test::download_float(gpe16);
+      ASSERT_EQ(test::count_nan(got_te) + test::count_nan(got_pe), 0u) << "a gradient table was not fully written";
+      EXPECT_LE(test::rel_error(got_te, wb.dwte), f32_tables ? 1e-5 : 3e-3);
+      EXPECT_LE(test::rel_error(got_pe, wb.dwpe), f32_tables ? 1e-5 : 3e-3);
+    }
+  }
+}

@@ -206,8 +206,57 @@ TEST(GeluArgs, BadArgumentsAreErrors) {
   bf16* q = reinterpret_cast<bf16*>(std::uintptr_t{512});
   EXPECT_THROW(kernels::gelu_forward(nullptr, p, nullptr, nullptr, q, 0, 8), Error);
   EXPECT_THROW(kernels::gelu_forward(nullptr, p, nullptr, nullptr, q, 4, 0), Error);
-  EXPECT_THROW(kernels::gelu_forward(nullptr, nullptr, nullptr, nullptr, q, 4, 8), Error);
+  EXPECT_THROW(kernels::gelu_forward<bf16>(nullptr, nullptr, nullptr, nullptr, q, 4, 8), Error);
   EXPECT_THROW(kernels::gelu_forward(nullptr, p, q, p, q, 4, 8), Error);  // pre_out aliases in
   EXPECT_THROW(kernels::gelu_backward(nullptr, p, q, q, 8), Error);        // din aliases pre
   EXPECT_THROW(kernels::gelu_backward(nullptr, p, q, p, 0), Error);
+}
+
+// The fp16 instance (fp16 training): the same math on fp16 storage, every path (vector and scalar,
+// bias, erf and tanh), against the fp64 reference. Tolerance 3e-3: fp16 keeps 11 significant bits
+// (one rounding of the output is at most 2^-11 relative), against bf16's 1e-2 for 8 bits.
+TEST(GeluGpu, Fp16MatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (const Shape& s : kShapes) {
+    for (int variant = 0; variant < 8; ++variant) {
+      const bool tanh = variant & 1, with_bias = variant & 2, misalign = variant & 4;
+      SCOPED_TRACE(std::to_string(s.rows) + "x" + std::to_string(s.cols) + (tanh ? " tanh" : " erf") +
+                   (with_bias ? " bias" : "") + (misalign ? " misaligned" : "") + " fp16");
+      const auto kind = tanh ? kernels::GeluKind::Tanh : kernels::GeluKind::Erf;
+      const std::size_t n = static_cast<std::size_t>(s.rows) * s.cols, off = misalign ? 1 : 0;
+      const auto in = test::round_f16(test::random_normal(n, rng, 0.f, 2.f));
+      const auto bias = test::round_f16(test::random_normal(s.cols, rng, 0.f, 0.5f));
+      std::vector<float> in_h(n + 1, 0.f);
+      std::copy(in.begin(), in.end(), in_h.begin() + off);
+      test::DeviceArray<f16> din(test::to_f16(in_h)), dbias(test::to_f16(bias)), dpre(n + 1), dout(n + 1);
+      kernels::gelu_forward(nullptr, din.get() + off, with_bias ? dbias.get() : nullptr,
+                            with_bias ? dpre.get() + off : nullptr, dout.get() + off, s.rows, s.cols, kind);
+      const auto want =
+          ref::gelu_forward(in.data(), with_bias ? bias.data() : nullptr, s.rows, s.cols, tanh, DType::F16);
+      auto got = test::download_float(dout);
+      got.erase(got.begin(), got.begin() + off);
+      got.resize(n);
+      ASSERT_EQ(test::count_nan(got), 0u) << "out not fully written";
+      EXPECT_LE(test::rel_error(got, want.out), 3e-3);
+      std::vector<float> pre = in;
+      if (with_bias) {
+        pre = test::download_float(dpre);
+        pre.erase(pre.begin(), pre.begin() + off);
+        pre.resize(n);
+        EXPECT_EQ(pre, want.pre) << "pre must be the fp16-rounded in + bias";
+      }
+      const auto g = test::round_f16(test::random_normal(n, rng));
+      std::vector<float> g_h(n + 1, 0.f), pre_h(n + 1, 0.f);
+      std::copy(g.begin(), g.end(), g_h.begin() + off);
+      std::copy(pre.begin(), pre.end(), pre_h.begin() + off);
+      test::DeviceArray<f16> dg(test::to_f16(g_h)), dp(test::to_f16(pre_h)), dx(n + 1);
+      kernels::gelu_backward(nullptr, dg.get() + off, dp.get() + off, dx.get() + off, n, kind);
+      auto got_dx = test::download_float(dx);
+      got_dx.erase(got_dx.begin(), got_dx.begin() + off);
+      got_dx.resize(n);
+      ASSERT_EQ(test::count_nan(got_dx), 0u) << "din not fully written";
+      EXPECT_LE(test::rel_error(got_dx, ref::gelu_backward(g.data(), pre.data(), n, tanh)), 3e-3);
+    }
+  }
 }

@@ -397,7 +397,7 @@ TEST(GemmGpu, InvalidArgumentsThrowAndLeaveOutputsUntouched) {
   expect_error([&] { gemm.forward(nullptr, x.dev.get(), w.dev.get(), nullptr, y.get(), 0, N, K); }, "M=0");
   expect_error([&] { gemm.forward(nullptr, x.dev.get(), w.dev.get(), nullptr, y.get(), M, -3, K); }, "N=-3");
   expect_error([&] { gemm.forward(nullptr, x.dev.get(), w.dev.get(), nullptr, y.get(), M, N, 0); }, "K=0");
-  expect_error([&] { gemm.forward(nullptr, nullptr, w.dev.get(), nullptr, y.get(), M, N, K); }, "`x`");
+  expect_error([&] { gemm.forward<bf16>(nullptr, nullptr, w.dev.get(), nullptr, y.get(), M, N, K); }, "`x`");
   expect_error([&] { gemm.forward(nullptr, odd, w.dev.get(), nullptr, y.get(), M, N, K); }, "aligned");
   expect_error([&] { gemm.forward(nullptr, x.dev.get(), w.dev.get(), nullptr, y.get(), M, N, K, GemmEpilogue::Bias); },
                "`bias`");
@@ -505,5 +505,117 @@ TEST(BiasGradGpu, IsBitwiseDeterministic) {
       r = db.download();
     }
     EXPECT_TRUE(same_bits(runs[0], runs[1]));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// fp16 (fp16 training): the same GEMMs with CUDA_R_16F inputs and outputs, fp32 compute
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+// An fp16 device tensor with its host copy (fp16-rounded).
+struct Tensor16 {
+  std::vector<float> host;
+  DeviceArray<f16> dev;
+};
+Tensor16 make_tensor16(std::size_t n, std::mt19937_64& rng, float stddev = 1.f) {
+  Tensor16 t{test::round_f16(test::random_normal(n, rng, 0.f, stddev)), DeviceArray<f16>()};
+  t.dev = DeviceArray<f16>(test::to_f16(t.host));
+  return t;
+}
+// fp16 outputs keep 11 significant bits: one rounding of each output is at most 2^-11 relative,
+// so 3e-3 (bf16's kBf16Tol is 1e-2 for 8 bits) still catches any real mistake.
+constexpr double kF16Tol = 3e-3;
+}  // namespace
+
+TEST(GemmGpu, Fp16EveryOpMatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  Gemm gemm;
+  for (const Shape& s : kShapes) {
+    auto x = make_tensor16(std::size_t(s.M) * s.K, rng);
+    auto w = make_tensor16(std::size_t(s.N) * s.K, rng, 1.f / std::sqrt(float(s.K)));
+    auto b = make_tensor16(s.N, rng, 0.5f);
+    for (GemmEpilogue ep : {GemmEpilogue::None, GemmEpilogue::Bias, GemmEpilogue::BiasGeluTanh}) {
+      SCOPED_TRACE(str(s) + " epilogue " + name(ep) + " fp16");
+      const bool has_bias = ep != GemmEpilogue::None, gelu = ep == GemmEpilogue::BiasGeluTanh;
+      if (gelu && std::size_t(s.M) * s.N < 64) continue;  // as in the bf16 test: GELU's tail
+      DeviceArray<f16> y(std::size_t(s.M) * s.N), aux(gelu ? std::size_t(s.M) * s.N : 0);
+      gemm.forward(nullptr, x.dev.get(), w.dev.get(), has_bias ? b.dev.get() : nullptr, y.get(), s.M, s.N, s.K, ep,
+                   gelu ? aux.get() : nullptr);
+      std::vector<double> pre;
+      const auto want = ref::gemm_forward(x.host, w.host, has_bias ? b.host.data() : nullptr, s.M, s.N, s.K, gelu,
+                                          gelu ? &pre : nullptr);
+      expect_written_and_close(test::download_float(y), want, kF16Tol, "forward");
+      if (gelu) expect_written_and_close(test::download_float(aux), pre, kF16Tol, "aux (pre-activation)");
+    }
+    {
+      SCOPED_TRACE(str(s) + " forward_fp32 fp16");
+      DeviceArray<float> y(std::size_t(s.M) * s.N);
+      gemm.forward_fp32(nullptr, x.dev.get(), w.dev.get(), y.get(), s.M, s.N, s.K);
+      expect_written_and_close(y.download(), ref::gemm_forward(x.host, w.host, nullptr, s.M, s.N, s.K), kF32GemmTol,
+                               "forward_fp32");
+    }
+    auto dy = make_tensor16(std::size_t(s.M) * s.N, rng);
+    for (bool beta : {false, true}) {
+      SCOPED_TRACE(str(s) + (beta ? " grad_input beta 1" : " grad_input") + " fp16");
+      const auto init = test::round_f16(test::random_normal(std::size_t(s.M) * s.K, rng));
+      DeviceArray<f16> dx(std::size_t(s.M) * s.K);
+      if (beta) dx.upload(test::to_f16(init));
+      gemm.grad_input(nullptr, dy.dev.get(), w.dev.get(), dx.get(), s.M, s.N, s.K, beta ? 1.f : 0.f);
+      const auto want = ref::gemm_grad_input(dy.host, w.host, s.M, s.N, s.K, beta ? 1.0 : 0.0, beta ? &init : nullptr);
+      expect_written_and_close(test::download_float(dx), want, kF16Tol, "");
+    }
+    if (std::size_t(s.M) * s.K >= 64) {
+      SCOPED_TRACE(str(s) + " grad_input dgelu fp16");
+      const auto aux = test::round_f16(test::random_normal(std::size_t(s.M) * s.K, rng));
+      DeviceArray<f16> daux(test::to_f16(aux)), dx(std::size_t(s.M) * s.K);
+      gemm.grad_input(nullptr, dy.dev.get(), w.dev.get(), dx.get(), s.M, s.N, s.K, 0.f, daux.get());
+      const auto want = ref::gemm_grad_input(dy.host, w.host, s.M, s.N, s.K, 0.0, nullptr, &aux);
+      expect_written_and_close(test::download_float(dx), want, 1e-2, "");  // gelu' of the tail as in bf16
+    }
+    const std::size_t n = std::size_t(s.N) * s.K;
+    const auto init = test::round_f16(test::random_normal(n, rng, 0.f, std::sqrt(float(s.M))));
+    for (bool acc : {false, true}) {
+      SCOPED_TRACE(str(s) + (acc ? " grad_weight accumulate" : " grad_weight") + " fp16");
+      const auto want = ref::gemm_grad_weight(dy.host, x.host, s.M, s.N, s.K, acc ? &init : nullptr);
+      DeviceArray<float> dw32(n);
+      if (acc) dw32.upload(init);
+      gemm.grad_weight(nullptr, dy.dev.get(), x.dev.get(), dw32.get(), DType::F32, s.M, s.N, s.K, acc);
+      expect_written_and_close(dw32.download(), want, kF32GemmTol, "fp32");
+      DeviceArray<f16> dw16(n);
+      if (acc) dw16.upload(test::to_f16(init));
+      gemm.grad_weight(nullptr, dy.dev.get(), x.dev.get(), dw16.get(), DType::F16, s.M, s.N, s.K, acc);
+      expect_written_and_close(test::download_float(dw16), want, kF16Tol, "fp16");
+    }
+  }
+  // A weight gradient of the other 16-bit type than the inputs is refused, naming both.
+  auto x = make_tensor16(64, rng), dy = make_tensor16(64, rng);
+  DeviceArray<bf16> wrong(64);
+  const std::string err = test::error_of(
+      [&] { gemm.grad_weight(nullptr, dy.dev.get(), x.dev.get(), wrong.get(), DType::BF16, 8, 8, 8, false); });
+  EXPECT_NE(err.find("dw_type must be float16"), std::string::npos) << err;
+}
+
+TEST(BiasGradGpu, Fp16InputMatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const std::vector<std::pair<int, int>> shapes = {{1, 1}, {7, 13}, {4097, 24}, {2048, 1024}, {3, 50000}, {300, 8193}};
+  for (auto [M, N] : shapes) {
+    auto dy = make_tensor16(std::size_t(M) * N, rng);
+    const auto init = test::round_f16(test::random_normal(N, rng, 0.f, std::sqrt(float(M))));
+    DeviceArray<float> scratch(kernels::bias_grad_scratch_bytes(M, N) / sizeof(float));
+    for (bool acc : {false, true}) {
+      SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + (acc ? " accumulate" : "") + " fp16");
+      const auto want = ref::bias_grad(dy.host, M, N, acc ? &init : nullptr);
+      DeviceArray<float> dbf(N);
+      if (acc) dbf.upload(init);
+      kernels::bias_grad(nullptr, dy.dev.get(), dbf.get(), DType::F32, M, N, acc, scratch.get());
+      expect_written_and_close(dbf.download(), want, kF32SumTol, "fp32");
+      DeviceArray<f16> dbh(N);
+      if (acc) dbh.upload(test::to_f16(init));
+      kernels::bias_grad(nullptr, dy.dev.get(), dbh.get(), DType::F16, M, N, acc, scratch.get());
+      expect_written_and_close(test::download_float(dbh), want, kF16Tol, "fp16");
+    }
   }
 }

@@ -459,5 +459,59 @@ TEST(LambPlan, RefusesOverlapAndEmptyTensors) {
   EXPECT_TRUE(plan.aligned4);
 }
 
+// fp16 parameters (fp16 training): LAMB's Baseline layout over the odd tensor table, fp16 gradients
+// loss_scale times the true ones unscaled through device_scale; master, m, v and the trust ratios
+// against the fp64 reference as the bf16 Baseline test checks them, the fp16 params exactly the
+// fp16 rounding of the kernel's own master, elements outside every tensor untouched.
+TEST(LambGpuFp16, BaselineMatchesReferenceWithDeviceUnscale) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  std::size_t n = 0;
+  const auto tensors = odd_tensors(0, n);
+  std::vector<bool> in_tensor(n, false);
+  for (const LambTensor& x : tensors)
+    for (std::size_t i = x.begin; i < x.begin + x.count; ++i) in_tensor[i] = true;
+  const kernels::LambPlan plan = kernels::LambPlan::make(tensors);
+  std::vector<unsigned char> packed(plan.table_bytes());
+  plan.pack(packed.data());
+  DeviceArray<unsigned char> d_table(packed), d_ws(plan.workspace_bytes());
+  CUTRAIN_CUDA_CHECK(cudaMemset(d_ws.get(), 0, plan.workspace_bytes()));
+  const kernels::LambDeviceTable table = kernels::lamb_device_table(plan, d_table.get(), d_ws.get());
+  const float loss_scale = 1024.f;
+  std::vector<float> master = test::random_normal(n, rng, 0.f, 1.f);
+  std::vector<float> m = test::random_normal(n, rng, 0.f, 1e-2f), v = test::random_uniform(n, rng, 0.f, 1e-4f);
+  for (std::size_t i = 0; i < n; ++i)
+    if (!in_tensor[i]) master[i] = m[i] = v[i] = NAN;  // the gaps: must stay untouched (NaN)
+  DeviceArray<f16> dp(test::to_f16(test::round_f16(master))), dg(n);
+  DeviceArray<float> dmaster(master), dm(m), dv(v), dscale(std::vector<float>{1.f / loss_scale});
+  LambParams p = some_params(rng, false);
+  std::vector<float> rp = test::round_f16(master), rmas = master, rm = m, rv = v;
+  for (int step = 1; step <= 3; ++step) {
+    p.step = step;
+    const auto stored = test::round_f16(test::random_normal(n, rng, 0.f, 1e-2f * loss_scale));
+    dg.upload(test::to_f16(stored));
+    kernels::lamb_step(nullptr, OptimizerLayout::Baseline, p, table, dp.get(), dg.get(), DType::F16, dmaster.get(),
+                       dm.get(), dv.get(), dscale.get(), nullptr);
+    std::vector<double> want_ratio;
+    ref::lamb_step(OptimizerLayout::Baseline, p, p.grad_scale / loss_scale, tensors, rp, stored, rmas, rm, rv, nullptr,
+                   &want_ratio);
+    std::vector<float> got_ratio(tensors.size());
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(got_ratio.data(), kernels::lamb_trust_ratios(table), got_ratio.size() * 4,
+                                  cudaMemcpyDeviceToHost));
+    for (std::size_t t = 0; t < tensors.size(); ++t)
+      ASSERT_NEAR(got_ratio[t], want_ratio[t], 1e-5 * want_ratio[t]) << "trust ratio of tensor " << t;
+    const auto gp = test::download_float(dp), gmas = dmaster.download(), gm = dm.download(), gv = dv.download();
+    expect_f32_close(gmas, rmas, in_tensor, 1e-6, "master");
+    expect_f32_close(gm, rm, in_tensor, 1e-6, "m");
+    expect_f32_close(gv, rv, in_tensor, 1e-6, "v");
+    for (std::size_t i = 0; i < n; ++i) {
+      if (in_tensor[i]) ASSERT_EQ(gp[i], round_f16(gmas[i])) << "params[" << i << "]: the fp16 rounding of the master";
+      else ASSERT_TRUE(std::isnan(gp[i])) << "params[" << i << "] outside every tensor was written";
+    }
+    if (::testing::Test::HasFatalFailure()) return;
+    rmas = gmas, rm = gm, rv = gv;
+  }
+}
+
 }  // namespace
 }  // namespace cutrain

@@ -436,3 +436,92 @@ TEST(LayerNormShapes, UnsupportedShapesAreClearErrors) {
   }
   EXPECT_THROW(from_output(p, DType::F16, 64), Error);
 }
+
+// The fp16 instance (fp16 training): forward (sum bits, y, mean, rstd) and both backwards (from the
+// input and from the output; fp16 and fp32 parameter gradients, accumulate, d_extra, d_sum aliasing
+// dy) on every path (team widths, the wide-row block, the scalar fallback), against the fp64
+// reference. Tolerance 3e-3 for 16-bit outputs (fp16 keeps 11 significant bits, against bf16's 8 and
+// its 1e-2); fp32 parameter gradients 1e-4 as for bf16.
+TEST(LayerNormGpu, Fp16MatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const std::vector<Case> shapes = {{7, 64}, {33, 1000}, {2049, 1536}, {5, 16384}, {17, 1032}, {9, 4104}, {4, 1030},
+                                    {31, 1024, true}};
+  for (const Case& c : shapes) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool from_output = variant & 1, f32_params = variant & 2;
+      const bool accumulate = (c.rows + variant) % 2 == 0, alias = c.rows % 3 == 0, with_extra = variant != 1;
+      SCOPED_TRACE(name(c) + (from_output ? " from output" : " from input") + (f32_params ? " fp32" : " fp16") +
+                   " params fp16");
+      const std::size_t n = static_cast<std::size_t>(c.rows) * c.cols, off = c.misalign ? 1 : 0;
+      auto up = [&](const std::vector<float>& v, std::size_t o) {
+        std::vector<float> h(v.size() + 1, 0.f);
+        std::copy(v.begin(), v.end(), h.begin() + o);
+        return test::DeviceArray<f16>(test::to_f16(h));
+      };
+      auto down = [&](const test::DeviceArray<f16>& a, std::size_t o, std::size_t k) {
+        auto h = test::download_float(a);
+        return std::vector<float>(h.begin() + o, h.begin() + o + k);
+      };
+      const auto x = test::round_f16(test::random_normal(n, rng, 0.5f, 1.5f));
+      const auto res = test::round_f16(test::random_normal(n, rng, -0.25f, 1.f));
+      const auto gamma = test::round_f16(test::random_normal(c.cols, rng, 1.f, 0.25f));
+      const auto beta = test::round_f16(test::random_normal(c.cols, rng, 0.f, 0.25f));
+      auto dx_ = up(x, off), dres = up(res, off), dg = up(gamma, 0), db = up(beta, 0);
+      test::DeviceArray<f16> dsum(n + 1), dy_out(n + 1);
+      test::DeviceArray<float> mean(c.rows), rstd(c.rows);
+      kernels::layernorm_residual_forward(nullptr, dx_.get() + off, dres.get() + off, dsum.get() + off,
+                                          dy_out.get() + off, mean.get(), rstd.get(), dg.get(), db.get(), c.rows,
+                                          c.cols);
+      const auto fwd = ref::layernorm_forward(x.data(), res.data(), gamma.data(), beta.data(), c.rows, c.cols, 1e-5,
+                                              DType::F16);
+      const auto sum = down(dsum, off, n), y = down(dy_out, off, n);
+      ASSERT_EQ(test::count_nan(sum) + test::count_nan(y), 0u) << "sum / y not fully written";
+      EXPECT_EQ(sum, fwd.sum) << "sum must be the fp16-rounded x + residual";
+      EXPECT_LE(test::rel_error(y, fwd.y), 3e-3);
+      EXPECT_LE(test::rel_error(mean.download(), fwd.mean), 1e-5);
+      EXPECT_LE(test::rel_error(rstd.download(), fwd.rstd), 1e-5);
+
+      const auto dy = test::round_f16(test::random_normal(n, rng));
+      const auto extra = test::round_f16(test::random_normal(n, rng, 0.f, 0.5f));
+      const auto g0 = test::round_f16(test::random_normal(c.cols, rng)), b0 = test::round_f16(test::random_normal(c.cols, rng));
+      auto ddy = up(dy, off), dextra = up(extra, off);
+      test::DeviceArray<f16> dds(n + 1), dg16(test::to_f16(g0)), db16(test::to_f16(b0));
+      test::DeviceArray<float> dg32(g0), db32(b0);
+      if (!accumulate) {
+        dg16.poison(), db16.poison(), dg32.poison(), db32.poison();
+      }
+      const DType pt = f32_params ? DType::F32 : DType::F16;
+      void* dgamma = f32_params ? static_cast<void*>(dg32.get()) : dg16.get();
+      void* dbeta = f32_params ? static_cast<void*>(db32.get()) : db16.get();
+      f16* d_sum = alias ? ddy.get() + off : dds.get() + off;
+      test::DeviceArray<uint8_t> scratch(kernels::layernorm_backward_scratch_bytes(c.rows, c.cols));
+      if (from_output) {
+        kernels::layernorm_backward_from_output(nullptr, ddy.get() + off, dy_out.get() + off, rstd.get(), dg.get(),
+                                                db.get(), with_extra ? dextra.get() + off : nullptr, d_sum, dgamma,
+                                                dbeta, pt, accumulate, scratch.get(), c.rows, c.cols);
+      } else {
+        kernels::layernorm_backward(nullptr, ddy.get() + off, dsum.get() + off, mean.get(), rstd.get(), dg.get(),
+                                    with_extra ? dextra.get() + off : nullptr, d_sum, dgamma, dbeta, pt, accumulate,
+                                    scratch.get(), c.rows, c.cols);
+      }
+      const auto rstd_h = rstd.download();
+      const auto want =
+          from_output
+              ? ref::layernorm_backward_from_output(dy.data(), y.data(), rstd_h.data(), gamma.data(), beta.data(),
+                                                    with_extra ? extra.data() : nullptr, accumulate ? g0.data() : nullptr,
+                                                    accumulate ? b0.data() : nullptr, c.rows, c.cols)
+              : ref::layernorm_backward(dy.data(), sum.data(), gamma.data(), with_extra ? extra.data() : nullptr,
+                                        accumulate ? g0.data() : nullptr, accumulate ? b0.data() : nullptr, c.rows,
+                                        c.cols);
+      const auto got_ds = down(alias ? ddy : dds, off, n);
+      const auto got_g = f32_params ? dg32.download() : down(dg16, 0, c.cols);
+      const auto got_b = f32_params ? db32.download() : down(db16, 0, c.cols);
+      ASSERT_EQ(test::count_nan(got_ds) + test::count_nan(got_g) + test::count_nan(got_b), 0u)
+          << "an output was not fully written";
+      EXPECT_LE(test::rel_error(got_ds, want.d_sum), 3e-3);
+      EXPECT_LE(test::rel_error(got_g, want.dgamma), f32_params ? 1e-4 : 3e-3);
+      EXPECT_LE(test::rel_error(got_b, want.dbeta), f32_params ? 1e-4 : 3e-3);
+    }
+  }
+}

@@ -60,9 +60,10 @@ class MlmGatherGpu : public ::testing::TestWithParam<Shape> {};
 
 }  // namespace
 
-TEST_P(MlmGatherGpu, PlanGatherAndScatterMatchTheReference) {
-  CUTRAIN_REQUIRE_GPU();
-  const Shape sh = GetParam();
+namespace {
+// One case with the rows in E (bf16 or fp16): the plan, token_gather on it and the scatter back.
+template <typename E>
+void check_case(const Shape& sh) {
   auto rng = test::fresh_rng();
   const std::vector<std::int32_t> lab = make_labels(sh, rng);
   const ref::MlmGatherPlan want = ref::mlm_gather_plan(lab, sh.B, sh.S, sh.K, kVocab);
@@ -97,19 +98,19 @@ TEST_P(MlmGatherGpu, PlanGatherAndScatterMatchTheReference) {
 
   // The head's rows: token_gather on the plan's positions, and the scatter back.
   const int o = sh.offset;
-  const std::vector<float> x = test::round_bf16(test::random_normal(M * sh.h, rng));
-  const std::vector<float> d = test::round_bf16(test::random_normal(P * sh.h, rng));
+  const std::vector<float> x = test::round_to<E>(test::random_normal(M * sh.h, rng));
+  const std::vector<float> d = test::round_to<E>(test::random_normal(P * sh.h, rng));
   auto upload = [&](const std::vector<float>& v) {
-    DeviceArray<bf16> a(v.size() + o);
-    std::vector<bf16> hv = test::to_bf16(v);
-    CUTRAIN_CUDA_CHECK(cudaMemcpy(a.get() + o, hv.data(), hv.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+    DeviceArray<E> a(v.size() + o);
+    std::vector<E> hv = test::to_storage<E>(v);
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(a.get() + o, hv.data(), hv.size() * sizeof(E), cudaMemcpyHostToDevice));
     return a;
   };
-  auto download = [&](const DeviceArray<bf16>& a) {
+  auto download = [&](const DeviceArray<E>& a) {
     std::vector<float> all = test::download_float(a);
     return std::vector<float>(all.begin() + o, all.end());
   };
-  DeviceArray<bf16> dx = upload(x), dd = upload(d), dg(P * sh.h + o), dout(M * sh.h + o);
+  DeviceArray<E> dx = upload(x), dd = upload(d), dg(P * sh.h + o), dout(M * sh.h + o);
   kernels::token_gather(s, dx.get() + o, dpos.get(), dg.get() + o, sh.B, sh.S, sh.K, sh.h);
   const std::vector<float> got_g = download(dg);
   EXPECT_EQ(test::count_nan(got_g), 0u) << "a slot left unwritten";
@@ -122,6 +123,19 @@ TEST_P(MlmGatherGpu, PlanGatherAndScatterMatchTheReference) {
   std::size_t mismatched = 0;
   for (std::size_t i = 0; i < got.size(); ++i) mismatched += double(got[i]) != want_s[i];
   EXPECT_EQ(mismatched, 0u) << "the scatter is a copy or zeros";
+}
+
+}  // namespace
+
+TEST_P(MlmGatherGpu, PlanGatherAndScatterMatchTheReference) {
+  CUTRAIN_REQUIRE_GPU();
+  check_case<bf16>(GetParam());
+}
+
+// The fp16 instances of the gather and scatter (fp16 training): bit-exact copies as in bf16.
+TEST_P(MlmGatherGpu, Fp16RowsGatherAndScatterMatchTheReference) {
+  CUTRAIN_REQUIRE_GPU();
+  check_case<f16>(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(OddShapes, MlmGatherGpu,

@@ -1,5 +1,6 @@
-// GPU tests of grad_norm_clip: the norm against the fp64 reference (bf16 and fp32 gradients, odd
-// sizes, misaligned views), bitwise determinism, NaN/Inf detection, the clip coefficient, n > 2^31.
+// GPU tests of grad_norm_clip: the norm against the fp64 reference (bf16, fp16 and fp32 gradients,
+// odd sizes, misaligned views), bitwise determinism, NaN/Inf detection, the clip coefficient, the
+// device loss scale of fp16 training (the norm unscaled, 1/scale in the clip coefficient), n > 2^31.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -31,6 +32,7 @@ NormOut run_norm(const void* grads, DType gt, std::size_t n, float max_norm) {
 // Uploads `g` as `gt` (bf16 values must already be bf16-rounded) at an element offset `off`.
 struct DeviceGrads {
   DeviceArray<bf16> b;
+  DeviceArray<f16> h;
   DeviceArray<float> f;
   DType gt;
   std::size_t off;
@@ -39,6 +41,10 @@ struct DeviceGrads {
       std::vector<float> padded(o, 0.f);
       padded.insert(padded.end(), g.begin(), g.end());
       b = DeviceArray<bf16>(test::to_bf16(padded));
+    } else if (gt == DType::F16) {
+      std::vector<float> padded(o, 0.f);
+      padded.insert(padded.end(), g.begin(), g.end());
+      h = DeviceArray<f16>(test::to_f16(padded));
     } else {
       std::vector<float> padded(o, 0.f);
       padded.insert(padded.end(), g.begin(), g.end());
@@ -46,7 +52,9 @@ struct DeviceGrads {
     }
   }
   const void* ptr() const {
-    return gt == DType::BF16 ? static_cast<const void*>(b.get() + off) : static_cast<const void*>(f.get() + off);
+    return gt == DType::BF16  ? static_cast<const void*>(b.get() + off)
+           : gt == DType::F16 ? static_cast<const void*>(h.get() + off)
+                              : static_cast<const void*>(f.get() + off);
   }
 };
 
@@ -58,6 +66,7 @@ TEST_P(GradNormGpu, MatchesReferenceAndIsDeterministic) {
   auto rng = test::fresh_rng();
   auto g = test::random_normal(n, rng, 0.f, 1e-2f);
   if (gt == DType::BF16) g = test::round_bf16(g);
+  if (gt == DType::F16) g = test::round_f16(g);
   DeviceGrads d(g, gt, off);
   const double want = ref::grad_norm(g);
   NormOut a = run_norm(d.ptr(), gt, n, 0.f);
@@ -85,6 +94,7 @@ TEST_P(GradNormGpu, SumOfSquaresSplitGivesTheSameBits) {
   auto rng = test::fresh_rng();
   auto g = test::random_normal(n, rng, 0.f, 1e-2f);
   if (gt == DType::BF16) g = test::round_bf16(g);
+  if (gt == DType::F16) g = test::round_f16(g);
   DeviceGrads d(g, gt, off);
   const double want = ref::grad_norm(g);
   for (float max_norm : {0.f, static_cast<float>(want / 3)}) {
@@ -130,7 +140,7 @@ TEST(GradNormGpuNonfinite, SumOfSquaresCarriesNanToTheFlag) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, GradNormGpu,
-                         ::testing::Combine(::testing::Values(DType::BF16, DType::F32),
+                         ::testing::Combine(::testing::Values(DType::BF16, DType::F16, DType::F32),
                                             ::testing::Values(std::size_t(1), std::size_t(7), std::size_t(4097),
                                                               std::size_t(1000003), std::size_t(254128976)),
                                             ::testing::Values(std::size_t(0), std::size_t(1))),
@@ -143,9 +153,9 @@ TEST(GradNormGpuNonfinite, NanAndInfAreFlagged) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   const std::size_t n = 1000003;
-  for (DType gt : {DType::BF16, DType::F32}) {
+  for (DType gt : {DType::BF16, DType::F16, DType::F32}) {
     for (float bad : {NAN, INFINITY, -INFINITY}) {
-      auto g = test::round_bf16(test::random_normal(n, rng, 0.f, 1.f));
+      auto g = test::round_bf16(test::random_normal(n, rng, 0.f, 1.f));  // bf16 values are fp16 values here too
       const std::size_t where = test::random_ints(1, rng, 0, static_cast<int32_t>(n - 1))[0];
       g[where] = bad;
       DeviceGrads d(g, gt, 0);
@@ -188,6 +198,47 @@ TEST(GradNormGpuArgs, RejectsBadArguments) {
                Error);
   EXPECT_THROW(kernels::grad_norm_clip(nullptr, g.get(), DType::F32, 8, 0.f, norm.get(), nullptr, nullptr, nullptr),
                Error);
+}
+
+// fp16 loss scaling: the gradients are S times the true ones; with the device word S the norm is the
+// unscaled one, the clip formula uses it and clip_scale carries 1/S (the optimizer's one factor);
+// the split (ZeRO 1-2) path gives the same bits; an fp16 overflow (inf) sets the flag.
+TEST(GradNormGpuLossScale, NormIsUnscaledAndClipCarriesTheInverseScale) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const std::size_t n = 100003;
+  const float S = 1024.f;
+  const auto g = test::round_f16(test::random_normal(n, rng, 0.f, 0.5f));  // scaled gradients, as stored
+  const double want = ref::grad_norm(g) / S;
+  DeviceGrads d(g, DType::F16, 0);
+  DeviceArray<float> scale(std::vector<float>{S});
+  for (float max_norm : {0.f, static_cast<float>(want / 4)}) {
+    DeviceArray<float> norm(1), clip(1);
+    DeviceArray<int> bad(1);
+    DeviceArray<char> scratch(kernels::grad_norm_scratch_bytes(n));
+    kernels::grad_norm_clip(nullptr, d.ptr(), DType::F16, n, max_norm, norm.get(), clip.get(), bad.get(),
+                            scratch.get(), scale.get());
+    const float got_norm = norm.download()[0], got_clip = clip.download()[0];
+    EXPECT_NEAR(got_norm, want, 1e-5 * want);
+    EXPECT_EQ(bad.download()[0], 0);
+    EXPECT_NEAR(got_clip, ref::clip_scale(got_norm, max_norm) / S, 1e-6 / S) << "max_norm " << max_norm;
+    DeviceArray<double> sumsq(1);
+    DeviceArray<float> norm2(1), clip2(1);
+    kernels::grad_sumsq(nullptr, d.ptr(), DType::F16, n, sumsq.get(), scratch.get());
+    kernels::grad_norm_from_sumsq(nullptr, sumsq.get(), max_norm, norm2.get(), clip2.get(), bad.get(), scale.get());
+    const float n2 = norm2.download()[0], c2 = clip2.download()[0];
+    EXPECT_EQ(std::memcmp(&got_norm, &n2, 4), 0) << "split path norm";
+    EXPECT_EQ(std::memcmp(&got_clip, &c2, 4), 0) << "split path clip";
+  }
+  auto over = g;
+  over[n / 3] = INFINITY;  // what an fp16 gradient store that overflowed holds
+  DeviceGrads o(over, DType::F16, 0);
+  DeviceArray<float> norm(1), clip(1);
+  DeviceArray<int> bad(1);
+  DeviceArray<char> scratch(kernels::grad_norm_scratch_bytes(n));
+  kernels::grad_norm_clip(nullptr, o.ptr(), DType::F16, n, 1.f, norm.get(), clip.get(), bad.get(), scratch.get(),
+                          scale.get());
+  EXPECT_EQ(bad.download()[0], 1);
 }
 
 }  // namespace

@@ -28,13 +28,14 @@ double gelu_tanh_grad(double x) {
   return s + 2.0 * x * s * (1.0 - s) * k * (1.0 + 3.0 * kCoef * x * x);
 }
 
-GeluForward gelu_forward(const float* in, const float* bias, int rows, int cols, bool tanh) {
+GeluForward gelu_forward(const float* in, const float* bias, int rows, int cols, bool tanh, DType storage) {
   const std::size_t n = static_cast<std::size_t>(rows) * cols;
   GeluForward f;
   f.pre.resize(n);
   f.out.resize(n);
   for (std::size_t i = 0; i < n; ++i) {
-    f.pre[i] = bias ? round_bf16(in[i] + bias[i % cols]) : in[i];
+    f.pre[i] = bias ? (storage == DType::F16 ? round_f16(in[i] + bias[i % cols]) : round_bf16(in[i] + bias[i % cols]))
+                    : in[i];
     f.out[i] = tanh ? gelu_tanh(f.pre[i]) : gelu_erf(f.pre[i]);
   }
   return f;

@@ -51,14 +51,17 @@ LayerNormBackward start_backward(const float* dgamma0, const float* dbeta0, int 
 }  // namespace
 
 LayerNormForward layernorm_forward(const float* x, const float* residual, const float* gamma, const float* beta,
-                                   int rows, int cols, double eps) {
+                                   int rows, int cols, double eps, DType storage) {
   const std::size_t n = static_cast<std::size_t>(rows) * cols;
   LayerNormForward f;
   f.sum.resize(n);
   f.y.resize(n);
   f.mean.resize(rows);
   f.rstd.resize(rows);
-  for (std::size_t i = 0; i < n; ++i) f.sum[i] = residual ? round_bf16(x[i] + residual[i]) : x[i];
+  for (std::size_t i = 0; i < n; ++i) {
+    const float sum = x[i] + (residual ? residual[i] : 0.f);
+    f.sum[i] = !residual ? x[i] : storage == DType::F16 ? round_f16(sum) : round_bf16(sum);
+  }
   for (int r = 0; r < rows; ++r) {
     const float* v = f.sum.data() + static_cast<std::size_t>(r) * cols;
     row_stats(v, cols, eps, f.mean[r], f.rstd[r]);

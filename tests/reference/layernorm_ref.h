@@ -3,18 +3,21 @@
 
 #include <vector>
 
+#include "runtime/dtype.h"
+
 namespace cutrain::ref {
 
 struct LayerNormForward {
-  std::vector<float> sum;    // x + residual rounded to bf16 (fp32 add, as the kernel and PyTorch do)
+  std::vector<float> sum;    // x + residual rounded to `storage` (fp32 add, as the kernel and PyTorch do)
   std::vector<double> y;     // (sum - mean) * rstd * gamma + beta
   std::vector<double> mean;  // per row
   std::vector<double> rstd;  // per row, 1 / sqrt(var + eps), biased variance
 };
 
-// residual may be null (sum = x). All inputs are the bf16 values as floats.
+// residual may be null (sum = x). All inputs are the 16-bit values as floats; `storage`: the
+// kernel's 16-bit type (BF16 or F16), which the sum is rounded to.
 LayerNormForward layernorm_forward(const float* x, const float* residual, const float* gamma, const float* beta,
-                                   int rows, int cols, double eps = 1e-5);
+                                   int rows, int cols, double eps = 1e-5, DType storage = DType::BF16);
 
 struct LayerNormBackward {
   std::vector<double> d_sum;   // LN input gradient (+ d_extra)

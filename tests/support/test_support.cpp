@@ -57,6 +57,23 @@ std::vector<float> to_float(const std::vector<bf16>& v) {
   return r;
 }
 
+std::vector<f16> to_f16(const std::vector<float>& v) {
+  std::vector<f16> r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = cutrain::to_f16(v[i]);
+  return r;
+}
+
+std::vector<float> to_float(const std::vector<f16>& v) {
+  std::vector<float> r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = cutrain::to_float(v[i]);
+  return r;
+}
+
+std::vector<float> round_f16(std::vector<float> v) {
+  for (auto& x : v) x = cutrain::round_f16(x);
+  return v;
+}
+
 std::vector<float> round_bf16(std::vector<float> v) {
   for (auto& x : v) x = cutrain::round_bf16(x);
   return v;
@@ -120,6 +137,7 @@ std::size_t count_nan(const std::vector<float>& v) {
 }
 
 std::vector<float> download_float(const DeviceArray<bf16>& a) { return to_float(a.download()); }
+std::vector<float> download_float(const DeviceArray<f16>& a) { return to_float(a.download()); }
 
 int free_tcp_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/check.h"
@@ -37,6 +38,27 @@ std::vector<bf16> to_bf16(const std::vector<float>& v);
 std::vector<float> to_float(const std::vector<bf16>& v);
 // Rounds every element through bf16 (so a CPU reference sees exactly the GPU's inputs).
 std::vector<float> round_bf16(std::vector<float> v);
+// The same for fp16, and by storage type T (bf16 or fp16) for tests of both instances of a kernel.
+std::vector<f16> to_f16(const std::vector<float>& v);
+std::vector<float> to_float(const std::vector<f16>& v);
+std::vector<float> round_f16(std::vector<float> v);
+template <typename T>
+std::vector<T> to_storage(const std::vector<float>& v) {
+  if constexpr (std::is_same_v<T, f16>) return to_f16(v);
+  else return to_bf16(v);
+}
+template <typename T>
+std::vector<float> round_to(std::vector<float> v) {
+  if constexpr (std::is_same_v<T, f16>) return round_f16(std::move(v));
+  else return round_bf16(std::move(v));
+}
+// The raw bits of each element of a 16-bit host array (bit-exact comparisons).
+template <typename T>
+std::vector<std::uint16_t> bits16(const std::vector<T>& v) {
+  std::vector<std::uint16_t> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = cutrain::bits(v[i]);
+  return b;
+}
 
 // ||out - ref|| / ||ref|| in double; NaN/Inf anywhere in `out` gives +inf.
 double rel_error(const float* out, const double* ref, std::size_t n);
@@ -101,8 +123,9 @@ class DeviceArray {
   std::size_t n_ = 0;
 };
 
-// Downloads a bf16 device array as floats.
+// Downloads a bf16 (fp16) device array as floats.
 std::vector<float> download_float(const DeviceArray<bf16>& a);
+std::vector<float> download_float(const DeviceArray<f16>& a);
 
 // The message of the cutrain::Error that f() throws; "" when it throws none.
 template <typename F>

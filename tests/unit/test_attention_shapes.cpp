@@ -24,15 +24,15 @@ void expect_error(const std::function<void()>& f, const std::string& needle) {
 
 TEST(AttentionShapes, RejectsUnsupportedHeadDim) {
   const AttentionShape sh{1, 8, 1, 96, false};
-  expect_error([&] { kernels::attention_forward(nullptr, nullptr, nullptr, nullptr, sh); },
+  expect_error([&] { kernels::attention_forward<bf16>(nullptr, nullptr, nullptr, nullptr, sh); },
                "attention_forward: head_dim must be 64 or 128, got 96");
   expect_error([&] { kernels::attention_backward_scratch_bytes(sh, true); }, "head_dim must be 64 or 128, got 96");
 }
 
 TEST(AttentionShapes, RejectsEmptySequenceAndNullPointers) {
-  expect_error([&] { kernels::attention_forward(nullptr, nullptr, nullptr, nullptr, AttentionShape{1, 0, 1, 64}); },
+  expect_error([&] { kernels::attention_forward<bf16>(nullptr, nullptr, nullptr, nullptr, AttentionShape{1, 0, 1, 64}); },
                "seq=0");
-  expect_error([&] { kernels::attention_forward(nullptr, nullptr, nullptr, nullptr, AttentionShape{1, 4, 1, 64}); },
+  expect_error([&] { kernels::attention_forward<bf16>(nullptr, nullptr, nullptr, nullptr, AttentionShape{1, 4, 1, 64}); },
                "must be non-null");
 }
 
@@ -41,10 +41,10 @@ TEST(AttentionShapes, RejectsDropoutOutsideZeroOne) {
   for (float p : {1.f, -0.1f, 1.5f, std::nanf("")}) {
     kernels::AttentionOptions o;
     o.dropout_p = p;
-    expect_error([&] { kernels::attention_forward(nullptr, nullptr, nullptr, nullptr, sh, o); },
+    expect_error([&] { kernels::attention_forward<bf16>(nullptr, nullptr, nullptr, nullptr, sh, o); },
                  "options.dropout_p must lie in [0, 1)");
-    expect_error([&] { kernels::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, sh,
-                                                   true, o); },
+    expect_error([&] { kernels::attention_backward<bf16>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                         sh, true, o); },
                  "options.dropout_p must lie in [0, 1)");
   }
 }
