@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <type_traits>
 
 #include "kernels/cross_entropy.cuh"
 #include "kernels/embedding.cuh"
@@ -18,7 +19,8 @@ namespace cutrain::model {
 
 using kernels::GemmEpilogue;
 
-GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
+template <typename T>
+GpuTransformerT<T>::GpuTransformerT(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
                                CachingAllocator& alloc, bool recompute_gelu, std::vector<int> drop_layers,
                                int max_pred)
     : table_(table),
@@ -42,6 +44,8 @@ GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, boo
                 "gpu model: random-LTD is not implemented for the bert architecture (its padding masks and dropout "
                 "sites are per position); leave data_efficiency.random_ltd off");
   CUTRAIN_CHECK(d.arch != Arch::Bert || !d.moe.any(), "gpu model: MoE blocks are not implemented for the bert architecture");
+  CUTRAIN_CHECK((std::is_same_v<T, bf16>) || !d.moe.any(),
+                "gpu model: MoE blocks run in bf16 only; fp16 training (fp16.enabled) needs a dense model");
   CUTRAIN_CHECK(max_pred >= 0 && max_pred <= S, "gpu model: max_predictions_per_seq must lie in [0, seq ", S,
                 "] (0: every position), got ", max_pred);
   CUTRAIN_CHECK(max_pred == 0 || d.arch == Arch::Bert,
@@ -69,7 +73,11 @@ GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, boo
 
 // Block l's MoE layer in place of the FFN: x [M, hidden] -> y. Its routing figures merge into
 // moe_stats_ (training forwards only, not a recompute's).
-void GpuTransformer::moe_forward(cudaStream_t s, const Unit& U, int l, const bf16* x, bf16* y) {
+template <typename T>
+void GpuTransformerT<T>::moe_forward(cudaStream_t s, const Unit& U, int l, const T* x, T* y) {
+  if constexpr (!std::is_same_v<T, bf16>) {
+    CUTRAIN_FAIL("gpu model: MoE blocks run in bf16 only");  // refused at construction already
+  } else {
   const MoeForwardStats st = moe_[std::size_t(l)]->forward(s, U.w(table_.layer(l).moe), x, y, M_, moe_train_,
                                                            moe_forward_seed(moe_seed_, moe_step_, moe_micro_));
   if (!moe_train_ || moe_recompute_) return;
@@ -84,26 +92,30 @@ void GpuTransformer::moe_forward(cudaStream_t s, const Unit& U, int l, const bf1
   for (int j = 0; j < l; ++j) k += moe_[std::size_t(j)] != nullptr;
   if (std::size_t(k) >= moe_stats_.size()) moe_stats_.resize(std::size_t(k) + 1);
   merge_moe_stats(moe_stats_[std::size_t(k)], b, moe_micro_);
+  }
 }
 
-GpuTransformer::~GpuTransformer() = default;
+template <typename T>
+GpuTransformerT<T>::~GpuTransformerT() = default;
 
-void* GpuTransformer::take(cudaStream_t s, std::size_t bytes) {
+template <typename T>
+void* GpuTransformerT<T>::take(cudaStream_t s, std::size_t bytes) {
   buffers_.emplace_back(alloc_, bytes, s);
   workspace_bytes_ += bytes;
   return buffers_.back().get();
 }
 
-void GpuTransformer::allocate(cudaStream_t s) {
+template <typename T>
+void GpuTransformerT<T>::allocate(cudaStream_t s) {
   const ModelDims& d = table_.dims();
   if (d.arch == Arch::Bert) return allocate_bert(s);
   const std::size_t M = M_, h = d.hidden, F = d.ffn(), V = d.vocab_rows(), H = d.heads;
-  auto bf = [&](std::size_t n) { return take_n<bf16>(s, n); };
+  auto bf = [&](std::size_t n) { return take_n<T>(s, n); };
   auto f32 = [&](std::size_t n) { return take_n<float>(s, n); };
   xs_.resize(d.layers + 1);
   for (auto& x : xs_) x = bf(M * h);
   acts_.resize(checkpointing_ ? 1 : d.layers);
-  bf16* shared_g = recompute_gelu_ ? bf(M * F) : nullptr;
+  T* shared_g = recompute_gelu_ ? bf(M * F) : nullptr;
   for (auto& a : acts_) {
     a.qkv = bf(M * 3 * h);
     a.att = bf(M * h);
@@ -144,7 +156,8 @@ void GpuTransformer::allocate(cudaStream_t s) {
   scratch_ = take(s, std::max<std::size_t>(sc, 256));
 }
 
-void GpuTransformer::release_workspace() {
+template <typename T>
+void GpuTransformerT<T>::release_workspace() {
   buffers_.clear();
   xs_.clear();
   acts_.clear();
@@ -160,20 +173,23 @@ void GpuTransformer::release_workspace() {
   workspace_bytes_ = 0;
 }
 
-void GpuTransformer::set_token_drop(int kept, const std::int32_t* d_indices) {
+template <typename T>
+void GpuTransformerT<T>::set_token_drop(int kept, const std::int32_t* d_indices) {
   const bool on = kept > 0 && kept < S_ && !drop_layers_.empty();
   CUTRAIN_CHECK(!on || d_indices, "gpu model: random-LTD with ", kept, " kept tokens needs its indices");
   kept_ = on ? kept : 0;
   drop_idx_ = on ? d_indices : nullptr;
 }
 
-GpuTransformer::Rows GpuTransformer::kept_rows() const {
+template <typename T>
+typename GpuTransformerT<T>::Rows GpuTransformerT<T>::kept_rows() const {
   kernels::AttentionShape a = attn_;
   a.seq = kept_;
   return Rows{B_ * kept_, a, dxk_};
 }
 
-int GpuTransformer::drop_slot(int l) const {
+template <typename T>
+int GpuTransformerT<T>::drop_slot(int l) const {
   if (!drop_on_ || kept_ == 0) return -1;
   const auto it = std::lower_bound(drop_layers_.begin(), drop_layers_.end(), l);
   return it != drop_layers_.end() && *it == l ? int(it - drop_layers_.begin()) : -1;
@@ -183,14 +199,15 @@ int GpuTransformer::drop_slot(int l) const {
 // for the causal (GPT) model, causal attention over their order is exactly the causal mask of the
 // full sequence restricted to them (token j precedes token i in the kept order iff its position
 // is lower), and the positions were added at the embedding, so no mask or position is remapped.
-void GpuTransformer::dropped_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, int slot,
+template <typename T>
+void GpuTransformerT<T>::dropped_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, int slot,
                                            bool recompute) {
   const ModelDims& d = table_.dims();
   const int h = d.hidden;
   const bool gpt2 = d.arch == Arch::Gpt2;
   const Rows kr = kept_rows();
   const std::size_t rows = std::size_t(B_) * kept_;
-  bf16* xk = xk_[checkpointing_ ? 0 : std::size_t(slot)];
+  T* xk = xk_[checkpointing_ ? 0 : std::size_t(slot)];
   const std::int32_t* idx = drop_idx_ + std::size_t(slot) * rows;
   if (gpt2 && !recompute && l > 0 && drop_slot(l - 1) < 0) {
     // GPT-2's block output (s1 + its MLP's, in dh_) is otherwise summed by the next LN1: here
@@ -209,7 +226,7 @@ void GpuTransformer::dropped_layer_forward(cudaStream_t s, const Unit& U, int l,
   else layer_forward(s, U, l, a, xk, xk_out_, kr);
   if (recompute) return;
   timed(s, "ltd_bypass", cost::row_copy(M_, h), [&] {
-    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(xs_[l + 1], xs_[l], std::size_t(M_) * h * sizeof(bf16),
+    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(xs_[l + 1], xs_[l], std::size_t(M_) * h * sizeof(T),
                                        cudaMemcpyDeviceToDevice, s));
   });
   timed(s, "ltd_scatter", cost::token_move(rows, h, gpt2), [&] {
@@ -217,18 +234,20 @@ void GpuTransformer::dropped_layer_forward(cudaStream_t s, const Unit& U, int l,
   });
 }
 
-GpuTransformer::Unit GpuTransformer::unit(ParamAccess& P, cudaStream_t s, int u, char* G, DType gt) {
+template <typename T>
+typename GpuTransformerT<T>::Unit GpuTransformerT<T>::unit(ParamAccess& P, cudaStream_t s, int u, char* G, DType gt) {
   const std::size_t es = dtype_size(gt);
-  return Unit{&table_, P.acquire(s, u), G ? G + P.grad_offset(u) * es : nullptr, table_.units().at(std::size_t(u)).begin,
-              es};
+  return Unit{&table_, static_cast<const T*>(P.acquire(s, u)), G ? G + P.grad_offset(u) * es : nullptr,
+              table_.units().at(std::size_t(u)).begin, es};
 }
 
-void GpuTransformer::layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const bf16* x_in,
-                                   bf16* x_out, const Rows& rows) {
+template <typename T>
+void GpuTransformerT<T>::layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const T* x_in,
+                                   T* x_out, const Rows& rows) {
   const LayerIndex& L = table_.layer(l);
   const int h = table_.dims().hidden, F = table_.dims().ffn();
   auto w = [&](int idx) { return U.w(idx); };
-  bf16* proj = dh_;  // free during forward and before a layer's backward uses it
+  T* proj = dh_;  // free during forward and before a layer's backward uses it
   const auto& A = rows.attn;
   {
     TimedRegion r("attn", s);
@@ -272,8 +291,9 @@ void GpuTransformer::layer_forward(cudaStream_t s, const Unit& U, int l, const L
   }
 }
 
-void GpuTransformer::layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a,
-                                    const bf16* x_in, const Rows& rows) {
+template <typename T>
+void GpuTransformerT<T>::layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a,
+                                    const T* x_in, const Rows& rows) {
   const LayerIndex& L = table_.layer(l);
   const int h = table_.dims().hidden, F = table_.dims().ffn();
   const std::size_t es = dtype_size(gt);
@@ -286,7 +306,7 @@ void GpuTransformer::layer_backward(cudaStream_t s, const Unit& U, DType gt, boo
   struct LinearRegions {
     const char *dw, *db, *dx;
   };
-  auto linear_backward = [&](LinearRegions n, const bf16* dy, const bf16* x, int w_idx, int b_idx, bf16* dx, int N, int K,
+  auto linear_backward = [&](LinearRegions n, const T* dy, const T* x, int w_idx, int b_idx, T* dx, int N, int K,
                              float beta) {
     timed(s, n.dw, cost::gemm_grad_weight(rows.M, N, K, es, acc),
           [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, rows.M, N, K, acc); });
@@ -302,8 +322,10 @@ void GpuTransformer::layer_backward(cudaStream_t s, const Unit& U, DType gt, boo
     });
     // rows.dx = d s2 (the residual's share of d x1) += the MoE layer's d x1; aux_grad: the objective's
     // coefficient of l_aux times the micro-batch's loss scale.
-    moe_[std::size_t(l)]->backward(s, U.w(L.moe), a.x1, rows.dx, float(table_.dims().moe.loss_coeff) * moe_grad_scale_,
-                                   rows.dx, U.g(L.moe), gt, acc, /*dx_accumulate=*/true);
+    if constexpr (std::is_same_v<T, bf16>)
+      moe_[std::size_t(l)]->backward(s, U.w(L.moe), a.x1, rows.dx,
+                                     float(table_.dims().moe.loss_coeff) * moe_grad_scale_, rows.dx, U.g(L.moe), gt, acc,
+                                     /*dx_accumulate=*/true);
   } else {
     TimedRegion r("mlp", s);
     // rows.dx holds dL/d(block output); LN2 backward in place gives d s2 (= d x1 residual share = d ff out).
@@ -333,10 +355,11 @@ void GpuTransformer::layer_backward(cudaStream_t s, const Unit& U, DType gt, boo
 // (training's or evaluation's cross-entropy) in the same "head" region: the forward both run.
 // Each unit is acquired just before its first kernel and released after its last; the head
 // stays acquired for the caller (its backward reads output_w).
+template <typename T>
 template <typename Loss>
-GpuTransformer::Unit GpuTransformer::forward(cudaStream_t s, ParamAccess& P, char* G, DType gt,
-                                             const std::int32_t* tokens, const std::int32_t* labels, int* d_status,
-                                             Loss&& loss) {
+typename GpuTransformerT<T>::Unit GpuTransformerT<T>::forward(cudaStream_t s, ParamAccess& P, char* G, DType gt,
+                                                              const std::int32_t* tokens, const std::int32_t* labels,
+                                                              int* d_status, Loss&& loss) {
   const ModelDims& d = table_.dims();
   const int h = d.hidden, Vr = d.vocab_rows(), Ln = d.layers;
   const bool gpt2 = d.arch == Arch::Gpt2, bert = d.arch == Arch::Bert;
@@ -390,7 +413,8 @@ GpuTransformer::Unit GpuTransformer::forward(cudaStream_t s, ParamAccess& P, cha
   return H;
 }
 
-void GpuTransformer::forward_loss(cudaStream_t s, ParamAccess& P, const std::int32_t* tokens,
+template <typename T>
+void GpuTransformerT<T>::forward_loss(cudaStream_t s, ParamAccess& P, const std::int32_t* tokens,
                                   const std::int32_t* labels, float* d_loss, int* d_status) {
   if (buffers_.empty()) allocate(s);
   const ModelDims& d = table_.dims();
@@ -403,7 +427,7 @@ void GpuTransformer::forward_loss(cudaStream_t s, ParamAccess& P, const std::int
   } again{moe_train_};
   // BERT: the loss over the head's gathered rows, whose labels the plan checked (d_status[1]).
   const bool bert = d.arch == Arch::Bert;
-  forward(s, P, nullptr, DType::BF16, tokens, labels, d_status, [&] {
+  forward(s, P, nullptr, dtype_of<T>(), tokens, labels, d_status, [&] {
     timed(s, "cross_entropy", cost::cross_entropy(bert ? P_ : M_, d.vocab), [&] {
       kernels::cross_entropy_forward(s, logits_, bert ? mlm_labels_ : labels, bert ? P_ : M_, d.vocab, d.vocab_rows(),
                                      d_loss, nullptr, bert ? nullptr : d_status + 1, scratch_);
@@ -413,11 +437,12 @@ void GpuTransformer::forward_loss(cudaStream_t s, ParamAccess& P, const std::int
   if (table_.tied_head()) P.release(s, table_.embedding_unit());
 }
 
-void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grads, DType gt, bool acc,
+template <typename T>
+void GpuTransformerT<T>::forward_backward(cudaStream_t s, ParamAccess& P, void* grads, DType gt, bool acc,
                                       const std::int32_t* tokens, const std::int32_t* labels, float grad_scale,
-                                      float* d_loss, int* d_status) {
-  CUTRAIN_CHECK(gt == DType::BF16 || gt == DType::F32, "gpu model: gradients must be bf16 or float32, got ",
-                dtype_name(gt));
+                                      float* d_loss, int* d_status, const float* d_loss_scale) {
+  CUTRAIN_CHECK(gt == dtype_of<T>() || gt == DType::F32, "gpu model: gradients must be ", dtype_name(dtype_of<T>()),
+                " (the compute dtype) or float32, got ", dtype_name(gt));
   if (buffers_.empty()) allocate(s);
   const ModelDims& d = table_.dims();
   const int h = d.hidden, V = d.vocab_rows(), Ln = d.layers;
@@ -445,7 +470,7 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
       timed(s, "cross_entropy", cost::cross_entropy(rows, d.vocab), [&] {
         kernels::cross_entropy_forward_backward(s, logits_, gathered ? mlm_labels_ : labels, rows, d.vocab, V, d_loss,
                                                 nullptr, gathered ? nullptr : d_status + 1, scratch_, -100,
-                                                grad_scale);
+                                                grad_scale, d_loss_scale);
       });
     });
   }
@@ -494,7 +519,7 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
         dropped_layer_forward(s, U, l, a, slot, true);
       }
       timed(s, "ltd_gather", cost::token_move(rows, h), [&] { kernels::token_gather(s, dx_, idx, dxk_, B_, S_, kept_, h); });
-      const bf16* xk = xk_[checkpointing_ ? 0 : std::size_t(slot)];
+      const T* xk = xk_[checkpointing_ ? 0 : std::size_t(slot)];
       if (gpt2) gpt2_layer_backward(s, U, gt, acc, l, a, xk, kr);
       else layer_backward(s, U, gt, acc, l, a, xk, kr);
       timed(s, "ltd_scatter", cost::token_move(rows, h),
@@ -541,6 +566,24 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
                                 acc || gpt2, B_, S_, h, V, scratch_);
   });
   P.grads_written(s, table_.embedding_unit());
+}
+
+template class GpuTransformerT<bf16>;
+template class GpuTransformerT<f16>;
+
+std::unique_ptr<GpuModel> make_gpu_transformer(DType compute, const TransformerParams& table, int B, int S,
+                                               bool checkpointing, bool causal, CachingAllocator& alloc,
+                                               bool recompute_gelu, std::vector<int> drop_layers, int max_pred) {
+  switch (compute) {
+    case DType::BF16:
+      return std::make_unique<GpuTransformerT<bf16>>(table, B, S, checkpointing, causal, alloc, recompute_gelu,
+                                                     std::move(drop_layers), max_pred);
+    case DType::F16:
+      return std::make_unique<GpuTransformerT<f16>>(table, B, S, checkpointing, causal, alloc, recompute_gelu,
+                                                    std::move(drop_layers), max_pred);
+    default:
+      CUTRAIN_FAIL("gpu model: the compute dtype must be bfloat16 or float16, got ", dtype_name(compute));
+  }
 }
 
 }  // namespace cutrain::model

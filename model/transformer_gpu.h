@@ -9,6 +9,10 @@
 // (kernels/token_drop.cuh) and its output is scattered back; the dropped rows bypass it.
 // BERT's masked-LM head runs on the labelled rows only (kernels/mlm_gather.cuh): B x max_pred
 // slots gathered from the final hidden rows, d(hidden) scattered back.
+// The compute dtype: GpuTransformerT<T> holds its parameters' copy, activations and 16-bit gradients
+// in T, bf16 or fp16 (fp16 training; the kernels' fp16 instances, fp32 math), one class template
+// instantiated for both; GpuModel is what the engine holds, make_gpu_transformer the one place
+// that picks T from a DType. MoE blocks are bf16 only (their layer is not templated).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,9 +37,10 @@ namespace cutrain::model {
 class ParamAccess {
  public:
   virtual ~ParamAccess() = default;
-  // Before the first kernel on `s` that reads unit `u`'s params: the unit's params, indexed from
-  // the unit's first element (tensor t at t.offset - unit.begin). Valid on `s` until release().
-  virtual const bf16* acquire(cudaStream_t s, int u) = 0;
+  // Before the first kernel on `s` that reads unit `u`'s params: the unit's params (of the model's
+  // compute dtype), indexed from the unit's first element (tensor t at t.offset - unit.begin).
+  // Valid on `s` until release().
+  virtual const void* acquire(cudaStream_t s, int u) = 0;
   // After the last kernel on `s` that reads them.
   virtual void release(cudaStream_t s, int u) = 0;
   // Element offset of unit u's gradients in the gradient buffer (tensors keep their in-unit offsets).
@@ -44,27 +49,52 @@ class ParamAccess {
   virtual void grads_written(cudaStream_t s, int u) {}
 };
 
-// Every unit in one flat bf16 buffer at its TransformerParams offsets; gradients likewise.
+// Every unit in one flat buffer of 16-bit params (`param_type`: bf16 or fp16) at its
+// TransformerParams offsets; gradients likewise.
 class FlatParams final : public ParamAccess {
  public:
-  FlatParams(const TransformerParams& table, const bf16* params) : table_(table), params_(params) {}
-  const bf16* acquire(cudaStream_t, int u) override { return params_ + table_.units().at(std::size_t(u)).begin; }
+  FlatParams(const TransformerParams& table, const void* params, DType param_type = DType::BF16)
+      : table_(table), params_(static_cast<const char*>(params)), es_(dtype_size(param_type)) {}
+  const void* acquire(cudaStream_t, int u) override { return params_ + table_.units().at(std::size_t(u)).begin * es_; }
   void release(cudaStream_t, int) override {}
   std::size_t grad_offset(int u) const override { return table_.units().at(std::size_t(u)).begin; }
 
  private:
   const TransformerParams& table_;
-  const bf16* params_;
+  const char* params_;
+  std::size_t es_;
 };
 
-class GpuTransformer {
+// The model as the engine drives it, whatever its compute dtype (GpuTransformerT<T> below).
+class GpuModel {
+ public:
+  virtual ~GpuModel() = default;
+  virtual DType compute_dtype() const = 0;
+  // See GpuTransformerT.
+  virtual void forward_backward(cudaStream_t s, ParamAccess& params, void* grads, DType grad_type, bool accumulate,
+                                const std::int32_t* tokens, const std::int32_t* labels, float grad_scale,
+                                float* d_loss, int* d_status, const float* d_loss_scale = nullptr) = 0;
+  virtual void forward_loss(cudaStream_t s, ParamAccess& params, const std::int32_t* tokens,
+                            const std::int32_t* labels, float* d_loss, int* d_status) = 0;
+  virtual void set_moe_step(std::uint64_t seed, int step) = 0;
+  virtual const std::vector<MoeBlockStats>& moe_stats() const = 0;
+  virtual void set_token_drop(int kept, const std::int32_t* d_indices) = 0;
+  virtual bool moe_capturable() const = 0;
+  virtual void set_dropout(std::uint64_t seed, std::uint32_t step, const std::uint32_t* d_step = nullptr) = 0;
+  virtual int mlm_slots() const = 0;
+  virtual void release_workspace() = 0;
+  virtual std::size_t workspace_bytes() const = 0;
+};
+
+template <typename T>
+class GpuTransformerT final : public GpuModel {
  public:
   // B×S tokens per micro-batch (S <= dims.max_seq). `checkpointing`: keep only each block's
   // input and recompute the block in backward. GPT-2 is causal whatever `causal` says, BERT
   // bidirectional (its padding keys masked); BERT refuses random-LTD (`drop_layers`).
   // `recompute_gelu` (GPT-2; llm.c's -r 1): one GELU output buffer shared by the blocks, the
   // output recomputed from the stored pre-activation in backward (a GELU pass per block for
-  // (layers - 1) x B x S x 4C bf16 less memory).
+  // (layers - 1) x B x S x 4C T values less memory).
   // `drop_layers`: the blocks random-LTD may drop tokens in (their kept-token buffers are part of
   // the workspace; set_token_drop switches the drop on and off).
   // `max_pred` (BERT: max_predictions_per_seq, in [0, S]): the masked-LM head's slots per sequence;
@@ -72,55 +102,59 @@ class GpuTransformer {
   // order (docs/bert.md). 0: S slots, room for any labels (the head then runs on B x S rows). A
   // sequence with more labelled rows than slots is an error reported through d_status[1]. Must be 0
   // for the other architectures.
-  GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
-                 CachingAllocator& alloc, bool recompute_gelu = false, std::vector<int> drop_layers = {},
-                 int max_pred = 0);
-  ~GpuTransformer();
-  GpuTransformer(const GpuTransformer&) = delete;
-  GpuTransformer& operator=(const GpuTransformer&) = delete;
+  // T = fp16 refuses MoE blocks (their layer is T only).
+  GpuTransformerT(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
+                  CachingAllocator& alloc, bool recompute_gelu = false, std::vector<int> drop_layers = {},
+                  int max_pred = 0);
+  ~GpuTransformerT() override;
+  GpuTransformerT(const GpuTransformerT&) = delete;
+  GpuTransformerT& operator=(const GpuTransformerT&) = delete;
+  DType compute_dtype() const override { return dtype_of<T>(); }
 
-  // Forward to the loss and the whole backward of one micro-batch. params: where each unit's bf16
+  // Forward to the loss and the whole backward of one micro-batch. params: where each unit's T
   // params are (acquired in the order zero_shard_layout.h's stage3_use_order gives); grads: flat
-  // of `grad_type` (bf16 or fp32) at params.grad_offset of each unit, written (accumulate=false)
+  // of `grad_type` (T or fp32) at params.grad_offset of each unit, written (accumulate=false)
   // or added to (accumulate=true);
   // tokens, labels: device int32 [B*S]. Writes the mean loss to *d_loss (device fp32) and the
   // first bad token / label index + 1 to d_status[0] / d_status[1] (device ints, 0 when valid;
   // d_status[0] is only raised, so the caller clears it, d_status[1] is written). BERT:
   // d_status[1] = -(b + 1) when sequence b is the first with more labelled rows than max_pred
   // (a bad label is reported first).
-  // `grad_scale` multiplies the loss gradient (1/accumulation for averaged micro-batches).
+  // `grad_scale` multiplies the loss gradient (1/accumulation for averaged micro-batches);
+  // `d_loss_scale` (device fp32, may be null): fp16's loss scale, multiplied in on the device (a
+  // captured graph reads each step's), so every gradient is that many times the true one.
   void forward_backward(cudaStream_t s, ParamAccess& params, void* grads, DType grad_type, bool accumulate,
                         const std::int32_t* tokens, const std::int32_t* labels, float grad_scale, float* d_loss,
-                        int* d_status);
+                        int* d_status, const float* d_loss_scale = nullptr) override;
 
   // Evaluation: the forward and the mean loss of one micro-batch, no gradients (logits kept).
   // Writes *d_loss and d_status[0..1] like forward_backward.
   void forward_loss(cudaStream_t s, ParamAccess& params, const std::int32_t* tokens, const std::int32_t* labels,
-                    float* d_loss, int* d_status);
+                    float* d_loss, int* d_status) override;
 
   // MoE blocks: the gate noise's seed of the next step's forwards (moe_forward_seed(seed, step,
   // micro-batch)), and what each MoE block routed over the micro-batches since the last
   // forward_backward with accumulate = false (one entry per MoE block, in block order).
-  void set_moe_step(std::uint64_t seed, int step) {
+  void set_moe_step(std::uint64_t seed, int step) override {
     moe_seed_ = seed;
     moe_step_ = step;
   }
-  const std::vector<MoeBlockStats>& moe_stats() const { return moe_stats_; }
+  const std::vector<MoeBlockStats>& moe_stats() const override { return moe_stats_; }
   // random-LTD for the next forward_backward calls (forward_loss never drops): each drop block
   // keeps `kept` tokens per sequence at the positions `d_indices` (device int32 [drop_layers
   // (ascending), B, kept], ascending per sequence: model/token_drop_plan.h's layout), which must
   // stay valid on the stream until the backward is done. kept 0 or >= S: no drop. The call
   // sequence depends on `kept` (kernel shapes), not on the indices: a graph captured for one kept
   // count replays for any indices at that count.
-  void set_token_drop(int kept, const std::int32_t* d_indices);
-  bool moe_capturable() const { return !table_.dims().moe.any(); }
+  void set_token_drop(int kept, const std::int32_t* d_indices) override;
+  bool moe_capturable() const override { return !table_.dims().moe.any(); }
 
   // BERT's dropout (model/bert_config.h's sites): the seed and optimizer step of the next
   // forward_backward calls' masks (forward_loss never drops); `d_step` (device uint32, may be
   // null): the kernels read the step there instead, so a CUDA graph captured once draws the masks
   // of the step the engine writes before each replay. Micro-batch k of a step (k forward_backward
   // calls with accumulate since the last without) draws its own masks.
-  void set_dropout(std::uint64_t seed, std::uint32_t step, const std::uint32_t* d_step = nullptr) {
+  void set_dropout(std::uint64_t seed, std::uint32_t step, const std::uint32_t* d_step = nullptr) override {
     drop_seed_ = seed;
     drop_step_ = step;
     drop_step_ptr_ = d_step;
@@ -135,36 +169,36 @@ class GpuTransformer {
   static BertFlagSavings bert_flag_savings(const ModelDims& dims, int B, int S, bool checkpointing, int max_pred = 0);
   // BERT's masked-LM head slots per sequence for the constructor's `max_pred` at seq S (0: S).
   static int mlm_slots(int S, int max_pred) { return max_pred > 0 ? max_pred : S; }
-  int mlm_slots() const { return K_; }
+  int mlm_slots() const override { return K_; }
 
   // Returns activations and scratch to the allocator; the next call allocates them again.
-  void release_workspace();
+  void release_workspace() override;
   // Bytes of activations + scratch this model holds once allocated (0 before the first call).
-  std::size_t workspace_bytes() const { return workspace_bytes_; }
+  std::size_t workspace_bytes() const override { return workspace_bytes_; }
 
  private:
   struct LayerActs {
-    bf16 *qkv, *att, *s1, *x1, *f, *g, *s2;
+    T *qkv, *att, *s1, *x1, *f, *g, *s2;
     float *lse, *mean1, *rstd1, *mean2, *rstd2;
   };
   // One acquired unit: its params and (in backward) its gradients, indexed by tensor.
   struct Unit {
     const TransformerParams* table;
-    const bf16* params;    // the unit's first element
+    const T* params;       // the unit's first element
     char* grads;           // the unit's first gradient element (null in forward)
     std::size_t begin;     // the unit's first flat element
     std::size_t es;        // gradient element bytes
-    const bf16* w(int t) const { return params + (table->tensor(t).offset - begin); }
+    const T* w(int t) const { return params + (table->tensor(t).offset - begin); }
     void* g(int t) const { return grads + (table->tensor(t).offset - begin) * es; }
   };
   Unit unit(ParamAccess& P, cudaStream_t s, int u, char* G, DType gt);
   void allocate(cudaStream_t s);
   // One workspace buffer of `bytes` from the allocator on `s`, counted in workspace_bytes_; n
-  // elements of T.
+  // elements of E.
   void* take(cudaStream_t s, std::size_t bytes);
-  template <typename T>
-  T* take_n(cudaStream_t s, std::size_t n) {
-    return static_cast<T*>(take(s, n * sizeof(T)));
+  template <typename E>
+  E* take_n(cudaStream_t s, std::size_t n) {
+    return static_cast<E*>(take(s, n * sizeof(E)));
   }
   // Leaves the head unit acquired (released by the caller after the loss or the head backward).
   template <typename Loss>  // defined and instantiated in transformer_gpu.cpp only
@@ -175,14 +209,14 @@ class GpuTransformer {
   struct Rows {
     int M;
     kernels::AttentionShape attn;
-    bf16* dx;
+    T* dx;
   };
   Rows full_rows() const { return Rows{M_, attn_, dx_}; }
   Rows kept_rows() const;
   int drop_slot(int l) const;  // block l's slot in drop_layers_ when the drop is on, else -1
-  void layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const bf16* x_in, bf16* x_out,
+  void layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const T* x_in, T* x_out,
                      const Rows& rows);
-  void layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a, const bf16* x_in,
+  void layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a, const T* x_in,
                       const Rows& rows);
   // A dropping block's forward: its kept tokens gathered from xs_[l] into xk, the block on them,
   // xs_[l+1] = xs_[l] with the kept rows replaced by the block's output. `recompute`: activation
@@ -192,11 +226,11 @@ class GpuTransformer {
   // output left in dh_). `fuse`: x_in = prev->s1 + dh_ (the previous block's output) is computed
   // here, by LN1's residual add; otherwise (block 0, after a dropping block, the recompute, a
   // dropping block's kept tokens) x_in is already there.
-  void gpt2_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const LayerActs* prev, bf16* x_in,
+  void gpt2_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const LayerActs* prev, T* x_in,
                           bool fuse, const Rows& rows);
   // rows.dx: d(block output) in, d x_in out.
   void gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a,
-                           const bf16* x_in, const Rows& rows);
+                           const T* x_in, const Rows& rows);
   // The final LayerNorm and the tied logits; the head's backward down to dx_ = d x_L.
   void gpt2_head_forward(cudaStream_t s, const Unit& H, const Unit& E);
   void gpt2_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc);
@@ -229,16 +263,16 @@ class GpuTransformer {
   CachingAllocator& alloc_;
   std::unique_ptr<kernels::Gemm> gemm_;
   std::vector<Buffer> buffers_;
-  std::vector<bf16*> xs_;          // block inputs: xs_[0] = embeddings, xs_[L] = final hidden
+  std::vector<T*> xs_;          // block inputs: xs_[0] = embeddings, xs_[L] = final hidden
   std::vector<LayerActs> acts_;    // one per layer (one shared set with checkpointing)
-  bf16 *logits_ = nullptr, *dx_ = nullptr, *dh_ = nullptr, *d4h_ = nullptr, *dqkv_ = nullptr;
-  bf16* lnf_ = nullptr;                            // GPT-2: LN_f(x_L)
+  T *logits_ = nullptr, *dx_ = nullptr, *dh_ = nullptr, *d4h_ = nullptr, *dqkv_ = nullptr;
+  T* lnf_ = nullptr;                            // GPT-2: LN_f(x_L)
   float *mean_f_ = nullptr, *rstd_f_ = nullptr;
   Unit tied_{};                                    // GPT-2: the embedding unit the head reads (wte)
   // MoE: block l's layer (null for a dense block); the mode of the forward running (training
   // capacity and noise, or evaluation); a recompute's forward records no stats.
   std::vector<std::unique_ptr<MoeLayerGpu>> moe_;
-  void moe_forward(cudaStream_t s, const Unit& U, int l, const bf16* x, bf16* y);
+  void moe_forward(cudaStream_t s, const Unit& U, int l, const T* x, T* y);
   std::vector<MoeBlockStats> moe_stats_;
   bool moe_train_ = true, moe_recompute_ = false;
   float moe_grad_scale_ = 1.f;  // the running forward_backward's grad_scale
@@ -253,8 +287,8 @@ class GpuTransformer {
   int kept_ = 0;
   const std::int32_t* drop_idx_ = nullptr;
   bool drop_on_ = false;  // during forward_backward only
-  std::vector<bf16*> xk_;
-  bf16 *xk_out_ = nullptr, *dxk_ = nullptr;
+  std::vector<T*> xk_;
+  T *xk_out_ = nullptr, *dxk_ = nullptr;
   // BERT: the dropout key and whether the running forward trains (dropout on); the key mask
   // [B*S] (null without a pad_id); the embeddings' LayerNorm input and statistics; the head's
   // transform (dense output, its GELU, the LayerNorm of that).
@@ -263,12 +297,21 @@ class GpuTransformer {
   const std::uint32_t* drop_step_ptr_ = nullptr;
   bool train_ = false;
   std::uint8_t* key_mask_ = nullptr;
-  bf16 *emb_sum_ = nullptr, *head_d_ = nullptr, *head_g_ = nullptr, *head_n_ = nullptr;
+  T *emb_sum_ = nullptr, *head_d_ = nullptr, *head_g_ = nullptr, *head_n_ = nullptr;
   // The head's plan (kernels::mlm_gather_plan: positions and labels [P_], each row's slot [M_])
   // and its gathered input rows [P_, h].
   std::int32_t *mlm_pos_ = nullptr, *mlm_labels_ = nullptr, *mlm_slot_ = nullptr;
-  bf16* head_x_ = nullptr;
+  T* head_x_ = nullptr;
   float *mean_e_ = nullptr, *rstd_e_ = nullptr, *mean_h_ = nullptr, *rstd_h_ = nullptr;
 };
+
+// The seed / GPT-2 / BERT model on bf16 storage (what the tests and tools of bf16 training name).
+using GpuTransformer = GpuTransformerT<bf16>;
+
+// The model on `compute` (BF16 or F16) storage: the single place a DType picks T.
+std::unique_ptr<GpuModel> make_gpu_transformer(DType compute, const TransformerParams& table, int B, int S,
+                                               bool checkpointing, bool causal, CachingAllocator& alloc,
+                                               bool recompute_gelu = false, std::vector<int> drop_layers = {},
+                                               int max_pred = 0);
 
 }  // namespace cutrain::model

@@ -31,25 +31,28 @@ namespace cutrain::model {
 
 using kernels::GemmEpilogue;
 
-GpuTransformer::BertFlagSavings GpuTransformer::bert_flag_savings(const ModelDims& d, int B, int S,
+template <typename T>
+typename GpuTransformerT<T>::BertFlagSavings GpuTransformerT<T>::bert_flag_savings(const ModelDims& d, int B, int S,
                                                                   bool checkpointing, int max_pred) {
   BertFlagSavings out;
   if (d.arch != Arch::Bert) return out;
   const std::size_t M = std::size_t(B) * S, h = std::size_t(d.hidden), F = std::size_t(d.ffn());
   const std::size_t P = std::size_t(B) * mlm_slots(S, max_pred);  // the head's rows
   const std::size_t sets = checkpointing ? 1 : std::size_t(d.layers);  // per-block activation sets
-  const std::size_t row = M * h * sizeof(bf16);
-  out.gelu_checkpoint = sets * M * F * sizeof(bf16);  // the GELU output of each block
+  const std::size_t row = M * h * sizeof(T);
+  out.gelu_checkpoint = sets * M * F * sizeof(T);  // the GELU output of each block
   // The LayerNorm inputs whose output is kept: Pre-LN's attention sum a (LN_out's input; LN_attn's
   // input is the block input, kept anyway), Post-LN's s1 and s2; the head's GELU output (P rows).
-  out.normalize_invertible = sets * row * (d.bert.pre_layer_norm ? 1 : 2) + P * h * sizeof(bf16);
+  out.normalize_invertible = sets * row * (d.bert.pre_layer_norm ? 1 : 2) + P * h * sizeof(T);
   out.attn_dropout_checkpoint = 0;  // no probabilities stored, dropped or not
   return out;
 }
 
-float GpuTransformer::bert_hidden_p() const { return train_ ? table_.dims().bert.hidden_dropout_ratio : 0.f; }
+template <typename T>
+float GpuTransformerT<T>::bert_hidden_p() const { return train_ ? table_.dims().bert.hidden_dropout_ratio : 0.f; }
 
-kernels::AttentionOptions GpuTransformer::bert_attention(int l) const {
+template <typename T>
+kernels::AttentionOptions GpuTransformerT<T>::bert_attention(int l) const {
   const BertConfig& b = table_.dims().bert;
   kernels::AttentionOptions o;
   o.key_mask = key_mask_;
@@ -63,11 +66,12 @@ kernels::AttentionOptions GpuTransformer::bert_attention(int l) const {
 // Buffers for what BERT keeps: see LayerActs' mapping in transformer_gpu.h. The flags leave out
 // a.s1 (and Post-LN's a.s2) for dqkv_, a.g for d4h_, head_g_ for dqkv_. The head's buffers have
 // P_ = B x max_pred rows.
-void GpuTransformer::allocate_bert(cudaStream_t s) {
+template <typename T>
+void GpuTransformerT<T>::allocate_bert(cudaStream_t s) {
   const ModelDims& d = table_.dims();
   const BertConfig& bc = d.bert;
   const std::size_t M = M_, P = P_, h = d.hidden, F = d.ffn(), V = d.vocab_rows(), H = d.heads;
-  auto bf = [&](std::size_t n) { return take_n<bf16>(s, n); };
+  auto bf = [&](std::size_t n) { return take_n<T>(s, n); };
   auto f32 = [&](std::size_t n) { return take_n<float>(s, n); };
   auto i32 = [&](std::size_t n) { return take_n<std::int32_t>(s, n); };
   const bool inv = bc.normalize_invertible, gck = bc.gelu_checkpoint;
@@ -131,7 +135,8 @@ void GpuTransformer::allocate_bert(cudaStream_t s) {
   scratch_ = take(s, std::max<std::size_t>(sc, 256));
 }
 
-void GpuTransformer::bert_embedding_forward(cudaStream_t s, const Unit& E, const std::int32_t* tokens, int* d_status) {
+template <typename T>
+void GpuTransformerT<T>::bert_embedding_forward(cudaStream_t s, const Unit& E, const std::int32_t* tokens, int* d_status) {
   const ModelDims& d = table_.dims();
   const int h = d.hidden;
   const float p = bert_hidden_p();
@@ -151,11 +156,12 @@ void GpuTransformer::bert_embedding_forward(cudaStream_t s, const Unit& E, const
   if (p > 0.f)
     timed(s, "dropout_emb", cost::dropout(std::size_t(M_) * h), [&] {
       kernels::dropout_forward(s, {bert_key(bert_embedding_dropout_layer(d.layers, moe_micro_)), p}, xs_[0], xs_[0],
-                               std::size_t(M_) * h, DType::BF16);
+                               std::size_t(M_) * h, dtype_of<T>());
     });
 }
 
-void GpuTransformer::bert_embedding_backward(cudaStream_t s, const Unit& E, DType gt, bool acc,
+template <typename T>
+void GpuTransformerT<T>::bert_embedding_backward(cudaStream_t s, const Unit& E, DType gt, bool acc,
                                              const std::int32_t* tokens) {
   const ModelDims& d = table_.dims();
   const int h = d.hidden, V = d.vocab_rows();
@@ -164,7 +170,7 @@ void GpuTransformer::bert_embedding_backward(cudaStream_t s, const Unit& E, DTyp
   if (p > 0.f)
     timed(s, "dropout_emb", cost::dropout(std::size_t(M_) * h), [&] {
       kernels::dropout_backward(s, {bert_key(bert_embedding_dropout_layer(d.layers, moe_micro_)), p}, dx_, dx_,
-                                std::size_t(M_) * h, DType::BF16);
+                                std::size_t(M_) * h, dtype_of<T>());
     });
   timed(s, "ln_emb", cost::layernorm_backward(M_, h, es, acc), [&] {
     kernels::layernorm_backward(s, dx_, emb_sum_, mean_e_, rstd_e_, E.w(table_.embedding_norm_w()), nullptr, dx_,
@@ -182,23 +188,24 @@ void GpuTransformer::bert_embedding_backward(cudaStream_t s, const Unit& E, DTyp
   });
 }
 
-void GpuTransformer::bert_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a) {
+template <typename T>
+void GpuTransformerT<T>::bert_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a) {
   const ModelDims& d = table_.dims();
   const BertConfig& bc = d.bert;
   const LayerIndex& L = table_.layer(l);
   const int h = d.hidden, F = d.ffn();
   const float eps = bc.layer_norm_eps, p = bert_hidden_p();
   auto w = [&](int idx) { return U.w(idx); };
-  const bf16* x = xs_[l];
-  bf16* y = xs_[l + 1];
+  const T* x = xs_[l];
+  T* y = xs_[l + 1];
   // out = residual + dropout(dh_ + bias) at the block's hidden site.
-  auto residual = [&](const char* name, int bias, const bf16* res, bf16* out, BertDropoutSite site) {
+  auto residual = [&](const char* name, int bias, const T* res, T* out, BertDropoutSite site) {
     timed(s, name, cost::bias_dropout_residual(M_, h), [&] {
       kernels::bias_dropout_residual_forward(s, {bert_key(bert_dropout_layer(d.layers, moe_micro_, l, site)), p}, dh_,
-                                             w(bias), res, out, std::size_t(M_), std::size_t(h), DType::BF16);
+                                             w(bias), res, out, std::size_t(M_), std::size_t(h), dtype_of<T>());
     });
   };
-  auto ln = [&](const char* name, const bf16* in, bf16* out, float* mean, float* rstd, int gw, int gb) {
+  auto ln = [&](const char* name, const T* in, T* out, float* mean, float* rstd, int gw, int gb) {
     timed(s, name, cost::layernorm_residual_forward(M_, h), [&] {
       kernels::layernorm_residual_forward(s, in, nullptr, nullptr, out, mean, rstd, w(gw), w(gb), M_, h, eps);
     });
@@ -206,7 +213,7 @@ void GpuTransformer::bert_layer_forward(cudaStream_t s, const Unit& U, int l, co
   {
     TimedRegion r("attn", s);
     if (bc.pre_layer_norm) ln("ln_attn", x, a.x1, a.mean1, a.rstd1, L.norm1_w, L.norm1_b);
-    const bf16* in = bc.pre_layer_norm ? a.x1 : x;
+    const T* in = bc.pre_layer_norm ? a.x1 : x;
     timed(s, "qkv", cost::gemm_forward(M_, 3 * h, h), [&] {
       gemm_->forward(s, in, w(L.in_proj_w), w(L.in_proj_b), a.qkv, M_, 3 * h, h, GemmEpilogue::Bias);
     });
@@ -221,7 +228,7 @@ void GpuTransformer::bert_layer_forward(cudaStream_t s, const Unit& U, int l, co
     else ln("ln_attn", a.s1, a.x1, a.mean1, a.rstd1, L.norm1_w, L.norm1_b);
   }
   TimedRegion r("mlp", s);
-  const bf16* in = bc.pre_layer_norm ? a.s2 : a.x1;
+  const T* in = bc.pre_layer_norm ? a.s2 : a.x1;
   timed(s, "fc1", cost::gemm_forward(M_, F, h), [&] {
     gemm_->forward(s, in, w(L.ff0_w), w(L.ff0_b), a.f, M_, F, h, GemmEpilogue::Bias);
   });
@@ -239,7 +246,8 @@ void GpuTransformer::bert_layer_forward(cudaStream_t s, const Unit& U, int l, co
   }
 }
 
-void GpuTransformer::bert_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a) {
+template <typename T>
+void GpuTransformerT<T>::bert_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a) {
   const ModelDims& d = table_.dims();
   const BertConfig& bc = d.bert;
   const LayerIndex& L = table_.layer(l);
@@ -253,7 +261,7 @@ void GpuTransformer::bert_layer_backward(cudaStream_t s, const Unit& U, DType gt
     const char *dw, *db, *dx;
   };
   // y = x W^T + b with dy [M, N]: dW, db per `acc`, then dx (+ what dx holds when beta = 1).
-  auto linear_backward = [&](LinearRegions n, const bf16* dy, const bf16* x, int w_idx, int b_idx, bf16* dx, int N,
+  auto linear_backward = [&](LinearRegions n, const T* dy, const T* x, int w_idx, int b_idx, T* dx, int N,
                              int K, float beta) {
     timed(s, n.dw, cost::gemm_grad_weight(M_, N, K, es, acc),
           [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, M_, N, K, acc); });
@@ -261,18 +269,18 @@ void GpuTransformer::bert_layer_backward(cudaStream_t s, const Unit& U, DType gt
     timed(s, n.dx, cost::gemm_grad_input(M_, N, K, beta != 0.f), [&] { gemm_->grad_input(s, dy, w(w_idx), dx, M_, N, K, beta); });
   };
   // d(t) = dropout_backward(d(out)) at a hidden site, into `spare`; without dropout d(out) itself.
-  auto undrop = [&](const char* name, bf16* dout, bf16* spare, BertDropoutSite site) -> bf16* {
+  auto undrop = [&](const char* name, T* dout, T* spare, BertDropoutSite site) -> T* {
     if (p <= 0.f) return dout;
     timed(s, name, cost::dropout(std::size_t(M_) * h), [&] {
       kernels::dropout_backward(s, {bert_key(bert_dropout_layer(d.layers, moe_micro_, l, site)), p}, dout, spare,
-                                std::size_t(M_) * h, DType::BF16);
+                                std::size_t(M_) * h, dtype_of<T>());
     });
     return spare;
   };
   // LayerNorm backward: d_sum = LN'(dy) (+ d_extra), from the input `in` or (normalize_invertible,
   // `out` given) from the output.
-  auto ln_backward = [&](const char* name, const bf16* dy, const bf16* in, const bf16* out, const float* mean,
-                         const float* rstd, int gw, int gb, const bf16* d_extra, bf16* d_sum) {
+  auto ln_backward = [&](const char* name, const T* dy, const T* in, const T* out, const float* mean,
+                         const float* rstd, int gw, int gb, const T* d_extra, T* d_sum) {
     timed(s, name, cost::layernorm_backward(M_, h, es, acc), [&] {
       if (inv && out)
         kernels::layernorm_backward_from_output(s, dy, out, rstd, w(gw), w(gb), d_extra, d_sum, g(gw), g(gb), gt, acc,
@@ -283,7 +291,7 @@ void GpuTransformer::bert_layer_backward(cudaStream_t s, const Unit& U, DType gt
   };
   // The FFN from du (d of fc2's output before its bias) to d of its input, written into `din`
   // (added to what it holds when beta = 1).
-  auto ffn_backward = [&](const bf16* du, const bf16* in, bf16* din, float beta) {
+  auto ffn_backward = [&](const T* du, const T* in, T* din, float beta) {
     TimedRegion r("mlp", s);
     if (bc.gelu_checkpoint)  // a.g (d4h_) from the kept pre-activation
       timed(s, "gelu_recompute", cost::gelu_forward(std::size_t(M_) * F), [&] {
@@ -296,7 +304,7 @@ void GpuTransformer::bert_layer_backward(cudaStream_t s, const Unit& U, DType gt
   };
   // The attention from dt (d of out_proj's output before its bias) to d of its input `in`,
   // written into dx_ (added to what it holds when beta = 1).
-  auto attention_backward = [&](const bf16* dt, const bf16* in, float beta) {
+  auto attention_backward = [&](const T* dt, const T* in, float beta) {
     TimedRegion r("attn", s);
     linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dx"}, dt, a.att, L.out_proj_w, L.out_proj_b, d4h_, h, h,
                     0.f);  // d4h_ = d att
@@ -307,19 +315,19 @@ void GpuTransformer::bert_layer_backward(cudaStream_t s, const Unit& U, DType gt
   };
   if (bc.pre_layer_norm) {
     // dx_ = dy; y = a + drop(u), a = x + drop(t).
-    const bf16* du = undrop("out_dropout", dx_, dh_, BertDropoutSite::Output);
+    const T* du = undrop("out_dropout", dx_, dh_, BertDropoutSite::Output);
     ffn_backward(du, a.s2, dh_, 0.f);  // dh_ = d LN_out(a)
     ln_backward("ln_out", dh_, a.s1, a.s2, a.mean2, a.rstd2, L.norm2_w, L.norm2_b, dx_, dh_);  // dh_ = d a
-    const bf16* dt = undrop("attn_dropout", dh_, dx_, BertDropoutSite::AttentionOutput);
+    const T* dt = undrop("attn_dropout", dh_, dx_, BertDropoutSite::AttentionOutput);
     attention_backward(dt, a.x1, 0.f);  // dx_ = d LN_attn(x)
     ln_backward("ln_attn", dx_, xs_[l], nullptr, a.mean1, a.rstd1, L.norm1_w, L.norm1_b, dh_, dx_);  // dx_ = d x
   } else {
     // dx_ = dy; y = LN_out(s2), s2 = a + drop(u), a = LN_attn(s1), s1 = x + drop(t).
     ln_backward("ln_out", dx_, a.s2, xs_[l + 1], a.mean2, a.rstd2, L.norm2_w, L.norm2_b, nullptr, dx_);  // d s2
-    const bf16* du = undrop("out_dropout", dx_, dh_, BertDropoutSite::Output);
+    const T* du = undrop("out_dropout", dx_, dh_, BertDropoutSite::Output);
     ffn_backward(du, a.x1, dx_, 1.f);  // dx_ = d a (the residual's d s2 + the FFN's)
     ln_backward("ln_attn", dx_, a.s1, a.x1, a.mean1, a.rstd1, L.norm1_w, L.norm1_b, nullptr, dx_);  // d s1
-    const bf16* dt = undrop("attn_dropout", dx_, dh_, BertDropoutSite::AttentionOutput);
+    const T* dt = undrop("attn_dropout", dx_, dh_, BertDropoutSite::AttentionOutput);
     attention_backward(dt, xs_[l], 1.f);  // dx_ = d x (the residual's d s1 + the attention's)
   }
 }
@@ -328,7 +336,8 @@ void GpuTransformer::bert_layer_backward(cudaStream_t s, const Unit& U, DType gt
 // rows), the labelled rows of the final hidden state into head_x_, then the head on P_ rows. A
 // row-wise head on the gathered rows gives the all-rows head's values on them; the other rows
 // had no loss.
-void GpuTransformer::bert_head_forward(cudaStream_t s, const Unit& H, const Unit& E, const std::int32_t* labels,
+template <typename T>
+void GpuTransformerT<T>::bert_head_forward(cudaStream_t s, const Unit& H, const Unit& E, const std::int32_t* labels,
                                        int* d_status) {
   const ModelDims& d = table_.dims();
   const int h = d.hidden, Vr = d.vocab_rows(), Ln = d.layers, P = P_;
@@ -339,7 +348,7 @@ void GpuTransformer::bert_head_forward(cudaStream_t s, const Unit& H, const Unit
   });
   timed(s, "mlm_gather", cost::token_move(std::size_t(P), h),
         [&] { kernels::token_gather(s, xs_[Ln], mlm_pos_, head_x_, B_, S_, K_, h); });
-  const bf16* xf = head_x_;
+  const T* xf = head_x_;
   if (d.bert.pre_layer_norm) {
     timed(s, "ln_f", cost::layernorm_residual_forward(P, h), [&] {
       kernels::layernorm_residual_forward(s, head_x_, nullptr, nullptr, lnf_, mean_f_, rstd_f_,
@@ -364,7 +373,8 @@ void GpuTransformer::bert_head_forward(cudaStream_t s, const Unit& H, const Unit
 
 // logits_ holds dlogits [P_, V]; the head's gradients from the gathered rows (the slots past a
 // sequence's count have dlogits 0 and add nothing), then d(head_x_) scattered into dx_ = d x_L.
-void GpuTransformer::bert_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc) {
+template <typename T>
+void GpuTransformerT<T>::bert_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc) {
   const ModelDims& d = table_.dims();
   const int h = d.hidden, V = d.vocab_rows(), P = P_;
   const std::size_t es = dtype_size(gt);
@@ -389,7 +399,7 @@ void GpuTransformer::bert_head_backward(cudaStream_t s, const Unit& H, const Uni
   timed(s, "transform_gelu", cost::gelu_backward(std::size_t(P) * h), [&] {
     kernels::gelu_backward(s, dh_, head_d_, dh_, std::size_t(P) * h, kernels::GeluKind::Erf);
   });
-  const bf16* xf = pre ? lnf_ : head_x_;
+  const T* xf = pre ? lnf_ : head_x_;
   // d4h_ [P_, h] = d(transform input), then (Pre-LN) d(head_x_) in place.
   timed(s, "transform_dw", cost::gemm_grad_weight(P, h, h, es, acc),
         [&] { gemm_->grad_weight(s, dh_, xf, H.g(table_.head_dense_w()), gt, P, h, h, acc); });
@@ -405,5 +415,25 @@ void GpuTransformer::bert_head_backward(cudaStream_t s, const Unit& H, const Uni
   timed(s, "mlm_scatter", cost::token_move(std::size_t(M_), h),
         [&] { kernels::mlm_scatter_rows(s, d4h_, mlm_slot_, dx_, M_, h); });
 }
+
+// The members defined here, for both compute dtypes (the rest: transformer_gpu.cpp).
+#define CUTRAIN_BERT_MEMBERS(T)                                                                                    \
+  template GpuTransformerT<T>::BertFlagSavings GpuTransformerT<T>::bert_flag_savings(const ModelDims&, int, int,    \
+                                                                                     bool, int);                   \
+  template float GpuTransformerT<T>::bert_hidden_p() const;                                                        \
+  template kernels::AttentionOptions GpuTransformerT<T>::bert_attention(int) const;                                \
+  template void GpuTransformerT<T>::allocate_bert(cudaStream_t);                                                   \
+  template void GpuTransformerT<T>::bert_embedding_forward(cudaStream_t, const Unit&, const std::int32_t*, int*);   \
+  template void GpuTransformerT<T>::bert_embedding_backward(cudaStream_t, const Unit&, DType, bool,                 \
+                                                            const std::int32_t*);                                  \
+  template void GpuTransformerT<T>::bert_layer_forward(cudaStream_t, const Unit&, int, const LayerActs&);          \
+  template void GpuTransformerT<T>::bert_layer_backward(cudaStream_t, const Unit&, DType, bool, int,               \
+                                                        const LayerActs&);                                         \
+  template void GpuTransformerT<T>::bert_head_forward(cudaStream_t, const Unit&, const Unit&, const std::int32_t*, \
+                                                      int*);                                                       \
+  template void GpuTransformerT<T>::bert_head_backward(cudaStream_t, const Unit&, const Unit&, DType, bool);
+CUTRAIN_BERT_MEMBERS(bf16)
+CUTRAIN_BERT_MEMBERS(f16)
+#undef CUTRAIN_BERT_MEMBERS
 
 }  // namespace cutrain::model

@@ -4,6 +4,8 @@
 // token embedding (tied head, no bias).
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "kernels/attention.cuh"
 #include "kernels/gelu.cuh"
 #include "kernels/layernorm.cuh"
@@ -16,8 +18,9 @@ namespace cutrain::model {
 
 using kernels::GemmEpilogue;
 
-void GpuTransformer::gpt2_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a,
-                                        const LayerActs* prev, bf16* x_in, bool fuse, const Rows& rows) {
+template <typename T>
+void GpuTransformerT<T>::gpt2_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a,
+                                        const LayerActs* prev, T* x_in, bool fuse, const Rows& rows) {
   const LayerIndex& L = table_.layer(l);
   const int h = table_.dims().hidden, F = table_.dims().ffn();
   auto w = [&](int idx) { return U.w(idx); };
@@ -65,8 +68,9 @@ void GpuTransformer::gpt2_layer_forward(cudaStream_t s, const Unit& U, int l, co
   }
 }
 
-void GpuTransformer::gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a,
-                                         const bf16* x_in, const Rows& rows) {
+template <typename T>
+void GpuTransformerT<T>::gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a,
+                                         const T* x_in, const Rows& rows) {
   const LayerIndex& L = table_.layer(l);
   const int h = table_.dims().hidden, F = table_.dims().ffn();
   const std::size_t es = dtype_size(gt);
@@ -77,8 +81,8 @@ void GpuTransformer::gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt
     const char *dw, *db, *dx;
   };
   // y = x W^T + b with dy [M, N]: dW, db per `acc`, then dx (with the DGELU epilogue when `aux`).
-  auto linear_backward = [&](LinearRegions n, const bf16* dy, const bf16* x, int w_idx, int b_idx, bf16* dx, int N,
-                             int K, const bf16* aux) {
+  auto linear_backward = [&](LinearRegions n, const T* dy, const T* x, int w_idx, int b_idx, T* dx, int N,
+                             int K, const T* aux) {
     timed(s, n.dw, cost::gemm_grad_weight(rows.M, N, K, es, acc),
           [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, rows.M, N, K, acc); });
     timed(s, n.db, cost::bias_grad(rows.M, N, es, acc), [&] { kernels::bias_grad(s, dy, g(b_idx), gt, rows.M, N, acc, scratch_); });
@@ -88,8 +92,9 @@ void GpuTransformer::gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt
   if (moe_[std::size_t(l)]) {
     TimedRegion r("moe", s);
     // rows.dx = d(block output) = d(MoE output): dh_ = d s2, then d s1 (LN2's + the residual's).
-    moe_[std::size_t(l)]->backward(s, U.w(L.moe), a.s2, rows.dx, float(table_.dims().moe.loss_coeff) * moe_grad_scale_,
-                                   dh_, U.g(L.moe), gt, acc);
+    if constexpr (std::is_same_v<T, bf16>)  // MoE blocks are bf16 only (refused with fp16 at construction)
+      moe_[std::size_t(l)]->backward(s, U.w(L.moe), a.s2, rows.dx,
+                                     float(table_.dims().moe.loss_coeff) * moe_grad_scale_, dh_, U.g(L.moe), gt, acc);
     timed(s, "ln2", cost::layernorm_backward(rows.M, h, es, acc), [&] {
       kernels::layernorm_backward(s, dh_, a.s1, a.mean2, a.rstd2, w(L.norm2_w), rows.dx, dh_, g(L.norm2_w), g(L.norm2_b),
                                   gt, acc, scratch_, rows.M, h);
@@ -124,7 +129,8 @@ void GpuTransformer::gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt
   }
 }
 
-void GpuTransformer::gpt2_head_forward(cudaStream_t s, const Unit& H, const Unit& E) {
+template <typename T>
+void GpuTransformerT<T>::gpt2_head_forward(cudaStream_t s, const Unit& H, const Unit& E) {
   const ModelDims& d = table_.dims();
   const int h = d.hidden, Vr = d.vocab_rows(), Ln = d.layers;
   timed(s, "ln_f", cost::layernorm_residual_forward(M_, h), [&] {
@@ -140,7 +146,8 @@ void GpuTransformer::gpt2_head_forward(cudaStream_t s, const Unit& H, const Unit
   });
 }
 
-void GpuTransformer::gpt2_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc) {
+template <typename T>
+void GpuTransformerT<T>::gpt2_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc) {
   const ModelDims& d = table_.dims();
   const int h = d.hidden, V = d.vocab_rows(), Ln = d.layers;
   const std::size_t es = dtype_size(gt);
@@ -155,5 +162,17 @@ void GpuTransformer::gpt2_head_backward(cudaStream_t s, const Unit& H, const Uni
                                 H.g(table_.final_norm_w()), H.g(table_.final_norm_b()), gt, acc, scratch_, M_, h);
   });
 }
+
+// The members defined here, for both compute dtypes (the rest: transformer_gpu.cpp).
+#define CUTRAIN_GPT2_MEMBERS(T)                                                                                     \
+  template void GpuTransformerT<T>::gpt2_layer_forward(cudaStream_t, const Unit&, int, const LayerActs&,           \
+                                                       const LayerActs*, T*, bool, const Rows&);                    \
+  template void GpuTransformerT<T>::gpt2_layer_backward(cudaStream_t, const Unit&, DType, bool, int,               \
+                                                        const LayerActs&, const T*, const Rows&);                  \
+  template void GpuTransformerT<T>::gpt2_head_forward(cudaStream_t, const Unit&, const Unit&);                     \
+  template void GpuTransformerT<T>::gpt2_head_backward(cudaStream_t, const Unit&, const Unit&, DType, bool);
+CUTRAIN_GPT2_MEMBERS(bf16)
+CUTRAIN_GPT2_MEMBERS(f16)
+#undef CUTRAIN_GPT2_MEMBERS
 
 }  // namespace cutrain::model

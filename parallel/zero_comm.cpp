@@ -62,35 +62,38 @@ void ZeroComm::reduce_grads(cudaStream_t compute, void* grads) {
 }
 
 void ZeroComm::global_norm(cudaStream_t compute, const void* grads, float max_norm, float* norm, float* clip_scale,
-                           int* nonfinite, void* scratch) {
+                           int* nonfinite, void* scratch, const float* loss_scale) {
   if (plan_.mode == ZeroMode::AllReduce) {
     // Identical reduced gradients on every rank: the single-process kernel gives the same bits everywhere.
     kernels::grad_norm_clip(compute, grads, grad_type_, plan_.part.numel, max_norm, norm, clip_scale, nonfinite,
-                            scratch);
+                            scratch, loss_scale);
     return;
   }
   const Range r = plan_.norm_range();
   const std::size_t es = dtype_size(grad_type_);
   global_norm_of_shard(compute, static_cast<const char*>(grads) + r.begin * es, r.size(), max_norm, norm, clip_scale,
-                       nonfinite, scratch);
+                       nonfinite, scratch, loss_scale);
 }
 
 void ZeroComm::global_norm_of_shard(cudaStream_t compute, const void* grads, std::size_t count, float max_norm,
-                                    float* norm, float* clip_scale, int* nonfinite, void* scratch) {
+                                    float* norm, float* clip_scale, int* nonfinite, void* scratch,
+                                    const float* loss_scale) {
   double* s = sumsq_.as<double>();
   kernels::grad_sumsq(compute, grads, grad_type_, count, s, scratch);
   fork(compute);
   comm_->all_reduce_sum_f64(s, 1, comm_stream_.get());
   join(compute);
-  kernels::grad_norm_from_sumsq(compute, s, max_norm, norm, clip_scale, nonfinite);
+  kernels::grad_norm_from_sumsq(compute, s, max_norm, norm, clip_scale, nonfinite, loss_scale);
 }
 
-void ZeroComm::gather_params(cudaStream_t compute, bf16* params) {
+void ZeroComm::gather_params(cudaStream_t compute, void* params, DType param_type) {
   if (plan_.mode != ZeroMode::Partitioned) return;
   NvtxRange range("nccl");
   const std::size_t per = plan_.part.per_rank;
   fork(compute);
-  comm_->all_gather(params + std::size_t(plan_.rank) * per, params, per, DType::BF16, comm_stream_.get());
+  char* p = static_cast<char*>(params);
+  comm_->all_gather(p + std::size_t(plan_.rank) * per * dtype_size(param_type), p, per, param_type,
+                    comm_stream_.get());
   join(compute);
 }
 

@@ -1,5 +1,5 @@
 // @brief ZeRO in the GPU engine, the collectives: the gradient reduction after backward, the
-// global gradient norm, and the all-gather of the updated bf16 params, on a communication stream
+// global gradient norm, and the all-gather of the updated 16-bit params, on a communication stream
 // ordered against the compute stream by events (fork/join, so it can be captured in the step's
 // CUDA graph).
 //
@@ -46,16 +46,17 @@ class ZeroComm {
   // After the last backward, on `compute`: the gradient reduction of the mode (see above).
   void reduce_grads(cudaStream_t compute, void* grads);
   // The global norm of the reduced gradients into norm / clip_scale / nonfinite (device words).
-  // `scratch`: kernels::grad_norm_scratch_bytes bytes.
+  // `scratch`: kernels::grad_norm_scratch_bytes bytes. `loss_scale` (device, may be null): fp16's
+  // loss scale the gradients carry (kernels::grad_norm_clip: the norm unscaled, 1/scale in clip_scale).
   void global_norm(cudaStream_t compute, const void* grads, float max_norm, float* norm, float* clip_scale,
-                   int* nonfinite, void* scratch);
+                   int* nonfinite, void* scratch, const float* loss_scale = nullptr);
   // The same over `count` elements of this rank's reduced gradients at `grads` (Sharded: the
   // gradient shard): fp64 sum of squares all-reduced, then the usual formula.
   void global_norm_of_shard(cudaStream_t compute, const void* grads, std::size_t count, float max_norm, float* norm,
-                            float* clip_scale, int* nonfinite, void* scratch);
-  // After the optimizer (Partitioned): every rank's updated partition of the bf16 params into
-  // the full flat buffer (in place). No-op for AllReduce.
-  void gather_params(cudaStream_t compute, bf16* params);
+                            float* clip_scale, int* nonfinite, void* scratch, const float* loss_scale = nullptr);
+  // After the optimizer (Partitioned): every rank's updated partition of the 16-bit params (bf16 or
+  // fp16: `param_type`) into the full flat buffer (in place). No-op for AllReduce.
+  void gather_params(cudaStream_t compute, void* params, DType param_type = DType::BF16);
   // Collective (every rank calls it): the full padded flat buffer of a partitioned state.
   // `part_buf`: this rank's per_rank elements of `t`; `full`: world x per_rank elements.
   void gather_state(cudaStream_t compute, const void* part_buf, void* full, DType t);

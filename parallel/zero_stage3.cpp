@@ -89,7 +89,7 @@ void ShardedParams::gather(std::size_t k) {
   ++gathers_issued_;
 }
 
-const bf16* ShardedParams::acquire(cudaStream_t s, int u) {
+const void* ShardedParams::acquire(cudaStream_t s, int u) {
   CUTRAIN_CHECK(in_pass_ && pos_ < order_.size() && order_[pos_] == u && live_unit_ < 0,
                 "ZeRO stage 3: the model acquired unit ", u, " out of the planned order (use ", pos_, " of ",
                 order_.size(), ")");

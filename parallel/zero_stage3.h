@@ -54,7 +54,7 @@ class ShardedParams final : public model::ParamAccess {
   // the compute stream `s` waits for the reductions.
   void end_pass(cudaStream_t s);
 
-  const bf16* acquire(cudaStream_t s, int u) override;
+  const void* acquire(cudaStream_t s, int u) override;  // bf16 (stage 3 is refused with fp16)
   void release(cudaStream_t s, int u) override;
   std::size_t grad_offset(int u) const override { return layout_.units.at(std::size_t(u)).padded_offset; }
   void grads_written(cudaStream_t s, int u) override;

@@ -147,11 +147,7 @@ void parse_transformer(Reader& r, const json& root, BertSetup& s, std::uint64_t&
     ds_seed_out = std::uint64_t(r.as_int(*v, "seed", 0, std::numeric_limits<std::int64_t>::max()));
     has_seed = true;
   }
-  bool fp16 = false;
-  get(r, root, "", "fp16", fp16);
-  if (fp16)
-    r.fail("fp16", "fp16 training is not implemented yet (expected false, found true); bf16 is what trains: "
-                   "give fp16: false here and bf16.enabled: true in the DeepSpeed config");
+  get(r, root, "", "fp16", s.fp16);  // true selects fp16 training (train_loop.cpp)
   bool training = true;
   get(r, root, "", "training", training);
   if (!training)

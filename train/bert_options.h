@@ -45,6 +45,7 @@ struct BertSetup {
   std::string origin;                 // the file
   std::optional<int> batch_size;      // DeepSpeedTransformerConfig's batch_size (checked against the micro-batch)
   std::optional<std::uint64_t> seed;  // DeepSpeedTransformerConfig's seed
+  bool fp16 = false;                  // DeepSpeedTransformerConfig's fp16: true selects fp16 training
   std::vector<std::string> notes;     // keys read but not acted on, flags that change nothing: one line each
 };
 

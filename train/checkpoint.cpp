@@ -323,8 +323,8 @@ std::optional<DType> part_dtype(const SafetensorsReader& r, const model::Transfo
   const std::string first = T.tensors().front().name + suffix;
   if (!r.contains(first)) return std::nullopt;
   const SafetensorsTensorInfo& fi = r.tensor(first);
-  CUTRAIN_CHECK(fi.dtype == DType::F32 || fi.dtype == DType::BF16, r.path().string(), ": tensor '", first, "' is ",
-                fi.dtype_name, ", expected BF16 or F32");
+  CUTRAIN_CHECK(fi.dtype == DType::F32 || fi.dtype == DType::BF16 || fi.dtype == DType::F16, r.path().string(),
+                ": tensor '", first, "' is ", fi.dtype_name, ", expected BF16, F16 or F32");
   return *fi.dtype;
 }
 

@@ -277,8 +277,11 @@ void check_consistency(Reader& r, const TrainConfig& c) {
            detail::concat("optimizer type Lamb needs ZeRO stage 0, found stage ", c.zero_optimization.stage,
                           ": its per-tensor trust ratios need whole tensors on a rank (DeepSpeed's ZeRO does not "
                           "support FusedLamb either)"));
+  if (c.fp16.enabled && c.bf16.enabled)
+    r.fail("fp16.enabled", "fp16.enabled and bf16.enabled are both true: the model computes in one of them; enable one");
   if (c.torch_autocast.enabled && c.torch_autocast.dtype == AutocastDtype::Float16)
-    r.fail("torch_autocast.dtype", "autocast to torch.float16 is not implemented (the model computes in bf16); use torch.bfloat16");
+    r.fail("torch_autocast.dtype", "autocast to torch.float16 is not implemented (fp16 training is fp16.enabled: true); "
+                                   "use torch.bfloat16");
 }
 
 }  // namespace

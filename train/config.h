@@ -91,7 +91,8 @@ struct Bf16Config {
   bool bf16_master_compensation = false;
 };
 
-// fp16 mixed precision (the offload example's fp16 variant). Never together with bf16.
+// fp16 mixed precision (DeepSpeed's fp16 block): the model computes in fp16 over fp32 master
+// weights with loss scaling (train/loss_scaler.h). Never together with bf16.
 struct Fp16Config {
   bool enabled = false;
   bool auto_cast = false;

@@ -11,9 +11,6 @@ constexpr KeyStatus W = KeyStatus::Warned;
 constexpr KeyStatus E = KeyStatus::Error;
 constexpr bool kSection = true;
 
-constexpr std::string_view kNoFp16 =
-    "checked (type, range); train/loss_scaler.h implements DeepSpeed's loss scaling, but fp16 training is not "
-    "implemented, so nothing is scaled";
 constexpr std::string_view kNoPartitionedCkpt =
     "cutrain's activation checkpointing is the --activation_checkpointing flag: every block's input kept, the block "
     "recomputed in backward; partitioned, CPU or profiled checkpointing is not implemented";
@@ -108,17 +105,18 @@ constexpr ConfigKey kKeys[] = {
     {"bf16.auto_cast", W, "false", "the model computes in bf16 already"},
 
     // fp16
-    {"fp16.enabled", E, "false",
-     "fp16 training (fp16 GEMMs and kernels) is not implemented: the fp16 block is checked and its dynamic loss "
-     "scaler exists (train/loss_scaler.h), but nothing computes in fp16; use bf16 (bf16.enabled: true)"},
-    {"fp16.auto_cast", W, "false", kNoFp16},
-    {"fp16.loss_scale", W, "", kNoFp16},
-    {"fp16.initial_scale_power", W, "", kNoFp16},
-    {"fp16.loss_scale_window", W, "", kNoFp16},
-    {"fp16.hysteresis", W, "", kNoFp16},
-    {"fp16.consecutive_hysteresis", W, "", kNoFp16},
-    {"fp16.min_loss_scale", W, "", kNoFp16},
-    {"fp16.fp16_master_weights_and_grads", W, "false", kNoFp16},
+    {"fp16.enabled", A, "",
+     "fp16 training: the model computes in fp16 (fp16 GEMMs, LayerNorm, softmax, loss) over fp32 master weights, the "
+     "loss scaled (never together with bf16.enabled)"},
+    {"fp16.auto_cast", W, "false", "the model's inputs are token ids: there is nothing to cast"},
+    {"fp16.loss_scale", A, "", "0: dynamic loss scaling; > 0: this static scale"},
+    {"fp16.initial_scale_power", A, "", "the dynamic scale starts at 2^initial_scale_power"},
+    {"fp16.loss_scale_window", A, "", "clean steps (since the last overflow) before the dynamic scale doubles"},
+    {"fp16.hysteresis", A, "", "overflows tolerated before the dynamic scale halves"},
+    {"fp16.consecutive_hysteresis", A, "", "true: every clean step refills the hysteresis"},
+    {"fp16.min_loss_scale", A, "", "the dynamic scale's floor: an overflow there stops the run"},
+    {"fp16.fp16_master_weights_and_grads", E, "false",
+     "fp16 training keeps fp32 master weights (the baseline layout); fp16 master weights are not implemented"},
 
     // zero_optimization
     {"zero_optimization.stage", A, "",

@@ -64,6 +64,10 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   }
   zero_ = parallel::make_zero_plan(c.zero_optimization.stage, n_, comm_ ? comm_->world_size() : 1, comm_ ? comm_->rank() : 0,
                          comm_ != nullptr);
+  // fp16: stage 3's shard gathers and persistent units move bf16 params (parallel/zero_stage3.h).
+  CUTRAIN_CHECK(plan_.param != DType::F16 || !zero_.sharded(),
+                "train: fp16.enabled with zero_optimization.stage 3 is not supported by the GPU engine (its parameter "
+                "shards are gathered as bf16); use stage 0, 1 or 2, or bf16.enabled");
   check_offload_paths(c);  // before any allocation: a missing swap folder fails fast
   CachingAllocator& A = device_allocator();
   const AllocatorStats before = A.stats();
@@ -94,7 +98,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   }
   const std::size_t flat = zero_.sharded() ? layout_.padded_elems : zero_.flat_elems();
   const std::size_t ns = zero_.sharded() ? layout_.shard_elems : zero_.state_elems();
-  params_ = Buffer(A, (zero_.sharded() ? ns : flat) * 2, stream_);
+  params_ = Buffer(A, (zero_.sharded() ? ns : flat) * dtype_size(plan_.param), stream_);
   grads_ = Buffer(A, flat * dtype_size(plan_.grad), stream_);
   if (zero_.sharded()) grad_shard_ = Buffer(A, ns * dtype_size(plan_.grad), stream_);
   if (plan_.has_master) master_ = Buffer(A, ns * 4, stream_);
@@ -106,17 +110,17 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   state_requested_bytes_ = std::size_t(after.requested_bytes.current - before.requested_bytes.current);
 
   {
-    // Fresh state: the initial weights (bf16 params, fp32 master from the same values) and zero
+    // Fresh state: the initial weights (16-bit params, fp32 master from the same values) and zero
     // moments set on the device, so a 6.86B model does not stage four fp32 copies in host memory.
     std::vector<float> init(n_);
     table_.init(init.data(), o.seed);
     if (zero_.sharded()) {
       const std::vector<float> shard = layout_.shard_from_flat(init.data(), zero_.rank);
-      upload(params_, DType::BF16, shard, stream_);
+      upload(params_, plan_.param, shard, stream_);
       if (plan_.has_master) upload(master_, DType::F32, shard, stream_);
     } else {
       if (flat > n_) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(params_.get(), 0, params_.bytes(), stream_));
-      upload(params_, DType::BF16, init, stream_);
+      upload(params_, plan_.param, init, stream_);
       if (plan_.has_master) {
         // This rank's partition of the initial weights (all of them when not partitioned).
         const parallel::Range r = zero_.state_range();
@@ -175,8 +179,15 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     CUTRAIN_CUDA_CHECK(cudaMallocHost(&drop_idx_h_, accum_ * drop_stride_ * 4));
     std::fill(drop_idx_h_, drop_idx_h_ + accum_ * drop_stride_, 0);
   }
-  model_ = std::make_unique<model::GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A,
-                                                   o.recompute_gelu, std::move(drop_layers), o.max_predictions);
+  model_ = model::make_gpu_transformer(plan_.param, table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A,
+                                       o.recompute_gelu, std::move(drop_layers), o.max_predictions);
+  if (plan_.param == DType::F16) {  // the loss scale: a device word the captured part copies in
+    scaler_ = std::make_unique<LossScaler>(LossScalerOptions::from_config(c.fp16));
+    scale_d_ = Buffer(A, sizeof(float), stream_);
+    CUTRAIN_CUDA_CHECK(cudaMallocHost(&scale_h_, sizeof(float)));
+    *scale_h_ = static_cast<float>(scaler_->loss_scale());
+    describe_ += scaler_->dynamic() ? ", fp16 (dynamic loss scale)" : ", fp16 (static loss scale)";
+  }
   if (o.dims.arch == model::Arch::Bert) {  // dropout: the kernels read the step from step_d_
     step_d_ = Buffer(A, sizeof(std::uint32_t), stream_);
     CUTRAIN_CUDA_CHECK(cudaMallocHost(&step_h_, sizeof(std::uint32_t)));
@@ -184,7 +195,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   }
   offloader_ = std::make_unique<StateOffloader>(A, stream_.get());
   offloader_->add("lp_params", &params_);
-  offloader_->add(plan_.grad == DType::BF16 ? "lp_grads" : "contiguous_grad_buffer", &grads_);
+  offloader_->add(plan_.grad != DType::F32 ? "lp_grads" : "contiguous_grad_buffer", &grads_);
   if (plan_.has_master) offloader_->add("hp_params", &master_);
   offloader_->add("optim_states.exp_avg", &m_);
   offloader_->add("optim_states.exp_avg_sq", &v_);
@@ -211,6 +222,7 @@ GpuEngine::~GpuEngine() {
   cudaFreeHost(labels_h_);
   cudaFreeHost(flags_h_);
   if (step_h_) cudaFreeHost(step_h_);
+  if (scale_h_) cudaFreeHost(scale_h_);
   if (drop_idx_h_) cudaFreeHost(drop_idx_h_);
 }
 
@@ -259,6 +271,8 @@ void GpuEngine::enqueue_forward_backward(bool step) {
                                          cudaMemcpyHostToDevice, stream_));
     if (step_h_)
       CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(step_d_.get(), step_h_, sizeof(std::uint32_t), cudaMemcpyHostToDevice, stream_));
+    if (scale_h_)
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(scale_d_.get(), scale_h_, sizeof(float), cudaMemcpyHostToDevice, stream_));
   }
   float* flags = as_f32(flags_d_);
   int* status = reinterpret_cast<int*>(flags + accum_ + 3);
@@ -266,7 +280,7 @@ void GpuEngine::enqueue_forward_backward(bool step) {
   // Stage 3: one pass over every micro-batch, so the prefetch runs across micro-batch boundaries.
   // With overlap_comm each unit's gradients are reduce-scattered during the backward of the last
   // micro-batch, as soon as they are final (else enqueue_reduce does it after backward).
-  model::FlatParams flat(table_, params_.as<bf16>());
+  model::FlatParams flat(table_, params_.get(), plan_.param);
   parallel::ShardedParams::OverlapReduce overlap{grads_.get(), grad_shard_.get(), plan_.grad, accum_};
   if (sharded_)
     sharded_->begin_pass(params_.as<bf16>(), train_order_,
@@ -276,7 +290,7 @@ void GpuEngine::enqueue_forward_backward(bool step) {
     model_->set_token_drop(kept_, drop_idx_h_ ? drop_idx_d_.as<std::int32_t>() + a * drop_stride_ : nullptr);
     model_->forward_backward(stream_, P, grads_.get(), plan_.grad, a > 0, tokens_d_.as<std::int32_t>() + a * per_micro,
                              labels_d_.as<std::int32_t>() + a * per_micro, 1.f / float(accum_), flags + a,
-                             status + 2 * a);
+                             status + 2 * a, loss_scale_d());
   }
   if (sharded_) sharded_->end_pass(stream_);
 }
@@ -303,17 +317,20 @@ void GpuEngine::enqueue_norm() {
     // The shard's padding is 0 (never written, reduced from zeros): it adds nothing to the sum.
     zero_comm_->global_norm_of_shard(stream_, grad_shard_.get(), count, cfg_.gradient_clipping, flags + accum_,
                                      flags + accum_ + 1, reinterpret_cast<int*>(flags + accum_ + 2),
-                                     norm_scratch_.get());
+                                     norm_scratch_.get(), loss_scale_d());
     return;
   }
   if (zero_comm_) {
     // Global over the ranks: the same norm, clip coefficient and skip flag on every rank.
     zero_comm_->global_norm(stream_, grads_.get(), cfg_.gradient_clipping, flags + accum_, flags + accum_ + 1,
-                            reinterpret_cast<int*>(flags + accum_ + 2), norm_scratch_.get());
+                            reinterpret_cast<int*>(flags + accum_ + 2), norm_scratch_.get(), loss_scale_d());
     return;
   }
+  // fp16: the gradients carry the loss scale; the norm is unscaled, the clip coefficient the
+  // optimizer reads carries 1 / scale, and an overflow (inf/NaN) raises the skip flag.
   kernels::grad_norm_clip(stream_, grads_.get(), plan_.grad, n_, cfg_.gradient_clipping, flags + accum_,
-                          flags + accum_ + 1, reinterpret_cast<int*>(flags + accum_ + 2), norm_scratch_.get());
+                          flags + accum_ + 1, reinterpret_cast<int*>(flags + accum_ + 2), norm_scratch_.get(),
+                          loss_scale_d());
 }
 
 void GpuEngine::read_flags() {
@@ -336,7 +353,7 @@ std::vector<std::string> GpuEngine::offloadable_states() const {
   std::vector<std::string> out{"optim_states"};
   if (plan_.has_master) out.push_back("hp_params");
   out.push_back("lp_params");
-  out.push_back(plan_.grad == DType::BF16 ? "lp_grads" : "contiguous_grad_buffer");
+  out.push_back(plan_.grad != DType::F32 ? "lp_grads" : "contiguous_grad_buffer");
   return out;
 }
 
@@ -494,9 +511,14 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
       kernels::LambParams lp = lamb_params(cfg_.optimizer, lr, step);
       lp.stochastic_rounding = cfg_.bf16.stochastic_rounding;
       lp.seed = opt_.seed;
-      kernels::lamb_step(stream_, plan_.layout, lp, lamb_, params_.as<bf16>(), g, plan_.grad,
-                         plan_.has_master ? as_f32(master_) : nullptr, m_.get(), v_.get(), flags + accum_ + 1,
-                         reinterpret_cast<const int*>(flags + accum_ + 2), plan_.compensation ? comp_.as<bf16>() : nullptr);
+      if (plan_.param == DType::F16)
+        kernels::lamb_step(stream_, plan_.layout, lp, lamb_, params_.as<f16>(), g, plan_.grad, as_f32(master_), m_.get(),
+                           v_.get(), flags + accum_ + 1, reinterpret_cast<const int*>(flags + accum_ + 2));
+      else
+        kernels::lamb_step(stream_, plan_.layout, lp, lamb_, params_.as<bf16>(), g, plan_.grad,
+                           plan_.has_master ? as_f32(master_) : nullptr, m_.get(), v_.get(), flags + accum_ + 1,
+                           reinterpret_cast<const int*>(flags + accum_ + 2),
+                           plan_.compensation ? comp_.as<bf16>() : nullptr);
     }
     // One launch per decay run (model/transformer_params.h): a single one for the seed model;
     // GPT-2 decays its matrices and embeddings only. The last run also covers the partition's
@@ -512,11 +534,17 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
       // Stochastic rounding draws by (seed, step, index within the launch): another seed per run,
       // so runs do not repeat each other's bits (run 0 keeps the seed of the single launch).
       p.seed = opt_.seed + k * 0x9E3779B97F4A7C15ull;
-      kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>() + b, static_cast<const char*>(g) + o * gs,
-                         plan_.grad, plan_.has_master ? as_f32(master_) + o : nullptr,
-                         static_cast<char*>(m_.get()) + o * ms, static_cast<char*>(v_.get()) + o * ms, e - b,
-                         flags + accum_ + 1, reinterpret_cast<const int*>(flags + accum_ + 2),
-                         plan_.compensation ? comp_.as<bf16>() + o : nullptr);
+      if (plan_.param == DType::F16)
+        kernels::adam_step(stream_, plan_.layout, p, params_.as<f16>() + b, static_cast<const char*>(g) + o * gs,
+                           plan_.grad, as_f32(master_) + o, static_cast<char*>(m_.get()) + o * ms,
+                           static_cast<char*>(v_.get()) + o * ms, e - b, flags + accum_ + 1,
+                           reinterpret_cast<const int*>(flags + accum_ + 2));
+      else
+        kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>() + b, static_cast<const char*>(g) + o * gs,
+                           plan_.grad, plan_.has_master ? as_f32(master_) + o : nullptr,
+                           static_cast<char*>(m_.get()) + o * ms, static_cast<char*>(v_.get()) + o * ms, e - b,
+                           flags + accum_ + 1, reinterpret_cast<const int*>(flags + accum_ + 2),
+                           plan_.compensation ? comp_.as<bf16>() + o : nullptr);
     }
   }
   if (sharded_) {
@@ -527,7 +555,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   } else if (zero_comm_) {
     TimedRegion rc("comm", stream_);
     TimedRegion rg("param_gather", stream_);
-    zero_comm_->gather_params(stream_, params_.as<bf16>());  // no-op at stage 0
+    zero_comm_->gather_params(stream_, params_.get(), plan_.param);  // no-op at stage 0
   }
   if (swap_) swap_->after_optimizer();  // pipeline_write: the write-out overlaps the rest of the step
   read_flags();
@@ -539,7 +567,18 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   int nonfinite = 0;
   std::memcpy(&nonfinite, flags_h_ + accum_ + 2, 4);
   st.skipped = nonfinite != 0;
+  if (scaler_) update_loss_scale(st);
   return st;
+}
+
+// fp16, after the step's single sync: the scaler sees whether the step overflowed (the optimizer
+// then changed nothing) and the next step's scale is staged (the loop logs an overflow from
+// StepStats); an overflow at fp16.min_loss_scale with the hysteresis used up stops the run.
+void GpuEngine::update_loss_scale(StepStats& st) {
+  st.loss_scale = scaler_->loss_scale();
+  const LossScaleUpdate u = scaler_->update(st.skipped);  // LossScaleError at min_loss_scale
+  *scale_h_ = static_cast<float>(u.scale);  // copied to the device by the next step's staging
+  st.next_loss_scale = u.scale;
 }
 
 MemoryStats GpuEngine::memory() const {
@@ -568,7 +607,10 @@ std::vector<float> download(const Buffer& b, DType t, std::size_t n) {
   } else {
     std::vector<std::uint16_t> h(n);
     CUTRAIN_CUDA_CHECK(cudaMemcpy(h.data(), b.get(), n * 2, cudaMemcpyDeviceToHost));
-    for (std::size_t i = 0; i < n; ++i) out[i] = bf16_bits_to_f32(h[i]);
+    if (t == DType::F16)
+      for (std::size_t i = 0; i < n; ++i) out[i] = to_float(reinterpret_cast<const f16*>(h.data())[i]);
+    else
+      for (std::size_t i = 0; i < n; ++i) out[i] = bf16_bits_to_f32(h[i]);
   }
   return out;
 }
@@ -580,7 +622,10 @@ void upload(const Buffer& b, DType t, const float* v, std::size_t n, cudaStream_
     CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(b.get(), v, n * 4, cudaMemcpyHostToDevice, s));
   } else {
     std::vector<std::uint16_t> h(n);
-    for (std::size_t i = 0; i < n; ++i) h[i] = f32_to_bf16_bits(v[i]);
+    if (t == DType::F16)
+      for (std::size_t i = 0; i < n; ++i) h[i] = bits(to_f16(v[i]));
+    else
+      for (std::size_t i = 0; i < n; ++i) h[i] = f32_to_bf16_bits(v[i]);
     CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(b.get(), h.data(), h.size() * 2, cudaMemcpyHostToDevice, s));
   }
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));  // h is about to go out of scope
@@ -609,8 +654,8 @@ void GpuEngine::poison_grads() {
 std::vector<float> GpuEngine::download_params() const {
   ensure_state();
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  if (zero_.sharded()) return gather_sharded(params_, DType::BF16);
-  return download(params_, DType::BF16, n_);
+  if (zero_.sharded()) return gather_sharded(params_, plan_.param);
+  return download(params_, plan_.param, n_);
 }
 
 std::vector<float> GpuEngine::gather_sharded(const Buffer& shard, DType t) const {
@@ -639,7 +684,8 @@ HostState GpuEngine::save_state() const {
     return download(full, t, n_);
   };
   HostState s;
-  s.params = zero_.sharded() ? gather_sharded(params_, DType::BF16) : download(params_, DType::BF16, n_);
+  s.params = zero_.sharded() ? gather_sharded(params_, plan_.param) : download(params_, plan_.param, n_);
+  s.param_dtype = plan_.param;
   if (plan_.has_master) s.master = state(master_, DType::F32);
   if (plan_.compensation) s.compensation = state(comp_, DType::BF16);
   s.exp_avg = state(m_, plan_.moment);
@@ -663,7 +709,7 @@ const SnapshotTensor& snapshot_part(const StateSnapshot& s, DeviceRestore::Part 
 
 std::vector<GpuEngine::StatePart> GpuEngine::state_parts() const {
   using P = DeviceRestore::Part;
-  std::vector<StatePart> parts{{P::Params, &params_, DType::BF16}};
+  std::vector<StatePart> parts{{P::Params, &params_, plan_.param}};
   if (plan_.has_master) parts.push_back({P::Master, &master_, DType::F32});
   parts.push_back({P::ExpAvg, &m_, plan_.moment});
   parts.push_back({P::ExpAvgSq, &v_, plan_.moment});
@@ -705,7 +751,7 @@ void GpuEngine::load_state(const HostState& s) {
   if (swap_) swap_->make_resident();
   if (zero_.sharded()) {
     // This rank's shard of every state; the persistent units gathered again from the new params.
-    put_sharded(params_, DType::BF16, s.params.data());
+    put_sharded(params_, plan_.param, s.params.data());
     if (plan_.has_master) put_sharded(master_, DType::F32, s.master.data());
     if (plan_.compensation) put_sharded(comp_, DType::BF16, comp.data());
     put_sharded(m_, plan_.moment, s.exp_avg.data());
@@ -715,7 +761,7 @@ void GpuEngine::load_state(const HostState& s) {
     if (swap_) swap_->swap_out(/*non_blocking=*/false);
     return;
   }
-  upload(params_, DType::BF16, s.params, stream_);
+  upload(params_, plan_.param, s.params, stream_);
   // This rank's partition of each optimizer state (all of it when not partitioned); padding 0.
   const parallel::Range r = zero_.state_range();
   const std::size_t real = r.begin < n_ ? std::min(r.end, n_) - r.begin : 0;
@@ -787,7 +833,7 @@ class EngineRestore final : public DeviceRestore {
 std::unique_ptr<DeviceRestore> GpuEngine::device_restore(DType params, std::optional<DType> master, DType moments,
                                                          std::optional<DType> compensation) {
   if (zero_.partitioned() || zero_.sharded() || swap_) return nullptr;
-  if (params != DType::BF16 || moments != plan_.moment) return nullptr;
+  if (params != plan_.param || moments != plan_.moment) return nullptr;
   if (plan_.has_master && master != DType::F32) return nullptr;
   if (plan_.compensation && compensation && *compensation != DType::BF16) return nullptr;
   std::array<EngineRestore::Target, 5> t;

@@ -8,6 +8,12 @@
 // gathered just before use and the next one prefetched on the communication stream
 // (parallel/zero_stage3.h). The collectives of the gradient reduction and norm, and stage 3's
 // gathers, are part of the captured graph.
+// fp16 (fp16.enabled): the model computes in fp16 (params' copy, activations, 16-bit gradients)
+// over the fp32 master; the loss scale lives in a device word staged like the tokens (a replay
+// reads each step's), the loss gradient carries it, the norm kernel unscales and flags an
+// overflow, the optimizer reads that flag and becomes a no-op; after the step's single sync the
+// host LossScaler (DeepSpeed's semantics) updates the scale, logs an overflow and stops the run
+// when one comes at fp16.min_loss_scale.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,6 +30,7 @@
 #include "runtime/offload.h"
 #include "kernels/lamb.cuh"
 #include "train/cpu_backend.h"
+#include "train/loss_scaler.h"
 #include "train/optimizer_swap.h"
 #include "train/precision.h"
 #include "train/random_ltd_draw.h"
@@ -61,9 +68,13 @@ class GpuEngine final : public TrainBackend {
   std::vector<float> download_grads() const;   // flat, as float (stage 3: from the padded layout)
   // The MoE blocks' routing of the last forward_backward() or step() (empty for a dense model).
   const std::vector<model::MoeBlockStats>& moe_stats() const { return model_->moe_stats(); }
+  // fp16: the loss scale the next step runs with (0 in bf16 training), and the scaler.
+  double loss_scale() const { return scaler_ ? scaler_->loss_scale() : 0.0; }
+  const LossScaler* loss_scaler() const { return scaler_.get(); }
   // Fills every real gradient element with 0xFF (NaN) so a test sees which ones a step wrote.
   void poison_grads();
-  // Flat bf16 params, as float. Stage 3: gathered from every rank's shard (collective).
+  // Flat 16-bit params (bf16, or fp16 in fp16 training), as float. Stage 3: gathered from every
+  // rank's shard (collective).
   std::vector<float> download_params() const;
   const PrecisionPlan& plan() const { return plan_; }
   // Bytes the persistent training state took from the allocator (params, grads, master or
@@ -104,6 +115,7 @@ class GpuEngine final : public TrainBackend {
   void enqueue_reduce();  // the ZeRO gradient reduction (nothing without a communicator)
   void enqueue_norm();
   void read_flags();
+  void update_loss_scale(StepStats& st);  // fp16, after the step's sync
   void ensure_state() const;  // offloaded states reloaded, the stream waits for reloads in flight
   // Stage 3: a shard-layout state gathered from every rank (collective) into the flat layout.
   std::vector<float> gather_sharded(const Buffer& shard, DType t) const;
@@ -148,7 +160,13 @@ class GpuEngine final : public TrainBackend {
   Buffer lamb_table_, lamb_ws_;
   kernels::LambDeviceTable lamb_;
   std::size_t state_bytes_ = 0, state_requested_bytes_ = 0;
-  std::unique_ptr<model::GpuTransformer> model_;
+  std::unique_ptr<model::GpuModel> model_;  // on plan_.param (bf16 or fp16)
+  // fp16: the dynamic or static scaler, the scale's device word and its pinned staging (copied to
+  // the device inside the captured part, like step_d_).
+  std::unique_ptr<LossScaler> scaler_;
+  Buffer scale_d_;
+  float* scale_h_ = nullptr;
+  const float* loss_scale_d() const { return scaler_ ? scale_d_.as<float>() : nullptr; }
   std::unique_ptr<parallel::ShardedParams> sharded_;  // stage 3 only; after zero_comm_ (uses its stream)
   // Host pinned staging: tokens, labels [accum*B*S], and the flags read back after each step.
   std::int32_t* tokens_h_ = nullptr;

@@ -19,7 +19,7 @@ double GpuEngine::eval_loss(const std::int32_t* tokens, const std::int32_t* labe
   float* flags = flags_d_.as<float>();
   int* status = reinterpret_cast<int*>(flags + accum_ + 3);
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(status, 0, 2 * accum_ * sizeof(int), stream_));
-  model::FlatParams flat(table_, params_.as<bf16>());
+  model::FlatParams flat(table_, params_.get(), plan_.param);
   if (sharded_) sharded_->begin_pass(params_.as<bf16>(), eval_order_);  // stage 3: gathered unit by unit
   model::ParamAccess& P = sharded_ ? static_cast<model::ParamAccess&>(*sharded_) : flat;
   model_->forward_loss(stream_, P, tokens_d_.as<std::int32_t>(), labels_d_.as<std::int32_t>(), flags, status);

@@ -6,6 +6,11 @@
 
 namespace cutrain::train {
 
+std::string format_loss_scale(double x) {
+  if (std::isfinite(x) && x == std::floor(x) && std::fabs(x) < 9e15) return std::to_string(static_cast<long long>(x));
+  return detail::concat(x);
+}
+
 LossScalerOptions LossScalerOptions::from_config(const Fp16Config& f) {
   LossScalerOptions o;
   o.dynamic = f.loss_scale == 0.f;

@@ -2,8 +2,8 @@
 // static scale (fp16.loss_scale > 0), or the dynamic scaler (loss_scale 0) that halves the scale on
 // an overflow once its hysteresis is used up, doubles it after loss_scale_window clean steps, and
 // stops the run (LossScaleError) when an overflow comes at min_loss_scale. Pure: no device, no
-// training step; the caller skips the step on an overflow and logs the returned line. fp16
-// training itself does not exist yet (fp16.enabled: true is a config error).
+// training step; the caller (the GPU engine's fp16 step, train/engine.h) skips the step on an
+// overflow and logs it.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +47,9 @@ struct LossScalerState {
   double scale = 0;
   int hysteresis = 0;
 };
+
+// A scale as the logs print it: an integer (1073741824, not 1.07374e+09) when it is one.
+std::string format_loss_scale(double scale);
 
 class LossScaler {
  public:

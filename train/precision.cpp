@@ -23,7 +23,7 @@ std::size_t PrecisionPlan::bytes_per_param() const {
 
 const char* PrecisionPlan::name() const {
   switch (layout) {
-    case OptimizerLayout::Baseline: return "baseline";
+    case OptimizerLayout::Baseline: return param == DType::F16 ? "fp16" : "baseline";
     case OptimizerLayout::Bf16MasterWG: return "bf16_master_wg";
     case OptimizerLayout::Bf16Full: return "bf16_full";
   }
@@ -47,7 +47,21 @@ PrecisionPlan plan_for(OptimizerLayout layout, int accumulation, bool compensati
   return p;
 }
 
+PrecisionPlan plan_for_fp16(int accumulation) {
+  PrecisionPlan p = plan_for(OptimizerLayout::Baseline, accumulation);
+  p.param = DType::F16;
+  if (p.grad != DType::F32) p.grad = DType::F16;
+  return p;
+}
+
 PrecisionPlan plan_from_config(const TrainConfig& c) {
+  if (c.fp16.enabled) {
+    // fp16 needs the fp32 master (the bf16 master layouts need bf16.enabled, which fp16 refuses).
+    CUTRAIN_CHECK(!c.bf16.bf16_master_weights_and_grads && !c.bf16.bf16_optimizer_states,
+                  "precision: fp16.enabled needs fp32 master weights; bf16.bf16_master_weights_and_grads and "
+                  "bf16.bf16_optimizer_states select a bf16 master: set them false");
+    return plan_for_fp16(c.accumulation());
+  }
   OptimizerLayout l = OptimizerLayout::Baseline;
   if (c.bf16.bf16_optimizer_states) l = OptimizerLayout::Bf16Full;
   else if (c.bf16.bf16_master_weights_and_grads) l = OptimizerLayout::Bf16MasterWG;

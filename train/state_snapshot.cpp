@@ -37,9 +37,13 @@ void put(SnapshotTensor& t, const std::vector<float>& v, DType dtype, bool pinne
     std::memcpy(dst, v.data(), v.size() * 4);
     return;
   }
-  CUTRAIN_CHECK(dtype == DType::BF16, "state snapshot: expected an F32 or BF16 state, found ", dtype_name(dtype));
+  CUTRAIN_CHECK(dtype == DType::BF16 || dtype == DType::F16, "state snapshot: expected an F32, BF16 or F16 state, found ",
+                dtype_name(dtype));
   auto* b = static_cast<std::uint16_t*>(dst);
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16_bits(v[i]);
+  if (dtype == DType::F16)
+    for (std::size_t i = 0; i < v.size(); ++i) b[i] = bits(to_f16(v[i]));
+  else
+    for (std::size_t i = 0; i < v.size(); ++i) b[i] = f32_to_bf16_bits(v[i]);
 }
 
 }  // namespace
@@ -50,7 +54,13 @@ std::vector<float> to_floats(const SnapshotTensor& t) {
     if (!v.empty()) std::memcpy(v.data(), t.data(), v.size() * 4);
     return v;
   }
-  CUTRAIN_CHECK(t.dtype() == DType::BF16, "state snapshot: expected an F32 or BF16 state, found ", dtype_name(t.dtype()));
+  CUTRAIN_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F16,
+                "state snapshot: expected an F32, BF16 or F16 state, found ", dtype_name(t.dtype()));
+  if (t.dtype() == DType::F16) {
+    const auto* h = static_cast<const f16*>(t.data());
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = to_float(h[i]);
+    return v;
+  }
   const auto* b = static_cast<const std::uint16_t*>(t.data());
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = bf16_bits_to_f32(b[i]);
   return v;

@@ -25,13 +25,17 @@ struct MemoryStats {
 struct StepStats {
   double loss = 0;       // mean over the micro-batches of this step
   double grad_norm = 0;  // global norm before clipping
-  bool skipped = false;  // NaN/Inf gradients: the optimizer changed nothing
+  bool skipped = false;  // NaN/Inf gradients (fp16: an overflow): the optimizer changed nothing
   // Each MoE block's routing over the step's micro-batches (empty for a dense model). `loss` is
   // the LM loss; the objective adds moe.loss_coeff times the sum of their l_aux.
   std::vector<model::MoeBlockStats> moe;
   // The tokens this rank's blocks processed over the step's micro-batches (random-LTD's
   // layer_token: a dropping block counts its kept tokens, the others every token).
   std::int64_t layer_tokens = 0;
+  // fp16 (last: the backends build StepStats positionally): the loss scale this step ran with (0
+  // without fp16) and the next step's (after an overflow: halved, or kept by the hysteresis).
+  double loss_scale = 0;
+  double next_loss_scale = 0;
 };
 
 // The factor the gradients are scaled by before the optimizer: DeepSpeed's gradient clipping to

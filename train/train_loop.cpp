@@ -30,6 +30,7 @@
 #include "train/engine.h"
 #include "train/line_log.h"
 #include "train/gpt2_io.h"
+#include "train/loss_scaler.h"
 #include "train/lr_schedule.h"
 #include "train/precision.h"
 #include "train/random_ltd_schedule.h"
@@ -258,8 +259,18 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                       (o.attention == AttentionChoice::Auto && next_token));
 
   TrainConfig cfg = load_config(o.deepspeed_config);
-  CUTRAIN_CHECK(!bert || !cfg.fp16.enabled, "train: ", o.deepspeed_config.string(), ": fp16.enabled: true with --model "
-                "bert: fp16 training is not implemented yet; bf16 is what trains (bf16.enabled: true)");
+  // DeepSpeedTransformerConfig's fp16: true selects fp16 training (the fp16 block's defaults when the
+  // DeepSpeed config has none).
+  if (bert_setup && bert_setup->fp16) {
+    CUTRAIN_CHECK(!cfg.bf16.enabled, "train: --bert_config ", o.bert.config.string(), " says fp16: true and ",
+                  o.deepspeed_config.string(), " says bf16.enabled: true: the model computes in one of them; set "
+                  "fp16 false in the BERT config or bf16.enabled false");
+    if (!cfg.fp16.enabled) out << "[Rank 0] --bert_config fp16: true: fp16 training (the fp16 block's defaults)\n";
+    cfg.fp16.enabled = true;
+  }
+  CUTRAIN_CHECK(!cfg.fp16.enabled || o.device == TrainDevice::Cuda, "train: ", o.deepspeed_config.string(),
+                ": fp16.enabled: true with --device cpu: the CPU backend computes in fp32 (the reference), so it would "
+                "not train in fp16; use --device cuda");
   for (const auto& w : cfg.warnings) out << "[Rank 0] warning: " << w << "\n";
   const int log_interval = o.log_interval.value_or(cfg.steps_per_print.value_or(kDefaultLogInterval));
   ProfilingOptions profiling = o.profiling;
@@ -738,7 +749,14 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     prof.begin_step(step);
     const bool writing = writer && writer->in_flight();  // a background write shares the machine
     const auto t0 = std::chrono::steady_clock::now();
-    const StepStats st = be->step(tokens.data(), labels.data(), step + 1, lr);
+    const StepStats st = [&] {
+      try {
+        return be->step(tokens.data(), labels.data(), step + 1, lr);
+      } catch (const LossScaleError& e) {  // fp16: an overflow at min_loss_scale; named by this run's step
+        throw LossScaleError("train: fp16 overflow at step " + std::to_string(step) + ": " + e.message(), __FILE__,
+                             __LINE__);
+      }
+    }();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     prof.end_step(step);
     if (step - first_step >= o.warmup_steps) {
@@ -759,7 +777,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       out << "\r\033[K";  // the progress line gives way to the lines below
       progress_shown = false;
     }
-    if (st.skipped)
+    if (st.skipped && st.loss_scale > 0)  // fp16: an overflow; the scale the next step runs with
+      out << "[fp16] overflow at step " << step << ": loss scale " << format_loss_scale(st.loss_scale) << " -> "
+          << format_loss_scale(st.next_loss_scale) << ", step skipped\n";
+    else if (st.skipped)
       out << "[Rank 0] warning: step " << step << ": non-finite gradient norm (" << st.grad_norm
           << "), optimizer step skipped\n";
     std::int64_t difficulty = 0;
@@ -770,6 +791,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
           << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak);
       if (bert) out << ", samples/s=" << fixed(double(global_seqs) / dt, 1);
+      if (st.loss_scale > 0) out << ", loss_scale=" << format_loss_scale(st.loss_scale);
       out << "\n";
       for (const model::MoeBlockStats& m : st.moe)
         out << "[Rank 0] Step " << step << ": moe block " << m.layer << " l_aux=" << fixed(m.l_aux, 4)
@@ -801,6 +823,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                           {"reserved_bytes", mem.reserved},
                           {"peak_bytes", mem.peak}};
       if (curriculum) j["curriculum_difficulty"] = difficulty;
+      if (st.loss_scale > 0) j["loss_scale"] = st.loss_scale;  // fp16: the scale this step ran with
       if (ltd_on) {
         j["random_ltd_kept"] = std::min<std::int64_t>(random_ltd_kept(ltd, step), o.seq_length);
         j["layer_tokens"] = layer_tokens;

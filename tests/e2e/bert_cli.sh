@@ -4,7 +4,8 @@
 # with LAMB (configs/bert_tiny_lamb.json) on masked-LM batches cut from small token shards: the loss
 # is finite and falls over 20 steps, with validation on other shards; a run saved at step 3 and
 # resumed reproduces the uninterrupted run's losses; synthetic batches train; bing_bert's file
-# format loads; and the errors: fp16 in either file, an unknown key, heads not dividing hidden,
+# format loads; and the errors: fp16 in the model file against bf16, fp16 on the CPU backend, an
+# unknown key, heads not dividing hidden,
 # batch_size against the micro-batch, a sequence past the position table, --model bert without
 # --bert_config, a BERT flag without --model bert, a shape flag against the file.
 #   bert_cli.sh CUTRAIN_BINARY cpu|cuda     (cuda: skipped without a GPU)
@@ -121,11 +122,14 @@ expect_error() {
   grep -qF -- "$text" "$tmp/e.txt" || { cat "$tmp/e.txt"; fail "$what: the message lacks '$text'"; }
 }
 base=(--model bert --deepspeed_config configs/bert_tiny_lamb.json --device "$device" --num_steps 1)
-expect_error "fp16: true in the model config" "fp16: fp16 training is not implemented yet (expected false, found true); bf16 is what trains" \
-  "${base[@]}" --bert_config "$tmp/fp16_model.json"
-expect_error "fp16.enabled in the DeepSpeed config" "fp16.enabled: fp16 training" --model bert --bert_config "$model" \
-  --deepspeed_config "$tmp/fp16_ds.json" --device "$device" --num_steps 1
-grep -q "bf16.enabled: true" "$tmp/e.txt" || { cat "$tmp/e.txt"; fail "the fp16 message does not name bf16"; }
+# fp16: true in the model config selects fp16 training, against the DeepSpeed config's bf16; fp16 on
+# the CPU backend (which computes in fp32) is refused (fp16 training on the GPU: bert_fp16_cli.sh).
+expect_error "fp16: true in the model config with bf16.enabled" \
+  "says fp16: true and configs/bert_tiny_lamb.json says bf16.enabled: true" "${base[@]}" --bert_config "$tmp/fp16_model.json"
+if [ "$device" = cpu ]; then
+  expect_error "fp16.enabled on the CPU backend" "fp16.enabled: true with --device cpu: the CPU backend computes in fp32" \
+    --model bert --bert_config "$model" --deepspeed_config "$tmp/fp16_ds.json" --device cpu --num_steps 1
+fi
 expect_error "an unknown key" "$tmp/typo.json: head: unknown key 'head' (nearest known key: 'heads')" "${base[@]}" --bert_config "$tmp/typo.json"
 expect_error "heads not dividing hidden" "$tmp/heads.json: heads: expected a divisor of hidden_size" "${base[@]}" --bert_config "$tmp/heads.json"
 expect_error "batch_size against the micro-batch" "$tmp/batch.json: batch_size: expected the run's micro-batch 4 (train_micro_batch_size_per_gpu of configs/bert_tiny_lamb.json), found 8" \

@@ -3,7 +3,8 @@
 # on; the loss CSV and the metrics JSONL hold every completed step's line after a SIGKILL
 # mid-run; no progress line when stdout is not a terminal; a log in a missing folder fails before
 # the first step naming the flag and the path; errors carry no source location unless
-# CUTRAIN_DEBUG=1; `cutrain check-config` prints the warnings of keys not acted on; --version.
+# CUTRAIN_DEBUG=1; `cutrain check-config` prints the warnings of keys not acted on, accepts fp16 and
+# refuses it with bf16; --version.
 #   logs_cli.sh CUTRAIN_BINARY cpu|cuda     (cuda: exits 77 = skipped when there is no GPU)
 source "$(dirname "$0")/e2e_lib.sh"
 skip_without_gpu
@@ -64,15 +65,19 @@ CUTRAIN_DEBUG=1 "$bin" train --deepspeed_config configs/baseline.json --device "
     --metrics_file "$tmp/no/such/dir/log" >"$tmp/debug.txt" 2>&1 && fail "missing folder accepted (debug)"
 grep -Eq 'line_log\.cpp:[0-9]+\]$' "$tmp/debug.txt" || { cat "$tmp/debug.txt"; fail "CUTRAIN_DEBUG=1: no source location"; }
 
-# check-config names the keys read but not acted on, and fp16 is an error naming the key.
+# check-config names the keys read but not acted on, accepts fp16 alone (fp16 training) and refuses
+# fp16 with bf16, naming both keys.
 echo '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e9}}' >"$tmp/w.json"
 "$bin" check-config "$tmp/w.json" >"$tmp/cc.txt" 2>&1 || { cat "$tmp/cc.txt"; fail "check-config"; }
 grep -q "^warning: config key zero_optimization.stage3_max_live_parameters is read but not acted on (" "$tmp/cc.txt" \
   || { cat "$tmp/cc.txt"; fail "check-config: warning"; }
 grep -q "OK (1 warning)" "$tmp/cc.txt" || { cat "$tmp/cc.txt"; fail "check-config: count"; }
 echo '{"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true}}' >"$tmp/fp16.json"
-"$bin" check-config "$tmp/fp16.json" >"$tmp/fp16.txt" 2>&1 && fail "fp16.enabled: true accepted"
-grep -q "fp16.enabled: fp16 training (fp16 GEMMs and kernels) is not implemented" "$tmp/fp16.txt" || { cat "$tmp/fp16.txt"; fail "fp16 message"; }
+"$bin" check-config "$tmp/fp16.json" >"$tmp/fp16.txt" 2>&1 || { cat "$tmp/fp16.txt"; fail "fp16.enabled: true refused"; }
+grep -q "OK (0 warnings)" "$tmp/fp16.txt" || { cat "$tmp/fp16.txt"; fail "check-config fp16: count"; }
+echo '{"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true}, "bf16": {"enabled": true}}' >"$tmp/both.json"
+"$bin" check-config "$tmp/both.json" >"$tmp/both.txt" 2>&1 && fail "fp16 with bf16 accepted"
+grep -q "fp16.enabled: fp16.enabled and bf16.enabled are both true" "$tmp/both.txt" || { cat "$tmp/both.txt"; fail "fp16 + bf16 message"; }
 
 # --version: version, commit, CUDA runtime, architectures; exit 0.
 "$bin" --version >"$tmp/version.txt" || fail "--version exit code"

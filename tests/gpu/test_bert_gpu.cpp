@@ -7,7 +7,10 @@
 // eager steps' losses, and activation checkpointing the same losses as none. The masked-LM head
 // runs on the gathered labelled rows: with max_pred slots per sequence (labels capped to fit) and
 // with 0 (S slots); a sequence with more labels than slots sets the label status (and the engine
-// names it); the head's workspace shrinks to B x max_pred rows.
+// names it); the head's workspace shrinks to B x max_pred rows. fp16 (GpuTransformerT<f16>): the
+// same cases against the reference with the loss scale; in the engine, dynamic loss scaling trains
+// and replays as eager steps do, an overflow skips the step (params and master unchanged) and
+// halves the scale after the hysteresis, an overflow at min_loss_scale is an error.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -115,19 +118,23 @@ struct GpuRun {
 };
 // `max_pred`: the head's slots per sequence (0: S). `expect_status`: the label status both calls
 // must report (0: valid).
+// T: the compute dtype (bf16, or fp16 with its loss scale `loss_scale` (device word) multiplied into
+// the gradients, `grad_type` F32 or fp16).
+template <typename T = bf16>
 GpuRun run_gpu(const model::TransformerParams& table, bool checkpointing, const std::vector<float>& params,
-               const Batch& b, std::uint64_t seed, std::uint32_t step, int max_pred = 0, int expect_status = 0) {
+               const Batch& b, std::uint64_t seed, std::uint32_t step, int max_pred = 0, int expect_status = 0,
+               float loss_scale = 0.f, DType grad_type = DType::F32) {
   Stream stream;
-  model::GpuTransformer m(table, kB, kS, checkpointing, false, device_allocator(), false, {}, max_pred);
+  model::GpuTransformerT<T> m(table, kB, kS, checkpointing, false, device_allocator(), false, {}, max_pred);
   m.set_dropout(seed, step);
-  std::vector<bf16> pb(params.size());
-  for (std::size_t i = 0; i < params.size(); ++i) pb[i] = to_bf16(params[i]);
-  test::DeviceArray<bf16> dp(pb);
-  test::DeviceArray<float> dg(table.flat_size()), dloss(2);
+  test::DeviceArray<T> dp(test::to_storage<T>(params));
+  test::DeviceArray<float> dg(table.flat_size()), dloss(2), dscale(std::vector<float>{loss_scale});
+  test::DeviceArray<T> dg16(grad_type == DType::F32 ? 0 : table.flat_size());
   test::DeviceArray<std::int32_t> dtok(b.tok), dlab(b.lab), dstatus(std::vector<std::int32_t>(4, 0));
-  model::FlatParams flat(table, dp.get());
-  m.forward_backward(stream, flat, dg.get(), DType::F32, false, dtok.get(), dlab.get(), 1.f, dloss.get(),
-                     dstatus.get());
+  model::FlatParams flat(table, dp.get(), dtype_of<T>());
+  void* grads = grad_type == DType::F32 ? static_cast<void*>(dg.get()) : static_cast<void*>(dg16.get());
+  m.forward_backward(stream, flat, grads, grad_type, false, dtok.get(), dlab.get(), 1.f, dloss.get(), dstatus.get(),
+                     loss_scale > 0.f ? dscale.get() : nullptr);
   m.forward_loss(stream, flat, dtok.get(), dlab.get(), dloss.get() + 1, dstatus.get() + 2);
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
   const std::vector<std::int32_t> status = dstatus.download();
@@ -137,7 +144,7 @@ GpuRun run_gpu(const model::TransformerParams& table, bool checkpointing, const 
   r.loss = loss[0];
   r.eval_loss = loss[1];
   // The tensors' elements (the flat buffer's alignment padding is never written: 0 here).
-  const std::vector<float> all = dg.download();
+  const std::vector<float> all = grad_type == DType::F32 ? dg.download() : test::download_float(dg16);
   r.grads.assign(all.size(), 0.f);
   for (const auto& t : table.tensors()) std::copy_n(all.begin() + t.offset, t.count, r.grads.begin() + t.offset);
   r.workspace = m.workspace_bytes();
@@ -193,6 +200,44 @@ TEST_P(BertGpu, LossAndEveryGradientMatchTheReference) {
   EXPECT_NEAR(g.eval_loss, ref_eval, 1e-2 * ref_eval) << "evaluation (no dropout)";
   if (c.dropout) {
     EXPECT_NE(g.loss, g.eval_loss) << "training dropped nothing";
+  }
+}
+
+// The fp16 model (GpuTransformerT<f16>, fp16 training) on the same cases: fp16-rounded params, the
+// loss gradient scaled by 1024 on the device (fp16 training's loss scale: without it the masked-LM
+// head's gradients, ~p / n_labels, sit in fp16's subnormals), gradients in fp32 and in fp16. The
+// loss within 3e-3 and every gradient (divided by the scale) within 1e-2 of the fp64 reference:
+// looser than an fp32 model would need because every activation and activation gradient is
+// rounded to fp16 (2^-11 relative each, over two layers' ~20 roundings per path), tighter than
+// bf16's 1e-2 / 2e-2 because fp16 keeps 3 more bits.
+TEST_P(BertGpu, Fp16LossAndEveryGradientMatchTheReference) {
+  CUTRAIN_REQUIRE_GPU();
+  const Case c = GetParam();
+  auto rng = test::fresh_rng();
+  const model::TransformerParams table(
+      with_variant(bert_dims(c.pre_ln, c.dropout, c.attention_options), c.variant));
+  std::vector<float> p(table.flat_size());
+  table.init(p.data(), rng());
+  p = test::round_f16(p);
+  const Batch b = mlm_batch(1, rng, c.attention_options, c.max_pred);
+  const std::uint64_t seed = rng();
+  constexpr float kScale = 1024.f;
+  std::vector<double> pd(p.begin(), p.end()), gd(p.size(), 0.0);
+  model::ReferenceModel<double> ref(table);
+  ref.set_dropout(seed, 3);
+  const double ref_loss = ref.forward(pd.data(), b.tok.data(), b.lab.data(), kB, kS);
+  ref.backward(pd.data(), gd.data());
+  for (DType gt : {DType::F32, DType::F16}) {
+    SCOPED_TRACE(std::string("fp16 model, gradients ") + dtype_name(gt));
+    GpuRun g = run_gpu<f16>(table, c.variant == Variant::Checkpointing, p, b, seed, 3, c.max_pred, 0, kScale, gt);
+    EXPECT_EQ(test::count_nan(g.grads), 0u) << "gradient elements left unwritten (poison) or non-finite";
+    EXPECT_NEAR(g.loss, ref_loss, 3e-3 * ref_loss);
+    for (float& x : g.grads) x /= kScale;
+    for (const auto& t : table.tensors()) {
+      std::vector<float> out(g.grads.begin() + t.offset, g.grads.begin() + t.offset + t.count);
+      std::vector<double> want(gd.begin() + t.offset, gd.begin() + t.offset + t.count);
+      EXPECT_LE(test::rel_error(out, want), 1e-2) << t.name;
+    }
   }
 }
 
@@ -392,3 +437,119 @@ TEST(BertGpuEngine, RefusesWhatItDoesNotImplement) {
     EXPECT_NE(std::string(e.what()).find("random-LTD"), std::string::npos) << e.what();
   }
 }
+
+// ---- fp16 training in the engine (fp16.enabled): loss scaling, overflow, the stop at the floor ----
+
+namespace {
+
+// configs/bert_tiny_lamb_fp16.json's optimizer at this test's micro-batch with the fp16 block `fp16`.
+train::TrainConfig fp16_config(const std::string& fp16, int accumulation = 1) {
+  const std::string text = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )" +
+                           std::to_string(accumulation) + R"(, "gradient_clipping": 1.0,
+      "optimizer": {"type": "Lamb", "params": {"lr": 11e-3, "betas": [0.9, 0.999], "eps": 1e-8,
+      "weight_decay": 0.01, "bias_correction": false, "max_coeff": 0.3, "min_coeff": 0.01}},
+      "fp16": )" + fp16 + "}";
+  train::TrainConfig c = train::parse_config(text, "test:fp16");
+  c.resolve_batch(1);
+  return c;
+}
+
+}  // namespace
+
+// Dynamic scaling with the defaults: the engine's params are fp16, every step runs at 65536 and
+// trains (finite, not skipped, the loss falls on a fixed batch); CUDA-graph replays give the eager
+// steps' losses (the scale is a device word the captured part copies in); with accumulation the
+// fp32 gradient buffer carries the scale too.
+TEST(BertGpuEngineFp16, TrainsAndGraphReplaysEqualEagerSteps) {
+  CUTRAIN_REQUIRE_GPU();
+  for (int accum : {1, 2}) {
+    auto rng = test::fresh_rng();
+    train::BackendOptions eager = bert_engine(rng(), true), graph = eager;
+    eager.cuda_graph = false;
+    const train::TrainConfig cfg = fp16_config(R"({"enabled": true})", accum);
+    train::GpuEngine a(eager, cfg), g(graph, cfg);
+    EXPECT_EQ(a.plan().param, DType::F16);
+    EXPECT_EQ(a.plan().grad, accum > 1 ? DType::F32 : DType::F16);
+    EXPECT_EQ(a.loss_scale(), 65536.0);
+    const Batch b = mlm_batch(accum, rng, true, kEngineMaxPred);
+    double first = 0, last = 0;
+    for (int step = 1; step <= 6; ++step) {
+      const train::StepStats sa = a.step(b.tok.data(), b.lab.data(), step, 1e-3f);
+      const train::StepStats sg = g.step(b.tok.data(), b.lab.data(), step, 1e-3f);
+      EXPECT_TRUE(std::isfinite(sa.loss)) << "step " << step;
+      EXPECT_FALSE(sa.skipped) << "step " << step;
+      EXPECT_EQ(sa.loss_scale, 65536.0);
+      EXPECT_EQ(sa.next_loss_scale, 65536.0);
+      EXPECT_EQ(sa.loss, sg.loss) << "graph vs eager, step " << step;
+      EXPECT_EQ(sa.grad_norm, sg.grad_norm) << "graph vs eager, step " << step;
+      (step == 1 ? first : last) = sa.loss;
+    }
+    EXPECT_LT(last, first) << "accumulation " << accum;
+    EXPECT_TRUE(g.graph_active());
+    EXPECT_EQ(a.download_params(), g.download_params());
+  }
+}
+
+// A scale far too large (2^30: the loss gradient alone overflows fp16): the step is skipped with
+// params and master unchanged, hysteresis 2 keeps the scale once, then every overflow halves it, in
+// eager steps and graph replays alike (the new scale reaches the replay through its device word).
+TEST(BertGpuEngineFp16, OverflowSkipsTheStepAndHalvesTheScale) {
+  CUTRAIN_REQUIRE_GPU();
+  for (bool graph : {false, true}) {
+    auto rng = test::fresh_rng();
+    train::BackendOptions o = bert_engine(rng(), true);
+    o.cuda_graph = graph;
+    train::GpuEngine e(o, fp16_config(R"({"enabled": true, "initial_scale_power": 30})"));
+    const Batch b = mlm_batch(1, rng, true, kEngineMaxPred);
+    const std::vector<float> p0 = e.download_params();
+    const std::vector<float> m0 = e.save_state().master;
+    double scale = 1073741824.0;
+    for (int step = 1; step <= 4; ++step) {
+      const train::StepStats st = e.step(b.tok.data(), b.lab.data(), step, 1e-3f);
+      SCOPED_TRACE((graph ? "graph, step " : "eager, step ") + std::to_string(step));
+      EXPECT_TRUE(st.skipped);
+      EXPECT_EQ(st.loss_scale, scale);
+      const double next = step == 1 ? scale : scale / 2;  // hysteresis 2: the first overflow keeps it
+      EXPECT_EQ(st.next_loss_scale, next);
+      EXPECT_EQ(e.loss_scale(), next);
+      EXPECT_TRUE(std::isfinite(st.loss)) << "the loss itself is finite; its gradient overflowed";
+      EXPECT_EQ(e.download_params(), p0) << "a skipped step changed the fp16 params";
+      EXPECT_EQ(e.save_state().master, m0) << "a skipped step changed the fp32 master";
+      scale = next;
+    }
+  }
+}
+
+// An overflow at min_loss_scale with the hysteresis used up stops the run: LossScaleError naming
+// fp16.min_loss_scale, the params untouched.
+TEST(BertGpuEngineFp16, OverflowAtMinLossScaleIsAnError) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  train::GpuEngine e(bert_engine(rng(), true),
+                     fp16_config(R"({"enabled": true, "initial_scale_power": 30, "min_loss_scale": 1073741824,
+                                     "hysteresis": 1})"));
+  const Batch b = mlm_batch(1, rng, true, kEngineMaxPred);
+  const std::vector<float> p0 = e.download_params();
+  try {
+    e.step(b.tok.data(), b.lab.data(), 1, 1e-3f);
+    ADD_FAILURE() << "an overflow at min_loss_scale did not stop the run";
+  } catch (const train::LossScaleError& err) {
+    EXPECT_NE(std::string(err.what()).find("fp16.min_loss_scale"), std::string::npos) << err.what();
+  }
+  EXPECT_EQ(e.download_params(), p0);
+}
+
+// The fp16 model refuses MoE blocks (their layer is bf16 only), naming them.
+TEST(BertGpuEngineFp16, RefusesMoeBlocks) {
+  CUTRAIN_REQUIRE_GPU();
+  model::ModelDims d{128, 2, 2, 1000, 64};
+  d.moe.experts = {0, 4};
+  const model::TransformerParams table(d);
+  try {
+    model::GpuTransformerT<f16> m(table, kB, kS, false, false, device_allocator());
+    ADD_FAILURE() << "an fp16 model with MoE blocks was built";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MoE blocks run in bf16 only"), std::string::npos) << e.what();
+  }
+}
+

@@ -99,9 +99,7 @@ TEST(Config, ParsesEveryKey) {
   train::TrainConfig c = train::parse_config(kEveryKey, "every.json");
   // Exactly the keys read but not acted on, each once (their values are not the fine ones).
   std::multiset<std::string> expected;
-  for (const char* p : {"optimizer.params.torch_adam", "fp16.auto_cast", "fp16.loss_scale", "fp16.initial_scale_power",
-                        "fp16.loss_scale_window", "fp16.hysteresis", "fp16.consecutive_hysteresis", "fp16.min_loss_scale",
-                        "zero_optimization.contiguous_gradients", "zero_optimization.allgather_bucket_size",
+  for (const char* p : {"optimizer.params.torch_adam", "fp16.auto_cast", "zero_optimization.contiguous_gradients", "zero_optimization.allgather_bucket_size",
                         "zero_optimization.reduce_scatter", "zero_optimization.allgather_partitions",
                         "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.stage3_max_live_parameters",
                         "zero_optimization.stage3_max_reuse_distance", "zero_optimization.sub_group_size",
@@ -667,7 +665,7 @@ TEST(ConfigKeys, WarnedKeyGivesExactlyItsWarning) {
       {R"("zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e9})", "zero_optimization.stage3_max_live_parameters"},
       {R"("zero_optimization": {"allgather_bucket_size": 5e8})", "zero_optimization.allgather_bucket_size"},
       {R"("zero_optimization": {"contiguous_gradients": false})", "zero_optimization.contiguous_gradients"},
-      {R"("fp16": {"enabled": false, "loss_scale": 0})", "fp16.loss_scale"},
+      {R"("fp16": {"enabled": false, "auto_cast": true})", "fp16.auto_cast"},
       {R"("bf16": {"enabled": false})", "bf16.enabled"},
       {R"("bfloat16": {"enabled": false})", "bfloat16.enabled"},  // the old name, named as written
       {R"("tensorboard": {"enabled": true, "output_path": "tb/"})", "tensorboard"},
@@ -718,13 +716,11 @@ TEST(ConfigKeys, FineValuesAndActedKeysGiveNone) {
 }
 
 TEST(ConfigKeys, ErrorKeysNameTheKeyAndWhy) {
-  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true}})",
-               {"test.json", "fp16.enabled: fp16 training (fp16 GEMMs and kernels) is not implemented"});
-  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "fp16": {"enabled": true}})",
-               {"fp16.enabled: fp16 training (fp16 GEMMs and kernels) is not implemented"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true, "fp16_master_weights_and_grads": true}})",
+               {"test.json", "fp16.fp16_master_weights_and_grads: fp16 training keeps fp32 master weights"});
   // Strict or not, the same error.
-  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true, "loss_scale": 0}})",
-               {"fp16.enabled", "not implemented"}, /*strict=*/true);
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true, "fp16_master_weights_and_grads": true}})",
+               {"fp16.fp16_master_weights_and_grads", "not implemented"}, /*strict=*/true);
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "optimizer": {"params": {"bias_correction": false}}})",
                {"optimizer.params.bias_correction", "without bias correction is not implemented"});
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})",
@@ -736,6 +732,25 @@ TEST(ConfigKeys, ErrorKeysNameTheKeyAndWhy) {
   // A wrong type is still a type error first (the table acts on valid values).
   expect_error(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": "yes"}})",
                {"fp16.enabled", "expected a boolean"});
+}
+
+// fp16 training: the block parses with DeepSpeed's defaults, strict or not, with no warning; with
+// bf16 too it is an error naming both, and a bf16 master layout beside it names its key.
+TEST(ConfigFp16, EnabledParsesWithDeepSpeedDefaults) {
+  const train::TrainConfig c = train::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true}})",
+                                                   "f.json", train::ConfigLoadOptions{true});
+  EXPECT_TRUE(c.warnings.empty()) << warnings_text(c);
+  EXPECT_TRUE(c.fp16.enabled);
+  EXPECT_EQ(c.fp16.loss_scale, 0.f);
+  EXPECT_EQ(c.fp16.initial_scale_power, 16);
+  EXPECT_EQ(c.fp16.loss_scale_window, 1000);
+  EXPECT_EQ(c.fp16.hysteresis, 2);
+  EXPECT_EQ(c.fp16.min_loss_scale, 1.f);
+  expect_error(R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true}, "fp16": {"enabled": true}})",
+               {"test.json", "fp16.enabled: fp16.enabled and bf16.enabled are both true"});
+  expect_error(
+      R"({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": true}, "bf16": {"bf16_master_weights_and_grads": true}})",
+      {"bf16.bf16_master_weights_and_grads", "needs bf16.enabled: true"});
 }
 
 TEST(ConfigKeys, UnknownKeysStayWarningsNamingTheNearest) {

@@ -138,7 +138,7 @@ TEST(LossScaler, StateRoundTripContinuesTheSame) {
   EXPECT_THROW(b.restore(bad), Error);
 }
 
-// The fp16 block's checks (fp16.enabled: true stays an error: nothing computes in fp16).
+// The fp16 block's checks (fp16.enabled: true itself parses: fp16 training exists).
 void expect_config_error(const std::string& text, const std::string& part) {
   try {
     train::parse_config(text, "f.json");
@@ -150,9 +150,7 @@ void expect_config_error(const std::string& text, const std::string& part) {
 
 TEST(LossScalerConfig, TheFp16BlockIsChecked) {
   const std::string pre = R"({"train_micro_batch_size_per_gpu": 1, "fp16": )";
-  expect_config_error(pre + R"({"enabled": true}})",
-                      "fp16.enabled: fp16 training (fp16 GEMMs and kernels) is not implemented: the fp16 block is "
-                      "checked and its dynamic loss scaler exists (train/loss_scaler.h)");
+  EXPECT_TRUE(train::parse_config(pre + R"({"enabled": true}})", "f.json").fp16.enabled);
   expect_config_error(pre + R"({"min_loss_scale": 0.5}})", "fp16.min_loss_scale");
   expect_config_error(pre + R"({"min_loss_scale": 0}})", "fp16.min_loss_scale");
   expect_config_error(pre + R"({"loss_scale_window": 0}})", "fp16.loss_scale_window");

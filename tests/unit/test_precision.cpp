@@ -59,3 +59,31 @@ TEST(Precision, TableNamesEveryLayout) {
                         "| 14"})
     EXPECT_NE(t.find(s), std::string::npos) << s << "\n" << t;
 }
+
+// fp16.enabled: the baseline layout on fp16 (fp16 params and gradients, fp32 master and moments);
+// with accumulation the gradients accumulate in fp32 as the bf16 baseline's do. A bf16 master
+// layout beside it (a hand-built config: the reader refuses it earlier) is an error naming the keys.
+TEST(Precision, Fp16IsTheBaselineLayoutOnFp16) {
+  train::TrainConfig c;
+  c.fp16.enabled = true;
+  const train::PrecisionPlan p = train::plan_from_config(c);
+  EXPECT_EQ(p.layout, OptimizerLayout::Baseline);
+  EXPECT_EQ(p.param, DType::F16);
+  EXPECT_EQ(p.grad, DType::F16);
+  EXPECT_TRUE(p.has_master);
+  EXPECT_EQ(p.moment, DType::F32);
+  EXPECT_FALSE(p.compensation);
+  EXPECT_STREQ(p.name(), "fp16");
+  EXPECT_EQ(p.bytes_per_param(), 2u + 2u + 4u + 4u + 4u);
+  EXPECT_EQ(train::plan_for_fp16(4).grad, DType::F32);
+  EXPECT_EQ(train::plan_for_fp16(4).param, DType::F16);
+  c.bf16.bf16_master_weights_and_grads = true;
+  try {
+    train::plan_from_config(c);
+    ADD_FAILURE() << "fp16 with a bf16 master layout was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp16.enabled needs fp32 master weights; bf16.bf16_master_weights_and_grads"),
+              std::string::npos)
+        << e.what();
+  }
+}

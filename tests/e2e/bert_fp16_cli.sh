@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# fp16 BERT pre-training end to end (docs/bert.md, docs/training.md "fp16 training"): a tiny BERT
+# with LAMB under configs/bert_tiny_lamb_fp16.json (dynamic loss scaling) on synthetic masked-LM
+# batches: the loss is finite and falls over 20 steps, every Step line and metrics line carries the
+# loss scale; DeepSpeedTransformerConfig's fp16: true selects fp16 under a config without bf16;
+# a scale far too large (initial_scale_power 30) overflows: each overflow is logged with the scale
+# halving and the step skipped, until the scale fits; an overflow at min_loss_scale stops the run
+# with an error naming fp16.min_loss_scale and the step. On cpu: fp16 is refused (the CPU backend
+# computes in fp32).
+#   bert_fp16_cli.sh CUTRAIN_BINARY cpu|cuda     (cuda: skipped without a GPU)
+source "$(dirname "$0")/e2e_lib.sh"
+skip_without_gpu
+
+if [ "$device" = cpu ]; then
+  if "$bin" train --model bert --bert_config configs/bert_tiny.json --deepspeed_config configs/bert_tiny_lamb_fp16.json \
+      --device cpu --num_steps 1 >"$tmp/cpu.txt" 2>&1; then cat "$tmp/cpu.txt"; fail "fp16 trained on the CPU backend"; fi
+  grep -qF "fp16.enabled: true with --device cpu: the CPU backend computes in fp32" "$tmp/cpu.txt" \
+    || { cat "$tmp/cpu.txt"; fail "the CPU refusal's message"; }
+  echo "ok: fp16 refused on the CPU backend"
+  exit 0
+fi
+
+# The tiny model on the GPU: head_dim 64 (hidden 128, 2 heads), as attention needs.
+python3 - "$tmp" <<'PY'
+import json, sys
+d = sys.argv[1]
+c = json.load(open("configs/bert_tiny.json"))
+c.update(hidden_size=128, heads=2, intermediate_size=512)
+json.dump(c, open(d + "/model.json", "w"))
+c["fp16"] = True
+json.dump(c, open(d + "/model_fp16.json", "w"))
+ds = json.load(open("configs/bert_tiny_lamb_fp16.json"))
+nobf = dict(ds)
+del nobf["fp16"]
+json.dump(nobf, open(d + "/no_precision.json", "w"))
+over = json.loads(json.dumps(ds))
+over["fp16"]["initial_scale_power"] = 30  # dlogits * 2^30 overflow fp16 at once
+json.dump(over, open(d + "/overflow.json", "w"))
+stop = json.loads(json.dumps(over))
+stop["fp16"].update(min_loss_scale=2 ** 30, hysteresis=1)  # the first overflow is at the floor
+json.dump(stop, open(d + "/stop.json", "w"))
+PY
+flags=(--model bert --bert_config "$tmp/model.json" --device cuda --max_seq_length 64 --warmup_steps 1 --log_interval 1
+       --seed 42)
+
+# 20 steps with dynamic loss scaling: the loss is finite and falls; the scale is in every line.
+"$bin" train "${flags[@]}" --deepspeed_config configs/bert_tiny_lamb_fp16.json --num_steps 20 \
+  --loss_log_file "$tmp/l.csv" --metrics_file "$tmp/m.jsonl" >"$tmp/l.txt" 2>&1 || { cat "$tmp/l.txt"; fail "fp16 run"; }
+python3 - "$tmp/l.csv" "$tmp/m.jsonl" <<'PY' || { cat "$tmp/l.txt"; fail "fp16 loss not finite, not falling, or no loss_scale"; }
+import csv, json, math, sys
+l = [float(r["loss"]) for r in csv.DictReader(open(sys.argv[1]))]
+assert len(l) == 20 and all(math.isfinite(x) for x in l), l
+assert sum(l[-5:]) / 5 < sum(l[:5]) / 5 - 0.5, l
+m = [json.loads(x) for x in open(sys.argv[2])]
+assert len(m) == 20 and all(x["loss_scale"] > 0 for x in m), m
+assert m[0]["loss_scale"] == 65536, m[0]
+PY
+grep -q "Step 0: loss=.*loss_scale=65536" "$tmp/l.txt" || { cat "$tmp/l.txt"; fail "the Step line's loss_scale"; }
+grep -q "fp16 (dynamic loss scale)" "$tmp/l.txt" || { cat "$tmp/l.txt"; fail "the device line does not say fp16"; }
+
+# fp16: true in the model config selects fp16 under a DeepSpeed config without a precision block.
+"$bin" train "${flags[@]}" --bert_config "$tmp/model_fp16.json" --deepspeed_config "$tmp/no_precision.json" \
+  --num_steps 2 >"$tmp/sel.txt" 2>&1 || { cat "$tmp/sel.txt"; fail "fp16 from the model config"; }
+grep -q "bert_config fp16: true: fp16 training" "$tmp/sel.txt" || { cat "$tmp/sel.txt"; fail "selection line"; }
+grep -q "loss_scale=65536" "$tmp/sel.txt" || { cat "$tmp/sel.txt"; fail "fp16 from the model config: no loss scale"; }
+
+# Overflow: scale 2^30 overflows; each overflow is logged and skipped (hysteresis 2: the first keeps
+# the scale), until the scale fits and the loss is finite.
+"$bin" train "${flags[@]}" --deepspeed_config "$tmp/overflow.json" --num_steps 30 --metrics_file "$tmp/o.jsonl" \
+  >"$tmp/o.txt" 2>&1 || { cat "$tmp/o.txt"; fail "overflow run"; }
+grep -qF "[fp16] overflow at step 0: loss scale 1073741824 -> 1073741824, step skipped" "$tmp/o.txt" \
+  || { cat "$tmp/o.txt"; fail "first overflow (hysteresis)"; }
+grep -qF "[fp16] overflow at step 1: loss scale 1073741824 -> 536870912, step skipped" "$tmp/o.txt" \
+  || { cat "$tmp/o.txt"; fail "second overflow halves the scale"; }
+python3 - "$tmp/o.jsonl" <<'PY' || { cat "$tmp/o.txt"; fail "overflow metrics"; }
+import json, math, sys
+m = [json.loads(x) for x in open(sys.argv[1])]
+assert m[0]["skipped"] and m[1]["skipped"] and m[1]["loss_scale"] == 2 ** 30 and m[2]["loss_scale"] == 2 ** 29, m[:3]
+assert not m[-1]["skipped"] and m[-1]["loss_scale"] < 2 ** 20 and math.isfinite(m[-1]["loss"]), m[-1]
+PY
+
+# An overflow at min_loss_scale (hysteresis 1): the run stops naming the key and the step.
+if "$bin" train "${flags[@]}" --deepspeed_config "$tmp/stop.json" --num_steps 3 >"$tmp/s.txt" 2>&1; then
+  cat "$tmp/s.txt"; fail "an overflow at min_loss_scale did not stop the run"
+fi
+grep -qF "train: fp16 overflow at step 0: " "$tmp/s.txt" || { cat "$tmp/s.txt"; fail "the stop names the step"; }
+grep -qF "fp16.min_loss_scale" "$tmp/s.txt" || { cat "$tmp/s.txt"; fail "the stop names fp16.min_loss_scale"; }
+echo "ok: fp16 BERT trains with dynamic loss scaling, overflows skip and halve, min_loss_scale stops the run"
