@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fp16 BERT pre-training end to end (docs/bert.md, docs/training.md "fp16 training"): a tiny BERT
-# with LAMB under configs/bert_tiny_lamb_fp16.json (dynamic loss scaling) on synthetic masked-LM
-# batches: the loss is finite and falls over 20 steps, every Step line and metrics line carries the
+# with LAMB under configs/bert_tiny_lamb_fp16.json (dynamic loss scaling) on masked-LM batches cut
+# from small token shards (bert_cli.sh's): the loss is finite and falls over 20 steps, every Step line and metrics line carries the
 # loss scale; DeepSpeedTransformerConfig's fp16: true selects fp16 under a config without bf16;
 # a scale far too large (initial_scale_power 30) overflows: each overflow is logged with the scale
 # halving and the step skipped, until the scale fits; an overflow at min_loss_scale stops the run
@@ -19,6 +19,22 @@ if [ "$device" = cpu ]; then
   echo "ok: fp16 refused on the CPU backend"
   exit 0
 fi
+
+# Shards as bert_cli.sh's: documents walking a small cycle of token ids (masked tokens predictable).
+python3 - "$tmp" <<'PY'
+import random, struct, sys
+def shard(path, n_docs, seed):
+    rng = random.Random(seed)
+    toks = []
+    for _ in range(n_docs):
+        start, step = rng.randrange(200), rng.choice([1, 2, 3])
+        toks += [(start + step * i) % 200 + 100 for i in range(rng.randrange(5, 61))] + [50256]
+    header = [20240520, 1, len(toks)] + [0] * 253
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *header) + struct.pack(f"<{len(toks)}H", *toks))
+shard(sys.argv[1] + "/train_000.bin", 300, 1)
+shard(sys.argv[1] + "/train_001.bin", 300, 2)
+PY
 
 # The tiny model on the GPU: head_dim 64 (hidden 128, 2 heads), as attention needs.
 python3 - "$tmp" <<'PY'
@@ -41,7 +57,7 @@ stop["fp16"].update(min_loss_scale=2 ** 30, hysteresis=1)  # the first overflow 
 json.dump(stop, open(d + "/stop.json", "w"))
 PY
 flags=(--model bert --bert_config "$tmp/model.json" --device cuda --max_seq_length 64 --warmup_steps 1 --log_interval 1
-       --seed 42)
+       --seed 42 --use_real_data --data "$tmp/train_*.bin")
 
 # 20 steps with dynamic loss scaling: the loss is finite and falls; the scale is in every line.
 "$bin" train "${flags[@]}" --deepspeed_config configs/bert_tiny_lamb_fp16.json --num_steps 20 \
@@ -76,7 +92,8 @@ python3 - "$tmp/o.jsonl" <<'PY' || { cat "$tmp/o.txt"; fail "overflow metrics"; 
 import json, math, sys
 m = [json.loads(x) for x in open(sys.argv[1])]
 assert m[0]["skipped"] and m[1]["skipped"] and m[1]["loss_scale"] == 2 ** 30 and m[2]["loss_scale"] == 2 ** 29, m[:3]
-assert not m[-1]["skipped"] and m[-1]["loss_scale"] < 2 ** 20 and math.isfinite(m[-1]["loss"]), m[-1]
+assert sum(not x["skipped"] for x in m[-10:]) >= 5 and m[-1]["loss_scale"] < 2 ** 20, m[-10:]
+assert all(math.isfinite(x["loss"]) for x in m), m
 PY
 
 # An overflow at min_loss_scale (hysteresis 1): the run stops naming the key and the step.
