@@ -56,8 +56,9 @@ stop = json.loads(json.dumps(over))
 stop["fp16"].update(min_loss_scale=2 ** 30, hysteresis=1)  # the first overflow is at the floor
 json.dump(stop, open(d + "/stop.json", "w"))
 PY
-flags=(--model bert --bert_config "$tmp/model.json" --device cuda --max_seq_length 64 --warmup_steps 1 --log_interval 1
-       --seed 42 --use_real_data --data "$tmp/train_*.bin")
+common=(--model bert --device cuda --max_seq_length 64 --warmup_steps 1 --log_interval 1 --seed 42 --use_real_data
+        --data "$tmp/train_*.bin")
+flags=("${common[@]}" --bert_config "$tmp/model.json")
 
 # 20 steps with dynamic loss scaling: the loss is finite and falls; the scale is in every line.
 "$bin" train "${flags[@]}" --deepspeed_config configs/bert_tiny_lamb_fp16.json --num_steps 20 \
@@ -75,7 +76,7 @@ grep -q "Step 0: loss=.*loss_scale=65536" "$tmp/l.txt" || { cat "$tmp/l.txt"; fa
 grep -q "fp16 (dynamic loss scale)" "$tmp/l.txt" || { cat "$tmp/l.txt"; fail "the device line does not say fp16"; }
 
 # fp16: true in the model config selects fp16 under a DeepSpeed config without a precision block.
-"$bin" train "${flags[@]}" --bert_config "$tmp/model_fp16.json" --deepspeed_config "$tmp/no_precision.json" \
+"$bin" train "${common[@]}" --bert_config "$tmp/model_fp16.json" --deepspeed_config "$tmp/no_precision.json" \
   --num_steps 2 >"$tmp/sel.txt" 2>&1 || { cat "$tmp/sel.txt"; fail "fp16 from the model config"; }
 grep -q "bert_config fp16: true: fp16 training" "$tmp/sel.txt" || { cat "$tmp/sel.txt"; fail "selection line"; }
 grep -q "loss_scale=65536" "$tmp/sel.txt" || { cat "$tmp/sel.txt"; fail "fp16 from the model config: no loss scale"; }
