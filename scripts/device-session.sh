@@ -59,6 +59,11 @@
 #               the GB/s table with ours/DeepSpeed per row; DNVME_DIR, default /tmp/dnvme;
 #               DNVME_SIZE, default 1G; DNVME_REPS, default 8: each side on each of the two files
 #               first and second twice, which 0.96x-0.97x rows need). About 8 minutes after the build.
+#   moe_quality issue #22's training figures (scripts/moe_quality.py): dense, an 8-expert MoE in every
+#               other block (top-1, equal active FLOPs) and PR-MoE (pyramid + residual MLP) on the same
+#               WikiText-2 shards, MOEQ_STEPS steps (default 600) of MOEQ_SHAPE (default bf16_example):
+#               validation loss, parameters, step time and dropped routes, with the three verdicts.
+#               About 1.5 minutes at the defaults.
 #   plan        the layout planner (cutrain plan): its GPU tests (PlannerGpu: predicted against the
 #               allocator's peak; e2e_plan_cli_cuda: the profiled-run source), the 6.86B model on 4 GPUs
 #               (baseline, bf16_full) from a profiled run on this GPU (4 of its 32 layers; the plan
@@ -355,6 +360,11 @@ if want moe; then
   fi
   python3 scripts/moe_table.py --ours "$logs/bench_moe.json" --peer "$logs/moe_peer.json" >"$logs/moe_table.md" 2>&1
   cat "$logs/moe_table.md" >>"$sum"
+fi
+
+if want moe_quality; then
+  step moe_quality 300 "python3 scripts/moe_quality.py --bin $bin --shape ${MOEQ_SHAPE:-bf16_example} --steps ${MOEQ_STEPS:-600} --data .devdata --out $logs/moe_quality"
+  grep -E "^\||^- |^## " "$logs/moe_quality.txt" >>"$sum" 2>/dev/null
 fi
 
 if want python; then
