@@ -291,8 +291,6 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
   const bool owner = rank == 0;
   const int tid = threadIdx.x;
   bf16* x = a.logits + static_cast<std::size_t>(row) * a.ld;
-  const int label = a.labels[row];
-  const bool valid = label_valid(label, a.vocab, a.ignore_index);
 
   const int head = min(a.vocab, static_cast<int>(((16u - (reinterpret_cast<std::uintptr_t>(x) & 15u)) & 15u) >> 1));
   const int nvec = (a.vocab - head) / 8;
@@ -305,6 +303,18 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
   const int v_end = min(nvec, v_begin + per);
   const int parked_end = min(v_end, v_begin + a.park_vecs);  // [v_begin, parked_end) in `slice`
 
+  // The copy starts before the label is known (an ignored row's copy is wasted, but no row waits
+  // for its label's latency before its bytes are requested).
+  if (tid == 0) {
+    mbar_init(&landed);
+    const auto bytes = static_cast<std::uint32_t>(parked_end - v_begin) * 16u;
+    mbar_expect_bytes(&landed, bytes);
+    if (bytes > 0) bulk_load(slice, body + static_cast<std::size_t>(v_begin) * 8, bytes, &landed);
+  }
+  const int label = a.labels[row];
+  const bool valid = label_valid(label, a.vocab, a.ignore_index);
+  __syncthreads();  // the barrier is initialized before any thread waits on it
+
   if (!valid) {  // cluster-uniform: ignored (or bad-label) row: no loss, zero gradient
     if (tid == 0 && owner) write_row_loss(a, row, 0.f);
     if constexpr (kGrad) {
@@ -315,16 +325,11 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
         zero_scalar(x, tail_start, a.ld);  // tail and padding
       }
     }
+    mbar_wait(&landed, 0);  // no CTA exits while a copy into its shared memory is in flight
     ce_finish_in_last_block(a);
     return;
   }
 
-  if (tid == 0) {
-    mbar_init(&landed);
-    const auto bytes = static_cast<std::uint32_t>(parked_end - v_begin) * 16u;
-    mbar_expect_bytes(&landed, bytes);
-    if (bytes > 0) bulk_load(slice, body + static_cast<std::size_t>(v_begin) * 8, bytes, &landed);
-  }
   // While the copy is in flight: rank 0's scalars, read before the cluster barrier below (every
   // gradient write of the row comes after it).
   float x_head = 0.f, x_tail = 0.f, x_label = 0.f;
@@ -334,7 +339,6 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
   auto vec_at = [&](int v) {
     return v < parked_end ? slice[v - v_begin] : load16(body + static_cast<std::size_t>(v) * 8);
   };
-  __syncthreads();  // the barrier is initialized before any thread waits on it
   mbar_wait(&landed, 0);
 
   // ---- this thread's maximum, then its sum of exponentials under it (no rescaling) ----
