@@ -23,6 +23,7 @@
 
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/vec.cuh"
+#include "kernels/cross_entropy_slice.h"
 #include "runtime/check.h"
 #include "runtime/nvtx.h"
 
@@ -270,9 +271,9 @@ __device__ __forceinline__ void grad8(uint4 raw, int off, const GradScale& g, bf
   store16<Store::Streaming>(dst, out);
 }
 
-// One row per cluster of a.split CTAs (a.split = 1: one CTA, no cluster). The row is cut into a
-// scalar head up to the first 16-byte boundary, aligned 16-byte vectors and a scalar tail of
-// fewer than eight; CTA `rank` owns the vectors [v_begin, v_end) of an even split and parks the
+// One row per cluster of a.split CTAs (a.split = 1: one CTA, no cluster). The row is cut as
+// ce::row_slice says (a scalar head to the first 16-byte boundary, aligned 16-byte vectors, a
+// scalar tail); CTA `rank` owns the vectors [v_begin, v_end) of an even split and parks the
 // first a.park_vecs of them in shared memory with one bulk copy (all of them unless the row is
 // longer than kMaxSplit CTAs can park). Rank 0 also owns the head, the tail, the label's logit,
 // the row loss and the padding columns. Each thread walks the vectors v_begin + tid + k * kThreads
@@ -292,15 +293,11 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
   const int tid = threadIdx.x;
   bf16* x = a.logits + static_cast<std::size_t>(row) * a.ld;
 
-  const int head = min(a.vocab, static_cast<int>(((16u - (reinterpret_cast<std::uintptr_t>(x) & 15u)) & 15u) >> 1));
-  const int nvec = (a.vocab - head) / 8;
-  const int tail_start = head + nvec * 8;
+  const ce::RowSlice cut = ce::row_slice(reinterpret_cast<std::uintptr_t>(x), a.vocab, split, rank);
+  const int head = cut.head, tail_start = cut.tail_start, v_begin = cut.v_begin, v_end = cut.v_end;
   const int head_here = owner ? head : 0;
   const int tail_here = owner ? a.vocab - tail_start : 0;
   bf16* body = x + head;
-  const int per = (nvec + split - 1) / split;
-  const int v_begin = min(nvec, rank * per);
-  const int v_end = min(nvec, v_begin + per);
   const int parked_end = min(v_end, v_begin + a.park_vecs);  // [v_begin, parked_end) in `slice`
 
   // The copy starts before the label is known (an ignored row's copy is wasted, but no row waits
@@ -421,10 +418,8 @@ void run(cudaStream_t s, bf16* logits, const int32_t* labels, int rows, int voca
   CUTRAIN_LAUNCH_CHECK("ce_count_kernel");
 
   const int split = cross_entropy_ctas_per_row(vocab);
-  // A row body has at most vocab / 8 vectors whatever its alignment; a CTA gets ceil(that / split).
-  const int slice_vecs = ceil_div(vocab / 8, split);
   RowArgs a{logits,   labels, vocab, ld, ignore_index, grad_scale, hdr, row_loss_tmp, row_loss,
-            std::min(slice_vecs, park_budget_vecs()), rows, loss_mean, split};
+            std::min(ce::slice_vecs(vocab, split), park_budget_vecs()), rows, loss_mean, split};
   const std::size_t smem = static_cast<std::size_t>(a.park_vecs) * 16;
   auto kernel = ce_row_kernel<CeTile, kGrad>;
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

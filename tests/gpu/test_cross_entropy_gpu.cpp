@@ -161,20 +161,6 @@ INSTANTIATE_TEST_SUITE_P(
                       CeCase{2, 1000003, 1000005, 0.f, 2.f}),
     [](const ::testing::TestParamInfo<CeCase>& i) { return case_name(i.param); });
 
-// The cluster size is a function of the vocabulary alone (no device query): runs without a GPU.
-TEST(CrossEntropyCtasPerRow, SlicesOfAtMost32KiBUpToEightCtas) {
-  EXPECT_EQ(kernels::cross_entropy_ctas_per_row(1), 1);
-  EXPECT_EQ(kernels::cross_entropy_ctas_per_row(16384), 1);
-  EXPECT_EQ(kernels::cross_entropy_ctas_per_row(16385), 2);
-  EXPECT_EQ(kernels::cross_entropy_ctas_per_row(30522), 2);
-  EXPECT_EQ(kernels::cross_entropy_ctas_per_row(40961), 3);
-  EXPECT_EQ(kernels::cross_entropy_ctas_per_row(50257), 4);
-  EXPECT_EQ(kernels::cross_entropy_ctas_per_row(50304), 4);
-  EXPECT_EQ(kernels::cross_entropy_ctas_per_row(131071), 8);
-  EXPECT_EQ(kernels::cross_entropy_ctas_per_row(262144), 8);
-  EXPECT_EQ(kernels::cross_entropy_ctas_per_row(2147483647), 8);
-}
-
 // One column: the loss is 0 and the gradient p - 1 = 0, up to the fp32 error of exp2 (the
 // reference's zeros admit no relative error, so this shape has its own bound).
 TEST(CrossEntropyGpuLabels, SingleColumnGivesZeroLossAndGradient) {
