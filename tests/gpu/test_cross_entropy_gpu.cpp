@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/cross_entropy.cuh"
+#include "kernels/cross_entropy_slice.h"
 #include "tests/reference/cross_entropy_ref.h"
 #include "tests/support/test_support.h"
 
@@ -200,8 +202,7 @@ TEST(CrossEntropyGpuLabels, OutOfRangeLabelsReportedAndIgnored) {
 // Labels at the edges of the row and of the cluster slices (each slice's first and last
 // element, rank 0 owning the label's logit wherever it lies), rows at every start alignment (odd
 // stride; cudaMalloc's base is 256-byte aligned, so row i starts at byte 2 * i * ld). The slice
-// bounds are the kernel's: a scalar head to the first 16-byte boundary, then the vectors cut
-// evenly over cross_entropy_ctas_per_row CTAs.
+// bounds are the kernel's own (ce::row_slice over cross_entropy_ctas_per_row CTAs).
 TEST(CrossEntropyGpuLabels, LabelsAtRowAndSliceEdges) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
@@ -210,14 +211,11 @@ TEST(CrossEntropyGpuLabels, LabelsAtRowAndSliceEdges) {
     Inputs in = make_inputs(c, rng);
     const int split = kernels::cross_entropy_ctas_per_row(c.vocab);
     for (int i = 0; i < c.rows; ++i) {
-      const int misalign = static_cast<int>((2LL * i * c.ld) % 16);
-      const int head = std::min(c.vocab, ((16 - misalign) % 16) / 2);
-      const int nvec = (c.vocab - head) / 8;
-      const int per = (nvec + split - 1) / split;
-      const int tail_start = head + nvec * 8;
+      const std::uintptr_t row_addr = 2u * static_cast<std::uintptr_t>(i) * static_cast<std::uintptr_t>(c.ld);
       const int k = 1 + (i / 6) % std::max(1, split - 1);  // which slice boundary (rows cycle)
-      const int bound = head + std::min(nvec, k * per) * 8;
-      const int picks[6] = {0, head, bound - 1, bound, tail_start - 1, c.vocab - 1};
+      const auto cut = kernels::ce::row_slice(row_addr, c.vocab, split, k);
+      const int bound = cut.head + cut.v_begin * 8;  // first element of CTA k's slice
+      const int picks[6] = {0, cut.head, bound - 1, bound, cut.tail_start - 1, c.vocab - 1};
       in.labels[i] = std::clamp(picks[i % 6], 0, c.vocab - 1);
     }
     auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, -100, 2.0);
