@@ -8,8 +8,9 @@
 #   mos_cli.sh CUTRAIN_BINARY cpu|cuda   (exits 77 = skipped: no GPU for cuda)
 source "$(dirname "$0")/e2e_lib.sh"
 skip_without_gpu
-run() { "$bin" train --device "$device" --deepspeed_config configs/baseline.json --vocab_size 64 --seq_length 8 \
-  --batch_size 2 --num_heads 2 --warmup_steps 1 --learning_rate 3e-3 "$@"; }
+# VOCAB / SEQ: another vocabulary or sequence length for one call
+run() { "$bin" train --device "$device" --deepspeed_config configs/baseline.json --vocab_size "${VOCAB:-64}" \
+  --seq_length "${SEQ:-8}" --batch_size 2 --num_heads 2 --warmup_steps 1 --learning_rate 3e-3 "$@"; }
 expect_error() {  # expect_error TEXT ARGS...
   local want=$1; shift
   if run --num_steps 1 "$@" >"$tmp/e.txt" 2>&1; then fail "accepted: $*"; fi
@@ -75,12 +76,12 @@ grep -q "Knowledge distillation: objective = 1 \* ce + 2 \* T^2 \* KL(teacher ||
   && grep -q "Step 1: distillation ce_loss=" "$tmp/kd.txt" || { cat "$tmp/kd.txt"; fail "--kd lines"; }
 
 # Bad input, named before any step.
-expect_error "vocab_size: the teacher has 64" --vocab_size 128 --hidden_dim 32 --num_layers 2 --mos --load_teacher "$tmp/teacher"
+VOCAB=128 expect_error "vocab_size: the teacher has 64" --hidden_dim 32 --num_layers 2 --mos --load_teacher "$tmp/teacher"
 expect_error "--num_layers_teacher gives 4, the teacher's" --hidden_dim 32 --num_layers 2 --mos --load_teacher "$tmp/teacher" --num_layers_teacher 4
 expect_error "--num_experts_teacher gives 8, the teacher's" --hidden_dim 32 --num_layers 2 --mos --load_teacher "$tmp/teacher" --num_experts_teacher 8
-expect_error "max_seq_len: the teacher's position table has 8 rows" --hidden_dim 32 --num_layers 2 --mos --load_teacher "$tmp/teacher" --seq_length 16
+SEQ=16 expect_error "max_seq_len: the teacher's position table has 8 rows" --hidden_dim 32 --num_layers 2 --mos --load_teacher "$tmp/teacher"
 expect_error "no such folder" --hidden_dim 32 --num_layers 2 --mos --load_teacher "$tmp/no_teacher"
-expect_error "--kd_temp, --load_teacher configure knowledge distillation: expected --mos (or --kd) too" --hidden_dim 32 --num_layers 2 --kd_temp 2 --load_teacher "$tmp/teacher"
+expect_error "--load_teacher, --kd_temp configure knowledge distillation: expected --mos (or --kd) too" --hidden_dim 32 --num_layers 2 --kd_temp 2 --load_teacher "$tmp/teacher"
 expect_error "--mos distills from a teacher: expected --load_teacher DIR" --hidden_dim 32 --num_layers 2 --mos
 expect_error "--kd_temp must be a finite number > 0, got 0" --hidden_dim 32 --num_layers 2 --mos --load_teacher "$tmp/teacher" --kd_temp 0
 expect_error "--kd_temp must be a finite number > 0, got -1" --hidden_dim 32 --num_layers 2 --mos --load_teacher "$tmp/teacher" --kd_temp -1
