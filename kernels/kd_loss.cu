@@ -53,11 +53,11 @@ __device__ RowStats block_combine(RowStats v, RowStats* smem) {
 
 template <bool kAccumulate>
 __global__ void __launch_bounds__(KdTile::kThreads)
-    kd_row_kernel(const bf16* student, int ld_s, const bf16* __restrict__ teacher, int ld_t, int vocab,
+    kd_row_kernel(const bf16* student, int ld_s, const bf16* teacher, int ld_t, int vocab,
                   float inv_temp, float grad_mult, float* row_kl, bf16* dstudent, int ld_d) {
   __shared__ RowStats smem[KdTile::kWarps];
   const std::size_t row = blockIdx.x;
-  // Not __restrict__: dstudent may be the student itself (in place).
+  // Not __restrict__: dstudent may be the student's or the teacher's buffer (in place).
   const bf16* s_row = student + row * std::size_t(ld_s);
   const bf16* t_row = teacher + row * std::size_t(ld_t);
   RowStats st = empty_stats();
@@ -105,7 +105,25 @@ __global__ void __launch_bounds__(KdTile::kMeanThreads)
   if (threadIdx.x == 0) *loss_mean = rows > 0 ? total * scale : 0.f;
 }
 
+// One block per row: dlogits += kd over the row's first `vocab` columns.
+__global__ void __launch_bounds__(KdTile::kThreads)
+    kd_add_kernel(bf16* __restrict__ dlogits, int ld, const bf16* __restrict__ kd, int ld_k, int vocab) {
+  bf16* d = dlogits + std::size_t(blockIdx.x) * ld;
+  const bf16* k = kd + std::size_t(blockIdx.x) * ld_k;
+  for (int v = threadIdx.x; v < vocab; v += KdTile::kThreads)
+    d[v] = __float2bfloat16(__bfloat162float(d[v]) + __bfloat162float(k[v]));
+}
+
 }  // namespace
+
+void kd_add_grad(cudaStream_t s, bf16* dlogits, int ld, const bf16* kd, int ld_k, int rows, int vocab) {
+  CUTRAIN_CHECK(rows >= 0 && vocab >= 1 && ld >= vocab && ld_k >= vocab, "kd_add_grad: expected rows >= 0 and ",
+                "leading dimensions (", ld, ", ", ld_k, ") >= vocab ", vocab, " >= 1, got rows ", rows);
+  CUTRAIN_CHECK(static_cast<const void*>(dlogits) != static_cast<const void*>(kd), "kd_add_grad: the two buffers alias");
+  if (rows == 0) return;
+  kd_add_kernel<<<rows, KdTile::kThreads, 0, s>>>(dlogits, ld, kd, ld_k, vocab);
+  CUTRAIN_CUDA_CHECK(cudaGetLastError());
+}
 
 std::size_t kd_loss_scratch_bytes(int rows) { return (std::size_t(rows > 0 ? rows : 0) * sizeof(float) + 15) / 16 * 16; }
 
@@ -118,8 +136,16 @@ void kd_loss_forward_backward(cudaStream_t s, const bf16* student, int ld_s, con
                 vocab);
   CUTRAIN_CHECK(ld_s >= vocab && ld_t >= vocab && (!dstudent || ld_d >= vocab), "kd_loss: leading dimensions (student ",
                 ld_s, ", teacher ", ld_t, ", gradient ", ld_d, ") must be >= vocab ", vocab);
-  CUTRAIN_CHECK(!accumulate || !dstudent || static_cast<const void*>(dstudent) != static_cast<const void*>(student),
-                "kd_loss: accumulate needs a gradient buffer apart from the student's logits");
+  CUTRAIN_CHECK(!accumulate || !dstudent ||
+                    (static_cast<const void*>(dstudent) != static_cast<const void*>(student) &&
+                     static_cast<const void*>(dstudent) != static_cast<const void*>(teacher)),
+                "kd_loss: accumulate needs a gradient buffer apart from the student's and the teacher's logits");
+  CUTRAIN_CHECK(!dstudent || static_cast<const void*>(dstudent) != static_cast<const void*>(teacher) || ld_d == ld_t,
+                "kd_loss: a gradient written over the teacher's logits needs their leading dimension ", ld_t,
+                ", got ", ld_d);
+  CUTRAIN_CHECK(!dstudent || static_cast<const void*>(dstudent) != static_cast<const void*>(student) || ld_d == ld_s,
+                "kd_loss: a gradient written over the student's logits needs their leading dimension ", ld_s,
+                ", got ", ld_d);
   if (rows == 0) {
     if (loss_mean) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(loss_mean, 0, sizeof(float), s));
     return;

@@ -158,7 +158,7 @@ std::string describe_teacher(const Teacher& t) {
     s << "MoE blocks " << blocks << ": " << list(c) << " experts" << (d.moe.use_residual ? " (PR-MoE)" : "")
       << ", eval capacity factor " << d.moe.eval_capacity_factor;
   }
-  s << ", " << model::TransformerParams(d).num_params() << " params";
+  s << ", " << model::TransformerParams(d).num_params() << " parameters";
   return s.str();
 }
 

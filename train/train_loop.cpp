@@ -416,17 +416,14 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   // Mixture-of-Students: the teacher read and checked before any step (train/mos_options.h). The
   // backend takes the only pointer to it, so freeing it at --stop_kd_step gives its memory back.
   std::shared_ptr<Teacher> teacher;
-  std::size_t teacher_bytes = 0;
+  std::size_t teacher_params = 0;
   if (o.mos.active()) {
     const char* mos_flag = o.mos.mos ? "--mos" : "--kd";
-    CUTRAIN_CHECK(o.device == TrainDevice::Cpu, "train: ", mos_flag, " with --device cuda: the GPU engine's teacher ",
-                  "forward is not built (the fused distillation kernel, kernels/kd_loss, is); distillation trains on ",
-                  "--device cpu");
     CUTRAIN_CHECK(tp == 1 && pp == 1, "train: ", mos_flag, " with ", tp_flag, " ", tp, " and --pipeline_parallel_size ",
                   pp, ": the teacher runs beside a whole student (one process or data parallel); with tensor or "
                   "pipeline parallelism it is not built");
     teacher = std::make_shared<Teacher>(load_teacher(o.mos, bo.dims, o.seq_length));
-    teacher_bytes = teacher->params.size() * sizeof(float);
+    teacher_params = model::TransformerParams(teacher->dims).num_params();
     out << "[Rank 0] " << (o.mos.mos ? "Mixture-of-Students" : "Knowledge distillation") << ": "
         << describe_teacher(*teacher) << "\n";
     out << "[Rank 0] " << (o.mos.mos ? "Mixture-of-Students" : "Knowledge distillation") << ": "
@@ -799,8 +796,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     consumed_layer_tokens += layer_tokens;
     if (distilling && !st.distilled) {
       out << "[Rank 0] Step " << step << ": knowledge distillation stopped (--stop_kd_step "
-          << o.mos.stop_kd_step.value_or(0) << "): the teacher is freed (" << format_gb(std::int64_t(teacher_bytes))
-          << "), training goes on with the LM loss only\n";
+          << o.mos.stop_kd_step.value_or(0) << "): the teacher is freed (" << with_commas(teacher_params)
+          << " parameters, its activations and the term's buffers), training goes on with the LM loss only\n";
       distilling = false;
     }
     if (step % log_interval == 0 || step == last) {

@@ -1,5 +1,6 @@
 // @brief GPU tests of knowledge distillation's fused KL loss (kernels/kd_loss.cuh) against the fp64
-// reference: per-row KL, the mean, the gradient written, in place and accumulated, padding columns,
+// reference: per-row KL, the mean, the gradient written (separate, in place over the student or the
+// teacher), accumulated, kd_add_grad, padding columns,
 // odd leading dimensions, teacher == student at T = 1 (KL 0), determinism, bad arguments.
 #include <gtest/gtest.h>
 
@@ -143,6 +144,52 @@ TEST(KdLossGpuTest, AccumulatesIntoAnExistingGradient) {
   for (int m = 0; m < c.rows; ++m)
     for (int v = c.vocab; v < c.ld_s; ++v)  // padding left as it was
       ASSERT_EQ(got[std::size_t(m) * c.ld_s + v], prev[std::size_t(m) * c.ld_s + v]);
+}
+
+// The GPU model's order: the gradient written over the teacher's logits, then added into the
+// buffer the cross-entropy left its gradient in (kd_add_grad).
+TEST(KdLossGpuTest, GradientOverTheTeacherThenAddedIntoAnotherBuffer) {
+  CUTRAIN_REQUIRE_GPU();
+  const KdCase c{11, 3001, 3003, 3005, 2.f, 0.f};
+  auto rng = test::fresh_rng();
+  const KdInputs in = make_inputs(c, rng);
+  const float grad_scale = 0.5f * float(c.rows);
+  const ref::KdLossResult want = ref::kd_loss(in.student, c.ld_s, in.teacher, c.ld_t, c.rows, c.vocab, c.temperature,
+                                              grad_scale);
+  std::vector<float> prev = test::round_bf16(test::random_normal(std::size_t(c.rows) * c.ld_s, rng, 0.f, 0.1f));
+  for (int m = 0; m < c.rows; ++m)
+    for (int v = c.vocab; v < c.ld_s; ++v) prev[std::size_t(m) * c.ld_s + v] = 7.f;  // padding: left alone
+  DeviceArray<bf16> s(test::to_bf16(in.student)), t(test::to_bf16(in.teacher)), d(test::to_bf16(prev));
+  DeviceArray<float> loss(1);
+  DeviceArray<char> scratch(kernels::kd_loss_scratch_bytes(c.rows));
+  kernels::kd_loss_forward_backward(nullptr, s.get(), c.ld_s, t.get(), c.ld_t, c.rows, c.vocab, c.temperature,
+                                    grad_scale, nullptr, loss.get(), t.get(), c.ld_t, false, scratch.get());
+  kernels::kd_add_grad(nullptr, d.get(), c.ld_s, t.get(), c.ld_t, c.rows, c.vocab);
+  EXPECT_LE(std::abs(double(loss.download()[0]) - want.loss_mean), 2e-3 * want.loss_mean + 1e-4);
+  const std::vector<float> got_t = test::download_float(t), got = test::download_float(d);
+  std::vector<float> kd, sum;
+  std::vector<double> ref_kd, ref_sum;
+  for (int m = 0; m < c.rows; ++m) {
+    for (int v = 0; v < c.vocab; ++v) {
+      const std::size_t i = std::size_t(m) * c.ld_s + v;
+      kd.push_back(got_t[std::size_t(m) * c.ld_t + v]);
+      ref_kd.push_back(want.dstudent[i]);
+      sum.push_back(got[i]);
+      ref_sum.push_back(double(prev[i]) + want.dstudent[i]);
+    }
+    for (int v = c.vocab; v < c.ld_t; ++v) ASSERT_EQ(got_t[std::size_t(m) * c.ld_t + v], 0.f);
+    for (int v = c.vocab; v < c.ld_s; ++v) ASSERT_EQ(got[std::size_t(m) * c.ld_s + v], 7.f);
+  }
+  EXPECT_LE(test::rel_error(kd, ref_kd), 1e-2);
+  EXPECT_LE(test::rel_error(sum, ref_sum), 1e-2);
+  EXPECT_NE(test::error_of([&] {
+              kernels::kd_loss_forward_backward(nullptr, s.get(), c.ld_s, t.get(), c.ld_t, c.rows, c.vocab, 1.f, 1.f,
+                                                nullptr, nullptr, t.get(), c.ld_s, false, nullptr);
+            }).find("leading dimension"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { kernels::kd_add_grad(nullptr, d.get(), c.ld_s, d.get(), c.ld_s, c.rows, c.vocab); })
+                .find("alias"),
+            std::string::npos);
 }
 
 TEST(KdLossGpuTest, TeacherEqualToStudentAtTemperatureOneGivesZero) {
