@@ -67,6 +67,15 @@ class ReferenceModel {
     for (auto& m : moe_)
       if (m) m->set_exchange(ex);
   }
+  // Knowledge distillation (Mixture-of-Students, model/distillation_loss.h) for the next backwards:
+  // the LM loss's logits gradient weighted by `ce_weight`, and `extra` [B*S, vocab_rows] (the
+  // distillation term's gradient w.r.t. the logits) added to it, both times the backward's
+  // grad_scale. Null: the LM loss alone at weight 1. `extra` stays the caller's and must outlive the
+  // backwards. Not with tensor parallelism (its vocabulary-parallel head has its own gradient).
+  void set_logits_grad_extra(const std::vector<T>* extra, double ce_weight = 1.0) {
+    logits_extra_ = extra;
+    ce_weight_ = ce_weight;
+  }
   double aux_loss() const { return aux_; }  // sum of the MoE layers' l_aux of the last forward
   const std::vector<MoeBlockStats>& moe_stats() const { return moe_stats_; }  // one per MoE block
   const MoeReference* moe_layer(int l) const { return moe_.at(std::size_t(l)).get(); }  // null: dense block
@@ -148,6 +157,8 @@ class ReferenceModel {
   std::vector<LayerActs> tp_acts_;         // tensor parallel: [block x pieces + piece], piece rows
   std::vector<double> row_max_, row_sum_;  // vocab-parallel cross-entropy: each row's max and sum-exp
   const TokenDropPlan* drop_ = nullptr;
+  const std::vector<T>* logits_extra_ = nullptr;  // distillation: added to dlogits (set_logits_grad_extra)
+  double ce_weight_ = 1.0;
   // BERT: the dropout key and mode, the key mask of the last forward ([B*S], empty: no padding
   // token), the embeddings' LayerNorm input and statistics, the head's transform (dense output,
   // its GELU, the LayerNorm of that).

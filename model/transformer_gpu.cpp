@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "kernels/cross_entropy.cuh"
+#include "kernels/kd_loss.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gelu.cuh"
 #include "kernels/layernorm.cuh"
@@ -141,7 +142,17 @@ void GpuTransformer::allocate(cudaStream_t s) {
   sc = std::max(sc, kernels::embedding_backward_scratch_bytes(B_, S_, d.hidden, d.vocab_rows()));
   sc = std::max(sc, kernels::attention_backward_scratch_bytes(attn_, true));
   sc = std::max(sc, kernels::cross_entropy_scratch_bytes(M_));
+  sc = std::max(sc, kernels::kd_loss_scratch_bytes(M_));
   scratch_ = take(s, std::max<std::size_t>(sc, 256));
+}
+
+void GpuTransformer::set_distillation(const Distillation* d) {
+  CUTRAIN_CHECK(!d || table_.dims().arch != Arch::Bert, "gpu model: distillation of BERT's masked-LM head is not built");
+  CUTRAIN_CHECK(!d || (d->teacher_logits && d->d_kd_loss && d->ld_t >= table_.dims().vocab),
+                "gpu model: distillation needs the teacher's logits (leading dimension >= vocab ", table_.dims().vocab,
+                ", got ", d ? d->ld_t : 0, ") and a loss word");
+  if (d) distill_ = *d;
+  else distill_.reset();
 }
 
 void GpuTransformer::release_workspace() {
@@ -442,11 +453,24 @@ void GpuTransformer::forward_backward(cudaStream_t s, ParamAccess& P, void* grad
       // gathered rows, whose labels the plan checked (d_status[1]).
       const bool gathered = d.arch == Arch::Bert;
       const int rows = gathered ? P_ : M_;
+      // Distillation: its gradient from the student's logits (before the cross-entropy overwrites
+      // them) written over the teacher's, then added to the LM loss's.
+      if (distill_)
+        timed(s, "kd_loss", cost::cross_entropy(rows, d.vocab), [&] {
+          kernels::kd_loss_forward_backward(s, logits_, V, distill_->teacher_logits, distill_->ld_t, rows, d.vocab,
+                                            distill_->temperature, distill_->beta * grad_scale, nullptr,
+                                            distill_->d_kd_loss, distill_->teacher_logits, distill_->ld_t, false,
+                                            scratch_);
+        });
       timed(s, "cross_entropy", cost::cross_entropy(rows, d.vocab), [&] {
         kernels::cross_entropy_forward_backward(s, logits_, gathered ? mlm_labels_ : labels, rows, d.vocab, V, d_loss,
                                                 nullptr, gathered ? nullptr : d_status + 1, scratch_, -100,
-                                                grad_scale);
+                                                grad_scale * (distill_ ? distill_->alpha : 1.f));
       });
+      if (distill_)
+        timed(s, "kd_add", cost::cross_entropy(rows, d.vocab), [&] {
+          kernels::kd_add_grad(s, logits_, V, distill_->teacher_logits, distill_->ld_t, rows, d.vocab);
+        });
     });
   }
   TimedRegion bwd("bwd", s);

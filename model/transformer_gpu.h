@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kernels/attention.cuh"
@@ -137,6 +138,24 @@ class GpuTransformer {
   static int mlm_slots(int S, int max_pred) { return max_pred > 0 ? max_pred : S; }
   int mlm_slots() const { return K_; }
 
+  // Knowledge distillation (Mixture-of-Students; kernels/kd_loss.cuh) for the next forward_backward
+  // calls: the teacher's logits of the same micro-batch (bf16 [B*S, ld_t], the first vocab columns
+  // real; overwritten: the distillation's gradient is written over them), the temperature, the
+  // term's weight beta and the LM loss's weight alpha. The objective's logits gradient is then
+  // grad_scale * (alpha * d ce + beta * d(T^2 * mean KL)), the MoE aux loss's share unchanged, and
+  // T^2 * mean KL (without beta) goes to *d_kd_loss (device fp32). Null: the LM loss alone. Not for
+  // BERT (its head runs on gathered rows).
+  struct Distillation {
+    bf16* teacher_logits = nullptr;
+    int ld_t = 0;
+    float temperature = 1.f, beta = 1.f, alpha = 1.f;
+    float* d_kd_loss = nullptr;
+  };
+  void set_distillation(const Distillation* d);
+  // The logits of the last forward_loss (bf16 [B*S, vocab_rows]; BERT: the head's rows): a
+  // teacher's, read by the student's distillation. Valid until the next call on this model.
+  bf16* logits() const { return logits_; }
+
   // Returns activations and scratch to the allocator; the next call allocates them again.
   void release_workspace();
   // Bytes of activations + scratch this model holds once allocated (0 before the first call).
@@ -246,6 +265,7 @@ class GpuTransformer {
   std::uint64_t moe_seed_ = 0;
   void* scratch_ = nullptr;
   std::size_t workspace_bytes_ = 0;
+  std::optional<Distillation> distill_;  // set_distillation's, for forward_backward
   // random-LTD: the blocks that may drop (ascending), the drop of the next forward_backward
   // (kept 0: off), the kept tokens' inputs (one per drop block, one shared with checkpointing),
   // the seed model's block output on them, and their gradient.

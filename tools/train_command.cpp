@@ -38,6 +38,12 @@ struct TrainFlags {
   int local_rank = 0;
   CLI::Option* local_rank_opt = nullptr;
   std::vector<CLI::Option*> moe_opts;
+  std::vector<CLI::Option*> mos_opts;  // the distillation flags but --mos / --kd
+  int num_layers_teacher = 0, hidden_size_teacher = 0, num_attention_heads_teacher = 0, stop_kd_step = 0;
+  CLI::Option* num_layers_teacher_opt = nullptr;
+  CLI::Option* hidden_size_teacher_opt = nullptr;
+  CLI::Option* num_attention_heads_teacher_opt = nullptr;
+  CLI::Option* stop_kd_step_opt = nullptr;
   std::vector<CLI::Option*> bert_opts;  // --bert_config and bing_bert's flags: --model bert only
   int max_seq_length = 0, max_predictions_per_seq = 0;
   CLI::Option* max_seq_length_opt = nullptr;
@@ -94,6 +100,12 @@ int run_train(TrainFlags& f) {
   if (f.gpt2_size_opt->count()) o.shape_given.hidden_dim = o.shape_given.num_layers = o.shape_given.num_heads = true;
   for (const CLI::Option* opt : f.moe_opts)
     if (opt->count() && opt->get_name() != "--num_experts") o.moe.given.push_back(opt->get_name());
+  for (const CLI::Option* opt : f.mos_opts)
+    if (opt->count()) o.mos.given.push_back(opt->get_name());
+  if (f.num_layers_teacher_opt->count()) o.mos.num_layers_teacher = f.num_layers_teacher;
+  if (f.hidden_size_teacher_opt->count()) o.mos.hidden_size_teacher = f.hidden_size_teacher;
+  if (f.num_attention_heads_teacher_opt->count()) o.mos.num_attention_heads_teacher = f.num_attention_heads_teacher;
+  if (f.stop_kd_step_opt->count()) o.mos.stop_kd_step = f.stop_kd_step;
   if (f.timing_opt->count()) {
     o.profiling.timing_report = true;
     o.profiling.timing_report_file = f.timing_file;
@@ -289,6 +301,37 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   moe(sub->add_option("--moe_expert_parallel_size,--moe-expert-parallel-size", o.moe.expert_parallel_size,
                       "ep_size: experts split over this many data-parallel ranks (--device cpu over the host communicator; the GPU runs 1)")
           ->capture_default_str());
+  // Mixture-of-Students / knowledge distillation (docs/moe.md): Megatron-DeepSpeed's names, with its
+  // dashed spellings accepted too; --stop_kd_step is the staged method's boundary (no such flag there).
+  auto mos = [&](CLI::Option* opt) {
+    f.mos_opts.push_back(opt);
+    return opt;
+  };
+  sub->add_flag("--mos", o.mos.mos, "Mixture-of-Students: distill the (MoE / PR-MoE) student from --load_teacher");
+  sub->add_flag("--kd", o.mos.kd, "Knowledge distillation from --load_teacher (the same loss as --mos)");
+  mos(sub->add_option("--load_teacher,--load-teacher", o.mos.load_teacher,
+                      "The teacher: a cutrain checkpoint (a --save ROOT or ROOT/global_step<N>); its config.json gives its shape"));
+  f.num_layers_teacher_opt = mos(sub->add_option("--num_layers_teacher,--num-layers-teacher", f.num_layers_teacher,
+                                                 "The teacher's layers (checked against its config.json)"));
+  f.hidden_size_teacher_opt = mos(sub->add_option("--hidden_size_teacher,--hidden-size-teacher", f.hidden_size_teacher,
+                                                  "The teacher's hidden size (checked against its config.json)"));
+  f.num_attention_heads_teacher_opt =
+      mos(sub->add_option("--num_attention_heads_teacher,--num-attention-heads-teacher", f.num_attention_heads_teacher,
+                          "The teacher's attention heads (checked against its config.json)"));
+  mos(sub->add_option("--num_experts_teacher,--num-experts-teacher", o.mos.num_experts_teacher,
+                      "The teacher's experts per MoE block: one count or one per block, 1: dense (checked against its config.json)")
+          ->delimiter(','));
+  mos(sub->add_option("--kd_alpha_ce,--kd-alpha-ce", o.mos.kd_alpha_ce, "The LM loss's weight while distilling")
+          ->capture_default_str());
+  mos(sub->add_option("--kd_beta_ce,--kd-beta-ce", o.mos.kd_beta_ce, "The distillation term's weight")
+          ->capture_default_str());
+  mos(sub->add_option("--kd_temp,--kd-temp", o.mos.kd_temp, "The distillation's softmax temperature (> 0)")
+          ->capture_default_str());
+  f.stop_kd_step_opt = mos(sub->add_option("--stop_kd_step,--stop-kd-step", f.stop_kd_step,
+                                           "Staged distillation: the first step without the teacher (freed then); "
+                                           "not given: distill the whole run"));
+  sub->add_flag("--reset_iteration,--reset-iteration", o.mos.reset_iteration,
+                "With --resume: start the step count again at 0 (the checkpoint's weights and optimizer state kept)");
   // BERT pre-training (docs/bert.md): the model config and bing_bert's flags (given: over the file).
   auto bert = [&](CLI::Option* opt) {
     f.bert_opts.push_back(opt);

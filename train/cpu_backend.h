@@ -8,6 +8,7 @@
 #include <string>
 
 #include "train/config.h"
+#include "train/mos_options.h"
 #include "train/train_backend.h"
 
 namespace cutrain::comm {
@@ -51,6 +52,13 @@ struct BackendOptions {
   // holding its experts). Not with tensor or pipeline parallelism.
   int expert_parallel = 1;
   std::shared_ptr<comm::Communicator> ep_comm, expert_dp_comm;
+  // Knowledge distillation (Mixture-of-Students, train/mos_options.h; CPU backend): the teacher,
+  // whose forward runs beside the student's on every micro-batch until distill.stop_kd_step, and
+  // the loss's weights and temperature. The backend takes the pointer; once it frees the teacher
+  // at the stop step, the memory goes back when the caller holds no other copy. Null: no
+  // distillation. Not with tensor or pipeline parallelism.
+  std::shared_ptr<const Teacher> teacher;
+  MosOptions distill;
 };
 
 std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& options, const TrainConfig& config);

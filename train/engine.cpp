@@ -182,6 +182,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     CUTRAIN_CUDA_CHECK(cudaMallocHost(&step_h_, sizeof(std::uint32_t)));
     stage_step(0);
   }
+  if (o.teacher) attach_teacher(o, A);
   offloader_ = std::make_unique<StateOffloader>(A, stream_.get());
   offloader_->add("lp_params", &params_);
   offloader_->add(plan_.grad == DType::BF16 ? "lp_grads" : "contiguous_grad_buffer", &grads_);
@@ -201,6 +202,44 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     std::cout << "[Rank 0] " << swap_->describe() << std::endl;
   }
   stream_.synchronize();
+}
+
+// Mixture-of-Students: the teacher's weights uploaded as bf16 (the host copy stays the caller's and
+// goes when its last pointer does), its forward-only model at the student's micro-batch shape.
+void GpuEngine::attach_teacher(const BackendOptions& o, CachingAllocator& A) {
+  const Teacher& t = *o.teacher;
+  CUTRAIN_CHECK(o.dims.arch != model::Arch::Bert && t.dims.arch != model::Arch::Bert,
+                "gpu engine: distillation of BERT's masked-LM head is not built");
+  CUTRAIN_CHECK(t.dims.vocab == o.dims.vocab, "gpu engine: the teacher's vocab_size ", t.dims.vocab,
+                " is not the student's ", o.dims.vocab);
+  teacher_table_ = std::make_unique<model::TransformerParams>(t.dims);
+  CUTRAIN_CHECK(t.params.size() == teacher_table_->flat_size(), "gpu engine: the teacher's ", t.params.size(),
+                " parameters do not fit its shape's ", teacher_table_->flat_size());
+  teacher_params_ = Buffer(A, t.params.size() * 2, stream_);
+  upload(teacher_params_, DType::BF16, t.params, stream_);
+  teacher_words_ = Buffer(A, 4 * sizeof(float), stream_);
+  kd_d_ = Buffer(A, std::size_t(accum_) * sizeof(float), stream_);
+  kd_h_.assign(std::size_t(accum_), 0.f);
+  teacher_model_ = std::make_unique<model::GpuTransformer>(*teacher_table_, o.batch, o.seq, false, t.causal, A);
+  opt_.teacher.reset();
+  graph_after_teacher_ = opt_.cuda_graph;
+  if (opt_.cuda_graph) {  // the teacher's forward (a MoE teacher syncs) and the stop step change the sequence
+    opt_.cuda_graph = false;
+    describe_ += ", eager steps while distilling (the teacher's forward beside each micro-batch)";
+  }
+  stream_.synchronize();  // the upload read the host copy
+}
+
+void GpuEngine::release_teacher() {
+  stream_.synchronize();
+  model_->set_distillation(nullptr);
+  teacher_model_.reset();
+  teacher_table_.reset();
+  teacher_params_.reset();
+  teacher_words_.reset();
+  kd_d_.reset();
+  device_allocator().empty_cache();  // the teacher's segments back to the device
+  opt_.cuda_graph = graph_after_teacher_;  // the LM-only steps replay a graph again where they can
 }
 
 GpuEngine::~GpuEngine() {
@@ -273,10 +312,28 @@ void GpuEngine::enqueue_forward_backward(bool step) {
                          step && cfg_.zero_optimization.overlap_comm ? &overlap : nullptr);
   model::ParamAccess& P = sharded_ ? static_cast<model::ParamAccess&>(*sharded_) : flat;
   for (int a = 0; a < accum_; ++a) {
+    const std::int32_t* tok = tokens_d_.as<std::int32_t>() + a * per_micro;
+    const std::int32_t* lab = labels_d_.as<std::int32_t>() + a * per_micro;
+    if (distill_now_) {
+      // The teacher's forward on the micro-batch (evaluation mode: its eval capacity factor, no
+      // noise), its logits handed to the student's loss, which writes its gradient over them.
+      TimedRegion rt("teacher", stream_);
+      float* words = as_f32(teacher_words_);
+      model::FlatParams tp(*teacher_table_, teacher_params_.as<bf16>());
+      teacher_model_->forward_loss(stream_, tp, tok, lab, words, reinterpret_cast<int*>(words + 1));
+      model::GpuTransformer::Distillation d;
+      d.teacher_logits = teacher_model_->logits();
+      d.ld_t = teacher_table_->dims().vocab_rows();
+      d.temperature = float(opt_.distill.kd_temp);
+      d.beta = float(opt_.distill.kd_beta_ce);
+      d.alpha = float(opt_.distill.kd_alpha_ce);
+      d.d_kd_loss = as_f32(kd_d_) + a;
+      model_->set_distillation(&d);
+    }
     model_->set_token_drop(kept_, drop_idx_h_ ? drop_idx_d_.as<std::int32_t>() + a * drop_stride_ : nullptr);
-    model_->forward_backward(stream_, P, grads_.get(), plan_.grad, a > 0, tokens_d_.as<std::int32_t>() + a * per_micro,
-                             labels_d_.as<std::int32_t>() + a * per_micro, 1.f / float(accum_), flags + a,
+    model_->forward_backward(stream_, P, grads_.get(), plan_.grad, a > 0, tok, lab, 1.f / float(accum_), flags + a,
                              status + 2 * a);
+    model_->set_distillation(nullptr);
   }
   if (sharded_) sharded_->end_pass(stream_);
 }
@@ -375,6 +432,7 @@ void GpuEngine::ensure_state() const {
 
 double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_t* labels, int drop_step) {
   ensure_state();
+  distill_now_ = teacher_model_ != nullptr;  // the helper distills while a teacher is held
   stage_batch(tokens, labels);
   stage_drop(drop_step);
   stage_step(drop_step);
@@ -387,6 +445,11 @@ double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_
 
 StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
   TimedRegion r("step", stream_);
+  // Staged distillation: the teacher's steps are [0, stop_kd_step); at the first step past them
+  // it is freed for good.
+  const std::optional<int>& stop = opt_.distill.stop_kd_step;
+  distill_now_ = teacher_model_ && (!stop || step - 1 < *stop);
+  if (teacher_model_ && !distill_now_) release_teacher();
   {
     TimedRegion ro("offload", stream_);  // a pending reload of offloaded states lands here
     ensure_state();
@@ -535,6 +598,12 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   for (int a = 0; a < accum_; ++a) st.loss += flags_h_[a] / accum_;
   st.moe = model_->moe_stats();
   st.layer_tokens = step_layer_tokens_;
+  st.ce_loss = st.loss;
+  st.distilled = distill_now_;
+  if (distill_now_) {  // read_flags synchronized the stream
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(kd_h_.data(), kd_d_.get(), kd_h_.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    for (float k : kd_h_) st.kd_loss += opt_.distill.kd_beta_ce * double(k) / accum_;
+  }
   st.grad_norm = flags_h_[accum_];
   int nonfinite = 0;
   std::memcpy(&nonfinite, flags_h_ + accum_ + 2, 4);

@@ -49,6 +49,7 @@ class GpuEngine final : public TrainBackend {
   std::unique_ptr<DeviceRestore> device_restore(DType params, std::optional<DType> master, DType moments,
                                                 std::optional<DType> compensation) override;
   bool has_compensation() const override { return plan_.compensation; }
+  bool holds_teacher() const override { return teacher_model_ != nullptr; }
   const char* describe() const override { return describe_.c_str(); }
 
   // For tests: forward + backward of the micro-batches only (no optimizer step, no ZeRO
@@ -149,6 +150,17 @@ class GpuEngine final : public TrainBackend {
   kernels::LambDeviceTable lamb_;
   std::size_t state_bytes_ = 0, state_requested_bytes_ = 0;
   std::unique_ptr<model::GpuTransformer> model_;
+  // Knowledge distillation (Mixture-of-Students, BackendOptions::teacher): the teacher's table,
+  // bf16 params, forward-only model, a word for its loss and two for its status, each
+  // micro-batch's T^2 * mean KL; all freed at the stop step (release_teacher).
+  std::unique_ptr<model::TransformerParams> teacher_table_;
+  Buffer teacher_params_, teacher_words_, kd_d_;
+  std::unique_ptr<model::GpuTransformer> teacher_model_;
+  std::vector<float> kd_h_;
+  bool distill_now_ = false;  // the step running distills
+  bool graph_after_teacher_ = false;  // CUDA-graph steps once the teacher is freed (eager while distilling)
+  void attach_teacher(const BackendOptions& o, CachingAllocator& A);
+  void release_teacher();
   std::unique_ptr<parallel::ShardedParams> sharded_;  // stage 3 only; after zero_comm_ (uses its stream)
   // Host pinned staging: tokens, labels [accum*B*S], and the flags read back after each step.
   std::int32_t* tokens_h_ = nullptr;

@@ -32,6 +32,11 @@ struct StepStats {
   // The tokens this rank's blocks processed over the step's micro-batches (random-LTD's
   // layer_token: a dropping block counts its kept tokens, the others every token).
   std::int64_t layer_tokens = 0;
+  // Knowledge distillation (Mixture-of-Students, train/mos_options.h): whether this step distilled,
+  // its LM loss (= loss) and its distillation term kd_beta_ce * T^2 * KL(teacher || student), the
+  // mean over the step's micro-batches (0 when it did not distill).
+  bool distilled = false;
+  double ce_loss = 0, kd_loss = 0;
 };
 
 // The factor the gradients are scaled by before the optimizer: DeepSpeed's gradient clipping to
@@ -93,6 +98,8 @@ class TrainBackend {
   }
   // Whether the state holds a bf16 master's compensation (bf16.bf16_master_compensation).
   virtual bool has_compensation() const { return false; }
+  // Whether a distillation teacher is still held (Mixture-of-Students: freed at --stop_kd_step).
+  virtual bool holds_teacher() const { return false; }
   virtual const char* describe() const = 0;  // "cuda (NVIDIA H200)", "cpu (reference model)"
   // A line for the run's summary from the parallel layout (tensor parallelism: Domino's modelled
   // overlap); empty when there is none.

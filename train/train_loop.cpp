@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <sstream>
 
@@ -181,6 +182,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                 ": expected --save DIR with it, found none");
   CUTRAIN_CHECK(!o.accept_legacy_checkpoint || !o.resume_dir.empty(),
                 "train: --accept_legacy_checkpoint: expected --resume DIR with it, found none");
+  check_mos_options(o.mos, !o.resume_dir.empty());  // Mixture-of-Students' flags (train/mos_options.h)
   bool next_token = o.use_real_data && o.labels != LabelsChoice::Identity;
 
   // Data parallel (cutrain launch, torchrun, mpirun, Slurm): the backend makes the communicator from
@@ -411,6 +413,24 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   bo.dims.validate();
   if (resume && !resume->legacy)
     check_checkpoint_shape(bo.dims, resume_dims, (resume->folder / kCheckpointConfigFile).string());
+  // Mixture-of-Students: the teacher read and checked before any step (train/mos_options.h). The
+  // backend takes the only pointer to it, so freeing it at --stop_kd_step gives its memory back.
+  std::shared_ptr<Teacher> teacher;
+  std::size_t teacher_params = 0;
+  if (o.mos.active()) {
+    const char* mos_flag = o.mos.mos ? "--mos" : "--kd";
+    CUTRAIN_CHECK(tp == 1 && pp == 1, "train: ", mos_flag, " with ", tp_flag, " ", tp, " and --pipeline_parallel_size ",
+                  pp, ": the teacher runs beside a whole student (one process or data parallel); with tensor or "
+                  "pipeline parallelism it is not built");
+    teacher = std::make_shared<Teacher>(load_teacher(o.mos, bo.dims, o.seq_length));
+    teacher_params = model::TransformerParams(teacher->dims).num_params();
+    out << "[Rank 0] " << (o.mos.mos ? "Mixture-of-Students" : "Knowledge distillation") << ": "
+        << describe_teacher(*teacher) << "\n";
+    out << "[Rank 0] " << (o.mos.mos ? "Mixture-of-Students" : "Knowledge distillation") << ": "
+        << describe_distillation(o.mos, bo.dims.moe.loss_coeff, bo.dims.moe.any()) << "\n";
+    bo.teacher = teacher;
+    bo.distill = o.mos;
+  }
 
   const RandomLtdConfig& ltd = cfg.data_efficiency.random_ltd;
   const bool ltd_on = cfg.data_efficiency.random_ltd_active();
@@ -508,6 +528,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       << ", num_heads=" << o.num_heads << ", vocab_size=" << vocab << "\n";
   std::unique_ptr<TrainBackend> be =
       o.device == TrainDevice::Cpu ? make_cpu_backend(bo, cfg) : make_gpu_backend(bo, cfg);
+  bo.teacher.reset();  // the backend holds the teacher now
+  teacher.reset();
   if (llmc) {
     init_from_llmc(*be, o.init_from_llmc);
     out << "[Rank 0] Initialized from llm.c checkpoint " << o.init_from_llmc.string() << " ("
@@ -540,6 +562,11 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     std::istringstream(meta.data_rng) >> data_rng;
     for (const auto& n : meta.notes) out << "[Rank 0] checkpoint " << n << "\n";
     out << "[Rank 0] Resumed from " << resume->folder.string() << " at step " << first_step << "\n";
+    if (o.mos.reset_iteration) {  // Megatron-DeepSpeed's --reset-iteration: the weights and optimizer state, step 0
+      out << "[Rank 0] --reset_iteration: the step count starts again at 0 (the checkpoint's weights and optimizer "
+          << "state kept)\n";
+      first_step = 0;
+    }
     if (!resume->legacy) {
       std::uint64_t bytes = 0;
       for (const auto& f : resume->manifest.files) bytes += f.bytes;
@@ -732,6 +759,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   bool progress_shown = false;  // a progress line (no newline) is on the terminal
   double progress_time = 0;
   prof.set_steps(first_step, last, o.warmup_steps);
+  bool distilling = o.mos.active();  // until the backend reports a step without the teacher
   for (int step = first_step; step <= last; ++step) {
     if (!o.fixed_batch) mlm ? draw_mlm(step) : sampler ? draw_real(step) : draw();
     const float lr = schedule.lr(step);
@@ -766,11 +794,20 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     if (curriculum) difficulty = curriculum->draw->difficulty(step);
     const std::int64_t layer_tokens = st.layer_tokens * dp_world;  // every rank processes the same count
     consumed_layer_tokens += layer_tokens;
+    if (distilling && !st.distilled) {
+      out << "[Rank 0] Step " << step << ": knowledge distillation stopped (--stop_kd_step "
+          << o.mos.stop_kd_step.value_or(0) << "): the teacher is freed (" << with_commas(teacher_params)
+          << " parameters, its activations and the term's buffers), training goes on with the LM loss only\n";
+      distilling = false;
+    }
     if (step % log_interval == 0 || step == last) {
       out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
           << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak);
       if (bert) out << ", samples/s=" << fixed(double(global_seqs) / dt, 1);
       out << "\n";
+      if (st.distilled)
+        out << "[Rank 0] Step " << step << ": distillation ce_loss=" << fixed(st.ce_loss, 4)
+            << ", kd_loss=" << fixed(st.kd_loss, 4) << " (kd_beta_ce * T^2 * KL)\n";
       for (const model::MoeBlockStats& m : st.moe)
         out << "[Rank 0] Step " << step << ": moe block " << m.layer << " l_aux=" << fixed(m.l_aux, 4)
             << ", dropped=" << m.dropped << ", capacity=" << m.capacity << ", expert load min=" << m.min_load
@@ -801,6 +838,11 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                           {"reserved_bytes", mem.reserved},
                           {"peak_bytes", mem.peak}};
       if (curriculum) j["curriculum_difficulty"] = difficulty;
+      if (o.mos.active()) {  // distillation's parts: ce_loss = loss; kd_loss 0 once the teacher is freed
+        j["ce_loss"] = float(st.ce_loss);  // as loss: the float the loss CSV holds
+        j["kd_loss"] = st.kd_loss;
+        j["distilled"] = st.distilled;
+      }
       if (ltd_on) {
         j["random_ltd_kept"] = std::min<std::int64_t>(random_ltd_kept(ltd, step), o.seq_length);
         j["layer_tokens"] = layer_tokens;

@@ -14,6 +14,7 @@
 #include "train/bert_options.h"
 #include "train/choices.h"
 #include "train/moe_options.h"
+#include "train/mos_options.h"
 #include "train/step_profiler.h"
 
 namespace cutrain::train {
@@ -75,6 +76,7 @@ struct TrainOptions {
   bool fixed_batch = false;  // reuse the first batch every step (a loss that must fall)
   ProfilingOptions profiling;  // --timing_report, --profile_steps (docs/profiling.md)
   MoeOptions moe;              // --num_experts, --moe_* (train/moe_options.h; docs/moe.md)
+  MosOptions mos;              // --mos / --kd, --load_teacher, --kd_* (train/mos_options.h; docs/moe.md)
   // --model bert: --bert_config and bing_bert's flags (train/bert_options.h; docs/bert.md).
   BertFlags bert;
   // Whether --batch_size was given: BERT runs take the DeepSpeed config's
