@@ -20,21 +20,24 @@ int64_t llmc_samples_in_shard(int64_t tokens, int64_t batch_size, int64_t seq_le
 }
 
 LlmcOrder::LlmcOrder(LlmcOrderOptions options) : o_(std::move(options)) {
-  CUTRAIN_CHECK(o_.batch_size > 0 && o_.seq_len > 0, "llm.c data order: batch size and sequence length must be positive, found B=",
-                o_.batch_size, " T=", o_.seq_len);
+  CUTRAIN_CHECK(o_.batch_size > 0 && o_.seq_len > 0,
+                "llm.c data order: batch size and sequence length must be positive, found B=", o_.batch_size,
+                " T=", o_.seq_len);
   CUTRAIN_CHECK(o_.world_size > 0 && o_.rank >= 0 && o_.rank < o_.world_size, "llm.c data order: rank ", o_.rank,
                 " is outside world size ", o_.world_size);
   CUTRAIN_CHECK(!o_.shard_tokens.empty(), "llm.c data order: expected at least one shard, found none");
   CUTRAIN_CHECK(o_.shard_tokens.size() < std::size_t(INT32_MAX), "llm.c data order: ", o_.shard_tokens.size(),
                 " shards are more than llm.c's int indices hold");
-  CUTRAIN_CHECK(o_.seed + std::uint64_t(o_.rank) <= UINT32_MAX, "llm.c data order: its generator takes a 32-bit seed: expected seed + rank < 2^32, found seed ",
+  CUTRAIN_CHECK(o_.seed <= std::uint64_t(UINT32_MAX) - std::uint64_t(o_.rank),
+                "llm.c data order: its generator takes a 32-bit seed: expected seed + rank < 2^32, found seed ",
                 o_.seed, " + rank ", o_.rank);
   const int64_t piece = int64_t(o_.world_size) * o_.batch_size * o_.seq_len;
   for (std::size_t s = 0; s < o_.shard_tokens.size(); ++s) {
     const int64_t n = llmc_samples_in_shard(o_.shard_tokens[s], o_.batch_size, o_.seq_len, o_.world_size);
     CUTRAIN_CHECK(n > 0, "llm.c data order: shard ", s, " holds ", o_.shard_tokens[s],
                   " tokens; llm.c needs at least world x B x T + 1 = ", piece + 1, " in every shard");
-    CUTRAIN_CHECK(n < int64_t(INT32_MAX), "llm.c data order: shard ", s, " holds ", n, " samples, more than llm.c's int indices hold");
+    CUTRAIN_CHECK(n < int64_t(INT32_MAX), "llm.c data order: shard ", s, " holds ", n,
+                  " samples, more than llm.c's int indices hold");
     samples_.push_back(n);
     per_epoch_ += n;
   }

@@ -34,8 +34,8 @@ struct LlmcOrderOptions {
 };
 
 struct LlmcRead {
-  std::size_t shard;     // index into shard_tokens
-  int64_t first_token;   // the rank's B x T + 1 tokens start here
+  std::size_t shard;    // index into shard_tokens
+  int64_t first_token;  // the rank's B x T + 1 tokens start here
 };
 
 class LlmcOrder {

@@ -5,12 +5,12 @@
 // B x T + 1 runs, bad input, the background loader, and the plain-Python reference
 // (tests/scripts/llmc_order_reference.py) batch for batch over several epochs.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
 
@@ -193,14 +193,20 @@ TEST(LlmcOrder, RandomAccessEqualsTheSequentialDraws) {
 }
 
 TEST(LlmcOrder, BadInputIsReported) {
-  expect_error([] { LlmcOrder(order_options({100, 48}, 4, 12, 0, 1, true)); },
-               "shard 1 holds 48 tokens; llm.c needs at least world x B x T + 1 = 49");
+  expect_error(
+      [] {
+        LlmcOrder(order_options({100, 48}, 4, 12, 0, 1, true));
+      },
+      "shard 1 holds 48 tokens; llm.c needs at least world x B x T + 1 = 49");
   expect_error([] { LlmcOrder(order_options({}, 4, 12, 0, 1, true)); }, "expected at least one shard");
   expect_error([] { LlmcOrder(order_options({100}, 0, 12, 0, 1, true)); }, "must be positive, found B=0");
   expect_error([] { LlmcOrder(order_options({100}, 1, 2, 2, 2, true)); }, "rank 2 is outside world size 2");
   LlmcOrderOptions o = order_options({100}, 1, 2, 1, 2, true);
   o.seed = UINT32_MAX;
   expect_error([&] { LlmcOrder{o}; }, "expected seed + rank < 2^32, found seed 4294967295 + rank 1");
+  o.seed = UINT64_MAX;  // no wrap-around past 2^64
+  expect_error([&] { LlmcOrder{o}; }, "expected seed + rank < 2^32");
+  o.seed = UINT32_MAX;
   o.rank = 0;
   EXPECT_NO_THROW(LlmcOrder{o});
   expect_error([&] { LlmcOrder(o).at(-1); }, "batch -1 is negative");
@@ -252,7 +258,8 @@ TEST(BatchSamplerLlmc, EachBatchIsTheOrdersRunOfBTPlusOneTokens) {
       o.world_size = world;
       o.shuffle = shuffle;
       BatchSampler s(o);
-      LlmcOrder order(order_options({int64_t(set.tokens[0].size()), int64_t(set.tokens[1].size())}, B, T, rank, world, shuffle));
+      LlmcOrder order(
+          order_options({int64_t(set.tokens[0].size()), int64_t(set.tokens[1].size())}, B, T, rank, world, shuffle));
       ASSERT_EQ(s.batches_per_epoch(), 5 + 3);
       std::vector<int32_t> in(B * T, -1), tg(B * T, -1);
       for (int64_t k = 0; k < 3 * s.batches_per_epoch(); ++k) {
@@ -271,8 +278,9 @@ TEST(BatchSamplerLlmc, BadInputIsReported) {
   test::TempDir tmp;
   Shards set({200, 30}, tmp.path);
   SamplerOptions o = sampler_options(set, 2, 16);
-  expect_error([&] { BatchSampler{o}; }, "l_train_000001.bin holds 30 tokens; llm.c's data order needs at least "
-                                         "world_size x B x T + 1 = 33 in every shard");
+  expect_error([&] { BatchSampler{o}; },
+               "l_train_000001.bin holds 30 tokens; llm.c's data order needs at least "
+               "world_size x B x T + 1 = 33 in every shard");
   o.batch_size = 1;
   o.labels = Labels::kIdentity;
   expect_error([&] { BatchSampler{o}; }, "expected next-token labels, found labels = input ids");
@@ -329,9 +337,9 @@ TEST(BatchSamplerLlmc, PythonReferenceAgrees) {
     std::vector<int64_t> pieces;  // world x B x T pieces per shard (+ a remainder drawn below)
     bool shuffle;
   };
-  for (const Case& c : {Case{2, 3, 1, 0, {5, 3, 8}, true}, Case{1, 7, 1, 0, {4}, true}, Case{3, 2, 2, 1, {3, 6, 2, 4}, true},
-                        Case{4, 5, 3, 2, {2, 5}, true}, Case{1, 1, 1, 0, {40, 1, 9, 17, 3, 2}, true},
-                        Case{2, 3, 2, 0, {3, 4, 2}, false}}) {
+  for (const Case& c : {Case{2, 3, 1, 0, {5, 3, 8}, true}, Case{1, 7, 1, 0, {4}, true},
+                        Case{3, 2, 2, 1, {3, 6, 2, 4}, true}, Case{4, 5, 3, 2, {2, 5}, true},
+                        Case{1, 1, 1, 0, {40, 1, 9, 17, 3, 2}, true}, Case{2, 3, 2, 0, {3, 4, 2}, false}}) {
     std::vector<int64_t> sizes;
     for (int64_t p : c.pieces) sizes.push_back(p * c.world * c.B * c.T + 1 + int64_t(rng() % (c.world * c.B * c.T)));
     sets.push_back(std::make_unique<Shards>(sizes, out.path / ("set" + std::to_string(sets.size()))));
@@ -350,13 +358,19 @@ TEST(BatchSamplerLlmc, PythonReferenceAgrees) {
       s.fill(k, in.data(), tg.data());
       batches.push_back({{"step", k}, {"inputs", in}, {"targets", tg}});
     }
-    cases.push_back({{"shards", expand_shard_patterns(o.patterns)}, {"batch_size", c.B}, {"seq_len", c.T},
-                     {"rank", c.rank}, {"world_size", c.world}, {"seed", o.seed}, {"shuffle", c.shuffle},
+    cases.push_back({{"shards", expand_shard_patterns(o.patterns)},
+                     {"batch_size", c.B},
+                     {"seq_len", c.T},
+                     {"rank", c.rank},
+                     {"world_size", c.world},
+                     {"seed", o.seed},
+                     {"shuffle", c.shuffle},
                      {"batches", batches}});
   }
   const std::string dump = out / "llmc_order_cpp.json";
   std::ofstream(dump) << cases.dump();
-  const std::string cmd = "python3 " + std::string(CUTRAIN_SOURCE_DIR) + "/tests/scripts/llmc_order_reference.py " + dump;
+  const std::string cmd =
+      "python3 " + std::string(CUTRAIN_SOURCE_DIR) + "/tests/scripts/llmc_order_reference.py " + dump;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
 
