@@ -40,7 +40,8 @@
 #               GPT-2 on the same WikiText-2 tokens: llm.c trains 30 steps from its d12 init and
 #               writes its checkpoint; cutrain's validation loss of it against llm.c's; 200 steps
 #               of the same recipe from it on both (configs/llmc_gpt2_constant.json = llm.c's
-#               -l 3e-4 -u 0 -q 1.0 -c 0.1), cutrain's result read back by llm.c and by PyTorch
+#               -l 3e-4 -u 0 -q 1.0 -c 0.1; --data_order llmc: llm.c's batches in llm.c's order,
+#               its validation batches; docs/gpt2.md), cutrain's result read back by llm.c and by PyTorch
 #               (bench/peers/gpt2_torch_eval.py on --save_hf's safetensors); d12 B16/B32
 #               T1024 tokens/s and peak memory (scripts/peak-mem.sh) of both (cutrain with and without
 #               --recompute_gelu); the table by
@@ -318,7 +319,8 @@ if want llmc; then
   lenv='cud=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])"); export LD_LIBRARY_PATH=$cud/lib:${LD_LIBRARY_PATH:-}; cd '$lc
   lbin="./train_gpt2cu -i $lc/train.bin -j $lc/val.bin -t 1024 -m 8 -s 100000 -l 3e-4 -u 0 -q 1.0 -c 0.1"
   cfg=configs/llmc_gpt2_constant.json
-  cdata="--use_real_data --data $lc/train.bin --eval_data $lc/val.bin --eval_steps 8 --seq_length 1024"
+  # llm.c's DataLoader order (the config says it too): the same batches as train_gpt2cu's, seed 42.
+  cdata="--use_real_data --data $lc/train.bin --eval_data $lc/val.bin --eval_steps 8 --seq_length 1024 --data_order llmc --seed 42"
   if [ -x "$peers/run.sh" ]; then
     step llmc_build 240 "$peers/run.sh llmc-gpt2 16 1"
     step llmc_train 90 "$lenv && $lbin -e d12 -b 16 -x 30 -v 1000 -n 30 -o $lc/ck && ls -l $ck"
@@ -338,6 +340,7 @@ if want llmc; then
     # The round trips last (the targets above come first when time is short).
     step torch_eval 60 "python3 bench/peers/gpt2_torch_eval.py --weights $lc/cutrain_200.safetensors --tokens $lc/val.bin --heads 12 --batch 16 --seq 1024 --batches 8"
     step llmc_back 60 "$lenv && $lbin -e $lc/cutrain_200.bin -b 16 -x 1 -v 1000"
+    grep -m1 "Data order" "$logs/cutrain_200.txt" | sed 's/^/cutrain_200: /' >>"$sum"
     python3 scripts/llmc_compare.py --logs "$logs" >>"$sum" 2>&1
     grep -E "^val loss" "$logs/llmc_back.txt" | head -1 | sed 's/^/llm.c reading cutrain_200.bin (step 0): /' >>"$sum"
     grep -E "Eval after" "$logs/cutrain_200.txt" | tail -1 | sed 's/^/cutrain before writing it: /' >>"$sum"

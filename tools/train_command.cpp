@@ -49,6 +49,8 @@ struct TrainFlags {
   CLI::Option* max_seq_length_opt = nullptr;
   CLI::Option* max_predictions_opt = nullptr;
   CLI::Option* batch_size_opt = nullptr;
+  std::string data_order;
+  CLI::Option* data_order_opt = nullptr;
   CLI::App* sub = nullptr;
 };
 
@@ -64,6 +66,7 @@ int run_train(TrainFlags& f) {
   o.attention = train::parse_choice(train::kAttentionChoices, f.attention, "--attention");
   o.save_mode = train::parse_choice(train::kSaveModes, f.save_mode, "--save_mode");
   o.model = train::parse_choice(train::kModelArchs, f.model, "--model");
+  if (f.data_order_opt->count()) o.data_order = train::parse_choice(train::kDataOrders, f.data_order, "--data_order");
   if (f.gpt2_size_opt->count()) {
     // llm.c's -e dN: GPT-2 of that depth, 1024 positions; shape flags given beside it must agree.
     const train::Gpt2Size z = train::parse_choice(train::kGpt2Sizes, f.gpt2_size, "--gpt2_size");
@@ -226,6 +229,11 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
       ->expected(0, 1)
       ->default_str("64")
       ->type_name("[N]"), &G::pad_vocab);
+  f.data_order_opt = sub->add_option("--data_order", f.data_order,
+                  "Order of --use_real_data's batches: shuffled (every shard's windows shuffled together per epoch) "
+                  "or llmc (exactly llm.c's DataLoader: shard order and each shard's samples permuted, seeded "
+                  "--seed + rank; docs/gpt2.md). Not given: the config's cutrain.data_order, else shuffled")
+      ->check(CLI::IsMember({"shuffled", "llmc"}));
   sub->add_option("--eval_data", o.eval_data, "Glob pattern(s) of validation shards (with --use_real_data)");
   sub->add_option("--eval_interval", o.eval_interval,
                   "Evaluate after every N steps (0: only before training and after the last step)")

@@ -258,6 +258,13 @@ void parse_tensor_parallel(Reader& r, const json& j, std::optional<int>& autotp_
   }
 }
 
+// cutrain's own section: settings with no DeepSpeed key.
+void parse_cutrain(Reader& r, const json& j, TrainConfig& c) {
+  const std::string path = "cutrain";
+  r.check_object(j, path);
+  r.read_choice(j, path, "data_order", c.data_order, kDataOrders);
+}
+
 // Combinations that are each valid alone but not together.
 void check_consistency(Reader& r, const TrainConfig& c) {
   if (c.bf16.bf16_optimizer_states && !c.bf16.bf16_master_weights_and_grads)
@@ -321,6 +328,7 @@ TrainConfig parse_config(const std::string& json_text, const std::string& origin
   }
   if (const json* v = Reader::find(root, "aio")) parse_aio(r, *v, c.aio);
   if (const json* v = Reader::find(root, "tensor_parallel")) parse_tensor_parallel(r, *v, c.autotp_size);
+  if (const json* v = Reader::find(root, "cutrain")) parse_cutrain(r, *v, c);
   if (const json* v = Reader::find(root, "data_efficiency")) config_detail::parse_data_efficiency(r, *v, c.data_efficiency);
   if (const json* v = Reader::find(root, "curriculum_learning")) config_detail::parse_legacy_curriculum(r, *v, c.curriculum_learning);
   r.apply_key_table(root, "");

@@ -150,6 +150,10 @@ struct TrainConfig {
   std::optional<int> autotp_size;
   DataEfficiencyConfig data_efficiency;
   LegacyCurriculumConfig curriculum_learning;
+  // cutrain.data_order (cutrain's own section, no DeepSpeed key): the order of `cutrain train
+  // --use_real_data`'s batches; "llmc" draws exactly llm.c's DataLoader's (docs/gpt2.md).
+  // --data_order wins over it.
+  data::DataOrder data_order = data::DataOrder::Shuffled;
   std::vector<std::string> warnings;  // unknown keys, keys not acted on, etc., already formatted
 
   // Resolves the batch triple for `world_size` ranks (fills the missing ones; ConfigError when

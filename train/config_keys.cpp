@@ -45,6 +45,7 @@ constexpr ConfigKey kKeys[] = {
     {"activation_checkpointing", A, "", "", kSection},
     {"aio", A, "", "", kSection},
     {"tensor_parallel", A, "", "", kSection},
+    {"cutrain", A, "", "cutrain's own settings (no DeepSpeed key)", kSection},
     {"prescale_gradients", W, "false", "gradients are averaged once, after the reduction"},
     {"gradient_predivide_factor", W, "1|1.0", "gradients are averaged once, after the reduction"},
     {"zero_allow_untested_optimizer", W, "", "cutrain has only its own Adam(W) and Lamb (Lamb refuses ZeRO)"},
@@ -193,6 +194,7 @@ constexpr ConfigKey kKeys[] = {
     {"activation_checkpointing.profile", W, "false", kNoPartitionedCkpt},
 
     // aio (the optimizer swap's I/O, docs/nvme.md)
+    {"cutrain.data_order", A, "", "shuffled (cutrain's epochs: every shard's windows shuffled together) or llmc (llm.c's DataLoader: the batches train_gpt2cu draws for the same B, T, ranks and --seed; docs/gpt2.md); --use_real_data only, --data_order wins"},
     {"tensor_parallel.autotp_size", A, "", "the tensor-parallel degree (--device cpu; --tensor_parallel_size wins): Megatron-style column/row-parallel blocks, vocabulary-parallel embedding and loss (docs/distributed.md)"},
     {"aio.block_size", A, "", "bytes per I/O request (a multiple of 512)"},
     {"aio.queue_depth", A, "", "requests in flight per worker"},

@@ -449,6 +449,17 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       CUTRAIN_CHECK(m.metric != CurriculumMetric::VocabularyRarity, "train: ", o.deepspeed_config.string(),
                     ": the vocabularyrarity curriculum draws token shards by its index: expected --use_real_data "
                     "--data PATTERN, found random data");
+  // The order of the shards' batches: --data_order, else the config's cutrain.data_order.
+  const data::DataOrder order = o.data_order.value_or(cfg.data_order);
+  const bool llmc_order = o.use_real_data && order == data::DataOrder::Llmc;
+  const std::string order_from = o.data_order ? std::string("--data_order ") + name(order)
+                                              : o.deepspeed_config.string() + ": cutrain.data_order \"" + name(order) + "\"";
+  CUTRAIN_CHECK(!o.data_order || o.use_real_data, "train: ", order_from,
+                ": the data order orders the token shards' batches: expected --use_real_data with it, found random data");
+  CUTRAIN_CHECK(!llmc_order || !bert, "train: ", order_from, ": llm.c's order reads GPT-style runs of B x T + 1 tokens; "
+                "--model bert's masked-LM samples have their own order: expected shuffled");
+  CUTRAIN_CHECK(!llmc_order || next_token, "train: ", order_from, ": llm.c's batches take the following token as the "
+                "label: expected next-token labels, found --labels identity");
   std::unique_ptr<data::BatchSampler> sampler, eval_sampler;
   std::optional<CurriculumSetup> curriculum;
   int eval_batches = 0;
@@ -492,7 +503,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     so.world_size = dp_world;
     so.labels = next_token ? data::Labels::kNextToken : data::Labels::kIdentity;
     so.vocab_size = kGpt2Vocab;
+    so.order = order;
     curriculum = make_curriculum(cfg, o.deepspeed_config, o.data, o.seq_length, o.seq_length + (next_token ? 1 : 0), accum);
+    CUTRAIN_CHECK(!curriculum || !llmc_order, "train: ", order_from, " and the config's curriculum are two orders of "
+                  "the batches: expected one of them, found both");
     if (curriculum) {
       so.curriculum = curriculum->draw;
       out << "[Rank 0] " << curriculum->describe << "\n";
@@ -501,13 +515,18 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     so.curriculum = nullptr;  // validation draws its fixed first windows
     out << "[Rank 0] Dataset loaded: " << sampler->num_tokens() << " tokens, " << sampler->batches_per_epoch()
         << " batches per epoch, vocab_size=" << kGpt2Vocab << "\n";
+    if (llmc_order)
+      out << "[Rank 0] Data order: llm.c's DataLoader (" << order_from << "): shard order and each shard's samples "
+          << "permuted by MT19937 seeded " << o.seed << " + rank, runs of B x T + 1 tokens; validation in file order\n";
     if (!o.eval_data.empty()) {
       so.patterns = o.eval_data;
       so.rank = 0;  // every rank evaluates the same batches (the parameters are the same)
       so.world_size = 1;
       so.shuffle = false;  // the same first windows every evaluation: one curve, comparable points
       eval_sampler = std::make_unique<data::BatchSampler>(so);
-      eval_batches = int(std::min<std::int64_t>(o.eval_steps, eval_sampler->batches_per_epoch()));
+      // llm.c's validation loader wraps around to its first batch after the last one: --eval_steps
+      // batches whatever the data holds, as its -m.
+      eval_batches = llmc_order ? o.eval_steps : int(std::min<std::int64_t>(o.eval_steps, eval_sampler->batches_per_epoch()));
       out << "[Rank 0] Validation data: " << eval_sampler->num_tokens() << " tokens, " << eval_batches
           << " batches per evaluation";
       if (eval_batches < o.eval_steps) out << " (--eval_steps " << o.eval_steps << " is more than the data holds)";

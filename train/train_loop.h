@@ -57,6 +57,9 @@ struct TrainOptions {
   std::vector<std::string> eval_data;  // --eval_data: validation shards (with --use_real_data)
   int eval_interval = 0;               // evaluate after every N steps (0: only before and after the run)
   int eval_steps = 20;                 // validation batches per evaluation (the first N, in file order)
+  // --data_order: the order of --use_real_data's batches (not given: the config's
+  // cutrain.data_order, else shuffled); llmc: llm.c's DataLoader's batches (docs/gpt2.md).
+  std::optional<data::DataOrder> data_order;
   std::uint64_t seed = 42;
   std::filesystem::path metrics_file;
   std::filesystem::path save_dir, resume_dir;  // --save ROOT, --resume ROOT or ROOT/global_step<N>

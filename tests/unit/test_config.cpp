@@ -625,6 +625,23 @@ TEST(Config, TensorParallelAutotpSize) {
   expect_error(R"({"train_micro_batch_size_per_gpu": 2, "tensor_parallel": 2})", {"tensor_parallel"});
 }
 
+// cutrain's own section: data_order shuffled (the default) or llmc, any case as the other choices;
+// another value, another type or an unknown key in it is reported by path.
+TEST(Config, CutrainDataOrder) {
+  EXPECT_EQ(train::parse_config(R"({"train_micro_batch_size_per_gpu": 2})", "a.json").data_order, data::DataOrder::Shuffled);
+  EXPECT_EQ(train::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": {"data_order": "llmc"}})", "a.json").data_order,
+            data::DataOrder::Llmc);
+  EXPECT_EQ(train::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": {"data_order": "Shuffled"}})", "a.json").data_order,
+            data::DataOrder::Shuffled);
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": {"data_order": "nanogpt"}})", {"cutrain.data_order", "llmc"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": {"data_order": 1}})", {"cutrain.data_order"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": "llmc"})", {"cutrain"});
+  train::ConfigLoadOptions strict;
+  strict.strict = true;
+  EXPECT_THROW(train::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": {"order": "llmc"}})", "a.json", strict),
+               train::ConfigError);
+}
+
 // ---- the key table (train/config_keys.h): acted on, warned, error ----
 
 TEST(ConfigKeys, TableIsWellFormedAndDocumented) {
@@ -750,7 +767,8 @@ TEST(ConfigKeys, UnknownKeysStayWarningsNamingTheNearest) {
 
 // llm.c's GPT-2 recipe as DeepSpeed configs: AdamW 0.9/0.95, eps 1e-8, weight decay 0.1, clipping
 // 1.0, bf16 with fp32 master weights (the baseline layout), stochastic rounding; the first with
-// 700 warm-up steps and cosine to 0, the second (the device comparison's) with a constant lr.
+// 700 warm-up steps and cosine to 0, the second (the device comparison's) with a constant lr; both
+// draw llm.c's batches (cutrain.data_order "llmc").
 TEST(Config, LlmcGpt2ConfigsLoad) {
   const std::filesystem::path dir = std::filesystem::path(CUTRAIN_SOURCE_DIR) / "configs";
   train::ConfigLoadOptions strict;
@@ -769,6 +787,7 @@ TEST(Config, LlmcGpt2ConfigsLoad) {
     EXPECT_FALSE(c.bf16.bf16_master_weights_and_grads);
     EXPECT_TRUE(c.bf16.stochastic_rounding);
     EXPECT_EQ(c.zero_optimization.stage, 0);
+    EXPECT_EQ(c.data_order, data::DataOrder::Llmc);
   }
   const train::TrainConfig cos = train::load_config(dir / "llmc_gpt2.json");
   const train::LrSchedule s = train::LrSchedule::from_config(cos);
