@@ -2,8 +2,7 @@
 // pipeline, wgmma tensor cores. Built for sm_90a only (bench/attention_hopper/CMakeLists.txt).
 //
 // CTA = one (batch, head) and FwdConfig::kBlockM = 128 query rows; 2 consumer warpgroups (warps
-// 0-3, 4-7) own 64 rows each, the producer warpgroup (warps 8-11) feeds them; setmaxnreg gives
-// the producer 24 registers a thread and the consumers 240:
+// 0-3, 4-7) own 64 rows each, one producer warp (warp 8) feeds them:
 //   producer (lane 0 only): Q once (q_full), then per K/V tile j of kBlockN keys, into ring stage
 //     j % kStages after both consumers released that stage's previous tile (kv_empty): K
 //     (k_full[s]) and V (v_full[s]), each as D/64 TMA boxes of 128-byte swizzled rows.
@@ -157,10 +156,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();  // the last CTA-wide barrier: the producer's idle threads leave below
 
-  // One if/else, one role per warpgroup (setmaxnreg takes effect only in that form).
-  if (warp >= Cfg::kProducerWarp) {
-    setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (warp == Cfg::kProducerWarp && lane == 0) {
+  if (warp == Cfg::kProducerWarp) {
+    if (lane == 0) {
       mbar_arrive_expect_tx(bar.q_full(), Cfg::kQBytes);
 #pragma unroll
       for (int c = 0; c < Cfg::kColBlocks; ++c)
@@ -179,7 +176,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
   } else {
-    setmaxnreg_inc<Cfg::kConsumerRegs>();
     consume<Cfg>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b);
   }
 }

@@ -1,6 +1,6 @@
 // @brief Device primitives of the Hopper attention experiment (sm_90a: compile with
-// -gencode=arch=compute_90a,code=sm_90a): mbarriers with a hang guard, the TMA tensor copy, setmaxnreg,
-// and wgmma (fence / commit / wait, the operand fence, m64nNk16 bf16 -> fp32 with A from shared
+// -gencode=arch=compute_90a,code=sm_90a): mbarriers with a hang guard, the TMA tensor copy, and
+// wgmma (fence / commit / wait, the operand fence, m64nNk16 bf16 -> fp32 with A from shared
 // memory or from registers).
 //
 // wgmma accumulator layout (m64nNk16, PTX ISA "Register Fragments"): warp w of the warpgroup
@@ -57,18 +57,6 @@ __device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parit
   const long long t0 = clock64();
   while (!mbar_try_wait(bar, parity))
     if (clock64() - t0 > (1ll << 34)) asm volatile("trap;");
-}
-
-// ---- registers ----
-// Moves this warpgroup's per-thread register budget (sm_90a; all warps of the warpgroup execute
-// it, and the kernel needs a register cap at entry: __launch_bounds__(threads, 1)).
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
 }
 
 // ---- TMA ----

@@ -77,8 +77,10 @@ void expect_carve_up() {
   EXPECT_EQ(Cfg::kBarOff % 8, 0u);
   EXPECT_EQ(Cfg::kBarOff, Cfg::kQBytes + 2u * Cfg::kStages * Cfg::kKVBytes);
   EXPECT_LE(Cfg::kSmemBytes, 227u * 1024u);
-  EXPECT_EQ(Cfg::kThreads, 128 * (Cfg::kConsumers + 1));
-  EXPECT_EQ(Cfg::kProducerWarp % 4, 0) << "the producer must start a warpgroup";
+  // Consumer warpgroups are warps 0..4*kConsumers-1 (wgmma wants warpgroups at warp indices
+  // divisible by 4), the producer the one warp after them.
+  EXPECT_EQ(Cfg::kThreads, 128 * Cfg::kConsumers + 32);
+  EXPECT_EQ(Cfg::kProducerWarp, 4 * Cfg::kConsumers);
 }
 
 TEST(AttentionHopperLayout, SharedMemoryCarveUp) {
