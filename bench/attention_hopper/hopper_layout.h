@@ -36,13 +36,13 @@ struct FwdConfig {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
-  static constexpr int kConsumers = 2;                 // consumer warpgroups
-  static constexpr int kBlockM = 64 * kConsumers;      // query rows per CTA
-  static constexpr int kBlockN = D == 64 ? 128 : 96;  // keys per K/V tile
+  static constexpr int kConsumers = 2;                  // consumer warpgroups
+  static constexpr int kBlockM = 64 * kConsumers;       // query rows per CTA
+  static constexpr int kBlockN = D == 64 ? 128 : 96;    // keys per K/V tile
   static constexpr int kStages = 3;                     // K/V ring depth
   static constexpr int kThreads = 128 * kConsumers + 32;
   static constexpr int kProducerWarp = 4 * kConsumers;  // the warp after the consumer warpgroups
-  static constexpr int kColBlocks = D / 64;            // 128-byte column blocks per row
+  static constexpr int kColBlocks = D / 64;             // 128-byte column blocks per row
   static constexpr std::uint32_t kQBytes = kBlockM * D * 2;
   static constexpr std::uint32_t kKVBytes = kBlockN * D * 2;  // one K or one V tile
   // Carve-up from a 1024-aligned base: Q, K[kStages], V[kStages], then the mbarriers

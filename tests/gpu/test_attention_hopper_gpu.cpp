@@ -55,6 +55,18 @@ std::string first_off(const std::vector<float>& got, const std::vector<W>& want,
   return os.str();
 }
 
+// Which part of the kernel a mismatch points at: lse depends only on S = Q K^T (TMA, the Q and K
+// descriptors, the mask, the softmax), O also on P V (P's register fragments, V's transposed
+// descriptor, whose LBO only d128 uses).
+std::string suspect(bool o_ok, bool lse_ok, int head_dim) {
+  if (o_ok && lse_ok) return "";
+  if (lse_ok)
+    return head_dim == 128 ? " [lse right, O wrong: suspect P V, e.g. V's MN-major descriptor (LBO: d128 only)]"
+                           : " [lse right, O wrong: suspect P V (P's fragments, V's MN-major descriptor)]";
+  return head_dim == 128 ? " [lse wrong: suspect S = Q K^T (TMA boxes, Q/K descriptors; d128: the second column block)]"
+                         : " [lse wrong: suspect S = Q K^T (TMA boxes, Q/K descriptors), the mask or the softmax]";
+}
+
 double rms(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x * x;
@@ -111,8 +123,10 @@ TEST_P(AttentionHopperGpu, MatchesCpuReference) {
   std::vector<double> out_r, lse_r;
   ref::attention_forward(r.qkv_f, sh, out_r, lse_r);
   const double err_o = test::rel_error(r.out, out_r), err_l = test::rel_error(r.lse, lse_r);
-  EXPECT_LE(err_o, 1e-2) << "O vs CPU; first element off: " << first_off(r.out, out_r, sh, false, 0.05 * rms(out_r), 0.02);
-  EXPECT_LE(err_l, 1e-4) << "lse vs CPU; first element off: " << first_off(r.lse, lse_r, sh, true, 1e-3, 1e-3);
+  const std::string why = suspect(err_o <= 1e-2, err_l <= 1e-4, dim);
+  EXPECT_LE(err_o, 1e-2) << "O vs CPU; first element off: " << first_off(r.out, out_r, sh, false, 0.05 * rms(out_r), 0.02)
+                         << why;
+  EXPECT_LE(err_l, 1e-4) << "lse vs CPU; first element off: " << first_off(r.lse, lse_r, sh, true, 1e-3, 1e-3) << why;
 }
 
 INSTANTIATE_TEST_SUITE_P(OddShapes, AttentionHopperGpu,
@@ -145,10 +159,11 @@ TEST_P(AttentionHopperLongGpu, MatchesNaiveAndProduction) {
   naive.forward(r.qkv.get(), out_n.get(), lse_n.get());
   const auto out_nh = out_n.download(), lse_nh = lse_n.download();
   const std::vector<double> out_nd(out_nh.begin(), out_nh.end());
-  EXPECT_LE(test::rel_error(r.out, out_nh), 1e-2)
-      << "O vs naive; first element off: " << first_off(r.out, out_nh, sh, false, 0.05 * rms(out_nd), 0.02);
-  EXPECT_LE(test::rel_error(r.lse, lse_nh), 1e-4)
-      << "lse vs naive; first element off: " << first_off(r.lse, lse_nh, sh, true, 1e-3, 1e-3);
+  const double err_o = test::rel_error(r.out, out_nh), err_l = test::rel_error(r.lse, lse_nh);
+  const std::string why = suspect(err_o <= 1e-2, err_l <= 1e-4, dim);
+  EXPECT_LE(err_o, 1e-2) << "O vs naive; first element off: " << first_off(r.out, out_nh, sh, false, 0.05 * rms(out_nd), 0.02)
+                         << why;
+  EXPECT_LE(err_l, 1e-4) << "lse vs naive; first element off: " << first_off(r.lse, lse_nh, sh, true, 1e-3, 1e-3) << why;
 
   test::DeviceArray<bf16> out_p(n_o);
   test::DeviceArray<float> lse_p(n_l);
