@@ -69,7 +69,7 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std:
     const std::uint32_t k_tile = sK + s * Cfg::kKVBytes, v_tile = sV + s * Cfg::kKVBytes;
     // Causal: a warpgroup whose last row precedes the tile's first key has nothing to add from it.
     // Uniform over the warpgroup, as wgmma requires.
-    const bool active = !CAUSAL || j * BN <= wg_row0 + 63;
+    const bool active = Cfg::tile_active(j, wg_row0);
     std::uint32_t p[BN / 16][4];
 
     mbar_wait(bar.k_full(s), phase);
@@ -140,8 +140,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: heaviest first
   const int m0 = qblock * BM, head = blockIdx.y, b = blockIdx.z;
-  int n_tiles = (S + BN - 1) / BN;
-  if (CAUSAL) n_tiles = min(n_tiles, (m0 + BM - 1) / BN + 1);
+  const int n_tiles = Cfg::kv_tiles(S, m0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   if (threadIdx.x == 0) {

@@ -62,6 +62,16 @@ struct FwdConfig {
   static constexpr std::uint32_t kVLbo = kBlockN * 128;
   static_assert(kVLbo < (1u << 18), "LBO must fit the descriptor's 14-bit field (bytes >> 4)");
 
+  // The schedule. K/V tiles a CTA of first query m0 streams: all of them, or (causal) those up to
+  // its last query's key.
+  static constexpr CUTRAIN_HD int kv_tiles(int S, int m0) {
+    const int all = (S + kBlockN - 1) / kBlockN, diag = (m0 + kBlockM - 1) / kBlockN + 1;
+    return CAUSAL && diag < all ? diag : all;
+  }
+  // Whether the warpgroup whose rows start at wg_row0 has work in tile j (causal: a tile wholly
+  // after its 64 rows has none; it still waits for the tile and releases it).
+  static constexpr CUTRAIN_HD bool tile_active(int j, int wg_row0) { return !CAUSAL || j * kBlockN <= wg_row0 + 63; }
+
   // Byte offset, from Q's base, where consumer warpgroup `wg`'s A operand for k16 step kk starts.
   static constexpr CUTRAIN_HD std::uint32_t q_slice(int wg, int kk) {
     return (kk / 4) * (kBlockM * 128) + wg * 64 * 128 + (kk % 4) * 32;

@@ -1,10 +1,12 @@
 // @brief CPU checks of the Hopper attention experiment (bench/attention_hopper/): every wgmma
 // operand slice the kernel describes reads exactly the element the TMA's 128-byte swizzle put
 // there (Q, K as K-major operands, V as the transposed MN-major one), the descriptor's bit
-// fields, the qkv tensor-map geometry against the [B, S, 3, H, D] layout, and the host checks
-// that refuse bad shapes and pointers before any device work.
+// fields, the tile schedule's coverage of every score, the qkv tensor-map geometry against the
+// [B, S, 3, H, D] layout, and the host checks that refuse bad shapes and pointers before any
+// device work.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <set>
 #include <string>
@@ -66,6 +68,44 @@ TEST(AttentionHopperLayout, WgmmaOperandsReadWhatTheTmaWrote) {
   expect_operands_match_tma<hopper::FwdConfig<128, false>>();
   expect_operands_match_tma<hopper::FwdConfig<64, true>>();
   expect_operands_match_tma<hopper::FwdConfig<128, true>>();
+}
+
+// The schedule covers every (query, key) score a row needs exactly once, in an active tile of its
+// warpgroup, streams no tile wholly past the CTA's queries (causal) or past S, and keeps the
+// producer's and consumers' tile counts equal (they are the same function).
+template <class Cfg>
+void expect_schedule_covers(int S) {
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  const int ctas = (S + BM - 1) / BM;
+  for (int q = 0; q < ctas; ++q) {
+    const int m0 = q * BM, n_tiles = Cfg::kv_tiles(S, m0);
+    ASSERT_GE(n_tiles, 1) << "S " << S << " m0 " << m0;
+    ASSERT_LT((n_tiles - 1) * BN, S) << "a tile wholly past S, S " << S << " m0 " << m0;
+    if (Cfg::kCausal) {
+      ASSERT_LE((n_tiles - 1) * BN, std::min(S, m0 + BM) - 1) << "a tile past the CTA's last query, m0 " << m0;
+    }
+    for (int wg = 0; wg < Cfg::kConsumers; ++wg) {
+      const int wg_row0 = m0 + 64 * wg;
+      for (int row = wg_row0; row < std::min(wg_row0 + 64, S); ++row) {
+        const int keys = Cfg::kCausal ? row + 1 : S;  // keys 0..keys-1 are needed
+        for (int key = 0; key < keys; ++key) {
+          const int j = key / BN;
+          ASSERT_LT(j, n_tiles) << "S " << S << " row " << row << " key " << key << ": its tile is never streamed";
+          ASSERT_TRUE(Cfg::tile_active(j, wg_row0)) << "S " << S << " row " << row << " key " << key
+                                                    << ": its tile is skipped by warpgroup " << wg;
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionHopperLayout, ScheduleCoversEveryScore) {
+  for (int S : {1, 7, 63, 64, 65, 95, 96, 97, 127, 128, 129, 191, 192, 193, 200, 255, 256, 257, 385, 1000, 2049}) {
+    expect_schedule_covers<hopper::FwdConfig<64, false>>(S);
+    expect_schedule_covers<hopper::FwdConfig<64, true>>(S);
+    expect_schedule_covers<hopper::FwdConfig<128, false>>(S);
+    expect_schedule_covers<hopper::FwdConfig<128, true>>(S);
+  }
 }
 
 template <class Cfg>
