@@ -14,9 +14,15 @@
 
 namespace cutrain::bench::hopper {
 
+// The consumer warpgroups' loop (bench/attention_hopper/attention_hopper_fwd.cu): Serial waits for
+// each tile's P V before the next tile's S; Overlap issues tile j+1's S behind tile j's P V. Same
+// results; the benchmark measures both.
+enum class Schedule { Serial, Overlap };
+
 // Runs on a compute capability 9.0 device only (the sm_90a code); anything else is refused with
 // the capability found. Shapes and pointers are checked before any device work.
-void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& shape);
+void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& shape,
+                       Schedule schedule = Schedule::Serial);
 
 // The host-side checks attention_forward makes before touching the device (throws cutrain::Error
 // naming the field): shape (head_dim 64/128, sizes >= 1, grid limits, TMA limits), non-null

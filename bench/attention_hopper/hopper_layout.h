@@ -31,11 +31,14 @@ namespace cutrain::bench::hopper {
 // (one thread of it issues the copies). Register budget: ptxas gives every thread of the 288 the
 // same cap, 168 (nvcc 13.0; setmaxnreg moved none of it to the consumers at compile time: d128 with
 // 128-key tiles spilled 80 bytes with or without it), so d128 streams 96-key tiles, which fit.
-template <int D, bool CAUSAL>
+// OVERLAP: the consumer loop keeps tile j's P V in flight while it issues tile j+1's S (see
+// attention_hopper_fwd.cu); same tiles, same registers budget.
+template <int D, bool CAUSAL, bool OVERLAP = false>
 struct FwdConfig {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
+  static constexpr bool kOverlap = OVERLAP;
   static constexpr int kConsumers = 2;                  // consumer warpgroups
   static constexpr int kBlockM = 64 * kConsumers;       // query rows per CTA
   static constexpr int kBlockN = D == 64 ? 128 : 96;    // keys per K/V tile
@@ -71,6 +74,11 @@ struct FwdConfig {
   // Whether the warpgroup whose rows start at wg_row0 has work in tile j (causal: a tile wholly
   // after its 64 rows has none; it still waits for the tile and releases it).
   static constexpr CUTRAIN_HD bool tile_active(int j, int wg_row0) { return !CAUSAL || j * kBlockN <= wg_row0 + 63; }
+  // The active tiles are a prefix of the n_tiles streamed (tile 0 always among them): their count.
+  static constexpr CUTRAIN_HD int active_tiles(int n_tiles, int wg_row0) {
+    const int last = (wg_row0 + 63) / kBlockN + 1;
+    return CAUSAL && last < n_tiles ? last : n_tiles;
+  }
 
   // Byte offset, from Q's base, where consumer warpgroup `wg`'s A operand for k16 step kk starts.
   static constexpr CUTRAIN_HD std::uint32_t q_slice(int wg, int kk) {

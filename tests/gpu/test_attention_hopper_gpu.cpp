@@ -1,8 +1,9 @@
 // @brief GPU tests of issue #24's Hopper attention forward (bench/attention_hopper/): O and the
 // log-sum-exp against the fp64 CPU reference over odd shapes (S not a multiple of any tile, B > 1,
 // H > 1, d64 / d128, causal / not, plain and large logits), and at long S against the naive GPU
-// reference and the production kernel on the same inputs; outputs poisoned first. A failure names
-// the first element off (batch, token, head, column) with both values.
+// reference and the production kernel on the same inputs; outputs poisoned first; both consumer
+// schedules (serial, overlap) on the same inputs. A failure names the schedule, the first element
+// off (batch, token, head, column) with both values, and the product it points at.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "bench/attention_hopper/attention_hopper.h"
@@ -73,15 +75,14 @@ double rms(const std::vector<double>& v) {
   return v.empty() ? 0.0 : std::sqrt(s / v.size());
 }
 
-struct HopperRun {
+struct Inputs {
   std::vector<float> qkv_f;  // bf16-rounded inputs as floats
   test::DeviceArray<bf16> qkv;
-  std::vector<float> out, lse;  // the Hopper kernel's outputs
 };
 
-// Fresh N(0,1) inputs (q and k x8 when `large`: logits with std ~64, so the running max jumps
-// between tiles), the Hopper forward on poisoned outputs, nothing left unwritten.
-HopperRun run_hopper(const AttentionShape& sh, bool large) {
+// Fresh N(0,1) inputs; q and k x8 when `large`: logits with std ~64, so the running max jumps
+// between tiles.
+Inputs make_inputs(const AttentionShape& sh, bool large) {
   auto rng = test::fresh_rng();
   const std::size_t row = 3ull * sh.heads * sh.head_dim, tokens = static_cast<std::size_t>(sh.batch) * sh.seq;
   auto qkv_f = test::random_normal(tokens * row, rng);
@@ -89,22 +90,30 @@ HopperRun run_hopper(const AttentionShape& sh, bool large) {
     for (std::size_t t = 0; t < tokens; ++t)
       for (std::size_t e = 0; e < 2ull * sh.heads * sh.head_dim; ++e) qkv_f[t * row + e] *= 8.f;
   qkv_f = test::round_bf16(qkv_f);
-  HopperRun r{qkv_f, test::DeviceArray<bf16>(test::to_bf16(qkv_f)), {}, {}};
-  const std::size_t n_o = tokens * sh.heads * sh.head_dim, n_l = tokens * sh.heads;
-  test::DeviceArray<bf16> out(n_o);
-  test::DeviceArray<float> lse(n_l);
-  hopper::attention_forward(nullptr, r.qkv.get(), out.get(), lse.get(), sh);
-  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
-  r.out = test::download_float(out);
-  r.lse = lse.download();
-  return r;
+  test::DeviceArray<bf16> qkv(test::to_bf16(qkv_f));
+  return Inputs{std::move(qkv_f), std::move(qkv)};
 }
 
-void expect_unpoisoned(const HopperRun& r, const AttentionShape& sh) {
+struct Outputs {
+  std::vector<float> out, lse;
+};
+
+const hopper::Schedule kSchedules[] = {hopper::Schedule::Serial, hopper::Schedule::Overlap};
+const char* schedule_name(hopper::Schedule s) { return s == hopper::Schedule::Serial ? "serial" : "overlap"; }
+
+// The Hopper forward on poisoned outputs; nothing may be left unwritten (the first NaN is named).
+Outputs run_hopper(const AttentionShape& sh, const Inputs& in, hopper::Schedule schedule) {
+  const std::size_t tokens = static_cast<std::size_t>(sh.batch) * sh.seq;
+  test::DeviceArray<bf16> out(tokens * sh.heads * sh.head_dim);
+  test::DeviceArray<float> lse(tokens * sh.heads);
+  hopper::attention_forward(nullptr, in.qkv.get(), out.get(), lse.get(), sh, schedule);
+  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  Outputs r{test::download_float(out), lse.download()};
   const std::vector<double> zeros_o(r.out.size(), 0.0), zeros_l(r.lse.size(), 0.0);
-  // Any NaN left is poison the kernel never overwrote (or a NaN it produced): name the first.
+  // Any NaN left is poison the kernel never overwrote (or a NaN it produced).
   EXPECT_EQ(test::count_nan(r.out), 0u) << first_off(r.out, zeros_o, sh, false, INFINITY, 0);
   EXPECT_EQ(test::count_nan(r.lse), 0u) << first_off(r.lse, zeros_l, sh, true, INFINITY, 0);
+  return r;
 }
 
 // (seq, head_dim, causal, large logits); batch 2, heads 3.
@@ -116,17 +125,19 @@ TEST_P(AttentionHopperGpu, MatchesCpuReference) {
   CUTRAIN_REQUIRE_GPU();
   const auto [seq, dim, causal, large] = GetParam();
   const AttentionShape sh{2, seq, 3, dim, causal};
-  SCOPED_TRACE(shape_name(sh) + (large ? " large logits" : ""));
-  const HopperRun r = run_hopper(sh, large);
-  expect_unpoisoned(r, sh);
-
+  const Inputs in = make_inputs(sh, large);
   std::vector<double> out_r, lse_r;
-  ref::attention_forward(r.qkv_f, sh, out_r, lse_r);
-  const double err_o = test::rel_error(r.out, out_r), err_l = test::rel_error(r.lse, lse_r);
-  const std::string why = suspect(err_o <= 1e-2, err_l <= 1e-4, dim);
-  EXPECT_LE(err_o, 1e-2) << "O vs CPU; first element off: " << first_off(r.out, out_r, sh, false, 0.05 * rms(out_r), 0.02)
-                         << why;
-  EXPECT_LE(err_l, 1e-4) << "lse vs CPU; first element off: " << first_off(r.lse, lse_r, sh, true, 1e-3, 1e-3) << why;
+  ref::attention_forward(in.qkv_f, sh, out_r, lse_r);
+  for (const hopper::Schedule schedule : kSchedules) {
+    SCOPED_TRACE(shape_name(sh) + (large ? " large logits, " : ", ") + schedule_name(schedule) + " schedule");
+    const Outputs r = run_hopper(sh, in, schedule);
+    const double err_o = test::rel_error(r.out, out_r), err_l = test::rel_error(r.lse, lse_r);
+    const std::string why = suspect(err_o <= 1e-2, err_l <= 1e-4, dim);
+    EXPECT_LE(err_o, 1e-2) << "O vs CPU; first element off: "
+                           << first_off(r.out, out_r, sh, false, 0.05 * rms(out_r), 0.02) << why;
+    EXPECT_LE(err_l, 1e-4) << "lse vs CPU; first element off: " << first_off(r.lse, lse_r, sh, true, 1e-3, 1e-3)
+                           << why;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(OddShapes, AttentionHopperGpu,
@@ -149,28 +160,30 @@ TEST_P(AttentionHopperLongGpu, MatchesNaiveAndProduction) {
   CUTRAIN_REQUIRE_GPU();
   const auto [seq, dim, causal] = GetParam();
   const AttentionShape sh{2, seq, 4, dim, causal};
-  SCOPED_TRACE(shape_name(sh));
-  const HopperRun r = run_hopper(sh, false);
-  expect_unpoisoned(r, sh);
-
-  const std::size_t n_o = r.out.size(), n_l = r.lse.size();
+  const Inputs in = make_inputs(sh, false);
+  const std::size_t n_o = std::size_t(sh.batch) * seq * sh.heads * dim, n_l = std::size_t(sh.batch) * sh.heads * seq;
   test::NaiveAttention naive(sh);
   test::DeviceArray<float> out_n(n_o), lse_n(n_l);
-  naive.forward(r.qkv.get(), out_n.get(), lse_n.get());
+  naive.forward(in.qkv.get(), out_n.get(), lse_n.get());
   const auto out_nh = out_n.download(), lse_nh = lse_n.download();
   const std::vector<double> out_nd(out_nh.begin(), out_nh.end());
-  const double err_o = test::rel_error(r.out, out_nh), err_l = test::rel_error(r.lse, lse_nh);
-  const std::string why = suspect(err_o <= 1e-2, err_l <= 1e-4, dim);
-  EXPECT_LE(err_o, 1e-2) << "O vs naive; first element off: " << first_off(r.out, out_nh, sh, false, 0.05 * rms(out_nd), 0.02)
-                         << why;
-  EXPECT_LE(err_l, 1e-4) << "lse vs naive; first element off: " << first_off(r.lse, lse_nh, sh, true, 1e-3, 1e-3) << why;
-
   test::DeviceArray<bf16> out_p(n_o);
   test::DeviceArray<float> lse_p(n_l);
-  kernels::attention_forward(nullptr, r.qkv.get(), out_p.get(), lse_p.get(), sh);
+  kernels::attention_forward(nullptr, in.qkv.get(), out_p.get(), lse_p.get(), sh);
   const auto out_ph = test::download_float(out_p), lse_ph = lse_p.download();
-  EXPECT_LE(test::rel_error(r.out, out_ph), 1e-2) << "O vs production";
-  EXPECT_LE(test::rel_error(r.lse, lse_ph), 1e-4) << "lse vs production";
+
+  for (const hopper::Schedule schedule : kSchedules) {
+    SCOPED_TRACE(shape_name(sh) + ", " + schedule_name(schedule) + " schedule");
+    const Outputs r = run_hopper(sh, in, schedule);
+    const double err_o = test::rel_error(r.out, out_nh), err_l = test::rel_error(r.lse, lse_nh);
+    const std::string why = suspect(err_o <= 1e-2, err_l <= 1e-4, dim);
+    EXPECT_LE(err_o, 1e-2) << "O vs naive; first element off: "
+                           << first_off(r.out, out_nh, sh, false, 0.05 * rms(out_nd), 0.02) << why;
+    EXPECT_LE(err_l, 1e-4) << "lse vs naive; first element off: " << first_off(r.lse, lse_nh, sh, true, 1e-3, 1e-3)
+                           << why;
+    EXPECT_LE(test::rel_error(r.out, out_ph), 1e-2) << "O vs production";
+    EXPECT_LE(test::rel_error(r.lse, lse_ph), 1e-4) << "lse vs production";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(LongShapes, AttentionHopperLongGpu,

@@ -86,6 +86,11 @@ void expect_schedule_covers(int S) {
     }
     for (int wg = 0; wg < Cfg::kConsumers; ++wg) {
       const int wg_row0 = m0 + 64 * wg;
+      // The active tiles are a prefix of length active_tiles (what the overlap schedule relies on).
+      const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
+      ASSERT_GE(n_active, 1);
+      for (int j = 0; j < n_tiles; ++j)
+        ASSERT_EQ(Cfg::tile_active(j, wg_row0), j < n_active) << "S " << S << " m0 " << m0 << " wg " << wg << " j " << j;
       for (int row = wg_row0; row < std::min(wg_row0 + 64, S); ++row) {
         const int keys = Cfg::kCausal ? row + 1 : S;  // keys 0..keys-1 are needed
         for (int key = 0; key < keys; ++key) {
