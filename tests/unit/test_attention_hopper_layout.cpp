@@ -194,6 +194,10 @@ TEST(AttentionHopperLayout, HostChecksRefuseBadArguments) {
   EXPECT_NE(err(ok, qkv + 4, out, lse).find("qkv must be 16-byte aligned"), std::string::npos);
   EXPECT_NE(err(ok, qkv, reinterpret_cast<bf16*>(reinterpret_cast<std::uintptr_t>(out) + 2), lse).find("4-byte aligned"),
             std::string::npos);
+  EXPECT_NE(test::error_of([&] {
+              hopper::attention_forward(nullptr, qkv, out, lse, ok, static_cast<hopper::Schedule>(7));
+            }).find("schedule must be Serial or Overlap, got 7"),
+            std::string::npos);
 }
 
 }  // namespace
