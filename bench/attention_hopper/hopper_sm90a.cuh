@@ -81,7 +81,7 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 // Pins a register operand in program order against the volatile wgmma statements: writes before
 // a batch (the rescaled O, the packed P) stay before its fence, reads after it (the scores) stay
-// after its wait.
+// after its wait, and an A operand (P) stays live until the wait that retires the batch reading it.
 __device__ __forceinline__ void operand_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void operand_fence(std::uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
 template <typename T, int N>
