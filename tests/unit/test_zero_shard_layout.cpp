@@ -371,3 +371,35 @@ TEST(ZeroShardLayout, ShardSegmentsCutEachRanksPiecesByTheRuns) {
   }
   EXPECT_THROW(parallel::shard_segments(parallel::make_shard_layout(tile({10}), 10, 2, 0), 0, {{0, 4}, {5, 10}}), Error);
 }
+
+TEST(ZeroShardLayout, ShardSegmentsOfGpt2AndBertAtWorldOneAreTheirDecayRuns) {
+  // The GPU engine's stage-3 optimizer launches at world size 1 are then stage 0's: the same
+  // ranges, the same runs (weight decay and stochastic-rounding seed), so the two are bit-identical.
+  for (model::Arch arch : {model::Arch::Gpt2, model::Arch::Bert}) {
+    model::ModelDims d{128, 3, 2, 1000, 64};
+    d.padded_vocab = 1024;
+    d.arch = arch;
+    const model::TransformerParams t(d);
+    std::vector<parallel::Range> units, runs;
+    for (const model::ParamUnit& u : t.units()) units.push_back({u.begin, u.end});
+    for (const model::DecayRun& r : t.decay_runs()) runs.push_back({r.begin, r.end});
+    ASSERT_GT(runs.size(), 2u);
+    const parallel::ShardLayout L = parallel::make_shard_layout(units, t.flat_size(), 1, 0);
+    const auto segs = parallel::shard_segments(L, 0, runs);
+    ASSERT_EQ(segs.size(), runs.size());
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      EXPECT_EQ(segs[i].run, i);
+      EXPECT_EQ(segs[i].shard, runs[i].begin);
+      EXPECT_EQ(segs[i].count, runs[i].size());
+    }
+    // At world 4 every run's elements are updated by exactly one rank, with its run's rule.
+    const parallel::ShardLayout L4 = parallel::make_shard_layout(units, t.flat_size(), 4, 0);
+    std::size_t covered = 0;
+    for (int r = 0; r < 4; ++r)
+      for (const parallel::ShardSegment& g : parallel::shard_segments(L4, r, runs)) {
+        covered += g.count;
+        EXPECT_TRUE(runs[g.run].begin <= g.flat && g.flat + g.count <= runs[g.run].end);
+      }
+    EXPECT_EQ(covered, t.flat_size());
+  }
+}
