@@ -590,9 +590,10 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
       if (b >= e) continue;
       const std::size_t o = b - sr.begin;  // into this rank's (partition-indexed) state buffers
       p.weight_decay = decay_runs_[k].decay ? cfg_.optimizer.weight_decay : 0.f;
-      // Stochastic rounding draws by (seed, step, index within the launch): another seed per run,
-      // so runs do not repeat each other's bits (run 0 keeps the seed of the single launch).
-      p.seed = opt_.seed + k * 0x9E3779B97F4A7C15ull;
+      // Stochastic rounding draws by (seed, step, index within the launch): another seed per
+      // launch, so launches do not repeat each other's bits (launch 0 keeps the seed of the single
+      // launch; stage 3 at world size 1 launches exactly the runs, so its seeds are stage 0's).
+      p.seed = opt_.seed + i * 0x9E3779B97F4A7C15ull;
       kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>() + b, static_cast<const char*>(g) + o * gs,
                          plan_.grad, plan_.has_master ? as_f32(master_) + o : nullptr,
                          static_cast<char*>(m_.get()) + o * ms, static_cast<char*>(v_.get()) + o * ms, e - b,
