@@ -156,6 +156,13 @@ class GpuTransformer {
   // teacher's, read by the student's distillation. Valid until the next call on this model.
   bf16* logits() const { return logits_; }
 
+  // Whether forward_backward acquires the embedding unit for the embedding backward (after the
+  // blocks' backward): BERT's embedding LayerNorm reads its weight; GPT-2's and the seed model's
+  // lookup backward reads no parameters. With a tied head (TransformerParams::tied_head) the head
+  // also acquires the embedding unit, right after the head unit, and releases both after the
+  // head's backward (parallel/zero_shard_layout.h's stage3_use_order).
+  static bool embedding_backward_reads_params(const ModelDims& dims) { return dims.arch == Arch::Bert; }
+
   // Returns activations and scratch to the allocator; the next call allocates them again.
   void release_workspace();
   // Bytes of activations + scratch this model holds once allocated (0 before the first call).

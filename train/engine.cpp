@@ -73,13 +73,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   // moments only for this rank's partition. Sharded (3): params, master, moments and the reduced
   // gradients in this rank's shard; the full gradient buffer in the padded layout. Otherwise
   // flat == state == n_.
-  CUTRAIN_CHECK(!zero_.sharded() || decay_runs_.size() == 1,
-                "train: zero_optimization.stage 3 needs one weight-decay rule for every parameter");
   if (zero_.sharded()) {
-    // GPT-2's tied head reads the embedding unit a second time, after the blocks: stage 3's
-    // gather order (parallel/zero_shard_layout.h) does not have that use.
-    CUTRAIN_CHECK(!table_.tied_head(), "train: zero_optimization.stage 3 is not supported for --model ",
-                  name(o.dims.arch), " (its tied head reuses the embedding unit); use stage 0, 1 or 2");
     // The shards live on the device; moving them to the host or NVMe is not implemented.
     CUTRAIN_CHECK(c.zero_optimization.offload_param.device == OffloadTarget::None,
                   "zero_optimization.offload_param.device \"", name(c.zero_optimization.offload_param.device),
@@ -89,8 +83,22 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     for (const model::ParamUnit& u : table_.units()) units.push_back({u.begin, u.end});
     layout_ = parallel::make_shard_layout(units, n_, zero_.world,
                                 std::size_t(c.zero_optimization.stage3_param_persistence_threshold));
-    train_order_ = parallel::stage3_use_order(table_.dims().layers, accum_, /*eval=*/false);
-    eval_order_ = parallel::stage3_use_order(table_.dims().layers, 1, /*eval=*/true);
+    // GPT-2's and BERT's tied head acquires the embedding unit a second time, with the head;
+    // BERT's embedding backward reads its LayerNorm (model/transformer_gpu.h).
+    const parallel::Stage3Uses uses{table_.tied_head(), model::GpuTransformer::embedding_backward_reads_params(o.dims)};
+    train_order_ = parallel::stage3_use_order(table_.dims().layers, accum_, /*eval=*/false, uses);
+    eval_order_ = parallel::stage3_use_order(table_.dims().layers, 1, /*eval=*/true, uses);
+    // The optimizer's launches: this rank's pieces cut by the weight-decay runs, pieces of one run
+    // that follow each other in the shard in one launch (at world size 1: the flat runs).
+    std::vector<parallel::Range> runs;
+    for (const model::DecayRun& r : decay_runs_) runs.push_back({r.begin, r.end});
+    for (const parallel::ShardSegment& g : parallel::shard_segments(layout_, zero_.rank, runs)) {
+      if (!shard_launches_.empty() && shard_launches_.back().run == g.run &&
+          shard_launches_.back().shard + shard_launches_.back().count == g.shard)
+        shard_launches_.back().count += g.count;
+      else
+        shard_launches_.push_back(g);
+    }
   }
   const std::size_t flat = zero_.sharded() ? layout_.padded_elems : zero_.flat_elems();
   const std::size_t ns = zero_.sharded() ? layout_.shard_elems : zero_.state_elems();
@@ -562,19 +570,30 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
                          reinterpret_cast<const int*>(flags + accum_ + 2), plan_.compensation ? comp_.as<bf16>() : nullptr);
     }
     // One launch per decay run (model/transformer_params.h): a single one for the seed model;
-    // GPT-2 decays its matrices and embeddings only. The last run also covers the partition's
-    // padding past n_. Stage 3 (refused for GPT-2) has one run over its whole shard.
+    // GPT-2 and BERT decay their matrices and embeddings only. The last run also covers the
+    // partition's padding past n_. Stage 3: one launch per run of its shard (shard_launches_;
+    // the shard's padding, never written, is left alone).
     const std::size_t ms = dtype_size(plan_.moment);
-    for (std::size_t k = 0; !lamb && k < decay_runs_.size(); ++k) {
-      const model::DecayRun& run = decay_runs_[k];
-      const std::size_t b = zero_.sharded() ? sr.begin : std::max(run.begin, sr.begin);
-      const std::size_t e = zero_.sharded() || k + 1 == decay_runs_.size() ? sr.end : std::min(run.end, sr.end);
+    const std::size_t launches = lamb ? 0 : zero_.sharded() ? shard_launches_.size() : decay_runs_.size();
+    for (std::size_t i = 0; i < launches; ++i) {
+      std::size_t k = i, b = 0, e = 0;
+      if (zero_.sharded()) {
+        const parallel::ShardSegment& sg = shard_launches_[i];
+        k = sg.run;
+        b = sg.shard;
+        e = sg.shard + sg.count;
+      } else {
+        const model::DecayRun& run = decay_runs_[k];
+        b = std::max(run.begin, sr.begin);
+        e = k + 1 == decay_runs_.size() ? sr.end : std::min(run.end, sr.end);
+      }
       if (b >= e) continue;
       const std::size_t o = b - sr.begin;  // into this rank's (partition-indexed) state buffers
-      p.weight_decay = run.decay ? cfg_.optimizer.weight_decay : 0.f;
-      // Stochastic rounding draws by (seed, step, index within the launch): another seed per run,
-      // so runs do not repeat each other's bits (run 0 keeps the seed of the single launch).
-      p.seed = opt_.seed + k * 0x9E3779B97F4A7C15ull;
+      p.weight_decay = decay_runs_[k].decay ? cfg_.optimizer.weight_decay : 0.f;
+      // Stochastic rounding draws by (seed, step, index within the launch): another seed per
+      // launch, so launches do not repeat each other's bits (launch 0 keeps the seed of the single
+      // launch; stage 3 at world size 1 launches exactly the runs, so its seeds are stage 0's).
+      p.seed = opt_.seed + i * 0x9E3779B97F4A7C15ull;
       kernels::adam_step(stream_, plan_.layout, p, params_.as<bf16>() + b, static_cast<const char*>(g) + o * gs,
                          plan_.grad, plan_.has_master ? as_f32(master_) + o : nullptr,
                          static_cast<char*>(m_.get()) + o * ms, static_cast<char*>(v_.get()) + o * ms, e - b,

@@ -134,6 +134,9 @@ class GpuEngine final : public TrainBackend {
   // Stage 3: the units' shard layout, the use orders of a step and of an eval forward.
   parallel::ShardLayout layout_;
   std::vector<int> train_order_, eval_order_;
+  // Stage 3: the optimizer's launches over this rank's shard, one per run of one weight-decay
+  // rule (its flat run's index picks the rule and the stochastic-rounding seed).
+  std::vector<parallel::ShardSegment> shard_launches_;
   std::string describe_;
   // Stage 3: params_, master_, comp_, m_, v_ and grad_shard_ hold this rank's shard
   // (layout_.shard_elems); grads_ is the full gradient buffer in the padded layout (backward writes
