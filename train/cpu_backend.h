@@ -51,6 +51,10 @@ struct BackendOptions {
   // holding its experts). Not with tensor or pipeline parallelism.
   int expert_parallel = 1;
   std::shared_ptr<comm::Communicator> ep_comm, expert_dp_comm;
+  // GPU engine: the MoE layers exchange their tokens over the expert-parallel group (NCCL) even at
+  // ep_size 1 (a one-rank group; a single process then makes a world-1 NCCL communicator). Always
+  // so at ep_size > 1.
+  bool moe_exchange = false;
 };
 
 std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& options, const TrainConfig& config);
