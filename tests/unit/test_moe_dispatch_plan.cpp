@@ -60,7 +60,7 @@ TEST(MoeDispatchPlan, EveryRowOnceAtAnyShape) {
     for (int El : {1, 2, 5}) {
       const int E = P * El;
       for (int rank = 0; rank < P; ++rank) {
-        std::vector<int> kept(std::size_t(E)), got(std::size_t(P) * El);
+        std::vector<int> kept(static_cast<std::size_t>(E)), got(static_cast<std::size_t>(P * El));
         for (int& v : kept) v = int(rng() % 7);
         for (int& v : got) v = int(rng() % 7);
         const model::MoeDispatchPlan p = model::make_moe_dispatch_plan(E, P, rank, kept, got);
@@ -118,10 +118,10 @@ void exchange_on_rank(std::shared_ptr<comm::Communicator> world, int ep, int E, 
                 g->world_size());
   const int P = ep, El = E / P, me = g->rank();
   std::mt19937 rng(std::uint32_t(seed + 977 * std::uint64_t(rank)));
-  std::vector<int> kept(std::size_t(E));
+  std::vector<int> kept(static_cast<std::size_t>(E));
   for (int& v : kept) v = int(rng() % 5);  // zeros included
   // The counts' all-to-all (int32, the kept counts' chunk j is member j's experts).
-  std::vector<std::int32_t> got(std::size_t(P) * El);
+  std::vector<std::int32_t> got(static_cast<std::size_t>(P * El));
   g->all_to_all(kept.data(), got.data(), std::size_t(El), DType::I32, nullptr);
   const model::MoeDispatchPlan p = model::make_moe_dispatch_plan(E, P, me, kept, std::vector<int>(got.begin(), got.end()));
   // The permuted rows, expert-contiguous.
