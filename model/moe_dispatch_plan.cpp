@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "model/moe_exchange.h"
 #include "runtime/check.h"
 
 namespace cutrain::model {
@@ -30,7 +31,7 @@ MoeDispatchPlan make_moe_dispatch_plan(int E, int P, int rank, const std::vector
   p.members = P;
   p.rank = rank;
   p.local_experts = El;
-  p.first_expert = rank * El;
+  p.first_expert = moe_first_expert(E, P, rank);
   std::size_t at = 0;  // the permuted buffer is expert-contiguous: member j's experts one run after another
   for (int j = 0; j < P; ++j)
     for (int l = 0; l < El; ++l) {
