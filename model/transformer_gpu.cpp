@@ -21,7 +21,7 @@ using kernels::GemmEpilogue;
 
 GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
                                CachingAllocator& alloc, bool recompute_gelu, std::vector<int> drop_layers,
-                               int max_pred)
+                               int max_pred, comm::Communicator* moe_ep_group)
     : table_(table),
       B_(B),
       S_(S),
@@ -64,7 +64,7 @@ GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, boo
     if (!d.moe.is_moe(l)) continue;
     const MoeConfig c = d.moe.layer_config(l, d.hidden, d.ffn());
     validate(c, M_, "gpu model: block " + std::to_string(l) + "'s MoE layer");
-    moe_[std::size_t(l)] = std::make_unique<MoeLayerGpu>(c, M_, alloc);
+    moe_[std::size_t(l)] = std::make_unique<MoeLayerGpu>(c, M_, alloc, moe_ep_group);
   }
 }
 

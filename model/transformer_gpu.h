@@ -73,9 +73,11 @@ class GpuTransformer {
   // order (docs/bert.md). 0: S slots, room for any labels (the head then runs on B x S rows). A
   // sequence with more labelled rows than slots is an error reported through d_status[1]. Must be 0
   // for the other architectures.
+  // `moe_ep_group`: the MoE blocks' expert-parallel group (model/moe_layer.h; null: every expert
+  // here); it must outlive the model.
   GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
                  CachingAllocator& alloc, bool recompute_gelu = false, std::vector<int> drop_layers = {},
-                 int max_pred = 0);
+                 int max_pred = 0, comm::Communicator* moe_ep_group = nullptr);
   ~GpuTransformer();
   GpuTransformer(const GpuTransformer&) = delete;
   GpuTransformer& operator=(const GpuTransformer&) = delete;

@@ -307,7 +307,7 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
                       "None, Jitter (gate input noise) or RSample (top-1 routing by logits + Gumbel), in training")
           ->capture_default_str());
   moe(sub->add_option("--moe_expert_parallel_size,--moe-expert-parallel-size", o.moe.expert_parallel_size,
-                      "ep_size: experts split over this many data-parallel ranks (--device cpu over the host communicator; the GPU runs 1)")
+                      "ep_size: experts split over this many data-parallel ranks (--device cpu: the host communicator; cuda: NCCL, the exchange taken even at 1)")
           ->capture_default_str());
   // Mixture-of-Students / knowledge distillation (docs/moe.md): Megatron-DeepSpeed's names, with its
   // dashed spellings accepted too; --stop_kd_step is the staged method's boundary (no such flag there).

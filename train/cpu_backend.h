@@ -59,6 +59,10 @@ struct BackendOptions {
   // distillation. Not with tensor or pipeline parallelism.
   std::shared_ptr<const Teacher> teacher;
   MosOptions distill;
+  // GPU engine: the MoE layers exchange their tokens over the expert-parallel group (NCCL) even at
+  // ep_size 1 (a one-rank group; a single process then makes a world-1 NCCL communicator). Always
+  // so at ep_size > 1.
+  bool moe_exchange = false;
 };
 
 std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& options, const TrainConfig& config);

@@ -10,6 +10,8 @@
 #include "kernels/lamb.cuh"
 #include "kernels/reduce.cuh"
 #include "model/kernel_costs.h"
+#include "parallel/expert_parallel_plan.h"
+#include "parallel/group_communicator.h"
 #include "runtime/check.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/launch_env.h"
@@ -28,15 +30,25 @@ void upload(const Buffer& b, DType t, const std::vector<float>& v, cudaStream_t 
 std::vector<float> download(const Buffer& b, DType t, std::size_t n);
 float* as_f32(const Buffer& b) { return b.as<float>(); }
 
+// MoE's expert-parallel path (the token exchange over NCCL), at any ep_size when asked for.
+bool expert_parallel_path(const BackendOptions& o) {
+  return o.dims.moe.any() && (o.expert_parallel > 1 || o.moe_exchange);
+}
+
 // The communicator of this process: the one the caller gave, else one from the launch
-// environment when it names more than one rank (collective over all ranks), else none.
+// environment when it names more than one rank (collective over all ranks), else none (a single
+// process with MoE's expert-parallel path: a world-1 NCCL communicator, the exchange's transport).
 std::shared_ptr<comm::Communicator> resolve_communicator(const BackendOptions& o, const TrainConfig& c) {
   if (o.comm) {
     CUTRAIN_CUDA_CHECK(cudaSetDevice(o.comm->device()));
     return o.comm;
   }
   const comm::LaunchEnv env = comm::read_launch_env();
-  if (env.world_size <= 1) return nullptr;  // a single process never needs NCCL
+  if (env.world_size <= 1 && expert_parallel_path(o)) {
+    parallel::make_zero_plan(c.zero_optimization.stage, 1, 1, 0, /*has_comm=*/true);
+    return std::shared_ptr<comm::Communicator>(comm::Communicator::create(env));
+  }
+  if (env.world_size <= 1) return nullptr;  // a single process never needs NCCL otherwise
   // An invalid stage fails here, before the rendezvous and NCCL set-up.
   parallel::make_zero_plan(c.zero_optimization.stage, 1, env.world_size, env.rank, /*has_comm=*/true);
   std::cout << "[Rank " << env.rank << "] data parallel: rank " << env.rank << " of " << env.world_size << " (from "
@@ -61,6 +73,22 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   if (o.dims.moe.any() && opt_.cuda_graph) {  // the MoE layers sync for their routing counts
     opt_.cuda_graph = false;
     describe_ += ", eager steps: the MoE layers are not CUDA-graph capturable";
+  }
+  if (expert_parallel_path(o)) {
+    // DeepSpeed's groups (parallel/expert_parallel_plan.h), every bad value named before any
+    // allocation; the expert-parallel group as an NCCL sub-communicator (collective).
+    const char* flag = "--moe_expert_parallel_size";
+    const int ep = o.expert_parallel;
+    CUTRAIN_CHECK(comm_ && comm_->device() >= 0, "train: ", flag, " ", ep,
+                  " on the GPU needs an NCCL communicator, found ", comm_ ? comm_->backend_name() : "none");
+    CUTRAIN_CHECK(c.zero_optimization.stage >= 0 && c.zero_optimization.stage <= 2, "train: zero_optimization.stage ",
+                  c.zero_optimization.stage, " with ", flag, " ", ep, ": the GPU engine's expert parallelism "
+                  "reduces with ZeRO stages 0-2; stage 3's parameter shards are not built for it");
+    parallel::make_expert_parallel_layout(table_, ep, flag);  // ep divides each MoE block's experts
+    const parallel::ExpertParallelGroups g = parallel::make_expert_parallel_groups(comm_->world_size(), ep, flag);
+    ep_comm_ = parallel::make_group(comm_, g.ep_group(comm_->rank()));
+    describe_ += ", expert parallel: ep_size " + std::to_string(ep) + " of world " +
+                 std::to_string(comm_->world_size()) + " (token all-to-all over " + ep_comm_->backend_name() + ")";
   }
   zero_ = parallel::make_zero_plan(c.zero_optimization.stage, n_, comm_ ? comm_->world_size() : 1, comm_ ? comm_->rank() : 0,
                          comm_ != nullptr);
@@ -184,7 +212,8 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     std::fill(drop_idx_h_, drop_idx_h_ + accum_ * drop_stride_, 0);
   }
   model_ = std::make_unique<model::GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A,
-                                                   o.recompute_gelu, std::move(drop_layers), o.max_predictions);
+                                                   o.recompute_gelu, std::move(drop_layers), o.max_predictions,
+                                                   ep_comm_.get());
   if (o.dims.arch == model::Arch::Bert) {  // dropout: the kernels read the step from step_d_
     step_d_ = Buffer(A, sizeof(std::uint32_t), stream_);
     CUTRAIN_CUDA_CHECK(cudaMallocHost(&step_h_, sizeof(std::uint32_t)));

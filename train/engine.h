@@ -8,6 +8,14 @@
 // gathered just before use and the next one prefetched on the communication stream
 // (parallel/zero_stage3.h). The collectives of the gradient reduction and norm, and stage 3's
 // gathers, are part of the captured graph.
+//
+// MoE expert parallelism (BackendOptions::expert_parallel, DeepSpeed's ep_size; docs/moe.md): the
+// world in expert-parallel groups (parallel/expert_parallel_plan.h), each an NCCL sub-communicator
+// over which the MoE layers exchange tokens (model/moe_layer.h). Every rank keeps the whole flat
+// buffer; the experts it does not hold have zero gradients, so the world's gradient reduction
+// (ZeRO 0's all-reduce, 1-2's reduce-scatter, averaged over the world) gives each expert the sum
+// over its expert-data-parallel group divided by the world size (DeepSpeed's expert gradient), the
+// other parameters the world's mean, and the norm sees every expert once. Stage 3 is refused.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -128,6 +136,9 @@ class GpuEngine final : public TrainBackend {
   std::vector<model::DecayRun> decay_runs_;  // one optimizer launch each (weight decay on or off)
   // Before stream_: resolving it selects the rank's device, where the stream is then created.
   std::shared_ptr<comm::Communicator> comm_;
+  // Expert parallelism: this rank's expert-parallel group (the MoE layers' exchange); before
+  // model_, which uses it.
+  std::shared_ptr<comm::Communicator> ep_comm_;
   Stream stream_;
   parallel::ZeroPlan zero_;
   std::unique_ptr<parallel::ZeroComm> zero_comm_;  // null for ZeroMode::None

@@ -394,9 +394,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                 o.moe.expert_parallel_size, ": the model has no MoE block (expected --num_experts or a MoE checkpoint)");
   bo.expert_parallel = bo.dims.moe.any() ? o.moe.expert_parallel_size : 1;
   if (bo.dims.moe.any()) bo.dims.moe.ep_size = bo.expert_parallel;  // a resume's checkpoint says what it was run at
-  CUTRAIN_CHECK(bo.expert_parallel == 1 || o.device == TrainDevice::Cpu, "train: --moe_expert_parallel_size ",
-                bo.expert_parallel, " with --device cuda: expert parallelism (the all-to-all over NCCL, the expert "
-                "ZeRO groups) is built on --device cpu over the host communicator only; the GPU runs ep_size 1");
+  // The GPU engine takes the expert-parallel path (the token all-to-all over NCCL) whenever the flag
+  // is given, ep_size 1 included (a one-rank group: the single GPU runs the exchange's code).
+  bo.moe_exchange = o.device == TrainDevice::Cuda && bo.dims.moe.any() &&
+                    std::find(o.moe.given.begin(), o.moe.given.end(), "--moe_expert_parallel_size") != o.moe.given.end();
   if (bo.dims.moe.any()) {
     CUTRAIN_CHECK(tp == 1, "train: --num_experts with ", tp_flag, " ", tp,
                   ": tensor parallelism of MoE blocks is not built; MoE trains on one process, data parallel or expert parallel");
