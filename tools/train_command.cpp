@@ -23,6 +23,8 @@ struct TrainFlags {
   CLI::Option* model_opt = nullptr;
   CLI::Option* gpt2_size_opt = nullptr;
   float learning_rate = 1e-4f;
+  std::int64_t lr_decay_tokens = 0;
+  CLI::Option* lr_decay_tokens_opt = nullptr;
   int log_interval = 5;
   CLI::Option* log_interval_opt = nullptr;
   bool no_cuda_graph = false;
@@ -85,6 +87,7 @@ int run_train(TrainFlags& f) {
   if (f.max_predictions_opt->count()) o.bert.max_predictions_per_seq = f.max_predictions_per_seq;
   o.batch_size_given = f.batch_size_opt->count() > 0;
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
+  if (f.lr_decay_tokens_opt->count()) o.lr_decay_tokens = f.lr_decay_tokens;
   if (f.log_interval_opt->count()) o.log_interval = f.log_interval;
   o.progress = ::isatty(STDOUT_FILENO) == 1;
   o.cuda_graph = !f.no_cuda_graph;
@@ -177,6 +180,10 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   sub->add_option("--warmup_steps", o.warmup_steps, "Steps left out of the average step time")->capture_default_str();
   f.lr_opt = sub->add_option("--learning_rate", f.learning_rate, "Overrides the config's optimizer lr when given")
                  ->capture_default_str();
+  f.lr_decay_tokens_opt = sub->add_option(
+      "--lr_decay_tokens", f.lr_decay_tokens,
+      "The scheduler's decay (WarmupDecayLR, WarmupCosineLR) over this many trained tokens instead of its steps: "
+      "Megatron-DeepSpeed's --lr-decay-tokens, for a sequence-length curriculum (docs/data-efficiency.md)");
   f.log_interval_opt = sub->add_option("--log_interval", f.log_interval,
                                        "Print a Step line every N steps (not given: the config's steps_per_print, else 5)");
   sub->add_flag("--activation_checkpointing", o.activation_checkpointing, "Recompute each block in backward");

@@ -32,6 +32,9 @@ struct TrainOptions {
   std::filesystem::path init_from_hf, save_hf;
   int num_steps = 20, warmup_steps = 5;
   std::optional<float> learning_rate;  // given: overrides the config's optimizer lr
+  // --lr_decay_tokens: the scheduler's decay counted in trained tokens up to this many (global
+  // batch), Megatron-DeepSpeed's --lr-decay-tokens (train/lr_schedule.h: lr_by_tokens).
+  std::optional<std::int64_t> lr_decay_tokens;
   // Step lines every N steps; not given: the config's steps_per_print, else 5 (train.py's default).
   std::optional<int> log_interval;
   // A progress line (step, ETA, tokens/s, memory) rewritten in place after each step: for a
