@@ -424,6 +424,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   // captured and every later one replays the graph (train/step_graphs.h).
   // --timing_report and --profile_steps switch replay off for the steps they measure.
   last_shape_ = StepShape{kept_, rows_, seq_};
+  model_->set_shape(rows_, seq_);  // the host's view too (a replay launches no model code; eval_loss sets B x S)
   graphs_.run(stream_, last_shape_, opt_.cuda_graph, graph_replay_allowed(), [this] {
     enqueue_forward_backward();
     enqueue_reduce();
