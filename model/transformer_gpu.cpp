@@ -168,9 +168,13 @@ void GpuTransformer::set_shape(int rows, int seq) {
                 "gpu model: micro-batch ", rows, " x ", seq, " outside the sequence length ", Sfull_, " and the ",
                 cap_, " tokens the workspace holds");
   const bool full = rows == Bfull_ && seq == Sfull_;
-  CUTRAIN_CHECK(full || (d.arch != Arch::Bert && !d.moe.any() && drop_layers_.empty()), "gpu model: micro-batch ",
-                rows, " x ", seq, " (a sequence-length curriculum) is not built for ",
-                d.arch == Arch::Bert ? "the bert architecture" : d.moe.any() ? "MoE blocks" : "random-LTD's blocks");
+  CUTRAIN_CHECK(full || (!d.moe.any() && drop_layers_.empty()), "gpu model: micro-batch ", rows, " x ", seq,
+                " (a sequence-length curriculum) is not built for ", d.moe.any() ? "MoE blocks" : "random-LTD's blocks");
+  // BERT: its [PAD]-padded micro-batch cut to a shorter length (issue #20's padding to the longest
+  // sequence); the masked-LM head keeps its B x max_pred slots, so the rows stay and the length
+  // holds the slots.
+  CUTRAIN_CHECK(d.arch != Arch::Bert || (rows == Bfull_ && seq >= K_), "gpu model: bert micro-batch ", rows, " x ",
+                seq, ": expected ", Bfull_, " rows of at least max_predictions_per_seq ", K_, " tokens");
   CUTRAIN_CHECK(buffers_.empty() || scratch_bytes(rows, seq) <= scratch_size_, "gpu model: micro-batch ", rows, " x ",
                 seq, " needs ", scratch_bytes(rows, seq), " scratch bytes, the workspace has ", scratch_size_);
   B_ = rows;

@@ -121,8 +121,8 @@ class GpuTransformer {
   // labels [rows*seq]; positions 0 .. seq-1, attention, the loss's mean and every kernel's rows
   // over them), in the workspace allocated once for the constructor's capacity: seq <= S and
   // rows x seq <= max_tokens. The call sequence depends on the shape (kernel shapes), so a CUDA
-  // graph holds for one shape. GPT-2 and the seed model only; MoE blocks, random-LTD's drop
-  // blocks and BERT keep the constructor's B x S.
+  // graph holds for one shape. MoE blocks and random-LTD's drop blocks keep the constructor's
+  // B x S; BERT keeps its B rows and takes seq >= max_pred (its padded micro-batch cut shorter).
   void set_shape(int rows, int seq);
   int rows() const { return B_; }
   int seq() const { return S_; }

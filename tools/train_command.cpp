@@ -184,6 +184,9 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
       "--lr_decay_tokens", f.lr_decay_tokens,
       "The scheduler's decay (WarmupDecayLR, WarmupCosineLR) over this many trained tokens instead of its steps: "
       "Megatron-DeepSpeed's --lr-decay-tokens, for a sequence-length curriculum (docs/data-efficiency.md)");
+  sub->add_option("--pad_to_longest", o.pad_to_longest,
+                  "--model bert: cut each step's [PAD]-padded micro-batches to their longest sample rounded up to a "
+                  "multiple of this (e.g. 64; one CUDA graph per length; 0: pad to the sequence length)");
   f.log_interval_opt = sub->add_option("--log_interval", f.log_interval,
                                        "Print a Step line every N steps (not given: the config's steps_per_print, else 5)");
   sub->add_flag("--activation_checkpointing", o.activation_checkpointing, "Recompute each block in backward");

@@ -234,6 +234,7 @@ void GpuEngine::set_seq_shape(int rows, int seq) {
                 " tokens per micro-batch (BackendOptions::max_tokens)");
   CUTRAIN_CHECK((rows == opt_.batch && seq == opt_.seq) || !ltd_->active(), "gpu engine: micro-batch ", rows, " x ",
                 seq, ": a sequence-length curriculum with random-LTD is not built");
+  model_->set_shape(rows, seq);  // the model's own checks (architecture, scratch) now, before a step
   rows_ = rows;
   seq_ = seq;
 }

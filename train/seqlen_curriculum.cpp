@@ -50,20 +50,26 @@ SeqShape SeqlenCurriculum::shape(int L) const {
   return {int(seqlen_rows(metric_, B_, S_, L).size()), L};
 }
 
-void SeqlenCurriculum::apply(int L, int accum, const std::int32_t* tokens, const std::int32_t* labels,
-                             std::vector<std::int32_t>& out_tokens, std::vector<std::int32_t>& out_labels) const {
-  const int seq = std::min(L, S_);
-  const std::vector<SeqRow> rows = seqlen_rows(metric_, B_, S_, seq);
-  const std::size_t in_micro = std::size_t(B_) * S_, out_micro = rows.size() * std::size_t(seq);
+void rebuild_micro_batches(CurriculumMetric m, int B, int S, int L, int accum, const std::int32_t* tokens,
+                           const std::int32_t* labels, std::vector<std::int32_t>& out_tokens,
+                           std::vector<std::int32_t>& out_labels) {
+  const int seq = std::min(L, S);
+  const std::vector<SeqRow> rows = seqlen_rows(m, B, S, seq);
+  const std::size_t in_micro = std::size_t(B) * S, out_micro = rows.size() * std::size_t(seq);
   out_tokens.resize(std::size_t(accum) * out_micro);
   out_labels.resize(std::size_t(accum) * out_micro);
   for (int a = 0; a < accum; ++a)
     for (std::size_t r = 0; r < rows.size(); ++r) {
-      const std::size_t from = a * in_micro + std::size_t(rows[r].sample) * S_ + std::size_t(rows[r].start);
+      const std::size_t from = a * in_micro + std::size_t(rows[r].sample) * S + std::size_t(rows[r].start);
       const std::size_t to = a * out_micro + r * std::size_t(seq);
       std::copy(tokens + from, tokens + from + seq, out_tokens.begin() + std::ptrdiff_t(to));
       std::copy(labels + from, labels + from + seq, out_labels.begin() + std::ptrdiff_t(to));
     }
+}
+
+void SeqlenCurriculum::apply(int L, int accum, const std::int32_t* tokens, const std::int32_t* labels,
+                             std::vector<std::int32_t>& out_tokens, std::vector<std::int32_t>& out_labels) const {
+  rebuild_micro_batches(metric_, B_, S_, L, accum, tokens, labels, out_tokens, out_labels);
 }
 
 std::int64_t SeqlenCurriculum::step_tokens(std::int64_t step, int accum, int world) const {

@@ -41,6 +41,13 @@ struct SeqRow {
 // The rows of metric `m` at length L for B samples of S pairs (L >= S: the B whole samples).
 std::vector<SeqRow> seqlen_rows(CurriculumMetric m, int B, int S, int L);
 
+// Rebuilds `accum` micro-batches of tokens and labels ([accum, B, S] each) at length L into
+// `out_tokens` / `out_labels` ([accum, rows, min(L, S)], resized) by metric `m`'s rows. Truncate
+// also cuts BERT's [PAD]-padded micro-batches down to their longest sample (train/bert_options.h).
+void rebuild_micro_batches(CurriculumMetric m, int B, int S, int L, int accum, const std::int32_t* tokens,
+                           const std::int32_t* labels, std::vector<std::int32_t>& out_tokens,
+                           std::vector<std::int32_t>& out_labels);
+
 class SeqlenCurriculum {
  public:
   // `metric`: SeqlenTruncate or SeqlenReshape; `source`: the config key the pacing came from

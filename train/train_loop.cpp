@@ -222,6 +222,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   // bing_bert's flags (train/bert_options.h); a shape flag that says otherwise is an error.
   const bool bert = o.model == model::Arch::Bert;
   std::optional<BertSetup> bert_setup;
+  CUTRAIN_CHECK(o.pad_to_longest >= 0, "train: --pad_to_longest: expected a bucket >= 1 (e.g. 64; 0: off), found ",
+                o.pad_to_longest);
+  CUTRAIN_CHECK(o.pad_to_longest == 0 || bert, "train: --pad_to_longest ", o.pad_to_longest,
+                " pads BERT's masked-LM micro-batches: expected --model bert, found --model ", name(o.model));
   if (bert) {
     CUTRAIN_CHECK(o.attention != AttentionChoice::Causal,
                   "train: --attention causal with --model bert: BERT's encoder is bidirectional ([PAD] keys masked)");
@@ -713,10 +717,14 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   };
   // BERT: micro-batch a of this rank at `step` is number (step x world + rank) x accumulation + a of
   // the masked-LM stream: a pure function of the step (resume), the global batch dealt by rank.
+  // The step's longest sample: --pad_to_longest cuts the step's micro-batches down to it.
+  int mlm_longest = o.seq_length;
   auto draw_mlm = [&](int step) {
+    mlm_longest = 0;
     for (int a = 0; a < accum; ++a)
-      mlm->fill((std::int64_t(step) * dp_world + dp_rank) * accum + a, tokens.data() + a * per_micro,
-                labels.data() + a * per_micro);
+      mlm_longest = std::max(mlm_longest, mlm->fill((std::int64_t(step) * dp_world + dp_rank) * accum + a,
+                                                    tokens.data() + a * per_micro, labels.data() + a * per_micro)
+                                              .longest);
   };
   if (o.fixed_batch) mlm ? draw_mlm(first_step) : sampler ? draw_real(first_step) : draw();
 
@@ -775,6 +783,17 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     const std::int32_t* step_labels = labels.data();
     int cl_seqlen = o.seq_length;
     SeqShape cl_shape{o.batch_size, o.seq_length};
+    if (bert && o.pad_to_longest > 0) {
+      // Issue #20: the step's [PAD]-padded micro-batches cut to its longest sample, rounded up to
+      // the bucket (one CUDA graph per length; the loss is over the labelled rows, all kept).
+      cl_seqlen = bert_padded_length(mlm_longest, o.pad_to_longest, bert_setup->max_predictions, o.seq_length);
+      cl_shape = SeqShape{o.batch_size, cl_seqlen};
+      rebuild_micro_batches(CurriculumMetric::SeqlenTruncate, o.batch_size, o.seq_length, cl_seqlen, accum,
+                            tokens.data(), labels.data(), cl_tokens, cl_labels);
+      be->set_seq_shape(cl_shape.rows, cl_shape.seq);
+      step_tokens = cl_tokens.data();
+      step_labels = cl_labels.data();
+    }
     if (seqlen) {
       cl_seqlen = seqlen->seqlen(step);
       cl_shape = seqlen->shape(cl_seqlen);
@@ -824,6 +843,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
           << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak);
       if (bert) out << ", samples/s=" << fixed(double(global_seqs) / dt, 1);
+      if (bert && o.pad_to_longest > 0) out << ", padded to " << cl_seqlen << " of " << o.seq_length;
       out << "\n";
       for (const model::MoeBlockStats& m : st.moe)
         out << "[Rank 0] Step " << step << ": moe block " << m.layer << " l_aux=" << fixed(m.l_aux, 4)
@@ -860,6 +880,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                           {"reserved_bytes", mem.reserved},
                           {"peak_bytes", mem.peak}};
       if (curriculum) j["curriculum_difficulty"] = difficulty;
+      if (bert && o.pad_to_longest > 0) j["padded_seqlen"] = cl_seqlen;
       if (seqlen) {
         j["curriculum_seqlen"] = cl_seqlen;
         j["curriculum_rows"] = cl_shape.rows;

@@ -80,6 +80,9 @@ struct TrainOptions {
   MoeOptions moe;              // --num_experts, --moe_* (train/moe_options.h; docs/moe.md)
   // --model bert: --bert_config and bing_bert's flags (train/bert_options.h; docs/bert.md).
   BertFlags bert;
+  // --pad_to_longest BUCKET (--model bert; 0: off): each step's micro-batches cut from S to their
+  // longest sample rounded up to a multiple of BUCKET (issue #20; train/bert_options.h).
+  int pad_to_longest = 0;
   // Whether --batch_size was given: BERT runs take the DeepSpeed config's
   // train_micro_batch_size_per_gpu when it was not (a library caller's value counts as given).
   bool batch_size_given = true;

@@ -3,6 +3,7 @@
 // built at that step's shape from the same state and tokens (loss, norm, params); one CUDA graph
 // per length, captured once and replayed when the length comes back; no allocation once every
 // length has run twice; the validation forward at the whole sequence between curriculum steps.
+// BERT's padding to the longest sequence (issue #20) through the same per-length graphs.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "tests/support/cpu_test_util.h"
 #include "tests/support/small_model.h"
 #include "tests/support/test_support.h"
+#include "train/bert_options.h"
 #include "train/config.h"
 #include "train/engine.h"
 #include "train/seqlen_curriculum.h"
@@ -128,3 +130,63 @@ INSTANTIATE_TEST_SUITE_P(Models, SeqlenGpu,
                                            Case{"gpt2_reshape", model::Arch::Gpt2, train::CurriculumMetric::SeqlenReshape,
                                                 1}),
                          [](const auto& i) { return std::string(i.param.name); });
+
+// Issue #20's padding to the longest sequence on the engine: BERT (dropout off: its masks are
+// keyed by the layout) with each step's [PAD]-padded micro-batches cut to the longest sample
+// rounded up to 16 follows an engine that trains the full length (the key mask hides the [PAD]
+// keys, the loss is over the labelled rows), one graph per padded length, no allocation once every
+// length has run twice.
+TEST(SeqlenGpuBert, PaddedToLongestFollowsTheFullLengthOneGraphPerLength) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  train::BackendOptions o = test::small_model(rng());
+  o.dims.arch = model::Arch::Bert;
+  o.dims.intermediate = 256;
+  o.dims.bert.pre_layer_norm = true;
+  o.dims.bert.attn_dropout_ratio = 0.f;
+  o.dims.bert.hidden_dropout_ratio = 0.f;
+  o.dims.bert.mask_id = 998;
+  o.dims.bert.pad_id = 999;
+  o.max_predictions = 8;
+  const train::TrainConfig cfg = config(2);
+  train::GpuEngine full(o, cfg), padded(o, cfg);
+  const int B = o.batch, S = o.seq, accum = 2, bucket = 16;
+  const std::vector<int> longest = {10, 12, 30, 20, 64, 50, 5, 28, 60, 16, 62};
+  std::vector<std::int32_t> ct, cl;
+  std::int64_t allocs = -1;
+  std::map<int, int> seen;
+  for (std::size_t i = 0; i < longest.size(); ++i) {
+    const int step = int(i) + 1;
+    std::vector<std::int32_t> t(std::size_t(accum) * B * S, 999), l(t.size(), -100);
+    for (int r = 0; r < accum * B; ++r) {
+      const int len = r == 1 ? longest[i] : 1 + int(rng() % std::uint64_t(longest[i]));
+      for (int j = 0; j < len; ++j) {
+        t[std::size_t(r) * S + j] = std::int32_t(rng() % 998);
+        if (j % 9 == 4) l[std::size_t(r) * S + j] = std::int32_t(rng() % 998);  // at most 7 per row (max_pred 8)
+      }
+    }
+    const int L = train::bert_padded_length(longest[i], bucket, o.max_predictions, S);
+    train::rebuild_micro_batches(train::CurriculumMetric::SeqlenTruncate, B, S, L, accum, t.data(), l.data(), ct, cl);
+    // Lengths 16, 32, 64 each run twice by step 6 (16, 16, 32, 32, 64, 64): from then on no allocation.
+    if (i == 6) allocs = device_allocator().stats().allocation.allocated;
+    padded.set_seq_shape(B, L);
+    const train::StepStats b = padded.step(ct.data(), cl.data(), step, 1e-3f);
+    const std::int64_t after = device_allocator().stats().allocation.allocated;
+    const train::StepStats a = full.step(t.data(), l.data(), step, 1e-3f);
+    ++seen[L];
+    SCOPED_TRACE(::testing::Message() << "step " << step << " longest " << longest[i] << " padded to " << L);
+    EXPECT_TRUE(std::isfinite(b.loss));
+    EXPECT_NEAR(b.loss, a.loss, 1e-2 * std::abs(a.loss));
+    EXPECT_NEAR(b.grad_norm, a.grad_norm, 2e-2 * a.grad_norm);
+    if (i >= 6) {
+      EXPECT_EQ(after, allocs) << "the padded step allocated after every length had run twice";
+      EXPECT_TRUE(padded.graph_active());
+      allocs = device_allocator().stats().allocation.allocated;
+    }
+  }
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_EQ(padded.graph_captures(), 3);  // 16, 32, 64: one capture each
+  // BERT keeps its rows (the head's B x max_pred slots), named.
+  EXPECT_NE(test::message_of([&] { padded.set_seq_shape(B + 1, 16); }).find("expected 2 rows of at least"),
+            std::string::npos);
+}

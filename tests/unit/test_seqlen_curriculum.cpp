@@ -1,5 +1,5 @@
 // CPU tests of the sequence-length curriculum (seqlen_truncate, seqlen_reshape, the legacy
-// curriculum_learning block): the length of each step from the pacing, the rebuilt micro-batches
+// curriculum_learning block) and of BERT's padding to the longest sequence: the length of each step from the pacing, the rebuilt micro-batches
 // against a literal transcription of Megatron-DeepSpeed's data_post_process on the samples' S + 1
 // tokens, the capacity, the CPU backend at a length against a backend built at that shape (a ramp
 // step by step, the same state and tokens), the token-based lr decay, and each config error named.
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/support/cpu_test_util.h"
+#include "train/bert_options.h"
 #include "train/config.h"
 #include "train/cpu_backend.h"
 #include "train/lr_schedule.h"
@@ -281,4 +282,68 @@ TEST(SeqlenCurriculum, TokenBasedLrDecay) {
     "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 1e-3, "warmup_num_steps": 3}}})", "lr.json"));
   EXPECT_FALSE(w.decays());
   EXPECT_EQ(w.lr_by_tokens(20, 5, 1, 9), w.lr(20));
+}
+
+// Issue #20's padding to the longest sequence (`--model bert --pad_to_longest BUCKET`): the length
+// a step is cut to, and the CPU backend's BERT at that length equal to the full [PAD]-padded length
+// (the key mask hides the [PAD] keys and the loss is over the labelled rows; dropout off, whose
+// masks are keyed by the layout).
+TEST(SeqlenCurriculum, BertPaddedLength) {
+  EXPECT_EQ(train::bert_padded_length(9, 4, 3, 16), 12);
+  EXPECT_EQ(train::bert_padded_length(12, 4, 3, 16), 12);
+  EXPECT_EQ(train::bert_padded_length(2, 4, 6, 16), 8);     // at least the head's slots
+  EXPECT_EQ(train::bert_padded_length(100, 64, 20, 128), 128);
+  EXPECT_EQ(train::bert_padded_length(120, 64, 20, 120), 120);  // at most S
+  EXPECT_EQ(train::bert_padded_length(0, 64, 0, 512), 64);
+  EXPECT_NE(test::message_of([] { train::bert_padded_length(5, 0, 1, 16); }).find("a positive bucket"), std::string::npos);
+}
+
+TEST(SeqlenCurriculum, CpuBertPaddedToLongestEqualsFullLength) {
+  model::ModelDims d{32, 2, 2, 40, 16};
+  d.padded_vocab = 48;
+  d.intermediate = 80;
+  d.arch = model::Arch::Bert;
+  d.bert.pre_layer_norm = true;
+  d.bert.attn_dropout_ratio = 0.f;
+  d.bert.hidden_dropout_ratio = 0.f;
+  d.bert.mask_id = 38;
+  d.bert.pad_id = 39;
+  train::TrainConfig cfg = train::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+    "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}})", "bert.json");
+  cfg.resolve_batch(1);
+  train::BackendOptions o;
+  o.dims = d;
+  o.batch = 2;
+  o.seq = 16;
+  o.seed = 17;
+  auto full = train::make_cpu_backend(o, cfg), padded = train::make_cpu_backend(o, cfg);
+  std::mt19937 rng(8);
+  const int B = 2, S = 16, accum = 2;
+  std::vector<std::int32_t> ct, cl;
+  for (int step = 1; step <= 4; ++step) {
+    // Samples of random lengths up to `longest`, [PAD] after, a label on every third real token.
+    const int longest = 3 + int(rng() % 12);
+    std::vector<std::int32_t> t(std::size_t(accum) * B * S, 39), l(t.size(), -100);
+    int seen = 0;
+    for (int r = 0; r < accum * B; ++r) {
+      const int len = r == 0 ? longest : 1 + int(rng() % std::uint32_t(longest));
+      seen = std::max(seen, len);
+      for (int j = 0; j < len; ++j) {
+        t[std::size_t(r) * S + j] = std::int32_t(rng() % 38);
+        if (j % 3 == 0) l[std::size_t(r) * S + j] = std::int32_t(rng() % 38);
+      }
+    }
+    const int L = train::bert_padded_length(seen, 4, 2, S);
+    train::rebuild_micro_batches(train::CurriculumMetric::SeqlenTruncate, B, S, L, accum, t.data(), l.data(), ct, cl);
+    padded->set_seq_shape(B, L);
+    const train::StepStats a = full->step(t.data(), l.data(), step, 1e-2f);
+    const train::StepStats b = padded->step(ct.data(), cl.data(), step, 1e-2f);
+    SCOPED_TRACE(::testing::Message() << "step " << step << " longest " << seen << " padded to " << L);
+    EXPECT_NEAR(b.loss, a.loss, 1e-5 * std::abs(a.loss));
+    EXPECT_NEAR(b.grad_norm, a.grad_norm, 1e-5 * a.grad_norm);
+  }
+  const auto pa = full->save_state().params, pb = padded->save_state().params;
+  double worst = 0;
+  for (std::size_t i = 0; i < pa.size(); ++i) worst = std::max(worst, double(std::abs(pa[i] - pb[i])));
+  EXPECT_LT(worst, 1e-5);
 }
