@@ -199,7 +199,7 @@ constexpr ConfigKey kKeys[] = {
 
     // data_efficiency (docs/data-efficiency.md). The <metric> entries stand for each key of
     // curriculum_metrics (seqlen_truncate, seqlen_reshape, vocabularyrarity): the reader checks them.
-    {"data_efficiency.enabled", A, "", "with data_sampling.enabled and curriculum_learning.enabled: the vocabularyrarity curriculum draws the training batches of --use_real_data; with data_routing.enabled and random_ltd.enabled: random-LTD (docs/data-efficiency.md)"},
+    {"data_efficiency.enabled", A, "", "with data_sampling.enabled and curriculum_learning.enabled: the curriculum (vocabularyrarity draws the training batches of --use_real_data; seqlen_truncate / seqlen_reshape: the sequence-length warm-up); with data_routing.enabled and random_ltd.enabled: random-LTD (docs/data-efficiency.md)"},
     {"data_efficiency.seed", A, "", "the curriculum draw's and random-LTD's token selection's seed (both are functions of it and the step)"},
     {"data_efficiency.data_sampling", A, "", "", kSection},
     {"data_efficiency.data_sampling.enabled", A, "", "one of the curriculum's three switches (with data_efficiency.enabled, curriculum_learning.enabled)"},
