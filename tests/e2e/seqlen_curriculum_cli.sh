@@ -175,7 +175,9 @@ make_config "$tmp/e7.json" seqlen_truncate sched=WarmupLR
 expect_error "--lr_decay_tokens 100: expected a positive token count with scheduler.type WarmupDecayLR or WarmupCosineLR" \
   "$tmp/e7.json" --lr_decay_tokens 100
 echo "ok: bad input named before any step"
-"$bin" check-config configs/curriculum_seqlen_gpt.json >"$tmp/cc.txt" 2>&1 || { cat "$tmp/cc.txt"; fail "check-config"; }
+for c in curriculum_seqlen_gpt curriculum_vocabularyrarity_seqlen; do
+  "$bin" check-config configs/$c.json >"$tmp/cc.txt" 2>&1 || { cat "$tmp/cc.txt"; fail "check-config $c.json"; }
+done
 
 # Real data: next-token windows of a shard written here, truncated and reshaped.
 python3 - "$tmp" <<'PY'
@@ -192,7 +194,27 @@ for kind in seqlen_truncate seqlen_reshape; do
     --metrics_file "$tmp/real_$kind.jsonl" >"$tmp/real.txt" 2>&1 || { cat "$tmp/real.txt"; fail "real data $kind"; }
   check_metrics "$tmp/real_$kind.jsonl" "$kind" 1 1 0 || fail "real data $kind metrics"
 done
-echo "ok: real data"
+# Composed with the vocabularyrarity curriculum (Megatron-DeepSpeed's "vocab rarity + seqlen
+# reshape" recipe): the index's draw picks the samples, the seqlen metric rebuilds them.
+"$bin" analyze-data --data "$tmp/train.bin" --seq_length "$S" --metric vocabularyrarity --output "$tmp/idx.json" >/dev/null
+python3 - "$tmp/seqlen_reshape.json" "$tmp/both.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["data_efficiency"]["data_sampling"]["curriculum_learning"]["curriculum_metrics"]["vocabularyrarity"] = {
+    "index_to_sample_path": "idx.json", "difficulty_type": "percentile", "min_difficulty": 10, "max_difficulty": 100,
+    "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 4, "difficulty_step": 1}}
+json.dump(c, open(sys.argv[2], "w"))
+PY
+run --deepspeed_config "$tmp/both.json" --use_real_data --data "$tmp/train.bin" --num_steps 5 \
+  --metrics_file "$tmp/both.jsonl" >"$tmp/both.txt" 2>&1 || { cat "$tmp/both.txt"; fail "vocabularyrarity + seqlen_reshape"; }
+grep -q "curriculum: vocabularyrarity from" "$tmp/both.txt" || { cat "$tmp/both.txt"; fail "composed: rarity line"; }
+grep -q "curriculum: seqlen_reshape from" "$tmp/both.txt" || { cat "$tmp/both.txt"; fail "composed: seqlen line"; }
+check_metrics "$tmp/both.jsonl" seqlen_reshape 1 1 0 || fail "composed metrics"
+python3 - "$tmp/both.jsonl" <<'PY' || fail "composed: curriculum_difficulty"
+import json, sys
+assert all("curriculum_difficulty" in json.loads(l) for l in open(sys.argv[1]))
+PY
+echo "ok: real data, and composed with the vocabularyrarity curriculum"
 
 [ "$device" = cpu ] || exit 0
 # ZeRO 2 on 2 host ranks (micro-batch 1 each, global batch 2): the single process's truncate losses
