@@ -21,11 +21,14 @@ using kernels::GemmEpilogue;
 
 GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
                                CachingAllocator& alloc, bool recompute_gelu, std::vector<int> drop_layers,
-                               int max_pred, comm::Communicator* moe_ep_group)
+                               int max_pred, comm::Communicator* moe_ep_group, std::size_t max_tokens)
     : table_(table),
       B_(B),
       S_(S),
       M_(B * S),
+      Bfull_(B),
+      Sfull_(S),
+      cap_(std::max(std::size_t(B) * std::size_t(S), max_tokens)),
       checkpointing_(checkpointing),
       recompute_gelu_(recompute_gelu && !checkpointing && table.dims().arch == Arch::Gpt2),
       alloc_(alloc) {
@@ -98,7 +101,8 @@ void* GpuTransformer::take(cudaStream_t s, std::size_t bytes) {
 void GpuTransformer::allocate(cudaStream_t s) {
   const ModelDims& d = table_.dims();
   if (d.arch == Arch::Bert) return allocate_bert(s);
-  const std::size_t M = M_, h = d.hidden, F = d.ffn(), V = d.vocab_rows(), H = d.heads;
+  // Sized for the capacity: any shape of set_shape() runs in these buffers.
+  const std::size_t M = cap_, h = d.hidden, F = d.ffn(), V = d.vocab_rows(), H = d.heads;
   auto bf = [&](std::size_t n) { return take_n<bf16>(s, n); };
   auto f32 = [&](std::size_t n) { return take_n<float>(s, n); };
   xs_.resize(d.layers + 1);
@@ -113,7 +117,7 @@ void GpuTransformer::allocate(cudaStream_t s) {
     a.f = bf(M * F);
     a.g = shared_g ? shared_g : bf(M * F);
     a.s2 = bf(M * h);
-    a.lse = f32(std::size_t(B_) * H * S_);
+    a.lse = f32(M * H);  // [rows, H, seq]
     a.mean1 = f32(M);
     a.rstd1 = f32(M);
     a.mean2 = f32(M);
@@ -135,15 +139,51 @@ void GpuTransformer::allocate(cudaStream_t s) {
   dh_ = bf(M * h);
   d4h_ = bf(M * F);
   dqkv_ = bf(M * 3 * h);
-  // One scratch for every reduction: the kernels run in order on one stream.
+  // One scratch for every reduction: the kernels run in order on one stream. Sized for the
+  // constructor's shape and for the capacity in rows of S (each size grows with the rows);
+  // set_shape() checks a new shape against it.
+  const int cap_rows = int((cap_ + std::size_t(Sfull_) - 1) / std::size_t(Sfull_));
+  scratch_size_ = std::max<std::size_t>({scratch_bytes(Bfull_, Sfull_), scratch_bytes(cap_rows, Sfull_), 256});
+  scratch_ = take(s, scratch_size_);
+}
+
+std::size_t GpuTransformer::scratch_bytes(int rows, int seq) const {
+  const ModelDims& d = table_.dims();
+  const int M = rows * seq, h = d.hidden, F = d.ffn(), V = d.vocab_rows();
   std::size_t sc = 0;
-  for (std::size_t n : {3 * h, h, F, V}) sc = std::max(sc, kernels::bias_grad_scratch_bytes(M_, int(n)));
-  sc = std::max(sc, kernels::layernorm_backward_scratch_bytes(M_, d.hidden));
-  sc = std::max(sc, kernels::embedding_backward_scratch_bytes(B_, S_, d.hidden, d.vocab_rows()));
-  sc = std::max(sc, kernels::attention_backward_scratch_bytes(attn_, true));
-  sc = std::max(sc, kernels::cross_entropy_scratch_bytes(M_));
-  sc = std::max(sc, kernels::kd_loss_scratch_bytes(M_));
-  scratch_ = take(s, std::max<std::size_t>(sc, 256));
+  for (int n : {3 * h, h, F, V}) sc = std::max(sc, kernels::bias_grad_scratch_bytes(M, n));
+  sc = std::max(sc, kernels::layernorm_backward_scratch_bytes(M, d.hidden));
+  sc = std::max(sc, kernels::embedding_backward_scratch_bytes(rows, seq, d.hidden, d.vocab_rows()));
+  kernels::AttentionShape a = attn_;
+  a.batch = rows;
+  a.seq = seq;
+  sc = std::max(sc, kernels::attention_backward_scratch_bytes(a, true));
+  sc = std::max(sc, kernels::cross_entropy_scratch_bytes(M));
+  sc = std::max(sc, kernels::kd_loss_scratch_bytes(M));
+  return sc;
+}
+
+void GpuTransformer::set_shape(int rows, int seq) {
+  if (rows == B_ && seq == S_) return;
+  const ModelDims& d = table_.dims();
+  CUTRAIN_CHECK(rows > 0 && seq > 0 && seq <= Sfull_ && std::size_t(rows) * std::size_t(seq) <= cap_,
+                "gpu model: micro-batch ", rows, " x ", seq, " outside the sequence length ", Sfull_, " and the ",
+                cap_, " tokens the workspace holds");
+  const bool full = rows == Bfull_ && seq == Sfull_;
+  CUTRAIN_CHECK(full || (!d.moe.any() && drop_layers_.empty()), "gpu model: micro-batch ", rows, " x ", seq,
+                " (a sequence-length curriculum) is not built for ", d.moe.any() ? "MoE blocks" : "random-LTD's blocks");
+  // BERT: its [PAD]-padded micro-batch cut to a shorter length (issue #20's padding to the longest
+  // sequence); the masked-LM head keeps its B x max_pred slots, so the rows stay and the length
+  // holds the slots.
+  CUTRAIN_CHECK(d.arch != Arch::Bert || (rows == Bfull_ && seq >= K_), "gpu model: bert micro-batch ", rows, " x ",
+                seq, ": expected ", Bfull_, " rows of at least max_predictions_per_seq ", K_, " tokens");
+  CUTRAIN_CHECK(buffers_.empty() || scratch_bytes(rows, seq) <= scratch_size_, "gpu model: micro-batch ", rows, " x ",
+                seq, " needs ", scratch_bytes(rows, seq), " scratch bytes, the workspace has ", scratch_size_);
+  B_ = rows;
+  S_ = seq;
+  M_ = rows * seq;
+  attn_.batch = rows;
+  attn_.seq = seq;
 }
 
 void GpuTransformer::set_distillation(const Distillation* d) {

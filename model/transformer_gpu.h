@@ -74,10 +74,11 @@ class GpuTransformer {
   // sequence with more labelled rows than slots is an error reported through d_status[1]. Must be 0
   // for the other architectures.
   // `moe_ep_group`: the MoE blocks' expert-parallel group (model/moe_layer.h; null: every expert
-  // here); it must outlive the model.
+  // here); it must outlive the model. `max_tokens`: the most tokens a micro-batch of set_shape() may
+  // hold (0: B x S); the workspace is allocated for it once.
   GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
                  CachingAllocator& alloc, bool recompute_gelu = false, std::vector<int> drop_layers = {},
-                 int max_pred = 0, comm::Communicator* moe_ep_group = nullptr);
+                 int max_pred = 0, comm::Communicator* moe_ep_group = nullptr, std::size_t max_tokens = 0);
   ~GpuTransformer();
   GpuTransformer(const GpuTransformer&) = delete;
   GpuTransformer& operator=(const GpuTransformer&) = delete;
@@ -117,6 +118,16 @@ class GpuTransformer {
   // count replays for any indices at that count.
   void set_token_drop(int kept, const std::int32_t* d_indices);
   bool moe_capturable() const { return !table_.dims().moe.any(); }
+
+  // A sequence-length curriculum: the next calls run `rows` sequences of `seq` tokens (tokens and
+  // labels [rows*seq]; positions 0 .. seq-1, attention, the loss's mean and every kernel's rows
+  // over them), in the workspace allocated once for the constructor's capacity: seq <= S and
+  // rows x seq <= max_tokens. The call sequence depends on the shape (kernel shapes), so a CUDA
+  // graph holds for one shape. MoE blocks and random-LTD's drop blocks keep the constructor's
+  // B x S; BERT keeps its B rows and takes seq >= max_pred (its padded micro-batch cut shorter).
+  void set_shape(int rows, int seq);
+  int rows() const { return B_; }
+  int seq() const { return S_; }
 
   // BERT's dropout (model/bert_config.h's sites): the seed and optimizer step of the next
   // forward_backward calls' masks (forward_loss never drops); `d_step` (device uint32, may be
@@ -248,8 +259,14 @@ class GpuTransformer {
   float bert_hidden_p() const;  // the hidden dropout of the running forward (0 outside training)
   kernels::AttentionOptions bert_attention(int l) const;
 
+  // The per-call shape and mask for the next calls; what the workspace was allocated for.
+  // Scratch bytes for a micro-batch of rows x seq.
+  std::size_t scratch_bytes(int rows, int seq) const;
   const TransformerParams& table_;
-  int B_, S_, M_;
+  int B_, S_, M_;      // the shape of the next calls (set_shape; the constructor's B x S by default)
+  int Bfull_, Sfull_;  // the constructor's
+  std::size_t cap_;    // tokens the workspace holds per micro-batch (>= Bfull_ x Sfull_)
+  std::size_t scratch_size_ = 0;
   int K_ = 0, P_ = 0;  // BERT: the head's slots per sequence and rows (B_ x K_); 0 otherwise
   bool checkpointing_;
   bool recompute_gelu_;

@@ -76,6 +76,12 @@
 #               same config, the BF16 example's model and GPT-2 small at seq 1024, every block or
 #               DeepSpeed's 1..L-2 dropping, LTD_ROUNDS (default 3) alternating rounds, the table
 #               against the target f + 0.08 and the ideal ratio from a timing report. About 5 minutes.
+#   seqlen      the sequence-length curriculum: its GPU tests (test_seqlen_curriculum_gpu,
+#               e2e_seqlen_curriculum_cli_cuda), then scripts/seqlen_bench.py: tokens/s at each
+#               length of a ramp (seqlen_truncate, fixed_discrete over S/8, S/4, S/2, S) against a
+#               fixed-length run at that length, GPT-2 small (8 x 1024) and the BF16 example's model
+#               causal (4 x 512), SEQLEN_ROUNDS (default 3) alternating rounds, the table against the
+#               target ratio >= 0.9. About 5 minutes.
 #   bert        issue #20's BERT-Large targets, cutrain and its PyTorch peer (bench/peers/bert_peer.py)
 #               in the same call: the full training step at seq 128 x micro-batch 64 and seq 512 x 16
 #               (samples/s, peak memory), one layer's forward+backward alone at both, and at seq 512
@@ -406,6 +412,13 @@ if want random_ltd; then
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/random_ltd_tests.txt" | tail -15 >>"$sum" 2>/dev/null
   step random_ltd_bench 300 "python3 scripts/random_ltd_bench.py --bin $bin --fractions ${LTD_FRACTIONS:-0.5,0.75} --rounds ${LTD_ROUNDS:-3} --out $logs/random_ltd"
   grep -E "^\|" "$logs/random_ltd_bench.txt" >>"$sum" 2>/dev/null
+fi
+
+if want seqlen; then
+  step seqlen_tests 150 "ctest --test-dir build/gpu -j $CTEST_JOBS --output-on-failure -R 'SeqlenGpu|e2e_seqlen_curriculum_cli_cuda'"
+  grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/seqlen_tests.txt" | tail -15 >>"$sum" 2>/dev/null
+  step seqlen_bench 300 "python3 scripts/seqlen_bench.py --bin $bin --rounds ${SEQLEN_ROUNDS:-3} --out $logs/seqlen"
+  grep -E "^\|" "$logs/seqlen_bench.txt" >>"$sum" 2>/dev/null
 fi
 
 if want bert; then

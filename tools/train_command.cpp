@@ -23,6 +23,8 @@ struct TrainFlags {
   CLI::Option* model_opt = nullptr;
   CLI::Option* gpt2_size_opt = nullptr;
   float learning_rate = 1e-4f;
+  std::int64_t lr_decay_tokens = 0;
+  CLI::Option* lr_decay_tokens_opt = nullptr;
   int log_interval = 5;
   CLI::Option* log_interval_opt = nullptr;
   bool no_cuda_graph = false;
@@ -94,6 +96,7 @@ int run_train(TrainFlags& f) {
   if (f.max_predictions_opt->count()) o.bert.max_predictions_per_seq = f.max_predictions_per_seq;
   o.batch_size_given = f.batch_size_opt->count() > 0;
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
+  if (f.lr_decay_tokens_opt->count()) o.lr_decay_tokens = f.lr_decay_tokens;
   if (f.log_interval_opt->count()) o.log_interval = f.log_interval;
   o.progress = ::isatty(STDOUT_FILENO) == 1;
   o.cuda_graph = !f.no_cuda_graph;
@@ -192,6 +195,13 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   sub->add_option("--warmup_steps", o.warmup_steps, "Steps left out of the average step time")->capture_default_str();
   f.lr_opt = sub->add_option("--learning_rate", f.learning_rate, "Overrides the config's optimizer lr when given")
                  ->capture_default_str();
+  f.lr_decay_tokens_opt = sub->add_option(
+      "--lr_decay_tokens", f.lr_decay_tokens,
+      "The scheduler's decay (WarmupDecayLR, WarmupCosineLR) over this many trained tokens instead of its steps: "
+      "Megatron-DeepSpeed's --lr-decay-tokens, for a sequence-length curriculum (docs/data-efficiency.md)");
+  sub->add_option("--pad_to_longest", o.pad_to_longest,
+                  "--model bert: cut each step's [PAD]-padded micro-batches to their longest sample rounded up to a "
+                  "multiple of this (e.g. 64; one CUDA graph per length; 0: pad to the sequence length)");
   f.log_interval_opt = sub->add_option("--log_interval", f.log_interval,
                                        "Print a Step line every N steps (not given: the config's steps_per_print, else 5)");
   sub->add_flag("--activation_checkpointing", o.activation_checkpointing, "Recompute each block in backward");

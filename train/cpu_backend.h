@@ -20,6 +20,9 @@ namespace cutrain::train {
 struct BackendOptions {
   model::ModelDims dims;
   int batch = 4, seq = 512;
+  // The most tokens one micro-batch may hold under a sequence-length curriculum
+  // (TrainBackend::set_seq_shape; reshape's rows may hold a few more than batch x seq); 0: batch x seq.
+  std::size_t max_tokens = 0;
   std::uint64_t seed = 42;
   bool activation_checkpointing = false;
   bool recompute_gelu = false;  // GPT-2 on the GPU: llm.c's -r 1 (model/transformer_gpu.h)

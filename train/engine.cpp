@@ -182,7 +182,12 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `packed` is freed at the end of this block
     lamb_ = kernels::lamb_device_table(lp, lamb_table_.get(), lamb_ws_.get());
   }
-  const std::size_t per_step = std::size_t(accum_) * o.batch * o.seq;
+  // Each micro-batch's slot holds cap_ tokens: the run's B x S, or a sequence-length curriculum's
+  // largest micro-batch (BackendOptions::max_tokens); the curriculum's shapes use its first rows x seq.
+  cap_ = std::max(std::size_t(o.batch) * o.seq, o.max_tokens);
+  rows_ = o.batch;
+  seq_ = o.seq;
+  const std::size_t per_step = std::size_t(accum_) * cap_;
   tokens_d_ = Buffer(A, per_step * 4, stream_);
   labels_d_ = Buffer(A, per_step * 4, stream_);
   flag_words_ = std::size_t(accum_) + 2 + 1 + 2 * std::size_t(accum_);
@@ -213,7 +218,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   }
   model_ = std::make_unique<model::GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A,
                                                    o.recompute_gelu, std::move(drop_layers), o.max_predictions,
-                                                   ep_comm_.get());
+                                                   ep_comm_.get(), cap_);
   if (o.dims.arch == model::Arch::Bert) {  // dropout: the kernels read the step from step_d_
     step_d_ = Buffer(A, sizeof(std::uint32_t), stream_);
     CUTRAIN_CUDA_CHECK(cudaMallocHost(&step_h_, sizeof(std::uint32_t)));
@@ -280,8 +285,7 @@ void GpuEngine::release_teacher() {
 }
 
 GpuEngine::~GpuEngine() {
-  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-  if (graph_) cudaGraphDestroy(graph_);
+  graphs_.clear();
   cudaStreamSynchronize(stream_);
   cudaFreeHost(tokens_h_);
   cudaFreeHost(labels_h_);
@@ -292,9 +296,23 @@ GpuEngine::~GpuEngine() {
 
 void GpuEngine::stage_batch(const std::int32_t* tokens, const std::int32_t* labels) {
   // The previous step's copies finished (each step ends with a sync), so the staging is free.
-  const std::size_t per_step = std::size_t(accum_) * opt_.batch * opt_.seq;
-  std::memcpy(tokens_h_, tokens, per_step * 4);
-  std::memcpy(labels_h_, labels, per_step * 4);
+  // Micro-batch a (rows_ x seq_ tokens) at the start of its slot a x cap_.
+  const std::size_t micro = std::size_t(rows_) * seq_;
+  for (int a = 0; a < accum_; ++a) {
+    std::memcpy(tokens_h_ + a * cap_, tokens + a * micro, micro * 4);
+    std::memcpy(labels_h_ + a * cap_, labels + a * micro, micro * 4);
+  }
+}
+
+void GpuEngine::set_seq_shape(int rows, int seq) {
+  CUTRAIN_CHECK(rows > 0 && seq > 0 && seq <= opt_.seq && std::size_t(rows) * seq <= cap_, "gpu engine: micro-batch ",
+                rows, " x ", seq, " outside the run's sequence length ", opt_.seq, " and its ", cap_,
+                " tokens per micro-batch (BackendOptions::max_tokens)");
+  CUTRAIN_CHECK((rows == opt_.batch && seq == opt_.seq) || !ltd_->active(), "gpu engine: micro-batch ", rows, " x ",
+                seq, ": a sequence-length curriculum with random-LTD is not built");
+  model_->set_shape(rows, seq);  // the model's own checks (architecture, scratch) now, before a step
+  rows_ = rows;
+  seq_ = seq;
 }
 
 // BERT's dropout step (1-based optimizer steps; the previous step's copy finished with its sync).
@@ -311,7 +329,7 @@ void GpuEngine::stage_drop(int step) {
   step_layer_tokens_ = 0;
   for (int a = 0; a < accum_; ++a) {
     if (step <= 0 || !ltd_->active()) {
-      step_layer_tokens_ += std::int64_t(opt_.batch) * opt_.seq * table_.dims().layers;
+      step_layer_tokens_ += std::int64_t(rows_) * seq_ * table_.dims().layers;
       continue;
     }
     const model::TokenDropPlan& plan = ltd_->draw(step, a);
@@ -325,7 +343,8 @@ void GpuEngine::stage_drop(int step) {
 // and shapes every step, so it can be captured once and replayed (random-LTD: the shapes follow
 // the kept count, so a graph holds for one kept count; the indices are staged data).
 void GpuEngine::enqueue_forward_backward(bool step) {
-  const std::size_t per_micro = std::size_t(opt_.batch) * opt_.seq;
+  const std::size_t per_micro = cap_;  // each micro-batch's slot (its first rows_ x seq_ tokens used)
+  model_->set_shape(rows_, seq_);
   {
     TimedRegion r("h2d", stream_, 0, 2.0 * accum_ * per_micro * 4);
     CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(tokens_d_.get(), tokens_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
@@ -414,7 +433,7 @@ void GpuEngine::read_flags() {
   CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(flags_h_, flags_d_.get(), flag_words_ * 4, cudaMemcpyDeviceToHost, stream_));
   stream_.synchronize();
   const int* status = reinterpret_cast<const int*>(flags_h_ + accum_ + 3);
-  const std::size_t per_micro = std::size_t(opt_.batch) * opt_.seq;
+  const std::size_t per_micro = std::size_t(model_->rows()) * model_->seq();
   for (int a = 0; a < accum_; ++a) {
     CUTRAIN_CHECK(status[2 * a] == 0, "train: token id at micro-batch ", a, " position ", status[2 * a] - 1,
                   " is outside [0, vocab_size=", table_.dims().vocab, ") (", per_micro, " tokens per micro-batch)");
@@ -493,73 +512,25 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   }
   if (swap_) swap_->begin_step();  // pipeline_read: the reload runs during forward/backward
   if (offloader_->generation() != graph_generation_) {
-    // A reload reallocated the states: the captured graph holds their old addresses.
-    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-    if (graph_) cudaGraphDestroy(graph_);
-    graph_exec_ = nullptr;
-    graph_ = nullptr;
-    eager_steps_ = 0;  // one eager step, then a new capture (as after release_workspace)
+    // A reload reallocated the states: the captured graphs hold their old addresses.
+    graphs_.clear();  // each shape: one eager step, then a new capture (as after release_workspace)
     graph_generation_ = offloader_->generation();
   }
   stage_batch(tokens, labels);
   stage_drop(step);
   stage_step(step);
-  if (graph_exec_ && kept_ != graph_kept_) {
-    // random-LTD's kept count changed: the kernels' shapes did, so the graph is captured again
-    // for the new count (it grows by the schedule: one capture per value it takes).
-    cudaGraphExecDestroy(graph_exec_);
-    cudaGraphDestroy(graph_);
-    graph_exec_ = nullptr;
-    graph_ = nullptr;
-    eager_steps_ = 0;  // one eager step at the new shapes (their cuBLASLt plans), then the capture
-  }
   model_->set_moe_step(opt_.seed, step);  // the MoE gates' noise: a function of the step
-  // Step 1 runs eagerly (cuBLASLt plans, first allocation of activations); the next one is
-  // captured and every later one replays the graph.
+  // One graph per step shape (random-LTD's kept count, the curriculum's rows x seq): a shape's
+  // first step runs eagerly (cuBLASLt plans, first allocation of activations), its second is
+  // captured and every later one replays the graph (train/step_graphs.h).
   // --timing_report and --profile_steps switch replay off for the steps they measure.
-  const bool replay_ok = graph_replay_allowed();
-  const bool want_graph = opt_.cuda_graph && !graph_failed_ && eager_steps_ >= 1 && replay_ok;
-  if (want_graph && !graph_exec_) {
-    // A capture that fails (a launcher that syncs or allocates) falls back to eager steps, with a
-    // warning; nothing captured has run, so this step then runs eagerly.
-    std::string why;
-    CUTRAIN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    try {
-      enqueue_forward_backward();
-      enqueue_reduce();
-      enqueue_norm();
-    } catch (const Error& e) {
-      why = e.what();
-    }
-    cudaGraph_t g = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(stream_, &g);
-    if (why.empty() && end != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
-    if (why.empty()) {
-      const cudaError_t inst = cudaGraphInstantiate(&graph_exec_, g, 0);
-      if (inst != cudaSuccess) {
-        why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
-        graph_exec_ = nullptr;
-      }
-    }
-    if (why.empty()) {
-      graph_ = g;
-      graph_kept_ = kept_;
-      ++graph_captures_;
-    } else {
-      if (g) cudaGraphDestroy(g);
-      cudaGetLastError();  // clear the sticky-free error state of the failed capture
-      graph_failed_ = true;
-      std::cerr << "[Rank 0] warning: CUDA graph capture failed, running eagerly: " << why << "\n";
-    }
-  }
-  if (graph_exec_ && replay_ok) {
-    CUTRAIN_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
-  } else {
+  last_shape_ = StepShape{kept_, rows_, seq_};
+  model_->set_shape(rows_, seq_);  // the host's view too (a replay launches no model code; eval_loss sets B x S)
+  graphs_.run(stream_, last_shape_, opt_.cuda_graph, graph_replay_allowed(), [this] {
     enqueue_forward_backward();
     enqueue_reduce();
     enqueue_norm();
-    ++eager_steps_;
-  }
+  });
   // The optimizer launch stays outside the graph: lr and the bias-correction step change every step.
   kernels::AdamParams p;
   p.lr = lr;
@@ -668,12 +639,8 @@ void GpuEngine::reset_peak() { device_allocator().reset_peak(); }
 
 void GpuEngine::release_workspace() {
   stream_.synchronize();
-  // The graph holds the workspace's addresses: it goes too, and the next step starts eager again.
-  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-  if (graph_) cudaGraphDestroy(graph_);
-  graph_exec_ = nullptr;
-  graph_ = nullptr;
-  eager_steps_ = 0;
+  // The graphs hold the workspace's addresses: they go too, and each shape starts eager again.
+  graphs_.clear();
   model_->release_workspace();
 }
 

@@ -35,6 +35,7 @@
 #include "train/optimizer_swap.h"
 #include "train/precision.h"
 #include "train/random_ltd_draw.h"
+#include "train/step_graphs.h"
 #include "train/train_backend.h"
 
 namespace cutrain::train {
@@ -81,11 +82,15 @@ class GpuEngine final : public TrainBackend {
   // what the allocator handed out (rounding, unsplit remainders).
   std::size_t state_bytes() const { return state_bytes_; }
   std::size_t state_requested_bytes() const { return state_requested_bytes_; }
-  bool graph_active() const { return graph_exec_ != nullptr; }
+  // Whether the last step's shape has a captured graph (replayed from its next step on).
+  bool graph_active() const { return graphs_.captured(last_shape_); }
+  // A sequence-length curriculum's micro-batch shape (TrainBackend::set_seq_shape).
+  void set_seq_shape(int rows, int seq) override;
   const parallel::ZeroPlan& zero_plan() const { return zero_; }
   // Stage 3 (ZeroMode::Sharded) only: the per-unit shard layout and its gathers; null otherwise.
   const parallel::ShardedParams* sharded() const { return sharded_.get(); }
-  int graph_captures() const { return graph_captures_; }  // successful captures so far
+  int graph_captures() const { return graphs_.captures(); }  // successful captures so far (all shapes)
+  int graph_count() const { return graphs_.size(); }         // graphs held (one per shape seen twice)
 
   // DeepSpeed's engine.offload_states / reload_states. `include`: any of optim_states (moments, and
   // the bf16 master's compensation when the layout has one),
@@ -176,7 +181,7 @@ class GpuEngine final : public TrainBackend {
   void attach_teacher(const BackendOptions& o, CachingAllocator& A);
   void release_teacher();
   std::unique_ptr<parallel::ShardedParams> sharded_;  // stage 3 only; after zero_comm_ (uses its stream)
-  // Host pinned staging: tokens, labels [accum*B*S], and the flags read back after each step.
+  // Host pinned staging: tokens, labels [accum][cap_], and the flags read back after each step.
   std::int32_t* tokens_h_ = nullptr;
   std::int32_t* labels_h_ = nullptr;
   float* flags_h_ = nullptr;
@@ -189,13 +194,15 @@ class GpuEngine final : public TrainBackend {
   Buffer drop_idx_d_;
   std::int32_t* drop_idx_h_ = nullptr;
   std::size_t drop_stride_ = 0;
-  int kept_ = 0, graph_kept_ = 0;
+  int kept_ = 0;
   std::int64_t step_layer_tokens_ = 0;
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t graph_exec_ = nullptr;
-  int eager_steps_ = 0;
-  bool graph_failed_ = false;
-  int graph_captures_ = 0;
+  // The micro-batch's shape (a sequence-length curriculum's rows x seq; the run's B x S by
+  // default) and each micro-batch's staging slot in tokens (>= B x S).
+  int rows_ = 0, seq_ = 0;
+  std::size_t cap_ = 0;
+  // The step's graphs, one per shape (kept count, rows x seq), and the last step's shape.
+  StepGraphs graphs_;
+  StepShape last_shape_;
   // Last: destroyed first, while the state buffers it moves still exist.
   std::unique_ptr<StateOffloader> offloader_;
   std::uint64_t graph_generation_ = 0;  // offloader generation the graph was captured at

@@ -34,6 +34,7 @@
 #include "train/lr_schedule.h"
 #include "train/precision.h"
 #include "train/random_ltd_schedule.h"
+#include "train/seqlen_curriculum.h"
 
 namespace cutrain::train {
 
@@ -223,6 +224,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   // bing_bert's flags (train/bert_options.h); a shape flag that says otherwise is an error.
   const bool bert = o.model == model::Arch::Bert;
   std::optional<BertSetup> bert_setup;
+  CUTRAIN_CHECK(o.pad_to_longest >= 0, "train: --pad_to_longest: expected a bucket >= 1 (e.g. 64; 0: off), found ",
+                o.pad_to_longest);
+  CUTRAIN_CHECK(o.pad_to_longest == 0 || bert, "train: --pad_to_longest ", o.pad_to_longest,
+                " pads BERT's masked-LM micro-batches: expected --model bert, found --model ", name(o.model));
   if (bert) {
     CUTRAIN_CHECK(o.attention != AttentionChoice::Causal,
                   "train: --attention causal with --model bert: BERT's encoder is bidirectional ([PAD] keys masked)");
@@ -328,6 +333,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   cfg.resolve_batch(dp_world);
   if (o.learning_rate) cfg.optimizer.lr = *o.learning_rate;
   const LrSchedule schedule = LrSchedule::from_config(cfg);
+  CUTRAIN_CHECK(!o.lr_decay_tokens || (*o.lr_decay_tokens > 0 && schedule.decays()), "train: --lr_decay_tokens ",
+                o.lr_decay_tokens.value_or(0), ": expected a positive token count with scheduler.type WarmupDecayLR or "
+                "WarmupCosineLR in ", o.deepspeed_config.string(), " (the decay it counts in tokens), found ",
+                schedule.describe());
   const int accum = cfg.accumulation();
   const PrecisionPlan plan = plan_from_config(cfg);
   if (resume && !resume->legacy) {
@@ -444,6 +453,24 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       if (bo.dims.moe.is_moe(l)) run.moe_layers.push_back(l);
     check_random_ltd(cfg, run);
     if (ltd_on) out << "[Rank 0] " << describe_random_ltd(ltd, o.seq_length) << "\n";
+  }
+  // The sequence-length curriculum (seqlen_truncate / seqlen_reshape, or the legacy block): each
+  // step's micro-batches rebuilt at its length (train/seqlen_curriculum.h), the backends' buffers
+  // sized once for the largest.
+  std::optional<SeqlenCurriculum> seqlen;
+  if (!bert) seqlen = make_seqlen_curriculum(cfg, o.deepspeed_config.string(), o.batch_size, o.seq_length);
+  if (bert && cfg.curriculum_learning.enabled)
+    CUTRAIN_FAIL("train: ", o.deepspeed_config.string(), ": curriculum_learning.enabled: true with --model bert: the "
+                 "sequence-length warm-up is built for the GPT-style windows, not for masked-LM samples; expected false");
+  if (seqlen) {
+    const std::string what = o.deepspeed_config.string() + ": the sequence-length curriculum (" + name(seqlen->metric()) + ")";
+    CUTRAIN_CHECK(!ltd_on, "train: ", what, " with random-LTD is not built; expected one of them");
+    CUTRAIN_CHECK(pp == 1 && tp == 1, "train: ", what, " with --pipeline_parallel_size ", pp, " and ", tp_flag, " ", tp,
+                  ": the pipeline's and tensor-parallel plans are per B x S; expected neither");
+    CUTRAIN_CHECK(!bo.dims.moe.any(), "train: ", what, " with --num_experts: MoE blocks keep the run's B x S; "
+                  "expected a dense model");
+    bo.max_tokens = seqlen->max_tokens();
+    out << "[Rank 0] " << seqlen->describe() << "\n";
   }
   if (!o.use_real_data && cfg.data_efficiency.curriculum_active())
     for (const auto& m : cfg.data_efficiency.metrics)
@@ -737,10 +764,14 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   };
   // BERT: micro-batch a of this rank at `step` is number (step x world + rank) x accumulation + a of
   // the masked-LM stream: a pure function of the step (resume), the global batch dealt by rank.
+  // The step's longest sample: --pad_to_longest cuts the step's micro-batches down to it.
+  int mlm_longest = o.seq_length;
   auto draw_mlm = [&](int step) {
+    mlm_longest = 0;
     for (int a = 0; a < accum; ++a)
-      mlm->fill((std::int64_t(step) * dp_world + dp_rank) * accum + a, tokens.data() + a * per_micro,
-                labels.data() + a * per_micro);
+      mlm_longest = std::max(mlm_longest, mlm->fill((std::int64_t(step) * dp_world + dp_rank) * accum + a,
+                                                    tokens.data() + a * per_micro, labels.data() + a * per_micro)
+                                              .longest);
   };
   if (o.fixed_batch) mlm ? draw_mlm(first_step) : sampler ? draw_real(first_step) : draw();
 
@@ -773,6 +804,19 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (ltd_on)
     for (int s = 0; s < first_step; ++s)
       consumed_layer_tokens += random_ltd_layer_tokens(ltd, s, global_seqs, bo.dims.layers, o.seq_length);
+  // Tokens trained before this step (global batch): a curriculum's steps count their length.
+  std::int64_t consumed_tokens = seqlen ? seqlen->tokens_before(first_step, accum, dp_world)
+                                        : std::int64_t(first_step) * std::int64_t(per_step) * dp_world;
+  std::vector<std::int32_t> cl_tokens, cl_labels;  // the curriculum's rebuilt micro-batches
+  // The step's lr: DeepSpeed's step-indexed schedule, or with --lr_decay_tokens its decay counted
+  // in tokens (Megatron-DeepSpeed's token-based decay, train/lr_schedule.h).
+  const int decay_start = schedule.decay_start_step();
+  const std::int64_t warmup_tokens = seqlen ? seqlen->tokens_before(decay_start, accum, dp_world)
+                                            : std::int64_t(decay_start) * std::int64_t(per_step) * dp_world;
+  auto lr_at = [&](int step, std::int64_t tokens_before) {
+    if (!o.lr_decay_tokens) return schedule.lr(step);
+    return schedule.lr_by_tokens(step, tokens_before, warmup_tokens, *o.lr_decay_tokens);
+  };
   double time_sum = 0;
   int timed = 0;
   const int last = first_step + o.num_steps - 1;
@@ -782,11 +826,40 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   bool distilling = o.mos.active();  // until the backend reports a step without the teacher
   for (int step = first_step; step <= last; ++step) {
     if (!o.fixed_batch) mlm ? draw_mlm(step) : sampler ? draw_real(step) : draw();
-    const float lr = schedule.lr(step);
+    // A sequence-length curriculum: this step's length, the micro-batches rebuilt at it.
+    const std::int32_t* step_tokens = tokens.data();
+    const std::int32_t* step_labels = labels.data();
+    int cl_seqlen = o.seq_length;
+    SeqShape cl_shape{o.batch_size, o.seq_length};
+    if (bert && o.pad_to_longest > 0) {
+      // Issue #20: the step's [PAD]-padded micro-batches cut to its longest sample, rounded up to
+      // the bucket (one CUDA graph per length; the loss is over the labelled rows, all kept).
+      cl_seqlen = bert_padded_length(mlm_longest, o.pad_to_longest, bert_setup->max_predictions, o.seq_length);
+      cl_shape = SeqShape{o.batch_size, cl_seqlen};
+      rebuild_micro_batches(CurriculumMetric::SeqlenTruncate, o.batch_size, o.seq_length, cl_seqlen, accum,
+                            tokens.data(), labels.data(), cl_tokens, cl_labels);
+      be->set_seq_shape(cl_shape.rows, cl_shape.seq);
+      step_tokens = cl_tokens.data();
+      step_labels = cl_labels.data();
+    }
+    if (seqlen) {
+      cl_seqlen = seqlen->seqlen(step);
+      cl_shape = seqlen->shape(cl_seqlen);
+      seqlen->apply(cl_seqlen, accum, tokens.data(), labels.data(), cl_tokens, cl_labels);
+      be->set_seq_shape(cl_shape.rows, cl_shape.seq);
+      step_tokens = cl_tokens.data();
+      step_labels = cl_labels.data();
+    }
+    // The tokens this step trains: this rank's, and the global batch's (DeepSpeed's example's
+    // consumed_train_tokens, which its token-based lr decay reads).
+    const std::int64_t rank_tokens = std::int64_t(accum) * std::int64_t(cl_shape.tokens());
+    const std::int64_t global_tokens = rank_tokens * dp_world;
+    const float lr = lr_at(step, consumed_tokens);
+    consumed_tokens += global_tokens;
     prof.begin_step(step);
     const bool writing = writer && writer->in_flight();  // a background write shares the machine
     const auto t0 = std::chrono::steady_clock::now();
-    const StepStats st = be->step(tokens.data(), labels.data(), step + 1, lr);
+    const StepStats st = be->step(step_tokens, step_labels, step + 1, lr);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     prof.end_step(step);
     if (step - first_step >= o.warmup_steps) {
@@ -824,6 +897,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
           << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak);
       if (bert) out << ", samples/s=" << fixed(double(global_seqs) / dt, 1);
+      if (bert && o.pad_to_longest > 0) out << ", padded to " << cl_seqlen << " of " << o.seq_length;
       out << "\n";
       if (st.distilled)
         out << "[Rank 0] Step " << step << ": distillation ce_loss=" << fixed(st.ce_loss, 4)
@@ -836,6 +910,11 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
         out << "[Rank 0] Step " << step << ": random-LTD kept=" << std::min<std::int64_t>(random_ltd_kept(ltd, step), o.seq_length)
             << " of " << o.seq_length << " tokens in " << ltd.layer_ids.size() << " of " << bo.dims.layers
             << " blocks, layer_tokens=" << layer_tokens << ", consumed_layer_tokens=" << consumed_layer_tokens << "\n";
+      if (seqlen)
+        out << "[Rank 0] Step " << step << ": curriculum seqlen=" << cl_seqlen << " of " << o.seq_length << " ("
+            << name(seqlen->metric()) << ": " << cl_shape.rows << " rows of " << cl_shape.seq << " per micro-batch), tokens="
+            << global_tokens << ", consumed_tokens=" << consumed_tokens << ", tokens/s=" << fixed(double(rank_tokens) / dt, 0)
+            << "\n";
       if (curriculum) {
         const auto [first, end] = curriculum->draw->eligible(difficulty);
         out << "[Rank 0] Step " << step << ": curriculum difficulty=" << difficulty << " ("
@@ -852,7 +931,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                           {"grad_norm", st.grad_norm},
                           {"skipped", st.skipped},
                           {"step_time_s", dt},
-                          {"tokens_per_s", double(per_step) / dt},
+                          {"tokens_per_s", double(rank_tokens) / dt},
                           {"samples_per_s", double(global_seqs) / dt},
                           {"allocated_bytes", mem.allocated},
                           {"reserved_bytes", mem.reserved},
@@ -862,6 +941,13 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
         j["ce_loss"] = float(st.ce_loss);  // as loss: the float the loss CSV holds
         j["kd_loss"] = st.kd_loss;
         j["distilled"] = st.distilled;
+      }
+      if (bert && o.pad_to_longest > 0) j["padded_seqlen"] = cl_seqlen;
+      if (seqlen) {
+        j["curriculum_seqlen"] = cl_seqlen;
+        j["curriculum_rows"] = cl_shape.rows;
+        j["tokens"] = global_tokens;
+        j["consumed_tokens"] = consumed_tokens;
       }
       if (ltd_on) {
         j["random_ltd_kept"] = std::min<std::int64_t>(random_ltd_kept(ltd, step), o.seq_length);
@@ -887,7 +973,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       progress_time += dt;
       const int done = step - first_step + 1;
       out << "\r[step " << step + 1 << "/" << last + 1 << "] ETA " << duration_text(progress_time / done * (last - step))
-          << ", " << with_commas(dt > 0 ? std::uint64_t(double(per_step) / dt) : 0) << " tokens/s, mem " << format_gb(mem.allocated)
+          << ", " << with_commas(dt > 0 ? std::uint64_t(double(rank_tokens) / dt) : 0) << " tokens/s, mem " << format_gb(mem.allocated)
           << " (peak " << format_gb(mem.peak) << ")\033[K" << std::flush;
       progress_shown = true;
     }

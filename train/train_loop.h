@@ -33,6 +33,9 @@ struct TrainOptions {
   std::filesystem::path init_from_hf, save_hf;
   int num_steps = 20, warmup_steps = 5;
   std::optional<float> learning_rate;  // given: overrides the config's optimizer lr
+  // --lr_decay_tokens: the scheduler's decay counted in trained tokens up to this many (global
+  // batch), Megatron-DeepSpeed's --lr-decay-tokens (train/lr_schedule.h: lr_by_tokens).
+  std::optional<std::int64_t> lr_decay_tokens;
   // Step lines every N steps; not given: the config's steps_per_print, else 5 (train.py's default).
   std::optional<int> log_interval;
   // A progress line (step, ETA, tokens/s, memory) rewritten in place after each step: for a
@@ -82,6 +85,9 @@ struct TrainOptions {
   MosOptions mos;              // --mos / --kd, --load_teacher, --kd_* (train/mos_options.h; docs/moe.md)
   // --model bert: --bert_config and bing_bert's flags (train/bert_options.h; docs/bert.md).
   BertFlags bert;
+  // --pad_to_longest BUCKET (--model bert; 0: off): each step's micro-batches cut from S to their
+  // longest sample rounded up to a multiple of BUCKET (issue #20; train/bert_options.h).
+  int pad_to_longest = 0;
   // Whether --batch_size was given: BERT runs take the DeepSpeed config's
   // train_micro_batch_size_per_gpu when it was not (a library caller's value counts as given).
   bool batch_size_given = true;
