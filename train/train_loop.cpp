@@ -469,6 +469,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                   ": the pipeline's and tensor-parallel plans are per B x S; expected neither");
     CUTRAIN_CHECK(!bo.dims.moe.any(), "train: ", what, " with --num_experts: MoE blocks keep the run's B x S; "
                   "expected a dense model");
+    CUTRAIN_CHECK(!o.mos.active(), "train: ", what, " with --mos: the teacher's forward is built for the run's B x S; "
+                  "expected one of them");
     bo.max_tokens = seqlen->max_tokens();
     out << "[Rank 0] " << seqlen->describe() << "\n";
   }
