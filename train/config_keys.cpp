@@ -45,6 +45,7 @@ constexpr ConfigKey kKeys[] = {
     {"activation_checkpointing", A, "", "", kSection},
     {"aio", A, "", "", kSection},
     {"tensor_parallel", A, "", "", kSection},
+    {"pipeline", A, "", "", kSection},
     {"prescale_gradients", W, "false", "gradients are averaged once, after the reduction"},
     {"gradient_predivide_factor", W, "1|1.0", "gradients are averaged once, after the reduction"},
     {"zero_allow_untested_optimizer", W, "", "cutrain has only its own Adam(W) and Lamb (Lamb refuses ZeRO)"},
@@ -191,6 +192,14 @@ constexpr ConfigKey kKeys[] = {
     {"activation_checkpointing.number_checkpoints", W, "null", kNoPartitionedCkpt},
     {"activation_checkpointing.synchronize_checkpoint_boundary", W, "false", kNoPartitionedCkpt},
     {"activation_checkpointing.profile", W, "false", kNoPartitionedCkpt},
+
+    // pipeline (docs/distributed.md, "Pipeline parallelism")
+    {"pipeline.stages", A, "", "the pipeline degree when --pipeline_parallel_size is not given (\"auto\": 1)"},
+    {"pipeline.partition", A, "", "the partition_method when --partition_method is not given (\"best\": parameters)"},
+    {"pipeline.activation_checkpoint_interval", A, "", "layers per recomputed chunk of a stage (0: off; the GPU engine: 0 or 1, its per-block checkpointing)"},
+    {"pipeline.seed_layers", W, "false", "every layer is initialised from --seed"},
+    {"pipeline.pipe_partitioned", W, "false", "the activations between stages are sent whole"},
+    {"pipeline.grad_partitioned", W, "false", "the gradients between stages are sent whole"},
 
     // aio (the optimizer swap's I/O, docs/nvme.md)
     {"tensor_parallel.autotp_size", A, "", "the tensor-parallel degree (--device cpu; --tensor_parallel_size wins): Megatron-style column/row-parallel blocks, vocabulary-parallel embedding and loss (docs/distributed.md)"},

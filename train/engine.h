@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/transformer_gpu.h"
+#include "parallel/tp_device_group.h"
 #include "parallel/zero_comm.h"
 #include "parallel/zero_plan.h"
 #include "parallel/zero_shard_layout.h"
@@ -24,6 +25,7 @@
 #include "runtime/offload.h"
 #include "kernels/lamb.cuh"
 #include "train/cpu_backend.h"
+#include "train/gpu_pipeline.h"
 #include "train/optimizer_swap.h"
 #include "train/precision.h"
 #include "train/random_ltd_draw.h"
@@ -77,6 +79,11 @@ class GpuEngine final : public TrainBackend {
   // Stage 3 (ZeroMode::Sharded) only: the per-unit shard layout and its gathers; null otherwise.
   const parallel::ShardedParams* sharded() const { return sharded_.get(); }
   int graph_captures() const { return graph_captures_; }  // successful captures so far
+  // The pipeline the step runs through (BackendOptions::pipeline_engine / stages_in_process);
+  // null: the plain micro-batch loop.
+  const GpuPipeline* pipeline() const { return pipeline_.get(); }
+  // The tensor-parallel group of degree 1 (BackendOptions::tensor_parallel_engine); null: none.
+  const parallel::CommTpDeviceGroup* tensor_parallel_group() const { return tp_group_.get(); }
 
   // DeepSpeed's engine.offload_states / reload_states. `include`: any of optim_states (moments, and
   // the bf16 master's compensation when the layout has one),
@@ -148,7 +155,15 @@ class GpuEngine final : public TrainBackend {
   Buffer lamb_table_, lamb_ws_;
   kernels::LambDeviceTable lamb_;
   std::size_t state_bytes_ = 0, state_requested_bytes_ = 0;
+  // Tensor parallelism at degree 1: the one-rank group the blocks' all-reduces go over.
+  std::shared_ptr<comm::Communicator> tp_comm_;
+  std::unique_ptr<parallel::CommTpDeviceGroup> tp_group_;
   std::unique_ptr<model::GpuTransformer> model_;
+  std::unique_ptr<GpuPipeline> pipeline_;  // after model_: a one-stage pipeline runs it
+  std::unique_ptr<model::GpuTransformer> make_model() const;
+  std::vector<int> drop_layers_;  // random-LTD's blocks (the models' constructor argument)
+  void setup_tensor_parallel();
+  void setup_pipeline();
   std::unique_ptr<parallel::ShardedParams> sharded_;  // stage 3 only; after zero_comm_ (uses its stream)
   // Host pinned staging: tokens, labels [accum*B*S], and the flags read back after each step.
   std::int32_t* tokens_h_ = nullptr;
