@@ -202,7 +202,7 @@ constexpr ConfigKey kKeys[] = {
     {"pipeline.grad_partitioned", W, "false", "the gradients between stages are sent whole"},
 
     // aio (the optimizer swap's I/O, docs/nvme.md)
-    {"tensor_parallel.autotp_size", A, "", "the tensor-parallel degree (--device cpu; --tensor_parallel_size wins): Megatron-style column/row-parallel blocks, vocabulary-parallel embedding and loss (docs/distributed.md)"},
+    {"tensor_parallel.autotp_size", A, "", "the tensor-parallel degree (--tensor_parallel_size wins): on --device cpu Megatron-style column/row-parallel blocks, vocabulary-parallel embedding and loss; on --device cuda 1, the blocks' all-reduces over a one-rank NCCL communicator (docs/distributed.md)"},
     {"aio.block_size", A, "", "bytes per I/O request (a multiple of 512)"},
     {"aio.queue_depth", A, "", "requests in flight per worker"},
     {"aio.intra_op_parallelism", A, "", "I/O workers per transfer"},
