@@ -7,7 +7,10 @@
 // state and reduced gradients in per-unit shards with each unit (embeddings, block, head)
 // gathered just before use and the next one prefetched on the communication stream
 // (parallel/zero_stage3.h). The collectives of the gradient reduction and norm, and stage 3's
-// gathers, are part of the captured graph.
+// gathers, are part of the captured graph. On one GPU the micro-batches can run through the
+// pipeline's 1F1B program (train/gpu_pipeline.h: one stage, or every stage in this process) and
+// the blocks' tensor-parallel all-reduces over a one-rank NCCL group (degree 1); stages on
+// several GPUs and sharded GEMMs are refused.
 #pragma once
 
 #include <cuda_runtime.h>
