@@ -64,7 +64,9 @@ class FlatParams final : public ParamAccess {
 // all-reduces through it: forward after the out-projection and FC2 (the row-parallel partial
 // sums), backward after FC1's and QKV's input gradients (the column-parallel inputs). Sharded
 // GEMMs are not built: the model takes a group of size 1, where every sum is the rank's own
-// values, so a degree-1 run executes the multi-GPU code path with identical results.
+// values, so a degree-1 run executes the multi-GPU code path with identical results. (A degree
+// above 1 would also need the row-parallel biases and the residuals that the GEMM epilogues add
+// (beta 1) added on one rank of the group only, and each rank's slices of the weights.)
 class TpDeviceGroup {
  public:
   virtual ~TpDeviceGroup() = default;

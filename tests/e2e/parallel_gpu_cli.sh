@@ -4,7 +4,7 @@
 # config's pipeline section (degree and partition from it), --pipeline_stages_in_process 2 and 3
 # (virtual stages), --tensor_parallel_size 1 (the blocks' all-reduces over a one-rank NCCL
 # communicator) and both together, each against the plain engine's losses over 4 micro-batches per
-# step; then the bad input, refused before any work with the flag named: a pipeline degree above 1
+# step, pipeline.activation_checkpoint_interval 1 against --activation_checkpointing; then the bad input, refused before any work with the flag named: a pipeline degree above 1
 # on cuda, a tensor-parallel degree above 1 on cuda, virtual stages with --pipeline_parallel_size
 # above 1 or on the CPU backend, a partial stage of GPT-2, pipeline.activation_checkpoint_interval 2
 # on cuda. The cpu variant runs the refusals that need no GPU.
@@ -60,6 +60,15 @@ run v2 --deepspeed_config "$tmp/a4.json" --pipeline_stages_in_process 2 --partit
 grep -q "all 2 stages in this process (virtual stages: 3 models" "$tmp/v2.txt" || { cat "$tmp/v2.txt"; fail "v2: the line"; }
 run v3 --deepspeed_config "$tmp/a4.json" --pipeline_stages_in_process 3 --activation_checkpointing
 run plain_ckpt --deepspeed_config "$tmp/a4.json" --activation_checkpointing
+python3 - "$tmp/a4.json" "$tmp/ck1.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["pipeline"] = {"activation_checkpoint_interval": 1}
+json.dump(c, open(sys.argv[2], "w"))
+PY
+run ck1 --deepspeed_config "$tmp/ck1.json"
+grep -q "pipeline.activation_checkpoint_interval 1: every block recomputed in backward" "$tmp/ck1.txt" \
+    || { cat "$tmp/ck1.txt"; fail "ck1: the interval's line"; }
 run tp1 --deepspeed_config "$tmp/a4.json" --tensor_parallel_size 1
 grep -q "tensor parallel: rank 0 of 1: .* over the nccl communicator (world 1): per micro-batch 8 forward and 8 backward" \
     "$tmp/tp1.txt" || { cat "$tmp/tp1.txt"; fail "tp1: the slice line"; }
@@ -68,6 +77,7 @@ for name in pp1 ds v2 tp1 pp1tp1; do
   same_losses "$tmp/plain.csv" "$tmp/$name.csv" "$name" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
 done
 same_losses "$tmp/plain_ckpt.csv" "$tmp/v3.csv" "v3" || fail "3 virtual stages with checkpointing: losses"
+same_losses "$tmp/plain_ckpt.csv" "$tmp/ck1.csv" "ck1" || fail "pipeline.activation_checkpoint_interval 1: losses"
 echo "ok: pipeline degree 1, the config's pipeline section, 2 and 3 virtual stages, tensor parallel degree 1 = the plain engine"
 refused "gpu model: a pipeline stage of part of the model (layers [0, " --device cuda "${size[@]}" --model gpt2 \
     --deepspeed_config "$tmp/a4.json" --pipeline_stages_in_process 2
