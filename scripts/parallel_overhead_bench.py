@@ -48,8 +48,8 @@ def run(args, cfg, flags):
     m = re.search(r"avg_step_time=([0-9.eE+-]+)", p.stdout)
     if not m:
         raise SystemExit(f"no avg_step_time in the output of {' '.join(cmd)}")
-    peak = re.search(r"Peak memory: ([0-9.]+) GB", p.stdout)
-    return float(m.group(1)), float(peak.group(1)) if peak else None
+    peak = re.search(r"peak_mem_bytes=([0-9]+)", p.stdout)
+    return float(m.group(1)), int(peak.group(1)) / 2**30 if peak else None
 
 
 def main():
