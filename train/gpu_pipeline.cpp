@@ -26,7 +26,7 @@ GpuPipeline::GpuPipeline(const model::TransformerParams& table, const parallel::
       models_[std::size_t(s)].push_back(owned_.back().get());
     }
   }
-  act_elems_ = std::size_t(table.dims().hidden);  // times B*S: taken from the model at the first hand-over
+  act_elems_ = std::size_t(table.dims().hidden);  // a hand-over is per_micro (B x S) rows of it
 }
 
 std::vector<model::GpuTransformer*> GpuPipeline::models() const {
