@@ -41,6 +41,7 @@ constexpr ConfigKey kKeys[] = {
     {"aio", A, "", "", kSection},
     {"tensor_parallel", A, "", "", kSection},
     {"cutrain", A, "", "cutrain's own settings (no DeepSpeed key)", kSection},
+    {"pipeline", A, "", "", kSection},
     {"prescale_gradients", W, "false", "gradients are averaged once, after the reduction"},
     {"gradient_predivide_factor", W, "1|1.0", "gradients are averaged once, after the reduction"},
     {"zero_allow_untested_optimizer", W, "", "cutrain has only its own Adam(W) and Lamb (Lamb refuses ZeRO)"},
@@ -188,9 +189,17 @@ constexpr ConfigKey kKeys[] = {
     {"activation_checkpointing.synchronize_checkpoint_boundary", W, "false", kNoPartitionedCkpt},
     {"activation_checkpointing.profile", W, "false", kNoPartitionedCkpt},
 
+    // pipeline (docs/distributed.md, "Pipeline parallelism")
+    {"pipeline.stages", A, "", "the pipeline degree when --pipeline_parallel_size is not given (\"auto\": 1)"},
+    {"pipeline.partition", A, "", "the partition_method when --partition_method is not given (\"best\": parameters)"},
+    {"pipeline.activation_checkpoint_interval", A, "", "layers per recomputed chunk of a stage (0: off; the GPU engine: 0 or 1, its per-block checkpointing)"},
+    {"pipeline.seed_layers", W, "false", "every layer is initialised from --seed"},
+    {"pipeline.pipe_partitioned", W, "false", "the activations between stages are sent whole"},
+    {"pipeline.grad_partitioned", W, "false", "the gradients between stages are sent whole"},
+
     // aio (the optimizer swap's I/O, docs/nvme.md)
     {"cutrain.data_order", A, "", "shuffled (cutrain's epochs: every shard's windows shuffled together) or llmc (llm.c's DataLoader: the batches train_gpt2cu draws for the same B, T, ranks and --seed; docs/gpt2.md); --use_real_data only, --data_order wins"},
-    {"tensor_parallel.autotp_size", A, "", "the tensor-parallel degree (--device cpu; --tensor_parallel_size wins): Megatron-style column/row-parallel blocks, vocabulary-parallel embedding and loss (docs/distributed.md)"},
+    {"tensor_parallel.autotp_size", A, "", "the tensor-parallel degree (--tensor_parallel_size wins): on --device cpu Megatron-style column/row-parallel blocks, vocabulary-parallel embedding and loss; on --device cuda 1, the blocks' all-reduces over a one-rank NCCL communicator (docs/distributed.md)"},
     {"aio.block_size", A, "", "bytes per I/O request (a multiple of 512)"},
     {"aio.queue_depth", A, "", "requests in flight per worker"},
     {"aio.intra_op_parallelism", A, "", "I/O workers per transfer"},

@@ -12,6 +12,7 @@
 #include "model/kernel_costs.h"
 #include "parallel/expert_parallel_plan.h"
 #include "parallel/group_communicator.h"
+#include "parallel/tensor_parallel_plan.h"
 #include "runtime/check.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/launch_env.h"
@@ -216,9 +217,10 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     CUTRAIN_CUDA_CHECK(cudaMallocHost(&drop_idx_h_, accum_ * drop_stride_ * 4));
     std::fill(drop_idx_h_, drop_idx_h_ + accum_ * drop_stride_, 0);
   }
-  model_ = std::make_unique<model::GpuTransformer>(table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A,
-                                                   o.recompute_gelu, std::move(drop_layers), o.max_predictions,
-                                                   ep_comm_.get(), cap_);
+  drop_layers_ = std::move(drop_layers);
+  model_ = make_model();
+  if (o.tensor_parallel_engine || o.tensor_parallel > 1) setup_tensor_parallel();
+  if (o.pipeline_engine || o.stages_in_process > 1 || o.pipeline_stages > 1) setup_pipeline();
   if (o.dims.arch == model::Arch::Bert) {  // dropout: the kernels read the step from step_d_
     step_d_ = Buffer(A, sizeof(std::uint32_t), stream_);
     CUTRAIN_CUDA_CHECK(cudaMallocHost(&step_h_, sizeof(std::uint32_t)));
@@ -294,6 +296,68 @@ GpuEngine::~GpuEngine() {
   if (drop_idx_h_) cudaFreeHost(drop_idx_h_);
 }
 
+std::unique_ptr<model::GpuTransformer> GpuEngine::make_model() const {
+  return std::make_unique<model::GpuTransformer>(table_, opt_.batch, opt_.seq, opt_.activation_checkpointing,
+                                                 opt_.causal, device_allocator(), opt_.recompute_gelu, drop_layers_,
+                                                 opt_.max_predictions, ep_comm_.get(), cap_);
+}
+
+// Degree 1 only: the slice's checks, then the blocks' all-reduces over a one-rank group.
+void GpuEngine::setup_tensor_parallel() {
+  const std::string& flag = opt_.tensor_parallel_flag;
+  CUTRAIN_CHECK(opt_.tensor_parallel == 1, "train: ", flag, " ", opt_.tensor_parallel,
+                " on the GPU engine: the sharded GEMMs (column / row-parallel blocks, vocabulary-parallel embedding and "
+                "loss over NCCL) are not built; degree 1 runs the tensor-parallel code path on one GPU, degrees above 1 "
+                "run on --device cpu over the host communicator");
+  const model::TpSlice slice = parallel::make_tp_slice(table_.dims(), 1, 0, flag);
+  tp_comm_ = opt_.tp_comm;
+  if (!tp_comm_) {
+    CUTRAIN_CHECK(comm::nccl_available(), "train: ", flag, " 1 on the GPU engine reduces over a one-rank NCCL ",
+                  "communicator: expected a build with NCCL, found one without");
+    int device = 0;
+    CUTRAIN_CUDA_CHECK(cudaGetDevice(&device));
+    tp_comm_ = std::shared_ptr<comm::Communicator>(comm::Communicator::create(comm::LaunchEnv{}, device));
+  }
+  CUTRAIN_CHECK(tp_comm_->world_size() == 1, "train: ", flag, " 1: expected a tensor-parallel group of one rank, found ",
+                tp_comm_->world_size());
+  tp_group_ = std::make_unique<parallel::CommTpDeviceGroup>(tp_comm_);
+  model_->set_tensor_parallel(tp_group_.get());
+  describe_ += ", tensor parallel degree 1 over " + std::string(tp_comm_->backend_name());
+  std::cout << "[Rank " << (comm_ ? comm_->rank() : 0) << "] " << parallel::describe_tp_slice(slice) << " over the "
+            << tp_comm_->backend_name() << " communicator (world 1): per micro-batch " << model_->tp_forward_all_reduces()
+            << " forward and " << model_->tp_backward_all_reduces()
+            << " backward block all-reduces (bf16, in place); the vocabulary-parallel embedding's and loss's reductions "
+               "are identities at degree 1 and not issued"
+            << std::endl;
+}
+
+// The step through the pipeline's program: one stage (the engine's model) or every stage in this
+// process. Stages on several GPUs are refused.
+void GpuEngine::setup_pipeline() {
+  CUTRAIN_CHECK(opt_.pipeline_stages <= 1, "train: --pipeline_parallel_size ", opt_.pipeline_stages,
+                " on the GPU engine: pipeline stages on separate GPUs (activations sent between stage ranks over NCCL) "
+                "are not built; expected 1 (the pipeline's program on this GPU), or --pipeline_stages_in_process ",
+                opt_.pipeline_stages, " for every stage in this one process, or --device cpu");
+  const int P = std::max(1, opt_.stages_in_process);
+  CUTRAIN_CHECK(!opt_.teacher, "train: the pipeline's program on the GPU engine with --mos: the teacher's forward "
+                "runs in the plain micro-batch loop; expected one of them");
+  CUTRAIN_CHECK(cap_ == std::size_t(opt_.batch) * opt_.seq, "train: the pipeline's program on the GPU engine with a "
+                "sequence-length curriculum: the stages' models keep the run's B x S; expected one of them");
+  CUTRAIN_CHECK(!ep_comm_, "train: the pipeline's program on the GPU engine with --moe_expert_parallel_size: "
+                "expected one of them");
+  CUTRAIN_CHECK(P == 1 || !sharded_, "train: --pipeline_stages_in_process ", P,
+                " with zero_optimization.stage 3 over a communicator: stage 3's gathers follow the whole model's unit "
+                "order; expected stage 0, 1 or 2 (DeepSpeed's pipeline takes ZeRO-1)");
+  const std::vector<parallel::PipelineLayer> layers = parallel::pipeline_layers(table_);
+  const parallel::PipelinePlan plan = parallel::make_pipeline_plan(
+      layers, parallel::parse_partition_method(opt_.partition_method, "--partition_method"), P, accum_);
+  pipeline_ = std::make_unique<GpuPipeline>(table_, plan, model_.get(), [this] { return make_model(); });
+  for (model::GpuTransformer* m : pipeline_->models())
+    if (m != model_.get() && tp_group_) m->set_tensor_parallel(tp_group_.get());
+  describe_ += P == 1 ? ", pipeline degree 1" : ", " + std::to_string(P) + " pipeline stages in this process";
+  std::cout << "[Rank " << (comm_ ? comm_->rank() : 0) << "] " << pipeline_->describe(layers) << std::endl;
+}
+
 void GpuEngine::stage_batch(const std::int32_t* tokens, const std::int32_t* labels) {
   // The previous step's copies finished (each step ends with a sync), so the staging is free.
   // Micro-batch a (rows_ x seq_ tokens) at the start of its slot a x cap_.
@@ -367,7 +431,14 @@ void GpuEngine::enqueue_forward_backward(bool step) {
     sharded_->begin_pass(params_.as<bf16>(), train_order_,
                          step && cfg_.zero_optimization.overlap_comm ? &overlap : nullptr);
   model::ParamAccess& P = sharded_ ? static_cast<model::ParamAccess&>(*sharded_) : flat;
-  for (int a = 0; a < accum_; ++a) {
+  auto drop_of = [&](int a) { return drop_idx_h_ ? drop_idx_d_.as<std::int32_t>() + a * drop_stride_ : nullptr; };
+  if (pipeline_) {
+    // The pipeline's program (1F1B per stage over the micro-batches); at one stage the loop below's calls.
+    pipeline_->enqueue(stream_, P, grads_.get(), plan_.grad, tokens_d_.as<std::int32_t>(),
+                       labels_d_.as<std::int32_t>(), per_micro, 1.f / float(accum_), flags, status,
+                       [&](model::GpuTransformer& m, int a) { m.set_token_drop(kept_, drop_of(a)); });
+  }
+  for (int a = 0; !pipeline_ && a < accum_; ++a) {
     const std::int32_t* tok = tokens_d_.as<std::int32_t>() + a * per_micro;
     const std::int32_t* lab = labels_d_.as<std::int32_t>() + a * per_micro;
     if (distill_now_) {
@@ -386,7 +457,7 @@ void GpuEngine::enqueue_forward_backward(bool step) {
       d.d_kd_loss = as_f32(kd_d_) + a;
       model_->set_distillation(&d);
     }
-    model_->set_token_drop(kept_, drop_idx_h_ ? drop_idx_d_.as<std::int32_t>() + a * drop_stride_ : nullptr);
+    model_->set_token_drop(kept_, drop_of(a));
     model_->forward_backward(stream_, P, grads_.get(), plan_.grad, a > 0, tok, lab, 1.f / float(accum_), flags + a,
                              status + 2 * a);
     model_->set_distillation(nullptr);
@@ -642,6 +713,7 @@ void GpuEngine::release_workspace() {
   // The graphs hold the workspace's addresses: they go too, and each shape starts eager again.
   graphs_.clear();
   model_->release_workspace();
+  if (pipeline_) pipeline_->release_workspace();
 }
 
 namespace {

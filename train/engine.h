@@ -7,7 +7,10 @@
 // state and reduced gradients in per-unit shards with each unit (embeddings, block, head)
 // gathered just before use and the next one prefetched on the communication stream
 // (parallel/zero_stage3.h). The collectives of the gradient reduction and norm, and stage 3's
-// gathers, are part of the captured graph.
+// gathers, are part of the captured graph. On one GPU the micro-batches can run through the
+// pipeline's 1F1B program (train/gpu_pipeline.h: one stage, or every stage in this process) and
+// the blocks' tensor-parallel all-reduces over a one-rank NCCL group (degree 1); stages on
+// several GPUs and sharded GEMMs are refused.
 //
 // MoE expert parallelism (BackendOptions::expert_parallel, DeepSpeed's ep_size; docs/moe.md): the
 // world in expert-parallel groups (parallel/expert_parallel_plan.h), each an NCCL sub-communicator
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "model/transformer_gpu.h"
+#include "parallel/tp_device_group.h"
 #include "parallel/zero_comm.h"
 #include "parallel/zero_plan.h"
 #include "parallel/zero_shard_layout.h"
@@ -32,6 +36,7 @@
 #include "runtime/offload.h"
 #include "kernels/lamb.cuh"
 #include "train/cpu_backend.h"
+#include "train/gpu_pipeline.h"
 #include "train/optimizer_swap.h"
 #include "train/precision.h"
 #include "train/random_ltd_draw.h"
@@ -91,6 +96,11 @@ class GpuEngine final : public TrainBackend {
   const parallel::ShardedParams* sharded() const { return sharded_.get(); }
   int graph_captures() const { return graphs_.captures(); }  // successful captures so far (all shapes)
   int graph_count() const { return graphs_.size(); }         // graphs held (one per shape seen twice)
+  // The pipeline the step runs through (BackendOptions::pipeline_engine / stages_in_process);
+  // null: the plain micro-batch loop.
+  const GpuPipeline* pipeline() const { return pipeline_.get(); }
+  // The tensor-parallel group of degree 1 (BackendOptions::tensor_parallel_engine); null: none.
+  const parallel::CommTpDeviceGroup* tensor_parallel_group() const { return tp_group_.get(); }
 
   // DeepSpeed's engine.offload_states / reload_states. `include`: any of optim_states (moments, and
   // the bf16 master's compensation when the layout has one),
@@ -168,6 +178,9 @@ class GpuEngine final : public TrainBackend {
   Buffer lamb_table_, lamb_ws_;
   kernels::LambDeviceTable lamb_;
   std::size_t state_bytes_ = 0, state_requested_bytes_ = 0;
+  // Tensor parallelism at degree 1: the one-rank group the blocks' all-reduces go over.
+  std::shared_ptr<comm::Communicator> tp_comm_;
+  std::unique_ptr<parallel::CommTpDeviceGroup> tp_group_;
   std::unique_ptr<model::GpuTransformer> model_;
   // Knowledge distillation (Mixture-of-Students, BackendOptions::teacher): the teacher's table,
   // bf16 params, forward-only model, a word for its loss and two for its status, each
@@ -180,6 +193,11 @@ class GpuEngine final : public TrainBackend {
   bool graph_after_teacher_ = false;  // CUDA-graph steps once the teacher is freed (eager while distilling)
   void attach_teacher(const BackendOptions& o, CachingAllocator& A);
   void release_teacher();
+  std::unique_ptr<GpuPipeline> pipeline_;  // after model_: a one-stage pipeline runs it
+  std::unique_ptr<model::GpuTransformer> make_model() const;
+  std::vector<int> drop_layers_;  // random-LTD's blocks (the models' constructor argument)
+  void setup_tensor_parallel();
+  void setup_pipeline();
   std::unique_ptr<parallel::ShardedParams> sharded_;  // stage 3 only; after zero_comm_ (uses its stream)
   // Host pinned staging: tokens, labels [accum][cap_], and the flags read back after each step.
   std::int32_t* tokens_h_ = nullptr;

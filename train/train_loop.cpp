@@ -304,10 +304,37 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   // The command line's batch size is the micro batch (the BF16 example passes the same 4 to both).
   if (!cfg.train_micro_batch_size_per_gpu) cfg.train_micro_batch_size_per_gpu = o.batch_size;
   // The ranks are pipeline stages x data-parallel replicas; the batch is the replicas'.
-  const int pp = o.pipeline_parallel_size;
+  // The degree: the flag, else the config's pipeline.stages, else 1; the partition method likewise.
+  if (!o.pipeline_parallel_given && cfg.pipeline_stages) o.pipeline_parallel_size = *cfg.pipeline_stages;
+  if (!o.partition_method_given && cfg.pipeline_partition) o.partition_method = *cfg.pipeline_partition;
+  const int pp = o.pipeline_parallel_size, vstages = o.pipeline_stages_in_process;
+  const bool on_gpu = o.device != TrainDevice::Cpu;
   CUTRAIN_CHECK(pp >= 1, "train: --pipeline_parallel_size: expected a number of stages >= 1, found ", pp);
-  CUTRAIN_CHECK(pp == 1 || o.device == TrainDevice::Cpu, "train: --pipeline_parallel_size ", pp,
-                ": pipeline parallelism runs on --device cpu (over the host communicator); the GPU engine has none yet");
+  CUTRAIN_CHECK(vstages >= 1, "train: --pipeline_stages_in_process: expected a number of stages >= 1, found ", vstages);
+  CUTRAIN_CHECK(vstages == 1 || on_gpu, "train: --pipeline_stages_in_process ", vstages,
+                ": virtual stages run on --device cuda; the CPU backend runs one stage per rank "
+                "(--pipeline_parallel_size under cutrain launch --backend host)");
+  CUTRAIN_CHECK(vstages == 1 || pp == 1, "train: --pipeline_stages_in_process ", vstages,
+                " with --pipeline_parallel_size ", pp,
+                ": the stages of this process are the whole pipeline; expected --pipeline_parallel_size 1");
+  CUTRAIN_CHECK(pp == 1 || !on_gpu, "train: --pipeline_parallel_size ", pp,
+                " with --device cuda: pipeline stages on separate GPUs (activations sent between stage ranks over "
+                "NCCL) are not built; expected 1 (the step through the pipeline's program on this GPU), "
+                "--pipeline_stages_in_process ", pp, " (every stage in this one process) or --device cpu");
+  const int ckpt_interval = cfg.activation_checkpoint_interval;
+  if (ckpt_interval > 0 && on_gpu) {
+    CUTRAIN_CHECK(ckpt_interval == 1, "train: ", o.deepspeed_config.string(),
+                  " gives pipeline.activation_checkpoint_interval ", ckpt_interval,
+                  ": the GPU engine checkpoints every block (interval 1, as --activation_checkpointing); chunks of "
+                  "several layers are built on --device cpu's pipeline");
+    if (!o.activation_checkpointing)
+      out << "[Rank 0] pipeline.activation_checkpoint_interval 1: every block recomputed in backward "
+             "(--activation_checkpointing)\n";
+    o.activation_checkpointing = true;
+  } else if (ckpt_interval > 0 && pp == 1) {
+    out << "[Rank 0] note: pipeline.activation_checkpoint_interval " << ckpt_interval
+        << ": read but not acted on without a pipeline (--pipeline_parallel_size 1 on --device cpu)\n";
+  }
   CUTRAIN_CHECK(pp == 1 || cfg.optimizer.type != OptimizerType::Lamb, "train: --pipeline_parallel_size ", pp, ": ",
                 o.deepspeed_config.string(), " gives optimizer.type Lamb, whose trust ratios need whole tensors on one "
                 "rank; the pipeline's stages update with AdamW only");
@@ -316,9 +343,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   const std::string tp_flag = o.tensor_parallel_size ? std::string("--tensor_parallel_size")
                                                      : "tensor_parallel.autotp_size (" + o.deepspeed_config.string() + ")";
   CUTRAIN_CHECK(tp >= 1, "train: ", tp_flag, ": expected a tensor-parallel degree >= 1, found ", tp);
-  CUTRAIN_CHECK(tp == 1 || o.device == TrainDevice::Cpu, "train: ", tp_flag, " ", tp,
-                ": tensor parallelism runs on --device cpu (over the host communicator); it is not built on the GPU "
-                "engine yet");
+  CUTRAIN_CHECK(tp == 1 || !on_gpu, "train: ", tp_flag, " ", tp,
+                " with --device cuda: the GPU's sharded GEMMs (column / row-parallel blocks, vocabulary-parallel "
+                "embedding and loss over NCCL) are not built; expected 1 (the tensor-parallel code path on one GPU) or "
+                "--device cpu (over the host communicator)");
   CUTRAIN_CHECK(o.domino == 1 || tp > 1, "train: --domino ", o.domino,
                 ": Domino splits the tensor-parallel all-reduces; expected --tensor_parallel_size > 1, found ", tp);
   CUTRAIN_CHECK(tp > 1 || env.world_size % pp == 0, "train: --pipeline_parallel_size ", pp,
@@ -384,6 +412,13 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   bo.tensor_parallel = tp;
   bo.tensor_parallel_flag = tp_flag;
   bo.domino = o.domino;
+  bo.pipeline_engine = on_gpu && (o.pipeline_parallel_given || cfg.pipeline_given || vstages > 1);
+  bo.stages_in_process = vstages;
+  bo.activation_checkpoint_interval = on_gpu ? 0 : ckpt_interval;
+  bo.tensor_parallel_engine = on_gpu && (o.tensor_parallel_size.has_value() || cfg.autotp_size.has_value());
+  if (vstages > 1 && accum == 1)
+    out << "[Rank 0] warning: " << vstages << " pipeline stages in this process with gradient_accumulation_steps 1: "
+        << "one micro-batch per step, so the stages run one after another\n";
   if (pp > 1 && accum == 1)
     out << "[Rank 0] warning: a pipeline of " << pp << " stages with gradient_accumulation_steps 1: one micro-batch "
         << "per step, so no stage overlaps another (bubble fraction " << pp - 1 << "/" << pp << ")\n";

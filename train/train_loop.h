@@ -47,6 +47,12 @@ struct TrainOptions {
   // partition_method (docs/distributed.md).
   int pipeline_parallel_size = 1;
   std::string partition_method = "parameters";
+  // Given on the command line (else the config's pipeline.stages / pipeline.partition apply). A
+  // given degree, or the config's pipeline section, makes the GPU engine run its step through the
+  // pipeline's program (train/gpu_pipeline.h) at degree 1.
+  bool pipeline_parallel_given = false, partition_method_given = false;
+  // --device cuda: all N stages of the pipeline in this one process (virtual stages).
+  int pipeline_stages_in_process = 1;
   // Tensor parallelism (--device cpu): the degree (--tensor_parallel_size; not given: the config's
   // tensor_parallel.autotp_size, else 1) and Domino's pieces per micro-batch (--domino).
   std::optional<int> tensor_parallel_size;
