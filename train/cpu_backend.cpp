@@ -250,6 +250,7 @@ class CpuBackend final : public TrainBackend {
   StepStats ep_step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
     const int accum = cfg_.accumulation();
     const std::size_t per = std::size_t(rows_) * seq_;
+    std::fill(grads_.begin(), grads_.end(), 0.f);
     StepStats st;
     for (int a = 0; a < accum; ++a) micro_batch(tokens + a * per, labels + a * per, step, a, accum, st);
     st.loss = ep_->mean_over_ranks(st.loss);
