@@ -76,6 +76,17 @@
 #               same config, the BF16 example's model and GPT-2 small at seq 1024, every block or
 #               DeepSpeed's 1..L-2 dropping, LTD_ROUNDS (default 3) alternating rounds, the table
 #               against the target f + 0.08 and the ideal ratio from a timing report. About 5 minutes.
+#   data_efficiency  issue #21's quality figures (scripts/data_efficiency_quality.py): baseline, the
+#               vocabularyrarity curriculum, the seqlen warm-up (where its config is), random-LTD and
+#               curriculum + random-LTD on the same shards (.devdata/linux-doc.tar.xz when
+#               scripts/corpus-linux-doc.sh made it, else WikiText-2), DE_STEPS steps (default 1000) of
+#               DE_SHAPE (default gpt2_small: B8 x S1024) within DE_BUDGET s (default 180): validation
+#               loss against the steps' time and the wall clock, the table, the <= 0.8 verdict, SVG/PNG
+#               in logs/data_efficiency/; then bench_token_drop and bench/peers/data_efficiency_peer.py
+#               through PEERS_DIR's run.sh ds-python (DeepSpeed's CurriculumScheduler and
+#               RandomLTDScheduler against every step of those runs, its random_ltd gather / scatter
+#               op, a JIT build, against ours and PyTorch's index ops; DE_PEER=0 leaves it out). About 5
+#               minutes: the runs ~3.5, DeepSpeed's install and JIT build ~1.5.
 #   bert        issue #20's BERT-Large targets, cutrain and its PyTorch peer (bench/peers/bert_peer.py)
 #               in the same call: the full training step at seq 128 x micro-batch 64 and seq 512 x 16
 #               (samples/s, peak memory), one layer's forward+backward alone at both, and at seq 512
@@ -406,6 +417,26 @@ if want random_ltd; then
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/random_ltd_tests.txt" | tail -15 >>"$sum" 2>/dev/null
   step random_ltd_bench 300 "python3 scripts/random_ltd_bench.py --bin $bin --fractions ${LTD_FRACTIONS:-0.5,0.75} --rounds ${LTD_ROUNDS:-3} --out $logs/random_ltd"
   grep -E "^\|" "$logs/random_ltd_bench.txt" >>"$sum" 2>/dev/null
+fi
+
+if want data_efficiency; then
+  # gpt2_small at B8 x S1024 is ~18-22 ms a step (docs/perf-notes.md: d12 B16 T1024 33.9 ms): 1000
+  # steps ~20 s a variant, plus start-up, validation and the random-LTD / seqlen recaptures.
+  corpus=""; [ -e .devdata/linux-doc.tar.xz ] && corpus="--corpus .devdata/linux-doc.tar.xz"
+  de_b=${DE_BUDGET:-180}
+  step data_efficiency $((de_b + 40)) "python3 scripts/data_efficiency_quality.py --bin $bin --shape ${DE_SHAPE:-gpt2_small} --steps ${DE_STEPS:-1000} --data .devdata $corpus --budget $de_b --out $logs/data_efficiency; rc=\$?; rm -rf $logs/data_efficiency/data; exit \$rc"
+  sed -n '/^## Data efficiency/,/^Curves/p' "$logs/data_efficiency.txt" | grep -v '^$' >>"$sum" 2>/dev/null
+  step bench_token_drop 60 "build/gpu/bench/bench_token_drop --benchmark_out=$logs/bench_token_drop.json --benchmark_out_format=json --benchmark_counters_tabular=true"
+  peers=${PEERS_DIR:-$root/.peers}
+  if [ "${DE_PEER:-1}" = 0 ]; then
+    echo "-- data_efficiency: DE_PEER=0, no DeepSpeed peer" >>"$sum"
+  elif [ -x "$peers/run.sh" ]; then
+    step peer_data_efficiency 240 "$peers/run.sh ds-python bench/peers/data_efficiency_peer.py --results $logs/data_efficiency --out $logs/data_efficiency_peer.json"
+    grep -E "^\||^schedules|^DeepSpeed" "$logs/peer_data_efficiency.txt" >>"$sum" 2>/dev/null
+    python3 bench/peers/compare.py --ours "$logs/bench_token_drop.json" --peers "$logs/data_efficiency_peer.json" >>"$sum" 2>&1
+  else
+    echo "-- data_efficiency: no $peers/run.sh (carry ../shared/peers as .peers, or set PEERS_DIR): no DeepSpeed peer" >>"$sum"
+  fi
 fi
 
 if want bert; then
