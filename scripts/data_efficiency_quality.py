@@ -81,6 +81,7 @@ LABELS = {
 COLORS = {"baseline": "#1f77b4", "curriculum": "#2ca02c", "seqlen": "#8c564b", "random_ltd": "#ff7f0e",
           "composed": "#d62728"}
 TARGET = 0.8  # the issue's: composed reaches the baseline's best in <= 80% of its time
+FAILED = "data_efficiency_quality: this run failed"  # the line a failed run's log ends with
 
 # name: (description, flags, layers, batch, seq)
 SHAPES = {
@@ -128,7 +129,10 @@ def corpus_files(paths, work):
             shutil.rmtree(dest, ignore_errors=True)
             with tarfile.open(p) as t:
                 members = [m for m in t.getmembers() if m.isfile() and not os.path.isabs(m.name) and ".." not in m.name]
-                t.extractall(dest, members=members)
+                try:
+                    t.extractall(dest, members=members, filter="data")
+                except TypeError:  # a Python before 3.11.4: no extraction filters
+                    t.extractall(dest, members=members)
             found += [(os.path.normpath(m.name), os.path.join(dest, m.name)) for m in members]
         else:
             found.append((os.path.basename(p), p))
@@ -201,7 +205,7 @@ def schedules(args, layers, seq):
     """The variants' schedule parameters, scaled to the run."""
     cl_steps = max(1, round(args.curriculum_fraction * args.steps))
     ltd_steps = max(1, round(args.ltd_fraction * args.steps))
-    ltd_min = min(args.ltd_min, seq // 4) if args.ltd_min else min(128, seq // 4)
+    ltd_min = args.ltd_min if args.ltd_min else min(128, seq // 4)
     per_step = min(16, ltd_min)
     ltd_min -= ltd_min % per_step
     sl_step = max(1, min(8, seq // 16))
@@ -276,9 +280,11 @@ def train(args, cfg, shards, flags, batch, seq, name, out):
         f.flush()
         p = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
     if p.returncode != 0:
-        text = open(log).read()
-        die(f"{name} failed (rc {p.returncode}); tail of {log}:\n" + text[-2000:])
-    return time.time() - t0
+        sys.stderr.write(f"data_efficiency_quality: {name} failed (rc {p.returncode}); tail of {log}:\n"
+                         + open(log).read()[-2000:] + "\n")
+        with open(log, "a") as f:
+            f.write(f"\n{FAILED} (rc {p.returncode})\n")
+    return time.time() - t0, p.returncode
 
 
 def read_run(out, name, batch, seq, layers):
@@ -287,7 +293,12 @@ def read_run(out, name, batch, seq, layers):
     text = open(log, errors="replace").read()
     if text.startswith("skipped"):
         return {"skipped": text.strip()}
-    rows = [json.loads(l) for l in open(os.path.join(out, name + "_metrics.jsonl")) if l.strip()]
+    mpath = os.path.join(out, name + "_metrics.jsonl")
+    rows = [json.loads(l) for l in open(mpath) if l.strip()] if os.path.exists(mpath) else []
+    if FAILED in text:
+        return {"skipped": "failed" + text.split(FAILED)[1].split("\n")[0] + f": see {name}.log"}
+    if not rows:
+        return {"skipped": f"no metrics (the run did not start its steps): see {name}.log"}
     before = next((l for l in text.splitlines() if "Eval before training: val_loss=" in l), None)
     points = []
     if before:
@@ -301,7 +312,7 @@ def read_run(out, name, batch, seq, layers):
     tokens = last.get("consumed_tokens", len(rows) * batch * seq)
     layer_tokens = last.get("consumed_layer_tokens", tokens * layers)
     evals = [p for p in points if p["step"] >= 0]
-    return {"points": points, "steps": len(rows), "t_steps": t, "t_wall": last["elapsed_s"],
+    return {"points": points, "steps": len(rows), "unfinished": "FINAL RESULTS" not in text, "t_steps": t, "t_wall": last["elapsed_s"],
             "eval_s": sum(r.get("eval_time_s", 0.0) for r in rows), "tokens": tokens, "layer_tokens": layer_tokens,
             "final": evals[-1]["val"] if evals else math.nan, "best": min(p["val"] for p in evals) if evals else math.nan}
 
@@ -346,7 +357,7 @@ def report(meta, runs):
         else:
             rs = None
             cells = ["not reached" if have_base else "n/a (no baseline)", "", "", "", ""]
-        lines.append(f"| {LABELS[v]} | {fmt(r['final'])} | {fmt(r['best'])} | {fmt(r['t_steps'], '.1f')} | "
+        lines.append(f"| {LABELS[v]}{' (unfinished)' if r['unfinished'] else ''} | {fmt(r['final'])} | {fmt(r['best'])} | {fmt(r['t_steps'], '.1f')} | "
                      f"{fmt(r['t_wall'], '.1f')} | {r['tokens']:,} | {r['layer_tokens']:,} | " + " | ".join(cells) + " |")
         if v == "composed":
             if not have_base:
@@ -482,8 +493,8 @@ def main():
     for f in ("curriculum_fraction", "ltd_fraction"):
         if not 0 < getattr(args, f) <= 1:
             die(f"--{f}: expected a fraction in (0, 1], found {getattr(args, f)}")
-    if args.ltd_min < 0 or args.lr <= 0:
-        die(f"--ltd_min / --lr: expected a non-negative count and a positive rate, found {args.ltd_min} / {args.lr}")
+    if args.lr <= 0:
+        die(f"--lr: expected a positive rate, found {args.lr}")
     avail = available_variants()
     variants = [v for v in args.variants.split(",") if v] if args.variants else avail
     for v in variants:
@@ -502,6 +513,9 @@ def main():
     if not args.corpus and not os.path.exists(os.path.join(data, "wikitext-2", "valid.txt")):
         die(f"--data: expected wikitext-2/valid.txt under '{data}' (or pass --corpus)")
     desc, flags, layers, batch, seq = SHAPES[args.shape]
+    if not 0 <= args.ltd_min <= seq:
+        die(f"--ltd_min: expected random-LTD's first kept count in [1, {seq}] (the sequence of --shape {args.shape}), "
+            f"found {args.ltd_min}")
     run_order = [v for v in ORDER if v in variants]
 
     # ---- data, index, configs ----
@@ -522,7 +536,7 @@ def main():
         json.dump(meta, f, indent=1)
 
     # ---- the runs ----
-    last = None
+    last, failed = None, []
     for v in run_order:
         left = args.budget - (time.time() - t_start)
         if args.budget > 0 and last is not None and left < last:
@@ -531,11 +545,16 @@ def main():
             print(f"== {v}: skipped (budget)", flush=True)
             continue
         print(f"== {v}: {LABELS[v]}", flush=True)
-        last = train(args, cfgs[v], shards, flags, batch, seq, v, args.out)
+        last, rc = train(args, cfgs[v], shards, flags, batch, seq, v, args.out)
         r = read_run(args.out, v, batch, seq, layers)
+        if rc != 0:
+            failed.append(v)
+            continue
         print(f"   final val {r['final']:.4f}, best {r['best']:.4f}, steps {r['t_steps']:.1f} s, wall {r['t_wall']:.1f} s, "
               f"process {last:.1f} s", flush=True)
     finish(args.out)
+    if failed:
+        die(f"{', '.join(failed)} failed (their logs in {args.out}); the report holds the others")
 
 
 if __name__ == "__main__":

@@ -132,6 +132,8 @@ expect_err "--variants: a variant named twice" --variants baseline,baseline
 expect_err "--steps / --warmup: expected steps >= 2 and 1 <= warmup < steps (WarmupCosineLR's warm-up), found 5 / 5" --steps 5 --warmup 5
 expect_err "--ltd_fraction: expected a fraction in (0, 1], found 1.5" --ltd_fraction 1.5
 expect_err "--shape: expected one of gpt2_small, bf16_example, tiny, found 'huge'" --shape huge
+expect_err "--ltd_min: expected random-LTD's first kept count in [1, 32] (the sequence of --shape tiny), found 64" \
+  --shape tiny --ltd_min 64 --data "$data"
 expect_err "--corpus: '$tmp/none' does not exist" --corpus "$tmp/none"
 expect_err "--data: expected gpt2/encoder.json" --data "$tmp"
 expect_err "--report: expected a results folder with meta.json" --report "$tmp"
