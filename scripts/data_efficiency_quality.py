@@ -18,7 +18,7 @@ Variants (--variants, comma-separated; default every one whose config is in conf
               1 -> 100, fixed_root of degree 2 over --curriculum_fraction of the steps; its index built
               here by `cutrain analyze-data` from the training shards
   seqlen      the sequence-length warm-up (configs/curriculum_seqlen_gpt.json's seqlen_truncate block):
-              fixed_linear from S/16 to S over --curriculum_fraction of the steps
+              fixed_linear from S/16 (at least 8) to S over --curriculum_fraction of the steps
   random_ltd  random-LTD (configs/curriculum_random_ltd.json's data_routing block) on blocks 1..L-2,
               kept tokens fixed_linear from --ltd_min to S over --ltd_fraction of the steps
   composed    curriculum + random-LTD, configs/curriculum_random_ltd.json's whole block
@@ -209,7 +209,8 @@ def schedules(args, layers, seq):
     per_step = min(16, ltd_min)
     ltd_min -= ltd_min % per_step
     sl_step = max(1, min(8, seq // 16))
-    sl_min = max(sl_step, seq // 16 - (seq // 16) % sl_step)
+    sl_min = max(8, seq // 16)  # at least 8: the first lengths of a tiny run stay real attention shapes
+    sl_min -= sl_min % sl_step
     return {"cl_steps": cl_steps, "ltd_steps": ltd_steps, "ltd_min": ltd_min, "ltd_per_step": per_step,
             "ltd_layers": list(range(1, layers - 1)), "sl_min": sl_min, "sl_step": sl_step}
 
@@ -330,8 +331,8 @@ def fmt(x, spec=".4f"):
 def report(meta, runs):
     lines = [f"## Data efficiency: validation loss against wall-clock time", "",
              f"{meta['shape']}; {meta['corpus']}; {meta['steps']} steps, lr {meta['lr']}, {meta['warmup']} warm-up steps + "
-             f"cosine to 0.1, seed {meta['seed']}, validation every {meta['eval_interval']} steps on {meta['eval_steps']} "
-             f"batches, {meta['device']}.", ""]
+             f"cosine to 0.1, seed {meta['seed']}, validation every {meta['eval_interval']} steps on the first "
+             f"{meta['eval_steps']} batches of the held-out shards (fewer where they hold fewer), {meta['device']}.", ""]
     lines += [f"- {d}" for d in meta["schedules"]] + [""]
     lines += ["| variant | final val loss | best val loss | time, steps (s) | time, wall (s) | tokens | layer tokens | "
               "reaches baseline's best at step | time to it, steps (s) | vs baseline | time to it, wall (s) | vs baseline |",
