@@ -295,7 +295,12 @@ def read_run(out, name, batch, seq, layers):
     if text.startswith("skipped"):
         return {"skipped": text.strip()}
     mpath = os.path.join(out, name + "_metrics.jsonl")
-    rows = [json.loads(l) for l in open(mpath) if l.strip()] if os.path.exists(mpath) else []
+    rows = []
+    for line in open(mpath) if os.path.exists(mpath) else []:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # the last line of a run that was killed while writing it
+            break
     if FAILED in text:
         return {"skipped": "failed" + text.split(FAILED)[1].split("\n")[0] + f": see {name}.log"}
     if not rows:

@@ -424,7 +424,12 @@ if want data_efficiency; then
   # steps ~20 s a variant, plus start-up, validation and the random-LTD / seqlen recaptures.
   corpus=""; [ -e .devdata/linux-doc.tar.xz ] && corpus="--corpus .devdata/linux-doc.tar.xz"
   de_b=${DE_BUDGET:-180}
-  step data_efficiency $((de_b + 40)) "python3 scripts/data_efficiency_quality.py --bin $bin --shape ${DE_SHAPE:-gpt2_small} --steps ${DE_STEPS:-1000} --data .devdata $corpus --budget $de_b --out $logs/data_efficiency; rc=\$?; rm -rf $logs/data_efficiency/data; exit \$rc"
+  step data_efficiency $((de_b + 40)) "python3 scripts/data_efficiency_quality.py --bin $bin --shape ${DE_SHAPE:-gpt2_small} --steps ${DE_STEPS:-1000} --data .devdata $corpus --budget $de_b --out $logs/data_efficiency"
+  # The shards and the extracted corpus (~70 MB) do not come back; a run cut by the limit still gets its
+  # report from what the runs wrote (an unfinished variant is marked).
+  rm -rf "$logs/data_efficiency/data"
+  [ -e "$logs/data_efficiency/data_efficiency.md" ] || [ ! -e "$logs/data_efficiency/meta.json" ] || \
+    python3 scripts/data_efficiency_quality.py --report "$logs/data_efficiency" >>"$logs/data_efficiency.txt" 2>&1
   sed -n '/^## Data efficiency/,/^Curves/p' "$logs/data_efficiency.txt" | grep -v '^$' >>"$sum" 2>/dev/null
   step bench_token_drop 60 "build/gpu/bench/bench_token_drop --benchmark_out=$logs/bench_token_drop.json --benchmark_out_format=json --benchmark_counters_tabular=true"
   peers=${PEERS_DIR:-$root/.peers}
