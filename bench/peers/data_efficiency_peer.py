@@ -84,8 +84,9 @@ def compare(variant, what, rows, ours, theirs):
     return c
 
 
-def ops_rows(iters):
-    rows, jit_error, mod = [], None, None
+def ops_rows(iters, rows):
+    """Appends the timed rows to rows (kept when a later shape fails); returns the JIT build's error."""
+    jit_error, mod = None, None
     try:
         from deepspeed.ops.op_builder import RandomLTDBuilder
         mod = RandomLTDBuilder().load()
@@ -125,7 +126,7 @@ def ops_rows(iters):
                 rows.append({"name": f"token_scatter/fwd/{shape}@deepspeed", "time_us": time_us(ds_s, iters)})
             for r in rows[-(4 if mod is not None else 2):]:
                 print(f"{r['name']:48s} {r['time_us']:10.2f} us", flush=True)
-    return rows, jit_error
+    return jit_error
 
 
 def main():
@@ -143,17 +144,21 @@ def main():
     checks = curriculum_checks(a.results)
     equal = bool(checks) and all(c["mismatches"] == 0 for c in checks)
     print(f"schedules equal to DeepSpeed's at every step: {'yes' if equal else 'NO'} ({len(checks)} schedules)", flush=True)
-    rows, jit_error = [], "no CUDA device"
+    rows, jit_error, ops_error = [], "no CUDA device", None
     if torch.cuda.is_available():
-        rows, jit_error = ops_rows(10 if a.quick else 50)
+        try:
+            jit_error = ops_rows(10 if a.quick else 50, rows)
+        except Exception as e:  # a result check that failed, or a launch error: recorded with the rows so far
+            ops_error = f"{type(e).__name__}: {e}"
+            print(f"gather / scatter: {ops_error}", flush=True)
     doc = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
            "deepspeed": deepspeed.__version__, "schedules": checks, "schedules_equal": equal, "jit_error": jit_error,
-           "results": rows}
+           "ops_error": ops_error, "results": rows}
     if a.out:
         with open(a.out + ".tmp", "w") as f:
             json.dump(doc, f, indent=1)
         os.replace(a.out + ".tmp", a.out)
-    sys.exit(0 if equal else 1)
+    sys.exit(0 if equal and ops_error is None else 1)
 
 
 if __name__ == "__main__":
