@@ -101,6 +101,19 @@ class ReferenceModel {
   // span starts with the embedding.
   void backward_span(const T* params, T* grads, const T* dx_out, double grad_scale, std::vector<T>* dx_in);
 
+  // Host bytes of the activations the last forward keeps for its backward (every block's, the
+  // tensor-parallel pieces', the final hidden rows and the logits).
+  std::size_t activation_bytes() const {
+    std::size_t n = sizeof(T) * (x_final_.size() + logits_.size() + x_lnf_.size()) +
+                    sizeof(double) * (mean_f_.size() + rstd_f_.size());
+    for (const std::vector<LayerActs>* v : {&acts_, &tp_acts_})
+      for (const LayerActs& a : *v)
+        n += sizeof(T) * (a.x_in.size() + a.qkv.size() + a.probs.size() + a.att.size() + a.s1.size() + a.x1.size() +
+                          a.f.size() + a.g.size() + a.s2.size()) +
+             sizeof(double) * (a.mean1.size() + a.rstd1.size() + a.mean2.size() + a.rstd2.size());
+    return n;
+  }
+
  private:
   struct LayerActs {
     std::vector<T> x_in, qkv, probs, att, s1, x1, f, g, s2;

@@ -13,6 +13,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -58,6 +59,22 @@ class FlatParams final : public ParamAccess {
   const bf16* params_;
 };
 
+// The tensor-parallel group of the GPU model (Megatron's layout): the in-place sum of a bf16
+// [rows, hidden] activation or gradient over the group's ranks on a stream.
+// parallel/tp_device_group.h implements it over a communicator. The model issues the blocks'
+// all-reduces through it: forward after the out-projection and FC2 (the row-parallel partial
+// sums), backward after FC1's and QKV's input gradients (the column-parallel inputs). Sharded
+// GEMMs are not built: the model takes a group of size 1, where every sum is the rank's own
+// values, so a degree-1 run executes the multi-GPU code path with identical results. (A degree
+// above 1 would also need the row-parallel biases and the residuals that the GEMM epilogues add
+// (beta 1) added on one rank of the group only, and each rank's slices of the weights.)
+class TpDeviceGroup {
+ public:
+  virtual ~TpDeviceGroup() = default;
+  virtual int size() const = 0;
+  virtual void all_reduce_sum(cudaStream_t s, bf16* buf, std::size_t count) = 0;
+};
+
 class GpuTransformer {
  public:
   // B×S tokens per micro-batch (S <= dims.max_seq). `checkpointing`: keep only each block's
@@ -73,9 +90,12 @@ class GpuTransformer {
   // order (docs/bert.md). 0: S slots, room for any labels (the head then runs on B x S rows). A
   // sequence with more labelled rows than slots is an error reported through d_status[1]. Must be 0
   // for the other architectures.
+  // `moe_ep_group`: the MoE blocks' expert-parallel group (model/moe_layer.h; null: every expert
+  // here); it must outlive the model. `max_tokens`: the most tokens a micro-batch of set_shape() may
+  // hold (0: B x S); the workspace is allocated for it once.
   GpuTransformer(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
                  CachingAllocator& alloc, bool recompute_gelu = false, std::vector<int> drop_layers = {},
-                 int max_pred = 0);
+                 int max_pred = 0, comm::Communicator* moe_ep_group = nullptr, std::size_t max_tokens = 0);
   ~GpuTransformer();
   GpuTransformer(const GpuTransformer&) = delete;
   GpuTransformer& operator=(const GpuTransformer&) = delete;
@@ -93,6 +113,42 @@ class GpuTransformer {
   void forward_backward(cudaStream_t s, ParamAccess& params, void* grads, DType grad_type, bool accumulate,
                         const std::int32_t* tokens, const std::int32_t* labels, float grad_scale, float* d_loss,
                         int* d_status);
+
+  // A pipeline stage's share (parallel/pipeline_plan.h): the layers [first, end) of the model's
+  // sequence, 0 the embedding, 1 + l block l, L + 1 the head; the default is the whole model
+  // [0, L + 2). Set before the first call: only the span's activations are allocated. A partial
+  // span is built for the seed architecture's dense blocks without random-LTD: GPT-2 fuses a
+  // block's output into the next LayerNorm and its head, like BERT's, reads the embedding unit.
+  void set_stage(int first, int end);
+  int stage_first() const { return stage_first_; }
+  int stage_end() const { return stage_end_; }
+  bool whole_model() const { return stage_first_ == 0 && stage_end_ == table_.dims().layers + 2; }
+  // One micro-batch of the stage, in two calls: forward_backward() is stage_forward() then
+  // stage_backward() over the whole model. The forward starts from the tokens (with the
+  // embedding) or from stage_input() (the previous stage's output, put there by the caller) and
+  // ends in the loss (with the head: the fused cross-entropy's loss into *d_loss and its gradient,
+  // scaled by grad_scale) or in stage_output(). The backward starts from the loss (with the head)
+  // or from stage_grad() (the next stage's input gradient, put there by the caller) and leaves
+  // the gradient of the stage's input in stage_grad() (without the embedding). `acc` as in
+  // forward_backward: false for the step's first micro-batch. The head unit stays acquired from
+  // the forward to the backward.
+  void stage_forward(cudaStream_t s, ParamAccess& params, void* grads, DType grad_type, bool accumulate,
+                     const std::int32_t* tokens, const std::int32_t* labels, float grad_scale, float* d_loss,
+                     int* d_status);
+  void stage_backward(cudaStream_t s, ParamAccess& params, void* grads, DType grad_type, bool accumulate,
+                      const std::int32_t* tokens);
+  // The stage's activation hand-over buffers [B*S, hidden] (the workspace allocated on `s` first).
+  bf16* stage_input(cudaStream_t s);
+  bf16* stage_output(cudaStream_t s);
+  bf16* stage_grad(cudaStream_t s);
+
+  // Tensor parallelism (TpDeviceGroup above; null: none). Seed and GPT-2 dense blocks; a group of
+  // more than one rank is refused (the sharded GEMMs are not built).
+  void set_tensor_parallel(TpDeviceGroup* group);
+  // The group's all-reduces one forward_backward issues (forward, backward; the recompute of
+  // activation checkpointing adds the forward's again).
+  int tp_forward_all_reduces() const { return tp_ ? 2 * table_.dims().layers : 0; }
+  int tp_backward_all_reduces() const { return tp_ ? 2 * table_.dims().layers : 0; }
 
   // Evaluation: the forward and the mean loss of one micro-batch, no gradients (logits kept).
   // Writes *d_loss and d_status[0..1] like forward_backward.
@@ -115,6 +171,16 @@ class GpuTransformer {
   // count replays for any indices at that count.
   void set_token_drop(int kept, const std::int32_t* d_indices);
   bool moe_capturable() const { return !table_.dims().moe.any(); }
+
+  // A sequence-length curriculum: the next calls run `rows` sequences of `seq` tokens (tokens and
+  // labels [rows*seq]; positions 0 .. seq-1, attention, the loss's mean and every kernel's rows
+  // over them), in the workspace allocated once for the constructor's capacity: seq <= S and
+  // rows x seq <= max_tokens. The call sequence depends on the shape (kernel shapes), so a CUDA
+  // graph holds for one shape. MoE blocks and random-LTD's drop blocks keep the constructor's
+  // B x S; BERT keeps its B rows and takes seq >= max_pred (its padded micro-batch cut shorter).
+  void set_shape(int rows, int seq);
+  int rows() const { return B_; }
+  int seq() const { return S_; }
 
   // BERT's dropout (model/bert_config.h's sites): the seed and optimizer step of the next
   // forward_backward calls' masks (forward_loss never drops); `d_step` (device uint32, may be
@@ -155,6 +221,13 @@ class GpuTransformer {
   // The logits of the last forward_loss (bf16 [B*S, vocab_rows]; BERT: the head's rows): a
   // teacher's, read by the student's distillation. Valid until the next call on this model.
   bf16* logits() const { return logits_; }
+
+  // Whether forward_backward acquires the embedding unit for the embedding backward (after the
+  // blocks' backward): BERT's embedding LayerNorm reads its weight; GPT-2's and the seed model's
+  // lookup backward reads no parameters. With a tied head (TransformerParams::tied_head) the head
+  // also acquires the embedding unit, right after the head unit, and releases both after the
+  // head's backward (parallel/zero_shard_layout.h's stage3_use_order).
+  static bool embedding_backward_reads_params(const ModelDims& dims) { return dims.arch == Arch::Bert; }
 
   // Returns activations and scratch to the allocator; the next call allocates them again.
   void release_workspace();
@@ -239,8 +312,24 @@ class GpuTransformer {
   float bert_hidden_p() const;  // the hidden dropout of the running forward (0 outside training)
   kernels::AttentionOptions bert_attention(int l) const;
 
+  // The per-call shape and mask for the next calls; what the workspace was allocated for.
+  // Scratch bytes for a micro-batch of rows x seq.
+  std::size_t scratch_bytes(int rows, int seq) const;
   const TransformerParams& table_;
-  int B_, S_, M_;
+  int B_, S_, M_;      // the shape of the next calls (set_shape; the constructor's B x S by default)
+  int Bfull_, Sfull_;  // the constructor's
+  std::size_t cap_;    // tokens the workspace holds per micro-batch (>= Bfull_ x Sfull_)
+  std::size_t scratch_size_ = 0;
+  int stage_first_ = 0, stage_end_ = 0;  // set_stage(): pipeline layers [first, end)
+  // The blocks of the stage [block_first(), block_end()).
+  int block_first() const { return std::max(stage_first_, 1) - 1; }
+  int block_end() const { return std::min(stage_end_, table_.dims().layers + 1) - 1; }
+  bool has_embedding() const { return stage_first_ == 0; }
+  bool has_head() const { return stage_end_ == table_.dims().layers + 2; }
+  Unit held_head_{};  // stage_forward's head unit, released by stage_backward
+  TpDeviceGroup* tp_ = nullptr;
+  // The tensor-parallel sum of buf [rows, hidden] (nothing without a group).
+  void tp_all_reduce(cudaStream_t s, bf16* buf, int rows);
   int K_ = 0, P_ = 0;  // BERT: the head's slots per sequence and rows (B_ x K_); 0 otherwise
   bool checkpointing_;
   bool recompute_gelu_;

@@ -76,6 +76,19 @@
 #               same config, the BF16 example's model and GPT-2 small at seq 1024, every block or
 #               DeepSpeed's 1..L-2 dropping, LTD_ROUNDS (default 3) alternating rounds, the table
 #               against the target f + 0.08 and the ideal ratio from a timing report. About 5 minutes.
+#   seqlen      the sequence-length curriculum: its GPU tests (test_seqlen_curriculum_gpu,
+#               e2e_seqlen_curriculum_cli_cuda), then scripts/seqlen_bench.py: tokens/s at each
+#               length of a ramp (seqlen_truncate, fixed_discrete over S/8, S/4, S/2, S) against a
+#               fixed-length run at that length, GPT-2 small (8 x 1024) and the BF16 example's model
+#               causal (4 x 512), SEQLEN_ROUNDS (default 3) alternating rounds, the table against the
+#               target ratio >= 0.9. About 5 minutes.
+#   parallel    issue #23 on one GPU: the pipeline's and tensor parallelism's GPU tests (PipelineGpu:
+#               degree 1, virtual stages, tp 1 against the plain engine bit for bit; e2e_parallel_gpu_cli_cuda;
+#               the CPU program and checkpoint-interval tests), then scripts/parallel_overhead_bench.py:
+#               the step time of the plain engine, pp 1, tp 1, pp 1 + tp 1 and PAR_VIRTUAL (default 2,4)
+#               virtual stages on configs/bf16_full.json's model (ZeRO 0) at gradient_accumulation_steps
+#               PAR_ACCUM (default 1,8), PAR_ROUNDS (default 3) alternating rounds of PAR_STEPS (default
+#               30) steps, the ratio table against the 1.03 target. About 6 minutes.
 #   data_efficiency  issue #21's quality figures (scripts/data_efficiency_quality.py): baseline, the
 #               vocabularyrarity curriculum, the seqlen warm-up (where its config is), random-LTD and
 #               curriculum + random-LTD on the same shards (.devdata/linux-doc.tar.xz when
@@ -417,6 +430,20 @@ if want random_ltd; then
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/random_ltd_tests.txt" | tail -15 >>"$sum" 2>/dev/null
   step random_ltd_bench 300 "python3 scripts/random_ltd_bench.py --bin $bin --fractions ${LTD_FRACTIONS:-0.5,0.75} --rounds ${LTD_ROUNDS:-3} --out $logs/random_ltd"
   grep -E "^\|" "$logs/random_ltd_bench.txt" >>"$sum" 2>/dev/null
+fi
+
+if want seqlen; then
+  step seqlen_tests 150 "ctest --test-dir build/gpu -j $CTEST_JOBS --output-on-failure -R 'SeqlenGpu|e2e_seqlen_curriculum_cli_cuda'"
+  grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/seqlen_tests.txt" | tail -15 >>"$sum" 2>/dev/null
+  step seqlen_bench 300 "python3 scripts/seqlen_bench.py --bin $bin --rounds ${SEQLEN_ROUNDS:-3} --out $logs/seqlen"
+  grep -E "^\|" "$logs/seqlen_bench.txt" >>"$sum" 2>/dev/null
+fi
+
+if want parallel; then
+  step parallel_tests 240 "ctest --test-dir build/gpu -j 1 --output-on-failure -R 'PipelineGpu|e2e_parallel_gpu_cli|PipelineProgram|VirtualStagesReference|e2e_pipeline_host_cli_cpu'"
+  grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/parallel_tests.txt" | tail -15 >>"$sum" 2>/dev/null
+  step parallel_bench 420 "python3 scripts/parallel_overhead_bench.py --bin $bin --rounds ${PAR_ROUNDS:-3} --steps ${PAR_STEPS:-30} --warmup 8 --accum ${PAR_ACCUM:-1,8} --virtual ${PAR_VIRTUAL:-2,4} --out $logs/parallel"
+  grep -E "^\|" "$logs/parallel_bench.txt" >>"$sum" 2>/dev/null
 fi
 
 if want data_efficiency; then

@@ -23,6 +23,8 @@ struct TrainFlags {
   CLI::Option* model_opt = nullptr;
   CLI::Option* gpt2_size_opt = nullptr;
   float learning_rate = 1e-4f;
+  std::int64_t lr_decay_tokens = 0;
+  CLI::Option* lr_decay_tokens_opt = nullptr;
   int log_interval = 5;
   CLI::Option* log_interval_opt = nullptr;
   bool no_cuda_graph = false;
@@ -51,6 +53,8 @@ struct TrainFlags {
   CLI::Option* batch_size_opt = nullptr;
   std::string data_order;
   CLI::Option* data_order_opt = nullptr;
+  CLI::Option* pipeline_opt = nullptr;
+  CLI::Option* partition_opt = nullptr;
   CLI::App* sub = nullptr;
 };
 
@@ -93,7 +97,10 @@ int run_train(TrainFlags& f) {
   if (f.max_seq_length_opt->count()) o.bert.max_seq_length = f.max_seq_length;
   if (f.max_predictions_opt->count()) o.bert.max_predictions_per_seq = f.max_predictions_per_seq;
   o.batch_size_given = f.batch_size_opt->count() > 0;
+  o.pipeline_parallel_given = f.pipeline_opt->count() > 0;
+  o.partition_method_given = f.partition_opt->count() > 0;
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
+  if (f.lr_decay_tokens_opt->count()) o.lr_decay_tokens = f.lr_decay_tokens;
   if (f.log_interval_opt->count()) o.log_interval = f.log_interval;
   o.progress = ::isatty(STDOUT_FILENO) == 1;
   o.cuda_graph = !f.no_cuda_graph;
@@ -192,24 +199,38 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   sub->add_option("--warmup_steps", o.warmup_steps, "Steps left out of the average step time")->capture_default_str();
   f.lr_opt = sub->add_option("--learning_rate", f.learning_rate, "Overrides the config's optimizer lr when given")
                  ->capture_default_str();
+  f.lr_decay_tokens_opt = sub->add_option(
+      "--lr_decay_tokens", f.lr_decay_tokens,
+      "The scheduler's decay (WarmupDecayLR, WarmupCosineLR) over this many trained tokens instead of its steps: "
+      "Megatron-DeepSpeed's --lr-decay-tokens, for a sequence-length curriculum (docs/data-efficiency.md)");
+  sub->add_option("--pad_to_longest", o.pad_to_longest,
+                  "--model bert: cut each step's [PAD]-padded micro-batches to their longest sample rounded up to a "
+                  "multiple of this (e.g. 64; one CUDA graph per length; 0: pad to the sequence length)");
   f.log_interval_opt = sub->add_option("--log_interval", f.log_interval,
                                        "Print a Step line every N steps (not given: the config's steps_per_print, else 5)");
   sub->add_flag("--activation_checkpointing", o.activation_checkpointing, "Recompute each block in backward");
   sub->add_flag("--recompute_gelu", o.recompute_gelu,
                 "GPT-2: one GELU output buffer for all blocks, recomputed in backward (llm.c's -r 1)");
-  sub->add_option("--pipeline_parallel_size,--pipeline-parallel-size", o.pipeline_parallel_size,
-                  "--device cpu: pipeline stages, one rank each (cutrain launch --backend host --num_procs N)")
+  f.pipeline_opt = sub->add_option("--pipeline_parallel_size,--pipeline-parallel-size", o.pipeline_parallel_size,
+                                   "Pipeline stages, one rank each (--device cpu: cutrain launch --backend host "
+                                   "--num_procs N; --device cuda: 1, the step through the pipeline's program; the "
+                                   "config's pipeline.stages when not given)")
+                      ->capture_default_str();
+  sub->add_option("--pipeline_stages_in_process", o.pipeline_stages_in_process,
+                  "--device cuda: run all N pipeline stages in this one process (virtual stages, activations handed "
+                  "over as device buffers; the seed model)")
       ->capture_default_str();
   sub->add_option("--tensor_parallel_size,--tensor-parallel-size", o.tensor_parallel_size,
-                  "--device cpu: tensor-parallel degree (Megatron-style; the config's tensor_parallel.autotp_size "
-                  "when not given)");
+                  "Tensor-parallel degree (Megatron-style; --device cpu; --device cuda: 1, the blocks' all-reduces over "
+                  "a one-rank NCCL communicator; the config's tensor_parallel.autotp_size when not given)");
   sub->add_option("--domino", o.domino,
                   "Domino: split each micro-batch into N pieces so one piece's tensor-parallel all-reduce overlaps "
                   "the next piece's compute (the summary reports the modelled hidden fraction)")
       ->capture_default_str();
-  sub->add_option("--partition_method", o.partition_method,
-                  "How the pipeline splits the layers: parameters, uniform or type:REGEX (DeepSpeed's PipelineModule)")
-      ->capture_default_str();
+  f.partition_opt = sub->add_option("--partition_method", o.partition_method,
+                                    "How the pipeline splits the layers: parameters, uniform or type:REGEX "
+                                    "(DeepSpeed's PipelineModule; the config's pipeline.partition when not given)")
+                       ->capture_default_str();
   sub->add_option("--loss_log_file", o.loss_log_file, "Write step,loss CSV here");
   sub->add_flag("--use_real_data", o.use_real_data, "Train on token shards (--data) instead of random tokens");
   sub->add_option("--data", o.data, "Glob pattern(s) of llm.c token shards for --use_real_data");
@@ -307,7 +328,7 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
                       "None, Jitter (gate input noise) or RSample (top-1 routing by logits + Gumbel), in training")
           ->capture_default_str());
   moe(sub->add_option("--moe_expert_parallel_size,--moe-expert-parallel-size", o.moe.expert_parallel_size,
-                      "ep_size: experts split over this many data-parallel ranks (--device cpu over the host communicator; the GPU runs 1)")
+                      "ep_size: experts split over this many data-parallel ranks (--device cpu: the host communicator; cuda: NCCL, the exchange taken even at 1)")
           ->capture_default_str());
   // Mixture-of-Students / knowledge distillation (docs/moe.md): Megatron-DeepSpeed's names, with its
   // dashed spellings accepted too; --stop_kd_step is the staged method's boundary (no such flag there).

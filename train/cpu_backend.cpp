@@ -41,7 +41,7 @@ std::shared_ptr<comm::Communicator> resolve_host_communicator(const BackendOptio
 class CpuBackend final : public TrainBackend {
  public:
   CpuBackend(const BackendOptions& o, const TrainConfig& c)
-      : opt_(o), cfg_(c), table_(o.dims), model_(table_, o.causal) {
+      : opt_(o), cfg_(c), table_(o.dims), model_(table_, o.causal), rows_(o.batch), seq_(o.seq) {
     const std::size_t n = table_.flat_size();
     params_.resize(n);
     table_.init(params_.data(), o.seed);
@@ -116,7 +116,7 @@ class CpuBackend final : public TrainBackend {
   // One process's step: its micro-batches, the global norm, clipping and the optimizer.
   StepStats local_step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
     const int accum = cfg_.accumulation();
-    const std::size_t per = std::size_t(opt_.batch) * opt_.seq;
+    const std::size_t per = std::size_t(rows_) * seq_;
     std::fill(grads_.begin(), grads_.end(), 0.f);
     StepStats st;
     for (int a = 0; a < accum; ++a) micro_batch(tokens + a * per, labels + a * per, step, a, accum, st);
@@ -200,6 +200,19 @@ class CpuBackend final : public TrainBackend {
     v_ = s.exp_avg_sq;
   }
   std::string run_summary() const override { return tp_ ? tp_->run_summary() : std::string(); }
+  // The reference model takes any B x S per call: the next micro-batches are rows x seq. Tensor
+  // parallelism (its plan is per B x S), expert parallelism and random-LTD keep the run's shape.
+  void set_seq_shape(int rows, int seq) override {
+    const std::size_t cap = opt_.max_tokens ? opt_.max_tokens : std::size_t(opt_.batch) * opt_.seq;
+    CUTRAIN_CHECK(rows > 0 && seq > 0 && seq <= opt_.seq && std::size_t(rows) * seq <= cap, "cpu backend: micro-batch ",
+                  rows, " x ", seq, " outside the run's sequence length ", opt_.seq, " and capacity ", cap, " tokens");
+    const bool full = rows == opt_.batch && seq == opt_.seq;
+    CUTRAIN_CHECK(full || (!tp_ && !ep_ && !ltd_->active()), "cpu backend: a sequence-length curriculum (micro-batch ",
+                  rows, " x ", seq, ") with ", tp_ ? "tensor parallelism" : ep_ ? "expert parallelism" : "random-LTD",
+                  " is not built");
+    rows_ = rows;
+    seq_ = seq;
+  }
   const char* describe() const override {
     if (ep_) return "cpu (fp32 reference model, data and expert parallel over the host communicator)";
     if (tp_)
@@ -213,7 +226,7 @@ class CpuBackend final : public TrainBackend {
   // state updated as the ZeRO stage says (train/cpu_zero.h).
   StepStats zero_step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
     const int accum = cfg_.accumulation();
-    const std::size_t per = std::size_t(opt_.batch) * opt_.seq;
+    const std::size_t per = std::size_t(rows_) * seq_;
     zero_->params_for_compute(params_);
     std::fill(grads_.begin(), grads_.end(), 0.f);
     StepStats st;
@@ -236,7 +249,7 @@ class CpuBackend final : public TrainBackend {
   // non-expert and expert gradients reduced over their groups, AdamW on both, the params unpacked.
   StepStats ep_step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
     const int accum = cfg_.accumulation();
-    const std::size_t per = std::size_t(opt_.batch) * opt_.seq;
+    const std::size_t per = std::size_t(rows_) * seq_;
     StepStats st;
     for (int a = 0; a < accum; ++a) micro_batch(tokens + a * per, labels + a * per, step, a, accum, st);
     st.loss = ep_->mean_over_ranks(st.loss);
@@ -277,7 +290,7 @@ class CpuBackend final : public TrainBackend {
   // timeline (parallel/tp_reducer.h).
   double forward(const std::int32_t* tokens, const std::int32_t* labels) {
     if (tp_) tp_->begin_pass();
-    const double loss = model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
+    const double loss = model_.forward(params_.data(), tokens, labels, rows_, seq_);
     if (tp_) tp_->end_pass();
     return loss;
   }
@@ -354,6 +367,7 @@ class CpuBackend final : public TrainBackend {
   std::unique_ptr<model::ReferenceModel<float>> teacher_model_;
   std::vector<float> kd_grad_;
   bool distill_now_ = false;
+  int rows_, seq_;  // the micro-batch's shape (set_seq_shape; the run's B x S by default)
 };
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "model/moe_stats.h"
 #include "model/transformer_params.h"
 #include "runtime/dtype.h"
+#include "runtime/error.h"
 #include "train/state_snapshot.h"
 
 namespace cutrain::train {
@@ -95,6 +96,14 @@ class TrainBackend {
                                                         std::optional<DType> compensation) {
     (void)params, (void)master, (void)moments, (void)compensation;
     return nullptr;
+  }
+  // A sequence-length curriculum (train/seqlen_curriculum.h): the next steps' micro-batches hold
+  // `rows` sequences of `seq` tokens, so step() takes tokens and labels [accumulation, rows, seq].
+  // rows x seq must fit the backend's capacity (BackendOptions::max_tokens) and seq its sequence
+  // length; the default (a backend without a variable shape) refuses any shape.
+  virtual void set_seq_shape(int rows, int seq) {
+    CUTRAIN_CHECK(false, "train: a sequence-length curriculum (micro-batches of ", rows, " x ", seq, ") is not built for ",
+                  describe());
   }
   // Whether the state holds a bf16 master's compensation (bf16.bf16_master_compensation).
   virtual bool has_compensation() const { return false; }

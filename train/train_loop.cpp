@@ -34,6 +34,7 @@
 #include "train/lr_schedule.h"
 #include "train/precision.h"
 #include "train/random_ltd_schedule.h"
+#include "train/seqlen_curriculum.h"
 
 namespace cutrain::train {
 
@@ -223,6 +224,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   // bing_bert's flags (train/bert_options.h); a shape flag that says otherwise is an error.
   const bool bert = o.model == model::Arch::Bert;
   std::optional<BertSetup> bert_setup;
+  CUTRAIN_CHECK(o.pad_to_longest >= 0, "train: --pad_to_longest: expected a bucket >= 1 (e.g. 64; 0: off), found ",
+                o.pad_to_longest);
+  CUTRAIN_CHECK(o.pad_to_longest == 0 || bert, "train: --pad_to_longest ", o.pad_to_longest,
+                " pads BERT's masked-LM micro-batches: expected --model bert, found --model ", name(o.model));
   if (bert) {
     CUTRAIN_CHECK(o.attention != AttentionChoice::Causal,
                   "train: --attention causal with --model bert: BERT's encoder is bidirectional ([PAD] keys masked)");
@@ -299,10 +304,37 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   // The command line's batch size is the micro batch (the BF16 example passes the same 4 to both).
   if (!cfg.train_micro_batch_size_per_gpu) cfg.train_micro_batch_size_per_gpu = o.batch_size;
   // The ranks are pipeline stages x data-parallel replicas; the batch is the replicas'.
-  const int pp = o.pipeline_parallel_size;
+  // The degree: the flag, else the config's pipeline.stages, else 1; the partition method likewise.
+  if (!o.pipeline_parallel_given && cfg.pipeline_stages) o.pipeline_parallel_size = *cfg.pipeline_stages;
+  if (!o.partition_method_given && cfg.pipeline_partition) o.partition_method = *cfg.pipeline_partition;
+  const int pp = o.pipeline_parallel_size, vstages = o.pipeline_stages_in_process;
+  const bool on_gpu = o.device != TrainDevice::Cpu;
   CUTRAIN_CHECK(pp >= 1, "train: --pipeline_parallel_size: expected a number of stages >= 1, found ", pp);
-  CUTRAIN_CHECK(pp == 1 || o.device == TrainDevice::Cpu, "train: --pipeline_parallel_size ", pp,
-                ": pipeline parallelism runs on --device cpu (over the host communicator); the GPU engine has none yet");
+  CUTRAIN_CHECK(vstages >= 1, "train: --pipeline_stages_in_process: expected a number of stages >= 1, found ", vstages);
+  CUTRAIN_CHECK(vstages == 1 || on_gpu, "train: --pipeline_stages_in_process ", vstages,
+                ": virtual stages run on --device cuda; the CPU backend runs one stage per rank "
+                "(--pipeline_parallel_size under cutrain launch --backend host)");
+  CUTRAIN_CHECK(vstages == 1 || pp == 1, "train: --pipeline_stages_in_process ", vstages,
+                " with --pipeline_parallel_size ", pp,
+                ": the stages of this process are the whole pipeline; expected --pipeline_parallel_size 1");
+  CUTRAIN_CHECK(pp == 1 || !on_gpu, "train: --pipeline_parallel_size ", pp,
+                " with --device cuda: pipeline stages on separate GPUs (activations sent between stage ranks over "
+                "NCCL) are not built; expected 1 (the step through the pipeline's program on this GPU), "
+                "--pipeline_stages_in_process ", pp, " (every stage in this one process) or --device cpu");
+  const int ckpt_interval = cfg.activation_checkpoint_interval;
+  if (ckpt_interval > 0 && on_gpu) {
+    CUTRAIN_CHECK(ckpt_interval == 1, "train: ", o.deepspeed_config.string(),
+                  " gives pipeline.activation_checkpoint_interval ", ckpt_interval,
+                  ": the GPU engine checkpoints every block (interval 1, as --activation_checkpointing); chunks of "
+                  "several layers are built on --device cpu's pipeline");
+    if (!o.activation_checkpointing)
+      out << "[Rank 0] pipeline.activation_checkpoint_interval 1: every block recomputed in backward "
+             "(--activation_checkpointing)\n";
+    o.activation_checkpointing = true;
+  } else if (ckpt_interval > 0 && pp == 1) {
+    out << "[Rank 0] note: pipeline.activation_checkpoint_interval " << ckpt_interval
+        << ": read but not acted on without a pipeline (--pipeline_parallel_size 1 on --device cpu)\n";
+  }
   CUTRAIN_CHECK(pp == 1 || cfg.optimizer.type != OptimizerType::Lamb, "train: --pipeline_parallel_size ", pp, ": ",
                 o.deepspeed_config.string(), " gives optimizer.type Lamb, whose trust ratios need whole tensors on one "
                 "rank; the pipeline's stages update with AdamW only");
@@ -311,9 +343,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   const std::string tp_flag = o.tensor_parallel_size ? std::string("--tensor_parallel_size")
                                                      : "tensor_parallel.autotp_size (" + o.deepspeed_config.string() + ")";
   CUTRAIN_CHECK(tp >= 1, "train: ", tp_flag, ": expected a tensor-parallel degree >= 1, found ", tp);
-  CUTRAIN_CHECK(tp == 1 || o.device == TrainDevice::Cpu, "train: ", tp_flag, " ", tp,
-                ": tensor parallelism runs on --device cpu (over the host communicator); it is not built on the GPU "
-                "engine yet");
+  CUTRAIN_CHECK(tp == 1 || !on_gpu, "train: ", tp_flag, " ", tp,
+                " with --device cuda: the GPU's sharded GEMMs (column / row-parallel blocks, vocabulary-parallel "
+                "embedding and loss over NCCL) are not built; expected 1 (the tensor-parallel code path on one GPU) or "
+                "--device cpu (over the host communicator)");
   CUTRAIN_CHECK(o.domino == 1 || tp > 1, "train: --domino ", o.domino,
                 ": Domino splits the tensor-parallel all-reduces; expected --tensor_parallel_size > 1, found ", tp);
   CUTRAIN_CHECK(tp > 1 || env.world_size % pp == 0, "train: --pipeline_parallel_size ", pp,
@@ -328,6 +361,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   cfg.resolve_batch(dp_world);
   if (o.learning_rate) cfg.optimizer.lr = *o.learning_rate;
   const LrSchedule schedule = LrSchedule::from_config(cfg);
+  CUTRAIN_CHECK(!o.lr_decay_tokens || (*o.lr_decay_tokens > 0 && schedule.decays()), "train: --lr_decay_tokens ",
+                o.lr_decay_tokens.value_or(0), ": expected a positive token count with scheduler.type WarmupDecayLR or "
+                "WarmupCosineLR in ", o.deepspeed_config.string(), " (the decay it counts in tokens), found ",
+                schedule.describe());
   const int accum = cfg.accumulation();
   const PrecisionPlan plan = plan_from_config(cfg);
   if (resume && !resume->legacy) {
@@ -375,6 +412,13 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   bo.tensor_parallel = tp;
   bo.tensor_parallel_flag = tp_flag;
   bo.domino = o.domino;
+  bo.pipeline_engine = on_gpu && (o.pipeline_parallel_given || cfg.pipeline_given || vstages > 1);
+  bo.stages_in_process = vstages;
+  bo.activation_checkpoint_interval = on_gpu ? 0 : ckpt_interval;
+  bo.tensor_parallel_engine = on_gpu && (o.tensor_parallel_size.has_value() || cfg.autotp_size.has_value());
+  if (vstages > 1 && accum == 1)
+    out << "[Rank 0] warning: " << vstages << " pipeline stages in this process with gradient_accumulation_steps 1: "
+        << "one micro-batch per step, so the stages run one after another\n";
   if (pp > 1 && accum == 1)
     out << "[Rank 0] warning: a pipeline of " << pp << " stages with gradient_accumulation_steps 1: one micro-batch "
         << "per step, so no stage overlaps another (bubble fraction " << pp - 1 << "/" << pp << ")\n";
@@ -394,9 +438,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                 o.moe.expert_parallel_size, ": the model has no MoE block (expected --num_experts or a MoE checkpoint)");
   bo.expert_parallel = bo.dims.moe.any() ? o.moe.expert_parallel_size : 1;
   if (bo.dims.moe.any()) bo.dims.moe.ep_size = bo.expert_parallel;  // a resume's checkpoint says what it was run at
-  CUTRAIN_CHECK(bo.expert_parallel == 1 || o.device == TrainDevice::Cpu, "train: --moe_expert_parallel_size ",
-                bo.expert_parallel, " with --device cuda: expert parallelism (the all-to-all over NCCL, the expert "
-                "ZeRO groups) is built on --device cpu over the host communicator only; the GPU runs ep_size 1");
+  // The GPU engine takes the expert-parallel path (the token all-to-all over NCCL) whenever the flag
+  // is given, ep_size 1 included (a one-rank group: the single GPU runs the exchange's code).
+  bo.moe_exchange = o.device == TrainDevice::Cuda && bo.dims.moe.any() &&
+                    std::find(o.moe.given.begin(), o.moe.given.end(), "--moe_expert_parallel_size") != o.moe.given.end();
   if (bo.dims.moe.any()) {
     CUTRAIN_CHECK(tp == 1, "train: --num_experts with ", tp_flag, " ", tp,
                   ": tensor parallelism of MoE blocks is not built; MoE trains on one process, data parallel or expert parallel");
@@ -443,6 +488,26 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       if (bo.dims.moe.is_moe(l)) run.moe_layers.push_back(l);
     check_random_ltd(cfg, run);
     if (ltd_on) out << "[Rank 0] " << describe_random_ltd(ltd, o.seq_length) << "\n";
+  }
+  // The sequence-length curriculum (seqlen_truncate / seqlen_reshape, or the legacy block): each
+  // step's micro-batches rebuilt at its length (train/seqlen_curriculum.h), the backends' buffers
+  // sized once for the largest.
+  std::optional<SeqlenCurriculum> seqlen;
+  if (!bert) seqlen = make_seqlen_curriculum(cfg, o.deepspeed_config.string(), o.batch_size, o.seq_length);
+  if (bert && cfg.curriculum_learning.enabled)
+    CUTRAIN_FAIL("train: ", o.deepspeed_config.string(), ": curriculum_learning.enabled: true with --model bert: the "
+                 "sequence-length warm-up is built for the GPT-style windows, not for masked-LM samples; expected false");
+  if (seqlen) {
+    const std::string what = o.deepspeed_config.string() + ": the sequence-length curriculum (" + name(seqlen->metric()) + ")";
+    CUTRAIN_CHECK(!ltd_on, "train: ", what, " with random-LTD is not built; expected one of them");
+    CUTRAIN_CHECK(pp == 1 && tp == 1, "train: ", what, " with --pipeline_parallel_size ", pp, " and ", tp_flag, " ", tp,
+                  ": the pipeline's and tensor-parallel plans are per B x S; expected neither");
+    CUTRAIN_CHECK(!bo.dims.moe.any(), "train: ", what, " with --num_experts: MoE blocks keep the run's B x S; "
+                  "expected a dense model");
+    CUTRAIN_CHECK(!o.mos.active(), "train: ", what, " with --mos: the teacher's forward is built for the run's B x S; "
+                  "expected one of them");
+    bo.max_tokens = seqlen->max_tokens();
+    out << "[Rank 0] " << seqlen->describe() << "\n";
   }
   if (!o.use_real_data && cfg.data_efficiency.curriculum_active())
     for (const auto& m : cfg.data_efficiency.metrics)
@@ -736,10 +801,14 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   };
   // BERT: micro-batch a of this rank at `step` is number (step x world + rank) x accumulation + a of
   // the masked-LM stream: a pure function of the step (resume), the global batch dealt by rank.
+  // The step's longest sample: --pad_to_longest cuts the step's micro-batches down to it.
+  int mlm_longest = o.seq_length;
   auto draw_mlm = [&](int step) {
+    mlm_longest = 0;
     for (int a = 0; a < accum; ++a)
-      mlm->fill((std::int64_t(step) * dp_world + dp_rank) * accum + a, tokens.data() + a * per_micro,
-                labels.data() + a * per_micro);
+      mlm_longest = std::max(mlm_longest, mlm->fill((std::int64_t(step) * dp_world + dp_rank) * accum + a,
+                                                    tokens.data() + a * per_micro, labels.data() + a * per_micro)
+                                              .longest);
   };
   if (o.fixed_batch) mlm ? draw_mlm(first_step) : sampler ? draw_real(first_step) : draw();
 
@@ -778,6 +847,19 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (ltd_on)
     for (int s = 0; s < first_step; ++s)
       consumed_layer_tokens += random_ltd_layer_tokens(ltd, s, global_seqs, bo.dims.layers, o.seq_length);
+  // Tokens trained before this step (global batch): a curriculum's steps count their length.
+  std::int64_t consumed_tokens = seqlen ? seqlen->tokens_before(first_step, accum, dp_world)
+                                        : std::int64_t(first_step) * std::int64_t(per_step) * dp_world;
+  std::vector<std::int32_t> cl_tokens, cl_labels;  // the curriculum's rebuilt micro-batches
+  // The step's lr: DeepSpeed's step-indexed schedule, or with --lr_decay_tokens its decay counted
+  // in tokens (Megatron-DeepSpeed's token-based decay, train/lr_schedule.h).
+  const int decay_start = schedule.decay_start_step();
+  const std::int64_t warmup_tokens = seqlen ? seqlen->tokens_before(decay_start, accum, dp_world)
+                                            : std::int64_t(decay_start) * std::int64_t(per_step) * dp_world;
+  auto lr_at = [&](int step, std::int64_t tokens_before) {
+    if (!o.lr_decay_tokens) return schedule.lr(step);
+    return schedule.lr_by_tokens(step, tokens_before, warmup_tokens, *o.lr_decay_tokens);
+  };
   double time_sum = 0;
   int timed = 0;
   const int last = first_step + o.num_steps - 1;
@@ -787,11 +869,40 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   bool distilling = o.mos.active();  // until the backend reports a step without the teacher
   for (int step = first_step; step <= last; ++step) {
     if (!o.fixed_batch) mlm ? draw_mlm(step) : sampler ? draw_real(step) : draw();
-    const float lr = schedule.lr(step);
+    // A sequence-length curriculum: this step's length, the micro-batches rebuilt at it.
+    const std::int32_t* step_tokens = tokens.data();
+    const std::int32_t* step_labels = labels.data();
+    int cl_seqlen = o.seq_length;
+    SeqShape cl_shape{o.batch_size, o.seq_length};
+    if (bert && o.pad_to_longest > 0) {
+      // Issue #20: the step's [PAD]-padded micro-batches cut to its longest sample, rounded up to
+      // the bucket (one CUDA graph per length; the loss is over the labelled rows, all kept).
+      cl_seqlen = bert_padded_length(mlm_longest, o.pad_to_longest, bert_setup->max_predictions, o.seq_length);
+      cl_shape = SeqShape{o.batch_size, cl_seqlen};
+      rebuild_micro_batches(CurriculumMetric::SeqlenTruncate, o.batch_size, o.seq_length, cl_seqlen, accum,
+                            tokens.data(), labels.data(), cl_tokens, cl_labels);
+      be->set_seq_shape(cl_shape.rows, cl_shape.seq);
+      step_tokens = cl_tokens.data();
+      step_labels = cl_labels.data();
+    }
+    if (seqlen) {
+      cl_seqlen = seqlen->seqlen(step);
+      cl_shape = seqlen->shape(cl_seqlen);
+      seqlen->apply(cl_seqlen, accum, tokens.data(), labels.data(), cl_tokens, cl_labels);
+      be->set_seq_shape(cl_shape.rows, cl_shape.seq);
+      step_tokens = cl_tokens.data();
+      step_labels = cl_labels.data();
+    }
+    // The tokens this step trains: this rank's, and the global batch's (DeepSpeed's example's
+    // consumed_train_tokens, which its token-based lr decay reads).
+    const std::int64_t rank_tokens = std::int64_t(accum) * std::int64_t(cl_shape.tokens());
+    const std::int64_t global_tokens = rank_tokens * dp_world;
+    const float lr = lr_at(step, consumed_tokens);
+    consumed_tokens += global_tokens;
     prof.begin_step(step);
     const bool writing = writer && writer->in_flight();  // a background write shares the machine
     const auto t0 = std::chrono::steady_clock::now();
-    const StepStats st = be->step(tokens.data(), labels.data(), step + 1, lr);
+    const StepStats st = be->step(step_tokens, step_labels, step + 1, lr);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     prof.end_step(step);
     if (step - first_step >= o.warmup_steps) {
@@ -829,6 +940,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
           << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak);
       if (bert) out << ", samples/s=" << fixed(double(global_seqs) / dt, 1);
+      if (bert && o.pad_to_longest > 0) out << ", padded to " << cl_seqlen << " of " << o.seq_length;
       out << "\n";
       if (st.distilled)
         out << "[Rank 0] Step " << step << ": distillation ce_loss=" << fixed(st.ce_loss, 4)
@@ -841,6 +953,11 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
         out << "[Rank 0] Step " << step << ": random-LTD kept=" << std::min<std::int64_t>(random_ltd_kept(ltd, step), o.seq_length)
             << " of " << o.seq_length << " tokens in " << ltd.layer_ids.size() << " of " << bo.dims.layers
             << " blocks, layer_tokens=" << layer_tokens << ", consumed_layer_tokens=" << consumed_layer_tokens << "\n";
+      if (seqlen)
+        out << "[Rank 0] Step " << step << ": curriculum seqlen=" << cl_seqlen << " of " << o.seq_length << " ("
+            << name(seqlen->metric()) << ": " << cl_shape.rows << " rows of " << cl_shape.seq << " per micro-batch), tokens="
+            << global_tokens << ", consumed_tokens=" << consumed_tokens << ", tokens/s=" << fixed(double(rank_tokens) / dt, 0)
+            << "\n";
       if (curriculum) {
         const auto [first, end] = curriculum->draw->eligible(difficulty);
         out << "[Rank 0] Step " << step << ": curriculum difficulty=" << difficulty << " ("
@@ -857,7 +974,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                           {"grad_norm", st.grad_norm},
                           {"skipped", st.skipped},
                           {"step_time_s", dt},
-                          {"tokens_per_s", double(per_step) / dt},
+                          {"tokens_per_s", double(rank_tokens) / dt},
                           {"samples_per_s", double(global_seqs) / dt},
                           {"allocated_bytes", mem.allocated},
                           {"reserved_bytes", mem.reserved},
@@ -867,6 +984,13 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
         j["ce_loss"] = float(st.ce_loss);  // as loss: the float the loss CSV holds
         j["kd_loss"] = st.kd_loss;
         j["distilled"] = st.distilled;
+      }
+      if (bert && o.pad_to_longest > 0) j["padded_seqlen"] = cl_seqlen;
+      if (seqlen) {
+        j["curriculum_seqlen"] = cl_seqlen;
+        j["curriculum_rows"] = cl_shape.rows;
+        j["tokens"] = global_tokens;
+        j["consumed_tokens"] = consumed_tokens;
       }
       if (ltd_on) {
         j["random_ltd_kept"] = std::min<std::int64_t>(random_ltd_kept(ltd, step), o.seq_length);
@@ -894,7 +1018,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       progress_time += dt;
       const int done = step - first_step + 1;
       out << "\r[step " << step + 1 << "/" << last + 1 << "] ETA " << duration_text(progress_time / done * (last - step))
-          << ", " << with_commas(dt > 0 ? std::uint64_t(double(per_step) / dt) : 0) << " tokens/s, mem " << format_gb(mem.allocated)
+          << ", " << with_commas(dt > 0 ? std::uint64_t(double(rank_tokens) / dt) : 0) << " tokens/s, mem " << format_gb(mem.allocated)
           << " (peak " << format_gb(mem.peak) << ")\033[K" << std::flush;
       progress_shown = true;
     }

@@ -33,6 +33,9 @@ struct TrainOptions {
   std::filesystem::path init_from_hf, save_hf;
   int num_steps = 20, warmup_steps = 5;
   std::optional<float> learning_rate;  // given: overrides the config's optimizer lr
+  // --lr_decay_tokens: the scheduler's decay counted in trained tokens up to this many (global
+  // batch), Megatron-DeepSpeed's --lr-decay-tokens (train/lr_schedule.h: lr_by_tokens).
+  std::optional<std::int64_t> lr_decay_tokens;
   // Step lines every N steps; not given: the config's steps_per_print, else 5 (train.py's default).
   std::optional<int> log_interval;
   // A progress line (step, ETA, tokens/s, memory) rewritten in place after each step: for a
@@ -44,6 +47,12 @@ struct TrainOptions {
   // partition_method (docs/distributed.md).
   int pipeline_parallel_size = 1;
   std::string partition_method = "parameters";
+  // Given on the command line (else the config's pipeline.stages / pipeline.partition apply). A
+  // given degree, or the config's pipeline section, makes the GPU engine run its step through the
+  // pipeline's program (train/gpu_pipeline.h) at degree 1.
+  bool pipeline_parallel_given = false, partition_method_given = false;
+  // --device cuda: all N stages of the pipeline in this one process (virtual stages).
+  int pipeline_stages_in_process = 1;
   // Tensor parallelism (--device cpu): the degree (--tensor_parallel_size; not given: the config's
   // tensor_parallel.autotp_size, else 1) and Domino's pieces per micro-batch (--domino).
   std::optional<int> tensor_parallel_size;
@@ -82,6 +91,9 @@ struct TrainOptions {
   MosOptions mos;              // --mos / --kd, --load_teacher, --kd_* (train/mos_options.h; docs/moe.md)
   // --model bert: --bert_config and bing_bert's flags (train/bert_options.h; docs/bert.md).
   BertFlags bert;
+  // --pad_to_longest BUCKET (--model bert; 0: off): each step's micro-batches cut from S to their
+  // longest sample rounded up to a multiple of BUCKET (issue #20; train/bert_options.h).
+  int pad_to_longest = 0;
   // Whether --batch_size was given: BERT runs take the DeepSpeed config's
   // train_micro_batch_size_per_gpu when it was not (a library caller's value counts as given).
   bool batch_size_given = true;

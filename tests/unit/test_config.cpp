@@ -642,6 +642,41 @@ TEST(Config, CutrainDataOrder) {
                train::ConfigError);
 }
 
+TEST(Config, PipelineSection) {
+  const train::TrainConfig none = train::parse_config(R"({"train_micro_batch_size_per_gpu": 2})", "a.json");
+  EXPECT_FALSE(none.pipeline_given);
+  EXPECT_FALSE(none.pipeline_stages);
+  EXPECT_EQ(none.activation_checkpoint_interval, 0);
+  const train::TrainConfig c = train::parse_config(
+      R"({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 4, "partition": "type:TransformerBlock",
+          "activation_checkpoint_interval": 2, "seed_layers": false}})",
+      "a.json");
+  EXPECT_TRUE(c.pipeline_given);
+  EXPECT_EQ(c.pipeline_stages, 4);
+  EXPECT_EQ(c.pipeline_partition, "type:TransformerBlock");
+  EXPECT_EQ(c.activation_checkpoint_interval, 2);
+  EXPECT_TRUE(c.warnings.empty()) << c.warnings.front();
+  // DeepSpeed's defaults: "auto" leaves the degree to the flag, "best" is the parameters method, and
+  // the partitioned sends (true) are warned about: cutrain sends activations and gradients whole.
+  const train::TrainConfig d = train::parse_config(
+      R"({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": "auto", "partition": "best",
+          "pipe_partitioned": true, "grad_partitioned": true}})",
+      "a.json");
+  EXPECT_TRUE(d.pipeline_given);
+  EXPECT_FALSE(d.pipeline_stages);
+  EXPECT_EQ(d.pipeline_partition, "parameters");
+  ASSERT_EQ(d.warnings.size(), 2u);
+  EXPECT_NE((d.warnings[0] + d.warnings[1]).find("pipeline.pipe_partitioned is read but not acted on"),
+            std::string::npos);
+  EXPECT_NE((d.warnings[0] + d.warnings[1]).find("pipeline.grad_partitioned is read but not acted on"),
+            std::string::npos);
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": "many"}})", {"pipeline.stages"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 0}})", {"pipeline.stages"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "pipeline": {"activation_checkpoint_interval": -1}})",
+               {"pipeline.activation_checkpoint_interval"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "pipeline": 2})", {"pipeline"});
+}
+
 // ---- the key table (train/config_keys.h): acted on, warned, error ----
 
 TEST(ConfigKeys, TableIsWellFormedAndDocumented) {
