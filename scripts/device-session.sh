@@ -89,6 +89,17 @@
 #               virtual stages on configs/bf16_full.json's model (ZeRO 0) at gradient_accumulation_steps
 #               PAR_ACCUM (default 1,8), PAR_ROUNDS (default 3) alternating rounds of PAR_STEPS (default
 #               30) steps, the ratio table against the 1.03 target. About 6 minutes.
+#   data_efficiency  issue #21's quality figures (scripts/data_efficiency_quality.py): baseline, the
+#               vocabularyrarity curriculum, the seqlen warm-up (where its config is), random-LTD and
+#               curriculum + random-LTD on the same shards (.devdata/linux-doc.tar.xz when
+#               scripts/corpus-linux-doc.sh made it, else WikiText-2), DE_STEPS steps (default 1000) of
+#               DE_SHAPE (default gpt2_small: B8 x S1024) within DE_BUDGET s (default 180): validation
+#               loss against the steps' time and the wall clock, the table, the <= 0.8 verdict, SVG/PNG
+#               in logs/data_efficiency/; then bench_token_drop and bench/peers/data_efficiency_peer.py
+#               through PEERS_DIR's run.sh ds-python (DeepSpeed's CurriculumScheduler and
+#               RandomLTDScheduler against every step of those runs, its random_ltd gather / scatter
+#               op, a JIT build, against ours and PyTorch's index ops; DE_PEER=0 leaves it out). About 5
+#               minutes: the runs ~3.5, DeepSpeed's install and JIT build ~1.5.
 #   bert        issue #20's BERT-Large targets, cutrain and its PyTorch peer (bench/peers/bert_peer.py)
 #               in the same call: the full training step at seq 128 x micro-batch 64 and seq 512 x 16
 #               (samples/s, peak memory), one layer's forward+backward alone at both, and at seq 512
@@ -433,6 +444,31 @@ if want parallel; then
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/parallel_tests.txt" | tail -15 >>"$sum" 2>/dev/null
   step parallel_bench 420 "python3 scripts/parallel_overhead_bench.py --bin $bin --rounds ${PAR_ROUNDS:-3} --steps ${PAR_STEPS:-30} --warmup 8 --accum ${PAR_ACCUM:-1,8} --virtual ${PAR_VIRTUAL:-2,4} --out $logs/parallel"
   grep -E "^\|" "$logs/parallel_bench.txt" >>"$sum" 2>/dev/null
+fi
+
+if want data_efficiency; then
+  # gpt2_small at B8 x S1024 is ~18-22 ms a step (docs/perf-notes.md: d12 B16 T1024 33.9 ms): 1000
+  # steps ~20 s a variant, plus start-up, validation and the random-LTD / seqlen recaptures.
+  corpus=""; [ -e .devdata/linux-doc.tar.xz ] && corpus="--corpus .devdata/linux-doc.tar.xz"
+  de_b=${DE_BUDGET:-180}
+  step data_efficiency $((de_b + 40)) "python3 scripts/data_efficiency_quality.py --bin $bin --shape ${DE_SHAPE:-gpt2_small} --steps ${DE_STEPS:-1000} --data .devdata $corpus --budget $de_b --out $logs/data_efficiency"
+  # The shards and the extracted corpus (~70 MB) do not come back; a run cut by the limit still gets its
+  # report from what the runs wrote (an unfinished variant is marked).
+  rm -rf "$logs/data_efficiency/data"
+  [ -e "$logs/data_efficiency/data_efficiency.md" ] || [ ! -e "$logs/data_efficiency/meta.json" ] || \
+    python3 scripts/data_efficiency_quality.py --report "$logs/data_efficiency" >>"$logs/data_efficiency.txt" 2>&1
+  sed -n '/^## Data efficiency/,/^Curves/p' "$logs/data_efficiency.txt" | grep -v '^$' >>"$sum" 2>/dev/null
+  step bench_token_drop 60 "build/gpu/bench/bench_token_drop --benchmark_out=$logs/bench_token_drop.json --benchmark_out_format=json --benchmark_counters_tabular=true"
+  peers=${PEERS_DIR:-$root/.peers}
+  if [ "${DE_PEER:-1}" = 0 ]; then
+    echo "-- data_efficiency: DE_PEER=0, no DeepSpeed peer" >>"$sum"
+  elif [ -x "$peers/run.sh" ]; then
+    step peer_data_efficiency 240 "$peers/run.sh ds-python bench/peers/data_efficiency_peer.py --results $logs/data_efficiency --out $logs/data_efficiency_peer.json"
+    grep -E "^\||^schedules|^DeepSpeed" "$logs/peer_data_efficiency.txt" >>"$sum" 2>/dev/null
+    python3 bench/peers/compare.py --ours "$logs/bench_token_drop.json" --peers "$logs/data_efficiency_peer.json" >>"$sum" 2>&1
+  else
+    echo "-- data_efficiency: no $peers/run.sh (carry ../shared/peers as .peers, or set PEERS_DIR): no DeepSpeed peer" >>"$sum"
+  fi
 fi
 
 if want bert; then

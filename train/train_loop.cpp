@@ -819,12 +819,14 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     EvalPoint e;
     e.after_step = after_step;
     e.batches = eval_batches;
+    const auto t_eval = std::chrono::steady_clock::now();
     for (int b = 0; b < eval_batches; ++b) {
       if (eval_mlm) eval_mlm->fill(b, eval_tokens.data(), eval_labels.data());
       else eval_sampler->fill(b, eval_tokens.data(), eval_labels.data());
       e.loss += be->eval_loss(eval_tokens.data(), eval_labels.data()) / eval_batches;
     }
     e.perplexity = std::exp(e.loss);
+    e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_eval).count();
     out << "[Rank 0] Eval " << (after_step < first_step ? "before training" : "after step " + std::to_string(after_step))
         << ": val_loss=" << fixed(e.loss, 4) << ", val_ppl=" << fixed(e.perplexity, 2) << " (" << eval_batches
         << " batches of " << o.batch_size << " x " << o.seq_length << ")\n";
@@ -832,6 +834,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   };
   const bool evaluating = eval_sampler || eval_mlm;
   if (evaluating) res.evals.push_back(evaluate(first_step - 1));
+  // The loop's wall clock from its first step (the metrics' elapsed_s): steps, data draws,
+  // evaluations, logging and saves alike; what a data-efficiency comparison reads beside the
+  // steps' own time.
+  const auto loop_start = std::chrono::steady_clock::now();
 
   res.params = nparams;
   // random-LTD's consumed layer tokens (the global batch's): the steps before a resume from the
@@ -1001,7 +1007,9 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       if (eval_now) {
         j["val_loss"] = res.evals.back().loss;
         j["val_ppl"] = res.evals.back().perplexity;
+        j["eval_time_s"] = res.evals.back().seconds;
       }
+      j["elapsed_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
       metrics_log.append(j.dump() + "\n");
     }
     if (o.progress && step < last) {

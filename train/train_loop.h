@@ -103,6 +103,7 @@ struct EvalPoint {
   int after_step = -1;  // the last step trained before it (-1 + first step: before training)
   double loss = 0, perplexity = 0;
   int batches = 0;
+  double seconds = 0;  // the evaluation's own wall-clock time
 };
 
 // The checkpoint saves of a run (--save).
