@@ -25,7 +25,7 @@ if [ -z "$pkg" ]; then
   pkg=$(apt-cache search --names-only '^linux-doc-[0-9]+\.[0-9]+$' | awk '{print $1}' | sort -V | tail -1)
   [ -n "$pkg" ] || { echo "corpus-linux-doc: no linux-doc-N.M package in apt's lists (run apt-get update first)" >&2; exit 1; }
 fi
-mkdir -p "$out"
+mkdir -p "$out" && out=$(cd "$out" && pwd)  # absolute: the archive is written from inside the package
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 (cd "$work" && apt-get download "$pkg" >/dev/null 2>&1) || { echo "corpus-linux-doc: apt-get download $pkg failed" >&2; exit 1; }
 deb=$(ls "$work"/*.deb)
