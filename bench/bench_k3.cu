@@ -5,7 +5,8 @@
 //   compensated bf16 master, with counter vs_plain = its median over the plain layout's median
 //   on the same buffers in the same call (the plain launch timed before and after it; target <= 1.05).
 // Bytes are what each kernel must move: cross-entropy reads the logits once and writes dlogits
-// once (plus labels and row losses); AdamW moves adam_bytes_per_param(layout) per parameter;
+// once (plus labels and row losses: 2 * 2 * vocab + 8 bytes per row, the floor of any fused
+// kernel; counter ctas_per_row: the cluster size of its row kernel); AdamW moves adam_bytes_per_param(layout) per parameter;
 // the norm reads the gradients once. Cross-entropy runs in place, so after the first call the
 // buffer holds gradients: its cost does not depend on the values (every element takes the same
 // two exponentials), so timing repeated calls on it is fair.
@@ -56,6 +57,7 @@ void bench_cross_entropy(benchmark::State& state, int rows, int vocab) {
       },
       bytes, 0);
   state.counters["extra_bytes"] = static_cast<double>(kernels::cross_entropy_scratch_bytes(rows));
+  state.counters["ctas_per_row"] = kernels::cross_entropy_ctas_per_row(vocab);
 }
 
 // ---- AdamW ----

@@ -58,6 +58,30 @@ BatchSampler::BatchSampler(SamplerOptions options) : options_(std::move(options)
     const int64_t windows = windows_in_shard(n, o.seq_len, window_len_);
     window_base_.push_back(window_base_.back() + static_cast<uint64_t>(windows));
   }
+  if (o.order == DataOrder::Llmc) {
+    CUTRAIN_CHECK(o.labels == Labels::kNextToken, "data loader: llm.c's data order reads B x T + 1 tokens and takes "
+                  "the next token as the label: expected next-token labels, found labels = input ids");
+    CUTRAIN_CHECK(!o.curriculum, "data loader: llm.c's data order and a curriculum's draw are two different orders: "
+                  "expected one of them, found both");
+    LlmcOrderOptions lo;
+    const int64_t piece = int64_t(o.world_size) * o.batch_size * o.seq_len;
+    for (const TokenShard& s : shards_) {
+      const auto n = static_cast<int64_t>(s.size());
+      CUTRAIN_CHECK(llmc_samples_in_shard(n, o.batch_size, o.seq_len, o.world_size) > 0, "data loader: shard ", s.path(),
+                    " holds ", n, " tokens; llm.c's data order needs at least world_size x B x T + 1 = ", piece + 1,
+                    " in every shard (llm.c asserts the same)");
+      lo.shard_tokens.push_back(n);
+    }
+    lo.batch_size = o.batch_size;
+    lo.seq_len = o.seq_len;
+    lo.rank = o.rank;
+    lo.world_size = o.world_size;
+    lo.seed = o.seed;
+    lo.shuffle = o.shuffle;
+    llmc_ = std::make_unique<LlmcOrder>(std::move(lo));
+    batches_per_epoch_ = llmc_->batches_per_epoch();
+    return;
+  }
   const auto windows = static_cast<int64_t>(window_base_.back());
   CUTRAIN_CHECK(windows < int64_t(UINT32_MAX), "data loader: ", windows, " windows are more than this loader indexes");
   batches_per_epoch_ = windows / (o.batch_size * o.world_size);
@@ -88,6 +112,17 @@ void BatchSampler::build_order(int64_t epoch) {
 void BatchSampler::fill(int64_t step, int32_t* inputs, int32_t* targets) {
   CUTRAIN_CHECK(step >= 0, "data loader: batch step ", step, " is negative");
   const int64_t B = options_.batch_size, T = options_.seq_len;
+  if (llmc_) {
+    // One run of B x T + 1 tokens: row b is tokens [b T, b T + T), its targets one token on (the
+    // last row's last target is the run's extra token).
+    const LlmcRead r = llmc_->at(step);
+    const uint16_t* src = shards_[r.shard].tokens() + r.first_token;
+    for (int64_t i = 0; i < B * T; ++i) {
+      inputs[i] = src[i];
+      targets[i] = src[i + 1];
+    }
+    return;
+  }
   std::vector<uint32_t> windows;
   if (options_.curriculum) {
     windows = options_.curriculum->draw(step, options_.rank, options_.world_size, B);

@@ -1,6 +1,7 @@
 // @brief Which tokens make batch number s: token shards cut into windows of T (+1) tokens,
-// shuffled per epoch from a seed, dealt out to ranks. Pure and synchronous; DataLoader runs it on a
-// background thread.
+// shuffled per epoch from a seed, dealt out to ranks; or, with DataOrder::Llmc, exactly the batches
+// llm.c's DataLoader reads (data/llmc_order.h). Synchronous; DataLoader runs it on a background
+// thread.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,8 @@
 #include <vector>
 
 #include "data/curriculum_draw.h"
+#include "data/data_order.h"
+#include "data/llmc_order.h"
 #include "data/token_shard.h"
 
 namespace cutrain::data {
@@ -24,7 +27,10 @@ struct SamplerOptions {
   int64_t seq_len = 1;                // T
   int rank = 0, world_size = 1;
   uint64_t seed = 0;
-  bool shuffle = true;  // false: windows in file order (eval)
+  bool shuffle = true;  // false: windows in file order (eval); with Llmc: llm.c's validation loader
+  // Llmc: llm.c's DataLoader (next-token labels only, no curriculum): each batch one run of
+  // B x T + 1 tokens, rows contiguous; its generator seeded with seed + rank (llm.c: 42 + rank).
+  DataOrder order = DataOrder::Shuffled;
   Labels labels = Labels::kNextToken;
   int32_t vocab_size = 50257;  // every token must be below it (the tokenizer's, before padding)
   // Set: batch s holds the windows the curriculum draws for micro-batch s (the index must match
@@ -49,6 +55,7 @@ class BatchSampler {
   explicit BatchSampler(SamplerOptions options);
 
   // Writes batch `step` (0, 1, ... across epochs) of this rank: inputs and targets, B*T each.
+  // Ascending steps are cheap in either order; with Llmc an earlier step replays its generator.
   void fill(int64_t step, int32_t* inputs, int32_t* targets);
 
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
@@ -68,6 +75,7 @@ class BatchSampler {
   int64_t batches_per_epoch_ = 0;
   int64_t order_epoch_ = -1;
   std::vector<uint32_t> order_;  // window ids in this epoch's order
+  std::unique_ptr<LlmcOrder> llmc_;  // DataOrder::Llmc
 };
 
 }  // namespace cutrain::data

@@ -2,16 +2,14 @@
 //   1. ce_count_kernel (1 block): validates the labels, counts the non-ignored rows (the mean's
 //      denominator must be known before any gradient is written), reports the first bad row. It
 //      lets the row kernel start at once (programmatic dependent launch).
-//   2. The row kernel, by path:
-//      - gradient, rows that fit twice in a CTA's shared memory (up to ~57k columns):
-//        ce_pipelined_kernel, one persistent CTA per SM with two row buffers filled by bulk
-//        copies (kernels/common/bulk_copy.cuh): the next row loads while this one's
-//        log-sum-exp and gradient are computed from shared memory, so HBM sees one read and one
-//        write per element and the reads never wait for the math;
-//      - gradient, longer rows: ce_row_kernel over a thread-block cluster of up to 8 CTAs per row,
-//        each parking one slice of the row in shared memory (up to ~450k-column rows read once);
-//      - forward only: ce_row_kernel, one block per row streaming it once.
-//      The online (max, sum 2^(y - max)) is kept in log2 units. The last block to finish takes
+//   2. ce_row_kernel: a thread-block cluster of `split` CTAs per row (cross_entropy_ctas_per_row:
+//      slices of at most ~32 KiB, up to 8 CTAs). Each CTA brings its slice of the row into shared
+//      memory with one TMA bulk copy (kernels/common/bulk_copy.cuh), takes the slice's max (packed
+//      16-bit pairs) and then its sum of exponentials from shared memory, the CTAs of the row combine their
+//      (max, sum) through distributed shared memory in rank order, and each writes its slice's
+//      gradient from shared memory over the logits: HBM sees one read and one write per element.
+//      Small slices keep several CTAs on an SM, so one CTA's math overlaps the others' copies and
+//      the last wave is short. The log-sum-exp is kept in log2 units. The last CTA to finish takes
 //      the mean of the row losses in a fixed order (deterministic).
 // Extra memory: the scratch of 16 + 4 * rows bytes.
 #include "kernels/cross_entropy.cuh"
@@ -25,6 +23,7 @@
 
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/vec.cuh"
+#include "kernels/cross_entropy_slice.h"
 #include "runtime/check.h"
 #include "runtime/nvtx.h"
 
@@ -32,23 +31,24 @@ namespace cutrain::kernels {
 
 namespace {
 
-// The row kernel's tile: threads per block (two blocks per SM), 16-byte loads in flight per
-// thread per iteration in pass 1 (nothing else in flight) and pass 2, CTAs per row at most (the
-// portable cluster size). The count kernel runs kCountThreads.
+// The row kernel's tile: threads per CTA, the CTAs per SM its registers must allow, the bytes of a
+// row one CTA parks (a row of more is split over a cluster of up to kMaxSplit CTAs, the portable
+// cluster size; past that a CTA parks what the device's shared memory allows and reads the rest of
+// its slice from global memory in each pass), the static shared memory kept out of the parking
+// budget. The count kernel runs kCountThreads.
 struct CeTile {
-  static constexpr int kThreads = 512, kPass1Loads = 8, kPass2Loads = 4, kMaxSplit = 8;
+  static constexpr int kThreads = 256, kMinBlocksPerSm = 6;
+  static constexpr int kSliceBytes = 32 * 1024, kMaxSplit = 8;
+  static constexpr int kStaticSmemBytes = 1024;
   static constexpr int kCountThreads = 1024;
-  // The pipelined gradient kernel: one CTA per SM, shared-memory vectors per thread in flight.
-  static constexpr int kPipeThreads = 1024, kPipeLoads = 4;
 };
-constexpr int kThreads = CeTile::kThreads;
 constexpr int kSmallThreads = CeTile::kCountThreads;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 struct CeHeader {
   int n_valid;
-  unsigned done;  // row blocks finished (zeroed by the count kernel; the last one takes the mean)
+  unsigned done;  // row CTAs finished (zeroed by the count kernel; the last one takes the mean)
   int pad[2];
 };
 constexpr std::size_t kRowLossOffset = sizeof(CeHeader);
@@ -63,27 +63,12 @@ __device__ __forceinline__ bool label_valid(int label, int vocab, int ignore_ind
   return label != ignore_index && label >= 0 && label < vocab;
 }
 
-// ---- online log-sum-exp in log2 units: m = max y, s = sum 2^(y - m), y = x * log2(e) ----
+// ---- log-sum-exp in log2 units: m = max y, s = sum 2^(y - m), y = x * log2(e) ----
+// -FLT_MAX (not -inf) is the empty maximum, so combining two empty parts gives 2^0 * 0, not NaN.
 
 __device__ __forceinline__ void lse_combine(float& m, float& s, float m2, float s2) {
   const float mn = fmaxf(m, m2);
   s = s * fast_ex2(m - mn) + s2 * fast_ex2(m2 - mn);
-  m = mn;
-}
-
-__device__ __forceinline__ void lse_add8(float& m, float& s, const float f[8]) {
-  float vmax = fmaxf(fmaxf(fmaxf(f[0], f[1]), fmaxf(f[2], f[3])), fmaxf(fmaxf(f[4], f[5]), fmaxf(f[6], f[7])));
-  const float mn = fmaxf(m, vmax * kLog2e);
-  float add = 0.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) add += fast_ex2(fmaf(f[i], kLog2e, -mn));
-  s = fmaf(s, fast_ex2(m - mn), add);
-  m = mn;
-}
-
-__device__ __forceinline__ void lse_add1(float& m, float& s, float x) {
-  const float mn = fmaxf(m, x * kLog2e);
-  s = fmaf(s, fast_ex2(m - mn), fast_ex2(fmaf(x, kLog2e, -mn)));
   m = mn;
 }
 
@@ -123,10 +108,33 @@ __device__ __forceinline__ void unpack8(uint4 raw, float f[8]) {
   }
 }
 
+// The running maximum of eight 16-bit values in packed pairs of T (one instruction per pair; a NaN
+// loses to a number, as with fmaxf: the NaN reaches the sum instead).
+template <typename T>
+__device__ __forceinline__ pair16_t<T> max8(pair16_t<T> acc, uint4 raw) {
+  const pair16_t<T>* h = reinterpret_cast<const pair16_t<T>*>(&raw);
+  return __hmax2(acc, __hmax2(__hmax2(h[0], h[1]), __hmax2(h[2], h[3])));
+}
+
+// sum 2^(x_i log2e - m) over eight 16-bit values.
+template <typename T>
+__device__ __forceinline__ float sum_ex2_8(uint4 raw, float m) {
+  float f[8];
+  unpack8<T>(raw, f);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = fast_ex2(fmaf(f[i], kLog2e, -m));
+  return ((f[0] + f[1]) + (f[2] + f[3])) + ((f[4] + f[5]) + (f[6] + f[7]));
+}
+
 // Programmatic dependent launch (sm_90): the count kernel lets the row kernel start at once, and
 // the row kernel waits for the count kernel's results (memory visible) only where it needs them.
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// The cluster barrier in its two halves (every thread of every CTA of the cluster takes part):
+// arrive releases this thread's earlier memory accesses, wait acquires the other CTAs'.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 // ---- kernel 1: labels -> n_valid, first bad row ----
 
@@ -160,7 +168,7 @@ __global__ void __launch_bounds__(kSmallThreads) ce_count_kernel(const int32_t* 
   }
 }
 
-// ---- kernel 2: one row per block ----
+// ---- kernel 2: a cluster of CTAs per row ----
 
 template <typename T>
 struct RowArgs {
@@ -172,22 +180,22 @@ struct RowArgs {
   CeHeader* hdr;
   float* row_loss_tmp;
   float* row_loss;
-  int cache_vecs;  // 16-byte vectors of the row body parked in shared memory
+  int park_vecs;  // 16-byte vectors of its slice a CTA parks in shared memory, at most
   int rows;
-  float* loss_mean;  // written by the last row block
-  int split;         // long rows: CTAs (one thread-block cluster) per row; 1 otherwise
+  float* loss_mean;  // written by the last CTA
+  int split;         // CTAs (one thread-block cluster) per row
 };
 
-// The fused finish: every block counts itself done; the last one (it sees every other block's
-// row loss after the fences) takes the mean in a fixed order, so the result stays deterministic.
-// Called by every thread of the block.
+// The fused finish: every CTA counts itself done; the last one (it sees every other CTA's row
+// loss after the fences) takes the mean in a fixed order, so the result stays deterministic.
+// Called by every thread of the CTA.
 template <class Args>
 __device__ __forceinline__ void ce_finish_in_last_block(const Args& a) {
   __shared__ bool is_last;
   __shared__ double sm[32];
   pdl_wait();  // hdr->done and n_valid come from the count kernel
   if (threadIdx.x == 0) {
-    __threadfence();  // this block's row loss (written by this thread) before the count
+    __threadfence();  // this CTA's row loss (written by this thread) before the count
     is_last = atomicAdd(&a.hdr->done, 1u) == gridDim.x - 1;
   }
   __syncthreads();
@@ -240,8 +248,8 @@ __device__ __forceinline__ T grad_of(float x, bool is_label, float c, float gs) 
 }
 
 // The gradient scale folded into the exponent: p_j * |gs| = 2^(x_j log2e - c_scaled), so the
-// body's elements cost one fma and one ex2 each; the sign of gs goes onto the 16-bit values' sign bits
-// (bit 15 of each half, in T and fp16 alike).
+// body's elements cost one fma and one ex2 each; the sign of gs goes onto the 16-bit values' sign
+// bits (bit 15 of each half, in bf16 and fp16 alike).
 struct GradScale {
   float c_scaled;      // c - log2 |gs| (+inf when gs = 0: every element 0)
   float abs_gs;        // |gs|: subtracted at the label's element
@@ -274,264 +282,127 @@ __device__ __forceinline__ void grad8(uint4 raw, int off, const GradScale& g, T*
   store16<Store::Streaming>(dst, out);
 }
 
-// kCluster (rows longer than one CTA can park): a cluster of a.split CTAs per row, each
-// parking and streaming one contiguous slice of the row's vectors; the CTAs exchange their
-// (max, sum) through distributed shared memory and combine them in rank order (deterministic).
-// Rank 0 owns the scalar head/tail, the label's logit, the row loss and the padding.
-template <typename T, class Tile, bool kGrad, bool kCluster>
-__global__ void __launch_bounds__(Tile::kThreads, 2) ce_row_kernel(RowArgs<T> a) {
-  constexpr int kThreads = Tile::kThreads, kUnroll1 = Tile::kPass1Loads, kUnroll = Tile::kPass2Loads;
-  extern __shared__ uint4 cache[];
-  const int split = kCluster ? a.split : 1;
-  const int rank = kCluster ? static_cast<int>(blockIdx.x % static_cast<unsigned>(split)) : 0;
+// One row per cluster of a.split CTAs (a.split = 1: one CTA, no cluster). The row is cut as
+// ce::row_slice says (a scalar head to the first 16-byte boundary, aligned 16-byte vectors, a
+// scalar tail); CTA `rank` owns the vectors [v_begin, v_end) of an even split and parks the
+// first a.park_vecs of them in shared memory with one bulk copy (all of them unless the row is
+// longer than kMaxSplit CTAs can park). Rank 0 also owns the head, the tail, the label's logit,
+// the row loss and the padding columns. Each thread walks the vectors v_begin + tid + k * kThreads
+// in every pass, so a vector read from global memory is written back by the thread that read it,
+// and a CTA writes only its own elements: the only element read across CTAs is the label's logit,
+// which rank 0 reads before the cluster barrier that every gradient write follows.
+template <typename T, class Tile, bool kGrad>
+__global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_kernel(RowArgs<T> a) {
+  constexpr int kThreads = Tile::kThreads;
+  extern __shared__ uint4 slice[];  // a.park_vecs vectors
+  __shared__ alignas(8) std::uint64_t landed;
+  __shared__ float2 cluster_ms;  // this CTA's (m, s), read by the other CTAs of the row
+  const int split = a.split;
+  const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(split));
+  const int row = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
   const bool owner = rank == 0;
-  const int row = kCluster ? static_cast<int>(blockIdx.x / static_cast<unsigned>(split)) : blockIdx.x;
   const int tid = threadIdx.x;
   T* x = a.logits + static_cast<std::size_t>(row) * a.ld;
+
+  const ce::RowSlice cut = ce::row_slice(reinterpret_cast<std::uintptr_t>(x), a.vocab, split, rank);
+  const int head = cut.head, tail_start = cut.tail_start, v_begin = cut.v_begin, v_end = cut.v_end;
+  const int head_here = owner ? head : 0;
+  const int tail_here = owner ? a.vocab - tail_start : 0;
+  T* body = x + head;
+  const int parked_end = min(v_end, v_begin + a.park_vecs);  // [v_begin, parked_end) in `slice`
+
+  // The copy starts before the label is known (an ignored row's copy is wasted, but no row waits
+  // for its label's latency before its bytes are requested).
+  if (tid == 0) {
+    mbar_init(&landed);
+    const auto bytes = static_cast<std::uint32_t>(parked_end - v_begin) * 16u;
+    mbar_expect_bytes(&landed, bytes);
+    if (bytes > 0) bulk_load(slice, body + static_cast<std::size_t>(v_begin) * 8, bytes, &landed);
+  }
   const int label = a.labels[row];
   const bool valid = label_valid(label, a.vocab, a.ignore_index);
+  __syncthreads();  // the barrier is initialized before any thread waits on it
 
-  // Split [0, vocab) into a scalar head up to the first 16-byte boundary, aligned vectors, a tail.
-  const int head = min(a.vocab, static_cast<int>(((16u - (reinterpret_cast<std::uintptr_t>(x) & 15u)) & 15u) >> 1));
-  const int nvec = (a.vocab - head) / 8;
-  const int tail_start = head + nvec * 8;
-  const int tail = owner ? a.vocab - tail_start : 0;
-  const int head_here = owner ? head : 0;
-  T* body = x + head;
-  // This CTA's slice of the vectors (the whole row unless split).
-  const int per = kCluster ? (nvec + split - 1) / split : nvec;
-  const int v_begin = kCluster ? min(nvec, rank * per) : 0;
-  const int v_end = kCluster ? min(nvec, v_begin + per) : nvec;
-
-  if (!valid) {  // block-uniform (cluster-uniform): ignored (or bad-label) row: no loss, zero gradient
+  if (!valid) {  // cluster-uniform: ignored (or bad-label) row: no loss, zero gradient
     if (tid == 0 && owner) write_row_loss(a, row, 0.f);
     if constexpr (kGrad) {
-      for (int v = v_begin + tid; v < v_end; v += blockDim.x)
+      for (int v = v_begin + tid; v < v_end; v += kThreads)
         store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, make_uint4(0, 0, 0, 0));
       if (owner) {
         zero_scalar(x, 0, head);
         zero_scalar(x, tail_start, a.ld);  // tail and padding
       }
     }
+    mbar_wait(&landed, 0);  // no CTA exits while a copy into its shared memory is in flight
     ce_finish_in_last_block(a);
     return;
   }
 
-  // ---- pass 1: online log-sum-exp over the row ----
-  float m = -FLT_MAX, s = 0.f;
-  float x_head = 0.f, x_tail = 0.f;
-  if (tid < head_here) {
-    x_head = to_f32(x[tid]);
-    lse_add1(m, s, x_head);
-  }
-  if (tid < tail) {
-    x_tail = to_f32(x[tail_start + tid]);
-    lse_add1(m, s, x_tail);
-  }
-  // Vectors v in [v_begin, cache_end) are parked at cache[v - v_begin].
-  const int cache_end = kGrad ? v_begin + min(a.cache_vecs, v_end - v_begin) : v_begin;
-  for (int v0 = v_begin + tid; v0 < v_end; v0 += kUnroll1 * kThreads) {
-    uint4 r[kUnroll1];
-#pragma unroll
-    for (int k = 0; k < kUnroll1; ++k) {
-      const int v = v0 + k * kThreads;
-      if (v < v_end) r[k] = load16(body + static_cast<std::size_t>(v) * 8);
-    }
-#pragma unroll
-    for (int k = 0; k < kUnroll1; ++k) {
-      const int v = v0 + k * kThreads;
-      if (v < v_end) {
-        if (v < cache_end) cache[v - v_begin] = r[k];
-        float f[8];
-        unpack8<T>(r[k], f);
-        lse_add8(m, s, f);
-      }
-    }
-  }
-  float x_label = 0.f;
-  if (tid == 0 && owner) x_label = to_f32(x[label]);  // before any CTA of the row writes
+  // While the copy is in flight: rank 0's scalars, read before the cluster barrier below (every
+  // gradient write of the row comes after it).
+  float x_head = 0.f, x_tail = 0.f, x_label = 0.f;
+  if (tid < head_here) x_head = to_f32(x[tid]);
+  if (tid < tail_here) x_tail = to_f32(x[tail_start + tid]);
+  if (tid == 0 && owner) x_label = to_f32(x[label]);
+  auto vec_at = [&](int v) {
+    return v < parked_end ? slice[v - v_begin] : load16(body + static_cast<std::size_t>(v) * 8);
+  };
+  mbar_wait(&landed, 0);
+
+  // ---- this thread's maximum, then its sum of exponentials under it (no rescaling) ----
+  pair16_t<T> mx2 = pack2_rn<T>(-INFINITY, -INFINITY);
+  for (int v = v_begin + tid; v < v_end; v += kThreads) mx2 = max8<T>(mx2, vec_at(v));
+  const float2 mxf = to_f32x2(mx2);
+  float mx = fmaxf(mxf.x, mxf.y);
+  if (tid < head_here) mx = fmaxf(mx, x_head);
+  if (tid < tail_here) mx = fmaxf(mx, x_tail);
+  float m = fmaxf(mx * kLog2e, -FLT_MAX), s = 0.f;
+  if (tid < head_here) s += fast_ex2(fmaf(x_head, kLog2e, -m));
+  if (tid < tail_here) s += fast_ex2(fmaf(x_tail, kLog2e, -m));
+#pragma unroll 2
+  for (int v = v_begin + tid; v < v_end; v += kThreads) s += sum_ex2_8<T>(vec_at(v), m);
   lse_block(m, s);
-  if constexpr (kCluster) {
-    __shared__ float2 cl_ms;
+  if (split > 1) {  // the row's (m, s) from every CTA's, in rank order (the same bits in each CTA)
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
-    if (tid == 0) cl_ms = make_float2(m, s);
-    cluster.sync();  // every slice's (m, s) written; also: no CTA writes gradients before all read x
+    if (tid == 0) cluster_ms = make_float2(m, s);
+    cluster_arrive();
+    cluster_wait();
     float mm = -FLT_MAX, ss = 0.f;
     for (int r = 0; r < split; ++r) {
-      const float2 o = *cluster.map_shared_rank(&cl_ms, static_cast<unsigned>(r));
+      const float2 o = *cluster.map_shared_rank(&cluster_ms, static_cast<unsigned>(r));
       lse_combine(mm, ss, o.x, o.y);
     }
     m = mm, s = ss;
-    cluster.sync();  // no CTA exits while a peer may still read its cl_ms
+    cluster_arrive();  // done reading the others' cluster_ms; waited on before this CTA exits
   }
   const float c = m + log2f(s);  // log2 of the softmax denominator: p_j = 2^(x_j log2e - c)
   if (tid == 0 && owner) write_row_loss(a, row, c * kLn2 - x_label);
-  if constexpr (!kGrad) {
-    ce_finish_in_last_block(a);
-    return;
-  }
 
-  // ---- pass 2: dlogits = (softmax - onehot) * grad_scale / n_valid, in place ----
-  pdl_wait();  // n_valid from the count kernel, which ran alongside pass 1
-  const float gs = (a.device_grad_scale ? a.grad_scale * *a.device_grad_scale : a.grad_scale) /
-                   static_cast<float>(max(a.hdr->n_valid, 1));
-  if (tid < head_here) x[tid] = grad_of<T>(x_head, tid == label, c, gs);
-  if (tid < tail) x[tail_start + tid] = grad_of<T>(x_tail, tail_start + tid == label, c, gs);
-  const int label_off = label - head;  // label's position in the body (may be outside it)
-  const GradScale g = grad_scale_of(c, gs);
-  for (int v0 = v_begin + tid; v0 < v_end; v0 += kUnroll * kThreads) {
-    uint4 r[kUnroll];
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const int v = v0 + k * kThreads;
-      if (v < v_end) r[k] = v < cache_end ? cache[v - v_begin] : load16(body + static_cast<std::size_t>(v) * 8);
-    }
-#pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      const int v = v0 + k * kThreads;
-      if (v < v_end) grad8(r[k], label_off - v * 8, g, body + static_cast<std::size_t>(v) * 8);
-    }
-  }
-  if (owner) zero_scalar(x, a.vocab, a.ld);  // padding columns
-  ce_finish_in_last_block(a);
-}
-
-// The gradient path for rows that fit twice in one CTA's shared memory (up to ~57k columns on an
-// H100/H200): a persistent CTA per SM walks rows blockIdx.x, + gridDim.x, ... with two row
-// buffers. While it computes a row from one buffer (the log-sum-exp, then the gradient written
-// over the logits), a bulk copy fills the other with its next row, so HBM reads never wait for
-// the math and the gradient's stores overlap the next row's load.
-template <typename T, class Tile>
-__global__ void __launch_bounds__(Tile::kPipeThreads, 1) ce_pipelined_kernel(RowArgs<T> a) {
-  constexpr int kThreads = Tile::kPipeThreads, kUnroll = Tile::kPipeLoads;
-  extern __shared__ uint4 buffers[];  // two buffers of a.cache_vecs vectors
-  __shared__ alignas(8) std::uint64_t full[2];
-  const int tid = threadIdx.x;
-  auto body_of = [&](int row, int& head, int& nvec) {
-    T* x = a.logits + static_cast<std::size_t>(row) * a.ld;
-    head = min(a.vocab, static_cast<int>(((16u - (reinterpret_cast<std::uintptr_t>(x) & 15u)) & 15u) >> 1));
-    nvec = (a.vocab - head) / 8;
-    return x;
-  };
-  auto fill = [&](int row, int buf) {  // one thread
-    int head, nvec;
-    T* x = body_of(row, head, nvec);
-    const auto bytes = static_cast<std::uint32_t>(nvec) * 16u;
-    mbar_expect_bytes(&full[buf], bytes);
-    if (bytes > 0) bulk_load(buffers + static_cast<std::size_t>(buf) * a.cache_vecs, x + head, bytes, &full[buf]);
-  };
-  if (tid == 0) {
-    mbar_init(&full[0]);
-    mbar_init(&full[1]);
-    if (static_cast<int>(blockIdx.x) < a.rows) fill(blockIdx.x, 0);
-  }
-  __syncthreads();
-
-  int iter = 0;
-  for (int row = blockIdx.x; row < a.rows; row += gridDim.x, ++iter) {
-    const int buf = iter & 1;
-    // The other buffer was last read by the previous row, which every thread has finished.
-    if (tid == 0 && row + static_cast<int>(gridDim.x) < a.rows) fill(row + gridDim.x, buf ^ 1);
-    int head, nvec;
-    T* x = body_of(row, head, nvec);
-    T* body = x + head;
-    const uint4* cache = buffers + static_cast<std::size_t>(buf) * a.cache_vecs;
-    const int tail_start = head + nvec * 8;
-    const int tail = a.vocab - tail_start;
-    const int label = a.labels[row];
-    const bool valid = label_valid(label, a.vocab, a.ignore_index);
-    float x_head = 0.f, x_tail = 0.f, x_label = 0.f;
-    if (valid) {
-      if (tid < head) x_head = to_f32(x[tid]);
-      if (tid < tail) x_tail = to_f32(x[tail_start + tid]);
-      if (tid == 0) x_label = to_f32(x[label]);
-    }
-    mbar_wait(&full[buf], static_cast<std::uint32_t>(iter >> 1) & 1u);
-
-    if (!valid) {  // block-uniform: no loss, zero gradient (the copy has landed: the buffer is free)
-      if (tid == 0) write_row_loss(a, row, 0.f);
-      for (int v = tid; v < nvec; v += kThreads)
-        store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, make_uint4(0, 0, 0, 0));
-      zero_scalar(x, 0, head);
-      zero_scalar(x, tail_start, a.ld);  // tail and padding
-      __syncthreads();
-      continue;
-    }
-
-    // ---- the row's log-sum-exp, from shared memory ----
-    float m = -FLT_MAX, s = 0.f;
-    if (tid < head) lse_add1(m, s, x_head);
-    if (tid < tail) lse_add1(m, s, x_tail);
-    for (int v0 = tid; v0 < nvec; v0 += kUnroll * kThreads) {
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        const int v = v0 + k * kThreads;
-        if (v < nvec) {
-          float f[8];
-          unpack8<T>(cache[v], f);
-          lse_add8(m, s, f);
-        }
-      }
-    }
-    lse_block(m, s);
-    const float c = m + log2f(s);
-    if (tid == 0) write_row_loss(a, row, c * kLn2 - x_label);
-
+  if constexpr (kGrad) {
     // ---- dlogits = (softmax - onehot) * grad_scale / n_valid, over the logits ----
-    pdl_wait();  // n_valid from the count kernel (returns at once after the first row)
+    pdl_wait();  // n_valid from the count kernel, which ran alongside the copy
     const float gs = (a.device_grad_scale ? a.grad_scale * *a.device_grad_scale : a.grad_scale) /
-                   static_cast<float>(max(a.hdr->n_valid, 1));
-    if (tid < head) x[tid] = grad_of<T>(x_head, tid == label, c, gs);
-    if (tid < tail) x[tail_start + tid] = grad_of<T>(x_tail, tail_start + tid == label, c, gs);
-    const int label_off = label - head;
+                     static_cast<float>(max(a.hdr->n_valid, 1));
+    if (tid < head_here) x[tid] = grad_of<T>(x_head, tid == label, c, gs);
+    if (tid < tail_here) x[tail_start + tid] = grad_of<T>(x_tail, tail_start + tid == label, c, gs);
+    const int label_off = label - head;  // the label's position in the body (may lie outside it)
     const GradScale g = grad_scale_of(c, gs);
-    for (int v0 = tid; v0 < nvec; v0 += kUnroll * kThreads) {
-#pragma unroll
-      for (int k = 0; k < kUnroll; ++k) {
-        const int v = v0 + k * kThreads;
-        if (v < nvec) grad8(cache[v], label_off - v * 8, g, body + static_cast<std::size_t>(v) * 8);
-      }
-    }
-    zero_scalar(x, a.vocab, a.ld);  // padding columns
-    __syncthreads();  // every thread is done with this buffer before it is filled again
+#pragma unroll 2
+    for (int v = v_begin + tid; v < v_end; v += kThreads)
+      grad8<T>(vec_at(v), label_off - v * 8, g, body + static_cast<std::size_t>(v) * 8);
+    if (owner) zero_scalar(x, a.vocab, a.ld);  // padding columns
   }
+  if (split > 1) cluster_wait();  // no CTA exits while another may still read its cluster_ms
   ce_finish_in_last_block(a);
 }
 
-// Shared-memory budget for parking a row: two blocks per SM (so one block's reduction overlaps
-// the other's streaming), less the per-block reservation and the static reduction buffers.
-int cache_budget_vecs() {
-  int dev = 0, per_sm = 0, optin = 0;
+// The bytes of shared memory a CTA may park: the device's opt-in maximum less the static part.
+int park_budget_vecs() {
+  int dev = 0, optin = 0;
   CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
-  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
   CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return std::max(0, std::min(optin - 1024, per_sm / 2 - 2048) / 16);
-}
-int row_vecs(int vocab) { return ceil_div(vocab, 8) + 1; }  // vectors of a row body, at most
-
-// Vectors per buffer of the pipelined kernel: two buffers in one CTA's shared memory (one CTA per
-// SM), less the static reduction buffers and barriers.
-int pipeline_budget_vecs() {
-  int dev = 0, per_sm = 0, optin = 0;
-  CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
-  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return std::max(0, std::min(optin, per_sm - 1024) - 1024) / 32;
-}
-int sm_count() {
-  int dev = 0, n = 0;
-  CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
-  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  return n;
-}
-
-constexpr int kMaxSplit = CeTile::kMaxSplit;
-
-// CTAs per row so that each slice fits the per-CTA budget (1 for rows that already fit).
-int split_for(int vocab) {
-  const int budget = std::max(1, cache_budget_vecs());
-  return std::min(kMaxSplit, std::max(1, ceil_div(row_vecs(vocab), budget)));
+  return std::max(0, optin - CeTile::kStaticSmemBytes) / 16;
 }
 
 void check_common(const char* fn, const void* logits, const int32_t* labels, int rows, int vocab, int ld,
@@ -544,12 +415,13 @@ void check_common(const char* fn, const void* logits, const int32_t* labels, int
   CUTRAIN_CHECK(scratch != nullptr && is_aligned16(scratch), fn, ": scratch of cross_entropy_scratch_bytes(", rows,
                 ") = ", cross_entropy_scratch_bytes(rows), " bytes must be non-null and 16-byte aligned");
   CUTRAIN_CHECK((reinterpret_cast<std::uintptr_t>(logits) & 1u) == 0, fn, ": logits must be 2-byte aligned");
+  const long long ctas = static_cast<long long>(rows) * cross_entropy_ctas_per_row(vocab);
+  CUTRAIN_CHECK(ctas <= INT_MAX, fn, ": rows * CTAs per row = ", rows, " * ", cross_entropy_ctas_per_row(vocab),
+                " exceeds the grid limit ", INT_MAX);
 }
 
-// The row kernel is a programmatic dependent of the count kernel (starts streaming its rows while
-// the labels are counted) and its last block takes the mean (no finish launch): at few rows
-// (2048 x 50k moves only ~200 MB each way) launch gaps and serial one-block kernels are most of
-// the gap to the copy bandwidth.
+// The row kernel is a programmatic dependent of the count kernel (its copies start while the
+// labels are counted) and its last CTA takes the mean (no finish launch).
 template <bool kGrad, typename T>
 void run(cudaStream_t s, T* logits, const int32_t* labels, int rows, int vocab, int ld, float* loss_mean,
          float* row_loss, int* status, void* scratch, int ignore_index, float grad_scale,
@@ -559,65 +431,51 @@ void run(cudaStream_t s, T* logits, const int32_t* labels, int rows, int vocab, 
   ce_count_kernel<<<1, kSmallThreads, 0, s>>>(labels, rows, vocab, ignore_index, hdr, status);
   CUTRAIN_LAUNCH_CHECK("ce_count_kernel");
 
-  RowArgs<T> a{logits, labels,    vocab,    ld, ignore_index, grad_scale, device_grad_scale,
-               hdr,    row_loss_tmp, row_loss, 0,  rows,         loss_mean,  1};
-  cudaLaunchAttribute pdl;
-  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl.val.programmaticStreamSerializationAllowed = 1;
-  if constexpr (kGrad) {
-    if (const int pipe = pipeline_budget_vecs(); row_vecs(vocab) <= pipe) {
-      a.cache_vecs = row_vecs(vocab);
-      const std::size_t smem = 2 * static_cast<std::size_t>(a.cache_vecs) * 16;
-      auto kernel = ce_pipelined_kernel<T, CeTile>;
-      CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(static_cast<unsigned>(std::min(rows, sm_count())));
-      cfg.blockDim = dim3(CeTile::kPipeThreads);
-      cfg.dynamicSmemBytes = smem;
-      cfg.stream = s;
-      cfg.attrs = &pdl;
-      cfg.numAttrs = 1;
-      CUTRAIN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
-      CUTRAIN_LAUNCH_CHECK("ce_pipelined_kernel<grad>");
-      return;
-    }
-  }
-  // Rows longer than one CTA can park are split over a cluster (gradient pass only: the forward
-  // keeps nothing in shared memory).
-  if constexpr (kGrad) a.split = split_for(vocab);
-  CUTRAIN_CHECK(static_cast<long long>(rows) * a.split <= INT_MAX, "cross_entropy: rows * split = ", rows, " * ",
-                a.split, " exceeds the grid limit");
-  auto kernel = a.split > 1 ? ce_row_kernel<T, CeTile, kGrad, true> : ce_row_kernel<T, CeTile, kGrad, false>;
-  std::size_t smem = 0;
-  if constexpr (kGrad) {
-    a.cache_vecs = std::min(cache_budget_vecs(), ceil_div(row_vecs(vocab), a.split));
-    smem = static_cast<std::size_t>(a.cache_vecs) * 16;
-    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    // Ask for the largest shared-memory split so two parked rows fit per SM (L1 is not needed).
-    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                            static_cast<int>(cudaSharedmemCarveoutMaxShared)));
-  }
-  const char* what = kGrad ? (a.split > 1 ? "ce_row_kernel<grad,cluster>" : "ce_row_kernel<grad>")
-                           : "ce_row_kernel<forward>";
+  const int split = cross_entropy_ctas_per_row(vocab);
+  RowArgs<T> a{logits,
+               labels,
+               vocab,
+               ld,
+               ignore_index,
+               grad_scale,
+               device_grad_scale,
+               hdr,
+               row_loss_tmp,
+               row_loss,
+               std::min(ce::slice_vecs(vocab, split), park_budget_vecs()),
+               rows,
+               loss_mean,
+               split};
+  const std::size_t smem = static_cast<std::size_t>(a.park_vecs) * 16;
+  auto kernel = ce_row_kernel<T, CeTile, kGrad>;
+  CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  // The largest shared-memory carve-out, so several parked slices fit per SM (L1 is not needed).
+  CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          static_cast<int>(cudaSharedmemCarveoutMaxShared)));
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(rows * a.split));
-  cfg.blockDim = dim3(kThreads);
+  cfg.gridDim = dim3(static_cast<unsigned>(rows) * static_cast<unsigned>(split));
+  cfg.blockDim = dim3(CeTile::kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = static_cast<unsigned>(a.split);
+  attr[1].val.clusterDim.x = static_cast<unsigned>(split);
   attr[1].val.clusterDim.y = 1;
   attr[1].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = a.split > 1 ? 2 : 1;
+  cfg.numAttrs = split > 1 ? 2 : 1;
   CUTRAIN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
-  CUTRAIN_LAUNCH_CHECK(what);
+  CUTRAIN_LAUNCH_CHECK(kGrad ? "ce_row_kernel<grad>" : "ce_row_kernel<forward>");
 }
 
 }  // namespace
+
+int cross_entropy_ctas_per_row(int vocab) {
+  const long long bytes = 2LL * std::max(vocab, 1);
+  return static_cast<int>(std::clamp<long long>(ceil_div<long long>(bytes, CeTile::kSliceBytes), 1, CeTile::kMaxSplit));
+}
 
 std::size_t cross_entropy_scratch_bytes(int rows) {
   const std::size_t b = kRowLossOffset + sizeof(float) * static_cast<std::size_t>(rows > 0 ? rows : 0);
@@ -650,8 +508,8 @@ template void cross_entropy_forward_backward<bf16>(cudaStream_t, bf16*, const in
 template void cross_entropy_forward<bf16>(cudaStream_t, const bf16*, const int32_t*, int, int, int, float*, float*, int*,
                                           void*, int);
 template void cross_entropy_forward_backward<f16>(cudaStream_t, f16*, const int32_t*, int, int, int, float*, float*, int*,
-                                                   void*, int, float, const float*);
+                                                  void*, int, float, const float*);
 template void cross_entropy_forward<f16>(cudaStream_t, const f16*, const int32_t*, int, int, int, float*, float*, int*,
-                                          void*, int);
+                                         void*, int);
 
 }  // namespace cutrain::kernels

@@ -22,9 +22,14 @@ namespace cutrain::kernels {
 // Deterministic: the mean is summed in a fixed order. Any ld and base alignment (odd ld is fine).
 // `scratch`: cross_entropy_scratch_bytes(rows) bytes, 16-byte aligned.
 // Two launches: the row kernel overlaps the label count through programmatic dependent launch
-// and its last block takes the mean. With the gradient, rows up to ~57k columns (H100/H200) are
-// walked by one persistent CTA per SM that loads the next row while it computes this one; longer
-// rows are split over a thread-block cluster.
+// and its last CTA takes the mean. Each row is read from HBM once: a thread-block cluster of
+// cross_entropy_ctas_per_row(vocab) CTAs holds it in shared memory, one slice per CTA (rows past
+// about 920k columns, more than 8 CTAs can hold on an H100/H200, read the rest of each slice in
+// every pass).
+
+// CTAs per row (the cluster size): 1 up to 16384 columns, then one more per 32 KiB of row, at
+// most 8. A function of the vocabulary alone, so the bits of the result do not depend on the device.
+int cross_entropy_ctas_per_row(int vocab);
 
 std::size_t cross_entropy_scratch_bytes(int rows);
 // T: the logits' storage type, bf16 or fp16 (instances of both). `device_grad_scale` (device fp32, may

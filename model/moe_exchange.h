@@ -10,6 +10,11 @@
 
 namespace cutrain::model {
 
+// The first of the experts member `rank` of an expert-parallel group of `members` holds: it holds
+// [rank·E/members, (rank+1)·E/members) (members divides E). The CPU reference, the GPU layer's
+// exchange plan (model/moe_dispatch_plan.h) and parallel/expert_parallel_plan.h share this rule.
+inline int moe_first_expert(int experts, int members, int rank) { return rank * (experts / members); }
+
 class MoeExchange {
  public:
   virtual ~MoeExchange() = default;

@@ -1,6 +1,8 @@
 // @brief The GPU MoE layer (model/moe_layer.h) as a list of kernel calls. Buffers are sized once
-// for max_tokens (rows of the permuted buffer: at most k · max_tokens); the backward reuses the fc2
-// output gradient's buffer for the permuted input gradient once fc2's GEMMs have read it.
+// for max_tokens (rows of the permuted buffer: at most k · max_tokens; with an expert-parallel
+// group the experts' rows: at most the group's members times what one member can send); the
+// backward reuses the fc2 output gradient's buffer for the expert input gradient once fc2's GEMMs
+// have read it.
 #include "model/moe_layer.h"
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include "kernels/moe_jitter.cuh"
 #include "kernels/moe_permute.cuh"
 #include "kernels/moe_residual.cuh"
+#include "model/moe_dispatch_plan.h"
 #include "runtime/check.h"
 #include "runtime/nvtx.h"
 
@@ -33,12 +36,18 @@ struct MoeLayerGpu::Impl {
   kernels::Gemm gemm;
   kernels::GroupedGemm grouped;
   // The small results the host reads after the gate, contiguous on both sides for one copy:
-  // kept_counts [E], expert_counts [E], stats [2], l_aux [1].
+  // kept_counts [E], expert_counts [E], stats [2], l_aux [1]; with an expert-parallel group then
+  // the counts it received [P][E/P].
   Buffer small;
   std::int32_t* host_small = nullptr;
   Buffer logits, probs, expert, position, weight, offsets, ce, gate_ws;  // per token / expert
   Buffer xp, a1, h, o;                                                   // per permuted row
   Buffer dlogits, dweight, dout, dh;                                     // backward
+  // Expert parallelism: the group, this forward's exchange, the experts' rows (input, output) as
+  // they arrived from every member, and the gradient of their output (then of their input).
+  comm::Communicator* ep = nullptr;
+  MoeDispatchPlan plan;
+  Buffer ex_x, ex_o, ex_d;
   // PR-MoE's residual branch: the MoE output, the MLP (pre-GELU, GELU, output), the mix's logits
   // and coefficients; their gradients.
   Buffer ym, ar, hr, yr, clog, coef, dym, dyr, dclog, dhr, bias_scratch;
@@ -50,11 +59,18 @@ struct MoeLayerGpu::Impl {
   bool jitter = false;
   std::uint64_t seed = 0;
 
-  Impl(const MoeConfig& cfg, int max_t, CachingAllocator& alloc)
-      : c(cfg), layout(moe_param_layout(cfg)), max_tokens(max_t), gemm(&alloc), grouped(cfg.experts) {
+  Impl(const MoeConfig& cfg, int max_t, CachingAllocator& alloc, comm::Communicator* group)
+      : c(cfg), layout(moe_param_layout(cfg)), max_tokens(max_t), gemm(&alloc), grouped(cfg.experts), ep(group) {
     const std::size_t E = c.experts, H = c.hidden, F = c.ffn, T = max_t, K = c.k, R = K * T;
-    small = Buffer(alloc, (2 * E + 3) * 4);
-    CUTRAIN_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_small), (2 * E + 3) * 4, cudaHostAllocDefault));
+    const std::size_t P = ep ? std::size_t(ep->world_size()) : 0;
+    small = Buffer(alloc, (2 * E + 3 + P * (E / std::max<std::size_t>(P, 1))) * 4);
+    CUTRAIN_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_small), small.bytes(), cudaHostAllocDefault));
+    // The experts' rows: every member's at most (model/moe_dispatch_plan.h); fc1 / GELU on them.
+    const std::size_t RE =
+        ep ? P * std::size_t(moe_dispatch_max_rows(c.experts, int(P), c.k, max_t, c.drop_tokens,
+                                                   std::max(moe_layer_capacity(c, max_t, true),
+                                                            moe_layer_capacity(c, max_t, false))))
+           : R;
     logits = Buffer(alloc, T * E * 4);
     probs = Buffer(alloc, T * E * 4);
     expert = Buffer(alloc, T * K * 4);
@@ -64,13 +80,18 @@ struct MoeLayerGpu::Impl {
     ce = Buffer(alloc, E * 4);
     gate_ws = Buffer(alloc, kernels::moe_gate_workspace_bytes(max_t, c.experts, c.k));
     xp = Buffer(alloc, R * H * 2);
-    a1 = Buffer(alloc, R * F * 2);
-    h = Buffer(alloc, R * F * 2);
+    a1 = Buffer(alloc, RE * F * 2);
+    h = Buffer(alloc, RE * F * 2);
     o = Buffer(alloc, R * H * 2);
     dlogits = Buffer(alloc, T * E * 2);
     dweight = Buffer(alloc, T * K * 4);
     dout = Buffer(alloc, R * H * 2);
-    dh = Buffer(alloc, R * F * 2);
+    dh = Buffer(alloc, RE * F * 2);
+    if (ep) {
+      ex_x = Buffer(alloc, RE * H * 2);
+      ex_o = Buffer(alloc, RE * H * 2);
+      ex_d = Buffer(alloc, RE * H * 2);
+    }
     if (c.noisy_gate_policy == MoeNoisyGate::Jitter) {
       xj = Buffer(alloc, T * H * 2);
       dxg = Buffer(alloc, T * H * 2);
@@ -98,10 +119,16 @@ struct MoeLayerGpu::Impl {
   }
 };
 
-MoeLayerGpu::MoeLayerGpu(const MoeConfig& c, int max_tokens, CachingAllocator& alloc) {
+MoeLayerGpu::MoeLayerGpu(const MoeConfig& c, int max_tokens, CachingAllocator& alloc, comm::Communicator* ep_group) {
   validate(c);
   CUTRAIN_CHECK(max_tokens >= 1, "MoE layer: max_tokens must be >= 1, got ", max_tokens);
-  impl_ = std::make_unique<Impl>(c, max_tokens, alloc);
+  if (ep_group) {
+    CUTRAIN_CHECK(ep_group->device() >= 0, "MoE layer: the expert-parallel group must be a device communicator "
+                  "(NCCL), found ", ep_group->backend_name());
+    CUTRAIN_CHECK(c.experts % ep_group->world_size() == 0, "MoE layer: ep_size ", ep_group->world_size(),
+                  " does not divide num_experts ", c.experts);
+  }
+  impl_ = std::make_unique<Impl>(c, max_tokens, alloc, ep_group);
 }
 
 MoeLayerGpu::~MoeLayerGpu() = default;
@@ -139,7 +166,11 @@ MoeForwardStats MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const b
   shape.noise.rts = m.c.use_rts;
   shape.noise.seed = moe_gumbel_seed(seed);
   kernels::moe_gate_forward(s, m.logits.as<float>(), shape, out, m.gate_ws.get());
-  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(m.host_small, small, (2 * E + 3) * 4, cudaMemcpyDeviceToHost, s));
+  const int P = m.ep ? m.ep->world_size() : 0, El = m.ep ? E / P : 0;
+  // Each member's kept counts of this rank's experts (the kept counts' chunk j is member j's
+  // experts), beside the gate's results for the same copy and synchronization.
+  if (m.ep) m.ep->all_to_all(small, small + 2 * E + 3, std::size_t(El), DType::I32, s);
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(m.host_small, small, m.small.bytes(), cudaMemcpyDeviceToHost, s));
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
 
   MoeForwardStats st;
@@ -153,10 +184,27 @@ MoeForwardStats MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const b
 
   const auto rt = m.routing();
   kernels::moe_permute(s, x, rt, m.xp.as<bf16>(), H);
-  m.grouped.forward(s, m.xp.as<bf16>(), w1, m.a1.as<bf16>(), m.rows.data(), E, F, H);
-  kernels::gelu_forward(s, m.a1.as<bf16>(), nullptr, nullptr, m.h.as<bf16>(), std::size_t(m.R), F,
-                        kernels::GeluKind::Erf);
-  m.grouped.forward(s, m.h.as<bf16>(), w2, m.o.as<bf16>(), m.rows.data(), E, H, F);
+  if (m.ep) {  // this rank's experts on every member's rows, the outputs back in the permuted order
+    m.plan = make_moe_dispatch_plan(E, P, m.ep->rank(), m.rows,
+                                    std::vector<int>(m.host_small + 2 * E + 3, m.host_small + 2 * E + 3 + P * El),
+                                    "MoE layer");
+    const std::size_t first = std::size_t(m.plan.first_expert);
+    const auto sends = MoeDispatchPlan::scaled(m.plan.sends, std::size_t(H));
+    const auto recvs = MoeDispatchPlan::scaled(m.plan.recvs, std::size_t(H));
+    m.ep->all_to_all_v(m.xp.get(), sends, m.ex_x.get(), recvs, DType::BF16, s);
+    const int* lr = m.plan.local_rows.data();
+    m.grouped.forward(s, m.ex_x.as<bf16>(), w1 + first * F * H, m.a1.as<bf16>(), lr, El, F, H);
+    if (m.plan.recv_rows > 0)  // no member may have routed a token to this rank's experts
+      kernels::gelu_forward(s, m.a1.as<bf16>(), nullptr, nullptr, m.h.as<bf16>(), std::size_t(m.plan.recv_rows), F,
+                            kernels::GeluKind::Erf);
+    m.grouped.forward(s, m.h.as<bf16>(), w2 + first * H * F, m.ex_o.as<bf16>(), lr, El, H, F);
+    m.ep->all_to_all_v(m.ex_o.get(), recvs, m.o.get(), sends, DType::BF16, s);
+  } else {
+    m.grouped.forward(s, m.xp.as<bf16>(), w1, m.a1.as<bf16>(), m.rows.data(), E, F, H);
+    kernels::gelu_forward(s, m.a1.as<bf16>(), nullptr, nullptr, m.h.as<bf16>(), std::size_t(m.R), F,
+                          kernels::GeluKind::Erf);
+    m.grouped.forward(s, m.h.as<bf16>(), w2, m.o.as<bf16>(), m.rows.data(), E, H, F);
+  }
   bf16* y_moe = m.c.use_residual ? m.ym.as<bf16>() : y;
   kernels::moe_unpermute(s, m.o.as<bf16>(), m.weight.as<float>(), rt, y_moe, H);
   if (m.c.use_residual) {  // the dense MLP beside the experts, then the learned mix
@@ -196,12 +244,41 @@ void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, co
   }
 
   kernels::moe_unpermute_backward(s, dy, m.o.as<bf16>(), m.weight.as<float>(), rt, dout, m.dweight.as<float>(), H);
-  m.grouped.grad_weight(s, dout, m.h.as<bf16>(), g + m.layout.w2 * es, grad_type, m.rows.data(), E, H, F, accumulate);
-  m.grouped.grad_input(s, dout, w2, dh, m.rows.data(), E, H, F);
-  kernels::gelu_backward(s, dh, m.a1.as<bf16>(), dh, std::size_t(m.R) * F, kernels::GeluKind::Erf);
-  m.grouped.grad_weight(s, dh, m.xp.as<bf16>(), g + m.layout.w1 * es, grad_type, m.rows.data(), E, F, H, accumulate);
-  bf16* dxp = dout;  // fc2's GEMMs above have read dout
-  m.grouped.grad_input(s, dh, w1, dxp, m.rows.data(), E, F, H);
+  bf16* dxp = dout;  // fc2's GEMMs below have read dout (or the exchange has sent it) by its reuse
+  if (m.ep) {  // the rows' output gradients to the experts' owners, their input gradients back
+    const int El = m.plan.local_experts;
+    const std::size_t first = std::size_t(m.plan.first_expert);
+    const auto sends = MoeDispatchPlan::scaled(m.plan.sends, std::size_t(H));
+    const auto recvs = MoeDispatchPlan::scaled(m.plan.recvs, std::size_t(H));
+    const int* lr = m.plan.local_rows.data();
+    bf16* ed = m.ex_d.as<bf16>();
+    m.ep->all_to_all_v(dout, sends, ed, recvs, DType::BF16, s);
+    m.grouped.grad_weight(s, ed, m.h.as<bf16>(), g + (m.layout.w2 + first * H * F) * es, grad_type, lr, El, H, F,
+                          accumulate);
+    m.grouped.grad_input(s, ed, w2 + first * H * F, dh, lr, El, H, F);
+    if (m.plan.recv_rows > 0)
+      kernels::gelu_backward(s, dh, m.a1.as<bf16>(), dh, std::size_t(m.plan.recv_rows) * F, kernels::GeluKind::Erf);
+    m.grouped.grad_weight(s, dh, m.ex_x.as<bf16>(), g + (m.layout.w1 + first * F * H) * es, grad_type, lr, El, F, H,
+                          accumulate);
+    m.grouped.grad_input(s, dh, w1 + first * F * H, ed, lr, El, F, H);  // fc2's GEMMs above have read ed
+    m.ep->all_to_all_v(ed, recvs, dxp, sends, DType::BF16, s);
+    if (!accumulate) {  // the experts held elsewhere: no gradient here (their owners have it)
+      const std::size_t fh = std::size_t(F) * H, last = first + std::size_t(El);
+      for (std::size_t w : {m.layout.w1, m.layout.w2}) {
+        if (first > 0) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(g + w * es, 0, first * fh * es, s));
+        if (last < std::size_t(E))
+          CUTRAIN_CUDA_CHECK(cudaMemsetAsync(g + (w + last * fh) * es, 0, (std::size_t(E) - last) * fh * es, s));
+      }
+    }
+  } else {
+    m.grouped.grad_weight(s, dout, m.h.as<bf16>(), g + m.layout.w2 * es, grad_type, m.rows.data(), E, H, F,
+                          accumulate);
+    m.grouped.grad_input(s, dout, w2, dh, m.rows.data(), E, H, F);
+    kernels::gelu_backward(s, dh, m.a1.as<bf16>(), dh, std::size_t(m.R) * F, kernels::GeluKind::Erf);
+    m.grouped.grad_weight(s, dh, m.xp.as<bf16>(), g + m.layout.w1 * es, grad_type, m.rows.data(), E, F, H,
+                          accumulate);
+    m.grouped.grad_input(s, dh, w1, dxp, m.rows.data(), E, F, H);
+  }
   kernels::moe_permute_backward(s, dxp, rt, dx, H, dx_accumulate);  // dx's first write: dy is read by now
   kernels::moe_gate_backward(s, m.probs.as<float>(), m.expert.as<std::int32_t>(), m.position.as<std::int32_t>(),
                              m.dweight.as<float>(), m.ce.as<float>(), aux_grad, T, E, K, m.dlogits.as<bf16>());

@@ -8,6 +8,15 @@
 // The gate's per-expert row counts are copied to the host once per forward (the grouped GEMMs need
 // them there): the forward synchronizes its stream once and is not CUDA-graph capturable.
 // Activations come from the caching allocator at each forward and are kept for the backward.
+//
+// Expert parallelism (DeepSpeed's ep_size): given the expert-parallel group's communicator (NCCL
+// on GPUs), member r of a group of P holds experts [r·E/P, (r+1)·E/P). The forward gates its own
+// tokens, exchanges each expert's kept row count with one small all-to-all (in the forward's one
+// synchronization), sends its permuted rows to the members holding their experts
+// (Communicator::all_to_all_v, the pieces of model/moe_dispatch_plan.h), runs its experts' grouped
+// GEMMs on every member's rows and returns the outputs by the reverse exchange; the backward
+// mirrors it. A group of one runs the same path (the all-to-all of one rank). The receive buffers
+// are sized at construction for the most rows P members can send.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,6 +27,7 @@
 
 #include "model/moe_config.h"
 #include "runtime/allocator.h"
+#include "runtime/comm/communicator.h"
 #include "runtime/dtype.h"
 
 namespace cutrain::model {
@@ -35,8 +45,10 @@ struct MoeForwardStats {
 
 class MoeLayerGpu {
  public:
-  // max_tokens bounds the tokens of every call.
-  MoeLayerGpu(const MoeConfig& c, int max_tokens, CachingAllocator& alloc);
+  // max_tokens bounds the tokens of every call (on every member of the group). `ep_group`: the
+  // expert-parallel group (null: every expert here, no exchange); it must outlive the layer, and
+  // every member calls forward / backward together, in the same order.
+  MoeLayerGpu(const MoeConfig& c, int max_tokens, CachingAllocator& alloc, comm::Communicator* ep_group = nullptr);
   ~MoeLayerGpu();
   MoeLayerGpu(const MoeLayerGpu&) = delete;
   MoeLayerGpu& operator=(const MoeLayerGpu&) = delete;
@@ -50,7 +62,8 @@ class MoeLayerGpu {
 
   // After forward: dx[T,H] written (or, `dx_accumulate`, added to: dx may then be dy itself, which
   // is read before dx is first written); grads of `grad_type` (bf16 or fp32) at moe_param_layout,
-  // written or (accumulate) added to. aux_grad = d loss / d l_aux (DeepSpeed: the moe loss coeff).
+  // written or (accumulate) added to. With an expert-parallel group the experts this rank does not
+  // hold get 0 (or are left as they are when accumulating): their gradients live on their owners. aux_grad = d loss / d l_aux (DeepSpeed: the moe loss coeff).
   void backward(cudaStream_t s, const bf16* params, const bf16* x, const bf16* dy, float aux_grad, bf16* dx,
                 void* grads, DType grad_type, bool accumulate, bool dx_accumulate = false);
 

@@ -302,7 +302,7 @@ void MoeReference::experts_forward_exchanged(const double* params, const double*
   std::vector<double> out(send.size(), 0.0), h(F);
   for (int src = 0; src < P; ++src)
     for (int le = 0; le < El; ++le) {
-      const int e = ex_->rank() * El + le;
+      const int e = moe_first_expert(E, P, ex_->rank()) + le;
       for (int pos = 0; pos < ex_count_[std::size_t(src) * El + le]; ++pos) {
         const std::size_t slot = (std::size_t(src) * El + le) * C + pos;
         double* a1 = &ex_a1_[slot * F];
@@ -340,7 +340,7 @@ void MoeReference::experts_backward_exchanged(const double* params, const std::v
   std::vector<double> h(F), da(F);
   for (int src = 0; src < P; ++src)
     for (int le = 0; le < El; ++le) {
-      const int e = ex_->rank() * El + le;
+      const int e = moe_first_expert(E, P, ex_->rank()) + le;
       for (int pos = 0; pos < ex_count_[std::size_t(src) * El + le]; ++pos) {
         const std::size_t slot = (std::size_t(src) * El + le) * C + pos;
         const double* a1 = &ex_a1_[slot * F];

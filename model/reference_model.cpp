@@ -238,7 +238,8 @@ double ReferenceModel<T>::loss_from_logits() {
   return n_valid_ ? loss / double(n_valid_) : 0.0;
 }
 
-// dlogits = (softmax - onehot) * grad_scale / n_valid over the real vocabulary; padded columns 0.
+// dlogits = (softmax - onehot) * grad_scale * ce_weight / n_valid over the real vocabulary (padded
+// columns 0), plus grad_scale times the distillation's gradient when one is set.
 template <typename T>
 std::vector<T> ReferenceModel<T>::dlogits(double grad_scale) const {
   const int V = p_.dims().vocab, Vr = p_.dims().vocab_rows(), M = B_ * S_;
@@ -251,9 +252,15 @@ std::vector<T> ReferenceModel<T>::dlogits(double grad_scale) const {
     for (int v = 0; v < V; ++v) mx = std::max(mx, double(lr[v]));
     double sum = 0;
     for (int v = 0; v < V; ++v) sum += std::exp(double(lr[v]) - mx);
-    const double k = grad_scale / double(n_valid_);
+    const double k = grad_scale * ce_weight_ / double(n_valid_);
     for (int v = 0; v < V; ++v)
       dlogits[std::size_t(m) * Vr + v] = T((std::exp(double(lr[v]) - mx) / sum - (v == y ? 1.0 : 0.0)) * k);
+  }
+  if (logits_extra_) {  // distillation: its gradient on every row, labelled or not
+    CUTRAIN_CHECK(logits_extra_->size() == dlogits.size(), "reference model: the distillation gradient has ",
+                  logits_extra_->size(), " elements, the logits ", dlogits.size());
+    for (std::size_t i = 0; i < dlogits.size(); ++i)
+      dlogits[i] = T(double(dlogits[i]) + grad_scale * double((*logits_extra_)[i]));
   }
   return dlogits;
 }

@@ -67,6 +67,15 @@ class ReferenceModel {
     for (auto& m : moe_)
       if (m) m->set_exchange(ex);
   }
+  // Knowledge distillation (Mixture-of-Students, model/distillation_loss.h) for the next backwards:
+  // the LM loss's logits gradient weighted by `ce_weight`, and `extra` [B*S, vocab_rows] (the
+  // distillation term's gradient w.r.t. the logits) added to it, both times the backward's
+  // grad_scale. Null: the LM loss alone at weight 1. `extra` stays the caller's and must outlive the
+  // backwards. Not with tensor parallelism (its vocabulary-parallel head has its own gradient).
+  void set_logits_grad_extra(const std::vector<T>* extra, double ce_weight = 1.0) {
+    logits_extra_ = extra;
+    ce_weight_ = ce_weight;
+  }
   double aux_loss() const { return aux_; }  // sum of the MoE layers' l_aux of the last forward
   const std::vector<MoeBlockStats>& moe_stats() const { return moe_stats_; }  // one per MoE block
   const MoeReference* moe_layer(int l) const { return moe_.at(std::size_t(l)).get(); }  // null: dense block
@@ -91,6 +100,19 @@ class ReferenceModel {
   // `dx_out` (the gradient of its output); the gradient of its input goes to `dx_in` unless the
   // span starts with the embedding.
   void backward_span(const T* params, T* grads, const T* dx_out, double grad_scale, std::vector<T>* dx_in);
+
+  // Host bytes of the activations the last forward keeps for its backward (every block's, the
+  // tensor-parallel pieces', the final hidden rows and the logits).
+  std::size_t activation_bytes() const {
+    std::size_t n = sizeof(T) * (x_final_.size() + logits_.size() + x_lnf_.size()) +
+                    sizeof(double) * (mean_f_.size() + rstd_f_.size());
+    for (const std::vector<LayerActs>* v : {&acts_, &tp_acts_})
+      for (const LayerActs& a : *v)
+        n += sizeof(T) * (a.x_in.size() + a.qkv.size() + a.probs.size() + a.att.size() + a.s1.size() + a.x1.size() +
+                          a.f.size() + a.g.size() + a.s2.size()) +
+             sizeof(double) * (a.mean1.size() + a.rstd1.size() + a.mean2.size() + a.rstd2.size());
+    return n;
+  }
 
  private:
   struct LayerActs {
@@ -148,6 +170,8 @@ class ReferenceModel {
   std::vector<LayerActs> tp_acts_;         // tensor parallel: [block x pieces + piece], piece rows
   std::vector<double> row_max_, row_sum_;  // vocab-parallel cross-entropy: each row's max and sum-exp
   const TokenDropPlan* drop_ = nullptr;
+  const std::vector<T>* logits_extra_ = nullptr;  // distillation: added to dlogits (set_logits_grad_extra)
+  double ce_weight_ = 1.0;
   // BERT: the dropout key and mode, the key mask of the last forward ([B*S], empty: no padding
   // token), the embeddings' LayerNorm input and statistics, the head's transform (dense output,
   // its GELU, the LayerNorm of that).

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "kernels/cross_entropy.cuh"
+#include "kernels/kd_loss.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/gelu.cuh"
 #include "kernels/layernorm.cuh"
@@ -22,11 +23,15 @@ using kernels::GemmEpilogue;
 template <typename T>
 GpuTransformerT<T>::GpuTransformerT(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
                                CachingAllocator& alloc, bool recompute_gelu, std::vector<int> drop_layers,
-                               int max_pred)
+                               int max_pred, comm::Communicator* moe_ep_group, std::size_t max_tokens)
     : table_(table),
       B_(B),
       S_(S),
       M_(B * S),
+      Bfull_(B),
+      Sfull_(S),
+      cap_(std::max(std::size_t(B) * std::size_t(S), max_tokens)),
+      stage_end_(table.dims().layers + 2),
       checkpointing_(checkpointing),
       recompute_gelu_(recompute_gelu && !checkpointing && table.dims().arch == Arch::Gpt2),
       alloc_(alloc) {
@@ -67,7 +72,7 @@ GpuTransformerT<T>::GpuTransformerT(const TransformerParams& table, int B, int S
     if (!d.moe.is_moe(l)) continue;
     const MoeConfig c = d.moe.layer_config(l, d.hidden, d.ffn());
     validate(c, M_, "gpu model: block " + std::to_string(l) + "'s MoE layer");
-    moe_[std::size_t(l)] = std::make_unique<MoeLayerGpu>(c, M_, alloc);
+    moe_[std::size_t(l)] = std::make_unique<MoeLayerGpu>(c, M_, alloc, moe_ep_group);
   }
 }
 
@@ -99,6 +104,51 @@ template <typename T>
 GpuTransformerT<T>::~GpuTransformerT() = default;
 
 template <typename T>
+void GpuTransformerT<T>::set_tensor_parallel(TpDeviceGroup* group) {
+  const ModelDims& d = table_.dims();
+  CUTRAIN_CHECK(!group || group->size() == 1, "gpu model: a tensor-parallel group of ", group ? group->size() : 0,
+                " ranks: the GPU's sharded GEMMs (column / row-parallel blocks, vocabulary-parallel embedding and loss) "
+                "are not built; expected a group of 1 (tensor parallelism of degree > 1 runs on --device cpu)");
+  CUTRAIN_CHECK(!group || d.arch != Arch::Bert, "gpu model: tensor parallelism of the bert architecture is not built");
+  CUTRAIN_CHECK(!group || !d.moe.any(), "gpu model: tensor parallelism of MoE blocks is not built");
+  CUTRAIN_CHECK(!group || (std::is_same_v<T, bf16>),
+                "gpu model: tensor parallelism runs in bf16 only (its group sums bf16); fp16 training (fp16.enabled) "
+                "refuses it");
+  tp_ = group;
+}
+
+template <typename T>
+void GpuTransformerT<T>::tp_all_reduce(cudaStream_t s, T* buf, int rows) {
+  if (!tp_) return;
+  if constexpr (!std::is_same_v<T, bf16>) {
+    CUTRAIN_FAIL("gpu model: tensor parallelism runs in bf16 only");  // refused by set_tensor_parallel already
+  } else {
+    const std::size_t n = std::size_t(rows) * table_.dims().hidden;
+    timed(s, "tp_allreduce", cost::Cost{0.0, 2.0 * double(n) * sizeof(bf16)}, [&] { tp_->all_reduce_sum(s, buf, n); });
+  }
+}
+
+template <typename T>
+void GpuTransformerT<T>::set_stage(int first, int end) {
+  const ModelDims& d = table_.dims();
+  const int n = d.layers + 2;
+  CUTRAIN_CHECK(0 <= first && first < end && end <= n, "gpu model: pipeline stage layers [", first, ", ", end,
+                "): expected a non-empty range of the model's ", n, " layers (embedding, blocks, head)");
+  CUTRAIN_CHECK(buffers_.empty(), "gpu model: set_stage after the workspace was allocated");
+  const bool whole = first == 0 && end == n;
+  CUTRAIN_CHECK(whole || d.arch == Arch::Simple, "gpu model: a pipeline stage of part of the model (layers [", first,
+                ", ", end, ")) is built for the seed architecture only, found --model ",
+                d.arch == Arch::Gpt2 ? "gpt2 (its block output is fused into the next LayerNorm and its head reads the "
+                                       "embedding)"
+                                     : "bert (its head reads the embedding)");
+  CUTRAIN_CHECK(whole || !d.moe.any(), "gpu model: a pipeline stage of part of the model with MoE blocks is not built");
+  CUTRAIN_CHECK(whole || drop_layers_.empty(),
+                "gpu model: a pipeline stage of part of the model with random-LTD is not built");
+  stage_first_ = first;
+  stage_end_ = end;
+}
+
+template <typename T>
 void* GpuTransformerT<T>::take(cudaStream_t s, std::size_t bytes) {
   buffers_.emplace_back(alloc_, bytes, s);
   workspace_bytes_ += bytes;
@@ -109,14 +159,20 @@ template <typename T>
 void GpuTransformerT<T>::allocate(cudaStream_t s) {
   const ModelDims& d = table_.dims();
   if (d.arch == Arch::Bert) return allocate_bert(s);
-  const std::size_t M = M_, h = d.hidden, F = d.ffn(), V = d.vocab_rows(), H = d.heads;
+  // Sized for the capacity: any shape of set_shape() runs in these buffers.
+  const std::size_t M = cap_, h = d.hidden, F = d.ffn(), V = d.vocab_rows(), H = d.heads;
   auto bf = [&](std::size_t n) { return take_n<T>(s, n); };
   auto f32 = [&](std::size_t n) { return take_n<float>(s, n); };
-  xs_.resize(d.layers + 1);
-  for (auto& x : xs_) x = bf(M * h);
-  acts_.resize(checkpointing_ ? 1 : d.layers);
-  T* shared_g = recompute_gelu_ ? bf(M * F) : nullptr;
-  for (auto& a : acts_) {
+  // The stage's block inputs and output (every one for the whole model) and its blocks'
+  // activations; the other entries stay null.
+  const int b0 = block_first(), b1 = block_end();
+  xs_.assign(std::size_t(d.layers) + 1, nullptr);
+  for (int i = b0; i <= b1; ++i) xs_[std::size_t(i)] = bf(M * h);
+  acts_.assign(checkpointing_ ? 1 : std::size_t(d.layers), LayerActs{});
+  T* shared_g = recompute_gelu_ && b1 > b0 ? bf(M * F) : nullptr;
+  for (std::size_t i = 0; i < acts_.size(); ++i) {
+    if (checkpointing_ ? b1 == b0 : int(i) < b0 || int(i) >= b1) continue;
+    LayerActs& a = acts_[i];
     a.qkv = bf(M * 3 * h);
     a.att = bf(M * h);
     a.s1 = bf(M * h);
@@ -124,13 +180,13 @@ void GpuTransformerT<T>::allocate(cudaStream_t s) {
     a.f = bf(M * F);
     a.g = shared_g ? shared_g : bf(M * F);
     a.s2 = bf(M * h);
-    a.lse = f32(std::size_t(B_) * H * S_);
+    a.lse = f32(M * H);  // [rows, H, seq]
     a.mean1 = f32(M);
     a.rstd1 = f32(M);
     a.mean2 = f32(M);
     a.rstd2 = f32(M);
   }
-  logits_ = bf(M * V);
+  if (has_head()) logits_ = bf(M * V);
   if (d.arch == Arch::Gpt2) {
     lnf_ = bf(M * h);
     mean_f_ = f32(M);
@@ -146,14 +202,66 @@ void GpuTransformerT<T>::allocate(cudaStream_t s) {
   dh_ = bf(M * h);
   d4h_ = bf(M * F);
   dqkv_ = bf(M * 3 * h);
-  // One scratch for every reduction: the kernels run in order on one stream.
+  // One scratch for every reduction: the kernels run in order on one stream. Sized for the
+  // constructor's shape and for the capacity in rows of S (each size grows with the rows);
+  // set_shape() checks a new shape against it.
+  const int cap_rows = int((cap_ + std::size_t(Sfull_) - 1) / std::size_t(Sfull_));
+  scratch_size_ = std::max<std::size_t>({scratch_bytes(Bfull_, Sfull_), scratch_bytes(cap_rows, Sfull_), 256});
+  scratch_ = take(s, scratch_size_);
+}
+
+template <typename T>
+std::size_t GpuTransformerT<T>::scratch_bytes(int rows, int seq) const {
+  const ModelDims& d = table_.dims();
+  const int M = rows * seq, h = d.hidden, F = d.ffn(), V = d.vocab_rows();
   std::size_t sc = 0;
-  for (std::size_t n : {3 * h, h, F, V}) sc = std::max(sc, kernels::bias_grad_scratch_bytes(M_, int(n)));
-  sc = std::max(sc, kernels::layernorm_backward_scratch_bytes(M_, d.hidden));
-  sc = std::max(sc, kernels::embedding_backward_scratch_bytes(B_, S_, d.hidden, d.vocab_rows()));
-  sc = std::max(sc, kernels::attention_backward_scratch_bytes(attn_, true));
-  sc = std::max(sc, kernels::cross_entropy_scratch_bytes(M_));
-  scratch_ = take(s, std::max<std::size_t>(sc, 256));
+  for (int n : {3 * h, h, F, V}) sc = std::max(sc, kernels::bias_grad_scratch_bytes(M, n));
+  sc = std::max(sc, kernels::layernorm_backward_scratch_bytes(M, d.hidden));
+  sc = std::max(sc, kernels::embedding_backward_scratch_bytes(rows, seq, d.hidden, d.vocab_rows()));
+  kernels::AttentionShape a = attn_;
+  a.batch = rows;
+  a.seq = seq;
+  sc = std::max(sc, kernels::attention_backward_scratch_bytes(a, true));
+  sc = std::max(sc, kernels::cross_entropy_scratch_bytes(M));
+  sc = std::max(sc, kernels::kd_loss_scratch_bytes(M));
+  return sc;
+}
+
+template <typename T>
+void GpuTransformerT<T>::set_shape(int rows, int seq) {
+  if (rows == B_ && seq == S_) return;
+  const ModelDims& d = table_.dims();
+  CUTRAIN_CHECK(rows > 0 && seq > 0 && seq <= Sfull_ && std::size_t(rows) * std::size_t(seq) <= cap_,
+                "gpu model: micro-batch ", rows, " x ", seq, " outside the sequence length ", Sfull_, " and the ",
+                cap_, " tokens the workspace holds");
+  const bool full = rows == Bfull_ && seq == Sfull_;
+  CUTRAIN_CHECK(full || (!d.moe.any() && drop_layers_.empty()), "gpu model: micro-batch ", rows, " x ", seq,
+                " (a sequence-length curriculum) is not built for ", d.moe.any() ? "MoE blocks" : "random-LTD's blocks");
+  // BERT: its [PAD]-padded micro-batch cut to a shorter length (issue #20's padding to the longest
+  // sequence); the masked-LM head keeps its B x max_pred slots, so the rows stay and the length
+  // holds the slots.
+  CUTRAIN_CHECK(d.arch != Arch::Bert || (rows == Bfull_ && seq >= K_), "gpu model: bert micro-batch ", rows, " x ",
+                seq, ": expected ", Bfull_, " rows of at least max_predictions_per_seq ", K_, " tokens");
+  CUTRAIN_CHECK(buffers_.empty() || scratch_bytes(rows, seq) <= scratch_size_, "gpu model: micro-batch ", rows, " x ",
+                seq, " needs ", scratch_bytes(rows, seq), " scratch bytes, the workspace has ", scratch_size_);
+  B_ = rows;
+  S_ = seq;
+  M_ = rows * seq;
+  attn_.batch = rows;
+  attn_.seq = seq;
+}
+
+template <typename T>
+void GpuTransformerT<T>::set_distillation(const Distillation* d) {
+  CUTRAIN_CHECK(!d || table_.dims().arch != Arch::Bert, "gpu model: distillation of BERT's masked-LM head is not built");
+  CUTRAIN_CHECK(!d || (std::is_same_v<T, bf16>),
+                "gpu model: distillation (Mixture-of-Students) runs in bf16 only (its kd_loss kernel and the teacher's "
+                "logits are bf16); fp16 training (fp16.enabled) refuses it");
+  CUTRAIN_CHECK(!d || (d->teacher_logits && d->d_kd_loss && d->ld_t >= table_.dims().vocab),
+                "gpu model: distillation needs the teacher's logits (leading dimension >= vocab ", table_.dims().vocab,
+                ", got ", d ? d->ld_t : 0, ") and a loss word");
+  if (d) distill_ = *d;
+  else distill_.reset();
 }
 
 template <typename T>
@@ -259,6 +367,7 @@ void GpuTransformerT<T>::layer_forward(cudaStream_t s, const Unit& U, int l, con
     timed(s, "out_proj", cost::gemm_forward(rows.M, h, h), [&] {
       gemm_->forward(s, a.att, w(L.out_proj_w), w(L.out_proj_b), proj, rows.M, h, h, GemmEpilogue::Bias);
     });
+    tp_all_reduce(s, proj, rows.M);  // row-parallel: the heads' partial sums
     timed(s, "ln1", cost::layernorm_residual_forward(rows.M, h), [&] {
       kernels::layernorm_residual_forward(s, proj, x_in, a.s1, a.x1, a.mean1, a.rstd1, w(L.norm1_w), w(L.norm1_b), rows.M,
                                           h);
@@ -284,6 +393,7 @@ void GpuTransformerT<T>::layer_forward(cudaStream_t s, const Unit& U, int l, con
     timed(s, "fc2", cost::gemm_forward(rows.M, h, F), [&] {
       gemm_->forward(s, a.g, w(L.ff2_w), w(L.ff2_b), proj, rows.M, h, F, GemmEpilogue::Bias);
     });
+    tp_all_reduce(s, proj, rows.M);  // row-parallel: the FFN columns' partial sums
     timed(s, "ln2", cost::layernorm_residual_forward(rows.M, h), [&] {
       kernels::layernorm_residual_forward(s, proj, a.x1, a.s2, x_out, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), rows.M,
                                           h);
@@ -337,6 +447,7 @@ void GpuTransformerT<T>::layer_backward(cudaStream_t s, const Unit& U, DType gt,
     timed(s, "gelu", cost::gelu_backward(std::size_t(rows.M) * F),
           [&] { kernels::gelu_backward(s, d4h_, a.f, d4h_, std::size_t(rows.M) * F, kernels::GeluKind::Erf); });
     linear_backward({"fc1_dw", "fc1_db", "fc1_dx"}, d4h_, a.x1, L.ff0_w, L.ff0_b, rows.dx, F, h, 1.f);  // rows.dx = d x1
+    tp_all_reduce(s, rows.dx, rows.M);  // column-parallel FC1's input gradient
   }
   {
     TimedRegion r("attn", s);
@@ -348,6 +459,7 @@ void GpuTransformerT<T>::layer_backward(cudaStream_t s, const Unit& U, DType gt,
     timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
           [&] { kernels::attention_backward(s, a.qkv, a.att, dh_, a.lse, dqkv_, scratch_, rows.attn, true); });
     linear_backward({"qkv_dw", "qkv_db", "qkv_dx"}, dqkv_, x_in, L.in_proj_w, L.in_proj_b, rows.dx, 3 * h, h, 1.f);  // rows.dx = d x_in
+    tp_all_reduce(s, rows.dx, rows.M);  // column-parallel QKV's input gradient
   }
 }
 
@@ -364,7 +476,9 @@ typename GpuTransformerT<T>::Unit GpuTransformerT<T>::forward(cudaStream_t s, Pa
   const int h = d.hidden, Vr = d.vocab_rows(), Ln = d.layers;
   const bool gpt2 = d.arch == Arch::Gpt2, bert = d.arch == Arch::Bert;
   char name[16];
-  if (bert) {
+  if (!has_embedding()) {
+    // A later pipeline stage: its input is in xs_[block_first()] (stage_input()).
+  } else if (bert) {
     const Unit E = unit(P, s, table_.embedding_unit(), G, gt);
     bert_embedding_forward(s, E, tokens, d_status);
     P.release(s, table_.embedding_unit());
@@ -377,7 +491,7 @@ typename GpuTransformerT<T>::Unit GpuTransformerT<T>::forward(cudaStream_t s, Pa
     });
     P.release(s, table_.embedding_unit());
   }
-  for (int l = 0; l < Ln; ++l) {
+  for (int l = block_first(); l < block_end(); ++l) {
     std::snprintf(name, sizeof name, "layer%02d", l);
     TimedRegion r(name, s);
     const Unit U = unit(P, s, table_.layer_unit(l), G, gt);
@@ -396,6 +510,7 @@ typename GpuTransformerT<T>::Unit GpuTransformerT<T>::forward(cudaStream_t s, Pa
     }
     P.release(s, table_.layer_unit(l));
   }
+  if (!has_head()) return Unit{};  // the stage's output is in xs_[block_end()] (stage_output())
   TimedRegion r("head", s);
   const Unit H = unit(P, s, table_.head_unit(), G, gt);
   if (gpt2 || bert) {
@@ -416,6 +531,8 @@ typename GpuTransformerT<T>::Unit GpuTransformerT<T>::forward(cudaStream_t s, Pa
 template <typename T>
 void GpuTransformerT<T>::forward_loss(cudaStream_t s, ParamAccess& P, const std::int32_t* tokens,
                                   const std::int32_t* labels, float* d_loss, int* d_status) {
+  CUTRAIN_CHECK(whole_model(), "gpu model: forward_loss runs the whole model, this one is pipeline stage layers [",
+                stage_first_, ", ", stage_end_, ")");
   if (buffers_.empty()) allocate(s);
   const ModelDims& d = table_.dims();
   TimedRegion ev("eval", s);
@@ -441,42 +558,105 @@ template <typename T>
 void GpuTransformerT<T>::forward_backward(cudaStream_t s, ParamAccess& P, void* grads, DType gt, bool acc,
                                       const std::int32_t* tokens, const std::int32_t* labels, float grad_scale,
                                       float* d_loss, int* d_status, const float* d_loss_scale) {
+  CUTRAIN_CHECK(whole_model(), "gpu model: forward_backward runs the whole model, this one is pipeline stage layers [",
+                stage_first_, ", ", stage_end_, ")");
+  stage_forward(s, P, grads, gt, acc, tokens, labels, grad_scale, d_loss, d_status, d_loss_scale);
+  stage_backward(s, P, grads, gt, acc, tokens);
+}
+
+template <typename T>
+void* GpuTransformerT<T>::stage_input(cudaStream_t s) {
+  if (buffers_.empty()) allocate(s);
+  return xs_[std::size_t(block_first())];
+}
+template <typename T>
+void* GpuTransformerT<T>::stage_output(cudaStream_t s) {
+  if (buffers_.empty()) allocate(s);
+  return xs_[std::size_t(block_end())];
+}
+template <typename T>
+void* GpuTransformerT<T>::stage_grad(cudaStream_t s) {
+  if (buffers_.empty()) allocate(s);
+  return dx_;
+}
+
+template <typename T>
+void GpuTransformerT<T>::stage_forward(cudaStream_t s, ParamAccess& P, void* grads, DType gt, bool acc,
+                                   const std::int32_t* tokens, const std::int32_t* labels, float grad_scale,
+                                   float* d_loss, int* d_status, const float* d_loss_scale) {
   CUTRAIN_CHECK(gt == dtype_of<T>() || gt == DType::F32, "gpu model: gradients must be ", dtype_name(dtype_of<T>()),
                 " (the compute dtype) or float32, got ", dtype_name(gt));
   if (buffers_.empty()) allocate(s);
   const ModelDims& d = table_.dims();
-  const int h = d.hidden, V = d.vocab_rows(), Ln = d.layers;
+  const int V = d.vocab_rows();
   char* G = static_cast<char*>(grads);
-  const std::size_t es = dtype_size(gt);
-  char name[16];
-  Unit H{};
   moe_micro_ = acc ? moe_micro_ + 1 : 0;  // the micro-batch of this step (its gate noise, the stats' merge)
   if (!acc) moe_stats_.clear();
   moe_grad_scale_ = grad_scale;
   drop_on_ = true;
   train_ = true;  // BERT's dropout
-  struct DropOff {  // the drop (and the dropout) apply to this call's forward and backward
+  struct DropOff {  // the drop (and the dropout) apply to this call's forward and the backward's
     bool& on;
     bool& train;
     ~DropOff() { on = train = false; }
   } drop_off{drop_on_, train_};
-  {
-    TimedRegion fwd("fwd", s);
-    H = forward(s, P, G, gt, tokens, labels, d_status, [&] {
-      // The loss covers the real vocabulary; padded columns get gradient 0. BERT: over the head's
-      // gathered rows, whose labels the plan checked (d_status[1]).
-      const bool gathered = d.arch == Arch::Bert;
-      const int rows = gathered ? P_ : M_;
-      timed(s, "cross_entropy", cost::cross_entropy(rows, d.vocab), [&] {
-        kernels::cross_entropy_forward_backward(s, logits_, gathered ? mlm_labels_ : labels, rows, d.vocab, V, d_loss,
-                                                nullptr, gathered ? nullptr : d_status + 1, scratch_, -100,
-                                                grad_scale, d_loss_scale);
-      });
+  TimedRegion fwd("fwd", s);
+  held_head_ = forward(s, P, G, gt, tokens, labels, d_status, [&] {
+    // The loss covers the real vocabulary; padded columns get gradient 0. BERT: over the head's
+    // gathered rows, whose labels the plan checked (d_status[1]).
+    const bool gathered = d.arch == Arch::Bert;
+    const int rows = gathered ? P_ : M_;
+    // Distillation (bf16 only: set_distillation refuses it for fp16): its gradient from the
+    // student's logits (before the cross-entropy overwrites them) written over the teacher's, then
+    // added to the LM loss's.
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (distill_)
+        timed(s, "kd_loss", cost::cross_entropy(rows, d.vocab), [&] {
+          kernels::kd_loss_forward_backward(s, logits_, V, distill_->teacher_logits, distill_->ld_t, rows, d.vocab,
+                                            distill_->temperature, distill_->beta * grad_scale, nullptr,
+                                            distill_->d_kd_loss, distill_->teacher_logits, distill_->ld_t, false,
+                                            scratch_);
+        });
+    }
+    timed(s, "cross_entropy", cost::cross_entropy(rows, d.vocab), [&] {
+      kernels::cross_entropy_forward_backward(s, logits_, gathered ? mlm_labels_ : labels, rows, d.vocab, V, d_loss,
+                                              nullptr, gathered ? nullptr : d_status + 1, scratch_, -100,
+                                              grad_scale * (distill_ ? distill_->alpha : 1.f), d_loss_scale);
     });
-  }
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (distill_)
+        timed(s, "kd_add", cost::cross_entropy(rows, d.vocab), [&] {
+          kernels::kd_add_grad(s, logits_, V, distill_->teacher_logits, distill_->ld_t, rows, d.vocab);
+        });
+    }
+  });
+}
+
+template <typename T>
+void GpuTransformerT<T>::stage_backward(cudaStream_t s, ParamAccess& P, void* grads, DType gt, bool acc,
+                                    const std::int32_t* tokens) {
+  CUTRAIN_CHECK(gt == dtype_of<T>() || gt == DType::F32, "gpu model: gradients must be ", dtype_name(dtype_of<T>()),
+                " (the compute dtype) or float32, got ", dtype_name(gt));
+  CUTRAIN_CHECK(!buffers_.empty(), "gpu model: stage_backward before its stage_forward");
+  const ModelDims& d = table_.dims();
+  const int h = d.hidden, V = d.vocab_rows(), Ln = d.layers;
+  char* G = static_cast<char*>(grads);
+  const std::size_t es = dtype_size(gt);
+  char name[16];
+  const Unit H = held_head_;
+  held_head_ = Unit{};
+  drop_on_ = true;
+  train_ = true;
+  struct DropOff {
+    bool& on;
+    bool& train;
+    ~DropOff() { on = train = false; }
+  } drop_off{drop_on_, train_};
   TimedRegion bwd("bwd", s);
   const bool gpt2 = d.arch == Arch::Gpt2, bert = d.arch == Arch::Bert;
-  if (gpt2 || bert) {
+  if (!has_head()) {
+    // A stage before the head: d(its output) is in dx_ (stage_grad()).
+  } else if (gpt2 || bert) {
     TimedRegion r("head", s);
     if (gpt2) gpt2_head_backward(s, H, tied_, gt, acc);
     else bert_head_backward(s, H, tied_, gt, acc);
@@ -494,7 +674,7 @@ void GpuTransformerT<T>::forward_backward(cudaStream_t s, ParamAccess& P, void* 
     P.release(s, table_.head_unit());
     P.grads_written(s, table_.head_unit());
   }
-  for (int l = Ln - 1; l >= 0; --l) {
+  for (int l = block_end() - 1; l >= block_first(); --l) {
     std::snprintf(name, sizeof name, "layer%02d", l);
     TimedRegion r(name, s);
     const LayerActs& a = acts_[checkpointing_ ? 0 : l];
@@ -540,6 +720,7 @@ void GpuTransformerT<T>::forward_backward(cudaStream_t s, ParamAccess& P, void* 
     P.release(s, table_.layer_unit(l));
     P.grads_written(s, table_.layer_unit(l));
   }
+  if (!has_embedding()) return;  // d(stage input) is in dx_ (stage_grad())
   const int eu = table_.embedding_unit();
   if (bert) {  // the embeddings' LayerNorm backward reads its weight: the unit is acquired
     TimedRegion r("embedding", s);
@@ -573,14 +754,15 @@ template class GpuTransformerT<f16>;
 
 std::unique_ptr<GpuModel> make_gpu_transformer(DType compute, const TransformerParams& table, int B, int S,
                                                bool checkpointing, bool causal, CachingAllocator& alloc,
-                                               bool recompute_gelu, std::vector<int> drop_layers, int max_pred) {
+                                               bool recompute_gelu, std::vector<int> drop_layers, int max_pred,
+                                               comm::Communicator* moe_ep_group, std::size_t max_tokens) {
   switch (compute) {
     case DType::BF16:
       return std::make_unique<GpuTransformerT<bf16>>(table, B, S, checkpointing, causal, alloc, recompute_gelu,
-                                                     std::move(drop_layers), max_pred);
+                                                     std::move(drop_layers), max_pred, moe_ep_group, max_tokens);
     case DType::F16:
       return std::make_unique<GpuTransformerT<f16>>(table, B, S, checkpointing, causal, alloc, recompute_gelu,
-                                                    std::move(drop_layers), max_pred);
+                                                    std::move(drop_layers), max_pred, moe_ep_group, max_tokens);
     default:
       CUTRAIN_FAIL("gpu model: the compute dtype must be bfloat16 or float16, got ", dtype_name(compute));
   }

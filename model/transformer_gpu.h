@@ -17,8 +17,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kernels/attention.cuh"
@@ -65,17 +67,66 @@ class FlatParams final : public ParamAccess {
   std::size_t es_;
 };
 
-// The model as the engine drives it, whatever its compute dtype (GpuTransformerT<T> below).
+// The tensor-parallel group of the GPU model (Megatron's layout): the in-place sum of a bf16
+// [rows, hidden] activation or gradient over the group's ranks on a stream.
+// parallel/tp_device_group.h implements it over a communicator. The model issues the blocks'
+// all-reduces through it: forward after the out-projection and FC2 (the row-parallel partial
+// sums), backward after FC1's and QKV's input gradients (the column-parallel inputs). Sharded
+// GEMMs are not built: the model takes a group of size 1, where every sum is the rank's own
+// values, so a degree-1 run executes the multi-GPU code path with identical results. (A degree
+// above 1 would also need the row-parallel biases and the residuals that the GEMM epilogues add
+// (beta 1) added on one rank of the group only, and each rank's slices of the weights.) bf16
+// only: the fp16 model refuses a group.
+class TpDeviceGroup {
+ public:
+  virtual ~TpDeviceGroup() = default;
+  virtual int size() const = 0;
+  virtual void all_reduce_sum(cudaStream_t s, bf16* buf, std::size_t count) = 0;
+};
+
+// Knowledge distillation (Mixture-of-Students; kernels/kd_loss.cuh) for the next forward_backward
+// calls: the teacher's logits of the same micro-batch (bf16 [B*S, ld_t], the first vocab columns
+// real; overwritten: the distillation's gradient is written over them), the temperature, the
+// term's weight beta and the LM loss's weight alpha. The objective's logits gradient is then
+// grad_scale * (alpha * d ce + beta * d(T^2 * mean KL)), the MoE aux loss's share unchanged, and
+// T^2 * mean KL (without beta) goes to *d_kd_loss (device fp32). bf16 only (the fp16 model refuses
+// it); not for BERT (its head runs on gathered rows).
+struct GpuDistillation {
+  bf16* teacher_logits = nullptr;
+  int ld_t = 0;
+  float temperature = 1.f, beta = 1.f, alpha = 1.f;
+  float* d_kd_loss = nullptr;
+};
+
+// The model as the engine and the pipeline drive it, whatever its compute dtype
+// (GpuTransformerT<T> below, which documents each call). The stage hand-over buffers are of the
+// compute dtype ([B*S, hidden] elements of dtype_size(compute_dtype()) bytes).
 class GpuModel {
  public:
   virtual ~GpuModel() = default;
   virtual DType compute_dtype() const = 0;
-  // See GpuTransformerT.
   virtual void forward_backward(cudaStream_t s, ParamAccess& params, void* grads, DType grad_type, bool accumulate,
                                 const std::int32_t* tokens, const std::int32_t* labels, float grad_scale,
                                 float* d_loss, int* d_status, const float* d_loss_scale = nullptr) = 0;
   virtual void forward_loss(cudaStream_t s, ParamAccess& params, const std::int32_t* tokens,
                             const std::int32_t* labels, float* d_loss, int* d_status) = 0;
+  virtual void set_stage(int first, int end) = 0;
+  virtual bool whole_model() const = 0;
+  virtual void stage_forward(cudaStream_t s, ParamAccess& params, void* grads, DType grad_type, bool accumulate,
+                             const std::int32_t* tokens, const std::int32_t* labels, float grad_scale, float* d_loss,
+                             int* d_status, const float* d_loss_scale = nullptr) = 0;
+  virtual void stage_backward(cudaStream_t s, ParamAccess& params, void* grads, DType grad_type, bool accumulate,
+                              const std::int32_t* tokens) = 0;
+  virtual void* stage_input(cudaStream_t s) = 0;
+  virtual void* stage_output(cudaStream_t s) = 0;
+  virtual void* stage_grad(cudaStream_t s) = 0;
+  virtual void set_tensor_parallel(TpDeviceGroup* group) = 0;
+  virtual int tp_forward_all_reduces() const = 0;
+  virtual int tp_backward_all_reduces() const = 0;
+  virtual void set_shape(int rows, int seq) = 0;
+  virtual int rows() const = 0;
+  virtual int seq() const = 0;
+  virtual void set_distillation(const GpuDistillation* d) = 0;
   virtual void set_moe_step(std::uint64_t seed, int step) = 0;
   virtual const std::vector<MoeBlockStats>& moe_stats() const = 0;
   virtual void set_token_drop(int kept, const std::int32_t* d_indices) = 0;
@@ -102,10 +153,13 @@ class GpuTransformerT final : public GpuModel {
   // order (docs/bert.md). 0: S slots, room for any labels (the head then runs on B x S rows). A
   // sequence with more labelled rows than slots is an error reported through d_status[1]. Must be 0
   // for the other architectures.
-  // T = fp16 refuses MoE blocks (their layer is T only).
+  // `moe_ep_group`: the MoE blocks' expert-parallel group (model/moe_layer.h; null: every expert
+  // here); it must outlive the model. `max_tokens`: the most tokens a micro-batch of set_shape() may
+  // hold (0: B x S); the workspace is allocated for it once. T = fp16 refuses MoE blocks (their
+  // layer is bf16 only).
   GpuTransformerT(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
                   CachingAllocator& alloc, bool recompute_gelu = false, std::vector<int> drop_layers = {},
-                  int max_pred = 0);
+                  int max_pred = 0, comm::Communicator* moe_ep_group = nullptr, std::size_t max_tokens = 0);
   ~GpuTransformerT() override;
   GpuTransformerT(const GpuTransformerT&) = delete;
   GpuTransformerT& operator=(const GpuTransformerT&) = delete;
@@ -126,6 +180,43 @@ class GpuTransformerT final : public GpuModel {
   void forward_backward(cudaStream_t s, ParamAccess& params, void* grads, DType grad_type, bool accumulate,
                         const std::int32_t* tokens, const std::int32_t* labels, float grad_scale, float* d_loss,
                         int* d_status, const float* d_loss_scale = nullptr) override;
+
+  // A pipeline stage's share (parallel/pipeline_plan.h): the layers [first, end) of the model's
+  // sequence, 0 the embedding, 1 + l block l, L + 1 the head; the default is the whole model
+  // [0, L + 2). Set before the first call: only the span's activations are allocated. A partial
+  // span is built for the seed architecture's dense blocks without random-LTD: GPT-2 fuses a
+  // block's output into the next LayerNorm and its head, like BERT's, reads the embedding unit.
+  void set_stage(int first, int end) override;
+  int stage_first() const { return stage_first_; }
+  int stage_end() const { return stage_end_; }
+  bool whole_model() const override { return stage_first_ == 0 && stage_end_ == table_.dims().layers + 2; }
+  // One micro-batch of the stage, in two calls: forward_backward() is stage_forward() then
+  // stage_backward() over the whole model. The forward starts from the tokens (with the
+  // embedding) or from stage_input() (the previous stage's output, put there by the caller) and
+  // ends in the loss (with the head: the fused cross-entropy's loss into *d_loss and its gradient,
+  // scaled by grad_scale) or in stage_output(). The backward starts from the loss (with the head)
+  // or from stage_grad() (the next stage's input gradient, put there by the caller) and leaves
+  // the gradient of the stage's input in stage_grad() (without the embedding). `acc` as in
+  // forward_backward: false for the step's first micro-batch. The head unit stays acquired from
+  // the forward to the backward.
+  // `d_loss_scale` as in forward_backward.
+  void stage_forward(cudaStream_t s, ParamAccess& params, void* grads, DType grad_type, bool accumulate,
+                     const std::int32_t* tokens, const std::int32_t* labels, float grad_scale, float* d_loss,
+                     int* d_status, const float* d_loss_scale = nullptr) override;
+  void stage_backward(cudaStream_t s, ParamAccess& params, void* grads, DType grad_type, bool accumulate,
+                      const std::int32_t* tokens) override;
+  // The stage's activation hand-over buffers [B*S, hidden] of T (the workspace allocated on `s` first).
+  void* stage_input(cudaStream_t s) override;
+  void* stage_output(cudaStream_t s) override;
+  void* stage_grad(cudaStream_t s) override;
+
+  // Tensor parallelism (TpDeviceGroup above; null: none). Seed and GPT-2 dense blocks; a group of
+  // more than one rank is refused (the sharded GEMMs are not built).
+  void set_tensor_parallel(TpDeviceGroup* group) override;
+  // The group's all-reduces one forward_backward issues (forward, backward; the recompute of
+  // activation checkpointing adds the forward's again).
+  int tp_forward_all_reduces() const override { return tp_ ? 2 * table_.dims().layers : 0; }
+  int tp_backward_all_reduces() const override { return tp_ ? 2 * table_.dims().layers : 0; }
 
   // Evaluation: the forward and the mean loss of one micro-batch, no gradients (logits kept).
   // Writes *d_loss and d_status[0..1] like forward_backward.
@@ -149,6 +240,16 @@ class GpuTransformerT final : public GpuModel {
   void set_token_drop(int kept, const std::int32_t* d_indices) override;
   bool moe_capturable() const override { return !table_.dims().moe.any(); }
 
+  // A sequence-length curriculum: the next calls run `rows` sequences of `seq` tokens (tokens and
+  // labels [rows*seq]; positions 0 .. seq-1, attention, the loss's mean and every kernel's rows
+  // over them), in the workspace allocated once for the constructor's capacity: seq <= S and
+  // rows x seq <= max_tokens. The call sequence depends on the shape (kernel shapes), so a CUDA
+  // graph holds for one shape. MoE blocks and random-LTD's drop blocks keep the constructor's
+  // B x S; BERT keeps its B rows and takes seq >= max_pred (its padded micro-batch cut shorter).
+  void set_shape(int rows, int seq) override;
+  int rows() const override { return B_; }
+  int seq() const override { return S_; }
+
   // BERT's dropout (model/bert_config.h's sites): the seed and optimizer step of the next
   // forward_backward calls' masks (forward_loss never drops); `d_step` (device uint32, may be
   // null): the kernels read the step there instead, so a CUDA graph captured once draws the masks
@@ -170,6 +271,21 @@ class GpuTransformerT final : public GpuModel {
   // BERT's masked-LM head slots per sequence for the constructor's `max_pred` at seq S (0: S).
   static int mlm_slots(int S, int max_pred) { return max_pred > 0 ? max_pred : S; }
   int mlm_slots() const override { return K_; }
+
+  // Knowledge distillation (GpuDistillation above) for the next forward_backward calls; null: the
+  // LM loss alone. T = fp16 refuses it.
+  using Distillation = GpuDistillation;
+  void set_distillation(const Distillation* d) override;
+  // The logits of the last forward_loss (T [B*S, vocab_rows]; BERT: the head's rows): a
+  // teacher's, read by the student's distillation. Valid until the next call on this model.
+  T* logits() const { return logits_; }
+
+  // Whether forward_backward acquires the embedding unit for the embedding backward (after the
+  // blocks' backward): BERT's embedding LayerNorm reads its weight; GPT-2's and the seed model's
+  // lookup backward reads no parameters. With a tied head (TransformerParams::tied_head) the head
+  // also acquires the embedding unit, right after the head unit, and releases both after the
+  // head's backward (parallel/zero_shard_layout.h's stage3_use_order).
+  static bool embedding_backward_reads_params(const ModelDims& dims) { return dims.arch == Arch::Bert; }
 
   // Returns activations and scratch to the allocator; the next call allocates them again.
   void release_workspace() override;
@@ -254,8 +370,24 @@ class GpuTransformerT final : public GpuModel {
   float bert_hidden_p() const;  // the hidden dropout of the running forward (0 outside training)
   kernels::AttentionOptions bert_attention(int l) const;
 
+  // The per-call shape and mask for the next calls; what the workspace was allocated for.
+  // Scratch bytes for a micro-batch of rows x seq.
+  std::size_t scratch_bytes(int rows, int seq) const;
   const TransformerParams& table_;
-  int B_, S_, M_;
+  int B_, S_, M_;      // the shape of the next calls (set_shape; the constructor's B x S by default)
+  int Bfull_, Sfull_;  // the constructor's
+  std::size_t cap_;    // tokens the workspace holds per micro-batch (>= Bfull_ x Sfull_)
+  std::size_t scratch_size_ = 0;
+  int stage_first_ = 0, stage_end_ = 0;  // set_stage(): pipeline layers [first, end)
+  // The blocks of the stage [block_first(), block_end()).
+  int block_first() const { return std::max(stage_first_, 1) - 1; }
+  int block_end() const { return std::min(stage_end_, table_.dims().layers + 1) - 1; }
+  bool has_embedding() const { return stage_first_ == 0; }
+  bool has_head() const { return stage_end_ == table_.dims().layers + 2; }
+  Unit held_head_{};  // stage_forward's head unit, released by stage_backward
+  TpDeviceGroup* tp_ = nullptr;
+  // The tensor-parallel sum of buf [rows, hidden] (nothing without a group).
+  void tp_all_reduce(cudaStream_t s, T* buf, int rows);
   int K_ = 0, P_ = 0;  // BERT: the head's slots per sequence and rows (B_ x K_); 0 otherwise
   bool checkpointing_;
   bool recompute_gelu_;
@@ -280,6 +412,7 @@ class GpuTransformerT final : public GpuModel {
   std::uint64_t moe_seed_ = 0;
   void* scratch_ = nullptr;
   std::size_t workspace_bytes_ = 0;
+  std::optional<Distillation> distill_;  // set_distillation's, for forward_backward
   // random-LTD: the blocks that may drop (ascending), the drop of the next forward_backward
   // (kept 0: off), the kept tokens' inputs (one per drop block, one shared with checkpointing),
   // the seed model's block output on them, and their gradient.
@@ -312,6 +445,7 @@ using GpuTransformer = GpuTransformerT<bf16>;
 std::unique_ptr<GpuModel> make_gpu_transformer(DType compute, const TransformerParams& table, int B, int S,
                                                bool checkpointing, bool causal, CachingAllocator& alloc,
                                                bool recompute_gelu = false, std::vector<int> drop_layers = {},
-                                               int max_pred = 0);
+                                               int max_pred = 0, comm::Communicator* moe_ep_group = nullptr,
+                                               std::size_t max_tokens = 0);
 
 }  // namespace cutrain::model

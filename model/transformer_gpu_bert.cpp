@@ -70,7 +70,8 @@ template <typename T>
 void GpuTransformerT<T>::allocate_bert(cudaStream_t s) {
   const ModelDims& d = table_.dims();
   const BertConfig& bc = d.bert;
-  const std::size_t M = M_, P = P_, h = d.hidden, F = d.ffn(), V = d.vocab_rows(), H = d.heads;
+  // Sized for the constructor's B x S (cap_): a shorter padded length (set_shape) runs in them.
+  const std::size_t M = cap_, P = P_, h = d.hidden, F = d.ffn(), V = d.vocab_rows(), H = d.heads;
   auto bf = [&](std::size_t n) { return take_n<T>(s, n); };
   auto f32 = [&](std::size_t n) { return take_n<float>(s, n); };
   auto i32 = [&](std::size_t n) { return take_n<std::int32_t>(s, n); };
@@ -82,7 +83,7 @@ void GpuTransformerT<T>::allocate_bert(cudaStream_t s) {
     a = LayerActs{};
     a.qkv = bf(M * 3 * h);
     a.att = bf(M * h);
-    a.lse = f32(std::size_t(B_) * H * S_);
+    a.lse = f32(M * H);  // [rows, H, seq]
     a.x1 = bf(M * h);
     a.s1 = inv ? nullptr : bf(M * h);
     a.s2 = inv && !bc.pre_layer_norm ? nullptr : bf(M * h);
@@ -124,15 +125,14 @@ void GpuTransformerT<T>::allocate_bert(cudaStream_t s) {
     if (!a.g) a.g = d4h_;
   }
   if (!head_g_) head_g_ = dqkv_;
-  std::size_t sc = 0;
-  for (int rows : {M_, P_}) {  // the blocks' rows and the head's
-    for (std::size_t n : {3 * h, h, F, V}) sc = std::max(sc, kernels::bias_grad_scratch_bytes(rows, int(n)));
-    sc = std::max(sc, kernels::layernorm_backward_scratch_bytes(rows, d.hidden));
-  }
-  sc = std::max(sc, kernels::embedding_backward_scratch_bytes(B_, S_, d.hidden, d.vocab_rows()));
-  sc = std::max(sc, kernels::attention_backward_scratch_bytes(attn_, true));
+  // The blocks' rows at the constructor's B x S (each size grows with the rows; set_shape checks
+  // a shorter length against it) and the head's P_ rows.
+  std::size_t sc = scratch_bytes(Bfull_, Sfull_);
+  for (std::size_t n : {3 * h, h, F, V}) sc = std::max(sc, kernels::bias_grad_scratch_bytes(P_, int(n)));
+  sc = std::max(sc, kernels::layernorm_backward_scratch_bytes(P_, d.hidden));
   sc = std::max(sc, kernels::cross_entropy_scratch_bytes(P_));
-  scratch_ = take(s, std::max<std::size_t>(sc, 256));
+  scratch_size_ = std::max<std::size_t>(sc, 256);
+  scratch_ = take(s, scratch_size_);
 }
 
 template <typename T>

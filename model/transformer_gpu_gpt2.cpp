@@ -43,6 +43,7 @@ void GpuTransformerT<T>::gpt2_layer_forward(cudaStream_t s, const Unit& U, int l
     timed(s, "out_proj", cost::gemm_forward(rows.M, h, h), [&] {
       gemm_->forward(s, a.att, w(L.out_proj_w), w(L.out_proj_b), dh_, rows.M, h, h, GemmEpilogue::Bias);
     });
+    tp_all_reduce(s, dh_, rows.M);  // row-parallel: the heads' partial sums
   }
   if (moe_[std::size_t(l)]) {  // the MLP is a MoE layer; its output in dh_ as the MLP's
     TimedRegion r("moe", s);
@@ -65,6 +66,7 @@ void GpuTransformerT<T>::gpt2_layer_forward(cudaStream_t s, const Unit& U, int l
     timed(s, "fc2", cost::gemm_forward(rows.M, h, F), [&] {
       gemm_->forward(s, a.g, w(L.ff2_w), w(L.ff2_b), dh_, rows.M, h, F, GemmEpilogue::Bias);
     });
+    tp_all_reduce(s, dh_, rows.M);  // row-parallel: the FFN columns' partial sums
   }
 }
 
@@ -109,6 +111,7 @@ void GpuTransformerT<T>::gpt2_layer_backward(cudaStream_t s, const Unit& U, DTyp
     // rows.dx = d(block output) = d(MLP output) = the residual's share of d s1.
     linear_backward({"fc2_dw", "fc2_db", "fc2_dx"}, rows.dx, a.g, L.ff2_w, L.ff2_b, d4h_, h, F, a.f);  // d4h_ = d f
     linear_backward({"fc1_dw", "fc1_db", "fc1_dx"}, d4h_, a.s2, L.ff0_w, L.ff0_b, dh_, F, h, nullptr);  // d s2
+    tp_all_reduce(s, dh_, rows.M);  // column-parallel FC1's input gradient
     timed(s, "ln2", cost::layernorm_backward(rows.M, h, es, acc), [&] {  // dh_ = d s1 (LN2's + the residual's)
       kernels::layernorm_backward(s, dh_, a.s1, a.mean2, a.rstd2, w(L.norm2_w), rows.dx, dh_, g(L.norm2_w), g(L.norm2_b),
                                   gt, acc, scratch_, rows.M, h);
@@ -122,6 +125,7 @@ void GpuTransformerT<T>::gpt2_layer_backward(cudaStream_t s, const Unit& U, DTyp
           [&] { kernels::attention_backward(s, a.qkv, a.att, rows.dx, a.lse, dqkv_, scratch_, rows.attn, true); });
     linear_backward({"qkv_dw", "qkv_db", "qkv_dx"}, dqkv_, a.x1, L.in_proj_w, L.in_proj_b, rows.dx, 3 * h, h,
                     nullptr);  // rows.dx = d x1
+    tp_all_reduce(s, rows.dx, rows.M);  // column-parallel QKV's input gradient
     timed(s, "ln1", cost::layernorm_backward(rows.M, h, es, acc), [&] {  // rows.dx = d x_in (LN1's + d s1)
       kernels::layernorm_backward(s, rows.dx, x_in, a.mean1, a.rstd1, w(L.norm1_w), dh_, rows.dx, g(L.norm1_w), g(L.norm1_b),
                                   gt, acc, scratch_, rows.M, h);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "model/moe_exchange.h"
 #include "runtime/error.h"
 
 namespace cutrain::parallel {
@@ -30,8 +31,8 @@ ExpertSpan owned_experts(int experts, int ep, int ep_rank, const std::string& fl
   CUTRAIN_CHECK(ep >= 1 && ep_rank >= 0 && ep_rank < ep, "expert parallelism: member ", ep_rank, " of a group of ", ep);
   CUTRAIN_CHECK(experts >= 1 && experts % ep == 0, flag, " ", ep, " does not divide a MoE block's ", experts,
                 " experts");
-  const int per = experts / ep;
-  return {ep_rank * per, (ep_rank + 1) * per};
+  const int first = model::moe_first_expert(experts, ep, ep_rank);
+  return {first, first + experts / ep};
 }
 
 std::size_t ExpertParallelLayout::dense_elems() const {

@@ -148,4 +148,22 @@ std::unique_ptr<comm::Communicator> make_group_communicator(std::shared_ptr<comm
   return std::make_unique<GroupCommunicator>(std::move(parent), members);
 }
 
+std::shared_ptr<comm::Communicator> make_group(std::shared_ptr<comm::Communicator> parent,
+                                               const std::vector<int>& members) {
+  CUTRAIN_CHECK(parent, "group communicator: no parent communicator");
+  if (int(members.size()) == parent->world_size()) {
+    make_group_communicator(parent, members);  // the same checks: every rank, ascending
+    return parent;
+  }
+  CUTRAIN_CHECK(!members.empty(), "group communicator: a group needs at least one member");
+  // Disjoint groups: the first member names the group; the order inside it is the parent's.
+  if (std::unique_ptr<comm::Communicator> sub = parent->split(members.front(), parent->rank())) {
+    CUTRAIN_CHECK(sub->world_size() == int(members.size()) && sub->rank() == index_of(members, parent->rank()),
+                  "group communicator: the split gave rank ", sub->rank(), " of ", sub->world_size(),
+                  ", expected rank ", index_of(members, parent->rank()), " of ", members.size());
+    return std::shared_ptr<comm::Communicator>(std::move(sub));
+  }
+  return make_group_communicator(std::move(parent), members);
+}
+
 }  // namespace cutrain::parallel

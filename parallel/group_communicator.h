@@ -21,4 +21,11 @@ namespace cutrain::parallel {
 std::unique_ptr<comm::Communicator> make_group_communicator(std::shared_ptr<comm::Communicator> parent,
                                                             const std::vector<int>& members);
 
+// A group as a communicator of its own on the parent's transport: the parent itself when the group
+// is all of it, else the parent's sub-communicator (NCCL's ncclCommSplit: collective, every rank of
+// the parent calls it once with its own group; the groups must be disjoint), else (the host
+// communicator has no split) the group communicator above. `members` as above.
+std::shared_ptr<comm::Communicator> make_group(std::shared_ptr<comm::Communicator> parent,
+                                               const std::vector<int>& members);
+
 }  // namespace cutrain::parallel

@@ -82,16 +82,74 @@ std::vector<float> ShardLayout::flat_from_padded(const float* padded) const {
   return out;
 }
 
-std::vector<int> stage3_use_order(int layers, int micro_batches, bool eval) {
+std::vector<int> stage3_use_order(int layers, int micro_batches, bool eval, Stage3Uses uses) {
   // Unit indices as in TransformerParams: 0 embeddings, 1 + l block l, 1 + layers the head.
   std::vector<int> order;
   const int head = 1 + layers;
   for (int m = 0; m < (eval ? 1 : micro_batches); ++m) {
     for (int u = 0; u <= head; ++u) order.push_back(u);
+    if (uses.tied_head) order.push_back(0);  // the head's weight: held with the head through its backward
     if (eval) break;
     for (int l = layers - 1; l >= 0; --l) order.push_back(1 + l);
+    if (uses.embedding_backward) order.push_back(0);
   }
   return order;
+}
+
+void GatherWindow::reset(std::size_t uses) {
+  uses_ = uses;
+  acquired_ = issued_ = 0;
+  released_.assign(uses, 0);
+}
+
+std::size_t GatherWindow::acquire() {
+  CUTRAIN_CHECK(acquired_ < uses_, "ZeRO stage 3: gathered use ", acquired_, " acquired, the pass plans ", uses_);
+  return acquired_++;
+}
+
+void GatherWindow::release(std::size_t k) {
+  CUTRAIN_CHECK(k < acquired_ && !released_[k], "ZeRO stage 3: gathered use ", k, " released but not held");
+  released_[k] = 1;
+}
+
+bool GatherWindow::can_issue() const {
+  return issued_ < uses_ && issued_ <= acquired_ && (issued_ < 2 || released_[issued_ - 2]);
+}
+
+std::size_t GatherWindow::issue() {
+  CUTRAIN_CHECK(can_issue(), "ZeRO stage 3: gather ", issued_, " issued before its buffer is free");
+  return issued_++;
+}
+
+bool GatherWindow::all_released() const {
+  return acquired_ == uses_ && std::all_of(released_.begin(), released_.end(), [](char r) { return r != 0; });
+}
+
+std::vector<ShardSegment> shard_segments(const ShardLayout& L, int rank, const std::vector<Range>& runs) {
+  std::size_t next = 0;
+  for (const Range& r : runs) {
+    CUTRAIN_CHECK(r.begin == next && r.end > r.begin, "ZeRO stage 3: run [", r.begin, ", ", r.end,
+                  ") does not continue the previous one at ", next);
+    next = r.end;
+  }
+  CUTRAIN_CHECK(next == L.numel, "ZeRO stage 3: the runs end at ", next, ", the flat buffer has ", L.numel);
+  std::vector<ShardSegment> out;
+  std::size_t k = 0;  // the run holding the current piece's first element (pieces come in flat order)
+  for (std::size_t u = 0; u < L.units.size(); ++u) {
+    const Range piece = L.piece_flat(u, rank);
+    for (std::size_t a = piece.begin; a < piece.end;) {
+      while (runs[k].end <= a) ++k;
+      const std::size_t b = std::min(runs[k].end, piece.end);
+      const std::size_t at = L.units[u].shard_offset + (a - piece.begin);
+      if (!out.empty() && out.back().run == k && out.back().shard + out.back().count == at &&
+          out.back().flat + out.back().count == a)
+        out.back().count += b - a;
+      else
+        out.push_back({at, a, b - a, k});
+      a = b;
+    }
+  }
+  return out;
 }
 
 }  // namespace cutrain::parallel

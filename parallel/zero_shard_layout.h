@@ -63,9 +63,54 @@ struct ShardLayout {
 ShardLayout make_shard_layout(const std::vector<Range>& units, std::size_t numel, int world,
                               std::size_t persistence_threshold);
 
+// What a model reads besides the plain order (embeddings, blocks, head): `tied_head`: the head's
+// weight is the token embedding (GPT-2, BERT), so the head's use also acquires the embedding unit,
+// held with the head from the head's forward through its backward (two units live at once);
+// `embedding_backward`: the embedding backward reads the unit's parameters (BERT's embedding
+// LayerNorm), so it is acquired once more after the blocks' backward.
+struct Stage3Uses {
+  bool tied_head = false;
+  bool embedding_backward = false;
+};
+
 // The order in which a training step uses the units: per micro-batch the forward (embeddings,
-// blocks, head) and the backward (head kept from the forward, blocks in reverse; the embedding
-// backward needs no parameters). `eval`: the forward only, one micro-batch.
-std::vector<int> stage3_use_order(int layers, int micro_batches, bool eval);
+// blocks, head, and with a tied head the embedding unit again) and the backward (head and tied
+// embedding kept from the forward, blocks in reverse, then the embedding unit when its backward
+// reads it). `eval`: the forward only, one micro-batch.
+std::vector<int> stage3_use_order(int layers, int micro_batches, bool eval, Stage3Uses uses = {});
+
+// Stage 3's two gather buffers over one pass, the pure part of parallel/zero_stage3.h: the pass's
+// k-th gathered use goes into buffer k % 2; gather j may be issued once use j - 1 is acquired (the
+// prefetch, one use ahead) and use j - 2 is released (its buffer free), whichever comes last. A
+// tied head holds two units (head and embedding) at once, so the gather after them waits for the
+// first one's release. `uses`: the pass's gathered uses.
+class GatherWindow {
+ public:
+  void reset(std::size_t uses);
+  // Use k = acquired() is acquired (returned); then issue every gather next_issue() allows. The
+  // caller checks issued() > k before reading buffer k % 2: otherwise three units would be live.
+  std::size_t acquire();
+  void release(std::size_t k);  // use k released (acquired, not yet released: checked)
+  // The next gather the acquired and released uses allow (it is then issued), or none.
+  bool can_issue() const;
+  std::size_t issue();  // returns its index; requires can_issue()
+  std::size_t acquired() const { return acquired_; }
+  std::size_t issued() const { return issued_; }
+  bool all_released() const;
+
+ private:
+  std::size_t uses_ = 0, acquired_ = 0, issued_ = 0;
+  std::vector<char> released_;
+};
+
+// This rank's pieces of every unit cut where the flat `runs` (ranges tiling [0, numel) in order:
+// the weight-decay runs) change, in shard order; adjacent pieces of the same run that are also
+// adjacent in the shard merged. Each segment's `run` is its run's index. At world size 1 (no
+// padding) the segments are the runs themselves. The shard's padding belongs to no segment.
+struct ShardSegment {
+  std::size_t shard = 0, flat = 0, count = 0;  // [shard, shard + count) holds flat [flat, flat + count)
+  std::size_t run = 0;
+};
+std::vector<ShardSegment> shard_segments(const ShardLayout& layout, int rank, const std::vector<Range>& runs);
 
 }  // namespace cutrain::parallel

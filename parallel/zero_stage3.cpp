@@ -38,8 +38,9 @@ void ShardedParams::begin_pass(const bf16* shard, const std::vector<int>& order,
     CUTRAIN_CHECK(u >= 0 && std::size_t(u) < layout_.units.size(), "ZeRO stage 3: unit ", u, " in the use order");
     if (!layout_.units[std::size_t(u)].persistent) gathered_units_.push_back(u);
   }
-  pos_ = next_gather_ = 0;
-  live_unit_ = -1;
+  pos_ = 0;
+  window_.reset(gathered_units_.size());
+  live_.clear();
   reducing_ = reduce != nullptr;
   if (reducing_) {
     CUTRAIN_CHECK(reduce->grads && reduce->grad_shard && reduce->micro_batches >= 1,
@@ -52,8 +53,8 @@ void ShardedParams::begin_pass(const bf16* shard, const std::vector<int>& order,
 }
 
 void ShardedParams::end_pass(cudaStream_t s) {
-  CUTRAIN_CHECK(in_pass_ && pos_ == order_.size() && live_unit_ < 0, "ZeRO stage 3: the pass used ", pos_, " of ",
-                order_.size(), " planned units", live_unit_ >= 0 ? " and left one acquired" : "");
+  CUTRAIN_CHECK(in_pass_ && pos_ == order_.size() && live_.empty(), "ZeRO stage 3: the pass used ", pos_, " of ",
+                order_.size(), " planned units", live_.empty() ? "" : " and left units acquired");
   in_pass_ = false;
   if (!reducing_) return;
   CUTRAIN_CHECK(reduced_ == layout_.units.size(), "ZeRO stage 3: the pass reduced the gradients of ", reduced_, " of ",
@@ -89,32 +90,49 @@ void ShardedParams::gather(std::size_t k) {
   ++gathers_issued_;
 }
 
-const void* ShardedParams::acquire(cudaStream_t s, int u) {
-  CUTRAIN_CHECK(in_pass_ && pos_ < order_.size() && order_[pos_] == u && live_unit_ < 0,
-                "ZeRO stage 3: the model acquired unit ", u, " out of the planned order (use ", pos_, " of ",
-                order_.size(), ")");
-  ++pos_;
-  live_unit_ = u;
-  const ShardUnit& su = layout_.units[std::size_t(u)];
-  if (su.persistent) return persistent_.as<bf16>() + su.persistent_offset;
-  NvtxRange range("zero3.acquire");
-  const std::size_t k = next_gather_++;
-  if (k == 0) {
-    fork(s);  // the pass's first gathers come after everything the compute stream did before
-    gather(0);
+void ShardedParams::issue_gathers(cudaStream_t compute) {
+  // Gather j is the prefetch of use j once use j - 1 is acquired, and may overwrite its buffer
+  // once use j - 2 is released.
+  while (window_.can_issue()) {
+    const std::size_t j = window_.issue();
+    if (j == 0) fork(compute);  // the pass's first gathers come after everything the compute stream did before
+    gather(j);
   }
+}
+
+const void* ShardedParams::acquire(cudaStream_t s, int u) {
+  CUTRAIN_CHECK(in_pass_ && pos_ < order_.size() && order_[pos_] == u, "ZeRO stage 3: the model acquired unit ", u,
+                " out of the planned order (use ", pos_, " of ", order_.size(), ")");
+  for (const Live& l : live_)
+    CUTRAIN_CHECK(l.unit != u, "ZeRO stage 3: the model acquired unit ", u, " while holding it");
+  CUTRAIN_CHECK(live_.size() < 2, "ZeRO stage 3: the model acquired unit ", u, " while holding two others (",
+                live_[0].unit, " and ", live_[1].unit, "); at most two units are live");
+  ++pos_;
+  const ShardUnit& su = layout_.units[std::size_t(u)];
+  if (su.persistent) {
+    live_.push_back({u, kPersistent});
+    return persistent_.as<bf16>() + su.persistent_offset;
+  }
+  NvtxRange range("zero3.acquire");
+  const std::size_t k = window_.acquire();
+  issue_gathers(s);  // gather k (when not prefetched) and the prefetch of k + 1
+  CUTRAIN_CHECK(window_.issued() > k, "ZeRO stage 3: unit ", u, "'s gather waits for the release of gathered use ", k - 2,
+                " (unit ", gathered_units_[k - 2], "), still held: at most two gathered units are live");
+  live_.push_back({u, k});
   gathered_[k % 2].wait_on(s);
-  // Prefetch: the next gathered unit into the other buffer, overlapping this unit's kernels.
-  if (k + 1 < gathered_units_.size()) gather(k + 1);
   return gather_buf_[k % 2].as<bf16>();
 }
 
 void ShardedParams::release(cudaStream_t s, int u) {
-  CUTRAIN_CHECK(in_pass_ && live_unit_ == u, "ZeRO stage 3: the model released unit ", u, ", the acquired one is ",
-                live_unit_);
-  live_unit_ = -1;
-  if (layout_.units[std::size_t(u)].persistent) return;
-  free_[(next_gather_ - 1) % 2].record(s);
+  auto it = live_.begin();
+  while (it != live_.end() && it->unit != u) ++it;
+  CUTRAIN_CHECK(in_pass_ && it != live_.end(), "ZeRO stage 3: the model released unit ", u, ", which it does not hold");
+  const std::size_t k = it->use;
+  live_.erase(it);
+  if (k == kPersistent) return;
+  free_[k % 2].record(s);
+  window_.release(k);
+  issue_gathers(s);  // the gather waiting for this buffer, when its use's predecessor is acquired
 }
 
 void ShardedParams::reduce_grads(cudaStream_t compute, const void* grads, void* grad_shard, DType t) {

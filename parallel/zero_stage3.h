@@ -5,11 +5,15 @@
 // state (save_state). Layout and index spaces: parallel/zero_shard_layout.h.
 //
 // Ordering (all collectives on ZeroComm's one communication stream, so every rank issues them in
-// the same order): gather k goes into buffer k % 2. The compute stream waits for gather k before
-// the unit's first kernel (acquire); releasing the unit records a "free" event on the compute
-// stream, and gather k + 2 (issued at acquire of k + 1) waits for it before overwriting the
-// buffer. The first gather of a pass waits for everything the compute stream did before. Every
-// event is recorded and waited within the same pass, so a pass can be captured in a CUDA graph.
+// the same order): the pass's k-th gathered use goes into buffer k % 2. The compute stream waits
+// for gather k before the unit's first kernel (acquire); releasing the use records a "free" event
+// on the compute stream, and gather k + 2 waits for it before overwriting the buffer. Gather k + 2
+// is issued as soon as use k + 1 is acquired (the prefetch, one use ahead) and use k is released,
+// whichever comes last on the host: a tied head holds two units at once (the head and the
+// embedding unit, from the head's forward through its backward), so the next unit's gather then
+// waits for the head's release instead of overlapping it. At most two gathered units are live.
+// The first gather of a pass waits for everything the compute stream did before. Every event is
+// recorded and waited within the same pass, so a pass can be captured in a CUDA graph.
 //
 // With overlap_comm, a unit's gradient reduce-scatter starts as soon as the pass's last backward
 // of that unit has written them (the last micro-batch), overlapping the rest of the backward; the
@@ -75,6 +79,8 @@ class ShardedParams final : public model::ParamAccess {
   void fork(cudaStream_t compute);
   void join(cudaStream_t compute);
   void gather(std::size_t k);  // the pass's k-th gathered use into buffer k % 2, on the comm stream
+  // Issues every gather the acquired and released uses allow (see the ordering above).
+  void issue_gathers(cudaStream_t compute);
   void reduce_unit(const ShardUnit& s, const void* grads, void* grad_shard, DType t);  // on the comm stream
 
   std::shared_ptr<comm::Communicator> comm_;
@@ -88,8 +94,14 @@ class ShardedParams final : public model::ParamAccess {
   const bf16* shard_ = nullptr;
   std::vector<int> order_;     // every use
   std::vector<int> gathered_units_;  // the non-persistent uses, in order
-  std::size_t pos_ = 0, next_gather_ = 0;
-  int live_unit_ = -1;  // the acquired, not yet released unit
+  std::size_t pos_ = 0;
+  GatherWindow window_;  // which gathers the acquired and released uses allow
+  struct Live {
+    int unit;
+    std::size_t use;  // its gathered use, or kPersistent
+  };
+  static constexpr std::size_t kPersistent = ~std::size_t(0);
+  std::vector<Live> live_;  // the acquired, not yet released units (at most two)
   bool in_pass_ = false;
   bool reducing_ = false;
   OverlapReduce reduce_;

@@ -40,7 +40,8 @@
 #               GPT-2 on the same WikiText-2 tokens: llm.c trains 30 steps from its d12 init and
 #               writes its checkpoint; cutrain's validation loss of it against llm.c's; 200 steps
 #               of the same recipe from it on both (configs/llmc_gpt2_constant.json = llm.c's
-#               -l 3e-4 -u 0 -q 1.0 -c 0.1), cutrain's result read back by llm.c and by PyTorch
+#               -l 3e-4 -u 0 -q 1.0 -c 0.1; --data_order llmc: llm.c's batches in llm.c's order,
+#               its validation batches; docs/gpt2.md), cutrain's result read back by llm.c and by PyTorch
 #               (bench/peers/gpt2_torch_eval.py on --save_hf's safetensors); d12 B16/B32
 #               T1024 tokens/s and peak memory (scripts/peak-mem.sh) of both (cutrain with and without
 #               --recompute_gelu); the table by
@@ -59,6 +60,11 @@
 #               the GB/s table with ours/DeepSpeed per row; DNVME_DIR, default /tmp/dnvme;
 #               DNVME_SIZE, default 1G; DNVME_REPS, default 8: each side on each of the two files
 #               first and second twice, which 0.96x-0.97x rows need). About 8 minutes after the build.
+#   moe_quality issue #22's training figures (scripts/moe_quality.py): dense, an 8-expert MoE in every
+#               other block (top-1, equal active FLOPs) and PR-MoE (pyramid + residual MLP) on the same
+#               WikiText-2 shards, MOEQ_STEPS steps (default 600) of MOEQ_SHAPE (default bf16_example):
+#               validation loss, parameters, step time and dropped routes, with the three verdicts.
+#               About 1.5 minutes at the defaults.
 #   plan        the layout planner (cutrain plan): its GPU tests (PlannerGpu: predicted against the
 #               allocator's peak; e2e_plan_cli_cuda: the profiled-run source), the 6.86B model on 4 GPUs
 #               (baseline, bf16_full) from a profiled run on this GPU (4 of its 32 layers; the plan
@@ -70,6 +76,30 @@
 #               same config, the BF16 example's model and GPT-2 small at seq 1024, every block or
 #               DeepSpeed's 1..L-2 dropping, LTD_ROUNDS (default 3) alternating rounds, the table
 #               against the target f + 0.08 and the ideal ratio from a timing report. About 5 minutes.
+#   seqlen      the sequence-length curriculum: its GPU tests (test_seqlen_curriculum_gpu,
+#               e2e_seqlen_curriculum_cli_cuda), then scripts/seqlen_bench.py: tokens/s at each
+#               length of a ramp (seqlen_truncate, fixed_discrete over S/8, S/4, S/2, S) against a
+#               fixed-length run at that length, GPT-2 small (8 x 1024) and the BF16 example's model
+#               causal (4 x 512), SEQLEN_ROUNDS (default 3) alternating rounds, the table against the
+#               target ratio >= 0.9. About 5 minutes.
+#   parallel    issue #23 on one GPU: the pipeline's and tensor parallelism's GPU tests (PipelineGpu:
+#               degree 1, virtual stages, tp 1 against the plain engine bit for bit; e2e_parallel_gpu_cli_cuda;
+#               the CPU program and checkpoint-interval tests), then scripts/parallel_overhead_bench.py:
+#               the step time of the plain engine, pp 1, tp 1, pp 1 + tp 1 and PAR_VIRTUAL (default 2,4)
+#               virtual stages on configs/bf16_full.json's model (ZeRO 0) at gradient_accumulation_steps
+#               PAR_ACCUM (default 1,8), PAR_ROUNDS (default 3) alternating rounds of PAR_STEPS (default
+#               30) steps, the ratio table against the 1.03 target. About 6 minutes.
+#   data_efficiency  issue #21's quality figures (scripts/data_efficiency_quality.py): baseline, the
+#               vocabularyrarity curriculum, the seqlen warm-up (where its config is), random-LTD and
+#               curriculum + random-LTD on the same shards (.devdata/linux-doc.tar.xz when
+#               scripts/corpus-linux-doc.sh made it, else WikiText-2), DE_STEPS steps (default 1000) of
+#               DE_SHAPE (default gpt2_small: B8 x S1024) within DE_BUDGET s (default 180): validation
+#               loss against the steps' time and the wall clock, the table, the <= 0.8 verdict, SVG/PNG
+#               in logs/data_efficiency/; then bench_token_drop and bench/peers/data_efficiency_peer.py
+#               through PEERS_DIR's run.sh ds-python (DeepSpeed's CurriculumScheduler and
+#               RandomLTDScheduler against every step of those runs, its random_ltd gather / scatter
+#               op, a JIT build, against ours and PyTorch's index ops; DE_PEER=0 leaves it out). About 5
+#               minutes: the runs ~3.5, DeepSpeed's install and JIT build ~1.5.
 #   bert        issue #20's BERT-Large targets, cutrain and its PyTorch peer (bench/peers/bert_peer.py)
 #               in the same call: the full training step at seq 128 x micro-batch 64 and seq 512 x 16
 #               (samples/s, peak memory), one layer's forward+backward alone at both, and at seq 512
@@ -313,7 +343,8 @@ if want llmc; then
   lenv='cud=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0])"); export LD_LIBRARY_PATH=$cud/lib:${LD_LIBRARY_PATH:-}; cd '$lc
   lbin="./train_gpt2cu -i $lc/train.bin -j $lc/val.bin -t 1024 -m 8 -s 100000 -l 3e-4 -u 0 -q 1.0 -c 0.1"
   cfg=configs/llmc_gpt2_constant.json
-  cdata="--use_real_data --data $lc/train.bin --eval_data $lc/val.bin --eval_steps 8 --seq_length 1024"
+  # llm.c's DataLoader order (the config says it too): the same batches as train_gpt2cu's, seed 42.
+  cdata="--use_real_data --data $lc/train.bin --eval_data $lc/val.bin --eval_steps 8 --seq_length 1024 --data_order llmc --seed 42"
   if [ -x "$peers/run.sh" ]; then
     step llmc_build 240 "$peers/run.sh llmc-gpt2 16 1"
     step llmc_train 90 "$lenv && $lbin -e d12 -b 16 -x 30 -v 1000 -n 30 -o $lc/ck && ls -l $ck"
@@ -333,6 +364,7 @@ if want llmc; then
     # The round trips last (the targets above come first when time is short).
     step torch_eval 60 "python3 bench/peers/gpt2_torch_eval.py --weights $lc/cutrain_200.safetensors --tokens $lc/val.bin --heads 12 --batch 16 --seq 1024 --batches 8"
     step llmc_back 60 "$lenv && $lbin -e $lc/cutrain_200.bin -b 16 -x 1 -v 1000"
+    grep -m1 "Data order" "$logs/cutrain_200.txt" | sed 's/^/cutrain_200: /' >>"$sum"
     python3 scripts/llmc_compare.py --logs "$logs" >>"$sum" 2>&1
     grep -E "^val loss" "$logs/llmc_back.txt" | head -1 | sed 's/^/llm.c reading cutrain_200.bin (step 0): /' >>"$sum"
     grep -E "Eval after" "$logs/cutrain_200.txt" | tail -1 | sed 's/^/cutrain before writing it: /' >>"$sum"
@@ -355,6 +387,11 @@ if want moe; then
   fi
   python3 scripts/moe_table.py --ours "$logs/bench_moe.json" --peer "$logs/moe_peer.json" >"$logs/moe_table.md" 2>&1
   cat "$logs/moe_table.md" >>"$sum"
+fi
+
+if want moe_quality; then
+  step moe_quality 300 "python3 scripts/moe_quality.py --bin $bin --shape ${MOEQ_SHAPE:-bf16_example} --steps ${MOEQ_STEPS:-600} --data .devdata --out $logs/moe_quality"
+  grep -E "^\||^- |^## " "$logs/moe_quality.txt" >>"$sum" 2>/dev/null
 fi
 
 if want python; then
@@ -393,6 +430,45 @@ if want random_ltd; then
   grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/random_ltd_tests.txt" | tail -15 >>"$sum" 2>/dev/null
   step random_ltd_bench 300 "python3 scripts/random_ltd_bench.py --bin $bin --fractions ${LTD_FRACTIONS:-0.5,0.75} --rounds ${LTD_ROUNDS:-3} --out $logs/random_ltd"
   grep -E "^\|" "$logs/random_ltd_bench.txt" >>"$sum" 2>/dev/null
+fi
+
+if want seqlen; then
+  step seqlen_tests 150 "ctest --test-dir build/gpu -j $CTEST_JOBS --output-on-failure -R 'SeqlenGpu|e2e_seqlen_curriculum_cli_cuda'"
+  grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/seqlen_tests.txt" | tail -15 >>"$sum" 2>/dev/null
+  step seqlen_bench 300 "python3 scripts/seqlen_bench.py --bin $bin --rounds ${SEQLEN_ROUNDS:-3} --out $logs/seqlen"
+  grep -E "^\|" "$logs/seqlen_bench.txt" >>"$sum" 2>/dev/null
+fi
+
+if want parallel; then
+  step parallel_tests 240 "ctest --test-dir build/gpu -j 1 --output-on-failure -R 'PipelineGpu|e2e_parallel_gpu_cli|PipelineProgram|VirtualStagesReference|e2e_pipeline_host_cli_cpu'"
+  grep -E "tests passed|tests failed|Failed|\*\*\*" "$logs/parallel_tests.txt" | tail -15 >>"$sum" 2>/dev/null
+  step parallel_bench 420 "python3 scripts/parallel_overhead_bench.py --bin $bin --rounds ${PAR_ROUNDS:-3} --steps ${PAR_STEPS:-30} --warmup 8 --accum ${PAR_ACCUM:-1,8} --virtual ${PAR_VIRTUAL:-2,4} --out $logs/parallel"
+  grep -E "^\|" "$logs/parallel_bench.txt" >>"$sum" 2>/dev/null
+fi
+
+if want data_efficiency; then
+  # gpt2_small at B8 x S1024 is ~18-22 ms a step (docs/perf-notes.md: d12 B16 T1024 33.9 ms): 1000
+  # steps ~20 s a variant, plus start-up, validation and the random-LTD / seqlen recaptures.
+  corpus=""; [ -e .devdata/linux-doc.tar.xz ] && corpus="--corpus .devdata/linux-doc.tar.xz"
+  de_b=${DE_BUDGET:-180}
+  step data_efficiency $((de_b + 40)) "python3 scripts/data_efficiency_quality.py --bin $bin --shape ${DE_SHAPE:-gpt2_small} --steps ${DE_STEPS:-1000} --data .devdata $corpus --budget $de_b --out $logs/data_efficiency"
+  # The shards and the extracted corpus (~70 MB) do not come back; a run cut by the limit still gets its
+  # report from what the runs wrote (an unfinished variant is marked).
+  rm -rf "$logs/data_efficiency/data"
+  [ -e "$logs/data_efficiency/data_efficiency.md" ] || [ ! -e "$logs/data_efficiency/meta.json" ] || \
+    python3 scripts/data_efficiency_quality.py --report "$logs/data_efficiency" >>"$logs/data_efficiency.txt" 2>&1
+  sed -n '/^## Data efficiency/,/^Curves/p' "$logs/data_efficiency.txt" | grep -v '^$' >>"$sum" 2>/dev/null
+  step bench_token_drop 60 "build/gpu/bench/bench_token_drop --benchmark_out=$logs/bench_token_drop.json --benchmark_out_format=json --benchmark_counters_tabular=true"
+  peers=${PEERS_DIR:-$root/.peers}
+  if [ "${DE_PEER:-1}" = 0 ]; then
+    echo "-- data_efficiency: DE_PEER=0, no DeepSpeed peer" >>"$sum"
+  elif [ -x "$peers/run.sh" ]; then
+    step peer_data_efficiency 240 "$peers/run.sh ds-python bench/peers/data_efficiency_peer.py --results $logs/data_efficiency --out $logs/data_efficiency_peer.json"
+    grep -E "^\||^schedules|^DeepSpeed" "$logs/peer_data_efficiency.txt" >>"$sum" 2>/dev/null
+    python3 bench/peers/compare.py --ours "$logs/bench_token_drop.json" --peers "$logs/data_efficiency_peer.json" >>"$sum" 2>&1
+  else
+    echo "-- data_efficiency: no $peers/run.sh (carry ../shared/peers as .peers, or set PEERS_DIR): no DeepSpeed peer" >>"$sum"
+  fi
 fi
 
 if want bert; then

@@ -22,6 +22,12 @@ ls .deps/wheels/nanobind-*.whl >/dev/null 2>&1 || scripts/offline-deps.sh --whee
 if [ ! -d .devdata ] && [ -d ../shared/data ]; then
   mkdir -p .devdata && cp -r ../shared/data/gpt2 ../shared/data/wikitext-2 .devdata/
 fi
+# The data-efficiency section's corpus (Debian's linux-doc, scripts/corpus-linux-doc.sh; 5.6 MB):
+# made once where Debian's archive is reachable, kept in .devdata/; without it the section trains
+# on WikiText-2.
+if [ -d .devdata ] && [ ! -e .devdata/linux-doc.tar.xz ]; then
+  scripts/corpus-linux-doc.sh --out .devdata || echo "device-snapshot: no linux-doc corpus (the data_efficiency section uses WikiText-2)" >&2
+fi
 # DeepSpeed's published 7B loss logs, for the quality section's plot.
 ds_logs=../shared/peers/deepspeed/examples/training/bf16_master_weight/logs/7b_loss_run
 if [ -d .devdata ] && [ ! -d .devdata/deepspeed_bf16_logs ] && [ -d "$ds_logs" ]; then

@@ -88,7 +88,15 @@ def main():
         lm = statistics.mean(ls[k] for k in sorted(ls)[-a.epoch:])
         cm = statistics.mean(cs[k] for k in sorted(cs)[-a.epoch:])
         rows.append(f"200 steps: mean training loss of the last {a.epoch} steps llm.c {lm:.4f}, cutrain {cm:.4f}: "
-                    f"{100 * abs(cm - lm) / lm:.2f}% (the two shuffle the data differently; this mean is one pass)")
+                    f"{100 * abs(cm - lm) / lm:.2f}% (about one pass over the data)")
+        # Both draw llm.c's batches in llm.c's order (--data_order llmc): step by step the same batch.
+        common = [k for k in sorted(ls) if k - 1 in cs]
+        if common:
+            diffs = {k: abs(cs[k - 1] - ls[k]) / ls[k] for k in common}
+            worst = max(diffs, key=diffs.get)
+            marks = ", ".join(f"{k}: {100 * diffs[k]:.2f}%" for k in (1, 50, 100, 150, 200) if k in diffs)
+            rows.append(f"200 steps: per-step |diff| (llm.c's step numbers) {marks}; largest {100 * diffs[worst]:.2f}% "
+                        f"at step {worst} (llm.c {ls[worst]:.4f}, cutrain {cs[worst - 1]:.4f})")
         lv2 = llmc_val_losses(read(L("llmc_200.txt")))
         cv2 = cutrain_evals(read(L("cutrain_200.txt")))
         if lv2 and cv2:

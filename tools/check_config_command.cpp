@@ -47,8 +47,13 @@ int run_check_config(const Options& o) {
               c.steps_per_print ? std::to_string(*c.steps_per_print).c_str() : "(--log_interval)",
               on(c.has_activation_checkpointing));
   if (c.autotp_size)
-    std::printf("  tensor     autotp_size %d (the CPU backend's tensor-parallel degree without --tensor_parallel_size)\n",
+    std::printf("  tensor     autotp_size %d (the tensor-parallel degree without --tensor_parallel_size; the GPU engine: 1)\n",
                 *c.autotp_size);
+  if (c.pipeline_given)
+    std::printf("  pipeline   stages %s, partition %s, activation_checkpoint_interval %d\n",
+                c.pipeline_stages ? std::to_string(*c.pipeline_stages).c_str() : "auto (--pipeline_parallel_size)",
+                c.pipeline_partition ? c.pipeline_partition->c_str() : "(--partition_method)",
+                c.activation_checkpoint_interval);
   train::LrSchedule lr = train::LrSchedule::from_config(c);
   std::printf("  schedule   %s\n", lr.describe().c_str());
   for (int s = 0; s < o.steps; ++s) std::printf("    step %d lr %.6g\n", s, lr.lr(s));

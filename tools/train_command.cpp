@@ -23,6 +23,8 @@ struct TrainFlags {
   CLI::Option* model_opt = nullptr;
   CLI::Option* gpt2_size_opt = nullptr;
   float learning_rate = 1e-4f;
+  std::int64_t lr_decay_tokens = 0;
+  CLI::Option* lr_decay_tokens_opt = nullptr;
   int log_interval = 5;
   CLI::Option* log_interval_opt = nullptr;
   bool no_cuda_graph = false;
@@ -38,11 +40,21 @@ struct TrainFlags {
   int local_rank = 0;
   CLI::Option* local_rank_opt = nullptr;
   std::vector<CLI::Option*> moe_opts;
+  std::vector<CLI::Option*> mos_opts;  // the distillation flags but --mos / --kd
+  int num_layers_teacher = 0, hidden_size_teacher = 0, num_attention_heads_teacher = 0, stop_kd_step = 0;
+  CLI::Option* num_layers_teacher_opt = nullptr;
+  CLI::Option* hidden_size_teacher_opt = nullptr;
+  CLI::Option* num_attention_heads_teacher_opt = nullptr;
+  CLI::Option* stop_kd_step_opt = nullptr;
   std::vector<CLI::Option*> bert_opts;  // --bert_config and bing_bert's flags: --model bert only
   int max_seq_length = 0, max_predictions_per_seq = 0;
   CLI::Option* max_seq_length_opt = nullptr;
   CLI::Option* max_predictions_opt = nullptr;
   CLI::Option* batch_size_opt = nullptr;
+  std::string data_order;
+  CLI::Option* data_order_opt = nullptr;
+  CLI::Option* pipeline_opt = nullptr;
+  CLI::Option* partition_opt = nullptr;
   CLI::App* sub = nullptr;
 };
 
@@ -58,6 +70,7 @@ int run_train(TrainFlags& f) {
   o.attention = train::parse_choice(train::kAttentionChoices, f.attention, "--attention");
   o.save_mode = train::parse_choice(train::kSaveModes, f.save_mode, "--save_mode");
   o.model = train::parse_choice(train::kModelArchs, f.model, "--model");
+  if (f.data_order_opt->count()) o.data_order = train::parse_choice(train::kDataOrders, f.data_order, "--data_order");
   if (f.gpt2_size_opt->count()) {
     // llm.c's -e dN: GPT-2 of that depth, 1024 positions; shape flags given beside it must agree.
     const train::Gpt2Size z = train::parse_choice(train::kGpt2Sizes, f.gpt2_size, "--gpt2_size");
@@ -84,7 +97,10 @@ int run_train(TrainFlags& f) {
   if (f.max_seq_length_opt->count()) o.bert.max_seq_length = f.max_seq_length;
   if (f.max_predictions_opt->count()) o.bert.max_predictions_per_seq = f.max_predictions_per_seq;
   o.batch_size_given = f.batch_size_opt->count() > 0;
+  o.pipeline_parallel_given = f.pipeline_opt->count() > 0;
+  o.partition_method_given = f.partition_opt->count() > 0;
   if (f.lr_opt->count()) o.learning_rate = f.learning_rate;
+  if (f.lr_decay_tokens_opt->count()) o.lr_decay_tokens = f.lr_decay_tokens;
   if (f.log_interval_opt->count()) o.log_interval = f.log_interval;
   o.progress = ::isatty(STDOUT_FILENO) == 1;
   o.cuda_graph = !f.no_cuda_graph;
@@ -94,6 +110,12 @@ int run_train(TrainFlags& f) {
   if (f.gpt2_size_opt->count()) o.shape_given.hidden_dim = o.shape_given.num_layers = o.shape_given.num_heads = true;
   for (const CLI::Option* opt : f.moe_opts)
     if (opt->count() && opt->get_name() != "--num_experts") o.moe.given.push_back(opt->get_name());
+  for (const CLI::Option* opt : f.mos_opts)
+    if (opt->count()) o.mos.given.push_back(opt->get_name());
+  if (f.num_layers_teacher_opt->count()) o.mos.num_layers_teacher = f.num_layers_teacher;
+  if (f.hidden_size_teacher_opt->count()) o.mos.hidden_size_teacher = f.hidden_size_teacher;
+  if (f.num_attention_heads_teacher_opt->count()) o.mos.num_attention_heads_teacher = f.num_attention_heads_teacher;
+  if (f.stop_kd_step_opt->count()) o.mos.stop_kd_step = f.stop_kd_step;
   if (f.timing_opt->count()) {
     o.profiling.timing_report = true;
     o.profiling.timing_report_file = f.timing_file;
@@ -177,24 +199,38 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   sub->add_option("--warmup_steps", o.warmup_steps, "Steps left out of the average step time")->capture_default_str();
   f.lr_opt = sub->add_option("--learning_rate", f.learning_rate, "Overrides the config's optimizer lr when given")
                  ->capture_default_str();
+  f.lr_decay_tokens_opt = sub->add_option(
+      "--lr_decay_tokens", f.lr_decay_tokens,
+      "The scheduler's decay (WarmupDecayLR, WarmupCosineLR) over this many trained tokens instead of its steps: "
+      "Megatron-DeepSpeed's --lr-decay-tokens, for a sequence-length curriculum (docs/data-efficiency.md)");
+  sub->add_option("--pad_to_longest", o.pad_to_longest,
+                  "--model bert: cut each step's [PAD]-padded micro-batches to their longest sample rounded up to a "
+                  "multiple of this (e.g. 64; one CUDA graph per length; 0: pad to the sequence length)");
   f.log_interval_opt = sub->add_option("--log_interval", f.log_interval,
                                        "Print a Step line every N steps (not given: the config's steps_per_print, else 5)");
   sub->add_flag("--activation_checkpointing", o.activation_checkpointing, "Recompute each block in backward");
   sub->add_flag("--recompute_gelu", o.recompute_gelu,
                 "GPT-2: one GELU output buffer for all blocks, recomputed in backward (llm.c's -r 1)");
-  sub->add_option("--pipeline_parallel_size,--pipeline-parallel-size", o.pipeline_parallel_size,
-                  "--device cpu: pipeline stages, one rank each (cutrain launch --backend host --num_procs N)")
+  f.pipeline_opt = sub->add_option("--pipeline_parallel_size,--pipeline-parallel-size", o.pipeline_parallel_size,
+                                   "Pipeline stages, one rank each (--device cpu: cutrain launch --backend host "
+                                   "--num_procs N; --device cuda: 1, the step through the pipeline's program; the "
+                                   "config's pipeline.stages when not given)")
+                      ->capture_default_str();
+  sub->add_option("--pipeline_stages_in_process", o.pipeline_stages_in_process,
+                  "--device cuda: run all N pipeline stages in this one process (virtual stages, activations handed "
+                  "over as device buffers; the seed model)")
       ->capture_default_str();
   sub->add_option("--tensor_parallel_size,--tensor-parallel-size", o.tensor_parallel_size,
-                  "--device cpu: tensor-parallel degree (Megatron-style; the config's tensor_parallel.autotp_size "
-                  "when not given)");
+                  "Tensor-parallel degree (Megatron-style; --device cpu; --device cuda: 1, the blocks' all-reduces over "
+                  "a one-rank NCCL communicator; the config's tensor_parallel.autotp_size when not given)");
   sub->add_option("--domino", o.domino,
                   "Domino: split each micro-batch into N pieces so one piece's tensor-parallel all-reduce overlaps "
                   "the next piece's compute (the summary reports the modelled hidden fraction)")
       ->capture_default_str();
-  sub->add_option("--partition_method", o.partition_method,
-                  "How the pipeline splits the layers: parameters, uniform or type:REGEX (DeepSpeed's PipelineModule)")
-      ->capture_default_str();
+  f.partition_opt = sub->add_option("--partition_method", o.partition_method,
+                                    "How the pipeline splits the layers: parameters, uniform or type:REGEX "
+                                    "(DeepSpeed's PipelineModule; the config's pipeline.partition when not given)")
+                       ->capture_default_str();
   sub->add_option("--loss_log_file", o.loss_log_file, "Write step,loss CSV here");
   sub->add_flag("--use_real_data", o.use_real_data, "Train on token shards (--data) instead of random tokens");
   sub->add_option("--data", o.data, "Glob pattern(s) of llm.c token shards for --use_real_data");
@@ -214,6 +250,11 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
       ->expected(0, 1)
       ->default_str("64")
       ->type_name("[N]"), &G::pad_vocab);
+  f.data_order_opt = sub->add_option("--data_order", f.data_order,
+                  "Order of --use_real_data's batches: shuffled (every shard's windows shuffled together per epoch) "
+                  "or llmc (exactly llm.c's DataLoader: shard order and each shard's samples permuted, seeded "
+                  "--seed + rank; docs/gpt2.md). Not given: the config's cutrain.data_order, else shuffled")
+      ->check(CLI::IsMember({"shuffled", "llmc"}));
   sub->add_option("--eval_data", o.eval_data, "Glob pattern(s) of validation shards (with --use_real_data)");
   sub->add_option("--eval_interval", o.eval_interval,
                   "Evaluate after every N steps (0: only before training and after the last step)")
@@ -287,8 +328,39 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
                       "None, Jitter (gate input noise) or RSample (top-1 routing by logits + Gumbel), in training")
           ->capture_default_str());
   moe(sub->add_option("--moe_expert_parallel_size,--moe-expert-parallel-size", o.moe.expert_parallel_size,
-                      "ep_size: experts split over this many data-parallel ranks (--device cpu over the host communicator; the GPU runs 1)")
+                      "ep_size: experts split over this many data-parallel ranks (--device cpu: the host communicator; cuda: NCCL, the exchange taken even at 1)")
           ->capture_default_str());
+  // Mixture-of-Students / knowledge distillation (docs/moe.md): Megatron-DeepSpeed's names, with its
+  // dashed spellings accepted too; --stop_kd_step is the staged method's boundary (no such flag there).
+  auto mos = [&](CLI::Option* opt) {
+    f.mos_opts.push_back(opt);
+    return opt;
+  };
+  sub->add_flag("--mos", o.mos.mos, "Mixture-of-Students: distill the (MoE / PR-MoE) student from --load_teacher");
+  sub->add_flag("--kd", o.mos.kd, "Knowledge distillation from --load_teacher (the same loss as --mos)");
+  mos(sub->add_option("--load_teacher,--load-teacher", o.mos.load_teacher,
+                      "The teacher: a cutrain checkpoint (a --save ROOT or ROOT/global_step<N>); its config.json gives its shape"));
+  f.num_layers_teacher_opt = mos(sub->add_option("--num_layers_teacher,--num-layers-teacher", f.num_layers_teacher,
+                                                 "The teacher's layers (checked against its config.json)"));
+  f.hidden_size_teacher_opt = mos(sub->add_option("--hidden_size_teacher,--hidden-size-teacher", f.hidden_size_teacher,
+                                                  "The teacher's hidden size (checked against its config.json)"));
+  f.num_attention_heads_teacher_opt =
+      mos(sub->add_option("--num_attention_heads_teacher,--num-attention-heads-teacher", f.num_attention_heads_teacher,
+                          "The teacher's attention heads (checked against its config.json)"));
+  mos(sub->add_option("--num_experts_teacher,--num-experts-teacher", o.mos.num_experts_teacher,
+                      "The teacher's experts per MoE block: one count or one per block, 1: dense (checked against its config.json)")
+          ->delimiter(','));
+  mos(sub->add_option("--kd_alpha_ce,--kd-alpha-ce", o.mos.kd_alpha_ce, "The LM loss's weight while distilling")
+          ->capture_default_str());
+  mos(sub->add_option("--kd_beta_ce,--kd-beta-ce", o.mos.kd_beta_ce, "The distillation term's weight")
+          ->capture_default_str());
+  mos(sub->add_option("--kd_temp,--kd-temp", o.mos.kd_temp, "The distillation's softmax temperature (> 0)")
+          ->capture_default_str());
+  f.stop_kd_step_opt = mos(sub->add_option("--stop_kd_step,--stop-kd-step", f.stop_kd_step,
+                                           "Staged distillation: the first step without the teacher (freed then); "
+                                           "not given: distill the whole run"));
+  sub->add_flag("--reset_iteration,--reset-iteration", o.mos.reset_iteration,
+                "With --resume: start the step count again at 0 (the checkpoint's weights and optimizer state kept)");
   // BERT pre-training (docs/bert.md): the model config and bing_bert's flags (given: over the file).
   auto bert = [&](CLI::Option* opt) {
     f.bert_opts.push_back(opt);

@@ -1,5 +1,6 @@
 #include "train/bert_options.h"
 
+#include <algorithm>
 #include <limits>
 #include <sstream>
 
@@ -272,6 +273,15 @@ std::string describe_bert(const BertSetup& s) {
     }
   os << "; from " << name(s.format) << " " << s.origin << ")";
   return os.str();
+}
+
+int bert_padded_length(int longest, int bucket, int max_pred, int S) {
+  CUTRAIN_CHECK(bucket > 0 && S > 0 && longest >= 0 && longest <= S && max_pred >= 0,
+                "bert padding: expected 0 <= longest <= S and a positive bucket, found longest ", longest, ", S ", S,
+                ", bucket ", bucket);
+  const int want = std::max({longest, max_pred, 1});
+  const long rounded = (long(want) + bucket - 1) / bucket * long(bucket);
+  return int(std::min<long>(rounded, S));
 }
 
 }  // namespace cutrain::train

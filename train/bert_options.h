@@ -61,6 +61,13 @@ BertSetup parse_bert_config(const std::string& json_text, const std::string& ori
 // that came from): an error naming both when they differ.
 void check_bert_batch(const BertSetup& setup, int micro_batch, const std::string& micro_source);
 
+// Issue #20's padding to the longest sequence (`cutrain train --model bert --pad_to_longest
+// BUCKET`): the length a step's micro-batches are cut to, the longest real sample of the step
+// (`longest`) rounded up to a multiple of `bucket`, at least the masked-LM head's slots per
+// sequence `max_pred` (its gather needs them) and at most S. One length per step (every
+// micro-batch of it), from a few buckets: each one a CUDA graph of its own.
+int bert_padded_length(int longest, int bucket, int max_pred, int S);
+
 // "BERT (Pre-LN, 24 layers, hidden 1024, 16 heads, intermediate 4096, ...)": the run's model line.
 std::string describe_bert(const BertSetup& setup);
 const char* name(BertConfigFormat f);

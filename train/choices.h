@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "data/data_order.h"
 #include "model/transformer_params.h"
 #include "runtime/choice.h"
 
@@ -77,6 +78,11 @@ inline constexpr std::array<Choice<DifficultyType>, 2> kDifficultyTypes{
 enum class ClusteringType { ScheduleBased, SingleCluster };
 inline constexpr std::array<Choice<ClusteringType>, 2> kClusteringTypes{
     {{ClusteringType::ScheduleBased, "schedule_based"}, {ClusteringType::SingleCluster, "single_cluster"}}};
+
+// cutrain.data_order (cutrain's own section) and --data_order: the order of the token shards'
+// batches (data/data_order.h).
+inline constexpr std::array<Choice<data::DataOrder>, 2> kDataOrders{
+    {{data::DataOrder::Shuffled, "shuffled"}, {data::DataOrder::Llmc, "llmc"}}};
 
 // ---- `cutrain train` flags ----
 
@@ -155,5 +161,6 @@ inline const char* name(LabelsChoice v) { return choice_name(kLabelsChoices, v);
 inline const char* name(AttentionChoice v) { return choice_name(kAttentionChoices, v); }
 inline const char* name(SaveMode v) { return choice_name(kSaveModes, v); }
 inline const char* name(model::Arch v) { return choice_name(kModelArchs, v); }
+inline const char* name(data::DataOrder v) { return choice_name(kDataOrders, v); }
 
 }  // namespace cutrain::train

@@ -258,6 +258,33 @@ void parse_tensor_parallel(Reader& r, const json& j, std::optional<int>& autotp_
   }
 }
 
+// cutrain's own section: settings with no DeepSpeed key.
+void parse_cutrain(Reader& r, const json& j, TrainConfig& c) {
+  const std::string path = "cutrain";
+  r.check_object(j, path);
+  r.read_choice(j, path, "data_order", c.data_order, kDataOrders);
+}
+
+// DeepSpeed's pipeline section: stages (int or "auto"), partition, activation_checkpoint_interval;
+// seed_layers, pipe_partitioned and grad_partitioned are in the key table (warned).
+void parse_pipeline(Reader& r, const json& j, TrainConfig& c) {
+  const std::string path = "pipeline";
+  r.check_object(j, path);
+  c.pipeline_given = true;
+  if (const json* v = Reader::find(j, "stages"); v && !v->is_null()) {
+    if (v->is_string()) {
+      if (v->get<std::string>() != "auto") r.fail_expected(path + ".stages", "a number of stages >= 1 or \"auto\"", *v);
+    } else {
+      c.pipeline_stages = int(r.as_int(*v, path + ".stages", 1, kMaxInt));
+    }
+  }
+  if (const json* v = Reader::find(j, "partition"); v && !v->is_null()) {
+    const std::string m = r.as_string(*v, path + ".partition");
+    c.pipeline_partition = m == "best" ? std::string("parameters") : m;
+  }
+  r.read(j, path, "activation_checkpoint_interval", c.activation_checkpoint_interval, 0, kMaxInt);
+}
+
 // Combinations that are each valid alone but not together.
 void check_consistency(Reader& r, const TrainConfig& c) {
   if (c.bf16.bf16_optimizer_states && !c.bf16.bf16_master_weights_and_grads)
@@ -324,6 +351,8 @@ TrainConfig parse_config(const std::string& json_text, const std::string& origin
   }
   if (const json* v = Reader::find(root, "aio")) parse_aio(r, *v, c.aio);
   if (const json* v = Reader::find(root, "tensor_parallel")) parse_tensor_parallel(r, *v, c.autotp_size);
+  if (const json* v = Reader::find(root, "cutrain")) parse_cutrain(r, *v, c);
+  if (const json* v = Reader::find(root, "pipeline")) parse_pipeline(r, *v, c);
   if (const json* v = Reader::find(root, "data_efficiency")) config_detail::parse_data_efficiency(r, *v, c.data_efficiency);
   if (const json* v = Reader::find(root, "curriculum_learning")) config_detail::parse_legacy_curriculum(r, *v, c.curriculum_learning);
   r.apply_key_table(root, "");

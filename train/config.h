@@ -149,8 +149,21 @@ struct TrainConfig {
   // tensor_parallel.autotp_size (DeepSpeed's AutoTP training degree): the CPU backend's
   // tensor-parallel degree when --tensor_parallel_size is not given (absent: 1).
   std::optional<int> autotp_size;
+  // DeepSpeed's `pipeline` section (docs/distributed.md): present (`pipeline_given`: the step runs
+  // through the pipeline, on the GPU engine at degree 1 too); `stages` the degree when
+  // --pipeline_parallel_size is not given (absent or "auto": 1 unless the flag says);
+  // `partition` the partition_method when --partition_method is not given ("best": parameters);
+  // `activation_checkpoint_interval` layers per recomputed chunk (0: off).
+  bool pipeline_given = false;
+  std::optional<int> pipeline_stages;
+  std::optional<std::string> pipeline_partition;
+  int activation_checkpoint_interval = 0;
   DataEfficiencyConfig data_efficiency;
   LegacyCurriculumConfig curriculum_learning;
+  // cutrain.data_order (cutrain's own section, no DeepSpeed key): the order of `cutrain train
+  // --use_real_data`'s batches; "llmc" draws exactly llm.c's DataLoader's (docs/gpt2.md).
+  // --data_order wins over it.
+  data::DataOrder data_order = data::DataOrder::Shuffled;
   std::vector<std::string> warnings;  // unknown keys, keys not acted on, etc., already formatted
 
   // Resolves the batch triple for `world_size` ranks (fills the missing ones; ConfigError when

@@ -16,13 +16,8 @@ constexpr std::string_view kNoPartitionedCkpt =
     "recomputed in backward; partitioned, CPU or profiled checkpointing is not implemented";
 constexpr std::string_view kNoParamOffload = "parameter offload is not implemented, so its buffers do not exist";
 constexpr std::string_view kNotImplemented = "a DeepSpeed feature cutrain does not implement";
-constexpr std::string_view kNoVariableSeqlen =
-    "a sequence-length curriculum needs a sequence length that changes during training, which the engine does not "
-    "support yet";
 constexpr std::string_view kChecked =
     "checked (type, range, consistency); cutrain's curriculum draw (docs/data-efficiency.md) does not use it";
-constexpr std::string_view kLegacyChecked =
-    "checked (type, range, consistency); the sequence-length warm-up is not implemented";
 
 constexpr ConfigKey kKeys[] = {
     // Top level.
@@ -42,6 +37,8 @@ constexpr ConfigKey kKeys[] = {
     {"activation_checkpointing", A, "", "", kSection},
     {"aio", A, "", "", kSection},
     {"tensor_parallel", A, "", "", kSection},
+    {"cutrain", A, "", "cutrain's own settings (no DeepSpeed key)", kSection},
+    {"pipeline", A, "", "", kSection},
     {"prescale_gradients", W, "false", "gradients are averaged once, after the reduction"},
     {"gradient_predivide_factor", W, "1|1.0", "gradients are averaged once, after the reduction"},
     {"zero_allow_untested_optimizer", W, "", "cutrain has only its own Adam(W) and Lamb (Lamb refuses ZeRO)"},
@@ -190,8 +187,17 @@ constexpr ConfigKey kKeys[] = {
     {"activation_checkpointing.synchronize_checkpoint_boundary", W, "false", kNoPartitionedCkpt},
     {"activation_checkpointing.profile", W, "false", kNoPartitionedCkpt},
 
+    // pipeline (docs/distributed.md, "Pipeline parallelism")
+    {"pipeline.stages", A, "", "the pipeline degree when --pipeline_parallel_size is not given (\"auto\": 1)"},
+    {"pipeline.partition", A, "", "the partition_method when --partition_method is not given (\"best\": parameters)"},
+    {"pipeline.activation_checkpoint_interval", A, "", "layers per recomputed chunk of a stage (0: off; the GPU engine: 0 or 1, its per-block checkpointing)"},
+    {"pipeline.seed_layers", W, "false", "every layer is initialised from --seed"},
+    {"pipeline.pipe_partitioned", W, "false", "the activations between stages are sent whole"},
+    {"pipeline.grad_partitioned", W, "false", "the gradients between stages are sent whole"},
+
     // aio (the optimizer swap's I/O, docs/nvme.md)
-    {"tensor_parallel.autotp_size", A, "", "the tensor-parallel degree (--device cpu; --tensor_parallel_size wins): Megatron-style column/row-parallel blocks, vocabulary-parallel embedding and loss (docs/distributed.md)"},
+    {"cutrain.data_order", A, "", "shuffled (cutrain's epochs: every shard's windows shuffled together) or llmc (llm.c's DataLoader: the batches train_gpt2cu draws for the same B, T, ranks and --seed; docs/gpt2.md); --use_real_data only, --data_order wins"},
+    {"tensor_parallel.autotp_size", A, "", "the tensor-parallel degree (--tensor_parallel_size wins): on --device cpu Megatron-style column/row-parallel blocks, vocabulary-parallel embedding and loss; on --device cuda 1, the blocks' all-reduces over a one-rank NCCL communicator (docs/distributed.md)"},
     {"aio.block_size", A, "", "bytes per I/O request (a multiple of 512)"},
     {"aio.queue_depth", A, "", "requests in flight per worker"},
     {"aio.intra_op_parallelism", A, "", "I/O workers per transfer"},
@@ -202,7 +208,7 @@ constexpr ConfigKey kKeys[] = {
 
     // data_efficiency (docs/data-efficiency.md). The <metric> entries stand for each key of
     // curriculum_metrics (seqlen_truncate, seqlen_reshape, vocabularyrarity): the reader checks them.
-    {"data_efficiency.enabled", A, "", "with data_sampling.enabled and curriculum_learning.enabled: the vocabularyrarity curriculum draws the training batches of --use_real_data; with data_routing.enabled and random_ltd.enabled: random-LTD (docs/data-efficiency.md)"},
+    {"data_efficiency.enabled", A, "", "with data_sampling.enabled and curriculum_learning.enabled: the curriculum (vocabularyrarity draws the training batches of --use_real_data; seqlen_truncate / seqlen_reshape: the sequence-length warm-up); with data_routing.enabled and random_ltd.enabled: random-LTD (docs/data-efficiency.md)"},
     {"data_efficiency.seed", A, "", "the curriculum draw's and random-LTD's token selection's seed (both are functions of it and the step)"},
     {"data_efficiency.data_sampling", A, "", "", kSection},
     {"data_efficiency.data_sampling.enabled", A, "", "one of the curriculum's three switches (with data_efficiency.enabled, curriculum_learning.enabled)"},
@@ -213,8 +219,8 @@ constexpr ConfigKey kKeys[] = {
     {"data_efficiency.data_sampling.curriculum_learning.enabled", A, "", "one of the curriculum's three switches (with data_efficiency.enabled, data_sampling.enabled)"},
     {"data_efficiency.data_sampling.curriculum_learning.data_cluster_path", W, "", kChecked},
     {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics", A, "", "", kSection},
-    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_truncate", W, "", kNoVariableSeqlen},
-    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_reshape", W, "", kNoVariableSeqlen},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_truncate", A, "", "sequence-length warm-up: each step's samples cut to their first L (token, label) pairs, L from the pacing (difficulty_type value; no index: its paths are not read)"},
+    {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_reshape", A, "", "sequence-length warm-up: each micro-batch's samples cut into rows of L (token, label) pairs as Megatron-DeepSpeed's data_post_process does (docs/data-efficiency.md)"},
     {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.vocabularyrarity", A, "", "mean -log p(token) of each sample, indexed by cutrain analyze-data: each step draws from the samples within [min_difficulty, the pacing's difficulty]"},
     {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>", A, "", "", kSection},
     {"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.<metric>.index_to_sample_path", A, "", "the index file cutrain analyze-data writes, relative to the config file's folder; checked against the training shards and --seq_length before any step"},
@@ -254,18 +260,18 @@ constexpr ConfigKey kKeys[] = {
     {"data_efficiency.data_routing.random_ltd.layer_token_lr_schedule.warmup_type", W, "", "the layer-token learning-rate schedule is not implemented"},
     {"data_efficiency.data_routing.random_ltd.layer_token_lr_schedule.warmup_layer_tokens", W, "", "the layer-token learning-rate schedule is not implemented"},
 
-    // curriculum_learning (the legacy sequence-length warm-up)
-    {"curriculum_learning.enabled", W, "false", kNoVariableSeqlen},
-    {"curriculum_learning.curriculum_type", W, "", "\"seqlen\"; checked; the sequence-length warm-up is not implemented"},
-    {"curriculum_learning.min_difficulty", W, "", kLegacyChecked},
-    {"curriculum_learning.max_difficulty", W, "", kLegacyChecked},
-    {"curriculum_learning.schedule_type", W, "", "fixed_linear, fixed_root or fixed_discrete; checked; the sequence-length warm-up is not implemented"},
+    // curriculum_learning (the legacy sequence-length warm-up: train/seqlen_curriculum.h)
+    {"curriculum_learning.enabled", A, "", "true: the sequence-length warm-up of `cutrain train` (each step's samples truncated to the pacing's length; docs/data-efficiency.md)"},
+    {"curriculum_learning.curriculum_type", A, "", "\"seqlen\" (the only legacy type)"},
+    {"curriculum_learning.min_difficulty", A, "", "the first sequence length (at least difficulty_step)"},
+    {"curriculum_learning.max_difficulty", A, "", "the last sequence length (at most --seq_length)"},
+    {"curriculum_learning.schedule_type", A, "", "fixed_linear, fixed_root or fixed_discrete (train/curriculum_schedule.h)"},
     {"curriculum_learning.schedule_config", A, "", "", kSection},
-    {"curriculum_learning.schedule_config.total_curriculum_step", W, "", kLegacyChecked},
-    {"curriculum_learning.schedule_config.difficulty_step", W, "", kLegacyChecked},
-    {"curriculum_learning.schedule_config.root_degree", W, "", kLegacyChecked},
-    {"curriculum_learning.schedule_config.difficulty", W, "", kLegacyChecked},
-    {"curriculum_learning.schedule_config.max_step", W, "", kLegacyChecked},
+    {"curriculum_learning.schedule_config.total_curriculum_step", A, "", "fixed_linear / fixed_root: steps from min to max length"},
+    {"curriculum_learning.schedule_config.difficulty_step", A, "", "fixed_linear / fixed_root: the length is rounded down to a multiple of it (8 keeps the kernels' shapes aligned and the graphs few)"},
+    {"curriculum_learning.schedule_config.root_degree", A, "", "fixed_root: the root's degree"},
+    {"curriculum_learning.schedule_config.difficulty", A, "", "fixed_discrete: the lengths"},
+    {"curriculum_learning.schedule_config.max_step", A, "", "fixed_discrete: the last step of each length but the last"},
 };
 
 }  // namespace

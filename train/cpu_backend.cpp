@@ -3,6 +3,7 @@
 #include <cmath>
 #include <iostream>
 
+#include "model/distillation_loss.h"
 #include "model/reference_model.h"
 #include "parallel/group_communicator.h"
 #include "parallel/rank_grid.h"
@@ -40,10 +41,11 @@ std::shared_ptr<comm::Communicator> resolve_host_communicator(const BackendOptio
 class CpuBackend final : public TrainBackend {
  public:
   CpuBackend(const BackendOptions& o, const TrainConfig& c)
-      : opt_(o), cfg_(c), table_(o.dims), model_(table_, o.causal) {
+      : opt_(o), cfg_(c), table_(o.dims), model_(table_, o.causal), rows_(o.batch), seq_(o.seq) {
     const std::size_t n = table_.flat_size();
     params_.resize(n);
     table_.init(params_.data(), o.seed);
+    if (o.teacher) attach_teacher(o);
     if (o.tensor_parallel > 1) {
       tp_ = std::make_unique<CpuTensorParallel>(o, table_);
       tp_->attach(model_);
@@ -80,12 +82,43 @@ class CpuBackend final : public TrainBackend {
   const model::TransformerParams& table() const override { return table_; }
 
   StepStats step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) override {
+    // Staged distillation: the teacher's steps are [0, stop_kd_step); at the first step past them
+    // it is freed for good.
+    const std::optional<int>& stop = opt_.distill.stop_kd_step;
+    distill_now_ = teacher_ && (!stop || step - 1 < *stop);
+    if (teacher_ && !distill_now_) release_teacher();
+    StepStats st = zero_ ? zero_step(tokens, labels, step, lr) : ep_ ? ep_step(tokens, labels, step, lr)
+                                                                     : local_step(tokens, labels, step, lr);
+    st.distilled = distill_now_;
+    st.ce_loss = st.loss;
+    return st;
+  }
+
+  bool holds_teacher() const override { return teacher_ != nullptr; }
+
+  double eval_loss(const std::int32_t* tokens, const std::int32_t* labels) override {
+    model_.set_moe_mode(false);  // MoE blocks: eval_capacity_factor, no gate noise
+    model_.set_training(false);  // BERT: no dropout
+    if (!zero_) return model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
+    zero_->params_for_compute(params_);  // every rank evaluates the same batch
+    const double loss = model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
+    zero_->release_compute(params_);
+    return loss;
+  }
+
+  MemoryStats memory() const override {
+    MemoryStats m = state_memory();
+    const std::int64_t t = teacher_ ? std::int64_t(sizeof(float) * teacher_->params.size()) : 0;  // the teacher's weights
+    return {m.allocated + t, m.reserved + t, m.peak + t};
+  }
+
+ private:
+  // One process's step: its micro-batches, the global norm, clipping and the optimizer.
+  StepStats local_step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
     const int accum = cfg_.accumulation();
-    const std::size_t per = std::size_t(opt_.batch) * opt_.seq;
+    const std::size_t per = std::size_t(rows_) * seq_;
     std::fill(grads_.begin(), grads_.end(), 0.f);
     StepStats st;
-    if (zero_) return zero_step(tokens, labels, step, lr);
-    if (ep_) return ep_step(tokens, labels, step, lr);
     for (int a = 0; a < accum; ++a) micro_batch(tokens + a * per, labels + a * per, step, a, accum, st);
     double sq = 0;
     if (tp_) {  // each element once over the group
@@ -113,17 +146,7 @@ class CpuBackend final : public TrainBackend {
     return st;
   }
 
-  double eval_loss(const std::int32_t* tokens, const std::int32_t* labels) override {
-    model_.set_moe_mode(false);  // MoE blocks: eval_capacity_factor, no gate noise
-    model_.set_training(false);  // BERT: no dropout
-    if (!zero_) return model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
-    zero_->params_for_compute(params_);  // every rank evaluates the same batch
-    const double loss = model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
-    zero_->release_compute(params_);
-    return loss;
-  }
-
-  MemoryStats memory() const override {
+  MemoryStats state_memory() const {
     if (ep_) {  // the two spaces' state and the flat buffers the model computes on
       const std::int64_t b = ep_->state_bytes() + std::int64_t(8 * table_.flat_size());
       return {b, b, b};
@@ -138,6 +161,8 @@ class CpuBackend final : public TrainBackend {
     const auto bytes = std::int64_t(4 * 4 * params_.size());
     return {bytes, bytes, bytes};
   }
+
+ public:
   void reset_peak() override {}
   HostState save_state() const override {
     HostState s{params_, {}, m_, v_, {}, DType::F32};
@@ -175,6 +200,19 @@ class CpuBackend final : public TrainBackend {
     v_ = s.exp_avg_sq;
   }
   std::string run_summary() const override { return tp_ ? tp_->run_summary() : std::string(); }
+  // The reference model takes any B x S per call: the next micro-batches are rows x seq. Tensor
+  // parallelism (its plan is per B x S), expert parallelism and random-LTD keep the run's shape.
+  void set_seq_shape(int rows, int seq) override {
+    const std::size_t cap = opt_.max_tokens ? opt_.max_tokens : std::size_t(opt_.batch) * opt_.seq;
+    CUTRAIN_CHECK(rows > 0 && seq > 0 && seq <= opt_.seq && std::size_t(rows) * seq <= cap, "cpu backend: micro-batch ",
+                  rows, " x ", seq, " outside the run's sequence length ", opt_.seq, " and capacity ", cap, " tokens");
+    const bool full = rows == opt_.batch && seq == opt_.seq;
+    CUTRAIN_CHECK(full || (!tp_ && !ep_ && !ltd_->active()), "cpu backend: a sequence-length curriculum (micro-batch ",
+                  rows, " x ", seq, ") with ", tp_ ? "tensor parallelism" : ep_ ? "expert parallelism" : "random-LTD",
+                  " is not built");
+    rows_ = rows;
+    seq_ = seq;
+  }
   const char* describe() const override {
     if (ep_) return "cpu (fp32 reference model, data and expert parallel over the host communicator)";
     if (tp_)
@@ -188,12 +226,13 @@ class CpuBackend final : public TrainBackend {
   // state updated as the ZeRO stage says (train/cpu_zero.h).
   StepStats zero_step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
     const int accum = cfg_.accumulation();
-    const std::size_t per = std::size_t(opt_.batch) * opt_.seq;
+    const std::size_t per = std::size_t(rows_) * seq_;
     zero_->params_for_compute(params_);
     std::fill(grads_.begin(), grads_.end(), 0.f);
     StepStats st;
     for (int a = 0; a < accum; ++a) micro_batch(tokens + a * per, labels + a * per, step, a, accum, st);
     st.loss = zero_->mean_over_ranks(st.loss);
+    if (distill_now_) st.kd_loss = zero_->mean_over_ranks(st.kd_loss);
     st.grad_norm = zero_->reduce_grads(grads_);
     if (!std::isfinite(st.grad_norm)) {
       st.skipped = true;
@@ -210,10 +249,12 @@ class CpuBackend final : public TrainBackend {
   // non-expert and expert gradients reduced over their groups, AdamW on both, the params unpacked.
   StepStats ep_step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
     const int accum = cfg_.accumulation();
-    const std::size_t per = std::size_t(opt_.batch) * opt_.seq;
+    const std::size_t per = std::size_t(rows_) * seq_;
+    std::fill(grads_.begin(), grads_.end(), 0.f);
     StepStats st;
     for (int a = 0; a < accum; ++a) micro_batch(tokens + a * per, labels + a * per, step, a, accum, st);
     st.loss = ep_->mean_over_ranks(st.loss);
+    if (distill_now_) st.kd_loss = ep_->mean_over_ranks(st.kd_loss);
     st.grad_norm = ep_->reduce_grads(grads_);
     if (!std::isfinite(st.grad_norm)) {
       st.skipped = true;
@@ -236,8 +277,11 @@ class CpuBackend final : public TrainBackend {
     model_.set_dropout(opt_.seed, std::uint32_t(step), a);
     const model::TokenDropPlan& drop = ltd_->draw(step, a);  // random-LTD's kept tokens
     model_.set_token_drop(&drop);
+    if (distill_now_) teacher_forward(tokens, labels);
     st.loss += forward(tokens, labels) / accum;
+    if (distill_now_) st.kd_loss += distillation(accum);
     backward(1.0 / accum);
+    model_.set_logits_grad_extra(nullptr);
     model_.set_token_drop(nullptr);
     st.layer_tokens += drop.layer_tokens(table_.dims().layers);
     merge_moe(st, a);
@@ -247,7 +291,7 @@ class CpuBackend final : public TrainBackend {
   // timeline (parallel/tp_reducer.h).
   double forward(const std::int32_t* tokens, const std::int32_t* labels) {
     if (tp_) tp_->begin_pass();
-    const double loss = model_.forward(params_.data(), tokens, labels, opt_.batch, opt_.seq);
+    const double loss = model_.forward(params_.data(), tokens, labels, rows_, seq_);
     if (tp_) tp_->end_pass();
     return loss;
   }
@@ -257,6 +301,48 @@ class CpuBackend final : public TrainBackend {
     if (tp_) tp_->end_pass();
   }
   static int rank_of(const BackendOptions&) { return comm::read_launch_env().rank; }
+
+  // Mixture-of-Students: the teacher's table and reference model beside the student's.
+  void attach_teacher(const BackendOptions& o) {
+    CUTRAIN_CHECK(o.tensor_parallel <= 1 && o.pipeline_stages <= 1, "cpu backend: knowledge distillation with ",
+                  o.tensor_parallel_flag, " ", o.tensor_parallel, " and --pipeline_parallel_size ", o.pipeline_stages,
+                  ": the teacher runs beside a whole student (one process or data parallel); with tensor or pipeline "
+                  "parallelism it is not built");
+    teacher_ = o.teacher;
+    opt_.teacher.reset();  // the backend's pointer is teacher_, released at the stop step
+    teacher_table_ = std::make_unique<model::TransformerParams>(teacher_->dims);
+    CUTRAIN_CHECK(teacher_->params.size() == teacher_table_->flat_size(), "cpu backend: the teacher's ",
+                  teacher_->params.size(), " parameters do not fit its shape's ", teacher_table_->flat_size());
+    CUTRAIN_CHECK(teacher_->dims.vocab == table_.dims().vocab, "cpu backend: the teacher's vocab_size ",
+                  teacher_->dims.vocab, " is not the student's ", table_.dims().vocab);
+    teacher_model_ = std::make_unique<model::ReferenceModel<float>>(*teacher_table_, teacher_->causal);
+  }
+  void release_teacher() {
+    teacher_model_.reset();
+    teacher_table_.reset();
+    teacher_.reset();
+    std::vector<float>().swap(kd_grad_);
+  }
+  // The teacher's forward on the micro-batch: evaluation mode (eval_capacity_factor, no gate noise,
+  // no dropout), its logits kept for distillation(); no gradient.
+  void teacher_forward(const std::int32_t* tokens, const std::int32_t* labels) {
+    teacher_model_->set_moe_mode(false);
+    teacher_model_->set_training(false);
+    teacher_model_->forward(teacher_->params.data(), tokens, labels, opt_.batch, opt_.seq);
+  }
+  // The distillation term of the micro-batch just forwarded, kd_beta_ce * T^2 * mean KL, divided by
+  // the accumulation; its logits gradient and the LM loss's weight handed to the student's backward.
+  double distillation(int accum) {
+    const MosOptions& d = opt_.distill;
+    const std::vector<float>& s = model_.logits();
+    const std::vector<float>& t = teacher_model_->logits();
+    kd_grad_.assign(s.size(), 0.f);
+    const double kd = model::distillation_loss(s.data(), table_.dims().vocab_rows(), t.data(),
+                                               teacher_table_->dims().vocab_rows(), opt_.batch * opt_.seq,
+                                               table_.dims().vocab, d.kd_temp, d.kd_beta_ce, kd_grad_.data());
+    model_.set_logits_grad_extra(&kd_grad_, d.kd_alpha_ce);
+    return d.kd_beta_ce * kd / accum;
+  }
   // This rank's index among the data-parallel replicas (0 without data parallelism).
   int dp_rank() const { return ep_ ? opt_.comm->rank() : zero_ ? zero_->plan().rank : 0; }
 
@@ -275,6 +361,14 @@ class CpuBackend final : public TrainBackend {
   std::unique_ptr<CpuTensorParallel> tp_;  // tensor parallelism: this rank's slice
   std::unique_ptr<CpuExpertParallel> ep_;  // expert parallelism: its groups and two ZeRO spaces
   std::unique_ptr<RandomLtdDraw> ltd_;
+  // Knowledge distillation: the teacher (null once freed), its table and model, the logits gradient
+  // of the distillation term, and whether the step running distills.
+  std::shared_ptr<const Teacher> teacher_;
+  std::unique_ptr<model::TransformerParams> teacher_table_;
+  std::unique_ptr<model::ReferenceModel<float>> teacher_model_;
+  std::vector<float> kd_grad_;
+  bool distill_now_ = false;
+  int rows_, seq_;  // the micro-batch's shape (set_seq_shape; the run's B x S by default)
 };
 
 }  // namespace
@@ -317,6 +411,10 @@ std::unique_ptr<TrainBackend> make_cpu_expert_parallel_backend(const BackendOpti
 }
 
 std::unique_ptr<TrainBackend> make_cpu_backend(const BackendOptions& opt, const TrainConfig& c) {
+  CUTRAIN_CHECK(!opt.teacher || (opt.pipeline_stages <= 1 && opt.tensor_parallel <= 1),
+                "cpu backend: knowledge distillation with --pipeline_parallel_size ", opt.pipeline_stages, " and ",
+                opt.tensor_parallel_flag, " ", opt.tensor_parallel, ": the teacher runs beside a whole student (one "
+                "process or data parallel); with tensor or pipeline parallelism it is not built");
   if (opt.expert_parallel > 1) return make_cpu_expert_parallel_backend(opt, c);
   if (opt.tensor_parallel <= 1) {
     CUTRAIN_CHECK(opt.domino == 1, "--domino ", opt.domino, ": Domino splits the tensor-parallel all-reduces; expected "

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <iostream>
 
 #include "model/reference_model.h"
 #include "parallel/partition.h"
+#include "parallel/pipeline_executor.h"
 #include "parallel/pipeline_plan.h"
 #include "runtime/comm/host_communicator.h"
 #include "runtime/error.h"
@@ -53,6 +55,15 @@ class CpuPipelineBackend final : public TrainBackend {
     span_.head = st.end == L + 2;
     span_.first = std::max(st.first, 1) - 1;
     span_.end = std::min(st.end, L + 1) - 1;
+    // DeepSpeed's activation_checkpoint_interval: the stage's layers in chunks of that many from
+    // its first; each chunk keeps only its input and is recomputed in backward.
+    CUTRAIN_CHECK(o.activation_checkpoint_interval >= 0, "pipeline: activation_checkpoint_interval ",
+                  o.activation_checkpoint_interval, ": expected >= 0 (0: off)");
+    ckpt_interval_ = o.activation_checkpoint_interval;
+    for (int f = st.first; ckpt_interval_ > 0 && f < st.end; f += ckpt_interval_) {
+      const int e = std::min(f + ckpt_interval_, st.end);
+      chunks_.push_back(model::LayerSpan{f == 0, std::max(f, 1) - 1, std::min(e, L + 1) - 1, e == L + 2});
+    }
     owned_ = {table_.units()[std::size_t(st.first)].begin, table_.units()[std::size_t(st.end) - 1].end};
     const std::size_t n = table_.flat_size();
     params_.resize(n);
@@ -87,7 +98,12 @@ class CpuPipelineBackend final : public TrainBackend {
         v_tied_.assign(tied_.size(), 0.f);
       }
     }
-    for (int m = 0; m < plan_.micro_batches; ++m) models_.emplace_back(table_, o.causal);
+    // One model per activation slot (parallel/pipeline_executor.h: the micro-batches 1F1B keeps
+    // alive on this stage); with checkpointing one model recomputes the chunks and each slot keeps
+    // its chunks' inputs.
+    const int slots = parallel::pipeline_slots(stage_, plan_.stages, plan_.micro_batches);
+    for (int m = 0; m < (chunks_.empty() ? slots : 1); ++m) models_.emplace_back(table_, o.causal);
+    ckpt_in_.resize(chunks_.empty() ? 0 : std::size_t(slots));
     if (tp_)
       for (auto& m : models_) tp_->attach(m);
     // The world's rank (with tensor parallelism comm_ is the stages x replicas of this rank's tp index).
@@ -107,7 +123,11 @@ class CpuPipelineBackend final : public TrainBackend {
                          : std::string())
               << " over the "
               << comm_->backend_name() << " communicator: layers " << st.first << "-" << st.end - 1 << ", flat ["
-              << owned_.begin << ", " << owned_.end << ")" << std::endl;
+              << owned_.begin << ", " << owned_.end << ")"
+              << (chunks_.empty() ? std::string()
+                                  : "; activation_checkpoint_interval " + std::to_string(ckpt_interval_) + ": " +
+                                        std::to_string(chunks_.size()) + " chunk(s) recomputed in backward")
+              << std::endl;
     if (tp_) std::cout << "[Rank " << world_rank << "] stage " << stage_ << ": " << tp_->describe() << std::endl;
   }
   const model::TransformerParams& table() const override { return table_; }
@@ -120,21 +140,20 @@ class CpuPipelineBackend final : public TrainBackend {
       std::fill(grads_.begin() + std::ptrdiff_t(tied_.begin), grads_.begin() + std::ptrdiff_t(tied_.end), 0.f);
     double loss = 0;
     std::vector<float> in(act), out, dout(act), din;
-    for (const PipeAction& a : parallel::one_f_one_b(stage_, plan_.stages, M)) {
-      model::ReferenceModel<float>& mdl = models_[std::size_t(a.micro)];
+    // This stage's program (parallel/pipeline_executor.h: its 1F1B order and activation slots).
+    for (const parallel::StageStep& a : parallel::pipeline_program(plan_.stages, stage_, stage_ + 1, M)) {
       const std::size_t at = std::size_t(a.micro) * per;
       if (a.kind == PipeAction::Forward) {
         if (!span_.embedding) comm_->recv(in.data(), act, DType::F32, prev_, nullptr);
         if (tp_) tp_->begin_pass();
-        const double l = mdl.forward_span(params_.data(), span_, tokens + at, labels + at, in.data(), opt_.batch,
-                                          opt_.seq, &out);
+        const double l = forward_stage(a.slot, tokens + at, labels + at, in, out);
         if (tp_) tp_->end_pass();
         if (span_.head) loss += l / M;
         else comm_->send(out.data(), act, DType::F32, next_, nullptr);
       } else {
         if (!span_.head) comm_->recv(dout.data(), act, DType::F32, next_, nullptr);
         if (tp_) tp_->begin_pass();
-        mdl.backward_span(params_.data(), grads_.data(), dout.data(), 1.0 / M, &din);
+        backward_stage(a.slot, tokens + at, labels + at, dout, din);
         if (tp_) tp_->end_pass();
         if (!span_.embedding) comm_->send(din.data(), act, DType::F32, prev_, nullptr);
       }
@@ -230,7 +249,19 @@ class CpuPipelineBackend final : public TrainBackend {
     return tp_ ? "cpu (fp32 reference model, pipeline x tensor parallel over the host communicator)"
                : "cpu (fp32 reference model, pipeline over the host communicator)";
   }
-  std::string run_summary() const override { return tp_ ? tp_->run_summary() : std::string(); }
+  std::string run_summary() const override {
+    std::string s = tp_ ? tp_->run_summary() + "; " : std::string();
+    char mib[32];
+    std::snprintf(mib, sizeof mib, "%.3f", double(peak_act_) / (1 << 20));
+    s += "pipeline stage " + std::to_string(stage_) + ": activations held at most " + mib + " MiB (" +
+         std::to_string(peak_act_) + " bytes, host) over " +
+         std::to_string(parallel::pipeline_slots(stage_, plan_.stages, plan_.micro_batches)) +
+         " activation slot(s); " +
+         (chunks_.empty() ? std::string("every activation kept (activation_checkpoint_interval 0)")
+                          : "activation_checkpoint_interval " + std::to_string(ckpt_interval_) + ": each slot keeps " +
+                                std::to_string(chunks_.size()) + " chunk input(s), one chunk recomputed at a time");
+    return s;
+  }
 
  private:
   BackendOptions opt_;
@@ -250,6 +281,69 @@ class CpuPipelineBackend final : public TrainBackend {
   std::vector<float> m_tied_, v_tied_;  // the last stage's moments of its copy
   std::unique_ptr<CpuTensorParallel> tp_;  // PP x TP: this rank's slices of its stage
   bool holds_tied_copy() const { return !tied_.empty() && span_.head && !span_.embedding; }
+  // activation_checkpoint_interval: the stage's chunks (empty: off), each slot's chunk inputs
+  // [slot][chunk] (empty for a chunk that starts with the embedding), the peak of the activation
+  // bytes held (models' activations and kept inputs) after any forward.
+  int ckpt_interval_ = 0;
+  std::vector<model::LayerSpan> chunks_;
+  std::vector<std::vector<std::vector<float>>> ckpt_in_;
+  std::size_t peak_act_ = 0;
+
+  void note_activations() {
+    std::size_t b = 0;
+    for (const auto& m : models_) b += m.activation_bytes();
+    for (const auto& slot : ckpt_in_)
+      for (const auto& v : slot) b += v.size() * sizeof(float);
+    peak_act_ = std::max(peak_act_, b);
+  }
+
+  // One micro-batch's forward of the stage into `out` (no head) or the loss (head).
+  double forward_stage(int slot, const std::int32_t* tokens, const std::int32_t* labels, const std::vector<float>& in,
+                       std::vector<float>& out) {
+    if (chunks_.empty()) {
+      const double l = models_[std::size_t(slot)].forward_span(params_.data(), span_, tokens, labels, in.data(),
+                                                               opt_.batch, opt_.seq, &out);
+      note_activations();
+      return l;
+    }
+    std::vector<std::vector<float>>& keep = ckpt_in_[std::size_t(slot)];
+    keep.assign(chunks_.size(), {});
+    std::vector<float> x = span_.embedding ? std::vector<float>() : in;
+    double loss = 0;
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      keep[c] = std::move(x);
+      x.clear();
+      loss = models_[0].forward_span(params_.data(), chunks_[c], tokens, labels,
+                                     chunks_[c].embedding ? nullptr : keep[c].data(), opt_.batch, opt_.seq, &x);
+      note_activations();
+    }
+    if (!span_.head) out = std::move(x);
+    return loss;
+  }
+
+  // Its backward from `dout` (no head) or the loss (head), d(input) into `din` (no embedding).
+  void backward_stage(int slot, const std::int32_t* tokens, const std::int32_t* labels, const std::vector<float>& dout,
+                      std::vector<float>& din) {
+    const double scale = 1.0 / plan_.micro_batches;
+    if (chunks_.empty()) {
+      models_[std::size_t(slot)].backward_span(params_.data(), grads_.data(), dout.data(), scale, &din);
+      return;
+    }
+    std::vector<std::vector<float>>& keep = ckpt_in_[std::size_t(slot)];
+    std::vector<float> dy = span_.head ? std::vector<float>() : dout, dx, y;
+    for (std::size_t c = chunks_.size(); c-- > 0;) {
+      // The chunk again from its kept input: the same activations, then its backward.
+      models_[0].forward_span(params_.data(), chunks_[c], tokens, labels, chunks_[c].embedding ? nullptr : keep[c].data(),
+                              opt_.batch, opt_.seq, &y);
+      note_activations();
+      dx.clear();
+      models_[0].backward_span(params_.data(), grads_.data(), chunks_[c].head ? nullptr : dy.data(), scale,
+                               chunks_[c].embedding ? nullptr : &dx);
+      dy = std::move(dx);
+    }
+    keep.clear();  // this micro-batch's inputs are done with
+    if (!span_.embedding) din = std::move(dy);
+  }
 
   // After the backwards: each stage's gradients averaged over its replicas and a tied weight's
   // summed over its two stages, in one all-reduce over the flat buffer: every rank adds its

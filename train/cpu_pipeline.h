@@ -15,6 +15,11 @@
 // buffer, which also sums a tied weight's two stages). ZeRO-1 (zero_optimization.stage 1): each
 // replica keeps the moments of its partition of the stage's layers and updates it; the replicas'
 // updated params are then shared. Stages 2 and 3 are refused (DeepSpeed's pipeline takes ZeRO-1).
+// Each stage runs its part of parallel/pipeline_executor.h's program with one reference model per
+// activation slot; with activation_checkpoint_interval N (DeepSpeed's pipeline key) the stage's
+// layers form chunks of N, a forward keeps each chunk's input only and the backward recomputes each
+// chunk from it (one model for all chunks): the same losses and gradients, fewer activations held
+// (the run summary reports stage 0's peak).
 #pragma once
 
 #include <memory>

@@ -34,14 +34,12 @@ CpuZero::CpuZero(std::shared_ptr<comm::Communicator> comm, CpuZeroSpace space, c
     grad_shard_.assign(layout_.shard_elems, 0.f);
     m_.assign(layout_.shard_elems, 0.f);
     v_.assign(layout_.shard_elems, 0.f);
-    // This rank's pieces in flat coordinates, cut where the weight-decay runs change.
-    for (std::size_t u = 0; u < layout_.units.size(); ++u) {
-      const Range piece = layout_.piece_flat(u, plan_.rank);
-      for (const model::DecayRun& r : space_.decay_runs) {
-        const std::size_t a = std::max(r.begin, piece.begin), b = std::min(r.end, piece.end);
-        if (a < b) segments_.push_back({layout_.units[u].shard_offset + (a - piece.begin), a, b - a, r.decay});
-      }
-    }
+    // This rank's pieces in flat coordinates, cut where the weight-decay runs change (the GPU
+    // engine's launches, parallel/zero_shard_layout.h).
+    std::vector<Range> runs;
+    for (const model::DecayRun& r : space_.decay_runs) runs.push_back({r.begin, r.end});
+    for (const parallel::ShardSegment& g : parallel::shard_segments(layout_, plan_.rank, runs))
+      segments_.push_back({g.shard, g.flat, g.count, space_.decay_runs[g.run].decay});
   } else {
     work_elems_ = plan_.flat_elems();
     m_.assign(plan_.state_elems(), 0.f);

@@ -10,6 +10,9 @@
 #include "kernels/lamb.cuh"
 #include "kernels/reduce.cuh"
 #include "model/kernel_costs.h"
+#include "parallel/expert_parallel_plan.h"
+#include "parallel/group_communicator.h"
+#include "parallel/tensor_parallel_plan.h"
 #include "runtime/check.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/launch_env.h"
@@ -28,15 +31,25 @@ void upload(const Buffer& b, DType t, const std::vector<float>& v, cudaStream_t 
 std::vector<float> download(const Buffer& b, DType t, std::size_t n);
 float* as_f32(const Buffer& b) { return b.as<float>(); }
 
+// MoE's expert-parallel path (the token exchange over NCCL), at any ep_size when asked for.
+bool expert_parallel_path(const BackendOptions& o) {
+  return o.dims.moe.any() && (o.expert_parallel > 1 || o.moe_exchange);
+}
+
 // The communicator of this process: the one the caller gave, else one from the launch
-// environment when it names more than one rank (collective over all ranks), else none.
+// environment when it names more than one rank (collective over all ranks), else none (a single
+// process with MoE's expert-parallel path: a world-1 NCCL communicator, the exchange's transport).
 std::shared_ptr<comm::Communicator> resolve_communicator(const BackendOptions& o, const TrainConfig& c) {
   if (o.comm) {
     CUTRAIN_CUDA_CHECK(cudaSetDevice(o.comm->device()));
     return o.comm;
   }
   const comm::LaunchEnv env = comm::read_launch_env();
-  if (env.world_size <= 1) return nullptr;  // a single process never needs NCCL
+  if (env.world_size <= 1 && expert_parallel_path(o)) {
+    parallel::make_zero_plan(c.zero_optimization.stage, 1, 1, 0, /*has_comm=*/true);
+    return std::shared_ptr<comm::Communicator>(comm::Communicator::create(env));
+  }
+  if (env.world_size <= 1) return nullptr;  // a single process never needs NCCL otherwise
   // An invalid stage fails here, before the rendezvous and NCCL set-up.
   parallel::make_zero_plan(c.zero_optimization.stage, 1, env.world_size, env.rank, /*has_comm=*/true);
   std::cout << "[Rank " << env.rank << "] data parallel: rank " << env.rank << " of " << env.world_size << " (from "
@@ -62,12 +75,43 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     opt_.cuda_graph = false;
     describe_ += ", eager steps: the MoE layers are not CUDA-graph capturable";
   }
+  if (expert_parallel_path(o)) {
+    // DeepSpeed's groups (parallel/expert_parallel_plan.h), every bad value named before any
+    // allocation; the expert-parallel group as an NCCL sub-communicator (collective).
+    const char* flag = "--moe_expert_parallel_size";
+    const int ep = o.expert_parallel;
+    CUTRAIN_CHECK(comm_ && comm_->device() >= 0, "train: ", flag, " ", ep,
+                  " on the GPU needs an NCCL communicator, found ", comm_ ? comm_->backend_name() : "none");
+    CUTRAIN_CHECK(c.zero_optimization.stage >= 0 && c.zero_optimization.stage <= 2, "train: zero_optimization.stage ",
+                  c.zero_optimization.stage, " with ", flag, " ", ep, ": the GPU engine's expert parallelism "
+                  "reduces with ZeRO stages 0-2; stage 3's parameter shards are not built for it");
+    parallel::make_expert_parallel_layout(table_, ep, flag);  // ep divides each MoE block's experts
+    const parallel::ExpertParallelGroups g = parallel::make_expert_parallel_groups(comm_->world_size(), ep, flag);
+    ep_comm_ = parallel::make_group(comm_, g.ep_group(comm_->rank()));
+    describe_ += ", expert parallel: ep_size " + std::to_string(ep) + " of world " +
+                 std::to_string(comm_->world_size()) + " (token all-to-all over " + ep_comm_->backend_name() + ")";
+  }
   zero_ = parallel::make_zero_plan(c.zero_optimization.stage, n_, comm_ ? comm_->world_size() : 1, comm_ ? comm_->rank() : 0,
                          comm_ != nullptr);
   // fp16: stage 3's shard gathers and persistent units move bf16 params (parallel/zero_stage3.h).
   CUTRAIN_CHECK(plan_.param != DType::F16 || !zero_.sharded(),
                 "train: fp16.enabled with zero_optimization.stage 3 is not supported by the GPU engine (its parameter "
                 "shards are gathered as bf16); use stage 0, 1 or 2, or bf16.enabled");
+  // fp16: the features whose kernels or hand-overs are bf16 only, or not threaded with the loss scale.
+  if (plan_.param == DType::F16) {
+    CUTRAIN_CHECK(!o.teacher, "train: fp16.enabled with Mixture-of-Students distillation (--mos) is not supported by "
+                  "the GPU engine (its kd_loss kernel and the teacher's logits are bf16); use bf16.enabled");
+    CUTRAIN_CHECK(!o.tensor_parallel_engine && o.tensor_parallel <= 1,
+                  "train: fp16.enabled with tensor parallelism (", o.tensor_parallel_flag,
+                  ") is not supported by the GPU engine (its block all-reduces are bf16); use bf16.enabled");
+    CUTRAIN_CHECK(!o.pipeline_engine && o.stages_in_process <= 1 && o.pipeline_stages <= 1,
+                  "train: fp16.enabled with the pipeline's program (--pipeline_parallel_size / "
+                  "--pipeline_stages_in_process) is not supported by the GPU engine (the loss scale is not threaded "
+                  "through its stages); use bf16.enabled");
+    CUTRAIN_CHECK(o.max_tokens <= std::size_t(o.batch) * o.seq,
+                  "train: fp16.enabled with a sequence-length curriculum is not supported by the GPU engine (its "
+                  "per-shape graphs are not verified with the loss scale); use bf16.enabled");
+  }
   check_offload_paths(c);  // before any allocation: a missing swap folder fails fast
   CachingAllocator& A = device_allocator();
   const AllocatorStats before = A.stats();
@@ -77,13 +121,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   // moments only for this rank's partition. Sharded (3): params, master, moments and the reduced
   // gradients in this rank's shard; the full gradient buffer in the padded layout. Otherwise
   // flat == state == n_.
-  CUTRAIN_CHECK(!zero_.sharded() || decay_runs_.size() == 1,
-                "train: zero_optimization.stage 3 needs one weight-decay rule for every parameter");
   if (zero_.sharded()) {
-    // GPT-2's tied head reads the embedding unit a second time, after the blocks: stage 3's
-    // gather order (parallel/zero_shard_layout.h) does not have that use.
-    CUTRAIN_CHECK(!table_.tied_head(), "train: zero_optimization.stage 3 is not supported for --model ",
-                  name(o.dims.arch), " (its tied head reuses the embedding unit); use stage 0, 1 or 2");
     // The shards live on the device; moving them to the host or NVMe is not implemented.
     CUTRAIN_CHECK(c.zero_optimization.offload_param.device == OffloadTarget::None,
                   "zero_optimization.offload_param.device \"", name(c.zero_optimization.offload_param.device),
@@ -93,8 +131,22 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     for (const model::ParamUnit& u : table_.units()) units.push_back({u.begin, u.end});
     layout_ = parallel::make_shard_layout(units, n_, zero_.world,
                                 std::size_t(c.zero_optimization.stage3_param_persistence_threshold));
-    train_order_ = parallel::stage3_use_order(table_.dims().layers, accum_, /*eval=*/false);
-    eval_order_ = parallel::stage3_use_order(table_.dims().layers, 1, /*eval=*/true);
+    // GPT-2's and BERT's tied head acquires the embedding unit a second time, with the head;
+    // BERT's embedding backward reads its LayerNorm (model/transformer_gpu.h).
+    const parallel::Stage3Uses uses{table_.tied_head(), model::GpuTransformer::embedding_backward_reads_params(o.dims)};
+    train_order_ = parallel::stage3_use_order(table_.dims().layers, accum_, /*eval=*/false, uses);
+    eval_order_ = parallel::stage3_use_order(table_.dims().layers, 1, /*eval=*/true, uses);
+    // The optimizer's launches: this rank's pieces cut by the weight-decay runs, pieces of one run
+    // that follow each other in the shard in one launch (at world size 1: the flat runs).
+    std::vector<parallel::Range> runs;
+    for (const model::DecayRun& r : decay_runs_) runs.push_back({r.begin, r.end});
+    for (const parallel::ShardSegment& g : parallel::shard_segments(layout_, zero_.rank, runs)) {
+      if (!shard_launches_.empty() && shard_launches_.back().run == g.run &&
+          shard_launches_.back().shard + shard_launches_.back().count == g.shard)
+        shard_launches_.back().count += g.count;
+      else
+        shard_launches_.push_back(g);
+    }
   }
   const std::size_t flat = zero_.sharded() ? layout_.padded_elems : zero_.flat_elems();
   const std::size_t ns = zero_.sharded() ? layout_.shard_elems : zero_.state_elems();
@@ -150,7 +202,12 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // `packed` is freed at the end of this block
     lamb_ = kernels::lamb_device_table(lp, lamb_table_.get(), lamb_ws_.get());
   }
-  const std::size_t per_step = std::size_t(accum_) * o.batch * o.seq;
+  // Each micro-batch's slot holds cap_ tokens: the run's B x S, or a sequence-length curriculum's
+  // largest micro-batch (BackendOptions::max_tokens); the curriculum's shapes use its first rows x seq.
+  cap_ = std::max(std::size_t(o.batch) * o.seq, o.max_tokens);
+  rows_ = o.batch;
+  seq_ = o.seq;
+  const std::size_t per_step = std::size_t(accum_) * cap_;
   tokens_d_ = Buffer(A, per_step * 4, stream_);
   labels_d_ = Buffer(A, per_step * 4, stream_);
   flag_words_ = std::size_t(accum_) + 2 + 1 + 2 * std::size_t(accum_);
@@ -179,8 +236,8 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     CUTRAIN_CUDA_CHECK(cudaMallocHost(&drop_idx_h_, accum_ * drop_stride_ * 4));
     std::fill(drop_idx_h_, drop_idx_h_ + accum_ * drop_stride_, 0);
   }
-  model_ = model::make_gpu_transformer(plan_.param, table_, o.batch, o.seq, o.activation_checkpointing, o.causal, A,
-                                       o.recompute_gelu, std::move(drop_layers), o.max_predictions);
+  drop_layers_ = std::move(drop_layers);
+  model_ = make_model();
   if (plan_.param == DType::F16) {  // the loss scale: a device word the captured part copies in
     scaler_ = std::make_unique<LossScaler>(LossScalerOptions::from_config(c.fp16));
     scale_d_ = Buffer(A, sizeof(float), stream_);
@@ -188,11 +245,14 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     *scale_h_ = static_cast<float>(scaler_->loss_scale());
     describe_ += scaler_->dynamic() ? ", fp16 (dynamic loss scale)" : ", fp16 (static loss scale)";
   }
+  if (o.tensor_parallel_engine || o.tensor_parallel > 1) setup_tensor_parallel();
+  if (o.pipeline_engine || o.stages_in_process > 1 || o.pipeline_stages > 1) setup_pipeline();
   if (o.dims.arch == model::Arch::Bert) {  // dropout: the kernels read the step from step_d_
     step_d_ = Buffer(A, sizeof(std::uint32_t), stream_);
     CUTRAIN_CUDA_CHECK(cudaMallocHost(&step_h_, sizeof(std::uint32_t)));
     stage_step(0);
   }
+  if (o.teacher) attach_teacher(o, A);
   offloader_ = std::make_unique<StateOffloader>(A, stream_.get());
   offloader_->add("lp_params", &params_);
   offloader_->add(plan_.grad != DType::F32 ? "lp_grads" : "contiguous_grad_buffer", &grads_);
@@ -214,9 +274,46 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   stream_.synchronize();
 }
 
+// Mixture-of-Students: the teacher's weights uploaded as bf16 (the host copy stays the caller's and
+// goes when its last pointer does), its forward-only model at the student's micro-batch shape.
+void GpuEngine::attach_teacher(const BackendOptions& o, CachingAllocator& A) {
+  const Teacher& t = *o.teacher;
+  CUTRAIN_CHECK(o.dims.arch != model::Arch::Bert && t.dims.arch != model::Arch::Bert,
+                "gpu engine: distillation of BERT's masked-LM head is not built");
+  CUTRAIN_CHECK(t.dims.vocab == o.dims.vocab, "gpu engine: the teacher's vocab_size ", t.dims.vocab,
+                " is not the student's ", o.dims.vocab);
+  teacher_table_ = std::make_unique<model::TransformerParams>(t.dims);
+  CUTRAIN_CHECK(t.params.size() == teacher_table_->flat_size(), "gpu engine: the teacher's ", t.params.size(),
+                " parameters do not fit its shape's ", teacher_table_->flat_size());
+  teacher_params_ = Buffer(A, t.params.size() * 2, stream_);
+  upload(teacher_params_, DType::BF16, t.params, stream_);
+  teacher_words_ = Buffer(A, 4 * sizeof(float), stream_);
+  kd_d_ = Buffer(A, std::size_t(accum_) * sizeof(float), stream_);
+  kd_h_.assign(std::size_t(accum_), 0.f);
+  teacher_model_ = std::make_unique<model::GpuTransformer>(*teacher_table_, o.batch, o.seq, false, t.causal, A);
+  opt_.teacher.reset();
+  graph_after_teacher_ = opt_.cuda_graph;
+  if (opt_.cuda_graph) {  // the teacher's forward (a MoE teacher syncs) and the stop step change the sequence
+    opt_.cuda_graph = false;
+    describe_ += ", eager steps while distilling (the teacher's forward beside each micro-batch)";
+  }
+  stream_.synchronize();  // the upload read the host copy
+}
+
+void GpuEngine::release_teacher() {
+  stream_.synchronize();
+  model_->set_distillation(nullptr);
+  teacher_model_.reset();
+  teacher_table_.reset();
+  teacher_params_.reset();
+  teacher_words_.reset();
+  kd_d_.reset();
+  device_allocator().empty_cache();  // the teacher's segments back to the device
+  opt_.cuda_graph = graph_after_teacher_;  // the LM-only steps replay a graph again where they can
+}
+
 GpuEngine::~GpuEngine() {
-  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-  if (graph_) cudaGraphDestroy(graph_);
+  graphs_.clear();
   cudaStreamSynchronize(stream_);
   cudaFreeHost(tokens_h_);
   cudaFreeHost(labels_h_);
@@ -226,11 +323,90 @@ GpuEngine::~GpuEngine() {
   if (drop_idx_h_) cudaFreeHost(drop_idx_h_);
 }
 
+std::unique_ptr<model::GpuModel> GpuEngine::make_model() const {
+  return model::make_gpu_transformer(plan_.param, table_, opt_.batch, opt_.seq, opt_.activation_checkpointing,
+                                     opt_.causal, device_allocator(), opt_.recompute_gelu, drop_layers_,
+                                     opt_.max_predictions, ep_comm_.get(), cap_);
+}
+
+// Degree 1 only: the slice's checks, then the blocks' all-reduces over a one-rank group.
+void GpuEngine::setup_tensor_parallel() {
+  const std::string& flag = opt_.tensor_parallel_flag;
+  CUTRAIN_CHECK(opt_.tensor_parallel == 1, "train: ", flag, " ", opt_.tensor_parallel,
+                " on the GPU engine: the sharded GEMMs (column / row-parallel blocks, vocabulary-parallel embedding and "
+                "loss over NCCL) are not built; degree 1 runs the tensor-parallel code path on one GPU, degrees above 1 "
+                "run on --device cpu over the host communicator");
+  const model::TpSlice slice = parallel::make_tp_slice(table_.dims(), 1, 0, flag);
+  tp_comm_ = opt_.tp_comm;
+  if (!tp_comm_) {
+    CUTRAIN_CHECK(comm::nccl_available(), "train: ", flag, " 1 on the GPU engine reduces over a one-rank NCCL ",
+                  "communicator: expected a build with NCCL, found one without");
+    int device = 0;
+    CUTRAIN_CUDA_CHECK(cudaGetDevice(&device));
+    tp_comm_ = std::shared_ptr<comm::Communicator>(comm::Communicator::create(comm::LaunchEnv{}, device));
+  }
+  CUTRAIN_CHECK(tp_comm_->world_size() == 1, "train: ", flag, " 1: expected a tensor-parallel group of one rank, found ",
+                tp_comm_->world_size());
+  tp_group_ = std::make_unique<parallel::CommTpDeviceGroup>(tp_comm_);
+  model_->set_tensor_parallel(tp_group_.get());
+  describe_ += ", tensor parallel degree 1 over " + std::string(tp_comm_->backend_name());
+  std::cout << "[Rank " << (comm_ ? comm_->rank() : 0) << "] " << parallel::describe_tp_slice(slice) << " over the "
+            << tp_comm_->backend_name() << " communicator (world 1): per micro-batch " << model_->tp_forward_all_reduces()
+            << " forward and " << model_->tp_backward_all_reduces()
+            << " backward block all-reduces (bf16, in place); the vocabulary-parallel embedding's and loss's reductions "
+               "are identities at degree 1 and not issued"
+            << std::endl;
+}
+
+// The step through the pipeline's program: one stage (the engine's model) or every stage in this
+// process. Stages on several GPUs are refused.
+void GpuEngine::setup_pipeline() {
+  CUTRAIN_CHECK(opt_.pipeline_stages <= 1, "train: --pipeline_parallel_size ", opt_.pipeline_stages,
+                " on the GPU engine: pipeline stages on separate GPUs (activations sent between stage ranks over NCCL) "
+                "are not built; expected 1 (the pipeline's program on this GPU), or --pipeline_stages_in_process ",
+                opt_.pipeline_stages, " for every stage in this one process, or --device cpu");
+  const int P = std::max(1, opt_.stages_in_process);
+  CUTRAIN_CHECK(!opt_.teacher, "train: the pipeline's program on the GPU engine with --mos: the teacher's forward "
+                "runs in the plain micro-batch loop; expected one of them");
+  CUTRAIN_CHECK(cap_ == std::size_t(opt_.batch) * opt_.seq, "train: the pipeline's program on the GPU engine with a "
+                "sequence-length curriculum: the stages' models keep the run's B x S; expected one of them");
+  CUTRAIN_CHECK(!ep_comm_, "train: the pipeline's program on the GPU engine with --moe_expert_parallel_size: "
+                "expected one of them");
+  CUTRAIN_CHECK(P == 1 || !sharded_, "train: --pipeline_stages_in_process ", P,
+                " with zero_optimization.stage 3 over a communicator: stage 3's gathers follow the whole model's unit "
+                "order; expected stage 0, 1 or 2 (DeepSpeed's pipeline takes ZeRO-1)");
+  const std::vector<parallel::PipelineLayer> layers = parallel::pipeline_layers(table_);
+  const parallel::PipelinePlan plan = parallel::make_pipeline_plan(
+      layers, parallel::parse_partition_method(opt_.partition_method, "--partition_method"), P, accum_);
+  pipeline_ = std::make_unique<GpuPipeline>(table_, plan, model_.get(), [this] { return make_model(); });
+  for (model::GpuModel* m : pipeline_->models())
+    if (m != model_.get() && tp_group_) m->set_tensor_parallel(tp_group_.get());
+  describe_ += P == 1 ? ", pipeline degree 1" : ", " + std::to_string(P) + " pipeline stages in this process";
+  std::cout << "[Rank " << (comm_ ? comm_->rank() : 0) << "] " << pipeline_->describe(layers) << std::endl;
+}
+
 void GpuEngine::stage_batch(const std::int32_t* tokens, const std::int32_t* labels) {
   // The previous step's copies finished (each step ends with a sync), so the staging is free.
-  const std::size_t per_step = std::size_t(accum_) * opt_.batch * opt_.seq;
-  std::memcpy(tokens_h_, tokens, per_step * 4);
-  std::memcpy(labels_h_, labels, per_step * 4);
+  // Micro-batch a (rows_ x seq_ tokens) at the start of its slot a x cap_.
+  const std::size_t micro = std::size_t(rows_) * seq_;
+  for (int a = 0; a < accum_; ++a) {
+    std::memcpy(tokens_h_ + a * cap_, tokens + a * micro, micro * 4);
+    std::memcpy(labels_h_ + a * cap_, labels + a * micro, micro * 4);
+  }
+}
+
+void GpuEngine::set_seq_shape(int rows, int seq) {
+  CUTRAIN_CHECK(rows > 0 && seq > 0 && seq <= opt_.seq && std::size_t(rows) * seq <= cap_, "gpu engine: micro-batch ",
+                rows, " x ", seq, " outside the run's sequence length ", opt_.seq, " and its ", cap_,
+                " tokens per micro-batch (BackendOptions::max_tokens)");
+  CUTRAIN_CHECK((rows == opt_.batch && seq == opt_.seq) || !ltd_->active(), "gpu engine: micro-batch ", rows, " x ",
+                seq, ": a sequence-length curriculum with random-LTD is not built");
+  CUTRAIN_CHECK(plan_.param != DType::F16 || (rows == opt_.batch && seq == opt_.seq), "gpu engine: micro-batch ",
+                rows, " x ", seq, " with fp16.enabled: a sequence-length curriculum (or BERT's padding to the longest "
+                "sequence) is not supported in fp16 by the GPU engine; use bf16.enabled");
+  model_->set_shape(rows, seq);  // the model's own checks (architecture, scratch) now, before a step
+  rows_ = rows;
+  seq_ = seq;
 }
 
 // BERT's dropout step (1-based optimizer steps; the previous step's copy finished with its sync).
@@ -247,7 +423,7 @@ void GpuEngine::stage_drop(int step) {
   step_layer_tokens_ = 0;
   for (int a = 0; a < accum_; ++a) {
     if (step <= 0 || !ltd_->active()) {
-      step_layer_tokens_ += std::int64_t(opt_.batch) * opt_.seq * table_.dims().layers;
+      step_layer_tokens_ += std::int64_t(rows_) * seq_ * table_.dims().layers;
       continue;
     }
     const model::TokenDropPlan& plan = ltd_->draw(step, a);
@@ -261,7 +437,8 @@ void GpuEngine::stage_drop(int step) {
 // and shapes every step, so it can be captured once and replayed (random-LTD: the shapes follow
 // the kept count, so a graph holds for one kept count; the indices are staged data).
 void GpuEngine::enqueue_forward_backward(bool step) {
-  const std::size_t per_micro = std::size_t(opt_.batch) * opt_.seq;
+  const std::size_t per_micro = cap_;  // each micro-batch's slot (its first rows_ x seq_ tokens used)
+  model_->set_shape(rows_, seq_);
   {
     TimedRegion r("h2d", stream_, 0, 2.0 * accum_ * per_micro * 4);
     CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(tokens_d_.get(), tokens_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
@@ -286,11 +463,36 @@ void GpuEngine::enqueue_forward_backward(bool step) {
     sharded_->begin_pass(params_.as<bf16>(), train_order_,
                          step && cfg_.zero_optimization.overlap_comm ? &overlap : nullptr);
   model::ParamAccess& P = sharded_ ? static_cast<model::ParamAccess&>(*sharded_) : flat;
-  for (int a = 0; a < accum_; ++a) {
-    model_->set_token_drop(kept_, drop_idx_h_ ? drop_idx_d_.as<std::int32_t>() + a * drop_stride_ : nullptr);
-    model_->forward_backward(stream_, P, grads_.get(), plan_.grad, a > 0, tokens_d_.as<std::int32_t>() + a * per_micro,
-                             labels_d_.as<std::int32_t>() + a * per_micro, 1.f / float(accum_), flags + a,
+  auto drop_of = [&](int a) { return drop_idx_h_ ? drop_idx_d_.as<std::int32_t>() + a * drop_stride_ : nullptr; };
+  if (pipeline_) {
+    // The pipeline's program (1F1B per stage over the micro-batches); at one stage the loop below's calls.
+    pipeline_->enqueue(stream_, P, grads_.get(), plan_.grad, tokens_d_.as<std::int32_t>(),
+                       labels_d_.as<std::int32_t>(), per_micro, 1.f / float(accum_), flags, status,
+                       [&](model::GpuModel& m, int a) { m.set_token_drop(kept_, drop_of(a)); });
+  }
+  for (int a = 0; !pipeline_ && a < accum_; ++a) {
+    const std::int32_t* tok = tokens_d_.as<std::int32_t>() + a * per_micro;
+    const std::int32_t* lab = labels_d_.as<std::int32_t>() + a * per_micro;
+    if (distill_now_) {
+      // The teacher's forward on the micro-batch (evaluation mode: its eval capacity factor, no
+      // noise), its logits handed to the student's loss, which writes its gradient over them.
+      TimedRegion rt("teacher", stream_);
+      float* words = as_f32(teacher_words_);
+      model::FlatParams tp(*teacher_table_, teacher_params_.as<bf16>());
+      teacher_model_->forward_loss(stream_, tp, tok, lab, words, reinterpret_cast<int*>(words + 1));
+      model::GpuTransformer::Distillation d;
+      d.teacher_logits = teacher_model_->logits();
+      d.ld_t = teacher_table_->dims().vocab_rows();
+      d.temperature = float(opt_.distill.kd_temp);
+      d.beta = float(opt_.distill.kd_beta_ce);
+      d.alpha = float(opt_.distill.kd_alpha_ce);
+      d.d_kd_loss = as_f32(kd_d_) + a;
+      model_->set_distillation(&d);
+    }
+    model_->set_token_drop(kept_, drop_of(a));
+    model_->forward_backward(stream_, P, grads_.get(), plan_.grad, a > 0, tok, lab, 1.f / float(accum_), flags + a,
                              status + 2 * a, loss_scale_d());
+    model_->set_distillation(nullptr);
   }
   if (sharded_) sharded_->end_pass(stream_);
 }
@@ -337,7 +539,7 @@ void GpuEngine::read_flags() {
   CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(flags_h_, flags_d_.get(), flag_words_ * 4, cudaMemcpyDeviceToHost, stream_));
   stream_.synchronize();
   const int* status = reinterpret_cast<const int*>(flags_h_ + accum_ + 3);
-  const std::size_t per_micro = std::size_t(opt_.batch) * opt_.seq;
+  const std::size_t per_micro = std::size_t(model_->rows()) * model_->seq();
   for (int a = 0; a < accum_; ++a) {
     CUTRAIN_CHECK(status[2 * a] == 0, "train: token id at micro-batch ", a, " position ", status[2 * a] - 1,
                   " is outside [0, vocab_size=", table_.dims().vocab, ") (", per_micro, " tokens per micro-batch)");
@@ -392,6 +594,7 @@ void GpuEngine::ensure_state() const {
 
 double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_t* labels, int drop_step) {
   ensure_state();
+  distill_now_ = teacher_model_ != nullptr;  // the helper distills while a teacher is held
   stage_batch(tokens, labels);
   stage_drop(drop_step);
   stage_step(drop_step);
@@ -404,79 +607,36 @@ double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_
 
 StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
   TimedRegion r("step", stream_);
+  // Staged distillation: the teacher's steps are [0, stop_kd_step); at the first step past them
+  // it is freed for good.
+  const std::optional<int>& stop = opt_.distill.stop_kd_step;
+  distill_now_ = teacher_model_ && (!stop || step - 1 < *stop);
+  if (teacher_model_ && !distill_now_) release_teacher();
   {
     TimedRegion ro("offload", stream_);  // a pending reload of offloaded states lands here
     ensure_state();
   }
   if (swap_) swap_->begin_step();  // pipeline_read: the reload runs during forward/backward
   if (offloader_->generation() != graph_generation_) {
-    // A reload reallocated the states: the captured graph holds their old addresses.
-    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-    if (graph_) cudaGraphDestroy(graph_);
-    graph_exec_ = nullptr;
-    graph_ = nullptr;
-    eager_steps_ = 0;  // one eager step, then a new capture (as after release_workspace)
+    // A reload reallocated the states: the captured graphs hold their old addresses.
+    graphs_.clear();  // each shape: one eager step, then a new capture (as after release_workspace)
     graph_generation_ = offloader_->generation();
   }
   stage_batch(tokens, labels);
   stage_drop(step);
   stage_step(step);
-  if (graph_exec_ && kept_ != graph_kept_) {
-    // random-LTD's kept count changed: the kernels' shapes did, so the graph is captured again
-    // for the new count (it grows by the schedule: one capture per value it takes).
-    cudaGraphExecDestroy(graph_exec_);
-    cudaGraphDestroy(graph_);
-    graph_exec_ = nullptr;
-    graph_ = nullptr;
-    eager_steps_ = 0;  // one eager step at the new shapes (their cuBLASLt plans), then the capture
-  }
   model_->set_moe_step(opt_.seed, step);  // the MoE gates' noise: a function of the step
-  // Step 1 runs eagerly (cuBLASLt plans, first allocation of activations); the next one is
-  // captured and every later one replays the graph.
+  // One graph per step shape (random-LTD's kept count, the curriculum's rows x seq): a shape's
+  // first step runs eagerly (cuBLASLt plans, first allocation of activations), its second is
+  // captured and every later one replays the graph (train/step_graphs.h).
   // --timing_report and --profile_steps switch replay off for the steps they measure.
-  const bool replay_ok = graph_replay_allowed();
-  const bool want_graph = opt_.cuda_graph && !graph_failed_ && eager_steps_ >= 1 && replay_ok;
-  if (want_graph && !graph_exec_) {
-    // A capture that fails (a launcher that syncs or allocates) falls back to eager steps, with a
-    // warning; nothing captured has run, so this step then runs eagerly.
-    std::string why;
-    CUTRAIN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    try {
-      enqueue_forward_backward();
-      enqueue_reduce();
-      enqueue_norm();
-    } catch (const Error& e) {
-      why = e.what();
-    }
-    cudaGraph_t g = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(stream_, &g);
-    if (why.empty() && end != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
-    if (why.empty()) {
-      const cudaError_t inst = cudaGraphInstantiate(&graph_exec_, g, 0);
-      if (inst != cudaSuccess) {
-        why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
-        graph_exec_ = nullptr;
-      }
-    }
-    if (why.empty()) {
-      graph_ = g;
-      graph_kept_ = kept_;
-      ++graph_captures_;
-    } else {
-      if (g) cudaGraphDestroy(g);
-      cudaGetLastError();  // clear the sticky-free error state of the failed capture
-      graph_failed_ = true;
-      std::cerr << "[Rank 0] warning: CUDA graph capture failed, running eagerly: " << why << "\n";
-    }
-  }
-  if (graph_exec_ && replay_ok) {
-    CUTRAIN_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
-  } else {
+  last_shape_ = StepShape{kept_, rows_, seq_};
+  model_->set_shape(rows_, seq_);  // the host's view too (a replay launches no model code; eval_loss sets B x S)
+  graphs_.run(stream_, last_shape_, opt_.cuda_graph, graph_replay_allowed(), [this] {
     enqueue_forward_backward();
     enqueue_reduce();
     enqueue_norm();
-    ++eager_steps_;
-  }
+  });
   // The optimizer launch stays outside the graph: lr and the bias-correction step change every step.
   kernels::AdamParams p;
   p.lr = lr;
@@ -521,20 +681,31 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
                            plan_.compensation ? comp_.as<bf16>() : nullptr);
     }
     // One launch per decay run (model/transformer_params.h): a single one for the seed model;
-    // GPT-2 decays its matrices and embeddings only. The last run also covers the partition's
-    // padding past n_. Stage 3 (refused for GPT-2) has one run over its whole shard.
+    // GPT-2 and BERT decay their matrices and embeddings only. The last run also covers the
+    // partition's padding past n_. Stage 3: one launch per run of its shard (shard_launches_;
+    // the shard's padding, never written, is left alone).
     const std::size_t ms = dtype_size(plan_.moment);
-    for (std::size_t k = 0; !lamb && k < decay_runs_.size(); ++k) {
-      const model::DecayRun& run = decay_runs_[k];
-      const std::size_t b = zero_.sharded() ? sr.begin : std::max(run.begin, sr.begin);
-      const std::size_t e = zero_.sharded() || k + 1 == decay_runs_.size() ? sr.end : std::min(run.end, sr.end);
+    const std::size_t launches = lamb ? 0 : zero_.sharded() ? shard_launches_.size() : decay_runs_.size();
+    for (std::size_t i = 0; i < launches; ++i) {
+      std::size_t k = i, b = 0, e = 0;
+      if (zero_.sharded()) {
+        const parallel::ShardSegment& sg = shard_launches_[i];
+        k = sg.run;
+        b = sg.shard;
+        e = sg.shard + sg.count;
+      } else {
+        const model::DecayRun& run = decay_runs_[k];
+        b = std::max(run.begin, sr.begin);
+        e = k + 1 == decay_runs_.size() ? sr.end : std::min(run.end, sr.end);
+      }
       if (b >= e) continue;
       const std::size_t o = b - sr.begin;  // into this rank's (partition-indexed) state buffers
-      p.weight_decay = run.decay ? cfg_.optimizer.weight_decay : 0.f;
-      // Stochastic rounding draws by (seed, step, index within the launch): another seed per run,
-      // so runs do not repeat each other's bits (run 0 keeps the seed of the single launch).
-      p.seed = opt_.seed + k * 0x9E3779B97F4A7C15ull;
-      if (plan_.param == DType::F16)
+      p.weight_decay = decay_runs_[k].decay ? cfg_.optimizer.weight_decay : 0.f;
+      // Stochastic rounding draws by (seed, step, index within the launch): another seed per
+      // launch, so launches do not repeat each other's bits (launch 0 keeps the seed of the single
+      // launch; stage 3 at world size 1 launches exactly the runs, so its seeds are stage 0's).
+      p.seed = opt_.seed + i * 0x9E3779B97F4A7C15ull;
+      if (plan_.param == DType::F16)  // fp16 always keeps the fp32 master (no compensation)
         kernels::adam_step(stream_, plan_.layout, p, params_.as<f16>() + b, static_cast<const char*>(g) + o * gs,
                            plan_.grad, as_f32(master_) + o, static_cast<char*>(m_.get()) + o * ms,
                            static_cast<char*>(v_.get()) + o * ms, e - b, flags + accum_ + 1,
@@ -563,6 +734,12 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   for (int a = 0; a < accum_; ++a) st.loss += flags_h_[a] / accum_;
   st.moe = model_->moe_stats();
   st.layer_tokens = step_layer_tokens_;
+  st.ce_loss = st.loss;
+  st.distilled = distill_now_;
+  if (distill_now_) {  // read_flags synchronized the stream
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(kd_h_.data(), kd_d_.get(), kd_h_.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    for (float k : kd_h_) st.kd_loss += opt_.distill.kd_beta_ce * double(k) / accum_;
+  }
   st.grad_norm = flags_h_[accum_];
   int nonfinite = 0;
   std::memcpy(&nonfinite, flags_h_ + accum_ + 2, 4);
@@ -590,13 +767,10 @@ void GpuEngine::reset_peak() { device_allocator().reset_peak(); }
 
 void GpuEngine::release_workspace() {
   stream_.synchronize();
-  // The graph holds the workspace's addresses: it goes too, and the next step starts eager again.
-  if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-  if (graph_) cudaGraphDestroy(graph_);
-  graph_exec_ = nullptr;
-  graph_ = nullptr;
-  eager_steps_ = 0;
+  // The graphs hold the workspace's addresses: they go too, and each shape starts eager again.
+  graphs_.clear();
   model_->release_workspace();
+  if (pipeline_) pipeline_->release_workspace();
 }
 
 namespace {

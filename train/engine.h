@@ -7,7 +7,19 @@
 // state and reduced gradients in per-unit shards with each unit (embeddings, block, head)
 // gathered just before use and the next one prefetched on the communication stream
 // (parallel/zero_stage3.h). The collectives of the gradient reduction and norm, and stage 3's
-// gathers, are part of the captured graph.
+// gathers, are part of the captured graph. On one GPU the micro-batches can run through the
+// pipeline's 1F1B program (train/gpu_pipeline.h: one stage, or every stage in this process) and
+// the blocks' tensor-parallel all-reduces over a one-rank NCCL group (degree 1); stages on
+// several GPUs and sharded GEMMs are refused.
+//
+// MoE expert parallelism (BackendOptions::expert_parallel, DeepSpeed's ep_size; docs/moe.md): the
+// world in expert-parallel groups (parallel/expert_parallel_plan.h), each an NCCL sub-communicator
+// over which the MoE layers exchange tokens (model/moe_layer.h). Every rank keeps the whole flat
+// buffer; the experts it does not hold have zero gradients, so the world's gradient reduction
+// (ZeRO 0's all-reduce, 1-2's reduce-scatter, averaged over the world) gives each expert the sum
+// over its expert-data-parallel group divided by the world size (DeepSpeed's expert gradient), the
+// other parameters the world's mean, and the norm sees every expert once. Stage 3 is refused.
+//
 // fp16 (fp16.enabled): the model computes in fp16 (params' copy, activations, 16-bit gradients)
 // over the fp32 master; the loss scale lives in a device word staged like the tokens (a replay
 // reads each step's), the loss gradient carries it, the norm kernel unscales and flags an
@@ -22,6 +34,7 @@
 #include <vector>
 
 #include "model/transformer_gpu.h"
+#include "parallel/tp_device_group.h"
 #include "parallel/zero_comm.h"
 #include "parallel/zero_plan.h"
 #include "parallel/zero_shard_layout.h"
@@ -30,10 +43,12 @@
 #include "runtime/offload.h"
 #include "kernels/lamb.cuh"
 #include "train/cpu_backend.h"
+#include "train/gpu_pipeline.h"
 #include "train/loss_scaler.h"
 #include "train/optimizer_swap.h"
 #include "train/precision.h"
 #include "train/random_ltd_draw.h"
+#include "train/step_graphs.h"
 #include "train/train_backend.h"
 
 namespace cutrain::train {
@@ -56,6 +71,7 @@ class GpuEngine final : public TrainBackend {
   std::unique_ptr<DeviceRestore> device_restore(DType params, std::optional<DType> master, DType moments,
                                                 std::optional<DType> compensation) override;
   bool has_compensation() const override { return plan_.compensation; }
+  bool holds_teacher() const override { return teacher_model_ != nullptr; }
   const char* describe() const override { return describe_.c_str(); }
 
   // For tests: forward + backward of the micro-batches only (no optimizer step, no ZeRO
@@ -83,11 +99,20 @@ class GpuEngine final : public TrainBackend {
   // what the allocator handed out (rounding, unsplit remainders).
   std::size_t state_bytes() const { return state_bytes_; }
   std::size_t state_requested_bytes() const { return state_requested_bytes_; }
-  bool graph_active() const { return graph_exec_ != nullptr; }
+  // Whether the last step's shape has a captured graph (replayed from its next step on).
+  bool graph_active() const { return graphs_.captured(last_shape_); }
+  // A sequence-length curriculum's micro-batch shape (TrainBackend::set_seq_shape).
+  void set_seq_shape(int rows, int seq) override;
   const parallel::ZeroPlan& zero_plan() const { return zero_; }
   // Stage 3 (ZeroMode::Sharded) only: the per-unit shard layout and its gathers; null otherwise.
   const parallel::ShardedParams* sharded() const { return sharded_.get(); }
-  int graph_captures() const { return graph_captures_; }  // successful captures so far
+  int graph_captures() const { return graphs_.captures(); }  // successful captures so far (all shapes)
+  int graph_count() const { return graphs_.size(); }         // graphs held (one per shape seen twice)
+  // The pipeline the step runs through (BackendOptions::pipeline_engine / stages_in_process);
+  // null: the plain micro-batch loop.
+  const GpuPipeline* pipeline() const { return pipeline_.get(); }
+  // The tensor-parallel group of degree 1 (BackendOptions::tensor_parallel_engine); null: none.
+  const parallel::CommTpDeviceGroup* tensor_parallel_group() const { return tp_group_.get(); }
 
   // DeepSpeed's engine.offload_states / reload_states. `include`: any of optim_states (moments, and
   // the bf16 master's compensation when the layout has one),
@@ -139,12 +164,18 @@ class GpuEngine final : public TrainBackend {
   std::vector<model::DecayRun> decay_runs_;  // one optimizer launch each (weight decay on or off)
   // Before stream_: resolving it selects the rank's device, where the stream is then created.
   std::shared_ptr<comm::Communicator> comm_;
+  // Expert parallelism: this rank's expert-parallel group (the MoE layers' exchange); before
+  // model_, which uses it.
+  std::shared_ptr<comm::Communicator> ep_comm_;
   Stream stream_;
   parallel::ZeroPlan zero_;
   std::unique_ptr<parallel::ZeroComm> zero_comm_;  // null for ZeroMode::None
   // Stage 3: the units' shard layout, the use orders of a step and of an eval forward.
   parallel::ShardLayout layout_;
   std::vector<int> train_order_, eval_order_;
+  // Stage 3: the optimizer's launches over this rank's shard, one per run of one weight-decay
+  // rule (its flat run's index picks the rule and the stochastic-rounding seed).
+  std::vector<parallel::ShardSegment> shard_launches_;
   std::string describe_;
   // Stage 3: params_, master_, comp_, m_, v_ and grad_shard_ hold this rank's shard
   // (layout_.shard_elems); grads_ is the full gradient buffer in the padded layout (backward writes
@@ -160,6 +191,9 @@ class GpuEngine final : public TrainBackend {
   Buffer lamb_table_, lamb_ws_;
   kernels::LambDeviceTable lamb_;
   std::size_t state_bytes_ = 0, state_requested_bytes_ = 0;
+  // Tensor parallelism at degree 1: the one-rank group the blocks' all-reduces go over.
+  std::shared_ptr<comm::Communicator> tp_comm_;
+  std::unique_ptr<parallel::CommTpDeviceGroup> tp_group_;
   std::unique_ptr<model::GpuModel> model_;  // on plan_.param (bf16 or fp16)
   // fp16: the dynamic or static scaler, the scale's device word and its pinned staging (copied to
   // the device inside the captured part, like step_d_).
@@ -167,8 +201,24 @@ class GpuEngine final : public TrainBackend {
   Buffer scale_d_;
   float* scale_h_ = nullptr;
   const float* loss_scale_d() const { return scaler_ ? scale_d_.as<float>() : nullptr; }
+  // Knowledge distillation (Mixture-of-Students, BackendOptions::teacher): the teacher's table,
+  // bf16 params, forward-only model, a word for its loss and two for its status, each
+  // micro-batch's T^2 * mean KL; all freed at the stop step (release_teacher).
+  std::unique_ptr<model::TransformerParams> teacher_table_;
+  Buffer teacher_params_, teacher_words_, kd_d_;
+  std::unique_ptr<model::GpuTransformer> teacher_model_;
+  std::vector<float> kd_h_;
+  bool distill_now_ = false;  // the step running distills
+  bool graph_after_teacher_ = false;  // CUDA-graph steps once the teacher is freed (eager while distilling)
+  void attach_teacher(const BackendOptions& o, CachingAllocator& A);
+  void release_teacher();
+  std::unique_ptr<GpuPipeline> pipeline_;  // after model_: a one-stage pipeline runs it
+  std::unique_ptr<model::GpuModel> make_model() const;
+  std::vector<int> drop_layers_;  // random-LTD's blocks (the models' constructor argument)
+  void setup_tensor_parallel();
+  void setup_pipeline();
   std::unique_ptr<parallel::ShardedParams> sharded_;  // stage 3 only; after zero_comm_ (uses its stream)
-  // Host pinned staging: tokens, labels [accum*B*S], and the flags read back after each step.
+  // Host pinned staging: tokens, labels [accum][cap_], and the flags read back after each step.
   std::int32_t* tokens_h_ = nullptr;
   std::int32_t* labels_h_ = nullptr;
   float* flags_h_ = nullptr;
@@ -181,13 +231,15 @@ class GpuEngine final : public TrainBackend {
   Buffer drop_idx_d_;
   std::int32_t* drop_idx_h_ = nullptr;
   std::size_t drop_stride_ = 0;
-  int kept_ = 0, graph_kept_ = 0;
+  int kept_ = 0;
   std::int64_t step_layer_tokens_ = 0;
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t graph_exec_ = nullptr;
-  int eager_steps_ = 0;
-  bool graph_failed_ = false;
-  int graph_captures_ = 0;
+  // The micro-batch's shape (a sequence-length curriculum's rows x seq; the run's B x S by
+  // default) and each micro-batch's staging slot in tokens (>= B x S).
+  int rows_ = 0, seq_ = 0;
+  std::size_t cap_ = 0;
+  // The step's graphs, one per shape (kept count, rows x seq), and the last step's shape.
+  StepGraphs graphs_;
+  StepShape last_shape_;
   // Last: destroyed first, while the state buffers it moves still exist.
   std::unique_ptr<StateOffloader> offloader_;
   std::uint64_t graph_generation_ = 0;  // offloader generation the graph was captured at

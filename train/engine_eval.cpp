@@ -22,6 +22,7 @@ double GpuEngine::eval_loss(const std::int32_t* tokens, const std::int32_t* labe
   model::FlatParams flat(table_, params_.get(), plan_.param);
   if (sharded_) sharded_->begin_pass(params_.as<bf16>(), eval_order_);  // stage 3: gathered unit by unit
   model::ParamAccess& P = sharded_ ? static_cast<model::ParamAccess&>(*sharded_) : flat;
+  model_->set_shape(opt_.batch, opt_.seq);  // validation runs whole samples (a curriculum's step sets its own)
   model_->forward_loss(stream_, P, tokens_d_.as<std::int32_t>(), labels_d_.as<std::int32_t>(), flags, status);
   if (sharded_) sharded_->end_pass(stream_);
   read_flags();  // synchronizes; a bad token or label is an error naming its position

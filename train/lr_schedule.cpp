@@ -79,6 +79,18 @@ double LrSchedule::lr_at_iteration(int it) const {
   return base_lr_;
 }
 
+float LrSchedule::lr_by_tokens(int step, std::int64_t tokens_before, std::int64_t warmup_tokens,
+                               std::int64_t decay_tokens) const {
+  const int it = step - 1;
+  if (!decays() || it < warmup_steps_) return lr(step);
+  CUTRAIN_CHECK(decay_tokens > 0, "lr schedule: decay tokens must be positive, found ", decay_tokens);
+  const double span = std::max(1.0, static_cast<double>(decay_tokens - warmup_tokens));
+  const double progress = std::clamp(static_cast<double>(tokens_before - warmup_tokens) / span, 0.0, 1.0);
+  if (kind_ == Kind::WarmupDecayLR) return static_cast<float>(min_lr_ + (max_lr_ - min_lr_) * (1.0 - progress));
+  const double cosine = (1.0 + std::cos(std::numbers::pi * progress)) / 2.0;
+  return static_cast<float>(base_lr_ * std::max(0.0, cos_min_ratio_ + (1.0 - cos_min_ratio_) * cosine));
+}
+
 std::string LrSchedule::describe() const {
   switch (kind_) {
     case Kind::Constant: return detail::concat("constant lr ", base_lr_);

@@ -2,6 +2,7 @@
 // formulas and same step indexing, so a cutrain run and a DeepSpeed run see the same lr each step.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "train/config.h"
@@ -23,6 +24,17 @@ class LrSchedule {
   float lr(int step) const { return static_cast<float>(lr_at_iteration(step - 1)); }
   // DeepSpeed's get_lr() for a given last_batch_iteration (-1: before the first scheduler step).
   double lr_at_iteration(int last_batch_iteration) const;
+
+  // Megatron-DeepSpeed's token-based decay (--lr-decay-tokens, what DeepSpeed's sequence-length
+  // curriculum example runs with: a short-sequence step trains fewer tokens, so it decays the lr
+  // less): the warm-up as lr(step), then WarmupDecayLR's linear and WarmupCosineLR's cosine decay
+  // over the tokens from `warmup_tokens` (those trained before decay_start_step()) to
+  // `decay_tokens` instead of over the steps to total_num_steps; `tokens_before`: the tokens
+  // trained before `step`. Constant and WarmupLR have no decay: lr(step).
+  float lr_by_tokens(int step, std::int64_t tokens_before, std::int64_t warmup_tokens, std::int64_t decay_tokens) const;
+  // The first (0-based) step past the warm-up: its tokens_before is the decay's warmup_tokens.
+  int decay_start_step() const { return warmup_steps_ + 1; }
+  bool decays() const { return kind_ == Kind::WarmupDecayLR || kind_ == Kind::WarmupCosineLR; }
 
   Kind kind() const { return kind_; }
   std::string describe() const;

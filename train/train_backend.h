@@ -14,6 +14,7 @@
 #include "model/moe_stats.h"
 #include "model/transformer_params.h"
 #include "runtime/dtype.h"
+#include "runtime/error.h"
 #include "train/state_snapshot.h"
 
 namespace cutrain::train {
@@ -32,8 +33,13 @@ struct StepStats {
   // The tokens this rank's blocks processed over the step's micro-batches (random-LTD's
   // layer_token: a dropping block counts its kept tokens, the others every token).
   std::int64_t layer_tokens = 0;
-  // fp16 (last: the backends build StepStats positionally): the loss scale this step ran with (0
-  // without fp16) and the next step's (after an overflow: halved, or kept by the hysteresis).
+  // Knowledge distillation (Mixture-of-Students, train/mos_options.h): whether this step distilled,
+  // its LM loss (= loss) and its distillation term kd_beta_ce * T^2 * KL(teacher || student), the
+  // mean over the step's micro-batches (0 when it did not distill).
+  bool distilled = false;
+  double ce_loss = 0, kd_loss = 0;
+  // fp16: the loss scale this step ran with (0 without fp16) and the next step's (after an
+  // overflow: halved, or kept by the hysteresis).
   double loss_scale = 0;
   double next_loss_scale = 0;
 };
@@ -95,8 +101,18 @@ class TrainBackend {
     (void)params, (void)master, (void)moments, (void)compensation;
     return nullptr;
   }
+  // A sequence-length curriculum (train/seqlen_curriculum.h): the next steps' micro-batches hold
+  // `rows` sequences of `seq` tokens, so step() takes tokens and labels [accumulation, rows, seq].
+  // rows x seq must fit the backend's capacity (BackendOptions::max_tokens) and seq its sequence
+  // length; the default (a backend without a variable shape) refuses any shape.
+  virtual void set_seq_shape(int rows, int seq) {
+    CUTRAIN_CHECK(false, "train: a sequence-length curriculum (micro-batches of ", rows, " x ", seq, ") is not built for ",
+                  describe());
+  }
   // Whether the state holds a bf16 master's compensation (bf16.bf16_master_compensation).
   virtual bool has_compensation() const { return false; }
+  // Whether a distillation teacher is still held (Mixture-of-Students: freed at --stop_kd_step).
+  virtual bool holds_teacher() const { return false; }
   virtual const char* describe() const = 0;  // "cuda (NVIDIA H200)", "cpu (reference model)"
   // A line for the run's summary from the parallel layout (tensor parallelism: Domino's modelled
   // overlap); empty when there is none.

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <sstream>
 
@@ -34,6 +35,7 @@
 #include "train/lr_schedule.h"
 #include "train/precision.h"
 #include "train/random_ltd_schedule.h"
+#include "train/seqlen_curriculum.h"
 
 namespace cutrain::train {
 
@@ -182,6 +184,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                 ": expected --save DIR with it, found none");
   CUTRAIN_CHECK(!o.accept_legacy_checkpoint || !o.resume_dir.empty(),
                 "train: --accept_legacy_checkpoint: expected --resume DIR with it, found none");
+  check_mos_options(o.mos, !o.resume_dir.empty());  // Mixture-of-Students' flags (train/mos_options.h)
   bool next_token = o.use_real_data && o.labels != LabelsChoice::Identity;
 
   // Data parallel (cutrain launch, torchrun, mpirun, Slurm): the backend makes the communicator from
@@ -222,6 +225,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   // bing_bert's flags (train/bert_options.h); a shape flag that says otherwise is an error.
   const bool bert = o.model == model::Arch::Bert;
   std::optional<BertSetup> bert_setup;
+  CUTRAIN_CHECK(o.pad_to_longest >= 0, "train: --pad_to_longest: expected a bucket >= 1 (e.g. 64; 0: off), found ",
+                o.pad_to_longest);
+  CUTRAIN_CHECK(o.pad_to_longest == 0 || bert, "train: --pad_to_longest ", o.pad_to_longest,
+                " pads BERT's masked-LM micro-batches: expected --model bert, found --model ", name(o.model));
   if (bert) {
     CUTRAIN_CHECK(o.attention != AttentionChoice::Causal,
                   "train: --attention causal with --model bert: BERT's encoder is bidirectional ([PAD] keys masked)");
@@ -308,10 +315,37 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   // The command line's batch size is the micro batch (the BF16 example passes the same 4 to both).
   if (!cfg.train_micro_batch_size_per_gpu) cfg.train_micro_batch_size_per_gpu = o.batch_size;
   // The ranks are pipeline stages x data-parallel replicas; the batch is the replicas'.
-  const int pp = o.pipeline_parallel_size;
+  // The degree: the flag, else the config's pipeline.stages, else 1; the partition method likewise.
+  if (!o.pipeline_parallel_given && cfg.pipeline_stages) o.pipeline_parallel_size = *cfg.pipeline_stages;
+  if (!o.partition_method_given && cfg.pipeline_partition) o.partition_method = *cfg.pipeline_partition;
+  const int pp = o.pipeline_parallel_size, vstages = o.pipeline_stages_in_process;
+  const bool on_gpu = o.device != TrainDevice::Cpu;
   CUTRAIN_CHECK(pp >= 1, "train: --pipeline_parallel_size: expected a number of stages >= 1, found ", pp);
-  CUTRAIN_CHECK(pp == 1 || o.device == TrainDevice::Cpu, "train: --pipeline_parallel_size ", pp,
-                ": pipeline parallelism runs on --device cpu (over the host communicator); the GPU engine has none yet");
+  CUTRAIN_CHECK(vstages >= 1, "train: --pipeline_stages_in_process: expected a number of stages >= 1, found ", vstages);
+  CUTRAIN_CHECK(vstages == 1 || on_gpu, "train: --pipeline_stages_in_process ", vstages,
+                ": virtual stages run on --device cuda; the CPU backend runs one stage per rank "
+                "(--pipeline_parallel_size under cutrain launch --backend host)");
+  CUTRAIN_CHECK(vstages == 1 || pp == 1, "train: --pipeline_stages_in_process ", vstages,
+                " with --pipeline_parallel_size ", pp,
+                ": the stages of this process are the whole pipeline; expected --pipeline_parallel_size 1");
+  CUTRAIN_CHECK(pp == 1 || !on_gpu, "train: --pipeline_parallel_size ", pp,
+                " with --device cuda: pipeline stages on separate GPUs (activations sent between stage ranks over "
+                "NCCL) are not built; expected 1 (the step through the pipeline's program on this GPU), "
+                "--pipeline_stages_in_process ", pp, " (every stage in this one process) or --device cpu");
+  const int ckpt_interval = cfg.activation_checkpoint_interval;
+  if (ckpt_interval > 0 && on_gpu) {
+    CUTRAIN_CHECK(ckpt_interval == 1, "train: ", o.deepspeed_config.string(),
+                  " gives pipeline.activation_checkpoint_interval ", ckpt_interval,
+                  ": the GPU engine checkpoints every block (interval 1, as --activation_checkpointing); chunks of "
+                  "several layers are built on --device cpu's pipeline");
+    if (!o.activation_checkpointing)
+      out << "[Rank 0] pipeline.activation_checkpoint_interval 1: every block recomputed in backward "
+             "(--activation_checkpointing)\n";
+    o.activation_checkpointing = true;
+  } else if (ckpt_interval > 0 && pp == 1) {
+    out << "[Rank 0] note: pipeline.activation_checkpoint_interval " << ckpt_interval
+        << ": read but not acted on without a pipeline (--pipeline_parallel_size 1 on --device cpu)\n";
+  }
   CUTRAIN_CHECK(pp == 1 || cfg.optimizer.type != OptimizerType::Lamb, "train: --pipeline_parallel_size ", pp, ": ",
                 o.deepspeed_config.string(), " gives optimizer.type Lamb, whose trust ratios need whole tensors on one "
                 "rank; the pipeline's stages update with AdamW only");
@@ -320,9 +354,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   const std::string tp_flag = o.tensor_parallel_size ? std::string("--tensor_parallel_size")
                                                      : "tensor_parallel.autotp_size (" + o.deepspeed_config.string() + ")";
   CUTRAIN_CHECK(tp >= 1, "train: ", tp_flag, ": expected a tensor-parallel degree >= 1, found ", tp);
-  CUTRAIN_CHECK(tp == 1 || o.device == TrainDevice::Cpu, "train: ", tp_flag, " ", tp,
-                ": tensor parallelism runs on --device cpu (over the host communicator); it is not built on the GPU "
-                "engine yet");
+  CUTRAIN_CHECK(tp == 1 || !on_gpu, "train: ", tp_flag, " ", tp,
+                " with --device cuda: the GPU's sharded GEMMs (column / row-parallel blocks, vocabulary-parallel "
+                "embedding and loss over NCCL) are not built; expected 1 (the tensor-parallel code path on one GPU) or "
+                "--device cpu (over the host communicator)");
   CUTRAIN_CHECK(o.domino == 1 || tp > 1, "train: --domino ", o.domino,
                 ": Domino splits the tensor-parallel all-reduces; expected --tensor_parallel_size > 1, found ", tp);
   CUTRAIN_CHECK(tp > 1 || env.world_size % pp == 0, "train: --pipeline_parallel_size ", pp,
@@ -337,6 +372,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   cfg.resolve_batch(dp_world);
   if (o.learning_rate) cfg.optimizer.lr = *o.learning_rate;
   const LrSchedule schedule = LrSchedule::from_config(cfg);
+  CUTRAIN_CHECK(!o.lr_decay_tokens || (*o.lr_decay_tokens > 0 && schedule.decays()), "train: --lr_decay_tokens ",
+                o.lr_decay_tokens.value_or(0), ": expected a positive token count with scheduler.type WarmupDecayLR or "
+                "WarmupCosineLR in ", o.deepspeed_config.string(), " (the decay it counts in tokens), found ",
+                schedule.describe());
   const int accum = cfg.accumulation();
   const PrecisionPlan plan = plan_from_config(cfg);
   if (resume && !resume->legacy) {
@@ -384,6 +423,13 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   bo.tensor_parallel = tp;
   bo.tensor_parallel_flag = tp_flag;
   bo.domino = o.domino;
+  bo.pipeline_engine = on_gpu && (o.pipeline_parallel_given || cfg.pipeline_given || vstages > 1);
+  bo.stages_in_process = vstages;
+  bo.activation_checkpoint_interval = on_gpu ? 0 : ckpt_interval;
+  bo.tensor_parallel_engine = on_gpu && (o.tensor_parallel_size.has_value() || cfg.autotp_size.has_value());
+  if (vstages > 1 && accum == 1)
+    out << "[Rank 0] warning: " << vstages << " pipeline stages in this process with gradient_accumulation_steps 1: "
+        << "one micro-batch per step, so the stages run one after another\n";
   if (pp > 1 && accum == 1)
     out << "[Rank 0] warning: a pipeline of " << pp << " stages with gradient_accumulation_steps 1: one micro-batch "
         << "per step, so no stage overlaps another (bubble fraction " << pp - 1 << "/" << pp << ")\n";
@@ -403,9 +449,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                 o.moe.expert_parallel_size, ": the model has no MoE block (expected --num_experts or a MoE checkpoint)");
   bo.expert_parallel = bo.dims.moe.any() ? o.moe.expert_parallel_size : 1;
   if (bo.dims.moe.any()) bo.dims.moe.ep_size = bo.expert_parallel;  // a resume's checkpoint says what it was run at
-  CUTRAIN_CHECK(bo.expert_parallel == 1 || o.device == TrainDevice::Cpu, "train: --moe_expert_parallel_size ",
-                bo.expert_parallel, " with --device cuda: expert parallelism (the all-to-all over NCCL, the expert "
-                "ZeRO groups) is built on --device cpu over the host communicator only; the GPU runs ep_size 1");
+  // The GPU engine takes the expert-parallel path (the token all-to-all over NCCL) whenever the flag
+  // is given, ep_size 1 included (a one-rank group: the single GPU runs the exchange's code).
+  bo.moe_exchange = o.device == TrainDevice::Cuda && bo.dims.moe.any() &&
+                    std::find(o.moe.given.begin(), o.moe.given.end(), "--moe_expert_parallel_size") != o.moe.given.end();
   if (bo.dims.moe.any()) {
     CUTRAIN_CHECK(tp == 1, "train: --num_experts with ", tp_flag, " ", tp,
                   ": tensor parallelism of MoE blocks is not built; MoE trains on one process, data parallel or expert parallel");
@@ -422,6 +469,24 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   bo.dims.validate();
   if (resume && !resume->legacy)
     check_checkpoint_shape(bo.dims, resume_dims, (resume->folder / kCheckpointConfigFile).string());
+  // Mixture-of-Students: the teacher read and checked before any step (train/mos_options.h). The
+  // backend takes the only pointer to it, so freeing it at --stop_kd_step gives its memory back.
+  std::shared_ptr<Teacher> teacher;
+  std::size_t teacher_params = 0;
+  if (o.mos.active()) {
+    const char* mos_flag = o.mos.mos ? "--mos" : "--kd";
+    CUTRAIN_CHECK(tp == 1 && pp == 1, "train: ", mos_flag, " with ", tp_flag, " ", tp, " and --pipeline_parallel_size ",
+                  pp, ": the teacher runs beside a whole student (one process or data parallel); with tensor or "
+                  "pipeline parallelism it is not built");
+    teacher = std::make_shared<Teacher>(load_teacher(o.mos, bo.dims, o.seq_length));
+    teacher_params = model::TransformerParams(teacher->dims).num_params();
+    out << "[Rank 0] " << (o.mos.mos ? "Mixture-of-Students" : "Knowledge distillation") << ": "
+        << describe_teacher(*teacher) << "\n";
+    out << "[Rank 0] " << (o.mos.mos ? "Mixture-of-Students" : "Knowledge distillation") << ": "
+        << describe_distillation(o.mos, bo.dims.moe.loss_coeff, bo.dims.moe.any()) << "\n";
+    bo.teacher = teacher;
+    bo.distill = o.mos;
+  }
 
   const RandomLtdConfig& ltd = cfg.data_efficiency.random_ltd;
   const bool ltd_on = cfg.data_efficiency.random_ltd_active();
@@ -435,11 +500,42 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     check_random_ltd(cfg, run);
     if (ltd_on) out << "[Rank 0] " << describe_random_ltd(ltd, o.seq_length) << "\n";
   }
+  // The sequence-length curriculum (seqlen_truncate / seqlen_reshape, or the legacy block): each
+  // step's micro-batches rebuilt at its length (train/seqlen_curriculum.h), the backends' buffers
+  // sized once for the largest.
+  std::optional<SeqlenCurriculum> seqlen;
+  if (!bert) seqlen = make_seqlen_curriculum(cfg, o.deepspeed_config.string(), o.batch_size, o.seq_length);
+  if (bert && cfg.curriculum_learning.enabled)
+    CUTRAIN_FAIL("train: ", o.deepspeed_config.string(), ": curriculum_learning.enabled: true with --model bert: the "
+                 "sequence-length warm-up is built for the GPT-style windows, not for masked-LM samples; expected false");
+  if (seqlen) {
+    const std::string what = o.deepspeed_config.string() + ": the sequence-length curriculum (" + name(seqlen->metric()) + ")";
+    CUTRAIN_CHECK(!ltd_on, "train: ", what, " with random-LTD is not built; expected one of them");
+    CUTRAIN_CHECK(pp == 1 && tp == 1, "train: ", what, " with --pipeline_parallel_size ", pp, " and ", tp_flag, " ", tp,
+                  ": the pipeline's and tensor-parallel plans are per B x S; expected neither");
+    CUTRAIN_CHECK(!bo.dims.moe.any(), "train: ", what, " with --num_experts: MoE blocks keep the run's B x S; "
+                  "expected a dense model");
+    CUTRAIN_CHECK(!o.mos.active(), "train: ", what, " with --mos: the teacher's forward is built for the run's B x S; "
+                  "expected one of them");
+    bo.max_tokens = seqlen->max_tokens();
+    out << "[Rank 0] " << seqlen->describe() << "\n";
+  }
   if (!o.use_real_data && cfg.data_efficiency.curriculum_active())
     for (const auto& m : cfg.data_efficiency.metrics)
       CUTRAIN_CHECK(m.metric != CurriculumMetric::VocabularyRarity, "train: ", o.deepspeed_config.string(),
                     ": the vocabularyrarity curriculum draws token shards by its index: expected --use_real_data "
                     "--data PATTERN, found random data");
+  // The order of the shards' batches: --data_order, else the config's cutrain.data_order.
+  const data::DataOrder order = o.data_order.value_or(cfg.data_order);
+  const bool llmc_order = o.use_real_data && order == data::DataOrder::Llmc;
+  const std::string order_from = o.data_order ? std::string("--data_order ") + name(order)
+                                              : o.deepspeed_config.string() + ": cutrain.data_order \"" + name(order) + "\"";
+  CUTRAIN_CHECK(!o.data_order || o.use_real_data, "train: ", order_from,
+                ": the data order orders the token shards' batches: expected --use_real_data with it, found random data");
+  CUTRAIN_CHECK(!llmc_order || !bert, "train: ", order_from, ": llm.c's order reads GPT-style runs of B x T + 1 tokens; "
+                "--model bert's masked-LM samples have their own order: expected shuffled");
+  CUTRAIN_CHECK(!llmc_order || next_token, "train: ", order_from, ": llm.c's batches take the following token as the "
+                "label: expected next-token labels, found --labels identity");
   std::unique_ptr<data::BatchSampler> sampler, eval_sampler;
   std::optional<CurriculumSetup> curriculum;
   int eval_batches = 0;
@@ -483,7 +579,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     so.world_size = dp_world;
     so.labels = next_token ? data::Labels::kNextToken : data::Labels::kIdentity;
     so.vocab_size = kGpt2Vocab;
+    so.order = order;
     curriculum = make_curriculum(cfg, o.deepspeed_config, o.data, o.seq_length, o.seq_length + (next_token ? 1 : 0), accum);
+    CUTRAIN_CHECK(!curriculum || !llmc_order, "train: ", order_from, " and the config's curriculum are two orders of "
+                  "the batches: expected one of them, found both");
     if (curriculum) {
       so.curriculum = curriculum->draw;
       out << "[Rank 0] " << curriculum->describe << "\n";
@@ -492,13 +591,18 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     so.curriculum = nullptr;  // validation draws its fixed first windows
     out << "[Rank 0] Dataset loaded: " << sampler->num_tokens() << " tokens, " << sampler->batches_per_epoch()
         << " batches per epoch, vocab_size=" << kGpt2Vocab << "\n";
+    if (llmc_order)
+      out << "[Rank 0] Data order: llm.c's DataLoader (" << order_from << "): shard order and each shard's samples "
+          << "permuted by MT19937 seeded " << o.seed << " + rank, runs of B x T + 1 tokens; validation in file order\n";
     if (!o.eval_data.empty()) {
       so.patterns = o.eval_data;
       so.rank = 0;  // every rank evaluates the same batches (the parameters are the same)
       so.world_size = 1;
       so.shuffle = false;  // the same first windows every evaluation: one curve, comparable points
       eval_sampler = std::make_unique<data::BatchSampler>(so);
-      eval_batches = int(std::min<std::int64_t>(o.eval_steps, eval_sampler->batches_per_epoch()));
+      // llm.c's validation loader wraps around to its first batch after the last one: --eval_steps
+      // batches whatever the data holds, as its -m.
+      eval_batches = llmc_order ? o.eval_steps : int(std::min<std::int64_t>(o.eval_steps, eval_sampler->batches_per_epoch()));
       out << "[Rank 0] Validation data: " << eval_sampler->num_tokens() << " tokens, " << eval_batches
           << " batches per evaluation";
       if (eval_batches < o.eval_steps) out << " (--eval_steps " << o.eval_steps << " is more than the data holds)";
@@ -519,6 +623,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       << ", num_heads=" << o.num_heads << ", vocab_size=" << vocab << "\n";
   std::unique_ptr<TrainBackend> be =
       o.device == TrainDevice::Cpu ? make_cpu_backend(bo, cfg) : make_gpu_backend(bo, cfg);
+  bo.teacher.reset();  // the backend holds the teacher now
+  teacher.reset();
   if (llmc) {
     init_from_llmc(*be, o.init_from_llmc);
     out << "[Rank 0] Initialized from llm.c checkpoint " << o.init_from_llmc.string() << " ("
@@ -551,6 +657,11 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     std::istringstream(meta.data_rng) >> data_rng;
     for (const auto& n : meta.notes) out << "[Rank 0] checkpoint " << n << "\n";
     out << "[Rank 0] Resumed from " << resume->folder.string() << " at step " << first_step << "\n";
+    if (o.mos.reset_iteration) {  // Megatron-DeepSpeed's --reset-iteration: the weights and optimizer state, step 0
+      out << "[Rank 0] --reset_iteration: the step count starts again at 0 (the checkpoint's weights and optimizer "
+          << "state kept)\n";
+      first_step = 0;
+    }
     if (!resume->legacy) {
       std::uint64_t bytes = 0;
       for (const auto& f : resume->manifest.files) bytes += f.bytes;
@@ -701,10 +812,14 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   };
   // BERT: micro-batch a of this rank at `step` is number (step x world + rank) x accumulation + a of
   // the masked-LM stream: a pure function of the step (resume), the global batch dealt by rank.
+  // The step's longest sample: --pad_to_longest cuts the step's micro-batches down to it.
+  int mlm_longest = o.seq_length;
   auto draw_mlm = [&](int step) {
+    mlm_longest = 0;
     for (int a = 0; a < accum; ++a)
-      mlm->fill((std::int64_t(step) * dp_world + dp_rank) * accum + a, tokens.data() + a * per_micro,
-                labels.data() + a * per_micro);
+      mlm_longest = std::max(mlm_longest, mlm->fill((std::int64_t(step) * dp_world + dp_rank) * accum + a,
+                                                    tokens.data() + a * per_micro, labels.data() + a * per_micro)
+                                              .longest);
   };
   if (o.fixed_batch) mlm ? draw_mlm(first_step) : sampler ? draw_real(first_step) : draw();
 
@@ -715,12 +830,14 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     EvalPoint e;
     e.after_step = after_step;
     e.batches = eval_batches;
+    const auto t_eval = std::chrono::steady_clock::now();
     for (int b = 0; b < eval_batches; ++b) {
       if (eval_mlm) eval_mlm->fill(b, eval_tokens.data(), eval_labels.data());
       else eval_sampler->fill(b, eval_tokens.data(), eval_labels.data());
       e.loss += be->eval_loss(eval_tokens.data(), eval_labels.data()) / eval_batches;
     }
     e.perplexity = std::exp(e.loss);
+    e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_eval).count();
     out << "[Rank 0] Eval " << (after_step < first_step ? "before training" : "after step " + std::to_string(after_step))
         << ": val_loss=" << fixed(e.loss, 4) << ", val_ppl=" << fixed(e.perplexity, 2) << " (" << eval_batches
         << " batches of " << o.batch_size << " x " << o.seq_length << ")\n";
@@ -728,6 +845,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   };
   const bool evaluating = eval_sampler || eval_mlm;
   if (evaluating) res.evals.push_back(evaluate(first_step - 1));
+  // The loop's wall clock from its first step (the metrics' elapsed_s): steps, data draws,
+  // evaluations, logging and saves alike; what a data-efficiency comparison reads beside the
+  // steps' own time.
+  const auto loop_start = std::chrono::steady_clock::now();
 
   res.params = nparams;
   // random-LTD's consumed layer tokens (the global batch's): the steps before a resume from the
@@ -737,21 +858,64 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (ltd_on)
     for (int s = 0; s < first_step; ++s)
       consumed_layer_tokens += random_ltd_layer_tokens(ltd, s, global_seqs, bo.dims.layers, o.seq_length);
+  // Tokens trained before this step (global batch): a curriculum's steps count their length.
+  std::int64_t consumed_tokens = seqlen ? seqlen->tokens_before(first_step, accum, dp_world)
+                                        : std::int64_t(first_step) * std::int64_t(per_step) * dp_world;
+  std::vector<std::int32_t> cl_tokens, cl_labels;  // the curriculum's rebuilt micro-batches
+  // The step's lr: DeepSpeed's step-indexed schedule, or with --lr_decay_tokens its decay counted
+  // in tokens (Megatron-DeepSpeed's token-based decay, train/lr_schedule.h).
+  const int decay_start = schedule.decay_start_step();
+  const std::int64_t warmup_tokens = seqlen ? seqlen->tokens_before(decay_start, accum, dp_world)
+                                            : std::int64_t(decay_start) * std::int64_t(per_step) * dp_world;
+  auto lr_at = [&](int step, std::int64_t tokens_before) {
+    if (!o.lr_decay_tokens) return schedule.lr(step);
+    return schedule.lr_by_tokens(step, tokens_before, warmup_tokens, *o.lr_decay_tokens);
+  };
   double time_sum = 0;
   int timed = 0;
   const int last = first_step + o.num_steps - 1;
   bool progress_shown = false;  // a progress line (no newline) is on the terminal
   double progress_time = 0;
   prof.set_steps(first_step, last, o.warmup_steps);
+  bool distilling = o.mos.active();  // until the backend reports a step without the teacher
   for (int step = first_step; step <= last; ++step) {
     if (!o.fixed_batch) mlm ? draw_mlm(step) : sampler ? draw_real(step) : draw();
-    const float lr = schedule.lr(step);
+    // A sequence-length curriculum: this step's length, the micro-batches rebuilt at it.
+    const std::int32_t* step_tokens = tokens.data();
+    const std::int32_t* step_labels = labels.data();
+    int cl_seqlen = o.seq_length;
+    SeqShape cl_shape{o.batch_size, o.seq_length};
+    if (bert && o.pad_to_longest > 0) {
+      // Issue #20: the step's [PAD]-padded micro-batches cut to its longest sample, rounded up to
+      // the bucket (one CUDA graph per length; the loss is over the labelled rows, all kept).
+      cl_seqlen = bert_padded_length(mlm_longest, o.pad_to_longest, bert_setup->max_predictions, o.seq_length);
+      cl_shape = SeqShape{o.batch_size, cl_seqlen};
+      rebuild_micro_batches(CurriculumMetric::SeqlenTruncate, o.batch_size, o.seq_length, cl_seqlen, accum,
+                            tokens.data(), labels.data(), cl_tokens, cl_labels);
+      be->set_seq_shape(cl_shape.rows, cl_shape.seq);
+      step_tokens = cl_tokens.data();
+      step_labels = cl_labels.data();
+    }
+    if (seqlen) {
+      cl_seqlen = seqlen->seqlen(step);
+      cl_shape = seqlen->shape(cl_seqlen);
+      seqlen->apply(cl_seqlen, accum, tokens.data(), labels.data(), cl_tokens, cl_labels);
+      be->set_seq_shape(cl_shape.rows, cl_shape.seq);
+      step_tokens = cl_tokens.data();
+      step_labels = cl_labels.data();
+    }
+    // The tokens this step trains: this rank's, and the global batch's (DeepSpeed's example's
+    // consumed_train_tokens, which its token-based lr decay reads).
+    const std::int64_t rank_tokens = std::int64_t(accum) * std::int64_t(cl_shape.tokens());
+    const std::int64_t global_tokens = rank_tokens * dp_world;
+    const float lr = lr_at(step, consumed_tokens);
+    consumed_tokens += global_tokens;
     prof.begin_step(step);
     const bool writing = writer && writer->in_flight();  // a background write shares the machine
     const auto t0 = std::chrono::steady_clock::now();
     const StepStats st = [&] {
       try {
-        return be->step(tokens.data(), labels.data(), step + 1, lr);
+        return be->step(step_tokens, step_labels, step + 1, lr);
       } catch (const LossScaleError& e) {  // fp16: an overflow at min_loss_scale; named by this run's step
         throw LossScaleError("train: fp16 overflow at step " + std::to_string(step) + ": " + e.message(), __FILE__,
                              __LINE__);
@@ -787,12 +951,22 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     if (curriculum) difficulty = curriculum->draw->difficulty(step);
     const std::int64_t layer_tokens = st.layer_tokens * dp_world;  // every rank processes the same count
     consumed_layer_tokens += layer_tokens;
+    if (distilling && !st.distilled) {
+      out << "[Rank 0] Step " << step << ": knowledge distillation stopped (--stop_kd_step "
+          << o.mos.stop_kd_step.value_or(0) << "): the teacher is freed (" << with_commas(teacher_params)
+          << " parameters, its activations and the term's buffers), training goes on with the LM loss only\n";
+      distilling = false;
+    }
     if (step % log_interval == 0 || step == last) {
       out << "[Rank 0] Step " << step << ": loss=" << fixed(loss, 4) << ", time=" << fixed(dt, 3)
           << "s, alloc_mem=" << format_gb(mem.allocated) << ", peak_mem=" << format_gb(mem.peak);
       if (bert) out << ", samples/s=" << fixed(double(global_seqs) / dt, 1);
       if (st.loss_scale > 0) out << ", loss_scale=" << format_loss_scale(st.loss_scale);
+      if (bert && o.pad_to_longest > 0) out << ", padded to " << cl_seqlen << " of " << o.seq_length;
       out << "\n";
+      if (st.distilled)
+        out << "[Rank 0] Step " << step << ": distillation ce_loss=" << fixed(st.ce_loss, 4)
+            << ", kd_loss=" << fixed(st.kd_loss, 4) << " (kd_beta_ce * T^2 * KL)\n";
       for (const model::MoeBlockStats& m : st.moe)
         out << "[Rank 0] Step " << step << ": moe block " << m.layer << " l_aux=" << fixed(m.l_aux, 4)
             << ", dropped=" << m.dropped << ", capacity=" << m.capacity << ", expert load min=" << m.min_load
@@ -801,6 +975,11 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
         out << "[Rank 0] Step " << step << ": random-LTD kept=" << std::min<std::int64_t>(random_ltd_kept(ltd, step), o.seq_length)
             << " of " << o.seq_length << " tokens in " << ltd.layer_ids.size() << " of " << bo.dims.layers
             << " blocks, layer_tokens=" << layer_tokens << ", consumed_layer_tokens=" << consumed_layer_tokens << "\n";
+      if (seqlen)
+        out << "[Rank 0] Step " << step << ": curriculum seqlen=" << cl_seqlen << " of " << o.seq_length << " ("
+            << name(seqlen->metric()) << ": " << cl_shape.rows << " rows of " << cl_shape.seq << " per micro-batch), tokens="
+            << global_tokens << ", consumed_tokens=" << consumed_tokens << ", tokens/s=" << fixed(double(rank_tokens) / dt, 0)
+            << "\n";
       if (curriculum) {
         const auto [first, end] = curriculum->draw->eligible(difficulty);
         out << "[Rank 0] Step " << step << ": curriculum difficulty=" << difficulty << " ("
@@ -817,13 +996,25 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                           {"grad_norm", st.grad_norm},
                           {"skipped", st.skipped},
                           {"step_time_s", dt},
-                          {"tokens_per_s", double(per_step) / dt},
+                          {"tokens_per_s", double(rank_tokens) / dt},
                           {"samples_per_s", double(global_seqs) / dt},
                           {"allocated_bytes", mem.allocated},
                           {"reserved_bytes", mem.reserved},
                           {"peak_bytes", mem.peak}};
       if (curriculum) j["curriculum_difficulty"] = difficulty;
       if (st.loss_scale > 0) j["loss_scale"] = st.loss_scale;  // fp16: the scale this step ran with
+      if (o.mos.active()) {  // distillation's parts: ce_loss = loss; kd_loss 0 once the teacher is freed
+        j["ce_loss"] = float(st.ce_loss);  // as loss: the float the loss CSV holds
+        j["kd_loss"] = st.kd_loss;
+        j["distilled"] = st.distilled;
+      }
+      if (bert && o.pad_to_longest > 0) j["padded_seqlen"] = cl_seqlen;
+      if (seqlen) {
+        j["curriculum_seqlen"] = cl_seqlen;
+        j["curriculum_rows"] = cl_shape.rows;
+        j["tokens"] = global_tokens;
+        j["consumed_tokens"] = consumed_tokens;
+      }
       if (ltd_on) {
         j["random_ltd_kept"] = std::min<std::int64_t>(random_ltd_kept(ltd, step), o.seq_length);
         j["layer_tokens"] = layer_tokens;
@@ -839,7 +1030,9 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       if (eval_now) {
         j["val_loss"] = res.evals.back().loss;
         j["val_ppl"] = res.evals.back().perplexity;
+        j["eval_time_s"] = res.evals.back().seconds;
       }
+      j["elapsed_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
       metrics_log.append(j.dump() + "\n");
     }
     if (o.progress && step < last) {
@@ -848,7 +1041,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
       progress_time += dt;
       const int done = step - first_step + 1;
       out << "\r[step " << step + 1 << "/" << last + 1 << "] ETA " << duration_text(progress_time / done * (last - step))
-          << ", " << with_commas(dt > 0 ? std::uint64_t(double(per_step) / dt) : 0) << " tokens/s, mem " << format_gb(mem.allocated)
+          << ", " << with_commas(dt > 0 ? std::uint64_t(double(rank_tokens) / dt) : 0) << " tokens/s, mem " << format_gb(mem.allocated)
           << " (peak " << format_gb(mem.peak) << ")\033[K" << std::flush;
       progress_shown = true;
     }

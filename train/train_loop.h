@@ -14,6 +14,7 @@
 #include "train/bert_options.h"
 #include "train/choices.h"
 #include "train/moe_options.h"
+#include "train/mos_options.h"
 #include "train/step_profiler.h"
 
 namespace cutrain::train {
@@ -32,6 +33,9 @@ struct TrainOptions {
   std::filesystem::path init_from_hf, save_hf;
   int num_steps = 20, warmup_steps = 5;
   std::optional<float> learning_rate;  // given: overrides the config's optimizer lr
+  // --lr_decay_tokens: the scheduler's decay counted in trained tokens up to this many (global
+  // batch), Megatron-DeepSpeed's --lr-decay-tokens (train/lr_schedule.h: lr_by_tokens).
+  std::optional<std::int64_t> lr_decay_tokens;
   // Step lines every N steps; not given: the config's steps_per_print, else 5 (train.py's default).
   std::optional<int> log_interval;
   // A progress line (step, ETA, tokens/s, memory) rewritten in place after each step: for a
@@ -43,6 +47,12 @@ struct TrainOptions {
   // partition_method (docs/distributed.md).
   int pipeline_parallel_size = 1;
   std::string partition_method = "parameters";
+  // Given on the command line (else the config's pipeline.stages / pipeline.partition apply). A
+  // given degree, or the config's pipeline section, makes the GPU engine run its step through the
+  // pipeline's program (train/gpu_pipeline.h) at degree 1.
+  bool pipeline_parallel_given = false, partition_method_given = false;
+  // --device cuda: all N stages of the pipeline in this one process (virtual stages).
+  int pipeline_stages_in_process = 1;
   // Tensor parallelism (--device cpu): the degree (--tensor_parallel_size; not given: the config's
   // tensor_parallel.autotp_size, else 1) and Domino's pieces per micro-batch (--domino).
   std::optional<int> tensor_parallel_size;
@@ -56,6 +66,9 @@ struct TrainOptions {
   std::vector<std::string> eval_data;  // --eval_data: validation shards (with --use_real_data)
   int eval_interval = 0;               // evaluate after every N steps (0: only before and after the run)
   int eval_steps = 20;                 // validation batches per evaluation (the first N, in file order)
+  // --data_order: the order of --use_real_data's batches (not given: the config's
+  // cutrain.data_order, else shuffled); llmc: llm.c's DataLoader's batches (docs/gpt2.md).
+  std::optional<data::DataOrder> data_order;
   std::uint64_t seed = 42;
   std::filesystem::path metrics_file;
   std::filesystem::path save_dir, resume_dir;  // --save ROOT, --resume ROOT or ROOT/global_step<N>
@@ -75,8 +88,12 @@ struct TrainOptions {
   bool fixed_batch = false;  // reuse the first batch every step (a loss that must fall)
   ProfilingOptions profiling;  // --timing_report, --profile_steps (docs/profiling.md)
   MoeOptions moe;              // --num_experts, --moe_* (train/moe_options.h; docs/moe.md)
+  MosOptions mos;              // --mos / --kd, --load_teacher, --kd_* (train/mos_options.h; docs/moe.md)
   // --model bert: --bert_config and bing_bert's flags (train/bert_options.h; docs/bert.md).
   BertFlags bert;
+  // --pad_to_longest BUCKET (--model bert; 0: off): each step's micro-batches cut from S to their
+  // longest sample rounded up to a multiple of BUCKET (issue #20; train/bert_options.h).
+  int pad_to_longest = 0;
   // Whether --batch_size was given: BERT runs take the DeepSpeed config's
   // train_micro_batch_size_per_gpu when it was not (a library caller's value counts as given).
   bool batch_size_given = true;
@@ -86,6 +103,7 @@ struct EvalPoint {
   int after_step = -1;  // the last step trained before it (-1 + first step: before training)
   double loss = 0, perplexity = 0;
   int batches = 0;
+  double seconds = 0;  // the evaluation's own wall-clock time
 };
 
 // The checkpoint saves of a run (--save).

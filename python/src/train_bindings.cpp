@@ -109,6 +109,9 @@ const std::map<std::string, Setter>& setters() {
     t["attention"] = [](O& o, nb::handle v) {
       o.attention = train::parse_choice(train::kAttentionChoices, as<std::string>(v, "attention", "a str"), "attention");
     };
+    t["data_order"] = [](O& o, nb::handle v) {
+      o.data_order = train::parse_choice(train::kDataOrders, as<std::string>(v, "data_order", "a str"), "data_order");
+    };
     t["save_mode"] = [](O& o, nb::handle v) {
       o.save_mode = train::parse_choice(train::kSaveModes, as<std::string>(v, "save_mode", "a str"), "save_mode");
     };

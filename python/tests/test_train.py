@@ -77,7 +77,12 @@ def test_train_bad_input(tmp_path):
         cutrain.train(config=cfg, device="tpu")
     with pytest.raises(cutrain.Error, match="missing.json"):
         cutrain.train(config=str(tmp_path / "missing.json"), **SMALL)
+    with pytest.raises(cutrain.Error, match='data_order: expected one of "shuffled", "llmc", found "nanogpt"'):
+        cutrain.train(config=cfg, data_order="nanogpt", **SMALL)
+    with pytest.raises(cutrain.Error, match="data order orders the token shards' batches: expected --use_real_data"):
+        cutrain.train(config=cfg, data_order="llmc", **SMALL)
     assert "num_steps" in cutrain.train_flags()
+    assert "data_order" in cutrain.train_flags()
 
 
 def test_train_bert():

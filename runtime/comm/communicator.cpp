@@ -1,5 +1,7 @@
 #include "runtime/comm/communicator.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -12,6 +14,48 @@
 #endif
 
 namespace cutrain::comm {
+
+namespace {
+void check_pieces(const std::vector<Piece>& pieces, int world, const char* what) {
+  for (const Piece& p : pieces)
+    CUTRAIN_CHECK(p.peer >= 0 && p.peer < world, "all_to_all_v: a ", what, " piece names rank ", p.peer,
+                  ", outside a world of ", world);
+}
+}  // namespace
+
+void Communicator::all_to_all_v(const void* send, const std::vector<Piece>& sends, void* recv,
+                                const std::vector<Piece>& recvs, DType t, cudaStream_t s) {
+  CUTRAIN_CHECK(device() < 0, "all_to_all_v: the packed default works on host memory; the ", backend_name(),
+                " communicator must send its pieces itself");
+  const int W = world_size();
+  check_pieces(sends, W, "send");
+  check_pieces(recvs, W, "recv");
+  const std::size_t es = dtype_size(t);
+  // This rank's block to each peer: its pieces to that peer one after another, in order.
+  std::vector<std::size_t> block(std::size_t(W), 0);
+  for (const Piece& p : sends) block[std::size_t(p.peer)] += p.count;
+  const std::uint64_t mine = *std::max_element(block.begin(), block.end());
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(W));
+  all_gather(&mine, all.data(), sizeof mine, DType::U8, s);
+  const std::size_t n = std::size_t(*std::max_element(all.begin(), all.end()));
+  if (n == 0) return;
+  std::vector<char> out(std::size_t(W) * n * es, 0), in(out.size());
+  std::vector<std::size_t> at(std::size_t(W), 0);
+  for (const Piece& p : sends) {
+    std::memcpy(out.data() + (std::size_t(p.peer) * n + at[std::size_t(p.peer)]) * es,
+                static_cast<const char*>(send) + p.offset * es, p.count * es);
+    at[std::size_t(p.peer)] += p.count;
+  }
+  all_to_all(out.data(), in.data(), n * es, DType::U8, s);
+  std::fill(at.begin(), at.end(), 0);
+  for (const Piece& p : recvs) {
+    CUTRAIN_CHECK(at[std::size_t(p.peer)] + p.count <= n, "all_to_all_v: the recv pieces from rank ", p.peer,
+                  " need more than the ", n, " elements any rank sent");
+    std::memcpy(static_cast<char*>(recv) + p.offset * es, in.data() + (std::size_t(p.peer) * n + at[std::size_t(p.peer)]) * es,
+                p.count * es);
+    at[std::size_t(p.peer)] += p.count;
+  }
+}
 
 #if CUTRAIN_HAVE_NCCL
 
@@ -43,6 +87,11 @@ class NcclCommunicator final : public Communicator {
     CUTRAIN_NCCL_CHECK(ncclCommInitRank(&comm_, world_size(), id, rank()));
     CUTRAIN_CUDA_CHECK(cudaMalloc(&word_, sizeof(int)));
   }
+  // A split's communicator, owned from here on.
+  void adopt(ncclComm_t c) {
+    comm_ = c;
+    CUTRAIN_CUDA_CHECK(cudaMalloc(&word_, sizeof(int)));
+  }
 
   void all_reduce(void* buf, std::size_t n, DType t, ReduceOp op, cudaStream_t s) override {
     CUTRAIN_NCCL_CHECK(ncclAllReduce(buf, buf, n, nccl_type(t), nccl_op(op), comm_, s));
@@ -61,6 +110,38 @@ class NcclCommunicator final : public Communicator {
       CUTRAIN_NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + p * bytes, n, nccl_type(t), p, comm_, s));
     }
     CUTRAIN_NCCL_CHECK(ncclGroupEnd());
+  }
+  void all_to_all_v(const void* send, const std::vector<Piece>& sends, void* recv, const std::vector<Piece>& recvs,
+                    DType t, cudaStream_t s) override {
+    check_pieces(sends, world_size(), "send");
+    check_pieces(recvs, world_size(), "recv");
+    const std::size_t es = dtype_size(t);
+    // Pieces of 0 elements are skipped on both sides: the k-th non-empty piece still matches.
+    CUTRAIN_NCCL_CHECK(ncclGroupStart());
+    for (const Piece& p : sends)
+      if (p.count > 0)
+        CUTRAIN_NCCL_CHECK(ncclSend(static_cast<const char*>(send) + p.offset * es, p.count, nccl_type(t), p.peer, comm_, s));
+    for (const Piece& p : recvs)
+      if (p.count > 0)
+        CUTRAIN_NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + p.offset * es, p.count, nccl_type(t), p.peer, comm_, s));
+    CUTRAIN_NCCL_CHECK(ncclGroupEnd());
+  }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    ncclComm_t sub = nullptr;
+    CUTRAIN_NCCL_CHECK(ncclCommSplit(comm_, color, key, &sub, nullptr));
+    CUTRAIN_CHECK(sub != nullptr, "ncclCommSplit: rank ", rank(), " got no communicator for color ", color);
+    int n = 0, r = 0;
+    CUTRAIN_NCCL_CHECK(ncclCommCount(sub, &n));
+    CUTRAIN_NCCL_CHECK(ncclCommUserRank(sub, &r));
+    LaunchEnv e;
+    e.rank = r;
+    e.world_size = n;
+    e.local_rank = device();
+    e.local_world_size = n;
+    e.source = "nccl split";
+    auto c = std::make_unique<NcclCommunicator>(e, device());
+    c->adopt(sub);
+    return c;
   }
   void broadcast(void* buf, std::size_t n, DType t, int root, cudaStream_t s) override {
     CUTRAIN_NCCL_CHECK(ncclBroadcast(buf, buf, n, nccl_type(t), root, comm_, s));

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "runtime/comm/launch_env.h"
 #include "runtime/dtype.h"
@@ -23,6 +24,13 @@
 namespace cutrain::comm {
 
 enum class ReduceOp { Sum, Avg };
+
+// One contiguous piece of an all_to_all_v: `count` elements at element `offset` of the buffer, to
+// or from group rank `peer`.
+struct Piece {
+  int peer = 0;
+  std::size_t offset = 0, count = 0;
+};
 
 // True when cutrain was built with NCCL.
 bool nccl_available();
@@ -56,6 +64,15 @@ class Communicator {
   // send[world*count], recv[world*count]: rank r's block j (send[j*count ..]) lands on rank j at
   // recv[r*count ..]. send and recv must not overlap.
   virtual void all_to_all(const void* send, void* recv, std::size_t count, DType t, cudaStream_t s) = 0;
+  // The all-to-all of variable pieces (MoE's token exchange): every piece of `sends` goes from
+  // `send` to its peer, every piece of `recvs` lands in `recv` from its peer. Between two ranks the
+  // k-th piece one sends to the other matches the k-th piece the other receives from it, with the
+  // same count (pieces of 0 elements may be listed on both sides or on neither). A rank may list
+  // pieces to itself. The default goes through all_to_all, each rank's pieces to a peer packed and
+  // padded to the largest block of any rank (one small all_gather of that size first): it serves
+  // the host-memory transports (device() < 0); NCCL sends each piece itself (grouped send / recv).
+  virtual void all_to_all_v(const void* send, const std::vector<Piece>& sends, void* recv,
+                            const std::vector<Piece>& recvs, DType t, cudaStream_t s);
   virtual void broadcast(void* buf, std::size_t count, DType t, int root, cudaStream_t s) = 0;
   // In-place sum of fp64 values (DType has no fp64): the ranks' gradient sums of squares.
   virtual void all_reduce_sum_f64(double* buf, std::size_t count, cudaStream_t s) = 0;
@@ -66,6 +83,15 @@ class Communicator {
   // Returns on every rank once every rank has called it (NCCL: once the stream's work before it
   // is complete on every rank).
   virtual void barrier(cudaStream_t s) = 0;
+  // A communicator of the ranks that pass the same `color`, ordered by `key` (NCCL's
+  // ncclCommSplit; collective over every rank of this one). Null where the transport has no
+  // sub-communicators of its own (the host communicator: parallel/group_communicator.h builds
+  // groups on its send / recv instead).
+  virtual std::unique_ptr<Communicator> split(int color, int key) {
+    (void)color;
+    (void)key;
+    return nullptr;
+  }
 
  protected:
   Communicator(const LaunchEnv& env, int device) : env_(env), device_(device) {}

@@ -7,7 +7,8 @@
 # format loads; and the errors: fp16 in the model file against bf16, fp16 on the CPU backend, an
 # unknown key, heads not dividing hidden,
 # batch_size against the micro-batch, a sequence past the position table, --model bert without
-# --bert_config, a BERT flag without --model bert, a shape flag against the file.
+# --bert_config, a BERT flag without --model bert, a shape flag against the file. --pad_to_longest
+# (issue #20): the padded lengths and a resume.
 #   bert_cli.sh CUTRAIN_BINARY cpu|cuda     (cuda: skipped without a GPU)
 source "$(dirname "$0")/e2e_lib.sh"
 skip_without_gpu
@@ -114,6 +115,29 @@ bing_flags=(--model bert --bert_config "$tmp/bing.json" --deepspeed_config confi
 grep -q "note: $tmp/bing.json: mixed_precision: read but not acted on" "$tmp/b.txt" || { cat "$tmp/b.txt"; fail "mixed_precision note"; }
 grep -q "note: $tmp/bing.json: bert_model_config.type_vocab_size: read but not acted on" "$tmp/b.txt" || { cat "$tmp/b.txt"; fail "type_vocab_size note"; }
 
+# Padding to the longest sequence (issue #20, --pad_to_longest 16): each step's micro-batches cut
+# to their longest sample rounded up to 16 (at least the head's slots, at most S): the lengths in
+# the metrics and the Step lines, finite losses, and a resumed run's losses equal the straight one's.
+"$bin" train "${flags[@]}" "${data[@]}" --pad_to_longest 16 --num_steps 6 --loss_log_file "$tmp/pad.csv" \
+  --metrics_file "$tmp/pad.jsonl" >"$tmp/pad.txt" 2>&1 || { cat "$tmp/pad.txt"; fail "--pad_to_longest run"; }
+grep -q "samples/s=[0-9.]*, padded to [0-9]* of $seq$" "$tmp/pad.txt" || { cat "$tmp/pad.txt"; fail "padded Step line"; }
+python3 - "$tmp/pad.jsonl" "$seq" <<'PY' || { cat "$tmp/pad.jsonl"; fail "padded lengths"; }
+import json, math, sys
+S = int(sys.argv[2])
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 6, rows
+for r in rows:
+    L = r["padded_seqlen"]
+    assert math.isfinite(r["loss"]) and 0 < L <= S and (L % 16 == 0 or L == S), r
+PY
+"$bin" train "${flags[@]}" "${data[@]}" --pad_to_longest 16 --num_steps 3 --save "$tmp/ckp" >"$tmp/p1.txt" 2>&1 \
+  || { cat "$tmp/p1.txt"; fail "--pad_to_longest first half"; }
+"$bin" train "${flags[@]}" "${data[@]}" --pad_to_longest 16 --num_steps 3 --resume "$tmp/ckp" --loss_log_file "$tmp/pad_r.csv" \
+  >"$tmp/p2.txt" 2>&1 || { cat "$tmp/p2.txt"; fail "--pad_to_longest resumed half"; }
+diff <(awk -F, 'NR > 1 && $1 >= 3' "$tmp/pad.csv") <(tail -n +2 "$tmp/pad_r.csv") >/dev/null \
+  || { paste -d' ' "$tmp/pad.csv" "$tmp/pad_r.csv"; fail "--pad_to_longest: resumed losses differ"; }
+echo "ok: --pad_to_longest"
+
 # Errors, each named. expect_error WHAT TEXT ARGS...: the run fails and its output holds TEXT.
 expect_error() {
   local what=$1 text=$2
@@ -140,4 +164,6 @@ expect_error "--model bert without --bert_config" "--model bert needs --bert_con
 expect_error "--bert_config without --model bert" "--bert_config is a flag of BERT pre-training: expected --model bert" \
   --deepspeed_config configs/bert_tiny_lamb.json --device "$device" --num_steps 1 --bert_config "$model"
 expect_error "a shape flag against the file" "--hidden_dim 32 contradicts --bert_config" "${base[@]}" --bert_config "$model" --hidden_dim 32
+expect_error "--pad_to_longest without --model bert" "--pad_to_longest 64 pads BERT's masked-LM micro-batches: expected --model bert" \
+  --deepspeed_config configs/bert_tiny_lamb.json --device "$device" --num_steps 1 --pad_to_longest 64
 echo "ok: BERT trains (loss and validation fall), resumes equal, trains on synthetic batches, reads bing_bert's file, refuses bad configs by name"

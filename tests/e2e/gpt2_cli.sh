@@ -3,7 +3,8 @@
 # (--save_llmc: its header and size checked here) and HF safetensors (--save_hf); a run started
 # from that file (--init_from_llmc) whose only step has lr 0 (WarmupCosineLR's step 0) writes it
 # back byte for byte; --init_from_hf of its safetensors evaluates the same; --resume of a GPT-2
-# checkpoint builds GPT-2 again; the input errors name the file or the flag.
+# checkpoint builds GPT-2 again; the llm.c configs draw llm.c's batch order (cutrain.data_order),
+# --data_order overrides it; the input errors name the file or the flag.
 #   gpt2_cli.sh CUTRAIN_BINARY cpu|cuda   (exits 77 = skipped: no GPU for cuda)
 source "$(dirname "$0")/e2e_lib.sh"
 skip_without_gpu
@@ -26,6 +27,8 @@ grep -q "Creating GPT-2 (pre-LN, tied head, tanh GELU)" "$tmp/a.txt" || fail "no
 grep -q -- "--pad_vocab 128: 50257 -> 50304 rows" "$tmp/a.txt" || fail "GPT-2 does not pad to 128"
 grep -q "Objective: next-token labels, causal attention" "$tmp/a.txt" || fail "GPT-2 is not causal"
 grep -q "llm.c checkpoint saved to: $tmp/m.bin (bf16, version 5)" "$tmp/a.txt" || fail "no --save_llmc line"
+grep -qF "Data order: llm.c's DataLoader (configs/llmc_gpt2_constant.json: cutrain.data_order \"llmc\"): shard order and each shard's samples permuted by MT19937 seeded 42 + rank" \
+  "$tmp/a.txt" || { cat "$tmp/a.txt"; fail "no llm.c data order line"; }
 python3 - "$tmp/m.bin" "$C" <<'PY' || fail "llm.c header or size"
 import os, struct, sys
 C = int(sys.argv[2]); h = struct.unpack("256i", open(sys.argv[1], "rb").read(1024))
@@ -50,6 +53,20 @@ run --deepspeed_config configs/llmc_gpt2_constant.json --resume "$tmp/ck" --num_
   || { cat "$tmp/d.txt"; fail "--resume of a gpt2 checkpoint"; }
 grep -q "Creating GPT-2" "$tmp/d.txt" || fail "--resume did not build GPT-2"
 
+# --data_order wins over the config: shuffled draws other batches (another first loss), llmc the same.
+first_loss() { grep -m1 "Step 0: loss=" "$1" | sed 's/.*loss=\([0-9.]*\).*/\1/'; }
+run --deepspeed_config configs/llmc_gpt2_constant.json --init_from_llmc "$tmp/m.bin" --num_steps 1 --data_order llmc \
+  >"$tmp/o1.txt" 2>&1 || { cat "$tmp/o1.txt"; fail "--data_order llmc"; }
+run --deepspeed_config configs/llmc_gpt2_constant.json --init_from_llmc "$tmp/m.bin" --num_steps 1 \
+  >"$tmp/o2.txt" 2>&1 || { cat "$tmp/o2.txt"; fail "the config's llmc order"; }
+run --deepspeed_config configs/llmc_gpt2_constant.json --init_from_llmc "$tmp/m.bin" --num_steps 1 --data_order shuffled \
+  >"$tmp/o3.txt" 2>&1 || { cat "$tmp/o3.txt"; fail "--data_order shuffled"; }
+grep -qF "Data order: llm.c's DataLoader (--data_order llmc)" "$tmp/o1.txt" || fail "--data_order llmc not named"
+grep -q "Data order" "$tmp/o3.txt" && fail "--data_order shuffled still names llm.c's order"
+l1=$(first_loss "$tmp/o1.txt"); l2=$(first_loss "$tmp/o2.txt"); l3=$(first_loss "$tmp/o3.txt")
+[ -n "$l1" ] && [ "$l1" = "$l2" ] || fail "the flag and the config's llm.c order differ: $l1 vs $l2"
+[ -n "$l3" ] && [ "$l3" != "$l1" ] || fail "shuffled and llm.c's order gave the same first batch loss $l1"
+
 # Input errors, named.
 expect_error() {  # expect_error TEXT ARGS...
   local want=$1; shift
@@ -67,5 +84,19 @@ expect_error "--save_llmc writes llm.c's GPT-2 layout" "${cfg[@]}" --hidden_dim 
 expect_error "no tensor 'transformer.h.2.attn.c_attn.weight'" "${cfg[@]}" --model gpt2 --hidden_dim $C --num_heads $H \
   --num_layers 3 --max_seq_len 16 --init_from_hf "$tmp/m2.safetensors"
 expect_error "--gpt2_size: d13 not in" "${cfg[@]}" -e d13
+expect_error "cutrain.data_order \"llmc\": llm.c's batches take the following token as the label: expected next-token labels" \
+  "${cfg[@]}" "${size[@]}" --labels identity
+python3 - "$tmp/tiny.bin" <<'PY'
+import struct, sys
+h = [0] * 256; h[0], h[1], h[2] = 20240520, 1, 32
+open(sys.argv[1], "wb").write(struct.pack("256i", *h) + struct.pack("32H", *range(32)))
+PY
+expect_error "shard $tmp/tiny.bin holds 32 tokens; llm.c's data order needs at least world_size x B x T + 1 = 33" \
+  "${cfg[@]}" "${size[@]}" --data_order llmc --data "$tmp/tiny.bin"
+if "$bin" train --device "$device" "${cfg[@]}" "${size[@]}" --seq_length 16 --batch_size 2 --data_order llmc >"$tmp/e.txt" 2>&1; then
+  fail "accepted --data_order without --use_real_data"
+fi
+grep -qF -- "--data_order llmc: the data order orders the token shards' batches: expected --use_real_data with it" "$tmp/e.txt" \
+  || { cat "$tmp/e.txt"; fail "--data_order without --use_real_data: no named error"; }
 expect_error "--num_layers 4 contradicts --gpt2_size d12 (12)" "${cfg[@]}" -e d12 --num_layers 4
 echo "gpt2_cli ($device): ok"

@@ -89,10 +89,11 @@ expect_error() {  # expect_error TEXT WORLD ARGS...
 expect_error "--moe_expert_parallel_size 4 does not divide the data-parallel world size 2" 2 --num_experts 4 --moe_expert_parallel_size 4
 expect_error "--moe_expert_parallel_size 2 does not divide the data-parallel world size 1" 1 --num_experts 4 --moe_expert_parallel_size 2
 expect_error "--moe_expert_parallel_size 4 does not divide --num_experts 2" 4 --num_experts 2,4 --expert_interval 1 --moe_expert_parallel_size 4
-# --device cuda (the model flags without --device cpu): refused before any device work.
+# --device cuda (the model flags without --device cpu): one process refused before any device work
+# (its world of 1; the GPU path itself is tests/e2e/moe_ep_cuda_cli.sh's).
 if "$bin" train --deepspeed_config "$tmp/s1_w1.json" "${size[@]:2}" --device cuda --num_steps 1 --num_experts 4 \
     --moe_expert_parallel_size 2 >"$tmp/e.txt" 2>&1; then fail "ep_size 2 on cuda accepted"; fi
-grep -qF -- "--moe_expert_parallel_size 2 with --device cuda: expert parallelism (the all-to-all over NCCL, the expert ZeRO groups) is built on --device cpu" \
+grep -qF -- "--moe_expert_parallel_size 2 does not divide the data-parallel world size 1" \
     "$tmp/e.txt" || { cat "$tmp/e.txt"; fail "ep_size 2 on cuda: message"; }
 expect_error "tensor parallelism of MoE blocks is not built" 2 --num_experts 4 --moe_expert_parallel_size 2 --tensor_parallel_size 2
 expect_error "--moe_expert_parallel_size configure MoE blocks: expected --num_experts too" 2 --moe_expert_parallel_size 2

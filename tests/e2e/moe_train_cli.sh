@@ -86,11 +86,8 @@ expect_error "--top_k must be 1 or 2" --num_experts 8 --top_k 3
 expect_error "--moe_train_capacity_factor must be a finite number > 0, got 0" --num_experts 4 --moe_train_capacity_factor 0
 expect_error "--moe_eval_capacity_factor must be a finite number > 0, got -1" --num_experts 4 --moe_eval_capacity_factor -1
 expect_error "--moe_expert_parallel_size 3 does not divide --num_experts 4" --num_experts 4 --moe_expert_parallel_size 3
-if [ "$device" = cpu ]; then  # one process: ep_size 2 does not divide its world of 1
-  expect_error "--moe_expert_parallel_size 2 does not divide the data-parallel world size 1" --num_experts 4 --moe_expert_parallel_size 2
-else
-  expect_error "--moe_expert_parallel_size 2 with --device cuda: expert parallelism (the all-to-all over NCCL" --num_experts 4 --moe_expert_parallel_size 2
-fi
+# one process: ep_size 2 does not divide its world of 1 (either device)
+expect_error "--moe_expert_parallel_size 2 does not divide the data-parallel world size 1" --num_experts 4 --moe_expert_parallel_size 2
 expect_error "--num_experts lists 3 counts, expected 1 or one per MoE block (1)" --num_experts 2,4,8
 expect_error "--moe_layers: block 5 is outside [0, 2)" --num_experts 4 --moe_layers 0,5
 expect_error "configure MoE blocks: expected --num_experts too" --top_k 2

@@ -10,7 +10,10 @@
 # process with the same global batch, a single-process checkpoint resumed on 2 stages, and the bad
 # input: a degree that does not divide the world size, more stages than layers, a type:REGEX
 # without enough matches, ZeRO-2 with a pipeline, and the warning of a pipeline without gradient
-# accumulation.
+# accumulation; pipeline.activation_checkpoint_interval (1 and 2, at 2 and 4 stages, GPT-2) against
+# the same runs without (losses, checkpoint bytes, fewer activation bytes held), the config's
+# pipeline section giving the degree, and the GPU engine's refusals (a degree above 1, an interval
+# above 1, virtual stages on the CPU backend).
 #   pipeline_host_cli.sh CUTRAIN_BINARY cpu|cuda   (the cuda variant exits 77: CPU backend only)
 source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] && { echo "pipeline parallelism runs on the CPU backend: skipped on cuda"; exit 77; }
@@ -126,6 +129,64 @@ pipe 2 "$tmp/w.txt" --deepspeed_config "$tmp/a1.json" --num_steps 1 || { cat "$t
 grep -q "warning: a pipeline of 2 stages with gradient_accumulation_steps 1: one micro-batch per step, so no stage \
 overlaps another (bubble fraction 1/2)" "$tmp/w.txt" || { cat "$tmp/w.txt"; fail "the accumulation warning"; }
 
+# DeepSpeed's pipeline.activation_checkpoint_interval: each chunk of N of a stage's layers keeps its
+# input only and is recomputed in backward: the same losses and checkpoint bytes as without (and as
+# the single process), at 2 and 4 stages, intervals 1 and 2; the config's pipeline section giving
+# the degree and the partition (no flag); fewer activation bytes held than without (run summary).
+ckcfg() {  # ckcfg OUT INTERVAL [STAGES PARTITION]
+  python3 - "$@" <<'PY'
+import json, sys
+c = json.load(open("configs/baseline.json"))
+c["zero_optimization"]["stage"] = 0
+c["train_micro_batch_size_per_gpu"] = 1
+c["gradient_accumulation_steps"] = 8
+c["pipeline"] = {"activation_checkpoint_interval": int(sys.argv[2])}
+if len(sys.argv) > 3:
+    c["pipeline"]["stages"] = int(sys.argv[3])
+    c["pipeline"]["partition"] = sys.argv[4]
+json.dump(c, open(sys.argv[1], "w"))
+PY
+}
+held() { sed -n "s/.*pipeline stage 0: activations held at most [0-9.]* MiB (\([0-9]*\) bytes.*/\1/p" "$1"; }
+for run in "2 1" "2 2" "4 1" "4 2"; do
+  set -- $run
+  s=$1 k=$2 name=ck$1_$2
+  ckcfg "$tmp/$name.json" "$k"
+  pipe "$s" "$tmp/$name.txt" --deepspeed_config "$tmp/$name.json" --num_steps 4 --partition_method uniform \
+      --loss_log_file "$tmp/$name.csv" --save "$tmp/ck_$name" || { cat "$tmp/$name.txt"; fail "$name run"; }
+  grep -q "^\[Rank 0\] pipeline stage 0 of $s over the host.*; activation_checkpoint_interval $k: [0-9]* chunk(s) recomputed in backward" \
+      "$tmp/$name.txt" || { cat "$tmp/$name.txt"; fail "$name: the stage line"; }
+  same_losses "$tmp/single.csv" "$tmp/$name.csv" "pipeline" || { cat "$tmp/$name.txt"; fail "$name: losses"; }
+  for f in model.safetensors optimizer.safetensors; do
+    cmp "$tmp/ck_single/global_step4/$f" "$tmp/ck_$name/global_step4/$f" || fail "$name: $f differs"
+  done
+  if [ ! -f "$tmp/p${s}_uniform.txt" ]; then  # the same partition without checkpointing
+    pipe "$s" "$tmp/p${s}_uniform.txt" --deepspeed_config "$tmp/a8.json" --num_steps 1 --partition_method uniform \
+        || { cat "$tmp/p${s}_uniform.txt"; fail "$s stages without checkpointing"; }
+  fi
+  with=$(held "$tmp/$name.txt") without=$(held "$tmp/p${s}_uniform.txt")
+  [ -n "$with" ] && [ -n "$without" ] && [ "$with" -lt "$without" ] \
+      || { cat "$tmp/$name.txt"; fail "$name: activations held $with bytes, without checkpointing $without"; }
+  echo "ok: $s stages, activation_checkpoint_interval $k = the single process (losses, checkpoint bytes); stage 0 holds $with activation bytes against $without"
+done
+ckcfg "$tmp/ckg.json" 1
+pipe 2 "$tmp/ckg.txt" "${gpt2[@]}" --deepspeed_config "$tmp/ckg.json" --num_steps 4 --partition_method uniform \
+    --loss_log_file "$tmp/ckg.csv" --save "$tmp/ck_ckg" || { cat "$tmp/ckg.txt"; fail "GPT-2 with checkpointing"; }
+same_losses "$tmp/g2.csv" "$tmp/ckg.csv" "pipeline" || fail "GPT-2 with checkpointing: losses"
+for f in model.safetensors optimizer.safetensors; do
+  cmp "$tmp/ck_g2/global_step4/$f" "$tmp/ck_ckg/global_step4/$f" || fail "GPT-2 with checkpointing: $f differs"
+done
+echo "ok: GPT-2 on 2 stages, activation_checkpoint_interval 1 = without (losses, checkpoint bytes)"
+# The degree and the partition from the config's pipeline section (no --pipeline_parallel_size).
+ckcfg "$tmp/ckds.json" 2 4 uniform
+"$bin" launch --backend host --num_procs 4 --master_port $port -- "$bin" train "${size[@]}" --num_steps 4 \
+    --deepspeed_config "$tmp/ckds.json" --loss_log_file "$tmp/ckds.csv" >"$tmp/ckds.txt" 2>&1 \
+    || { cat "$tmp/ckds.txt"; fail "the config's pipeline section"; }
+port=$(free_port)
+grep -q "^\[Rank 0\] pipeline: 4 stages, partition_method uniform:" "$tmp/ckds.txt" || { cat "$tmp/ckds.txt"; fail "pipeline.stages"; }
+same_losses "$tmp/single.csv" "$tmp/ckds.csv" "pipeline" || fail "the config's pipeline section: losses"
+echo "ok: pipeline.stages 4, pipeline.partition uniform and activation_checkpoint_interval 2 from the config"
+
 refused() {  # refused 'message' PROCS train-args...
   local want=$1 n=$2; shift 2
   if "$bin" launch --backend host --num_procs "$n" --master_port $port -- "$bin" train "${size[@]}" --num_steps 1 "$@" \
@@ -144,5 +205,19 @@ refused "zero_optimization.stage 2 with --pipeline_parallel_size 2: expected sta
     "$tmp/z2.json" --pipeline_parallel_size 2
 if "$bin" train --deepspeed_config "$tmp/a8.json" --device cuda --pipeline_parallel_size 2 >"$tmp/err.txt" 2>&1; then
   fail "a GPU pipeline was accepted"; fi
-grep -qF "pipeline parallelism runs on --device cpu" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "the GPU message"; }
+grep -qF "train: --pipeline_parallel_size 2 with --device cuda: pipeline stages on separate GPUs (activations sent \
+between stage ranks over NCCL) are not built" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "the GPU message"; }
+ckcfg "$tmp/ckbad.json" -1
+if "$bin" train "${size[@]}" --deepspeed_config "$tmp/ckbad.json" --num_steps 1 >"$tmp/err.txt" 2>&1; then
+  fail "a negative activation_checkpoint_interval was accepted"; fi
+grep -qF "pipeline.activation_checkpoint_interval" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "the interval's message"; }
+ckcfg "$tmp/ck2.json" 2
+if "$bin" train --deepspeed_config "$tmp/ck2.json" --device cuda >"$tmp/err.txt" 2>&1; then
+  fail "a GPU interval of 2 was accepted"; fi
+grep -qF "gives pipeline.activation_checkpoint_interval 2: the GPU engine checkpoints every block" "$tmp/err.txt" \
+    || { cat "$tmp/err.txt"; fail "the GPU interval's message"; }
+if "$bin" train "${size[@]}" --deepspeed_config "$tmp/a8.json" --pipeline_stages_in_process 2 >"$tmp/err.txt" 2>&1; then
+  fail "virtual stages on the CPU backend were accepted"; fi
+grep -qF "train: --pipeline_stages_in_process 2: virtual stages run on --device cuda" "$tmp/err.txt" \
+    || { cat "$tmp/err.txt"; fail "the virtual stages' CPU message"; }
 echo "ok: bad pipeline input refused"

@@ -5,6 +5,8 @@
 # equals one rank's, and the losses must equal the single-GPU run's (exactly in exact arithmetic;
 # checked to 1e-5). Stage 3 runs with the baseline config's stage3_param_persistence_threshold 0
 # (every unit gathered before use) and once with a threshold that keeps every unit persistent.
+# GPT-2 (its head tied to wte: the embedding unit gathered for the lookup and again for the head)
+# at stage 3 likewise, against its own single-process run.
 # Needs 2 GPUs and NCCL.
 #   zero_cli.sh CUTRAIN_BINARY cpu|cuda     (exits 77 = skipped: cpu, or fewer than 2 GPUs)
 source "$(dirname "$0")/e2e_lib.sh"
@@ -30,8 +32,9 @@ PY
 config 0
 "$bin" train --deepspeed_config "$tmp/stage0.json" --device cuda "${size[@]}" --loss_log_file "$tmp/single.csv" \
     >"$tmp/single.txt" 2>&1 || { cat "$tmp/single.txt"; fail "single-process run"; }
+single=$tmp/single.csv
 
-run_dp() {  # run_dp STAGE NAME: 2 ranks with $tmp/NAME.json against the single-process losses
+run_dp() {  # run_dp STAGE NAME: 2 ranks with $tmp/NAME.json against the single-process losses ($single)
   local stage=$1 name=$2 out=$tmp/dp$2.txt
   # Per-rank loss files: the launcher passes one command line to every rank.
   "$bin" launch --num_gpus 2 --master_port $port -- bash -c \
@@ -47,7 +50,7 @@ run_dp() {  # run_dp STAGE NAME: 2 ranks with $tmp/NAME.json against the single-
     grep -q "params 2/2 + grads 2 + grad shard 2/2 + (master 4 + moments 8)/2 bytes/param = 10.00, plus 2 gather buffers" \
         "$out" || { cat "$out"; fail "$name: sharded bytes/param"; }
   fi
-  python3 - "$tmp/single.csv" "$tmp/dp$name.r0.csv" "$tmp/dp$name.r1.csv" <<'PY' || { cat "$out"; fail "$name: losses"; }
+  python3 - "$single" "$tmp/dp$name.r0.csv" "$tmp/dp$name.r1.csv" <<'PY' || { cat "$out"; fail "$name: losses"; }
 import csv, sys
 runs = [[float(r["loss"]) for r in csv.DictReader(open(p))] for p in sys.argv[1:]]
 assert len(runs[0]) == 8 and all(len(r) == 8 for r in runs), runs
@@ -65,3 +68,14 @@ for stage in 0 1 2 3; do
 done
 config 3 stage3_persistent 1000000000
 run_dp 3 stage3_persistent
+
+# GPT-2 at stage 3: every unit gathered (the head too, held beside the embedding unit), then the
+# default threshold (the head, ln_f, resident).
+size=(--model gpt2 "${size[@]}")
+"$bin" train --deepspeed_config "$tmp/stage0.json" --device cuda "${size[@]}" --loss_log_file "$tmp/single_gpt2.csv" \
+    >"$tmp/single_gpt2.txt" 2>&1 || { cat "$tmp/single_gpt2.txt"; fail "GPT-2 single-process run"; }
+single=$tmp/single_gpt2.csv
+config 3 gpt2_stage3
+run_dp 3 gpt2_stage3
+config 3 gpt2_stage3_head_resident 100000
+run_dp 3 gpt2_stage3_head_resident

@@ -11,6 +11,7 @@
 # single-process checkpoint on 4 ranks at stage 3 that continues the single process's losses, a
 # rank that fails (named by the launcher, the others stopped), a rank killed mid-run without a
 # launcher (named by the survivor), `comm-check --backend host` and the launcher's bad input.
+# GPT-2 and BERT (tied heads) at stage 3 on 2 and 4 ranks against the single process likewise.
 #   zero_host_cli.sh CUTRAIN_BINARY cpu|cuda   (the cuda variant exits 77: the host backend is CPU only)
 source "$(dirname "$0")/e2e_lib.sh"
 [ "$device" = cuda ] && { echo "the host communicator serves the CPU backend: skipped on cuda"; exit 77; }
@@ -68,6 +69,38 @@ for w in 2 4 8; do
   stages="1 2 3"
   [ "$w" = 2 ] && stages="0 1 2 3"
   for stage in $stages; do run_dp "$stage" "$w"; done
+done
+
+# Tied heads at stage 3: GPT-2 (head tied to wte) and BERT (decoder tied to the word embedding;
+# no dropout: the ranks' masks are not the single process's micro-batches', docs/bert.md) on 2
+# and 4 ranks, against the single process: the same losses and checkpoint. The embedding unit's
+# gradient holds both uses' shares (lookup and head) before its reduce-scatter.
+python3 - "$tmp/bert.json" <<'PY'
+import json, sys
+c = json.load(open("configs/bert_tiny.json"))
+c.update(batch_size=1, hidden_size=32, heads=2, intermediate_size=64, attn_dropout_ratio=0.0, hidden_dropout_ratio=0.0)
+json.dump(c, open(sys.argv[1], "w"))
+PY
+gpt2_size=(--device cpu --model gpt2 --hidden_dim 32 --num_heads 2 --num_layers 2 --vocab_size 64 --seq_length 8
+           --batch_size 1 --log_interval 1 --learning_rate 1e-2 --seed 7)
+bert_size=(--device cpu --model bert --bert_config "$tmp/bert.json" --max_seq_length 8 --batch_size 1 --log_interval 1
+           --learning_rate 1e-2 --seed 7)
+for arch in gpt2 bert; do
+  if [ $arch = gpt2 ]; then flags=("${gpt2_size[@]}"); else flags=("${bert_size[@]}"); fi
+  for w in 2 4; do
+    name=${arch}_w$w
+    "$bin" train --deepspeed_config "$tmp/s1_w$w.json" "${flags[@]}" --num_steps 4 --loss_log_file "$tmp/single_$name.csv" \
+        --save "$tmp/ck_single_$name" >"$tmp/single_$name.txt" 2>&1 || { cat "$tmp/single_$name.txt"; fail "$name: single process"; }
+    "$bin" launch --backend host --num_procs "$w" --master_port $port -- "$bin" train --deepspeed_config "$tmp/s3_w$w.json" \
+        "${flags[@]}" --num_steps 4 --loss_log_file "$tmp/dp_$name.csv" --save "$tmp/ck_dp_$name" >"$tmp/dp_$name.txt" 2>&1 \
+        || { cat "$tmp/dp_$name.txt"; fail "$name: stage 3 run"; }
+    port=$(free_port)
+    grep -q "^\[Rank $((w - 1))\] ZeRO stage 3, world size $w over the host .*: sharded" "$tmp/dp_$name.txt" \
+        || { cat "$tmp/dp_$name.txt"; fail "$name: the ZeRO line"; }
+    losses "$tmp/single_$name.csv" "$tmp/dp_$name.csv" || { cat "$tmp/dp_$name.txt"; fail "$name: losses"; }
+    compare "$tmp/ck_single_$name" "$tmp/ck_dp_$name" 4 || fail "$name: checkpoint"
+    echo "ok: --model $arch at ZeRO stage 3 on $w ranks = the single process (losses, checkpoint)"
+  done
 done
 
 # Resume: the single process's step-4 checkpoint on 4 ranks at stage 3 (each rank takes its

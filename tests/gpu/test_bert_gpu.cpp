@@ -539,6 +539,55 @@ TEST(BertGpuEngineFp16, OverflowAtMinLossScaleIsAnError) {
   EXPECT_EQ(e.download_params(), p0);
 }
 
+// The fp16 engine refuses the features that are bf16 only or not threaded with the loss scale
+// (the pipeline's program, tensor parallelism, a sequence-length curriculum's shapes), each named
+// before any work; the fp16 model refuses distillation (its kd_loss kernel is bf16).
+TEST(BertGpuEngineFp16, RefusesTheBf16OnlyFeatures) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  const train::TrainConfig cfg = fp16_config(R"({"enabled": true})");
+  auto expect_refusal = [&](const train::BackendOptions& o, const std::string& what) {
+    try {
+      train::GpuEngine e(o, cfg);
+      ADD_FAILURE() << "fp16 accepted " << what;
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find(what), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find("fp16.enabled"), std::string::npos) << err.what();
+    }
+  };
+  train::BackendOptions pipe = bert_engine(rng(), true);
+  pipe.pipeline_engine = true;
+  expect_refusal(pipe, "pipeline");
+  train::BackendOptions tp = bert_engine(rng(), true);
+  tp.tensor_parallel_engine = true;
+  expect_refusal(tp, "tensor parallelism");
+  train::BackendOptions seqlen = bert_engine(rng(), true);
+  seqlen.max_tokens = 2 * std::size_t(seqlen.batch) * std::size_t(seqlen.seq);
+  expect_refusal(seqlen, "sequence-length curriculum");
+  {
+    train::GpuEngine e(bert_engine(rng(), true), cfg);
+    try {
+      e.set_seq_shape(kB, kS / 2);
+      ADD_FAILURE() << "fp16 accepted a shorter micro-batch";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("fp16.enabled"), std::string::npos) << err.what();
+    }
+  }
+  const model::TransformerParams table(model::ModelDims{128, 2, 2, 1000, 64});
+  model::GpuTransformerT<f16> m(table, kB, kS, false, true, device_allocator());
+  model::GpuDistillation d;
+  d.teacher_logits = reinterpret_cast<bf16*>(std::uintptr_t{256});  // never read: refused first
+  d.ld_t = 1000;
+  d.d_kd_loss = reinterpret_cast<float*>(std::uintptr_t{256});
+  try {
+    m.set_distillation(&d);
+    ADD_FAILURE() << "the fp16 model accepted distillation";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("bf16 only"), std::string::npos) << err.what();
+  }
+  m.set_distillation(nullptr);  // off is always fine
+}
+
 // The fp16 model refuses MoE blocks (their layer is bf16 only), naming them.
 TEST(BertGpuEngineFp16, RefusesMoeBlocks) {
   CUTRAIN_REQUIRE_GPU();

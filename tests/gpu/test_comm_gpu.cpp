@@ -1,7 +1,8 @@
 // GPU tests of the NCCL communicator through the interface parallel/ takes
 // (runtime/comm/communicator.h), on a one-rank communicator (the lent machine has one GPU and NCCL
 // refuses two ranks on one device): all-to-all (a group of self send / recv), all-reduce,
-// reduce-scatter, all-gather, broadcast, the fp64 sum and the barrier, each output poisoned first
+// reduce-scatter, all-gather, broadcast, the fp64 sum and the barrier (and the all-to-all of
+// variable pieces and a split), each output poisoned first
 // and checked against the input (world size 1: the reductions are the identity, Avg included).
 #include <gtest/gtest.h>
 
@@ -67,4 +68,38 @@ TEST(NcclCommunicator, EveryOperationOnOneRank) {
   std::vector<double> back(2);
   CUTRAIN_CUDA_CHECK(cudaMemcpy(back.data(), dd.p, 16, cudaMemcpyDeviceToHost));
   EXPECT_EQ(back, d);
+}
+
+// The all-to-all of variable pieces on one rank (every piece to itself, reordered, an empty one
+// listed on both sides) and a split of the world into itself: pieces land where listed, and the
+// split's communicator moves data too.
+TEST(NcclCommunicator, PiecesAndSplitOnOneRank) {
+  CUTRAIN_REQUIRE_GPU();
+  if (!comm::nccl_available()) GTEST_SKIP() << "cutrain was built without NCCL";
+  comm::LaunchEnv env;
+  auto c = comm::Communicator::create(env, /*device=*/0);
+  auto rng = test::fresh_rng();
+  const std::size_t n = 301;
+  const std::vector<float> x = test::random_normal(n, rng);
+  DeviceBuf a(n * 4), b(n * 4);
+  CUTRAIN_CUDA_CHECK(cudaMemcpy(a.p, x.data(), n * 4, cudaMemcpyHostToDevice));
+  CUTRAIN_CUDA_CHECK(cudaMemset(b.p, 0xff, n * 4));
+  // Send [0, 100), nothing, [100, 301); receive the first at [201, 301), the second at [0, 201).
+  const std::vector<comm::Piece> sends = {{0, 0, 100}, {0, 100, 0}, {0, 100, 201}};
+  const std::vector<comm::Piece> recvs = {{0, 201, 100}, {0, 0, 0}, {0, 0, 201}};
+  cudaStream_t s = nullptr;
+  c->all_to_all_v(a.p, sends, b.p, recvs, DType::F32, s);
+  c->barrier(s);
+  std::vector<float> want(x.begin() + 100, x.end());
+  want.insert(want.end(), x.begin(), x.begin() + 100);
+  EXPECT_EQ(download(b, n), want);
+  std::unique_ptr<comm::Communicator> sub = c->split(/*color=*/0, /*key=*/0);
+  ASSERT_NE(sub, nullptr);
+  EXPECT_EQ(sub->world_size(), 1);
+  EXPECT_EQ(sub->rank(), 0);
+  EXPECT_STREQ(sub->backend_name(), "nccl");
+  CUTRAIN_CUDA_CHECK(cudaMemset(b.p, 0xff, n * 4));
+  sub->all_to_all(a.p, b.p, n, DType::F32, s);
+  sub->barrier(s);
+  EXPECT_EQ(download(b, n), x);
 }

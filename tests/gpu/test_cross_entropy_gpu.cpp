@@ -1,11 +1,15 @@
 // @brief GPU tests of the fused cross-entropy against the fp64 reference: loss, per-row loss, in-place
-// dlogits, ignored rows, padding columns, bad labels, misaligned rows (odd ld), determinism.
+// dlogits, ignored rows, padding columns, bad labels, misaligned rows (odd ld), vocabularies from
+// one column to past what a cluster parks, labels at the cluster slices' edges, determinism.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/cross_entropy.cuh"
+#include "kernels/cross_entropy_slice.h"
 #include "tests/reference/cross_entropy_ref.h"
 #include "tests/support/test_support.h"
 
@@ -134,19 +138,49 @@ TEST_P(CrossEntropyGpu, ForwardOnlyLeavesLogitsAndMatchesLoss) {
     ASSERT_NEAR(r.row_loss[i], want.row_loss[i], 1e-4 * std::max(1.0, std::fabs(want.row_loss[i]))) << "row " << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyGpu,
-                         ::testing::Values(CeCase{1, 7, 7, 0.f, 1.f}, CeCase{3, 7, 16, 0.f, 3.f},
-                                           CeCase{2048, 7, 7, 0.1f, 2.f}, CeCase{1, 50000, 50000, 0.f, 2.f},
-                                           CeCase{3, 50000, 50000, 0.f, 2.f}, CeCase{2048, 50000, 50000, 0.1f, 2.f},
-                                           CeCase{1, 50257, 50257, 0.f, 2.f}, CeCase{3, 50257, 50257, 0.f, 4.f},
-                                           CeCase{2048, 50257, 50257, 0.1f, 2.f}, CeCase{2048, 50257, 50304, 0.1f, 2.f},
-                                           CeCase{1, 262144, 262144, 0.f, 2.f}, CeCase{3, 262144, 262147, 0.f, 2.f},
-                                           CeCase{64, 262144, 262144, 0.1f, 2.f}, CeCase{5, 100003, 100003, 0.f, 8.f},
-                                           CeCase{17, 2, 9, 0.f, 1.f},
-                                           // cluster split: 3 CTAs per row, and 8 (the cap) with
-                                           // slices longer than a CTA parks (re-read path).
-                                           CeCase{7, 131071, 131072, 0.3f, 2.f}, CeCase{2, 600001, 600003, 0.f, 2.f}),
-                         [](const ::testing::TestParamInfo<CeCase>& i) { return case_name(i.param); });
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CrossEntropyGpu,
+    ::testing::Values(CeCase{1, 7, 7, 0.f, 1.f}, CeCase{3, 7, 16, 0.f, 3.f}, CeCase{2048, 7, 7, 0.1f, 2.f},
+                      CeCase{1, 50000, 50000, 0.f, 2.f}, CeCase{3, 50000, 50000, 0.f, 2.f},
+                      CeCase{2048, 50000, 50000, 0.1f, 2.f}, CeCase{1, 50257, 50257, 0.f, 2.f},
+                      CeCase{3, 50257, 50257, 0.f, 4.f}, CeCase{2048, 50257, 50257, 0.1f, 2.f},
+                      CeCase{2048, 50257, 50304, 0.1f, 2.f}, CeCase{1, 262144, 262144, 0.f, 2.f},
+                      CeCase{3, 262144, 262147, 0.f, 2.f}, CeCase{64, 262144, 262144, 0.1f, 2.f},
+                      CeCase{5, 100003, 100003, 0.f, 8.f}, CeCase{17, 2, 9, 0.f, 1.f},
+                      // Smaller than one 16-byte vector, exactly one, one and a scalar, with odd
+                      // strides (each row starts at another alignment: head and tail both used).
+                      CeCase{9, 3, 5, 0.f, 2.f}, CeCase{8, 8, 8, 0.f, 2.f}, CeCase{11, 9, 11, 0.2f, 2.f},
+                      CeCase{6, 15, 17, 0.f, 4.f},
+                      // One CTA per row at the largest single-CTA vocabulary, then a cluster of 2
+                      // one column past it; the GPT-2 vocabulary (4 CTAs) with an odd stride.
+                      CeCase{5, 16384, 16385, 0.f, 2.f}, CeCase{33, 16385, 16387, 0.1f, 2.f},
+                      CeCase{9, 50304, 50305, 0.1f, 2.f},
+                      // Clusters of 3 and of 8 (the cap; up to 150 KB slices, still parked whole),
+                      // and a row longer than 8 CTAs can park: each slice's rest is read in every
+                      // pass.
+                      CeCase{7, 40961, 40963, 0.3f, 2.f}, CeCase{7, 131071, 131072, 0.3f, 2.f},
+                      CeCase{2, 600001, 600003, 0.f, 2.f},
+                      CeCase{2, 1000003, 1000005, 0.f, 2.f}),
+    [](const ::testing::TestParamInfo<CeCase>& i) { return case_name(i.param); });
+
+// One column: the loss is 0 and the gradient p - 1 = 0, up to the fp32 error of exp2 (the
+// reference's zeros admit no relative error, so this shape has its own bound).
+TEST(CrossEntropyGpuLabels, SingleColumnGivesZeroLossAndGradient) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (int ld : {1, 2, 3, 8}) {
+    const CeCase c{13, 1, ld, 0.f, 4.f};
+    Inputs in = make_inputs(c, rng);
+    CeRun r = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr);
+    SCOPED_TRACE(case_name(c));
+    EXPECT_EQ(r.status, 0);
+    EXPECT_NEAR(r.loss, 0.f, 1e-5f);
+    for (int i = 0; i < c.rows; ++i) {
+      EXPECT_NEAR(r.row_loss[i], 0.f, 1e-5f) << "row " << i;
+      for (int j = 0; j < c.ld; ++j) ASSERT_NEAR(r.dlogits[static_cast<std::size_t>(i) * ld + j], 0.f, 1e-6f);
+    }
+  }
+}
 
 TEST(CrossEntropyGpuLabels, OutOfRangeLabelsReportedAndIgnored) {
   CUTRAIN_REQUIRE_GPU();
@@ -166,17 +200,28 @@ TEST(CrossEntropyGpuLabels, OutOfRangeLabelsReportedAndIgnored) {
 }
 
 // Labels at the edges of the row and of the cluster slices (each slice's first and last
-// vector, rank 0 owning the label's logit wherever it lies), with a misaligned row start.
+// element, rank 0 owning the label's logit wherever it lies), rows at every start alignment (odd
+// stride; cudaMalloc's base is 256-byte aligned, so row i starts at byte 2 * i * ld). The slice
+// bounds are the kernel's own (ce::row_slice over cross_entropy_ctas_per_row CTAs).
 TEST(CrossEntropyGpuLabels, LabelsAtRowAndSliceEdges) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  const CeCase c{12, 262144, 262145, 0.f, 3.f};
-  Inputs in = make_inputs(c, rng);
-  const int edges[12] = {0, 1, 7, 8, 52428, 52432, 104860, 157288, 209716, 262136, 262142, 262143};
-  for (int i = 0; i < c.rows; ++i) in.labels[i] = edges[i];
-  auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, -100, 2.0);
-  CeRun r = run_ce(in.logits, in.labels, c, true, -100, 2.f, nullptr);
-  check_against_ref(c, in, r, want, -100, 2.0);
+  for (const CeCase c : {CeCase{24, 262144, 262145, 0.f, 3.f}, CeCase{16, 50304, 50305, 0.f, 3.f},
+                         CeCase{16, 16385, 16387, 0.f, 3.f}}) {
+    Inputs in = make_inputs(c, rng);
+    const int split = kernels::cross_entropy_ctas_per_row(c.vocab);
+    for (int i = 0; i < c.rows; ++i) {
+      const std::uintptr_t row_addr = 2u * static_cast<std::uintptr_t>(i) * static_cast<std::uintptr_t>(c.ld);
+      const int k = 1 + (i / 6) % std::max(1, split - 1);  // which slice boundary (rows cycle)
+      const auto cut = kernels::ce::row_slice(row_addr, c.vocab, split, k);
+      const int bound = cut.head + cut.v_begin * 8;  // first element of CTA k's slice
+      const int picks[6] = {0, cut.head, bound - 1, bound, cut.tail_start - 1, c.vocab - 1};
+      in.labels[i] = std::clamp(picks[i % 6], 0, c.vocab - 1);
+    }
+    auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, -100, 2.0);
+    CeRun r = run_ce(in.logits, in.labels, c, true, -100, 2.f, nullptr);
+    check_against_ref(c, in, r, want, -100, 2.0);
+  }
 }
 
 TEST(CrossEntropyGpuLabels, CustomIgnoreIndexAndAllIgnored) {
@@ -253,8 +298,8 @@ TEST(CrossEntropyGpuArgs, BadShapesThrowBeforeLaunch) {
 
 // The fp16 instance (fp16 training): forward + backward in place on fp16 logits, with a host
 // grad_scale and fp16's device loss scale (device_grad_scale, read on the device so a captured graph
-// follows it: dlogits carry grad_scale x loss scale), every path (pipelined rows, plain rows,
-// cluster-split long rows, odd ld); the forward alone leaves the logits. Loss within 1e-4 (fp32
+// follows it: dlogits carry grad_scale x loss scale), over rows of one CTA and rows split over a
+// cluster of CTAs, odd ld; the forward alone leaves the logits. Loss within 1e-4 (fp32
 // math); dlogits within 3e-3 (fp16 keeps 11 significant bits; the label entry 2e-3 element-wise).
 TEST(CrossEntropyGpuFp16, ForwardBackwardWithDeviceLossScaleMatchesReference) {
   CUTRAIN_REQUIRE_GPU();

@@ -29,6 +29,10 @@ struct Case {
   bool stochastic_rounding = false;
   long long persistence = -1;  // stage 3: stage3_param_persistence_threshold (-1: the default, 100000)
   bool checkpointing = false;  // activation checkpointing (stage 3: the recompute reads the gathered unit)
+  // GPT-2 and BERT: the tied head acquires the embedding unit with the head unit (stage 3: two
+  // gathered units live at once when the head is not persistent); BERT's embedding backward
+  // acquires it once more.
+  model::Arch arch = model::Arch::Simple;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
@@ -39,6 +43,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   if (c.stochastic_rounding) n += "_sr";
   if (c.persistence >= 0) n += "_persist" + std::to_string(c.persistence);
   if (c.checkpointing) n += "_ckpt";
+  if (c.arch == model::Arch::Gpt2) n += "_gpt2";
+  if (c.arch == model::Arch::Bert) n += "_bert";
   return n;
 }
 
@@ -91,6 +97,18 @@ std::shared_ptr<comm::Communicator> one_rank_comm() {
 train::BackendOptions options_for(const Case& c, std::uint64_t seed) {
   train::BackendOptions o = small_model(seed);
   o.activation_checkpointing = c.checkpointing;
+  if (c.arch != model::Arch::Simple) {
+    o.dims.arch = c.arch;
+    o.dims.padded_vocab = 1024;
+  }
+  if (c.arch == model::Arch::Bert) {  // test_bert_gpu's model: dropout keyed by the step, a pad token
+    o.dims.intermediate = 384;
+    o.dims.bert.attn_dropout_ratio = 0.1f;
+    o.dims.bert.hidden_dropout_ratio = 0.1f;
+    o.dims.bert.initializer_range = 0.05;
+    o.dims.bert.mask_id = 998;
+    o.dims.bert.pad_id = 999;
+  }
   return o;
 }
 
@@ -118,9 +136,16 @@ TEST_P(ZeroWorldOne, MatchesTheSingleProcessEngineBitForBit) {
     ASSERT_NE(eng.sharded(), nullptr);
     const parallel::ShardLayout& L = eng.sharded()->layout();
     EXPECT_EQ(L.padded_elems, ref.table().flat_size()) << "world 1: nothing padded";
-    if (c.persistence < 0) {
+    if (c.persistence < 0 && c.arch != model::Arch::Simple) {
+      // The default threshold (100000) keeps the small head (GPT-2: ln_f; BERT: the transform,
+      // 18k elements) resident; the embedding unit (139k) and the blocks are gathered.
+      EXPECT_TRUE(L.units.back().persistent);
+      EXPECT_FALSE(L.units.front().persistent);
+    } else if (c.persistence < 0) {
       // The default threshold (100000) keeps none of the small model's units (all > 100000 elements).
       for (const parallel::ShardUnit& u : L.units) EXPECT_FALSE(u.persistent);
+    } else if (c.persistence == 0) {
+      EXPECT_EQ(L.persistent_elems, 0u) << "threshold 0 gathers every unit (a tied head: two gathered units live)";
     } else {
       EXPECT_GT(L.persistent_elems, 0u) << "the case should keep some unit persistent";
     }
@@ -218,7 +243,18 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"bf16_master_wg", 3, 3, 0.5f, true, false, 150000, true},
                       // The compensated bf16 master: partitioned (1, 2) and sharded (3) like the moments.
                       Case{"bf16_master_wg_comp", 0}, Case{"bf16_full_comp", 1}, Case{"bf16_master_wg_comp", 2, 2, 0.5f},
-                      Case{"bf16_full_comp", 3}, Case{"bf16_full_comp", 3, 1, 1.0f, true, true}),
+                      Case{"bf16_full_comp", 3}, Case{"bf16_full_comp", 3, 1, 1.0f, true, true},
+                      // Tied heads at stage 3: GPT-2 and BERT, the head resident (the default
+                      // threshold) or gathered beside the embedding unit (threshold 0), overlap_comm
+                      // (the embedding unit reduced after both its uses' gradients), checkpointing.
+                      Case{"baseline", 3, 1, 0.f, false, false, -1, false, model::Arch::Gpt2},
+                      Case{"bf16_master_wg", 3, 2, 1.0f, true, false, 0, false, model::Arch::Gpt2},
+                      Case{"bf16_full", 3, 1, 0.f, false, true, 0, true, model::Arch::Gpt2},
+                      Case{"baseline", 3, 2, 0.5f, false, false, 0, false, model::Arch::Gpt2},
+                      Case{"baseline", 3, 1, 0.f, false, false, -1, false, model::Arch::Bert},
+                      Case{"bf16_master_wg", 3, 2, 0.5f, true, false, 0, false, model::Arch::Bert},
+                      Case{"bf16_full", 3, 1, 1.0f, false, false, 0, true, model::Arch::Bert},
+                      Case{"baseline", 3, 2, 1.0f, false, false, 150000, true, model::Arch::Bert}),
     case_name);
 
 TEST(ZeroWorldOneStage3, WithoutACommunicatorRunsAsTheSingleProcessEngine) {

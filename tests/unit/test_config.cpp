@@ -623,6 +623,58 @@ TEST(Config, TensorParallelAutotpSize) {
   expect_error(R"({"train_micro_batch_size_per_gpu": 2, "tensor_parallel": 2})", {"tensor_parallel"});
 }
 
+// cutrain's own section: data_order shuffled (the default) or llmc, any case as the other choices;
+// another value, another type or an unknown key in it is reported by path.
+TEST(Config, CutrainDataOrder) {
+  EXPECT_EQ(train::parse_config(R"({"train_micro_batch_size_per_gpu": 2})", "a.json").data_order, data::DataOrder::Shuffled);
+  EXPECT_EQ(train::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": {"data_order": "llmc"}})", "a.json").data_order,
+            data::DataOrder::Llmc);
+  EXPECT_EQ(train::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": {"data_order": "Shuffled"}})", "a.json").data_order,
+            data::DataOrder::Shuffled);
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": {"data_order": "nanogpt"}})", {"cutrain.data_order", "llmc"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": {"data_order": 1}})", {"cutrain.data_order"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": "llmc"})", {"cutrain"});
+  train::ConfigLoadOptions strict;
+  strict.strict = true;
+  EXPECT_THROW(train::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": {"order": "llmc"}})", "a.json", strict),
+               train::ConfigError);
+}
+
+TEST(Config, PipelineSection) {
+  const train::TrainConfig none = train::parse_config(R"({"train_micro_batch_size_per_gpu": 2})", "a.json");
+  EXPECT_FALSE(none.pipeline_given);
+  EXPECT_FALSE(none.pipeline_stages);
+  EXPECT_EQ(none.activation_checkpoint_interval, 0);
+  const train::TrainConfig c = train::parse_config(
+      R"({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 4, "partition": "type:TransformerBlock",
+          "activation_checkpoint_interval": 2, "seed_layers": false}})",
+      "a.json");
+  EXPECT_TRUE(c.pipeline_given);
+  EXPECT_EQ(c.pipeline_stages, 4);
+  EXPECT_EQ(c.pipeline_partition, "type:TransformerBlock");
+  EXPECT_EQ(c.activation_checkpoint_interval, 2);
+  EXPECT_TRUE(c.warnings.empty()) << c.warnings.front();
+  // DeepSpeed's defaults: "auto" leaves the degree to the flag, "best" is the parameters method, and
+  // the partitioned sends (true) are warned about: cutrain sends activations and gradients whole.
+  const train::TrainConfig d = train::parse_config(
+      R"({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": "auto", "partition": "best",
+          "pipe_partitioned": true, "grad_partitioned": true}})",
+      "a.json");
+  EXPECT_TRUE(d.pipeline_given);
+  EXPECT_FALSE(d.pipeline_stages);
+  EXPECT_EQ(d.pipeline_partition, "parameters");
+  ASSERT_EQ(d.warnings.size(), 2u);
+  EXPECT_NE((d.warnings[0] + d.warnings[1]).find("pipeline.pipe_partitioned is read but not acted on"),
+            std::string::npos);
+  EXPECT_NE((d.warnings[0] + d.warnings[1]).find("pipeline.grad_partitioned is read but not acted on"),
+            std::string::npos);
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": "many"}})", {"pipeline.stages"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "pipeline": {"stages": 0}})", {"pipeline.stages"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "pipeline": {"activation_checkpoint_interval": -1}})",
+               {"pipeline.activation_checkpoint_interval"});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "pipeline": 2})", {"pipeline"});
+}
+
 // ---- the key table (train/config_keys.h): acted on, warned, error ----
 
 TEST(ConfigKeys, TableIsWellFormedAndDocumented) {
@@ -765,7 +817,8 @@ TEST(ConfigKeys, UnknownKeysStayWarningsNamingTheNearest) {
 
 // llm.c's GPT-2 recipe as DeepSpeed configs: AdamW 0.9/0.95, eps 1e-8, weight decay 0.1, clipping
 // 1.0, bf16 with fp32 master weights (the baseline layout), stochastic rounding; the first with
-// 700 warm-up steps and cosine to 0, the second (the device comparison's) with a constant lr.
+// 700 warm-up steps and cosine to 0, the second (the device comparison's) with a constant lr; both
+// draw llm.c's batches (cutrain.data_order "llmc").
 TEST(Config, LlmcGpt2ConfigsLoad) {
   const std::filesystem::path dir = std::filesystem::path(CUTRAIN_SOURCE_DIR) / "configs";
   train::ConfigLoadOptions strict;
@@ -784,6 +837,7 @@ TEST(Config, LlmcGpt2ConfigsLoad) {
     EXPECT_FALSE(c.bf16.bf16_master_weights_and_grads);
     EXPECT_TRUE(c.bf16.stochastic_rounding);
     EXPECT_EQ(c.zero_optimization.stage, 0);
+    EXPECT_EQ(c.data_order, data::DataOrder::Llmc);
   }
   const train::TrainConfig cos = train::load_config(dir / "llmc_gpt2.json");
   const train::LrSchedule s = train::LrSchedule::from_config(cos);

@@ -87,12 +87,19 @@ TEST(TrainLoop, OutputLinesCsvAndMetrics) {
 
   std::istringstream mj(slurp(o.metrics_file));
   int rows = 0;
+  double elapsed = 0, steps_sum = 0;
   while (std::getline(mj, line)) {
     auto j = nlohmann::json::parse(line);
     EXPECT_EQ(j["step"].get<int>(), rows);
     for (const char* k : {"loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "allocated_bytes", "reserved_bytes",
-                          "peak_bytes"})
+                          "peak_bytes", "elapsed_s"})
       EXPECT_TRUE(j.contains(k)) << k;
+    // elapsed_s: the loop's clock from its first step, so it grows and holds every step's time.
+    steps_sum += j["step_time_s"].get<double>();
+    EXPECT_GT(j["elapsed_s"].get<double>(), elapsed) << rows;
+    EXPECT_GE(j["elapsed_s"].get<double>(), steps_sum) << rows;
+    elapsed = j["elapsed_s"].get<double>();
+    EXPECT_FALSE(j.contains("eval_time_s")) << "no evaluation in this run";
     EXPECT_FLOAT_EQ(j["lr"].get<float>(), 1e-2f);
     EXPECT_GT(j["grad_norm"].get<double>(), 0);
     ++rows;

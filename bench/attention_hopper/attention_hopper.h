@@ -1,0 +1,43 @@
+// @brief Issue #24's experiment: a Hopper (sm_90a) attention forward on wgmma + TMA, standalone
+// beside the production kernel (kernels/attention.cuh) until it wins on the device. Same layouts
+// and log-sum-exp convention as kernels::attention_forward, plain attention only (no key mask, no
+// dropout): qkv bf16 [B, S, 3, H, D], out bf16 [B, S, H, D], lse fp32 [B, H, S] (natural log of
+// the sum of exp of the scores scaled by 1/sqrt(D)). head_dim 64 or 128, causal or not.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/attention.cuh"
+#include "runtime/dtype.h"
+
+namespace cutrain::bench::hopper {
+
+// The consumer warpgroups' loop (bench/attention_hopper/attention_hopper_fwd.cu): Serial waits for
+// each tile's P V before the next tile's S; Overlap issues tile j+1's S behind tile j's P V. Same
+// results; the benchmark measures both.
+enum class Schedule { Serial, Overlap };
+
+// Runs on a compute capability 9.0 device only (the sm_90a code); anything else is refused with
+// the capability found. Shapes and pointers are checked before any device work.
+void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& shape,
+                       Schedule schedule = Schedule::Serial);
+
+// The host-side checks attention_forward makes before touching the device (throws cutrain::Error
+// naming the field): shape (head_dim 64/128, sizes >= 1, grid limits, TMA limits), non-null
+// pointers, qkv 16-byte aligned (TMA), out and lse 4-byte aligned.
+void check_forward_args(const bf16* qkv, const bf16* out, const float* lse, const kernels::AttentionShape& shape);
+
+// The 5-D view of qkv [B, S, 3, H, D] each TMA box is cut from, innermost first:
+// (d, head, q/k/v slot, token, batch), strides in bytes of dimensions 1..4, and the box: 64
+// columns (128 bytes: one 128-byte swizzle span) of `box_rows` tokens of one (slot, head, batch).
+// Tokens past S are outside the tensor, so the TMA fills them with zeros per batch.
+struct QkvTmaGeometry {
+  std::uint64_t dims[5];
+  std::uint64_t strides[4];
+  std::uint32_t box[5];
+};
+QkvTmaGeometry qkv_tma_geometry(const kernels::AttentionShape& shape, int box_rows);
+
+}  // namespace cutrain::bench::hopper

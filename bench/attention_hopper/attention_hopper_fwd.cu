@@ -1,0 +1,310 @@
+// @brief The Hopper attention forward (issue #24's experiment): warp-specialized, TMA + mbarrier
+// pipeline, wgmma tensor cores. Built for sm_90a only (bench/attention_hopper/CMakeLists.txt).
+//
+// CTA = one (batch, head) and FwdConfig::kBlockM = 128 query rows; 2 consumer warpgroups (warps
+// 0-3, 4-7) own 64 rows each, one producer warp (warp 8) feeds them:
+//   producer (lane 0 only): Q once (q_full), then per K/V tile j of kBlockN keys, into ring stage
+//     j % kStages after both consumers released that stage's previous tile (kv_empty): K
+//     (k_full[s]) and V (v_full[s]), each as D/64 TMA boxes of 128-byte swizzled rows.
+//   consumers: S = Q K^T (wgmma, both operands from shared memory, K-major), the causal / sequence
+//     -end mask and the online softmax in registers (the production kernel's Softmax, Mask and
+//     to_a_frags: the wgmma accumulator is the mma.sync C fragment per 8 columns), then
+//     O += P V (wgmma, P from registers, V read transposed from shared memory), then each consumer
+//     warp arrives on kv_empty[s]. The epilogue normalizes O and stores it and the log-sum-exp
+//     exactly as the production kernel does.
+// Causal: tiles past the CTA's last query are never loaded; a warpgroup whose rows all precede a
+// tile skips its math but still waits for the tile and releases it, so the ring's phases stay in
+// step for both consumers.
+// Two consumer schedules (FwdConfig::kOverlap, Schedule at the API): serial waits for every wgmma
+// batch at once; overlap issues tile j+1's S behind tile j's P V. Neither overlaps a warpgroup's
+// softmax with its own wgmma (FA3's two score buffers do not fit 168 registers); the two consumer
+// warpgroups overlap each other's softmax with their wgmma.
+#include <cuda.h>
+
+#include <cmath>
+
+#include "bench/attention_hopper/attention_hopper.h"
+#include "bench/attention_hopper/hopper_layout.h"
+#include "bench/attention_hopper/hopper_sm90a.cuh"
+#include "bench/attention_hopper/tensor_map.h"
+#include "kernels/attention_softmax.cuh"
+#include "kernels/attention_tiles.cuh"
+#include "runtime/check.h"
+#include "runtime/error.h"
+
+namespace cutrain::bench::hopper {
+namespace {
+
+namespace attn = kernels::attn;
+
+// The mbarriers after the tiles: q_full, k_full[kStages], v_full[kStages], kv_empty[kStages].
+template <class Cfg>
+struct Barriers {
+  std::uint32_t base;
+  __device__ __forceinline__ std::uint32_t q_full() const { return base; }
+  __device__ __forceinline__ std::uint32_t k_full(int s) const { return base + 8 * (1 + s); }
+  __device__ __forceinline__ std::uint32_t v_full(int s) const { return base + 8 * (1 + Cfg::kStages + s); }
+  __device__ __forceinline__ std::uint32_t kv_empty(int s) const { return base + 8 * (1 + 2 * Cfg::kStages + s); }
+};
+
+// Issues S = Q K^T for warpgroup wg against the K tile at k_tile (one commit group; the first
+// k16 step overwrites sc).
+template <class Cfg>
+__device__ __forceinline__ void issue_scores(float (&sc)[Cfg::kBlockN / 8][4], std::uint32_t sQ, std::uint32_t k_tile,
+                                             int wg) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk)
+    wgmma_ss<Cfg::kBlockN>(sc, smem_desc(sQ + Cfg::q_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
+                           smem_desc(k_tile + Cfg::k_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+  wgmma_commit();
+}
+
+// Issues O += P V against the V tile at v_tile (one commit group). O (rescaled by the softmax)
+// and P (packed from the scores) are pinned before the fence.
+template <class Cfg>
+__device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 8][4], std::uint32_t (&p)[Cfg::kBlockN / 16][4],
+                                         std::uint32_t v_tile) {
+  operand_fence(o);
+  operand_fence(p);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < Cfg::kBlockN / 16; ++ks)
+    wgmma_rs<Cfg::kHeadDim>(o, p[ks], smem_desc(v_tile + Cfg::v_slice(ks), Cfg::kVLbo, Cfg::kSbo), 1);
+  wgmma_commit();
+}
+
+// Finished scores of tile j (sc, fenced after their wait) -> the mask, the online softmax
+// (rescales O), P's A fragments. row0: this warp's first query row.
+template <class Cfg>
+__device__ __forceinline__ void softmax_tile(const attn::Mask<Cfg::kCausal>& mask, attn::Softmax<1>& softmax,
+                                             float (&o)[Cfg::kHeadDim / 8][4], float (&sc)[Cfg::kBlockN / 8][4],
+                                             std::uint32_t (&p)[Cfg::kBlockN / 16][4], int j, int row0,
+                                             float scale_log2) {
+  constexpr int BN = Cfg::kBlockN;
+  mask.apply(attn::one_mtile(sc), row0, j * BN);
+  softmax.template update<BN / 8, Cfg::kHeadDim>(0, sc, o, scale_log2);
+  attn::to_a_frags<bf16, BN>(p, sc);
+}
+
+// As the production forward: finish the row sums across the quad, normalize, store O and the
+// log-sum-exp (rows at or past S are skipped).
+template <class Cfg>
+__device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float (&o)[Cfg::kHeadDim / 8][4], int row0,
+                                         bf16* __restrict__ out, float* __restrict__ lse, int S, int H, int head,
+                                         int b) {
+  constexpr int D = Cfg::kHeadDim;
+  const int lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
+  bf16* gout = out + static_cast<std::size_t>(b) * S * H * D + static_cast<std::size_t>(head) * D;
+  float* glse = lse + (static_cast<std::size_t>(b) * H + head) * S;
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = softmax.row_sum(0, h);
+    inv[h] = 1.f / l;
+    const int row = row0 + gi + 8 * h;
+    if (t == 0 && row < S) glse[row] = softmax.lse(0, h, l);
+  }
+#pragma unroll
+  for (int d = 0; d < D / 8; ++d) {
+    o[d][0] *= inv[0];
+    o[d][1] *= inv[0];
+    o[d][2] *= inv[1];
+    o[d][3] *= inv[1];
+  }
+  attn::store_rows<D>(gout, o, row0, S, static_cast<std::size_t>(H) * D, 1.f);
+}
+
+// The consumer warpgroups' K/V loop. Causal: a warpgroup whose last row precedes a tile's first
+// key has nothing to add from it (tile_active, uniform over the warpgroup as wgmma requires), but
+// it still waits for the tile and releases it.
+//   Serial: per tile, S (wait), softmax, P V (wait), release.
+//   Overlap: P V of tile j stays in flight while S of tile j+1 is issued behind it; the wait for
+//   the older group (P V) releases stage j, the next iteration's wait takes S. The tensor cores
+//   get tile j+1's scores without the gap of P V's wait, the barrier and the next fence.
+template <class Cfg>
+__device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV, const Barriers<Cfg>& bar,
+                                        bf16* __restrict__ out, float* __restrict__ lse, int S, int H,
+                                        float scale_log2, int m0, int n_tiles, int head, int b) {
+  constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wg = warp >> 2;
+  const int wg_row0 = m0 + 64 * wg, row0 = wg_row0 + 16 * (warp & 3);  // row0: this warp's first row
+  float o[Cfg::kHeadDim / 8][4];
+  attn::zero(o);
+  float m_run[1][2], l_run[1][2];
+  attn::Softmax<1> softmax{m_run, l_run};
+  softmax.start();
+  const attn::Mask<Cfg::kCausal> mask{S};
+  float sc[BN / 8][4];          // raw scores of the tile in hand
+  std::uint32_t p[BN / 16][4];  // its probabilities as wgmma A fragments
+
+  mbar_wait(bar.q_full(), 0);
+  if constexpr (!Cfg::kOverlap) {
+    for (int j = 0; j < n_tiles; ++j) {
+      const int s = j % ST;
+      const std::uint32_t phase = (j / ST) & 1;
+      const bool active = Cfg::tile_active(j, wg_row0);
+      mbar_wait(bar.k_full(s), phase);
+      if (active) {
+        issue_scores<Cfg>(sc, sQ, sK + s * Cfg::kKVBytes, wg);
+        wgmma_wait<0>();
+        operand_fence(sc);
+        softmax_tile<Cfg>(mask, softmax, o, sc, p, j, row0, scale_log2);
+      }
+      mbar_wait(bar.v_full(s), phase);
+      if (active) {
+        issue_pv<Cfg>(o, p, sV + s * Cfg::kKVBytes);
+        wgmma_wait<0>();
+        operand_fence(o);
+        operand_fence(p);
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar.kv_empty(s));  // this warp's reads of stage s are complete
+    }
+  } else {
+    // Straight-line per tile so that ptxas can follow the two groups in flight: the active tiles
+    // (a prefix, tile 0 always among them) with the last one peeled, then the skipped tail.
+    const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
+    mbar_wait(bar.k_full(0), 0);
+    issue_scores<Cfg>(sc, sQ, sK, wg);
+    for (int j = 0; j + 1 < n_active; ++j) {
+      const int s = j % ST, s1 = (j + 1) % ST;
+      wgmma_wait<0>();  // S of tile j, the only group in flight
+      operand_fence(sc);
+      softmax_tile<Cfg>(mask, softmax, o, sc, p, j, row0, scale_log2);
+      mbar_wait(bar.v_full(s), (j / ST) & 1);
+      issue_pv<Cfg>(o, p, sV + s * Cfg::kKVBytes);
+      mbar_wait(bar.k_full(s1), ((j + 1) / ST) & 1);
+      issue_scores<Cfg>(sc, sQ, sK + s1 * Cfg::kKVBytes, wg);
+      wgmma_wait<1>();  // P V of tile j, the older group
+      operand_fence(o);
+      operand_fence(p);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar.kv_empty(s));
+    }
+    {
+      const int j = n_active - 1, s = j % ST;
+      wgmma_wait<0>();
+      operand_fence(sc);
+      softmax_tile<Cfg>(mask, softmax, o, sc, p, j, row0, scale_log2);
+      mbar_wait(bar.v_full(s), (j / ST) & 1);
+      issue_pv<Cfg>(o, p, sV + s * Cfg::kKVBytes);
+      wgmma_wait<0>();
+      operand_fence(o);
+      operand_fence(p);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar.kv_empty(s));
+    }
+    for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
+      const int s = j % ST;
+      const std::uint32_t phase = (j / ST) & 1;
+      mbar_wait(bar.k_full(s), phase);
+      mbar_wait(bar.v_full(s), phase);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar.kv_empty(s));
+    }
+  }
+  epilogue<Cfg>(softmax, o, row0, out, lse, S, H, head, b);
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    forward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
+                   bf16* __restrict__ out, float* __restrict__ lse, int S, int H, float scale_log2) {
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
+  constexpr bool CAUSAL = Cfg::kCausal;
+  extern __shared__ unsigned char smem_raw[];
+  // Shared-window addresses; the TMA's 128-byte swizzle and wgmma's need 1024-aligned tiles.
+  const std::uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const std::uint32_t sQ = base + Cfg::kQOff, sK = base + Cfg::kKOff, sV = base + Cfg::kVOff;
+  const Barriers<Cfg> bar{base + Cfg::kBarOff};
+
+  const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: heaviest first
+  const int m0 = qblock * BM, head = blockIdx.y, b = blockIdx.z;
+  const int n_tiles = Cfg::kv_tiles(S, m0);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar.q_full(), 1);
+#pragma unroll
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(bar.k_full(s), 1);
+      mbar_init(bar.v_full(s), 1);
+      mbar_init(bar.kv_empty(s), 4 * Cfg::kConsumers);  // every consumer warp releases
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();  // the last CTA-wide barrier: the producer's idle threads leave below
+
+  if (warp == Cfg::kProducerWarp) {
+    if (lane == 0) {
+      mbar_arrive_expect_tx(bar.q_full(), Cfg::kQBytes);
+#pragma unroll
+      for (int c = 0; c < Cfg::kColBlocks; ++c)
+        tma_load_5d(sQ + c * BM * 128, &q_map, 64 * c, head, 0, m0, b, bar.q_full());
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % ST;
+        if (j >= ST) mbar_wait(bar.kv_empty(s), ((j / ST) - 1) & 1);
+        mbar_arrive_expect_tx(bar.k_full(s), Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kColBlocks; ++c)
+          tma_load_5d(sK + s * Cfg::kKVBytes + c * BN * 128, &kv_map, 64 * c, head, 1, j * BN, b, bar.k_full(s));
+        mbar_arrive_expect_tx(bar.v_full(s), Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kColBlocks; ++c)
+          tma_load_5d(sV + s * Cfg::kKVBytes + c * BN * 128, &kv_map, 64 * c, head, 2, j * BN, b, bar.v_full(s));
+      }
+    }
+  } else {
+    consume<Cfg>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b);
+  }
+}
+
+template <int D, bool CAUSAL, bool OVERLAP>
+void launch(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& sh) {
+  using Cfg = FwdConfig<D, CAUSAL, OVERLAP>;
+  const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
+  const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
+  auto kernel = forward_kernel<Cfg>;
+  CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const dim3 grid((sh.seq + Cfg::kBlockM - 1) / Cfg::kBlockM, sh.heads, sh.batch);
+  const float scale_log2 = attn::kLog2e / std::sqrt(static_cast<float>(D));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, out, lse, sh.seq, sh.heads, scale_log2);
+  CUTRAIN_LAUNCH_CHECK("attention_hopper forward_kernel");
+}
+
+// The sm_90a code runs on compute capability 9.0 only; say so instead of a bare launch error.
+void check_device(std::uint32_t smem_bytes) {
+  int dev = 0, major = 0, minor = 0, optin = 0;
+  CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
+  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  CUTRAIN_CHECK(major == 9 && minor == 0, "attention_hopper_forward: needs a compute capability 9.0 device (sm_90a "
+                "code: H100/H200), device ", dev, " is ", major, ".", minor);
+  CUTRAIN_CHECK(static_cast<std::uint32_t>(optin) >= smem_bytes, "attention_hopper_forward: needs ", smem_bytes,
+                " bytes of shared memory per block, device ", dev, " offers ", optin);
+}
+
+template <bool OVERLAP>
+void launch(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& sh) {
+  const bool c = sh.causal;
+  if (sh.head_dim == 64)
+    c ? launch<64, true, OVERLAP>(s, qkv, out, lse, sh) : launch<64, false, OVERLAP>(s, qkv, out, lse, sh);
+  else
+    c ? launch<128, true, OVERLAP>(s, qkv, out, lse, sh) : launch<128, false, OVERLAP>(s, qkv, out, lse, sh);
+}
+
+}  // namespace
+
+void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& sh,
+                       Schedule schedule) {
+  check_forward_args(qkv, out, lse, sh);
+  CUTRAIN_CHECK(schedule == Schedule::Serial || schedule == Schedule::Overlap,
+                "attention_hopper_forward: schedule must be Serial or Overlap, got ", static_cast<int>(schedule));
+  check_device(sh.head_dim == 64 ? FwdConfig<64, false>::kSmemBytes : FwdConfig<128, false>::kSmemBytes);
+  schedule == Schedule::Overlap ? launch<true>(s, qkv, out, lse, sh) : launch<false>(s, qkv, out, lse, sh);
+}
+
+}  // namespace cutrain::bench::hopper

@@ -1,0 +1,120 @@
+// @brief Issue #24's experiment against the production attention forward: the Hopper kernel
+// (wgmma + TMA, bench/attention_hopper/) and kernels::attention_forward on the same inputs, in
+// the same benchmark, at S 512-8192 with B*S = 16384 tokens, 16 heads, d64 / d128, full and causal,
+// each consumer schedule (serial; overlap: tile j's P V in flight while tile j+1's S is issued).
+// Name: "attention_hopper/fwd[_causal][_overlap]/B<b>H16S<s>D<d>". Manual time and TFLOP/s
+// (4·B·H·S²·D, halved causal) are the Hopper kernel's; prod_us / prod_TFLOP/s the production
+// kernel's (median of 100 flushed calls, once per shape, before that shape's first row); speedup =
+// prod_us / median_us. out_rel_diff / lse_rel_diff: ||hopper - production|| / ||production|| of
+// one call each (both within 1e-2 / 1e-4 of the references in the tests), so a wrong-but-fast
+// kernel shows here too.
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/attention_hopper/attention_hopper.h"
+#include "bench/support/bench_support.h"
+#include "kernels/attention.cuh"
+#include "runtime/check.h"
+
+using namespace cutrain;
+using kernels::AttentionShape;
+
+namespace {
+
+using DevBuf = bench::DeviceBuffer;
+
+std::string shape_name(const AttentionShape& s) {
+  return "B" + std::to_string(s.batch) + "H" + std::to_string(s.heads) + "S" + std::to_string(s.seq) + "D" +
+         std::to_string(s.head_dim);
+}
+
+template <typename T>
+std::vector<float> download(const DevBuf& b, std::size_t n) {
+  std::vector<T> h(n);
+  CUTRAIN_CUDA_CHECK(cudaMemcpy(h.data(), b.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
+  std::vector<float> f(n);
+  for (std::size_t i = 0; i < n; ++i) f[i] = static_cast<float>(h[i]);
+  return f;
+}
+
+double rel_diff(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    const double d = static_cast<double>(a[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return den == 0 ? (num == 0 ? 0.0 : INFINITY) : std::sqrt(num / den);
+}
+
+// The production forward's time and outputs for the last shape measured: the two schedules of a
+// shape run back to back (register_all's order) on the same inputs, so it runs once per shape.
+struct Production {
+  std::string shape;
+  double median_us = 0;
+  std::vector<float> out, lse;
+};
+
+void bench_forward(benchmark::State& state, AttentionShape sh, bench::hopper::Schedule schedule) {
+  if (!bench::require_gpu(state)) return;
+  static Production prod;
+  const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
+  const std::size_t n_l = std::size_t(sh.batch) * sh.heads * sh.seq;
+  DevBuf qkv(n_qkv * 2), out_h(n_o * 2), lse_h(n_l * 4);
+  bench::fill_uniform(qkv.as<bf16>(), n_qkv, -1.f, 1.f, 1);  // same seed: same inputs for every row of a shape
+  cudaStream_t st0 = bench::bench_stream();
+  const std::string key = shape_name(sh) + (sh.causal ? "_causal" : "");
+  if (prod.shape != key) {
+    DevBuf out_p(n_o * 2), lse_p(n_l * 4);
+    auto prod_fwd = [&](cudaStream_t st) {
+      kernels::attention_forward(st, qkv.as<bf16>(), out_p.as<bf16>(), lse_p.as<float>(), sh);
+    };
+    prod_fwd(st0);
+    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
+    prod.out = download<bf16>(out_p, n_o);
+    prod.lse = download<float>(lse_p, n_l);
+    prod.median_us = bench::time_median(prod_fwd, 100).median_us;
+    prod.shape = key;
+  }
+  auto hopper_fwd = [&](cudaStream_t st) {
+    bench::hopper::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, schedule);
+  };
+  hopper_fwd(st0);
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
+  const double out_diff = rel_diff(download<bf16>(out_h, n_o), prod.out);
+  const double lse_diff = rel_diff(download<float>(lse_h, n_l), prod.lse);
+
+  const double flops = kernels::attention_forward_flops(sh), bytes = 2.0 * (n_qkv + n_o) + 4.0 * n_l;
+  const bench::Timing mine = bench::run_timed(state, hopper_fwd, bytes, flops);
+  state.counters["prod_us"] = prod.median_us;
+  state.counters["prod_TFLOP/s"] = prod.median_us > 0 ? flops / (prod.median_us * 1e-6) / 1e12 : 0.0;
+  state.counters["speedup"] = mine.median_us > 0 ? prod.median_us / mine.median_us : 0.0;
+  state.counters["out_rel_diff"] = out_diff;
+  state.counters["lse_rel_diff"] = lse_diff;
+}
+
+void register_all() {
+  using bench::hopper::Schedule;
+  for (int d : {64, 128})
+    for (bool causal : {false, true})
+      for (int s : {512, 1024, 2048, 4096, 8192})
+        for (Schedule schedule : {Schedule::Serial, Schedule::Overlap}) {
+          const AttentionShape sh{16384 / s, s, 16, d, causal};
+          const std::string name = std::string("attention_hopper/fwd") + (causal ? "_causal" : "") +
+                                   (schedule == Schedule::Overlap ? "_overlap/" : "/") + shape_name(sh);
+          benchmark::RegisterBenchmark(name.c_str(),
+                                       [sh, schedule](benchmark::State& st) { bench_forward(st, sh, schedule); })
+              ->UseManualTime()
+              ->Iterations(100)  // a median of 100 flushed samples
+              ->Unit(benchmark::kMicrosecond);
+        }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return cutrain::bench::run_benchmarks(argc, argv, register_all); }

@@ -1,0 +1,78 @@
+// @brief Host side of the Hopper attention experiment: argument checks, the qkv tensor-map
+// geometry, and its encoding through the driver's cuTensorMapEncodeTiled (reached through the
+// runtime's driver entry point, so nothing links libcuda directly).
+#include "bench/attention_hopper/tensor_map.h"
+
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+
+#include "bench/attention_hopper/attention_hopper.h"
+#include "runtime/check.h"
+#include "runtime/error.h"
+
+namespace cutrain::bench::hopper {
+
+void check_forward_args(const bf16* qkv, const bf16* out, const float* lse, const kernels::AttentionShape& sh) {
+  const char* who = "attention_hopper_forward";
+  CUTRAIN_CHECK(sh.head_dim == 64 || sh.head_dim == 128, who, ": head_dim must be 64 or 128, got ", sh.head_dim);
+  CUTRAIN_CHECK(sh.batch >= 1 && sh.seq >= 1 && sh.heads >= 1, who, ": batch, seq and heads must be >= 1, got batch=",
+                sh.batch, " seq=", sh.seq, " heads=", sh.heads);
+  CUTRAIN_CHECK(sh.heads <= 65535 && sh.batch <= 65535, who,
+                ": heads and batch must be <= 65535 (grid y/z), got heads=", sh.heads, " batch=", sh.batch);
+  // The TMA's coordinates are int32 and its strides below 2^40 bytes.
+  const std::uint64_t batch_stride = 2ull * sh.seq * 3 * sh.heads * sh.head_dim;
+  CUTRAIN_CHECK(batch_stride < (1ull << 40), who, ": one sequence of qkv must be under 2^40 bytes, got ", batch_stride,
+                " (seq=", sh.seq, " heads=", sh.heads, " head_dim=", sh.head_dim, ")");
+  CUTRAIN_CHECK(qkv && out && lse, who, ": qkv, out and lse must be non-null, got qkv=", static_cast<const void*>(qkv),
+                " out=", static_cast<const void*>(out), " lse=", static_cast<const void*>(lse));
+  CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0, who,
+                ": qkv must be 16-byte aligned (tensor-copy engine), got ", static_cast<const void*>(qkv));
+  CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(out) % 4 == 0 && reinterpret_cast<std::uintptr_t>(lse) % 4 == 0, who,
+                ": out and lse must be 4-byte aligned, got out=", static_cast<const void*>(out),
+                " lse=", static_cast<const void*>(lse));
+}
+
+QkvTmaGeometry qkv_tma_geometry(const kernels::AttentionShape& sh, int box_rows) {
+  CUTRAIN_CHECK(box_rows >= 1 && box_rows <= 256, "qkv_tma_geometry: box_rows must lie in [1, 256], got ", box_rows);
+  const std::uint64_t D = sh.head_dim, H = sh.heads, S = sh.seq, B = sh.batch, e = 2;  // bf16
+  QkvTmaGeometry g{};
+  const std::uint64_t dims[5] = {D, H, 3, S, B};
+  const std::uint64_t strides[4] = {D * e, H * D * e, 3 * H * D * e, S * 3 * H * D * e};
+  const std::uint32_t box[5] = {64, 1, 1, static_cast<std::uint32_t>(box_rows), 1};
+  for (int i = 0; i < 5; ++i) g.dims[i] = dims[i], g.box[i] = box[i];
+  for (int i = 0; i < 4; ++i) g.strides[i] = strides[i];
+  return g;
+}
+
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_entry() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    CUTRAIN_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+    CUTRAIN_CHECK(q == cudaDriverEntryPointSuccess && p != nullptr,
+                  "attention_hopper: the driver has no cuTensorMapEncodeTiled (query result ", static_cast<int>(q), ")");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+CUtensorMap encode_qkv_map(const bf16* qkv, const kernels::AttentionShape& sh, int box_rows) {
+  const QkvTmaGeometry g = qkv_tma_geometry(sh, box_rows);
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = encode_entry()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<bf16*>(qkv), g.dims,
+                                    g.strides, g.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUTRAIN_CHECK(r == CUDA_SUCCESS, "attention_hopper: cuTensorMapEncodeTiled failed with CUresult ", static_cast<int>(r),
+                " (batch=", sh.batch, " seq=", sh.seq, " heads=", sh.heads, " head_dim=", sh.head_dim,
+                " box_rows=", box_rows, ")");
+  return map;
+}
+
+}  // namespace cutrain::bench::hopper

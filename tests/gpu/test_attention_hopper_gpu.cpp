@@ -1,0 +1,198 @@
+// @brief GPU tests of issue #24's Hopper attention forward (bench/attention_hopper/): O and the
+// log-sum-exp against the fp64 CPU reference over odd shapes (S not a multiple of any tile, B > 1,
+// H > 1, d64 / d128, causal / not, plain and large logits), and at long S against the naive GPU
+// reference and the production kernel on the same inputs; outputs poisoned first; both consumer
+// schedules (serial, overlap) on the same inputs. A failure names the schedule, the first element
+// off (batch, token, head, column) with both values, and the product it points at.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "bench/attention_hopper/attention_hopper.h"
+#include "kernels/attention.cuh"
+#include "tests/gpu/attention_naive.h"
+#include "tests/reference/attention_ref.h"
+#include "tests/support/test_support.h"
+
+using namespace cutrain;
+using kernels::AttentionShape;
+namespace hopper = cutrain::bench::hopper;
+
+namespace {
+
+std::string shape_name(const AttentionShape& s) {
+  std::ostringstream os;
+  os << 'B' << s.batch << 'S' << s.seq << 'H' << s.heads << 'D' << s.head_dim << (s.causal ? "_causal" : "_full");
+  return os.str();
+}
+
+// The first element of `got` farther from `want` than atol + rtol*|want| (or not finite), as
+// "b= s= h= d=" for O [B, S, H, D] or "b= h= s=" for lse [B, H, S]; "" when none.
+template <typename W>
+std::string first_off(const std::vector<float>& got, const std::vector<W>& want, const AttentionShape& sh, bool is_lse,
+                      double atol, double rtol) {
+  std::size_t bad = 0, first = got.size();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], w = static_cast<double>(want[i]);
+    if (!std::isfinite(g) || std::fabs(g - w) > atol + rtol * std::fabs(w)) {
+      if (first == got.size()) first = i;
+      ++bad;
+    }
+  }
+  if (bad == 0) return "";
+  std::ostringstream os;
+  const std::size_t i = first, S = sh.seq, H = sh.heads, D = sh.head_dim;
+  if (is_lse)
+    os << "lse b=" << i / (H * S) << " h=" << (i / S) % H << " s=" << i % S;
+  else
+    os << "O b=" << i / (S * H * D) << " s=" << (i / (H * D)) % S << " h=" << (i / D) % H << " d=" << i % D;
+  os << ": got " << got[i] << ", want " << static_cast<double>(want[i]) << " (" << bad << " of " << got.size()
+     << " elements off)";
+  return os.str();
+}
+
+// Which part of the kernel a mismatch points at: lse depends only on S = Q K^T (TMA, the Q and K
+// descriptors, the mask, the softmax), O also on P V (P's register fragments, V's transposed
+// descriptor, whose LBO only d128 uses).
+std::string suspect(bool o_ok, bool lse_ok, int head_dim) {
+  if (o_ok && lse_ok) return "";
+  if (lse_ok)
+    return head_dim == 128 ? " [lse right, O wrong: suspect P V, e.g. V's MN-major descriptor (LBO: d128 only)]"
+                           : " [lse right, O wrong: suspect P V (P's fragments, V's MN-major descriptor)]";
+  return head_dim == 128 ? " [lse wrong: suspect S = Q K^T (TMA boxes, Q/K descriptors; d128: the second column block)]"
+                         : " [lse wrong: suspect S = Q K^T (TMA boxes, Q/K descriptors), the mask or the softmax]";
+}
+
+double rms(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return v.empty() ? 0.0 : std::sqrt(s / v.size());
+}
+
+struct Inputs {
+  std::vector<float> qkv_f;  // bf16-rounded inputs as floats
+  test::DeviceArray<bf16> qkv;
+};
+
+// Fresh N(0,1) inputs; q and k x8 when `large`: logits with std ~64, so the running max jumps
+// between tiles.
+Inputs make_inputs(const AttentionShape& sh, bool large) {
+  auto rng = test::fresh_rng();
+  const std::size_t row = 3ull * sh.heads * sh.head_dim, tokens = static_cast<std::size_t>(sh.batch) * sh.seq;
+  auto qkv_f = test::random_normal(tokens * row, rng);
+  if (large)
+    for (std::size_t t = 0; t < tokens; ++t)
+      for (std::size_t e = 0; e < 2ull * sh.heads * sh.head_dim; ++e) qkv_f[t * row + e] *= 8.f;
+  qkv_f = test::round_bf16(qkv_f);
+  test::DeviceArray<bf16> qkv(test::to_bf16(qkv_f));
+  return Inputs{std::move(qkv_f), std::move(qkv)};
+}
+
+struct Outputs {
+  std::vector<float> out, lse;
+};
+
+const hopper::Schedule kSchedules[] = {hopper::Schedule::Serial, hopper::Schedule::Overlap};
+const char* schedule_name(hopper::Schedule s) { return s == hopper::Schedule::Serial ? "serial" : "overlap"; }
+
+// The Hopper forward on poisoned outputs; nothing may be left unwritten (the first NaN is named).
+Outputs run_hopper(const AttentionShape& sh, const Inputs& in, hopper::Schedule schedule) {
+  const std::size_t tokens = static_cast<std::size_t>(sh.batch) * sh.seq;
+  test::DeviceArray<bf16> out(tokens * sh.heads * sh.head_dim);
+  test::DeviceArray<float> lse(tokens * sh.heads);
+  hopper::attention_forward(nullptr, in.qkv.get(), out.get(), lse.get(), sh, schedule);
+  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  Outputs r{test::download_float(out), lse.download()};
+  const std::vector<double> zeros_o(r.out.size(), 0.0), zeros_l(r.lse.size(), 0.0);
+  // Any NaN left is poison the kernel never overwrote (or a NaN it produced).
+  EXPECT_EQ(test::count_nan(r.out), 0u) << first_off(r.out, zeros_o, sh, false, INFINITY, 0);
+  EXPECT_EQ(test::count_nan(r.lse), 0u) << first_off(r.lse, zeros_l, sh, true, INFINITY, 0);
+  return r;
+}
+
+// (seq, head_dim, causal, large logits); batch 2, heads 3.
+using Param = std::tuple<int, int, bool, bool>;
+
+class AttentionHopperGpu : public ::testing::TestWithParam<Param> {};
+
+TEST_P(AttentionHopperGpu, MatchesCpuReference) {
+  CUTRAIN_REQUIRE_GPU();
+  const auto [seq, dim, causal, large] = GetParam();
+  const AttentionShape sh{2, seq, 3, dim, causal};
+  const Inputs in = make_inputs(sh, large);
+  std::vector<double> out_r, lse_r;
+  ref::attention_forward(in.qkv_f, sh, out_r, lse_r);
+  for (const hopper::Schedule schedule : kSchedules) {
+    SCOPED_TRACE(shape_name(sh) + (large ? " large logits, " : ", ") + schedule_name(schedule) + " schedule");
+    const Outputs r = run_hopper(sh, in, schedule);
+    const double err_o = test::rel_error(r.out, out_r), err_l = test::rel_error(r.lse, lse_r);
+    const std::string why = suspect(err_o <= 1e-2, err_l <= 1e-4, dim);
+    EXPECT_LE(err_o, 1e-2) << "O vs CPU; first element off: "
+                           << first_off(r.out, out_r, sh, false, 0.05 * rms(out_r), 0.02) << why;
+    EXPECT_LE(err_l, 1e-4) << "lse vs CPU; first element off: " << first_off(r.lse, lse_r, sh, true, 1e-3, 1e-3)
+                           << why;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(OddShapes, AttentionHopperGpu,
+                         ::testing::Combine(::testing::Values(1, 7, 96, 129, 200, 385), ::testing::Values(64, 128),
+                                            ::testing::Bool(), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<Param>& i) {
+                           std::ostringstream os;
+                           os << 'S' << std::get<0>(i.param) << 'D' << std::get<1>(i.param)
+                              << (std::get<2>(i.param) ? "_causal" : "_full") << (std::get<3>(i.param) ? "_large" : "");
+                           return os.str();
+                         });
+
+// Long sequences (many K/V tiles, every ring stage reused): the naive GPU reference and the
+// production kernel on the same inputs.
+using LongParam = std::tuple<int, int, bool>;  // (seq, head_dim, causal); batch 2, heads 4
+
+class AttentionHopperLongGpu : public ::testing::TestWithParam<LongParam> {};
+
+TEST_P(AttentionHopperLongGpu, MatchesNaiveAndProduction) {
+  CUTRAIN_REQUIRE_GPU();
+  const auto [seq, dim, causal] = GetParam();
+  const AttentionShape sh{2, seq, 4, dim, causal};
+  const Inputs in = make_inputs(sh, false);
+  const std::size_t n_o = std::size_t(sh.batch) * seq * sh.heads * dim, n_l = std::size_t(sh.batch) * sh.heads * seq;
+  test::NaiveAttention naive(sh);
+  test::DeviceArray<float> out_n(n_o), lse_n(n_l);
+  naive.forward(in.qkv.get(), out_n.get(), lse_n.get());
+  const auto out_nh = out_n.download(), lse_nh = lse_n.download();
+  const std::vector<double> out_nd(out_nh.begin(), out_nh.end());
+  test::DeviceArray<bf16> out_p(n_o);
+  test::DeviceArray<float> lse_p(n_l);
+  kernels::attention_forward(nullptr, in.qkv.get(), out_p.get(), lse_p.get(), sh);
+  const auto out_ph = test::download_float(out_p), lse_ph = lse_p.download();
+
+  for (const hopper::Schedule schedule : kSchedules) {
+    SCOPED_TRACE(shape_name(sh) + ", " + schedule_name(schedule) + " schedule");
+    const Outputs r = run_hopper(sh, in, schedule);
+    const double err_o = test::rel_error(r.out, out_nh), err_l = test::rel_error(r.lse, lse_nh);
+    const std::string why = suspect(err_o <= 1e-2, err_l <= 1e-4, dim);
+    EXPECT_LE(err_o, 1e-2) << "O vs naive; first element off: "
+                           << first_off(r.out, out_nh, sh, false, 0.05 * rms(out_nd), 0.02) << why;
+    EXPECT_LE(err_l, 1e-4) << "lse vs naive; first element off: " << first_off(r.lse, lse_nh, sh, true, 1e-3, 1e-3)
+                           << why;
+    EXPECT_LE(test::rel_error(r.out, out_ph), 1e-2) << "O vs production";
+    EXPECT_LE(test::rel_error(r.lse, lse_ph), 1e-4) << "lse vs production";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LongShapes, AttentionHopperLongGpu,
+                         ::testing::Combine(::testing::Values(1000, 2049), ::testing::Values(64, 128), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<LongParam>& i) {
+                           std::ostringstream os;
+                           os << 'S' << std::get<0>(i.param) << 'D' << std::get<1>(i.param)
+                              << (std::get<2>(i.param) ? "_causal" : "_full");
+                           return os.str();
+                         });
+
+}  // namespace

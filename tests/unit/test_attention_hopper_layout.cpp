@@ -1,0 +1,203 @@
+// @brief CPU checks of the Hopper attention experiment (bench/attention_hopper/): every wgmma
+// operand slice the kernel describes reads exactly the element the TMA's 128-byte swizzle put
+// there (Q, K as K-major operands, V as the transposed MN-major one), the descriptor's bit
+// fields, the tile schedule's coverage of every score, the qkv tensor-map geometry against the
+// [B, S, 3, H, D] layout, and the host checks that refuse bad shapes and pointers before any
+// device work.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "bench/attention_hopper/attention_hopper.h"
+#include "bench/attention_hopper/hopper_layout.h"
+#include "runtime/error.h"
+#include "tests/support/test_support.h"
+
+using namespace cutrain;
+using kernels::AttentionShape;
+namespace hopper = cutrain::bench::hopper;
+
+namespace {
+
+template <class Cfg>
+void expect_operands_match_tma() {
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  // Q: warpgroup wg's A operand of k16 step kk, element (m, k) = Q row 64wg + m, column 16kk + k.
+  std::set<std::uint32_t> seen;
+  for (int wg = 0; wg < Cfg::kConsumers; ++wg)
+    for (int kk = 0; kk < D / 16; ++kk)
+      for (int m = 0; m < 64; ++m)
+        for (int k = 0; k < 16; ++k) {
+          const std::uint32_t got = hopper::wgmma_kmajor_offset(Cfg::q_slice(wg, kk), Cfg::kSbo, m, k);
+          const std::uint32_t want = hopper::tma_sw128_offset(BM, 64 * wg + m, 16 * kk + k);
+          ASSERT_EQ(got, want) << "Q D" << D << " wg " << wg << " kk " << kk << " m " << m << " k " << k;
+          seen.insert(got);
+        }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(BM) * D) << "Q: every element read exactly once";
+  EXPECT_LT(*seen.rbegin(), Cfg::kQBytes);
+  // K: the B operand of S = Q K^T, element (n, k) = key n, column 16kk + k.
+  seen.clear();
+  for (int kk = 0; kk < D / 16; ++kk)
+    for (int n = 0; n < BN; ++n)
+      for (int k = 0; k < 16; ++k) {
+        const std::uint32_t got = hopper::wgmma_kmajor_offset(Cfg::k_slice(kk), Cfg::kSbo, n, k);
+        const std::uint32_t want = hopper::tma_sw128_offset(BN, n, 16 * kk + k);
+        ASSERT_EQ(got, want) << "K D" << D << " kk " << kk << " n " << n << " k " << k;
+        seen.insert(got);
+      }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(BN) * D);
+  EXPECT_LT(*seen.rbegin(), Cfg::kKVBytes);
+  // V: the B operand of O = P V read transposed, element (k, n) = key 16ks + k, column n.
+  seen.clear();
+  for (int ks = 0; ks < BN / 16; ++ks)
+    for (int k = 0; k < 16; ++k)
+      for (int n = 0; n < D; ++n) {
+        const std::uint32_t got = hopper::wgmma_mnmajor_offset(Cfg::v_slice(ks), Cfg::kVLbo, Cfg::kSbo, k, n);
+        const std::uint32_t want = hopper::tma_sw128_offset(BN, 16 * ks + k, n);
+        ASSERT_EQ(got, want) << "V D" << D << " ks " << ks << " k " << k << " n " << n;
+        seen.insert(got);
+      }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(BN) * D);
+}
+
+TEST(AttentionHopperLayout, WgmmaOperandsReadWhatTheTmaWrote) {
+  expect_operands_match_tma<hopper::FwdConfig<64, false>>();
+  expect_operands_match_tma<hopper::FwdConfig<128, false>>();
+  expect_operands_match_tma<hopper::FwdConfig<64, true>>();
+  expect_operands_match_tma<hopper::FwdConfig<128, true>>();
+}
+
+// The schedule covers every (query, key) score a row needs exactly once, in an active tile of its
+// warpgroup, streams no tile wholly past the CTA's queries (causal) or past S, and keeps the
+// producer's and consumers' tile counts equal (they are the same function).
+template <class Cfg>
+void expect_schedule_covers(int S) {
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  const int ctas = (S + BM - 1) / BM;
+  for (int q = 0; q < ctas; ++q) {
+    const int m0 = q * BM, n_tiles = Cfg::kv_tiles(S, m0);
+    ASSERT_GE(n_tiles, 1) << "S " << S << " m0 " << m0;
+    ASSERT_LT((n_tiles - 1) * BN, S) << "a tile wholly past S, S " << S << " m0 " << m0;
+    if (Cfg::kCausal) {
+      ASSERT_LE((n_tiles - 1) * BN, std::min(S, m0 + BM) - 1) << "a tile past the CTA's last query, m0 " << m0;
+    }
+    for (int wg = 0; wg < Cfg::kConsumers; ++wg) {
+      const int wg_row0 = m0 + 64 * wg;
+      // The active tiles are a prefix of length active_tiles (what the overlap schedule relies on).
+      const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
+      ASSERT_GE(n_active, 1);
+      for (int j = 0; j < n_tiles; ++j)
+        ASSERT_EQ(Cfg::tile_active(j, wg_row0), j < n_active) << "S " << S << " m0 " << m0 << " wg " << wg << " j " << j;
+      for (int row = wg_row0; row < std::min(wg_row0 + 64, S); ++row) {
+        const int keys = Cfg::kCausal ? row + 1 : S;  // keys 0..keys-1 are needed
+        for (int key = 0; key < keys; ++key) {
+          const int j = key / BN;
+          ASSERT_LT(j, n_tiles) << "S " << S << " row " << row << " key " << key << ": its tile is never streamed";
+          ASSERT_TRUE(Cfg::tile_active(j, wg_row0)) << "S " << S << " row " << row << " key " << key
+                                                    << ": its tile is skipped by warpgroup " << wg;
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionHopperLayout, ScheduleCoversEveryScore) {
+  for (int S : {1, 7, 63, 64, 65, 95, 96, 97, 127, 128, 129, 191, 192, 193, 200, 255, 256, 257, 385, 1000, 2049}) {
+    expect_schedule_covers<hopper::FwdConfig<64, false>>(S);
+    expect_schedule_covers<hopper::FwdConfig<64, true>>(S);
+    expect_schedule_covers<hopper::FwdConfig<128, false>>(S);
+    expect_schedule_covers<hopper::FwdConfig<128, true>>(S);
+  }
+}
+
+template <class Cfg>
+void expect_carve_up() {
+  // Tiles on 1024-byte swizzle atoms, barriers 8-byte aligned after them, all under the budget.
+  EXPECT_EQ(Cfg::kKOff % 1024, 0u);
+  EXPECT_EQ(Cfg::kVOff % 1024, 0u);
+  EXPECT_EQ(Cfg::kKVBytes % 1024, 0u);
+  EXPECT_EQ(Cfg::kBarOff % 8, 0u);
+  EXPECT_EQ(Cfg::kBarOff, Cfg::kQBytes + 2u * Cfg::kStages * Cfg::kKVBytes);
+  EXPECT_LE(Cfg::kSmemBytes, 227u * 1024u);
+  // Consumer warpgroups are warps 0..4*kConsumers-1 (wgmma wants warpgroups at warp indices
+  // divisible by 4), the producer the one warp after them.
+  EXPECT_EQ(Cfg::kThreads, 128 * Cfg::kConsumers + 32);
+  EXPECT_EQ(Cfg::kProducerWarp, 4 * Cfg::kConsumers);
+}
+
+TEST(AttentionHopperLayout, SharedMemoryCarveUp) {
+  expect_carve_up<hopper::FwdConfig<64, false>>();
+  expect_carve_up<hopper::FwdConfig<128, true>>();
+}
+
+TEST(AttentionHopperLayout, DescriptorFields) {
+  const std::uint64_t d = hopper::smem_desc(0x12340u, 16u * 96u * 8u, 1024u);
+  EXPECT_EQ(d & 0x3FFFu, 0x12340u >> 4) << "start address >> 4 in bits 0-13";
+  EXPECT_EQ((d >> 16) & 0x3FFFu, 96u * 8u) << "LBO >> 4 in bits 16-29";
+  EXPECT_EQ((d >> 32) & 0x3FFFu, 64u) << "SBO >> 4 in bits 32-45";
+  EXPECT_EQ((d >> 49) & 7u, 0u) << "base offset 0";
+  EXPECT_EQ(d >> 62, 1u) << "128-byte swizzle";
+  EXPECT_EQ((d >> 14) & 3u, 0u);
+  EXPECT_EQ((d >> 30) & 3u, 0u);
+  EXPECT_EQ((d >> 46) & 7u, 0u);
+}
+
+TEST(AttentionHopperLayout, TensorMapGeometryAddressesQkv) {
+  for (const AttentionShape sh : {AttentionShape{2, 7, 3, 64, false}, AttentionShape{3, 129, 5, 128, true}}) {
+    const int D = sh.head_dim, H = sh.heads, S = sh.seq;
+    const auto g = hopper::qkv_tma_geometry(sh, 96);
+    EXPECT_EQ(g.dims[0], std::uint64_t(D));
+    EXPECT_EQ(g.dims[1], std::uint64_t(H));
+    EXPECT_EQ(g.dims[2], 3u);
+    EXPECT_EQ(g.dims[3], std::uint64_t(S)) << "tokens bounded per sequence: the tail reads zeros";
+    EXPECT_EQ(g.dims[4], std::uint64_t(sh.batch));
+    EXPECT_EQ(g.box[0] * 2u, 128u) << "one box row is one 128-byte swizzle span";
+    EXPECT_EQ(g.box[1], 1u);
+    EXPECT_EQ(g.box[2], 1u);
+    EXPECT_EQ(g.box[3], 96u);
+    EXPECT_EQ(g.box[4], 1u);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(g.strides[i] % 16, 0u) << "TMA strides are multiples of 16 bytes";
+    // Coordinate (d, h, w, s, b) must land on qkv[b][s][w][h][d].
+    for (int b = 0; b < sh.batch; ++b)
+      for (int s : {0, S / 2, S - 1})
+        for (int w = 0; w < 3; ++w)
+          for (int h : {0, H - 1})
+            for (int d2 : {0, D - 1}) {
+              const std::uint64_t bytes = 2ull * d2 + g.strides[0] * h + g.strides[1] * w + g.strides[2] * s +
+                                          g.strides[3] * b;
+              const std::uint64_t want = ((static_cast<std::uint64_t>(b) * S + s) * 3 + w) * H * D + h * D + d2;
+              ASSERT_EQ(bytes, 2 * want) << "b " << b << " s " << s << " w " << w << " h " << h << " d " << d2;
+            }
+  }
+  EXPECT_NE(test::error_of([] { hopper::qkv_tma_geometry({1, 8, 1, 64, false}, 257); }).find("box_rows"),
+            std::string::npos);
+}
+
+TEST(AttentionHopperLayout, HostChecksRefuseBadArguments) {
+  // Fake, well-aligned addresses: the checks never dereference them and fail before any CUDA call.
+  const auto* qkv = reinterpret_cast<const bf16*>(std::uintptr_t{1} << 20);
+  auto* out = reinterpret_cast<bf16*>(std::uintptr_t{2} << 20);
+  auto* lse = reinterpret_cast<float*>(std::uintptr_t{3} << 20);
+  const AttentionShape ok{2, 100, 4, 128, true};
+  EXPECT_EQ(test::error_of([&] { hopper::check_forward_args(qkv, out, lse, ok); }), "");
+  auto err = [&](const AttentionShape& sh, const bf16* q, bf16* o, float* l) {
+    return test::error_of([&] { hopper::attention_forward(nullptr, q, o, l, sh); });
+  };
+  EXPECT_NE(err({2, 100, 4, 96, false}, qkv, out, lse).find("head_dim must be 64 or 128, got 96"), std::string::npos);
+  EXPECT_NE(err({2, 0, 4, 64, false}, qkv, out, lse).find("seq=0"), std::string::npos);
+  EXPECT_NE(err({0, 10, 4, 64, false}, qkv, out, lse).find("batch=0"), std::string::npos);
+  EXPECT_NE(err({1, 10, 70000, 64, false}, qkv, out, lse).find("heads=70000"), std::string::npos);
+  EXPECT_NE(err(ok, nullptr, out, lse).find("non-null"), std::string::npos);
+  EXPECT_NE(err(ok, qkv + 4, out, lse).find("qkv must be 16-byte aligned"), std::string::npos);
+  EXPECT_NE(err(ok, qkv, reinterpret_cast<bf16*>(reinterpret_cast<std::uintptr_t>(out) + 2), lse).find("4-byte aligned"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] {
+              hopper::attention_forward(nullptr, qkv, out, lse, ok, static_cast<hopper::Schedule>(7));
+            }).find("schedule must be Serial or Overlap, got 7"),
+            std::string::npos);
+}
+
+}  // namespace
