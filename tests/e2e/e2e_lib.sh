@@ -53,3 +53,12 @@ c.pop("gradient_accumulation_steps")
 json.dump(c, open(sys.argv[3], "w"))
 PY
 }
+# wikitext_data_or_skip: $data, the folder with wikitext-2/ and gpt2/ (CUTRAIN_DATA_DIR, else
+# ../shared/data, else .devdata); without one the script is skipped (exit 77)
+wikitext_data_or_skip() {
+  data=${CUTRAIN_DATA_DIR:-$root/../shared/data}
+  [ -e "$data/wikitext-2/valid.txt" ] || data=$root/.devdata
+  if [ ! -e "$data/wikitext-2/valid.txt" ] || [ ! -e "$data/gpt2/encoder.json" ]; then
+    echo "WikiText-2 / GPT-2 files not found (set CUTRAIN_DATA_DIR): skipped"; exit 77
+  fi
+}
