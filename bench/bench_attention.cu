@@ -97,12 +97,8 @@ void bench_attention(benchmark::State& state, AttentionShape sh, Pass pass, Opts
   }
 }
 
-void reg(const std::string& name, std::function<void(benchmark::State&)> fn) {
-  benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); })
-      ->UseManualTime()
-      ->Iterations(100)  // a median of 100 flushed samples
-      ->Unit(benchmark::kMicrosecond);
-}
+// A median of 100 flushed samples.
+void reg(const std::string& name, std::function<void(benchmark::State&)> fn) { bench::reg(name, fn, 100); }
 
 void register_all() {
   const std::vector<AttentionShape> shapes = {

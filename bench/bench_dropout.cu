@@ -19,11 +19,7 @@ namespace {
 
 using DevBuf = bench::DeviceBuffer;
 
-void reg(const std::string& name, std::function<void(benchmark::State&)> fn) {
-  benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); })
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
-}
+using bench::reg;
 
 void bench_dropout(benchmark::State& state, DType dt, std::size_t n) {
   if (!bench::require_gpu(state)) return;

@@ -260,12 +260,8 @@ void bench_bias_grad(benchmark::State& state, int M, int N) {
   }, b2(double(M) * N) + b2(N), 0);
 }
 
-void reg(const std::string& name, std::function<void(benchmark::State&)> fn) {
-  benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); })
-      ->UseManualTime()
-      ->Iterations(100)  // a median of 100 flushed samples; time-based runs would repeat small GEMMs 50k times
-      ->Unit(benchmark::kMicrosecond);
-}
+// A median of 100 flushed samples; time-based runs would repeat small GEMMs 50k times.
+void reg(const std::string& name, std::function<void(benchmark::State&)> fn) { bench::reg(name, fn, 100); }
 
 void register_all() {
   std::vector<std::pair<int, int>> bias_shapes;

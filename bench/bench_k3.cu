@@ -33,11 +33,7 @@ using DevBuf = bench::DeviceBuffer;
 using bench::fill_uniform;
 
 
-void reg(const std::string& name, std::function<void(benchmark::State&)> fn) {
-  benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); })
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
-}
+using bench::reg;
 
 // ---- cross-entropy ----
 void bench_cross_entropy(benchmark::State& state, int rows, int vocab) {

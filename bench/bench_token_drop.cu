@@ -28,11 +28,7 @@ namespace {
 
 using DevBuf = bench::DeviceBuffer;
 
-void reg(const std::string& name, std::function<void(benchmark::State&)> fn) {
-  benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); })
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
-}
+using bench::reg;
 
 // Each sequence's K kept positions: a uniform subset of [0, S), ascending (as the training draw).
 std::vector<std::int32_t> kept_positions(int B, int S, int K, std::uint32_t seed) {

@@ -60,6 +60,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from svg_plot import panel, write_svg_file  # noqa: E402
+from wikitext_shards import prepare_shards, wikitext_inputs  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {
@@ -169,23 +170,10 @@ def prepare(args, data, out):
         inputs = parts
         name = f"--corpus {' '.join(os.path.basename(p.rstrip('/')) for p in args.corpus)} ({len(files)} files)"
     else:
-        inputs = [os.path.join(data, "wikitext-2", f) for f in ("valid.txt", "test.txt")]
-        if args.text_bytes > 0:
-            cut = []
-            for p in inputs:
-                q = os.path.join(ddir, os.path.basename(p))
-                with open(p, "rb") as src, open(q, "wb") as dst:
-                    dst.write(src.read(args.text_bytes))
-                cut.append(q)
-            inputs = cut
+        inputs = wikitext_inputs(data, ddir, args.text_bytes)
         name = "WikiText-2 valid+test"
-    cmd = [args.bin, "prepare-data", "--input", *inputs, "--vocab", os.path.join(data, "gpt2", "encoder.json"),
-           "--merges", os.path.join(data, "gpt2", "vocab.bpe"), "--output", os.path.join(ddir, "de"),
-           "--val_fraction", "0.1"]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        die("prepare-data failed:\n" + p.stdout[-2000:] + p.stderr[-2000:])
-    line = next((l for l in p.stdout.splitlines() if "val +" in l and "train tokens" in l), "")
+    stdout = prepare_shards(args.bin, inputs, data, os.path.join(ddir, "de"), die)
+    line = next((l for l in stdout.splitlines() if "val +" in l and "train tokens" in l), "")
     tokens = line.split("), ", 1)[1].split(" (vocab")[0] if "), " in line else "?"
     return os.path.join(ddir, "de"), f"{name}, 10% of its documents held out: {tokens}"
 

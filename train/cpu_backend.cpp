@@ -115,11 +115,7 @@ class CpuBackend final : public TrainBackend {
  private:
   // One process's step: its micro-batches, the global norm, clipping and the optimizer.
   StepStats local_step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
-    const int accum = cfg_.accumulation();
-    const std::size_t per = std::size_t(rows_) * seq_;
-    std::fill(grads_.begin(), grads_.end(), 0.f);
-    StepStats st;
-    for (int a = 0; a < accum; ++a) micro_batch(tokens + a * per, labels + a * per, step, a, accum, st);
+    StepStats st = micro_batches(tokens, labels, step);
     double sq = 0;
     if (tp_) {  // each element once over the group
       sq = tp_->counted_sq(grads_.data(), 0, grads_.size());
@@ -225,12 +221,8 @@ class CpuBackend final : public TrainBackend {
   // A data-parallel step: this rank's micro-batches, the gradients reduced and the optimizer
   // state updated as the ZeRO stage says (train/cpu_zero.h).
   StepStats zero_step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
-    const int accum = cfg_.accumulation();
-    const std::size_t per = std::size_t(rows_) * seq_;
     zero_->params_for_compute(params_);
-    std::fill(grads_.begin(), grads_.end(), 0.f);
-    StepStats st;
-    for (int a = 0; a < accum; ++a) micro_batch(tokens + a * per, labels + a * per, step, a, accum, st);
+    StepStats st = micro_batches(tokens, labels, step);
     st.loss = zero_->mean_over_ranks(st.loss);
     if (distill_now_) st.kd_loss = zero_->mean_over_ranks(st.kd_loss);
     st.grad_norm = zero_->reduce_grads(grads_);
@@ -248,11 +240,7 @@ class CpuBackend final : public TrainBackend {
   // An expert-parallel step: this rank's micro-batches (their MoE blocks exchanging tokens), the
   // non-expert and expert gradients reduced over their groups, AdamW on both, the params unpacked.
   StepStats ep_step(const std::int32_t* tokens, const std::int32_t* labels, int step, float lr) {
-    const int accum = cfg_.accumulation();
-    const std::size_t per = std::size_t(rows_) * seq_;
-    std::fill(grads_.begin(), grads_.end(), 0.f);
-    StepStats st;
-    for (int a = 0; a < accum; ++a) micro_batch(tokens + a * per, labels + a * per, step, a, accum, st);
+    StepStats st = micro_batches(tokens, labels, step);
     st.loss = ep_->mean_over_ranks(st.loss);
     if (distill_now_) st.kd_loss = ep_->mean_over_ranks(st.kd_loss);
     st.grad_norm = ep_->reduce_grads(grads_);
@@ -263,6 +251,17 @@ class CpuBackend final : public TrainBackend {
     const double scale = clip_scale(cfg_.gradient_clipping, st.grad_norm);
     ep_->adam(step, lr, scale);
     ep_->params_for_compute(params_);
+    return st;
+  }
+
+  // Every step kind's start: the gradients zeroed, then this rank's micro-batches accumulated into
+  // them (their losses, layer tokens and routing figures summed into the returned stats).
+  StepStats micro_batches(const std::int32_t* tokens, const std::int32_t* labels, int step) {
+    const int accum = cfg_.accumulation();
+    const std::size_t per = std::size_t(rows_) * seq_;
+    std::fill(grads_.begin(), grads_.end(), 0.f);
+    StepStats st;
+    for (int a = 0; a < accum; ++a) micro_batch(tokens + a * per, labels + a * per, step, a, accum, st);
     return st;
   }
 

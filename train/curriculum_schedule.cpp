@@ -36,12 +36,15 @@ std::int64_t CurriculumPacing::difficulty(std::int64_t step) const {
   const double ratio = std::pow(static_cast<double>(step) / static_cast<double>(c_.total_curriculum_step), 1.0 / degree);
   const double span = static_cast<double>(c_.max_difficulty - c_.min_difficulty);
   const double raw = std::floor(ratio * span + static_cast<double>(c_.min_difficulty));
-  // Rounded down, then clamped (DeepSpeed's order: a max that is not a multiple of difficulty_step
-  // is reached only once the ratio passes 1 by a step). Far past the end, clamp before converting.
+  // Rounded down to a multiple of difficulty_step, raised to the first multiple at or above
+  // min_difficulty, then clamped to max (DeepSpeed 0.19.8's order: a min that is not a multiple is
+  // never undershot, and a max that is not a multiple is reached only once the ratio passes 1 by a
+  // step). Far past the end, clamp before converting.
   if (raw >= static_cast<double>(c_.max_difficulty) + static_cast<double>(c_.difficulty_step)) return c_.max_difficulty;
   auto d = static_cast<std::int64_t>(raw);
   d -= d % c_.difficulty_step;
-  return std::min(d, c_.max_difficulty);
+  const std::int64_t floor_step = (c_.min_difficulty + c_.difficulty_step - 1) / c_.difficulty_step * c_.difficulty_step;
+  return std::min(std::max(d, floor_step), c_.max_difficulty);
 }
 
 }  // namespace cutrain::train

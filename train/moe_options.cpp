@@ -6,15 +6,10 @@
 
 #include "kernels/moe_gate.cuh"
 #include "runtime/error.h"
+#include "runtime/text.h"
 
 namespace cutrain::train {
 namespace {
-
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
 
 // --moe_layers: every:N or a comma list of distinct block indices in [0, layers).
 std::vector<int> moe_blocks(const MoeOptions& o, int layers) {

@@ -7,16 +7,11 @@
 #include "runtime/error.h"
 #include "runtime/file_util.h"
 #include "runtime/safetensors.h"
+#include "runtime/text.h"
 #include "train/checkpoint.h"
 
 namespace cutrain::train {
 namespace {
-
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
 
 std::string list(const std::vector<int>& v) {
   std::string s;

@@ -41,7 +41,7 @@ SeqlenCurriculum::SeqlenCurriculum(CurriculumMetric metric, const PacingConfig& 
 int SeqlenCurriculum::seqlen(std::int64_t step) const {
   const std::int64_t d = pacing_.difficulty(step + 1);  // DeepSpeed passes the 1-based step about to run
   CUTRAIN_CHECK(d >= 1, "seqlen curriculum: ", source_, " gives length ", d, " at step ", step,
-                " (the pacing rounds min_difficulty down to a multiple of difficulty_step)");
+                " (expected a length of at least 1)");
   return int(std::min<std::int64_t>(d, S_));
 }
 
@@ -102,8 +102,8 @@ void check_pacing(const PacingConfig& p, const std::string& config_path, const s
                 "--seq_length ", S, ", found ", p.max_difficulty);
   if (p.type != CurriculumSchedule::FixedDiscrete)
     CUTRAIN_CHECK(p.min_difficulty >= p.difficulty_step, config_path, ": ", path, ".min_difficulty: expected at least "
-                  "schedule_config.difficulty_step ", p.difficulty_step, " (the length is rounded down to a multiple "
-                  "of it, and ", p.min_difficulty, " rounds down to 0), found ", p.min_difficulty);
+                  "schedule_config.difficulty_step ", p.difficulty_step, " (every length is a multiple of it, so the "
+                  "first one would be ", p.difficulty_step, ", not the configured minimum), found ", p.min_difficulty);
 }
 
 }  // namespace

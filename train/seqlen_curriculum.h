@@ -85,8 +85,8 @@ class SeqlenCurriculum {
 // The run's sequence-length curriculum: data_efficiency's seqlen_truncate / seqlen_reshape metric
 // when the curriculum's three switches are on, or the legacy curriculum_learning block when
 // enabled; nullopt when neither. Checks against the run, each error naming the config file and the
-// key: max_difficulty above --seq_length, a pacing whose first length rounds down to 0
-// (min_difficulty below difficulty_step), both seqlen metrics at once, the legacy block together
+// key: max_difficulty above --seq_length, a pacing whose min_difficulty is below its difficulty_step,
+// both seqlen metrics at once, the legacy block together
 // with a seqlen metric.
 std::optional<SeqlenCurriculum> make_seqlen_curriculum(const TrainConfig& cfg, const std::string& config_path, int B,
                                                        int S);

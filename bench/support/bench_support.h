@@ -19,6 +19,15 @@
 
 namespace cutrain::bench {
 
+// Registers a benchmark timed by the caller (manual time, microseconds); `iterations` > 0 fixes the
+// sample count (a median of that many flushed samples), 0 leaves it to Google Benchmark.
+inline void reg(const std::string& name, std::function<void(benchmark::State&)> fn, int iterations = 0) {
+  benchmark::internal::Benchmark* b =
+      benchmark::RegisterBenchmark(name.c_str(), [fn](benchmark::State& st) { fn(st); })->UseManualTime();
+  if (iterations > 0) b->Iterations(iterations);
+  b->Unit(benchmark::kMicrosecond);
+}
+
 // Device-to-device cudaMemcpyAsync of 2 GiB, median of 15 after warm-up, counting bytes read
 // plus bytes written. Measured once per process, then cached.
 double copy_bandwidth_gbps();

@@ -71,21 +71,14 @@ run --deepspeed_config "$tmp/cur.json" --num_steps 3 --resume "$tmp/ck" --loss_l
   || { paste "$tmp/straight.csv" "$tmp/resumed.csv"; fail "resumed losses differ from the straight run's"; }
 echo "ok: resumed curriculum run equals the straight run"
 
-expect_error() {  # expect_error TEXT CONFIG
-  local text=$1 cfg=$2
-  if run --deepspeed_config "$cfg" --num_steps 1 >"$tmp/err.txt" 2>&1; then cat "$tmp/err.txt"; fail "no error for $cfg"; fi
-  grep -qF -- "$text" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "error without '$text'"; }
-  grep -q "Step 0" "$tmp/err.txt" && fail "a step ran before the error ($cfg)"
-  return 0
-}
 make_config "$tmp/bad_other.json" other_idx.json percentile 10 100
-expect_error "$tmp/other_idx.json" "$tmp/bad_other.json"
+expect_config_error "$tmp/other_idx.json" "$tmp/bad_other.json"
 make_config "$tmp/bad_seq.json" seq8_idx.json percentile 10 100
-expect_error "$tmp/seq8_idx.json" "$tmp/bad_seq.json"
+expect_config_error "$tmp/seq8_idx.json" "$tmp/bad_seq.json"
 make_config "$tmp/bad_missing.json" missing.json percentile 10 100
-expect_error "index_to_sample_path: expected the index" "$tmp/bad_missing.json"
+expect_config_error "index_to_sample_path: expected the index" "$tmp/bad_missing.json"
 make_config "$tmp/bad_empty.json" idx.json value 1000 2000
-expect_error "curriculum: no sample is eligible at step 0" "$tmp/bad_empty.json"
+expect_config_error "curriculum: no sample is eligible at step 0" "$tmp/bad_empty.json"
 if "$bin" train --device cpu --deepspeed_config "$tmp/cur.json" --hidden_dim 32 --num_heads 2 --num_layers 1 \
     --seq_length 16 --batch_size 2 --num_steps 1 >"$tmp/err.txt" 2>&1; then fail "curriculum accepted with random data"; fi
 grep -q "expected --use_real_data" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "random-data error"; }

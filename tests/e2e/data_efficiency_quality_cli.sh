@@ -7,11 +7,7 @@
 # .tar.xz archive of text files), and input errors before any work.
 #   data_efficiency_quality_cli.sh CUTRAIN_BINARY cpu|cuda   (exits 77 = skipped: no GPU for cuda, or no data)
 source "$(dirname "$0")/e2e_lib.sh"
-data=${CUTRAIN_DATA_DIR:-$root/../shared/data}
-[ -e "$data/wikitext-2/valid.txt" ] || data=$root/.devdata
-if [ ! -e "$data/wikitext-2/valid.txt" ] || [ ! -e "$data/gpt2/encoder.json" ]; then
-  echo "WikiText-2 / GPT-2 files not found (set CUTRAIN_DATA_DIR): skipped"; exit 77
-fi
+wikitext_data_or_skip
 skip_without_gpu
 
 q=(python3 scripts/data_efficiency_quality.py --bin "$bin" --device "$device" --shape tiny --data "$data"

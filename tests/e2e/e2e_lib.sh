@@ -53,3 +53,21 @@ c.pop("gradient_accumulation_steps")
 json.dump(c, open(sys.argv[3], "w"))
 PY
 }
+# wikitext_data_or_skip: $data, the folder with wikitext-2/ and gpt2/ (CUTRAIN_DATA_DIR, else
+# ../shared/data, else .devdata); without one the script is skipped (exit 77)
+wikitext_data_or_skip() {
+  data=${CUTRAIN_DATA_DIR:-$root/../shared/data}
+  [ -e "$data/wikitext-2/valid.txt" ] || data=$root/.devdata
+  if [ ! -e "$data/wikitext-2/valid.txt" ] || [ ! -e "$data/gpt2/encoder.json" ]; then
+    echo "WikiText-2 / GPT-2 files not found (set CUTRAIN_DATA_DIR): skipped"; exit 77
+  fi
+}
+# expect_config_error TEXT CONFIG [FLAGS...]: the script's own `run` (cutrain train with its
+# flags) with CONFIG for one step fails, its output holds TEXT, and no step ran before the error
+expect_config_error() {
+  local text=$1 cfg=$2; shift 2
+  if run --deepspeed_config "$cfg" --num_steps 1 "$@" >"$tmp/err.txt" 2>&1; then cat "$tmp/err.txt"; fail "no error for $cfg"; fi
+  grep -qF -- "$text" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "error without '$text'"; }
+  grep -q "Step 0" "$tmp/err.txt" && fail "a step ran before the error ($cfg)"
+  return 0
+}

@@ -5,11 +5,7 @@
 # are here), the report again from the results folder, --budget skipping runs, and input errors.
 #   quality_run_cli.sh CUTRAIN_BINARY cpu|cuda   (exits 77 = skipped: no GPU for cuda, or no data)
 source "$(dirname "$0")/e2e_lib.sh"
-data=${CUTRAIN_DATA_DIR:-$root/../shared/data}
-[ -e "$data/wikitext-2/valid.txt" ] || data=$root/.devdata
-if [ ! -e "$data/wikitext-2/valid.txt" ] || [ ! -e "$data/gpt2/encoder.json" ]; then
-  echo "WikiText-2 / GPT-2 files not found (set CUTRAIN_DATA_DIR): skipped"; exit 77
-fi
+wikitext_data_or_skip
 skip_without_gpu
 
 # DeepSpeed-style logs of 20 steps: baseline ends at 2.0 (mean 3.0), bf16_full at 2.2 (mean 3.3).

@@ -113,26 +113,19 @@ run --deepspeed_config "$tmp/dec.json" --attention causal --num_steps 3 --metric
 check_metrics "$tmp/md.jsonl" 1 1 0 || fail "decoder metrics"
 echo "ok: decoder (causal) run"
 
-expect_error() {  # expect_error TEXT CONFIG [FLAGS...]
-  local text=$1 cfg=$2; shift 2
-  if run --deepspeed_config "$cfg" --num_steps 1 "$@" >"$tmp/err.txt" 2>&1; then cat "$tmp/err.txt"; fail "no error for $cfg"; fi
-  grep -qF -- "$text" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "error without '$text'"; }
-  grep -q "Step 0" "$tmp/err.txt" && fail "a step ran before the error ($cfg)"
-  return 0
-}
 P=data_efficiency.data_routing.random_ltd
 make_config "$tmp/e1.json" model_type='"encoder"' random_ltd_schedule.max_value=$((S + 1))
-expect_error "$P.random_ltd_schedule.max_value: expected at most the sequence length $S (--seq_length), found $((S + 1))" "$tmp/e1.json"
+expect_config_error "$P.random_ltd_schedule.max_value: expected at most the sequence length $S (--seq_length), found $((S + 1))" "$tmp/e1.json"
 make_config "$tmp/e2.json" model_type='"encoder"' random_ltd_layer_id='[1, 3]'
-expect_error "$P.random_ltd_layer_id[1]: expected a layer index in [0, total_layer_num 3), found 3" "$tmp/e2.json"
+expect_config_error "$P.random_ltd_layer_id[1]: expected a layer index in [0, total_layer_num 3), found 3" "$tmp/e2.json"
 make_config "$tmp/e3.json" model_type='"encoder"' random_ltd_layer_num=3
-expect_error "$P.random_ltd_layer_num: expected the length of random_ltd_layer_id (2), found 3" "$tmp/e3.json"
+expect_config_error "$P.random_ltd_layer_num: expected the length of random_ltd_layer_id (2), found 3" "$tmp/e3.json"
 make_config "$tmp/e4.json" model_type='"encoder"' random_ltd_schedule.schedule_type='"fixed_root"'
-expect_error "$P.random_ltd_schedule.schedule_type: expected " "$tmp/e4.json"
+expect_config_error "$P.random_ltd_schedule.schedule_type: expected " "$tmp/e4.json"
 grep -q "fixed_root" "$tmp/err.txt" || fail "the unknown schedule type is not quoted"
 make_config "$tmp/e5.json" model_type='"encoder"' total_layer_num=4
-expect_error "$P.total_layer_num: expected the model's block count 3 (--num_layers), found 4" "$tmp/e5.json"
-expect_error "$P.model_type: expected \"encoder\": this model's attention is not causal" "$tmp/dec.json"
+expect_config_error "$P.total_layer_num: expected the model's block count 3 (--num_layers), found 4" "$tmp/e5.json"
+expect_config_error "$P.model_type: expected \"encoder\": this model's attention is not causal" "$tmp/dec.json"
 echo "ok: bad input named by JSON path before any step"
 
 # The shipped configs check.

@@ -151,28 +151,21 @@ for r, p in zip(rows, steps):
 PY
 echo "ok: --lr_decay_tokens decays by the trained tokens"
 
-expect_error() {  # expect_error TEXT CONFIG [FLAGS...]
-  local text=$1 cfg=$2; shift 2
-  if run --deepspeed_config "$cfg" --num_steps 1 "$@" >"$tmp/err.txt" 2>&1; then cat "$tmp/err.txt"; fail "no error for $cfg"; fi
-  grep -qF -- "$text" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "error without '$text'"; }
-  grep -q "Step 0" "$tmp/err.txt" && fail "a step ran before the error ($cfg)"
-  return 0
-}
 P=data_efficiency.data_sampling.curriculum_learning.curriculum_metrics
 make_config "$tmp/e1.json" seqlen_reshape max_difficulty=$((S + LO))
-expect_error "$P.seqlen_reshape.max_difficulty: expected a sequence length <= --seq_length $S, found $((S + LO))" "$tmp/e1.json"
+expect_config_error "$P.seqlen_reshape.max_difficulty: expected a sequence length <= --seq_length $S, found $((S + LO))" "$tmp/e1.json"
 make_config "$tmp/e2.json" seqlen_truncate both=1
-expect_error "$P: expected one sequence-length metric, found both seqlen_truncate and seqlen_reshape" "$tmp/e2.json"
+expect_config_error "$P: expected one sequence-length metric, found both seqlen_truncate and seqlen_reshape" "$tmp/e2.json"
 make_config "$tmp/e3.json" seqlen_truncate legacy_too=1
-expect_error "curriculum_learning.enabled: expected false with $P.seqlen_truncate" "$tmp/e3.json"
+expect_config_error "curriculum_learning.enabled: expected false with $P.seqlen_truncate" "$tmp/e3.json"
 make_config "$tmp/e4.json" seqlen_truncate min_difficulty=$((LO - 1))
-expect_error "$P.seqlen_truncate.min_difficulty: expected at least schedule_config.difficulty_step $LO" "$tmp/e4.json"
+expect_config_error "$P.seqlen_truncate.min_difficulty: expected at least schedule_config.difficulty_step $LO" "$tmp/e4.json"
 make_config "$tmp/e5.json" seqlen_truncate ltd=1
-expect_error "the sequence-length curriculum (seqlen_truncate) with random-LTD is not built" "$tmp/e5.json"
+expect_config_error "the sequence-length curriculum (seqlen_truncate) with random-LTD is not built" "$tmp/e5.json"
 make_config "$tmp/e6.json" seqlen_pad
-expect_error "$P.seqlen_pad: expected a metric, one of" "$tmp/e6.json"
+expect_config_error "$P.seqlen_pad: expected a metric, one of" "$tmp/e6.json"
 make_config "$tmp/e7.json" seqlen_truncate sched=WarmupLR
-expect_error "--lr_decay_tokens 100: expected a positive token count with scheduler.type WarmupDecayLR or WarmupCosineLR" \
+expect_config_error "--lr_decay_tokens 100: expected a positive token count with scheduler.type WarmupDecayLR or WarmupCosineLR" \
   "$tmp/e7.json" --lr_decay_tokens 100
 echo "ok: bad input named before any step"
 for c in curriculum_seqlen_gpt curriculum_vocabularyrarity_seqlen; do

@@ -45,8 +45,14 @@ TEST(CurriculumPacing, FixedRootGrowsFasterEarly) {
 }
 
 TEST(CurriculumPacing, RoundingBeforeTheClampAsDeepSpeed) {
-  // min not a multiple of difficulty_step: rounded below min at the start.
-  EXPECT_EQ(train::CurriculumPacing(root(5, 100, 10, 8, 1)).difficulty(0), 0);
+  // min not a multiple of difficulty_step: raised to the first multiple at or above min (DeepSpeed
+  // 0.19.8's floor), never below it; here floor(5) -> 0 -> 8, and at step 1 floor(14.5) -> 8.
+  const train::CurriculumPacing low(root(5, 100, 10, 8, 1));
+  EXPECT_EQ(low.difficulty(0), 8);
+  EXPECT_EQ(low.difficulty(1), 8);
+  EXPECT_EQ(low.difficulty(2), 24);  // 0.2 x 95 + 5 = 24, a multiple
+  // a min that is a multiple is its own floor
+  EXPECT_EQ(train::CurriculumPacing(root(16, 100, 10, 8, 2)).difficulty(0), 16);
   // max not a multiple: 96 at the end of the curriculum, max only once the ratio passes 1.04.
   const train::CurriculumPacing p(root(0, 100, 100, 8, 1));
   EXPECT_EQ(p.difficulty(100), 96);

@@ -250,7 +250,10 @@ TEST(BatchSamplerLlmc, EachBatchIsTheOrdersRunOfBTPlusOneTokens) {
   const int64_t B = 1 + rng() % 4, T = 2 + rng() % 6;
   const int world = 2;
   test::TempDir tmp;
-  Shards set({world * B * T * 5 + 1 + int64_t(rng() % 7), world * B * T * 3 + 1}, tmp.path);
+  // A tail shorter than one more sample (world x B x T tokens): 5 samples in the first shard.
+  Shards set({world * B * T * 5 + 1 + int64_t(rng() % std::uint64_t(std::min<int64_t>(7, world * B * T))),
+              world * B * T * 3 + 1},
+             tmp.path);
   for (int rank = 0; rank < world; ++rank)
     for (bool shuffle : {true, false}) {
       SamplerOptions o = sampler_options(set, B, T);

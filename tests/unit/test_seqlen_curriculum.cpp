@@ -180,7 +180,7 @@ TEST(SeqlenCurriculum, ConfigErrorsNameTheKey) {
   EXPECT_NE(error_of(with_metric("seqlen_reshape", kLinear), 2, 32)
                 .find("cl.json: " + mp + ".seqlen_reshape.max_difficulty: expected a sequence length <= --seq_length 32, found 64"),
             std::string::npos);
-  // A first length that rounds down to 0.
+  // A minimum below difficulty_step (every length is a multiple of it).
   EXPECT_NE(error_of(with_metric("seqlen_truncate", R"("min_difficulty": 5, "max_difficulty": 64, "schedule_type":
     "fixed_linear", "schedule_config": {"total_curriculum_step": 8, "difficulty_step": 8})"), 2, 64)
                 .find(mp + ".seqlen_truncate.min_difficulty: expected at least schedule_config.difficulty_step 8"),
