@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """cutrain's side of issue #20's BERT-Large targets on one GPU, as `cutrain train --model bert` runs:
 
-  step      the full training step (LAMB, bf16) at seq 128 x micro-batch 64 and seq 512 x 16:
-            step time, samples/s, peak memory (the loop's SUMMARY line)
+  step      the full training step (LAMB) at seq 128 x micro-batch 64 and seq 512 x 16, in each of
+            --dtypes (bf16: configs/bert_large_lamb_seq*.json; fp16: their _fp16 twins, dynamic loss
+            scaling): step time, samples/s, peak memory (the loop's SUMMARY line)
   layer     one encoder layer's forward + backward inside the step: the timing report's
             `fwd/layer*` and `bwd/layer*` rows (eager steps), per layer and micro-batch
   flags     seq 512 x 16 with each memory flag alone and all three: peak memory and step time
@@ -15,7 +16,8 @@
 
 Writes a JSON file and prints a table. Usage (from the tree's root, after the build):
   scripts/bert_bench.py --bin build/gpu/tools/cutrain [--parts step,layer,flags,maxbatch]
-      [--mem_cap_gb 40] [--steps 15] [--json FILE]
+      [--mem_cap_gb 40] [--steps 15] [--dtypes bf16,fp16] [--json FILE]
+The other parts run in bf16.
 """
 import argparse
 import json
@@ -30,8 +32,10 @@ FLAGS = ["--gelu_checkpoint", "--normalize_invertible", "--attention_dropout_che
 SHAPES = {128: ("configs/bert_large_lamb_seq128.json", 64, 20), 512: ("configs/bert_large_lamb_seq512.json", 16, 80)}
 
 
-def run(a, seq, batch=None, extra=(), timing=None, steps=None):
+def run(a, seq, batch=None, extra=(), timing=None, steps=None, dtype="bf16"):
     cfg, _, max_pred = SHAPES[seq]
+    if dtype == "fp16":
+        cfg = cfg.replace(".json", "_fp16.json")
     cmd = [a.bin, "train", "--model", "bert", "--bert_config", "configs/bert_large.json", "--deepspeed_config", cfg,
            "--max_seq_length", str(seq), "--max_predictions_per_seq", str(max_pred),
            "--num_steps", str(steps or a.steps), "--warmup_steps", "5", "--log_interval", "100"]
@@ -50,7 +54,7 @@ def run(a, seq, batch=None, extra=(), timing=None, steps=None):
     p = subprocess.run(cmd, capture_output=True, text=True)
     out = p.stdout + p.stderr
     m = re.search(r"SUMMARY: .*peak_mem_bytes=(\d+) .*avg_step_time=([0-9.eE+-]+)", out)
-    r = {"seq": seq, "batch": batch or SHAPES[seq][1], "flags": [f for f in extra if f in FLAGS], "rc": p.returncode,
+    r = {"seq": seq, "dtype": dtype, "batch": batch or SHAPES[seq][1], "flags": [f for f in extra if f in FLAGS], "rc": p.returncode,
          "wall_s": round(time.time() - t0, 1)}
     if p.returncode == 0 and m:
         r["peak_gb"] = int(m.group(1)) / 1e9
@@ -58,7 +62,7 @@ def run(a, seq, batch=None, extra=(), timing=None, steps=None):
         r["samples_s"] = r["batch"] / r["step_s"]
     else:
         r["error"] = "\n".join(out.strip().splitlines()[-4:])
-    print(f"  run seq {seq} batch {r['batch']} {' '.join(r['flags']) or 'no flags'}: "
+    print(f"  run {dtype} seq {seq} batch {r['batch']} {' '.join(r['flags']) or 'no flags'}: "
           + (f"{r['step_s'] * 1e3:.2f} ms, {r['samples_s']:.1f} samples/s, peak {r['peak_gb']:.2f} GB"
              if "step_s" in r else f"rc={p.returncode} {r.get('error', '')}"), flush=True)
     return r
@@ -82,10 +86,14 @@ def main():
     ap.add_argument("--parts", default="step,layer,flags,maxbatch")
     ap.add_argument("--mem_cap_gb", type=float, default=40.0)
     ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--dtypes", default="bf16,fp16", help="the step part's precisions")
     ap.add_argument("--json", default="bert_bench.json")
     a = ap.parse_args()
     a.tmp = tempfile.mkdtemp(prefix="bert_bench_")
     parts = a.parts.split(",")
+    dtypes = a.dtypes.split(",")
+    if not set(dtypes) <= {"bf16", "fp16"}:
+        sys.exit(f"bert_bench: --dtypes takes bf16 and/or fp16, got {a.dtypes}")
     res = {"mem_cap_gb": a.mem_cap_gb}
 
     def save():
@@ -94,7 +102,7 @@ def main():
         os.replace(a.json + ".tmp", a.json)
 
     if "step" in parts:
-        res["step"] = [run(a, 128), run(a, 512)]
+        res["step"] = [run(a, seq, dtype=d) for d in dtypes for seq in (128, 512)]
         save()
     if "layer" in parts:
         res["layer"] = []
@@ -140,7 +148,7 @@ def main():
     for key in ("step", "flags"):
         for r in res.get(key, []):
             if "step_s" in r:
-                print(f"| seq {r['seq']} x {r['batch']} {' '.join(r['flags']) or ''} | {r['step_s'] * 1e3:.2f} | "
+                print(f"| {r['dtype']} seq {r['seq']} x {r['batch']} {' '.join(r['flags']) or ''} | {r['step_s'] * 1e3:.2f} | "
                       f"{r['samples_s']:.1f} | {r['peak_gb']:.2f} |")
     for r in res.get("layer", []):
         if "layer_fwdbwd_ms" in r:

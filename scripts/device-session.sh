@@ -100,6 +100,10 @@
 #               RandomLTDScheduler against every step of those runs, its random_ltd gather / scatter
 #               op, a JIT build, against ours and PyTorch's index ops; DE_PEER=0 leaves it out). About 5
 #               minutes: the runs ~3.5, DeepSpeed's install and JIT build ~1.5.
+#   fp16_quality issue #20's fp16 numerics (scripts/fp16_quality.py): BERT (FP16Q_MODEL, default
+#               BERT-Large) trained FP16Q_STEPS steps (default 300) at seq 128 x 64 on WikiText-2 in bf16
+#               and in fp16 with dynamic loss scaling, same seed and batches: validation losses, the
+#               fp16 run's overflows and loss scale, and the <= 1% verdict. About 1.5 minutes.
 #   bert        issue #20's BERT-Large targets, cutrain and its PyTorch peer (bench/peers/bert_peer.py)
 #               in the same call: the full training step at seq 128 x micro-batch 64 and seq 512 x 16
 #               (samples/s, peak memory), one layer's forward+backward alone at both, and at seq 512
@@ -394,6 +398,11 @@ if want moe_quality; then
   grep -E "^\||^- |^## " "$logs/moe_quality.txt" >>"$sum" 2>/dev/null
 fi
 
+if want fp16_quality; then
+  step fp16_quality ${FP16Q_LIMIT:-240} "python3 scripts/fp16_quality.py --bin $bin --data .devdata --steps ${FP16Q_STEPS:-300} --bert_config ${FP16Q_MODEL:-configs/bert_large.json} --json $logs/fp16_quality.json"
+  grep -E "^  (bf16|fp16):|^fp16 vs|fp16_quality:" "$logs/fp16_quality.txt" >>"$sum" 2>/dev/null
+fi
+
 if want python; then
   pyd=/tmp/cutrain-python
   rm -rf "$pyd"; mkdir -p "$pyd"
@@ -476,7 +485,7 @@ if want bert; then
   peer="python3 bench/peers/bert_peer.py --dtype ${BERT_DTYPES:-fp16,bf16}"
   # ---- cutrain's side (scripts/bert_bench.py): the step at both shapes, one layer inside the step
   # (timing report), the memory flags at seq 512, the largest micro-batch under the cap ----
-  step bert_cutrain ${BERT_OURS_LIMIT:-300} "python3 scripts/bert_bench.py --bin $bin --parts ${BERT_PARTS:-step,layer,flags,maxbatch} --mem_cap_gb $cap --json $logs/bert_ours.json"
+  step bert_cutrain ${BERT_OURS_LIMIT:-300} "python3 scripts/bert_bench.py --bin $bin --parts ${BERT_PARTS:-step,layer,flags,maxbatch} --dtypes ${BERT_OURS_DTYPES:-bf16,fp16} --mem_cap_gb $cap --json $logs/bert_ours.json"
   grep -hE "^\||^maxbatch|^  (run|layer|maxbatch)" "$logs/bert_cutrain.txt" >>"$sum" 2>/dev/null
   # ---- the PyTorch peer (BERT_PEER=0: not run): a table line per variant in each log, JSON beside it ----
   [ "${BERT_PEER:-1}" = 0 ] || {
