@@ -110,8 +110,9 @@
 #               the largest micro-batch under BERT_MEM_CAP_GB (default 40). Peer variants BERT_DTYPES
 #               (default fp16,bf16) x BERT_EXECS (default eager,compile; maxbatch: BERT_MAXBATCH_EXECS,
 #               default eager; BERT_COMPILE_SCOPE=layers compiles each layer alone, a shorter compile).
-#               cutrain's side: scripts/bert_bench.py (BERT_PARTS, default step,layer,flags,maxbatch,
-#               within BERT_OURS_LIMIT s, default 300); BERT_PEER=0 leaves the peer out.
+#               cutrain's side: scripts/bert_bench.py (BERT_PARTS, default step,layer,flags,maxbatch;
+#               the step in BERT_OURS_DTYPES, default bf16,fp16; within BERT_OURS_LIMIT s, default 300); BERT_PEER=0 leaves the peer out, BERT_PEER_MODES
+#               (default step_s128,step_s512,layer,maxbatch) picks its runs.
 #               About 15 minutes with every variant (the compiles dominate): --only bert, or fewer
 #               variants, within one call's budget
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
@@ -490,10 +491,11 @@ if want bert; then
   # ---- the PyTorch peer (BERT_PEER=0: not run): a table line per variant in each log, JSON beside it ----
   [ "${BERT_PEER:-1}" = 0 ] || {
   pv="--exec ${BERT_EXECS:-eager,compile} --compile_scope ${BERT_COMPILE_SCOPE:-model}"
-  step bert_peer_step_s128 300 "$peer $pv --mode step --seq 128 --batch 64 --json $logs/bert_peer_step_s128.json"
-  step bert_peer_step_s512 300 "$peer $pv --mode step --seq 512 --batch 16 --json $logs/bert_peer_step_s512.json"
-  step bert_peer_layer 240 "$peer $pv --mode layer --seq 128 --batch 64 --json $logs/bert_peer_layer_s128.json; $peer $pv --mode layer --seq 512 --batch 16 --json $logs/bert_peer_layer_s512.json"
-  step bert_peer_maxbatch 240 "$peer --exec ${BERT_MAXBATCH_EXECS:-eager} --mode maxbatch --seq 512 --mem_cap_gb $cap --json $logs/bert_peer_maxbatch.json"
+  modes=",${BERT_PEER_MODES:-step_s128,step_s512,layer,maxbatch},"
+  [[ $modes == *,step_s128,* ]] && step bert_peer_step_s128 300 "$peer $pv --mode step --seq 128 --batch 64 --json $logs/bert_peer_step_s128.json"
+  [[ $modes == *,step_s512,* ]] && step bert_peer_step_s512 300 "$peer $pv --mode step --seq 512 --batch 16 --json $logs/bert_peer_step_s512.json"
+  [[ $modes == *,layer,* ]] && step bert_peer_layer 240 "$peer $pv --mode layer --seq 128 --batch 64 --json $logs/bert_peer_layer_s128.json; $peer $pv --mode layer --seq 512 --batch 16 --json $logs/bert_peer_layer_s512.json"
+  [[ $modes == *,maxbatch,* ]] && step bert_peer_maxbatch 240 "$peer --exec ${BERT_MAXBATCH_EXECS:-eager} --mode maxbatch --seq 512 --mem_cap_gb $cap --json $logs/bert_peer_maxbatch.json"
   for f in step_s128 step_s512 layer maxbatch; do
     grep -hE "^bert/|failed" "$logs/bert_peer_$f.txt" 2>/dev/null | sed 's/^/bert peer: /' >>"$sum"
   done
