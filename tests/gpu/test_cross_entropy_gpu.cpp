@@ -301,6 +301,9 @@ TEST(CrossEntropyGpuArgs, BadShapesThrowBeforeLaunch) {
 // follows it: dlogits carry grad_scale x loss scale), over rows of one CTA and rows split over a
 // cluster of CTAs, odd ld; the forward alone leaves the logits. Loss within 1e-4 (fp32
 // math); dlogits within 3e-3 (fp16 keeps 11 significant bits; the label entry 2e-3 element-wise).
+// At loss scale 1 over 2048 rows of GPT-2's vocabulary the non-label gradients, about
+// grad_scale x p / rows ~ 5e-9, sit in fp16's subnormal range (below 6.1e-5; 2^-24 apart), which
+// holds few or no significant bits: the bound there is 1e-2. Loss scaling exists to lift them out.
 TEST(CrossEntropyGpuFp16, ForwardBackwardWithDeviceLossScaleMatchesReference) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
@@ -331,7 +334,7 @@ TEST(CrossEntropyGpuFp16, ForwardBackwardWithDeviceLossScaleMatchesReference) {
       EXPECT_EQ(d_status.download()[0], want.status);
       EXPECT_NEAR(d_loss.download()[0], want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean)));
       ASSERT_EQ(test::count_nan(got), 0u) << "padding or real columns left unwritten (NaN)";
-      EXPECT_LE(test::rel_error(got, want.dlogits), 3e-3);
+      EXPECT_LE(test::rel_error(got, want.dlogits), loss_scale < 16.f ? 1e-2 : 3e-3);
       for (int i = 0; i < c.rows; ++i) {
         if (in.labels[i] < 0) continue;
         const std::size_t o = static_cast<std::size_t>(i) * c.ld + in.labels[i];
