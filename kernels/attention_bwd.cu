@@ -59,35 +59,52 @@ __global__ void __launch_bounds__(256) dq_convert_kernel(const float* __restrict
   *reinterpret_cast<__nv_bfloat162*>(dqkv + dst) = __floats2bfloat162_rn(v.x * scale, v.y * scale);
 }
 
-std::size_t dvec_bytes(const AttentionShape& sh) {
-  const std::size_t n = static_cast<std::size_t>(sh.batch) * sh.heads * sh.seq * sizeof(float);
-  return (n + 255) / 256 * 256;
-}
-
 template <int D>
 void launch_backward(cudaStream_t st, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
                      bf16* dqkv, void* scratch, const AttentionShape& sh, bool deterministic,
                      const OptionArgs& opt) {
   float* dvec = static_cast<float*>(scratch);
   float* dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + dvec_bytes(sh));
-  const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
-  row_dot_kernel<D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st>>>(out, dout, dvec, sh.batch, sh.seq,
-                                                                           sh.heads);
-  CUTRAIN_LAUNCH_CHECK("attention_row_dot_kernel");
+  row_dot(st, out, dout, dvec, sh);
   if (deterministic) {
     dkdv(st, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
     dq(st, qkv, dout, lse, dvec, dqkv, sh, opt);
   } else {
+    const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
     CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, rows * D * sizeof(float), st));
     dkdv(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
-    const float scale = 1.f / std::sqrt(static_cast<float>(D));
-    dq_convert_kernel<D><<<static_cast<unsigned>((rows * D / 2 + 255) / 256), 256, 0, st>>>(dq_acc, dqkv, rows,
-                                                                                             sh.heads, scale);
-    CUTRAIN_LAUNCH_CHECK("attention_dq_convert_kernel");
+    dq_convert(st, dq_acc, dqkv, sh);
   }
 }
 
 }  // namespace
+
+std::size_t dvec_bytes(const AttentionShape& sh) {
+  const std::size_t n = static_cast<std::size_t>(sh.batch) * sh.heads * sh.seq * sizeof(float);
+  return (n + 255) / 256 * 256;
+}
+
+void row_dot(cudaStream_t st, const bf16* out, const bf16* dout, float* dvec, const AttentionShape& sh) {
+  const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
+  const unsigned blocks = static_cast<unsigned>((rows + 7) / 8);
+  if (sh.head_dim == 64)
+    row_dot_kernel<64><<<blocks, 256, 0, st>>>(out, dout, dvec, sh.batch, sh.seq, sh.heads);
+  else
+    row_dot_kernel<128><<<blocks, 256, 0, st>>>(out, dout, dvec, sh.batch, sh.seq, sh.heads);
+  CUTRAIN_LAUNCH_CHECK("attention_row_dot_kernel");
+}
+
+void dq_convert(cudaStream_t st, const float* dq_acc, bf16* dqkv, const AttentionShape& sh) {
+  const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
+  const unsigned blocks = static_cast<unsigned>((rows * sh.head_dim / 2 + 255) / 256);
+  const float scale = 1.f / std::sqrt(static_cast<float>(sh.head_dim));
+  if (sh.head_dim == 64)
+    dq_convert_kernel<64><<<blocks, 256, 0, st>>>(dq_acc, dqkv, rows, sh.heads, scale);
+  else
+    dq_convert_kernel<128><<<blocks, 256, 0, st>>>(dq_acc, dqkv, rows, sh.heads, scale);
+  CUTRAIN_LAUNCH_CHECK("attention_dq_convert_kernel");
+}
+
 }  // namespace attn
 
 std::size_t attention_backward_scratch_bytes(const AttentionShape& shape, bool deterministic) {
