@@ -1,7 +1,8 @@
 // @brief Device primitives of the Hopper attention experiment (sm_90a: compile with
-// -gencode=arch=compute_90a,code=sm_90a): mbarriers with a hang guard, the TMA tensor copy, and
+// -gencode=arch=compute_90a,code=sm_90a): mbarriers with a hang guard, the TMA tensor copy,
 // wgmma (fence / commit / wait, the operand fence, m64nNk16 bf16 -> fp32 with A from shared
-// memory or from registers).
+// memory or from registers, and with both operands read transposed), the generic-to-async proxy
+// fence and named barriers.
 //
 // wgmma accumulator layout (m64nNk16, PTX ISA "Register Fragments"): warp w of the warpgroup
 // holds rows 16w..16w+15; per 8-column block j a thread holds d[j][0..1] at (row gi, cols 8j+2t,
