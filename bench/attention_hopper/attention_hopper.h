@@ -36,8 +36,14 @@ void check_forward_args(const bf16* qkv, const bf16* out, const float* lse, cons
 // layout; 16-byte aligned), by the production row_dot and dQ-convert passes; dK, dV and the dQ
 // accumulation by the wgmma kernel (attention_hopper_bwd.cu). Order-dependent atomics: not
 // bitwise reproducible. Compute capability 9.0 only; arguments checked before any device work.
+// How the backward's two warpgroups hand a Q / dO ring stage back (attention_hopper_bwd.cu):
+// Lockstep ends every query tile with a CTA barrier; Decoupled releases stages through mbarriers,
+// so one warpgroup's softmax can overlap the other's wgmma. Same results; the benchmark measures both.
+enum class BackwardSchedule { Lockstep, Decoupled };
+
 void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
-                        bf16* dqkv, void* scratch, const kernels::AttentionShape& shape);
+                        bf16* dqkv, void* scratch, const kernels::AttentionShape& shape,
+                        BackwardSchedule schedule = BackwardSchedule::Lockstep);
 
 // The host-side checks attention_backward makes first (throws cutrain::Error naming the field):
 // the forward's shape checks, non-null pointers, qkv and dout 16-byte aligned (TMA), scratch

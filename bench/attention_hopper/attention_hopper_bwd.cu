@@ -7,9 +7,13 @@
 // alone take D of them). K and V arrive once by TMA; then the CTA walks the query tiles of
 // kBlockM = 64 rows (causal: from the first tile holding a query >= its first key). Thread 0 keeps
 // kStages - 1 tiles of Q and dO in flight through the ring (one full mbarrier per stage, the TMA's
-// byte count), and the first 128 threads copy the tile's lse (times log2 e) and Dvec = rowsum(dO o O)
-// into shared memory beside it; a stage is refilled only after the CTA barrier that ends the
-// iteration that read it. Per tile, each warpgroup w (keys kw0 = n0 + 64w ..):
+// byte count), and the first 128 threads (warpgroup 0) copy the tile's lse (times log2 e) and
+// Dvec = rowsum(dO o O) into shared memory beside it. A stage is refilled once both warpgroups are
+// done with it: lockstep (BwdConfig::kDecoupled false), after the CTA barrier that ends every
+// iteration; decoupled, after its empty mbarrier has all 8 warps' arrivals, and the full barrier
+// then also counts warpgroup 0's 128 lse / Dvec writers, so no CTA barrier is left in the loop and
+// the warpgroups drift apart (warpgroup 1 up to kStages - 1 tiles ahead, warpgroup 0 one).
+// Per tile, each warpgroup w (keys kw0 = n0 + 64w ..):
 //   S^T = K_w Q^T, dP^T = V_w dO^T              wgmma, both operands K-major from shared memory
 //   P^T = exp2(S^T scale log2 e - lse log2 e)   registers; dead entries (query or key past S,
 //   dS^T = P^T o (dP^T - Dvec)                  causal query < key) are 0
@@ -38,12 +42,14 @@ namespace {
 
 namespace attn = kernels::attn;
 
-// The mbarriers after the tiles: kv_full, q_full[kStages] (a stage's Q and dO).
+// The mbarriers after the tiles: kv_full, q_full[kStages] (a stage's Q, dO, and, decoupled, its
+// lse and Dvec), q_empty[kStages] (decoupled: the stage's release by the 8 warps).
 template <class Cfg>
 struct BwdBarriers {
   std::uint32_t base;
   __device__ __forceinline__ std::uint32_t kv_full() const { return base; }
   __device__ __forceinline__ std::uint32_t q_full(int s) const { return base + 8 * (1 + s); }
+  __device__ __forceinline__ std::uint32_t q_empty(int s) const { return base + 8 * (1 + Cfg::kStages + s); }
 };
 
 // Where a CTA's shared memory lies: tile bases as shared-window addresses (TMA, wgmma) and the
@@ -58,6 +64,8 @@ struct BwdSmem {
 
 // Starts query tile qt into stage s: Q and dO by TMA (thread 0, completing on q_full[s]), the tile's
 // lse * log2 e and Dvec by threads 0 .. 2*kBlockM-1 (rows at or past S: 0; those rows are masked).
+// Decoupled: each of those threads arrives on q_full[s] after its write (thread 0's arrival carries
+// the TMA's byte count), so the full barrier publishes the vectors too.
 template <class Cfg>
 __device__ __forceinline__ void load_query_tile(const BwdSmem<Cfg>& sm, const CUtensorMap* q_map,
                                                 const CUtensorMap* do_map, const float* __restrict__ glse,
@@ -65,14 +73,6 @@ __device__ __forceinline__ void load_query_tile(const BwdSmem<Cfg>& sm, const CU
                                                 int S) {
   constexpr int BM = Cfg::kBlockM;
   const int m0 = qt * BM;
-  if (threadIdx.x == 0) {
-    mbar_arrive_expect_tx(sm.bar.q_full(s), 2 * Cfg::kQBytes);
-#pragma unroll
-    for (int c = 0; c < Cfg::kColBlocks; ++c) {
-      tma_load_5d(sm.q + s * Cfg::kQBytes + c * BM * 128, q_map, 64 * c, head, 0, m0, b, sm.bar.q_full(s));
-      tma_load_5d(sm.dout + s * Cfg::kQBytes + c * BM * 128, do_map, 64 * c, head, 0, m0, b, sm.bar.q_full(s));
-    }
-  }
   const int i = threadIdx.x;
   if (i < BM) {
     const int q = m0 + i;
@@ -80,6 +80,16 @@ __device__ __forceinline__ void load_query_tile(const BwdSmem<Cfg>& sm, const CU
   } else if (i < 2 * BM) {
     const int q = m0 + i - BM;
     sm.dvec[s * BM + i - BM] = q < S ? gdvec[q] : 0.f;
+  }
+  if (i == 0) {
+    mbar_arrive_expect_tx(sm.bar.q_full(s), 2 * Cfg::kQBytes);
+#pragma unroll
+    for (int c = 0; c < Cfg::kColBlocks; ++c) {
+      tma_load_5d(sm.q + s * Cfg::kQBytes + c * BM * 128, q_map, 64 * c, head, 0, m0, b, sm.bar.q_full(s));
+      tma_load_5d(sm.dout + s * Cfg::kQBytes + c * BM * 128, do_map, 64 * c, head, 0, m0, b, sm.bar.q_full(s));
+    }
+  } else if (Cfg::kDecoupled && i < 2 * BM) {
+    mbar_arrive(sm.bar.q_full(s));
   }
 }
 
@@ -222,10 +232,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const float* gdvec = dvec + (static_cast<std::size_t>(b) * H + head) * S;
   const int q_first = Cfg::q_first(n0), n_tiles = Cfg::q_tiles(S) - q_first;
 
+  static_assert(!Cfg::kDecoupled || Cfg::kThreads >= 2 * BM, "decoupled: warpgroup 0 writes lse and Dvec");
+  const int lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     mbar_init(sm.bar.kv_full(), 1);
 #pragma unroll
-    for (int s = 0; s < ST; ++s) mbar_init(sm.bar.q_full(s), 1);
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(sm.bar.q_full(s), Cfg::kDecoupled ? 2 * BM : 1);
+      mbar_init(sm.bar.q_empty(s), Cfg::kThreads / 32);  // every warp releases
+    }
     mbar_init_fence();
   }
   __syncthreads();
@@ -248,14 +263,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   for (int i = 0; i < n_tiles; ++i) {
     const int s = i % ST, m0 = (q_first + i) * BM;
-    // Stage (i - 1) % ST was released by the barrier that ended iteration i - 1.
-    if (i + ST - 1 < n_tiles)
-      load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i + ST - 1, (i + ST - 1) % ST, head, b, S);
+    // Refill stage (i - 1) % ST with tile i + ST - 1. Lockstep: the barrier that ended iteration
+    // i - 1 released it. Decoupled: warpgroup 0 (the writers) waits for its release by all 8 warps.
+    if (i + ST - 1 < n_tiles) {
+      const int s_next = (i + ST - 1) % ST;
+      if constexpr (Cfg::kDecoupled) {
+        if (wg == 0) {
+          if (i >= 1) mbar_wait(sm.bar.q_empty(s_next), ((i - 1) / ST) & 1);
+          load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i + ST - 1, s_next, head, b, S);
+        }
+      } else {
+        load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i + ST - 1, s_next, head, b, S);
+      }
+    }
     mbar_wait(sm.bar.q_full(s), (i / ST) & 1);
     if (Cfg::wg_active(m0, n0, wg))
       tile_step<Cfg>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes, sm.lse + s * BM,
                      sm.dvec + s * BM, dq_acc, m0, n0, wg, key_row0, S, H, head, b, scale_log2);
-    __syncthreads();  // stage s, its vectors and dS^T are free for the next tiles
+    if constexpr (Cfg::kDecoupled) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(sm.bar.q_empty(s));  // this warp is done with stage s (its wgmma waited for)
+    } else {
+      __syncthreads();  // stage s, its vectors and dS^T are free for the next tiles
+    }
   }
 
   // dK = scale * dS^T Q and dV into dqkv's k and v slots (keys at or past S skipped).
@@ -265,10 +295,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   attn::store_rows<D>(gdk + otok, dv, key_row0, S, tok, 1.f);
 }
 
-template <int D, bool CAUSAL>
+template <int D, bool CAUSAL, bool DECOUPLED>
 void launch(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
             float* dq_acc, const kernels::AttentionShape& sh) {
-  using Cfg = BwdConfig<D, CAUSAL>;
+  using Cfg = BwdConfig<D, CAUSAL, DECOUPLED>;
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   const CUtensorMap do_map = encode_rows_map(dout, sh, 1, Cfg::kBlockM);
@@ -281,11 +311,25 @@ void launch(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse
   CUTRAIN_LAUNCH_CHECK("attention_hopper backward_kernel");
 }
 
+template <bool DECOUPLED>
+void launch(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+            float* dq_acc, const kernels::AttentionShape& sh) {
+  const bool c = sh.causal;
+  if (sh.head_dim == 64)
+    c ? launch<64, true, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh)
+      : launch<64, false, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh);
+  else
+    c ? launch<128, true, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh)
+      : launch<128, false, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh);
+}
+
 }  // namespace
 
 void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
-                        bf16* dqkv, void* scratch, const kernels::AttentionShape& sh) {
+                        bf16* dqkv, void* scratch, const kernels::AttentionShape& sh, BackwardSchedule schedule) {
   check_backward_args(qkv, out, dout, lse, dqkv, scratch, sh);
+  CUTRAIN_CHECK(schedule == BackwardSchedule::Lockstep || schedule == BackwardSchedule::Decoupled,
+                "attention_hopper_backward: schedule must be Lockstep or Decoupled, got ", static_cast<int>(schedule));
   check_device("attention_hopper_backward",
                sh.head_dim == 64 ? BwdConfig<64, false>::kSmemBytes : BwdConfig<128, false>::kSmemBytes);
   // The production fast mode's scratch layout: Dvec, then the fp32 dQ accumulator.
@@ -294,12 +338,8 @@ void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const 
   const std::size_t acc_bytes = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads * sh.head_dim * sizeof(float);
   kernels::attn::row_dot(s, out, dout, dvec, sh);
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, acc_bytes, s));
-  const bool c = sh.causal;
-  if (sh.head_dim == 64)
-    c ? launch<64, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh) : launch<64, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh);
-  else
-    c ? launch<128, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh)
-      : launch<128, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh);
+  schedule == BackwardSchedule::Decoupled ? launch<true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh)
+                                          : launch<false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh);
   kernels::attn::dq_convert(s, dq_acc, dqkv, sh);
 }
 

@@ -9,15 +9,17 @@
 // prod_us / median_us. out_rel_diff / lse_rel_diff: ||hopper - production|| / ||production|| of
 // one call each (both within 1e-2 / 1e-4 of the references in the tests), so a wrong-but-fast
 // kernel shows here too.
-// Backward rows, "attention_hopper/bwd[_causal]/<shape>" (the whole backward: row_dot, the wgmma
-// pass, the dQ convert; from the production forward's O and lse) and "attention_hopper/fwdbwd
-// [_causal]/<shape>" (the Hopper forward, overlap schedule except serial at d128 non-causal, the
-// faster one measured, then the Hopper backward), on the same sweep plus bench/peers/
+// Backward rows, "attention_hopper/bwd[_causal][_decoupled]/<shape>" (the whole backward: row_dot,
+// the wgmma pass, the dQ convert; from the production forward's O and lse; each warpgroup schedule:
+// lockstep, decoupled) and "attention_hopper/fwdbwd[_causal][_decoupled]/<shape>" (the Hopper
+// forward, overlap schedule except serial at d128 non-causal, the faster one measured, then the
+// Hopper backward), on the same sweep plus bench/peers/
 // attention_peer.py's shapes (B4H16S512D64, B4H16S2048D64, B4H16S2048D128; its B2H16S8192D64 is
 // in the sweep), so compare.py pairs these rows with the peer's SDPA rows of the same pass and
-// shape. TFLOP/s: 2.5x the forward's FLOPs for bwd, 3.5x for fwdbwd (halved causal); prod_us /
-// prod_TFLOP/s: the production pair on the same inputs (median of 100 flushed calls, in the same
-// row); dq/dk/dv_rel_diff: ||hopper - production|| / ||production|| of one call.
+// shape (the lockstep rows carry the plain name). TFLOP/s: 2.5x the forward's FLOPs for bwd, 3.5x
+// for fwdbwd (halved causal); prod_us / prod_TFLOP/s: the production pair on the same inputs
+// (median of 100 flushed calls, once per shape and pass, before its first row);
+// dq/dk/dv_rel_diff: ||hopper - production|| / ||production|| of one call.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -110,7 +112,16 @@ void bench_forward(benchmark::State& state, AttentionShape sh, bench::hopper::Sc
 
 // The backward rows. O and lse come from the production forward on the same qkv, dO is fixed: both
 // backward calls see the same inputs. fwdbwd: each side's forward then its backward.
-void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forward) {
+// The production side of the last backward shape and pass measured: a shape's two schedules run
+// back to back (register_all's order) on the same inputs, so it runs once per shape and pass.
+struct ProductionBwd {
+  std::string key;
+  double median_us = 0;
+  std::vector<float> dqkv;
+};
+
+void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forward,
+                    bench::hopper::BackwardSchedule schedule) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
   const std::size_t n_l = std::size_t(sh.batch) * sh.heads * sh.seq;
@@ -124,6 +135,7 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   const bench::hopper::Schedule fwd_schedule =
       sh.head_dim == 128 && !sh.causal ? bench::hopper::Schedule::Serial : bench::hopper::Schedule::Overlap;
 
+  static ProductionBwd prod_cache;
   auto prod = [&](cudaStream_t st) {
     if (with_forward) kernels::attention_forward(st, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh);
     kernels::attention_backward(st, qkv.as<bf16>(), out.as<bf16>(), dout.as<bf16>(), lse.as<float>(),
@@ -136,13 +148,21 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
     if (with_forward)
       bench::hopper::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, fwd_schedule);
     bench::hopper::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(),
-                                      scratch_h.get(), sh);
+                                      scratch_h.get(), sh, schedule);
   };
-  prod(st0);
+  const std::string key = shape_name(sh) + (sh.causal ? "_causal" : "") + (with_forward ? "_fwdbwd" : "_bwd");
+  if (prod_cache.key != key) {
+    prod(st0);
+    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
+    prod_cache.dqkv = download<bf16>(dqkv_p, n_qkv);
+    prod_cache.median_us = bench::time_median(prod, 100).median_us;
+    prod_cache.key = key;
+  }
   hopper(st0);
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
-  const std::vector<float> g_p = download<bf16>(dqkv_p, n_qkv), g_h = download<bf16>(dqkv_h, n_qkv);
-  const double prod_us = bench::time_median(prod, 100).median_us;
+  const std::vector<float>& g_p = prod_cache.dqkv;
+  const std::vector<float> g_h = download<bf16>(dqkv_h, n_qkv);
+  const double prod_us = prod_cache.median_us;
 
   const double flops = kernels::attention_backward_flops(sh) + (with_forward ? kernels::attention_forward_flops(sh) : 0);
   const double bwd_bytes = 2.0 * (2 * n_qkv + 2 * n_o) + 4.0 * n_l, fwd_bytes = 2.0 * (n_qkv + n_o) + 4.0 * n_l;
@@ -189,16 +209,21 @@ void register_all() {
     for (const AttentionShape sh : {AttentionShape{4, 512, 16, 64}, AttentionShape{4, 2048, 16, 64},
                                     AttentionShape{4, 2048, 16, 128}})
       bwd_shapes.push_back({sh.batch, sh.seq, sh.heads, sh.head_dim, causal});
-  for (const AttentionShape& sh : bwd_shapes)
-    for (bool with_forward : {false, true}) {
-      const std::string name = std::string("attention_hopper/") + (with_forward ? "fwdbwd" : "bwd") +
-                               (sh.causal ? "_causal/" : "/") + shape_name(sh);
-      benchmark::RegisterBenchmark(name.c_str(),
-                                   [sh, with_forward](benchmark::State& st) { bench_backward(st, sh, with_forward); })
-          ->UseManualTime()
-          ->Iterations(100)
-          ->Unit(benchmark::kMicrosecond);
-    }
+  using bench::hopper::BackwardSchedule;
+  for (bool with_forward : {false, true})  // every bwd row, then every fwdbwd row (filters split them)
+    for (const AttentionShape& sh : bwd_shapes)
+      for (BackwardSchedule schedule : {BackwardSchedule::Lockstep, BackwardSchedule::Decoupled}) {
+        const std::string name = std::string("attention_hopper/") + (with_forward ? "fwdbwd" : "bwd") +
+                                 (sh.causal ? "_causal" : "") +
+                                 (schedule == BackwardSchedule::Decoupled ? "_decoupled/" : "/") + shape_name(sh);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [sh, with_forward, schedule](benchmark::State& st) {
+                                       bench_backward(st, sh, with_forward, schedule);
+                                     })
+            ->UseManualTime()
+            ->Iterations(100)
+            ->Unit(benchmark::kMicrosecond);
+      }
 }
 
 }  // namespace

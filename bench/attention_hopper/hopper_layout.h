@@ -130,11 +130,15 @@ constexpr CUTRAIN_HD std::uint32_t wgmma_mnmajor_offset(std::uint32_t start, std
 // dS^T_w is written to shared memory in the TMA's 128-byte swizzle pattern (rows: the warpgroup's
 // 64 keys, one 128-byte column block of 64 queries), so wgmma reads it like a TMA tile. Each
 // warpgroup adds its own keys' share of dQ (fp32 atomics), so neither waits for the other's dS.
-template <int D, bool CAUSAL>
+// DECOUPLED: how a ring stage is handed back (see attention_hopper_bwd.cu): false, a CTA barrier
+// ends every tile (lockstep); true, per-stage empty mbarriers, so the warpgroups drift apart by up
+// to the ring's depth and one's softmax overlaps the other's wgmma.
+template <int D, bool CAUSAL, bool DECOUPLED = false>
 struct BwdConfig {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
+  static constexpr bool kDecoupled = DECOUPLED;
   static constexpr int kWarpgroups = 2;
   static constexpr int kBlockN = 64 * kWarpgroups;  // keys per CTA
   static constexpr int kBlockM = 64;                // queries per tile (one 128-byte column block of dS^T)
@@ -146,7 +150,7 @@ struct BwdConfig {
   static constexpr std::uint32_t kDsBytes = 64 * kBlockM * 2;  // one warpgroup's dS^T
   // Carve-up from a 1024-aligned base: K, V, Q[kStages], dO[kStages], dS^T[kWarpgroups],
   // lse * log2(e) [kStages][kBlockM], Dvec [kStages][kBlockM], then the mbarriers (kv_full,
-  // q_full[kStages]: each stage's Q and dO).
+  // q_full[kStages]: each stage's Q, dO, lse and Dvec; q_empty[kStages]: its release, DECOUPLED only).
   static constexpr std::uint32_t kKOff = 0;
   static constexpr std::uint32_t kVOff = kKOff + kKVBytes;
   static constexpr std::uint32_t kQOff = kVOff + kKVBytes;
@@ -155,7 +159,7 @@ struct BwdConfig {
   static constexpr std::uint32_t kLseOff = kDsOff + kWarpgroups * kDsBytes;
   static constexpr std::uint32_t kDvecOff = kLseOff + kStages * kBlockM * 4;
   static constexpr std::uint32_t kBarOff = kDvecOff + kStages * kBlockM * 4;
-  static constexpr int kBarriers = 1 + kStages;
+  static constexpr int kBarriers = 1 + 2 * kStages;
   static constexpr std::uint32_t kSmemBytes = 1024 + kBarOff + 8 * kBarriers;  // +1024: base alignment
   static_assert(kSmemBytes <= 227u * 1024u, "shared memory over the sm_90 per-block limit (227 KiB)");
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0,

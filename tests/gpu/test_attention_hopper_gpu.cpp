@@ -4,7 +4,8 @@
 // against the naive GPU reference and the production kernel on the same inputs; both consumer
 // schedules (serial, overlap) on the same inputs. Backward: dQ, dK, dV against the fp64 CPU
 // reference over odd shapes (odd B, H and S) and at long S against the naive GPU reference and the
-// production backward, from the production forward's O and lse. Outputs poisoned first. A failure
+// production backward, from the production forward's O and lse; both warpgroup schedules (lockstep,
+// decoupled) on the same inputs. Outputs poisoned first. A failure
 // names the first element off (batch, token, head, column) with both values, and the product it
 // points at.
 #include <gtest/gtest.h>
@@ -259,11 +260,18 @@ BwdCase make_bwd_case(const AttentionShape& sh, bool large) {
   return BwdCase{std::move(in), std::move(dout_f), std::move(out_h), std::move(dout), std::move(out), std::move(lse)};
 }
 
+const hopper::BackwardSchedule kBwdSchedules[] = {hopper::BackwardSchedule::Lockstep,
+                                                  hopper::BackwardSchedule::Decoupled};
+const char* schedule_name(hopper::BackwardSchedule s) {
+  return s == hopper::BackwardSchedule::Lockstep ? "lockstep" : "decoupled";
+}
+
 // The Hopper backward on a poisoned dqkv (nothing may be left unwritten) with `scratch`.
-std::vector<float> run_hopper_bwd(const AttentionShape& sh, const BwdCase& c, test::DeviceArray<float>& scratch) {
+std::vector<float> run_hopper_bwd(const AttentionShape& sh, const BwdCase& c, test::DeviceArray<float>& scratch,
+                                  hopper::BackwardSchedule schedule) {
   test::DeviceArray<bf16> dqkv(3ull * sh.batch * sh.seq * sh.heads * sh.head_dim);
   hopper::attention_backward(nullptr, c.in.qkv.get(), c.out.get(), c.dout.get(), c.lse.get(), dqkv.get(),
-                             scratch.get(), sh);
+                             scratch.get(), sh, schedule);
   CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   auto r = test::download_float(dqkv);
   const std::vector<double> zeros(r.size() / 3, 0.0);
@@ -313,10 +321,11 @@ TEST_P(AttentionHopperBwdGpu, MatchesCpuReference) {
   std::vector<double> dqkv_r;
   ref::attention_backward(c.in.qkv_f, c.out_h, c.dout_f, sh, dqkv_r);
   auto scratch = bwd_scratch(sh);
-  expect_grads(run_hopper_bwd(sh, c, scratch), dqkv_r, sh, "CPU");
-  // Again on the now dirty scratch: the launcher clears its dQ accumulator itself.
-  SCOPED_TRACE("second run, scratch reused");
-  expect_grads(run_hopper_bwd(sh, c, scratch), dqkv_r, sh, "CPU");
+  // Each schedule; the second runs on the first's dirty scratch (the launcher clears its dQ accumulator).
+  for (const hopper::BackwardSchedule schedule : kBwdSchedules) {
+    SCOPED_TRACE(std::string(schedule_name(schedule)) + " schedule");
+    expect_grads(run_hopper_bwd(sh, c, scratch, schedule), dqkv_r, sh, "CPU");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(OddShapes, AttentionHopperBwdGpu,
@@ -352,15 +361,19 @@ TEST_P(AttentionHopperBwdLongGpu, MatchesNaiveAndProduction) {
                               scratch.get(), sh, false);
   const auto dqkv_ph = test::download_float(dqkv_p);
 
-  const auto got = run_hopper_bwd(sh, c, scratch);
-  expect_grads(got, dqkv_nh, sh, "naive");
-  // Both within 1e-2 of the naive reference: within 2e-2 of each other.
   static const char* names[3] = {"dQ", "dK", "dV"};
   const auto dv_p = test::attention_slot(dqkv_ph, sh, 2);
-  for (int w = 0; w < 3; ++w)
-    EXPECT_LE(test::attention_grad_error(test::attention_slot(got, sh, w), test::attention_slot(dqkv_ph, sh, w), dv_p),
-              2e-2)
-        << names[w] << " vs production";
+  for (const hopper::BackwardSchedule schedule : kBwdSchedules) {
+    SCOPED_TRACE(std::string(schedule_name(schedule)) + " schedule");
+    const auto got = run_hopper_bwd(sh, c, scratch, schedule);
+    expect_grads(got, dqkv_nh, sh, "naive");
+    // Both within 1e-2 of the naive reference: within 2e-2 of each other.
+    for (int w = 0; w < 3; ++w)
+      EXPECT_LE(
+          test::attention_grad_error(test::attention_slot(got, sh, w), test::attention_slot(dqkv_ph, sh, w), dv_p),
+          2e-2)
+          << names[w] << " vs production";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(LongShapes, AttentionHopperBwdLongGpu,

@@ -347,6 +347,7 @@ void expect_bwd_carve_up() {
 TEST(AttentionHopperLayout, BackwardSharedMemoryCarveUp) {
   expect_bwd_carve_up<hopper::BwdConfig<64, false>>();
   expect_bwd_carve_up<hopper::BwdConfig<128, true>>();
+  expect_bwd_carve_up<hopper::BwdConfig<128, false, true>>();
 }
 
 TEST(AttentionHopperLayout, RowsTensorMapAddressesDout) {
@@ -391,6 +392,11 @@ TEST(AttentionHopperLayout, BackwardHostChecksRefuseBadArguments) {
   EXPECT_NE(err(ok, qkv, out, dout, lse, dqkv, static_cast<char*>(scratch) + 8).find("scratch must be 16-byte aligned"),
             std::string::npos);
   EXPECT_NE(err(ok, qkv, out, dout, lse, dqkv + 1, scratch).find("4-byte aligned"), std::string::npos);
+  EXPECT_NE(test::error_of([&] {
+              hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, ok,
+                                         static_cast<hopper::BackwardSchedule>(5));
+            }).find("schedule must be Lockstep or Decoupled, got 5"),
+            std::string::npos);
 }
 
 }  // namespace
