@@ -60,35 +60,59 @@ __global__ void __launch_bounds__(256) dq_convert_kernel(const float* __restrict
   *reinterpret_cast<pair16_t<E>*>(dqkv + dst) = pack2_rn<E>(v.x * scale, v.y * scale);
 }
 
-std::size_t dvec_bytes(const AttentionShape& sh) {
-  const std::size_t n = static_cast<std::size_t>(sh.batch) * sh.heads * sh.seq * sizeof(float);
-  return (n + 255) / 256 * 256;
-}
-
 template <int D, typename E>
 void launch_backward(cudaStream_t st, const E* qkv, const E* out, const E* dout, const float* lse,
                      E* dqkv, void* scratch, const AttentionShape& sh, bool deterministic,
                      const OptionArgs& opt) {
   float* dvec = static_cast<float*>(scratch);
   float* dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + dvec_bytes(sh));
-  const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
-  row_dot_kernel<D, E><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st>>>(out, dout, dvec, sh.batch, sh.seq,
-                                                                           sh.heads);
-  CUTRAIN_LAUNCH_CHECK("attention_row_dot_kernel");
+  row_dot<E>(st, out, dout, dvec, sh);
   if (deterministic) {
     dkdv<E>(st, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
     dq<E>(st, qkv, dout, lse, dvec, dqkv, sh, opt);
   } else {
+    const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
     CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, rows * D * sizeof(float), st));
     dkdv<E>(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
-    const float scale = 1.f / std::sqrt(static_cast<float>(D));
-    dq_convert_kernel<D, E><<<static_cast<unsigned>((rows * D / 2 + 255) / 256), 256, 0, st>>>(dq_acc, dqkv, rows,
-                                                                                             sh.heads, scale);
-    CUTRAIN_LAUNCH_CHECK("attention_dq_convert_kernel");
+    dq_convert<E>(st, dq_acc, dqkv, sh);
   }
 }
 
 }  // namespace
+
+std::size_t dvec_bytes(const AttentionShape& sh) {
+  const std::size_t n = static_cast<std::size_t>(sh.batch) * sh.heads * sh.seq * sizeof(float);
+  return (n + 255) / 256 * 256;
+}
+
+template <typename E>
+void row_dot(cudaStream_t st, const E* out, const E* dout, float* dvec, const AttentionShape& sh) {
+  const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
+  const unsigned blocks = static_cast<unsigned>((rows + 7) / 8);
+  if (sh.head_dim == 64)
+    row_dot_kernel<64, E><<<blocks, 256, 0, st>>>(out, dout, dvec, sh.batch, sh.seq, sh.heads);
+  else
+    row_dot_kernel<128, E><<<blocks, 256, 0, st>>>(out, dout, dvec, sh.batch, sh.seq, sh.heads);
+  CUTRAIN_LAUNCH_CHECK("attention_row_dot_kernel");
+}
+
+template <typename E>
+void dq_convert(cudaStream_t st, const float* dq_acc, E* dqkv, const AttentionShape& sh) {
+  const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
+  const unsigned blocks = static_cast<unsigned>((rows * sh.head_dim / 2 + 255) / 256);
+  const float scale = 1.f / std::sqrt(static_cast<float>(sh.head_dim));
+  if (sh.head_dim == 64)
+    dq_convert_kernel<64, E><<<blocks, 256, 0, st>>>(dq_acc, dqkv, rows, sh.heads, scale);
+  else
+    dq_convert_kernel<128, E><<<blocks, 256, 0, st>>>(dq_acc, dqkv, rows, sh.heads, scale);
+  CUTRAIN_LAUNCH_CHECK("attention_dq_convert_kernel");
+}
+
+template void row_dot<bf16>(cudaStream_t, const bf16*, const bf16*, float*, const AttentionShape&);
+template void row_dot<f16>(cudaStream_t, const f16*, const f16*, float*, const AttentionShape&);
+template void dq_convert<bf16>(cudaStream_t, const float*, bf16*, const AttentionShape&);
+template void dq_convert<f16>(cudaStream_t, const float*, f16*, const AttentionShape&);
+
 }  // namespace attn
 
 std::size_t attention_backward_scratch_bytes(const AttentionShape& shape, bool deterministic) {

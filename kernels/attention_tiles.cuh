@@ -267,5 +267,14 @@ void dkdv(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const f
 template <typename E>
 void dq(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
         const AttentionShape& shape, const OptionArgs& opt);
+// The backward's small passes (kernels/attention_bwd.cu), also used by bench/attention_hopper/'s
+// backward: the bytes of the Dvec part of the scratch (fp32 B*H*S rounded up to 256; the fast
+// mode's dQ accumulator follows it); dvec = rowsum(dO o O), fp32 [B, H, S]; dqkv's q slot =
+// dq_acc / sqrt(D), dq_acc the fast mode's unscaled fp32 dS K [B, S, H, D].
+std::size_t dvec_bytes(const AttentionShape& shape);
+template <typename E>
+void row_dot(cudaStream_t s, const E* out, const E* dout, float* dvec, const AttentionShape& shape);
+template <typename E>
+void dq_convert(cudaStream_t s, const float* dq_acc, E* dqkv, const AttentionShape& shape);
 
 }  // namespace cutrain::kernels::attn

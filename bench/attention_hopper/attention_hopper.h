@@ -1,8 +1,9 @@
-// @brief Issue #24's experiment: a Hopper (sm_90a) attention forward on wgmma + TMA, standalone
-// beside the production kernel (kernels/attention.cuh) until it wins on the device. Same layouts
-// and log-sum-exp convention as kernels::attention_forward, plain attention only (no key mask, no
-// dropout): qkv bf16 [B, S, 3, H, D], out bf16 [B, S, H, D], lse fp32 [B, H, S] (natural log of
-// the sum of exp of the scores scaled by 1/sqrt(D)). head_dim 64 or 128, causal or not.
+// @brief Issue #24's experiment: a Hopper (sm_90a) attention forward and backward on wgmma + TMA,
+// standalone beside the production kernels (kernels/attention.cuh) until they win on the device.
+// Same layouts and log-sum-exp convention as kernels::attention_forward / attention_backward,
+// plain attention only (no key mask, no dropout): qkv bf16 [B, S, 3, H, D], out and dout bf16
+// [B, S, H, D], lse fp32 [B, H, S] (natural log of the sum of exp of the scores scaled by
+// 1/sqrt(D)), dqkv bf16 [B, S, 3, H, D]. head_dim 64 or 128, causal or not.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,6 +30,27 @@ void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, c
 // pointers, qkv 16-byte aligned (TMA), out and lse 4-byte aligned.
 void check_forward_args(const bf16* qkv, const bf16* out, const float* lse, const kernels::AttentionShape& shape);
 
+// dqkv (every element written) from the forward's out and lse for the same qkv, as the production
+// backward's fast mode computes it: Dvec = rowsum(dO o O) and dQ through an fp32 accumulator, both
+// in `scratch` (kernels::attention_backward_scratch_bytes(shape, false) bytes, the production
+// layout; 16-byte aligned), by the production row_dot and dQ-convert passes; dK, dV and the dQ
+// accumulation by the wgmma kernel (attention_hopper_bwd.cu). Order-dependent atomics: not
+// bitwise reproducible. Compute capability 9.0 only; arguments checked before any device work.
+// How the backward's two warpgroups hand a Q / dO ring stage back (attention_hopper_bwd.cu):
+// Lockstep ends every query tile with a CTA barrier; Decoupled releases stages through mbarriers,
+// so one warpgroup's softmax can overlap the other's wgmma. Same results; the benchmark measures both.
+enum class BackwardSchedule { Lockstep, Decoupled };
+
+void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
+                        bf16* dqkv, void* scratch, const kernels::AttentionShape& shape,
+                        BackwardSchedule schedule = BackwardSchedule::Lockstep);
+
+// The host-side checks attention_backward makes first (throws cutrain::Error naming the field):
+// the forward's shape checks, non-null pointers, qkv and dout 16-byte aligned (TMA), scratch
+// 16-byte aligned, out, dqkv and lse 4-byte aligned.
+void check_backward_args(const bf16* qkv, const bf16* out, const bf16* dout, const float* lse, const bf16* dqkv,
+                         const void* scratch, const kernels::AttentionShape& shape);
+
 // The 5-D view of qkv [B, S, 3, H, D] each TMA box is cut from, innermost first:
 // (d, head, q/k/v slot, token, batch), strides in bytes of dimensions 1..4, and the box: 64
 // columns (128 bytes: one 128-byte swizzle span) of `box_rows` tokens of one (slot, head, batch).
@@ -39,5 +61,8 @@ struct QkvTmaGeometry {
   std::uint32_t box[5];
 };
 QkvTmaGeometry qkv_tma_geometry(const kernels::AttentionShape& shape, int box_rows);
+// The same view of a tensor of `slots` [B, S, H, D] rows per token: 3 is qkv's, 1 is dO's
+// ([B, S, H, D]; the slot coordinate is then always 0).
+QkvTmaGeometry rows_tma_geometry(const kernels::AttentionShape& shape, int slots, int box_rows);
 
 }  // namespace cutrain::bench::hopper

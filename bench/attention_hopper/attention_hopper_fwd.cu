@@ -274,19 +274,6 @@ void launch(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, const kerne
   CUTRAIN_LAUNCH_CHECK("attention_hopper forward_kernel");
 }
 
-// The sm_90a code runs on compute capability 9.0 only; say so instead of a bare launch error.
-void check_device(std::uint32_t smem_bytes) {
-  int dev = 0, major = 0, minor = 0, optin = 0;
-  CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
-  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  CUTRAIN_CHECK(major == 9 && minor == 0, "attention_hopper_forward: needs a compute capability 9.0 device (sm_90a "
-                "code: H100/H200), device ", dev, " is ", major, ".", minor);
-  CUTRAIN_CHECK(static_cast<std::uint32_t>(optin) >= smem_bytes, "attention_hopper_forward: needs ", smem_bytes,
-                " bytes of shared memory per block, device ", dev, " offers ", optin);
-}
-
 template <bool OVERLAP>
 void launch(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& sh) {
   const bool c = sh.causal;
@@ -303,7 +290,8 @@ void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, c
   check_forward_args(qkv, out, lse, sh);
   CUTRAIN_CHECK(schedule == Schedule::Serial || schedule == Schedule::Overlap,
                 "attention_hopper_forward: schedule must be Serial or Overlap, got ", static_cast<int>(schedule));
-  check_device(sh.head_dim == 64 ? FwdConfig<64, false>::kSmemBytes : FwdConfig<128, false>::kSmemBytes);
+  check_device("attention_hopper_forward",
+               sh.head_dim == 64 ? FwdConfig<64, false>::kSmemBytes : FwdConfig<128, false>::kSmemBytes);
   schedule == Schedule::Overlap ? launch<true>(s, qkv, out, lse, sh) : launch<false>(s, qkv, out, lse, sh);
 }
 

@@ -1,13 +1,25 @@
-// @brief Issue #24's experiment against the production attention forward: the Hopper kernel
-// (wgmma + TMA, bench/attention_hopper/) and kernels::attention_forward on the same inputs, in
-// the same benchmark, at S 512-8192 with B*S = 16384 tokens, 16 heads, d64 / d128, full and causal,
-// each consumer schedule (serial; overlap: tile j's P V in flight while tile j+1's S is issued).
-// Name: "attention_hopper/fwd[_causal][_overlap]/B<b>H16S<s>D<d>". Manual time and TFLOP/s
+// @brief Issue #24's experiment against the production attention kernels: the Hopper kernels
+// (wgmma + TMA, bench/attention_hopper/) and kernels::attention_forward / attention_backward (fast
+// mode) on the same inputs, in the same process, at S 512-8192 with B*S = 16384 tokens, 16 heads,
+// d64 / d128, full and causal.
+// Forward rows, each consumer schedule (serial; overlap: tile j's P V in flight while tile j+1's S
+// is issued): "attention_hopper/fwd[_causal][_overlap]/B<b>H16S<s>D<d>". Manual time and TFLOP/s
 // (4·B·H·S²·D, halved causal) are the Hopper kernel's; prod_us / prod_TFLOP/s the production
 // kernel's (median of 100 flushed calls, once per shape, before that shape's first row); speedup =
 // prod_us / median_us. out_rel_diff / lse_rel_diff: ||hopper - production|| / ||production|| of
 // one call each (both within 1e-2 / 1e-4 of the references in the tests), so a wrong-but-fast
 // kernel shows here too.
+// Backward rows, "attention_hopper/bwd[_causal][_decoupled]/<shape>" (the whole backward: row_dot,
+// the wgmma pass, the dQ convert; from the production forward's O and lse; each warpgroup schedule:
+// lockstep, decoupled) and "attention_hopper/fwdbwd[_causal][_decoupled]/<shape>" (the Hopper
+// forward, overlap schedule except serial at d128 non-causal, the faster one measured, then the
+// Hopper backward), on the same sweep plus bench/peers/
+// attention_peer.py's shapes (B4H16S512D64, B4H16S2048D64, B4H16S2048D128; its B2H16S8192D64 is
+// in the sweep), so compare.py pairs these rows with the peer's SDPA rows of the same pass and
+// shape (the lockstep rows carry the plain name). TFLOP/s: 2.5x the forward's FLOPs for bwd, 3.5x
+// for fwdbwd (halved causal); prod_us / prod_TFLOP/s: the production pair on the same inputs
+// (median of 100 flushed calls, once per shape and pass, before its first row);
+// dq/dk/dv_rel_diff: ||hopper - production|| / ||production|| of one call.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -98,6 +110,81 @@ void bench_forward(benchmark::State& state, AttentionShape sh, bench::hopper::Sc
   state.counters["lse_rel_diff"] = lse_diff;
 }
 
+// The backward rows. O and lse come from the production forward on the same qkv, dO is fixed: both
+// backward calls see the same inputs. fwdbwd: each side's forward then its backward.
+// The production side of the last backward shape and pass measured: a shape's two schedules run
+// back to back (register_all's order) on the same inputs, so it runs once per shape and pass.
+struct ProductionBwd {
+  std::string key;
+  double median_us = 0;
+  std::vector<float> dqkv;
+};
+
+void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forward,
+                    bench::hopper::BackwardSchedule schedule) {
+  if (!bench::require_gpu(state)) return;
+  const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
+  const std::size_t n_l = std::size_t(sh.batch) * sh.heads * sh.seq;
+  const std::size_t n_scratch = kernels::attention_backward_scratch_bytes(sh, false);
+  DevBuf qkv(n_qkv * 2), dout(n_o * 2), out(n_o * 2), lse(n_l * 4), out_h(n_o * 2), lse_h(n_l * 4);
+  DevBuf dqkv_p(n_qkv * 2), dqkv_h(n_qkv * 2), scratch_p(n_scratch), scratch_h(n_scratch);
+  bench::fill_uniform(qkv.as<bf16>(), n_qkv, -1.f, 1.f, 1);
+  bench::fill_uniform(dout.as<bf16>(), n_o, -1.f, 1.f, 2);
+  cudaStream_t st0 = bench::bench_stream();
+  kernels::attention_forward(st0, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh);
+  const bench::hopper::Schedule fwd_schedule =
+      sh.head_dim == 128 && !sh.causal ? bench::hopper::Schedule::Serial : bench::hopper::Schedule::Overlap;
+
+  static ProductionBwd prod_cache;
+  auto prod = [&](cudaStream_t st) {
+    if (with_forward) kernels::attention_forward(st, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh);
+    kernels::attention_backward(st, qkv.as<bf16>(), out.as<bf16>(), dout.as<bf16>(), lse.as<float>(),
+                                dqkv_p.as<bf16>(), scratch_p.get(), sh, false);
+  };
+  // Ours reads its own forward's O and lse in fwdbwd, the production forward's in bwd.
+  const bf16* o_in = with_forward ? out_h.as<bf16>() : out.as<bf16>();
+  const float* l_in = with_forward ? lse_h.as<float>() : lse.as<float>();
+  auto hopper = [&](cudaStream_t st) {
+    if (with_forward)
+      bench::hopper::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, fwd_schedule);
+    bench::hopper::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(),
+                                      scratch_h.get(), sh, schedule);
+  };
+  const std::string key = shape_name(sh) + (sh.causal ? "_causal" : "") + (with_forward ? "_fwdbwd" : "_bwd");
+  if (prod_cache.key != key) {
+    prod(st0);
+    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
+    prod_cache.dqkv = download<bf16>(dqkv_p, n_qkv);
+    prod_cache.median_us = bench::time_median(prod, 100).median_us;
+    prod_cache.key = key;
+  }
+  hopper(st0);
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
+  const std::vector<float>& g_p = prod_cache.dqkv;
+  const std::vector<float> g_h = download<bf16>(dqkv_h, n_qkv);
+  const double prod_us = prod_cache.median_us;
+
+  const double flops = kernels::attention_backward_flops(sh) + (with_forward ? kernels::attention_forward_flops(sh) : 0);
+  const double bwd_bytes = 2.0 * (2 * n_qkv + 2 * n_o) + 4.0 * n_l, fwd_bytes = 2.0 * (n_qkv + n_o) + 4.0 * n_l;
+  const bench::Timing mine = bench::run_timed(state, hopper, bwd_bytes + (with_forward ? fwd_bytes : 0), flops);
+  state.counters["prod_us"] = prod_us;
+  state.counters["prod_TFLOP/s"] = prod_us > 0 ? flops / (prod_us * 1e-6) / 1e12 : 0.0;
+  state.counters["speedup"] = mine.median_us > 0 ? prod_us / mine.median_us : 0.0;
+  // dqkv per slot (q, k, v) of [B, S, 3, H, D].
+  const std::size_t row = std::size_t(sh.heads) * sh.head_dim;
+  const char* names[3] = {"dq_rel_diff", "dk_rel_diff", "dv_rel_diff"};
+  for (int w = 0; w < 3; ++w) {
+    std::vector<float> a, r;
+    a.reserve(n_o);
+    r.reserve(n_o);
+    for (std::size_t t = 0; t < std::size_t(sh.batch) * sh.seq; ++t) {
+      a.insert(a.end(), g_h.begin() + (3 * t + w) * row, g_h.begin() + (3 * t + w + 1) * row);
+      r.insert(r.end(), g_p.begin() + (3 * t + w) * row, g_p.begin() + (3 * t + w + 1) * row);
+    }
+    state.counters[names[w]] = rel_diff(a, r);
+  }
+}
+
 void register_all() {
   using bench::hopper::Schedule;
   for (int d : {64, 128})
@@ -113,6 +200,30 @@ void register_all() {
               ->Iterations(100)  // a median of 100 flushed samples
               ->Unit(benchmark::kMicrosecond);
         }
+  // The backward sweep, then the peer's shapes that the sweep lacks.
+  std::vector<AttentionShape> bwd_shapes;
+  for (int d : {64, 128})
+    for (bool causal : {false, true})
+      for (int s : {512, 1024, 2048, 4096, 8192}) bwd_shapes.push_back({16384 / s, s, 16, d, causal});
+  for (bool causal : {false, true})
+    for (const AttentionShape sh : {AttentionShape{4, 512, 16, 64}, AttentionShape{4, 2048, 16, 64},
+                                    AttentionShape{4, 2048, 16, 128}})
+      bwd_shapes.push_back({sh.batch, sh.seq, sh.heads, sh.head_dim, causal});
+  using bench::hopper::BackwardSchedule;
+  for (bool with_forward : {false, true})  // every bwd row, then every fwdbwd row (filters split them)
+    for (const AttentionShape& sh : bwd_shapes)
+      for (BackwardSchedule schedule : {BackwardSchedule::Lockstep, BackwardSchedule::Decoupled}) {
+        const std::string name = std::string("attention_hopper/") + (with_forward ? "fwdbwd" : "bwd") +
+                                 (sh.causal ? "_causal" : "") +
+                                 (schedule == BackwardSchedule::Decoupled ? "_decoupled/" : "/") + shape_name(sh);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [sh, with_forward, schedule](benchmark::State& st) {
+                                       bench_backward(st, sh, with_forward, schedule);
+                                     })
+            ->UseManualTime()
+            ->Iterations(100)
+            ->Unit(benchmark::kMicrosecond);
+      }
 }
 
 }  // namespace

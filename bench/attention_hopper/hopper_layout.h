@@ -119,4 +119,85 @@ constexpr CUTRAIN_HD std::uint32_t wgmma_mnmajor_offset(std::uint32_t start, std
   return sw128(start + (n % 64) * 2 + (n / 64) * lbo + (k % 8) * 128 + (k / 8) * sbo);
 }
 
+// The backward (attention_hopper_bwd.cu). D: head dim (64 or 128). A CTA owns kBlockN = 128 keys
+// of one (batch, head), two warpgroups of 64 keys each and no producer warp (256 threads, so the
+// register cap is 255, not the 168 of a 288- or 384-thread CTA: a warpgroup's dK and dV alone are
+// D fp32 registers per thread). It walks query tiles of kBlockM = 64 rows; Q and dO arrive by TMA
+// through a kStages ring, lse and Dvec by plain loads into shared memory. Per warpgroup and tile:
+//   S^T = K_w Q^T and dP^T = V_w dO^T      (A K-major: K_w / V_w rows; B K-major: Q / dO rows)
+//   dV_w += P^T dO and dK_w += dS^T Q      (A from registers; B MN-major: dO / Q read transposed)
+//   dQ += dS_w K_w                         (A: dS^T_w from shared memory, MN-major; B: K_w MN-major)
+// dS^T_w is written to shared memory in the TMA's 128-byte swizzle pattern (rows: the warpgroup's
+// 64 keys, one 128-byte column block of 64 queries), so wgmma reads it like a TMA tile. Each
+// warpgroup adds its own keys' share of dQ (fp32 atomics), so neither waits for the other's dS.
+// DECOUPLED: how a ring stage is handed back (see attention_hopper_bwd.cu): false, a CTA barrier
+// ends every tile (lockstep); true, per-stage empty mbarriers, so the warpgroups drift apart by up
+// to the ring's depth and one's softmax overlaps the other's wgmma.
+template <int D, bool CAUSAL, bool DECOUPLED = false>
+struct BwdConfig {
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static constexpr int kHeadDim = D;
+  static constexpr bool kCausal = CAUSAL;
+  static constexpr bool kDecoupled = DECOUPLED;
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kBlockN = 64 * kWarpgroups;  // keys per CTA
+  static constexpr int kBlockM = 64;                // queries per tile (one 128-byte column block of dS^T)
+  static constexpr int kStages = 3;                 // Q / dO ring depth
+  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kColBlocks = D / 64;
+  static constexpr std::uint32_t kKVBytes = kBlockN * D * 2;  // K or V
+  static constexpr std::uint32_t kQBytes = kBlockM * D * 2;   // one Q or one dO tile
+  static constexpr std::uint32_t kDsBytes = 64 * kBlockM * 2;  // one warpgroup's dS^T
+  // Carve-up from a 1024-aligned base: K, V, Q[kStages], dO[kStages], dS^T[kWarpgroups],
+  // lse * log2(e) [kStages][kBlockM], Dvec [kStages][kBlockM], then the mbarriers (kv_full,
+  // q_full[kStages]: each stage's Q, dO, lse and Dvec; q_empty[kStages]: its release, DECOUPLED only).
+  static constexpr std::uint32_t kKOff = 0;
+  static constexpr std::uint32_t kVOff = kKOff + kKVBytes;
+  static constexpr std::uint32_t kQOff = kVOff + kKVBytes;
+  static constexpr std::uint32_t kdOOff = kQOff + kStages * kQBytes;
+  static constexpr std::uint32_t kDsOff = kdOOff + kStages * kQBytes;
+  static constexpr std::uint32_t kLseOff = kDsOff + kWarpgroups * kDsBytes;
+  static constexpr std::uint32_t kDvecOff = kLseOff + kStages * kBlockM * 4;
+  static constexpr std::uint32_t kBarOff = kDvecOff + kStages * kBlockM * 4;
+  static constexpr int kBarriers = 1 + 2 * kStages;
+  static constexpr std::uint32_t kSmemBytes = 1024 + kBarOff + 8 * kBarriers;  // +1024: base alignment
+  static_assert(kSmemBytes <= 227u * 1024u, "shared memory over the sm_90 per-block limit (227 KiB)");
+  static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0,
+                "tiles must keep 1024-byte swizzle atoms aligned");
+  static_assert(kBlockM == 64, "dS^T holds one 128-byte column block of queries per key row");
+  static_assert(kBlockN <= 256 && kBlockM <= 256, "TMA boxes hold at most 256 rows");
+  static constexpr std::uint32_t kSbo = 1024;
+  static constexpr std::uint32_t kKLbo = kBlockN * 128;  // K read MN-major (dQ): column blocks
+  static constexpr std::uint32_t kQLbo = kBlockM * 128;  // Q, dO read MN-major (dK, dV): column blocks
+  static_assert(kKLbo < (1u << 18) && kQLbo < (1u << 18), "LBO must fit the descriptor's 14-bit field");
+
+  // The schedule: query tiles [q_first, q_tiles) for the CTA of first key n0 (causal: queries before
+  // n0 see none of its keys).
+  static constexpr CUTRAIN_HD int q_tiles(int S) { return (S + kBlockM - 1) / kBlockM; }
+  static constexpr CUTRAIN_HD int q_first(int n0) { return CAUSAL ? n0 / kBlockM : 0; }
+  // Whether warpgroup wg (keys n0 + 64wg ..) has any live score in the query tile at m0 (causal: a
+  // tile whose last query precedes the warpgroup's first key has none). Uniform over the warpgroup.
+  static constexpr CUTRAIN_HD bool wg_active(int m0, int n0, int wg) { return !CAUSAL || m0 + kBlockM - 1 >= n0 + 64 * wg; }
+  // Whether the tile needs the element mask (sequence end for queries or keys, or the causal diagonal).
+  static constexpr CUTRAIN_HD bool wg_edge(int m0, int n0, int wg, int S) {
+    return m0 + kBlockM > S || n0 + 64 * (wg + 1) > S || (CAUSAL && m0 < n0 + 64 * wg + 63);
+  }
+
+  // Operand slices (byte offsets from the tile's base).
+  // K_w / V_w as the K-major A of S^T / dP^T, k16 step kk (rows 64wg.., columns 16kk..).
+  static constexpr CUTRAIN_HD std::uint32_t kv_a_slice(int wg, int kk) {
+    return (kk / 4) * (kBlockN * 128) + wg * 64 * 128 + (kk % 4) * 32;
+  }
+  // Q / dO as the K-major B of S^T / dP^T, k16 step kk (all kBlockM rows, columns 16kk..).
+  static constexpr CUTRAIN_HD std::uint32_t q_b_slice(int kk) { return (kk / 4) * (kBlockM * 128) + (kk % 4) * 32; }
+  // Q / dO as the MN-major B of dK / dV, k16 step ks (query rows 16ks.., all D columns; LBO kQLbo).
+  static constexpr CUTRAIN_HD std::uint32_t q_mn_slice(int ks) { return ks * 16 * 128; }
+  // dS^T_w as the MN-major A of dQ, k16 step ks (key rows 16ks.. of the warpgroup's 64, all queries).
+  static constexpr CUTRAIN_HD std::uint32_t ds_mn_slice(int ks) { return ks * 16 * 128; }
+  // K_w as the MN-major B of dQ, k16 step ks (key rows 64wg + 16ks.., all D columns; LBO kKLbo).
+  static constexpr CUTRAIN_HD std::uint32_t k_mn_slice(int wg, int ks) { return (64 * wg + 16 * ks) * 128; }
+  // Where the kernel stores dS^T_w element (key row r < 64, query c < 64): the TMA's pattern.
+  static constexpr CUTRAIN_HD std::uint32_t ds_offset(int r, int c) { return tma_sw128_offset(64, r, c); }
+};
+
 }  // namespace cutrain::bench::hopper

@@ -1,5 +1,5 @@
-// @brief Host side of the Hopper attention experiment: argument checks, the qkv tensor-map
-// geometry, and its encoding through the driver's cuTensorMapEncodeTiled (reached through the
+// @brief Host side of the Hopper attention experiment: argument checks, the tensor-map geometry
+// of qkv and of [B, S, H, D] rows (dO), and its encoding through the driver's cuTensorMapEncodeTiled (reached through the
 // runtime's driver entry point, so nothing links libcuda directly).
 #include "bench/attention_hopper/tensor_map.h"
 
@@ -13,8 +13,10 @@
 
 namespace cutrain::bench::hopper {
 
-void check_forward_args(const bf16* qkv, const bf16* out, const float* lse, const kernels::AttentionShape& sh) {
-  const char* who = "attention_hopper_forward";
+namespace {
+
+// The shape checks both directions make (head_dim, sizes, grid and TMA limits).
+void check_shape(const kernels::AttentionShape& sh, const char* who) {
   CUTRAIN_CHECK(sh.head_dim == 64 || sh.head_dim == 128, who, ": head_dim must be 64 or 128, got ", sh.head_dim);
   CUTRAIN_CHECK(sh.batch >= 1 && sh.seq >= 1 && sh.heads >= 1, who, ": batch, seq and heads must be >= 1, got batch=",
                 sh.batch, " seq=", sh.seq, " heads=", sh.heads);
@@ -24,6 +26,13 @@ void check_forward_args(const bf16* qkv, const bf16* out, const float* lse, cons
   const std::uint64_t batch_stride = 2ull * sh.seq * 3 * sh.heads * sh.head_dim;
   CUTRAIN_CHECK(batch_stride < (1ull << 40), who, ": one sequence of qkv must be under 2^40 bytes, got ", batch_stride,
                 " (seq=", sh.seq, " heads=", sh.heads, " head_dim=", sh.head_dim, ")");
+}
+
+}  // namespace
+
+void check_forward_args(const bf16* qkv, const bf16* out, const float* lse, const kernels::AttentionShape& sh) {
+  const char* who = "attention_hopper_forward";
+  check_shape(sh, who);
   CUTRAIN_CHECK(qkv && out && lse, who, ": qkv, out and lse must be non-null, got qkv=", static_cast<const void*>(qkv),
                 " out=", static_cast<const void*>(out), " lse=", static_cast<const void*>(lse));
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0, who,
@@ -33,16 +42,51 @@ void check_forward_args(const bf16* qkv, const bf16* out, const float* lse, cons
                 " lse=", static_cast<const void*>(lse));
 }
 
-QkvTmaGeometry qkv_tma_geometry(const kernels::AttentionShape& sh, int box_rows) {
-  CUTRAIN_CHECK(box_rows >= 1 && box_rows <= 256, "qkv_tma_geometry: box_rows must lie in [1, 256], got ", box_rows);
-  const std::uint64_t D = sh.head_dim, H = sh.heads, S = sh.seq, B = sh.batch, e = 2;  // bf16
+void check_backward_args(const bf16* qkv, const bf16* out, const bf16* dout, const float* lse, const bf16* dqkv,
+                         const void* scratch, const kernels::AttentionShape& sh) {
+  const char* who = "attention_hopper_backward";
+  check_shape(sh, who);
+  CUTRAIN_CHECK(qkv && out && dout && lse && dqkv && scratch, who,
+                ": qkv, out, dout, lse, dqkv and scratch must be non-null, got qkv=", static_cast<const void*>(qkv),
+                " out=", static_cast<const void*>(out), " dout=", static_cast<const void*>(dout),
+                " lse=", static_cast<const void*>(lse), " dqkv=", static_cast<const void*>(dqkv), " scratch=", scratch);
+  const auto misaligned = [](const void* p, std::uintptr_t a) { return reinterpret_cast<std::uintptr_t>(p) % a != 0; };
+  CUTRAIN_CHECK(!misaligned(qkv, 16) && !misaligned(dout, 16), who,
+                ": qkv and dout must be 16-byte aligned (tensor-copy engine), got qkv=", static_cast<const void*>(qkv),
+                " dout=", static_cast<const void*>(dout));
+  CUTRAIN_CHECK(!misaligned(scratch, 16), who, ": scratch must be 16-byte aligned, got ", scratch);
+  CUTRAIN_CHECK(!misaligned(out, 4) && !misaligned(dqkv, 4) && !misaligned(lse, 4), who,
+                ": out, dqkv and lse must be 4-byte aligned, got out=", static_cast<const void*>(out),
+                " dqkv=", static_cast<const void*>(dqkv), " lse=", static_cast<const void*>(lse));
+}
+
+void check_device(const char* who, std::uint32_t smem_bytes) {
+  int dev = 0, major = 0, minor = 0, optin = 0;
+  CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
+  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  CUTRAIN_CHECK(major == 9 && minor == 0, who, ": needs a compute capability 9.0 device (sm_90a code: H100/H200), device ",
+                dev, " is ", major, ".", minor);
+  CUTRAIN_CHECK(static_cast<std::uint32_t>(optin) >= smem_bytes, who, ": needs ", smem_bytes,
+                " bytes of shared memory per block, device ", dev, " offers ", optin);
+}
+
+QkvTmaGeometry rows_tma_geometry(const kernels::AttentionShape& sh, int slots, int box_rows) {
+  CUTRAIN_CHECK(box_rows >= 1 && box_rows <= 256, "rows_tma_geometry: box_rows must lie in [1, 256], got ", box_rows);
+  CUTRAIN_CHECK(slots == 1 || slots == 3, "rows_tma_geometry: slots must be 1 ([B, S, H, D]) or 3 (qkv), got ", slots);
+  const std::uint64_t D = sh.head_dim, H = sh.heads, S = sh.seq, B = sh.batch, W = slots, e = 2;  // bf16
   QkvTmaGeometry g{};
-  const std::uint64_t dims[5] = {D, H, 3, S, B};
-  const std::uint64_t strides[4] = {D * e, H * D * e, 3 * H * D * e, S * 3 * H * D * e};
+  const std::uint64_t dims[5] = {D, H, W, S, B};
+  const std::uint64_t strides[4] = {D * e, H * D * e, W * H * D * e, S * W * H * D * e};
   const std::uint32_t box[5] = {64, 1, 1, static_cast<std::uint32_t>(box_rows), 1};
   for (int i = 0; i < 5; ++i) g.dims[i] = dims[i], g.box[i] = box[i];
   for (int i = 0; i < 4; ++i) g.strides[i] = strides[i];
   return g;
+}
+
+QkvTmaGeometry qkv_tma_geometry(const kernels::AttentionShape& sh, int box_rows) {
+  return rows_tma_geometry(sh, 3, box_rows);
 }
 
 namespace {
@@ -61,18 +105,22 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_entry() {
 
 }  // namespace
 
-CUtensorMap encode_qkv_map(const bf16* qkv, const kernels::AttentionShape& sh, int box_rows) {
-  const QkvTmaGeometry g = qkv_tma_geometry(sh, box_rows);
+CUtensorMap encode_rows_map(const bf16* base, const kernels::AttentionShape& sh, int slots, int box_rows) {
+  const QkvTmaGeometry g = rows_tma_geometry(sh, slots, box_rows);
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   CUtensorMap map;
-  const CUresult r = encode_entry()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<bf16*>(qkv), g.dims,
+  const CUresult r = encode_entry()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<bf16*>(base), g.dims,
                                     g.strides, g.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   CUTRAIN_CHECK(r == CUDA_SUCCESS, "attention_hopper: cuTensorMapEncodeTiled failed with CUresult ", static_cast<int>(r),
                 " (batch=", sh.batch, " seq=", sh.seq, " heads=", sh.heads, " head_dim=", sh.head_dim,
-                " box_rows=", box_rows, ")");
+                " slots=", slots, " box_rows=", box_rows, ")");
   return map;
+}
+
+CUtensorMap encode_qkv_map(const bf16* qkv, const kernels::AttentionShape& sh, int box_rows) {
+  return encode_rows_map(qkv, sh, 3, box_rows);
 }
 
 }  // namespace cutrain::bench::hopper

@@ -1,13 +1,18 @@
-// @brief GPU tests of issue #24's Hopper attention forward (bench/attention_hopper/): O and the
-// log-sum-exp against the fp64 CPU reference over odd shapes (S not a multiple of any tile, B > 1,
-// H > 1, d64 / d128, causal / not, plain and large logits), and at long S against the naive GPU
-// reference and the production kernel on the same inputs; outputs poisoned first; both consumer
-// schedules (serial, overlap) on the same inputs. A failure names the schedule, the first element
-// off (batch, token, head, column) with both values, and the product it points at.
+// @brief GPU tests of issue #24's Hopper attention forward and backward (bench/attention_hopper/).
+// Forward: O and the log-sum-exp against the fp64 CPU reference over odd shapes (S not a multiple
+// of any tile, B > 1, H > 1, d64 / d128, causal / not, plain and large logits), and at long S
+// against the naive GPU reference and the production kernel on the same inputs; both consumer
+// schedules (serial, overlap) on the same inputs. Backward: dQ, dK, dV against the fp64 CPU
+// reference over odd shapes (odd B, H and S) and at long S against the naive GPU reference and the
+// production backward, from the production forward's O and lse; both warpgroup schedules (lockstep,
+// decoupled) on the same inputs. Outputs poisoned first. A failure
+// names the first element off (batch, token, head, column) with both values, and the product it
+// points at.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstddef>
+#include <random>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -16,6 +21,7 @@
 
 #include "bench/attention_hopper/attention_hopper.h"
 #include "kernels/attention.cuh"
+#include "tests/gpu/attention_checks.h"
 #include "tests/gpu/attention_naive.h"
 #include "tests/reference/attention_ref.h"
 #include "tests/support/test_support.h"
@@ -82,8 +88,7 @@ struct Inputs {
 
 // Fresh N(0,1) inputs; q and k x8 when `large`: logits with std ~64, so the running max jumps
 // between tiles.
-Inputs make_inputs(const AttentionShape& sh, bool large) {
-  auto rng = test::fresh_rng();
+Inputs make_inputs(const AttentionShape& sh, bool large, std::mt19937_64& rng) {
   const std::size_t row = 3ull * sh.heads * sh.head_dim, tokens = static_cast<std::size_t>(sh.batch) * sh.seq;
   auto qkv_f = test::random_normal(tokens * row, rng);
   if (large)
@@ -92,6 +97,10 @@ Inputs make_inputs(const AttentionShape& sh, bool large) {
   qkv_f = test::round_bf16(qkv_f);
   test::DeviceArray<bf16> qkv(test::to_bf16(qkv_f));
   return Inputs{std::move(qkv_f), std::move(qkv)};
+}
+Inputs make_inputs(const AttentionShape& sh, bool large) {
+  auto rng = test::fresh_rng();
+  return make_inputs(sh, large, rng);
 }
 
 struct Outputs {
@@ -187,6 +196,187 @@ TEST_P(AttentionHopperLongGpu, MatchesNaiveAndProduction) {
 }
 
 INSTANTIATE_TEST_SUITE_P(LongShapes, AttentionHopperLongGpu,
+                         ::testing::Combine(::testing::Values(1000, 2049), ::testing::Values(64, 128), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<LongParam>& i) {
+                           std::ostringstream os;
+                           os << 'S' << std::get<0>(i.param) << 'D' << std::get<1>(i.param)
+                              << (std::get<2>(i.param) ? "_causal" : "_full");
+                           return os.str();
+                         });
+
+// ---- backward ----
+
+// The first element of one slot of dqkv (w: 0 dQ, 1 dK, 2 dV; [B, S, H, D]) farther from `want`
+// than atol + rtol*|want| (or not finite), as "dK b= s= h= d=: got, want"; "" when none.
+template <typename W>
+std::string first_grad_off(const std::vector<float>& got, const std::vector<W>& want, const AttentionShape& sh, int w,
+                           double atol, double rtol) {
+  static const char* names[3] = {"dQ", "dK", "dV"};
+  std::size_t bad = 0, first = got.size();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], x = static_cast<double>(want[i]);
+    if (!std::isfinite(g) || std::fabs(g - x) > atol + rtol * std::fabs(x)) {
+      if (first == got.size()) first = i;
+      ++bad;
+    }
+  }
+  if (bad == 0) return "";
+  std::ostringstream os;
+  const std::size_t i = first, S = sh.seq, H = sh.heads, D = sh.head_dim;
+  os << names[w] << " b=" << i / (S * H * D) << " s=" << (i / (H * D)) % S << " h=" << (i / D) % H << " d=" << i % D
+     << ": got " << got[i] << ", want " << static_cast<double>(want[i]) << " (" << bad << " of " << got.size()
+     << " elements off)";
+  return os.str();
+}
+
+// Which part of the backward a mismatch points at. dV = P^T dO needs only S^T (K, Q), the mask and
+// P; dK also dP^T = V dO^T and dS; dQ also the dS^T round trip through shared memory, dQ's
+// transposed operands (dS^T, K) and the atomics.
+std::string bwd_suspect(bool dq_ok, bool dk_ok, bool dv_ok) {
+  if (dq_ok && dk_ok && dv_ok) return "";
+  if (!dv_ok) return " [dV wrong: suspect S^T = K Q^T, the mask, P^T (lse), or dV's MN-major dO descriptor]";
+  if (!dk_ok) return " [dV right, dK wrong: suspect dP^T = V dO^T, Dvec, dS^T, or dK's MN-major Q descriptor]";
+  return " [dV, dK right, dQ wrong: suspect the dS^T store (swizzle), dQ's MN-major dS^T / K descriptors, the atomics]";
+}
+
+struct BwdCase {
+  Inputs in;
+  std::vector<float> dout_f, out_h;  // bf16-rounded dO; the production forward's O as floats
+  test::DeviceArray<bf16> dout, out;
+  test::DeviceArray<float> lse;
+};
+
+// Fresh inputs and dO, and the production forward's O and lse (the backward's inputs).
+BwdCase make_bwd_case(const AttentionShape& sh, bool large) {
+  auto rng = test::fresh_rng();
+  Inputs in = make_inputs(sh, large, rng);
+  const std::size_t n_o = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads * sh.head_dim;
+  auto dout_f = test::round_bf16(test::random_normal(n_o, rng));
+  test::DeviceArray<bf16> dout(test::to_bf16(dout_f)), out(n_o);
+  test::DeviceArray<float> lse(static_cast<std::size_t>(sh.batch) * sh.heads * sh.seq);
+  kernels::attention_forward(nullptr, in.qkv.get(), out.get(), lse.get(), sh);
+  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  auto out_h = test::download_float(out);
+  return BwdCase{std::move(in), std::move(dout_f), std::move(out_h), std::move(dout), std::move(out), std::move(lse)};
+}
+
+const hopper::BackwardSchedule kBwdSchedules[] = {hopper::BackwardSchedule::Lockstep,
+                                                  hopper::BackwardSchedule::Decoupled};
+const char* schedule_name(hopper::BackwardSchedule s) {
+  return s == hopper::BackwardSchedule::Lockstep ? "lockstep" : "decoupled";
+}
+
+// The Hopper backward on a poisoned dqkv (nothing may be left unwritten) with `scratch`.
+std::vector<float> run_hopper_bwd(const AttentionShape& sh, const BwdCase& c, test::DeviceArray<float>& scratch,
+                                  hopper::BackwardSchedule schedule) {
+  test::DeviceArray<bf16> dqkv(3ull * sh.batch * sh.seq * sh.heads * sh.head_dim);
+  hopper::attention_backward(nullptr, c.in.qkv.get(), c.out.get(), c.dout.get(), c.lse.get(), dqkv.get(),
+                             scratch.get(), sh, schedule);
+  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  auto r = test::download_float(dqkv);
+  const std::vector<double> zeros(r.size() / 3, 0.0);
+  for (int w = 0; w < 3; ++w) {
+    const auto slot = test::attention_slot(r, sh, w);
+    EXPECT_EQ(test::count_nan(slot), 0u) << "poison survived or NaN produced: "
+                                         << first_grad_off(slot, zeros, sh, w, INFINITY, 0);
+  }
+  return r;
+}
+
+test::DeviceArray<float> bwd_scratch(const AttentionShape& sh) {
+  return test::DeviceArray<float>((kernels::attention_backward_scratch_bytes(sh, false) + 3) / 4);
+}
+
+// dQ, dK, dV of `got` against `want` by the production backward test's measure (relative, floored
+// at 5% of ||dV||), bound 1e-2; names the first element off and the suspect product.
+template <typename W>
+void expect_grads(const std::vector<float>& got, const std::vector<W>& want, const AttentionShape& sh,
+                  const char* against) {
+  static const char* names[3] = {"dQ", "dK", "dV"};
+  const auto dv_ref = test::attention_slot(want, sh, 2);
+  std::vector<double> dv_d(dv_ref.begin(), dv_ref.end());
+  bool ok[3];
+  double err[3];
+  for (int w = 0; w < 3; ++w) {
+    err[w] = test::attention_grad_error(test::attention_slot(got, sh, w), test::attention_slot(want, sh, w), dv_ref);
+    ok[w] = err[w] <= 1e-2;
+  }
+  const std::string why = bwd_suspect(ok[0], ok[1], ok[2]);
+  for (int w = 0; w < 3; ++w)
+    EXPECT_LE(err[w], 1e-2) << names[w] << " vs " << against << "; first element off: "
+                            << first_grad_off(test::attention_slot(got, sh, w), test::attention_slot(want, sh, w), sh,
+                                              w, 0.05 * rms(dv_d), 0.02)
+                            << why;
+}
+
+// (seq, head_dim, causal, large logits); batch 3, heads 3.
+class AttentionHopperBwdGpu : public ::testing::TestWithParam<Param> {};
+
+TEST_P(AttentionHopperBwdGpu, MatchesCpuReference) {
+  CUTRAIN_REQUIRE_GPU();
+  const auto [seq, dim, causal, large] = GetParam();
+  const AttentionShape sh{3, seq, 3, dim, causal};
+  SCOPED_TRACE(shape_name(sh) + (large ? " large logits" : ""));
+  const BwdCase c = make_bwd_case(sh, large);
+  std::vector<double> dqkv_r;
+  ref::attention_backward(c.in.qkv_f, c.out_h, c.dout_f, sh, dqkv_r);
+  auto scratch = bwd_scratch(sh);
+  // Each schedule; the second runs on the first's dirty scratch (the launcher clears its dQ accumulator).
+  for (const hopper::BackwardSchedule schedule : kBwdSchedules) {
+    SCOPED_TRACE(std::string(schedule_name(schedule)) + " schedule");
+    expect_grads(run_hopper_bwd(sh, c, scratch, schedule), dqkv_r, sh, "CPU");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(OddShapes, AttentionHopperBwdGpu,
+                         ::testing::Combine(::testing::Values(1, 7, 96, 129, 200, 385), ::testing::Values(64, 128),
+                                            ::testing::Bool(), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<Param>& i) {
+                           std::ostringstream os;
+                           os << 'S' << std::get<0>(i.param) << 'D' << std::get<1>(i.param)
+                              << (std::get<2>(i.param) ? "_causal" : "_full") << (std::get<3>(i.param) ? "_large" : "");
+                           return os.str();
+                         });
+
+// Long sequences (many query tiles per CTA, every ring stage reused, several key blocks): the
+// naive GPU reference and the production backward (fast mode) on the same inputs.
+class AttentionHopperBwdLongGpu : public ::testing::TestWithParam<LongParam> {};
+
+TEST_P(AttentionHopperBwdLongGpu, MatchesNaiveAndProduction) {
+  CUTRAIN_REQUIRE_GPU();
+  const auto [seq, dim, causal] = GetParam();
+  const AttentionShape sh{2, seq, 4, dim, causal};
+  SCOPED_TRACE(shape_name(sh));
+  const BwdCase c = make_bwd_case(sh, false);
+  const std::size_t n_qkv = 3ull * sh.batch * seq * sh.heads * dim, n_o = n_qkv / 3;
+  const std::size_t n_l = static_cast<std::size_t>(sh.batch) * sh.heads * seq;
+  test::NaiveAttention naive(sh);
+  test::DeviceArray<float> out_n(n_o), lse_n(n_l), dqkv_n(n_qkv);
+  naive.forward(c.in.qkv.get(), out_n.get(), lse_n.get());  // keeps P for backward()
+  naive.backward(c.in.qkv.get(), c.out.get(), c.dout.get(), dqkv_n.get());
+  const auto dqkv_nh = dqkv_n.download();
+  auto scratch = bwd_scratch(sh);
+  test::DeviceArray<bf16> dqkv_p(n_qkv);
+  kernels::attention_backward(nullptr, c.in.qkv.get(), c.out.get(), c.dout.get(), c.lse.get(), dqkv_p.get(),
+                              scratch.get(), sh, false);
+  const auto dqkv_ph = test::download_float(dqkv_p);
+
+  static const char* names[3] = {"dQ", "dK", "dV"};
+  const auto dv_p = test::attention_slot(dqkv_ph, sh, 2);
+  for (const hopper::BackwardSchedule schedule : kBwdSchedules) {
+    SCOPED_TRACE(std::string(schedule_name(schedule)) + " schedule");
+    const auto got = run_hopper_bwd(sh, c, scratch, schedule);
+    expect_grads(got, dqkv_nh, sh, "naive");
+    // Both within 1e-2 of the naive reference: within 2e-2 of each other.
+    for (int w = 0; w < 3; ++w)
+      EXPECT_LE(
+          test::attention_grad_error(test::attention_slot(got, sh, w), test::attention_slot(dqkv_ph, sh, w), dv_p),
+          2e-2)
+          << names[w] << " vs production";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LongShapes, AttentionHopperBwdLongGpu,
                          ::testing::Combine(::testing::Values(1000, 2049), ::testing::Values(64, 128), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<LongParam>& i) {
                            std::ostringstream os;

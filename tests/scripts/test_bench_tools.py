@@ -256,6 +256,29 @@ class PeerCompare(Scratch):
         self.assertIn("| gemm/fwd/8x8x8 | torch | 10.0 | 12.0 | 1.20, 0.90, 1.00 | 0.90x | 1.00x |", out)
         self.assertIn("| gemm/only_peer/8x8x8 | torch | (not run) | 3.0 | | | |", out)
 
+    def test_an_experiment_row_pairs_with_the_same_peer_row(self):
+        d = os.path.join(self.dir, "exp")
+        os.makedirs(d)
+        with open(os.path.join(d, "bench_attention.json"), "w") as f:
+            json.dump(gbench_doc([("attention/bwd/B4H16S2048D64/manual_time", 20.0, 1000, {})]), f)
+        with open(os.path.join(d, "bench_attention_hopper.json"), "w") as f:
+            json.dump(gbench_doc([("attention_hopper/bwd/B4H16S2048D64/manual_time", 10.0, 1000, {})]), f)
+        with open(os.path.join(d, "attention_peer.json"), "w") as f:
+            json.dump({"results": [{"name": "attention/bwd/B4H16S2048D64@cudnn", "time_us": 15.0},
+                                   {"name": "attention/fwd/B4H16S2048D64@cudnn", "time_us": 5.0}]}, f)
+        rc, out, err = self.run_py("peers/compare.py", "--ours", os.path.join(d, "bench_attention.json"),
+                                   os.path.join(d, "bench_attention_hopper.json"), "--peers",
+                                   os.path.join(d, "attention_peer.json"))
+        self.assertEqual(rc, 0, err)
+        self.assertIn("| attention/bwd/B4H16S2048D64 | cudnn | 20.0 | 15.0 | 0.75x |", out)
+        self.assertIn("| attention_hopper/bwd/B4H16S2048D64 | cudnn | 10.0 | 15.0 | 1.50x |", out)
+        self.assertIn("| attention/fwd/B4H16S2048D64 | cudnn | (not run) | 5.0 | |", out)
+        self.assertNotIn("attention_hopper/fwd/", out)  # an experiment row that was not run is not listed
+        rc, out, err = self.run_py("peers/compare.py", "--rounds", d)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("| attention_hopper/bwd/B4H16S2048D64 | cudnn | 10.0 | 15.0 | 1.50 | 1.50x | 1.50x |", out)
+        self.assertNotIn("attention_hopper/fwd/", out)
+
     def test_a_missing_round_folder_is_named(self):
         rc, out, err = self.run_py("peers/compare.py", "--rounds", os.path.join(self.dir, "nope"))
         self.assertEqual(rc, 2)

@@ -1,9 +1,9 @@
 // @brief CPU checks of the Hopper attention experiment (bench/attention_hopper/): every wgmma
-// operand slice the kernel describes reads exactly the element the TMA's 128-byte swizzle put
-// there (Q, K as K-major operands, V as the transposed MN-major one), the descriptor's bit
-// fields, the tile schedule's coverage of every score, the qkv tensor-map geometry against the
-// [B, S, 3, H, D] layout, and the host checks that refuse bad shapes and pointers before any
-// device work.
+// operand slice the kernels describe reads exactly the element the TMA's 128-byte swizzle (or the
+// backward's own dS^T store) put there (forward: Q, K K-major, V MN-major; backward: K, V, Q, dO
+// K-major, Q, dO, dS^T, K MN-major), the descriptor's bit fields, the tile schedules' coverage of
+// every score, the tensor-map geometry against the [B, S, 3, H, D] and [B, S, H, D] layouts, and
+// the host checks that refuse bad shapes and pointers before any device work.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -197,6 +197,205 @@ TEST(AttentionHopperLayout, HostChecksRefuseBadArguments) {
   EXPECT_NE(test::error_of([&] {
               hopper::attention_forward(nullptr, qkv, out, lse, ok, static_cast<hopper::Schedule>(7));
             }).find("schedule must be Serial or Overlap, got 7"),
+            std::string::npos);
+}
+
+// ---- backward (BwdConfig) ----
+
+template <class Cfg>
+void expect_bwd_operands_match() {
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  std::set<std::uint32_t> seen;
+  // K_w / V_w: the K-major A of S^T = K_w Q^T (dP^T = V_w dO^T), element (m, k) = key 64wg + m, column 16kk + k.
+  for (int wg = 0; wg < Cfg::kWarpgroups; ++wg)
+    for (int kk = 0; kk < D / 16; ++kk)
+      for (int m = 0; m < 64; ++m)
+        for (int k = 0; k < 16; ++k) {
+          const std::uint32_t got = hopper::wgmma_kmajor_offset(Cfg::kv_a_slice(wg, kk), Cfg::kSbo, m, k);
+          ASSERT_EQ(got, hopper::tma_sw128_offset(BN, 64 * wg + m, 16 * kk + k))
+              << "K/V as A, D" << D << " wg " << wg << " kk " << kk << " m " << m << " k " << k;
+          seen.insert(got);
+        }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(BN) * D);
+  EXPECT_LT(*seen.rbegin(), Cfg::kKVBytes);
+  // Q / dO: the K-major B of S^T / dP^T, element (n, k) = query row n, column 16kk + k.
+  seen.clear();
+  for (int kk = 0; kk < D / 16; ++kk)
+    for (int n = 0; n < BM; ++n)
+      for (int k = 0; k < 16; ++k) {
+        const std::uint32_t got = hopper::wgmma_kmajor_offset(Cfg::q_b_slice(kk), Cfg::kSbo, n, k);
+        ASSERT_EQ(got, hopper::tma_sw128_offset(BM, n, 16 * kk + k)) << "Q/dO as B, D" << D << " kk " << kk;
+        seen.insert(got);
+      }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(BM) * D);
+  EXPECT_LT(*seen.rbegin(), Cfg::kQBytes);
+  // Q / dO: the MN-major B of dK / dV, element (k, n) = query row 16ks + k, column n.
+  seen.clear();
+  for (int ks = 0; ks < BM / 16; ++ks)
+    for (int k = 0; k < 16; ++k)
+      for (int n = 0; n < D; ++n) {
+        const std::uint32_t got = hopper::wgmma_mnmajor_offset(Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo, k, n);
+        ASSERT_EQ(got, hopper::tma_sw128_offset(BM, 16 * ks + k, n)) << "Q/dO MN-major, D" << D << " ks " << ks;
+        seen.insert(got);
+      }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(BM) * D);
+  // dS^T_w: the MN-major A of dQ, element (m, k) = query m, key row 16ks + k of the warpgroup's 64,
+  // read where the kernel stored it (ds_offset). The LBO is never used: M = 64 is one 128-byte row.
+  seen.clear();
+  for (int ks = 0; ks < 4; ++ks)
+    for (int k = 0; k < 16; ++k)
+      for (int m = 0; m < 64; ++m) {
+        const std::uint32_t got = hopper::wgmma_mnmajor_offset(Cfg::ds_mn_slice(ks), 1u << 20, Cfg::kSbo, k, m);
+        ASSERT_EQ(got, Cfg::ds_offset(16 * ks + k, m)) << "dS^T as A, ks " << ks << " k " << k << " m " << m;
+        seen.insert(got);
+      }
+  EXPECT_EQ(seen.size(), 64u * 64u);
+  EXPECT_LT(*seen.rbegin(), Cfg::kDsBytes);
+  // K_w: the MN-major B of dQ, element (k, n) = key 64wg + 16ks + k, column n.
+  for (int wg = 0; wg < Cfg::kWarpgroups; ++wg) {
+    seen.clear();
+    for (int ks = 0; ks < 4; ++ks)
+      for (int k = 0; k < 16; ++k)
+        for (int n = 0; n < D; ++n) {
+          const std::uint32_t got = hopper::wgmma_mnmajor_offset(Cfg::k_mn_slice(wg, ks), Cfg::kKLbo, Cfg::kSbo, k, n);
+          ASSERT_EQ(got, hopper::tma_sw128_offset(BN, 64 * wg + 16 * ks + k, n))
+              << "K MN-major, D" << D << " wg " << wg << " ks " << ks << " k " << k << " n " << n;
+          seen.insert(got);
+        }
+    EXPECT_EQ(seen.size(), 64u * D);
+  }
+  // The kernel's dS^T stores: 4 warps x 32 lanes, word e of k-slice j holds (row 16w + gi + 8(e & 1),
+  // queries 16j + 8(e >> 1) + 2t, +1) as one 4-byte word: the pair must be adjacent and the words
+  // must cover the 64 x 64 tile once.
+  seen.clear();
+  for (int w = 0; w < 4; ++w)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int j = 0; j < BM / 16; ++j)
+        for (int e = 0; e < 4; ++e) {
+          const int r = 16 * w + lane / 4 + 8 * (e & 1), c = 16 * j + 8 * (e >> 1) + 2 * (lane % 4);
+          const std::uint32_t off = Cfg::ds_offset(r, c);
+          ASSERT_EQ(off % 4, 0u);
+          ASSERT_EQ(Cfg::ds_offset(r, c + 1), off + 2) << "r " << r << " c " << c;
+          ASSERT_TRUE(seen.insert(off).second) << "two stores to one word, r " << r << " c " << c;
+        }
+  EXPECT_EQ(seen.size(), 64u * 64u / 2);
+}
+
+TEST(AttentionHopperLayout, BackwardOperandsReadWhatWasWritten) {
+  expect_bwd_operands_match<hopper::BwdConfig<64, false>>();
+  expect_bwd_operands_match<hopper::BwdConfig<128, false>>();
+  expect_bwd_operands_match<hopper::BwdConfig<64, true>>();
+  expect_bwd_operands_match<hopper::BwdConfig<128, true>>();
+}
+
+// Every (query, key) score the gradient needs lies in a query tile the key's CTA walks and its
+// warpgroup does not skip; a tile a warpgroup skips holds no live score; a tile the kernel treats
+// as interior (no element mask) holds only live scores.
+template <class Cfg>
+void expect_bwd_schedule_covers(int S) {
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  auto live = [&](int q, int key) { return q < S && key < S && (!Cfg::kCausal || q >= key); };
+  for (int n0 = 0; n0 < S; n0 += BN) {
+    const int first = Cfg::q_first(n0), tiles = Cfg::q_tiles(S);
+    ASSERT_LT(first, tiles) << "S " << S << " n0 " << n0 << ": a key block with no query tile";
+    ASSERT_LT((tiles - 1) * BM, S);
+    for (int wg = 0; wg < Cfg::kWarpgroups; ++wg)
+      for (int qt = 0; qt < tiles; ++qt) {
+        const int m0 = qt * BM;
+        const bool walked = qt >= first && Cfg::wg_active(m0, n0, wg), edge = Cfg::wg_edge(m0, n0, wg, S);
+        int n_live = 0;
+        for (int q = m0; q < m0 + BM; ++q)
+          for (int key = n0 + 64 * wg; key < n0 + 64 * wg + 64; ++key) {
+            const bool l = live(q, key);
+            n_live += l;
+            if (!edge && walked) {
+              ASSERT_TRUE(l) << "S " << S << " n0 " << n0 << " wg " << wg << " q " << q << " key " << key;
+            }
+          }
+        if (!walked) {
+          ASSERT_EQ(n_live, 0) << "S " << S << " n0 " << n0 << " wg " << wg << " m0 " << m0 << ": skipped live scores";
+        }
+      }
+  }
+}
+
+TEST(AttentionHopperLayout, BackwardScheduleCoversEveryScore) {
+  for (int S : {1, 7, 63, 64, 65, 127, 128, 129, 191, 192, 193, 200, 255, 256, 257, 385, 1000, 2049}) {
+    expect_bwd_schedule_covers<hopper::BwdConfig<64, false>>(S);
+    expect_bwd_schedule_covers<hopper::BwdConfig<64, true>>(S);
+    expect_bwd_schedule_covers<hopper::BwdConfig<128, false>>(S);
+    expect_bwd_schedule_covers<hopper::BwdConfig<128, true>>(S);
+  }
+}
+
+template <class Cfg>
+void expect_bwd_carve_up() {
+  EXPECT_EQ(Cfg::kVOff % 1024, 0u);
+  EXPECT_EQ(Cfg::kQOff % 1024, 0u);
+  EXPECT_EQ(Cfg::kdOOff % 1024, 0u);
+  EXPECT_EQ(Cfg::kDsOff % 1024, 0u);
+  EXPECT_EQ(Cfg::kLseOff % 8, 0u) << "lse is read as float2";
+  EXPECT_EQ(Cfg::kDvecOff % 8, 0u) << "Dvec is read as float2";
+  EXPECT_EQ(Cfg::kBarOff % 8, 0u);
+  EXPECT_EQ(Cfg::kBarOff, Cfg::kDvecOff + Cfg::kStages * Cfg::kBlockM * 4u);
+  EXPECT_LE(Cfg::kSmemBytes, 227u * 1024u);
+  EXPECT_EQ(Cfg::kThreads, 128 * Cfg::kWarpgroups);
+  EXPECT_GE(Cfg::kThreads, 2 * Cfg::kBlockM) << "lse and Dvec take one thread per query each";
+  EXPECT_EQ(Cfg::kBlockN, 64 * Cfg::kWarpgroups);
+}
+
+TEST(AttentionHopperLayout, BackwardSharedMemoryCarveUp) {
+  expect_bwd_carve_up<hopper::BwdConfig<64, false>>();
+  expect_bwd_carve_up<hopper::BwdConfig<128, true>>();
+  expect_bwd_carve_up<hopper::BwdConfig<128, false, true>>();
+}
+
+TEST(AttentionHopperLayout, RowsTensorMapAddressesDout) {
+  const AttentionShape sh{3, 129, 5, 128, true};
+  const auto g = hopper::rows_tma_geometry(sh, 1, 64);
+  EXPECT_EQ(g.dims[2], 1u);
+  EXPECT_EQ(g.box[3], 64u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(g.strides[i] % 16, 0u);
+  // Coordinate (d, h, 0, s, b) must land on dout[b][s][h][d].
+  for (int b = 0; b < sh.batch; ++b)
+    for (int s : {0, 64, sh.seq - 1})
+      for (int h : {0, sh.heads - 1})
+        for (int d : {0, sh.head_dim - 1}) {
+          const std::uint64_t bytes = 2ull * d + g.strides[0] * h + g.strides[2] * s + g.strides[3] * b;
+          const std::uint64_t want = ((static_cast<std::uint64_t>(b) * sh.seq + s) * sh.heads + h) * sh.head_dim + d;
+          ASSERT_EQ(bytes, 2 * want) << "b " << b << " s " << s << " h " << h << " d " << d;
+        }
+  EXPECT_NE(test::error_of([&] { hopper::rows_tma_geometry(sh, 2, 64); }).find("slots must be 1"), std::string::npos);
+}
+
+TEST(AttentionHopperLayout, BackwardHostChecksRefuseBadArguments) {
+  const auto* qkv = reinterpret_cast<const bf16*>(std::uintptr_t{1} << 20);
+  const auto* out = reinterpret_cast<const bf16*>(std::uintptr_t{2} << 20);
+  const auto* dout = reinterpret_cast<const bf16*>(std::uintptr_t{3} << 20);
+  const auto* lse = reinterpret_cast<const float*>(std::uintptr_t{4} << 20);
+  auto* dqkv = reinterpret_cast<bf16*>(std::uintptr_t{5} << 20);
+  auto* scratch = reinterpret_cast<void*>(std::uintptr_t{6} << 20);
+  const AttentionShape ok{2, 100, 4, 64, false};
+  EXPECT_EQ(test::error_of([&] { hopper::check_backward_args(qkv, out, dout, lse, dqkv, scratch, ok); }), "");
+  auto err = [&](const AttentionShape& sh, const bf16* q, const bf16* o, const bf16* dO, const float* l, bf16* dq,
+                 void* sc) {
+    return test::error_of([&] { hopper::attention_backward(nullptr, q, o, dO, l, dq, sc, sh); });
+  };
+  EXPECT_NE(err({2, 100, 4, 80, false}, qkv, out, dout, lse, dqkv, scratch).find("head_dim must be 64 or 128, got 80"),
+            std::string::npos);
+  EXPECT_NE(err({2, 0, 4, 64, false}, qkv, out, dout, lse, dqkv, scratch).find("seq=0"), std::string::npos);
+  EXPECT_NE(err({1, 10, 70000, 64, false}, qkv, out, dout, lse, dqkv, scratch).find("heads=70000"), std::string::npos);
+  EXPECT_NE(err(ok, qkv, out, nullptr, lse, dqkv, scratch).find("non-null"), std::string::npos);
+  EXPECT_NE(err(ok, qkv, out, dout, lse, dqkv, nullptr).find("non-null"), std::string::npos);
+  EXPECT_NE(err(ok, qkv, out, dout + 4, lse, dqkv, scratch).find("qkv and dout must be 16-byte aligned"),
+            std::string::npos);
+  EXPECT_NE(err(ok, qkv, out, dout, lse, dqkv, static_cast<char*>(scratch) + 8).find("scratch must be 16-byte aligned"),
+            std::string::npos);
+  EXPECT_NE(err(ok, qkv, out, dout, lse, dqkv + 1, scratch).find("4-byte aligned"), std::string::npos);
+  EXPECT_NE(test::error_of([&] {
+              hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, ok,
+                                         static_cast<hopper::BackwardSchedule>(5));
+            }).find("schedule must be Lockstep or Decoupled, got 5"),
             std::string::npos);
 }
 
