@@ -146,8 +146,8 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
     for (int e = 0; e < 4; ++e) dp[j][e] = st[j][e] * (dp[j][e] - ((e & 1) ? dd.y : dd.x));
   }
   std::uint32_t pf[BM / 16][4], dsf[BM / 16][4];  // P^T, dS^T as k16 A fragments (k = queries)
-  attn::to_a_frags<BM>(pf, st);
-  attn::to_a_frags<BM>(dsf, dp);
+  attn::to_a_frags<bf16, BM>(pf, st);
+  attn::to_a_frags<bf16, BM>(dsf, dp);
 
   // dS^T (bf16, the values dK uses) into this warpgroup's buffer: fragment word e of k-slice j is
   // (row gi + 8(e & 1), queries 16j + 8(e >> 1) + 2t, +1), rows counted from the warpgroup's first key.
