@@ -1,4 +1,5 @@
-// @brief The kernels of kernels/token_drop.cuh: one block per kept row; each thread moves 16-byte
+// @brief The kernels of kernels/token_drop.cuh: one block per kept row (gather, scatter) or per row
+// of the stream (merge); each thread moves 16-byte
 // vectors (8 bf16) when the rows allow it (hidden % 8 == 0, 16-byte aligned bases), single
 // elements otherwise (the template flag kVec).
 #include "kernels/token_drop.cuh"
@@ -54,6 +55,54 @@ __global__ void __launch_bounds__(kThreads) scatter_kernel(const bf16* __restric
   }
 }
 
+// One block per row of out ([B, S]): the row's kept slot by a binary search of its sequence's
+// ascending indices (every thread runs the same few loads), then a copy of the input row or the
+// kept row (plus `add`).
+template <int kVec>
+__global__ void __launch_bounds__(kThreads) merge_kernel(const bf16* __restrict__ x, const bf16* __restrict__ kept,
+                                                          const bf16* __restrict__ add,
+                                                          const std::int32_t* __restrict__ idx, bf16* __restrict__ out,
+                                                          int S, int K, int H) {
+  const std::int64_t row = blockIdx.x;  // b * S + p
+  const std::int64_t b = row / S;
+  const int p = int(row - b * S);
+  const std::int32_t* ib = idx + b * K;
+  int lo = 0, hi = K;  // the first j with ib[j] >= p
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (ib[mid] < p) lo = mid + 1;
+    else hi = mid;
+  }
+  bf16* dst = out + row * H;
+  if (lo == K || ib[lo] != p) {  // dropped: the token bypasses the block
+    const bf16* src = x + row * H;
+    for (int c = threadIdx.x * kVec; c < H; c += kThreads * kVec) {
+      if constexpr (kVec == 8) *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
+      else dst[c] = src[c];
+    }
+    return;
+  }
+  const std::int64_t kr = b * K + lo;
+  const bf16* src = kept + kr * H;
+  const bf16* plus = add ? add + kr * H : nullptr;
+  for (int c = threadIdx.x * kVec; c < H; c += kThreads * kVec) {
+    if (!plus) {
+      if constexpr (kVec == 8) *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
+      else dst[c] = src[c];
+      continue;
+    }
+    if constexpr (kVec == 8) {
+      float f[8], g[8];
+      load_bf16x8(src + c, f);
+      load_bf16x8(plus + c, g);
+      for (int e = 0; e < 8; ++e) f[e] += g[e];
+      store_bf16x8(dst + c, f);
+    } else {
+      dst[c] = __float2bfloat16_rn(__bfloat162float(src[c]) + __bfloat162float(plus[c]));
+    }
+  }
+}
+
 void check_shape(const char* fn, int B, int S, int K, int hidden) {
   CUTRAIN_CHECK(B > 0 && S > 0 && K > 0 && hidden > 0, fn, ": B, S, K and hidden must be > 0, got B=", B, " S=", S,
                 " K=", K, " hidden=", hidden);
@@ -88,6 +137,18 @@ void token_scatter(cudaStream_t s, const bf16* kept, const bf16* add, const std:
   if (vec_ok(hidden, {kept, add, out})) scatter_kernel<8><<<rows, kThreads, 0, s>>>(kept, add, idx, out, S, K, hidden);
   else scatter_kernel<1><<<rows, kThreads, 0, s>>>(kept, add, idx, out, S, K, hidden);
   CUTRAIN_LAUNCH_CHECK("scatter_kernel");
+}
+
+void token_merge(cudaStream_t s, const bf16* x, const bf16* kept, const bf16* add, const std::int32_t* idx, bf16* out,
+                 int B, int S, int K, int hidden) {
+  check_shape("token_merge", B, S, K, hidden);
+  CUTRAIN_CHECK(x && kept && idx && out, "token_merge: x, kept, idx and out must be non-null");
+  CUTRAIN_CHECK(out != x && out != kept && out != add, "token_merge: out must be a buffer of its own (not x, kept or add)");
+  NvtxRange range("token_merge");
+  const unsigned rows = unsigned(std::int64_t(B) * S);
+  if (vec_ok(hidden, {x, kept, add, out})) merge_kernel<8><<<rows, kThreads, 0, s>>>(x, kept, add, idx, out, S, K, hidden);
+  else merge_kernel<1><<<rows, kThreads, 0, s>>>(x, kept, add, idx, out, S, K, hidden);
+  CUTRAIN_LAUNCH_CHECK("merge_kernel");
 }
 
 }  // namespace cutrain::kernels
