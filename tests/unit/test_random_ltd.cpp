@@ -174,6 +174,16 @@ TEST(RandomLtdConfig, ShippedConfigsLoad) {
   EXPECT_TRUE(b.data_efficiency.curriculum_active());
   EXPECT_EQ(b.warnings.size(), 3u);
   train::check_random_ltd(b, {12, 512, true, {}, 1});  // --use_real_data: causal
+  // GPT-2's sequence-length warm-up composed with random-LTD.
+  const train::TrainConfig g = train::load_config(dir / "data_efficiency_composed_gpt.json", strict);
+  EXPECT_TRUE(g.data_efficiency.random_ltd_active());
+  EXPECT_TRUE(g.data_efficiency.curriculum_active());
+  train::check_random_ltd(g, {12, 1024, true, {}, 1});
+  const auto cl = train::make_seqlen_curriculum(g, "data_efficiency_composed_gpt.json", 8, 1024);
+  ASSERT_TRUE(cl.has_value());
+  EXPECT_EQ(cl->seqlen(0), 64);
+  EXPECT_EQ(train::random_ltd_kept_at(g.data_efficiency.random_ltd, 0, cl->seqlen(0)), 64) << "128 of 64: no drop";
+  EXPECT_EQ(train::random_ltd_kept_at(g.data_efficiency.random_ltd, 1000, cl->seqlen(1000)), 368);
 }
 
 TEST(RandomLtdSchedule, FixedLinearAsDeepSpeed) {
