@@ -438,9 +438,11 @@ void GpuEngine::enqueue_forward_backward(bool step) {
     TimedRegion r("h2d", stream_, 0, 2.0 * accum_ * per_micro * 4);
     CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(tokens_d_.get(), tokens_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
     CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(labels_d_.get(), labels_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
-    if (drop_idx_h_)
-      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(drop_idx_d_.get(), drop_idx_h_, accum_ * drop_stride_ * 4,
+    if (drop_idx_h_ && kept_ > 0) {  // up to the last micro-batch's rows x kept per dropping block
+      const std::size_t last = drop_layers_.size() * std::size_t(rows_) * std::size_t(kept_);
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(drop_idx_d_.get(), drop_idx_h_, ((accum_ - 1) * drop_stride_ + last) * 4,
                                          cudaMemcpyHostToDevice, stream_));
+    }
     if (step_h_)
       CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(step_d_.get(), step_h_, sizeof(std::uint32_t), cudaMemcpyHostToDevice, stream_));
   }
