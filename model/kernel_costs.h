@@ -66,7 +66,11 @@ inline Cost cross_entropy(std::size_t M, std::size_t V) { return {0, 4 * d(M) * 
 inline Cost token_move(std::size_t rows, std::size_t h, bool add = false) {
   return {0, 2 * d(rows) * d(h) * (add ? 3 : 2) + 4 * d(rows)};
 }
-inline Cost row_copy(std::size_t M, std::size_t h) { return {0, 2 * 2 * d(M) * d(h)}; }
+// random-LTD's merge: M rows written, the M - kept bypassed rows and the kept rows (and their
+// second operand) read, the indices.
+inline Cost token_merge(std::size_t M, std::size_t kept, std::size_t h, bool add = false) {
+  return {0, 2 * d(h) * (2 * d(M) + (add ? d(kept) : 0)) + 4 * d(M)};
+}
 inline Cost embedding_forward(std::size_t B, std::size_t S, std::size_t h) {
   return {0, 2 * d(B) * d(S) * d(h) * 2 + 2 * d(S) * d(h) + 4 * d(B) * d(S)};
 }

@@ -43,6 +43,7 @@ void draw_token_drop(TokenDropPlan& plan, std::uint64_t seed, std::int64_t step,
   if (!plan.active()) return;
   plan.indices.resize(plan.layers.size() * std::size_t(B) * K);
   std::vector<std::int32_t> pos(static_cast<std::size_t>(S));
+  std::vector<std::uint8_t> chosen(static_cast<std::size_t>(S));
   for (std::size_t k = 0; k < plan.layers.size(); ++k)
     for (int b = 0; b < B; ++b) {
       std::uint64_t h = mix(seed);
@@ -55,9 +56,13 @@ void draw_token_drop(TokenDropPlan& plan, std::uint64_t seed, std::int64_t step,
         const int j = i + int(rng() % std::uint64_t(S - i));
         std::swap(pos[std::size_t(i)], pos[std::size_t(j)]);
       }
+      // The chosen positions in ascending order: a scan of S flags instead of sorting K values
+      // (the same set; O(S) where the sort was O(K log K), the host work of every step).
       std::int32_t* out = plan.indices.data() + (k * B + std::size_t(b)) * K;
-      std::copy(pos.begin(), pos.begin() + K, out);
-      std::sort(out, out + K);
+      std::fill(chosen.begin(), chosen.end(), std::uint8_t(0));
+      for (int i = 0; i < K; ++i) chosen[std::size_t(pos[std::size_t(i)])] = 1;
+      for (int p = 0; p < S; ++p)
+        if (chosen[std::size_t(p)]) *out++ = p;
     }
 }
 

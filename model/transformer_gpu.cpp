@@ -235,8 +235,9 @@ void GpuTransformerT<T>::set_shape(int rows, int seq) {
                 "gpu model: micro-batch ", rows, " x ", seq, " outside the sequence length ", Sfull_, " and the ",
                 cap_, " tokens the workspace holds");
   const bool full = rows == Bfull_ && seq == Sfull_;
-  CUTRAIN_CHECK(full || (!d.moe.any() && drop_layers_.empty()), "gpu model: micro-batch ", rows, " x ", seq,
-                " (a sequence-length curriculum) is not built for ", d.moe.any() ? "MoE blocks" : "random-LTD's blocks");
+  // random-LTD's blocks run at rows x kept of the new shape (kept < seq: set_token_drop after this).
+  CUTRAIN_CHECK(full || !d.moe.any(), "gpu model: micro-batch ", rows, " x ", seq,
+                " (a sequence-length curriculum) is not built for MoE blocks");
   // BERT: its [PAD]-padded micro-batch cut to a shorter length (issue #20's padding to the longest
   // sequence); the masked-LM head keeps its B x max_pred slots, so the rows stay and the length
   // holds the slots.
@@ -333,12 +334,10 @@ void GpuTransformerT<T>::dropped_layer_forward(cudaStream_t s, const Unit& U, in
   if (gpt2) gpt2_layer_forward(s, U, l, a, nullptr, xk, false, kr);
   else layer_forward(s, U, l, a, xk, xk_out_, kr);
   if (recompute) return;
-  timed(s, "ltd_bypass", cost::row_copy(M_, h), [&] {
-    CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(xs_[l + 1], xs_[l], std::size_t(M_) * h * sizeof(T),
-                                       cudaMemcpyDeviceToDevice, s));
-  });
-  timed(s, "ltd_scatter", cost::token_move(rows, h, gpt2), [&] {
-    kernels::token_scatter(s, gpt2 ? a.s1 : xk_out_, gpt2 ? dh_ : nullptr, idx, xs_[l + 1], B_, S_, kept_, h);
+  // xs_[l+1]: the block's output rows at the kept positions, xs_[l]'s rows (the bypass) at the
+  // others, in one pass over the stream.
+  timed(s, "ltd_merge", cost::token_merge(std::size_t(M_), rows, h, gpt2), [&] {
+    kernels::token_merge(s, xs_[l], gpt2 ? a.s1 : xk_out_, gpt2 ? dh_ : nullptr, idx, xs_[l + 1], B_, S_, kept_, h);
   });
 }
 

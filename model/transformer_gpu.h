@@ -233,8 +233,9 @@ class GpuTransformerT final : public GpuModel {
   const std::vector<MoeBlockStats>& moe_stats() const override { return moe_stats_; }
   // random-LTD for the next forward_backward calls (forward_loss never drops): each drop block
   // keeps `kept` tokens per sequence at the positions `d_indices` (device int32 [drop_layers
-  // (ascending), B, kept], ascending per sequence: model/token_drop_plan.h's layout), which must
-  // stay valid on the stream until the backward is done. kept 0 or >= S: no drop. The call
+  // (ascending), rows, kept] of the current shape (set_shape first), ascending per sequence:
+  // model/token_drop_plan.h's layout), which must stay valid on the stream until the backward is
+  // done. kept 0 or >= the current seq: no drop. The call
   // sequence depends on `kept` (kernel shapes), not on the indices: a graph captured for one kept
   // count replays for any indices at that count.
   void set_token_drop(int kept, const std::int32_t* d_indices) override;
@@ -244,8 +245,9 @@ class GpuTransformerT final : public GpuModel {
   // labels [rows*seq]; positions 0 .. seq-1, attention, the loss's mean and every kernel's rows
   // over them), in the workspace allocated once for the constructor's capacity: seq <= S and
   // rows x seq <= max_tokens. The call sequence depends on the shape (kernel shapes), so a CUDA
-  // graph holds for one shape. MoE blocks and random-LTD's drop blocks keep the constructor's
-  // B x S; BERT keeps its B rows and takes seq >= max_pred (its padded micro-batch cut shorter).
+  // graph holds for one shape. MoE blocks keep the constructor's B x S; random-LTD's drop blocks
+  // run at rows x kept of the shape; BERT keeps its B rows and takes seq >= max_pred (its padded
+  // micro-batch cut shorter).
   void set_shape(int rows, int seq) override;
   int rows() const override { return B_; }
   int seq() const override { return S_; }

@@ -9,7 +9,7 @@ and the curves (SVG always, PNG where matplotlib or an SVG converter is there).
     scripts/data_efficiency_quality.py --bin build/gpu/tools/cutrain [--shape gpt2_small|bf16_example|tiny]
         [--device cuda|cpu] [--variants LIST] [--steps N] [--warmup N] [--lr LR] [--eval_interval N]
         [--eval_steps N] [--seed N] [--curriculum_fraction F] [--ltd_fraction F] [--ltd_min K]
-        [--data DIR] [--corpus PATH ...] [--text_bytes N] [--budget SECONDS] [--out DIR]
+        [--composed_curriculum vocabularyrarity|seqlen|both] [--data DIR] [--corpus PATH ...] [--text_bytes N] [--budget SECONDS] [--out DIR]
     scripts/data_efficiency_quality.py --report DIR     (the table and plots again from a results folder)
 
 Variants (--variants, comma-separated; default every one whose config is in configs/):
@@ -21,7 +21,10 @@ Variants (--variants, comma-separated; default every one whose config is in conf
               fixed_linear from S/16 (at least 8) to S over --curriculum_fraction of the steps
   random_ltd  random-LTD (configs/curriculum_random_ltd.json's data_routing block) on blocks 1..L-2,
               kept tokens fixed_linear from --ltd_min to S over --ltd_fraction of the steps
-  composed    curriculum + random-LTD, configs/curriculum_random_ltd.json's whole block
+  composed    curriculum + random-LTD, configs/curriculum_random_ltd.json's whole block; its curriculum by
+              --composed_curriculum: vocabularyrarity (the default, that block's), seqlen (the seqlen variant's
+              warm-up in its place: random-LTD's kept count then applies to each step's length, min(kept, L)),
+              or both (the two curricula and random-LTD, Megatron-DeepSpeed's full composition)
 The fractions' defaults follow Megatron-DeepSpeed's composed GPT-3 1.3B recipe (cl_1st_total_step
 110000 and ltd_step 200000 of a run of about 286k steps; ltd_start 128). Every variant takes the
 optimizer, precision and clipping of configs/curriculum_random_ltd.json and one WarmupCosineLR
@@ -203,16 +206,34 @@ def schedules(args, layers, seq):
             "ltd_layers": list(range(1, layers - 1)), "sl_min": sl_min, "sl_step": sl_step}
 
 
-def describe_schedules(s, seq, layers, variants):
+def composed_uses(args_or_meta, metric):
+    """Whether the composed variant's curriculum has `metric` (vocabularyrarity or seqlen)."""
+    c = args_or_meta.get("composed_curriculum", "vocabularyrarity") if isinstance(args_or_meta, dict) \
+        else args_or_meta.composed_curriculum
+    return c in (metric, "both")
+
+
+def label(meta, v):
+    if v != "composed":
+        return LABELS[v]
+    c = meta.get("composed_curriculum", "vocabularyrarity")
+    return {"vocabularyrarity": LABELS[v], "seqlen": "seqlen warm-up + random-LTD",
+            "both": "curriculum + seqlen warm-up + random-LTD"}[c]
+
+
+def describe_schedules(s, seq, layers, variants, composed="vocabularyrarity"):
     out = []
-    if "curriculum" in variants or "composed" in variants:
+    if "curriculum" in variants or ("composed" in variants and composed != "seqlen"):
         out.append(f"curriculum: vocabularyrarity, percentile 1 -> 100, fixed_root (degree 2) over {s['cl_steps']} steps")
-    if "seqlen" in variants:
+    if "seqlen" in variants or ("composed" in variants and composed != "vocabularyrarity"):
         out.append(f"seqlen: seqlen_truncate {s['sl_min']} -> {seq}, fixed_linear over {s['cl_steps']} steps, "
                    f"difficulty_step {s['sl_step']}")
     if "random_ltd" in variants or "composed" in variants:
         out.append(f"random-LTD: blocks 1..{layers - 2} of {layers}, kept {s['ltd_min']} -> {seq} tokens, fixed_linear "
                    f"over {s['ltd_steps']} steps, seq_per_step {s['ltd_per_step']}")
+    if "composed" in variants:
+        out.append(f"composed: {composed} curriculum + random-LTD" +
+                   (" (the kept count of each step is min(kept, its length))" if composed != "vocabularyrarity" else ""))
     return out
 
 
@@ -225,12 +246,18 @@ def write_config(args, variant, out, batch, seq, layers, index, s):
     if variant != "baseline":
         de = json.load(open(os.path.join(ROOT, CONFIGS[variant])))["data_efficiency"]
         de = {"enabled": True, "seed": de.get("seed", 1234), **{k: de[k] for k in ("data_sampling", "data_routing") if k in de}}
-        if variant in ("curriculum", "composed"):
-            m = de["data_sampling"]["curriculum_learning"]["curriculum_metrics"]["vocabularyrarity"]
+        metrics = de["data_sampling"]["curriculum_learning"]["curriculum_metrics"] if "data_sampling" in de else {}
+        if variant == "composed" and composed_uses(args, "seqlen"):
+            seqlen_de = json.load(open(os.path.join(ROOT, CONFIGS["seqlen"])))["data_efficiency"]
+            metrics["seqlen_truncate"] = seqlen_de["data_sampling"]["curriculum_learning"]["curriculum_metrics"]["seqlen_truncate"]
+        if variant == "composed" and not composed_uses(args, "vocabularyrarity"):
+            metrics.pop("vocabularyrarity")
+        if variant == "curriculum" or (variant == "composed" and composed_uses(args, "vocabularyrarity")):
+            m = metrics["vocabularyrarity"]
             m["index_to_sample_path"] = m["index_to_metric_path"] = index
             m["schedule_config"]["total_curriculum_step"] = s["cl_steps"]
-        if variant == "seqlen":
-            m = de["data_sampling"]["curriculum_learning"]["curriculum_metrics"]["seqlen_truncate"]
+        if variant == "seqlen" or (variant == "composed" and composed_uses(args, "seqlen")):
+            m = metrics["seqlen_truncate"]
             m.update({"min_difficulty": s["sl_min"], "max_difficulty": seq})
             m["schedule_config"].update({"total_curriculum_step": s["cl_steps"], "difficulty_step": s["sl_step"]})
         if variant in ("random_ltd", "composed"):
@@ -340,7 +367,7 @@ def report(meta, runs):
         if r is None:
             continue
         if "skipped" in r:
-            lines.append(f"| {LABELS[v]} | {r['skipped']} | | | | | | | | | | |")
+            lines.append(f"| {label(meta, v)} | {r['skipped']} | | | | | | | | | | |")
             if v == "composed":
                 verdict = f"- Composed reaches the baseline's best validation loss in <= 80% of its time: n/a (composed {r['skipped']})"
             continue
@@ -351,7 +378,7 @@ def report(meta, runs):
         else:
             rs = None
             cells = ["not reached" if have_base else "n/a (no baseline)", "", "", "", ""]
-        lines.append(f"| {LABELS[v]}{' (unfinished)' if r['unfinished'] else ''} | {fmt(r['final'])} | {fmt(r['best'])} | {fmt(r['t_steps'], '.1f')} | "
+        lines.append(f"| {label(meta, v)}{' (unfinished)' if r['unfinished'] else ''} | {fmt(r['final'])} | {fmt(r['best'])} | {fmt(r['t_steps'], '.1f')} | "
                      f"{fmt(r['t_wall'], '.1f')} | {r['tokens']:,} | {r['layer_tokens']:,} | " + " | ".join(cells) + " |")
         if v == "composed":
             if not have_base:
@@ -384,7 +411,7 @@ def write_plots(meta, runs, out):
     # From the first evaluation after training began: the loss before it (about ln(vocab)) would
     # flatten the rest.
     for i, (key, xlabel) in enumerate((("t_steps", "seconds of steps"), ("t_wall", "seconds, wall clock (evaluation in)"))):
-        series = [(LABELS[v], COLORS[v], [(p[key], p["val"]) for p in r["points"] if p["step"] >= 0], False)
+        series = [(label(meta, v), COLORS[v], [(p[key], p["val"]) for p in r["points"] if p["step"] >= 0], False)
                   for v, r in live]
         xs = [x for _, _, ps, _ in series for x, _ in ps]
         if best is not None and xs:
@@ -405,7 +432,7 @@ def write_plots(meta, runs, out):
                             (axes[1], "t_wall", "seconds, wall clock (evaluation in)")):
             for v, r in live:
                 ps = [p for p in r["points"] if p["step"] >= 0]
-                ax.plot([p[key] for p in ps], [p["val"] for p in ps], marker=".", color=COLORS[v], label=LABELS[v])
+                ax.plot([p[key] for p in ps], [p["val"] for p in ps], marker=".", color=COLORS[v], label=label(meta, v))
             if best is not None:
                 ax.axhline(best, color="#777777", linestyle="--", linewidth=1, label="baseline's best")
             ax.set_xlabel(xl)
@@ -457,6 +484,8 @@ def main():
     ap.add_argument("--curriculum_fraction", type=float, default=0.385)
     ap.add_argument("--ltd_fraction", type=float, default=0.7)
     ap.add_argument("--ltd_min", type=int, default=0, help="random-LTD's first kept count (default: 128, at most S/4)")
+    ap.add_argument("--composed_curriculum", default="vocabularyrarity",
+                    help="the composed variant's curriculum: vocabularyrarity, seqlen or both")
     ap.add_argument("--data", default="")
     ap.add_argument("--corpus", nargs="+", default=[])
     ap.add_argument("--text_bytes", type=int, default=0)
@@ -496,6 +525,10 @@ def main():
             die(f"--variants: unknown variant '{v}' (baseline, curriculum, seqlen, random_ltd, composed)")
         if v not in avail:
             die(f"--variants: '{v}' needs {CONFIGS[v]}, which this tree does not have")
+    if args.composed_curriculum not in ("vocabularyrarity", "seqlen", "both"):
+        die(f"--composed_curriculum: expected vocabularyrarity, seqlen or both, found '{args.composed_curriculum}'")
+    if "composed" in variants and composed_uses(args, "seqlen") and not os.path.exists(os.path.join(ROOT, CONFIGS["seqlen"])):
+        die(f"--composed_curriculum {args.composed_curriculum}: needs {CONFIGS['seqlen']}, which this tree does not have")
     if len(set(variants)) != len(variants):
         die(f"--variants: a variant named twice in '{args.variants}'")
     for p in args.corpus:
@@ -519,13 +552,15 @@ def main():
         os.remove(f)
     shards, corpus = prepare(args, data, args.out)
     s = schedules(args, layers, seq)
-    index = analyze(args, shards, seq, args.out) if {"curriculum", "composed"} & set(variants) else ""
+    rarity = "curriculum" in variants or ("composed" in variants and composed_uses(args, "vocabularyrarity"))
+    index = analyze(args, shards, seq, args.out) if rarity else ""
     cfgs = {v: write_config(args, v, args.out, batch, seq, layers, os.path.abspath(index) if index else "", s)
             for v in variants}
     meta = {"shape": desc, "shape_name": args.shape, "corpus": corpus, "steps": args.steps, "lr": args.lr,
             "warmup": args.warmup, "seed": args.seed, "eval_interval": args.eval_interval, "eval_steps": args.eval_steps,
             "device": args.device, "variants": [v for v in SHOWN if v in variants], "batch": batch, "seq": seq,
-            "layers": layers, "schedules": describe_schedules(s, seq, layers, variants)}
+            "layers": layers, "composed_curriculum": args.composed_curriculum,
+            "schedules": describe_schedules(s, seq, layers, variants, args.composed_curriculum)}
     with open(os.path.join(args.out, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
 
@@ -538,7 +573,7 @@ def main():
                 f.write(f"skipped (budget: {left:.0f} s left, a run takes about {last:.0f} s)\n")
             print(f"== {v}: skipped (budget)", flush=True)
             continue
-        print(f"== {v}: {LABELS[v]}", flush=True)
+        print(f"== {v}: {label(meta, v)}", flush=True)
         last, rc = train(args, cfgs[v], shards, flags, batch, seq, v, args.out)
         r = read_run(args.out, v, batch, seq, layers)
         if rc != 0:

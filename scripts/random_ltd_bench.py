@@ -108,7 +108,7 @@ def main():
                 rep = os.path.join(args.out, f"{shape}_timing_full.json")
                 run(args, cfgs["full"], sh["flags"], ["--timing_report", rep], steps=12)
                 share = block_share(rep)
-                # The first fraction's report shows the ltd_* regions (gather, scatter, bypass copy).
+                # The first fraction's report shows the ltd_* regions (ltd_sum, gather, merge, scatter).
                 run(args, cfgs[cases[1][0]], sh["flags"],
                     ["--timing_report", os.path.join(args.out, f"{shape}_timing_{cases[1][0]}.json")], steps=12)
             full = statistics.median(times["full"])

@@ -196,16 +196,16 @@ class CpuBackend final : public TrainBackend {
     v_ = s.exp_avg_sq;
   }
   std::string run_summary() const override { return tp_ ? tp_->run_summary() : std::string(); }
-  // The reference model takes any B x S per call: the next micro-batches are rows x seq. Tensor
-  // parallelism (its plan is per B x S), expert parallelism and random-LTD keep the run's shape.
+  // The reference model takes any B x S per call: the next micro-batches are rows x seq (random-LTD
+  // draws at that shape). Tensor parallelism (its plan is per B x S) and expert parallelism keep
+  // the run's shape.
   void set_seq_shape(int rows, int seq) override {
     const std::size_t cap = opt_.max_tokens ? opt_.max_tokens : std::size_t(opt_.batch) * opt_.seq;
     CUTRAIN_CHECK(rows > 0 && seq > 0 && seq <= opt_.seq && std::size_t(rows) * seq <= cap, "cpu backend: micro-batch ",
                   rows, " x ", seq, " outside the run's sequence length ", opt_.seq, " and capacity ", cap, " tokens");
     const bool full = rows == opt_.batch && seq == opt_.seq;
-    CUTRAIN_CHECK(full || (!tp_ && !ep_ && !ltd_->active()), "cpu backend: a sequence-length curriculum (micro-batch ",
-                  rows, " x ", seq, ") with ", tp_ ? "tensor parallelism" : ep_ ? "expert parallelism" : "random-LTD",
-                  " is not built");
+    CUTRAIN_CHECK(full || (!tp_ && !ep_), "cpu backend: a sequence-length curriculum (micro-batch ", rows, " x ", seq,
+                  ") with ", tp_ ? "tensor parallelism" : "expert parallelism", " is not built");
     rows_ = rows;
     seq_ = seq;
   }
@@ -274,7 +274,7 @@ class CpuBackend final : public TrainBackend {
     model_.set_moe_mode(true, model::moe_forward_seed(opt_.seed, step, dp_rank() * accum + a));
     model_.set_training(true);  // BERT's dropout masks: a function of (seed, step, micro-batch)
     model_.set_dropout(opt_.seed, std::uint32_t(step), a);
-    const model::TokenDropPlan& drop = ltd_->draw(step, a);  // random-LTD's kept tokens
+    const model::TokenDropPlan& drop = ltd_->draw(step, a, rows_, seq_);  // random-LTD's kept tokens
     model_.set_token_drop(&drop);
     if (distill_now_) teacher_forward(tokens, labels);
     st.loss += forward(tokens, labels) / accum;

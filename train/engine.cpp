@@ -225,13 +225,14 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     sharded_->refresh_persistent(stream_, params_.as<bf16>());
   }
   // random-LTD: the token selection per micro-batch (the CPU backend's draw), staged beside the
-  // tokens: [accum][drop blocks][B][kept] at a fixed stride per micro-batch.
+  // tokens: [accum][drop blocks][rows][kept] at a fixed stride per micro-batch (a curriculum's
+  // rows x kept stays below its rows x L <= cap_).
   ltd_ = std::make_unique<RandomLtdDraw>(c, o.batch, o.seq, o.dims.layers, comm_ ? comm_->rank() : 0);
   std::vector<int> drop_layers;
   if (ltd_->active()) {
     if (opt_.cuda_graph) describe_ += ", random-LTD: the CUDA graph captured again per kept count";
     drop_layers = c.data_efficiency.random_ltd.layer_ids;
-    drop_stride_ = drop_layers.size() * std::size_t(o.batch) * o.seq;
+    drop_stride_ = drop_layers.size() * cap_;
     drop_idx_d_ = Buffer(A, accum_ * drop_stride_ * 4, stream_);
     CUTRAIN_CUDA_CHECK(cudaMallocHost(&drop_idx_h_, accum_ * drop_stride_ * 4));
     std::fill(drop_idx_h_, drop_idx_h_ + accum_ * drop_stride_, 0);
@@ -399,8 +400,6 @@ void GpuEngine::set_seq_shape(int rows, int seq) {
   CUTRAIN_CHECK(rows > 0 && seq > 0 && seq <= opt_.seq && std::size_t(rows) * seq <= cap_, "gpu engine: micro-batch ",
                 rows, " x ", seq, " outside the run's sequence length ", opt_.seq, " and its ", cap_,
                 " tokens per micro-batch (BackendOptions::max_tokens)");
-  CUTRAIN_CHECK((rows == opt_.batch && seq == opt_.seq) || !ltd_->active(), "gpu engine: micro-batch ", rows, " x ",
-                seq, ": a sequence-length curriculum with random-LTD is not built");
   CUTRAIN_CHECK(plan_.param != DType::F16 || (rows == opt_.batch && seq == opt_.seq), "gpu engine: micro-batch ",
                 rows, " x ", seq, " with fp16.enabled: a sequence-length curriculum (or BERT's padding to the longest "
                 "sequence) is not supported in fp16 by the GPU engine; use bf16.enabled");
@@ -416,21 +415,47 @@ void GpuEngine::stage_step(int step) {
   model_->set_dropout(opt_.seed, std::uint32_t(step), step_d_.as<std::uint32_t>());
 }
 
+// random-LTD's selection of every micro-batch of `step` (1-based) at the current rows x seq into
+// `d` (host memory, packed per micro-batch), with the kept count and the layer tokens.
+void GpuEngine::draw_drop(int step, DropDraw& d) {
+  d.step = step;
+  d.rows = rows_;
+  d.seq = seq_;
+  d.kept = 0;
+  d.layer_tokens = 0;
+  d.per_micro = 0;
+  for (int a = 0; a < accum_; ++a) {
+    const model::TokenDropPlan& plan = ltd_->draw(step, a, rows_, seq_);
+    if (a == 0) {
+      d.kept = plan.active() ? plan.kept : 0;
+      d.per_micro = plan.indices.size();
+      d.indices.resize(std::size_t(accum_) * d.per_micro);
+    }
+    std::copy(plan.indices.begin(), plan.indices.end(), d.indices.begin() + std::ptrdiff_t(a * d.per_micro));
+    d.layer_tokens += plan.layer_tokens(table_.dims().layers);
+  }
+}
+
 // random-LTD's selection of every micro-batch of `step` (1-based; 0: no drop) into the pinned
-// staging, and the layer tokens it makes the step process.
+// staging, and the layer tokens it makes the step process. The draw was made during the previous
+// step's device work (prefetch_drop) when that step had this shape; otherwise it is made here.
 void GpuEngine::stage_drop(int step) {
   kept_ = 0;
-  step_layer_tokens_ = 0;
-  for (int a = 0; a < accum_; ++a) {
-    if (step <= 0 || !ltd_->active()) {
-      step_layer_tokens_ += std::int64_t(rows_) * seq_ * table_.dims().layers;
-      continue;
-    }
-    const model::TokenDropPlan& plan = ltd_->draw(step, a);
-    kept_ = plan.active() ? plan.kept : 0;
-    std::copy(plan.indices.begin(), plan.indices.end(), drop_idx_h_ + a * drop_stride_);
-    step_layer_tokens_ += plan.layer_tokens(table_.dims().layers);
-  }
+  step_layer_tokens_ = std::int64_t(accum_) * rows_ * seq_ * table_.dims().layers;
+  if (step <= 0 || !ltd_->active()) return;
+  if (next_drop_.step != step || next_drop_.rows != rows_ || next_drop_.seq != seq_) draw_drop(step, next_drop_);
+  kept_ = next_drop_.kept;
+  step_layer_tokens_ = next_drop_.layer_tokens;
+  for (int a = 0; kept_ > 0 && a < accum_; ++a)
+    std::copy_n(next_drop_.indices.begin() + std::ptrdiff_t(a * next_drop_.per_micro), next_drop_.per_micro,
+                drop_idx_h_ + a * drop_stride_);
+  next_drop_.step = -1;
+}
+
+// The next step's draw at this step's shape, made on the host while the device runs this step
+// (a curriculum that changes the length at the next step draws again in stage_drop).
+void GpuEngine::prefetch_drop(int next_step) {
+  if (ltd_->active() && next_step > 0) draw_drop(next_step, next_drop_);
 }
 
 // H2D copies from the pinned staging, every micro-batch's forward/backward: the same pointers
@@ -443,9 +468,11 @@ void GpuEngine::enqueue_forward_backward(bool step) {
     TimedRegion r("h2d", stream_, 0, 2.0 * accum_ * per_micro * 4);
     CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(tokens_d_.get(), tokens_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
     CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(labels_d_.get(), labels_h_, accum_ * per_micro * 4, cudaMemcpyHostToDevice, stream_));
-    if (drop_idx_h_)
-      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(drop_idx_d_.get(), drop_idx_h_, accum_ * drop_stride_ * 4,
+    if (drop_idx_h_ && kept_ > 0) {  // up to the last micro-batch's rows x kept per dropping block
+      const std::size_t last = drop_layers_.size() * std::size_t(rows_) * std::size_t(kept_);
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(drop_idx_d_.get(), drop_idx_h_, ((accum_ - 1) * drop_stride_ + last) * 4,
                                          cudaMemcpyHostToDevice, stream_));
+    }
     if (step_h_)
       CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(step_d_.get(), step_h_, sizeof(std::uint32_t), cudaMemcpyHostToDevice, stream_));
     if (scale_h_)
@@ -729,6 +756,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     zero_comm_->gather_params(stream_, params_.get(), plan_.param);  // no-op at stage 0
   }
   if (swap_) swap_->after_optimizer();  // pipeline_write: the write-out overlaps the rest of the step
+  prefetch_drop(step + 1);  // host work while the device runs this step
   read_flags();
   StepStats st;
   for (int a = 0; a < accum_; ++a) st.loss += flags_h_[a] / accum_;

@@ -228,6 +228,16 @@ class GpuEngine final : public TrainBackend {
   // micro-batch), this step's kept count (0: no drop) and layer tokens, and the kept count the
   // graph was captured for.
   std::unique_ptr<RandomLtdDraw> ltd_;
+  // One step's draw on the host: every micro-batch's indices packed (per_micro each), at rows x seq.
+  struct DropDraw {
+    int step = -1, rows = 0, seq = 0, kept = 0;
+    std::int64_t layer_tokens = 0;
+    std::size_t per_micro = 0;
+    std::vector<std::int32_t> indices;
+  };
+  DropDraw next_drop_;  // the next step's, drawn during this step's device work
+  void draw_drop(int step, DropDraw& d);
+  void prefetch_drop(int next_step);
   Buffer drop_idx_d_;
   std::int32_t* drop_idx_h_ = nullptr;
   std::size_t drop_stride_ = 0;

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
+#include "runtime/error.h"
 #include "train/random_ltd_schedule.h"
-
 
 namespace cutrain::train {
 
@@ -16,17 +16,20 @@ RandomLtdDraw::RandomLtdDraw(const TrainConfig& c, int B, int S, int num_layers,
       layers_(num_layers),
       rank_(rank) {}
 
-int RandomLtdDraw::kept(int step) const {
-  if (!active_) return S_;
-  return int(std::min<std::int64_t>(random_ltd_kept(cfg_, std::max(step - 1, 0)), S_));
+int RandomLtdDraw::kept(int step, int seq) const {
+  if (!active_) return seq;
+  return int(random_ltd_kept_at(cfg_, std::max(step - 1, 0), seq));
 }
 
-const model::TokenDropPlan& RandomLtdDraw::draw(int step, int micro) {
+const model::TokenDropPlan& RandomLtdDraw::draw(int step, int micro, int rows, int seq) {
+  CUTRAIN_CHECK(rows > 0 && seq > 0 && seq <= S_, "random-LTD draw: micro-batch ", rows, " x ", seq,
+                " outside the run's sequence length ", S_);
   if (!active_) {
-    plan_ = model::TokenDropPlan{B_, S_, S_, {}, {}};
+    plan_ = model::TokenDropPlan{rows, seq, seq, {}, {}};
     return plan_;
   }
-  model::draw_token_drop(plan_, seed_, std::max(step - 1, 0), micro, rank_ * B_, B_, S_, kept(step), cfg_.layer_ids);
+  model::draw_token_drop(plan_, seed_, std::max(step - 1, 0), micro, rank_ * rows, rows, seq, kept(step, seq),
+                         cfg_.layer_ids);
   return plan_;
 }
 

@@ -22,10 +22,19 @@ std::int64_t random_ltd_kept(const RandomLtdConfig& c, std::int64_t step) {
   return std::min(v, c.max_value);
 }
 
+std::int64_t random_ltd_kept_at(const RandomLtdConfig& c, std::int64_t step, int seq) {
+  // DeepSpeed 0.19.8, deepspeed/runtime/data_pipeline/data_routing/basic_layer.py,
+  // RandomLayerTokenDrop.forward: reserved_length = scheduler.get_current_seq(), curr_seq = the
+  // hidden states' sequence dimension (the curriculum's truncated length), and the layer drops
+  // only `if self.training and ... self.reserved_length < self.curr_seq`; otherwise it runs on the
+  // whole sequence. So the kept count at length L is the schedule's value when below L, else L.
+  return std::min<std::int64_t>(random_ltd_kept(c, step), seq);
+}
+
 std::int64_t random_ltd_layer_tokens(const RandomLtdConfig& c, std::int64_t step, std::int64_t sequences,
                                      int num_layers, int seq) {
   const std::int64_t drop = std::int64_t(c.layer_ids.size());
-  const std::int64_t kept = std::min<std::int64_t>(random_ltd_kept(c, step), seq);
+  const std::int64_t kept = random_ltd_kept_at(c, step, seq);
   return sequences * (drop * kept + (num_layers - drop) * seq);
 }
 

@@ -18,8 +18,13 @@ namespace cutrain::train {
 // DeepSpeed). It never decreases. A count >= the sequence length drops nothing.
 std::int64_t random_ltd_kept(const RandomLtdConfig& c, std::int64_t step);
 
+// The kept count a dropping block applies to sequences of `seq` tokens (a sequence-length
+// curriculum's length L, or the run's S): min(random_ltd_kept, seq); `seq` itself means no drop.
+std::int64_t random_ltd_kept_at(const RandomLtdConfig& c, std::int64_t step, int seq);
+
 // The tokens the blocks process in one optimizer step over the global batch (`sequences` of
-// length `seq`): sequences x (min(kept, seq) per dropping block + seq per other block).
+// length `seq`, the step's real length under a sequence-length curriculum): sequences x
+// (min(kept, seq) per dropping block + seq per other block).
 // DeepSpeed's consumed_layer_tokens counts the other blocks at max_value; here it is the real
 // sequence length (the two agree when max_value is the sequence length).
 std::int64_t random_ltd_layer_tokens(const RandomLtdConfig& c, std::int64_t step, std::int64_t sequences,

@@ -16,6 +16,7 @@ void StepGraphs::clear() {
     if (e.graph) cudaGraphDestroy(e.graph);
   }
   entries_.clear();
+  warm_ = false;
 }
 
 bool StepGraphs::captured(const StepShape& shape) const {
@@ -36,7 +37,8 @@ void StepGraphs::run(cudaStream_t s, const StepShape& shape, bool use_graphs, bo
   for (Entry& x : entries_)
     if (x.shape == shape) e = &x;
   if (!e) e = &entries_.emplace_back(Entry{shape});
-  if (use_graphs && !failed_ && replay_ok && e->eager >= 1 && !e->exec) {
+  const bool first_step = e->eager == 0;  // this shape has not run eagerly since the last clear
+  if (use_graphs && !failed_ && replay_ok && !e->exec && (!first_step || (warm_ && !eager_first_))) {
     std::string why;
     CUTRAIN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     try {
@@ -60,10 +62,17 @@ void StepGraphs::run(cudaStream_t s, const StepShape& shape, bool use_graphs, bo
     } else {
       if (g) cudaGraphDestroy(g);
       cudaGetLastError();  // clear the error state of the failed capture
-      failed_ = true;
-      std::cerr << "[Rank 0] warning: CUDA graph capture failed, running eagerly: " << why << "\n";
+      if (first_step) {
+        eager_first_ = true;
+        std::cerr << "[Rank 0] note: capturing a new step shape at its first step failed, each new shape runs one "
+                     "eager step before its capture: " << why << "\n";
+      } else {
+        failed_ = true;
+        std::cerr << "[Rank 0] warning: CUDA graph capture failed, running eagerly: " << why << "\n";
+      }
     }
   }
+  warm_ = true;
   if (e->exec && replay_ok) {
     CUTRAIN_CUDA_CHECK(cudaGraphLaunch(e->exec, s));
     return;

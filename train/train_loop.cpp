@@ -510,7 +510,6 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                  "sequence-length warm-up is built for the GPT-style windows, not for masked-LM samples; expected false");
   if (seqlen) {
     const std::string what = o.deepspeed_config.string() + ": the sequence-length curriculum (" + name(seqlen->metric()) + ")";
-    CUTRAIN_CHECK(!ltd_on, "train: ", what, " with random-LTD is not built; expected one of them");
     CUTRAIN_CHECK(pp == 1 && tp == 1, "train: ", what, " with --pipeline_parallel_size ", pp, " and ", tp_flag, " ", tp,
                   ": the pipeline's and tensor-parallel plans are per B x S; expected neither");
     CUTRAIN_CHECK(!bo.dims.moe.any(), "train: ", what, " with --num_experts: MoE blocks keep the run's B x S; "
@@ -853,11 +852,15 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   res.params = nparams;
   // random-LTD's consumed layer tokens (the global batch's): the steps before a resume from the
   // schedule (a pure function of the step, what those steps processed), then each step's figure.
+  // Under a sequence-length curriculum each step counts its own rows x L (the kept count applies to L).
   const std::int64_t global_seqs = std::int64_t(accum) * o.batch_size * dp_world;
   std::int64_t consumed_layer_tokens = 0;
   if (ltd_on)
-    for (int s = 0; s < first_step; ++s)
-      consumed_layer_tokens += random_ltd_layer_tokens(ltd, s, global_seqs, bo.dims.layers, o.seq_length);
+    for (int s = 0; s < first_step; ++s) {
+      const SeqShape sh = seqlen ? seqlen->shape(seqlen->seqlen(s)) : SeqShape{o.batch_size, o.seq_length};
+      consumed_layer_tokens +=
+          random_ltd_layer_tokens(ltd, s, std::int64_t(accum) * sh.rows * dp_world, bo.dims.layers, sh.seq);
+    }
   // Tokens trained before this step (global batch): a curriculum's steps count their length.
   std::int64_t consumed_tokens = seqlen ? seqlen->tokens_before(first_step, accum, dp_world)
                                         : std::int64_t(first_step) * std::int64_t(per_step) * dp_world;
@@ -972,8 +975,8 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
             << ", dropped=" << m.dropped << ", capacity=" << m.capacity << ", expert load min=" << m.min_load
             << " max=" << m.max_load << "\n";
       if (ltd_on)
-        out << "[Rank 0] Step " << step << ": random-LTD kept=" << std::min<std::int64_t>(random_ltd_kept(ltd, step), o.seq_length)
-            << " of " << o.seq_length << " tokens in " << ltd.layer_ids.size() << " of " << bo.dims.layers
+        out << "[Rank 0] Step " << step << ": random-LTD kept=" << random_ltd_kept_at(ltd, step, cl_shape.seq)
+            << " of " << cl_shape.seq << " tokens in " << ltd.layer_ids.size() << " of " << bo.dims.layers
             << " blocks, layer_tokens=" << layer_tokens << ", consumed_layer_tokens=" << consumed_layer_tokens << "\n";
       if (seqlen)
         out << "[Rank 0] Step " << step << ": curriculum seqlen=" << cl_seqlen << " of " << o.seq_length << " ("
@@ -1016,7 +1019,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
         j["consumed_tokens"] = consumed_tokens;
       }
       if (ltd_on) {
-        j["random_ltd_kept"] = std::min<std::int64_t>(random_ltd_kept(ltd, step), o.seq_length);
+        j["random_ltd_kept"] = random_ltd_kept_at(ltd, step, cl_shape.seq);
         j["layer_tokens"] = layer_tokens;
         j["consumed_layer_tokens"] = consumed_layer_tokens;
       }

@@ -15,6 +15,10 @@ peer). Run through ../shared/peers/run.sh ds-python (DeepSpeed 0.19.8):
      .update_seq(s) (the engine passes global_steps before the step), get_current_seq() against
      random_ltd_kept, and its consumed_layer_tokens against cutrain's (DeepSpeed counts the blocks
      that do not drop at max_value, cutrain at the sequence length: the same here, max_value = S).
+     Composed with seqlen_truncate, DeepSpeed's layer keeps min(get_current_seq(), the truncated
+     length) (RandomLayerTokenDrop.forward drops only while reserved_length < curr_seq), which is
+     what random_ltd_kept is compared with; the layer tokens are not (DeepSpeed's scheduler counts
+     the full lengths, cutrain the real ones).
 2. The token gather / scatter: DeepSpeed's random_ltd op (deepspeed.ops.random_ltd: token_gather,
    token_scatter_, a JIT build of csrc/random_ltd; its 2-byte path is __half, which moves bf16
    bits unchanged), and PyTorch's index ops (torch.gather / scatter_) at bench/bench_token_drop.cu's
@@ -63,14 +67,18 @@ def curriculum_checks(results):
             sched = RandomLTDScheduler({**ltd, "global_batch_size": global_batch,
                                         "layer_token_lr_schedule": {"enabled": False}})
             ours, theirs, ours_lt, theirs_lt = [], [], [], []
+            truncated = "seqlen_truncate" in metrics_cfg
             for r in rows:
                 sched.update_seq(r["step"])
-                theirs.append(sched.get_current_seq())
+                seq = sched.get_current_seq()
+                theirs.append(min(seq, r["curriculum_seqlen"]) if truncated else seq)
                 ours.append(r["random_ltd_kept"])
                 theirs_lt.append(sched.state["consumed_layer_tokens"])
                 ours_lt.append(r["consumed_layer_tokens"])
-            checks.append(compare(variant, "random-LTD kept tokens (fixed_linear)", rows, ours, theirs))
-            checks.append(compare(variant, "random-LTD consumed_layer_tokens", rows, ours_lt, theirs_lt))
+            checks.append(compare(variant, "random-LTD kept tokens (fixed_linear" +
+                                  (", at most the truncated length)" if truncated else ")"), rows, ours, theirs))
+            if not truncated:
+                checks.append(compare(variant, "random-LTD consumed_layer_tokens", rows, ours_lt, theirs_lt))
     return checks
 
 

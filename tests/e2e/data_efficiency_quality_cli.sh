@@ -3,8 +3,9 @@
 # rarity index built, every variant whose config is in configs/ trained with validation and
 # metrics, the table (a row per variant, the times from the metrics' step_time_s and elapsed_s), the
 # verdict line, the SVG (a curve per variant and clock, the baseline's best) and the PNG when one
-# could be made, the report again from the folder, --variants, --budget, --corpus (a folder and a
-# .tar.xz archive of text files), and input errors before any work.
+# could be made, the report again from the folder, --variants, --budget, --composed_curriculum
+# (the seqlen warm-up composed with random-LTD), --corpus (a folder and a .tar.xz archive of text
+# files), and input errors before any work.
 #   data_efficiency_quality_cli.sh CUTRAIN_BINARY cpu|cuda   (exits 77 = skipped: no GPU for cuda, or no data)
 source "$(dirname "$0")/e2e_lib.sh"
 wikitext_data_or_skip
@@ -96,6 +97,33 @@ grep -q "^- Composed reaches .*: n/a (composed skipped (budget" "$tmp/b/data_eff
 [ "$(grep -c '^| ' "$tmp/b/data_efficiency.md")" = 3 ] || { cat "$tmp/b.txt"; fail "rows of --variants composed,baseline"; }
 echo "ok: --variants, --budget"
 
+# --composed_curriculum seqlen / both: the composed run's config takes the seqlen warm-up (scaled as
+# the seqlen variant's) beside random-LTD; each step keeps min(kept, its length) tokens.
+if [ -e configs/curriculum_seqlen_gpt.json ]; then
+  for cc in seqlen both; do
+    "${q[@]}" --variants composed --composed_curriculum $cc --out "$tmp/cc_$cc" >"$tmp/cc.txt" 2>&1 \
+      || { cat "$tmp/cc.txt"; fail "--composed_curriculum $cc"; }
+    python3 - "$tmp/cc_$cc" "$cc" <<'PY' || { cat "$tmp/cc.txt"; fail "--composed_curriculum $cc results"; }
+import json, os, sys
+out, cc = sys.argv[1], sys.argv[2]
+c = json.load(open(os.path.join(out, "configs", "composed.json")))["data_efficiency"]
+metrics = c["data_sampling"]["curriculum_learning"]["curriculum_metrics"]
+assert set(metrics) == ({"seqlen_truncate"} if cc == "seqlen" else {"seqlen_truncate", "vocabularyrarity"}), metrics
+m = metrics["seqlen_truncate"]
+assert m["min_difficulty"] == 8 and m["max_difficulty"] == 32 and m["schedule_config"]["total_curriculum_step"] == 2, m
+assert c["data_routing"]["random_ltd"]["random_ltd_schedule"]["min_value"] == 8, c
+rows = [json.loads(l) for l in open(os.path.join(out, "composed_metrics.jsonl"))]
+assert len(rows) == 6 and all(r["random_ltd_kept"] <= r["curriculum_seqlen"] for r in rows), rows
+assert any(r["random_ltd_kept"] < r["curriculum_seqlen"] < 32 for r in rows), rows  # drops at a short length
+assert all(r["layer_tokens"] == r["curriculum_rows"] * (2 * r["random_ltd_kept"] + 2 * r["curriculum_seqlen"])
+           for r in rows), rows
+label = "seqlen warm-up + random-LTD" if cc == "seqlen" else "curriculum + seqlen warm-up + random-LTD"
+assert any(l.startswith(f"| {label} |") for l in open(os.path.join(out, "data_efficiency.md"))), label
+PY
+  done
+  echo "ok: --composed_curriculum seqlen, both"
+fi
+
 # --corpus: a folder of text files and the same files as a .tar.xz archive give the same shards.
 mkdir -p "$tmp/corpus"
 python3 - "$data/wikitext-2/test.txt" "$tmp/corpus" <<'PY'
@@ -133,6 +161,7 @@ expect_err "--ltd_min: expected random-LTD's first kept count in [1, 32] (the se
 expect_err "--corpus: '$tmp/none' does not exist" --corpus "$tmp/none"
 expect_err "--data: expected gpt2/encoder.json" --data "$tmp"
 expect_err "--report: expected a results folder with meta.json" --report "$tmp"
+expect_err "--composed_curriculum: expected vocabularyrarity, seqlen or both, found 'length'" --composed_curriculum length
 if [ ! -e configs/curriculum_seqlen_gpt.json ]; then
   expect_err "--variants: 'seqlen' needs configs/curriculum_seqlen_gpt.json" --variants seqlen
 fi

@@ -4,8 +4,9 @@
 # the per-interval seqlen lines, curriculum_seqlen / curriculum_rows / tokens / consumed_tokens in
 # the metrics against the pacing and Megatron-DeepSpeed's row counts, tokens_per_s of the real
 # tokens, a resumed run's losses and figures equal to the straight run's, --lr_decay_tokens's lr
-# against the token-based decay, real data, and each bad input named before any step. CPU only:
-# ZeRO 2 on 2 host ranks gives the single process's truncate losses.
+# against the token-based decay, real data, composed with random-LTD (kept = min(schedule, L),
+# layer tokens at the real length, resume), and each bad input named before any step. CPU only:
+# ZeRO 2 on 2 host ranks gives the single process's truncate losses, alone and with random-LTD.
 #   seqlen_curriculum_cli.sh CUTRAIN_BINARY cpu|cuda
 source "$(dirname "$0")/e2e_lib.sh"
 skip_without_gpu
@@ -151,6 +152,70 @@ for r, p in zip(rows, steps):
 PY
 echo "ok: --lr_decay_tokens decays by the trained tokens"
 
+# Composed with random-LTD (block 1 of 2, kept LO -> S over 4 steps): each step's kept count is
+# min(schedule, L) of its length (none dropped where the schedule reaches L), layer_tokens count
+# rows x (kept + L) at the real length; the curriculum's tokens are unchanged; resumed == straight.
+# check_ltd METRICS KIND ACCUM WORLD FIRST
+check_ltd() {
+  python3 - "$S" "$LO" "$@" <<'PY'
+import json, math, sys
+S, lo, path, kind, accum, world, first = sys.argv[1:]
+S, lo, accum, world, first = int(S), int(lo), int(accum), int(world), int(first)
+B = 2
+def seqlen(s):
+    d = math.floor((s + 1) / 4 * (S - lo) + lo)
+    return min(d - d % lo, S)
+def rows(L):
+    if L >= S or kind != "seqlen_reshape": return B
+    total = B * ((S + 1) // (L + 1)) + B
+    n = min(math.ceil(B * (S + 1) / (L + 1)), total)
+    return n - 1 if n > 1 and n % 2 else n
+def sched(s):
+    v = s * (S - lo) // 4 + lo
+    return min(v - v % lo, S)
+def layer_tokens(s):
+    L = seqlen(s)
+    return accum * world * rows(L) * (min(sched(s), L) + L)
+rs = [json.loads(l) for l in open(path)]
+assert rs and [r["step"] for r in rs] == list(range(first, first + len(rs))), rs
+consumed = sum(layer_tokens(s) for s in range(first))
+dropped = 0
+for r in rs:
+    s, L = r["step"], seqlen(r["step"])
+    assert math.isfinite(r["loss"]), r
+    assert r["curriculum_seqlen"] == L and r["random_ltd_kept"] == min(sched(s), L), (s, r, L, sched(s))
+    dropped += r["random_ltd_kept"] < L
+    assert r["layer_tokens"] == layer_tokens(s), (s, r["layer_tokens"], layer_tokens(s))
+    consumed += layer_tokens(s)
+    assert r["consumed_layer_tokens"] == consumed, (s, r["consumed_layer_tokens"], consumed)
+assert first > 0 or dropped >= 2, "the run never dropped"
+PY
+}
+for kind in seqlen_truncate seqlen_reshape; do
+  make_config "$tmp/ltd_$kind.json" "$kind" ltd=1
+  run --deepspeed_config "$tmp/ltd_$kind.json" --num_steps 6 --metrics_file "$tmp/ltd_$kind.jsonl" \
+    --loss_log_file "$tmp/ltd_$kind.csv" >"$tmp/ltd.txt" 2>&1 || { cat "$tmp/ltd.txt"; fail "$kind + random-LTD run"; }
+  grep -qF "random-LTD: blocks [1] keep $LO..$S of $S tokens" "$tmp/ltd.txt" || { cat "$tmp/ltd.txt"; fail "ltd line"; }
+  grep -qF "Step 2: random-LTD kept=$((2 * LO)) of $((3 * LO)) tokens in 1 of 2 blocks" "$tmp/ltd.txt" \
+    || { cat "$tmp/ltd.txt"; fail "$kind + random-LTD: the step's kept count of its length"; }
+  check_metrics "$tmp/ltd_$kind.jsonl" "$kind" 1 1 0 || { cat "$tmp/ltd_$kind.jsonl"; fail "$kind + random-LTD tokens"; }
+  check_ltd "$tmp/ltd_$kind.jsonl" "$kind" 1 1 0 || { cat "$tmp/ltd_$kind.jsonl"; fail "$kind + random-LTD metrics"; }
+  [ "$(cat "$tmp/ltd_$kind.csv")" != "$(cat "$tmp/$kind.csv")" ] || fail "$kind: random-LTD changed no loss"
+done
+make_config "$tmp/ltd_acc.json" seqlen_reshape ltd=1 accum=2
+run --deepspeed_config "$tmp/ltd_acc.json" --num_steps 6 --loss_log_file "$tmp/ls.csv" --metrics_file "$tmp/ls.jsonl" \
+  >"$tmp/ls.txt" 2>&1 || { cat "$tmp/ls.txt"; fail "composed accumulation run"; }
+check_ltd "$tmp/ls.jsonl" seqlen_reshape 2 1 0 || { cat "$tmp/ls.jsonl"; fail "composed accumulation metrics"; }
+run --deepspeed_config "$tmp/ltd_acc.json" --num_steps 3 --save "$tmp/lck" >"$tmp/la.txt" 2>&1 || { cat "$tmp/la.txt"; fail "composed first half"; }
+run --deepspeed_config "$tmp/ltd_acc.json" --num_steps 3 --resume "$tmp/lck" --loss_log_file "$tmp/lr.csv" \
+  --metrics_file "$tmp/lr.jsonl" >"$tmp/lb.txt" 2>&1 || { cat "$tmp/lb.txt"; fail "composed resumed half"; }
+[ "$(tail -n 3 "$tmp/ls.csv")" = "$(tail -n 3 "$tmp/lr.csv")" ] \
+  || { paste "$tmp/ls.csv" "$tmp/lr.csv"; fail "composed: resumed losses differ from the straight run's"; }
+check_ltd "$tmp/lr.jsonl" seqlen_reshape 2 1 3 || { cat "$tmp/lr.jsonl"; fail "composed resumed metrics"; }
+"$bin" check-config configs/data_efficiency_composed_gpt.json >"$tmp/cc.txt" 2>&1 \
+  || { cat "$tmp/cc.txt"; fail "check-config data_efficiency_composed_gpt.json"; }
+echo "ok: composed with random-LTD: kept = min(schedule, L), layer tokens at the real length, resume"
+
 P=data_efficiency.data_sampling.curriculum_learning.curriculum_metrics
 make_config "$tmp/e1.json" seqlen_reshape max_difficulty=$((S + LO))
 expect_config_error "$P.seqlen_reshape.max_difficulty: expected a sequence length <= --seq_length $S, found $((S + LO))" "$tmp/e1.json"
@@ -160,8 +225,6 @@ make_config "$tmp/e3.json" seqlen_truncate legacy_too=1
 expect_config_error "curriculum_learning.enabled: expected false with $P.seqlen_truncate" "$tmp/e3.json"
 make_config "$tmp/e4.json" seqlen_truncate min_difficulty=$((LO - 1))
 expect_config_error "$P.seqlen_truncate.min_difficulty: expected at least schedule_config.difficulty_step $LO" "$tmp/e4.json"
-make_config "$tmp/e5.json" seqlen_truncate ltd=1
-expect_config_error "the sequence-length curriculum (seqlen_truncate) with random-LTD is not built" "$tmp/e5.json"
 make_config "$tmp/e6.json" seqlen_pad
 expect_config_error "$P.seqlen_pad: expected a metric, one of" "$tmp/e6.json"
 make_config "$tmp/e7.json" seqlen_truncate sched=WarmupLR
@@ -233,4 +296,27 @@ one = [json.loads(l) for l in open(sys.argv[2])]
 assert [(r["curriculum_seqlen"], r["tokens"], r["consumed_tokens"]) for r in z] == \
        [(r["curriculum_seqlen"], r["tokens"], r["consumed_tokens"]) for r in one], (z, one)
 PY
-echo "ok: ZeRO 2 on 2 host ranks"
+# The same with random-LTD: each rank draws for its own sequences (global index rank x rows + b),
+# so the 2 ranks drop what the single process dropped and give its losses and layer tokens.
+python3 - "$tmp/ltd_seqlen_truncate.json" "$tmp/zl.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["zero_optimization"] = {"stage": 2}
+c["train_micro_batch_size_per_gpu"] = 1
+c["train_batch_size"] = 2
+c.pop("gradient_accumulation_steps", None)
+json.dump(c, open(sys.argv[2], "w"))
+PY
+port=$(free_port)
+"$bin" launch --backend host --num_procs 2 --master_port $port -- "$bin" train --device cpu "${size[@]:0:10}" --batch_size 1 \
+  --attention causal --log_interval 2 --deepspeed_config "$tmp/zl.json" --seed 3 --num_steps 6 --loss_log_file "$tmp/zl.csv" \
+  --metrics_file "$tmp/zl.jsonl" >"$tmp/zl.txt" 2>&1 || { cat "$tmp/zl.txt"; fail "composed ZeRO 2 on 2 ranks"; }
+same_losses "$tmp/ltd_seqlen_truncate.csv" "$tmp/zl.csv" "composed ZeRO 2 on 2 ranks"
+python3 - "$tmp/zl.jsonl" "$tmp/ltd_seqlen_truncate.jsonl" <<'PY' || fail "composed ZeRO 2 metrics"
+import json, sys
+z = [json.loads(l) for l in open(sys.argv[1])]
+one = [json.loads(l) for l in open(sys.argv[2])]
+key = lambda r: (r["curriculum_seqlen"], r["random_ltd_kept"], r["layer_tokens"], r["consumed_layer_tokens"])
+assert [key(r) for r in z] == [key(r) for r in one], (z, one)
+PY
+echo "ok: ZeRO 2 on 2 host ranks (alone and composed with random-LTD)"

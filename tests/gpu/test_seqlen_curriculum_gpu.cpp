@@ -70,8 +70,8 @@ TEST_P(SeqlenGpu, RampStepsEqualFixedShapeEnginesOneGraphPerLengthNoAllocation) 
   // One engine per length, built at its shape (workspace exactly rows x L), given the ramp's state
   // before each of its steps.
   std::map<int, std::unique_ptr<train::GpuEngine>> fixed;
-  // Each length twice in a row (an eager step, then the capture), then the lengths again in another
-  // order: those steps replay, and allocate nothing.
+  // Each length twice in a row (the run's first step eager, then each length captured at its first
+  // step), then the lengths again in another order: those steps replay, and allocate nothing.
   const std::vector<int> lengths = {8, 8, 24, 24, 40, 40, 64, 64, 8, 40, 24, 64, 8, 8, 64};
   const std::size_t warm = 8;  // steps before every length has run twice
   std::int64_t allocs = -1;
@@ -101,6 +101,7 @@ TEST_P(SeqlenGpu, RampStepsEqualFixedShapeEnginesOneGraphPerLengthNoAllocation) 
     EXPECT_EQ(a.loss, b.loss);
     EXPECT_EQ(a.grad_norm, b.grad_norm);
     EXPECT_EQ(ramp.download_params(), f->download_params());
+    if (i >= 1) EXPECT_TRUE(ramp.graph_active()) << "a new length is captured at its first step";
     if (i >= warm) {
       EXPECT_EQ(after, allocs) << "the ramp's step allocated after every length had run twice";
       EXPECT_TRUE(ramp.graph_active()) << "the length's graph replays";

@@ -1,8 +1,9 @@
-// @brief GPU tests of kernels/token_drop (random-LTD's gather and scatter) against
+// @brief GPU tests of kernels/token_drop (random-LTD's gather, scatter and merge) against
 // tests/reference/token_drop_ref.h on odd shapes, the vector and the scalar paths (hidden % 8,
-// misaligned bases), the scatter with and without its second operand. Fresh random inputs and
-// indices (model/token_drop_plan.h's draw), outputs poisoned with NaN first: a gathered row
-// never written stays NaN, and the scatter must leave every dropped row's poison in place.
+// misaligned bases), the scatter and the merge with and without their second operand. Fresh
+// random inputs and indices (model/token_drop_plan.h's draw), outputs poisoned with NaN first: a
+// gathered or merged row never written stays NaN, and the scatter must leave every dropped row's
+// poison in place.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -96,7 +97,31 @@ void check_case(const Shape& sh, double add_tol) {
     EXPECT_EQ(got_kept.size(), kept_n);
     // Without `add` a copy; with it one bf16 rounding of the fp32 sum.
     EXPECT_LE(test::rel_error(got_kept, want_kept), add ? add_tol : 0.0) << "add " << add;
+
+    // The merge: every row written, the dropped ones a copy of x's, the kept ones the scatter's.
+    dout.poison();
+    kernels::token_merge(s, dx.get() + o, dy.get() + o, add ? dz.get() + o : nullptr, didx.get(), dout.get() + o,
+                         sh.B, sh.S, sh.K, sh.h);
+    const std::vector<float> merged = download(dout);
+    EXPECT_EQ(test::count_nan(merged), 0u) << "a merged row left unwritten (add " << add << ")";
+    const std::vector<double> want_m =
+        ref::token_merge({x.begin(), x.end()}, {y.begin(), y.end()}, add ? &zd : nullptr, idx, sh.B, sh.S, sh.K, sh.h);
+    std::vector<float> got_pass, got_mk;
+    std::vector<double> want_pass, want_mk;
+    for (std::size_t i = 0; i < full; ++i) {
+      (std::isnan(want[i]) ? got_pass : got_mk).push_back(merged[i]);
+      (std::isnan(want[i]) ? want_pass : want_mk).push_back(want_m[i]);
+    }
+    EXPECT_EQ(got_pass.size(), dropped);
+    if (!got_pass.empty()) {
+      EXPECT_EQ(test::rel_error(got_pass, want_pass), 0.0) << "the bypass is a copy";
+    }
+    EXPECT_LE(test::rel_error(got_mk, want_mk), add ? add_tol : 0.0) << "merge, add " << add;
   }
+  // The merge refuses to write over its input.
+  EXPECT_THROW(kernels::token_merge(s, dx.get() + o, dy.get() + o, nullptr, didx.get(), dx.get() + o, sh.B, sh.S, sh.K,
+                                    sh.h),
+               Error);
 }
 
 }  // namespace

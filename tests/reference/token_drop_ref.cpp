@@ -34,4 +34,13 @@ void token_scatter(const std::vector<double>& kept, const std::vector<double>* a
     }
 }
 
+std::vector<double> token_merge(const std::vector<double>& x, const std::vector<double>& kept,
+                                const std::vector<double>* add, const std::vector<std::int32_t>& idx, int B, int S,
+                                int K, int h) {
+  CUTRAIN_CHECK(x.size() == std::size_t(B) * S * h, "token_merge ref: sizes");
+  std::vector<double> out = x;
+  token_scatter(kept, add, idx, out, B, S, K, h);
+  return out;
+}
+
 }  // namespace cutrain::ref

@@ -3,11 +3,16 @@
 // (deterministic, sorted, the same per sequence however the batch is split), and the reference
 // model's dropping blocks: equal to the composition of spans with the gather / scatter references,
 // and its gradient against finite differences, for the seed model (encoder and causal) and GPT-2.
+// Composed with the sequence-length curriculum: the kept count min(schedule, L), the draw at a
+// step's rows x L, and a CPU run over lengths whose every step equals a backend built at that shape
+// (with that shape's selection) from the same state.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <numeric>
+#include <random>
 #include <set>
 #include <string>
 
@@ -16,9 +21,12 @@
 #include "tests/reference/token_drop_ref.h"
 #include "tests/support/finite_difference.h"
 #include "tests/support/test_support.h"
+#include "tests/support/cpu_test_util.h"
 #include "train/config.h"
+#include "train/cpu_backend.h"
 #include "train/random_ltd_draw.h"
 #include "train/random_ltd_schedule.h"
+#include "train/seqlen_curriculum.h"
 
 using namespace cutrain;
 
@@ -166,6 +174,16 @@ TEST(RandomLtdConfig, ShippedConfigsLoad) {
   EXPECT_TRUE(b.data_efficiency.curriculum_active());
   EXPECT_EQ(b.warnings.size(), 3u);
   train::check_random_ltd(b, {12, 512, true, {}, 1});  // --use_real_data: causal
+  // GPT-2's sequence-length warm-up composed with random-LTD.
+  const train::TrainConfig g = train::load_config(dir / "data_efficiency_composed_gpt.json", strict);
+  EXPECT_TRUE(g.data_efficiency.random_ltd_active());
+  EXPECT_TRUE(g.data_efficiency.curriculum_active());
+  train::check_random_ltd(g, {12, 1024, true, {}, 1});
+  const auto cl = train::make_seqlen_curriculum(g, "data_efficiency_composed_gpt.json", 8, 1024);
+  ASSERT_TRUE(cl.has_value());
+  EXPECT_EQ(cl->seqlen(0), 64);
+  EXPECT_EQ(train::random_ltd_kept_at(g.data_efficiency.random_ltd, 0, cl->seqlen(0)), 64) << "128 of 64: no drop";
+  EXPECT_EQ(train::random_ltd_kept_at(g.data_efficiency.random_ltd, 1000, cl->seqlen(1000)), 368);
 }
 
 TEST(RandomLtdSchedule, FixedLinearAsDeepSpeed) {
@@ -270,6 +288,76 @@ TEST(TokenDropPlan, TheDrawFollowsTheScheduleAndTheRank) {
   model::draw_token_drop(want, 11, 50, 1, 2, 2, 64, p.kept, {1, 2});
   EXPECT_EQ(d1.draw(51, 1).indices, want.indices) << "rank 1's sequences are 2, 3; seeded by data_efficiency.seed";
   EXPECT_FALSE(d0.draw(101, 0).active()) << "max_value = S: no drop";
+}
+
+// The selection is the set of a partial Fisher-Yates shuffle, in ascending order: the draw's scan
+// of flags gives what sorting the shuffled prefix gives (a literal transcription of the shuffle).
+TEST(TokenDropPlan, TheSetOfAPartialFisherYatesShuffleAscending) {
+  auto mix = [](std::uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+  };
+  for (auto [B, S, K] : {std::tuple{3, 37, 11}, std::tuple{2, 64, 63}, std::tuple{1, 1000, 3}, std::tuple{2, 9, 1}}) {
+    model::TokenDropPlan plan;
+    const std::vector<int> layers = {1, 4};
+    model::draw_token_drop(plan, 77, 12, 3, 5, B, S, K, layers);
+    for (std::size_t k = 0; k < layers.size(); ++k)
+      for (int b = 0; b < B; ++b) {
+        std::uint64_t h = mix(77);
+        for (std::uint64_t v : {std::uint64_t(12), std::uint64_t(3), std::uint64_t(layers[k]), std::uint64_t(5 + b)})
+          h = mix(h ^ v);
+        std::mt19937_64 rng(h);
+        std::vector<std::int32_t> pos(static_cast<std::size_t>(S));
+        std::iota(pos.begin(), pos.end(), 0);
+        for (int i = 0; i < K; ++i) std::swap(pos[std::size_t(i)], pos[std::size_t(i + int(rng() % std::uint64_t(S - i)))]);
+        std::sort(pos.begin(), pos.begin() + K);
+        const std::int32_t* got = plan.slot_indices(int(k)) + std::size_t(b) * K;
+        EXPECT_TRUE(std::equal(pos.begin(), pos.begin() + K, got)) << "B" << B << " S" << S << " K" << K << " seq " << b;
+      }
+  }
+}
+
+// DeepSpeed's rule at a curriculum's length L: the schedule's value when below L, else L (no drop).
+TEST(RandomLtdSchedule, KeptCountAtTheStepsLength) {
+  train::RandomLtdConfig c;
+  c.min_value = 16, c.max_value = 64, c.require_steps = 4, c.seq_per_step = 16;
+  c.layer_ids = {1, 2};
+  EXPECT_EQ(train::random_ltd_kept_at(c, 0, 64), 16);
+  EXPECT_EQ(train::random_ltd_kept_at(c, 0, 24), 16);
+  EXPECT_EQ(train::random_ltd_kept_at(c, 2, 24), 24) << "schedule 32 reaches L 24: the whole sequence";
+  EXPECT_EQ(train::random_ltd_kept_at(c, 9, 40), 40);
+  // Layer tokens at the real length: 8 sequences of 24, 2 of 4 blocks at min(kept, 24).
+  EXPECT_EQ(train::random_ltd_layer_tokens(c, 0, 8, 4, 24), 8 * (2 * 16 + 2 * 24));
+  EXPECT_EQ(train::random_ltd_layer_tokens(c, 2, 8, 4, 24), 8 * 4 * 24);
+}
+
+// The draw at a step's rows x L: that shape's sequences (rank r's are r*rows ..), K = min(kept, L),
+// inactive once the schedule reaches L; a pure function of (step, micro-batch, shape), so a resumed
+// run draws the same.
+TEST(TokenDropPlan, TheDrawAtACurriculumShape) {
+  const train::TrainConfig c = train::parse_config(with_ltd(kGood), "ltd.json");
+  train::RandomLtdDraw d0(c, 2, 64, 4, 0), d1(c, 2, 64, 4, 1);
+  EXPECT_EQ(d0.kept(51, 24), 24);
+  EXPECT_EQ(d0.kept(51, 40), 32);
+  const model::TokenDropPlan p = d1.draw(51, 1, 5, 40);  // 5 rows of 40 (a reshape's rows)
+  EXPECT_EQ(p.batch, 5);
+  EXPECT_EQ(p.seq, 40);
+  EXPECT_EQ(p.kept, 32);
+  model::TokenDropPlan want;
+  model::draw_token_drop(want, 11, 50, 1, 5, 5, 40, 32, {1, 2});
+  EXPECT_EQ(p.indices, want.indices) << "rank 1's rows are 5 .. 9 of the global micro-batch";
+  const model::TokenDropPlan off = d0.draw(51, 0, 3, 24);
+  EXPECT_FALSE(off.active()) << "schedule 32 >= L 24: no drop";
+  EXPECT_EQ(off.layer_tokens(4), 3 * 4 * 24);
+  // Resume: a fresh draw of step 51 after other steps and shapes is the same.
+  train::RandomLtdDraw again(c, 2, 64, 4, 1);
+  again.draw(7, 0, 2, 64);
+  again.draw(50, 1, 5, 40);
+  EXPECT_EQ(again.draw(51, 1, 5, 40).indices, p.indices);
+  EXPECT_NE(test::message_of([&] { d0.draw(1, 0, 2, 65); }).find("outside the run's sequence length 64"),
+            std::string::npos);
 }
 
 TEST(TokenDropRef, GatherThenScatterRestoresAndLeavesTheRest) {
@@ -392,3 +480,76 @@ INSTANTIATE_TEST_SUITE_P(Archs, ReferenceLtd,
                                            ArchCase{"causal", model::Arch::Simple, true},
                                            ArchCase{"gpt2", model::Arch::Gpt2, true}),
                          [](const auto& i) { return std::string(i.param.name); });
+
+// random-LTD composed with the sequence-length curriculum on the CPU backend: a run over lengths
+// (each step set to its rows x L) whose every step equals a backend built at that shape, given
+// the run's state before the step: its own draw (the shape's sequences, min(kept, L)) is the
+// run's, so the loss, norm, params and layer tokens are equal. A step that drops differs from a
+// backend without random-LTD.
+TEST(RandomLtdComposed, CpuRunOverLengthsEqualsBackendsBuiltAtEachShape) {
+  for (auto metric : {train::CurriculumMetric::SeqlenTruncate, train::CurriculumMetric::SeqlenReshape})
+    for (bool gpt2 : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << name(metric) << (gpt2 ? " gpt2" : " simple causal"));
+      const int B = 2, S = 16, accum = 2, layers = 2;
+      const std::string opt = R"("train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+        "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}})";
+      // kept 4, 4, 8, 8, then 12 from the 1-based step 5 on.
+      train::TrainConfig cfg = train::parse_config("{" + opt + R"(, "data_efficiency": {"enabled": true, "seed": 3,
+        "data_routing": {"enabled": true, "random_ltd": {"enabled": true, "total_layer_num": 2, "random_ltd_layer_num": 2,
+        "random_ltd_layer_id": [0, 1], "model_type": "decoder", "random_ltd_schedule": {"min_value": 4, "max_value": 12,
+        "schedule_type": "fixed_linear", "schedule_config": {"require_steps": 4, "seq_per_step": 4}}}}}})", "ltd.json");
+      cfg.resolve_batch(1);
+      train::TrainConfig plain_cfg = train::parse_config("{" + opt + "}", "plain.json");
+      plain_cfg.resolve_batch(1);
+      train::BackendOptions bo;
+      bo.dims = model::ModelDims{32, layers, 2, 61, S};
+      bo.dims.arch = gpt2 ? model::Arch::Gpt2 : model::Arch::Simple;
+      bo.causal = true;
+      bo.batch = B;
+      bo.seq = S;
+      bo.seed = 9;
+      train::PacingConfig pc;
+      pc.min_difficulty = 3;
+      pc.max_difficulty = S;
+      pc.total_curriculum_step = 10;
+      const train::SeqlenCurriculum cl(metric, pc, B, S, "test");
+      bo.max_tokens = cl.max_tokens();
+      auto run = train::make_cpu_backend(bo, cfg);
+      train::RandomLtdDraw draw(cfg, B, S, layers, 0);
+      std::mt19937 rng(4);
+      std::vector<std::int32_t> t(std::size_t(accum) * B * S), l(t.size()), ct, cll;
+      // kept per step: 4 of 6, 4 of 8, 8 of 12, 8 of 10, 12 of 16, none at 12 (12 reaches L), none at 8.
+      const std::vector<int> lengths = {6, 8, 12, 10, 16, 12, 8}, want_kept = {4, 4, 8, 8, 12, 0, 0};
+      for (std::size_t i = 0; i < lengths.size(); ++i) {
+        const int L = lengths[i], step = int(i) + 1;
+        for (auto& x : t) x = std::int32_t(rng() % 61);
+        for (auto& x : l) x = std::int32_t(rng() % 61);
+        const train::SeqShape sh = cl.shape(L);
+        cl.apply(L, accum, t.data(), l.data(), ct, cll);
+        train::BackendOptions fo = bo;
+        fo.batch = sh.rows;
+        fo.seq = sh.seq;
+        fo.max_tokens = 0;
+        auto fixed = train::make_cpu_backend(fo, cfg);
+        auto plain = train::make_cpu_backend(fo, plain_cfg);
+        fixed->load_state(run->save_state());
+        plain->load_state(run->save_state());
+        run->set_seq_shape(sh.rows, sh.seq);
+        const train::StepStats a = run->step(ct.data(), cll.data(), step, 1e-2f);
+        const train::StepStats b = fixed->step(ct.data(), cll.data(), step, 1e-2f);
+        const train::StepStats c = plain->step(ct.data(), cll.data(), step, 1e-2f);
+        SCOPED_TRACE(::testing::Message() << "step " << step << " L=" << L << " rows=" << sh.rows);
+        const model::TokenDropPlan& plan = draw.draw(step, 0, sh.rows, sh.seq);
+        EXPECT_EQ(plan.active() ? plan.kept : 0, want_kept[i]);
+        EXPECT_TRUE(std::isfinite(a.loss));
+        EXPECT_EQ(a.loss, b.loss);
+        EXPECT_EQ(a.grad_norm, b.grad_norm);
+        EXPECT_EQ(run->save_state().params, fixed->save_state().params);
+        const int kept = want_kept[i] ? want_kept[i] : L;
+        EXPECT_EQ(a.layer_tokens, std::int64_t(accum) * sh.rows * layers * kept) << "layer tokens at the real length";
+        EXPECT_EQ(a.layer_tokens, b.layer_tokens);
+        if (want_kept[i]) EXPECT_NE(a.loss, c.loss) << "the drop is in effect";
+        else EXPECT_EQ(a.loss, c.loss) << "no drop where the schedule reaches L";
+      }
+    }
+}
