@@ -424,4 +424,40 @@ void moe_gate_backward(cudaStream_t s, const float* probs, const std::int32_t* e
   CUTRAIN_LAUNCH_CHECK("gate_backward_kernel");
 }
 
+namespace {
+
+__global__ void step_figures_merge_kernel(const std::int32_t* __restrict__ kept, const std::int32_t* __restrict__ stats,
+                                          const float* __restrict__ l_aux, int E, MoeStepFigures* __restrict__ acc,
+                                          bool first) {
+  int lo = 0x7fffffff, hi = -1;
+  for (int e = threadIdx.x; e < E; e += kWarpSize) {
+    lo = min(lo, kept[e]);
+    hi = max(hi, kept[e]);
+  }
+  for (int o = kWarpSize / 2; o > 0; o /= 2) {
+    lo = min(lo, __shfl_xor_sync(kFullMask, lo, o));
+    hi = max(hi, __shfl_xor_sync(kFullMask, hi, o));
+  }
+  if (threadIdx.x != 0) return;
+  MoeStepFigures f = first ? MoeStepFigures{} : *acc;
+  f.l_aux_sum += *l_aux;
+  f.capacity = stats[0];
+  f.dropped += stats[1];
+  f.min_load = first ? lo : min(f.min_load, lo);
+  f.max_load = first ? hi : max(f.max_load, hi);
+  f.forwards += 1;
+  *acc = f;
+}
+
+}  // namespace
+
+void moe_step_figures_merge(cudaStream_t s, const std::int32_t* kept_counts, const std::int32_t* stats,
+                            const float* l_aux, int experts, MoeStepFigures* acc, bool first) {
+  CUTRAIN_CHECK(experts >= 1 && experts <= kMoeMaxExperts, "moe_step_figures_merge: experts must be in [1, ",
+                kMoeMaxExperts, "], got ", experts);
+  CUTRAIN_CHECK(kept_counts && stats && l_aux && acc, "moe_step_figures_merge: every pointer must be non-null");
+  step_figures_merge_kernel<<<1, kWarpSize, 0, s>>>(kept_counts, stats, l_aux, experts, acc, first);
+  CUTRAIN_LAUNCH_CHECK("step_figures_merge_kernel");
+}
+
 }  // namespace cutrain::kernels

@@ -83,4 +83,17 @@ void moe_gate_backward(cudaStream_t s, const float* probs, const std::int32_t* e
                        const float* dweight, const float* ce, float aux_grad, int tokens, int experts, int k,
                        bf16* dlogits);
 
+// A step's routing figures, merged on the device over its forwards so a captured step reads none
+// of them on the host (the engine reads them after the step): the sum of l_aux, the forwards
+// merged, the last capacity, the routes dropped, the fewest and most rows an expert computed.
+struct MoeStepFigures {
+  float l_aux_sum = 0;
+  std::int32_t forwards = 0, capacity = 0, dropped = 0, min_load = 0, max_load = 0;
+};
+
+// Merges one forward's outputs (kept_counts [E], stats [2], l_aux [1], as moe_gate_forward wrote
+// them) into *acc; `first`: *acc starts from this forward. One warp, integer min / max: exact.
+void moe_step_figures_merge(cudaStream_t s, const std::int32_t* kept_counts, const std::int32_t* stats,
+                            const float* l_aux, int experts, MoeStepFigures* acc, bool first);
+
 }  // namespace cutrain::kernels

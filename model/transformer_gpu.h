@@ -2,9 +2,11 @@
 // the BF16 example's post-LN blocks, GPT-2's pre-LN blocks (transformer_gpu_gpt2.cpp) or BERT's
 // encoder and masked-LM head (transformer_gpu_bert.cpp; docs/bert.md), fused cross-entropy, every layer's gradients landing in the flat gradient buffer. Activations and
 // scratch come from the caching allocator once, at the first call, so the call sequence is static
-// (CUDA-graph capturable): no allocation, no host sync. A model with MoE blocks (MoeDims) is the
-// exception: each MoE layer (model/moe_layer.h) syncs its stream once per forward for the routing
-// counts and takes its activations at each forward, so it is not capturable (moe_capturable()).
+// (CUDA-graph capturable): no allocation, no host sync. MoE blocks (MoeDims) keep that with token
+// dropping and no gate noise (model/moe_layer.h's slot layout); without dropping, with an
+// expert-parallel group or with noise drawn per step, each MoE layer syncs its stream once per
+// forward for the routing counts or takes the step's seed as a host value, so such a model is not
+// capturable (moe_capturable()).
 // random-LTD (set_token_drop): a dropping block runs on the gathered kept tokens of each sequence
 // (kernels/token_drop.cuh) and its output is scattered back; the dropped rows bypass it.
 // BERT's masked-LM head runs on the labelled rows only (kernels/mlm_gather.cuh): B x max_pred
@@ -17,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "kernels/attention.cuh"
@@ -157,11 +160,14 @@ class GpuTransformer {
 
   // MoE blocks: the gate noise's seed of the next step's forwards (moe_forward_seed(seed, step,
   // micro-batch)), and what each MoE block routed over the micro-batches since the last
-  // forward_backward with accumulate = false (one entry per MoE block, in block order).
+  // forward_backward with accumulate = false (one entry per MoE block, in block order): merged on
+  // the device during the step, read by read_moe_stats after it (synchronizes `s`; call it only
+  // after a training forward_backward), moe_stats() the last read.
   void set_moe_step(std::uint64_t seed, int step) {
     moe_seed_ = seed;
     moe_step_ = step;
   }
+  const std::vector<MoeBlockStats>& read_moe_stats(cudaStream_t s);
   const std::vector<MoeBlockStats>& moe_stats() const { return moe_stats_; }
   // random-LTD for the next forward_backward calls (forward_loss never drops): each drop block
   // keeps `kept` tokens per sequence at the positions `d_indices` (device int32 [drop_layers
@@ -170,7 +176,10 @@ class GpuTransformer {
   // sequence depends on `kept` (kernel shapes), not on the indices: a graph captured for one kept
   // count replays for any indices at that count.
   void set_token_drop(int kept, const std::int32_t* d_indices);
-  bool moe_capturable() const { return !table_.dims().moe.any(); }
+  // Whether every MoE block's training pass is capturable (MoeLayerGpu::capturable; true without
+  // MoE blocks), and why not (empty when it is).
+  bool moe_capturable() const { return moe_eager_reason().empty(); }
+  std::string moe_eager_reason() const;
 
   // A sequence-length curriculum: the next calls run `rows` sequences of `seq` tokens (tokens and
   // labels [rows*seq]; positions 0 .. seq-1, attention, the loss's mean and every kernel's rows
@@ -344,7 +353,8 @@ class GpuTransformer {
   float *mean_f_ = nullptr, *rstd_f_ = nullptr;
   Unit tied_{};                                    // GPT-2: the embedding unit the head reads (wte)
   // MoE: block l's layer (null for a dense block); the mode of the forward running (training
-  // capacity and noise, or evaluation); a recompute's forward records no stats.
+  // capacity and noise, or evaluation); a recompute's forward merges no stats; the last read
+  // step figures.
   std::vector<std::unique_ptr<MoeLayerGpu>> moe_;
   void moe_forward(cudaStream_t s, const Unit& U, int l, const bf16* x, bf16* y);
   std::vector<MoeBlockStats> moe_stats_;

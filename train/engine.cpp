@@ -71,10 +71,6 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   std::string why;
   CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");
   describe_ = "cuda (" + device_info().name + ")";
-  if (o.dims.moe.any() && opt_.cuda_graph) {  // the MoE layers sync for their routing counts
-    opt_.cuda_graph = false;
-    describe_ += ", eager steps: the MoE layers are not CUDA-graph capturable";
-  }
   if (expert_parallel_path(o)) {
     // DeepSpeed's groups (parallel/expert_parallel_plan.h), every bad value named before any
     // allocation; the expert-parallel group as an NCCL sub-communicator (collective).
@@ -219,6 +215,17 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   }
   drop_layers_ = std::move(drop_layers);
   model_ = make_model();
+  if (o.dims.moe.any() && opt_.cuda_graph) {
+    // Token dropping without noise: the MoE layers' slot layout keeps the counts on the device and
+    // the step is captured like a dense one; otherwise they read counts or seeds on the host.
+    const std::string why = model_->moe_eager_reason();
+    if (why.empty()) {
+      describe_ += ", MoE layers in the CUDA graph (fixed [experts, capacity] slots)";
+    } else {
+      opt_.cuda_graph = false;
+      describe_ += ", eager steps: the MoE layers are not CUDA-graph capturable (" + why + ")";
+    }
+  }
   if (o.tensor_parallel_engine || o.tensor_parallel > 1) setup_tensor_parallel();
   if (o.pipeline_engine || o.stages_in_process > 1 || o.pipeline_stages > 1) setup_pipeline();
   if (o.dims.arch == model::Arch::Bert) {  // dropout: the kernels read the step from step_d_
@@ -565,6 +572,7 @@ double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_
   stage_step(drop_step);
   enqueue_forward_backward(/*step=*/false);
   read_flags();
+  if (table_.dims().moe.any()) model_->read_moe_stats(stream_);
   double loss = 0;
   for (int a = 0; a < accum_; ++a) loss += flags_h_[a] / accum_;
   return loss;
@@ -686,7 +694,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   read_flags();
   StepStats st;
   for (int a = 0; a < accum_; ++a) st.loss += flags_h_[a] / accum_;
-  st.moe = model_->moe_stats();
+  if (table_.dims().moe.any()) st.moe = model_->read_moe_stats(stream_);  // merged on the device during the step
   st.layer_tokens = step_layer_tokens_;
   st.ce_loss = st.loss;
   st.distilled = distill_now_;
