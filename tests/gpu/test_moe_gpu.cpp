@@ -323,7 +323,7 @@ TEST(MoeSlotsGpu, ZeroEmptySlotsNamesBadArguments) {
 // The strided-batched GEMMs of the slot layout (kernels/gemm.cuh's *_batched): every batch of M
 // rows is one group of the grouped reference, weights [B, N, K]; odd shapes (2-byte aligned batch
 // starts), bf16 and fp32 weight gradients, written and accumulated.
-TEST(GemmBatchedGpu, MatchesReference) {
+TEST(MoeSlotsGpu, BatchedGemmMatchesReference) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   struct Case { int B, M, N, K; };
