@@ -3,7 +3,8 @@
 // most k · max_tokens packed; with an expert-parallel group the experts' rows: at most the group's
 // members times what one member can send); the backward reuses the fc2 output gradient's buffer
 // for the expert input gradient once fc2's GEMMs have read it. Each phase is a timing region
-// (gate, permute, experts, unpermute, residual) inside the model's "moe".
+// (gate, counts, permute, experts, unpermute, residual) inside the model's "moe" (no range of the
+// layer's own, so the paths read step/fwd/layer01/moe/experts).
 #include "model/moe_layer.h"
 
 #include <algorithm>
@@ -19,7 +20,6 @@
 #include "kernels/moe_residual.cuh"
 #include "model/moe_dispatch_plan.h"
 #include "runtime/check.h"
-#include "runtime/nvtx.h"
 #include "runtime/timing.h"
 
 namespace cutrain::model {
@@ -158,7 +158,6 @@ void MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const bf16* x, bf1
   validate(m.c, tokens);
   CUTRAIN_CHECK(tokens <= m.max_tokens, "MoE layer: ", tokens, " tokens is more than max_tokens = ", m.max_tokens);
   CUTRAIN_CHECK(params && x && y, "MoE layer forward: params, x and y must be non-null");
-  NvtxRange range("moe_forward");
   const int E = m.c.experts, H = m.c.hidden, F = m.c.ffn, K = m.c.k;
   m.T = tokens;
   const bf16* wg = params + m.layout.wg;
@@ -321,7 +320,6 @@ void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, co
   CUTRAIN_CHECK(params && x && dy && dx && grads, "MoE layer backward: every pointer must be non-null");
   CUTRAIN_CHECK(grad_type == DType::BF16 || grad_type == DType::F32,
                 "MoE layer backward: gradients must be bf16 or fp32, got ", dtype_name(grad_type));
-  NvtxRange range("moe_backward");
   const int E = m.c.experts, H = m.c.hidden, F = m.c.ffn, K = m.c.k, T = m.T;
   const bf16* wg = params + m.layout.wg;
   const bf16* w1 = params + m.layout.w1;
