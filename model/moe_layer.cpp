@@ -42,8 +42,10 @@ struct MoeLayerGpu::Impl {
   // received [P][E/P]. The packed layout reads them on the host every forward.
   Buffer small;
   std::int32_t* host_small = nullptr;
-  // The step's routing figures (kernels::MoeStepFigures), merged on the device.
+  // The step's routing figures (kernels::MoeStepFigures), merged on the device, and their pinned
+  // host copy.
   Buffer figures;
+  kernels::MoeStepFigures* host_figures = nullptr;
   // The slot layout (model/moe_layer.h): token dropping without a group; C of the last forward.
   bool slotted = false;
   int C = 0;
@@ -79,6 +81,9 @@ struct MoeLayerGpu::Impl {
     figures = Buffer(alloc, sizeof(kernels::MoeStepFigures));
     CUTRAIN_CUDA_CHECK(cudaMemset(figures.get(), 0, figures.bytes()));  // no forward merged yet
     CUTRAIN_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_small), small.bytes(), cudaHostAllocDefault));
+    CUTRAIN_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_figures), sizeof(*host_figures),
+                                     cudaHostAllocDefault));
+    *host_figures = {};
     // The experts' rows: every member's at most (model/moe_dispatch_plan.h); fc1 / GELU on them.
     const std::size_t RE =
         ep ? P * std::size_t(moe_dispatch_max_rows(c.experts, int(P), c.k, max_t, c.drop_tokens,
@@ -126,6 +131,7 @@ struct MoeLayerGpu::Impl {
   }
   ~Impl() {
     if (host_small) cudaFreeHost(host_small);
+    if (host_figures) cudaFreeHost(host_figures);
   }
 
   kernels::MoeRouting routing() const {
@@ -284,12 +290,15 @@ void MoeLayerGpu::merge_step_stats(cudaStream_t s, bool first) {
                                   m.figures.as<kernels::MoeStepFigures>(), first);
 }
 
-MoeBlockStats MoeLayerGpu::read_step_stats(cudaStream_t s) const {
+void MoeLayerGpu::stage_step_stats(cudaStream_t s) const {
   const Impl& m = *impl_;
-  kernels::MoeStepFigures f;
-  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(&f, m.figures.get(), sizeof(f), cudaMemcpyDeviceToHost, s));
-  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
-  CUTRAIN_CHECK(f.forwards > 0, "MoE layer read_step_stats: no forward was merged (merge_step_stats)");
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(m.host_figures, m.figures.get(), sizeof(kernels::MoeStepFigures),
+                                     cudaMemcpyDeviceToHost, s));
+}
+
+MoeBlockStats MoeLayerGpu::staged_step_stats() const {
+  const kernels::MoeStepFigures& f = *impl_->host_figures;
+  CUTRAIN_CHECK(f.forwards > 0, "MoE layer step stats: no forward was merged (merge_step_stats)");
   MoeBlockStats b;
   b.l_aux = double(f.l_aux_sum) / f.forwards;
   b.capacity = f.capacity;
@@ -297,6 +306,12 @@ MoeBlockStats MoeLayerGpu::read_step_stats(cudaStream_t s) const {
   b.min_load = f.min_load;
   b.max_load = f.max_load;
   return b;
+}
+
+MoeBlockStats MoeLayerGpu::read_step_stats(cudaStream_t s) const {
+  stage_step_stats(s);
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
+  return staged_step_stats();
 }
 
 const char* MoeLayerGpu::eager_reason(const MoeConfig& c, bool expert_parallel) {

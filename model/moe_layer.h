@@ -81,9 +81,13 @@ class MoeLayerGpu {
   MoeForwardStats last_stats(cudaStream_t s) const;
   // Folds the last forward's routing into the step's figures on the device (`first`: the step's
   // first forward); read_step_stats synchronizes `s` and returns them (l_aux: the mean over the
-  // merged forwards; `layer` left 0).
+  // merged forwards; `layer` left 0; an error when no forward was merged).
   void merge_step_stats(cudaStream_t s, bool first);
   MoeBlockStats read_step_stats(cudaStream_t s) const;
+  // The same in two halves, so a model's layers share one synchronization: the copy to pinned host
+  // memory queued on `s`, then (once `s` is synchronized) its figures.
+  void stage_step_stats(cudaStream_t s) const;
+  MoeBlockStats staged_step_stats() const;
 
   // Whether the layer's training forward and backward are free of host synchronization and of
   // per-call host values (the slot layout, no gate noise): a CUDA graph may hold them.

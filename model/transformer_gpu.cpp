@@ -83,9 +83,12 @@ void GpuTransformer::moe_forward(cudaStream_t s, const Unit& U, int l, const bf1
 
 const std::vector<MoeBlockStats>& GpuTransformer::read_moe_stats(cudaStream_t s) {
   moe_stats_.clear();
+  for (const auto& m : moe_)
+    if (m) m->stage_step_stats(s);
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));  // one for every layer's copy
   for (int l = 0; l < int(moe_.size()); ++l) {
     if (!moe_[std::size_t(l)]) continue;
-    MoeBlockStats b = moe_[std::size_t(l)]->read_step_stats(s);
+    MoeBlockStats b = moe_[std::size_t(l)]->staged_step_stats();
     b.layer = l;
     moe_stats_.push_back(b);
   }
