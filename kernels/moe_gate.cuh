@@ -40,7 +40,14 @@ struct MoeGateNoise {
   bool second_sampling = false;  // route 1 of top-2 by argmax(logits + Gumbel) without route 0's expert
   bool rts = false;              // top-1 with drop_tokens: random token selection over capacity
   std::uint64_t seed = 0;
+  // Non-null: the draws use *seed_word ^ seed, read on the device when the kernels run, so a
+  // captured CUDA graph draws the noise of the word's value at each replay.
+  const std::uint64_t* seed_word = nullptr;
 };
+
+__host__ __device__ inline std::uint64_t moe_noise_seed(std::uint64_t seed, const std::uint64_t* seed_word) {
+  return seed_word ? *seed_word ^ seed : seed;
+}
 
 // The selection key of token s routed to expert e under rts: 24 random bits above the complement
 // of the token index (larger keys are kept; equal draws keep the lower token).

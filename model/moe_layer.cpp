@@ -67,6 +67,7 @@ struct MoeLayerGpu::Impl {
   std::vector<int> rows;
   bool jitter = false;
   std::uint64_t seed = 0;
+  const std::uint64_t* seed_word = nullptr;
 
   Impl(const MoeConfig& cfg, int max_t, CachingAllocator& alloc, comm::Communicator* group, bool packed)
       : c(cfg), layout(moe_param_layout(cfg)), max_tokens(max_t), gemm(&alloc), grouped(cfg.experts), ep(group) {
@@ -159,7 +160,7 @@ MoeLayerGpu::~MoeLayerGpu() = default;
 const MoeConfig& MoeLayerGpu::config() const { return impl_->c; }
 
 void MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const bf16* x, bf16* y, int tokens, bool train,
-                          std::uint64_t seed) {
+                          std::uint64_t seed, const std::uint64_t* seed_word) {
   Impl& m = *impl_;
   validate(m.c, tokens);
   CUTRAIN_CHECK(tokens <= m.max_tokens, "MoE layer: ", tokens, " tokens is more than max_tokens = ", m.max_tokens);
@@ -171,7 +172,8 @@ void MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const bf16* x, bf1
   const bf16* w2 = params + m.layout.w2;
 
   m.jitter = train && m.c.noisy_gate_policy == MoeNoisyGate::Jitter;
-  m.seed = seed;
+  m.seed = seed_word ? 0 : seed;  // with a word the derivations XOR onto its value on the device
+  m.seed_word = seed_word;
   std::int32_t* small = m.small.as<std::int32_t>();
   m.C = m.c.drop_tokens ? moe_layer_capacity(m.c, tokens, train) : 0;
   {
@@ -179,7 +181,7 @@ void MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const bf16* x, bf1
     const bf16* gate_in = x;
     if (m.jitter) {
       kernels::moe_jitter_forward(s, x, m.xj.as<bf16>(), std::size_t(tokens) * H, kMoeJitterEps,
-                                  moe_jitter_seed(seed));
+                                  moe_jitter_seed(m.seed), seed_word);
       gate_in = m.xj.as<bf16>();
     }
     m.gemm.forward_fp32(s, gate_in, wg, m.logits.as<float>(), tokens, E, H);
@@ -190,7 +192,8 @@ void MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const bf16* x, bf1
     shape.noise.rsample = train && m.c.noisy_gate_policy == MoeNoisyGate::RSample;
     shape.noise.second_sampling = m.c.top2_2nd_expert_sampling && K == 2;
     shape.noise.rts = m.c.use_rts;
-    shape.noise.seed = moe_gumbel_seed(seed);
+    shape.noise.seed = moe_gumbel_seed(m.seed);
+    shape.noise.seed_word = seed_word;
     kernels::moe_gate_forward(s, m.logits.as<float>(), shape, out, m.gate_ws.get());
   }
   const auto rt = m.routing();
@@ -314,19 +317,19 @@ MoeBlockStats MoeLayerGpu::read_step_stats(cudaStream_t s) const {
   return staged_step_stats();
 }
 
-const char* MoeLayerGpu::eager_reason(const MoeConfig& c, bool expert_parallel) {
+const char* MoeLayerGpu::eager_reason(const MoeConfig& c, bool expert_parallel, bool seed_words) {
   if (!c.drop_tokens) return "without token dropping the largest expert count, read on the host, sizes the work";
   if (expert_parallel) return "the expert-parallel exchange reads the routing counts on the host";
-  if (c.noisy_gate_policy != MoeNoisyGate::None || c.use_rts || c.top2_2nd_expert_sampling)
+  if (!seed_words && (c.noisy_gate_policy != MoeNoisyGate::None || c.use_rts || c.top2_2nd_expert_sampling))
     return "the gate noise's seed is a host value of each step";
   return nullptr;
 }
 
-const char* MoeLayerGpu::eager_reason() const {
-  if (const char* why = eager_reason(impl_->c, impl_->ep != nullptr)) return why;
+const char* MoeLayerGpu::eager_reason(bool seed_words) const {
+  if (const char* why = eager_reason(impl_->c, impl_->ep != nullptr, seed_words)) return why;
   return impl_->slotted ? nullptr : "the packed layout reads the routing counts on the host";
 }
-bool MoeLayerGpu::capturable() const { return eager_reason() == nullptr; }
+bool MoeLayerGpu::capturable(bool seed_words) const { return eager_reason(seed_words) == nullptr; }
 
 void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, const bf16* dy, float aux_grad,
                            bf16* dx, void* grads, DType grad_type, bool accumulate, bool dx_accumulate) {
@@ -411,7 +414,8 @@ void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, co
                              m.dweight.as<float>(), m.ce.as<float>(), aux_grad, T, E, K, m.dlogits.as<bf16>());
   if (m.jitter) {  // logits = (x ⊙ u)·Wgᵀ
     m.gemm.grad_input(s, m.dlogits.as<bf16>(), wg, m.dxg.as<bf16>(), T, E, H);
-    kernels::moe_jitter_backward(s, m.dxg.as<bf16>(), dx, std::size_t(T) * H, kMoeJitterEps, moe_jitter_seed(m.seed));
+    kernels::moe_jitter_backward(s, m.dxg.as<bf16>(), dx, std::size_t(T) * H, kMoeJitterEps, moe_jitter_seed(m.seed),
+                                 m.seed_word);
     m.gemm.grad_weight(s, m.dlogits.as<bf16>(), m.xj.as<bf16>(), g + m.layout.wg * es, grad_type, T, E, H,
                        accumulate);
   } else {

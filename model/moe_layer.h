@@ -72,10 +72,12 @@ class MoeLayerGpu {
 
   // y[T,H] from x[T,H] (bf16); params bf16 at moe_param_layout. `train` picks capacity_factor or
   // eval_capacity_factor (and enables noisy_gate_policy). `seed` draws the gate's noise (a
-  // function of the step keeps a resumed run's routing). x and params must stay unchanged until
-  // backward.
+  // function of the step keeps a resumed run's routing); `seed_word` (device, may be null): the
+  // seed is read there instead, when the kernels run, so a captured graph draws the noise of the
+  // value written before each replay (it must hold until backward). x and params must stay
+  // unchanged until backward.
   void forward(cudaStream_t s, const bf16* params, const bf16* x, bf16* y, int tokens, bool train,
-               std::uint64_t seed = 0);
+               std::uint64_t seed = 0, const std::uint64_t* seed_word = nullptr);
 
   // The last forward's routing on the host (synchronizes `s`).
   MoeForwardStats last_stats(cudaStream_t s) const;
@@ -90,13 +92,14 @@ class MoeLayerGpu {
   MoeBlockStats staged_step_stats() const;
 
   // Whether the layer's training forward and backward are free of host synchronization and of
-  // per-call host values (the slot layout, no gate noise): a CUDA graph may hold them.
-  bool capturable() const;
+  // per-call host values (the slot layout; no gate noise, or its seed from a device word:
+  // `seed_words`, the caller passes one to every training forward): a CUDA graph may hold them.
+  bool capturable(bool seed_words = false) const;
   // Why a configuration's layer is not capturable (null when it is): no token dropping, an
   // expert-parallel group, or noise drawn per call (noisy_gate_policy, random token selection,
-  // second-expert sampling: their seed is a host value of each step).
-  static const char* eager_reason(const MoeConfig& c, bool expert_parallel);
-  const char* eager_reason() const;
+  // second-expert sampling) with its seed a host value of each step (no `seed_words`).
+  static const char* eager_reason(const MoeConfig& c, bool expert_parallel, bool seed_words = false);
+  const char* eager_reason(bool seed_words = false) const;
 
   // After forward: dx[T,H] written (or, `dx_accumulate`, added to: dx may then be dy itself, which
   // is read before dx is first written); grads of `grad_type` (bf16 or fp32) at moe_param_layout,

@@ -77,7 +77,8 @@ GpuTransformer::GpuTransformer(const TransformerParams& table, int B, int S, boo
 // reads them after the step (read_moe_stats).
 void GpuTransformer::moe_forward(cudaStream_t s, const Unit& U, int l, const bf16* x, bf16* y) {
   MoeLayerGpu& layer = *moe_[std::size_t(l)];
-  layer.forward(s, U.w(table_.layer(l).moe), x, y, M_, moe_train_, moe_forward_seed(moe_seed_, moe_step_, moe_micro_));
+  layer.forward(s, U.w(table_.layer(l).moe), x, y, M_, moe_train_, moe_forward_seed_of(moe_micro_),
+                moe_train_ && moe_seed_words_ ? moe_seed_words_ + moe_micro_ : nullptr);  // eval: never captured
   if (moe_train_ && !moe_recompute_) layer.merge_step_stats(s, /*first=*/moe_micro_ == 0);
 }
 
@@ -97,8 +98,8 @@ const std::vector<MoeBlockStats>& GpuTransformer::read_moe_stats(cudaStream_t s)
 
 std::string GpuTransformer::moe_eager_reason() const {
   for (int l = 0; l < int(moe_.size()); ++l)
-    if (moe_[std::size_t(l)] && !moe_[std::size_t(l)]->capturable())
-      return moe_[std::size_t(l)]->eager_reason();
+    if (moe_[std::size_t(l)] && !moe_[std::size_t(l)]->capturable(moe_seed_words_ != nullptr))
+      return moe_[std::size_t(l)]->eager_reason(moe_seed_words_ != nullptr);
   return "";
 }
 

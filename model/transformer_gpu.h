@@ -168,6 +168,12 @@ class GpuTransformer {
     moe_step_ = step;
   }
   const std::vector<MoeBlockStats>& read_moe_stats(cudaStream_t s);
+  // The gate noise's seeds on the device (uint64 [micro-batches], may be null): micro-batch m's
+  // training forwards read word m (written before each step: moe_forward_seed_of(m)) when their
+  // kernels run, so a step captured in a CUDA graph draws each replay's noise; the noisy MoE
+  // layers are then capturable. The words must stay valid while the model runs.
+  void set_moe_seed_words(const std::uint64_t* d_words) { moe_seed_words_ = d_words; }
+  std::uint64_t moe_forward_seed_of(int micro) const { return moe_forward_seed(moe_seed_, moe_step_, micro); }
   const std::vector<MoeBlockStats>& moe_stats() const { return moe_stats_; }
   // random-LTD for the next forward_backward calls (forward_loss never drops): each drop block
   // keeps `kept` tokens per sequence at the positions `d_indices` (device int32 [drop_layers
@@ -362,6 +368,7 @@ class GpuTransformer {
   float moe_grad_scale_ = 1.f;  // the running forward_backward's grad_scale
   int moe_micro_ = 0, moe_step_ = 0;
   std::uint64_t moe_seed_ = 0;
+  const std::uint64_t* moe_seed_words_ = nullptr;
   void* scratch_ = nullptr;
   std::size_t workspace_bytes_ = 0;
   std::optional<Distillation> distill_;  // set_distillation's, for forward_backward

@@ -215,9 +215,16 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   }
   drop_layers_ = std::move(drop_layers);
   model_ = make_model();
+  if (o.dims.moe.any()) {  // the gate noise's seeds read on the device (staged per step)
+    moe_seeds_d_ = Buffer(A, accum_ * sizeof(std::uint64_t), stream_);
+    CUTRAIN_CUDA_CHECK(cudaMallocHost(&moe_seeds_h_, accum_ * sizeof(std::uint64_t)));
+    std::fill(moe_seeds_h_, moe_seeds_h_ + accum_, std::uint64_t(0));
+    model_->set_moe_seed_words(moe_seeds_d_.as<std::uint64_t>());
+  }
   if (o.dims.moe.any() && opt_.cuda_graph) {
-    // Token dropping without noise: the MoE layers' slot layout keeps the counts on the device and
-    // the step is captured like a dense one; otherwise they read counts or seeds on the host.
+    // Token dropping: the MoE layers' slot layout keeps the counts on the device and the gate
+    // noise's seeds come from moe_seeds_d_, so the step is captured like a dense one; without
+    // dropping or with expert parallelism they read counts on the host.
     const std::string why = model_->moe_eager_reason();
     if (why.empty()) {
       describe_ += ", MoE layers in the CUDA graph (fixed [experts, capacity] slots)";
@@ -300,6 +307,7 @@ GpuEngine::~GpuEngine() {
   cudaFreeHost(labels_h_);
   cudaFreeHost(flags_h_);
   if (step_h_) cudaFreeHost(step_h_);
+  if (moe_seeds_h_) cudaFreeHost(moe_seeds_h_);
   if (drop_idx_h_) cudaFreeHost(drop_idx_h_);
 }
 
@@ -393,6 +401,13 @@ void GpuEngine::stage_step(int step) {
   model_->set_dropout(opt_.seed, std::uint32_t(step), step_d_.as<std::uint32_t>());
 }
 
+// The MoE gates' noise seeds of the step the model was set to (set_moe_step), one per micro-batch
+// (the previous step's copy finished with its sync).
+void GpuEngine::stage_moe_seeds() {
+  if (!moe_seeds_h_) return;
+  for (int a = 0; a < accum_; ++a) moe_seeds_h_[a] = model_->moe_forward_seed_of(a);
+}
+
 // random-LTD's selection of every micro-batch of `step` (1-based; 0: no drop) into the pinned
 // staging, and the layer tokens it makes the step process.
 void GpuEngine::stage_drop(int step) {
@@ -425,6 +440,9 @@ void GpuEngine::enqueue_forward_backward(bool step) {
                                          cudaMemcpyHostToDevice, stream_));
     if (step_h_)
       CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(step_d_.get(), step_h_, sizeof(std::uint32_t), cudaMemcpyHostToDevice, stream_));
+    if (moe_seeds_h_)
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(moe_seeds_d_.get(), moe_seeds_h_, accum_ * sizeof(std::uint64_t),
+                                         cudaMemcpyHostToDevice, stream_));
   }
   float* flags = as_f32(flags_d_);
   int* status = reinterpret_cast<int*>(flags + accum_ + 3);
@@ -570,6 +588,7 @@ double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_
   stage_batch(tokens, labels);
   stage_drop(drop_step);
   stage_step(drop_step);
+  stage_moe_seeds();
   enqueue_forward_backward(/*step=*/false);
   read_flags();
   if (table_.dims().moe.any()) model_->read_moe_stats(stream_);
@@ -599,6 +618,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   stage_drop(step);
   stage_step(step);
   model_->set_moe_step(opt_.seed, step);  // the MoE gates' noise: a function of the step
+  stage_moe_seeds();
   // One graph per step shape (random-LTD's kept count, the curriculum's rows x seq): a shape's
   // first step runs eagerly (cuBLASLt plans, first allocation of activations), its second is
   // captured and every later one replays the graph (train/step_graphs.h).

@@ -4,7 +4,8 @@
 // relative error. Inputs are fresh, redrawn until no token's chosen logits lie within 1e-3 of the
 // next (fp32 and fp64 logits then route alike); outputs poisoned first, and the layer's own buffers
 // start as NaN (the allocator's cache poisoned). With token dropping both layouts: the [E, C]
-// slots (no host synchronization) and the packed rows; the step figures merged on the device.
+// slots (no host synchronization; the noise's seed from a device word) and the packed rows (the
+// seed from the host); the step figures merged on the device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -102,7 +103,12 @@ TEST(MoeLayerGpu, MatchesReferenceWithGradients) {
       model::MoeLayerGpu layer(c, cs.T + 7, alloc, nullptr, packed);
       EXPECT_EQ(layer.capturable(), !packed && cs.drop && cs.noise == model::MoeNoisyGate::None && !cs.second_sampling &&
                                         !cs.rts);
-      layer.forward(nullptr, dp.get(), dx_in.get(), y.get(), cs.T, true, seed);
+      EXPECT_EQ(layer.capturable(/*seed_words=*/true), !packed && cs.drop);
+      // The slots read the noise's seed from a device word (the host's value is then ignored: a
+      // wrong one here), the packed rows take it from the host.
+      const DeviceArray<std::uint64_t> word(std::vector<std::uint64_t>{seed});
+      if (packed) layer.forward(nullptr, dp.get(), dx_in.get(), y.get(), cs.T, true, seed);
+      else layer.forward(nullptr, dp.get(), dx_in.get(), y.get(), cs.T, true, ~seed, word.get());
       const auto st = layer.last_stats(nullptr);
       layer.merge_step_stats(nullptr, true);
       const model::MoeBlockStats fig = layer.read_step_stats(nullptr);

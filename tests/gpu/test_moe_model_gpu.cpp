@@ -2,8 +2,8 @@
 // top-2, standard and PR-MoE's residual MLP): the routing figures, the loss, the aux loss and every
 // parameter gradient at step 0; engine steps with MoE captured in a CUDA graph (token dropping,
 // no gate noise) with a loss that falls on a fixed batch; graph replays equal to eager steps bit
-// for bit (losses, norms, routing figures, parameters) with no allocation after the capture, and
-// the eager cases (no token dropping, Jitter) named; activation checkpointing keeps the bits and
+// for bit (losses, norms, routing figures, parameters) with no allocation after the capture, the
+// noisy gates included, and the eager case (no token dropping) named; activation checkpointing keeps the bits and
 // the routing figures (the recompute is not counted twice) under gradient accumulation.
 #include <gtest/gtest.h>
 
@@ -151,17 +151,20 @@ TEST(MoeEngineGpu, StepsAreCapturedAndTheLossFalls) {
 }
 
 // Graph replays against eager steps of the same model: both architectures, top-1 / top-2, PR-MoE,
-// two micro-batches per step and clipping, so the routing figures merge over micro-batches inside
-// the graph. Bit for bit: losses, norms, routing figures, parameters. After the capture the steps
-// allocate nothing.
+// the Jitter and RSample gates (a replay that kept the captured step's noise would part from the
+// eager steps), two micro-batches per step and clipping, so the routing figures merge over
+// micro-batches inside the graph. Bit for bit: losses, norms, routing figures, parameters. After
+// the capture the steps allocate nothing.
 TEST(MoeEngineGpu, GraphReplayEqualsEagerBitForBit) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  struct Case { model::Arch arch; int k; bool residual; const char* layout; };
-  for (const Case& c : {Case{model::Arch::Simple, 1, false, "bf16_full"}, Case{model::Arch::Gpt2, 2, true, "baseline"},
-                        Case{model::Arch::Simple, 2, true, "bf16_master_wg"}}) {
+  struct Case { model::Arch arch; int k; bool residual; const char* layout; model::MoeNoisyGate noise; };
+  for (const Case& c : {Case{model::Arch::Simple, 1, false, "bf16_full", model::MoeNoisyGate::None},
+                        Case{model::Arch::Gpt2, 2, true, "baseline", model::MoeNoisyGate::None},
+                        Case{model::Arch::Simple, 2, true, "bf16_master_wg", model::MoeNoisyGate::Jitter},
+                        Case{model::Arch::Gpt2, 1, false, "bf16_full", model::MoeNoisyGate::RSample}}) {
     SCOPED_TRACE(std::string(c.arch == model::Arch::Gpt2 ? "gpt2" : "simple") + " top-" + std::to_string(c.k) +
-                 (c.residual ? " residual " : " ") + c.layout);
+                 (c.residual ? " residual " : " ") + c.layout + " noise " + std::to_string(int(c.noise)));
     train::BackendOptions graph = test::small_model(rng());
     graph.dims.arch = c.arch;
     graph.causal = true;
@@ -170,6 +173,7 @@ TEST(MoeEngineGpu, GraphReplayEqualsEagerBitForBit) {
     graph.dims.moe.use_residual = c.residual;
     graph.dims.moe.capacity_factor = 0.75;  // some routes dropped, some experts full
     graph.dims.moe.loss_coeff = 0.05;
+    graph.dims.moe.noisy_gate_policy = c.noise;  // its seed per step and micro-batch from device words
     train::BackendOptions eager = graph;
     eager.cuda_graph = false;
     train::TrainConfig cfg = config_for(c.layout, graph.batch, 2);
@@ -209,8 +213,8 @@ TEST(MoeEngineGpu, GraphReplayEqualsEagerBitForBit) {
   }
 }
 
-// Token dropping off, or a gate noise drawn per step: the MoE layers read counts or seeds on the
-// host, so the steps run eagerly, the start line saying why.
+// Token dropping off: the MoE layers read their counts on the host, so the steps run eagerly, the
+// start line saying why; a noisy gate (its seeds from device words) is captured.
 TEST(MoeEngineGpu, EagerCasesAreNamed) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
@@ -219,11 +223,15 @@ TEST(MoeEngineGpu, EagerCasesAreNamed) {
   train::BackendOptions no_drop = o, jitter = o;
   no_drop.dims.moe.drop_tokens = false;
   jitter.dims.moe.noisy_gate_policy = model::MoeNoisyGate::Jitter;
-  for (const auto& [opt, why] : {std::pair{no_drop, "without token dropping"}, std::pair{jitter, "gate noise"}}) {
-    train::GpuEngine eng(opt, config_for("bf16_full", o.batch));
+  for (const bool eager : {true, false}) {
+    train::GpuEngine eng(eager ? no_drop : jitter, config_for("bf16_full", o.batch));
     const std::string d = eng.describe();
-    EXPECT_NE(d.find("eager steps: the MoE layers are not CUDA-graph capturable"), std::string::npos) << d;
-    EXPECT_NE(d.find(why), std::string::npos) << d;
+    if (eager) {
+      EXPECT_NE(d.find("eager steps: the MoE layers are not CUDA-graph capturable (without token dropping"),
+                std::string::npos) << d;
+    } else {
+      EXPECT_NE(d.find("MoE layers in the CUDA graph"), std::string::npos) << d;
+    }
     const std::size_t n = std::size_t(o.batch) * o.seq;
     const auto tok = test::random_ints(n, rng, 0, o.dims.vocab - 1), lab = test::random_ints(n, rng, 0, o.dims.vocab - 1);
     for (int step = 1; step <= 3; ++step) {
@@ -231,8 +239,8 @@ TEST(MoeEngineGpu, EagerCasesAreNamed) {
       ASSERT_EQ(st.moe.size(), 1u);
       EXPECT_GT(st.moe[0].l_aux, 0.0);
     }
-    EXPECT_EQ(eng.graph_captures(), 0);
-    EXPECT_FALSE(eng.graph_active());
+    EXPECT_EQ(eng.graph_captures(), eager ? 0 : 1);
+    EXPECT_EQ(eng.graph_active(), !eager);
   }
 }
 
