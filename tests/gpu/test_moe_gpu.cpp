@@ -146,6 +146,14 @@ TEST(MoeGateGpu, NoiseMatchesReference) {
     EXPECT_EQ(g.expert.download(), ref.expert);
     EXPECT_EQ(g.position.download(), ref.position);
     EXPECT_LT(test::rel_error(g.weight.download(), ref.weight), kF32Tol);
+    // The seed from a device word (XOR-ed with the host's value): the same draws.
+    const DeviceArray<std::uint64_t> word(std::vector<std::uint64_t>{seed ^ 0x5bd1e995ULL});
+    GpuGate gw(c.T, c.E, c.k);
+    sh.noise.seed = 0x5bd1e995ULL;
+    sh.noise.seed_word = word.get();
+    kernels::moe_gate_forward(nullptr, dl.get(), sh, gw.outputs(), gw.ws.get());
+    EXPECT_EQ(gw.expert.download(), ref.expert) << "seed word";
+    EXPECT_EQ(gw.position.download(), ref.position) << "seed word";
   }
 }
 
@@ -508,7 +516,9 @@ TEST(MoeJitterGpu, MatchesReference) {
     const auto x = test::round_bf16(test::random_normal(n, rng)), g = test::round_bf16(test::random_normal(n, rng));
     const auto d0 = test::round_bf16(test::random_normal(n, rng));
     DeviceArray<bf16> dx_(test::to_bf16(x)), xj(n), dg(test::to_bf16(g)), dd(test::to_bf16(d0));
-    kernels::moe_jitter_forward(nullptr, dx_.get(), xj.get(), n, eps, seed);
+    // The forward's seed from a device word XOR-ed with the host's value, the backward's from the host.
+    const DeviceArray<std::uint64_t> word(std::vector<std::uint64_t>{seed ^ 0xc2b2ae35ULL});
+    kernels::moe_jitter_forward(nullptr, dx_.get(), xj.get(), n, eps, 0xc2b2ae35ULL, word.get());
     kernels::moe_jitter_backward(nullptr, dg.get(), dd.get(), n, eps, seed);
     std::vector<double> want_xj(n), want_dx(n);
     double lo = 2, hi = 0;
