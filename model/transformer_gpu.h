@@ -3,10 +3,9 @@
 // encoder and masked-LM head (transformer_gpu_bert.cpp; docs/bert.md), fused cross-entropy, every layer's gradients landing in the flat gradient buffer. Activations and
 // scratch come from the caching allocator once, at the first call, so the call sequence is static
 // (CUDA-graph capturable): no allocation, no host sync. MoE blocks (MoeDims) keep that with token
-// dropping and no gate noise (model/moe_layer.h's slot layout); without dropping, with an
-// expert-parallel group or with noise drawn per step, each MoE layer syncs its stream once per
-// forward for the routing counts or takes the step's seed as a host value, so such a model is not
-// capturable (moe_capturable()).
+// dropping (model/moe_layer.h's slot layout; a gate noise's seeds from set_moe_seed_words); without
+// dropping or with an expert-parallel group each MoE layer syncs its stream once per forward for
+// the routing counts, so such a model is not capturable (moe_capturable()).
 // random-LTD (set_token_drop): a dropping block runs on the gathered kept tokens of each sequence
 // (kernels/token_drop.cuh) and its output is scattered back; the dropped rows bypass it.
 // BERT's masked-LM head runs on the labelled rows only (kernels/mlm_gather.cuh): B x max_pred
