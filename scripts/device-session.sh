@@ -378,7 +378,7 @@ fi
 
 if want moe; then
   peers=${PEERS_DIR:-$root/.peers}
-  step moe_tests 120 "ctest --test-dir build/gpu -j 4 --output-on-failure -R '^Moe|test_moe'"
+  step moe_tests 180 "ctest --test-dir build/gpu -j 4 --output-on-failure -R '^Moe|/MoeModelGpu|^GemmGpu|^MosGpu|test_moe'"
   grep -E "tests passed|FAILED|Failed|GroupedGemm fallback" "$logs/moe_tests.txt" >>"$sum" 2>/dev/null
   step bench_moe 200 "build/gpu/bench/bench_moe --benchmark_out=$logs/bench_moe.json --benchmark_out_format=json --benchmark_counters_tabular=true"
   if [ -x "$peers/run.sh" ]; then
