@@ -18,11 +18,21 @@
 #include "kernels/moe_jitter.cuh"
 #include "kernels/moe_permute.cuh"
 #include "kernels/moe_residual.cuh"
+#include "model/kernel_costs.h"
 #include "model/moe_dispatch_plan.h"
 #include "runtime/check.h"
 #include "runtime/timing.h"
 
 namespace cutrain::model {
+
+namespace {
+
+// A phase of the layer as a timing region with what it computes and moves (model/kernel_costs.h).
+struct Phase : TimedRegion {
+  Phase(const char* name, cudaStream_t s, cost::Cost c) : TimedRegion(name, s, c.flops, c.bytes) {}
+};
+
+}  // namespace
 
 int MoeForwardStats::min_load() const {
   return kept_counts.empty() ? 0 : *std::min_element(kept_counts.begin(), kept_counts.end());
@@ -177,7 +187,7 @@ void MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const bf16* x, bf1
   std::int32_t* small = m.small.as<std::int32_t>();
   m.C = m.c.drop_tokens ? moe_layer_capacity(m.c, tokens, train) : 0;
   {
-    TimedRegion rg("gate", s, 2.0 * tokens * E * H);
+    Phase rg("gate", s, cost::moe_gate_forward(tokens, H, E, K));
     const bf16* gate_in = x;
     if (m.jitter) {
       kernels::moe_jitter_forward(s, x, m.xj.as<bf16>(), std::size_t(tokens) * H, kMoeJitterEps,
@@ -201,12 +211,12 @@ void MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const bf16* x, bf1
   if (m.slotted) {  // [E, C] slots: every shape from the host's capacity, the counts stay on the device
     const int C = m.C;
     {
-      TimedRegion rp("permute", s, 0, 4.0 * double(E) * C * Hs);
+      Phase rp("permute", s, cost::moe_permute(tokens, std::size_t(E) * C, H, K));
       kernels::moe_permute(s, x, rt, m.xp.as<bf16>(), H);
       kernels::moe_zero_empty_slots(s, m.xp.as<bf16>(), m.kept_counts(), E, C, H);
     }
     {
-      TimedRegion re("experts", s, 4.0 * double(E) * C * Hs * F);
+      Phase re("experts", s, cost::moe_experts_forward(std::size_t(E) * C, H, F, E));
       m.gemm.forward_batched(s, m.xp.as<bf16>(), w1, m.a1.as<bf16>(), E, C, F, H);
       kernels::gelu_forward(s, m.a1.as<bf16>(), nullptr, nullptr, m.h.as<bf16>(), std::size_t(E) * C, F,
                             kernels::GeluKind::Erf);
@@ -225,7 +235,7 @@ void MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const bf16* x, bf1
     m.rows.assign(m.host_small, m.host_small + E);
     m.R = std::accumulate(m.rows.begin(), m.rows.end(), 0);
     {
-      TimedRegion rp("permute", s, 0, 4.0 * double(m.R) * Hs);
+      Phase rp("permute", s, cost::moe_permute(tokens, m.R, H, K));
       kernels::moe_permute(s, x, rt, m.xp.as<bf16>(), H);
     }
     if (m.ep) {  // this rank's experts on every member's rows, the outputs back in the permuted order
@@ -235,7 +245,7 @@ void MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const bf16* x, bf1
       const std::size_t first = std::size_t(m.plan.first_expert);
       const auto sends = MoeDispatchPlan::scaled(m.plan.sends, Hs);
       const auto recvs = MoeDispatchPlan::scaled(m.plan.recvs, Hs);
-      TimedRegion re("experts", s, 4.0 * double(m.plan.recv_rows) * Hs * F);
+      Phase re("experts", s, cost::moe_experts_forward(m.plan.recv_rows, H, F, El));
       m.ep->all_to_all_v(m.xp.get(), sends, m.ex_x.get(), recvs, DType::BF16, s);
       const int* lr = m.plan.local_rows.data();
       m.grouped.forward(s, m.ex_x.as<bf16>(), w1 + first * F * H, m.a1.as<bf16>(), lr, El, F, H);
@@ -245,7 +255,7 @@ void MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const bf16* x, bf1
       m.grouped.forward(s, m.h.as<bf16>(), w2 + first * H * F, m.ex_o.as<bf16>(), lr, El, H, F);
       m.ep->all_to_all_v(m.ex_o.get(), recvs, m.o.get(), sends, DType::BF16, s);
     } else {
-      TimedRegion re("experts", s, 4.0 * double(m.R) * Hs * F);
+      Phase re("experts", s, cost::moe_experts_forward(m.R, H, F, E));
       m.grouped.forward(s, m.xp.as<bf16>(), w1, m.a1.as<bf16>(), m.rows.data(), E, F, H);
       kernels::gelu_forward(s, m.a1.as<bf16>(), nullptr, nullptr, m.h.as<bf16>(), std::size_t(m.R), F,
                             kernels::GeluKind::Erf);
@@ -254,11 +264,11 @@ void MoeLayerGpu::forward(cudaStream_t s, const bf16* params, const bf16* x, bf1
   }
   bf16* y_moe = m.c.use_residual ? m.ym.as<bf16>() : y;
   {
-    TimedRegion ru("unpermute", s, 0, 4.0 * double(K + 1) * tokens * Hs);
+    Phase ru("unpermute", s, cost::moe_unpermute(tokens, m.slotted ? std::size_t(E) * m.C : m.R, H, K, false));
     kernels::moe_unpermute(s, m.o.as<bf16>(), m.weight.as<float>(), rt, y_moe, H);
   }
   if (m.c.use_residual) {  // the dense MLP beside the experts, then the learned mix
-    TimedRegion rr("residual", s, 4.0 * double(tokens) * Hs * F + 4.0 * tokens * Hs);
+    Phase rr("residual", s, cost::moe_residual(tokens, H, F, false));
     m.gemm.forward(s, x, params + m.layout.r1, nullptr, m.ar.as<bf16>(), tokens, F, H);
     kernels::gelu_forward(s, m.ar.as<bf16>(), nullptr, nullptr, m.hr.as<bf16>(), std::size_t(tokens), F,
                           kernels::GeluKind::Erf);
@@ -355,15 +365,16 @@ void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, co
   }
 
   const std::size_t Hs = std::size_t(H);
+  const std::size_t rows = m.slotted ? std::size_t(E) * m.C : std::size_t(m.R);  // the permuted rows
   {
-    TimedRegion ru("unpermute", s, 2.0 * K * T * Hs, 4.0 * double(K + 1) * T * Hs);
+    Phase ru("unpermute", s, cost::moe_unpermute(T, rows, H, K, true));
     kernels::moe_unpermute_backward(s, dy, m.o.as<bf16>(), m.weight.as<float>(), rt, dout, m.dweight.as<float>(), H);
     if (m.slotted) kernels::moe_zero_empty_slots(s, dout, m.kept_counts(), E, m.C, H);
   }
   bf16* dxp = dout;  // fc2's GEMMs below have read dout (or the exchange has sent it) by its reuse
   if (m.slotted) {  // the [E, C] slots as strided batches; the zeroed slots add exact zeros to dW
     const int C = m.C;
-    TimedRegion re("experts", s, 8.0 * double(E) * C * Hs * F);
+    Phase re("experts", s, cost::moe_experts_backward(rows, H, F, E, es, accumulate));
     m.gemm.grad_weight_batched(s, dout, m.h.as<bf16>(), g + m.layout.w2 * es, grad_type, E, C, H, F, accumulate);
     m.gemm.grad_input_batched(s, dout, w2, dh, E, C, H, F);
     kernels::gelu_backward(s, dh, m.a1.as<bf16>(), dh, std::size_t(E) * C * F, kernels::GeluKind::Erf);
@@ -376,7 +387,7 @@ void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, co
     const auto recvs = MoeDispatchPlan::scaled(m.plan.recvs, Hs);
     const int* lr = m.plan.local_rows.data();
     bf16* ed = m.ex_d.as<bf16>();
-    TimedRegion re("experts", s, 8.0 * double(m.plan.recv_rows) * Hs * F);
+    Phase re("experts", s, cost::moe_experts_backward(m.plan.recv_rows, H, F, El, es, accumulate));
     m.ep->all_to_all_v(dout, sends, ed, recvs, DType::BF16, s);
     m.grouped.grad_weight(s, ed, m.h.as<bf16>(), g + (m.layout.w2 + first * H * F) * es, grad_type, lr, El, H, F,
                           accumulate);
@@ -396,7 +407,7 @@ void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, co
       }
     }
   } else {
-    TimedRegion re("experts", s, 8.0 * double(m.R) * Hs * F);
+    Phase re("experts", s, cost::moe_experts_backward(rows, H, F, E, es, accumulate));
     m.grouped.grad_weight(s, dout, m.h.as<bf16>(), g + m.layout.w2 * es, grad_type, m.rows.data(), E, H, F,
                           accumulate);
     m.grouped.grad_input(s, dout, w2, dh, m.rows.data(), E, H, F);
@@ -406,10 +417,10 @@ void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, co
     m.grouped.grad_input(s, dh, w1, dxp, m.rows.data(), E, F, H);
   }
   {
-    TimedRegion rp("permute", s, 0, 2.0 * double(K + 1) * T * Hs);
+    Phase rp("permute", s, cost::moe_permute(T, rows, H, K));
     kernels::moe_permute_backward(s, dxp, rt, dx, H, dx_accumulate);  // dx's first write: dy is read by now
   }
-  TimedRegion rg("gate", s, 4.0 * double(T) * E * H);
+  Phase rg("gate", s, cost::moe_gate_backward(T, H, E, K, es, accumulate));
   kernels::moe_gate_backward(s, m.probs.as<float>(), m.expert.as<std::int32_t>(), m.position.as<std::int32_t>(),
                              m.dweight.as<float>(), m.ce.as<float>(), aux_grad, T, E, K, m.dlogits.as<bf16>());
   if (m.jitter) {  // logits = (x ⊙ u)·Wgᵀ
@@ -423,7 +434,7 @@ void MoeLayerGpu::backward(cudaStream_t s, const bf16* params, const bf16* x, co
     m.gemm.grad_weight(s, m.dlogits.as<bf16>(), x, g + m.layout.wg * es, grad_type, T, E, H, accumulate);
   }
   if (!m.c.use_residual) return;
-  TimedRegion rr("residual", s, 8.0 * double(T) * Hs * F);
+  Phase rr("residual", s, cost::moe_residual(T, H, F, true));
   const bf16* dclog = m.dclog.as<bf16>();
   m.gemm.grad_input(s, dclog, params + m.layout.cw, dx, T, 2, H, 1.f);
   m.gemm.grad_weight(s, dclog, x, g + m.layout.cw * es, grad_type, T, 2, H, accumulate);
