@@ -1,8 +1,10 @@
 // @brief Benchmarks of the MoE layer (model/moe_layer.h) and its grouped expert GEMM.
 //
 //   moe/fwd/T8192_H1024_F4096_E<E>_k<k>      the layer's forward (gate GEMM, gate, permute, fc1,
-//   moe/fwd_bwd/...[_residual]               GELU, fc2, un-permute; + the whole backward), bf16,
-//                                            capacity factor 1, token dropping, bf16 gradients;
+//   moe/fwd_bwd/...[_residual|_packed]       GELU, fc2, un-permute; + the whole backward), bf16,
+//                                            capacity factor 1, token dropping, bf16 gradients; the
+//                                            [E, C] slot layout (no host sync), _packed: the packed
+//                                            rows (counts to the host, grouped GEMMs);
 //                                            peer: bench/peers/moe_peer.py (DeepSpeed's MoE layer
 //                                            and a plain PyTorch MoE, same names with @variant)
 //   moe_gemm/dense_<dir>/R<R>_N<N>_K<K>       one dense GEMM of all R rows: the anchor
@@ -11,6 +13,8 @@
 //                                            proportional to 1/(1+e/4), total R)
 //   moe_gemm/loop_<dir>/..., loop_skew_<dir>  the alternative measured beside it: one cuBLASLt
 //                                            GEMM per expert through kernels::Gemm
+//   moe_gemm/slots_<dir>/E<E>_R<R>_N<N>_K<K>   the slot layout's strided batch (Gemm::*_batched) of
+//                                            E products over R/E rows each
 // dir: fwd (y = x·Wᵀ), dgrad (dx = dy·W), wgrad (dW = dyᵀ·x, bf16). TFLOP/s from 2·R·N·K; the
 // layer's from its active FLOPs (rows actually routed).
 #include <benchmark/benchmark.h>
@@ -60,7 +64,7 @@ std::string layer_shape(int E, int k) {
          std::to_string(E) + "_k" + std::to_string(k);
 }
 
-void bench_layer(benchmark::State& state, int E, int k, bool backward, bool residual = false) {
+void bench_layer(benchmark::State& state, int E, int k, bool backward, bool residual = false, bool packed = false) {
   if (!bench::require_gpu(state)) return;
   model::MoeConfig c;
   c.hidden = kHidden, c.ffn = kFfn, c.experts = E, c.k = k, c.capacity_factor = 1.0, c.min_capacity = 4;
@@ -72,8 +76,9 @@ void bench_layer(benchmark::State& state, int E, int k, bool backward, bool resi
   auto y = random_bf16(std::size_t(kTokens) * kHidden, 14, 1.f);
   auto dx = random_bf16(std::size_t(kTokens) * kHidden, 15, 1.f);
   auto grads = random_bf16(lay.total, 16, 1.f);
-  model::MoeLayerGpu layer(c, kTokens, allocator());
-  const auto st = layer.forward(bench::bench_stream(), params->as<bf16>(), x->as<bf16>(), y->as<bf16>(), kTokens, true);
+  model::MoeLayerGpu layer(c, kTokens, allocator(), nullptr, packed);
+  layer.forward(bench::bench_stream(), params->as<bf16>(), x->as<bf16>(), y->as<bf16>(), kTokens, true);
+  const auto st = layer.last_stats(bench::bench_stream());
   const double R = std::accumulate(st.kept_counts.begin(), st.kept_counts.end(), 0.0);
   const double gate = 2.0 * kTokens * E * kHidden, experts = 2.0 * 2.0 * R * kHidden * kFfn;
   const double mlp = residual ? 2.0 * 2.0 * kTokens * kHidden * kFfn + 2.0 * kTokens * 2 * kHidden : 0.0;
@@ -87,6 +92,7 @@ void bench_layer(benchmark::State& state, int E, int k, bool backward, bool resi
                      DType::BF16, false);
   }, bytes, flops);
   state.counters["rows"] = R;
+  state.counters["computed_rows"] = layer.capturable() ? double(E) * st.capacity : R;  // the slots' padding too
   state.counters["dropped"] = st.dropped;
   state.counters["max_load"] = st.max_load();
   state.counters["min_load"] = st.min_load();
@@ -107,7 +113,7 @@ std::vector<int> rows_for(int E, int R, bool skew) {
   return rows;
 }
 
-// How: 0 dense, 1 grouped, 2 per-expert loop.
+// How: 0 dense, 1 grouped, 2 per-expert loop, 3 the slots' strided batch (R/E rows each).
 void bench_gemm(benchmark::State& state, int how, Dir d, int E, int R, int N, int K, bool skew) {
   if (!bench::require_gpu(state)) return;
   const auto rows = rows_for(E, R, skew);
@@ -138,6 +144,13 @@ void bench_gemm(benchmark::State& state, int how, Dir d, int E, int R, int N, in
       else if (d == Dir::Dgrad) grouped().grad_input(s, yp, wp, x->as<bf16>(), rows.data(), E, N, K);
       else grouped().grad_weight(s, yp, xp, dwp, DType::BF16, rows.data(), E, N, K, false);
     };
+  } else if (how == 3) {
+    const int M = R / E;
+    fn = [&, M](cudaStream_t s) {
+      if (d == Dir::Fwd) lt().forward_batched(s, xp, wp, yp, E, M, N, K);
+      else if (d == Dir::Dgrad) lt().grad_input_batched(s, yp, wp, x->as<bf16>(), E, M, N, K);
+      else lt().grad_weight_batched(s, yp, xp, dwp, DType::BF16, E, M, N, K, false);
+    };
   } else {
     fn = loop;
   }
@@ -165,6 +178,12 @@ void register_all() {
     const std::string sh = layer_shape(E, 1) + "_residual";
     reg("moe/fwd_bwd/" + sh, 30, [=](benchmark::State& st) { bench_layer(st, E, 1, true, true); });
   }
+  // The packed layout beside the slots (the counts to the host each forward, grouped GEMMs).
+  for (int E : {8, 64})
+    for (int k : {1, 2}) {
+      const std::string sh = layer_shape(E, k) + "_packed";
+      reg("moe/fwd_bwd/" + sh, 30, [=](benchmark::State& st) { bench_layer(st, E, k, true, false, true); });
+    }
   // fc1's shape (N = F, K = H) and fc2's (N = H, K = F) at the rows of top-1 and top-2.
   for (int R : {kTokens, 2 * kTokens})
     for (auto nk : {std::pair{kFfn, kHidden}, std::pair{kHidden, kFfn}})
@@ -176,6 +195,7 @@ void register_all() {
         for (int E : {8, 64}) {
           const std::string sh = "E" + std::to_string(E) + "_" + rnk;
           reg("moe_gemm/grouped_" + dn + "/" + sh, 50, [=](benchmark::State& st) { bench_gemm(st, 1, d, E, R, N, K, false); });
+          reg("moe_gemm/slots_" + dn + "/" + sh, 50, [=](benchmark::State& st) { bench_gemm(st, 3, d, E, R, N, K, false); });
           reg("moe_gemm/loop_" + dn + "/" + sh, 50, [=](benchmark::State& st) { bench_gemm(st, 2, d, E, R, N, K, false); });
           reg("moe_gemm/grouped_skew_" + dn + "/" + sh, 50, [=](benchmark::State& st) { bench_gemm(st, 1, d, E, R, N, K, true); });
           reg("moe_gemm/loop_skew_" + dn + "/" + sh, 50, [=](benchmark::State& st) { bench_gemm(st, 2, d, E, R, N, K, true); });

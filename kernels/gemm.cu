@@ -23,6 +23,7 @@
 #include <memory>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/common/vec.cuh"
 #include "runtime/allocator.h"
@@ -101,12 +102,16 @@ const char* epilogue_name(cublasLtEpilogue_t e) {
 }
 
 // The alignment the heuristic may assume for a pointer: its lowest set address bit, capped at
-// cuBLASLt's default assumption of 256 bytes (null pointers are not read: 256).
-std::uint32_t alignment_of(const void* p) {
+// cuBLASLt's default assumption of 256 bytes (null pointers are not read: 256). With strided
+// batches every batch's start counts: the stride's bytes bound it too.
+std::uint32_t alignment_of(const void* p, std::int64_t stride_bytes = 0) {
   auto a = reinterpret_cast<std::uintptr_t>(p);
   if (a == 0) return 256;
+  a |= static_cast<std::uintptr_t>(stride_bytes);
   return static_cast<std::uint32_t>(std::min<std::uintptr_t>(a & (~a + 1), 256));
 }
+
+std::int64_t elem_bytes(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
 
 // One cuBLASLt matmul in column-major terms: D[m,n] = alpha·op(A)·op(B) + beta·D, with epilogue.
 struct Matmul {
@@ -123,6 +128,10 @@ struct Matmul {
   void* aux = nullptr;
   std::int64_t aux_ld = 0;
   cudaDataType_t ab_type = CUDA_R_16BF;  // A, B (and the bias): the 16-bit storage type
+  // Strided batches: `batch` products, batch i at a + i·stride_a, b + i·stride_b, d + i·stride_d
+  // (elements).
+  int batch = 1;
+  std::int64_t stride_a = 0, stride_b = 0, stride_d = 0;
 };
 
 template <typename T>
@@ -133,16 +142,23 @@ const char* cuda_type_name(cudaDataType_t t) {
   return t == CUDA_R_32F ? "fp32" : t == CUDA_R_16F ? "fp16" : "bf16";
 }
 
+std::uint32_t align_a(const Matmul& mm) { return alignment_of(mm.a, mm.batch > 1 ? mm.stride_a * 2 : 0); }
+std::uint32_t align_b(const Matmul& mm) { return alignment_of(mm.b, mm.batch > 1 ? mm.stride_b * 2 : 0); }
+std::uint32_t align_d(const Matmul& mm) {
+  return alignment_of(mm.d, mm.batch > 1 ? mm.stride_d * elem_bytes(mm.d_type) : 0);
+}
+
 // Everything that changes the descriptor or the heuristic's answer. Alignments are part of it
 // because the heuristic picks different algorithms for differently aligned pointers.
 using PlanKey = std::tuple<int /*op*/, int, int, int, int /*ta*/, int /*tb*/, int /*epilogue*/, int /*d_type*/,
-                           int /*ab_type*/, bool /*beta != 0*/, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t>;
+                           int /*ab_type*/, bool /*beta != 0*/, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t,
+                           int /*batch*/, std::int64_t, std::int64_t, std::int64_t /*strides*/>;
 
 PlanKey key_of(const Matmul& mm) {
   return PlanKey{static_cast<int>(mm.op), mm.m, mm.n, mm.k, static_cast<int>(mm.ta), static_cast<int>(mm.tb),
                  static_cast<int>(mm.epilogue), static_cast<int>(mm.d_type), static_cast<int>(mm.ab_type), mm.beta != 0.f,
-                 alignment_of(mm.a), alignment_of(mm.b), alignment_of(mm.d), alignment_of(mm.bias),
-                 alignment_of(mm.aux)};
+                 align_a(mm), align_b(mm), align_d(mm), alignment_of(mm.bias),
+                 alignment_of(mm.aux), mm.batch, mm.stride_a, mm.stride_b, mm.stride_d};
 }
 
 // A descriptor, its four layouts and the chosen algorithm. `has_algo` false records that the
@@ -228,14 +244,25 @@ struct Gemm::Impl {
     CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, mm.ab_type, bt ? mm.n : mm.k, bt ? mm.k : mm.n, mm.ldb));
     CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, mm.d_type, mm.m, mm.n, mm.ldd));
     CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, mm.d_type, mm.m, mm.n, mm.ldd));
+    if (mm.batch > 1) {
+      const std::int32_t count = mm.batch;
+      const std::pair<cublasLtMatrixLayout_t, std::int64_t> strided[] = {
+          {plan->a, mm.stride_a}, {plan->b, mm.stride_b}, {plan->c, mm.stride_d}, {plan->d, mm.stride_d}};
+      for (const auto& [layout, stride] : strided) {
+        CUTRAIN_CUBLAS_CHECK(
+            cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+        CUTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                              &stride, sizeof(stride)));
+      }
+    }
 
     PreferenceGuard pref;
     CUTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.p));
     set_pref(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<std::uint64_t>(ws_bytes));
-    set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(mm.a));
-    set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(mm.b));
-    set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(mm.d));
-    set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(mm.d));
+    set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a(mm));
+    set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b(mm));
+    set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d(mm));
+    set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d(mm));
 
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
@@ -261,8 +288,8 @@ struct Gemm::Impl {
                     mm.m, " n=", mm.n, " k=", mm.k, " (transa=", mm.ta == CUBLAS_OP_T ? "T" : "N",
                     " transb=", mm.tb == CUBLAS_OP_T ? "T" : "N", ", epilogue ", epilogue_name(mm.epilogue),
                     ", inputs ", cuda_type_name(mm.ab_type), ", output ", cuda_type_name(mm.d_type), ", beta ", mm.beta,
-                    ", workspace ", ws_bytes, " B, alignments A/B/D ", alignment_of(mm.a), "/", alignment_of(mm.b),
-                    "/", alignment_of(mm.d), " B)");
+                    ", workspace ", ws_bytes, " B, alignments A/B/D ", align_a(mm), "/", align_b(mm),
+                    "/", align_d(mm), " B, batches ", mm.batch, ")");
       return false;
     }
     set_epilogue_pointers(plan.desc, mm);
@@ -470,5 +497,66 @@ template void Gemm::forward<f16>(cudaStream_t, const f16*, const f16*, const f16
 template void Gemm::forward_fp32<f16>(cudaStream_t, const f16*, const f16*, float*, int, int, int);
 template void Gemm::grad_input<f16>(cudaStream_t, const f16*, const f16*, f16*, int, int, int, float, const f16*);
 template void Gemm::grad_weight<f16>(cudaStream_t, const f16*, const f16*, void*, DType, int, int, int, bool);
+namespace {
+
+void check_batches(const char* fn, int batches) {
+  CUTRAIN_CHECK(batches > 0, fn, ": batches must be > 0, got ", batches);
+}
+
+}  // namespace
+
+void Gemm::forward_batched(cudaStream_t s, const bf16* x, const bf16* w, bf16* y, int batches, int M, int N, int K) {
+  const char* fn = "Gemm::forward_batched";
+  check_batches(fn, batches);
+  check_dims(fn, M, N, K);
+  check_ptr(fn, "x", x, 2);
+  check_ptr(fn, "w", w, 2);
+  check_ptr(fn, "y", y, 2);
+  NvtxRange range("gemm_fwd_batched");
+  Matmul mm{Op::Forward, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, CUDA_R_16BF};
+  mm.batch = batches;
+  mm.stride_a = std::int64_t(N) * K;
+  mm.stride_b = std::int64_t(M) * K;
+  mm.stride_d = std::int64_t(M) * N;
+  impl_->run(s, mm, true);
+}
+
+void Gemm::grad_input_batched(cudaStream_t s, const bf16* dy, const bf16* w, bf16* dx, int batches, int M, int N,
+                              int K) {
+  const char* fn = "Gemm::grad_input_batched";
+  check_batches(fn, batches);
+  check_dims(fn, M, N, K);
+  check_ptr(fn, "dy", dy, 2);
+  check_ptr(fn, "w", w, 2);
+  check_ptr(fn, "dx", dx, 2);
+  NvtxRange range("gemm_dgrad_batched");
+  Matmul mm{Op::GradInput, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, w, K, dy, N, dx, K, CUDA_R_16BF};
+  mm.batch = batches;
+  mm.stride_a = std::int64_t(N) * K;
+  mm.stride_b = std::int64_t(M) * N;
+  mm.stride_d = std::int64_t(M) * K;
+  impl_->run(s, mm, true);
+}
+
+void Gemm::grad_weight_batched(cudaStream_t s, const bf16* dy, const bf16* x, void* dw, DType dw_type, int batches,
+                               int M, int N, int K, bool accumulate) {
+  const char* fn = "Gemm::grad_weight_batched";
+  check_batches(fn, batches);
+  check_dims(fn, M, N, K);
+  CUTRAIN_CHECK(dw_type == DType::BF16 || dw_type == DType::F32, fn, ": dw_type must be bfloat16 or float32, got ",
+                dtype_name(dw_type));
+  check_ptr(fn, "dy", dy, 2);
+  check_ptr(fn, "x", x, 2);
+  check_ptr(fn, "dw", dw, dtype_size(dw_type));
+  NvtxRange range("gemm_wgrad_batched");
+  Matmul mm{Op::GradWeight, CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, x, K, dy, N, dw, K,
+            dw_type == DType::F32 ? CUDA_R_32F : CUDA_R_16BF};
+  mm.beta = accumulate ? 1.f : 0.f;
+  mm.batch = batches;
+  mm.stride_a = std::int64_t(M) * K;
+  mm.stride_b = std::int64_t(M) * N;
+  mm.stride_d = std::int64_t(N) * K;
+  impl_->run(s, mm, true);
+}
 
 }  // namespace cutrain::kernels

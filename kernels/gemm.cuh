@@ -66,6 +66,14 @@ class Gemm {
   void grad_weight(cudaStream_t s, const T* dy, const nondeduced_t<T>* x, void* dw, DType dw_type, int M, int N, int K,
                    bool accumulate);
 
+  // Strided batches of the three products above without epilogue: `batches` independent products
+  // over contiguous stacks, batch i at x + i·M·K, W + i·N·K, y + i·M·N (and dy / dx / dW alike):
+  // MoE's experts over their fixed capacity slots (model/moe_layer.h), one cuBLASLt call each.
+  void forward_batched(cudaStream_t s, const bf16* x, const bf16* w, bf16* y, int batches, int M, int N, int K);
+  void grad_input_batched(cudaStream_t s, const bf16* dy, const bf16* w, bf16* dx, int batches, int M, int N, int K);
+  void grad_weight_batched(cudaStream_t s, const bf16* dy, const bf16* x, void* dw, DType dw_type, int batches, int M,
+                           int N, int K, bool accumulate);
+
   cublasLtHandle_t handle() const { return handle_; }
   // Number of cached matmul plans (descriptor + layouts + heuristic algorithm), one per distinct
   // (op, M, N, K, epilogue, output type, beta != 0, pointer alignments) seen so far.

@@ -73,6 +73,7 @@ __global__ void __launch_bounds__(kThreads) gate_route_kernel(const float* __res
   __shared__ int sel[K][kChunk];
   const int chunk = blockIdx.x, t0 = chunk * kChunk, n = min(kChunk, T - t0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const std::uint64_t seed = noise.rsample || noise.second_sampling ? moe_noise_seed(noise.seed, noise.seed_word) : 0;
   for (int i = warp; i < n; i += kWarps) {
     const std::size_t s = std::size_t(t0 + i);
     const float* row = logits + s * E;
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) gate_route_kernel(const float* __res
     for (int e = lane; e < E; e += 32) {
       const float p = expf(row[e] - mx) * inv;
       probs[s * E + e] = p;
-      const float key = noise.rsample ? row[e] + counter_gumbel(noise.seed, s * E + e) : p;
+      const float key = noise.rsample ? row[e] + counter_gumbel(seed, s * E + e) : p;
       if (key > best) {  // lanes visit e in increasing order: the first maximum stays
         best = key;
         best_e = e;
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) gate_route_kernel(const float* __res
       float b2 = -INFINITY;
       int e2 = E;
       for (int e = lane; e < E; e += 32) {
-        const float key = noise.second_sampling ? row[e] + counter_gumbel(noise.seed, s * E + e) : row[e];
+        const float key = noise.second_sampling ? row[e] + counter_gumbel(seed, s * E + e) : row[e];
         if (e != best_e && key > b2) {
           b2 = key;
           e2 = e;
@@ -194,8 +195,10 @@ constexpr int kRtsKeyBits = 56;  // moe_rts_key: 24 draw bits above 32 index bit
 __global__ void __launch_bounds__(kRtsThreads) rts_select_kernel(const std::int32_t* __restrict__ expert, int T, int E,
                                                                   const std::int32_t* __restrict__ counts,
                                                                   const std::int32_t* __restrict__ stats,
-                                                                  std::uint64_t seed, std::uint64_t* __restrict__ thresh) {
+                                                                  std::uint64_t seed_xor, const std::uint64_t* seed_word,
+                                                                  std::uint64_t* __restrict__ thresh) {
   __shared__ int hist[256];
+  const std::uint64_t seed = moe_noise_seed(seed_xor, seed_word);
   __shared__ std::uint64_t s_prefix;
   __shared__ int s_need;
   const int e = blockIdx.x;
@@ -237,8 +240,10 @@ __global__ void __launch_bounds__(kRtsThreads) rts_select_kernel(const std::int3
 constexpr int kDroppedRank = 1 << 29;  // beyond any capacity: finalize drops the route
 
 __global__ void __launch_bounds__(kRtsThreads) rts_rank_kernel(const std::int32_t* __restrict__ expert, int T, int E,
-                                                                int chunks, std::uint64_t seed, Workspace ws) {
+                                                                int chunks, std::uint64_t seed_xor,
+                                                                const std::uint64_t* seed_word, Workspace ws) {
   __shared__ int sel[kChunk];
+  const std::uint64_t seed = moe_noise_seed(seed_xor, seed_word);
   const int chunk = blockIdx.x, t0 = chunk * kChunk, n = min(kChunk, T - t0);
   if (threadIdx.x < n) {
     const int s = t0 + threadIdx.x, e = expert[s];
@@ -393,9 +398,10 @@ void moe_gate_forward(cudaStream_t s, const float* logits, const MoeGateShape& s
   CUTRAIN_LAUNCH_CHECK("gate_scan_kernel");
   if (shape.noise.rts && shape.drop_tokens) {  // without dropping every token fits: nothing to select
     rts_select_kernel<<<E, kRtsThreads, 0, s>>>(out.expert, T, E, out.expert_counts, out.stats, shape.noise.seed,
-                                                ws.thresh);
+                                                shape.noise.seed_word, ws.thresh);
     CUTRAIN_LAUNCH_CHECK("rts_select_kernel");
-    rts_rank_kernel<<<chunks, kRtsThreads, 0, s>>>(out.expert, T, E, chunks, shape.noise.seed, ws);
+    rts_rank_kernel<<<chunks, kRtsThreads, 0, s>>>(out.expert, T, E, chunks, shape.noise.seed, shape.noise.seed_word,
+                                                   ws);
     CUTRAIN_LAUNCH_CHECK("rts_rank_kernel");
     rts_base_kernel<<<1, scan_threads, 0, s>>>(ws, E, chunks);
     CUTRAIN_LAUNCH_CHECK("rts_base_kernel");
@@ -422,6 +428,42 @@ void moe_gate_backward(cudaStream_t s, const float* probs, const std::int32_t* e
     gate_backward_kernel<2><<<blocks, kThreads, 0, s>>>(probs, expert, position, dweight, ce, aux_scale, tokens,
                                                          experts, dlogits);
   CUTRAIN_LAUNCH_CHECK("gate_backward_kernel");
+}
+
+namespace {
+
+__global__ void step_figures_merge_kernel(const std::int32_t* __restrict__ kept, const std::int32_t* __restrict__ stats,
+                                          const float* __restrict__ l_aux, int E, MoeStepFigures* __restrict__ acc,
+                                          bool first) {
+  int lo = 0x7fffffff, hi = -1;
+  for (int e = threadIdx.x; e < E; e += kWarpSize) {
+    lo = min(lo, kept[e]);
+    hi = max(hi, kept[e]);
+  }
+  for (int o = kWarpSize / 2; o > 0; o /= 2) {
+    lo = min(lo, __shfl_xor_sync(kFullMask, lo, o));
+    hi = max(hi, __shfl_xor_sync(kFullMask, hi, o));
+  }
+  if (threadIdx.x != 0) return;
+  MoeStepFigures f = first ? MoeStepFigures{} : *acc;
+  f.l_aux_sum += *l_aux;
+  f.capacity = stats[0];
+  f.dropped += stats[1];
+  f.min_load = first ? lo : min(f.min_load, lo);
+  f.max_load = first ? hi : max(f.max_load, hi);
+  f.forwards += 1;
+  *acc = f;
+}
+
+}  // namespace
+
+void moe_step_figures_merge(cudaStream_t s, const std::int32_t* kept_counts, const std::int32_t* stats,
+                            const float* l_aux, int experts, MoeStepFigures* acc, bool first) {
+  CUTRAIN_CHECK(experts >= 1 && experts <= kMoeMaxExperts, "moe_step_figures_merge: experts must be in [1, ",
+                kMoeMaxExperts, "], got ", experts);
+  CUTRAIN_CHECK(kept_counts && stats && l_aux && acc, "moe_step_figures_merge: every pointer must be non-null");
+  step_figures_merge_kernel<<<1, kWarpSize, 0, s>>>(kept_counts, stats, l_aux, experts, acc, first);
+  CUTRAIN_LAUNCH_CHECK("step_figures_merge_kernel");
 }
 
 }  // namespace cutrain::kernels

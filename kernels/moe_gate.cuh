@@ -40,7 +40,14 @@ struct MoeGateNoise {
   bool second_sampling = false;  // route 1 of top-2 by argmax(logits + Gumbel) without route 0's expert
   bool rts = false;              // top-1 with drop_tokens: random token selection over capacity
   std::uint64_t seed = 0;
+  // Non-null: the draws use *seed_word ^ seed, read on the device when the kernels run, so a
+  // captured CUDA graph draws the noise of the word's value at each replay.
+  const std::uint64_t* seed_word = nullptr;
 };
+
+__host__ __device__ inline std::uint64_t moe_noise_seed(std::uint64_t seed, const std::uint64_t* seed_word) {
+  return seed_word ? *seed_word ^ seed : seed;
+}
 
 // The selection key of token s routed to expert e under rts: 24 random bits above the complement
 // of the token index (larger keys are kept; equal draws keep the lower token).
@@ -82,5 +89,18 @@ void moe_gate_forward(cudaStream_t s, const float* logits, const MoeGateShape& s
 void moe_gate_backward(cudaStream_t s, const float* probs, const std::int32_t* expert, const std::int32_t* position,
                        const float* dweight, const float* ce, float aux_grad, int tokens, int experts, int k,
                        bf16* dlogits);
+
+// A step's routing figures, merged on the device over its forwards so a captured step reads none
+// of them on the host (the engine reads them after the step): the sum of l_aux, the forwards
+// merged, the last capacity, the routes dropped, the fewest and most rows an expert computed.
+struct MoeStepFigures {
+  float l_aux_sum = 0;
+  std::int32_t forwards = 0, capacity = 0, dropped = 0, min_load = 0, max_load = 0;
+};
+
+// Merges one forward's outputs (kept_counts [E], stats [2], l_aux [1], as moe_gate_forward wrote
+// them) into *acc; `first`: *acc starts from this forward. One warp, integer min / max: exact.
+void moe_step_figures_merge(cudaStream_t s, const std::int32_t* kept_counts, const std::int32_t* stats,
+                            const float* l_aux, int experts, MoeStepFigures* acc, bool first);
 
 }  // namespace cutrain::kernels

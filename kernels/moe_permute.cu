@@ -22,7 +22,9 @@ __device__ __forceinline__ void rows_of(const MoeRouting& rt, int s, std::int64_
   for (int r = 0; r < rt.k; ++r) {
     const int at = s * rt.k + r;
     const int pos = rt.position[at];
-    row[r] = pos >= 0 ? std::int64_t(rt.offsets[rt.expert[at]]) + pos : -1;
+    if (pos < 0) row[r] = -1;
+    else if (rt.slots > 0) row[r] = std::int64_t(rt.expert[at]) * rt.slots + pos;
+    else row[r] = std::int64_t(rt.offsets[rt.expert[at]]) + pos;
   }
 }
 
@@ -129,11 +131,26 @@ __global__ void __launch_bounds__(kThreads) unpermute_backward_kernel(const bf16
   }
 }
 
+// One block per slot row: a row past its expert's kept count gets zeros (16-byte stores where
+// the rows allow).
+template <int kVec>
+__global__ void __launch_bounds__(kThreads) zero_empty_slots_kernel(bf16* __restrict__ buf,
+                                                                     const std::int32_t* __restrict__ kept,
+                                                                     int capacity, int W) {
+  const int e = blockIdx.x / capacity, j = blockIdx.x % capacity;
+  if (j < kept[e]) return;
+  bf16* row = buf + std::int64_t(blockIdx.x) * W;
+  const float zero[kVec] = {};
+  for (int c = threadIdx.x * kVec; c < W; c += kThreads * kVec) store<kVec>(row + c, zero);
+}
+
 void check_routing(const char* fn, const MoeRouting& rt, int hidden) {
   CUTRAIN_CHECK(rt.tokens > 0 && hidden > 0, fn, ": tokens and hidden must be > 0, got tokens=", rt.tokens,
                 " hidden=", hidden);
   CUTRAIN_CHECK(rt.k == 1 || rt.k == 2, fn, ": k must be 1 or 2, got ", rt.k);
-  CUTRAIN_CHECK(rt.expert && rt.position && rt.offsets, fn, ": the routing (expert, position, offsets) must be set");
+  CUTRAIN_CHECK(rt.slots >= 0, fn, ": slots must be >= 0, got ", rt.slots);
+  CUTRAIN_CHECK(rt.expert && rt.position && (rt.offsets || rt.slots > 0), fn,
+                ": the routing (expert, position, and offsets unless slots > 0) must be set");
 }
 
 // The vector path needs every row start 16-byte aligned: hidden % 8 == 0 and aligned bases.
@@ -184,6 +201,19 @@ void moe_unpermute_backward(cudaStream_t s, const bf16* dy, const bf16* yp, cons
     unpermute_backward_kernel<8><<<rt.tokens, kThreads, 0, s>>>(dy, yp, weight, rt, dyp, dweight, hidden);
   else unpermute_backward_kernel<1><<<rt.tokens, kThreads, 0, s>>>(dy, yp, weight, rt, dyp, dweight, hidden);
   CUTRAIN_LAUNCH_CHECK("unpermute_backward_kernel");
+}
+
+void moe_zero_empty_slots(cudaStream_t s, bf16* buf, const std::int32_t* kept, int experts, int capacity, int width) {
+  CUTRAIN_CHECK(experts > 0 && capacity > 0 && width > 0, "moe_zero_empty_slots: experts, capacity and width must be "
+                "> 0, got experts=", experts, " capacity=", capacity, " width=", width);
+  CUTRAIN_CHECK(std::int64_t(experts) * capacity <= 0x7fffffff, "moe_zero_empty_slots: experts x capacity = ",
+                std::int64_t(experts) * capacity, " rows is more than one launch's 2^31 - 1 blocks");
+  CUTRAIN_CHECK(buf && kept, "moe_zero_empty_slots: buf and kept must be non-null");
+  NvtxRange range("moe_zero_empty_slots");
+  const unsigned blocks = unsigned(experts) * unsigned(capacity);
+  if (vec_ok(width, {buf})) zero_empty_slots_kernel<8><<<blocks, kThreads, 0, s>>>(buf, kept, capacity, width);
+  else zero_empty_slots_kernel<1><<<blocks, kThreads, 0, s>>>(buf, kept, capacity, width);
+  CUTRAIN_LAUNCH_CHECK("zero_empty_slots_kernel");
 }
 
 }  // namespace cutrain::kernels

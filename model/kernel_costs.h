@@ -95,4 +95,45 @@ inline Cost lamb_step(std::size_t n, std::size_t g_bytes, std::size_t moment_byt
                      (compensation ? 6 : 0))};
 }
 
+// MoE (model/moe_layer.h), bf16 activations. The gate: logits = x·Wgᵀ in fp32 [T, E], then
+// softmax, top-k and positions (the logits read, the probabilities written, the routes' expert,
+// position and weight written); its backward: dlogits from the probabilities and the weights'
+// gradient, then the GEMMs' dX (added into dx) and dWg (of `dw_bytes`, read too when accumulating).
+inline Cost moe_gate_forward(std::size_t T, std::size_t h, std::size_t E, std::size_t k) {
+  return {2 * d(T) * d(E) * d(h), 2 * (d(T) * d(h) + d(E) * d(h)) + 4 * d(T) * d(E) * 3 + 12 * d(T) * d(k)};
+}
+inline Cost moe_gate_backward(std::size_t T, std::size_t h, std::size_t E, std::size_t k, std::size_t dw_bytes,
+                              bool acc) {
+  return {4 * d(T) * d(E) * d(h), 4 * d(T) * d(E) + 12 * d(T) * d(k) + 2 * d(T) * d(E) * 3 + 2 * d(E) * d(h) +
+                                      2 * d(T) * d(h) * 4 + d(E) * d(h) * d(dw_bytes) * (acc ? 2 : 1)};
+}
+// Rows of h bf16 between the tokens [T, h] and `rows` permuted rows (the [E, C] slots, the empty
+// ones zeroed, or the packed kept rows), with the routes' int32 / fp32 words; the un-permutation's
+// backward also reads the expert outputs for the weights' gradient.
+inline Cost moe_permute(std::size_t T, std::size_t rows, std::size_t h, std::size_t k) {
+  return {0, 2 * (d(T) + d(rows)) * d(h) + 8 * d(T) * d(k)};
+}
+inline Cost moe_unpermute(std::size_t T, std::size_t rows, std::size_t h, std::size_t k, bool backward) {
+  return {0, 2 * (d(T) + d(rows) * (backward ? 2 : 1)) * d(h) + 12 * d(T) * d(k)};
+}
+// The experts' fc1 -> GELU -> fc2 over `rows` rows (E experts' weights, each read once per GEMM);
+// the backward's weight and data gradients of both and GELU's backward.
+inline Cost moe_experts_forward(std::size_t rows, std::size_t h, std::size_t f, std::size_t E) {
+  const double R = d(rows), H = d(h), F = d(f), W = d(E) * H * F;
+  return {4 * R * H * F, 2 * (R * H + W + R * F) + 4 * R * F + 2 * (R * F + W + R * H)};
+}
+inline Cost moe_experts_backward(std::size_t rows, std::size_t h, std::size_t f, std::size_t E, std::size_t dw_bytes,
+                                 bool acc) {
+  const double R = d(rows), H = d(h), F = d(f), W = d(E) * H * F, dw = W * d(dw_bytes) * (acc ? 2 : 1);
+  return {8 * R * H * F, 2 * (R * H + R * F) + dw + 2 * (R * H + W + R * F) + 6 * R * F + 2 * (R * F + R * H) + dw +
+                             2 * (R * F + W + R * H)};
+}
+// PR-MoE's residual branch: the dense MLP's two GEMMs and GELU, the mix's Linear(h, 2) and the mix;
+// backward twice the GEMMs' FLOPs.
+inline Cost moe_residual(std::size_t T, std::size_t h, std::size_t f, bool backward) {
+  const double Tt = d(T), H = d(h), F = d(f);
+  return {(backward ? 8 : 4) * Tt * H * F + (backward ? 8 : 4) * Tt * H,
+          (backward ? 2 : 1) * (2 * (Tt * H + H * F + Tt * F) * 2 + 4 * Tt * F + 2 * Tt * H * 3)};
+}
+
 }  // namespace cutrain::model::cost

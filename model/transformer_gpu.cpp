@@ -77,27 +77,42 @@ GpuTransformerT<T>::GpuTransformerT(const TransformerParams& table, int B, int S
 }
 
 // Block l's MoE layer in place of the FFN: x [M, hidden] -> y. Its routing figures merge into
-// moe_stats_ (training forwards only, not a recompute's).
+// the layer's step figures on the device (training forwards only, not a recompute's); the host
+// reads them after the step (read_moe_stats). MoE blocks run in bf16 only (fp16 is refused at
+// construction).
 template <typename T>
 void GpuTransformerT<T>::moe_forward(cudaStream_t s, const Unit& U, int l, const T* x, T* y) {
   if constexpr (!std::is_same_v<T, bf16>) {
     CUTRAIN_FAIL("gpu model: MoE blocks run in bf16 only");  // refused at construction already
   } else {
-  const MoeForwardStats st = moe_[std::size_t(l)]->forward(s, U.w(table_.layer(l).moe), x, y, M_, moe_train_,
-                                                           moe_forward_seed(moe_seed_, moe_step_, moe_micro_));
-  if (!moe_train_ || moe_recompute_) return;
-  MoeBlockStats b;
-  b.layer = l;
-  b.l_aux = st.l_aux;
-  b.capacity = st.capacity;
-  b.dropped = st.dropped;
-  b.min_load = st.min_load();
-  b.max_load = st.max_load();
-  int k = 0;  // this block's entry: the MoE blocks before it
-  for (int j = 0; j < l; ++j) k += moe_[std::size_t(j)] != nullptr;
-  if (std::size_t(k) >= moe_stats_.size()) moe_stats_.resize(std::size_t(k) + 1);
-  merge_moe_stats(moe_stats_[std::size_t(k)], b, moe_micro_);
+    MoeLayerGpu& layer = *moe_[std::size_t(l)];
+    layer.forward(s, U.w(table_.layer(l).moe), x, y, M_, moe_train_, moe_forward_seed_of(moe_micro_),
+                  moe_train_ && moe_seed_words_ ? moe_seed_words_ + moe_micro_ : nullptr);  // eval: never captured
+    if (moe_train_ && !moe_recompute_) layer.merge_step_stats(s, /*first=*/moe_micro_ == 0);
   }
+}
+
+template <typename T>
+const std::vector<MoeBlockStats>& GpuTransformerT<T>::read_moe_stats(cudaStream_t s) {
+  moe_stats_.clear();
+  for (const auto& m : moe_)
+    if (m) m->stage_step_stats(s);
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));  // one for every layer's copy
+  for (int l = 0; l < int(moe_.size()); ++l) {
+    if (!moe_[std::size_t(l)]) continue;
+    MoeBlockStats b = moe_[std::size_t(l)]->staged_step_stats();
+    b.layer = l;
+    moe_stats_.push_back(b);
+  }
+  return moe_stats_;
+}
+
+template <typename T>
+std::string GpuTransformerT<T>::moe_eager_reason() const {
+  for (int l = 0; l < int(moe_.size()); ++l)
+    if (moe_[std::size_t(l)] && !moe_[std::size_t(l)]->capturable(moe_seed_words_ != nullptr))
+      return moe_[std::size_t(l)]->eager_reason(moe_seed_words_ != nullptr);
+  return "";
 }
 
 template <typename T>
@@ -590,7 +605,6 @@ void GpuTransformerT<T>::stage_forward(cudaStream_t s, ParamAccess& P, void* gra
   const int V = d.vocab_rows();
   char* G = static_cast<char*>(grads);
   moe_micro_ = acc ? moe_micro_ + 1 : 0;  // the micro-batch of this step (its gate noise, the stats' merge)
-  if (!acc) moe_stats_.clear();
   moe_grad_scale_ = grad_scale;
   drop_on_ = true;
   train_ = true;  // BERT's dropout

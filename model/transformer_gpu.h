@@ -2,9 +2,10 @@
 // the BF16 example's post-LN blocks, GPT-2's pre-LN blocks (transformer_gpu_gpt2.cpp) or BERT's
 // encoder and masked-LM head (transformer_gpu_bert.cpp; docs/bert.md), fused cross-entropy, every layer's gradients landing in the flat gradient buffer. Activations and
 // scratch come from the caching allocator once, at the first call, so the call sequence is static
-// (CUDA-graph capturable): no allocation, no host sync. A model with MoE blocks (MoeDims) is the
-// exception: each MoE layer (model/moe_layer.h) syncs its stream once per forward for the routing
-// counts and takes its activations at each forward, so it is not capturable (moe_capturable()).
+// (CUDA-graph capturable): no allocation, no host sync. MoE blocks (MoeDims) keep that with token
+// dropping (model/moe_layer.h's slot layout; a gate noise's seeds from set_moe_seed_words); without
+// dropping or with an expert-parallel group each MoE layer syncs its stream once per forward for
+// the routing counts, so such a model is not capturable (moe_capturable()).
 // random-LTD (set_token_drop): a dropping block runs on the gathered kept tokens of each sequence
 // (kernels/token_drop.cuh) and its output is scattered back; the dropped rows bypass it.
 // BERT's masked-LM head runs on the labelled rows only (kernels/mlm_gather.cuh): B x max_pred
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "kernels/attention.cuh"
@@ -129,6 +131,10 @@ class GpuModel {
   virtual void set_distillation(const GpuDistillation* d) = 0;
   virtual void set_moe_step(std::uint64_t seed, int step) = 0;
   virtual const std::vector<MoeBlockStats>& moe_stats() const = 0;
+  virtual const std::vector<MoeBlockStats>& read_moe_stats(cudaStream_t s) = 0;
+  virtual void set_moe_seed_words(const std::uint64_t* d_words) = 0;
+  virtual std::uint64_t moe_forward_seed_of(int micro) const = 0;
+  virtual std::string moe_eager_reason() const = 0;
   virtual void set_token_drop(int kept, const std::int32_t* d_indices) = 0;
   virtual bool moe_capturable() const = 0;
   virtual void set_dropout(std::uint64_t seed, std::uint32_t step, const std::uint32_t* d_step = nullptr) = 0;
@@ -225,11 +231,20 @@ class GpuTransformerT final : public GpuModel {
 
   // MoE blocks: the gate noise's seed of the next step's forwards (moe_forward_seed(seed, step,
   // micro-batch)), and what each MoE block routed over the micro-batches since the last
-  // forward_backward with accumulate = false (one entry per MoE block, in block order).
+  // forward_backward with accumulate = false (one entry per MoE block, in block order): merged on
+  // the device during the step, read by read_moe_stats after it (synchronizes `s`; call it only
+  // after a training forward_backward), moe_stats() the last read.
   void set_moe_step(std::uint64_t seed, int step) override {
     moe_seed_ = seed;
     moe_step_ = step;
   }
+  const std::vector<MoeBlockStats>& read_moe_stats(cudaStream_t s) override;
+  // The gate noise's seeds on the device (uint64 [micro-batches], may be null): micro-batch m's
+  // training forwards read word m (written before each step: moe_forward_seed_of(m)) when their
+  // kernels run, so a step captured in a CUDA graph draws each replay's noise; the noisy MoE
+  // layers are then capturable. The words must stay valid while the model runs.
+  void set_moe_seed_words(const std::uint64_t* d_words) override { moe_seed_words_ = d_words; }
+  std::uint64_t moe_forward_seed_of(int micro) const override { return moe_forward_seed(moe_seed_, moe_step_, micro); }
   const std::vector<MoeBlockStats>& moe_stats() const override { return moe_stats_; }
   // random-LTD for the next forward_backward calls (forward_loss never drops): each drop block
   // keeps `kept` tokens per sequence at the positions `d_indices` (device int32 [drop_layers
@@ -239,7 +254,10 @@ class GpuTransformerT final : public GpuModel {
   // sequence depends on `kept` (kernel shapes), not on the indices: a graph captured for one kept
   // count replays for any indices at that count.
   void set_token_drop(int kept, const std::int32_t* d_indices) override;
-  bool moe_capturable() const override { return !table_.dims().moe.any(); }
+  // Whether every MoE block's training pass is capturable (MoeLayerGpu::capturable; true without
+  // MoE blocks), and why not (empty when it is).
+  bool moe_capturable() const override { return moe_eager_reason().empty(); }
+  std::string moe_eager_reason() const override;
 
   // A sequence-length curriculum: the next calls run `rows` sequences of `seq` tokens (tokens and
   // labels [rows*seq]; positions 0 .. seq-1, attention, the loss's mean and every kernel's rows
@@ -404,7 +422,8 @@ class GpuTransformerT final : public GpuModel {
   float *mean_f_ = nullptr, *rstd_f_ = nullptr;
   Unit tied_{};                                    // GPT-2: the embedding unit the head reads (wte)
   // MoE: block l's layer (null for a dense block); the mode of the forward running (training
-  // capacity and noise, or evaluation); a recompute's forward records no stats.
+  // capacity and noise, or evaluation); a recompute's forward merges no stats; the last read
+  // step figures.
   std::vector<std::unique_ptr<MoeLayerGpu>> moe_;
   void moe_forward(cudaStream_t s, const Unit& U, int l, const T* x, T* y);
   std::vector<MoeBlockStats> moe_stats_;
@@ -412,6 +431,7 @@ class GpuTransformerT final : public GpuModel {
   float moe_grad_scale_ = 1.f;  // the running forward_backward's grad_scale
   int moe_micro_ = 0, moe_step_ = 0;
   std::uint64_t moe_seed_ = 0;
+  const std::uint64_t* moe_seed_words_ = nullptr;
   void* scratch_ = nullptr;
   std::size_t workspace_bytes_ = 0;
   std::optional<Distillation> distill_;  // set_distillation's, for forward_backward

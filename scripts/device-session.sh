@@ -47,8 +47,8 @@
 #               --recompute_gelu); the table by
 #               scripts/llmc_compare.py. About 6 minutes with llm.c's build.
 #   moe         the MoE kernels' and layer's GPU tests, bench_moe (the layer at T8192 H1024 F4096, 8/64
-#               experts, top-1/top-2; the grouped expert GEMM vs one dense GEMM and vs a per-expert
-#               loop) and bench/peers/moe_peer.py through PEERS_DIR's run.sh ds-python (DeepSpeed's MoE
+#               experts, top-1/top-2, the slots and the packed rows; the grouped expert GEMM vs one
+#               dense GEMM, vs a per-expert loop and vs the slots' strided batch) and bench/peers/moe_peer.py through PEERS_DIR's run.sh ds-python (DeepSpeed's MoE
 #               layer at ep_size 1, a plain PyTorch MoE) in the same call, then the ratio table
 #               (scripts/moe_table.py). About 4 minutes (DeepSpeed's install, no JIT op).
 #   python      the Python package: the wheel built from build/gpu (scripts/build-wheel.sh, with
@@ -63,8 +63,10 @@
 #   moe_quality issue #22's training figures (scripts/moe_quality.py): dense, an 8-expert MoE in every
 #               other block (top-1, equal active FLOPs) and PR-MoE (pyramid + residual MLP) on the same
 #               WikiText-2 shards, MOEQ_STEPS steps (default 600) of MOEQ_SHAPE (default bf16_example):
-#               validation loss, parameters, step time and dropped routes, with the three verdicts.
-#               About 1.5 minutes at the defaults.
+#               validation loss, parameters, step time and dropped routes, with the three verdicts;
+#               then --timing_report of the BF16 example's dense and MoE steps (moe_timing_*.txt:
+#               the MoE blocks' gate / permute / experts / unpermute rows, the optimizer's).
+#               About 2 minutes at the defaults.
 #   plan        the layout planner (cutrain plan): its GPU tests (PlannerGpu: predicted against the
 #               allocator's peak; e2e_plan_cli_cuda: the profiled-run source), the 6.86B model on 4 GPUs
 #               (baseline, bf16_full) from a profiled run on this GPU (4 of its 32 layers; the plan
@@ -381,9 +383,9 @@ fi
 
 if want moe; then
   peers=${PEERS_DIR:-$root/.peers}
-  step moe_tests 120 "ctest --test-dir build/gpu -j 4 --output-on-failure -R '^Moe|test_moe'"
+  step moe_tests 180 "ctest --test-dir build/gpu -j 4 --output-on-failure -R '^Moe|/MoeModelGpu|^GemmGpu|^MosGpu|test_moe'"
   grep -E "tests passed|FAILED|Failed|GroupedGemm fallback" "$logs/moe_tests.txt" >>"$sum" 2>/dev/null
-  step bench_moe 150 "build/gpu/bench/bench_moe --benchmark_out=$logs/bench_moe.json --benchmark_out_format=json --benchmark_counters_tabular=true"
+  step bench_moe 200 "build/gpu/bench/bench_moe --benchmark_out=$logs/bench_moe.json --benchmark_out_format=json --benchmark_counters_tabular=true"
   if [ -x "$peers/run.sh" ]; then
     step peer_moe 240 "$peers/run.sh ds-python $root/bench/peers/moe_peer.py --out $logs/moe_peer.json"
   else
@@ -397,6 +399,14 @@ fi
 if want moe_quality; then
   step moe_quality 300 "python3 scripts/moe_quality.py --bin $bin --shape ${MOEQ_SHAPE:-bf16_example} --steps ${MOEQ_STEPS:-600} --data .devdata --out $logs/moe_quality"
   grep -E "^\||^- |^## " "$logs/moe_quality.txt" >>"$sum" 2>/dev/null
+  # Where the MoE step's time goes: --timing_report of the BF16 example's dense model and its MoE
+  # variant (synthetic tokens, the quality run's config; the timed steps run eagerly).
+  moeq_shape="--deepspeed_config configs/baseline.json --hidden_dim 1024 --num_layers 12 --num_heads 16 --batch_size 4 --seq_length 512 --num_steps 12 --warmup_steps 4"
+  step moe_timing 120 "$bin train $moeq_shape --timing_report $logs/moe_timing_dense.json >$logs/moe_timing_dense.txt 2>&1 && $bin train $moeq_shape --num_experts 8 --expert_interval 2 --top_k 1 --timing_report $logs/moe_timing_moe.json >$logs/moe_timing_moe.txt 2>&1"
+  for v in dense moe; do
+    echo "-- moe_timing $v:" >>"$sum"
+    grep -E "^ *(step|step/fwd|step/bwd|step/optimizer|step/grad_norm)\b|moe" "$logs/moe_timing_$v.txt" | head -40 >>"$sum" 2>/dev/null
+  done
 fi
 
 if want fp16_quality; then

@@ -4,7 +4,8 @@ bench/peers/moe_peer.py's JSON of the same call:
   1. the layer (forward, forward+backward): ours against DeepSpeed's MoE layer and a plain PyTorch
      MoE, peer time / our time (target: >= 3 against DeepSpeed for fwd_bwd);
   2. the grouped expert GEMM against one dense GEMM of the same rows, dense time / grouped time
-     (= the TFLOP/s ratio; target >= 0.8), beside the per-expert cuBLASLt loop's ratio."""
+     (= the TFLOP/s ratio; target >= 0.8), beside the per-expert cuBLASLt loop's ratio and the
+     slot layout's strided batch (balanced rows: R/E each), which the layer runs under dropping."""
 import argparse
 import json
 import re
@@ -49,7 +50,7 @@ def main():
               f"  rows={b.get('rows', 0):.0f} dropped={b.get('dropped', 0):.0f} load={b.get('min_load', 0):.0f}..{b.get('max_load', 0):.0f}")
     print()
     print("Grouped expert GEMM vs one dense GEMM of the same rows: dense us / grouped us (= TFLOP/s ratio); target >= 0.8")
-    print(f"{'row':52s} {'TFLOP/s':>8s} {'vs dense':>8s} {'loop vs dense':>13s} {'target':>7s}")
+    print(f"{'row':52s} {'TFLOP/s':>8s} {'vs dense':>8s} {'loop vs dense':>13s} {'slots vs dense':>14s} {'target':>7s}")
     pat = re.compile(r"moe_gemm/grouped(_skew)?_(fwd|dgrad|wgrad)/E(\d+)_(R\d+_N\d+_K\d+)$")
     for name, b in sorted(ours.items()):
         m = pat.match(name)
@@ -60,9 +61,13 @@ def main():
         loop = ours.get(name.replace("/grouped", "/loop"))
         r = dense["median_us"] / b["median_us"] if dense else None
         rl = dense["median_us"] / loop["median_us"] if dense and loop else None
+        slots = None if skew else ours.get(name.replace("/grouped", "/slots"))
+        rs = dense["median_us"] / slots["median_us"] if dense and slots else None
         verdict = "" if r is None or skew else ("met" if r >= 0.8 else "MISSED")
-        print(f"{name:52s} {b.get('TFLOP/s', 0):8.1f} {r if r is not None else float('nan'):8.2f} "
-              f"{rl if rl is not None else float('nan'):13.2f} {verdict:>7s}  fallbacks={b.get('fallbacks', 0):.0f}")
+        nan = float("nan")
+        print(f"{name:52s} {b.get('TFLOP/s', 0):8.1f} {r if r is not None else nan:8.2f} "
+              f"{rl if rl is not None else nan:13.2f} {rs if rs is not None else nan:14.2f} {verdict:>7s}"
+              f"  fallbacks={b.get('fallbacks', 0):.0f}")
 
 
 if __name__ == "__main__":

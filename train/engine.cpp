@@ -71,10 +71,6 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
   std::string why;
   CUTRAIN_CHECK(gpu_available(&why), "train: --device cuda needs a CUDA device (", why, "); use --device cpu");
   describe_ = "cuda (" + device_info().name + ")";
-  if (o.dims.moe.any() && opt_.cuda_graph) {  // the MoE layers sync for their routing counts
-    opt_.cuda_graph = false;
-    describe_ += ", eager steps: the MoE layers are not CUDA-graph capturable";
-  }
   if (expert_parallel_path(o)) {
     // DeepSpeed's groups (parallel/expert_parallel_plan.h), every bad value named before any
     // allocation; the expert-parallel group as an NCCL sub-communicator (collective).
@@ -246,6 +242,24 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     *scale_h_ = static_cast<float>(scaler_->loss_scale());
     describe_ += scaler_->dynamic() ? ", fp16 (dynamic loss scale)" : ", fp16 (static loss scale)";
   }
+  if (o.dims.moe.any()) {  // the gate noise's seeds read on the device (staged per step)
+    moe_seeds_d_ = Buffer(A, accum_ * sizeof(std::uint64_t), stream_);
+    CUTRAIN_CUDA_CHECK(cudaMallocHost(&moe_seeds_h_, accum_ * sizeof(std::uint64_t)));
+    std::fill(moe_seeds_h_, moe_seeds_h_ + accum_, std::uint64_t(0));
+    model_->set_moe_seed_words(moe_seeds_d_.as<std::uint64_t>());
+  }
+  if (o.dims.moe.any() && opt_.cuda_graph) {
+    // Token dropping: the MoE layers' slot layout keeps the counts on the device and the gate
+    // noise's seeds come from moe_seeds_d_, so the step is captured like a dense one; without
+    // dropping or with expert parallelism they read counts on the host.
+    const std::string why = model_->moe_eager_reason();
+    if (why.empty()) {
+      describe_ += ", MoE layers in the CUDA graph (fixed [experts, capacity] slots)";
+    } else {
+      opt_.cuda_graph = false;
+      describe_ += ", eager steps: the MoE layers are not CUDA-graph capturable (" + why + ")";
+    }
+  }
   if (o.tensor_parallel_engine || o.tensor_parallel > 1) setup_tensor_parallel();
   if (o.pipeline_engine || o.stages_in_process > 1 || o.pipeline_stages > 1) setup_pipeline();
   if (o.dims.arch == model::Arch::Bert) {  // dropout: the kernels read the step from step_d_
@@ -321,6 +335,7 @@ GpuEngine::~GpuEngine() {
   cudaFreeHost(flags_h_);
   if (step_h_) cudaFreeHost(step_h_);
   if (scale_h_) cudaFreeHost(scale_h_);
+  if (moe_seeds_h_) cudaFreeHost(moe_seeds_h_);
   if (drop_idx_h_) cudaFreeHost(drop_idx_h_);
 }
 
@@ -436,6 +451,13 @@ void GpuEngine::draw_drop(int step, DropDraw& d) {
   }
 }
 
+// The MoE gates' noise seeds of the step the model was set to (set_moe_step), one per micro-batch
+// (the previous step's copy finished with its sync).
+void GpuEngine::stage_moe_seeds() {
+  if (!moe_seeds_h_) return;
+  for (int a = 0; a < accum_; ++a) moe_seeds_h_[a] = model_->moe_forward_seed_of(a);
+}
+
 // random-LTD's selection of every micro-batch of `step` (1-based; 0: no drop) into the pinned
 // staging, and the layer tokens it makes the step process. The draw was made during the previous
 // step's device work (prefetch_drop) when that step had this shape; otherwise it is made here.
@@ -477,6 +499,9 @@ void GpuEngine::enqueue_forward_backward(bool step) {
       CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(step_d_.get(), step_h_, sizeof(std::uint32_t), cudaMemcpyHostToDevice, stream_));
     if (scale_h_)
       CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(scale_d_.get(), scale_h_, sizeof(float), cudaMemcpyHostToDevice, stream_));
+    if (moe_seeds_h_)
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(moe_seeds_d_.get(), moe_seeds_h_, accum_ * sizeof(std::uint64_t),
+                                         cudaMemcpyHostToDevice, stream_));
   }
   float* flags = as_f32(flags_d_);
   int* status = reinterpret_cast<int*>(flags + accum_ + 3);
@@ -625,8 +650,10 @@ double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_
   stage_batch(tokens, labels);
   stage_drop(drop_step);
   stage_step(drop_step);
+  stage_moe_seeds();
   enqueue_forward_backward(/*step=*/false);
   read_flags();
+  if (table_.dims().moe.any()) model_->read_moe_stats(stream_);
   double loss = 0;
   for (int a = 0; a < accum_; ++a) loss += flags_h_[a] / accum_;
   return loss;
@@ -653,6 +680,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   stage_drop(step);
   stage_step(step);
   model_->set_moe_step(opt_.seed, step);  // the MoE gates' noise: a function of the step
+  stage_moe_seeds();
   // One graph per step shape (random-LTD's kept count, the curriculum's rows x seq): a shape's
   // first step runs eagerly (cuBLASLt plans, first allocation of activations), its second is
   // captured and every later one replays the graph (train/step_graphs.h).
@@ -760,7 +788,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   read_flags();
   StepStats st;
   for (int a = 0; a < accum_; ++a) st.loss += flags_h_[a] / accum_;
-  st.moe = model_->moe_stats();
+  if (table_.dims().moe.any()) st.moe = model_->read_moe_stats(stream_);  // merged on the device during the step
   st.layer_tokens = step_layer_tokens_;
   st.ce_loss = st.loss;
   st.distilled = distill_now_;

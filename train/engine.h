@@ -187,6 +187,11 @@ class GpuEngine final : public TrainBackend {
   Buffer step_d_;
   std::uint32_t* step_h_ = nullptr;
   void stage_step(int step);
+  // MoE: each micro-batch's gate-noise seed, staged like the tokens (pinned host words copied to
+  // the device words inside the captured part), so a replay draws its step's noise.
+  Buffer moe_seeds_d_;
+  std::uint64_t* moe_seeds_h_ = nullptr;
+  void stage_moe_seeds();
   // Lamb: the packed tensor table and the workspace (partials, ratios, counters) of lamb_step.
   Buffer lamb_table_, lamb_ws_;
   kernels::LambDeviceTable lamb_;

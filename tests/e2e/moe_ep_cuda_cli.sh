@@ -2,8 +2,8 @@
 # End to end, MoE expert parallelism on the GPU engine (`--device cuda --moe_expert_parallel_size`):
 # on one GPU, ep_size 1 takes the expert-parallel path (the token all-to-all over a world-1 NCCL
 # communicator, every row sent to the rank itself) and must give the plain MoE run's losses (1e-6
-# relative; top-2 on the BF16 example's blocks at ZeRO 0, GPT-2's blocks with PR-MoE's residual
-# MLP at ZeRO 1); the bad input is named before any step (ep_size not dividing the experts or the
+# relative, both without token dropping, so both on the packed rows; top-2 on the BF16 example's
+# blocks at ZeRO 0, GPT-2's blocks with PR-MoE's residual MLP at ZeRO 1); the bad input is named before any step (ep_size not dividing the experts or the
 # world, ZeRO stage 3). With 2 GPUs and NCCL: `cutrain launch --num_gpus 2` at ep_size 2 (each
 # rank holding half the experts, the tokens exchanged between the GPUs) against the single process
 # on the same fixed batch (every rank sees it: the expert gradient over both ranks' identical
@@ -41,8 +41,10 @@ ep1() {
   same_losses "$tmp/plain_$name.csv" "$tmp/ep1_$name.csv" "$name at ep_size 1" || fail "$name: losses"
   echo "ok: $name: ep_size 1 through the NCCL all-to-all = the plain MoE run"
 }
-ep1 top2_s0 0 --num_experts 4 --expert_interval 1 --top_k 2
-ep1 gpt2_residual_s1 1 --model gpt2 --num_experts 2,4 --expert_interval 1 --mlp_type residual
+# Without token dropping both runs take the packed rows' grouped GEMMs (with dropping the plain run
+# takes the [experts, capacity] slots' batched GEMMs: other kernels, other roundings).
+ep1 top2_s0 0 --num_experts 4 --expert_interval 1 --top_k 2 --disable_moe_token_dropping
+ep1 gpt2_residual_s1 1 --model gpt2 --num_experts 2,4 --expert_interval 1 --mlp_type residual --disable_moe_token_dropping
 
 # Bad input: named before any step.
 bad() {  # bad EXPECTED-TEXT FLAGS...

@@ -18,8 +18,8 @@ for model in simple gpt2; do
     || { cat "$tmp/a_$model.txt"; fail "MoE training ($model)"; }
   grep -q "MoE blocks 1: 4 experts, top-2" "$tmp/a_$model.txt" || { cat "$tmp/a_$model.txt"; fail "no MoE line ($model)"; }
   grep -q "moe block 1 l_aux=" "$tmp/a_$model.txt" || fail "no per-block MoE line ($model)"
-  if [ "$device" = cuda ]; then
-    grep -q "eager steps: the MoE layers are not CUDA-graph capturable" "$tmp/a_$model.txt" || fail "start line lacks the eager note"
+  if [ "$device" = cuda ]; then  # token dropping, no gate noise: the steps are captured
+    grep -q "MoE layers in the CUDA graph" "$tmp/a_$model.txt" || { cat "$tmp/a_$model.txt"; fail "start line lacks the graph note"; }
   fi
   python3 - "$tmp/m_$model.jsonl" <<'PY' || fail "MoE metrics ($model)"
 import json, sys
@@ -42,6 +42,14 @@ grep -q "MoE blocks 0,1: 2,4 experts, top-1, .*residual MLP (PR-MoE)" "$tmp/p.tx
 moe=(--num_experts 4 --top_k 1 --moe_min_capacity 2 --moe_noisy_gate_policy Jitter)
 run "${moe[@]}" --num_steps 6 --save "$tmp/ck" --save_interval 3 --loss_log_file "$tmp/full.csv" >"$tmp/f.txt" 2>&1 \
   || { cat "$tmp/f.txt"; fail "MoE run with --save"; }
+if [ "$device" = cuda ]; then  # Jitter's seeds come from device words: captured too
+  grep -q "MoE layers in the CUDA graph" "$tmp/f.txt" || { cat "$tmp/f.txt"; fail "Jitter run: no graph note"; }
+  # Without token dropping the counts size the work on the host: eager steps, and the start line says why.
+  run --num_steps 3 --warmup_steps 1 --num_experts 4 --disable_moe_token_dropping >"$tmp/nd.txt" 2>&1 \
+    || { cat "$tmp/nd.txt"; fail "MoE run without token dropping"; }
+  grep -q "eager steps: the MoE layers are not CUDA-graph capturable (without token dropping" "$tmp/nd.txt" \
+    || { cat "$tmp/nd.txt"; fail "start line lacks the eager note"; }
+fi
 python3 - "$tmp/ck/global_step3/model.safetensors" <<'PY' || fail "checkpoint lacks the expert tensors"
 import json, struct, sys
 with open(sys.argv[1], "rb") as f:

@@ -1,12 +1,13 @@
 // @brief The GPU MoE layer's and engine's expert-parallel path (model/moe_layer.h,
 // train/engine.h) on the one lent GPU: ep_size 1 over a world-1 NCCL communicator, where the
 // token all-to-all sends every row to this rank itself. The layer through the exchange against
-// the same layer without it (routing figures exactly; output, input gradient and every parameter
-// gradient, fp32 written and accumulated and bf16, to 1e-6 relative: the same GEMMs on the same
-// rows in the same order), over top-1 / top-2, dropping or not, PR-MoE and the Jitter gate; the
-// engine with the exchange (a world-1 NCCL communicator it makes itself, ZeRO stages 0 and 1)
-// against the plain MoE engine: losses, norms and routing figures of three steps; the bad input
-// named. ep_size 2 over two GPUs is tests/e2e/moe_ep_cuda_cli.sh's (skipped with fewer).
+// the same layer without it in the packed layout (routing figures exactly; output, input gradient
+// and every parameter gradient, fp32 written and accumulated and bf16, to 1e-6 relative: the same
+// GEMMs on the same rows in the same order), over top-1 / top-2, dropping or not, PR-MoE and the
+// Jitter gate; the engine with the exchange (a world-1 NCCL communicator it makes itself, ZeRO
+// stages 0 and 1) against the plain MoE engine without token dropping (where both run the packed
+// rows' grouped GEMMs; with dropping the plain engine's slots run other GEMM kernels):
+// losses, norms and routing figures of three steps; the bad input named. ep_size 2 over two GPUs is tests/e2e/moe_ep_cuda_cli.sh's (skipped with fewer).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -68,10 +69,12 @@ TEST(MoeExpertParallelGpu, LayerThroughTheExchangeEqualsTheLocalLayer) {
     const auto x = test::round_bf16(test::random_normal(TH, rng));
     const auto dy = test::round_bf16(test::random_normal(TH, rng));
     DeviceArray<bf16> dp(test::to_bf16(p)), dx_in(test::to_bf16(x)), ddy(test::to_bf16(dy));
-    model::MoeLayerGpu local(c, cs.T + 5, alloc), ep(c, cs.T + 5, alloc, group.get());
+    model::MoeLayerGpu local(c, cs.T + 5, alloc, nullptr, /*packed=*/true), ep(c, cs.T + 5, alloc, group.get());
+    EXPECT_FALSE(ep.capturable());
     DeviceArray<bf16> y_local(TH), y_ep(TH);
-    const auto sl = local.forward(nullptr, dp.get(), dx_in.get(), y_local.get(), cs.T, true, seed);
-    const auto se = ep.forward(nullptr, dp.get(), dx_in.get(), y_ep.get(), cs.T, true, seed);
+    local.forward(nullptr, dp.get(), dx_in.get(), y_local.get(), cs.T, true, seed);
+    ep.forward(nullptr, dp.get(), dx_in.get(), y_ep.get(), cs.T, true, seed);
+    const auto sl = local.last_stats(nullptr), se = ep.last_stats(nullptr);
     EXPECT_EQ(se.capacity, sl.capacity);
     EXPECT_EQ(se.dropped, sl.dropped);
     EXPECT_EQ(se.expert_counts, sl.expert_counts);
@@ -127,6 +130,7 @@ train::BackendOptions moe_options(std::uint64_t seed) {
   o.dims.moe.k = 2;
   o.dims.moe.use_residual = false;
   o.dims.moe.loss_coeff = 0.01;
+  o.dims.moe.drop_tokens = false;  // both engines on the packed rows (the plain one eager too)
   return o;
 }
 

@@ -1,16 +1,20 @@
 // @brief GPU tests of the MoE kernels against tests/reference/moe_ref.h: the gate (routing,
 // positions, counts, dropping compared exactly, ties included; probabilities, weights, aux loss
 // and the backward by relative error), the permutations (vector and scalar paths, fully dropped
-// tokens, accumulation) and the grouped GEMM (empty groups, more groups than one grouped call
-// takes, bf16 and fp32 weight gradients). Fresh random inputs, outputs poisoned with NaN first.
+// tokens, accumulation; the [E, C] slot layout with its empty slots zeroed, experts of 0 rows and
+// at full capacity), the grouped GEMM (empty groups, more groups than one grouped call takes, bf16
+// and fp32 weight gradients), the strided-batched GEMMs the slot layout runs, and the step figures'
+// device merge. Fresh random inputs, outputs poisoned with NaN first.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "kernels/gemm.cuh"
 #include "kernels/moe_gate.cuh"
 #include "kernels/moe_grouped_gemm.cuh"
 #include "kernels/moe_jitter.cuh"
@@ -142,6 +146,14 @@ TEST(MoeGateGpu, NoiseMatchesReference) {
     EXPECT_EQ(g.expert.download(), ref.expert);
     EXPECT_EQ(g.position.download(), ref.position);
     EXPECT_LT(test::rel_error(g.weight.download(), ref.weight), kF32Tol);
+    // The seed from a device word (XOR-ed with the host's value): the same draws.
+    const DeviceArray<std::uint64_t> word(std::vector<std::uint64_t>{seed ^ 0x5bd1e995ULL});
+    GpuGate gw(c.T, c.E, c.k);
+    sh.noise.seed = 0x5bd1e995ULL;
+    sh.noise.seed_word = word.get();
+    kernels::moe_gate_forward(nullptr, dl.get(), sh, gw.outputs(), gw.ws.get());
+    EXPECT_EQ(gw.expert.download(), ref.expert) << "seed word";
+    EXPECT_EQ(gw.position.download(), ref.position) << "seed word";
   }
 }
 
@@ -227,6 +239,183 @@ TEST(MoePermuteGpu, AllFourMatchReference) {
     }
     EXPECT_LT(test::rel_error(dweight.download(), want_dw), 1e-4);
   }
+}
+
+// The slot layout: route (s, r) at expert · C + position of an [E, C] buffer, the unowned slots
+// zeroed by moe_zero_empty_slots; every kernel against the references on the slot view of the
+// routing. Cases with experts no token reached and experts at full capacity.
+TEST(MoeSlotsGpu, PermutationsAndEmptySlotsMatchReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  struct Case { int T, E, k, H; double cf; int min_capacity, shift; };  // shift: elements off 16-byte alignment
+  const std::vector<Case> cases = {{1, 1, 1, 1, 1.0, 0, 0},    {5, 16, 1, 24, 1.0, 4, 0},  {13, 3, 1, 7, 0.5, 0, 0},
+                                   {64, 8, 2, 8, 1.0, 4, 0},   {100, 8, 2, 64, 0.6, 0, 1}, {257, 16, 1, 1000, 1.0, 4, 0},
+                                   {300, 5, 2, 1024, 2.0, 0, 3}, {512, 64, 2, 1024, 1.0, 4, 0}};
+  bool saw_empty = false, saw_full = false;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("T=" + std::to_string(c.T) + " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) +
+                 " H=" + std::to_string(c.H) + " cf=" + std::to_string(c.cf) + " shift=" + std::to_string(c.shift));
+    const int C = ref::moe_capacity(c.T, c.E, c.k, c.cf, c.min_capacity);
+    const auto g = ref::moe_gate_forward(test::random_normal(std::size_t(c.T) * c.E, rng), c.T, c.E, c.k, true, C);
+    const auto gs = ref::moe_slot_layout(g, C);
+    for (int e = 0; e < c.E; ++e) {
+      saw_empty |= g.kept_counts[std::size_t(e)] == 0;
+      saw_full |= g.kept_counts[std::size_t(e)] == C;
+    }
+    DeviceArray<std::int32_t> expert(g.expert), position(g.position), kept(g.kept_counts);
+    const kernels::MoeRouting rt{expert.get(), position.get(), nullptr, c.T, c.k, C};
+    const std::size_t TH = std::size_t(c.T) * c.H, RH = std::size_t(c.E) * C * c.H, sh = c.shift;
+
+    // permute + the empty slots: a copy, every row written (the buffer starts as NaN)
+    const auto x = test::round_bf16(test::random_normal(TH, rng));
+    DeviceArray<bf16> dx_in(TH + sh), xp(RH + sh + 1);
+    CUTRAIN_CUDA_CHECK(cudaMemcpy(dx_in.get() + sh, test::to_bf16(x).data(), TH * 2, cudaMemcpyHostToDevice));
+    kernels::moe_permute(nullptr, dx_in.get() + sh, rt, xp.get() + sh, c.H);
+    kernels::moe_zero_empty_slots(nullptr, xp.get() + sh, kept.get(), c.E, C, c.H);
+    const auto xp_h = test::download_float(xp);
+    const std::vector<float> xp_got(xp_h.begin() + sh, xp_h.begin() + sh + RH);
+    EXPECT_EQ(test::count_nan(xp_got), 0u);
+    EXPECT_EQ(test::rel_error(xp_got, ref::moe_zero_empty_slots(ref::moe_permute(x, gs, c.H), g.kept_counts, C, c.H)),
+              0.0);
+    EXPECT_TRUE(std::isnan(xp_h[RH + sh])) << "a write past the [E, C] slots";
+
+    // permute backward over the slots (written, then accumulated)
+    const auto a = test::round_bf16(test::random_normal(RH, rng));
+    DeviceArray<bf16> da(test::to_bf16(a)), dxb(TH);
+    kernels::moe_permute_backward(nullptr, da.get(), rt, dxb.get(), c.H, false);
+    const auto want_dx = ref::moe_permute_backward(a, gs, c.H);
+    const auto got_dx = test::download_float(dxb);
+    EXPECT_EQ(test::count_nan(got_dx), 0u);
+    EXPECT_LT(test::rel_error(got_dx, want_dx), kBf16Tol);
+    kernels::moe_permute_backward(nullptr, da.get(), rt, dxb.get(), c.H, true);
+    auto want2 = want_dx;
+    for (std::size_t i = 0; i < TH; ++i) want2[i] += got_dx[i];
+    EXPECT_LT(test::rel_error(test::download_float(dxb), want2), kBf16Tol);
+
+    // un-permute from the slots and its backward into them (the empty slots zeroed after it)
+    const std::vector<float> w(g.weight.begin(), g.weight.end());
+    DeviceArray<float> dw_in(w);
+    const auto yp = test::round_bf16(test::random_normal(RH, rng));
+    DeviceArray<bf16> dyp_in(test::to_bf16(yp)), y(TH);
+    kernels::moe_unpermute(nullptr, dyp_in.get(), dw_in.get(), rt, y.get(), c.H);
+    const auto got_y = test::download_float(y);
+    EXPECT_EQ(test::count_nan(got_y), 0u);
+    EXPECT_LT(test::rel_error(got_y, ref::moe_unpermute(yp, w, gs, c.H)), kBf16Tol);
+    const auto dy = test::round_bf16(test::random_normal(TH, rng));
+    DeviceArray<bf16> ddy(test::to_bf16(dy)), dyp(RH);
+    DeviceArray<float> dweight(std::size_t(c.T) * c.k);
+    kernels::moe_unpermute_backward(nullptr, ddy.get(), dyp_in.get(), dw_in.get(), rt, dyp.get(), dweight.get(), c.H);
+    kernels::moe_zero_empty_slots(nullptr, dyp.get(), kept.get(), c.E, C, c.H);
+    std::vector<double> want_dyp, want_dw;
+    ref::moe_unpermute_backward(dy, yp, w, gs, c.H, want_dyp, want_dw);
+    const auto got_dyp = test::download_float(dyp);
+    EXPECT_EQ(test::count_nan(got_dyp), 0u);
+    EXPECT_LT(test::rel_error(got_dyp, ref::moe_zero_empty_slots(want_dyp, g.kept_counts, C, c.H)), kBf16Tol);
+    EXPECT_LT(test::rel_error(dweight.download(), want_dw), 1e-4);
+  }
+  EXPECT_TRUE(saw_empty) << "no case had an expert with 0 rows";
+  EXPECT_TRUE(saw_full) << "no case had an expert at full capacity";
+}
+
+TEST(MoeSlotsGpu, ZeroEmptySlotsNamesBadArguments) {
+  CUTRAIN_REQUIRE_GPU();
+  DeviceArray<bf16> buf(64);
+  DeviceArray<std::int32_t> kept(std::vector<std::int32_t>{0, 0});
+  EXPECT_THROW(kernels::moe_zero_empty_slots(nullptr, buf.get(), kept.get(), 0, 4, 8), Error);
+  EXPECT_THROW(kernels::moe_zero_empty_slots(nullptr, buf.get(), kept.get(), 2, 0, 8), Error);
+  EXPECT_THROW(kernels::moe_zero_empty_slots(nullptr, nullptr, kept.get(), 2, 4, 8), Error);
+  const kernels::MoeRouting no_offsets{kept.get(), kept.get(), nullptr, 2, 1, 0};  // packed needs offsets
+  EXPECT_THROW(kernels::moe_permute(nullptr, buf.get(), no_offsets, buf.get(), 8), Error);
+}
+
+// The strided-batched GEMMs of the slot layout (kernels/gemm.cuh's *_batched): every batch of M
+// rows is one group of the grouped reference, weights [B, N, K]; odd shapes (2-byte aligned batch
+// starts), bf16 and fp32 weight gradients, written and accumulated.
+TEST(MoeSlotsGpu, BatchedGemmMatchesReference) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  struct Case { int B, M, N, K; };
+  const std::vector<Case> cases = {{1, 1, 1, 1}, {3, 5, 13, 7}, {5, 17, 33, 9}, {8, 64, 96, 40}, {64, 16, 128, 64},
+                                   {2, 130, 72, 24}};
+  kernels::Gemm gemm;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("B=" + std::to_string(c.B) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+                 " K=" + std::to_string(c.K));
+    const std::vector<int> rows(std::size_t(c.B), c.M);
+    const std::size_t R = std::size_t(c.B) * c.M;
+    const auto x = test::round_bf16(test::random_normal(R * c.K, rng));
+    const auto w = test::round_bf16(test::random_normal(std::size_t(c.B) * c.N * c.K, rng, 0.f, 0.2f));
+    const auto dy = test::round_bf16(test::random_normal(R * c.N, rng));
+    DeviceArray<bf16> dx_(test::to_bf16(x)), dw_(test::to_bf16(w)), ddy(test::to_bf16(dy)), y(R * c.N + 1);
+    gemm.forward_batched(nullptr, dx_.get(), dw_.get(), y.get(), c.B, c.M, c.N, c.K);
+    auto got_y = test::download_float(y);
+    EXPECT_TRUE(std::isnan(got_y.back())) << "a write past the last batch";
+    got_y.pop_back();
+    EXPECT_EQ(test::count_nan(got_y), 0u);
+    EXPECT_LT(test::rel_error(got_y, ref::grouped_gemm_forward(x, w, rows, c.N, c.K)), kBf16Tol);
+
+    DeviceArray<bf16> dx(R * c.K);
+    gemm.grad_input_batched(nullptr, ddy.get(), dw_.get(), dx.get(), c.B, c.M, c.N, c.K);
+    const auto got_dx = test::download_float(dx);
+    EXPECT_EQ(test::count_nan(got_dx), 0u);
+    EXPECT_LT(test::rel_error(got_dx, ref::grouped_gemm_grad_input(dy, w, rows, c.N, c.K)), kBf16Tol);
+
+    const auto want_dw = ref::grouped_gemm_grad_weight(dy, x, rows, c.N, c.K);
+    DeviceArray<bf16> dwb(std::size_t(c.B) * c.N * c.K);
+    gemm.grad_weight_batched(nullptr, ddy.get(), dx_.get(), dwb.get(), DType::BF16, c.B, c.M, c.N, c.K, false);
+    const auto got_dwb = test::download_float(dwb);
+    EXPECT_EQ(test::count_nan(got_dwb), 0u);
+    EXPECT_LT(test::rel_error(got_dwb, want_dw), kBf16Tol);
+    DeviceArray<float> dwf(std::size_t(c.B) * c.N * c.K);
+    gemm.grad_weight_batched(nullptr, ddy.get(), dx_.get(), dwf.get(), DType::F32, c.B, c.M, c.N, c.K, false);
+    const auto got_dwf = dwf.download();
+    EXPECT_EQ(test::count_nan(got_dwf), 0u);
+    EXPECT_LT(test::rel_error(got_dwf, want_dw), 1e-4);
+    gemm.grad_weight_batched(nullptr, ddy.get(), dx_.get(), dwf.get(), DType::F32, c.B, c.M, c.N, c.K, true);
+    EXPECT_LT(test::rel_error(dwf.download(), ref::grouped_gemm_grad_weight(dy, x, rows, c.N, c.K, &got_dwf)), 1e-4);
+  }
+  DeviceArray<bf16> a(64), b(64), o(64);
+  EXPECT_THROW(gemm.forward_batched(nullptr, a.get(), b.get(), o.get(), 0, 2, 2, 2), Error);
+  EXPECT_THROW(gemm.grad_input_batched(nullptr, a.get(), b.get(), o.get(), 2, 0, 2, 2), Error);
+  EXPECT_THROW(gemm.grad_weight_batched(nullptr, a.get(), b.get(), o.get(), DType::I32, 2, 2, 2, 2, false), Error);
+}
+
+// The step figures merged on the device over forwards against the same merge on the host.
+TEST(MoeStepFiguresGpu, MergeMatchesTheHost) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  for (int E : {1, 5, 33, 1024}) {
+    SCOPED_TRACE("E=" + std::to_string(E));
+    DeviceArray<kernels::MoeStepFigures> acc(1);
+    float l_sum = 0;
+    int dropped = 0, lo = 0, hi = 0, cap = 0;
+    for (int f = 0; f < 3; ++f) {
+      const auto kept = test::random_ints(std::size_t(E), rng, 0, 50);
+      const std::vector<std::int32_t> stats{40 + f, int(test::random_ints(1, rng, 0, 100)[0])};
+      const float l_aux = test::random_normal(1, rng, 1.f, 0.1f)[0];
+      DeviceArray<std::int32_t> dk(kept), ds(stats);
+      DeviceArray<float> dl(std::vector<float>{l_aux});
+      kernels::moe_step_figures_merge(nullptr, dk.get(), ds.get(), dl.get(), E, acc.get(), f == 0);
+      const auto [mn, mx] = std::minmax_element(kept.begin(), kept.end());
+      lo = f == 0 ? *mn : std::min(lo, *mn);
+      hi = f == 0 ? *mx : std::max(hi, *mx);
+      l_sum = f == 0 ? l_aux : l_sum + l_aux;
+      dropped = f == 0 ? stats[1] : dropped + stats[1];
+      cap = stats[0];
+      const kernels::MoeStepFigures got = acc.download()[0];
+      EXPECT_EQ(got.forwards, f + 1);
+      EXPECT_EQ(got.capacity, cap);
+      EXPECT_EQ(got.dropped, dropped);
+      EXPECT_EQ(got.min_load, lo);
+      EXPECT_EQ(got.max_load, hi);
+      EXPECT_EQ(got.l_aux_sum, l_sum);
+    }
+  }
+  DeviceArray<kernels::MoeStepFigures> acc(1);
+  DeviceArray<std::int32_t> k(4);
+  EXPECT_THROW(kernels::moe_step_figures_merge(nullptr, k.get(), k.get(), nullptr, 4, acc.get(), true), Error);
+  EXPECT_THROW(kernels::moe_step_figures_merge(nullptr, k.get(), k.get(), reinterpret_cast<float*>(k.get()), 0,
+                                               acc.get(), true), Error);
 }
 
 TEST(MoeGroupedGemmGpu, MatchesReference) {
@@ -327,7 +516,9 @@ TEST(MoeJitterGpu, MatchesReference) {
     const auto x = test::round_bf16(test::random_normal(n, rng)), g = test::round_bf16(test::random_normal(n, rng));
     const auto d0 = test::round_bf16(test::random_normal(n, rng));
     DeviceArray<bf16> dx_(test::to_bf16(x)), xj(n), dg(test::to_bf16(g)), dd(test::to_bf16(d0));
-    kernels::moe_jitter_forward(nullptr, dx_.get(), xj.get(), n, eps, seed);
+    // The forward's seed from a device word XOR-ed with the host's value, the backward's from the host.
+    const DeviceArray<std::uint64_t> word(std::vector<std::uint64_t>{seed ^ 0xc2b2ae35ULL});
+    kernels::moe_jitter_forward(nullptr, dx_.get(), xj.get(), n, eps, 0xc2b2ae35ULL, word.get());
     kernels::moe_jitter_backward(nullptr, dg.get(), dd.get(), n, eps, seed);
     std::vector<double> want_xj(n), want_dx(n);
     double lo = 2, hi = 0;

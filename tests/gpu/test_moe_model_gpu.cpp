@@ -1,12 +1,15 @@
 // The GPU model with MoE blocks against the CPU reference model (both architectures, top-1 and
 // top-2, standard and PR-MoE's residual MLP): the routing figures, the loss, the aux loss and every
-// parameter gradient at step 0; engine steps with MoE run eagerly (no CUDA graph) with a loss
-// that falls on a fixed batch; activation checkpointing keeps the bits and the routing figures
-// (the recompute is not counted twice) under gradient accumulation.
+// parameter gradient at step 0; engine steps with MoE captured in a CUDA graph (token dropping,
+// no gate noise) with a loss that falls on a fixed batch; graph replays equal to eager steps bit
+// for bit (losses, norms, routing figures, parameters) with no allocation after the capture, the
+// noisy gates included, and the eager case (no token dropping) named; activation checkpointing keeps the bits and
+// the routing figures (the recompute is not counted twice) under gradient accumulation.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "model/reference_model.h"
 #include "tests/support/cpu_test_util.h"
@@ -121,13 +124,14 @@ INSTANTIATE_TEST_SUITE_P(
              (c.residual ? "_residual_" : "_") + c.layout;
     });
 
-TEST(MoeEngineGpu, StepsRunEagerAndTheLossFalls) {
+TEST(MoeEngineGpu, StepsAreCapturedAndTheLossFalls) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   train::BackendOptions o = test::small_model(rng());
   o.dims.moe.experts = {4, 4};
   o.dims.moe.k = 2;
   train::GpuEngine eng(o, config_for("bf16_full", o.batch));
+  EXPECT_NE(std::string(eng.describe()).find("MoE layers in the CUDA graph"), std::string::npos) << eng.describe();
   const std::size_t n = std::size_t(o.batch) * o.seq;
   const auto tok = test::random_ints(n, rng, 0, o.dims.vocab - 1), lab = test::random_ints(n, rng, 0, o.dims.vocab - 1);
   double first = 0, last = 0;
@@ -138,11 +142,106 @@ TEST(MoeEngineGpu, StepsRunEagerAndTheLossFalls) {
     EXPECT_EQ(st.moe[0].layer, 0);
     EXPECT_EQ(st.moe[1].layer, 1);
     EXPECT_GT(st.moe[1].l_aux, 0.0);
+    EXPECT_LE(st.moe[1].max_load, st.moe[1].capacity);
     (step == 1 ? first : last) = st.loss;
   }
-  EXPECT_EQ(eng.graph_captures(), 0);
-  EXPECT_FALSE(eng.graph_active());
+  EXPECT_EQ(eng.graph_captures(), 1);
+  EXPECT_TRUE(eng.graph_active());
   EXPECT_LT(last, 0.85 * first);
+}
+
+// Graph replays against eager steps of the same model: both architectures, top-1 / top-2, PR-MoE,
+// the Jitter and RSample gates (a replay that kept the captured step's noise would part from the
+// eager steps), two micro-batches per step and clipping, so the routing figures merge over
+// micro-batches inside the graph. Bit for bit: losses, norms, routing figures, parameters. After
+// the capture the steps allocate nothing.
+TEST(MoeEngineGpu, GraphReplayEqualsEagerBitForBit) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  struct Case { model::Arch arch; int k; bool residual; const char* layout; model::MoeNoisyGate noise; };
+  for (const Case& c : {Case{model::Arch::Simple, 1, false, "bf16_full", model::MoeNoisyGate::None},
+                        Case{model::Arch::Gpt2, 2, true, "baseline", model::MoeNoisyGate::None},
+                        Case{model::Arch::Simple, 2, true, "bf16_master_wg", model::MoeNoisyGate::Jitter},
+                        Case{model::Arch::Gpt2, 1, false, "bf16_full", model::MoeNoisyGate::RSample}}) {
+    SCOPED_TRACE(std::string(c.arch == model::Arch::Gpt2 ? "gpt2" : "simple") + " top-" + std::to_string(c.k) +
+                 (c.residual ? " residual " : " ") + c.layout + " noise " + std::to_string(int(c.noise)));
+    train::BackendOptions graph = test::small_model(rng());
+    graph.dims.arch = c.arch;
+    graph.causal = true;
+    graph.dims.moe.experts = {4, 8};
+    graph.dims.moe.k = c.k;
+    graph.dims.moe.use_residual = c.residual;
+    graph.dims.moe.capacity_factor = 0.75;  // some routes dropped, some experts full
+    graph.dims.moe.loss_coeff = 0.05;
+    graph.dims.moe.noisy_gate_policy = c.noise;  // its seed per step and micro-batch from device words
+    train::BackendOptions eager = graph;
+    eager.cuda_graph = false;
+    train::TrainConfig cfg = config_for(c.layout, graph.batch, 2);
+    cfg.gradient_clipping = 1.0;
+    train::GpuEngine a(eager, cfg), b(graph, cfg);
+    const std::size_t n = 2 * std::size_t(graph.batch) * graph.seq;  // two micro-batches per step
+    std::int64_t allocated = 0, reserved = 0;
+    for (int step = 1; step <= 6; ++step) {
+      const auto tok = test::random_ints(n, rng, 0, graph.dims.vocab - 1);
+      const auto lab = test::random_ints(n, rng, 0, graph.dims.vocab - 1);
+      const train::StepStats sa = a.step(tok.data(), lab.data(), step, 1e-3f);
+      const train::StepStats sb = b.step(tok.data(), lab.data(), step, 1e-3f);
+      EXPECT_EQ(sa.loss, sb.loss) << "step " << step;
+      EXPECT_EQ(sa.grad_norm, sb.grad_norm) << "step " << step;
+      ASSERT_EQ(sa.moe.size(), 2u);
+      ASSERT_EQ(sb.moe.size(), 2u);
+      for (std::size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(sa.moe[i].layer, sb.moe[i].layer);
+        EXPECT_EQ(sa.moe[i].l_aux, sb.moe[i].l_aux) << "block " << i << " step " << step;
+        EXPECT_EQ(sa.moe[i].capacity, sb.moe[i].capacity);
+        EXPECT_EQ(sa.moe[i].dropped, sb.moe[i].dropped) << "block " << i << " step " << step;
+        EXPECT_EQ(sa.moe[i].min_load, sb.moe[i].min_load);
+        EXPECT_EQ(sa.moe[i].max_load, sb.moe[i].max_load);
+        EXPECT_LE(sb.moe[i].dropped, 2L * c.k * graph.batch * graph.seq);
+      }
+      if (step == 3) {  // captured at step 2, replayed from step 3
+        allocated = b.memory().allocated;
+        reserved = device_allocator().stats().reserved_bytes.current;
+      }
+    }
+    EXPECT_FALSE(a.graph_active());
+    EXPECT_TRUE(b.graph_active());
+    EXPECT_EQ(b.graph_captures(), 1);
+    EXPECT_EQ(b.memory().allocated, allocated) << "a replayed step allocated";
+    EXPECT_EQ(device_allocator().stats().reserved_bytes.current, reserved);
+    EXPECT_EQ(a.download_params(), b.download_params());
+  }
+}
+
+// Token dropping off: the MoE layers read their counts on the host, so the steps run eagerly, the
+// start line saying why; a noisy gate (its seeds from device words) is captured.
+TEST(MoeEngineGpu, EagerCasesAreNamed) {
+  CUTRAIN_REQUIRE_GPU();
+  auto rng = test::fresh_rng();
+  train::BackendOptions o = test::small_model(rng());
+  o.dims.moe.experts = {0, 4};
+  train::BackendOptions no_drop = o, jitter = o;
+  no_drop.dims.moe.drop_tokens = false;
+  jitter.dims.moe.noisy_gate_policy = model::MoeNoisyGate::Jitter;
+  for (const bool eager : {true, false}) {
+    train::GpuEngine eng(eager ? no_drop : jitter, config_for("bf16_full", o.batch));
+    const std::string d = eng.describe();
+    if (eager) {
+      EXPECT_NE(d.find("eager steps: the MoE layers are not CUDA-graph capturable (without token dropping"),
+                std::string::npos) << d;
+    } else {
+      EXPECT_NE(d.find("MoE layers in the CUDA graph"), std::string::npos) << d;
+    }
+    const std::size_t n = std::size_t(o.batch) * o.seq;
+    const auto tok = test::random_ints(n, rng, 0, o.dims.vocab - 1), lab = test::random_ints(n, rng, 0, o.dims.vocab - 1);
+    for (int step = 1; step <= 3; ++step) {
+      const train::StepStats st = eng.step(tok.data(), lab.data(), step, 1e-3f);
+      ASSERT_EQ(st.moe.size(), 1u);
+      EXPECT_GT(st.moe[0].l_aux, 0.0);
+    }
+    EXPECT_EQ(eng.graph_captures(), eager ? 0 : 1);
+    EXPECT_EQ(eng.graph_active(), !eager);
+  }
 }
 
 TEST(MoeEngineGpu, CheckpointingKeepsTheBitsAndTheStatsUnderAccumulation) {

@@ -201,6 +201,20 @@ void moe_unpermute_backward(const std::vector<float>& dy, const std::vector<floa
     }
 }
 
+MoeGateRef moe_slot_layout(const MoeGateRef& g, int capacity) {
+  MoeGateRef s = g;
+  for (int e = 0; e <= g.experts; ++e) s.offsets[std::size_t(e)] = e * capacity;
+  return s;
+}
+
+std::vector<double> moe_zero_empty_slots(std::vector<double> buf, const std::vector<std::int32_t>& kept, int capacity,
+                                         int width) {
+  for (std::size_t e = 0; e < kept.size(); ++e)
+    for (int j = kept[e]; j < capacity; ++j)
+      std::fill_n(buf.begin() + (std::int64_t(e) * capacity + j) * width, width, 0.0);
+  return buf;
+}
+
 std::vector<double> grouped_gemm_forward(const std::vector<float>& x, const std::vector<float>& w,
                                          const std::vector<int>& rows, int N, int K) {
   std::size_t total = 0;

@@ -46,6 +46,13 @@ void moe_unpermute_backward(const std::vector<float>& dy, const std::vector<floa
                             const std::vector<float>& weight, const MoeGateRef& g, int hidden,
                             std::vector<double>& dyp, std::vector<double>& dweight);
 
+// The slot layout (kernels/moe_permute.cuh's `slots`): the same routing with offsets[e] = e · C,
+// so the references above index the [E, C] buffer (its unowned rows NaN where they fill a buffer).
+MoeGateRef moe_slot_layout(const MoeGateRef& g, int capacity);
+// `buf` [E·C, width] with the rows j >= kept[e] of each expert e set to 0.
+std::vector<double> moe_zero_empty_slots(std::vector<double> buf, const std::vector<std::int32_t>& kept, int capacity,
+                                         int width);
+
 // The grouped GEMMs, group g owning rows[g] consecutive rows; weights [G,N,K]. grad_weight's
 // dw_init (may be null) is added.
 std::vector<double> grouped_gemm_forward(const std::vector<float>& x, const std::vector<float>& w,
