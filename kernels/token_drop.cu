@@ -15,28 +15,11 @@ namespace {
 
 constexpr int kThreads = 128;
 
+// One row of H elements by the block's threads: dst = src (a bit copy), or src + plus (the sum in
+// fp32 rounded once to T) when plus is given.
 template <typename T, int kVec>
-__global__ void __launch_bounds__(kThreads) gather_kernel(const T* __restrict__ x, const std::int32_t* __restrict__ idx,
-                                                           T* __restrict__ kept, int S, int K, int H) {
-  const std::int64_t row = blockIdx.x;  // b * K + j
-  const std::int64_t b = row / K;
-  const T* src = x + (b * S + idx[row]) * H;
-  T* dst = kept + row * H;
-  for (int c = threadIdx.x * kVec; c < H; c += kThreads * kVec) {
-    if constexpr (kVec == 8) *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
-    else dst[c] = src[c];
-  }
-}
-
-template <typename T, int kVec>
-__global__ void __launch_bounds__(kThreads) scatter_kernel(const T* __restrict__ kept, const T* __restrict__ add,
-                                                            const std::int32_t* __restrict__ idx, T* __restrict__ out,
-                                                            int S, int K, int H) {
-  const std::int64_t row = blockIdx.x;
-  const std::int64_t b = row / K;
-  const T* src = kept + row * H;
-  const T* plus = add ? add + row * H : nullptr;
-  T* dst = out + (b * S + idx[row]) * H;
+__device__ __forceinline__ void row_move(T* __restrict__ dst, const T* __restrict__ src, const T* __restrict__ plus,
+                                         int H) {
   for (int c = threadIdx.x * kVec; c < H; c += kThreads * kVec) {
     if (!plus) {
       if constexpr (kVec == 8) *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
@@ -53,6 +36,28 @@ __global__ void __launch_bounds__(kThreads) scatter_kernel(const T* __restrict__
       dst[c] = from_f32<T>(to_f32(src[c]) + to_f32(plus[c]));
     }
   }
+}
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads) gather_kernel(const T* __restrict__ x, const std::int32_t* __restrict__ idx,
+                                                           T* __restrict__ kept, int S, int K, int H) {
+  const std::int64_t row = blockIdx.x;  // b * K + j
+  const std::int64_t b = row / K;
+  const T* src = x + (b * S + idx[row]) * H;
+  T* dst = kept + row * H;
+  row_move<T, kVec>(dst, src, nullptr, H);
+}
+
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kThreads) scatter_kernel(const T* __restrict__ kept, const T* __restrict__ add,
+                                                            const std::int32_t* __restrict__ idx, T* __restrict__ out,
+                                                            int S, int K, int H) {
+  const std::int64_t row = blockIdx.x;
+  const std::int64_t b = row / K;
+  const T* src = kept + row * H;
+  const T* plus = add ? add + row * H : nullptr;
+  T* dst = out + (b * S + idx[row]) * H;
+  row_move<T, kVec>(dst, src, plus, H);
 }
 
 // One block per row of out ([B, S]): the row's kept slot by a binary search of its sequence's
@@ -75,32 +80,13 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const T* __restrict__ x
   }
   T* dst = out + row * H;
   if (lo == K || ib[lo] != p) {  // dropped: the token bypasses the block
-    const T* src = x + row * H;
-    for (int c = threadIdx.x * kVec; c < H; c += kThreads * kVec) {
-      if constexpr (kVec == 8) *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
-      else dst[c] = src[c];
-    }
+    row_move<T, kVec>(dst, x + row * H, nullptr, H);
     return;
   }
   const std::int64_t kr = b * K + lo;
   const T* src = kept + kr * H;
   const T* plus = add ? add + kr * H : nullptr;
-  for (int c = threadIdx.x * kVec; c < H; c += kThreads * kVec) {
-    if (!plus) {
-      if constexpr (kVec == 8) *reinterpret_cast<uint4*>(dst + c) = *reinterpret_cast<const uint4*>(src + c);
-      else dst[c] = src[c];
-      continue;
-    }
-    if constexpr (kVec == 8) {
-      float f[8], g[8];
-      load_x8(src + c, f);
-      load_x8(plus + c, g);
-      for (int e = 0; e < 8; ++e) f[e] += g[e];
-      store_x8(dst + c, f);
-    } else {
-      dst[c] = from_f32<T>(to_f32(src[c]) + to_f32(plus[c]));
-    }
-  }
+  row_move<T, kVec>(dst, src, plus, H);
 }
 
 void check_shape(const char* fn, int B, int S, int K, int hidden) {
