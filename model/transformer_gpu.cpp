@@ -78,7 +78,7 @@ GpuTransformerT<T>::GpuTransformerT(const TransformerParams& table, int B, int S
 
 // Block l's MoE layer in place of the FFN: x [M, hidden] -> y. Its routing figures merge into
 // the layer's step figures on the device (training forwards only, not a recompute's); the host
-// reads them after the step (read_moe_stats). MoE blocks run in bf16 only (fp16 is refused at
+// reads them after the step (stage_moe_stats, collect_moe_stats). MoE blocks run in bf16 only (fp16 is refused at
 // construction).
 template <typename T>
 void GpuTransformerT<T>::moe_forward(cudaStream_t s, const Unit& U, int l, const T* x, T* y) {
@@ -93,11 +93,14 @@ void GpuTransformerT<T>::moe_forward(cudaStream_t s, const Unit& U, int l, const
 }
 
 template <typename T>
-const std::vector<MoeBlockStats>& GpuTransformerT<T>::read_moe_stats(cudaStream_t s) {
-  moe_stats_.clear();
+void GpuTransformerT<T>::stage_moe_stats(cudaStream_t s) {
   for (const auto& m : moe_)
     if (m) m->stage_step_stats(s);
-  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));  // one for every layer's copy
+}
+
+template <typename T>
+const std::vector<MoeBlockStats>& GpuTransformerT<T>::collect_moe_stats() {
+  moe_stats_.clear();
   for (int l = 0; l < int(moe_.size()); ++l) {
     if (!moe_[std::size_t(l)]) continue;
     MoeBlockStats b = moe_[std::size_t(l)]->staged_step_stats();

@@ -131,7 +131,8 @@ class GpuModel {
   virtual void set_distillation(const GpuDistillation* d) = 0;
   virtual void set_moe_step(std::uint64_t seed, int step) = 0;
   virtual const std::vector<MoeBlockStats>& moe_stats() const = 0;
-  virtual const std::vector<MoeBlockStats>& read_moe_stats(cudaStream_t s) = 0;
+  virtual void stage_moe_stats(cudaStream_t s) = 0;
+  virtual const std::vector<MoeBlockStats>& collect_moe_stats() = 0;
   virtual void set_moe_seed_words(const std::uint64_t* d_words) = 0;
   virtual std::uint64_t moe_forward_seed_of(int micro) const = 0;
   virtual std::string moe_eager_reason() const = 0;
@@ -232,13 +233,15 @@ class GpuTransformerT final : public GpuModel {
   // MoE blocks: the gate noise's seed of the next step's forwards (moe_forward_seed(seed, step,
   // micro-batch)), and what each MoE block routed over the micro-batches since the last
   // forward_backward with accumulate = false (one entry per MoE block, in block order): merged on
-  // the device during the step, read by read_moe_stats after it (synchronizes `s`; call it only
-  // after a training forward_backward), moe_stats() the last read.
+  // the device during the step; stage_moe_stats queues their copies to the host on `s` after a
+  // training forward_backward, collect_moe_stats reads them once `s` was synchronized (the step's
+  // own sync), moe_stats() the last read.
   void set_moe_step(std::uint64_t seed, int step) override {
     moe_seed_ = seed;
     moe_step_ = step;
   }
-  const std::vector<MoeBlockStats>& read_moe_stats(cudaStream_t s) override;
+  void stage_moe_stats(cudaStream_t s) override;
+  const std::vector<MoeBlockStats>& collect_moe_stats() override;
   // The gate noise's seeds on the device (uint64 [micro-batches], may be null): micro-batch m's
   // training forwards read word m (written before each step: moe_forward_seed_of(m)) when their
   // kernels run, so a step captured in a CUDA graph draws each replay's noise; the noisy MoE

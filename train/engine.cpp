@@ -652,8 +652,9 @@ double GpuEngine::forward_backward(const std::int32_t* tokens, const std::int32_
   stage_step(drop_step);
   stage_moe_seeds();
   enqueue_forward_backward(/*step=*/false);
+  if (table_.dims().moe.any()) model_->stage_moe_stats(stream_);  // read with the flags' sync
   read_flags();
-  if (table_.dims().moe.any()) model_->read_moe_stats(stream_);
+  if (table_.dims().moe.any()) model_->collect_moe_stats();
   double loss = 0;
   for (int a = 0; a < accum_; ++a) loss += flags_h_[a] / accum_;
   return loss;
@@ -785,10 +786,12 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
   }
   if (swap_) swap_->after_optimizer();  // pipeline_write: the write-out overlaps the rest of the step
   prefetch_drop(step + 1);  // host work while the device runs this step
+  // The MoE figures (merged on the device during the step) come back with the flags' one sync.
+  if (table_.dims().moe.any()) model_->stage_moe_stats(stream_);
   read_flags();
   StepStats st;
   for (int a = 0; a < accum_; ++a) st.loss += flags_h_[a] / accum_;
-  if (table_.dims().moe.any()) st.moe = model_->read_moe_stats(stream_);  // merged on the device during the step
+  if (table_.dims().moe.any()) st.moe = model_->collect_moe_stats();
   st.layer_tokens = step_layer_tokens_;
   st.ce_loss = st.loss;
   st.distilled = distill_now_;
