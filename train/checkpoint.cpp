@@ -1,5 +1,7 @@
 #include "train/checkpoint.h"
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -221,7 +223,14 @@ CheckpointSaveReport write_checkpoint(const std::filesystem::path& root, const m
     write_file_atomic(dir / name, std::string_view(text));
     add(name, {text.size(), xxh64(text.data(), text.size())});
   };
-  const json state = {{"step", meta.step}, {"data_rng", meta.data_rng}, {"num_params", T.num_params()}};
+  json state = {{"step", meta.step}, {"data_rng", meta.data_rng}, {"num_params", T.num_params()}};
+  if (meta.loss_scaler) {
+    const LossScalerState& ls = *meta.loss_scaler;
+    state["loss_scaler"] = {{"cur_scale", ls.scale},
+                            {"cur_iter", ls.iter},
+                            {"last_overflow_iter", ls.last_overflow_iter},
+                            {"cur_hysteresis", ls.hysteresis}};
+  }
   add_text(kState, state.dump(2) + "\n");
   add_text(kConfig, m.config.dump(2) + "\n");
   checkpoint_fault_point("files", meta.step);
@@ -351,6 +360,32 @@ std::vector<TensorRead> part_reads(const SafetensorsReader& r, const model::Tran
   return reads;
 }
 
+// trainer_state.json's "loss_scaler" (fp16 runs), checked before any state is restored.
+std::optional<LossScalerState> loss_scaler_of(const json& j, const std::string& where) {
+  if (!j.contains("loss_scaler")) return std::nullopt;
+  const json& ls = j["loss_scaler"];
+  CUTRAIN_CHECK(ls.is_object(), "checkpoint: ", where, ": loss_scaler: expected an object, found ", ls.dump());
+  auto num = [&](const char* key) -> const json& {
+    CUTRAIN_CHECK(ls.contains(key) && ls[key].is_number(), "checkpoint: ", where, ": loss_scaler.", key,
+                  ": expected a number, found ", ls.contains(key) ? ls[key].dump() : std::string("nothing"));
+    return ls[key];
+  };
+  auto integer = [&](const char* key) -> std::int64_t {
+    const json& v = num(key);
+    CUTRAIN_CHECK(v.is_number_integer(), "checkpoint: ", where, ": loss_scaler.", key, ": expected an integer, found ",
+                  v.dump());
+    return v.get<std::int64_t>();
+  };
+  LossScalerState st;
+  st.scale = num("cur_scale").get<double>();
+  CUTRAIN_CHECK(std::isfinite(st.scale) && st.scale > 0, "checkpoint: ", where,
+                ": loss_scaler.cur_scale: expected a positive finite scale, found ", ls["cur_scale"].dump());
+  st.iter = integer("cur_iter");
+  st.last_overflow_iter = integer("last_overflow_iter");
+  st.hysteresis = int(integer("cur_hysteresis"));
+  return st;
+}
+
 }  // namespace
 
 CheckpointMeta load_checkpoint(const OpenedCheckpoint& c, TrainBackend& be, CheckpointIo io) {
@@ -448,9 +483,12 @@ CheckpointMeta load_checkpoint(const OpenedCheckpoint& c, TrainBackend& be, Chec
   if (j.contains("num_params"))
     CUTRAIN_CHECK(j["num_params"] == T.num_params(), "checkpoint: ", path.string(), ": num_params: expected ",
                   T.num_params(), " (the model's), found ", j["num_params"].dump());
+  std::optional<LossScalerState> scaler = loss_scaler_of(j, path.string());
   if (dev) dev->commit();
   else be.restore_snapshot(s);
-  return {j["step"].get<int>(), j["data_rng"].get<std::string>(), {}, false, std::move(notes)};
+  CheckpointMeta meta{j["step"].get<int>(), j["data_rng"].get<std::string>(), {}, false, std::move(notes)};
+  meta.loss_scaler = scaler;
+  return meta;
 }
 
 }  // namespace cutrain::train

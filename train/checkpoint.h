@@ -3,7 +3,8 @@
 // folder holds model.safetensors (PyTorch state_dict names, params in their real dtype),
 // optimizer.safetensors ("<name>.master" / ".exp_avg" / ".exp_avg_sq", and ".compensation" for a
 // compensated bf16 master, in their real dtypes: fp32 master, fp32 moments or bf16 ones with
-// bf16_optimizer_states, bf16 compensation), trainer_state.json (step, data RNG), config.json (the
+// bf16_optimizer_states, bf16 compensation), trainer_state.json (step, data RNG, fp16's loss
+// scaler), config.json (the
 // model's shape, layout and optimizer) and manifest.json, written last. Resuming verifies the manifest first and
 // replays the same losses bit for bit. The safetensors payloads go through the aio handle or plain
 // buffered I/O (train/checkpoint_io.h: `io`, default Auto: CUTRAIN_CHECKPOINT_IO, else aio when a
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,7 @@
 #include "train/checkpoint_io.h"
 #include "train/checkpoint_manifest.h"
 #include "train/choices.h"
+#include "train/loss_scaler.h"
 #include "train/state_snapshot.h"
 #include "train/train_backend.h"
 
@@ -38,6 +41,9 @@ struct CheckpointMeta {
   std::vector<std::string> notes = {};  // load: warnings to print (a compensation started at zero or dropped)
   // For config.json: the optimizer.type whose state optimizer.safetensors holds (empty: not recorded).
   std::string optimizer = {};
+  // fp16's dynamic loss scaler (trainer_state.json's "loss_scaler", DeepSpeed's names: cur_scale,
+  // cur_iter, last_overflow_iter, cur_hysteresis); absent for a run without fp16.
+  std::optional<LossScalerState> loss_scaler = {};
 };
 
 // The two safetensors files of a state as a checkpoint holds them: entries viewing `state`'s

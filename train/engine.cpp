@@ -817,6 +817,23 @@ void GpuEngine::update_loss_scale(StepStats& st) {
   st.next_loss_scale = u.scale;
 }
 
+std::optional<LossScalerState> GpuEngine::loss_scaler_state() const {
+  if (!scaler_) return std::nullopt;
+  return scaler_->state();
+}
+
+// A resumed fp16 run: a dynamic scaler continues from the checkpoint's scale, iteration count and
+// hysteresis (the hysteresis capped at this run's fp16.hysteresis); a static one keeps the
+// config's loss_scale.
+bool GpuEngine::restore_loss_scaler(const LossScalerState& state) {
+  if (!scaler_ || !scaler_->dynamic()) return false;
+  LossScalerState s = state;
+  s.hysteresis = std::clamp(s.hysteresis, 1, scaler_->options().delayed_shift);
+  scaler_->restore(s);
+  *scale_h_ = static_cast<float>(scaler_->loss_scale());  // copied to the device by the next step's staging
+  return true;
+}
+
 MemoryStats GpuEngine::memory() const {
   const AllocatorStats s = device_allocator().stats();
   return {s.allocated_bytes.current, s.reserved_bytes.current, s.allocated_bytes.peak};

@@ -87,6 +87,8 @@ class GpuEngine final : public TrainBackend {
   // fp16: the loss scale the next step runs with (0 in bf16 training), and the scaler.
   double loss_scale() const { return scaler_ ? scaler_->loss_scale() : 0.0; }
   const LossScaler* loss_scaler() const { return scaler_.get(); }
+  std::optional<LossScalerState> loss_scaler_state() const override;
+  bool restore_loss_scaler(const LossScalerState& state) override;
   // Fills every real gradient element with 0xFF (NaN) so a test sees which ones a step wrote.
   void poison_grads();
   // Flat 16-bit params (bf16, or fp16 in fp16 training), as float. Stage 3: gathered from every

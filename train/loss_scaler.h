@@ -56,6 +56,7 @@ class LossScaler {
   explicit LossScaler(const LossScalerOptions& options);
   double loss_scale() const { return state_.scale; }
   bool dynamic() const { return opt_.dynamic; }
+  const LossScalerOptions& options() const { return opt_; }
   // After a step's gradients were checked: `overflow` when any is inf/NaN (the step is skipped).
   // Throws LossScaleError (dynamic, an overflow when the scale already is min_scale and the
   // hysteresis is used up).

@@ -15,6 +15,7 @@
 #include "model/transformer_params.h"
 #include "runtime/dtype.h"
 #include "runtime/error.h"
+#include "train/loss_scaler.h"
 #include "train/state_snapshot.h"
 
 namespace cutrain::train {
@@ -111,6 +112,13 @@ class TrainBackend {
   }
   // Whether the state holds a bf16 master's compensation (bf16.bf16_master_compensation).
   virtual bool has_compensation() const { return false; }
+  // fp16's dynamic loss scaler, for checkpoints: its state (nullopt without one), and the state a
+  // resumed run continues from (a backend without a dynamic scaler ignores it and returns false).
+  virtual std::optional<LossScalerState> loss_scaler_state() const { return std::nullopt; }
+  virtual bool restore_loss_scaler(const LossScalerState& state) {
+    (void)state;
+    return false;
+  }
   // Whether a distillation teacher is still held (Mixture-of-Students: freed at --stop_kd_step).
   virtual bool holds_teacher() const { return false; }
   virtual const char* describe() const = 0;  // "cuda (NVIDIA H200)", "cpu (reference model)"

@@ -656,6 +656,19 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     std::istringstream(meta.data_rng) >> data_rng;
     for (const auto& n : meta.notes) out << "[Rank 0] checkpoint " << n << "\n";
     out << "[Rank 0] Resumed from " << resume->folder.string() << " at step " << first_step << "\n";
+    // fp16 (the precision layout check above: the checkpoint is an fp16 run's too).
+    if (const std::optional<LossScalerState> now = be->loss_scaler_state()) {
+      if (!meta.loss_scaler)
+        out << "[Rank 0] checkpoint has no fp16 loss scaler state (written before checkpoints kept it): the loss "
+            << "scale starts at " << format_loss_scale(now->scale) << "\n";
+      else if (be->restore_loss_scaler(*meta.loss_scaler))
+        out << "[Rank 0] fp16 loss scale resumed at " << format_loss_scale(be->loss_scaler_state()->scale)
+            << " (the checkpoint's dynamic scaler: iteration " << meta.loss_scaler->iter << ", last overflow "
+            << meta.loss_scaler->last_overflow_iter << ")\n";
+      else
+        out << "[Rank 0] fp16.loss_scale " << format_loss_scale(now->scale)
+            << " is static: the checkpoint's loss scaler state is not used\n";
+    }
     if (o.mos.reset_iteration) {  // Megatron-DeepSpeed's --reset-iteration: the weights and optimizer state, step 0
       out << "[Rank 0] --reset_iteration: the step count starts again at 0 (the checkpoint's weights and optimizer "
           << "state kept)\n";
@@ -741,7 +754,9 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   auto save = [&](int done) {
     std::ostringstream rng_text;
     rng_text << data_rng;
-    writer->save(*be, CheckpointMeta{done, rng_text.str(), plan.name(), causal, {}, name(cfg.optimizer.type)});
+    CheckpointMeta meta{done, rng_text.str(), plan.name(), causal, {}, name(cfg.optimizer.type)};
+    meta.loss_scaler = be->loss_scaler_state();  // fp16: the dynamic scaler continues on --resume
+    writer->save(*be, meta);
     report_saves();  // sync: this save's lines now
   };
   be->reset_peak();

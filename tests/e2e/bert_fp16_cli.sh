@@ -4,7 +4,8 @@
 # from small token shards (bert_cli.sh's): the loss is finite and falls over 20 steps, every Step line and metrics line carries the
 # loss scale; DeepSpeedTransformerConfig's fp16: true selects fp16 under a config without bf16;
 # a scale far too large (initial_scale_power 30) overflows: each overflow is logged with the scale
-# halving and the step skipped, until the scale fits; an overflow at min_loss_scale stops the run
+# halving and the step skipped, until the scale fits; the dynamic scaler resumes from a checkpoint
+# where it was; an overflow at min_loss_scale stops the run
 # with an error naming fp16.min_loss_scale and the step. On cpu: fp16 is refused (the CPU backend
 # computes in fp32).
 #   bert_fp16_cli.sh CUTRAIN_BINARY cpu|cuda     (cuda: skipped without a GPU)
@@ -97,6 +98,29 @@ assert sum(not x["skipped"] for x in m[-10:]) >= 5 and m[-1]["loss_scale"] < 2 *
 assert all(math.isfinite(x["loss"]) for x in m), m
 PY
 
+# The dynamic scaler is in the checkpoint: a run saved at step 6 of the overflow config and resumed
+# continues with the scale (and hysteresis) it had, so its losses and scales equal the
+# uninterrupted run's; a resume that started again at 2^30 would overflow and skip its first steps.
+"$bin" train "${flags[@]}" --deepspeed_config "$tmp/overflow.json" --num_steps 12 --metrics_file "$tmp/ref12.jsonl" \
+  >"$tmp/ref12.txt" 2>&1 || { cat "$tmp/ref12.txt"; fail "overflow run, 12 steps"; }
+"$bin" train "${flags[@]}" --deepspeed_config "$tmp/overflow.json" --num_steps 6 --save "$tmp/ck" --save_interval 6 \
+  >"$tmp/save6.txt" 2>&1 || { cat "$tmp/save6.txt"; fail "overflow run with --save"; }
+"$bin" train "${flags[@]}" --deepspeed_config "$tmp/overflow.json" --num_steps 6 --resume "$tmp/ck/global_step6" \
+  --metrics_file "$tmp/res6.jsonl" >"$tmp/res6.txt" 2>&1 || { cat "$tmp/res6.txt"; fail "fp16 resume"; }
+grep -q "fp16 loss scale resumed at " "$tmp/res6.txt" || { cat "$tmp/res6.txt"; fail "the resume's loss scale line"; }
+python3 - "$tmp/ref12.jsonl" "$tmp/res6.jsonl" "$tmp/ck/global_step6/trainer_state.json" <<'PY' \
+  || { cat "$tmp/res6.txt"; fail "the resumed fp16 run differs from the uninterrupted one"; }
+import json, sys
+ref = [json.loads(x) for x in open(sys.argv[1])]
+res = [json.loads(x) for x in open(sys.argv[2])]
+ls = json.load(open(sys.argv[3]))["loss_scaler"]
+assert set(ls) == {"cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis"}, ls
+assert ls["cur_scale"] == ref[6]["loss_scale"] and ls["cur_iter"] == 6, (ls, ref[6])
+assert len(res) == 6, res
+for a, b in zip(ref[6:], res):
+    assert a["step"] == b["step"] and a["loss_scale"] == b["loss_scale"] and a["skipped"] == b["skipped"], (a, b)
+    assert a["loss"] == b["loss"], (a, b)
+PY
 # An overflow at min_loss_scale (hysteresis 1): the run stops naming the key and the step.
 if "$bin" train "${flags[@]}" --deepspeed_config "$tmp/stop.json" --num_steps 3 >"$tmp/s.txt" 2>&1; then
   cat "$tmp/s.txt"; fail "an overflow at min_loss_scale did not stop the run"

@@ -181,3 +181,33 @@ TEST(CheckpointIo, ResumeIsBitIdenticalWhicheverPathWroteOrReads) {
     EXPECT_TRUE(got.exp_avg_sq == want_state.exp_avg_sq) << train::checkpoint_io_name(io);
   }
 }
+
+// fp16's dynamic loss scaler rides in trainer_state.json under DeepSpeed's names and comes back as
+// saved; a checkpoint without it (no fp16) loads with none.
+TEST(CheckpointIo, LossScalerStateRoundTrips) {
+  auto rng = test::fresh_rng();
+  const train::BackendOptions o = test::tiny_backend(rng());
+  auto be = train::make_cpu_backend(o, adamw_config());
+  const fs::path with = temp_dir("scaler"), without = temp_dir("noscaler");
+  train::CheckpointMeta meta{4, "rng-state", "baseline", false};
+  train::LossScalerState ls;
+  ls.scale = 16384;
+  ls.iter = 4;
+  ls.last_overflow_iter = 2;
+  ls.hysteresis = 1;
+  meta.loss_scaler = ls;
+  train::save_checkpoint(with, *be, meta);
+  train::save_checkpoint(without, *be, {4, "rng-state", "baseline", false});
+  const std::string text = read_text_file(with / "global_step4" / "trainer_state.json");
+  for (const char* key : {"\"cur_scale\": 16384", "\"cur_iter\": 4", "\"last_overflow_iter\": 2", "\"cur_hysteresis\": 1"})
+    EXPECT_NE(text.find(key), std::string::npos) << key << " in " << text;
+  EXPECT_EQ(read_text_file(without / "global_step4" / "trainer_state.json").find("loss_scaler"), std::string::npos);
+
+  const train::CheckpointMeta got = train::load_checkpoint(with / "global_step4", *be);
+  ASSERT_TRUE(got.loss_scaler.has_value());
+  EXPECT_EQ(got.loss_scaler->scale, 16384);
+  EXPECT_EQ(got.loss_scaler->iter, 4);
+  EXPECT_EQ(got.loss_scaler->last_overflow_iter, 2);
+  EXPECT_EQ(got.loss_scaler->hysteresis, 1);
+  EXPECT_FALSE(train::load_checkpoint(without / "global_step4", *be).loss_scaler.has_value());
+}
