@@ -22,6 +22,11 @@ drives DeepSpeed's own random-token-selection path with selection keys that fall
 index (use_rts=True, `exp_selection_uniform_map` replaced), so DeepSpeed keeps the first routes in
 token order, and compares everything.
 
+DeepSpeed computes the gate in fp32 whatever the model's dtype, the reference in fp64: those runs
+agree to fp32 rounding (the test allows 1e-3). Each fp64 case of 2^n tokens runs once more with
+DeepSpeed's top1gating / top2gating on fp64 logits (`gate64`: TopKGate.forward without its casts;
+its fp32 ce = count / tokens is exact at 2^n tokens): agreement to fp64 rounding (allowed 1e-11).
+
 Needs torch and deepspeed==0.19.8 (CPU is enough; a throw-away venv, not a cutrain dependency):
     python3 -m venv /tmp/ds-venv && /tmp/ds-venv/bin/pip install torch deepspeed==0.19.8
     cmake --build build/release --target test_moe_deepspeed
