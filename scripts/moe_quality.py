@@ -28,9 +28,10 @@ The issue's targets, each printed with its verdict:
 --shape tiny on --device cpu checks the tool (the e2e test); it decides no target.
 
 Data: WikiText-2 valid + test (10% held out) from --data, or --corpus: text files, folders or
-.tar.xz / .tar.gz archives (scripts/corpus-linux-doc.sh's Debian linux-doc corpus, ~7.3M tokens),
-put in an order fixed by a hash of their names and tokenized by `cutrain prepare-data` with 10% of
-the documents held out (scripts/wikitext_shards.py, shared with data_efficiency_quality.py).
+.tar.xz / .tar.gz archives (scripts/corpus-linux-doc.sh's Debian linux-doc corpus: 7.26M training
+and 0.77M validation tokens), put in an order fixed by a hash of their names and tokenized by
+`cutrain prepare-data` with 10% of the documents held out (scripts/wikitext_shards.py, shared with
+data_efficiency_quality.py).
 """
 import argparse
 import json
