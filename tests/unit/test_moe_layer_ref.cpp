@@ -147,7 +147,8 @@ TEST(MoeLayerRef, BadConfigurationsAreNamed) {
 TEST(MoeLayerRef, RandomTokenSelectionKeepsTheLargestKeys) {
   auto rng = test::fresh_rng();
   MoeConfig c;
-  c.hidden = 5, c.ffn = 7, c.experts = 3, c.k = 1, c.capacity_factor = 0.5, c.min_capacity = 1;
+  c.hidden = 5, c.ffn = 7, c.experts = 3, c.k = 1, c.min_capacity = 1;
+  c.capacity_factor = c.eval_capacity_factor = 0.5;  // capacity 7: 21 slots for 37 tokens, routes dropped
   const int T = 37, E = c.experts;
   const auto lay = model::moe_param_layout(c);
   const auto p = normal(lay.total, rng, 0.5);
