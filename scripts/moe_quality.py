@@ -6,7 +6,7 @@ table.
 
     scripts/moe_quality.py --bin build/gpu/tools/cutrain [--shape bf16_example|gpt2_small|tiny]
         [--device cuda|cpu] [--steps N] [--warmup N] [--lr LR] [--eval_interval N] [--eval_steps N]
-        [--experts 8] [--pyramid 4,4,4,4,8,8] [--top_k 1|2] [--capacity_factor F]
+        [--experts 8] [--pyramid 4,4,4,4,8,8] [--top_k 1|2] [--capacity_factor F] [--use_rts true|false]
         [--data DIR] [--corpus PATH ...] [--text_bytes N] [--out DIR]
 
 Variants (same config, `configs/baseline.json`: fp32 master, so precision is not a variable):
@@ -17,7 +17,9 @@ Variants (same config, `configs/baseline.json`: fp32 master, so precision is not
   prmoe   --num_experts PYRAMID --expert_interval 2 --top_k K --mlp_type residual: fewer experts in
           the early MoE blocks, each MoE block with the residual dense MLP beside its experts
 Both MoE variants train at --capacity_factor (--moe_train_capacity_factor; evaluation at cutrain's
-default 1.0) with token dropping.
+default 1.0) with token dropping; top-1 with random token selection unless --use_rts false
+(cutrain's --moe_use_rts, DeepSpeed's use_rts: true by default, as DeepSpeed's MoE; false keeps
+each full expert's first routes in token order).
 The issue's targets, each printed with its verdict:
   - moe's final validation loss < dense's at the same steps and the same active FLOPs per token;
   - prmoe's within 1% of moe's, with fewer parameters;
@@ -106,6 +108,8 @@ def variants(args, layers):
     if min(int(n) for n in pyramid.split(",")) < args.top_k:
         die(f"--top_k {args.top_k}: every MoE block needs at least {args.top_k} experts, --pyramid has '{pyramid}'")
     routing = ["--expert_interval", "2", "--top_k", str(args.top_k), "--moe_train_capacity_factor", str(args.capacity_factor)]
+    if args.top_k == 1:
+        routing += ["--moe_use_rts", args.use_rts or "true"]
     return [
         ("dense", "dense", []),
         ("moe", f"MoE, {args.experts} experts every other block, top-{args.top_k}",
@@ -163,6 +167,8 @@ def main():
     ap.add_argument("--pyramid", default="", help="experts per MoE block for prmoe (default: E/2 then E for the last third)")
     ap.add_argument("--top_k", type=int, default=1, help="routes per token of both MoE variants (1 or 2)")
     ap.add_argument("--capacity_factor", type=float, default=1.0, help="the MoE variants' training capacity factor")
+    ap.add_argument("--use_rts", choices=["true", "false"], default=None,
+                    help="top-1's random token selection (--moe_use_rts; default true, DeepSpeed's); top-2 has none")
     ap.add_argument("--data", default="")
     ap.add_argument("--corpus", nargs="+", default=[], help="text files, folders or .tar.xz / .tar.gz archives instead of WikiText-2")
     ap.add_argument("--text_bytes", type=int, default=0)
@@ -178,6 +184,8 @@ def main():
         die(f"--top_k: expected 1 or 2, found {args.top_k}")
     if not (args.capacity_factor > 0 and math.isfinite(args.capacity_factor)):
         die(f"--capacity_factor: expected a finite number > 0, found {args.capacity_factor}")
+    if args.use_rts == "true" and args.top_k != 1:
+        die(f"--use_rts true: random token selection is top-1's, found --top_k {args.top_k}")
     for p in args.corpus:
         if not os.path.exists(p):
             die(f"--corpus: '{p}' does not exist (a text file, a folder of them or a .tar.xz / .tar.gz archive)")
@@ -202,7 +210,9 @@ def main():
     tokens = int(shape_flags[shape_flags.index("--batch_size") + 1]) * int(shape_flags[shape_flags.index("--seq_length") + 1])
     lines = [f"## MoE against dense: {desc}, {corpus}, {args.steps} steps, lr {args.lr}, "
              f"{args.warmup} warm-up + cosine to 0.1, seed {args.seed}, fp32 master (configs/baseline.json), "
-             f"MoE top-{args.top_k} at capacity factor {args.capacity_factor:g}, {args.device}", "",
+             f"MoE top-{args.top_k} at capacity factor {args.capacity_factor:g}"
+             f"{'' if args.top_k != 1 else ', first routes kept' if args.use_rts == 'false' else ', random token selection'}"
+             f", {args.device}", "",
              "| variant | parameters | final val loss | vs dense | best val loss | step ms | vs dense | routes dropped |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     d = res["dense"]

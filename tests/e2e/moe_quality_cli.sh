@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End to end, scripts/moe_quality.py on the tiny shape: WikiText-2 shards prepared, dense, MoE and
 # PR-MoE trained with validation and metrics, the table (a row per variant with parameters, losses,
-# step time and dropped routes) and the three verdicts; --corpus (a .tar.xz of text files) with
+# step time and dropped routes) and the three verdicts, top-1 with random token selection; --corpus (a .tar.xz of text files) with
 # --top_k 2 and --capacity_factor; and input errors before any work.
 #   moe_quality_cli.sh CUTRAIN_BINARY cpu|cuda   (exits 77 = skipped: no GPU for cuda, or no data)
 source "$(dirname "$0")/e2e_lib.sh"
@@ -34,6 +34,10 @@ for name, r in res.items():
     assert [x["step"] for x in rows] == list(range(6)), (name, rows)
     assert sum(b["dropped"] for x in rows for b in x.get("moe", [])) == r["dropped"], name
 PY
+grep -qF "MoE top-1 at capacity factor 1, random token selection, $device" "$tmp/out.txt" \
+  || { cat "$tmp/out.txt"; fail "no random token selection in the header"; }
+grep -q "MoE blocks 1,3: .*top-1, .*token dropping, random token selection" "$tmp/q/moe.log" \
+  || { head -40 "$tmp/q/moe.log"; fail "the MoE run does not select tokens at random"; }
 echo "ok: three variants, table and verdicts ($device)"
 
 # --corpus, --top_k 2, --capacity_factor 1.25: the corpus in the header, both MoE variants routing
@@ -86,6 +90,7 @@ expect_err "--experts: expected at least 2, found 1" --experts 1
 expect_err "--top_k: expected 1 or 2, found 3" --top_k 3
 expect_err "--capacity_factor: expected a finite number > 0, found 0.0" --capacity_factor 0
 expect_err "--corpus: '$tmp/none' does not exist" --corpus "$tmp/none"
+expect_err "--use_rts true: random token selection is top-1's, found --top_k 2" --top_k 2 --use_rts true
 expect_err "--top_k 2: every MoE block needs at least 2 experts, --pyramid has '1,2'" --shape tiny --top_k 2 --pyramid 1,2 --data "$data"
 expect_err "--pyramid: expected 2 counts (one per MoE block: every other of 4), found '4,4,8'" --shape tiny --pyramid 4,4,8 --data "$data"
 expect_err "--data: expected wikitext-2/valid.txt under '$tmp'" --data "$tmp"
