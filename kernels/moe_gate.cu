@@ -360,9 +360,15 @@ int moe_capacity(int tokens, int experts, int k, double capacity_factor, int min
   CUTRAIN_CHECK(capacity_factor > 0 && std::isfinite(capacity_factor),
                 "moe_capacity: capacity_factor must be a finite number > 0, got ", capacity_factor);
   CUTRAIN_CHECK(min_capacity >= 0, "moe_capacity: min_capacity must be >= 0, got ", min_capacity);
-  const double c = std::ceil(double(tokens) / experts * (capacity_factor * k));
-  CUTRAIN_CHECK(c <= 2147483647.0, "moe_capacity: capacity ", c, " does not fit an int");
-  return std::max(static_cast<int>(c), min_capacity);
+  const double exact = double(tokens) / experts * (capacity_factor * k);
+  CUTRAIN_CHECK(exact <= 2e9, "moe_capacity: capacity ", std::ceil(exact), " does not fit an int (at most 2e9)");
+  // DeepSpeed's _capacity, torch.ceil((tokens / experts) * torch.tensor(factor · k)): a Python float
+  // times an fp32 tensor, so tokens / experts and the factor are rounded to fp32 and so is their
+  // product. Double arithmetic differs where the factor has no short binary form (100 / 2 · 1.1:
+  // 50 · fp32(1.1) = 55.0000012 rounds to 55 in fp32, ceil 55; 55.00000000000001 in double, ceil 56),
+  // which changes the [E, C] slots and the routes dropped.
+  const float product = static_cast<float>(double(tokens) / experts) * static_cast<float>(capacity_factor * k);
+  return std::max(static_cast<int>(std::ceil(product)), min_capacity);
 }
 
 std::size_t moe_gate_workspace_bytes(int tokens, int experts, int k) {

@@ -11,7 +11,8 @@
 //  - positions: route 0's tokens of expert e are numbered 0, 1, ... in token order; route 1's follow
 //    after all of e's route-0 tokens, again in token order. A route is kept when its position is
 //    below the capacity, otherwise dropped (position -1, weight 0). kept[e] = min(count[e], capacity).
-//  - capacity: with drop_tokens, the caller's (moe_capacity below); without, the largest count[e].
+//  - capacity: with drop_tokens, the caller's (moe_capacity below: DeepSpeed's fp32 product); without,
+//    the largest count[e].
 //  - l_aux = E · Σ_e me[e]·ce[e], me = mean over tokens of p, ce = fraction of tokens whose route 0
 //    is e (before dropping).
 //  - weights: k = 1: p[s, e0] when kept; k = 2: the kept routes' p normalized by their sum (clamped
@@ -31,7 +32,9 @@ namespace cutrain::kernels {
 
 constexpr int kMoeMaxExperts = 1024;  // one expert per thread of the gate's scan block
 
-// ceil(k · tokens / experts · capacity_factor), at least min_capacity. Errors name bad arguments.
+// ceil(k · tokens / experts · capacity_factor), at least min_capacity, in DeepSpeed's arithmetic:
+// tokens / experts, k · capacity_factor and their product each rounded to fp32. Errors name bad
+// arguments.
 int moe_capacity(int tokens, int experts, int k, double capacity_factor, int min_capacity);
 
 // Gumbel noise on the routing decisions (kernels/common/counter_uniform.cuh draws).

@@ -38,6 +38,7 @@ class MoeReference {
   const std::vector<int>& kept_counts() const { return kept_; }
   const std::vector<int>& expert() const { return expert_; }      // [T,k]
   const std::vector<int>& position() const { return position_; }  // [T,k], -1 dropped
+  const std::vector<double>& weight() const { return weight_; }   // [T,k] combine weights, 0 dropped
   const std::vector<double>& logits() const { return logits_; }   // [T,E]
   // The smallest margin, over tokens and routes, between the chosen key (logit, or logit + Gumbel
   // with noise) and the next: what fp32 on the GPU must not reorder.

@@ -86,7 +86,9 @@ void GpuTransformerT<T>::moe_forward(cudaStream_t s, const Unit& U, int l, const
     CUTRAIN_FAIL("gpu model: MoE blocks run in bf16 only");  // refused at construction already
   } else {
     MoeLayerGpu& layer = *moe_[std::size_t(l)];
-    layer.forward(s, U.w(table_.layer(l).moe), x, y, M_, moe_train_, moe_forward_seed_of(moe_micro_),
+    // Evaluation draws with seed 0, as the CPU reference model's (set_moe_mode(false)): only
+    // use_rts reads it there (the gate noise is training's), so both devices keep the same routes.
+    layer.forward(s, U.w(table_.layer(l).moe), x, y, M_, moe_train_, moe_train_ ? moe_forward_seed_of(moe_micro_) : 0,
                   moe_train_ && moe_seed_words_ ? moe_seed_words_ + moe_micro_ : nullptr);  // eval: never captured
     if (moe_train_ && !moe_recompute_) layer.merge_step_stats(s, /*first=*/moe_micro_ == 0);
   }

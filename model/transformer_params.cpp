@@ -69,6 +69,7 @@ MoeConfig MoeDims::layer_config(int layer, int hidden, int ffn) const {
   c.drop_tokens = drop_tokens;
   c.use_residual = use_residual;
   c.noisy_gate_policy = noisy_gate_policy;
+  c.use_rts = use_rts;
   return c;
 }
 

@@ -32,6 +32,9 @@ struct MoeDims {
   bool drop_tokens = true;
   bool use_residual = false;  // --mlp_type residual (PR-MoE)
   MoeNoisyGate noisy_gate_policy = MoeNoisyGate::None;
+  // Top-1's random token selection over capacity (DeepSpeed's use_rts; --moe_use_rts). Only ever
+  // true with k = 1: DeepSpeed's top-2 has none.
+  bool use_rts = false;
   double loss_coeff = 0.01;  // the objective is lm + loss_coeff * (sum of the layers' l_aux)
   // The run's expert-parallel degree (DeepSpeed's ep_size: experts split over that many
   // data-parallel ranks); the layer's math and the parameters' names do not depend on it.

@@ -51,19 +51,17 @@ decides no target.
 """
 import argparse
 import glob
-import hashlib
 import json
 import math
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from svg_plot import panel, write_svg_file  # noqa: E402
-from wikitext_shards import prepare_shards, wikitext_inputs  # noqa: E402
+from wikitext_shards import corpus_inputs, prepare_shards, shard_tokens, wikitext_inputs  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {
@@ -119,66 +117,18 @@ def find_data(arg):
     die(f"--data: expected gpt2/encoder.json (and wikitext-2/ without --corpus) under '{arg or '(none found)'}'")
 
 
-def corpus_files(paths, work):
-    """Every text file the --corpus paths name, as (name, path): archives extracted under work."""
-    found = []
-    for p in paths:
-        if os.path.isdir(p):
-            for d, _, files in os.walk(p):
-                for f in files:
-                    full = os.path.join(d, f)
-                    found.append((os.path.relpath(full, p), full))
-        elif p.endswith((".tar.xz", ".txz", ".tar.gz", ".tgz", ".tar")):
-            dest = os.path.join(work, "corpus_" + hashlib.sha1(p.encode()).hexdigest()[:8])
-            shutil.rmtree(dest, ignore_errors=True)
-            with tarfile.open(p) as t:
-                members = [m for m in t.getmembers() if m.isfile() and not os.path.isabs(m.name) and ".." not in m.name]
-                try:
-                    t.extractall(dest, members=members, filter="data")
-                except TypeError:  # a Python before 3.11.4: no extraction filters
-                    t.extractall(dest, members=members)
-            found += [(os.path.normpath(m.name), os.path.join(dest, m.name)) for m in members]
-        else:
-            found.append((os.path.basename(p), p))
-    if not found:
-        die(f"--corpus: expected text files, found none under {' '.join(paths)}")
-    # An order fixed by the names' hashes: the first 10% (validation) is not one topic.
-    found.sort(key=lambda x: hashlib.sha1(x[0].encode()).hexdigest())
-    return found
-
-
 def prepare(args, data, out):
     ddir = os.path.join(out, "data")
     os.makedirs(ddir, exist_ok=True)
-    for f in glob.glob(os.path.join(ddir, "*.bin")) + glob.glob(os.path.join(ddir, "part_*.txt")):
+    for f in glob.glob(os.path.join(ddir, "*.bin")):
         os.remove(f)
     if args.corpus:
-        files = corpus_files(args.corpus, ddir)
-        # Eight parts of whole files (each file's documents split on blank lines by prepare-data).
-        parts = [os.path.join(ddir, f"part_{i}.txt") for i in range(min(8, len(files)))]
-        outs = [open(p, "wb") for p in parts]
-        total = 0
-        for i, (_, path) in enumerate(files):
-            with open(path, "rb") as f:
-                text = f.read()
-            if args.text_bytes > 0:
-                text = text[:max(0, args.text_bytes - total)]
-            if not text:
-                continue
-            total += len(text)
-            dst = outs[i * len(outs) // len(files)]
-            dst.write(text.rstrip(b"\n") + b"\n\n")
-        for f in outs:
-            f.close()
-        inputs = parts
-        name = f"--corpus {' '.join(os.path.basename(p.rstrip('/')) for p in args.corpus)} ({len(files)} files)"
+        inputs, name = corpus_inputs(args.corpus, ddir, args.text_bytes, die)
     else:
         inputs = wikitext_inputs(data, ddir, args.text_bytes)
         name = "WikiText-2 valid+test"
     stdout = prepare_shards(args.bin, inputs, data, os.path.join(ddir, "de"), die)
-    line = next((l for l in stdout.splitlines() if "val +" in l and "train tokens" in l), "")
-    tokens = line.split("), ", 1)[1].split(" (vocab")[0] if "), " in line else "?"
-    return os.path.join(ddir, "de"), f"{name}, 10% of its documents held out: {tokens}"
+    return os.path.join(ddir, "de"), f"{name}, 10% of its documents held out: {shard_tokens(stdout)}"
 
 
 def analyze(args, shards, seq, out):

@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
 """Issue #22's training figures: a dense model, the same model with an 8-expert MoE in every other
-block, and PR-MoE (a pyramid of experts plus the residual dense MLP), trained on the same WikiText-2
-shards with the same seed, data order and schedule, with validation; then one table.
+block, and PR-MoE (a pyramid of experts plus the residual dense MLP), trained on the same shards
+(WikiText-2, or a --corpus) with the same seed, data order and schedule, with validation; then one
+table.
 
     scripts/moe_quality.py --bin build/gpu/tools/cutrain [--shape bf16_example|gpt2_small|tiny]
         [--device cuda|cpu] [--steps N] [--warmup N] [--lr LR] [--eval_interval N] [--eval_steps N]
-        [--experts 8] [--pyramid 4,4,4,4,8,8] [--data DIR] [--text_bytes N] [--out DIR]
+        [--experts 8] [--pyramid 4,4,4,4,8,8] [--top_k 1|2] [--capacity_factor F] [--use_rts true|false]
+        [--data DIR] [--corpus PATH ...] [--text_bytes N] [--out DIR]
 
 Variants (same config, `configs/baseline.json`: fp32 master, so precision is not a variable):
   dense   the shape as it is
-  moe     --num_experts E --expert_interval 2 --top_k 1: every other block's FFN becomes E experts of
-          the FFN's size, so each token's active FLOPs equal the dense model's (plus the gate's E x H)
-  prmoe   --num_experts PYRAMID --expert_interval 2 --mlp_type residual: fewer experts in the early
-          MoE blocks, each MoE block with the residual dense MLP beside its top-1 expert
+  moe     --num_experts E --expert_interval 2 --top_k K: every other block's FFN becomes E experts of
+          the FFN's size, so at top-1 each token's active FLOPs equal the dense model's (plus the
+          gate's E x H); top-2 doubles the MoE blocks' FFN FLOPs
+  prmoe   --num_experts PYRAMID --expert_interval 2 --top_k K --mlp_type residual: fewer experts in
+          the early MoE blocks, each MoE block with the residual dense MLP beside its experts
+Both MoE variants train at --capacity_factor (--moe_train_capacity_factor; evaluation at cutrain's
+default 1.0) with token dropping; top-1 with random token selection unless --use_rts false
+(cutrain's --moe_use_rts, DeepSpeed's use_rts: true by default, as DeepSpeed's MoE; false keeps
+each full expert's first routes in token order).
 The issue's targets, each printed with its verdict:
   - moe's final validation loss < dense's at the same steps and the same active FLOPs per token;
   - prmoe's within 1% of moe's, with fewer parameters;
@@ -21,16 +28,23 @@ The issue's targets, each printed with its verdict:
   - tokens dropped: the sum over steps and MoE blocks of the routes that found their expert full,
     and their share of all routes.
 --shape tiny on --device cpu checks the tool (the e2e test); it decides no target.
+
+Data: WikiText-2 valid + test (10% held out) from --data, or --corpus: text files, folders or
+.tar.xz / .tar.gz archives (scripts/corpus-linux-doc.sh's Debian linux-doc corpus: 7.26M training
+and 0.77M validation tokens), put in an order fixed by a hash of their names and tokenized by
+`cutrain prepare-data` with 10% of the documents held out (scripts/wikitext_shards.py, shared with
+data_efficiency_quality.py).
 """
 import argparse
 import json
+import math
 import os
 import re
 import statistics
 import subprocess
 import sys
 
-from wikitext_shards import prepare_shards, wikitext_inputs
+from wikitext_shards import corpus_inputs, prepare_shards, shard_tokens, wikitext_inputs
 
 SHAPES = {
     "bf16_example": ("the BF16 example's model (h 1024, 12 blocks, 16 heads), batch 4 x seq 512",
@@ -50,22 +64,28 @@ def die(msg):
     raise SystemExit(2)
 
 
-def find_data(arg):
+def find_data(arg, corpus):
+    need = os.path.join("gpt2", "encoder.json") if corpus else os.path.join("wikitext-2", "valid.txt")
     for d in ([arg] if arg else [os.environ.get("CUTRAIN_DATA_DIR", ""), "../shared/data", ".devdata"]):
-        if d and os.path.exists(os.path.join(d, "wikitext-2", "valid.txt")):
+        if d and os.path.exists(os.path.join(d, need)) and os.path.exists(os.path.join(d, "gpt2", "encoder.json")):
             return d
-    die(f"--data: expected wikitext-2/valid.txt under '{arg or '(none found)'}' (WikiText-2 and the GPT-2 tokenizer files)")
+    die(f"--data: expected {need} under '{arg or '(none found)'}' (" +
+        ("the GPT-2 tokenizer files" if corpus else "WikiText-2 and the GPT-2 tokenizer files, or pass --corpus") + ")")
 
 
 def prepare(args, data, out):
+    """The shards (PREFIX_train_*.bin, PREFIX_val_*.bin) and a description of the text."""
     ddir = os.path.join(out, "data")
     os.makedirs(ddir, exist_ok=True)
-    inputs = wikitext_inputs(data, ddir, args.text_bytes)
     for f in os.listdir(ddir):
-        if f.startswith("wt2_") and f.endswith(".bin"):
+        if f.startswith("moeq_") and f.endswith(".bin"):
             os.remove(os.path.join(ddir, f))
-    prepare_shards(args.bin, inputs, data, os.path.join(ddir, "wt2"), die)
-    return os.path.join(ddir, "wt2")
+    if args.corpus:
+        inputs, name = corpus_inputs(args.corpus, ddir, args.text_bytes, die)
+    else:
+        inputs, name = wikitext_inputs(data, ddir, args.text_bytes), "WikiText-2 valid+test"
+    stdout = prepare_shards(args.bin, inputs, data, os.path.join(ddir, "moeq"), die)
+    return os.path.join(ddir, "moeq"), f"{name}, 10% of its documents held out: {shard_tokens(stdout)}"
 
 
 def write_config(args, out):
@@ -85,12 +105,17 @@ def variants(args, layers):
                                        [str(args.experts)] * (moe_blocks // 3))
     if len(pyramid.split(",")) != moe_blocks:
         die(f"--pyramid: expected {moe_blocks} counts (one per MoE block: every other of {layers}), found '{pyramid}'")
+    if min(int(n) for n in pyramid.split(",")) < args.top_k:
+        die(f"--top_k {args.top_k}: every MoE block needs at least {args.top_k} experts, --pyramid has '{pyramid}'")
+    routing = ["--expert_interval", "2", "--top_k", str(args.top_k), "--moe_train_capacity_factor", str(args.capacity_factor)]
+    if args.top_k == 1:
+        routing += ["--moe_use_rts", args.use_rts or "true"]
     return [
         ("dense", "dense", []),
-        ("moe", f"MoE, {args.experts} experts every other block, top-1",
-         ["--num_experts", str(args.experts), "--expert_interval", "2", "--top_k", "1"]),
-        ("prmoe", f"PR-MoE, experts {pyramid}, residual MLP, top-1",
-         ["--num_experts", pyramid, "--expert_interval", "2", "--top_k", "1", "--mlp_type", "residual"]),
+        ("moe", f"MoE, {args.experts} experts every other block, top-{args.top_k}",
+         ["--num_experts", str(args.experts), *routing]),
+        ("prmoe", f"PR-MoE, experts {pyramid}, residual MLP, top-{args.top_k}",
+         ["--num_experts", pyramid, *routing, "--mlp_type", "residual"]),
     ]
 
 
@@ -140,7 +165,12 @@ def main():
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--pyramid", default="", help="experts per MoE block for prmoe (default: E/2 then E for the last third)")
+    ap.add_argument("--top_k", type=int, default=1, help="routes per token of both MoE variants (1 or 2)")
+    ap.add_argument("--capacity_factor", type=float, default=1.0, help="the MoE variants' training capacity factor")
+    ap.add_argument("--use_rts", choices=["true", "false"], default=None,
+                    help="top-1's random token selection (--moe_use_rts; default true, DeepSpeed's); top-2 has none")
     ap.add_argument("--data", default="")
+    ap.add_argument("--corpus", nargs="+", default=[], help="text files, folders or .tar.xz / .tar.gz archives instead of WikiText-2")
     ap.add_argument("--text_bytes", type=int, default=0)
     ap.add_argument("--out", default="build/moe_quality")
     args = ap.parse_args()
@@ -150,13 +180,22 @@ def main():
         die("--eval_interval and --eval_steps: expected at least 1")
     if args.experts < 2:
         die(f"--experts: expected at least 2, found {args.experts}")
+    if args.top_k not in (1, 2):
+        die(f"--top_k: expected 1 or 2, found {args.top_k}")
+    if not (args.capacity_factor > 0 and math.isfinite(args.capacity_factor)):
+        die(f"--capacity_factor: expected a finite number > 0, found {args.capacity_factor}")
+    if args.use_rts == "true" and args.top_k != 1:
+        die(f"--use_rts true: random token selection is top-1's, found --top_k {args.top_k}")
+    for p in args.corpus:
+        if not os.path.exists(p):
+            die(f"--corpus: '{p}' does not exist (a text file, a folder of them or a .tar.xz / .tar.gz archive)")
     if not os.access(args.bin, os.X_OK):
         die(f"--bin: {args.bin} is not an executable (build first: cmake --build build/release --target cutrain)")
     desc, shape_flags, layers = SHAPES[args.shape]
     vs = variants(args, layers)
-    data = find_data(args.data)
+    data = find_data(args.data, args.corpus)
     os.makedirs(args.out, exist_ok=True)
-    shards = prepare(args, data, args.out)
+    shards, corpus = prepare(args, data, args.out)
     cfg = write_config(args, args.out)
 
     res = {}
@@ -169,22 +208,26 @@ def main():
               f"{res[name]['params']:,} params, dropped {res[name]['dropped']}", flush=True)
 
     tokens = int(shape_flags[shape_flags.index("--batch_size") + 1]) * int(shape_flags[shape_flags.index("--seq_length") + 1])
-    lines = [f"## MoE against dense: {desc}, WikiText-2 valid+test (10% held out), {args.steps} steps, lr {args.lr}, "
-             f"{args.warmup} warm-up + cosine to 0.1, seed {args.seed}, fp32 master (configs/baseline.json), {args.device}", "",
+    lines = [f"## MoE against dense: {desc}, {corpus}, {args.steps} steps, lr {args.lr}, "
+             f"{args.warmup} warm-up + cosine to 0.1, seed {args.seed}, fp32 master (configs/baseline.json), "
+             f"MoE top-{args.top_k} at capacity factor {args.capacity_factor:g}"
+             f"{'' if args.top_k != 1 else ', first routes kept' if args.use_rts == 'false' else ', random token selection'}"
+             f", {args.device}", "",
              "| variant | parameters | final val loss | vs dense | best val loss | step ms | vs dense | routes dropped |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     d = res["dense"]
     for name, what, _ in vs:
         r = res[name]
-        routes = tokens * r["moe_blocks"] * r["steps"]  # top-1: one route per token and MoE block
+        routes = args.top_k * tokens * r["moe_blocks"] * r["steps"]  # k routes per token and MoE block
         drop = f"{r['dropped']:,} ({100.0 * r['dropped'] / routes:.2f}%)" if routes else "-"
         lines.append(f"| {what} | {r['params']:,} | {r['final_val']:.4f} | {100 * (r['final_val'] / d['final_val'] - 1):+.2f}% | "
                      f"{r['best_val']:.4f} | {r['step_s'] * 1e3:.2f} | {r['step_s'] / d['step_s']:.2f}x | {drop} |")
     m, p = res["moe"], res["prmoe"]
     verdict = lambda ok: "met" if ok else "MISSED"
     lines += ["",
-              f"- MoE's validation loss below dense's at equal active FLOPs: {m['final_val']:.4f} vs {d['final_val']:.4f}: "
-              f"{verdict(m['final_val'] < d['final_val'])}",
+              f"- MoE's validation loss below dense's at equal active FLOPs"
+              f"{'' if args.top_k == 1 else ' (top-2: twice the FFN FLOPs in MoE blocks)'}: "
+              f"{m['final_val']:.4f} vs {d['final_val']:.4f}: {verdict(m['final_val'] < d['final_val'])}",
               f"- PR-MoE within 1% of MoE with fewer parameters: {100 * (p['final_val'] / m['final_val'] - 1):+.2f}%, "
               f"{p['params']:,} vs {m['params']:,} parameters: "
               f"{verdict(p['final_val'] <= 1.01 * m['final_val'] and p['params'] < m['params'])}",

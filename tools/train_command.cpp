@@ -327,6 +327,9 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   moe(sub->add_option("--moe_noisy_gate_policy,--moe-noisy-gate-policy", o.moe.noisy_gate_policy,
                       "None, Jitter (gate input noise) or RSample (top-1 routing by logits + Gumbel), in training")
           ->capture_default_str());
+  moe(sub->add_option("--moe_use_rts,--moe-use-rts", o.moe.use_rts,
+                      "true or false: top-1's random token selection when an expert is over capacity (DeepSpeed's "
+                      "use_rts; default true for top-1 as DeepSpeed's MoE; false keeps the first routes in token order)"));
   moe(sub->add_option("--moe_expert_parallel_size,--moe-expert-parallel-size", o.moe.expert_parallel_size,
                       "ep_size: experts split over this many data-parallel ranks (--device cpu: the host communicator; cuda: NCCL, the exchange taken even at 1)")
           ->capture_default_str());

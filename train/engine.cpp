@@ -452,10 +452,13 @@ void GpuEngine::draw_drop(int step, DropDraw& d) {
 }
 
 // The MoE gates' noise seeds of the step the model was set to (set_moe_step), one per micro-batch
-// (the previous step's copy finished with its sync).
+// (the previous step's copy finished with its sync). Numbered in the global batch (the rank's
+// micro-batches after the lower ranks'; MoE runs data-parallel only), as the CPU backend's, so a
+// world of W ranks draws the single process's noise and random token selection keys.
 void GpuEngine::stage_moe_seeds() {
   if (!moe_seeds_h_) return;
-  for (int a = 0; a < accum_; ++a) moe_seeds_h_[a] = model_->moe_forward_seed_of(a);
+  const int first = (comm_ ? comm_->rank() : 0) * accum_;
+  for (int a = 0; a < accum_; ++a) moe_seeds_h_[a] = model_->moe_forward_seed_of(first + a);
 }
 
 // random-LTD's selection of every micro-batch of `step` (1-based; 0: no drop) into the pinned

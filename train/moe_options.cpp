@@ -81,6 +81,13 @@ model::MoeDims resolve_moe(const MoeOptions& o, int layers, int tokens) {
   else CUTRAIN_FAIL("train: --moe_noisy_gate_policy: expected None, Jitter or RSample, found '", o.noisy_gate_policy, "'");
   CUTRAIN_CHECK(m.noisy_gate_policy != model::MoeNoisyGate::RSample || o.top_k == 1,
                 "train: --moe_noisy_gate_policy RSample routes top-1 only, got --top_k ", o.top_k);
+  // DeepSpeed's MoE defaults to use_rts=True and Megatron-DeepSpeed keeps it; its top-2 gating has
+  // no random token selection and ignores the argument, which here is an error when given.
+  CUTRAIN_CHECK(o.use_rts.empty() || o.use_rts == "true" || o.use_rts == "false",
+                "train: --moe_use_rts: expected true or false, found '", o.use_rts, "'");
+  CUTRAIN_CHECK(o.use_rts != "true" || o.top_k == 1, "train: --moe_use_rts true (random token selection) is ",
+                "top-1's (DeepSpeed's top-2 has none), got --top_k ", o.top_k);
+  m.use_rts = o.top_k == 1 && o.use_rts != "false";
   const int ep = o.expert_parallel_size;
   CUTRAIN_CHECK(ep >= 1, "train: --moe_expert_parallel_size must be >= 1, got ", ep);
   for (int e : o.num_experts) {
@@ -130,6 +137,7 @@ std::string describe_moe(const model::MoeDims& m) {
   s << "MoE blocks " << blocks << ": " << experts << " experts, top-" << m.k << ", capacity factor "
     << m.capacity_factor << " (eval " << m.eval_capacity_factor << "), min capacity " << m.min_capacity << ", "
     << (m.drop_tokens ? "token dropping" : "no token dropping") << ", "
+    << (m.use_rts ? "random token selection" : "first tokens kept") << ", "
     << (m.use_residual ? "residual MLP (PR-MoE)" : "standard MLP") << ", noisy gate " << noise << ", loss coeff "
     << m.loss_coeff << ", ep_size " << m.ep_size;
   return s.str();
@@ -158,6 +166,7 @@ nlohmann::json moe_config_json(const model::MoeDims& m) {
           {"drop_tokens", m.drop_tokens},
           {"mlp_type", m.use_residual ? "residual" : "standard"},
           {"noisy_gate_policy", noise_name(m.noisy_gate_policy)},
+          {"use_rts", m.use_rts},
           {"moe_loss_coeff", m.loss_coeff},
           // The saved experts' layout: every expert of a block in one file, whatever the run's ep_size
           // (an expert-parallel run gathers them), so any ep_size resumes it.
@@ -198,6 +207,12 @@ model::MoeDims moe_dims_from_json(const nlohmann::json& j, const std::string& wh
   else if (noise == "RSample") m.noisy_gate_policy = model::MoeNoisyGate::RSample;
   else CUTRAIN_CHECK(noise == "None", where, ": moe.noisy_gate_policy: expected None, Jitter or RSample, found '", noise, "'");
   m.loss_coeff = num("moe_loss_coeff");
+  // Absent in checkpoints written before --moe_use_rts existed: those runs kept the first routes.
+  if (j.contains("use_rts")) {
+    has("use_rts", j["use_rts"].is_boolean());
+    m.use_rts = j["use_rts"].get<bool>();
+    CUTRAIN_CHECK(!m.use_rts || m.k == 1, where, ": moe.use_rts: true is top-1's, found top_k ", m.k);
+  }
   return m;
 }
 

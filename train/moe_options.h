@@ -23,6 +23,9 @@ struct MoeOptions {
   bool disable_token_dropping = false;
   std::string mlp_type = "standard";      // standard | residual (PR-MoE)
   std::string noisy_gate_policy = "None"; // None | Jitter | RSample
+  // --moe_use_rts true|false: top-1's random token selection over capacity. Empty (not given):
+  // DeepSpeed's MoE default, true for top-1 (its top-2 has no such selection, so off there).
+  std::string use_rts;
   int expert_parallel_size = 1;           // --moe_expert_parallel_size (ep_size)
   std::vector<std::string> given;         // the MoE flags the command line gave (for the errors)
 };
@@ -33,7 +36,7 @@ struct MoeOptions {
 model::MoeDims resolve_moe(const MoeOptions& o, int layers, int tokens);
 
 // "MoE blocks 1, 3: 8, 16 experts, top-1, capacity factor 1 (eval 1), min capacity 4, token
-// dropping, standard MLP, noisy gate None, loss coeff 0.01"
+// dropping, random token selection, standard MLP, noisy gate None, loss coeff 0.01"
 std::string describe_moe(const model::MoeDims& m);
 
 // A checkpoint's config.json "moe" object (written only for a model with MoE blocks): the experts

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `cutrain train --num_experts`: a model with MoE blocks trains (the loss falls on a fixed batch,
 # the per-block l_aux / dropped / expert load lines and metrics), both architectures, PR-MoE's
-# pyramid with the residual MLP; a resume from a mid-run checkpoint (which holds the expert
+# pyramid with the residual MLP; random token selection (--moe_use_rts) on by default for top-1 and
+# off with false; a resume from a mid-run checkpoint (which holds the expert
 # tensors under DeepSpeed's names and the MoE options in config.json) continues with the
 # uninterrupted run's losses, with or without the MoE flags; bad MoE flags are named before any work.
 #   moe_train_cli.sh CUTRAIN_BINARY cpu|cuda   (exits 77 = skipped: no GPU for cuda)
@@ -37,6 +38,33 @@ done
 run --num_steps 3 --warmup_steps 1 --num_experts 2,4 --moe_layers 0,1 --mlp_type residual >"$tmp/p.txt" 2>&1 \
   || { cat "$tmp/p.txt"; fail "PR-MoE training"; }
 grep -q "MoE blocks 0,1: 2,4 experts, top-1, .*residual MLP (PR-MoE)" "$tmp/p.txt" || { cat "$tmp/p.txt"; fail "PR-MoE line"; }
+
+# Random token selection (--moe_use_rts, DeepSpeed's use_rts): top-1's default, as DeepSpeed's MoE;
+# false keeps the first routes in token order. At capacity factor 0.5 routes are dropped in every
+# forward, so the kept routes (and the losses) differ; the selection's keys come from the step's
+# device seed words on the GPU, so the steps are still captured.
+rts=(--num_steps 3 --warmup_steps 1 --num_experts 4 --moe_train_capacity_factor 0.5 --moe_eval_capacity_factor 0.5)
+run "${rts[@]}" --loss_log_file "$tmp/rts_on.csv" >"$tmp/rts_on.txt" 2>&1 || { cat "$tmp/rts_on.txt"; fail "MoE run (rts default)"; }
+grep -q "MoE blocks 1: 4 experts, top-1, .*token dropping, random token selection" "$tmp/rts_on.txt" \
+  || { cat "$tmp/rts_on.txt"; fail "rts is not top-1's default"; }
+run "${rts[@]}" --moe_use_rts false --loss_log_file "$tmp/rts_off.csv" >"$tmp/rts_off.txt" 2>&1 \
+  || { cat "$tmp/rts_off.txt"; fail "MoE run with --moe_use_rts false"; }
+grep -q "MoE blocks 1: 4 experts, top-1, .*token dropping, first tokens kept" "$tmp/rts_off.txt" \
+  || { cat "$tmp/rts_off.txt"; fail "--moe_use_rts false not in the MoE line"; }
+run "${rts[@]}" --moe-use-rts true --loss_log_file "$tmp/rts_true.csv" >"$tmp/rts_true.txt" 2>&1 \
+  || { cat "$tmp/rts_true.txt"; fail "MoE run with --moe-use-rts true"; }
+if [ "$device" = cpu ]; then cmp -s "$tmp/rts_on.csv" "$tmp/rts_true.csv" || fail "--moe_use_rts true differs from the default"; fi
+if [ "$device" = cuda ]; then
+  grep -q "MoE layers in the CUDA graph" "$tmp/rts_on.txt" || { cat "$tmp/rts_on.txt"; fail "rts run: no graph note"; }
+fi
+python3 - "$tmp/rts_on.csv" "$tmp/rts_off.csv" <<'PY' || fail "random token selection did not change the kept routes"
+import sys
+def rows(p): return [float(x.split(",")[1]) for x in open(p).read().split()[1:]]
+on, off = rows(sys.argv[1]), rows(sys.argv[2])
+assert len(on) == len(off) == 3, (on, off)
+assert on[0] != off[0], ("step 0's loss is the same with and without rts", on, off)
+PY
+grep -q "moe block 1 l_aux=.*dropped=" "$tmp/rts_on.txt" || { cat "$tmp/rts_on.txt"; fail "rts run: no per-block line"; }
 
 # Resume: 6 steps straight with a save after step 3, then 3 steps resumed from it.
 moe=(--num_experts 4 --top_k 1 --moe_min_capacity 2 --moe_noisy_gate_policy Jitter)
@@ -76,7 +104,12 @@ PY
 # experts per block are refused, named.
 run --resume "$tmp/ck/global_step3" --num_steps 3 --loss_log_file "$tmp/res2.csv" >"$tmp/d.txt" 2>&1 \
   || { cat "$tmp/d.txt"; fail "MoE resume without the MoE flags"; }
-grep -q "MoE blocks 1: 4 experts, top-1, .*noisy gate Jitter" "$tmp/d.txt" || { cat "$tmp/d.txt"; fail "resume did not take the checkpoint's MoE"; }
+grep -q "MoE blocks 1: 4 experts, top-1, .*random token selection, .*noisy gate Jitter" "$tmp/d.txt" || { cat "$tmp/d.txt"; fail "resume did not take the checkpoint's MoE"; }
+python3 - "$tmp/ck/global_step3/config.json" <<'PY' || fail "config.json's moe lacks use_rts"
+import json, sys
+moe = json.load(open(sys.argv[1]))["moe"]
+assert moe["use_rts"] is True and moe["top_k"] == 1, moe
+PY
 cmp -s "$tmp/res.csv" "$tmp/res2.csv" || [ "$device" = cuda ] || fail "the flagless resume's losses differ"
 if run --resume "$tmp/ck/global_step3" --num_steps 1 --num_experts 2 --top_k 1 >"$tmp/d.txt" 2>&1; then fail "resume with other experts accepted"; fi
 grep -q "give experts per block 0,2, the checkpoint (.*config.json) has 0,4" "$tmp/d.txt" || { cat "$tmp/d.txt"; fail "resume mismatch not named"; }
@@ -102,6 +135,10 @@ expect_error "configure MoE blocks: expected --num_experts too" --top_k 2
 expect_error "--mlp_type: expected standard or residual" --num_experts 4 --mlp_type dense
 expect_error "--moe_noisy_gate_policy: expected None, Jitter or RSample" --num_experts 4 --moe_noisy_gate_policy Gaussian
 expect_error "RSample routes top-1 only" --num_experts 4 --top_k 2 --moe_noisy_gate_policy RSample
+expect_error "--moe_use_rts: expected true or false, found 'maybe'" --num_experts 4 --moe_use_rts maybe
+expect_error "--moe_use_rts true (random token selection) is top-1's (DeepSpeed's top-2 has none), got --top_k 2" \
+  --num_experts 4 --top_k 2 --moe_use_rts true
+expect_error "--moe_use_rts configure MoE blocks: expected --num_experts too" --moe_use_rts false
 expect_error "--moe_layers and --expert_interval both given" --num_experts 4 --moe_layers 1 --expert_interval 2
 expect_error "hold dense MLPs" --model gpt2 --num_experts 4 --save_hf "$tmp/x.safetensors"
 # MoE under the CPU backend's pipeline is refused, naming both flags.

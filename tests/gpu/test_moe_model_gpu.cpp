@@ -1,9 +1,9 @@
 // The GPU model with MoE blocks against the CPU reference model (both architectures, top-1 and
-// top-2, standard and PR-MoE's residual MLP): the routing figures, the loss, the aux loss and every
+// top-2, standard and PR-MoE's residual MLP, top-1 with use_rts): the routing figures, the loss, the aux loss and every
 // parameter gradient at step 0; engine steps with MoE captured in a CUDA graph (token dropping,
 // no gate noise) with a loss that falls on a fixed batch; graph replays equal to eager steps bit
 // for bit (losses, norms, routing figures, parameters) with no allocation after the capture, the
-// noisy gates included, and the eager case (no token dropping) named; activation checkpointing keeps the bits and
+// noisy gates and random token selection included, and the eager case (no token dropping) named; activation checkpointing keeps the bits and
 // the routing figures (the recompute is not counted twice) under gradient accumulation.
 #include <gtest/gtest.h>
 
@@ -52,6 +52,7 @@ struct Case {
   int k;
   bool residual;
   const char* layout;
+  bool rts = false;  // use_rts (--moe_use_rts): the GPU gate's keys from the engine's seed word, the reference's from the seed
 };
 
 class MoeModelGpu : public ::testing::TestWithParam<Case> {};
@@ -66,7 +67,11 @@ TEST_P(MoeModelGpu, RoutingLossAndEveryGradientMatchTheReference) {
   // to another expert may route differently on the GPU. Draw models until the reference's smallest
   // routing margin is at least 3% of the logits' RMS (about one draw in two at 32 tokens).
   for (int attempt = 0; attempt < 60; ++attempt) {
-    const train::BackendOptions o = moe_model(rng(), c.arch, c.k, c.residual);
+    train::BackendOptions o = moe_model(rng(), c.arch, c.k, c.residual);
+    if (c.rts) {  // capacity 6 of 32 tokens over 4 experts: routes dropped, the kept ones chosen by key
+      o.dims.moe.use_rts = true;
+      o.dims.moe.capacity_factor = o.dims.moe.eval_capacity_factor = 0.75;
+    }
     train::GpuEngine eng(o, config_for(c.layout));
     const auto tok = test::random_ints(std::size_t(o.seq), rng, 0, o.dims.vocab - 1);
     const auto lab = test::random_ints(std::size_t(o.seq), rng, 0, o.dims.vocab - 1);
@@ -109,6 +114,12 @@ TEST_P(MoeModelGpu, RoutingLossAndEveryGradientMatchTheReference) {
       // carry the bf16 blocks' error too.
       EXPECT_LE(test::rel_error(out, want), 5e-2) << t.name;
     }
+    if (c.rts) {  // evaluation keeps the routes of seed 0's keys on both devices
+      ref.set_moe_mode(false);
+      const double ref_eval = ref.forward(p.data(), tok.data(), lab.data(), o.batch, o.seq);
+      ASSERT_GT(ref.moe_stats()[0].dropped, 0);
+      EXPECT_NEAR(eng.eval_loss(tok.data(), lab.data()), ref_eval, 2e-2 * ref_eval);
+    }
     return;
   }
   FAIL() << "no model among 60 draws had a routing margin of 3% of the logits' RMS";
@@ -117,11 +128,12 @@ TEST_P(MoeModelGpu, RoutingLossAndEveryGradientMatchTheReference) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, MoeModelGpu,
     ::testing::Values(Case{model::Arch::Simple, 1, false, "baseline"}, Case{model::Arch::Simple, 2, true, "bf16_full"},
-                      Case{model::Arch::Gpt2, 2, false, "baseline"}, Case{model::Arch::Gpt2, 1, true, "bf16_master_wg"}),
+                      Case{model::Arch::Gpt2, 2, false, "baseline"}, Case{model::Arch::Gpt2, 1, true, "bf16_master_wg"},
+                      Case{model::Arch::Simple, 1, false, "bf16_full", true}, Case{model::Arch::Gpt2, 1, true, "baseline", true}),
     [](const auto& info) {
       const Case& c = info.param;
       return std::string(c.arch == model::Arch::Gpt2 ? "gpt2" : "simple") + "_top" + std::to_string(c.k) +
-             (c.residual ? "_residual_" : "_") + c.layout;
+             (c.residual ? "_residual_" : "_") + c.layout + (c.rts ? "_rts" : "");
     });
 
 TEST(MoeEngineGpu, StepsAreCapturedAndTheLossFalls) {
@@ -158,13 +170,15 @@ TEST(MoeEngineGpu, StepsAreCapturedAndTheLossFalls) {
 TEST(MoeEngineGpu, GraphReplayEqualsEagerBitForBit) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  struct Case { model::Arch arch; int k; bool residual; const char* layout; model::MoeNoisyGate noise; };
-  for (const Case& c : {Case{model::Arch::Simple, 1, false, "bf16_full", model::MoeNoisyGate::None},
-                        Case{model::Arch::Gpt2, 2, true, "baseline", model::MoeNoisyGate::None},
-                        Case{model::Arch::Simple, 2, true, "bf16_master_wg", model::MoeNoisyGate::Jitter},
-                        Case{model::Arch::Gpt2, 1, false, "bf16_full", model::MoeNoisyGate::RSample}}) {
+  struct Case { model::Arch arch; int k; bool residual; const char* layout; model::MoeNoisyGate noise; bool rts; };
+  for (const Case& c : {Case{model::Arch::Simple, 1, false, "bf16_full", model::MoeNoisyGate::None, false},
+                        Case{model::Arch::Gpt2, 2, true, "baseline", model::MoeNoisyGate::None, false},
+                        Case{model::Arch::Simple, 2, true, "bf16_master_wg", model::MoeNoisyGate::Jitter, false},
+                        Case{model::Arch::Gpt2, 1, false, "bf16_full", model::MoeNoisyGate::RSample, false},
+                        Case{model::Arch::Simple, 1, true, "bf16_full", model::MoeNoisyGate::None, true}}) {
     SCOPED_TRACE(std::string(c.arch == model::Arch::Gpt2 ? "gpt2" : "simple") + " top-" + std::to_string(c.k) +
-                 (c.residual ? " residual " : " ") + c.layout + " noise " + std::to_string(int(c.noise)));
+                 (c.residual ? " residual " : " ") + c.layout + " noise " + std::to_string(int(c.noise)) +
+                 (c.rts ? " rts" : ""));
     train::BackendOptions graph = test::small_model(rng());
     graph.dims.arch = c.arch;
     graph.causal = true;
@@ -174,6 +188,7 @@ TEST(MoeEngineGpu, GraphReplayEqualsEagerBitForBit) {
     graph.dims.moe.capacity_factor = 0.75;  // some routes dropped, some experts full
     graph.dims.moe.loss_coeff = 0.05;
     graph.dims.moe.noisy_gate_policy = c.noise;  // its seed per step and micro-batch from device words
+    graph.dims.moe.use_rts = c.rts;               // its keys from the same words
     train::BackendOptions eager = graph;
     eager.cuda_graph = false;
     train::TrainConfig cfg = config_for(c.layout, graph.batch, 2);

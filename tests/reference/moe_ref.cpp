@@ -12,9 +12,12 @@
 namespace cutrain::ref {
 
 int moe_capacity(int tokens, int experts, int k, double capacity_factor, int min_capacity) {
-  // DeepSpeed: ceil((tokens / experts) * capacity_factor·k), then max with min_capacity.
-  const int c = static_cast<int>(std::ceil((double(tokens) / experts) * (capacity_factor * k)));
-  return std::max(c, min_capacity);
+  // DeepSpeed: ceil((tokens / experts) * capacity_factor·k), then max with min_capacity; the Python
+  // float tokens / experts times the fp32 tensor of the factor: both operands and the product fp32.
+  const float per_expert = static_cast<float>(double(tokens) / experts);
+  const float factor = static_cast<float>(capacity_factor * k);
+  const float product = per_expert * factor;
+  return std::max(static_cast<int>(std::ceil(double(product))), min_capacity);
 }
 
 MoeGateRef moe_gate_forward(const std::vector<float>& logits, int T, int E, int k, bool drop_tokens, int capacity,

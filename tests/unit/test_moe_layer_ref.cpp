@@ -1,7 +1,7 @@
 // CPU tests of the MoE layer's reference (model/moe_reference.h) and configuration: every gradient
 // (input, gate, both expert weights, through the combine weights and the aux loss) against central
-// finite differences with the routing held fixed, dropping and the capacity of train and eval, and
-// bad configurations named.
+// finite differences with the routing held fixed, dropping and the capacity of train and eval,
+// random token selection's kept routes by their keys, and bad configurations named.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/moe_gate.cuh"
 #include "model/moe_config.h"
 #include "model/moe_reference.h"
 #include "runtime/error.h"
@@ -137,4 +138,61 @@ TEST(MoeLayerRef, BadConfigurationsAreNamed) {
   EXPECT_NE(message(with([](MoeConfig& c) { c.k = 2, c.noisy_gate_policy = model::MoeNoisyGate::RSample; }), 0)
                 .find("RSample routes top-1 only"),
             std::string::npos);
+}
+
+// use_rts alone (--moe_use_rts true, the CLI's top-1 default): the routes are the plain top-1's;
+// an expert over capacity keeps the `capacity` routes with the largest kernels::moe_rts_key of the
+// forward's Gumbel stream (the GPU gate's keys), numbered in token order; in training and in
+// evaluation (DeepSpeed applies it in both); another seed keeps another set.
+TEST(MoeLayerRef, RandomTokenSelectionKeepsTheLargestKeys) {
+  auto rng = test::fresh_rng();
+  MoeConfig c;
+  c.hidden = 5, c.ffn = 7, c.experts = 3, c.k = 1, c.min_capacity = 1;
+  c.capacity_factor = c.eval_capacity_factor = 0.5;  // capacity 7: 21 slots for 37 tokens, routes dropped
+  const int T = 37, E = c.experts;
+  const auto lay = model::moe_param_layout(c);
+  const auto p = normal(lay.total, rng, 0.5);
+  const auto x = normal(std::size_t(T) * c.hidden, rng, 1.0);
+  MoeConfig cr = c;
+  cr.use_rts = true;
+  model::MoeReference first(c), rts(cr);
+  std::vector<double> y0(x.size()), y1(x.size());
+  for (bool train : {true, false}) {
+    const std::uint64_t seed = train ? rng() : 0;
+    std::fill(y1.begin(), y1.end(), std::nan(""));
+    first.forward(p.data(), x.data(), T, train, y0.data(), seed);
+    rts.forward(p.data(), x.data(), T, train, y1.data(), seed);
+    ASSERT_GT(rts.dropped(), 0) << "capacity " << rts.capacity();
+    EXPECT_EQ(rts.expert(), first.expert());
+    EXPECT_EQ(rts.kept_counts(), first.kept_counts());
+    EXPECT_EQ(rts.dropped(), first.dropped());
+    for (int e = 0; e < E; ++e) {
+      std::vector<std::uint64_t> kept, dropped;
+      int next = 0;
+      for (int s = 0; s < T; ++s) {
+        if (rts.expert()[s] != e) continue;
+        const std::uint64_t key = kernels::moe_rts_key(model::moe_gumbel_seed(seed), s, e, E);
+        if (rts.position()[s] >= 0) {
+          EXPECT_EQ(rts.position()[s], next++) << "expert " << e << " token " << s;  // in token order
+          kept.push_back(key);
+        } else {
+          dropped.push_back(key);
+        }
+      }
+      EXPECT_EQ(int(kept.size()), rts.kept_counts()[e]);
+      if (!dropped.empty())
+        EXPECT_GT(*std::min_element(kept.begin(), kept.end()), *std::max_element(dropped.begin(), dropped.end()))
+            << "expert " << e;
+    }
+    // A kept set that is not the first routes (each over-capacity expert's chance of keeping
+    // exactly its first ones is below 1 / C(count, capacity)).
+    EXPECT_NE(rts.position(), first.position());
+    EXPECT_NE(y0, y1);
+    for (double v : y1) ASSERT_TRUE(std::isfinite(v));
+  }
+  std::vector<int> pos = rts.position();
+  rts.forward(p.data(), x.data(), T, true, y1.data(), 12345);
+  std::vector<int> other = rts.position();
+  rts.forward(p.data(), x.data(), T, true, y1.data(), 54321);
+  EXPECT_TRUE(other != pos || rts.position() != pos);  // the kept set follows the seed
 }

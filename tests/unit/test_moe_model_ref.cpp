@@ -235,6 +235,77 @@ TEST(MoeOptions, BadValuesAreNamed) {
   bad([](auto& o) { o.noisy_gate_policy = "Gumbel"; }, "expected None, Jitter or RSample, found 'Gumbel'");
   bad([](auto& o) { o.noisy_gate_policy = "RSample"; o.top_k = 2; }, "RSample routes top-1 only");
   bad([](auto& o) { o.num_experts.clear(); o.given = {"--top_k"}; }, "--top_k configure MoE blocks: expected --num_experts");
+  bad([](auto& o) { o.use_rts = "yes"; }, "--moe_use_rts: expected true or false, found 'yes'");
+  bad([](auto& o) { o.use_rts = "True"; }, "--moe_use_rts: expected true or false, found 'True'");
+  bad([](auto& o) { o.use_rts = "true"; o.top_k = 2; }, "--moe_use_rts true (random token selection) is top-1's");
+  bad([](auto& o) { o.num_experts.clear(); o.given = {"--moe_use_rts"}; },
+      "--moe_use_rts configure MoE blocks: expected --num_experts");
+}
+
+// --moe_use_rts: DeepSpeed's MoE default (use_rts=True) for top-1 when not given; top-2 has no
+// random token selection (DeepSpeed's top2gating ignores the argument), so it is off there unless
+// given true, which is refused above. The layers get it through MoeDims::layer_config.
+TEST(MoeOptions, UseRtsDefaultsToDeepSpeedsForTop1) {
+  train::MoeOptions o;
+  o.num_experts = {4};
+  EXPECT_TRUE(train::resolve_moe(o, 4, 64).use_rts);
+  EXPECT_NE(train::describe_moe(train::resolve_moe(o, 4, 64)).find("random token selection"), std::string::npos);
+  o.use_rts = "false";
+  EXPECT_FALSE(train::resolve_moe(o, 4, 64).use_rts);
+  EXPECT_NE(train::describe_moe(train::resolve_moe(o, 4, 64)).find("first tokens kept"), std::string::npos);
+  o.use_rts = "true";
+  const model::MoeDims m = train::resolve_moe(o, 4, 64);
+  EXPECT_TRUE(m.use_rts);
+  EXPECT_TRUE(m.layer_config(1, 8, 32).use_rts);
+  o.use_rts.clear();
+  o.top_k = 2;
+  const model::MoeDims m2 = train::resolve_moe(o, 4, 64);
+  EXPECT_FALSE(m2.use_rts);
+  EXPECT_FALSE(m2.layer_config(1, 8, 32).use_rts);
+  o.use_rts = "false";
+  EXPECT_FALSE(train::resolve_moe(o, 4, 64).use_rts);
+}
+
+// The model's MoE blocks run the layer's random token selection: with use_rts the training step
+// keeps other routes of an over-capacity expert than the first ones (same capacity, same drop
+// count, another loss), a function of the forward's seed; evaluation's selection is the fixed
+// seed 0's, so two evaluations agree.
+TEST(MoeReferenceModel, UseRtsReachesTheLayersAndFollowsTheSeed) {
+  auto rng = test::fresh_rng();
+  model::ModelDims d = moe_dims(model::Arch::Gpt2, false, 1);
+  d.moe.capacity_factor = d.moe.eval_capacity_factor = 0.5;
+  model::ModelDims dr = d;
+  dr.moe.use_rts = true;
+  model::TransformerParams table(d), table_r(dr);
+  ASSERT_EQ(table.flat_size(), table_r.flat_size());
+  std::vector<double> p(table.flat_size());
+  {
+    std::vector<float> init(table.flat_size());
+    table.init(init.data(), rng());
+    p.assign(init.begin(), init.end());
+  }
+  const int B = 4, S = 5;
+  auto tok = test::random_ints(B * S, rng, 0, d.vocab - 1), lab = test::random_ints(B * S, rng, 0, d.vocab - 1);
+  model::ReferenceModel<double> first(table, true), rts(table_r, true);
+  auto run = [&](model::ReferenceModel<double>& m, bool train, std::uint64_t seed) {
+    m.set_moe_mode(train, seed);
+    const double loss = m.forward(p.data(), tok.data(), lab.data(), B, S);
+    return std::make_pair(loss, m.moe_stats()[0]);
+  };
+  int differs = 0;
+  for (std::uint64_t step = 1; step <= 4; ++step) {
+    const std::uint64_t seed = model::moe_forward_seed(rng(), int(step), 0);
+    const auto [l0, s0] = run(first, true, seed);
+    const auto [l1, s1] = run(rts, true, seed);
+    ASSERT_GT(s0.dropped, 0);
+    EXPECT_EQ(s1.capacity, s0.capacity);
+    EXPECT_EQ(s1.dropped, s0.dropped);
+    EXPECT_EQ(run(rts, true, seed).first, l1);  // the same seed, the same routes
+    differs += l1 != l0;
+  }
+  EXPECT_GT(differs, 0);
+  const double e1 = run(rts, false, 0).first;
+  EXPECT_EQ(run(rts, false, 0).first, e1);
 }
 
 TEST(MoeOptions, CheckpointConfigRoundTripAndResumeChecks) {
@@ -248,7 +319,23 @@ TEST(MoeOptions, CheckpointConfigRoundTripAndResumeChecks) {
   m.use_residual = true;
   m.noisy_gate_policy = model::MoeNoisyGate::Jitter;
   m.loss_coeff = 0.02;
+  {  // use_rts (top-1's): written and read back; absent in older checkpoints: their runs kept the first routes
+    model::MoeDims t = m;
+    t.k = 1;
+    t.use_rts = true;
+    nlohmann::json jt = train::moe_config_json(t);
+    EXPECT_EQ(jt["use_rts"], true);
+    EXPECT_TRUE(train::moe_dims_from_json(jt, "ck/config.json").use_rts);
+    jt.erase("use_rts");
+    EXPECT_FALSE(train::moe_dims_from_json(jt, "ck/config.json").use_rts);
+    jt["use_rts"] = "true";
+    expect_error([&] { train::moe_dims_from_json(jt, "ck/config.json"); }, "ck/config.json: moe.use_rts: missing or of the wrong type");
+    jt["use_rts"] = true;
+    jt["top_k"] = 2;
+    expect_error([&] { train::moe_dims_from_json(jt, "ck/config.json"); }, "moe.use_rts: true is top-1's, found top_k 2");
+  }
   const nlohmann::json j = train::moe_config_json(m);
+  EXPECT_EQ(j["use_rts"], false);
   EXPECT_EQ(j["mlp_type"], "residual");
   const model::MoeDims r = train::moe_dims_from_json(j, "ck/config.json");
   EXPECT_EQ(r.experts, m.experts);

@@ -24,6 +24,25 @@ TEST(MoeRef, CapacityFormula) {
   EXPECT_EQ(ref::moe_capacity(7, 3, 1, 0.5, 0), 2);         // ceil(1.17)
 }
 
+// DeepSpeed's _capacity multiplies the Python float tokens / experts by an fp32 tensor of the factor:
+// both operands and the product are fp32, and the ceil of that differs from the exact one both ways
+// (bench/peers/moe_cpu_check.py's cases show DeepSpeed 0.19.8 giving these values).
+TEST(MoeRef, CapacityRoundsAsDeepSpeedsFp32Product) {
+  for (auto capacity : {ref::moe_capacity, kernels::moe_capacity}) {
+    // 50 · fp32(1.1) = 50 · 1.10000002384 = 55.0000012, which rounds to 55 (fp32 ulp at 55: 3.8e-6);
+    // in double 50 · 1.1 = 55.00000000000001, ceil 56.
+    EXPECT_EQ(capacity(100, 2, 1, 1.1, 0), 55);
+    // fp32(70 / 6) · fp32(1.2) = 11.666667 · 1.20000005 = 14.00000094 -> 14.00000095 in fp32: ceil 15;
+    // in double 70 / 6 · 1.2 = 13.999999999999998, ceil 14.
+    EXPECT_EQ(capacity(70, 6, 1, 1.2, 0), 15);
+    // top-2 doubles the factor first: 12.5 · fp32(2.4) = 30.0000012 -> 30.0000019: 31 (double: 30.0).
+    EXPECT_EQ(capacity(50, 4, 2, 1.2, 0), 31);
+    // 11.666667 · fp32(0.6) = 7.00000047: 8 (double: 6.999999999999999, 7).
+    EXPECT_EQ(capacity(70, 6, 2, 0.3, 0), 8);
+    EXPECT_EQ(capacity(70, 6, 2, 0.3, 9), 9);  // min_capacity still wins
+  }
+}
+
 // Token s's logits put the maximum on `top` (and the second largest on `second`).
 std::vector<float> routed_logits(const std::vector<int>& top, const std::vector<int>& second, int E) {
   std::vector<float> l(top.size() * E, 0.f);
