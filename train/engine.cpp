@@ -440,7 +440,6 @@ void GpuEngine::setup_pipeline() {
     describe_ += ", pipeline stage " + std::to_string(pp_comm_->rank()) + " of " + std::to_string(P) + " over NCCL";
     if (dp_comm_->world_size() > 1)
       describe_ += " (" + std::to_string(dp_comm_->world_size()) + " data-parallel replicas per stage)";
-    if (rank == 0) std::cout << "[Rank 0] " << plan.describe(layers) << std::endl;
     std::cout << "[Rank " << rank << "] " << pipeline_->describe(layers) << "; replica " << dp_comm_->rank() << " of "
               << dp_comm_->world_size() << "; flat [" << stage_range_.begin << ", " << stage_range_.end
               << ") its parameters (the flat buffers stay whole on every rank)" << std::endl;

@@ -79,21 +79,10 @@ void GpuPipeline::enqueue(cudaStream_t s, model::ParamAccess& P, void* grads, DT
   };
   if (link_) {
     // Over ranks: this stage's program, each gap's exchange with the neighbour stages' ranks.
-    std::size_t next = 0;
-    for (std::size_t i = 0; i <= program_.size(); ++i) {
-      if (next < exchanges_.size() && exchanges_[next].before == i) exchange(s, exchanges_[next++], per_micro);
-      if (i == program_.size()) break;
-      const parallel::StageStep& a = program_[i];
-      model::GpuModel& m = *models_[std::size_t(a.stage)][std::size_t(a.slot)];
-      if (prepare) prepare(m, a.micro);
-      const std::int32_t* tok = tokens + std::size_t(a.micro) * per_micro;
-      if (a.kind == parallel::PipeAction::Forward)
-        m.stage_forward(s, P, grads, gt, a.micro != 0, tok, labels + std::size_t(a.micro) * per_micro, grad_scale,
-                        d_loss + a.micro, d_status + 2 * std::size_t(a.micro));
-      else
-        m.stage_backward(s, P, grads, gt, a.micro != 0, tok);
+    begin_step({&P, grads, gt, tokens, labels, per_micro, grad_scale, d_loss, d_status, prepare});
+    while (advance(s)) {
     }
-    share_words(s, d_loss, d_status, M);
+    end_step(s);
     return;
   }
   const std::size_t hand_bytes = per_micro * act_elems_ * dtype_size(models_[0][0]->compute_dtype());
@@ -125,6 +114,47 @@ void GpuPipeline::enqueue(cudaStream_t s, model::ParamAccess& P, void* grads, DT
       }
     }
   }
+}
+
+void GpuPipeline::begin_step(const StepArgs& a) {
+  CUTRAIN_CHECK(link_, "pipeline (gpu): begin_step runs a stage over ranks");
+  args_ = a;
+  cursor_ = 0;
+  next_exchange_ = 0;
+}
+
+const parallel::PipeExchange* GpuPipeline::pending_exchange() const {
+  if (next_exchange_ < exchanges_.size() && exchanges_[next_exchange_].before == cursor_)
+    return &exchanges_[next_exchange_];
+  return nullptr;
+}
+
+bool GpuPipeline::advance(cudaStream_t s) {
+  CUTRAIN_CHECK(link_ && cursor_ <= program_.size(), "pipeline (gpu): advance past the stage's program");
+  if (const parallel::PipeExchange* e = pending_exchange()) {
+    exchange(s, *e, args_.per_micro);
+    ++next_exchange_;
+  }
+  if (cursor_ == program_.size()) {
+    ++cursor_;
+    return false;
+  }
+  const parallel::StageStep& a = program_[cursor_++];
+  model::GpuModel& m = *models_[std::size_t(a.stage)][std::size_t(a.slot)];
+  if (args_.prepare) args_.prepare(m, a.micro);
+  const std::int32_t* tok = args_.tokens + std::size_t(a.micro) * args_.per_micro;
+  if (a.kind == parallel::PipeAction::Forward)
+    m.stage_forward(s, *args_.params, args_.grads, args_.grad_type, a.micro != 0, tok,
+                    args_.labels + std::size_t(a.micro) * args_.per_micro, args_.grad_scale, args_.d_loss + a.micro,
+                    args_.d_status + 2 * std::size_t(a.micro));
+  else
+    m.stage_backward(s, *args_.params, args_.grads, args_.grad_type, a.micro != 0, tok);
+  return true;
+}
+
+void GpuPipeline::end_step(cudaStream_t s) {
+  CUTRAIN_CHECK(link_ && cursor_ == program_.size() + 1, "pipeline (gpu): end_step before the stage's program is done");
+  share_words(s, args_.d_loss, args_.d_status, plan_.micro_batches);
 }
 
 void GpuPipeline::exchange(cudaStream_t s, const parallel::PipeExchange& e, std::size_t per_micro) {

@@ -54,6 +54,27 @@ class GpuPipeline {
   void enqueue(cudaStream_t s, model::ParamAccess& params, void* grads, DType grad_type, const std::int32_t* tokens,
                const std::int32_t* labels, std::size_t per_micro, float grad_scale, float* d_loss, int* d_status,
                const Prepare& prepare = {});
+  // Over ranks, the step in pieces, for a driver that interleaves several ranks' stages in one
+  // process (the one-GPU test's loopback transport); enqueue() is begin_step, advance until false,
+  // end_step. advance(): the exchange before the next action (pending_exchange(), if any) and the
+  // action; false once the program is done (its last exchange then posted). end_step(): the losses
+  // and status words shared over the group.
+  struct StepArgs {
+    model::ParamAccess* params = nullptr;
+    void* grads = nullptr;
+    DType grad_type = DType::F32;
+    const std::int32_t* tokens = nullptr;
+    const std::int32_t* labels = nullptr;
+    std::size_t per_micro = 0;
+    float grad_scale = 1.f;
+    float* d_loss = nullptr;
+    int* d_status = nullptr;
+    Prepare prepare;
+  };
+  void begin_step(const StepArgs& args);
+  bool advance(cudaStream_t s);
+  void end_step(cudaStream_t s);
+  const parallel::PipeExchange* pending_exchange() const;
   // Over ranks: one micro-batch's validation forward through the stages (the stage's slot-0
   // model; a one-stage plan runs the whole model's forward_loss), the loss broadcast from the last
   // stage into d_loss[0], the status words summed over the group.
@@ -85,6 +106,9 @@ class GpuPipeline {
   std::size_t act_elems_ = 0;  // one hand-over: B*S x hidden
   std::shared_ptr<comm::Communicator> link_;        // over ranks: the pipeline group
   std::vector<parallel::PipeExchange> exchanges_;   // over ranks: this stage's, in program order
+  StepArgs args_;             // over ranks: the step begin_step() started
+  std::size_t cursor_ = 0;     // the program index advance() runs next
+  std::size_t next_exchange_ = 0;
   void build_stage(int stage, model::GpuModel* whole, const ModelFactory& make);
   // Over ranks: the exchange's transfers on the stage's models' hand-over buffers.
   void exchange(cudaStream_t s, const parallel::PipeExchange& e, std::size_t per_micro);

@@ -3,8 +3,8 @@
 # --pipeline_parallel_size 2` (one stage per GPU, activations and their gradients sent over NCCL)
 # against the single-process run of the same job, and with 4 GPUs 2 stages x 2 replicas. Random
 # data (the default) is the same on every rank and --fixed_batch keeps it, so every replica sees the
-# single process's micro-batches: the losses (logged by rank 0 from the last stage's broadcast, the
-# same on every rank) must equal the single process's within 1e-5 (the norm's sum of squares is
+# single process's micro-batches: the losses (logged by rank 0, stage 0, from the last stage's
+# broadcast) must equal the single process's within 1e-5 (the norm's sum of squares is
 # summed per stage, then over the stages), and the step folder rank 0 writes (the stages' ranges
 # summed over the pipeline group) the single process's tensors within 1e-3 relative by norm.
 # Needs 2 GPUs and NCCL.
@@ -41,12 +41,10 @@ run_pp() {  # run_pp NGPUS NAME: NGPUS ranks, 2 stages, against the single proce
     grep -q "stage $s of 2 on this rank (layers .*over the nccl pipeline group" "$out" \
         || { cat "$out"; fail "$name: stage $s line"; }
   done
-  python3 - "$tmp/single.csv" "$tmp/$name".r*.csv <<'PY' || { cat "$out"; fail "$name: losses"; }
+  python3 - "$tmp/single.csv" "$tmp/$name.r0.csv" <<'PY' || { cat "$out"; fail "$name: losses"; }
 import csv, sys
 runs = [[float(r["loss"]) for r in csv.DictReader(open(p))] for p in sys.argv[1:]]
 assert all(len(r) == 6 for r in runs), runs
-for r in runs[2:]:
-    assert r == runs[1], ("ranks disagree", runs[1], r)
 for a, b in zip(runs[0], runs[1]):
     assert abs(a - b) <= 1e-5 * max(1.0, abs(a)), ("pipeline != single process", runs[0], runs[1])
 PY
