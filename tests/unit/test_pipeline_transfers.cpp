@@ -39,10 +39,8 @@ TEST(PipelineTransfers, EachStageMovesWhatItsActionsNeedAndMake) {
                 << "a transfer twice: " << describe_exchange(e);
             if (!t.is_send()) recv_seen = true;
             ASSERT_FALSE(t.is_send() && recv_seen) << "sends before receives: " << describe_exchange(e);
-            const bool act = t.kind == PipeTransfer::SendAct || t.kind == PipeTransfer::RecvAct;
             const int want_peer = (t.kind == PipeTransfer::SendAct || t.kind == PipeTransfer::RecvGrad) ? s + 1 : s - 1;
             EXPECT_EQ(t.peer, want_peer) << describe_exchange(e);
-            (void)act;
           }
         }
         for (std::size_t i = 0; i < program.size(); ++i) {
