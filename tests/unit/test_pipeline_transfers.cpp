@@ -25,13 +25,17 @@ TEST(PipelineTransfers, EachStageMovesWhatItsActionsNeedAndMake) {
       for (int s = 0; s < S; ++s) {
         const std::vector<StageStep> program = pipeline_program(S, s, s + 1, M);
         const std::vector<PipeExchange> ex = pipeline_exchanges(S, s, M);
-        if (S == 1) EXPECT_TRUE(ex.empty());
+        if (S == 1) {
+          EXPECT_TRUE(ex.empty());
+        }
         // Where each transfer happens, by (kind, micro): the index of the action it precedes.
         std::map<std::pair<int, int>, std::size_t> at;
         std::size_t last = 0;
         for (const PipeExchange& e : ex) {
           ASSERT_LE(e.before, program.size());
-          if (&e != &ex.front()) ASSERT_GT(e.before, last) << "exchanges in program order, one per gap";
+          if (&e != &ex.front()) {
+            ASSERT_GT(e.before, last) << "exchanges in program order, one per gap";
+          }
           last = e.before;
           bool recv_seen = false;
           for (const PipeTransfer& t : e.transfers) {
@@ -50,12 +54,16 @@ TEST(PipelineTransfers, EachStageMovesWhatItsActionsNeedAndMake) {
           const bool needs = fwd ? s > 0 : s + 1 < S;
           const auto in = at.find({int(fwd ? PipeTransfer::RecvAct : PipeTransfer::RecvGrad), a.micro});
           ASSERT_EQ(in != at.end(), needs) << "stage " << s << " of " << S << ", M " << M << ", action " << i;
-          if (needs) EXPECT_EQ(in->second, i);
+          if (needs) {
+            EXPECT_EQ(in->second, i);
+          }
           // Its result: sent right after it (the exchange preceding action i + 1), when a neighbour takes it.
           const bool gives = fwd ? s + 1 < S : s > 0;
           const auto out = at.find({int(fwd ? PipeTransfer::SendAct : PipeTransfer::SendGrad), a.micro});
           ASSERT_EQ(out != at.end(), gives);
-          if (gives) EXPECT_EQ(out->second, i + 1);
+          if (gives) {
+            EXPECT_EQ(out->second, i + 1);
+          }
         }
         EXPECT_EQ(at.size(), std::size_t(2 * M * ((s > 0) + (s + 1 < S))));
       }
