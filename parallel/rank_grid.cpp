@@ -26,6 +26,13 @@ std::vector<int> RankGrid::pipe_dp_group(int rank) const {
   return g;
 }
 
+std::vector<int> RankGrid::pp_group(int rank) const {
+  const GridCoord c = coord(rank);
+  std::vector<int> g;
+  for (int s = 0; s < pp; ++s) g.push_back(rank_of({s, c.replica, c.tp}));
+  return g;
+}
+
 RankGrid make_rank_grid(int world, int pp, int tp, const std::string& pp_flag, const std::string& tp_flag) {
   CUTRAIN_CHECK(world >= 1, "rank grid: world size ", world);
   CUTRAIN_CHECK(pp >= 1, pp_flag, ": expected a number of stages >= 1, found ", pp);

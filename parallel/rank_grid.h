@@ -20,10 +20,13 @@ struct RankGrid {
   GridCoord coord(int rank) const { return {rank / (dp * tp), (rank / tp) % dp, rank % tp}; }
   // The members (world ranks, ascending) of `rank`'s groups: its stage's and replica's
   // tensor-parallel ranks; its stage's and tp index's replicas (ZeRO's reductions); every stage and
-  // replica of its tp index (the pipeline's grid, on which a stage x dp rank numbering holds).
+  // replica of its tp index (the pipeline's grid, on which a stage x dp rank numbering holds); the
+  // stages of its replica and tp index, in stage order (the GPU pipeline's group: its rank there is
+  // the stage).
   std::vector<int> tp_group(int rank) const;
   std::vector<int> dp_group(int rank) const;
   std::vector<int> pipe_dp_group(int rank) const;
+  std::vector<int> pp_group(int rank) const;
 };
 
 // Checks that pp and tp divide `world` (each error names `pp_flag` / `tp_flag` and the values).

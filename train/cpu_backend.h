@@ -43,8 +43,13 @@ struct BackendOptions {
   // The GPU engine (train/gpu_pipeline.h): `pipeline_engine` runs the step through the pipeline's
   // 1F1B program at degree 1 (--pipeline_parallel_size or the config's pipeline section given);
   // `stages_in_process` > 1 runs that many stages in this one process (virtual stages).
+  // `pipeline_over_ranks`: the pipeline of `pipeline_stages` stages over the ranks of `comm` (or
+  // the launch environment's NCCL world), one stage per rank, activations sent over NCCL; implied
+  // by pipeline_stages > 1 on the GPU engine, and set alone to run that path at one stage (the
+  // world-size-1 test).
   bool pipeline_engine = false;
   int stages_in_process = 1;
+  bool pipeline_over_ranks = false;
   // DeepSpeed's pipeline.activation_checkpoint_interval on the CPU pipeline (train/cpu_pipeline.h):
   // each chunk of this many of a stage's layers keeps only its input and is recomputed in
   // backward; 0: every activation kept.

@@ -9,6 +9,7 @@
 #include "parallel/partition.h"
 #include "parallel/pipeline_executor.h"
 #include "parallel/pipeline_plan.h"
+#include "parallel/pipeline_transfers.h"
 #include "runtime/comm/host_communicator.h"
 #include "runtime/error.h"
 #include "train/cpu_tensor_parallel.h"
@@ -140,23 +141,36 @@ class CpuPipelineBackend final : public TrainBackend {
       std::fill(grads_.begin() + std::ptrdiff_t(tied_.begin), grads_.begin() + std::ptrdiff_t(tied_.end), 0.f);
     double loss = 0;
     std::vector<float> in(act), out, dout(act), din;
-    // This stage's program (parallel/pipeline_executor.h: its 1F1B order and activation slots).
-    for (const parallel::StageStep& a : parallel::pipeline_program(plan_.stages, stage_, stage_ + 1, M)) {
-      const std::size_t at = std::size_t(a.micro) * per;
-      if (a.kind == PipeAction::Forward) {
-        if (!span_.embedding) comm_->recv(in.data(), act, DType::F32, prev_, nullptr);
-        if (tp_) tp_->begin_pass();
-        const double l = forward_stage(a.slot, tokens + at, labels + at, in, out);
-        if (tp_) tp_->end_pass();
-        if (span_.head) loss += l / M;
-        else comm_->send(out.data(), act, DType::F32, next_, nullptr);
-      } else {
-        if (!span_.head) comm_->recv(dout.data(), act, DType::F32, next_, nullptr);
-        if (tp_) tp_->begin_pass();
-        backward_stage(a.slot, tokens + at, labels + at, dout, din);
-        if (tp_) tp_->end_pass();
-        if (!span_.embedding) comm_->send(din.data(), act, DType::F32, prev_, nullptr);
+    // This stage's program (parallel/pipeline_executor.h: its 1F1B order and activation slots) and,
+    // between two actions, its exchange with the neighbour stages (parallel/pipeline_transfers.h,
+    // the GPU pipeline's too): the last action's result sent, the next one's input received.
+    const std::vector<parallel::StageStep> program = parallel::pipeline_program(plan_.stages, stage_, stage_ + 1, M);
+    const std::vector<parallel::PipeExchange> exchanges = parallel::pipeline_exchanges(plan_.stages, stage_, M);
+    std::size_t next_exchange = 0;
+    for (std::size_t i = 0; i <= program.size(); ++i) {
+      if (next_exchange < exchanges.size() && exchanges[next_exchange].before == i) {
+        std::vector<comm::P2POp> ops;
+        for (const parallel::PipeTransfer& t : exchanges[next_exchange++].transfers) {
+          std::vector<float>& buf = t.kind == parallel::PipeTransfer::SendAct   ? out
+                                    : t.kind == parallel::PipeTransfer::RecvAct ? in
+                                    : t.kind == parallel::PipeTransfer::RecvGrad ? dout
+                                                                                 : din;
+          ops.push_back({t.is_send() ? comm::P2POp::Send : comm::P2POp::Recv, buf.data(), act,
+                         t.peer < stage_ ? prev_ : next_});
+        }
+        comm_->send_recv(ops, DType::F32, nullptr);
       }
+      if (i == program.size()) break;
+      const parallel::StageStep& a = program[i];
+      const std::size_t at = std::size_t(a.micro) * per;
+      if (tp_) tp_->begin_pass();
+      if (a.kind == PipeAction::Forward) {
+        const double l = forward_stage(a.slot, tokens + at, labels + at, in, out);
+        if (span_.head) loss += l / M;
+      } else {
+        backward_stage(a.slot, tokens + at, labels + at, dout, din);
+      }
+      if (tp_) tp_->end_pass();
     }
     reduce_grads();
     StepStats st;

@@ -12,6 +12,7 @@
 #include "model/kernel_costs.h"
 #include "parallel/expert_parallel_plan.h"
 #include "parallel/group_communicator.h"
+#include "parallel/rank_grid.h"
 #include "parallel/tensor_parallel_plan.h"
 #include "runtime/check.h"
 #include "runtime/comm/communicator.h"
@@ -87,8 +88,38 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     describe_ += ", expert parallel: ep_size " + std::to_string(ep) + " of world " +
                  std::to_string(comm_->world_size()) + " (token all-to-all over " + ep_comm_->backend_name() + ")";
   }
-  zero_ = parallel::make_zero_plan(c.zero_optimization.stage, n_, comm_ ? comm_->world_size() : 1, comm_ ? comm_->rank() : 0,
-                         comm_ != nullptr);
+  over_ranks_ = o.pipeline_over_ranks || o.pipeline_stages > 1;
+  if (over_ranks_) {
+    // The pipeline over ranks: every bad value named before any allocation, then the grid's groups
+    // (collective: every rank splits the same way).
+    const std::string pp_flag = "--pipeline_parallel_size " + std::to_string(o.pipeline_stages);
+    CUTRAIN_CHECK(comm_ && comm_->device() >= 0, "train: ", pp_flag, " on the GPU engine sends activations between "
+                  "stage ranks over NCCL: expected an NCCL communicator (cutrain launch --num_gpus N), found ",
+                  comm_ ? comm_->backend_name() : "none (one process)");
+    CUTRAIN_CHECK(c.zero_optimization.stage == 0, "train: zero_optimization.stage ", c.zero_optimization.stage, " with ",
+                  pp_flag, " on the GPU engine: each stage's gradients are averaged over its data-parallel group "
+                  "(stage 0's all-reduce); ZeRO stages 1-3 inside a GPU pipeline are not built (the CPU backend's "
+                  "pipeline takes stage 1); expected stage 0");
+    CUTRAIN_CHECK(c.optimizer.type != OptimizerType::Lamb, "train: optimizer type Lamb with ", pp_flag,
+                  ": its trust ratios need whole tensors on one rank; the pipeline's stages update with AdamW");
+    CUTRAIN_CHECK(o.stages_in_process <= 1, "train: --pipeline_stages_in_process ", o.stages_in_process, " with ",
+                  pp_flag, ": expected one of them");
+    CUTRAIN_CHECK(!table_.tied_head() || o.pipeline_stages == 1, "train: ", pp_flag, " with --model ",
+                  o.dims.arch == model::Arch::Gpt2 ? "gpt2" : "bert", ": the GPU model's stages of part of a tied-head "
+                  "model (its head reads the token embedding on the last stage) are not built; the CPU backend's "
+                  "pipeline runs it (--device cpu)");
+    const parallel::RankGrid grid =
+        parallel::make_rank_grid(comm_->world_size(), o.pipeline_stages, 1, "--pipeline_parallel_size", "tensor parallel");
+    dp_comm_ = parallel::make_group(comm_, grid.dp_group(comm_->rank()));
+    pp_comm_ = parallel::make_group(comm_, grid.pp_group(comm_->rank()));
+    CUTRAIN_CHECK(pp_comm_->rank() == grid.coord(comm_->rank()).stage, "train: the pipeline group gave rank ",
+                  pp_comm_->rank(), ", expected the stage ", grid.coord(comm_->rank()).stage);
+  }
+  // Pipeline over ranks: no ZeRO plan over the world (the stage's data-parallel reduction is the
+  // pipeline's own, enqueue_reduce).
+  zero_ = over_ranks_ ? parallel::make_zero_plan(0, n_, 1, 0, /*has_comm=*/false)
+                      : parallel::make_zero_plan(c.zero_optimization.stage, n_, comm_ ? comm_->world_size() : 1,
+                                                 comm_ ? comm_->rank() : 0, comm_ != nullptr);
   // fp16: stage 3's shard gathers and persistent units move bf16 params (parallel/zero_stage3.h).
   CUTRAIN_CHECK(plan_.param != DType::F16 || !zero_.sharded(),
                 "train: fp16.enabled with zero_optimization.stage 3 is not supported by the GPU engine (its parameter "
@@ -261,7 +292,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     }
   }
   if (o.tensor_parallel_engine || o.tensor_parallel > 1) setup_tensor_parallel();
-  if (o.pipeline_engine || o.stages_in_process > 1 || o.pipeline_stages > 1) setup_pipeline();
+  if (o.pipeline_engine || o.stages_in_process > 1 || o.pipeline_stages > 1 || over_ranks_) setup_pipeline();
   if (o.dims.arch == model::Arch::Bert) {  // dropout: the kernels read the step from step_d_
     step_d_ = Buffer(A, sizeof(std::uint32_t), stream_);
     CUTRAIN_CUDA_CHECK(cudaMallocHost(&step_h_, sizeof(std::uint32_t)));
@@ -374,14 +405,12 @@ void GpuEngine::setup_tensor_parallel() {
             << std::endl;
 }
 
-// The step through the pipeline's program: one stage (the engine's model) or every stage in this
-// process. Stages on several GPUs are refused.
+// The step through the pipeline's program: one stage (the engine's model), every stage in this
+// process, or this rank's stage of a pipeline over ranks.
 void GpuEngine::setup_pipeline() {
-  CUTRAIN_CHECK(opt_.pipeline_stages <= 1, "train: --pipeline_parallel_size ", opt_.pipeline_stages,
-                " on the GPU engine: pipeline stages on separate GPUs (activations sent between stage ranks over NCCL) "
-                "are not built; expected 1 (the pipeline's program on this GPU), or --pipeline_stages_in_process ",
-                opt_.pipeline_stages, " for every stage in this one process, or --device cpu");
-  const int P = std::max(1, opt_.stages_in_process);
+  CUTRAIN_CHECK(opt_.pipeline_stages <= 1 || over_ranks_, "train: --pipeline_parallel_size ", opt_.pipeline_stages,
+                " on the GPU engine: expected the pipeline over ranks");
+  const int P = over_ranks_ ? opt_.pipeline_stages : std::max(1, opt_.stages_in_process);
   CUTRAIN_CHECK(!opt_.teacher, "train: the pipeline's program on the GPU engine with --mos: the teacher's forward "
                 "runs in the plain micro-batch loop; expected one of them");
   CUTRAIN_CHECK(cap_ == std::size_t(opt_.batch) * opt_.seq, "train: the pipeline's program on the GPU engine with a "
@@ -394,11 +423,30 @@ void GpuEngine::setup_pipeline() {
   const std::vector<parallel::PipelineLayer> layers = parallel::pipeline_layers(table_);
   const parallel::PipelinePlan plan = parallel::make_pipeline_plan(
       layers, parallel::parse_partition_method(opt_.partition_method, "--partition_method"), P, accum_);
-  pipeline_ = std::make_unique<GpuPipeline>(table_, plan, model_.get(), [this] { return make_model(); });
+  if (over_ranks_) {
+    pipeline_ = std::make_unique<GpuPipeline>(table_, plan, pp_comm_, model_.get(), [this] { return make_model(); });
+    // Layer i of the sequence is parameter unit i: the stage's units are one flat range.
+    const auto& units = table_.units();
+    stage_range_ = {units.at(std::size_t(pipeline_->first_layer())).begin,
+                    units.at(std::size_t(pipeline_->end_layer() - 1)).end};
+    sumsq_ = Buffer(device_allocator(), sizeof(double), stream_);
+  } else {
+    pipeline_ = std::make_unique<GpuPipeline>(table_, plan, model_.get(), [this] { return make_model(); });
+  }
   for (model::GpuModel* m : pipeline_->models())
     if (m != model_.get() && tp_group_) m->set_tensor_parallel(tp_group_.get());
+  const int rank = comm_ ? comm_->rank() : 0;
+  if (over_ranks_) {
+    describe_ += ", pipeline stage " + std::to_string(pp_comm_->rank()) + " of " + std::to_string(P) + " over NCCL";
+    if (dp_comm_->world_size() > 1)
+      describe_ += " (" + std::to_string(dp_comm_->world_size()) + " data-parallel replicas per stage)";
+    std::cout << "[Rank " << rank << "] " << pipeline_->describe(layers) << "; replica " << dp_comm_->rank() << " of "
+              << dp_comm_->world_size() << "; flat [" << stage_range_.begin << ", " << stage_range_.end
+              << ") its parameters (the flat buffers stay whole on every rank)" << std::endl;
+    return;
+  }
   describe_ += P == 1 ? ", pipeline degree 1" : ", " + std::to_string(P) + " pipeline stages in this process";
-  std::cout << "[Rank " << (comm_ ? comm_->rank() : 0) << "] " << pipeline_->describe(layers) << std::endl;
+  std::cout << "[Rank " << rank << "] " << pipeline_->describe(layers) << std::endl;
 }
 
 void GpuEngine::stage_batch(const std::int32_t* tokens, const std::int32_t* labels) {
@@ -553,6 +601,16 @@ void GpuEngine::enqueue_forward_backward(bool step) {
 }
 
 void GpuEngine::enqueue_reduce() {
+  if (over_ranks_) {
+    // The stage's gradients averaged over its replicas (ZeRO stage 0's all-reduce, its range only;
+    // at one replica the identity, still issued).
+    TimedRegion rc("comm", stream_);
+    TimedRegion r("grad_reduce", stream_);
+    const std::size_t es = dtype_size(plan_.grad);
+    dp_comm_->all_reduce(static_cast<char*>(grads_.get()) + stage_range_.begin * es, stage_range_.size(), plan_.grad,
+                         comm::ReduceOp::Avg, stream_);
+    return;
+  }
   if (!zero_comm_) return;
   TimedRegion rc("comm", stream_);  // the communication phase: step/comm/...
   TimedRegion r("grad_reduce", stream_);
@@ -567,9 +625,21 @@ void GpuEngine::enqueue_reduce() {
 
 void GpuEngine::enqueue_norm() {
   float* flags = as_f32(flags_d_);
-  const std::size_t count = zero_.sharded() ? layout_.shard_elems : zero_.norm_range().size();
+  const std::size_t count =
+      over_ranks_ ? stage_range_.size() : zero_.sharded() ? layout_.shard_elems : zero_.norm_range().size();
   const model::cost::Cost c = model::cost::grad_norm(count, dtype_size(plan_.grad));
   TimedRegion r("grad_norm", stream_, c.flops, c.bytes);
+  if (over_ranks_) {
+    // The stages' sums of squares summed over the pipeline group (every replica holds the same
+    // reduced gradients): the same norm, clip coefficient and skip flag on every rank.
+    const std::size_t es = dtype_size(plan_.grad);
+    kernels::grad_sumsq(stream_, static_cast<const char*>(grads_.get()) + stage_range_.begin * es, plan_.grad,
+                        stage_range_.size(), sumsq_.as<double>(), norm_scratch_.get());
+    pp_comm_->all_reduce_sum_f64(sumsq_.as<double>(), 1, stream_);
+    kernels::grad_norm_from_sumsq(stream_, sumsq_.as<double>(), cfg_.gradient_clipping, flags + accum_,
+                                  flags + accum_ + 1, reinterpret_cast<int*>(flags + accum_ + 2), loss_scale_d());
+    return;
+  }
   if (sharded_) {
     // The shard's padding is 0 (never written, reduced from zeros): it adds nothing to the sum.
     zero_comm_->global_norm_of_shard(stream_, grad_shard_.get(), count, cfg_.gradient_clipping, flags + accum_,
@@ -717,9 +787,13 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
     // The flat range this rank updates: all of it, or its ZeRO partition (master and moments are
     // then partition-sized buffers, indexed from 0). Stage 3: the whole shard, every buffer
     // shard-sized (the reduced gradients in grad_shard_).
-    const parallel::Range sr = zero_.sharded() ? parallel::Range{0, layout_.shard_elems} : zero_.state_range();
+    // Pipeline over ranks: the stage's range of the whole buffers (state indexed from 0).
+    const parallel::Range sr = over_ranks_      ? stage_range_
+                               : zero_.sharded() ? parallel::Range{0, layout_.shard_elems}
+                                                 : zero_.state_range();
+    const std::size_t base = over_ranks_ ? 0 : sr.begin;  // the state buffers' first flat element
     const std::size_t gs = dtype_size(plan_.grad);
-    const void* g = zero_.sharded() ? grad_shard_.get() : static_cast<const char*>(grads_.get()) + sr.begin * gs;
+    const void* g = zero_.sharded() ? grad_shard_.get() : static_cast<const char*>(grads_.get()) + base * gs;
     const bool lamb = cfg_.optimizer.type == OptimizerType::Lamb;
     const model::cost::Cost c =
         lamb ? model::cost::lamb_step(sr.size(), gs, dtype_size(plan_.moment), plan_.has_master, plan_.compensation)
@@ -758,7 +832,7 @@ StepStats GpuEngine::step(const std::int32_t* tokens, const std::int32_t* labels
         e = k + 1 == decay_runs_.size() ? sr.end : std::min(run.end, sr.end);
       }
       if (b >= e) continue;
-      const std::size_t o = b - sr.begin;  // into this rank's (partition-indexed) state buffers
+      const std::size_t o = b - base;  // into this rank's (partition-indexed) state buffers
       p.weight_decay = decay_runs_[k].decay ? cfg_.optimizer.weight_decay : 0.f;
       // Stochastic rounding draws by (seed, step, index within the launch): another seed per
       // launch, so launches do not repeat each other's bits (launch 0 keeps the seed of the single
@@ -919,6 +993,20 @@ std::vector<float> GpuEngine::gather_sharded(const Buffer& shard, DType t) const
   return layout_.flat_from_padded(p.data());
 }
 
+std::vector<float> GpuEngine::gather_stages(const Buffer& b, DType t) const {
+  // This stage's range, zeros elsewhere, summed over the pipeline group: adding zeros is exact in
+  // every dtype, so the sum is each stage's values (a collective of the group).
+  const std::size_t es = dtype_size(t);
+  Buffer mine(device_allocator(), n_ * es, stream_);
+  CUTRAIN_CUDA_CHECK(cudaMemsetAsync(mine.get(), 0, n_ * es, stream_));
+  CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(mine.get()) + stage_range_.begin * es,
+                                     static_cast<const char*>(b.get()) + stage_range_.begin * es,
+                                     stage_range_.size() * es, cudaMemcpyDeviceToDevice, stream_));
+  pp_comm_->all_reduce(mine.get(), n_, t, comm::ReduceOp::Sum, stream_);
+  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return download(mine, t, n_);
+}
+
 void GpuEngine::put_sharded(const Buffer& shard, DType t, const float* flat) {
   upload(shard, t, layout_.shard_from_flat(flat, zero_.rank), stream_);
 }
@@ -929,6 +1017,7 @@ HostState GpuEngine::save_state() const {
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
   // Partitioned: every rank's partition gathered first (collective: all ranks save together).
   auto state = [&](const Buffer& b, DType t) {
+    if (over_ranks_) return gather_stages(b, t);
     if (zero_.sharded()) return gather_sharded(b, t);
     if (!zero_.partitioned()) return download(b, t, n_);
     Buffer full(device_allocator(), zero_.part.padded_numel * dtype_size(t), stream_);
@@ -937,7 +1026,9 @@ HostState GpuEngine::save_state() const {
     return download(full, t, n_);
   };
   HostState s;
-  s.params = zero_.sharded() ? gather_sharded(params_, plan_.param) : download(params_, plan_.param, n_);
+  s.params = over_ranks_      ? gather_stages(params_, plan_.param)
+             : zero_.sharded() ? gather_sharded(params_, plan_.param)
+                               : download(params_, plan_.param, n_);
   s.param_dtype = plan_.param;
   if (plan_.has_master) s.master = state(master_, DType::F32);
   if (plan_.compensation) s.compensation = state(comp_, DType::BF16);
@@ -973,7 +1064,7 @@ std::vector<GpuEngine::StatePart> GpuEngine::state_parts() const {
 void GpuEngine::snapshot_state(StateSnapshot& out) const {
   // Partitioned, sharded or swapped states are gathered (and converted) by save_state(); a whole
   // resident state is copied as it is, one device-to-host copy per buffer into pinned storage.
-  if (zero_.partitioned() || zero_.sharded() || swap_) {
+  if (zero_.partitioned() || zero_.sharded() || swap_ || over_ranks_) {
     TrainBackend::snapshot_state(out);
     return;
   }

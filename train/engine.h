@@ -9,8 +9,19 @@
 // (parallel/zero_stage3.h). The collectives of the gradient reduction and norm, and stage 3's
 // gathers, are part of the captured graph. On one GPU the micro-batches can run through the
 // pipeline's 1F1B program (train/gpu_pipeline.h: one stage, or every stage in this process) and
-// the blocks' tensor-parallel all-reduces over a one-rank NCCL group (degree 1); stages on
-// several GPUs and sharded GEMMs are refused.
+// the blocks' tensor-parallel all-reduces over a one-rank NCCL group (degree 1); sharded GEMMs are
+// refused.
+//
+// Pipeline over ranks (--pipeline_parallel_size S > 1, BackendOptions::pipeline_over_ranks): the
+// world as DeepSpeed's grid (parallel/rank_grid.h, rank = stage x dp + replica), its data-parallel
+// and pipeline groups NCCL sub-communicators (ncclCommSplit). Each rank runs its stage's layers
+// (train/gpu_pipeline.h: activations to and from the neighbour stages by grouped NCCL send / recv).
+// The flat buffers stay whole on every rank, as on the CPU backend's pipeline; each stage writes
+// only its layers' gradients, averages them over its data-parallel group (ZeRO stage 0's all-reduce,
+// of its range only), the norm's sum of squares of its range is summed over the pipeline group, and
+// the optimizer steps its range only. A checkpoint sums the stages' ranges over the pipeline group
+// (the other ranges zero): the single process's state. ZeRO stages 1-3, LAMB, fp16 and tied heads
+// (GPT-2, BERT: their partial stages are not built in the model) are refused with it.
 //
 // MoE expert parallelism (BackendOptions::expert_parallel, DeepSpeed's ep_size; docs/moe.md): the
 // world in expert-parallel groups (parallel/expert_parallel_plan.h), each an NCCL sub-communicator
@@ -113,6 +124,11 @@ class GpuEngine final : public TrainBackend {
   // The pipeline the step runs through (BackendOptions::pipeline_engine / stages_in_process);
   // null: the plain micro-batch loop.
   const GpuPipeline* pipeline() const { return pipeline_.get(); }
+  // Pipeline over ranks: this rank's pipeline and data-parallel groups and its stage's flat range;
+  // null / empty otherwise.
+  const comm::Communicator* pipeline_group() const { return pp_comm_.get(); }
+  const comm::Communicator* stage_dp_group() const { return dp_comm_.get(); }
+  parallel::Range stage_range() const { return stage_range_; }
   // The tensor-parallel group of degree 1 (BackendOptions::tensor_parallel_engine); null: none.
   const parallel::CommTpDeviceGroup* tensor_parallel_group() const { return tp_group_.get(); }
 
@@ -220,6 +236,15 @@ class GpuEngine final : public TrainBackend {
   void attach_teacher(const BackendOptions& o, CachingAllocator& A);
   void release_teacher();
   std::unique_ptr<GpuPipeline> pipeline_;  // after model_: a one-stage pipeline runs it
+  // Pipeline over ranks: the groups (NCCL sub-communicators of comm_, or comm_ itself when a group
+  // is the world), this stage's flat range, a device double for the norm's sum of squares.
+  bool over_ranks_ = false;
+  std::shared_ptr<comm::Communicator> pp_comm_, dp_comm_;
+  parallel::Range stage_range_;
+  Buffer sumsq_;
+  // Pipeline over ranks: a whole-state buffer's stages gathered (each rank's range, zeros
+  // elsewhere, summed over the pipeline group: collective), as float.
+  std::vector<float> gather_stages(const Buffer& b, DType t) const;
   std::unique_ptr<model::GpuModel> make_model() const;
   std::vector<int> drop_layers_;  // random-LTD's blocks (the models' constructor argument)
   void setup_tensor_parallel();

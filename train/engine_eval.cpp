@@ -23,7 +23,11 @@ double GpuEngine::eval_loss(const std::int32_t* tokens, const std::int32_t* labe
   if (sharded_) sharded_->begin_pass(params_.as<bf16>(), eval_order_);  // stage 3: gathered unit by unit
   model::ParamAccess& P = sharded_ ? static_cast<model::ParamAccess&>(*sharded_) : flat;
   model_->set_shape(opt_.batch, opt_.seq);  // validation runs whole samples (a curriculum's step sets its own)
-  model_->forward_loss(stream_, P, tokens_d_.as<std::int32_t>(), labels_d_.as<std::int32_t>(), flags, status);
+  if (pipeline_ && pipeline_->link())  // over ranks: through the stages, the loss from the last one
+    pipeline_->enqueue_eval(stream_, P, grads_.get(), plan_.grad, tokens_d_.as<std::int32_t>(),
+                            labels_d_.as<std::int32_t>(), flags, status);
+  else
+    model_->forward_loss(stream_, P, tokens_d_.as<std::int32_t>(), labels_d_.as<std::int32_t>(), flags, status);
   if (sharded_) sharded_->end_pass(stream_);
   read_flags();  // synchronizes; a bad token or label is an error naming its position
   return flags_h_[0];

@@ -328,10 +328,20 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   CUTRAIN_CHECK(vstages == 1 || pp == 1, "train: --pipeline_stages_in_process ", vstages,
                 " with --pipeline_parallel_size ", pp,
                 ": the stages of this process are the whole pipeline; expected --pipeline_parallel_size 1");
-  CUTRAIN_CHECK(pp == 1 || !on_gpu, "train: --pipeline_parallel_size ", pp,
-                " with --device cuda: pipeline stages on separate GPUs (activations sent between stage ranks over "
-                "NCCL) are not built; expected 1 (the step through the pipeline's program on this GPU), "
-                "--pipeline_stages_in_process ", pp, " (every stage in this one process) or --device cpu");
+  // A pipeline over GPUs (one stage per rank over NCCL, train/gpu_pipeline.h): what it does not
+  // build is refused here, before any work.
+  CUTRAIN_CHECK(pp == 1 || !on_gpu || o.model == model::Arch::Simple, "train: --pipeline_parallel_size ", pp,
+                " with --device cuda and --model ", name(o.model), ": the GPU model's stages of part of a tied-head "
+                "model (its head reads the token embedding on the last stage) are not built; expected the seed model, "
+                "--pipeline_stages_in_process 1 or --device cpu");
+  CUTRAIN_CHECK(pp == 1 || !on_gpu || cfg.zero_optimization.stage == 0, "train: --pipeline_parallel_size ", pp,
+                " with --device cuda and zero_optimization.stage ", cfg.zero_optimization.stage,
+                ": each GPU stage averages its gradients over its data-parallel group (stage 0); ZeRO stages 1-3 "
+                "inside a GPU pipeline are not built; expected stage 0, or --device cpu (stage 1)");
+  CUTRAIN_CHECK(pp == 1 || !on_gpu || env.world_size > 1, "train: --pipeline_parallel_size ", pp,
+                " with --device cuda: one stage per GPU rank (activations sent over NCCL); expected a launch of at least ",
+                pp, " ranks (cutrain launch --num_gpus ", pp, "), found one process; --pipeline_stages_in_process ", pp,
+                " runs every stage on this GPU");
   const int ckpt_interval = cfg.activation_checkpoint_interval;
   if (ckpt_interval > 0 && on_gpu) {
     CUTRAIN_CHECK(ckpt_interval == 1, "train: ", o.deepspeed_config.string(),
@@ -425,6 +435,7 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   bo.domino = o.domino;
   bo.pipeline_engine = on_gpu && (o.pipeline_parallel_given || cfg.pipeline_given || vstages > 1);
   bo.stages_in_process = vstages;
+  bo.pipeline_over_ranks = on_gpu && pp > 1;
   bo.activation_checkpoint_interval = on_gpu ? 0 : ckpt_interval;
   bo.tensor_parallel_engine = on_gpu && (o.tensor_parallel_size.has_value() || cfg.autotp_size.has_value());
   if (vstages > 1 && accum == 1)

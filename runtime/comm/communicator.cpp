@@ -57,6 +57,13 @@ void Communicator::all_to_all_v(const void* send, const std::vector<Piece>& send
   }
 }
 
+void Communicator::send_recv(const std::vector<P2POp>& ops, DType t, cudaStream_t s) {
+  for (const P2POp& o : ops)
+    if (o.kind == P2POp::Send) send(o.buf, o.count, t, o.peer, s);
+  for (const P2POp& o : ops)
+    if (o.kind == P2POp::Recv) recv(o.buf, o.count, t, o.peer, s);
+}
+
 #if CUTRAIN_HAVE_NCCL
 
 bool nccl_available() { return true; }
@@ -154,6 +161,20 @@ class NcclCommunicator final : public Communicator {
   }
   void recv(void* buf, std::size_t n, DType t, int peer, cudaStream_t s) override {
     CUTRAIN_NCCL_CHECK(ncclRecv(buf, n, nccl_type(t), peer, comm_, s));
+  }
+  void send_recv(const std::vector<P2POp>& ops, DType t, cudaStream_t s) override {
+    for (const P2POp& o : ops)
+      CUTRAIN_CHECK(o.peer >= 0 && o.peer < world_size(), "send_recv: a transfer names rank ", o.peer,
+                    ", outside a world of ", world_size());
+    if (ops.empty()) return;
+    CUTRAIN_NCCL_CHECK(ncclGroupStart());
+    for (const P2POp& o : ops) {
+      if (o.kind == P2POp::Send)
+        CUTRAIN_NCCL_CHECK(ncclSend(o.buf, o.count, nccl_type(t), o.peer, comm_, s));
+      else
+        CUTRAIN_NCCL_CHECK(ncclRecv(o.buf, o.count, nccl_type(t), o.peer, comm_, s));
+    }
+    CUTRAIN_NCCL_CHECK(ncclGroupEnd());
   }
   void barrier(cudaStream_t s) override {
     // A one-word all-reduce, waited for: every rank's earlier work on `s` is done.

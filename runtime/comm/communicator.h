@@ -32,6 +32,15 @@ struct Piece {
   std::size_t offset = 0, count = 0;
 };
 
+// One transfer of a batch of point-to-point transfers (Communicator::send_recv): `count` elements
+// from `buf` to group rank `peer` (Send) or into `buf` from it (Recv).
+struct P2POp {
+  enum Kind { Send, Recv } kind = Send;
+  void* buf = nullptr;
+  std::size_t count = 0;
+  int peer = 0;
+};
+
 // True when cutrain was built with NCCL.
 bool nccl_available();
 
@@ -80,6 +89,13 @@ class Communicator {
   // ranks arrive in the order sent; each send is matched by one recv of the same count.
   virtual void send(const void* buf, std::size_t count, DType t, int peer, cudaStream_t s) = 0;
   virtual void recv(void* buf, std::size_t count, DType t, int peer, cudaStream_t s) = 0;
+  // Point-to-point transfers posted together, complete when all are: two ranks that send to each
+  // other at once (a pipeline's activation one way, a gradient the other) do not wait on each
+  // other's send. Matching as for send / recv (per ordered pair, in order). NCCL: one group
+  // (ncclGroupStart / ncclGroupEnd) on the stream, where a peer may also be this rank (a copy).
+  // The default, for the host transports whose sends are buffered: the sends in order, then the
+  // recvs.
+  virtual void send_recv(const std::vector<P2POp>& ops, DType t, cudaStream_t s);
   // Returns on every rank once every rank has called it (NCCL: once the stream's work before it
   // is complete on every rank).
   virtual void barrier(cudaStream_t s) = 0;

@@ -5,7 +5,7 @@
 # (virtual stages), --tensor_parallel_size 1 (the blocks' all-reduces over a one-rank NCCL
 # communicator) and both together, each against the plain engine's losses over 4 micro-batches per
 # step, pipeline.activation_checkpoint_interval 1 against --activation_checkpointing; then the bad input, refused before any work with the flag named: a pipeline degree above 1
-# on cuda, a tensor-parallel degree above 1 on cuda, virtual stages with --pipeline_parallel_size
+# on cuda in one process, with GPT-2 or with ZeRO stage 1 (the multi-GPU pipeline's limits), a tensor-parallel degree above 1 on cuda, virtual stages with --pipeline_parallel_size
 # above 1 or on the CPU backend, a partial stage of GPT-2, pipeline.activation_checkpoint_interval 2
 # on cuda. The cpu variant runs the refusals that need no GPU.
 #   parallel_gpu_cli.sh CUTRAIN_BINARY cpu|cuda
@@ -25,14 +25,25 @@ c = json.load(open(sys.argv[1]))
 c["pipeline"] = {"stages": 1, "partition": "uniform", "activation_checkpoint_interval": 0}
 json.dump(c, open(sys.argv[2], "w"))
 PY
+python3 - "$tmp/a4.json" "$tmp/z1.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["zero_optimization"]["stage"] = 1
+json.dump(c, open(sys.argv[2], "w"))
+PY
 refused() {  # refused 'message' train-args...
   local want=$1; shift
   if "$bin" train --num_steps 1 "$@" >"$tmp/err.txt" 2>&1; then cat "$tmp/err.txt"; fail "accepted: $*"; fi
   grep -qF -- "$want" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "message for $* lacks: $want"; }
 }
-refused "train: --pipeline_parallel_size 2 with --device cuda: pipeline stages on separate GPUs (activations sent \
-between stage ranks over NCCL) are not built; expected 1" --device cuda --deepspeed_config "$tmp/a4.json" \
-    --pipeline_parallel_size 2
+refused "train: --pipeline_parallel_size 2 with --device cuda: one stage per GPU rank (activations sent over NCCL); \
+expected a launch of at least 2 ranks (cutrain launch --num_gpus 2), found one process" --device cuda \
+    --deepspeed_config "$tmp/a4.json" --pipeline_parallel_size 2
+refused "train: --pipeline_parallel_size 2 with --device cuda and --model gpt2: the GPU model's stages of part of a \
+tied-head model" --device cuda --model gpt2 --deepspeed_config "$tmp/a4.json" --pipeline_parallel_size 2
+refused "train: --pipeline_parallel_size 2 with --device cuda and zero_optimization.stage 1: each GPU stage averages \
+its gradients over its data-parallel group (stage 0); ZeRO stages 1-3 inside a GPU pipeline are not built" \
+    --device cuda --deepspeed_config "$tmp/z1.json" --pipeline_parallel_size 2
 refused "train: --tensor_parallel_size 2 with --device cuda: the GPU's sharded GEMMs" --device cuda \
     --deepspeed_config "$tmp/a4.json" --tensor_parallel_size 2
 refused "train: --pipeline_stages_in_process 2 with --pipeline_parallel_size 2: the stages of this process are the \

@@ -204,9 +204,9 @@ refused "--partition_method: expected parameters, uniform or type:REGEX" 2 --dee
 refused "zero_optimization.stage 2 with --pipeline_parallel_size 2: expected stage 0 or 1" 2 --deepspeed_config \
     "$tmp/z2.json" --pipeline_parallel_size 2
 if "$bin" train --deepspeed_config "$tmp/a8.json" --device cuda --pipeline_parallel_size 2 >"$tmp/err.txt" 2>&1; then
-  fail "a GPU pipeline was accepted"; fi
-grep -qF "train: --pipeline_parallel_size 2 with --device cuda: pipeline stages on separate GPUs (activations sent \
-between stage ranks over NCCL) are not built" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "the GPU message"; }
+  fail "a GPU pipeline in one process was accepted"; fi
+grep -qF "train: --pipeline_parallel_size 2 with --device cuda: one stage per GPU rank (activations sent over \
+NCCL); expected a launch of at least 2 ranks" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "the GPU message"; }
 ckcfg "$tmp/ckbad.json" -1
 if "$bin" train "${size[@]}" --deepspeed_config "$tmp/ckbad.json" --num_steps 1 >"$tmp/err.txt" 2>&1; then
   fail "a negative activation_checkpoint_interval was accepted"; fi

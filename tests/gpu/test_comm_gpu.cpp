@@ -2,7 +2,7 @@
 // (runtime/comm/communicator.h), on a one-rank communicator (the lent machine has one GPU and NCCL
 // refuses two ranks on one device): all-to-all (a group of self send / recv), all-reduce,
 // reduce-scatter, all-gather, broadcast, the fp64 sum and the barrier (and the all-to-all of
-// variable pieces and a split), each output poisoned first
+// variable pieces and a split, the grouped send_recv), each output poisoned first
 // and checked against the input (world size 1: the reductions are the identity, Avg included).
 #include <gtest/gtest.h>
 
@@ -102,4 +102,36 @@ TEST(NcclCommunicator, PiecesAndSplitOnOneRank) {
   sub->all_to_all(a.p, b.p, n, DType::F32, s);
   sub->barrier(s);
   EXPECT_EQ(download(b, n), x);
+}
+
+// Communicator::send_recv (the pipeline's exchanges): the transfers posted as one NCCL group, here
+// to this rank itself, the k-th send matched by the k-th receive.
+TEST(NcclCommunicator, GroupedSendRecvOnOneRank) {
+  CUTRAIN_REQUIRE_GPU();
+  if (!comm::nccl_available()) GTEST_SKIP() << "cutrain was built without NCCL";
+  comm::LaunchEnv env;
+  auto c = comm::Communicator::create(env, /*device=*/0);
+  auto rng = test::fresh_rng();
+  const std::size_t n = 301;
+  const std::vector<float> x = test::random_normal(n, rng);
+  DeviceBuf a(n * 4), b(n * 4);
+  CUTRAIN_CUDA_CHECK(cudaMemcpy(a.p, x.data(), n * 4, cudaMemcpyHostToDevice));
+  CUTRAIN_CUDA_CHECK(cudaMemset(b.p, 0xff, n * 4));
+  float* af = static_cast<float*>(a.p);
+  float* bf = static_cast<float*>(b.p);
+  cudaStream_t s = nullptr;
+  // Send [0, 100) then [100, 301); the first lands at [201, 301), the second at [0, 201).
+  c->send_recv({{comm::P2POp::Recv, bf + 201, 100, 0},
+                {comm::P2POp::Send, af, 100, 0},
+                {comm::P2POp::Send, af + 100, 201, 0},
+                {comm::P2POp::Recv, bf, 201, 0}},
+               DType::F32, s);
+  c->barrier(s);
+  std::vector<float> want(x.begin() + 100, x.end());
+  want.insert(want.end(), x.begin(), x.begin() + 100);
+  EXPECT_EQ(download(b, n), want);
+  c->send_recv({}, DType::F32, s);  // nothing to move
+  EXPECT_NE(test::error_of([&] { c->send_recv({{comm::P2POp::Send, af, 1, 1}}, DType::F32, s); })
+                .find("send_recv: a transfer names rank 1, outside a world of 1"),
+            std::string::npos);
 }

@@ -5,7 +5,9 @@
 // over a one-rank NCCL communicator), alone and together. The same kernels run on the same inputs
 // in the same order per stage, each stage's backwards in micro-batch order, so losses, gradient
 // norms, eval losses and final params must equal the plain engine's bit for bit, with the CUDA
-// graph captured and replayed. Also the refusals of what is not built (stages on several GPUs,
+// graph captured and replayed. The pipeline over ranks (one stage per GPU over NCCL) at world
+// size 1, its one stage through the multi-rank code path, against the plain engine bit for bit.
+// Also the refusals of what is not built (stages over ranks without NCCL or with ZeRO 1-3,
 // sharded GEMMs, a partial stage of GPT-2).
 #include <gtest/gtest.h>
 
@@ -142,14 +144,103 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"baseline", 4, 1, true, true}, Case{"baseline", 4, 3, true, true}),
     case_name);
 
+namespace {
+class PipelineGpuOverRanks : public ::testing::TestWithParam<Case> {};
+}  // namespace
+
+// The pipeline over ranks (train/gpu_pipeline.h's one stage per rank) at world size 1: the grid's
+// groups (the world itself), the stage's program with its NCCL loss broadcast and status sum, the
+// stage range's data-parallel all-reduce, the norm's sum of squares summed over the pipeline group,
+// the optimizer over the stage's range, the checkpoint summed over the pipeline group and the eval
+// through the pipeline: every one a real NCCL call on a one-rank communicator, each the identity,
+// so the plain engine's bits. (Two or more stages need as many GPUs: docs/distributed.md.)
+TEST_P(PipelineGpuOverRanks, WorldOneEqualsThePlainEngineBitForBit) {
+  CUTRAIN_REQUIRE_GPU();
+  if (!comm::nccl_available()) GTEST_SKIP() << "cutrain was built without NCCL";
+  const Case c = GetParam();
+  auto rng = test::fresh_rng();
+  const train::BackendOptions plain = plain_options(c, rng());
+  train::BackendOptions opt = plain;
+  opt.pipeline_engine = true;
+  opt.pipeline_over_ranks = true;
+  opt.partition_method = "uniform";
+  opt.comm = one_rank_comm();
+  train::GpuEngine ref(plain, config_for(c));
+  train::GpuEngine eng(opt, config_for(c));
+  ASSERT_NE(eng.pipeline(), nullptr);
+  ASSERT_NE(eng.pipeline()->link(), nullptr) << "the pipeline over ranks";
+  EXPECT_EQ(eng.pipeline()->rank_stage(), 0);
+  EXPECT_EQ(eng.pipeline()->stages(), 1);
+  EXPECT_TRUE(eng.pipeline()->exchanges().empty()) << "one stage sends nothing";
+  ASSERT_NE(eng.pipeline_group(), nullptr);
+  EXPECT_EQ(eng.pipeline_group()->world_size(), 1);
+  ASSERT_NE(eng.stage_dp_group(), nullptr);
+  EXPECT_EQ(eng.stage_dp_group()->world_size(), 1);
+  EXPECT_EQ(eng.stage_range().begin, std::size_t(0));
+  EXPECT_EQ(eng.stage_range().end, eng.table().flat_size());
+  const std::size_t per_step = std::size_t(c.accumulation) * plain.batch * plain.seq;
+  for (int step = 1; step <= 5; ++step) {
+    const auto tokens = test::random_ints(per_step, rng, 0, plain.dims.vocab - 1);
+    const auto labels = test::random_ints(per_step, rng, 0, plain.dims.vocab - 1);
+    const train::StepStats a = ref.step(tokens.data(), labels.data(), step, 1e-3f);
+    const train::StepStats b = eng.step(tokens.data(), labels.data(), step, 1e-3f);
+    EXPECT_EQ(a.loss, b.loss) << case_name({c, 0}) << " step " << step;
+    EXPECT_EQ(a.grad_norm, b.grad_norm) << case_name({c, 0}) << " step " << step;
+    EXPECT_FALSE(b.skipped) << "step " << step;
+  }
+  {
+    const std::size_t n = std::size_t(plain.batch) * plain.seq;
+    const auto tokens = test::random_ints(n, rng, 0, plain.dims.vocab - 1);
+    const auto labels = test::random_ints(n, rng, 0, plain.dims.vocab - 1);
+    EXPECT_EQ(ref.eval_loss(tokens.data(), labels.data()), eng.eval_loss(tokens.data(), labels.data())) << "eval loss";
+  }
+  EXPECT_TRUE(eng.graph_active()) << "the pipeline's NCCL calls should be captured with the step";
+  EXPECT_TRUE(same_bits(ref.download_params(), eng.download_params())) << "final params";
+  EXPECT_TRUE(same_bits(ref.download_grads(), eng.download_grads())) << "last gradients";
+  // The checkpoint: the stages' ranges summed over the pipeline group.
+  const train::HostState a = ref.save_state(), b = eng.save_state();
+  EXPECT_TRUE(same_bits(a.params, b.params)) << "saved params";
+  EXPECT_TRUE(same_bits(a.master, b.master)) << "saved master";
+  EXPECT_TRUE(same_bits(a.exp_avg, b.exp_avg)) << "saved exp_avg";
+  EXPECT_TRUE(same_bits(a.exp_avg_sq, b.exp_avg_sq)) << "saved exp_avg_sq";
+  // A bad label, found on the last stage, reaches every stage's rank through the status sum.
+  auto tokens = test::random_ints(per_step, rng, 0, plain.dims.vocab - 1);
+  auto labels = test::random_ints(per_step, rng, 0, plain.dims.vocab - 1);
+  labels[3] = plain.dims.vocab + 5;
+  EXPECT_NE(test::error_of([&] { eng.forward_backward(tokens.data(), labels.data()); }).find("label at micro-batch 0"),
+            std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, PipelineGpuOverRanks,
+                         ::testing::Values(Case{"baseline", 4}, Case{"baseline", 1}, Case{"bf16_full", 4},
+                                           Case{"bf16_master_wg", 3, 1, true, false, true},
+                                           Case{"baseline", 4, 1, true, false, false, model::Arch::Simple, 0.05f}),
+                         case_name);
+
 TEST(PipelineGpuRefused, WhatIsNotBuiltIsNamed) {
   CUTRAIN_REQUIRE_GPU();
   const Case c{"baseline", 4};
   train::BackendOptions o = plain_options(c, 1);
   o.pipeline_stages = 2;
+  o.pipeline_engine = true;
   EXPECT_NE(test::error_of([&] { train::GpuEngine e(o, config_for(c)); })
-                .find("--pipeline_parallel_size 2 on the GPU engine: pipeline stages on separate GPUs"),
+                .find("--pipeline_parallel_size 2 on the GPU engine sends activations between stage ranks over NCCL: "
+                      "expected an NCCL communicator"),
             std::string::npos);
+  if (comm::nccl_available()) {
+    // Two stages on a world of one rank; ZeRO stage 1 inside the GPU pipeline.
+    o.comm = one_rank_comm();
+    EXPECT_NE(test::error_of([&] { train::GpuEngine e(o, config_for(c)); })
+                  .find("--pipeline_parallel_size 2 with tensor parallel 1 does not divide the world size 1"),
+              std::string::npos);
+    o.pipeline_stages = 1;
+    o.pipeline_over_ranks = true;
+    train::TrainConfig z1 = config_for(c);
+    z1.zero_optimization.stage = 1;
+    EXPECT_NE(test::error_of([&] { train::GpuEngine e(o, z1); })
+                  .find("zero_optimization.stage 1 with --pipeline_parallel_size 1 on the GPU engine"),
+              std::string::npos);
+  }
   o = plain_options(c, 1);
   o.tensor_parallel = 2;
   o.tensor_parallel_engine = true;
