@@ -1,9 +1,12 @@
 // @brief Issue #24's experiment: a Hopper (sm_90a) attention forward and backward on wgmma + TMA,
 // standalone beside the production kernels (kernels/attention.cuh) until they win on the device.
-// Same layouts and log-sum-exp convention as kernels::attention_forward / attention_backward,
-// plain attention only (no key mask, no dropout): qkv bf16 [B, S, 3, H, D], out and dout bf16
-// [B, S, H, D], lse fp32 [B, H, S] (natural log of the sum of exp of the scores scaled by
-// 1/sqrt(D)), dqkv bf16 [B, S, 3, H, D]. head_dim 64 or 128, causal or not.
+// Same layouts and log-sum-exp convention as kernels::attention_forward / attention_backward:
+// qkv bf16 [B, S, 3, H, D], out and dout bf16 [B, S, H, D], lse fp32 [B, H, S] (natural log of the
+// sum of exp of the scores scaled by 1/sqrt(D)), dqkv bf16 [B, S, 3, H, D]. head_dim 64 or 128,
+// causal or not. BERT's options are kernels::AttentionOptions with the production semantics (key
+// mask: a row with no key gets O = 0, lse = -inf, gradient 0; dropout on P from the same Philox
+// words for the same (seed, step, layer, element)), so the production forward and this backward,
+// or this forward and the production backward, make a consistent pair.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,17 +24,19 @@ namespace cutrain::bench::hopper {
 enum class Schedule { Serial, Overlap };
 
 // Runs on a compute capability 9.0 device only (the sm_90a code); anything else is refused with
-// the capability found. Shapes and pointers are checked before any device work.
+// the capability found. Shapes, pointers and options (dropout_p in [0, 1)) are checked before any
+// device work.
 void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& shape,
-                       Schedule schedule = Schedule::Serial);
+                       Schedule schedule = Schedule::Serial, const kernels::AttentionOptions& options = {});
 
 // The host-side checks attention_forward makes before touching the device (throws cutrain::Error
 // naming the field): shape (head_dim 64/128, sizes >= 1, grid limits, TMA limits), non-null
 // pointers, qkv 16-byte aligned (TMA), out and lse 4-byte aligned.
 void check_forward_args(const bf16* qkv, const bf16* out, const float* lse, const kernels::AttentionShape& shape);
 
-// dqkv (every element written) from the forward's out and lse for the same qkv, as the production
-// backward's fast mode computes it: Dvec = rowsum(dO o O) and dQ through an fp32 accumulator, both
+// dqkv (every element written) from the forward's out and lse for the same qkv and options (either
+// forward's: the production one's or this one's), as the production backward's fast mode computes
+// it: Dvec = rowsum(dO o O) and dQ through an fp32 accumulator, both
 // in `scratch` (kernels::attention_backward_scratch_bytes(shape, false) bytes, the production
 // layout; 16-byte aligned), by the production row_dot and dQ-convert passes; dK, dV and the dQ
 // accumulation by the wgmma kernel (attention_hopper_bwd.cu). Order-dependent atomics: not
@@ -43,7 +48,8 @@ enum class BackwardSchedule { Lockstep, Decoupled };
 
 void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
                         bf16* dqkv, void* scratch, const kernels::AttentionShape& shape,
-                        BackwardSchedule schedule = BackwardSchedule::Lockstep);
+                        BackwardSchedule schedule = BackwardSchedule::Lockstep,
+                        const kernels::AttentionOptions& options = {});
 
 // The host-side checks attention_backward makes first (throws cutrain::Error naming the field):
 // the forward's shape checks, non-null pointers, qkv and dout 16-byte aligned (TMA), scratch

@@ -19,6 +19,14 @@
 // batch at once; overlap issues tile j+1's S behind tile j's P V. Neither overlaps a warpgroup's
 // softmax with its own wgmma (FA3's two score buffers do not fit 168 registers); the two consumer
 // warpgroups overlap each other's softmax with their wgmma.
+// BERT's options (kernels::AttentionOptions), template bools, so the plain kernel compiles as
+// before. MASK: the CTA first finds the last key it may attend and streams no tile past it (no
+// tile at all: O = 0, lse = -inf); each consumer warp fetches a tile's mask bytes right after
+// issuing its S and ballots them into bit words before the softmax (the production kernel's
+// KeyMaskTiles), masked keys scoring -inf. DROP: after the online softmax (so lse stays that of the
+// undropped softmax), the production forward's keep bits (row_keep_bits: the same Philox words for
+// the same (seed, step, layer, element)) zero the dropped probabilities fed to P V, and the
+// epilogue scales O by 1/(1-p) once.
 #include <cuda.h>
 
 #include <cmath>
@@ -27,6 +35,7 @@
 #include "bench/attention_hopper/hopper_layout.h"
 #include "bench/attention_hopper/hopper_sm90a.cuh"
 #include "bench/attention_hopper/tensor_map.h"
+#include "kernels/attention_options.cuh"
 #include "kernels/attention_softmax.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/check.h"
@@ -74,25 +83,106 @@ __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 8][4], std::
   wgmma_commit();
 }
 
-// Finished scores of tile j (sc, fenced after their wait) -> the mask, the online softmax
-// (rescales O), P's A fragments. row0: this warp's first query row.
-template <class Cfg>
+// The last key below `limit` that `mask` (one sequence's bytes) lets be attended, -1 for none; all
+// kThreads threads of the CTA call it (two CTA barriers) and get the same answer.
+template <int kThreads>
+__device__ __forceinline__ int last_valid_key(const std::uint8_t* __restrict__ mask, int limit) {
+  __shared__ int last;
+  if (threadIdx.x == 0) last = -1;
+  __syncthreads();
+  int mine = -1;
+  for (int j = threadIdx.x; j < limit; j += kThreads)
+    if (__ldg(mask + j) != 0) mine = j;
+  mine = __reduce_max_sync(0xffffffffu, mine);
+  if ((threadIdx.x & 31) == 0 && mine >= 0) atomicMax(&last, mine);
+  __syncthreads();
+  return last;
+}
+
+// A consumer warp's share of BERT's options (all of it compiled out of the plain kernel).
+// MASK: fetch(j) loads tile j's mask bytes (issued right after tile j's S, so they arrive under the
+// wgmma), mask_scores turns them into bit words (one ballot per 32 keys) and sets the masked
+// scores to -inf; fetch and mask_scores alternate, tile by tile, in the order the softmax visits
+// the tiles. DROP: drop zeroes the probabilities the production forward's keep bits drop.
+template <class Cfg, bool MASK, bool DROP>
+struct FwdOptions {
+  static constexpr int BN = Cfg::kBlockN;
+  attn::KeyMaskTiles<BN> keys;  // MASK
+  kernels::DropoutKey dkey;     // DROP: step resolved
+  std::uint32_t threshold;
+  std::uint64_t bh_e;  // (b*H + head) * S: the element index of (b, head, query 0, key 0)
+  int S;
+
+  __device__ __forceinline__ void fetch(int j) {
+    if constexpr (MASK) keys.load(j);
+  }
+  __device__ __forceinline__ void mask_scores(float (&sc)[BN / 8][4]) {
+    if constexpr (MASK) {
+      std::uint32_t bits[attn::KeyMaskTiles<BN>::kWords];
+      keys.take(bits);
+      const int t = threadIdx.x & 3;
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!attn::key_ok(bits, 8 * n + 2 * t + (e & 1))) sc[n][e] = -INFINITY;
+    }
+  }
+  // Probabilities (after the softmax) of tile j, rows row0 + gi (+8): element (n, e) of the
+  // accumulator is key 8n + 2t + (e & 1) of the tile, as in the production forward's fragments.
+  // row_keep_bits covers at most 8 n-tiles per call: 64-key chunks, then the rest (96-key tiles).
+  __device__ __forceinline__ void drop(float (&sc)[BN / 8][4], int j, int row0) const {
+    if constexpr (DROP) {
+      const int gi = (threadIdx.x & 31) >> 2;
+      const bool aligned = S % 4 == 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const std::uint64_t row_e = (bh_e + static_cast<std::uint64_t>(row0 + gi + 8 * h)) * S;
+#pragma unroll
+        for (int c = 0; c < BN / 64; ++c)
+          apply<8>(sc, h, 8 * c, attn::row_keep_bits<8>(dkey, threshold, row_e, j * BN + 64 * c, aligned));
+        if constexpr (BN % 64 != 0) {
+          constexpr int kRest = (BN % 64) / 8, kFirst = 8 * (BN / 64);
+          apply<kRest>(sc, h, kFirst, attn::row_keep_bits<kRest>(dkey, threshold, row_e, j * BN + 8 * kFirst, aligned));
+        }
+      }
+    }
+  }
+  // Bit 2n + c of keep: element (n_first + n, 2h + c) is kept.
+  template <int NT>
+  __device__ __forceinline__ static void apply(float (&sc)[BN / 8][4], int h, int n_first, std::uint32_t keep) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        if (!((keep >> (2 * n + c)) & 1u)) sc[n_first + n][2 * h + c] = 0.f;
+  }
+};
+
+// Finished scores of tile j (sc, fenced after their wait) -> the causal / sequence-end mask and the
+// key mask, the online softmax (rescales O), dropout, P's A fragments. row0: this warp's first
+// query row.
+template <class Cfg, bool MASK, bool DROP>
 __device__ __forceinline__ void softmax_tile(const attn::Mask<Cfg::kCausal>& mask, attn::Softmax<1>& softmax,
-                                             float (&o)[Cfg::kHeadDim / 8][4], float (&sc)[Cfg::kBlockN / 8][4],
+                                             FwdOptions<Cfg, MASK, DROP>& opts, float (&o)[Cfg::kHeadDim / 8][4],
+                                             float (&sc)[Cfg::kBlockN / 8][4],
                                              std::uint32_t (&p)[Cfg::kBlockN / 16][4], int j, int row0,
                                              float scale_log2) {
   constexpr int BN = Cfg::kBlockN;
   mask.apply(attn::one_mtile(sc), row0, j * BN);
+  opts.mask_scores(sc);
   softmax.template update<BN / 8, Cfg::kHeadDim>(0, sc, o, scale_log2);
+  opts.drop(sc, j, row0);
   attn::to_a_frags<bf16, BN>(p, sc);
 }
 
-// As the production forward: finish the row sums across the quad, normalize, store O and the
-// log-sum-exp (rows at or past S are skipped).
-template <class Cfg>
+// As the production forward: finish the row sums across the quad, normalize (times out_scale:
+// dropout's 1/(1-p)), store O and the log-sum-exp (rows at or past S are skipped). MASK: a row
+// with no key left has l = 0 and m = -inf: O = 0, lse = -inf.
+template <class Cfg, bool MASK>
 __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float (&o)[Cfg::kHeadDim / 8][4], int row0,
                                          bf16* __restrict__ out, float* __restrict__ lse, int S, int H, int head,
-                                         int b) {
+                                         int b, float out_scale) {
   constexpr int D = Cfg::kHeadDim;
   const int lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
   bf16* gout = out + static_cast<std::size_t>(b) * S * H * D + static_cast<std::size_t>(head) * D;
@@ -101,7 +191,7 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float l = softmax.row_sum(0, h);
-    inv[h] = 1.f / l;
+    inv[h] = MASK && l == 0.f ? 0.f : out_scale / l;
     const int row = row0 + gi + 8 * h;
     if (t == 0 && row < S) glse[row] = softmax.lse(0, h, l);
   }
@@ -122,10 +212,13 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
 //   Overlap: P V of tile j stays in flight while S of tile j+1 is issued behind it; the wait for
 //   the older group (P V) releases stage j, the next iteration's wait takes S. The tensor cores
 //   get tile j+1's scores without the gap of P V's wait, the barrier and the next fence.
-template <class Cfg>
+// Options: fetch(j) right after tile j's S is issued, the rest inside softmax_tile; MASK: no tile
+// at all (n_tiles 0) goes straight to the epilogue.
+template <class Cfg, bool MASK, bool DROP>
 __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV, const Barriers<Cfg>& bar,
                                         bf16* __restrict__ out, float* __restrict__ lse, int S, int H,
-                                        float scale_log2, int m0, int n_tiles, int head, int b) {
+                                        float scale_log2, int m0, int n_tiles, int head, int b,
+                                        const attn::OptionArgs& opt) {
   constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wg = warp >> 2;
@@ -138,6 +231,14 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std:
   const attn::Mask<Cfg::kCausal> mask{S};
   float sc[BN / 8][4];          // raw scores of the tile in hand
   std::uint32_t p[BN / 16][4];  // its probabilities as wgmma A fragments
+  FwdOptions<Cfg, MASK, DROP> opts{};
+  if constexpr (MASK) opts.keys = {opt.key_mask + static_cast<std::size_t>(b) * S, S, {}};
+  if constexpr (DROP) {
+    opts.dkey = opt.resolve_step();
+    opts.threshold = opt.threshold;
+    opts.bh_e = (static_cast<std::uint64_t>(b) * H + head) * S;
+  }
+  opts.S = S;
 
   mbar_wait(bar.q_full(), 0);
   if constexpr (!Cfg::kOverlap) {
@@ -148,9 +249,10 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std:
       mbar_wait(bar.k_full(s), phase);
       if (active) {
         issue_scores<Cfg>(sc, sQ, sK + s * Cfg::kKVBytes, wg);
+        opts.fetch(j);
         wgmma_wait<0>();
         operand_fence(sc);
-        softmax_tile<Cfg>(mask, softmax, o, sc, p, j, row0, scale_log2);
+        softmax_tile<Cfg>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
       }
       mbar_wait(bar.v_full(s), phase);
       if (active) {
@@ -164,37 +266,42 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std:
     }
   } else {
     // Straight-line per tile so that ptxas can follow the two groups in flight: the active tiles
-    // (a prefix, tile 0 always among them) with the last one peeled, then the skipped tail.
+    // (a prefix, tile 0 always among them unless MASK left no tile) with the last one peeled, then
+    // the skipped tail.
     const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
-    mbar_wait(bar.k_full(0), 0);
-    issue_scores<Cfg>(sc, sQ, sK, wg);
-    for (int j = 0; j + 1 < n_active; ++j) {
-      const int s = j % ST, s1 = (j + 1) % ST;
-      wgmma_wait<0>();  // S of tile j, the only group in flight
-      operand_fence(sc);
-      softmax_tile<Cfg>(mask, softmax, o, sc, p, j, row0, scale_log2);
-      mbar_wait(bar.v_full(s), (j / ST) & 1);
-      issue_pv<Cfg>(o, p, sV + s * Cfg::kKVBytes);
-      mbar_wait(bar.k_full(s1), ((j + 1) / ST) & 1);
-      issue_scores<Cfg>(sc, sQ, sK + s1 * Cfg::kKVBytes, wg);
-      wgmma_wait<1>();  // P V of tile j, the older group
-      operand_fence(o);
-      operand_fence(p);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar.kv_empty(s));
-    }
-    {
-      const int j = n_active - 1, s = j % ST;
-      wgmma_wait<0>();
-      operand_fence(sc);
-      softmax_tile<Cfg>(mask, softmax, o, sc, p, j, row0, scale_log2);
-      mbar_wait(bar.v_full(s), (j / ST) & 1);
-      issue_pv<Cfg>(o, p, sV + s * Cfg::kKVBytes);
-      wgmma_wait<0>();
-      operand_fence(o);
-      operand_fence(p);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar.kv_empty(s));
+    if (!MASK || n_active > 0) {
+      mbar_wait(bar.k_full(0), 0);
+      issue_scores<Cfg>(sc, sQ, sK, wg);
+      opts.fetch(0);
+      for (int j = 0; j + 1 < n_active; ++j) {
+        const int s = j % ST, s1 = (j + 1) % ST;
+        wgmma_wait<0>();  // S of tile j, the only group in flight
+        operand_fence(sc);
+        softmax_tile<Cfg>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
+        mbar_wait(bar.v_full(s), (j / ST) & 1);
+        issue_pv<Cfg>(o, p, sV + s * Cfg::kKVBytes);
+        mbar_wait(bar.k_full(s1), ((j + 1) / ST) & 1);
+        issue_scores<Cfg>(sc, sQ, sK + s1 * Cfg::kKVBytes, wg);
+        opts.fetch(j + 1);
+        wgmma_wait<1>();  // P V of tile j, the older group
+        operand_fence(o);
+        operand_fence(p);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar.kv_empty(s));
+      }
+      {
+        const int j = n_active - 1, s = j % ST;
+        wgmma_wait<0>();
+        operand_fence(sc);
+        softmax_tile<Cfg>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
+        mbar_wait(bar.v_full(s), (j / ST) & 1);
+        issue_pv<Cfg>(o, p, sV + s * Cfg::kKVBytes);
+        wgmma_wait<0>();
+        operand_fence(o);
+        operand_fence(p);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar.kv_empty(s));
+      }
     }
     for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
       const int s = j % ST;
@@ -205,13 +312,14 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std:
       if (lane == 0) mbar_arrive(bar.kv_empty(s));
     }
   }
-  epilogue<Cfg>(softmax, o, row0, out, lse, S, H, head, b);
+  epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f);
 }
 
-template <class Cfg>
+template <class Cfg, bool MASK, bool DROP>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
-                   bf16* __restrict__ out, float* __restrict__ lse, int S, int H, float scale_log2) {
+                   bf16* __restrict__ out, float* __restrict__ lse, int S, int H, float scale_log2,
+                   const __grid_constant__ attn::OptionArgs opt) {
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
   constexpr bool CAUSAL = Cfg::kCausal;
   extern __shared__ unsigned char smem_raw[];
@@ -222,7 +330,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: heaviest first
   const int m0 = qblock * BM, head = blockIdx.y, b = blockIdx.z;
-  const int n_tiles = Cfg::kv_tiles(S, m0);
+  int n_tiles = Cfg::kv_tiles(S, m0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   if (threadIdx.x == 0) {
@@ -235,7 +343,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     mbar_init_fence();
   }
-  __syncthreads();  // the last CTA-wide barrier: the producer's idle threads leave below
+  __syncthreads();
+  if constexpr (MASK)  // no tile past the last key the CTA may attend (every thread gets the same count)
+    n_tiles = Cfg::masked_kv_tiles(
+        n_tiles, last_valid_key<Cfg::kThreads>(opt.key_mask + static_cast<std::size_t>(b) * S, min(S, n_tiles * BN)));
+  // No CTA-wide barrier from here on: the producer's idle threads leave below.
 
   if (warp == Cfg::kProducerWarp) {
     if (lane == 0) {
@@ -257,42 +369,56 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
   } else {
-    consume<Cfg>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b);
+    consume<Cfg, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b, opt);
   }
 }
 
-template <int D, bool CAUSAL, bool OVERLAP>
-void launch(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& sh) {
+template <int D, bool CAUSAL, bool OVERLAP, bool MASK, bool DROP>
+void launch(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& sh,
+            const attn::OptionArgs& opt) {
   using Cfg = FwdConfig<D, CAUSAL, OVERLAP>;
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
-  auto kernel = forward_kernel<Cfg>;
+  auto kernel = forward_kernel<Cfg, MASK, DROP>;
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((sh.seq + Cfg::kBlockM - 1) / Cfg::kBlockM, sh.heads, sh.batch);
   const float scale_log2 = attn::kLog2e / std::sqrt(static_cast<float>(D));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, out, lse, sh.seq, sh.heads, scale_log2);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, out, lse, sh.seq, sh.heads, scale_log2, opt);
   CUTRAIN_LAUNCH_CHECK("attention_hopper forward_kernel");
 }
 
+// The options' instance: the key mask where one is given, dropout where p > 0.
+template <int D, bool CAUSAL, bool OVERLAP>
+void launch(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& sh,
+            const attn::OptionArgs& opt) {
+  const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
+  if (!mask && !drop) launch<D, CAUSAL, OVERLAP, false, false>(st, qkv, out, lse, sh, opt);
+  else if (!drop) launch<D, CAUSAL, OVERLAP, true, false>(st, qkv, out, lse, sh, opt);
+  else if (!mask) launch<D, CAUSAL, OVERLAP, false, true>(st, qkv, out, lse, sh, opt);
+  else launch<D, CAUSAL, OVERLAP, true, true>(st, qkv, out, lse, sh, opt);
+}
+
 template <bool OVERLAP>
-void launch(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& sh) {
+void launch(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& sh,
+            const attn::OptionArgs& opt) {
   const bool c = sh.causal;
   if (sh.head_dim == 64)
-    c ? launch<64, true, OVERLAP>(s, qkv, out, lse, sh) : launch<64, false, OVERLAP>(s, qkv, out, lse, sh);
+    c ? launch<64, true, OVERLAP>(s, qkv, out, lse, sh, opt) : launch<64, false, OVERLAP>(s, qkv, out, lse, sh, opt);
   else
-    c ? launch<128, true, OVERLAP>(s, qkv, out, lse, sh) : launch<128, false, OVERLAP>(s, qkv, out, lse, sh);
+    c ? launch<128, true, OVERLAP>(s, qkv, out, lse, sh, opt) : launch<128, false, OVERLAP>(s, qkv, out, lse, sh, opt);
 }
 
 }  // namespace
 
 void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& sh,
-                       Schedule schedule) {
+                       Schedule schedule, const kernels::AttentionOptions& options) {
   check_forward_args(qkv, out, lse, sh);
   CUTRAIN_CHECK(schedule == Schedule::Serial || schedule == Schedule::Overlap,
                 "attention_hopper_forward: schedule must be Serial or Overlap, got ", static_cast<int>(schedule));
+  const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
   check_device("attention_hopper_forward",
                sh.head_dim == 64 ? FwdConfig<64, false>::kSmemBytes : FwdConfig<128, false>::kSmemBytes);
-  schedule == Schedule::Overlap ? launch<true>(s, qkv, out, lse, sh) : launch<false>(s, qkv, out, lse, sh);
+  schedule == Schedule::Overlap ? launch<true>(s, qkv, out, lse, sh, opt) : launch<false>(s, qkv, out, lse, sh, opt);
 }
 
 }  // namespace cutrain::bench::hopper

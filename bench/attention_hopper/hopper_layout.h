@@ -79,6 +79,13 @@ struct FwdConfig {
     const int last = (wg_row0 + 63) / kBlockN + 1;
     return CAUSAL && last < n_tiles ? last : n_tiles;
   }
+  // With a key mask: of the n_tiles a CTA would stream, those up to the tile holding last_key, the
+  // last key it may attend among them (-1: none, so no tile and every row gets O = 0, lse = -inf).
+  // Trailing padding then costs nothing; masked keys before last_key score -inf in the softmax.
+  static constexpr CUTRAIN_HD int masked_kv_tiles(int n_tiles, int last_key) {
+    const int need = last_key < 0 ? 0 : last_key / kBlockN + 1;
+    return need < n_tiles ? need : n_tiles;
+  }
 
   // Byte offset, from Q's base, where consumer warpgroup `wg`'s A operand for k16 step kk starts.
   static constexpr CUTRAIN_HD std::uint32_t q_slice(int wg, int kk) {
