@@ -25,6 +25,13 @@
 // at the iteration's end. Causal: a warpgroup whose keys all follow the tile's last query skips it.
 // The launcher runs the production row_dot before and its dQ convert (x 1/sqrt(D) -> bf16 q slot)
 // after; dK (x 1/sqrt(D)) and dV are stored straight from the accumulators.
+// BERT's options (kernels::AttentionOptions), template bools, so the plain kernel compiles as
+// before. MASK: each thread reads whether its two keys may be attended once; a masked key's P^T
+// is 0 (so are its dS^T, dK, dV and its share of dQ), and a CTA whose 128 keys are all masked
+// loads nothing and stores its zero dK, dV. DROP: the keep bits Z of the warp's P^T fragment are
+// the production dK/dV pass's (transposed_keep_bits: the accumulator of S^T = K_w Q^T per warp is
+// that pass's P^T fragment, 16 keys x the tile's queries), drawn while S^T and dP^T are in flight;
+// dV += (P^T o Z) dO with 1/(1-p) applied at the store, dS^T = P^T o (dP^T o Z/(1-p) - Dvec).
 #include <cuda.h>
 
 #include <cmath>
@@ -33,6 +40,7 @@
 #include "bench/attention_hopper/hopper_layout.h"
 #include "bench/attention_hopper/hopper_sm90a.cuh"
 #include "bench/attention_hopper/tensor_map.h"
+#include "kernels/attention_options.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/check.h"
 #include "runtime/error.h"
@@ -93,17 +101,36 @@ __device__ __forceinline__ void load_query_tile(const BwdSmem<Cfg>& sm, const CU
   }
 }
 
+// A thread's share of BERT's options in the backward (all of it compiled out of the plain kernel).
+struct BwdOptions {
+  std::uint32_t key_live;     // MASK: bit e, the key of fragment element e (key_row0 + gi + 8(e >> 1)) may be attended
+  kernels::DropoutKey dkey;   // DROP: step resolved
+  std::uint32_t threshold;
+  float drop_scale;           // 1 / (1 - p)
+  std::uint64_t bh_e;         // (b*H + head) * S
+};
+
 // One query tile for warpgroup wg (see the file comment). q_tile / do_tile: the stage's Q and dO
 // bases; lse_t / dvec_t: the stage's vectors; key_row0: this warp's first key. Every wgmma batch
 // is waited for before the function returns.
-template <class Cfg>
+template <class Cfg, bool MASK, bool DROP>
 __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], float (&dv)[Cfg::kHeadDim / 8][4],
                                           const BwdSmem<Cfg>& sm, std::uint32_t q_tile, std::uint32_t do_tile,
                                           const float* lse_t, const float* dvec_t, float* __restrict__ dq_acc,
                                           int m0, int n0, int wg, int key_row0, int S, int H, int head, int b,
-                                          float scale_log2) {
+                                          float scale_log2, const BwdOptions& opts) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
+
+  // DROP: the keep bits of this thread's P^T elements (bit 4j + e: element e of n-tile j). d64:
+  // drawn under the S^T and dP^T wgmma; d128: before them, while their 64 accumulator registers
+  // are not yet taken (drawn under them, ptxas spilled 8-48 bytes).
+  constexpr bool kDrawUnder = D == 64;
+  [[maybe_unused]] std::uint32_t keep = 0;
+  [[maybe_unused]] auto draw = [&] {
+    keep = attn::transposed_keep_bits<BM / 8>(opts.dkey, opts.threshold, opts.bh_e, S, key_row0 + gi, m0, S % 4 == 0);
+  };
+  if constexpr (DROP && !kDrawUnder) draw();
 
   // S^T and dP^T: two commit groups, S^T first.
   float st[BM / 8][4], dp[BM / 8][4];
@@ -118,6 +145,8 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
     wgmma_ss<BM>(dp, smem_desc(sm.v + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
                  smem_desc(do_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
   wgmma_commit();
+
+  if constexpr (DROP && kDrawUnder) draw();
 
   // P^T while dP^T is still in flight. Element (j, e): key key_row0 + gi + 8(e >> 1), query
   // m0 + 8j + 2t + (e & 1).
@@ -137,16 +166,29 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
       st[j][e] = p;
     }
   }
+  // MASK: a masked key's P is 0; a row with lse -inf has every key masked, so its inf never survives.
+  if constexpr (MASK) {
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (!((opts.key_live >> e) & 1u)) st[j][e] = 0.f;
+  }
   wgmma_wait<0>();
   operand_fence(dp);
 #pragma unroll
   for (int j = 0; j < BM / 8; ++j) {
     const float2 dd = *reinterpret_cast<const float2*>(dvec_t + 8 * j + 2 * t);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dp[j][e] = st[j][e] * (dp[j][e] - ((e & 1) ? dd.y : dd.x));
+    for (int e = 0; e < 4; ++e) {
+      float dpe = dp[j][e];
+      if constexpr (DROP) dpe = (keep >> (4 * j + e)) & 1u ? dpe * opts.drop_scale : 0.f;
+      dp[j][e] = st[j][e] * (dpe - ((e & 1) ? dd.y : dd.x));
+    }
   }
-  std::uint32_t pf[BM / 16][4], dsf[BM / 16][4];  // P^T, dS^T as k16 A fragments (k = queries)
-  attn::to_a_frags<bf16, BM>(pf, st);
+  std::uint32_t pf[BM / 16][4], dsf[BM / 16][4];  // P^T (DROP: P^T o Z), dS^T as k16 A fragments (k = queries)
+  if constexpr (DROP) attn::to_a_frags_kept<bf16, BM>(pf, st, keep);  // 1/(1-p): at dV's store
+  else attn::to_a_frags<bf16, BM>(pf, st);
   attn::to_a_frags<bf16, BM>(dsf, dp);
 
   // dS^T (bf16, the values dK uses) into this warpgroup's buffer: fragment word e of k-slice j is
@@ -204,12 +246,24 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
   }
 }
 
-template <class Cfg>
+// dK (x dk_scale = 1/sqrt(D)) and dV (x dv_scale: DROP's 1/(1-p)) of this warp's 16 keys from
+// key_row0 into dqkv's k and v slots (keys at or past S skipped).
+template <int D>
+__device__ __forceinline__ void store_dkdv(bf16* __restrict__ dqkv, const float (&dk)[D / 8][4], const float (&dv)[D / 8][4],
+                                           int key_row0, int S, int H, int head, int b, float dk_scale,
+                                           float dv_scale) {
+  const std::size_t tok = 3ull * H * D, otok = static_cast<std::size_t>(H) * D;
+  bf16* gdk = dqkv + static_cast<std::size_t>(b) * S * tok + static_cast<std::size_t>(head) * D + otok;
+  attn::store_rows<D>(gdk, dk, key_row0, S, tok, dk_scale);
+  attn::store_rows<D>(gdk + otok, dv, key_row0, S, tok, dv_scale);
+}
+
+template <class Cfg, bool MASK, bool DROP>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
                     const __grid_constant__ CUtensorMap do_map, const float* __restrict__ lse,
                     const float* __restrict__ dvec, bf16* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
-                    int H, float scale_log2, float scale) {
+                    int H, float scale_log2, float scale, const __grid_constant__ attn::OptionArgs opt) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
   extern __shared__ unsigned char smem_raw[];
   // Shared-window addresses; the TMA's 128-byte swizzle and wgmma's need 1024-aligned tiles.
@@ -228,6 +282,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int n0 = blockIdx.x * BN, head = blockIdx.y, b = blockIdx.z;  // causal: the heaviest key blocks first
   const int warp = threadIdx.x >> 5, wg = warp >> 2;
   const int key_row0 = n0 + 64 * wg + 16 * (warp & 3);  // this warp's first key
+  BwdOptions opts{};
+  if constexpr (MASK) {
+    const std::uint8_t* km = opt.key_mask + static_cast<std::size_t>(b) * S;
+    const int k0 = key_row0 + ((threadIdx.x & 31) >> 2);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (k0 + 8 * h < S && __ldg(km + k0 + 8 * h) != 0) opts.key_live |= 3u << (2 * h);
+  }
+  if constexpr (DROP) {
+    opts.dkey = opt.resolve_step();
+    opts.threshold = opt.threshold;
+    opts.drop_scale = opt.drop_scale;
+    opts.bh_e = (static_cast<std::uint64_t>(b) * H + head) * S;
+  }
   const float* glse = lse + (static_cast<std::size_t>(b) * H + head) * S;
   const float* gdvec = dvec + (static_cast<std::size_t>(b) * H + head) * S;
   const int q_first = Cfg::q_first(n0), n_tiles = Cfg::q_tiles(S) - q_first;
@@ -243,7 +311,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  if constexpr (MASK) {
+    // A CTA none of whose keys may be attended loads nothing: its dK, dV are 0, its dQ share none.
+    if (!__syncthreads_or(opts.key_live != 0)) {
+      float zero[D / 8][4];
+      attn::zero(zero);
+      store_dkdv<D>(dqkv, zero, zero, key_row0, S, H, head, b, 1.f, 1.f);
+      return;
+    }
+  } else {
+    __syncthreads();
+  }
   if (threadIdx.x == 0) {
     mbar_arrive_expect_tx(sm.bar.kv_full(), 2 * Cfg::kKVBytes);
 #pragma unroll
@@ -278,8 +356,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     mbar_wait(sm.bar.q_full(s), (i / ST) & 1);
     if (Cfg::wg_active(m0, n0, wg))
-      tile_step<Cfg>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes, sm.lse + s * BM,
-                     sm.dvec + s * BM, dq_acc, m0, n0, wg, key_row0, S, H, head, b, scale_log2);
+      tile_step<Cfg, MASK, DROP>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes, sm.lse + s * BM,
+                                 sm.dvec + s * BM, dq_acc, m0, n0, wg, key_row0, S, H, head, b, scale_log2, opts);
     if constexpr (Cfg::kDecoupled) {
       __syncwarp();
       if (lane == 0) mbar_arrive(sm.bar.q_empty(s));  // this warp is done with stage s (its wgmma waited for)
@@ -288,48 +366,57 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
   }
 
-  // dK = scale * dS^T Q and dV into dqkv's k and v slots (keys at or past S skipped).
-  const std::size_t tok = 3ull * H * D, otok = static_cast<std::size_t>(H) * D;
-  bf16* gdk = dqkv + static_cast<std::size_t>(b) * S * tok + static_cast<std::size_t>(head) * D + otok;
-  attn::store_rows<D>(gdk, dk, key_row0, S, tok, scale);
-  attn::store_rows<D>(gdk + otok, dv, key_row0, S, tok, 1.f);
+  store_dkdv<D>(dqkv, dk, dv, key_row0, S, H, head, b, scale, DROP ? opt.drop_scale : 1.f);
 }
 
-template <int D, bool CAUSAL, bool DECOUPLED>
+template <int D, bool CAUSAL, bool DECOUPLED, bool MASK, bool DROP>
 void launch(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-            float* dq_acc, const kernels::AttentionShape& sh) {
+            float* dq_acc, const kernels::AttentionShape& sh, const attn::OptionArgs& opt) {
   using Cfg = BwdConfig<D, CAUSAL, DECOUPLED>;
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   const CUtensorMap do_map = encode_rows_map(dout, sh, 1, Cfg::kBlockM);
-  auto kernel = backward_kernel<Cfg>;
+  auto kernel = backward_kernel<Cfg, MASK, DROP>;
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((sh.seq + Cfg::kBlockN - 1) / Cfg::kBlockN, sh.heads, sh.batch);
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * attn::kLog2e;
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, do_map, lse, dvec, dqkv, dq_acc, sh.seq,
-                                                       sh.heads, scale_log2, scale);
+                                                       sh.heads, scale_log2, scale, opt);
   CUTRAIN_LAUNCH_CHECK("attention_hopper backward_kernel");
+}
+
+// The options' instance: the key mask where one is given, dropout where p > 0.
+template <int D, bool CAUSAL, bool DECOUPLED>
+void launch(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
+            float* dq_acc, const kernels::AttentionShape& sh, const attn::OptionArgs& opt) {
+  const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
+  if (!mask && !drop) launch<D, CAUSAL, DECOUPLED, false, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else if (!drop) launch<D, CAUSAL, DECOUPLED, true, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else if (!mask) launch<D, CAUSAL, DECOUPLED, false, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else launch<D, CAUSAL, DECOUPLED, true, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
 }
 
 template <bool DECOUPLED>
 void launch(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-            float* dq_acc, const kernels::AttentionShape& sh) {
+            float* dq_acc, const kernels::AttentionShape& sh, const attn::OptionArgs& opt) {
   const bool c = sh.causal;
   if (sh.head_dim == 64)
-    c ? launch<64, true, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh)
-      : launch<64, false, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh);
+    c ? launch<64, true, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+      : launch<64, false, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
   else
-    c ? launch<128, true, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh)
-      : launch<128, false, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh);
+    c ? launch<128, true, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+      : launch<128, false, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
 }
 
 }  // namespace
 
 void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
-                        bf16* dqkv, void* scratch, const kernels::AttentionShape& sh, BackwardSchedule schedule) {
+                        bf16* dqkv, void* scratch, const kernels::AttentionShape& sh, BackwardSchedule schedule,
+                        const kernels::AttentionOptions& options) {
   check_backward_args(qkv, out, dout, lse, dqkv, scratch, sh);
   CUTRAIN_CHECK(schedule == BackwardSchedule::Lockstep || schedule == BackwardSchedule::Decoupled,
                 "attention_hopper_backward: schedule must be Lockstep or Decoupled, got ", static_cast<int>(schedule));
+  const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
   check_device("attention_hopper_backward",
                sh.head_dim == 64 ? BwdConfig<64, false>::kSmemBytes : BwdConfig<128, false>::kSmemBytes);
   // The production fast mode's scratch layout: Dvec, then the fp32 dQ accumulator.
@@ -338,8 +425,8 @@ void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const 
   const std::size_t acc_bytes = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads * sh.head_dim * sizeof(float);
   kernels::attn::row_dot(s, out, dout, dvec, sh);
   CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, acc_bytes, s));
-  schedule == BackwardSchedule::Decoupled ? launch<true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh)
-                                          : launch<false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh);
+  schedule == BackwardSchedule::Decoupled ? launch<true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+                                          : launch<false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
   kernels::attn::dq_convert(s, dq_acc, dqkv, sh);
 }
 
