@@ -20,10 +20,17 @@
 // for fwdbwd (halved causal); prod_us / prod_TFLOP/s: the production pair on the same inputs
 // (median of 100 flushed calls, once per shape and pass, before its first row);
 // dq/dk/dv_rel_diff: ||hopper - production|| / ||production|| of one call.
+// BERT's shapes (B64H16S128D64, B16H16S512D64, non-causal), every pass and schedule, plain and with
+// its options as bench/bench_attention.cu runs them (the same mask of per-sequence lengths uniform
+// in [S/4, S], the same dropout key, p 0.1), both sides given the same options:
+// "attention_hopper/<pass>[_mask[_drop]][_overlap|_decoupled]/<shape>", so compare.py pairs the
+// serial / lockstep rows with the peer's "attention/<pass>_mask[_drop]/<shape>" SDPA rows (cuDNN
+// among them). Their TFLOP/s count the full S^2 work, as bench_attention's do.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -53,9 +60,43 @@ std::vector<float> download(const DevBuf& b, std::size_t n) {
   return f;
 }
 
+// BERT's options as bench_attention's rows use them.
+enum class Opts { Plain, Mask, MaskDrop };
+const char* opts_suffix(Opts o) { return o == Opts::Plain ? "" : o == Opts::Mask ? "_mask" : "_mask_drop"; }
+
+// bench_attention's key mask [B, S]: sequence b valid up to a length uniform in [S/4, S] (fixed seed).
+std::vector<std::uint8_t> padding_mask(const AttentionShape& sh) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> len(sh.seq / 4, sh.seq);
+  std::vector<std::uint8_t> m(std::size_t(sh.batch) * sh.seq);
+  for (int b = 0; b < sh.batch; ++b) {
+    const int n = len(rng);
+    for (int j = 0; j < sh.seq; ++j) m[std::size_t(b) * sh.seq + j] = j < n;
+  }
+  return m;
+}
+
+// The options of a row and the device mask they point at.
+struct RowOptions {
+  DevBuf mask;
+  kernels::AttentionOptions opt;
+  RowOptions(const AttentionShape& sh, Opts o) : mask(std::size_t(sh.batch) * sh.seq) {
+    if (o != Opts::Plain) {
+      const auto m = padding_mask(sh);
+      CUTRAIN_CUDA_CHECK(cudaMemcpy(mask.as<std::uint8_t>(), m.data(), m.size(), cudaMemcpyHostToDevice));
+      opt.key_mask = mask.as<std::uint8_t>();
+    }
+    if (o == Opts::MaskDrop) {
+      opt.dropout = {1234, 1, 0, nullptr};
+      opt.dropout_p = 0.1f;
+    }
+  }
+};
+
 double rel_diff(const std::vector<float>& a, const std::vector<float>& ref) {
   double num = 0, den = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(a[i]) && a[i] == ref[i]) continue;  // lse -inf of a row with no key, on both sides
     if (!std::isfinite(a[i])) return INFINITY;
     const double d = static_cast<double>(a[i]) - ref[i];
     num += d * d;
@@ -72,19 +113,21 @@ struct Production {
   std::vector<float> out, lse;
 };
 
-void bench_forward(benchmark::State& state, AttentionShape sh, bench::hopper::Schedule schedule) {
+void bench_forward(benchmark::State& state, AttentionShape sh, bench::hopper::Schedule schedule,
+                   Opts opts = Opts::Plain) {
   if (!bench::require_gpu(state)) return;
   static Production prod;
   const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
   const std::size_t n_l = std::size_t(sh.batch) * sh.heads * sh.seq;
   DevBuf qkv(n_qkv * 2), out_h(n_o * 2), lse_h(n_l * 4);
   bench::fill_uniform(qkv.as<bf16>(), n_qkv, -1.f, 1.f, 1);  // same seed: same inputs for every row of a shape
+  const RowOptions ro(sh, opts);
   cudaStream_t st0 = bench::bench_stream();
-  const std::string key = shape_name(sh) + (sh.causal ? "_causal" : "");
+  const std::string key = shape_name(sh) + (sh.causal ? "_causal" : "") + opts_suffix(opts);
   if (prod.shape != key) {
     DevBuf out_p(n_o * 2), lse_p(n_l * 4);
     auto prod_fwd = [&](cudaStream_t st) {
-      kernels::attention_forward(st, qkv.as<bf16>(), out_p.as<bf16>(), lse_p.as<float>(), sh);
+      kernels::attention_forward(st, qkv.as<bf16>(), out_p.as<bf16>(), lse_p.as<float>(), sh, ro.opt);
     };
     prod_fwd(st0);
     CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
@@ -94,7 +137,7 @@ void bench_forward(benchmark::State& state, AttentionShape sh, bench::hopper::Sc
     prod.shape = key;
   }
   auto hopper_fwd = [&](cudaStream_t st) {
-    bench::hopper::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, schedule);
+    bench::hopper::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, schedule, ro.opt);
   };
   hopper_fwd(st0);
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
@@ -121,7 +164,7 @@ struct ProductionBwd {
 };
 
 void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forward,
-                    bench::hopper::BackwardSchedule schedule) {
+                    bench::hopper::BackwardSchedule schedule, Opts opts = Opts::Plain) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
   const std::size_t n_l = std::size_t(sh.batch) * sh.heads * sh.seq;
@@ -130,27 +173,30 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   DevBuf dqkv_p(n_qkv * 2), dqkv_h(n_qkv * 2), scratch_p(n_scratch), scratch_h(n_scratch);
   bench::fill_uniform(qkv.as<bf16>(), n_qkv, -1.f, 1.f, 1);
   bench::fill_uniform(dout.as<bf16>(), n_o, -1.f, 1.f, 2);
+  const RowOptions ro(sh, opts);
+  const kernels::AttentionOptions& opt = ro.opt;
   cudaStream_t st0 = bench::bench_stream();
-  kernels::attention_forward(st0, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh);
+  kernels::attention_forward(st0, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh, opt);
   const bench::hopper::Schedule fwd_schedule =
       sh.head_dim == 128 && !sh.causal ? bench::hopper::Schedule::Serial : bench::hopper::Schedule::Overlap;
 
   static ProductionBwd prod_cache;
   auto prod = [&](cudaStream_t st) {
-    if (with_forward) kernels::attention_forward(st, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh);
+    if (with_forward) kernels::attention_forward(st, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh, opt);
     kernels::attention_backward(st, qkv.as<bf16>(), out.as<bf16>(), dout.as<bf16>(), lse.as<float>(),
-                                dqkv_p.as<bf16>(), scratch_p.get(), sh, false);
+                                dqkv_p.as<bf16>(), scratch_p.get(), sh, false, opt);
   };
   // Ours reads its own forward's O and lse in fwdbwd, the production forward's in bwd.
   const bf16* o_in = with_forward ? out_h.as<bf16>() : out.as<bf16>();
   const float* l_in = with_forward ? lse_h.as<float>() : lse.as<float>();
   auto hopper = [&](cudaStream_t st) {
     if (with_forward)
-      bench::hopper::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, fwd_schedule);
+      bench::hopper::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, fwd_schedule, opt);
     bench::hopper::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(),
-                                      scratch_h.get(), sh, schedule);
+                                      scratch_h.get(), sh, schedule, opt);
   };
-  const std::string key = shape_name(sh) + (sh.causal ? "_causal" : "") + (with_forward ? "_fwdbwd" : "_bwd");
+  const std::string key =
+      shape_name(sh) + (sh.causal ? "_causal" : "") + opts_suffix(opts) + (with_forward ? "_fwdbwd" : "_bwd");
   if (prod_cache.key != key) {
     prod(st0);
     CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
@@ -224,6 +270,34 @@ void register_all() {
             ->Iterations(100)
             ->Unit(benchmark::kMicrosecond);
       }
+  // BERT's shapes, plain and with its options: each pass, each schedule.
+  const std::vector<AttentionShape> bert = {{64, 128, 16, 64, false}, {16, 512, 16, 64, false}};
+  for (const AttentionShape& sh : bert)
+    for (Opts o : {Opts::Plain, Opts::Mask, Opts::MaskDrop}) {
+      const std::string tail = std::string("/") + shape_name(sh);
+      for (Schedule schedule : {Schedule::Serial, Schedule::Overlap}) {
+        const std::string name = std::string("attention_hopper/fwd") + opts_suffix(o) +
+                                 (schedule == Schedule::Overlap ? "_overlap" : "") + tail;
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [sh, schedule, o](benchmark::State& st) { bench_forward(st, sh, schedule, o); })
+            ->UseManualTime()
+            ->Iterations(100)
+            ->Unit(benchmark::kMicrosecond);
+      }
+      for (bool with_forward : {false, true})
+        for (BackwardSchedule schedule : {BackwardSchedule::Lockstep, BackwardSchedule::Decoupled}) {
+          const std::string name = std::string("attention_hopper/") + (with_forward ? "fwdbwd" : "bwd") +
+                                   opts_suffix(o) + (schedule == BackwardSchedule::Decoupled ? "_decoupled" : "") +
+                                   tail;
+          benchmark::RegisterBenchmark(name.c_str(),
+                                       [sh, with_forward, schedule, o](benchmark::State& st) {
+                                         bench_backward(st, sh, with_forward, schedule, o);
+                                       })
+              ->UseManualTime()
+              ->Iterations(100)
+              ->Unit(benchmark::kMicrosecond);
+        }
+    }
 }
 
 }  // namespace
