@@ -1,17 +1,20 @@
-// @brief GPU tests of issue #24's Hopper attention forward and backward (bench/attention_hopper/).
+// @brief GPU tests of the sm90 attention pair (kernels/attention_sm90/, the production kernels) with
+// each schedule of each kernel (the production entry points run one per shape; these run both).
 // Forward: O and the log-sum-exp against the fp64 CPU reference over odd shapes (S not a multiple
 // of any tile, B > 1, H > 1, d64 / d128, causal / not, plain and large logits), and at long S
-// against the naive GPU reference and the production kernel on the same inputs; both consumer
-// schedules (serial, overlap) on the same inputs. Backward: dQ, dK, dV against the fp64 CPU
-// reference over odd shapes (odd B, H and S) and at long S against the naive GPU reference and the
-// production backward, from the production forward's O and lse; both warpgroup schedules (lockstep,
-// decoupled) on the same inputs. Outputs poisoned first. A failure
+// against the naive GPU reference and kernels::attention_forward on the same inputs; both consumer
+// schedules (serial, overlap). Backward: dQ, dK, dV against the fp64 CPU reference over odd shapes
+// (odd B, H and S), fast and deterministic modes (the deterministic one bit-identical on a second
+// run), and at long S against the naive GPU reference and kernels::attention_backward's
+// deterministic mode (its dQ from the mma.sync dQ pass), from the production forward's O and lse;
+// both warpgroup schedules (lockstep, decoupled). Outputs poisoned first. A failure
 // names the first element off (batch, token, head, column) with both values, and the product it
 // points at.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <random>
 #include <sstream>
 #include <string>
@@ -19,8 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "bench/attention_hopper/attention_hopper.h"
 #include "kernels/attention.cuh"
+#include "kernels/attention_sm90/attention_sm90.h"
 #include "tests/gpu/attention_checks.h"
 #include "tests/gpu/attention_naive.h"
 #include "tests/reference/attention_ref.h"
@@ -28,7 +31,7 @@
 
 using namespace cutrain;
 using kernels::AttentionShape;
-namespace hopper = cutrain::bench::hopper;
+namespace hopper = cutrain::kernels::sm90;
 
 namespace {
 
@@ -160,7 +163,7 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, AttentionHopperGpu,
                          });
 
 // Long sequences (many K/V tiles, every ring stage reused): the naive GPU reference and the
-// production kernel on the same inputs.
+// production entry point (its schedule per shape) on the same inputs.
 using LongParam = std::tuple<int, int, bool>;  // (seq, head_dim, causal); batch 2, heads 4
 
 class AttentionHopperLongGpu : public ::testing::TestWithParam<LongParam> {};
@@ -266,12 +269,12 @@ const char* schedule_name(hopper::BackwardSchedule s) {
   return s == hopper::BackwardSchedule::Lockstep ? "lockstep" : "decoupled";
 }
 
-// The Hopper backward on a poisoned dqkv (nothing may be left unwritten) with `scratch`.
+// The sm90 backward on a poisoned dqkv (nothing may be left unwritten) with `scratch`.
 std::vector<float> run_hopper_bwd(const AttentionShape& sh, const BwdCase& c, test::DeviceArray<float>& scratch,
-                                  hopper::BackwardSchedule schedule) {
+                                  hopper::BackwardSchedule schedule, bool deterministic = false) {
   test::DeviceArray<bf16> dqkv(3ull * sh.batch * sh.seq * sh.heads * sh.head_dim);
   hopper::attention_backward(nullptr, c.in.qkv.get(), c.out.get(), c.dout.get(), c.lse.get(), dqkv.get(),
-                             scratch.get(), sh, schedule);
+                             scratch.get(), sh, schedule, {}, deterministic);
   CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   auto r = test::download_float(dqkv);
   const std::vector<double> zeros(r.size() / 3, 0.0);
@@ -322,9 +325,17 @@ TEST_P(AttentionHopperBwdGpu, MatchesCpuReference) {
   ref::attention_backward(c.in.qkv_f, c.out_h, c.dout_f, sh, dqkv_r);
   auto scratch = bwd_scratch(sh);
   // Each schedule; the second runs on the first's dirty scratch (the launcher clears its dQ accumulator).
+  // Then the deterministic mode (the dQ pass after the dK/dV pass): right, and the same bits twice.
   for (const hopper::BackwardSchedule schedule : kBwdSchedules) {
     SCOPED_TRACE(std::string(schedule_name(schedule)) + " schedule");
     expect_grads(run_hopper_bwd(sh, c, scratch, schedule), dqkv_r, sh, "CPU");
+    SCOPED_TRACE("deterministic");
+    const auto det = run_hopper_bwd(sh, c, scratch, schedule, true);
+    expect_grads(det, dqkv_r, sh, "CPU");
+    const auto again = run_hopper_bwd(sh, c, scratch, schedule, true);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < det.size(); ++i) differ += std::memcmp(&det[i], &again[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << "the deterministic mode gave other bits on a second run";
   }
 }
 
@@ -339,7 +350,8 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, AttentionHopperBwdGpu,
                          });
 
 // Long sequences (many query tiles per CTA, every ring stage reused, several key blocks): the
-// naive GPU reference and the production backward (fast mode) on the same inputs.
+// naive GPU reference and the production backward's deterministic mode (dQ from the mma.sync dQ
+// pass, not the atomics: an independent dQ) on the same inputs.
 class AttentionHopperBwdLongGpu : public ::testing::TestWithParam<LongParam> {};
 
 TEST_P(AttentionHopperBwdLongGpu, MatchesNaiveAndProduction) {
@@ -358,7 +370,7 @@ TEST_P(AttentionHopperBwdLongGpu, MatchesNaiveAndProduction) {
   auto scratch = bwd_scratch(sh);
   test::DeviceArray<bf16> dqkv_p(n_qkv);
   kernels::attention_backward(nullptr, c.in.qkv.get(), c.out.get(), c.dout.get(), c.lse.get(), dqkv_p.get(),
-                              scratch.get(), sh, false);
+                              scratch.get(), sh, true);
   const auto dqkv_ph = test::download_float(dqkv_p);
 
   static const char* names[3] = {"dQ", "dK", "dV"};
@@ -372,7 +384,7 @@ TEST_P(AttentionHopperBwdLongGpu, MatchesNaiveAndProduction) {
       EXPECT_LE(
           test::attention_grad_error(test::attention_slot(got, sh, w), test::attention_slot(dqkv_ph, sh, w), dv_p),
           2e-2)
-          << names[w] << " vs production";
+          << names[w] << " vs production (deterministic)";
   }
 }
 

@@ -1,6 +1,8 @@
-// @brief GPU tests of issue #24's Hopper attention pair (bench/attention_hopper/) with BERT's options
-// (kernels::AttentionOptions): key (padding) masks and dropout on the probabilities.
-// AttentionHopperOptionsGpu: both Hopper kernels (every schedule) against the fp64 CPU reference
+// @brief GPU tests of the sm90 attention pair (kernels/attention_sm90/, the production kernels) with
+// BERT's options (kernels::AttentionOptions): key (padding) masks and dropout on the probabilities.
+// "Production" below is kernels::attention_forward / attention_backward (the schedule table's
+// choice per shape), "Hopper" the sm90 entry points with each schedule named.
+// AttentionHopperOptionsGpu: both kernels (every schedule; the backward fast and deterministic) against the fp64 CPU reference
 // drawing the same Philox bits, over odd S, d64 / d128, causal or not, mask / dropout / both, outputs
 // poisoned first; batches mix a sequence with no valid key (O 0, lse -inf, gradient 0), a fully
 // valid one, a padded prefix and a random non-prefix mask. Also the mixed pairs: the Hopper backward
@@ -19,15 +21,15 @@
 #include <tuple>
 #include <vector>
 
-#include "bench/attention_hopper/attention_hopper.h"
 #include "kernels/attention.cuh"
+#include "kernels/attention_sm90/attention_sm90.h"
 #include "tests/gpu/attention_checks.h"
 #include "tests/reference/attention_ref.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
 using kernels::AttentionShape;
-namespace hopper = cutrain::bench::hopper;
+namespace hopper = cutrain::kernels::sm90;
 
 namespace {
 
@@ -161,6 +163,13 @@ TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
     CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
     check_grads(test::download_float(dqkv), dqkv_r, std::string("Hopper forward + Hopper backward, ") +
                                                         name_of(schedule));
+    // The deterministic mode: the dK/dV pass without its dQ atomics, then the mma.sync dQ pass.
+    test::DeviceArray<bf16> dqkv_det(n_qkv);
+    hopper::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv_det.get(), scratch.get(), sh,
+                               schedule, opt, true);
+    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    check_grads(test::download_float(dqkv_det), dqkv_r,
+                std::string("Hopper forward + Hopper backward (deterministic), ") + name_of(schedule));
   }
   // The production backward (fast mode) from the Hopper forward's O and lse.
   {

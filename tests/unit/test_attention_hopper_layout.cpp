@@ -1,10 +1,11 @@
-// @brief CPU checks of the Hopper attention experiment (bench/attention_hopper/): every wgmma
+// @brief CPU checks of the sm90 attention pair (kernels/attention_sm90/, the production kernels): every wgmma
 // operand slice the kernels describe reads exactly the element the TMA's 128-byte swizzle (or the
 // backward's own dS^T store) put there (forward: Q, K K-major, V MN-major; backward: K, V, Q, dO
 // K-major, Q, dO, dS^T, K MN-major), the descriptor's bit fields, the tile schedules' coverage of
 // every score (with a key mask: every valid key), the tensor-map geometry against the
-// [B, S, 3, H, D] and [B, S, H, D] layouts, and the host checks that refuse bad shapes, pointers and
-// options before any device work.
+// [B, S, 3, H, D] and [B, S, H, D] layouts, the host checks that refuse bad shapes, pointers and
+// options before any device work (bf16 and fp16 instances, the sm90 entry points and
+// kernels::attention_forward / attention_backward), and the production schedule table.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,14 +16,15 @@
 #include <string>
 #include <vector>
 
-#include "bench/attention_hopper/attention_hopper.h"
-#include "bench/attention_hopper/hopper_layout.h"
+#include "kernels/attention.cuh"
+#include "kernels/attention_sm90/attention_sm90.h"
+#include "kernels/attention_sm90/layout.h"
 #include "runtime/error.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
 using kernels::AttentionShape;
-namespace hopper = cutrain::bench::hopper;
+namespace hopper = cutrain::kernels::sm90;
 
 namespace {
 
@@ -466,6 +468,52 @@ TEST(AttentionHopperLayout, BackwardHostChecksRefuseBadArguments) {
                                          hopper::BackwardSchedule::Lockstep, opt);
             }).find("dropout_p must lie in [0, 1), got 1.5"),
             std::string::npos);
+}
+
+// The fp16 instances and the production entry points check what the bf16 sm90 entry points check,
+// before any device work (fake, aligned addresses; nothing is dereferenced).
+TEST(AttentionHopperLayout, Fp16AndProductionEntryPointsCheckFirst) {
+  const auto* qkv = reinterpret_cast<const f16*>(std::uintptr_t{1} << 20);
+  auto* out = reinterpret_cast<f16*>(std::uintptr_t{2} << 20);
+  auto* lse = reinterpret_cast<float*>(std::uintptr_t{3} << 20);
+  const auto* dout = reinterpret_cast<const f16*>(std::uintptr_t{4} << 20);
+  auto* dqkv = reinterpret_cast<f16*>(std::uintptr_t{5} << 20);
+  auto* scratch = reinterpret_cast<void*>(std::uintptr_t{6} << 20);
+  EXPECT_NE(test::error_of([&] { hopper::attention_forward(nullptr, qkv, out, lse, {2, 100, 4, 96, false}); })
+                .find("attention_forward: head_dim must be 64 or 128, got 96"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { kernels::attention_forward(nullptr, qkv + 4, out, lse, {2, 100, 4, 64, true}); })
+                .find("qkv must be 16-byte aligned"),
+            std::string::npos);
+  for (const bool det : {false, true}) {
+    EXPECT_NE(test::error_of([&] {
+                kernels::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, {2, 100, 4, 80, false}, det,
+                                            {});
+              }).find("attention_backward: head_dim must be 64 or 128, got 80"),
+              std::string::npos);
+    EXPECT_NE(test::error_of([&] {
+                kernels::attention_backward(nullptr, qkv, out, dout, lse, dqkv + 1, scratch, {2, 100, 4, 64, false},
+                                            det, {});
+              }).find("4-byte aligned"),
+              std::string::npos);
+    kernels::AttentionOptions opt;
+    opt.dropout_p = -0.5f;
+    EXPECT_NE(test::error_of([&] {
+                hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, {2, 100, 4, 64, false},
+                                           hopper::BackwardSchedule::Decoupled, opt, det);
+              }).find("dropout_p must lie in [0, 1), got -0.5"),
+              std::string::npos);
+  }
+}
+
+// The schedules the production entry points run (the measured leaders, docs/perf-notes.md).
+TEST(AttentionHopperLayout, ProductionSchedules) {
+  EXPECT_TRUE(hopper::production_fwd_overlap(64, false));
+  EXPECT_TRUE(hopper::production_fwd_overlap(64, true));
+  EXPECT_TRUE(hopper::production_fwd_overlap(128, true));
+  EXPECT_FALSE(hopper::production_fwd_overlap(128, false));
+  for (const int d : {64, 128})
+    for (const bool c : {false, true}) EXPECT_FALSE(hopper::production_bwd_decoupled(d, c));
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
-// @brief The Hopper attention forward (issue #24's experiment): warp-specialized, TMA + mbarrier
-// pipeline, wgmma tensor cores. Built for sm_90a only (bench/attention_hopper/CMakeLists.txt).
+// @brief The attention forward (kernels::attention_forward): warp-specialized, TMA + mbarrier
+// pipeline, wgmma tensor cores; E = bf16 or fp16 (wgmma's .bf16 / .f16 inputs, the tensor maps'
+// element type and P's conversion follow E; the fp32 softmax is the same). Built for sm_90a only
+// (kernels/CMakeLists.txt).
 //
 // CTA = one (batch, head) and FwdConfig::kBlockM = 128 query rows; 2 consumer warpgroups (warps
 // 0-3, 4-7) own 64 rows each, one producer warp (warp 8) feeds them:
@@ -7,11 +9,11 @@
 //     j % kStages after both consumers released that stage's previous tile (kv_empty): K
 //     (k_full[s]) and V (v_full[s]), each as D/64 TMA boxes of 128-byte swizzled rows.
 //   consumers: S = Q K^T (wgmma, both operands from shared memory, K-major), the causal / sequence
-//     -end mask and the online softmax in registers (the production kernel's Softmax, Mask and
-//     to_a_frags: the wgmma accumulator is the mma.sync C fragment per 8 columns), then
+//     -end mask and the online softmax in registers (the attention family's Softmax, Mask and
+//     to_a_frags, kernels/attention_softmax.cuh / attention_tiles.cuh: the wgmma accumulator is the mma.sync C fragment per 8 columns), then
 //     O += P V (wgmma, P from registers, V read transposed from shared memory), then each consumer
 //     warp arrives on kv_empty[s]. The epilogue normalizes O and stores it and the log-sum-exp
-//     exactly as the production kernel does.
+//     with the family's store_rows.
 // Causal: tiles past the CTA's last query are never loaded; a warpgroup whose rows all precede a
 // tile skips its math but still waits for the tile and releases it, so the ring's phases stay in
 // step for both consumers.
@@ -22,29 +24,27 @@
 // BERT's options (kernels::AttentionOptions), template bools, so the plain kernel compiles as
 // before. MASK: the CTA first finds the last key it may attend and streams no tile past it (no
 // tile at all: O = 0, lse = -inf); each consumer warp fetches a tile's mask bytes right after
-// issuing its S and ballots them into bit words before the softmax (the production kernel's
+// issuing its S and ballots them into bit words before the softmax (the family's
 // KeyMaskTiles), masked keys scoring -inf. DROP: after the online softmax (so lse stays that of the
-// undropped softmax), the production forward's keep bits (row_keep_bits: the same Philox words for
+// undropped softmax), the family's keep bits (row_keep_bits: the same Philox words for
 // the same (seed, step, layer, element)) zero the dropped probabilities fed to P V, and the
 // epilogue scales O by 1/(1-p) once.
 #include <cuda.h>
 
 #include <cmath>
 
-#include "bench/attention_hopper/attention_hopper.h"
-#include "bench/attention_hopper/hopper_layout.h"
-#include "bench/attention_hopper/hopper_sm90a.cuh"
-#include "bench/attention_hopper/tensor_map.h"
+#include "kernels/attention_sm90/attention_sm90.h"
+#include "kernels/attention_sm90/layout.h"
+#include "kernels/attention_sm90/tensor_map.h"
+#include "kernels/attention_sm90/wgmma_tma.cuh"
 #include "kernels/attention_options.cuh"
 #include "kernels/attention_softmax.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/check.h"
 #include "runtime/error.h"
 
-namespace cutrain::bench::hopper {
+namespace cutrain::kernels::sm90 {
 namespace {
-
-namespace attn = kernels::attn;
 
 // The mbarriers after the tiles: q_full, k_full[kStages], v_full[kStages], kv_empty[kStages].
 template <class Cfg>
@@ -58,20 +58,20 @@ struct Barriers {
 
 // Issues S = Q K^T for warpgroup wg against the K tile at k_tile (one commit group; the first
 // k16 step overwrites sc).
-template <class Cfg>
+template <class Cfg, typename E>
 __device__ __forceinline__ void issue_scores(float (&sc)[Cfg::kBlockN / 8][4], std::uint32_t sQ, std::uint32_t k_tile,
                                              int wg) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk)
-    wgmma_ss<Cfg::kBlockN>(sc, smem_desc(sQ + Cfg::q_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
+    wgmma_ss<E, Cfg::kBlockN>(sc, smem_desc(sQ + Cfg::q_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
                            smem_desc(k_tile + Cfg::k_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
   wgmma_commit();
 }
 
 // Issues O += P V against the V tile at v_tile (one commit group). O (rescaled by the softmax)
 // and P (packed from the scores) are pinned before the fence.
-template <class Cfg>
+template <class Cfg, typename E>
 __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 8][4], std::uint32_t (&p)[Cfg::kBlockN / 16][4],
                                          std::uint32_t v_tile) {
   operand_fence(o);
@@ -79,7 +79,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 8][4], std::
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < Cfg::kBlockN / 16; ++ks)
-    wgmma_rs<Cfg::kHeadDim>(o, p[ks], smem_desc(v_tile + Cfg::v_slice(ks), Cfg::kVLbo, Cfg::kSbo), 1);
+    wgmma_rs<E, Cfg::kHeadDim>(o, p[ks], smem_desc(v_tile + Cfg::v_slice(ks), Cfg::kVLbo, Cfg::kSbo), 1);
   wgmma_commit();
 }
 
@@ -103,12 +103,12 @@ __device__ __forceinline__ int last_valid_key(const std::uint8_t* __restrict__ m
 // MASK: fetch(j) loads tile j's mask bytes (issued right after tile j's S, so they arrive under the
 // wgmma), mask_scores turns them into bit words (one ballot per 32 keys) and sets the masked
 // scores to -inf; fetch and mask_scores alternate, tile by tile, in the order the softmax visits
-// the tiles. DROP: drop zeroes the probabilities the production forward's keep bits drop.
+// the tiles. DROP: drop zeroes the probabilities the family's keep bits (row_keep_bits) drop.
 template <class Cfg, bool MASK, bool DROP>
 struct FwdOptions {
   static constexpr int BN = Cfg::kBlockN;
   attn::KeyMaskTiles<BN> keys;  // MASK
-  kernels::DropoutKey dkey;     // DROP: step resolved
+  DropoutKey dkey;     // DROP: step resolved
   std::uint32_t threshold;
   std::uint64_t bh_e;  // (b*H + head) * S: the element index of (b, head, query 0, key 0)
   int S;
@@ -129,7 +129,7 @@ struct FwdOptions {
     }
   }
   // Probabilities (after the softmax) of tile j, rows row0 + gi (+8): element (n, e) of the
-  // accumulator is key 8n + 2t + (e & 1) of the tile, as in the production forward's fragments.
+  // accumulator is key 8n + 2t + (e & 1) of the tile, as in the mma.sync C fragments row_keep_bits serves.
   // row_keep_bits covers at most 8 n-tiles per call: 64-key chunks, then the rest (96-key tiles).
   __device__ __forceinline__ void drop(float (&sc)[BN / 8][4], int j, int row0) const {
     if constexpr (DROP) {
@@ -162,7 +162,7 @@ struct FwdOptions {
 // Finished scores of tile j (sc, fenced after their wait) -> the causal / sequence-end mask and the
 // key mask, the online softmax (rescales O), dropout, P's A fragments. row0: this warp's first
 // query row.
-template <class Cfg, bool MASK, bool DROP>
+template <class Cfg, typename E, bool MASK, bool DROP>
 __device__ __forceinline__ void softmax_tile(const attn::Mask<Cfg::kCausal>& mask, attn::Softmax<1>& softmax,
                                              FwdOptions<Cfg, MASK, DROP>& opts, float (&o)[Cfg::kHeadDim / 8][4],
                                              float (&sc)[Cfg::kBlockN / 8][4],
@@ -173,19 +173,19 @@ __device__ __forceinline__ void softmax_tile(const attn::Mask<Cfg::kCausal>& mas
   opts.mask_scores(sc);
   softmax.template update<BN / 8, Cfg::kHeadDim>(0, sc, o, scale_log2);
   opts.drop(sc, j, row0);
-  attn::to_a_frags<bf16, BN>(p, sc);
+  attn::to_a_frags<E, BN>(p, sc);
 }
 
-// As the production forward: finish the row sums across the quad, normalize (times out_scale:
+// Finish the row sums across the quad, normalize (times out_scale:
 // dropout's 1/(1-p)), store O and the log-sum-exp (rows at or past S are skipped). MASK: a row
 // with no key left has l = 0 and m = -inf: O = 0, lse = -inf.
-template <class Cfg, bool MASK>
+template <class Cfg, bool MASK, typename E>
 __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float (&o)[Cfg::kHeadDim / 8][4], int row0,
-                                         bf16* __restrict__ out, float* __restrict__ lse, int S, int H, int head,
+                                         E* __restrict__ out, float* __restrict__ lse, int S, int H, int head,
                                          int b, float out_scale) {
   constexpr int D = Cfg::kHeadDim;
   const int lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
-  bf16* gout = out + static_cast<std::size_t>(b) * S * H * D + static_cast<std::size_t>(head) * D;
+  E* gout = out + static_cast<std::size_t>(b) * S * H * D + static_cast<std::size_t>(head) * D;
   float* glse = lse + (static_cast<std::size_t>(b) * H + head) * S;
   float inv[2];
 #pragma unroll
@@ -214,9 +214,9 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
 //   get tile j+1's scores without the gap of P V's wait, the barrier and the next fence.
 // Options: fetch(j) right after tile j's S is issued, the rest inside softmax_tile; MASK: no tile
 // at all (n_tiles 0) goes straight to the epilogue.
-template <class Cfg, bool MASK, bool DROP>
+template <class Cfg, typename E, bool MASK, bool DROP>
 __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV, const Barriers<Cfg>& bar,
-                                        bf16* __restrict__ out, float* __restrict__ lse, int S, int H,
+                                        E* __restrict__ out, float* __restrict__ lse, int S, int H,
                                         float scale_log2, int m0, int n_tiles, int head, int b,
                                         const attn::OptionArgs& opt) {
   constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
@@ -248,15 +248,15 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std:
       const bool active = Cfg::tile_active(j, wg_row0);
       mbar_wait(bar.k_full(s), phase);
       if (active) {
-        issue_scores<Cfg>(sc, sQ, sK + s * Cfg::kKVBytes, wg);
+        issue_scores<Cfg, E>(sc, sQ, sK + s * Cfg::kKVBytes, wg);
         opts.fetch(j);
         wgmma_wait<0>();
         operand_fence(sc);
-        softmax_tile<Cfg>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
+        softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
       }
       mbar_wait(bar.v_full(s), phase);
       if (active) {
-        issue_pv<Cfg>(o, p, sV + s * Cfg::kKVBytes);
+        issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
         wgmma_wait<0>();
         operand_fence(o);
         operand_fence(p);
@@ -271,17 +271,17 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std:
     const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
     if (!MASK || n_active > 0) {
       mbar_wait(bar.k_full(0), 0);
-      issue_scores<Cfg>(sc, sQ, sK, wg);
+      issue_scores<Cfg, E>(sc, sQ, sK, wg);
       opts.fetch(0);
       for (int j = 0; j + 1 < n_active; ++j) {
         const int s = j % ST, s1 = (j + 1) % ST;
         wgmma_wait<0>();  // S of tile j, the only group in flight
         operand_fence(sc);
-        softmax_tile<Cfg>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
+        softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
         mbar_wait(bar.v_full(s), (j / ST) & 1);
-        issue_pv<Cfg>(o, p, sV + s * Cfg::kKVBytes);
+        issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
         mbar_wait(bar.k_full(s1), ((j + 1) / ST) & 1);
-        issue_scores<Cfg>(sc, sQ, sK + s1 * Cfg::kKVBytes, wg);
+        issue_scores<Cfg, E>(sc, sQ, sK + s1 * Cfg::kKVBytes, wg);
         opts.fetch(j + 1);
         wgmma_wait<1>();  // P V of tile j, the older group
         operand_fence(o);
@@ -293,9 +293,9 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std:
         const int j = n_active - 1, s = j % ST;
         wgmma_wait<0>();
         operand_fence(sc);
-        softmax_tile<Cfg>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
+        softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
         mbar_wait(bar.v_full(s), (j / ST) & 1);
-        issue_pv<Cfg>(o, p, sV + s * Cfg::kKVBytes);
+        issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
         wgmma_wait<0>();
         operand_fence(o);
         operand_fence(p);
@@ -315,10 +315,10 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std:
   epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f);
 }
 
-template <class Cfg, bool MASK, bool DROP>
+template <class Cfg, typename E, bool MASK, bool DROP>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
-                   bf16* __restrict__ out, float* __restrict__ lse, int S, int H, float scale_log2,
+                   E* __restrict__ out, float* __restrict__ lse, int S, int H, float scale_log2,
                    const __grid_constant__ attn::OptionArgs opt) {
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
   constexpr bool CAUSAL = Cfg::kCausal;
@@ -369,27 +369,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
   } else {
-    consume<Cfg, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b, opt);
+    consume<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b, opt);
   }
 }
 
-template <int D, bool CAUSAL, bool OVERLAP, bool MASK, bool DROP>
-void launch(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& sh,
+template <int D, bool CAUSAL, bool OVERLAP, bool MASK, bool DROP, typename E>
+void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
   using Cfg = FwdConfig<D, CAUSAL, OVERLAP>;
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
-  auto kernel = forward_kernel<Cfg, MASK, DROP>;
+  auto kernel = forward_kernel<Cfg, E, MASK, DROP>;
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((sh.seq + Cfg::kBlockM - 1) / Cfg::kBlockM, sh.heads, sh.batch);
   const float scale_log2 = attn::kLog2e / std::sqrt(static_cast<float>(D));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, out, lse, sh.seq, sh.heads, scale_log2, opt);
-  CUTRAIN_LAUNCH_CHECK("attention_hopper forward_kernel");
+  CUTRAIN_LAUNCH_CHECK("attention sm90 forward_kernel");
 }
 
 // The options' instance: the key mask where one is given, dropout where p > 0.
-template <int D, bool CAUSAL, bool OVERLAP>
-void launch(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& sh,
+template <int D, bool CAUSAL, bool OVERLAP, typename E>
+void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
   const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
   if (!mask && !drop) launch<D, CAUSAL, OVERLAP, false, false>(st, qkv, out, lse, sh, opt);
@@ -398,8 +398,8 @@ void launch(cudaStream_t st, const bf16* qkv, bf16* out, float* lse, const kerne
   else launch<D, CAUSAL, OVERLAP, true, true>(st, qkv, out, lse, sh, opt);
 }
 
-template <bool OVERLAP>
-void launch(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& sh,
+template <bool OVERLAP, typename E>
+void launch(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
   const bool c = sh.causal;
   if (sh.head_dim == 64)
@@ -410,15 +410,21 @@ void launch(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const kernel
 
 }  // namespace
 
-void attention_forward(cudaStream_t s, const bf16* qkv, bf16* out, float* lse, const kernels::AttentionShape& sh,
-                       Schedule schedule, const kernels::AttentionOptions& options) {
+template <typename E>
+void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& sh,
+                       Schedule schedule, const AttentionOptions& options) {
+  const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
   check_forward_args(qkv, out, lse, sh);
   CUTRAIN_CHECK(schedule == Schedule::Serial || schedule == Schedule::Overlap,
-                "attention_hopper_forward: schedule must be Serial or Overlap, got ", static_cast<int>(schedule));
-  const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
-  check_device("attention_hopper_forward",
+                "attention_forward: schedule must be Serial or Overlap, got ", static_cast<int>(schedule));
+  check_device("attention_forward",
                sh.head_dim == 64 ? FwdConfig<64, false>::kSmemBytes : FwdConfig<128, false>::kSmemBytes);
   schedule == Schedule::Overlap ? launch<true>(s, qkv, out, lse, sh, opt) : launch<false>(s, qkv, out, lse, sh, opt);
 }
 
-}  // namespace cutrain::bench::hopper
+template void attention_forward<bf16>(cudaStream_t, const bf16*, bf16*, float*, const AttentionShape&, Schedule,
+                                      const AttentionOptions&);
+template void attention_forward<f16>(cudaStream_t, const f16*, f16*, float*, const AttentionShape&, Schedule,
+                                     const AttentionOptions&);
+
+}  // namespace cutrain::kernels::sm90

@@ -1,6 +1,7 @@
-// @brief The Hopper attention backward (issue #24's experiment): wgmma tensor cores, TMA + mbarrier
-// loads, FlashAttention-3's dK/dV-stationary schedule. Built for sm_90a only
-// (bench/attention_hopper/CMakeLists.txt); shapes and offsets in hopper_layout.h (BwdConfig).
+// @brief The attention backward's dK/dV pass (kernels::attention_backward): wgmma tensor cores,
+// TMA + mbarrier loads, FlashAttention-3's dK/dV-stationary schedule; E = bf16 or fp16 (wgmma's
+// .bf16 / .f16 inputs, the tensor maps' element type, the P^T / dS^T conversions). Built for sm_90a
+// only (kernels/CMakeLists.txt); shapes and offsets in layout.h (BwdConfig).
 //
 // CTA = one (batch, head) and BwdConfig::kBlockN = 128 keys; 256 threads = two warpgroups of 64
 // keys each, no producer warp (a 288-thread CTA would cap every thread at 168 registers; dK and dV
@@ -17,38 +18,38 @@
 //   S^T = K_w Q^T, dP^T = V_w dO^T              wgmma, both operands K-major from shared memory
 //   P^T = exp2(S^T scale log2 e - lse log2 e)   registers; dead entries (query or key past S,
 //   dS^T = P^T o (dP^T - Dvec)                  causal query < key) are 0
-//   dS^T -> shared memory (bf16, the TMA's 128-byte swizzle pattern, this warpgroup's 64 rows)
+//   dS^T -> shared memory (E, the TMA's 128-byte swizzle pattern, this warpgroup's 64 rows)
 //   dV += P^T dO, dK += dS^T Q                  wgmma, A from registers, B MN-major (transposed)
 //   dQ_part = dS_w K_w                          wgmma, dS^T and K both read MN-major
-//   dq_acc += dQ_part                           fp32 atomics (float2), unscaled as production's
+//   dq_acc += dQ_part                           fp32 atomics (float2), unscaled (the fast mode)
 // The warpgroups share nothing inside a tile (each adds its own keys' share of dQ), so they meet only
 // at the iteration's end. Causal: a warpgroup whose keys all follow the tile's last query skips it.
-// The launcher runs the production row_dot before and its dQ convert (x 1/sqrt(D) -> bf16 q slot)
-// after; dK (x 1/sqrt(D)) and dV are stored straight from the accumulators.
+// The launcher runs the family's row_dot before and its dQ convert (x 1/sqrt(D) -> E q slot) after;
+// dK (x 1/sqrt(D)) and dV are stored straight from the accumulators. Deterministic mode (template
+// bool DET): the pass skips dS^T's store and the dQ product and atomics, and the family's dQ pass
+// (attn::dq, kernels/attention_bwd_dq.cu: mma.sync, no atomics) computes dQ after it.
 // BERT's options (kernels::AttentionOptions), template bools, so the plain kernel compiles as
 // before. MASK: each thread reads whether its two keys may be attended once; a masked key's P^T
 // is 0 (so are its dS^T, dK, dV and its share of dQ), and a CTA whose 128 keys are all masked
 // loads nothing and stores its zero dK, dV. DROP: the keep bits Z of the warp's P^T fragment are
-// the production dK/dV pass's (transposed_keep_bits: the accumulator of S^T = K_w Q^T per warp is
+// the family's (transposed_keep_bits, kernels/attention_options.cuh: the accumulator of S^T = K_w Q^T per warp is
 // that pass's P^T fragment, 16 keys x the tile's queries), drawn while S^T and dP^T are in flight;
 // dV += (P^T o Z) dO with 1/(1-p) applied at the store, dS^T = P^T o (dP^T o Z/(1-p) - Dvec).
 #include <cuda.h>
 
 #include <cmath>
 
-#include "bench/attention_hopper/attention_hopper.h"
-#include "bench/attention_hopper/hopper_layout.h"
-#include "bench/attention_hopper/hopper_sm90a.cuh"
-#include "bench/attention_hopper/tensor_map.h"
+#include "kernels/attention_sm90/attention_sm90.h"
+#include "kernels/attention_sm90/layout.h"
+#include "kernels/attention_sm90/tensor_map.h"
+#include "kernels/attention_sm90/wgmma_tma.cuh"
 #include "kernels/attention_options.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/check.h"
 #include "runtime/error.h"
 
-namespace cutrain::bench::hopper {
+namespace cutrain::kernels::sm90 {
 namespace {
-
-namespace attn = kernels::attn;
 
 // The mbarriers after the tiles: kv_full, q_full[kStages] (a stage's Q, dO, and, decoupled, its
 // lse and Dvec), q_empty[kStages] (decoupled: the stage's release by the 8 warps).
@@ -104,7 +105,7 @@ __device__ __forceinline__ void load_query_tile(const BwdSmem<Cfg>& sm, const CU
 // A thread's share of BERT's options in the backward (all of it compiled out of the plain kernel).
 struct BwdOptions {
   std::uint32_t key_live;     // MASK: bit e, the key of fragment element e (key_row0 + gi + 8(e >> 1)) may be attended
-  kernels::DropoutKey dkey;   // DROP: step resolved
+  DropoutKey dkey;   // DROP: step resolved
   std::uint32_t threshold;
   float drop_scale;           // 1 / (1 - p)
   std::uint64_t bh_e;         // (b*H + head) * S
@@ -113,14 +114,14 @@ struct BwdOptions {
 // One query tile for warpgroup wg (see the file comment). q_tile / do_tile: the stage's Q and dO
 // bases; lse_t / dvec_t: the stage's vectors; key_row0: this warp's first key. Every wgmma batch
 // is waited for before the function returns.
-template <class Cfg, bool MASK, bool DROP>
+template <class Cfg, typename E, bool MASK, bool DROP, bool DET>
 __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], float (&dv)[Cfg::kHeadDim / 8][4],
                                           const BwdSmem<Cfg>& sm, std::uint32_t q_tile, std::uint32_t do_tile,
                                           const float* lse_t, const float* dvec_t, float* __restrict__ dq_acc,
                                           int m0, int n0, int wg, int key_row0, int S, int H, int head, int b,
                                           float scale_log2, const BwdOptions& opts) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
+  [[maybe_unused]] const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
 
   // DROP: the keep bits of this thread's P^T elements (bit 4j + e: element e of n-tile j). d64:
   // drawn under the S^T and dP^T wgmma; d128: before them, while their 64 accumulator registers
@@ -137,12 +138,12 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<BM>(st, smem_desc(sm.k + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
+    wgmma_ss<E, BM>(st, smem_desc(sm.k + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
                  smem_desc(q_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
   wgmma_commit();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<BM>(dp, smem_desc(sm.v + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
+    wgmma_ss<E, BM>(dp, smem_desc(sm.v + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
                  smem_desc(do_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
   wgmma_commit();
 
@@ -187,21 +188,24 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
     }
   }
   std::uint32_t pf[BM / 16][4], dsf[BM / 16][4];  // P^T (DROP: P^T o Z), dS^T as k16 A fragments (k = queries)
-  if constexpr (DROP) attn::to_a_frags_kept<bf16, BM>(pf, st, keep);  // 1/(1-p): at dV's store
-  else attn::to_a_frags<bf16, BM>(pf, st);
-  attn::to_a_frags<bf16, BM>(dsf, dp);
+  if constexpr (DROP) attn::to_a_frags_kept<E, BM>(pf, st, keep);  // 1/(1-p): at dV's store
+  else attn::to_a_frags<E, BM>(pf, st);
+  attn::to_a_frags<E, BM>(dsf, dp);
 
-  // dS^T (bf16, the values dK uses) into this warpgroup's buffer: fragment word e of k-slice j is
+  // dS^T (E, the values dK uses) into this warpgroup's buffer: fragment word e of k-slice j is
   // (row gi + 8(e & 1), queries 16j + 8(e >> 1) + 2t, +1), rows counted from the warpgroup's first key.
-  unsigned char* ds_w = sm.ds_ptr + wg * Cfg::kDsBytes;
-  const int r0 = 16 * (warp & 3) + gi;
+  // DET: no dQ product here (the dQ pass computes it), so no dS^T in shared memory either.
+  if constexpr (!DET) {
+    unsigned char* ds_w = sm.ds_ptr + wg * Cfg::kDsBytes;
+    const int r0 = 16 * (warp & 3) + gi;
 #pragma unroll
-  for (int j = 0; j < BM / 16; ++j)
+    for (int j = 0; j < BM / 16; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      *reinterpret_cast<std::uint32_t*>(ds_w + Cfg::ds_offset(r0 + 8 * (e & 1), 16 * j + 8 * (e >> 1) + 2 * t)) =
-          dsf[j][e];
-  fence_proxy_async_smem();  // before the barrier below: dQ's wgmma reads these through the async proxy
+      for (int e = 0; e < 4; ++e)
+        *reinterpret_cast<std::uint32_t*>(ds_w + Cfg::ds_offset(r0 + 8 * (e & 1), 16 * j + 8 * (e >> 1) + 2 * t)) =
+            dsf[j][e];
+    fence_proxy_async_smem();  // before the barrier below: dQ's wgmma reads these through the async proxy
+  }
 
   // dV += P^T dO, dK += dS^T Q.
   operand_fence(dv);
@@ -211,58 +215,66 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < BM / 16; ++ks)
-    wgmma_rs<D>(dv, pf[ks], smem_desc(do_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
+    wgmma_rs<E, D>(dv, pf[ks], smem_desc(do_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
 #pragma unroll
   for (int ks = 0; ks < BM / 16; ++ks)
-    wgmma_rs<D>(dk, dsf[ks], smem_desc(q_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
+    wgmma_rs<E, D>(dk, dsf[ks], smem_desc(q_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
   wgmma_commit();
 
-  // dQ_part[64 queries x D] = dS_w K_w once the warpgroup's 128 threads have stored dS^T.
-  named_barrier_sync(1 + wg, 128);
-  float dq[D / 8][4];
-  const std::uint32_t ds_u32 = sm.ds + wg * Cfg::kDsBytes;
-  wgmma_fence();
+  if constexpr (DET) {
+    wgmma_wait<0>();
+    operand_fence(dv);
+    operand_fence(dk);
+    operand_fence(pf);
+    operand_fence(dsf);
+  } else {
+    // dQ_part[64 queries x D] = dS_w K_w once the warpgroup's 128 threads have stored dS^T.
+    named_barrier_sync(1 + wg, 128);
+    float dq[D / 8][4];
+    const std::uint32_t ds_u32 = sm.ds + wg * Cfg::kDsBytes;
+    wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks)  // the warpgroup's 64 keys
-    wgmma_ss_mn<D>(dq, smem_desc(ds_u32 + Cfg::ds_mn_slice(ks), kUnusedLbo, Cfg::kSbo),
-                   smem_desc(sm.k + Cfg::k_mn_slice(wg, ks), Cfg::kKLbo, Cfg::kSbo), ks > 0);
-  wgmma_commit();
-  wgmma_wait<0>();
-  operand_fence(dv);
-  operand_fence(dk);
-  operand_fence(pf);
-  operand_fence(dsf);
-  operand_fence(dq);
+    for (int ks = 0; ks < 4; ++ks)  // the warpgroup's 64 keys
+      wgmma_ss_mn<E, D>(dq, smem_desc(ds_u32 + Cfg::ds_mn_slice(ks), kUnusedLbo, Cfg::kSbo),
+                        smem_desc(sm.k + Cfg::k_mn_slice(wg, ks), Cfg::kKLbo, Cfg::kSbo), ks > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    operand_fence(dv);
+    operand_fence(dk);
+    operand_fence(pf);
+    operand_fence(dsf);
+    operand_fence(dq);
 
-  // dq_acc [B, S, H, D] += dQ_part: rows m0 + 16(warp % 4) + gi (+8), columns 8j + 2t, +1.
+    // dq_acc [B, S, H, D] += dQ_part: rows m0 + 16(warp % 4) + gi (+8), columns 8j + 2t, +1.
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int q = m0 + 16 * (warp & 3) + gi + 8 * h;
-    if (q >= S) continue;
-    float* dst = dq_acc + ((static_cast<std::size_t>(b) * S + q) * H + head) * D + 2 * t;
+    for (int h = 0; h < 2; ++h) {
+      const int q = m0 + 16 * (warp & 3) + gi + 8 * h;
+      if (q >= S) continue;
+      float* dst = dq_acc + ((static_cast<std::size_t>(b) * S + q) * H + head) * D + 2 * t;
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      atomicAdd(reinterpret_cast<float2*>(dst + 8 * j), make_float2(dq[j][2 * h], dq[j][2 * h + 1]));
+      for (int j = 0; j < D / 8; ++j)
+        atomicAdd(reinterpret_cast<float2*>(dst + 8 * j), make_float2(dq[j][2 * h], dq[j][2 * h + 1]));
+    }
   }
 }
 
 // dK (x dk_scale = 1/sqrt(D)) and dV (x dv_scale: DROP's 1/(1-p)) of this warp's 16 keys from
 // key_row0 into dqkv's k and v slots (keys at or past S skipped).
-template <int D>
-__device__ __forceinline__ void store_dkdv(bf16* __restrict__ dqkv, const float (&dk)[D / 8][4], const float (&dv)[D / 8][4],
+template <int D, typename E>
+__device__ __forceinline__ void store_dkdv(E* __restrict__ dqkv, const float (&dk)[D / 8][4], const float (&dv)[D / 8][4],
                                            int key_row0, int S, int H, int head, int b, float dk_scale,
                                            float dv_scale) {
   const std::size_t tok = 3ull * H * D, otok = static_cast<std::size_t>(H) * D;
-  bf16* gdk = dqkv + static_cast<std::size_t>(b) * S * tok + static_cast<std::size_t>(head) * D + otok;
+  E* gdk = dqkv + static_cast<std::size_t>(b) * S * tok + static_cast<std::size_t>(head) * D + otok;
   attn::store_rows<D>(gdk, dk, key_row0, S, tok, dk_scale);
   attn::store_rows<D>(gdk + otok, dv, key_row0, S, tok, dv_scale);
 }
 
-template <class Cfg, bool MASK, bool DROP>
+template <class Cfg, typename E, bool MASK, bool DROP, bool DET>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
                     const __grid_constant__ CUtensorMap do_map, const float* __restrict__ lse,
-                    const float* __restrict__ dvec, bf16* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
+                    const float* __restrict__ dvec, E* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
                     int H, float scale_log2, float scale, const __grid_constant__ attn::OptionArgs opt) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
   extern __shared__ unsigned char smem_raw[];
@@ -356,7 +368,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     mbar_wait(sm.bar.q_full(s), (i / ST) & 1);
     if (Cfg::wg_active(m0, n0, wg))
-      tile_step<Cfg, MASK, DROP>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes, sm.lse + s * BM,
+      tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes, sm.lse + s * BM,
                                  sm.dvec + s * BM, dq_acc, m0, n0, wg, key_row0, S, H, head, b, scale_log2, opts);
     if constexpr (Cfg::kDecoupled) {
       __syncwarp();
@@ -369,36 +381,44 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   store_dkdv<D>(dqkv, dk, dv, key_row0, S, H, head, b, scale, DROP ? opt.drop_scale : 1.f);
 }
 
-template <int D, bool CAUSAL, bool DECOUPLED, bool MASK, bool DROP>
-void launch(cudaStream_t st, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-            float* dq_acc, const kernels::AttentionShape& sh, const attn::OptionArgs& opt) {
+template <int D, bool CAUSAL, bool DECOUPLED, bool DET, bool MASK, bool DROP, typename E>
+void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
+            float* dq_acc, const AttentionShape& sh, const attn::OptionArgs& opt) {
   using Cfg = BwdConfig<D, CAUSAL, DECOUPLED>;
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   const CUtensorMap do_map = encode_rows_map(dout, sh, 1, Cfg::kBlockM);
-  auto kernel = backward_kernel<Cfg, MASK, DROP>;
+  auto kernel = backward_kernel<Cfg, E, MASK, DROP, DET>;
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((sh.seq + Cfg::kBlockN - 1) / Cfg::kBlockN, sh.heads, sh.batch);
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * attn::kLog2e;
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, do_map, lse, dvec, dqkv, dq_acc, sh.seq,
                                                        sh.heads, scale_log2, scale, opt);
-  CUTRAIN_LAUNCH_CHECK("attention_hopper backward_kernel");
+  CUTRAIN_LAUNCH_CHECK(DET ? "attention sm90 backward_kernel" : "attention sm90 backward_kernel(atomic dq)");
 }
 
 // The options' instance: the key mask where one is given, dropout where p > 0.
-template <int D, bool CAUSAL, bool DECOUPLED>
-void launch(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-            float* dq_acc, const kernels::AttentionShape& sh, const attn::OptionArgs& opt) {
+template <int D, bool CAUSAL, bool DECOUPLED, bool DET, typename E>
+void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
+            float* dq_acc, const AttentionShape& sh, const attn::OptionArgs& opt) {
   const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
-  if (!mask && !drop) launch<D, CAUSAL, DECOUPLED, false, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
-  else if (!drop) launch<D, CAUSAL, DECOUPLED, true, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
-  else if (!mask) launch<D, CAUSAL, DECOUPLED, false, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
-  else launch<D, CAUSAL, DECOUPLED, true, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  if (!mask && !drop) launch<D, CAUSAL, DECOUPLED, DET, false, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else if (!drop) launch<D, CAUSAL, DECOUPLED, DET, true, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else if (!mask) launch<D, CAUSAL, DECOUPLED, DET, false, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else launch<D, CAUSAL, DECOUPLED, DET, true, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
 }
 
-template <bool DECOUPLED>
-void launch(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse, const float* dvec, bf16* dqkv,
-            float* dq_acc, const kernels::AttentionShape& sh, const attn::OptionArgs& opt) {
+// Deterministic (no dQ accumulator: the dQ pass follows) or fast.
+template <int D, bool CAUSAL, bool DECOUPLED, typename E>
+void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
+            float* dq_acc, const AttentionShape& sh, const attn::OptionArgs& opt) {
+  dq_acc ? launch<D, CAUSAL, DECOUPLED, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+         : launch<D, CAUSAL, DECOUPLED, true>(s, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
+}
+
+template <bool DECOUPLED, typename E>
+void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
+            float* dq_acc, const AttentionShape& sh, const attn::OptionArgs& opt) {
   const bool c = sh.causal;
   if (sh.head_dim == 64)
     c ? launch<64, true, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
@@ -410,24 +430,36 @@ void launch(cudaStream_t s, const bf16* qkv, const bf16* dout, const float* lse,
 
 }  // namespace
 
-void attention_backward(cudaStream_t s, const bf16* qkv, const bf16* out, const bf16* dout, const float* lse,
-                        bf16* dqkv, void* scratch, const kernels::AttentionShape& sh, BackwardSchedule schedule,
-                        const kernels::AttentionOptions& options) {
+template <typename E>
+void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dout, const float* lse, E* dqkv,
+                        void* scratch, const AttentionShape& sh, BackwardSchedule schedule,
+                        const AttentionOptions& options, bool deterministic) {
+  const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
   check_backward_args(qkv, out, dout, lse, dqkv, scratch, sh);
   CUTRAIN_CHECK(schedule == BackwardSchedule::Lockstep || schedule == BackwardSchedule::Decoupled,
-                "attention_hopper_backward: schedule must be Lockstep or Decoupled, got ", static_cast<int>(schedule));
-  const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
-  check_device("attention_hopper_backward",
+                "attention_backward: schedule must be Lockstep or Decoupled, got ", static_cast<int>(schedule));
+  check_device("attention_backward",
                sh.head_dim == 64 ? BwdConfig<64, false>::kSmemBytes : BwdConfig<128, false>::kSmemBytes);
-  // The production fast mode's scratch layout: Dvec, then the fp32 dQ accumulator.
+  // The scratch (attention_backward_scratch_bytes): Dvec, then, fast mode only, the fp32 dQ accumulator.
   float* dvec = static_cast<float*>(scratch);
-  float* dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + kernels::attn::dvec_bytes(sh));
-  const std::size_t acc_bytes = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads * sh.head_dim * sizeof(float);
-  kernels::attn::row_dot(s, out, dout, dvec, sh);
-  CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, acc_bytes, s));
+  float* dq_acc =
+      deterministic ? nullptr : reinterpret_cast<float*>(static_cast<char*>(scratch) + attn::dvec_bytes(sh));
+  attn::row_dot<E>(s, out, dout, dvec, sh);
+  if (dq_acc) {
+    const std::size_t acc_bytes = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads * sh.head_dim * sizeof(float);
+    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, acc_bytes, s));
+  }
   schedule == BackwardSchedule::Decoupled ? launch<true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
                                           : launch<false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
-  kernels::attn::dq_convert(s, dq_acc, dqkv, sh);
+  if (dq_acc)
+    attn::dq_convert<E>(s, dq_acc, dqkv, sh);
+  else
+    attn::dq<E>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
 }
 
-}  // namespace cutrain::bench::hopper
+template void attention_backward<bf16>(cudaStream_t, const bf16*, const bf16*, const bf16*, const float*, bf16*, void*,
+                                       const AttentionShape&, BackwardSchedule, const AttentionOptions&, bool);
+template void attention_backward<f16>(cudaStream_t, const f16*, const f16*, const f16*, const float*, f16*, void*,
+                                      const AttentionShape&, BackwardSchedule, const AttentionOptions&, bool);
+
+}  // namespace cutrain::kernels::sm90
