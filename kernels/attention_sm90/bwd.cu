@@ -105,7 +105,7 @@ __device__ __forceinline__ void load_query_tile(const BwdSmem<Cfg>& sm, const CU
 // A thread's share of BERT's options in the backward (all of it compiled out of the plain kernel).
 struct BwdOptions {
   std::uint32_t key_live;     // MASK: bit e, the key of fragment element e (key_row0 + gi + 8(e >> 1)) may be attended
-  DropoutKey dkey;   // DROP: step resolved
+  DropoutKey dkey;            // DROP: step resolved
   std::uint32_t threshold;
   float drop_scale;           // 1 / (1 - p)
   std::uint64_t bh_e;         // (b*H + head) * S
@@ -139,12 +139,12 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
     wgmma_ss<E, BM>(st, smem_desc(sm.k + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
-                 smem_desc(q_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+                    smem_desc(q_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
   wgmma_commit();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
     wgmma_ss<E, BM>(dp, smem_desc(sm.v + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
-                 smem_desc(do_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+                    smem_desc(do_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
   wgmma_commit();
 
   if constexpr (DROP && kDrawUnder) draw();

@@ -10,7 +10,8 @@
 //     (k_full[s]) and V (v_full[s]), each as D/64 TMA boxes of 128-byte swizzled rows.
 //   consumers: S = Q K^T (wgmma, both operands from shared memory, K-major), the causal / sequence
 //     -end mask and the online softmax in registers (the attention family's Softmax, Mask and
-//     to_a_frags, kernels/attention_softmax.cuh / attention_tiles.cuh: the wgmma accumulator is the mma.sync C fragment per 8 columns), then
+//     to_a_frags, kernels/attention_softmax.cuh / attention_tiles.cuh: the wgmma accumulator is
+//     the mma.sync C fragment per 8 columns), then
 //     O += P V (wgmma, P from registers, V read transposed from shared memory), then each consumer
 //     warp arrives on kv_empty[s]. The epilogue normalizes O and stores it and the log-sum-exp
 //     with the family's store_rows.
@@ -65,7 +66,7 @@ __device__ __forceinline__ void issue_scores(float (&sc)[Cfg::kBlockN / 8][4], s
 #pragma unroll
   for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk)
     wgmma_ss<E, Cfg::kBlockN>(sc, smem_desc(sQ + Cfg::q_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
-                           smem_desc(k_tile + Cfg::k_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+                              smem_desc(k_tile + Cfg::k_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
   wgmma_commit();
 }
 
