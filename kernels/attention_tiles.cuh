@@ -263,9 +263,10 @@ template <typename E>
 void dq(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
         const AttentionShape& shape, const OptionArgs& opt);
 // The backward's small passes (kernels/attention_bwd.cu), around the sm90 dK/dV pass
-// (kernels/attention_sm90/bwd.cu) and bench/attention_mma/'s baseline: the bytes of the Dvec part of the scratch (fp32 B*H*S rounded up to 256; the fast
-// mode's dQ accumulator follows it); dvec = rowsum(dO o O), fp32 [B, H, S]; dqkv's q slot =
-// dq_acc / sqrt(D), dq_acc the fast mode's unscaled fp32 dS K [B, S, H, D].
+// (kernels/attention_sm90/bwd.cu) and bench/attention_mma/'s baseline: the bytes of the Dvec part
+// of the scratch (fp32 B*H*S rounded up to 256; the fast mode's dQ accumulator follows it);
+// dvec = rowsum(dO o O), fp32 [B, H, S]; dqkv's q slot = dq_acc / sqrt(D), dq_acc the fast mode's
+// unscaled fp32 dS K [B, S, H, D].
 std::size_t dvec_bytes(const AttentionShape& shape);
 template <typename E>
 void row_dot(cudaStream_t s, const E* out, const E* dout, float* dvec, const AttentionShape& shape);

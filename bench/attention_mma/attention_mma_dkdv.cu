@@ -1,5 +1,5 @@
-// @brief The mma.sync baseline's dK/dV pass (bench/attention_mma/attention_mma.h): one CTA per Tile::kBlockM keys of one (batch, head), one
-// warp per 16 keys, walking query tiles of kBlockN through a cp.async double buffer: P^T and dP^T
+// @brief The mma.sync baseline's dK/dV pass (bench/attention_mma/attention_mma.h): one CTA per
+// Tile::kBlockM keys of one (batch, head), one warp per 16 keys, walking query tiles of kBlockN through a cp.async double buffer: P^T and dP^T
 // recomputed from lse, dV += P^T dO, dK += dS^T Q. The fast mode (Tile::kDeterministic false)
 // also adds dS K into the fp32 dQ accumulator with atomics.
 // Options (template bools): MASK, a masked key's P is 0 and a CTA whose keys are all masked only

@@ -213,7 +213,8 @@ void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const A
                 "mma_attention::attention_forward: qkv must be 16-byte aligned and out 4-byte aligned");
   const bool c = shape.causal;
   if (shape.head_dim == 64)
-    c ? launch_forward<64, true>(s, qkv, out, lse, shape, opt) : launch_forward<64, false>(s, qkv, out, lse, shape, opt);
+    c ? launch_forward<64, true>(s, qkv, out, lse, shape, opt)
+      : launch_forward<64, false>(s, qkv, out, lse, shape, opt);
   else
     c ? launch_forward<128, true>(s, qkv, out, lse, shape, opt)
       : launch_forward<128, false>(s, qkv, out, lse, shape, opt);

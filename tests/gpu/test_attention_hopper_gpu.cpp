@@ -7,7 +7,8 @@
 // (odd B, H and S), fast and deterministic modes (the deterministic one bit-identical on a second
 // run), and at long S against the naive GPU reference and kernels::attention_backward's
 // deterministic mode (its dQ from the mma.sync dQ pass), from the production forward's O and lse;
-// both warpgroup schedules (lockstep, decoupled). Outputs poisoned first. A failure
+// both warpgroup schedules (lockstep, decoupled). fp16: every schedule and both backward modes
+// against the fp64 CPU reference at odd shapes. Outputs poisoned first. A failure
 // names the first element off (batch, token, head, column) with both values, and the product it
 // points at.
 #include <gtest/gtest.h>
@@ -390,6 +391,73 @@ TEST_P(AttentionHopperBwdLongGpu, MatchesNaiveAndProduction) {
 
 INSTANTIATE_TEST_SUITE_P(LongShapes, AttentionHopperBwdLongGpu,
                          ::testing::Combine(::testing::Values(1000, 2049), ::testing::Values(64, 128), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<LongParam>& i) {
+                           std::ostringstream os;
+                           os << 'S' << std::get<0>(i.param) << 'D' << std::get<1>(i.param)
+                              << (std::get<2>(i.param) ? "_causal" : "_full");
+                           return os.str();
+                         });
+
+// ---- fp16 ----
+
+// The fp16 instances (wgmma's .f16 inputs, fp16 tensor maps, P and dS as fp16) with every schedule
+// of each kernel and both backward modes, against the fp64 CPU reference on fp16-rounded inputs:
+// O within 3e-3 and the gradients within 5e-3 (fp16's 11 significant bits; the production fp16
+// test's bounds), lse within 1e-4. Batch 2, heads 3; odd S.
+class AttentionHopperFp16Gpu : public ::testing::TestWithParam<LongParam> {};
+
+TEST_P(AttentionHopperFp16Gpu, EverySchedule) {
+  CUTRAIN_REQUIRE_GPU();
+  const auto [seq, dim, causal] = GetParam();
+  const AttentionShape sh{2, seq, 3, dim, causal};
+  SCOPED_TRACE(shape_name(sh) + " fp16");
+  auto rng = test::fresh_rng();
+  const std::size_t n_qkv = 3ull * sh.batch * seq * sh.heads * dim, n_o = n_qkv / 3;
+  const std::size_t n_l = static_cast<std::size_t>(sh.batch) * sh.heads * seq;
+  const auto qkv_f = test::round_f16(test::random_normal(n_qkv, rng));
+  const auto dout_f = test::round_f16(test::random_normal(n_o, rng));
+  test::DeviceArray<f16> qkv(test::to_f16(qkv_f)), dout(test::to_f16(dout_f)), out(n_o);
+  test::DeviceArray<float> lse(n_l);
+  std::vector<double> out_r, lse_r;
+  ref::attention_forward(qkv_f, sh, out_r, lse_r);
+  std::vector<float> out_h;
+  for (const hopper::Schedule schedule : kSchedules) {
+    SCOPED_TRACE(std::string(schedule_name(schedule)) + " forward");
+    out.poison();
+    lse.poison();
+    hopper::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, schedule);
+    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    out_h = test::download_float(out);
+    const auto lse_h = lse.download();
+    ASSERT_EQ(test::count_nan(out_h), 0u) << "O left unwritten";
+    ASSERT_EQ(test::count_nan(lse_h), 0u) << "lse left unwritten";
+    EXPECT_LE(test::rel_error(out_h, out_r), 3e-3) << "O vs CPU";
+    EXPECT_LE(test::rel_error(lse_h, lse_r), 1e-4) << "lse vs CPU";
+  }
+  // The backward from the last forward's O and lse (the reference from that O).
+  std::vector<double> dqkv_r;
+  ref::attention_backward(qkv_f, out_h, dout_f, sh, dqkv_r);
+  const auto dv_r = test::attention_slot(dqkv_r, sh, 2);
+  test::DeviceArray<float> scratch((kernels::attention_backward_scratch_bytes(sh, false) + 3) / 4);
+  static const char* names[3] = {"dQ", "dK", "dV"};
+  for (const hopper::BackwardSchedule schedule : kBwdSchedules)
+    for (const bool det : {false, true}) {
+      SCOPED_TRACE(std::string(schedule_name(schedule)) + (det ? " deterministic" : " fast"));
+      test::DeviceArray<f16> dqkv(n_qkv);
+      hopper::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv.get(), scratch.get(), sh,
+                                 schedule, {}, det);
+      CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto g = test::download_float(dqkv);
+      ASSERT_EQ(test::count_nan(g), 0u) << "dqkv left unwritten";
+      for (int w = 0; w < 3; ++w)
+        EXPECT_LE(test::attention_grad_error(test::attention_slot(g, sh, w), test::attention_slot(dqkv_r, sh, w), dv_r),
+                  5e-3)
+            << names[w] << " vs CPU";
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(OddShapes, AttentionHopperFp16Gpu,
+                         ::testing::Combine(::testing::Values(7, 129, 385), ::testing::Values(64, 128), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<LongParam>& i) {
                            std::ostringstream os;
                            os << 'S' << std::get<0>(i.param) << 'D' << std::get<1>(i.param)
