@@ -1,4 +1,5 @@
-// @brief Benchmarks of kernels/attention: forward, backward (bwd: the fast mode with atomic dQ, as
+// @brief Benchmarks of kernels/attention (the sm90 pair, kernels/attention_sm90/, with the schedule
+// table's choice per shape): forward, backward (bwd: the fast mode with atomic dQ, as
 // FlashAttention's own backward; bwd_det: the deterministic mode) and forward+backward (fast), full
 // and causal, on the BF16 example's shape and the shapes the PyTorch peer
 // (bench/peers/attention_peer.py) times under the same names.

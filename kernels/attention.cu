@@ -1,9 +1,12 @@
-// @brief Attention family: shape and option validation, the key mask from tokens, and the FLOP counts
-// the benchmarks report.
+// @brief Attention family: the entry points (the sm90 pair of kernels/attention_sm90/ with the
+// production schedules), shape and option validation, the key mask from tokens, and the FLOP
+// counts the benchmarks report.
 #include <cmath>
 
 #include "kernels/attention.cuh"
 #include "kernels/attention_options.cuh"
+#include "kernels/attention_sm90/attention_sm90.h"
+#include "kernels/attention_sm90/layout.h"
 #include "kernels/attention_tiles.cuh"
 #include "kernels/dropout.cuh"
 #include "runtime/check.h"
@@ -46,6 +49,35 @@ void attention_key_mask_from_tokens(cudaStream_t s, const std::int32_t* tokens, 
   key_mask_kernel<<<blocks, 256, 0, s>>>(tokens, pad_id, key_mask, n);
   CUTRAIN_LAUNCH_CHECK("attention_key_mask_from_tokens");
 }
+
+template <typename E>
+void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
+                       const AttentionOptions& options) {
+  attn::check_shape(shape, "attention_forward");  // before the schedule table reads head_dim
+  const sm90::Schedule schedule = sm90::production_fwd_overlap(shape.head_dim, shape.causal) ? sm90::Schedule::Overlap
+                                                                                            : sm90::Schedule::Serial;
+  sm90::attention_forward<E>(s, qkv, out, lse, shape, schedule, options);
+}
+
+template <typename E>
+void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dout, const float* lse, E* dqkv,
+                        void* scratch, const AttentionShape& shape, bool deterministic,
+                        const AttentionOptions& options) {
+  attn::check_shape(shape, "attention_backward");
+  const sm90::BackwardSchedule schedule = sm90::production_bwd_decoupled(shape.head_dim, shape.causal)
+                                              ? sm90::BackwardSchedule::Decoupled
+                                              : sm90::BackwardSchedule::Lockstep;
+  sm90::attention_backward<E>(s, qkv, out, dout, lse, dqkv, scratch, shape, schedule, options, deterministic);
+}
+
+template void attention_forward<bf16>(cudaStream_t, const bf16*, bf16*, float*, const AttentionShape&,
+                                      const AttentionOptions&);
+template void attention_forward<f16>(cudaStream_t, const f16*, f16*, float*, const AttentionShape&,
+                                     const AttentionOptions&);
+template void attention_backward<bf16>(cudaStream_t, const bf16*, const bf16*, const bf16*, const float*, bf16*, void*,
+                                       const AttentionShape&, bool, const AttentionOptions&);
+template void attention_backward<f16>(cudaStream_t, const f16*, const f16*, const f16*, const float*, f16*, void*,
+                                      const AttentionShape&, bool, const AttentionOptions&);
 
 double attention_forward_flops(const AttentionShape& sh) {
   const double f = 4.0 * sh.batch * sh.heads * static_cast<double>(sh.seq) * sh.seq * sh.head_dim;

@@ -36,7 +36,9 @@ void attention_key_mask_from_tokens(cudaStream_t s, const std::int32_t* tokens, 
                                     std::uint8_t* key_mask, std::size_t n);
 
 // E, the element type of qkv, out, dout and dqkv: bf16 or fp16 (instances of both; fp32 softmax and
-// accumulation, mma.sync with E inputs).
+// accumulation, wgmma with E inputs). The kernels are Hopper's (sm_90a: wgmma, TMA;
+// kernels/attention_sm90/): any device but compute capability 9.0 (H100, H200) is refused with the
+// capability found, after the argument checks and before any device work.
 // qkv: E [B, S, 3, H, D] (the fused in-projection's output as is: q, k, v for each token);
 // out: E [B, S, H, D]; lse: fp32 [B, H, S] (log-sum-exp of the scaled scores, natural log).
 // Softmax scale 1/sqrt(D).

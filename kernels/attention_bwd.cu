@@ -1,11 +1,13 @@
-// @brief Flash-style attention backward on mma.sync tensor cores: the launcher and its small passes.
-//   1. row_dot:  Dvec[i] = sum_d dO[i,d] * O[i,d]                     (fp32 scratch, B*H*S)
+// @brief Flash-style attention backward: its small passes and the scratch size. The passes, in order
+// (kernels/attention_sm90/attention_sm90.h runs them):
+//   1. row_dot:  Dvec[i] = sum_d dO[i,d] * O[i,d]                     (fp32 scratch, B*H*S; here)
 //   2. dK/dV:    one CTA per 128 keys, walking the query tiles: P^T and dP^T recomputed from
-//                lse, dV += P^T dO, dK += dS^T Q                        (kernels/attention_bwd_dkdv.cu)
+//                lse, dV += P^T dO, dK += dS^T Q             (wgmma: kernels/attention_sm90/bwd.cu)
 //   3. dQ:       one CTA per 128 queries, walking the key tiles: dQ += dS K (kernels/attention_bwd_dq.cu)
 // Deterministic mode: no atomics, the same bits every run; the price is recomputing Q K^T and
 // dO V^T once more in the dQ pass (7 instead of 5 matmuls). Fast mode: step 3 is replaced by
-// fp32 atomics of dS K from inside the dK/dV pass into a scratch accumulator, then a conversion.
+// fp32 atomics of dS K from inside the dK/dV pass into a scratch accumulator, then a conversion
+// (dq_convert, here).
 // With P = exp(scale*S - lse), dP = dO V^T, dS = P o (dP - Dvec):
 //   dV = P^T dO,  dK = scale * dS^T Q,  dQ = scale * dS K.
 // Tile shapes: kernels/attention_tile_size.h.
@@ -60,24 +62,6 @@ __global__ void __launch_bounds__(256) dq_convert_kernel(const float* __restrict
   *reinterpret_cast<pair16_t<E>*>(dqkv + dst) = pack2_rn<E>(v.x * scale, v.y * scale);
 }
 
-template <int D, typename E>
-void launch_backward(cudaStream_t st, const E* qkv, const E* out, const E* dout, const float* lse,
-                     E* dqkv, void* scratch, const AttentionShape& sh, bool deterministic,
-                     const OptionArgs& opt) {
-  float* dvec = static_cast<float*>(scratch);
-  float* dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + dvec_bytes(sh));
-  row_dot<E>(st, out, dout, dvec, sh);
-  if (deterministic) {
-    dkdv<E>(st, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
-    dq<E>(st, qkv, dout, lse, dvec, dqkv, sh, opt);
-  } else {
-    const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
-    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, rows * D * sizeof(float), st));
-    dkdv<E>(st, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
-    dq_convert<E>(st, dq_acc, dqkv, sh);
-  }
-}
-
 }  // namespace
 
 std::size_t dvec_bytes(const AttentionShape& sh) {
@@ -121,28 +105,5 @@ std::size_t attention_backward_scratch_bytes(const AttentionShape& shape, bool d
   const std::size_t acc = static_cast<std::size_t>(shape.batch) * shape.seq * shape.heads * shape.head_dim * 4;
   return attn::dvec_bytes(shape) + (deterministic ? 0 : acc);
 }
-
-template <typename E>
-void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dout, const float* lse,
-                        E* dqkv, void* scratch, const AttentionShape& shape, bool deterministic,
-                        const AttentionOptions& options) {
-  attn::check_shape(shape, "attention_backward");
-  const attn::OptionArgs opt = attn::option_args(options);
-  CUTRAIN_CHECK(qkv && out && dout && lse && dqkv && scratch,
-                "attention_backward: qkv, out, dout, lse, dqkv and scratch must all be non-null");
-  CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0 && reinterpret_cast<std::uintptr_t>(dout) % 16 == 0 &&
-                    reinterpret_cast<std::uintptr_t>(out) % 4 == 0 && reinterpret_cast<std::uintptr_t>(dqkv) % 4 == 0 &&
-                    reinterpret_cast<std::uintptr_t>(scratch) % 16 == 0,
-                "attention_backward: qkv, dout and scratch must be 16-byte aligned, out and dqkv 4-byte aligned");
-  if (shape.head_dim == 64)
-    attn::launch_backward<64>(s, qkv, out, dout, lse, dqkv, scratch, shape, deterministic, opt);
-  else
-    attn::launch_backward<128>(s, qkv, out, dout, lse, dqkv, scratch, shape, deterministic, opt);
-}
-
-template void attention_backward<bf16>(cudaStream_t, const bf16*, const bf16*, const bf16*, const float*, bf16*, void*,
-                                       const AttentionShape&, bool, const AttentionOptions&);
-template void attention_backward<f16>(cudaStream_t, const f16*, const f16*, const f16*, const float*, f16*, void*,
-                                      const AttentionShape&, bool, const AttentionOptions&);
 
 }  // namespace cutrain::kernels

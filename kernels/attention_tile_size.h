@@ -1,5 +1,8 @@
-// @brief Internal to the attention family: the one table of compile-time tile shapes per pass.
-// Every attention kernel is templated on a Tile<...> type read from tile_size(); nothing about the
+// @brief Internal to the attention family: the one table of compile-time tile shapes of the mma.sync
+// passes: Pass::Dq, the deterministic backward's dQ pass (kernels/attention_bwd_dq.cu), and
+// Pass::Fwd / Pass::Dkdv, the mma.sync baseline's forward and dK/dV pass (bench/attention_mma/,
+// bench_attention_hopper's baseline since the sm90 pair, kernels/attention_sm90/layout.h, replaced
+// them). Each such kernel is templated on a Tile<...> type read from tile_size(); nothing about the
 // shapes is chosen at run time. A CTA is kWarps warps; each warp owns kMTiles m-tiles of 16 rows,
 // so a CTA covers kBlockM rows of its fixed operand and streams the other in tiles of kBlockN rows
 // through a cp.async double buffer.

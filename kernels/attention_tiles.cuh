@@ -256,21 +256,17 @@ void check_shape(const AttentionShape& shape, const char* who);
 
 struct OptionArgs;  // kernels/attention_options.cuh
 
-// Backward passes (kernels/attention_bwd_dkdv.cu, kernels/attention_bwd_dq.cu), head_dim D and
-// causal or not per `shape`. dvec: rowsum(dO o O), fp32 [B, H, S].
-// dK/dV: dqkv's k and v slots; with a non-null dq_acc (the fast mode) it also adds dS K, unscaled,
-// into that fp32 [B, S, H, D] accumulator with atomics. `opt`: the forward's key mask and dropout.
-template <typename E>
-void dkdv(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
-          float* dq_acc, const AttentionShape& shape, const OptionArgs& opt);
-// dQ (the deterministic mode): dqkv's q slot.
+// The deterministic backward's dQ pass (kernels/attention_bwd_dq.cu), head_dim D and causal or not
+// per `shape`: dqkv's q slot. dvec: rowsum(dO o O), fp32 [B, H, S]; `opt`: the forward's key mask
+// and dropout.
 template <typename E>
 void dq(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
         const AttentionShape& shape, const OptionArgs& opt);
-// The backward's small passes (kernels/attention_bwd.cu), also used by bench/attention_hopper/'s
-// backward: the bytes of the Dvec part of the scratch (fp32 B*H*S rounded up to 256; the fast
-// mode's dQ accumulator follows it); dvec = rowsum(dO o O), fp32 [B, H, S]; dqkv's q slot =
-// dq_acc / sqrt(D), dq_acc the fast mode's unscaled fp32 dS K [B, S, H, D].
+// The backward's small passes (kernels/attention_bwd.cu), around the sm90 dK/dV pass
+// (kernels/attention_sm90/bwd.cu) and bench/attention_mma/'s baseline: the bytes of the Dvec part
+// of the scratch (fp32 B*H*S rounded up to 256; the fast mode's dQ accumulator follows it);
+// dvec = rowsum(dO o O), fp32 [B, H, S]; dqkv's q slot = dq_acc / sqrt(D), dq_acc the fast mode's
+// unscaled fp32 dS K [B, S, H, D].
 std::size_t dvec_bytes(const AttentionShape& shape);
 template <typename E>
 void row_dot(cudaStream_t s, const E* out, const E* dout, float* dvec, const AttentionShape& shape);

@@ -1,35 +1,42 @@
-// @brief Issue #24's experiment against the production attention kernels: the Hopper kernels
-// (wgmma + TMA, bench/attention_hopper/) and kernels::attention_forward / attention_backward (fast
-// mode) on the same inputs, in the same process, at S 512-8192 with B*S = 16384 tokens, 16 heads,
-// d64 / d128, full and causal.
+// @brief Issue #24's comparison: the sm90 attention pair (wgmma + TMA, kernels/attention_sm90/, the
+// production kernels), each schedule of each kernel, against the mma.sync pair it replaced
+// (bench/attention_mma/, this benchmark's baseline) on the same inputs, in the same process, at S
+// 512-8192 with B*S = 16384 tokens, 16 heads, d64 / d128, full and causal.
 // Forward rows, each consumer schedule (serial; overlap: tile j's P V in flight while tile j+1's S
 // is issued): "attention_hopper/fwd[_causal][_overlap]/B<b>H16S<s>D<d>". Manual time and TFLOP/s
-// (4·B·H·S²·D, halved causal) are the Hopper kernel's; prod_us / prod_TFLOP/s the production
-// kernel's (median of 100 flushed calls, once per shape, before that shape's first row); speedup =
-// prod_us / median_us. out_rel_diff / lse_rel_diff: ||hopper - production|| / ||production|| of
-// one call each (both within 1e-2 / 1e-4 of the references in the tests), so a wrong-but-fast
-// kernel shows here too.
-// Backward rows, "attention_hopper/bwd[_causal][_decoupled]/<shape>" (the whole backward: row_dot,
-// the wgmma pass, the dQ convert; from the production forward's O and lse; each warpgroup schedule:
-// lockstep, decoupled) and "attention_hopper/fwdbwd[_causal][_decoupled]/<shape>" (the Hopper
-// forward, overlap schedule except serial at d128 non-causal, the faster one measured, then the
-// Hopper backward), on the same sweep plus bench/peers/
-// attention_peer.py's shapes (B4H16S512D64, B4H16S2048D64, B4H16S2048D128; its B2H16S8192D64 is
-// in the sweep), so compare.py pairs these rows with the peer's SDPA rows of the same pass and
-// shape (the lockstep rows carry the plain name). TFLOP/s: 2.5x the forward's FLOPs for bwd, 3.5x
-// for fwdbwd (halved causal); prod_us / prod_TFLOP/s: the production pair on the same inputs
-// (median of 100 flushed calls, once per shape and pass, before its first row);
-// dq/dk/dv_rel_diff: ||hopper - production|| / ||production|| of one call.
+// (4·B·H·S²·D, halved causal) are the sm90 kernel's; mma_us / mma_TFLOP/s the mma.sync baseline's
+// (median of 100 flushed calls, once per shape, before that shape's first row); speedup =
+// mma_us / median_us. out_rel_diff / lse_rel_diff: ||sm90 - mma|| / ||mma|| of one call each (both
+// within 1e-2 / 1e-4 of the references in the tests), so a wrong-but-fast kernel shows here too.
+// Backward rows (fast mode), "attention_hopper/bwd[_causal][_decoupled]/<shape>" (the whole
+// backward: row_dot, the wgmma pass, the dQ convert; from the production forward's O and lse; each
+// warpgroup schedule: lockstep, decoupled) and "attention_hopper/fwdbwd[_causal][_decoupled]/<shape>"
+// (the sm90 forward with the production schedule table's choice, then the sm90 backward), on the
+// same sweep plus bench/peers/attention_peer.py's shapes (B4H16S512D64, B4H16S2048D64,
+// B4H16S2048D128; its B2H16S8192D64 is in the sweep), so compare.py pairs these rows with the
+// peer's SDPA rows of the same pass and shape (the lockstep rows carry the plain name). TFLOP/s:
+// 2.5x the forward's FLOPs for bwd, 3.5x for fwdbwd (halved causal); mma_us / mma_TFLOP/s: the
+// mma.sync pair on the same inputs (median of 100 flushed calls, once per shape and pass, before
+// its first row); dq/dk/dv_rel_diff: ||sm90 - mma|| / ||mma|| of one call.
+// BERT's shapes (B64H16S128D64, B16H16S512D64, non-causal), every pass and schedule, plain and with
+// its options as bench/bench_attention.cu runs them (the same mask of per-sequence lengths uniform
+// in [S/4, S], the same dropout key, p 0.1), both sides given the same options:
+// "attention_hopper/<pass>[_mask[_drop]][_overlap|_decoupled]/<shape>", so compare.py pairs the
+// serial / lockstep rows with the peer's "attention/<pass>_mask[_drop]/<shape>" SDPA rows (cuDNN
+// among them). Their TFLOP/s count the full S^2 work, as bench_attention's do.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
-#include "bench/attention_hopper/attention_hopper.h"
+#include "bench/attention_mma/attention_mma.h"
 #include "bench/support/bench_support.h"
 #include "kernels/attention.cuh"
+#include "kernels/attention_sm90/attention_sm90.h"
+#include "kernels/attention_sm90/layout.h"
 #include "runtime/check.h"
 
 using namespace cutrain;
@@ -53,9 +60,43 @@ std::vector<float> download(const DevBuf& b, std::size_t n) {
   return f;
 }
 
+// BERT's options as bench_attention's rows use them.
+enum class Opts { Plain, Mask, MaskDrop };
+const char* opts_suffix(Opts o) { return o == Opts::Plain ? "" : o == Opts::Mask ? "_mask" : "_mask_drop"; }
+
+// bench_attention's key mask [B, S]: sequence b valid up to a length uniform in [S/4, S] (fixed seed).
+std::vector<std::uint8_t> padding_mask(const AttentionShape& sh) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> len(sh.seq / 4, sh.seq);
+  std::vector<std::uint8_t> m(std::size_t(sh.batch) * sh.seq);
+  for (int b = 0; b < sh.batch; ++b) {
+    const int n = len(rng);
+    for (int j = 0; j < sh.seq; ++j) m[std::size_t(b) * sh.seq + j] = j < n;
+  }
+  return m;
+}
+
+// The options of a row and the device mask they point at.
+struct RowOptions {
+  DevBuf mask;
+  kernels::AttentionOptions opt;
+  RowOptions(const AttentionShape& sh, Opts o) : mask(std::size_t(sh.batch) * sh.seq) {
+    if (o != Opts::Plain) {
+      const auto m = padding_mask(sh);
+      CUTRAIN_CUDA_CHECK(cudaMemcpy(mask.as<std::uint8_t>(), m.data(), m.size(), cudaMemcpyHostToDevice));
+      opt.key_mask = mask.as<std::uint8_t>();
+    }
+    if (o == Opts::MaskDrop) {
+      opt.dropout = {1234, 1, 0, nullptr};
+      opt.dropout_p = 0.1f;
+    }
+  }
+};
+
 double rel_diff(const std::vector<float>& a, const std::vector<float>& ref) {
   double num = 0, den = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(a[i]) && a[i] == ref[i]) continue;  // lse -inf of a row with no key, on both sides
     if (!std::isfinite(a[i])) return INFINITY;
     const double d = static_cast<double>(a[i]) - ref[i];
     num += d * d;
@@ -64,27 +105,29 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& ref) {
   return den == 0 ? (num == 0 ? 0.0 : INFINITY) : std::sqrt(num / den);
 }
 
-// The production forward's time and outputs for the last shape measured: the two schedules of a
+// The mma.sync baseline forward's time and outputs for the last shape measured: the two schedules of a
 // shape run back to back (register_all's order) on the same inputs, so it runs once per shape.
-struct Production {
+struct Baseline {
   std::string shape;
   double median_us = 0;
   std::vector<float> out, lse;
 };
 
-void bench_forward(benchmark::State& state, AttentionShape sh, bench::hopper::Schedule schedule) {
+void bench_forward(benchmark::State& state, AttentionShape sh, kernels::sm90::Schedule schedule,
+                   Opts opts = Opts::Plain) {
   if (!bench::require_gpu(state)) return;
-  static Production prod;
+  static Baseline prod;
   const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
   const std::size_t n_l = std::size_t(sh.batch) * sh.heads * sh.seq;
   DevBuf qkv(n_qkv * 2), out_h(n_o * 2), lse_h(n_l * 4);
   bench::fill_uniform(qkv.as<bf16>(), n_qkv, -1.f, 1.f, 1);  // same seed: same inputs for every row of a shape
+  const RowOptions ro(sh, opts);
   cudaStream_t st0 = bench::bench_stream();
-  const std::string key = shape_name(sh) + (sh.causal ? "_causal" : "");
+  const std::string key = shape_name(sh) + (sh.causal ? "_causal" : "") + opts_suffix(opts);
   if (prod.shape != key) {
     DevBuf out_p(n_o * 2), lse_p(n_l * 4);
     auto prod_fwd = [&](cudaStream_t st) {
-      kernels::attention_forward(st, qkv.as<bf16>(), out_p.as<bf16>(), lse_p.as<float>(), sh);
+      bench::mma_attention::attention_forward(st, qkv.as<bf16>(), out_p.as<bf16>(), lse_p.as<float>(), sh, ro.opt);
     };
     prod_fwd(st0);
     CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
@@ -94,7 +137,7 @@ void bench_forward(benchmark::State& state, AttentionShape sh, bench::hopper::Sc
     prod.shape = key;
   }
   auto hopper_fwd = [&](cudaStream_t st) {
-    bench::hopper::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, schedule);
+    kernels::sm90::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, schedule, ro.opt);
   };
   hopper_fwd(st0);
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
@@ -103,8 +146,8 @@ void bench_forward(benchmark::State& state, AttentionShape sh, bench::hopper::Sc
 
   const double flops = kernels::attention_forward_flops(sh), bytes = 2.0 * (n_qkv + n_o) + 4.0 * n_l;
   const bench::Timing mine = bench::run_timed(state, hopper_fwd, bytes, flops);
-  state.counters["prod_us"] = prod.median_us;
-  state.counters["prod_TFLOP/s"] = prod.median_us > 0 ? flops / (prod.median_us * 1e-6) / 1e12 : 0.0;
+  state.counters["mma_us"] = prod.median_us;
+  state.counters["mma_TFLOP/s"] = prod.median_us > 0 ? flops / (prod.median_us * 1e-6) / 1e12 : 0.0;
   state.counters["speedup"] = mine.median_us > 0 ? prod.median_us / mine.median_us : 0.0;
   state.counters["out_rel_diff"] = out_diff;
   state.counters["lse_rel_diff"] = lse_diff;
@@ -112,16 +155,16 @@ void bench_forward(benchmark::State& state, AttentionShape sh, bench::hopper::Sc
 
 // The backward rows. O and lse come from the production forward on the same qkv, dO is fixed: both
 // backward calls see the same inputs. fwdbwd: each side's forward then its backward.
-// The production side of the last backward shape and pass measured: a shape's two schedules run
+// The mma.sync side of the last backward shape and pass measured: a shape's two schedules run
 // back to back (register_all's order) on the same inputs, so it runs once per shape and pass.
-struct ProductionBwd {
+struct BaselineBwd {
   std::string key;
   double median_us = 0;
   std::vector<float> dqkv;
 };
 
 void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forward,
-                    bench::hopper::BackwardSchedule schedule) {
+                    kernels::sm90::BackwardSchedule schedule, Opts opts = Opts::Plain) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
   const std::size_t n_l = std::size_t(sh.batch) * sh.heads * sh.seq;
@@ -130,27 +173,32 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   DevBuf dqkv_p(n_qkv * 2), dqkv_h(n_qkv * 2), scratch_p(n_scratch), scratch_h(n_scratch);
   bench::fill_uniform(qkv.as<bf16>(), n_qkv, -1.f, 1.f, 1);
   bench::fill_uniform(dout.as<bf16>(), n_o, -1.f, 1.f, 2);
+  const RowOptions ro(sh, opts);
+  const kernels::AttentionOptions& opt = ro.opt;
   cudaStream_t st0 = bench::bench_stream();
-  kernels::attention_forward(st0, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh);
-  const bench::hopper::Schedule fwd_schedule =
-      sh.head_dim == 128 && !sh.causal ? bench::hopper::Schedule::Serial : bench::hopper::Schedule::Overlap;
+  kernels::attention_forward(st0, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh, opt);
+  const kernels::sm90::Schedule fwd_schedule = kernels::sm90::production_fwd_overlap(sh.head_dim, sh.causal)
+                                                  ? kernels::sm90::Schedule::Overlap
+                                                  : kernels::sm90::Schedule::Serial;
 
-  static ProductionBwd prod_cache;
+  static BaselineBwd prod_cache;
   auto prod = [&](cudaStream_t st) {
-    if (with_forward) kernels::attention_forward(st, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh);
-    kernels::attention_backward(st, qkv.as<bf16>(), out.as<bf16>(), dout.as<bf16>(), lse.as<float>(),
-                                dqkv_p.as<bf16>(), scratch_p.get(), sh, false);
+    if (with_forward)
+      bench::mma_attention::attention_forward(st, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh, opt);
+    bench::mma_attention::attention_backward(st, qkv.as<bf16>(), out.as<bf16>(), dout.as<bf16>(), lse.as<float>(),
+                                             dqkv_p.as<bf16>(), scratch_p.get(), sh, false, opt);
   };
   // Ours reads its own forward's O and lse in fwdbwd, the production forward's in bwd.
   const bf16* o_in = with_forward ? out_h.as<bf16>() : out.as<bf16>();
   const float* l_in = with_forward ? lse_h.as<float>() : lse.as<float>();
   auto hopper = [&](cudaStream_t st) {
     if (with_forward)
-      bench::hopper::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, fwd_schedule);
-    bench::hopper::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(),
-                                      scratch_h.get(), sh, schedule);
+      kernels::sm90::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, fwd_schedule, opt);
+    kernels::sm90::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(),
+                                      scratch_h.get(), sh, schedule, opt);
   };
-  const std::string key = shape_name(sh) + (sh.causal ? "_causal" : "") + (with_forward ? "_fwdbwd" : "_bwd");
+  const std::string key =
+      shape_name(sh) + (sh.causal ? "_causal" : "") + opts_suffix(opts) + (with_forward ? "_fwdbwd" : "_bwd");
   if (prod_cache.key != key) {
     prod(st0);
     CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
@@ -167,8 +215,8 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   const double flops = kernels::attention_backward_flops(sh) + (with_forward ? kernels::attention_forward_flops(sh) : 0);
   const double bwd_bytes = 2.0 * (2 * n_qkv + 2 * n_o) + 4.0 * n_l, fwd_bytes = 2.0 * (n_qkv + n_o) + 4.0 * n_l;
   const bench::Timing mine = bench::run_timed(state, hopper, bwd_bytes + (with_forward ? fwd_bytes : 0), flops);
-  state.counters["prod_us"] = prod_us;
-  state.counters["prod_TFLOP/s"] = prod_us > 0 ? flops / (prod_us * 1e-6) / 1e12 : 0.0;
+  state.counters["mma_us"] = prod_us;
+  state.counters["mma_TFLOP/s"] = prod_us > 0 ? flops / (prod_us * 1e-6) / 1e12 : 0.0;
   state.counters["speedup"] = mine.median_us > 0 ? prod_us / mine.median_us : 0.0;
   // dqkv per slot (q, k, v) of [B, S, 3, H, D].
   const std::size_t row = std::size_t(sh.heads) * sh.head_dim;
@@ -186,7 +234,7 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
 }
 
 void register_all() {
-  using bench::hopper::Schedule;
+  using kernels::sm90::Schedule;
   for (int d : {64, 128})
     for (bool causal : {false, true})
       for (int s : {512, 1024, 2048, 4096, 8192})
@@ -209,7 +257,7 @@ void register_all() {
     for (const AttentionShape sh : {AttentionShape{4, 512, 16, 64}, AttentionShape{4, 2048, 16, 64},
                                     AttentionShape{4, 2048, 16, 128}})
       bwd_shapes.push_back({sh.batch, sh.seq, sh.heads, sh.head_dim, causal});
-  using bench::hopper::BackwardSchedule;
+  using kernels::sm90::BackwardSchedule;
   for (bool with_forward : {false, true})  // every bwd row, then every fwdbwd row (filters split them)
     for (const AttentionShape& sh : bwd_shapes)
       for (BackwardSchedule schedule : {BackwardSchedule::Lockstep, BackwardSchedule::Decoupled}) {
@@ -224,6 +272,34 @@ void register_all() {
             ->Iterations(100)
             ->Unit(benchmark::kMicrosecond);
       }
+  // BERT's shapes, plain and with its options: each pass, each schedule.
+  const std::vector<AttentionShape> bert = {{64, 128, 16, 64, false}, {16, 512, 16, 64, false}};
+  for (const AttentionShape& sh : bert)
+    for (Opts o : {Opts::Plain, Opts::Mask, Opts::MaskDrop}) {
+      const std::string tail = std::string("/") + shape_name(sh);
+      for (Schedule schedule : {Schedule::Serial, Schedule::Overlap}) {
+        const std::string name = std::string("attention_hopper/fwd") + opts_suffix(o) +
+                                 (schedule == Schedule::Overlap ? "_overlap" : "") + tail;
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [sh, schedule, o](benchmark::State& st) { bench_forward(st, sh, schedule, o); })
+            ->UseManualTime()
+            ->Iterations(100)
+            ->Unit(benchmark::kMicrosecond);
+      }
+      for (bool with_forward : {false, true})
+        for (BackwardSchedule schedule : {BackwardSchedule::Lockstep, BackwardSchedule::Decoupled}) {
+          const std::string name = std::string("attention_hopper/") + (with_forward ? "fwdbwd" : "bwd") +
+                                   opts_suffix(o) + (schedule == BackwardSchedule::Decoupled ? "_decoupled" : "") +
+                                   tail;
+          benchmark::RegisterBenchmark(name.c_str(),
+                                       [sh, with_forward, schedule, o](benchmark::State& st) {
+                                         bench_backward(st, sh, with_forward, schedule, o);
+                                       })
+              ->UseManualTime()
+              ->Iterations(100)
+              ->Unit(benchmark::kMicrosecond);
+        }
+    }
 }
 
 }  // namespace

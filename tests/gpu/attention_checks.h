@@ -1,10 +1,13 @@
-// @brief What the attention GPU tests share: slot w of a [B, S, 3, H, D] array and the gradient
-// error measure (relative, with a floor where the reference gradient vanishes).
+// @brief What the attention GPU tests share: slot w of a [B, S, 3, H, D] array, the gradient
+// error measure (relative, with a floor where the reference gradient vanishes) and the key masks
+// the option tests draw.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <random>
 #include <vector>
 
 #include "kernels/attention.cuh"
@@ -39,6 +42,26 @@ double attention_grad_error(const A& out, const B& ref, const B& dv_ref) {
   const double floor = 0.05 * std::sqrt(dv);
   const double scale = std::max(std::sqrt(den), floor);
   return scale == 0 ? (num == 0 ? 0.0 : INFINITY) : std::sqrt(num) / scale;
+}
+
+// A key mask [B, S] for the option tests. Sequence 0: no valid key; 1: all valid; 2: a padded
+// prefix of random length; 3 and up: random bits (about 70% valid), not a prefix. Valid bytes are
+// 1 or 7 (any nonzero byte means valid).
+inline std::vector<std::uint8_t> option_test_mask(const kernels::AttentionShape& sh, std::mt19937_64& rng) {
+  std::vector<std::uint8_t> m(static_cast<std::size_t>(sh.batch) * sh.seq);
+  std::uniform_int_distribution<int> len(1, sh.seq);
+  std::bernoulli_distribution bit(0.7);
+  for (int b = 0; b < sh.batch; ++b) {
+    const int n = len(rng);
+    for (int j = 0; j < sh.seq; ++j) {
+      std::uint8_t v = 0;
+      if (b == 1) v = 1;
+      else if (b == 2) v = j < n;
+      else if (b >= 3) v = bit(rng) ? 1 : 0;
+      m[static_cast<std::size_t>(b) * sh.seq + j] = v ? static_cast<std::uint8_t>(v + (j % 3 == 0 ? 6 : 0)) : 0;
+    }
+  }
+  return m;
 }
 
 }  // namespace cutrain::test

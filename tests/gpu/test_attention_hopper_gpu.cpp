@@ -1,17 +1,21 @@
-// @brief GPU tests of issue #24's Hopper attention forward and backward (bench/attention_hopper/).
+// @brief GPU tests of the sm90 attention pair (kernels/attention_sm90/, the production kernels) with
+// each schedule of each kernel (the production entry points run one per shape; these run both).
 // Forward: O and the log-sum-exp against the fp64 CPU reference over odd shapes (S not a multiple
 // of any tile, B > 1, H > 1, d64 / d128, causal / not, plain and large logits), and at long S
-// against the naive GPU reference and the production kernel on the same inputs; both consumer
-// schedules (serial, overlap) on the same inputs. Backward: dQ, dK, dV against the fp64 CPU
-// reference over odd shapes (odd B, H and S) and at long S against the naive GPU reference and the
-// production backward, from the production forward's O and lse; both warpgroup schedules (lockstep,
-// decoupled) on the same inputs. Outputs poisoned first. A failure
+// against the naive GPU reference and kernels::attention_forward on the same inputs; both consumer
+// schedules (serial, overlap). Backward: dQ, dK, dV against the fp64 CPU reference over odd shapes
+// (odd B, H and S), fast and deterministic modes (the deterministic one bit-identical on a second
+// run), and at long S against the naive GPU reference and kernels::attention_backward's
+// deterministic mode (its dQ from the mma.sync dQ pass), from the production forward's O and lse;
+// both warpgroup schedules (lockstep, decoupled). fp16: every schedule and both backward modes
+// against the fp64 CPU reference at odd shapes. Outputs poisoned first. A failure
 // names the first element off (batch, token, head, column) with both values, and the product it
 // points at.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <random>
 #include <sstream>
 #include <string>
@@ -19,8 +23,8 @@
 #include <utility>
 #include <vector>
 
-#include "bench/attention_hopper/attention_hopper.h"
 #include "kernels/attention.cuh"
+#include "kernels/attention_sm90/attention_sm90.h"
 #include "tests/gpu/attention_checks.h"
 #include "tests/gpu/attention_naive.h"
 #include "tests/reference/attention_ref.h"
@@ -28,7 +32,7 @@
 
 using namespace cutrain;
 using kernels::AttentionShape;
-namespace hopper = cutrain::bench::hopper;
+namespace hopper = cutrain::kernels::sm90;
 
 namespace {
 
@@ -160,7 +164,7 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, AttentionHopperGpu,
                          });
 
 // Long sequences (many K/V tiles, every ring stage reused): the naive GPU reference and the
-// production kernel on the same inputs.
+// production entry point (its schedule per shape) on the same inputs.
 using LongParam = std::tuple<int, int, bool>;  // (seq, head_dim, causal); batch 2, heads 4
 
 class AttentionHopperLongGpu : public ::testing::TestWithParam<LongParam> {};
@@ -266,12 +270,12 @@ const char* schedule_name(hopper::BackwardSchedule s) {
   return s == hopper::BackwardSchedule::Lockstep ? "lockstep" : "decoupled";
 }
 
-// The Hopper backward on a poisoned dqkv (nothing may be left unwritten) with `scratch`.
+// The sm90 backward on a poisoned dqkv (nothing may be left unwritten) with `scratch`.
 std::vector<float> run_hopper_bwd(const AttentionShape& sh, const BwdCase& c, test::DeviceArray<float>& scratch,
-                                  hopper::BackwardSchedule schedule) {
+                                  hopper::BackwardSchedule schedule, bool deterministic = false) {
   test::DeviceArray<bf16> dqkv(3ull * sh.batch * sh.seq * sh.heads * sh.head_dim);
   hopper::attention_backward(nullptr, c.in.qkv.get(), c.out.get(), c.dout.get(), c.lse.get(), dqkv.get(),
-                             scratch.get(), sh, schedule);
+                             scratch.get(), sh, schedule, {}, deterministic);
   CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   auto r = test::download_float(dqkv);
   const std::vector<double> zeros(r.size() / 3, 0.0);
@@ -322,9 +326,17 @@ TEST_P(AttentionHopperBwdGpu, MatchesCpuReference) {
   ref::attention_backward(c.in.qkv_f, c.out_h, c.dout_f, sh, dqkv_r);
   auto scratch = bwd_scratch(sh);
   // Each schedule; the second runs on the first's dirty scratch (the launcher clears its dQ accumulator).
+  // Then the deterministic mode (the dQ pass after the dK/dV pass): right, and the same bits twice.
   for (const hopper::BackwardSchedule schedule : kBwdSchedules) {
     SCOPED_TRACE(std::string(schedule_name(schedule)) + " schedule");
     expect_grads(run_hopper_bwd(sh, c, scratch, schedule), dqkv_r, sh, "CPU");
+    SCOPED_TRACE("deterministic");
+    const auto det = run_hopper_bwd(sh, c, scratch, schedule, true);
+    expect_grads(det, dqkv_r, sh, "CPU");
+    const auto again = run_hopper_bwd(sh, c, scratch, schedule, true);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < det.size(); ++i) differ += std::memcmp(&det[i], &again[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << "the deterministic mode gave other bits on a second run";
   }
 }
 
@@ -339,7 +351,8 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, AttentionHopperBwdGpu,
                          });
 
 // Long sequences (many query tiles per CTA, every ring stage reused, several key blocks): the
-// naive GPU reference and the production backward (fast mode) on the same inputs.
+// naive GPU reference and the production backward's deterministic mode (dQ from the mma.sync dQ
+// pass, not the atomics: an independent dQ) on the same inputs.
 class AttentionHopperBwdLongGpu : public ::testing::TestWithParam<LongParam> {};
 
 TEST_P(AttentionHopperBwdLongGpu, MatchesNaiveAndProduction) {
@@ -358,7 +371,7 @@ TEST_P(AttentionHopperBwdLongGpu, MatchesNaiveAndProduction) {
   auto scratch = bwd_scratch(sh);
   test::DeviceArray<bf16> dqkv_p(n_qkv);
   kernels::attention_backward(nullptr, c.in.qkv.get(), c.out.get(), c.dout.get(), c.lse.get(), dqkv_p.get(),
-                              scratch.get(), sh, false);
+                              scratch.get(), sh, true);
   const auto dqkv_ph = test::download_float(dqkv_p);
 
   static const char* names[3] = {"dQ", "dK", "dV"};
@@ -372,12 +385,79 @@ TEST_P(AttentionHopperBwdLongGpu, MatchesNaiveAndProduction) {
       EXPECT_LE(
           test::attention_grad_error(test::attention_slot(got, sh, w), test::attention_slot(dqkv_ph, sh, w), dv_p),
           2e-2)
-          << names[w] << " vs production";
+          << names[w] << " vs production (deterministic)";
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(LongShapes, AttentionHopperBwdLongGpu,
                          ::testing::Combine(::testing::Values(1000, 2049), ::testing::Values(64, 128), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<LongParam>& i) {
+                           std::ostringstream os;
+                           os << 'S' << std::get<0>(i.param) << 'D' << std::get<1>(i.param)
+                              << (std::get<2>(i.param) ? "_causal" : "_full");
+                           return os.str();
+                         });
+
+// ---- fp16 ----
+
+// The fp16 instances (wgmma's .f16 inputs, fp16 tensor maps, P and dS as fp16) with every schedule
+// of each kernel and both backward modes, against the fp64 CPU reference on fp16-rounded inputs:
+// O within 3e-3 and the gradients within 5e-3 (fp16's 11 significant bits; the production fp16
+// test's bounds), lse within 1e-4. Batch 2, heads 3; odd S.
+class AttentionHopperFp16Gpu : public ::testing::TestWithParam<LongParam> {};
+
+TEST_P(AttentionHopperFp16Gpu, EverySchedule) {
+  CUTRAIN_REQUIRE_GPU();
+  const auto [seq, dim, causal] = GetParam();
+  const AttentionShape sh{2, seq, 3, dim, causal};
+  SCOPED_TRACE(shape_name(sh) + " fp16");
+  auto rng = test::fresh_rng();
+  const std::size_t n_qkv = 3ull * sh.batch * seq * sh.heads * dim, n_o = n_qkv / 3;
+  const std::size_t n_l = static_cast<std::size_t>(sh.batch) * sh.heads * seq;
+  const auto qkv_f = test::round_f16(test::random_normal(n_qkv, rng));
+  const auto dout_f = test::round_f16(test::random_normal(n_o, rng));
+  test::DeviceArray<f16> qkv(test::to_f16(qkv_f)), dout(test::to_f16(dout_f)), out(n_o);
+  test::DeviceArray<float> lse(n_l);
+  std::vector<double> out_r, lse_r;
+  ref::attention_forward(qkv_f, sh, out_r, lse_r);
+  std::vector<float> out_h;
+  for (const hopper::Schedule schedule : kSchedules) {
+    SCOPED_TRACE(std::string(schedule_name(schedule)) + " forward");
+    out.poison();
+    lse.poison();
+    hopper::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, schedule);
+    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    out_h = test::download_float(out);
+    const auto lse_h = lse.download();
+    ASSERT_EQ(test::count_nan(out_h), 0u) << "O left unwritten";
+    ASSERT_EQ(test::count_nan(lse_h), 0u) << "lse left unwritten";
+    EXPECT_LE(test::rel_error(out_h, out_r), 3e-3) << "O vs CPU";
+    EXPECT_LE(test::rel_error(lse_h, lse_r), 1e-4) << "lse vs CPU";
+  }
+  // The backward from the last forward's O and lse (the reference from that O).
+  std::vector<double> dqkv_r;
+  ref::attention_backward(qkv_f, out_h, dout_f, sh, dqkv_r);
+  const auto dv_r = test::attention_slot(dqkv_r, sh, 2);
+  test::DeviceArray<float> scratch((kernels::attention_backward_scratch_bytes(sh, false) + 3) / 4);
+  static const char* names[3] = {"dQ", "dK", "dV"};
+  for (const hopper::BackwardSchedule schedule : kBwdSchedules)
+    for (const bool det : {false, true}) {
+      SCOPED_TRACE(std::string(schedule_name(schedule)) + (det ? " deterministic" : " fast"));
+      test::DeviceArray<f16> dqkv(n_qkv);
+      hopper::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv.get(), scratch.get(), sh,
+                                 schedule, {}, det);
+      CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto g = test::download_float(dqkv);
+      ASSERT_EQ(test::count_nan(g), 0u) << "dqkv left unwritten";
+      for (int w = 0; w < 3; ++w)
+        EXPECT_LE(test::attention_grad_error(test::attention_slot(g, sh, w), test::attention_slot(dqkv_r, sh, w), dv_r),
+                  5e-3)
+            << names[w] << " vs CPU";
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(OddShapes, AttentionHopperFp16Gpu,
+                         ::testing::Combine(::testing::Values(7, 129, 385), ::testing::Values(64, 128), ::testing::Bool()),
                          [](const ::testing::TestParamInfo<LongParam>& i) {
                            std::ostringstream os;
                            os << 'S' << std::get<0>(i.param) << 'D' << std::get<1>(i.param)

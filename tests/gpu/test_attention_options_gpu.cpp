@@ -36,26 +36,6 @@ std::string param_name(const Param& p) {
   return os.str();
 }
 
-// Sequence 0: no valid key; 1: all valid; 2: a padded prefix of random length; 3 and up: random
-// bits (about 70% valid), not a prefix.
-std::vector<std::uint8_t> make_mask(const AttentionShape& sh, std::mt19937_64& rng) {
-  std::vector<std::uint8_t> m(static_cast<std::size_t>(sh.batch) * sh.seq);
-  std::uniform_int_distribution<int> len(1, sh.seq);
-  std::bernoulli_distribution bit(0.7);
-  for (int b = 0; b < sh.batch; ++b) {
-    const int n = len(rng);
-    for (int j = 0; j < sh.seq; ++j) {
-      std::uint8_t v = 0;
-      if (b == 1) v = 1;
-      else if (b == 2) v = j < n;
-      else if (b >= 3) v = bit(rng) ? 1 : 0;
-      // nonzero bytes other than 1 count as valid too
-      m[static_cast<std::size_t>(b) * sh.seq + j] = v ? static_cast<std::uint8_t>(v + (j % 3 == 0 ? 6 : 0)) : 0;
-    }
-  }
-  return m;
-}
-
 class AttentionOptionsGpu : public ::testing::TestWithParam<Param> {};
 
 // One case on E (bf16 or fp16) storage: O within tol_o of the fp64 reference, the gradients
@@ -74,7 +54,7 @@ void check_case(const Param& param, double tol_o, double tol_g) {
   test::DeviceArray<E> qkv(test::to_storage<E>(qkv_f)), dout(test::to_storage<E>(dout_f));
 
   ref::AttentionRefOptions ro;
-  if (masked) ro.key_mask = make_mask(sh, rng);
+  if (masked) ro.key_mask = test::option_test_mask(sh, rng);
   ro.dropout = {rng(), static_cast<std::uint32_t>(rng() % 1000), 3, nullptr};
   ro.dropout_p = p;
   test::DeviceArray<std::uint8_t> mask_d(ro.key_mask);

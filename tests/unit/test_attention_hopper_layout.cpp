@@ -1,24 +1,30 @@
-// @brief CPU checks of the Hopper attention experiment (bench/attention_hopper/): every wgmma
+// @brief CPU checks of the sm90 attention pair (kernels/attention_sm90/, the production kernels): every wgmma
 // operand slice the kernels describe reads exactly the element the TMA's 128-byte swizzle (or the
 // backward's own dS^T store) put there (forward: Q, K K-major, V MN-major; backward: K, V, Q, dO
 // K-major, Q, dO, dS^T, K MN-major), the descriptor's bit fields, the tile schedules' coverage of
-// every score, the tensor-map geometry against the [B, S, 3, H, D] and [B, S, H, D] layouts, and
-// the host checks that refuse bad shapes and pointers before any device work.
+// every score (with a key mask: every valid key), the tensor-map geometry against the
+// [B, S, 3, H, D] and [B, S, H, D] layouts, the host checks that refuse bad shapes, pointers and
+// options before any device work (bf16 and fp16 instances, the sm90 entry points and
+// kernels::attention_forward / attention_backward), and the production schedule table.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <set>
 #include <string>
+#include <vector>
 
-#include "bench/attention_hopper/attention_hopper.h"
-#include "bench/attention_hopper/hopper_layout.h"
+#include "kernels/attention.cuh"
+#include "kernels/attention_sm90/attention_sm90.h"
+#include "kernels/attention_sm90/layout.h"
 #include "runtime/error.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
 using kernels::AttentionShape;
-namespace hopper = cutrain::bench::hopper;
+namespace hopper = cutrain::kernels::sm90;
 
 namespace {
 
@@ -113,6 +119,54 @@ TEST(AttentionHopperLayout, ScheduleCoversEveryScore) {
   }
 }
 
+// With a key mask, a CTA streams masked_kv_tiles(n_tiles, last) tiles, `last` being the last valid
+// key below min(S, n_tiles * BN) (what the kernel's scan finds): every valid key a row of the CTA
+// attends must lie in a streamed tile, none streamed wholly past `last`, and the warpgroups' active
+// tiles stay a prefix of the streamed ones.
+template <class Cfg>
+void expect_masked_schedule_covers(int S, std::mt19937_64& rng) {
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  for (int kind = 0; kind < 4; ++kind) {
+    // 0: no valid key; 1: a padded prefix; 2: random bits; 3: one valid key.
+    std::vector<bool> valid(S);
+    const int len = std::uniform_int_distribution<int>(1, S)(rng), one = std::uniform_int_distribution<int>(0, S - 1)(rng);
+    for (int j = 0; j < S; ++j)
+      valid[j] = kind == 1 ? j < len : kind == 2 ? (rng() % 10 < 3) : kind == 3 ? j == one : false;
+    for (int m0 = 0; m0 < S; m0 += BM) {
+      const int n_tiles = Cfg::kv_tiles(S, m0), limit = std::min(S, n_tiles * BN);
+      int last = -1;
+      for (int j = 0; j < limit; ++j)
+        if (valid[j]) last = j;
+      const int n = Cfg::masked_kv_tiles(n_tiles, last);
+      ASSERT_LE(n, n_tiles);
+      ASSERT_EQ(n == 0, last < 0) << "S " << S << " m0 " << m0 << " kind " << kind;
+      if (n > 0) {
+        ASSERT_LE((n - 1) * BN, last) << "a tile streamed wholly past the last valid key, S " << S << " m0 " << m0;
+      }
+      for (int wg = 0; wg < Cfg::kConsumers; ++wg) {
+        const int wg_row0 = m0 + 64 * wg, n_active = Cfg::active_tiles(n, wg_row0);
+        ASSERT_EQ(n_active >= 1, n >= 1);
+        for (int j = 0; j < n; ++j) ASSERT_EQ(Cfg::tile_active(j, wg_row0), j < n_active);
+        for (int row = wg_row0; row < std::min(wg_row0 + 64, S); ++row)
+          for (int key = 0; key < (Cfg::kCausal ? row + 1 : S); ++key) {
+            if (!valid[key]) continue;
+            ASSERT_LT(key / BN, n_active) << "S " << S << " row " << row << " valid key " << key << " never reached";
+          }
+      }
+    }
+  }
+}
+
+TEST(AttentionHopperLayout, MaskedScheduleCoversEveryValidKey) {
+  std::mt19937_64 rng(24);
+  for (int S : {1, 7, 96, 97, 128, 129, 200, 257, 385, 1000}) {
+    expect_masked_schedule_covers<hopper::FwdConfig<64, false>>(S, rng);
+    expect_masked_schedule_covers<hopper::FwdConfig<64, true>>(S, rng);
+    expect_masked_schedule_covers<hopper::FwdConfig<128, false>>(S, rng);
+    expect_masked_schedule_covers<hopper::FwdConfig<128, true>>(S, rng);
+  }
+}
+
 template <class Cfg>
 void expect_carve_up() {
   // Tiles on 1024-byte swizzle atoms, barriers 8-byte aligned after them, all under the budget.
@@ -198,6 +252,16 @@ TEST(AttentionHopperLayout, HostChecksRefuseBadArguments) {
               hopper::attention_forward(nullptr, qkv, out, lse, ok, static_cast<hopper::Schedule>(7));
             }).find("schedule must be Serial or Overlap, got 7"),
             std::string::npos);
+  // Options: dropout_p outside [0, 1) is refused before any device work.
+  for (const float p : {1.f, -0.1f, std::nanf("")}) {
+    kernels::AttentionOptions opt;
+    opt.dropout_p = p;
+    EXPECT_NE(test::error_of([&] {
+                hopper::attention_forward(nullptr, qkv, out, lse, ok, hopper::Schedule::Serial, opt);
+              }).find("dropout_p must lie in [0, 1)"),
+              std::string::npos)
+        << "p " << p;
+  }
 }
 
 // ---- backward (BwdConfig) ----
@@ -397,6 +461,59 @@ TEST(AttentionHopperLayout, BackwardHostChecksRefuseBadArguments) {
                                          static_cast<hopper::BackwardSchedule>(5));
             }).find("schedule must be Lockstep or Decoupled, got 5"),
             std::string::npos);
+  kernels::AttentionOptions opt;
+  opt.dropout_p = 1.5f;
+  EXPECT_NE(test::error_of([&] {
+              hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, ok,
+                                         hopper::BackwardSchedule::Lockstep, opt);
+            }).find("dropout_p must lie in [0, 1), got 1.5"),
+            std::string::npos);
+}
+
+// The fp16 instances and the production entry points check what the bf16 sm90 entry points check,
+// before any device work (fake, aligned addresses; nothing is dereferenced).
+TEST(AttentionHopperLayout, Fp16AndProductionEntryPointsCheckFirst) {
+  const auto* qkv = reinterpret_cast<const f16*>(std::uintptr_t{1} << 20);
+  auto* out = reinterpret_cast<f16*>(std::uintptr_t{2} << 20);
+  auto* lse = reinterpret_cast<float*>(std::uintptr_t{3} << 20);
+  const auto* dout = reinterpret_cast<const f16*>(std::uintptr_t{4} << 20);
+  auto* dqkv = reinterpret_cast<f16*>(std::uintptr_t{5} << 20);
+  auto* scratch = reinterpret_cast<void*>(std::uintptr_t{6} << 20);
+  EXPECT_NE(test::error_of([&] { hopper::attention_forward(nullptr, qkv, out, lse, {2, 100, 4, 96, false}); })
+                .find("attention_forward: head_dim must be 64 or 128, got 96"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { kernels::attention_forward(nullptr, qkv + 4, out, lse, {2, 100, 4, 64, true}); })
+                .find("qkv must be 16-byte aligned"),
+            std::string::npos);
+  for (const bool det : {false, true}) {
+    EXPECT_NE(test::error_of([&] {
+                kernels::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, {2, 100, 4, 80, false}, det,
+                                            {});
+              }).find("attention_backward: head_dim must be 64 or 128, got 80"),
+              std::string::npos);
+    EXPECT_NE(test::error_of([&] {
+                kernels::attention_backward(nullptr, qkv, out, dout, lse, dqkv + 1, scratch, {2, 100, 4, 64, false},
+                                            det, {});
+              }).find("4-byte aligned"),
+              std::string::npos);
+    kernels::AttentionOptions opt;
+    opt.dropout_p = -0.5f;
+    EXPECT_NE(test::error_of([&] {
+                hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, {2, 100, 4, 64, false},
+                                           hopper::BackwardSchedule::Decoupled, opt, det);
+              }).find("dropout_p must lie in [0, 1), got -0.5"),
+              std::string::npos);
+  }
+}
+
+// The schedules the production entry points run (the measured leaders, docs/perf-notes.md).
+TEST(AttentionHopperLayout, ProductionSchedules) {
+  EXPECT_TRUE(hopper::production_fwd_overlap(64, false));
+  EXPECT_TRUE(hopper::production_fwd_overlap(64, true));
+  EXPECT_TRUE(hopper::production_fwd_overlap(128, true));
+  EXPECT_FALSE(hopper::production_fwd_overlap(128, false));
+  for (const int d : {64, 128})
+    for (const bool c : {false, true}) EXPECT_FALSE(hopper::production_bwd_decoupled(d, c));
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// @brief Flash-style attention forward (FlashAttention-2 schedule) on mma.sync tensor cores.
+// @brief The mma.sync baseline's forward (bench/attention_mma/attention_mma.h): flash-style, FlashAttention-2's
+// schedule on mma.sync tensor cores.
 // CTA = Tile::kWarps warps x kMTiles m-tiles of 16 query rows (kBlockM queries) of one (batch,
 // head); K/V tiles of kBlockN keys stream through a cp.async double buffer, and every K/V fragment
 // read by ldmatrix feeds kMTiles mma. Q's A fragments are re-read from shared memory every tile.
@@ -12,15 +13,18 @@
 // scaled by 1/(1-p) once in the epilogue.
 #include <cmath>
 
+#include "bench/attention_mma/attention_mma.h"
 #include "kernels/attention.cuh"
 #include "kernels/attention_options.cuh"
 #include "kernels/attention_softmax.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/check.h"
 
-namespace cutrain::kernels {
-namespace attn {
+namespace cutrain::bench::mma_attention {
 namespace {
+
+using namespace cutrain::kernels;
+using namespace cutrain::kernels::attn;
 
 template <typename E, typename Tile, bool MASK, bool DROP>
 __global__ void __launch_bounds__(Tile::kThreads) forward_kernel(const E* __restrict__ qkv, E* __restrict__ out,
@@ -198,25 +202,22 @@ void launch_forward(cudaStream_t st, const E* qkv, E* out, float* lse, const Att
 }
 
 }  // namespace
-}  // namespace attn
 
 template <typename E>
 void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
                        const AttentionOptions& options) {
-  attn::check_shape(shape, "attention_forward");
-  const attn::OptionArgs opt = attn::option_args(options);
-  CUTRAIN_CHECK(qkv && out && lse, "attention_forward: qkv, out and lse must be non-null, got qkv=",
-                static_cast<const void*>(qkv), " out=", static_cast<void*>(out), " lse=", static_cast<void*>(lse));
+  attn::check_shape(shape, "mma_attention::attention_forward");
+  const OptionArgs opt = option_args(options);
+  CUTRAIN_CHECK(qkv && out && lse, "mma_attention::attention_forward: qkv, out and lse must be non-null");
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0 && reinterpret_cast<std::uintptr_t>(out) % 4 == 0,
-                "attention_forward: qkv must be 16-byte aligned and out 4-byte aligned, got qkv=",
-                static_cast<const void*>(qkv), " out=", static_cast<void*>(out));
+                "mma_attention::attention_forward: qkv must be 16-byte aligned and out 4-byte aligned");
   const bool c = shape.causal;
   if (shape.head_dim == 64)
-    c ? attn::launch_forward<64, true>(s, qkv, out, lse, shape, opt)
-      : attn::launch_forward<64, false>(s, qkv, out, lse, shape, opt);
+    c ? launch_forward<64, true>(s, qkv, out, lse, shape, opt)
+      : launch_forward<64, false>(s, qkv, out, lse, shape, opt);
   else
-    c ? attn::launch_forward<128, true>(s, qkv, out, lse, shape, opt)
-      : attn::launch_forward<128, false>(s, qkv, out, lse, shape, opt);
+    c ? launch_forward<128, true>(s, qkv, out, lse, shape, opt)
+      : launch_forward<128, false>(s, qkv, out, lse, shape, opt);
 }
 
 template void attention_forward<bf16>(cudaStream_t, const bf16*, bf16*, float*, const AttentionShape&,
@@ -224,4 +225,4 @@ template void attention_forward<bf16>(cudaStream_t, const bf16*, bf16*, float*, 
 template void attention_forward<f16>(cudaStream_t, const f16*, f16*, float*, const AttentionShape&,
                                      const AttentionOptions&);
 
-}  // namespace cutrain::kernels
+}  // namespace cutrain::bench::mma_attention

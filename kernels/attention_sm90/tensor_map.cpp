@@ -1,22 +1,24 @@
-// @brief Host side of the Hopper attention experiment: argument checks, the tensor-map geometry
+// @brief Host side of the sm90 attention pair: argument checks, the tensor-map geometry
 // of qkv and of [B, S, H, D] rows (dO), and its encoding through the driver's cuTensorMapEncodeTiled (reached through the
 // runtime's driver entry point, so nothing links libcuda directly).
-#include "bench/attention_hopper/tensor_map.h"
+#include "kernels/attention_sm90/tensor_map.h"
 
 #include <cudaTypedefs.h>
 
 #include <cstdint>
 
-#include "bench/attention_hopper/attention_hopper.h"
+#include <type_traits>
+
+#include "kernels/attention_sm90/attention_sm90.h"
 #include "runtime/check.h"
 #include "runtime/error.h"
 
-namespace cutrain::bench::hopper {
+namespace cutrain::kernels::sm90 {
 
 namespace {
 
 // The shape checks both directions make (head_dim, sizes, grid and TMA limits).
-void check_shape(const kernels::AttentionShape& sh, const char* who) {
+void check_shape(const AttentionShape& sh, const char* who) {
   CUTRAIN_CHECK(sh.head_dim == 64 || sh.head_dim == 128, who, ": head_dim must be 64 or 128, got ", sh.head_dim);
   CUTRAIN_CHECK(sh.batch >= 1 && sh.seq >= 1 && sh.heads >= 1, who, ": batch, seq and heads must be >= 1, got batch=",
                 sh.batch, " seq=", sh.seq, " heads=", sh.heads);
@@ -30,34 +32,34 @@ void check_shape(const kernels::AttentionShape& sh, const char* who) {
 
 }  // namespace
 
-void check_forward_args(const bf16* qkv, const bf16* out, const float* lse, const kernels::AttentionShape& sh) {
-  const char* who = "attention_hopper_forward";
+void check_forward_args(const void* qkv, const void* out, const float* lse, const AttentionShape& sh) {
+  const char* who = "attention_forward";
   check_shape(sh, who);
-  CUTRAIN_CHECK(qkv && out && lse, who, ": qkv, out and lse must be non-null, got qkv=", static_cast<const void*>(qkv),
-                " out=", static_cast<const void*>(out), " lse=", static_cast<const void*>(lse));
+  CUTRAIN_CHECK(qkv && out && lse, who, ": qkv, out and lse must be non-null, got qkv=", qkv,
+                " out=", out, " lse=", static_cast<const void*>(lse));
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0, who,
-                ": qkv must be 16-byte aligned (tensor-copy engine), got ", static_cast<const void*>(qkv));
+                ": qkv must be 16-byte aligned (tensor-copy engine), got ", qkv);
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(out) % 4 == 0 && reinterpret_cast<std::uintptr_t>(lse) % 4 == 0, who,
-                ": out and lse must be 4-byte aligned, got out=", static_cast<const void*>(out),
+                ": out and lse must be 4-byte aligned, got out=", out,
                 " lse=", static_cast<const void*>(lse));
 }
 
-void check_backward_args(const bf16* qkv, const bf16* out, const bf16* dout, const float* lse, const bf16* dqkv,
-                         const void* scratch, const kernels::AttentionShape& sh) {
-  const char* who = "attention_hopper_backward";
+void check_backward_args(const void* qkv, const void* out, const void* dout, const float* lse, const void* dqkv,
+                         const void* scratch, const AttentionShape& sh) {
+  const char* who = "attention_backward";
   check_shape(sh, who);
   CUTRAIN_CHECK(qkv && out && dout && lse && dqkv && scratch, who,
-                ": qkv, out, dout, lse, dqkv and scratch must be non-null, got qkv=", static_cast<const void*>(qkv),
-                " out=", static_cast<const void*>(out), " dout=", static_cast<const void*>(dout),
-                " lse=", static_cast<const void*>(lse), " dqkv=", static_cast<const void*>(dqkv), " scratch=", scratch);
+                ": qkv, out, dout, lse, dqkv and scratch must be non-null, got qkv=", qkv,
+                " out=", out, " dout=", dout,
+                " lse=", static_cast<const void*>(lse), " dqkv=", dqkv, " scratch=", scratch);
   const auto misaligned = [](const void* p, std::uintptr_t a) { return reinterpret_cast<std::uintptr_t>(p) % a != 0; };
   CUTRAIN_CHECK(!misaligned(qkv, 16) && !misaligned(dout, 16), who,
-                ": qkv and dout must be 16-byte aligned (tensor-copy engine), got qkv=", static_cast<const void*>(qkv),
-                " dout=", static_cast<const void*>(dout));
+                ": qkv and dout must be 16-byte aligned (tensor-copy engine), got qkv=", qkv,
+                " dout=", dout);
   CUTRAIN_CHECK(!misaligned(scratch, 16), who, ": scratch must be 16-byte aligned, got ", scratch);
   CUTRAIN_CHECK(!misaligned(out, 4) && !misaligned(dqkv, 4) && !misaligned(lse, 4), who,
-                ": out, dqkv and lse must be 4-byte aligned, got out=", static_cast<const void*>(out),
-                " dqkv=", static_cast<const void*>(dqkv), " lse=", static_cast<const void*>(lse));
+                ": out, dqkv and lse must be 4-byte aligned, got out=", out,
+                " dqkv=", dqkv, " lse=", static_cast<const void*>(lse));
 }
 
 void check_device(const char* who, std::uint32_t smem_bytes) {
@@ -72,10 +74,10 @@ void check_device(const char* who, std::uint32_t smem_bytes) {
                 " bytes of shared memory per block, device ", dev, " offers ", optin);
 }
 
-QkvTmaGeometry rows_tma_geometry(const kernels::AttentionShape& sh, int slots, int box_rows) {
+QkvTmaGeometry rows_tma_geometry(const AttentionShape& sh, int slots, int box_rows) {
   CUTRAIN_CHECK(box_rows >= 1 && box_rows <= 256, "rows_tma_geometry: box_rows must lie in [1, 256], got ", box_rows);
   CUTRAIN_CHECK(slots == 1 || slots == 3, "rows_tma_geometry: slots must be 1 ([B, S, H, D]) or 3 (qkv), got ", slots);
-  const std::uint64_t D = sh.head_dim, H = sh.heads, S = sh.seq, B = sh.batch, W = slots, e = 2;  // bf16
+  const std::uint64_t D = sh.head_dim, H = sh.heads, S = sh.seq, B = sh.batch, W = slots, e = 2;  // bf16 / fp16
   QkvTmaGeometry g{};
   const std::uint64_t dims[5] = {D, H, W, S, B};
   const std::uint64_t strides[4] = {D * e, H * D * e, W * H * D * e, S * W * H * D * e};
@@ -85,7 +87,7 @@ QkvTmaGeometry rows_tma_geometry(const kernels::AttentionShape& sh, int slots, i
   return g;
 }
 
-QkvTmaGeometry qkv_tma_geometry(const kernels::AttentionShape& sh, int box_rows) {
+QkvTmaGeometry qkv_tma_geometry(const AttentionShape& sh, int box_rows) {
   return rows_tma_geometry(sh, 3, box_rows);
 }
 
@@ -97,7 +99,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_entry() {
     cudaDriverEntryPointQueryResult q{};
     CUTRAIN_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
     CUTRAIN_CHECK(q == cudaDriverEntryPointSuccess && p != nullptr,
-                  "attention_hopper: the driver has no cuTensorMapEncodeTiled (query result ", static_cast<int>(q), ")");
+                  "attention (sm90): the driver has no cuTensorMapEncodeTiled (query result ", static_cast<int>(q), ")");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
   }();
   return fn;
@@ -105,22 +107,32 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_entry() {
 
 }  // namespace
 
-CUtensorMap encode_rows_map(const bf16* base, const kernels::AttentionShape& sh, int slots, int box_rows) {
+template <typename E>
+CUtensorMap encode_rows_map(const E* base, const AttentionShape& sh, int slots, int box_rows) {
+  static_assert(std::is_same_v<E, bf16> || std::is_same_v<E, f16>, "bf16 or f16");
+  constexpr CUtensorMapDataType kType =
+      std::is_same_v<E, bf16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const QkvTmaGeometry g = rows_tma_geometry(sh, slots, box_rows);
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   CUtensorMap map;
-  const CUresult r = encode_entry()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<bf16*>(base), g.dims,
+  const CUresult r = encode_entry()(&map, kType, 5, const_cast<E*>(base), g.dims,
                                     g.strides, g.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  CUTRAIN_CHECK(r == CUDA_SUCCESS, "attention_hopper: cuTensorMapEncodeTiled failed with CUresult ", static_cast<int>(r),
+  CUTRAIN_CHECK(r == CUDA_SUCCESS, "attention (sm90): cuTensorMapEncodeTiled failed with CUresult ", static_cast<int>(r),
                 " (batch=", sh.batch, " seq=", sh.seq, " heads=", sh.heads, " head_dim=", sh.head_dim,
                 " slots=", slots, " box_rows=", box_rows, ")");
   return map;
 }
 
-CUtensorMap encode_qkv_map(const bf16* qkv, const kernels::AttentionShape& sh, int box_rows) {
+template <typename E>
+CUtensorMap encode_qkv_map(const E* qkv, const AttentionShape& sh, int box_rows) {
   return encode_rows_map(qkv, sh, 3, box_rows);
 }
 
-}  // namespace cutrain::bench::hopper
+template CUtensorMap encode_rows_map<bf16>(const bf16*, const AttentionShape&, int, int);
+template CUtensorMap encode_rows_map<f16>(const f16*, const AttentionShape&, int, int);
+template CUtensorMap encode_qkv_map<bf16>(const bf16*, const AttentionShape&, int);
+template CUtensorMap encode_qkv_map<f16>(const f16*, const AttentionShape&, int);
+
+}  // namespace cutrain::kernels::sm90

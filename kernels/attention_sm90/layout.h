@@ -1,9 +1,9 @@
-// @brief The Hopper attention experiment's tile geometry, shared by the kernel (device) and the CPU
-// tests (host): the compile-time config, the shared-memory carve-up and its budget, the wgmma
+// @brief The sm90 attention pair's tile geometry (kernels/attention_sm90/), shared by the kernels
+// (device) and the CPU tests (host): the compile-time config, the shared-memory carve-up and its budget, the wgmma
 // matrix-descriptor encoding, and where each wgmma operand slice starts inside a tile that the
 // tensor-copy engine (TMA) wrote with its 128-byte swizzle.
 //
-// Tile layout in shared memory: a tile of R rows x D bf16 columns is D/64 column blocks, each
+// Tile layout in shared memory: a tile of R rows x D 16-bit (bf16 or fp16) columns is D/64 column blocks, each
 // [R rows][64 columns] = R x 128 bytes, one TMA box each, 1024-byte aligned. Inside a block the TMA
 // SWIZZLE_128B pattern places element (r, c) at r*128 + ((c/8) ^ (r%8))*16 + (c%8)*2: 8-row atoms
 // of 1024 bytes whose 16-byte chunks are XOR-permuted by the row, so the tensor cores read
@@ -25,14 +25,14 @@
 #define CUTRAIN_HD
 #endif
 
-namespace cutrain::bench::hopper {
+namespace cutrain::kernels::sm90 {
 
 // D: head dim (64 or 128). Two consumer warpgroups of 64 query rows each and one producer warp
 // (one thread of it issues the copies). Register budget: ptxas gives every thread of the 288 the
 // same cap, 168 (nvcc 13.0; setmaxnreg moved none of it to the consumers at compile time: d128 with
 // 128-key tiles spilled 80 bytes with or without it), so d128 streams 96-key tiles, which fit.
 // OVERLAP: the consumer loop keeps tile j's P V in flight while it issues tile j+1's S (see
-// attention_hopper_fwd.cu); same tiles, same registers budget.
+// fwd.cu); same tiles, same registers budget.
 template <int D, bool CAUSAL, bool OVERLAP = false>
 struct FwdConfig {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
@@ -79,6 +79,13 @@ struct FwdConfig {
     const int last = (wg_row0 + 63) / kBlockN + 1;
     return CAUSAL && last < n_tiles ? last : n_tiles;
   }
+  // With a key mask: of the n_tiles a CTA would stream, those up to the tile holding last_key, the
+  // last key it may attend among them (-1: none, so no tile and every row gets O = 0, lse = -inf).
+  // Trailing padding then costs nothing; masked keys before last_key score -inf in the softmax.
+  static constexpr CUTRAIN_HD int masked_kv_tiles(int n_tiles, int last_key) {
+    const int need = last_key < 0 ? 0 : last_key / kBlockN + 1;
+    return need < n_tiles ? need : n_tiles;
+  }
 
   // Byte offset, from Q's base, where consumer warpgroup `wg`'s A operand for k16 step kk starts.
   static constexpr CUTRAIN_HD std::uint32_t q_slice(int wg, int kk) {
@@ -119,7 +126,7 @@ constexpr CUTRAIN_HD std::uint32_t wgmma_mnmajor_offset(std::uint32_t start, std
   return sw128(start + (n % 64) * 2 + (n / 64) * lbo + (k % 8) * 128 + (k / 8) * sbo);
 }
 
-// The backward (attention_hopper_bwd.cu). D: head dim (64 or 128). A CTA owns kBlockN = 128 keys
+// The backward's dK/dV pass (bwd.cu). D: head dim (64 or 128). A CTA owns kBlockN = 128 keys
 // of one (batch, head), two warpgroups of 64 keys each and no producer warp (256 threads, so the
 // register cap is 255, not the 168 of a 288- or 384-thread CTA: a warpgroup's dK and dV alone are
 // D fp32 registers per thread). It walks query tiles of kBlockM = 64 rows; Q and dO arrive by TMA
@@ -130,7 +137,7 @@ constexpr CUTRAIN_HD std::uint32_t wgmma_mnmajor_offset(std::uint32_t start, std
 // dS^T_w is written to shared memory in the TMA's 128-byte swizzle pattern (rows: the warpgroup's
 // 64 keys, one 128-byte column block of 64 queries), so wgmma reads it like a TMA tile. Each
 // warpgroup adds its own keys' share of dQ (fp32 atomics), so neither waits for the other's dS.
-// DECOUPLED: how a ring stage is handed back (see attention_hopper_bwd.cu): false, a CTA barrier
+// DECOUPLED: how a ring stage is handed back (see bwd.cu): false, a CTA barrier
 // ends every tile (lockstep); true, per-stage empty mbarriers, so the warpgroups drift apart by up
 // to the ring's depth and one's softmax overlaps the other's wgmma.
 template <int D, bool CAUSAL, bool DECOUPLED = false>
@@ -200,4 +207,17 @@ struct BwdConfig {
   static constexpr CUTRAIN_HD std::uint32_t ds_offset(int r, int c) { return tma_sw128_offset(64, r, c); }
 };
 
-}  // namespace cutrain::bench::hopper
+// The schedules kernels::attention_forward / attention_backward run, per (head_dim, causal): the
+// faster of each pair as measured on an H100 (docs/perf-notes.md, "Attention"): the forward's
+// overlap schedule except at non-causal d128, where serial led; the backward's lockstep schedule
+// (the measured table's; decoupled's range against the mma.sync pair, 1.28-1.44x, overlaps
+// lockstep's 1.24-1.47x, so neither wins everywhere). Compile-time choices: the other schedule of
+// each pair stays reachable only through sm90::attention_forward / attention_backward's argument.
+constexpr CUTRAIN_HD bool production_fwd_overlap(int head_dim, bool causal) { return head_dim == 64 || causal; }
+constexpr CUTRAIN_HD bool production_bwd_decoupled(int head_dim, bool causal) {
+  (void)head_dim;
+  (void)causal;
+  return false;
+}
+
+}  // namespace cutrain::kernels::sm90

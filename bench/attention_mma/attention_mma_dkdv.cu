@@ -1,5 +1,5 @@
-// @brief Attention backward's dK/dV pass: one CTA per Tile::kBlockM keys of one (batch, head), one
-// warp per 16 keys, walking query tiles of kBlockN through a cp.async double buffer: P^T and dP^T
+// @brief The mma.sync baseline's dK/dV pass (bench/attention_mma/attention_mma.h): one CTA per
+// Tile::kBlockM keys of one (batch, head), one warp per 16 keys, walking query tiles of kBlockN through a cp.async double buffer: P^T and dP^T
 // recomputed from lse, dV += P^T dO, dK += dS^T Q. The fast mode (Tile::kDeterministic false)
 // also adds dS K into the fp32 dQ accumulator with atomics.
 // Options (template bools): MASK, a masked key's P is 0 and a CTA whose keys are all masked only
@@ -7,15 +7,18 @@
 // (scaled by 1/(1-p) at the store) and dP in dS.
 #include <cmath>
 
+#include "bench/attention_mma/attention_mma.h"
 #include "kernels/attention.cuh"
 #include "kernels/attention_options.cuh"
 #include "kernels/attention_softmax.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/check.h"
 
-namespace cutrain::kernels {
-namespace attn {
+namespace cutrain::bench::mma_attention {
 namespace {
+
+using namespace cutrain::kernels;
+using namespace cutrain::kernels::attn;
 
 // Fast mode: the pass also adds this key block's share of dQ (dS K, unscaled) into an fp32
 // accumulator [B, S, H, D] with atomics, via dS^T parked in shared memory; warp w takes query rows
@@ -267,5 +270,4 @@ template void dkdv<bf16>(cudaStream_t, const bf16*, const bf16*, const float*, c
 template void dkdv<f16>(cudaStream_t, const f16*, const f16*, const float*, const float*, f16*, float*,
                         const AttentionShape&, const OptionArgs&);
 
-}  // namespace attn
-}  // namespace cutrain::kernels
+}  // namespace cutrain::bench::mma_attention

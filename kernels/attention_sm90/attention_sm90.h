@@ -1,0 +1,74 @@
+// @brief Internal to the attention family: the sm90 (Hopper: wgmma + TMA) attention pair behind
+// kernels::attention_forward / attention_backward, with each kernel's schedule as an argument so
+// that the tests and bench_attention_hopper can run both schedules of a pair; the production entry
+// points pass the schedules of layout.h's production_fwd_overlap / production_bwd_decoupled.
+// Same layouts, options and scratch as kernels/attention.cuh: E (bf16 or f16) qkv [B, S, 3, H, D],
+// out and dout [B, S, H, D], fp32 lse [B, H, S] (natural log of the sum of exp of the scores scaled
+// by 1/sqrt(D)), dqkv [B, S, 3, H, D]; head_dim 64 or 128, causal or not; BERT's key mask and
+// dropout with the semantics of AttentionOptions.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/attention.cuh"
+#include "runtime/dtype.h"
+
+namespace cutrain::kernels::sm90 {
+
+// The consumer warpgroups' loop (fwd.cu): Serial waits for each tile's P V before the next tile's
+// S; Overlap issues tile j+1's S behind tile j's P V. Same results.
+enum class Schedule { Serial, Overlap };
+
+// Runs on a compute capability 9.0 device only (the library's attention code is sm_90a); anything
+// else is refused with the capability found. Options (dropout_p in [0, 1)), shape and pointers are
+// checked before any device work, in that order.
+template <typename E>
+void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
+                       Schedule schedule = Schedule::Serial, const AttentionOptions& options = {});
+
+// The host-side checks attention_forward makes before touching the device (throws cutrain::Error
+// naming the field): shape (head_dim 64/128, sizes >= 1, grid limits, TMA limits), non-null
+// pointers, qkv 16-byte aligned (TMA), out and lse 4-byte aligned.
+void check_forward_args(const void* qkv, const void* out, const float* lse, const AttentionShape& shape);
+
+// How the dK/dV pass's two warpgroups hand a Q / dO ring stage back (bwd.cu): Lockstep ends every
+// query tile with a CTA barrier; Decoupled releases stages through mbarriers, so one warpgroup's
+// softmax can overlap the other's wgmma. Same results.
+enum class BackwardSchedule { Lockstep, Decoupled };
+
+// dqkv (every element written) from the forward's out and lse for the same qkv and options.
+// scratch: attention_backward_scratch_bytes(shape, deterministic) bytes (16-byte aligned):
+// Dvec = rowsum(dO o O) by the library's row_dot, then the wgmma dK/dV pass (bwd.cu).
+// Fast mode (deterministic false): the pass also adds dS K into the fp32 dQ accumulator behind
+// Dvec with atomics (order-dependent: not bitwise reproducible), then the library's dQ convert.
+// Deterministic: the pass leaves dQ alone and the library's dQ pass (attn::dq, no atomics)
+// computes it: the same bits every run. Compute capability 9.0 only; arguments checked first.
+template <typename E>
+void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dout, const float* lse, E* dqkv,
+                        void* scratch, const AttentionShape& shape,
+                        BackwardSchedule schedule = BackwardSchedule::Lockstep,
+                        const AttentionOptions& options = {}, bool deterministic = false);
+
+// The host-side checks attention_backward makes first (throws cutrain::Error naming the field):
+// the forward's shape checks, non-null pointers, qkv and dout 16-byte aligned (TMA), scratch
+// 16-byte aligned, out, dqkv and lse 4-byte aligned.
+void check_backward_args(const void* qkv, const void* out, const void* dout, const float* lse, const void* dqkv,
+                         const void* scratch, const AttentionShape& shape);
+
+// The 5-D view of qkv [B, S, 3, H, D] each TMA box is cut from, innermost first:
+// (d, head, q/k/v slot, token, batch), strides in bytes of dimensions 1..4, and the box: 64
+// columns (128 bytes: one 128-byte swizzle span) of `box_rows` tokens of one (slot, head, batch).
+// Tokens past S are outside the tensor, so the TMA fills them with zeros per batch.
+struct QkvTmaGeometry {
+  std::uint64_t dims[5];
+  std::uint64_t strides[4];
+  std::uint32_t box[5];
+};
+QkvTmaGeometry qkv_tma_geometry(const AttentionShape& shape, int box_rows);
+// The same view of a tensor of `slots` [B, S, H, D] rows per token: 3 is qkv's, 1 is dO's
+// ([B, S, H, D]; the slot coordinate is then always 0).
+QkvTmaGeometry rows_tma_geometry(const AttentionShape& shape, int slots, int box_rows);
+
+}  // namespace cutrain::kernels::sm90

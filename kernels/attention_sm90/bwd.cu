@@ -1,0 +1,465 @@
+// @brief The attention backward's dK/dV pass (kernels::attention_backward): wgmma tensor cores,
+// TMA + mbarrier loads, FlashAttention-3's dK/dV-stationary schedule; E = bf16 or fp16 (wgmma's
+// .bf16 / .f16 inputs, the tensor maps' element type, the P^T / dS^T conversions). Built for sm_90a
+// only (kernels/CMakeLists.txt); shapes and offsets in layout.h (BwdConfig).
+//
+// CTA = one (batch, head) and BwdConfig::kBlockN = 128 keys; 256 threads = two warpgroups of 64
+// keys each, no producer warp (a 288-thread CTA would cap every thread at 168 registers; dK and dV
+// alone take D of them). K and V arrive once by TMA; then the CTA walks the query tiles of
+// kBlockM = 64 rows (causal: from the first tile holding a query >= its first key). Thread 0 keeps
+// kStages - 1 tiles of Q and dO in flight through the ring (one full mbarrier per stage, the TMA's
+// byte count), and the first 128 threads (warpgroup 0) copy the tile's lse (times log2 e) and
+// Dvec = rowsum(dO o O) into shared memory beside it. A stage is refilled once both warpgroups are
+// done with it: lockstep (BwdConfig::kDecoupled false), after the CTA barrier that ends every
+// iteration; decoupled, after its empty mbarrier has all 8 warps' arrivals, and the full barrier
+// then also counts warpgroup 0's 128 lse / Dvec writers, so no CTA barrier is left in the loop and
+// the warpgroups drift apart (warpgroup 1 up to kStages - 1 tiles ahead, warpgroup 0 one).
+// Per tile, each warpgroup w (keys kw0 = n0 + 64w ..):
+//   S^T = K_w Q^T, dP^T = V_w dO^T              wgmma, both operands K-major from shared memory
+//   P^T = exp2(S^T scale log2 e - lse log2 e)   registers; dead entries (query or key past S,
+//   dS^T = P^T o (dP^T - Dvec)                  causal query < key) are 0
+//   dS^T -> shared memory (E, the TMA's 128-byte swizzle pattern, this warpgroup's 64 rows)
+//   dV += P^T dO, dK += dS^T Q                  wgmma, A from registers, B MN-major (transposed)
+//   dQ_part = dS_w K_w                          wgmma, dS^T and K both read MN-major
+//   dq_acc += dQ_part                           fp32 atomics (float2), unscaled (the fast mode)
+// The warpgroups share nothing inside a tile (each adds its own keys' share of dQ), so they meet only
+// at the iteration's end. Causal: a warpgroup whose keys all follow the tile's last query skips it.
+// The launcher runs the family's row_dot before and its dQ convert (x 1/sqrt(D) -> E q slot) after;
+// dK (x 1/sqrt(D)) and dV are stored straight from the accumulators. Deterministic mode (template
+// bool DET): the pass skips dS^T's store and the dQ product and atomics, and the family's dQ pass
+// (attn::dq, kernels/attention_bwd_dq.cu: mma.sync, no atomics) computes dQ after it.
+// BERT's options (kernels::AttentionOptions), template bools, so the plain kernel compiles as
+// before. MASK: each thread reads whether its two keys may be attended once; a masked key's P^T
+// is 0 (so are its dS^T, dK, dV and its share of dQ), and a CTA whose 128 keys are all masked
+// loads nothing and stores its zero dK, dV. DROP: the keep bits Z of the warp's P^T fragment are
+// the family's (transposed_keep_bits, kernels/attention_options.cuh: the accumulator of S^T = K_w Q^T per warp is
+// that pass's P^T fragment, 16 keys x the tile's queries), drawn while S^T and dP^T are in flight;
+// dV += (P^T o Z) dO with 1/(1-p) applied at the store, dS^T = P^T o (dP^T o Z/(1-p) - Dvec).
+#include <cuda.h>
+
+#include <cmath>
+
+#include "kernels/attention_sm90/attention_sm90.h"
+#include "kernels/attention_sm90/layout.h"
+#include "kernels/attention_sm90/tensor_map.h"
+#include "kernels/attention_sm90/wgmma_tma.cuh"
+#include "kernels/attention_options.cuh"
+#include "kernels/attention_tiles.cuh"
+#include "runtime/check.h"
+#include "runtime/error.h"
+
+namespace cutrain::kernels::sm90 {
+namespace {
+
+// The mbarriers after the tiles: kv_full, q_full[kStages] (a stage's Q, dO, and, decoupled, its
+// lse and Dvec), q_empty[kStages] (decoupled: the stage's release by the 8 warps).
+template <class Cfg>
+struct BwdBarriers {
+  std::uint32_t base;
+  __device__ __forceinline__ std::uint32_t kv_full() const { return base; }
+  __device__ __forceinline__ std::uint32_t q_full(int s) const { return base + 8 * (1 + s); }
+  __device__ __forceinline__ std::uint32_t q_empty(int s) const { return base + 8 * (1 + Cfg::kStages + s); }
+};
+
+// Where a CTA's shared memory lies: tile bases as shared-window addresses (TMA, wgmma) and the
+// fp32 vectors and dS^T as generic pointers (ordinary loads and stores).
+template <class Cfg>
+struct BwdSmem {
+  std::uint32_t k, v, q, dout, ds;  // stage s of Q / dO: + s * kQBytes; warpgroup w's dS^T: + w * kDsBytes
+  unsigned char* ds_ptr;            // generic pointer to ds
+  float *lse, *dvec;                // [kStages][kBlockM]
+  BwdBarriers<Cfg> bar;
+};
+
+// Starts query tile qt into stage s: Q and dO by TMA (thread 0, completing on q_full[s]), the tile's
+// lse * log2 e and Dvec by threads 0 .. 2*kBlockM-1 (rows at or past S: 0; those rows are masked).
+// Decoupled: each of those threads arrives on q_full[s] after its write (thread 0's arrival carries
+// the TMA's byte count), so the full barrier publishes the vectors too.
+template <class Cfg>
+__device__ __forceinline__ void load_query_tile(const BwdSmem<Cfg>& sm, const CUtensorMap* q_map,
+                                                const CUtensorMap* do_map, const float* __restrict__ glse,
+                                                const float* __restrict__ gdvec, int qt, int s, int head, int b,
+                                                int S) {
+  constexpr int BM = Cfg::kBlockM;
+  const int m0 = qt * BM;
+  const int i = threadIdx.x;
+  if (i < BM) {
+    const int q = m0 + i;
+    sm.lse[s * BM + i] = q < S ? glse[q] * attn::kLog2e : 0.f;
+  } else if (i < 2 * BM) {
+    const int q = m0 + i - BM;
+    sm.dvec[s * BM + i - BM] = q < S ? gdvec[q] : 0.f;
+  }
+  if (i == 0) {
+    mbar_arrive_expect_tx(sm.bar.q_full(s), 2 * Cfg::kQBytes);
+#pragma unroll
+    for (int c = 0; c < Cfg::kColBlocks; ++c) {
+      tma_load_5d(sm.q + s * Cfg::kQBytes + c * BM * 128, q_map, 64 * c, head, 0, m0, b, sm.bar.q_full(s));
+      tma_load_5d(sm.dout + s * Cfg::kQBytes + c * BM * 128, do_map, 64 * c, head, 0, m0, b, sm.bar.q_full(s));
+    }
+  } else if (Cfg::kDecoupled && i < 2 * BM) {
+    mbar_arrive(sm.bar.q_full(s));
+  }
+}
+
+// A thread's share of BERT's options in the backward (all of it compiled out of the plain kernel).
+struct BwdOptions {
+  std::uint32_t key_live;     // MASK: bit e, the key of fragment element e (key_row0 + gi + 8(e >> 1)) may be attended
+  DropoutKey dkey;            // DROP: step resolved
+  std::uint32_t threshold;
+  float drop_scale;           // 1 / (1 - p)
+  std::uint64_t bh_e;         // (b*H + head) * S
+};
+
+// One query tile for warpgroup wg (see the file comment). q_tile / do_tile: the stage's Q and dO
+// bases; lse_t / dvec_t: the stage's vectors; key_row0: this warp's first key. Every wgmma batch
+// is waited for before the function returns.
+template <class Cfg, typename E, bool MASK, bool DROP, bool DET>
+__device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], float (&dv)[Cfg::kHeadDim / 8][4],
+                                          const BwdSmem<Cfg>& sm, std::uint32_t q_tile, std::uint32_t do_tile,
+                                          const float* lse_t, const float* dvec_t, float* __restrict__ dq_acc,
+                                          int m0, int n0, int wg, int key_row0, int S, int H, int head, int b,
+                                          float scale_log2, const BwdOptions& opts) {
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
+  [[maybe_unused]] const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
+
+  // DROP: the keep bits of this thread's P^T elements (bit 4j + e: element e of n-tile j). d64:
+  // drawn under the S^T and dP^T wgmma; d128: before them, while their 64 accumulator registers
+  // are not yet taken (drawn under them, ptxas spilled 8-48 bytes).
+  constexpr bool kDrawUnder = D == 64;
+  [[maybe_unused]] std::uint32_t keep = 0;
+  [[maybe_unused]] auto draw = [&] {
+    keep = attn::transposed_keep_bits<BM / 8>(opts.dkey, opts.threshold, opts.bh_e, S, key_row0 + gi, m0, S % 4 == 0);
+  };
+  if constexpr (DROP && !kDrawUnder) draw();
+
+  // S^T and dP^T: two commit groups, S^T first.
+  float st[BM / 8][4], dp[BM / 8][4];
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss<E, BM>(st, smem_desc(sm.k + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
+                    smem_desc(q_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss<E, BM>(dp, smem_desc(sm.v + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
+                    smem_desc(do_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+  wgmma_commit();
+
+  if constexpr (DROP && kDrawUnder) draw();
+
+  // P^T while dP^T is still in flight. Element (j, e): key key_row0 + gi + 8(e >> 1), query
+  // m0 + 8j + 2t + (e & 1).
+  wgmma_wait<1>();
+  operand_fence(st);
+  const bool edge = Cfg::wg_edge(m0, n0, wg, S);
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) {
+    const float2 l = *reinterpret_cast<const float2*>(lse_t + 8 * j + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float p = exp2f(fmaf(st[j][e], scale_log2, -((e & 1) ? l.y : l.x)));
+      if (edge) {
+        const int q = m0 + 8 * j + 2 * t + (e & 1), key = key_row0 + gi + 8 * (e >> 1);
+        if (q >= S || key >= S || (Cfg::kCausal && q < key)) p = 0.f;  // also drops exp2's inf on zero-filled keys
+      }
+      st[j][e] = p;
+    }
+  }
+  // MASK: a masked key's P is 0; a row with lse -inf has every key masked, so its inf never survives.
+  if constexpr (MASK) {
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (!((opts.key_live >> e) & 1u)) st[j][e] = 0.f;
+  }
+  wgmma_wait<0>();
+  operand_fence(dp);
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) {
+    const float2 dd = *reinterpret_cast<const float2*>(dvec_t + 8 * j + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float dpe = dp[j][e];
+      if constexpr (DROP) dpe = (keep >> (4 * j + e)) & 1u ? dpe * opts.drop_scale : 0.f;
+      dp[j][e] = st[j][e] * (dpe - ((e & 1) ? dd.y : dd.x));
+    }
+  }
+  std::uint32_t pf[BM / 16][4], dsf[BM / 16][4];  // P^T (DROP: P^T o Z), dS^T as k16 A fragments (k = queries)
+  if constexpr (DROP) attn::to_a_frags_kept<E, BM>(pf, st, keep);  // 1/(1-p): at dV's store
+  else attn::to_a_frags<E, BM>(pf, st);
+  attn::to_a_frags<E, BM>(dsf, dp);
+
+  // dS^T (E, the values dK uses) into this warpgroup's buffer: fragment word e of k-slice j is
+  // (row gi + 8(e & 1), queries 16j + 8(e >> 1) + 2t, +1), rows counted from the warpgroup's first key.
+  // DET: no dQ product here (the dQ pass computes it), so no dS^T in shared memory either.
+  if constexpr (!DET) {
+    unsigned char* ds_w = sm.ds_ptr + wg * Cfg::kDsBytes;
+    const int r0 = 16 * (warp & 3) + gi;
+#pragma unroll
+    for (int j = 0; j < BM / 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        *reinterpret_cast<std::uint32_t*>(ds_w + Cfg::ds_offset(r0 + 8 * (e & 1), 16 * j + 8 * (e >> 1) + 2 * t)) =
+            dsf[j][e];
+    fence_proxy_async_smem();  // before the barrier below: dQ's wgmma reads these through the async proxy
+  }
+
+  // dV += P^T dO, dK += dS^T Q.
+  operand_fence(dv);
+  operand_fence(dk);
+  operand_fence(pf);
+  operand_fence(dsf);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < BM / 16; ++ks)
+    wgmma_rs<E, D>(dv, pf[ks], smem_desc(do_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
+#pragma unroll
+  for (int ks = 0; ks < BM / 16; ++ks)
+    wgmma_rs<E, D>(dk, dsf[ks], smem_desc(q_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
+  wgmma_commit();
+
+  if constexpr (DET) {
+    wgmma_wait<0>();
+    operand_fence(dv);
+    operand_fence(dk);
+    operand_fence(pf);
+    operand_fence(dsf);
+  } else {
+    // dQ_part[64 queries x D] = dS_w K_w once the warpgroup's 128 threads have stored dS^T.
+    named_barrier_sync(1 + wg, 128);
+    float dq[D / 8][4];
+    const std::uint32_t ds_u32 = sm.ds + wg * Cfg::kDsBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)  // the warpgroup's 64 keys
+      wgmma_ss_mn<E, D>(dq, smem_desc(ds_u32 + Cfg::ds_mn_slice(ks), kUnusedLbo, Cfg::kSbo),
+                        smem_desc(sm.k + Cfg::k_mn_slice(wg, ks), Cfg::kKLbo, Cfg::kSbo), ks > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    operand_fence(dv);
+    operand_fence(dk);
+    operand_fence(pf);
+    operand_fence(dsf);
+    operand_fence(dq);
+
+    // dq_acc [B, S, H, D] += dQ_part: rows m0 + 16(warp % 4) + gi (+8), columns 8j + 2t, +1.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int q = m0 + 16 * (warp & 3) + gi + 8 * h;
+      if (q >= S) continue;
+      float* dst = dq_acc + ((static_cast<std::size_t>(b) * S + q) * H + head) * D + 2 * t;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        atomicAdd(reinterpret_cast<float2*>(dst + 8 * j), make_float2(dq[j][2 * h], dq[j][2 * h + 1]));
+    }
+  }
+}
+
+// dK (x dk_scale = 1/sqrt(D)) and dV (x dv_scale: DROP's 1/(1-p)) of this warp's 16 keys from
+// key_row0 into dqkv's k and v slots (keys at or past S skipped).
+template <int D, typename E>
+__device__ __forceinline__ void store_dkdv(E* __restrict__ dqkv, const float (&dk)[D / 8][4], const float (&dv)[D / 8][4],
+                                           int key_row0, int S, int H, int head, int b, float dk_scale,
+                                           float dv_scale) {
+  const std::size_t tok = 3ull * H * D, otok = static_cast<std::size_t>(H) * D;
+  E* gdk = dqkv + static_cast<std::size_t>(b) * S * tok + static_cast<std::size_t>(head) * D + otok;
+  attn::store_rows<D>(gdk, dk, key_row0, S, tok, dk_scale);
+  attn::store_rows<D>(gdk + otok, dv, key_row0, S, tok, dv_scale);
+}
+
+template <class Cfg, typename E, bool MASK, bool DROP, bool DET>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    backward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
+                    const __grid_constant__ CUtensorMap do_map, const float* __restrict__ lse,
+                    const float* __restrict__ dvec, E* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
+                    int H, float scale_log2, float scale, const __grid_constant__ attn::OptionArgs opt) {
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  // Shared-window addresses; the TMA's 128-byte swizzle and wgmma's need 1024-aligned tiles.
+  const std::uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
+  unsigned char* gbase = smem_raw + (base - raw);
+  const BwdSmem<Cfg> sm{base + Cfg::kKOff,
+                        base + Cfg::kVOff,
+                        base + Cfg::kQOff,
+                        base + Cfg::kdOOff,
+                        base + Cfg::kDsOff,
+                        gbase + Cfg::kDsOff,
+                        reinterpret_cast<float*>(gbase + Cfg::kLseOff),
+                        reinterpret_cast<float*>(gbase + Cfg::kDvecOff),
+                        BwdBarriers<Cfg>{base + Cfg::kBarOff}};
+
+  const int n0 = blockIdx.x * BN, head = blockIdx.y, b = blockIdx.z;  // causal: the heaviest key blocks first
+  const int warp = threadIdx.x >> 5, wg = warp >> 2;
+  const int key_row0 = n0 + 64 * wg + 16 * (warp & 3);  // this warp's first key
+  BwdOptions opts{};
+  if constexpr (MASK) {
+    const std::uint8_t* km = opt.key_mask + static_cast<std::size_t>(b) * S;
+    const int k0 = key_row0 + ((threadIdx.x & 31) >> 2);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (k0 + 8 * h < S && __ldg(km + k0 + 8 * h) != 0) opts.key_live |= 3u << (2 * h);
+  }
+  if constexpr (DROP) {
+    opts.dkey = opt.resolve_step();
+    opts.threshold = opt.threshold;
+    opts.drop_scale = opt.drop_scale;
+    opts.bh_e = (static_cast<std::uint64_t>(b) * H + head) * S;
+  }
+  const float* glse = lse + (static_cast<std::size_t>(b) * H + head) * S;
+  const float* gdvec = dvec + (static_cast<std::size_t>(b) * H + head) * S;
+  const int q_first = Cfg::q_first(n0), n_tiles = Cfg::q_tiles(S) - q_first;
+
+  static_assert(!Cfg::kDecoupled || Cfg::kThreads >= 2 * BM, "decoupled: warpgroup 0 writes lse and Dvec");
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    mbar_init(sm.bar.kv_full(), 1);
+#pragma unroll
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(sm.bar.q_full(s), Cfg::kDecoupled ? 2 * BM : 1);
+      mbar_init(sm.bar.q_empty(s), Cfg::kThreads / 32);  // every warp releases
+    }
+    mbar_init_fence();
+  }
+  if constexpr (MASK) {
+    // A CTA none of whose keys may be attended loads nothing: its dK, dV are 0, its dQ share none.
+    if (!__syncthreads_or(opts.key_live != 0)) {
+      float zero[D / 8][4];
+      attn::zero(zero);
+      store_dkdv<D>(dqkv, zero, zero, key_row0, S, H, head, b, 1.f, 1.f);
+      return;
+    }
+  } else {
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    mbar_arrive_expect_tx(sm.bar.kv_full(), 2 * Cfg::kKVBytes);
+#pragma unroll
+    for (int c = 0; c < Cfg::kColBlocks; ++c) {
+      tma_load_5d(sm.k + c * BN * 128, &kv_map, 64 * c, head, 1, n0, b, sm.bar.kv_full());
+      tma_load_5d(sm.v + c * BN * 128, &kv_map, 64 * c, head, 2, n0, b, sm.bar.kv_full());
+    }
+  }
+  for (int i = 0; i < ST - 1 && i < n_tiles; ++i)
+    load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i, i, head, b, S);
+  __syncthreads();  // the first tiles' lse and Dvec
+
+  float dk[D / 8][4], dv[D / 8][4];
+  attn::zero(dk);
+  attn::zero(dv);
+  mbar_wait(sm.bar.kv_full(), 0);
+
+  for (int i = 0; i < n_tiles; ++i) {
+    const int s = i % ST, m0 = (q_first + i) * BM;
+    // Refill stage (i - 1) % ST with tile i + ST - 1. Lockstep: the barrier that ended iteration
+    // i - 1 released it. Decoupled: warpgroup 0 (the writers) waits for its release by all 8 warps.
+    if (i + ST - 1 < n_tiles) {
+      const int s_next = (i + ST - 1) % ST;
+      if constexpr (Cfg::kDecoupled) {
+        if (wg == 0) {
+          if (i >= 1) mbar_wait(sm.bar.q_empty(s_next), ((i - 1) / ST) & 1);
+          load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i + ST - 1, s_next, head, b, S);
+        }
+      } else {
+        load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i + ST - 1, s_next, head, b, S);
+      }
+    }
+    mbar_wait(sm.bar.q_full(s), (i / ST) & 1);
+    if (Cfg::wg_active(m0, n0, wg))
+      tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes, sm.lse + s * BM,
+                                 sm.dvec + s * BM, dq_acc, m0, n0, wg, key_row0, S, H, head, b, scale_log2, opts);
+    if constexpr (Cfg::kDecoupled) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(sm.bar.q_empty(s));  // this warp is done with stage s (its wgmma waited for)
+    } else {
+      __syncthreads();  // stage s, its vectors and dS^T are free for the next tiles
+    }
+  }
+
+  store_dkdv<D>(dqkv, dk, dv, key_row0, S, H, head, b, scale, DROP ? opt.drop_scale : 1.f);
+}
+
+template <int D, bool CAUSAL, bool DECOUPLED, bool DET, bool MASK, bool DROP, typename E>
+void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
+            float* dq_acc, const AttentionShape& sh, const attn::OptionArgs& opt) {
+  using Cfg = BwdConfig<D, CAUSAL, DECOUPLED>;
+  const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
+  const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
+  const CUtensorMap do_map = encode_rows_map(dout, sh, 1, Cfg::kBlockM);
+  auto kernel = backward_kernel<Cfg, E, MASK, DROP, DET>;
+  CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const dim3 grid((sh.seq + Cfg::kBlockN - 1) / Cfg::kBlockN, sh.heads, sh.batch);
+  const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * attn::kLog2e;
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, do_map, lse, dvec, dqkv, dq_acc, sh.seq,
+                                                       sh.heads, scale_log2, scale, opt);
+  CUTRAIN_LAUNCH_CHECK(DET ? "attention sm90 backward_kernel" : "attention sm90 backward_kernel(atomic dq)");
+}
+
+// The options' instance: the key mask where one is given, dropout where p > 0.
+template <int D, bool CAUSAL, bool DECOUPLED, bool DET, typename E>
+void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
+            float* dq_acc, const AttentionShape& sh, const attn::OptionArgs& opt) {
+  const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
+  if (!mask && !drop) launch<D, CAUSAL, DECOUPLED, DET, false, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else if (!drop) launch<D, CAUSAL, DECOUPLED, DET, true, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else if (!mask) launch<D, CAUSAL, DECOUPLED, DET, false, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else launch<D, CAUSAL, DECOUPLED, DET, true, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+}
+
+// Deterministic (no dQ accumulator: the dQ pass follows) or fast.
+template <int D, bool CAUSAL, bool DECOUPLED, typename E>
+void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
+            float* dq_acc, const AttentionShape& sh, const attn::OptionArgs& opt) {
+  dq_acc ? launch<D, CAUSAL, DECOUPLED, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+         : launch<D, CAUSAL, DECOUPLED, true>(s, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
+}
+
+template <bool DECOUPLED, typename E>
+void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
+            float* dq_acc, const AttentionShape& sh, const attn::OptionArgs& opt) {
+  const bool c = sh.causal;
+  if (sh.head_dim == 64)
+    c ? launch<64, true, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+      : launch<64, false, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else
+    c ? launch<128, true, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+      : launch<128, false, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+}
+
+}  // namespace
+
+template <typename E>
+void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dout, const float* lse, E* dqkv,
+                        void* scratch, const AttentionShape& sh, BackwardSchedule schedule,
+                        const AttentionOptions& options, bool deterministic) {
+  const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
+  check_backward_args(qkv, out, dout, lse, dqkv, scratch, sh);
+  CUTRAIN_CHECK(schedule == BackwardSchedule::Lockstep || schedule == BackwardSchedule::Decoupled,
+                "attention_backward: schedule must be Lockstep or Decoupled, got ", static_cast<int>(schedule));
+  check_device("attention_backward",
+               sh.head_dim == 64 ? BwdConfig<64, false>::kSmemBytes : BwdConfig<128, false>::kSmemBytes);
+  // The scratch (attention_backward_scratch_bytes): Dvec, then, fast mode only, the fp32 dQ accumulator.
+  float* dvec = static_cast<float*>(scratch);
+  float* dq_acc =
+      deterministic ? nullptr : reinterpret_cast<float*>(static_cast<char*>(scratch) + attn::dvec_bytes(sh));
+  attn::row_dot<E>(s, out, dout, dvec, sh);
+  if (dq_acc) {
+    const std::size_t acc_bytes = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads * sh.head_dim * sizeof(float);
+    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, acc_bytes, s));
+  }
+  schedule == BackwardSchedule::Decoupled ? launch<true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+                                          : launch<false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  if (dq_acc)
+    attn::dq_convert<E>(s, dq_acc, dqkv, sh);
+  else
+    attn::dq<E>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+}
+
+template void attention_backward<bf16>(cudaStream_t, const bf16*, const bf16*, const bf16*, const float*, bf16*, void*,
+                                       const AttentionShape&, BackwardSchedule, const AttentionOptions&, bool);
+template void attention_backward<f16>(cudaStream_t, const f16*, const f16*, const f16*, const float*, f16*, void*,
+                                      const AttentionShape&, BackwardSchedule, const AttentionOptions&, bool);
+
+}  // namespace cutrain::kernels::sm90

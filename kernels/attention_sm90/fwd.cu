@@ -1,0 +1,431 @@
+// @brief The attention forward (kernels::attention_forward): warp-specialized, TMA + mbarrier
+// pipeline, wgmma tensor cores; E = bf16 or fp16 (wgmma's .bf16 / .f16 inputs, the tensor maps'
+// element type and P's conversion follow E; the fp32 softmax is the same). Built for sm_90a only
+// (kernels/CMakeLists.txt).
+//
+// CTA = one (batch, head) and FwdConfig::kBlockM = 128 query rows; 2 consumer warpgroups (warps
+// 0-3, 4-7) own 64 rows each, one producer warp (warp 8) feeds them:
+//   producer (lane 0 only): Q once (q_full), then per K/V tile j of kBlockN keys, into ring stage
+//     j % kStages after both consumers released that stage's previous tile (kv_empty): K
+//     (k_full[s]) and V (v_full[s]), each as D/64 TMA boxes of 128-byte swizzled rows.
+//   consumers: S = Q K^T (wgmma, both operands from shared memory, K-major), the causal / sequence
+//     -end mask and the online softmax in registers (the attention family's Softmax, Mask and
+//     to_a_frags, kernels/attention_softmax.cuh / attention_tiles.cuh: the wgmma accumulator is
+//     the mma.sync C fragment per 8 columns), then
+//     O += P V (wgmma, P from registers, V read transposed from shared memory), then each consumer
+//     warp arrives on kv_empty[s]. The epilogue normalizes O and stores it and the log-sum-exp
+//     with the family's store_rows.
+// Causal: tiles past the CTA's last query are never loaded; a warpgroup whose rows all precede a
+// tile skips its math but still waits for the tile and releases it, so the ring's phases stay in
+// step for both consumers.
+// Two consumer schedules (FwdConfig::kOverlap, Schedule at the API): serial waits for every wgmma
+// batch at once; overlap issues tile j+1's S behind tile j's P V. Neither overlaps a warpgroup's
+// softmax with its own wgmma (FA3's two score buffers do not fit 168 registers); the two consumer
+// warpgroups overlap each other's softmax with their wgmma.
+// BERT's options (kernels::AttentionOptions), template bools, so the plain kernel compiles as
+// before. MASK: the CTA first finds the last key it may attend and streams no tile past it (no
+// tile at all: O = 0, lse = -inf); each consumer warp fetches a tile's mask bytes right after
+// issuing its S and ballots them into bit words before the softmax (the family's
+// KeyMaskTiles), masked keys scoring -inf. DROP: after the online softmax (so lse stays that of the
+// undropped softmax), the family's keep bits (row_keep_bits: the same Philox words for
+// the same (seed, step, layer, element)) zero the dropped probabilities fed to P V, and the
+// epilogue scales O by 1/(1-p) once.
+#include <cuda.h>
+
+#include <cmath>
+
+#include "kernels/attention_sm90/attention_sm90.h"
+#include "kernels/attention_sm90/layout.h"
+#include "kernels/attention_sm90/tensor_map.h"
+#include "kernels/attention_sm90/wgmma_tma.cuh"
+#include "kernels/attention_options.cuh"
+#include "kernels/attention_softmax.cuh"
+#include "kernels/attention_tiles.cuh"
+#include "runtime/check.h"
+#include "runtime/error.h"
+
+namespace cutrain::kernels::sm90 {
+namespace {
+
+// The mbarriers after the tiles: q_full, k_full[kStages], v_full[kStages], kv_empty[kStages].
+template <class Cfg>
+struct Barriers {
+  std::uint32_t base;
+  __device__ __forceinline__ std::uint32_t q_full() const { return base; }
+  __device__ __forceinline__ std::uint32_t k_full(int s) const { return base + 8 * (1 + s); }
+  __device__ __forceinline__ std::uint32_t v_full(int s) const { return base + 8 * (1 + Cfg::kStages + s); }
+  __device__ __forceinline__ std::uint32_t kv_empty(int s) const { return base + 8 * (1 + 2 * Cfg::kStages + s); }
+};
+
+// Issues S = Q K^T for warpgroup wg against the K tile at k_tile (one commit group; the first
+// k16 step overwrites sc).
+template <class Cfg, typename E>
+__device__ __forceinline__ void issue_scores(float (&sc)[Cfg::kBlockN / 8][4], std::uint32_t sQ, std::uint32_t k_tile,
+                                             int wg) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk)
+    wgmma_ss<E, Cfg::kBlockN>(sc, smem_desc(sQ + Cfg::q_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
+                              smem_desc(k_tile + Cfg::k_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+  wgmma_commit();
+}
+
+// Issues O += P V against the V tile at v_tile (one commit group). O (rescaled by the softmax)
+// and P (packed from the scores) are pinned before the fence.
+template <class Cfg, typename E>
+__device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 8][4], std::uint32_t (&p)[Cfg::kBlockN / 16][4],
+                                         std::uint32_t v_tile) {
+  operand_fence(o);
+  operand_fence(p);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < Cfg::kBlockN / 16; ++ks)
+    wgmma_rs<E, Cfg::kHeadDim>(o, p[ks], smem_desc(v_tile + Cfg::v_slice(ks), Cfg::kVLbo, Cfg::kSbo), 1);
+  wgmma_commit();
+}
+
+// The last key below `limit` that `mask` (one sequence's bytes) lets be attended, -1 for none; all
+// kThreads threads of the CTA call it (two CTA barriers) and get the same answer.
+template <int kThreads>
+__device__ __forceinline__ int last_valid_key(const std::uint8_t* __restrict__ mask, int limit) {
+  __shared__ int last;
+  if (threadIdx.x == 0) last = -1;
+  __syncthreads();
+  int mine = -1;
+  for (int j = threadIdx.x; j < limit; j += kThreads)
+    if (__ldg(mask + j) != 0) mine = j;
+  mine = __reduce_max_sync(0xffffffffu, mine);
+  if ((threadIdx.x & 31) == 0 && mine >= 0) atomicMax(&last, mine);
+  __syncthreads();
+  return last;
+}
+
+// A consumer warp's share of BERT's options (all of it compiled out of the plain kernel).
+// MASK: fetch(j) loads tile j's mask bytes (issued right after tile j's S, so they arrive under the
+// wgmma), mask_scores turns them into bit words (one ballot per 32 keys) and sets the masked
+// scores to -inf; fetch and mask_scores alternate, tile by tile, in the order the softmax visits
+// the tiles. DROP: drop zeroes the probabilities the family's keep bits (row_keep_bits) drop.
+template <class Cfg, bool MASK, bool DROP>
+struct FwdOptions {
+  static constexpr int BN = Cfg::kBlockN;
+  attn::KeyMaskTiles<BN> keys;  // MASK
+  DropoutKey dkey;     // DROP: step resolved
+  std::uint32_t threshold;
+  std::uint64_t bh_e;  // (b*H + head) * S: the element index of (b, head, query 0, key 0)
+  int S;
+
+  __device__ __forceinline__ void fetch(int j) {
+    if constexpr (MASK) keys.load(j);
+  }
+  __device__ __forceinline__ void mask_scores(float (&sc)[BN / 8][4]) {
+    if constexpr (MASK) {
+      std::uint32_t bits[attn::KeyMaskTiles<BN>::kWords];
+      keys.take(bits);
+      const int t = threadIdx.x & 3;
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!attn::key_ok(bits, 8 * n + 2 * t + (e & 1))) sc[n][e] = -INFINITY;
+    }
+  }
+  // Probabilities (after the softmax) of tile j, rows row0 + gi (+8): element (n, e) of the
+  // accumulator is key 8n + 2t + (e & 1) of the tile, as in the mma.sync C fragments row_keep_bits serves.
+  // row_keep_bits covers at most 8 n-tiles per call: 64-key chunks, then the rest (96-key tiles).
+  __device__ __forceinline__ void drop(float (&sc)[BN / 8][4], int j, int row0) const {
+    if constexpr (DROP) {
+      const int gi = (threadIdx.x & 31) >> 2;
+      const bool aligned = S % 4 == 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const std::uint64_t row_e = (bh_e + static_cast<std::uint64_t>(row0 + gi + 8 * h)) * S;
+#pragma unroll
+        for (int c = 0; c < BN / 64; ++c)
+          apply<8>(sc, h, 8 * c, attn::row_keep_bits<8>(dkey, threshold, row_e, j * BN + 64 * c, aligned));
+        if constexpr (BN % 64 != 0) {
+          constexpr int kRest = (BN % 64) / 8, kFirst = 8 * (BN / 64);
+          apply<kRest>(sc, h, kFirst, attn::row_keep_bits<kRest>(dkey, threshold, row_e, j * BN + 8 * kFirst, aligned));
+        }
+      }
+    }
+  }
+  // Bit 2n + c of keep: element (n_first + n, 2h + c) is kept.
+  template <int NT>
+  __device__ __forceinline__ static void apply(float (&sc)[BN / 8][4], int h, int n_first, std::uint32_t keep) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        if (!((keep >> (2 * n + c)) & 1u)) sc[n_first + n][2 * h + c] = 0.f;
+  }
+};
+
+// Finished scores of tile j (sc, fenced after their wait) -> the causal / sequence-end mask and the
+// key mask, the online softmax (rescales O), dropout, P's A fragments. row0: this warp's first
+// query row.
+template <class Cfg, typename E, bool MASK, bool DROP>
+__device__ __forceinline__ void softmax_tile(const attn::Mask<Cfg::kCausal>& mask, attn::Softmax<1>& softmax,
+                                             FwdOptions<Cfg, MASK, DROP>& opts, float (&o)[Cfg::kHeadDim / 8][4],
+                                             float (&sc)[Cfg::kBlockN / 8][4],
+                                             std::uint32_t (&p)[Cfg::kBlockN / 16][4], int j, int row0,
+                                             float scale_log2) {
+  constexpr int BN = Cfg::kBlockN;
+  mask.apply(attn::one_mtile(sc), row0, j * BN);
+  opts.mask_scores(sc);
+  softmax.template update<BN / 8, Cfg::kHeadDim>(0, sc, o, scale_log2);
+  opts.drop(sc, j, row0);
+  attn::to_a_frags<E, BN>(p, sc);
+}
+
+// Finish the row sums across the quad, normalize (times out_scale:
+// dropout's 1/(1-p)), store O and the log-sum-exp (rows at or past S are skipped). MASK: a row
+// with no key left has l = 0 and m = -inf: O = 0, lse = -inf.
+template <class Cfg, bool MASK, typename E>
+__device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float (&o)[Cfg::kHeadDim / 8][4], int row0,
+                                         E* __restrict__ out, float* __restrict__ lse, int S, int H, int head,
+                                         int b, float out_scale) {
+  constexpr int D = Cfg::kHeadDim;
+  const int lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
+  E* gout = out + static_cast<std::size_t>(b) * S * H * D + static_cast<std::size_t>(head) * D;
+  float* glse = lse + (static_cast<std::size_t>(b) * H + head) * S;
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = softmax.row_sum(0, h);
+    inv[h] = MASK && l == 0.f ? 0.f : out_scale / l;
+    const int row = row0 + gi + 8 * h;
+    if (t == 0 && row < S) glse[row] = softmax.lse(0, h, l);
+  }
+#pragma unroll
+  for (int d = 0; d < D / 8; ++d) {
+    o[d][0] *= inv[0];
+    o[d][1] *= inv[0];
+    o[d][2] *= inv[1];
+    o[d][3] *= inv[1];
+  }
+  attn::store_rows<D>(gout, o, row0, S, static_cast<std::size_t>(H) * D, 1.f);
+}
+
+// The consumer warpgroups' K/V loop. Causal: a warpgroup whose last row precedes a tile's first
+// key has nothing to add from it (tile_active, uniform over the warpgroup as wgmma requires), but
+// it still waits for the tile and releases it.
+//   Serial: per tile, S (wait), softmax, P V (wait), release.
+//   Overlap: P V of tile j stays in flight while S of tile j+1 is issued behind it; the wait for
+//   the older group (P V) releases stage j, the next iteration's wait takes S. The tensor cores
+//   get tile j+1's scores without the gap of P V's wait, the barrier and the next fence.
+// Options: fetch(j) right after tile j's S is issued, the rest inside softmax_tile; MASK: no tile
+// at all (n_tiles 0) goes straight to the epilogue.
+template <class Cfg, typename E, bool MASK, bool DROP>
+__device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV, const Barriers<Cfg>& bar,
+                                        E* __restrict__ out, float* __restrict__ lse, int S, int H,
+                                        float scale_log2, int m0, int n_tiles, int head, int b,
+                                        const attn::OptionArgs& opt) {
+  constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wg = warp >> 2;
+  const int wg_row0 = m0 + 64 * wg, row0 = wg_row0 + 16 * (warp & 3);  // row0: this warp's first row
+  float o[Cfg::kHeadDim / 8][4];
+  attn::zero(o);
+  float m_run[1][2], l_run[1][2];
+  attn::Softmax<1> softmax{m_run, l_run};
+  softmax.start();
+  const attn::Mask<Cfg::kCausal> mask{S};
+  float sc[BN / 8][4];          // raw scores of the tile in hand
+  std::uint32_t p[BN / 16][4];  // its probabilities as wgmma A fragments
+  FwdOptions<Cfg, MASK, DROP> opts{};
+  if constexpr (MASK) opts.keys = {opt.key_mask + static_cast<std::size_t>(b) * S, S, {}};
+  if constexpr (DROP) {
+    opts.dkey = opt.resolve_step();
+    opts.threshold = opt.threshold;
+    opts.bh_e = (static_cast<std::uint64_t>(b) * H + head) * S;
+  }
+  opts.S = S;
+
+  mbar_wait(bar.q_full(), 0);
+  if constexpr (!Cfg::kOverlap) {
+    for (int j = 0; j < n_tiles; ++j) {
+      const int s = j % ST;
+      const std::uint32_t phase = (j / ST) & 1;
+      const bool active = Cfg::tile_active(j, wg_row0);
+      mbar_wait(bar.k_full(s), phase);
+      if (active) {
+        issue_scores<Cfg, E>(sc, sQ, sK + s * Cfg::kKVBytes, wg);
+        opts.fetch(j);
+        wgmma_wait<0>();
+        operand_fence(sc);
+        softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
+      }
+      mbar_wait(bar.v_full(s), phase);
+      if (active) {
+        issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
+        wgmma_wait<0>();
+        operand_fence(o);
+        operand_fence(p);
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar.kv_empty(s));  // this warp's reads of stage s are complete
+    }
+  } else {
+    // Straight-line per tile so that ptxas can follow the two groups in flight: the active tiles
+    // (a prefix, tile 0 always among them unless MASK left no tile) with the last one peeled, then
+    // the skipped tail.
+    const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
+    if (!MASK || n_active > 0) {
+      mbar_wait(bar.k_full(0), 0);
+      issue_scores<Cfg, E>(sc, sQ, sK, wg);
+      opts.fetch(0);
+      for (int j = 0; j + 1 < n_active; ++j) {
+        const int s = j % ST, s1 = (j + 1) % ST;
+        wgmma_wait<0>();  // S of tile j, the only group in flight
+        operand_fence(sc);
+        softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
+        mbar_wait(bar.v_full(s), (j / ST) & 1);
+        issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
+        mbar_wait(bar.k_full(s1), ((j + 1) / ST) & 1);
+        issue_scores<Cfg, E>(sc, sQ, sK + s1 * Cfg::kKVBytes, wg);
+        opts.fetch(j + 1);
+        wgmma_wait<1>();  // P V of tile j, the older group
+        operand_fence(o);
+        operand_fence(p);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar.kv_empty(s));
+      }
+      {
+        const int j = n_active - 1, s = j % ST;
+        wgmma_wait<0>();
+        operand_fence(sc);
+        softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
+        mbar_wait(bar.v_full(s), (j / ST) & 1);
+        issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
+        wgmma_wait<0>();
+        operand_fence(o);
+        operand_fence(p);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar.kv_empty(s));
+      }
+    }
+    for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
+      const int s = j % ST;
+      const std::uint32_t phase = (j / ST) & 1;
+      mbar_wait(bar.k_full(s), phase);
+      mbar_wait(bar.v_full(s), phase);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar.kv_empty(s));
+    }
+  }
+  epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f);
+}
+
+template <class Cfg, typename E, bool MASK, bool DROP>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    forward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
+                   E* __restrict__ out, float* __restrict__ lse, int S, int H, float scale_log2,
+                   const __grid_constant__ attn::OptionArgs opt) {
+  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
+  constexpr bool CAUSAL = Cfg::kCausal;
+  extern __shared__ unsigned char smem_raw[];
+  // Shared-window addresses; the TMA's 128-byte swizzle and wgmma's need 1024-aligned tiles.
+  const std::uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const std::uint32_t sQ = base + Cfg::kQOff, sK = base + Cfg::kKOff, sV = base + Cfg::kVOff;
+  const Barriers<Cfg> bar{base + Cfg::kBarOff};
+
+  const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: heaviest first
+  const int m0 = qblock * BM, head = blockIdx.y, b = blockIdx.z;
+  int n_tiles = Cfg::kv_tiles(S, m0);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar.q_full(), 1);
+#pragma unroll
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(bar.k_full(s), 1);
+      mbar_init(bar.v_full(s), 1);
+      mbar_init(bar.kv_empty(s), 4 * Cfg::kConsumers);  // every consumer warp releases
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if constexpr (MASK)  // no tile past the last key the CTA may attend (every thread gets the same count)
+    n_tiles = Cfg::masked_kv_tiles(
+        n_tiles, last_valid_key<Cfg::kThreads>(opt.key_mask + static_cast<std::size_t>(b) * S, min(S, n_tiles * BN)));
+  // No CTA-wide barrier from here on: the producer's idle threads leave below.
+
+  if (warp == Cfg::kProducerWarp) {
+    if (lane == 0) {
+      mbar_arrive_expect_tx(bar.q_full(), Cfg::kQBytes);
+#pragma unroll
+      for (int c = 0; c < Cfg::kColBlocks; ++c)
+        tma_load_5d(sQ + c * BM * 128, &q_map, 64 * c, head, 0, m0, b, bar.q_full());
+      for (int j = 0; j < n_tiles; ++j) {
+        const int s = j % ST;
+        if (j >= ST) mbar_wait(bar.kv_empty(s), ((j / ST) - 1) & 1);
+        mbar_arrive_expect_tx(bar.k_full(s), Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kColBlocks; ++c)
+          tma_load_5d(sK + s * Cfg::kKVBytes + c * BN * 128, &kv_map, 64 * c, head, 1, j * BN, b, bar.k_full(s));
+        mbar_arrive_expect_tx(bar.v_full(s), Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kColBlocks; ++c)
+          tma_load_5d(sV + s * Cfg::kKVBytes + c * BN * 128, &kv_map, 64 * c, head, 2, j * BN, b, bar.v_full(s));
+      }
+    }
+  } else {
+    consume<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b, opt);
+  }
+}
+
+template <int D, bool CAUSAL, bool OVERLAP, bool MASK, bool DROP, typename E>
+void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
+            const attn::OptionArgs& opt) {
+  using Cfg = FwdConfig<D, CAUSAL, OVERLAP>;
+  const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
+  const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
+  auto kernel = forward_kernel<Cfg, E, MASK, DROP>;
+  CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const dim3 grid((sh.seq + Cfg::kBlockM - 1) / Cfg::kBlockM, sh.heads, sh.batch);
+  const float scale_log2 = attn::kLog2e / std::sqrt(static_cast<float>(D));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, out, lse, sh.seq, sh.heads, scale_log2, opt);
+  CUTRAIN_LAUNCH_CHECK("attention sm90 forward_kernel");
+}
+
+// The options' instance: the key mask where one is given, dropout where p > 0.
+template <int D, bool CAUSAL, bool OVERLAP, typename E>
+void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
+            const attn::OptionArgs& opt) {
+  const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
+  if (!mask && !drop) launch<D, CAUSAL, OVERLAP, false, false>(st, qkv, out, lse, sh, opt);
+  else if (!drop) launch<D, CAUSAL, OVERLAP, true, false>(st, qkv, out, lse, sh, opt);
+  else if (!mask) launch<D, CAUSAL, OVERLAP, false, true>(st, qkv, out, lse, sh, opt);
+  else launch<D, CAUSAL, OVERLAP, true, true>(st, qkv, out, lse, sh, opt);
+}
+
+template <bool OVERLAP, typename E>
+void launch(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& sh,
+            const attn::OptionArgs& opt) {
+  const bool c = sh.causal;
+  if (sh.head_dim == 64)
+    c ? launch<64, true, OVERLAP>(s, qkv, out, lse, sh, opt) : launch<64, false, OVERLAP>(s, qkv, out, lse, sh, opt);
+  else
+    c ? launch<128, true, OVERLAP>(s, qkv, out, lse, sh, opt) : launch<128, false, OVERLAP>(s, qkv, out, lse, sh, opt);
+}
+
+}  // namespace
+
+template <typename E>
+void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& sh,
+                       Schedule schedule, const AttentionOptions& options) {
+  const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
+  check_forward_args(qkv, out, lse, sh);
+  CUTRAIN_CHECK(schedule == Schedule::Serial || schedule == Schedule::Overlap,
+                "attention_forward: schedule must be Serial or Overlap, got ", static_cast<int>(schedule));
+  check_device("attention_forward",
+               sh.head_dim == 64 ? FwdConfig<64, false>::kSmemBytes : FwdConfig<128, false>::kSmemBytes);
+  schedule == Schedule::Overlap ? launch<true>(s, qkv, out, lse, sh, opt) : launch<false>(s, qkv, out, lse, sh, opt);
+}
+
+template void attention_forward<bf16>(cudaStream_t, const bf16*, bf16*, float*, const AttentionShape&, Schedule,
+                                      const AttentionOptions&);
+template void attention_forward<f16>(cudaStream_t, const f16*, f16*, float*, const AttentionShape&, Schedule,
+                                     const AttentionOptions&);
+
+}  // namespace cutrain::kernels::sm90

@@ -1,0 +1,26 @@
+// @brief The sm90 attention pair's tensor maps over qkv and dO (host): the geometry of
+// rows_tma_geometry encoded for the TMA (bf16 or fp16 elements) with the 128-byte swizzle and zero
+// fill out of bounds.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "kernels/attention.cuh"
+#include "runtime/dtype.h"
+
+namespace cutrain::kernels::sm90 {
+
+// The sm_90a code runs on compute capability 9.0 only, with `smem_bytes` of shared memory per
+// block: refused with what was found (`who` names the caller), instead of a bare launch error.
+void check_device(const char* who, std::uint32_t smem_bytes);
+
+// E: bf16 or f16 (instances of both), the map's element type.
+template <typename E>
+CUtensorMap encode_qkv_map(const E* qkv, const AttentionShape& shape, int box_rows);
+// The same over `slots` = 1 ([B, S, H, D]: the backward's dO) or 3 (qkv) tensors per token.
+template <typename E>
+CUtensorMap encode_rows_map(const E* base, const AttentionShape& shape, int slots, int box_rows);
+
+}  // namespace cutrain::kernels::sm90
