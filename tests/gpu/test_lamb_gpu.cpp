@@ -301,6 +301,11 @@ void check_steps(State& st, LambParams p) {
           const double want = double(rp[i]) + rc[i], got = double(gp[i]) + gc[i];
           double tol = (rp[i] == 0.f ? 0.0 : std::ldexp(1.0, std::ilogb(rp[i]) - 14)) + 1e-8;
           if (st.full()) tol += step_size * want_ratio[t] * std::abs(adam_term(gm[i], gv[i]) - adam_term(rm[i], rv[i]));
+          // The trust ratio itself may differ within its own bound (above): the update moves by
+          // step_size * |ratio_device - ratio_reference| * |u|.
+          const double wd = tensor.decay ? p.weight_decay : 0.0;
+          tol += step_size * std::abs(double(got_ratio[t]) - want_ratio[t]) *
+                 std::abs(adam_term(gm[i], gv[i]) + wd * w_prev[i]);
           ASSERT_LE(std::abs(got - want), tol) << "w + c at " << i;
         }
       }

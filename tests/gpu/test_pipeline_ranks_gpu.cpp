@@ -2,10 +2,10 @@
 // 1F1B program, the exchanges of parallel/pipeline_transfers.h on the stage models' hand-over
 // buffers, the last stage's losses broadcast and the status words summed) for 2-4 stages on ONE
 // GPU: NCCL refuses two ranks on one device, so the S ranks are S GpuPipeline objects of this
-// process, each with its own stage models, gradient buffer, loss and status words, joined by a
-// loopback transport (a test transport: a send is a device copy into a mailbox, a receive the copy
-// out of it, the two collectives performed when the last rank calls them), driven in the order the
-// ranks could run (a stage goes on once the messages its next exchange receives have been sent).
+// process, each with its own stage models, gradient buffer, loss and status words, host thread and stream,
+// joined by a loopback transport (a test transport: a send is a device copy into a mailbox with an
+// event, a receive waits for the message and its event and copies it out, the two collectives are
+// performed when the last rank calls them).
 // Every stage's gradient range, every stage's losses and the status words must equal one whole
 // model's forward_backward over the same micro-batches bit for bit (the same kernels on the same
 // inputs, each stage's backwards in micro-batch order), and every stage leaves the rest of its
@@ -16,7 +16,12 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <deque>
 #include <map>
 #include <memory>
@@ -36,27 +41,57 @@ using namespace cutrain;
 
 namespace {
 
-// The S endpoints' shared state: the messages in flight per (from, to), in order, and the
-// collectives' buffers per operation until the last rank arrives. Everything runs on one stream.
+// The S endpoints' shared state: the messages in flight per (from, to), in order, each with the
+// event its copy recorded on the sender's stream, and the collectives' buffers until the last rank
+// arrives. Each rank runs on its own host thread and stream, as a rank of a real run would: a
+// receive waits (host) until its message is posted, then (device) on the sender's event, so the
+// grouped exchanges rendezvous as NCCL's grouped send / recv do. A wait longer than a minute is a
+// deadlock and fails the test instead of hanging it.
+struct Message {
+  void* buf = nullptr;
+  std::size_t bytes = 0;
+  cudaEvent_t ready = nullptr;
+};
 struct LoopbackHub {
   int world = 1;
-  std::map<std::pair<int, int>, std::deque<std::pair<void*, std::size_t>>> mail;
-  std::vector<void*> owned;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::pair<int, int>, std::deque<Message>> mail;
+  std::vector<Message> owned;
   std::map<std::string, std::vector<void*>> arrived;
+  std::map<std::string, int> generation;
   ~LoopbackHub() {
     cudaDeviceSynchronize();
-    for (void* p : owned) cudaFree(p);
+    for (const Message& m : owned) {
+      cudaFree(m.buf);
+      cudaEventDestroy(m.ready);
+    }
   }
-  std::size_t sent(int from, int to) { return mail[{from, to}].size(); }
-  // Records `buf` for operation `op`; true for the rank that completes it (all have arrived).
-  bool arrive(const std::string& op, int rank, void* buf) {
+  template <class Pred>
+  void wait(std::unique_lock<std::mutex>& lock, Pred ready, const std::string& what) {
+    CUTRAIN_CHECK(cv.wait_for(lock, std::chrono::seconds(60), ready), "loopback: ", what,
+                  " waited 60 s: the stages wait on each other");
+  }
+  // The collective `op` with this rank's `buf` (its stream already synchronized): the last rank to
+  // arrive runs `complete` over every rank's buffer; the others wait for it.
+  void collective(const std::string& op, int rank, void* buf, const std::function<void(std::vector<void*>&)>& complete) {
+    std::unique_lock<std::mutex> lock(mu);
     std::vector<void*>& v = arrived[op];
     if (v.empty()) v.assign(std::size_t(world), nullptr);
     CUTRAIN_CHECK(v[std::size_t(rank)] == nullptr, "loopback: rank ", rank, " called ", op, " twice");
     v[std::size_t(rank)] = buf;
-    for (void* p : v)
-      if (!p) return false;
-    return true;
+    const int gen = generation[op];
+    bool last = true;
+    for (void* p : v) last = last && p;
+    if (last) {
+      complete(v);
+      CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+      v.clear();
+      ++generation[op];
+      cv.notify_all();
+      return;
+    }
+    wait(lock, [&] { return generation[op] != gen; }, "rank " + std::to_string(rank) + "'s " + op);
   }
 };
 
@@ -75,47 +110,59 @@ class LoopbackLink final : public comm::Communicator {
   LoopbackLink(LoopbackHub& hub, int rank) : Communicator(endpoint_env(rank, hub.world), 0), hub_(hub) {}
   const char* backend_name() const override { return "loopback (test transport)"; }
 
+  // Every send of the group is posted before any receive waits, as in an NCCL group.
   void send_recv(const std::vector<comm::P2POp>& ops, DType t, cudaStream_t s) override {
     const std::size_t es = dtype_size(t);
     for (const comm::P2POp& o : ops) {
       if (o.kind != comm::P2POp::Send) continue;
-      void* m = nullptr;
-      CUTRAIN_CUDA_CHECK(cudaMalloc(&m, o.count * es));
+      Message m;
+      m.bytes = o.count * es;
+      CUTRAIN_CUDA_CHECK(cudaMalloc(&m.buf, m.bytes));
+      CUTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&m.ready, cudaEventDisableTiming));
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(m.buf, o.buf, m.bytes, cudaMemcpyDeviceToDevice, s));
+      CUTRAIN_CUDA_CHECK(cudaEventRecord(m.ready, s));
+      std::lock_guard<std::mutex> lock(hub_.mu);
       hub_.owned.push_back(m);
-      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(m, o.buf, o.count * es, cudaMemcpyDeviceToDevice, s));
-      hub_.mail[{rank(), o.peer}].push_back({m, o.count * es});
+      hub_.mail[{rank(), o.peer}].push_back(m);
+      hub_.cv.notify_all();
     }
     for (const comm::P2POp& o : ops) {
       if (o.kind != comm::P2POp::Recv) continue;
-      auto& q = hub_.mail[{o.peer, rank()}];
-      CUTRAIN_CHECK(!q.empty(), "loopback: rank ", rank(), " receives from rank ", o.peer, " before it sent");
-      CUTRAIN_CHECK(q.front().second == o.count * es, "loopback: rank ", rank(), " receives ", o.count * es,
-                    " bytes from rank ", o.peer, ", which sent ", q.front().second);
-      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(o.buf, q.front().first, o.count * es, cudaMemcpyDeviceToDevice, s));
-      q.pop_front();
+      Message m;
+      {
+        std::unique_lock<std::mutex> lock(hub_.mu);
+        auto& q = hub_.mail[{o.peer, rank()}];
+        hub_.wait(lock, [&] { return !q.empty(); },
+                  "rank " + std::to_string(rank()) + "'s receive from rank " + std::to_string(o.peer));
+        m = q.front();
+        q.pop_front();
+      }
+      CUTRAIN_CHECK(m.bytes == o.count * es, "loopback: rank ", rank(), " receives ", o.count * es,
+                    " bytes from rank ", o.peer, ", which sent ", m.bytes);
+      CUTRAIN_CUDA_CHECK(cudaStreamWaitEvent(s, m.ready, 0));
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(o.buf, m.buf, m.bytes, cudaMemcpyDeviceToDevice, s));
     }
   }
   void broadcast(void* buf, std::size_t n, DType t, int root, cudaStream_t s) override {
-    if (!hub_.arrive("broadcast", rank(), buf)) return;
-    std::vector<void*>& v = hub_.arrived["broadcast"];
-    for (int r = 0; r < world_size(); ++r)
-      if (r != root)
-        CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(v[std::size_t(r)], v[std::size_t(root)], n * dtype_size(t),
-                                           cudaMemcpyDeviceToDevice, s));
-    v.clear();
+    CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
+    hub_.collective("broadcast", rank(), buf, [&](std::vector<void*>& v) {
+      for (int r = 0; r < world_size(); ++r)
+        if (r != root)
+          CUTRAIN_CUDA_CHECK(cudaMemcpy(v[std::size_t(r)], v[std::size_t(root)], n * dtype_size(t),
+                                        cudaMemcpyDeviceToDevice));
+    });
   }
   void all_reduce(void* buf, std::size_t n, DType t, comm::ReduceOp op, cudaStream_t s) override {
     CUTRAIN_CHECK(t == DType::I32 && op == comm::ReduceOp::Sum, "loopback: all_reduce of int32 sums only");
-    if (!hub_.arrive("all_reduce", rank(), buf)) return;
-    std::vector<void*>& v = hub_.arrived["all_reduce"];
     CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(s));
-    std::vector<int> sum(n, 0), one(n);
-    for (void* p : v) {
-      CUTRAIN_CUDA_CHECK(cudaMemcpy(one.data(), p, n * 4, cudaMemcpyDeviceToHost));
-      for (std::size_t i = 0; i < n; ++i) sum[i] += one[i];
-    }
-    for (void* p : v) CUTRAIN_CUDA_CHECK(cudaMemcpy(p, sum.data(), n * 4, cudaMemcpyHostToDevice));
-    v.clear();
+    hub_.collective("all_reduce", rank(), buf, [&](std::vector<void*>& v) {
+      std::vector<int> sum(n, 0), one(n);
+      for (void* p : v) {
+        CUTRAIN_CUDA_CHECK(cudaMemcpy(one.data(), p, n * 4, cudaMemcpyDeviceToHost));
+        for (std::size_t i = 0; i < n; ++i) sum[i] += one[i];
+      }
+      for (void* p : v) CUTRAIN_CUDA_CHECK(cudaMemcpy(p, sum.data(), n * 4, cudaMemcpyHostToDevice));
+    });
   }
   void reduce_scatter(const void*, void*, std::size_t, DType, comm::ReduceOp, cudaStream_t) override { refuse(); }
   void all_gather(const void*, void*, std::size_t, DType, cudaStream_t) override { refuse(); }
@@ -218,30 +265,26 @@ TEST_P(PipelineGpuStageRanks, RanksOfOneProcessEqualTheWholeModelBitForBit) {
     rank.back()->begin_step({&P, grads.back()->p, c.grads, tk, lb, per, 1.f / float(M),
                              static_cast<float*>(loss.back()->p), static_cast<int*>(status.back()->p), {}});
   }
-  std::vector<bool> done(std::size_t(c.stages), false);
-  for (int left = c.stages; left > 0;) {
-    bool moved = false;
-    for (int s = 0; s < c.stages; ++s) {
-      if (done[std::size_t(s)]) continue;
-      // Its next exchange may run once every message it receives has been sent.
-      if (const parallel::PipeExchange* e = rank[std::size_t(s)]->pending_exchange()) {
-        std::map<int, std::size_t> need;
-        for (const parallel::PipeTransfer& t : e->transfers)
-          if (!t.is_send()) ++need[t.peer];
-        bool ready = true;
-        for (const auto& [peer, k] : need) ready = ready && hub.sent(peer, s) >= k;
-        if (!ready) continue;
+  // Each rank runs its program on its own thread and stream, as the ranks of a run would.
+  std::vector<cudaStream_t> streams(std::size_t(c.stages), nullptr);
+  for (cudaStream_t& st : streams) CUTRAIN_CUDA_CHECK(cudaStreamCreate(&st));
+  std::vector<std::string> failed(std::size_t(c.stages));
+  std::vector<std::thread> threads;
+  for (int s = 0; s < c.stages; ++s)
+    threads.emplace_back([&, s] {
+      try {
+        CUTRAIN_CUDA_CHECK(cudaSetDevice(0));
+        while (rank[std::size_t(s)]->advance(streams[std::size_t(s)])) {
+        }
+        rank[std::size_t(s)]->end_step(streams[std::size_t(s)]);
+        CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(streams[std::size_t(s)]));
+      } catch (const std::exception& e) {
+        failed[std::size_t(s)] = e.what();
       }
-      if (!rank[std::size_t(s)]->advance(stream)) {
-        done[std::size_t(s)] = true;
-        --left;
-      }
-      moved = true;
-    }
-    ASSERT_TRUE(moved) << "the stages wait on each other";
-  }
-  for (auto& r : rank) r->end_step(stream);
-  CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    });
+  for (std::thread& t : threads) t.join();
+  for (int s = 0; s < c.stages; ++s) ASSERT_EQ(failed[std::size_t(s)], "") << "rank " << s;
+  for (cudaStream_t st : streams) CUTRAIN_CUDA_CHECK(cudaStreamDestroy(st));
   for (const auto& [channel, q] : hub.mail)
     EXPECT_TRUE(q.empty()) << "rank " << channel.first << " sent rank " << channel.second << " a message never received";
 
