@@ -92,6 +92,8 @@ def write_config(args, out):
     c = json.load(open("configs/baseline.json"))
     c["scheduler"] = {"type": "WarmupCosineLR", "params": {"total_num_steps": args.steps, "warmup_num_steps": args.warmup,
                       "warmup_type": "linear", "warmup_min_ratio": 0.0, "cos_min_ratio": 0.1}}
+    if args.gradient_clipping > 0:
+        c["gradient_clipping"] = args.gradient_clipping
     path = os.path.join(out, "config.json")
     with open(path + ".tmp", "w") as f:
         json.dump(c, f, indent=2)
@@ -163,6 +165,8 @@ def main():
     ap.add_argument("--eval_interval", type=int, default=100)
     ap.add_argument("--eval_steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--gradient_clipping", type=float, default=1.0,
+                    help="DeepSpeed's gradient_clipping for every variant (0: none); 1.0 as Megatron-DeepSpeed's MoE recipes")
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--pyramid", default="", help="experts per MoE block for prmoe (default: E/2 then E for the last third)")
     ap.add_argument("--top_k", type=int, default=1, help="routes per token of both MoE variants (1 or 2)")
@@ -178,6 +182,8 @@ def main():
         die(f"--steps / --warmup: expected steps >= 2 and 0 <= warmup < steps, found {args.steps} / {args.warmup}")
     if args.eval_interval < 1 or args.eval_steps < 1:
         die("--eval_interval and --eval_steps: expected at least 1")
+    if not args.gradient_clipping >= 0:
+        die(f"--gradient_clipping: expected a norm >= 0 (0: no clipping), found {args.gradient_clipping}")
     if args.experts < 2:
         die(f"--experts: expected at least 2, found {args.experts}")
     if args.top_k not in (1, 2):
@@ -210,6 +216,7 @@ def main():
     tokens = int(shape_flags[shape_flags.index("--batch_size") + 1]) * int(shape_flags[shape_flags.index("--seq_length") + 1])
     lines = [f"## MoE against dense: {desc}, {corpus}, {args.steps} steps, lr {args.lr}, "
              f"{args.warmup} warm-up + cosine to 0.1, seed {args.seed}, fp32 master (configs/baseline.json), "
+             f"{f'gradient clipping {args.gradient_clipping:g}' if args.gradient_clipping > 0 else 'no gradient clipping'}, "
              f"MoE top-{args.top_k} at capacity factor {args.capacity_factor:g}"
              f"{'' if args.top_k != 1 else ', first routes kept' if args.use_rts == 'false' else ', random token selection'}"
              f", {args.device}", "",
