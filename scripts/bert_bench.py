@@ -80,6 +80,32 @@ def layer_ms(path):
     return fwd, bwd
 
 
+def step_split(path):
+    """The step's time by kind from a timing report: the GEMMs (leaf regions with a GEMM peak
+    fraction, attention excluded), the attention kernels, the optimizer and the rest."""
+    rep = json.load(open(path))
+    rows = rep.get("regions_by_kind", [])
+    names = [r["name"] for r in rows]
+    leaves = [r for r in rows if not any(n.startswith(r["name"] + "/") for n in names)]
+    step = next((r["ms_per_step"] for r in rows if r["name"] == "step"), None)
+    if step is None:
+        return None
+    split = {"step_ms": step, "gemm_ms": 0.0, "attention_ms": 0.0, "optimizer_ms": 0.0, "gemm_tflop": 0.0}
+    for r in leaves:
+        last = r["name"].rsplit("/", 1)[-1]
+        if "attention" in last:
+            split["attention_ms"] += r["ms_per_step"]
+        elif "frac_gemm_peak" in r:
+            split["gemm_ms"] += r["ms_per_step"]
+            split["gemm_tflop"] += r.get("tflops", 0.0) * r["ms_per_step"] * 1e-3
+        elif r["name"].startswith("step/optimizer"):
+            split["optimizer_ms"] += r["ms_per_step"]
+    split["other_ms"] = step - split["gemm_ms"] - split["attention_ms"] - split["optimizer_ms"]
+    split["gemm_frac_of_measured_peak"] = (split["gemm_tflop"] / (split["gemm_ms"] * 1e-3)
+                                           / rep["peaks"]["gemm_tflops_measured"]) if split["gemm_ms"] else None
+    return split
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default="build/gpu/tools/cutrain")
@@ -116,6 +142,13 @@ def main():
                     if f is not None and b is not None:
                         r["layer_fwdbwd_ms"] = f + b
                         print(f"  layer seq {seq}: fwd {f:.3f} ms + bwd {b:.3f} ms = {f + b:.3f} ms", flush=True)
+                    sp = step_split(path)
+                    if sp:
+                        r["split"] = sp
+                        print(f"  step seq {seq} (eager, timed regions): {sp['step_ms']:.2f} ms = GEMMs {sp['gemm_ms']:.2f} "
+                              f"(at {sp['gemm_frac_of_measured_peak'] or 0:.2f} of the measured cuBLASLt peak) + attention "
+                              f"{sp['attention_ms']:.2f} + optimizer {sp['optimizer_ms']:.2f} + the rest {sp['other_ms']:.2f}",
+                              flush=True)
                 res["layer"].append(r)
         save()
     if "flags" in parts:
