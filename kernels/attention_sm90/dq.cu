@@ -68,8 +68,8 @@ struct DqOptions {
 template <class Cfg, typename E, bool MASK, bool DROP>
 __device__ __forceinline__ void dq_tile(float (&dq)[Cfg::kHeadDim / 8][4], DqOptions<Cfg, MASK, DROP>& opts,
                                         std::uint32_t q_tile, std::uint32_t do_tile, std::uint32_t k_tile,
-                                        std::uint32_t v_tile, int j, int wg, int row0, const float (&l2)[2], const float (&dd)[2], int S,
-                                        float scale_log2) {
+                                        std::uint32_t v_tile, int j, int wg, int row0, const float (&l2)[2],
+                                        const float (&dd)[2], int S, float scale_log2) {
   constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN;
   const int lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
   const int n0 = j * BN;
@@ -234,8 +234,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   __syncthreads();
   if constexpr (MASK)  // no tile past the last key the CTA may attend (every thread gets the same count)
-    n_tiles = Cfg::masked_kv_tiles(
-        n_tiles, attn::last_valid_key<Cfg::kThreads>(opt.key_mask + static_cast<std::size_t>(b) * S, min(S, n_tiles * BN)));
+    n_tiles = Cfg::masked_kv_tiles(n_tiles, attn::last_valid_key<Cfg::kThreads>(
+                                                opt.key_mask + static_cast<std::size_t>(b) * S, min(S, n_tiles * BN)));
   // No CTA-wide barrier from here on: the producer's idle threads leave below.
 
   if (warp == Cfg::kProducerWarp) {
@@ -303,7 +303,8 @@ void dq_pass(cudaStream_t s, const E* qkv, const E* dout, const float* lse, cons
              const AttentionShape& sh, const attn::OptionArgs& opt) {
   const bool c = sh.causal;
   if (sh.head_dim == 64)
-    c ? launch<64, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt) : launch<64, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+    c ? launch<64, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt)
+      : launch<64, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
   else
     c ? launch<128, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt)
       : launch<128, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);

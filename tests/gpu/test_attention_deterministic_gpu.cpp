@@ -76,7 +76,8 @@ void run_case(const Param& param) {
   CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   cudaStream_t st = nullptr;
   CUTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  kernels::attention_backward(st, qkv.get(), out.get(), dout.get(), lse.get(), det2.get(), scratch.get(), sh, true, opt);
+  kernels::attention_backward(st, qkv.get(), out.get(), dout.get(), lse.get(), det2.get(), scratch.get(), sh, true,
+                              opt);
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st));
   CUTRAIN_CUDA_CHECK(cudaStreamDestroy(st));
   const auto raw1 = det1.download(), raw2 = det2.download();
@@ -98,7 +99,8 @@ void run_case(const Param& param) {
   if (bert) {  // sequence 0 has no valid key: its dQ rows are exactly 0
     const std::size_t row = static_cast<std::size_t>(heads) * dim;
     for (int j = 0; j < seq; ++j)
-      for (std::size_t e = 0; e < row; ++e) ASSERT_EQ(g[3 * row * j + e], 0.f) << "dQ of token " << j << " element " << e;
+      for (std::size_t e = 0; e < row; ++e)
+        ASSERT_EQ(g[3 * row * j + e], 0.f) << "dQ of token " << j << " element " << e;
   }
 
   // The fast mode's dQ (the dK/dV pass's atomics): both within the bound of the reference.

@@ -560,8 +560,8 @@ void expect_dq_carve_up() {
 TEST(AttentionHopperLayout, DqSharedMemoryCarveUp) {
   expect_dq_carve_up<hopper::DqConfig<64, false>>();
   expect_dq_carve_up<hopper::DqConfig<128, true>>();
-  EXPECT_EQ(hopper::dq_smem_bytes(64), hopper::DqConfig<64, false>::kSmemBytes);
-  EXPECT_EQ(hopper::dq_smem_bytes(128), hopper::DqConfig<128, true>::kSmemBytes);
+  EXPECT_EQ(hopper::dq_smem_bytes(64), (hopper::DqConfig<64, false>::kSmemBytes));
+  EXPECT_EQ(hopper::dq_smem_bytes(128), (hopper::DqConfig<128, true>::kSmemBytes));
 }
 
 // The fp16 instances and the production entry points check what the bf16 sm90 entry points check,
