@@ -3,14 +3,15 @@
 //   1. row_dot:  Dvec[i] = sum_d dO[i,d] * O[i,d]                     (fp32 scratch, B*H*S; here)
 //   2. dK/dV:    one CTA per 128 keys, walking the query tiles: P^T and dP^T recomputed from
 //                lse, dV += P^T dO, dK += dS^T Q             (wgmma: kernels/attention_sm90/bwd.cu)
-//   3. dQ:       one CTA per 128 queries, walking the key tiles: dQ += dS K (kernels/attention_bwd_dq.cu)
+//   3. dQ:       one CTA per 128 queries, walking the key tiles: dQ += dS K
+//                                                                  (wgmma: kernels/attention_sm90/dq.cu)
 // Deterministic mode: no atomics, the same bits every run; the price is recomputing Q K^T and
 // dO V^T once more in the dQ pass (7 instead of 5 matmuls). Fast mode: step 3 is replaced by
 // fp32 atomics of dS K from inside the dK/dV pass into a scratch accumulator, then a conversion
 // (dq_convert, here).
 // With P = exp(scale*S - lse), dP = dO V^T, dS = P o (dP - Dvec):
 //   dV = P^T dO,  dK = scale * dS^T Q,  dQ = scale * dS K.
-// Tile shapes: kernels/attention_tile_size.h.
+// Tile shapes: kernels/attention_sm90/layout.h.
 // Options (kernels/attention_options.cuh): masked keys and rows with lse -inf get P = 0; with
 // dropout keep mask Z, dV = (P o Z/(1-p))^T dO and dS = P o (dP o Z/(1-p) - Dvec), Dvec unchanged
 // (rowsum(dO o O) equals rowsum(P o dL/dP) with the dropout inside O).

@@ -72,6 +72,23 @@ __device__ __forceinline__ bool key_ok(const std::uint32_t (&bits)[W], int c) {
   return (bits[c >> 5] >> (c & 31)) & 1u;
 }
 
+// The last key below `limit` that `mask` (one sequence's bytes) lets be attended, -1 for none; all
+// kThreads threads of the CTA call it (two CTA barriers) and get the same answer. (The sm90
+// forward and dQ pass stream no K/V tile past it.)
+template <int kThreads>
+__device__ __forceinline__ int last_valid_key(const std::uint8_t* __restrict__ mask, int limit) {
+  __shared__ int last;
+  if (threadIdx.x == 0) last = -1;
+  __syncthreads();
+  int mine = -1;
+  for (int j = threadIdx.x; j < limit; j += kThreads)
+    if (__ldg(mask + j) != 0) mine = j;
+  mine = __reduce_max_sync(0xffffffffu, mine);
+  if ((threadIdx.x & 31) == 0 && mine >= 0) atomicMax(&last, mine);
+  __syncthreads();
+  return last;
+}
+
 // Bit w: word w of a Philox draw is kept.
 __device__ __forceinline__ std::uint32_t keep_nibble(const PhiloxWords& r, std::uint32_t thr) {
   return static_cast<std::uint32_t>(dropout_keep(r.w[0], thr)) | static_cast<std::uint32_t>(dropout_keep(r.w[1], thr)) << 1 |

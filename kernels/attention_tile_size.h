@@ -1,8 +1,7 @@
 // @brief Internal to the attention family: the one table of compile-time tile shapes of the mma.sync
-// passes: Pass::Dq, the deterministic backward's dQ pass (kernels/attention_bwd_dq.cu), and
-// Pass::Fwd / Pass::Dkdv, the mma.sync baseline's forward and dK/dV pass (bench/attention_mma/,
-// bench_attention_hopper's baseline since the sm90 pair, kernels/attention_sm90/layout.h, replaced
-// them). Each such kernel is templated on a Tile<...> type read from tile_size(); nothing about the
+// passes: Pass::Fwd / Pass::Dkdv / Pass::Dq, the mma.sync baseline's forward, dK/dV pass and
+// deterministic dQ pass (bench/attention_mma/, bench_attention_hopper's baseline since the sm90
+// kernels, kernels/attention_sm90/layout.h, replaced them). Each such kernel is templated on a Tile<...> type read from tile_size(); nothing about the
 // shapes is chosen at run time. A CTA is kWarps warps; each warp owns kMTiles m-tiles of 16 rows,
 // so a CTA covers kBlockM rows of its fixed operand and streams the other in tiles of kBlockN rows
 // through a cp.async double buffer.

@@ -254,14 +254,6 @@ __device__ __forceinline__ void store_rows(E* g, const float (&acc)[D / 8][4], i
 // Shape validation shared by the launchers (throws cutrain::Error naming what is wrong).
 void check_shape(const AttentionShape& shape, const char* who);
 
-struct OptionArgs;  // kernels/attention_options.cuh
-
-// The deterministic backward's dQ pass (kernels/attention_bwd_dq.cu), head_dim D and causal or not
-// per `shape`: dqkv's q slot. dvec: rowsum(dO o O), fp32 [B, H, S]; `opt`: the forward's key mask
-// and dropout.
-template <typename E>
-void dq(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
-        const AttentionShape& shape, const OptionArgs& opt);
 // The backward's small passes (kernels/attention_bwd.cu), around the sm90 dK/dV pass
 // (kernels/attention_sm90/bwd.cu) and bench/attention_mma/'s baseline: the bytes of the Dvec part
 // of the scratch (fp32 B*H*S rounded up to 256; the fast mode's dQ accumulator follows it);

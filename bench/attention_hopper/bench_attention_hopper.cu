@@ -24,6 +24,10 @@
 // "attention_hopper/<pass>[_mask[_drop]][_overlap|_decoupled]/<shape>", so compare.py pairs the
 // serial / lockstep rows with the peer's "attention/<pass>_mask[_drop]/<shape>" SDPA rows (cuDNN
 // among them). Their TFLOP/s count the full S^2 work, as bench_attention's do.
+// Deterministic backward rows (the mode the models call: the dK/dV pass without atomics, then the
+// dQ pass; the baseline's deterministic mode is its mma.sync dK/dV and dQ passes),
+// "attention_hopper/bwd_det[_causal|_mask[_drop]]/<shape>": the production (lockstep) schedule at
+// S 512-2048 of the sweep (and the peer's shapes among them) and BERT's shapes with its options.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -164,7 +168,7 @@ struct BaselineBwd {
 };
 
 void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forward,
-                    kernels::sm90::BackwardSchedule schedule, Opts opts = Opts::Plain) {
+                    kernels::sm90::BackwardSchedule schedule, Opts opts = Opts::Plain, bool det = false) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
   const std::size_t n_l = std::size_t(sh.batch) * sh.heads * sh.seq;
@@ -186,7 +190,7 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
     if (with_forward)
       bench::mma_attention::attention_forward(st, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh, opt);
     bench::mma_attention::attention_backward(st, qkv.as<bf16>(), out.as<bf16>(), dout.as<bf16>(), lse.as<float>(),
-                                             dqkv_p.as<bf16>(), scratch_p.get(), sh, false, opt);
+                                             dqkv_p.as<bf16>(), scratch_p.get(), sh, det, opt);
   };
   // Ours reads its own forward's O and lse in fwdbwd, the production forward's in bwd.
   const bf16* o_in = with_forward ? out_h.as<bf16>() : out.as<bf16>();
@@ -195,10 +199,11 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
     if (with_forward)
       kernels::sm90::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, fwd_schedule, opt);
     kernels::sm90::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(),
-                                      scratch_h.get(), sh, schedule, opt);
+                                      scratch_h.get(), sh, schedule, opt, det);
   };
   const std::string key =
-      shape_name(sh) + (sh.causal ? "_causal" : "") + opts_suffix(opts) + (with_forward ? "_fwdbwd" : "_bwd");
+      shape_name(sh) + (sh.causal ? "_causal" : "") + opts_suffix(opts) + (with_forward ? "_fwdbwd" : "_bwd") +
+      (det ? "_det" : "");
   if (prod_cache.key != key) {
     prod(st0);
     CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
@@ -272,6 +277,31 @@ void register_all() {
             ->Iterations(100)
             ->Unit(benchmark::kMicrosecond);
       }
+  // The deterministic mode (the models'): the production schedule, d64 / d128 at S 512-2048 and
+  // BERT's shapes with its options.
+  for (const AttentionShape& sh : bwd_shapes) {
+    if (sh.seq > 2048) continue;
+    const std::string name =
+        std::string("attention_hopper/bwd_det") + (sh.causal ? "_causal/" : "/") + shape_name(sh);
+    benchmark::RegisterBenchmark(name.c_str(),
+                                 [sh](benchmark::State& st) {
+                                   bench_backward(st, sh, false, BackwardSchedule::Lockstep, Opts::Plain, true);
+                                 })
+        ->UseManualTime()
+        ->Iterations(100)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  for (const AttentionShape sh : {AttentionShape{64, 128, 16, 64, false}, AttentionShape{16, 512, 16, 64, false}})
+    for (Opts o : {Opts::Plain, Opts::Mask, Opts::MaskDrop}) {
+      const std::string name = std::string("attention_hopper/bwd_det") + opts_suffix(o) + "/" + shape_name(sh);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [sh, o](benchmark::State& st) {
+                                     bench_backward(st, sh, false, BackwardSchedule::Lockstep, o, true);
+                                   })
+          ->UseManualTime()
+          ->Iterations(100)
+          ->Unit(benchmark::kMicrosecond);
+    }
   // BERT's shapes, plain and with its options: each pass, each schedule.
   const std::vector<AttentionShape> bert = {{64, 128, 16, 64, false}, {16, 512, 16, 64, false}};
   for (const AttentionShape& sh : bert)

@@ -2,8 +2,8 @@
 // production kernel before the sm90 pair (kernels/attention_sm90/) replaced it: kept here only as
 // bench_attention_hopper's baseline, so the sm90 pair's speedup stays measurable. Same API,
 // layouts, options and scratch as kernels::attention_forward / attention_backward; compiled for the
-// build's architectures (no sm_90a code). The deterministic mode's dQ pass, row_dot and the dQ
-// convert are the library's (kernels/attention_tiles.cuh), so only the forward and the dK/dV pass
+// build's architectures (no sm_90a code). row_dot and the dQ convert are the library's
+// (kernels/attention_tiles.cuh); the forward, the dK/dV pass and the deterministic mode's dQ pass
 // live here.
 #pragma once
 
@@ -33,5 +33,10 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
 template <typename E>
 void dkdv(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv, float* dq_acc,
           const kernels::AttentionShape& shape, const kernels::attn::OptionArgs& opt);
+
+// The deterministic mode's dQ pass (attention_mma_dq.cu): dqkv's q slot = dS K / sqrt(D), no atomics.
+template <typename E>
+void dq(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
+        const kernels::AttentionShape& shape, const kernels::attn::OptionArgs& opt);
 
 }  // namespace cutrain::bench::mma_attention

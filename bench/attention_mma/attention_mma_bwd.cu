@@ -1,6 +1,6 @@
 // @brief The mma.sync baseline's backward launcher: the library's row_dot, this folder's dK/dV pass,
-// then the library's dQ pass (deterministic) or dQ convert of the atomic accumulator (fast), on
-// the production scratch layout.
+// then this folder's dQ pass (deterministic) or the library's dQ convert of the atomic accumulator
+// (fast), on the production scratch layout.
 #include <cstdint>
 
 #include "bench/attention_mma/attention_mma.h"
@@ -24,7 +24,7 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
   attn::row_dot<E>(s, out, dout, dvec, sh);
   if (deterministic) {
     dkdv<E>(s, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
-    attn::dq<E>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+    dq<E>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
   } else {
     const std::size_t acc = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads * sh.head_dim * sizeof(float);
     CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, acc, s));

@@ -15,6 +15,10 @@
 #include "kernels/attention.cuh"
 #include "runtime/dtype.h"
 
+namespace cutrain::kernels::attn {
+struct OptionArgs;  // kernels/attention_options.cuh
+}
+
 namespace cutrain::kernels::sm90 {
 
 // The consumer warpgroups' loop (fwd.cu): Serial waits for each tile's P V before the next tile's
@@ -43,13 +47,24 @@ enum class BackwardSchedule { Lockstep, Decoupled };
 // Dvec = rowsum(dO o O) by the library's row_dot, then the wgmma dK/dV pass (bwd.cu).
 // Fast mode (deterministic false): the pass also adds dS K into the fp32 dQ accumulator behind
 // Dvec with atomics (order-dependent: not bitwise reproducible), then the library's dQ convert.
-// Deterministic: the pass leaves dQ alone and the library's dQ pass (attn::dq, no atomics)
-// computes it: the same bits every run. Compute capability 9.0 only; arguments checked first.
+// Deterministic: the pass leaves dQ alone and the wgmma dQ pass (dq_pass, dq.cu: one CTA per
+// 128 queries, no atomics) computes it: the same bits every run. Compute capability 9.0 only;
+// arguments checked first.
 template <typename E>
 void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dout, const float* lse, E* dqkv,
                         void* scratch, const AttentionShape& shape,
                         BackwardSchedule schedule = BackwardSchedule::Lockstep,
                         const AttentionOptions& options = {}, bool deterministic = false);
+
+// The deterministic mode's dQ pass (dq.cu), run by attention_backward after the dK/dV pass:
+// dqkv's q slot = dS K / sqrt(D) with dS = P o (dP - Dvec) (DROP: P o (dP o Z/(1-p) - Dvec)),
+// P recomputed from lse; dvec: rowsum(dO o O), fp32 [B, H, S]; `opt`: the forward's key mask and
+// dropout. No checks of its own (attention_backward's come first); dq_smem_bytes(head_dim): its
+// dynamic shared memory, for check_device.
+template <typename E>
+void dq_pass(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
+             const AttentionShape& shape, const attn::OptionArgs& opt);
+std::uint32_t dq_smem_bytes(int head_dim);
 
 // The host-side checks attention_backward makes first (throws cutrain::Error naming the field):
 // the forward's shape checks, non-null pointers, qkv and dout 16-byte aligned (TMA), scratch

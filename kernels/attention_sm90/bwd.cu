@@ -26,8 +26,8 @@
 // at the iteration's end. Causal: a warpgroup whose keys all follow the tile's last query skips it.
 // The launcher runs the family's row_dot before and its dQ convert (x 1/sqrt(D) -> E q slot) after;
 // dK (x 1/sqrt(D)) and dV are stored straight from the accumulators. Deterministic mode (template
-// bool DET): the pass skips dS^T's store and the dQ product and atomics, and the family's dQ pass
-// (attn::dq, kernels/attention_bwd_dq.cu: mma.sync, no atomics) computes dQ after it.
+// bool DET): the pass skips dS^T's store and the dQ product and atomics, and the dQ pass (dq.cu:
+// wgmma, one CTA per 128 queries, no atomics) computes dQ after it.
 // BERT's options (kernels::AttentionOptions), template bools, so the plain kernel compiles as
 // before. MASK: each thread reads whether its two keys may be attended once; a masked key's P^T
 // is 0 (so are its dS^T, dK, dV and its share of dQ), and a CTA whose 128 keys are all masked
@@ -37,6 +37,7 @@
 // dV += (P^T o Z) dO with 1/(1-p) applied at the store, dS^T = P^T o (dP^T o Z/(1-p) - Dvec).
 #include <cuda.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/attention_sm90/attention_sm90.h"
@@ -438,8 +439,9 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
   check_backward_args(qkv, out, dout, lse, dqkv, scratch, sh);
   CUTRAIN_CHECK(schedule == BackwardSchedule::Lockstep || schedule == BackwardSchedule::Decoupled,
                 "attention_backward: schedule must be Lockstep or Decoupled, got ", static_cast<int>(schedule));
-  check_device("attention_backward",
-               sh.head_dim == 64 ? BwdConfig<64, false>::kSmemBytes : BwdConfig<128, false>::kSmemBytes);
+  const std::uint32_t dkdv_smem =
+      sh.head_dim == 64 ? BwdConfig<64, false>::kSmemBytes : BwdConfig<128, false>::kSmemBytes;
+  check_device("attention_backward", deterministic ? std::max(dkdv_smem, dq_smem_bytes(sh.head_dim)) : dkdv_smem);
   // The scratch (attention_backward_scratch_bytes): Dvec, then, fast mode only, the fp32 dQ accumulator.
   float* dvec = static_cast<float*>(scratch);
   float* dq_acc =
@@ -454,7 +456,7 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
   if (dq_acc)
     attn::dq_convert<E>(s, dq_acc, dqkv, sh);
   else
-    attn::dq<E>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+    dq_pass<E>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
 }
 
 template void attention_backward<bf16>(cudaStream_t, const bf16*, const bf16*, const bf16*, const float*, bf16*, void*,

@@ -84,22 +84,6 @@ __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 8][4], std::
   wgmma_commit();
 }
 
-// The last key below `limit` that `mask` (one sequence's bytes) lets be attended, -1 for none; all
-// kThreads threads of the CTA call it (two CTA barriers) and get the same answer.
-template <int kThreads>
-__device__ __forceinline__ int last_valid_key(const std::uint8_t* __restrict__ mask, int limit) {
-  __shared__ int last;
-  if (threadIdx.x == 0) last = -1;
-  __syncthreads();
-  int mine = -1;
-  for (int j = threadIdx.x; j < limit; j += kThreads)
-    if (__ldg(mask + j) != 0) mine = j;
-  mine = __reduce_max_sync(0xffffffffu, mine);
-  if ((threadIdx.x & 31) == 0 && mine >= 0) atomicMax(&last, mine);
-  __syncthreads();
-  return last;
-}
-
 // A consumer warp's share of BERT's options (all of it compiled out of the plain kernel).
 // MASK: fetch(j) loads tile j's mask bytes (issued right after tile j's S, so they arrive under the
 // wgmma), mask_scores turns them into bit words (one ballot per 32 keys) and sets the masked
@@ -347,7 +331,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();
   if constexpr (MASK)  // no tile past the last key the CTA may attend (every thread gets the same count)
     n_tiles = Cfg::masked_kv_tiles(
-        n_tiles, last_valid_key<Cfg::kThreads>(opt.key_mask + static_cast<std::size_t>(b) * S, min(S, n_tiles * BN)));
+        n_tiles, attn::last_valid_key<Cfg::kThreads>(opt.key_mask + static_cast<std::size_t>(b) * S, min(S, n_tiles * BN)));
   // No CTA-wide barrier from here on: the producer's idle threads leave below.
 
   if (warp == Cfg::kProducerWarp) {

@@ -207,6 +207,75 @@ struct BwdConfig {
   static constexpr CUTRAIN_HD std::uint32_t ds_offset(int r, int c) { return tma_sw128_offset(64, r, c); }
 };
 
+// The deterministic backward's dQ pass (dq.cu). D: head dim (64 or 128). The forward's shape:
+// CTA = one (batch, head) and kBlockM = 128 queries, two consumer warpgroups of 64 queries each
+// and one producer warp; Q and dO arrive once by TMA (q_full), K and V tiles of kBlockN keys are
+// streamed through a kStages ring exactly as the forward streams them. Per warpgroup and tile:
+//   S = Q_w K^T, dP = dO_w V^T       (A K-major: Q_w / dO_w rows; B K-major: K / V rows)
+//   dS = P o (dP - Dvec)             (registers; P from lse)
+//   dQ_w += dS K                     (A: dS from registers; B: K MN-major, as the forward's V)
+// Register budget: the 288-thread CTA caps every thread at 168 (see FwdConfig); a thread holds dQ
+// (D/2 fp32), S and dP (kBlockN/2 each) at once, so kBlockN = 64 at both head dims (128 keys at d64
+// would be 32 + 64 + 64 accumulators before any address).
+template <int D, bool CAUSAL>
+struct DqConfig {
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static constexpr int kHeadDim = D;
+  static constexpr bool kCausal = CAUSAL;
+  static constexpr int kConsumers = 2;                  // consumer warpgroups
+  static constexpr int kBlockM = 64 * kConsumers;       // query rows per CTA
+  static constexpr int kBlockN = 64;                    // keys per K/V tile
+  static constexpr int kStages = 3;                     // K/V ring depth
+  static constexpr int kThreads = 128 * kConsumers + 32;
+  static constexpr int kProducerWarp = 4 * kConsumers;  // the warp after the consumer warpgroups
+  static constexpr int kColBlocks = D / 64;
+  static constexpr std::uint32_t kQBytes = kBlockM * D * 2;   // Q, and dO
+  static constexpr std::uint32_t kKVBytes = kBlockN * D * 2;  // one K or one V tile
+  // Carve-up from a 1024-aligned base: Q, dO, K[kStages], V[kStages], then the mbarriers
+  // (q_full: Q and dO; k_full[kStages], v_full[kStages], kv_empty[kStages]).
+  static constexpr std::uint32_t kQOff = 0;
+  static constexpr std::uint32_t kdOOff = kQOff + kQBytes;
+  static constexpr std::uint32_t kKOff = kdOOff + kQBytes;
+  static constexpr std::uint32_t kVOff = kKOff + kStages * kKVBytes;
+  static constexpr std::uint32_t kBarOff = kVOff + kStages * kKVBytes;
+  static constexpr int kBarriers = 1 + 3 * kStages;
+  static constexpr std::uint32_t kSmemBytes = 1024 + kBarOff + 8 * kBarriers;  // +1024: base alignment
+  static_assert(kSmemBytes <= 227u * 1024u, "shared memory over the sm_90 per-block limit (227 KiB)");
+  static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep 1024-byte swizzle atoms aligned");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kBlockM <= 256, "TMA boxes hold at most 256 rows");
+  static_assert(kBlockN == 64, "dS holds 8 n-tiles per row: one row_keep_bits call per row half");
+  static constexpr std::uint32_t kSbo = 1024;
+  static constexpr std::uint32_t kKLbo = kBlockN * 128;  // K read MN-major (dQ): column blocks
+  static_assert(kKLbo < (1u << 18), "LBO must fit the descriptor's 14-bit field (bytes >> 4)");
+
+  // The schedule, the forward's: the K/V tiles a CTA of first query m0 streams (causal: up to its
+  // last query's key), which of them warpgroup rows wg_row0.. works on (a prefix), and with a key
+  // mask those up to the last key the CTA may attend.
+  static constexpr CUTRAIN_HD int kv_tiles(int S, int m0) {
+    const int all = (S + kBlockN - 1) / kBlockN, diag = (m0 + kBlockM - 1) / kBlockN + 1;
+    return CAUSAL && diag < all ? diag : all;
+  }
+  static constexpr CUTRAIN_HD bool tile_active(int j, int wg_row0) { return !CAUSAL || j * kBlockN <= wg_row0 + 63; }
+  static constexpr CUTRAIN_HD int active_tiles(int n_tiles, int wg_row0) {
+    const int last = (wg_row0 + 63) / kBlockN + 1;
+    return CAUSAL && last < n_tiles ? last : n_tiles;
+  }
+  static constexpr CUTRAIN_HD int masked_kv_tiles(int n_tiles, int last_key) {
+    const int need = last_key < 0 ? 0 : last_key / kBlockN + 1;
+    return need < n_tiles ? need : n_tiles;
+  }
+
+  // Operand slices (byte offsets from the tile's base).
+  // Q_w / dO_w as the K-major A of S / dP, k16 step kk (rows 64wg.., columns 16kk..).
+  static constexpr CUTRAIN_HD std::uint32_t q_slice(int wg, int kk) {
+    return (kk / 4) * (kBlockM * 128) + wg * 64 * 128 + (kk % 4) * 32;
+  }
+  // K / V as the K-major B of S / dP, k16 step kk (all kBlockN keys, columns 16kk..).
+  static constexpr CUTRAIN_HD std::uint32_t k_slice(int kk) { return (kk / 4) * (kBlockN * 128) + (kk % 4) * 32; }
+  // K as the MN-major B of dQ += dS K, k16 step ks (keys 16ks.., all D columns; LBO kKLbo).
+  static constexpr CUTRAIN_HD std::uint32_t k_mn_slice(int ks) { return ks * 16 * 128; }
+};
+
 // The schedules kernels::attention_forward / attention_backward run, per (head_dim, causal): the
 // faster of each pair as measured on an H100 (docs/perf-notes.md, "Attention"): the forward's
 // overlap schedule except at non-causal d128, where serial led; the backward's lockstep schedule

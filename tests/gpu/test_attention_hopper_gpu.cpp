@@ -6,7 +6,7 @@
 // schedules (serial, overlap). Backward: dQ, dK, dV against the fp64 CPU reference over odd shapes
 // (odd B, H and S), fast and deterministic modes (the deterministic one bit-identical on a second
 // run), and at long S against the naive GPU reference and kernels::attention_backward's
-// deterministic mode (its dQ from the mma.sync dQ pass), from the production forward's O and lse;
+// deterministic mode (its dQ from the wgmma dQ pass), from the production forward's O and lse;
 // both warpgroup schedules (lockstep, decoupled). fp16: every schedule and both backward modes
 // against the fp64 CPU reference at odd shapes. Outputs poisoned first. A failure
 // names the first element off (batch, token, head, column) with both values, and the product it
@@ -351,8 +351,8 @@ INSTANTIATE_TEST_SUITE_P(OddShapes, AttentionHopperBwdGpu,
                          });
 
 // Long sequences (many query tiles per CTA, every ring stage reused, several key blocks): the
-// naive GPU reference and the production backward's deterministic mode (dQ from the mma.sync dQ
-// pass, not the atomics: an independent dQ) on the same inputs.
+// naive GPU reference and the production backward's deterministic mode (dQ from the dQ pass, not
+// the atomics: an independent dQ) on the same inputs.
 class AttentionHopperBwdLongGpu : public ::testing::TestWithParam<LongParam> {};
 
 TEST_P(AttentionHopperBwdLongGpu, MatchesNaiveAndProduction) {

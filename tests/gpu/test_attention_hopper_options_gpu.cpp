@@ -163,7 +163,7 @@ TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
     CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
     check_grads(test::download_float(dqkv), dqkv_r, std::string("Hopper forward + Hopper backward, ") +
                                                         name_of(schedule));
-    // The deterministic mode: the dK/dV pass without its dQ atomics, then the mma.sync dQ pass.
+    // The deterministic mode: the dK/dV pass without its dQ atomics, then the wgmma dQ pass.
     test::DeviceArray<bf16> dqkv_det(n_qkv);
     hopper::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv_det.get(), scratch.get(), sh,
                                schedule, opt, true);

@@ -1,7 +1,8 @@
 // @brief CPU checks of the sm90 attention pair (kernels/attention_sm90/, the production kernels): every wgmma
 // operand slice the kernels describe reads exactly the element the TMA's 128-byte swizzle (or the
 // backward's own dS^T store) put there (forward: Q, K K-major, V MN-major; backward: K, V, Q, dO
-// K-major, Q, dO, dS^T, K MN-major), the descriptor's bit fields, the tile schedules' coverage of
+// K-major, Q, dO, dS^T, K MN-major; the deterministic mode's dQ pass: Q, dO, K, V K-major, K
+// MN-major), the descriptor's bit fields, the tile schedules' coverage of
 // every score (with a key mask: every valid key), the tensor-map geometry against the
 // [B, S, 3, H, D] and [B, S, H, D] layouts, the host checks that refuse bad shapes, pointers and
 // options before any device work (bf16 and fp16 instances, the sm90 entry points and
@@ -468,6 +469,99 @@ TEST(AttentionHopperLayout, BackwardHostChecksRefuseBadArguments) {
                                          hopper::BackwardSchedule::Lockstep, opt);
             }).find("dropout_p must lie in [0, 1), got 1.5"),
             std::string::npos);
+}
+
+// ---- the deterministic mode's dQ pass (DqConfig) ----
+
+// Q and dO (the same [kBlockM][D] layout) as the K-major A of S / dP, K and V as their K-major B,
+// and K as dQ's MN-major B (read transposed, as the forward reads V): each slice reads exactly the
+// element the TMA put there.
+template <class Cfg>
+void expect_dq_operands_match_tma() {
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN;
+  std::set<std::uint32_t> seen;
+  for (int wg = 0; wg < Cfg::kConsumers; ++wg)
+    for (int kk = 0; kk < D / 16; ++kk)
+      for (int m = 0; m < 64; ++m)
+        for (int k = 0; k < 16; ++k) {
+          const std::uint32_t got = hopper::wgmma_kmajor_offset(Cfg::q_slice(wg, kk), Cfg::kSbo, m, k);
+          ASSERT_EQ(got, hopper::tma_sw128_offset(BM, 64 * wg + m, 16 * kk + k))
+              << "Q/dO D" << D << " wg " << wg << " kk " << kk << " m " << m << " k " << k;
+          seen.insert(got);
+        }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(BM) * D) << "Q/dO: every element read exactly once";
+  EXPECT_LT(*seen.rbegin(), Cfg::kQBytes);
+  seen.clear();
+  for (int kk = 0; kk < D / 16; ++kk)
+    for (int n = 0; n < BN; ++n)
+      for (int k = 0; k < 16; ++k) {
+        const std::uint32_t got = hopper::wgmma_kmajor_offset(Cfg::k_slice(kk), Cfg::kSbo, n, k);
+        ASSERT_EQ(got, hopper::tma_sw128_offset(BN, n, 16 * kk + k)) << "K/V D" << D << " kk " << kk << " n " << n;
+        seen.insert(got);
+      }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(BN) * D);
+  EXPECT_LT(*seen.rbegin(), Cfg::kKVBytes);
+  // dQ += dS K: element (k, n) of step ks = key 16ks + k, column n.
+  seen.clear();
+  for (int ks = 0; ks < BN / 16; ++ks)
+    for (int k = 0; k < 16; ++k)
+      for (int n = 0; n < D; ++n) {
+        const std::uint32_t got = hopper::wgmma_mnmajor_offset(Cfg::k_mn_slice(ks), Cfg::kKLbo, Cfg::kSbo, k, n);
+        ASSERT_EQ(got, hopper::tma_sw128_offset(BN, 16 * ks + k, n)) << "K^T D" << D << " ks " << ks << " k " << k
+                                                                     << " n " << n;
+        seen.insert(got);
+      }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(BN) * D);
+}
+
+TEST(AttentionHopperLayout, DqOperandsReadWhatTheTmaWrote) {
+  expect_dq_operands_match_tma<hopper::DqConfig<64, false>>();
+  expect_dq_operands_match_tma<hopper::DqConfig<128, false>>();
+  expect_dq_operands_match_tma<hopper::DqConfig<64, true>>();
+  expect_dq_operands_match_tma<hopper::DqConfig<128, true>>();
+}
+
+// The dQ pass streams K/V with the forward's schedule functions over its own tile sizes: every
+// score a query row needs lies in a streamed tile its warpgroup works on (with a key mask: every
+// valid key).
+TEST(AttentionHopperLayout, DqScheduleCoversEveryScore) {
+  for (int S : {1, 7, 63, 64, 65, 127, 128, 129, 191, 192, 193, 200, 255, 256, 257, 385, 512, 1000, 1024, 2049}) {
+    expect_schedule_covers<hopper::DqConfig<64, false>>(S);
+    expect_schedule_covers<hopper::DqConfig<64, true>>(S);
+    expect_schedule_covers<hopper::DqConfig<128, false>>(S);
+    expect_schedule_covers<hopper::DqConfig<128, true>>(S);
+  }
+  std::mt19937_64 rng(25);
+  for (int S : {1, 7, 64, 65, 128, 129, 200, 257, 385, 512, 1000}) {
+    expect_masked_schedule_covers<hopper::DqConfig<64, false>>(S, rng);
+    expect_masked_schedule_covers<hopper::DqConfig<64, true>>(S, rng);
+    expect_masked_schedule_covers<hopper::DqConfig<128, false>>(S, rng);
+    expect_masked_schedule_covers<hopper::DqConfig<128, true>>(S, rng);
+  }
+}
+
+template <class Cfg>
+void expect_dq_carve_up() {
+  EXPECT_EQ(Cfg::kdOOff % 1024, 0u);
+  EXPECT_EQ(Cfg::kKOff % 1024, 0u);
+  EXPECT_EQ(Cfg::kVOff % 1024, 0u);
+  EXPECT_EQ(Cfg::kKVBytes % 1024, 0u);
+  EXPECT_EQ(Cfg::kdOOff, Cfg::kQBytes);
+  EXPECT_EQ(Cfg::kBarOff, 2u * Cfg::kQBytes + 2u * Cfg::kStages * Cfg::kKVBytes);
+  EXPECT_EQ(Cfg::kBarOff % 8, 0u);
+  EXPECT_EQ(Cfg::kSmemBytes, 1024u + Cfg::kBarOff + 8u * (1 + 3 * Cfg::kStages));
+  EXPECT_LE(Cfg::kSmemBytes, 227u * 1024u);
+  EXPECT_EQ(Cfg::kThreads, 128 * Cfg::kConsumers + 32);
+  EXPECT_EQ(Cfg::kProducerWarp, 4 * Cfg::kConsumers);
+  EXPECT_EQ(Cfg::kBlockM, 64 * Cfg::kConsumers) << "one warpgroup per 64 queries (wgmma's M)";
+  EXPECT_EQ(Cfg::kBlockN / 8, 8) << "one row_keep_bits call covers a row half's 8 n-tiles";
+}
+
+TEST(AttentionHopperLayout, DqSharedMemoryCarveUp) {
+  expect_dq_carve_up<hopper::DqConfig<64, false>>();
+  expect_dq_carve_up<hopper::DqConfig<128, true>>();
+  EXPECT_EQ(hopper::dq_smem_bytes(64), (hopper::DqConfig<64, false>::kSmemBytes));
+  EXPECT_EQ(hopper::dq_smem_bytes(128), (hopper::DqConfig<128, true>::kSmemBytes));
 }
 
 // The fp16 instances and the production entry points check what the bf16 sm90 entry points check,

@@ -1,21 +1,25 @@
-// @brief Deterministic attention backward's dQ pass: CTA = Tile::kWarps warps x kMTiles m-tiles of
-// 16 queries, walking K/V tiles of kBlockN keys: dQ += dS K with dS = P o (dO V^T - Dvec) and P
-// recomputed from lse. Every K/V fragment read by ldmatrix feeds kMTiles mma; with Tile::kARegs
-// the warp's Q and dO A fragments stay in registers for the whole pass, else they are re-read
-// from shared memory.
+// @brief The mma.sync baseline's dQ pass (bench/attention_mma/attention_mma.h), the deterministic
+// mode's before the sm90 dQ pass (kernels/attention_sm90/dq.cu) replaced it: CTA = Tile::kWarps
+// warps x kMTiles m-tiles of 16 queries, walking K/V tiles of kBlockN keys: dQ += dS K with
+// dS = P o (dO V^T - Dvec) and P recomputed from lse. Every K/V fragment read by ldmatrix feeds
+// kMTiles mma; with Tile::kARegs the warp's Q and dO A fragments stay in registers for the whole
+// pass, else they are re-read from shared memory.
 // Options (template bools): MASK, masked keys get P = 0 and a key tile with no key left is skipped;
 // DROP, dS = P o (dP o Z/(1-p) - Dvec) with the forward's keep bits Z (row_keep_bits).
 #include <cmath>
 
+#include "bench/attention_mma/attention_mma.h"
 #include "kernels/attention.cuh"
 #include "kernels/attention_options.cuh"
 #include "kernels/attention_softmax.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/check.h"
 
-namespace cutrain::kernels {
-namespace attn {
+namespace cutrain::bench::mma_attention {
 namespace {
+
+using namespace cutrain::kernels;
+using namespace cutrain::kernels::attn;
 
 template <typename E, typename Tile, bool MASK, bool DROP>
 __global__ void __launch_bounds__(Tile::kThreads) dq_kernel(const E* __restrict__ qkv, const E* __restrict__ dout,
@@ -157,7 +161,7 @@ void launch_dq(cudaStream_t st, const E* qkv, const E* dout, const float* lse, c
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * kLog2e;
   const dim3 grid((sh.seq + T::kBlockM - 1) / T::kBlockM, sh.heads, sh.batch);
   kernel<<<grid, T::kThreads, kSmem, st>>>(qkv, dout, lse, dvec, dqkv, sh.seq, sh.heads, scale_log2, scale, opt);
-  CUTRAIN_LAUNCH_CHECK("attention_dq_kernel");
+  CUTRAIN_LAUNCH_CHECK("mma_attention dq_kernel");
 }
 
 template <int D, bool CAUSAL, typename E>
@@ -189,5 +193,4 @@ template void dq<bf16>(cudaStream_t, const bf16*, const bf16*, const float*, con
 template void dq<f16>(cudaStream_t, const f16*, const f16*, const float*, const float*, f16*, const AttentionShape&,
                       const OptionArgs&);
 
-}  // namespace attn
-}  // namespace cutrain::kernels
+}  // namespace cutrain::bench::mma_attention
