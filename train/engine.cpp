@@ -364,7 +364,8 @@ void GpuEngine::setup_tensor_parallel() {
   CUTRAIN_CHECK(tp_comm_->world_size() == 1, "train: ", flag, " 1: expected a tensor-parallel group of one rank, found ",
                 tp_comm_->world_size());
   tp_group_ = std::make_unique<parallel::CommTpDeviceGroup>(tp_comm_);
-  model_->set_tensor_parallel(tp_group_.get());
+  tp_slice_ = slice;
+  model_->set_tensor_parallel(tp_group_.get(), tp_slice_);
   describe_ += ", tensor parallel degree 1 over " + std::string(tp_comm_->backend_name());
   std::cout << "[Rank " << (comm_ ? comm_->rank() : 0) << "] " << parallel::describe_tp_slice(slice) << " over the "
             << tp_comm_->backend_name() << " communicator (world 1): per micro-batch " << model_->tp_forward_all_reduces()
@@ -396,7 +397,7 @@ void GpuEngine::setup_pipeline() {
       layers, parallel::parse_partition_method(opt_.partition_method, "--partition_method"), P, accum_);
   pipeline_ = std::make_unique<GpuPipeline>(table_, plan, model_.get(), [this] { return make_model(); });
   for (model::GpuModel* m : pipeline_->models())
-    if (m != model_.get() && tp_group_) m->set_tensor_parallel(tp_group_.get());
+    if (m != model_.get() && tp_group_) m->set_tensor_parallel(tp_group_.get(), tp_slice_);
   describe_ += P == 1 ? ", pipeline degree 1" : ", " + std::to_string(P) + " pipeline stages in this process";
   std::cout << "[Rank " << (comm_ ? comm_->rank() : 0) << "] " << pipeline_->describe(layers) << std::endl;
 }

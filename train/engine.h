@@ -199,6 +199,7 @@ class GpuEngine final : public TrainBackend {
   // Tensor parallelism at degree 1: the one-rank group the blocks' all-reduces go over.
   std::shared_ptr<comm::Communicator> tp_comm_;
   std::unique_ptr<parallel::CommTpDeviceGroup> tp_group_;
+  model::TpSlice tp_slice_;
   std::unique_ptr<model::GpuModel> model_;  // on plan_.param (bf16 or fp16)
   // fp16: the dynamic or static scaler, the scale's device word and its pinned staging (copied to
   // the device inside the captured part, like step_d_).

@@ -87,6 +87,7 @@ void reduce_typed(void* out, const std::vector<const char*>& src, std::size_t n,
   }
 }
 void reduce_into(Elem e, void* out, const std::vector<const char*>& src, std::size_t n, ReduceOp op) {
+  CUTRAIN_CHECK(op != ReduceOp::Max, "host communicator: a max reduction is not built (sum and avg only)");
   const bool avg = op == ReduceOp::Avg;
   switch (e) {
     case Elem::F32:

@@ -1,0 +1,412 @@
+// Tensor parallelism of the GPU model above one rank (Megatron's layout; transformer_gpu.h's
+// set_tensor_parallel): the sharded blocks of the seed model and GPT-2, the vocabulary-parallel
+// embedding, logits and loss, and the slices' copies between the flat layout and packed scratch.
+// The replicated work (LayerNorms, the residual stream, attention's layout) is the whole model's;
+// each block all-reduce sits where Megatron puts it, so between them every rank holds the same
+// full [rows, hidden] activations and gradients.
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "kernels/attention.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/gelu.cuh"
+#include "kernels/layernorm.cuh"
+#include "kernels/vocab_parallel_loss.cuh"
+#include "model/kernel_costs.h"
+#include "model/timed_call.h"
+#include "model/transformer_gpu.h"
+#include "runtime/check.h"
+#include "runtime/timing.h"
+
+namespace cutrain::model {
+
+using kernels::GemmEpilogue;
+
+template <typename T>
+typename GpuTransformerT<T>::SliceRuns GpuTransformerT<T>::qkv_w_runs() const {
+  const std::size_t h = table_.dims().hidden, D = table_.dims().head_dim();
+  const std::size_t q0 = std::size_t(tps_.head_begin) * D, hl = std::size_t(tps_.head_end - tps_.head_begin) * D;
+  return SliceRuns{q0 * h, hl * h, 3, h * h};
+}
+template <typename T>
+typename GpuTransformerT<T>::SliceRuns GpuTransformerT<T>::qkv_b_runs() const {
+  const std::size_t h = table_.dims().hidden, D = table_.dims().head_dim();
+  const std::size_t q0 = std::size_t(tps_.head_begin) * D, hl = std::size_t(tps_.head_end - tps_.head_begin) * D;
+  return SliceRuns{q0, hl, 3, h};
+}
+template <typename T>
+typename GpuTransformerT<T>::SliceRuns GpuTransformerT<T>::out_proj_w_runs() const {
+  const std::size_t h = table_.dims().hidden, D = table_.dims().head_dim();
+  const std::size_t q0 = std::size_t(tps_.head_begin) * D, hl = std::size_t(tps_.head_end - tps_.head_begin) * D;
+  return SliceRuns{q0, hl, h, h};
+}
+template <typename T>
+typename GpuTransformerT<T>::SliceRuns GpuTransformerT<T>::ff2_w_runs() const {
+  const std::size_t h = table_.dims().hidden, F = table_.dims().ffn();
+  return SliceRuns{std::size_t(tps_.ffn_begin), std::size_t(tps_.ffn_end - tps_.ffn_begin), h, F};
+}
+
+template <typename T>
+void GpuTransformerT<T>::pack(cudaStream_t s, void* dst, const void* src, const SliceRuns& r, std::size_t es) const {
+  CUTRAIN_CUDA_CHECK(cudaMemcpy2DAsync(dst, r.width * es, static_cast<const char*>(src) + r.offset * es, r.pitch * es,
+                                       r.width * es, r.height, cudaMemcpyDeviceToDevice, s));
+}
+template <typename T>
+void GpuTransformerT<T>::unpack(cudaStream_t s, void* dst, const void* src, const SliceRuns& r, std::size_t es) const {
+  CUTRAIN_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(dst) + r.offset * es, r.pitch * es, src, r.width * es,
+                                       r.width * es, r.height, cudaMemcpyDeviceToDevice, s));
+}
+
+template <typename T>
+void GpuTransformerT<T>::packed_grad_weight(cudaStream_t s, const T* dy, const T* x, void* g, DType gt, bool acc,
+                                            int M, int N, int K, const SliceRuns& r) {
+  const std::size_t es = dtype_size(gt);
+  if (acc) pack(s, tp_gw_, g, r, es);
+  gemm_->grad_weight(s, dy, x, tp_gw_, gt, M, N, K, acc);
+  unpack(s, g, tp_gw_, r, es);
+}
+
+// The seed model's post-LN block on the rank's heads and FFN columns.
+template <typename T>
+void GpuTransformerT<T>::tp_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const T* x_in,
+                                          T* x_out, const Rows& rows) {
+  const LayerIndex& L = table_.layer(l);
+  const int h = table_.dims().hidden, D = table_.dims().head_dim();
+  const int hl = (tps_.head_end - tps_.head_begin) * D, Fp = tps_.ffn_end - tps_.ffn_begin;
+  const std::size_t f0 = std::size_t(tps_.ffn_begin);
+  const bool first = tps_.rank == 0;  // the row-parallel biases are added once over the group
+  auto w = [&](int idx) { return U.w(idx); };
+  T* proj = dh_;
+  const auto& A = rows.attn;
+  {
+    TimedRegion r("attn", s);
+    pack(s, tp_w_, w(L.in_proj_w), qkv_w_runs(), sizeof(T));
+    pack(s, tp_b_, w(L.in_proj_b), qkv_b_runs(), sizeof(T));
+    timed(s, "qkv", cost::gemm_forward(rows.M, 3 * hl, h),
+          [&] { gemm_->forward(s, x_in, tp_w_, tp_b_, a.qkv, rows.M, 3 * hl, h, GemmEpilogue::Bias); });
+    timed(s, "attention", cost::attention_forward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
+          [&] { kernels::attention_forward(s, a.qkv, a.att, a.lse, rows.attn); });
+    pack(s, tp_w_, w(L.out_proj_w), out_proj_w_runs(), sizeof(T));
+    timed(s, "out_proj", cost::gemm_forward(rows.M, h, hl), [&] {
+      gemm_->forward(s, a.att, tp_w_, first ? w(L.out_proj_b) : nullptr, proj, rows.M, h, hl,
+                     first ? GemmEpilogue::Bias : GemmEpilogue::None);
+    });
+    tp_all_reduce(s, proj, rows.M);
+    timed(s, "ln1", cost::layernorm_residual_forward(rows.M, h), [&] {
+      kernels::layernorm_residual_forward(s, proj, x_in, a.s1, a.x1, a.mean1, a.rstd1, w(L.norm1_w), w(L.norm1_b),
+                                          rows.M, h);
+    });
+  }
+  TimedRegion r("mlp", s);
+  timed(s, "fc1", cost::gemm_forward(rows.M, Fp, h), [&] {
+    gemm_->forward(s, a.x1, w(L.ff0_w) + f0 * h, w(L.ff0_b) + f0, a.f, rows.M, Fp, h, GemmEpilogue::Bias);
+  });
+  timed(s, "gelu", cost::gelu_forward(std::size_t(rows.M) * Fp), [&] {
+    kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(rows.M), Fp, kernels::GeluKind::Erf);
+  });
+  pack(s, tp_w_, w(L.ff2_w), ff2_w_runs(), sizeof(T));
+  timed(s, "fc2", cost::gemm_forward(rows.M, h, Fp), [&] {
+    gemm_->forward(s, a.g, tp_w_, first ? w(L.ff2_b) : nullptr, proj, rows.M, h, Fp,
+                   first ? GemmEpilogue::Bias : GemmEpilogue::None);
+  });
+  tp_all_reduce(s, proj, rows.M);
+  timed(s, "ln2", cost::layernorm_residual_forward(rows.M, h), [&] {
+    kernels::layernorm_residual_forward(s, proj, a.x1, a.s2, x_out, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b),
+                                        rows.M, h);
+  });
+}
+
+template <typename T>
+void GpuTransformerT<T>::tp_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l,
+                                           const LayerActs& a, const T* x_in, const Rows& rows) {
+  const LayerIndex& L = table_.layer(l);
+  const int h = table_.dims().hidden, D = table_.dims().head_dim();
+  const int hl = (tps_.head_end - tps_.head_begin) * D, Fp = tps_.ffn_end - tps_.ffn_begin;
+  const std::size_t f0 = std::size_t(tps_.ffn_begin), es = dtype_size(gt);
+  // The residual's share of a column-parallel input gradient is added on rank 0 only.
+  const float residual = tps_.rank == 0 ? 1.f : 0.f;
+  auto w = [&](int idx) { return U.w(idx); };
+  auto g = [&](int idx) { return U.g(idx); };
+  auto g_at = [&](int idx, std::size_t elems) { return static_cast<char*>(U.g(idx)) + elems * es; };
+  const auto& A = rows.attn;
+  {
+    TimedRegion r("mlp", s);
+    timed(s, "ln2", cost::layernorm_backward(rows.M, h, es, acc), [&] {
+      kernels::layernorm_backward(s, rows.dx, a.s2, a.mean2, a.rstd2, w(L.norm2_w), nullptr, rows.dx, g(L.norm2_w),
+                                  g(L.norm2_b), gt, acc, scratch_, rows.M, h);
+    });
+    timed(s, "fc2_dw", cost::gemm_grad_weight(rows.M, h, Fp, es, acc),
+          [&] { packed_grad_weight(s, rows.dx, a.g, g(L.ff2_w), gt, acc, rows.M, h, Fp, ff2_w_runs()); });
+    timed(s, "fc2_db", cost::bias_grad(rows.M, h, es, acc),
+          [&] { kernels::bias_grad(s, rows.dx, g(L.ff2_b), gt, rows.M, h, acc, scratch_); });
+    pack(s, tp_w_, w(L.ff2_w), ff2_w_runs(), sizeof(T));
+    timed(s, "fc2_dx", cost::gemm_grad_input(rows.M, h, Fp, false),
+          [&] { gemm_->grad_input(s, rows.dx, tp_w_, d4h_, rows.M, h, Fp, 0.f); });
+    timed(s, "gelu", cost::gelu_backward(std::size_t(rows.M) * Fp),
+          [&] { kernels::gelu_backward(s, d4h_, a.f, d4h_, std::size_t(rows.M) * Fp, kernels::GeluKind::Erf); });
+    timed(s, "fc1_dw", cost::gemm_grad_weight(rows.M, Fp, h, es, acc),
+          [&] { gemm_->grad_weight(s, d4h_, a.x1, g_at(L.ff0_w, f0 * h), gt, rows.M, Fp, h, acc); });
+    timed(s, "fc1_db", cost::bias_grad(rows.M, Fp, es, acc),
+          [&] { kernels::bias_grad(s, d4h_, g_at(L.ff0_b, f0), gt, rows.M, Fp, acc, scratch_); });
+    timed(s, "fc1_dx", cost::gemm_grad_input(rows.M, Fp, h, residual != 0.f),
+          [&] { gemm_->grad_input(s, d4h_, w(L.ff0_w) + f0 * h, rows.dx, rows.M, Fp, h, residual); });
+    tp_all_reduce(s, rows.dx, rows.M);  // d x1
+  }
+  TimedRegion r("attn", s);
+  timed(s, "ln1", cost::layernorm_backward(rows.M, h, es, acc), [&] {
+    kernels::layernorm_backward(s, rows.dx, a.s1, a.mean1, a.rstd1, w(L.norm1_w), nullptr, rows.dx, g(L.norm1_w),
+                                g(L.norm1_b), gt, acc, scratch_, rows.M, h);
+  });
+  timed(s, "out_proj_dw", cost::gemm_grad_weight(rows.M, h, hl, es, acc),
+        [&] { packed_grad_weight(s, rows.dx, a.att, g(L.out_proj_w), gt, acc, rows.M, h, hl, out_proj_w_runs()); });
+  timed(s, "out_proj_db", cost::bias_grad(rows.M, h, es, acc),
+        [&] { kernels::bias_grad(s, rows.dx, g(L.out_proj_b), gt, rows.M, h, acc, scratch_); });
+  pack(s, tp_w_, w(L.out_proj_w), out_proj_w_runs(), sizeof(T));
+  timed(s, "out_proj_dx", cost::gemm_grad_input(rows.M, h, hl, false),
+        [&] { gemm_->grad_input(s, rows.dx, tp_w_, dh_, rows.M, h, hl, 0.f); });
+  timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
+        [&] { kernels::attention_backward(s, a.qkv, a.att, dh_, a.lse, dqkv_, scratch_, rows.attn, true); });
+  timed(s, "qkv_dw", cost::gemm_grad_weight(rows.M, 3 * hl, h, es, acc),
+        [&] { packed_grad_weight(s, dqkv_, x_in, g(L.in_proj_w), gt, acc, rows.M, 3 * hl, h, qkv_w_runs()); });
+  timed(s, "qkv_db", cost::bias_grad(rows.M, 3 * hl, es, acc), [&] {
+    if (acc) pack(s, tp_gb_, g(L.in_proj_b), qkv_b_runs(), es);
+    kernels::bias_grad(s, dqkv_, tp_gb_, gt, rows.M, 3 * hl, acc, scratch_);
+    unpack(s, g(L.in_proj_b), tp_gb_, qkv_b_runs(), es);
+  });
+  pack(s, tp_w_, w(L.in_proj_w), qkv_w_runs(), sizeof(T));
+  timed(s, "qkv_dx", cost::gemm_grad_input(rows.M, 3 * hl, h, residual != 0.f),
+        [&] { gemm_->grad_input(s, dqkv_, tp_w_, rows.dx, rows.M, 3 * hl, h, residual); });
+  tp_all_reduce(s, rows.dx, rows.M);  // d x_in
+}
+
+// GPT-2's pre-LN block on the rank's heads and FFN columns (transformer_gpu_gpt2.cpp's order).
+template <typename T>
+void GpuTransformerT<T>::tp_gpt2_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a,
+                                               const LayerActs* prev, T* x_in, bool fuse, const Rows& rows) {
+  const LayerIndex& L = table_.layer(l);
+  const int h = table_.dims().hidden, D = table_.dims().head_dim();
+  const int hl = (tps_.head_end - tps_.head_begin) * D, Fp = tps_.ffn_end - tps_.ffn_begin;
+  const std::size_t f0 = std::size_t(tps_.ffn_begin);
+  const bool first = tps_.rank == 0;
+  auto w = [&](int idx) { return U.w(idx); };
+  const auto& A = rows.attn;
+  {
+    TimedRegion r("attn", s);
+    timed(s, "ln1", cost::layernorm_residual_forward(rows.M, h), [&] {
+      if (fuse)  // x_in = prev block's s1 + its MLP output (in dh_, summed over the group)
+        kernels::layernorm_residual_forward(s, dh_, prev->s1, x_in, a.x1, a.mean1, a.rstd1, w(L.norm1_w),
+                                            w(L.norm1_b), rows.M, h);
+      else
+        kernels::layernorm_residual_forward(s, x_in, nullptr, nullptr, a.x1, a.mean1, a.rstd1, w(L.norm1_w),
+                                            w(L.norm1_b), rows.M, h);
+    });
+    pack(s, tp_w_, w(L.in_proj_w), qkv_w_runs(), sizeof(T));
+    pack(s, tp_b_, w(L.in_proj_b), qkv_b_runs(), sizeof(T));
+    timed(s, "qkv", cost::gemm_forward(rows.M, 3 * hl, h),
+          [&] { gemm_->forward(s, a.x1, tp_w_, tp_b_, a.qkv, rows.M, 3 * hl, h, GemmEpilogue::Bias); });
+    timed(s, "attention", cost::attention_forward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
+          [&] { kernels::attention_forward(s, a.qkv, a.att, a.lse, rows.attn); });
+    pack(s, tp_w_, w(L.out_proj_w), out_proj_w_runs(), sizeof(T));
+    timed(s, "out_proj", cost::gemm_forward(rows.M, h, hl), [&] {
+      gemm_->forward(s, a.att, tp_w_, first ? w(L.out_proj_b) : nullptr, dh_, rows.M, h, hl,
+                     first ? GemmEpilogue::Bias : GemmEpilogue::None);
+    });
+    tp_all_reduce(s, dh_, rows.M);
+  }
+  TimedRegion r("mlp", s);
+  timed(s, "ln2", cost::layernorm_residual_forward(rows.M, h), [&] {
+    kernels::layernorm_residual_forward(s, dh_, x_in, a.s1, a.s2, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), rows.M,
+                                        h);
+  });
+  timed(s, "fc1", cost::gemm_forward(rows.M, Fp, h), [&] {
+    gemm_->forward(s, a.s2, w(L.ff0_w) + f0 * h, w(L.ff0_b) + f0, a.g, rows.M, Fp, h, GemmEpilogue::BiasGeluTanh, a.f);
+  });
+  pack(s, tp_w_, w(L.ff2_w), ff2_w_runs(), sizeof(T));
+  timed(s, "fc2", cost::gemm_forward(rows.M, h, Fp), [&] {
+    gemm_->forward(s, a.g, tp_w_, first ? w(L.ff2_b) : nullptr, dh_, rows.M, h, Fp,
+                   first ? GemmEpilogue::Bias : GemmEpilogue::None);
+  });
+  tp_all_reduce(s, dh_, rows.M);
+}
+
+template <typename T>
+void GpuTransformerT<T>::tp_gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l,
+                                                const LayerActs& a, const T* x_in, const Rows& rows) {
+  const LayerIndex& L = table_.layer(l);
+  const int h = table_.dims().hidden, D = table_.dims().head_dim();
+  const int hl = (tps_.head_end - tps_.head_begin) * D, Fp = tps_.ffn_end - tps_.ffn_begin;
+  const std::size_t f0 = std::size_t(tps_.ffn_begin), es = dtype_size(gt);
+  auto w = [&](int idx) { return U.w(idx); };
+  auto g = [&](int idx) { return U.g(idx); };
+  auto g_at = [&](int idx, std::size_t elems) { return static_cast<char*>(U.g(idx)) + elems * es; };
+  const auto& A = rows.attn;
+  {
+    TimedRegion r("mlp", s);
+    if (recompute_gelu_) {
+      timed(s, "gelu_recompute", cost::gelu_forward(std::size_t(rows.M) * Fp), [&] {
+        kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(rows.M), Fp, kernels::GeluKind::Tanh);
+      });
+    }
+    // rows.dx = d(block output) = d(MLP output): FC2's dW (packed columns), db (replicated), then
+    // d f through the DGELU epilogue; FC1's rows are contiguous.
+    timed(s, "fc2_dw", cost::gemm_grad_weight(rows.M, h, Fp, es, acc),
+          [&] { packed_grad_weight(s, rows.dx, a.g, g(L.ff2_w), gt, acc, rows.M, h, Fp, ff2_w_runs()); });
+    timed(s, "fc2_db", cost::bias_grad(rows.M, h, es, acc),
+          [&] { kernels::bias_grad(s, rows.dx, g(L.ff2_b), gt, rows.M, h, acc, scratch_); });
+    pack(s, tp_w_, w(L.ff2_w), ff2_w_runs(), sizeof(T));
+    timed(s, "fc2_dx", cost::gemm_grad_input(rows.M, h, Fp, false),
+          [&] { gemm_->grad_input(s, rows.dx, tp_w_, d4h_, rows.M, h, Fp, 0.f, a.f); });
+    timed(s, "fc1_dw", cost::gemm_grad_weight(rows.M, Fp, h, es, acc),
+          [&] { gemm_->grad_weight(s, d4h_, a.s2, g_at(L.ff0_w, f0 * h), gt, rows.M, Fp, h, acc); });
+    timed(s, "fc1_db", cost::bias_grad(rows.M, Fp, es, acc),
+          [&] { kernels::bias_grad(s, d4h_, g_at(L.ff0_b, f0), gt, rows.M, Fp, acc, scratch_); });
+    timed(s, "fc1_dx", cost::gemm_grad_input(rows.M, Fp, h, false),
+          [&] { gemm_->grad_input(s, d4h_, w(L.ff0_w) + f0 * h, dh_, rows.M, Fp, h, 0.f); });
+    tp_all_reduce(s, dh_, rows.M);  // d s2
+    timed(s, "ln2", cost::layernorm_backward(rows.M, h, es, acc), [&] {  // dh_ = d s1 (LN2's + the residual's)
+      kernels::layernorm_backward(s, dh_, a.s1, a.mean2, a.rstd2, w(L.norm2_w), rows.dx, dh_, g(L.norm2_w),
+                                  g(L.norm2_b), gt, acc, scratch_, rows.M, h);
+    });
+  }
+  TimedRegion r("attn", s);
+  timed(s, "out_proj_dw", cost::gemm_grad_weight(rows.M, h, hl, es, acc),
+        [&] { packed_grad_weight(s, dh_, a.att, g(L.out_proj_w), gt, acc, rows.M, h, hl, out_proj_w_runs()); });
+  timed(s, "out_proj_db", cost::bias_grad(rows.M, h, es, acc),
+        [&] { kernels::bias_grad(s, dh_, g(L.out_proj_b), gt, rows.M, h, acc, scratch_); });
+  pack(s, tp_w_, w(L.out_proj_w), out_proj_w_runs(), sizeof(T));
+  timed(s, "out_proj_dx", cost::gemm_grad_input(rows.M, h, hl, false),
+        [&] { gemm_->grad_input(s, dh_, tp_w_, rows.dx, rows.M, h, hl, 0.f); });  // rows.dx = d att [M, hl]
+  timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
+        [&] { kernels::attention_backward(s, a.qkv, a.att, rows.dx, a.lse, dqkv_, scratch_, rows.attn, true); });
+  timed(s, "qkv_dw", cost::gemm_grad_weight(rows.M, 3 * hl, h, es, acc),
+        [&] { packed_grad_weight(s, dqkv_, a.x1, g(L.in_proj_w), gt, acc, rows.M, 3 * hl, h, qkv_w_runs()); });
+  timed(s, "qkv_db", cost::bias_grad(rows.M, 3 * hl, es, acc), [&] {
+    if (acc) pack(s, tp_gb_, g(L.in_proj_b), qkv_b_runs(), es);
+    kernels::bias_grad(s, dqkv_, tp_gb_, gt, rows.M, 3 * hl, acc, scratch_);
+    unpack(s, g(L.in_proj_b), tp_gb_, qkv_b_runs(), es);
+  });
+  pack(s, tp_w_, w(L.in_proj_w), qkv_w_runs(), sizeof(T));
+  timed(s, "qkv_dx", cost::gemm_grad_input(rows.M, 3 * hl, h, false),
+        [&] { gemm_->grad_input(s, dqkv_, tp_w_, rows.dx, rows.M, 3 * hl, h, 0.f); });
+  tp_all_reduce(s, rows.dx, rows.M);  // d x1
+  timed(s, "ln1", cost::layernorm_backward(rows.M, h, es, acc), [&] {  // rows.dx = d x_in (LN1's + d s1)
+    kernels::layernorm_backward(s, rows.dx, x_in, a.mean1, a.rstd1, w(L.norm1_w), dh_, rows.dx, g(L.norm1_w),
+                                g(L.norm1_b), gt, acc, scratch_, rows.M, h);
+  });
+}
+
+template <typename T>
+void GpuTransformerT<T>::tp_embedding_forward(cudaStream_t s, const Unit& E, const std::int32_t* tokens,
+                                              int* d_status) {
+  const ModelDims& d = table_.dims();
+  const int h = d.hidden;
+  timed(s, "embedding", cost::embedding_forward(B_, S_, h), [&] {
+    // Another rank's token reads a zero row here (the flat layout); the positions once, on rank 0.
+    kernels::embedding_forward(s, tokens, E.w(table_.embedding()),
+                               tps_.rank == 0 ? E.w(table_.pos_embedding()) : tp_zero_pos_, xs_[0], B_, S_, h,
+                               d.vocab, d_status);
+  });
+  tp_all_reduce(s, xs_[0], M_);
+}
+
+template <typename T>
+void GpuTransformerT<T>::tp_embedding_rows_clear(cudaStream_t s, const Unit& E, DType gt) {
+  const std::size_t h = table_.dims().hidden, es = dtype_size(gt), V = table_.dims().vocab_rows();
+  char* g = static_cast<char*>(E.g(table_.embedding()));
+  const std::size_t v0 = std::size_t(tps_.vocab_begin), v1 = std::size_t(tps_.vocab_end);
+  if (v0 > 0) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(g, 0, v0 * h * es, s));
+  if (v1 < V) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(g + v1 * h * es, 0, (V - v1) * h * es, s));
+}
+
+template <typename T>
+void GpuTransformerT<T>::tp_logits(cudaStream_t s, const Unit& H, const Unit& E) {
+  const ModelDims& d = table_.dims();
+  const int h = d.hidden, Vs = vocab_slice();
+  const std::size_t v0 = std::size_t(tps_.vocab_begin);
+  timed(s, "logits", cost::gemm_forward(M_, Vs, h, d.arch != Arch::Gpt2), [&] {
+    if (d.arch == Arch::Gpt2)  // tied: the rank's rows of wte
+      gemm_->forward(s, lnf_, E.w(table_.output_w()) + v0 * h, nullptr, logits_, M_, Vs, h, GemmEpilogue::None);
+    else
+      gemm_->forward(s, xs_[d.layers], H.w(table_.output_w()) + v0 * h, H.w(table_.output_b()) + v0, logits_, M_, Vs,
+                     h, GemmEpilogue::Bias);
+  });
+}
+
+template <typename T>
+void GpuTransformerT<T>::tp_loss(cudaStream_t s, const std::int32_t* labels, float* d_loss, int* d_status, bool grad,
+                                 float grad_scale, const float* d_loss_scale) {
+  if constexpr (!std::is_same_v<T, bf16>) {
+    CUTRAIN_FAIL("gpu model: tensor parallelism runs in bf16 only");  // refused by set_tensor_parallel already
+  } else {
+    const ModelDims& d = table_.dims();
+    const int Vs = vocab_slice(), v0 = tps_.vocab_begin;
+    float* row_max = tp_stats_;
+    float* stats = tp_stats_ + M_;  // [2 x rows]: sum-exp, then the target logits
+    timed(s, "cross_entropy", cost::cross_entropy(M_, Vs), [&] {
+      kernels::vocab_parallel_ce_max(s, logits_, M_, Vs, v0, d.vocab, row_max);
+    });
+    timed(s, "tp_allreduce", cost::Cost{0.0, 2.0 * double(M_) * sizeof(float)},
+          [&] { tp_->all_reduce_f32(s, row_max, std::size_t(M_), true); });
+    timed(s, "cross_entropy", cost::cross_entropy(M_, Vs), [&] {
+      kernels::vocab_parallel_ce_sums(s, logits_, labels, M_, Vs, v0, d.vocab, row_max, stats);
+    });
+    timed(s, "tp_allreduce", cost::Cost{0.0, 4.0 * double(M_) * sizeof(float)},
+          [&] { tp_->all_reduce_f32(s, stats, 2 * std::size_t(M_), false); });
+    timed(s, "cross_entropy", cost::cross_entropy(M_, Vs), [&] {
+      kernels::vocab_parallel_ce_finish(s, logits_, labels, M_, Vs, v0, d.vocab, row_max, stats, d_loss, nullptr,
+                                        d_status + 1, scratch_, grad, -100, grad_scale, d_loss_scale);
+    });
+  }
+}
+
+template <typename T>
+void GpuTransformerT<T>::tp_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc) {
+  const ModelDims& d = table_.dims();
+  const int h = d.hidden, Vs = vocab_slice(), Ln = d.layers;
+  const std::size_t v0 = std::size_t(tps_.vocab_begin), es = dtype_size(gt);
+  const bool gpt2 = d.arch == Arch::Gpt2;
+  const Unit& W = gpt2 ? E : H;  // the unit holding the head's weight (GPT-2: tied to wte)
+  const T* x = gpt2 ? lnf_ : xs_[Ln];
+  T* dx = gpt2 ? dh_ : dx_;
+  // logits_ holds the rank's dlogits [M, Vs]. GPT-2: wte's gradient rows written (or added) here,
+  // the lookup's share added by the embedding backward.
+  timed(s, "dw", cost::gemm_grad_weight(M_, Vs, h, es, acc), [&] {
+    gemm_->grad_weight(s, logits_, x, static_cast<char*>(W.g(table_.output_w())) + v0 * h * es, gt, M_, Vs, h, acc);
+  });
+  if (!gpt2)
+    timed(s, "db", cost::bias_grad(M_, Vs, es, acc), [&] {
+      kernels::bias_grad(s, logits_, static_cast<char*>(H.g(table_.output_b())) + v0 * es, gt, M_, Vs, acc, scratch_);
+    });
+  timed(s, "dx", cost::gemm_grad_input(M_, Vs, h, false),
+        [&] { gemm_->grad_input(s, logits_, W.w(table_.output_w()) + v0 * h, dx, M_, Vs, h, 0.f); });
+  tp_all_reduce(s, dx, M_);
+  if (!gpt2) return;
+  timed(s, "ln_f", cost::layernorm_backward(M_, h, es, acc), [&] {
+    kernels::layernorm_backward(s, dh_, xs_[Ln], mean_f_, rstd_f_, H.w(table_.final_norm_w()), nullptr, dx_,
+                                H.g(table_.final_norm_w()), H.g(table_.final_norm_b()), gt, acc, scratch_, M_, h);
+  });
+}
+
+// The members defined here, for both compute dtypes (fp16 never runs them: set_tensor_parallel
+// refuses it).
+#define CUTRAIN_TP_MEMBERS(T)                                                                                        \
+  template void GpuTransformerT<T>::tp_layer_forward(cudaStream_t, const Unit&, int, const LayerActs&, const T*, T*, \
+                                                     const Rows&);                                                   \
+  template void GpuTransformerT<T>::tp_layer_backward(cudaStream_t, const Unit&, DType, bool, int, const LayerActs&, \
+                                                      const T*, const Rows&);                                        \
+  template void GpuTransformerT<T>::tp_gpt2_layer_forward(cudaStream_t, const Unit&, int, const LayerActs&,         \
+                                                          const LayerActs*, T*, bool, const Rows&);                  \
+  template void GpuTransformerT<T>::tp_gpt2_layer_backward(cudaStream_t, const Unit&, DType, bool, int,             \
+                                                           const LayerActs&, const T*, const Rows&);                 \
+  template void GpuTransformerT<T>::tp_embedding_forward(cudaStream_t, const Unit&, const std::int32_t*, int*);     \
+  template void GpuTransformerT<T>::tp_embedding_rows_clear(cudaStream_t, const Unit&, DType);                      \
+  template void GpuTransformerT<T>::tp_logits(cudaStream_t, const Unit&, const Unit&);                              \
+  template void GpuTransformerT<T>::tp_loss(cudaStream_t, const std::int32_t*, float*, int*, bool, float,           \
+                                            const float*);                                                           \
+  template void GpuTransformerT<T>::tp_head_backward(cudaStream_t, const Unit&, const Unit&, DType, bool);
+CUTRAIN_TP_MEMBERS(bf16)
+CUTRAIN_TP_MEMBERS(f16)
+#undef CUTRAIN_TP_MEMBERS
+
+}  // namespace cutrain::model
