@@ -349,9 +349,10 @@ std::unique_ptr<model::GpuModel> GpuEngine::make_model() const {
 void GpuEngine::setup_tensor_parallel() {
   const std::string& flag = opt_.tensor_parallel_flag;
   CUTRAIN_CHECK(opt_.tensor_parallel == 1, "train: ", flag, " ", opt_.tensor_parallel,
-                " on the GPU engine: the sharded GEMMs (column / row-parallel blocks, vocabulary-parallel embedding and "
-                "loss over NCCL) are not built; degree 1 runs the tensor-parallel code path on one GPU, degrees above 1 "
-                "run on --device cpu over the host communicator");
+                " on the GPU engine: the engine's tensor-parallel ranks over NCCL (the grid's groups, the gradient norm "
+                "and checkpoints over the group) are not built, only the GPU model's sharded blocks, embedding and loss "
+                "(model::GpuTransformer::set_tensor_parallel); degree 1 runs the tensor-parallel code path on one GPU, "
+                "degrees above 1 run on --device cpu over the host communicator");
   const model::TpSlice slice = parallel::make_tp_slice(table_.dims(), 1, 0, flag);
   tp_comm_ = opt_.tp_comm;
   if (!tp_comm_) {

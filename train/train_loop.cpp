@@ -355,9 +355,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
                                                      : "tensor_parallel.autotp_size (" + o.deepspeed_config.string() + ")";
   CUTRAIN_CHECK(tp >= 1, "train: ", tp_flag, ": expected a tensor-parallel degree >= 1, found ", tp);
   CUTRAIN_CHECK(tp == 1 || !on_gpu, "train: ", tp_flag, " ", tp,
-                " with --device cuda: the GPU's sharded GEMMs (column / row-parallel blocks, vocabulary-parallel "
-                "embedding and loss over NCCL) are not built; expected 1 (the tensor-parallel code path on one GPU) or "
-                "--device cpu (over the host communicator)");
+                " with --device cuda: the GPU engine's tensor-parallel ranks over NCCL (the grid's groups, the gradient "
+                "norm and checkpoints over the group) are not built, only the GPU model's sharded blocks, embedding and "
+                "loss; expected 1 (the tensor-parallel code path on one GPU) or --device cpu (over the host "
+                "communicator)");
   CUTRAIN_CHECK(o.domino == 1 || tp > 1, "train: --domino ", o.domino,
                 ": Domino splits the tensor-parallel all-reduces; expected --tensor_parallel_size > 1, found ", tp);
   CUTRAIN_CHECK(tp > 1 || env.world_size % pp == 0, "train: --pipeline_parallel_size ", pp,
