@@ -156,6 +156,7 @@ void GpuTransformerT<T>::set_tensor_parallel(TpDeviceGroup* group, const TpSlice
                 " ranks is not built (the teacher's logits are whole rows)");
   tp_ = group;
   tps_ = slice;
+  tp_runs_ = tp_block_runs(d, slice);
   attn_.heads = slice.head_end - slice.head_begin;  // attention over the rank's heads
 }
 

@@ -30,6 +30,7 @@
 #include "model/moe_layer.h"
 #include "model/moe_stats.h"
 #include "model/tensor_parallel.h"
+#include "model/tp_slice_runs.h"
 #include "model/transformer_params.h"
 #include "runtime/allocator.h"
 #include "runtime/dtype.h"
@@ -434,16 +435,7 @@ class GpuTransformerT final : public GpuModel {
   bool sharded() const { return tp_ && tps_.size > 1; }
   // The tensor-parallel sum of buf [rows, hidden] (nothing without a group).
   void tp_all_reduce(cudaStream_t s, T* buf, int rows);
-  // A slice of a flat tensor that is not one run (transformer_gpu_tp.cpp): `height` runs of `width`
-  // elements, `pitch` apart, from element `offset` of the tensor.
-  struct SliceRuns {
-    std::size_t offset, width, height, pitch;
-    std::size_t count() const { return width * height; }
-  };
-  SliceRuns qkv_w_runs() const;  // the q, k, v rows of the rank's heads
-  SliceRuns qkv_b_runs() const;
-  SliceRuns out_proj_w_runs() const;  // the out-projection's columns of the rank's heads
-  SliceRuns ff2_w_runs() const;       // FC2's columns of the rank's FFN rows
+  TpBlockRuns tp_runs_;  // the slice's runs in a block's tensors (model/tp_slice_runs.h)
   // The runs of `src` (a tensor's first element, of `es`-byte elements) into the packed `dst`, and back.
   void pack(cudaStream_t s, void* dst, const void* src, const SliceRuns& r, std::size_t es) const;
   void unpack(cudaStream_t s, void* dst, const void* src, const SliceRuns& r, std::size_t es) const;

@@ -24,30 +24,6 @@ namespace cutrain::model {
 using kernels::GemmEpilogue;
 
 template <typename T>
-typename GpuTransformerT<T>::SliceRuns GpuTransformerT<T>::qkv_w_runs() const {
-  const std::size_t h = table_.dims().hidden, D = table_.dims().head_dim();
-  const std::size_t q0 = std::size_t(tps_.head_begin) * D, hl = std::size_t(tps_.head_end - tps_.head_begin) * D;
-  return SliceRuns{q0 * h, hl * h, 3, h * h};
-}
-template <typename T>
-typename GpuTransformerT<T>::SliceRuns GpuTransformerT<T>::qkv_b_runs() const {
-  const std::size_t h = table_.dims().hidden, D = table_.dims().head_dim();
-  const std::size_t q0 = std::size_t(tps_.head_begin) * D, hl = std::size_t(tps_.head_end - tps_.head_begin) * D;
-  return SliceRuns{q0, hl, 3, h};
-}
-template <typename T>
-typename GpuTransformerT<T>::SliceRuns GpuTransformerT<T>::out_proj_w_runs() const {
-  const std::size_t h = table_.dims().hidden, D = table_.dims().head_dim();
-  const std::size_t q0 = std::size_t(tps_.head_begin) * D, hl = std::size_t(tps_.head_end - tps_.head_begin) * D;
-  return SliceRuns{q0, hl, h, h};
-}
-template <typename T>
-typename GpuTransformerT<T>::SliceRuns GpuTransformerT<T>::ff2_w_runs() const {
-  const std::size_t h = table_.dims().hidden, F = table_.dims().ffn();
-  return SliceRuns{std::size_t(tps_.ffn_begin), std::size_t(tps_.ffn_end - tps_.ffn_begin), h, F};
-}
-
-template <typename T>
 void GpuTransformerT<T>::pack(cudaStream_t s, void* dst, const void* src, const SliceRuns& r, std::size_t es) const {
   CUTRAIN_CUDA_CHECK(cudaMemcpy2DAsync(dst, r.width * es, static_cast<const char*>(src) + r.offset * es, r.pitch * es,
                                        r.width * es, r.height, cudaMemcpyDeviceToDevice, s));
@@ -81,13 +57,13 @@ void GpuTransformerT<T>::tp_layer_forward(cudaStream_t s, const Unit& U, int l, 
   const auto& A = rows.attn;
   {
     TimedRegion r("attn", s);
-    pack(s, tp_w_, w(L.in_proj_w), qkv_w_runs(), sizeof(T));
-    pack(s, tp_b_, w(L.in_proj_b), qkv_b_runs(), sizeof(T));
+    pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
+    pack(s, tp_b_, w(L.in_proj_b), tp_runs_.qkv_b, sizeof(T));
     timed(s, "qkv", cost::gemm_forward(rows.M, 3 * hl, h),
           [&] { gemm_->forward(s, x_in, tp_w_, tp_b_, a.qkv, rows.M, 3 * hl, h, GemmEpilogue::Bias); });
     timed(s, "attention", cost::attention_forward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
           [&] { kernels::attention_forward(s, a.qkv, a.att, a.lse, rows.attn); });
-    pack(s, tp_w_, w(L.out_proj_w), out_proj_w_runs(), sizeof(T));
+    pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
     timed(s, "out_proj", cost::gemm_forward(rows.M, h, hl), [&] {
       gemm_->forward(s, a.att, tp_w_, first ? w(L.out_proj_b) : nullptr, proj, rows.M, h, hl,
                      first ? GemmEpilogue::Bias : GemmEpilogue::None);
@@ -105,7 +81,7 @@ void GpuTransformerT<T>::tp_layer_forward(cudaStream_t s, const Unit& U, int l, 
   timed(s, "gelu", cost::gelu_forward(std::size_t(rows.M) * Fp), [&] {
     kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(rows.M), Fp, kernels::GeluKind::Erf);
   });
-  pack(s, tp_w_, w(L.ff2_w), ff2_w_runs(), sizeof(T));
+  pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
   timed(s, "fc2", cost::gemm_forward(rows.M, h, Fp), [&] {
     gemm_->forward(s, a.g, tp_w_, first ? w(L.ff2_b) : nullptr, proj, rows.M, h, Fp,
                    first ? GemmEpilogue::Bias : GemmEpilogue::None);
@@ -137,10 +113,10 @@ void GpuTransformerT<T>::tp_layer_backward(cudaStream_t s, const Unit& U, DType 
                                   g(L.norm2_b), gt, acc, scratch_, rows.M, h);
     });
     timed(s, "fc2_dw", cost::gemm_grad_weight(rows.M, h, Fp, es, acc),
-          [&] { packed_grad_weight(s, rows.dx, a.g, g(L.ff2_w), gt, acc, rows.M, h, Fp, ff2_w_runs()); });
+          [&] { packed_grad_weight(s, rows.dx, a.g, g(L.ff2_w), gt, acc, rows.M, h, Fp, tp_runs_.ff2_w); });
     timed(s, "fc2_db", cost::bias_grad(rows.M, h, es, acc),
           [&] { kernels::bias_grad(s, rows.dx, g(L.ff2_b), gt, rows.M, h, acc, scratch_); });
-    pack(s, tp_w_, w(L.ff2_w), ff2_w_runs(), sizeof(T));
+    pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
     timed(s, "fc2_dx", cost::gemm_grad_input(rows.M, h, Fp, false),
           [&] { gemm_->grad_input(s, rows.dx, tp_w_, d4h_, rows.M, h, Fp, 0.f); });
     timed(s, "gelu", cost::gelu_backward(std::size_t(rows.M) * Fp),
@@ -159,22 +135,22 @@ void GpuTransformerT<T>::tp_layer_backward(cudaStream_t s, const Unit& U, DType 
                                 g(L.norm1_b), gt, acc, scratch_, rows.M, h);
   });
   timed(s, "out_proj_dw", cost::gemm_grad_weight(rows.M, h, hl, es, acc),
-        [&] { packed_grad_weight(s, rows.dx, a.att, g(L.out_proj_w), gt, acc, rows.M, h, hl, out_proj_w_runs()); });
+        [&] { packed_grad_weight(s, rows.dx, a.att, g(L.out_proj_w), gt, acc, rows.M, h, hl, tp_runs_.out_proj_w); });
   timed(s, "out_proj_db", cost::bias_grad(rows.M, h, es, acc),
         [&] { kernels::bias_grad(s, rows.dx, g(L.out_proj_b), gt, rows.M, h, acc, scratch_); });
-  pack(s, tp_w_, w(L.out_proj_w), out_proj_w_runs(), sizeof(T));
+  pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
   timed(s, "out_proj_dx", cost::gemm_grad_input(rows.M, h, hl, false),
         [&] { gemm_->grad_input(s, rows.dx, tp_w_, dh_, rows.M, h, hl, 0.f); });
   timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
         [&] { kernels::attention_backward(s, a.qkv, a.att, dh_, a.lse, dqkv_, scratch_, rows.attn, true); });
   timed(s, "qkv_dw", cost::gemm_grad_weight(rows.M, 3 * hl, h, es, acc),
-        [&] { packed_grad_weight(s, dqkv_, x_in, g(L.in_proj_w), gt, acc, rows.M, 3 * hl, h, qkv_w_runs()); });
+        [&] { packed_grad_weight(s, dqkv_, x_in, g(L.in_proj_w), gt, acc, rows.M, 3 * hl, h, tp_runs_.qkv_w); });
   timed(s, "qkv_db", cost::bias_grad(rows.M, 3 * hl, es, acc), [&] {
-    if (acc) pack(s, tp_gb_, g(L.in_proj_b), qkv_b_runs(), es);
+    if (acc) pack(s, tp_gb_, g(L.in_proj_b), tp_runs_.qkv_b, es);
     kernels::bias_grad(s, dqkv_, tp_gb_, gt, rows.M, 3 * hl, acc, scratch_);
-    unpack(s, g(L.in_proj_b), tp_gb_, qkv_b_runs(), es);
+    unpack(s, g(L.in_proj_b), tp_gb_, tp_runs_.qkv_b, es);
   });
-  pack(s, tp_w_, w(L.in_proj_w), qkv_w_runs(), sizeof(T));
+  pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
   timed(s, "qkv_dx", cost::gemm_grad_input(rows.M, 3 * hl, h, residual != 0.f),
         [&] { gemm_->grad_input(s, dqkv_, tp_w_, rows.dx, rows.M, 3 * hl, h, residual); });
   tp_all_reduce(s, rows.dx, rows.M);  // d x_in
@@ -201,13 +177,13 @@ void GpuTransformerT<T>::tp_gpt2_layer_forward(cudaStream_t s, const Unit& U, in
         kernels::layernorm_residual_forward(s, x_in, nullptr, nullptr, a.x1, a.mean1, a.rstd1, w(L.norm1_w),
                                             w(L.norm1_b), rows.M, h);
     });
-    pack(s, tp_w_, w(L.in_proj_w), qkv_w_runs(), sizeof(T));
-    pack(s, tp_b_, w(L.in_proj_b), qkv_b_runs(), sizeof(T));
+    pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
+    pack(s, tp_b_, w(L.in_proj_b), tp_runs_.qkv_b, sizeof(T));
     timed(s, "qkv", cost::gemm_forward(rows.M, 3 * hl, h),
           [&] { gemm_->forward(s, a.x1, tp_w_, tp_b_, a.qkv, rows.M, 3 * hl, h, GemmEpilogue::Bias); });
     timed(s, "attention", cost::attention_forward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
           [&] { kernels::attention_forward(s, a.qkv, a.att, a.lse, rows.attn); });
-    pack(s, tp_w_, w(L.out_proj_w), out_proj_w_runs(), sizeof(T));
+    pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
     timed(s, "out_proj", cost::gemm_forward(rows.M, h, hl), [&] {
       gemm_->forward(s, a.att, tp_w_, first ? w(L.out_proj_b) : nullptr, dh_, rows.M, h, hl,
                      first ? GemmEpilogue::Bias : GemmEpilogue::None);
@@ -222,7 +198,7 @@ void GpuTransformerT<T>::tp_gpt2_layer_forward(cudaStream_t s, const Unit& U, in
   timed(s, "fc1", cost::gemm_forward(rows.M, Fp, h), [&] {
     gemm_->forward(s, a.s2, w(L.ff0_w) + f0 * h, w(L.ff0_b) + f0, a.g, rows.M, Fp, h, GemmEpilogue::BiasGeluTanh, a.f);
   });
-  pack(s, tp_w_, w(L.ff2_w), ff2_w_runs(), sizeof(T));
+  pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
   timed(s, "fc2", cost::gemm_forward(rows.M, h, Fp), [&] {
     gemm_->forward(s, a.g, tp_w_, first ? w(L.ff2_b) : nullptr, dh_, rows.M, h, Fp,
                    first ? GemmEpilogue::Bias : GemmEpilogue::None);
@@ -251,10 +227,10 @@ void GpuTransformerT<T>::tp_gpt2_layer_backward(cudaStream_t s, const Unit& U, D
     // rows.dx = d(block output) = d(MLP output): FC2's dW (packed columns), db (replicated), then
     // d f through the DGELU epilogue; FC1's rows are contiguous.
     timed(s, "fc2_dw", cost::gemm_grad_weight(rows.M, h, Fp, es, acc),
-          [&] { packed_grad_weight(s, rows.dx, a.g, g(L.ff2_w), gt, acc, rows.M, h, Fp, ff2_w_runs()); });
+          [&] { packed_grad_weight(s, rows.dx, a.g, g(L.ff2_w), gt, acc, rows.M, h, Fp, tp_runs_.ff2_w); });
     timed(s, "fc2_db", cost::bias_grad(rows.M, h, es, acc),
           [&] { kernels::bias_grad(s, rows.dx, g(L.ff2_b), gt, rows.M, h, acc, scratch_); });
-    pack(s, tp_w_, w(L.ff2_w), ff2_w_runs(), sizeof(T));
+    pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
     timed(s, "fc2_dx", cost::gemm_grad_input(rows.M, h, Fp, false),
           [&] { gemm_->grad_input(s, rows.dx, tp_w_, d4h_, rows.M, h, Fp, 0.f, a.f); });
     timed(s, "fc1_dw", cost::gemm_grad_weight(rows.M, Fp, h, es, acc),
@@ -271,22 +247,22 @@ void GpuTransformerT<T>::tp_gpt2_layer_backward(cudaStream_t s, const Unit& U, D
   }
   TimedRegion r("attn", s);
   timed(s, "out_proj_dw", cost::gemm_grad_weight(rows.M, h, hl, es, acc),
-        [&] { packed_grad_weight(s, dh_, a.att, g(L.out_proj_w), gt, acc, rows.M, h, hl, out_proj_w_runs()); });
+        [&] { packed_grad_weight(s, dh_, a.att, g(L.out_proj_w), gt, acc, rows.M, h, hl, tp_runs_.out_proj_w); });
   timed(s, "out_proj_db", cost::bias_grad(rows.M, h, es, acc),
         [&] { kernels::bias_grad(s, dh_, g(L.out_proj_b), gt, rows.M, h, acc, scratch_); });
-  pack(s, tp_w_, w(L.out_proj_w), out_proj_w_runs(), sizeof(T));
+  pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
   timed(s, "out_proj_dx", cost::gemm_grad_input(rows.M, h, hl, false),
         [&] { gemm_->grad_input(s, dh_, tp_w_, rows.dx, rows.M, h, hl, 0.f); });  // rows.dx = d att [M, hl]
   timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
         [&] { kernels::attention_backward(s, a.qkv, a.att, rows.dx, a.lse, dqkv_, scratch_, rows.attn, true); });
   timed(s, "qkv_dw", cost::gemm_grad_weight(rows.M, 3 * hl, h, es, acc),
-        [&] { packed_grad_weight(s, dqkv_, a.x1, g(L.in_proj_w), gt, acc, rows.M, 3 * hl, h, qkv_w_runs()); });
+        [&] { packed_grad_weight(s, dqkv_, a.x1, g(L.in_proj_w), gt, acc, rows.M, 3 * hl, h, tp_runs_.qkv_w); });
   timed(s, "qkv_db", cost::bias_grad(rows.M, 3 * hl, es, acc), [&] {
-    if (acc) pack(s, tp_gb_, g(L.in_proj_b), qkv_b_runs(), es);
+    if (acc) pack(s, tp_gb_, g(L.in_proj_b), tp_runs_.qkv_b, es);
     kernels::bias_grad(s, dqkv_, tp_gb_, gt, rows.M, 3 * hl, acc, scratch_);
-    unpack(s, g(L.in_proj_b), tp_gb_, qkv_b_runs(), es);
+    unpack(s, g(L.in_proj_b), tp_gb_, tp_runs_.qkv_b, es);
   });
-  pack(s, tp_w_, w(L.in_proj_w), qkv_w_runs(), sizeof(T));
+  pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
   timed(s, "qkv_dx", cost::gemm_grad_input(rows.M, 3 * hl, h, false),
         [&] { gemm_->grad_input(s, dqkv_, tp_w_, rows.dx, rows.M, 3 * hl, h, 0.f); });
   tp_all_reduce(s, rows.dx, rows.M);  // d x1
