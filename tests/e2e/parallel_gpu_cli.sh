@@ -33,7 +33,7 @@ refused() {  # refused 'message' train-args...
 refused "train: --pipeline_parallel_size 2 with --device cuda: pipeline stages on separate GPUs (activations sent \
 between stage ranks over NCCL) are not built; expected 1" --device cuda --deepspeed_config "$tmp/a4.json" \
     --pipeline_parallel_size 2
-refused "train: --tensor_parallel_size 2 with --device cuda: the GPU engine's tensor-parallel ranks over NCCL" --device cuda \
+refused "train: --tensor_parallel_size 2 with --device cuda: each tensor-parallel rank is a process on its own GPU" --device cuda \
     --deepspeed_config "$tmp/a4.json" --tensor_parallel_size 2
 refused "train: --pipeline_stages_in_process 2 with --pipeline_parallel_size 2: the stages of this process are the \
 whole pipeline" --device cuda --deepspeed_config "$tmp/a4.json" --pipeline_stages_in_process 2 --pipeline_parallel_size 2

@@ -6,7 +6,7 @@
 // in the same order per stage, each stage's backwards in micro-batch order, so losses, gradient
 // norms, eval losses and final params must equal the plain engine's bit for bit, with the CUDA
 // graph captured and replayed. Also the refusals of what is not built (stages on several GPUs,
-// tensor-parallel ranks of the engine, a partial stage of GPT-2).
+// tensor parallelism above one rank in one process, a partial stage of GPT-2).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -153,7 +153,7 @@ TEST(PipelineGpuRefused, WhatIsNotBuiltIsNamed) {
   o = plain_options(c, 1);
   o.tensor_parallel = 2;
   o.tensor_parallel_engine = true;
-  EXPECT_NE(test::error_of([&] { train::GpuEngine e(o, config_for(c)); }).find("the engine's tensor-parallel ranks over NCCL"),
+  EXPECT_NE(test::error_of([&] { train::GpuEngine e(o, config_for(c)); }).find("each tensor-parallel rank is a process on its own GPU"),
             std::string::npos);
   Case g = c;
   g.arch = model::Arch::Gpt2;
