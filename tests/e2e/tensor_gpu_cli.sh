@@ -3,8 +3,7 @@
 # cuda --tensor_parallel_size T` (TP 2; with 4 GPUs also TP 4 and DP 2 x TP 2) against the
 # single-process run of the same job. Random data (the default) is the same on every rank and
 # --fixed_batch keeps it, so the losses must be the single GPU's within bf16 round-off (the
-# row-parallel partial sums are summed over the group in bf16, so not bit for bit), every rank's
-# the same; the checkpoint (the group's sum, written by rank 0) holds the single process's tensors
+# row-parallel partial sums are summed over the group in bf16, so not bit for bit); the checkpoint (the group's sum, written by rank 0) holds the single process's tensors
 # within bf16 round-off and one process resumes it as it resumes its own. GPT-2 (tied head) at TP 2.
 # Needs 2 GPUs and NCCL.
 #   tensor_gpu_cli.sh CUTRAIN_BINARY cpu|cuda     (exits 77 = skipped: cpu, or fewer than 2 GPUs)
@@ -18,13 +17,11 @@ base=(--hidden_dim 256 --num_heads 4 --num_layers 2 --vocab_size 1000 --seq_leng
       --num_steps 6 --warmup_steps 2 --log_interval 1 --fixed_batch --learning_rate 1e-3 --seed 7
       --deepspeed_config configs/baseline.json)
 
-close_losses() {  # close_losses A.csv B.csv... : B.. within bf16 round-off of A, and equal to each other
+close_losses() {  # close_losses A.csv B.csv: B within bf16 round-off of A
   python3 - "$@" <<'PY'
 import csv, sys
 runs = [[float(r["loss"]) for r in csv.DictReader(open(p))] for p in sys.argv[1:]]
 assert all(len(r) == len(runs[0]) and r for r in runs), runs
-for r in runs[2:]:
-    assert r == runs[1], ("the ranks' losses differ", runs[1], r)
 for a, b in zip(runs[0], runs[1]):
     assert abs(a - b) <= 2e-2 * abs(a), ("tensor parallel != single process", runs[0], runs[1])
 PY
@@ -72,8 +69,9 @@ run_tp() {  # run_tp NAME RANKS TP [flags...]: against $ref (losses, checkpoint,
   for ((r = 0; r < ranks; r++)); do
     grep -q "^\[Rank $r\] tensor parallel: rank $((r % t)) of $t: heads " "$out" || { cat "$out"; fail "$name: rank $r's slice"; }
   done
-  local files=(); for ((r = 0; r < ranks; r++)); do files+=("$tmp/$name.r$r.csv"); done
-  close_losses "$tmp/$ref.csv" "${files[@]}" || { cat "$out"; fail "$name: losses"; }
+  # Rank 0 writes the loss log (every rank of a group computes the same loss bits: the loss's
+  # statistics are all-reduced; test_tensor_parallel_gpu checks that).
+  close_losses "$tmp/$ref.csv" "$tmp/$name.r0.csv" || { cat "$out"; fail "$name: losses"; }
   close_checkpoints "$tmp/ck_$ref/global_step6" "$tmp/ck_$name/global_step6" || fail "$name: checkpoint"
   "$bin" train --device cuda "${base[@]}" "$@" --num_steps 2 --resume "$tmp/ck_$name" --loss_log_file "$tmp/${name}_r.csv" \
       >"$tmp/${name}_r.txt" 2>&1 || { cat "$tmp/${name}_r.txt"; fail "$name: resumed by one process"; }
