@@ -115,7 +115,7 @@ class GpuEngine final : public TrainBackend {
   // The pipeline the step runs through (BackendOptions::pipeline_engine / stages_in_process);
   // null: the plain micro-batch loop.
   const GpuPipeline* pipeline() const { return pipeline_.get(); }
-  // The tensor-parallel group of degree 1 (BackendOptions::tensor_parallel_engine); null: none.
+  // The tensor-parallel group (BackendOptions::tensor_parallel_engine, or a degree above 1); null: none.
   const parallel::CommTpDeviceGroup* tensor_parallel_group() const { return tp_group_.get(); }
 
   // DeepSpeed's engine.offload_states / reload_states. `include`: any of optim_states (moments, and

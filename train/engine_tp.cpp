@@ -34,6 +34,8 @@ void GpuEngine::setup_tensor_grid() {
                 "for stage 0 (every rank's whole flat gradient); expected stage 0, or --device cpu");
   CUTRAIN_CHECK(cfg_.optimizer.type != OptimizerType::Lamb, "train: optimizer.type Lamb with ", flag, " ", T,
                 ": its trust ratios need whole tensors on one rank; expected AdamW");
+  CUTRAIN_CHECK(!opt_.teacher, "train: --mos (distillation) with ", flag, " ", T,
+                " on the GPU engine is not built (the teacher's logits are whole rows); expected one of them");
   CUTRAIN_CHECK(opt_.domino == 1, "train: --domino ", opt_.domino,
                 " on the GPU engine: Domino's pieces (their all-reduces on a second stream) are not built on the GPU; "
                 "expected 1, or --device cpu");
