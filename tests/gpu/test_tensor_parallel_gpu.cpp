@@ -111,12 +111,13 @@ struct Case {
   DType grad_type;
   bool checkpointing;
   int micro_batches;  // > 1: accumulated into the same gradients
+  int steps = 1;       // > 1: plain SGD steps on the host between them (the params move)
 };
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   const Case& c = i.param;
   return std::string(c.arch == model::Arch::Gpt2 ? "Gpt2" : "Seed") + "Tp" + std::to_string(c.tp) +
          (c.grad_type == DType::F32 ? "F32" : "Bf16") + (c.checkpointing ? "Ckpt" : "") + "Micro" +
-         std::to_string(c.micro_batches);
+         std::to_string(c.micro_batches) + "Steps" + std::to_string(c.steps);
 }
 
 model::ModelDims dims_of(const Case& c) {
@@ -130,10 +131,12 @@ model::ModelDims dims_of(const Case& c) {
 }
 
 struct ModelRun {
-  std::vector<float> losses;  // per micro-batch, then the evaluation loss
-  std::vector<float> grads;   // the flat buffer
+  std::vector<float> losses;  // per step and micro-batch, then the evaluation loss
+  std::vector<float> grads;   // the flat buffer of the last step
+  std::vector<float> params;  // the flat params the last step ran with
   int calls = 0;
 };
+constexpr float kLr = 0.05f;
 
 std::vector<float> download_grads(const void* g, DType t, std::size_t n) {
   if (t == DType::F32) {
@@ -146,11 +149,13 @@ std::vector<float> download_grads(const void* g, DType t, std::size_t n) {
   return test::to_float(h);
 }
 
-// One model (whole: group null) over `params`: `micro` forward_backwards accumulated, then a
-// forward_loss of the first batch.
-ModelRun run_model(const model::TransformerParams& table, const Case& c, const std::vector<float>& params,
-              const std::vector<std::vector<std::int32_t>>& tokens, const std::vector<std::vector<std::int32_t>>& labels,
-              model::TpDeviceGroup* group, const model::TpSlice& slice) {
+// One model (whole: group null) from `params`: per step `micro` forward_backwards accumulated
+// (with SGD, p -= kLr g rounded to bf16 on the host, between steps), then a forward_loss of the
+// first batch.
+ModelRun run_model(const model::TransformerParams& table, const Case& c, std::vector<float> params,
+                   const std::vector<std::vector<std::int32_t>>& tokens,
+                   const std::vector<std::vector<std::int32_t>>& labels, model::TpDeviceGroup* group,
+                   const model::TpSlice& slice) {
   CUTRAIN_CUDA_CHECK(cudaSetDevice(0));
   Stream stream;
   model::GpuTransformer m(table, kB, kS, c.checkpointing, true, device_allocator());
@@ -161,24 +166,36 @@ ModelRun run_model(const model::TransformerParams& table, const Case& c, const s
   test::DeviceArray<bf16> g16(c.grad_type == DType::F32 ? 0 : n);
   void* g = c.grad_type == DType::F32 ? static_cast<void*>(g32.get()) : static_cast<void*>(g16.get());
   CUTRAIN_CUDA_CHECK(cudaMemset(g, 0, n * dtype_size(c.grad_type)));
-  test::DeviceArray<float> loss(std::size_t(c.micro_batches) + 1);
-  test::DeviceArray<std::int32_t> status(std::vector<std::int32_t>(2 * (std::size_t(c.micro_batches) + 1), 0));
+  const std::size_t passes = std::size_t(c.steps) * std::size_t(c.micro_batches) + 1;
+  test::DeviceArray<float> loss(passes);
+  test::DeviceArray<std::int32_t> status(std::vector<std::int32_t>(2 * passes, 0));
   std::vector<test::DeviceArray<std::int32_t>> dt, dl;
   for (int k = 0; k < c.micro_batches; ++k) {
     dt.emplace_back(tokens[std::size_t(k)]);
     dl.emplace_back(labels[std::size_t(k)]);
   }
   model::FlatParams flat(table, dp.get());
-  for (int k = 0; k < c.micro_batches; ++k)
-    m.forward_backward(stream, flat, g, c.grad_type, k > 0, dt[std::size_t(k)].get(), dl[std::size_t(k)].get(),
-                       1.f / float(c.micro_batches), loss.get() + k, status.get() + 2 * k);
-  m.forward_loss(stream, flat, dt[0].get(), dl[0].get(), loss.get() + c.micro_batches,
-                 status.get() + 2 * c.micro_batches);
+  ModelRun r;
+  for (int step = 0; step < c.steps; ++step) {
+    if (step > 0) {
+      CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
+      const std::vector<float> grads = download_grads(g, c.grad_type, n);
+      for (std::size_t i = 0; i < n; ++i) params[i] -= kLr * grads[i];
+      params = test::round_bf16(params);
+      dp.upload(test::to_bf16(params));
+    }
+    for (int k = 0; k < c.micro_batches; ++k) {
+      const std::size_t at = std::size_t(step) * std::size_t(c.micro_batches) + std::size_t(k);
+      m.forward_backward(stream, flat, g, c.grad_type, k > 0, dt[std::size_t(k)].get(), dl[std::size_t(k)].get(),
+                         1.f / float(c.micro_batches), loss.get() + at, status.get() + 2 * at);
+    }
+  }
+  m.forward_loss(stream, flat, dt[0].get(), dl[0].get(), loss.get() + passes - 1, status.get() + 2 * (passes - 1));
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
   for (std::int32_t st : status.download()) EXPECT_EQ(st, 0) << "token / label status";
-  ModelRun r;
   r.losses = loss.download();
   r.grads = download_grads(g, c.grad_type, n);
+  r.params = std::move(params);
   return r;
 }
 
@@ -232,7 +249,7 @@ TEST_P(TensorParallelGpu, RanksMatchTheWholeModel) {
   // 2 and the head's (checkpointing: the blocks' forward ones again); the evaluation's forward.
   const int L = d.layers;
   const int per_micro = 2 * L + 3 + 2 * L + 1 + (c.checkpointing ? 2 * L : 0);
-  for (const ModelRun& r : ranks) EXPECT_EQ(r.calls, c.micro_batches * per_micro + 2 * L + 3);
+  for (const ModelRun& r : ranks) EXPECT_EQ(r.calls, c.steps * c.micro_batches * per_micro + 2 * L + 3);
 
   for (std::size_t k = 0; k < whole.losses.size(); ++k) {
     for (int r = 0; r < c.tp; ++r)
@@ -250,6 +267,22 @@ TEST_P(TensorParallelGpu, RanksMatchTheWholeModel) {
     std::vector<float> want(whole.grads.begin() + t.offset, whole.grads.begin() + t.offset + t.count);
     EXPECT_LE(test::rel_error(got, want), 3e-2) << t.name;
   }
+  // After SGD steps: the gathered params the whole model's (within bf16 round-off), the other
+  // ranks' slices still zero on every rank.
+  std::vector<float> gathered_params(table.flat_size(), 0.f);
+  for (int r = c.tp - 1; r >= 0; --r)
+    for (std::size_t i = 0; i < gathered_params.size(); ++i)
+      if (layouts[std::size_t(r)].counted[i]) gathered_params[i] = ranks[std::size_t(r)].params[i];
+  for (const auto& t : table.tensors()) {
+    std::vector<float> got(gathered_params.begin() + t.offset, gathered_params.begin() + t.offset + t.count);
+    std::vector<float> want(whole.params.begin() + t.offset, whole.params.begin() + t.offset + t.count);
+    EXPECT_LE(test::rel_error(got, want), 1e-2) << "params " << t.name;
+  }
+  for (int r = 0; r < c.tp; ++r) {
+    const parallel::TpLayout& lay = layouts[std::size_t(r)];
+    for (std::size_t i = 0; i < lay.held.size(); ++i)
+      if (!lay.held[i]) ASSERT_EQ(ranks[std::size_t(r)].params[i], 0.f) << "rank " << r << ": param element " << i;
+  }
   for (int r = 0; r < c.tp; ++r) {
     const parallel::TpLayout& lay = layouts[std::size_t(r)];
     const std::vector<float>& g = ranks[std::size_t(r)].grads;
@@ -266,7 +299,8 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, TensorParallelGpu,
     ::testing::Values(Case{model::Arch::Simple, 2, DType::F32, false, 1}, Case{model::Arch::Simple, 4, DType::F32, false, 1},
                       Case{model::Arch::Simple, 2, DType::BF16, true, 2}, Case{model::Arch::Gpt2, 2, DType::F32, false, 1},
-                      Case{model::Arch::Gpt2, 4, DType::F32, true, 1}, Case{model::Arch::Gpt2, 4, DType::BF16, false, 3}),
+                      Case{model::Arch::Gpt2, 4, DType::F32, true, 1}, Case{model::Arch::Gpt2, 4, DType::BF16, false, 3},
+                      Case{model::Arch::Simple, 4, DType::F32, false, 2, 3}, Case{model::Arch::Gpt2, 2, DType::F32, true, 1, 3}),
     case_name);
 
 TEST(TensorParallelGpuRefusals, GroupsItCannotRun) {
