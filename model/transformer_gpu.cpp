@@ -282,7 +282,11 @@ std::size_t GpuTransformerT<T>::scratch_bytes(int rows, int seq) const {
   sc = std::max(sc, kernels::attention_backward_scratch_bytes(a, true));
   sc = std::max(sc, kernels::cross_entropy_scratch_bytes(M));
   sc = std::max(sc, kernels::kd_loss_scratch_bytes(M));
-  if (sharded()) sc = std::max(sc, kernels::vocab_parallel_ce_scratch_bytes(M));
+  if (sharded()) {  // the slices' bias gradients and the vocabulary-parallel loss
+    const int hl = (tps_.head_end - tps_.head_begin) * d.head_dim(), Fp = tps_.ffn_end - tps_.ffn_begin;
+    for (int n : {3 * hl, Fp, vocab_slice()}) sc = std::max(sc, kernels::bias_grad_scratch_bytes(M, n));
+    sc = std::max(sc, kernels::vocab_parallel_ce_scratch_bytes(M));
+  }
   return sc;
 }
 
