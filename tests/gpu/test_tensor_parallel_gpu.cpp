@@ -165,7 +165,7 @@ ModelRun run_model(const model::TransformerParams& table, const Case& c, std::ve
   test::DeviceArray<float> g32(c.grad_type == DType::F32 ? n : 0);
   test::DeviceArray<bf16> g16(c.grad_type == DType::F32 ? 0 : n);
   void* g = c.grad_type == DType::F32 ? static_cast<void*>(g32.get()) : static_cast<void*>(g16.get());
-  CUTRAIN_CUDA_CHECK(cudaMemset(g, 0, n * dtype_size(c.grad_type)));
+  CUTRAIN_CUDA_CHECK(cudaMemsetAsync(g, 0, n * dtype_size(c.grad_type), stream));  // on the model's stream
   const std::size_t passes = std::size_t(c.steps) * std::size_t(c.micro_batches) + 1;
   test::DeviceArray<float> loss(passes);
   test::DeviceArray<std::int32_t> status(std::vector<std::int32_t>(2 * passes, 0));
