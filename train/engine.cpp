@@ -352,6 +352,7 @@ std::unique_ptr<model::GpuModel> GpuEngine::make_model() const {
 void GpuEngine::setup_tensor_parallel() {
   const std::string& flag = opt_.tensor_parallel_flag;
   if (tp_slice_.size > 1) {
+    setup_tp_norm();
     tp_group_ = std::make_unique<parallel::CommTpDeviceGroup>(tp_comm_);
     model_->set_tensor_parallel(tp_group_.get(), tp_slice_);
     std::cout << "[Rank " << world_->rank() << "] " << parallel::describe_tp_slice(tp_slice_) << " over an "

@@ -10,7 +10,7 @@
 // gathers, are part of the captured graph. On one GPU the micro-batches can run through the
 // pipeline's 1F1B program (train/gpu_pipeline.h: one stage, or every stage in this process) and
 // the blocks' tensor-parallel all-reduces over a one-rank NCCL group (degree 1). Tensor
-// parallelism above one rank (data x tensor, ZeRO stage 0; train/engine_tp.cpp): the world split
+// parallelism above one rank (data x tensor, ZeRO stages 0-2; train/engine_tp.cpp): the world split
 // into the grid's NCCL groups, the model's slice (Megatron's sharded blocks, vocabulary-parallel
 // embedding and loss), the norm over the group, checkpoints as the group's sum. Stages on several
 // GPUs are refused.
@@ -211,6 +211,7 @@ class GpuEngine final : public TrainBackend {
   Buffer tp_norm_pack_, tp_sumsq_;
   std::size_t tp_norm_count_ = 0;
   void setup_tensor_grid();
+  void setup_tp_norm();
   void tp_mask_held(std::vector<float>& v) const;   // the elements this rank does not hold zeroed
   void tp_group_sum(std::vector<float>& v) const;   // collective: the group's whole state
   void enqueue_tp_norm(float* norm, float* clip_scale, int* nonfinite);

@@ -5,6 +5,7 @@
 // the counted elements is the single process's state).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "kernels/reduce.cuh"
@@ -29,9 +30,9 @@ void GpuEngine::setup_tensor_grid() {
                 " with a pipeline (--pipeline_parallel_size ", opt_.pipeline_stages, ", --pipeline_stages_in_process ",
                 opt_.stages_in_process, ") on the GPU engine is not built; expected data x tensor parallelism, or "
                 "--device cpu");
-  CUTRAIN_CHECK(cfg_.zero_optimization.stage == 0, "train: zero_optimization.stage ", cfg_.zero_optimization.stage,
-                " with ", flag, " ", T, " on the GPU engine: the gradient norm over the tensor-parallel group is built "
-                "for stage 0 (every rank's whole flat gradient); expected stage 0, or --device cpu");
+  CUTRAIN_CHECK(cfg_.zero_optimization.stage <= 2, "train: zero_optimization.stage ", cfg_.zero_optimization.stage,
+                " with ", flag, " ", T, " on the GPU engine: stage 3's unit shards are not built with tensor "
+                "parallelism; expected stage 0, 1 or 2 (DeepSpeed's AutoTP training takes 0-2), or --device cpu");
   CUTRAIN_CHECK(cfg_.optimizer.type != OptimizerType::Lamb, "train: optimizer.type Lamb with ", flag, " ", T,
                 ": its trust ratios need whole tensors on one rank; expected AdamW");
   CUTRAIN_CHECK(!opt_.teacher, "train: --mos (distillation) with ", flag, " ", T,
@@ -52,16 +53,23 @@ void GpuEngine::setup_tensor_grid() {
   CUTRAIN_CHECK(tp_comm_->world_size() == T && tp_comm_->rank() == tp_slice_.rank, "train: the tensor-parallel group ",
                 "of rank ", rank, " came out as rank ", tp_comm_->rank(), " of ", tp_comm_->world_size(),
                 ", expected rank ", tp_slice_.rank, " of ", T);
-  // The norm's packed slices (ranks other than the group's first) and its fp64 sum.
-  tp_sumsq_ = Buffer(device_allocator(), sizeof(double), stream_);
-  if (tp_slice_.rank != 0) {
-    std::size_t count = 0;
-    for (const auto& [idx, run] : model::tp_sliced_runs(table_, tp_slice_)) count += run.count();
-    tp_norm_pack_ = Buffer(device_allocator(), count * dtype_size(plan_.grad), stream_);
-    tp_norm_count_ = count;
-  }
   describe_ += ", tensor parallel degree " + std::to_string(T) + " x data parallel " + std::to_string(grid.dp) +
                " (NCCL groups of the grid)";
+}
+
+// After the ZeRO plan: the norm's scratch on ranks other than the group's first (their slices
+// packed at stage 0, a copy of their partition at stages 1-2) and its fp64 sum.
+void GpuEngine::setup_tp_norm() {
+  tp_sumsq_ = Buffer(device_allocator(), sizeof(double), stream_);
+  if (tp_slice_.rank == 0) return;
+  std::size_t count = 0;
+  if (zero_.partitioned()) {
+    count = zero_.norm_range().size();
+  } else {
+    for (const auto& [idx, run] : model::tp_sliced_runs(table_, tp_slice_)) count += run.count();
+  }
+  tp_norm_pack_ = Buffer(device_allocator(), std::max<std::size_t>(count, 1) * dtype_size(plan_.grad), stream_);
+  tp_norm_count_ = count;
 }
 
 void GpuEngine::tp_mask_held(std::vector<float>& v) const {
@@ -87,28 +95,46 @@ void GpuEngine::tp_group_sum(std::vector<float>& v) const {
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-// The group's first rank sums the squares of its whole flat gradient (its slices, the replicated
-// tensors, zeros elsewhere), the others those of their slices, packed; the fp64 sums are added
-// over the group, so every element counts once and every rank derives the same norm, clip
-// coefficient and skip flag (grad_norm_clip's formula, kernels/reduce.cuh). Stage 0 only: the
-// gradients are already the data-parallel mean, identical over the replicas.
+// Each element's square once over the world. Stage 0 (the data-parallel mean on every replica):
+// the group's first rank sums the squares of its whole flat gradient (its slices, the replicated
+// tensors, zeros elsewhere), the others those of their slices, packed, and the fp64 sums are added
+// over the group. Stages 1-2 (each replica's partition of the reduced gradient): the group's first
+// rank sums its partition as it is, the others a copy with the replicated tensors' elements
+// zeroed, and the sums are added over the world. Every rank derives the same norm, clip
+// coefficient and skip flag (grad_norm_clip's formula, kernels/reduce.cuh).
 void GpuEngine::enqueue_tp_norm(float* norm, float* clip_scale, int* nonfinite) {
   double* ss = tp_sumsq_.as<double>();
   const std::size_t es = dtype_size(plan_.grad);
-  if (tp_slice_.rank == 0) {
-    kernels::grad_sumsq(stream_, grads_.get(), plan_.grad, n_, ss, norm_scratch_.get());
-  } else {
-    char* dst = static_cast<char*>(tp_norm_pack_.get());
-    const char* g = static_cast<const char*>(grads_.get());
-    for (const auto& [idx, run] : model::tp_sliced_runs(table_, tp_slice_)) {
-      CUTRAIN_CUDA_CHECK(cudaMemcpy2DAsync(dst, run.width * es, g + (table_.tensor(idx).offset + run.offset) * es,
-                                           run.pitch * es, run.width * es, run.height, cudaMemcpyDeviceToDevice,
-                                           stream_));
-      dst += run.count() * es;
+  const char* g = static_cast<const char*>(grads_.get());
+  char* pack = static_cast<char*>(tp_norm_pack_.get());
+  if (zero_.partitioned()) {
+    const parallel::Range r = zero_.norm_range();
+    if (tp_slice_.rank == 0) {
+      kernels::grad_sumsq(stream_, g + r.begin * es, plan_.grad, r.size(), ss, norm_scratch_.get());
+    } else {
+      CUTRAIN_CUDA_CHECK(cudaMemcpyAsync(pack, g + r.begin * es, r.size() * es, cudaMemcpyDeviceToDevice, stream_));
+      for (const parallel::Range& q : tp_layout_.replicated) {
+        const std::size_t lo = std::max(q.begin, r.begin), hi = std::min(q.end, r.end);
+        if (lo < hi) CUTRAIN_CUDA_CHECK(cudaMemsetAsync(pack + (lo - r.begin) * es, 0, (hi - lo) * es, stream_));
+      }
+      kernels::grad_sumsq(stream_, pack, plan_.grad, r.size(), ss, norm_scratch_.get());
     }
-    kernels::grad_sumsq(stream_, tp_norm_pack_.get(), plan_.grad, tp_norm_count_, ss, norm_scratch_.get());
+    world_->all_reduce_sum_f64(ss, 1, stream_);
+  } else {
+    if (tp_slice_.rank == 0) {
+      kernels::grad_sumsq(stream_, g, plan_.grad, n_, ss, norm_scratch_.get());
+    } else {
+      char* dst = pack;
+      for (const auto& [idx, run] : model::tp_sliced_runs(table_, tp_slice_)) {
+        CUTRAIN_CUDA_CHECK(cudaMemcpy2DAsync(dst, run.width * es, g + (table_.tensor(idx).offset + run.offset) * es,
+                                             run.pitch * es, run.width * es, run.height, cudaMemcpyDeviceToDevice,
+                                             stream_));
+        dst += run.count() * es;
+      }
+      kernels::grad_sumsq(stream_, pack, plan_.grad, tp_norm_count_, ss, norm_scratch_.get());
+    }
+    tp_comm_->all_reduce_sum_f64(ss, 1, stream_);
   }
-  tp_comm_->all_reduce_sum_f64(ss, 1, stream_);
   kernels::grad_norm_from_sumsq(stream_, ss, cfg_.gradient_clipping, norm, clip_scale, nonfinite, loss_scale_d());
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End to end, tensor parallelism on GPUs: `cutrain launch --num_gpus T -- cutrain train --device
-# cuda --tensor_parallel_size T` (TP 2; with 4 GPUs also TP 4 and DP 2 x TP 2) against the
+# cuda --tensor_parallel_size T` (TP 2; with 4 GPUs also TP 4 and DP 2 x TP 2 at ZeRO 0, 1, 2) against the
 # single-process run of the same job. Random data (the default) is the same on every rank and
 # --fixed_batch keeps it, so the losses must be the single GPU's within bf16 round-off (the
 # row-parallel partial sums are summed over the group in bf16, so not bit for bit); the checkpoint (the group's sum, written by rank 0) holds the single process's tensors
@@ -14,8 +14,8 @@ gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
 [ "${gpus:-0}" -ge 2 ] || { echo "needs 2 GPUs, found ${gpus:-0}: skipped"; exit 77; }
 clear_launch_env
 base=(--hidden_dim 256 --num_heads 4 --num_layers 2 --vocab_size 1000 --seq_length 64 --batch_size 2
-      --num_steps 6 --warmup_steps 2 --log_interval 1 --fixed_batch --learning_rate 1e-3 --seed 7
-      --deepspeed_config configs/baseline.json)
+      --warmup_steps 2 --log_interval 1 --fixed_batch --learning_rate 1e-3 --seed 7)
+cfg=configs/baseline.json
 
 close_losses() {  # close_losses A.csv B.csv: B within bf16 round-off of A
   python3 - "$@" <<'PY'
@@ -54,17 +54,19 @@ for f in ("model.safetensors", "optimizer.safetensors"):
 PY
 }
 
-"$bin" train --device cuda "${base[@]}" --loss_log_file "$tmp/single.csv" --save "$tmp/ck_single" \
+"$bin" train --device cuda "${base[@]}" --num_steps 6 --deepspeed_config $cfg --loss_log_file "$tmp/single.csv" --save "$tmp/ck_single" \
     >"$tmp/single.txt" 2>&1 || { cat "$tmp/single.txt"; fail "single-process run"; }
-"$bin" train --device cuda "${base[@]}" --num_steps 2 --resume "$tmp/ck_single" --loss_log_file "$tmp/single_r.csv" \
+"$bin" train --device cuda "${base[@]}" --deepspeed_config $cfg --num_steps 2 --resume "$tmp/ck_single" \
+    --loss_log_file "$tmp/single_r.csv" \
     >"$tmp/single_r.txt" 2>&1 || { cat "$tmp/single_r.txt"; fail "single-process resume"; }
 
-run_tp() {  # run_tp NAME RANKS TP [flags...]: against $ref (losses, checkpoint, a resume by one process)
-  local name=$1 ranks=$2 t=$3; shift 3
+run_tp() {  # run_tp NAME RANKS TP CONFIG [flags...]: against $ref (losses, checkpoint, a resume by one process)
+  local name=$1 ranks=$2 t=$3 config=$4; shift 4
   local out=$tmp/$name.txt port; port=$(free_port)
   "$bin" launch --num_gpus "$ranks" --master_port "$port" -- bash -c \
       'exec "$0" train --device cuda "${@:3}" --loss_log_file "$1.r$RANK.csv" --save "$2"' \
-      "$bin" "$tmp/$name" "$tmp/ck_$name" "${base[@]}" --tensor_parallel_size "$t" "$@" >"$out" 2>&1 \
+      "$bin" "$tmp/$name" "$tmp/ck_$name" "${base[@]}" --num_steps 6 --deepspeed_config "$config" --tensor_parallel_size "$t" "$@" \
+      >"$out" 2>&1 \
       || { cat "$out"; fail "$name run"; }
   for ((r = 0; r < ranks; r++)); do
     grep -q "^\[Rank $r\] tensor parallel: rank $((r % t)) of $t: heads " "$out" || { cat "$out"; fail "$name: rank $r's slice"; }
@@ -73,35 +75,45 @@ run_tp() {  # run_tp NAME RANKS TP [flags...]: against $ref (losses, checkpoint,
   # statistics are all-reduced; test_tensor_parallel_gpu checks that).
   close_losses "$tmp/$ref.csv" "$tmp/$name.r0.csv" || { cat "$out"; fail "$name: losses"; }
   close_checkpoints "$tmp/ck_$ref/global_step6" "$tmp/ck_$name/global_step6" || fail "$name: checkpoint"
-  "$bin" train --device cuda "${base[@]}" "$@" --num_steps 2 --resume "$tmp/ck_$name" --loss_log_file "$tmp/${name}_r.csv" \
+  "$bin" train --device cuda "${base[@]}" --deepspeed_config "$config" "$@" --num_steps 2 --resume "$tmp/ck_$name" \
+      --loss_log_file "$tmp/${name}_r.csv" \
       >"$tmp/${name}_r.txt" 2>&1 || { cat "$tmp/${name}_r.txt"; fail "$name: resumed by one process"; }
   close_losses "$tmp/${ref}_r.csv" "$tmp/${name}_r.csv" || fail "$name: the resumed losses"
   echo "ok: $name ($ranks ranks, TP $t) = the single process (losses, checkpoint, resume)"
 }
 
 ref=single
-run_tp tp2 2 2
+run_tp tp2 2 2 $cfg
 if [ "$gpus" -ge 4 ]; then
-  run_tp tp4 4 4
-  run_tp dp2tp2 4 2
+  run_tp tp4 4 4 $cfg
+  run_tp dp2tp2 4 2 $cfg
+  for z in 1 2; do
+    python3 - "$tmp/z$z.json" "$z" <<'PY'
+import json, sys
+c = json.load(open("configs/baseline.json")); c["zero_optimization"]["stage"] = int(sys.argv[2])
+json.dump(c, open(sys.argv[1], "w"))
+PY
+    run_tp dp2tp2_z$z 4 2 "$tmp/z$z.json"
+  done
 fi
-"$bin" train --device cuda "${base[@]}" --model gpt2 --loss_log_file "$tmp/gpt2.csv" --save "$tmp/ck_gpt2" \
+"$bin" train --device cuda "${base[@]}" --num_steps 6 --deepspeed_config $cfg --model gpt2 --loss_log_file "$tmp/gpt2.csv" \
+    --save "$tmp/ck_gpt2" \
     >"$tmp/gpt2.txt" 2>&1 || { cat "$tmp/gpt2.txt"; fail "GPT-2 single-process run"; }
-"$bin" train --device cuda "${base[@]}" --model gpt2 --num_steps 2 --resume "$tmp/ck_gpt2" \
+"$bin" train --device cuda "${base[@]}" --deepspeed_config $cfg --model gpt2 --num_steps 2 --resume "$tmp/ck_gpt2" \
     --loss_log_file "$tmp/gpt2_r.csv" >"$tmp/gpt2_r.txt" 2>&1 || { cat "$tmp/gpt2_r.txt"; fail "GPT-2 resume"; }
 ref=gpt2
-run_tp gpt2_tp2 2 2 --model gpt2
+run_tp gpt2_tp2 2 2 $cfg --model gpt2
 
-# Refused, named: ZeRO above stage 0 with the GPU's tensor parallelism.
-python3 - "$tmp/z1.json" <<'PY'
+# Refused, named: ZeRO-3 with the GPU's tensor parallelism.
+python3 - "$tmp/z3.json" <<'PY'
 import json, sys
-c = json.load(open("configs/baseline.json")); c["zero_optimization"]["stage"] = 1
+c = json.load(open("configs/baseline.json")); c["zero_optimization"]["stage"] = 3
 json.dump(c, open(sys.argv[1], "w"))
 PY
 port=$(free_port)
 if "$bin" launch --num_gpus 2 --master_port "$port" -- "$bin" train --device cuda --hidden_dim 256 --num_heads 4 \
-    --num_layers 2 --vocab_size 1000 --seq_length 64 --batch_size 2 --num_steps 1 --deepspeed_config "$tmp/z1.json" \
-    --tensor_parallel_size 2 >"$tmp/z1.txt" 2>&1; then cat "$tmp/z1.txt"; fail "ZeRO-1 with GPU tensor parallelism accepted"; fi
-grep -q "zero_optimization.stage 1 with --tensor_parallel_size 2 on the GPU engine" "$tmp/z1.txt" \
-    || { cat "$tmp/z1.txt"; fail "the ZeRO-1 message"; }
-echo "ok: ZeRO-1 with GPU tensor parallelism refused"
+    --num_layers 2 --vocab_size 1000 --seq_length 64 --batch_size 2 --num_steps 1 --deepspeed_config "$tmp/z3.json" \
+    --tensor_parallel_size 2 >"$tmp/z3.txt" 2>&1; then cat "$tmp/z3.txt"; fail "ZeRO-3 with GPU tensor parallelism accepted"; fi
+grep -q "zero_optimization.stage 3 with --tensor_parallel_size 2 on the GPU engine" "$tmp/z3.txt" \
+    || { cat "$tmp/z3.txt"; fail "the ZeRO-3 message"; }
+echo "ok: ZeRO-3 with GPU tensor parallelism refused"
