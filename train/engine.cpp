@@ -409,7 +409,8 @@ void GpuEngine::setup_pipeline() {
   for (model::GpuModel* m : pipeline_->models())
     if (m != model_.get() && tp_group_) m->set_tensor_parallel(tp_group_.get(), tp_slice_);
   describe_ += P == 1 ? ", pipeline degree 1" : ", " + std::to_string(P) + " pipeline stages in this process";
-  std::cout << "[Rank " << (comm_ ? comm_->rank() : 0) << "] " << pipeline_->describe(layers) << std::endl;
+  const int rank = world_ ? world_->rank() : comm_ ? comm_->rank() : 0;  // world_: tensor parallelism's world
+  std::cout << "[Rank " << rank << "] " << pipeline_->describe(layers) << std::endl;
 }
 
 void GpuEngine::stage_batch(const std::int32_t* tokens, const std::int32_t* labels) {
