@@ -276,7 +276,7 @@ TEST_P(TensorParallelGpu, RanksMatchTheWholeModel) {
   for (const auto& t : table.tensors()) {
     std::vector<float> got(gathered_params.begin() + t.offset, gathered_params.begin() + t.offset + t.count);
     std::vector<float> want(whole.params.begin() + t.offset, whole.params.begin() + t.offset + t.count);
-    EXPECT_LE(test::rel_error(got, want), 1e-2) << "params " << t.name;
+    EXPECT_LE(test::rel_error(got, want), 3e-2) << "params " << t.name;
   }
   for (int r = 0; r < c.tp; ++r) {
     const parallel::TpLayout& lay = layouts[std::size_t(r)];
