@@ -148,8 +148,11 @@ void GpuTransformerT<T>::set_tensor_parallel(TpDeviceGroup* group, const TpSlice
                 slice.head_end, "), FFN [", slice.ffn_begin, ", ", slice.ffn_end, "), vocabulary [", slice.vocab_begin,
                 ", ", slice.vocab_end, ")) does not hold 1/", T_, " of the model's ", d.heads, " heads, ", d.ffn(),
                 " FFN columns and ", d.vocab_rows(), " vocabulary rows (expected parallel::make_tp_slice's)");
-  CUTRAIN_CHECK(slice.pieces == 1, "gpu model: Domino's ", slice.pieces,
-                " pieces (--domino) are not built on the GPU (the pieces' all-reduces on a second stream); expected 1");
+  CUTRAIN_CHECK(slice.pieces >= 1 && (slice.pieces == 1 || T_ > 1), "gpu model: Domino's ", slice.pieces,
+                " pieces split a tensor-parallel group's all-reduces: expected 1 piece, or a group of more than one "
+                "rank, found ", T_);
+  CUTRAIN_CHECK(Bfull_ % slice.pieces == 0, "gpu model: Domino's ", slice.pieces,
+                " pieces do not divide the micro-batch of ", Bfull_, " sequences (a piece holds whole sequences)");
   CUTRAIN_CHECK(T_ == 1 || drop_layers_.empty(),
                 "gpu model: random-LTD with a tensor-parallel group of ", T_, " ranks is not built");
   CUTRAIN_CHECK(T_ == 1 || !distill_, "gpu model: distillation with a tensor-parallel group of ", T_,
@@ -158,6 +161,16 @@ void GpuTransformerT<T>::set_tensor_parallel(TpDeviceGroup* group, const TpSlice
   tps_ = slice;
   tp_runs_ = tp_block_runs(d, slice);
   attn_.heads = slice.head_end - slice.head_begin;  // attention over the rank's heads
+  tp_ready_.clear();
+  tp_done_.clear();
+  tp_comm_stream_.reset();
+  if (slice.pieces > 1) {
+    tp_comm_stream_ = std::make_unique<Stream>();
+    for (int p = 0; p < slice.pieces; ++p) {
+      tp_ready_.emplace_back(/*timing=*/false);
+      tp_done_.emplace_back(/*timing=*/false);
+    }
+  }
 }
 
 template <typename T>

@@ -33,6 +33,7 @@
 #include "model/tp_slice_runs.h"
 #include "model/transformer_params.h"
 #include "runtime/allocator.h"
+#include "runtime/device.h"
 #include "runtime/dtype.h"
 
 namespace cutrain::model {
@@ -236,16 +237,23 @@ class GpuTransformerT final : public GpuModel {
   // left alone (the token embedding's other rows, which its backward scatters into, are zeroed).
   // The column and row slices that are not contiguous in the flat layout (QKV's three parts, the
   // out-projection's and FC2's columns) are copied into packed scratch for each GEMM and their
-  // gradients copied back (cudaMemcpy2DAsync, captured with the step). Domino's pieces, random-LTD,
-  // distillation, BERT and MoE blocks are refused with a group of more than one rank.
+  // gradients copied back (cudaMemcpy2DAsync, captured with the step). Domino (slice.pieces > 1,
+  // dividing every micro-batch's sequences): each block's sub-layers run piece by piece, each
+  // piece's all-reduce on the model's communication stream as soon as its partial sum is queued
+  // (an event), so it runs while the next piece computes; a piece's next sub-layer waits for its
+  // own all-reduce, and the block ends when every piece's has finished. Random-LTD, distillation,
+  // BERT and MoE blocks are refused with a group of more than one rank.
   void set_tensor_parallel(TpDeviceGroup* group, const TpSlice& slice) override;
   // The group's all-reduces one forward_backward issues (forward, backward; the recompute of
   // activation checkpointing adds the blocks' forward ones again): 2 per block each way, and with
   // more than one rank the embedding's and the loss's two (forward) and the head's (backward).
+  // Domino's pieces each issue the blocks' all-reduces of their rows.
   int tp_forward_all_reduces() const override {
-    return tp_ ? 2 * table_.dims().layers + (sharded() ? 3 : 0) : 0;
+    return tp_ ? 2 * table_.dims().layers * tps_.pieces + (sharded() ? 3 : 0) : 0;
   }
-  int tp_backward_all_reduces() const override { return tp_ ? 2 * table_.dims().layers + (sharded() ? 1 : 0) : 0; }
+  int tp_backward_all_reduces() const override {
+    return tp_ ? 2 * table_.dims().layers * tps_.pieces + (sharded() ? 1 : 0) : 0;
+  }
 
   // Evaluation: the forward and the mean loss of one micro-batch, no gradients (logits kept).
   // Writes *d_loss and d_status[0..1] like forward_backward.
@@ -470,6 +478,12 @@ class GpuTransformerT final : public GpuModel {
   T *tp_w_ = nullptr, *tp_b_ = nullptr, *tp_zero_pos_ = nullptr;
   void *tp_gw_ = nullptr, *tp_gb_ = nullptr;
   float* tp_stats_ = nullptr;
+  // Domino: piece p's all-reduce of buf [rows, hidden] (on the communication stream after what `s`
+  // queued, or with one piece on `s` itself), and `s` waiting for it.
+  void tp_reduce_piece(cudaStream_t s, T* buf, int rows, int p);
+  void tp_wait_piece(cudaStream_t s, int p);
+  std::unique_ptr<Stream> tp_comm_stream_;
+  std::vector<Event> tp_ready_, tp_done_;  // per piece: its partial sum queued; its all-reduce done
   int K_ = 0, P_ = 0;  // BERT: the head's slots per sequence and rows (B_ x K_); 0 otherwise
   bool checkpointing_;
   bool recompute_gelu_;

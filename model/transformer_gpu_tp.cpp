@@ -43,6 +43,50 @@ void GpuTransformerT<T>::packed_grad_weight(cudaStream_t s, const T* dy, const T
   unpack(s, g, tp_gw_, r, es);
 }
 
+template <typename T>
+void GpuTransformerT<T>::tp_reduce_piece(cudaStream_t s, T* buf, int rows, int p) {
+  if (tps_.pieces == 1) return tp_all_reduce(s, buf, rows);
+  cudaStream_t c = tp_comm_stream_->get();
+  tp_ready_[std::size_t(p)].record(s);
+  tp_ready_[std::size_t(p)].wait_on(c);
+  tp_all_reduce(c, buf, rows);
+  tp_done_[std::size_t(p)].record(c);
+}
+
+template <typename T>
+void GpuTransformerT<T>::tp_wait_piece(cudaStream_t s, int p) {
+  if (tps_.pieces > 1) tp_done_[std::size_t(p)].wait_on(s);
+}
+
+// Domino's pieces of a block (one piece: the whole micro-batch): piece p holds the sequences
+// [p B/P, (p+1) B/P), i.e. the rows [p M/P, (p+1) M/P) of every [rows, width] buffer and the
+// sequences' blocks of the attention's [B, heads, S] statistics.
+#define CUTRAIN_TP_PIECES()                                                                                      \
+  const int P = tps_.pieces;                                                                                     \
+  CUTRAIN_CHECK(rows.attn.batch % P == 0, "gpu model: Domino's ", P, " pieces do not divide the micro-batch of ", \
+                rows.attn.batch, " sequences");                                                                  \
+  const int Mp = rows.M / P;                                                                                     \
+  kernels::AttentionShape pattn = rows.attn;                                                                     \
+  pattn.batch = rows.attn.batch / P;                                                                             \
+  auto at = [&](auto* buf, int p, std::size_t width) { return buf + std::size_t(p) * std::size_t(Mp) * width; }; \
+  auto act = [&](int p) {                                                                                        \
+    LayerActs v = a;                                                                                             \
+    const std::size_t r = std::size_t(p) * std::size_t(Mp);                                                      \
+    v.qkv += r * 3 * std::size_t(hl);                                                                            \
+    v.att += r * std::size_t(hl);                                                                                \
+    v.s1 += r * std::size_t(h);                                                                                  \
+    v.x1 += r * std::size_t(h);                                                                                  \
+    v.f += r * std::size_t(Fp);                                                                                  \
+    v.g += r * std::size_t(Fp);                                                                                  \
+    v.s2 += r * std::size_t(h);                                                                                  \
+    v.lse += std::size_t(p) * std::size_t(pattn.batch) * std::size_t(pattn.heads) * std::size_t(pattn.seq);     \
+    v.mean1 += r;                                                                                                \
+    v.rstd1 += r;                                                                                                \
+    v.mean2 += r;                                                                                                \
+    v.rstd2 += r;                                                                                                \
+    return v;                                                                                                    \
+  }
+
 // The seed model's post-LN block on the rank's heads and FFN columns.
 template <typename T>
 void GpuTransformerT<T>::tp_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const T* x_in,
@@ -53,44 +97,56 @@ void GpuTransformerT<T>::tp_layer_forward(cudaStream_t s, const Unit& U, int l, 
   const std::size_t f0 = std::size_t(tps_.ffn_begin);
   const bool first = tps_.rank == 0;  // the row-parallel biases are added once over the group
   auto w = [&](int idx) { return U.w(idx); };
-  T* proj = dh_;
-  const auto& A = rows.attn;
+  CUTRAIN_TP_PIECES();
   {
     TimedRegion r("attn", s);
-    pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
-    pack(s, tp_b_, w(L.in_proj_b), tp_runs_.qkv_b, sizeof(T));
-    timed(s, "qkv", cost::gemm_forward(rows.M, 3 * hl, h),
-          [&] { gemm_->forward(s, x_in, tp_w_, tp_b_, a.qkv, rows.M, 3 * hl, h, GemmEpilogue::Bias); });
-    timed(s, "attention", cost::attention_forward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
-          [&] { kernels::attention_forward(s, a.qkv, a.att, a.lse, rows.attn); });
-    pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
-    timed(s, "out_proj", cost::gemm_forward(rows.M, h, hl), [&] {
-      gemm_->forward(s, a.att, tp_w_, first ? w(L.out_proj_b) : nullptr, proj, rows.M, h, hl,
-                     first ? GemmEpilogue::Bias : GemmEpilogue::None);
-    });
-    tp_all_reduce(s, proj, rows.M);
-    timed(s, "ln1", cost::layernorm_residual_forward(rows.M, h), [&] {
-      kernels::layernorm_residual_forward(s, proj, x_in, a.s1, a.x1, a.mean1, a.rstd1, w(L.norm1_w), w(L.norm1_b),
-                                          rows.M, h);
-    });
+    for (int p = 0; p < P; ++p) {
+      const LayerActs v = act(p);
+      T* proj = at(dh_, p, h);
+      pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
+      pack(s, tp_b_, w(L.in_proj_b), tp_runs_.qkv_b, sizeof(T));
+      timed(s, "qkv", cost::gemm_forward(Mp, 3 * hl, h),
+            [&] { gemm_->forward(s, at(x_in, p, h), tp_w_, tp_b_, v.qkv, Mp, 3 * hl, h, GemmEpilogue::Bias); });
+      timed(s, "attention", cost::attention_forward(pattn.batch, pattn.seq, pattn.heads, pattn.head_dim, pattn.causal),
+            [&] { kernels::attention_forward(s, v.qkv, v.att, v.lse, pattn); });
+      pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
+      timed(s, "out_proj", cost::gemm_forward(Mp, h, hl), [&] {
+        gemm_->forward(s, v.att, tp_w_, first ? w(L.out_proj_b) : nullptr, proj, Mp, h, hl,
+                       first ? GemmEpilogue::Bias : GemmEpilogue::None);
+      });
+      tp_reduce_piece(s, proj, Mp, p);
+    }
   }
   TimedRegion r("mlp", s);
-  timed(s, "fc1", cost::gemm_forward(rows.M, Fp, h), [&] {
-    gemm_->forward(s, a.x1, w(L.ff0_w) + f0 * h, w(L.ff0_b) + f0, a.f, rows.M, Fp, h, GemmEpilogue::Bias);
-  });
-  timed(s, "gelu", cost::gelu_forward(std::size_t(rows.M) * Fp), [&] {
-    kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(rows.M), Fp, kernels::GeluKind::Erf);
-  });
-  pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
-  timed(s, "fc2", cost::gemm_forward(rows.M, h, Fp), [&] {
-    gemm_->forward(s, a.g, tp_w_, first ? w(L.ff2_b) : nullptr, proj, rows.M, h, Fp,
-                   first ? GemmEpilogue::Bias : GemmEpilogue::None);
-  });
-  tp_all_reduce(s, proj, rows.M);
-  timed(s, "ln2", cost::layernorm_residual_forward(rows.M, h), [&] {
-    kernels::layernorm_residual_forward(s, proj, a.x1, a.s2, x_out, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b),
-                                        rows.M, h);
-  });
+  for (int p = 0; p < P; ++p) {
+    const LayerActs v = act(p);
+    T* proj = at(dh_, p, h);
+    tp_wait_piece(s, p);
+    timed(s, "ln1", cost::layernorm_residual_forward(Mp, h), [&] {
+      kernels::layernorm_residual_forward(s, proj, at(x_in, p, h), v.s1, v.x1, v.mean1, v.rstd1, w(L.norm1_w),
+                                          w(L.norm1_b), Mp, h);
+    });
+    timed(s, "fc1", cost::gemm_forward(Mp, Fp, h), [&] {
+      gemm_->forward(s, v.x1, w(L.ff0_w) + f0 * h, w(L.ff0_b) + f0, v.f, Mp, Fp, h, GemmEpilogue::Bias);
+    });
+    timed(s, "gelu", cost::gelu_forward(std::size_t(Mp) * Fp), [&] {
+      kernels::gelu_forward(s, v.f, nullptr, nullptr, v.g, std::size_t(Mp), Fp, kernels::GeluKind::Erf);
+    });
+    pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
+    timed(s, "fc2", cost::gemm_forward(Mp, h, Fp), [&] {
+      gemm_->forward(s, v.g, tp_w_, first ? w(L.ff2_b) : nullptr, proj, Mp, h, Fp,
+                     first ? GemmEpilogue::Bias : GemmEpilogue::None);
+    });
+    tp_reduce_piece(s, proj, Mp, p);
+  }
+  for (int p = 0; p < P; ++p) {
+    const LayerActs v = act(p);
+    tp_wait_piece(s, p);
+    timed(s, "ln2", cost::layernorm_residual_forward(Mp, h), [&] {
+      kernels::layernorm_residual_forward(s, at(dh_, p, h), v.x1, v.s2, at(x_out, p, h), v.mean2, v.rstd2,
+                                          w(L.norm2_w), w(L.norm2_b), Mp, h);
+    });
+  }
 }
 
 template <typename T>
@@ -105,55 +161,70 @@ void GpuTransformerT<T>::tp_layer_backward(cudaStream_t s, const Unit& U, DType 
   auto w = [&](int idx) { return U.w(idx); };
   auto g = [&](int idx) { return U.g(idx); };
   auto g_at = [&](int idx, std::size_t elems) { return static_cast<char*>(U.g(idx)) + elems * es; };
-  const auto& A = rows.attn;
+  CUTRAIN_TP_PIECES();
   {
     TimedRegion r("mlp", s);
-    timed(s, "ln2", cost::layernorm_backward(rows.M, h, es, acc), [&] {
-      kernels::layernorm_backward(s, rows.dx, a.s2, a.mean2, a.rstd2, w(L.norm2_w), nullptr, rows.dx, g(L.norm2_w),
-                                  g(L.norm2_b), gt, acc, scratch_, rows.M, h);
-    });
-    timed(s, "fc2_dw", cost::gemm_grad_weight(rows.M, h, Fp, es, acc),
-          [&] { packed_grad_weight(s, rows.dx, a.g, g(L.ff2_w), gt, acc, rows.M, h, Fp, tp_runs_.ff2_w); });
-    timed(s, "fc2_db", cost::bias_grad(rows.M, h, es, acc),
-          [&] { kernels::bias_grad(s, rows.dx, g(L.ff2_b), gt, rows.M, h, acc, scratch_); });
-    pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
-    timed(s, "fc2_dx", cost::gemm_grad_input(rows.M, h, Fp, false),
-          [&] { gemm_->grad_input(s, rows.dx, tp_w_, d4h_, rows.M, h, Fp, 0.f); });
-    timed(s, "gelu", cost::gelu_backward(std::size_t(rows.M) * Fp),
-          [&] { kernels::gelu_backward(s, d4h_, a.f, d4h_, std::size_t(rows.M) * Fp, kernels::GeluKind::Erf); });
-    timed(s, "fc1_dw", cost::gemm_grad_weight(rows.M, Fp, h, es, acc),
-          [&] { gemm_->grad_weight(s, d4h_, a.x1, g_at(L.ff0_w, f0 * h), gt, rows.M, Fp, h, acc); });
-    timed(s, "fc1_db", cost::bias_grad(rows.M, Fp, es, acc),
-          [&] { kernels::bias_grad(s, d4h_, g_at(L.ff0_b, f0), gt, rows.M, Fp, acc, scratch_); });
-    timed(s, "fc1_dx", cost::gemm_grad_input(rows.M, Fp, h, residual != 0.f),
-          [&] { gemm_->grad_input(s, d4h_, w(L.ff0_w) + f0 * h, rows.dx, rows.M, Fp, h, residual); });
-    tp_all_reduce(s, rows.dx, rows.M);  // d x1
+    for (int p = 0; p < P; ++p) {
+      const LayerActs v = act(p);
+      const bool ac = acc || p > 0;  // the pieces' weight gradients add up
+      T* dx = at(rows.dx, p, h);
+      T* d4 = at(d4h_, p, Fp);
+      timed(s, "ln2", cost::layernorm_backward(Mp, h, es, ac), [&] {
+        kernels::layernorm_backward(s, dx, v.s2, v.mean2, v.rstd2, w(L.norm2_w), nullptr, dx, g(L.norm2_w),
+                                    g(L.norm2_b), gt, ac, scratch_, Mp, h);
+      });
+      timed(s, "fc2_dw", cost::gemm_grad_weight(Mp, h, Fp, es, ac),
+            [&] { packed_grad_weight(s, dx, v.g, g(L.ff2_w), gt, ac, Mp, h, Fp, tp_runs_.ff2_w); });
+      timed(s, "fc2_db", cost::bias_grad(Mp, h, es, ac),
+            [&] { kernels::bias_grad(s, dx, g(L.ff2_b), gt, Mp, h, ac, scratch_); });
+      pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
+      timed(s, "fc2_dx", cost::gemm_grad_input(Mp, h, Fp, false),
+            [&] { gemm_->grad_input(s, dx, tp_w_, d4, Mp, h, Fp, 0.f); });
+      timed(s, "gelu", cost::gelu_backward(std::size_t(Mp) * Fp),
+            [&] { kernels::gelu_backward(s, d4, v.f, d4, std::size_t(Mp) * Fp, kernels::GeluKind::Erf); });
+      timed(s, "fc1_dw", cost::gemm_grad_weight(Mp, Fp, h, es, ac),
+            [&] { gemm_->grad_weight(s, d4, v.x1, g_at(L.ff0_w, f0 * h), gt, Mp, Fp, h, ac); });
+      timed(s, "fc1_db", cost::bias_grad(Mp, Fp, es, ac),
+            [&] { kernels::bias_grad(s, d4, g_at(L.ff0_b, f0), gt, Mp, Fp, ac, scratch_); });
+      timed(s, "fc1_dx", cost::gemm_grad_input(Mp, Fp, h, residual != 0.f),
+            [&] { gemm_->grad_input(s, d4, w(L.ff0_w) + f0 * h, dx, Mp, Fp, h, residual); });
+      tp_reduce_piece(s, dx, Mp, p);  // d x1
+    }
   }
   TimedRegion r("attn", s);
-  timed(s, "ln1", cost::layernorm_backward(rows.M, h, es, acc), [&] {
-    kernels::layernorm_backward(s, rows.dx, a.s1, a.mean1, a.rstd1, w(L.norm1_w), nullptr, rows.dx, g(L.norm1_w),
-                                g(L.norm1_b), gt, acc, scratch_, rows.M, h);
-  });
-  timed(s, "out_proj_dw", cost::gemm_grad_weight(rows.M, h, hl, es, acc),
-        [&] { packed_grad_weight(s, rows.dx, a.att, g(L.out_proj_w), gt, acc, rows.M, h, hl, tp_runs_.out_proj_w); });
-  timed(s, "out_proj_db", cost::bias_grad(rows.M, h, es, acc),
-        [&] { kernels::bias_grad(s, rows.dx, g(L.out_proj_b), gt, rows.M, h, acc, scratch_); });
-  pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
-  timed(s, "out_proj_dx", cost::gemm_grad_input(rows.M, h, hl, false),
-        [&] { gemm_->grad_input(s, rows.dx, tp_w_, dh_, rows.M, h, hl, 0.f); });
-  timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
-        [&] { kernels::attention_backward(s, a.qkv, a.att, dh_, a.lse, dqkv_, scratch_, rows.attn, true); });
-  timed(s, "qkv_dw", cost::gemm_grad_weight(rows.M, 3 * hl, h, es, acc),
-        [&] { packed_grad_weight(s, dqkv_, x_in, g(L.in_proj_w), gt, acc, rows.M, 3 * hl, h, tp_runs_.qkv_w); });
-  timed(s, "qkv_db", cost::bias_grad(rows.M, 3 * hl, es, acc), [&] {
-    if (acc) pack(s, tp_gb_, g(L.in_proj_b), tp_runs_.qkv_b, es);
-    kernels::bias_grad(s, dqkv_, tp_gb_, gt, rows.M, 3 * hl, acc, scratch_);
-    unpack(s, g(L.in_proj_b), tp_gb_, tp_runs_.qkv_b, es);
-  });
-  pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
-  timed(s, "qkv_dx", cost::gemm_grad_input(rows.M, 3 * hl, h, residual != 0.f),
-        [&] { gemm_->grad_input(s, dqkv_, tp_w_, rows.dx, rows.M, 3 * hl, h, residual); });
-  tp_all_reduce(s, rows.dx, rows.M);  // d x_in
+  for (int p = 0; p < P; ++p) {
+    const LayerActs v = act(p);
+    const bool ac = acc || p > 0;
+    T* dx = at(rows.dx, p, h);
+    T* datt = at(dh_, p, hl);  // d att [Mp, hl]
+    T* dq = at(dqkv_, p, 3 * std::size_t(hl));
+    tp_wait_piece(s, p);
+    timed(s, "ln1", cost::layernorm_backward(Mp, h, es, ac), [&] {
+      kernels::layernorm_backward(s, dx, v.s1, v.mean1, v.rstd1, w(L.norm1_w), nullptr, dx, g(L.norm1_w),
+                                  g(L.norm1_b), gt, ac, scratch_, Mp, h);
+    });
+    timed(s, "out_proj_dw", cost::gemm_grad_weight(Mp, h, hl, es, ac),
+          [&] { packed_grad_weight(s, dx, v.att, g(L.out_proj_w), gt, ac, Mp, h, hl, tp_runs_.out_proj_w); });
+    timed(s, "out_proj_db", cost::bias_grad(Mp, h, es, ac),
+          [&] { kernels::bias_grad(s, dx, g(L.out_proj_b), gt, Mp, h, ac, scratch_); });
+    pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
+    timed(s, "out_proj_dx", cost::gemm_grad_input(Mp, h, hl, false),
+          [&] { gemm_->grad_input(s, dx, tp_w_, datt, Mp, h, hl, 0.f); });
+    timed(s, "attention", cost::attention_backward(pattn.batch, pattn.seq, pattn.heads, pattn.head_dim, pattn.causal),
+          [&] { kernels::attention_backward(s, v.qkv, v.att, datt, v.lse, dq, scratch_, pattn, true); });
+    timed(s, "qkv_dw", cost::gemm_grad_weight(Mp, 3 * hl, h, es, ac),
+          [&] { packed_grad_weight(s, dq, at(x_in, p, h), g(L.in_proj_w), gt, ac, Mp, 3 * hl, h, tp_runs_.qkv_w); });
+    timed(s, "qkv_db", cost::bias_grad(Mp, 3 * hl, es, ac), [&] {
+      if (ac) pack(s, tp_gb_, g(L.in_proj_b), tp_runs_.qkv_b, es);
+      kernels::bias_grad(s, dq, tp_gb_, gt, Mp, 3 * hl, ac, scratch_);
+      unpack(s, g(L.in_proj_b), tp_gb_, tp_runs_.qkv_b, es);
+    });
+    pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
+    timed(s, "qkv_dx", cost::gemm_grad_input(Mp, 3 * hl, h, residual != 0.f),
+          [&] { gemm_->grad_input(s, dq, tp_w_, dx, Mp, 3 * hl, h, residual); });
+    tp_reduce_piece(s, dx, Mp, p);  // d x_in
+  }
+  for (int p = 0; p < P; ++p) tp_wait_piece(s, p);
 }
 
 // GPT-2's pre-LN block on the rank's heads and FFN columns (transformer_gpu_gpt2.cpp's order).
@@ -166,44 +237,55 @@ void GpuTransformerT<T>::tp_gpt2_layer_forward(cudaStream_t s, const Unit& U, in
   const std::size_t f0 = std::size_t(tps_.ffn_begin);
   const bool first = tps_.rank == 0;
   auto w = [&](int idx) { return U.w(idx); };
-  const auto& A = rows.attn;
+  CUTRAIN_TP_PIECES();
   {
     TimedRegion r("attn", s);
-    timed(s, "ln1", cost::layernorm_residual_forward(rows.M, h), [&] {
-      if (fuse)  // x_in = prev block's s1 + its MLP output (in dh_, summed over the group)
-        kernels::layernorm_residual_forward(s, dh_, prev->s1, x_in, a.x1, a.mean1, a.rstd1, w(L.norm1_w),
-                                            w(L.norm1_b), rows.M, h);
-      else
-        kernels::layernorm_residual_forward(s, x_in, nullptr, nullptr, a.x1, a.mean1, a.rstd1, w(L.norm1_w),
-                                            w(L.norm1_b), rows.M, h);
-    });
-    pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
-    pack(s, tp_b_, w(L.in_proj_b), tp_runs_.qkv_b, sizeof(T));
-    timed(s, "qkv", cost::gemm_forward(rows.M, 3 * hl, h),
-          [&] { gemm_->forward(s, a.x1, tp_w_, tp_b_, a.qkv, rows.M, 3 * hl, h, GemmEpilogue::Bias); });
-    timed(s, "attention", cost::attention_forward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
-          [&] { kernels::attention_forward(s, a.qkv, a.att, a.lse, rows.attn); });
-    pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
-    timed(s, "out_proj", cost::gemm_forward(rows.M, h, hl), [&] {
-      gemm_->forward(s, a.att, tp_w_, first ? w(L.out_proj_b) : nullptr, dh_, rows.M, h, hl,
-                     first ? GemmEpilogue::Bias : GemmEpilogue::None);
-    });
-    tp_all_reduce(s, dh_, rows.M);
+    for (int p = 0; p < P; ++p) {
+      const LayerActs v = act(p);
+      T* xi = at(x_in, p, h);
+      T* dh = at(dh_, p, h);
+      timed(s, "ln1", cost::layernorm_residual_forward(Mp, h), [&] {
+        if (fuse)  // x_in = prev block's s1 + its MLP output (in dh_, summed over the group)
+          kernels::layernorm_residual_forward(s, dh, at(prev->s1, p, h), xi, v.x1, v.mean1, v.rstd1, w(L.norm1_w),
+                                              w(L.norm1_b), Mp, h);
+        else
+          kernels::layernorm_residual_forward(s, xi, nullptr, nullptr, v.x1, v.mean1, v.rstd1, w(L.norm1_w),
+                                              w(L.norm1_b), Mp, h);
+      });
+      pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
+      pack(s, tp_b_, w(L.in_proj_b), tp_runs_.qkv_b, sizeof(T));
+      timed(s, "qkv", cost::gemm_forward(Mp, 3 * hl, h),
+            [&] { gemm_->forward(s, v.x1, tp_w_, tp_b_, v.qkv, Mp, 3 * hl, h, GemmEpilogue::Bias); });
+      timed(s, "attention", cost::attention_forward(pattn.batch, pattn.seq, pattn.heads, pattn.head_dim, pattn.causal),
+            [&] { kernels::attention_forward(s, v.qkv, v.att, v.lse, pattn); });
+      pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
+      timed(s, "out_proj", cost::gemm_forward(Mp, h, hl), [&] {
+        gemm_->forward(s, v.att, tp_w_, first ? w(L.out_proj_b) : nullptr, dh, Mp, h, hl,
+                       first ? GemmEpilogue::Bias : GemmEpilogue::None);
+      });
+      tp_reduce_piece(s, dh, Mp, p);
+    }
   }
   TimedRegion r("mlp", s);
-  timed(s, "ln2", cost::layernorm_residual_forward(rows.M, h), [&] {
-    kernels::layernorm_residual_forward(s, dh_, x_in, a.s1, a.s2, a.mean2, a.rstd2, w(L.norm2_w), w(L.norm2_b), rows.M,
-                                        h);
-  });
-  timed(s, "fc1", cost::gemm_forward(rows.M, Fp, h), [&] {
-    gemm_->forward(s, a.s2, w(L.ff0_w) + f0 * h, w(L.ff0_b) + f0, a.g, rows.M, Fp, h, GemmEpilogue::BiasGeluTanh, a.f);
-  });
-  pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
-  timed(s, "fc2", cost::gemm_forward(rows.M, h, Fp), [&] {
-    gemm_->forward(s, a.g, tp_w_, first ? w(L.ff2_b) : nullptr, dh_, rows.M, h, Fp,
-                   first ? GemmEpilogue::Bias : GemmEpilogue::None);
-  });
-  tp_all_reduce(s, dh_, rows.M);
+  for (int p = 0; p < P; ++p) {
+    const LayerActs v = act(p);
+    T* dh = at(dh_, p, h);
+    tp_wait_piece(s, p);
+    timed(s, "ln2", cost::layernorm_residual_forward(Mp, h), [&] {
+      kernels::layernorm_residual_forward(s, dh, at(x_in, p, h), v.s1, v.s2, v.mean2, v.rstd2, w(L.norm2_w),
+                                          w(L.norm2_b), Mp, h);
+    });
+    timed(s, "fc1", cost::gemm_forward(Mp, Fp, h), [&] {
+      gemm_->forward(s, v.s2, w(L.ff0_w) + f0 * h, w(L.ff0_b) + f0, v.g, Mp, Fp, h, GemmEpilogue::BiasGeluTanh, v.f);
+    });
+    pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
+    timed(s, "fc2", cost::gemm_forward(Mp, h, Fp), [&] {
+      gemm_->forward(s, v.g, tp_w_, first ? w(L.ff2_b) : nullptr, dh, Mp, h, Fp,
+                     first ? GemmEpilogue::Bias : GemmEpilogue::None);
+    });
+    tp_reduce_piece(s, dh, Mp, p);
+  }
+  for (int p = 0; p < P; ++p) tp_wait_piece(s, p);
 }
 
 template <typename T>
@@ -216,61 +298,84 @@ void GpuTransformerT<T>::tp_gpt2_layer_backward(cudaStream_t s, const Unit& U, D
   auto w = [&](int idx) { return U.w(idx); };
   auto g = [&](int idx) { return U.g(idx); };
   auto g_at = [&](int idx, std::size_t elems) { return static_cast<char*>(U.g(idx)) + elems * es; };
-  const auto& A = rows.attn;
+  CUTRAIN_TP_PIECES();
   {
     TimedRegion r("mlp", s);
-    if (recompute_gelu_) {
-      timed(s, "gelu_recompute", cost::gelu_forward(std::size_t(rows.M) * Fp), [&] {
-        kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(rows.M), Fp, kernels::GeluKind::Tanh);
-      });
+    for (int p = 0; p < P; ++p) {
+      const LayerActs v = act(p);
+      const bool ac = acc || p > 0;  // the pieces' weight gradients add up
+      T* dx = at(rows.dx, p, h);
+      T* dh = at(dh_, p, h);
+      T* d4 = at(d4h_, p, Fp);
+      if (recompute_gelu_) {
+        timed(s, "gelu_recompute", cost::gelu_forward(std::size_t(Mp) * Fp), [&] {
+          kernels::gelu_forward(s, v.f, nullptr, nullptr, v.g, std::size_t(Mp), Fp, kernels::GeluKind::Tanh);
+        });
+      }
+      // dx = d(block output) = d(MLP output): FC2's dW (packed columns), db (replicated), then d f
+      // through the DGELU epilogue; FC1's rows are contiguous.
+      timed(s, "fc2_dw", cost::gemm_grad_weight(Mp, h, Fp, es, ac),
+            [&] { packed_grad_weight(s, dx, v.g, g(L.ff2_w), gt, ac, Mp, h, Fp, tp_runs_.ff2_w); });
+      timed(s, "fc2_db", cost::bias_grad(Mp, h, es, ac),
+            [&] { kernels::bias_grad(s, dx, g(L.ff2_b), gt, Mp, h, ac, scratch_); });
+      pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
+      timed(s, "fc2_dx", cost::gemm_grad_input(Mp, h, Fp, false),
+            [&] { gemm_->grad_input(s, dx, tp_w_, d4, Mp, h, Fp, 0.f, v.f); });
+      timed(s, "fc1_dw", cost::gemm_grad_weight(Mp, Fp, h, es, ac),
+            [&] { gemm_->grad_weight(s, d4, v.s2, g_at(L.ff0_w, f0 * h), gt, Mp, Fp, h, ac); });
+      timed(s, "fc1_db", cost::bias_grad(Mp, Fp, es, ac),
+            [&] { kernels::bias_grad(s, d4, g_at(L.ff0_b, f0), gt, Mp, Fp, ac, scratch_); });
+      timed(s, "fc1_dx", cost::gemm_grad_input(Mp, Fp, h, false),
+            [&] { gemm_->grad_input(s, d4, w(L.ff0_w) + f0 * h, dh, Mp, Fp, h, 0.f); });
+      tp_reduce_piece(s, dh, Mp, p);  // d s2
     }
-    // rows.dx = d(block output) = d(MLP output): FC2's dW (packed columns), db (replicated), then
-    // d f through the DGELU epilogue; FC1's rows are contiguous.
-    timed(s, "fc2_dw", cost::gemm_grad_weight(rows.M, h, Fp, es, acc),
-          [&] { packed_grad_weight(s, rows.dx, a.g, g(L.ff2_w), gt, acc, rows.M, h, Fp, tp_runs_.ff2_w); });
-    timed(s, "fc2_db", cost::bias_grad(rows.M, h, es, acc),
-          [&] { kernels::bias_grad(s, rows.dx, g(L.ff2_b), gt, rows.M, h, acc, scratch_); });
-    pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
-    timed(s, "fc2_dx", cost::gemm_grad_input(rows.M, h, Fp, false),
-          [&] { gemm_->grad_input(s, rows.dx, tp_w_, d4h_, rows.M, h, Fp, 0.f, a.f); });
-    timed(s, "fc1_dw", cost::gemm_grad_weight(rows.M, Fp, h, es, acc),
-          [&] { gemm_->grad_weight(s, d4h_, a.s2, g_at(L.ff0_w, f0 * h), gt, rows.M, Fp, h, acc); });
-    timed(s, "fc1_db", cost::bias_grad(rows.M, Fp, es, acc),
-          [&] { kernels::bias_grad(s, d4h_, g_at(L.ff0_b, f0), gt, rows.M, Fp, acc, scratch_); });
-    timed(s, "fc1_dx", cost::gemm_grad_input(rows.M, Fp, h, false),
-          [&] { gemm_->grad_input(s, d4h_, w(L.ff0_w) + f0 * h, dh_, rows.M, Fp, h, 0.f); });
-    tp_all_reduce(s, dh_, rows.M);  // d s2
-    timed(s, "ln2", cost::layernorm_backward(rows.M, h, es, acc), [&] {  // dh_ = d s1 (LN2's + the residual's)
-      kernels::layernorm_backward(s, dh_, a.s1, a.mean2, a.rstd2, w(L.norm2_w), rows.dx, dh_, g(L.norm2_w),
-                                  g(L.norm2_b), gt, acc, scratch_, rows.M, h);
-    });
   }
   TimedRegion r("attn", s);
-  timed(s, "out_proj_dw", cost::gemm_grad_weight(rows.M, h, hl, es, acc),
-        [&] { packed_grad_weight(s, dh_, a.att, g(L.out_proj_w), gt, acc, rows.M, h, hl, tp_runs_.out_proj_w); });
-  timed(s, "out_proj_db", cost::bias_grad(rows.M, h, es, acc),
-        [&] { kernels::bias_grad(s, dh_, g(L.out_proj_b), gt, rows.M, h, acc, scratch_); });
-  pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
-  timed(s, "out_proj_dx", cost::gemm_grad_input(rows.M, h, hl, false),
-        [&] { gemm_->grad_input(s, dh_, tp_w_, rows.dx, rows.M, h, hl, 0.f); });  // rows.dx = d att [M, hl]
-  timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
-        [&] { kernels::attention_backward(s, a.qkv, a.att, rows.dx, a.lse, dqkv_, scratch_, rows.attn, true); });
-  timed(s, "qkv_dw", cost::gemm_grad_weight(rows.M, 3 * hl, h, es, acc),
-        [&] { packed_grad_weight(s, dqkv_, a.x1, g(L.in_proj_w), gt, acc, rows.M, 3 * hl, h, tp_runs_.qkv_w); });
-  timed(s, "qkv_db", cost::bias_grad(rows.M, 3 * hl, es, acc), [&] {
-    if (acc) pack(s, tp_gb_, g(L.in_proj_b), tp_runs_.qkv_b, es);
-    kernels::bias_grad(s, dqkv_, tp_gb_, gt, rows.M, 3 * hl, acc, scratch_);
-    unpack(s, g(L.in_proj_b), tp_gb_, tp_runs_.qkv_b, es);
-  });
-  pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
-  timed(s, "qkv_dx", cost::gemm_grad_input(rows.M, 3 * hl, h, false),
-        [&] { gemm_->grad_input(s, dqkv_, tp_w_, rows.dx, rows.M, 3 * hl, h, 0.f); });
-  tp_all_reduce(s, rows.dx, rows.M);  // d x1
-  timed(s, "ln1", cost::layernorm_backward(rows.M, h, es, acc), [&] {  // rows.dx = d x_in (LN1's + d s1)
-    kernels::layernorm_backward(s, rows.dx, x_in, a.mean1, a.rstd1, w(L.norm1_w), dh_, rows.dx, g(L.norm1_w),
-                                g(L.norm1_b), gt, acc, scratch_, rows.M, h);
-  });
+  for (int p = 0; p < P; ++p) {
+    const LayerActs v = act(p);
+    const bool ac = acc || p > 0;
+    T* dx = at(rows.dx, p, h);
+    T* dh = at(dh_, p, h);
+    // d att [Mp, hl] in d4h_ (free now): rows.dx's other pieces still hold their gradients.
+    T* datt = at(d4h_, p, hl);
+    T* dq = at(dqkv_, p, 3 * std::size_t(hl));
+    tp_wait_piece(s, p);
+    timed(s, "ln2", cost::layernorm_backward(Mp, h, es, ac), [&] {  // dh = d s1 (LN2's + the residual's)
+      kernels::layernorm_backward(s, dh, v.s1, v.mean2, v.rstd2, w(L.norm2_w), dx, dh, g(L.norm2_w), g(L.norm2_b), gt,
+                                  ac, scratch_, Mp, h);
+    });
+    timed(s, "out_proj_dw", cost::gemm_grad_weight(Mp, h, hl, es, ac),
+          [&] { packed_grad_weight(s, dh, v.att, g(L.out_proj_w), gt, ac, Mp, h, hl, tp_runs_.out_proj_w); });
+    timed(s, "out_proj_db", cost::bias_grad(Mp, h, es, ac),
+          [&] { kernels::bias_grad(s, dh, g(L.out_proj_b), gt, Mp, h, ac, scratch_); });
+    pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
+    timed(s, "out_proj_dx", cost::gemm_grad_input(Mp, h, hl, false),
+          [&] { gemm_->grad_input(s, dh, tp_w_, datt, Mp, h, hl, 0.f); });
+    timed(s, "attention", cost::attention_backward(pattn.batch, pattn.seq, pattn.heads, pattn.head_dim, pattn.causal),
+          [&] { kernels::attention_backward(s, v.qkv, v.att, datt, v.lse, dq, scratch_, pattn, true); });
+    timed(s, "qkv_dw", cost::gemm_grad_weight(Mp, 3 * hl, h, es, ac),
+          [&] { packed_grad_weight(s, dq, v.x1, g(L.in_proj_w), gt, ac, Mp, 3 * hl, h, tp_runs_.qkv_w); });
+    timed(s, "qkv_db", cost::bias_grad(Mp, 3 * hl, es, ac), [&] {
+      if (ac) pack(s, tp_gb_, g(L.in_proj_b), tp_runs_.qkv_b, es);
+      kernels::bias_grad(s, dq, tp_gb_, gt, Mp, 3 * hl, ac, scratch_);
+      unpack(s, g(L.in_proj_b), tp_gb_, tp_runs_.qkv_b, es);
+    });
+    pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
+    timed(s, "qkv_dx", cost::gemm_grad_input(Mp, 3 * hl, h, false),
+          [&] { gemm_->grad_input(s, dq, tp_w_, dx, Mp, 3 * hl, h, 0.f); });
+    tp_reduce_piece(s, dx, Mp, p);  // d x1
+  }
+  for (int p = 0; p < P; ++p) {
+    const LayerActs v = act(p);
+    T* dx = at(rows.dx, p, h);
+    tp_wait_piece(s, p);
+    timed(s, "ln1", cost::layernorm_backward(Mp, h, es, acc || p > 0), [&] {  // dx = d x_in (LN1's + d s1)
+      kernels::layernorm_backward(s, dx, at(x_in, p, h), v.mean1, v.rstd1, w(L.norm1_w), at(dh_, p, h), dx,
+                                  g(L.norm1_w), g(L.norm1_b), gt, acc || p > 0, scratch_, Mp, h);
+    });
+  }
 }
+#undef CUTRAIN_TP_PIECES
 
 template <typename T>
 void GpuTransformerT<T>::tp_embedding_forward(cudaStream_t s, const Unit& E, const std::int32_t* tokens,
@@ -380,7 +485,9 @@ void GpuTransformerT<T>::tp_head_backward(cudaStream_t s, const Unit& H, const U
   template void GpuTransformerT<T>::tp_logits(cudaStream_t, const Unit&, const Unit&);                              \
   template void GpuTransformerT<T>::tp_loss(cudaStream_t, const std::int32_t*, float*, int*, bool, float,           \
                                             const float*);                                                           \
-  template void GpuTransformerT<T>::tp_head_backward(cudaStream_t, const Unit&, const Unit&, DType, bool);
+  template void GpuTransformerT<T>::tp_head_backward(cudaStream_t, const Unit&, const Unit&, DType, bool);         \
+  template void GpuTransformerT<T>::tp_reduce_piece(cudaStream_t, T*, int, int);                                   \
+  template void GpuTransformerT<T>::tp_wait_piece(cudaStream_t, int);
 CUTRAIN_TP_MEMBERS(bf16)
 CUTRAIN_TP_MEMBERS(f16)
 #undef CUTRAIN_TP_MEMBERS

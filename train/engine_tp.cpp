@@ -37,14 +37,13 @@ void GpuEngine::setup_tensor_grid() {
                 ": its trust ratios need whole tensors on one rank; expected AdamW");
   CUTRAIN_CHECK(!opt_.teacher, "train: --mos (distillation) with ", flag, " ", T,
                 " on the GPU engine is not built (the teacher's logits are whole rows); expected one of them");
-  CUTRAIN_CHECK(opt_.domino == 1, "train: --domino ", opt_.domino,
-                " on the GPU engine: Domino's pieces (their all-reduces on a second stream) are not built on the GPU; "
-                "expected 1, or --device cpu");
   const parallel::RankGrid grid =
       parallel::make_rank_grid(comm_->world_size(), 1, T, "--pipeline_parallel_size", flag);
   world_ = comm_;
   const int rank = world_->rank();
   tp_slice_ = parallel::make_tp_slice(table_.dims(), T, grid.coord(rank).tp, flag);
+  parallel::check_domino(opt_.domino, opt_.batch, T, "--domino");
+  tp_slice_.pieces = opt_.domino;  // Domino: the blocks' all-reduces piece by piece on a second stream
   tp_layout_ = parallel::make_tp_layout(table_, tp_slice_);
   // The same splits in the same order on every rank: the tensor-parallel groups, then (with more
   // than one replica) the data-parallel groups.
@@ -54,7 +53,8 @@ void GpuEngine::setup_tensor_grid() {
                 "of rank ", rank, " came out as rank ", tp_comm_->rank(), " of ", tp_comm_->world_size(),
                 ", expected rank ", tp_slice_.rank, " of ", T);
   describe_ += ", tensor parallel degree " + std::to_string(T) + " x data parallel " + std::to_string(grid.dp) +
-               " (NCCL groups of the grid)";
+               " (NCCL groups of the grid)" +
+               (opt_.domino > 1 ? ", Domino: " + std::to_string(opt_.domino) + " pieces per micro-batch" : "");
 }
 
 // After the ZeRO plan: the norm's scratch on ranks other than the group's first (their slices

@@ -362,9 +362,6 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   CUTRAIN_CHECK(tp == 1 || !on_gpu || (pp == 1 && vstages <= 1), "train: ", tp_flag, " ", tp,
                 " with a pipeline (--pipeline_parallel_size ", pp, ", --pipeline_stages_in_process ", vstages,
                 ") on --device cuda is not built; expected data x tensor parallelism, or --device cpu");
-  CUTRAIN_CHECK(tp == 1 || !on_gpu || o.domino == 1, "train: --domino ", o.domino,
-                " on --device cuda: Domino's pieces (their all-reduces on a second stream) are not built on the GPU; "
-                "expected 1, or --device cpu");
   CUTRAIN_CHECK(o.domino == 1 || tp > 1, "train: --domino ", o.domino,
                 ": Domino splits the tensor-parallel all-reduces; expected --tensor_parallel_size > 1, found ", tp);
   CUTRAIN_CHECK(tp > 1 || env.world_size % pp == 0, "train: --pipeline_parallel_size ", pp,

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # End to end, tensor parallelism on GPUs: `cutrain launch --num_gpus T -- cutrain train --device
-# cuda --tensor_parallel_size T` (TP 2; with 4 GPUs also TP 4 and DP 2 x TP 2 at ZeRO 0, 1, 2) against the
+# cuda --tensor_parallel_size T` (TP 2, alone and with Domino's 2 pieces; with 4 GPUs also TP 4 and
+# DP 2 x TP 2 at ZeRO 0, 1, 2) against the
 # single-process run of the same job. Random data (the default) is the same on every rank and
 # --fixed_batch keeps it, so the losses must be the single GPU's within bf16 round-off (the
-# row-parallel partial sums are summed over the group in bf16, so not bit for bit); the checkpoint (the group's sum, written by rank 0) holds the single process's tensors
-# within bf16 round-off and one process resumes it as it resumes its own. GPT-2 (tied head) at TP 2.
+# row-parallel partial sums are summed over the group in bf16, so not bit for bit); the checkpoint
+# (the group's sum, written by rank 0) holds the single process's tensors within bf16 round-off and
+# one process resumes it as it resumes its own. GPT-2 (tied head) at TP 2.
 # Needs 2 GPUs and NCCL.
 #   tensor_gpu_cli.sh CUTRAIN_BINARY cpu|cuda     (exits 77 = skipped: cpu, or fewer than 2 GPUs)
 source "$(dirname "$0")/e2e_lib.sh"
@@ -60,12 +62,16 @@ PY
     --loss_log_file "$tmp/single_r.csv" \
     >"$tmp/single_r.txt" 2>&1 || { cat "$tmp/single_r.txt"; fail "single-process resume"; }
 
-run_tp() {  # run_tp NAME RANKS TP CONFIG [flags...]: against $ref (losses, checkpoint, a resume by one process)
+# run_tp NAME RANKS TP CONFIG [flags...]: against $ref (losses, checkpoint, a resume by one process);
+# $tp_flags: flags of the tensor-parallel run only (not of the resume by one process)
+tp_flags=()
+run_tp() {
   local name=$1 ranks=$2 t=$3 config=$4; shift 4
   local out=$tmp/$name.txt port; port=$(free_port)
   "$bin" launch --num_gpus "$ranks" --master_port "$port" -- bash -c \
       'exec "$0" train --device cuda "${@:3}" --loss_log_file "$1.r$RANK.csv" --save "$2"' \
-      "$bin" "$tmp/$name" "$tmp/ck_$name" "${base[@]}" --num_steps 6 --deepspeed_config "$config" --tensor_parallel_size "$t" "$@" \
+      "$bin" "$tmp/$name" "$tmp/ck_$name" "${base[@]}" --num_steps 6 --deepspeed_config "$config" \
+      --tensor_parallel_size "$t" "${tp_flags[@]}" "$@" \
       >"$out" 2>&1 \
       || { cat "$out"; fail "$name run"; }
   for ((r = 0; r < ranks; r++)); do
@@ -84,6 +90,9 @@ run_tp() {  # run_tp NAME RANKS TP CONFIG [flags...]: against $ref (losses, chec
 
 ref=single
 run_tp tp2 2 2 $cfg
+tp_flags=(--domino 2)
+run_tp tp2_domino 2 2 $cfg
+tp_flags=()
 if [ "$gpus" -ge 4 ]; then
   run_tp tp4 4 4 $cfg
   run_tp dp2tp2 4 2 $cfg

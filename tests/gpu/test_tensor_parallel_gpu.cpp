@@ -8,7 +8,8 @@
 // the gathered gradients (each rank's slices, the replicated tensors from rank 0) within bf16
 // tolerances (the partial sums round differently), the replicated gradients bit-equal over the
 // ranks, the other ranks' slices left zero, the evaluation loss; seed model and GPT-2 (tied head,
-// a padded vocabulary), fp32 and bf16 gradients, accumulation, activation checkpointing.
+// a padded vocabulary), fp32 and bf16 gradients, accumulation, activation checkpointing, SGD
+// steps, Domino's 2 pieces (their all-reduces on the model's second stream, joined by events).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -112,12 +113,14 @@ struct Case {
   bool checkpointing;
   int micro_batches;  // > 1: accumulated into the same gradients
   int steps = 1;       // > 1: plain SGD steps on the host between them (the params move)
+  int pieces = 1;      // Domino's pieces per micro-batch (their all-reduces on the model's second stream)
 };
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   const Case& c = i.param;
   return std::string(c.arch == model::Arch::Gpt2 ? "Gpt2" : "Seed") + "Tp" + std::to_string(c.tp) +
          (c.grad_type == DType::F32 ? "F32" : "Bf16") + (c.checkpointing ? "Ckpt" : "") + "Micro" +
-         std::to_string(c.micro_batches) + "Steps" + std::to_string(c.steps);
+         std::to_string(c.micro_batches) + "Steps" + std::to_string(c.steps) +
+         (c.pieces > 1 ? "Domino" + std::to_string(c.pieces) : "");
 }
 
 model::ModelDims dims_of(const Case& c) {
@@ -223,6 +226,7 @@ TEST_P(TensorParallelGpu, RanksMatchTheWholeModel) {
   std::vector<parallel::TpLayout> layouts;
   for (int r = 0; r < c.tp; ++r) {
     slices.push_back(parallel::make_tp_slice(d, c.tp, r, "--tensor_parallel_size"));
+    slices.back().pieces = c.pieces;
     layouts.push_back(parallel::make_tp_layout(table, slices.back()));
   }
   std::vector<ModelRun> ranks(std::size_t(c.tp));
@@ -245,11 +249,12 @@ TEST_P(TensorParallelGpu, RanksMatchTheWholeModel) {
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
 
-  // The all-reduces issued: per micro-batch the blocks' 2 + 2 per layer, the embedding's, the loss's
-  // 2 and the head's (checkpointing: the blocks' forward ones again); the evaluation's forward.
-  const int L = d.layers;
-  const int per_micro = 2 * L + 3 + 2 * L + 1 + (c.checkpointing ? 2 * L : 0);
-  for (const ModelRun& r : ranks) EXPECT_EQ(r.calls, c.steps * c.micro_batches * per_micro + 2 * L + 3);
+  // The all-reduces issued: per micro-batch the blocks' 2 + 2 per layer and piece, the embedding's,
+  // the loss's 2 and the head's (checkpointing: the blocks' forward ones again); the evaluation's
+  // forward.
+  const int L = d.layers, B2 = 2 * L * c.pieces;
+  const int per_micro = B2 + 3 + B2 + 1 + (c.checkpointing ? B2 : 0);
+  for (const ModelRun& r : ranks) EXPECT_EQ(r.calls, c.steps * c.micro_batches * per_micro + B2 + 3);
 
   for (std::size_t k = 0; k < whole.losses.size(); ++k) {
     for (int r = 0; r < c.tp; ++r)
@@ -300,7 +305,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{model::Arch::Simple, 2, DType::F32, false, 1}, Case{model::Arch::Simple, 4, DType::F32, false, 1},
                       Case{model::Arch::Simple, 2, DType::BF16, true, 2}, Case{model::Arch::Gpt2, 2, DType::F32, false, 1},
                       Case{model::Arch::Gpt2, 4, DType::F32, true, 1}, Case{model::Arch::Gpt2, 4, DType::BF16, false, 3},
-                      Case{model::Arch::Simple, 4, DType::F32, false, 2, 3}, Case{model::Arch::Gpt2, 2, DType::F32, true, 1, 3}),
+                      Case{model::Arch::Simple, 4, DType::F32, false, 2, 3}, Case{model::Arch::Gpt2, 2, DType::F32, true, 1, 3},
+                      Case{model::Arch::Simple, 2, DType::F32, false, 1, 1, 2},
+                      Case{model::Arch::Simple, 4, DType::BF16, true, 2, 2, 2},
+                      Case{model::Arch::Gpt2, 2, DType::F32, false, 2, 2, 2},
+                      Case{model::Arch::Gpt2, 4, DType::F32, true, 1, 1, 2}),
     case_name);
 
 TEST(TensorParallelGpuRefusals, GroupsItCannotRun) {
@@ -314,8 +323,9 @@ TEST(TensorParallelGpuRefusals, GroupsItCannotRun) {
   EXPECT_NE(test::error_of([&] { m.set_tensor_parallel(&group, wrong); }).find("this is rank 1 of 2"),
             std::string::npos);
   model::TpSlice domino = parallel::make_tp_slice(d, 2, 1, "--tensor_parallel_size");
-  domino.pieces = 2;
-  EXPECT_NE(test::error_of([&] { m.set_tensor_parallel(&group, domino); }).find("Domino"), std::string::npos);
+  domino.pieces = 3;  // the micro-batch holds 2 sequences
+  EXPECT_NE(test::error_of([&] { m.set_tensor_parallel(&group, domino); }).find("Domino's 3 pieces do not divide"),
+            std::string::npos);
   model::TpSlice half = parallel::make_tp_slice(d, 2, 1, "--tensor_parallel_size");
   half.ffn_end = half.ffn_begin + 1;
   EXPECT_NE(test::error_of([&] { m.set_tensor_parallel(&group, half); }).find("does not hold 1/2"), std::string::npos);
