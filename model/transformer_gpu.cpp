@@ -10,6 +10,7 @@
 #include "kernels/gelu.cuh"
 #include "kernels/layernorm.cuh"
 #include "kernels/token_drop.cuh"
+#include "kernels/vocab_parallel_loss.cuh"
 #include "runtime/check.h"
 #include "model/kernel_costs.h"
 #include "model/timed_call.h"
@@ -124,17 +125,54 @@ template <typename T>
 GpuTransformerT<T>::~GpuTransformerT() = default;
 
 template <typename T>
-void GpuTransformerT<T>::set_tensor_parallel(TpDeviceGroup* group) {
+void GpuTransformerT<T>::set_tensor_parallel(TpDeviceGroup* group, const TpSlice& slice) {
   const ModelDims& d = table_.dims();
-  CUTRAIN_CHECK(!group || group->size() == 1, "gpu model: a tensor-parallel group of ", group ? group->size() : 0,
-                " ranks: the GPU's sharded GEMMs (column / row-parallel blocks, vocabulary-parallel embedding and loss) "
-                "are not built; expected a group of 1 (tensor parallelism of degree > 1 runs on --device cpu)");
-  CUTRAIN_CHECK(!group || d.arch != Arch::Bert, "gpu model: tensor parallelism of the bert architecture is not built");
-  CUTRAIN_CHECK(!group || !d.moe.any(), "gpu model: tensor parallelism of MoE blocks is not built");
-  CUTRAIN_CHECK(!group || (std::is_same_v<T, bf16>),
+  CUTRAIN_CHECK(buffers_.empty(), "gpu model: set_tensor_parallel after the workspace was allocated");
+  if (!group) {
+    tp_ = nullptr;
+    tps_ = TpSlice{};
+    attn_.heads = d.heads;
+    return;
+  }
+  CUTRAIN_CHECK(d.arch != Arch::Bert, "gpu model: tensor parallelism of the bert architecture is not built");
+  CUTRAIN_CHECK(!d.moe.any(), "gpu model: tensor parallelism of MoE blocks is not built");
+  CUTRAIN_CHECK((std::is_same_v<T, bf16>),
                 "gpu model: tensor parallelism runs in bf16 only (its group sums bf16); fp16 training (fp16.enabled) "
                 "refuses it");
+  CUTRAIN_CHECK(slice.size == group->size() && slice.rank == group->rank(), "gpu model: a tensor-parallel slice of rank ",
+                slice.rank, " of ", slice.size, " given a group in which this is rank ", group->rank(), " of ",
+                group->size());
+  const int T_ = slice.size;
+  CUTRAIN_CHECK(T_ >= 1 && (slice.head_end - slice.head_begin) * T_ == d.heads &&
+                    (slice.ffn_end - slice.ffn_begin) * T_ == d.ffn() &&
+                    (slice.vocab_end - slice.vocab_begin) * T_ == d.vocab_rows(),
+                "gpu model: a tensor-parallel slice of rank ", slice.rank, " of ", T_, " (heads [", slice.head_begin, ", ",
+                slice.head_end, "), FFN [", slice.ffn_begin, ", ", slice.ffn_end, "), vocabulary [", slice.vocab_begin,
+                ", ", slice.vocab_end, ")) does not hold 1/", T_, " of the model's ", d.heads, " heads, ", d.ffn(),
+                " FFN columns and ", d.vocab_rows(), " vocabulary rows (expected parallel::make_tp_slice's)");
+  CUTRAIN_CHECK(slice.pieces >= 1 && (slice.pieces == 1 || T_ > 1), "gpu model: Domino's ", slice.pieces,
+                " pieces split a tensor-parallel group's all-reduces: expected 1 piece, or a group of more than one "
+                "rank, found ", T_);
+  CUTRAIN_CHECK(Bfull_ % slice.pieces == 0, "gpu model: Domino's ", slice.pieces,
+                " pieces do not divide the micro-batch of ", Bfull_, " sequences (a piece holds whole sequences)");
+  CUTRAIN_CHECK(T_ == 1 || drop_layers_.empty(),
+                "gpu model: random-LTD with a tensor-parallel group of ", T_, " ranks is not built");
+  CUTRAIN_CHECK(T_ == 1 || !distill_, "gpu model: distillation with a tensor-parallel group of ", T_,
+                " ranks is not built (the teacher's logits are whole rows)");
   tp_ = group;
+  tps_ = slice;
+  tp_runs_ = tp_block_runs(d, slice);
+  attn_.heads = slice.head_end - slice.head_begin;  // attention over the rank's heads
+  tp_ready_.clear();
+  tp_done_.clear();
+  tp_comm_stream_.reset();
+  if (slice.pieces > 1) {
+    tp_comm_stream_ = std::make_unique<Stream>();
+    for (int p = 0; p < slice.pieces; ++p) {
+      tp_ready_.emplace_back(/*timing=*/false);
+      tp_done_.emplace_back(/*timing=*/false);
+    }
+  }
 }
 
 template <typename T>
@@ -222,6 +260,21 @@ void GpuTransformerT<T>::allocate(cudaStream_t s) {
   dh_ = bf(M * h);
   d4h_ = bf(M * F);
   dqkv_ = bf(M * 3 * h);
+  if (sharded()) {
+    // The packed slices of the sharded GEMMs (the widest of QKV's [3 h/T, h], the out-projection's
+    // [h, h/T] and FC2's [h, F/T]; gradients up to fp32), the loss's row statistics and the zero
+    // position table of ranks other than 0.
+    const std::size_t hl = std::size_t(tps_.head_end - tps_.head_begin) * d.head_dim();
+    const std::size_t Fp = std::size_t(tps_.ffn_end - tps_.ffn_begin);
+    const std::size_t packed = std::max(3 * hl * h, h * Fp);
+    tp_w_ = bf(packed);
+    tp_b_ = bf(3 * hl);
+    tp_gw_ = take(s, packed * sizeof(float));
+    tp_gb_ = take(s, 3 * hl * sizeof(float));
+    tp_stats_ = f32(3 * M);
+    tp_zero_pos_ = bf(std::size_t(Sfull_) * h);
+    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(tp_zero_pos_, 0, std::size_t(Sfull_) * h * sizeof(T), s));
+  }
   // One scratch for every reduction: the kernels run in order on one stream. Sized for the
   // constructor's shape and for the capacity in rows of S (each size grows with the rows);
   // set_shape() checks a new shape against it.
@@ -244,6 +297,11 @@ std::size_t GpuTransformerT<T>::scratch_bytes(int rows, int seq) const {
   sc = std::max(sc, kernels::attention_backward_scratch_bytes(a, true));
   sc = std::max(sc, kernels::cross_entropy_scratch_bytes(M));
   sc = std::max(sc, kernels::kd_loss_scratch_bytes(M));
+  if (sharded()) {  // the slices' bias gradients and the vocabulary-parallel loss
+    const int hl = (tps_.head_end - tps_.head_begin) * d.head_dim(), Fp = tps_.ffn_end - tps_.ffn_begin;
+    for (int n : {3 * hl, Fp, vocab_slice()}) sc = std::max(sc, kernels::bias_grad_scratch_bytes(M, n));
+    sc = std::max(sc, kernels::vocab_parallel_ce_scratch_bytes(M));
+  }
   return sc;
 }
 
@@ -281,6 +339,8 @@ void GpuTransformerT<T>::set_distillation(const Distillation* d) {
   CUTRAIN_CHECK(!d || (d->teacher_logits && d->d_kd_loss && d->ld_t >= table_.dims().vocab),
                 "gpu model: distillation needs the teacher's logits (leading dimension >= vocab ", table_.dims().vocab,
                 ", got ", d ? d->ld_t : 0, ") and a loss word");
+  CUTRAIN_CHECK(!d || !sharded(), "gpu model: distillation with a tensor-parallel group of ", tps_.size,
+                " ranks is not built (the teacher's logits are whole rows)");
   if (d) distill_ = *d;
   else distill_.reset();
 }
@@ -291,6 +351,9 @@ void GpuTransformerT<T>::release_workspace() {
   xs_.clear();
   acts_.clear();
   logits_ = dx_ = dh_ = d4h_ = dqkv_ = lnf_ = nullptr;
+  tp_w_ = tp_b_ = tp_zero_pos_ = nullptr;
+  tp_gw_ = tp_gb_ = nullptr;
+  tp_stats_ = nullptr;
   xk_.clear();
   xk_out_ = dxk_ = nullptr;
   mean_f_ = rstd_f_ = nullptr;
@@ -371,6 +434,7 @@ typename GpuTransformerT<T>::Unit GpuTransformerT<T>::unit(ParamAccess& P, cudaS
 template <typename T>
 void GpuTransformerT<T>::layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const T* x_in,
                                    T* x_out, const Rows& rows) {
+  if (sharded()) return tp_layer_forward(s, U, l, a, x_in, x_out, rows);
   const LayerIndex& L = table_.layer(l);
   const int h = table_.dims().hidden, F = table_.dims().ffn();
   auto w = [&](int idx) { return U.w(idx); };
@@ -423,6 +487,7 @@ void GpuTransformerT<T>::layer_forward(cudaStream_t s, const Unit& U, int l, con
 template <typename T>
 void GpuTransformerT<T>::layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a,
                                     const T* x_in, const Rows& rows) {
+  if (sharded()) return tp_layer_backward(s, U, gt, acc, l, a, x_in, rows);
   const LayerIndex& L = table_.layer(l);
   const int h = table_.dims().hidden, F = table_.dims().ffn();
   const std::size_t es = dtype_size(gt);
@@ -501,6 +566,10 @@ typename GpuTransformerT<T>::Unit GpuTransformerT<T>::forward(cudaStream_t s, Pa
     const Unit E = unit(P, s, table_.embedding_unit(), G, gt);
     bert_embedding_forward(s, E, tokens, d_status);
     P.release(s, table_.embedding_unit());
+  } else if (sharded()) {
+    const Unit E = unit(P, s, table_.embedding_unit(), G, gt);
+    tp_embedding_forward(s, E, tokens, d_status);
+    P.release(s, table_.embedding_unit());
   } else {
     const Unit E = unit(P, s, table_.embedding_unit(), G, gt);
     timed(s, "embedding", cost::embedding_forward(B_, S_, h), [&] {
@@ -540,9 +609,14 @@ typename GpuTransformerT<T>::Unit GpuTransformerT<T>::forward(cudaStream_t s, Pa
     loss();
     return H;
   }
-  timed(s, "logits", cost::gemm_forward(M_, Vr, h), [&] {
-    gemm_->forward(s, xs_[Ln], H.w(table_.output_w()), H.w(table_.output_b()), logits_, M_, Vr, h, GemmEpilogue::Bias);
-  });
+  if (sharded()) {
+    tp_logits(s, H, H);
+  } else {
+    timed(s, "logits", cost::gemm_forward(M_, Vr, h), [&] {
+      gemm_->forward(s, xs_[Ln], H.w(table_.output_w()), H.w(table_.output_b()), logits_, M_, Vr, h,
+                     GemmEpilogue::Bias);
+    });
+  }
   loss();
   return H;
 }
@@ -564,6 +638,7 @@ void GpuTransformerT<T>::forward_loss(cudaStream_t s, ParamAccess& P, const std:
   // BERT: the loss over the head's gathered rows, whose labels the plan checked (d_status[1]).
   const bool bert = d.arch == Arch::Bert;
   forward(s, P, nullptr, dtype_of<T>(), tokens, labels, d_status, [&] {
+    if (sharded()) return tp_loss(s, labels, d_loss, d_status, false, 1.f, nullptr);
     timed(s, "cross_entropy", cost::cross_entropy(bert ? P_ : M_, d.vocab), [&] {
       kernels::cross_entropy_forward(s, logits_, bert ? mlm_labels_ : labels, bert ? P_ : M_, d.vocab, d.vocab_rows(),
                                      d_loss, nullptr, bert ? nullptr : d_status + 1, scratch_);
@@ -622,6 +697,7 @@ void GpuTransformerT<T>::stage_forward(cudaStream_t s, ParamAccess& P, void* gra
   held_head_ = forward(s, P, G, gt, tokens, labels, d_status, [&] {
     // The loss covers the real vocabulary; padded columns get gradient 0. BERT: over the head's
     // gathered rows, whose labels the plan checked (d_status[1]).
+    if (sharded()) return tp_loss(s, labels, d_loss, d_status, true, grad_scale, d_loss_scale);
     const bool gathered = d.arch == Arch::Bert;
     const int rows = gathered ? P_ : M_;
     // Distillation (bf16 only: set_distillation refuses it for fp16): its gradient from the
@@ -680,6 +756,11 @@ void GpuTransformerT<T>::stage_backward(cudaStream_t s, ParamAccess& P, void* gr
     else bert_head_backward(s, H, tied_, gt, acc);
     P.release(s, table_.head_unit());
     P.release(s, table_.embedding_unit());
+    P.grads_written(s, table_.head_unit());
+  } else if (sharded()) {
+    TimedRegion r("head", s);
+    tp_head_backward(s, H, H, gt, acc);
+    P.release(s, table_.head_unit());
     P.grads_written(s, table_.head_unit());
   } else {
     TimedRegion r("head", s);
@@ -764,6 +845,7 @@ void GpuTransformerT<T>::stage_backward(cudaStream_t s, ParamAccess& P, void* gr
     kernels::embedding_backward(s, dx_, tokens, E.g(table_.embedding()), E.g(table_.pos_embedding()), gt,
                                 acc || gpt2, B_, S_, h, V, scratch_);
   });
+  if (sharded()) tp_embedding_rows_clear(s, E, gt);  // the lookup's scatter reached every token's row
   P.grads_written(s, table_.embedding_unit());
 }
 

@@ -29,8 +29,11 @@
 #include "kernels/gemm.cuh"
 #include "model/moe_layer.h"
 #include "model/moe_stats.h"
+#include "model/tensor_parallel.h"
+#include "model/tp_slice_runs.h"
 #include "model/transformer_params.h"
 #include "runtime/allocator.h"
+#include "runtime/device.h"
 #include "runtime/dtype.h"
 
 namespace cutrain::model {
@@ -69,21 +72,22 @@ class FlatParams final : public ParamAccess {
   std::size_t es_;
 };
 
-// The tensor-parallel group of the GPU model (Megatron's layout): the in-place sum of a bf16
-// [rows, hidden] activation or gradient over the group's ranks on a stream.
-// parallel/tp_device_group.h implements it over a communicator. The model issues the blocks'
-// all-reduces through it: forward after the out-projection and FC2 (the row-parallel partial
-// sums), backward after FC1's and QKV's input gradients (the column-parallel inputs). Sharded
-// GEMMs are not built: the model takes a group of size 1, where every sum is the rank's own
-// values, so a degree-1 run executes the multi-GPU code path with identical results. (A degree
-// above 1 would also need the row-parallel biases and the residuals that the GEMM epilogues add
-// (beta 1) added on one rank of the group only, and each rank's slices of the weights.) bf16
-// only: the fp16 model refuses a group.
+// The tensor-parallel group of the GPU model (Megatron's layout): this rank's place in it and the
+// in-place sums (and the loss's max) over its ranks on a stream. parallel/tp_device_group.h
+// implements it over a device communicator (NCCL); the tests over a loopback transport of threads.
+// The model issues the blocks' all-reduces through it: forward after the out-projection and FC2
+// (the row-parallel partial sums), backward after FC1's and QKV's input gradients (the
+// column-parallel inputs); with more than one rank also the vocabulary-parallel embedding's lookup
+// (forward), the loss's row max and (sum-exp, target logit) (forward, fp32) and the head's input
+// gradient (backward). Every rank of the group calls each one with the same count, in the same order.
 class TpDeviceGroup {
  public:
   virtual ~TpDeviceGroup() = default;
   virtual int size() const = 0;
+  virtual int rank() const = 0;
   virtual void all_reduce_sum(cudaStream_t s, bf16* buf, std::size_t count) = 0;
+  // fp32 in place: the sum, or with `max` the maximum (the vocabulary-parallel loss's statistics).
+  virtual void all_reduce_f32(cudaStream_t s, float* buf, std::size_t count, bool max) = 0;
 };
 
 // Knowledge distillation (Mixture-of-Students; kernels/kd_loss.cuh) for the next forward_backward
@@ -122,7 +126,7 @@ class GpuModel {
   virtual void* stage_input(cudaStream_t s) = 0;
   virtual void* stage_output(cudaStream_t s) = 0;
   virtual void* stage_grad(cudaStream_t s) = 0;
-  virtual void set_tensor_parallel(TpDeviceGroup* group) = 0;
+  virtual void set_tensor_parallel(TpDeviceGroup* group, const TpSlice& slice) = 0;
   virtual int tp_forward_all_reduces() const = 0;
   virtual int tp_backward_all_reduces() const = 0;
   virtual void set_shape(int rows, int seq) = 0;
@@ -217,13 +221,39 @@ class GpuTransformerT final : public GpuModel {
   void* stage_output(cudaStream_t s) override;
   void* stage_grad(cudaStream_t s) override;
 
-  // Tensor parallelism (TpDeviceGroup above; null: none). Seed and GPT-2 dense blocks; a group of
-  // more than one rank is refused (the sharded GEMMs are not built).
-  void set_tensor_parallel(TpDeviceGroup* group) override;
+  // Tensor parallelism (TpDeviceGroup above; null: none) with this rank's slice
+  // (parallel/tensor_parallel_plan.h's make_tp_slice; size and rank those of the group). Seed and
+  // GPT-2 dense blocks, bf16, set before the first call. A group of one rank runs the whole model
+  // with the blocks' all-reduces (each the rank's own values). With more ranks the model computes
+  // its slice only (Megatron's layout): QKV and FC1 column-parallel (its heads' q, k, v rows, its
+  // FFN rows), the out-projection and FC2 row-parallel (the matching columns; their biases, and the
+  // residual shares the backward's GEMMs add, on the group's rank 0 only, so the sums hold them
+  // once), attention over its heads, the token embedding and the head vocabulary-parallel (its
+  // vocabulary rows; kernels/vocab_parallel_loss.cuh's loss, the logits never gathered). The
+  // parameters keep the flat layout of the whole model (the CPU backend's convention): the rank's
+  // slices and the replicated tensors hold values, every other element must be zero (the lookup of
+  // another rank's token reads a zero row); gradients are written to the rank's slices and the
+  // replicated tensors only (every rank's replicated gradients are equal), the other elements are
+  // left alone (the token embedding's other rows, which its backward scatters into, are zeroed).
+  // The column and row slices that are not contiguous in the flat layout (QKV's three parts, the
+  // out-projection's and FC2's columns) are copied into packed scratch for each GEMM and their
+  // gradients copied back (cudaMemcpy2DAsync, captured with the step). Domino (slice.pieces > 1,
+  // dividing every micro-batch's sequences): each block's sub-layers run piece by piece, each
+  // piece's all-reduce on the model's communication stream as soon as its partial sum is queued
+  // (an event), so it runs while the next piece computes; a piece's next sub-layer waits for its
+  // own all-reduce, and the block ends when every piece's has finished. Random-LTD, distillation,
+  // BERT and MoE blocks are refused with a group of more than one rank.
+  void set_tensor_parallel(TpDeviceGroup* group, const TpSlice& slice) override;
   // The group's all-reduces one forward_backward issues (forward, backward; the recompute of
-  // activation checkpointing adds the forward's again).
-  int tp_forward_all_reduces() const override { return tp_ ? 2 * table_.dims().layers : 0; }
-  int tp_backward_all_reduces() const override { return tp_ ? 2 * table_.dims().layers : 0; }
+  // activation checkpointing adds the blocks' forward ones again): 2 per block each way, and with
+  // more than one rank the embedding's and the loss's two (forward) and the head's (backward).
+  // Domino's pieces each issue the blocks' all-reduces of their rows.
+  int tp_forward_all_reduces() const override {
+    return tp_ ? 2 * table_.dims().layers * tps_.pieces + (sharded() ? 3 : 0) : 0;
+  }
+  int tp_backward_all_reduces() const override {
+    return tp_ ? 2 * table_.dims().layers * tps_.pieces + (sharded() ? 1 : 0) : 0;
+  }
 
   // Evaluation: the forward and the mean loss of one micro-batch, no gradients (logits kept).
   // Writes *d_loss and d_status[0..1] like forward_backward.
@@ -409,8 +439,51 @@ class GpuTransformerT final : public GpuModel {
   bool has_head() const { return stage_end_ == table_.dims().layers + 2; }
   Unit held_head_{};  // stage_forward's head unit, released by stage_backward
   TpDeviceGroup* tp_ = nullptr;
+  TpSlice tps_;  // this rank's slice (the whole model without a group)
+  bool sharded() const { return tp_ && tps_.size > 1; }
   // The tensor-parallel sum of buf [rows, hidden] (nothing without a group).
   void tp_all_reduce(cudaStream_t s, T* buf, int rows);
+  TpBlockRuns tp_runs_;  // the slice's runs in a block's tensors (model/tp_slice_runs.h)
+  // The runs of `src` (a tensor's first element, of `es`-byte elements) into the packed `dst`, and back.
+  void pack(cudaStream_t s, void* dst, const void* src, const SliceRuns& r, std::size_t es) const;
+  void unpack(cudaStream_t s, void* dst, const void* src, const SliceRuns& r, std::size_t es) const;
+  // A row-parallel or column-parallel weight's gradient through packed scratch `pg` (of the
+  // gradient's dtype): the rank's runs of g gathered first when accumulating, the GEMM's dW into
+  // pg, scattered back.
+  void packed_grad_weight(cudaStream_t s, const T* dy, const T* x, void* g, DType gt, bool acc, int M, int N, int K,
+                          const SliceRuns& r);
+  // The sharded blocks and head (transformer_gpu_tp.cpp); rows.dx as in layer_backward.
+  void tp_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const T* x_in, T* x_out,
+                        const Rows& rows);
+  void tp_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a, const T* x_in,
+                         const Rows& rows);
+  void tp_gpt2_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const LayerActs* prev, T* x_in,
+                             bool fuse, const Rows& rows);
+  void tp_gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a,
+                              const T* x_in, const Rows& rows);
+  // The vocabulary-parallel embedding (the lookup on the flat table, whose other rows are zero;
+  // the positions on rank 0 only; the sum over the group) and its backward (the other rows zeroed).
+  void tp_embedding_forward(cudaStream_t s, const Unit& E, const std::int32_t* tokens, int* d_status);
+  void tp_embedding_rows_clear(cudaStream_t s, const Unit& E, DType gt);
+  // The logits of the rank's vocabulary rows [M, vocab slice] from the head's input.
+  void tp_logits(cudaStream_t s, const Unit& H, const Unit& E);
+  // The vocabulary-parallel loss (three passes, two all-reduces); `grad`: the logits' gradient in place.
+  void tp_loss(cudaStream_t s, const std::int32_t* labels, float* d_loss, int* d_status, bool grad, float grad_scale,
+               const float* d_loss_scale);
+  // The head's backward from the rank's logits gradient down to dx_ (GPT-2: through LN_f).
+  void tp_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc);
+  int vocab_slice() const { return tps_.vocab_end - tps_.vocab_begin; }
+  // Packed scratch of the sharded GEMMs (weights of T, gradients of the widest gradient dtype),
+  // the loss's row statistics [3 x rows] and rank != 0's zero position table.
+  T *tp_w_ = nullptr, *tp_b_ = nullptr, *tp_zero_pos_ = nullptr;
+  void *tp_gw_ = nullptr, *tp_gb_ = nullptr;
+  float* tp_stats_ = nullptr;
+  // Domino: piece p's all-reduce of buf [rows, hidden] (on the communication stream after what `s`
+  // queued, or with one piece on `s` itself), and `s` waiting for it.
+  void tp_reduce_piece(cudaStream_t s, T* buf, int rows, int p);
+  void tp_wait_piece(cudaStream_t s, int p);
+  std::unique_ptr<Stream> tp_comm_stream_;
+  std::vector<Event> tp_ready_, tp_done_;  // per piece: its partial sum queued; its all-reduce done
   int K_ = 0, P_ = 0;  // BERT: the head's slots per sequence and rows (B_ x K_); 0 otherwise
   bool checkpointing_;
   bool recompute_gelu_;

@@ -21,6 +21,7 @@ using kernels::GemmEpilogue;
 template <typename T>
 void GpuTransformerT<T>::gpt2_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a,
                                         const LayerActs* prev, T* x_in, bool fuse, const Rows& rows) {
+  if (sharded()) return tp_gpt2_layer_forward(s, U, l, a, prev, x_in, fuse, rows);
   const LayerIndex& L = table_.layer(l);
   const int h = table_.dims().hidden, F = table_.dims().ffn();
   auto w = [&](int idx) { return U.w(idx); };
@@ -73,6 +74,7 @@ void GpuTransformerT<T>::gpt2_layer_forward(cudaStream_t s, const Unit& U, int l
 template <typename T>
 void GpuTransformerT<T>::gpt2_layer_backward(cudaStream_t s, const Unit& U, DType gt, bool acc, int l, const LayerActs& a,
                                          const T* x_in, const Rows& rows) {
+  if (sharded()) return tp_gpt2_layer_backward(s, U, gt, acc, l, a, x_in, rows);
   const LayerIndex& L = table_.layer(l);
   const int h = table_.dims().hidden, F = table_.dims().ffn();
   const std::size_t es = dtype_size(gt);
@@ -145,6 +147,7 @@ void GpuTransformerT<T>::gpt2_head_forward(cudaStream_t s, const Unit& H, const 
       kernels::layernorm_residual_forward(s, xs_[Ln], nullptr, nullptr, lnf_, mean_f_, rstd_f_,  // a dropping last block scattered x_L
                                           H.w(table_.final_norm_w()), H.w(table_.final_norm_b()), M_, h);
   });
+  if (sharded()) return tp_logits(s, H, E);  // the rank's vocabulary rows of wte
   timed(s, "logits", cost::gemm_forward(M_, Vr, h, false), [&] {
     gemm_->forward(s, lnf_, E.w(table_.output_w()), nullptr, logits_, M_, Vr, h, GemmEpilogue::None);
   });
@@ -152,6 +155,7 @@ void GpuTransformerT<T>::gpt2_head_forward(cudaStream_t s, const Unit& H, const 
 
 template <typename T>
 void GpuTransformerT<T>::gpt2_head_backward(cudaStream_t s, const Unit& H, const Unit& E, DType gt, bool acc) {
+  if (sharded()) return tp_head_backward(s, H, E, gt, acc);
   const ModelDims& d = table_.dims();
   const int h = d.hidden, V = d.vocab_rows(), Ln = d.layers;
   const std::size_t es = dtype_size(gt);

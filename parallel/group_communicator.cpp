@@ -35,6 +35,7 @@ class GroupCommunicator final : public comm::Communicator {
 
   void all_reduce(void* buf, std::size_t n, DType t, comm::ReduceOp op, cudaStream_t s) override {
     CUTRAIN_CHECK(t == DType::F32, "group communicator: all_reduce of float32 only, found ", dtype_name(t));
+    CUTRAIN_CHECK(op != comm::ReduceOp::Max, "group communicator: a max reduction is not built (sum and avg only)");
     std::vector<double> acc(n);
     const float* f = static_cast<const float*>(buf);
     for (std::size_t i = 0; i < n; ++i) acc[i] = double(f[i]);

@@ -14,4 +14,8 @@ void CommTpDeviceGroup::all_reduce_sum(cudaStream_t s, bf16* buf, std::size_t co
   group_->all_reduce(buf, count, DType::BF16, comm::ReduceOp::Sum, s);
 }
 
+void CommTpDeviceGroup::all_reduce_f32(cudaStream_t s, float* buf, std::size_t count, bool max) {
+  group_->all_reduce(buf, count, DType::F32, max ? comm::ReduceOp::Max : comm::ReduceOp::Sum, s);
+}
+
 }  // namespace cutrain::parallel

@@ -64,7 +64,8 @@ struct BackendOptions {
   int domino = 1;
   std::shared_ptr<comm::Communicator> tp_comm;
   // The GPU engine: the tensor-parallel plan at degree 1 (the flag or autotp_size given), the
-  // blocks' all-reduces over `tp_comm` or, without one, a one-rank NCCL communicator.
+  // blocks' all-reduces over `tp_comm` or, without one, a one-rank NCCL communicator. Above one
+  // rank the GPU engine splits its NCCL world into the grid's groups itself (train/engine_tp.cpp).
   bool tensor_parallel_engine = false;
   // Expert parallelism (CPU backend: train/cpu_expert_parallel.h): DeepSpeed's ep_size over the
   // data-parallel ranks. With expert_parallel > 1 make_cpu_backend passes each backend `comm` (the

@@ -88,6 +88,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     describe_ += ", expert parallel: ep_size " + std::to_string(ep) + " of world " +
                  std::to_string(comm_->world_size()) + " (token all-to-all over " + ep_comm_->backend_name() + ")";
   }
+  if (o.tensor_parallel > 1) setup_tensor_grid();  // comm_ becomes the data-parallel group
   over_ranks_ = o.pipeline_over_ranks || o.pipeline_stages > 1;
   if (over_ranks_) {
     // The pipeline over ranks: every bad value named before any allocation, then the grid's groups
@@ -193,6 +194,7 @@ GpuEngine::GpuEngine(const BackendOptions& o, const TrainConfig& c)
     // moments set on the device, so a 6.86B model does not stage four fp32 copies in host memory.
     std::vector<float> init(n_);
     table_.init(init.data(), o.seed);
+    if (tp_slice_.size > 1) tp_mask_held(init);  // the flat layout: the other ranks' slices zero
     if (zero_.sharded()) {
       const std::vector<float> shard = layout_.shard_from_flat(init.data(), zero_.rank);
       upload(params_, plan_.param, shard, stream_);
@@ -376,13 +378,21 @@ std::unique_ptr<model::GpuModel> GpuEngine::make_model() const {
                                      opt_.max_predictions, ep_comm_.get(), cap_);
 }
 
-// Degree 1 only: the slice's checks, then the blocks' all-reduces over a one-rank group.
+// Above one rank: the grid's group (setup_tensor_grid) attached to the model. Degree 1: the slice's
+// checks, then the blocks' all-reduces over a one-rank group.
 void GpuEngine::setup_tensor_parallel() {
   const std::string& flag = opt_.tensor_parallel_flag;
-  CUTRAIN_CHECK(opt_.tensor_parallel == 1, "train: ", flag, " ", opt_.tensor_parallel,
-                " on the GPU engine: the sharded GEMMs (column / row-parallel blocks, vocabulary-parallel embedding and "
-                "loss over NCCL) are not built; degree 1 runs the tensor-parallel code path on one GPU, degrees above 1 "
-                "run on --device cpu over the host communicator");
+  if (tp_slice_.size > 1) {
+    setup_tp_norm();
+    tp_group_ = std::make_unique<parallel::CommTpDeviceGroup>(tp_comm_);
+    model_->set_tensor_parallel(tp_group_.get(), tp_slice_);
+    std::cout << "[Rank " << world_->rank() << "] " << parallel::describe_tp_slice(tp_slice_) << " over an "
+              << tp_comm_->backend_name() << " group of " << tp_comm_->world_size() << ": per micro-batch "
+              << model_->tp_forward_all_reduces() << " forward and " << model_->tp_backward_all_reduces()
+              << " backward all-reduces (the blocks', the vocabulary-parallel embedding's, loss's and head's)"
+              << std::endl;
+    return;
+  }
   const model::TpSlice slice = parallel::make_tp_slice(table_.dims(), 1, 0, flag);
   tp_comm_ = opt_.tp_comm;
   if (!tp_comm_) {
@@ -395,7 +405,8 @@ void GpuEngine::setup_tensor_parallel() {
   CUTRAIN_CHECK(tp_comm_->world_size() == 1, "train: ", flag, " 1: expected a tensor-parallel group of one rank, found ",
                 tp_comm_->world_size());
   tp_group_ = std::make_unique<parallel::CommTpDeviceGroup>(tp_comm_);
-  model_->set_tensor_parallel(tp_group_.get());
+  tp_slice_ = slice;
+  model_->set_tensor_parallel(tp_group_.get(), tp_slice_);
   describe_ += ", tensor parallel degree 1 over " + std::string(tp_comm_->backend_name());
   std::cout << "[Rank " << (comm_ ? comm_->rank() : 0) << "] " << parallel::describe_tp_slice(slice) << " over the "
             << tp_comm_->backend_name() << " communicator (world 1): per micro-batch " << model_->tp_forward_all_reduces()
@@ -434,8 +445,8 @@ void GpuEngine::setup_pipeline() {
     pipeline_ = std::make_unique<GpuPipeline>(table_, plan, model_.get(), [this] { return make_model(); });
   }
   for (model::GpuModel* m : pipeline_->models())
-    if (m != model_.get() && tp_group_) m->set_tensor_parallel(tp_group_.get());
-  const int rank = comm_ ? comm_->rank() : 0;
+    if (m != model_.get() && tp_group_) m->set_tensor_parallel(tp_group_.get(), tp_slice_);
+  const int rank = world_ ? world_->rank() : comm_ ? comm_->rank() : 0;  // world_: tensor parallelism's world
   if (over_ranks_) {
     describe_ += ", pipeline stage " + std::to_string(pp_comm_->rank()) + " of " + std::to_string(P) + " over NCCL";
     if (dp_comm_->world_size() > 1)
@@ -638,6 +649,10 @@ void GpuEngine::enqueue_norm() {
     pp_comm_->all_reduce_sum_f64(sumsq_.as<double>(), 1, stream_);
     kernels::grad_norm_from_sumsq(stream_, sumsq_.as<double>(), cfg_.gradient_clipping, flags + accum_,
                                   flags + accum_ + 1, reinterpret_cast<int*>(flags + accum_ + 2), loss_scale_d());
+    return;
+  }
+  if (tp_slice_.size > 1) {  // over the tensor-parallel group, each element once (train/engine_tp.cpp)
+    enqueue_tp_norm(flags + accum_, flags + accum_ + 1, reinterpret_cast<int*>(flags + accum_ + 2));
     return;
   }
   if (sharded_) {
@@ -1036,6 +1051,8 @@ HostState GpuEngine::save_state() const {
   s.exp_avg_sq = state(v_, plan_.moment);
   s.moment_dtype = plan_.moment;
   if (swap_) swap_->swap_out(/*non_blocking=*/false);  // back where it lives between steps
+  if (tp_slice_.size > 1)  // the whole model: the group's sum (collective over the group)
+    for (std::vector<float>* v : {&s.params, &s.master, &s.compensation, &s.exp_avg, &s.exp_avg_sq}) tp_group_sum(*v);
   return s;
 }
 
@@ -1064,7 +1081,7 @@ std::vector<GpuEngine::StatePart> GpuEngine::state_parts() const {
 void GpuEngine::snapshot_state(StateSnapshot& out) const {
   // Partitioned, sharded or swapped states are gathered (and converted) by save_state(); a whole
   // resident state is copied as it is, one device-to-host copy per buffer into pinned storage.
-  if (zero_.partitioned() || zero_.sharded() || swap_ || over_ranks_) {
+  if (zero_.partitioned() || zero_.sharded() || swap_ || over_ranks_ || tp_slice_.size > 1) {
     TrainBackend::snapshot_state(out);
     return;
   }
@@ -1080,6 +1097,15 @@ void GpuEngine::snapshot_state(StateSnapshot& out) const {
 }
 
 void GpuEngine::load_state(const HostState& s) {
+  if (tp_slice_.size <= 1) return load_flat_state(s);
+  // The whole model's state: this rank keeps its slices and the replicated tensors, zeros elsewhere.
+  HostState mine = s;
+  for (std::vector<float>* v : {&mine.params, &mine.master, &mine.compensation, &mine.exp_avg, &mine.exp_avg_sq})
+    tp_mask_held(*v);
+  load_flat_state(mine);
+}
+
+void GpuEngine::load_flat_state(const HostState& s) {
   CUTRAIN_CHECK(s.params.size() == n_ && s.exp_avg.size() == n_ && s.exp_avg_sq.size() == n_,
                 "gpu engine: state of ", s.params.size(), " params does not fit the model's flat size ", n_);
   CUTRAIN_CHECK(!plan_.has_master || s.master.size() == n_, "gpu engine: the ", plan_.name(),
@@ -1121,7 +1147,7 @@ void GpuEngine::load_state(const HostState& s) {
 }
 
 void GpuEngine::restore_snapshot(const StateSnapshot& s) {
-  if (zero_.partitioned() || zero_.sharded() || swap_) {
+  if (zero_.partitioned() || zero_.sharded() || swap_ || tp_slice_.size > 1) {
     TrainBackend::restore_snapshot(s);
     return;
   }
@@ -1176,7 +1202,7 @@ class EngineRestore final : public DeviceRestore {
 
 std::unique_ptr<DeviceRestore> GpuEngine::device_restore(DType params, std::optional<DType> master, DType moments,
                                                          std::optional<DType> compensation) {
-  if (zero_.partitioned() || zero_.sharded() || swap_) return nullptr;
+  if (zero_.partitioned() || zero_.sharded() || swap_ || tp_slice_.size > 1) return nullptr;
   if (params != plan_.param || moments != plan_.moment) return nullptr;
   if (plan_.has_master && master != DType::F32) return nullptr;
   if (plan_.compensation && compensation && *compensation != DType::BF16) return nullptr;

@@ -9,8 +9,10 @@
 // (parallel/zero_stage3.h). The collectives of the gradient reduction and norm, and stage 3's
 // gathers, are part of the captured graph. On one GPU the micro-batches can run through the
 // pipeline's 1F1B program (train/gpu_pipeline.h: one stage, or every stage in this process) and
-// the blocks' tensor-parallel all-reduces over a one-rank NCCL group (degree 1); sharded GEMMs are
-// refused.
+// the blocks' tensor-parallel all-reduces over a one-rank NCCL group (degree 1). Tensor
+// parallelism above one rank (data x tensor, ZeRO stages 0-2; train/engine_tp.cpp): the world split
+// into the grid's NCCL groups, the model's slice (Megatron's sharded blocks, vocabulary-parallel
+// embedding and loss), the norm over the group, checkpoints as the group's sum; not with a pipeline.
 //
 // Pipeline over ranks (--pipeline_parallel_size S > 1, BackendOptions::pipeline_over_ranks): the
 // world as DeepSpeed's grid (parallel/rank_grid.h, rank = stage x dp + replica), its data-parallel
@@ -45,6 +47,7 @@
 #include <vector>
 
 #include "model/transformer_gpu.h"
+#include "parallel/tensor_parallel_plan.h"
 #include "parallel/tp_device_group.h"
 #include "parallel/zero_comm.h"
 #include "parallel/zero_plan.h"
@@ -129,7 +132,7 @@ class GpuEngine final : public TrainBackend {
   const comm::Communicator* pipeline_group() const { return pp_comm_.get(); }
   const comm::Communicator* stage_dp_group() const { return dp_comm_.get(); }
   parallel::Range stage_range() const { return stage_range_; }
-  // The tensor-parallel group of degree 1 (BackendOptions::tensor_parallel_engine); null: none.
+  // The tensor-parallel group (BackendOptions::tensor_parallel_engine, or a degree above 1); null: none.
   const parallel::CommTpDeviceGroup* tensor_parallel_group() const { return tp_group_.get(); }
 
   // DeepSpeed's engine.offload_states / reload_states. `include`: any of optim_states (moments, and
@@ -217,6 +220,19 @@ class GpuEngine final : public TrainBackend {
   // Tensor parallelism at degree 1: the one-rank group the blocks' all-reduces go over.
   std::shared_ptr<comm::Communicator> tp_comm_;
   std::unique_ptr<parallel::CommTpDeviceGroup> tp_group_;
+  // Above one rank (train/engine_tp.cpp): the world (comm_ is then its data-parallel group, or
+  // none), this rank's slice and flat layout, the norm's packed slices and fp64 sum.
+  std::shared_ptr<comm::Communicator> world_;
+  model::TpSlice tp_slice_;
+  parallel::TpLayout tp_layout_;
+  Buffer tp_norm_pack_, tp_sumsq_;
+  std::size_t tp_norm_count_ = 0;
+  void setup_tensor_grid();
+  void setup_tp_norm();
+  void tp_mask_held(std::vector<float>& v) const;   // the elements this rank does not hold zeroed
+  void tp_group_sum(std::vector<float>& v) const;   // collective: the group's whole state
+  void enqueue_tp_norm(float* norm, float* clip_scale, int* nonfinite);
+  void load_flat_state(const HostState& s);
   std::unique_ptr<model::GpuModel> model_;  // on plan_.param (bf16 or fp16)
   // fp16: the dynamic or static scaler, the scale's device word and its pinned staging (copied to
   // the device inside the captured part, like step_d_).

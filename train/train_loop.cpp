@@ -364,10 +364,14 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   const std::string tp_flag = o.tensor_parallel_size ? std::string("--tensor_parallel_size")
                                                      : "tensor_parallel.autotp_size (" + o.deepspeed_config.string() + ")";
   CUTRAIN_CHECK(tp >= 1, "train: ", tp_flag, ": expected a tensor-parallel degree >= 1, found ", tp);
-  CUTRAIN_CHECK(tp == 1 || !on_gpu, "train: ", tp_flag, " ", tp,
-                " with --device cuda: the GPU's sharded GEMMs (column / row-parallel blocks, vocabulary-parallel "
-                "embedding and loss over NCCL) are not built; expected 1 (the tensor-parallel code path on one GPU) or "
-                "--device cpu (over the host communicator)");
+  // The GPU engine's tensor-parallel ranks are processes on their own GPUs over NCCL (train/engine_tp.cpp).
+  CUTRAIN_CHECK(tp == 1 || !on_gpu || env.world_size >= tp, "train: ", tp_flag, " ", tp,
+                " with --device cuda: each tensor-parallel rank is a process on its own GPU over NCCL; expected a "
+                "launch of ", tp, " ranks or a multiple (cutrain launch --num_gpus ", tp, "), found ", env.world_size,
+                " (--device cpu runs the ranks over the host communicator)");
+  CUTRAIN_CHECK(tp == 1 || !on_gpu || (pp == 1 && vstages <= 1), "train: ", tp_flag, " ", tp,
+                " with a pipeline (--pipeline_parallel_size ", pp, ", --pipeline_stages_in_process ", vstages,
+                ") on --device cuda is not built; expected data x tensor parallelism, or --device cpu");
   CUTRAIN_CHECK(o.domino == 1 || tp > 1, "train: --domino ", o.domino,
                 ": Domino splits the tensor-parallel all-reduces; expected --tensor_parallel_size > 1, found ", tp);
   CUTRAIN_CHECK(tp > 1 || env.world_size % pp == 0, "train: --pipeline_parallel_size ", pp,

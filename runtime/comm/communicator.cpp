@@ -79,7 +79,14 @@ ncclDataType_t nccl_type(DType t) {
     default: CUTRAIN_FAIL("NCCL has no type for ", dtype_name(t));
   }
 }
-ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : ncclAvg; }
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Avg: return ncclAvg;
+    case ReduceOp::Max: return ncclMax;
+  }
+  CUTRAIN_FAIL("nccl: unknown reduce op ", int(op));
+}
 
 class NcclCommunicator final : public Communicator {
  public:

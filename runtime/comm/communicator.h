@@ -23,7 +23,8 @@
 
 namespace cutrain::comm {
 
-enum class ReduceOp { Sum, Avg };
+// Max: NCCL's only (the GPU model's vocabulary-parallel loss); the host transports refuse it.
+enum class ReduceOp { Sum, Avg, Max };
 
 // One contiguous piece of an all_to_all_v: `count` elements at element `offset` of the buffer, to
 // or from group rank `peer`.

@@ -86,6 +86,11 @@ void reduce_typed(void* out, const std::vector<const char*>& src, std::size_t n,
     std::memcpy(static_cast<char*>(out) + i * sizeof(T), &r, sizeof(T));
   }
 }
+// Before any rank writes its slot: every rank refuses the op at the same call.
+void check_op(ReduceOp op, const char* what) {
+  CUTRAIN_CHECK(op != ReduceOp::Max, "host communicator: ", what,
+                " with a max reduction is not built (sum and avg only; max is NCCL's, for the GPU model)");
+}
 void reduce_into(Elem e, void* out, const std::vector<const char*>& src, std::size_t n, ReduceOp op) {
   const bool avg = op == ReduceOp::Avg;
   switch (e) {
@@ -184,6 +189,7 @@ class HostCommunicator final : public Communicator {
     reduce_chunks(Elem::F64, buf, n, ReduceOp::Sum, "all_reduce_sum_f64");
   }
   void reduce_scatter(const void* send, void* recv, std::size_t n, DType t, ReduceOp op, cudaStream_t) override {
+    check_op(op, "reduce_scatter");
     const Elem e = elem_of(t);
     const std::size_t es = elem_size(e), W = std::size_t(world_size());
     const std::size_t chunk = chunk_elems(es * W, "reduce_scatter");
@@ -377,6 +383,7 @@ class HostCommunicator final : public Communicator {
   }
 
   void reduce_chunks(Elem e, void* buf, std::size_t n, ReduceOp op, const char* what) {
+    check_op(op, what);
     const std::size_t es = elem_size(e), W = std::size_t(world_size());
     const std::size_t chunk = chunk_elems(es, what);
     std::vector<const char*> src(W);

@@ -44,7 +44,7 @@ tied-head model" --device cuda --model gpt2 --deepspeed_config "$tmp/a4.json" --
 refused "train: --pipeline_parallel_size 2 with --device cuda and zero_optimization.stage 1: each GPU stage averages \
 its gradients over its data-parallel group (stage 0); ZeRO stages 1-3 inside a GPU pipeline are not built" \
     --device cuda --deepspeed_config "$tmp/z1.json" --pipeline_parallel_size 2
-refused "train: --tensor_parallel_size 2 with --device cuda: the GPU's sharded GEMMs" --device cuda \
+refused "train: --tensor_parallel_size 2 with --device cuda: each tensor-parallel rank is a process on its own GPU" --device cuda \
     --deepspeed_config "$tmp/a4.json" --tensor_parallel_size 2
 refused "train: --pipeline_stages_in_process 2 with --pipeline_parallel_size 2: the stages of this process are the \
 whole pipeline" --device cuda --deepspeed_config "$tmp/a4.json" --pipeline_stages_in_process 2 --pipeline_parallel_size 2

@@ -204,6 +204,6 @@ refused "--domino 2: Domino splits the tensor-parallel all-reduces; expected --t
     --deepspeed_config "$tmp/z0.json" --domino 2
 if "$bin" train --deepspeed_config "$tmp/z0.json" --device cuda --tensor_parallel_size 2 >"$tmp/err.txt" 2>&1; then
   fail "a GPU tensor-parallel run was accepted"; fi
-grep -qF "train: --tensor_parallel_size 2 with --device cuda: the GPU's sharded GEMMs (column / row-parallel blocks, \
-vocabulary-parallel embedding and loss over NCCL) are not built" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "the GPU message"; }
+grep -qF "train: --tensor_parallel_size 2 with --device cuda: each tensor-parallel rank is a process on its own GPU \
+over NCCL; expected a launch of 2 ranks or a multiple (cutrain launch --num_gpus 2), found 1" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "the GPU message"; }
 echo "ok: bad tensor-parallel input refused"

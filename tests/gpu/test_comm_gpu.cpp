@@ -52,9 +52,10 @@ TEST(NcclCommunicator, EveryOperationOnOneRank) {
   EXPECT_EQ(download(b, n), x) << "all_to_all";
   reset();
   c->all_reduce(a.p, n, DType::F32, comm::ReduceOp::Avg, s);
+  c->all_reduce(a.p, n, DType::F32, comm::ReduceOp::Max, s);  // the vocabulary-parallel loss's row max
   c->reduce_scatter(a.p, b.p, n, DType::F32, comm::ReduceOp::Sum, s);
   c->barrier(s);
-  EXPECT_EQ(download(b, n), x) << "all_reduce + reduce_scatter";
+  EXPECT_EQ(download(b, n), x) << "all_reduce (avg, max) + reduce_scatter";
   reset();
   c->all_gather(a.p, b.p, n, DType::F32, s);
   c->broadcast(b.p, n, DType::F32, 0, s);

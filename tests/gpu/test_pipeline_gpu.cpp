@@ -8,7 +8,7 @@
 // graph captured and replayed. The pipeline over ranks (one stage per GPU over NCCL) at world
 // size 1, its one stage through the multi-rank code path, against the plain engine bit for bit.
 // Also the refusals of what is not built (stages over ranks without NCCL or with ZeRO 1-3,
-// sharded GEMMs, a partial stage of GPT-2).
+// tensor parallelism above one rank in one process, a partial stage of GPT-2).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -244,7 +244,8 @@ TEST(PipelineGpuRefused, WhatIsNotBuiltIsNamed) {
   o = plain_options(c, 1);
   o.tensor_parallel = 2;
   o.tensor_parallel_engine = true;
-  EXPECT_NE(test::error_of([&] { train::GpuEngine e(o, config_for(c)); }).find("the sharded GEMMs"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { train::GpuEngine e(o, config_for(c)); }).find("each tensor-parallel rank is a process on its own GPU"),
+            std::string::npos);
   Case g = c;
   g.arch = model::Arch::Gpt2;
   o = plain_options(g, 1);

@@ -298,7 +298,15 @@ TEST(HostComm, BadArgumentsAreRefused) {
     } catch (const Error& e) {
       errs += e.message() + "|";
     }
-    CUTRAIN_CHECK(errs.find("no collective type for uint16") != std::string::npos &&
+    float f[2] = {};
+    try {
+      c.all_reduce(f, 2, DType::F32, ReduceOp::Max, nullptr);
+    } catch (const Error& e) {
+      errs += e.message() + "|";
+    }
+    c.barrier(nullptr);  // still usable: the max was refused before any rank wrote its slot
+    CUTRAIN_CHECK(errs.find("all_reduce with a max reduction is not built") != std::string::npos &&
+                      errs.find("no collective type for uint16") != std::string::npos &&
                       errs.find("expected a peer rank in [0, 2) other than") != std::string::npos,
                   "messages: ", errs);
   });

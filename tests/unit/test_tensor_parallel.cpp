@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "model/reference_model.h"
+#include "model/tp_slice_runs.h"
 #include "parallel/domino_timeline.h"
 #include "parallel/group_communicator.h"
 #include "parallel/rank_grid.h"
@@ -145,6 +146,47 @@ TEST(TensorParallelPlan, LayoutCountsEveryElementOnce) {
           replicated = replicated || p.name.find(r) != std::string::npos;
         const bool want_split = !replicated;
         EXPECT_EQ(split == 1, want_split) << p.name;
+      }
+    }
+}
+
+// The GPU model's strided runs (model/tp_slice_runs.h) hold exactly the plan's slices: expanded
+// over the flat buffer they are the layout's `sliced` elements, each once, and a block's packed
+// runs are the GEMM operands' row-major order (QKV's q | k | v rows, then the columns row by row).
+TEST(TensorParallelPlan, SliceRunsAreTheLayoutsSlices) {
+  for (model::Arch arch : {model::Arch::Simple, model::Arch::Gpt2})
+    for (int tp : {1, 2, 4}) {
+      model::ModelDims d{16, 2, 4, 20, 6};
+      d.arch = arch;
+      d.padded_vocab = 24;
+      model::TransformerParams t(d);
+      for (int r = 0; r < tp; ++r) {
+        const model::TpSlice s = parallel::make_tp_slice(d, tp, r, "--tp");
+        const parallel::TpLayout L = parallel::make_tp_layout(t, s);
+        std::vector<int> hit(t.flat_size(), 0);
+        for (const auto& [idx, run] : model::tp_sliced_runs(t, s)) {
+          const model::ParamTensor& p = t.tensor(idx);
+          ASSERT_GE(run.pitch, run.width) << p.name;
+          ASSERT_LE(run.offset + (run.height - 1) * run.pitch + run.width, p.count) << p.name << ": past the tensor";
+          for (std::size_t y = 0; y < run.height; ++y)
+            for (std::size_t x = 0; x < run.width; ++x) ++hit[p.offset + run.offset + y * run.pitch + x];
+        }
+        std::vector<unsigned char> sliced(t.flat_size(), 0);
+        for (const parallel::Range& g : L.sliced)
+          for (std::size_t i = g.begin; i < g.end; ++i) sliced[i] = 1;
+        for (std::size_t i = 0; i < t.flat_size(); ++i)
+          ASSERT_EQ(hit[i], int(sliced[i])) << "element " << i << " at TP " << tp << " rank " << r;
+        // A block's runs in packed order: element (row n, column k) of the packed [N, K] operand.
+        const model::TpBlockRuns b = model::tp_block_runs(d, s);
+        const std::size_t h = 16, D = 4, hl = std::size_t(s.head_end - s.head_begin) * D;
+        const std::size_t F = std::size_t(d.ffn()), fl = std::size_t(s.ffn_end - s.ffn_begin);
+        EXPECT_EQ(b.qkv_w.count(), 3 * hl * h);
+        for (std::size_t part = 0; part < 3; ++part)  // packed row part * hl + j is W row part * h + q0 + j
+          EXPECT_EQ(b.qkv_w.offset + part * b.qkv_w.pitch, (part * h + std::size_t(s.head_begin) * D) * h);
+        EXPECT_EQ(b.out_proj_w.count(), h * hl);
+        EXPECT_EQ(b.ff2_w.count(), h * fl);
+        EXPECT_EQ(b.ff2_w.pitch, F);
+        EXPECT_EQ(b.ff0_w.count(), fl * h);
       }
     }
 }
