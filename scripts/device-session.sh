@@ -63,7 +63,7 @@
 #   moe_quality issue #22's training figures (scripts/moe_quality.py): dense, an 8-expert MoE in every
 #               other block (top-MOEQ_TOPK, default 1: equal active FLOPs, at training capacity factor
 #               MOEQ_CF, default 1.0; top-1 with random token selection unless MOEQ_RTS=false; gradient
-#               clipping MOEQ_CLIP, default 1.0, 0 for none) and PR-MoE (pyramid + residual MLP) on the same shards
+#               clipping MOEQ_CLIP, default 0: none) and PR-MoE (pyramid + residual MLP) on the same shards
 #               (.devdata/linux-doc.tar.xz when scripts/corpus-linux-doc.sh made it, 7.26M training tokens, else
 #               WikiText-2), MOEQ_STEPS steps (default 600) of MOEQ_SHAPE (default bf16_example):
 #               validation loss, parameters, step time and dropped routes, with the three verdicts;
@@ -405,7 +405,7 @@ if want moe_quality; then
   corpus=""; [ -e .devdata/linux-doc.tar.xz ] && corpus="--corpus .devdata/linux-doc.tar.xz"
   # ~10-16 ms a step on the H100 for the three variants, plus start-up, evaluation and the corpus's
   # tokenization (~10 s): the limit grows with MOEQ_STEPS (3000: ~0.85 of the corpus's 7.26M tokens).
-  step moe_quality $(( 300 + ${MOEQ_STEPS:-600} / 20 )) "python3 scripts/moe_quality.py --bin $bin --shape ${MOEQ_SHAPE:-bf16_example} --steps ${MOEQ_STEPS:-600} --top_k ${MOEQ_TOPK:-1} --capacity_factor ${MOEQ_CF:-1.0} --gradient_clipping ${MOEQ_CLIP:-1.0} ${MOEQ_RTS:+--use_rts $MOEQ_RTS} --data .devdata $corpus --out $logs/moe_quality"
+  step moe_quality $(( 300 + ${MOEQ_STEPS:-600} / 20 )) "python3 scripts/moe_quality.py --bin $bin --shape ${MOEQ_SHAPE:-bf16_example} --steps ${MOEQ_STEPS:-600} --top_k ${MOEQ_TOPK:-1} --capacity_factor ${MOEQ_CF:-1.0} --gradient_clipping ${MOEQ_CLIP:-0} ${MOEQ_RTS:+--use_rts $MOEQ_RTS} --data .devdata $corpus --out $logs/moe_quality"
   rm -rf "$logs/moe_quality/data"  # the shards and the extracted corpus do not come back
   grep -E "^\||^- |^## " "$logs/moe_quality.txt" >>"$sum" 2>/dev/null
   # Where the MoE step's time goes: --timing_report of the BF16 example's dense model and its MoE

@@ -165,8 +165,8 @@ def main():
     ap.add_argument("--eval_interval", type=int, default=100)
     ap.add_argument("--eval_steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--gradient_clipping", type=float, default=1.0,
-                    help="DeepSpeed's gradient_clipping for every variant (0: none); 1.0 as Megatron-DeepSpeed's MoE recipes")
+    ap.add_argument("--gradient_clipping", type=float, default=0.0,
+                    help="DeepSpeed's gradient_clipping for every variant (0, the default: none, as configs/baseline.json)")
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--pyramid", default="", help="experts per MoE block for prmoe (default: E/2 then E for the last third)")
     ap.add_argument("--top_k", type=int, default=1, help="routes per token of both MoE variants (1 or 2)")
