@@ -27,6 +27,41 @@
 
 namespace cutrain::kernels::sm90 {
 
+// The query-tile schedule and operand slices shared by the kernels whose CTA owns BLOCK_M query
+// rows (two warpgroups of 64) and streams K/V tiles of BLOCK_N keys: the forward and the dQ pass.
+template <int BLOCK_M, int BLOCK_N, bool CAUSAL>
+struct QueryTileSchedule {
+  // The K/V tiles a CTA of first query m0 streams: all of them, or (causal) those up to its last
+  // query's key.
+  static constexpr CUTRAIN_HD int kv_tiles(int S, int m0) {
+    const int all = (S + BLOCK_N - 1) / BLOCK_N, diag = (m0 + BLOCK_M - 1) / BLOCK_N + 1;
+    return CAUSAL && diag < all ? diag : all;
+  }
+  // Whether the warpgroup whose rows start at wg_row0 has work in tile j (causal: a tile wholly
+  // after its 64 rows has none; it still waits for the tile and releases it).
+  static constexpr CUTRAIN_HD bool tile_active(int j, int wg_row0) { return !CAUSAL || j * BLOCK_N <= wg_row0 + 63; }
+  // The active tiles are a prefix of the n_tiles streamed (tile 0 always among them): their count.
+  static constexpr CUTRAIN_HD int active_tiles(int n_tiles, int wg_row0) {
+    const int last = (wg_row0 + 63) / BLOCK_N + 1;
+    return CAUSAL && last < n_tiles ? last : n_tiles;
+  }
+  // With a key mask: of the n_tiles a CTA would stream, those up to the tile holding last_key, the
+  // last key it may attend among them (-1: none, so no tile and every row gets O = 0, lse = -inf).
+  // Trailing padding then costs nothing; masked keys before last_key score -inf in the softmax.
+  static constexpr CUTRAIN_HD int masked_kv_tiles(int n_tiles, int last_key) {
+    const int need = last_key < 0 ? 0 : last_key / BLOCK_N + 1;
+    return need < n_tiles ? need : n_tiles;
+  }
+  // Byte offset, from Q's (or dO's) base, where warpgroup `wg`'s K-major A operand for k16 step kk
+  // starts (rows 64wg.., columns 16kk..).
+  static constexpr CUTRAIN_HD std::uint32_t q_slice(int wg, int kk) {
+    return (kk / 4) * (BLOCK_M * 128) + wg * 64 * 128 + (kk % 4) * 32;
+  }
+  // Byte offset, from a K (or V) tile's base, of the K-major B operand of k16 step kk (all BLOCK_N
+  // keys, columns 16kk..).
+  static constexpr CUTRAIN_HD std::uint32_t k_slice(int kk) { return (kk / 4) * (BLOCK_N * 128) + (kk % 4) * 32; }
+};
+
 // D: head dim (64 or 128). Two consumer warpgroups of 64 query rows each and one producer warp
 // (one thread of it issues the copies). Register budget: ptxas gives every thread of the 288 the
 // same cap, 168 (nvcc 13.0; setmaxnreg moved none of it to the consumers at compile time: d128 with
@@ -34,7 +69,7 @@ namespace cutrain::kernels::sm90 {
 // OVERLAP: the consumer loop keeps tile j's P V in flight while it issues tile j+1's S (see
 // fwd.cu); same tiles, same registers budget.
 template <int D, bool CAUSAL, bool OVERLAP = false>
-struct FwdConfig {
+struct FwdConfig : QueryTileSchedule<128, D == 64 ? 128 : 96, CAUSAL> {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
@@ -65,35 +100,9 @@ struct FwdConfig {
   static constexpr std::uint32_t kVLbo = kBlockN * 128;
   static_assert(kVLbo < (1u << 18), "LBO must fit the descriptor's 14-bit field (bytes >> 4)");
 
-  // The schedule. K/V tiles a CTA of first query m0 streams: all of them, or (causal) those up to
-  // its last query's key.
-  static constexpr CUTRAIN_HD int kv_tiles(int S, int m0) {
-    const int all = (S + kBlockN - 1) / kBlockN, diag = (m0 + kBlockM - 1) / kBlockN + 1;
-    return CAUSAL && diag < all ? diag : all;
-  }
-  // Whether the warpgroup whose rows start at wg_row0 has work in tile j (causal: a tile wholly
-  // after its 64 rows has none; it still waits for the tile and releases it).
-  static constexpr CUTRAIN_HD bool tile_active(int j, int wg_row0) { return !CAUSAL || j * kBlockN <= wg_row0 + 63; }
-  // The active tiles are a prefix of the n_tiles streamed (tile 0 always among them): their count.
-  static constexpr CUTRAIN_HD int active_tiles(int n_tiles, int wg_row0) {
-    const int last = (wg_row0 + 63) / kBlockN + 1;
-    return CAUSAL && last < n_tiles ? last : n_tiles;
-  }
-  // With a key mask: of the n_tiles a CTA would stream, those up to the tile holding last_key, the
-  // last key it may attend among them (-1: none, so no tile and every row gets O = 0, lse = -inf).
-  // Trailing padding then costs nothing; masked keys before last_key score -inf in the softmax.
-  static constexpr CUTRAIN_HD int masked_kv_tiles(int n_tiles, int last_key) {
-    const int need = last_key < 0 ? 0 : last_key / kBlockN + 1;
-    return need < n_tiles ? need : n_tiles;
-  }
-
-  // Byte offset, from Q's base, where consumer warpgroup `wg`'s A operand for k16 step kk starts.
-  static constexpr CUTRAIN_HD std::uint32_t q_slice(int wg, int kk) {
-    return (kk / 4) * (kBlockM * 128) + wg * 64 * 128 + (kk % 4) * 32;
-  }
-  // Byte offset, from a K tile's base, of the B operand of k16 step kk (all kBlockN keys).
-  static constexpr CUTRAIN_HD std::uint32_t k_slice(int kk) { return (kk / 4) * (kBlockN * 128) + (kk % 4) * 32; }
-  // Byte offset, from a V tile's base, of the B operand of k16 step ks (keys 16ks.., all D columns).
+  // The schedule and the K-major slices: QueryTileSchedule's (its BLOCK_M / BLOCK_N are kBlockM /
+  // kBlockN: test_attention_hopper_layout checks it). Byte offset, from a V tile's base, of the
+  // MN-major B operand of k16 step ks (keys 16ks.., all D columns).
   static constexpr CUTRAIN_HD std::uint32_t v_slice(int ks) { return ks * 16 * 128; }
 };
 
@@ -218,7 +227,7 @@ struct BwdConfig {
 // (D/2 fp32), S and dP (kBlockN/2 each) at once, so kBlockN = 64 at both head dims (128 keys at d64
 // would be 32 + 64 + 64 accumulators before any address).
 template <int D, bool CAUSAL>
-struct DqConfig {
+struct DqConfig : QueryTileSchedule<128, 64, CAUSAL> {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
@@ -248,30 +257,7 @@ struct DqConfig {
   static constexpr std::uint32_t kKLbo = kBlockN * 128;  // K read MN-major (dQ): column blocks
   static_assert(kKLbo < (1u << 18), "LBO must fit the descriptor's 14-bit field (bytes >> 4)");
 
-  // The schedule, the forward's: the K/V tiles a CTA of first query m0 streams (causal: up to its
-  // last query's key), which of them warpgroup rows wg_row0.. works on (a prefix), and with a key
-  // mask those up to the last key the CTA may attend.
-  static constexpr CUTRAIN_HD int kv_tiles(int S, int m0) {
-    const int all = (S + kBlockN - 1) / kBlockN, diag = (m0 + kBlockM - 1) / kBlockN + 1;
-    return CAUSAL && diag < all ? diag : all;
-  }
-  static constexpr CUTRAIN_HD bool tile_active(int j, int wg_row0) { return !CAUSAL || j * kBlockN <= wg_row0 + 63; }
-  static constexpr CUTRAIN_HD int active_tiles(int n_tiles, int wg_row0) {
-    const int last = (wg_row0 + 63) / kBlockN + 1;
-    return CAUSAL && last < n_tiles ? last : n_tiles;
-  }
-  static constexpr CUTRAIN_HD int masked_kv_tiles(int n_tiles, int last_key) {
-    const int need = last_key < 0 ? 0 : last_key / kBlockN + 1;
-    return need < n_tiles ? need : n_tiles;
-  }
-
-  // Operand slices (byte offsets from the tile's base).
-  // Q_w / dO_w as the K-major A of S / dP, k16 step kk (rows 64wg.., columns 16kk..).
-  static constexpr CUTRAIN_HD std::uint32_t q_slice(int wg, int kk) {
-    return (kk / 4) * (kBlockM * 128) + wg * 64 * 128 + (kk % 4) * 32;
-  }
-  // K / V as the K-major B of S / dP, k16 step kk (all kBlockN keys, columns 16kk..).
-  static constexpr CUTRAIN_HD std::uint32_t k_slice(int kk) { return (kk / 4) * (kBlockN * 128) + (kk % 4) * 32; }
+  // The schedule and the K-major slices: QueryTileSchedule's, as the forward's.
   // K as the MN-major B of dQ += dS K, k16 step ks (keys 16ks.., all D columns; LBO kKLbo).
   static constexpr CUTRAIN_HD std::uint32_t k_mn_slice(int ks) { return ks * 16 * 128; }
 };

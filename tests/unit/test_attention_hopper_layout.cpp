@@ -15,6 +15,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/attention.cuh"
@@ -110,6 +111,15 @@ void expect_schedule_covers(int S) {
     }
   }
 }
+
+// The forward and the dQ pass take their schedule and K-major slices from QueryTileSchedule: its
+// tile sizes must be the config's own.
+template <class Cfg>
+constexpr bool schedule_matches = std::is_base_of_v<hopper::QueryTileSchedule<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>, Cfg>;
+static_assert(schedule_matches<hopper::FwdConfig<64, false>> && schedule_matches<hopper::FwdConfig<64, true, true>> &&
+              schedule_matches<hopper::FwdConfig<128, false>> && schedule_matches<hopper::FwdConfig<128, true, true>> &&
+              schedule_matches<hopper::DqConfig<64, false>> && schedule_matches<hopper::DqConfig<128, true>>,
+              "a config's QueryTileSchedule has other tile sizes than the config");
 
 TEST(AttentionHopperLayout, ScheduleCoversEveryScore) {
   for (int S : {1, 7, 63, 64, 65, 95, 96, 97, 127, 128, 129, 191, 192, 193, 200, 255, 256, 257, 385, 1000, 2049}) {
