@@ -32,6 +32,7 @@
 
 #include "kernels/attention_sm90/attention_sm90.h"
 #include "kernels/attention_sm90/layout.h"
+#include "kernels/attention_sm90/query_tile_ring.cuh"
 #include "kernels/attention_sm90/tensor_map.h"
 #include "kernels/attention_sm90/wgmma_tma.cuh"
 #include "kernels/attention_options.cuh"
@@ -41,16 +42,6 @@
 
 namespace cutrain::kernels::sm90 {
 namespace {
-
-// The mbarriers after the tiles: q_full (Q and dO), k_full[kStages], v_full[kStages], kv_empty[kStages].
-template <class Cfg>
-struct DqBarriers {
-  std::uint32_t base;
-  __device__ __forceinline__ std::uint32_t q_full() const { return base; }
-  __device__ __forceinline__ std::uint32_t k_full(int s) const { return base + 8 * (1 + s); }
-  __device__ __forceinline__ std::uint32_t v_full(int s) const { return base + 8 * (1 + Cfg::kStages + s); }
-  __device__ __forceinline__ std::uint32_t kv_empty(int s) const { return base + 8 * (1 + 2 * Cfg::kStages + s); }
-};
 
 // A consumer thread's share of BERT's options (all of it compiled out of the plain kernel).
 template <class Cfg, bool MASK, bool DROP>
@@ -152,7 +143,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[Cfg::kHeadDim / 8][4], DqOpt
 // The consumer warpgroups' K/V loop and epilogue.
 template <class Cfg, typename E, bool MASK, bool DROP>
 __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sdO, std::uint32_t sK, std::uint32_t sV,
-                                        const DqBarriers<Cfg>& bar, const float* __restrict__ lse,
+                                        const QueryTileBarriers<Cfg>& bar, const float* __restrict__ lse,
                                         const float* __restrict__ dvec, E* __restrict__ dqkv, int S, int H,
                                         float scale_log2, float scale, int m0, int n_tiles, int head, int b,
                                         const attn::OptionArgs& opt) {
@@ -215,23 +206,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const std::uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const std::uint32_t sQ = base + Cfg::kQOff, sdO = base + Cfg::kdOOff, sK = base + Cfg::kKOff,
                       sV = base + Cfg::kVOff;
-  const DqBarriers<Cfg> bar{base + Cfg::kBarOff};
+  const QueryTileBarriers<Cfg> bar{base + Cfg::kBarOff};
 
   const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: heaviest first
   const int m0 = qblock * BM, head = blockIdx.y, b = blockIdx.z;
   int n_tiles = Cfg::kv_tiles(S, m0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
-  if (threadIdx.x == 0) {
-    mbar_init(bar.q_full(), 1);
-#pragma unroll
-    for (int s = 0; s < ST; ++s) {
-      mbar_init(bar.k_full(s), 1);
-      mbar_init(bar.v_full(s), 1);
-      mbar_init(bar.kv_empty(s), 4 * Cfg::kConsumers);  // every consumer warp releases
-    }
-    mbar_init_fence();
-  }
+  if (threadIdx.x == 0) bar.init();
   __syncthreads();
   if constexpr (MASK)  // no tile past the last key the CTA may attend (every thread gets the same count)
     n_tiles = Cfg::masked_kv_tiles(n_tiles, attn::last_valid_key<Cfg::kThreads>(

@@ -36,6 +36,7 @@
 
 #include "kernels/attention_sm90/attention_sm90.h"
 #include "kernels/attention_sm90/layout.h"
+#include "kernels/attention_sm90/query_tile_ring.cuh"
 #include "kernels/attention_sm90/tensor_map.h"
 #include "kernels/attention_sm90/wgmma_tma.cuh"
 #include "kernels/attention_options.cuh"
@@ -46,16 +47,6 @@
 
 namespace cutrain::kernels::sm90 {
 namespace {
-
-// The mbarriers after the tiles: q_full, k_full[kStages], v_full[kStages], kv_empty[kStages].
-template <class Cfg>
-struct Barriers {
-  std::uint32_t base;
-  __device__ __forceinline__ std::uint32_t q_full() const { return base; }
-  __device__ __forceinline__ std::uint32_t k_full(int s) const { return base + 8 * (1 + s); }
-  __device__ __forceinline__ std::uint32_t v_full(int s) const { return base + 8 * (1 + Cfg::kStages + s); }
-  __device__ __forceinline__ std::uint32_t kv_empty(int s) const { return base + 8 * (1 + 2 * Cfg::kStages + s); }
-};
 
 // Issues S = Q K^T for warpgroup wg against the K tile at k_tile (one commit group; the first
 // k16 step overwrites sc).
@@ -200,10 +191,10 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
 // Options: fetch(j) right after tile j's S is issued, the rest inside softmax_tile; MASK: no tile
 // at all (n_tiles 0) goes straight to the epilogue.
 template <class Cfg, typename E, bool MASK, bool DROP>
-__device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV, const Barriers<Cfg>& bar,
-                                        E* __restrict__ out, float* __restrict__ lse, int S, int H,
-                                        float scale_log2, int m0, int n_tiles, int head, int b,
-                                        const attn::OptionArgs& opt) {
+__device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV,
+                                        const QueryTileBarriers<Cfg>& bar, E* __restrict__ out,
+                                        float* __restrict__ lse, int S, int H, float scale_log2, int m0, int n_tiles,
+                                        int head, int b, const attn::OptionArgs& opt) {
   constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wg = warp >> 2;
@@ -311,23 +302,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Shared-window addresses; the TMA's 128-byte swizzle and wgmma's need 1024-aligned tiles.
   const std::uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const std::uint32_t sQ = base + Cfg::kQOff, sK = base + Cfg::kKOff, sV = base + Cfg::kVOff;
-  const Barriers<Cfg> bar{base + Cfg::kBarOff};
+  const QueryTileBarriers<Cfg> bar{base + Cfg::kBarOff};
 
   const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: heaviest first
   const int m0 = qblock * BM, head = blockIdx.y, b = blockIdx.z;
   int n_tiles = Cfg::kv_tiles(S, m0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
-  if (threadIdx.x == 0) {
-    mbar_init(bar.q_full(), 1);
-#pragma unroll
-    for (int s = 0; s < ST; ++s) {
-      mbar_init(bar.k_full(s), 1);
-      mbar_init(bar.v_full(s), 1);
-      mbar_init(bar.kv_empty(s), 4 * Cfg::kConsumers);  // every consumer warp releases
-    }
-    mbar_init_fence();
-  }
+  if (threadIdx.x == 0) bar.init();
   __syncthreads();
   if constexpr (MASK)  // no tile past the last key the CTA may attend (every thread gets the same count)
     n_tiles = Cfg::masked_kv_tiles(
