@@ -45,7 +45,8 @@
 #               (bench/peers/gpt2_torch_eval.py on --save_hf's safetensors); d12 B16/B32
 #               T1024 tokens/s and peak memory (scripts/peak-mem.sh) of both (cutrain with and without
 #               --recompute_gelu); the table by
-#               scripts/llmc_compare.py. About 6 minutes with llm.c's build.
+#               scripts/llmc_compare.py. About 6 minutes with llm.c's build. LLMC_FULL=0: the
+#               throughput rows only (llm.c's build, then the B16/B32 runs), about 3 minutes.
 #   moe         the MoE kernels' and layer's GPU tests (MOE_TESTS=0 leaves them to check), bench_moe (the layer at T8192 H1024 F4096, 8/64
 #               experts, top-1/top-2, the slots and the packed rows; the grouped expert GEMM vs one
 #               dense GEMM, vs a per-expert loop and vs the slots' strided batch) and bench/peers/moe_peer.py through PEERS_DIR's run.sh ds-python (DeepSpeed's MoE
@@ -120,6 +121,11 @@
 #               (default step_s128,step_s512,layer,maxbatch) picks its runs.
 #               About 15 minutes with every variant (the compiles dominate): --only bert, or fewer
 #               variants, within one call's budget
+#   large       issue #24's >= 1B GPT-style model (h 2048, 24 layers, T 2048, LARGE_BATCH default 8):
+#               timing report (MFU, llm.c's count) and graph-replay step with peak memory,
+#               LARGE_CONFIGS (default bf16_full baseline). About 2 minutes.
+#   sanitize    compute-sanitizer memcheck, racecheck and synccheck on the sm90 attention pair's and
+#               the cross-entropy kernel's tests (SAN_ATTN, SAN_CE: gtest filters). About 4 minutes.
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -357,10 +363,11 @@ if want llmc; then
   cdata="--use_real_data --data $lc/train.bin --eval_data $lc/val.bin --eval_steps 8 --seq_length 1024 --data_order llmc --seed 42"
   if [ -x "$peers/run.sh" ]; then
     step llmc_build 240 "$peers/run.sh llmc-gpt2 16 1"
-    step llmc_train 90 "$lenv && $lbin -e d12 -b 16 -x 30 -v 1000 -n 30 -o $lc/ck && ls -l $ck"
-    step llmc_parity 90 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 1"
-    step llmc_200 90 "$lenv && $lbin -e $ck -b 16 -x 200 -v 1000"
-    step cutrain_200 150 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 200 --log_interval 1 --save_llmc $lc/cutrain_200.bin --save_hf $lc/cutrain_200.safetensors"
+    full=${LLMC_FULL:-1}  # LLMC_FULL=0: the throughput rows only (no parity, 200-step runs, round trips)
+    [ "$full" = 1 ] && step llmc_train 90 "$lenv && $lbin -e d12 -b 16 -x 30 -v 1000 -n 30 -o $lc/ck && ls -l $ck"
+    [ "$full" = 1 ] && step llmc_parity 90 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 1"
+    [ "$full" = 1 ] && step llmc_200 90 "$lenv && $lbin -e $ck -b 16 -x 200 -v 1000"
+    [ "$full" = 1 ] && step cutrain_200 150 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 200 --log_interval 1 --save_llmc $lc/cutrain_200.bin --save_hf $lc/cutrain_200.safetensors"
     # Throughput: llm.c first at B16, last at B32 (neither always runs on a warmer GPU); cutrain
     # with and without --recompute_gelu (llm.c's -r 1, its default).
     for b in 16 32; do
@@ -372,8 +379,8 @@ if want llmc; then
       [ $b = 32 ] && step llmc_speed_b$b 90 "$lenv && $root/scripts/peak-mem.sh $logs/llmc_speed_b$b.mem $lbin -e d12 -b $b -x 30 -v 100000"
     done
     # The round trips last (the targets above come first when time is short).
-    step torch_eval 60 "python3 bench/peers/gpt2_torch_eval.py --weights $lc/cutrain_200.safetensors --tokens $lc/val.bin --heads 12 --batch 16 --seq 1024 --batches 8"
-    step llmc_back 60 "$lenv && $lbin -e $lc/cutrain_200.bin -b 16 -x 1 -v 1000"
+    [ "$full" = 1 ] && step torch_eval 60 "python3 bench/peers/gpt2_torch_eval.py --weights $lc/cutrain_200.safetensors --tokens $lc/val.bin --heads 12 --batch 16 --seq 1024 --batches 8"
+    [ "$full" = 1 ] && step llmc_back 60 "$lenv && $lbin -e $lc/cutrain_200.bin -b 16 -x 1 -v 1000"
     grep -m1 "Data order" "$logs/cutrain_200.txt" | sed 's/^/cutrain_200: /' >>"$sum"
     python3 scripts/llmc_compare.py --logs "$logs" >>"$sum" 2>&1
     grep -E "^val loss" "$logs/llmc_back.txt" | head -1 | sed 's/^/llm.c reading cutrain_200.bin (step 0): /' >>"$sum"
@@ -520,6 +527,36 @@ if want bert; then
   done
   grep -h "^optimizer:" "$logs/bert_peer_step_s128.txt" 2>/dev/null | head -1 | sed 's/^/bert peer: /' >>"$sum"
   }
+fi
+
+if want large; then
+  # Issue #24's >= 1B GPT-style model at T 2048: GPT-2's architecture (pre-LN, tied head, causal)
+  # at h 2048, 24 layers, 16 heads (1.31B parameters with the padded vocabulary), bf16_full and
+  # baseline, LARGE_BATCH (default 8) x 2048 tokens; the timing report's MFU counts llm.c's
+  # 6N + 6LTC per token. Then the step under graph replay (the report's steps run eagerly).
+  lg="--model gpt2 --hidden_dim 2048 --num_layers 24 --num_heads 16 --vocab_size 50257 --pad_vocab --seq_length 2048 --batch_size ${LARGE_BATCH:-8}"
+  for c in ${LARGE_CONFIGS:-bf16_full baseline}; do
+    step large_timing_$c 120 "$bin train --deepspeed_config configs/$c.json $lg --num_steps 8 --warmup_steps 3 --timing_report $logs/large_timing_$c.json"
+    sed -n '/SUMMARY/,$p' "$logs/large_timing_$c.txt" | tail -50 >>"$sum" 2>/dev/null
+    step large_graph_$c 120 "scripts/peak-mem.sh $logs/large_graph_$c.mem $bin train --deepspeed_config configs/$c.json $lg --num_steps 15 --warmup_steps 5 | grep -E 'parameters|SUMMARY|Average'"
+    { grep -E "parameters|SUMMARY|Average" "$logs/large_graph_$c.txt"; cat "$logs/large_graph_$c.mem"; } 2>/dev/null | sed "s/^/large $c: /" >>"$sum"
+  done
+fi
+
+if want sanitize; then
+  # compute-sanitizer on issue #24's kernels: memcheck, racecheck (shared-memory hazards) and
+  # synccheck (barrier misuse) on the sm90 attention pair's odd-shape tests and the cross-entropy
+  # tests. SAN_ATTN / SAN_CE: gtest filters (small shapes: every launch runs instrumented).
+  t=build/gpu/tests
+  fa=${SAN_ATTN:-'OddShapes/AttentionHopperGpu.*S129D64_causal:OddShapes/AttentionHopperGpu.*S200D128_full:OddShapes/AttentionHopperBwdGpu.*S129*:Masked/AttentionHopperOptionsGpu.*'}
+  fc=${SAN_CE:-'*'}
+  for tool in memcheck racecheck synccheck; do
+    step san_${tool}_attention 150 "compute-sanitizer --tool $tool --error-exitcode 9 $t/test_attention_hopper_gpu --gtest_filter='$fa' && compute-sanitizer --tool $tool --error-exitcode 9 $t/test_attention_hopper_options_gpu --gtest_filter='$fa'"
+    step san_${tool}_ce 90 "compute-sanitizer --tool $tool --error-exitcode 9 $t/test_cross_entropy_gpu --gtest_filter='$fc'"
+    for n in attention ce; do
+      grep -E "ERROR SUMMARY|tests ran|PASSED|FAILED|Invalid|Race|hazard" "$logs/san_${tool}_$n.txt" | sort | uniq -c | head -12 | sed "s/^/$tool $n: /" >>"$sum" 2>/dev/null
+    done
+  done
 fi
 
 if want extra && [ -n "${EXTRA_CMD:-}" ]; then
