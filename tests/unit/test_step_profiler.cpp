@@ -31,6 +31,26 @@ TEST(ModelFlops, MatchesTheHandCount) {
   EXPECT_NE(formula.find("N=" + std::to_string(std::size_t(N))), std::string::npos) << formula;
 }
 
+// GPT-2's head is the token embedding (tied): its GEMM counts, as llm.c's N counts wte; the position
+// table does not (a lookup).
+TEST(ModelFlops, TiedHeadCountsTheEmbeddingOnce) {
+  auto rng = test::fresh_rng();
+  const int heads = std::uniform_int_distribution<int>(1, 4)(rng);
+  const int h = heads * 16 * std::uniform_int_distribution<int>(1, 4)(rng);
+  const int L = std::uniform_int_distribution<int>(1, 5)(rng), V = std::uniform_int_distribution<int>(7, 999)(rng);
+  const int S = std::uniform_int_distribution<int>(1, 64)(rng);
+  model::ModelDims d{h, L, heads, V, S};
+  d.arch = model::Arch::Gpt2;
+  d.padded_vocab = (V + 63) / 64 * 64;
+  model::TransformerParams t(d);
+  // Per block as above; the final LayerNorm 2h; the padded token embedding as the head, no bias.
+  const double N = double(L) * (12.0 * h * h + 13.0 * h) + 2.0 * h + double(d.padded_vocab) * h;
+  std::string formula;
+  EXPECT_DOUBLE_EQ(train::model_flops_per_step(t, 2, S, 1, true, &formula), (6 * N + 6.0 * L * S * h) * 2 * S);
+  EXPECT_NE(formula.find("N=" + std::to_string(std::size_t(N))), std::string::npos) << formula;
+  EXPECT_NE(formula.find("tied head"), std::string::npos) << formula;
+}
+
 TEST(StepProfiler, TimesStepsAfterWarmupAndClipsToTheRun) {
   model::TransformerParams t(model::ModelDims{64, 2, 4, 512, 32});
   train::ProfilingOptions o;
