@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+import step_floor  # scripts/: the timing report's leaf regions
+
 FLAGS = ["--gelu_checkpoint", "--normalize_invertible", "--attention_dropout_checkpoint"]
 SHAPES = {128: ("configs/bert_large_lamb_seq128.json", 64, 20), 512: ("configs/bert_large_lamb_seq512.json", 16, 80)}
 
@@ -85,13 +87,11 @@ def step_split(path):
     fraction, attention excluded), the attention kernels, the optimizer and the rest."""
     rep = json.load(open(path))
     rows = rep.get("regions_by_kind", [])
-    names = [r["name"] for r in rows]
-    leaves = [r for r in rows if not any(n.startswith(r["name"] + "/") for n in names)]
     step = next((r["ms_per_step"] for r in rows if r["name"] == "step"), None)
     if step is None:
         return None
     split = {"step_ms": step, "gemm_ms": 0.0, "attention_ms": 0.0, "optimizer_ms": 0.0, "gemm_tflop": 0.0}
-    for r in leaves:
+    for r in step_floor.leaves(rep):
         last = r["name"].rsplit("/", 1)[-1]
         if "attention" in last:
             split["attention_ms"] += r["ms_per_step"]

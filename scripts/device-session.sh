@@ -267,9 +267,11 @@ fi
 if want timing; then
   step timing_report 60 "$bin train --deepspeed_config configs/bf16_full.json --num_steps 8 --timing_report $logs/timing_report.json"
   sed -n '/SUMMARY/,$p' "$logs/timing_report.txt" | tail -60 >>"$sum" 2>/dev/null
+  python3 scripts/step_floor.py "$logs/timing_report.json" >>"$sum" 2>&1
   # The llm.c shape (GPT-2 124M, T 1024, B 16, causal, padded vocabulary), where the time goes.
   step timing_llmc 60 "$bin train --deepspeed_config configs/baseline.json --hidden_dim 768 --num_layers 12 --num_heads 12 --vocab_size 50257 --pad_vocab --attention causal --seq_length 1024 --batch_size 16 --num_steps 10 --warmup_steps 4 --timing_report $logs/timing_llmc.json"
   sed -n '/SUMMARY/,$p' "$logs/timing_llmc.txt" | tail -40 >>"$sum" 2>/dev/null
+  python3 scripts/step_floor.py "$logs/timing_llmc.json" >>"$sum" 2>&1
 fi
 
 if want ncu; then
@@ -538,6 +540,7 @@ if want large; then
   for c in ${LARGE_CONFIGS:-bf16_full baseline}; do
     step large_timing_$c 120 "$bin train --deepspeed_config configs/$c.json $lg --num_steps 8 --warmup_steps 3 --timing_report $logs/large_timing_$c.json"
     sed -n '/SUMMARY/,$p' "$logs/large_timing_$c.txt" | tail -50 >>"$sum" 2>/dev/null
+    python3 scripts/step_floor.py "$logs/large_timing_$c.json" >>"$sum" 2>&1
     step large_graph_$c 120 "scripts/peak-mem.sh $logs/large_graph_$c.mem $bin train --deepspeed_config configs/$c.json $lg --num_steps 15 --warmup_steps 5 | grep -E 'parameters|SUMMARY|Average'"
     { grep -E "parameters|SUMMARY|Average" "$logs/large_graph_$c.txt"; cat "$logs/large_graph_$c.mem"; } 2>/dev/null | sed "s/^/large $c: /" >>"$sum"
   done
