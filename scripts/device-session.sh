@@ -16,7 +16,8 @@
 #   real_data   prepare WikiText-2, train with validation (next-token, causal, --pad_vocab)
 #   kernels     kernel benchmarks (BENCH_LIST, BENCH_FILTER) and their PyTorch peers in the same
 #               call (PEER_LIST, default all five), then the ratio table (KERNEL_ROUNDS=N: N rounds)
-#   timing      --timing_report of the BF16 example's model
+#   timing      --timing_report of the BF16 example's model and of GPT-2 d12 (the llmc section's recipe), each
+#               followed by scripts/step_floor.py (its leaves against their floors)
 #   ncu         ncu capture of exactly steps 3-4 (--profile_steps)
 #   offload     the offload sweep, a large offload-bench, racecheck on a non-blocking round trip
 #   io          io-bench (read/write/gpu), file-access and its Python peer, nvme-tune
@@ -268,8 +269,9 @@ if want timing; then
   step timing_report 60 "$bin train --deepspeed_config configs/bf16_full.json --num_steps 8 --timing_report $logs/timing_report.json"
   sed -n '/SUMMARY/,$p' "$logs/timing_report.txt" | tail -60 >>"$sum" 2>/dev/null
   python3 scripts/step_floor.py "$logs/timing_report.json" >>"$sum" 2>&1
-  # The llm.c shape (GPT-2 124M, T 1024, B 16, causal, padded vocabulary), where the time goes.
-  step timing_llmc 60 "$bin train --deepspeed_config configs/baseline.json --hidden_dim 768 --num_layers 12 --num_heads 12 --vocab_size 50257 --pad_vocab --attention causal --seq_length 1024 --batch_size 16 --num_steps 10 --warmup_steps 4 --timing_report $logs/timing_llmc.json"
+  # GPT-2 124M as the llmc section runs it against llm.c (d12, T 1024, B 16, llm.c's recipe), where
+  # the time goes (random tokens: the step's kernels are the same).
+  step timing_llmc 60 "$bin train --deepspeed_config configs/llmc_gpt2_constant.json -e d12 --seq_length 1024 --batch_size 16 --num_steps 10 --warmup_steps 4 --timing_report $logs/timing_llmc.json"
   sed -n '/SUMMARY/,$p' "$logs/timing_llmc.txt" | tail -40 >>"$sum" 2>/dev/null
   python3 scripts/step_floor.py "$logs/timing_llmc.json" >>"$sum" 2>&1
 fi
