@@ -298,12 +298,12 @@ __device__ __forceinline__ uint4 grad8(uint4 raw, int off, const GradScale& g) {
 // label's logit, which rank 0 reads before the row's cluster barrier that every gradient write of
 // the row follows.
 //
-// The persistent schedules' ring (row k of this cluster in buffer k % kBuffers, its fill's mbarrier
-// phase parity (k / kBuffers) & 1): at the top of row k, thread 0 starts row k + 1's copy into the
-// next buffer, which last held row k + 1 - kBuffers. Every thread's reads of it (and, with per-thread
-// stores, its gradient's) ended before the __syncthreads closing that row; with the bulk store, that
-// row's store was committed kBuffers - 2 groups ago (thread 0 commits one group per row, empty or
-// not), so bulk_wait_read<kBuffers - 2> sees it done reading. A fence.proxy.async between the
+// The persistent schedules' ring (ce::ring_buffer / ring_parity: row k of this cluster in buffer
+// k % kBuffers, its fill's mbarrier phase parity (k / kBuffers) & 1): at the top of row k, thread 0
+// starts row k + 1's copy into the next buffer, which last held row k + 1 - kBuffers. Every thread's
+// reads of it ended before the __syncthreads closing that row; with the bulk store, that row's
+// store was committed kBuffers - 2 groups ago (thread 0 commits one group per row, empty or not),
+// so bulk_wait_read<ce::store_groups_after(kBuffers)> sees it done reading. A fence.proxy.async between the
 // threads' accesses and the copy engine's (each thread before the closing barrier) orders the two
 // proxies. Every fill is waited on in its row, so no copy is in flight at exit.
 //
@@ -349,13 +349,14 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
   __syncthreads();  // the barriers are initialized before any thread waits on them
 
   bool exchange_pending = false;  // an exchange's "done reading" arrive awaits its wait
-  int b = 0;                      // this row's buffer
-  std::uint32_t parity = 0;       // the parity of its fill
-  for (int row = cluster; row < a.rows; row += clusters) {
+  int k = 0;                      // this cluster's row count
+  for (int row = cluster; row < a.rows; row += clusters, ++k) {
+    const int b = ce::ring_buffer(k, kBuffers);
+    const std::uint32_t parity = ce::ring_parity(k, kBuffers);
     if constexpr (kPersistent) {
       if (tid == 0 && row + clusters < a.rows) {
-        if constexpr (kBulkStore) bulk_wait_read<kBuffers - 2>();
-        start_load(row + clusters, b + 1 == kBuffers ? 0 : b + 1);
+        if constexpr (kBulkStore) bulk_wait_read<ce::store_groups_after(kBuffers)>();
+        start_load(row + clusters, ce::ring_buffer(k + 1, kBuffers));
       }
     }
     uint4* buf = slice + static_cast<std::size_t>(b) * a.park_vecs;
@@ -455,10 +456,6 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
       }
     }
     if constexpr (!kPersistent) break;  // one row per cluster
-    if (++b == kBuffers) {
-      b = 0;
-      parity ^= 1u;
-    }
   }
   if (split > 1 && exchange_pending) cluster_wait();  // no CTA exits while another may still read its cluster_ms
   if constexpr (kBulkStore) {

@@ -83,4 +83,16 @@ constexpr int rows_of_cluster(int rows, int clusters, int cluster) {
   return cluster < rows ? (rows - cluster + clusters - 1) / clusters : 0;
 }
 
+// The persistent ring (used by the kernel, checked on the CPU): a cluster's k-th row (k = 0, 1, ...)
+// lands in buffer ring_buffer(k), the ring_fill(k)-th fill of that buffer, whose mbarrier phase has
+// parity ring_fill(k) & 1. Row k + 1's copy is started at the top of row k, into the buffer that
+// last held row k + 1 - buffers; with the bulk store, thread 0 commits one bulk group at the end of
+// every row, so when row k + 1's copy starts, the groups committed after that row's store are
+// store_groups_after(buffers) = buffers - 2: waiting until at most that many are still reading
+// leaves that store done with the buffer.
+constexpr int ring_buffer(int k, int buffers) { return k % buffers; }
+constexpr int ring_fill(int k, int buffers) { return k / buffers; }
+constexpr unsigned ring_parity(int k, int buffers) { return static_cast<unsigned>(ring_fill(k, buffers)) & 1u; }
+constexpr int store_groups_after(int buffers) { return buffers - 2; }
+
 }  // namespace cutrain::kernels::ce
