@@ -3,8 +3,8 @@
 // kernels::bias_grad after the GEMM (one more read of dy). Host-only and constexpr, so the CPU tests
 // check it and the models ask it before naming their timing regions.
 //
-// The rule is measured once, per shape, by bench_gemm's rows gemm/wgrad_bgrad_epilogue/MxNxK
-// against gemm/wgrad+bias_grad/MxNxK (docs/perf-notes.md, "GEMMs and the bias gradient"): at M =
+// The rule is measured once, per shape, by bench_gemm's rows gemm/wgrad_bgradb/MxNxK (the epilogue)
+// against gemm/wgrad+bias_grad/MxNxK (the kernel) (docs/perf-notes.md, "GEMMs and the bias gradient"): at M =
 // 2048 the fused GEMM won at N = 1024 (K 1024 and 4096), tied at N = 3072 and lost at N = 4096,
 // 50000 and at 16384x4096x4096 (the BGRADB algorithms are not the plain GEMM's). A shape where it
 // loses takes the kernel. No flag or environment variable changes it.
