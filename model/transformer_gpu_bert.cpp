@@ -22,6 +22,7 @@
 #include "kernels/mlm_gather.cuh"
 #include "kernels/token_drop.cuh"
 #include "model/kernel_costs.h"
+#include "model/linear_param_grads.h"
 #include "model/timed_call.h"
 #include "model/transformer_gpu.h"
 #include "runtime/check.h"

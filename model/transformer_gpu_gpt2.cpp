@@ -10,6 +10,7 @@
 #include "kernels/gelu.cuh"
 #include "kernels/layernorm.cuh"
 #include "model/kernel_costs.h"
+#include "model/linear_param_grads.h"
 #include "model/timed_call.h"
 #include "model/transformer_gpu.h"
 #include "runtime/timing.h"
