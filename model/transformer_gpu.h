@@ -452,6 +452,9 @@ class GpuTransformerT final : public GpuModel {
   // pg, scattered back.
   void packed_grad_weight(cudaStream_t s, const T* dy, const T* x, void* g, DType gt, bool acc, int M, int N, int K,
                           const SliceRuns& r);
+  // The same with the bias gradient into `db` (not packed) from the GEMM (Gemm::grad_weight_bias).
+  void packed_grad_weight_bias(cudaStream_t s, const T* dy, const T* x, void* g, void* db, DType gt, bool acc, int M,
+                               int N, int K, const SliceRuns& r);
   // The sharded blocks and head (transformer_gpu_tp.cpp); rows.dx as in layer_backward.
   void tp_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const T* x_in, T* x_out,
                         const Rows& rows);
