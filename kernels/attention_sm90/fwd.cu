@@ -18,10 +18,16 @@
 // Causal: tiles past the CTA's last query are never loaded; a warpgroup whose rows all precede a
 // tile skips its math but still waits for the tile and releases it, so the ring's phases stay in
 // step for both consumers.
-// Two consumer schedules (FwdConfig::kOverlap, Schedule at the API): serial waits for every wgmma
-// batch at once; overlap issues tile j+1's S behind tile j's P V. Neither overlaps a warpgroup's
-// softmax with its own wgmma (FA3's two score buffers do not fit 168 registers); the two consumer
-// warpgroups overlap each other's softmax with their wgmma.
+// Three consumer schedules (FwdConfig::kOverlap / kPingPong, Schedule at the API): serial waits for
+// every wgmma batch at once; overlap issues tile j+1's S behind tile j's P V. Neither overlaps a
+// warpgroup's softmax with its own wgmma (FA3's two score buffers do not fit 168 registers); the
+// two consumer warpgroups overlap each other's softmax with their wgmma, as the warp schedulers
+// happen to interleave them. Ping-pong (FlashAttention-3's) makes that interleaving the rule: the
+// warpgroups take turns at issuing their wgmma through two named barriers (consume_pingpong), and
+// each runs tile j's softmax under its own P V of tile j-1; the CTA has a producer warpgroup (384
+// threads) that hands its registers to the consumers (setmaxnreg: 24 / 240), which makes room for
+// both score buffers and for 128-key tiles at d128, and its producer thread starts Q's copy and
+// the ring's first tiles before the CTA barrier.
 // BERT's options (kernels::AttentionOptions), template bools, so the plain kernel compiles as
 // before. MASK: the CTA first finds the last key it may attend and streams no tile past it (no
 // tile at all: O = 0, lse = -inf); each consumer warp fetches a tile's mask bytes right after
@@ -398,6 +404,31 @@ __device__ __forceinline__ void consume_pingpong(std::uint32_t sQ, std::uint32_t
   epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f);
 }
 
+// The ping-pong's copies (one producer thread): Q on q_full, K/V tile j into stage j % kStages.
+template <class Cfg>
+__device__ __forceinline__ void load_q(const CUtensorMap* q_map, std::uint32_t sQ, const Barriers<Cfg>& bar, int head,
+                                       int m0, int b) {
+  mbar_arrive_expect_tx(bar.q_full(), Cfg::kQBytes);
+#pragma unroll
+  for (int c = 0; c < Cfg::kColBlocks; ++c)
+    tma_load_5d(sQ + c * Cfg::kBlockM * 128, q_map, 64 * c, head, 0, m0, b, bar.q_full());
+}
+template <class Cfg>
+__device__ __forceinline__ void load_kv(const CUtensorMap* kv_map, std::uint32_t sK, std::uint32_t sV,
+                                        const Barriers<Cfg>& bar, int head, int b, int j) {
+  const int s = j % Cfg::kStages;
+  mbar_arrive_expect_tx(bar.k_full(s), Cfg::kKVBytes);
+#pragma unroll
+  for (int c = 0; c < Cfg::kColBlocks; ++c)
+    tma_load_5d(sK + s * Cfg::kKVBytes + c * Cfg::kBlockN * 128, kv_map, 64 * c, head, 1, j * Cfg::kBlockN, b,
+                bar.k_full(s));
+  mbar_arrive_expect_tx(bar.v_full(s), Cfg::kKVBytes);
+#pragma unroll
+  for (int c = 0; c < Cfg::kColBlocks; ++c)
+    tma_load_5d(sV + s * Cfg::kKVBytes + c * Cfg::kBlockN * 128, kv_map, 64 * c, head, 2, j * Cfg::kBlockN, b,
+                bar.v_full(s));
+}
+
 template <class Cfg, typename E, bool MASK, bool DROP>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
@@ -416,7 +447,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   int n_tiles = Cfg::kv_tiles(S, m0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
-  if (threadIdx.x == 0) {
+  // PINGPONG: the producer thread initializes the barriers and at once starts Q's copy and (without
+  // a key mask, whose scan decides the tile count) the ring's first tiles, before the CTA barrier:
+  // at S <= 512 a CTA streams 1-4 tiles, so the pipeline's fill is most of its time.
+  constexpr int kInitThread = Cfg::kPingPong ? 32 * Cfg::kProducerWarp : 0;
+  int early = 0;  // PINGPONG: K/V tiles issued before the CTA barrier
+  if (threadIdx.x == kInitThread) {
     mbar_init(bar.q_full(), 1);
 #pragma unroll
     for (int s = 0; s < ST; ++s) {
@@ -425,6 +461,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_init(bar.kv_empty(s), 4 * Cfg::kConsumers);  // every consumer warp releases
     }
     mbar_init_fence();
+    if constexpr (Cfg::kPingPong) {
+      load_q<Cfg>(&q_map, sQ, bar, head, m0, b);
+      if constexpr (!MASK)
+        for (; early < ST && early < n_tiles; ++early) load_kv<Cfg>(&kv_map, sK, sV, bar, head, b, early);
+    }
   }
   __syncthreads();
   if constexpr (MASK)  // no tile past the last key the CTA may attend (every thread gets the same count)
@@ -436,17 +477,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const bool producer = Cfg::kPingPong ? warp >= Cfg::kProducerWarp : warp == Cfg::kProducerWarp;
   if (producer) {
     if constexpr (Cfg::kPingPong) setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (warp == Cfg::kProducerWarp && lane == 0) {
+    if constexpr (Cfg::kPingPong) {
+      if (warp == Cfg::kProducerWarp && lane == 0)
+        for (int j = early; j < n_tiles; ++j) {
+          if (j >= ST) mbar_wait_realloc(bar.kv_empty(j % ST), ((j / ST) - 1) & 1);  // after setmaxnreg.dec
+          load_kv<Cfg>(&kv_map, sK, sV, bar, head, b, j);
+        }
+    } else if (warp == Cfg::kProducerWarp && lane == 0) {
       mbar_arrive_expect_tx(bar.q_full(), Cfg::kQBytes);
 #pragma unroll
       for (int c = 0; c < Cfg::kColBlocks; ++c)
         tma_load_5d(sQ + c * BM * 128, &q_map, 64 * c, head, 0, m0, b, bar.q_full());
       for (int j = 0; j < n_tiles; ++j) {
         const int s = j % ST;
-        if (j >= ST) {
-          if constexpr (Cfg::kPingPong) mbar_wait_realloc(bar.kv_empty(s), ((j / ST) - 1) & 1);  // after setmaxnreg.dec
-          else mbar_wait(bar.kv_empty(s), ((j / ST) - 1) & 1);
-        }
+        if (j >= ST) mbar_wait(bar.kv_empty(s), ((j / ST) - 1) & 1);
         mbar_arrive_expect_tx(bar.k_full(s), Cfg::kKVBytes);
 #pragma unroll
         for (int c = 0; c < Cfg::kColBlocks; ++c)
