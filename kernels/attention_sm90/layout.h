@@ -30,7 +30,9 @@ namespace cutrain::kernels::sm90 {
 // D: head dim (64 or 128). Two consumer warpgroups of 64 query rows each and one producer warp
 // (one thread of it issues the copies). Register budget: ptxas gives every thread of the 288 the
 // same cap, 168 (nvcc 13.0; setmaxnreg moved none of it to the consumers at compile time: d128 with
-// 128-key tiles spilled 80 bytes with or without it), so d128 streams 96-key tiles, which fit.
+// 128-key tiles spilled 80 bytes with or without it, since ptxas keeps code that can reach the
+// mbarrier wait's `trap` at the launch cap; PINGPONG below avoids that), so d128 streams 96-key
+// tiles, which fit.
 // OVERLAP: the consumer loop keeps tile j's P V in flight while it issues tile j+1's S (see
 // fwd.cu); same tiles, same registers budget.
 // PINGPONG (FlashAttention-3's inter-warpgroup schedule, fwd.cu): the two consumer warpgroups take
