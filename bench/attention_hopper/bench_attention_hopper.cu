@@ -3,7 +3,10 @@
 // (bench/attention_mma/, this benchmark's baseline) on the same inputs, in the same process, at S
 // 512-8192 with B*S = 16384 tokens, 16 heads, d64 / d128, full and causal.
 // Forward rows, each consumer schedule (serial; overlap: tile j's P V in flight while tile j+1's S
-// is issued): "attention_hopper/fwd[_causal][_overlap]/B<b>H16S<s>D<d>". Manual time and TFLOP/s
+// is issued; pingpong: the warpgroups take turns at the tensor cores, FlashAttention-3's):
+// "attention_hopper/fwd[_causal][_overlap|_pingpong]/B<b>H16S<s>D<d>", on the sweep plus the peer's
+// shapes it lacks (B4H16S512D64, B4H16S2048D64, B4H16S2048D128; the serial rows carry the plain
+// name, so compare.py pairs them with the peer's SDPA rows). Manual time and TFLOP/s
 // (4·B·H·S²·D, halved causal) are the sm90 kernel's; mma_us / mma_TFLOP/s the mma.sync baseline's
 // (median of 100 flushed calls, once per shape, before that shape's first row); speedup =
 // mma_us / median_us. out_rel_diff / lse_rel_diff: ||sm90 - mma|| / ||mma|| of one call each (both
@@ -21,7 +24,7 @@
 // BERT's shapes (B64H16S128D64, B16H16S512D64, non-causal), every pass and schedule, plain and with
 // its options as bench/bench_attention.cu runs them (the same mask of per-sequence lengths uniform
 // in [S/4, S], the same dropout key, p 0.1), both sides given the same options:
-// "attention_hopper/<pass>[_mask[_drop]][_overlap|_decoupled]/<shape>", so compare.py pairs the
+// "attention_hopper/<pass>[_mask[_drop]][_overlap|_pingpong|_decoupled]/<shape>", so compare.py pairs the
 // serial / lockstep rows with the peer's "attention/<pass>_mask[_drop]/<shape>" SDPA rows (cuDNN
 // among them). Their TFLOP/s count the full S^2 work, as bench_attention's do.
 // Deterministic backward rows (the mode the models call: the dK/dV pass without atomics, then the
@@ -109,7 +112,7 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& ref) {
   return den == 0 ? (num == 0 ? 0.0 : INFINITY) : std::sqrt(num / den);
 }
 
-// The mma.sync baseline forward's time and outputs for the last shape measured: the two schedules of a
+// The mma.sync baseline forward's time and outputs for the last shape measured: the schedules of a
 // shape run back to back (register_all's order) on the same inputs, so it runs once per shape.
 struct Baseline {
   std::string shape;
@@ -238,21 +241,36 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   }
 }
 
+// A forward row's schedule suffix: serial's rows carry none (compare.py pairs them with the peer's).
+const char* schedule_suffix(kernels::sm90::Schedule s) {
+  return s == kernels::sm90::Schedule::Serial ? "" : s == kernels::sm90::Schedule::Overlap ? "_overlap" : "_pingpong";
+}
+constexpr kernels::sm90::Schedule kFwdSchedules[] = {kernels::sm90::Schedule::Serial, kernels::sm90::Schedule::Overlap,
+                                                     kernels::sm90::Schedule::PingPong};
+
 void register_all() {
   using kernels::sm90::Schedule;
+  // The forward sweep (B*S = 16384), then the shapes of bench_attention's SDPA comparison that the
+  // sweep lacks (B2H16S8192D64 is in it), so that one filter ('attention_hopper/fwd') times every
+  // schedule at every compared shape; BERT's shapes follow with the options below.
+  std::vector<AttentionShape> fwd_shapes;
   for (int d : {64, 128})
     for (bool causal : {false, true})
-      for (int s : {512, 1024, 2048, 4096, 8192})
-        for (Schedule schedule : {Schedule::Serial, Schedule::Overlap}) {
-          const AttentionShape sh{16384 / s, s, 16, d, causal};
-          const std::string name = std::string("attention_hopper/fwd") + (causal ? "_causal" : "") +
-                                   (schedule == Schedule::Overlap ? "_overlap/" : "/") + shape_name(sh);
-          benchmark::RegisterBenchmark(name.c_str(),
-                                       [sh, schedule](benchmark::State& st) { bench_forward(st, sh, schedule); })
-              ->UseManualTime()
-              ->Iterations(100)  // a median of 100 flushed samples
-              ->Unit(benchmark::kMicrosecond);
-        }
+      for (int s : {512, 1024, 2048, 4096, 8192}) fwd_shapes.push_back({16384 / s, s, 16, d, causal});
+  for (bool causal : {false, true})
+    for (const AttentionShape sh : {AttentionShape{4, 512, 16, 64}, AttentionShape{4, 2048, 16, 64},
+                                    AttentionShape{4, 2048, 16, 128}})
+      fwd_shapes.push_back({sh.batch, sh.seq, sh.heads, sh.head_dim, causal});
+  for (const AttentionShape& sh : fwd_shapes)
+    for (Schedule schedule : kFwdSchedules) {
+      const std::string name = std::string("attention_hopper/fwd") + (sh.causal ? "_causal" : "") +
+                               schedule_suffix(schedule) + "/" + shape_name(sh);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [sh, schedule](benchmark::State& st) { bench_forward(st, sh, schedule); })
+          ->UseManualTime()
+          ->Iterations(100)  // a median of 100 flushed samples
+          ->Unit(benchmark::kMicrosecond);
+    }
   // The backward sweep, then the peer's shapes that the sweep lacks.
   std::vector<AttentionShape> bwd_shapes;
   for (int d : {64, 128})
@@ -307,9 +325,8 @@ void register_all() {
   for (const AttentionShape& sh : bert)
     for (Opts o : {Opts::Plain, Opts::Mask, Opts::MaskDrop}) {
       const std::string tail = std::string("/") + shape_name(sh);
-      for (Schedule schedule : {Schedule::Serial, Schedule::Overlap}) {
-        const std::string name = std::string("attention_hopper/fwd") + opts_suffix(o) +
-                                 (schedule == Schedule::Overlap ? "_overlap" : "") + tail;
+      for (Schedule schedule : kFwdSchedules) {
+        const std::string name = std::string("attention_hopper/fwd") + opts_suffix(o) + schedule_suffix(schedule) + tail;
         benchmark::RegisterBenchmark(name.c_str(),
                                      [sh, schedule, o](benchmark::State& st) { bench_forward(st, sh, schedule, o); })
             ->UseManualTime()

@@ -22,8 +22,10 @@ struct OptionArgs;  // kernels/attention_options.cuh
 namespace cutrain::kernels::sm90 {
 
 // The consumer warpgroups' loop (fwd.cu): Serial waits for each tile's P V before the next tile's
-// S; Overlap issues tile j+1's S behind tile j's P V. Same results.
-enum class Schedule { Serial, Overlap };
+// S; Overlap issues tile j+1's S behind tile j's P V; PingPong (FlashAttention-3's) has the two
+// warpgroups take turns at the tensor cores through named barriers, each running tile j's softmax
+// under its own P V of tile j-1 (a 384-thread CTA with register reallocation). Same results.
+enum class Schedule { Serial, Overlap, PingPong };
 
 // Runs on a compute capability 9.0 device only (the library's attention code is sm_90a); anything
 // else is refused with the capability found. Options (dropout_p in [0, 1)), shape and pointers are

@@ -65,21 +65,57 @@ struct QueryTileSchedule {
 // D: head dim (64 or 128). Two consumer warpgroups of 64 query rows each and one producer warp
 // (one thread of it issues the copies). Register budget: ptxas gives every thread of the 288 the
 // same cap, 168 (nvcc 13.0; setmaxnreg moved none of it to the consumers at compile time: d128 with
-// 128-key tiles spilled 80 bytes with or without it), so d128 streams 96-key tiles, which fit.
+// 128-key tiles spilled 80 bytes with or without it, since ptxas keeps code that can reach the
+// mbarrier wait's `trap` at the launch cap; PINGPONG below avoids that), so d128 streams 96-key
+// tiles, which fit.
 // OVERLAP: the consumer loop keeps tile j's P V in flight while it issues tile j+1's S (see
 // fwd.cu); same tiles, same registers budget.
-template <int D, bool CAUSAL, bool OVERLAP = false>
-struct FwdConfig : QueryTileSchedule<128, D == 64 ? 128 : 96, CAUSAL> {
+// PINGPONG (FlashAttention-3's inter-warpgroup schedule, fwd.cu): the two consumer warpgroups take
+// turns at issuing their wgmma, handed over through two named barriers, and each warpgroup runs
+// tile j's softmax under its own P V of tile j-1. The producer is a whole warpgroup (384
+// threads), so setmaxnreg moves registers from it to the consumers (which lets d128 stream
+// 128-key tiles as d64 does).
+template <int D, bool CAUSAL, bool OVERLAP = false, bool PINGPONG = false>
+struct FwdConfig : QueryTileSchedule<128, D == 64 || PINGPONG ? 128 : 96, CAUSAL> {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(!(OVERLAP && PINGPONG), "the ping-pong schedule has its own intra-warpgroup overlap");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
   static constexpr bool kOverlap = OVERLAP;
+  static constexpr bool kPingPong = PINGPONG;
   static constexpr int kConsumers = 2;                  // consumer warpgroups
   static constexpr int kBlockM = 64 * kConsumers;       // query rows per CTA
-  static constexpr int kBlockN = D == 64 ? 128 : 96;    // keys per K/V tile
+  // Keys per K/V tile: d128 streams 96-key tiles under the 168-register cap; PINGPONG's consumers
+  // have kConsumerRegs, so 128 fit there too (and the 3-stage ring still fits shared memory).
+  static constexpr int kBlockN = D == 64 || PINGPONG ? 128 : 96;
   static constexpr int kStages = 3;                     // K/V ring depth
-  static constexpr int kThreads = 128 * kConsumers + 32;
-  static constexpr int kProducerWarp = 4 * kConsumers;  // the warp after the consumer warpgroups
+  static constexpr int kProducerThreads = PINGPONG ? 128 : 32;  // setmaxnreg acts on whole warpgroups
+  static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
+  static constexpr int kProducerWarp = 4 * kConsumers;  // the warp after the consumer warpgroups (lane 0 issues)
+
+  // PINGPONG's register reallocation: at one CTA per SM a thread starts with kLaunchRegs (65536 /
+  // 384, rounded down to ptxas's multiple of 8: 168); the producer warpgroup drops to
+  // kProducerRegs and the consumers take what it frees. The sum may not exceed what the CTA was
+  // given at launch (setmaxnreg.inc would wait forever for registers nobody frees).
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(!PINGPONG || kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
+                "setmaxnreg: the warpgroups' registers must fit the CTA's launch allocation");
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs >= 24 && kConsumerRegs <= 256,
+                "setmaxnreg takes a multiple of 8 in [24, 256]");
+  // PINGPONG's turns: warpgroup wg issues wgmma only between bar.sync on turn_barrier(wg) and
+  // bar.arrive on the other's; each barrier counts the 128 threads that wait on it and the 128 that
+  // arrive (kTurnThreads). Ids 1 and 2: 0 is __syncthreads' (the kernel's set-up and the key
+  // mask's scan); the forward uses no other named barrier. Both warpgroups take `turns` turns
+  // (the CTA's K/V tile count, the same for both); warpgroup 1 opens with one arrival so that 0
+  // goes first, and skips the hand-over of its last turn, so every barrier phase that starts also
+  // completes (turn_opens / turn_passes; the CPU test plays the protocol out).
+  static constexpr int kTurnBarrierBase = 1;
+  static constexpr int kTurnThreads = 256;
+  static constexpr CUTRAIN_HD int turn_barrier(int wg) { return kTurnBarrierBase + wg; }
+  static constexpr CUTRAIN_HD bool turn_opens(int wg, int turns) { return wg == 1 && turns > 0; }
+  static constexpr CUTRAIN_HD bool turn_passes(int wg, int t, int turns) { return wg == 0 || t + 1 < turns; }
   static constexpr int kColBlocks = D / 64;             // 128-byte column blocks per row
   static constexpr std::uint32_t kQBytes = kBlockM * D * 2;
   static constexpr std::uint32_t kKVBytes = kBlockN * D * 2;  // one K or one V tile

@@ -111,8 +111,10 @@ struct Outputs {
   std::vector<float> out, lse;
 };
 
-const hopper::Schedule kSchedules[] = {hopper::Schedule::Serial, hopper::Schedule::Overlap};
-const char* schedule_name(hopper::Schedule s) { return s == hopper::Schedule::Serial ? "serial" : "overlap"; }
+const hopper::Schedule kSchedules[] = {hopper::Schedule::Serial, hopper::Schedule::Overlap, hopper::Schedule::PingPong};
+const char* schedule_name(hopper::Schedule s) {
+  return s == hopper::Schedule::Serial ? "serial" : s == hopper::Schedule::Overlap ? "overlap" : "pingpong";
+}
 
 // The Hopper forward on poisoned outputs; nothing may be left unwritten (the first NaN is named).
 Outputs run_hopper(const AttentionShape& sh, const Inputs& in, hopper::Schedule schedule) {

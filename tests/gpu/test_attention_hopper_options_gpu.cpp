@@ -33,10 +33,12 @@ namespace hopper = cutrain::kernels::sm90;
 
 namespace {
 
-const hopper::Schedule kSchedules[] = {hopper::Schedule::Serial, hopper::Schedule::Overlap};
+const hopper::Schedule kSchedules[] = {hopper::Schedule::Serial, hopper::Schedule::Overlap, hopper::Schedule::PingPong};
 const hopper::BackwardSchedule kBwdSchedules[] = {hopper::BackwardSchedule::Lockstep,
                                                   hopper::BackwardSchedule::Decoupled};
-const char* name_of(hopper::Schedule s) { return s == hopper::Schedule::Serial ? "serial" : "overlap"; }
+const char* name_of(hopper::Schedule s) {
+  return s == hopper::Schedule::Serial ? "serial" : s == hopper::Schedule::Overlap ? "overlap" : "pingpong";
+}
 const char* name_of(hopper::BackwardSchedule s) {
   return s == hopper::BackwardSchedule::Lockstep ? "lockstep" : "decoupled";
 }

@@ -76,6 +76,10 @@ TEST(AttentionHopperLayout, WgmmaOperandsReadWhatTheTmaWrote) {
   expect_operands_match_tma<hopper::FwdConfig<128, false>>();
   expect_operands_match_tma<hopper::FwdConfig<64, true>>();
   expect_operands_match_tma<hopper::FwdConfig<128, true>>();
+  // The ping-pong schedule's geometry (d128: 128-key tiles).
+  expect_operands_match_tma<hopper::FwdConfig<64, false, false, true>>();
+  expect_operands_match_tma<hopper::FwdConfig<128, false, false, true>>();
+  expect_operands_match_tma<hopper::FwdConfig<128, true, false, true>>();
 }
 
 // The schedule covers every (query, key) score a row needs exactly once, in an active tile of its
@@ -118,6 +122,8 @@ template <class Cfg>
 constexpr bool schedule_matches = std::is_base_of_v<hopper::QueryTileSchedule<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>, Cfg>;
 static_assert(schedule_matches<hopper::FwdConfig<64, false>> && schedule_matches<hopper::FwdConfig<64, true, true>> &&
               schedule_matches<hopper::FwdConfig<128, false>> && schedule_matches<hopper::FwdConfig<128, true, true>> &&
+              schedule_matches<hopper::FwdConfig<64, true, false, true>> &&
+              schedule_matches<hopper::FwdConfig<128, false, false, true>> &&
               schedule_matches<hopper::DqConfig<64, false>> && schedule_matches<hopper::DqConfig<128, true>>,
               "a config's QueryTileSchedule has other tile sizes than the config");
 
@@ -127,6 +133,9 @@ TEST(AttentionHopperLayout, ScheduleCoversEveryScore) {
     expect_schedule_covers<hopper::FwdConfig<64, true>>(S);
     expect_schedule_covers<hopper::FwdConfig<128, false>>(S);
     expect_schedule_covers<hopper::FwdConfig<128, true>>(S);
+    expect_schedule_covers<hopper::FwdConfig<64, true, false, true>>(S);
+    expect_schedule_covers<hopper::FwdConfig<128, false, false, true>>(S);
+    expect_schedule_covers<hopper::FwdConfig<128, true, false, true>>(S);
   }
 }
 
@@ -175,6 +184,8 @@ TEST(AttentionHopperLayout, MaskedScheduleCoversEveryValidKey) {
     expect_masked_schedule_covers<hopper::FwdConfig<64, true>>(S, rng);
     expect_masked_schedule_covers<hopper::FwdConfig<128, false>>(S, rng);
     expect_masked_schedule_covers<hopper::FwdConfig<128, true>>(S, rng);
+    expect_masked_schedule_covers<hopper::FwdConfig<64, false, false, true>>(S, rng);
+    expect_masked_schedule_covers<hopper::FwdConfig<128, true, false, true>>(S, rng);
   }
 }
 
@@ -188,14 +199,110 @@ void expect_carve_up() {
   EXPECT_EQ(Cfg::kBarOff, Cfg::kQBytes + 2u * Cfg::kStages * Cfg::kKVBytes);
   EXPECT_LE(Cfg::kSmemBytes, 227u * 1024u);
   // Consumer warpgroups are warps 0..4*kConsumers-1 (wgmma wants warpgroups at warp indices
-  // divisible by 4), the producer the one warp after them.
-  EXPECT_EQ(Cfg::kThreads, 128 * Cfg::kConsumers + 32);
+  // divisible by 4), the producer the one warp after them (ping-pong: the warpgroup after them,
+  // whose first warp issues the copies).
+  EXPECT_EQ(Cfg::kThreads, 128 * Cfg::kConsumers + (Cfg::kPingPong ? 128 : 32));
   EXPECT_EQ(Cfg::kProducerWarp, 4 * Cfg::kConsumers);
 }
 
 TEST(AttentionHopperLayout, SharedMemoryCarveUp) {
   expect_carve_up<hopper::FwdConfig<64, false>>();
   expect_carve_up<hopper::FwdConfig<128, true>>();
+  expect_carve_up<hopper::FwdConfig<64, false, false, true>>();
+  expect_carve_up<hopper::FwdConfig<128, true, false, true>>();
+  // d128's ping-pong ring of 128-key tiles: Q 32 KiB + 3 x (K + V) 64 KiB + barriers + alignment.
+  EXPECT_EQ((hopper::FwdConfig<128, false, false, true>::kSmemBytes), 1024u + 32768u + 6u * 32768u + 80u);
+  EXPECT_EQ((hopper::FwdConfig<128, false>::kBlockN), 96);
+  EXPECT_EQ((hopper::FwdConfig<128, false, false, true>::kBlockN), 128);
+}
+
+// The ping-pong's register reallocation: what the producer warpgroup frees covers what the two
+// consumer warpgroups take, within the CTA's launch allocation (168 a thread at 384 threads), or
+// setmaxnreg.inc would wait forever.
+TEST(AttentionHopperLayout, PingPongRegisterBudget) {
+  using Cfg = hopper::FwdConfig<128, true, false, true>;
+  EXPECT_EQ(Cfg::kThreads, 384);
+  EXPECT_EQ(Cfg::kLaunchRegs, 168);
+  EXPECT_LE(Cfg::kProducerRegs * 128 + Cfg::kConsumerRegs * 128 * Cfg::kConsumers, Cfg::kLaunchRegs * Cfg::kThreads);
+  EXPECT_GT(Cfg::kConsumerRegs, Cfg::kLaunchRegs);
+  EXPECT_GE(Cfg::kProducerRegs, 24);
+  EXPECT_EQ(Cfg::kConsumerRegs % 8, 0);
+  EXPECT_EQ(Cfg::kProducerRegs % 8, 0);
+}
+
+// Plays the ping-pong's turn protocol out as the kernel runs it (per warpgroup: turn_opens' arrival,
+// then per turn bar.sync on its barrier, the wgmma issue, turn_passes' bar.arrive on the other's),
+// with the hardware barriers' rule (a phase completes when kTurnThreads threads arrived, waiters
+// included), over random interleavings: no deadlock, every phase completed has its waiter, no
+// phase is left half-arrived at the end (the barriers are clean at exit), and the issues alternate
+// warpgroup 0, 1, 0, 1, ... turn by turn.
+TEST(AttentionHopperLayout, PingPongTurnsAlternateAndBalance) {
+  using Cfg = hopper::FwdConfig<64, false, false, true>;
+  EXPECT_EQ(Cfg::kTurnThreads, 2 * 128);
+  EXPECT_NE(Cfg::turn_barrier(0), Cfg::turn_barrier(1));
+  for (int wg = 0; wg < 2; ++wg) {
+    EXPECT_GE(Cfg::turn_barrier(wg), 1) << "0 is __syncthreads' barrier";
+    EXPECT_LE(Cfg::turn_barrier(wg), 15);
+  }
+  enum Kind { Arrive, Sync, Issue };
+  struct Op {
+    Kind kind;
+    int arg;
+  };
+  std::mt19937_64 rng(2424);
+  for (int turns = 0; turns <= 9; ++turns)
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<Op> prog[2];
+      for (int wg = 0; wg < 2; ++wg) {
+        if (Cfg::turn_opens(wg, turns)) prog[wg].push_back({Arrive, Cfg::turn_barrier(1 - wg)});
+        for (int t = 0; t < turns; ++t) {
+          prog[wg].push_back({Sync, Cfg::turn_barrier(wg)});
+          prog[wg].push_back({Issue, t});
+          if (Cfg::turn_passes(wg, t, turns)) prog[wg].push_back({Arrive, Cfg::turn_barrier(1 - wg)});
+        }
+      }
+      int arrived[16] = {}, phase[16] = {};
+      bool waiter[16] = {};
+      std::size_t pc[2] = {0, 0};
+      int blocked_on[2] = {-1, -1}, blocked_phase[2] = {0, 0};
+      std::vector<std::pair<int, int>> issues;
+      auto arrive = [&](int b, bool waits) {
+        arrived[b] += 128;
+        waiter[b] = waiter[b] || waits;
+        ASSERT_LE(arrived[b], Cfg::kTurnThreads);
+        if (arrived[b] == Cfg::kTurnThreads) {
+          ASSERT_TRUE(waiter[b]) << "barrier " << b << " completed a phase with nobody waiting, turns " << turns;
+          arrived[b] = 0;
+          waiter[b] = false;
+          ++phase[b];
+        }
+      };
+      for (;;) {
+        int ready[2], n_ready = 0;
+        for (int wg = 0; wg < 2; ++wg) {
+          if (blocked_on[wg] >= 0 && phase[blocked_on[wg]] != blocked_phase[wg]) blocked_on[wg] = -1;
+          if (blocked_on[wg] < 0 && pc[wg] < prog[wg].size()) ready[n_ready++] = wg;
+        }
+        if (n_ready == 0) break;
+        const int wg = ready[rng() % n_ready];
+        const Op op = prog[wg][pc[wg]++];
+        if (op.kind == Issue) {
+          issues.push_back({wg, op.arg});
+        } else {
+          const int ph = phase[op.arg];
+          arrive(op.arg, op.kind == Sync);
+          if (op.kind == Sync && phase[op.arg] == ph) blocked_on[wg] = op.arg, blocked_phase[wg] = ph;
+        }
+      }
+      ASSERT_EQ(pc[0], prog[0].size()) << "warpgroup 0 deadlocked, turns " << turns;
+      ASSERT_EQ(pc[1], prog[1].size()) << "warpgroup 1 deadlocked, turns " << turns;
+      ASSERT_EQ(blocked_on[0], -1) << "warpgroup 0 still waits at the end, turns " << turns;
+      ASSERT_EQ(blocked_on[1], -1) << "warpgroup 1 still waits at the end, turns " << turns;
+      for (int b = 0; b < 16; ++b) ASSERT_EQ(arrived[b], 0) << "barrier " << b << " left half-arrived, turns " << turns;
+      ASSERT_EQ(issues.size(), 2u * turns);
+      for (int i = 0; i < 2 * turns; ++i)
+        ASSERT_EQ(issues[i], std::make_pair(i % 2, i / 2)) << "issue " << i << " out of turn, turns " << turns;
+    }
 }
 
 TEST(AttentionHopperLayout, DescriptorFields) {
@@ -261,7 +368,7 @@ TEST(AttentionHopperLayout, HostChecksRefuseBadArguments) {
             std::string::npos);
   EXPECT_NE(test::error_of([&] {
               hopper::attention_forward(nullptr, qkv, out, lse, ok, static_cast<hopper::Schedule>(7));
-            }).find("schedule must be Serial or Overlap, got 7"),
+            }).find("schedule must be Serial, Overlap or PingPong, got 7"),
             std::string::npos);
   // Options: dropout_p outside [0, 1) is refused before any device work.
   for (const float p : {1.f, -0.1f, std::nanf("")}) {
