@@ -584,6 +584,50 @@ __device__ __forceinline__ void consume_overlap(float (&dk)[Cfg::kHeadDim / 8][4
   }
 }
 
+// Where a CTA's shared memory lies, from the dynamic shared memory's raw base (each role of
+// backward_ws_kernel computes it after the split, so nothing of it stays live across the producer's
+// register hand-back).
+template <class Cfg>
+__device__ __forceinline__ BwdSmem<Cfg> bwd_smem(unsigned char* smem_raw) {
+  const std::uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
+  unsigned char* gbase = smem_raw + (base - raw);
+  return BwdSmem<Cfg>{base + Cfg::kKOff,
+                      base + Cfg::kVOff,
+                      base + Cfg::kQOff,
+                      base + Cfg::kdOOff,
+                      base + Cfg::kDsOff,
+                      gbase + Cfg::kDsOff,
+                      reinterpret_cast<float*>(gbase + Cfg::kLseOff),
+                      reinterpret_cast<float*>(gbase + Cfg::kDvecOff),
+                      BwdBarriers<Cfg>{base + Cfg::kBarOff}};
+}
+
+// The producer warp (see the block comment): K and V once, then every query tile into the ring.
+template <class Cfg>
+__device__ __forceinline__ void produce(unsigned char* smem_raw, const CUtensorMap* q_map, const CUtensorMap* kv_map,
+                                        const CUtensorMap* do_map, const float* __restrict__ lse,
+                                        const float* __restrict__ dvec, int S, int H) {
+  constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
+  const BwdSmem<Cfg> sm = bwd_smem<Cfg>(smem_raw);
+  const int n0 = blockIdx.x * BN, head = blockIdx.y, b = blockIdx.z;
+  if ((threadIdx.x & 31) == 0) {
+    mbar_arrive_expect_tx(sm.bar.kv_full(), 2 * Cfg::kKVBytes);
+#pragma unroll
+    for (int c = 0; c < Cfg::kColBlocks; ++c) {
+      tma_load_5d(sm.k + c * BN * 128, kv_map, 64 * c, head, 1, n0, b, sm.bar.kv_full());
+      tma_load_5d(sm.v + c * BN * 128, kv_map, 64 * c, head, 2, n0, b, sm.bar.kv_full());
+    }
+  }
+  const float* glse = lse + (static_cast<std::size_t>(b) * H + head) * S;
+  const float* gdvec = dvec + (static_cast<std::size_t>(b) * H + head) * S;
+  const int q_first = Cfg::q_first(n0), n_tiles = Cfg::q_tiles(S) - q_first;
+  for (int i = 0; i < n_tiles; ++i) {
+    const int s = i % ST;
+    if (i >= ST) mbar_wait(sm.bar.q_empty(s), ((i / ST) - 1) & 1);
+    produce_query_tile<Cfg>(sm, q_map, do_map, glse, gdvec, q_first + i, s, head, b, S);
+  }
+}
+
 template <class Cfg, typename E, bool MASK, bool DROP, bool DET>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     backward_ws_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
@@ -594,58 +638,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(!Cfg::kOverlap || DET, "the overlap loop has no dQ product (deterministic mode)");
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
   extern __shared__ unsigned char smem_raw[];
-  const std::uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
-  unsigned char* gbase = smem_raw + (base - raw);
-  const BwdSmem<Cfg> sm{base + Cfg::kKOff,
-                        base + Cfg::kVOff,
-                        base + Cfg::kQOff,
-                        base + Cfg::kdOOff,
-                        base + Cfg::kDsOff,
-                        gbase + Cfg::kDsOff,
-                        reinterpret_cast<float*>(gbase + Cfg::kLseOff),
-                        reinterpret_cast<float*>(gbase + Cfg::kDvecOff),
-                        BwdBarriers<Cfg>{base + Cfg::kBarOff}};
-
-  const int n0 = blockIdx.x * BN, head = blockIdx.y, b = blockIdx.z;
-  const int warp = threadIdx.x >> 5, wg = warp >> 2, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const bool consumer = warp < Cfg::kConsumerWarps;
-  const int key_row0 = n0 + 64 * wg + 16 * (warp & 3);  // a consumer warp's first key
-  BwdOptions opts{};
-  if constexpr (MASK) {
-    if (consumer) {
-      const std::uint8_t* km = opt.key_mask + static_cast<std::size_t>(b) * S;
-      const int k0 = key_row0 + (lane >> 2);
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        if (k0 + 8 * h < S && __ldg(km + k0 + 8 * h) != 0) opts.key_live |= 3u << (2 * h);
-    }
-  }
-  if constexpr (DROP) {
-    opts.dkey = opt.resolve_step();
-    opts.threshold = opt.threshold;
-    opts.drop_scale = opt.drop_scale;
-    opts.bh_e = (static_cast<std::uint64_t>(b) * H + head) * S;
-  }
-  const float* glse = lse + (static_cast<std::size_t>(b) * H + head) * S;
-  const float* gdvec = dvec + (static_cast<std::size_t>(b) * H + head) * S;
-  const int q_first = Cfg::q_first(n0), n_tiles = Cfg::q_tiles(S) - q_first;
 
   if (threadIdx.x == 0) {
-    mbar_init(sm.bar.kv_full(), 1);
+    const BwdBarriers<Cfg> bar = bwd_smem<Cfg>(smem_raw).bar;
+    mbar_init(bar.kv_full(), 1);
 #pragma unroll
     for (int s = 0; s < ST; ++s) {
-      mbar_init(sm.bar.q_full(s), 32);                    // the producer warp's lanes
-      mbar_init(sm.bar.q_empty(s), Cfg::kConsumerWarps);  // every consumer warp releases
+      mbar_init(bar.q_full(s), 32);                    // the producer warp's lanes
+      mbar_init(bar.q_empty(s), Cfg::kConsumerWarps);  // every consumer warp releases
     }
     mbar_init_fence();
   }
+  // MASK: whether each consumer thread's two keys may be attended (bit e: fragment element e's key).
+  [[maybe_unused]] std::uint32_t key_live = 0;
   if constexpr (MASK) {
+    if (consumer) {
+      const int b = blockIdx.z, k0 = blockIdx.x * BN + 64 * (warp >> 2) + 16 * (warp & 3) + ((threadIdx.x & 31) >> 2);
+      const std::uint8_t* km = opt.key_mask + static_cast<std::size_t>(b) * S;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (k0 + 8 * h < S && __ldg(km + k0 + 8 * h) != 0) key_live |= 3u << (2 * h);
+    }
     // A CTA none of whose keys may be attended loads nothing: its dK, dV are 0, its dQ share none.
-    if (!__syncthreads_or(opts.key_live != 0)) {
+    if (!__syncthreads_or(key_live != 0)) {
       if (consumer) {
         float zero[D / 8][4];
         attn::zero(zero);
-        store_dkdv<D>(dqkv, zero, zero, key_row0, S, H, head, b, 1.f, 1.f);
+        store_dkdv<D>(dqkv, zero, zero, blockIdx.x * BN + 64 * (warp >> 2) + 16 * (warp & 3), S, H, blockIdx.y,
+                      blockIdx.z, 1.f, 1.f);
       }
       return;
     }
@@ -656,25 +678,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (!consumer) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (warp == Cfg::kProducerWarp) {
-      if (lane == 0) {
-        mbar_arrive_expect_tx(sm.bar.kv_full(), 2 * Cfg::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < Cfg::kColBlocks; ++c) {
-          tma_load_5d(sm.k + c * BN * 128, &kv_map, 64 * c, head, 1, n0, b, sm.bar.kv_full());
-          tma_load_5d(sm.v + c * BN * 128, &kv_map, 64 * c, head, 2, n0, b, sm.bar.kv_full());
-        }
-      }
-      for (int i = 0; i < n_tiles; ++i) {
-        const int s = i % ST;
-        if (i >= ST) mbar_wait(sm.bar.q_empty(s), ((i / ST) - 1) & 1);
-        produce_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i, s, head, b, S);
-      }
-    }
+    if (warp == Cfg::kProducerWarp) produce<Cfg>(smem_raw, &q_map, &kv_map, &do_map, lse, dvec, S, H);
     return;
   }
 
   setmaxnreg_inc<Cfg::kConsumerRegs>();
+  const BwdSmem<Cfg> sm = bwd_smem<Cfg>(smem_raw);
+  const int n0 = blockIdx.x * BN, head = blockIdx.y, b = blockIdx.z;
+  const int wg = warp >> 2, lane = threadIdx.x & 31;
+  const int key_row0 = n0 + 64 * wg + 16 * (warp & 3);  // this warp's first key
+  BwdOptions opts{};
+  if constexpr (MASK) opts.key_live = key_live;
+  if constexpr (DROP) {
+    opts.dkey = opt.resolve_step();
+    opts.threshold = opt.threshold;
+    opts.drop_scale = opt.drop_scale;
+    opts.bh_e = (static_cast<std::uint64_t>(b) * H + head) * S;
+  }
+  const int q_first = Cfg::q_first(n0), n_tiles = Cfg::q_tiles(S) - q_first;
   float dk[D / 8][4], dv[D / 8][4];
   attn::zero(dk);
   attn::zero(dv);
@@ -740,16 +761,21 @@ void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const
          : launch<D, CAUSAL, KIND, true>(s, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
 }
 
+// d128 runs the producer schedules' requests with lockstep's kernel: its consumers hold dK and dV
+// (128 registers) beside S^T / dP^T and their fragments, about 250 registers (the 256-thread
+// kernel's count), over the 240 setmaxnreg can give them in a 384-thread CTA; compiled, they
+// spilled 272-1096 bytes and ptxas serialized their wgmma (CUDA 13.0).
 template <int KIND, typename E>
 void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
             float* dq_acc, const AttentionShape& sh, const attn::OptionArgs& opt) {
+  constexpr int kD128 = KIND >= kProducer ? kLockstep : KIND;
   const bool c = sh.causal;
   if (sh.head_dim == 64)
     c ? launch<64, true, KIND>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
       : launch<64, false, KIND>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
   else
-    c ? launch<128, true, KIND>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
-      : launch<128, false, KIND>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+    c ? launch<128, true, kD128>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+      : launch<128, false, kD128>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
 }
 
 }  // namespace

@@ -145,7 +145,9 @@ constexpr CUTRAIN_HD std::uint32_t wgmma_mnmajor_offset(std::uint32_t start, std
 // only compute; per-stage empty mbarriers as DECOUPLED's. 384 threads cap a thread at 168
 // registers at launch, so the producer gives its registers back (setmaxnreg.dec to
 // kProducerRegs) and the consumers take them (setmaxnreg.inc to kConsumerRegs): the CTA's pool is
-// 384 x 168 = 128 x 24 + 256 x 240 registers. OVERLAP (PRODUCER only, deterministic mode): a
+// 384 x 168 = 128 x 40 + 256 x 232 registers (40: the producer's loop, addresses and TMA operands
+// without spilling). d64 only in practice: d128's consumers need about 250 (bwd.cu's launcher runs
+// lockstep there). OVERLAP (PRODUCER only, deterministic mode): a
 // consumer issues tile i+1's S^T and dP^T before it waits for tile i's dV / dK products.
 template <int D, bool CAUSAL, bool DECOUPLED = false, bool PRODUCER = false, bool OVERLAP = false>
 struct BwdConfig {
@@ -164,7 +166,7 @@ struct BwdConfig {
   static constexpr int kThreads = 128 * kWarpgroups + (PRODUCER ? 128 : 0);
   static constexpr int kConsumerWarps = 4 * kWarpgroups;
   static constexpr int kProducerWarp = kConsumerWarps;  // PRODUCER: the producer warpgroup's first warp
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static_assert(!PRODUCER || 128 * kProducerRegs + 128 * kWarpgroups * kConsumerRegs <= kThreads * 168,
                 "setmaxnreg: the consumers take no more than the producer gives back");
   static constexpr int kColBlocks = D / 64;
