@@ -44,12 +44,14 @@ void check_forward_args(const void* qkv, const void* out, const float* lse, cons
 // issues every load and the two consumer warpgroups only compute (setmaxnreg moves the producer's
 // registers to them). ProducerOverlap: Producer, and in the deterministic mode each consumer
 // issues tile i+1's S^T / dP^T before it waits for tile i's dV / dK products (the fast mode's
-// dQ product waits for its tile, so there it runs Producer's loop). Same results.
+// dQ product waits for its tile, so there it runs Producer's loop). d64 only: at d128 both run
+// Lockstep's kernel (registers; see bwd.cu's launcher). Same results.
 enum class BackwardSchedule { Lockstep, Decoupled, Producer, ProducerOverlap };
 
 // The deterministic mode's dQ pass's consumer loop (dq.cu): Serial waits for each tile's dQ += dS K
-// inside the tile; Overlap issues tile j+1's S and dP before it waits for tile j's dQ product.
-// Same results (the same products in the same order: the same bits).
+// inside the tile; Overlap issues tile j+1's S and dP before it waits for tile j's dQ product (d64
+// without options; d128 and the key mask / dropout instances run Serial: see dq.cu). Same results
+// (the same products in the same order: the same bits).
 enum class DqSchedule { Serial, Overlap };
 
 // dqkv (every element written) from the forward's out and lse for the same qkv and options.

@@ -336,13 +336,14 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
       mbar_wait(bar.v_full(s1), phase1);
       if constexpr (DROP && !kDrawUnder) draw(j + 1);
       issue_s_dp<Cfg, E>(sc, dp, sQ, sdO, sK + s1 * Cfg::kKVBytes, sV + s1 * Cfg::kKVBytes, wg);
-      if constexpr (MASK) opts.keys.load(j + 1);
-      if constexpr (DROP && kDrawUnder) draw(j + 1);
       wgmma_wait<2>();  // tile j's dQ product, the oldest group: stage j is read
       operand_fence(dq);
       operand_fence(ds);
       __syncwarp();
       if (lane == 0) mbar_arrive(bar.kv_empty(s));
+      // Under tile j+1's S and dP (the serial loop's placement).
+      if constexpr (MASK) opts.keys.load(j + 1);
+      if constexpr (DROP && kDrawUnder) draw(j + 1);
     }
   }
   for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
@@ -445,11 +446,14 @@ void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, cons
 template <int D, bool CAUSAL, bool OVERLAP, typename E>
 void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
             const AttentionShape& sh, const attn::OptionArgs& opt) {
+  // The overlap loop with a key mask or dropout runs the serial loop: compiled, ptxas serialized
+  // every wgmma of those instances (C7515, "non wgmma instructions defining accumulator registers";
+  // CUDA 13.0), wherever the mask fetch and the keep bits were placed.
   const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
   if (!mask && !drop) launch<D, CAUSAL, OVERLAP, false, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
-  else if (!drop) launch<D, CAUSAL, OVERLAP, true, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
-  else if (!mask) launch<D, CAUSAL, OVERLAP, false, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
-  else launch<D, CAUSAL, OVERLAP, true, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+  else if (!drop) launch<D, CAUSAL, false, true, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+  else if (!mask) launch<D, CAUSAL, false, false, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+  else launch<D, CAUSAL, false, true, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
 }
 
 template <bool OVERLAP, typename E>
