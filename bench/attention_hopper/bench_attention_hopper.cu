@@ -33,6 +33,8 @@
 // (fast mode) and "attention_hopper/bwd_det[_causal](_producer|_producer_overlap|_dqoverlap)/<shape>"
 // (deterministic: the producer dK/dV pass with the serial dQ pass; its overlap loop with the overlap
 // dQ pass; the lockstep dK/dV pass with the overlap dQ pass), with the lockstep bwd_det rows at S8192.
+// At d128 the producer schedules run lockstep's kernel and the overlap dQ pass the serial one
+// (registers: kernels/attention_sm90/), so those rows time the fallbacks.
 #include <benchmark/benchmark.h>
 
 #include <cmath>

@@ -210,7 +210,8 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sdO, std
 // retires P V behind the next S. The same
 // products in the same order as the serial loop: the same dQ bits. The active tiles are a prefix
 // (the forward's rule), the last one peeled by the loop's break; the skipped tail is waited for
-// and released as in the serial loop.
+// and released as in the serial loop. The plain instance only: with a key mask or dropout ptxas
+// serialized the loop's wgmma (C7515; launch runs those instances' serial loop).
 
 // Issues S = Q_w K^T, then dP = dO_w V^T (two commit groups, S first).
 template <class Cfg, typename E>
@@ -237,19 +238,12 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
                                                 const float* __restrict__ lse, const float* __restrict__ dvec,
                                                 E* __restrict__ dqkv, int S, int H, float scale_log2, float scale,
                                                 int m0, int n_tiles, int head, int b, const attn::OptionArgs& opt) {
+  static_assert(!MASK && !DROP, "with a key mask or dropout the dQ pass runs the serial loop (see launch)");
+  (void)opt;
   constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN, ST = Cfg::kStages;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
   const int wg = warp >> 2;
   const int wg_row0 = m0 + 64 * wg, row0 = wg_row0 + 16 * (warp & 3);
-
-  DqOptions<Cfg, MASK, DROP> opts{};
-  if constexpr (MASK) opts.keys = {opt.key_mask + static_cast<std::size_t>(b) * S, S, {}};
-  if constexpr (DROP) {
-    opts.dkey = opt.resolve_step();
-    opts.threshold = opt.threshold;
-    opts.drop_scale = opt.drop_scale;
-    opts.bh_e = (static_cast<std::uint64_t>(b) * H + head) * S;
-  }
   const float* glse = lse + (static_cast<std::size_t>(b) * H + head) * S;
   const float* gdvec = dvec + (static_cast<std::size_t>(b) * H + head) * S;
   float l2[2], dd[2];
@@ -262,34 +256,16 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
   float dq[D / 8][4];
   attn::zero(dq);
 
-  // DROP: dq_tile's keep bits and placement (d64 under the S / dP wgmma, d128 before them).
-  constexpr bool kDrawUnder = D == 64;
-  [[maybe_unused]] std::uint32_t keep[2] = {0, 0};
-  [[maybe_unused]] auto draw = [&](int j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      keep[h] = attn::row_keep_bits<BN / 8>(opts.dkey, opts.threshold,
-                                            (opts.bh_e + static_cast<std::uint64_t>(row0 + gi + 8 * h)) * S, j * BN,
-                                            S % 4 == 0);
-  };
-
   mbar_wait(bar.q_full(), 0);
   const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
   if (n_active > 0) {
     float sc[BN / 8][4], dp[BN / 8][4];
     std::uint32_t ds[BN / 16][4] = {};
-    {
-      mbar_wait(bar.k_full(0), 0);
-      mbar_wait(bar.v_full(0), 0);
-      if constexpr (DROP && !kDrawUnder) draw(0);
-      issue_s_dp<Cfg, E>(sc, dp, sQ, sdO, sK, sV, wg);
-      if constexpr (MASK) opts.keys.load(0);
-      if constexpr (DROP && kDrawUnder) draw(0);
-    }
+    mbar_wait(bar.k_full(0), 0);
+    mbar_wait(bar.v_full(0), 0);
+    issue_s_dp<Cfg, E>(sc, dp, sQ, sdO, sK, sV, wg);
     for (int j = 0;; ++j) {
       const int s = j % ST, n0 = j * BN;
-      [[maybe_unused]] std::uint32_t kbits[attn::KeyMaskTiles<BN>::kWords];
-      if constexpr (MASK) opts.keys.take(kbits);
       wgmma_wait<1>();  // S of tile j, the older of the two groups in flight
       operand_fence(sc);
       // P (dq_tile's): element (n, e) is query row0 + gi + 8(e >> 1), key n0 + 8n + 2t + (e & 1).
@@ -298,9 +274,8 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
       for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int c = 8 * n + 2 * t + (e & 1), col = n0 + c, row = row0 + gi + 8 * (e >> 1);
-          bool dead = edge && (col >= S || (Cfg::kCausal && col > row));
-          if constexpr (MASK) dead = dead || !attn::key_ok(kbits, c);
+          const int col = n0 + 8 * n + 2 * t + (e & 1), row = row0 + gi + 8 * (e >> 1);
+          const bool dead = edge && (col >= S || (Cfg::kCausal && col > row));
           sc[n][e] = dead ? 0.f : exp2f(fmaf(sc[n][e], scale_log2, -l2[e >> 1]));
         }
       wgmma_wait<0>();  // dP of tile j
@@ -308,11 +283,7 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
 #pragma unroll
       for (int n = 0; n < BN / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float dpe = dp[n][e];
-          if constexpr (DROP) dpe = (keep[e >> 1] >> (2 * n + (e & 1))) & 1u ? dpe * opts.drop_scale : 0.f;
-          dp[n][e] = sc[n][e] * (dpe - dd[e >> 1]);
-        }
+        for (int e = 0; e < 4; ++e) dp[n][e] = sc[n][e] * (dp[n][e] - dd[e >> 1]);
       attn::to_a_frags<E, BN>(ds, dp);
       // dQ += dS K (K read transposed).
       operand_fence(dq);
@@ -334,16 +305,12 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
       const std::uint32_t phase1 = ((j + 1) / ST) & 1;
       mbar_wait(bar.k_full(s1), phase1);
       mbar_wait(bar.v_full(s1), phase1);
-      if constexpr (DROP && !kDrawUnder) draw(j + 1);
       issue_s_dp<Cfg, E>(sc, dp, sQ, sdO, sK + s1 * Cfg::kKVBytes, sV + s1 * Cfg::kKVBytes, wg);
       wgmma_wait<2>();  // tile j's dQ product, the oldest group: stage j is read
       operand_fence(dq);
       operand_fence(ds);
       __syncwarp();
       if (lane == 0) mbar_arrive(bar.kv_empty(s));
-      // Under tile j+1's S and dP (the serial loop's placement).
-      if constexpr (MASK) opts.keys.load(j + 1);
-      if constexpr (DROP && kDrawUnder) draw(j + 1);
     }
   }
   for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
