@@ -31,6 +31,13 @@
 // dQ pass; the baseline's deterministic mode is its mma.sync dK/dV and dQ passes),
 // "attention_hopper/bwd_det[_causal|_mask[_drop]]/<shape>": the production (lockstep) schedule at
 // S 512-2048 of the sweep (and the peer's shapes among them) and BERT's shapes with its options.
+// The warp-specialized schedules at the peer's shapes (B2H16S8192D64, B4H16S2048D64,
+// B4H16S2048D128, B4H16S512D64; full and causal): "attention_hopper/bwd[_causal]_producer/<shape>"
+// (fast mode) and "attention_hopper/bwd_det[_causal](_producer|_producer_overlap|_dqoverlap)/<shape>"
+// (deterministic: the producer dK/dV pass with the serial dQ pass; its overlap loop with the overlap
+// dQ pass; the lockstep dK/dV pass with the overlap dQ pass), with the lockstep bwd_det rows at S8192.
+// At d128 the producer schedules run lockstep's kernel and the overlap dQ pass the serial one
+// (registers: kernels/attention_sm90/), so those rows time the fallbacks.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -171,7 +178,8 @@ struct BaselineBwd {
 };
 
 void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forward,
-                    kernels::sm90::BackwardSchedule schedule, Opts opts = Opts::Plain, bool det = false) {
+                    kernels::sm90::BackwardSchedule schedule, Opts opts = Opts::Plain, bool det = false,
+                    kernels::sm90::DqSchedule dq_schedule = kernels::sm90::DqSchedule::Serial) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
   const std::size_t n_l = std::size_t(sh.batch) * sh.heads * sh.seq;
@@ -202,7 +210,7 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
     if (with_forward)
       kernels::sm90::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, fwd_schedule, opt);
     kernels::sm90::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(),
-                                      scratch_h.get(), sh, schedule, opt, det);
+                                      scratch_h.get(), sh, schedule, opt, det, dq_schedule);
   };
   const std::string key =
       shape_name(sh) + (sh.causal ? "_causal" : "") + opts_suffix(opts) + (with_forward ? "_fwdbwd" : "_bwd") +
@@ -319,6 +327,41 @@ void register_all() {
           ->UseManualTime()
           ->Iterations(100)
           ->Unit(benchmark::kMicrosecond);
+    }
+  // The warp-specialized schedules (issue #24's long-S gap to cuDNN) at the peer's shapes, causal
+  // or not: fast mode "bwd[_causal]_producer"; deterministic mode "bwd_det[_causal]_producer"
+  // (producer dK/dV pass, serial dQ pass), "bwd_det[_causal]_producer_overlap" (its overlap loop,
+  // overlap dQ pass), "bwd_det[_causal]_dqoverlap" (lockstep dK/dV pass, overlap dQ pass), and
+  // the lockstep "bwd_det[_causal]" row at S8192, which the deterministic rows above skip.
+  using kernels::sm90::DqSchedule;
+  struct WsRow {
+    const char* suffix;
+    bool det;
+    BackwardSchedule schedule;
+    DqSchedule dq;
+  };
+  const WsRow ws_rows[] = {{"_producer", false, BackwardSchedule::Producer, DqSchedule::Serial},
+                           {"", true, BackwardSchedule::Lockstep, DqSchedule::Serial},
+                           {"_producer", true, BackwardSchedule::Producer, DqSchedule::Serial},
+                           {"_producer_overlap", true, BackwardSchedule::ProducerOverlap, DqSchedule::Overlap},
+                           {"_dqoverlap", true, BackwardSchedule::Lockstep, DqSchedule::Overlap}};
+  for (bool causal : {false, true})
+    for (const AttentionShape base : {AttentionShape{2, 8192, 16, 64}, AttentionShape{4, 2048, 16, 64},
+                                      AttentionShape{4, 2048, 16, 128}, AttentionShape{4, 512, 16, 64}}) {
+      const AttentionShape sh{base.batch, base.seq, base.heads, base.head_dim, causal};
+      for (const WsRow& r : ws_rows) {
+        if (r.det && r.schedule == BackwardSchedule::Lockstep && r.dq == DqSchedule::Serial && sh.seq <= 2048)
+          continue;  // registered above
+        const std::string name = std::string("attention_hopper/") + (r.det ? "bwd_det" : "bwd") +
+                                 (causal ? "_causal" : "") + r.suffix + "/" + shape_name(sh);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [sh, r](benchmark::State& st) {
+                                       bench_backward(st, sh, false, r.schedule, Opts::Plain, r.det, r.dq);
+                                     })
+            ->UseManualTime()
+            ->Iterations(100)
+            ->Unit(benchmark::kMicrosecond);
+      }
     }
   // BERT's shapes, plain and with its options: each pass, each schedule.
   const std::vector<AttentionShape> bert = {{64, 128, 16, 64, false}, {16, 512, 16, 64, false}};

@@ -395,7 +395,7 @@ __device__ __forceinline__ void consume_pingpong(std::uint32_t sQ, std::uint32_t
   epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f);
 }
 
-// The producer thread's copies: Q on q_full, K/V tile j into stage j % kStages.
+// The ping-pong's copies (one producer thread): Q on q_full, K/V tile j into stage j % kStages.
 template <class Cfg>
 __device__ __forceinline__ void load_q(const CUtensorMap* q_map, std::uint32_t sQ, const QueryTileBarriers<Cfg>& bar,
                                        int head, int m0, int b) {
@@ -468,10 +468,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           load_kv<Cfg>(&kv_map, sK, sV, bar, head, b, j);
         }
     } else if (warp == Cfg::kProducerWarp && lane == 0) {
-      load_q<Cfg>(&q_map, sQ, bar, head, m0, b);
+      mbar_arrive_expect_tx(bar.q_full(), Cfg::kQBytes);
+#pragma unroll
+      for (int c = 0; c < Cfg::kColBlocks; ++c)
+        tma_load_5d(sQ + c * BM * 128, &q_map, 64 * c, head, 0, m0, b, bar.q_full());
       for (int j = 0; j < n_tiles; ++j) {
-        if (j >= ST) mbar_wait(bar.kv_empty(j % ST), ((j / ST) - 1) & 1);
-        load_kv<Cfg>(&kv_map, sK, sV, bar, head, b, j);
+        const int s = j % ST;
+        if (j >= ST) mbar_wait(bar.kv_empty(s), ((j / ST) - 1) & 1);
+        mbar_arrive_expect_tx(bar.k_full(s), Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kColBlocks; ++c)
+          tma_load_5d(sK + s * Cfg::kKVBytes + c * BN * 128, &kv_map, 64 * c, head, 1, j * BN, b, bar.k_full(s));
+        mbar_arrive_expect_tx(bar.v_full(s), Cfg::kKVBytes);
+#pragma unroll
+        for (int c = 0; c < Cfg::kColBlocks; ++c)
+          tma_load_5d(sV + s * Cfg::kKVBytes + c * BN * 128, &kv_map, 64 * c, head, 2, j * BN, b, bar.v_full(s));
       }
     }
   } else if constexpr (Cfg::kPingPong) {

@@ -185,17 +185,35 @@ constexpr CUTRAIN_HD std::uint32_t wgmma_mnmajor_offset(std::uint32_t start, std
 // DECOUPLED: how a ring stage is handed back (see bwd.cu): false, a CTA barrier
 // ends every tile (lockstep); true, per-stage empty mbarriers, so the warpgroups drift apart by up
 // to the ring's depth and one's softmax overlaps the other's wgmma.
-template <int D, bool CAUSAL, bool DECOUPLED = false>
+// PRODUCER (the warp-specialized schedules, bwd.cu's backward_ws_kernel): a third warpgroup, the
+// producer, issues every load (K/V, the Q / dO ring, lse and Dvec) and the two consumer warpgroups
+// only compute; per-stage empty mbarriers as DECOUPLED's. 384 threads cap a thread at 168
+// registers at launch, so the producer gives its registers back (setmaxnreg.dec to
+// kProducerRegs) and the consumers take them (setmaxnreg.inc to kConsumerRegs): the CTA's pool is
+// 384 x 168 = 128 x 40 + 256 x 232 registers (40: the producer's loop, addresses and TMA operands
+// without spilling). d64 only in practice: d128's consumers need about 250 (bwd.cu's launcher runs
+// lockstep there). OVERLAP (PRODUCER only, deterministic mode): a
+// consumer issues tile i+1's S^T and dP^T before it waits for tile i's dV / dK products.
+template <int D, bool CAUSAL, bool DECOUPLED = false, bool PRODUCER = false, bool OVERLAP = false>
 struct BwdConfig {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(!(DECOUPLED && PRODUCER), "the producer schedule releases stages through mbarriers already");
+  static_assert(!OVERLAP || PRODUCER, "the overlap schedule is a producer schedule");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
   static constexpr bool kDecoupled = DECOUPLED;
-  static constexpr int kWarpgroups = 2;
+  static constexpr bool kProducer = PRODUCER;
+  static constexpr bool kOverlap = OVERLAP;
+  static constexpr int kWarpgroups = 2;             // the warpgroups that own keys (the consumers)
   static constexpr int kBlockN = 64 * kWarpgroups;  // keys per CTA
   static constexpr int kBlockM = 64;                // queries per tile (one 128-byte column block of dS^T)
   static constexpr int kStages = 3;                 // Q / dO ring depth
-  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kThreads = 128 * kWarpgroups + (PRODUCER ? 128 : 0);
+  static constexpr int kConsumerWarps = 4 * kWarpgroups;
+  static constexpr int kProducerWarp = kConsumerWarps;  // PRODUCER: the producer warpgroup's first warp
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static_assert(!PRODUCER || 128 * kProducerRegs + 128 * kWarpgroups * kConsumerRegs <= kThreads * 168,
+                "setmaxnreg: the consumers take no more than the producer gives back");
   static constexpr int kColBlocks = D / 64;
   static constexpr std::uint32_t kKVBytes = kBlockN * D * 2;  // K or V
   static constexpr std::uint32_t kQBytes = kBlockM * D * 2;   // one Q or one dO tile
@@ -262,11 +280,14 @@ struct BwdConfig {
 // Register budget: the 288-thread CTA caps every thread at 168 (see FwdConfig); a thread holds dQ
 // (D/2 fp32), S and dP (kBlockN/2 each) at once, so kBlockN = 64 at both head dims (128 keys at d64
 // would be 32 + 64 + 64 accumulators before any address).
-template <int D, bool CAUSAL>
+// OVERLAP (dq.cu's overlap consumer loop): a consumer issues tile j+1's S and dP before it waits for
+// tile j's dQ += dS K, so dQ's product, the next tile's scores and P's exp overlap.
+template <int D, bool CAUSAL, bool OVERLAP = false>
 struct DqConfig : QueryTileSchedule<128, 64, CAUSAL> {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
+  static constexpr bool kOverlap = OVERLAP;
   static constexpr int kConsumers = 2;                  // consumer warpgroups
   static constexpr int kBlockM = 64 * kConsumers;       // query rows per CTA
   static constexpr int kBlockN = 64;                    // keys per K/V tile
@@ -306,6 +327,28 @@ struct DqConfig : QueryTileSchedule<128, 64, CAUSAL> {
 // each pair stays reachable only through sm90::attention_forward / attention_backward's argument.
 constexpr CUTRAIN_HD bool production_fwd_overlap(int head_dim, bool causal) { return head_dim == 64 || causal; }
 constexpr CUTRAIN_HD bool production_bwd_decoupled(int head_dim, bool causal) {
+  (void)head_dim;
+  (void)causal;
+  return false;
+}
+
+// ---- The backward's warp-specialized schedules (bwd.cu's producer kernel, dq.cu's overlap loop) ----
+// Not measured yet: the production table keeps lockstep and the serial dQ pass until a device
+// session times them (bench_attention_hopper's _producer / _producer_overlap / _dqoverlap rows).
+// production_bwd_producer: the dK/dV pass's producer-warpgroup schedule; production_bwd_overlap
+// (with it): its overlap consumer loop (deterministic mode); production_dq_overlap: the dQ pass's
+// overlap consumer loop.
+constexpr CUTRAIN_HD bool production_bwd_producer(int head_dim, bool causal) {
+  (void)head_dim;
+  (void)causal;
+  return false;
+}
+constexpr CUTRAIN_HD bool production_bwd_overlap(int head_dim, bool causal) {
+  (void)head_dim;
+  (void)causal;
+  return false;
+}
+constexpr CUTRAIN_HD bool production_dq_overlap(int head_dim, bool causal) {
   (void)head_dim;
   (void)causal;
   return false;

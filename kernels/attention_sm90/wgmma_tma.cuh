@@ -462,14 +462,17 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 }
 
 // ---- register reallocation ----
-// setmaxnreg: every thread of a warpgroup executes it together (.sync.aligned). dec hands the
-// registers above N back to the CTA's pool, inc takes them (waiting until the pool has them).
+// setmaxnreg (sm_90a): every warp of a warpgroup executes the same one (.sync.aligned) — the
+// forward's ping-pong and the backward's producer schedule. dec hands the registers above N back
+// to the CTA's pool; inc blocks until the pool has enough for N. N: a multiple of 8 in [24, 256].
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
 }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
 }
 

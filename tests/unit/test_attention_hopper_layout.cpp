@@ -532,6 +532,72 @@ TEST(AttentionHopperLayout, BackwardSharedMemoryCarveUp) {
   expect_bwd_carve_up<hopper::BwdConfig<128, false, true>>();
 }
 
+// The producer schedules: the consumers' tiles and carve-up are lockstep's (the same slices, the
+// same shared memory), plus a producer warpgroup whose register hand-back covers the consumers'
+// raise within the 384-thread CTA's pool (168 a thread at launch), and 32 lanes for a tile's 64
+// lse and 64 Dvec values (two of each a lane).
+template <class Cfg, class Base>
+void expect_producer_geometry() {
+  static_assert(Cfg::kProducer && !Base::kProducer);
+  EXPECT_EQ(Cfg::kThreads, 3 * 128);
+  EXPECT_EQ(Cfg::kConsumerWarps, 8);
+  EXPECT_EQ(Cfg::kProducerWarp, 8) << "the producer warpgroup follows the consumers";
+  EXPECT_EQ(Cfg::kSmemBytes, Base::kSmemBytes);
+  EXPECT_EQ(Cfg::kBarOff, Base::kBarOff);
+  EXPECT_EQ(Cfg::kBlockN, Base::kBlockN);
+  EXPECT_EQ(Cfg::kBlockM, 2 * 32) << "a producer lane copies two rows of lse and Dvec";
+  EXPECT_EQ(Cfg::kProducerRegs % 8, 0);
+  EXPECT_EQ(Cfg::kConsumerRegs % 8, 0);
+  EXPECT_GE(Cfg::kProducerRegs, 24);
+  EXPECT_LE(Cfg::kConsumerRegs, 256);
+  // 65536 registers over 12 warps, 3 to a sub-partition: 168 a thread at launch.
+  const int launch_regs = (65536 / 4 / (3 * 32)) / 8 * 8;
+  EXPECT_EQ(launch_regs, 168);
+  EXPECT_LE(128 * Cfg::kProducerRegs + 256 * Cfg::kConsumerRegs, Cfg::kThreads * launch_regs)
+      << "setmaxnreg.inc would wait forever for registers the pool never gets";
+  for (int wg = 0; wg < 2; ++wg)
+    for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) EXPECT_EQ(Cfg::kv_a_slice(wg, kk), Base::kv_a_slice(wg, kk));
+  for (const int S : {1, 64, 129, 2049})
+    for (int n0 = 0; n0 < S; n0 += Cfg::kBlockN) {
+      EXPECT_EQ(Cfg::q_first(n0), Base::q_first(n0));
+      EXPECT_EQ(Cfg::q_tiles(S), Base::q_tiles(S));
+    }
+}
+
+TEST(AttentionHopperLayout, BackwardProducerGeometry) {
+  expect_producer_geometry<hopper::BwdConfig<64, false, false, true>, hopper::BwdConfig<64, false>>();
+  expect_producer_geometry<hopper::BwdConfig<64, true, false, true, true>, hopper::BwdConfig<64, true>>();
+  expect_producer_geometry<hopper::BwdConfig<128, false, false, true, true>, hopper::BwdConfig<128, false>>();
+  expect_producer_geometry<hopper::BwdConfig<128, true, false, true>, hopper::BwdConfig<128, true>>();
+}
+
+// The overlap loops' premise (bwd.cu's consume_overlap, dq.cu's): a warpgroup's inactive tiles
+// (causal) are a prefix of the dK/dV pass's query tiles and a suffix of the dQ pass's K/V tiles,
+// so each loop peels them off and runs its active tiles straight through.
+TEST(AttentionHopperLayout, OverlapLoopsSeeContiguousActiveTiles) {
+  using B = hopper::BwdConfig<64, true, false, true, true>;
+  for (const int S : {1, 63, 64, 65, 128, 129, 200, 385, 1000, 2049})
+    for (int n0 = 0; n0 < S; n0 += B::kBlockN)
+      for (int wg = 0; wg < 2; ++wg) {
+        const int first = B::q_first(n0), n = B::q_tiles(S) - first;
+        bool seen_active = false;
+        for (int i = 0; i < n; ++i) {
+          const bool active = B::wg_active((first + i) * B::kBlockM, n0, wg);
+          EXPECT_FALSE(seen_active && !active) << "S " << S << " n0 " << n0 << " wg " << wg << " tile " << i;
+          seen_active = seen_active || active;
+        }
+        EXPECT_TRUE(seen_active || n0 + 64 * wg >= S) << "S " << S << " n0 " << n0 << " wg " << wg;
+      }
+  using Q = hopper::DqConfig<64, true, true>;
+  for (const int S : {1, 63, 64, 65, 128, 129, 200, 385, 1000, 2049})
+    for (int m0 = 0; m0 < S; m0 += Q::kBlockM)
+      for (int wg = 0; wg < 2; ++wg) {
+        const int n = Q::kv_tiles(S, m0), n_active = Q::active_tiles(n, m0 + 64 * wg);
+        for (int j = 0; j < n; ++j)
+          EXPECT_EQ(Q::tile_active(j, m0 + 64 * wg), j < n_active) << "S " << S << " m0 " << m0 << " wg " << wg;
+      }
+}
+
 TEST(AttentionHopperLayout, RowsTensorMapAddressesDout) {
   const AttentionShape sh{3, 129, 5, 128, true};
   const auto g = hopper::rows_tma_geometry(sh, 1, 64);
@@ -577,7 +643,13 @@ TEST(AttentionHopperLayout, BackwardHostChecksRefuseBadArguments) {
   EXPECT_NE(test::error_of([&] {
               hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, ok,
                                          static_cast<hopper::BackwardSchedule>(5));
-            }).find("schedule must be Lockstep or Decoupled, got 5"),
+            }).find("schedule must be Lockstep, Decoupled, Producer or ProducerOverlap, got 5"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] {
+              hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, ok,
+                                         hopper::BackwardSchedule::Producer, {}, true,
+                                         static_cast<hopper::DqSchedule>(3));
+            }).find("dq_schedule must be Serial or Overlap, got 3"),
             std::string::npos);
   kernels::AttentionOptions opt;
   opt.dropout_p = 1.5f;
@@ -724,7 +796,13 @@ TEST(AttentionHopperLayout, ProductionSchedules) {
   EXPECT_TRUE(hopper::production_fwd_overlap(128, true));
   EXPECT_FALSE(hopper::production_fwd_overlap(128, false));
   for (const int d : {64, 128})
-    for (const bool c : {false, true}) EXPECT_FALSE(hopper::production_bwd_decoupled(d, c));
+    for (const bool c : {false, true}) {
+      EXPECT_FALSE(hopper::production_bwd_decoupled(d, c));
+      // The warp-specialized schedules wait for a device session's timings.
+      EXPECT_FALSE(hopper::production_bwd_producer(d, c));
+      EXPECT_FALSE(hopper::production_bwd_overlap(d, c));
+      EXPECT_FALSE(hopper::production_dq_overlap(d, c));
+    }
 }
 
 }  // namespace
