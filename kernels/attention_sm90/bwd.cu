@@ -392,7 +392,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // the TMA's byte count: q_full counts 32 arrivals), so the full barrier publishes the vectors
 // too. It refills stage s once the 8 consumer warps have released it on q_empty[s]. Warps 9-11
 // leave after the register hand-back. setmaxnreg: the producer warpgroup drops to
-// kProducerRegs, the consumers rise to kConsumerRegs (layout.h, BwdConfig).
+// kProducerRegs, the consumers rise to kConsumerRegs (layout.h, BwdConfig). Every wait after the
+// split is mbar_wait_realloc: with a `trap` reachable, ptxas would hold the consumers at the
+// launch's 168 registers (wgmma_tma.cuh).
 // Consumers, Producer's loop: per tile, wait q_full[s], tile_step (every wgmma waited for inside),
 // release q_empty[s]. OVERLAP (deterministic mode): tile i+1's S^T and dP^T are issued right behind
 // tile i's dV / dK products (no tensor-core gap between them), then the wait for the oldest group
@@ -535,7 +537,7 @@ __device__ __forceinline__ void consume_overlap(float (&dk)[Cfg::kHeadDim / 8][4
   int i = 0;
   for (; i < n_tiles && !Cfg::wg_active((q_first + i) * BM, n0, wg); ++i) {  // causal: keys after the tile
     const int s = i % ST;
-    mbar_wait(sm.bar.q_full(s), (i / ST) & 1);
+    mbar_wait_realloc(sm.bar.q_full(s), (i / ST) & 1);
     __syncwarp();
     if (lane == 0) mbar_arrive(sm.bar.q_empty(s));
   }
@@ -545,7 +547,7 @@ __device__ __forceinline__ void consume_overlap(float (&dk)[Cfg::kHeadDim / 8][4
   [[maybe_unused]] std::uint32_t keep = 0;
   {
     const int s = i % ST;
-    mbar_wait(sm.bar.q_full(s), (i / ST) & 1);
+    mbar_wait_realloc(sm.bar.q_full(s), (i / ST) & 1);
     if constexpr (DROP && !kDrawUnder) keep = draw(q_first + i);
     issue_st_dpt<Cfg, E>(st, dp, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes, wg);
     if constexpr (DROP && kDrawUnder) keep = draw(q_first + i);
@@ -570,7 +572,7 @@ __device__ __forceinline__ void consume_overlap(float (&dk)[Cfg::kHeadDim / 8][4
       break;
     }
     const int s1 = (i + 1) % ST;
-    mbar_wait(sm.bar.q_full(s1), ((i + 1) / ST) & 1);
+    mbar_wait_realloc(sm.bar.q_full(s1), ((i + 1) / ST) & 1);
     if constexpr (DROP && !kDrawUnder) keep = draw(q_first + i + 1);
     issue_st_dpt<Cfg, E>(st, dp, sm, sm.q + s1 * Cfg::kQBytes, sm.dout + s1 * Cfg::kQBytes, wg);
     if constexpr (DROP && kDrawUnder) keep = draw(q_first + i + 1);
@@ -623,7 +625,7 @@ __device__ __forceinline__ void produce(unsigned char* smem_raw, const CUtensorM
   const int q_first = Cfg::q_first(n0), n_tiles = Cfg::q_tiles(S) - q_first;
   for (int i = 0; i < n_tiles; ++i) {
     const int s = i % ST;
-    if (i >= ST) mbar_wait(sm.bar.q_empty(s), ((i / ST) - 1) & 1);
+    if (i >= ST) mbar_wait_realloc(sm.bar.q_empty(s), ((i / ST) - 1) & 1);
     produce_query_tile<Cfg>(sm, q_map, do_map, glse, gdvec, q_first + i, s, head, b, S);
   }
 }
@@ -699,13 +701,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   float dk[D / 8][4], dv[D / 8][4];
   attn::zero(dk);
   attn::zero(dv);
-  mbar_wait(sm.bar.kv_full(), 0);
+  mbar_wait_realloc(sm.bar.kv_full(), 0);
   if constexpr (Cfg::kOverlap) {
     consume_overlap<Cfg, E, MASK, DROP>(dk, dv, sm, q_first, n_tiles, n0, wg, key_row0, S, scale_log2, opts);
   } else {
     for (int i = 0; i < n_tiles; ++i) {
       const int s = i % ST, m0 = (q_first + i) * BM;
-      mbar_wait(sm.bar.q_full(s), (i / ST) & 1);
+      mbar_wait_realloc(sm.bar.q_full(s), (i / ST) & 1);
       if (Cfg::wg_active(m0, n0, wg))
         tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes,
                                            sm.lse + s * BM, sm.dvec + s * BM, dq_acc, m0, n0, wg, key_row0, S, H,
@@ -732,6 +734,19 @@ void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, cons
     if constexpr (Cfg::kProducer) return backward_ws_kernel<Cfg, E, MASK, DROP, DET>;
     else return backward_kernel<Cfg, E, MASK, DROP, DET>;
   }();
+  if constexpr (Cfg::kProducer) {
+    // setmaxnreg.inc waits for the registers the producer warpgroup frees, so the CTA's launch
+    // allocation must cover the reallocated counts (ptxas gives 168 a thread; fewer would hang).
+    static const int regs = [&] {
+      cudaFuncAttributes a{};
+      CUTRAIN_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
+      return a.numRegs;
+    }();
+    constexpr int need = Cfg::kProducerRegs * 128 + Cfg::kConsumerRegs * 128 * Cfg::kWarpgroups;
+    CUTRAIN_CHECK(regs * Cfg::kThreads >= need, "attention_backward (producer schedule): the kernel was built with ",
+                  regs, " registers a thread, ", regs * Cfg::kThreads, " for its ", Cfg::kThreads,
+                  " threads; its setmaxnreg counts need ", need);
+  }
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((sh.seq + Cfg::kBlockN - 1) / Cfg::kBlockN, sh.heads, sh.batch);
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * attn::kLog2e;

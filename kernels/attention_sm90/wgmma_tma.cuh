@@ -62,10 +62,10 @@ __device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parit
     if (clock64() - t0 > (1ll << 34)) asm volatile("trap;");
 }
 
-// mbar_wait for code after setmaxnreg.inc: ptxas (CUDA 13.0) compiles a region that can reach
-// `trap` at the launch register cap, ignoring the raised count (the consumer then spills), so
-// this guard faults with a store to address 0 instead: an illegal-address launch error, still
-// no hang.
+// mbar_wait for code after setmaxnreg (the forward's ping-pong, the backward's producer
+// schedules): ptxas (CUDA 13.0) compiles a region that can reach `trap` at the launch register
+// cap, ignoring the raised count (the consumer then spills), so this guard faults with a store to
+// address 0 instead: an illegal-address launch error, still no hang.
 __device__ __forceinline__ void mbar_wait_realloc(std::uint32_t bar, std::uint32_t parity) {
   if (mbar_try_wait(bar, parity)) return;
   const long long t0 = clock64();
