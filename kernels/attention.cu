@@ -64,10 +64,18 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
                         void* scratch, const AttentionShape& shape, bool deterministic,
                         const AttentionOptions& options) {
   attn::check_shape(shape, "attention_backward");
-  const sm90::BackwardSchedule schedule = sm90::production_bwd_decoupled(shape.head_dim, shape.causal)
-                                              ? sm90::BackwardSchedule::Decoupled
-                                              : sm90::BackwardSchedule::Lockstep;
-  sm90::attention_backward<E>(s, qkv, out, dout, lse, dqkv, scratch, shape, schedule, options, deterministic);
+  const int d = shape.head_dim;
+  const bool c = shape.causal;
+  const sm90::BackwardSchedule schedule =
+      sm90::production_bwd_producer(d, c)
+          ? (sm90::production_bwd_overlap(d, c) ? sm90::BackwardSchedule::ProducerOverlap
+                                                : sm90::BackwardSchedule::Producer)
+          : (sm90::production_bwd_decoupled(d, c) ? sm90::BackwardSchedule::Decoupled
+                                                  : sm90::BackwardSchedule::Lockstep);
+  const sm90::DqSchedule dq_schedule =
+      sm90::production_dq_overlap(d, c) ? sm90::DqSchedule::Overlap : sm90::DqSchedule::Serial;
+  sm90::attention_backward<E>(s, qkv, out, dout, lse, dqkv, scratch, shape, schedule, options, deterministic,
+                              dq_schedule);
 }
 
 template void attention_forward<bf16>(cudaStream_t, const bf16*, bf16*, float*, const AttentionShape&,

@@ -3,7 +3,10 @@
 // (bench/attention_mma/, this benchmark's baseline) on the same inputs, in the same process, at S
 // 512-8192 with B*S = 16384 tokens, 16 heads, d64 / d128, full and causal.
 // Forward rows, each consumer schedule (serial; overlap: tile j's P V in flight while tile j+1's S
-// is issued): "attention_hopper/fwd[_causal][_overlap]/B<b>H16S<s>D<d>". Manual time and TFLOP/s
+// is issued; pingpong: the warpgroups take turns at the tensor cores, FlashAttention-3's):
+// "attention_hopper/fwd[_causal][_overlap|_pingpong]/B<b>H16S<s>D<d>", on the sweep plus the peer's
+// shapes it lacks (B4H16S512D64, B4H16S2048D64, B4H16S2048D128; the serial rows carry the plain
+// name, so compare.py pairs them with the peer's SDPA rows). Manual time and TFLOP/s
 // (4·B·H·S²·D, halved causal) are the sm90 kernel's; mma_us / mma_TFLOP/s the mma.sync baseline's
 // (median of 100 flushed calls, once per shape, before that shape's first row); speedup =
 // mma_us / median_us. out_rel_diff / lse_rel_diff: ||sm90 - mma|| / ||mma|| of one call each (both
@@ -21,13 +24,20 @@
 // BERT's shapes (B64H16S128D64, B16H16S512D64, non-causal), every pass and schedule, plain and with
 // its options as bench/bench_attention.cu runs them (the same mask of per-sequence lengths uniform
 // in [S/4, S], the same dropout key, p 0.1), both sides given the same options:
-// "attention_hopper/<pass>[_mask[_drop]][_overlap|_decoupled]/<shape>", so compare.py pairs the
+// "attention_hopper/<pass>[_mask[_drop]][_overlap|_pingpong|_decoupled]/<shape>", so compare.py pairs the
 // serial / lockstep rows with the peer's "attention/<pass>_mask[_drop]/<shape>" SDPA rows (cuDNN
 // among them). Their TFLOP/s count the full S^2 work, as bench_attention's do.
 // Deterministic backward rows (the mode the models call: the dK/dV pass without atomics, then the
 // dQ pass; the baseline's deterministic mode is its mma.sync dK/dV and dQ passes),
 // "attention_hopper/bwd_det[_causal|_mask[_drop]]/<shape>": the production (lockstep) schedule at
 // S 512-2048 of the sweep (and the peer's shapes among them) and BERT's shapes with its options.
+// The warp-specialized schedules at the peer's shapes (B2H16S8192D64, B4H16S2048D64,
+// B4H16S2048D128, B4H16S512D64; full and causal): "attention_hopper/bwd[_causal]_producer/<shape>"
+// (fast mode) and "attention_hopper/bwd_det[_causal](_producer|_producer_overlap|_dqoverlap)/<shape>"
+// (deterministic: the producer dK/dV pass with the serial dQ pass; its overlap loop with the overlap
+// dQ pass; the lockstep dK/dV pass with the overlap dQ pass), with the lockstep bwd_det rows at S8192.
+// At d128 the producer schedules run lockstep's kernel and the overlap dQ pass the serial one
+// (registers: kernels/attention_sm90/), so those rows time the fallbacks.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -109,7 +119,7 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& ref) {
   return den == 0 ? (num == 0 ? 0.0 : INFINITY) : std::sqrt(num / den);
 }
 
-// The mma.sync baseline forward's time and outputs for the last shape measured: the two schedules of a
+// The mma.sync baseline forward's time and outputs for the last shape measured: the schedules of a
 // shape run back to back (register_all's order) on the same inputs, so it runs once per shape.
 struct Baseline {
   std::string shape;
@@ -168,7 +178,8 @@ struct BaselineBwd {
 };
 
 void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forward,
-                    kernels::sm90::BackwardSchedule schedule, Opts opts = Opts::Plain, bool det = false) {
+                    kernels::sm90::BackwardSchedule schedule, Opts opts = Opts::Plain, bool det = false,
+                    kernels::sm90::DqSchedule dq_schedule = kernels::sm90::DqSchedule::Serial) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
   const std::size_t n_l = std::size_t(sh.batch) * sh.heads * sh.seq;
@@ -199,7 +210,7 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
     if (with_forward)
       kernels::sm90::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, fwd_schedule, opt);
     kernels::sm90::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(),
-                                      scratch_h.get(), sh, schedule, opt, det);
+                                      scratch_h.get(), sh, schedule, opt, det, dq_schedule);
   };
   const std::string key =
       shape_name(sh) + (sh.causal ? "_causal" : "") + opts_suffix(opts) + (with_forward ? "_fwdbwd" : "_bwd") +
@@ -238,21 +249,36 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   }
 }
 
+// A forward row's schedule suffix: serial's rows carry none (compare.py pairs them with the peer's).
+const char* schedule_suffix(kernels::sm90::Schedule s) {
+  return s == kernels::sm90::Schedule::Serial ? "" : s == kernels::sm90::Schedule::Overlap ? "_overlap" : "_pingpong";
+}
+constexpr kernels::sm90::Schedule kFwdSchedules[] = {kernels::sm90::Schedule::Serial, kernels::sm90::Schedule::Overlap,
+                                                     kernels::sm90::Schedule::PingPong};
+
 void register_all() {
   using kernels::sm90::Schedule;
+  // The forward sweep (B*S = 16384), then the shapes of bench_attention's SDPA comparison that the
+  // sweep lacks (B2H16S8192D64 is in it), so that one filter ('attention_hopper/fwd') times every
+  // schedule at every compared shape; BERT's shapes follow with the options below.
+  std::vector<AttentionShape> fwd_shapes;
   for (int d : {64, 128})
     for (bool causal : {false, true})
-      for (int s : {512, 1024, 2048, 4096, 8192})
-        for (Schedule schedule : {Schedule::Serial, Schedule::Overlap}) {
-          const AttentionShape sh{16384 / s, s, 16, d, causal};
-          const std::string name = std::string("attention_hopper/fwd") + (causal ? "_causal" : "") +
-                                   (schedule == Schedule::Overlap ? "_overlap/" : "/") + shape_name(sh);
-          benchmark::RegisterBenchmark(name.c_str(),
-                                       [sh, schedule](benchmark::State& st) { bench_forward(st, sh, schedule); })
-              ->UseManualTime()
-              ->Iterations(100)  // a median of 100 flushed samples
-              ->Unit(benchmark::kMicrosecond);
-        }
+      for (int s : {512, 1024, 2048, 4096, 8192}) fwd_shapes.push_back({16384 / s, s, 16, d, causal});
+  for (bool causal : {false, true})
+    for (const AttentionShape sh : {AttentionShape{4, 512, 16, 64}, AttentionShape{4, 2048, 16, 64},
+                                    AttentionShape{4, 2048, 16, 128}})
+      fwd_shapes.push_back({sh.batch, sh.seq, sh.heads, sh.head_dim, causal});
+  for (const AttentionShape& sh : fwd_shapes)
+    for (Schedule schedule : kFwdSchedules) {
+      const std::string name = std::string("attention_hopper/fwd") + (sh.causal ? "_causal" : "") +
+                               schedule_suffix(schedule) + "/" + shape_name(sh);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [sh, schedule](benchmark::State& st) { bench_forward(st, sh, schedule); })
+          ->UseManualTime()
+          ->Iterations(100)  // a median of 100 flushed samples
+          ->Unit(benchmark::kMicrosecond);
+    }
   // The backward sweep, then the peer's shapes that the sweep lacks.
   std::vector<AttentionShape> bwd_shapes;
   for (int d : {64, 128})
@@ -302,14 +328,48 @@ void register_all() {
           ->Iterations(100)
           ->Unit(benchmark::kMicrosecond);
     }
+  // The warp-specialized schedules (issue #24's long-S gap to cuDNN) at the peer's shapes, causal
+  // or not: fast mode "bwd[_causal]_producer"; deterministic mode "bwd_det[_causal]_producer"
+  // (producer dK/dV pass, serial dQ pass), "bwd_det[_causal]_producer_overlap" (its overlap loop,
+  // overlap dQ pass), "bwd_det[_causal]_dqoverlap" (lockstep dK/dV pass, overlap dQ pass), and
+  // the lockstep "bwd_det[_causal]" row at S8192, which the deterministic rows above skip.
+  using kernels::sm90::DqSchedule;
+  struct WsRow {
+    const char* suffix;
+    bool det;
+    BackwardSchedule schedule;
+    DqSchedule dq;
+  };
+  const WsRow ws_rows[] = {{"_producer", false, BackwardSchedule::Producer, DqSchedule::Serial},
+                           {"", true, BackwardSchedule::Lockstep, DqSchedule::Serial},
+                           {"_producer", true, BackwardSchedule::Producer, DqSchedule::Serial},
+                           {"_producer_overlap", true, BackwardSchedule::ProducerOverlap, DqSchedule::Overlap},
+                           {"_dqoverlap", true, BackwardSchedule::Lockstep, DqSchedule::Overlap}};
+  for (bool causal : {false, true})
+    for (const AttentionShape base : {AttentionShape{2, 8192, 16, 64}, AttentionShape{4, 2048, 16, 64},
+                                      AttentionShape{4, 2048, 16, 128}, AttentionShape{4, 512, 16, 64}}) {
+      const AttentionShape sh{base.batch, base.seq, base.heads, base.head_dim, causal};
+      for (const WsRow& r : ws_rows) {
+        if (r.det && r.schedule == BackwardSchedule::Lockstep && r.dq == DqSchedule::Serial && sh.seq <= 2048)
+          continue;  // registered above
+        const std::string name = std::string("attention_hopper/") + (r.det ? "bwd_det" : "bwd") +
+                                 (causal ? "_causal" : "") + r.suffix + "/" + shape_name(sh);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [sh, r](benchmark::State& st) {
+                                       bench_backward(st, sh, false, r.schedule, Opts::Plain, r.det, r.dq);
+                                     })
+            ->UseManualTime()
+            ->Iterations(100)
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
   // BERT's shapes, plain and with its options: each pass, each schedule.
   const std::vector<AttentionShape> bert = {{64, 128, 16, 64, false}, {16, 512, 16, 64, false}};
   for (const AttentionShape& sh : bert)
     for (Opts o : {Opts::Plain, Opts::Mask, Opts::MaskDrop}) {
       const std::string tail = std::string("/") + shape_name(sh);
-      for (Schedule schedule : {Schedule::Serial, Schedule::Overlap}) {
-        const std::string name = std::string("attention_hopper/fwd") + opts_suffix(o) +
-                                 (schedule == Schedule::Overlap ? "_overlap" : "") + tail;
+      for (Schedule schedule : kFwdSchedules) {
+        const std::string name = std::string("attention_hopper/fwd") + opts_suffix(o) + schedule_suffix(schedule) + tail;
         benchmark::RegisterBenchmark(name.c_str(),
                                      [sh, schedule, o](benchmark::State& st) { bench_forward(st, sh, schedule, o); })
             ->UseManualTime()

@@ -33,13 +33,24 @@ namespace hopper = cutrain::kernels::sm90;
 
 namespace {
 
-const hopper::Schedule kSchedules[] = {hopper::Schedule::Serial, hopper::Schedule::Overlap};
-const hopper::BackwardSchedule kBwdSchedules[] = {hopper::BackwardSchedule::Lockstep,
-                                                  hopper::BackwardSchedule::Decoupled};
-const char* name_of(hopper::Schedule s) { return s == hopper::Schedule::Serial ? "serial" : "overlap"; }
-const char* name_of(hopper::BackwardSchedule s) {
-  return s == hopper::BackwardSchedule::Lockstep ? "lockstep" : "decoupled";
+const hopper::Schedule kSchedules[] = {hopper::Schedule::Serial, hopper::Schedule::Overlap, hopper::Schedule::PingPong};
+const hopper::BackwardSchedule kBwdSchedules[] = {
+    hopper::BackwardSchedule::Lockstep, hopper::BackwardSchedule::Decoupled, hopper::BackwardSchedule::Producer,
+    hopper::BackwardSchedule::ProducerOverlap};
+const hopper::DqSchedule kDqSchedules[] = {hopper::DqSchedule::Serial, hopper::DqSchedule::Overlap};
+const char* name_of(hopper::Schedule s) {
+  return s == hopper::Schedule::Serial ? "serial" : s == hopper::Schedule::Overlap ? "overlap" : "pingpong";
 }
+const char* name_of(hopper::BackwardSchedule s) {
+  switch (s) {
+    case hopper::BackwardSchedule::Lockstep: return "lockstep";
+    case hopper::BackwardSchedule::Decoupled: return "decoupled";
+    case hopper::BackwardSchedule::Producer: return "producer";
+    case hopper::BackwardSchedule::ProducerOverlap: return "producer_overlap";
+  }
+  return "?";
+}
+const char* name_of(hopper::DqSchedule s) { return s == hopper::DqSchedule::Serial ? "dq serial" : "dq overlap"; }
 
 std::size_t fast_scratch_floats(const AttentionShape& sh) {
   return (kernels::attention_backward_scratch_bytes(sh, false) + 3) / 4;
@@ -163,13 +174,16 @@ TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
     CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
     check_grads(test::download_float(dqkv), dqkv_r, std::string("Hopper forward + Hopper backward, ") +
                                                         name_of(schedule));
-    // The deterministic mode: the dK/dV pass without its dQ atomics, then the wgmma dQ pass.
-    test::DeviceArray<bf16> dqkv_det(n_qkv);
-    hopper::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv_det.get(), scratch.get(), sh,
-                               schedule, opt, true);
-    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
-    check_grads(test::download_float(dqkv_det), dqkv_r,
-                std::string("Hopper forward + Hopper backward (deterministic), ") + name_of(schedule));
+    // The deterministic mode: the dK/dV pass without its dQ atomics, then the wgmma dQ pass (each schedule).
+    for (const hopper::DqSchedule dq_schedule : kDqSchedules) {
+      test::DeviceArray<bf16> dqkv_det(n_qkv);
+      hopper::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv_det.get(), scratch.get(),
+                                 sh, schedule, opt, true, dq_schedule);
+      CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+      check_grads(test::download_float(dqkv_det), dqkv_r,
+                  std::string("Hopper forward + Hopper backward (deterministic), ") + name_of(schedule) + ", " +
+                      name_of(dq_schedule));
+    }
   }
   // The production backward (fast mode) from the Hopper forward's O and lse.
   {
@@ -313,10 +327,13 @@ TEST_P(AttentionHopperDropoutMaskGpu, KeepBitsMatchProductionAndReference) {
                                   scratch_det.get(), sh, true, opt);
     });
     for (const hopper::BackwardSchedule schedule : kBwdSchedules)
-      read_backward(name_of(schedule), [&] {
-        hopper::attention_backward(nullptr, zeros.get(), out.get(), dout.get(), lse.get(), dqkv.get(), scratch.get(),
-                                   sh, schedule, opt);
-      });
+      for (const bool det : {false, true}) {  // ProducerOverlap's overlap loop runs in the deterministic mode only
+        const std::string who = std::string(name_of(schedule)) + (det ? " (deterministic)" : " (fast)");
+        read_backward(who.c_str(), [&] {
+          hopper::attention_backward(nullptr, zeros.get(), out.get(), dout.get(), lse.get(), dqkv.get(),
+                                     scratch.get(), sh, schedule, opt, det, hopper::DqSchedule::Overlap);
+        });
+      }
   }
   // The read-out saw both outcomes in plenty (p = 0.3): a kernel that kept or dropped everything fails above.
   EXPECT_GT(kept_total, checked / 2);
