@@ -14,7 +14,7 @@
 #               parallel/ (test_zero_gpu ZeroWorldOne*)
 #   comparison  the main job and its PyTorch peer (three layouts), the 6.86B model, the llm.c shape
 #   real_data   prepare WikiText-2, train with validation (next-token, causal, --pad_vocab)
-#   kernels     kernel benchmarks (BENCH_LIST, BENCH_FILTER) and their PyTorch peers in the same
+#   kernels     kernel benchmarks (BENCH_LIST, BENCH_FILTER; BENCH_LIMIT s each, default 60) and their PyTorch peers in the same
 #               call (PEER_LIST, default all five), then the ratio table (KERNEL_ROUNDS=N: N rounds)
 #   timing      --timing_report of the BF16 example's model and of GPT-2 d12 (the llmc section's recipe), each
 #               followed by scripts/step_floor.py (its leaves against their floors)
@@ -242,7 +242,7 @@ if want kernels; then
       [ -x build/gpu/bench/bench_$b ] || continue
       local f=""
       [ -n "${BENCH_FILTER:-}" ] && f="--benchmark_filter='$BENCH_FILTER'"
-      step bench_$b$2 60 "build/gpu/bench/bench_$b $f --benchmark_out=$1/bench_$b.json --benchmark_out_format=json --benchmark_counters_tabular=true"
+      step bench_$b$2 ${BENCH_LIMIT:-60} "build/gpu/bench/bench_$b $f --benchmark_out=$1/bench_$b.json --benchmark_out_format=json --benchmark_counters_tabular=true"
     done
   }
   run_peers() { # run_peers DIR SUFFIX

@@ -4,6 +4,7 @@
 # logs plus a short summary to ${OUT:-build/gpu-check}.
 #
 #   scripts/gpu-check.sh [--tests REGEX] [--bench REGEX|none] [--peers] [--then "CMD"]
+#   CTEST_JOBS (default 8) tests at once, each within CTEST_TIMEOUT seconds (default 300).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -53,7 +54,7 @@ say "build: $(( $(date +%s) - t0 )) s"
 
 # GPU tests are small except a few (they check free memory and skip): 8 at once on one GPU keeps
 # the 800-odd test processes (each pays the CUDA start-up) to a couple of minutes.
-ctest_args=(--test-dir "$build" --output-on-failure --timeout 300 -j "${CTEST_JOBS:-8}" --output-junit "$out/logs/ctest.xml")
+ctest_args=(--test-dir "$build" --output-on-failure --timeout "${CTEST_TIMEOUT:-300}" -j "${CTEST_JOBS:-8}" --output-junit "$out/logs/ctest.xml")
 [ -n "$tests_re" ] && ctest_args+=(-R "$tests_re")
 ctest "${ctest_args[@]}" >"$out/logs/test.log" 2>&1
 test_rc=$?
