@@ -26,6 +26,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/attention_sm90/attention_sm90.h"
 #include "tests/gpu/attention_checks.h"
+#include "tests/gpu/attention_hopper_schedules.h"
 #include "tests/gpu/attention_naive.h"
 #include "tests/reference/attention_ref.h"
 #include "tests/support/test_support.h"
@@ -33,6 +34,7 @@
 using namespace cutrain;
 using kernels::AttentionShape;
 namespace hopper = cutrain::kernels::sm90;
+using test::hopper_schedules::schedule_name;
 
 namespace {
 
@@ -111,10 +113,7 @@ struct Outputs {
   std::vector<float> out, lse;
 };
 
-const hopper::Schedule kSchedules[] = {hopper::Schedule::Serial, hopper::Schedule::Overlap, hopper::Schedule::PingPong};
-const char* schedule_name(hopper::Schedule s) {
-  return s == hopper::Schedule::Serial ? "serial" : s == hopper::Schedule::Overlap ? "overlap" : "pingpong";
-}
+const auto& kSchedules = test::hopper_schedules::kForward;
 
 // The Hopper forward on poisoned outputs; nothing may be left unwritten (the first NaN is named).
 Outputs run_hopper(const AttentionShape& sh, const Inputs& in, hopper::Schedule schedule) {
@@ -266,20 +265,8 @@ BwdCase make_bwd_case(const AttentionShape& sh, bool large) {
   return BwdCase{std::move(in), std::move(dout_f), std::move(out_h), std::move(dout), std::move(out), std::move(lse)};
 }
 
-const hopper::BackwardSchedule kBwdSchedules[] = {
-    hopper::BackwardSchedule::Lockstep, hopper::BackwardSchedule::Decoupled, hopper::BackwardSchedule::Producer,
-    hopper::BackwardSchedule::ProducerOverlap};
-const char* schedule_name(hopper::BackwardSchedule s) {
-  switch (s) {
-    case hopper::BackwardSchedule::Lockstep: return "lockstep";
-    case hopper::BackwardSchedule::Decoupled: return "decoupled";
-    case hopper::BackwardSchedule::Producer: return "producer";
-    case hopper::BackwardSchedule::ProducerOverlap: return "producer_overlap";
-  }
-  return "?";
-}
-const hopper::DqSchedule kDqSchedules[] = {hopper::DqSchedule::Serial, hopper::DqSchedule::Overlap};
-const char* schedule_name(hopper::DqSchedule s) { return s == hopper::DqSchedule::Serial ? "dq serial" : "dq overlap"; }
+const auto& kBwdSchedules = test::hopper_schedules::kBackward;
+const auto& kDqSchedules = test::hopper_schedules::kDq;
 
 // The sm90 backward on a poisoned dqkv (nothing may be left unwritten) with `scratch`.
 std::vector<float> run_hopper_bwd(const AttentionShape& sh, const BwdCase& c, test::DeviceArray<float>& scratch,

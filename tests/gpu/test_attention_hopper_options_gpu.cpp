@@ -24,33 +24,20 @@
 #include "kernels/attention.cuh"
 #include "kernels/attention_sm90/attention_sm90.h"
 #include "tests/gpu/attention_checks.h"
+#include "tests/gpu/attention_hopper_schedules.h"
 #include "tests/reference/attention_ref.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
 using kernels::AttentionShape;
 namespace hopper = cutrain::kernels::sm90;
+using test::hopper_schedules::schedule_name;
 
 namespace {
 
-const hopper::Schedule kSchedules[] = {hopper::Schedule::Serial, hopper::Schedule::Overlap, hopper::Schedule::PingPong};
-const hopper::BackwardSchedule kBwdSchedules[] = {
-    hopper::BackwardSchedule::Lockstep, hopper::BackwardSchedule::Decoupled, hopper::BackwardSchedule::Producer,
-    hopper::BackwardSchedule::ProducerOverlap};
-const hopper::DqSchedule kDqSchedules[] = {hopper::DqSchedule::Serial, hopper::DqSchedule::Overlap};
-const char* name_of(hopper::Schedule s) {
-  return s == hopper::Schedule::Serial ? "serial" : s == hopper::Schedule::Overlap ? "overlap" : "pingpong";
-}
-const char* name_of(hopper::BackwardSchedule s) {
-  switch (s) {
-    case hopper::BackwardSchedule::Lockstep: return "lockstep";
-    case hopper::BackwardSchedule::Decoupled: return "decoupled";
-    case hopper::BackwardSchedule::Producer: return "producer";
-    case hopper::BackwardSchedule::ProducerOverlap: return "producer_overlap";
-  }
-  return "?";
-}
-const char* name_of(hopper::DqSchedule s) { return s == hopper::DqSchedule::Serial ? "dq serial" : "dq overlap"; }
+const auto& kSchedules = test::hopper_schedules::kForward;
+const auto& kBwdSchedules = test::hopper_schedules::kBackward;
+const auto& kDqSchedules = test::hopper_schedules::kDq;
 
 std::size_t fast_scratch_floats(const AttentionShape& sh) {
   return (kernels::attention_backward_scratch_bytes(sh, false) + 3) / 4;
@@ -104,7 +91,7 @@ TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
   test::DeviceArray<float> lse(n_l);
   std::vector<float> out_h;
   for (const hopper::Schedule schedule : kSchedules) {
-    SCOPED_TRACE(std::string(name_of(schedule)) + " forward");
+    SCOPED_TRACE(std::string(schedule_name(schedule)) + " forward");
     test::DeviceArray<bf16> o(n_o);
     test::DeviceArray<float> l(n_l);
     hopper::attention_forward(nullptr, qkv.get(), o.get(), l.get(), sh, schedule, opt);
@@ -173,7 +160,7 @@ TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
                                schedule, opt);
     CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
     check_grads(test::download_float(dqkv), dqkv_r, std::string("Hopper forward + Hopper backward, ") +
-                                                        name_of(schedule));
+                                                        schedule_name(schedule));
     // The deterministic mode: the dK/dV pass without its dQ atomics, then the wgmma dQ pass (each schedule).
     for (const hopper::DqSchedule dq_schedule : kDqSchedules) {
       test::DeviceArray<bf16> dqkv_det(n_qkv);
@@ -181,8 +168,8 @@ TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
                                  sh, schedule, opt, true, dq_schedule);
       CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
       check_grads(test::download_float(dqkv_det), dqkv_r,
-                  std::string("Hopper forward + Hopper backward (deterministic), ") + name_of(schedule) + ", " +
-                      name_of(dq_schedule));
+                  std::string("Hopper forward + Hopper backward (deterministic), ") + schedule_name(schedule) + ", " +
+                      schedule_name(dq_schedule));
     }
   }
   // The production backward (fast mode) from the Hopper forward's O and lse.
@@ -294,7 +281,7 @@ TEST_P(AttentionHopperDropoutMaskGpu, KeepBitsMatchProductionAndReference) {
       kernels::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, opt);
     });
     for (const hopper::Schedule schedule : kSchedules)
-      read_forward(name_of(schedule), [&] {
+      read_forward(schedule_name(schedule), [&] {
         hopper::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, schedule, opt);
       });
     // lse = ln(number of keys of the row), as both forwards wrote it; out is the last forward's.
@@ -328,7 +315,7 @@ TEST_P(AttentionHopperDropoutMaskGpu, KeepBitsMatchProductionAndReference) {
     });
     for (const hopper::BackwardSchedule schedule : kBwdSchedules)
       for (const bool det : {false, true}) {  // ProducerOverlap's overlap loop runs in the deterministic mode only
-        const std::string who = std::string(name_of(schedule)) + (det ? " (deterministic)" : " (fast)");
+        const std::string who = std::string(schedule_name(schedule)) + (det ? " (deterministic)" : " (fast)");
         read_backward(who.c_str(), [&] {
           hopper::attention_backward(nullptr, zeros.get(), out.get(), dout.get(), lse.get(), dqkv.get(),
                                      scratch.get(), sh, schedule, opt, det, hopper::DqSchedule::Overlap);
