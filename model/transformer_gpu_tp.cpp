@@ -54,6 +54,35 @@ void GpuTransformerT<T>::packed_grad_weight_bias(cudaStream_t s, const T* dy, co
 }
 
 template <typename T>
+void GpuTransformerT<T>::tp_row_param_grads(cudaStream_t s, const char* layer, const T* dy, const T* x, void* gw,
+                                            void* gb, DType gt, bool acc, int M, int N, int K, const SliceRuns& r) {
+  const std::string n(layer), dw = n + "_dw", db = n + "_db", dw_db = n + "_dw_db", dx = n + "_dx";
+  linear_param_grads(
+      s, {dw.c_str(), db.c_str(), dw_db.c_str(), dx.c_str()}, M, N, K, dtype_size(gt), acc,
+      [&] { packed_grad_weight_bias(s, dy, x, gw, gb, gt, acc, M, N, K, r); },
+      [&] { packed_grad_weight(s, dy, x, gw, gt, acc, M, N, K, r); },
+      [&] { kernels::bias_grad(s, dy, gb, gt, M, N, acc, scratch_); });
+}
+
+template <typename T>
+void GpuTransformerT<T>::tp_qkv_param_grads(cudaStream_t s, const T* dq, const T* x, void* gw, void* gb, DType gt,
+                                            bool acc, int M, int N, int K) {
+  const std::size_t es = dtype_size(gt);
+  linear_param_grads(
+      s, {"qkv_dw", "qkv_db", "qkv_dw_db", "qkv_dx"}, M, N, K, es, acc,
+      [&] {  // only without accumulation: tp_gb_ is written whole, then scattered
+        packed_grad_weight_bias(s, dq, x, gw, tp_gb_, gt, acc, M, N, K, tp_runs_.qkv_w);
+        unpack(s, gb, tp_gb_, tp_runs_.qkv_b, es);
+      },
+      [&] { packed_grad_weight(s, dq, x, gw, gt, acc, M, N, K, tp_runs_.qkv_w); },
+      [&] {
+        if (acc) pack(s, tp_gb_, gb, tp_runs_.qkv_b, es);
+        kernels::bias_grad(s, dq, tp_gb_, gt, M, N, acc, scratch_);
+        unpack(s, gb, tp_gb_, tp_runs_.qkv_b, es);
+      });
+}
+
+template <typename T>
 void GpuTransformerT<T>::tp_reduce_piece(cudaStream_t s, T* buf, int rows, int p) {
   if (tps_.pieces == 1) return tp_all_reduce(s, buf, rows);
   cudaStream_t c = tp_comm_stream_->get();
@@ -183,11 +212,7 @@ void GpuTransformerT<T>::tp_layer_backward(cudaStream_t s, const Unit& U, DType 
         kernels::layernorm_backward(s, dx, v.s2, v.mean2, v.rstd2, w(L.norm2_w), nullptr, dx, g(L.norm2_w),
                                     g(L.norm2_b), gt, ac, scratch_, Mp, h);
       });
-      linear_param_grads(
-          s, {"fc2_dw", "fc2_db", "fc2_dw_db", "fc2_dx"}, Mp, h, Fp, es, ac,
-          [&] { packed_grad_weight_bias(s, dx, v.g, g(L.ff2_w), g(L.ff2_b), gt, ac, Mp, h, Fp, tp_runs_.ff2_w); },
-          [&] { packed_grad_weight(s, dx, v.g, g(L.ff2_w), gt, ac, Mp, h, Fp, tp_runs_.ff2_w); },
-          [&] { kernels::bias_grad(s, dx, g(L.ff2_b), gt, Mp, h, ac, scratch_); });
+      tp_row_param_grads(s, "fc2", dx, v.g, g(L.ff2_w), g(L.ff2_b), gt, ac, Mp, h, Fp, tp_runs_.ff2_w);
       pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
       timed(s, "fc2_dx", cost::gemm_grad_input(Mp, h, Fp, false),
             [&] { gemm_->grad_input(s, dx, tp_w_, d4, Mp, h, Fp, 0.f); });
@@ -217,31 +242,13 @@ void GpuTransformerT<T>::tp_layer_backward(cudaStream_t s, const Unit& U, DType 
       kernels::layernorm_backward(s, dx, v.s1, v.mean1, v.rstd1, w(L.norm1_w), nullptr, dx, g(L.norm1_w),
                                   g(L.norm1_b), gt, ac, scratch_, Mp, h);
     });
-    linear_param_grads(
-        s, {"out_proj_dw", "out_proj_db", "out_proj_dw_db", "out_proj_dx"}, Mp, h, hl, es, ac,
-        [&] {
-          packed_grad_weight_bias(s, dx, v.att, g(L.out_proj_w), g(L.out_proj_b), gt, ac, Mp, h, hl,
-                                  tp_runs_.out_proj_w);
-        },
-        [&] { packed_grad_weight(s, dx, v.att, g(L.out_proj_w), gt, ac, Mp, h, hl, tp_runs_.out_proj_w); },
-        [&] { kernels::bias_grad(s, dx, g(L.out_proj_b), gt, Mp, h, ac, scratch_); });
+    tp_row_param_grads(s, "out_proj", dx, v.att, g(L.out_proj_w), g(L.out_proj_b), gt, ac, Mp, h, hl, tp_runs_.out_proj_w);
     pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
     timed(s, "out_proj_dx", cost::gemm_grad_input(Mp, h, hl, false),
           [&] { gemm_->grad_input(s, dx, tp_w_, datt, Mp, h, hl, 0.f); });
     timed(s, "attention", cost::attention_backward(pattn.batch, pattn.seq, pattn.heads, pattn.head_dim, pattn.causal),
           [&] { kernels::attention_backward(s, v.qkv, v.att, datt, v.lse, dq, scratch_, pattn, true); });
-    linear_param_grads(
-        s, {"qkv_dw", "qkv_db", "qkv_dw_db", "qkv_dx"}, Mp, 3 * hl, h, es, ac,
-        [&] {  // only without accumulation: tp_gb_ is written whole, then scattered
-          packed_grad_weight_bias(s, dq, at(x_in, p, h), g(L.in_proj_w), tp_gb_, gt, ac, Mp, 3 * hl, h, tp_runs_.qkv_w);
-          unpack(s, g(L.in_proj_b), tp_gb_, tp_runs_.qkv_b, es);
-        },
-        [&] { packed_grad_weight(s, dq, at(x_in, p, h), g(L.in_proj_w), gt, ac, Mp, 3 * hl, h, tp_runs_.qkv_w); },
-        [&] {
-          if (ac) pack(s, tp_gb_, g(L.in_proj_b), tp_runs_.qkv_b, es);
-          kernels::bias_grad(s, dq, tp_gb_, gt, Mp, 3 * hl, ac, scratch_);
-          unpack(s, g(L.in_proj_b), tp_gb_, tp_runs_.qkv_b, es);
-        });
+    tp_qkv_param_grads(s, dq, at(x_in, p, h), g(L.in_proj_w), g(L.in_proj_b), gt, ac, Mp, 3 * hl, h);
     pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
     timed(s, "qkv_dx", cost::gemm_grad_input(Mp, 3 * hl, h, residual != 0.f),
           [&] { gemm_->grad_input(s, dq, tp_w_, dx, Mp, 3 * hl, h, residual); });
@@ -337,11 +344,7 @@ void GpuTransformerT<T>::tp_gpt2_layer_backward(cudaStream_t s, const Unit& U, D
       }
       // dx = d(block output) = d(MLP output): FC2's dW (packed columns), db (replicated), then d f
       // through the DGELU epilogue; FC1's rows are contiguous.
-      linear_param_grads(
-          s, {"fc2_dw", "fc2_db", "fc2_dw_db", "fc2_dx"}, Mp, h, Fp, es, ac,
-          [&] { packed_grad_weight_bias(s, dx, v.g, g(L.ff2_w), g(L.ff2_b), gt, ac, Mp, h, Fp, tp_runs_.ff2_w); },
-          [&] { packed_grad_weight(s, dx, v.g, g(L.ff2_w), gt, ac, Mp, h, Fp, tp_runs_.ff2_w); },
-          [&] { kernels::bias_grad(s, dx, g(L.ff2_b), gt, Mp, h, ac, scratch_); });
+      tp_row_param_grads(s, "fc2", dx, v.g, g(L.ff2_w), g(L.ff2_b), gt, ac, Mp, h, Fp, tp_runs_.ff2_w);
       pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
       timed(s, "fc2_dx", cost::gemm_grad_input(Mp, h, Fp, false),
             [&] { gemm_->grad_input(s, dx, tp_w_, d4, Mp, h, Fp, 0.f, v.f); });
@@ -371,31 +374,13 @@ void GpuTransformerT<T>::tp_gpt2_layer_backward(cudaStream_t s, const Unit& U, D
       kernels::layernorm_backward(s, dh, v.s1, v.mean2, v.rstd2, w(L.norm2_w), dx, dh, g(L.norm2_w), g(L.norm2_b), gt,
                                   ac, scratch_, Mp, h);
     });
-    linear_param_grads(
-        s, {"out_proj_dw", "out_proj_db", "out_proj_dw_db", "out_proj_dx"}, Mp, h, hl, es, ac,
-        [&] {
-          packed_grad_weight_bias(s, dh, v.att, g(L.out_proj_w), g(L.out_proj_b), gt, ac, Mp, h, hl,
-                                  tp_runs_.out_proj_w);
-        },
-        [&] { packed_grad_weight(s, dh, v.att, g(L.out_proj_w), gt, ac, Mp, h, hl, tp_runs_.out_proj_w); },
-        [&] { kernels::bias_grad(s, dh, g(L.out_proj_b), gt, Mp, h, ac, scratch_); });
+    tp_row_param_grads(s, "out_proj", dh, v.att, g(L.out_proj_w), g(L.out_proj_b), gt, ac, Mp, h, hl, tp_runs_.out_proj_w);
     pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
     timed(s, "out_proj_dx", cost::gemm_grad_input(Mp, h, hl, false),
           [&] { gemm_->grad_input(s, dh, tp_w_, datt, Mp, h, hl, 0.f); });
     timed(s, "attention", cost::attention_backward(pattn.batch, pattn.seq, pattn.heads, pattn.head_dim, pattn.causal),
           [&] { kernels::attention_backward(s, v.qkv, v.att, datt, v.lse, dq, scratch_, pattn, true); });
-    linear_param_grads(
-        s, {"qkv_dw", "qkv_db", "qkv_dw_db", "qkv_dx"}, Mp, 3 * hl, h, es, ac,
-        [&] {  // only without accumulation: tp_gb_ is written whole, then scattered
-          packed_grad_weight_bias(s, dq, v.x1, g(L.in_proj_w), tp_gb_, gt, ac, Mp, 3 * hl, h, tp_runs_.qkv_w);
-          unpack(s, g(L.in_proj_b), tp_gb_, tp_runs_.qkv_b, es);
-        },
-        [&] { packed_grad_weight(s, dq, v.x1, g(L.in_proj_w), gt, ac, Mp, 3 * hl, h, tp_runs_.qkv_w); },
-        [&] {
-          if (ac) pack(s, tp_gb_, g(L.in_proj_b), tp_runs_.qkv_b, es);
-          kernels::bias_grad(s, dq, tp_gb_, gt, Mp, 3 * hl, ac, scratch_);
-          unpack(s, g(L.in_proj_b), tp_gb_, tp_runs_.qkv_b, es);
-        });
+    tp_qkv_param_grads(s, dq, v.x1, g(L.in_proj_w), g(L.in_proj_b), gt, ac, Mp, 3 * hl, h);
     pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
     timed(s, "qkv_dx", cost::gemm_grad_input(Mp, 3 * hl, h, false),
           [&] { gemm_->grad_input(s, dq, tp_w_, dx, Mp, 3 * hl, h, 0.f); });
