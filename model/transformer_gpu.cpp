@@ -501,11 +501,7 @@ void GpuTransformerT<T>::layer_backward(cudaStream_t s, const Unit& U, DType gt,
   // (linear_param_grads.h), then <name>_dx.
   auto linear_backward = [&](LinearRegions n, const T* dy, const T* x, int w_idx, int b_idx, T* dx, int N, int K,
                              float beta) {
-    linear_param_grads(
-        s, n, rows.M, N, K, es, acc,
-        [&] { gemm_->grad_weight_bias(s, dy, x, g(w_idx), g(b_idx), gt, rows.M, N, K, acc, scratch_); },
-        [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, rows.M, N, K, acc); },
-        [&] { kernels::bias_grad(s, dy, g(b_idx), gt, rows.M, N, acc, scratch_); });
+    param_grads(s, n, dy, x, g(w_idx), g(b_idx), gt, acc, rows.M, N, K);
     timed(s, n.dx, cost::gemm_grad_input(rows.M, N, K, beta != 0.f),
           [&] { gemm_->grad_input(s, dy, w(w_idx), dx, rows.M, N, K, beta); });
   };
@@ -765,14 +761,8 @@ void GpuTransformerT<T>::stage_backward(cudaStream_t s, ParamAccess& P, void* gr
     P.grads_written(s, table_.head_unit());
   } else {
     TimedRegion r("head", s);
-    linear_param_grads(
-        s, {"dw", "db", "dw_db", "dx"}, M_, V, h, es, acc,
-        [&] {
-          gemm_->grad_weight_bias(s, logits_, xs_[Ln], H.g(table_.output_w()), H.g(table_.output_b()), gt, M_, V, h,
-                                  acc, scratch_);
-        },
-        [&] { gemm_->grad_weight(s, logits_, xs_[Ln], H.g(table_.output_w()), gt, M_, V, h, acc); },
-        [&] { kernels::bias_grad(s, logits_, H.g(table_.output_b()), gt, M_, V, acc, scratch_); });
+    param_grads(s, {"dw", "db", "dw_db", "dx"}, logits_, xs_[Ln], H.g(table_.output_w()), H.g(table_.output_b()), gt,
+                acc, M_, V, h);
     timed(s, "dx", cost::gemm_grad_input(M_, V, h, false),
           [&] { gemm_->grad_input(s, logits_, H.w(table_.output_w()), dx_, M_, V, h, 0.f); });
     P.release(s, table_.head_unit());
@@ -852,6 +842,16 @@ void GpuTransformerT<T>::stage_backward(cudaStream_t s, ParamAccess& P, void* gr
   });
   if (sharded()) tp_embedding_rows_clear(s, E, gt);  // the lookup's scatter reached every token's row
   P.grads_written(s, table_.embedding_unit());
+}
+
+template <typename T>
+void GpuTransformerT<T>::param_grads(cudaStream_t s, const LinearRegions& n, const T* dy, const T* x, void* gw,
+                                     void* gb, DType gt, bool acc, int M, int N, int K) {
+  linear_param_grads(
+      s, n, M, N, K, dtype_size(gt), acc,
+      [&] { gemm_->grad_weight_bias(s, dy, x, gw, gb, gt, M, N, K, acc, scratch_); },
+      [&] { gemm_->grad_weight(s, dy, x, gw, gt, M, N, K, acc); },
+      [&] { kernels::bias_grad(s, dy, gb, gt, M, N, acc, scratch_); });
 }
 
 template class GpuTransformerT<bf16>;

@@ -262,11 +262,7 @@ void GpuTransformerT<T>::bert_layer_backward(cudaStream_t s, const Unit& U, DTyp
   // rule says so: linear_param_grads.h), then dx (+ what dx holds when beta = 1).
   auto linear_backward = [&](LinearRegions n, const T* dy, const T* x, int w_idx, int b_idx, T* dx, int N,
                              int K, float beta) {
-    linear_param_grads(
-        s, n, M_, N, K, es, acc,
-        [&] { gemm_->grad_weight_bias(s, dy, x, g(w_idx), g(b_idx), gt, M_, N, K, acc, scratch_); },
-        [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, M_, N, K, acc); },
-        [&] { kernels::bias_grad(s, dy, g(b_idx), gt, M_, N, acc, scratch_); });
+    param_grads(s, n, dy, x, g(w_idx), g(b_idx), gt, acc, M_, N, K);
     timed(s, n.dx, cost::gemm_grad_input(M_, N, K, beta != 0.f), [&] { gemm_->grad_input(s, dy, w(w_idx), dx, M_, N, K, beta); });
   };
   // d(t) = dropout_backward(d(out)) at a hidden site, into `spare`; without dropout d(out) itself.
@@ -382,14 +378,8 @@ void GpuTransformerT<T>::bert_head_backward(cudaStream_t s, const Unit& H, const
   const bool pre = d.bert.pre_layer_norm;
   // The tied weight's gradient is the word embedding's: written (or added) here, the lookup's
   // share added by the embedding backward.
-  linear_param_grads(
-      s, {"dw", "db", "dw_db", "dx"}, P, V, h, es, acc,
-      [&] {
-        gemm_->grad_weight_bias(s, logits_, head_n_, E.g(table_.output_w()), H.g(table_.output_b()), gt, P, V, h, acc,
-                                scratch_);
-      },
-      [&] { gemm_->grad_weight(s, logits_, head_n_, E.g(table_.output_w()), gt, P, V, h, acc); },
-      [&] { kernels::bias_grad(s, logits_, H.g(table_.output_b()), gt, P, V, acc, scratch_); });
+  param_grads(s, {"dw", "db", "dw_db", "dx"}, logits_, head_n_, E.g(table_.output_w()), H.g(table_.output_b()), gt,
+              acc, P, V, h);
   timed(s, "dx", cost::gemm_grad_input(P, V, h, false),
         [&] { gemm_->grad_input(s, logits_, E.w(table_.output_w()), dh_, P, V, h, 0.f); });
   timed(s, "transform_ln", cost::layernorm_backward(P, h, es, acc), [&] {
@@ -406,14 +396,8 @@ void GpuTransformerT<T>::bert_head_backward(cudaStream_t s, const Unit& H, const
   });
   const T* xf = pre ? lnf_ : head_x_;
   // d4h_ [P_, h] = d(transform input), then (Pre-LN) d(head_x_) in place.
-  linear_param_grads(
-      s, {"transform_dw", "transform_db", "transform_dw_db", "transform_dx"}, P, h, h, es, acc,
-      [&] {
-        gemm_->grad_weight_bias(s, dh_, xf, H.g(table_.head_dense_w()), H.g(table_.head_dense_b()), gt, P, h, h, acc,
-                                scratch_);
-      },
-      [&] { gemm_->grad_weight(s, dh_, xf, H.g(table_.head_dense_w()), gt, P, h, h, acc); },
-      [&] { kernels::bias_grad(s, dh_, H.g(table_.head_dense_b()), gt, P, h, acc, scratch_); });
+  param_grads(s, {"transform_dw", "transform_db", "transform_dw_db", "transform_dx"}, dh_, xf,
+              H.g(table_.head_dense_w()), H.g(table_.head_dense_b()), gt, acc, P, h, h);
   timed(s, "transform_dx", cost::gemm_grad_input(P, h, h, false),
         [&] { gemm_->grad_input(s, dh_, H.w(table_.head_dense_w()), d4h_, P, h, h, 0.f); });
   if (pre)

@@ -86,11 +86,7 @@ void GpuTransformerT<T>::gpt2_layer_backward(cudaStream_t s, const Unit& U, DTyp
   // rule says so: linear_param_grads.h), then dx (with the DGELU epilogue when `aux`).
   auto linear_backward = [&](LinearRegions n, const T* dy, const T* x, int w_idx, int b_idx, T* dx, int N,
                              int K, const T* aux) {
-    linear_param_grads(
-        s, n, rows.M, N, K, es, acc,
-        [&] { gemm_->grad_weight_bias(s, dy, x, g(w_idx), g(b_idx), gt, rows.M, N, K, acc, scratch_); },
-        [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, rows.M, N, K, acc); },
-        [&] { kernels::bias_grad(s, dy, g(b_idx), gt, rows.M, N, acc, scratch_); });
+    param_grads(s, n, dy, x, g(w_idx), g(b_idx), gt, acc, rows.M, N, K);
     timed(s, n.dx, cost::gemm_grad_input(rows.M, N, K, false),
           [&] { gemm_->grad_input(s, dy, w(w_idx), dx, rows.M, N, K, 0.f, aux); });
   };

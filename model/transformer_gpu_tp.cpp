@@ -218,13 +218,8 @@ void GpuTransformerT<T>::tp_layer_backward(cudaStream_t s, const Unit& U, DType 
             [&] { gemm_->grad_input(s, dx, tp_w_, d4, Mp, h, Fp, 0.f); });
       timed(s, "gelu", cost::gelu_backward(std::size_t(Mp) * Fp),
             [&] { kernels::gelu_backward(s, d4, v.f, d4, std::size_t(Mp) * Fp, kernels::GeluKind::Erf); });
-      linear_param_grads(
-          s, {"fc1_dw", "fc1_db", "fc1_dw_db", "fc1_dx"}, Mp, Fp, h, es, ac,
-          [&] {
-            gemm_->grad_weight_bias(s, d4, v.x1, g_at(L.ff0_w, f0 * h), g_at(L.ff0_b, f0), gt, Mp, Fp, h, ac, scratch_);
-          },
-          [&] { gemm_->grad_weight(s, d4, v.x1, g_at(L.ff0_w, f0 * h), gt, Mp, Fp, h, ac); },
-          [&] { kernels::bias_grad(s, d4, g_at(L.ff0_b, f0), gt, Mp, Fp, ac, scratch_); });
+      param_grads(s, {"fc1_dw", "fc1_db", "fc1_dw_db", "fc1_dx"}, d4, v.x1, g_at(L.ff0_w, f0 * h), g_at(L.ff0_b, f0),
+                  gt, ac, Mp, Fp, h);
       timed(s, "fc1_dx", cost::gemm_grad_input(Mp, Fp, h, residual != 0.f),
             [&] { gemm_->grad_input(s, d4, w(L.ff0_w) + f0 * h, dx, Mp, Fp, h, residual); });
       tp_reduce_piece(s, dx, Mp, p);  // d x1
@@ -348,13 +343,8 @@ void GpuTransformerT<T>::tp_gpt2_layer_backward(cudaStream_t s, const Unit& U, D
       pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
       timed(s, "fc2_dx", cost::gemm_grad_input(Mp, h, Fp, false),
             [&] { gemm_->grad_input(s, dx, tp_w_, d4, Mp, h, Fp, 0.f, v.f); });
-      linear_param_grads(
-          s, {"fc1_dw", "fc1_db", "fc1_dw_db", "fc1_dx"}, Mp, Fp, h, es, ac,
-          [&] {
-            gemm_->grad_weight_bias(s, d4, v.s2, g_at(L.ff0_w, f0 * h), g_at(L.ff0_b, f0), gt, Mp, Fp, h, ac, scratch_);
-          },
-          [&] { gemm_->grad_weight(s, d4, v.s2, g_at(L.ff0_w, f0 * h), gt, Mp, Fp, h, ac); },
-          [&] { kernels::bias_grad(s, d4, g_at(L.ff0_b, f0), gt, Mp, Fp, ac, scratch_); });
+      param_grads(s, {"fc1_dw", "fc1_db", "fc1_dw_db", "fc1_dx"}, d4, v.s2, g_at(L.ff0_w, f0 * h), g_at(L.ff0_b, f0),
+                  gt, ac, Mp, Fp, h);
       timed(s, "fc1_dx", cost::gemm_grad_input(Mp, Fp, h, false),
             [&] { gemm_->grad_input(s, d4, w(L.ff0_w) + f0 * h, dh, Mp, Fp, h, 0.f); });
       tp_reduce_piece(s, dh, Mp, p);  // d s2
@@ -479,11 +469,7 @@ void GpuTransformerT<T>::tp_head_backward(cudaStream_t s, const Unit& H, const U
           [&] { gemm_->grad_weight(s, logits_, x, gw, gt, M_, Vs, h, acc); });
   } else {
     void* gb = static_cast<char*>(H.g(table_.output_b())) + v0 * es;
-    linear_param_grads(
-        s, {"dw", "db", "dw_db", "dx"}, M_, Vs, h, es, acc,
-        [&] { gemm_->grad_weight_bias(s, logits_, x, gw, gb, gt, M_, Vs, h, acc, scratch_); },
-        [&] { gemm_->grad_weight(s, logits_, x, gw, gt, M_, Vs, h, acc); },
-        [&] { kernels::bias_grad(s, logits_, gb, gt, M_, Vs, acc, scratch_); });
+    param_grads(s, {"dw", "db", "dw_db", "dx"}, logits_, x, gw, gb, gt, acc, M_, Vs, h);
   }
   timed(s, "dx", cost::gemm_grad_input(M_, Vs, h, false),
         [&] { gemm_->grad_input(s, logits_, W.w(table_.output_w()) + v0 * h, dx, M_, Vs, h, 0.f); });
