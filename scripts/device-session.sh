@@ -368,10 +368,12 @@ if want llmc; then
   if [ -x "$peers/run.sh" ]; then
     step llmc_build 240 "$peers/run.sh llmc-gpt2 16 1"
     full=${LLMC_FULL:-1}  # LLMC_FULL=0: the throughput rows only (no parity, 200-step runs, round trips)
-    [ "$full" = 1 ] && step llmc_train 90 "$lenv && $lbin -e d12 -b 16 -x 30 -v 1000 -n 30 -o $lc/ck && ls -l $ck"
-    [ "$full" = 1 ] && step llmc_parity 90 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 1"
-    [ "$full" = 1 ] && step llmc_200 90 "$lenv && $lbin -e $ck -b 16 -x 200 -v 1000"
-    [ "$full" = 1 ] && step cutrain_200 150 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 200 --log_interval 1 --save_llmc $lc/cutrain_200.bin --save_hf $lc/cutrain_200.safetensors"
+    if [ "$full" = 1 ]; then
+      step llmc_train 90 "$lenv && $lbin -e d12 -b 16 -x 30 -v 1000 -n 30 -o $lc/ck && ls -l $ck"
+      step llmc_parity 90 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 1"
+      step llmc_200 90 "$lenv && $lbin -e $ck -b 16 -x 200 -v 1000"
+      step cutrain_200 150 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 200 --log_interval 1 --save_llmc $lc/cutrain_200.bin --save_hf $lc/cutrain_200.safetensors"
+    fi
     # Throughput: llm.c first at B16, last at B32 (neither always runs on a warmer GPU); cutrain
     # with and without --recompute_gelu (llm.c's -r 1, its default).
     for b in 16 32; do
@@ -383,13 +385,17 @@ if want llmc; then
       [ $b = 32 ] && step llmc_speed_b$b 90 "$lenv && $root/scripts/peak-mem.sh $logs/llmc_speed_b$b.mem $lbin -e d12 -b $b -x 30 -v 100000"
     done
     # The round trips last (the targets above come first when time is short).
-    [ "$full" = 1 ] && step torch_eval 60 "python3 bench/peers/gpt2_torch_eval.py --weights $lc/cutrain_200.safetensors --tokens $lc/val.bin --heads 12 --batch 16 --seq 1024 --batches 8"
-    [ "$full" = 1 ] && step llmc_back 60 "$lenv && $lbin -e $lc/cutrain_200.bin -b 16 -x 1 -v 1000"
-    grep -m1 "Data order" "$logs/cutrain_200.txt" | sed 's/^/cutrain_200: /' >>"$sum"
+    if [ "$full" = 1 ]; then
+      step torch_eval 60 "python3 bench/peers/gpt2_torch_eval.py --weights $lc/cutrain_200.safetensors --tokens $lc/val.bin --heads 12 --batch 16 --seq 1024 --batches 8"
+      step llmc_back 60 "$lenv && $lbin -e $lc/cutrain_200.bin -b 16 -x 1 -v 1000"
+      grep -m1 "Data order" "$logs/cutrain_200.txt" | sed 's/^/cutrain_200: /' >>"$sum"
+    fi
     python3 scripts/llmc_compare.py --logs "$logs" >>"$sum" 2>&1
-    grep -E "^val loss" "$logs/llmc_back.txt" | head -1 | sed 's/^/llm.c reading cutrain_200.bin (step 0): /' >>"$sum"
-    grep -E "Eval after" "$logs/cutrain_200.txt" | tail -1 | sed 's/^/cutrain before writing it: /' >>"$sum"
-    grep -E "^torch val loss" "$logs/torch_eval.txt" | sed 's/^/PyTorch on cutrain_200.safetensors: /' >>"$sum"
+    if [ "$full" = 1 ]; then
+      grep -E "^val loss" "$logs/llmc_back.txt" | head -1 | sed 's/^/llm.c reading cutrain_200.bin (step 0): /' >>"$sum"
+      grep -E "Eval after" "$logs/cutrain_200.txt" | tail -1 | sed 's/^/cutrain before writing it: /' >>"$sum"
+      grep -E "^torch val loss" "$logs/torch_eval.txt" | sed 's/^/PyTorch on cutrain_200.safetensors: /' >>"$sum"
+    fi
   else
     echo "-- llmc: no $peers/run.sh (carry ../shared/peers as .peers, or set PEERS_DIR)" >>"$sum"
   fi

@@ -13,7 +13,8 @@ double model_flops_per_step(const model::TransformerParams& t, int batch, int se
                             std::string* formula) {
   const model::ModelDims& d = t.dims();
   // The input tables are lookups, not matmuls; a tied head's weight is the token embedding, whose
-  // GEMM does count (llm.c's N for GPT-2 keeps wte as the head; its wpe, 0.1-0.3% of N, is left out here).
+  // GEMM does count (llm.c's N for GPT-2 keeps wte as the head; its wpe, under 1% of N at GPT-2's
+  // sizes, is left out here).
   double N = double(t.num_params()) - double(t.tensor(t.pos_embedding()).count);
   if (!t.tied_head()) N -= double(t.tensor(t.embedding()).count);
   // A MoE block's token passes through k of its E experts: N counts the active parameters.
@@ -23,9 +24,11 @@ double model_flops_per_step(const model::TransformerParams& t, int batch, int se
   N -= inactive;
   const double tokens = double(batch) * seq * accumulation;
   const double attn = (causal ? 6.0 : 12.0) * d.layers * double(seq) * d.hidden;
+  const char* counted = t.tied_head() ? " params without the position table (the tied head's GEMM counted)"
+                                      : " params without the embedding tables";
   if (formula)
-    *formula = detail::concat("(6*N + ", causal ? "6" : "12", "*L*T*C) * tokens, N=", std::size_t(N),
-                              t.tied_head() ? " params without the position table (the tied head's GEMM counted)" : " params without the embedding tables", inactive > 0 ? " (MoE: the k experts a token uses)" : "",
+    *formula = detail::concat("(6*N + ", causal ? "6" : "12", "*L*T*C) * tokens, N=", std::size_t(N), counted,
+                              inactive > 0 ? " (MoE: the k experts a token uses)" : "",
                               ", L=", d.layers, ", T=", seq, ", C=", d.hidden,
                               ", tokens=", std::size_t(tokens), causal ? " (causal: llm.c's count)" : " (no mask)");
   return (6.0 * N + attn) * tokens;
