@@ -11,21 +11,21 @@
 // (median of 100 flushed calls, once per shape, before that shape's first row); speedup =
 // mma_us / median_us. out_rel_diff / lse_rel_diff: ||sm90 - mma|| / ||mma|| of one call each (both
 // within 1e-2 / 1e-4 of the references in the tests), so a wrong-but-fast kernel shows here too.
-// Backward rows (fast mode), "attention_hopper/bwd[_causal][_decoupled]/<shape>" (the whole
-// backward: row_dot, the wgmma pass, the dQ convert; from the production forward's O and lse; each
-// warpgroup schedule: lockstep, decoupled) and "attention_hopper/fwdbwd[_causal][_decoupled]/<shape>"
+// Backward rows (one-pass mode, lockstep schedule), "attention_hopper/bwd[_causal]/<shape>" (the whole
+// backward: row_dot, the wgmma pass, the dQ convert; from the production forward's O and lse) and
+// "attention_hopper/fwdbwd[_causal]/<shape>"
 // (the sm90 forward with the production schedule table's choice, then the sm90 backward), on the
 // same sweep plus bench/peers/attention_peer.py's shapes (B4H16S512D64, B4H16S2048D64,
 // B4H16S2048D128; its B2H16S8192D64 is in the sweep), so compare.py pairs these rows with the
-// peer's SDPA rows of the same pass and shape (the lockstep rows carry the plain name). TFLOP/s:
+// peer's SDPA rows of the same pass and shape. TFLOP/s:
 // 2.5x the forward's FLOPs for bwd, 3.5x for fwdbwd (halved causal); mma_us / mma_TFLOP/s: the
 // mma.sync pair on the same inputs (median of 100 flushed calls, once per shape and pass, before
 // its first row); dq/dk/dv_rel_diff: ||sm90 - mma|| / ||mma|| of one call.
 // BERT's shapes (B64H16S128D64, B16H16S512D64, non-causal), every pass and schedule, plain and with
 // its options as bench/bench_attention.cu runs them (the same mask of per-sequence lengths uniform
 // in [S/4, S], the same dropout key, p 0.1), both sides given the same options:
-// "attention_hopper/<pass>[_mask[_drop]][_overlap|_pingpong|_decoupled]/<shape>", so compare.py pairs the
-// serial / lockstep rows with the peer's "attention/<pass>_mask[_drop]/<shape>" SDPA rows (cuDNN
+// "attention_hopper/<pass>[_mask[_drop]][_overlap|_pingpong]/<shape>", so compare.py pairs the
+// plain-named rows with the peer's "attention/<pass>_mask[_drop]/<shape>" SDPA rows (cuDNN
 // among them). Their TFLOP/s count the full S^2 work, as bench_attention's do.
 // Deterministic backward rows (the mode the models call: the dK/dV pass without atomics, then the
 // dQ pass; the baseline's deterministic mode is its mma.sync dK/dV and dQ passes),
@@ -50,7 +50,7 @@
 #include "bench/support/bench_support.h"
 #include "kernels/attention.cuh"
 #include "kernels/attention_sm90/attention_sm90.h"
-#include "kernels/attention_sm90/layout.h"
+#include "kernels/attention_sm90/production.h"
 #include "runtime/check.h"
 
 using namespace cutrain;
@@ -192,9 +192,7 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   const kernels::AttentionOptions& opt = ro.opt;
   cudaStream_t st0 = bench::bench_stream();
   kernels::attention_forward(st0, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh, opt);
-  const kernels::sm90::Schedule fwd_schedule = kernels::sm90::production_fwd_overlap(sh.head_dim, sh.causal)
-                                                  ? kernels::sm90::Schedule::Overlap
-                                                  : kernels::sm90::Schedule::Serial;
+  const kernels::sm90::Schedule fwd_schedule = kernels::sm90::production_forward(sh.head_dim, sh.causal);
 
   static BaselineBwd prod_cache;
   auto prod = [&](cudaStream_t st) {
@@ -291,10 +289,9 @@ void register_all() {
   using kernels::sm90::BackwardSchedule;
   for (bool with_forward : {false, true})  // every bwd row, then every fwdbwd row (filters split them)
     for (const AttentionShape& sh : bwd_shapes)
-      for (BackwardSchedule schedule : {BackwardSchedule::Lockstep, BackwardSchedule::Decoupled}) {
+      for (BackwardSchedule schedule : {BackwardSchedule::Lockstep}) {
         const std::string name = std::string("attention_hopper/") + (with_forward ? "fwdbwd" : "bwd") +
-                                 (sh.causal ? "_causal" : "") +
-                                 (schedule == BackwardSchedule::Decoupled ? "_decoupled/" : "/") + shape_name(sh);
+                                 (sh.causal ? "_causal" : "") + "/" + shape_name(sh);
         benchmark::RegisterBenchmark(name.c_str(),
                                      [sh, with_forward, schedule](benchmark::State& st) {
                                        bench_backward(st, sh, with_forward, schedule);
@@ -377,10 +374,9 @@ void register_all() {
             ->Unit(benchmark::kMicrosecond);
       }
       for (bool with_forward : {false, true})
-        for (BackwardSchedule schedule : {BackwardSchedule::Lockstep, BackwardSchedule::Decoupled}) {
+        for (BackwardSchedule schedule : {BackwardSchedule::Lockstep}) {
           const std::string name = std::string("attention_hopper/") + (with_forward ? "fwdbwd" : "bwd") +
-                                   opts_suffix(o) + (schedule == BackwardSchedule::Decoupled ? "_decoupled" : "") +
-                                   tail;
+                                   opts_suffix(o) + tail;
           benchmark::RegisterBenchmark(name.c_str(),
                                        [sh, with_forward, schedule, o](benchmark::State& st) {
                                          bench_backward(st, sh, with_forward, schedule, o);

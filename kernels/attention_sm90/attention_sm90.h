@@ -1,8 +1,7 @@
 // @brief Internal to the attention family: the sm90 (Hopper: wgmma + TMA) attention pair behind
 // kernels::attention_forward / attention_backward, with each kernel's schedule as an argument so
 // that the tests and bench_attention_hopper can run both schedules of a pair; the production entry
-// points pass the schedules of layout.h's production table (production_fwd_overlap,
-// production_bwd_decoupled / _producer / _overlap, production_dq_overlap).
+// points pass the schedules of production.h's table (production_forward, production_backward).
 // Same layouts, options and scratch as kernels/attention.cuh: E (bf16 or f16) qkv [B, S, 3, H, D],
 // out and dout [B, S, H, D], fp32 lse [B, H, S] (natural log of the sum of exp of the scores scaled
 // by 1/sqrt(D)), dqkv [B, S, 3, H, D]; head_dim 64 or 128, causal or not; BERT's key mask and
@@ -40,15 +39,14 @@ void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const A
 // pointers, qkv 16-byte aligned (TMA), out and lse 4-byte aligned.
 void check_forward_args(const void* qkv, const void* out, const float* lse, const AttentionShape& shape);
 
-// The dK/dV pass's schedule (bwd.cu). Lockstep and Decoupled: the two warpgroups load their own
-// tiles; Lockstep ends every query tile with a CTA barrier, Decoupled releases stages through
-// mbarriers, so one warpgroup's softmax can overlap the other's wgmma. Producer: a third warpgroup
+// The dK/dV pass's schedule (bwd.cu). Lockstep: the two warpgroups load their own tiles and end
+// every query tile with a CTA barrier. Producer: a third warpgroup
 // issues every load and the two consumer warpgroups only compute (setmaxnreg moves the producer's
 // registers to them). ProducerOverlap: Producer, and in the deterministic mode each consumer
 // issues tile i+1's S^T / dP^T before it waits for tile i's dV / dK products (the fast mode's
 // dQ product waits for its tile, so there it runs Producer's loop). d64 only: at d128 both run
 // Lockstep's kernel (registers; see bwd.cu's launcher). Same results.
-enum class BackwardSchedule { Lockstep, Decoupled, Producer, ProducerOverlap };
+enum class BackwardSchedule { Lockstep, Producer, ProducerOverlap };
 
 // The deterministic mode's dQ pass's consumer loop (dq.cu): Serial waits for each tile's dQ += dS K
 // inside the tile; Overlap issues tile j+1's S and dP before it waits for tile j's dQ product (d64

@@ -10,10 +10,7 @@
 // kStages - 1 tiles of Q and dO in flight through the ring (one full mbarrier per stage, the TMA's
 // byte count), and the first 128 threads (warpgroup 0) copy the tile's lse (times log2 e) and
 // Dvec = rowsum(dO o O) into shared memory beside it. A stage is refilled once both warpgroups are
-// done with it: lockstep (BwdConfig::kDecoupled false), after the CTA barrier that ends every
-// iteration; decoupled, after its empty mbarrier has all 8 warps' arrivals, and the full barrier
-// then also counts warpgroup 0's 128 lse / Dvec writers, so no CTA barrier is left in the loop and
-// the warpgroups drift apart (warpgroup 1 up to kStages - 1 tiles ahead, warpgroup 0 one). The
+// done with it: after the CTA barrier that ends every iteration (lockstep). The
 // warp-specialized schedules (BwdConfig::kProducer: a producer warpgroup does all of the loading,
 // the two warpgroups below only compute; an overlap loop) are backward_ws_kernel, further down.
 // Per tile, each warpgroup w (keys kw0 = n0 + 64w ..):
@@ -54,8 +51,9 @@
 namespace cutrain::kernels::sm90 {
 namespace {
 
-// The mbarriers after the tiles: kv_full, q_full[kStages] (a stage's Q, dO, and, decoupled, its
-// lse and Dvec), q_empty[kStages] (decoupled: the stage's release by the 8 warps).
+// The mbarriers after the tiles: kv_full, q_full[kStages] (a stage's Q, dO, and, in the producer
+// schedules, its lse and Dvec), q_empty[kStages] (producer schedules: the stage's release by the
+// consumer threads).
 template <class Cfg>
 struct BwdBarriers {
   std::uint32_t base;
@@ -75,9 +73,8 @@ struct BwdSmem {
 };
 
 // Starts query tile qt into stage s: Q and dO by TMA (thread 0, completing on q_full[s]), the tile's
-// lse * log2 e and Dvec by threads 0 .. 2*kBlockM-1 (rows at or past S: 0; those rows are masked).
-// Decoupled: each of those threads arrives on q_full[s] after its write (thread 0's arrival carries
-// the TMA's byte count), so the full barrier publishes the vectors too.
+// lse * log2 e and Dvec by threads 0 .. 2*kBlockM-1 (rows at or past S: 0; those rows are masked;
+// the CTA barrier after the tile publishes them).
 template <class Cfg>
 __device__ __forceinline__ void load_query_tile(const BwdSmem<Cfg>& sm, const CUtensorMap* q_map,
                                                 const CUtensorMap* do_map, const float* __restrict__ glse,
@@ -100,8 +97,6 @@ __device__ __forceinline__ void load_query_tile(const BwdSmem<Cfg>& sm, const CU
       tma_load_5d(sm.q + s * Cfg::kQBytes + c * BM * 128, q_map, 64 * c, head, 0, m0, b, sm.bar.q_full(s));
       tma_load_5d(sm.dout + s * Cfg::kQBytes + c * BM * 128, do_map, 64 * c, head, 0, m0, b, sm.bar.q_full(s));
     }
-  } else if (Cfg::kDecoupled && i < 2 * BM) {
-    mbar_arrive(sm.bar.q_full(s));
   }
 }
 
@@ -315,15 +310,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const float* gdvec = dvec + (static_cast<std::size_t>(b) * H + head) * S;
   const int q_first = Cfg::q_first(n0), n_tiles = Cfg::q_tiles(S) - q_first;
 
-  static_assert(!Cfg::kDecoupled || Cfg::kThreads >= 2 * BM, "decoupled: warpgroup 0 writes lse and Dvec");
-  const int lane = threadIdx.x & 31;
+  static_assert(Cfg::kThreads >= 2 * BM, "threads 0 .. 2*kBlockM-1 write lse and Dvec");
   if (threadIdx.x == 0) {
     mbar_init(sm.bar.kv_full(), 1);
 #pragma unroll
-    for (int s = 0; s < ST; ++s) {
-      mbar_init(sm.bar.q_full(s), Cfg::kDecoupled ? 2 * BM : 1);
-      mbar_init(sm.bar.q_empty(s), Cfg::kThreads / 32);  // every warp releases
-    }
+    for (int s = 0; s < ST; ++s) mbar_init(sm.bar.q_full(s), 1);
     mbar_init_fence();
   }
   if constexpr (MASK) {
@@ -356,29 +347,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   for (int i = 0; i < n_tiles; ++i) {
     const int s = i % ST, m0 = (q_first + i) * BM;
-    // Refill stage (i - 1) % ST with tile i + ST - 1. Lockstep: the barrier that ended iteration
-    // i - 1 released it. Decoupled: warpgroup 0 (the writers) waits for its release by all 8 warps.
-    if (i + ST - 1 < n_tiles) {
-      const int s_next = (i + ST - 1) % ST;
-      if constexpr (Cfg::kDecoupled) {
-        if (wg == 0) {
-          if (i >= 1) mbar_wait(sm.bar.q_empty(s_next), ((i - 1) / ST) & 1);
-          load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i + ST - 1, s_next, head, b, S);
-        }
-      } else {
-        load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i + ST - 1, s_next, head, b, S);
-      }
-    }
+    // Refill stage (i - 1) % ST with tile i + ST - 1: the barrier that ended iteration i - 1
+    // released it.
+    if (i + ST - 1 < n_tiles)
+      load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i + ST - 1, (i + ST - 1) % ST, head, b, S);
     mbar_wait(sm.bar.q_full(s), (i / ST) & 1);
     if (Cfg::wg_active(m0, n0, wg))
       tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes, sm.lse + s * BM,
                                  sm.dvec + s * BM, dq_acc, m0, n0, wg, key_row0, S, H, head, b, scale_log2, opts);
-    if constexpr (Cfg::kDecoupled) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(sm.bar.q_empty(s));  // this warp is done with stage s (its wgmma waited for)
-    } else {
-      __syncthreads();  // stage s, its vectors and dS^T are free for the next tiles
-    }
+    __syncthreads();  // stage s, its vectors and dS^T are free for the next tiles
   }
 
   store_dkdv<D>(dqkv, dk, dv, key_row0, S, H, head, b, scale, DROP ? opt.drop_scale : 1.f);
@@ -390,7 +367,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // every Q / dO tile by TMA, its 32 lanes copy the tile's lse * log2 e and Dvec into the stage's
 // vectors (two rows each) and each arrives on q_full[s] after its writes (lane 0's arrival carries
 // the TMA's byte count: q_full counts 32 arrivals), so the full barrier publishes the vectors
-// too. It refills stage s once the 8 consumer warps have released it on q_empty[s]. Warps 9-11
+// too. It refills stage s once the 256 consumer threads have released it on q_empty[s]: each
+// thread arrives after its own reads of the stage's vectors, so its own arrival orders them before
+// the producer's next writes (compute-sanitizer's racecheck reported the single lane-0 arrival
+// after __syncwarp as a hazard on lse / Dvec). Warps 9-11
 // leave after the register hand-back. setmaxnreg: the producer warpgroup drops to
 // kProducerRegs, the consumers rise to kConsumerRegs (layout.h, BwdConfig). Every wait after the
 // split is mbar_wait_realloc: with a `trap` reachable, ptxas would hold the consumers at the
@@ -538,8 +518,7 @@ __device__ __forceinline__ void consume_overlap(float (&dk)[Cfg::kHeadDim / 8][4
   for (; i < n_tiles && !Cfg::wg_active((q_first + i) * BM, n0, wg); ++i) {  // causal: keys after the tile
     const int s = i % ST;
     mbar_wait_realloc(sm.bar.q_full(s), (i / ST) & 1);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(sm.bar.q_empty(s));
+    mbar_arrive(sm.bar.q_empty(s));
   }
   if (i == n_tiles) return;
   float st[BM / 8][4], dp[BM / 8][4];
@@ -567,8 +546,7 @@ __device__ __forceinline__ void consume_overlap(float (&dk)[Cfg::kHeadDim / 8][4
       operand_fence(dk);
       operand_fence(pf);
       operand_fence(dsf);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(sm.bar.q_empty(s));
+      mbar_arrive(sm.bar.q_empty(s));
       break;
     }
     const int s1 = (i + 1) % ST;
@@ -581,8 +559,7 @@ __device__ __forceinline__ void consume_overlap(float (&dk)[Cfg::kHeadDim / 8][4
     operand_fence(dk);
     operand_fence(pf);
     operand_fence(dsf);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(sm.bar.q_empty(s));
+    mbar_arrive(sm.bar.q_empty(s));
   }
 }
 
@@ -649,7 +626,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int s = 0; s < ST; ++s) {
       mbar_init(bar.q_full(s), 32);                    // the producer warp's lanes
-      mbar_init(bar.q_empty(s), Cfg::kConsumerWarps);  // every consumer warp releases
+      mbar_init(bar.q_empty(s), 32 * Cfg::kConsumerWarps);  // every consumer thread releases
     }
     mbar_init_fence();
   }
@@ -687,7 +664,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   setmaxnreg_inc<Cfg::kConsumerRegs>();
   const BwdSmem<Cfg> sm = bwd_smem<Cfg>(smem_raw);
   const int n0 = blockIdx.x * BN, head = blockIdx.y, b = blockIdx.z;
-  const int wg = warp >> 2, lane = threadIdx.x & 31;
+  const int wg = warp >> 2;
   const int key_row0 = n0 + 64 * wg + 16 * (warp & 3);  // this warp's first key
   BwdOptions opts{};
   if constexpr (MASK) opts.key_live = key_live;
@@ -712,8 +689,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes,
                                            sm.lse + s * BM, sm.dvec + s * BM, dq_acc, m0, n0, wg, key_row0, S, H,
                                            head, b, scale_log2, opts);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(sm.bar.q_empty(s));  // this warp is done with stage s (its wgmma waited for)
+      mbar_arrive(sm.bar.q_empty(s));  // this thread is done with stage s (its wgmma waited for)
     }
   }
   store_dkdv<D>(dqkv, dk, dv, key_row0, S, H, head, b, scale, DROP ? opt.drop_scale : 1.f);
@@ -721,12 +697,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
 // The schedules as launch's KIND (BackwardSchedule's order). ProducerOverlap's overlap loop runs in
 // the deterministic mode only: the fast mode's dQ product waits for its tile, so there it is Producer.
-constexpr int kLockstep = 0, kDecoupled = 1, kProducer = 2, kProducerOverlap = 3;
+constexpr int kLockstep = 0, kProducer = 1, kProducerOverlap = 2;
 
 template <int D, bool CAUSAL, int KIND, bool DET, bool MASK, bool DROP, typename E>
 void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
             float* dq_acc, const AttentionShape& sh, const attn::OptionArgs& opt) {
-  using Cfg = BwdConfig<D, CAUSAL, KIND == kDecoupled, KIND >= kProducer, KIND == kProducerOverlap && DET>;
+  using Cfg = BwdConfig<D, CAUSAL, KIND >= kProducer, KIND == kProducerOverlap && DET>;
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   const CUtensorMap do_map = encode_rows_map(dout, sh, 1, Cfg::kBlockM);
@@ -801,9 +777,9 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
                         const AttentionOptions& options, bool deterministic, DqSchedule dq_schedule) {
   const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
   check_backward_args(qkv, out, dout, lse, dqkv, scratch, sh);
-  CUTRAIN_CHECK(schedule == BackwardSchedule::Lockstep || schedule == BackwardSchedule::Decoupled ||
-                    schedule == BackwardSchedule::Producer || schedule == BackwardSchedule::ProducerOverlap,
-                "attention_backward: schedule must be Lockstep, Decoupled, Producer or ProducerOverlap, got ",
+  CUTRAIN_CHECK(schedule == BackwardSchedule::Lockstep || schedule == BackwardSchedule::Producer ||
+                    schedule == BackwardSchedule::ProducerOverlap,
+                "attention_backward: schedule must be Lockstep, Producer or ProducerOverlap, got ",
                 static_cast<int>(schedule));
   CUTRAIN_CHECK(dq_schedule == DqSchedule::Serial || dq_schedule == DqSchedule::Overlap,
                 "attention_backward: dq_schedule must be Serial or Overlap, got ", static_cast<int>(dq_schedule));
@@ -821,7 +797,6 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
   }
   switch (schedule) {
     case BackwardSchedule::Lockstep: launch<kLockstep>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt); break;
-    case BackwardSchedule::Decoupled: launch<kDecoupled>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt); break;
     case BackwardSchedule::Producer: launch<kProducer>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt); break;
     case BackwardSchedule::ProducerOverlap:
       launch<kProducerOverlap>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);

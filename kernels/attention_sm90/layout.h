@@ -182,26 +182,23 @@ constexpr CUTRAIN_HD std::uint32_t wgmma_mnmajor_offset(std::uint32_t start, std
 // dS^T_w is written to shared memory in the TMA's 128-byte swizzle pattern (rows: the warpgroup's
 // 64 keys, one 128-byte column block of 64 queries), so wgmma reads it like a TMA tile. Each
 // warpgroup adds its own keys' share of dQ (fp32 atomics), so neither waits for the other's dS.
-// DECOUPLED: how a ring stage is handed back (see bwd.cu): false, a CTA barrier
-// ends every tile (lockstep); true, per-stage empty mbarriers, so the warpgroups drift apart by up
-// to the ring's depth and one's softmax overlaps the other's wgmma.
+// Without PRODUCER (lockstep) both warpgroups load and a CTA barrier ends every tile, which hands
+// the ring stage back.
 // PRODUCER (the warp-specialized schedules, bwd.cu's backward_ws_kernel): a third warpgroup, the
 // producer, issues every load (K/V, the Q / dO ring, lse and Dvec) and the two consumer warpgroups
-// only compute; per-stage empty mbarriers as DECOUPLED's. 384 threads cap a thread at 168
+// only compute; stages are handed back through per-stage empty mbarriers. 384 threads cap a thread at 168
 // registers at launch, so the producer gives its registers back (setmaxnreg.dec to
 // kProducerRegs) and the consumers take them (setmaxnreg.inc to kConsumerRegs): the CTA's pool is
 // 384 x 168 = 128 x 40 + 256 x 232 registers (40: the producer's loop, addresses and TMA operands
 // without spilling). d64 only in practice: d128's consumers need about 250 (bwd.cu's launcher runs
 // lockstep there). OVERLAP (PRODUCER only, deterministic mode): a
 // consumer issues tile i+1's S^T and dP^T before it waits for tile i's dV / dK products.
-template <int D, bool CAUSAL, bool DECOUPLED = false, bool PRODUCER = false, bool OVERLAP = false>
+template <int D, bool CAUSAL, bool PRODUCER = false, bool OVERLAP = false>
 struct BwdConfig {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
-  static_assert(!(DECOUPLED && PRODUCER), "the producer schedule releases stages through mbarriers already");
   static_assert(!OVERLAP || PRODUCER, "the overlap schedule is a producer schedule");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
-  static constexpr bool kDecoupled = DECOUPLED;
   static constexpr bool kProducer = PRODUCER;
   static constexpr bool kOverlap = OVERLAP;
   static constexpr int kWarpgroups = 2;             // the warpgroups that own keys (the consumers)
@@ -220,7 +217,7 @@ struct BwdConfig {
   static constexpr std::uint32_t kDsBytes = 64 * kBlockM * 2;  // one warpgroup's dS^T
   // Carve-up from a 1024-aligned base: K, V, Q[kStages], dO[kStages], dS^T[kWarpgroups],
   // lse * log2(e) [kStages][kBlockM], Dvec [kStages][kBlockM], then the mbarriers (kv_full,
-  // q_full[kStages]: each stage's Q, dO, lse and Dvec; q_empty[kStages]: its release, DECOUPLED only).
+  // q_full[kStages]: each stage's Q, dO, lse and Dvec; q_empty[kStages]: its release, PRODUCER only).
   static constexpr std::uint32_t kKOff = 0;
   static constexpr std::uint32_t kVOff = kKOff + kKVBytes;
   static constexpr std::uint32_t kQOff = kVOff + kKVBytes;
@@ -318,40 +315,5 @@ struct DqConfig : QueryTileSchedule<128, 64, CAUSAL> {
   // K as the MN-major B of dQ += dS K, k16 step ks (keys 16ks.., all D columns; LBO kKLbo).
   static constexpr CUTRAIN_HD std::uint32_t k_mn_slice(int ks) { return ks * 16 * 128; }
 };
-
-// The schedules kernels::attention_forward / attention_backward run, per (head_dim, causal): the
-// faster of each pair as measured on an H100 (docs/perf-notes.md, "Attention"): the forward's
-// overlap schedule except at non-causal d128, where serial led; the backward's lockstep schedule
-// (the measured table's; decoupled's range against the mma.sync pair, 1.28-1.44x, overlaps
-// lockstep's 1.24-1.47x, so neither wins everywhere). Compile-time choices: the other schedule of
-// each pair stays reachable only through sm90::attention_forward / attention_backward's argument.
-constexpr CUTRAIN_HD bool production_fwd_overlap(int head_dim, bool causal) { return head_dim == 64 || causal; }
-constexpr CUTRAIN_HD bool production_bwd_decoupled(int head_dim, bool causal) {
-  (void)head_dim;
-  (void)causal;
-  return false;
-}
-
-// ---- The backward's warp-specialized schedules (bwd.cu's producer kernel, dq.cu's overlap loop) ----
-// Not measured yet: the production table keeps lockstep and the serial dQ pass until a device
-// session times them (bench_attention_hopper's _producer / _producer_overlap / _dqoverlap rows).
-// production_bwd_producer: the dK/dV pass's producer-warpgroup schedule; production_bwd_overlap
-// (with it): its overlap consumer loop (deterministic mode); production_dq_overlap: the dQ pass's
-// overlap consumer loop.
-constexpr CUTRAIN_HD bool production_bwd_producer(int head_dim, bool causal) {
-  (void)head_dim;
-  (void)causal;
-  return false;
-}
-constexpr CUTRAIN_HD bool production_bwd_overlap(int head_dim, bool causal) {
-  (void)head_dim;
-  (void)causal;
-  return false;
-}
-constexpr CUTRAIN_HD bool production_dq_overlap(int head_dim, bool causal) {
-  (void)head_dim;
-  (void)causal;
-  return false;
-}
 
 }  // namespace cutrain::kernels::sm90

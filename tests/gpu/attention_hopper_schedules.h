@@ -11,8 +11,7 @@ namespace hopper = cutrain::kernels::sm90;
 inline constexpr hopper::Schedule kForward[] = {hopper::Schedule::Serial, hopper::Schedule::Overlap,
                                                 hopper::Schedule::PingPong};
 inline constexpr hopper::BackwardSchedule kBackward[] = {
-    hopper::BackwardSchedule::Lockstep, hopper::BackwardSchedule::Decoupled, hopper::BackwardSchedule::Producer,
-    hopper::BackwardSchedule::ProducerOverlap};
+    hopper::BackwardSchedule::Lockstep, hopper::BackwardSchedule::Producer, hopper::BackwardSchedule::ProducerOverlap};
 inline constexpr hopper::DqSchedule kDq[] = {hopper::DqSchedule::Serial, hopper::DqSchedule::Overlap};
 
 inline const char* schedule_name(hopper::Schedule s) {
@@ -21,7 +20,6 @@ inline const char* schedule_name(hopper::Schedule s) {
 inline const char* schedule_name(hopper::BackwardSchedule s) {
   switch (s) {
     case hopper::BackwardSchedule::Lockstep: return "lockstep";
-    case hopper::BackwardSchedule::Decoupled: return "decoupled";
     case hopper::BackwardSchedule::Producer: return "producer";
     case hopper::BackwardSchedule::ProducerOverlap: return "producer_overlap";
   }

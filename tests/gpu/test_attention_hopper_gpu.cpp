@@ -7,7 +7,7 @@
 // (odd B, H and S), fast and deterministic modes (the deterministic one bit-identical on a second
 // run), and at long S against the naive GPU reference and kernels::attention_backward's
 // deterministic mode (its dQ from the wgmma dQ pass), from the production forward's O and lse;
-// both warpgroup schedules (lockstep, decoupled). fp16: every schedule and both backward modes
+// every dK/dV schedule (lockstep, producer, producer overlap) and both dQ-pass loops. fp16: every schedule and both backward modes
 // against the fp64 CPU reference at odd shapes. Outputs poisoned first. A failure
 // names the first element off (batch, token, head, column) with both values, and the product it
 // points at.

@@ -21,6 +21,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/attention_sm90/attention_sm90.h"
 #include "kernels/attention_sm90/layout.h"
+#include "kernels/attention_sm90/production.h"
 #include "runtime/error.h"
 #include "tests/support/test_support.h"
 
@@ -529,7 +530,7 @@ void expect_bwd_carve_up() {
 TEST(AttentionHopperLayout, BackwardSharedMemoryCarveUp) {
   expect_bwd_carve_up<hopper::BwdConfig<64, false>>();
   expect_bwd_carve_up<hopper::BwdConfig<128, true>>();
-  expect_bwd_carve_up<hopper::BwdConfig<128, false, true>>();
+  expect_bwd_carve_up<hopper::BwdConfig<64, true>>();
 }
 
 // The producer schedules: the consumers' tiles and carve-up are lockstep's (the same slices, the
@@ -565,17 +566,17 @@ void expect_producer_geometry() {
 }
 
 TEST(AttentionHopperLayout, BackwardProducerGeometry) {
-  expect_producer_geometry<hopper::BwdConfig<64, false, false, true>, hopper::BwdConfig<64, false>>();
-  expect_producer_geometry<hopper::BwdConfig<64, true, false, true, true>, hopper::BwdConfig<64, true>>();
-  expect_producer_geometry<hopper::BwdConfig<128, false, false, true, true>, hopper::BwdConfig<128, false>>();
-  expect_producer_geometry<hopper::BwdConfig<128, true, false, true>, hopper::BwdConfig<128, true>>();
+  expect_producer_geometry<hopper::BwdConfig<64, false, true>, hopper::BwdConfig<64, false>>();
+  expect_producer_geometry<hopper::BwdConfig<64, true, true, true>, hopper::BwdConfig<64, true>>();
+  expect_producer_geometry<hopper::BwdConfig<128, false, true, true>, hopper::BwdConfig<128, false>>();
+  expect_producer_geometry<hopper::BwdConfig<128, true, true>, hopper::BwdConfig<128, true>>();
 }
 
 // The overlap loops' premise (bwd.cu's consume_overlap, dq.cu's): a warpgroup's inactive tiles
 // (causal) are a prefix of the dK/dV pass's query tiles and a suffix of the dQ pass's K/V tiles,
 // so each loop peels them off and runs its active tiles straight through.
 TEST(AttentionHopperLayout, OverlapLoopsSeeContiguousActiveTiles) {
-  using B = hopper::BwdConfig<64, true, false, true, true>;
+  using B = hopper::BwdConfig<64, true, true, true>;
   for (const int S : {1, 63, 64, 65, 128, 129, 200, 385, 1000, 2049})
     for (int n0 = 0; n0 < S; n0 += B::kBlockN)
       for (int wg = 0; wg < 2; ++wg) {
@@ -643,7 +644,7 @@ TEST(AttentionHopperLayout, BackwardHostChecksRefuseBadArguments) {
   EXPECT_NE(test::error_of([&] {
               hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, ok,
                                          static_cast<hopper::BackwardSchedule>(5));
-            }).find("schedule must be Lockstep, Decoupled, Producer or ProducerOverlap, got 5"),
+            }).find("schedule must be Lockstep, Producer or ProducerOverlap, got 5"),
             std::string::npos);
   EXPECT_NE(test::error_of([&] {
               hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, ok,
@@ -783,7 +784,7 @@ TEST(AttentionHopperLayout, Fp16AndProductionEntryPointsCheckFirst) {
     opt.dropout_p = -0.5f;
     EXPECT_NE(test::error_of([&] {
                 hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, {2, 100, 4, 64, false},
-                                           hopper::BackwardSchedule::Decoupled, opt, det);
+                                           hopper::BackwardSchedule::Producer, opt, det);
               }).find("dropout_p must lie in [0, 1), got -0.5"),
               std::string::npos);
   }
@@ -791,18 +792,26 @@ TEST(AttentionHopperLayout, Fp16AndProductionEntryPointsCheckFirst) {
 
 // The schedules the production entry points run (the measured leaders, docs/perf-notes.md).
 TEST(AttentionHopperLayout, ProductionSchedules) {
-  EXPECT_TRUE(hopper::production_fwd_overlap(64, false));
-  EXPECT_TRUE(hopper::production_fwd_overlap(64, true));
-  EXPECT_TRUE(hopper::production_fwd_overlap(128, true));
-  EXPECT_FALSE(hopper::production_fwd_overlap(128, false));
-  for (const int d : {64, 128})
+  EXPECT_EQ(hopper::production_forward(64, false), hopper::Schedule::Overlap);
+  EXPECT_EQ(hopper::production_forward(64, true), hopper::Schedule::Overlap);
+  EXPECT_EQ(hopper::production_forward(128, false), hopper::Schedule::PingPong);
+  EXPECT_EQ(hopper::production_forward(128, true), hopper::Schedule::PingPong);
+  for (const bool det : {false, true}) {
     for (const bool c : {false, true}) {
-      EXPECT_FALSE(hopper::production_bwd_decoupled(d, c));
-      // The warp-specialized schedules wait for a device session's timings.
-      EXPECT_FALSE(hopper::production_bwd_producer(d, c));
-      EXPECT_FALSE(hopper::production_bwd_overlap(d, c));
-      EXPECT_FALSE(hopper::production_dq_overlap(d, c));
+      const hopper::BackwardPlan p = hopper::production_backward(128, c, det);
+      EXPECT_TRUE(p.two_pass);
+      EXPECT_EQ(p.schedule, hopper::BackwardSchedule::Lockstep);
+      EXPECT_EQ(p.dq, hopper::DqSchedule::Serial);
     }
+    const hopper::BackwardPlan full = hopper::production_backward(64, false, det);
+    EXPECT_TRUE(full.two_pass);
+    EXPECT_EQ(full.schedule, hopper::BackwardSchedule::ProducerOverlap);
+    EXPECT_EQ(full.dq, hopper::DqSchedule::Overlap);
+    const hopper::BackwardPlan causal = hopper::production_backward(64, true, det);
+    EXPECT_EQ(causal.two_pass, det);  // one pass (dQ atomics) unless determinism is asked for
+    EXPECT_EQ(causal.schedule, hopper::BackwardSchedule::Producer);
+    EXPECT_EQ(causal.dq, hopper::DqSchedule::Serial);
+  }
 }
 
 }  // namespace
