@@ -1,9 +1,6 @@
 // @brief Benchmarks of the k3 kernels: fused cross-entropy forward+backward, Adam/AdamW in each
 // precision layout, the global gradient norm. Names match bench/peers/k3_peer.py:
 //   cross_entropy/fwdbwd/<rows>x<vocab>, adamw/<baseline|bf16_master_wg|bf16_full>[_sr]/<n>,
-//   and ours only, cross_entropy/<per_row|persistent|persistent_bulk_store>/<rows>x<vocab>: the row
-//   kernel in each schedule (kernels/cross_entropy_schedule.h; fwdbwd is the production pick), with
-//   counters schedule (its index), clusters (the grid, in clusters of ctas_per_row CTAs);
 //   grad_norm/<bf16|fp32>/<n>; and ours only, adamw/<bf16_master_wg|bf16_full>_comp/<n>: the
 //   compensated bf16 master, with counter vs_plain = its median over the plain layout's median
 //   on the same buffers in the same call (the plain launch timed before and after it; target <= 1.05).
@@ -39,7 +36,7 @@ using bench::fill_uniform;
 using bench::reg;
 
 // ---- cross-entropy ----
-void bench_cross_entropy(benchmark::State& state, int rows, int vocab, kernels::ce::Schedule schedule) {
+void bench_cross_entropy(benchmark::State& state, int rows, int vocab) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n = static_cast<std::size_t>(rows) * vocab;
   DevBuf logits(n * sizeof(bf16)), labels(rows * sizeof(int32_t)), loss(sizeof(float)), row_loss(rows * sizeof(float)),
@@ -50,15 +47,13 @@ void bench_cross_entropy(benchmark::State& state, int rows, int vocab, kernels::
   bench::run_timed(
       state,
       [&](cudaStream_t s) {
-        kernels::cross_entropy_forward_backward_scheduled(schedule, s, logits.as<bf16>(), labels.as<int32_t>(), rows,
-                                                          vocab, vocab, loss.as<float>(), row_loss.as<float>(),
-                                                          status.as<int>(), scratch.as<void>(), -100, 1.f);
+        kernels::cross_entropy_forward_backward(s, logits.as<bf16>(), labels.as<int32_t>(), rows, vocab, vocab,
+                                                loss.as<float>(), row_loss.as<float>(), status.as<int>(),
+                                                scratch.as<void>(), -100, 1.f);
       },
       bytes, 0);
   state.counters["extra_bytes"] = static_cast<double>(kernels::cross_entropy_scratch_bytes(rows));
   state.counters["ctas_per_row"] = kernels::cross_entropy_ctas_per_row(vocab);
-  state.counters["schedule"] = static_cast<double>(schedule);
-  state.counters["clusters"] = kernels::cross_entropy_grid_clusters(schedule, rows, vocab);
 }
 
 // ---- AdamW ----
@@ -132,11 +127,7 @@ void register_all() {
                   std::pair{2048, 262144}}) {
     const int rows = rv.first, vocab = rv.second;
     const std::string shape = std::to_string(rows) + "x" + std::to_string(vocab);
-    const auto production = kernels::ce::production_schedule(kernels::cross_entropy_ctas_per_row(vocab));
-    reg("cross_entropy/fwdbwd/" + shape, [=](benchmark::State& st) { bench_cross_entropy(st, rows, vocab, production); });
-    for (const auto schedule : kernels::ce::kSchedules)
-      reg(std::string("cross_entropy/") + kernels::ce::schedule_name(schedule) + "/" + shape,
-          [=](benchmark::State& st) { bench_cross_entropy(st, rows, vocab, schedule); });
+    reg("cross_entropy/fwdbwd/" + shape, [=](benchmark::State& st) { bench_cross_entropy(st, rows, vocab); });
   }
   for (std::size_t n : {std::size_t(254128976), std::size_t(1300000000)})
     for (OptimizerLayout l : {OptimizerLayout::Baseline, OptimizerLayout::Bf16MasterWG, OptimizerLayout::Bf16Full})

@@ -10,10 +10,7 @@
 //      gradient from shared memory over the logits: HBM sees one read and one write per element.
 //      Small slices keep several CTAs on an SM, so one CTA's math overlaps the others' copies and
 //      the last wave is short. The log-sum-exp is kept in log2 units. The last CTA to finish takes
-//      the mean of the row losses in a fixed order (deterministic). Its schedule
-//      (cross_entropy_schedule.h) is a template parameter: one cluster per row (PerRow), or a
-//      resident grid of clusters looping over the rows with the next row's copy in flight
-//      (Persistent; PersistentBulkStore also sends the gradient out with a bulk store).
+//      the mean of the row losses in a fixed order (deterministic).
 // Extra memory: the scratch of 16 + 4 * rows bytes.
 #include "kernels/cross_entropy.cuh"
 
@@ -26,7 +23,6 @@
 
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/vec.cuh"
-#include "kernels/cross_entropy_schedule.h"
 #include "kernels/cross_entropy_slice.h"
 #include "runtime/check.h"
 #include "runtime/nvtx.h"
@@ -35,14 +31,13 @@ namespace cutrain::kernels {
 
 namespace {
 
-// The row kernel's tile: threads per CTA and the CTAs per SM its registers must allow (PerRow:
-// six of its small slices share an SM; the persistent schedules' two or three buffers allow about
-// four). A row is cut into slices of at most kSliceBytes over a cluster of up to ce::kMaxSplit
-// CTAs (the portable cluster size; past that a CTA parks what its buffers hold and reads the rest
-// of its slice from global memory in each pass). The count kernel runs kCountThreads.
-template <ce::Schedule kSchedule>
+// The row kernel's tile: threads per CTA and the CTAs per SM its registers must allow (six of its
+// small slices share an SM). A row is cut into slices of at most kSliceBytes over a cluster of up
+// to ce::kMaxSplit CTAs (the portable cluster size; past that a CTA parks what its shared memory
+// holds and reads the rest of its slice from global memory in each pass). The count kernel runs
+// kCountThreads.
 struct CeTile {
-  static constexpr int kThreads = 256, kMinBlocksPerSm = ce::is_persistent(kSchedule) ? 4 : 6;
+  static constexpr int kThreads = 256, kMinBlocksPerSm = 6;
 };
 constexpr int kSliceBytes = 32 * 1024;
 constexpr int kCountThreads = 1024;
@@ -286,87 +281,59 @@ __device__ __forceinline__ uint4 grad8(uint4 raw, int off, const GradScale& g) {
   return out;
 }
 
-// The rows of a cluster of a.split CTAs (a.split = 1: one CTA, no cluster): cluster c of the grid's
-// C takes the rows c, c + C, ... (PerRow: C = rows, one row each). A row is cut as ce::row_slice
-// says (a scalar head to the first 16-byte boundary, aligned 16-byte vectors, a scalar tail); CTA
-// `rank` owns the vectors [v_begin, v_end) of an even split and parks the first a.park_vecs of
-// them in one of its kBuffers slice buffers with one bulk copy (all of them unless the row is
-// longer than the buffers hold). Rank 0 also owns the head, the tail, the label's logit, the row
-// loss and the padding columns. Each thread walks the vectors v_begin + tid + k * kThreads in every
-// pass, so a vector read from global memory (or from the buffer) is written back by the thread that
-// read it, and a CTA writes only its own elements: the only element read across CTAs is the
-// label's logit, which rank 0 reads before the row's cluster barrier that every gradient write of
-// the row follows.
+// One row per cluster of a.split CTAs (a.split = 1: one CTA, no cluster). The row is cut as
+// ce::row_slice says (a scalar head to the first 16-byte boundary, aligned 16-byte vectors, a
+// scalar tail); CTA `rank` owns the vectors [v_begin, v_end) of an even split and parks the first
+// a.park_vecs of them in shared memory with one bulk copy (all of them unless the row is longer
+// than ce::kMaxSplit CTAs can park). Rank 0 also owns the head, the tail, the label's logit, the
+// row loss and the padding columns. Each thread walks the vectors v_begin + tid + k * kThreads in
+// every pass, so a vector read from global memory (or from the slice) is written back by the
+// thread that read it, and a CTA writes only its own elements: the only element read across CTAs
+// is the label's logit, which rank 0 reads before the cluster barrier that every gradient write
+// follows.
 //
-// The persistent schedules' ring (ce::ring_buffer / ring_parity: row k of this cluster in buffer
-// k % kBuffers, its fill's mbarrier phase parity (k / kBuffers) & 1): at the top of row k, thread 0
-// starts row k + 1's copy into the next buffer, which last held row k + 1 - kBuffers. Every thread's
-// reads of it ended before the __syncthreads closing that row; with the bulk store, that row's
-// store was committed kBuffers - 2 groups ago (thread 0 commits one group per row, empty or not),
-// so bulk_wait_read<ce::store_groups_after(kBuffers)> sees it done reading. A fence.proxy.async between the
-// threads' accesses and the copy engine's (each thread before the closing barrier) orders the two
-// proxies. Every fill is waited on in its row, so no copy is in flight at exit.
-//
-// The cluster's (max, sum) exchange has one slot per CTA (cluster_ms), written once per exchanged
-// row. Each exchange is arrive/wait (the slots written, then read in rank order) and an arrive
-// (done reading) whose wait comes just before this CTA writes its slot again, or before it exits:
-// no CTA overwrites or frees a slot another still reads. Validity is per row and the same in every
-// CTA of the cluster, so all of them take the same exchanges.
-template <typename T, class Tile, bool kGrad, ce::Schedule kSchedule>
+// The grid holds rows * a.split CTAs; a CTA past the last row (none at that grid) only counts itself
+// done. The cluster's (max, sum) exchange has one slot per CTA (cluster_ms): arrive/wait (the
+// slots written, then read in rank order), then an arrive (done reading) whose wait comes just
+// before this CTA exits, so no CTA frees a slot another still reads. Validity is per row, so every
+// CTA of the cluster takes the exchange or none does.
+template <typename T, class Tile, bool kGrad>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_kernel(RowArgs<T> a) {
   constexpr int kThreads = Tile::kThreads;
-  constexpr int kBuffers = ce::slice_buffers(kSchedule);
-  constexpr bool kPersistent = ce::is_persistent(kSchedule);
-  constexpr bool kBulkStore = kSchedule == ce::Schedule::PersistentBulkStore;
-  extern __shared__ uint4 slice[];  // kBuffers buffers of a.park_vecs vectors
-  __shared__ alignas(8) std::uint64_t landed[kBuffers];
+  extern __shared__ uint4 slice[];  // a.park_vecs vectors
+  __shared__ alignas(8) std::uint64_t landed;
   __shared__ float2 cluster_ms;  // this CTA's (m, s), read by the other CTAs of the row
   const int split = a.split;
   const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(split));
-  const int cluster = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
-  const int clusters = static_cast<int>(gridDim.x / static_cast<unsigned>(split));
+  const int row = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
   const bool owner = rank == 0;
   const int tid = threadIdx.x;
 
-  // Thread 0: the bulk copy of this CTA's parked vectors of `row` into buffer `b`. The copy starts
-  // before the row's label is known (an ignored row's copy is wasted, but no row waits for its
-  // label's latency before its bytes are requested).
-  auto start_load = [&](int row, int b) {
-    const T* xr = a.logits + static_cast<std::size_t>(row) * a.ld;
-    const ce::RowSlice cut = ce::row_slice(reinterpret_cast<std::uintptr_t>(xr), a.vocab, split, rank);
-    const int parked_end = min(cut.v_end, cut.v_begin + a.park_vecs);
-    const auto bytes = static_cast<std::uint32_t>(parked_end - cut.v_begin) * 16u;
-    mbar_expect_bytes(&landed[b], bytes);
-    if (bytes > 0)
-      bulk_load(slice + static_cast<std::size_t>(b) * a.park_vecs,
-                xr + cut.head + static_cast<std::size_t>(cut.v_begin) * 8, bytes, &landed[b]);
-  };
+  // Thread 0: the bulk copy of this CTA's parked vectors of the row. It starts before the row's
+  // label is known (an ignored row's copy is wasted, but no row waits for its label's latency
+  // before its bytes are requested).
   if (tid == 0) {
-#pragma unroll
-    for (int b = 0; b < kBuffers; ++b) mbar_init(&landed[b]);
-    if (cluster < a.rows) start_load(cluster, 0);
-  }
-  __syncthreads();  // the barriers are initialized before any thread waits on them
-
-  bool exchange_pending = false;  // an exchange's "done reading" arrive awaits its wait
-  int k = 0;                      // this cluster's row count
-  for (int row = cluster; row < a.rows; row += clusters, ++k) {
-    const int b = ce::ring_buffer(k, kBuffers);
-    const std::uint32_t parity = ce::ring_parity(k, kBuffers);
-    if constexpr (kPersistent) {
-      if (tid == 0 && row + clusters < a.rows) {
-        if constexpr (kBulkStore) bulk_wait_read<ce::store_groups_after(kBuffers)>();
-        start_load(row + clusters, ce::ring_buffer(k + 1, kBuffers));
-      }
+    mbar_init(&landed);
+    if (row < a.rows) {
+      const T* xr = a.logits + static_cast<std::size_t>(row) * a.ld;
+      const ce::RowSlice cut = ce::row_slice(reinterpret_cast<std::uintptr_t>(xr), a.vocab, split, rank);
+      const int parked_end = min(cut.v_end, cut.v_begin + a.park_vecs);
+      const auto bytes = static_cast<std::uint32_t>(parked_end - cut.v_begin) * 16u;
+      mbar_expect_bytes(&landed, bytes);
+      if (bytes > 0) bulk_load(slice, xr + cut.head + static_cast<std::size_t>(cut.v_begin) * 8, bytes, &landed);
     }
-    uint4* buf = slice + static_cast<std::size_t>(b) * a.park_vecs;
+  }
+  __syncthreads();  // the barrier is initialized before any thread waits on it
+
+  bool exchange_pending = false;  // the exchange's "done reading" arrive awaits its wait
+  if (row < a.rows) {
     T* x = a.logits + static_cast<std::size_t>(row) * a.ld;
     const ce::RowSlice cut = ce::row_slice(reinterpret_cast<std::uintptr_t>(x), a.vocab, split, rank);
     const int head = cut.head, tail_start = cut.tail_start, v_begin = cut.v_begin, v_end = cut.v_end;
     const int head_here = owner ? head : 0;
     const int tail_here = owner ? a.vocab - tail_start : 0;
     T* body = x + head;
-    const int parked_end = min(v_end, v_begin + a.park_vecs);  // [v_begin, parked_end) in `buf`
+    const int parked_end = min(v_end, v_begin + a.park_vecs);  // [v_begin, parked_end) in `slice`
     const int label = a.labels[row];
     const bool valid = label_valid(label, a.vocab, a.ignore_index);
 
@@ -380,7 +347,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
           zero_scalar(x, tail_start, a.ld);  // tail and padding
         }
       }
-      mbar_wait(&landed[b], parity);  // the fill is done before its buffer is reused or the CTA exits
+      mbar_wait(&landed, 0);  // no CTA exits while a copy into its shared memory is in flight
     } else {
       // While the copy is in flight: rank 0's scalars, read before the cluster barrier below
       // (every gradient write of the row comes after it).
@@ -389,9 +356,9 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
       if (tid < tail_here) x_tail = to_f32(x[tail_start + tid]);
       if (tid == 0 && owner) x_label = to_f32(x[label]);
       auto vec_at = [&](int v) {
-        return v < parked_end ? buf[v - v_begin] : load16(body + static_cast<std::size_t>(v) * 8);
+        return v < parked_end ? slice[v - v_begin] : load16(body + static_cast<std::size_t>(v) * 8);
       };
-      mbar_wait(&landed[b], parity);
+      mbar_wait(&landed, 0);
 
       // ---- this thread's maximum, then its sum of exponentials under it (no rescaling) ----
       pair16_t<T> mx2 = pack2_rn<T>(-INFINITY, -INFINITY);
@@ -409,7 +376,6 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
       if (split > 1) {  // the row's (m, s) from every CTA's, in rank order (the same bits in each CTA)
         namespace cg = cooperative_groups;
         cg::cluster_group cg_cluster = cg::this_cluster();
-        if (exchange_pending) cluster_wait();  // every CTA has read the previous row's slots
         if (tid == 0) cluster_ms = make_float2(m, s);
         cluster_arrive();
         cluster_wait();
@@ -419,7 +385,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
           lse_combine(mm, ss, o.x, o.y);
         }
         m = mm, s = ss;
-        cluster_arrive();  // done reading the others' cluster_ms; waited on before the next write or exit
+        cluster_arrive();  // done reading the others' cluster_ms; waited on before this CTA exits
         exchange_pending = true;
       }
       const float c = m + log2f(s);  // log2 of the softmax denominator: p_j = 2^(x_j log2e - c)
@@ -437,30 +403,13 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
 #pragma unroll 2
         for (int v = v_begin + tid; v < v_end; v += kThreads) {
           const uint4 out = grad8<T>(vec_at(v), label_off - v * 8, g);
-          if (kBulkStore && v < parked_end) buf[v - v_begin] = out;  // over its own logits: the store's source
-          else store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, out);
+          store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, out);
         }
         if (owner) zero_scalar(x, a.vocab, a.ld);  // padding columns
       }
     }
-    if constexpr (kPersistent) {
-      fence_proxy_async_shared();  // this thread's reads (and bulk-store writes) of `buf` before the copies
-      __syncthreads();             // every thread is done with `buf` (and with lse_block's scratch)
-      if constexpr (kBulkStore) {
-        if (tid == 0) {
-          if (kGrad && valid && parked_end > v_begin)
-            bulk_store(body + static_cast<std::size_t>(v_begin) * 8, buf,
-                       static_cast<std::uint32_t>(parked_end - v_begin) * 16u);
-          bulk_commit();  // one group per row
-        }
-      }
-    }
-    if constexpr (!kPersistent) break;  // one row per cluster
   }
   if (split > 1 && exchange_pending) cluster_wait();  // no CTA exits while another may still read its cluster_ms
-  if constexpr (kBulkStore) {
-    if (tid == 0) bulk_wait<0>();  // the gradient's bulk stores are written
-  }
   ce_finish_in_last_block(a);
 }
 
@@ -489,70 +438,35 @@ void check_common(const char* fn, const void* logits, const int32_t* labels, int
 
 // One instance of the row kernel, set up for launch: its shared memory (dynamic size, the largest
 // carve-out so several parked slices fit per SM; L1 is not needed) and the static part checked
-// against the budget the geometry left for it.
-template <typename T, bool kGrad, ce::Schedule kSchedule>
+// against the budget kept out of the parked slice.
+template <typename T, bool kGrad>
 struct RowKernel {
-  using Tile = CeTile<kSchedule>;
-  static constexpr auto kernel = ce_row_kernel<T, Tile, kGrad, kSchedule>;
+  static constexpr auto kernel = ce_row_kernel<T, CeTile, kGrad>;
 
-  static ce::RowGeometry prepare(int vocab, int split) {
-    const ce::RowGeometry geo = ce::row_geometry(ce::slice_vecs(vocab, split), kSchedule, smem_optin());
+  // The 16-byte vectors a CTA parks (ce::park_vecs); the dynamic shared memory is 16 bytes each.
+  static int prepare(int vocab, int split) {
+    const int park_vecs = ce::park_vecs(ce::slice_vecs(vocab, split), smem_optin());
     cudaFuncAttributes fa{};
     CUTRAIN_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
     CUTRAIN_CHECK(fa.sharedSizeBytes <= static_cast<std::size_t>(ce::kStaticSmemBytes),
-                  "cross-entropy row kernel (", ce::schedule_name(kSchedule), "): static shared memory ",
-                  fa.sharedSizeBytes, " bytes exceeds the ", ce::kStaticSmemBytes, " bytes kept out of the slice budget");
-    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(geo.dynamic_smem_bytes)));
+                  "cross-entropy row kernel: static shared memory ", fa.sharedSizeBytes, " bytes exceeds the ",
+                  ce::kStaticSmemBytes, " bytes kept out of the slice budget");
+    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, park_vecs * 16));
     CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                             static_cast<int>(cudaSharedmemCarveoutMaxShared)));
-    return geo;
-  }
-
-  // Clusters of `split` CTAs resident at once on the current device (after prepare).
-  static int max_active_clusters(int split, std::size_t smem) {
-    if (split == 1) {
-      int dev = 0, sms = 0, per_sm = 0;
-      CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
-      CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-      CUTRAIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Tile::kThreads, smem));
-      return per_sm * sms;
-    }
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(split));
-    cfg.blockDim = dim3(Tile::kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(split);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int n = 0;
-    CUTRAIN_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
-    return n;
-  }
-
-  static int grid_clusters(int rows, int split, std::size_t smem) {
-    if constexpr (!ce::is_persistent(kSchedule)) return rows;
-    const int active = max_active_clusters(split, smem);
-    CUTRAIN_CHECK(active > 0, "cross-entropy row kernel (", ce::schedule_name(kSchedule), "): no cluster of ", split,
-                  " CTAs with ", smem, " bytes of shared memory each fits on this device");
-    return ce::grid_clusters(kSchedule, rows, active);
+    return park_vecs;
   }
 };
 
 // The row kernel is a programmatic dependent of the count kernel (its copies start while the
 // labels are counted) and its last CTA takes the mean (no finish launch).
-template <bool kGrad, ce::Schedule kSchedule, typename T>
-void run_schedule(cudaStream_t s, T* logits, const int32_t* labels, int rows, int vocab, int ld, float* loss_mean,
-                  float* row_loss, int* status, void* scratch, int ignore_index, float grad_scale,
-                  const float* device_grad_scale) {
-  using K = RowKernel<T, kGrad, kSchedule>;
+template <bool kGrad, typename T>
+void run(cudaStream_t s, T* logits, const int32_t* labels, int rows, int vocab, int ld, float* loss_mean,
+         float* row_loss, int* status, void* scratch, int ignore_index, float grad_scale,
+         const float* device_grad_scale) {
+  using K = RowKernel<T, kGrad>;
   const int split = cross_entropy_ctas_per_row(vocab);
-  const ce::RowGeometry geo = K::prepare(vocab, split);
-  const int clusters = K::grid_clusters(rows, split, geo.dynamic_smem_bytes);
+  const int park_vecs = K::prepare(vocab, split);
 
   auto* hdr = static_cast<CeHeader*>(scratch);
   auto* row_loss_tmp = reinterpret_cast<float*>(static_cast<char*>(scratch) + kRowLossOffset);
@@ -560,11 +474,11 @@ void run_schedule(cudaStream_t s, T* logits, const int32_t* labels, int rows, in
   CUTRAIN_LAUNCH_CHECK("ce_count_kernel");
 
   RowArgs<T> a{logits,  labels, vocab, ld,       ignore_index, grad_scale,     device_grad_scale,
-               hdr,     row_loss_tmp, row_loss, geo.park_vecs, rows, loss_mean, split};
+               hdr,     row_loss_tmp, row_loss, park_vecs, rows, loss_mean, split};
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(clusters) * static_cast<unsigned>(split));
-  cfg.blockDim = dim3(K::Tile::kThreads);
-  cfg.dynamicSmemBytes = geo.dynamic_smem_bytes;
+  cfg.gridDim = dim3(static_cast<unsigned>(rows) * static_cast<unsigned>(split));
+  cfg.blockDim = dim3(CeTile::kThreads);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(park_vecs) * 16;
   cfg.stream = s;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -579,36 +493,6 @@ void run_schedule(cudaStream_t s, T* logits, const int32_t* labels, int rows, in
   CUTRAIN_LAUNCH_CHECK(kGrad ? "ce_row_kernel<grad>" : "ce_row_kernel<forward>");
 }
 
-template <bool kGrad, typename T>
-void run(ce::Schedule schedule, cudaStream_t s, T* logits, const int32_t* labels, int rows, int vocab, int ld,
-         float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index, float grad_scale,
-         const float* device_grad_scale) {
-  switch (schedule) {
-    case ce::Schedule::PerRow:
-      return run_schedule<kGrad, ce::Schedule::PerRow>(s, logits, labels, rows, vocab, ld, loss_mean, row_loss, status,
-                                                       scratch, ignore_index, grad_scale, device_grad_scale);
-    case ce::Schedule::Persistent:
-      return run_schedule<kGrad, ce::Schedule::Persistent>(s, logits, labels, rows, vocab, ld, loss_mean, row_loss,
-                                                           status, scratch, ignore_index, grad_scale,
-                                                           device_grad_scale);
-    case ce::Schedule::PersistentBulkStore:
-      return run_schedule<kGrad, ce::Schedule::PersistentBulkStore>(s, logits, labels, rows, vocab, ld, loss_mean,
-                                                                    row_loss, status, scratch, ignore_index,
-                                                                    grad_scale, device_grad_scale);
-  }
-  CUTRAIN_CHECK(false, "cross-entropy: unknown row-kernel schedule ", static_cast<int>(schedule));
-}
-
-ce::Schedule production_pick(int vocab) { return ce::production_schedule(cross_entropy_ctas_per_row(vocab)); }
-
-template <ce::Schedule kSchedule>
-int grid_clusters_of(int rows, int vocab) {
-  using K = RowKernel<bf16, true, kSchedule>;
-  const int split = cross_entropy_ctas_per_row(vocab);
-  const ce::RowGeometry geo = K::prepare(vocab, split);
-  return K::grid_clusters(rows, split, geo.dynamic_smem_bytes);
-}
-
 }  // namespace
 
 int cross_entropy_ctas_per_row(int vocab) {
@@ -621,67 +505,32 @@ std::size_t cross_entropy_scratch_bytes(int rows) {
   return ceil_div<std::size_t>(b, 256) * 256;
 }
 
-int cross_entropy_grid_clusters(ce::Schedule schedule, int rows, int vocab) {
-  CUTRAIN_CHECK(rows > 0 && vocab > 0, "cross_entropy_grid_clusters: rows and vocab must be positive, got ", rows,
-                " and ", vocab);
-  switch (schedule) {
-    case ce::Schedule::PerRow: return grid_clusters_of<ce::Schedule::PerRow>(rows, vocab);
-    case ce::Schedule::Persistent: return grid_clusters_of<ce::Schedule::Persistent>(rows, vocab);
-    case ce::Schedule::PersistentBulkStore: return grid_clusters_of<ce::Schedule::PersistentBulkStore>(rows, vocab);
-  }
-  CUTRAIN_CHECK(false, "cross_entropy_grid_clusters: unknown schedule ", static_cast<int>(schedule));
-  return 0;
-}
-
-template <typename T>
-void cross_entropy_forward_backward_scheduled(ce::Schedule schedule, cudaStream_t s, T* logits, const int32_t* labels,
-                                              int rows, int vocab, int ld, float* loss_mean, float* row_loss,
-                                              int* status, void* scratch, int ignore_index, float grad_scale,
-                                              const float* device_grad_scale) {
-  check_common("cross_entropy_forward_backward", logits, labels, rows, vocab, ld, loss_mean, scratch);
-  CUTRAIN_CHECK(std::isfinite(grad_scale), "cross_entropy_forward_backward: grad_scale must be finite, got ", grad_scale);
-  NvtxRange range("cross_entropy_fwdbwd");
-  run<true>(schedule, s, logits, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index,
-            grad_scale, device_grad_scale);
-}
-
-template <typename T>
-void cross_entropy_forward_scheduled(ce::Schedule schedule, cudaStream_t s, const T* logits, const int32_t* labels,
-                                     int rows, int vocab, int ld, float* loss_mean, float* row_loss, int* status,
-                                     void* scratch, int ignore_index) {
-  check_common("cross_entropy_forward", logits, labels, rows, vocab, ld, loss_mean, scratch);
-  NvtxRange range("cross_entropy_fwd");
-  // The forward instance never writes through the pointer.
-  T* x = const_cast<T*>(logits);
-  run<false>(schedule, s, x, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, 1.f,
-             nullptr);
-}
-
 template <typename T>
 void cross_entropy_forward_backward(cudaStream_t s, T* logits, const int32_t* labels, int rows, int vocab, int ld,
                                     float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index,
                                     float grad_scale, const float* device_grad_scale) {
-  cross_entropy_forward_backward_scheduled(production_pick(vocab), s, logits, labels, rows, vocab, ld, loss_mean,
-                                           row_loss, status, scratch, ignore_index, grad_scale, device_grad_scale);
+  check_common("cross_entropy_forward_backward", logits, labels, rows, vocab, ld, loss_mean, scratch);
+  CUTRAIN_CHECK(std::isfinite(grad_scale), "cross_entropy_forward_backward: grad_scale must be finite, got ", grad_scale);
+  NvtxRange range("cross_entropy_fwdbwd");
+  run<true>(s, logits, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, grad_scale,
+            device_grad_scale);
 }
 
 template <typename T>
 void cross_entropy_forward(cudaStream_t s, const T* logits, const int32_t* labels, int rows, int vocab, int ld,
                            float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index) {
-  cross_entropy_forward_scheduled(production_pick(vocab), s, logits, labels, rows, vocab, ld, loss_mean, row_loss,
-                                  status, scratch, ignore_index);
+  check_common("cross_entropy_forward", logits, labels, rows, vocab, ld, loss_mean, scratch);
+  NvtxRange range("cross_entropy_fwd");
+  // The forward instance never writes through the pointer.
+  T* x = const_cast<T*>(logits);
+  run<false>(s, x, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, 1.f, nullptr);
 }
 
 #define CUTRAIN_CE_INSTANCES(T)                                                                                      \
   template void cross_entropy_forward_backward<T>(cudaStream_t, T*, const int32_t*, int, int, int, float*, float*,   \
                                                   int*, void*, int, float, const float*);                            \
   template void cross_entropy_forward<T>(cudaStream_t, const T*, const int32_t*, int, int, int, float*, float*, int*, \
-                                         void*, int);                                                                \
-  template void cross_entropy_forward_backward_scheduled<T>(ce::Schedule, cudaStream_t, T*, const int32_t*, int, int, \
-                                                            int, float*, float*, int*, void*, int, float,            \
-                                                            const float*);                                           \
-  template void cross_entropy_forward_scheduled<T>(ce::Schedule, cudaStream_t, const T*, const int32_t*, int, int,    \
-                                                   int, float*, float*, int*, void*, int);
+                                         void*, int);
 CUTRAIN_CE_INSTANCES(bf16)
 CUTRAIN_CE_INSTANCES(f16)
 #undef CUTRAIN_CE_INSTANCES

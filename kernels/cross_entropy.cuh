@@ -6,7 +6,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/cross_entropy_schedule.h"
 #include "runtime/dtype.h"
 
 namespace cutrain::kernels {
@@ -26,8 +25,7 @@ namespace cutrain::kernels {
 // and its last CTA takes the mean. Each row is read from HBM once: a thread-block cluster of
 // cross_entropy_ctas_per_row(vocab) CTAs holds it in shared memory, one slice per CTA (rows past
 // about 920k columns, more than 8 CTAs can hold on an H100/H200, read the rest of each slice in
-// every pass). The row kernel's schedule (kernels/cross_entropy_schedule.h) is the production
-// table's pick for the vocabulary, ce::production_schedule(cross_entropy_ctas_per_row(vocab)).
+// every pass).
 
 // CTAs per row (the cluster size): 1 up to 16384 columns, then one more per 32 KiB of row, at
 // most 8. A function of the vocabulary alone, so the bits of the result do not depend on the device.
@@ -47,23 +45,5 @@ void cross_entropy_forward_backward(cudaStream_t s, T* logits, const int32_t* la
 template <typename T>
 void cross_entropy_forward(cudaStream_t s, const T* logits, const int32_t* labels, int rows, int vocab, int ld,
                            float* loss_mean, float* row_loss, int* status, void* scratch, int ignore_index = -100);
-
-// The same two entry points with the row kernel's schedule as an argument, so the tests and
-// bench_k3 run each one (same results, bit for bit, in every schedule); the entry points above
-// pass the production pick.
-template <typename T>
-void cross_entropy_forward_backward_scheduled(ce::Schedule schedule, cudaStream_t s, T* logits, const int32_t* labels,
-                                              int rows, int vocab, int ld, float* loss_mean, float* row_loss,
-                                              int* status, void* scratch, int ignore_index = -100,
-                                              float grad_scale = 1.f, const float* device_grad_scale = nullptr);
-template <typename T>
-void cross_entropy_forward_scheduled(ce::Schedule schedule, cudaStream_t s, const T* logits, const int32_t* labels,
-                                     int rows, int vocab, int ld, float* loss_mean, float* row_loss, int* status,
-                                     void* scratch, int ignore_index = -100);
-
-// The row kernel's grid in clusters (of cross_entropy_ctas_per_row(vocab) CTAs) on the current
-// device for `rows` rows under `schedule`: rows for PerRow; for the persistent schedules the
-// clusters resident at once (the occupancy API), at most rows. bf16 and fp16 share it.
-int cross_entropy_grid_clusters(ce::Schedule schedule, int rows, int vocab);
 
 }  // namespace cutrain::kernels

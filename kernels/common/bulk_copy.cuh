@@ -6,13 +6,6 @@
 // mbar_expect_bytes(bar, n) followed by bulk_load(dst, src, n, bar) (n may be 0: the phase then
 // completes at once); every thread that reads the buffer first calls mbar_wait(bar, parity) with
 // the parity of that fill (0 for a barrier's first fill, then alternating).
-//
-// The other direction, shared -> global (bulk_store), completes through the issuing thread's bulk
-// async-groups: after the threads' writes to the source buffer, each writer calls
-// fence_proxy_async_shared() before the barrier that precedes the store (the copy engine reads
-// through the async proxy); the issuing thread then calls bulk_commit(), and before the buffer is
-// overwritten bulk_wait_read<N>() (at most N newer groups may still be reading), before its exit
-// bulk_wait<0>() (the writes done).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -43,36 +36,6 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, std::uint3
                    shared_addr(dst)),
                "l"(src), "r"(bytes), "r"(shared_addr(bar))
                : "memory");
-}
-
-// shared -> global: dst, src 16-byte aligned; bytes a multiple of 16 (and > 0).
-__device__ __forceinline__ void bulk_store(void* dst, const void* src, std::uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(shared_addr(src)),
-               "r"(bytes)
-               : "memory");
-}
-
-// Closes this thread's bulk stores issued since the last commit into one bulk async-group (an
-// empty group when there were none, so a thread that commits once per round counts rounds).
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-
-// Until at most N of this thread's newest bulk async-groups are still reading their sources.
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
-}
-
-// Until at most N of this thread's newest bulk async-groups are incomplete (writes done).
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// Orders this thread's generic-proxy accesses to shared memory before later async-proxy ones (a
-// bulk copy reading what the thread wrote, or overwriting what it read), once a barrier connects
-// them to the thread that issues the copy.
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 // Blocks until the phase of `parity` has completed (its bytes have landed and are visible).

@@ -1,8 +1,7 @@
 // @brief GPU tests of the fused cross-entropy against the fp64 reference: loss, per-row loss, in-place
 // dlogits, ignored rows, padding columns, bad labels, misaligned rows (odd ld), vocabularies from
-// one column to past what a cluster parks, labels at the cluster slices' edges, determinism; each in
-// every schedule of the row kernel (kernels/cross_entropy_schedule.h), whose results must be the
-// same bits, with row counts below, at and past the persistent grid for clusters of 1 to 8 CTAs.
+// one column to past what a cluster parks, clusters of every size from 1 to 8 CTAs, labels at the
+// cluster slices' edges, determinism.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,7 +10,6 @@
 #include <cstring>
 
 #include "kernels/cross_entropy.cuh"
-#include "kernels/cross_entropy_schedule.h"
 #include "kernels/cross_entropy_slice.h"
 #include "tests/reference/cross_entropy_ref.h"
 #include "tests/support/test_support.h"
@@ -20,7 +18,6 @@ namespace cutrain {
 namespace {
 
 using test::DeviceArray;
-using kernels::ce::Schedule;
 
 
 struct CeCase {
@@ -41,8 +38,8 @@ struct CeRun {
 };
 
 // Uploads logits/labels, runs forward+backward (or forward only), downloads everything.
-CeRun run_ce(Schedule schedule, const std::vector<float>& logits, const std::vector<int32_t>& labels, const CeCase& c,
-             bool backward, int ignore_index = -100, float grad_scale = 1.f, bool* logits_untouched = nullptr) {
+CeRun run_ce(const std::vector<float>& logits, const std::vector<int32_t>& labels, const CeCase& c, bool backward,
+             int ignore_index = -100, float grad_scale = 1.f, bool* logits_untouched = nullptr) {
   auto hb = test::to_bf16(logits);
   DeviceArray<bf16> d_logits(hb);
   DeviceArray<int32_t> d_labels(labels);
@@ -50,12 +47,12 @@ CeRun run_ce(Schedule schedule, const std::vector<float>& logits, const std::vec
   DeviceArray<int> d_status(1);
   DeviceArray<char> scratch(kernels::cross_entropy_scratch_bytes(c.rows));
   if (backward) {
-    kernels::cross_entropy_forward_backward_scheduled(schedule, nullptr, d_logits.get(), d_labels.get(), c.rows,
-                                                      c.vocab, c.ld, d_loss.get(), d_row.get(), d_status.get(),
-                                                      scratch.get(), ignore_index, grad_scale);
+    kernels::cross_entropy_forward_backward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld,
+                                            d_loss.get(), d_row.get(), d_status.get(), scratch.get(), ignore_index,
+                                            grad_scale);
   } else {
-    kernels::cross_entropy_forward_scheduled(schedule, nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld,
-                                             d_loss.get(), d_row.get(), d_status.get(), scratch.get(), ignore_index);
+    kernels::cross_entropy_forward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld, d_loss.get(),
+                                   d_row.get(), d_status.get(), scratch.get(), ignore_index);
   }
   CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   CeRun r;
@@ -124,27 +121,27 @@ void expect_same_bits(const CeRun& a, const CeRun& b) {
   EXPECT_EQ(std::memcmp(a.dlogits.data(), b.dlogits.data(), 4 * a.dlogits.size()), 0);
 }
 
-class CrossEntropyGpu : public ::testing::TestWithParam<std::tuple<CeCase, Schedule>> {};
+class CrossEntropyGpu : public ::testing::TestWithParam<CeCase> {};
 
 TEST_P(CrossEntropyGpu, ForwardBackwardMatchesReference) {
   CUTRAIN_REQUIRE_GPU();
-  const auto [c, schedule] = GetParam();
+  const CeCase c = GetParam();
   auto rng = test::fresh_rng();
   Inputs in = make_inputs(c, rng);
   const float grad_scale = 0.75f;
   auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, -100, grad_scale);
-  CeRun r = run_ce(schedule, in.logits, in.labels, c, true, -100, grad_scale, nullptr);
+  CeRun r = run_ce(in.logits, in.labels, c, true, -100, grad_scale, nullptr);
   check_against_ref(c, in, r, want, -100, grad_scale);
 }
 
 TEST_P(CrossEntropyGpu, ForwardOnlyLeavesLogitsAndMatchesLoss) {
   CUTRAIN_REQUIRE_GPU();
-  const auto [c, schedule] = GetParam();
+  const CeCase c = GetParam();
   auto rng = test::fresh_rng();
   Inputs in = make_inputs(c, rng);
   auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld);
   bool untouched = false;
-  CeRun r = run_ce(schedule, in.logits, in.labels, c, false, -100, 1.f, &untouched);
+  CeRun r = run_ce(in.logits, in.labels, c, false, -100, 1.f, &untouched);
   EXPECT_TRUE(untouched);
   EXPECT_EQ(r.status, want.status);
   EXPECT_NEAR(r.loss, want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean)));
@@ -154,7 +151,7 @@ TEST_P(CrossEntropyGpu, ForwardOnlyLeavesLogitsAndMatchesLoss) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CrossEntropyGpu,
-    ::testing::Combine(::testing::Values(CeCase{1, 7, 7, 0.f, 1.f}, CeCase{3, 7, 16, 0.f, 3.f}, CeCase{2048, 7, 7, 0.1f, 2.f},
+    ::testing::Values(CeCase{1, 7, 7, 0.f, 1.f}, CeCase{3, 7, 16, 0.f, 3.f}, CeCase{2048, 7, 7, 0.1f, 2.f},
                       CeCase{1, 50000, 50000, 0.f, 2.f}, CeCase{3, 50000, 50000, 0.f, 2.f},
                       CeCase{2048, 50000, 50000, 0.1f, 2.f}, CeCase{1, 50257, 50257, 0.f, 2.f},
                       CeCase{3, 50257, 50257, 0.f, 4.f}, CeCase{2048, 50257, 50257, 0.1f, 2.f},
@@ -173,24 +170,23 @@ INSTANTIATE_TEST_SUITE_P(
                       // and a row longer than 8 CTAs can park: each slice's rest is read in every
                       // pass.
                       CeCase{7, 40961, 40963, 0.3f, 2.f}, CeCase{7, 131071, 131072, 0.3f, 2.f},
+                      // Clusters of 5, 6 and 7 CTAs.
+                      CeCase{5, 65537, 65539, 0.2f, 2.f}, CeCase{5, 81921, 81922, 0.2f, 2.f},
+                      CeCase{5, 98305, 98305, 0.2f, 2.f},
                       CeCase{2, 600001, 600003, 0.f, 2.f},
                       CeCase{2, 1000003, 1000005, 0.f, 2.f}),
-                       ::testing::ValuesIn(kernels::ce::kSchedules)),
-    [](const ::testing::TestParamInfo<std::tuple<CeCase, Schedule>>& i) {
-      return case_name(std::get<0>(i.param)) + "_" + kernels::ce::schedule_name(std::get<1>(i.param));
-    });
+    [](const ::testing::TestParamInfo<CeCase>& i) { return case_name(i.param); });
 
 // One column: the loss is 0 and the gradient p - 1 = 0, up to the fp32 error of exp2 (the
 // reference's zeros admit no relative error, so this shape has its own bound).
 TEST(CrossEntropyGpuLabels, SingleColumnGivesZeroLossAndGradient) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  for (Schedule schedule : kernels::ce::kSchedules)
   for (int ld : {1, 2, 3, 8}) {
     const CeCase c{13, 1, ld, 0.f, 4.f};
     Inputs in = make_inputs(c, rng);
-    CeRun r = run_ce(schedule, in.logits, in.labels, c, true, -100, 1.f, nullptr);
-    SCOPED_TRACE(case_name(c) + " " + kernels::ce::schedule_name(schedule));
+    CeRun r = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr);
+    SCOPED_TRACE(case_name(c));
     EXPECT_EQ(r.status, 0);
     EXPECT_NEAR(r.loss, 0.f, 1e-5f);
     for (int i = 0; i < c.rows; ++i) {
@@ -210,14 +206,11 @@ TEST(CrossEntropyGpuLabels, OutOfRangeLabelsReportedAndIgnored) {
   in.labels[4] = -5;
   auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld);
   ASSERT_EQ(want.status, 3);
-  for (Schedule schedule : kernels::ce::kSchedules) {
-    SCOPED_TRACE(kernels::ce::schedule_name(schedule));
-    CeRun r = run_ce(schedule, in.logits, in.labels, c, true, -100, 1.f, nullptr);
-    check_against_ref(c, in, r, want);
-    EXPECT_EQ(r.status, 3);
-    EXPECT_EQ(r.row_loss[2], 0.f);
-    EXPECT_EQ(r.row_loss[4], 0.f);
-  }
+  CeRun r = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr);
+  check_against_ref(c, in, r, want);
+  EXPECT_EQ(r.status, 3);
+  EXPECT_EQ(r.row_loss[2], 0.f);
+  EXPECT_EQ(r.row_loss[4], 0.f);
 }
 
 // Labels at the edges of the row and of the cluster slices (each slice's first and last
@@ -240,11 +233,8 @@ TEST(CrossEntropyGpuLabels, LabelsAtRowAndSliceEdges) {
       in.labels[i] = std::clamp(picks[i % 6], 0, c.vocab - 1);
     }
     auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, -100, 2.0);
-    for (Schedule schedule : kernels::ce::kSchedules) {
-      SCOPED_TRACE(kernels::ce::schedule_name(schedule));
-      CeRun r = run_ce(schedule, in.logits, in.labels, c, true, -100, 2.f, nullptr);
-      check_against_ref(c, in, r, want, -100, 2.0);
-    }
+    CeRun r = run_ce(in.logits, in.labels, c, true, -100, 2.f, nullptr);
+    check_against_ref(c, in, r, want, -100, 2.0);
   }
 }
 
@@ -255,75 +245,33 @@ TEST(CrossEntropyGpuLabels, CustomIgnoreIndexAndAllIgnored) {
   Inputs in = make_inputs(c, rng);
   in.labels[0] = 0;  // ignore_index 0: this row is ignored, -100 would be an out-of-range label
   auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, 0, 1.0);
-  for (Schedule schedule : kernels::ce::kSchedules) {
-    SCOPED_TRACE(kernels::ce::schedule_name(schedule));
-    CeRun r = run_ce(schedule, in.logits, in.labels, c, true, 0, 1.f, nullptr);
-    check_against_ref(c, in, r, want, 0);
-    for (int j = 0; j < c.ld; ++j) ASSERT_EQ(r.dlogits[j], 0.f);
+  CeRun r = run_ce(in.logits, in.labels, c, true, 0, 1.f, nullptr);
+  check_against_ref(c, in, r, want, 0);
+  for (int j = 0; j < c.ld; ++j) ASSERT_EQ(r.dlogits[j], 0.f);
 
-    std::vector<int32_t> all_ignored(c.rows, -100);
-    CeRun z = run_ce(schedule, in.logits, all_ignored, c, true, -100, 1.f, nullptr);
-    EXPECT_EQ(z.loss, 0.f);
-    EXPECT_EQ(z.status, 0);
-    for (float g : z.dlogits) ASSERT_EQ(g, 0.f);
-    CeRun zf = run_ce(schedule, in.logits, all_ignored, c, false, -100, 1.f, nullptr);
-    EXPECT_EQ(zf.loss, 0.f);
-  }
+  std::vector<int32_t> all_ignored(c.rows, -100);
+  CeRun z = run_ce(in.logits, all_ignored, c, true, -100, 1.f, nullptr);
+  EXPECT_EQ(z.loss, 0.f);
+  EXPECT_EQ(z.status, 0);
+  for (float g : z.dlogits) ASSERT_EQ(g, 0.f);
+  CeRun zf = run_ce(in.logits, all_ignored, c, false, -100, 1.f, nullptr);
+  EXPECT_EQ(zf.loss, 0.f);
 }
 
-// The same bits every run, and the same bits in every schedule (their per-row math is one code).
-TEST(CrossEntropyGpuDeterminism, SameBitsEveryRunAndEverySchedule) {
+// The same bits every run.
+TEST(CrossEntropyGpuDeterminism, SameBitsEveryRun) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   const CeCase c{2048, 50304, 50304, 0.05f, 2.f};
   Inputs in = make_inputs(c, rng);
-  const CeRun a = run_ce(Schedule::PerRow, in.logits, in.labels, c, true, -100, 1.f, nullptr);
-  for (Schedule schedule : kernels::ce::kSchedules) {
-    SCOPED_TRACE(kernels::ce::schedule_name(schedule));
-    const CeRun b = run_ce(schedule, in.logits, in.labels, c, true, -100, 1.f, nullptr);
-    const CeRun b2 = run_ce(schedule, in.logits, in.labels, c, true, -100, 1.f, nullptr);
-    expect_same_bits(a, b);
-    expect_same_bits(b, b2);
-  }
-}
-
-// The persistent schedules' grid: row counts of 1, one short of the resident clusters, equal to
-// them, one past and two and a half grids (each cluster's ring of slice buffers wraps several
-// times; a fifth of the rows ignored, so exchanges skip rows), for clusters of 1 to 8 CTAs and
-// odd strides; against the reference and bit for bit against PerRow, forward and backward.
-TEST(CrossEntropyGpuPersistent, RowsAroundThePersistentGrid) {
-  CUTRAIN_REQUIRE_GPU();
-  auto rng = test::fresh_rng();
-  const int vocabs[8] = {1031, 16385, 40961, 50257, 65537, 81921, 98305, 131071};  // 1..8 CTAs per row
-  for (int n = 0; n < 8; ++n) {
-    const int vocab = vocabs[n];
-    ASSERT_EQ(kernels::cross_entropy_ctas_per_row(vocab), n + 1) << "vocab " << vocab;
-    for (Schedule schedule : {Schedule::Persistent, Schedule::PersistentBulkStore}) {
-      const int grid = kernels::cross_entropy_grid_clusters(schedule, 1 << 30, vocab);
-      ASSERT_GT(grid, 0);
-      ASSERT_EQ(kernels::cross_entropy_grid_clusters(schedule, 3, vocab), std::min(grid, 3));
-      for (int rows : {1, grid - 1, grid, grid + 1, 2 * grid + grid / 2 + 1}) {
-        if (rows < 1) continue;
-        const CeCase c{rows, vocab, vocab + (rows % 3), 0.2f, 2.f};
-        SCOPED_TRACE(case_name(c) + " " + kernels::ce::schedule_name(schedule) + " grid " + std::to_string(grid));
-        Inputs in = make_inputs(c, rng);
-        auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, -100, 1.5);
-        const CeRun r = run_ce(schedule, in.logits, in.labels, c, true, -100, 1.5f, nullptr);
-        check_against_ref(c, in, r, want, -100, 1.5);
-        expect_same_bits(r, run_ce(Schedule::PerRow, in.logits, in.labels, c, true, -100, 1.5f, nullptr));
-        bool untouched = false;
-        const CeRun f = run_ce(schedule, in.logits, in.labels, c, false, -100, 1.f, &untouched);
-        EXPECT_TRUE(untouched);
-        EXPECT_EQ(std::memcmp(&f.loss, &r.loss, 4), 0);
-        EXPECT_EQ(std::memcmp(f.row_loss.data(), r.row_loss.data(), 4 * f.row_loss.size()), 0);
-      }
-    }
-  }
+  const CeRun a = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr);
+  const CeRun b = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr);
+  expect_same_bits(a, b);
 }
 
 // Back-to-back calls on one stream reuse the scratch (the done counter must be re-armed by each
-// call's count kernel) and several thousand rows make many blocks race for "last"; the calls take
-// the schedules in turn, twice each, and give the same bits.
+// call's count kernel) and several thousand rows make many blocks race for "last"; the calls give
+// the same bits.
 TEST(CrossEntropyGpuDeterminism, RepeatedCallsOnOneStreamReuseScratch) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
@@ -337,8 +285,8 @@ TEST(CrossEntropyGpuDeterminism, RepeatedCallsOnOneStreamReuseScratch) {
   DeviceArray<float> d_loss(kCalls);
   DeviceArray<char> scratch(kernels::cross_entropy_scratch_bytes(c.rows));
   for (int k = 0; k < kCalls; ++k)
-    kernels::cross_entropy_forward_scheduled(kernels::ce::kSchedules[k % 3], nullptr, d_logits.get(), d_labels.get(),
-                                             c.rows, c.vocab, c.ld, d_loss.get() + k, nullptr, nullptr, scratch.get());
+    kernels::cross_entropy_forward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld, d_loss.get() + k,
+                                   nullptr, nullptr, scratch.get());
   auto loss = d_loss.download();
   for (int k = 0; k < kCalls; ++k) {
     EXPECT_NEAR(loss[k], want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean))) << "call " << k;
@@ -361,10 +309,6 @@ TEST(CrossEntropyGpuArgs, BadShapesThrowBeforeLaunch) {
   EXPECT_THROW(kernels::cross_entropy_forward_backward(nullptr, x.get(), y.get(), 4, 16, 16, loss.get(), nullptr,
                                                        nullptr, nullptr),
                Error);
-  EXPECT_THROW(kernels::cross_entropy_forward_backward_scheduled(static_cast<Schedule>(7), nullptr, x.get(), y.get(), 4,
-                                                                 16, 16, loss.get(), nullptr, nullptr, scratch.get()),
-               Error);  // no such schedule
-  EXPECT_THROW(kernels::cross_entropy_grid_clusters(Schedule::Persistent, 0, 16), Error);
 }
 
 // The fp16 instance (fp16 training): forward + backward in place on fp16 logits, with a host
@@ -375,17 +319,14 @@ TEST(CrossEntropyGpuArgs, BadShapesThrowBeforeLaunch) {
 // At loss scale 1 over 2048 rows of GPT-2's vocabulary the non-label gradients, about
 // grad_scale x p / rows ~ 5e-9, sit in fp16's subnormal range (below 6.1e-5; 2^-24 apart), which
 // holds few or no significant bits: the bound there is 1e-2. Loss scaling exists to lift them out.
-// Every schedule of the row kernel.
 TEST(CrossEntropyGpuFp16, ForwardBackwardWithDeviceLossScaleMatchesReference) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
-  for (Schedule schedule : kernels::ce::kSchedules)
   for (const CeCase& c : {CeCase{3, 7, 16, 0.f, 3.f}, CeCase{2048, 7, 7, 0.1f, 2.f}, CeCase{64, 30522, 30522, 0.1f, 2.f},
                           CeCase{2048, 50257, 50304, 0.1f, 2.f}, CeCase{3, 262144, 262147, 0.f, 2.f},
                           CeCase{2, 600001, 600003, 0.f, 2.f}}) {
     for (float loss_scale : {1.f, 4096.f}) {
-      SCOPED_TRACE(case_name(c) + " loss scale " + std::to_string(loss_scale) + " fp16 " +
-                   kernels::ce::schedule_name(schedule));
+      SCOPED_TRACE(case_name(c) + " loss scale " + std::to_string(loss_scale) + " fp16");
       Inputs in = make_inputs(c, rng);
       in.logits = test::round_f16(in.logits);
       const float grad_scale = 0.5f;
@@ -395,15 +336,15 @@ TEST(CrossEntropyGpuFp16, ForwardBackwardWithDeviceLossScaleMatchesReference) {
       DeviceArray<float> d_loss(1), d_row(c.rows), d_scale(std::vector<float>{loss_scale});
       DeviceArray<int> d_status(1);
       DeviceArray<char> scratch(kernels::cross_entropy_scratch_bytes(c.rows));
-      kernels::cross_entropy_forward_scheduled(schedule, nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab,
-                                               c.ld, d_loss.get(), d_row.get(), d_status.get(), scratch.get());
+      kernels::cross_entropy_forward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld, d_loss.get(),
+                                     d_row.get(), d_status.get(), scratch.get());
       const auto want = ref::cross_entropy(in.logits, in.labels, c.rows, c.vocab, c.ld, -100,
                                            static_cast<double>(grad_scale) * loss_scale);
       EXPECT_NEAR(d_loss.download()[0], want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean)));
       EXPECT_TRUE(test::bits16(d_logits.download()) == test::bits16(h)) << "the forward must leave the logits";
-      kernels::cross_entropy_forward_backward_scheduled(schedule, nullptr, d_logits.get(), d_labels.get(), c.rows,
-                                                        c.vocab, c.ld, d_loss.get(), d_row.get(), d_status.get(),
-                                                        scratch.get(), -100, grad_scale, d_scale.get());
+      kernels::cross_entropy_forward_backward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld,
+                                              d_loss.get(), d_row.get(), d_status.get(), scratch.get(), -100,
+                                              grad_scale, d_scale.get());
       const auto got = test::download_float(d_logits);
       EXPECT_EQ(d_status.download()[0], want.status);
       EXPECT_NEAR(d_loss.download()[0], want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean)));

@@ -1,10 +1,8 @@
 // @brief CPU tests of the cross-entropy row kernel's cut of a row (kernels/cross_entropy_slice.h,
 // the arithmetic the kernel runs) and of its cluster size: every element of every row, at every
 // start alignment, is owned by exactly one CTA; vectors are 16-byte aligned; no CTA owns more
-// vectors than its shared memory is sized for. And the host-side geometry of the row kernel's
-// schedules (kernels/cross_entropy_schedule.h): slice buffers and their shared memory within the
-// device's budget, the long-row fallback, the persistent grid and its rows, the ring of buffers
-// (mbarrier parities, the bulk-store groups waited on), the production table.
+// vectors than its shared memory is sized for. And what a CTA parks (ce::park_vecs): whole slices
+// at the training vocabularies within the device's budget, the long-row fallback past it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +11,6 @@
 #include <vector>
 
 #include "kernels/cross_entropy.cuh"
-#include "kernels/cross_entropy_schedule.h"
 #include "kernels/cross_entropy_slice.h"
 
 namespace cutrain {
@@ -30,6 +27,7 @@ TEST(CrossEntropyCtasPerRow, SlicesOfAtMost32KiBUpToEightCtas) {
   EXPECT_EQ(kernels::cross_entropy_ctas_per_row(131071), 8);
   EXPECT_EQ(kernels::cross_entropy_ctas_per_row(262144), 8);
   EXPECT_EQ(kernels::cross_entropy_ctas_per_row(2147483647), 8);
+  EXPECT_EQ(kernels::ce::kMaxSplit, 8);
 }
 
 // Row r of a [rows, ld] bf16 array at `base` starts at base + 2 * r * ld bytes.
@@ -85,137 +83,42 @@ int ctas_per_sm(std::size_t dynamic_bytes) {
   return static_cast<int>(kSmPerSm / (dynamic_bytes + ce::kStaticSmemBytes + 1024));
 }
 
-TEST(CrossEntropySchedule, BuffersAndNames) {
-  EXPECT_EQ(ce::slice_buffers(ce::Schedule::PerRow), 1);
-  EXPECT_EQ(ce::slice_buffers(ce::Schedule::Persistent), 2);
-  EXPECT_EQ(ce::slice_buffers(ce::Schedule::PersistentBulkStore), 3);
-  EXPECT_FALSE(ce::is_persistent(ce::Schedule::PerRow));
-  EXPECT_TRUE(ce::is_persistent(ce::Schedule::Persistent));
-  EXPECT_TRUE(ce::is_persistent(ce::Schedule::PersistentBulkStore));
-  EXPECT_STREQ(ce::schedule_name(ce::Schedule::PerRow), "per_row");
-  EXPECT_STREQ(ce::schedule_name(ce::Schedule::Persistent), "persistent");
-  EXPECT_STREQ(ce::schedule_name(ce::Schedule::PersistentBulkStore), "persistent_bulk_store");
-}
-
 // Whole slices parked at the training vocabularies, within the opt-in budget less the static part;
-// at GPT-2's 50304 columns (4 CTAs of 1572 vectors) the shared memory of PerRow, Persistent and
-// PersistentBulkStore leaves room for 8 (its registers allow 6), 4 and 3 CTAs per SM.
-TEST(CrossEntropySchedule, GeometryParksWholeSlicesAtTrainingVocabularies) {
+// at GPT-2's 50304 columns (4 CTAs of 1572 vectors) the shared memory leaves room for 8 CTAs per
+// SM (the registers allow 6).
+TEST(CrossEntropyPark, WholeSlicesAtTrainingVocabularies) {
   for (int vocab : {1, 7, 1031, 16384, 16385, 30522, 40961, 50000, 50257, 50304, 65537, 131071, 262144}) {
     const int split = kernels::cross_entropy_ctas_per_row(vocab);
     const int slice = ce::slice_vecs(vocab, split);
-    for (ce::Schedule s : ce::kSchedules) {
-      const ce::RowGeometry g = ce::row_geometry(slice, s, kH100Optin);
-      SCOPED_TRACE(std::string(ce::schedule_name(s)) + " vocab " + std::to_string(vocab));
-      EXPECT_EQ(g.buffers, ce::slice_buffers(s));
-      EXPECT_EQ(g.park_vecs, slice);
-      EXPECT_EQ(g.dynamic_smem_bytes, static_cast<std::size_t>(g.buffers) * slice * 16u);
-      EXPECT_LE(g.dynamic_smem_bytes + ce::kStaticSmemBytes, static_cast<std::size_t>(kH100Optin));
-    }
+    const int park = ce::park_vecs(slice, kH100Optin);
+    EXPECT_EQ(park, slice) << "vocab " << vocab;
+    EXPECT_LE(static_cast<std::size_t>(park) * 16u + ce::kStaticSmemBytes, static_cast<std::size_t>(kH100Optin))
+        << "vocab " << vocab;
   }
   const int slice = ce::slice_vecs(50304, 4);
   EXPECT_EQ(slice, 1572);
-  EXPECT_EQ(ctas_per_sm(ce::row_geometry(slice, ce::Schedule::PerRow, kH100Optin).dynamic_smem_bytes), 8);
-  EXPECT_EQ(ctas_per_sm(ce::row_geometry(slice, ce::Schedule::Persistent, kH100Optin).dynamic_smem_bytes), 4);
-  EXPECT_EQ(ctas_per_sm(ce::row_geometry(slice, ce::Schedule::PersistentBulkStore, kH100Optin).dynamic_smem_bytes),
-            3);
+  EXPECT_EQ(ctas_per_sm(static_cast<std::size_t>(ce::park_vecs(slice, kH100Optin)) * 16u), 8);
 }
 
-// Past what the buffers hold (about 920k columns for PerRow's one buffer, less for two or three),
-// each buffer parks the budget's share and the rest is read from global memory; no budget parks 0.
-TEST(CrossEntropySchedule, GeometryLongRowFallbackStaysInBudget) {
+// Past what one CTA's shared memory holds (about 920k columns over 8 CTAs), a CTA parks the
+// budget's worth and reads the rest from global memory; no budget parks 0.
+TEST(CrossEntropyPark, LongRowFallbackStaysInBudget) {
   for (int vocab : {600001, 1000003, 4000037}) {
     const int split = kernels::cross_entropy_ctas_per_row(vocab);
     const int slice = ce::slice_vecs(vocab, split);
-    for (ce::Schedule s : ce::kSchedules) {
-      const ce::RowGeometry g = ce::row_geometry(slice, s, kH100Optin);
-      SCOPED_TRACE(std::string(ce::schedule_name(s)) + " vocab " + std::to_string(vocab));
-      EXPECT_LE(g.park_vecs, slice);
-      EXPECT_LE(g.dynamic_smem_bytes + ce::kStaticSmemBytes, static_cast<std::size_t>(kH100Optin));
-      // The budget is used: one more vector per buffer would not fit.
-      if (g.park_vecs < slice) {
-        EXPECT_GT((g.park_vecs + 1) * 16 * g.buffers + ce::kStaticSmemBytes, kH100Optin);
-      }
+    const int park = ce::park_vecs(slice, kH100Optin);
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    EXPECT_LE(park, slice);
+    EXPECT_LE(park * 16 + ce::kStaticSmemBytes, kH100Optin);
+    // The budget is used: one more vector would not fit.
+    if (park < slice) {
+      EXPECT_GT((park + 1) * 16 + ce::kStaticSmemBytes, kH100Optin);
     }
   }
-  EXPECT_LT(ce::row_geometry(ce::slice_vecs(1000003, 8), ce::Schedule::PerRow, kH100Optin).park_vecs,
-            ce::slice_vecs(1000003, 8));
-  EXPECT_EQ(ce::row_geometry(ce::slice_vecs(600001, 8), ce::Schedule::PerRow, kH100Optin).park_vecs,
-            ce::slice_vecs(600001, 8));
-  EXPECT_LT(ce::row_geometry(ce::slice_vecs(600001, 8), ce::Schedule::Persistent, kH100Optin).park_vecs,
-            ce::slice_vecs(600001, 8));
-  for (ce::Schedule s : ce::kSchedules) {
-    EXPECT_EQ(ce::row_geometry(100, s, 0).park_vecs, 0);
-    EXPECT_EQ(ce::row_geometry(100, s, ce::kStaticSmemBytes).dynamic_smem_bytes, 0u);
-  }
-}
-
-// The grid in clusters and the rows each cluster walks (row = cluster + k * clusters): every row
-// exactly once, for rows below, at and past the resident clusters.
-TEST(CrossEntropySchedule, PersistentGridCoversEveryRowOnce) {
-  EXPECT_EQ(ce::grid_clusters(ce::Schedule::PerRow, 8192, 132), 8192);
-  for (ce::Schedule s : {ce::Schedule::Persistent, ce::Schedule::PersistentBulkStore}) {
-    EXPECT_EQ(ce::grid_clusters(s, 8192, 132), 132);
-    EXPECT_EQ(ce::grid_clusters(s, 132, 132), 132);
-    EXPECT_EQ(ce::grid_clusters(s, 5, 132), 5);
-  }
-  for (int active : {1, 7, 49, 132, 264})
-    for (int rows : {1, 2, active - 1, active, active + 1, 2 * active + 3, 8192}) {
-      if (rows < 1) continue;
-      const int clusters = ce::grid_clusters(ce::Schedule::Persistent, rows, active);
-      ASSERT_GE(clusters, 1);
-      ASSERT_LE(clusters, rows);
-      std::vector<int> seen(static_cast<std::size_t>(rows), 0);
-      int total = 0;
-      for (int c = 0; c < clusters; ++c) {
-        int n = 0;
-        for (int row = c; row < rows; row += clusters, ++n) ++seen[static_cast<std::size_t>(row)];
-        EXPECT_EQ(n, ce::rows_of_cluster(rows, clusters, c));
-        total += n;
-      }
-      EXPECT_EQ(total, rows);
-      for (int r = 0; r < rows; ++r) ASSERT_EQ(seen[static_cast<std::size_t>(r)], 1) << "row " << r;
-    }
-}
-
-// The ring the kernel walks: row k in buffer k % B with the parity of that buffer's fill count;
-// row k + 1's copy goes into the buffer row k + 1 - B held (never the current row's for B >= 2);
-// with one bulk group committed per row, the groups newer than that row's store when the copy
-// starts are store_groups_after(B).
-TEST(CrossEntropySchedule, RingBuffersParitiesAndBulkGroups) {
-  for (int buffers : {1, 2, 3}) {
-    std::vector<int> fills(static_cast<std::size_t>(buffers), 0);
-    for (int k = 0; k < 40; ++k) {
-      const int b = ce::ring_buffer(k, buffers);
-      ASSERT_GE(b, 0);
-      ASSERT_LT(b, buffers);
-      EXPECT_EQ(ce::ring_parity(k, buffers), static_cast<unsigned>(fills[static_cast<std::size_t>(b)] & 1));
-      EXPECT_EQ(ce::ring_fill(k, buffers), fills[static_cast<std::size_t>(b)]);
-      ++fills[static_cast<std::size_t>(b)];
-      if (buffers >= 2) {
-        const int next = ce::ring_buffer(k + 1, buffers);
-        EXPECT_NE(next, b) << "the next row's copy would overwrite the current row";
-        const int previous = k + 1 - buffers;  // the row the next buffer last held
-        if (previous >= 0) {
-          EXPECT_EQ(ce::ring_buffer(previous, buffers), next);
-          // Commits at the end of rows previous + 1 .. k - 1 came after that row's store.
-          EXPECT_EQ(k - 1 - previous, ce::store_groups_after(buffers));
-        }
-      }
-    }
-  }
-}
-
-// The production pick: a schedule for every cluster size, a function of the vocabulary alone.
-TEST(CrossEntropySchedule, ProductionTableCoversEveryClusterSize) {
-  for (int split = 1; split <= ce::kMaxSplit; ++split) {
-    const ce::Schedule s = ce::production_schedule(split);
-    EXPECT_TRUE(s == ce::Schedule::PerRow || s == ce::Schedule::Persistent || s == ce::Schedule::PersistentBulkStore);
-    EXPECT_EQ(s, ce::kProductionSchedule[split]);
-  }
-  EXPECT_EQ(ce::production_schedule(0), ce::kProductionSchedule[1]);
-  EXPECT_EQ(ce::production_schedule(99), ce::kProductionSchedule[ce::kMaxSplit]);
-  EXPECT_EQ(kernels::cross_entropy_ctas_per_row(2147483647), ce::kMaxSplit);
+  EXPECT_LT(ce::park_vecs(ce::slice_vecs(1000003, 8), kH100Optin), ce::slice_vecs(1000003, 8));
+  EXPECT_EQ(ce::park_vecs(ce::slice_vecs(600001, 8), kH100Optin), ce::slice_vecs(600001, 8));
+  EXPECT_EQ(ce::park_vecs(100, 0), 0);
+  EXPECT_EQ(ce::park_vecs(100, ce::kStaticSmemBytes), 0);
 }
 
 }  // namespace
