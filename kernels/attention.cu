@@ -55,7 +55,7 @@ void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const A
                        const AttentionOptions& options) {
   attn::check_shape(shape, "attention_forward");  // before the schedule table reads head_dim
   const sm90::Schedule schedule = sm90::production_fwd_overlap(shape.head_dim, shape.causal) ? sm90::Schedule::Overlap
-                                                                                            : sm90::Schedule::Serial;
+                                                                                            : sm90::Schedule::Overlap;
   sm90::attention_forward<E>(s, qkv, out, lse, shape, schedule, options);
 }
 
