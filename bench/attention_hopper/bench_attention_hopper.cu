@@ -2,11 +2,12 @@
 // production kernels), each schedule of each kernel, against the mma.sync pair it replaced
 // (bench/attention_mma/, this benchmark's baseline) on the same inputs, in the same process, at S
 // 512-8192 with B*S = 16384 tokens, 16 heads, d64 / d128, full and causal.
-// Forward rows, each consumer schedule (serial; overlap: tile j's P V in flight while tile j+1's S
-// is issued; pingpong: the warpgroups take turns at the tensor cores, FlashAttention-3's):
+// Forward rows, the production entry (kernels::attention_forward: the schedule table's choice) and
+// each consumer schedule (overlap: tile j's P V in flight while tile j+1's S is issued; pingpong:
+// the warpgroups take turns at the tensor cores, FlashAttention-3's):
 // "attention_hopper/fwd[_causal][_overlap|_pingpong]/B<b>H16S<s>D<d>", on the sweep plus the peer's
-// shapes it lacks (B4H16S512D64, B4H16S2048D64, B4H16S2048D128; the serial rows carry the plain
-// name, so compare.py pairs them with the peer's SDPA rows). Manual time and TFLOP/s
+// shapes it lacks (B4H16S512D64, B4H16S2048D64, B4H16S2048D128; the production entry's rows carry
+// the plain name, so compare.py pairs them with the peer's SDPA rows). Manual time and TFLOP/s
 // (4·B·H·S²·D, halved causal) are the sm90 kernel's; mma_us / mma_TFLOP/s the mma.sync baseline's
 // (median of 100 flushed calls, once per shape, before that shape's first row); speedup =
 // mma_us / median_us. out_rel_diff / lse_rel_diff: ||sm90 - mma|| / ||mma|| of one call each (both
@@ -14,7 +15,7 @@
 // Backward rows (one-pass mode, lockstep schedule), "attention_hopper/bwd[_causal]/<shape>" (the whole
 // backward: row_dot, the wgmma pass, the dQ convert; from the production forward's O and lse) and
 // "attention_hopper/fwdbwd[_causal]/<shape>"
-// (the sm90 forward with the production schedule table's choice, then the sm90 backward), on the
+// (the production forward kernels::attention_forward, then the sm90 backward), on the
 // same sweep plus bench/peers/attention_peer.py's shapes (B4H16S512D64, B4H16S2048D64,
 // B4H16S2048D128; its B2H16S8192D64 is in the sweep), so compare.py pairs these rows with the
 // peer's SDPA rows of the same pass and shape. TFLOP/s:
@@ -25,7 +26,7 @@
 // its options as bench/bench_attention.cu runs them (the same mask of per-sequence lengths uniform
 // in [S/4, S], the same dropout key, p 0.1), both sides given the same options:
 // "attention_hopper/<pass>[_mask[_drop]][_overlap|_pingpong]/<shape>", so compare.py pairs the
-// plain-named rows with the peer's "attention/<pass>_mask[_drop]/<shape>" SDPA rows (cuDNN
+// production forward's / lockstep rows with the peer's "attention/<pass>_mask[_drop]/<shape>" SDPA rows (cuDNN
 // among them). Their TFLOP/s count the full S^2 work, as bench_attention's do.
 // Deterministic backward rows (the mode the models call: the dK/dV pass without atomics, then the
 // dQ pass; the baseline's deterministic mode is its mma.sync dK/dV and dQ passes),
@@ -42,6 +43,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -127,7 +129,8 @@ struct Baseline {
   std::vector<float> out, lse;
 };
 
-void bench_forward(benchmark::State& state, AttentionShape sh, kernels::sm90::Schedule schedule,
+// schedule: one of the sm90 forward's; none: the production entry kernels::attention_forward.
+void bench_forward(benchmark::State& state, AttentionShape sh, std::optional<kernels::sm90::Schedule> schedule,
                    Opts opts = Opts::Plain) {
   if (!bench::require_gpu(state)) return;
   static Baseline prod;
@@ -151,7 +154,10 @@ void bench_forward(benchmark::State& state, AttentionShape sh, kernels::sm90::Sc
     prod.shape = key;
   }
   auto hopper_fwd = [&](cudaStream_t st) {
-    kernels::sm90::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, schedule, ro.opt);
+    if (schedule)
+      kernels::sm90::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, *schedule, ro.opt);
+    else
+      kernels::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, ro.opt);
   };
   hopper_fwd(st0);
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
@@ -192,7 +198,6 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   const kernels::AttentionOptions& opt = ro.opt;
   cudaStream_t st0 = bench::bench_stream();
   kernels::attention_forward(st0, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh, opt);
-  const kernels::sm90::Schedule fwd_schedule = kernels::sm90::production_forward(sh.head_dim, sh.causal);
 
   static BaselineBwd prod_cache;
   auto prod = [&](cudaStream_t st) {
@@ -205,8 +210,7 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   const bf16* o_in = with_forward ? out_h.as<bf16>() : out.as<bf16>();
   const float* l_in = with_forward ? lse_h.as<float>() : lse.as<float>();
   auto hopper = [&](cudaStream_t st) {
-    if (with_forward)
-      kernels::sm90::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, fwd_schedule, opt);
+    if (with_forward) kernels::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, opt);
     kernels::sm90::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(),
                                       scratch_h.get(), sh, schedule, opt, det, dq_schedule);
   };
@@ -247,12 +251,13 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   }
 }
 
-// A forward row's schedule suffix: serial's rows carry none (compare.py pairs them with the peer's).
-const char* schedule_suffix(kernels::sm90::Schedule s) {
-  return s == kernels::sm90::Schedule::Serial ? "" : s == kernels::sm90::Schedule::Overlap ? "_overlap" : "_pingpong";
+// A forward row's schedule suffix: the production entry's rows (no schedule) carry none (compare.py
+// pairs them with the peer's).
+const char* schedule_suffix(std::optional<kernels::sm90::Schedule> s) {
+  return !s ? "" : *s == kernels::sm90::Schedule::Overlap ? "_overlap" : "_pingpong";
 }
-constexpr kernels::sm90::Schedule kFwdSchedules[] = {kernels::sm90::Schedule::Serial, kernels::sm90::Schedule::Overlap,
-                                                     kernels::sm90::Schedule::PingPong};
+const std::optional<kernels::sm90::Schedule> kFwdSchedules[] = {std::nullopt, kernels::sm90::Schedule::Overlap,
+                                                                kernels::sm90::Schedule::PingPong};
 
 void register_all() {
   using kernels::sm90::Schedule;
@@ -268,7 +273,7 @@ void register_all() {
                                     AttentionShape{4, 2048, 16, 128}})
       fwd_shapes.push_back({sh.batch, sh.seq, sh.heads, sh.head_dim, causal});
   for (const AttentionShape& sh : fwd_shapes)
-    for (Schedule schedule : kFwdSchedules) {
+    for (const std::optional<Schedule> schedule : kFwdSchedules) {
       const std::string name = std::string("attention_hopper/fwd") + (sh.causal ? "_causal" : "") +
                                schedule_suffix(schedule) + "/" + shape_name(sh);
       benchmark::RegisterBenchmark(name.c_str(),
@@ -365,7 +370,7 @@ void register_all() {
   for (const AttentionShape& sh : bert)
     for (Opts o : {Opts::Plain, Opts::Mask, Opts::MaskDrop}) {
       const std::string tail = std::string("/") + shape_name(sh);
-      for (Schedule schedule : kFwdSchedules) {
+      for (const std::optional<Schedule> schedule : kFwdSchedules) {
         const std::string name = std::string("attention_hopper/fwd") + opts_suffix(o) + schedule_suffix(schedule) + tail;
         benchmark::RegisterBenchmark(name.c_str(),
                                      [sh, schedule, o](benchmark::State& st) { bench_forward(st, sh, schedule, o); })

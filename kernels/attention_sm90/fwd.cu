@@ -18,11 +18,11 @@
 // Causal: tiles past the CTA's last query are never loaded; a warpgroup whose rows all precede a
 // tile skips its math but still waits for the tile and releases it, so the ring's phases stay in
 // step for both consumers.
-// Three consumer schedules (FwdConfig::kOverlap / kPingPong, Schedule at the API): serial waits for
-// every wgmma batch at once; overlap issues tile j+1's S behind tile j's P V. Neither overlaps a
-// warpgroup's softmax with its own wgmma (FA3's two score buffers do not fit 168 registers); the
-// two consumer warpgroups overlap each other's softmax with their wgmma, as the warp schedulers
-// happen to interleave them. Ping-pong (FlashAttention-3's) makes that interleaving the rule: the
+// Two consumer schedules (FwdConfig::kPingPong, Schedule at the API): overlap issues tile j+1's S
+// behind tile j's P V, but does not overlap a warpgroup's softmax with its own wgmma (FA3's two
+// score buffers do not fit 168 registers); the two consumer warpgroups overlap each other's
+// softmax with their wgmma, as the warp schedulers happen to interleave them. Ping-pong
+// (FlashAttention-3's) makes that interleaving the rule: the
 // warpgroups take turns at issuing their wgmma through two named barriers (consume_pingpong), and
 // each runs tile j's softmax under its own P V of tile j-1; the CTA has a producer warpgroup (384
 // threads) that hands its registers to the consumers (setmaxnreg: 24 / 240), which makes room for
@@ -187,20 +187,19 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
   attn::store_rows<D>(gout, o, row0, S, static_cast<std::size_t>(H) * D, 1.f);
 }
 
-// The consumer warpgroups' K/V loop. Causal: a warpgroup whose last row precedes a tile's first
-// key has nothing to add from it (tile_active, uniform over the warpgroup as wgmma requires), but
-// it still waits for the tile and releases it.
-//   Serial: per tile, S (wait), softmax, P V (wait), release.
-//   Overlap: P V of tile j stays in flight while S of tile j+1 is issued behind it; the wait for
-//   the older group (P V) releases stage j, the next iteration's wait takes S. The tensor cores
-//   get tile j+1's scores without the gap of P V's wait, the barrier and the next fence.
+// The overlap schedule's consumer K/V loop: P V of tile j stays in flight while S of tile j+1 is
+// issued behind it; the wait for the older group (P V) releases stage j, the next iteration's wait
+// takes S. The tensor cores get tile j+1's scores without the gap of P V's wait, the barrier and
+// the next fence. Causal: a warpgroup whose last row precedes a tile's first key has nothing to
+// add from it (the active tiles are a prefix: active_tiles, uniform over the warpgroup as wgmma
+// requires), but it still waits for the tile and releases it.
 // Options: fetch(j) right after tile j's S is issued, the rest inside softmax_tile; MASK: no tile
 // at all (n_tiles 0) goes straight to the epilogue.
 template <class Cfg, typename E, bool MASK, bool DROP>
-__device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV,
-                                        const QueryTileBarriers<Cfg>& bar, E* __restrict__ out,
-                                        float* __restrict__ lse, int S, int H, float scale_log2, int m0, int n_tiles,
-                                        int head, int b, const attn::OptionArgs& opt) {
+__device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV,
+                                                const QueryTileBarriers<Cfg>& bar, E* __restrict__ out,
+                                                float* __restrict__ lse, int S, int H, float scale_log2, int m0,
+                                                int n_tiles, int head, int b, const attn::OptionArgs& opt) {
   constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wg = warp >> 2;
@@ -223,76 +222,51 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std:
   opts.S = S;
 
   mbar_wait(bar.q_full(), 0);
-  if constexpr (!Cfg::kOverlap) {
-    for (int j = 0; j < n_tiles; ++j) {
-      const int s = j % ST;
-      const std::uint32_t phase = (j / ST) & 1;
-      const bool active = Cfg::tile_active(j, wg_row0);
-      mbar_wait(bar.k_full(s), phase);
-      if (active) {
-        issue_scores<Cfg, E>(sc, sQ, sK + s * Cfg::kKVBytes, wg);
-        opts.fetch(j);
-        wgmma_wait<0>();
-        operand_fence(sc);
-        softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
-      }
-      mbar_wait(bar.v_full(s), phase);
-      if (active) {
-        issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
-        wgmma_wait<0>();
-        operand_fence(o);
-        operand_fence(p);
-      }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar.kv_empty(s));  // this warp's reads of stage s are complete
-    }
-  } else {
-    // Straight-line per tile so that ptxas can follow the two groups in flight: the active tiles
-    // (a prefix, tile 0 always among them unless MASK left no tile) with the last one peeled, then
-    // the skipped tail.
-    const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
-    if (!MASK || n_active > 0) {
-      mbar_wait(bar.k_full(0), 0);
-      issue_scores<Cfg, E>(sc, sQ, sK, wg);
-      opts.fetch(0);
-      for (int j = 0; j + 1 < n_active; ++j) {
-        const int s = j % ST, s1 = (j + 1) % ST;
-        wgmma_wait<0>();  // S of tile j, the only group in flight
-        operand_fence(sc);
-        softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
-        mbar_wait(bar.v_full(s), (j / ST) & 1);
-        issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
-        mbar_wait(bar.k_full(s1), ((j + 1) / ST) & 1);
-        issue_scores<Cfg, E>(sc, sQ, sK + s1 * Cfg::kKVBytes, wg);
-        opts.fetch(j + 1);
-        wgmma_wait<1>();  // P V of tile j, the older group
-        operand_fence(o);
-        operand_fence(p);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar.kv_empty(s));
-      }
-      {
-        const int j = n_active - 1, s = j % ST;
-        wgmma_wait<0>();
-        operand_fence(sc);
-        softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
-        mbar_wait(bar.v_full(s), (j / ST) & 1);
-        issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
-        wgmma_wait<0>();
-        operand_fence(o);
-        operand_fence(p);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar.kv_empty(s));
-      }
-    }
-    for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
-      const int s = j % ST;
-      const std::uint32_t phase = (j / ST) & 1;
-      mbar_wait(bar.k_full(s), phase);
-      mbar_wait(bar.v_full(s), phase);
+  // Straight-line per tile so that ptxas can follow the two groups in flight: the active tiles
+  // (a prefix, tile 0 always among them unless MASK left no tile) with the last one peeled, then
+  // the skipped tail.
+  const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
+  if (!MASK || n_active > 0) {
+    mbar_wait(bar.k_full(0), 0);
+    issue_scores<Cfg, E>(sc, sQ, sK, wg);
+    opts.fetch(0);
+    for (int j = 0; j + 1 < n_active; ++j) {
+      const int s = j % ST, s1 = (j + 1) % ST;
+      wgmma_wait<0>();  // S of tile j, the only group in flight
+      operand_fence(sc);
+      softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
+      mbar_wait(bar.v_full(s), (j / ST) & 1);
+      issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
+      mbar_wait(bar.k_full(s1), ((j + 1) / ST) & 1);
+      issue_scores<Cfg, E>(sc, sQ, sK + s1 * Cfg::kKVBytes, wg);
+      opts.fetch(j + 1);
+      wgmma_wait<1>();  // P V of tile j, the older group
+      operand_fence(o);
+      operand_fence(p);
       __syncwarp();
       if (lane == 0) mbar_arrive(bar.kv_empty(s));
     }
+    {
+      const int j = n_active - 1, s = j % ST;
+      wgmma_wait<0>();
+      operand_fence(sc);
+      softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
+      mbar_wait(bar.v_full(s), (j / ST) & 1);
+      issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
+      wgmma_wait<0>();
+      operand_fence(o);
+      operand_fence(p);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar.kv_empty(s));
+    }
+  }
+  for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
+    const int s = j % ST;
+    const std::uint32_t phase = (j / ST) & 1;
+    mbar_wait(bar.k_full(s), phase);
+    mbar_wait(bar.v_full(s), phase);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar.kv_empty(s));
   }
   epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f);
 }
@@ -489,14 +463,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     setmaxnreg_inc<Cfg::kConsumerRegs>();
     consume_pingpong<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b, opt);
   } else {
-    consume<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b, opt);
+    consume_overlap<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b, opt);
   }
 }
 
-template <int D, bool CAUSAL, bool OVERLAP, bool PINGPONG, bool MASK, bool DROP, typename E>
+template <int D, bool CAUSAL, bool PINGPONG, bool MASK, bool DROP, typename E>
 void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
-  using Cfg = FwdConfig<D, CAUSAL, OVERLAP, PINGPONG>;
+  using Cfg = FwdConfig<D, CAUSAL, PINGPONG>;
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   auto kernel = forward_kernel<Cfg, E, MASK, DROP>;
@@ -521,26 +495,24 @@ void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionSh
 }
 
 // The options' instance: the key mask where one is given, dropout where p > 0.
-template <int D, bool CAUSAL, bool OVERLAP, bool PINGPONG, typename E>
+template <int D, bool CAUSAL, bool PINGPONG, typename E>
 void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
   const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
-  if (!mask && !drop) launch<D, CAUSAL, OVERLAP, PINGPONG, false, false>(st, qkv, out, lse, sh, opt);
-  else if (!drop) launch<D, CAUSAL, OVERLAP, PINGPONG, true, false>(st, qkv, out, lse, sh, opt);
-  else if (!mask) launch<D, CAUSAL, OVERLAP, PINGPONG, false, true>(st, qkv, out, lse, sh, opt);
-  else launch<D, CAUSAL, OVERLAP, PINGPONG, true, true>(st, qkv, out, lse, sh, opt);
+  if (!mask && !drop) launch<D, CAUSAL, PINGPONG, false, false>(st, qkv, out, lse, sh, opt);
+  else if (!drop) launch<D, CAUSAL, PINGPONG, true, false>(st, qkv, out, lse, sh, opt);
+  else if (!mask) launch<D, CAUSAL, PINGPONG, false, true>(st, qkv, out, lse, sh, opt);
+  else launch<D, CAUSAL, PINGPONG, true, true>(st, qkv, out, lse, sh, opt);
 }
 
-template <bool OVERLAP, bool PINGPONG, typename E>
+template <bool PINGPONG, typename E>
 void launch(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
   const bool c = sh.causal;
   if (sh.head_dim == 64)
-    c ? launch<64, true, OVERLAP, PINGPONG>(s, qkv, out, lse, sh, opt)
-      : launch<64, false, OVERLAP, PINGPONG>(s, qkv, out, lse, sh, opt);
+    c ? launch<64, true, PINGPONG>(s, qkv, out, lse, sh, opt) : launch<64, false, PINGPONG>(s, qkv, out, lse, sh, opt);
   else
-    c ? launch<128, true, OVERLAP, PINGPONG>(s, qkv, out, lse, sh, opt)
-      : launch<128, false, OVERLAP, PINGPONG>(s, qkv, out, lse, sh, opt);
+    c ? launch<128, true, PINGPONG>(s, qkv, out, lse, sh, opt) : launch<128, false, PINGPONG>(s, qkv, out, lse, sh, opt);
 }
 
 }  // namespace
@@ -550,17 +522,16 @@ void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const A
                        Schedule schedule, const AttentionOptions& options) {
   const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
   check_forward_args(qkv, out, lse, sh);
-  CUTRAIN_CHECK(schedule == Schedule::Serial || schedule == Schedule::Overlap || schedule == Schedule::PingPong,
-                "attention_forward: schedule must be Serial, Overlap or PingPong, got ", static_cast<int>(schedule));
+  CUTRAIN_CHECK(schedule == Schedule::Overlap || schedule == Schedule::PingPong,
+                "attention_forward: schedule must be Overlap or PingPong, got ", static_cast<int>(schedule));
   const bool pp = schedule == Schedule::PingPong;  // d128: 128-key tiles, more shared memory
-  check_device("attention_forward", sh.head_dim == 64 ? (pp ? FwdConfig<64, false, false, true>::kSmemBytes
+  check_device("attention_forward", sh.head_dim == 64 ? (pp ? FwdConfig<64, false, true>::kSmemBytes
                                                             : FwdConfig<64, false>::kSmemBytes)
-                                                      : (pp ? FwdConfig<128, false, false, true>::kSmemBytes
+                                                      : (pp ? FwdConfig<128, false, true>::kSmemBytes
                                                             : FwdConfig<128, false>::kSmemBytes));
   switch (schedule) {
-    case Schedule::Serial: launch<false, false>(s, qkv, out, lse, sh, opt); break;
-    case Schedule::Overlap: launch<true, false>(s, qkv, out, lse, sh, opt); break;
-    case Schedule::PingPong: launch<false, true>(s, qkv, out, lse, sh, opt); break;
+    case Schedule::Overlap: launch<false>(s, qkv, out, lse, sh, opt); break;
+    case Schedule::PingPong: launch<true>(s, qkv, out, lse, sh, opt); break;
   }
 }
 

@@ -68,20 +68,18 @@ struct QueryTileSchedule {
 // 128-key tiles spilled 80 bytes with or without it, since ptxas keeps code that can reach the
 // mbarrier wait's `trap` at the launch cap; PINGPONG below avoids that), so d128 streams 96-key
 // tiles, which fit.
-// OVERLAP: the consumer loop keeps tile j's P V in flight while it issues tile j+1's S (see
-// fwd.cu); same tiles, same registers budget.
+// PINGPONG false: the overlap consumer loop, which keeps tile j's P V in flight while it issues
+// tile j+1's S (see fwd.cu).
 // PINGPONG (FlashAttention-3's inter-warpgroup schedule, fwd.cu): the two consumer warpgroups take
 // turns at issuing their wgmma, handed over through two named barriers, and each warpgroup runs
-// tile j's softmax under its own P V of tile j-1. The producer is a whole warpgroup (384
-// threads), so setmaxnreg moves registers from it to the consumers (which lets d128 stream
-// 128-key tiles as d64 does).
-template <int D, bool CAUSAL, bool OVERLAP = false, bool PINGPONG = false>
+// tile j's softmax under its own P V of tile j-1 (its own intra-warpgroup overlap). The producer
+// is a whole warpgroup (384 threads), so setmaxnreg moves registers from it to the consumers
+// (which lets d128 stream 128-key tiles as d64 does).
+template <int D, bool CAUSAL, bool PINGPONG = false>
 struct FwdConfig : QueryTileSchedule<128, D == 64 || PINGPONG ? 128 : 96, CAUSAL> {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
-  static_assert(!(OVERLAP && PINGPONG), "the ping-pong schedule has its own intra-warpgroup overlap");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
-  static constexpr bool kOverlap = OVERLAP;
   static constexpr bool kPingPong = PINGPONG;
   static constexpr int kConsumers = 2;                  // consumer warpgroups
   static constexpr int kBlockM = 64 * kConsumers;       // query rows per CTA

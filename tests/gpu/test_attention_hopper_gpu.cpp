@@ -2,8 +2,8 @@
 // each schedule of each kernel (the production entry points run one per shape; these run both).
 // Forward: O and the log-sum-exp against the fp64 CPU reference over odd shapes (S not a multiple
 // of any tile, B > 1, H > 1, d64 / d128, causal / not, plain and large logits), and at long S
-// against the naive GPU reference and kernels::attention_forward on the same inputs; both consumer
-// schedules (serial, overlap). Backward: dQ, dK, dV against the fp64 CPU reference over odd shapes
+// against the naive GPU reference and kernels::attention_forward on the same inputs; every consumer
+// schedule (overlap, pingpong). Backward: dQ, dK, dV against the fp64 CPU reference over odd shapes
 // (odd B, H and S), fast and deterministic modes (the deterministic one bit-identical on a second
 // run), and at long S against the naive GPU reference and kernels::attention_backward's
 // deterministic mode (its dQ from the wgmma dQ pass), from the production forward's O and lse;

@@ -78,9 +78,9 @@ TEST(AttentionHopperLayout, WgmmaOperandsReadWhatTheTmaWrote) {
   expect_operands_match_tma<hopper::FwdConfig<64, true>>();
   expect_operands_match_tma<hopper::FwdConfig<128, true>>();
   // The ping-pong schedule's geometry (d128: 128-key tiles).
-  expect_operands_match_tma<hopper::FwdConfig<64, false, false, true>>();
-  expect_operands_match_tma<hopper::FwdConfig<128, false, false, true>>();
-  expect_operands_match_tma<hopper::FwdConfig<128, true, false, true>>();
+  expect_operands_match_tma<hopper::FwdConfig<64, false, true>>();
+  expect_operands_match_tma<hopper::FwdConfig<128, false, true>>();
+  expect_operands_match_tma<hopper::FwdConfig<128, true, true>>();
 }
 
 // The schedule covers every (query, key) score a row needs exactly once, in an active tile of its
@@ -121,10 +121,10 @@ void expect_schedule_covers(int S) {
 // tile sizes must be the config's own.
 template <class Cfg>
 constexpr bool schedule_matches = std::is_base_of_v<hopper::QueryTileSchedule<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>, Cfg>;
-static_assert(schedule_matches<hopper::FwdConfig<64, false>> && schedule_matches<hopper::FwdConfig<64, true, true>> &&
-              schedule_matches<hopper::FwdConfig<128, false>> && schedule_matches<hopper::FwdConfig<128, true, true>> &&
-              schedule_matches<hopper::FwdConfig<64, true, false, true>> &&
-              schedule_matches<hopper::FwdConfig<128, false, false, true>> &&
+static_assert(schedule_matches<hopper::FwdConfig<64, false>> && schedule_matches<hopper::FwdConfig<64, true>> &&
+              schedule_matches<hopper::FwdConfig<128, false>> && schedule_matches<hopper::FwdConfig<128, true>> &&
+              schedule_matches<hopper::FwdConfig<64, true, true>> &&
+              schedule_matches<hopper::FwdConfig<128, false, true>> &&
               schedule_matches<hopper::DqConfig<64, false>> && schedule_matches<hopper::DqConfig<128, true>>,
               "a config's QueryTileSchedule has other tile sizes than the config");
 
@@ -134,9 +134,9 @@ TEST(AttentionHopperLayout, ScheduleCoversEveryScore) {
     expect_schedule_covers<hopper::FwdConfig<64, true>>(S);
     expect_schedule_covers<hopper::FwdConfig<128, false>>(S);
     expect_schedule_covers<hopper::FwdConfig<128, true>>(S);
-    expect_schedule_covers<hopper::FwdConfig<64, true, false, true>>(S);
-    expect_schedule_covers<hopper::FwdConfig<128, false, false, true>>(S);
-    expect_schedule_covers<hopper::FwdConfig<128, true, false, true>>(S);
+    expect_schedule_covers<hopper::FwdConfig<64, true, true>>(S);
+    expect_schedule_covers<hopper::FwdConfig<128, false, true>>(S);
+    expect_schedule_covers<hopper::FwdConfig<128, true, true>>(S);
   }
 }
 
@@ -185,8 +185,8 @@ TEST(AttentionHopperLayout, MaskedScheduleCoversEveryValidKey) {
     expect_masked_schedule_covers<hopper::FwdConfig<64, true>>(S, rng);
     expect_masked_schedule_covers<hopper::FwdConfig<128, false>>(S, rng);
     expect_masked_schedule_covers<hopper::FwdConfig<128, true>>(S, rng);
-    expect_masked_schedule_covers<hopper::FwdConfig<64, false, false, true>>(S, rng);
-    expect_masked_schedule_covers<hopper::FwdConfig<128, true, false, true>>(S, rng);
+    expect_masked_schedule_covers<hopper::FwdConfig<64, false, true>>(S, rng);
+    expect_masked_schedule_covers<hopper::FwdConfig<128, true, true>>(S, rng);
   }
 }
 
@@ -209,19 +209,19 @@ void expect_carve_up() {
 TEST(AttentionHopperLayout, SharedMemoryCarveUp) {
   expect_carve_up<hopper::FwdConfig<64, false>>();
   expect_carve_up<hopper::FwdConfig<128, true>>();
-  expect_carve_up<hopper::FwdConfig<64, false, false, true>>();
-  expect_carve_up<hopper::FwdConfig<128, true, false, true>>();
+  expect_carve_up<hopper::FwdConfig<64, false, true>>();
+  expect_carve_up<hopper::FwdConfig<128, true, true>>();
   // d128's ping-pong ring of 128-key tiles: Q 32 KiB + 3 x (K + V) 64 KiB + barriers + alignment.
-  EXPECT_EQ((hopper::FwdConfig<128, false, false, true>::kSmemBytes), 1024u + 32768u + 6u * 32768u + 80u);
+  EXPECT_EQ((hopper::FwdConfig<128, false, true>::kSmemBytes), 1024u + 32768u + 6u * 32768u + 80u);
   EXPECT_EQ((hopper::FwdConfig<128, false>::kBlockN), 96);
-  EXPECT_EQ((hopper::FwdConfig<128, false, false, true>::kBlockN), 128);
+  EXPECT_EQ((hopper::FwdConfig<128, false, true>::kBlockN), 128);
 }
 
 // The ping-pong's register reallocation: what the producer warpgroup frees covers what the two
 // consumer warpgroups take, within the CTA's launch allocation (168 a thread at 384 threads), or
 // setmaxnreg.inc would wait forever.
 TEST(AttentionHopperLayout, PingPongRegisterBudget) {
-  using Cfg = hopper::FwdConfig<128, true, false, true>;
+  using Cfg = hopper::FwdConfig<128, true, true>;
   EXPECT_EQ(Cfg::kThreads, 384);
   EXPECT_EQ(Cfg::kLaunchRegs, 168);
   EXPECT_LE(Cfg::kProducerRegs * 128 + Cfg::kConsumerRegs * 128 * Cfg::kConsumers, Cfg::kLaunchRegs * Cfg::kThreads);
@@ -238,7 +238,7 @@ TEST(AttentionHopperLayout, PingPongRegisterBudget) {
 // phase is left half-arrived at the end (the barriers are clean at exit), and the issues alternate
 // warpgroup 0, 1, 0, 1, ... turn by turn.
 TEST(AttentionHopperLayout, PingPongTurnsAlternateAndBalance) {
-  using Cfg = hopper::FwdConfig<64, false, false, true>;
+  using Cfg = hopper::FwdConfig<64, false, true>;
   EXPECT_EQ(Cfg::kTurnThreads, 2 * 128);
   EXPECT_NE(Cfg::turn_barrier(0), Cfg::turn_barrier(1));
   for (int wg = 0; wg < 2; ++wg) {
@@ -369,14 +369,14 @@ TEST(AttentionHopperLayout, HostChecksRefuseBadArguments) {
             std::string::npos);
   EXPECT_NE(test::error_of([&] {
               hopper::attention_forward(nullptr, qkv, out, lse, ok, static_cast<hopper::Schedule>(7));
-            }).find("schedule must be Serial, Overlap or PingPong, got 7"),
+            }).find("schedule must be Overlap or PingPong, got 7"),
             std::string::npos);
   // Options: dropout_p outside [0, 1) is refused before any device work.
   for (const float p : {1.f, -0.1f, std::nanf("")}) {
     kernels::AttentionOptions opt;
     opt.dropout_p = p;
     EXPECT_NE(test::error_of([&] {
-                hopper::attention_forward(nullptr, qkv, out, lse, ok, hopper::Schedule::Serial, opt);
+                hopper::attention_forward(nullptr, qkv, out, lse, ok, hopper::Schedule::Overlap, opt);
               }).find("dropout_p must lie in [0, 1)"),
               std::string::npos)
         << "p " << p;
