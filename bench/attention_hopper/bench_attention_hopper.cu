@@ -12,9 +12,10 @@
 // (median of 100 flushed calls, once per shape, before that shape's first row); speedup =
 // mma_us / median_us. out_rel_diff / lse_rel_diff: ||sm90 - mma|| / ||mma|| of one call each (both
 // within 1e-2 / 1e-4 of the references in the tests), so a wrong-but-fast kernel shows here too.
-// Backward rows (one-pass mode, lockstep schedule), "attention_hopper/bwd[_causal]/<shape>" (the whole
-// backward: row_dot, the wgmma pass, the dQ convert; from the production forward's O and lse) and
-// "attention_hopper/fwdbwd[_causal]/<shape>"
+// Backward rows, "attention_hopper/bwd[_causal][_lockstep]/<shape>" (the whole backward: the
+// production entry kernels::attention_backward without a determinism request, its plan for the
+// shape, or with _lockstep the one-pass lockstep schedule: row_dot, the wgmma pass, the dQ
+// convert; from the production forward's O and lse) and "attention_hopper/fwdbwd[_causal][_lockstep]/<shape>"
 // (the production forward kernels::attention_forward, then the sm90 backward), on the
 // same sweep plus bench/peers/attention_peer.py's shapes (B4H16S512D64, B4H16S2048D64,
 // B4H16S2048D128; its B2H16S8192D64 is in the sweep), so compare.py pairs these rows with the
@@ -25,12 +26,12 @@
 // BERT's shapes (B64H16S128D64, B16H16S512D64, non-causal), every pass and schedule, plain and with
 // its options as bench/bench_attention.cu runs them (the same mask of per-sequence lengths uniform
 // in [S/4, S], the same dropout key, p 0.1), both sides given the same options:
-// "attention_hopper/<pass>[_mask[_drop]][_overlap|_pingpong]/<shape>", so compare.py pairs the
-// production forward's / lockstep rows with the peer's "attention/<pass>_mask[_drop]/<shape>" SDPA rows (cuDNN
+// "attention_hopper/<pass>[_mask[_drop]][_overlap|_pingpong|_lockstep]/<shape>", so compare.py pairs the
+// production entry's rows (no schedule suffix) with the peer's "attention/<pass>_mask[_drop]/<shape>" SDPA rows (cuDNN
 // among them). Their TFLOP/s count the full S^2 work, as bench_attention's do.
 // Deterministic backward rows (the mode the models call: the dK/dV pass without atomics, then the
 // dQ pass; the baseline's deterministic mode is its mma.sync dK/dV and dQ passes),
-// "attention_hopper/bwd_det[_causal|_mask[_drop]]/<shape>": the production (lockstep) schedule at
+// "attention_hopper/bwd_det[_causal|_mask[_drop]]/<shape>": the production entry (its plan) at
 // S 512-2048 of the sweep (and the peer's shapes among them) and BERT's shapes with its options.
 // The warp-specialized schedules at the peer's shapes (B2H16S8192D64, B4H16S2048D64,
 // B4H16S2048D128, B4H16S512D64; full and causal): "attention_hopper/bwd[_causal]_producer/<shape>"
@@ -183,8 +184,10 @@ struct BaselineBwd {
   std::vector<float> dqkv;
 };
 
+// schedule: an sm90 dK/dV schedule, or none: the production entry kernels::attention_backward (its
+// plan for the shape and `det`; dq_schedule unused).
 void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forward,
-                    kernels::sm90::BackwardSchedule schedule, Opts opts = Opts::Plain, bool det = false,
+                    std::optional<kernels::sm90::BackwardSchedule> schedule, Opts opts = Opts::Plain, bool det = false,
                     kernels::sm90::DqSchedule dq_schedule = kernels::sm90::DqSchedule::Serial) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
@@ -211,8 +214,12 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   const float* l_in = with_forward ? lse_h.as<float>() : lse.as<float>();
   auto hopper = [&](cudaStream_t st) {
     if (with_forward) kernels::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, opt);
-    kernels::sm90::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(),
-                                      scratch_h.get(), sh, schedule, opt, det, dq_schedule);
+    if (schedule)
+      kernels::sm90::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(),
+                                        scratch_h.get(), sh, *schedule, opt, det, dq_schedule);
+    else
+      kernels::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(), scratch_h.get(),
+                                  sh, det, opt);
   };
   const std::string key =
       shape_name(sh) + (sh.causal ? "_causal" : "") + opts_suffix(opts) + (with_forward ? "_fwdbwd" : "_bwd") +
@@ -258,6 +265,10 @@ const char* schedule_suffix(std::optional<kernels::sm90::Schedule> s) {
 }
 const std::optional<kernels::sm90::Schedule> kFwdSchedules[] = {std::nullopt, kernels::sm90::Schedule::Overlap,
                                                                 kernels::sm90::Schedule::PingPong};
+// The plain backward rows: the production entry (no suffix: compare.py pairs it with the peer's)
+// and the one-pass lockstep schedule ("_lockstep").
+const std::optional<kernels::sm90::BackwardSchedule> kBwdRows[] = {std::nullopt,
+                                                                   kernels::sm90::BackwardSchedule::Lockstep};
 
 void register_all() {
   using kernels::sm90::Schedule;
@@ -294,9 +305,9 @@ void register_all() {
   using kernels::sm90::BackwardSchedule;
   for (bool with_forward : {false, true})  // every bwd row, then every fwdbwd row (filters split them)
     for (const AttentionShape& sh : bwd_shapes)
-      for (BackwardSchedule schedule : {BackwardSchedule::Lockstep}) {
+      for (std::optional<BackwardSchedule> schedule : kBwdRows) {
         const std::string name = std::string("attention_hopper/") + (with_forward ? "fwdbwd" : "bwd") +
-                                 (sh.causal ? "_causal" : "") + "/" + shape_name(sh);
+                                 (sh.causal ? "_causal" : "") + (schedule ? "_lockstep/" : "/") + shape_name(sh);
         benchmark::RegisterBenchmark(name.c_str(),
                                      [sh, with_forward, schedule](benchmark::State& st) {
                                        bench_backward(st, sh, with_forward, schedule);
@@ -305,7 +316,7 @@ void register_all() {
             ->Iterations(100)
             ->Unit(benchmark::kMicrosecond);
       }
-  // The deterministic mode (the models'): the production schedule, d64 / d128 at S 512-2048 and
+  // The deterministic mode (the models'): the production entry, d64 / d128 at S 512-2048 and
   // BERT's shapes with its options.
   for (const AttentionShape& sh : bwd_shapes) {
     if (sh.seq > 2048) continue;
@@ -313,7 +324,7 @@ void register_all() {
         std::string("attention_hopper/bwd_det") + (sh.causal ? "_causal/" : "/") + shape_name(sh);
     benchmark::RegisterBenchmark(name.c_str(),
                                  [sh](benchmark::State& st) {
-                                   bench_backward(st, sh, false, BackwardSchedule::Lockstep, Opts::Plain, true);
+                                   bench_backward(st, sh, false, std::nullopt, Opts::Plain, true);
                                  })
         ->UseManualTime()
         ->Iterations(100)
@@ -379,9 +390,9 @@ void register_all() {
             ->Unit(benchmark::kMicrosecond);
       }
       for (bool with_forward : {false, true})
-        for (BackwardSchedule schedule : {BackwardSchedule::Lockstep}) {
+        for (std::optional<BackwardSchedule> schedule : kBwdRows) {
           const std::string name = std::string("attention_hopper/") + (with_forward ? "fwdbwd" : "bwd") +
-                                   opts_suffix(o) + tail;
+                                   opts_suffix(o) + (schedule ? "_lockstep" : "") + tail;
           benchmark::RegisterBenchmark(name.c_str(),
                                        [sh, with_forward, schedule, o](benchmark::State& st) {
                                          bench_backward(st, sh, with_forward, schedule, o);
