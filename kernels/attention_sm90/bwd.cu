@@ -710,18 +710,12 @@ void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, cons
     if constexpr (Cfg::kProducer) return backward_ws_kernel<Cfg, E, MASK, DROP, DET>;
     else return backward_kernel<Cfg, E, MASK, DROP, DET>;
   }();
-  if constexpr (Cfg::kProducer) {
-    // setmaxnreg.inc waits for the registers the producer warpgroup frees, so the CTA's launch
-    // allocation must cover the reallocated counts (ptxas gives 168 a thread; fewer would hang).
-    static const int regs = [&] {
-      cudaFuncAttributes a{};
-      CUTRAIN_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
-      return a.numRegs;
-    }();
-    constexpr int need = Cfg::kProducerRegs * 128 + Cfg::kConsumerRegs * 128 * Cfg::kWarpgroups;
-    CUTRAIN_CHECK(regs * Cfg::kThreads >= need, "attention_backward (producer schedule): the kernel was built with ",
-                  regs, " registers a thread, ", regs * Cfg::kThreads, " for its ", Cfg::kThreads,
-                  " threads; its setmaxnreg counts need ", need);
+  if constexpr (Cfg::kProducer) {  // once per instance (a throw leaves it unchecked, so it throws again)
+    static const bool pool = (check_register_pool(reinterpret_cast<const void*>(kernel), Cfg::kThreads,
+                                                  Cfg::kProducerRegs * 128 + Cfg::kConsumerRegs * 128 * Cfg::kWarpgroups,
+                                                  "attention_backward (producer schedule)"),
+                              true);
+    (void)pool;
   }
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((sh.seq + Cfg::kBlockN - 1) / Cfg::kBlockN, sh.heads, sh.batch);

@@ -474,18 +474,12 @@ void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionSh
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   auto kernel = forward_kernel<Cfg, E, MASK, DROP>;
-  if constexpr (PINGPONG) {
-    // setmaxnreg.inc waits for the registers the producer warpgroup frees, so the CTA's launch
-    // allocation must cover the reallocated counts (ptxas gives 168 a thread; fewer would hang).
-    static const int regs = [&] {
-      cudaFuncAttributes a{};
-      CUTRAIN_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
-      return a.numRegs;
-    }();
-    constexpr int need = Cfg::kProducerRegs * 128 + Cfg::kConsumerRegs * 128 * Cfg::kConsumers;
-    CUTRAIN_CHECK(regs * Cfg::kThreads >= need, "attention_forward (ping-pong schedule): the kernel was built with ",
-                  regs, " registers a thread, ", regs * Cfg::kThreads, " for its ", Cfg::kThreads,
-                  " threads; its setmaxnreg counts need ", need);
+  if constexpr (PINGPONG) {  // once per instance (a throw leaves it unchecked, so it throws again)
+    static const bool pool = (check_register_pool(reinterpret_cast<const void*>(kernel), Cfg::kThreads,
+                                                  Cfg::kProducerRegs * 128 + Cfg::kConsumerRegs * 128 * Cfg::kConsumers,
+                                                  "attention_forward (ping-pong schedule)"),
+                              true);
+    (void)pool;
   }
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((sh.seq + Cfg::kBlockM - 1) / Cfg::kBlockM, sh.heads, sh.batch);
