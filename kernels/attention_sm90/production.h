@@ -19,20 +19,24 @@ constexpr Schedule production_forward(int head_dim, bool causal) {
 
 // Backward: which algorithm and schedules. two_pass: the dK/dV pass without dQ atomics, then the
 // dQ pass (the deterministic mode's algorithm: same bits every run); otherwise one pass with fp32
-// dQ atomics. A caller that asks for determinism always gets two_pass. Without that request the
-// one-pass algorithm runs only where it is faster: d64 causal (Producer 447 us vs two-pass 550 at
-// B4 H16 S2048). Elsewhere two-pass is faster outright: d64 non-causal (ProducerOverlap + dQ
-// Overlap 679 vs one-pass 764), d128 (1001 vs 1411 non-causal, 755 vs 844 causal; at d128 the
-// producer schedules run lockstep's kernel and the dQ pass its serial loop, so those are named).
+// dQ atomics. A caller that asks for determinism always gets two_pass. d128: two-pass even
+// without that request, since it is faster there (1001 vs 1411 us non-causal, 755 vs 844 causal
+// at B4 H16 S2048), with the lockstep dK/dV pass and the serial dQ loop (at d128 the other
+// schedules run those kernels anyway). d64: the lockstep schedule, one pass unless determinism
+// is asked for. The producer schedules led at d64 (two-pass ProducerOverlap + dQ Overlap 679 vs
+// 762 us non-causal, one-pass Producer 447 vs 458 causal) but compute-sanitizer's racecheck
+// reported a hazard in the build that ran there (one lane per warp releasing a stage); their
+// release changed since and waits for a device run (racecheck and the timings) before they run
+// here.
 struct BackwardPlan {
   bool two_pass;
   BackwardSchedule schedule;
   DqSchedule dq;
 };
 constexpr BackwardPlan production_backward(int head_dim, bool causal, bool deterministic) {
+  (void)causal;
   if (head_dim == 128) return {true, BackwardSchedule::Lockstep, DqSchedule::Serial};
-  if (!causal) return {true, BackwardSchedule::ProducerOverlap, DqSchedule::Overlap};
-  return {deterministic, BackwardSchedule::Producer, DqSchedule::Serial};  // d64 causal: 550 vs 574 / 597 us
+  return {deterministic, BackwardSchedule::Lockstep, DqSchedule::Serial};
 }
 
 }  // namespace cutrain::kernels::sm90
