@@ -1,10 +1,16 @@
 // @brief Benchmarks of kernels/gemm: every wrapper GEMM beside the same GEMM as a raw cuBLASLt call
 // (no wrapper, heuristic algorithm 0, same shape and types), so wrapper/raw comes out of one run;
 // and cuBLASLt's fused bias-gradient epilogues (BGRADB, DGELU_BGRAD) beside a plain GEMM plus our
-// bias_grad, to keep deciding where bias gradients belong.
+// bias_grad, to keep deciding where bias gradients belong (kernels/gemm_bias_grad_rule.h).
 //
 // Names: "<gemm|gemm_raw>/<direction>/MxNxK" with the layer's dims (y[M,N] = x[M,K]·W[N,K]ᵀ; dgrad
-// and wgrad name the same layer), "bias_grad/MxN". TFLOP/s from 2·M·N·K.
+// and wgrad name the same layer), "bias_grad/MxN". TFLOP/s from 2·M·N·K. The bias-gradient rows,
+// at kShapes and GPT-2's layers: gemm/wgrad_bgradb (Gemm::grad_weight_bias, the epilogue forced;
+// skipped with an error if cuBLASLt refuses it), gemm/wgrad+bias_grad (the same call, the kernel
+// forced), gemm/wgrad_bgrad (the measured rule: what the models run), the wgrad_f32 pair of the
+// same with fp32 gradients, gemm_raw/wgrad_bgradb (raw cuBLASLt BGRADB); gemm_raw/dgrad_dgelu_bgrad
+// against gemm/dgrad_dgelu+bias_grad (c_fc's bias gradient in c_proj's DGELU dgrad, or after it).
+// A pair's rows count the same minimal bytes, so their GB/s compare as their times do.
 #include <benchmark/benchmark.h>
 #include <cublasLt.h>
 
@@ -37,6 +43,9 @@ struct Shape {
 // large shapes.
 const std::vector<Shape> kShapes = {{2048, 3072, 1024}, {2048, 1024, 1024}, {2048, 4096, 1024}, {2048, 1024, 4096},
                                     {2048, 50000, 1024}, {16384, 4096, 4096}, {16384, 16384, 4096}};
+// GPT-2 small at llm.c's batch (B 32 x T 512 = 16384 tokens, h 768): c_attn, attn.c_proj, c_fc,
+// mlp.c_proj; the bias-gradient rows only.
+const std::vector<Shape> kGpt2Shapes = {{16384, 2304, 768}, {16384, 768, 768}, {16384, 3072, 768}, {16384, 768, 3072}};
 
 // ---- device buffers with random contents (timing should not see all-equal data) ----
 using DevBuf = bench::DeviceBuffer;
@@ -65,7 +74,7 @@ class RawMatmul {
   // Column-major D[m,n] = op(A)·op(B) (+ beta·D), epilogue with optional bias/aux pointers.
   RawMatmul(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, std::int64_t lda, std::int64_t ldb,
             std::int64_t ldd, cudaDataType_t d_type, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT,
-            void* bias = nullptr, void* aux = nullptr, std::int64_t aux_ld = 0) {
+            void* bias = nullptr, void* aux = nullptr, std::int64_t aux_ld = 0, std::int32_t bias_type = CUDA_R_16BF) {
     CUTRAIN_CUBLAS_CHECK(cublasLtCreate(&handle_));
     CUTRAIN_CUDA_CHECK(cudaMalloc(&ws_, kWorkspace));
     CUTRAIN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -74,10 +83,10 @@ class RawMatmul {
     CUTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSA, &a, sizeof(a)));
     CUTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_TRANSB, &b, sizeof(b)));
     CUTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
-    std::int32_t bf = CUDA_R_16BF;
     if (bias) {
       CUTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-      CUTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bf, sizeof(bf)));
+      CUTRAIN_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     }
     if (aux) {
       CUTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
@@ -217,33 +226,51 @@ void bench_dgrad(benchmark::State& state, Shape s, Dgrad kind, bool raw) {
   }
 }
 
-// ---- grad weight: dW[N,K] = dyᵀ·x (bf16 overwrite or fp32 accumulate) (+ bias_grad of dy) ----
+// ---- grad weight: dW[N,K] = dyᵀ·x (bf16 overwrite or fp32 accumulate) (+ db[N] = Σ_rows dy) ----
 
-enum class Wgrad { Bf16, F32Acc, Bf16Bgrad };
+// Bgrad16 / Bgrad32: dW and db of bf16 / fp32 written (the first micro-batch), through
+// Gemm::grad_weight_bias on `path` (or raw cuBLASLt BGRADB).
+enum class Wgrad { Bf16, F32Acc, Bgrad16, Bgrad32 };
 
-void bench_wgrad(benchmark::State& state, Shape s, Wgrad kind, bool raw) {
+void bench_wgrad(benchmark::State& state, Shape s, Wgrad kind, bool raw,
+                 kernels::BiasGradPath path = kernels::BiasGradPath::Kernel) {
   if (!bench::require_gpu(state)) return;
   auto dy = random_bf16(std::size_t(s.M) * s.N, 7), x = random_bf16(std::size_t(s.M) * s.K, 8);
-  const bool f32 = kind == Wgrad::F32Acc;
-  auto dw = zeros(std::size_t(s.N) * s.K * (f32 ? 4 : 2));
-  auto db = zeros(std::size_t(s.N) * 2);
+  const bool f32 = kind == Wgrad::F32Acc || kind == Wgrad::Bgrad32, acc = kind == Wgrad::F32Acc;
+  const bool bgrad = kind == Wgrad::Bgrad16 || kind == Wgrad::Bgrad32;
+  const std::size_t gb = f32 ? 4 : 2;
+  const DType gt = f32 ? DType::F32 : DType::BF16;
+  auto dw = zeros(std::size_t(s.N) * s.K * gb);
+  auto db = zeros(std::size_t(s.N) * gb);
   auto scratch = zeros(kernels::bias_grad_scratch_bytes(s.M, s.N));
-  double bytes = b2(double(s.M) * s.N + double(s.M) * s.K) + double(s.N) * s.K * (f32 ? 8 : 2) +
-                 (kind == Wgrad::Bf16Bgrad ? b2(s.N) : 0);
+  const double bytes = b2(double(s.M) * s.N + double(s.M) * s.K) + double(s.N) * s.K * gb * (acc ? 2 : 1) +
+                       (bgrad ? double(s.N) * gb : 0);
   if (raw) {
     RawMatmul mm(CUBLAS_OP_N, CUBLAS_OP_T, s.K, s.N, s.M, s.K, s.N, s.K, f32 ? CUDA_R_32F : CUDA_R_16BF,
-                 kind == Wgrad::Bf16Bgrad ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT,
-                 kind == Wgrad::Bf16Bgrad ? db->as<void>() : nullptr);
+                 bgrad ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT, bgrad ? db->as<void>() : nullptr,
+                 nullptr, 0, f32 ? CUDA_R_32F : CUDA_R_16BF);
     if (!require_algo(state, mm)) return;
     bench::run_timed(state, [&](cudaStream_t st) {
-      mm.run(st, x->as<bf16>(), dy->as<bf16>(), dw->as<void>(), f32 ? 1.f : 0.f);
+      mm.run(st, x->as<bf16>(), dy->as<bf16>(), dw->as<void>(), acc ? 1.f : 0.f);
+    }, bytes, s.flops());
+  } else if (bgrad) {
+    // One call first: a row that names the epilogue must have run it, not the fallback.
+    Gemm& g = wrapper();
+    const std::size_t fused0 = g.bias_grad_epilogue_count();
+    g.grad_weight_bias(nullptr, dy->as<bf16>(), x->as<bf16>(), dw->as<void>(), db->as<void>(), gt, s.M, s.N, s.K, false,
+                       scratch->as<void>(), path);
+    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    if (path == kernels::BiasGradPath::Epilogue && g.bias_grad_epilogue_count() == fused0) {
+      state.SkipWithError("cuBLASLt refused the BGRADB epilogue here (the call fell back to the kernel)");
+      return;
+    }
+    bench::run_timed(state, [&](cudaStream_t st) {
+      g.grad_weight_bias(st, dy->as<bf16>(), x->as<bf16>(), dw->as<void>(), db->as<void>(), gt, s.M, s.N, s.K, false,
+                         scratch->as<void>(), path);
     }, bytes, s.flops());
   } else {
     bench::run_timed(state, [&](cudaStream_t st) {
-      wrapper().grad_weight(st, dy->as<bf16>(), x->as<bf16>(), dw->as<void>(), f32 ? DType::F32 : DType::BF16, s.M,
-                            s.N, s.K, f32);
-      if (kind == Wgrad::Bf16Bgrad)
-        kernels::bias_grad(st, dy->as<bf16>(), db->as<void>(), DType::BF16, s.M, s.N, false, scratch->as<void>());
+      wrapper().grad_weight(st, dy->as<bf16>(), x->as<bf16>(), dw->as<void>(), gt, s.M, s.N, s.K, acc);
     }, bytes, s.flops());
   }
 }
@@ -282,17 +309,39 @@ void register_all() {
     reg("gemm/fwd_bias+gelu_erf_kernel/" + sh, [=](benchmark::State& st) { bench_forward(st, s, Fwd::BiasGeluKernelErf, false); });
     reg("gemm/dgrad+gelu_bwd_kernel/" + sh, [=](benchmark::State& st) { bench_dgrad(st, s, Dgrad::DgeluKernelTanh, false); });
     reg("gemm/dgrad+gelu_erf_bwd_kernel/" + sh, [=](benchmark::State& st) { bench_dgrad(st, s, Dgrad::DgeluKernelErf, false); });
-    // The bias-gradient decision: cuBLASLt's fused epilogue vs our GEMM + bias_grad.
-    reg("gemm_raw/wgrad_bgradb/" + sh, [=](benchmark::State& st) { bench_wgrad(st, s, Wgrad::Bf16Bgrad, true); });
-    reg("gemm/wgrad+bias_grad/" + sh, [=](benchmark::State& st) { bench_wgrad(st, s, Wgrad::Bf16Bgrad, false); });
-    reg("gemm_raw/dgrad_dgelu_bgrad/" + sh, [=](benchmark::State& st) { bench_dgrad(st, s, Dgrad::DgeluBgrad, true); });
-    reg("gemm/dgrad_dgelu+bias_grad/" + sh,
-        [=](benchmark::State& st) { bench_dgrad(st, s, Dgrad::DgeluBgrad, false); });
     for (auto mn : {std::pair{s.M, s.N}, std::pair{s.M, s.K}}) {
       bool seen = false;
       for (auto& b : bias_shapes) seen |= b == mn;
       if (!seen) bias_shapes.push_back(mn);
     }
+  }
+  for (const Shape& s : kGpt2Shapes)
+    for (auto mn : {std::pair{s.M, s.N}, std::pair{s.M, s.K}}) {
+      bool seen = false;
+      for (auto& b : bias_shapes) seen |= b == mn;
+      if (!seen) bias_shapes.push_back(mn);
+    }
+  // The bias-gradient decision (kernels/gemm_bias_grad_rule.h): cuBLASLt's fused epilogue vs our
+  // GEMM + bias_grad, and the rule's choice.
+  std::vector<Shape> bgrad_shapes = kShapes;
+  bgrad_shapes.insert(bgrad_shapes.end(), kGpt2Shapes.begin(), kGpt2Shapes.end());
+  using kernels::BiasGradPath;
+  for (const Shape& s : bgrad_shapes) {
+    const std::string sh = s.str();
+    reg("gemm_raw/wgrad_bgradb/" + sh, [=](benchmark::State& st) { bench_wgrad(st, s, Wgrad::Bgrad16, true); });
+    reg("gemm/wgrad_bgradb/" + sh,
+        [=](benchmark::State& st) { bench_wgrad(st, s, Wgrad::Bgrad16, false, BiasGradPath::Epilogue); });
+    reg("gemm/wgrad+bias_grad/" + sh,
+        [=](benchmark::State& st) { bench_wgrad(st, s, Wgrad::Bgrad16, false, BiasGradPath::Kernel); });
+    reg("gemm/wgrad_bgrad/" + sh,
+        [=](benchmark::State& st) { bench_wgrad(st, s, Wgrad::Bgrad16, false, BiasGradPath::Measured); });
+    reg("gemm/wgrad_f32_bgradb/" + sh,
+        [=](benchmark::State& st) { bench_wgrad(st, s, Wgrad::Bgrad32, false, BiasGradPath::Epilogue); });
+    reg("gemm/wgrad_f32+bias_grad/" + sh,
+        [=](benchmark::State& st) { bench_wgrad(st, s, Wgrad::Bgrad32, false, BiasGradPath::Kernel); });
+    reg("gemm_raw/dgrad_dgelu_bgrad/" + sh, [=](benchmark::State& st) { bench_dgrad(st, s, Dgrad::DgeluBgrad, true); });
+    reg("gemm/dgrad_dgelu+bias_grad/" + sh,
+        [=](benchmark::State& st) { bench_dgrad(st, s, Dgrad::DgeluBgrad, false); });
   }
   for (const auto& mn : bias_shapes) {
     const int M = mn.first, N = mn.second;

@@ -126,8 +126,8 @@ void register_all() {
   for (auto rv : {std::pair{2048, 50000}, std::pair{8192, 50304}, std::pair{16384, 50304}, std::pair{8192, 50257},
                   std::pair{2048, 262144}}) {
     const int rows = rv.first, vocab = rv.second;
-    reg("cross_entropy/fwdbwd/" + std::to_string(rows) + "x" + std::to_string(vocab),
-        [=](benchmark::State& st) { bench_cross_entropy(st, rows, vocab); });
+    const std::string shape = std::to_string(rows) + "x" + std::to_string(vocab);
+    reg("cross_entropy/fwdbwd/" + shape, [=](benchmark::State& st) { bench_cross_entropy(st, rows, vocab); });
   }
   for (std::size_t n : {std::size_t(254128976), std::size_t(1300000000)})
     for (OptimizerLayout l : {OptimizerLayout::Baseline, OptimizerLayout::Bf16MasterWG, OptimizerLayout::Bf16Full})

@@ -6,7 +6,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/attention_options.cuh"
 #include "kernels/attention_sm90/attention_sm90.h"
-#include "kernels/attention_sm90/layout.h"
+#include "kernels/attention_sm90/production.h"
 #include "kernels/attention_tiles.cuh"
 #include "kernels/dropout.cuh"
 #include "runtime/check.h"
@@ -54,9 +54,8 @@ template <typename E>
 void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
                        const AttentionOptions& options) {
   attn::check_shape(shape, "attention_forward");  // before the schedule table reads head_dim
-  const sm90::Schedule schedule = sm90::production_fwd_overlap(shape.head_dim, shape.causal) ? sm90::Schedule::Overlap
-                                                                                            : sm90::Schedule::Serial;
-  sm90::attention_forward<E>(s, qkv, out, lse, shape, schedule, options);
+  sm90::attention_forward<E>(s, qkv, out, lse, shape, sm90::production_forward(shape.head_dim, shape.causal),
+                             options);
 }
 
 template <typename E>
@@ -64,10 +63,11 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
                         void* scratch, const AttentionShape& shape, bool deterministic,
                         const AttentionOptions& options) {
   attn::check_shape(shape, "attention_backward");
-  const sm90::BackwardSchedule schedule = sm90::production_bwd_decoupled(shape.head_dim, shape.causal)
-                                              ? sm90::BackwardSchedule::Decoupled
-                                              : sm90::BackwardSchedule::Lockstep;
-  sm90::attention_backward<E>(s, qkv, out, dout, lse, dqkv, scratch, shape, schedule, options, deterministic);
+  // The plan's two-pass algorithm needs no dQ accumulator, so the scratch of
+  // attention_backward_scratch_bytes(shape, deterministic) covers it either way.
+  const sm90::BackwardPlan plan = sm90::production_backward(shape.head_dim, shape.causal, deterministic);
+  sm90::attention_backward<E>(s, qkv, out, dout, lse, dqkv, scratch, shape, plan.schedule, options, plan.two_pass,
+                              plan.dq);
 }
 
 template void attention_forward<bf16>(cudaStream_t, const bf16*, bf16*, float*, const AttentionShape&,

@@ -47,9 +47,11 @@ void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const A
                        const AttentionOptions& options = {});
 
 // dqkv: E [B, S, 3, H, D] (every element written). `deterministic`: no order-dependent atomics
-// (same bits every run). scratch: attention_backward_scratch_bytes(shape, deterministic) bytes,
-// 16-byte aligned: fp32 rowsum(dO o O) (4·B·H·S, rounded to 256) and, in the fast mode only, an fp32
-// dQ accumulator (4·B·S·H·D) that dQ reaches through atomics. Nothing S x S ever.
+// (same bits every run); without it d128 still runs the deterministic algorithm, the faster
+// there (kernels/attention_sm90/production.h).
+// scratch: attention_backward_scratch_bytes(shape, deterministic) bytes, 16-byte aligned: fp32
+// rowsum(dO o O) (4·B·H·S, rounded to 256) and, deterministic false, room for an fp32 dQ
+// accumulator (4·B·S·H·D) that the one-pass algorithm reaches through atomics. Nothing S x S ever.
 // `out` and `lse` must be this forward's outputs for the same qkv and options.
 std::size_t attention_backward_scratch_bytes(const AttentionShape& shape, bool deterministic);
 template <typename E>

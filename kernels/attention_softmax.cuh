@@ -97,6 +97,44 @@ struct Softmax {
     }
   }
 
+  // update() in two halves, for a schedule whose output accumulator is still being written by a
+  // tensor-core batch while the next tile's scores are folded in: fold() is update() without the
+  // rescale of o and hands back each thread row's factor (alpha[h]); rescale() applies it once the
+  // batch is done.
+  template <int NT>
+  __device__ __forceinline__ void fold(int i, float (&s)[NT][4], float (&alpha)[2], float scale_log2) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+      mx = quad_max(mx);
+      const float m_new = fmaxf(m_run[i][h], mx * scale_log2);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing unmasked yet
+      alpha[h] = exp2f(m_run[i][h] - m_use);
+      m_run[i][h] = m_new;
+      float rs = 0.f;
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          s[n][e] = scaled_exp2(s[n][e], scale_log2, m_use);
+          rs += s[n][e];
+        }
+      l_run[i][h] = l_run[i][h] * alpha[h] + rs;
+    }
+  }
+  template <int D>
+  __device__ __forceinline__ static void rescale(float (&o)[D / 8][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int d = 0; d < D / 8; ++d) {
+      o[d][0] *= alpha[0];
+      o[d][1] *= alpha[0];
+      o[d][2] *= alpha[1];
+      o[d][3] *= alpha[1];
+    }
+  }
+
   // The finished row sum of row (i, h) (all four lanes of the quad get it).
   __device__ __forceinline__ float row_sum(int i, int h) const { return quad_sum(l_run[i][h]); }
   // Natural-log log-sum-exp of the scaled scores of row (i, h), given its row sum l.

@@ -31,18 +31,17 @@ namespace cutrain::kernels {
 
 namespace {
 
-// The row kernel's tile: threads per CTA, the CTAs per SM its registers must allow, the bytes of a
-// row one CTA parks (a row of more is split over a cluster of up to kMaxSplit CTAs, the portable
-// cluster size; past that a CTA parks what the device's shared memory allows and reads the rest of
-// its slice from global memory in each pass), the static shared memory kept out of the parking
-// budget. The count kernel runs kCountThreads.
+// The row kernel's tile: threads per CTA and the CTAs per SM its registers must allow (six of its
+// small slices share an SM). A row is cut into slices of at most kSliceBytes over a cluster of up
+// to ce::kMaxSplit CTAs (the portable cluster size; past that a CTA parks what its shared memory
+// holds and reads the rest of its slice from global memory in each pass). The count kernel runs
+// kCountThreads.
 struct CeTile {
   static constexpr int kThreads = 256, kMinBlocksPerSm = 6;
-  static constexpr int kSliceBytes = 32 * 1024, kMaxSplit = 8;
-  static constexpr int kStaticSmemBytes = 1024;
-  static constexpr int kCountThreads = 1024;
 };
-constexpr int kSmallThreads = CeTile::kCountThreads;
+constexpr int kSliceBytes = 32 * 1024;
+constexpr int kCountThreads = 1024;
+constexpr int kSmallThreads = kCountThreads;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -259,10 +258,10 @@ __device__ __forceinline__ GradScale grad_scale_of(float c, float gs) {
   return {c - log2f(fabsf(gs)), fabsf(gs), gs < 0.f ? 0x80008000u : 0u};
 }
 
-// Eight gradient elements from their raw 16-bit logits to dst (16-byte aligned); `off`: the
-// label's index within the eight (any other value: not among them).
+// Eight gradient elements from their raw 16-bit logits, packed as eight T; `off`: the label's
+// index within the eight (any other value: not among them).
 template <typename T>
-__device__ __forceinline__ void grad8(uint4 raw, int off, const GradScale& g, T* dst) {
+__device__ __forceinline__ uint4 grad8(uint4 raw, int off, const GradScale& g) {
   float f[8];
   unpack8<T>(raw, f);
 #pragma unroll
@@ -279,18 +278,25 @@ __device__ __forceinline__ void grad8(uint4 raw, int off, const GradScale& g, T*
     const pair16_t<T> h = pack2_rn<T>(f[2 * i], f[2 * i + 1]);
     w[i] = *reinterpret_cast<const unsigned*>(&h) ^ g.sign_bits;
   }
-  store16<Store::Streaming>(dst, out);
+  return out;
 }
 
 // One row per cluster of a.split CTAs (a.split = 1: one CTA, no cluster). The row is cut as
 // ce::row_slice says (a scalar head to the first 16-byte boundary, aligned 16-byte vectors, a
-// scalar tail); CTA `rank` owns the vectors [v_begin, v_end) of an even split and parks the
-// first a.park_vecs of them in shared memory with one bulk copy (all of them unless the row is
-// longer than kMaxSplit CTAs can park). Rank 0 also owns the head, the tail, the label's logit,
-// the row loss and the padding columns. Each thread walks the vectors v_begin + tid + k * kThreads
-// in every pass, so a vector read from global memory is written back by the thread that read it,
-// and a CTA writes only its own elements: the only element read across CTAs is the label's logit,
-// which rank 0 reads before the cluster barrier that every gradient write follows.
+// scalar tail); CTA `rank` owns the vectors [v_begin, v_end) of an even split and parks the first
+// a.park_vecs of them in shared memory with one bulk copy (all of them unless the row is longer
+// than ce::kMaxSplit CTAs can park). Rank 0 also owns the head, the tail, the label's logit, the
+// row loss and the padding columns. Each thread walks the vectors v_begin + tid + k * kThreads in
+// every pass, so a vector read from global memory (or from the slice) is written back by the
+// thread that read it, and a CTA writes only its own elements: the only element read across CTAs
+// is the label's logit, which rank 0 reads before the cluster barrier that every gradient write
+// follows.
+//
+// The grid holds rows * a.split CTAs; a CTA past the last row (none at that grid) only counts itself
+// done. The cluster's (max, sum) exchange has one slot per CTA (cluster_ms): arrive/wait (the
+// slots written, then read in rank order), then an arrive (done reading) whose wait comes just
+// before this CTA exits, so no CTA frees a slot another still reads. Validity is per row, so every
+// CTA of the cluster takes the exchange or none does.
 template <typename T, class Tile, bool kGrad>
 __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_kernel(RowArgs<T> a) {
   constexpr int kThreads = Tile::kThreads;
@@ -302,107 +308,117 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
   const int row = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
   const bool owner = rank == 0;
   const int tid = threadIdx.x;
-  T* x = a.logits + static_cast<std::size_t>(row) * a.ld;
 
-  const ce::RowSlice cut = ce::row_slice(reinterpret_cast<std::uintptr_t>(x), a.vocab, split, rank);
-  const int head = cut.head, tail_start = cut.tail_start, v_begin = cut.v_begin, v_end = cut.v_end;
-  const int head_here = owner ? head : 0;
-  const int tail_here = owner ? a.vocab - tail_start : 0;
-  T* body = x + head;
-  const int parked_end = min(v_end, v_begin + a.park_vecs);  // [v_begin, parked_end) in `slice`
-
-  // The copy starts before the label is known (an ignored row's copy is wasted, but no row waits
-  // for its label's latency before its bytes are requested).
+  // Thread 0: the bulk copy of this CTA's parked vectors of the row. It starts before the row's
+  // label is known (an ignored row's copy is wasted, but no row waits for its label's latency
+  // before its bytes are requested).
   if (tid == 0) {
     mbar_init(&landed);
-    const auto bytes = static_cast<std::uint32_t>(parked_end - v_begin) * 16u;
-    mbar_expect_bytes(&landed, bytes);
-    if (bytes > 0) bulk_load(slice, body + static_cast<std::size_t>(v_begin) * 8, bytes, &landed);
+    if (row < a.rows) {
+      const T* xr = a.logits + static_cast<std::size_t>(row) * a.ld;
+      const ce::RowSlice cut = ce::row_slice(reinterpret_cast<std::uintptr_t>(xr), a.vocab, split, rank);
+      const int parked_end = min(cut.v_end, cut.v_begin + a.park_vecs);
+      const auto bytes = static_cast<std::uint32_t>(parked_end - cut.v_begin) * 16u;
+      mbar_expect_bytes(&landed, bytes);
+      if (bytes > 0) bulk_load(slice, xr + cut.head + static_cast<std::size_t>(cut.v_begin) * 8, bytes, &landed);
+    }
   }
-  const int label = a.labels[row];
-  const bool valid = label_valid(label, a.vocab, a.ignore_index);
   __syncthreads();  // the barrier is initialized before any thread waits on it
 
-  if (!valid) {  // cluster-uniform: ignored (or bad-label) row: no loss, zero gradient
-    if (tid == 0 && owner) write_row_loss(a, row, 0.f);
-    if constexpr (kGrad) {
-      for (int v = v_begin + tid; v < v_end; v += kThreads)
-        store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, make_uint4(0, 0, 0, 0));
-      if (owner) {
-        zero_scalar(x, 0, head);
-        zero_scalar(x, tail_start, a.ld);  // tail and padding
+  bool exchange_pending = false;  // the exchange's "done reading" arrive awaits its wait
+  if (row < a.rows) {
+    T* x = a.logits + static_cast<std::size_t>(row) * a.ld;
+    const ce::RowSlice cut = ce::row_slice(reinterpret_cast<std::uintptr_t>(x), a.vocab, split, rank);
+    const int head = cut.head, tail_start = cut.tail_start, v_begin = cut.v_begin, v_end = cut.v_end;
+    const int head_here = owner ? head : 0;
+    const int tail_here = owner ? a.vocab - tail_start : 0;
+    T* body = x + head;
+    const int parked_end = min(v_end, v_begin + a.park_vecs);  // [v_begin, parked_end) in `slice`
+    const int label = a.labels[row];
+    const bool valid = label_valid(label, a.vocab, a.ignore_index);
+
+    if (!valid) {  // cluster-uniform: ignored (or bad-label) row: no loss, zero gradient
+      if (tid == 0 && owner) write_row_loss(a, row, 0.f);
+      if constexpr (kGrad) {
+        for (int v = v_begin + tid; v < v_end; v += kThreads)
+          store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, make_uint4(0, 0, 0, 0));
+        if (owner) {
+          zero_scalar(x, 0, head);
+          zero_scalar(x, tail_start, a.ld);  // tail and padding
+        }
+      }
+      mbar_wait(&landed, 0);  // no CTA exits while a copy into its shared memory is in flight
+    } else {
+      // While the copy is in flight: rank 0's scalars, read before the cluster barrier below
+      // (every gradient write of the row comes after it).
+      float x_head = 0.f, x_tail = 0.f, x_label = 0.f;
+      if (tid < head_here) x_head = to_f32(x[tid]);
+      if (tid < tail_here) x_tail = to_f32(x[tail_start + tid]);
+      if (tid == 0 && owner) x_label = to_f32(x[label]);
+      auto vec_at = [&](int v) {
+        return v < parked_end ? slice[v - v_begin] : load16(body + static_cast<std::size_t>(v) * 8);
+      };
+      mbar_wait(&landed, 0);
+
+      // ---- this thread's maximum, then its sum of exponentials under it (no rescaling) ----
+      pair16_t<T> mx2 = pack2_rn<T>(-INFINITY, -INFINITY);
+      for (int v = v_begin + tid; v < v_end; v += kThreads) mx2 = max8<T>(mx2, vec_at(v));
+      const float2 mxf = to_f32x2(mx2);
+      float mx = fmaxf(mxf.x, mxf.y);
+      if (tid < head_here) mx = fmaxf(mx, x_head);
+      if (tid < tail_here) mx = fmaxf(mx, x_tail);
+      float m = fmaxf(mx * kLog2e, -FLT_MAX), s = 0.f;
+      if (tid < head_here) s += fast_ex2(fmaf(x_head, kLog2e, -m));
+      if (tid < tail_here) s += fast_ex2(fmaf(x_tail, kLog2e, -m));
+#pragma unroll 2
+      for (int v = v_begin + tid; v < v_end; v += kThreads) s += sum_ex2_8<T>(vec_at(v), m);
+      lse_block(m, s);
+      if (split > 1) {  // the row's (m, s) from every CTA's, in rank order (the same bits in each CTA)
+        namespace cg = cooperative_groups;
+        cg::cluster_group cg_cluster = cg::this_cluster();
+        if (tid == 0) cluster_ms = make_float2(m, s);
+        cluster_arrive();
+        cluster_wait();
+        float mm = -FLT_MAX, ss = 0.f;
+        for (int r = 0; r < split; ++r) {
+          const float2 o = *cg_cluster.map_shared_rank(&cluster_ms, static_cast<unsigned>(r));
+          lse_combine(mm, ss, o.x, o.y);
+        }
+        m = mm, s = ss;
+        cluster_arrive();  // done reading the others' cluster_ms; waited on before this CTA exits
+        exchange_pending = true;
+      }
+      const float c = m + log2f(s);  // log2 of the softmax denominator: p_j = 2^(x_j log2e - c)
+      if (tid == 0 && owner) write_row_loss(a, row, c * kLn2 - x_label);
+
+      if constexpr (kGrad) {
+        // ---- dlogits = (softmax - onehot) * grad_scale / n_valid, over the logits ----
+        pdl_wait();  // n_valid from the count kernel, which ran alongside the first copies
+        const float gs = (a.device_grad_scale ? a.grad_scale * *a.device_grad_scale : a.grad_scale) /
+                         static_cast<float>(max(a.hdr->n_valid, 1));
+        if (tid < head_here) x[tid] = grad_of<T>(x_head, tid == label, c, gs);
+        if (tid < tail_here) x[tail_start + tid] = grad_of<T>(x_tail, tail_start + tid == label, c, gs);
+        const int label_off = label - head;  // the label's position in the body (may lie outside it)
+        const GradScale g = grad_scale_of(c, gs);
+#pragma unroll 2
+        for (int v = v_begin + tid; v < v_end; v += kThreads) {
+          const uint4 out = grad8<T>(vec_at(v), label_off - v * 8, g);
+          store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, out);
+        }
+        if (owner) zero_scalar(x, a.vocab, a.ld);  // padding columns
       }
     }
-    mbar_wait(&landed, 0);  // no CTA exits while a copy into its shared memory is in flight
-    ce_finish_in_last_block(a);
-    return;
   }
-
-  // While the copy is in flight: rank 0's scalars, read before the cluster barrier below (every
-  // gradient write of the row comes after it).
-  float x_head = 0.f, x_tail = 0.f, x_label = 0.f;
-  if (tid < head_here) x_head = to_f32(x[tid]);
-  if (tid < tail_here) x_tail = to_f32(x[tail_start + tid]);
-  if (tid == 0 && owner) x_label = to_f32(x[label]);
-  auto vec_at = [&](int v) {
-    return v < parked_end ? slice[v - v_begin] : load16(body + static_cast<std::size_t>(v) * 8);
-  };
-  mbar_wait(&landed, 0);
-
-  // ---- this thread's maximum, then its sum of exponentials under it (no rescaling) ----
-  pair16_t<T> mx2 = pack2_rn<T>(-INFINITY, -INFINITY);
-  for (int v = v_begin + tid; v < v_end; v += kThreads) mx2 = max8<T>(mx2, vec_at(v));
-  const float2 mxf = to_f32x2(mx2);
-  float mx = fmaxf(mxf.x, mxf.y);
-  if (tid < head_here) mx = fmaxf(mx, x_head);
-  if (tid < tail_here) mx = fmaxf(mx, x_tail);
-  float m = fmaxf(mx * kLog2e, -FLT_MAX), s = 0.f;
-  if (tid < head_here) s += fast_ex2(fmaf(x_head, kLog2e, -m));
-  if (tid < tail_here) s += fast_ex2(fmaf(x_tail, kLog2e, -m));
-#pragma unroll 2
-  for (int v = v_begin + tid; v < v_end; v += kThreads) s += sum_ex2_8<T>(vec_at(v), m);
-  lse_block(m, s);
-  if (split > 1) {  // the row's (m, s) from every CTA's, in rank order (the same bits in each CTA)
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    if (tid == 0) cluster_ms = make_float2(m, s);
-    cluster_arrive();
-    cluster_wait();
-    float mm = -FLT_MAX, ss = 0.f;
-    for (int r = 0; r < split; ++r) {
-      const float2 o = *cluster.map_shared_rank(&cluster_ms, static_cast<unsigned>(r));
-      lse_combine(mm, ss, o.x, o.y);
-    }
-    m = mm, s = ss;
-    cluster_arrive();  // done reading the others' cluster_ms; waited on before this CTA exits
-  }
-  const float c = m + log2f(s);  // log2 of the softmax denominator: p_j = 2^(x_j log2e - c)
-  if (tid == 0 && owner) write_row_loss(a, row, c * kLn2 - x_label);
-
-  if constexpr (kGrad) {
-    // ---- dlogits = (softmax - onehot) * grad_scale / n_valid, over the logits ----
-    pdl_wait();  // n_valid from the count kernel, which ran alongside the copy
-    const float gs = (a.device_grad_scale ? a.grad_scale * *a.device_grad_scale : a.grad_scale) /
-                     static_cast<float>(max(a.hdr->n_valid, 1));
-    if (tid < head_here) x[tid] = grad_of<T>(x_head, tid == label, c, gs);
-    if (tid < tail_here) x[tail_start + tid] = grad_of<T>(x_tail, tail_start + tid == label, c, gs);
-    const int label_off = label - head;  // the label's position in the body (may lie outside it)
-    const GradScale g = grad_scale_of(c, gs);
-#pragma unroll 2
-    for (int v = v_begin + tid; v < v_end; v += kThreads)
-      grad8<T>(vec_at(v), label_off - v * 8, g, body + static_cast<std::size_t>(v) * 8);
-    if (owner) zero_scalar(x, a.vocab, a.ld);  // padding columns
-  }
-  if (split > 1) cluster_wait();  // no CTA exits while another may still read its cluster_ms
+  if (split > 1 && exchange_pending) cluster_wait();  // no CTA exits while another may still read its cluster_ms
   ce_finish_in_last_block(a);
 }
 
-// The bytes of shared memory a CTA may park: the device's opt-in maximum less the static part.
-int park_budget_vecs() {
+// The bytes of shared memory a CTA may use: the device's opt-in maximum.
+int smem_optin() {
   int dev = 0, optin = 0;
   CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
   CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return std::max(0, optin - CeTile::kStaticSmemBytes) / 16;
+  return optin;
 }
 
 void check_common(const char* fn, const void* logits, const int32_t* labels, int rows, int vocab, int ld,
@@ -420,42 +436,49 @@ void check_common(const char* fn, const void* logits, const int32_t* labels, int
                 " exceeds the grid limit ", INT_MAX);
 }
 
+// One instance of the row kernel, set up for launch: its shared memory (dynamic size, the largest
+// carve-out so several parked slices fit per SM; L1 is not needed) and the static part checked
+// against the budget kept out of the parked slice.
+template <typename T, bool kGrad>
+struct RowKernel {
+  static constexpr auto kernel = ce_row_kernel<T, CeTile, kGrad>;
+
+  // The 16-byte vectors a CTA parks (ce::park_vecs); the dynamic shared memory is 16 bytes each.
+  static int prepare(int vocab, int split) {
+    const int park_vecs = ce::park_vecs(ce::slice_vecs(vocab, split), smem_optin());
+    cudaFuncAttributes fa{};
+    CUTRAIN_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+    CUTRAIN_CHECK(fa.sharedSizeBytes <= static_cast<std::size_t>(ce::kStaticSmemBytes),
+                  "cross-entropy row kernel: static shared memory ", fa.sharedSizeBytes, " bytes exceeds the ",
+                  ce::kStaticSmemBytes, " bytes kept out of the slice budget");
+    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, park_vecs * 16));
+    CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+    return park_vecs;
+  }
+};
+
 // The row kernel is a programmatic dependent of the count kernel (its copies start while the
 // labels are counted) and its last CTA takes the mean (no finish launch).
 template <bool kGrad, typename T>
 void run(cudaStream_t s, T* logits, const int32_t* labels, int rows, int vocab, int ld, float* loss_mean,
          float* row_loss, int* status, void* scratch, int ignore_index, float grad_scale,
          const float* device_grad_scale) {
+  using K = RowKernel<T, kGrad>;
+  const int split = cross_entropy_ctas_per_row(vocab);
+  const int park_vecs = K::prepare(vocab, split);
+
   auto* hdr = static_cast<CeHeader*>(scratch);
   auto* row_loss_tmp = reinterpret_cast<float*>(static_cast<char*>(scratch) + kRowLossOffset);
   ce_count_kernel<<<1, kSmallThreads, 0, s>>>(labels, rows, vocab, ignore_index, hdr, status);
   CUTRAIN_LAUNCH_CHECK("ce_count_kernel");
 
-  const int split = cross_entropy_ctas_per_row(vocab);
-  RowArgs<T> a{logits,
-               labels,
-               vocab,
-               ld,
-               ignore_index,
-               grad_scale,
-               device_grad_scale,
-               hdr,
-               row_loss_tmp,
-               row_loss,
-               std::min(ce::slice_vecs(vocab, split), park_budget_vecs()),
-               rows,
-               loss_mean,
-               split};
-  const std::size_t smem = static_cast<std::size_t>(a.park_vecs) * 16;
-  auto kernel = ce_row_kernel<T, CeTile, kGrad>;
-  CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  // The largest shared-memory carve-out, so several parked slices fit per SM (L1 is not needed).
-  CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                          static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+  RowArgs<T> a{logits,  labels, vocab, ld,       ignore_index, grad_scale,     device_grad_scale,
+               hdr,     row_loss_tmp, row_loss, park_vecs, rows, loss_mean, split};
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(rows) * static_cast<unsigned>(split));
   cfg.blockDim = dim3(CeTile::kThreads);
-  cfg.dynamicSmemBytes = smem;
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(park_vecs) * 16;
   cfg.stream = s;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -466,7 +489,7 @@ void run(cudaStream_t s, T* logits, const int32_t* labels, int rows, int vocab, 
   attr[1].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = split > 1 ? 2 : 1;
-  CUTRAIN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
+  CUTRAIN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, K::kernel, a));
   CUTRAIN_LAUNCH_CHECK(kGrad ? "ce_row_kernel<grad>" : "ce_row_kernel<forward>");
 }
 
@@ -474,7 +497,7 @@ void run(cudaStream_t s, T* logits, const int32_t* labels, int rows, int vocab, 
 
 int cross_entropy_ctas_per_row(int vocab) {
   const long long bytes = 2LL * std::max(vocab, 1);
-  return static_cast<int>(std::clamp<long long>(ceil_div<long long>(bytes, CeTile::kSliceBytes), 1, CeTile::kMaxSplit));
+  return static_cast<int>(std::clamp<long long>(ceil_div<long long>(bytes, kSliceBytes), 1, ce::kMaxSplit));
 }
 
 std::size_t cross_entropy_scratch_bytes(int rows) {
@@ -503,13 +526,13 @@ void cross_entropy_forward(cudaStream_t s, const T* logits, const int32_t* label
   run<false>(s, x, labels, rows, vocab, ld, loss_mean, row_loss, status, scratch, ignore_index, 1.f, nullptr);
 }
 
-template void cross_entropy_forward_backward<bf16>(cudaStream_t, bf16*, const int32_t*, int, int, int, float*, float*, int*,
-                                                   void*, int, float, const float*);
-template void cross_entropy_forward<bf16>(cudaStream_t, const bf16*, const int32_t*, int, int, int, float*, float*, int*,
-                                          void*, int);
-template void cross_entropy_forward_backward<f16>(cudaStream_t, f16*, const int32_t*, int, int, int, float*, float*, int*,
-                                                  void*, int, float, const float*);
-template void cross_entropy_forward<f16>(cudaStream_t, const f16*, const int32_t*, int, int, int, float*, float*, int*,
+#define CUTRAIN_CE_INSTANCES(T)                                                                                      \
+  template void cross_entropy_forward_backward<T>(cudaStream_t, T*, const int32_t*, int, int, int, float*, float*,   \
+                                                  int*, void*, int, float, const float*);                            \
+  template void cross_entropy_forward<T>(cudaStream_t, const T*, const int32_t*, int, int, int, float*, float*, int*, \
                                          void*, int);
+CUTRAIN_CE_INSTANCES(bf16)
+CUTRAIN_CE_INSTANCES(f16)
+#undef CUTRAIN_CE_INSTANCES
 
 }  // namespace cutrain::kernels

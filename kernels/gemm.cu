@@ -15,7 +15,8 @@
 //               m = K, n = M, k = N, D = dx with ld K; the DGELU aux is [K,M] ld K = row-major [M,K].
 //   grad_weight dW[N,K] = dy[M,N]ᵀ·x[M,K] ⇔  dWᵀ[K,N] = xᵀ·dy:
 //               A = x   (col-major [K,M], ld K), op N;  B = dy (col-major [N,M], ld N), op T → [M,N]
-//               m = K, n = N, k = M, D = dW with ld K.
+//               m = K, n = N, k = M, D = dW with ld K. The bias gradient db[N] = Σ_rows dy is BGRADB:
+//               one value per column of D (n = N), B = dy reduced over k = M.
 #include "kernels/gemm.cuh"
 
 #include <algorithm>
@@ -97,6 +98,7 @@ const char* epilogue_name(cublasLtEpilogue_t e) {
     case CUBLASLT_EPILOGUE_BIAS: return "bias";
     case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "bias+gelu_aux";
     case CUBLASLT_EPILOGUE_DGELU: return "dgelu";
+    case CUBLASLT_EPILOGUE_BGRADB: return "bgradb";
     default: return "other";
   }
 }
@@ -127,7 +129,7 @@ struct Matmul {
   const void* bias = nullptr;
   void* aux = nullptr;
   std::int64_t aux_ld = 0;
-  cudaDataType_t ab_type = CUDA_R_16BF;  // A, B (and the bias): the 16-bit storage type
+  cudaDataType_t ab_type = CUDA_R_16BF;  // A, B (and the bias of the forward): the 16-bit storage type
   // Strided batches: `batch` products, batch i at a + i·stride_a, b + i·stride_b, d + i·stride_d
   // (elements).
   int batch = 1;
@@ -219,6 +221,7 @@ struct Gemm::Impl {
   std::size_t ws_bytes = 0;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
   std::size_t fallbacks = 0;  // calls that took the unfused epilogue path
+  std::size_t bias_grad_epilogues = 0;  // grad_weight_bias calls whose db came from BGRADB
 
   ~Impl() {
     plans.clear();
@@ -233,7 +236,12 @@ struct Gemm::Impl {
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, static_cast<std::int32_t>(mm.ta));
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<std::int32_t>(mm.tb));
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<std::uint32_t>(mm.epilogue));
-    if (mm.bias) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(mm.ab_type));
+    // The forward's bias is the storage type; a bias gradient (BGRADB) is written in D's type, cuBLASLt's
+    // default for it, said explicitly.
+    if (mm.bias) {
+      const cudaDataType_t bias_type = mm.epilogue == CUBLASLT_EPILOGUE_BGRADB ? mm.d_type : mm.ab_type;
+      set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<std::int32_t>(bias_type));
+    }
     // The aux matrix takes D's type (the storage type) by default, which is what we store.
     if (mm.aux) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, mm.aux_ld);
     set_epilogue_pointers(plan->desc, mm);  // the heuristic reads their alignment
@@ -355,6 +363,7 @@ Gemm::~Gemm() { delete impl_; }
 std::size_t Gemm::plan_count() const { return impl_->plans.size(); }
 std::size_t Gemm::workspace_bytes() const { return impl_->ws_bytes; }
 std::size_t Gemm::fallback_count() const { return impl_->fallbacks; }
+std::size_t Gemm::bias_grad_epilogue_count() const { return impl_->bias_grad_epilogues; }
 
 template <typename T>
 void Gemm::forward(cudaStream_t s, const T* x, const nondeduced_t<T>* w, const nondeduced_t<T>* bias, T* y, int M,
@@ -487,6 +496,43 @@ void Gemm::grad_weight(cudaStream_t s, const T* dy, const nondeduced_t<T>* x, vo
   impl_->run(s, mm, true);
 }
 
+template <typename T>
+void Gemm::grad_weight_bias(cudaStream_t s, const T* dy, const nondeduced_t<T>* x, void* dw, void* db,
+                            DType grad_type, int M, int N, int K, bool accumulate, void* scratch, BiasGradPath path) {
+  const char* fn = "Gemm::grad_weight_bias";
+  check_dims(fn, M, N, K);
+  CUTRAIN_CHECK(grad_type == dtype_of<T>() || grad_type == DType::F32, fn, ": grad_type must be ",
+                dtype_name(dtype_of<T>()), " (the inputs' type) or float32, got ", dtype_name(grad_type));
+  CUTRAIN_CHECK(path == BiasGradPath::Measured || path == BiasGradPath::Epilogue || path == BiasGradPath::Kernel, fn,
+                ": unknown bias-gradient path ", static_cast<int>(path));
+  check_ptr(fn, "dy", dy, 2);
+  check_ptr(fn, "x", x, 2);
+  check_ptr(fn, "dw", dw, dtype_size(grad_type));
+  check_ptr(fn, "db", db, dtype_size(grad_type));
+  CUTRAIN_CHECK(db != dw, fn, ": db must not alias dw (both at ", dw, ")");
+  CUTRAIN_CHECK(scratch != nullptr, fn, ": `scratch` must not be null (the fallback's bias_grad needs ",
+                bias_grad_scratch_bytes(M, N), " bytes for M=", M, " N=", N, ")");
+  check_ptr(fn, "scratch", scratch, 4);
+  NvtxRange range("gemm_wgrad_bgrad");
+
+  const bool epilogue = !accumulate && (path == BiasGradPath::Epilogue ||
+                                        (path == BiasGradPath::Measured && bias_grad_epilogue_wins(M, N, K)));
+  if (epilogue) {
+    Matmul mm{Op::GradWeight, CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, x, K, dy, N, dw, K,
+              grad_type == DType::F32 ? CUDA_R_32F : cuda_type<T>()};
+    mm.ab_type = cuda_type<T>();
+    mm.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    mm.bias = db;
+    if (impl_->run(s, mm, false)) {
+      ++impl_->bias_grad_epilogues;
+      return;
+    }
+    ++impl_->fallbacks;
+  }
+  grad_weight(s, dy, x, dw, grad_type, M, N, K, accumulate);
+  bias_grad(s, dy, db, grad_type, M, N, accumulate, scratch);
+}
+
 template void Gemm::forward<bf16>(cudaStream_t, const bf16*, const bf16*, const bf16*, bf16*, int, int, int, GemmEpilogue,
                                   bf16*);
 template void Gemm::forward_fp32<bf16>(cudaStream_t, const bf16*, const bf16*, float*, int, int, int);
@@ -497,6 +543,10 @@ template void Gemm::forward<f16>(cudaStream_t, const f16*, const f16*, const f16
 template void Gemm::forward_fp32<f16>(cudaStream_t, const f16*, const f16*, float*, int, int, int);
 template void Gemm::grad_input<f16>(cudaStream_t, const f16*, const f16*, f16*, int, int, int, float, const f16*);
 template void Gemm::grad_weight<f16>(cudaStream_t, const f16*, const f16*, void*, DType, int, int, int, bool);
+template void Gemm::grad_weight_bias<bf16>(cudaStream_t, const bf16*, const bf16*, void*, void*, DType, int, int, int,
+                                           bool, void*, BiasGradPath);
+template void Gemm::grad_weight_bias<f16>(cudaStream_t, const f16*, const f16*, void*, void*, DType, int, int, int,
+                                          bool, void*, BiasGradPath);
 namespace {
 
 void check_batches(const char* fn, int batches) {

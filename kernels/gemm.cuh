@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/gemm_bias_grad_rule.h"
 #include "runtime/dtype.h"
 
 namespace cutrain {
@@ -34,6 +35,15 @@ enum class GemmEpilogue {
   Bias,          // y = x·Wᵀ + bias
   BiasGeluTanh,  // y = gelu_tanh(x·Wᵀ + bias), pre-activation written to `aux` (cuBLASLt's GELU is the
                  //   tanh approximation; the model's exact-erf GELU is Bias + kernels/gelu)
+};
+
+// Where Gemm::grad_weight_bias takes db from. Measured is the production choice (the models'):
+// the rule of kernels/gemm_bias_grad_rule.h. Epilogue and Kernel force one path per call, for the
+// tests and the benchmark that measure both.
+enum class BiasGradPath {
+  Measured,  // bias_grad_in_epilogue(M, N, K, accumulate)
+  Epilogue,  // cuBLASLt's BGRADB whenever it can (not with accumulate); else the kernel
+  Kernel,    // the GEMM, then kernels::bias_grad
 };
 
 class Gemm {
@@ -66,6 +76,18 @@ class Gemm {
   void grad_weight(cudaStream_t s, const T* dy, const nondeduced_t<T>* x, void* dw, DType dw_type, int M, int N, int K,
                    bool accumulate);
 
+  // grad_weight plus the bias gradient db[N] = Σ_rows dy[M,N] (+ db when accumulate), both of
+  // `grad_type` (T or fp32). In the GEMM's epilogue (cuBLASLt BGRADB: the reduction of B = dy over
+  // the GEMM's k = M, written, never accumulated, in fp32 math rounded once to grad_type) when
+  // `path` says so and accumulate is false; otherwise, or when cuBLASLt refuses it (no algorithm,
+  // db's alignment or type: recorded in the plan cache, counted by fallback_count()), the GEMM and
+  // then kernels::bias_grad through `scratch` (bias_grad_scratch_bytes(M, N) bytes; required, since
+  // the fallback is decided by cuBLASLt after the checks).
+  template <typename T>
+  void grad_weight_bias(cudaStream_t s, const T* dy, const nondeduced_t<T>* x, void* dw, void* db, DType grad_type,
+                        int M, int N, int K, bool accumulate, void* scratch,
+                        BiasGradPath path = BiasGradPath::Measured);
+
   // Strided batches of the three products above without epilogue: `batches` independent products
   // over contiguous stacks, batch i at x + i·M·K, W + i·N·K, y + i·M·N (and dy / dx / dW alike):
   // MoE's experts over their fixed capacity slots (model/moe_layer.h), one cuBLASLt call each.
@@ -79,9 +101,13 @@ class Gemm {
   // (op, M, N, K, epilogue, output type, beta != 0, pointer alignments) seen so far.
   std::size_t plan_count() const;
   std::size_t workspace_bytes() const;
-  // Calls so far that computed a Bias / BiasGeluTanh / DGELU epilogue unfused (plain GEMM plus an
-  // elementwise pass) because cuBLASLt could not fuse it (odd leading dim, alignment, no algorithm).
+  // Calls so far that computed a Bias / BiasGeluTanh / DGELU epilogue, or a bias gradient that asked
+  // for the BGRADB epilogue, unfused (plain GEMM plus an elementwise pass or kernels::bias_grad)
+  // because cuBLASLt could not fuse it (odd leading dim, alignment, type, no algorithm). A
+  // grad_weight_bias call whose path or accumulate sends it to the kernel is not a fallback.
   std::size_t fallback_count() const;
+  // grad_weight_bias calls so far whose db came from the GEMM's epilogue.
+  std::size_t bias_grad_epilogue_count() const;
 
  private:
   struct Impl;

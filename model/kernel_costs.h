@@ -33,6 +33,12 @@ inline Cost gemm_grad_weight(std::size_t M, std::size_t N, std::size_t K, std::s
 inline Cost bias_grad(std::size_t M, std::size_t N, std::size_t db_bytes, bool acc) {
   return {0, 2 * d(M) * d(N) + d(N) * d(db_bytes) * (acc ? 2 : 1)};
 }
+// dW[N,K] = dy[M,N]ᵀ·x[M,K] and db[N] = Σ_rows dy in one GEMM (the bias gradient in its epilogue:
+// dy read once, nothing accumulated); dW and db of `g_bytes` per element.
+inline Cost gemm_grad_weight_bias(std::size_t M, std::size_t N, std::size_t K, std::size_t g_bytes) {
+  const Cost w = gemm_grad_weight(M, N, K, g_bytes, false);
+  return {w.flops, w.bytes + d(N) * d(g_bytes)};
+}
 // Flash-style attention over qkv[B,S,3,H,D]: forward QKᵀ and PV (4·B·H·S²·D); backward recomputes
 // QKᵀ and computes dV, dP, dQ, dK (10·B·H·S²·D). Causal masks halve both.
 inline Cost attention_forward(std::size_t B, std::size_t S, std::size_t H, std::size_t D, bool causal) {

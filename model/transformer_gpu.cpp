@@ -13,6 +13,7 @@
 #include "kernels/vocab_parallel_loss.cuh"
 #include "runtime/check.h"
 #include "model/kernel_costs.h"
+#include "model/linear_param_grads.h"
 #include "model/timed_call.h"
 #include "runtime/nvtx.h"
 #include "runtime/timing.h"
@@ -495,16 +496,12 @@ void GpuTransformerT<T>::layer_backward(cudaStream_t s, const Unit& U, DType gt,
   auto g = [&](int idx) { return U.g(idx); };
   const auto& A = rows.attn;
   // One linear layer's backward (y = x W^T + b, W [N, K], dy [M, N]): dW and db (accumulated per
-  // `acc`), then dx; beta 1 adds dx to what `dx` holds (the residual's share). Regions
-  // <name>_dw, <name>_db, <name>_dx.
-  struct LinearRegions {
-    const char *dw, *db, *dx;
-  };
+  // `acc`; db in the GEMM's epilogue where the measured rule says so), then dx; beta 1 adds dx to
+  // what `dx` holds (the residual's share). Regions <name>_dw_db or <name>_dw, <name>_db
+  // (linear_param_grads.h), then <name>_dx.
   auto linear_backward = [&](LinearRegions n, const T* dy, const T* x, int w_idx, int b_idx, T* dx, int N, int K,
                              float beta) {
-    timed(s, n.dw, cost::gemm_grad_weight(rows.M, N, K, es, acc),
-          [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, rows.M, N, K, acc); });
-    timed(s, n.db, cost::bias_grad(rows.M, N, es, acc), [&] { kernels::bias_grad(s, dy, g(b_idx), gt, rows.M, N, acc, scratch_); });
+    param_grads(s, n, dy, x, g(w_idx), g(b_idx), gt, acc, rows.M, N, K);
     timed(s, n.dx, cost::gemm_grad_input(rows.M, N, K, beta != 0.f),
           [&] { gemm_->grad_input(s, dy, w(w_idx), dx, rows.M, N, K, beta); });
   };
@@ -527,10 +524,10 @@ void GpuTransformerT<T>::layer_backward(cudaStream_t s, const Unit& U, DType gt,
       kernels::layernorm_backward(s, rows.dx, a.s2, a.mean2, a.rstd2, w(L.norm2_w), nullptr, rows.dx, g(L.norm2_w),
                                   g(L.norm2_b), gt, acc, scratch_, rows.M, h);
     });
-    linear_backward({"fc2_dw", "fc2_db", "fc2_dx"}, rows.dx, a.g, L.ff2_w, L.ff2_b, d4h_, h, F, 0.f);
+    linear_backward({"fc2_dw", "fc2_db", "fc2_dw_db", "fc2_dx"}, rows.dx, a.g, L.ff2_w, L.ff2_b, d4h_, h, F, 0.f);
     timed(s, "gelu", cost::gelu_backward(std::size_t(rows.M) * F),
           [&] { kernels::gelu_backward(s, d4h_, a.f, d4h_, std::size_t(rows.M) * F, kernels::GeluKind::Erf); });
-    linear_backward({"fc1_dw", "fc1_db", "fc1_dx"}, d4h_, a.x1, L.ff0_w, L.ff0_b, rows.dx, F, h, 1.f);  // rows.dx = d x1
+    linear_backward({"fc1_dw", "fc1_db", "fc1_dw_db", "fc1_dx"}, d4h_, a.x1, L.ff0_w, L.ff0_b, rows.dx, F, h, 1.f);  // rows.dx = d x1
     tp_all_reduce(s, rows.dx, rows.M);  // column-parallel FC1's input gradient
   }
   {
@@ -539,10 +536,10 @@ void GpuTransformerT<T>::layer_backward(cudaStream_t s, const Unit& U, DType gt,
       kernels::layernorm_backward(s, rows.dx, a.s1, a.mean1, a.rstd1, w(L.norm1_w), nullptr, rows.dx, g(L.norm1_w),
                                   g(L.norm1_b), gt, acc, scratch_, rows.M, h);
     });
-    linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dx"}, rows.dx, a.att, L.out_proj_w, L.out_proj_b, dh_, h, h, 0.f);
+    linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dw_db", "out_proj_dx"}, rows.dx, a.att, L.out_proj_w, L.out_proj_b, dh_, h, h, 0.f);
     timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
           [&] { kernels::attention_backward(s, a.qkv, a.att, dh_, a.lse, dqkv_, scratch_, rows.attn, true); });
-    linear_backward({"qkv_dw", "qkv_db", "qkv_dx"}, dqkv_, x_in, L.in_proj_w, L.in_proj_b, rows.dx, 3 * h, h, 1.f);  // rows.dx = d x_in
+    linear_backward({"qkv_dw", "qkv_db", "qkv_dw_db", "qkv_dx"}, dqkv_, x_in, L.in_proj_w, L.in_proj_b, rows.dx, 3 * h, h, 1.f);  // rows.dx = d x_in
     tp_all_reduce(s, rows.dx, rows.M);  // column-parallel QKV's input gradient
   }
 }
@@ -764,10 +761,8 @@ void GpuTransformerT<T>::stage_backward(cudaStream_t s, ParamAccess& P, void* gr
     P.grads_written(s, table_.head_unit());
   } else {
     TimedRegion r("head", s);
-    timed(s, "dw", cost::gemm_grad_weight(M_, V, h, es, acc),
-          [&] { gemm_->grad_weight(s, logits_, xs_[Ln], H.g(table_.output_w()), gt, M_, V, h, acc); });
-    timed(s, "db", cost::bias_grad(M_, V, es, acc),
-          [&] { kernels::bias_grad(s, logits_, H.g(table_.output_b()), gt, M_, V, acc, scratch_); });
+    param_grads(s, {"dw", "db", "dw_db", "dx"}, logits_, xs_[Ln], H.g(table_.output_w()), H.g(table_.output_b()), gt,
+                acc, M_, V, h);
     timed(s, "dx", cost::gemm_grad_input(M_, V, h, false),
           [&] { gemm_->grad_input(s, logits_, H.w(table_.output_w()), dx_, M_, V, h, 0.f); });
     P.release(s, table_.head_unit());
@@ -847,6 +842,16 @@ void GpuTransformerT<T>::stage_backward(cudaStream_t s, ParamAccess& P, void* gr
   });
   if (sharded()) tp_embedding_rows_clear(s, E, gt);  // the lookup's scatter reached every token's row
   P.grads_written(s, table_.embedding_unit());
+}
+
+template <typename T>
+void GpuTransformerT<T>::param_grads(cudaStream_t s, const LinearRegions& n, const T* dy, const T* x, void* gw,
+                                     void* gb, DType gt, bool acc, int M, int N, int K) {
+  linear_param_grads(
+      s, n, M, N, K, dtype_size(gt), acc,
+      [&] { gemm_->grad_weight_bias(s, dy, x, gw, gb, gt, M, N, K, acc, scratch_); },
+      [&] { gemm_->grad_weight(s, dy, x, gw, gt, M, N, K, acc); },
+      [&] { kernels::bias_grad(s, dy, gb, gt, M, N, acc, scratch_); });
 }
 
 template class GpuTransformerT<bf16>;

@@ -27,6 +27,7 @@
 
 #include "kernels/attention.cuh"
 #include "kernels/gemm.cuh"
+#include "model/linear_param_grads.h"
 #include "model/moe_layer.h"
 #include "model/moe_stats.h"
 #include "model/tensor_parallel.h"
@@ -452,6 +453,20 @@ class GpuTransformerT final : public GpuModel {
   // pg, scattered back.
   void packed_grad_weight(cudaStream_t s, const T* dy, const T* x, void* g, DType gt, bool acc, int M, int N, int K,
                           const SliceRuns& r);
+  // The same with the bias gradient into `db` (not packed) from the GEMM (Gemm::grad_weight_bias).
+  void packed_grad_weight_bias(cudaStream_t s, const T* dy, const T* x, void* g, void* db, DType gt, bool acc, int M,
+                               int N, int K, const SliceRuns& r);
+  // A linear layer's dW into gw and db into gb (y = x·Wᵀ + b, dy [M, N], x [M, K]; added to when
+  // `acc`), timed as linear_param_grads names them (transformer_gpu.cpp).
+  void param_grads(cudaStream_t s, const LinearRegions& n, const T* dy, const T* x, void* gw, void* gb, DType gt,
+                   bool acc, int M, int N, int K);
+  // A row-parallel layer's (fc2, out_proj) dW through packed scratch and its whole db, as
+  // linear_param_grads times them (regions `<layer>_dw_db`, or `<layer>_dw` and `<layer>_db`).
+  void tp_row_param_grads(cudaStream_t s, const char* layer, const T* dy, const T* x, void* gw, void* gb, DType gt,
+                          bool acc, int M, int N, int K, const SliceRuns& r);
+  // The qkv projection's dW and its db of the rank's head slices (packed through tp_gb_), the same way.
+  void tp_qkv_param_grads(cudaStream_t s, const T* dq, const T* x, void* gw, void* gb, DType gt, bool acc, int M,
+                          int N, int K);
   // The sharded blocks and head (transformer_gpu_tp.cpp); rows.dx as in layer_backward.
   void tp_layer_forward(cudaStream_t s, const Unit& U, int l, const LayerActs& a, const T* x_in, T* x_out,
                         const Rows& rows);

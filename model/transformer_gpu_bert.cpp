@@ -22,6 +22,7 @@
 #include "kernels/mlm_gather.cuh"
 #include "kernels/token_drop.cuh"
 #include "model/kernel_costs.h"
+#include "model/linear_param_grads.h"
 #include "model/timed_call.h"
 #include "model/transformer_gpu.h"
 #include "runtime/check.h"
@@ -257,15 +258,11 @@ void GpuTransformerT<T>::bert_layer_backward(cudaStream_t s, const Unit& U, DTyp
   const bool inv = bc.normalize_invertible;
   auto w = [&](int idx) { return U.w(idx); };
   auto g = [&](int idx) { return U.g(idx); };
-  struct LinearRegions {
-    const char *dw, *db, *dx;
-  };
-  // y = x W^T + b with dy [M, N]: dW, db per `acc`, then dx (+ what dx holds when beta = 1).
+  // y = x W^T + b with dy [M, N]: dW, db per `acc` (db in the GEMM's epilogue where the measured
+  // rule says so: linear_param_grads.h), then dx (+ what dx holds when beta = 1).
   auto linear_backward = [&](LinearRegions n, const T* dy, const T* x, int w_idx, int b_idx, T* dx, int N,
                              int K, float beta) {
-    timed(s, n.dw, cost::gemm_grad_weight(M_, N, K, es, acc),
-          [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, M_, N, K, acc); });
-    timed(s, n.db, cost::bias_grad(M_, N, es, acc), [&] { kernels::bias_grad(s, dy, g(b_idx), gt, M_, N, acc, scratch_); });
+    param_grads(s, n, dy, x, g(w_idx), g(b_idx), gt, acc, M_, N, K);
     timed(s, n.dx, cost::gemm_grad_input(M_, N, K, beta != 0.f), [&] { gemm_->grad_input(s, dy, w(w_idx), dx, M_, N, K, beta); });
   };
   // d(t) = dropout_backward(d(out)) at a hidden site, into `spare`; without dropout d(out) itself.
@@ -297,21 +294,21 @@ void GpuTransformerT<T>::bert_layer_backward(cudaStream_t s, const Unit& U, DTyp
       timed(s, "gelu_recompute", cost::gelu_forward(std::size_t(M_) * F), [&] {
         kernels::gelu_forward(s, a.f, nullptr, nullptr, a.g, std::size_t(M_), F, kernels::GeluKind::Erf);
       });
-    linear_backward({"fc2_dw", "fc2_db", "fc2_dx"}, du, a.g, L.ff2_w, L.ff2_b, d4h_, h, F, 0.f);  // d4h_ = d g
+    linear_backward({"fc2_dw", "fc2_db", "fc2_dw_db", "fc2_dx"}, du, a.g, L.ff2_w, L.ff2_b, d4h_, h, F, 0.f);  // d4h_ = d g
     timed(s, "gelu", cost::gelu_backward(std::size_t(M_) * F),
           [&] { kernels::gelu_backward(s, d4h_, a.f, d4h_, std::size_t(M_) * F, kernels::GeluKind::Erf); });
-    linear_backward({"fc1_dw", "fc1_db", "fc1_dx"}, d4h_, in, L.ff0_w, L.ff0_b, din, F, h, beta);
+    linear_backward({"fc1_dw", "fc1_db", "fc1_dw_db", "fc1_dx"}, d4h_, in, L.ff0_w, L.ff0_b, din, F, h, beta);
   };
   // The attention from dt (d of out_proj's output before its bias) to d of its input `in`,
   // written into dx_ (added to what it holds when beta = 1).
   auto attention_backward = [&](const T* dt, const T* in, float beta) {
     TimedRegion r("attn", s);
-    linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dx"}, dt, a.att, L.out_proj_w, L.out_proj_b, d4h_, h, h,
+    linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dw_db", "out_proj_dx"}, dt, a.att, L.out_proj_w, L.out_proj_b, d4h_, h, h,
                     0.f);  // d4h_ = d att
     timed(s, "attention", cost::attention_backward(B_, S_, attn_.heads, attn_.head_dim, false), [&] {
       kernels::attention_backward(s, a.qkv, a.att, d4h_, a.lse, dqkv_, scratch_, attn_, true, bert_attention(l));
     });
-    linear_backward({"qkv_dw", "qkv_db", "qkv_dx"}, dqkv_, in, L.in_proj_w, L.in_proj_b, dx_, 3 * h, h, beta);
+    linear_backward({"qkv_dw", "qkv_db", "qkv_dw_db", "qkv_dx"}, dqkv_, in, L.in_proj_w, L.in_proj_b, dx_, 3 * h, h, beta);
   };
   if (bc.pre_layer_norm) {
     // dx_ = dy; y = a + drop(u), a = x + drop(t).
@@ -381,10 +378,8 @@ void GpuTransformerT<T>::bert_head_backward(cudaStream_t s, const Unit& H, const
   const bool pre = d.bert.pre_layer_norm;
   // The tied weight's gradient is the word embedding's: written (or added) here, the lookup's
   // share added by the embedding backward.
-  timed(s, "dw", cost::gemm_grad_weight(P, V, h, es, acc),
-        [&] { gemm_->grad_weight(s, logits_, head_n_, E.g(table_.output_w()), gt, P, V, h, acc); });
-  timed(s, "db", cost::bias_grad(P, V, es, acc),
-        [&] { kernels::bias_grad(s, logits_, H.g(table_.output_b()), gt, P, V, acc, scratch_); });
+  param_grads(s, {"dw", "db", "dw_db", "dx"}, logits_, head_n_, E.g(table_.output_w()), H.g(table_.output_b()), gt,
+              acc, P, V, h);
   timed(s, "dx", cost::gemm_grad_input(P, V, h, false),
         [&] { gemm_->grad_input(s, logits_, E.w(table_.output_w()), dh_, P, V, h, 0.f); });
   timed(s, "transform_ln", cost::layernorm_backward(P, h, es, acc), [&] {
@@ -401,10 +396,8 @@ void GpuTransformerT<T>::bert_head_backward(cudaStream_t s, const Unit& H, const
   });
   const T* xf = pre ? lnf_ : head_x_;
   // d4h_ [P_, h] = d(transform input), then (Pre-LN) d(head_x_) in place.
-  timed(s, "transform_dw", cost::gemm_grad_weight(P, h, h, es, acc),
-        [&] { gemm_->grad_weight(s, dh_, xf, H.g(table_.head_dense_w()), gt, P, h, h, acc); });
-  timed(s, "transform_db", cost::bias_grad(P, h, es, acc),
-        [&] { kernels::bias_grad(s, dh_, H.g(table_.head_dense_b()), gt, P, h, acc, scratch_); });
+  param_grads(s, {"transform_dw", "transform_db", "transform_dw_db", "transform_dx"}, dh_, xf,
+              H.g(table_.head_dense_w()), H.g(table_.head_dense_b()), gt, acc, P, h, h);
   timed(s, "transform_dx", cost::gemm_grad_input(P, h, h, false),
         [&] { gemm_->grad_input(s, dh_, H.w(table_.head_dense_w()), d4h_, P, h, h, 0.f); });
   if (pre)

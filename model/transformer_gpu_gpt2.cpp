@@ -10,6 +10,7 @@
 #include "kernels/gelu.cuh"
 #include "kernels/layernorm.cuh"
 #include "model/kernel_costs.h"
+#include "model/linear_param_grads.h"
 #include "model/timed_call.h"
 #include "model/transformer_gpu.h"
 #include "runtime/timing.h"
@@ -81,15 +82,11 @@ void GpuTransformerT<T>::gpt2_layer_backward(cudaStream_t s, const Unit& U, DTyp
   auto w = [&](int idx) { return U.w(idx); };
   auto g = [&](int idx) { return U.g(idx); };
   const auto& A = rows.attn;
-  struct LinearRegions {
-    const char *dw, *db, *dx;
-  };
-  // y = x W^T + b with dy [M, N]: dW, db per `acc`, then dx (with the DGELU epilogue when `aux`).
+  // y = x W^T + b with dy [M, N]: dW, db per `acc` (db in the GEMM's epilogue where the measured
+  // rule says so: linear_param_grads.h), then dx (with the DGELU epilogue when `aux`).
   auto linear_backward = [&](LinearRegions n, const T* dy, const T* x, int w_idx, int b_idx, T* dx, int N,
                              int K, const T* aux) {
-    timed(s, n.dw, cost::gemm_grad_weight(rows.M, N, K, es, acc),
-          [&] { gemm_->grad_weight(s, dy, x, g(w_idx), gt, rows.M, N, K, acc); });
-    timed(s, n.db, cost::bias_grad(rows.M, N, es, acc), [&] { kernels::bias_grad(s, dy, g(b_idx), gt, rows.M, N, acc, scratch_); });
+    param_grads(s, n, dy, x, g(w_idx), g(b_idx), gt, acc, rows.M, N, K);
     timed(s, n.dx, cost::gemm_grad_input(rows.M, N, K, false),
           [&] { gemm_->grad_input(s, dy, w(w_idx), dx, rows.M, N, K, 0.f, aux); });
   };
@@ -111,8 +108,8 @@ void GpuTransformerT<T>::gpt2_layer_backward(cudaStream_t s, const Unit& U, DTyp
       });
     }
     // rows.dx = d(block output) = d(MLP output) = the residual's share of d s1.
-    linear_backward({"fc2_dw", "fc2_db", "fc2_dx"}, rows.dx, a.g, L.ff2_w, L.ff2_b, d4h_, h, F, a.f);  // d4h_ = d f
-    linear_backward({"fc1_dw", "fc1_db", "fc1_dx"}, d4h_, a.s2, L.ff0_w, L.ff0_b, dh_, F, h, nullptr);  // d s2
+    linear_backward({"fc2_dw", "fc2_db", "fc2_dw_db", "fc2_dx"}, rows.dx, a.g, L.ff2_w, L.ff2_b, d4h_, h, F, a.f);  // d4h_ = d f
+    linear_backward({"fc1_dw", "fc1_db", "fc1_dw_db", "fc1_dx"}, d4h_, a.s2, L.ff0_w, L.ff0_b, dh_, F, h, nullptr);  // d s2
     tp_all_reduce(s, dh_, rows.M);  // column-parallel FC1's input gradient
     timed(s, "ln2", cost::layernorm_backward(rows.M, h, es, acc), [&] {  // dh_ = d s1 (LN2's + the residual's)
       kernels::layernorm_backward(s, dh_, a.s1, a.mean2, a.rstd2, w(L.norm2_w), rows.dx, dh_, g(L.norm2_w), g(L.norm2_b),
@@ -121,11 +118,11 @@ void GpuTransformerT<T>::gpt2_layer_backward(cudaStream_t s, const Unit& U, DTyp
   }
   {
     TimedRegion r("attn", s);
-    linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dx"}, dh_, a.att, L.out_proj_w, L.out_proj_b, rows.dx, h, h,
+    linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dw_db", "out_proj_dx"}, dh_, a.att, L.out_proj_w, L.out_proj_b, rows.dx, h, h,
                     nullptr);  // rows.dx = d att
     timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
           [&] { kernels::attention_backward(s, a.qkv, a.att, rows.dx, a.lse, dqkv_, scratch_, rows.attn, true); });
-    linear_backward({"qkv_dw", "qkv_db", "qkv_dx"}, dqkv_, a.x1, L.in_proj_w, L.in_proj_b, rows.dx, 3 * h, h,
+    linear_backward({"qkv_dw", "qkv_db", "qkv_dw_db", "qkv_dx"}, dqkv_, a.x1, L.in_proj_w, L.in_proj_b, rows.dx, 3 * h, h,
                     nullptr);  // rows.dx = d x1
     tp_all_reduce(s, rows.dx, rows.M);  // column-parallel QKV's input gradient
     timed(s, "ln1", cost::layernorm_backward(rows.M, h, es, acc), [&] {  // rows.dx = d x_in (LN1's + d s1)

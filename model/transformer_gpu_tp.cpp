@@ -14,6 +14,7 @@
 #include "kernels/layernorm.cuh"
 #include "kernels/vocab_parallel_loss.cuh"
 #include "model/kernel_costs.h"
+#include "model/linear_param_grads.h"
 #include "model/timed_call.h"
 #include "model/transformer_gpu.h"
 #include "runtime/check.h"
@@ -41,6 +42,44 @@ void GpuTransformerT<T>::packed_grad_weight(cudaStream_t s, const T* dy, const T
   if (acc) pack(s, tp_gw_, g, r, es);
   gemm_->grad_weight(s, dy, x, tp_gw_, gt, M, N, K, acc);
   unpack(s, g, tp_gw_, r, es);
+}
+
+template <typename T>
+void GpuTransformerT<T>::packed_grad_weight_bias(cudaStream_t s, const T* dy, const T* x, void* g, void* db, DType gt,
+                                                 bool acc, int M, int N, int K, const SliceRuns& r) {
+  const std::size_t es = dtype_size(gt);
+  if (acc) pack(s, tp_gw_, g, r, es);
+  gemm_->grad_weight_bias(s, dy, x, tp_gw_, db, gt, M, N, K, acc, scratch_);
+  unpack(s, g, tp_gw_, r, es);
+}
+
+template <typename T>
+void GpuTransformerT<T>::tp_row_param_grads(cudaStream_t s, const char* layer, const T* dy, const T* x, void* gw,
+                                            void* gb, DType gt, bool acc, int M, int N, int K, const SliceRuns& r) {
+  const std::string n(layer), dw = n + "_dw", db = n + "_db", dw_db = n + "_dw_db", dx = n + "_dx";
+  linear_param_grads(
+      s, {dw.c_str(), db.c_str(), dw_db.c_str(), dx.c_str()}, M, N, K, dtype_size(gt), acc,
+      [&] { packed_grad_weight_bias(s, dy, x, gw, gb, gt, acc, M, N, K, r); },
+      [&] { packed_grad_weight(s, dy, x, gw, gt, acc, M, N, K, r); },
+      [&] { kernels::bias_grad(s, dy, gb, gt, M, N, acc, scratch_); });
+}
+
+template <typename T>
+void GpuTransformerT<T>::tp_qkv_param_grads(cudaStream_t s, const T* dq, const T* x, void* gw, void* gb, DType gt,
+                                            bool acc, int M, int N, int K) {
+  const std::size_t es = dtype_size(gt);
+  linear_param_grads(
+      s, {"qkv_dw", "qkv_db", "qkv_dw_db", "qkv_dx"}, M, N, K, es, acc,
+      [&] {  // only without accumulation: tp_gb_ is written whole, then scattered
+        packed_grad_weight_bias(s, dq, x, gw, tp_gb_, gt, acc, M, N, K, tp_runs_.qkv_w);
+        unpack(s, gb, tp_gb_, tp_runs_.qkv_b, es);
+      },
+      [&] { packed_grad_weight(s, dq, x, gw, gt, acc, M, N, K, tp_runs_.qkv_w); },
+      [&] {
+        if (acc) pack(s, tp_gb_, gb, tp_runs_.qkv_b, es);
+        kernels::bias_grad(s, dq, tp_gb_, gt, M, N, acc, scratch_);
+        unpack(s, gb, tp_gb_, tp_runs_.qkv_b, es);
+      });
 }
 
 template <typename T>
@@ -173,19 +212,14 @@ void GpuTransformerT<T>::tp_layer_backward(cudaStream_t s, const Unit& U, DType 
         kernels::layernorm_backward(s, dx, v.s2, v.mean2, v.rstd2, w(L.norm2_w), nullptr, dx, g(L.norm2_w),
                                     g(L.norm2_b), gt, ac, scratch_, Mp, h);
       });
-      timed(s, "fc2_dw", cost::gemm_grad_weight(Mp, h, Fp, es, ac),
-            [&] { packed_grad_weight(s, dx, v.g, g(L.ff2_w), gt, ac, Mp, h, Fp, tp_runs_.ff2_w); });
-      timed(s, "fc2_db", cost::bias_grad(Mp, h, es, ac),
-            [&] { kernels::bias_grad(s, dx, g(L.ff2_b), gt, Mp, h, ac, scratch_); });
+      tp_row_param_grads(s, "fc2", dx, v.g, g(L.ff2_w), g(L.ff2_b), gt, ac, Mp, h, Fp, tp_runs_.ff2_w);
       pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
       timed(s, "fc2_dx", cost::gemm_grad_input(Mp, h, Fp, false),
             [&] { gemm_->grad_input(s, dx, tp_w_, d4, Mp, h, Fp, 0.f); });
       timed(s, "gelu", cost::gelu_backward(std::size_t(Mp) * Fp),
             [&] { kernels::gelu_backward(s, d4, v.f, d4, std::size_t(Mp) * Fp, kernels::GeluKind::Erf); });
-      timed(s, "fc1_dw", cost::gemm_grad_weight(Mp, Fp, h, es, ac),
-            [&] { gemm_->grad_weight(s, d4, v.x1, g_at(L.ff0_w, f0 * h), gt, Mp, Fp, h, ac); });
-      timed(s, "fc1_db", cost::bias_grad(Mp, Fp, es, ac),
-            [&] { kernels::bias_grad(s, d4, g_at(L.ff0_b, f0), gt, Mp, Fp, ac, scratch_); });
+      param_grads(s, {"fc1_dw", "fc1_db", "fc1_dw_db", "fc1_dx"}, d4, v.x1, g_at(L.ff0_w, f0 * h), g_at(L.ff0_b, f0),
+                  gt, ac, Mp, Fp, h);
       timed(s, "fc1_dx", cost::gemm_grad_input(Mp, Fp, h, residual != 0.f),
             [&] { gemm_->grad_input(s, d4, w(L.ff0_w) + f0 * h, dx, Mp, Fp, h, residual); });
       tp_reduce_piece(s, dx, Mp, p);  // d x1
@@ -203,22 +237,13 @@ void GpuTransformerT<T>::tp_layer_backward(cudaStream_t s, const Unit& U, DType 
       kernels::layernorm_backward(s, dx, v.s1, v.mean1, v.rstd1, w(L.norm1_w), nullptr, dx, g(L.norm1_w),
                                   g(L.norm1_b), gt, ac, scratch_, Mp, h);
     });
-    timed(s, "out_proj_dw", cost::gemm_grad_weight(Mp, h, hl, es, ac),
-          [&] { packed_grad_weight(s, dx, v.att, g(L.out_proj_w), gt, ac, Mp, h, hl, tp_runs_.out_proj_w); });
-    timed(s, "out_proj_db", cost::bias_grad(Mp, h, es, ac),
-          [&] { kernels::bias_grad(s, dx, g(L.out_proj_b), gt, Mp, h, ac, scratch_); });
+    tp_row_param_grads(s, "out_proj", dx, v.att, g(L.out_proj_w), g(L.out_proj_b), gt, ac, Mp, h, hl, tp_runs_.out_proj_w);
     pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
     timed(s, "out_proj_dx", cost::gemm_grad_input(Mp, h, hl, false),
           [&] { gemm_->grad_input(s, dx, tp_w_, datt, Mp, h, hl, 0.f); });
     timed(s, "attention", cost::attention_backward(pattn.batch, pattn.seq, pattn.heads, pattn.head_dim, pattn.causal),
           [&] { kernels::attention_backward(s, v.qkv, v.att, datt, v.lse, dq, scratch_, pattn, true); });
-    timed(s, "qkv_dw", cost::gemm_grad_weight(Mp, 3 * hl, h, es, ac),
-          [&] { packed_grad_weight(s, dq, at(x_in, p, h), g(L.in_proj_w), gt, ac, Mp, 3 * hl, h, tp_runs_.qkv_w); });
-    timed(s, "qkv_db", cost::bias_grad(Mp, 3 * hl, es, ac), [&] {
-      if (ac) pack(s, tp_gb_, g(L.in_proj_b), tp_runs_.qkv_b, es);
-      kernels::bias_grad(s, dq, tp_gb_, gt, Mp, 3 * hl, ac, scratch_);
-      unpack(s, g(L.in_proj_b), tp_gb_, tp_runs_.qkv_b, es);
-    });
+    tp_qkv_param_grads(s, dq, at(x_in, p, h), g(L.in_proj_w), g(L.in_proj_b), gt, ac, Mp, 3 * hl, h);
     pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
     timed(s, "qkv_dx", cost::gemm_grad_input(Mp, 3 * hl, h, residual != 0.f),
           [&] { gemm_->grad_input(s, dq, tp_w_, dx, Mp, 3 * hl, h, residual); });
@@ -314,17 +339,12 @@ void GpuTransformerT<T>::tp_gpt2_layer_backward(cudaStream_t s, const Unit& U, D
       }
       // dx = d(block output) = d(MLP output): FC2's dW (packed columns), db (replicated), then d f
       // through the DGELU epilogue; FC1's rows are contiguous.
-      timed(s, "fc2_dw", cost::gemm_grad_weight(Mp, h, Fp, es, ac),
-            [&] { packed_grad_weight(s, dx, v.g, g(L.ff2_w), gt, ac, Mp, h, Fp, tp_runs_.ff2_w); });
-      timed(s, "fc2_db", cost::bias_grad(Mp, h, es, ac),
-            [&] { kernels::bias_grad(s, dx, g(L.ff2_b), gt, Mp, h, ac, scratch_); });
+      tp_row_param_grads(s, "fc2", dx, v.g, g(L.ff2_w), g(L.ff2_b), gt, ac, Mp, h, Fp, tp_runs_.ff2_w);
       pack(s, tp_w_, w(L.ff2_w), tp_runs_.ff2_w, sizeof(T));
       timed(s, "fc2_dx", cost::gemm_grad_input(Mp, h, Fp, false),
             [&] { gemm_->grad_input(s, dx, tp_w_, d4, Mp, h, Fp, 0.f, v.f); });
-      timed(s, "fc1_dw", cost::gemm_grad_weight(Mp, Fp, h, es, ac),
-            [&] { gemm_->grad_weight(s, d4, v.s2, g_at(L.ff0_w, f0 * h), gt, Mp, Fp, h, ac); });
-      timed(s, "fc1_db", cost::bias_grad(Mp, Fp, es, ac),
-            [&] { kernels::bias_grad(s, d4, g_at(L.ff0_b, f0), gt, Mp, Fp, ac, scratch_); });
+      param_grads(s, {"fc1_dw", "fc1_db", "fc1_dw_db", "fc1_dx"}, d4, v.s2, g_at(L.ff0_w, f0 * h), g_at(L.ff0_b, f0),
+                  gt, ac, Mp, Fp, h);
       timed(s, "fc1_dx", cost::gemm_grad_input(Mp, Fp, h, false),
             [&] { gemm_->grad_input(s, d4, w(L.ff0_w) + f0 * h, dh, Mp, Fp, h, 0.f); });
       tp_reduce_piece(s, dh, Mp, p);  // d s2
@@ -344,22 +364,13 @@ void GpuTransformerT<T>::tp_gpt2_layer_backward(cudaStream_t s, const Unit& U, D
       kernels::layernorm_backward(s, dh, v.s1, v.mean2, v.rstd2, w(L.norm2_w), dx, dh, g(L.norm2_w), g(L.norm2_b), gt,
                                   ac, scratch_, Mp, h);
     });
-    timed(s, "out_proj_dw", cost::gemm_grad_weight(Mp, h, hl, es, ac),
-          [&] { packed_grad_weight(s, dh, v.att, g(L.out_proj_w), gt, ac, Mp, h, hl, tp_runs_.out_proj_w); });
-    timed(s, "out_proj_db", cost::bias_grad(Mp, h, es, ac),
-          [&] { kernels::bias_grad(s, dh, g(L.out_proj_b), gt, Mp, h, ac, scratch_); });
+    tp_row_param_grads(s, "out_proj", dh, v.att, g(L.out_proj_w), g(L.out_proj_b), gt, ac, Mp, h, hl, tp_runs_.out_proj_w);
     pack(s, tp_w_, w(L.out_proj_w), tp_runs_.out_proj_w, sizeof(T));
     timed(s, "out_proj_dx", cost::gemm_grad_input(Mp, h, hl, false),
           [&] { gemm_->grad_input(s, dh, tp_w_, datt, Mp, h, hl, 0.f); });
     timed(s, "attention", cost::attention_backward(pattn.batch, pattn.seq, pattn.heads, pattn.head_dim, pattn.causal),
           [&] { kernels::attention_backward(s, v.qkv, v.att, datt, v.lse, dq, scratch_, pattn, true); });
-    timed(s, "qkv_dw", cost::gemm_grad_weight(Mp, 3 * hl, h, es, ac),
-          [&] { packed_grad_weight(s, dq, v.x1, g(L.in_proj_w), gt, ac, Mp, 3 * hl, h, tp_runs_.qkv_w); });
-    timed(s, "qkv_db", cost::bias_grad(Mp, 3 * hl, es, ac), [&] {
-      if (ac) pack(s, tp_gb_, g(L.in_proj_b), tp_runs_.qkv_b, es);
-      kernels::bias_grad(s, dq, tp_gb_, gt, Mp, 3 * hl, ac, scratch_);
-      unpack(s, g(L.in_proj_b), tp_gb_, tp_runs_.qkv_b, es);
-    });
+    tp_qkv_param_grads(s, dq, v.x1, g(L.in_proj_w), g(L.in_proj_b), gt, ac, Mp, 3 * hl, h);
     pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
     timed(s, "qkv_dx", cost::gemm_grad_input(Mp, 3 * hl, h, false),
           [&] { gemm_->grad_input(s, dq, tp_w_, dx, Mp, 3 * hl, h, 0.f); });
@@ -452,13 +463,14 @@ void GpuTransformerT<T>::tp_head_backward(cudaStream_t s, const Unit& H, const U
   T* dx = gpt2 ? dh_ : dx_;
   // logits_ holds the rank's dlogits [M, Vs]. GPT-2: wte's gradient rows written (or added) here,
   // the lookup's share added by the embedding backward.
-  timed(s, "dw", cost::gemm_grad_weight(M_, Vs, h, es, acc), [&] {
-    gemm_->grad_weight(s, logits_, x, static_cast<char*>(W.g(table_.output_w())) + v0 * h * es, gt, M_, Vs, h, acc);
-  });
-  if (!gpt2)
-    timed(s, "db", cost::bias_grad(M_, Vs, es, acc), [&] {
-      kernels::bias_grad(s, logits_, static_cast<char*>(H.g(table_.output_b())) + v0 * es, gt, M_, Vs, acc, scratch_);
-    });
+  void* gw = static_cast<char*>(W.g(table_.output_w())) + v0 * h * es;
+  if (gpt2) {  // no output bias
+    timed(s, "dw", cost::gemm_grad_weight(M_, Vs, h, es, acc),
+          [&] { gemm_->grad_weight(s, logits_, x, gw, gt, M_, Vs, h, acc); });
+  } else {
+    void* gb = static_cast<char*>(H.g(table_.output_b())) + v0 * es;
+    param_grads(s, {"dw", "db", "dw_db", "dx"}, logits_, x, gw, gb, gt, acc, M_, Vs, h);
+  }
   timed(s, "dx", cost::gemm_grad_input(M_, Vs, h, false),
         [&] { gemm_->grad_input(s, logits_, W.w(table_.output_w()) + v0 * h, dx, M_, Vs, h, 0.f); });
   tp_all_reduce(s, dx, M_);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 
+#include "kernels/gemm_bias_grad_rule.h"
 #include "model/kernel_costs.h"
 #include "runtime/error.h"
 #include "runtime/file_util.h"
@@ -44,9 +45,13 @@ KernelTimings roofline_timings(const model::ModelDims& d, int B, int S, bool cau
   k.embed_bwd = t(cost::embedding_backward(B, S, h, g));
   const double ln_f = 2 * t(cost::layernorm_residual_forward(M, h));
   const double ln_b = 2 * t(cost::layernorm_backward(M, h, g, false));
+  // dW and db as the models run them (kernels/gemm_bias_grad_rule.h: db in the GEMM's epilogue or
+  // the reduction after it), then dx.
   auto linear_bwd = [&](std::size_t N, std::size_t K) {
-    return t(cost::gemm_grad_weight(M, N, K, g, false)) + t(cost::bias_grad(M, N, g, false)) +
-           t(cost::gemm_grad_input(M, N, K, false));
+    const double params = kernels::bias_grad_in_epilogue(int(M), int(N), int(K), false)
+                              ? t(cost::gemm_grad_weight_bias(M, N, K, g))
+                              : t(cost::gemm_grad_weight(M, N, K, g, false)) + t(cost::bias_grad(M, N, g, false));
+    return params + t(cost::gemm_grad_input(M, N, K, false));
   };
   k.layer_fwd = t(cost::gemm_forward(M, 3 * h, h)) + t(cost::attention_forward(B, S, H, D, causal)) +
                 t(cost::gemm_forward(M, h, h)) + t(cost::gemm_forward(M, F, h)) + t(cost::gelu_forward(M * F)) +

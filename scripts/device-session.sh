@@ -126,7 +126,8 @@
 #               timing report (MFU, llm.c's count) and graph-replay step with peak memory,
 #               LARGE_CONFIGS (default bf16_full baseline). About 2 minutes.
 #   sanitize    compute-sanitizer memcheck, racecheck and synccheck on the sm90 attention pair's and
-#               the cross-entropy kernel's tests (SAN_ATTN, SAN_CE: gtest filters). About 4 minutes.
+#               the cross-entropy kernel's tests (SAN_ATTN, SAN_CE: gtest filters; SAN_TOOLS, SAN_SUITES
+#               narrow them). About 4 minutes.
 #   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
@@ -557,14 +558,20 @@ fi
 if want sanitize; then
   # compute-sanitizer on issue #24's kernels: memcheck, racecheck (shared-memory hazards) and
   # synccheck (barrier misuse) on the sm90 attention pair's odd-shape tests and the cross-entropy
-  # tests. SAN_ATTN / SAN_CE: gtest filters (small shapes: every launch runs instrumented).
+  # tests. SAN_ATTN / SAN_CE: gtest filters (small shapes: every launch runs instrumented);
+  # SAN_TOOLS (default all three) and SAN_SUITES (default "attention ce") narrow a short call.
   t=build/gpu/tests
   fa=${SAN_ATTN:-'OddShapes/AttentionHopperGpu.*S129D64_causal:OddShapes/AttentionHopperGpu.*S200D128_full:OddShapes/AttentionHopperBwdGpu.*S129*:Masked/AttentionHopperOptionsGpu.*'}
   fc=${SAN_CE:-'*'}
-  for tool in memcheck racecheck synccheck; do
-    step san_${tool}_attention 150 "compute-sanitizer --tool $tool --error-exitcode 9 $t/test_attention_hopper_gpu --gtest_filter='$fa' && compute-sanitizer --tool $tool --error-exitcode 9 $t/test_attention_hopper_options_gpu --gtest_filter='$fa'"
-    step san_${tool}_ce 90 "compute-sanitizer --tool $tool --error-exitcode 9 $t/test_cross_entropy_gpu --gtest_filter='$fc'"
-    for n in attention ce; do
+  suites=${SAN_SUITES:-attention ce}
+  for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
+    case " $suites " in *" attention "*)
+      step san_${tool}_attention 150 "compute-sanitizer --tool $tool --error-exitcode 9 $t/test_attention_hopper_gpu --gtest_filter='$fa' && compute-sanitizer --tool $tool --error-exitcode 9 $t/test_attention_hopper_options_gpu --gtest_filter='$fa'" ;;
+    esac
+    case " $suites " in *" ce "*)
+      step san_${tool}_ce 90 "compute-sanitizer --tool $tool --error-exitcode 9 $t/test_cross_entropy_gpu --gtest_filter='$fc'" ;;
+    esac
+    for n in $suites; do
       grep -E "ERROR SUMMARY|tests ran|PASSED|FAILED|Invalid|Race|hazard" "$logs/san_${tool}_$n.txt" | sort | uniq -c | head -12 | sed "s/^/$tool $n: /" >>"$sum" 2>/dev/null
     done
   done

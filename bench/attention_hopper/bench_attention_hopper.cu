@@ -2,36 +2,49 @@
 // production kernels), each schedule of each kernel, against the mma.sync pair it replaced
 // (bench/attention_mma/, this benchmark's baseline) on the same inputs, in the same process, at S
 // 512-8192 with B*S = 16384 tokens, 16 heads, d64 / d128, full and causal.
-// Forward rows, each consumer schedule (serial; overlap: tile j's P V in flight while tile j+1's S
-// is issued): "attention_hopper/fwd[_causal][_overlap]/B<b>H16S<s>D<d>". Manual time and TFLOP/s
+// Forward rows, the production entry (kernels::attention_forward: the schedule table's choice) and
+// each consumer schedule (overlap: tile j's P V in flight while tile j+1's S is issued; pingpong:
+// the warpgroups take turns at the tensor cores, FlashAttention-3's):
+// "attention_hopper/fwd[_causal][_overlap|_pingpong]/B<b>H16S<s>D<d>", on the sweep plus the peer's
+// shapes it lacks (B4H16S512D64, B4H16S2048D64, B4H16S2048D128; the production entry's rows carry
+// the plain name, so compare.py pairs them with the peer's SDPA rows). Manual time and TFLOP/s
 // (4·B·H·S²·D, halved causal) are the sm90 kernel's; mma_us / mma_TFLOP/s the mma.sync baseline's
 // (median of 100 flushed calls, once per shape, before that shape's first row); speedup =
 // mma_us / median_us. out_rel_diff / lse_rel_diff: ||sm90 - mma|| / ||mma|| of one call each (both
 // within 1e-2 / 1e-4 of the references in the tests), so a wrong-but-fast kernel shows here too.
-// Backward rows (fast mode), "attention_hopper/bwd[_causal][_decoupled]/<shape>" (the whole
-// backward: row_dot, the wgmma pass, the dQ convert; from the production forward's O and lse; each
-// warpgroup schedule: lockstep, decoupled) and "attention_hopper/fwdbwd[_causal][_decoupled]/<shape>"
-// (the sm90 forward with the production schedule table's choice, then the sm90 backward), on the
+// Backward rows, "attention_hopper/bwd[_causal][_lockstep]/<shape>" (the whole backward: the
+// production entry kernels::attention_backward without a determinism request, its plan for the
+// shape, or with _lockstep the one-pass lockstep schedule: row_dot, the wgmma pass, the dQ
+// convert; from the production forward's O and lse) and "attention_hopper/fwdbwd[_causal][_lockstep]/<shape>"
+// (the production forward kernels::attention_forward, then the sm90 backward), on the
 // same sweep plus bench/peers/attention_peer.py's shapes (B4H16S512D64, B4H16S2048D64,
 // B4H16S2048D128; its B2H16S8192D64 is in the sweep), so compare.py pairs these rows with the
-// peer's SDPA rows of the same pass and shape (the lockstep rows carry the plain name). TFLOP/s:
+// peer's SDPA rows of the same pass and shape. TFLOP/s:
 // 2.5x the forward's FLOPs for bwd, 3.5x for fwdbwd (halved causal); mma_us / mma_TFLOP/s: the
 // mma.sync pair on the same inputs (median of 100 flushed calls, once per shape and pass, before
 // its first row); dq/dk/dv_rel_diff: ||sm90 - mma|| / ||mma|| of one call.
 // BERT's shapes (B64H16S128D64, B16H16S512D64, non-causal), every pass and schedule, plain and with
 // its options as bench/bench_attention.cu runs them (the same mask of per-sequence lengths uniform
 // in [S/4, S], the same dropout key, p 0.1), both sides given the same options:
-// "attention_hopper/<pass>[_mask[_drop]][_overlap|_decoupled]/<shape>", so compare.py pairs the
-// serial / lockstep rows with the peer's "attention/<pass>_mask[_drop]/<shape>" SDPA rows (cuDNN
+// "attention_hopper/<pass>[_mask[_drop]][_overlap|_pingpong|_lockstep]/<shape>", so compare.py pairs the
+// production entry's rows (no schedule suffix) with the peer's "attention/<pass>_mask[_drop]/<shape>" SDPA rows (cuDNN
 // among them). Their TFLOP/s count the full S^2 work, as bench_attention's do.
 // Deterministic backward rows (the mode the models call: the dK/dV pass without atomics, then the
 // dQ pass; the baseline's deterministic mode is its mma.sync dK/dV and dQ passes),
-// "attention_hopper/bwd_det[_causal|_mask[_drop]]/<shape>": the production (lockstep) schedule at
+// "attention_hopper/bwd_det[_causal|_mask[_drop]]/<shape>": the production entry (its plan) at
 // S 512-2048 of the sweep (and the peer's shapes among them) and BERT's shapes with its options.
+// The warp-specialized schedules at the peer's shapes (B2H16S8192D64, B4H16S2048D64,
+// B4H16S2048D128, B4H16S512D64; full and causal): "attention_hopper/bwd[_causal]_producer/<shape>"
+// (fast mode) and "attention_hopper/bwd_det[_causal](_producer|_producer_overlap|_dqoverlap)/<shape>"
+// (deterministic: the producer dK/dV pass with the serial dQ pass; its overlap loop with the overlap
+// dQ pass; the lockstep dK/dV pass with the overlap dQ pass), with the lockstep bwd_det rows at S8192.
+// At d128 the producer schedules run lockstep's kernel and the overlap dQ pass the serial one
+// (registers: kernels/attention_sm90/), so those rows time the fallbacks.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -40,7 +53,7 @@
 #include "bench/support/bench_support.h"
 #include "kernels/attention.cuh"
 #include "kernels/attention_sm90/attention_sm90.h"
-#include "kernels/attention_sm90/layout.h"
+#include "kernels/attention_sm90/production.h"
 #include "runtime/check.h"
 
 using namespace cutrain;
@@ -109,7 +122,7 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& ref) {
   return den == 0 ? (num == 0 ? 0.0 : INFINITY) : std::sqrt(num / den);
 }
 
-// The mma.sync baseline forward's time and outputs for the last shape measured: the two schedules of a
+// The mma.sync baseline forward's time and outputs for the last shape measured: the schedules of a
 // shape run back to back (register_all's order) on the same inputs, so it runs once per shape.
 struct Baseline {
   std::string shape;
@@ -117,7 +130,8 @@ struct Baseline {
   std::vector<float> out, lse;
 };
 
-void bench_forward(benchmark::State& state, AttentionShape sh, kernels::sm90::Schedule schedule,
+// schedule: one of the sm90 forward's; none: the production entry kernels::attention_forward.
+void bench_forward(benchmark::State& state, AttentionShape sh, std::optional<kernels::sm90::Schedule> schedule,
                    Opts opts = Opts::Plain) {
   if (!bench::require_gpu(state)) return;
   static Baseline prod;
@@ -141,7 +155,10 @@ void bench_forward(benchmark::State& state, AttentionShape sh, kernels::sm90::Sc
     prod.shape = key;
   }
   auto hopper_fwd = [&](cudaStream_t st) {
-    kernels::sm90::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, schedule, ro.opt);
+    if (schedule)
+      kernels::sm90::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, *schedule, ro.opt);
+    else
+      kernels::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, ro.opt);
   };
   hopper_fwd(st0);
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
@@ -167,8 +184,11 @@ struct BaselineBwd {
   std::vector<float> dqkv;
 };
 
+// schedule: an sm90 dK/dV schedule, or none: the production entry kernels::attention_backward (its
+// plan for the shape and `det`; dq_schedule unused).
 void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forward,
-                    kernels::sm90::BackwardSchedule schedule, Opts opts = Opts::Plain, bool det = false) {
+                    std::optional<kernels::sm90::BackwardSchedule> schedule, Opts opts = Opts::Plain, bool det = false,
+                    kernels::sm90::DqSchedule dq_schedule = kernels::sm90::DqSchedule::Serial) {
   if (!bench::require_gpu(state)) return;
   const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
   const std::size_t n_l = std::size_t(sh.batch) * sh.heads * sh.seq;
@@ -181,9 +201,6 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   const kernels::AttentionOptions& opt = ro.opt;
   cudaStream_t st0 = bench::bench_stream();
   kernels::attention_forward(st0, qkv.as<bf16>(), out.as<bf16>(), lse.as<float>(), sh, opt);
-  const kernels::sm90::Schedule fwd_schedule = kernels::sm90::production_fwd_overlap(sh.head_dim, sh.causal)
-                                                  ? kernels::sm90::Schedule::Overlap
-                                                  : kernels::sm90::Schedule::Serial;
 
   static BaselineBwd prod_cache;
   auto prod = [&](cudaStream_t st) {
@@ -196,10 +213,13 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   const bf16* o_in = with_forward ? out_h.as<bf16>() : out.as<bf16>();
   const float* l_in = with_forward ? lse_h.as<float>() : lse.as<float>();
   auto hopper = [&](cudaStream_t st) {
-    if (with_forward)
-      kernels::sm90::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, fwd_schedule, opt);
-    kernels::sm90::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(),
-                                      scratch_h.get(), sh, schedule, opt, det);
+    if (with_forward) kernels::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, opt);
+    if (schedule)
+      kernels::sm90::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(),
+                                        scratch_h.get(), sh, *schedule, opt, det, dq_schedule);
+    else
+      kernels::attention_backward(st, qkv.as<bf16>(), o_in, dout.as<bf16>(), l_in, dqkv_h.as<bf16>(), scratch_h.get(),
+                                  sh, det, opt);
   };
   const std::string key =
       shape_name(sh) + (sh.causal ? "_causal" : "") + opts_suffix(opts) + (with_forward ? "_fwdbwd" : "_bwd") +
@@ -238,21 +258,41 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   }
 }
 
+// A forward row's schedule suffix: the production entry's rows (no schedule) carry none (compare.py
+// pairs them with the peer's).
+const char* schedule_suffix(std::optional<kernels::sm90::Schedule> s) {
+  return !s ? "" : *s == kernels::sm90::Schedule::Overlap ? "_overlap" : "_pingpong";
+}
+const std::optional<kernels::sm90::Schedule> kFwdSchedules[] = {std::nullopt, kernels::sm90::Schedule::Overlap,
+                                                                kernels::sm90::Schedule::PingPong};
+// The plain backward rows: the production entry (no suffix: compare.py pairs it with the peer's)
+// and the one-pass lockstep schedule ("_lockstep").
+const std::optional<kernels::sm90::BackwardSchedule> kBwdRows[] = {std::nullopt,
+                                                                   kernels::sm90::BackwardSchedule::Lockstep};
+
 void register_all() {
   using kernels::sm90::Schedule;
+  // The forward sweep (B*S = 16384), then the shapes of bench_attention's SDPA comparison that the
+  // sweep lacks (B2H16S8192D64 is in it), so that one filter ('attention_hopper/fwd') times every
+  // schedule at every compared shape; BERT's shapes follow with the options below.
+  std::vector<AttentionShape> fwd_shapes;
   for (int d : {64, 128})
     for (bool causal : {false, true})
-      for (int s : {512, 1024, 2048, 4096, 8192})
-        for (Schedule schedule : {Schedule::Serial, Schedule::Overlap}) {
-          const AttentionShape sh{16384 / s, s, 16, d, causal};
-          const std::string name = std::string("attention_hopper/fwd") + (causal ? "_causal" : "") +
-                                   (schedule == Schedule::Overlap ? "_overlap/" : "/") + shape_name(sh);
-          benchmark::RegisterBenchmark(name.c_str(),
-                                       [sh, schedule](benchmark::State& st) { bench_forward(st, sh, schedule); })
-              ->UseManualTime()
-              ->Iterations(100)  // a median of 100 flushed samples
-              ->Unit(benchmark::kMicrosecond);
-        }
+      for (int s : {512, 1024, 2048, 4096, 8192}) fwd_shapes.push_back({16384 / s, s, 16, d, causal});
+  for (bool causal : {false, true})
+    for (const AttentionShape sh : {AttentionShape{4, 512, 16, 64}, AttentionShape{4, 2048, 16, 64},
+                                    AttentionShape{4, 2048, 16, 128}})
+      fwd_shapes.push_back({sh.batch, sh.seq, sh.heads, sh.head_dim, causal});
+  for (const AttentionShape& sh : fwd_shapes)
+    for (const std::optional<Schedule> schedule : kFwdSchedules) {
+      const std::string name = std::string("attention_hopper/fwd") + (sh.causal ? "_causal" : "") +
+                               schedule_suffix(schedule) + "/" + shape_name(sh);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [sh, schedule](benchmark::State& st) { bench_forward(st, sh, schedule); })
+          ->UseManualTime()
+          ->Iterations(100)  // a median of 100 flushed samples
+          ->Unit(benchmark::kMicrosecond);
+    }
   // The backward sweep, then the peer's shapes that the sweep lacks.
   std::vector<AttentionShape> bwd_shapes;
   for (int d : {64, 128})
@@ -265,10 +305,9 @@ void register_all() {
   using kernels::sm90::BackwardSchedule;
   for (bool with_forward : {false, true})  // every bwd row, then every fwdbwd row (filters split them)
     for (const AttentionShape& sh : bwd_shapes)
-      for (BackwardSchedule schedule : {BackwardSchedule::Lockstep, BackwardSchedule::Decoupled}) {
+      for (std::optional<BackwardSchedule> schedule : kBwdRows) {
         const std::string name = std::string("attention_hopper/") + (with_forward ? "fwdbwd" : "bwd") +
-                                 (sh.causal ? "_causal" : "") +
-                                 (schedule == BackwardSchedule::Decoupled ? "_decoupled/" : "/") + shape_name(sh);
+                                 (sh.causal ? "_causal" : "") + (schedule ? "_lockstep/" : "/") + shape_name(sh);
         benchmark::RegisterBenchmark(name.c_str(),
                                      [sh, with_forward, schedule](benchmark::State& st) {
                                        bench_backward(st, sh, with_forward, schedule);
@@ -277,7 +316,7 @@ void register_all() {
             ->Iterations(100)
             ->Unit(benchmark::kMicrosecond);
       }
-  // The deterministic mode (the models'): the production schedule, d64 / d128 at S 512-2048 and
+  // The deterministic mode (the models'): the production entry, d64 / d128 at S 512-2048 and
   // BERT's shapes with its options.
   for (const AttentionShape& sh : bwd_shapes) {
     if (sh.seq > 2048) continue;
@@ -285,7 +324,7 @@ void register_all() {
         std::string("attention_hopper/bwd_det") + (sh.causal ? "_causal/" : "/") + shape_name(sh);
     benchmark::RegisterBenchmark(name.c_str(),
                                  [sh](benchmark::State& st) {
-                                   bench_backward(st, sh, false, BackwardSchedule::Lockstep, Opts::Plain, true);
+                                   bench_backward(st, sh, false, std::nullopt, Opts::Plain, true);
                                  })
         ->UseManualTime()
         ->Iterations(100)
@@ -302,14 +341,48 @@ void register_all() {
           ->Iterations(100)
           ->Unit(benchmark::kMicrosecond);
     }
+  // The warp-specialized schedules (issue #24's long-S gap to cuDNN) at the peer's shapes, causal
+  // or not: fast mode "bwd[_causal]_producer"; deterministic mode "bwd_det[_causal]_producer"
+  // (producer dK/dV pass, serial dQ pass), "bwd_det[_causal]_producer_overlap" (its overlap loop,
+  // overlap dQ pass), "bwd_det[_causal]_dqoverlap" (lockstep dK/dV pass, overlap dQ pass), and
+  // the lockstep "bwd_det[_causal]" row at S8192, which the deterministic rows above skip.
+  using kernels::sm90::DqSchedule;
+  struct WsRow {
+    const char* suffix;
+    bool det;
+    BackwardSchedule schedule;
+    DqSchedule dq;
+  };
+  const WsRow ws_rows[] = {{"_producer", false, BackwardSchedule::Producer, DqSchedule::Serial},
+                           {"", true, BackwardSchedule::Lockstep, DqSchedule::Serial},
+                           {"_producer", true, BackwardSchedule::Producer, DqSchedule::Serial},
+                           {"_producer_overlap", true, BackwardSchedule::ProducerOverlap, DqSchedule::Overlap},
+                           {"_dqoverlap", true, BackwardSchedule::Lockstep, DqSchedule::Overlap}};
+  for (bool causal : {false, true})
+    for (const AttentionShape base : {AttentionShape{2, 8192, 16, 64}, AttentionShape{4, 2048, 16, 64},
+                                      AttentionShape{4, 2048, 16, 128}, AttentionShape{4, 512, 16, 64}}) {
+      const AttentionShape sh{base.batch, base.seq, base.heads, base.head_dim, causal};
+      for (const WsRow& r : ws_rows) {
+        if (r.det && r.schedule == BackwardSchedule::Lockstep && r.dq == DqSchedule::Serial && sh.seq <= 2048)
+          continue;  // registered above
+        const std::string name = std::string("attention_hopper/") + (r.det ? "bwd_det" : "bwd") +
+                                 (causal ? "_causal" : "") + r.suffix + "/" + shape_name(sh);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [sh, r](benchmark::State& st) {
+                                       bench_backward(st, sh, false, r.schedule, Opts::Plain, r.det, r.dq);
+                                     })
+            ->UseManualTime()
+            ->Iterations(100)
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
   // BERT's shapes, plain and with its options: each pass, each schedule.
   const std::vector<AttentionShape> bert = {{64, 128, 16, 64, false}, {16, 512, 16, 64, false}};
   for (const AttentionShape& sh : bert)
     for (Opts o : {Opts::Plain, Opts::Mask, Opts::MaskDrop}) {
       const std::string tail = std::string("/") + shape_name(sh);
-      for (Schedule schedule : {Schedule::Serial, Schedule::Overlap}) {
-        const std::string name = std::string("attention_hopper/fwd") + opts_suffix(o) +
-                                 (schedule == Schedule::Overlap ? "_overlap" : "") + tail;
+      for (const std::optional<Schedule> schedule : kFwdSchedules) {
+        const std::string name = std::string("attention_hopper/fwd") + opts_suffix(o) + schedule_suffix(schedule) + tail;
         benchmark::RegisterBenchmark(name.c_str(),
                                      [sh, schedule, o](benchmark::State& st) { bench_forward(st, sh, schedule, o); })
             ->UseManualTime()
@@ -317,10 +390,9 @@ void register_all() {
             ->Unit(benchmark::kMicrosecond);
       }
       for (bool with_forward : {false, true})
-        for (BackwardSchedule schedule : {BackwardSchedule::Lockstep, BackwardSchedule::Decoupled}) {
+        for (std::optional<BackwardSchedule> schedule : kBwdRows) {
           const std::string name = std::string("attention_hopper/") + (with_forward ? "fwdbwd" : "bwd") +
-                                   opts_suffix(o) + (schedule == BackwardSchedule::Decoupled ? "_decoupled" : "") +
-                                   tail;
+                                   opts_suffix(o) + (schedule ? "_lockstep" : "") + tail;
           benchmark::RegisterBenchmark(name.c_str(),
                                        [sh, with_forward, schedule, o](benchmark::State& st) {
                                          bench_backward(st, sh, with_forward, schedule, o);

@@ -1,7 +1,7 @@
 // @brief Internal to the attention family: the sm90 (Hopper: wgmma + TMA) attention pair behind
 // kernels::attention_forward / attention_backward, with each kernel's schedule as an argument so
-// that the tests and bench_attention_hopper can run both schedules of a pair; the production entry
-// points pass the schedules of layout.h's production_fwd_overlap / production_bwd_decoupled.
+// that the tests and bench_attention_hopper can run every schedule of each kernel; the production entry
+// points pass the schedules of production.h's table (production_forward, production_backward).
 // Same layouts, options and scratch as kernels/attention.cuh: E (bf16 or f16) qkv [B, S, 3, H, D],
 // out and dout [B, S, H, D], fp32 lse [B, H, S] (natural log of the sum of exp of the scores scaled
 // by 1/sqrt(D)), dqkv [B, S, 3, H, D]; head_dim 64 or 128, causal or not; BERT's key mask and
@@ -21,26 +21,38 @@ struct OptionArgs;  // kernels/attention_options.cuh
 
 namespace cutrain::kernels::sm90 {
 
-// The consumer warpgroups' loop (fwd.cu): Serial waits for each tile's P V before the next tile's
-// S; Overlap issues tile j+1's S behind tile j's P V. Same results.
-enum class Schedule { Serial, Overlap };
+// The consumer warpgroups' loop (fwd.cu): Overlap issues tile j+1's S behind tile j's P V;
+// PingPong (FlashAttention-3's) has the two warpgroups take turns at the tensor cores through named
+// barriers, each running tile j's softmax under its own P V of tile j-1 (a 384-thread CTA with
+// register reallocation). Same results.
+enum class Schedule { Overlap, PingPong };
 
 // Runs on a compute capability 9.0 device only (the library's attention code is sm_90a); anything
 // else is refused with the capability found. Options (dropout_p in [0, 1)), shape and pointers are
 // checked before any device work, in that order.
 template <typename E>
 void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
-                       Schedule schedule = Schedule::Serial, const AttentionOptions& options = {});
+                       Schedule schedule = Schedule::Overlap, const AttentionOptions& options = {});
 
 // The host-side checks attention_forward makes before touching the device (throws cutrain::Error
 // naming the field): shape (head_dim 64/128, sizes >= 1, grid limits, TMA limits), non-null
 // pointers, qkv 16-byte aligned (TMA), out and lse 4-byte aligned.
 void check_forward_args(const void* qkv, const void* out, const float* lse, const AttentionShape& shape);
 
-// How the dK/dV pass's two warpgroups hand a Q / dO ring stage back (bwd.cu): Lockstep ends every
-// query tile with a CTA barrier; Decoupled releases stages through mbarriers, so one warpgroup's
-// softmax can overlap the other's wgmma. Same results.
-enum class BackwardSchedule { Lockstep, Decoupled };
+// The dK/dV pass's schedule (bwd.cu). Lockstep: the two warpgroups load their own tiles and end
+// every query tile with a CTA barrier. Producer: a third warpgroup
+// issues every load and the two consumer warpgroups only compute (setmaxnreg moves the producer's
+// registers to them). ProducerOverlap: Producer, and in the deterministic mode each consumer
+// issues tile i+1's S^T / dP^T before it waits for tile i's dV / dK products (the fast mode's
+// dQ product waits for its tile, so there it runs Producer's loop). d64 only: at d128 both run
+// Lockstep's kernel (registers; see bwd.cu's launcher). Same results.
+enum class BackwardSchedule { Lockstep, Producer, ProducerOverlap };
+
+// The deterministic mode's dQ pass's consumer loop (dq.cu): Serial waits for each tile's dQ += dS K
+// inside the tile; Overlap issues tile j+1's S and dP before it waits for tile j's dQ product (d64
+// without options; d128 and the key mask / dropout instances run Serial: see dq.cu). Same results
+// (the same products in the same order: the same bits).
+enum class DqSchedule { Serial, Overlap };
 
 // dqkv (every element written) from the forward's out and lse for the same qkv and options.
 // scratch: attention_backward_scratch_bytes(shape, deterministic) bytes (16-byte aligned):
@@ -48,13 +60,14 @@ enum class BackwardSchedule { Lockstep, Decoupled };
 // Fast mode (deterministic false): the pass also adds dS K into the fp32 dQ accumulator behind
 // Dvec with atomics (order-dependent: not bitwise reproducible), then the library's dQ convert.
 // Deterministic: the pass leaves dQ alone and the wgmma dQ pass (dq_pass, dq.cu: one CTA per
-// 128 queries, no atomics) computes it: the same bits every run. Compute capability 9.0 only;
-// arguments checked first.
+// 128 queries, no atomics) computes it with dq_schedule's loop: the same bits every run. Compute
+// capability 9.0 only; arguments checked first.
 template <typename E>
 void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dout, const float* lse, E* dqkv,
                         void* scratch, const AttentionShape& shape,
                         BackwardSchedule schedule = BackwardSchedule::Lockstep,
-                        const AttentionOptions& options = {}, bool deterministic = false);
+                        const AttentionOptions& options = {}, bool deterministic = false,
+                        DqSchedule dq_schedule = DqSchedule::Serial);
 
 // The deterministic mode's dQ pass (dq.cu), run by attention_backward after the dK/dV pass:
 // dqkv's q slot = dS K / sqrt(D) with dS = P o (dP - Dvec) (DROP: P o (dP o Z/(1-p) - Dvec)),
@@ -63,7 +76,7 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
 // dynamic shared memory, for check_device.
 template <typename E>
 void dq_pass(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
-             const AttentionShape& shape, const attn::OptionArgs& opt);
+             const AttentionShape& shape, const attn::OptionArgs& opt, DqSchedule schedule);
 std::uint32_t dq_smem_bytes(int head_dim);
 
 // The host-side checks attention_backward makes first (throws cutrain::Error naming the field):

@@ -10,10 +10,9 @@
 // kStages - 1 tiles of Q and dO in flight through the ring (one full mbarrier per stage, the TMA's
 // byte count), and the first 128 threads (warpgroup 0) copy the tile's lse (times log2 e) and
 // Dvec = rowsum(dO o O) into shared memory beside it. A stage is refilled once both warpgroups are
-// done with it: lockstep (BwdConfig::kDecoupled false), after the CTA barrier that ends every
-// iteration; decoupled, after its empty mbarrier has all 8 warps' arrivals, and the full barrier
-// then also counts warpgroup 0's 128 lse / Dvec writers, so no CTA barrier is left in the loop and
-// the warpgroups drift apart (warpgroup 1 up to kStages - 1 tiles ahead, warpgroup 0 one).
+// done with it: after the CTA barrier that ends every iteration (lockstep). The
+// warp-specialized schedules (BwdConfig::kProducer: a producer warpgroup does all of the loading,
+// the two warpgroups below only compute; an overlap loop) are backward_ws_kernel, further down.
 // Per tile, each warpgroup w (keys kw0 = n0 + 64w ..):
 //   S^T = K_w Q^T, dP^T = V_w dO^T              wgmma, both operands K-major from shared memory
 //   P^T = exp2(S^T scale log2 e - lse log2 e)   registers; dead entries (query or key past S,
@@ -52,8 +51,9 @@
 namespace cutrain::kernels::sm90 {
 namespace {
 
-// The mbarriers after the tiles: kv_full, q_full[kStages] (a stage's Q, dO, and, decoupled, its
-// lse and Dvec), q_empty[kStages] (decoupled: the stage's release by the 8 warps).
+// The mbarriers after the tiles: kv_full, q_full[kStages] (a stage's Q, dO, and, in the producer
+// schedules, its lse and Dvec), q_empty[kStages] (producer schedules: the stage's release by the
+// consumer threads).
 template <class Cfg>
 struct BwdBarriers {
   std::uint32_t base;
@@ -73,9 +73,8 @@ struct BwdSmem {
 };
 
 // Starts query tile qt into stage s: Q and dO by TMA (thread 0, completing on q_full[s]), the tile's
-// lse * log2 e and Dvec by threads 0 .. 2*kBlockM-1 (rows at or past S: 0; those rows are masked).
-// Decoupled: each of those threads arrives on q_full[s] after its write (thread 0's arrival carries
-// the TMA's byte count), so the full barrier publishes the vectors too.
+// lse * log2 e and Dvec by threads 0 .. 2*kBlockM-1 (rows at or past S: 0; those rows are masked;
+// the CTA barrier after the tile publishes them).
 template <class Cfg>
 __device__ __forceinline__ void load_query_tile(const BwdSmem<Cfg>& sm, const CUtensorMap* q_map,
                                                 const CUtensorMap* do_map, const float* __restrict__ glse,
@@ -98,8 +97,6 @@ __device__ __forceinline__ void load_query_tile(const BwdSmem<Cfg>& sm, const CU
       tma_load_5d(sm.q + s * Cfg::kQBytes + c * BM * 128, q_map, 64 * c, head, 0, m0, b, sm.bar.q_full(s));
       tma_load_5d(sm.dout + s * Cfg::kQBytes + c * BM * 128, do_map, 64 * c, head, 0, m0, b, sm.bar.q_full(s));
     }
-  } else if (Cfg::kDecoupled && i < 2 * BM) {
-    mbar_arrive(sm.bar.q_full(s));
   }
 }
 
@@ -313,15 +310,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const float* gdvec = dvec + (static_cast<std::size_t>(b) * H + head) * S;
   const int q_first = Cfg::q_first(n0), n_tiles = Cfg::q_tiles(S) - q_first;
 
-  static_assert(!Cfg::kDecoupled || Cfg::kThreads >= 2 * BM, "decoupled: warpgroup 0 writes lse and Dvec");
-  const int lane = threadIdx.x & 31;
+  static_assert(Cfg::kThreads >= 2 * BM, "threads 0 .. 2*kBlockM-1 write lse and Dvec");
   if (threadIdx.x == 0) {
     mbar_init(sm.bar.kv_full(), 1);
 #pragma unroll
-    for (int s = 0; s < ST; ++s) {
-      mbar_init(sm.bar.q_full(s), Cfg::kDecoupled ? 2 * BM : 1);
-      mbar_init(sm.bar.q_empty(s), Cfg::kThreads / 32);  // every warp releases
-    }
+    for (int s = 0; s < ST; ++s) mbar_init(sm.bar.q_full(s), 1);
     mbar_init_fence();
   }
   if constexpr (MASK) {
@@ -354,79 +347,420 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   for (int i = 0; i < n_tiles; ++i) {
     const int s = i % ST, m0 = (q_first + i) * BM;
-    // Refill stage (i - 1) % ST with tile i + ST - 1. Lockstep: the barrier that ended iteration
-    // i - 1 released it. Decoupled: warpgroup 0 (the writers) waits for its release by all 8 warps.
-    if (i + ST - 1 < n_tiles) {
-      const int s_next = (i + ST - 1) % ST;
-      if constexpr (Cfg::kDecoupled) {
-        if (wg == 0) {
-          if (i >= 1) mbar_wait(sm.bar.q_empty(s_next), ((i - 1) / ST) & 1);
-          load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i + ST - 1, s_next, head, b, S);
-        }
-      } else {
-        load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i + ST - 1, s_next, head, b, S);
-      }
-    }
+    // Refill stage (i - 1) % ST with tile i + ST - 1: the barrier that ended iteration i - 1
+    // released it.
+    if (i + ST - 1 < n_tiles)
+      load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i + ST - 1, (i + ST - 1) % ST, head, b, S);
     mbar_wait(sm.bar.q_full(s), (i / ST) & 1);
     if (Cfg::wg_active(m0, n0, wg))
       tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes, sm.lse + s * BM,
                                  sm.dvec + s * BM, dq_acc, m0, n0, wg, key_row0, S, H, head, b, scale_log2, opts);
-    if constexpr (Cfg::kDecoupled) {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(sm.bar.q_empty(s));  // this warp is done with stage s (its wgmma waited for)
-    } else {
-      __syncthreads();  // stage s, its vectors and dS^T are free for the next tiles
-    }
+    __syncthreads();  // stage s, its vectors and dS^T are free for the next tiles
   }
 
   store_dkdv<D>(dqkv, dk, dv, key_row0, S, H, head, b, scale, DROP ? opt.drop_scale : 1.f);
 }
 
-template <int D, bool CAUSAL, bool DECOUPLED, bool DET, bool MASK, bool DROP, typename E>
+// ---- The warp-specialized schedules (BwdConfig::kProducer): backward_ws_kernel ----
+// 384 threads: consumer warpgroups 0 and 1 (keys n0 + 64w ..) compute exactly as above, the
+// producer warpgroup (warps 8-11) loads. Warp 8 alone works: lane 0 issues K and V (kv_full) and
+// every Q / dO tile by TMA, its 32 lanes copy the tile's lse * log2 e and Dvec into the stage's
+// vectors (two rows each) and each arrives on q_full[s] after its writes (lane 0's arrival carries
+// the TMA's byte count: q_full counts 32 arrivals), so the full barrier publishes the vectors
+// too. It refills stage s once the 256 consumer threads have released it on q_empty[s]: each
+// thread arrives after its own reads of the stage's vectors, so its own arrival orders them before
+// the producer's next writes (compute-sanitizer's racecheck reported the single lane-0 arrival
+// after __syncwarp as a hazard on lse / Dvec). Warps 9-11
+// leave after the register hand-back. setmaxnreg: the producer warpgroup drops to
+// kProducerRegs, the consumers rise to kConsumerRegs (layout.h, BwdConfig). Every wait after the
+// split is mbar_wait_realloc: with a `trap` reachable, ptxas would hold the consumers at the
+// launch's 168 registers (wgmma_tma.cuh).
+// Consumers, Producer's loop: per tile, wait q_full[s], tile_step (every wgmma waited for inside),
+// release q_empty[s]. OVERLAP (deterministic mode): tile i+1's S^T and dP^T are issued right behind
+// tile i's dV / dK products (no tensor-core gap between them), then the wait for the oldest group
+// (tile i's products) releases stage i, as the forward's overlap loop retires P V. Causal: a warpgroup's inactive tiles are a prefix (wg_active
+// grows with m0); it waits for them and releases them before its first product.
+
+// The producer warp's share of query tile qt into stage s (see above).
+template <class Cfg>
+__device__ __forceinline__ void produce_query_tile(const BwdSmem<Cfg>& sm, const CUtensorMap* q_map,
+                                                   const CUtensorMap* do_map, const float* __restrict__ glse,
+                                                   const float* __restrict__ gdvec, int qt, int s, int head, int b,
+                                                   int S) {
+  constexpr int BM = Cfg::kBlockM;
+  static_assert(BM == 64, "a lane copies rows lane and lane + 32");
+  const int m0 = qt * BM, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = lane + 32 * h, q = m0 + r;
+    sm.lse[s * BM + r] = q < S ? glse[q] * attn::kLog2e : 0.f;
+    sm.dvec[s * BM + r] = q < S ? gdvec[q] : 0.f;
+  }
+  if (lane == 0) {
+    mbar_arrive_expect_tx(sm.bar.q_full(s), 2 * Cfg::kQBytes);
+#pragma unroll
+    for (int c = 0; c < Cfg::kColBlocks; ++c) {
+      tma_load_5d(sm.q + s * Cfg::kQBytes + c * BM * 128, q_map, 64 * c, head, 0, m0, b, sm.bar.q_full(s));
+      tma_load_5d(sm.dout + s * Cfg::kQBytes + c * BM * 128, do_map, 64 * c, head, 0, m0, b, sm.bar.q_full(s));
+    }
+  } else {
+    mbar_arrive(sm.bar.q_full(s));
+  }
+}
+
+// Issues S^T = K_w Q^T, then dP^T = V_w dO^T (two commit groups, S^T first) against a stage.
+template <class Cfg, typename E>
+__device__ __forceinline__ void issue_st_dpt(float (&st)[Cfg::kBlockM / 8][4], float (&dp)[Cfg::kBlockM / 8][4],
+                                             const BwdSmem<Cfg>& sm, std::uint32_t q_tile, std::uint32_t do_tile,
+                                             int wg) {
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss<E, BM>(st, smem_desc(sm.k + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
+                    smem_desc(q_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss<E, BM>(dp, smem_desc(sm.v + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
+                    smem_desc(do_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+  wgmma_commit();
+}
+
+// Issues dV += P^T dO, dK += dS^T Q (one commit group); the A fragments pinned before the fence.
+template <class Cfg, typename E>
+__device__ __forceinline__ void issue_dkdv(float (&dk)[Cfg::kHeadDim / 8][4], float (&dv)[Cfg::kHeadDim / 8][4],
+                                           std::uint32_t (&pf)[Cfg::kBlockM / 16][4],
+                                           std::uint32_t (&dsf)[Cfg::kBlockM / 16][4], std::uint32_t q_tile,
+                                           std::uint32_t do_tile) {
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
+  operand_fence(dv);
+  operand_fence(dk);
+  operand_fence(pf);
+  operand_fence(dsf);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < BM / 16; ++ks)
+    wgmma_rs<E, D>(dv, pf[ks], smem_desc(do_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
+#pragma unroll
+  for (int ks = 0; ks < BM / 16; ++ks)
+    wgmma_rs<E, D>(dk, dsf[ks], smem_desc(q_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
+  wgmma_commit();
+}
+
+// tile_step's P^T (in st, from the finished S^T): exp2 from lse, dead entries and MASK's masked keys 0.
+template <class Cfg, bool MASK>
+__device__ __forceinline__ void probs_t(float (&st)[Cfg::kBlockM / 8][4], const float* lse_t, int m0, int n0, int wg,
+                                        int key_row0, int S, float scale_log2, const BwdOptions& opts) {
+  constexpr int BM = Cfg::kBlockM;
+  const int gi = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const bool edge = Cfg::wg_edge(m0, n0, wg, S);
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) {
+    const float2 l = *reinterpret_cast<const float2*>(lse_t + 8 * j + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float p = exp2f(fmaf(st[j][e], scale_log2, -((e & 1) ? l.y : l.x)));
+      if (edge) {
+        const int q = m0 + 8 * j + 2 * t + (e & 1), key = key_row0 + gi + 8 * (e >> 1);
+        if (q >= S || key >= S || (Cfg::kCausal && q < key)) p = 0.f;
+      }
+      st[j][e] = p;
+    }
+  }
+  if constexpr (MASK) {
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (!((opts.key_live >> e) & 1u)) st[j][e] = 0.f;
+  }
+}
+
+// tile_step's dS^T = P^T o (dP^T - Dvec) (DROP: dP^T o Z/(1-p)) in dp, then P^T (DROP: P^T o Z) and
+// dS^T as k16 A fragments.
+template <class Cfg, typename E, bool DROP>
+__device__ __forceinline__ void ds_frags(std::uint32_t (&pf)[Cfg::kBlockM / 16][4],
+                                         std::uint32_t (&dsf)[Cfg::kBlockM / 16][4],
+                                         const float (&st)[Cfg::kBlockM / 8][4], float (&dp)[Cfg::kBlockM / 8][4],
+                                         const float* dvec_t, std::uint32_t keep, const BwdOptions& opts) {
+  constexpr int BM = Cfg::kBlockM;
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) {
+    const float2 dd = *reinterpret_cast<const float2*>(dvec_t + 8 * j + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float dpe = dp[j][e];
+      if constexpr (DROP) dpe = (keep >> (4 * j + e)) & 1u ? dpe * opts.drop_scale : 0.f;
+      dp[j][e] = st[j][e] * (dpe - ((e & 1) ? dd.y : dd.x));
+    }
+  }
+  if constexpr (DROP) attn::to_a_frags_kept<E, BM>(pf, st, keep);
+  else attn::to_a_frags<E, BM>(pf, st);
+  attn::to_a_frags<E, BM>(dsf, dp);
+}
+
+// The overlap consumer loop of warpgroup wg (deterministic mode; see the block comment).
+template <class Cfg, typename E, bool MASK, bool DROP>
+__device__ __forceinline__ void consume_overlap(float (&dk)[Cfg::kHeadDim / 8][4], float (&dv)[Cfg::kHeadDim / 8][4],
+                                                const BwdSmem<Cfg>& sm, int q_first, int n_tiles, int n0, int wg,
+                                                int key_row0, int S, float scale_log2, const BwdOptions& opts) {
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, ST = Cfg::kStages;
+  const int lane = threadIdx.x & 31, gi = lane >> 2;
+  // DROP: keep bits of tile qt's P^T (tile_step's placement: d64 under S^T / dP^T, d128 before them).
+  constexpr bool kDrawUnder = D == 64;
+  [[maybe_unused]] auto draw = [&](int qt) {
+    return attn::transposed_keep_bits<BM / 8>(opts.dkey, opts.threshold, opts.bh_e, S, key_row0 + gi, qt * BM,
+                                              S % 4 == 0);
+  };
+  int i = 0;
+  for (; i < n_tiles && !Cfg::wg_active((q_first + i) * BM, n0, wg); ++i) {  // causal: keys after the tile
+    const int s = i % ST;
+    mbar_wait_realloc(sm.bar.q_full(s), (i / ST) & 1);
+    mbar_arrive(sm.bar.q_empty(s));
+  }
+  if (i == n_tiles) return;
+  float st[BM / 8][4], dp[BM / 8][4];
+  std::uint32_t pf[BM / 16][4] = {}, dsf[BM / 16][4] = {};
+  [[maybe_unused]] std::uint32_t keep = 0;
+  {
+    const int s = i % ST;
+    mbar_wait_realloc(sm.bar.q_full(s), (i / ST) & 1);
+    if constexpr (DROP && !kDrawUnder) keep = draw(q_first + i);
+    issue_st_dpt<Cfg, E>(st, dp, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes, wg);
+    if constexpr (DROP && kDrawUnder) keep = draw(q_first + i);
+  }
+  for (;; ++i) {
+    const int s = i % ST, m0 = (q_first + i) * BM;
+    wgmma_wait<1>();  // S^T of tile i, the older of the two groups in flight
+    operand_fence(st);
+    probs_t<Cfg, MASK>(st, sm.lse + s * BM, m0, n0, wg, key_row0, S, scale_log2, opts);
+    wgmma_wait<0>();  // dP^T of tile i
+    operand_fence(dp);
+    ds_frags<Cfg, E, DROP>(pf, dsf, st, dp, sm.dvec + s * BM, keep, opts);
+    issue_dkdv<Cfg, E>(dk, dv, pf, dsf, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes);
+    if (i + 1 == n_tiles) {
+      wgmma_wait<0>();  // the last tile's dV / dK
+      operand_fence(dv);
+      operand_fence(dk);
+      operand_fence(pf);
+      operand_fence(dsf);
+      mbar_arrive(sm.bar.q_empty(s));
+      break;
+    }
+    const int s1 = (i + 1) % ST;
+    mbar_wait_realloc(sm.bar.q_full(s1), ((i + 1) / ST) & 1);
+    if constexpr (DROP && !kDrawUnder) keep = draw(q_first + i + 1);
+    issue_st_dpt<Cfg, E>(st, dp, sm, sm.q + s1 * Cfg::kQBytes, sm.dout + s1 * Cfg::kQBytes, wg);
+    if constexpr (DROP && kDrawUnder) keep = draw(q_first + i + 1);
+    wgmma_wait<2>();  // tile i's dV / dK, the oldest group: stage i is read
+    operand_fence(dv);
+    operand_fence(dk);
+    operand_fence(pf);
+    operand_fence(dsf);
+    mbar_arrive(sm.bar.q_empty(s));
+  }
+}
+
+// Where a CTA's shared memory lies, from the dynamic shared memory's raw base (each role of
+// backward_ws_kernel computes it after the split, so nothing of it stays live across the producer's
+// register hand-back).
+template <class Cfg>
+__device__ __forceinline__ BwdSmem<Cfg> bwd_smem(unsigned char* smem_raw) {
+  const std::uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
+  unsigned char* gbase = smem_raw + (base - raw);
+  return BwdSmem<Cfg>{base + Cfg::kKOff,
+                      base + Cfg::kVOff,
+                      base + Cfg::kQOff,
+                      base + Cfg::kdOOff,
+                      base + Cfg::kDsOff,
+                      gbase + Cfg::kDsOff,
+                      reinterpret_cast<float*>(gbase + Cfg::kLseOff),
+                      reinterpret_cast<float*>(gbase + Cfg::kDvecOff),
+                      BwdBarriers<Cfg>{base + Cfg::kBarOff}};
+}
+
+// The producer warp (see the block comment): K and V once, then every query tile into the ring.
+template <class Cfg>
+__device__ __forceinline__ void produce(unsigned char* smem_raw, const CUtensorMap* q_map, const CUtensorMap* kv_map,
+                                        const CUtensorMap* do_map, const float* __restrict__ lse,
+                                        const float* __restrict__ dvec, int S, int H) {
+  constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
+  const BwdSmem<Cfg> sm = bwd_smem<Cfg>(smem_raw);
+  const int n0 = blockIdx.x * BN, head = blockIdx.y, b = blockIdx.z;
+  if ((threadIdx.x & 31) == 0) {
+    mbar_arrive_expect_tx(sm.bar.kv_full(), 2 * Cfg::kKVBytes);
+#pragma unroll
+    for (int c = 0; c < Cfg::kColBlocks; ++c) {
+      tma_load_5d(sm.k + c * BN * 128, kv_map, 64 * c, head, 1, n0, b, sm.bar.kv_full());
+      tma_load_5d(sm.v + c * BN * 128, kv_map, 64 * c, head, 2, n0, b, sm.bar.kv_full());
+    }
+  }
+  const float* glse = lse + (static_cast<std::size_t>(b) * H + head) * S;
+  const float* gdvec = dvec + (static_cast<std::size_t>(b) * H + head) * S;
+  const int q_first = Cfg::q_first(n0), n_tiles = Cfg::q_tiles(S) - q_first;
+  for (int i = 0; i < n_tiles; ++i) {
+    const int s = i % ST;
+    if (i >= ST) mbar_wait_realloc(sm.bar.q_empty(s), ((i / ST) - 1) & 1);
+    produce_query_tile<Cfg>(sm, q_map, do_map, glse, gdvec, q_first + i, s, head, b, S);
+  }
+}
+
+template <class Cfg, typename E, bool MASK, bool DROP, bool DET>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    backward_ws_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
+                       const __grid_constant__ CUtensorMap do_map, const float* __restrict__ lse,
+                       const float* __restrict__ dvec, E* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
+                       int H, float scale_log2, float scale, const __grid_constant__ attn::OptionArgs opt) {
+  static_assert(Cfg::kProducer, "backward_ws_kernel runs the producer schedules");
+  static_assert(!Cfg::kOverlap || DET, "the overlap loop has no dQ product (deterministic mode)");
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const int warp = threadIdx.x >> 5;
+  const bool consumer = warp < Cfg::kConsumerWarps;
+
+  if (threadIdx.x == 0) {
+    const BwdBarriers<Cfg> bar = bwd_smem<Cfg>(smem_raw).bar;
+    mbar_init(bar.kv_full(), 1);
+#pragma unroll
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(bar.q_full(s), 32);                    // the producer warp's lanes
+      mbar_init(bar.q_empty(s), 32 * Cfg::kConsumerWarps);  // every consumer thread releases
+    }
+    mbar_init_fence();
+  }
+  // MASK: whether each consumer thread's two keys may be attended (bit e: fragment element e's key).
+  [[maybe_unused]] std::uint32_t key_live = 0;
+  if constexpr (MASK) {
+    if (consumer) {
+      const int b = blockIdx.z, k0 = blockIdx.x * BN + 64 * (warp >> 2) + 16 * (warp & 3) + ((threadIdx.x & 31) >> 2);
+      const std::uint8_t* km = opt.key_mask + static_cast<std::size_t>(b) * S;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (k0 + 8 * h < S && __ldg(km + k0 + 8 * h) != 0) key_live |= 3u << (2 * h);
+    }
+    // A CTA none of whose keys may be attended loads nothing: its dK, dV are 0, its dQ share none.
+    if (!__syncthreads_or(key_live != 0)) {
+      if (consumer) {
+        float zero[D / 8][4];
+        attn::zero(zero);
+        store_dkdv<D>(dqkv, zero, zero, blockIdx.x * BN + 64 * (warp >> 2) + 16 * (warp & 3), S, H, blockIdx.y,
+                      blockIdx.z, 1.f, 1.f);
+      }
+      return;
+    }
+  } else {
+    __syncthreads();
+  }
+  // No CTA-wide barrier from here on: the producer warpgroup's idle warps leave below.
+
+  if (!consumer) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (warp == Cfg::kProducerWarp) produce<Cfg>(smem_raw, &q_map, &kv_map, &do_map, lse, dvec, S, H);
+    return;
+  }
+
+  setmaxnreg_inc<Cfg::kConsumerRegs>();
+  const BwdSmem<Cfg> sm = bwd_smem<Cfg>(smem_raw);
+  const int n0 = blockIdx.x * BN, head = blockIdx.y, b = blockIdx.z;
+  const int wg = warp >> 2;
+  const int key_row0 = n0 + 64 * wg + 16 * (warp & 3);  // this warp's first key
+  BwdOptions opts{};
+  if constexpr (MASK) opts.key_live = key_live;
+  if constexpr (DROP) {
+    opts.dkey = opt.resolve_step();
+    opts.threshold = opt.threshold;
+    opts.drop_scale = opt.drop_scale;
+    opts.bh_e = (static_cast<std::uint64_t>(b) * H + head) * S;
+  }
+  const int q_first = Cfg::q_first(n0), n_tiles = Cfg::q_tiles(S) - q_first;
+  float dk[D / 8][4], dv[D / 8][4];
+  attn::zero(dk);
+  attn::zero(dv);
+  mbar_wait_realloc(sm.bar.kv_full(), 0);
+  if constexpr (Cfg::kOverlap) {
+    consume_overlap<Cfg, E, MASK, DROP>(dk, dv, sm, q_first, n_tiles, n0, wg, key_row0, S, scale_log2, opts);
+  } else {
+    for (int i = 0; i < n_tiles; ++i) {
+      const int s = i % ST, m0 = (q_first + i) * BM;
+      mbar_wait_realloc(sm.bar.q_full(s), (i / ST) & 1);
+      if (Cfg::wg_active(m0, n0, wg))
+        tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes,
+                                           sm.lse + s * BM, sm.dvec + s * BM, dq_acc, m0, n0, wg, key_row0, S, H,
+                                           head, b, scale_log2, opts);
+      mbar_arrive(sm.bar.q_empty(s));  // this thread is done with stage s (its wgmma waited for)
+    }
+  }
+  store_dkdv<D>(dqkv, dk, dv, key_row0, S, H, head, b, scale, DROP ? opt.drop_scale : 1.f);
+}
+
+// The schedules as launch's KIND (BackwardSchedule's order). ProducerOverlap's overlap loop runs in
+// the deterministic mode only: the fast mode's dQ product waits for its tile, so there it is Producer.
+constexpr int kLockstep = 0, kProducer = 1, kProducerOverlap = 2;
+
+template <int D, bool CAUSAL, int KIND, bool DET, bool MASK, bool DROP, typename E>
 void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
             float* dq_acc, const AttentionShape& sh, const attn::OptionArgs& opt) {
-  using Cfg = BwdConfig<D, CAUSAL, DECOUPLED>;
+  using Cfg = BwdConfig<D, CAUSAL, KIND >= kProducer, KIND == kProducerOverlap && DET>;
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   const CUtensorMap do_map = encode_rows_map(dout, sh, 1, Cfg::kBlockM);
-  auto kernel = backward_kernel<Cfg, E, MASK, DROP, DET>;
+  constexpr auto kernel = [] {
+    if constexpr (Cfg::kProducer) return backward_ws_kernel<Cfg, E, MASK, DROP, DET>;
+    else return backward_kernel<Cfg, E, MASK, DROP, DET>;
+  }();
+  if constexpr (Cfg::kProducer) {  // once per instance (a throw leaves it unchecked, so it throws again)
+    static const bool pool = (check_register_pool(reinterpret_cast<const void*>(kernel), Cfg::kThreads,
+                                                  Cfg::kProducerRegs * 128 + Cfg::kConsumerRegs * 128 * Cfg::kWarpgroups,
+                                                  "attention_backward (producer schedule)"),
+                              true);
+    (void)pool;
+  }
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((sh.seq + Cfg::kBlockN - 1) / Cfg::kBlockN, sh.heads, sh.batch);
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * attn::kLog2e;
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, do_map, lse, dvec, dqkv, dq_acc, sh.seq,
                                                        sh.heads, scale_log2, scale, opt);
-  CUTRAIN_LAUNCH_CHECK(DET ? "attention sm90 backward_kernel" : "attention sm90 backward_kernel(atomic dq)");
+  CUTRAIN_LAUNCH_CHECK(Cfg::kProducer
+                           ? (DET ? "attention sm90 backward_ws_kernel" : "attention sm90 backward_ws_kernel(atomic dq)")
+                           : (DET ? "attention sm90 backward_kernel" : "attention sm90 backward_kernel(atomic dq)"));
 }
 
 // The options' instance: the key mask where one is given, dropout where p > 0.
-template <int D, bool CAUSAL, bool DECOUPLED, bool DET, typename E>
+template <int D, bool CAUSAL, int KIND, bool DET, typename E>
 void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
             float* dq_acc, const AttentionShape& sh, const attn::OptionArgs& opt) {
   const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
-  if (!mask && !drop) launch<D, CAUSAL, DECOUPLED, DET, false, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
-  else if (!drop) launch<D, CAUSAL, DECOUPLED, DET, true, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
-  else if (!mask) launch<D, CAUSAL, DECOUPLED, DET, false, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
-  else launch<D, CAUSAL, DECOUPLED, DET, true, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  if (!mask && !drop) launch<D, CAUSAL, KIND, DET, false, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else if (!drop) launch<D, CAUSAL, KIND, DET, true, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else if (!mask) launch<D, CAUSAL, KIND, DET, false, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  else launch<D, CAUSAL, KIND, DET, true, true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
 }
 
 // Deterministic (no dQ accumulator: the dQ pass follows) or fast.
-template <int D, bool CAUSAL, bool DECOUPLED, typename E>
+template <int D, bool CAUSAL, int KIND, typename E>
 void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
             float* dq_acc, const AttentionShape& sh, const attn::OptionArgs& opt) {
-  dq_acc ? launch<D, CAUSAL, DECOUPLED, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
-         : launch<D, CAUSAL, DECOUPLED, true>(s, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
+  dq_acc ? launch<D, CAUSAL, KIND, false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+         : launch<D, CAUSAL, KIND, true>(s, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
 }
 
-template <bool DECOUPLED, typename E>
+// d128 runs the producer schedules' requests with lockstep's kernel: its consumers hold dK and dV
+// (128 registers) beside S^T / dP^T and their fragments, about 250 registers (the 256-thread
+// kernel's count), over the 240 setmaxnreg can give them in a 384-thread CTA; compiled, they
+// spilled 272-1096 bytes and ptxas serialized their wgmma (CUDA 13.0).
+template <int KIND, typename E>
 void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
             float* dq_acc, const AttentionShape& sh, const attn::OptionArgs& opt) {
+  constexpr int kD128 = KIND >= kProducer ? kLockstep : KIND;
   const bool c = sh.causal;
   if (sh.head_dim == 64)
-    c ? launch<64, true, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
-      : launch<64, false, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+    c ? launch<64, true, KIND>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+      : launch<64, false, KIND>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
   else
-    c ? launch<128, true, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
-      : launch<128, false, DECOUPLED>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+    c ? launch<128, true, kD128>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
+      : launch<128, false, kD128>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
 }
 
 }  // namespace
@@ -434,11 +768,15 @@ void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const
 template <typename E>
 void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dout, const float* lse, E* dqkv,
                         void* scratch, const AttentionShape& sh, BackwardSchedule schedule,
-                        const AttentionOptions& options, bool deterministic) {
+                        const AttentionOptions& options, bool deterministic, DqSchedule dq_schedule) {
   const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
   check_backward_args(qkv, out, dout, lse, dqkv, scratch, sh);
-  CUTRAIN_CHECK(schedule == BackwardSchedule::Lockstep || schedule == BackwardSchedule::Decoupled,
-                "attention_backward: schedule must be Lockstep or Decoupled, got ", static_cast<int>(schedule));
+  CUTRAIN_CHECK(schedule == BackwardSchedule::Lockstep || schedule == BackwardSchedule::Producer ||
+                    schedule == BackwardSchedule::ProducerOverlap,
+                "attention_backward: schedule must be Lockstep, Producer or ProducerOverlap, got ",
+                static_cast<int>(schedule));
+  CUTRAIN_CHECK(dq_schedule == DqSchedule::Serial || dq_schedule == DqSchedule::Overlap,
+                "attention_backward: dq_schedule must be Serial or Overlap, got ", static_cast<int>(dq_schedule));
   const std::uint32_t dkdv_smem =
       sh.head_dim == 64 ? BwdConfig<64, false>::kSmemBytes : BwdConfig<128, false>::kSmemBytes;
   check_device("attention_backward", deterministic ? std::max(dkdv_smem, dq_smem_bytes(sh.head_dim)) : dkdv_smem);
@@ -451,17 +789,24 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
     const std::size_t acc_bytes = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads * sh.head_dim * sizeof(float);
     CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, acc_bytes, s));
   }
-  schedule == BackwardSchedule::Decoupled ? launch<true>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt)
-                                          : launch<false>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+  switch (schedule) {
+    case BackwardSchedule::Lockstep: launch<kLockstep>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt); break;
+    case BackwardSchedule::Producer: launch<kProducer>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt); break;
+    case BackwardSchedule::ProducerOverlap:
+      launch<kProducerOverlap>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
+      break;
+  }
   if (dq_acc)
     attn::dq_convert<E>(s, dq_acc, dqkv, sh);
   else
-    dq_pass<E>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+    dq_pass<E>(s, qkv, dout, lse, dvec, dqkv, sh, opt, dq_schedule);
 }
 
 template void attention_backward<bf16>(cudaStream_t, const bf16*, const bf16*, const bf16*, const float*, bf16*, void*,
-                                       const AttentionShape&, BackwardSchedule, const AttentionOptions&, bool);
+                                       const AttentionShape&, BackwardSchedule, const AttentionOptions&, bool,
+                                       DqSchedule);
 template void attention_backward<f16>(cudaStream_t, const f16*, const f16*, const f16*, const float*, f16*, void*,
-                                      const AttentionShape&, BackwardSchedule, const AttentionOptions&, bool);
+                                      const AttentionShape&, BackwardSchedule, const AttentionOptions&, bool,
+                                      DqSchedule);
 
 }  // namespace cutrain::kernels::sm90

@@ -15,7 +15,8 @@
 //     V), then each consumer warp arrives on kv_empty[s].
 // Each thread keeps the lse (times log2 e) and Dvec = rowsum(dO o O) of its two rows in registers
 // (the family's row_dot wrote Dvec). The epilogue stores dQ x 1/sqrt(D) into dqkv's q slot with the
-// family's store_rows. Serial schedule: every wgmma batch is waited for inside its tile.
+// family's store_rows. Serial schedule: every wgmma batch is waited for inside its tile; the overlap
+// schedule (DqConfig::kOverlap, consume_overlap below) issues the next tile's S and dP behind dQ's.
 // Causal: tiles past the CTA's last query are never loaded; a warpgroup whose rows all precede a
 // tile skips its math but still waits for the tile and releases it (the forward's rule).
 // BERT's options (template bools; the plain kernel has none of their code), the math of the
@@ -193,6 +194,129 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sdO, std
   attn::store_rows<D>(gdq, dq, row0, S, 3ull * H * D, scale);
 }
 
+// ---- The overlap consumer loop (DqConfig::kOverlap) ----
+// Per active tile j: tile j+1's S and dP are issued right behind tile j's dQ += dS K, so the
+// tensor cores take them without the gap of dQ's wait, the release and the next fence; then the
+// wait for the oldest group (tile j's product) releases stage j, as the forward's overlap loop
+// retires P V behind the next S. The same
+// products in the same order as the serial loop: the same dQ bits. The active tiles are a prefix
+// (the forward's rule), the last one peeled by the loop's break; the skipped tail is waited for
+// and released as in the serial loop. The plain instance only: with a key mask or dropout ptxas
+// serialized the loop's wgmma (C7515; launch runs those instances' serial loop).
+
+// Issues S = Q_w K^T, then dP = dO_w V^T (two commit groups, S first).
+template <class Cfg, typename E>
+__device__ __forceinline__ void issue_s_dp(float (&sc)[Cfg::kBlockN / 8][4], float (&dp)[Cfg::kBlockN / 8][4],
+                                           std::uint32_t q_tile, std::uint32_t do_tile, std::uint32_t k_tile,
+                                           std::uint32_t v_tile, int wg) {
+  constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss<E, BN>(sc, smem_desc(q_tile + Cfg::q_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
+                    smem_desc(k_tile + Cfg::k_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss<E, BN>(dp, smem_desc(do_tile + Cfg::q_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
+                    smem_desc(v_tile + Cfg::k_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+  wgmma_commit();
+}
+
+template <class Cfg, typename E, bool MASK, bool DROP>
+__device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t sdO, std::uint32_t sK,
+                                                std::uint32_t sV, const QueryTileBarriers<Cfg>& bar,
+                                                const float* __restrict__ lse, const float* __restrict__ dvec,
+                                                E* __restrict__ dqkv, int S, int H, float scale_log2, float scale,
+                                                int m0, int n_tiles, int head, int b, const attn::OptionArgs& opt) {
+  static_assert(!MASK && !DROP, "with a key mask or dropout the dQ pass runs the serial loop (see launch)");
+  (void)opt;
+  constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN, ST = Cfg::kStages;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
+  const int wg = warp >> 2;
+  const int wg_row0 = m0 + 64 * wg, row0 = wg_row0 + 16 * (warp & 3);
+  const float* glse = lse + (static_cast<std::size_t>(b) * H + head) * S;
+  const float* gdvec = dvec + (static_cast<std::size_t>(b) * H + head) * S;
+  float l2[2], dd[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row0 + gi + 8 * h;
+    l2[h] = r < S ? glse[r] * attn::kLog2e : 0.f;
+    dd[h] = r < S ? gdvec[r] : 0.f;
+  }
+  float dq[D / 8][4];
+  attn::zero(dq);
+
+  mbar_wait(bar.q_full(), 0);
+  const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
+  if (n_active > 0) {
+    float sc[BN / 8][4], dp[BN / 8][4];
+    std::uint32_t ds[BN / 16][4] = {};
+    mbar_wait(bar.k_full(0), 0);
+    mbar_wait(bar.v_full(0), 0);
+    issue_s_dp<Cfg, E>(sc, dp, sQ, sdO, sK, sV, wg);
+    for (int j = 0;; ++j) {
+      const int s = j % ST, n0 = j * BN;
+      wgmma_wait<1>();  // S of tile j, the older of the two groups in flight
+      operand_fence(sc);
+      // P (dq_tile's): element (n, e) is query row0 + gi + 8(e >> 1), key n0 + 8n + 2t + (e & 1).
+      const bool edge = n0 + BN > S || (Cfg::kCausal && n0 + BN - 1 > row0);
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = n0 + 8 * n + 2 * t + (e & 1), row = row0 + gi + 8 * (e >> 1);
+          const bool dead = edge && (col >= S || (Cfg::kCausal && col > row));
+          sc[n][e] = dead ? 0.f : exp2f(fmaf(sc[n][e], scale_log2, -l2[e >> 1]));
+        }
+      wgmma_wait<0>();  // dP of tile j
+      operand_fence(dp);
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[n][e] = sc[n][e] * (dp[n][e] - dd[e >> 1]);
+      attn::to_a_frags<E, BN>(ds, dp);
+      // dQ += dS K (K read transposed).
+      operand_fence(dq);
+      operand_fence(ds);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < BN / 16; ++ks)
+        wgmma_rs<E, D>(dq, ds[ks], smem_desc(sK + s * Cfg::kKVBytes + Cfg::k_mn_slice(ks), Cfg::kKLbo, Cfg::kSbo), 1);
+      wgmma_commit();
+      if (j + 1 == n_active) {
+        wgmma_wait<0>();  // the last active tile's dQ product
+        operand_fence(dq);
+        operand_fence(ds);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar.kv_empty(s));
+        break;
+      }
+      const int s1 = (j + 1) % ST;
+      const std::uint32_t phase1 = ((j + 1) / ST) & 1;
+      mbar_wait(bar.k_full(s1), phase1);
+      mbar_wait(bar.v_full(s1), phase1);
+      issue_s_dp<Cfg, E>(sc, dp, sQ, sdO, sK + s1 * Cfg::kKVBytes, sV + s1 * Cfg::kKVBytes, wg);
+      wgmma_wait<2>();  // tile j's dQ product, the oldest group: stage j is read
+      operand_fence(dq);
+      operand_fence(ds);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar.kv_empty(s));
+    }
+  }
+  for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
+    const int s = j % ST;
+    const std::uint32_t phase = (j / ST) & 1;
+    mbar_wait(bar.k_full(s), phase);
+    mbar_wait(bar.v_full(s), phase);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar.kv_empty(s));
+  }
+
+  E* gdq = dqkv + static_cast<std::size_t>(b) * S * 3 * H * D + static_cast<std::size_t>(head) * D;
+  attn::store_rows<D>(gdq, dq, row0, S, 3ull * H * D, scale);
+}
+
 template <class Cfg, typename E, bool MASK, bool DROP>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
@@ -242,15 +366,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
     }
   } else {
-    consume<Cfg, E, MASK, DROP>(sQ, sdO, sK, sV, bar, lse, dvec, dqkv, S, H, scale_log2, scale, m0, n_tiles, head, b,
-                                opt);
+    if constexpr (Cfg::kOverlap)
+      consume_overlap<Cfg, E, MASK, DROP>(sQ, sdO, sK, sV, bar, lse, dvec, dqkv, S, H, scale_log2, scale, m0, n_tiles,
+                                          head, b, opt);
+    else
+      consume<Cfg, E, MASK, DROP>(sQ, sdO, sK, sV, bar, lse, dvec, dqkv, S, H, scale_log2, scale, m0, n_tiles, head,
+                                  b, opt);
   }
 }
 
-template <int D, bool CAUSAL, bool MASK, bool DROP, typename E>
+template <int D, bool CAUSAL, bool OVERLAP, bool MASK, bool DROP, typename E>
 void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
             const AttentionShape& sh, const attn::OptionArgs& opt) {
-  using Cfg = DqConfig<D, CAUSAL>;
+  using Cfg = DqConfig<D, CAUSAL, OVERLAP>;
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   const CUtensorMap do_map = encode_rows_map(dout, sh, 1, Cfg::kBlockM);
@@ -264,14 +392,31 @@ void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, cons
 }
 
 // The options' instance: the key mask where one is given, dropout where p > 0.
-template <int D, bool CAUSAL, typename E>
+template <int D, bool CAUSAL, bool OVERLAP, typename E>
 void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
             const AttentionShape& sh, const attn::OptionArgs& opt) {
+  // The overlap loop with a key mask or dropout runs the serial loop: compiled, ptxas serialized
+  // every wgmma of those instances (C7515, "non wgmma instructions defining accumulator registers";
+  // CUDA 13.0), wherever the mask fetch and the keep bits were placed.
   const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
-  if (!mask && !drop) launch<D, CAUSAL, false, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
-  else if (!drop) launch<D, CAUSAL, true, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
-  else if (!mask) launch<D, CAUSAL, false, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
-  else launch<D, CAUSAL, true, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+  if (!mask && !drop) launch<D, CAUSAL, OVERLAP, false, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+  else if (!drop) launch<D, CAUSAL, false, true, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+  else if (!mask) launch<D, CAUSAL, false, false, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+  else launch<D, CAUSAL, false, true, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+}
+
+template <bool OVERLAP, typename E>
+void launch(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
+            const AttentionShape& sh, const attn::OptionArgs& opt) {
+  const bool c = sh.causal;
+  // d128 runs the serial loop under either schedule: its overlap loop holds dQ (64), the next S and
+  // dP (64) and dS (16) at once and spilled 256 bytes under the 168-register cap (ptxas, CUDA 13.0).
+  if (sh.head_dim == 64)
+    c ? launch<64, true, OVERLAP>(s, qkv, dout, lse, dvec, dqkv, sh, opt)
+      : launch<64, false, OVERLAP>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+  else
+    c ? launch<128, true, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt)
+      : launch<128, false, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
 }
 
 }  // namespace
@@ -282,19 +427,14 @@ std::uint32_t dq_smem_bytes(int head_dim) {
 
 template <typename E>
 void dq_pass(cudaStream_t s, const E* qkv, const E* dout, const float* lse, const float* dvec, E* dqkv,
-             const AttentionShape& sh, const attn::OptionArgs& opt) {
-  const bool c = sh.causal;
-  if (sh.head_dim == 64)
-    c ? launch<64, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt)
-      : launch<64, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
-  else
-    c ? launch<128, true>(s, qkv, dout, lse, dvec, dqkv, sh, opt)
-      : launch<128, false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
+             const AttentionShape& sh, const attn::OptionArgs& opt, DqSchedule schedule) {
+  schedule == DqSchedule::Overlap ? launch<true>(s, qkv, dout, lse, dvec, dqkv, sh, opt)
+                                  : launch<false>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
 }
 
 template void dq_pass<bf16>(cudaStream_t, const bf16*, const bf16*, const float*, const float*, bf16*,
-                            const AttentionShape&, const attn::OptionArgs&);
+                            const AttentionShape&, const attn::OptionArgs&, DqSchedule);
 template void dq_pass<f16>(cudaStream_t, const f16*, const f16*, const float*, const float*, f16*,
-                           const AttentionShape&, const attn::OptionArgs&);
+                           const AttentionShape&, const attn::OptionArgs&, DqSchedule);
 
 }  // namespace cutrain::kernels::sm90

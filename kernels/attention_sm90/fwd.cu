@@ -18,10 +18,16 @@
 // Causal: tiles past the CTA's last query are never loaded; a warpgroup whose rows all precede a
 // tile skips its math but still waits for the tile and releases it, so the ring's phases stay in
 // step for both consumers.
-// Two consumer schedules (FwdConfig::kOverlap, Schedule at the API): serial waits for every wgmma
-// batch at once; overlap issues tile j+1's S behind tile j's P V. Neither overlaps a warpgroup's
-// softmax with its own wgmma (FA3's two score buffers do not fit 168 registers); the two consumer
-// warpgroups overlap each other's softmax with their wgmma.
+// Two consumer schedules (FwdConfig::kPingPong, Schedule at the API): overlap issues tile j+1's S
+// behind tile j's P V, but does not overlap a warpgroup's softmax with its own wgmma (FA3's two
+// score buffers do not fit 168 registers); the two consumer warpgroups overlap each other's
+// softmax with their wgmma, as the warp schedulers happen to interleave them. Ping-pong
+// (FlashAttention-3's) makes that interleaving the rule: the
+// warpgroups take turns at issuing their wgmma through two named barriers (consume_pingpong), and
+// each runs tile j's softmax under its own P V of tile j-1; the CTA has a producer warpgroup (384
+// threads) that hands its registers to the consumers (setmaxnreg: 24 / 240), which makes room for
+// both score buffers and for 128-key tiles at d128, and its producer thread starts Q's copy and
+// the ring's first tiles before the CTA barrier.
 // BERT's options (kernels::AttentionOptions), template bools, so the plain kernel compiles as
 // before. MASK: the CTA first finds the last key it may attend and streams no tile past it (no
 // tile at all: O = 0, lse = -inf); each consumer warp fetches a tile's mask bytes right after
@@ -181,20 +187,19 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
   attn::store_rows<D>(gout, o, row0, S, static_cast<std::size_t>(H) * D, 1.f);
 }
 
-// The consumer warpgroups' K/V loop. Causal: a warpgroup whose last row precedes a tile's first
-// key has nothing to add from it (tile_active, uniform over the warpgroup as wgmma requires), but
-// it still waits for the tile and releases it.
-//   Serial: per tile, S (wait), softmax, P V (wait), release.
-//   Overlap: P V of tile j stays in flight while S of tile j+1 is issued behind it; the wait for
-//   the older group (P V) releases stage j, the next iteration's wait takes S. The tensor cores
-//   get tile j+1's scores without the gap of P V's wait, the barrier and the next fence.
+// The overlap schedule's consumer K/V loop: P V of tile j stays in flight while S of tile j+1 is
+// issued behind it; the wait for the older group (P V) releases stage j, the next iteration's wait
+// takes S. The tensor cores get tile j+1's scores without the gap of P V's wait, the barrier and
+// the next fence. Causal: a warpgroup whose last row precedes a tile's first key has nothing to
+// add from it (the active tiles are a prefix: active_tiles, uniform over the warpgroup as wgmma
+// requires), but it still waits for the tile and releases it.
 // Options: fetch(j) right after tile j's S is issued, the rest inside softmax_tile; MASK: no tile
 // at all (n_tiles 0) goes straight to the epilogue.
 template <class Cfg, typename E, bool MASK, bool DROP>
-__device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV,
-                                        const QueryTileBarriers<Cfg>& bar, E* __restrict__ out,
-                                        float* __restrict__ lse, int S, int H, float scale_log2, int m0, int n_tiles,
-                                        int head, int b, const attn::OptionArgs& opt) {
+__device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV,
+                                                const QueryTileBarriers<Cfg>& bar, E* __restrict__ out,
+                                                float* __restrict__ lse, int S, int H, float scale_log2, int m0,
+                                                int n_tiles, int head, int b, const attn::OptionArgs& opt) {
   constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int wg = warp >> 2;
@@ -217,78 +222,176 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std:
   opts.S = S;
 
   mbar_wait(bar.q_full(), 0);
-  if constexpr (!Cfg::kOverlap) {
-    for (int j = 0; j < n_tiles; ++j) {
-      const int s = j % ST;
-      const std::uint32_t phase = (j / ST) & 1;
-      const bool active = Cfg::tile_active(j, wg_row0);
-      mbar_wait(bar.k_full(s), phase);
-      if (active) {
-        issue_scores<Cfg, E>(sc, sQ, sK + s * Cfg::kKVBytes, wg);
-        opts.fetch(j);
-        wgmma_wait<0>();
-        operand_fence(sc);
-        softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
-      }
-      mbar_wait(bar.v_full(s), phase);
-      if (active) {
-        issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
-        wgmma_wait<0>();
-        operand_fence(o);
-        operand_fence(p);
-      }
+  // Straight-line per tile so that ptxas can follow the two groups in flight: the active tiles
+  // (a prefix, tile 0 always among them unless MASK left no tile) with the last one peeled, then
+  // the skipped tail.
+  const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
+  if (!MASK || n_active > 0) {
+    mbar_wait(bar.k_full(0), 0);
+    issue_scores<Cfg, E>(sc, sQ, sK, wg);
+    opts.fetch(0);
+    for (int j = 0; j + 1 < n_active; ++j) {
+      const int s = j % ST, s1 = (j + 1) % ST;
+      wgmma_wait<0>();  // S of tile j, the only group in flight
+      operand_fence(sc);
+      softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
+      mbar_wait(bar.v_full(s), (j / ST) & 1);
+      issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
+      mbar_wait(bar.k_full(s1), ((j + 1) / ST) & 1);
+      issue_scores<Cfg, E>(sc, sQ, sK + s1 * Cfg::kKVBytes, wg);
+      opts.fetch(j + 1);
+      wgmma_wait<1>();  // P V of tile j, the older group
+      operand_fence(o);
+      operand_fence(p);
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar.kv_empty(s));  // this warp's reads of stage s are complete
+      if (lane == 0) mbar_arrive(bar.kv_empty(s));
     }
-  } else {
-    // Straight-line per tile so that ptxas can follow the two groups in flight: the active tiles
-    // (a prefix, tile 0 always among them unless MASK left no tile) with the last one peeled, then
-    // the skipped tail.
-    const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
-    if (!MASK || n_active > 0) {
-      mbar_wait(bar.k_full(0), 0);
-      issue_scores<Cfg, E>(sc, sQ, sK, wg);
-      opts.fetch(0);
-      for (int j = 0; j + 1 < n_active; ++j) {
-        const int s = j % ST, s1 = (j + 1) % ST;
-        wgmma_wait<0>();  // S of tile j, the only group in flight
-        operand_fence(sc);
-        softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
-        mbar_wait(bar.v_full(s), (j / ST) & 1);
-        issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
-        mbar_wait(bar.k_full(s1), ((j + 1) / ST) & 1);
-        issue_scores<Cfg, E>(sc, sQ, sK + s1 * Cfg::kKVBytes, wg);
-        opts.fetch(j + 1);
-        wgmma_wait<1>();  // P V of tile j, the older group
-        operand_fence(o);
-        operand_fence(p);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar.kv_empty(s));
-      }
-      {
-        const int j = n_active - 1, s = j % ST;
-        wgmma_wait<0>();
-        operand_fence(sc);
-        softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
-        mbar_wait(bar.v_full(s), (j / ST) & 1);
-        issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
-        wgmma_wait<0>();
-        operand_fence(o);
-        operand_fence(p);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar.kv_empty(s));
-      }
-    }
-    for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
-      const int s = j % ST;
-      const std::uint32_t phase = (j / ST) & 1;
-      mbar_wait(bar.k_full(s), phase);
-      mbar_wait(bar.v_full(s), phase);
+    {
+      const int j = n_active - 1, s = j % ST;
+      wgmma_wait<0>();
+      operand_fence(sc);
+      softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
+      mbar_wait(bar.v_full(s), (j / ST) & 1);
+      issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
+      wgmma_wait<0>();
+      operand_fence(o);
+      operand_fence(p);
       __syncwarp();
       if (lane == 0) mbar_arrive(bar.kv_empty(s));
     }
   }
+  for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
+    const int s = j % ST;
+    const std::uint32_t phase = (j / ST) & 1;
+    mbar_wait(bar.k_full(s), phase);
+    mbar_wait(bar.v_full(s), phase);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar.kv_empty(s));
+  }
   epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f);
+}
+
+// The ping-pong schedule's consumer loop (Cfg::kPingPong; FlashAttention-3's inter-warpgroup
+// ping-pong with its intra-warpgroup overlap). A turn is the stretch in which a warpgroup issues
+// its wgmma: bar.sync on its own turn barrier, the issues, bar.arrive on the other's (layout.h's
+// turn_barrier / turn_opens / turn_passes), so the two warpgroups' batches reach the tensor cores
+// alternately and each one's softmax runs while the other's products do. Turn 0 issues tile 0's S;
+// turn j (1 <= j < active tiles) issues tile j's S, then tile j-1's P V, and the softmax of tile j
+// (mask, max, exp2, row sums, dropout) runs under that P V; O's rescale and P's packing wait for
+// it (they touch its accumulator and A operand). The last P V follows the turns. Both warpgroups
+// take n_tiles turns (the CTA's count): a causal warpgroup's skipped tail tiles are turns without
+// wgmma, so the barriers stay balanced. Both K and V a turn reads are waited for before it opens.
+// Its waits are mbar_wait_realloc: a `trap` would cap this code at the launch's 168 registers.
+template <class Cfg, typename E, bool MASK, bool DROP>
+__device__ __forceinline__ void consume_pingpong(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV,
+                                                 const QueryTileBarriers<Cfg>& bar, E* __restrict__ out,
+                                                 float* __restrict__ lse, int S, int H, float scale_log2, int m0,
+                                                 int n_tiles, int head, int b, const attn::OptionArgs& opt) {
+  constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wg = warp >> 2;
+  const int wg_row0 = m0 + 64 * wg, row0 = wg_row0 + 16 * (warp & 3);  // row0: this warp's first row
+  float o[Cfg::kHeadDim / 8][4];
+  attn::zero(o);
+  float m_run[1][2], l_run[1][2];
+  attn::Softmax<1> softmax{m_run, l_run};
+  softmax.start();
+  const attn::Mask<Cfg::kCausal> mask{S};
+  float sc[BN / 8][4];          // raw scores of the tile in hand
+  std::uint32_t p[BN / 16][4];  // the previous tile's probabilities as wgmma A fragments
+  FwdOptions<Cfg, MASK, DROP> opts{};
+  if constexpr (MASK) opts.keys = {opt.key_mask + static_cast<std::size_t>(b) * S, S, {}};
+  if constexpr (DROP) {
+    opts.dkey = opt.resolve_step();
+    opts.threshold = opt.threshold;
+    opts.bh_e = (static_cast<std::uint64_t>(b) * H + head) * S;
+  }
+  opts.S = S;
+  const int turns = n_tiles;  // uniform over the CTA
+  const int other = Cfg::turn_barrier(1 - wg), mine = Cfg::turn_barrier(wg);
+  auto release = [&](int s) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar.kv_empty(s));  // this warp's reads of stage s are complete
+  };
+
+  if (Cfg::turn_opens(wg, turns)) named_barrier_arrive(other, Cfg::kTurnThreads);
+  mbar_wait_realloc(bar.q_full(), 0);
+  const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
+  if (n_active > 0) {  // tile 0 is active unless MASK left no tile
+    mbar_wait_realloc(bar.k_full(0), 0);
+    named_barrier_sync(mine, Cfg::kTurnThreads);
+    issue_scores<Cfg, E>(sc, sQ, sK, wg);
+    if (Cfg::turn_passes(wg, 0, turns)) named_barrier_arrive(other, Cfg::kTurnThreads);
+    opts.fetch(0);
+    wgmma_wait<0>();
+    operand_fence(sc);
+    softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, 0, row0, scale_log2);  // O is 0: its rescale is moot
+    for (int j = 1; j < n_active; ++j) {
+      const int s = j % ST, sp = (j - 1) % ST;
+      mbar_wait_realloc(bar.k_full(s), (j / ST) & 1);
+      mbar_wait_realloc(bar.v_full(sp), ((j - 1) / ST) & 1);
+      named_barrier_sync(mine, Cfg::kTurnThreads);
+      issue_scores<Cfg, E>(sc, sQ, sK + s * Cfg::kKVBytes, wg);
+      issue_pv<Cfg, E>(o, p, sV + sp * Cfg::kKVBytes);
+      if (Cfg::turn_passes(wg, j, turns)) named_barrier_arrive(other, Cfg::kTurnThreads);
+      opts.fetch(j);
+      wgmma_wait<1>();  // S of tile j; P V of tile j-1 still in flight
+      operand_fence(sc);
+      float alpha[2];
+      mask.apply(attn::one_mtile(sc), row0, j * BN);
+      opts.mask_scores(sc);
+      softmax.template fold<BN / 8>(0, sc, alpha, scale_log2);
+      opts.drop(sc, j, row0);
+      wgmma_wait<0>();  // P V of tile j-1
+      operand_fence(o);
+      operand_fence(p);
+      release(sp);
+      attn::Softmax<1>::rescale<Cfg::kHeadDim>(o, alpha);
+      attn::to_a_frags<E, BN>(p, sc);
+    }
+    const int j = n_active - 1, s = j % ST;  // the last P V, after the turns
+    mbar_wait_realloc(bar.v_full(s), (j / ST) & 1);
+    issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
+    wgmma_wait<0>();
+    operand_fence(o);
+    operand_fence(p);
+    release(s);
+  }
+  for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
+    const int s = j % ST;
+    const std::uint32_t phase = (j / ST) & 1;
+    named_barrier_sync(mine, Cfg::kTurnThreads);
+    if (Cfg::turn_passes(wg, j, turns)) named_barrier_arrive(other, Cfg::kTurnThreads);
+    mbar_wait_realloc(bar.k_full(s), phase);
+    mbar_wait_realloc(bar.v_full(s), phase);
+    release(s);
+  }
+  epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f);
+}
+
+// The ping-pong's copies (one producer thread): Q on q_full, K/V tile j into stage j % kStages.
+template <class Cfg>
+__device__ __forceinline__ void load_q(const CUtensorMap* q_map, std::uint32_t sQ, const QueryTileBarriers<Cfg>& bar,
+                                       int head, int m0, int b) {
+  mbar_arrive_expect_tx(bar.q_full(), Cfg::kQBytes);
+#pragma unroll
+  for (int c = 0; c < Cfg::kColBlocks; ++c)
+    tma_load_5d(sQ + c * Cfg::kBlockM * 128, q_map, 64 * c, head, 0, m0, b, bar.q_full());
+}
+template <class Cfg>
+__device__ __forceinline__ void load_kv(const CUtensorMap* kv_map, std::uint32_t sK, std::uint32_t sV,
+                                        const QueryTileBarriers<Cfg>& bar, int head, int b, int j) {
+  const int s = j % Cfg::kStages;
+  mbar_arrive_expect_tx(bar.k_full(s), Cfg::kKVBytes);
+#pragma unroll
+  for (int c = 0; c < Cfg::kColBlocks; ++c)
+    tma_load_5d(sK + s * Cfg::kKVBytes + c * Cfg::kBlockN * 128, kv_map, 64 * c, head, 1, j * Cfg::kBlockN, b,
+                bar.k_full(s));
+  mbar_arrive_expect_tx(bar.v_full(s), Cfg::kKVBytes);
+#pragma unroll
+  for (int c = 0; c < Cfg::kColBlocks; ++c)
+    tma_load_5d(sV + s * Cfg::kKVBytes + c * Cfg::kBlockN * 128, kv_map, 64 * c, head, 2, j * Cfg::kBlockN, b,
+                bar.v_full(s));
 }
 
 template <class Cfg, typename E, bool MASK, bool DROP>
@@ -309,15 +412,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   int n_tiles = Cfg::kv_tiles(S, m0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
-  if (threadIdx.x == 0) bar.init();
+  // PINGPONG: the producer thread initializes the barriers and at once starts Q's copy and (without
+  // a key mask, whose scan decides the tile count) the ring's first tiles, before the CTA barrier:
+  // at S <= 512 a CTA streams 1-4 tiles, so the pipeline's fill is most of its time.
+  constexpr int kInitThread = Cfg::kPingPong ? 32 * Cfg::kProducerWarp : 0;
+  int early = 0;  // PINGPONG: K/V tiles issued before the CTA barrier
+  if (threadIdx.x == kInitThread) {
+    bar.init();
+    if constexpr (Cfg::kPingPong) {
+      load_q<Cfg>(&q_map, sQ, bar, head, m0, b);
+      if constexpr (!MASK)
+        for (; early < ST && early < n_tiles; ++early) load_kv<Cfg>(&kv_map, sK, sV, bar, head, b, early);
+    }
+  }
   __syncthreads();
   if constexpr (MASK)  // no tile past the last key the CTA may attend (every thread gets the same count)
     n_tiles = Cfg::masked_kv_tiles(
         n_tiles, attn::last_valid_key<Cfg::kThreads>(opt.key_mask + static_cast<std::size_t>(b) * S, min(S, n_tiles * BN)));
   // No CTA-wide barrier from here on: the producer's idle threads leave below.
 
-  if (warp == Cfg::kProducerWarp) {
-    if (lane == 0) {
+  // PINGPONG: the producer warpgroup's warps 1-3 only hand their registers back, then leave.
+  const bool producer = Cfg::kPingPong ? warp >= Cfg::kProducerWarp : warp == Cfg::kProducerWarp;
+  if (producer) {
+    if constexpr (Cfg::kPingPong) setmaxnreg_dec<Cfg::kProducerRegs>();
+    if constexpr (Cfg::kPingPong) {
+      if (warp == Cfg::kProducerWarp && lane == 0)
+        for (int j = early; j < n_tiles; ++j) {
+          if (j >= ST) mbar_wait_realloc(bar.kv_empty(j % ST), ((j / ST) - 1) & 1);  // after setmaxnreg.dec
+          load_kv<Cfg>(&kv_map, sK, sV, bar, head, b, j);
+        }
+    } else if (warp == Cfg::kProducerWarp && lane == 0) {
       mbar_arrive_expect_tx(bar.q_full(), Cfg::kQBytes);
 #pragma unroll
       for (int c = 0; c < Cfg::kColBlocks; ++c)
@@ -335,18 +459,28 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           tma_load_5d(sV + s * Cfg::kKVBytes + c * BN * 128, &kv_map, 64 * c, head, 2, j * BN, b, bar.v_full(s));
       }
     }
+  } else if constexpr (Cfg::kPingPong) {
+    setmaxnreg_inc<Cfg::kConsumerRegs>();
+    consume_pingpong<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b, opt);
   } else {
-    consume<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b, opt);
+    consume_overlap<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b, opt);
   }
 }
 
-template <int D, bool CAUSAL, bool OVERLAP, bool MASK, bool DROP, typename E>
+template <int D, bool CAUSAL, bool PINGPONG, bool MASK, bool DROP, typename E>
 void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
-  using Cfg = FwdConfig<D, CAUSAL, OVERLAP>;
+  using Cfg = FwdConfig<D, CAUSAL, PINGPONG>;
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   auto kernel = forward_kernel<Cfg, E, MASK, DROP>;
+  if constexpr (PINGPONG) {  // once per instance (a throw leaves it unchecked, so it throws again)
+    static const bool pool = (check_register_pool(reinterpret_cast<const void*>(kernel), Cfg::kThreads,
+                                                  Cfg::kProducerRegs * 128 + Cfg::kConsumerRegs * 128 * Cfg::kConsumers,
+                                                  "attention_forward (ping-pong schedule)"),
+                              true);
+    (void)pool;
+  }
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid((sh.seq + Cfg::kBlockM - 1) / Cfg::kBlockM, sh.heads, sh.batch);
   const float scale_log2 = attn::kLog2e / std::sqrt(static_cast<float>(D));
@@ -355,24 +489,24 @@ void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionSh
 }
 
 // The options' instance: the key mask where one is given, dropout where p > 0.
-template <int D, bool CAUSAL, bool OVERLAP, typename E>
+template <int D, bool CAUSAL, bool PINGPONG, typename E>
 void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
   const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
-  if (!mask && !drop) launch<D, CAUSAL, OVERLAP, false, false>(st, qkv, out, lse, sh, opt);
-  else if (!drop) launch<D, CAUSAL, OVERLAP, true, false>(st, qkv, out, lse, sh, opt);
-  else if (!mask) launch<D, CAUSAL, OVERLAP, false, true>(st, qkv, out, lse, sh, opt);
-  else launch<D, CAUSAL, OVERLAP, true, true>(st, qkv, out, lse, sh, opt);
+  if (!mask && !drop) launch<D, CAUSAL, PINGPONG, false, false>(st, qkv, out, lse, sh, opt);
+  else if (!drop) launch<D, CAUSAL, PINGPONG, true, false>(st, qkv, out, lse, sh, opt);
+  else if (!mask) launch<D, CAUSAL, PINGPONG, false, true>(st, qkv, out, lse, sh, opt);
+  else launch<D, CAUSAL, PINGPONG, true, true>(st, qkv, out, lse, sh, opt);
 }
 
-template <bool OVERLAP, typename E>
+template <bool PINGPONG, typename E>
 void launch(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
   const bool c = sh.causal;
   if (sh.head_dim == 64)
-    c ? launch<64, true, OVERLAP>(s, qkv, out, lse, sh, opt) : launch<64, false, OVERLAP>(s, qkv, out, lse, sh, opt);
+    c ? launch<64, true, PINGPONG>(s, qkv, out, lse, sh, opt) : launch<64, false, PINGPONG>(s, qkv, out, lse, sh, opt);
   else
-    c ? launch<128, true, OVERLAP>(s, qkv, out, lse, sh, opt) : launch<128, false, OVERLAP>(s, qkv, out, lse, sh, opt);
+    c ? launch<128, true, PINGPONG>(s, qkv, out, lse, sh, opt) : launch<128, false, PINGPONG>(s, qkv, out, lse, sh, opt);
 }
 
 }  // namespace
@@ -382,11 +516,17 @@ void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const A
                        Schedule schedule, const AttentionOptions& options) {
   const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
   check_forward_args(qkv, out, lse, sh);
-  CUTRAIN_CHECK(schedule == Schedule::Serial || schedule == Schedule::Overlap,
-                "attention_forward: schedule must be Serial or Overlap, got ", static_cast<int>(schedule));
-  check_device("attention_forward",
-               sh.head_dim == 64 ? FwdConfig<64, false>::kSmemBytes : FwdConfig<128, false>::kSmemBytes);
-  schedule == Schedule::Overlap ? launch<true>(s, qkv, out, lse, sh, opt) : launch<false>(s, qkv, out, lse, sh, opt);
+  CUTRAIN_CHECK(schedule == Schedule::Overlap || schedule == Schedule::PingPong,
+                "attention_forward: schedule must be Overlap or PingPong, got ", static_cast<int>(schedule));
+  const bool pp = schedule == Schedule::PingPong;  // d128: 128-key tiles, more shared memory
+  check_device("attention_forward", sh.head_dim == 64 ? (pp ? FwdConfig<64, false, true>::kSmemBytes
+                                                            : FwdConfig<64, false>::kSmemBytes)
+                                                      : (pp ? FwdConfig<128, false, true>::kSmemBytes
+                                                            : FwdConfig<128, false>::kSmemBytes));
+  switch (schedule) {
+    case Schedule::Overlap: launch<false>(s, qkv, out, lse, sh, opt); break;
+    case Schedule::PingPong: launch<true>(s, qkv, out, lse, sh, opt); break;
+  }
 }
 
 template void attention_forward<bf16>(cudaStream_t, const bf16*, bf16*, float*, const AttentionShape&, Schedule,

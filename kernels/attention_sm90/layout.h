@@ -65,21 +65,55 @@ struct QueryTileSchedule {
 // D: head dim (64 or 128). Two consumer warpgroups of 64 query rows each and one producer warp
 // (one thread of it issues the copies). Register budget: ptxas gives every thread of the 288 the
 // same cap, 168 (nvcc 13.0; setmaxnreg moved none of it to the consumers at compile time: d128 with
-// 128-key tiles spilled 80 bytes with or without it), so d128 streams 96-key tiles, which fit.
-// OVERLAP: the consumer loop keeps tile j's P V in flight while it issues tile j+1's S (see
-// fwd.cu); same tiles, same registers budget.
-template <int D, bool CAUSAL, bool OVERLAP = false>
-struct FwdConfig : QueryTileSchedule<128, D == 64 ? 128 : 96, CAUSAL> {
+// 128-key tiles spilled 80 bytes with or without it, since ptxas keeps code that can reach the
+// mbarrier wait's `trap` at the launch cap; PINGPONG below avoids that), so d128 streams 96-key
+// tiles, which fit.
+// PINGPONG false: the overlap consumer loop, which keeps tile j's P V in flight while it issues
+// tile j+1's S (see fwd.cu).
+// PINGPONG (FlashAttention-3's inter-warpgroup schedule, fwd.cu): the two consumer warpgroups take
+// turns at issuing their wgmma, handed over through two named barriers, and each warpgroup runs
+// tile j's softmax under its own P V of tile j-1 (its own intra-warpgroup overlap). The producer
+// is a whole warpgroup (384 threads), so setmaxnreg moves registers from it to the consumers
+// (which lets d128 stream 128-key tiles as d64 does).
+template <int D, bool CAUSAL, bool PINGPONG = false>
+struct FwdConfig : QueryTileSchedule<128, D == 64 || PINGPONG ? 128 : 96, CAUSAL> {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
-  static constexpr bool kOverlap = OVERLAP;
+  static constexpr bool kPingPong = PINGPONG;
   static constexpr int kConsumers = 2;                  // consumer warpgroups
   static constexpr int kBlockM = 64 * kConsumers;       // query rows per CTA
-  static constexpr int kBlockN = D == 64 ? 128 : 96;    // keys per K/V tile
+  // Keys per K/V tile: d128 streams 96-key tiles under the 168-register cap; PINGPONG's consumers
+  // have kConsumerRegs, so 128 fit there too (and the 3-stage ring still fits shared memory).
+  static constexpr int kBlockN = D == 64 || PINGPONG ? 128 : 96;
   static constexpr int kStages = 3;                     // K/V ring depth
-  static constexpr int kThreads = 128 * kConsumers + 32;
-  static constexpr int kProducerWarp = 4 * kConsumers;  // the warp after the consumer warpgroups
+  static constexpr int kProducerThreads = PINGPONG ? 128 : 32;  // setmaxnreg acts on whole warpgroups
+  static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
+  static constexpr int kProducerWarp = 4 * kConsumers;  // the warp after the consumer warpgroups (lane 0 issues)
+
+  // PINGPONG's register reallocation: at one CTA per SM a thread starts with kLaunchRegs (65536 /
+  // 384, rounded down to ptxas's multiple of 8: 168); the producer warpgroup drops to
+  // kProducerRegs and the consumers take what it frees. The sum may not exceed what the CTA was
+  // given at launch (setmaxnreg.inc would wait forever for registers nobody frees).
+  static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(!PINGPONG || kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
+                "setmaxnreg: the warpgroups' registers must fit the CTA's launch allocation");
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs >= 24 && kConsumerRegs <= 256,
+                "setmaxnreg takes a multiple of 8 in [24, 256]");
+  // PINGPONG's turns: warpgroup wg issues wgmma only between bar.sync on turn_barrier(wg) and
+  // bar.arrive on the other's; each barrier counts the 128 threads that wait on it and the 128 that
+  // arrive (kTurnThreads). Ids 1 and 2: 0 is __syncthreads' (the kernel's set-up and the key
+  // mask's scan); the forward uses no other named barrier. Both warpgroups take `turns` turns
+  // (the CTA's K/V tile count, the same for both); warpgroup 1 opens with one arrival so that 0
+  // goes first, and skips the hand-over of its last turn, so every barrier phase that starts also
+  // completes (turn_opens / turn_passes; the CPU test plays the protocol out).
+  static constexpr int kTurnBarrierBase = 1;
+  static constexpr int kTurnThreads = 256;
+  static constexpr CUTRAIN_HD int turn_barrier(int wg) { return kTurnBarrierBase + wg; }
+  static constexpr CUTRAIN_HD bool turn_opens(int wg, int turns) { return wg == 1 && turns > 0; }
+  static constexpr CUTRAIN_HD bool turn_passes(int wg, int t, int turns) { return wg == 0 || t + 1 < turns; }
   static constexpr int kColBlocks = D / 64;             // 128-byte column blocks per row
   static constexpr std::uint32_t kQBytes = kBlockM * D * 2;
   static constexpr std::uint32_t kKVBytes = kBlockN * D * 2;  // one K or one V tile
@@ -146,27 +180,42 @@ constexpr CUTRAIN_HD std::uint32_t wgmma_mnmajor_offset(std::uint32_t start, std
 // dS^T_w is written to shared memory in the TMA's 128-byte swizzle pattern (rows: the warpgroup's
 // 64 keys, one 128-byte column block of 64 queries), so wgmma reads it like a TMA tile. Each
 // warpgroup adds its own keys' share of dQ (fp32 atomics), so neither waits for the other's dS.
-// DECOUPLED: how a ring stage is handed back (see bwd.cu): false, a CTA barrier
-// ends every tile (lockstep); true, per-stage empty mbarriers, so the warpgroups drift apart by up
-// to the ring's depth and one's softmax overlaps the other's wgmma.
-template <int D, bool CAUSAL, bool DECOUPLED = false>
+// Without PRODUCER (lockstep) both warpgroups load and a CTA barrier ends every tile, which hands
+// the ring stage back.
+// PRODUCER (the warp-specialized schedules, bwd.cu's backward_ws_kernel): a third warpgroup, the
+// producer, issues every load (K/V, the Q / dO ring, lse and Dvec) and the two consumer warpgroups
+// only compute; stages are handed back through per-stage empty mbarriers. 384 threads cap a thread at 168
+// registers at launch, so the producer gives its registers back (setmaxnreg.dec to
+// kProducerRegs) and the consumers take them (setmaxnreg.inc to kConsumerRegs): the CTA's pool is
+// 384 x 168 = 128 x 40 + 256 x 232 registers (40: the producer's loop, addresses and TMA operands
+// without spilling). d64 only in practice: d128's consumers need about 250 (bwd.cu's launcher runs
+// lockstep there). OVERLAP (PRODUCER only, deterministic mode): a
+// consumer issues tile i+1's S^T and dP^T before it waits for tile i's dV / dK products.
+template <int D, bool CAUSAL, bool PRODUCER = false, bool OVERLAP = false>
 struct BwdConfig {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(!OVERLAP || PRODUCER, "the overlap schedule is a producer schedule");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
-  static constexpr bool kDecoupled = DECOUPLED;
-  static constexpr int kWarpgroups = 2;
+  static constexpr bool kProducer = PRODUCER;
+  static constexpr bool kOverlap = OVERLAP;
+  static constexpr int kWarpgroups = 2;             // the warpgroups that own keys (the consumers)
   static constexpr int kBlockN = 64 * kWarpgroups;  // keys per CTA
   static constexpr int kBlockM = 64;                // queries per tile (one 128-byte column block of dS^T)
   static constexpr int kStages = 3;                 // Q / dO ring depth
-  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kThreads = 128 * kWarpgroups + (PRODUCER ? 128 : 0);
+  static constexpr int kConsumerWarps = 4 * kWarpgroups;
+  static constexpr int kProducerWarp = kConsumerWarps;  // PRODUCER: the producer warpgroup's first warp
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static_assert(!PRODUCER || 128 * kProducerRegs + 128 * kWarpgroups * kConsumerRegs <= kThreads * 168,
+                "setmaxnreg: the consumers take no more than the producer gives back");
   static constexpr int kColBlocks = D / 64;
   static constexpr std::uint32_t kKVBytes = kBlockN * D * 2;  // K or V
   static constexpr std::uint32_t kQBytes = kBlockM * D * 2;   // one Q or one dO tile
   static constexpr std::uint32_t kDsBytes = 64 * kBlockM * 2;  // one warpgroup's dS^T
   // Carve-up from a 1024-aligned base: K, V, Q[kStages], dO[kStages], dS^T[kWarpgroups],
   // lse * log2(e) [kStages][kBlockM], Dvec [kStages][kBlockM], then the mbarriers (kv_full,
-  // q_full[kStages]: each stage's Q, dO, lse and Dvec; q_empty[kStages]: its release, DECOUPLED only).
+  // q_full[kStages]: each stage's Q, dO, lse and Dvec; q_empty[kStages]: its release, PRODUCER only).
   static constexpr std::uint32_t kKOff = 0;
   static constexpr std::uint32_t kVOff = kKOff + kKVBytes;
   static constexpr std::uint32_t kQOff = kVOff + kKVBytes;
@@ -226,11 +275,14 @@ struct BwdConfig {
 // Register budget: the 288-thread CTA caps every thread at 168 (see FwdConfig); a thread holds dQ
 // (D/2 fp32), S and dP (kBlockN/2 each) at once, so kBlockN = 64 at both head dims (128 keys at d64
 // would be 32 + 64 + 64 accumulators before any address).
-template <int D, bool CAUSAL>
+// OVERLAP (dq.cu's overlap consumer loop): a consumer issues tile j+1's S and dP before it waits for
+// tile j's dQ += dS K, so dQ's product, the next tile's scores and P's exp overlap.
+template <int D, bool CAUSAL, bool OVERLAP = false>
 struct DqConfig : QueryTileSchedule<128, 64, CAUSAL> {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
+  static constexpr bool kOverlap = OVERLAP;
   static constexpr int kConsumers = 2;                  // consumer warpgroups
   static constexpr int kBlockM = 64 * kConsumers;       // query rows per CTA
   static constexpr int kBlockN = 64;                    // keys per K/V tile
@@ -261,18 +313,5 @@ struct DqConfig : QueryTileSchedule<128, 64, CAUSAL> {
   // K as the MN-major B of dQ += dS K, k16 step ks (keys 16ks.., all D columns; LBO kKLbo).
   static constexpr CUTRAIN_HD std::uint32_t k_mn_slice(int ks) { return ks * 16 * 128; }
 };
-
-// The schedules kernels::attention_forward / attention_backward run, per (head_dim, causal): the
-// faster of each pair as measured on an H100 (docs/perf-notes.md, "Attention"): the forward's
-// overlap schedule except at non-causal d128, where serial led; the backward's lockstep schedule
-// (the measured table's; decoupled's range against the mma.sync pair, 1.28-1.44x, overlaps
-// lockstep's 1.24-1.47x, so neither wins everywhere). Compile-time choices: the other schedule of
-// each pair stays reachable only through sm90::attention_forward / attention_backward's argument.
-constexpr CUTRAIN_HD bool production_fwd_overlap(int head_dim, bool causal) { return head_dim == 64 || causal; }
-constexpr CUTRAIN_HD bool production_bwd_decoupled(int head_dim, bool causal) {
-  (void)head_dim;
-  (void)causal;
-  return false;
-}
 
 }  // namespace cutrain::kernels::sm90

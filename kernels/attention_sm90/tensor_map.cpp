@@ -74,6 +74,13 @@ void check_device(const char* who, std::uint32_t smem_bytes) {
                 " bytes of shared memory per block, device ", dev, " offers ", optin);
 }
 
+void check_register_pool(const void* kernel, int threads, int need, const char* who) {
+  cudaFuncAttributes a{};
+  CUTRAIN_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
+  CUTRAIN_CHECK(a.numRegs * threads >= need, who, ": the kernel was built with ", a.numRegs, " registers a thread, ",
+                a.numRegs * threads, " for its ", threads, " threads; its setmaxnreg counts need ", need);
+}
+
 QkvTmaGeometry rows_tma_geometry(const AttentionShape& sh, int slots, int box_rows) {
   CUTRAIN_CHECK(box_rows >= 1 && box_rows <= 256, "rows_tma_geometry: box_rows must lie in [1, 256], got ", box_rows);
   CUTRAIN_CHECK(slots == 1 || slots == 3, "rows_tma_geometry: slots must be 1 ([B, S, H, D]) or 3 (qkv), got ", slots);

@@ -16,6 +16,11 @@ namespace cutrain::kernels::sm90 {
 // block: refused with what was found (`who` names the caller), instead of a bare launch error.
 void check_device(const char* who, std::uint32_t smem_bytes);
 
+// setmaxnreg.inc waits for the registers another warpgroup frees, so a kernel whose warpgroups
+// move registers must get at launch at least the sum of their counts (`need`, over `threads`
+// threads); a build that gives fewer would hang, so it is refused (`who` names the schedule).
+void check_register_pool(const void* kernel, int threads, int need, const char* who);
+
 // E: bf16 or f16 (instances of both), the map's element type.
 template <typename E>
 CUtensorMap encode_qkv_map(const E* qkv, const AttentionShape& shape, int box_rows);

@@ -2,7 +2,7 @@
 // -gencode=arch=compute_90a,code=sm_90a): mbarriers with a hang guard, the TMA tensor copy,
 // wgmma (fence / commit / wait, the operand fence, m64nNk16 E -> fp32 for E = bf16 or fp16, with A
 // from shared memory or from registers, and with both operands read transposed), the
-// generic-to-async proxy fence and named barriers.
+// generic-to-async proxy fence, named barriers and register reallocation (setmaxnreg).
 //
 // wgmma accumulator layout (m64nNk16, PTX ISA "Register Fragments"): warp w of the warpgroup
 // holds rows 16w..16w+15; per 8-column block j a thread holds d[j][0..1] at (row gi, cols 8j+2t,
@@ -60,6 +60,17 @@ __device__ __forceinline__ void mbar_wait(std::uint32_t bar, std::uint32_t parit
   const long long t0 = clock64();
   while (!mbar_try_wait(bar, parity))
     if (clock64() - t0 > (1ll << 34)) asm volatile("trap;");
+}
+
+// mbar_wait for code after setmaxnreg (the forward's ping-pong, the backward's producer
+// schedules): ptxas (CUDA 13.0) compiles a region that can reach `trap` at the launch register
+// cap, ignoring the raised count (the consumer then spills), so this guard faults with a store to
+// address 0 instead: an illegal-address launch error, still no hang.
+__device__ __forceinline__ void mbar_wait_realloc(std::uint32_t bar, std::uint32_t parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const long long t0 = clock64();
+  while (!mbar_try_wait(bar, parity))
+    if (clock64() - t0 > (1ll << 34)) asm volatile("st.volatile.global.u32 [%0], 0;" ::"l"(0ull) : "memory");
 }
 
 // ---- TMA ----
@@ -443,6 +454,26 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 // __syncthreads'): one warpgroup waits for its own 128 threads only.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// Arrives on hardware barrier `id` without waiting; `threads` counts the arriving and the waiting
+// threads together (the forward's ping-pong hands its turn over with it).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- register reallocation ----
+// setmaxnreg (sm_90a): every warp of a warpgroup executes the same one (.sync.aligned) — the
+// forward's ping-pong and the backward's producer schedule. dec hands the registers above N back
+// to the CTA's pool; inc blocks until the pool has enough for N. N: a multiple of 8 in [24, 256].
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 in [24, 256]");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
 }
 
 }  // namespace cutrain::kernels::sm90

@@ -4,7 +4,9 @@
 // S1024 causal, d64 S512 / S1024 and d128 S512 / S1024 plain. dQ (the dQ pass's output) and dK, dV
 // against the fp64 CPU reference (the forward's own O), on poisoned outputs; the same bits on a
 // second run and on a run from another stream; dQ within reach of the fast mode's (atomic) dQ, an
-// independent product. With the key mask, a sequence with no valid key gets exactly zero dQ.
+// independent product. With the key mask, a sequence with no valid key gets exactly zero dQ. The
+// warp-specialized schedules of kernels::sm90 (producer dK/dV pass; its overlap loop with the
+// overlap dQ pass) the same way: against the reference, the same bits twice.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -13,9 +15,11 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_sm90/attention_sm90.h"
 #include "runtime/check.h"
 #include "tests/gpu/attention_checks.h"
 #include "tests/reference/attention_ref.h"
@@ -101,6 +105,32 @@ void run_case(const Param& param) {
     for (int j = 0; j < seq; ++j)
       for (std::size_t e = 0; e < row; ++e)
         ASSERT_EQ(g[3 * row * j + e], 0.f) << "dQ of token " << j << " element " << e;
+  }
+
+  // The warp-specialized schedules (kernels::sm90's, candidates for the production table): the
+  // producer dK/dV pass with the serial dQ pass, its overlap loop with the overlap dQ pass; each
+  // against the reference, and the same bits twice.
+  using hopper_sched = std::pair<kernels::sm90::BackwardSchedule, kernels::sm90::DqSchedule>;
+  for (const hopper_sched& sched :
+       {hopper_sched{kernels::sm90::BackwardSchedule::Producer, kernels::sm90::DqSchedule::Serial},
+        hopper_sched{kernels::sm90::BackwardSchedule::ProducerOverlap, kernels::sm90::DqSchedule::Overlap}}) {
+    const bool overlap = sched.first == kernels::sm90::BackwardSchedule::ProducerOverlap;
+    SCOPED_TRACE(overlap ? "producer overlap + dq overlap" : "producer + dq serial");
+    test::DeviceArray<E> ws1(n_qkv), ws2(n_qkv);
+    for (test::DeviceArray<E>* d : {&ws1, &ws2})
+      kernels::sm90::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), d->get(), scratch.get(),
+                                        sh, sched.first, opt, true, sched.second);
+    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto w1 = ws1.download(), w2 = ws2.download();
+    const auto gw = test::download_float(ws1);
+    ASSERT_EQ(test::count_nan(gw), 0u) << "dqkv left unwritten (poison survived) or NaN produced";
+    std::size_t ws_differ = 0;
+    for (std::size_t i = 0; i < n_qkv; ++i) ws_differ += std::memcmp(&w1[i], &w2[i], sizeof(E)) != 0;
+    EXPECT_EQ(ws_differ, 0u) << "the deterministic mode gave other bits on a second run";
+    for (int w = 0; w < 3; ++w)
+      EXPECT_LE(test::attention_grad_error(test::attention_slot(gw, sh, w), test::attention_slot(dqkv_r, sh, w), dv_r),
+                bound)
+          << names[w] << " (deterministic) vs CPU";
   }
 
   // The fast mode's dQ (the dK/dV pass's atomics): both within the bound of the reference.

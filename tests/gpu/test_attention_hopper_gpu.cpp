@@ -2,12 +2,12 @@
 // each schedule of each kernel (the production entry points run one per shape; these run both).
 // Forward: O and the log-sum-exp against the fp64 CPU reference over odd shapes (S not a multiple
 // of any tile, B > 1, H > 1, d64 / d128, causal / not, plain and large logits), and at long S
-// against the naive GPU reference and kernels::attention_forward on the same inputs; both consumer
-// schedules (serial, overlap). Backward: dQ, dK, dV against the fp64 CPU reference over odd shapes
+// against the naive GPU reference and kernels::attention_forward on the same inputs; every consumer
+// schedule (overlap, pingpong). Backward: dQ, dK, dV against the fp64 CPU reference over odd shapes
 // (odd B, H and S), fast and deterministic modes (the deterministic one bit-identical on a second
 // run), and at long S against the naive GPU reference and kernels::attention_backward's
 // deterministic mode (its dQ from the wgmma dQ pass), from the production forward's O and lse;
-// both warpgroup schedules (lockstep, decoupled). fp16: every schedule and both backward modes
+// every dK/dV schedule (lockstep, producer, producer overlap) and both dQ-pass loops. fp16: every schedule and both backward modes
 // against the fp64 CPU reference at odd shapes. Outputs poisoned first. A failure
 // names the first element off (batch, token, head, column) with both values, and the product it
 // points at.
@@ -26,6 +26,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/attention_sm90/attention_sm90.h"
 #include "tests/gpu/attention_checks.h"
+#include "tests/gpu/attention_hopper_schedules.h"
 #include "tests/gpu/attention_naive.h"
 #include "tests/reference/attention_ref.h"
 #include "tests/support/test_support.h"
@@ -33,6 +34,7 @@
 using namespace cutrain;
 using kernels::AttentionShape;
 namespace hopper = cutrain::kernels::sm90;
+using test::hopper_schedules::schedule_name;
 
 namespace {
 
@@ -111,8 +113,7 @@ struct Outputs {
   std::vector<float> out, lse;
 };
 
-const hopper::Schedule kSchedules[] = {hopper::Schedule::Serial, hopper::Schedule::Overlap};
-const char* schedule_name(hopper::Schedule s) { return s == hopper::Schedule::Serial ? "serial" : "overlap"; }
+const auto& kSchedules = test::hopper_schedules::kForward;
 
 // The Hopper forward on poisoned outputs; nothing may be left unwritten (the first NaN is named).
 Outputs run_hopper(const AttentionShape& sh, const Inputs& in, hopper::Schedule schedule) {
@@ -264,18 +265,16 @@ BwdCase make_bwd_case(const AttentionShape& sh, bool large) {
   return BwdCase{std::move(in), std::move(dout_f), std::move(out_h), std::move(dout), std::move(out), std::move(lse)};
 }
 
-const hopper::BackwardSchedule kBwdSchedules[] = {hopper::BackwardSchedule::Lockstep,
-                                                  hopper::BackwardSchedule::Decoupled};
-const char* schedule_name(hopper::BackwardSchedule s) {
-  return s == hopper::BackwardSchedule::Lockstep ? "lockstep" : "decoupled";
-}
+const auto& kBwdSchedules = test::hopper_schedules::kBackward;
+const auto& kDqSchedules = test::hopper_schedules::kDq;
 
 // The sm90 backward on a poisoned dqkv (nothing may be left unwritten) with `scratch`.
 std::vector<float> run_hopper_bwd(const AttentionShape& sh, const BwdCase& c, test::DeviceArray<float>& scratch,
-                                  hopper::BackwardSchedule schedule, bool deterministic = false) {
+                                  hopper::BackwardSchedule schedule, bool deterministic = false,
+                                  hopper::DqSchedule dq_schedule = hopper::DqSchedule::Serial) {
   test::DeviceArray<bf16> dqkv(3ull * sh.batch * sh.seq * sh.heads * sh.head_dim);
   hopper::attention_backward(nullptr, c.in.qkv.get(), c.out.get(), c.dout.get(), c.lse.get(), dqkv.get(),
-                             scratch.get(), sh, schedule, {}, deterministic);
+                             scratch.get(), sh, schedule, {}, deterministic, dq_schedule);
   CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   auto r = test::download_float(dqkv);
   const std::vector<double> zeros(r.size() / 3, 0.0);
@@ -325,18 +324,21 @@ TEST_P(AttentionHopperBwdGpu, MatchesCpuReference) {
   std::vector<double> dqkv_r;
   ref::attention_backward(c.in.qkv_f, c.out_h, c.dout_f, sh, dqkv_r);
   auto scratch = bwd_scratch(sh);
-  // Each schedule; the second runs on the first's dirty scratch (the launcher clears its dQ accumulator).
-  // Then the deterministic mode (the dQ pass after the dK/dV pass): right, and the same bits twice.
+  // Each schedule; the later ones run on the first's dirty scratch (the launcher clears its dQ
+  // accumulator). Then the deterministic mode (the dQ pass after the dK/dV pass) with each dQ
+  // schedule: right, and the same bits twice.
   for (const hopper::BackwardSchedule schedule : kBwdSchedules) {
     SCOPED_TRACE(std::string(schedule_name(schedule)) + " schedule");
     expect_grads(run_hopper_bwd(sh, c, scratch, schedule), dqkv_r, sh, "CPU");
-    SCOPED_TRACE("deterministic");
-    const auto det = run_hopper_bwd(sh, c, scratch, schedule, true);
-    expect_grads(det, dqkv_r, sh, "CPU");
-    const auto again = run_hopper_bwd(sh, c, scratch, schedule, true);
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < det.size(); ++i) differ += std::memcmp(&det[i], &again[i], sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0u) << "the deterministic mode gave other bits on a second run";
+    for (const hopper::DqSchedule dq_schedule : kDqSchedules) {
+      SCOPED_TRACE(std::string("deterministic, ") + schedule_name(dq_schedule));
+      const auto det = run_hopper_bwd(sh, c, scratch, schedule, true, dq_schedule);
+      expect_grads(det, dqkv_r, sh, "CPU");
+      const auto again = run_hopper_bwd(sh, c, scratch, schedule, true, dq_schedule);
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < det.size(); ++i) differ += std::memcmp(&det[i], &again[i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << "the deterministic mode gave other bits on a second run";
+    }
   }
 }
 
@@ -376,17 +378,20 @@ TEST_P(AttentionHopperBwdLongGpu, MatchesNaiveAndProduction) {
 
   static const char* names[3] = {"dQ", "dK", "dV"};
   const auto dv_p = test::attention_slot(dqkv_ph, sh, 2);
-  for (const hopper::BackwardSchedule schedule : kBwdSchedules) {
-    SCOPED_TRACE(std::string(schedule_name(schedule)) + " schedule");
-    const auto got = run_hopper_bwd(sh, c, scratch, schedule);
-    expect_grads(got, dqkv_nh, sh, "naive");
-    // Both within 1e-2 of the naive reference: within 2e-2 of each other.
-    for (int w = 0; w < 3; ++w)
-      EXPECT_LE(
-          test::attention_grad_error(test::attention_slot(got, sh, w), test::attention_slot(dqkv_ph, sh, w), dv_p),
-          2e-2)
-          << names[w] << " vs production (deterministic)";
-  }
+  // Each schedule in the fast mode, then in the deterministic mode with the overlap dQ pass (the
+  // production one above runs the serial dQ pass): many query tiles per CTA reuse every ring stage.
+  for (const hopper::BackwardSchedule schedule : kBwdSchedules)
+    for (const bool det : {false, true}) {
+      SCOPED_TRACE(std::string(schedule_name(schedule)) + " schedule" + (det ? ", deterministic, dq overlap" : ""));
+      const auto got = run_hopper_bwd(sh, c, scratch, schedule, det, hopper::DqSchedule::Overlap);
+      expect_grads(got, dqkv_nh, sh, "naive");
+      // Both within 1e-2 of the naive reference: within 2e-2 of each other.
+      for (int w = 0; w < 3; ++w)
+        EXPECT_LE(
+            test::attention_grad_error(test::attention_slot(got, sh, w), test::attention_slot(dqkv_ph, sh, w), dv_p),
+            2e-2)
+            << names[w] << " vs production (deterministic)";
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(LongShapes, AttentionHopperBwdLongGpu,
@@ -441,11 +446,14 @@ TEST_P(AttentionHopperFp16Gpu, EverySchedule) {
   test::DeviceArray<float> scratch((kernels::attention_backward_scratch_bytes(sh, false) + 3) / 4);
   static const char* names[3] = {"dQ", "dK", "dV"};
   for (const hopper::BackwardSchedule schedule : kBwdSchedules)
-    for (const bool det : {false, true}) {
-      SCOPED_TRACE(std::string(schedule_name(schedule)) + (det ? " deterministic" : " fast"));
+    for (const int mode : {0, 1, 2}) {  // fast; deterministic with the serial, the overlap dQ pass
+      const bool det = mode > 0;
+      const hopper::DqSchedule dq_schedule = mode == 2 ? hopper::DqSchedule::Overlap : hopper::DqSchedule::Serial;
+      SCOPED_TRACE(std::string(schedule_name(schedule)) +
+                   (det ? std::string(" deterministic, ") + schedule_name(dq_schedule) : std::string(" fast")));
       test::DeviceArray<f16> dqkv(n_qkv);
       hopper::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv.get(), scratch.get(), sh,
-                                 schedule, {}, det);
+                                 schedule, {}, det, dq_schedule);
       CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
       const auto g = test::download_float(dqkv);
       ASSERT_EQ(test::count_nan(g), 0u) << "dqkv left unwritten";

@@ -24,22 +24,20 @@
 #include "kernels/attention.cuh"
 #include "kernels/attention_sm90/attention_sm90.h"
 #include "tests/gpu/attention_checks.h"
+#include "tests/gpu/attention_hopper_schedules.h"
 #include "tests/reference/attention_ref.h"
 #include "tests/support/test_support.h"
 
 using namespace cutrain;
 using kernels::AttentionShape;
 namespace hopper = cutrain::kernels::sm90;
+using test::hopper_schedules::schedule_name;
 
 namespace {
 
-const hopper::Schedule kSchedules[] = {hopper::Schedule::Serial, hopper::Schedule::Overlap};
-const hopper::BackwardSchedule kBwdSchedules[] = {hopper::BackwardSchedule::Lockstep,
-                                                  hopper::BackwardSchedule::Decoupled};
-const char* name_of(hopper::Schedule s) { return s == hopper::Schedule::Serial ? "serial" : "overlap"; }
-const char* name_of(hopper::BackwardSchedule s) {
-  return s == hopper::BackwardSchedule::Lockstep ? "lockstep" : "decoupled";
-}
+const auto& kSchedules = test::hopper_schedules::kForward;
+const auto& kBwdSchedules = test::hopper_schedules::kBackward;
+const auto& kDqSchedules = test::hopper_schedules::kDq;
 
 std::size_t fast_scratch_floats(const AttentionShape& sh) {
   return (kernels::attention_backward_scratch_bytes(sh, false) + 3) / 4;
@@ -89,11 +87,11 @@ TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
   CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   const auto out_ph = test::download_float(out_p);
 
-  test::DeviceArray<bf16> out(n_o);  // the serial schedule's outputs feed the backward below
+  test::DeviceArray<bf16> out(n_o);  // the first schedule's (overlap's) outputs feed the backward below
   test::DeviceArray<float> lse(n_l);
   std::vector<float> out_h;
   for (const hopper::Schedule schedule : kSchedules) {
-    SCOPED_TRACE(std::string(name_of(schedule)) + " forward");
+    SCOPED_TRACE(std::string(schedule_name(schedule)) + " forward");
     test::DeviceArray<bf16> o(n_o);
     test::DeviceArray<float> l(n_l);
     hopper::attention_forward(nullptr, qkv.get(), o.get(), l.get(), sh, schedule, opt);
@@ -122,7 +120,7 @@ TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
     if (masked) {  // sequence 0 has no key: its S x H x D outputs come first and are exactly 0
       for (std::size_t i = 0; i < row * seq; ++i) ASSERT_EQ(o_h[i], 0.f) << "O of a row with no key, at " << i;
     }
-    if (schedule == hopper::Schedule::Serial) {
+    if (schedule == kSchedules[0]) {
       out_h = o_h;
       CUTRAIN_CUDA_CHECK(cudaMemcpy(out.get(), o.get(), n_o * sizeof(bf16), cudaMemcpyDeviceToDevice));
       CUTRAIN_CUDA_CHECK(cudaMemcpy(lse.get(), l.get(), n_l * sizeof(float), cudaMemcpyDeviceToDevice));
@@ -162,14 +160,17 @@ TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
                                schedule, opt);
     CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
     check_grads(test::download_float(dqkv), dqkv_r, std::string("Hopper forward + Hopper backward, ") +
-                                                        name_of(schedule));
-    // The deterministic mode: the dK/dV pass without its dQ atomics, then the wgmma dQ pass.
-    test::DeviceArray<bf16> dqkv_det(n_qkv);
-    hopper::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv_det.get(), scratch.get(), sh,
-                               schedule, opt, true);
-    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
-    check_grads(test::download_float(dqkv_det), dqkv_r,
-                std::string("Hopper forward + Hopper backward (deterministic), ") + name_of(schedule));
+                                                        schedule_name(schedule));
+    // The deterministic mode: the dK/dV pass without its dQ atomics, then the wgmma dQ pass (each schedule).
+    for (const hopper::DqSchedule dq_schedule : kDqSchedules) {
+      test::DeviceArray<bf16> dqkv_det(n_qkv);
+      hopper::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv_det.get(), scratch.get(),
+                                 sh, schedule, opt, true, dq_schedule);
+      CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+      check_grads(test::download_float(dqkv_det), dqkv_r,
+                  std::string("Hopper forward + Hopper backward (deterministic), ") + schedule_name(schedule) + ", " +
+                      schedule_name(dq_schedule));
+    }
   }
   // The production backward (fast mode) from the Hopper forward's O and lse.
   {
@@ -280,7 +281,7 @@ TEST_P(AttentionHopperDropoutMaskGpu, KeepBitsMatchProductionAndReference) {
       kernels::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, opt);
     });
     for (const hopper::Schedule schedule : kSchedules)
-      read_forward(name_of(schedule), [&] {
+      read_forward(schedule_name(schedule), [&] {
         hopper::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, schedule, opt);
       });
     // lse = ln(number of keys of the row), as both forwards wrote it; out is the last forward's.
@@ -313,10 +314,13 @@ TEST_P(AttentionHopperDropoutMaskGpu, KeepBitsMatchProductionAndReference) {
                                   scratch_det.get(), sh, true, opt);
     });
     for (const hopper::BackwardSchedule schedule : kBwdSchedules)
-      read_backward(name_of(schedule), [&] {
-        hopper::attention_backward(nullptr, zeros.get(), out.get(), dout.get(), lse.get(), dqkv.get(), scratch.get(),
-                                   sh, schedule, opt);
-      });
+      for (const bool det : {false, true}) {  // ProducerOverlap's overlap loop runs in the deterministic mode only
+        const std::string who = std::string(schedule_name(schedule)) + (det ? " (deterministic)" : " (fast)");
+        read_backward(who.c_str(), [&] {
+          hopper::attention_backward(nullptr, zeros.get(), out.get(), dout.get(), lse.get(), dqkv.get(),
+                                     scratch.get(), sh, schedule, opt, det, hopper::DqSchedule::Overlap);
+        });
+      }
   }
   // The read-out saw both outcomes in plenty (p = 0.3): a kernel that kept or dropped everything fails above.
   EXPECT_GT(kept_total, checked / 2);

@@ -1,6 +1,7 @@
 // @brief GPU tests of the fused cross-entropy against the fp64 reference: loss, per-row loss, in-place
 // dlogits, ignored rows, padding columns, bad labels, misaligned rows (odd ld), vocabularies from
-// one column to past what a cluster parks, labels at the cluster slices' edges, determinism.
+// one column to past what a cluster parks, clusters of every size from 1 to 8 CTAs, labels at the
+// cluster slices' edges, determinism.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -110,6 +111,16 @@ void check_against_ref(const CeCase& c, const Inputs& in, const CeRun& r, const 
   }
 }
 
+// Two runs gave the same bits: loss, row losses, gradient.
+void expect_same_bits(const CeRun& a, const CeRun& b) {
+  EXPECT_EQ(std::memcmp(&a.loss, &b.loss, 4), 0);
+  EXPECT_EQ(a.status, b.status);
+  ASSERT_EQ(a.row_loss.size(), b.row_loss.size());
+  ASSERT_EQ(a.dlogits.size(), b.dlogits.size());
+  EXPECT_EQ(std::memcmp(a.row_loss.data(), b.row_loss.data(), 4 * a.row_loss.size()), 0);
+  EXPECT_EQ(std::memcmp(a.dlogits.data(), b.dlogits.data(), 4 * a.dlogits.size()), 0);
+}
+
 class CrossEntropyGpu : public ::testing::TestWithParam<CeCase> {};
 
 TEST_P(CrossEntropyGpu, ForwardBackwardMatchesReference) {
@@ -159,6 +170,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // and a row longer than 8 CTAs can park: each slice's rest is read in every
                       // pass.
                       CeCase{7, 40961, 40963, 0.3f, 2.f}, CeCase{7, 131071, 131072, 0.3f, 2.f},
+                      // Clusters of 5, 6 and 7 CTAs.
+                      CeCase{5, 65537, 65539, 0.2f, 2.f}, CeCase{5, 81921, 81922, 0.2f, 2.f},
+                      CeCase{5, 98305, 98305, 0.2f, 2.f},
                       CeCase{2, 600001, 600003, 0.f, 2.f},
                       CeCase{2, 1000003, 1000005, 0.f, 2.f}),
     [](const ::testing::TestParamInfo<CeCase>& i) { return case_name(i.param); });
@@ -244,20 +258,20 @@ TEST(CrossEntropyGpuLabels, CustomIgnoreIndexAndAllIgnored) {
   EXPECT_EQ(zf.loss, 0.f);
 }
 
+// The same bits every run.
 TEST(CrossEntropyGpuDeterminism, SameBitsEveryRun) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
   const CeCase c{2048, 50304, 50304, 0.05f, 2.f};
   Inputs in = make_inputs(c, rng);
-  CeRun a = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr);
-  CeRun b = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr);
-  EXPECT_EQ(std::memcmp(&a.loss, &b.loss, 4), 0);
-  EXPECT_EQ(std::memcmp(a.row_loss.data(), b.row_loss.data(), 4 * a.row_loss.size()), 0);
-  EXPECT_EQ(std::memcmp(a.dlogits.data(), b.dlogits.data(), 4 * a.dlogits.size()), 0);
+  const CeRun a = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr);
+  const CeRun b = run_ce(in.logits, in.labels, c, true, -100, 1.f, nullptr);
+  expect_same_bits(a, b);
 }
 
 // Back-to-back calls on one stream reuse the scratch (the done counter must be re-armed by each
-// call's count kernel) and several thousand rows make many blocks race for "last".
+// call's count kernel) and several thousand rows make many blocks race for "last"; the calls give
+// the same bits.
 TEST(CrossEntropyGpuDeterminism, RepeatedCallsOnOneStreamReuseScratch) {
   CUTRAIN_REQUIRE_GPU();
   auto rng = test::fresh_rng();
@@ -267,13 +281,14 @@ TEST(CrossEntropyGpuDeterminism, RepeatedCallsOnOneStreamReuseScratch) {
   auto hb = test::to_bf16(in.logits);
   DeviceArray<bf16> d_logits(hb);
   DeviceArray<int32_t> d_labels(in.labels);
-  DeviceArray<float> d_loss(4);
+  constexpr int kCalls = 6;
+  DeviceArray<float> d_loss(kCalls);
   DeviceArray<char> scratch(kernels::cross_entropy_scratch_bytes(c.rows));
-  for (int k = 0; k < 4; ++k)
+  for (int k = 0; k < kCalls; ++k)
     kernels::cross_entropy_forward(nullptr, d_logits.get(), d_labels.get(), c.rows, c.vocab, c.ld, d_loss.get() + k,
                                    nullptr, nullptr, scratch.get());
   auto loss = d_loss.download();
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < kCalls; ++k) {
     EXPECT_NEAR(loss[k], want.loss_mean, 1e-4 * std::max(1.0, std::fabs(want.loss_mean))) << "call " << k;
     EXPECT_EQ(std::memcmp(&loss[k], &loss[0], 4), 0) << "call " << k;
   }

@@ -21,6 +21,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/attention_sm90/attention_sm90.h"
 #include "kernels/attention_sm90/layout.h"
+#include "kernels/attention_sm90/production.h"
 #include "runtime/error.h"
 #include "tests/support/test_support.h"
 
@@ -76,6 +77,10 @@ TEST(AttentionHopperLayout, WgmmaOperandsReadWhatTheTmaWrote) {
   expect_operands_match_tma<hopper::FwdConfig<128, false>>();
   expect_operands_match_tma<hopper::FwdConfig<64, true>>();
   expect_operands_match_tma<hopper::FwdConfig<128, true>>();
+  // The ping-pong schedule's geometry (d128: 128-key tiles).
+  expect_operands_match_tma<hopper::FwdConfig<64, false, true>>();
+  expect_operands_match_tma<hopper::FwdConfig<128, false, true>>();
+  expect_operands_match_tma<hopper::FwdConfig<128, true, true>>();
 }
 
 // The schedule covers every (query, key) score a row needs exactly once, in an active tile of its
@@ -116,8 +121,10 @@ void expect_schedule_covers(int S) {
 // tile sizes must be the config's own.
 template <class Cfg>
 constexpr bool schedule_matches = std::is_base_of_v<hopper::QueryTileSchedule<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>, Cfg>;
-static_assert(schedule_matches<hopper::FwdConfig<64, false>> && schedule_matches<hopper::FwdConfig<64, true, true>> &&
-              schedule_matches<hopper::FwdConfig<128, false>> && schedule_matches<hopper::FwdConfig<128, true, true>> &&
+static_assert(schedule_matches<hopper::FwdConfig<64, false>> && schedule_matches<hopper::FwdConfig<64, true>> &&
+              schedule_matches<hopper::FwdConfig<128, false>> && schedule_matches<hopper::FwdConfig<128, true>> &&
+              schedule_matches<hopper::FwdConfig<64, true, true>> &&
+              schedule_matches<hopper::FwdConfig<128, false, true>> &&
               schedule_matches<hopper::DqConfig<64, false>> && schedule_matches<hopper::DqConfig<128, true>>,
               "a config's QueryTileSchedule has other tile sizes than the config");
 
@@ -127,6 +134,9 @@ TEST(AttentionHopperLayout, ScheduleCoversEveryScore) {
     expect_schedule_covers<hopper::FwdConfig<64, true>>(S);
     expect_schedule_covers<hopper::FwdConfig<128, false>>(S);
     expect_schedule_covers<hopper::FwdConfig<128, true>>(S);
+    expect_schedule_covers<hopper::FwdConfig<64, true, true>>(S);
+    expect_schedule_covers<hopper::FwdConfig<128, false, true>>(S);
+    expect_schedule_covers<hopper::FwdConfig<128, true, true>>(S);
   }
 }
 
@@ -175,6 +185,8 @@ TEST(AttentionHopperLayout, MaskedScheduleCoversEveryValidKey) {
     expect_masked_schedule_covers<hopper::FwdConfig<64, true>>(S, rng);
     expect_masked_schedule_covers<hopper::FwdConfig<128, false>>(S, rng);
     expect_masked_schedule_covers<hopper::FwdConfig<128, true>>(S, rng);
+    expect_masked_schedule_covers<hopper::FwdConfig<64, false, true>>(S, rng);
+    expect_masked_schedule_covers<hopper::FwdConfig<128, true, true>>(S, rng);
   }
 }
 
@@ -188,14 +200,110 @@ void expect_carve_up() {
   EXPECT_EQ(Cfg::kBarOff, Cfg::kQBytes + 2u * Cfg::kStages * Cfg::kKVBytes);
   EXPECT_LE(Cfg::kSmemBytes, 227u * 1024u);
   // Consumer warpgroups are warps 0..4*kConsumers-1 (wgmma wants warpgroups at warp indices
-  // divisible by 4), the producer the one warp after them.
-  EXPECT_EQ(Cfg::kThreads, 128 * Cfg::kConsumers + 32);
+  // divisible by 4), the producer the one warp after them (ping-pong: the warpgroup after them,
+  // whose first warp issues the copies).
+  EXPECT_EQ(Cfg::kThreads, 128 * Cfg::kConsumers + (Cfg::kPingPong ? 128 : 32));
   EXPECT_EQ(Cfg::kProducerWarp, 4 * Cfg::kConsumers);
 }
 
 TEST(AttentionHopperLayout, SharedMemoryCarveUp) {
   expect_carve_up<hopper::FwdConfig<64, false>>();
   expect_carve_up<hopper::FwdConfig<128, true>>();
+  expect_carve_up<hopper::FwdConfig<64, false, true>>();
+  expect_carve_up<hopper::FwdConfig<128, true, true>>();
+  // d128's ping-pong ring of 128-key tiles: Q 32 KiB + 3 x (K + V) 64 KiB + barriers + alignment.
+  EXPECT_EQ((hopper::FwdConfig<128, false, true>::kSmemBytes), 1024u + 32768u + 6u * 32768u + 80u);
+  EXPECT_EQ((hopper::FwdConfig<128, false>::kBlockN), 96);
+  EXPECT_EQ((hopper::FwdConfig<128, false, true>::kBlockN), 128);
+}
+
+// The ping-pong's register reallocation: what the producer warpgroup frees covers what the two
+// consumer warpgroups take, within the CTA's launch allocation (168 a thread at 384 threads), or
+// setmaxnreg.inc would wait forever.
+TEST(AttentionHopperLayout, PingPongRegisterBudget) {
+  using Cfg = hopper::FwdConfig<128, true, true>;
+  EXPECT_EQ(Cfg::kThreads, 384);
+  EXPECT_EQ(Cfg::kLaunchRegs, 168);
+  EXPECT_LE(Cfg::kProducerRegs * 128 + Cfg::kConsumerRegs * 128 * Cfg::kConsumers, Cfg::kLaunchRegs * Cfg::kThreads);
+  EXPECT_GT(Cfg::kConsumerRegs, Cfg::kLaunchRegs);
+  EXPECT_GE(Cfg::kProducerRegs, 24);
+  EXPECT_EQ(Cfg::kConsumerRegs % 8, 0);
+  EXPECT_EQ(Cfg::kProducerRegs % 8, 0);
+}
+
+// Plays the ping-pong's turn protocol out as the kernel runs it (per warpgroup: turn_opens' arrival,
+// then per turn bar.sync on its barrier, the wgmma issue, turn_passes' bar.arrive on the other's),
+// with the hardware barriers' rule (a phase completes when kTurnThreads threads arrived, waiters
+// included), over random interleavings: no deadlock, every phase completed has its waiter, no
+// phase is left half-arrived at the end (the barriers are clean at exit), and the issues alternate
+// warpgroup 0, 1, 0, 1, ... turn by turn.
+TEST(AttentionHopperLayout, PingPongTurnsAlternateAndBalance) {
+  using Cfg = hopper::FwdConfig<64, false, true>;
+  EXPECT_EQ(Cfg::kTurnThreads, 2 * 128);
+  EXPECT_NE(Cfg::turn_barrier(0), Cfg::turn_barrier(1));
+  for (int wg = 0; wg < 2; ++wg) {
+    EXPECT_GE(Cfg::turn_barrier(wg), 1) << "0 is __syncthreads' barrier";
+    EXPECT_LE(Cfg::turn_barrier(wg), 15);
+  }
+  enum Kind { Arrive, Sync, Issue };
+  struct Op {
+    Kind kind;
+    int arg;
+  };
+  std::mt19937_64 rng(2424);
+  for (int turns = 0; turns <= 9; ++turns)
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<Op> prog[2];
+      for (int wg = 0; wg < 2; ++wg) {
+        if (Cfg::turn_opens(wg, turns)) prog[wg].push_back({Arrive, Cfg::turn_barrier(1 - wg)});
+        for (int t = 0; t < turns; ++t) {
+          prog[wg].push_back({Sync, Cfg::turn_barrier(wg)});
+          prog[wg].push_back({Issue, t});
+          if (Cfg::turn_passes(wg, t, turns)) prog[wg].push_back({Arrive, Cfg::turn_barrier(1 - wg)});
+        }
+      }
+      int arrived[16] = {}, phase[16] = {};
+      bool waiter[16] = {};
+      std::size_t pc[2] = {0, 0};
+      int blocked_on[2] = {-1, -1}, blocked_phase[2] = {0, 0};
+      std::vector<std::pair<int, int>> issues;
+      auto arrive = [&](int b, bool waits) {
+        arrived[b] += 128;
+        waiter[b] = waiter[b] || waits;
+        ASSERT_LE(arrived[b], Cfg::kTurnThreads);
+        if (arrived[b] == Cfg::kTurnThreads) {
+          ASSERT_TRUE(waiter[b]) << "barrier " << b << " completed a phase with nobody waiting, turns " << turns;
+          arrived[b] = 0;
+          waiter[b] = false;
+          ++phase[b];
+        }
+      };
+      for (;;) {
+        int ready[2], n_ready = 0;
+        for (int wg = 0; wg < 2; ++wg) {
+          if (blocked_on[wg] >= 0 && phase[blocked_on[wg]] != blocked_phase[wg]) blocked_on[wg] = -1;
+          if (blocked_on[wg] < 0 && pc[wg] < prog[wg].size()) ready[n_ready++] = wg;
+        }
+        if (n_ready == 0) break;
+        const int wg = ready[rng() % n_ready];
+        const Op op = prog[wg][pc[wg]++];
+        if (op.kind == Issue) {
+          issues.push_back({wg, op.arg});
+        } else {
+          const int ph = phase[op.arg];
+          arrive(op.arg, op.kind == Sync);
+          if (op.kind == Sync && phase[op.arg] == ph) blocked_on[wg] = op.arg, blocked_phase[wg] = ph;
+        }
+      }
+      ASSERT_EQ(pc[0], prog[0].size()) << "warpgroup 0 deadlocked, turns " << turns;
+      ASSERT_EQ(pc[1], prog[1].size()) << "warpgroup 1 deadlocked, turns " << turns;
+      ASSERT_EQ(blocked_on[0], -1) << "warpgroup 0 still waits at the end, turns " << turns;
+      ASSERT_EQ(blocked_on[1], -1) << "warpgroup 1 still waits at the end, turns " << turns;
+      for (int b = 0; b < 16; ++b) ASSERT_EQ(arrived[b], 0) << "barrier " << b << " left half-arrived, turns " << turns;
+      ASSERT_EQ(issues.size(), 2u * turns);
+      for (int i = 0; i < 2 * turns; ++i)
+        ASSERT_EQ(issues[i], std::make_pair(i % 2, i / 2)) << "issue " << i << " out of turn, turns " << turns;
+    }
 }
 
 TEST(AttentionHopperLayout, DescriptorFields) {
@@ -261,14 +369,14 @@ TEST(AttentionHopperLayout, HostChecksRefuseBadArguments) {
             std::string::npos);
   EXPECT_NE(test::error_of([&] {
               hopper::attention_forward(nullptr, qkv, out, lse, ok, static_cast<hopper::Schedule>(7));
-            }).find("schedule must be Serial or Overlap, got 7"),
+            }).find("schedule must be Overlap or PingPong, got 7"),
             std::string::npos);
   // Options: dropout_p outside [0, 1) is refused before any device work.
   for (const float p : {1.f, -0.1f, std::nanf("")}) {
     kernels::AttentionOptions opt;
     opt.dropout_p = p;
     EXPECT_NE(test::error_of([&] {
-                hopper::attention_forward(nullptr, qkv, out, lse, ok, hopper::Schedule::Serial, opt);
+                hopper::attention_forward(nullptr, qkv, out, lse, ok, hopper::Schedule::Overlap, opt);
               }).find("dropout_p must lie in [0, 1)"),
               std::string::npos)
         << "p " << p;
@@ -422,7 +530,73 @@ void expect_bwd_carve_up() {
 TEST(AttentionHopperLayout, BackwardSharedMemoryCarveUp) {
   expect_bwd_carve_up<hopper::BwdConfig<64, false>>();
   expect_bwd_carve_up<hopper::BwdConfig<128, true>>();
-  expect_bwd_carve_up<hopper::BwdConfig<128, false, true>>();
+  expect_bwd_carve_up<hopper::BwdConfig<64, true>>();
+}
+
+// The producer schedules: the consumers' tiles and carve-up are lockstep's (the same slices, the
+// same shared memory), plus a producer warpgroup whose register hand-back covers the consumers'
+// raise within the 384-thread CTA's pool (168 a thread at launch), and 32 lanes for a tile's 64
+// lse and 64 Dvec values (two of each a lane).
+template <class Cfg, class Base>
+void expect_producer_geometry() {
+  static_assert(Cfg::kProducer && !Base::kProducer);
+  EXPECT_EQ(Cfg::kThreads, 3 * 128);
+  EXPECT_EQ(Cfg::kConsumerWarps, 8);
+  EXPECT_EQ(Cfg::kProducerWarp, 8) << "the producer warpgroup follows the consumers";
+  EXPECT_EQ(Cfg::kSmemBytes, Base::kSmemBytes);
+  EXPECT_EQ(Cfg::kBarOff, Base::kBarOff);
+  EXPECT_EQ(Cfg::kBlockN, Base::kBlockN);
+  EXPECT_EQ(Cfg::kBlockM, 2 * 32) << "a producer lane copies two rows of lse and Dvec";
+  EXPECT_EQ(Cfg::kProducerRegs % 8, 0);
+  EXPECT_EQ(Cfg::kConsumerRegs % 8, 0);
+  EXPECT_GE(Cfg::kProducerRegs, 24);
+  EXPECT_LE(Cfg::kConsumerRegs, 256);
+  // 65536 registers over 12 warps, 3 to a sub-partition: 168 a thread at launch.
+  const int launch_regs = (65536 / 4 / (3 * 32)) / 8 * 8;
+  EXPECT_EQ(launch_regs, 168);
+  EXPECT_LE(128 * Cfg::kProducerRegs + 256 * Cfg::kConsumerRegs, Cfg::kThreads * launch_regs)
+      << "setmaxnreg.inc would wait forever for registers the pool never gets";
+  for (int wg = 0; wg < 2; ++wg)
+    for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) EXPECT_EQ(Cfg::kv_a_slice(wg, kk), Base::kv_a_slice(wg, kk));
+  for (const int S : {1, 64, 129, 2049})
+    for (int n0 = 0; n0 < S; n0 += Cfg::kBlockN) {
+      EXPECT_EQ(Cfg::q_first(n0), Base::q_first(n0));
+      EXPECT_EQ(Cfg::q_tiles(S), Base::q_tiles(S));
+    }
+}
+
+TEST(AttentionHopperLayout, BackwardProducerGeometry) {
+  expect_producer_geometry<hopper::BwdConfig<64, false, true>, hopper::BwdConfig<64, false>>();
+  expect_producer_geometry<hopper::BwdConfig<64, true, true, true>, hopper::BwdConfig<64, true>>();
+  expect_producer_geometry<hopper::BwdConfig<128, false, true, true>, hopper::BwdConfig<128, false>>();
+  expect_producer_geometry<hopper::BwdConfig<128, true, true>, hopper::BwdConfig<128, true>>();
+}
+
+// The overlap loops' premise (bwd.cu's consume_overlap, dq.cu's): a warpgroup's inactive tiles
+// (causal) are a prefix of the dK/dV pass's query tiles and a suffix of the dQ pass's K/V tiles,
+// so each loop peels them off and runs its active tiles straight through.
+TEST(AttentionHopperLayout, OverlapLoopsSeeContiguousActiveTiles) {
+  using B = hopper::BwdConfig<64, true, true, true>;
+  for (const int S : {1, 63, 64, 65, 128, 129, 200, 385, 1000, 2049})
+    for (int n0 = 0; n0 < S; n0 += B::kBlockN)
+      for (int wg = 0; wg < 2; ++wg) {
+        const int first = B::q_first(n0), n = B::q_tiles(S) - first;
+        bool seen_active = false;
+        for (int i = 0; i < n; ++i) {
+          const bool active = B::wg_active((first + i) * B::kBlockM, n0, wg);
+          EXPECT_FALSE(seen_active && !active) << "S " << S << " n0 " << n0 << " wg " << wg << " tile " << i;
+          seen_active = seen_active || active;
+        }
+        EXPECT_TRUE(seen_active || n0 + 64 * wg >= S) << "S " << S << " n0 " << n0 << " wg " << wg;
+      }
+  using Q = hopper::DqConfig<64, true, true>;
+  for (const int S : {1, 63, 64, 65, 128, 129, 200, 385, 1000, 2049})
+    for (int m0 = 0; m0 < S; m0 += Q::kBlockM)
+      for (int wg = 0; wg < 2; ++wg) {
+        const int n = Q::kv_tiles(S, m0), n_active = Q::active_tiles(n, m0 + 64 * wg);
+        for (int j = 0; j < n; ++j)
+          EXPECT_EQ(Q::tile_active(j, m0 + 64 * wg), j < n_active) << "S " << S << " m0 " << m0 << " wg " << wg;
+      }
 }
 
 TEST(AttentionHopperLayout, RowsTensorMapAddressesDout) {
@@ -470,7 +644,13 @@ TEST(AttentionHopperLayout, BackwardHostChecksRefuseBadArguments) {
   EXPECT_NE(test::error_of([&] {
               hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, ok,
                                          static_cast<hopper::BackwardSchedule>(5));
-            }).find("schedule must be Lockstep or Decoupled, got 5"),
+            }).find("schedule must be Lockstep, Producer or ProducerOverlap, got 5"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] {
+              hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, ok,
+                                         hopper::BackwardSchedule::Producer, {}, true,
+                                         static_cast<hopper::DqSchedule>(3));
+            }).find("dq_schedule must be Serial or Overlap, got 3"),
             std::string::npos);
   kernels::AttentionOptions opt;
   opt.dropout_p = 1.5f;
@@ -604,7 +784,7 @@ TEST(AttentionHopperLayout, Fp16AndProductionEntryPointsCheckFirst) {
     opt.dropout_p = -0.5f;
     EXPECT_NE(test::error_of([&] {
                 hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, {2, 100, 4, 64, false},
-                                           hopper::BackwardSchedule::Decoupled, opt, det);
+                                           hopper::BackwardSchedule::Producer, opt, det);
               }).find("dropout_p must lie in [0, 1), got -0.5"),
               std::string::npos);
   }
@@ -612,12 +792,24 @@ TEST(AttentionHopperLayout, Fp16AndProductionEntryPointsCheckFirst) {
 
 // The schedules the production entry points run (the measured leaders, docs/perf-notes.md).
 TEST(AttentionHopperLayout, ProductionSchedules) {
-  EXPECT_TRUE(hopper::production_fwd_overlap(64, false));
-  EXPECT_TRUE(hopper::production_fwd_overlap(64, true));
-  EXPECT_TRUE(hopper::production_fwd_overlap(128, true));
-  EXPECT_FALSE(hopper::production_fwd_overlap(128, false));
-  for (const int d : {64, 128})
-    for (const bool c : {false, true}) EXPECT_FALSE(hopper::production_bwd_decoupled(d, c));
+  EXPECT_EQ(hopper::production_forward(64, false), hopper::Schedule::Overlap);
+  EXPECT_EQ(hopper::production_forward(64, true), hopper::Schedule::Overlap);
+  EXPECT_EQ(hopper::production_forward(128, false), hopper::Schedule::PingPong);
+  EXPECT_EQ(hopper::production_forward(128, true), hopper::Schedule::PingPong);
+  for (const bool det : {false, true}) {
+    for (const bool c : {false, true}) {
+      const hopper::BackwardPlan p = hopper::production_backward(128, c, det);
+      EXPECT_TRUE(p.two_pass);
+      EXPECT_EQ(p.schedule, hopper::BackwardSchedule::Lockstep);
+      EXPECT_EQ(p.dq, hopper::DqSchedule::Serial);
+    }
+    for (const bool c : {false, true}) {
+      const hopper::BackwardPlan p = hopper::production_backward(64, c, det);
+      EXPECT_EQ(p.two_pass, det);  // one pass (dQ atomics) unless determinism is asked for
+      EXPECT_EQ(p.schedule, hopper::BackwardSchedule::Lockstep);
+      EXPECT_EQ(p.dq, hopper::DqSchedule::Serial);
+    }
+  }
 }
 
 }  // namespace
