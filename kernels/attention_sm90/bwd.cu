@@ -109,6 +109,101 @@ struct BwdOptions {
   std::uint64_t bh_e;         // (b*H + head) * S
 };
 
+// Issues S^T = K_w Q^T, then dP^T = V_w dO^T (two commit groups, S^T first) against a stage.
+template <class Cfg, typename E>
+__device__ __forceinline__ void issue_st_dpt(float (&st)[Cfg::kBlockM / 8][4], float (&dp)[Cfg::kBlockM / 8][4],
+                                             const BwdSmem<Cfg>& sm, std::uint32_t q_tile, std::uint32_t do_tile,
+                                             int wg) {
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss<E, BM>(st, smem_desc(sm.k + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
+                    smem_desc(q_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss<E, BM>(dp, smem_desc(sm.v + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
+                    smem_desc(do_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+  wgmma_commit();
+}
+
+// Issues dV += P^T dO, dK += dS^T Q (one commit group); the A fragments pinned before the fence.
+template <class Cfg, typename E>
+__device__ __forceinline__ void issue_dkdv(float (&dk)[Cfg::kHeadDim / 8][4], float (&dv)[Cfg::kHeadDim / 8][4],
+                                           std::uint32_t (&pf)[Cfg::kBlockM / 16][4],
+                                           std::uint32_t (&dsf)[Cfg::kBlockM / 16][4], std::uint32_t q_tile,
+                                           std::uint32_t do_tile) {
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
+  operand_fence(dv);
+  operand_fence(dk);
+  operand_fence(pf);
+  operand_fence(dsf);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < BM / 16; ++ks)
+    wgmma_rs<E, D>(dv, pf[ks], smem_desc(do_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
+#pragma unroll
+  for (int ks = 0; ks < BM / 16; ++ks)
+    wgmma_rs<E, D>(dk, dsf[ks], smem_desc(q_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
+  wgmma_commit();
+}
+
+// P^T (in st, from the finished S^T): exp2 from lse, dead entries and MASK's masked keys 0. Element
+// (j, e): key key_row0 + gi + 8(e >> 1), query m0 + 8j + 2t + (e & 1). A row with lse -inf has
+// every key masked, so its inf never survives.
+template <class Cfg, bool MASK>
+__device__ __forceinline__ void probs_t(float (&st)[Cfg::kBlockM / 8][4], const float* lse_t, int m0, int n0, int wg,
+                                        int key_row0, int S, float scale_log2, const BwdOptions& opts) {
+  constexpr int BM = Cfg::kBlockM;
+  const int gi = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const bool edge = Cfg::wg_edge(m0, n0, wg, S);
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) {
+    const float2 l = *reinterpret_cast<const float2*>(lse_t + 8 * j + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float p = exp2f(fmaf(st[j][e], scale_log2, -((e & 1) ? l.y : l.x)));
+      if (edge) {
+        const int q = m0 + 8 * j + 2 * t + (e & 1), key = key_row0 + gi + 8 * (e >> 1);
+        if (q >= S || key >= S || (Cfg::kCausal && q < key)) p = 0.f;  // also drops exp2's inf on zero-filled keys
+      }
+      st[j][e] = p;
+    }
+  }
+  if constexpr (MASK) {
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (!((opts.key_live >> e) & 1u)) st[j][e] = 0.f;
+  }
+}
+
+// dS^T = P^T o (dP^T - Dvec) (DROP: dP^T o Z/(1-p)) in dp, then P^T (DROP: P^T o Z) and
+// dS^T as k16 A fragments.
+template <class Cfg, typename E, bool DROP>
+__device__ __forceinline__ void ds_frags(std::uint32_t (&pf)[Cfg::kBlockM / 16][4],
+                                         std::uint32_t (&dsf)[Cfg::kBlockM / 16][4],
+                                         const float (&st)[Cfg::kBlockM / 8][4], float (&dp)[Cfg::kBlockM / 8][4],
+                                         const float* dvec_t, std::uint32_t keep, const BwdOptions& opts) {
+  constexpr int BM = Cfg::kBlockM;
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) {
+    const float2 dd = *reinterpret_cast<const float2*>(dvec_t + 8 * j + 2 * t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float dpe = dp[j][e];
+      if constexpr (DROP) dpe = (keep >> (4 * j + e)) & 1u ? dpe * opts.drop_scale : 0.f;
+      dp[j][e] = st[j][e] * (dpe - ((e & 1) ? dd.y : dd.x));
+    }
+  }
+  if constexpr (DROP) attn::to_a_frags_kept<E, BM>(pf, st, keep);
+  else attn::to_a_frags<E, BM>(pf, st);
+  attn::to_a_frags<E, BM>(dsf, dp);
+}
+
 // One query tile for warpgroup wg (see the file comment). q_tile / do_tile: the stage's Q and dO
 // bases; lse_t / dvec_t: the stage's vectors; key_row0: this warp's first key. Every wgmma batch
 // is waited for before the function returns.
@@ -133,62 +228,17 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
 
   // S^T and dP^T: two commit groups, S^T first.
   float st[BM / 8][4], dp[BM / 8][4];
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<E, BM>(st, smem_desc(sm.k + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
-                    smem_desc(q_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
-  wgmma_commit();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<E, BM>(dp, smem_desc(sm.v + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
-                    smem_desc(do_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
-  wgmma_commit();
-
+  issue_st_dpt<Cfg, E>(st, dp, sm, q_tile, do_tile, wg);
   if constexpr (DROP && kDrawUnder) draw();
 
-  // P^T while dP^T is still in flight. Element (j, e): key key_row0 + gi + 8(e >> 1), query
-  // m0 + 8j + 2t + (e & 1).
+  // P^T while dP^T is still in flight.
   wgmma_wait<1>();
   operand_fence(st);
-  const bool edge = Cfg::wg_edge(m0, n0, wg, S);
-#pragma unroll
-  for (int j = 0; j < BM / 8; ++j) {
-    const float2 l = *reinterpret_cast<const float2*>(lse_t + 8 * j + 2 * t);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float p = exp2f(fmaf(st[j][e], scale_log2, -((e & 1) ? l.y : l.x)));
-      if (edge) {
-        const int q = m0 + 8 * j + 2 * t + (e & 1), key = key_row0 + gi + 8 * (e >> 1);
-        if (q >= S || key >= S || (Cfg::kCausal && q < key)) p = 0.f;  // also drops exp2's inf on zero-filled keys
-      }
-      st[j][e] = p;
-    }
-  }
-  // MASK: a masked key's P is 0; a row with lse -inf has every key masked, so its inf never survives.
-  if constexpr (MASK) {
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (!((opts.key_live >> e) & 1u)) st[j][e] = 0.f;
-  }
+  probs_t<Cfg, MASK>(st, lse_t, m0, n0, wg, key_row0, S, scale_log2, opts);
   wgmma_wait<0>();
   operand_fence(dp);
-#pragma unroll
-  for (int j = 0; j < BM / 8; ++j) {
-    const float2 dd = *reinterpret_cast<const float2*>(dvec_t + 8 * j + 2 * t);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float dpe = dp[j][e];
-      if constexpr (DROP) dpe = (keep >> (4 * j + e)) & 1u ? dpe * opts.drop_scale : 0.f;
-      dp[j][e] = st[j][e] * (dpe - ((e & 1) ? dd.y : dd.x));
-    }
-  }
-  std::uint32_t pf[BM / 16][4], dsf[BM / 16][4];  // P^T (DROP: P^T o Z), dS^T as k16 A fragments (k = queries)
-  if constexpr (DROP) attn::to_a_frags_kept<E, BM>(pf, st, keep);  // 1/(1-p): at dV's store
-  else attn::to_a_frags<E, BM>(pf, st);
-  attn::to_a_frags<E, BM>(dsf, dp);
+  std::uint32_t pf[BM / 16][4], dsf[BM / 16][4];  // P^T (DROP: P^T o Z; 1/(1-p) at dV's store), dS^T
+  ds_frags<Cfg, E, DROP>(pf, dsf, st, dp, dvec_t, keep, opts);
 
   // dS^T (E, the values dK uses) into this warpgroup's buffer: fragment word e of k-slice j is
   // (row gi + 8(e & 1), queries 16j + 8(e >> 1) + 2t, +1), rows counted from the warpgroup's first key.
@@ -206,18 +256,7 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
   }
 
   // dV += P^T dO, dK += dS^T Q.
-  operand_fence(dv);
-  operand_fence(dk);
-  operand_fence(pf);
-  operand_fence(dsf);
-  wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < BM / 16; ++ks)
-    wgmma_rs<E, D>(dv, pf[ks], smem_desc(do_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
-#pragma unroll
-  for (int ks = 0; ks < BM / 16; ++ks)
-    wgmma_rs<E, D>(dk, dsf[ks], smem_desc(q_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
-  wgmma_commit();
+  issue_dkdv<Cfg, E>(dk, dv, pf, dsf, q_tile, do_tile);
 
   if constexpr (DET) {
     wgmma_wait<0>();
@@ -406,99 +445,6 @@ __device__ __forceinline__ void produce_query_tile(const BwdSmem<Cfg>& sm, const
   } else {
     mbar_arrive(sm.bar.q_full(s));
   }
-}
-
-// Issues S^T = K_w Q^T, then dP^T = V_w dO^T (two commit groups, S^T first) against a stage.
-template <class Cfg, typename E>
-__device__ __forceinline__ void issue_st_dpt(float (&st)[Cfg::kBlockM / 8][4], float (&dp)[Cfg::kBlockM / 8][4],
-                                             const BwdSmem<Cfg>& sm, std::uint32_t q_tile, std::uint32_t do_tile,
-                                             int wg) {
-  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<E, BM>(st, smem_desc(sm.k + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
-                    smem_desc(q_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
-  wgmma_commit();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<E, BM>(dp, smem_desc(sm.v + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
-                    smem_desc(do_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
-  wgmma_commit();
-}
-
-// Issues dV += P^T dO, dK += dS^T Q (one commit group); the A fragments pinned before the fence.
-template <class Cfg, typename E>
-__device__ __forceinline__ void issue_dkdv(float (&dk)[Cfg::kHeadDim / 8][4], float (&dv)[Cfg::kHeadDim / 8][4],
-                                           std::uint32_t (&pf)[Cfg::kBlockM / 16][4],
-                                           std::uint32_t (&dsf)[Cfg::kBlockM / 16][4], std::uint32_t q_tile,
-                                           std::uint32_t do_tile) {
-  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
-  operand_fence(dv);
-  operand_fence(dk);
-  operand_fence(pf);
-  operand_fence(dsf);
-  wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < BM / 16; ++ks)
-    wgmma_rs<E, D>(dv, pf[ks], smem_desc(do_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
-#pragma unroll
-  for (int ks = 0; ks < BM / 16; ++ks)
-    wgmma_rs<E, D>(dk, dsf[ks], smem_desc(q_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
-  wgmma_commit();
-}
-
-// tile_step's P^T (in st, from the finished S^T): exp2 from lse, dead entries and MASK's masked keys 0.
-template <class Cfg, bool MASK>
-__device__ __forceinline__ void probs_t(float (&st)[Cfg::kBlockM / 8][4], const float* lse_t, int m0, int n0, int wg,
-                                        int key_row0, int S, float scale_log2, const BwdOptions& opts) {
-  constexpr int BM = Cfg::kBlockM;
-  const int gi = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-  const bool edge = Cfg::wg_edge(m0, n0, wg, S);
-#pragma unroll
-  for (int j = 0; j < BM / 8; ++j) {
-    const float2 l = *reinterpret_cast<const float2*>(lse_t + 8 * j + 2 * t);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float p = exp2f(fmaf(st[j][e], scale_log2, -((e & 1) ? l.y : l.x)));
-      if (edge) {
-        const int q = m0 + 8 * j + 2 * t + (e & 1), key = key_row0 + gi + 8 * (e >> 1);
-        if (q >= S || key >= S || (Cfg::kCausal && q < key)) p = 0.f;
-      }
-      st[j][e] = p;
-    }
-  }
-  if constexpr (MASK) {
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (!((opts.key_live >> e) & 1u)) st[j][e] = 0.f;
-  }
-}
-
-// tile_step's dS^T = P^T o (dP^T - Dvec) (DROP: dP^T o Z/(1-p)) in dp, then P^T (DROP: P^T o Z) and
-// dS^T as k16 A fragments.
-template <class Cfg, typename E, bool DROP>
-__device__ __forceinline__ void ds_frags(std::uint32_t (&pf)[Cfg::kBlockM / 16][4],
-                                         std::uint32_t (&dsf)[Cfg::kBlockM / 16][4],
-                                         const float (&st)[Cfg::kBlockM / 8][4], float (&dp)[Cfg::kBlockM / 8][4],
-                                         const float* dvec_t, std::uint32_t keep, const BwdOptions& opts) {
-  constexpr int BM = Cfg::kBlockM;
-  const int t = threadIdx.x & 3;
-#pragma unroll
-  for (int j = 0; j < BM / 8; ++j) {
-    const float2 dd = *reinterpret_cast<const float2*>(dvec_t + 8 * j + 2 * t);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float dpe = dp[j][e];
-      if constexpr (DROP) dpe = (keep >> (4 * j + e)) & 1u ? dpe * opts.drop_scale : 0.f;
-      dp[j][e] = st[j][e] * (dpe - ((e & 1) ? dd.y : dd.x));
-    }
-  }
-  if constexpr (DROP) attn::to_a_frags_kept<E, BM>(pf, st, keep);
-  else attn::to_a_frags<E, BM>(pf, st);
-  attn::to_a_frags<E, BM>(dsf, dp);
 }
 
 // The overlap consumer loop of warpgroup wg (deterministic mode; see the block comment).
