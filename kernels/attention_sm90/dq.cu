@@ -186,8 +186,7 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sdO, std
     if (Cfg::tile_active(j, wg_row0))
       dq_tile<Cfg, E, MASK, DROP>(dq, opts, sQ, sdO, sK + s * Cfg::kKVBytes, sV + s * Cfg::kKVBytes, j, wg, row0, l2,
                                   dd, S, scale_log2);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar.kv_empty(s));  // this warp's reads of stage s are complete
+    bar.release(s);  // this warp's reads of stage s are complete
   }
 
   E* gdq = dqkv + static_cast<std::size_t>(b) * S * 3 * H * D + static_cast<std::size_t>(head) * D;
@@ -288,8 +287,7 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
         wgmma_wait<0>();  // the last active tile's dQ product
         operand_fence(dq);
         operand_fence(ds);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar.kv_empty(s));
+        bar.release(s);
         break;
       }
       const int s1 = (j + 1) % ST;
@@ -300,18 +298,10 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
       wgmma_wait<2>();  // tile j's dQ product, the oldest group: stage j is read
       operand_fence(dq);
       operand_fence(ds);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar.kv_empty(s));
+      bar.release(s);
     }
   }
-  for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
-    const int s = j % ST;
-    const std::uint32_t phase = (j / ST) & 1;
-    mbar_wait(bar.k_full(s), phase);
-    mbar_wait(bar.v_full(s), phase);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar.kv_empty(s));
-  }
+  bar.skip_tiles(n_active, n_tiles);  // causal: tiles wholly after this warpgroup's rows
 
   E* gdq = dqkv + static_cast<std::size_t>(b) * S * 3 * H * D + static_cast<std::size_t>(head) * D;
   attn::store_rows<D>(gdq, dq, row0, S, 3ull * H * D, scale);

@@ -201,7 +201,7 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
                                                 float* __restrict__ lse, int S, int H, float scale_log2, int m0,
                                                 int n_tiles, int head, int b, const attn::OptionArgs& opt) {
   constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int wg = warp >> 2;
   const int wg_row0 = m0 + 64 * wg, row0 = wg_row0 + 16 * (warp & 3);  // row0: this warp's first row
   float o[Cfg::kHeadDim / 8][4];
@@ -243,8 +243,7 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
       wgmma_wait<1>();  // P V of tile j, the older group
       operand_fence(o);
       operand_fence(p);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar.kv_empty(s));
+      bar.release(s);
     }
     {
       const int j = n_active - 1, s = j % ST;
@@ -256,18 +255,10 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
       wgmma_wait<0>();
       operand_fence(o);
       operand_fence(p);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar.kv_empty(s));
+      bar.release(s);
     }
   }
-  for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
-    const int s = j % ST;
-    const std::uint32_t phase = (j / ST) & 1;
-    mbar_wait(bar.k_full(s), phase);
-    mbar_wait(bar.v_full(s), phase);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar.kv_empty(s));
-  }
+  bar.skip_tiles(n_active, n_tiles);  // causal: tiles wholly after this warpgroup's rows
   epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f);
 }
 
@@ -288,7 +279,7 @@ __device__ __forceinline__ void consume_pingpong(std::uint32_t sQ, std::uint32_t
                                                  float* __restrict__ lse, int S, int H, float scale_log2, int m0,
                                                  int n_tiles, int head, int b, const attn::OptionArgs& opt) {
   constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
   const int wg = warp >> 2;
   const int wg_row0 = m0 + 64 * wg, row0 = wg_row0 + 16 * (warp & 3);  // row0: this warp's first row
   float o[Cfg::kHeadDim / 8][4];
@@ -309,10 +300,6 @@ __device__ __forceinline__ void consume_pingpong(std::uint32_t sQ, std::uint32_t
   opts.S = S;
   const int turns = n_tiles;  // uniform over the CTA
   const int other = Cfg::turn_barrier(1 - wg), mine = Cfg::turn_barrier(wg);
-  auto release = [&](int s) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar.kv_empty(s));  // this warp's reads of stage s are complete
-  };
 
   if (Cfg::turn_opens(wg, turns)) named_barrier_arrive(other, Cfg::kTurnThreads);
   mbar_wait_realloc(bar.q_full(), 0);
@@ -345,7 +332,7 @@ __device__ __forceinline__ void consume_pingpong(std::uint32_t sQ, std::uint32_t
       wgmma_wait<0>();  // P V of tile j-1
       operand_fence(o);
       operand_fence(p);
-      release(sp);
+      bar.release(sp);
       attn::Softmax<1>::rescale<Cfg::kHeadDim>(o, alpha);
       attn::to_a_frags<E, BN>(p, sc);
     }
@@ -355,7 +342,7 @@ __device__ __forceinline__ void consume_pingpong(std::uint32_t sQ, std::uint32_t
     wgmma_wait<0>();
     operand_fence(o);
     operand_fence(p);
-    release(s);
+    bar.release(s);
   }
   for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
     const int s = j % ST;
@@ -364,7 +351,7 @@ __device__ __forceinline__ void consume_pingpong(std::uint32_t sQ, std::uint32_t
     if (Cfg::turn_passes(wg, j, turns)) named_barrier_arrive(other, Cfg::kTurnThreads);
     mbar_wait_realloc(bar.k_full(s), phase);
     mbar_wait_realloc(bar.v_full(s), phase);
-    release(s);
+    bar.release(s);
   }
   epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f);
 }

@@ -29,6 +29,24 @@ struct QueryTileBarriers {
     }
     mbar_init_fence();
   }
+
+  // A consumer warp's release of stage s once its reads (and wgmma) of it are complete: one
+  // arrival per warp, after the warp's lanes have met.
+  __device__ __forceinline__ void release(int s) const {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(kv_empty(s));
+  }
+  // Causal: the tiles [from, to) wholly after a warpgroup's rows hold nothing for it; it still
+  // waits for each and releases it, so the ring's phases stay in step.
+  __device__ __forceinline__ void skip_tiles(int from, int to) const {
+    for (int j = from; j < to; ++j) {
+      const int s = j % Cfg::kStages;
+      const std::uint32_t phase = (j / Cfg::kStages) & 1;
+      mbar_wait(k_full(s), phase);
+      mbar_wait(v_full(s), phase);
+      release(s);
+    }
+  }
 };
 
 }  // namespace cutrain::kernels::sm90
