@@ -446,11 +446,17 @@ struct RowKernel {
   // The 16-byte vectors a CTA parks (ce::park_vecs); the dynamic shared memory is 16 bytes each.
   static int prepare(int vocab, int split) {
     const int park_vecs = ce::park_vecs(ce::slice_vecs(vocab, split), smem_optin());
-    cudaFuncAttributes fa{};
-    CUTRAIN_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
-    CUTRAIN_CHECK(fa.sharedSizeBytes <= static_cast<std::size_t>(ce::kStaticSmemBytes),
-                  "cross-entropy row kernel: static shared memory ", fa.sharedSizeBytes, " bytes exceeds the ",
-                  ce::kStaticSmemBytes, " bytes kept out of the slice budget");
+    // The static part is the build's, not the call's: checked once per instance (a throw leaves
+    // it unchecked, so the next call throws again).
+    static const bool static_fits = [] {
+      cudaFuncAttributes fa{};
+      CUTRAIN_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+      CUTRAIN_CHECK(fa.sharedSizeBytes <= static_cast<std::size_t>(ce::kStaticSmemBytes),
+                    "cross-entropy row kernel: static shared memory ", fa.sharedSizeBytes, " bytes exceeds the ",
+                    ce::kStaticSmemBytes, " bytes kept out of the slice budget");
+      return true;
+    }();
+    (void)static_fits;
     CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, park_vecs * 16));
     CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                             static_cast<int>(cudaSharedmemCarveoutMaxShared)));
