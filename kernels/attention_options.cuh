@@ -89,6 +89,24 @@ __device__ __forceinline__ int last_valid_key(const std::uint8_t* __restrict__ m
   return last;
 }
 
+// The same answer from one warp alone (all 32 lanes call it; no CTA barrier, so a persistent
+// CTA's warps each find it for their own work tile). It scans from the end in windows of 128 keys
+// and stops at the first window holding a valid key: one window where only padding trails.
+__device__ __forceinline__ int last_valid_key_warp(const std::uint8_t* __restrict__ mask, int limit) {
+  const int lane = threadIdx.x & 31;
+  for (int end = limit; end > 0; end -= 128) {
+    int mine = -1;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // the four loads independent; the highest valid key stays
+      const int j = end - 128 + 32 * k + lane;
+      if (j >= 0 && __ldg(mask + j) != 0) mine = j;
+    }
+    mine = __reduce_max_sync(0xffffffffu, mine);
+    if (mine >= 0) return mine;
+  }
+  return -1;
+}
+
 // Bit w: word w of a Philox draw is kept.
 __device__ __forceinline__ std::uint32_t keep_nibble(const PhiloxWords& r, std::uint32_t thr) {
   return static_cast<std::uint32_t>(dropout_keep(r.w[0], thr)) | static_cast<std::uint32_t>(dropout_keep(r.w[1], thr)) << 1 |

@@ -3,11 +3,16 @@
 // element type and P's conversion follow E; the fp32 softmax is the same). Built for sm_90a only
 // (kernels/CMakeLists.txt).
 //
-// CTA = one (batch, head) and FwdConfig::kBlockM = 128 query rows; 2 consumer warpgroups (warps
-// 0-3, 4-7) own 64 rows each, one producer warp (warp 8) feeds them:
-//   producer (lane 0 only): Q once (q_full), then per K/V tile j of kBlockN keys, into ring stage
-//     j % kStages after both consumers released that stage's previous tile (kv_empty): K
-//     (k_full[s]) and V (v_full[s]), each as D/64 TMA boxes of 128-byte swizzled rows.
+// Work tile = one (batch, head) and FwdConfig::kBlockM = 128 query rows; 2 consumer warpgroups
+// (warps 0-3, 4-7) own 64 rows each, one producer warp (warp 8) feeds them. The ping-pong
+// schedule without causal runs persistent CTAs (at most one per SM, FwdConfig::kPersistent), each
+// looping over work tiles; the others run one work tile per CTA (causal: heaviest first):
+//   producer (lane 0 issues): per work tile, Q into Q buffer it % kQBuffers once the consumers
+//     handed it back (q_full / q_empty), then per K/V tile of kBlockN keys, into the ring's next
+//     stage after both consumers released that stage's previous tile (kv_empty): K (k_full[s]) and
+//     V (v_full[s]), each as D/64 TMA boxes of 128-byte swizzled rows. The ring runs on across
+//     work tiles, so the next work tile's Q and K/V arrive under the current one's last products
+//     and its epilogue.
 //   consumers: S = Q K^T (wgmma, both operands from shared memory, K-major), the causal / sequence
 //     -end mask and the online softmax in registers (the attention family's Softmax, Mask and
 //     to_a_frags, kernels/attention_softmax.cuh / attention_tiles.cuh: the wgmma accumulator is
@@ -197,10 +202,12 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
 // at all (n_tiles 0) goes straight to the epilogue.
 template <class Cfg, typename E, bool MASK, bool DROP>
 __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV,
-                                                const QueryTileBarriers<Cfg>& bar, E* __restrict__ out,
-                                                float* __restrict__ lse, int S, int H, float scale_log2, int m0,
-                                                int n_tiles, int head, int b, const attn::OptionArgs& opt) {
-  constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
+                                                const QueryTileBarriers<Cfg>& bar, int qb, std::uint32_t q_phase,
+                                                int g0, E* __restrict__ out, float* __restrict__ lse, int S, int H,
+                                                float scale_log2, int m0, int n_tiles, int head, int b,
+                                                const attn::OptionArgs& opt) {
+  using Ring = QueryTileBarriers<Cfg>;
+  constexpr int BN = Cfg::kBlockN;
   const int warp = threadIdx.x >> 5;
   const int wg = warp >> 2;
   const int wg_row0 = m0 + 64 * wg, row0 = wg_row0 + 16 * (warp & 3);  // row0: this warp's first row
@@ -221,23 +228,23 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
   }
   opts.S = S;
 
-  mbar_wait(bar.q_full(), 0);
+  mbar_wait(bar.q_full(qb), q_phase);
   // Straight-line per tile so that ptxas can follow the two groups in flight: the active tiles
   // (a prefix, tile 0 always among them unless MASK left no tile) with the last one peeled, then
-  // the skipped tail.
+  // the skipped tail. Tile j is the ring's (g0 + j)-th.
   const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
   if (!MASK || n_active > 0) {
-    mbar_wait(bar.k_full(0), 0);
-    issue_scores<Cfg, E>(sc, sQ, sK, wg);
+    mbar_wait(bar.k_full(Ring::stage(g0)), Ring::phase(g0));
+    issue_scores<Cfg, E>(sc, sQ, sK + Ring::stage(g0) * Cfg::kKVBytes, wg);
     opts.fetch(0);
     for (int j = 0; j + 1 < n_active; ++j) {
-      const int s = j % ST, s1 = (j + 1) % ST;
+      const int s = Ring::stage(g0 + j), s1 = Ring::stage(g0 + j + 1);
       wgmma_wait<0>();  // S of tile j, the only group in flight
       operand_fence(sc);
       softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
-      mbar_wait(bar.v_full(s), (j / ST) & 1);
+      mbar_wait(bar.v_full(s), Ring::phase(g0 + j));
       issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
-      mbar_wait(bar.k_full(s1), ((j + 1) / ST) & 1);
+      mbar_wait(bar.k_full(s1), Ring::phase(g0 + j + 1));
       issue_scores<Cfg, E>(sc, sQ, sK + s1 * Cfg::kKVBytes, wg);
       opts.fetch(j + 1);
       wgmma_wait<1>();  // P V of tile j, the older group
@@ -246,11 +253,11 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
       bar.release(s);
     }
     {
-      const int j = n_active - 1, s = j % ST;
+      const int j = n_active - 1, s = Ring::stage(g0 + j);
       wgmma_wait<0>();
       operand_fence(sc);
       softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
-      mbar_wait(bar.v_full(s), (j / ST) & 1);
+      mbar_wait(bar.v_full(s), Ring::phase(g0 + j));
       issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
       wgmma_wait<0>();
       operand_fence(o);
@@ -258,7 +265,8 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
       bar.release(s);
     }
   }
-  bar.skip_tiles(n_active, n_tiles);  // causal: tiles wholly after this warpgroup's rows
+  bar.release_q(qb);  // every S of this work tile is complete
+  bar.skip_tiles(n_active, n_tiles, g0);  // causal: tiles wholly after this warpgroup's rows
   epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f);
 }
 
@@ -275,10 +283,12 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
 // Its waits are mbar_wait_realloc: a `trap` would cap this code at the launch's 168 registers.
 template <class Cfg, typename E, bool MASK, bool DROP>
 __device__ __forceinline__ void consume_pingpong(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV,
-                                                 const QueryTileBarriers<Cfg>& bar, E* __restrict__ out,
-                                                 float* __restrict__ lse, int S, int H, float scale_log2, int m0,
-                                                 int n_tiles, int head, int b, const attn::OptionArgs& opt) {
-  constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
+                                                 const QueryTileBarriers<Cfg>& bar, int qb, std::uint32_t q_phase,
+                                                 int g0, E* __restrict__ out, float* __restrict__ lse, int S, int H,
+                                                 float scale_log2, int m0, int n_tiles, int head, int b,
+                                                 const attn::OptionArgs& opt) {
+  using Ring = QueryTileBarriers<Cfg>;
+  constexpr int BN = Cfg::kBlockN;
   const int warp = threadIdx.x >> 5;
   const int wg = warp >> 2;
   const int wg_row0 = m0 + 64 * wg, row0 = wg_row0 + 16 * (warp & 3);  // row0: this warp's first row
@@ -302,21 +312,21 @@ __device__ __forceinline__ void consume_pingpong(std::uint32_t sQ, std::uint32_t
   const int other = Cfg::turn_barrier(1 - wg), mine = Cfg::turn_barrier(wg);
 
   if (Cfg::turn_opens(wg, turns)) named_barrier_arrive(other, Cfg::kTurnThreads);
-  mbar_wait_realloc(bar.q_full(), 0);
+  mbar_wait_realloc(bar.q_full(qb), q_phase);
   const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
-  if (n_active > 0) {  // tile 0 is active unless MASK left no tile
-    mbar_wait_realloc(bar.k_full(0), 0);
+  if (n_active > 0) {  // tile 0 is active unless MASK left no tile; tile j is the ring's (g0 + j)-th
+    mbar_wait_realloc(bar.k_full(Ring::stage(g0)), Ring::phase(g0));
     named_barrier_sync(mine, Cfg::kTurnThreads);
-    issue_scores<Cfg, E>(sc, sQ, sK, wg);
+    issue_scores<Cfg, E>(sc, sQ, sK + Ring::stage(g0) * Cfg::kKVBytes, wg);
     if (Cfg::turn_passes(wg, 0, turns)) named_barrier_arrive(other, Cfg::kTurnThreads);
     opts.fetch(0);
     wgmma_wait<0>();
     operand_fence(sc);
     softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, 0, row0, scale_log2);  // O is 0: its rescale is moot
     for (int j = 1; j < n_active; ++j) {
-      const int s = j % ST, sp = (j - 1) % ST;
-      mbar_wait_realloc(bar.k_full(s), (j / ST) & 1);
-      mbar_wait_realloc(bar.v_full(sp), ((j - 1) / ST) & 1);
+      const int s = Ring::stage(g0 + j), sp = Ring::stage(g0 + j - 1);
+      mbar_wait_realloc(bar.k_full(s), Ring::phase(g0 + j));
+      mbar_wait_realloc(bar.v_full(sp), Ring::phase(g0 + j - 1));
       named_barrier_sync(mine, Cfg::kTurnThreads);
       issue_scores<Cfg, E>(sc, sQ, sK + s * Cfg::kKVBytes, wg);
       issue_pv<Cfg, E>(o, p, sV + sp * Cfg::kKVBytes);
@@ -336,17 +346,20 @@ __device__ __forceinline__ void consume_pingpong(std::uint32_t sQ, std::uint32_t
       attn::Softmax<1>::rescale<Cfg::kHeadDim>(o, alpha);
       attn::to_a_frags<E, BN>(p, sc);
     }
-    const int j = n_active - 1, s = j % ST;  // the last P V, after the turns
-    mbar_wait_realloc(bar.v_full(s), (j / ST) & 1);
+    bar.release_q(qb);  // every S of this work tile is complete: the next Q may load under the last P V
+    const int j = n_active - 1, s = Ring::stage(g0 + j);  // the last P V, after the turns
+    mbar_wait_realloc(bar.v_full(s), Ring::phase(g0 + j));
     issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
     wgmma_wait<0>();
     operand_fence(o);
     operand_fence(p);
     bar.release(s);
+  } else {
+    bar.release_q(qb);
   }
   for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
-    const int s = j % ST;
-    const std::uint32_t phase = (j / ST) & 1;
+    const int s = Ring::stage(g0 + j);
+    const std::uint32_t phase = Ring::phase(g0 + j);
     named_barrier_sync(mine, Cfg::kTurnThreads);
     if (Cfg::turn_passes(wg, j, turns)) named_barrier_arrive(other, Cfg::kTurnThreads);
     mbar_wait_realloc(bar.k_full(s), phase);
@@ -356,19 +369,18 @@ __device__ __forceinline__ void consume_pingpong(std::uint32_t sQ, std::uint32_t
   epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f);
 }
 
-// The ping-pong's copies (one producer thread): Q on q_full, K/V tile j into stage j % kStages.
+// The producer thread's copies: Q of a work tile into a Q buffer (completing on `full`), its K/V
+// tile j into ring stage s.
 template <class Cfg>
-__device__ __forceinline__ void load_q(const CUtensorMap* q_map, std::uint32_t sQ, const QueryTileBarriers<Cfg>& bar,
-                                       int head, int m0, int b) {
-  mbar_arrive_expect_tx(bar.q_full(), Cfg::kQBytes);
+__device__ __forceinline__ void load_q(const CUtensorMap* q_map, std::uint32_t dst, std::uint32_t full, int head,
+                                       int m0, int b) {
+  mbar_arrive_expect_tx(full, Cfg::kQBytes);
 #pragma unroll
-  for (int c = 0; c < Cfg::kColBlocks; ++c)
-    tma_load_5d(sQ + c * Cfg::kBlockM * 128, q_map, 64 * c, head, 0, m0, b, bar.q_full());
+  for (int c = 0; c < Cfg::kColBlocks; ++c) tma_load_5d(dst + c * Cfg::kBlockM * 128, q_map, 64 * c, head, 0, m0, b, full);
 }
 template <class Cfg>
 __device__ __forceinline__ void load_kv(const CUtensorMap* kv_map, std::uint32_t sK, std::uint32_t sV,
-                                        const QueryTileBarriers<Cfg>& bar, int head, int b, int j) {
-  const int s = j % Cfg::kStages;
+                                        const QueryTileBarriers<Cfg>& bar, int head, int b, int s, int j) {
   mbar_arrive_expect_tx(bar.k_full(s), Cfg::kKVBytes);
 #pragma unroll
   for (int c = 0; c < Cfg::kColBlocks; ++c)
@@ -381,76 +393,144 @@ __device__ __forceinline__ void load_kv(const CUtensorMap* kv_map, std::uint32_t
                 bar.v_full(s));
 }
 
+// The K/V tiles work tile t streams (MASK: none past the last key its sequence lets be attended).
+// MASK: every lane of the calling warp takes part (a warp-wide scan), and gets the same count.
+template <class Cfg, bool MASK>
+__device__ __forceinline__ int work_kv_tiles(const typename Cfg::Work& t, int S, const attn::OptionArgs& opt) {
+  const int n = Cfg::kv_tiles(S, t.m0);
+  if constexpr (MASK)
+    return Cfg::masked_kv_tiles(
+        n, attn::last_valid_key_warp(opt.key_mask + static_cast<std::size_t>(t.b) * S, min(S, n * Cfg::kBlockN)));
+  return n;
+}
+
+// Work tile w's place. Persistent configs number the work tiles (FwdConfig::work_tile); the others
+// launch a (query tile, head, batch) grid, whose block indices the hardware keeps at hand (the
+// overlap schedule's consumers have no register to spare), the same order: blockIdx.x + nq *
+// (blockIdx.y + H * blockIdx.z) = w.
+template <class Cfg>
+__device__ __forceinline__ typename Cfg::Work work_of(int w, int nq, int H) {
+  if constexpr (Cfg::kPersistent) return Cfg::work_tile(w, nq, H);
+  const int q = blockIdx.x;
+  return {(Cfg::kCausal ? nq - 1 - q : q) * Cfg::kBlockM, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+}
+
+// REALLOC (ping-pong): the waits after setmaxnreg (mbar_wait_realloc: no `trap`).
+template <bool REALLOC>
+__device__ __forceinline__ void ring_wait(std::uint32_t bar, std::uint32_t phase) {
+  if constexpr (REALLOC) mbar_wait_realloc(bar, phase);
+  else mbar_wait(bar, phase);
+}
+
+// The producer thread's share of work tile t (n K/V tiles), the CTA's it-th, whose first K/V tile
+// is the ring's g-th: Q into buffer it % kQBuffers once the consumers handed that buffer back,
+// then its K/V tiles into the ring's next stages as the consumers free them. Without MASK the
+// first work tile's Q and its first `early` K/V tiles went before the CTA barrier.
+template <class Cfg, bool MASK>
+__device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensorMap* kv_map, std::uint32_t sQ,
+                                        std::uint32_t sK, std::uint32_t sV, const QueryTileBarriers<Cfg>& bar,
+                                        const typename Cfg::Work& t, int n, int it, int g, int early) {
+  using Ring = QueryTileBarriers<Cfg>;
+  constexpr int NQ = Cfg::kQBuffers;
+  if ((threadIdx.x & 31) == 0) {
+    const int qb = it % NQ;
+    if (MASK || it > 0) {
+      if (it >= NQ) ring_wait<Cfg::kPingPong>(bar.q_empty(qb), ((it / NQ) - 1) & 1);
+      load_q<Cfg>(q_map, sQ + qb * Cfg::kQBytes, bar.q_full(qb), t.head, t.m0, t.b);
+    }
+    for (int j = it == 0 ? early : 0; j < n; ++j) {
+      const int r = g + j;
+      if (r >= Cfg::kStages) ring_wait<Cfg::kPingPong>(bar.kv_empty(Ring::stage(r)), Ring::phase(r) ^ 1u);
+      load_kv<Cfg>(kv_map, sK, sV, bar, t.head, t.b, Ring::stage(r), j);
+    }
+  }
+}
+
+// The consumer warpgroups' share of the same work tile: its schedule's loop and epilogue.
+template <class Cfg, typename E, bool MASK, bool DROP>
+__device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV,
+                                        const QueryTileBarriers<Cfg>& bar, E* __restrict__ out, float* __restrict__ lse,
+                                        int S, int H, float scale_log2, const typename Cfg::Work& t, int n, int it,
+                                        int g, const attn::OptionArgs& opt) {
+  constexpr int NQ = Cfg::kQBuffers;
+  const int qb = it % NQ;
+  const std::uint32_t q_phase = (it / NQ) & 1;
+  if constexpr (Cfg::kPingPong)
+    consume_pingpong<Cfg, E, MASK, DROP>(sQ + qb * Cfg::kQBytes, sK, sV, bar, qb, q_phase, g, out, lse, S, H,
+                                         scale_log2, t.m0, n, t.head, t.b, opt);
+  else
+    consume_overlap<Cfg, E, MASK, DROP>(sQ + qb * Cfg::kQBytes, sK, sV, bar, qb, q_phase, g, out, lse, S, H,
+                                        scale_log2, t.m0, n, t.head, t.b, opt);
+}
+
+// A persistent CTA takes work tiles w = blockIdx.x, + gridDim.x, ... of the work_tiles
+// (FwdConfig::work_tile, grid_ctas); the others run their block's one (work_of), loop state 0.
 template <class Cfg, typename E, bool MASK, bool DROP>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
-                   E* __restrict__ out, float* __restrict__ lse, int S, int H, float scale_log2,
+                   E* __restrict__ out, float* __restrict__ lse, int S, int H, float scale_log2, int work_tiles,
                    const __grid_constant__ attn::OptionArgs opt) {
-  constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
-  constexpr bool CAUSAL = Cfg::kCausal;
+  constexpr int ST = Cfg::kStages;
   extern __shared__ unsigned char smem_raw[];
   // Shared-window addresses; the TMA's 128-byte swizzle and wgmma's need 1024-aligned tiles.
   const std::uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const std::uint32_t sQ = base + Cfg::kQOff, sK = base + Cfg::kKOff, sV = base + Cfg::kVOff;
   const QueryTileBarriers<Cfg> bar{base + Cfg::kBarOff};
+  const int nq = (S + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const int warp = threadIdx.x >> 5;
 
-  const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: heaviest first
-  const int m0 = qblock * BM, head = blockIdx.y, b = blockIdx.z;
-  int n_tiles = Cfg::kv_tiles(S, m0);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-
-  // PINGPONG: the producer thread initializes the barriers and at once starts Q's copy and (without
-  // a key mask, whose scan decides the tile count) the ring's first tiles, before the CTA barrier:
-  // at S <= 512 a CTA streams 1-4 tiles, so the pipeline's fill is most of its time.
-  constexpr int kInitThread = Cfg::kPingPong ? 32 * Cfg::kProducerWarp : 0;
-  int early = 0;  // PINGPONG: K/V tiles issued before the CTA barrier
-  if (threadIdx.x == kInitThread) {
+  // The producer thread initializes the barriers and at once starts the first work tile's Q and
+  // (without a key mask, whose scan decides the tile count) its first K/V tiles, before the CTA
+  // barrier: at S <= 512 a work tile streams 1-4 tiles, so the pipeline's fill is much of its time.
+  const typename Cfg::Work first = work_of<Cfg>(blockIdx.x, nq, H);
+  int n_first = Cfg::kv_tiles(S, first.m0);
+  int early = 0;  // K/V tiles issued before the CTA barrier
+  if (threadIdx.x == 32 * Cfg::kProducerWarp) {
     bar.init();
-    if constexpr (Cfg::kPingPong) {
-      load_q<Cfg>(&q_map, sQ, bar, head, m0, b);
-      if constexpr (!MASK)
-        for (; early < ST && early < n_tiles; ++early) load_kv<Cfg>(&kv_map, sK, sV, bar, head, b, early);
+    if constexpr (!MASK) {
+      load_q<Cfg>(&q_map, sQ, bar.q_full(0), first.head, first.m0, first.b);
+      for (; early < ST && early < n_first; ++early)
+        load_kv<Cfg>(&kv_map, sK, sV, bar, first.head, first.b, early, early);
     }
   }
   __syncthreads();
-  if constexpr (MASK)  // no tile past the last key the CTA may attend (every thread gets the same count)
-    n_tiles = Cfg::masked_kv_tiles(
-        n_tiles, attn::last_valid_key<Cfg::kThreads>(opt.key_mask + static_cast<std::size_t>(b) * S, min(S, n_tiles * BN)));
+  // MASK, one work tile a CTA: the whole CTA finds the first (and only) work tile's count. (A
+  // persistent CTA's warps each scan for every work tile: work_kv_tiles.)
+  if constexpr (MASK && !Cfg::kPersistent)
+    n_first = Cfg::masked_kv_tiles(n_first, attn::last_valid_key<Cfg::kThreads>(
+                                                opt.key_mask + static_cast<std::size_t>(first.b) * S,
+                                                min(S, n_first * Cfg::kBlockN)));
   // No CTA-wide barrier from here on: the producer's idle threads leave below.
 
   // PINGPONG: the producer warpgroup's warps 1-3 only hand their registers back, then leave.
   const bool producer = Cfg::kPingPong ? warp >= Cfg::kProducerWarp : warp == Cfg::kProducerWarp;
   if (producer) {
     if constexpr (Cfg::kPingPong) setmaxnreg_dec<Cfg::kProducerRegs>();
-    if constexpr (Cfg::kPingPong) {
-      if (warp == Cfg::kProducerWarp && lane == 0)
-        for (int j = early; j < n_tiles; ++j) {
-          if (j >= ST) mbar_wait_realloc(bar.kv_empty(j % ST), ((j / ST) - 1) & 1);  // after setmaxnreg.dec
-          load_kv<Cfg>(&kv_map, sK, sV, bar, head, b, j);
-        }
-    } else if (warp == Cfg::kProducerWarp && lane == 0) {
-      mbar_arrive_expect_tx(bar.q_full(), Cfg::kQBytes);
-#pragma unroll
-      for (int c = 0; c < Cfg::kColBlocks; ++c)
-        tma_load_5d(sQ + c * BM * 128, &q_map, 64 * c, head, 0, m0, b, bar.q_full());
-      for (int j = 0; j < n_tiles; ++j) {
-        const int s = j % ST;
-        if (j >= ST) mbar_wait(bar.kv_empty(s), ((j / ST) - 1) & 1);
-        mbar_arrive_expect_tx(bar.k_full(s), Cfg::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < Cfg::kColBlocks; ++c)
-          tma_load_5d(sK + s * Cfg::kKVBytes + c * BN * 128, &kv_map, 64 * c, head, 1, j * BN, b, bar.k_full(s));
-        mbar_arrive_expect_tx(bar.v_full(s), Cfg::kKVBytes);
-#pragma unroll
-        for (int c = 0; c < Cfg::kColBlocks; ++c)
-          tma_load_5d(sV + s * Cfg::kKVBytes + c * BN * 128, &kv_map, 64 * c, head, 2, j * BN, b, bar.v_full(s));
+    if (warp != Cfg::kProducerWarp) return;
+    if constexpr (Cfg::kPersistent) {
+      int g = 0, it = 0;  // the ring's K/V tiles so far, the CTA's work tiles so far
+      for (int w = blockIdx.x; w < work_tiles; w += gridDim.x, ++it) {
+        const typename Cfg::Work t = Cfg::work_tile(w, nq, H);
+        const int n = work_kv_tiles<Cfg, MASK>(t, S, opt);  // the whole warp
+        produce<Cfg, MASK>(&q_map, &kv_map, sQ, sK, sV, bar, t, n, it, g, early);
+        g += n;
       }
+    } else {
+      produce<Cfg, MASK>(&q_map, &kv_map, sQ, sK, sV, bar, first, n_first, 0, 0, early);
     }
-  } else if constexpr (Cfg::kPingPong) {
-    setmaxnreg_inc<Cfg::kConsumerRegs>();
-    consume_pingpong<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b, opt);
+    return;
+  }
+  if constexpr (Cfg::kPingPong) setmaxnreg_inc<Cfg::kConsumerRegs>();
+  if constexpr (Cfg::kPersistent) {
+    int g = 0, it = 0;  // as the producer's
+    for (int w = blockIdx.x; w < work_tiles; w += gridDim.x, ++it) {
+      const typename Cfg::Work t = Cfg::work_tile(w, nq, H);
+      const int n = work_kv_tiles<Cfg, MASK>(t, S, opt);
+      consume<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, t, n, it, g, opt);
+      g += n;
+    }
   } else {
-    consume_overlap<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, m0, n_tiles, head, b, opt);
+    consume<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, first, n_first, 0, 0, opt);
   }
 }
 
@@ -469,9 +549,12 @@ void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionSh
     (void)pool;
   }
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  const dim3 grid((sh.seq + Cfg::kBlockM - 1) / Cfg::kBlockM, sh.heads, sh.batch);
+  // check_forward_args keeps the count under 2^31.
+  const int nq = (sh.seq + Cfg::kBlockM - 1) / Cfg::kBlockM, work_tiles = nq * sh.heads * sh.batch;
+  const dim3 grid = Cfg::kPersistent ? dim3(Cfg::grid_ctas(work_tiles, multiprocessors())) : dim3(nq, sh.heads, sh.batch);
   const float scale_log2 = attn::kLog2e / std::sqrt(static_cast<float>(D));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, out, lse, sh.seq, sh.heads, scale_log2, opt);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, out, lse, sh.seq, sh.heads, scale_log2,
+                                                       work_tiles, opt);
   CUTRAIN_LAUNCH_CHECK("attention sm90 forward_kernel");
 }
 

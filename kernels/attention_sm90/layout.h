@@ -52,6 +52,16 @@ struct QueryTileSchedule {
     const int need = last_key < 0 ? 0 : last_key / BLOCK_N + 1;
     return need < n_tiles ? need : n_tiles;
   }
+  // The work tiles of a launch over nq query tiles, H heads and B batches (fwd.cu's CTAs loop over
+  // them): tile w is query tile w % nq of (batch, head) w / nq, so the CTAs at work together share
+  // one (batch, head)'s K/V in L2; causal: each (batch, head)'s heaviest query tile first.
+  struct Work {
+    int m0, head, b;
+  };
+  static constexpr CUTRAIN_HD Work work_tile(int w, int nq, int H) {
+    const int q = w % nq, bh = w / nq;
+    return {(CAUSAL ? nq - 1 - q : q) * BLOCK_M, bh % H, bh / H};
+  }
   // Byte offset, from Q's (or dO's) base, where warpgroup `wg`'s K-major A operand for k16 step kk
   // starts (rows 64wg.., columns 16kk..).
   static constexpr CUTRAIN_HD std::uint32_t q_slice(int wg, int kk) {
@@ -117,13 +127,26 @@ struct FwdConfig : QueryTileSchedule<128, D == 64 || PINGPONG ? 128 : 96, CAUSAL
   static constexpr int kColBlocks = D / 64;             // 128-byte column blocks per row
   static constexpr std::uint32_t kQBytes = kBlockM * D * 2;
   static constexpr std::uint32_t kKVBytes = kBlockN * D * 2;  // one K or one V tile
-  // Carve-up from a 1024-aligned base: Q, K[kStages], V[kStages], then the mbarriers
-  // (q_full, k_full[kStages], v_full[kStages], kv_empty[kStages]).
+  // Persistent CTAs (fwd.cu): a CTA per SM at most, each looping over work tiles, so the producer
+  // streams the next work tile's Q and K/V under the current one's last products and epilogue.
+  // Ping-pong without causal only: causal work tiles differ in length (1 to S / kBlockN K/V
+  // tiles), which a static split balances worse than the hardware's block scheduler (so a CTA per
+  // work tile, heaviest first), and the overlap schedule's consumers, at 168 registers, spill
+  // with the loop's state (dropout's by 112-400 bytes).
+  static constexpr bool kPersistent = PINGPONG && !CAUSAL;
+  static constexpr CUTRAIN_HD int grid_ctas(int work_tiles, int sms) {
+    return !kPersistent || work_tiles < sms ? work_tiles : sms;
+  }
+  // Q buffers: two where shared memory holds them (the next work tile's Q loads while the current
+  // one's is read), else one (d128 ping-pong: its 128-key ring leaves room for one).
+  static constexpr int kQBuffers = 1024 + 2 * kQBytes + 2 * kStages * kKVBytes + 8 * (4 + 3 * kStages) <= 227u * 1024u ? 2 : 1;
+  // Carve-up from a 1024-aligned base: Q[kQBuffers], K[kStages], V[kStages], then the mbarriers
+  // (q_full[kQBuffers], q_empty[kQBuffers], k_full[kStages], v_full[kStages], kv_empty[kStages]).
   static constexpr std::uint32_t kQOff = 0;
-  static constexpr std::uint32_t kKOff = kQOff + kQBytes;
+  static constexpr std::uint32_t kKOff = kQOff + kQBuffers * kQBytes;
   static constexpr std::uint32_t kVOff = kKOff + kStages * kKVBytes;
   static constexpr std::uint32_t kBarOff = kVOff + kStages * kKVBytes;
-  static constexpr int kBarriers = 1 + 3 * kStages;
+  static constexpr int kBarriers = 2 * kQBuffers + 3 * kStages;
   // +1024: the dynamic shared memory base is rounded up to 1024 bytes inside the kernel.
   static constexpr std::uint32_t kSmemBytes = 1024 + kBarOff + 8 * kBarriers;
   static_assert(kSmemBytes <= 227u * 1024u, "shared memory over the sm_90 per-block limit (227 KiB)");
@@ -293,13 +316,15 @@ struct DqConfig : QueryTileSchedule<128, 64, CAUSAL> {
   static constexpr std::uint32_t kQBytes = kBlockM * D * 2;   // Q, and dO
   static constexpr std::uint32_t kKVBytes = kBlockN * D * 2;  // one K or one V tile
   // Carve-up from a 1024-aligned base: Q, dO, K[kStages], V[kStages], then the mbarriers
-  // (q_full: Q and dO; k_full[kStages], v_full[kStages], kv_empty[kStages]).
+  // (q_full: Q and dO; q_empty (unused: a CTA owns one query tile); k_full[kStages],
+  // v_full[kStages], kv_empty[kStages]).
+  static constexpr int kQBuffers = 1;
   static constexpr std::uint32_t kQOff = 0;
   static constexpr std::uint32_t kdOOff = kQOff + kQBytes;
   static constexpr std::uint32_t kKOff = kdOOff + kQBytes;
   static constexpr std::uint32_t kVOff = kKOff + kStages * kKVBytes;
   static constexpr std::uint32_t kBarOff = kVOff + kStages * kKVBytes;
-  static constexpr int kBarriers = 1 + 3 * kStages;
+  static constexpr int kBarriers = 2 * kQBuffers + 3 * kStages;
   static constexpr std::uint32_t kSmemBytes = 1024 + kBarOff + 8 * kBarriers;  // +1024: base alignment
   static_assert(kSmemBytes <= 227u * 1024u, "shared memory over the sm_90 per-block limit (227 KiB)");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep 1024-byte swizzle atoms aligned");

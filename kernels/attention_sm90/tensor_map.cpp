@@ -35,6 +35,10 @@ void check_shape(const AttentionShape& sh, const char* who) {
 void check_forward_args(const void* qkv, const void* out, const float* lse, const AttentionShape& sh) {
   const char* who = "attention_forward";
   check_shape(sh, who);
+  // The forward numbers its work tiles (128 queries of one batch and head) with an int.
+  const std::uint64_t work_tiles = (static_cast<std::uint64_t>(sh.seq) + 127) / 128 * sh.heads * sh.batch;
+  CUTRAIN_CHECK(work_tiles < (1ull << 31), who, ": ceil(seq / 128) * heads * batch must be under 2^31, got ",
+                work_tiles, " (seq=", sh.seq, " heads=", sh.heads, " batch=", sh.batch, ")");
   CUTRAIN_CHECK(qkv && out && lse, who, ": qkv, out and lse must be non-null, got qkv=", qkv,
                 " out=", out, " lse=", static_cast<const void*>(lse));
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0, who,
@@ -72,6 +76,13 @@ void check_device(const char* who, std::uint32_t smem_bytes) {
                 dev, " is ", major, ".", minor);
   CUTRAIN_CHECK(static_cast<std::uint32_t>(optin) >= smem_bytes, who, ": needs ", smem_bytes,
                 " bytes of shared memory per block, device ", dev, " offers ", optin);
+}
+
+int multiprocessors() {
+  int dev = 0, sms = 0;
+  CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
+  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
 }
 
 void check_register_pool(const void* kernel, int threads, int need, const char* who) {

@@ -16,6 +16,9 @@ namespace cutrain::kernels::sm90 {
 // block: refused with what was found (`who` names the caller), instead of a bare launch error.
 void check_device(const char* who, std::uint32_t smem_bytes);
 
+// The current device's multiprocessor count (the persistent forward's grid, FwdConfig::grid_ctas).
+int multiprocessors();
+
 // setmaxnreg.inc waits for the registers another warpgroup frees, so a kernel whose warpgroups
 // move registers must get at launch at least the sum of their counts (`need`, over `threads`
 // threads); a build that gives fewer would hang, so it is refused (`who` names the schedule).

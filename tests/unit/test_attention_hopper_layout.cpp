@@ -197,7 +197,8 @@ void expect_carve_up() {
   EXPECT_EQ(Cfg::kVOff % 1024, 0u);
   EXPECT_EQ(Cfg::kKVBytes % 1024, 0u);
   EXPECT_EQ(Cfg::kBarOff % 8, 0u);
-  EXPECT_EQ(Cfg::kBarOff, Cfg::kQBytes + 2u * Cfg::kStages * Cfg::kKVBytes);
+  EXPECT_EQ(Cfg::kBarOff, Cfg::kQBuffers * Cfg::kQBytes + 2u * Cfg::kStages * Cfg::kKVBytes);
+  EXPECT_EQ(Cfg::kBarriers, 2 * Cfg::kQBuffers + 3 * Cfg::kStages);
   EXPECT_LE(Cfg::kSmemBytes, 227u * 1024u);
   // Consumer warpgroups are warps 0..4*kConsumers-1 (wgmma wants warpgroups at warp indices
   // divisible by 4), the producer the one warp after them (ping-pong: the warpgroup after them,
@@ -211,8 +212,13 @@ TEST(AttentionHopperLayout, SharedMemoryCarveUp) {
   expect_carve_up<hopper::FwdConfig<128, true>>();
   expect_carve_up<hopper::FwdConfig<64, false, true>>();
   expect_carve_up<hopper::FwdConfig<128, true, true>>();
-  // d128's ping-pong ring of 128-key tiles: Q 32 KiB + 3 x (K + V) 64 KiB + barriers + alignment.
-  EXPECT_EQ((hopper::FwdConfig<128, false, true>::kSmemBytes), 1024u + 32768u + 6u * 32768u + 80u);
+  // d128's ping-pong ring of 128-key tiles: Q 32 KiB + 3 x (K + V) 64 KiB + barriers + alignment,
+  // which leaves no room for a second Q buffer; every other config has two.
+  EXPECT_EQ((hopper::FwdConfig<128, false, true>::kSmemBytes), 1024u + 32768u + 6u * 32768u + 88u);
+  EXPECT_EQ((hopper::FwdConfig<128, false, true>::kQBuffers), 1);
+  EXPECT_EQ((hopper::FwdConfig<64, false, true>::kQBuffers), 2);
+  EXPECT_EQ((hopper::FwdConfig<64, true>::kQBuffers), 2);
+  EXPECT_EQ((hopper::FwdConfig<128, false>::kQBuffers), 2);
   EXPECT_EQ((hopper::FwdConfig<128, false>::kBlockN), 96);
   EXPECT_EQ((hopper::FwdConfig<128, false, true>::kBlockN), 128);
 }
@@ -220,6 +226,48 @@ TEST(AttentionHopperLayout, SharedMemoryCarveUp) {
 // The ping-pong's register reallocation: what the producer warpgroup frees covers what the two
 // consumer warpgroups take, within the CTA's launch allocation (168 a thread at 384 threads), or
 // setmaxnreg.inc would wait forever.
+// The forward's work tiles: the CTAs of grid_ctas, taking w = c, c + grid, ... (persistent) or
+// their block's one, cover every (query tile, head, batch) exactly once; neighbouring work tiles
+// share a (batch, head) (its K/V in L2); causal goes heaviest first within each (batch, head).
+template <class Cfg>
+void expect_work_tiles_cover(int S, int H, int B, int sms) {
+  const int nq = (S + Cfg::kBlockM - 1) / Cfg::kBlockM, total = nq * H * B;
+  const int grid = Cfg::grid_ctas(total, sms);
+  EXPECT_EQ(grid, Cfg::kPersistent ? std::min(total, sms) : total);
+  std::vector<int> seen(static_cast<std::size_t>(total), 0);
+  for (int c = 0; c < grid; ++c)
+    for (int w = c; w < total; w += grid) {
+      const auto t = Cfg::work_tile(w, nq, H);
+      ASSERT_EQ(t.m0 % Cfg::kBlockM, 0);
+      ASSERT_TRUE(t.m0 >= 0 && t.m0 < S && t.head >= 0 && t.head < H && t.b >= 0 && t.b < B);
+      ++seen[static_cast<std::size_t>((t.b * H + t.head) * nq + t.m0 / Cfg::kBlockM)];
+      if (!Cfg::kPersistent) break;  // one work tile per CTA
+    }
+  for (int k = 0; k < total; ++k) ASSERT_EQ(seen[static_cast<std::size_t>(k)], 1) << "work tile " << k << " S=" << S;
+  for (int w = 1; w < total; ++w) {
+    if (w % nq == 0) continue;
+    const auto t = Cfg::work_tile(w, nq, H), prev = Cfg::work_tile(w - 1, nq, H);
+    EXPECT_TRUE(prev.head == t.head && prev.b == t.b);
+    EXPECT_EQ(prev.m0 + (Cfg::kCausal ? -1 : 1) * Cfg::kBlockM, t.m0);
+  }
+}
+
+TEST(AttentionHopperLayout, ForwardWorkTilesCoverTheLaunch) {
+  for (const int S : {1, 128, 129, 512, 2048, 3000})
+    for (const int sms : {1, 7, 132}) {
+      expect_work_tiles_cover<hopper::FwdConfig<64, false, true>>(S, 3, 2, sms);
+      expect_work_tiles_cover<hopper::FwdConfig<128, false, true>>(S, 16, 4, sms);
+      expect_work_tiles_cover<hopper::FwdConfig<64, false>>(S, 3, 2, sms);
+      expect_work_tiles_cover<hopper::FwdConfig<64, true, true>>(S, 5, 3, sms);
+      expect_work_tiles_cover<hopper::FwdConfig<128, true>>(S, 2, 2, sms);
+    }
+  // Persistent: the ping-pong schedule without causal only.
+  EXPECT_TRUE((hopper::FwdConfig<64, false, true>::kPersistent));
+  EXPECT_TRUE((hopper::FwdConfig<128, false, true>::kPersistent));
+  EXPECT_FALSE((hopper::FwdConfig<64, true, true>::kPersistent));
+  EXPECT_FALSE((hopper::FwdConfig<64, false>::kPersistent));
+}
+
 TEST(AttentionHopperLayout, PingPongRegisterBudget) {
   using Cfg = hopper::FwdConfig<128, true, true>;
   EXPECT_EQ(Cfg::kThreads, 384);
@@ -739,7 +787,7 @@ void expect_dq_carve_up() {
   EXPECT_EQ(Cfg::kdOOff, Cfg::kQBytes);
   EXPECT_EQ(Cfg::kBarOff, 2u * Cfg::kQBytes + 2u * Cfg::kStages * Cfg::kKVBytes);
   EXPECT_EQ(Cfg::kBarOff % 8, 0u);
-  EXPECT_EQ(Cfg::kSmemBytes, 1024u + Cfg::kBarOff + 8u * (1 + 3 * Cfg::kStages));
+  EXPECT_EQ(Cfg::kSmemBytes, 1024u + Cfg::kBarOff + 8u * (2 + 3 * Cfg::kStages));  // q_full, q_empty, the ring
   EXPECT_LE(Cfg::kSmemBytes, 227u * 1024u);
   EXPECT_EQ(Cfg::kThreads, 128 * Cfg::kConsumers + 32);
   EXPECT_EQ(Cfg::kProducerWarp, 4 * Cfg::kConsumers);
