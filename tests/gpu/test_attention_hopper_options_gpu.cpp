@@ -339,4 +339,72 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionHopperDropoutMaskGpu,
                            return os.str();
                          });
 
+// The persistent forward (ping-pong without causal: a CTA per SM looping over work tiles) with
+// three times as many work tiles as the device has SMs, so every CTA runs several and its Q
+// buffers and K/V ring wrap: plain, and with a key mask and dropout (the mask's tile counts differ
+// per sequence, so the CTAs' rings fall out of step). Against the CPU reference and against the
+// overlap schedule (a CTA per work tile) on the same inputs.
+class AttentionHopperPersistentGpu : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(AttentionHopperPersistentGpu, ManyWorkTilesPerCta) {
+  CUTRAIN_REQUIRE_GPU();
+  const auto [dim, options] = GetParam();
+  int dev = 0, sms = 0;
+  CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
+  CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int seq = 200, heads = 4, nq = 2;  // 128-query work tiles
+  const AttentionShape sh{(3 * sms + nq * heads - 1) / (nq * heads), seq, heads, dim, false};
+  auto rng = test::fresh_rng();
+  const std::size_t n_qkv = static_cast<std::size_t>(sh.batch) * seq * 3 * heads * dim, n_o = n_qkv / 3;
+  const std::size_t n_l = static_cast<std::size_t>(sh.batch) * heads * seq;
+  const auto qkv_f = test::round_bf16(test::random_normal(n_qkv, rng));
+  test::DeviceArray<bf16> qkv(test::to_bf16(qkv_f));
+  ref::AttentionRefOptions ro;
+  if (options) {
+    ro.key_mask = test::option_test_mask(sh, rng);
+    ro.dropout = {rng(), static_cast<std::uint32_t>(rng() % 1000), 3, nullptr};
+    ro.dropout_p = 0.1f;
+  }
+  test::DeviceArray<std::uint8_t> mask_d(options ? ro.key_mask : std::vector<std::uint8_t>(1));
+  kernels::AttentionOptions opt;
+  opt.key_mask = options ? mask_d.get() : nullptr;
+  opt.dropout = ro.dropout;
+  opt.dropout_p = ro.dropout_p;
+  std::vector<double> out_r, lse_r;
+  ref::attention_forward(qkv_f, sh, out_r, lse_r, ro);
+
+  std::vector<float> outs[2];
+  for (int k = 0; k < 2; ++k) {
+    const hopper::Schedule schedule = k == 0 ? hopper::Schedule::PingPong : hopper::Schedule::Overlap;
+    SCOPED_TRACE(std::string(schedule_name(schedule)) + " forward, batch " + std::to_string(sh.batch));
+    test::DeviceArray<bf16> o(n_o);
+    test::DeviceArray<float> l(n_l);
+    hopper::attention_forward(nullptr, qkv.get(), o.get(), l.get(), sh, schedule, opt);
+    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    outs[k] = test::download_float(o);
+    const auto l_h = l.download();
+    ASSERT_EQ(test::count_nan(outs[k]), 0u) << "O elements left unwritten (poison survived)";
+    ASSERT_EQ(test::count_nan(l_h), 0u) << "lse elements left unwritten (poison survived)";
+    EXPECT_LE(test::rel_error(outs[k], out_r), 1e-2) << "O vs CPU";
+    std::vector<float> lse_fin;
+    std::vector<double> lse_rfin;
+    for (std::size_t i = 0; i < n_l; ++i) {
+      if (std::isinf(lse_r[i])) {
+        ASSERT_EQ(l_h[i], -std::numeric_limits<float>::infinity()) << "lse of a row with no key, at " << i;
+      } else {
+        lse_fin.push_back(l_h[i]);
+        lse_rfin.push_back(lse_r[i]);
+      }
+    }
+    EXPECT_LE(test::rel_error(lse_fin, lse_rfin), 1e-4) << "lse vs CPU";
+  }
+  EXPECT_LE(test::rel_error(outs[0], outs[1]), 2e-2) << "ping-pong (persistent) vs overlap";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionHopperPersistentGpu, ::testing::Combine(::testing::Values(64, 128), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& i) {
+                           return "D" + std::to_string(std::get<0>(i.param)) +
+                                  (std::get<1>(i.param) ? "_mask_p10" : "_plain");
+                         });
+
 }  // namespace
