@@ -6,7 +6,8 @@
 // Work tile = one (batch, head) and FwdConfig::kBlockM = 128 query rows; 2 consumer warpgroups
 // (warps 0-3, 4-7) own 64 rows each, one producer warp (warp 8) feeds them. The ping-pong
 // schedule without causal runs persistent CTAs (at most one per SM, FwdConfig::kPersistent), each
-// looping over work tiles; the others run one work tile per CTA (causal: heaviest first):
+// looping over work tiles; the others run one work tile per CTA (causal: in sections of (batch,
+// head) pairs, heaviest query tiles first, FwdConfig::work_tile):
 //   producer (lane 0 issues): per work tile, Q into Q buffer it % kQBuffers once the consumers
 //     handed it back (q_full / q_empty), then per K/V tile of kBlockN keys, into the ring's next
 //     stage after both consumers released that stage's previous tile (kv_empty): K (k_full[s]) and
@@ -404,15 +405,14 @@ __device__ __forceinline__ int work_kv_tiles(const typename Cfg::Work& t, int S,
   return n;
 }
 
-// Work tile w's place. Persistent configs number the work tiles (FwdConfig::work_tile); the others
-// launch a (query tile, head, batch) grid, whose block indices the hardware keeps at hand (the
-// overlap schedule's consumers have no register to spare), the same order: blockIdx.x + nq *
-// (blockIdx.y + H * blockIdx.z) = w.
+// The block's first (for all but the persistent configs, only) work tile. Persistent and causal
+// configs number the work tiles (FwdConfig::work_tile; causal: a 1-D grid in that order); the
+// overlap schedule without causal launches a (query tile, head, batch) grid, whose block indices
+// the hardware keeps at hand (its consumers have no register to spare), in the same order.
 template <class Cfg>
-__device__ __forceinline__ typename Cfg::Work work_of(int w, int nq, int H) {
-  if constexpr (Cfg::kPersistent) return Cfg::work_tile(w, nq, H);
-  const int q = blockIdx.x;
-  return {(Cfg::kCausal ? nq - 1 - q : q) * Cfg::kBlockM, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+__device__ __forceinline__ typename Cfg::Work first_work(int nq, int H, int B, int group) {
+  if constexpr (Cfg::kPersistent || Cfg::kCausal) return Cfg::work_tile(blockIdx.x, nq, H, B, group);
+  return {static_cast<int>(blockIdx.x) * Cfg::kBlockM, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
 }
 
 // REALLOC (ping-pong): the waits after setmaxnreg (mbar_wait_realloc: no `trap`).
@@ -464,11 +464,12 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std:
 }
 
 // A persistent CTA takes work tiles w = blockIdx.x, + gridDim.x, ... of the work_tiles
-// (FwdConfig::work_tile, grid_ctas); the others run their block's one (work_of), loop state 0.
+// (FwdConfig::work_tile, grid_ctas); the others run their block's one (first_work), loop state 0.
 template <class Cfg, typename E, bool MASK, bool DROP>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
-                   E* __restrict__ out, float* __restrict__ lse, int S, int H, float scale_log2, int work_tiles,
+                   E* __restrict__ out, float* __restrict__ lse, int S, int H, int B, float scale_log2,
+                   int work_tiles, int group,
                    const __grid_constant__ attn::OptionArgs opt) {
   constexpr int ST = Cfg::kStages;
   extern __shared__ unsigned char smem_raw[];
@@ -482,7 +483,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // The producer thread initializes the barriers and at once starts the first work tile's Q and
   // (without a key mask, whose scan decides the tile count) its first K/V tiles, before the CTA
   // barrier: at S <= 512 a work tile streams 1-4 tiles, so the pipeline's fill is much of its time.
-  const typename Cfg::Work first = work_of<Cfg>(blockIdx.x, nq, H);
+  const typename Cfg::Work first = first_work<Cfg>(nq, H, B, group);
   int n_first = Cfg::kv_tiles(S, first.m0);
   int early = 0;  // K/V tiles issued before the CTA barrier
   if (threadIdx.x == 32 * Cfg::kProducerWarp) {
@@ -510,7 +511,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if constexpr (Cfg::kPersistent) {
       int g = 0, it = 0;  // the ring's K/V tiles so far, the CTA's work tiles so far
       for (int w = blockIdx.x; w < work_tiles; w += gridDim.x, ++it) {
-        const typename Cfg::Work t = Cfg::work_tile(w, nq, H);
+        const typename Cfg::Work t = Cfg::work_tile(w, nq, H, B, group);
         const int n = work_kv_tiles<Cfg, MASK>(t, S, opt);  // the whole warp
         produce<Cfg, MASK>(&q_map, &kv_map, sQ, sK, sV, bar, t, n, it, g, early);
         g += n;
@@ -524,7 +525,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if constexpr (Cfg::kPersistent) {
     int g = 0, it = 0;  // as the producer's
     for (int w = blockIdx.x; w < work_tiles; w += gridDim.x, ++it) {
-      const typename Cfg::Work t = Cfg::work_tile(w, nq, H);
+      const typename Cfg::Work t = Cfg::work_tile(w, nq, H, B, group);
       const int n = work_kv_tiles<Cfg, MASK>(t, S, opt);
       consume<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, t, n, it, g, opt);
       g += n;
@@ -551,10 +552,13 @@ void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionSh
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   // check_forward_args keeps the count under 2^31.
   const int nq = (sh.seq + Cfg::kBlockM - 1) / Cfg::kBlockM, work_tiles = nq * sh.heads * sh.batch;
-  const dim3 grid = Cfg::kPersistent ? dim3(Cfg::grid_ctas(work_tiles, multiprocessors())) : dim3(nq, sh.heads, sh.batch);
+  const dim3 grid = Cfg::kPersistent ? dim3(Cfg::grid_ctas(work_tiles, multiprocessors()))
+                    : CAUSAL         ? dim3(work_tiles)
+                                     : dim3(nq, sh.heads, sh.batch);
+  const int group = Cfg::causal_group(sh.seq, D, sh.heads * sh.batch);
   const float scale_log2 = attn::kLog2e / std::sqrt(static_cast<float>(D));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, out, lse, sh.seq, sh.heads, scale_log2,
-                                                       work_tiles, opt);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, out, lse, sh.seq, sh.heads, sh.batch,
+                                                       scale_log2, work_tiles, group, opt);
   CUTRAIN_LAUNCH_CHECK("attention sm90 forward_kernel");
 }
 

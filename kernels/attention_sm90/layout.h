@@ -52,15 +52,35 @@ struct QueryTileSchedule {
     const int need = last_key < 0 ? 0 : last_key / BLOCK_N + 1;
     return need < n_tiles ? need : n_tiles;
   }
-  // The work tiles of a launch over nq query tiles, H heads and B batches (fwd.cu's CTAs loop over
-  // them): tile w is query tile w % nq of (batch, head) w / nq, so the CTAs at work together share
-  // one (batch, head)'s K/V in L2; causal: each (batch, head)'s heaviest query tile first.
+  // The work tiles of a launch over nq query tiles, H heads and B batches (fwd.cu's CTAs take them
+  // in this order): without causal, tile w is query tile w % nq of (batch, head) w / nq, so the
+  // CTAs at work together share one (batch, head)'s K/V in L2. Causal work tiles cost 1 to nq K/V
+  // tiles, and the block scheduler hands them out in order, so a heavy one handed out last would
+  // run on alone: the (batch, head) pairs go in sections of `group` (the last may be shorter),
+  // and a section hands out its query tiles heaviest first across its pairs (all pairs' last
+  // query tile, then all pairs' second-to-last, ...), so the launch ends on its lightest tiles;
+  // `group` bounds the K/V that the CTAs at work read at once (causal_group).
   struct Work {
     int m0, head, b;
   };
-  static constexpr CUTRAIN_HD Work work_tile(int w, int nq, int H) {
-    const int q = w % nq, bh = w / nq;
-    return {(CAUSAL ? nq - 1 - q : q) * BLOCK_M, bh % H, bh / H};
+  static constexpr CUTRAIN_HD Work work_tile(int w, int nq, int H, int B, int group) {
+    if (!CAUSAL) {
+      const int q = w % nq, bh = w / nq;
+      return {q * BLOCK_M, bh % H, bh / H};
+    }
+    const int section = w / (group * nq), r = w % (group * nq), first = section * group;
+    const int pairs = H * B - first < group ? H * B - first : group;  // this section's
+    const int bh = first + r % pairs;
+    return {(nq - 1 - r / pairs) * BLOCK_M, bh % H, bh / H};
+  }
+  // Causal sections: as many (batch, head) pairs as keep their K and V (S x D 16-bit elements
+  // each) within kSectionBytes, at least one, at most all; L2 holds 50 MiB on an H100, so a
+  // section's K/V stays resident beside the rest of the traffic.
+  static constexpr std::uint64_t kSectionBytes = 24ull << 20;
+  static constexpr CUTRAIN_HD int causal_group(int S, int D, int pairs) {
+    const std::uint64_t kv = 4ull * static_cast<std::uint64_t>(S) * static_cast<std::uint64_t>(D);
+    const std::uint64_t g = kSectionBytes / kv;
+    return g < 1 ? 1 : g > static_cast<std::uint64_t>(pairs) ? pairs : static_cast<int>(g);
   }
   // Byte offset, from Q's (or dO's) base, where warpgroup `wg`'s K-major A operand for k16 step kk
   // starts (rows 64wg.., columns 16kk..).

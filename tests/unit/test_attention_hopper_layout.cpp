@@ -227,45 +227,65 @@ TEST(AttentionHopperLayout, SharedMemoryCarveUp) {
 // consumer warpgroups take, within the CTA's launch allocation (168 a thread at 384 threads), or
 // setmaxnreg.inc would wait forever.
 // The forward's work tiles: the CTAs of grid_ctas, taking w = c, c + grid, ... (persistent) or
-// their block's one, cover every (query tile, head, batch) exactly once; neighbouring work tiles
-// share a (batch, head) (its K/V in L2); causal goes heaviest first within each (batch, head).
+// their block's one, cover every (query tile, head, batch) exactly once. Without causal,
+// neighbouring work tiles share a (batch, head) (its K/V in L2); causal goes in sections of
+// `group` pairs, each handing out its query tiles heaviest first, so the launch ends on the
+// lightest tiles.
 template <class Cfg>
-void expect_work_tiles_cover(int S, int H, int B, int sms) {
+void expect_work_tiles_cover(int S, int H, int B, int sms, int group) {
+  SCOPED_TRACE("S=" + std::to_string(S) + " H=" + std::to_string(H) + " B=" + std::to_string(B) +
+               " group=" + std::to_string(group));
   const int nq = (S + Cfg::kBlockM - 1) / Cfg::kBlockM, total = nq * H * B;
   const int grid = Cfg::grid_ctas(total, sms);
   EXPECT_EQ(grid, Cfg::kPersistent ? std::min(total, sms) : total);
   std::vector<int> seen(static_cast<std::size_t>(total), 0);
   for (int c = 0; c < grid; ++c)
     for (int w = c; w < total; w += grid) {
-      const auto t = Cfg::work_tile(w, nq, H);
+      const auto t = Cfg::work_tile(w, nq, H, B, group);
       ASSERT_EQ(t.m0 % Cfg::kBlockM, 0);
       ASSERT_TRUE(t.m0 >= 0 && t.m0 < S && t.head >= 0 && t.head < H && t.b >= 0 && t.b < B);
       ++seen[static_cast<std::size_t>((t.b * H + t.head) * nq + t.m0 / Cfg::kBlockM)];
       if (!Cfg::kPersistent) break;  // one work tile per CTA
     }
-  for (int k = 0; k < total; ++k) ASSERT_EQ(seen[static_cast<std::size_t>(k)], 1) << "work tile " << k << " S=" << S;
+  for (int k = 0; k < total; ++k) ASSERT_EQ(seen[static_cast<std::size_t>(k)], 1) << "work tile " << k;
   for (int w = 1; w < total; ++w) {
-    if (w % nq == 0) continue;
-    const auto t = Cfg::work_tile(w, nq, H), prev = Cfg::work_tile(w - 1, nq, H);
-    EXPECT_TRUE(prev.head == t.head && prev.b == t.b);
-    EXPECT_EQ(prev.m0 + (Cfg::kCausal ? -1 : 1) * Cfg::kBlockM, t.m0);
+    const auto t = Cfg::work_tile(w, nq, H, B, group), prev = Cfg::work_tile(w - 1, nq, H, B, group);
+    if (!Cfg::kCausal) {
+      if (w % nq == 0) continue;
+      EXPECT_TRUE(prev.head == t.head && prev.b == t.b);
+      EXPECT_EQ(prev.m0 + Cfg::kBlockM, t.m0);
+    } else if (w % (group * nq) != 0) {  // inside a section: never a heavier tile after a lighter one
+      EXPECT_GE(prev.m0, t.m0) << "w=" << w;
+      EXPECT_EQ((prev.b * H + prev.head) / group, (t.b * H + t.head) / group) << "w=" << w;
+    }
+  }
+  if (Cfg::kCausal) {
+    const auto last = Cfg::work_tile(total - 1, nq, H, B, group);
+    EXPECT_EQ(last.m0, 0) << "the launch ends on a lightest tile";
   }
 }
 
 TEST(AttentionHopperLayout, ForwardWorkTilesCoverTheLaunch) {
   for (const int S : {1, 128, 129, 512, 2048, 3000})
     for (const int sms : {1, 7, 132}) {
-      expect_work_tiles_cover<hopper::FwdConfig<64, false, true>>(S, 3, 2, sms);
-      expect_work_tiles_cover<hopper::FwdConfig<128, false, true>>(S, 16, 4, sms);
-      expect_work_tiles_cover<hopper::FwdConfig<64, false>>(S, 3, 2, sms);
-      expect_work_tiles_cover<hopper::FwdConfig<64, true, true>>(S, 5, 3, sms);
-      expect_work_tiles_cover<hopper::FwdConfig<128, true>>(S, 2, 2, sms);
+      expect_work_tiles_cover<hopper::FwdConfig<64, false, true>>(S, 3, 2, sms, 1);
+      expect_work_tiles_cover<hopper::FwdConfig<128, false, true>>(S, 16, 4, sms, 1);
+      expect_work_tiles_cover<hopper::FwdConfig<64, false>>(S, 3, 2, sms, 1);
+      for (const int group : {1, 2, 4, 5, 15})
+        expect_work_tiles_cover<hopper::FwdConfig<64, true, true>>(S, 5, 3, sms, group);
+      expect_work_tiles_cover<hopper::FwdConfig<128, true>>(S, 2, 2, sms, 3);
     }
   // Persistent: the ping-pong schedule without causal only.
   EXPECT_TRUE((hopper::FwdConfig<64, false, true>::kPersistent));
   EXPECT_TRUE((hopper::FwdConfig<128, false, true>::kPersistent));
   EXPECT_FALSE((hopper::FwdConfig<64, true, true>::kPersistent));
   EXPECT_FALSE((hopper::FwdConfig<64, false>::kPersistent));
+  // Causal sections: 24 MiB of K/V, at least one pair, at most all.
+  using C = hopper::FwdConfig<64, true>;
+  EXPECT_EQ(C::causal_group(2048, 128, 64), 24);   // 1 MiB a pair
+  EXPECT_EQ(C::causal_group(8192, 64, 32), 12);    // 2 MiB a pair
+  EXPECT_EQ(C::causal_group(2048, 64, 16), 16);    // all of them
+  EXPECT_EQ(C::causal_group(1 << 20, 128, 8), 1);  // 512 MiB a pair
 }
 
 TEST(AttentionHopperLayout, PingPongRegisterBudget) {
