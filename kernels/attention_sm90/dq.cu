@@ -311,8 +311,8 @@ template <class Cfg, typename E, bool MASK, bool DROP>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
               const __grid_constant__ CUtensorMap do_map, const float* __restrict__ lse,
-              const float* __restrict__ dvec, E* __restrict__ dqkv, int S, int H, float scale_log2, float scale,
-              const __grid_constant__ attn::OptionArgs opt) {
+              const float* __restrict__ dvec, E* __restrict__ dqkv, int S, int H, int B, int group,
+              float scale_log2, float scale, const __grid_constant__ attn::OptionArgs opt) {
   constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
   constexpr bool CAUSAL = Cfg::kCausal;
   extern __shared__ unsigned char smem_raw[];
@@ -322,8 +322,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                       sV = base + Cfg::kVOff;
   const QueryTileBarriers<Cfg> bar{base + Cfg::kBarOff};
 
-  const int qblock = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: heaviest first
-  const int m0 = qblock * BM, head = blockIdx.y, b = blockIdx.z;
+  // Causal: a 1-D grid in the forward's order (work_tile: sections of (batch, head) pairs, heaviest
+  // query tiles first); otherwise a (query tile, head, batch) grid.
+  const auto t = CAUSAL ? Cfg::work_tile(blockIdx.x, gridDim.x / (H * B), H, B, group)
+                        : typename Cfg::Work{static_cast<int>(blockIdx.x) * BM, static_cast<int>(blockIdx.y),
+                                             static_cast<int>(blockIdx.z)};
+  const int m0 = t.m0, head = t.head, b = t.b;
   int n_tiles = Cfg::kv_tiles(S, m0);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
@@ -374,10 +378,12 @@ void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, cons
   const CUtensorMap do_map = encode_rows_map(dout, sh, 1, Cfg::kBlockM);
   auto kernel = dq_kernel<Cfg, E, MASK, DROP>;
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  const dim3 grid((sh.seq + Cfg::kBlockM - 1) / Cfg::kBlockM, sh.heads, sh.batch);
+  const int nq = (sh.seq + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const dim3 grid = CAUSAL ? dim3(nq * sh.heads * sh.batch) : dim3(nq, sh.heads, sh.batch);
+  const int group = Cfg::causal_group(sh.seq, D, sh.heads * sh.batch);
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * attn::kLog2e;
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, do_map, lse, dvec, dqkv, sh.seq, sh.heads,
-                                                       scale_log2, scale, opt);
+                                                       sh.batch, group, scale_log2, scale, opt);
   CUTRAIN_LAUNCH_CHECK("attention sm90 dq_kernel");
 }
 

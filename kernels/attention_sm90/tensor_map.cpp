@@ -24,6 +24,11 @@ void check_shape(const AttentionShape& sh, const char* who) {
                 sh.batch, " seq=", sh.seq, " heads=", sh.heads);
   CUTRAIN_CHECK(sh.heads <= 65535 && sh.batch <= 65535, who,
                 ": heads and batch must be <= 65535 (grid y/z), got heads=", sh.heads, " batch=", sh.batch);
+  // The forward and the dQ pass number their work tiles (128 queries of one batch and head) with an
+  // int (a 1-D grid: the persistent and causal launches).
+  const std::uint64_t work_tiles = (static_cast<std::uint64_t>(sh.seq) + 127) / 128 * sh.heads * sh.batch;
+  CUTRAIN_CHECK(work_tiles < (1ull << 31), who, ": ceil(seq / 128) * heads * batch must be under 2^31, got ",
+                work_tiles, " (seq=", sh.seq, " heads=", sh.heads, " batch=", sh.batch, ")");
   // The TMA's coordinates are int32 and its strides below 2^40 bytes.
   const std::uint64_t batch_stride = 2ull * sh.seq * 3 * sh.heads * sh.head_dim;
   CUTRAIN_CHECK(batch_stride < (1ull << 40), who, ": one sequence of qkv must be under 2^40 bytes, got ", batch_stride,
@@ -35,10 +40,6 @@ void check_shape(const AttentionShape& sh, const char* who) {
 void check_forward_args(const void* qkv, const void* out, const float* lse, const AttentionShape& sh) {
   const char* who = "attention_forward";
   check_shape(sh, who);
-  // The forward numbers its work tiles (128 queries of one batch and head) with an int.
-  const std::uint64_t work_tiles = (static_cast<std::uint64_t>(sh.seq) + 127) / 128 * sh.heads * sh.batch;
-  CUTRAIN_CHECK(work_tiles < (1ull << 31), who, ": ceil(seq / 128) * heads * batch must be under 2^31, got ",
-                work_tiles, " (seq=", sh.seq, " heads=", sh.heads, " batch=", sh.batch, ")");
   CUTRAIN_CHECK(qkv && out && lse, who, ": qkv, out and lse must be non-null, got qkv=", qkv,
                 " out=", out, " lse=", static_cast<const void*>(lse));
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0, who,
