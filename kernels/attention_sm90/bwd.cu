@@ -307,12 +307,28 @@ __device__ __forceinline__ void store_dkdv(E* __restrict__ dqkv, const float (&d
   attn::store_rows<D>(gdk + otok, dv, key_row0, S, tok, dv_scale);
 }
 
+// The CTA's 128 keys and (batch, head). Causal: a 1-D grid in section_slot's order (a pair's
+// heaviest key block is its first: it meets every query tile from its own on); otherwise a (key
+// block, head, batch) grid.
+struct KeyBlock {
+  int n0, head, b;
+};
+template <class Cfg>
+__device__ __forceinline__ KeyBlock key_block(int H, int B, int group) {
+  if constexpr (Cfg::kCausal) {
+    const SectionSlot s = section_slot(blockIdx.x, gridDim.x / (H * B), H * B, group);
+    return {s.rank * Cfg::kBlockN, s.pair % H, s.pair / H};
+  }
+  return {static_cast<int>(blockIdx.x) * Cfg::kBlockN, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+}
+
 template <class Cfg, typename E, bool MASK, bool DROP, bool DET>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
                     const __grid_constant__ CUtensorMap do_map, const float* __restrict__ lse,
                     const float* __restrict__ dvec, E* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
-                    int H, float scale_log2, float scale, const __grid_constant__ attn::OptionArgs opt) {
+                    int H, int B, int group, float scale_log2, float scale,
+                    const __grid_constant__ attn::OptionArgs opt) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
   extern __shared__ unsigned char smem_raw[];
   // Shared-window addresses; the TMA's 128-byte swizzle and wgmma's need 1024-aligned tiles.
@@ -328,7 +344,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                         reinterpret_cast<float*>(gbase + Cfg::kDvecOff),
                         BwdBarriers<Cfg>{base + Cfg::kBarOff}};
 
-  const int n0 = blockIdx.x * BN, head = blockIdx.y, b = blockIdx.z;  // causal: the heaviest key blocks first
+  const KeyBlock kb = key_block<Cfg>(H, B, group);
+  const int n0 = kb.n0, head = kb.head, b = kb.b;
   const int warp = threadIdx.x >> 5, wg = warp >> 2;
   const int key_row0 = n0 + 64 * wg + 16 * (warp & 3);  // this warp's first key
   BwdOptions opts{};
@@ -531,10 +548,10 @@ __device__ __forceinline__ BwdSmem<Cfg> bwd_smem(unsigned char* smem_raw) {
 template <class Cfg>
 __device__ __forceinline__ void produce(unsigned char* smem_raw, const CUtensorMap* q_map, const CUtensorMap* kv_map,
                                         const CUtensorMap* do_map, const float* __restrict__ lse,
-                                        const float* __restrict__ dvec, int S, int H) {
+                                        const float* __restrict__ dvec, int S, int H, const KeyBlock& kb) {
   constexpr int BN = Cfg::kBlockN, ST = Cfg::kStages;
   const BwdSmem<Cfg> sm = bwd_smem<Cfg>(smem_raw);
-  const int n0 = blockIdx.x * BN, head = blockIdx.y, b = blockIdx.z;
+  const int n0 = kb.n0, head = kb.head, b = kb.b;
   if ((threadIdx.x & 31) == 0) {
     mbar_arrive_expect_tx(sm.bar.kv_full(), 2 * Cfg::kKVBytes);
 #pragma unroll
@@ -558,7 +575,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     backward_ws_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
                        const __grid_constant__ CUtensorMap do_map, const float* __restrict__ lse,
                        const float* __restrict__ dvec, E* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
-                       int H, float scale_log2, float scale, const __grid_constant__ attn::OptionArgs opt) {
+                       int H, int B, int group, float scale_log2, float scale,
+                       const __grid_constant__ attn::OptionArgs opt) {
   static_assert(Cfg::kProducer, "backward_ws_kernel runs the producer schedules");
   static_assert(!Cfg::kOverlap || DET, "the overlap loop has no dQ product (deterministic mode)");
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
@@ -580,7 +598,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   [[maybe_unused]] std::uint32_t key_live = 0;
   if constexpr (MASK) {
     if (consumer) {
-      const int b = blockIdx.z, k0 = blockIdx.x * BN + 64 * (warp >> 2) + 16 * (warp & 3) + ((threadIdx.x & 31) >> 2);
+      const KeyBlock kb = key_block<Cfg>(H, B, group);
+      const int b = kb.b, k0 = kb.n0 + 64 * (warp >> 2) + 16 * (warp & 3) + ((threadIdx.x & 31) >> 2);
       const std::uint8_t* km = opt.key_mask + static_cast<std::size_t>(b) * S;
 #pragma unroll
       for (int h = 0; h < 2; ++h)
@@ -591,8 +610,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (consumer) {
         float zero[D / 8][4];
         attn::zero(zero);
-        store_dkdv<D>(dqkv, zero, zero, blockIdx.x * BN + 64 * (warp >> 2) + 16 * (warp & 3), S, H, blockIdx.y,
-                      blockIdx.z, 1.f, 1.f);
+        const KeyBlock kb = key_block<Cfg>(H, B, group);
+        store_dkdv<D>(dqkv, zero, zero, kb.n0 + 64 * (warp >> 2) + 16 * (warp & 3), S, H, kb.head, kb.b, 1.f, 1.f);
       }
       return;
     }
@@ -603,13 +622,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
   if (!consumer) {
     setmaxnreg_dec<Cfg::kProducerRegs>();
-    if (warp == Cfg::kProducerWarp) produce<Cfg>(smem_raw, &q_map, &kv_map, &do_map, lse, dvec, S, H);
+    if (warp == Cfg::kProducerWarp) produce<Cfg>(smem_raw, &q_map, &kv_map, &do_map, lse, dvec, S, H, key_block<Cfg>(H, B, group));
     return;
   }
 
   setmaxnreg_inc<Cfg::kConsumerRegs>();
   const BwdSmem<Cfg> sm = bwd_smem<Cfg>(smem_raw);
-  const int n0 = blockIdx.x * BN, head = blockIdx.y, b = blockIdx.z;
+  const KeyBlock kb = key_block<Cfg>(H, B, group);
+  const int n0 = kb.n0, head = kb.head, b = kb.b;
   const int wg = warp >> 2;
   const int key_row0 = n0 + 64 * wg + 16 * (warp & 3);  // this warp's first key
   BwdOptions opts{};
@@ -664,10 +684,12 @@ void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, cons
     (void)pool;
   }
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  const dim3 grid((sh.seq + Cfg::kBlockN - 1) / Cfg::kBlockN, sh.heads, sh.batch);
+  const int nk = (sh.seq + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const dim3 grid = CAUSAL ? dim3(nk * sh.heads * sh.batch) : dim3(nk, sh.heads, sh.batch);  // key_block's
+  const int group = causal_group(sh.seq, D, sh.heads * sh.batch);
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * attn::kLog2e;
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, do_map, lse, dvec, dqkv, dq_acc, sh.seq,
-                                                       sh.heads, scale_log2, scale, opt);
+                                                       sh.heads, sh.batch, group, scale_log2, scale, opt);
   CUTRAIN_LAUNCH_CHECK(Cfg::kProducer
                            ? (DET ? "attention sm90 backward_ws_kernel" : "attention sm90 backward_ws_kernel(atomic dq)")
                            : (DET ? "attention sm90 backward_kernel" : "attention sm90 backward_kernel(atomic dq)"));

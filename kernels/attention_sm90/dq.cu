@@ -380,7 +380,7 @@ void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, cons
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const int nq = (sh.seq + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const dim3 grid = CAUSAL ? dim3(nq * sh.heads * sh.batch) : dim3(nq, sh.heads, sh.batch);
-  const int group = Cfg::causal_group(sh.seq, D, sh.heads * sh.batch);
+  const int group = causal_group(sh.seq, D, sh.heads * sh.batch);
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * attn::kLog2e;
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, do_map, lse, dvec, dqkv, sh.seq, sh.heads,
                                                        sh.batch, group, scale_log2, scale, opt);

@@ -555,7 +555,7 @@ void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionSh
   const dim3 grid = Cfg::kPersistent ? dim3(Cfg::grid_ctas(work_tiles, multiprocessors()))
                     : CAUSAL         ? dim3(work_tiles)
                                      : dim3(nq, sh.heads, sh.batch);
-  const int group = Cfg::causal_group(sh.seq, D, sh.heads * sh.batch);
+  const int group = causal_group(sh.seq, D, sh.heads * sh.batch);
   const float scale_log2 = attn::kLog2e / std::sqrt(static_cast<float>(D));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, out, lse, sh.seq, sh.heads, sh.batch,
                                                        scale_log2, work_tiles, group, opt);

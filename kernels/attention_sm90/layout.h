@@ -27,6 +27,30 @@
 
 namespace cutrain::kernels::sm90 {
 
+// Causal launches' order (the forward, the dQ pass, the dK/dV pass): their blocks cost 1 to
+// `blocks` tiles of work, and the block scheduler hands blocks out in grid order, so a heavy one
+// handed out last would run on alone. So the (batch, head) pairs go in sections of `group` (the
+// last may be shorter), and a section hands out its blocks heaviest first across its pairs (each
+// pair's heaviest, then each pair's second heaviest, ...): the launch ends on its lightest blocks.
+// Slot w of a 1-D grid -> the block's rank (0: its pair's heaviest) and its pair (batch * H + head).
+struct SectionSlot {
+  int rank, pair;
+};
+constexpr CUTRAIN_HD SectionSlot section_slot(int w, int blocks, int pairs, int group) {
+  const int section = w / (group * blocks), r = w % (group * blocks), first = section * group;
+  const int n = pairs - first < group ? pairs - first : group;  // this section's pairs
+  return {r / n, first + r % n};
+}
+// A section's pairs: as many as keep their K and V (S x D 16-bit elements each) within
+// kSectionBytes, at least one, at most all; L2 holds 50 MiB on an H100, so the K/V that a
+// section's blocks read stays resident beside the rest of the traffic.
+constexpr std::uint64_t kSectionBytes = 24ull << 20;
+constexpr CUTRAIN_HD int causal_group(int S, int D, int pairs) {
+  const std::uint64_t kv = 4ull * static_cast<std::uint64_t>(S) * static_cast<std::uint64_t>(D);
+  const std::uint64_t g = kSectionBytes / kv;
+  return g < 1 ? 1 : g > static_cast<std::uint64_t>(pairs) ? pairs : static_cast<int>(g);
+}
+
 // The query-tile schedule and operand slices shared by the kernels whose CTA owns BLOCK_M query
 // rows (two warpgroups of 64) and streams K/V tiles of BLOCK_N keys: the forward and the dQ pass.
 template <int BLOCK_M, int BLOCK_N, bool CAUSAL>
@@ -52,14 +76,10 @@ struct QueryTileSchedule {
     const int need = last_key < 0 ? 0 : last_key / BLOCK_N + 1;
     return need < n_tiles ? need : n_tiles;
   }
-  // The work tiles of a launch over nq query tiles, H heads and B batches (fwd.cu's CTAs take them
-  // in this order): without causal, tile w is query tile w % nq of (batch, head) w / nq, so the
-  // CTAs at work together share one (batch, head)'s K/V in L2. Causal work tiles cost 1 to nq K/V
-  // tiles, and the block scheduler hands them out in order, so a heavy one handed out last would
-  // run on alone: the (batch, head) pairs go in sections of `group` (the last may be shorter),
-  // and a section hands out its query tiles heaviest first across its pairs (all pairs' last
-  // query tile, then all pairs' second-to-last, ...), so the launch ends on its lightest tiles;
-  // `group` bounds the K/V that the CTAs at work read at once (causal_group).
+  // The work tiles of a launch over nq query tiles, H heads and B batches (fwd.cu's and dq.cu's CTAs
+  // take them in this order): without causal, tile w is query tile w % nq of (batch, head) w / nq,
+  // so the CTAs at work together share one (batch, head)'s K/V in L2; causal: section_slot's order
+  // (a pair's heaviest query tile is its last), `group` pairs a section (causal_group).
   struct Work {
     int m0, head, b;
   };
@@ -68,19 +88,8 @@ struct QueryTileSchedule {
       const int q = w % nq, bh = w / nq;
       return {q * BLOCK_M, bh % H, bh / H};
     }
-    const int section = w / (group * nq), r = w % (group * nq), first = section * group;
-    const int pairs = H * B - first < group ? H * B - first : group;  // this section's
-    const int bh = first + r % pairs;
-    return {(nq - 1 - r / pairs) * BLOCK_M, bh % H, bh / H};
-  }
-  // Causal sections: as many (batch, head) pairs as keep their K and V (S x D 16-bit elements
-  // each) within kSectionBytes, at least one, at most all; L2 holds 50 MiB on an H100, so a
-  // section's K/V stays resident beside the rest of the traffic.
-  static constexpr std::uint64_t kSectionBytes = 24ull << 20;
-  static constexpr CUTRAIN_HD int causal_group(int S, int D, int pairs) {
-    const std::uint64_t kv = 4ull * static_cast<std::uint64_t>(S) * static_cast<std::uint64_t>(D);
-    const std::uint64_t g = kSectionBytes / kv;
-    return g < 1 ? 1 : g > static_cast<std::uint64_t>(pairs) ? pairs : static_cast<int>(g);
+    const SectionSlot slot = section_slot(w, nq, H * B, group);
+    return {(nq - 1 - slot.rank) * BLOCK_M, slot.pair % H, slot.pair / H};
   }
   // Byte offset, from Q's (or dO's) base, where warpgroup `wg`'s K-major A operand for k16 step kk
   // starts (rows 64wg.., columns 16kk..).

@@ -281,11 +281,10 @@ TEST(AttentionHopperLayout, ForwardWorkTilesCoverTheLaunch) {
   EXPECT_FALSE((hopper::FwdConfig<64, true, true>::kPersistent));
   EXPECT_FALSE((hopper::FwdConfig<64, false>::kPersistent));
   // Causal sections: 24 MiB of K/V, at least one pair, at most all.
-  using C = hopper::FwdConfig<64, true>;
-  EXPECT_EQ(C::causal_group(2048, 128, 64), 24);   // 1 MiB a pair
-  EXPECT_EQ(C::causal_group(8192, 64, 32), 12);    // 2 MiB a pair
-  EXPECT_EQ(C::causal_group(2048, 64, 16), 16);    // all of them
-  EXPECT_EQ(C::causal_group(1 << 20, 128, 8), 1);  // 512 MiB a pair
+  EXPECT_EQ(hopper::causal_group(2048, 128, 64), 24);   // 1 MiB a pair
+  EXPECT_EQ(hopper::causal_group(8192, 64, 32), 12);    // 2 MiB a pair
+  EXPECT_EQ(hopper::causal_group(2048, 64, 16), 16);    // all of them
+  EXPECT_EQ(hopper::causal_group(1 << 20, 128, 8), 1);  // 512 MiB a pair
 }
 
 TEST(AttentionHopperLayout, PingPongRegisterBudget) {
