@@ -9,34 +9,35 @@
 
 namespace cutrain::kernels::sm90 {
 
-// Forward: the ping-pong schedule at d128 (its 128-key tiles: 253 vs 308 us non-causal, 169 vs
-// 187 causal at B4 H16 S2048); the overlap schedule at d64 (within 3% of ping-pong either way:
-// ahead at S <= 512, where BERT runs, behind at S >= 2048 non-causal).
+// Forward: the ping-pong schedule everywhere. Without causal its CTAs are persistent, which at
+// d64 put it 8-26% under the overlap schedule (B64 H16 S128: 34.3 vs 46.1 us; B4 H16 S512: 20.9
+// vs 24.3; S2048: 183.9 vs 200.4); causal within 1-4% ahead; d128 non-causal within 1% (252.1
+// vs 250.1) with its 128-key tiles ahead causal.
 constexpr Schedule production_forward(int head_dim, bool causal) {
+  (void)head_dim;
   (void)causal;
-  return head_dim == 128 ? Schedule::PingPong : Schedule::Overlap;
+  return Schedule::PingPong;
 }
 
 // Backward: which algorithm and schedules. two_pass: the dK/dV pass without dQ atomics, then the
 // dQ pass (the deterministic mode's algorithm: same bits every run); otherwise one pass with fp32
-// dQ atomics. A caller that asks for determinism always gets two_pass. d128: two-pass even
-// without that request, since it is faster there (1001 vs 1411 us non-causal, 755 vs 844 causal
-// at B4 H16 S2048), with the lockstep dK/dV pass and the serial dQ loop (at d128 the other
-// schedules run those kernels anyway). d64: the lockstep schedule, one pass unless determinism
-// is asked for. The producer schedules led at d64 (two-pass ProducerOverlap + dQ Overlap 679 vs
-// 762 us non-causal, one-pass Producer 447 vs 458 causal) but compute-sanitizer's racecheck
-// reported a hazard in the build that ran there (one lane per warp releasing a stage); their
-// release changed since and waits for a device run (racecheck and the timings) before they run
-// here.
+// dQ atomics. A caller that asks for determinism always gets two_pass.
+// d128: two-pass in either mode (1002 vs 1414 us non-causal, 695 vs 786 causal at B4 H16 S2048),
+// the lockstep dK/dV pass and the serial dQ loop (at d128 the producer schedules run lockstep).
+// d64 (the producer schedules: a producer warpgroup issues every load): without causal two-pass
+// in either mode, the producer overlap dK/dV loop and the dQ pass's overlap loop (673 vs 779 us
+// one-pass, 758 two-pass lockstep, at B4 H16 S2048); causal, the producer dK/dV pass, one pass
+// unless determinism is asked for (418 vs 432 us lockstep one-pass; two-pass with the serial dQ
+// loop 527 vs 538).
 struct BackwardPlan {
   bool two_pass;
   BackwardSchedule schedule;
   DqSchedule dq;
 };
 constexpr BackwardPlan production_backward(int head_dim, bool causal, bool deterministic) {
-  (void)causal;
   if (head_dim == 128) return {true, BackwardSchedule::Lockstep, DqSchedule::Serial};
-  return {deterministic, BackwardSchedule::Lockstep, DqSchedule::Serial};
+  if (!causal) return {true, BackwardSchedule::ProducerOverlap, DqSchedule::Overlap};
+  return {deterministic, BackwardSchedule::Producer, DqSchedule::Serial};
 }
 
 }  // namespace cutrain::kernels::sm90

@@ -859,10 +859,8 @@ TEST(AttentionHopperLayout, Fp16AndProductionEntryPointsCheckFirst) {
 
 // The schedules the production entry points run (the measured leaders, docs/perf-notes.md).
 TEST(AttentionHopperLayout, ProductionSchedules) {
-  EXPECT_EQ(hopper::production_forward(64, false), hopper::Schedule::Overlap);
-  EXPECT_EQ(hopper::production_forward(64, true), hopper::Schedule::Overlap);
-  EXPECT_EQ(hopper::production_forward(128, false), hopper::Schedule::PingPong);
-  EXPECT_EQ(hopper::production_forward(128, true), hopper::Schedule::PingPong);
+  for (const int d : {64, 128})
+    for (const bool c : {false, true}) EXPECT_EQ(hopper::production_forward(d, c), hopper::Schedule::PingPong);
   for (const bool det : {false, true}) {
     for (const bool c : {false, true}) {
       const hopper::BackwardPlan p = hopper::production_backward(128, c, det);
@@ -870,12 +868,14 @@ TEST(AttentionHopperLayout, ProductionSchedules) {
       EXPECT_EQ(p.schedule, hopper::BackwardSchedule::Lockstep);
       EXPECT_EQ(p.dq, hopper::DqSchedule::Serial);
     }
-    for (const bool c : {false, true}) {
-      const hopper::BackwardPlan p = hopper::production_backward(64, c, det);
-      EXPECT_EQ(p.two_pass, det);  // one pass (dQ atomics) unless determinism is asked for
-      EXPECT_EQ(p.schedule, hopper::BackwardSchedule::Lockstep);
-      EXPECT_EQ(p.dq, hopper::DqSchedule::Serial);
-    }
+    const hopper::BackwardPlan full = hopper::production_backward(64, false, det);
+    EXPECT_TRUE(full.two_pass);  // faster than one pass, so in either mode
+    EXPECT_EQ(full.schedule, hopper::BackwardSchedule::ProducerOverlap);
+    EXPECT_EQ(full.dq, hopper::DqSchedule::Overlap);
+    const hopper::BackwardPlan causal = hopper::production_backward(64, true, det);
+    EXPECT_EQ(causal.two_pass, det);  // one pass (dQ atomics) unless determinism is asked for
+    EXPECT_EQ(causal.schedule, hopper::BackwardSchedule::Producer);
+    EXPECT_EQ(causal.dq, hopper::DqSchedule::Serial);
   }
 }
 
