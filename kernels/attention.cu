@@ -53,9 +53,8 @@ void attention_key_mask_from_tokens(cudaStream_t s, const std::int32_t* tokens, 
 template <typename E>
 void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
                        const AttentionOptions& options) {
-  attn::check_shape(shape, "attention_forward");  // before the schedule table reads head_dim
-  sm90::attention_forward<E>(s, qkv, out, lse, shape, sm90::production_forward(shape.head_dim, shape.causal),
-                             options);
+  attn::check_shape(shape, "attention_forward");  // the shape first, as attention_backward
+  sm90::attention_forward<E>(s, qkv, out, lse, shape, options);
 }
 
 template <typename E>

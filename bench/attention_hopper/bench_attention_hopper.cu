@@ -1,13 +1,10 @@
 // @brief Issue #24's comparison: the sm90 attention pair (wgmma + TMA, kernels/attention_sm90/, the
-// production kernels), each schedule of each kernel, against the mma.sync pair it replaced
+// production kernels), each backward schedule, against the mma.sync pair it replaced
 // (bench/attention_mma/, this benchmark's baseline) on the same inputs, in the same process, at S
 // 512-8192 with B*S = 16384 tokens, 16 heads, d64 / d128, full and causal.
-// Forward rows, the production entry (kernels::attention_forward: the schedule table's choice) and
-// each consumer schedule (overlap: tile j's P V in flight while tile j+1's S is issued; pingpong:
-// the warpgroups take turns at the tensor cores, FlashAttention-3's):
-// "attention_hopper/fwd[_causal][_overlap|_pingpong]/B<b>H16S<s>D<d>", on the sweep plus the peer's
-// shapes it lacks (B4H16S512D64, B4H16S2048D64, B4H16S2048D128; the production entry's rows carry
-// the plain name, so compare.py pairs them with the peer's SDPA rows). Manual time and TFLOP/s
+// Forward rows, kernels::attention_forward (the sm90 forward):
+// "attention_hopper/fwd[_causal]/B<b>H16S<s>D<d>", on the sweep plus the peer's shapes it lacks
+// (B4H16S512D64, B4H16S2048D64, B4H16S2048D128; compare.py pairs them with the peer's SDPA rows). Manual time and TFLOP/s
 // (4·B·H·S²·D, halved causal) are the sm90 kernel's; mma_us / mma_TFLOP/s the mma.sync baseline's
 // (median of 100 flushed calls, once per shape, before that shape's first row); speedup =
 // mma_us / median_us. out_rel_diff / lse_rel_diff: ||sm90 - mma|| / ||mma|| of one call each (both
@@ -23,10 +20,10 @@
 // 2.5x the forward's FLOPs for bwd, 3.5x for fwdbwd (halved causal); mma_us / mma_TFLOP/s: the
 // mma.sync pair on the same inputs (median of 100 flushed calls, once per shape and pass, before
 // its first row); dq/dk/dv_rel_diff: ||sm90 - mma|| / ||mma|| of one call.
-// BERT's shapes (B64H16S128D64, B16H16S512D64, non-causal), every pass and schedule, plain and with
+// BERT's shapes (B64H16S128D64, B16H16S512D64, non-causal), every pass, plain and with
 // its options as bench/bench_attention.cu runs them (the same mask of per-sequence lengths uniform
 // in [S/4, S], the same dropout key, p 0.1), both sides given the same options:
-// "attention_hopper/<pass>[_mask[_drop]][_overlap|_pingpong|_lockstep]/<shape>", so compare.py pairs the
+// "attention_hopper/<pass>[_mask[_drop]][_lockstep]/<shape>", so compare.py pairs the
 // production entry's rows (no schedule suffix) with the peer's "attention/<pass>_mask[_drop]/<shape>" SDPA rows (cuDNN
 // among them). Their TFLOP/s count the full S^2 work, as bench_attention's do.
 // Deterministic backward rows (the mode the models call: the dK/dV pass without atomics, then the
@@ -122,17 +119,15 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& ref) {
   return den == 0 ? (num == 0 ? 0.0 : INFINITY) : std::sqrt(num / den);
 }
 
-// The mma.sync baseline forward's time and outputs for the last shape measured: the schedules of a
-// shape run back to back (register_all's order) on the same inputs, so it runs once per shape.
+// The mma.sync baseline forward's time and outputs for the last shape measured: the rows of a shape
+// run back to back (register_all's order) on the same inputs, so it runs once per shape.
 struct Baseline {
   std::string shape;
   double median_us = 0;
   std::vector<float> out, lse;
 };
 
-// schedule: one of the sm90 forward's; none: the production entry kernels::attention_forward.
-void bench_forward(benchmark::State& state, AttentionShape sh, std::optional<kernels::sm90::Schedule> schedule,
-                   Opts opts = Opts::Plain) {
+void bench_forward(benchmark::State& state, AttentionShape sh, Opts opts = Opts::Plain) {
   if (!bench::require_gpu(state)) return;
   static Baseline prod;
   const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
@@ -155,10 +150,7 @@ void bench_forward(benchmark::State& state, AttentionShape sh, std::optional<ker
     prod.shape = key;
   }
   auto hopper_fwd = [&](cudaStream_t st) {
-    if (schedule)
-      kernels::sm90::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, *schedule, ro.opt);
-    else
-      kernels::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, ro.opt);
+    kernels::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, ro.opt);
   };
   hopper_fwd(st0);
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
@@ -258,23 +250,15 @@ void bench_backward(benchmark::State& state, AttentionShape sh, bool with_forwar
   }
 }
 
-// A forward row's schedule suffix: the production entry's rows (no schedule) carry none (compare.py
-// pairs them with the peer's).
-const char* schedule_suffix(std::optional<kernels::sm90::Schedule> s) {
-  return !s ? "" : *s == kernels::sm90::Schedule::Overlap ? "_overlap" : "_pingpong";
-}
-const std::optional<kernels::sm90::Schedule> kFwdSchedules[] = {std::nullopt, kernels::sm90::Schedule::Overlap,
-                                                                kernels::sm90::Schedule::PingPong};
 // The plain backward rows: the production entry (no suffix: compare.py pairs it with the peer's)
 // and the one-pass lockstep schedule ("_lockstep").
 const std::optional<kernels::sm90::BackwardSchedule> kBwdRows[] = {std::nullopt,
                                                                    kernels::sm90::BackwardSchedule::Lockstep};
 
 void register_all() {
-  using kernels::sm90::Schedule;
   // The forward sweep (B*S = 16384), then the shapes of bench_attention's SDPA comparison that the
   // sweep lacks (B2H16S8192D64 is in it), so that one filter ('attention_hopper/fwd') times every
-  // schedule at every compared shape; BERT's shapes follow with the options below.
+  // compared shape; BERT's shapes follow with the options below.
   std::vector<AttentionShape> fwd_shapes;
   for (int d : {64, 128})
     for (bool causal : {false, true})
@@ -283,16 +267,13 @@ void register_all() {
     for (const AttentionShape sh : {AttentionShape{4, 512, 16, 64}, AttentionShape{4, 2048, 16, 64},
                                     AttentionShape{4, 2048, 16, 128}})
       fwd_shapes.push_back({sh.batch, sh.seq, sh.heads, sh.head_dim, causal});
-  for (const AttentionShape& sh : fwd_shapes)
-    for (const std::optional<Schedule> schedule : kFwdSchedules) {
-      const std::string name = std::string("attention_hopper/fwd") + (sh.causal ? "_causal" : "") +
-                               schedule_suffix(schedule) + "/" + shape_name(sh);
-      benchmark::RegisterBenchmark(name.c_str(),
-                                   [sh, schedule](benchmark::State& st) { bench_forward(st, sh, schedule); })
-          ->UseManualTime()
-          ->Iterations(100)  // a median of 100 flushed samples
-          ->Unit(benchmark::kMicrosecond);
-    }
+  for (const AttentionShape& sh : fwd_shapes) {
+    const std::string name = std::string("attention_hopper/fwd") + (sh.causal ? "_causal" : "") + "/" + shape_name(sh);
+    benchmark::RegisterBenchmark(name.c_str(), [sh](benchmark::State& st) { bench_forward(st, sh); })
+        ->UseManualTime()
+        ->Iterations(100)  // a median of 100 flushed samples
+        ->Unit(benchmark::kMicrosecond);
+  }
   // The backward sweep, then the peer's shapes that the sweep lacks.
   std::vector<AttentionShape> bwd_shapes;
   for (int d : {64, 128})
@@ -376,15 +357,14 @@ void register_all() {
             ->Unit(benchmark::kMicrosecond);
       }
     }
-  // BERT's shapes, plain and with its options: each pass, each schedule.
+  // BERT's shapes, plain and with its options: each pass.
   const std::vector<AttentionShape> bert = {{64, 128, 16, 64, false}, {16, 512, 16, 64, false}};
   for (const AttentionShape& sh : bert)
     for (Opts o : {Opts::Plain, Opts::Mask, Opts::MaskDrop}) {
       const std::string tail = std::string("/") + shape_name(sh);
-      for (const std::optional<Schedule> schedule : kFwdSchedules) {
-        const std::string name = std::string("attention_hopper/fwd") + opts_suffix(o) + schedule_suffix(schedule) + tail;
-        benchmark::RegisterBenchmark(name.c_str(),
-                                     [sh, schedule, o](benchmark::State& st) { bench_forward(st, sh, schedule, o); })
+      {
+        const std::string name = std::string("attention_hopper/fwd") + opts_suffix(o) + tail;
+        benchmark::RegisterBenchmark(name.c_str(), [sh, o](benchmark::State& st) { bench_forward(st, sh, o); })
             ->UseManualTime()
             ->Iterations(100)
             ->Unit(benchmark::kMicrosecond);

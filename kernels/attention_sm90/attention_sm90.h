@@ -1,7 +1,7 @@
 // @brief Internal to the attention family: the sm90 (Hopper: wgmma + TMA) attention pair behind
-// kernels::attention_forward / attention_backward, with each kernel's schedule as an argument so
-// that the tests and bench_attention_hopper can run every schedule of each kernel; the production entry
-// points pass the schedules of production.h's table (production_forward, production_backward).
+// kernels::attention_forward / attention_backward, with the backward's schedules as arguments so
+// that the tests and bench_attention_hopper can run every schedule; the production entry point
+// passes those of production.h's table (production_backward). The forward has one schedule.
 // Same layouts, options and scratch as kernels/attention.cuh: E (bf16 or f16) qkv [B, S, 3, H, D],
 // out and dout [B, S, H, D], fp32 lse [B, H, S] (natural log of the sum of exp of the scores scaled
 // by 1/sqrt(D)), dqkv [B, S, 3, H, D]; head_dim 64 or 128, causal or not; BERT's key mask and
@@ -21,18 +21,12 @@ struct OptionArgs;  // kernels/attention_options.cuh
 
 namespace cutrain::kernels::sm90 {
 
-// The consumer warpgroups' loop (fwd.cu): Overlap issues tile j+1's S behind tile j's P V;
-// PingPong (FlashAttention-3's) has the two warpgroups take turns at the tensor cores through named
-// barriers, each running tile j's softmax under its own P V of tile j-1 (a 384-thread CTA with
-// register reallocation). Same results.
-enum class Schedule { Overlap, PingPong };
-
 // Runs on a compute capability 9.0 device only (the library's attention code is sm_90a); anything
 // else is refused with the capability found. Options (dropout_p in [0, 1)), shape and pointers are
 // checked before any device work, in that order.
 template <typename E>
 void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
-                       Schedule schedule = Schedule::Overlap, const AttentionOptions& options = {});
+                       const AttentionOptions& options = {});
 
 // The host-side checks attention_forward makes before touching the device (throws cutrain::Error
 // naming the field): shape (head_dim 64/128, sizes >= 1, grid limits, TMA limits), non-null

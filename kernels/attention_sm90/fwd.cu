@@ -4,16 +4,16 @@
 // (kernels/CMakeLists.txt).
 //
 // Work tile = one (batch, head) and FwdConfig::kBlockM = 128 query rows; 2 consumer warpgroups
-// (warps 0-3, 4-7) own 64 rows each, one producer warp (warp 8) feeds them. The ping-pong
-// schedule without causal runs persistent CTAs (at most one per SM, FwdConfig::kPersistent), each
-// looping over work tiles; the others run one work tile per CTA (causal: in sections of (batch,
-// head) pairs, heaviest query tiles first, FwdConfig::work_tile):
-//   producer (lane 0 issues): per work tile, Q into Q buffer it % kQBuffers once the consumers
-//     handed it back (q_full / q_empty), then per K/V tile of kBlockN keys, into the ring's next
-//     stage after both consumers released that stage's previous tile (kv_empty): K (k_full[s]) and
-//     V (v_full[s]), each as D/64 TMA boxes of 128-byte swizzled rows. The ring runs on across
-//     work tiles, so the next work tile's Q and K/V arrive under the current one's last products
-//     and its epilogue.
+// (warps 0-3, 4-7) own 64 rows each, a producer warpgroup (warps 8-11; warp 8's lane 0 issues)
+// feeds them. Without causal the CTAs are persistent (at most one per SM, FwdConfig::kPersistent),
+// each looping over work tiles; causal runs one work tile per CTA (in sections of (batch, head)
+// pairs, heaviest query tiles first, FwdConfig::work_tile):
+//   producer: per work tile, Q into Q buffer it % kQBuffers once the consumers handed it back
+//     (q_full / q_empty), then per K/V tile of kBlockN keys, into the ring's next stage after both
+//     consumers released that stage's previous tile (kv_empty): K (k_full[s]) and V (v_full[s]),
+//     each as D/64 TMA boxes of 128-byte swizzled rows. The ring runs on across work tiles, so the
+//     next work tile's Q and K/V arrive under the current one's last products and its epilogue.
+//     Its thread starts the first work tile's Q and first tiles before the CTA barrier.
 //   consumers: S = Q K^T (wgmma, both operands from shared memory, K-major), the causal / sequence
 //     -end mask and the online softmax in registers (the attention family's Softmax, Mask and
 //     to_a_frags, kernels/attention_softmax.cuh / attention_tiles.cuh: the wgmma accumulator is
@@ -21,19 +21,13 @@
 //     O += P V (wgmma, P from registers, V read transposed from shared memory), then each consumer
 //     warp arrives on kv_empty[s]. The epilogue normalizes O and stores it and the log-sum-exp
 //     with the family's store_rows.
+// The consumer schedule is FlashAttention-3's ping-pong (consume_pingpong): the warpgroups take
+// turns at issuing their wgmma through two named barriers, and each runs tile j's softmax under
+// its own P V of tile j-1; the producer warpgroup hands its registers to the consumers
+// (setmaxnreg: 24 / 240), which makes room for both score buffers and for 128-key tiles at d128.
 // Causal: tiles past the CTA's last query are never loaded; a warpgroup whose rows all precede a
 // tile skips its math but still waits for the tile and releases it, so the ring's phases stay in
 // step for both consumers.
-// Two consumer schedules (FwdConfig::kPingPong, Schedule at the API): overlap issues tile j+1's S
-// behind tile j's P V, but does not overlap a warpgroup's softmax with its own wgmma (FA3's two
-// score buffers do not fit 168 registers); the two consumer warpgroups overlap each other's
-// softmax with their wgmma, as the warp schedulers happen to interleave them. Ping-pong
-// (FlashAttention-3's) makes that interleaving the rule: the
-// warpgroups take turns at issuing their wgmma through two named barriers (consume_pingpong), and
-// each runs tile j's softmax under its own P V of tile j-1; the CTA has a producer warpgroup (384
-// threads) that hands its registers to the consumers (setmaxnreg: 24 / 240), which makes room for
-// both score buffers and for 128-key tiles at d128, and its producer thread starts Q's copy and
-// the ring's first tiles before the CTA barrier.
 // BERT's options (kernels::AttentionOptions), template bools, so the plain kernel compiles as
 // before. MASK: the CTA first finds the last key it may attend and streams no tile past it (no
 // tile at all: O = 0, lse = -inf); each consumer warp fetches a tile's mask bytes right after
@@ -193,85 +187,7 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
   attn::store_rows<D>(gout, o, row0, S, static_cast<std::size_t>(H) * D, 1.f);
 }
 
-// The overlap schedule's consumer K/V loop: P V of tile j stays in flight while S of tile j+1 is
-// issued behind it; the wait for the older group (P V) releases stage j, the next iteration's wait
-// takes S. The tensor cores get tile j+1's scores without the gap of P V's wait, the barrier and
-// the next fence. Causal: a warpgroup whose last row precedes a tile's first key has nothing to
-// add from it (the active tiles are a prefix: active_tiles, uniform over the warpgroup as wgmma
-// requires), but it still waits for the tile and releases it.
-// Options: fetch(j) right after tile j's S is issued, the rest inside softmax_tile; MASK: no tile
-// at all (n_tiles 0) goes straight to the epilogue.
-template <class Cfg, typename E, bool MASK, bool DROP>
-__device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV,
-                                                const QueryTileBarriers<Cfg>& bar, int qb, std::uint32_t q_phase,
-                                                int g0, E* __restrict__ out, float* __restrict__ lse, int S, int H,
-                                                float scale_log2, int m0, int n_tiles, int head, int b,
-                                                const attn::OptionArgs& opt) {
-  using Ring = QueryTileBarriers<Cfg>;
-  constexpr int BN = Cfg::kBlockN;
-  const int warp = threadIdx.x >> 5;
-  const int wg = warp >> 2;
-  const int wg_row0 = m0 + 64 * wg, row0 = wg_row0 + 16 * (warp & 3);  // row0: this warp's first row
-  float o[Cfg::kHeadDim / 8][4];
-  attn::zero(o);
-  float m_run[1][2], l_run[1][2];
-  attn::Softmax<1> softmax{m_run, l_run};
-  softmax.start();
-  const attn::Mask<Cfg::kCausal> mask{S};
-  float sc[BN / 8][4];          // raw scores of the tile in hand
-  std::uint32_t p[BN / 16][4];  // its probabilities as wgmma A fragments
-  FwdOptions<Cfg, MASK, DROP> opts{};
-  if constexpr (MASK) opts.keys = {opt.key_mask + static_cast<std::size_t>(b) * S, S, {}};
-  if constexpr (DROP) {
-    opts.dkey = opt.resolve_step();
-    opts.threshold = opt.threshold;
-    opts.bh_e = (static_cast<std::uint64_t>(b) * H + head) * S;
-  }
-  opts.S = S;
-
-  mbar_wait(bar.q_full(qb), q_phase);
-  // Straight-line per tile so that ptxas can follow the two groups in flight: the active tiles
-  // (a prefix, tile 0 always among them unless MASK left no tile) with the last one peeled, then
-  // the skipped tail. Tile j is the ring's (g0 + j)-th.
-  const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
-  if (!MASK || n_active > 0) {
-    mbar_wait(bar.k_full(Ring::stage(g0)), Ring::phase(g0));
-    issue_scores<Cfg, E>(sc, sQ, sK + Ring::stage(g0) * Cfg::kKVBytes, wg);
-    opts.fetch(0);
-    for (int j = 0; j + 1 < n_active; ++j) {
-      const int s = Ring::stage(g0 + j), s1 = Ring::stage(g0 + j + 1);
-      wgmma_wait<0>();  // S of tile j, the only group in flight
-      operand_fence(sc);
-      softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
-      mbar_wait(bar.v_full(s), Ring::phase(g0 + j));
-      issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
-      mbar_wait(bar.k_full(s1), Ring::phase(g0 + j + 1));
-      issue_scores<Cfg, E>(sc, sQ, sK + s1 * Cfg::kKVBytes, wg);
-      opts.fetch(j + 1);
-      wgmma_wait<1>();  // P V of tile j, the older group
-      operand_fence(o);
-      operand_fence(p);
-      bar.release(s);
-    }
-    {
-      const int j = n_active - 1, s = Ring::stage(g0 + j);
-      wgmma_wait<0>();
-      operand_fence(sc);
-      softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, j, row0, scale_log2);
-      mbar_wait(bar.v_full(s), Ring::phase(g0 + j));
-      issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
-      wgmma_wait<0>();
-      operand_fence(o);
-      operand_fence(p);
-      bar.release(s);
-    }
-  }
-  bar.release_q(qb);  // every S of this work tile is complete
-  bar.skip_tiles(n_active, n_tiles, g0);  // causal: tiles wholly after this warpgroup's rows
-  epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f);
-}
-
-// The ping-pong schedule's consumer loop (Cfg::kPingPong; FlashAttention-3's inter-warpgroup
+// The consumer loop (FlashAttention-3's inter-warpgroup
 // ping-pong with its intra-warpgroup overlap). A turn is the stretch in which a warpgroup issues
 // its wgmma: bar.sync on its own turn barrier, the issues, bar.arrive on the other's (layout.h's
 // turn_barrier / turn_opens / turn_passes), so the two warpgroups' batches reach the tensor cores
@@ -405,23 +321,6 @@ __device__ __forceinline__ int work_kv_tiles(const typename Cfg::Work& t, int S,
   return n;
 }
 
-// The block's first (for all but the persistent configs, only) work tile. Persistent and causal
-// configs number the work tiles (FwdConfig::work_tile; causal: a 1-D grid in that order); the
-// overlap schedule without causal launches a (query tile, head, batch) grid, whose block indices
-// the hardware keeps at hand (its consumers have no register to spare), in the same order.
-template <class Cfg>
-__device__ __forceinline__ typename Cfg::Work first_work(int nq, int H, int B, int group) {
-  if constexpr (Cfg::kPersistent || Cfg::kCausal) return Cfg::work_tile(blockIdx.x, nq, H, B, group);
-  return {static_cast<int>(blockIdx.x) * Cfg::kBlockM, static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
-}
-
-// REALLOC (ping-pong): the waits after setmaxnreg (mbar_wait_realloc: no `trap`).
-template <bool REALLOC>
-__device__ __forceinline__ void ring_wait(std::uint32_t bar, std::uint32_t phase) {
-  if constexpr (REALLOC) mbar_wait_realloc(bar, phase);
-  else mbar_wait(bar, phase);
-}
-
 // The producer thread's share of work tile t (n K/V tiles), the CTA's it-th, whose first K/V tile
 // is the ring's g-th: Q into buffer it % kQBuffers once the consumers handed that buffer back,
 // then its K/V tiles into the ring's next stages as the consumers free them. Without MASK the
@@ -435,18 +334,18 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
   if ((threadIdx.x & 31) == 0) {
     const int qb = it % NQ;
     if (MASK || it > 0) {
-      if (it >= NQ) ring_wait<Cfg::kPingPong>(bar.q_empty(qb), ((it / NQ) - 1) & 1);
+      if (it >= NQ) mbar_wait_realloc(bar.q_empty(qb), ((it / NQ) - 1) & 1);
       load_q<Cfg>(q_map, sQ + qb * Cfg::kQBytes, bar.q_full(qb), t.head, t.m0, t.b);
     }
     for (int j = it == 0 ? early : 0; j < n; ++j) {
       const int r = g + j;
-      if (r >= Cfg::kStages) ring_wait<Cfg::kPingPong>(bar.kv_empty(Ring::stage(r)), Ring::phase(r) ^ 1u);
+      if (r >= Cfg::kStages) mbar_wait_realloc(bar.kv_empty(Ring::stage(r)), Ring::phase(r) ^ 1u);
       load_kv<Cfg>(kv_map, sK, sV, bar, t.head, t.b, Ring::stage(r), j);
     }
   }
 }
 
-// The consumer warpgroups' share of the same work tile: its schedule's loop and epilogue.
+// The consumer warpgroups' share of the same work tile: the loop and the epilogue.
 template <class Cfg, typename E, bool MASK, bool DROP>
 __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV,
                                         const QueryTileBarriers<Cfg>& bar, E* __restrict__ out, float* __restrict__ lse,
@@ -455,16 +354,12 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std:
   constexpr int NQ = Cfg::kQBuffers;
   const int qb = it % NQ;
   const std::uint32_t q_phase = (it / NQ) & 1;
-  if constexpr (Cfg::kPingPong)
-    consume_pingpong<Cfg, E, MASK, DROP>(sQ + qb * Cfg::kQBytes, sK, sV, bar, qb, q_phase, g, out, lse, S, H,
-                                         scale_log2, t.m0, n, t.head, t.b, opt);
-  else
-    consume_overlap<Cfg, E, MASK, DROP>(sQ + qb * Cfg::kQBytes, sK, sV, bar, qb, q_phase, g, out, lse, S, H,
-                                        scale_log2, t.m0, n, t.head, t.b, opt);
+  consume_pingpong<Cfg, E, MASK, DROP>(sQ + qb * Cfg::kQBytes, sK, sV, bar, qb, q_phase, g, out, lse, S, H, scale_log2,
+                                       t.m0, n, t.head, t.b, opt);
 }
 
 // A persistent CTA takes work tiles w = blockIdx.x, + gridDim.x, ... of the work_tiles
-// (FwdConfig::work_tile, grid_ctas); the others run their block's one (first_work), loop state 0.
+// (FwdConfig::work_tile, grid_ctas); causal CTAs run work tile blockIdx.x alone, loop state 0.
 template <class Cfg, typename E, bool MASK, bool DROP>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     forward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
@@ -483,7 +378,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // The producer thread initializes the barriers and at once starts the first work tile's Q and
   // (without a key mask, whose scan decides the tile count) its first K/V tiles, before the CTA
   // barrier: at S <= 512 a work tile streams 1-4 tiles, so the pipeline's fill is much of its time.
-  const typename Cfg::Work first = first_work<Cfg>(nq, H, B, group);
+  const typename Cfg::Work first = Cfg::work_tile(blockIdx.x, nq, H, B, group);
   int n_first = Cfg::kv_tiles(S, first.m0);
   int early = 0;  // K/V tiles issued before the CTA barrier
   if (threadIdx.x == 32 * Cfg::kProducerWarp) {
@@ -503,10 +398,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                                 min(S, n_first * Cfg::kBlockN)));
   // No CTA-wide barrier from here on: the producer's idle threads leave below.
 
-  // PINGPONG: the producer warpgroup's warps 1-3 only hand their registers back, then leave.
-  const bool producer = Cfg::kPingPong ? warp >= Cfg::kProducerWarp : warp == Cfg::kProducerWarp;
-  if (producer) {
-    if constexpr (Cfg::kPingPong) setmaxnreg_dec<Cfg::kProducerRegs>();
+  // The producer warpgroup's warps 1-3 only hand their registers back, then leave.
+  if (warp >= Cfg::kProducerWarp) {
+    setmaxnreg_dec<Cfg::kProducerRegs>();
     if (warp != Cfg::kProducerWarp) return;
     if constexpr (Cfg::kPersistent) {
       int g = 0, it = 0;  // the ring's K/V tiles so far, the CTA's work tiles so far
@@ -521,7 +415,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     return;
   }
-  if constexpr (Cfg::kPingPong) setmaxnreg_inc<Cfg::kConsumerRegs>();
+  setmaxnreg_inc<Cfg::kConsumerRegs>();
   if constexpr (Cfg::kPersistent) {
     int g = 0, it = 0;  // as the producer's
     for (int w = blockIdx.x; w < work_tiles; w += gridDim.x, ++it) {
@@ -535,26 +429,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 }
 
-template <int D, bool CAUSAL, bool PINGPONG, bool MASK, bool DROP, typename E>
+template <int D, bool CAUSAL, bool MASK, bool DROP, typename E>
 void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
-  using Cfg = FwdConfig<D, CAUSAL, PINGPONG>;
+  using Cfg = FwdConfig<D, CAUSAL>;
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   auto kernel = forward_kernel<Cfg, E, MASK, DROP>;
-  if constexpr (PINGPONG) {  // once per instance (a throw leaves it unchecked, so it throws again)
-    static const bool pool = (check_register_pool(reinterpret_cast<const void*>(kernel), Cfg::kThreads,
-                                                  Cfg::kProducerRegs * 128 + Cfg::kConsumerRegs * 128 * Cfg::kConsumers,
-                                                  "attention_forward (ping-pong schedule)"),
-                              true);
-    (void)pool;
-  }
+  // Once per instance (a throw leaves it unchecked, so it throws again).
+  static const bool pool = (check_register_pool(reinterpret_cast<const void*>(kernel), Cfg::kThreads,
+                                                Cfg::kProducerRegs * 128 + Cfg::kConsumerRegs * 128 * Cfg::kConsumers,
+                                                "attention_forward"),
+                            true);
+  (void)pool;
   CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   // check_forward_args keeps the count under 2^31.
   const int nq = (sh.seq + Cfg::kBlockM - 1) / Cfg::kBlockM, work_tiles = nq * sh.heads * sh.batch;
-  const dim3 grid = Cfg::kPersistent ? dim3(Cfg::grid_ctas(work_tiles, multiprocessors()))
-                    : CAUSAL         ? dim3(work_tiles)
-                                     : dim3(nq, sh.heads, sh.batch);
+  const int grid = Cfg::grid_ctas(work_tiles, multiprocessors());
   const int group = causal_group(sh.seq, D, sh.heads * sh.batch);
   const float scale_log2 = attn::kLog2e / std::sqrt(static_cast<float>(D));
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, out, lse, sh.seq, sh.heads, sh.batch,
@@ -563,49 +454,35 @@ void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionSh
 }
 
 // The options' instance: the key mask where one is given, dropout where p > 0.
-template <int D, bool CAUSAL, bool PINGPONG, typename E>
+template <int D, bool CAUSAL, typename E>
 void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
   const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
-  if (!mask && !drop) launch<D, CAUSAL, PINGPONG, false, false>(st, qkv, out, lse, sh, opt);
-  else if (!drop) launch<D, CAUSAL, PINGPONG, true, false>(st, qkv, out, lse, sh, opt);
-  else if (!mask) launch<D, CAUSAL, PINGPONG, false, true>(st, qkv, out, lse, sh, opt);
-  else launch<D, CAUSAL, PINGPONG, true, true>(st, qkv, out, lse, sh, opt);
-}
-
-template <bool PINGPONG, typename E>
-void launch(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& sh,
-            const attn::OptionArgs& opt) {
-  const bool c = sh.causal;
-  if (sh.head_dim == 64)
-    c ? launch<64, true, PINGPONG>(s, qkv, out, lse, sh, opt) : launch<64, false, PINGPONG>(s, qkv, out, lse, sh, opt);
-  else
-    c ? launch<128, true, PINGPONG>(s, qkv, out, lse, sh, opt) : launch<128, false, PINGPONG>(s, qkv, out, lse, sh, opt);
+  if (!mask && !drop) launch<D, CAUSAL, false, false>(st, qkv, out, lse, sh, opt);
+  else if (!drop) launch<D, CAUSAL, true, false>(st, qkv, out, lse, sh, opt);
+  else if (!mask) launch<D, CAUSAL, false, true>(st, qkv, out, lse, sh, opt);
+  else launch<D, CAUSAL, true, true>(st, qkv, out, lse, sh, opt);
 }
 
 }  // namespace
 
 template <typename E>
 void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& sh,
-                       Schedule schedule, const AttentionOptions& options) {
+                       const AttentionOptions& options) {
   const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
   check_forward_args(qkv, out, lse, sh);
-  CUTRAIN_CHECK(schedule == Schedule::Overlap || schedule == Schedule::PingPong,
-                "attention_forward: schedule must be Overlap or PingPong, got ", static_cast<int>(schedule));
-  const bool pp = schedule == Schedule::PingPong;  // d128: 128-key tiles, more shared memory
-  check_device("attention_forward", sh.head_dim == 64 ? (pp ? FwdConfig<64, false, true>::kSmemBytes
-                                                            : FwdConfig<64, false>::kSmemBytes)
-                                                      : (pp ? FwdConfig<128, false, true>::kSmemBytes
-                                                            : FwdConfig<128, false>::kSmemBytes));
-  switch (schedule) {
-    case Schedule::Overlap: launch<false>(s, qkv, out, lse, sh, opt); break;
-    case Schedule::PingPong: launch<true>(s, qkv, out, lse, sh, opt); break;
-  }
+  check_device("attention_forward",
+               sh.head_dim == 64 ? FwdConfig<64, false>::kSmemBytes : FwdConfig<128, false>::kSmemBytes);
+  const bool c = sh.causal;
+  if (sh.head_dim == 64)
+    c ? launch<64, true>(s, qkv, out, lse, sh, opt) : launch<64, false>(s, qkv, out, lse, sh, opt);
+  else
+    c ? launch<128, true>(s, qkv, out, lse, sh, opt) : launch<128, false>(s, qkv, out, lse, sh, opt);
 }
 
-template void attention_forward<bf16>(cudaStream_t, const bf16*, bf16*, float*, const AttentionShape&, Schedule,
+template void attention_forward<bf16>(cudaStream_t, const bf16*, bf16*, float*, const AttentionShape&,
                                       const AttentionOptions&);
-template void attention_forward<f16>(cudaStream_t, const f16*, f16*, float*, const AttentionShape&, Schedule,
+template void attention_forward<f16>(cudaStream_t, const f16*, f16*, float*, const AttentionShape&,
                                      const AttentionOptions&);
 
 }  // namespace cutrain::kernels::sm90

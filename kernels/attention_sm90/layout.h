@@ -101,51 +101,41 @@ struct QueryTileSchedule {
   static constexpr CUTRAIN_HD std::uint32_t k_slice(int kk) { return (kk / 4) * (BLOCK_N * 128) + (kk % 4) * 32; }
 };
 
-// D: head dim (64 or 128). Two consumer warpgroups of 64 query rows each and one producer warp
-// (one thread of it issues the copies). Register budget: ptxas gives every thread of the 288 the
-// same cap, 168 (nvcc 13.0; setmaxnreg moved none of it to the consumers at compile time: d128 with
-// 128-key tiles spilled 80 bytes with or without it, since ptxas keeps code that can reach the
-// mbarrier wait's `trap` at the launch cap; PINGPONG below avoids that), so d128 streams 96-key
-// tiles, which fit.
-// PINGPONG false: the overlap consumer loop, which keeps tile j's P V in flight while it issues
-// tile j+1's S (see fwd.cu).
-// PINGPONG (FlashAttention-3's inter-warpgroup schedule, fwd.cu): the two consumer warpgroups take
-// turns at issuing their wgmma, handed over through two named barriers, and each warpgroup runs
-// tile j's softmax under its own P V of tile j-1 (its own intra-warpgroup overlap). The producer
-// is a whole warpgroup (384 threads), so setmaxnreg moves registers from it to the consumers
-// (which lets d128 stream 128-key tiles as d64 does).
-template <int D, bool CAUSAL, bool PINGPONG = false>
-struct FwdConfig : QueryTileSchedule<128, D == 64 || PINGPONG ? 128 : 96, CAUSAL> {
+// The forward (fwd.cu). D: head dim (64 or 128). FlashAttention-3's ping-pong schedule: two
+// consumer warpgroups of 64 query rows each take turns at issuing their wgmma, handed over through
+// two named barriers, and each runs tile j's softmax under its own P V of tile j-1 (its own
+// intra-warpgroup overlap). The producer is a whole warpgroup (384 threads; one thread issues the
+// copies), so setmaxnreg moves registers from it to the consumers, which lets both score buffers
+// and 128-key tiles fit at d128 too.
+template <int D, bool CAUSAL>
+struct FwdConfig : QueryTileSchedule<128, 128, CAUSAL> {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
-  static constexpr bool kPingPong = PINGPONG;
   static constexpr int kConsumers = 2;                  // consumer warpgroups
   static constexpr int kBlockM = 64 * kConsumers;       // query rows per CTA
-  // Keys per K/V tile: d128 streams 96-key tiles under the 168-register cap; PINGPONG's consumers
-  // have kConsumerRegs, so 128 fit there too (and the 3-stage ring still fits shared memory).
-  static constexpr int kBlockN = D == 64 || PINGPONG ? 128 : 96;
+  static constexpr int kBlockN = 128;                   // keys per K/V tile
   static constexpr int kStages = 3;                     // K/V ring depth
-  static constexpr int kProducerThreads = PINGPONG ? 128 : 32;  // setmaxnreg acts on whole warpgroups
+  static constexpr int kProducerThreads = 128;          // setmaxnreg acts on whole warpgroups
   static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
   static constexpr int kProducerWarp = 4 * kConsumers;  // the warp after the consumer warpgroups (lane 0 issues)
 
-  // PINGPONG's register reallocation: at one CTA per SM a thread starts with kLaunchRegs (65536 /
-  // 384, rounded down to ptxas's multiple of 8: 168); the producer warpgroup drops to
-  // kProducerRegs and the consumers take what it frees. The sum may not exceed what the CTA was
-  // given at launch (setmaxnreg.inc would wait forever for registers nobody frees).
+  // The register reallocation: at one CTA per SM a thread starts with kLaunchRegs (65536 / 384,
+  // rounded down to ptxas's multiple of 8: 168); the producer warpgroup drops to kProducerRegs and
+  // the consumers take what it frees. The sum may not exceed what the CTA was given at launch
+  // (setmaxnreg.inc would wait forever for registers nobody frees).
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
-  static_assert(!PINGPONG || kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
+  static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
                 "setmaxnreg: the warpgroups' registers must fit the CTA's launch allocation");
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs >= 24 && kConsumerRegs <= 256,
                 "setmaxnreg takes a multiple of 8 in [24, 256]");
-  // PINGPONG's turns: warpgroup wg issues wgmma only between bar.sync on turn_barrier(wg) and
-  // bar.arrive on the other's; each barrier counts the 128 threads that wait on it and the 128 that
-  // arrive (kTurnThreads). Ids 1 and 2: 0 is __syncthreads' (the kernel's set-up and the key
-  // mask's scan); the forward uses no other named barrier. Both warpgroups take `turns` turns
-  // (the CTA's K/V tile count, the same for both); warpgroup 1 opens with one arrival so that 0
+  // The turns: warpgroup wg issues wgmma only between bar.sync on turn_barrier(wg) and bar.arrive
+  // on the other's; each barrier counts the 128 threads that wait on it and the 128 that arrive
+  // (kTurnThreads). Ids 1 and 2: 0 is __syncthreads' (the kernel's set-up and the key mask's
+  // scan); the forward uses no other named barrier. Both warpgroups take `turns` turns per work
+  // tile (its K/V tile count, the same for both); warpgroup 1 opens with one arrival so that 0
   // goes first, and skips the hand-over of its last turn, so every barrier phase that starts also
   // completes (turn_opens / turn_passes; the CPU test plays the protocol out).
   static constexpr int kTurnBarrierBase = 1;
@@ -158,16 +148,15 @@ struct FwdConfig : QueryTileSchedule<128, D == 64 || PINGPONG ? 128 : 96, CAUSAL
   static constexpr std::uint32_t kKVBytes = kBlockN * D * 2;  // one K or one V tile
   // Persistent CTAs (fwd.cu): a CTA per SM at most, each looping over work tiles, so the producer
   // streams the next work tile's Q and K/V under the current one's last products and epilogue.
-  // Ping-pong without causal only: causal work tiles differ in length (1 to S / kBlockN K/V
-  // tiles), which a static split balances worse than the hardware's block scheduler (so a CTA per
-  // work tile, heaviest first), and the overlap schedule's consumers, at 168 registers, spill
-  // with the loop's state (dropout's by 112-400 bytes).
-  static constexpr bool kPersistent = PINGPONG && !CAUSAL;
+  // Without causal only: causal work tiles differ in length (1 to S / kBlockN K/V tiles), which a
+  // static split balances worse than the hardware's block scheduler (so a CTA per work tile,
+  // in section_slot's order).
+  static constexpr bool kPersistent = !CAUSAL;
   static constexpr CUTRAIN_HD int grid_ctas(int work_tiles, int sms) {
     return !kPersistent || work_tiles < sms ? work_tiles : sms;
   }
   // Q buffers: two where shared memory holds them (the next work tile's Q loads while the current
-  // one's is read), else one (d128 ping-pong: its 128-key ring leaves room for one).
+  // one's is read), else one (d128: its ring leaves room for one).
   static constexpr int kQBuffers = 1024 + 2 * kQBytes + 2 * kStages * kKVBytes + 8 * (4 + 3 * kStages) <= 227u * 1024u ? 2 : 1;
   // Carve-up from a 1024-aligned base: Q[kQBuffers], K[kStages], V[kStages], then the mbarriers
   // (q_full[kQBuffers], q_empty[kQBuffers], k_full[kStages], v_full[kStages], kv_empty[kStages]).

@@ -1,5 +1,5 @@
-// @brief The schedules the production entry points (kernels::attention_forward / attention_backward)
-// run per (head_dim, causal): the fastest measured on an H100 by bench_attention_hopper in one
+// @brief The backward schedules the production entry point (kernels::attention_backward) runs per
+// (head_dim, causal, determinism): the fastest measured on an H100 by bench_attention_hopper in one
 // device call (docs/perf-notes.md, "Attention: the production schedules", has the table and the
 // command). Compile-time choices; every other schedule stays reachable through the sm90
 // functions' arguments (tests, benchmarks).
@@ -8,16 +8,6 @@
 #include "kernels/attention_sm90/attention_sm90.h"
 
 namespace cutrain::kernels::sm90 {
-
-// Forward: the ping-pong schedule everywhere. Without causal its CTAs are persistent, which at
-// d64 put it 8-26% under the overlap schedule (B64 H16 S128: 34.3 vs 46.1 us; B4 H16 S512: 20.9
-// vs 24.3; S2048: 183.9 vs 200.4); causal within 1-4% ahead; d128 non-causal within 1% (252.1
-// vs 250.1) with its 128-key tiles ahead causal.
-constexpr Schedule production_forward(int head_dim, bool causal) {
-  (void)head_dim;
-  (void)causal;
-  return Schedule::PingPong;
-}
 
 // Backward: which algorithm and schedules. two_pass: the dK/dV pass without dQ atomics, then the
 // dQ pass (the deterministic mode's algorithm: same bits every run); otherwise one pass with fp32

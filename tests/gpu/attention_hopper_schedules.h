@@ -8,14 +8,10 @@ namespace cutrain::test::hopper_schedules {
 
 namespace hopper = cutrain::kernels::sm90;
 
-inline constexpr hopper::Schedule kForward[] = {hopper::Schedule::Overlap, hopper::Schedule::PingPong};
 inline constexpr hopper::BackwardSchedule kBackward[] = {
     hopper::BackwardSchedule::Lockstep, hopper::BackwardSchedule::Producer, hopper::BackwardSchedule::ProducerOverlap};
 inline constexpr hopper::DqSchedule kDq[] = {hopper::DqSchedule::Serial, hopper::DqSchedule::Overlap};
 
-inline const char* schedule_name(hopper::Schedule s) {
-  return s == hopper::Schedule::Overlap ? "overlap" : "pingpong";
-}
 inline const char* schedule_name(hopper::BackwardSchedule s) {
   switch (s) {
     case hopper::BackwardSchedule::Lockstep: return "lockstep";

@@ -3,7 +3,7 @@
 // Forward: O and the log-sum-exp against the fp64 CPU reference over odd shapes (S not a multiple
 // of any tile, B > 1, H > 1, d64 / d128, causal / not, plain and large logits), and at long S
 // against the naive GPU reference and kernels::attention_forward on the same inputs; every consumer
-// schedule (overlap, pingpong). Backward: dQ, dK, dV against the fp64 CPU reference over odd shapes
+// (the ping-pong schedule). Backward: dQ, dK, dV against the fp64 CPU reference over odd shapes
 // (odd B, H and S), fast and deterministic modes (the deterministic one bit-identical on a second
 // run), and at long S against the naive GPU reference and kernels::attention_backward's
 // deterministic mode (its dQ from the wgmma dQ pass), from the production forward's O and lse;
@@ -113,14 +113,13 @@ struct Outputs {
   std::vector<float> out, lse;
 };
 
-const auto& kSchedules = test::hopper_schedules::kForward;
 
 // The Hopper forward on poisoned outputs; nothing may be left unwritten (the first NaN is named).
-Outputs run_hopper(const AttentionShape& sh, const Inputs& in, hopper::Schedule schedule) {
+Outputs run_hopper(const AttentionShape& sh, const Inputs& in) {
   const std::size_t tokens = static_cast<std::size_t>(sh.batch) * sh.seq;
   test::DeviceArray<bf16> out(tokens * sh.heads * sh.head_dim);
   test::DeviceArray<float> lse(tokens * sh.heads);
-  hopper::attention_forward(nullptr, in.qkv.get(), out.get(), lse.get(), sh, schedule);
+  hopper::attention_forward(nullptr, in.qkv.get(), out.get(), lse.get(), sh);
   CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   Outputs r{test::download_float(out), lse.download()};
   const std::vector<double> zeros_o(r.out.size(), 0.0), zeros_l(r.lse.size(), 0.0);
@@ -142,9 +141,9 @@ TEST_P(AttentionHopperGpu, MatchesCpuReference) {
   const Inputs in = make_inputs(sh, large);
   std::vector<double> out_r, lse_r;
   ref::attention_forward(in.qkv_f, sh, out_r, lse_r);
-  for (const hopper::Schedule schedule : kSchedules) {
-    SCOPED_TRACE(shape_name(sh) + (large ? " large logits, " : ", ") + schedule_name(schedule) + " schedule");
-    const Outputs r = run_hopper(sh, in, schedule);
+  {
+    SCOPED_TRACE(shape_name(sh) + (large ? " large logits" : ""));
+    const Outputs r = run_hopper(sh, in);
     const double err_o = test::rel_error(r.out, out_r), err_l = test::rel_error(r.lse, lse_r);
     const std::string why = suspect(err_o <= 1e-2, err_l <= 1e-4, dim);
     EXPECT_LE(err_o, 1e-2) << "O vs CPU; first element off: "
@@ -186,9 +185,9 @@ TEST_P(AttentionHopperLongGpu, MatchesNaiveAndProduction) {
   kernels::attention_forward(nullptr, in.qkv.get(), out_p.get(), lse_p.get(), sh);
   const auto out_ph = test::download_float(out_p), lse_ph = lse_p.download();
 
-  for (const hopper::Schedule schedule : kSchedules) {
-    SCOPED_TRACE(shape_name(sh) + ", " + schedule_name(schedule) + " schedule");
-    const Outputs r = run_hopper(sh, in, schedule);
+  {
+    SCOPED_TRACE(shape_name(sh));
+    const Outputs r = run_hopper(sh, in);
     const double err_o = test::rel_error(r.out, out_nh), err_l = test::rel_error(r.lse, lse_nh);
     const std::string why = suspect(err_o <= 1e-2, err_l <= 1e-4, dim);
     EXPECT_LE(err_o, 1e-2) << "O vs naive; first element off: "
@@ -426,11 +425,11 @@ TEST_P(AttentionHopperFp16Gpu, EverySchedule) {
   std::vector<double> out_r, lse_r;
   ref::attention_forward(qkv_f, sh, out_r, lse_r);
   std::vector<float> out_h;
-  for (const hopper::Schedule schedule : kSchedules) {
-    SCOPED_TRACE(std::string(schedule_name(schedule)) + " forward");
+  {
+    SCOPED_TRACE("forward");
     out.poison();
     lse.poison();
-    hopper::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, schedule);
+    hopper::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh);
     CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
     out_h = test::download_float(out);
     const auto lse_h = lse.download();

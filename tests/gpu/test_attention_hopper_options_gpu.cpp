@@ -1,15 +1,14 @@
 // @brief GPU tests of the sm90 attention pair (kernels/attention_sm90/, the production kernels) with
 // BERT's options (kernels::AttentionOptions): key (padding) masks and dropout on the probabilities.
-// "Production" below is kernels::attention_forward / attention_backward (the schedule table's
-// choice per shape), "Hopper" the sm90 entry points with each schedule named.
-// AttentionHopperOptionsGpu: both kernels (every schedule; the backward fast and deterministic) against the fp64 CPU reference
+// "Production" below is kernels::attention_forward / attention_backward (the backward's schedule
+// table's choice per shape), "Hopper" the sm90 backward with each schedule named.
+// AttentionHopperOptionsGpu: both kernels (every backward schedule, fast and deterministic) against the fp64 CPU reference
 // drawing the same Philox bits, over odd S, d64 / d128, causal or not, mask / dropout / both, outputs
 // poisoned first; batches mix a sequence with no valid key (O 0, lse -inf, gradient 0), a fully
-// valid one, a padded prefix and a random non-prefix mask. Also the mixed pairs: the Hopper backward
-// from the production forward's O and lse, and the production backward from the Hopper forward's.
+// valid one, a padded prefix and a random non-prefix mask; also the production backward.
 // AttentionHopperDropoutMaskGpu: the keep mask itself, read out exactly (Q = K = 0 makes P uniform,
 // a one-hot V or dO turns each kept element into a nonzero output), is bit for bit the same from
-// the Hopper forward and backward, the production forward and backward, and the reference.
+// the forward, the Hopper and production backward, and the reference.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,7 +34,6 @@ using test::hopper_schedules::schedule_name;
 
 namespace {
 
-const auto& kSchedules = test::hopper_schedules::kForward;
 const auto& kBwdSchedules = test::hopper_schedules::kBackward;
 const auto& kDqSchedules = test::hopper_schedules::kDq;
 
@@ -96,39 +94,22 @@ TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
   opt.dropout = ro.dropout;
   opt.dropout_p = p;
 
-  // ---- forward: the reference, the production kernel, then each Hopper schedule ----
+  // ---- forward: the reference, then the kernel (kernels::attention_forward runs the sm90 one) ----
   std::vector<double> out_r, lse_r;
   ref::attention_forward(qkv_f, sh, out_r, lse_r, ro);
-  test::DeviceArray<bf16> out_p(n_o);
-  test::DeviceArray<float> lse_p(n_l);
-  kernels::attention_forward(nullptr, qkv.get(), out_p.get(), lse_p.get(), sh, opt);
-  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto out_ph = test::download_float(out_p);
-
-  test::DeviceArray<bf16> out(n_o);  // the first schedule's (overlap's) outputs feed the backward below
+  test::DeviceArray<bf16> out(n_o);  // its outputs feed the backward below
   test::DeviceArray<float> lse(n_l);
-  std::vector<float> out_h;
-  for (const hopper::Schedule schedule : kSchedules) {
-    SCOPED_TRACE(std::string(schedule_name(schedule)) + " forward");
-    test::DeviceArray<bf16> o(n_o);
-    test::DeviceArray<float> l(n_l);
-    hopper::attention_forward(nullptr, qkv.get(), o.get(), l.get(), sh, schedule, opt);
-    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto o_h = test::download_float(o);
-    const auto l_h = l.download();
-    ASSERT_EQ(test::count_nan(o_h), 0u) << "O elements left unwritten (poison survived)";
+  kernels::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, opt);
+  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> out_h = test::download_float(out);
+  {
+    const auto l_h = lse.download();
+    ASSERT_EQ(test::count_nan(out_h), 0u) << "O elements left unwritten (poison survived)";
     ASSERT_EQ(test::count_nan(l_h), 0u) << "lse elements left unwritten (poison survived)";
-    EXPECT_LE(test::rel_error(o_h, out_r), 1e-2) << "O vs CPU";
-    // Both within 1e-2 of the reference, drawn from the same keep bits: within 2e-2 of each other.
-    EXPECT_LE(test::rel_error(o_h, out_ph), 2e-2) << "O vs the production forward";
+    EXPECT_LE(test::rel_error(out_h, out_r), 1e-2) << "O vs CPU";
     expect_lse_matches(l_h, lse_r);
     if (masked) {  // sequence 0 has no key: its S x H x D outputs come first and are exactly 0
-      for (std::size_t i = 0; i < row * seq; ++i) ASSERT_EQ(o_h[i], 0.f) << "O of a row with no key, at " << i;
-    }
-    if (schedule == kSchedules[0]) {
-      out_h = o_h;
-      CUTRAIN_CUDA_CHECK(cudaMemcpy(out.get(), o.get(), n_o * sizeof(bf16), cudaMemcpyDeviceToDevice));
-      CUTRAIN_CUDA_CHECK(cudaMemcpy(lse.get(), l.get(), n_l * sizeof(float), cudaMemcpyDeviceToDevice));
+      for (std::size_t i = 0; i < row * seq; ++i) ASSERT_EQ(out_h[i], 0.f) << "O of a row with no key, at " << i;
     }
   }
 
@@ -164,7 +145,7 @@ TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
     hopper::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv.get(), scratch.get(), sh,
                                schedule, opt);
     CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
-    check_grads(test::download_float(dqkv), dqkv_r, std::string("Hopper forward + Hopper backward, ") +
+    check_grads(test::download_float(dqkv), dqkv_r, std::string("Hopper backward, ") +
                                                         schedule_name(schedule));
     // The deterministic mode: the dK/dV pass without its dQ atomics, then the wgmma dQ pass (each schedule).
     for (const hopper::DqSchedule dq_schedule : kDqSchedules) {
@@ -173,27 +154,17 @@ TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
                                  sh, schedule, opt, true, dq_schedule);
       CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
       check_grads(test::download_float(dqkv_det), dqkv_r,
-                  std::string("Hopper forward + Hopper backward (deterministic), ") + schedule_name(schedule) + ", " +
+                  std::string("Hopper backward (deterministic), ") + schedule_name(schedule) + ", " +
                       schedule_name(dq_schedule));
     }
   }
-  // The production backward (fast mode) from the Hopper forward's O and lse.
+  // The production backward (fast mode) from the forward's O and lse.
   {
     test::DeviceArray<bf16> dqkv(n_qkv);
     kernels::attention_backward(nullptr, qkv.get(), out.get(), dout.get(), lse.get(), dqkv.get(), scratch.get(), sh,
                                 false, opt);
     CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
-    check_grads(test::download_float(dqkv), dqkv_r, "Hopper forward + production backward");
-  }
-  // The Hopper backward from the production forward's O and lse (the reference from that O).
-  {
-    std::vector<double> dqkv_rp;
-    ref::attention_backward(qkv_f, out_ph, dout_f, sh, dqkv_rp, ro);
-    test::DeviceArray<bf16> dqkv(n_qkv);
-    hopper::attention_backward(nullptr, qkv.get(), out_p.get(), dout.get(), lse_p.get(), dqkv.get(), scratch.get(), sh,
-                               hopper::BackwardSchedule::Lockstep, opt);
-    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
-    check_grads(test::download_float(dqkv), dqkv_rp, "production forward + Hopper backward");
+    check_grads(test::download_float(dqkv), dqkv_r, "production backward");
   }
 }
 
@@ -282,14 +253,8 @@ TEST_P(AttentionHopperDropoutMaskGpu, KeepBitsMatchProductionAndReference) {
             for (int d = 0; d < D && w * D + d < S; ++d)
               ASSERT_TRUE(compare(who, b, h, i, w * D + d, o[at_o(b, i, h, d)] != 0.f));
     };
-    read_forward("production forward", [&] {
-      kernels::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, opt);
-    });
-    for (const hopper::Schedule schedule : kSchedules)
-      read_forward(schedule_name(schedule), [&] {
-        hopper::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, schedule, opt);
-      });
-    // lse = ln(number of keys of the row), as both forwards wrote it; out is the last forward's.
+    read_forward("forward", [&] { kernels::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, opt); });
+    // lse = ln(number of keys of the row), as the forward wrote it.
 
     // Backward: dO one-hot over the window's queries (Q = K = V = 0 now; V only reaches dK, dQ).
     std::vector<float> dout_f(n_o, 0.f);
@@ -344,11 +309,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionHopperDropoutMaskGpu,
                            return os.str();
                          });
 
-// The persistent forward (ping-pong without causal: a CTA per SM looping over work tiles) with
-// three times as many work tiles as the device has SMs, so every CTA runs several and its Q
-// buffers and K/V ring wrap: plain, and with a key mask and dropout (the mask's tile counts differ
-// per sequence, so the CTAs' rings fall out of step). Against the CPU reference and against the
-// overlap schedule (a CTA per work tile) on the same inputs.
+// The persistent forward (without causal: a CTA per SM looping over work tiles) with three times
+// as many work tiles as the device has SMs, so every CTA runs several and its Q buffers and K/V
+// ring wrap: plain, and with a key mask and dropout (the mask's tile counts differ per sequence,
+// so the CTAs' rings fall out of step). Against the CPU reference.
 class AttentionHopperPersistentGpu : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(AttentionHopperPersistentGpu, ManyWorkTilesPerCta) {
@@ -378,22 +342,17 @@ TEST_P(AttentionHopperPersistentGpu, ManyWorkTilesPerCta) {
   std::vector<double> out_r, lse_r;
   ref::attention_forward(qkv_f, sh, out_r, lse_r, ro);
 
-  std::vector<float> outs[2];
-  for (int k = 0; k < 2; ++k) {
-    const hopper::Schedule schedule = k == 0 ? hopper::Schedule::PingPong : hopper::Schedule::Overlap;
-    SCOPED_TRACE(std::string(schedule_name(schedule)) + " forward, batch " + std::to_string(sh.batch));
-    test::DeviceArray<bf16> o(n_o);
-    test::DeviceArray<float> l(n_l);
-    hopper::attention_forward(nullptr, qkv.get(), o.get(), l.get(), sh, schedule, opt);
-    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
-    outs[k] = test::download_float(o);
-    const auto l_h = l.download();
-    ASSERT_EQ(test::count_nan(outs[k]), 0u) << "O elements left unwritten (poison survived)";
-    ASSERT_EQ(test::count_nan(l_h), 0u) << "lse elements left unwritten (poison survived)";
-    EXPECT_LE(test::rel_error(outs[k], out_r), 1e-2) << "O vs CPU";
-    expect_lse_matches(l_h, lse_r);
-  }
-  EXPECT_LE(test::rel_error(outs[0], outs[1]), 2e-2) << "ping-pong (persistent) vs overlap";
+  test::DeviceArray<bf16> o(n_o);
+  test::DeviceArray<float> l(n_l);
+  hopper::attention_forward(nullptr, qkv.get(), o.get(), l.get(), sh, opt);
+  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto o_h = test::download_float(o);
+  const auto l_h = l.download();
+  SCOPED_TRACE("batch " + std::to_string(sh.batch));
+  ASSERT_EQ(test::count_nan(o_h), 0u) << "O elements left unwritten (poison survived)";
+  ASSERT_EQ(test::count_nan(l_h), 0u) << "lse elements left unwritten (poison survived)";
+  EXPECT_LE(test::rel_error(o_h, out_r), 1e-2) << "O vs CPU";
+  expect_lse_matches(l_h, lse_r);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionHopperPersistentGpu, ::testing::Combine(::testing::Values(64, 128), ::testing::Bool()),

@@ -77,10 +77,6 @@ TEST(AttentionHopperLayout, WgmmaOperandsReadWhatTheTmaWrote) {
   expect_operands_match_tma<hopper::FwdConfig<128, false>>();
   expect_operands_match_tma<hopper::FwdConfig<64, true>>();
   expect_operands_match_tma<hopper::FwdConfig<128, true>>();
-  // The ping-pong schedule's geometry (d128: 128-key tiles).
-  expect_operands_match_tma<hopper::FwdConfig<64, false, true>>();
-  expect_operands_match_tma<hopper::FwdConfig<128, false, true>>();
-  expect_operands_match_tma<hopper::FwdConfig<128, true, true>>();
 }
 
 // The schedule covers every (query, key) score a row needs exactly once, in an active tile of its
@@ -123,8 +119,6 @@ template <class Cfg>
 constexpr bool schedule_matches = std::is_base_of_v<hopper::QueryTileSchedule<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>, Cfg>;
 static_assert(schedule_matches<hopper::FwdConfig<64, false>> && schedule_matches<hopper::FwdConfig<64, true>> &&
               schedule_matches<hopper::FwdConfig<128, false>> && schedule_matches<hopper::FwdConfig<128, true>> &&
-              schedule_matches<hopper::FwdConfig<64, true, true>> &&
-              schedule_matches<hopper::FwdConfig<128, false, true>> &&
               schedule_matches<hopper::DqConfig<64, false>> && schedule_matches<hopper::DqConfig<128, true>>,
               "a config's QueryTileSchedule has other tile sizes than the config");
 
@@ -134,9 +128,6 @@ TEST(AttentionHopperLayout, ScheduleCoversEveryScore) {
     expect_schedule_covers<hopper::FwdConfig<64, true>>(S);
     expect_schedule_covers<hopper::FwdConfig<128, false>>(S);
     expect_schedule_covers<hopper::FwdConfig<128, true>>(S);
-    expect_schedule_covers<hopper::FwdConfig<64, true, true>>(S);
-    expect_schedule_covers<hopper::FwdConfig<128, false, true>>(S);
-    expect_schedule_covers<hopper::FwdConfig<128, true, true>>(S);
   }
 }
 
@@ -185,8 +176,6 @@ TEST(AttentionHopperLayout, MaskedScheduleCoversEveryValidKey) {
     expect_masked_schedule_covers<hopper::FwdConfig<64, true>>(S, rng);
     expect_masked_schedule_covers<hopper::FwdConfig<128, false>>(S, rng);
     expect_masked_schedule_covers<hopper::FwdConfig<128, true>>(S, rng);
-    expect_masked_schedule_covers<hopper::FwdConfig<64, false, true>>(S, rng);
-    expect_masked_schedule_covers<hopper::FwdConfig<128, true, true>>(S, rng);
   }
 }
 
@@ -201,26 +190,23 @@ void expect_carve_up() {
   EXPECT_EQ(Cfg::kBarriers, 2 * Cfg::kQBuffers + 3 * Cfg::kStages);
   EXPECT_LE(Cfg::kSmemBytes, 227u * 1024u);
   // Consumer warpgroups are warps 0..4*kConsumers-1 (wgmma wants warpgroups at warp indices
-  // divisible by 4), the producer the one warp after them (ping-pong: the warpgroup after them,
-  // whose first warp issues the copies).
-  EXPECT_EQ(Cfg::kThreads, 128 * Cfg::kConsumers + (Cfg::kPingPong ? 128 : 32));
+  // divisible by 4), the producer the warpgroup after them, whose first warp issues the copies.
+  EXPECT_EQ(Cfg::kThreads, 128 * Cfg::kConsumers + 128);
   EXPECT_EQ(Cfg::kProducerWarp, 4 * Cfg::kConsumers);
 }
 
 TEST(AttentionHopperLayout, SharedMemoryCarveUp) {
   expect_carve_up<hopper::FwdConfig<64, false>>();
+  expect_carve_up<hopper::FwdConfig<64, true>>();
+  expect_carve_up<hopper::FwdConfig<128, false>>();
   expect_carve_up<hopper::FwdConfig<128, true>>();
-  expect_carve_up<hopper::FwdConfig<64, false, true>>();
-  expect_carve_up<hopper::FwdConfig<128, true, true>>();
-  // d128's ping-pong ring of 128-key tiles: Q 32 KiB + 3 x (K + V) 64 KiB + barriers + alignment,
-  // which leaves no room for a second Q buffer; every other config has two.
-  EXPECT_EQ((hopper::FwdConfig<128, false, true>::kSmemBytes), 1024u + 32768u + 6u * 32768u + 88u);
-  EXPECT_EQ((hopper::FwdConfig<128, false, true>::kQBuffers), 1);
-  EXPECT_EQ((hopper::FwdConfig<64, false, true>::kQBuffers), 2);
+  // d128's ring of 128-key tiles: Q 32 KiB + 3 x (K + V) 64 KiB + barriers + alignment, which
+  // leaves no room for a second Q buffer; d64 has two.
+  EXPECT_EQ((hopper::FwdConfig<128, false>::kSmemBytes), 1024u + 32768u + 6u * 32768u + 88u);
+  EXPECT_EQ((hopper::FwdConfig<128, false>::kQBuffers), 1);
+  EXPECT_EQ((hopper::FwdConfig<64, false>::kQBuffers), 2);
   EXPECT_EQ((hopper::FwdConfig<64, true>::kQBuffers), 2);
-  EXPECT_EQ((hopper::FwdConfig<128, false>::kQBuffers), 2);
-  EXPECT_EQ((hopper::FwdConfig<128, false>::kBlockN), 96);
-  EXPECT_EQ((hopper::FwdConfig<128, false, true>::kBlockN), 128);
+  EXPECT_EQ((hopper::FwdConfig<128, true>::kBlockN), 128);
 }
 
 // The ping-pong's register reallocation: what the producer warpgroup frees covers what the two
@@ -268,18 +254,17 @@ void expect_work_tiles_cover(int S, int H, int B, int sms, int group) {
 TEST(AttentionHopperLayout, ForwardWorkTilesCoverTheLaunch) {
   for (const int S : {1, 128, 129, 512, 2048, 3000})
     for (const int sms : {1, 7, 132}) {
-      expect_work_tiles_cover<hopper::FwdConfig<64, false, true>>(S, 3, 2, sms, 1);
-      expect_work_tiles_cover<hopper::FwdConfig<128, false, true>>(S, 16, 4, sms, 1);
       expect_work_tiles_cover<hopper::FwdConfig<64, false>>(S, 3, 2, sms, 1);
+      expect_work_tiles_cover<hopper::FwdConfig<128, false>>(S, 16, 4, sms, 1);
       for (const int group : {1, 2, 4, 5, 15})
-        expect_work_tiles_cover<hopper::FwdConfig<64, true, true>>(S, 5, 3, sms, group);
+        expect_work_tiles_cover<hopper::FwdConfig<64, true>>(S, 5, 3, sms, group);
       expect_work_tiles_cover<hopper::FwdConfig<128, true>>(S, 2, 2, sms, 3);
     }
-  // Persistent: the ping-pong schedule without causal only.
-  EXPECT_TRUE((hopper::FwdConfig<64, false, true>::kPersistent));
-  EXPECT_TRUE((hopper::FwdConfig<128, false, true>::kPersistent));
-  EXPECT_FALSE((hopper::FwdConfig<64, true, true>::kPersistent));
-  EXPECT_FALSE((hopper::FwdConfig<64, false>::kPersistent));
+  // Persistent: without causal only.
+  EXPECT_TRUE((hopper::FwdConfig<64, false>::kPersistent));
+  EXPECT_TRUE((hopper::FwdConfig<128, false>::kPersistent));
+  EXPECT_FALSE((hopper::FwdConfig<64, true>::kPersistent));
+  EXPECT_FALSE((hopper::FwdConfig<128, true>::kPersistent));
   // Causal sections: 24 MiB of K/V, at least one pair, at most all.
   EXPECT_EQ(hopper::causal_group(2048, 128, 64), 24);   // 1 MiB a pair
   EXPECT_EQ(hopper::causal_group(8192, 64, 32), 12);    // 2 MiB a pair
@@ -288,7 +273,7 @@ TEST(AttentionHopperLayout, ForwardWorkTilesCoverTheLaunch) {
 }
 
 TEST(AttentionHopperLayout, PingPongRegisterBudget) {
-  using Cfg = hopper::FwdConfig<128, true, true>;
+  using Cfg = hopper::FwdConfig<128, true>;
   EXPECT_EQ(Cfg::kThreads, 384);
   EXPECT_EQ(Cfg::kLaunchRegs, 168);
   EXPECT_LE(Cfg::kProducerRegs * 128 + Cfg::kConsumerRegs * 128 * Cfg::kConsumers, Cfg::kLaunchRegs * Cfg::kThreads);
@@ -305,7 +290,7 @@ TEST(AttentionHopperLayout, PingPongRegisterBudget) {
 // phase is left half-arrived at the end (the barriers are clean at exit), and the issues alternate
 // warpgroup 0, 1, 0, 1, ... turn by turn.
 TEST(AttentionHopperLayout, PingPongTurnsAlternateAndBalance) {
-  using Cfg = hopper::FwdConfig<64, false, true>;
+  using Cfg = hopper::FwdConfig<64, false>;
   EXPECT_EQ(Cfg::kTurnThreads, 2 * 128);
   EXPECT_NE(Cfg::turn_barrier(0), Cfg::turn_barrier(1));
   for (int wg = 0; wg < 2; ++wg) {
@@ -434,16 +419,12 @@ TEST(AttentionHopperLayout, HostChecksRefuseBadArguments) {
   EXPECT_NE(err(ok, qkv + 4, out, lse).find("qkv must be 16-byte aligned"), std::string::npos);
   EXPECT_NE(err(ok, qkv, reinterpret_cast<bf16*>(reinterpret_cast<std::uintptr_t>(out) + 2), lse).find("4-byte aligned"),
             std::string::npos);
-  EXPECT_NE(test::error_of([&] {
-              hopper::attention_forward(nullptr, qkv, out, lse, ok, static_cast<hopper::Schedule>(7));
-            }).find("schedule must be Overlap or PingPong, got 7"),
-            std::string::npos);
   // Options: dropout_p outside [0, 1) is refused before any device work.
   for (const float p : {1.f, -0.1f, std::nanf("")}) {
     kernels::AttentionOptions opt;
     opt.dropout_p = p;
     EXPECT_NE(test::error_of([&] {
-                hopper::attention_forward(nullptr, qkv, out, lse, ok, hopper::Schedule::Overlap, opt);
+                hopper::attention_forward(nullptr, qkv, out, lse, ok, opt);
               }).find("dropout_p must lie in [0, 1)"),
               std::string::npos)
         << "p " << p;
@@ -859,8 +840,6 @@ TEST(AttentionHopperLayout, Fp16AndProductionEntryPointsCheckFirst) {
 
 // The schedules the production entry points run (the measured leaders, docs/perf-notes.md).
 TEST(AttentionHopperLayout, ProductionSchedules) {
-  for (const int d : {64, 128})
-    for (const bool c : {false, true}) EXPECT_EQ(hopper::production_forward(d, c), hopper::Schedule::PingPong);
   for (const bool det : {false, true}) {
     for (const bool c : {false, true}) {
       const hopper::BackwardPlan p = hopper::production_backward(128, c, det);
