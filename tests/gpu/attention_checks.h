@@ -1,16 +1,20 @@
 // @brief What the attention GPU tests share: slot w of a [B, S, 3, H, D] array, the gradient
-// error measure (relative, with a floor where the reference gradient vanishes) and the key masks
-// the option tests draw.
+// error measure (relative, with a floor where the reference gradient vanishes), the key masks
+// the option tests draw and the log-sum-exp check of masked rows.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "kernels/attention.cuh"
+#include "tests/support/test_support.h"
 
 namespace cutrain::test {
 
@@ -62,6 +66,27 @@ inline std::vector<std::uint8_t> option_test_mask(const kernels::AttentionShape&
     }
   }
   return m;
+}
+
+// lse against the reference: -inf exactly where the reference's row has no key (a masked-out
+// sequence), relative error (of the undropped softmax's) over the rest. Returns the rows with no key.
+inline std::size_t expect_lse_matches(const std::vector<float>& got, const std::vector<double>& want) {
+  std::vector<float> fin;
+  std::vector<double> want_fin;
+  std::size_t empty_rows = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (std::isinf(want[i])) {
+      ++empty_rows;
+      EXPECT_EQ(got[i], -std::numeric_limits<float>::infinity()) << "lse of a row with no key, at " << i;
+    } else {
+      fin.push_back(got[i]);
+      want_fin.push_back(want[i]);
+    }
+  }
+  if (!fin.empty()) {
+    EXPECT_LE(rel_error(fin, want_fin), 1e-4) << "lse vs CPU (undropped softmax)";
+  }
+  return empty_rows;
 }
 
 }  // namespace cutrain::test

@@ -51,24 +51,6 @@ std::string param_name(const ::testing::TestParamInfo<Param>& i) {
   return os.str();
 }
 
-// lse: -inf exactly where the reference's row has no key; relative error (of the undropped
-// softmax's) over the rest.
-void expect_lse_matches(const std::vector<float>& got, const std::vector<double>& want) {
-  std::vector<float> fin;
-  std::vector<double> want_fin;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if (std::isinf(want[i])) {
-      ASSERT_EQ(got[i], -std::numeric_limits<float>::infinity()) << "lse of a row with no key, at " << i;
-    } else {
-      fin.push_back(got[i]);
-      want_fin.push_back(want[i]);
-    }
-  }
-  if (!fin.empty()) {
-    EXPECT_LE(test::rel_error(fin, want_fin), 1e-4) << "lse vs CPU (undropped softmax)";
-  }
-}
-
 class AttentionHopperOptionsGpu : public ::testing::TestWithParam<Param> {};
 
 TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
@@ -107,7 +89,7 @@ TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
     ASSERT_EQ(test::count_nan(out_h), 0u) << "O elements left unwritten (poison survived)";
     ASSERT_EQ(test::count_nan(l_h), 0u) << "lse elements left unwritten (poison survived)";
     EXPECT_LE(test::rel_error(out_h, out_r), 1e-2) << "O vs CPU";
-    expect_lse_matches(l_h, lse_r);
+    test::expect_lse_matches(l_h, lse_r);
     if (masked) {  // sequence 0 has no key: its S x H x D outputs come first and are exactly 0
       for (std::size_t i = 0; i < row * seq; ++i) ASSERT_EQ(out_h[i], 0.f) << "O of a row with no key, at " << i;
     }
@@ -352,7 +334,7 @@ TEST_P(AttentionHopperPersistentGpu, ManyWorkTilesPerCta) {
   ASSERT_EQ(test::count_nan(o_h), 0u) << "O elements left unwritten (poison survived)";
   ASSERT_EQ(test::count_nan(l_h), 0u) << "lse elements left unwritten (poison survived)";
   EXPECT_LE(test::rel_error(o_h, out_r), 1e-2) << "O vs CPU";
-  expect_lse_matches(l_h, lse_r);
+  test::expect_lse_matches(l_h, lse_r);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionHopperPersistentGpu, ::testing::Combine(::testing::Values(64, 128), ::testing::Bool()),
