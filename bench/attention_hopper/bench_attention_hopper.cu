@@ -29,12 +29,13 @@
 // Deterministic backward rows (the mode the models call: the dK/dV pass without atomics, then the
 // dQ pass; the baseline's deterministic mode is its mma.sync dK/dV and dQ passes),
 // "attention_hopper/bwd_det[_causal|_mask[_drop]]/<shape>": the production entry (its plan) at
-// S 512-2048 of the sweep (and the peer's shapes among them) and BERT's shapes with its options.
-// The warp-specialized schedules at the peer's shapes (B2H16S8192D64, B4H16S2048D64,
-// B4H16S2048D128, B4H16S512D64; full and causal): "attention_hopper/bwd[_causal]_producer/<shape>"
-// (fast mode) and "attention_hopper/bwd_det[_causal](_producer|_producer_overlap|_dqoverlap)/<shape>"
-// (deterministic: the producer dK/dV pass with the serial dQ pass; its overlap loop with the overlap
-// dQ pass; the lockstep dK/dV pass with the overlap dQ pass), with the lockstep bwd_det rows at S8192.
+// S 512-2048 of the sweep, the peer's shapes and BERT's shapes with its options.
+// The backward schedules at the peer's shapes (B2H16S8192D64, B4H16S2048D64, B4H16S2048D128,
+// B4H16S512D64; full and causal): "attention_hopper/bwd[_causal]_producer/<shape>" (fast mode)
+// and "attention_hopper/bwd_det[_causal](_lockstep|_producer|_producer_overlap|_dqoverlap)/<shape>"
+// (deterministic: the lockstep dK/dV pass with the serial dQ pass; the producer dK/dV pass with
+// the serial dQ pass; its overlap loop with the overlap dQ pass; the lockstep dK/dV pass with the
+// overlap dQ pass).
 // At d128 the producer schedules run lockstep's kernel and the overlap dQ pass the serial one
 // (registers: kernels/attention_sm90/), so those rows time the fallbacks.
 #include <benchmark/benchmark.h>
@@ -316,26 +317,28 @@ void register_all() {
       const std::string name = std::string("attention_hopper/bwd_det") + opts_suffix(o) + "/" + shape_name(sh);
       benchmark::RegisterBenchmark(name.c_str(),
                                    [sh, o](benchmark::State& st) {
-                                     bench_backward(st, sh, false, BackwardSchedule::Lockstep, o, true);
+                                     bench_backward(st, sh, false, std::nullopt, o, true);
                                    })
           ->UseManualTime()
           ->Iterations(100)
           ->Unit(benchmark::kMicrosecond);
     }
   // The warp-specialized schedules (issue #24's long-S gap to cuDNN) at the peer's shapes, causal
-  // or not: fast mode "bwd[_causal]_producer"; deterministic mode "bwd_det[_causal]_producer"
-  // (producer dK/dV pass, serial dQ pass), "bwd_det[_causal]_producer_overlap" (its overlap loop,
-  // overlap dQ pass), "bwd_det[_causal]_dqoverlap" (lockstep dK/dV pass, overlap dQ pass), and
-  // the lockstep "bwd_det[_causal]" row at S8192, which the deterministic rows above skip.
+  // or not: fast mode "bwd[_causal]_producer"; deterministic mode "bwd_det[_causal]_lockstep"
+  // (lockstep dK/dV pass, serial dQ pass), "bwd_det[_causal]_producer" (producer dK/dV pass, serial
+  // dQ pass), "bwd_det[_causal]_producer_overlap" (its overlap loop, overlap dQ pass),
+  // "bwd_det[_causal]_dqoverlap" (lockstep dK/dV pass, overlap dQ pass), and the production
+  // "bwd_det[_causal]" row at S8192, which the deterministic rows above skip.
   using kernels::sm90::DqSchedule;
   struct WsRow {
     const char* suffix;
     bool det;
-    BackwardSchedule schedule;
+    std::optional<BackwardSchedule> schedule;  // none: the production entry
     DqSchedule dq;
   };
   const WsRow ws_rows[] = {{"_producer", false, BackwardSchedule::Producer, DqSchedule::Serial},
-                           {"", true, BackwardSchedule::Lockstep, DqSchedule::Serial},
+                           {"", true, std::nullopt, DqSchedule::Serial},
+                           {"_lockstep", true, BackwardSchedule::Lockstep, DqSchedule::Serial},
                            {"_producer", true, BackwardSchedule::Producer, DqSchedule::Serial},
                            {"_producer_overlap", true, BackwardSchedule::ProducerOverlap, DqSchedule::Overlap},
                            {"_dqoverlap", true, BackwardSchedule::Lockstep, DqSchedule::Overlap}};
@@ -344,8 +347,7 @@ void register_all() {
                                       AttentionShape{4, 2048, 16, 128}, AttentionShape{4, 512, 16, 64}}) {
       const AttentionShape sh{base.batch, base.seq, base.heads, base.head_dim, causal};
       for (const WsRow& r : ws_rows) {
-        if (r.det && r.schedule == BackwardSchedule::Lockstep && r.dq == DqSchedule::Serial && sh.seq <= 2048)
-          continue;  // registered above
+        if (!r.schedule && sh.seq <= 2048) continue;  // registered above
         const std::string name = std::string("attention_hopper/") + (r.det ? "bwd_det" : "bwd") +
                                  (causal ? "_causal" : "") + r.suffix + "/" + shape_name(sh);
         benchmark::RegisterBenchmark(name.c_str(),
