@@ -21,7 +21,7 @@
 //     O += P V (wgmma, P from registers, V read transposed from shared memory), then each consumer
 //     warp arrives on kv_empty[s]. The epilogue normalizes O and stores it and the log-sum-exp
 //     with the family's store_rows.
-// The consumer schedule is FlashAttention-3's ping-pong (consume_pingpong): the warpgroups take
+// The consumer schedule is FlashAttention-3's ping-pong (consume): the warpgroups take
 // turns at issuing their wgmma through two named barriers, and each runs tile j's softmax under
 // its own P V of tile j-1; the producer warpgroup hands its registers to the consumers
 // (setmaxnreg: 24 / 240), which makes room for both score buffers and for 128-key tiles at d128.
@@ -187,8 +187,10 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
   attn::store_rows<D>(gout, o, row0, S, static_cast<std::size_t>(H) * D, 1.f);
 }
 
-// The consumer loop (FlashAttention-3's inter-warpgroup
-// ping-pong with its intra-warpgroup overlap). A turn is the stretch in which a warpgroup issues
+// The consumer warpgroups' share of work tile t (n_tiles K/V tiles), the CTA's it-th (its Q in
+// buffer it % kQBuffers), whose first K/V tile is the ring's g0-th: the loop and the epilogue.
+// The loop is FlashAttention-3's inter-warpgroup ping-pong with its intra-warpgroup overlap. A
+// turn is the stretch in which a warpgroup issues
 // its wgmma: bar.sync on its own turn barrier, the issues, bar.arrive on the other's (layout.h's
 // turn_barrier / turn_opens / turn_passes), so the two warpgroups' batches reach the tensor cores
 // alternately and each one's softmax runs while the other's products do. Turn 0 issues tile 0's S;
@@ -199,13 +201,15 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
 // wgmma, so the barriers stay balanced. Both K and V a turn reads are waited for before it opens.
 // Its waits are mbar_wait_realloc: a `trap` would cap this code at the launch's 168 registers.
 template <class Cfg, typename E, bool MASK, bool DROP>
-__device__ __forceinline__ void consume_pingpong(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV,
-                                                 const QueryTileBarriers<Cfg>& bar, int qb, std::uint32_t q_phase,
-                                                 int g0, E* __restrict__ out, float* __restrict__ lse, int S, int H,
-                                                 float scale_log2, int m0, int n_tiles, int head, int b,
-                                                 const attn::OptionArgs& opt) {
+__device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std::uint32_t sV,
+                                        const QueryTileBarriers<Cfg>& bar, E* __restrict__ out, float* __restrict__ lse,
+                                        int S, int H, float scale_log2, const typename Cfg::Work& t, int n_tiles,
+                                        int it, int g0, const attn::OptionArgs& opt) {
   using Ring = QueryTileBarriers<Cfg>;
   constexpr int BN = Cfg::kBlockN;
+  const int m0 = t.m0, head = t.head, b = t.b;
+  const int qb = it % Cfg::kQBuffers;
+  const std::uint32_t q_phase = (it / Cfg::kQBuffers) & 1, sQ = sQ0 + qb * Cfg::kQBytes;
   const int warp = threadIdx.x >> 5;
   const int wg = warp >> 2;
   const int wg_row0 = m0 + 64 * wg, row0 = wg_row0 + 16 * (warp & 3);  // row0: this warp's first row
@@ -343,19 +347,6 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
       load_kv<Cfg>(kv_map, sK, sV, bar, t.head, t.b, Ring::stage(r), j);
     }
   }
-}
-
-// The consumer warpgroups' share of the same work tile: the loop and the epilogue.
-template <class Cfg, typename E, bool MASK, bool DROP>
-__device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sK, std::uint32_t sV,
-                                        const QueryTileBarriers<Cfg>& bar, E* __restrict__ out, float* __restrict__ lse,
-                                        int S, int H, float scale_log2, const typename Cfg::Work& t, int n, int it,
-                                        int g, const attn::OptionArgs& opt) {
-  constexpr int NQ = Cfg::kQBuffers;
-  const int qb = it % NQ;
-  const std::uint32_t q_phase = (it / NQ) & 1;
-  consume_pingpong<Cfg, E, MASK, DROP>(sQ + qb * Cfg::kQBytes, sK, sV, bar, qb, q_phase, g, out, lse, S, H, scale_log2,
-                                       t.m0, n, t.head, t.b, opt);
 }
 
 // A persistent CTA takes work tiles w = blockIdx.x, + gridDim.x, ... of the work_tiles

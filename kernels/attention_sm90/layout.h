@@ -155,18 +155,21 @@ struct FwdConfig : QueryTileSchedule<128, 128, CAUSAL> {
   static constexpr CUTRAIN_HD int grid_ctas(int work_tiles, int sms) {
     return !kPersistent || work_tiles < sms ? work_tiles : sms;
   }
+  // Carve-up from a 1024-aligned base: Q[q_buffers], K[kStages], V[kStages], then the mbarriers
+  // (q_full[q_buffers], q_empty[q_buffers], k_full[kStages], v_full[kStages], kv_empty[kStages]);
+  // +1024: the dynamic shared memory base is rounded up to 1024 bytes inside the kernel.
+  static constexpr std::uint32_t smem_bytes(int q_buffers) {
+    return 1024 + q_buffers * kQBytes + 2 * kStages * kKVBytes + 8 * (2 * q_buffers + 3 * kStages);
+  }
   // Q buffers: two where shared memory holds them (the next work tile's Q loads while the current
   // one's is read), else one (d128: its ring leaves room for one).
-  static constexpr int kQBuffers = 1024 + 2 * kQBytes + 2 * kStages * kKVBytes + 8 * (4 + 3 * kStages) <= 227u * 1024u ? 2 : 1;
-  // Carve-up from a 1024-aligned base: Q[kQBuffers], K[kStages], V[kStages], then the mbarriers
-  // (q_full[kQBuffers], q_empty[kQBuffers], k_full[kStages], v_full[kStages], kv_empty[kStages]).
+  static constexpr int kQBuffers = smem_bytes(2) <= 227u * 1024u ? 2 : 1;
   static constexpr std::uint32_t kQOff = 0;
   static constexpr std::uint32_t kKOff = kQOff + kQBuffers * kQBytes;
   static constexpr std::uint32_t kVOff = kKOff + kStages * kKVBytes;
   static constexpr std::uint32_t kBarOff = kVOff + kStages * kKVBytes;
   static constexpr int kBarriers = 2 * kQBuffers + 3 * kStages;
-  // +1024: the dynamic shared memory base is rounded up to 1024 bytes inside the kernel.
-  static constexpr std::uint32_t kSmemBytes = 1024 + kBarOff + 8 * kBarriers;
+  static constexpr std::uint32_t kSmemBytes = smem_bytes(kQBuffers);
   static_assert(kSmemBytes <= 227u * 1024u, "shared memory over the sm_90 per-block limit (227 KiB)");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep 1024-byte swizzle atoms aligned");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kBlockM <= 256, "TMA boxes hold at most 256 rows");

@@ -1,9 +1,8 @@
 // @brief GPU tests of the sm90 attention pair (kernels/attention_sm90/, the production kernels) with
-// each schedule of each kernel (the production entry points run one per shape; these run both).
+// each schedule of each kernel (the forward has one; the production backward runs one per shape).
 // Forward: O and the log-sum-exp against the fp64 CPU reference over odd shapes (S not a multiple
 // of any tile, B > 1, H > 1, d64 / d128, causal / not, plain and large logits), and at long S
-// against the naive GPU reference and kernels::attention_forward on the same inputs; every consumer
-// (the ping-pong schedule). Backward: dQ, dK, dV against the fp64 CPU reference over odd shapes
+// against the naive GPU reference and kernels::attention_forward on the same inputs. Backward: dQ, dK, dV against the fp64 CPU reference over odd shapes
 // (odd B, H and S), fast and deterministic modes (the deterministic one bit-identical on a second
 // run), and at long S against the naive GPU reference and kernels::attention_backward's
 // deterministic mode (its dQ from the wgmma dQ pass), from the production forward's O and lse;
@@ -112,7 +111,6 @@ Inputs make_inputs(const AttentionShape& sh, bool large) {
 struct Outputs {
   std::vector<float> out, lse;
 };
-
 
 // The Hopper forward on poisoned outputs; nothing may be left unwritten (the first NaN is named).
 Outputs run_hopper(const AttentionShape& sh, const Inputs& in) {
