@@ -54,7 +54,8 @@ template <typename E>
 void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
                        const AttentionOptions& options) {
   attn::check_shape(shape, "attention_forward");  // the shape first, as attention_backward
-  sm90::attention_forward<E>(s, qkv, out, lse, shape, options);
+  sm90::attention_forward<E>(s, qkv, out, lse, shape, options,
+                            sm90::production_forward(shape.head_dim, shape.causal));
 }
 
 template <typename E>

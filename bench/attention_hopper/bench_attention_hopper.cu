@@ -2,8 +2,9 @@
 // production kernels), each backward schedule, against the mma.sync pair it replaced
 // (bench/attention_mma/, this benchmark's baseline) on the same inputs, in the same process, at S
 // 512-8192 with B*S = 16384 tokens, 16 heads, d64 / d128, full and causal.
-// Forward rows, kernels::attention_forward (the sm90 forward):
-// "attention_hopper/fwd[_causal]/B<b>H16S<s>D<d>", on the sweep plus the peer's shapes it lacks
+// Forward rows, kernels::attention_forward (the sm90 forward with its production tile):
+// "attention_hopper/fwd[_causal]/B<b>H16S<s>D<d>", and at d64 each query tile named
+// ("attention_hopper/fwd[_causal|_mask]_rows128|_rows192/<shape>"), on the sweep plus the peer's shapes it lacks
 // (B4H16S512D64, B4H16S2048D64, B4H16S2048D128; compare.py pairs them with the peer's SDPA rows). Manual time and TFLOP/s
 // (4·B·H·S²·D, halved causal) are the sm90 kernel's; mma_us / mma_TFLOP/s the mma.sync baseline's
 // (median of 100 flushed calls, once per shape, before that shape's first row); speedup =
@@ -128,7 +129,9 @@ struct Baseline {
   std::vector<float> out, lse;
 };
 
-void bench_forward(benchmark::State& state, AttentionShape sh, Opts opts = Opts::Plain) {
+// tile: an sm90 forward query tile, or none: the production entry kernels::attention_forward.
+void bench_forward(benchmark::State& state, AttentionShape sh, Opts opts = Opts::Plain,
+                   std::optional<kernels::sm90::FwdTile> tile = std::nullopt) {
   if (!bench::require_gpu(state)) return;
   static Baseline prod;
   const std::size_t n_o = std::size_t(sh.batch) * sh.seq * sh.heads * sh.head_dim, n_qkv = 3 * n_o;
@@ -151,7 +154,10 @@ void bench_forward(benchmark::State& state, AttentionShape sh, Opts opts = Opts:
     prod.shape = key;
   }
   auto hopper_fwd = [&](cudaStream_t st) {
-    kernels::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, ro.opt);
+    if (tile)
+      kernels::sm90::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, ro.opt, *tile);
+    else
+      kernels::attention_forward(st, qkv.as<bf16>(), out_h.as<bf16>(), lse_h.as<float>(), sh, ro.opt);
   };
   hopper_fwd(st0);
   CUTRAIN_CUDA_CHECK(cudaStreamSynchronize(st0));
@@ -268,12 +274,23 @@ void register_all() {
     for (const AttentionShape sh : {AttentionShape{4, 512, 16, 64}, AttentionShape{4, 2048, 16, 64},
                                     AttentionShape{4, 2048, 16, 128}})
       fwd_shapes.push_back({sh.batch, sh.seq, sh.heads, sh.head_dim, causal});
+  using kernels::sm90::FwdTile;
   for (const AttentionShape& sh : fwd_shapes) {
     const std::string name = std::string("attention_hopper/fwd") + (sh.causal ? "_causal" : "") + "/" + shape_name(sh);
     benchmark::RegisterBenchmark(name.c_str(), [sh](benchmark::State& st) { bench_forward(st, sh); })
         ->UseManualTime()
         ->Iterations(100)  // a median of 100 flushed samples
         ->Unit(benchmark::kMicrosecond);
+    if (sh.head_dim != 64) continue;  // d128 has one tile
+    for (const FwdTile tile : {FwdTile::Rows128, FwdTile::Rows192}) {
+      const std::string tname = std::string("attention_hopper/fwd") + (sh.causal ? "_causal" : "") +
+                                (tile == FwdTile::Rows128 ? "_rows128/" : "_rows192/") + shape_name(sh);
+      benchmark::RegisterBenchmark(tname.c_str(),
+                                   [sh, tile](benchmark::State& st) { bench_forward(st, sh, Opts::Plain, tile); })
+          ->UseManualTime()
+          ->Iterations(100)
+          ->Unit(benchmark::kMicrosecond);
+    }
   }
   // The backward sweep, then the peer's shapes that the sweep lacks.
   std::vector<AttentionShape> bwd_shapes;
@@ -370,6 +387,16 @@ void register_all() {
             ->UseManualTime()
             ->Iterations(100)
             ->Unit(benchmark::kMicrosecond);
+        for (const FwdTile tile : {FwdTile::Rows128, FwdTile::Rows192}) {
+          if (o == Opts::MaskDrop) break;  // dropout runs Rows128 either way
+          const std::string tname = std::string("attention_hopper/fwd") + opts_suffix(o) +
+                                    (tile == FwdTile::Rows128 ? "_rows128" : "_rows192") + tail;
+          benchmark::RegisterBenchmark(tname.c_str(),
+                                       [sh, o, tile](benchmark::State& st) { bench_forward(st, sh, o, tile); })
+              ->UseManualTime()
+              ->Iterations(100)
+              ->Unit(benchmark::kMicrosecond);
+        }
       }
       for (bool with_forward : {false, true})
         for (std::optional<BackwardSchedule> schedule : kBwdRows) {

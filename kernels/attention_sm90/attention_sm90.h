@@ -1,7 +1,7 @@
 // @brief Internal to the attention family: the sm90 (Hopper: wgmma + TMA) attention pair behind
-// kernels::attention_forward / attention_backward, with the backward's schedules as arguments so
+// kernels::attention_forward / attention_backward, with the forward's tile and the backward's schedules as arguments so
 // that the tests and bench_attention_hopper can run every schedule; the production entry point
-// passes those of production.h's table (production_backward). The forward has one schedule.
+// passes those of production.h's table (production_forward, production_backward).
 // Same layouts, options and scratch as kernels/attention.cuh: E (bf16 or f16) qkv [B, S, 3, H, D],
 // out and dout [B, S, H, D], fp32 lse [B, H, S] (natural log of the sum of exp of the scores scaled
 // by 1/sqrt(D)), dqkv [B, S, 3, H, D]; head_dim 64 or 128, causal or not; BERT's key mask and
@@ -21,12 +21,16 @@ struct OptionArgs;  // kernels/attention_options.cuh
 
 namespace cutrain::kernels::sm90 {
 
+// The forward's query tile (fwd.cu): Rows128, two consumer warpgroups of 64 rows; Rows192, three
+// (d64 without dropout only: elsewhere it runs Rows128). Same schedule, same results.
+enum class FwdTile { Rows128, Rows192 };
+
 // Runs on a compute capability 9.0 device only (the library's attention code is sm_90a); anything
 // else is refused with the capability found. Options (dropout_p in [0, 1)), shape and pointers are
 // checked before any device work, in that order.
 template <typename E>
 void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
-                       const AttentionOptions& options = {});
+                       const AttentionOptions& options = {}, FwdTile tile = FwdTile::Rows128);
 
 // The host-side checks attention_forward makes before touching the device (throws cutrain::Error
 // naming the field): shape (head_dim 64/128, sizes >= 1, grid limits, TMA limits), non-null

@@ -3,9 +3,9 @@
 // element type and P's conversion follow E; the fp32 softmax is the same). Built for sm_90a only
 // (kernels/CMakeLists.txt).
 //
-// Work tile = one (batch, head) and FwdConfig::kBlockM = 128 query rows; 2 consumer warpgroups
-// (warps 0-3, 4-7) own 64 rows each, a producer warpgroup (warps 8-11; warp 8's lane 0 issues)
-// feeds them. Without causal the CTAs are persistent (at most one per SM, FwdConfig::kPersistent),
+// Work tile = one (batch, head) and FwdConfig::kBlockM query rows: 128 (FwdTile::Rows128) or 192
+// (Rows192, d64); its consumer warpgroups (warps 0-3, 4-7[, 8-11]) own 64 rows each, the producer
+// warpgroup after them (its first warp's lane 0 issues) feeds them. Without causal the CTAs are persistent (at most one per SM, FwdConfig::kPersistent),
 // each looping over work tiles; causal runs one work tile per CTA (in sections of (batch, head)
 // pairs, heaviest query tiles first, FwdConfig::work_tile):
 //   producer: per work tile, Q into Q buffer it % kQBuffers once the consumers handed it back
@@ -22,9 +22,10 @@
 //     warp arrives on kv_empty[s]. The epilogue normalizes O and stores it and the log-sum-exp
 //     with the family's store_rows.
 // The consumer schedule is FlashAttention-3's ping-pong (consume): the warpgroups take
-// turns at issuing their wgmma through two named barriers, and each runs tile j's softmax under
-// its own P V of tile j-1; the producer warpgroup hands its registers to the consumers
-// (setmaxnreg: 24 / 240), which makes room for both score buffers and for 128-key tiles at d128.
+// turns, round-robin, at issuing their wgmma through one named barrier each, and each runs tile
+// j's softmax under its own P V of tile j-1; the producer warpgroup hands its registers to the
+// consumers (setmaxnreg: 24 / 240 with two consumers, 24 / 160 with three), which makes room for
+// both score buffers and for 128-key tiles at d128.
 // Causal: tiles past the CTA's last query are never loaded; a warpgroup whose rows all precede a
 // tile skips its math but still waits for the tile and releases it, so the ring's phases stay in
 // step for both consumers.
@@ -38,6 +39,7 @@
 // epilogue scales O by 1/(1-p) once.
 #include <cuda.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/attention_sm90/attention_sm90.h"
@@ -190,10 +192,10 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
 // The consumer warpgroups' share of work tile t (n_tiles K/V tiles), the CTA's it-th (its Q in
 // buffer it % kQBuffers), whose first K/V tile is the ring's g0-th: the loop and the epilogue.
 // The loop is FlashAttention-3's inter-warpgroup ping-pong with its intra-warpgroup overlap. A
-// turn is the stretch in which a warpgroup issues
-// its wgmma: bar.sync on its own turn barrier, the issues, bar.arrive on the other's (layout.h's
-// turn_barrier / turn_opens / turn_passes), so the two warpgroups' batches reach the tensor cores
-// alternately and each one's softmax runs while the other's products do. Turn 0 issues tile 0's S;
+// turn is the stretch in which a warpgroup issues its wgmma: bar.sync on its own turn barrier, the
+// issues, bar.arrive on the next one's (layout.h's turn_barrier / turn_next / turn_opens /
+// turn_passes), so the warpgroups' batches reach the tensor cores in turn and each one's softmax
+// runs while the others' products do. Turn 0 issues tile 0's S;
 // turn j (1 <= j < active tiles) issues tile j's S, then tile j-1's P V, and the softmax of tile j
 // (mask, max, exp2, row sums, dropout) runs under that P V; O's rescale and P's packing wait for
 // it (they touch its accumulator and A operand). The last P V follows the turns. Both warpgroups
@@ -230,16 +232,16 @@ __device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std
   }
   opts.S = S;
   const int turns = n_tiles;  // uniform over the CTA
-  const int other = Cfg::turn_barrier(1 - wg), mine = Cfg::turn_barrier(wg);
+  const int next = Cfg::turn_next(wg), mine = Cfg::turn_barrier(wg);
 
-  if (Cfg::turn_opens(wg, turns)) named_barrier_arrive(other, Cfg::kTurnThreads);
+  if (Cfg::turn_opens(wg, turns)) named_barrier_arrive(next, Cfg::kTurnThreads);
   mbar_wait_realloc(bar.q_full(qb), q_phase);
   const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
   if (n_active > 0) {  // tile 0 is active unless MASK left no tile; tile j is the ring's (g0 + j)-th
     mbar_wait_realloc(bar.k_full(Ring::stage(g0)), Ring::phase(g0));
     named_barrier_sync(mine, Cfg::kTurnThreads);
     issue_scores<Cfg, E>(sc, sQ, sK + Ring::stage(g0) * Cfg::kKVBytes, wg);
-    if (Cfg::turn_passes(wg, 0, turns)) named_barrier_arrive(other, Cfg::kTurnThreads);
+    if (Cfg::turn_passes(wg, 0, turns)) named_barrier_arrive(next, Cfg::kTurnThreads);
     opts.fetch(0);
     wgmma_wait<0>();
     operand_fence(sc);
@@ -251,7 +253,7 @@ __device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std
       named_barrier_sync(mine, Cfg::kTurnThreads);
       issue_scores<Cfg, E>(sc, sQ, sK + s * Cfg::kKVBytes, wg);
       issue_pv<Cfg, E>(o, p, sV + sp * Cfg::kKVBytes);
-      if (Cfg::turn_passes(wg, j, turns)) named_barrier_arrive(other, Cfg::kTurnThreads);
+      if (Cfg::turn_passes(wg, j, turns)) named_barrier_arrive(next, Cfg::kTurnThreads);
       opts.fetch(j);
       wgmma_wait<1>();  // S of tile j; P V of tile j-1 still in flight
       operand_fence(sc);
@@ -282,7 +284,7 @@ __device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std
     const int s = Ring::stage(g0 + j);
     const std::uint32_t phase = Ring::phase(g0 + j);
     named_barrier_sync(mine, Cfg::kTurnThreads);
-    if (Cfg::turn_passes(wg, j, turns)) named_barrier_arrive(other, Cfg::kTurnThreads);
+    if (Cfg::turn_passes(wg, j, turns)) named_barrier_arrive(next, Cfg::kTurnThreads);
     mbar_wait_realloc(bar.k_full(s), phase);
     mbar_wait_realloc(bar.v_full(s), phase);
     bar.release(s);
@@ -420,10 +422,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 }
 
-template <int D, bool CAUSAL, bool MASK, bool DROP, typename E>
+template <int D, bool CAUSAL, int CONSUMERS, bool MASK, bool DROP, typename E>
 void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
-  using Cfg = FwdConfig<D, CAUSAL>;
+  using Cfg = FwdConfig<D, CAUSAL, CONSUMERS>;
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   auto kernel = forward_kernel<Cfg, E, MASK, DROP>;
@@ -445,35 +447,50 @@ void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionSh
 }
 
 // The options' instance: the key mask where one is given, dropout where p > 0.
-template <int D, bool CAUSAL, typename E>
+template <int D, bool CAUSAL, int CONSUMERS, typename E>
 void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
   const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
-  if (!mask && !drop) launch<D, CAUSAL, false, false>(st, qkv, out, lse, sh, opt);
-  else if (!drop) launch<D, CAUSAL, true, false>(st, qkv, out, lse, sh, opt);
-  else if (!mask) launch<D, CAUSAL, false, true>(st, qkv, out, lse, sh, opt);
-  else launch<D, CAUSAL, true, true>(st, qkv, out, lse, sh, opt);
+  if (!mask && !drop) launch<D, CAUSAL, CONSUMERS, false, false>(st, qkv, out, lse, sh, opt);
+  else if (!drop) launch<D, CAUSAL, CONSUMERS, true, false>(st, qkv, out, lse, sh, opt);
+  else if (!mask) launch<D, CAUSAL, CONSUMERS, false, true>(st, qkv, out, lse, sh, opt);
+  else launch<D, CAUSAL, CONSUMERS, true, true>(st, qkv, out, lse, sh, opt);
+}
+// The tile's instance (FwdTile): three consumer warpgroups at d64 without dropout only (at 160
+// registers a thread has no room for dropout's keep-bit state: ptxas spills those instances).
+template <int D, bool CAUSAL, typename E>
+void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
+            const attn::OptionArgs& opt, FwdTile tile) {
+  if constexpr (D == 64) {
+    if (tile == FwdTile::Rows192 && opt.threshold == 0) {
+      if (opt.key_mask != nullptr) launch<D, CAUSAL, 3, true, false>(st, qkv, out, lse, sh, opt);
+      else launch<D, CAUSAL, 3, false, false>(st, qkv, out, lse, sh, opt);
+      return;
+    }
+  }
+  launch<D, CAUSAL, 2>(st, qkv, out, lse, sh, opt);
 }
 
 }  // namespace
 
 template <typename E>
 void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& sh,
-                       const AttentionOptions& options) {
+                       const AttentionOptions& options, FwdTile tile) {
   const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
   check_forward_args(qkv, out, lse, sh);
-  check_device("attention_forward",
-               sh.head_dim == 64 ? FwdConfig<64, false>::kSmemBytes : FwdConfig<128, false>::kSmemBytes);
+  check_device("attention_forward", sh.head_dim == 64 ? std::max(FwdConfig<64, false, 2>::kSmemBytes,
+                                                                   FwdConfig<64, false, 3>::kSmemBytes)
+                                                        : FwdConfig<128, false>::kSmemBytes);
   const bool c = sh.causal;
   if (sh.head_dim == 64)
-    c ? launch<64, true>(s, qkv, out, lse, sh, opt) : launch<64, false>(s, qkv, out, lse, sh, opt);
+    c ? launch<64, true>(s, qkv, out, lse, sh, opt, tile) : launch<64, false>(s, qkv, out, lse, sh, opt, tile);
   else
-    c ? launch<128, true>(s, qkv, out, lse, sh, opt) : launch<128, false>(s, qkv, out, lse, sh, opt);
+    c ? launch<128, true>(s, qkv, out, lse, sh, opt, tile) : launch<128, false>(s, qkv, out, lse, sh, opt, tile);
 }
 
 template void attention_forward<bf16>(cudaStream_t, const bf16*, bf16*, float*, const AttentionShape&,
-                                      const AttentionOptions&);
+                                      const AttentionOptions&, FwdTile);
 template void attention_forward<f16>(cudaStream_t, const f16*, f16*, float*, const AttentionShape&,
-                                     const AttentionOptions&);
+                                     const AttentionOptions&, FwdTile);
 
 }  // namespace cutrain::kernels::sm90

@@ -52,7 +52,7 @@ constexpr CUTRAIN_HD int causal_group(int S, int D, int pairs) {
 }
 
 // The query-tile schedule and operand slices shared by the kernels whose CTA owns BLOCK_M query
-// rows (two warpgroups of 64) and streams K/V tiles of BLOCK_N keys: the forward and the dQ pass.
+// rows (warpgroups of 64) and streams K/V tiles of BLOCK_N keys: the forward and the dQ pass.
 template <int BLOCK_M, int BLOCK_N, bool CAUSAL>
 struct QueryTileSchedule {
   // The K/V tiles a CTA of first query m0 streams: all of them, or (causal) those up to its last
@@ -101,18 +101,20 @@ struct QueryTileSchedule {
   static constexpr CUTRAIN_HD std::uint32_t k_slice(int kk) { return (kk / 4) * (BLOCK_N * 128) + (kk % 4) * 32; }
 };
 
-// The forward (fwd.cu). D: head dim (64 or 128). FlashAttention-3's ping-pong schedule: two
-// consumer warpgroups of 64 query rows each take turns at issuing their wgmma, handed over through
-// two named barriers, and each runs tile j's softmax under its own P V of tile j-1 (its own
-// intra-warpgroup overlap). The producer is a whole warpgroup (384 threads; one thread issues the
-// copies), so setmaxnreg moves registers from it to the consumers, which lets both score buffers
-// and 128-key tiles fit at d128 too.
-template <int D, bool CAUSAL>
-struct FwdConfig : QueryTileSchedule<128, 128, CAUSAL> {
+// The forward (fwd.cu). D: head dim (64 or 128); CONSUMERS: consumer warpgroups of 64 query rows
+// (2, or 3 at d64: FwdTile). FlashAttention-3's ping-pong schedule: the consumer warpgroups take
+// turns at issuing their wgmma, handed round through one named barrier each, and each runs tile
+// j's softmax under its own P V of tile j-1 (its own intra-warpgroup overlap). The producer is a
+// whole warpgroup (one thread issues the copies), so setmaxnreg moves registers from it to the
+// consumers, which lets both score buffers and 128-key tiles fit at d128 too.
+template <int D, bool CAUSAL, int CONSUMERS = 2>
+struct FwdConfig : QueryTileSchedule<64 * CONSUMERS, 128, CAUSAL> {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && D == 64),
+                "two consumer warpgroups, or three at d64 (d128's O does not fit 160 registers beside S and P)");
   static constexpr int kHeadDim = D;
   static constexpr bool kCausal = CAUSAL;
-  static constexpr int kConsumers = 2;                  // consumer warpgroups
+  static constexpr int kConsumers = CONSUMERS;          // consumer warpgroups
   static constexpr int kBlockM = 64 * kConsumers;       // query rows per CTA
   static constexpr int kBlockN = 128;                   // keys per K/V tile
   static constexpr int kStages = 3;                     // K/V ring depth
@@ -120,29 +122,33 @@ struct FwdConfig : QueryTileSchedule<128, 128, CAUSAL> {
   static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
   static constexpr int kProducerWarp = 4 * kConsumers;  // the warp after the consumer warpgroups (lane 0 issues)
 
-  // The register reallocation: at one CTA per SM a thread starts with kLaunchRegs (65536 / 384,
-  // rounded down to ptxas's multiple of 8: 168); the producer warpgroup drops to kProducerRegs and
-  // the consumers take what it frees. The sum may not exceed what the CTA was given at launch
-  // (setmaxnreg.inc would wait forever for registers nobody frees).
+  // The register reallocation: at one CTA per SM a thread starts with kLaunchRegs (65536 / threads,
+  // rounded down to ptxas's multiple of 8: 168 at 384 threads, 128 at 512); the producer warpgroup
+  // drops to kProducerRegs and the consumers take what it frees. The sum may not exceed what the
+  // CTA was given at launch (setmaxnreg.inc would wait forever for registers nobody frees).
   static constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
   static_assert(kProducerRegs * 128 + kConsumerRegs * 128 * kConsumers <= kLaunchRegs * kThreads,
                 "setmaxnreg: the warpgroups' registers must fit the CTA's launch allocation");
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs >= 24 && kConsumerRegs <= 256,
                 "setmaxnreg takes a multiple of 8 in [24, 256]");
   // The turns: warpgroup wg issues wgmma only between bar.sync on turn_barrier(wg) and bar.arrive
-  // on the other's; each barrier counts the 128 threads that wait on it and the 128 that arrive
-  // (kTurnThreads). Ids 1 and 2: 0 is __syncthreads' (the kernel's set-up and the key mask's
-  // scan); the forward uses no other named barrier. Both warpgroups take `turns` turns per work
-  // tile (its K/V tile count, the same for both); warpgroup 1 opens with one arrival so that 0
-  // goes first, and skips the hand-over of its last turn, so every barrier phase that starts also
-  // completes (turn_opens / turn_passes; the CPU test plays the protocol out).
+  // on the next one's (turn_next: wg + 1, the last hands to 0); each barrier counts the 128
+  // threads that wait on it and the 128 that arrive (kTurnThreads). Ids 1..kConsumers: 0 is
+  // __syncthreads' (the kernel's set-up and the key mask's scan); the forward uses no other named
+  // barrier. Every warpgroup takes `turns` turns per work tile (its K/V tile count, the same for
+  // all); the last warpgroup opens with one arrival on 0's barrier so that 0 goes first, and skips
+  // the hand-over of its last turn, so every barrier phase that starts also completes (turn_opens
+  // / turn_passes; the CPU test plays the protocol out).
   static constexpr int kTurnBarrierBase = 1;
   static constexpr int kTurnThreads = 256;
   static constexpr CUTRAIN_HD int turn_barrier(int wg) { return kTurnBarrierBase + wg; }
-  static constexpr CUTRAIN_HD bool turn_opens(int wg, int turns) { return wg == 1 && turns > 0; }
-  static constexpr CUTRAIN_HD bool turn_passes(int wg, int t, int turns) { return wg == 0 || t + 1 < turns; }
+  static constexpr CUTRAIN_HD int turn_next(int wg) { return turn_barrier(wg + 1 < kConsumers ? wg + 1 : 0); }
+  static constexpr CUTRAIN_HD bool turn_opens(int wg, int turns) { return wg == kConsumers - 1 && turns > 0; }
+  static constexpr CUTRAIN_HD bool turn_passes(int wg, int t, int turns) {
+    return wg != kConsumers - 1 || t + 1 < turns;
+  }
   static constexpr int kColBlocks = D / 64;             // 128-byte column blocks per row
   static constexpr std::uint32_t kQBytes = kBlockM * D * 2;
   static constexpr std::uint32_t kKVBytes = kBlockN * D * 2;  // one K or one V tile

@@ -1,5 +1,5 @@
-// @brief The backward schedules the production entry point (kernels::attention_backward) runs per
-// (head_dim, causal, determinism): the fastest measured on an H100 by bench_attention_hopper in one
+// @brief The forward tile and the backward schedules the production entry points
+// (kernels::attention_forward / attention_backward) run per (head_dim, causal, determinism): the fastest measured on an H100 by bench_attention_hopper in one
 // device call (docs/perf-notes.md, "Attention: the production schedules", has the table and the
 // command). Compile-time choices; every other schedule stays reachable through the sm90
 // functions' arguments (tests, benchmarks).
@@ -19,6 +19,13 @@ namespace cutrain::kernels::sm90 {
 // one-pass, 758 two-pass lockstep, at B4 H16 S2048); causal, the producer dK/dV pass, one pass
 // unless determinism is asked for (418 vs 432 us lockstep one-pass; two-pass with the serial dQ
 // loop 527 vs 538).
+// Forward: the query tile. Rows128 everywhere until Rows192 is measured against it.
+constexpr FwdTile production_forward(int head_dim, bool causal) {
+  (void)head_dim;
+  (void)causal;
+  return FwdTile::Rows128;
+}
+
 struct BackwardPlan {
   bool two_pass;
   BackwardSchedule schedule;

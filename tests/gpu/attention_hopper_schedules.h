@@ -8,10 +8,14 @@ namespace cutrain::test::hopper_schedules {
 
 namespace hopper = cutrain::kernels::sm90;
 
+inline constexpr hopper::FwdTile kFwdTiles[] = {hopper::FwdTile::Rows128, hopper::FwdTile::Rows192};
 inline constexpr hopper::BackwardSchedule kBackward[] = {
     hopper::BackwardSchedule::Lockstep, hopper::BackwardSchedule::Producer, hopper::BackwardSchedule::ProducerOverlap};
 inline constexpr hopper::DqSchedule kDq[] = {hopper::DqSchedule::Serial, hopper::DqSchedule::Overlap};
 
+inline const char* schedule_name(hopper::FwdTile t) {
+  return t == hopper::FwdTile::Rows128 ? "forward rows128" : "forward rows192";
+}
 inline const char* schedule_name(hopper::BackwardSchedule s) {
   switch (s) {
     case hopper::BackwardSchedule::Lockstep: return "lockstep";

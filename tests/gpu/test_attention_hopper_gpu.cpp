@@ -112,12 +112,13 @@ struct Outputs {
   std::vector<float> out, lse;
 };
 
-// The Hopper forward on poisoned outputs; nothing may be left unwritten (the first NaN is named).
-Outputs run_hopper(const AttentionShape& sh, const Inputs& in) {
+// The Hopper forward with query tile `tile` on poisoned outputs; nothing may be left unwritten (the
+// first NaN is named).
+Outputs run_hopper(const AttentionShape& sh, const Inputs& in, hopper::FwdTile tile) {
   const std::size_t tokens = static_cast<std::size_t>(sh.batch) * sh.seq;
   test::DeviceArray<bf16> out(tokens * sh.heads * sh.head_dim);
   test::DeviceArray<float> lse(tokens * sh.heads);
-  hopper::attention_forward(nullptr, in.qkv.get(), out.get(), lse.get(), sh);
+  hopper::attention_forward(nullptr, in.qkv.get(), out.get(), lse.get(), sh, {}, tile);
   CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
   Outputs r{test::download_float(out), lse.download()};
   const std::vector<double> zeros_o(r.out.size(), 0.0), zeros_l(r.lse.size(), 0.0);
@@ -139,9 +140,9 @@ TEST_P(AttentionHopperGpu, MatchesCpuReference) {
   const Inputs in = make_inputs(sh, large);
   std::vector<double> out_r, lse_r;
   ref::attention_forward(in.qkv_f, sh, out_r, lse_r);
-  {
-    SCOPED_TRACE(shape_name(sh) + (large ? " large logits" : ""));
-    const Outputs r = run_hopper(sh, in);
+  for (const hopper::FwdTile tile : test::hopper_schedules::kFwdTiles) {
+    SCOPED_TRACE(shape_name(sh) + (large ? " large logits " : " ") + schedule_name(tile));
+    const Outputs r = run_hopper(sh, in, tile);
     const double err_o = test::rel_error(r.out, out_r), err_l = test::rel_error(r.lse, lse_r);
     const std::string why = suspect(err_o <= 1e-2, err_l <= 1e-4, dim);
     EXPECT_LE(err_o, 1e-2) << "O vs CPU; first element off: "
@@ -183,9 +184,9 @@ TEST_P(AttentionHopperLongGpu, MatchesNaiveAndProduction) {
   kernels::attention_forward(nullptr, in.qkv.get(), out_p.get(), lse_p.get(), sh);
   const auto out_ph = test::download_float(out_p), lse_ph = lse_p.download();
 
-  {
-    SCOPED_TRACE(shape_name(sh));
-    const Outputs r = run_hopper(sh, in);
+  for (const hopper::FwdTile tile : test::hopper_schedules::kFwdTiles) {
+    SCOPED_TRACE(shape_name(sh) + " " + schedule_name(tile));
+    const Outputs r = run_hopper(sh, in, tile);
     const double err_o = test::rel_error(r.out, out_nh), err_l = test::rel_error(r.lse, lse_nh);
     const std::string why = suspect(err_o <= 1e-2, err_l <= 1e-4, dim);
     EXPECT_LE(err_o, 1e-2) << "O vs naive; first element off: "
@@ -423,11 +424,11 @@ TEST_P(AttentionHopperFp16Gpu, EverySchedule) {
   std::vector<double> out_r, lse_r;
   ref::attention_forward(qkv_f, sh, out_r, lse_r);
   std::vector<float> out_h;
-  {
-    SCOPED_TRACE("forward");
+  for (const hopper::FwdTile tile : test::hopper_schedules::kFwdTiles) {
+    SCOPED_TRACE(schedule_name(tile));
     out.poison();
     lse.poison();
-    hopper::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh);
+    hopper::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, {}, tile);
     CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
     out_h = test::download_float(out);
     const auto lse_h = lse.download();

@@ -76,15 +76,23 @@ TEST_P(AttentionHopperOptionsGpu, MatchesReference) {
   opt.dropout = ro.dropout;
   opt.dropout_p = p;
 
-  // ---- forward: the reference, then the kernel (kernels::attention_forward runs the sm90 one) ----
+  // ---- forward: the reference, then the kernel with each query tile, then the production entry
+  // (kernels::attention_forward), whose outputs feed the backward below ----
   std::vector<double> out_r, lse_r;
   ref::attention_forward(qkv_f, sh, out_r, lse_r, ro);
-  test::DeviceArray<bf16> out(n_o);  // its outputs feed the backward below
+  test::DeviceArray<bf16> out(n_o);
   test::DeviceArray<float> lse(n_l);
-  kernels::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, opt);
-  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<float> out_h = test::download_float(out);
-  {
+  std::vector<float> out_h;
+  for (int run = 0; run <= 2; ++run) {
+    const bool production = run == 2;
+    const hopper::FwdTile tile = test::hopper_schedules::kFwdTiles[production ? 0 : run];
+    SCOPED_TRACE(production ? "production forward" : schedule_name(tile));
+    out.poison();
+    lse.poison();
+    if (production) kernels::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, opt);
+    else hopper::attention_forward(nullptr, qkv.get(), out.get(), lse.get(), sh, opt, tile);
+    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    out_h = test::download_float(out);
     const auto l_h = lse.download();
     ASSERT_EQ(test::count_nan(out_h), 0u) << "O elements left unwritten (poison survived)";
     ASSERT_EQ(test::count_nan(l_h), 0u) << "lse elements left unwritten (poison survived)";
@@ -291,19 +299,22 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionHopperDropoutMaskGpu,
                            return os.str();
                          });
 
-// The persistent forward (without causal: a CTA per SM looping over work tiles) with three times
-// as many work tiles as the device has SMs, so every CTA runs several and its Q buffers and K/V
-// ring wrap: plain, and with a key mask and dropout (the mask's tile counts differ per sequence,
-// so the CTAs' rings fall out of step). Against the CPU reference.
-class AttentionHopperPersistentGpu : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+// The persistent forward (without causal: a CTA per SM looping over work tiles) with each query
+// tile and at least three times as many work tiles as the device has SMs, so every CTA runs
+// several and its Q buffers and K/V ring wrap: plain, with a key mask (its tile counts differ per
+// sequence, so the CTAs' rings fall out of step), and with the mask and dropout. Against the CPU
+// reference.
+enum class PersistentOptions { Plain, Mask, MaskDrop };
+class AttentionHopperPersistentGpu : public ::testing::TestWithParam<std::tuple<int, PersistentOptions>> {};
 
 TEST_P(AttentionHopperPersistentGpu, ManyWorkTilesPerCta) {
   CUTRAIN_REQUIRE_GPU();
-  const auto [dim, options] = GetParam();
+  const auto [dim, which] = GetParam();
+  const bool options = which != PersistentOptions::Plain, drop = which == PersistentOptions::MaskDrop;
   int dev = 0, sms = 0;
   CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
   CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int seq = 200, heads = 4, nq = 2;  // 128-query work tiles
+  const int seq = 200, heads = 4, nq = 2;  // 128- and 192-query work tiles
   const AttentionShape sh{(3 * sms + nq * heads - 1) / (nq * heads), seq, heads, dim, false};
   auto rng = test::fresh_rng();
   const std::size_t n_qkv = static_cast<std::size_t>(sh.batch) * seq * 3 * heads * dim, n_o = n_qkv / 3;
@@ -314,7 +325,7 @@ TEST_P(AttentionHopperPersistentGpu, ManyWorkTilesPerCta) {
   if (options) {
     ro.key_mask = test::option_test_mask(sh, rng);
     ro.dropout = {rng(), static_cast<std::uint32_t>(rng() % 1000), 3, nullptr};
-    ro.dropout_p = 0.1f;
+    ro.dropout_p = drop ? 0.1f : 0.f;
   }
   test::DeviceArray<std::uint8_t> mask_d(options ? ro.key_mask : std::vector<std::uint8_t>(1));
   kernels::AttentionOptions opt;
@@ -326,21 +337,31 @@ TEST_P(AttentionHopperPersistentGpu, ManyWorkTilesPerCta) {
 
   test::DeviceArray<bf16> o(n_o);
   test::DeviceArray<float> l(n_l);
-  hopper::attention_forward(nullptr, qkv.get(), o.get(), l.get(), sh, opt);
-  CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto o_h = test::download_float(o);
-  const auto l_h = l.download();
-  SCOPED_TRACE("batch " + std::to_string(sh.batch));
-  ASSERT_EQ(test::count_nan(o_h), 0u) << "O elements left unwritten (poison survived)";
-  ASSERT_EQ(test::count_nan(l_h), 0u) << "lse elements left unwritten (poison survived)";
-  EXPECT_LE(test::rel_error(o_h, out_r), 1e-2) << "O vs CPU";
-  test::expect_lse_matches(l_h, lse_r);
+  for (const hopper::FwdTile tile : test::hopper_schedules::kFwdTiles) {
+    SCOPED_TRACE(std::string(schedule_name(tile)) + ", batch " + std::to_string(sh.batch));
+    o.poison();
+    l.poison();
+    hopper::attention_forward(nullptr, qkv.get(), o.get(), l.get(), sh, opt, tile);
+    CUTRAIN_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto o_h = test::download_float(o);
+    const auto l_h = l.download();
+    ASSERT_EQ(test::count_nan(o_h), 0u) << "O elements left unwritten (poison survived)";
+    ASSERT_EQ(test::count_nan(l_h), 0u) << "lse elements left unwritten (poison survived)";
+    EXPECT_LE(test::rel_error(o_h, out_r), 1e-2) << "O vs CPU";
+    test::expect_lse_matches(l_h, lse_r);
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, AttentionHopperPersistentGpu, ::testing::Combine(::testing::Values(64, 128), ::testing::Bool()),
-                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& i) {
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionHopperPersistentGpu,
+                         ::testing::Combine(::testing::Values(64, 128),
+                                            ::testing::Values(PersistentOptions::Plain, PersistentOptions::Mask,
+                                                              PersistentOptions::MaskDrop)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, PersistentOptions>>& i) {
+                           const PersistentOptions o = std::get<1>(i.param);
                            return "D" + std::to_string(std::get<0>(i.param)) +
-                                  (std::get<1>(i.param) ? "_mask_p10" : "_plain");
+                                  (o == PersistentOptions::Plain  ? "_plain"
+                                   : o == PersistentOptions::Mask ? "_mask"
+                                                                  : "_mask_p10");
                          });
 
 }  // namespace

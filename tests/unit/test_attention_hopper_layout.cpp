@@ -77,6 +77,8 @@ TEST(AttentionHopperLayout, WgmmaOperandsReadWhatTheTmaWrote) {
   expect_operands_match_tma<hopper::FwdConfig<128, false>>();
   expect_operands_match_tma<hopper::FwdConfig<64, true>>();
   expect_operands_match_tma<hopper::FwdConfig<128, true>>();
+  expect_operands_match_tma<hopper::FwdConfig<64, false, 3>>();
+  expect_operands_match_tma<hopper::FwdConfig<64, true, 3>>();
 }
 
 // The schedule covers every (query, key) score a row needs exactly once, in an active tile of its
@@ -119,6 +121,7 @@ template <class Cfg>
 constexpr bool schedule_matches = std::is_base_of_v<hopper::QueryTileSchedule<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>, Cfg>;
 static_assert(schedule_matches<hopper::FwdConfig<64, false>> && schedule_matches<hopper::FwdConfig<64, true>> &&
               schedule_matches<hopper::FwdConfig<128, false>> && schedule_matches<hopper::FwdConfig<128, true>> &&
+              schedule_matches<hopper::FwdConfig<64, false, 3>> && schedule_matches<hopper::FwdConfig<64, true, 3>> &&
               schedule_matches<hopper::DqConfig<64, false>> && schedule_matches<hopper::DqConfig<128, true>>,
               "a config's QueryTileSchedule has other tile sizes than the config");
 
@@ -128,6 +131,8 @@ TEST(AttentionHopperLayout, ScheduleCoversEveryScore) {
     expect_schedule_covers<hopper::FwdConfig<64, true>>(S);
     expect_schedule_covers<hopper::FwdConfig<128, false>>(S);
     expect_schedule_covers<hopper::FwdConfig<128, true>>(S);
+    expect_schedule_covers<hopper::FwdConfig<64, false, 3>>(S);
+    expect_schedule_covers<hopper::FwdConfig<64, true, 3>>(S);
   }
 }
 
@@ -176,6 +181,8 @@ TEST(AttentionHopperLayout, MaskedScheduleCoversEveryValidKey) {
     expect_masked_schedule_covers<hopper::FwdConfig<64, true>>(S, rng);
     expect_masked_schedule_covers<hopper::FwdConfig<128, false>>(S, rng);
     expect_masked_schedule_covers<hopper::FwdConfig<128, true>>(S, rng);
+    expect_masked_schedule_covers<hopper::FwdConfig<64, false, 3>>(S, rng);
+    expect_masked_schedule_covers<hopper::FwdConfig<64, true, 3>>(S, rng);
   }
 }
 
@@ -200,18 +207,19 @@ TEST(AttentionHopperLayout, SharedMemoryCarveUp) {
   expect_carve_up<hopper::FwdConfig<64, true>>();
   expect_carve_up<hopper::FwdConfig<128, false>>();
   expect_carve_up<hopper::FwdConfig<128, true>>();
+  expect_carve_up<hopper::FwdConfig<64, false, 3>>();
+  expect_carve_up<hopper::FwdConfig<64, true, 3>>();
   // d128's ring of 128-key tiles: Q 32 KiB + 3 x (K + V) 64 KiB + barriers + alignment, which
   // leaves no room for a second Q buffer; d64 has two.
   EXPECT_EQ((hopper::FwdConfig<128, false>::kSmemBytes), 1024u + 32768u + 6u * 32768u + 88u);
   EXPECT_EQ((hopper::FwdConfig<128, false>::kQBuffers), 1);
   EXPECT_EQ((hopper::FwdConfig<64, false>::kQBuffers), 2);
   EXPECT_EQ((hopper::FwdConfig<64, true>::kQBuffers), 2);
+  EXPECT_EQ((hopper::FwdConfig<64, false, 3>::kQBuffers), 2);  // 2 x 24 KiB of Q beside 96 KiB of K/V
+  EXPECT_EQ((hopper::FwdConfig<64, false, 3>::kBlockM), 192);
   EXPECT_EQ((hopper::FwdConfig<128, true>::kBlockN), 128);
 }
 
-// The ping-pong's register reallocation: what the producer warpgroup frees covers what the two
-// consumer warpgroups take, within the CTA's launch allocation (168 a thread at 384 threads), or
-// setmaxnreg.inc would wait forever.
 // The forward's work tiles: the CTAs of grid_ctas, taking w = c, c + grid, ... (persistent) or
 // their block's one, cover every (query tile, head, batch) exactly once. Without causal,
 // neighbouring work tiles share a (batch, head) (its K/V in L2); causal goes in sections of
@@ -259,6 +267,8 @@ TEST(AttentionHopperLayout, ForwardWorkTilesCoverTheLaunch) {
       for (const int group : {1, 2, 4, 5, 15})
         expect_work_tiles_cover<hopper::FwdConfig<64, true>>(S, 5, 3, sms, group);
       expect_work_tiles_cover<hopper::FwdConfig<128, true>>(S, 2, 2, sms, 3);
+      expect_work_tiles_cover<hopper::FwdConfig<64, false, 3>>(S, 3, 2, sms, 1);
+      expect_work_tiles_cover<hopper::FwdConfig<64, true, 3>>(S, 5, 3, sms, 2);
     }
   // Persistent: without causal only.
   EXPECT_TRUE((hopper::FwdConfig<64, false>::kPersistent));
@@ -272,10 +282,13 @@ TEST(AttentionHopperLayout, ForwardWorkTilesCoverTheLaunch) {
   EXPECT_EQ(hopper::causal_group(1 << 20, 128, 8), 1);  // 512 MiB a pair
 }
 
-TEST(AttentionHopperLayout, PingPongRegisterBudget) {
-  using Cfg = hopper::FwdConfig<128, true>;
-  EXPECT_EQ(Cfg::kThreads, 384);
-  EXPECT_EQ(Cfg::kLaunchRegs, 168);
+// The ping-pong's register reallocation: what the producer warpgroup frees covers what the
+// consumer warpgroups take, within the CTA's launch allocation (168 a thread at 384 threads, 128
+// at 512), or setmaxnreg.inc would wait forever.
+template <class Cfg>
+void expect_register_budget(int threads, int launch_regs) {
+  EXPECT_EQ(Cfg::kThreads, threads);
+  EXPECT_EQ(Cfg::kLaunchRegs, launch_regs);
   EXPECT_LE(Cfg::kProducerRegs * 128 + Cfg::kConsumerRegs * 128 * Cfg::kConsumers, Cfg::kLaunchRegs * Cfg::kThreads);
   EXPECT_GT(Cfg::kConsumerRegs, Cfg::kLaunchRegs);
   EXPECT_GE(Cfg::kProducerRegs, 24);
@@ -283,19 +296,28 @@ TEST(AttentionHopperLayout, PingPongRegisterBudget) {
   EXPECT_EQ(Cfg::kProducerRegs % 8, 0);
 }
 
+TEST(AttentionHopperLayout, PingPongRegisterBudget) {
+  expect_register_budget<hopper::FwdConfig<128, true>>(384, 168);
+  expect_register_budget<hopper::FwdConfig<64, false>>(384, 168);
+  expect_register_budget<hopper::FwdConfig<64, false, 3>>(512, 128);
+}
+
 // Plays the ping-pong's turn protocol out as the kernel runs it (per warpgroup: turn_opens' arrival,
-// then per turn bar.sync on its barrier, the wgmma issue, turn_passes' bar.arrive on the other's),
-// with the hardware barriers' rule (a phase completes when kTurnThreads threads arrived, waiters
-// included), over random interleavings: no deadlock, every phase completed has its waiter, no
-// phase is left half-arrived at the end (the barriers are clean at exit), and the issues alternate
-// warpgroup 0, 1, 0, 1, ... turn by turn.
-TEST(AttentionHopperLayout, PingPongTurnsAlternateAndBalance) {
-  using Cfg = hopper::FwdConfig<64, false>;
+// then per turn bar.sync on its barrier, the wgmma issue, turn_passes' bar.arrive on the next
+// one's), with the hardware barriers' rule (a phase completes when kTurnThreads threads arrived,
+// waiters included), over random interleavings: no deadlock, every phase completed has its waiter,
+// no phase is left half-arrived at the end (the barriers are clean at exit), and the issues go
+// round warpgroup 0, 1, ..., N-1, 0, ... turn by turn.
+template <class Cfg>
+void expect_turns_go_round() {
+  constexpr int N = Cfg::kConsumers;
+  SCOPED_TRACE(std::to_string(N) + " consumer warpgroups");
   EXPECT_EQ(Cfg::kTurnThreads, 2 * 128);
-  EXPECT_NE(Cfg::turn_barrier(0), Cfg::turn_barrier(1));
-  for (int wg = 0; wg < 2; ++wg) {
+  for (int wg = 0; wg < N; ++wg) {
     EXPECT_GE(Cfg::turn_barrier(wg), 1) << "0 is __syncthreads' barrier";
     EXPECT_LE(Cfg::turn_barrier(wg), 15);
+    for (int other = 0; other < wg; ++other) EXPECT_NE(Cfg::turn_barrier(wg), Cfg::turn_barrier(other));
+    EXPECT_EQ(Cfg::turn_next(wg), Cfg::turn_barrier((wg + 1) % N));
   }
   enum Kind { Arrive, Sync, Issue };
   struct Op {
@@ -305,19 +327,20 @@ TEST(AttentionHopperLayout, PingPongTurnsAlternateAndBalance) {
   std::mt19937_64 rng(2424);
   for (int turns = 0; turns <= 9; ++turns)
     for (int trial = 0; trial < 50; ++trial) {
-      std::vector<Op> prog[2];
-      for (int wg = 0; wg < 2; ++wg) {
-        if (Cfg::turn_opens(wg, turns)) prog[wg].push_back({Arrive, Cfg::turn_barrier(1 - wg)});
+      std::vector<Op> prog[N];
+      for (int wg = 0; wg < N; ++wg) {
+        if (Cfg::turn_opens(wg, turns)) prog[wg].push_back({Arrive, Cfg::turn_next(wg)});
         for (int t = 0; t < turns; ++t) {
           prog[wg].push_back({Sync, Cfg::turn_barrier(wg)});
           prog[wg].push_back({Issue, t});
-          if (Cfg::turn_passes(wg, t, turns)) prog[wg].push_back({Arrive, Cfg::turn_barrier(1 - wg)});
+          if (Cfg::turn_passes(wg, t, turns)) prog[wg].push_back({Arrive, Cfg::turn_next(wg)});
         }
       }
       int arrived[16] = {}, phase[16] = {};
       bool waiter[16] = {};
-      std::size_t pc[2] = {0, 0};
-      int blocked_on[2] = {-1, -1}, blocked_phase[2] = {0, 0};
+      std::size_t pc[N] = {};
+      int blocked_on[N], blocked_phase[N] = {};
+      for (int wg = 0; wg < N; ++wg) blocked_on[wg] = -1;
       std::vector<std::pair<int, int>> issues;
       auto arrive = [&](int b, bool waits) {
         arrived[b] += 128;
@@ -331,8 +354,8 @@ TEST(AttentionHopperLayout, PingPongTurnsAlternateAndBalance) {
         }
       };
       for (;;) {
-        int ready[2], n_ready = 0;
-        for (int wg = 0; wg < 2; ++wg) {
+        int ready[N], n_ready = 0;
+        for (int wg = 0; wg < N; ++wg) {
           if (blocked_on[wg] >= 0 && phase[blocked_on[wg]] != blocked_phase[wg]) blocked_on[wg] = -1;
           if (blocked_on[wg] < 0 && pc[wg] < prog[wg].size()) ready[n_ready++] = wg;
         }
@@ -347,15 +370,20 @@ TEST(AttentionHopperLayout, PingPongTurnsAlternateAndBalance) {
           if (op.kind == Sync && phase[op.arg] == ph) blocked_on[wg] = op.arg, blocked_phase[wg] = ph;
         }
       }
-      ASSERT_EQ(pc[0], prog[0].size()) << "warpgroup 0 deadlocked, turns " << turns;
-      ASSERT_EQ(pc[1], prog[1].size()) << "warpgroup 1 deadlocked, turns " << turns;
-      ASSERT_EQ(blocked_on[0], -1) << "warpgroup 0 still waits at the end, turns " << turns;
-      ASSERT_EQ(blocked_on[1], -1) << "warpgroup 1 still waits at the end, turns " << turns;
+      for (int wg = 0; wg < N; ++wg) {
+        ASSERT_EQ(pc[wg], prog[wg].size()) << "warpgroup " << wg << " deadlocked, turns " << turns;
+        ASSERT_EQ(blocked_on[wg], -1) << "warpgroup " << wg << " still waits at the end, turns " << turns;
+      }
       for (int b = 0; b < 16; ++b) ASSERT_EQ(arrived[b], 0) << "barrier " << b << " left half-arrived, turns " << turns;
-      ASSERT_EQ(issues.size(), 2u * turns);
-      for (int i = 0; i < 2 * turns; ++i)
-        ASSERT_EQ(issues[i], std::make_pair(i % 2, i / 2)) << "issue " << i << " out of turn, turns " << turns;
+      ASSERT_EQ(issues.size(), static_cast<std::size_t>(N * turns));
+      for (int i = 0; i < N * turns; ++i)
+        ASSERT_EQ(issues[i], std::make_pair(i % N, i / N)) << "issue " << i << " out of turn, turns " << turns;
     }
+}
+
+TEST(AttentionHopperLayout, PingPongTurnsGoRoundAndBalance) {
+  expect_turns_go_round<hopper::FwdConfig<64, false>>();
+  expect_turns_go_round<hopper::FwdConfig<64, true, 3>>();
 }
 
 TEST(AttentionHopperLayout, DescriptorFields) {
