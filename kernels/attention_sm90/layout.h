@@ -144,10 +144,13 @@ struct FwdConfig : QueryTileSchedule<64 * CONSUMERS, 128, CAUSAL> {
   static constexpr int kTurnBarrierBase = 1;
   static constexpr int kTurnThreads = 256;
   static constexpr CUTRAIN_HD int turn_barrier(int wg) { return kTurnBarrierBase + wg; }
-  static constexpr CUTRAIN_HD int turn_next(int wg) { return turn_barrier(wg + 1 < kConsumers ? wg + 1 : 0); }
+  // (Two warpgroups: the other one's, 1 - wg, as the two-warpgroup kernel always computed it.)
+  static constexpr CUTRAIN_HD int turn_next(int wg) {
+    return turn_barrier(kConsumers == 2 ? 1 - wg : wg + 1 < kConsumers ? wg + 1 : 0);
+  }
   static constexpr CUTRAIN_HD bool turn_opens(int wg, int turns) { return wg == kConsumers - 1 && turns > 0; }
   static constexpr CUTRAIN_HD bool turn_passes(int wg, int t, int turns) {
-    return wg != kConsumers - 1 || t + 1 < turns;
+    return (kConsumers == 2 ? wg == 0 : wg != kConsumers - 1) || t + 1 < turns;
   }
   static constexpr int kColBlocks = D / 64;             // 128-byte column blocks per row
   static constexpr std::uint32_t kQBytes = kBlockM * D * 2;
