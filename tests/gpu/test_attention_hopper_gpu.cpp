@@ -1,5 +1,5 @@
 // @brief GPU tests of the sm90 attention pair (kernels/attention_sm90/, the production kernels) with
-// each schedule of each kernel (the forward has one; the production backward runs one per shape).
+// each schedule of each kernel (the forward's two query tiles; the production backward runs one per shape).
 // Forward: O and the log-sum-exp against the fp64 CPU reference over odd shapes (S not a multiple
 // of any tile, B > 1, H > 1, d64 / d128, causal / not, plain and large logits), and at long S
 // against the naive GPU reference and kernels::attention_forward on the same inputs. Backward: dQ, dK, dV against the fp64 CPU reference over odd shapes
