@@ -274,24 +274,23 @@ void register_all() {
     for (const AttentionShape sh : {AttentionShape{4, 512, 16, 64}, AttentionShape{4, 2048, 16, 64},
                                     AttentionShape{4, 2048, 16, 128}})
       fwd_shapes.push_back({sh.batch, sh.seq, sh.heads, sh.head_dim, causal});
+  // "attention_hopper/fwd<variant>[_rows128|_rows192]/<shape>": the production entry, then at d64
+  // each query tile (with dropout both run Rows128, so no tile rows there).
   using kernels::sm90::FwdTile;
-  for (const AttentionShape& sh : fwd_shapes) {
-    const std::string name = std::string("attention_hopper/fwd") + (sh.causal ? "_causal" : "") + "/" + shape_name(sh);
-    benchmark::RegisterBenchmark(name.c_str(), [sh](benchmark::State& st) { bench_forward(st, sh); })
-        ->UseManualTime()
-        ->Iterations(100)  // a median of 100 flushed samples
-        ->Unit(benchmark::kMicrosecond);
-    if (sh.head_dim != 64) continue;  // d128 has one tile
-    for (const FwdTile tile : {FwdTile::Rows128, FwdTile::Rows192}) {
-      const std::string tname = std::string("attention_hopper/fwd") + (sh.causal ? "_causal" : "") +
-                                (tile == FwdTile::Rows128 ? "_rows128/" : "_rows192/") + shape_name(sh);
-      benchmark::RegisterBenchmark(tname.c_str(),
-                                   [sh, tile](benchmark::State& st) { bench_forward(st, sh, Opts::Plain, tile); })
+  auto add_forward_rows = [](const AttentionShape& sh, Opts o, const std::string& variant) {
+    const std::string tail = "/" + shape_name(sh);
+    auto add = [&](const std::string& name, std::optional<FwdTile> tile) {
+      benchmark::RegisterBenchmark(name.c_str(), [sh, o, tile](benchmark::State& st) { bench_forward(st, sh, o, tile); })
           ->UseManualTime()
-          ->Iterations(100)
+          ->Iterations(100)  // a median of 100 flushed samples
           ->Unit(benchmark::kMicrosecond);
-    }
-  }
+    };
+    add("attention_hopper/fwd" + variant + tail, std::nullopt);
+    if (sh.head_dim != 64 || o == Opts::MaskDrop) return;
+    add("attention_hopper/fwd" + variant + "_rows128" + tail, FwdTile::Rows128);
+    add("attention_hopper/fwd" + variant + "_rows192" + tail, FwdTile::Rows192);
+  };
+  for (const AttentionShape& sh : fwd_shapes) add_forward_rows(sh, Opts::Plain, sh.causal ? "_causal" : "");
   // The backward sweep, then the peer's shapes that the sweep lacks.
   std::vector<AttentionShape> bwd_shapes;
   for (int d : {64, 128})
@@ -381,23 +380,7 @@ void register_all() {
   for (const AttentionShape& sh : bert)
     for (Opts o : {Opts::Plain, Opts::Mask, Opts::MaskDrop}) {
       const std::string tail = std::string("/") + shape_name(sh);
-      {
-        const std::string name = std::string("attention_hopper/fwd") + opts_suffix(o) + tail;
-        benchmark::RegisterBenchmark(name.c_str(), [sh, o](benchmark::State& st) { bench_forward(st, sh, o); })
-            ->UseManualTime()
-            ->Iterations(100)
-            ->Unit(benchmark::kMicrosecond);
-        for (const FwdTile tile : {FwdTile::Rows128, FwdTile::Rows192}) {
-          if (o == Opts::MaskDrop) break;  // dropout runs Rows128 either way
-          const std::string tname = std::string("attention_hopper/fwd") + opts_suffix(o) +
-                                    (tile == FwdTile::Rows128 ? "_rows128" : "_rows192") + tail;
-          benchmark::RegisterBenchmark(tname.c_str(),
-                                       [sh, o, tile](benchmark::State& st) { bench_forward(st, sh, o, tile); })
-              ->UseManualTime()
-              ->Iterations(100)
-              ->Unit(benchmark::kMicrosecond);
-        }
-      }
+      add_forward_rows(sh, o, opts_suffix(o));
       for (bool with_forward : {false, true})
         for (std::optional<BackwardSchedule> schedule : kBwdRows) {
           const std::string name = std::string("attention_hopper/") + (with_forward ? "fwdbwd" : "bwd") +

@@ -446,28 +446,26 @@ void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionSh
   CUTRAIN_LAUNCH_CHECK("attention sm90 forward_kernel");
 }
 
-// The options' instance: the key mask where one is given, dropout where p > 0.
+// The options' instance: the key mask where one is given, dropout where p > 0. Three consumer
+// warpgroups have no dropout instances (the tile launcher below never asks for one).
 template <int D, bool CAUSAL, int CONSUMERS, typename E>
 void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
   const bool mask = opt.key_mask != nullptr, drop = opt.threshold != 0;
   if (!mask && !drop) launch<D, CAUSAL, CONSUMERS, false, false>(st, qkv, out, lse, sh, opt);
   else if (!drop) launch<D, CAUSAL, CONSUMERS, true, false>(st, qkv, out, lse, sh, opt);
-  else if (!mask) launch<D, CAUSAL, CONSUMERS, false, true>(st, qkv, out, lse, sh, opt);
-  else launch<D, CAUSAL, CONSUMERS, true, true>(st, qkv, out, lse, sh, opt);
+  else if constexpr (CONSUMERS == 2) {
+    if (!mask) launch<D, CAUSAL, CONSUMERS, false, true>(st, qkv, out, lse, sh, opt);
+    else launch<D, CAUSAL, CONSUMERS, true, true>(st, qkv, out, lse, sh, opt);
+  }
 }
 // The tile's instance (FwdTile): three consumer warpgroups at d64 without dropout only (at 160
 // registers a thread has no room for dropout's keep-bit state: ptxas spills those instances).
 template <int D, bool CAUSAL, typename E>
 void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt, FwdTile tile) {
-  if constexpr (D == 64) {
-    if (tile == FwdTile::Rows192 && opt.threshold == 0) {
-      if (opt.key_mask != nullptr) launch<D, CAUSAL, 3, true, false>(st, qkv, out, lse, sh, opt);
-      else launch<D, CAUSAL, 3, false, false>(st, qkv, out, lse, sh, opt);
-      return;
-    }
-  }
+  if constexpr (D == 64)
+    if (tile == FwdTile::Rows192 && opt.threshold == 0) return launch<D, CAUSAL, 3>(st, qkv, out, lse, sh, opt);
   launch<D, CAUSAL, 2>(st, qkv, out, lse, sh, opt);
 }
 

@@ -9,6 +9,10 @@
 
 namespace cutrain::kernels::sm90 {
 
+// Forward: the query tile. Rows128 at every (head_dim, causal) until Rows192 is measured
+// against it (docs/perf-notes.md, "Experiment: the forward's 192-row query tile").
+constexpr FwdTile production_forward(int /*head_dim*/, bool /*causal*/) { return FwdTile::Rows128; }
+
 // Backward: which algorithm and schedules. two_pass: the dK/dV pass without dQ atomics, then the
 // dQ pass (the deterministic mode's algorithm: same bits every run); otherwise one pass with fp32
 // dQ atomics. A caller that asks for determinism always gets two_pass.
@@ -19,13 +23,6 @@ namespace cutrain::kernels::sm90 {
 // one-pass, 758 two-pass lockstep, at B4 H16 S2048); causal, the producer dK/dV pass, one pass
 // unless determinism is asked for (418 vs 432 us lockstep one-pass; two-pass with the serial dQ
 // loop 527 vs 538).
-// Forward: the query tile. Rows128 everywhere until Rows192 is measured against it.
-constexpr FwdTile production_forward(int head_dim, bool causal) {
-  (void)head_dim;
-  (void)causal;
-  return FwdTile::Rows128;
-}
-
 struct BackwardPlan {
   bool two_pass;
   BackwardSchedule schedule;
