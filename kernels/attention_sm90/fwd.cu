@@ -236,8 +236,8 @@ __device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std
 
   if (Cfg::turn_opens(wg, turns)) named_barrier_arrive(next, Cfg::kTurnThreads);
   mbar_wait_realloc(bar.q_full(qb), q_phase);
-  const int n_active = Cfg::active_tiles(n_tiles, wg_row0);
-  if (n_active > 0) {  // tile 0 is active unless MASK left no tile; tile j is the ring's (g0 + j)-th
+  const int n_active = Cfg::live_tiles(n_tiles, wg_row0, S);
+  if (n_active > 0) {  // tile 0 is active unless MASK left no tile or the rows lie past S; tile j is the ring's (g0 + j)-th
     mbar_wait_realloc(bar.k_full(Ring::stage(g0)), Ring::phase(g0));
     named_barrier_sync(mine, Cfg::kTurnThreads);
     issue_scores<Cfg, E>(sc, sQ, sK + Ring::stage(g0) * Cfg::kKVBytes, wg);
@@ -280,7 +280,7 @@ __device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std
   } else {
     bar.release_q(qb);
   }
-  for (int j = n_active; j < n_tiles; ++j) {  // causal: tiles wholly after this warpgroup's rows
+  for (int j = n_active; j < n_tiles; ++j) {  // tiles wholly after this warpgroup's rows (causal), or rows past S
     const int s = Ring::stage(g0 + j);
     const std::uint32_t phase = Ring::phase(g0 + j);
     named_barrier_sync(mine, Cfg::kTurnThreads);

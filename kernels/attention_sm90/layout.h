@@ -69,6 +69,12 @@ struct QueryTileSchedule {
     const int last = (wg_row0 + 63) / BLOCK_N + 1;
     return CAUSAL && last < n_tiles ? last : n_tiles;
   }
+  // The forward's count: none for a warpgroup whose rows all lie past S (the last query tile of a
+  // sequence that is not a multiple of BLOCK_M), which then only takes its turns and releases the
+  // tiles; otherwise active_tiles.
+  static constexpr CUTRAIN_HD int live_tiles(int n_tiles, int wg_row0, int S) {
+    return wg_row0 >= S ? 0 : active_tiles(n_tiles, wg_row0);
+  }
   // With a key mask: of the n_tiles a CTA would stream, those up to the tile holding last_key, the
   // last key it may attend among them (-1: none, so no tile and every row gets O = 0, lse = -inf).
   // Trailing padding then costs nothing; masked keys before last_key score -inf in the softmax.

@@ -102,6 +102,9 @@ void expect_schedule_covers(int S) {
       ASSERT_GE(n_active, 1);
       for (int j = 0; j < n_tiles; ++j)
         ASSERT_EQ(Cfg::tile_active(j, wg_row0), j < n_active) << "S " << S << " m0 " << m0 << " wg " << wg << " j " << j;
+      // The forward's live count: active_tiles for a warpgroup with a row before S, none past S.
+      const int n_live = Cfg::live_tiles(n_tiles, wg_row0, S);
+      ASSERT_EQ(n_live, wg_row0 < S ? n_active : 0) << "S " << S << " m0 " << m0 << " wg " << wg;
       for (int row = wg_row0; row < std::min(wg_row0 + 64, S); ++row) {
         const int keys = Cfg::kCausal ? row + 1 : S;  // keys 0..keys-1 are needed
         for (int key = 0; key < keys; ++key) {
@@ -109,6 +112,7 @@ void expect_schedule_covers(int S) {
           ASSERT_LT(j, n_tiles) << "S " << S << " row " << row << " key " << key << ": its tile is never streamed";
           ASSERT_TRUE(Cfg::tile_active(j, wg_row0)) << "S " << S << " row " << row << " key " << key
                                                     << ": its tile is skipped by warpgroup " << wg;
+          ASSERT_LT(j, n_live) << "S " << S << " row " << row << " key " << key << ": past the forward's live tiles";
         }
       }
     }
