@@ -68,6 +68,8 @@ template <class Cfg>
 struct BwdSmem {
   std::uint32_t k, v, q, dout, ds;  // stage s of Q / dO: + s * kQBytes; warpgroup w's dS^T: + w * kDsBytes
   unsigned char* ds_ptr;            // generic pointer to ds
+  std::uint32_t dq_stage;           // kBulkDq, fast mode: warpgroup w's dQ_part staging at + w * kDqStageBytes
+  unsigned char* dq_stage_ptr;      // generic pointer to dq_stage
   float *lse, *dvec;                // [kStages][kBlockM]
   BwdBarriers<Cfg> bar;
 };
@@ -211,8 +213,8 @@ template <class Cfg, typename E, bool MASK, bool DROP, bool DET>
 __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], float (&dv)[Cfg::kHeadDim / 8][4],
                                           const BwdSmem<Cfg>& sm, std::uint32_t q_tile, std::uint32_t do_tile,
                                           const float* lse_t, const float* dvec_t, float* __restrict__ dq_acc,
-                                          int m0, int n0, int wg, int key_row0, int S, int H, int head, int b,
-                                          float scale_log2, const BwdOptions& opts) {
+                                          const CUtensorMap* dq_map, int m0, int n0, int wg, int key_row0, int S,
+                                          int H, int head, int b, float scale_log2, const BwdOptions& opts) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
   [[maybe_unused]] const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
 
@@ -265,7 +267,11 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
     operand_fence(pf);
     operand_fence(dsf);
   } else {
-    // dQ_part[64 queries x D] = dS_w K_w once the warpgroup's 128 threads have stored dS^T.
+    // dQ_part[64 queries x D] = dS_w K_w once the warpgroup's 128 threads have stored dS^T (kBulkDq:
+    // and once the warpgroup's previous reduce-add has read its staging tile).
+    const bool issuer = (threadIdx.x & 127) == 0;  // kBulkDq: the thread that issues the reduce-adds
+    if constexpr (Cfg::kBulkDq)
+      if (issuer) bulk_wait_read<0>();
     named_barrier_sync(1 + wg, 128);
     float dq[D / 8][4];
     const std::uint32_t ds_u32 = sm.ds + wg * Cfg::kDsBytes;
@@ -282,17 +288,48 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
     operand_fence(dsf);
     operand_fence(dq);
 
-    // dq_acc [B, S, H, D] += dQ_part: rows m0 + 16(warp % 4) + gi (+8), columns 8j + 2t, +1.
+    if constexpr (Cfg::kBulkDq) {
+      // dQ_part into the warpgroup's staging tile (row 16(warp % 4) + gi (+8), columns 8j + 2t, +1:
+      // a warp's float2 stores cover every bank twice under the swizzle), then one TMA reduce-add per
+      // 32-column block into dq_acc [B, S, H, D]; rows at or past S lie outside the map and are left out.
+      unsigned char* stage = sm.dq_stage_ptr + wg * Cfg::kDqStageBytes;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int q = m0 + 16 * (warp & 3) + gi + 8 * h;
-      if (q >= S) continue;
-      float* dst = dq_acc + ((static_cast<std::size_t>(b) * S + q) * H + head) * D + 2 * t;
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * (warp & 3) + gi + 8 * h;
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-        atomicAdd(reinterpret_cast<float2*>(dst + 8 * j), make_float2(dq[j][2 * h], dq[j][2 * h + 1]));
+        for (int j = 0; j < D / 8; ++j)
+          *reinterpret_cast<float2*>(stage + Cfg::dq_stage_offset(r, 8 * j + 2 * t)) =
+              make_float2(dq[j][2 * h], dq[j][2 * h + 1]);
+      }
+      fence_proxy_async_smem();  // the reduce-add reads the tile through the async proxy
+      named_barrier_sync(1 + wg, 128);
+      if (issuer) {
+        const std::uint32_t src = sm.dq_stage + wg * Cfg::kDqStageBytes;
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) tma_reduce_add_4d(src + c * BM * 128, dq_map, 32 * c, head, m0, b);
+        bulk_commit();
+      }
+    } else {
+      // dq_acc [B, S, H, D] += dQ_part: rows m0 + 16(warp % 4) + gi (+8), columns 8j + 2t, +1.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int q = m0 + 16 * (warp & 3) + gi + 8 * h;
+        if (q >= S) continue;
+        float* dst = dq_acc + ((static_cast<std::size_t>(b) * S + q) * H + head) * D + 2 * t;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+          atomicAdd(reinterpret_cast<float2*>(dst + 8 * j), make_float2(dq[j][2 * h], dq[j][2 * h + 1]));
+      }
     }
   }
+}
+
+// Fast mode with kBulkDq: the warpgroup's issuing thread waits for its last reduce-adds before the
+// CTA leaves (their staging tile must stay until read; their adds land before the dQ convert).
+template <class Cfg, bool DET>
+__device__ __forceinline__ void finish_dq_adds() {
+  if constexpr (!DET && Cfg::kBulkDq)
+    if ((threadIdx.x & 127) == 0) bulk_wait<0>();
 }
 
 // dK (x dk_scale = 1/sqrt(D)) and dV (x dv_scale: DROP's 1/(1-p)) of this warp's 16 keys from
@@ -325,7 +362,8 @@ __device__ __forceinline__ KeyBlock key_block(int H, int B, int group) {
 template <class Cfg, typename E, bool MASK, bool DROP, bool DET>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
-                    const __grid_constant__ CUtensorMap do_map, const float* __restrict__ lse,
+                    const __grid_constant__ CUtensorMap do_map, const __grid_constant__ CUtensorMap dq_map,
+                    const float* __restrict__ lse,
                     const float* __restrict__ dvec, E* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
                     int H, int B, int group, float scale_log2, float scale,
                     const __grid_constant__ attn::OptionArgs opt) {
@@ -340,6 +378,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                         base + Cfg::kdOOff,
                         base + Cfg::kDsOff,
                         gbase + Cfg::kDsOff,
+                        base + Cfg::kDqStageOff,
+                        gbase + Cfg::kDqStageOff,
                         reinterpret_cast<float*>(gbase + Cfg::kLseOff),
                         reinterpret_cast<float*>(gbase + Cfg::kDvecOff),
                         BwdBarriers<Cfg>{base + Cfg::kBarOff}};
@@ -410,10 +450,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     mbar_wait(sm.bar.q_full(s), (i / ST) & 1);
     if (Cfg::wg_active(m0, n0, wg))
       tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes, sm.lse + s * BM,
-                                 sm.dvec + s * BM, dq_acc, m0, n0, wg, key_row0, S, H, head, b, scale_log2, opts);
+                                 sm.dvec + s * BM, dq_acc, &dq_map, m0, n0, wg, key_row0, S, H, head, b,
+                                 scale_log2, opts);
     __syncthreads();  // stage s, its vectors and dS^T are free for the next tiles
   }
 
+  finish_dq_adds<Cfg, DET>();
   store_dkdv<D>(dqkv, dk, dv, key_row0, S, H, head, b, scale, DROP ? opt.drop_scale : 1.f);
 }
 
@@ -539,6 +581,8 @@ __device__ __forceinline__ BwdSmem<Cfg> bwd_smem(unsigned char* smem_raw) {
                       base + Cfg::kdOOff,
                       base + Cfg::kDsOff,
                       gbase + Cfg::kDsOff,
+                      base + Cfg::kDqStageOff,
+                      gbase + Cfg::kDqStageOff,
                       reinterpret_cast<float*>(gbase + Cfg::kLseOff),
                       reinterpret_cast<float*>(gbase + Cfg::kDvecOff),
                       BwdBarriers<Cfg>{base + Cfg::kBarOff}};
@@ -573,7 +617,8 @@ __device__ __forceinline__ void produce(unsigned char* smem_raw, const CUtensorM
 template <class Cfg, typename E, bool MASK, bool DROP, bool DET>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     backward_ws_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
-                       const __grid_constant__ CUtensorMap do_map, const float* __restrict__ lse,
+                       const __grid_constant__ CUtensorMap do_map, const __grid_constant__ CUtensorMap dq_map,
+                       const float* __restrict__ lse,
                        const float* __restrict__ dvec, E* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
                        int H, int B, int group, float scale_log2, float scale,
                        const __grid_constant__ attn::OptionArgs opt) {
@@ -653,11 +698,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       mbar_wait_realloc(sm.bar.q_full(s), (i / ST) & 1);
       if (Cfg::wg_active(m0, n0, wg))
         tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes,
-                                           sm.lse + s * BM, sm.dvec + s * BM, dq_acc, m0, n0, wg, key_row0, S, H,
-                                           head, b, scale_log2, opts);
+                                           sm.lse + s * BM, sm.dvec + s * BM, dq_acc, &dq_map, m0, n0, wg,
+                                           key_row0, S, H, head, b, scale_log2, opts);
       mbar_arrive(sm.bar.q_empty(s));  // this thread is done with stage s (its wgmma waited for)
     }
   }
+  finish_dq_adds<Cfg, DET>();
   store_dkdv<D>(dqkv, dk, dv, key_row0, S, H, head, b, scale, DROP ? opt.drop_scale : 1.f);
 }
 
@@ -672,6 +718,9 @@ void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, cons
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   const CUtensorMap do_map = encode_rows_map(dout, sh, 1, Cfg::kBlockM);
+  // The fast mode's reduce-adds (kBulkDq) go through a map of dq_acc; otherwise it is never read.
+  const CUtensorMap dq_map = !DET && Cfg::kBulkDq ? encode_dq_acc_map(dq_acc, sh) : CUtensorMap{};
+  constexpr std::uint32_t smem = Cfg::smem_bytes(DET);
   constexpr auto kernel = [] {
     if constexpr (Cfg::kProducer) return backward_ws_kernel<Cfg, E, MASK, DROP, DET>;
     else return backward_kernel<Cfg, E, MASK, DROP, DET>;
@@ -683,13 +732,13 @@ void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, cons
                               true);
     (void)pool;
   }
-  CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  CUTRAIN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int nk = (sh.seq + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const dim3 grid = CAUSAL ? dim3(nk * sh.heads * sh.batch) : dim3(nk, sh.heads, sh.batch);  // key_block's
   const int group = causal_group(sh.seq, D, sh.heads * sh.batch);
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * attn::kLog2e;
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, st>>>(q_map, kv_map, do_map, lse, dvec, dqkv, dq_acc, sh.seq,
-                                                       sh.heads, sh.batch, group, scale_log2, scale, opt);
+  kernel<<<grid, Cfg::kThreads, smem, st>>>(q_map, kv_map, do_map, dq_map, lse, dvec, dqkv, dq_acc, sh.seq, sh.heads,
+                                            sh.batch, group, scale_log2, scale, opt);
   CUTRAIN_LAUNCH_CHECK(Cfg::kProducer
                            ? (DET ? "attention sm90 backward_ws_kernel" : "attention sm90 backward_ws_kernel(atomic dq)")
                            : (DET ? "attention sm90 backward_kernel" : "attention sm90 backward_kernel(atomic dq)"));
@@ -745,8 +794,8 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
                 static_cast<int>(schedule));
   CUTRAIN_CHECK(dq_schedule == DqSchedule::Serial || dq_schedule == DqSchedule::Overlap,
                 "attention_backward: dq_schedule must be Serial or Overlap, got ", static_cast<int>(dq_schedule));
-  const std::uint32_t dkdv_smem =
-      sh.head_dim == 64 ? BwdConfig<64, false>::kSmemBytes : BwdConfig<128, false>::kSmemBytes;
+  const std::uint32_t dkdv_smem = sh.head_dim == 64 ? BwdConfig<64, false>::smem_bytes(deterministic)
+                                                    : BwdConfig<128, false>::smem_bytes(deterministic);
   check_device("attention_backward", deterministic ? std::max(dkdv_smem, dq_smem_bytes(sh.head_dim)) : dkdv_smem);
   // The scratch (attention_backward_scratch_bytes): Dvec, then, fast mode only, the fp32 dQ accumulator.
   float* dvec = static_cast<float*>(scratch);

@@ -214,6 +214,11 @@ constexpr CUTRAIN_HD std::uint32_t tma_sw128_offset(int rows, int r, int c) {
   const int block = c / 64, cc = c % 64;
   return block * rows * 128 + r * 128 + (((cc / 8) ^ (r % 8)) * 16) + (cc % 8) * 2;
 }
+// The same for fp32 elements: column blocks of 32 (128 bytes), 16-byte chunks of 4.
+constexpr CUTRAIN_HD std::uint32_t tma_sw128_offset_f32(int rows, int r, int c) {
+  const int block = c / 32, cc = c % 32;
+  return block * rows * 128 + r * 128 + (((cc / 4) ^ (r % 8)) * 16) + (cc % 4) * 4;
+}
 // The 128-byte swizzle the tensor cores apply to a canonical (unswizzled) byte offset.
 constexpr CUTRAIN_HD std::uint32_t sw128(std::uint32_t off) { return off ^ (((off >> 7) & 7u) << 4); }
 // Byte offset wgmma reads element (m, k) of a K-major operand from (k < 16: one k16 step), given
@@ -286,6 +291,18 @@ struct BwdConfig {
   static constexpr int kBarriers = 1 + 2 * kStages;
   static constexpr std::uint32_t kSmemBytes = 1024 + kBarOff + 8 * kBarriers;  // +1024: base alignment
   static_assert(kSmemBytes <= 227u * 1024u, "shared memory over the sm_90 per-block limit (227 KiB)");
+  // The fast mode's dQ share (kBulkDq, d64): each warpgroup writes its 64 x D fp32 dQ_part into its
+  // own staging tile after everything above (so the deterministic instances' offsets stay as they
+  // are), and one TMA reduce-add per 32-column block adds it into the accumulator. d128 would need
+  // 64 KiB of staging beside its 176 KiB: it keeps the float2 atomics.
+  static constexpr bool kBulkDq = D == 64;
+  static constexpr std::uint32_t kDqStageBytes = kBlockM * D * 4;  // one warpgroup's fp32 dQ_part
+  static constexpr std::uint32_t kDqStageOff = (kBarOff + 8 * kBarriers + 1023u) / 1024u * 1024u;
+  static constexpr std::uint32_t kFastSmemBytes =
+      kBulkDq ? 1024 + kDqStageOff + kWarpgroups * kDqStageBytes : kSmemBytes;
+  static_assert(kFastSmemBytes <= 227u * 1024u, "shared memory over the sm_90 per-block limit (227 KiB)");
+  // The shared memory an instance takes: the fast mode's adds the staging tiles.
+  static constexpr std::uint32_t smem_bytes(bool deterministic) { return deterministic ? kSmemBytes : kFastSmemBytes; }
   static_assert(kKVBytes % 1024 == 0 && kQBytes % 1024 == 0 && kDsBytes % 1024 == 0,
                 "tiles must keep 1024-byte swizzle atoms aligned");
   static_assert(kBlockM == 64, "dS^T holds one 128-byte column block of queries per key row");
@@ -322,6 +339,9 @@ struct BwdConfig {
   static constexpr CUTRAIN_HD std::uint32_t k_mn_slice(int wg, int ks) { return (64 * wg + 16 * ks) * 128; }
   // Where the kernel stores dS^T_w element (key row r < 64, query c < 64): the TMA's pattern.
   static constexpr CUTRAIN_HD std::uint32_t ds_offset(int r, int c) { return tma_sw128_offset(64, r, c); }
+  // Where the kernel stores dQ_part element (query row r < kBlockM, column c < D) in a warpgroup's
+  // staging tile: the TMA's 128-byte swizzle over fp32 column blocks of 32 (one reduce-add each).
+  static constexpr CUTRAIN_HD std::uint32_t dq_stage_offset(int r, int c) { return tma_sw128_offset_f32(kBlockM, r, c); }
 };
 
 // The deterministic backward's dQ pass (dq.cu). D: head dim (64 or 128). The forward's shape:

@@ -149,6 +149,22 @@ CUtensorMap encode_qkv_map(const E* qkv, const AttentionShape& sh, int box_rows)
   return encode_rows_map(qkv, sh, 3, box_rows);
 }
 
+CUtensorMap encode_dq_acc_map(float* dq_acc, const AttentionShape& sh) {
+  const std::uint64_t D = sh.head_dim, H = sh.heads, S = sh.seq, B = sh.batch, e = 4;
+  const cuuint64_t dims[4] = {D, H, S, B};
+  const cuuint64_t strides[3] = {D * e, H * D * e, S * H * D * e};
+  const cuuint32_t box[4] = {32, 1, 64, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = encode_entry()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, dq_acc, dims, strides, box,
+                                    element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUTRAIN_CHECK(r == CUDA_SUCCESS, "attention (sm90): cuTensorMapEncodeTiled (dQ accumulator) failed with CUresult ",
+                static_cast<int>(r), " (batch=", sh.batch, " seq=", sh.seq, " heads=", sh.heads,
+                " head_dim=", sh.head_dim, ")");
+  return map;
+}
+
 template CUtensorMap encode_rows_map<bf16>(const bf16*, const AttentionShape&, int, int);
 template CUtensorMap encode_rows_map<f16>(const f16*, const AttentionShape&, int, int);
 template CUtensorMap encode_qkv_map<bf16>(const bf16*, const AttentionShape&, int);

@@ -31,4 +31,8 @@ CUtensorMap encode_qkv_map(const E* qkv, const AttentionShape& shape, int box_ro
 template <typename E>
 CUtensorMap encode_rows_map(const E* base, const AttentionShape& shape, int slots, int box_rows);
 
+// The fast backward's fp32 dQ accumulator [B, S, H, D] as a 4-D map (D, H, S, B) for the TMA's
+// reduce-add: boxes of 32 columns x 64 rows of one (batch, head), 128-byte swizzle.
+CUtensorMap encode_dq_acc_map(float* dq_acc, const AttentionShape& shape);
+
 }  // namespace cutrain::kernels::sm90

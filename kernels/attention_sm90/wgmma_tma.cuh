@@ -85,6 +85,30 @@ __device__ __forceinline__ void tma_load_5d(std::uint32_t dst, const CUtensorMap
       : "memory");
 }
 
+// Adds a 4-D box of fp32 from shared memory into the tensor (the TMA's reduce-add: elements outside
+// the tensor are left out), as one bulk async-group operation of the issuing thread. The box's
+// shared-memory writes must be fenced to the async proxy (fence_proxy_async_smem) first.
+__device__ __forceinline__ void tma_reduce_add_4d(std::uint32_t src, const CUtensorMap* map, int c0, int c1, int c2,
+                                                  int c3) {
+  asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];" ::
+                   "l"(reinterpret_cast<std::uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+               : "memory");
+}
+// Closes this thread's bulk async-group of the operations issued since the last commit.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's bulk groups still read their shared memory (the source may
+// then be rewritten) ...
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+// ... or are still incomplete (their global writes done).
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // ---- wgmma ----
 // Orders this thread's earlier register accesses before the warpgroup's next wgmma.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

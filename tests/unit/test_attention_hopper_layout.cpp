@@ -605,6 +605,50 @@ void expect_bwd_carve_up() {
   EXPECT_EQ(Cfg::kThreads, 128 * Cfg::kWarpgroups);
   EXPECT_GE(Cfg::kThreads, 2 * Cfg::kBlockM) << "lse and Dvec take one thread per query each";
   EXPECT_EQ(Cfg::kBlockN, 64 * Cfg::kWarpgroups);
+  // The fast mode's dQ staging (d64): after the barriers, 1024-aligned (the reduce-add's 128-byte
+  // swizzle), one 64 x D fp32 tile per warpgroup; the deterministic mode's carve-up is the one above.
+  EXPECT_EQ(Cfg::smem_bytes(true), Cfg::kSmemBytes);
+  if (Cfg::kBulkDq) {
+    EXPECT_EQ(Cfg::kDqStageOff % 1024, 0u);
+    EXPECT_GE(Cfg::kDqStageOff, Cfg::kBarOff + 8u * Cfg::kBarriers);
+    EXPECT_EQ(Cfg::smem_bytes(false), 1024u + Cfg::kDqStageOff + Cfg::kWarpgroups * Cfg::kBlockM * Cfg::kHeadDim * 4u);
+    EXPECT_LE(Cfg::smem_bytes(false), 227u * 1024u);
+  } else {
+    EXPECT_EQ(Cfg::smem_bytes(false), Cfg::kSmemBytes);
+  }
+}
+
+// The fast mode's dQ_part stores into a warpgroup's staging tile (d64): lane (gi, t) of warp w
+// stores rows 16w + gi (+8), columns 8j + 2t, +1 as one float2. They must cover the 64 x D tile
+// once, put each element where the TMA's reduce-add of its 32-column box (source: the tile + box
+// x 64 rows x 128 bytes, 128-byte swizzle) reads it, and hit every bank exactly twice per warp store
+// (two wavefronts, the least a 256-byte store takes).
+TEST(AttentionHopperLayout, BackwardDqStagingMatchesTheReduceBoxes) {
+  using Cfg = hopper::BwdConfig<64, false>;
+  static_assert(Cfg::kBulkDq);
+  constexpr int BM = Cfg::kBlockM, D = Cfg::kHeadDim;
+  std::set<std::uint32_t> seen;
+  for (int w = 0; w < 4; ++w)
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < D / 8; ++j) {
+        int bank_hits[32] = {};
+        for (int lane = 0; lane < 32; ++lane) {
+          const int r = 16 * w + lane / 4 + 8 * h, c = 8 * j + 2 * (lane % 4);
+          const std::uint32_t off = Cfg::dq_stage_offset(r, c);
+          ASSERT_EQ(off % 8, 0u) << "float2 store, r " << r << " c " << c;
+          ASSERT_EQ(Cfg::dq_stage_offset(r, c + 1), off + 4) << "r " << r << " c " << c;
+          for (const int cc : {c, c + 1}) {
+            const std::uint32_t want = (cc / 32) * BM * 128u + hopper::sw128(r * 128u + (cc % 32) * 4u);
+            ASSERT_EQ(Cfg::dq_stage_offset(r, cc), want) << "r " << r << " c " << cc;
+            ASSERT_TRUE(seen.insert(Cfg::dq_stage_offset(r, cc)).second) << "two stores to one word, r " << r;
+          }
+          ++bank_hits[(off / 4) % 32];
+          ++bank_hits[(off / 4 + 1) % 32];
+        }
+        for (int bank = 0; bank < 32; ++bank) ASSERT_EQ(bank_hits[bank], 2) << "w " << w << " h " << h << " j " << j;
+      }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(BM) * D);
+  EXPECT_LT(*seen.rbegin(), Cfg::kDqStageBytes);
 }
 
 TEST(AttentionHopperLayout, BackwardSharedMemoryCarveUp) {
