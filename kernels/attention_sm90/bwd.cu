@@ -20,7 +20,10 @@
 //   dS^T -> shared memory (E, the TMA's 128-byte swizzle pattern, this warpgroup's 64 rows)
 //   dV += P^T dO, dK += dS^T Q                  wgmma, A from registers, B MN-major (transposed)
 //   dQ_part = dS_w K_w                          wgmma, dS^T and K both read MN-major
-//   dq_acc += dQ_part                           fp32 atomics (float2), unscaled (the fast mode)
+//   dq_acc += dQ_part                           unscaled (the fast mode): d64 stages it in shared memory
+//                                               (fp32, swizzled) and adds it by TMA reduce-adds, one
+//                                               per 32-column box; d128 (no room for the staging)
+//                                               by float2 atomics from registers
 // The warpgroups share nothing inside a tile (each adds its own keys' share of dQ), so they meet only
 // at the iteration's end. Causal: a warpgroup whose keys all follow the tile's last query skips it.
 // The launcher runs the family's row_dot before and its dQ convert (x 1/sqrt(D) -> E q slot) after;
@@ -740,8 +743,8 @@ void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, cons
   kernel<<<grid, Cfg::kThreads, smem, st>>>(q_map, kv_map, do_map, dq_map, lse, dvec, dqkv, dq_acc, sh.seq, sh.heads,
                                             sh.batch, group, scale_log2, scale, opt);
   CUTRAIN_LAUNCH_CHECK(Cfg::kProducer
-                           ? (DET ? "attention sm90 backward_ws_kernel" : "attention sm90 backward_ws_kernel(atomic dq)")
-                           : (DET ? "attention sm90 backward_kernel" : "attention sm90 backward_kernel(atomic dq)"));
+                           ? (DET ? "attention sm90 backward_ws_kernel" : "attention sm90 backward_ws_kernel(dq accumulated)")
+                           : (DET ? "attention sm90 backward_kernel" : "attention sm90 backward_kernel(dq accumulated)"));
 }
 
 // The options' instance: the key mask where one is given, dropout where p > 0.

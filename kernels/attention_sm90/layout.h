@@ -243,7 +243,7 @@ constexpr CUTRAIN_HD std::uint32_t wgmma_mnmajor_offset(std::uint32_t start, std
 //   dQ += dS_w K_w                         (A: dS^T_w from shared memory, MN-major; B: K_w MN-major)
 // dS^T_w is written to shared memory in the TMA's 128-byte swizzle pattern (rows: the warpgroup's
 // 64 keys, one 128-byte column block of 64 queries), so wgmma reads it like a TMA tile. Each
-// warpgroup adds its own keys' share of dQ (fp32 atomics), so neither waits for the other's dS.
+// warpgroup adds its own keys' share of dQ (fast mode: fp32, kBulkDq below), so neither waits for the other's dS.
 // Without PRODUCER (lockstep) both warpgroups load and a CTA barrier ends every tile, which hands
 // the ring stage back.
 // PRODUCER (the warp-specialized schedules, bwd.cu's backward_ws_kernel): a third warpgroup, the
