@@ -9,8 +9,8 @@
 //      (max, sum) through distributed shared memory in rank order, and each writes its slice's
 //      gradient from shared memory over the logits: HBM sees one read and one write per element.
 //      Small slices keep several CTAs on an SM, so one CTA's math overlaps the others' copies and
-//      the last wave is short. The log-sum-exp is kept in log2 units. The CTA that counts the last
-//      row loss takes the mean of the row losses in a fixed order (deterministic).
+//      the last wave is short. The log-sum-exp is kept in log2 units. The last CTA to finish takes
+//      the mean of the row losses in a fixed order (deterministic).
 // Extra memory: the scratch of 16 + 4 * rows bytes.
 #include "kernels/cross_entropy.cuh"
 
@@ -47,7 +47,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 struct CeHeader {
   int n_valid;
-  unsigned done;  // rows whose loss is written (zeroed by the count kernel; the last row's owner takes the mean)
+  unsigned done;  // row CTAs finished (zeroed by the count kernel; the last one takes the mean)
   int pad[2];
 };
 constexpr std::size_t kRowLossOffset = sizeof(CeHeader);
@@ -181,28 +181,24 @@ struct RowArgs {
   float* row_loss;
   int park_vecs;  // 16-byte vectors of its slice a CTA parks in shared memory, at most
   int rows;
-  float* loss_mean;  // written by the CTA that counts the last row
+  float* loss_mean;  // written by the last CTA
   int split;         // CTAs (one thread-block cluster) per row
 };
 
-// The fused finish, in two halves. count_row: the thread that wrote a row's loss (rank 0's thread 0)
-// counts the row done right after that store and before any gradient store, so its fence waits
-// for one store only, and no other CTA of the row touches the counter; the owner of the last row
-// counted learns it is last. take_mean: called by every thread of every CTA at its end; the last
-// CTA (it sees every row loss after the fences) takes the mean in a fixed order, so the result
-// stays deterministic.
+// The fused finish: every CTA counts itself done; the last one (it sees every other CTA's row
+// loss after the fences) takes the mean in a fixed order, so the result stays deterministic.
+// Called by every thread of the CTA.
 template <class Args>
-__device__ __forceinline__ bool count_row(const Args& a) {
-  pdl_wait();  // hdr->done is zeroed by the count kernel
-  __threadfence();  // the row loss (written by this thread) before the count
-  return atomicAdd(&a.hdr->done, 1u) == static_cast<unsigned>(a.rows) - 1u;
-}
-template <class Args>
-__device__ __forceinline__ void take_mean(const Args& a, const bool& is_last) {
+__device__ __forceinline__ void ce_finish_in_last_block(const Args& a) {
+  __shared__ bool is_last;
   __shared__ double sm[32];
-  __syncthreads();  // is_last (shared, set by thread 0) is read by every thread
+  pdl_wait();  // hdr->done and n_valid come from the count kernel
+  if (threadIdx.x == 0) {
+    __threadfence();  // this CTA's row loss (written by this thread) before the count
+    is_last = atomicAdd(&a.hdr->done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
   if (!is_last) return;
-  pdl_wait();  // n_valid comes from the count kernel
   __threadfence();
   // This sum sits at the kernel's end, on the critical path: four loads in flight per thread
   // (the per-thread order r, r + B, r + 2B, ... is the plain loop's, so the result is the same).
@@ -238,12 +234,10 @@ __device__ __forceinline__ void zero_scalar(T* x, int begin, int end) {
   for (int j = begin + threadIdx.x; j < end; j += blockDim.x) x[j] = z;
 }
 
-// The row's loss, then its count (count_row); is_last: whether it was the last row counted.
 template <class Args>
-__device__ __forceinline__ void write_row_loss(const Args& a, int row, float loss, bool& is_last) {
+__device__ __forceinline__ void write_row_loss(const Args& a, int row, float loss) {
   a.row_loss_tmp[row] = loss;
   if (a.row_loss) a.row_loss[row] = loss;
-  is_last = count_row(a);
 }
 
 // One gradient element: (p_j - [j == label]) * gs with p_j = 2^(x log2e - c).
@@ -298,9 +292,8 @@ __device__ __forceinline__ uint4 grad8(uint4 raw, int off, const GradScale& g) {
 // is the label's logit, which rank 0 reads before the cluster barrier that every gradient write
 // follows.
 //
-// The grid holds rows * a.split CTAs. Rank 0 counts its row done as soon as the row's loss is
-// written, before the gradient (count_row), so the other CTAs leave without a fence or an atomic
-// and no CTA holds its slot while its gradient stores drain. The cluster's (max, sum) exchange has one slot per CTA (cluster_ms): arrive/wait (the
+// The grid holds rows * a.split CTAs; a CTA past the last row (none at that grid) only counts itself
+// done. The cluster's (max, sum) exchange has one slot per CTA (cluster_ms): arrive/wait (the
 // slots written, then read in rank order), then an arrive (done reading) whose wait comes just
 // before this CTA exits, so no CTA frees a slot another still reads. Validity is per row, so every
 // CTA of the cluster takes the exchange or none does.
@@ -310,7 +303,6 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
   extern __shared__ uint4 slice[];  // a.park_vecs vectors
   __shared__ alignas(8) std::uint64_t landed;
   __shared__ float2 cluster_ms;  // this CTA's (m, s), read by the other CTAs of the row
-  __shared__ bool is_last;       // this CTA counted the last row (it takes the mean)
   const int split = a.split;
   const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(split));
   const int row = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
@@ -322,7 +314,6 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
   // before its bytes are requested).
   if (tid == 0) {
     mbar_init(&landed);
-    is_last = false;
     if (row < a.rows) {
       const T* xr = a.logits + static_cast<std::size_t>(row) * a.ld;
       const ce::RowSlice cut = ce::row_slice(reinterpret_cast<std::uintptr_t>(xr), a.vocab, split, rank);
@@ -347,7 +338,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
     const bool valid = label_valid(label, a.vocab, a.ignore_index);
 
     if (!valid) {  // cluster-uniform: ignored (or bad-label) row: no loss, zero gradient
-      if (tid == 0 && owner) write_row_loss(a, row, 0.f, is_last);
+      if (tid == 0 && owner) write_row_loss(a, row, 0.f);
       if constexpr (kGrad) {
         for (int v = v_begin + tid; v < v_end; v += kThreads)
           store16<Store::Streaming>(body + static_cast<std::size_t>(v) * 8, make_uint4(0, 0, 0, 0));
@@ -398,7 +389,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
         exchange_pending = true;
       }
       const float c = m + log2f(s);  // log2 of the softmax denominator: p_j = 2^(x_j log2e - c)
-      if (tid == 0 && owner) write_row_loss(a, row, c * kLn2 - x_label, is_last);
+      if (tid == 0 && owner) write_row_loss(a, row, c * kLn2 - x_label);
 
       if constexpr (kGrad) {
         // ---- dlogits = (softmax - onehot) * grad_scale / n_valid, over the logits ----
@@ -419,7 +410,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
     }
   }
   if (split > 1 && exchange_pending) cluster_wait();  // no CTA exits while another may still read its cluster_ms
-  take_mean(a, is_last);
+  ce_finish_in_last_block(a);
 }
 
 // The bytes of shared memory a CTA may use: the device's opt-in maximum.
@@ -474,7 +465,7 @@ struct RowKernel {
 };
 
 // The row kernel is a programmatic dependent of the count kernel (its copies start while the
-// labels are counted) and the CTA that counts the last row takes the mean (no finish launch).
+// labels are counted) and its last CTA takes the mean (no finish launch).
 template <bool kGrad, typename T>
 void run(cudaStream_t s, T* logits, const int32_t* labels, int rows, int vocab, int ld, float* loss_mean,
          float* row_loss, int* status, void* scratch, int ignore_index, float grad_scale,

@@ -22,7 +22,7 @@ namespace cutrain::kernels {
 // Deterministic: the mean is summed in a fixed order. Any ld and base alignment (odd ld is fine).
 // `scratch`: cross_entropy_scratch_bytes(rows) bytes, 16-byte aligned.
 // Two launches: the row kernel overlaps the label count through programmatic dependent launch
-// and the CTA that counts the last row loss takes the mean. Each row is read from HBM once: a thread-block cluster of
+// and its last CTA takes the mean. Each row is read from HBM once: a thread-block cluster of
 // cross_entropy_ctas_per_row(vocab) CTAs holds it in shared memory, one slice per CTA (rows past
 // about 920k columns, more than 8 CTAs can hold on an H100/H200, read the rest of each slice in
 // every pass).
