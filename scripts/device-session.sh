@@ -239,12 +239,24 @@ if want kernels; then
   # logs/roundK/; the table then shows every round's ratio (for shapes where the two sides call
   # the same library and differ by less than the run-to-run spread).
   run_ours() { # run_ours DIR SUFFIX
+    local matched=0 ran=0
     for b in ${BENCH_LIST:-attention k3 dense offload gemm allocator}; do
       [ -x build/gpu/bench/bench_$b ] || continue
       local f=""
       [ -n "${BENCH_FILTER:-}" ] && f="--benchmark_filter='$BENCH_FILTER'"
       step bench_$b$2 ${BENCH_LIMIT:-60} "build/gpu/bench/bench_$b $f --benchmark_out=$1/bench_$b.json --benchmark_out_format=json --benchmark_counters_tabular=true"
+      ran=$((ran + 1))
+      # Google Benchmark exits 0 when the filter matches nothing in a binary; say so.
+      if grep -q "Failed to match any benchmarks" "$logs/bench_$b$2.txt" 2>/dev/null; then
+        echo "-- bench_$b$2: BENCH_FILTER matched no benchmark" >>"$sum"
+      else
+        matched=$((matched + 1))
+      fi
     done
+    if (( ran > 0 && matched == 0 )) && [ -n "${BENCH_FILTER:-}" ]; then
+      echo "-- BENCH_FILTER matched no benchmark in any of: ${BENCH_LIST:-the default list} (names end in" \
+        "/iterations:N/manual_time or /manual_time: end a name's pattern with '/', not '\$')" >>"$sum"
+    fi
   }
   run_peers() { # run_peers DIR SUFFIX
     for p in ${PEER_LIST:-attention dense k3 offload gemm}; do
