@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include <string>
 #include <type_traits>
 
 #include "kernels/attention_sm90/attention_sm90.h"
@@ -124,6 +125,22 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_entry() {
   return fn;
 }
 
+// A tiled map with the pair's settings: every element stride 1, the 128-byte swizzle, 256-byte L2
+// promotion, zero fill out of bounds. `what` names the map in the error.
+CUtensorMap encode_tiled(CUtensorMapDataType type, cuuint32_t rank, void* base, const cuuint64_t* dims,
+                         const cuuint64_t* strides, const cuuint32_t* box, const AttentionShape& sh,
+                         const std::string& what) {
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = encode_entry()(&map, type, rank, base, dims, strides, box, element_strides,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUTRAIN_CHECK(r == CUDA_SUCCESS, "attention (sm90): cuTensorMapEncodeTiled (", what, ") failed with CUresult ",
+                static_cast<int>(r), " (batch=", sh.batch, " seq=", sh.seq, " heads=", sh.heads,
+                " head_dim=", sh.head_dim, ")");
+  return map;
+}
+
 }  // namespace
 
 template <typename E>
@@ -132,16 +149,8 @@ CUtensorMap encode_rows_map(const E* base, const AttentionShape& sh, int slots, 
   constexpr CUtensorMapDataType kType =
       std::is_same_v<E, bf16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const QkvTmaGeometry g = rows_tma_geometry(sh, slots, box_rows);
-  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
-  CUtensorMap map;
-  const CUresult r = encode_entry()(&map, kType, 5, const_cast<E*>(base), g.dims,
-                                    g.strides, g.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  CUTRAIN_CHECK(r == CUDA_SUCCESS, "attention (sm90): cuTensorMapEncodeTiled failed with CUresult ", static_cast<int>(r),
-                " (batch=", sh.batch, " seq=", sh.seq, " heads=", sh.heads, " head_dim=", sh.head_dim,
-                " slots=", slots, " box_rows=", box_rows, ")");
-  return map;
+  return encode_tiled(kType, 5, const_cast<E*>(base), g.dims, g.strides, g.box, sh,
+                      "slots=" + std::to_string(slots) + " box_rows=" + std::to_string(box_rows));
 }
 
 template <typename E>
@@ -154,15 +163,7 @@ CUtensorMap encode_dq_acc_map(float* dq_acc, const AttentionShape& sh) {
   const cuuint64_t dims[4] = {D, H, S, B};
   const cuuint64_t strides[3] = {D * e, H * D * e, S * H * D * e};
   const cuuint32_t box[4] = {32, 1, 64, 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  CUtensorMap map;
-  const CUresult r = encode_entry()(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, dq_acc, dims, strides, box,
-                                    element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  CUTRAIN_CHECK(r == CUDA_SUCCESS, "attention (sm90): cuTensorMapEncodeTiled (dQ accumulator) failed with CUresult ",
-                static_cast<int>(r), " (batch=", sh.batch, " seq=", sh.seq, " heads=", sh.heads,
-                " head_dim=", sh.head_dim, ")");
-  return map;
+  return encode_tiled(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, dq_acc, dims, strides, box, sh, "dQ accumulator");
 }
 
 template CUtensorMap encode_rows_map<bf16>(const bf16*, const AttentionShape&, int, int);
