@@ -1,31 +1,44 @@
 // @brief The forward tile and the backward schedules the production entry points
-// (kernels::attention_forward / attention_backward) run per (head_dim, causal, determinism): the fastest measured on an H100 by bench_attention_hopper in one
-// device call (docs/perf-notes.md, "Attention: the production schedules", has the table and the
-// command). Compile-time choices; every other schedule stays reachable through the sm90
-// functions' arguments (tests, benchmarks).
+// (kernels::attention_forward / attention_backward) run: the forward's tile per shape and SM count,
+// the backward's per (head_dim, causal, determinism), each the fastest bench_attention_hopper
+// measured on an H100 in one device call (docs/perf-notes.md, "Attention: the production
+// schedules", has the tables and the commands). Every other schedule stays reachable through the
+// sm90 functions' arguments (tests, benchmarks).
 #pragma once
 
 #include "kernels/attention_sm90/attention_sm90.h"
 
 namespace cutrain::kernels::sm90 {
 
-// Forward: the query tile. Rows128 at every (head_dim, causal) until the per-shape choice that
-// the 192-row tile's measurements support has passed its own GPU run (docs/perf-notes.md,
-// "Experiment: the forward's 192-row query tile").
-constexpr FwdTile production_forward(int /*head_dim*/, bool /*causal*/) { return FwdTile::Rows128; }
+// Forward: the query tile, per shape, from the measurements of one device call (H100, 009a1de;
+// docs/perf-notes.md, "Experiment: the forward's 192-row query tile"). d128: Rows128 (the 192-row
+// tile is d64's). d64 causal: Rows192 once the launch has at least four blocks of 192 rows per SM
+// (9-11% faster from B4 H16 S2048 up; at B4 H16 S512, 192 blocks, 8% slower). d64 without causal
+// (persistent CTAs): the tile whose rounds of work tiles over the SMs take less, counting a 192-row
+// tile as 1.5 x 0.95 of a 128-row one (its per-row speed at S8192); it picks Rows192 at B8 H16 S2048,
+// B4 H16 S4096 and B2 H16 S8192 (2-5% faster) and Rows128 at the measured shapes where Rows192 was
+// slower (B4 H16 S2048: fewer, larger tiles leave the last round short; S <= 1024).
+constexpr FwdTile production_forward(const AttentionShape& sh, int sms) {
+  if (sh.head_dim != 64 || sms < 1) return FwdTile::Rows128;
+  const long long pairs = static_cast<long long>(sh.batch) * sh.heads;
+  const long long tiles128 = pairs * ((sh.seq + 127) / 128), tiles192 = pairs * ((sh.seq + 191) / 192);
+  if (sh.causal) return tiles192 >= 4LL * sms ? FwdTile::Rows192 : FwdTile::Rows128;
+  const long long rounds128 = (tiles128 + sms - 1) / sms, rounds192 = (tiles192 + sms - 1) / sms;
+  return rounds192 * 192 * 95 < rounds128 * 128 * 100 ? FwdTile::Rows192 : FwdTile::Rows128;
+}
 
 // Backward: which algorithm and schedules. two_pass: the dK/dV pass without dQ, then the dQ pass
 // (the deterministic mode's algorithm: same bits every run); otherwise one pass that adds dQ into
 // an fp32 accumulator (TMA reduce-adds at d64, float2 atomics at d128). A caller that asks for
 // determinism always gets two_pass.
-// d128: two-pass in either mode (1002 vs 1414 us non-causal, 695 vs 786 causal at B4 H16 S2048),
-// the lockstep dK/dV pass and the serial dQ loop (at d128 the producer schedules run lockstep).
-// d64 (the producer schedules: a producer warpgroup issues every load): without causal two-pass
-// in either mode, the producer overlap dK/dV loop and the dQ pass's overlap loop (673 vs 779 us
-// one-pass with atomics, 758 two-pass lockstep, at B4 H16 S2048; the one pass with reduce-adds
-// has since measured 582 us, the switch waiting for its GPU run as the forward's); causal, the producer dK/dV pass, one pass
-// unless determinism is asked for (418 vs 432 us lockstep one-pass; two-pass with the serial dQ
-// loop 527 vs 538).
+// d128: two-pass in either mode (1002 vs 1414 us non-causal, 695 vs 786 causal at B4 H16 S2048,
+// with the atomics), the lockstep dK/dV pass and the serial dQ loop (at d128 the producer
+// schedules run lockstep).
+// d64, fast mode: one pass, the producer dK/dV pass (H100, 009a1de, one call: 3932 vs 4721 us
+// two-pass at B2 H16 S8192, 582 vs 672 at B4 H16 S2048, 68.5 vs 71.7 at B4 H16 S512; causal 2126
+// at B2 H16 S8192). Deterministic: without causal the producer overlap dK/dV loop and the dQ
+// pass's overlap loop (673 us at B4 H16 S2048 vs 758 two-pass lockstep), causal the producer
+// dK/dV pass and the serial dQ loop (527 vs 538).
 struct BackwardPlan {
   bool two_pass;
   BackwardSchedule schedule;
@@ -33,8 +46,9 @@ struct BackwardPlan {
 };
 constexpr BackwardPlan production_backward(int head_dim, bool causal, bool deterministic) {
   if (head_dim == 128) return {true, BackwardSchedule::Lockstep, DqSchedule::Serial};
+  if (!deterministic) return {false, BackwardSchedule::Producer, DqSchedule::Serial};
   if (!causal) return {true, BackwardSchedule::ProducerOverlap, DqSchedule::Overlap};
-  return {deterministic, BackwardSchedule::Producer, DqSchedule::Serial};
+  return {true, BackwardSchedule::Producer, DqSchedule::Serial};
 }
 
 }  // namespace cutrain::kernels::sm90

@@ -924,14 +924,37 @@ TEST(AttentionHopperLayout, ProductionSchedules) {
       EXPECT_EQ(p.dq, hopper::DqSchedule::Serial);
     }
     const hopper::BackwardPlan full = hopper::production_backward(64, false, det);
-    EXPECT_TRUE(full.two_pass);  // faster than one pass, so in either mode
-    EXPECT_EQ(full.schedule, hopper::BackwardSchedule::ProducerOverlap);
-    EXPECT_EQ(full.dq, hopper::DqSchedule::Overlap);
     const hopper::BackwardPlan causal = hopper::production_backward(64, true, det);
-    EXPECT_EQ(causal.two_pass, det);  // one pass (dQ atomics) unless determinism is asked for
+    EXPECT_EQ(full.two_pass, det);  // one pass (dQ by reduce-adds) unless determinism is asked for
+    EXPECT_EQ(causal.two_pass, det);
+    EXPECT_EQ(full.schedule, det ? hopper::BackwardSchedule::ProducerOverlap : hopper::BackwardSchedule::Producer);
+    EXPECT_EQ(full.dq, det ? hopper::DqSchedule::Overlap : hopper::DqSchedule::Serial);
     EXPECT_EQ(causal.schedule, hopper::BackwardSchedule::Producer);
     EXPECT_EQ(causal.dq, hopper::DqSchedule::Serial);
   }
+  // The forward's tile at the measured shapes on an H100's 132 SMs: Rows192 where it was faster.
+  using hopper::FwdTile;
+  struct Case {
+    AttentionShape sh;
+    FwdTile want;
+  };
+  const Case cases[] = {
+      {{4, 512, 16, 64, true}, FwdTile::Rows128},    {{32, 512, 16, 64, true}, FwdTile::Rows192},
+      {{16, 1024, 16, 64, true}, FwdTile::Rows192},  {{4, 2048, 16, 64, true}, FwdTile::Rows192},
+      {{8, 2048, 16, 64, true}, FwdTile::Rows192},   {{2, 8192, 16, 64, true}, FwdTile::Rows192},
+      {{16, 1024, 12, 64, true}, FwdTile::Rows192},  // GPT-2 small's step
+      {{4, 512, 16, 64, false}, FwdTile::Rows128},   {{32, 512, 16, 64, false}, FwdTile::Rows128},
+      {{16, 1024, 16, 64, false}, FwdTile::Rows128}, {{4, 2048, 16, 64, false}, FwdTile::Rows128},
+      {{8, 2048, 16, 64, false}, FwdTile::Rows192},  {{4, 4096, 16, 64, false}, FwdTile::Rows192},
+      {{2, 8192, 16, 64, false}, FwdTile::Rows192},  {{64, 128, 16, 64, false}, FwdTile::Rows128},
+      {{16, 512, 16, 64, false}, FwdTile::Rows128},  {{4, 2048, 16, 128, false}, FwdTile::Rows128},
+      {{4, 2048, 16, 128, true}, FwdTile::Rows128},
+  };
+  for (const Case& k : cases)
+    EXPECT_EQ(hopper::production_forward(k.sh, 132), k.want)
+        << "B" << k.sh.batch << " S" << k.sh.seq << " H" << k.sh.heads << " D" << k.sh.head_dim
+        << (k.sh.causal ? " causal" : "");
+  EXPECT_EQ(hopper::production_forward({8, 2048, 16, 64, false}, 0), FwdTile::Rows128) << "no SM count: the default";
 }
 
 }  // namespace
