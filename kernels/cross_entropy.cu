@@ -22,6 +22,7 @@
 #include <cooperative_groups.h>
 
 #include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/fast_math.cuh"
 #include "kernels/common/vec.cuh"
 #include "kernels/cross_entropy_slice.h"
 #include "runtime/check.h"
@@ -52,11 +53,6 @@ struct CeHeader {
 };
 constexpr std::size_t kRowLossOffset = sizeof(CeHeader);
 
-__device__ __forceinline__ float fast_ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 __device__ __forceinline__ bool label_valid(int label, int vocab, int ignore_index) {
   return label != ignore_index && label >= 0 && label < vocab;

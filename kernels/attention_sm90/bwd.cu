@@ -47,6 +47,7 @@
 #include "kernels/attention_sm90/tensor_map.h"
 #include "kernels/attention_sm90/wgmma_tma.cuh"
 #include "kernels/attention_options.cuh"
+#include "kernels/attention_softmax.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/check.h"
 #include "runtime/error.h"
@@ -168,7 +169,7 @@ __device__ __forceinline__ void probs_t(float (&st)[Cfg::kBlockM / 8][4], const 
     const float2 l = *reinterpret_cast<const float2*>(lse_t + 8 * j + 2 * t);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float p = exp2f(fmaf(st[j][e], scale_log2, -((e & 1) ? l.y : l.x)));
+      float p = attn::scaled_exp2(st[j][e], scale_log2, (e & 1) ? l.y : l.x);
       if (edge) {
         const int q = m0 + 8 * j + 2 * t + (e & 1), key = key_row0 + gi + 8 * (e >> 1);
         if (q >= S || key >= S || (Cfg::kCausal && q < key)) p = 0.f;  // also drops exp2's inf on zero-filled keys

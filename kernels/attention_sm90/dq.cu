@@ -37,6 +37,7 @@
 #include "kernels/attention_sm90/tensor_map.h"
 #include "kernels/attention_sm90/wgmma_tma.cuh"
 #include "kernels/attention_options.cuh"
+#include "kernels/attention_softmax.cuh"
 #include "kernels/attention_tiles.cuh"
 #include "runtime/check.h"
 #include "runtime/error.h"
@@ -111,7 +112,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[Cfg::kHeadDim / 8][4], DqOpt
       // A select, not a product: a dead key's exp2 may be inf (zero-filled keys, lse -inf rows).
       bool dead = edge && (col >= S || (Cfg::kCausal && col > row));
       if constexpr (MASK) dead = dead || !attn::key_ok(kbits, c);
-      sc[n][e] = dead ? 0.f : exp2f(fmaf(sc[n][e], scale_log2, -l2[e >> 1]));
+      sc[n][e] = dead ? 0.f : attn::scaled_exp2(sc[n][e], scale_log2, l2[e >> 1]);
     }
 
   // dS = P o (dP - Dvec) (DROP: dP o Z/(1-p)), as E A fragments.
@@ -266,7 +267,7 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
         for (int e = 0; e < 4; ++e) {
           const int col = n0 + 8 * n + 2 * t + (e & 1), row = row0 + gi + 8 * (e >> 1);
           const bool dead = edge && (col >= S || (Cfg::kCausal && col > row));
-          sc[n][e] = dead ? 0.f : exp2f(fmaf(sc[n][e], scale_log2, -l2[e >> 1]));
+          sc[n][e] = dead ? 0.f : attn::scaled_exp2(sc[n][e], scale_log2, l2[e >> 1]);
         }
       wgmma_wait<0>();  // dP of tile j
       operand_fence(dp);
