@@ -262,7 +262,9 @@ __device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std
       opts.mask_scores(sc);
       softmax.template fold<BN / 8>(0, sc, alpha, scale_log2);
       opts.drop(sc, j, row0);
-      wgmma_wait<0>();  // P V of tile j-1
+      // P V of tile j-1, after the softmax: both row sums hold every exponential of the tile.
+      if constexpr (Cfg::kSoftmaxUnderPv) wgmma_wait_after<0>(fminf(l_run[0][0], l_run[0][1]));
+      else wgmma_wait<0>();
       operand_fence(o);
       operand_fence(p);
       bar.release(sp);

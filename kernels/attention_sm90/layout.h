@@ -124,6 +124,10 @@ struct FwdConfig : QueryTileSchedule<64 * CONSUMERS, 128, CAUSAL> {
   static constexpr int kBlockM = 64 * kConsumers;       // query rows per CTA
   static constexpr int kBlockN = 128;                   // keys per K/V tile
   static constexpr int kStages = 3;                     // K/V ring depth
+  // The softmax of tile j runs under P V of tile j-1 (fwd.cu's wgmma_wait_after keeps ptxas from
+  // hoisting that batch's wait above it), which holds S, P and O live at once. The non-causal
+  // three-consumer loop spills then at 160 registers (ptxas: 16 bytes), so it keeps the early wait.
+  static constexpr bool kSoftmaxUnderPv = CONSUMERS == 2 || CAUSAL;
   static constexpr int kProducerThreads = 128;          // setmaxnreg acts on whole warpgroups
   static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
   static constexpr int kProducerWarp = 4 * kConsumers;  // the warp after the consumer warpgroups (lane 0 issues)
