@@ -83,6 +83,12 @@ inline constexpr std::array<Choice<ClusteringType>, 2> kClusteringTypes{
 // batches (data/data_order.h).
 inline constexpr std::array<Choice<data::DataOrder>, 2> kDataOrders{
     {{data::DataOrder::Shuffled, "shuffled"}, {data::DataOrder::Llmc, "llmc"}}};
+// cutrain.attention_backward and --attention_backward: the GPU attention backward's dQ.
+// Deterministic: the same bits every run; Fast: order-dependent fp32 reduce-adds into dQ (faster
+// at head dim 64; head dim 128 runs the deterministic algorithm either way; kernels/attention.cuh).
+enum class AttentionBackward { Deterministic, Fast };
+inline constexpr std::array<Choice<AttentionBackward>, 2> kAttentionBackwards{
+    {{AttentionBackward::Deterministic, "deterministic"}, {AttentionBackward::Fast, "fast"}}};
 
 // ---- `cutrain train` flags ----
 
@@ -162,5 +168,6 @@ inline const char* name(AttentionChoice v) { return choice_name(kAttentionChoice
 inline const char* name(SaveMode v) { return choice_name(kSaveModes, v); }
 inline const char* name(model::Arch v) { return choice_name(kModelArchs, v); }
 inline const char* name(data::DataOrder v) { return choice_name(kDataOrders, v); }
+inline const char* name(AttentionBackward v) { return choice_name(kAttentionBackwards, v); }
 
 }  // namespace cutrain::train

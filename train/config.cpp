@@ -263,6 +263,7 @@ void parse_cutrain(Reader& r, const json& j, TrainConfig& c) {
   const std::string path = "cutrain";
   r.check_object(j, path);
   r.read_choice(j, path, "data_order", c.data_order, kDataOrders);
+  r.read_choice(j, path, "attention_backward", c.attention_backward, kAttentionBackwards);
 }
 
 // DeepSpeed's pipeline section: stages (int or "auto"), partition, activation_checkpoint_interval;

@@ -164,6 +164,10 @@ struct TrainConfig {
   // --use_real_data`'s batches; "llmc" draws exactly llm.c's DataLoader's (docs/gpt2.md).
   // --data_order wins over it.
   data::DataOrder data_order = data::DataOrder::Shuffled;
+  // cutrain.attention_backward (cutrain's own section): the GPU attention backward, deterministic
+  // (the same bits every run) or fast (dQ by order-dependent reduce-adds; head dim 64 only).
+  // --attention_backward wins over it.
+  AttentionBackward attention_backward = AttentionBackward::Deterministic;
   std::vector<std::string> warnings;  // unknown keys, keys not acted on, etc., already formatted
 
   // Resolves the batch triple for `world_size` ranks (fills the missing ones; ConfigError when

@@ -575,6 +575,7 @@ TEST(ConfigChoices, NamesRoundTripThroughTheirTables) {
   for (const auto& ch : train::kTrainDevices) EXPECT_EQ(train::parse_choice(train::kTrainDevices, name(ch.value), "x"), ch.value);
   for (const auto& ch : train::kLabelsChoices) EXPECT_EQ(train::parse_choice(train::kLabelsChoices, name(ch.value), "x"), ch.value);
   for (const auto& ch : train::kAttentionChoices) EXPECT_EQ(train::parse_choice(train::kAttentionChoices, name(ch.value), "x"), ch.value);
+  for (const auto& ch : train::kAttentionBackwards) EXPECT_EQ(train::parse_choice(train::kAttentionBackwards, name(ch.value), "x"), ch.value);
   EXPECT_STREQ(name(train::SchedulerType::None), "");
   EXPECT_STREQ(name(train::OffloadTarget::None), "none");
   EXPECT_STREQ(name(train::AutocastDtype::BFloat16), "torch.bfloat16");
@@ -638,6 +639,42 @@ TEST(Config, CutrainDataOrder) {
   strict.strict = true;
   EXPECT_THROW(train::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": {"order": "llmc"}})", "a.json", strict),
                train::ConfigError);
+}
+
+// cutrain.attention_backward: deterministic (the default) or fast, any case; another value or type
+// is reported with the key, the choices and what was found.
+TEST(Config, CutrainAttentionBackward) {
+  using train::AttentionBackward;
+  auto parse = [](const std::string& cutrain) {
+    return train::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": )" + cutrain + "}", "a.json")
+        .attention_backward;
+  };
+  EXPECT_EQ(train::parse_config(R"({"train_micro_batch_size_per_gpu": 2})", "a.json").attention_backward,
+            AttentionBackward::Deterministic);
+  EXPECT_EQ(parse(R"({})"), AttentionBackward::Deterministic);
+  EXPECT_EQ(parse(R"({"attention_backward": "deterministic"})"), AttentionBackward::Deterministic);
+  EXPECT_EQ(parse(R"({"attention_backward": "fast"})"), AttentionBackward::Fast);
+  EXPECT_EQ(parse(R"({"attention_backward": "Fast"})"), AttentionBackward::Fast);
+  EXPECT_EQ(parse(R"({"data_order": "llmc", "attention_backward": "fast"})"), AttentionBackward::Fast);
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": {"attention_backward": "atomic"}})",
+               {"test.json: cutrain.attention_backward: expected one of \"deterministic\", \"fast\", found string \"atomic\""});
+  expect_error(R"({"train_micro_batch_size_per_gpu": 2, "cutrain": {"attention_backward": true}})",
+               {"cutrain.attention_backward", "one of \"deterministic\", \"fast\"", "found boolean"});
+}
+
+// --attention_backward's bad value: the flag, the choices and what was found.
+TEST(ConfigChoices, BadAttentionBackwardFlagNamesFlagExpectedAndFound) {
+  EXPECT_EQ(train::parse_choice(train::kAttentionBackwards, "fast", "--attention_backward"), train::AttentionBackward::Fast);
+  try {
+    train::parse_choice(train::kAttentionBackwards, "quick", "--attention_backward");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("--attention_backward: expected one of \"deterministic\", \"fast\", found \"quick\""),
+              std::string::npos)
+        << e.message();
+  }
+  EXPECT_STREQ(name(train::AttentionBackward::Deterministic), "deterministic");
+  EXPECT_STREQ(name(train::AttentionBackward::Fast), "fast");
 }
 
 TEST(Config, PipelineSection) {
