@@ -25,7 +25,8 @@ using kernels::GemmEpilogue;
 template <typename T>
 GpuTransformerT<T>::GpuTransformerT(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
                                CachingAllocator& alloc, bool recompute_gelu, std::vector<int> drop_layers,
-                               int max_pred, comm::Communicator* moe_ep_group, std::size_t max_tokens)
+                               int max_pred, comm::Communicator* moe_ep_group, std::size_t max_tokens,
+                               bool deterministic_attention)
     : table_(table),
       B_(B),
       S_(S),
@@ -36,6 +37,7 @@ GpuTransformerT<T>::GpuTransformerT(const TransformerParams& table, int B, int S
       stage_end_(table.dims().layers + 2),
       checkpointing_(checkpointing),
       recompute_gelu_(recompute_gelu && !checkpointing && table.dims().arch == Arch::Gpt2),
+      deterministic_attention_(deterministic_attention),
       alloc_(alloc) {
   const ModelDims& d = table.dims();
   CUTRAIN_CHECK(B > 0 && S > 0, "gpu model: batch and seq must be positive, got B=", B, " S=", S);
@@ -295,7 +297,7 @@ std::size_t GpuTransformerT<T>::scratch_bytes(int rows, int seq) const {
   kernels::AttentionShape a = attn_;
   a.batch = rows;
   a.seq = seq;
-  sc = std::max(sc, kernels::attention_backward_scratch_bytes(a, true));
+  sc = std::max(sc, kernels::attention_backward_scratch_bytes(a, deterministic_attention_));
   sc = std::max(sc, kernels::cross_entropy_scratch_bytes(M));
   sc = std::max(sc, kernels::kd_loss_scratch_bytes(M));
   if (sharded()) {  // the slices' bias gradients and the vocabulary-parallel loss
@@ -538,7 +540,10 @@ void GpuTransformerT<T>::layer_backward(cudaStream_t s, const Unit& U, DType gt,
     });
     linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dw_db", "out_proj_dx"}, rows.dx, a.att, L.out_proj_w, L.out_proj_b, dh_, h, h, 0.f);
     timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
-          [&] { kernels::attention_backward(s, a.qkv, a.att, dh_, a.lse, dqkv_, scratch_, rows.attn, true); });
+          [&] {
+            kernels::attention_backward(s, a.qkv, a.att, dh_, a.lse, dqkv_, scratch_, rows.attn,
+                                        deterministic_attention_);
+          });
     linear_backward({"qkv_dw", "qkv_db", "qkv_dw_db", "qkv_dx"}, dqkv_, x_in, L.in_proj_w, L.in_proj_b, rows.dx, 3 * h, h, 1.f);  // rows.dx = d x_in
     tp_all_reduce(s, rows.dx, rows.M);  // column-parallel QKV's input gradient
   }
@@ -860,14 +865,17 @@ template class GpuTransformerT<f16>;
 std::unique_ptr<GpuModel> make_gpu_transformer(DType compute, const TransformerParams& table, int B, int S,
                                                bool checkpointing, bool causal, CachingAllocator& alloc,
                                                bool recompute_gelu, std::vector<int> drop_layers, int max_pred,
-                                               comm::Communicator* moe_ep_group, std::size_t max_tokens) {
+                                               comm::Communicator* moe_ep_group, std::size_t max_tokens,
+                                               bool deterministic_attention) {
   switch (compute) {
     case DType::BF16:
       return std::make_unique<GpuTransformerT<bf16>>(table, B, S, checkpointing, causal, alloc, recompute_gelu,
-                                                     std::move(drop_layers), max_pred, moe_ep_group, max_tokens);
+                                                     std::move(drop_layers), max_pred, moe_ep_group, max_tokens,
+                                                     deterministic_attention);
     case DType::F16:
       return std::make_unique<GpuTransformerT<f16>>(table, B, S, checkpointing, causal, alloc, recompute_gelu,
-                                                    std::move(drop_layers), max_pred, moe_ep_group, max_tokens);
+                                                    std::move(drop_layers), max_pred, moe_ep_group, max_tokens,
+                                                    deterministic_attention);
     default:
       CUTRAIN_FAIL("gpu model: the compute dtype must be bfloat16 or float16, got ", dtype_name(compute));
   }

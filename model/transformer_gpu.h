@@ -169,9 +169,13 @@ class GpuTransformerT final : public GpuModel {
   // here); it must outlive the model. `max_tokens`: the most tokens a micro-batch of set_shape() may
   // hold (0: B x S); the workspace is allocated for it once. T = fp16 refuses MoE blocks (their
   // layer is bf16 only).
+  // `deterministic_attention`: the attention backward without order-dependent atomics (the same
+  // bits every run); false: dQ by fp32 reduce-adds, faster at head dim 64, with the larger scratch
+  // that needs (kernels/attention.cuh).
   GpuTransformerT(const TransformerParams& table, int B, int S, bool checkpointing, bool causal,
                   CachingAllocator& alloc, bool recompute_gelu = false, std::vector<int> drop_layers = {},
-                  int max_pred = 0, comm::Communicator* moe_ep_group = nullptr, std::size_t max_tokens = 0);
+                  int max_pred = 0, comm::Communicator* moe_ep_group = nullptr, std::size_t max_tokens = 0,
+                  bool deterministic_attention = true);
   ~GpuTransformerT() override;
   GpuTransformerT(const GpuTransformerT&) = delete;
   GpuTransformerT& operator=(const GpuTransformerT&) = delete;
@@ -502,6 +506,7 @@ class GpuTransformerT final : public GpuModel {
   int K_ = 0, P_ = 0;  // BERT: the head's slots per sequence and rows (B_ x K_); 0 otherwise
   bool checkpointing_;
   bool recompute_gelu_;
+  bool deterministic_attention_;
   kernels::AttentionShape attn_;
   CachingAllocator& alloc_;
   std::unique_ptr<kernels::Gemm> gemm_;
@@ -559,6 +564,6 @@ std::unique_ptr<GpuModel> make_gpu_transformer(DType compute, const TransformerP
                                                bool checkpointing, bool causal, CachingAllocator& alloc,
                                                bool recompute_gelu = false, std::vector<int> drop_layers = {},
                                                int max_pred = 0, comm::Communicator* moe_ep_group = nullptr,
-                                               std::size_t max_tokens = 0);
+                                               std::size_t max_tokens = 0, bool deterministic_attention = true);
 
 }  // namespace cutrain::model

@@ -306,7 +306,8 @@ void GpuTransformerT<T>::bert_layer_backward(cudaStream_t s, const Unit& U, DTyp
     linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dw_db", "out_proj_dx"}, dt, a.att, L.out_proj_w, L.out_proj_b, d4h_, h, h,
                     0.f);  // d4h_ = d att
     timed(s, "attention", cost::attention_backward(B_, S_, attn_.heads, attn_.head_dim, false), [&] {
-      kernels::attention_backward(s, a.qkv, a.att, d4h_, a.lse, dqkv_, scratch_, attn_, true, bert_attention(l));
+      kernels::attention_backward(s, a.qkv, a.att, d4h_, a.lse, dqkv_, scratch_, attn_, deterministic_attention_,
+                                  bert_attention(l));
     });
     linear_backward({"qkv_dw", "qkv_db", "qkv_dw_db", "qkv_dx"}, dqkv_, in, L.in_proj_w, L.in_proj_b, dx_, 3 * h, h, beta);
   };

@@ -121,7 +121,10 @@ void GpuTransformerT<T>::gpt2_layer_backward(cudaStream_t s, const Unit& U, DTyp
     linear_backward({"out_proj_dw", "out_proj_db", "out_proj_dw_db", "out_proj_dx"}, dh_, a.att, L.out_proj_w, L.out_proj_b, rows.dx, h, h,
                     nullptr);  // rows.dx = d att
     timed(s, "attention", cost::attention_backward(A.batch, A.seq, A.heads, A.head_dim, A.causal),
-          [&] { kernels::attention_backward(s, a.qkv, a.att, rows.dx, a.lse, dqkv_, scratch_, rows.attn, true); });
+          [&] {
+            kernels::attention_backward(s, a.qkv, a.att, rows.dx, a.lse, dqkv_, scratch_, rows.attn,
+                                        deterministic_attention_);
+          });
     linear_backward({"qkv_dw", "qkv_db", "qkv_dw_db", "qkv_dx"}, dqkv_, a.x1, L.in_proj_w, L.in_proj_b, rows.dx, 3 * h, h,
                     nullptr);  // rows.dx = d x1
     tp_all_reduce(s, rows.dx, rows.M);  // column-parallel QKV's input gradient

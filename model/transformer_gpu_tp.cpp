@@ -242,7 +242,9 @@ void GpuTransformerT<T>::tp_layer_backward(cudaStream_t s, const Unit& U, DType 
     timed(s, "out_proj_dx", cost::gemm_grad_input(Mp, h, hl, false),
           [&] { gemm_->grad_input(s, dx, tp_w_, datt, Mp, h, hl, 0.f); });
     timed(s, "attention", cost::attention_backward(pattn.batch, pattn.seq, pattn.heads, pattn.head_dim, pattn.causal),
-          [&] { kernels::attention_backward(s, v.qkv, v.att, datt, v.lse, dq, scratch_, pattn, true); });
+          [&] {
+            kernels::attention_backward(s, v.qkv, v.att, datt, v.lse, dq, scratch_, pattn, deterministic_attention_);
+          });
     tp_qkv_param_grads(s, dq, at(x_in, p, h), g(L.in_proj_w), g(L.in_proj_b), gt, ac, Mp, 3 * hl, h);
     pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
     timed(s, "qkv_dx", cost::gemm_grad_input(Mp, 3 * hl, h, residual != 0.f),
@@ -369,7 +371,9 @@ void GpuTransformerT<T>::tp_gpt2_layer_backward(cudaStream_t s, const Unit& U, D
     timed(s, "out_proj_dx", cost::gemm_grad_input(Mp, h, hl, false),
           [&] { gemm_->grad_input(s, dh, tp_w_, datt, Mp, h, hl, 0.f); });
     timed(s, "attention", cost::attention_backward(pattn.batch, pattn.seq, pattn.heads, pattn.head_dim, pattn.causal),
-          [&] { kernels::attention_backward(s, v.qkv, v.att, datt, v.lse, dq, scratch_, pattn, true); });
+          [&] {
+            kernels::attention_backward(s, v.qkv, v.att, datt, v.lse, dq, scratch_, pattn, deterministic_attention_);
+          });
     tp_qkv_param_grads(s, dq, v.x1, g(L.in_proj_w), g(L.in_proj_b), gt, ac, Mp, 3 * hl, h);
     pack(s, tp_w_, w(L.in_proj_w), tp_runs_.qkv_w, sizeof(T));
     timed(s, "qkv_dx", cost::gemm_grad_input(Mp, 3 * hl, h, false),

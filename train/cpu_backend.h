@@ -26,6 +26,9 @@ struct BackendOptions {
   std::uint64_t seed = 42;
   bool activation_checkpointing = false;
   bool recompute_gelu = false;  // GPT-2 on the GPU: llm.c's -r 1 (model/transformer_gpu.h)
+  // The GPU attention backward without order-dependent atomics (false: dQ by fp32 reduce-adds,
+  // faster at head dim 64, not bit-reproducible run to run; kernels/attention.cuh).
+  bool deterministic_attention = true;
   bool cuda_graph = true;
   bool causal = false;
   // BERT on the GPU: the masked-LM head's slots per sequence (max_predictions_per_seq; 0: every

@@ -375,7 +375,7 @@ GpuEngine::~GpuEngine() {
 std::unique_ptr<model::GpuModel> GpuEngine::make_model() const {
   return model::make_gpu_transformer(plan_.param, table_, opt_.batch, opt_.seq, opt_.activation_checkpointing,
                                      opt_.causal, device_allocator(), opt_.recompute_gelu, drop_layers_,
-                                     opt_.max_predictions, ep_comm_.get(), cap_);
+                                     opt_.max_predictions, ep_comm_.get(), cap_, opt_.deterministic_attention);
 }
 
 // Above one rank: the grid's group (setup_tensor_grid) attached to the model. Degree 1: the slice's

@@ -1,16 +1,17 @@
 // BERT (Arch::Bert) on the GPU against the CPU reference model: the loss and every parameter
 // gradient (the tied decoder's share in the word embedding included) of Pre-LN and Post-LN models
-// on padded batches, dropout off and on (the same keys draw the same masks), with each memory flag
-// and with activation checkpointing; the evaluation forward (no dropout); each flag's workspace
-// saving is exactly bert_flag_savings' and changes no result; in the engine with LAMB, two steps
-// draw different masks while CUDA-graph replays (the step read from device memory) give the
-// eager steps' losses, and activation checkpointing the same losses as none. The masked-LM head
-// runs on the gathered labelled rows: with max_pred slots per sequence (labels capped to fit) and
-// with 0 (S slots); a sequence with more labels than slots sets the label status (and the engine
-// names it); the head's workspace shrinks to B x max_pred rows. fp16 (GpuTransformerT<f16>): the
-// same cases against the reference with the loss scale; in the engine, dynamic loss scaling trains
-// and replays as eager steps do, an overflow skips the step (params and master unchanged) and
-// halves the scale after the hysteresis, an overflow at min_loss_scale is an error.
+// on padded batches, dropout off and on (the same keys draw the same masks), with each memory flag,
+// with activation checkpointing and with the fast attention backward; the evaluation forward (no
+// dropout); each flag's workspace saving is exactly bert_flag_savings' and changes no result; in
+// the engine with LAMB, two steps draw different masks while CUDA-graph replays (the step read from
+// device memory) give the eager steps' losses, and activation checkpointing the same losses as
+// none. The masked-LM head runs on the gathered labelled rows: with max_pred slots per sequence
+// (labels capped to fit) and with 0 (S slots); a sequence with more labels than slots sets the
+// label status (and the engine names it); the head's workspace shrinks to B x max_pred rows. fp16
+// (GpuTransformerT<f16>): the same cases against the reference with the loss scale; in the engine,
+// dynamic loss scaling trains and replays as eager steps do, an overflow skips the step (params and
+// master unchanged) and halves the scale after the hysteresis, an overflow at min_loss_scale is an
+// error.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -119,13 +120,14 @@ struct GpuRun {
 // `max_pred`: the head's slots per sequence (0: S). `expect_status`: the label status both calls
 // must report (0: valid).
 // T: the compute dtype (bf16, or fp16 with its loss scale `loss_scale` (device word) multiplied into
-// the gradients, `grad_type` F32 or fp16).
+// the gradients, `grad_type` F32 or fp16). `deterministic_attention` false: the fast attention backward.
 template <typename T = bf16>
 GpuRun run_gpu(const model::TransformerParams& table, bool checkpointing, const std::vector<float>& params,
                const Batch& b, std::uint64_t seed, std::uint32_t step, int max_pred = 0, int expect_status = 0,
-               float loss_scale = 0.f, DType grad_type = DType::F32) {
+               float loss_scale = 0.f, DType grad_type = DType::F32, bool deterministic_attention = true) {
   Stream stream;
-  model::GpuTransformerT<T> m(table, kB, kS, checkpointing, false, device_allocator(), false, {}, max_pred);
+  model::GpuTransformerT<T> m(table, kB, kS, checkpointing, false, device_allocator(), false, {}, max_pred, nullptr, 0,
+                              deterministic_attention);
   m.set_dropout(seed, step);
   test::DeviceArray<T> dp(test::to_storage<T>(params));
   test::DeviceArray<float> dg(table.flat_size()), dloss(2), dscale(std::vector<float>{loss_scale});
@@ -164,6 +166,7 @@ struct Case {
   Variant variant;
   bool attention_options = true;  // padding (key mask) and attention dropout
   int max_pred = 0;               // the head's slots per sequence (0: S); the batch's labels capped to fit
+  bool fast_attention = false;    // the fast attention backward (dQ by fp32 reduce-adds)
 };
 class BertGpu : public ::testing::TestWithParam<Case> {};
 
@@ -178,7 +181,8 @@ TEST_P(BertGpu, LossAndEveryGradientMatchTheReference) {
   const std::vector<float> p = bf16_params(table, rng());
   const Batch b = mlm_batch(1, rng, c.attention_options, c.max_pred);
   const std::uint64_t seed = rng();
-  const GpuRun g = run_gpu(table, c.variant == Variant::Checkpointing, p, b, seed, 3, c.max_pred);
+  const GpuRun g = run_gpu(table, c.variant == Variant::Checkpointing, p, b, seed, 3, c.max_pred, 0, 0.f, DType::F32,
+                           !c.fast_attention);
   EXPECT_EQ(test::count_nan(g.grads), 0u) << "gradient elements left unwritten (poison) or non-finite";
 
   std::vector<double> pd(p.begin(), p.end()), gd(p.size(), 0.0);
@@ -229,7 +233,8 @@ TEST_P(BertGpu, Fp16LossAndEveryGradientMatchTheReference) {
   ref.backward(pd.data(), gd.data());
   for (DType gt : {DType::F32, DType::F16}) {
     SCOPED_TRACE(std::string("fp16 model, gradients ") + dtype_name(gt));
-    GpuRun g = run_gpu<f16>(table, c.variant == Variant::Checkpointing, p, b, seed, 3, c.max_pred, 0, kScale, gt);
+    GpuRun g = run_gpu<f16>(table, c.variant == Variant::Checkpointing, p, b, seed, 3, c.max_pred, 0, kScale, gt,
+                            !c.fast_attention);
     EXPECT_EQ(test::count_nan(g.grads), 0u) << "gradient elements left unwritten (poison) or non-finite";
     EXPECT_NEAR(g.loss, ref_loss, 3e-3 * ref_loss);
     for (float& x : g.grads) x /= kScale;
@@ -256,11 +261,18 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{true, false, Variant::Plain, true, 10}, Case{true, true, Variant::Plain, true, 10},
                       Case{false, true, Variant::Plain, true, 10}, Case{true, true, Variant::NormalizeInvertible, true, 7},
                       Case{false, true, Variant::NormalizeInvertible, true, 7},
-                      Case{true, true, Variant::Checkpointing, true, 10}, Case{false, true, Variant::Plain, false, 13}),
+                      Case{true, true, Variant::Checkpointing, true, 10}, Case{false, true, Variant::Plain, false, 13},
+                      // The fast attention backward (head dim 64: dQ by fp32 reduce-adds in any order), with
+                      // and without the key mask and attention dropout: the same tolerance, since only dQ's
+                      // fp32 summation order differs.
+                      Case{true, true, Variant::Plain, true, 0, true}, Case{false, true, Variant::Plain, true, 0, true},
+                      Case{true, true, Variant::Plain, false, 0, true},
+                      Case{true, true, Variant::Checkpointing, true, 10, true}),
     [](const auto& i) {
       return std::string(i.param.pre_ln ? "PreLN" : "PostLN") + (i.param.dropout ? "Dropout" : "NoDropout") +
              variant_name(i.param.variant) + (i.param.attention_options ? "" : "Unpadded") +
-             (i.param.max_pred ? "MaxPred" + std::to_string(i.param.max_pred) : "");
+             (i.param.max_pred ? "MaxPred" + std::to_string(i.param.max_pred) : "") +
+             (i.param.fast_attention ? "FastAttentionBackward" : "");
     });
 
 // The gathered head (max_pred slots) against S slots on the same batch: the same loss and

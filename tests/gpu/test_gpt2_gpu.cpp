@@ -1,8 +1,9 @@
 // GPT-2 on the GPU engine against the CPU reference model: the loss and every parameter gradient
 // (the tied head's share in wte included) at step 0, with one and two micro-batches (the second
-// adds, the first writes: gradients poisoned first), padded vocabulary rows without gradient, ten
-// training steps, CUDA-graph replay == eager and activation checkpointing == none, evaluation, and
-// an llm.c model file loaded into the engine and written back unchanged.
+// adds, the first writes: gradients poisoned first), with the deterministic and the fast attention
+// backward, padded vocabulary rows without gradient, ten training steps, CUDA-graph replay ==
+// eager and activation checkpointing == none, evaluation, and an llm.c model file loaded into the
+// engine and written back unchanged.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -47,16 +48,15 @@ train::TrainConfig config_for(const std::string& layout, int accumulation = 1, d
 
 std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
-class Gpt2Gpu : public ::testing::TestWithParam<const char*> {};
-
-}  // namespace
-
-TEST_P(Gpt2Gpu, LossAndEveryGradientMatchTheReference) {
-  CUTRAIN_REQUIRE_GPU();
+// The loss and every parameter gradient at step 0 against the fp64 reference, with one and two
+// micro-batches, and the padded vocabulary rows without gradient.
+void expect_gradients_match_reference(const char* layout, bool deterministic_attention) {
+  SCOPED_TRACE(std::string(layout) + (deterministic_attention ? "" : ", fast attention backward"));
   for (int accum : {1, 2}) {
     auto rng = test::fresh_rng();
-    const train::BackendOptions o = gpt2_model(rng());
-    train::GpuEngine eng(o, config_for(GetParam(), accum));
+    train::BackendOptions o = gpt2_model(rng());
+    o.deterministic_attention = deterministic_attention;
+    train::GpuEngine eng(o, config_for(layout, accum));
     const std::size_t n = std::size_t(o.batch) * o.seq;
     const auto tok = test::random_ints(accum * n, rng, 0, o.dims.vocab - 1);
     const auto lab = test::random_ints(accum * n, rng, 0, o.dims.vocab - 1);
@@ -71,16 +71,32 @@ TEST_P(Gpt2Gpu, LossAndEveryGradientMatchTheReference) {
       ref_loss += ref.forward(p.data(), tok.data() + a * n, lab.data() + a * n, o.batch, o.seq) / accum;
       ref.backward(p.data(), g.data(), 1.0 / accum);
     }
-    EXPECT_NEAR(loss, ref_loss, 1e-2 * ref_loss) << GetParam() << " accumulation " << accum;
+    EXPECT_NEAR(loss, ref_loss, 1e-2 * ref_loss) << "accumulation " << accum;
     for (const auto& t : eng.table().tensors()) {
       std::vector<float> out(grads.begin() + t.offset, grads.begin() + t.offset + t.count);
       std::vector<double> want(g.begin() + t.offset, g.begin() + t.offset + t.count);
-      EXPECT_LE(test::rel_error(out, want), 2e-2) << GetParam() << " accumulation " << accum << ": " << t.name;
+      EXPECT_LE(test::rel_error(out, want), 2e-2) << "accumulation " << accum << ": " << t.name;
     }
     const auto& wte = eng.table().tensor(eng.table().embedding());
     for (std::size_t i = std::size_t(o.dims.vocab) * o.dims.hidden; i < wte.count; ++i)
       ASSERT_EQ(grads[wte.offset + i], 0.f) << "padded row element " << i;
   }
+}
+
+class Gpt2Gpu : public ::testing::TestWithParam<const char*> {};
+
+}  // namespace
+
+TEST_P(Gpt2Gpu, LossAndEveryGradientMatchTheReference) {
+  CUTRAIN_REQUIRE_GPU();
+  expect_gradients_match_reference(GetParam(), true);
+}
+
+// --attention_backward fast (head dim 64 here: dQ by fp32 reduce-adds in any order): the same
+// tolerance, since only dQ's fp32 summation order differs.
+TEST_P(Gpt2Gpu, FastAttentionBackwardGradientsMatchTheReference) {
+  CUTRAIN_REQUIRE_GPU();
+  expect_gradients_match_reference(GetParam(), false);
 }
 
 TEST_P(Gpt2Gpu, TenStepsFollowTheReference) {

@@ -1,6 +1,7 @@
 // The GPU model and engine against the CPU reference model, for each precision layout: the loss
 // and every parameter gradient at step 0, 20 training steps of losses, the persistent bytes per
-// parameter, CUDA-graph replay == eager, activation checkpointing == none, gradient accumulation.
+// parameter, CUDA-graph replay == eager, activation checkpointing == none, gradient accumulation;
+// the gradients with the fast attention backward.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -347,6 +348,35 @@ TEST(ModelGpuWide, GradientsMatchAtHeadDim128) {
     std::vector<float> out(grads.begin() + t.offset, grads.begin() + t.offset + t.count);
     std::vector<double> want(g.begin() + t.offset, g.begin() + t.offset + t.count);
     EXPECT_LE(test::rel_error(out, want), 2e-2) << t.name;
+  }
+}
+
+// --attention_backward fast at head dim 64 (dQ by fp32 reduce-adds in any order), for both masks:
+// the step-0 test's tolerance, since only dQ's fp32 summation order differs.
+TEST(ModelGpuFastAttention, LossAndEveryGradientMatchTheReference) {
+  CUTRAIN_REQUIRE_GPU();
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "bidirectional");
+    auto rng = test::fresh_rng();
+    train::BackendOptions o = small_model(rng());
+    o.causal = causal;
+    o.deterministic_attention = false;
+    train::GpuEngine eng(o, config_for("bf16_full"));
+    const Batch b = random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab);
+    eng.poison_grads();
+    const double loss = eng.forward_backward(b.tokens.data(), b.labels.data());
+    const std::vector<float> grads = eng.download_grads();
+    EXPECT_EQ(test::count_nan(grads), 0u) << "gradient elements left unwritten (poison) or non-finite";
+    std::vector<double> p = to_double(eng.download_params()), g(grads.size(), 0.0);
+    model::ReferenceModel<double> ref(eng.table(), causal);
+    const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
+    ref.backward(p.data(), g.data());
+    EXPECT_NEAR(loss, ref_loss, 2e-2 * ref_loss);
+    for (const auto& t : eng.table().tensors()) {
+      std::vector<float> out(grads.begin() + t.offset, grads.begin() + t.offset + t.count);
+      std::vector<double> want(g.begin() + t.offset, g.begin() + t.offset + t.count);
+      EXPECT_LE(test::rel_error(out, want), 2e-2) << t.name;
+    }
   }
 }
 
