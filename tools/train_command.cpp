@@ -53,6 +53,8 @@ struct TrainFlags {
   CLI::Option* batch_size_opt = nullptr;
   std::string data_order;
   CLI::Option* data_order_opt = nullptr;
+  std::string attention_backward;
+  CLI::Option* attention_backward_opt = nullptr;
   CLI::Option* pipeline_opt = nullptr;
   CLI::Option* partition_opt = nullptr;
   CLI::App* sub = nullptr;
@@ -71,6 +73,8 @@ int run_train(TrainFlags& f) {
   o.save_mode = train::parse_choice(train::kSaveModes, f.save_mode, "--save_mode");
   o.model = train::parse_choice(train::kModelArchs, f.model, "--model");
   if (f.data_order_opt->count()) o.data_order = train::parse_choice(train::kDataOrders, f.data_order, "--data_order");
+  if (f.attention_backward_opt->count())
+    o.attention_backward = train::parse_choice(train::kAttentionBackwards, f.attention_backward, "--attention_backward");
   if (f.gpt2_size_opt->count()) {
     // llm.c's -e dN: GPT-2 of that depth, 1024 positions; shape flags given beside it must agree.
     const train::Gpt2Size z = train::parse_choice(train::kGpt2Sizes, f.gpt2_size, "--gpt2_size");
@@ -211,6 +215,13 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   sub->add_flag("--activation_checkpointing", o.activation_checkpointing, "Recompute each block in backward");
   sub->add_flag("--recompute_gelu", o.recompute_gelu,
                 "GPT-2: one GELU output buffer for all blocks, recomputed in backward (llm.c's -r 1)");
+  f.attention_backward_opt =
+      sub->add_option("--attention_backward", f.attention_backward,
+                      "GPU attention backward: deterministic (the same bits every run) or fast (dQ by "
+                      "order-dependent fp32 reduce-adds: faster at head dim 64, not bit-reproducible run to run; "
+                      "head dim 128 runs the deterministic algorithm either way). Not given: the config's "
+                      "cutrain.attention_backward, else deterministic")
+          ->check(CLI::IsMember({"deterministic", "fast"}));
   f.pipeline_opt = sub->add_option("--pipeline_parallel_size,--pipeline-parallel-size", o.pipeline_parallel_size,
                                    "Pipeline stages, one rank each (--device cpu: cutrain launch --backend host "
                                    "--num_procs N; --device cuda: 1, the step through the pipeline's program; the "

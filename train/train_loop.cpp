@@ -431,6 +431,22 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
   if (bert) bo.max_predictions = bert_setup->max_predictions;  // the masked-LM head's rows (GPU)
   CUTRAIN_CHECK(!o.recompute_gelu || gpt2, "train: --recompute_gelu applies to --model gpt2, found --model ",
                 name(o.model));
+  // The attention backward: --attention_backward, else the config's cutrain.attention_backward.
+  const AttentionBackward attention_backward = o.attention_backward.value_or(cfg.attention_backward);
+  bo.deterministic_attention = attention_backward == AttentionBackward::Deterministic;
+  if (!bo.deterministic_attention) {
+    const std::string from = o.attention_backward
+                                 ? std::string("--attention_backward ") + name(attention_backward)
+                                 : o.deepspeed_config.string() + ": cutrain.attention_backward \"" +
+                                       name(attention_backward) + "\"";
+    out << "[Rank 0] Attention backward: fast (" << from << "): ";
+    if (!on_gpu)
+      out << "applies to --device cuda; the CPU reference's backward is deterministic\n";
+    else if (bo.dims.head_dim() != 64)
+      out << "head dim " << bo.dims.head_dim() << " runs the deterministic algorithm either way\n";
+    else
+      out << "dQ by order-dependent fp32 reduce-adds, not bit-reproducible run to run\n";
+  }
   bo.cuda_graph = o.cuda_graph;
   bo.pipeline_stages = pp;
   bo.partition_method = o.partition_method;

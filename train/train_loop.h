@@ -43,6 +43,9 @@ struct TrainOptions {
   bool progress = false;
   bool activation_checkpointing = false;
   bool recompute_gelu = false;  // --recompute_gelu (GPT-2: llm.c's -r 1)
+  // --attention_backward: the GPU attention backward (not given: the config's
+  // cutrain.attention_backward, else deterministic); fast: dQ by order-dependent reduce-adds.
+  std::optional<AttentionBackward> attention_backward;
   // Pipeline parallelism (--device cpu): stages, one rank each, and DeepSpeed PipelineModule's
   // partition_method (docs/distributed.md).
   int pipeline_parallel_size = 1;

@@ -112,6 +112,10 @@ const std::map<std::string, Setter>& setters() {
     t["data_order"] = [](O& o, nb::handle v) {
       o.data_order = train::parse_choice(train::kDataOrders, as<std::string>(v, "data_order", "a str"), "data_order");
     };
+    t["attention_backward"] = [](O& o, nb::handle v) {
+      o.attention_backward = train::parse_choice(train::kAttentionBackwards,
+                                                 as<std::string>(v, "attention_backward", "a str"), "attention_backward");
+    };
     t["save_mode"] = [](O& o, nb::handle v) {
       o.save_mode = train::parse_choice(train::kSaveModes, as<std::string>(v, "save_mode", "a str"), "save_mode");
     };

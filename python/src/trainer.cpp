@@ -44,6 +44,7 @@ class PyTrainer {
     bo.activation_checkpointing = activation_checkpointing;
     bo.cuda_graph = cuda_graph;
     bo.causal = causal;
+    bo.deterministic_attention = cfg_.attention_backward == train::AttentionBackward::Deterministic;
     bo.dims.validate();
     // random-LTD's config against this model, as cutrain train checks it.
     train::check_random_ltd(cfg_, {num_layers, seq_length, causal || bo.dims.arch == model::Arch::Gpt2, {}, 1});

@@ -83,6 +83,9 @@ def test_train_bad_input(tmp_path):
         cutrain.train(config=cfg, data_order="llmc", **SMALL)
     assert "num_steps" in cutrain.train_flags()
     assert "data_order" in cutrain.train_flags()
+    with pytest.raises(cutrain.Error, match='attention_backward: expected one of "deterministic", "fast", found "quick"'):
+        cutrain.train(config=cfg, attention_backward="quick", **SMALL)
+    assert "attention_backward" in cutrain.train_flags()
 
 
 def test_train_bert():

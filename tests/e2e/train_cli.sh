@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End to end: runs the `cutrain` binary like the BF16 example's run_comparison.sh would and checks
 # its output lines, the loss CSV, the metrics JSON, that the loss falls on a fixed batch, that a
-# missing config is an error and that `cutrain` with no arguments runs the default job.
+# missing config is an error, --attention_backward and cutrain.attention_backward, and that
+# `cutrain` with no arguments runs the default job.
 #   train_cli.sh CUTRAIN_BINARY cpu|cuda     (cuda: exits 77 = skipped when there is no GPU)
 source "$(dirname "$0")/e2e_lib.sh"
 skip_without_gpu
@@ -54,6 +55,36 @@ if "$bin" train --deepspeed_config configs/baseline.json --device cpu --save "$t
 grep -q -- '--save_mode: expected one of "auto", "async", "sync", found "later"' "$tmp/mode.txt" \
   || { cat "$tmp/mode.txt"; fail "--save_mode message"; }
 [ ! -e "$tmp/ck" ] || fail "--save_mode error left a checkpoint folder"
+
+# --attention_backward (else the config's cutrain.attention_backward): fast is named with its
+# source; the flag wins over the config; a bad value is refused naming the flag or the key.
+python3 - "$tmp" <<'PY'
+import json, sys
+c = json.load(open("configs/baseline.json"))
+json.dump(dict(c, cutrain={"attention_backward": "fast"}), open(sys.argv[1] + "/fast.json", "w"))
+json.dump(dict(c, cutrain={"attention_backward": "atomic"}), open(sys.argv[1] + "/atomic.json", "w"))
+PY
+if [ "$device" = cuda ]; then fast_note="dQ by order-dependent fp32 reduce-adds, not bit-reproducible run to run"
+else fast_note="applies to --device cuda; the CPU reference's backward is deterministic"; fi
+ab_run() { "$bin" train --device "$device" "${size[@]}" --num_steps 2 --warmup_steps 1 "$@"; }
+ab_run --deepspeed_config configs/baseline.json --attention_backward fast >"$tmp/ab1.txt" 2>&1 \
+  || { cat "$tmp/ab1.txt"; fail "--attention_backward fast run"; }
+grep -qF "[Rank 0] Attention backward: fast (--attention_backward fast): $fast_note" "$tmp/ab1.txt" \
+  || { cat "$tmp/ab1.txt"; fail "--attention_backward fast not named"; }
+ab_run --deepspeed_config "$tmp/fast.json" >"$tmp/ab2.txt" 2>&1 || { cat "$tmp/ab2.txt"; fail "config's fast run"; }
+grep -qF "[Rank 0] Attention backward: fast ($tmp/fast.json: cutrain.attention_backward \"fast\"): $fast_note" \
+  "$tmp/ab2.txt" || { cat "$tmp/ab2.txt"; fail "the config's cutrain.attention_backward not named"; }
+ab_run --deepspeed_config "$tmp/fast.json" --attention_backward deterministic >"$tmp/ab3.txt" 2>&1 \
+  || { cat "$tmp/ab3.txt"; fail "--attention_backward deterministic run"; }
+grep -q "Attention backward" "$tmp/ab3.txt" && fail "--attention_backward deterministic did not win over the config"
+if ab_run --deepspeed_config configs/baseline.json --attention_backward quick >"$tmp/ab4.txt" 2>&1; then
+  fail "--attention_backward quick accepted"
+fi
+grep -q -- "--attention_backward: quick not in {deterministic,fast}" "$tmp/ab4.txt" \
+  || { cat "$tmp/ab4.txt"; fail "--attention_backward message"; }
+if ab_run --deepspeed_config "$tmp/atomic.json" >"$tmp/ab5.txt" 2>&1; then fail "cutrain.attention_backward atomic accepted"; fi
+grep -qF "atomic.json: cutrain.attention_backward: expected one of \"deterministic\", \"fast\", found string \"atomic\"" \
+  "$tmp/ab5.txt" || { cat "$tmp/ab5.txt"; fail "cutrain.attention_backward message"; }
 
 if [ "$device" = cpu ]; then
   # No arguments, no GPU visible: the small CPU run of the default job, saying so.
