@@ -388,13 +388,16 @@ if want llmc; then
       step cutrain_200 150 "$bin train --deepspeed_config $cfg --init_from_llmc $ck $cdata --batch_size 16 --num_steps 200 --log_interval 1 --save_llmc $lc/cutrain_200.bin --save_hf $lc/cutrain_200.safetensors"
     fi
     # Throughput: llm.c first at B16, last at B32 (neither always runs on a warmer GPU); cutrain
-    # with and without --recompute_gelu (llm.c's -r 1, its default).
+    # with and without --recompute_gelu (llm.c's -r 1, its default), and with the fast
+    # (non-deterministic) attention backward, as cuDNN's in llm.c.
     for b in 16 32; do
       crun="scripts/peak-mem.sh $logs/cutrain_speed_b$b.mem $bin train --deepspeed_config $cfg -e d12 $cdata --batch_size $b --num_steps 30 --warmup_steps 10"
       rrun="scripts/peak-mem.sh $logs/cutrain_speed_r_b$b.mem $bin train --deepspeed_config $cfg -e d12 $cdata --batch_size $b --num_steps 30 --warmup_steps 10 --recompute_gelu"
+      frun="scripts/peak-mem.sh $logs/cutrain_speed_f_b$b.mem $bin train --deepspeed_config $cfg -e d12 $cdata --batch_size $b --num_steps 30 --warmup_steps 10 --attention_backward fast"
       [ $b = 16 ] && step llmc_speed_b$b 90 "$lenv && $root/scripts/peak-mem.sh $logs/llmc_speed_b$b.mem $lbin -e d12 -b $b -x 30 -v 100000"
       step cutrain_speed_b$b 120 "$crun"
       step cutrain_speed_r_b$b 120 "$rrun"
+      step cutrain_speed_f_b$b 120 "$frun"
       [ $b = 32 ] && step llmc_speed_b$b 90 "$lenv && $root/scripts/peak-mem.sh $logs/llmc_speed_b$b.mem $lbin -e d12 -b $b -x 30 -v 100000"
     done
     # The round trips last (the targets above come first when time is short).

@@ -7,7 +7,8 @@ each target marked met or missed.
 DIR holds the section's logs: llmc_train.txt (llm.c from its d12 init, -o), llmc_parity.txt
 (cutrain's validation loss of that checkpoint), llmc_200.txt / cutrain_200.txt (200 steps of
 the same recipe from the checkpoint), llmc_speed_b{16,32}.txt / cutrain_speed_b{16,32}.txt
-and cutrain_speed_r_b{16,32}.txt (--recompute_gelu) (throughput runs) with their *.mem files (peak nvidia-smi memory.used, MiB, minus the idle
+cutrain_speed_r_b{16,32}.txt (--recompute_gelu) and cutrain_speed_f_b{16,32}.txt (--attention_backward
+fast) (throughput runs) with their *.mem files (peak nvidia-smi memory.used, MiB, minus the idle
 figure before the run).
 """
 import argparse
@@ -108,7 +109,8 @@ def main():
     for b in (16, 32):
         ms = llmc_avg_ms(read(L(f"llmc_speed_b{b}.txt")))
         lm = mem(L(f"llmc_speed_b{b}.mem"))
-        for tag, what in (("", "cutrain"), ("r_", "cutrain --recompute_gelu")):
+        for tag, what in (("", "cutrain"), ("r_", "cutrain --recompute_gelu"),
+                          ("f_", "cutrain --attention_backward fast")):
             s = cutrain_avg_s(read(L(f"cutrain_speed_{tag}b{b}.txt")))
             cm = mem(L(f"cutrain_speed_{tag}b{b}.mem"))
             if ms and s:
