@@ -46,7 +46,7 @@ double scratch_bytes(const PlanModel& m, int tp) {
   sc = std::max(sc, double(kernels::layernorm_backward_scratch_bytes(M, h)));
   sc = std::max(sc, 8.0 * std::ceil(M * 4.0 / 256) * 256);
   const kernels::AttentionShape a{m.micro_batch, m.seq, d.heads / tp, d.head_dim(), m.causal};
-  sc = std::max(sc, double(kernels::attention_backward_scratch_bytes(a, true)));
+  sc = std::max(sc, double(kernels::attention_backward_scratch_bytes(a, m.deterministic_attention)));
   sc = std::max(sc, double(kernels::cross_entropy_scratch_bytes(M)));
   return alloc_bytes(std::max(sc, 256.0));
 }

@@ -48,6 +48,7 @@ struct PlanModel {
   int micro_batch = 4, seq = 512, accumulation = 1;
   bool checkpointing = false;
   bool causal = false;
+  bool deterministic_attention = true;  // cutrain.attention_backward: fast needs an fp32 dQ scratch
   StateBytes state;
   bool overlap_comm = true;                    // zero_optimization.overlap_comm (stage 3's schedule)
   std::size_t persistence_threshold = 100000;  // zero_optimization.stage3_param_persistence_threshold

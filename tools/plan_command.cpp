@@ -131,6 +131,7 @@ int run_plan(const PlanFlags& fl) {
   m.micro_batch = fl.batch, m.seq = fl.seq, m.accumulation = cfg.accumulation();
   m.checkpointing = fl.checkpointing;
   m.causal = fl.attention == "causal";
+  m.deterministic_attention = cfg.attention_backward == train::AttentionBackward::Deterministic;
   m.state.label = prec.label();
   m.state.params = double(dtype_size(prec.param));
   m.state.grads = double(dtype_size(prec.grad));

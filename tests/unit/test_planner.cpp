@@ -132,6 +132,20 @@ TEST(Planner, StageThreeOnOneRankKeepsTheFullGradientsBesideTheShard) {
   EXPECT_NEAR(z1.total(), one.total(), 3 * 512);
 }
 
+// cutrain.attention_backward fast: the backward's fp32 dQ accumulator (4 bytes per Q element,
+// B * S * H * D = M * h) joins the shared scratch, which grows to hold it where it is the largest need.
+TEST(Planner, FastAttentionBackwardSizesTheScratchForItsDqAccumulator) {
+  PlanModel det = small_plan();
+  det.seq = 1024;
+  det.dims.max_seq = 1024;
+  PlanModel fast = det;
+  fast.deterministic_attention = false;
+  const double M = double(det.micro_batch) * det.seq, h = det.dims.hidden;
+  const double grown = single_gpu_memory(fast).buffers - single_gpu_memory(det).buffers;
+  EXPECT_GT(grown, 0.0);
+  EXPECT_LE(grown, M * h * 4 + 512);
+}
+
 TEST(Planner, ActivationCheckpointingKeepsOneBlockSetAndTheBlockInputs) {
   PlanModel a = small_plan(6), c = small_plan(6, 1, true);
   const double M = double(a.micro_batch) * a.seq, h = a.dims.hidden, F = 4 * h;
