@@ -55,7 +55,8 @@ template <typename E>
 void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
                        const AttentionOptions& options) {
   attn::check_shape(shape, "attention_forward");  // the shape first, as attention_backward
-  // The arguments before the device is asked for its SM count (the tile's choice).
+  // The options and the arguments before the device is asked for its SM count (the tile's choice).
+  (void)attn::option_args(options);
   sm90::check_forward_args(qkv, out, lse, shape);
   sm90::attention_forward<E>(s, qkv, out, lse, shape, options,
                             sm90::production_forward(shape, sm90::multiprocessors()));

@@ -41,6 +41,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/attention_sm90/attention_sm90.h"
 #include "kernels/attention_sm90/layout.h"
@@ -424,10 +425,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 }
 
-template <int D, bool CAUSAL, int CONSUMERS, bool MASK, bool DROP, typename E>
+template <int D, bool CAUSAL, int CONSUMERS, bool MASK, bool DROP, typename E,
+          bool UNDER_PV = CONSUMERS == 2 || CAUSAL>
 void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
-  using Cfg = FwdConfig<D, CAUSAL, CONSUMERS>;
+  using Cfg = FwdConfig<D, CAUSAL, CONSUMERS, UNDER_PV>;
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   auto kernel = forward_kernel<Cfg, E, MASK, DROP>;
@@ -466,6 +468,17 @@ void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionSh
 template <int D, bool CAUSAL, typename E>
 void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt, FwdTile tile) {
+  if (tile == FwdTile::Rows128Early || tile == FwdTile::Rows192Early) {  // the experiment's tiles
+    CUTRAIN_CHECK(opt.key_mask == nullptr && opt.threshold == 0,
+                  "attention_forward: FwdTile Rows128Early / Rows192Early take no key mask and no dropout");
+    if constexpr (std::is_same_v<E, bf16>) {
+      if constexpr (D == 64)
+        if (tile == FwdTile::Rows192Early) return launch<D, CAUSAL, 3, false, false, E, false>(st, qkv, out, lse, sh, opt);
+      return launch<D, CAUSAL, 2, false, false, E, false>(st, qkv, out, lse, sh, opt);
+    } else {
+      CUTRAIN_CHECK(false, "attention_forward: FwdTile Rows128Early / Rows192Early are bf16 only");
+    }
+  }
   if constexpr (D == 64)
     if (tile == FwdTile::Rows192 && opt.threshold == 0) return launch<D, CAUSAL, 3>(st, qkv, out, lse, sh, opt);
   launch<D, CAUSAL, 2>(st, qkv, out, lse, sh, opt);
