@@ -286,11 +286,9 @@ void register_all() {
           ->Unit(benchmark::kMicrosecond);
     };
     add("attention_hopper/fwd" + variant + tail, std::nullopt);
-    if (o == Opts::Plain) add("attention_hopper/fwd" + variant + "_rows128e" + tail, FwdTile::Rows128Early);
     if (sh.head_dim != 64 || o == Opts::MaskDrop) return;
     add("attention_hopper/fwd" + variant + "_rows128" + tail, FwdTile::Rows128);
     add("attention_hopper/fwd" + variant + "_rows192" + tail, FwdTile::Rows192);
-    if (o == Opts::Plain) add("attention_hopper/fwd" + variant + "_rows192e" + tail, FwdTile::Rows192Early);
   };
   for (const AttentionShape& sh : fwd_shapes) add_forward_rows(sh, Opts::Plain, sh.causal ? "_causal" : "");
   // The backward sweep, then the peer's shapes that the sweep lacks.

@@ -23,9 +23,7 @@ namespace cutrain::kernels::sm90 {
 
 // The forward's query tile (fwd.cu): Rows128, two consumer warpgroups of 64 rows; Rows192, three
 // (d64 without dropout only: elsewhere it runs Rows128). Same schedule, same results.
-// Experiment (issue #24): Rows128Early / Rows192Early, the same tiles with P V's wait before the
-// softmax (layout.h's kSoftmaxUnderPv false); plain inputs only (no key mask, no dropout).
-enum class FwdTile { Rows128, Rows192, Rows128Early, Rows192Early };
+enum class FwdTile { Rows128, Rows192 };
 
 // Runs on a compute capability 9.0 device only (the library's attention code is sm_90a); anything
 // else is refused with the capability found. Options (dropout_p in [0, 1)), shape and pointers are

@@ -22,8 +22,9 @@
 //     warp arrives on kv_empty[s]. The epilogue normalizes O and stores it and the log-sum-exp
 //     with the family's store_rows.
 // The consumer schedule is FlashAttention-3's ping-pong (consume): the warpgroups take
-// turns, round-robin, at issuing their wgmma through one named barrier each, and each runs tile
-// j's softmax under its own P V of tile j-1; the producer warpgroup hands its registers to the
+// turns, round-robin, at issuing their wgmma through one named barrier each, and each one's softmax
+// runs while the others' products do (see consume for where ptxas puts P V's wait); the producer
+// warpgroup hands its registers to the
 // consumers (setmaxnreg: 24 / 240 with two consumers, 24 / 160 with three), which makes room for
 // both score buffers and for 128-key tiles at d128.
 // Causal: tiles past the CTA's last query are never loaded; a warpgroup whose rows all precede a
@@ -41,7 +42,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
 #include "kernels/attention_sm90/attention_sm90.h"
 #include "kernels/attention_sm90/layout.h"
@@ -192,14 +192,19 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
 
 // The consumer warpgroups' share of work tile t (n_tiles K/V tiles), the CTA's it-th (its Q in
 // buffer it % kQBuffers), whose first K/V tile is the ring's g0-th: the loop and the epilogue.
-// The loop is FlashAttention-3's inter-warpgroup ping-pong with its intra-warpgroup overlap. A
+// The loop is FlashAttention-3's inter-warpgroup ping-pong. A
 // turn is the stretch in which a warpgroup issues its wgmma: bar.sync on its own turn barrier, the
 // issues, bar.arrive on the next one's (layout.h's turn_barrier / turn_next / turn_opens /
 // turn_passes), so the warpgroups' batches reach the tensor cores in turn and each one's softmax
 // runs while the others' products do. Turn 0 issues tile 0's S;
-// turn j (1 <= j < active tiles) issues tile j's S, then tile j-1's P V, and the softmax of tile j
-// (mask, max, exp2, row sums, dropout) runs under that P V; O's rescale and P's packing wait for
-// it (they touch its accumulator and A operand). The last P V follows the turns. Both warpgroups
+// turn j (1 <= j < active tiles) issues tile j's S, then tile j-1's P V; the source places the
+// softmax of tile j (mask, max, exp2, row sums, dropout) between S's wait and P V's, and O's
+// rescale and P's packing after P V's (they touch its accumulator and A operand). ptxas schedules
+// P V's wait at the top of the softmax's basic block (`scripts/sass_wgmma_overlap.py` shows no
+// MUFU between the two waits), so the softmax runs after this warpgroup's P V, under the other
+// warpgroups' batches. Ending the block before the wait (a never-taken branch on the row sums)
+// puts the softmax under its own P V, and measured 1-8% slower on the H100 at every shape but
+// one (d64 S512 without causal, 5% faster; docs/perf-notes.md), so the loop leaves ptxas its choice. The last P V follows the turns. Both warpgroups
 // take n_tiles turns (the CTA's count): a causal warpgroup's skipped tail tiles are turns without
 // wgmma, so the barriers stay balanced. Both K and V a turn reads are waited for before it opens.
 // Its waits are mbar_wait_realloc: a `trap` would cap this code at the launch's 168 registers.
@@ -263,9 +268,7 @@ __device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std
       opts.mask_scores(sc);
       softmax.template fold<BN / 8>(0, sc, alpha, scale_log2);
       opts.drop(sc, j, row0);
-      // P V of tile j-1, after the softmax: both row sums hold every exponential of the tile.
-      if constexpr (Cfg::kSoftmaxUnderPv) wgmma_wait_after<0>(fminf(l_run[0][0], l_run[0][1]));
-      else wgmma_wait<0>();
+      wgmma_wait<0>();  // P V of tile j-1
       operand_fence(o);
       operand_fence(p);
       bar.release(sp);
@@ -425,11 +428,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 }
 
-template <int D, bool CAUSAL, int CONSUMERS, bool MASK, bool DROP, typename E,
-          bool UNDER_PV = CONSUMERS == 2 || CAUSAL>
+template <int D, bool CAUSAL, int CONSUMERS, bool MASK, bool DROP, typename E>
 void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt) {
-  using Cfg = FwdConfig<D, CAUSAL, CONSUMERS, UNDER_PV>;
+  using Cfg = FwdConfig<D, CAUSAL, CONSUMERS>;
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   auto kernel = forward_kernel<Cfg, E, MASK, DROP>;
@@ -468,17 +470,6 @@ void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionSh
 template <int D, bool CAUSAL, typename E>
 void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionShape& sh,
             const attn::OptionArgs& opt, FwdTile tile) {
-  if (tile == FwdTile::Rows128Early || tile == FwdTile::Rows192Early) {  // the experiment's tiles
-    CUTRAIN_CHECK(opt.key_mask == nullptr && opt.threshold == 0,
-                  "attention_forward: FwdTile Rows128Early / Rows192Early take no key mask and no dropout");
-    if constexpr (std::is_same_v<E, bf16>) {
-      if constexpr (D == 64)
-        if (tile == FwdTile::Rows192Early) return launch<D, CAUSAL, 3, false, false, E, false>(st, qkv, out, lse, sh, opt);
-      return launch<D, CAUSAL, 2, false, false, E, false>(st, qkv, out, lse, sh, opt);
-    } else {
-      CUTRAIN_CHECK(false, "attention_forward: FwdTile Rows128Early / Rows192Early are bf16 only");
-    }
-  }
   if constexpr (D == 64)
     if (tile == FwdTile::Rows192 && opt.threshold == 0) return launch<D, CAUSAL, 3>(st, qkv, out, lse, sh, opt);
   launch<D, CAUSAL, 2>(st, qkv, out, lse, sh, opt);

@@ -109,11 +109,11 @@ struct QueryTileSchedule {
 
 // The forward (fwd.cu). D: head dim (64 or 128); CONSUMERS: consumer warpgroups of 64 query rows
 // (2, or 3 at d64: FwdTile). FlashAttention-3's ping-pong schedule: the consumer warpgroups take
-// turns at issuing their wgmma, handed round through one named barrier each, and each runs tile
-// j's softmax under its own P V of tile j-1 (its own intra-warpgroup overlap). The producer is a
+// turns at issuing their wgmma, handed round through one named barrier each, and each one's
+// softmax runs under the others' products (fwd.cu's consume). The producer is a
 // whole warpgroup (one thread issues the copies), so setmaxnreg moves registers from it to the
 // consumers, which lets both score buffers and 128-key tiles fit at d128 too.
-template <int D, bool CAUSAL, int CONSUMERS = 2, bool UNDER_PV = CONSUMERS == 2 || CAUSAL>
+template <int D, bool CAUSAL, int CONSUMERS = 2>
 struct FwdConfig : QueryTileSchedule<64 * CONSUMERS, 128, CAUSAL> {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && D == 64),
@@ -124,10 +124,6 @@ struct FwdConfig : QueryTileSchedule<64 * CONSUMERS, 128, CAUSAL> {
   static constexpr int kBlockM = 64 * kConsumers;       // query rows per CTA
   static constexpr int kBlockN = 128;                   // keys per K/V tile
   static constexpr int kStages = 3;                     // K/V ring depth
-  // The softmax of tile j runs under P V of tile j-1 (fwd.cu's wgmma_wait_after keeps ptxas from
-  // hoisting that batch's wait above it), which holds S, P and O live at once. The non-causal
-  // three-consumer loop spills then at 160 registers (ptxas: 16 bytes), so it keeps the early wait.
-  static constexpr bool kSoftmaxUnderPv = UNDER_PV;
   static constexpr int kProducerThreads = 128;          // setmaxnreg acts on whole warpgroups
   static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
   static constexpr int kProducerWarp = 4 * kConsumers;  // the warp after the consumer warpgroups (lane 0 issues)

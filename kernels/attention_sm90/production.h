@@ -10,21 +10,22 @@
 
 namespace cutrain::kernels::sm90 {
 
-// Forward: the query tile, per shape, from the measurements of one device call (H100, 009a1de;
-// docs/perf-notes.md, "Experiment: the forward's 192-row query tile"). d128: Rows128 (the 192-row
-// tile is d64's). d64 causal: Rows192 once the launch has at least four blocks of 192 rows per SM
-// (9-11% faster from B4 H16 S2048 up; at B4 H16 S512, 192 blocks, 8% slower). d64 without causal
-// (persistent CTAs): the tile whose rounds of work tiles over the SMs take less, counting a 192-row
-// tile as 1.5 x 0.95 of a 128-row one (its per-row speed at S8192); it picks Rows192 at B8 H16 S2048,
-// B4 H16 S4096 and B2 H16 S8192 (2-5% faster) and Rows128 at the measured shapes where Rows192 was
-// slower (B4 H16 S2048: fewer, larger tiles leave the last round short; S <= 1024).
+// Forward: the query tile, per shape, from the measurements of two device calls on one H100
+// (2026-12-07; docs/perf-notes.md, "The softmax's exp2 and the softmax under P V"). d128: Rows128
+// (the 192-row tile is d64's). d64 causal: Rows192 once the launch has at least four blocks of 192
+// rows per SM (6-14% faster from B16 H16 S1024 up; at B4 H16 S512, 192 blocks, 16% slower). d64
+// without causal (persistent CTAs): Rows192 from S2048, where its rounds of work tiles over the SMs
+// take less, counting a 192-row tile as 1.5 x 0.88 of a 128-row one (its per-row cost at S2048-8192:
+// 2% faster at B4 H16 S2048, 9% at B2 H16 S8192); Rows128 below S2048 (a work tile of at most 8
+// K/V tiles: even at B16 H16 S1024, slower at S512) and where the 192-row tiles' rounds take longer
+// (a few (batch, head) pairs).
 constexpr FwdTile production_forward(const AttentionShape& sh, int sms) {
   if (sh.head_dim != 64 || sms < 1) return FwdTile::Rows128;
   const long long pairs = static_cast<long long>(sh.batch) * sh.heads;
   const long long tiles128 = pairs * ((sh.seq + 127) / 128), tiles192 = pairs * ((sh.seq + 191) / 192);
   if (sh.causal) return tiles192 >= 4LL * sms ? FwdTile::Rows192 : FwdTile::Rows128;
   const long long rounds128 = (tiles128 + sms - 1) / sms, rounds192 = (tiles192 + sms - 1) / sms;
-  return rounds192 * 192 * 95 < rounds128 * 128 * 100 ? FwdTile::Rows192 : FwdTile::Rows128;
+  return sh.seq >= 2048 && rounds192 * 192 * 88 < rounds128 * 128 * 100 ? FwdTile::Rows192 : FwdTile::Rows128;
 }
 
 // Backward: which algorithm and schedules. two_pass: the dK/dV pass without dQ, then the dQ pass

@@ -117,15 +117,6 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
-// wgmma_wait<N>() after the work that depends on `after`: ptxas schedules the wait like an
-// instruction without operands and hoists it, within its basic block, above independent work,
-// such as the softmax meant to run under the batch it retires. A branch on `after` (a value that
-// work produces; the branch is never taken: `after` is >= 0 or NaN) ends the block first.
-template <int N>
-__device__ __forceinline__ void wgmma_wait_after(float after) {
-  if (after < 0.f) asm volatile("nanosleep.u32 0;" ::: "memory");
-  wgmma_wait<N>();
-}
 // Pins a register operand in program order against the volatile wgmma statements: writes before
 // a batch (the rescaled O, the packed P) stay before its fence, reads after it (the scores) stay
 // after its wait, and an A operand (P) stays live until the wait that retires the batch reading it.
