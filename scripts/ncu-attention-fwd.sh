@@ -29,9 +29,11 @@ if [[ ! $shape =~ ^B([0-9]+)H([0-9]+)S([0-9]+)D(64|128)$ ]]; then
   exit 2
 fi
 B=${BASH_REMATCH[1]} H=${BASH_REMATCH[2]} S=${BASH_REMATCH[3]} D=${BASH_REMATCH[4]}
+sfx=""
+if [ "$causal" = 1 ]; then sfx=_causal; fi  # (a failing $(...) in an assignment would end the script: set -e)
 case "$tile" in
-  rows128 | rows192) row="fwd$([ $causal = 1 ] && echo _causal)_$tile/$shape" ;;
-  production) row="fwd$([ $causal = 1 ] && echo _causal)/$shape" ;;
+  rows128 | rows192) row="fwd${sfx}_$tile/$shape" ;;
+  production) row="fwd$sfx/$shape" ;;
   *) echo "ncu-attention-fwd: --tile must be rows128, rows192 or production, got '$tile'" >&2; exit 2 ;;
 esac
 [ -x "$bench" ] || { echo "ncu-attention-fwd: $bench not built" >&2; exit 2; }
@@ -60,5 +62,5 @@ ncu --set full -k regex:'fprop|sdpa|fmha|flash' --launch-skip 3 -c 1 --page deta
 for side in ours cudnn; do
   echo "== $side ($row / cuDNN SDPA at $shape, causal $causal)"
   grep -E "^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Achieved Occupancy|Executed Ipc Active|Issue Slots Busy|No Eligible|Block Limit|Warp Cycles Per Issued|Dynamic Shared Memory Per Block|Threads|Grid Size|One or More Eligible" \
-    "$out/ncu_fwd_$side.txt" | head -40
+    "$out/ncu_fwd_$side.txt" | head -40 || echo "(no headline metrics: see $out/ncu_fwd_$side.txt)"
 done
