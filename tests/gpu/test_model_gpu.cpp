@@ -53,6 +53,28 @@ std::vector<double> to_double(const std::vector<float>& v) {
   return d;
 }
 
+// Every parameter's gradient against the reference's (want), by relative error, named on failure.
+void expect_grads_match(const model::TransformerParams& table, const std::vector<float>& grads,
+                        const std::vector<double>& want, const std::string& what) {
+  for (const auto& t : table.tensors()) {
+    std::vector<float> out(grads.begin() + t.offset, grads.begin() + t.offset + t.count);
+    std::vector<double> w(want.begin() + t.offset, want.begin() + t.offset + t.count);
+    EXPECT_LE(test::rel_error(out, w), 2e-2) << what << ": " << t.name;
+  }
+}
+
+// One batch's loss and gradients from the GPU against the fp64 reference model, which sees exactly
+// the GPU's (bf16-rounded) parameters.
+void expect_step_matches_reference(const train::GpuEngine& eng, const train::BackendOptions& o, const Batch& b,
+                                   double loss, const std::vector<float>& grads, const std::string& what) {
+  std::vector<double> p = to_double(eng.download_params()), g(grads.size(), 0.0);
+  model::ReferenceModel<double> ref(eng.table(), o.causal);
+  const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
+  ref.backward(p.data(), g.data());
+  EXPECT_NEAR(loss, ref_loss, 2e-2 * ref_loss) << what;
+  expect_grads_match(eng.table(), grads, g, what);
+}
+
 // The resume tests' run: a small model of `layout`, six random batches and the losses of six
 // uninterrupted steps over them.
 struct ResumeCase {
@@ -85,19 +107,7 @@ TEST_P(ModelGpu, LossAndEveryGradientMatchTheReferenceAtStep0) {
   const double loss = eng.forward_backward(b.tokens.data(), b.labels.data());
   const std::vector<float> grads = eng.download_grads();
   EXPECT_EQ(test::count_nan(grads), 0u) << "gradient elements left unwritten (poison) or non-finite";
-
-  // The reference sees exactly the GPU's (bf16-rounded) parameters.
-  const std::vector<float> params = eng.download_params();
-  std::vector<double> p = to_double(params), g(params.size(), 0.0);
-  model::ReferenceModel<double> ref(eng.table());
-  const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
-  ref.backward(p.data(), g.data());
-  EXPECT_NEAR(loss, ref_loss, 2e-2 * ref_loss) << GetParam();
-  for (const auto& t : eng.table().tensors()) {
-    std::vector<float> out(grads.begin() + t.offset, grads.begin() + t.offset + t.count);
-    std::vector<double> want(g.begin() + t.offset, g.begin() + t.offset + t.count);
-    EXPECT_LE(test::rel_error(out, want), 2e-2) << GetParam() << ": " << t.name;
-  }
+  expect_step_matches_reference(eng, o, b, loss, grads, GetParam());
 }
 
 TEST_P(ModelGpu, TwentyStepsFollowTheReference) {
@@ -194,11 +204,7 @@ TEST_P(ModelGpu, AccumulationAveragesTheMicroBatches) {
     ref.backward(p.data(), g.data(), 0.5);
   }
   EXPECT_NEAR(loss, ref_loss, 2e-2 * ref_loss);
-  for (const auto& t : eng.table().tensors()) {
-    std::vector<float> out(grads.begin() + t.offset, grads.begin() + t.offset + t.count);
-    std::vector<double> want(g.begin() + t.offset, g.begin() + t.offset + t.count);
-    EXPECT_LE(test::rel_error(out, want), 2e-2) << GetParam() << ": " << t.name;
-  }
+  expect_grads_match(eng.table(), grads, g, GetParam());
 }
 
 TEST_P(ModelGpu, BadTokenIsReportedWithItsPosition) {
@@ -337,18 +343,7 @@ TEST(ModelGpuWide, GradientsMatchAtHeadDim128) {
   train::GpuEngine eng(o, config_for("bf16_full"));
   const Batch b = random_batch(rng, std::size_t(o.batch) * o.seq, o.dims.vocab);
   const double loss = eng.forward_backward(b.tokens.data(), b.labels.data());
-  const std::vector<float> grads = eng.download_grads();
-  const std::vector<float> params = eng.download_params();
-  std::vector<double> p = to_double(params), g(params.size(), 0.0);
-  model::ReferenceModel<double> ref(eng.table());
-  const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
-  ref.backward(p.data(), g.data());
-  EXPECT_NEAR(loss, ref_loss, 2e-2 * ref_loss);
-  for (const auto& t : eng.table().tensors()) {
-    std::vector<float> out(grads.begin() + t.offset, grads.begin() + t.offset + t.count);
-    std::vector<double> want(g.begin() + t.offset, g.begin() + t.offset + t.count);
-    EXPECT_LE(test::rel_error(out, want), 2e-2) << t.name;
-  }
+  expect_step_matches_reference(eng, o, b, loss, eng.download_grads(), "head dim 128");
 }
 
 // --attention_backward fast at head dim 64 (dQ by fp32 reduce-adds in any order), for both masks:
@@ -367,16 +362,7 @@ TEST(ModelGpuFastAttention, LossAndEveryGradientMatchTheReference) {
     const double loss = eng.forward_backward(b.tokens.data(), b.labels.data());
     const std::vector<float> grads = eng.download_grads();
     EXPECT_EQ(test::count_nan(grads), 0u) << "gradient elements left unwritten (poison) or non-finite";
-    std::vector<double> p = to_double(eng.download_params()), g(grads.size(), 0.0);
-    model::ReferenceModel<double> ref(eng.table(), causal);
-    const double ref_loss = ref.forward(p.data(), b.tokens.data(), b.labels.data(), o.batch, o.seq);
-    ref.backward(p.data(), g.data());
-    EXPECT_NEAR(loss, ref_loss, 2e-2 * ref_loss);
-    for (const auto& t : eng.table().tensors()) {
-      std::vector<float> out(grads.begin() + t.offset, grads.begin() + t.offset + t.count);
-      std::vector<double> want(g.begin() + t.offset, g.begin() + t.offset + t.count);
-      EXPECT_LE(test::rel_error(out, want), 2e-2) << t.name;
-    }
+    expect_step_matches_reference(eng, o, b, loss, grads, "fast attention backward");
   }
 }
 

@@ -581,16 +581,21 @@ TEST(ConfigChoices, NamesRoundTripThroughTheirTables) {
   EXPECT_STREQ(name(train::AutocastDtype::BFloat16), "torch.bfloat16");
 }
 
+// parse_choice's error for a flag's bad value holds `needle`.
+template <class Table>
+void expect_choice_error(const Table& table, const char* value, const char* flag, const std::string& needle) {
+  try {
+    train::parse_choice(table, value, flag);
+    ADD_FAILURE() << "no error for " << flag << " " << value;
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
+  }
+}
+
 // A flag's bad value: the flag, what was expected and what was found.
 TEST(ConfigChoices, BadFlagValueNamesFlagExpectedAndFound) {
-  try {
-    train::parse_choice(train::kAttentionChoices, "sliding", "--attention");
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(e.message().find("--attention: expected one of \"auto\", \"causal\", \"bidirectional\", found \"sliding\""),
-              std::string::npos)
-        << e.message();
-  }
+  expect_choice_error(train::kAttentionChoices, "sliding", "--attention",
+                      "--attention: expected one of \"auto\", \"causal\", \"bidirectional\", found \"sliding\"");
   EXPECT_THROW(train::parse_choice(train::kTrainDevices, "CUDA", "--device"), Error);  // flags are case-sensitive
 }
 
@@ -665,14 +670,8 @@ TEST(Config, CutrainAttentionBackward) {
 // --attention_backward's bad value: the flag, the choices and what was found.
 TEST(ConfigChoices, BadAttentionBackwardFlagNamesFlagExpectedAndFound) {
   EXPECT_EQ(train::parse_choice(train::kAttentionBackwards, "fast", "--attention_backward"), train::AttentionBackward::Fast);
-  try {
-    train::parse_choice(train::kAttentionBackwards, "quick", "--attention_backward");
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(e.message().find("--attention_backward: expected one of \"deterministic\", \"fast\", found \"quick\""),
-              std::string::npos)
-        << e.message();
-  }
+  expect_choice_error(train::kAttentionBackwards, "quick", "--attention_backward",
+                      "--attention_backward: expected one of \"deterministic\", \"fast\", found \"quick\"");
   EXPECT_STREQ(name(train::AttentionBackward::Deterministic), "deterministic");
   EXPECT_STREQ(name(train::AttentionBackward::Fast), "fast");
 }
