@@ -7,7 +7,6 @@
 #include "kernels/attention_options.cuh"
 #include "kernels/attention_sm90/attention_sm90.h"
 #include "kernels/attention_sm90/production.h"
-#include "kernels/attention_sm90/tensor_map.h"
 #include "kernels/attention_tiles.cuh"
 #include "kernels/dropout.cuh"
 #include "runtime/check.h"
@@ -55,11 +54,7 @@ template <typename E>
 void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
                        const AttentionOptions& options) {
   attn::check_shape(shape, "attention_forward");  // the shape first, as attention_backward
-  // The options and the arguments before the device is asked for its SM count (the tile's choice).
-  (void)attn::option_args(options);
-  sm90::check_forward_args(qkv, out, lse, shape);
-  sm90::attention_forward<E>(s, qkv, out, lse, shape, options,
-                            sm90::production_forward(shape, sm90::multiprocessors()));
+  sm90::attention_forward<E>(s, qkv, out, lse, shape, options);  // production_forward's tile
 }
 
 template <typename E>

@@ -53,7 +53,6 @@ struct CeHeader {
 };
 constexpr std::size_t kRowLossOffset = sizeof(CeHeader);
 
-
 __device__ __forceinline__ bool label_valid(int label, int vocab, int ignore_index) {
   return label != ignore_index && label >= 0 && label < vocab;
 }

@@ -8,6 +8,8 @@
 // dropout with the semantics of AttentionOptions.
 #pragma once
 
+#include <optional>
+
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -27,10 +29,11 @@ enum class FwdTile { Rows128, Rows192 };
 
 // Runs on a compute capability 9.0 device only (the library's attention code is sm_90a); anything
 // else is refused with the capability found. Options (dropout_p in [0, 1)), shape and pointers are
-// checked before any device work, in that order.
+// checked before any device work, in that order. No tile: production_forward's (production.h) for
+// the shape and the device's SM count.
 template <typename E>
 void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
-                       const AttentionOptions& options = {}, FwdTile tile = FwdTile::Rows128);
+                       const AttentionOptions& options = {}, std::optional<FwdTile> tile = std::nullopt);
 
 // The host-side checks attention_forward makes before touching the device (throws cutrain::Error
 // naming the field): shape (head_dim 64/128, sizes >= 1, grid limits, TMA limits), non-null

@@ -45,6 +45,7 @@
 
 #include "kernels/attention_sm90/attention_sm90.h"
 #include "kernels/attention_sm90/layout.h"
+#include "kernels/attention_sm90/production.h"
 #include "kernels/attention_sm90/query_tile_ring.cuh"
 #include "kernels/attention_sm90/tensor_map.h"
 #include "kernels/attention_sm90/wgmma_tma.cuh"
@@ -479,12 +480,13 @@ void launch(cudaStream_t st, const E* qkv, E* out, float* lse, const AttentionSh
 
 template <typename E>
 void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& sh,
-                       const AttentionOptions& options, FwdTile tile) {
+                       const AttentionOptions& options, std::optional<FwdTile> chosen) {
   const attn::OptionArgs opt = attn::option_args(options);  // refuses p outside [0, 1)
   check_forward_args(qkv, out, lse, sh);
   check_device("attention_forward", sh.head_dim == 64 ? std::max(FwdConfig<64, false, 2>::kSmemBytes,
                                                                    FwdConfig<64, false, 3>::kSmemBytes)
                                                         : FwdConfig<128, false>::kSmemBytes);
+  const FwdTile tile = chosen ? *chosen : production_forward(sh, multiprocessors());
   const bool c = sh.causal;
   if (sh.head_dim == 64)
     c ? launch<64, true>(s, qkv, out, lse, sh, opt, tile) : launch<64, false>(s, qkv, out, lse, sh, opt, tile);
@@ -493,8 +495,8 @@ void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const A
 }
 
 template void attention_forward<bf16>(cudaStream_t, const bf16*, bf16*, float*, const AttentionShape&,
-                                      const AttentionOptions&, FwdTile);
+                                      const AttentionOptions&, std::optional<FwdTile>);
 template void attention_forward<f16>(cudaStream_t, const f16*, f16*, float*, const AttentionShape&,
-                                     const AttentionOptions&, FwdTile);
+                                     const AttentionOptions&, std::optional<FwdTile>);
 
 }  // namespace cutrain::kernels::sm90
