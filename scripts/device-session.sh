@@ -16,7 +16,8 @@
 #   real_data   prepare WikiText-2, train with validation (next-token, causal, --pad_vocab)
 #   kernels     kernel benchmarks (BENCH_LIST, BENCH_FILTER; BENCH_LIMIT s each, default 60) and their PyTorch peers in the same
 #               call (PEER_LIST, default all five), then the ratio table (KERNEL_ROUNDS=N: N rounds)
-#   timing      --timing_report of the BF16 example's model and of GPT-2 d12 (the llmc section's recipe), each
+#   timing      --timing_report of the BF16 example's model and of GPT-2 d12 (the llmc section's recipe; also
+#               with --attention_backward fast), each
 #               followed by scripts/step_floor.py (its leaves against their floors)
 #   ncu         ncu capture of exactly steps 3-4 (--profile_steps)
 #   offload     the offload sweep, a large offload-bench, racecheck on a non-blocking round trip
@@ -287,6 +288,10 @@ if want timing; then
   step timing_llmc 60 "$bin train --deepspeed_config configs/llmc_gpt2_constant.json -e d12 --seq_length 1024 --batch_size 16 --num_steps 10 --warmup_steps 4 --timing_report $logs/timing_llmc.json"
   sed -n '/SUMMARY/,$p' "$logs/timing_llmc.txt" | tail -40 >>"$sum" 2>/dev/null
   python3 scripts/step_floor.py "$logs/timing_llmc.json" >>"$sum" 2>&1
+  # The same step with the fast (one-pass, dQ by reduce-adds) attention backward.
+  step timing_llmc_fast 60 "$bin train --deepspeed_config configs/llmc_gpt2_constant.json -e d12 --seq_length 1024 --batch_size 16 --num_steps 10 --warmup_steps 4 --attention_backward fast --timing_report $logs/timing_llmc_fast.json"
+  sed -n '/SUMMARY/,$p' "$logs/timing_llmc_fast.txt" | tail -40 >>"$sum" 2>/dev/null
+  python3 scripts/step_floor.py "$logs/timing_llmc_fast.json" >>"$sum" 2>&1
 fi
 
 if want ncu; then
