@@ -8,7 +8,8 @@
 #               rows filtered by AGAINST_OLD_FILTER), re-runs the rows more than AGAINST_THRESHOLD
 #               percent slower (default 2) in AGAINST_ROUNDS - 1 more rounds (default 3 in all),
 #               alternating which build runs first, then the table of this build against REV
-#               (bench/compare_runs.py: the median over the rounds each row ran in)
+#               (bench/compare_runs.py: the median over the rounds each row ran in). AGAINST_TARGETS:
+#               build only these targets of REV; AGAINST_FILTER: only these rows in round 1
 #   comm_nccl   the communicator interface on NCCL (one rank: all-to-all, barrier, every
 #               collective; test_comm_gpu) and the ZeRO world-size-1 tests that reach it through
 #               parallel/ (test_zero_gpu ZeroWorldOne*)
@@ -184,7 +185,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 if want against && [ -d against ]; then
   # REV's tree, built as gpu-check builds this one (same prefix of unpacked .deps), tests off.
   gen=""; command -v ninja >/dev/null && gen="-G Ninja"
-  step build_against 240 "cmake -S against -B build/against $gen -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/tmp/cutrain-deps/usr -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCUTRAIN_BUILD_TESTS=OFF && cmake --build build/against -j$(nproc)"
+  step build_against 240 "cmake -S against -B build/against $gen -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/tmp/cutrain-deps/usr -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCUTRAIN_BUILD_TESTS=OFF && cmake --build build/against -j$(nproc) ${AGAINST_TARGETS:+--target $AGAINST_TARGETS}"
   export LD_LIBRARY_PATH=/tmp/cutrain-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   mkdir -p "$logs/against"
   against_bench=${AGAINST_BENCH:-attention|dense|k3|gemm}
@@ -197,7 +198,7 @@ if want against && [ -d against ]; then
   # Round 1: every benchmark of both builds (REV's filtered with AGAINST_OLD_FILTER, e.g. to
   # leave out rows this build no longer has). Then AGAINST_ROUNDS - 1 more rounds (default 2) of
   # only the rows round 1 flagged, alternating which build runs first.
-  bench_side new 1; bench_side old 1 "${AGAINST_OLD_FILTER:-}"
+  bench_side new 1 "${AGAINST_FILTER:-}"; bench_side old 1 "${AGAINST_OLD_FILTER:-${AGAINST_FILTER:-}}"
   olds=("$logs/against/old_r1.json"); news=("$logs/against/new_r1.json")
   flagged=$(python3 bench/compare_runs.py "${olds[0]}" "${news[0]}" --threshold "${AGAINST_THRESHOLD:-2}" --slower-filter 2>/dev/null)
   echo "-- against round 1 flagged: ${flagged:-none}" >>"$sum"
