@@ -31,17 +31,6 @@ __device__ __forceinline__ float quad_sum(float x) {
 __device__ __forceinline__ float scaled_exp2(float s, float scale_log2, float m) {
   return fast_ex2(fmaf(s, scale_log2, -m));
 }
-// The same numerator for n-tile n of a tile whose every EMU-th n-tile (n % EMU == EMU - 1) takes
-// poly_ex2 instead (EMU = 0: none). At d64 a tile's exponentials keep the MUFU as busy as its
-// products keep the tensor cores, so moving a share to the FMA pipes frees the MUFU; every row
-// of such a tile must have a finite score (poly_ex2's -inf gives 2^-125, not 0).
-template <int EMU>
-__device__ __forceinline__ float scaled_exp2_at(int n, float s, float scale_log2, float m) {
-  const float x = fmaf(s, scale_log2, -m);
-  if constexpr (EMU > 0)
-    if (n % EMU == EMU - 1) return poly_ex2(x);
-  return fast_ex2(x);
-}
 
 // The score entries that do not exist: keys at or past the sequence end, and (causal) keys after
 // their query (rows are queries, columns keys).
@@ -82,8 +71,7 @@ struct Softmax {
 
   // Folds a new tile of raw scores s (m-tile i) in: updates the max, turns s into exp2(scaled
   // score - max), adds the row sums, and rescales that m-tile's output accumulator o.
-  // EMU: scaled_exp2_at's share of poly_ex2 (0: none).
-  template <int NT, int D, int EMU = 0>
+  template <int NT, int D>
   __device__ __forceinline__ void update(int i, float (&s)[NT][4], float (&o)[D / 8][4], float scale_log2) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -100,7 +88,7 @@ struct Softmax {
       for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s[n][e] = scaled_exp2_at<EMU>(n, s[n][e], scale_log2, m_use);
+          s[n][e] = scaled_exp2(s[n][e], scale_log2, m_use);
           rs += s[n][e];
         }
       l_run[i][h] = l_run[i][h] * alpha + rs;
@@ -116,7 +104,7 @@ struct Softmax {
   // tensor-core batch while the next tile's scores are folded in: fold() is update() without the
   // rescale of o and hands back each thread row's factor (alpha[h]); rescale() applies it once the
   // batch is done.
-  template <int NT, int EMU = 0>
+  template <int NT>
   __device__ __forceinline__ void fold(int i, float (&s)[NT][4], float (&alpha)[2], float scale_log2) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -133,7 +121,7 @@ struct Softmax {
       for (int n = 0; n < NT; ++n)
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s[n][e] = scaled_exp2_at<EMU>(n, s[n][e], scale_log2, m_use);
+          s[n][e] = scaled_exp2(s[n][e], scale_log2, m_use);
           rs += s[n][e];
         }
       l_run[i][h] = l_run[i][h] * alpha[h] + rs;

@@ -145,14 +145,6 @@ struct FwdOptions {
   }
 };
 
-// The exponentials' share on the FMA pipes (attn::scaled_exp2_at's EMU: every 4th n-tile, a quarter):
-// at d64 a tile's exponentials take the MUFU as long as its products take the tensor cores
-// (8192 each way per 64 x 128 tile), so the two cannot both be saturated by the ping-pong; at d128
-// the products take twice as long and the MUFU has room. Not with a key mask, where a row may have
-// no key at all (poly_ex2 gives no exact 0).
-template <class Cfg, bool MASK>
-constexpr int kExpEmu = Cfg::kHeadDim == 64 && !MASK ? 4 : 0;
-
 // Finished scores of tile j (sc, fenced after their wait) -> the causal / sequence-end mask and the
 // key mask, the online softmax (rescales O), dropout, P's A fragments. row0: this warp's first
 // query row.
@@ -165,7 +157,7 @@ __device__ __forceinline__ void softmax_tile(const attn::Mask<Cfg::kCausal>& mas
   constexpr int BN = Cfg::kBlockN;
   mask.apply(attn::one_mtile(sc), row0, j * BN);
   opts.mask_scores(sc);
-  softmax.template update<BN / 8, Cfg::kHeadDim, kExpEmu<Cfg, MASK>>(0, sc, o, scale_log2);
+  softmax.template update<BN / 8, Cfg::kHeadDim>(0, sc, o, scale_log2);
   opts.drop(sc, j, row0);
   attn::to_a_frags<E, BN>(p, sc);
 }
@@ -275,7 +267,7 @@ __device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std
       float alpha[2];
       mask.apply(attn::one_mtile(sc), row0, j * BN);
       opts.mask_scores(sc);
-      softmax.template fold<BN / 8, kExpEmu<Cfg, MASK>>(0, sc, alpha, scale_log2);
+      softmax.template fold<BN / 8>(0, sc, alpha, scale_log2);
       opts.drop(sc, j, row0);
       wgmma_wait<0>();  // P V of tile j-1
       operand_fence(o);
