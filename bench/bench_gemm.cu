@@ -10,6 +10,9 @@
 // forced), gemm/wgrad_bgrad (the measured rule: what the models run), the wgrad_f32 pair of the
 // same with fp32 gradients, gemm_raw/wgrad_bgradb (raw cuBLASLt BGRADB); gemm_raw/dgrad_dgelu_bgrad
 // against gemm/dgrad_dgelu+bias_grad (c_fc's bias gradient in c_proj's DGELU dgrad, or after it).
+// The GELU rows (fwd_bias_gelu: cuBLASLt's GELU_AUX_BIAS; dgrad_dgelu: its DGELU; each against the
+// GEMM + kernels/gelu and the GEMM alone) at kShapes and at the MLP shapes of GPT-2 small and the
+// 1.3B model (kMlpFcShapes, kMlpProjShapes).
 // A pair's rows count the same minimal bytes, so their GB/s compare as their times do.
 #include <benchmark/benchmark.h>
 #include <cublasLt.h>
@@ -46,6 +49,11 @@ const std::vector<Shape> kShapes = {{2048, 3072, 1024}, {2048, 1024, 1024}, {204
 // GPT-2 small at llm.c's batch (B 32 x T 512 = 16384 tokens, h 768): c_attn, attn.c_proj, c_fc,
 // mlp.c_proj; the bias-gradient rows only.
 const std::vector<Shape> kGpt2Shapes = {{16384, 2304, 768}, {16384, 768, 768}, {16384, 3072, 768}, {16384, 768, 3072}};
+// The MLP's GELU GEMMs of GPT-2 small (16384 tokens, h 768) and of issue #24's 1.3B model (B 8 x
+// T 2048, h 2048): c_fc's forward (M x 4h, K h) and c_proj's dgrad, whose output is GELU's input
+// gradient (M x 4h, N h); the models run cuBLASLt's GELU_AUX_BIAS and DGELU epilogues there.
+const std::vector<Shape> kMlpFcShapes = {{16384, 3072, 768}, {16384, 8192, 2048}};
+const std::vector<Shape> kMlpProjShapes = {{16384, 768, 3072}, {16384, 2048, 8192}};
 
 // ---- device buffers with random contents (timing should not see all-equal data) ----
 using DevBuf = bench::DeviceBuffer;
@@ -314,6 +322,21 @@ void register_all() {
       for (auto& b : bias_shapes) seen |= b == mn;
       if (!seen) bias_shapes.push_back(mn);
     }
+  }
+  // GELU in the epilogue against the bias epilogue + kernels/gelu, beside the GEMM without GELU,
+  // at the models' MLP shapes (where the step's timing report puts c_fc and c_proj's dgrad
+  // furthest above their GEMM floors).
+  for (const Shape& s : kMlpFcShapes) {
+    const std::string sh = s.str();
+    reg("gemm/fwd_bias/" + sh, [=](benchmark::State& st) { bench_forward(st, s, Fwd::Bias, false); });
+    reg("gemm/fwd_bias_gelu/" + sh, [=](benchmark::State& st) { bench_forward(st, s, Fwd::BiasGelu, false); });
+    reg("gemm/fwd_bias+gelu_kernel/" + sh, [=](benchmark::State& st) { bench_forward(st, s, Fwd::BiasGeluKernelTanh, false); });
+  }
+  for (const Shape& s : kMlpProjShapes) {
+    const std::string sh = s.str();
+    reg("gemm/dgrad/" + sh, [=](benchmark::State& st) { bench_dgrad(st, s, Dgrad::Plain, false); });
+    reg("gemm/dgrad_dgelu/" + sh, [=](benchmark::State& st) { bench_dgrad(st, s, Dgrad::Dgelu, false); });
+    reg("gemm/dgrad+gelu_bwd_kernel/" + sh, [=](benchmark::State& st) { bench_dgrad(st, s, Dgrad::DgeluKernelTanh, false); });
   }
   for (const Shape& s : kGpt2Shapes)
     for (auto mn : {std::pair{s.M, s.N}, std::pair{s.M, s.K}}) {
