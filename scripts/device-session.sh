@@ -286,13 +286,13 @@ if want timing; then
   python3 scripts/step_floor.py "$logs/timing_report.json" >>"$sum" 2>&1
   # GPT-2 124M as the llmc section runs it against llm.c (d12, T 1024, B 16, llm.c's recipe), where
   # the time goes (random tokens: the step's kernels are the same).
-  step timing_llmc 60 "$bin train --deepspeed_config configs/llmc_gpt2_constant.json -e d12 --seq_length 1024 --batch_size 16 --num_steps 10 --warmup_steps 4 --timing_report $logs/timing_llmc.json"
-  sed -n '/SUMMARY/,$p' "$logs/timing_llmc.txt" | tail -40 >>"$sum" 2>/dev/null
-  python3 scripts/step_floor.py "$logs/timing_llmc.json" >>"$sum" 2>&1
-  # The same step with the fast (one-pass, dQ by reduce-adds) attention backward.
-  step timing_llmc_fast 60 "$bin train --deepspeed_config configs/llmc_gpt2_constant.json -e d12 --seq_length 1024 --batch_size 16 --num_steps 10 --warmup_steps 4 --attention_backward fast --timing_report $logs/timing_llmc_fast.json"
-  sed -n '/SUMMARY/,$p' "$logs/timing_llmc_fast.txt" | tail -40 >>"$sum" 2>/dev/null
-  python3 scripts/step_floor.py "$logs/timing_llmc_fast.json" >>"$sum" 2>&1
+  # Both attention backwards: deterministic (the default) and fast (one pass, dQ by reduce-adds).
+  for mode in deterministic fast; do
+    n=timing_llmc; [ $mode = fast ] && n=timing_llmc_fast
+    step $n 60 "$bin train --deepspeed_config configs/llmc_gpt2_constant.json -e d12 --seq_length 1024 --batch_size 16 --num_steps 10 --warmup_steps 4 --attention_backward $mode --timing_report $logs/$n.json"
+    sed -n '/SUMMARY/,$p' "$logs/$n.txt" | tail -40 >>"$sum" 2>/dev/null
+    python3 scripts/step_floor.py "$logs/$n.json" >>"$sum" 2>&1
+  done
 fi
 
 if want ncu; then
