@@ -40,7 +40,7 @@ esac
 mkdir -p "$out"
 
 ncu --set full --kernel-name-base demangled -k regex:'sm90.*forward_kernel' --launch-skip 3 -c 1 --page details \
-  "$bench" --benchmark_filter="^attention_hopper/$row\$" >"$out/ncu_fwd_ours.txt" 2>&1 || true
+  "$bench" --benchmark_filter="^attention_hopper/$row/" >"$out/ncu_fwd_ours.txt" 2>&1 || true
 
 py=$(mktemp --suffix=.py)
 trap 'rm -f "$py"' EXIT

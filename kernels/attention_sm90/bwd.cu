@@ -121,16 +121,21 @@ __device__ __forceinline__ void issue_st_dpt(float (&st)[Cfg::kBlockM / 8][4], f
                                              const BwdSmem<Cfg>& sm, std::uint32_t q_tile, std::uint32_t do_tile,
                                              int wg) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
+  // One descriptor per operand, advanced per k16 step (desc_advance).
+  const std::uint64_t kd = smem_desc(sm.k + Cfg::kv_a_slice(wg, 0), kUnusedLbo, Cfg::kSbo);
+  const std::uint64_t vd = smem_desc(sm.v + Cfg::kv_a_slice(wg, 0), kUnusedLbo, Cfg::kSbo);
+  const std::uint64_t qd = smem_desc(q_tile, kUnusedLbo, Cfg::kSbo);
+  const std::uint64_t dod = smem_desc(do_tile, kUnusedLbo, Cfg::kSbo);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<E, BM>(st, smem_desc(sm.k + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
-                    smem_desc(q_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+    wgmma_ss<E, BM>(st, desc_advance(kd, Cfg::kv_a_slice(wg, kk) - Cfg::kv_a_slice(wg, 0)),
+                    desc_advance(qd, Cfg::q_b_slice(kk)), kk > 0);
   wgmma_commit();
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<E, BM>(dp, smem_desc(sm.v + Cfg::kv_a_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
-                    smem_desc(do_tile + Cfg::q_b_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+    wgmma_ss<E, BM>(dp, desc_advance(vd, Cfg::kv_a_slice(wg, kk) - Cfg::kv_a_slice(wg, 0)),
+                    desc_advance(dod, Cfg::q_b_slice(kk)), kk > 0);
   wgmma_commit();
 }
 
@@ -141,17 +146,17 @@ __device__ __forceinline__ void issue_dkdv(float (&dk)[Cfg::kHeadDim / 8][4], fl
                                            std::uint32_t (&dsf)[Cfg::kBlockM / 16][4], std::uint32_t q_tile,
                                            std::uint32_t do_tile) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
+  const std::uint64_t dod = smem_desc(do_tile, Cfg::kQLbo, Cfg::kSbo);
+  const std::uint64_t qd = smem_desc(q_tile, Cfg::kQLbo, Cfg::kSbo);
   operand_fence(dv);
   operand_fence(dk);
   operand_fence(pf);
   operand_fence(dsf);
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < BM / 16; ++ks)
-    wgmma_rs<E, D>(dv, pf[ks], smem_desc(do_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
+  for (int ks = 0; ks < BM / 16; ++ks) wgmma_rs<E, D>(dv, pf[ks], desc_advance(dod, Cfg::q_mn_slice(ks)), 1);
 #pragma unroll
-  for (int ks = 0; ks < BM / 16; ++ks)
-    wgmma_rs<E, D>(dk, dsf[ks], smem_desc(q_tile + Cfg::q_mn_slice(ks), Cfg::kQLbo, Cfg::kSbo), 1);
+  for (int ks = 0; ks < BM / 16; ++ks) wgmma_rs<E, D>(dk, dsf[ks], desc_advance(qd, Cfg::q_mn_slice(ks)), 1);
   wgmma_commit();
 }
 
@@ -278,12 +283,13 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
       if (issuer) bulk_wait_read<0>();
     named_barrier_sync(1 + wg, 128);
     float dq[D / 8][4];
-    const std::uint32_t ds_u32 = sm.ds + wg * Cfg::kDsBytes;
+    const std::uint64_t dsd = smem_desc(sm.ds + wg * Cfg::kDsBytes, kUnusedLbo, Cfg::kSbo);
+    const std::uint64_t kd = smem_desc(sm.k + Cfg::k_mn_slice(wg, 0), Cfg::kKLbo, Cfg::kSbo);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)  // the warpgroup's 64 keys
-      wgmma_ss_mn<E, D>(dq, smem_desc(ds_u32 + Cfg::ds_mn_slice(ks), kUnusedLbo, Cfg::kSbo),
-                        smem_desc(sm.k + Cfg::k_mn_slice(wg, ks), Cfg::kKLbo, Cfg::kSbo), ks > 0);
+      wgmma_ss_mn<E, D>(dq, desc_advance(dsd, Cfg::ds_mn_slice(ks)),
+                        desc_advance(kd, Cfg::k_mn_slice(wg, ks) - Cfg::k_mn_slice(wg, 0)), ks > 0);
     wgmma_commit();
     wgmma_wait<0>();
     operand_fence(dv);

@@ -55,6 +55,44 @@ struct DqOptions {
   std::uint64_t bh_e;                     // (b*H + head) * S: the element index of (b, head, query 0, key 0)
 };
 
+// Issues S = Q_w K^T, then dP = dO_w V^T (two commit groups, S first). One descriptor per
+// operand, advanced per k16 step (desc_advance).
+template <class Cfg, typename E>
+__device__ __forceinline__ void issue_s_dp(float (&sc)[Cfg::kBlockN / 8][4], float (&dp)[Cfg::kBlockN / 8][4],
+                                           std::uint32_t q_tile, std::uint32_t do_tile, std::uint32_t k_tile,
+                                           std::uint32_t v_tile, int wg) {
+  constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN;
+  const std::uint64_t qd = smem_desc(q_tile + Cfg::q_slice(wg, 0), kUnusedLbo, Cfg::kSbo);
+  const std::uint64_t dod = smem_desc(do_tile + Cfg::q_slice(wg, 0), kUnusedLbo, Cfg::kSbo);
+  const std::uint64_t kd = smem_desc(k_tile, kUnusedLbo, Cfg::kSbo);
+  const std::uint64_t vd = smem_desc(v_tile, kUnusedLbo, Cfg::kSbo);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss<E, BN>(sc, desc_advance(qd, Cfg::q_slice(wg, kk) - Cfg::q_slice(wg, 0)), desc_advance(kd, Cfg::k_slice(kk)),
+                    kk > 0);
+  wgmma_commit();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss<E, BN>(dp, desc_advance(dod, Cfg::q_slice(wg, kk) - Cfg::q_slice(wg, 0)),
+                    desc_advance(vd, Cfg::k_slice(kk)), kk > 0);
+  wgmma_commit();
+}
+
+// Issues dQ += dS K against the K tile at k_tile (one commit group): K read transposed (keys are
+// the reduction index), as the forward reads V; dQ and dS pinned before the fence.
+template <class Cfg, typename E>
+__device__ __forceinline__ void issue_dq(float (&dq)[Cfg::kHeadDim / 8][4], std::uint32_t (&ds)[Cfg::kBlockN / 16][4],
+                                         std::uint32_t k_tile) {
+  const std::uint64_t kd = smem_desc(k_tile, Cfg::kKLbo, Cfg::kSbo);
+  operand_fence(dq);
+  operand_fence(ds);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < Cfg::kBlockN / 16; ++ks) wgmma_rs<E, Cfg::kHeadDim>(dq, ds[ks], desc_advance(kd, Cfg::k_mn_slice(ks)), 1);
+  wgmma_commit();
+}
+
 // One K/V tile for warpgroup wg (see the file comment): q_tile / do_tile / k_tile / v_tile are
 // shared-window addresses of loaded tiles. row0: this warp's first query; l2 / dd: its rows'
 // lse * log2 e and Dvec. Every wgmma batch is waited for before the function returns.
@@ -83,17 +121,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[Cfg::kHeadDim / 8][4], DqOpt
 
   // S and dP: two commit groups, S first.
   float sc[BN / 8][4], dp[BN / 8][4];
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<E, BN>(sc, smem_desc(q_tile + Cfg::q_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
-                    smem_desc(k_tile + Cfg::k_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
-  wgmma_commit();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<E, BN>(dp, smem_desc(do_tile + Cfg::q_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
-                    smem_desc(v_tile + Cfg::k_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
-  wgmma_commit();
+  issue_s_dp<Cfg, E>(sc, dp, q_tile, do_tile, k_tile, v_tile, wg);
   if constexpr (MASK) opts.keys.load(j);
   if constexpr (DROP && kDrawUnder) draw();
 
@@ -129,14 +157,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[Cfg::kHeadDim / 8][4], DqOpt
   std::uint32_t ds[BN / 16][4];
   attn::to_a_frags<E, BN>(ds, dp);
 
-  // dQ += dS K: K read transposed (keys are the reduction index), as the forward reads V.
-  operand_fence(dq);
-  operand_fence(ds);
-  wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < BN / 16; ++ks)
-    wgmma_rs<E, D>(dq, ds[ks], smem_desc(k_tile + Cfg::k_mn_slice(ks), Cfg::kKLbo, Cfg::kSbo), 1);
-  wgmma_commit();
+  issue_dq<Cfg, E>(dq, ds, k_tile);
   wgmma_wait<0>();
   operand_fence(dq);
   operand_fence(ds);
@@ -204,24 +225,6 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sdO, std
 // and released as in the serial loop. The plain instance only: with a key mask or dropout ptxas
 // serialized the loop's wgmma (C7515; launch runs those instances' serial loop).
 
-// Issues S = Q_w K^T, then dP = dO_w V^T (two commit groups, S first).
-template <class Cfg, typename E>
-__device__ __forceinline__ void issue_s_dp(float (&sc)[Cfg::kBlockN / 8][4], float (&dp)[Cfg::kBlockN / 8][4],
-                                           std::uint32_t q_tile, std::uint32_t do_tile, std::uint32_t k_tile,
-                                           std::uint32_t v_tile, int wg) {
-  constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN;
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<E, BN>(sc, smem_desc(q_tile + Cfg::q_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
-                    smem_desc(k_tile + Cfg::k_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
-  wgmma_commit();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<E, BN>(dp, smem_desc(do_tile + Cfg::q_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
-                    smem_desc(v_tile + Cfg::k_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
-  wgmma_commit();
-}
 
 template <class Cfg, typename E, bool MASK, bool DROP>
 __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t sdO, std::uint32_t sK,
@@ -276,14 +279,7 @@ __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t 
 #pragma unroll
         for (int e = 0; e < 4; ++e) dp[n][e] = sc[n][e] * (dp[n][e] - dd[e >> 1]);
       attn::to_a_frags<E, BN>(ds, dp);
-      // dQ += dS K (K read transposed).
-      operand_fence(dq);
-      operand_fence(ds);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < BN / 16; ++ks)
-        wgmma_rs<E, D>(dq, ds[ks], smem_desc(sK + s * Cfg::kKVBytes + Cfg::k_mn_slice(ks), Cfg::kKLbo, Cfg::kSbo), 1);
-      wgmma_commit();
+      issue_dq<Cfg, E>(dq, ds, sK + s * Cfg::kKVBytes);
       if (j + 1 == n_active) {
         wgmma_wait<0>();  // the last active tile's dQ product
         operand_fence(dq);

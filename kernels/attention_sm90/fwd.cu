@@ -59,15 +59,17 @@ namespace cutrain::kernels::sm90 {
 namespace {
 
 // Issues S = Q K^T for warpgroup wg against the K tile at k_tile (one commit group; the first
-// k16 step overwrites sc).
+// k16 step overwrites sc). One descriptor per operand, advanced per k16 step (desc_advance).
 template <class Cfg, typename E>
 __device__ __forceinline__ void issue_scores(float (&sc)[Cfg::kBlockN / 8][4], std::uint32_t sQ, std::uint32_t k_tile,
                                              int wg) {
+  const std::uint64_t qd = smem_desc(sQ + Cfg::q_slice(wg, 0), kUnusedLbo, Cfg::kSbo);
+  const std::uint64_t kd = smem_desc(k_tile, kUnusedLbo, Cfg::kSbo);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk)
-    wgmma_ss<E, Cfg::kBlockN>(sc, smem_desc(sQ + Cfg::q_slice(wg, kk), kUnusedLbo, Cfg::kSbo),
-                              smem_desc(k_tile + Cfg::k_slice(kk), kUnusedLbo, Cfg::kSbo), kk > 0);
+    wgmma_ss<E, Cfg::kBlockN>(sc, desc_advance(qd, Cfg::q_slice(wg, kk) - Cfg::q_slice(wg, 0)),
+                              desc_advance(kd, Cfg::k_slice(kk)), kk > 0);
   wgmma_commit();
 }
 
@@ -76,12 +78,13 @@ __device__ __forceinline__ void issue_scores(float (&sc)[Cfg::kBlockN / 8][4], s
 template <class Cfg, typename E>
 __device__ __forceinline__ void issue_pv(float (&o)[Cfg::kHeadDim / 8][4], std::uint32_t (&p)[Cfg::kBlockN / 16][4],
                                          std::uint32_t v_tile) {
+  const std::uint64_t vd = smem_desc(v_tile, Cfg::kVLbo, Cfg::kSbo);
   operand_fence(o);
   operand_fence(p);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < Cfg::kBlockN / 16; ++ks)
-    wgmma_rs<E, Cfg::kHeadDim>(o, p[ks], smem_desc(v_tile + Cfg::v_slice(ks), Cfg::kVLbo, Cfg::kSbo), 1);
+    wgmma_rs<E, Cfg::kHeadDim>(o, p[ks], desc_advance(vd, Cfg::v_slice(ks)), 1);
   wgmma_commit();
 }
 

@@ -208,6 +208,15 @@ constexpr CUTRAIN_HD std::uint64_t smem_desc(std::uint32_t smem_addr, std::uint3
          (static_cast<std::uint64_t>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
 constexpr std::uint32_t kUnusedLbo = 16;  // K-major 128B-swizzle operands ignore LBO (encoded 1)
+// smem_desc(addr + bytes, ...) from smem_desc(addr, ...), with one add on the low word: the start
+// address field is bits 0-13 (addr >> 4), and an operand slice lies in the shared window (below
+// 2^18), so the add never carries out of the field. A kernel encodes one descriptor per tile and
+// advances it per k16 step by a compile-time offset, instead of masking, shifting and or-ing each
+// step's address inside its wgmma issue. bytes: a multiple of 16.
+constexpr CUTRAIN_HD std::uint64_t desc_advance(std::uint64_t desc, std::uint32_t bytes) {
+  const std::uint32_t lo = static_cast<std::uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
 
 // Where the TMA's SWIZZLE_128B places element (r, c) of a [rows][D] tile (column blocks of 64).
 constexpr CUTRAIN_HD std::uint32_t tma_sw128_offset(int rows, int r, int c) {

@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention.cuh"
@@ -400,6 +401,69 @@ TEST(AttentionHopperLayout, DescriptorFields) {
   EXPECT_EQ((d >> 14) & 3u, 0u);
   EXPECT_EQ((d >> 30) & 3u, 0u);
   EXPECT_EQ((d >> 46) & 7u, 0u);
+}
+
+// Every k16-step offset a kernel advances a tile's descriptor by (fwd.cu, bwd.cu, dq.cu:
+// desc_advance), with the LBO that operand uses.
+template <class Cfg>
+void collect_forward_advances(std::set<std::pair<std::uint32_t, std::uint32_t>>& out) {
+  for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) {
+    for (int wg = 0; wg < Cfg::kConsumers; ++wg) out.insert({Cfg::q_slice(wg, kk) - Cfg::q_slice(wg, 0), hopper::kUnusedLbo});
+    out.insert({Cfg::k_slice(kk), hopper::kUnusedLbo});
+  }
+  for (int ks = 0; ks < Cfg::kBlockN / 16; ++ks) out.insert({Cfg::v_slice(ks), Cfg::kVLbo});
+}
+template <class Cfg>
+void collect_backward_advances(std::set<std::pair<std::uint32_t, std::uint32_t>>& out) {
+  for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk)
+    for (int wg = 0; wg < 2; ++wg) {
+      out.insert({Cfg::kv_a_slice(wg, kk) - Cfg::kv_a_slice(wg, 0), hopper::kUnusedLbo});
+      out.insert({Cfg::q_b_slice(kk), hopper::kUnusedLbo});
+    }
+  for (int ks = 0; ks < Cfg::kBlockM / 16; ++ks) out.insert({Cfg::q_mn_slice(ks), Cfg::kQLbo});
+  for (int ks = 0; ks < 4; ++ks)
+    for (int wg = 0; wg < 2; ++wg) {
+      out.insert({Cfg::ds_mn_slice(ks), hopper::kUnusedLbo});
+      out.insert({Cfg::k_mn_slice(wg, ks) - Cfg::k_mn_slice(wg, 0), Cfg::kKLbo});
+    }
+}
+template <class Cfg>
+void collect_dq_advances(std::set<std::pair<std::uint32_t, std::uint32_t>>& out) {
+  for (int kk = 0; kk < Cfg::kHeadDim / 16; ++kk) {
+    for (int wg = 0; wg < 2; ++wg) out.insert({Cfg::q_slice(wg, kk) - Cfg::q_slice(wg, 0), hopper::kUnusedLbo});
+    out.insert({Cfg::k_slice(kk), hopper::kUnusedLbo});
+  }
+  for (int ks = 0; ks < Cfg::kBlockN / 16; ++ks) out.insert({Cfg::k_mn_slice(ks), Cfg::kKLbo});
+}
+
+// desc_advance(smem_desc(a), off) is smem_desc(a + off): at every offset the kernels use, from
+// every 1024-aligned base whose slice stays in the shared window, and at random 16-byte aligned
+// addresses and offsets in it, so the descriptors the kernels hand to wgmma are the same bits as a
+// full encoding of each step's address.
+TEST(AttentionHopperLayout, DescriptorAdvanceMatchesEncoding) {
+  std::set<std::pair<std::uint32_t, std::uint32_t>> adv;
+  collect_forward_advances<hopper::FwdConfig<64, false>>(adv);
+  collect_forward_advances<hopper::FwdConfig<64, true, 3>>(adv);
+  collect_forward_advances<hopper::FwdConfig<128, true>>(adv);
+  collect_backward_advances<hopper::BwdConfig<64, false>>(adv);
+  collect_backward_advances<hopper::BwdConfig<128, true>>(adv);
+  collect_dq_advances<hopper::DqConfig<64, false>>(adv);
+  collect_dq_advances<hopper::DqConfig<128, true>>(adv);
+  ASSERT_GT(adv.size(), 20u);
+  constexpr std::uint32_t kWindow = 1u << 18;
+  for (const auto& [off, lbo] : adv) {
+    ASSERT_EQ(off % 16, 0u) << "offset " << off;
+    for (std::uint32_t a = 0; a + off < kWindow; a += 1024)
+      ASSERT_EQ(hopper::desc_advance(hopper::smem_desc(a, lbo, 1024), off), hopper::smem_desc(a + off, lbo, 1024))
+          << "base " << a << " + " << off << ", LBO " << lbo;
+  }
+  std::mt19937 rng(24);
+  for (int i = 0; i < 100000; ++i) {
+    const std::uint32_t a = (rng() % kWindow) & ~15u, off = (rng() % (kWindow - a)) & ~15u;
+    const std::uint32_t lbo = (rng() % (1u << 14)) << 4;
+    ASSERT_EQ(hopper::desc_advance(hopper::smem_desc(a, lbo, 1024), off), hopper::smem_desc(a + off, lbo, 1024))
+        << a << " + " << off;
+  }
 }
 
 TEST(AttentionHopperLayout, TensorMapGeometryAddressesQkv) {
