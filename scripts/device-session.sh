@@ -130,7 +130,8 @@
 #   sanitize    compute-sanitizer memcheck, racecheck and synccheck on the sm90 attention pair's and
 #               the cross-entropy kernel's tests (SAN_ATTN, SAN_CE: gtest filters; SAN_TOOLS, SAN_SUITES
 #               narrow them). About 4 minutes.
-#   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60)
+#   extra       EXTRA_CMD, if set (e.g. a checkpoint benchmark), within EXTRA_LIMIT s (default 60);
+#               its $OUT is this session's OUT: files it writes under $OUT/logs come back in logs.tar.gz
 #   OUT=... scripts/device-session.sh [--budget SECONDS] [--only LIST] [--skip LIST]
 # Logs go to $OUT/logs (tarred into $OUT/logs.tar.gz at the end: at most 8 files come back) and a
 # summary to $OUT/summary.txt.

@@ -6,8 +6,8 @@
 # first launches (the correctness call and warm-up).
 #   scripts/ncu-attention-fwd.sh [--bench BIN] [--out DIR] [--shape B4H16S2048D64] [--causal]
 #                                [--tile rows128|rows192|production]
-# Writes DIR/ncu_fwd_ours.txt and DIR/ncu_fwd_cudnn.txt (ncu --page details) and prints the
-# headline metrics of both.
+# Writes DIR/ncu_fwd_ours.txt and DIR/ncu_fwd_cudnn.txt (ncu --page details) and the stall-reason
+# passes DIR/ncu_fwd_{ours,cudnn}_stalls.txt, and prints the headline metrics and stall reasons of both.
 set -euo pipefail
 bench=build/gpu/bench/bench_attention_hopper
 out=.
@@ -58,9 +58,21 @@ EOF
 ncu --set full -k regex:'fprop|sdpa|fmha|flash' --launch-skip 3 -c 1 --page details python3 "$py" \
   >"$out/ncu_fwd_cudnn.txt" 2>&1 || true
 
-# The headline rows of each report.
+# The warp stall reasons of both kernels (the details page lists the section's summary, not the
+# breakdown): a metrics-only pass each.
+stalls='regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$'
+ncu --kernel-name-base demangled -k regex:'sm90.*forward_kernel' --launch-skip 3 -c 1 --page details --metrics "$stalls" \
+  "$bench" --benchmark_filter="^attention_hopper/$row/" >"$out/ncu_fwd_ours_stalls.txt" 2>&1 || true
+ncu -k regex:'fprop|sdpa|fmha|flash' --launch-skip 3 -c 1 --page details --metrics "$stalls" python3 "$py" \
+  >"$out/ncu_fwd_cudnn_stalls.txt" 2>&1 || true
+
+# The headline rows of each report, then the stall reasons (warp cycles per issued instruction,
+# largest first).
 for side in ours cudnn; do
   echo "== $side ($row / cuDNN SDPA at $shape, causal $causal)"
   grep -E "^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Achieved Occupancy|Executed Ipc Active|Issue Slots Busy|No Eligible|Block Limit|Warp Cycles Per Issued|Dynamic Shared Memory Per Block|Threads|Grid Size|One or More Eligible" \
     "$out/ncu_fwd_$side.txt" | head -40 || echo "(no headline metrics: see $out/ncu_fwd_$side.txt)"
+  grep -E "smsp__average_warps_issue_stalled_" "$out/ncu_fwd_${side}_stalls.txt" |
+    awk '{v = $NF; gsub(",", "", v); n = $1; sub("smsp__average_warps_issue_stalled_", "", n); sub("_per_issue_active.ratio", "", n); print "  stall", v, n}' |
+    sort -k2,2gr | head -10 || echo "(no stall metrics: see $out/ncu_fwd_${side}_stalls.txt)"
 done
