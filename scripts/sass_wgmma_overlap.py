@@ -8,7 +8,12 @@ forward's softmax under P V, the backward's P under dP). ptxas schedules the wai
 instruction without operands and may hoist it to the top of its basic block, emptying the window
 although the PTX keeps the work before it; a zero MUFU count in a softmax loop is that case.
 
-  scripts/sass_wgmma_overlap.py BINARY_OR_CUBIN [--kernel REGEX] [--cuobjdump PATH]
+With --turns, also each turn window: the instructions from a `BAR.SYNC` (the ping-pong's named
+barrier, where a warpgroup takes its turn) to the first HGMMA after it with no other barrier
+between. In the attention forward the other warpgroups' tensor work waits on this stretch, so its
+length is part of every tile's critical path (docs/perf-notes.md, desc_advance).
+
+  scripts/sass_wgmma_overlap.py BINARY_OR_CUBIN [--kernel REGEX] [--cuobjdump PATH] [--turns]
 
 Needs cuobjdump (the CUDA toolkit's, or PyPI's nvidia-cuda-cuobjdump wheel). Prints one line per
 window: kernel (demangled by c++filt when present, shortened), window index, instructions, MUFU,
@@ -56,6 +61,21 @@ def windows(body):
             start = None
 
 
+def turn_windows(body):
+    """The instructions between each BAR.SYNC and the first HGMMA after it (none if another
+    barrier or the function's end comes first)."""
+    for i, instr in enumerate(body):
+        if not opcode(instr).startswith("BAR.SYNC"):
+            continue
+        for j in range(i + 1, len(body)):
+            op = opcode(body[j])
+            if op.startswith("HGMMA"):
+                yield body[i + 1:j]
+                break
+            if op.startswith("BAR."):
+                break
+
+
 def demangle(names):
     if not shutil.which("c++filt"):
         return names
@@ -68,6 +88,7 @@ def main():
     ap.add_argument("binary")
     ap.add_argument("--kernel", default="", help="regex on the mangled kernel name")
     ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
+    ap.add_argument("--turns", action="store_true", help="also print each turn window's length")
     a = ap.parse_args()
     funcs = [(n, b) for n, b in sass_functions(a.binary, a.cuobjdump) if re.search(a.kernel, n)]
     if not funcs:
@@ -82,6 +103,9 @@ def main():
             fp = sum(count(p) for p in ("FFMA", "FMUL", "FADD", "FMNMX"))
             print(f"{short}  window {k}: {len(w)} instructions, MUFU {count('MUFU')}, "
                   f"HGMMA {count('HGMMA')}, fp32 {fp}")
+        if a.turns:
+            lengths = [len(w) for w in turn_windows(body)]
+            print(f"{short}  turn windows (BAR.SYNC to first HGMMA): {lengths}")
 
 
 if __name__ == "__main__":

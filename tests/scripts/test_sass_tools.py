@@ -1,0 +1,38 @@
+#!/usr/bin/env python3
+"""scripts/sass_wgmma_overlap.py's window finders on a hand-written SASS body."""
+import os
+import sys
+
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(root, "scripts"))
+import sass_wgmma_overlap as sw  # noqa: E402
+
+body = [
+    "BAR.SYNC.DEFER_BLOCKING R3, R4",          # turn 1: 2 instructions, then HGMMA
+    "R2UR UR4, R10",
+    "@P0 IADD3 R5, R5, 0x1, RZ",
+    "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0",
+    "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR8], R24, gsb0",
+    "WARPGROUP.DEPBAR.LE gsb0, 0x1",            # overlap window: 3 instructions
+    "MUFU.EX2 R6, R7",
+    "FFMA R8, R9, R10, R11",
+    "FMNMX R12, R13, R14, !PT",
+    "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+    "BAR.SYNC.DEFER_BLOCKING R3, R4",           # another barrier before any HGMMA: no window
+    "MOV R1, R2",
+    "BAR.ARV R5, 0x80",
+    "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0",
+    "BAR.SYNC.DEFER_BLOCKING R3, R4",           # turn 2: empty window
+    "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0",
+    "BAR.SYNC.DEFER_BLOCKING R3, R4",           # no HGMMA before the end: no window
+    "EXIT",
+]
+
+assert sw.opcode("@P0 IADD3 R5, R5, 0x1, RZ") == "IADD3"
+assert sw.opcode("HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0").startswith("HGMMA")
+turns = [len(w) for w in sw.turn_windows(body)]
+assert turns == [2, 0], turns
+overlap = list(sw.windows(body))
+assert [len(w) for w in overlap] == [3], overlap
+assert [sw.opcode(x) for x in overlap[0]] == ["MUFU.EX2", "FFMA", "FMNMX"], overlap
+print("sass tools: ok")
