@@ -224,8 +224,6 @@ __device__ __forceinline__ void consume(std::uint32_t sQ, std::uint32_t sdO, std
 // (the forward's rule), the last one peeled by the loop's break; the skipped tail is waited for
 // and released as in the serial loop. The plain instance only: with a key mask or dropout ptxas
 // serialized the loop's wgmma (C7515; launch runs those instances' serial loop).
-
-
 template <class Cfg, typename E, bool MASK, bool DROP>
 __device__ __forceinline__ void consume_overlap(std::uint32_t sQ, std::uint32_t sdO, std::uint32_t sK,
                                                 std::uint32_t sV, const QueryTileBarriers<Cfg>& bar,
