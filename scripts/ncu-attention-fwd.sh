@@ -6,8 +6,8 @@
 # first launches (the correctness call and warm-up).
 #   scripts/ncu-attention-fwd.sh [--bench BIN] [--out DIR] [--shape B4H16S2048D64] [--causal]
 #                                [--tile rows128|rows192|production]
-# Writes DIR/ncu_fwd_ours.txt and DIR/ncu_fwd_cudnn.txt (ncu --page details) and the stall-reason
-# passes DIR/ncu_fwd_{ours,cudnn}_stalls.txt, and prints the headline metrics and stall reasons of both.
+# Writes DIR/ncu_fwd_ours.txt and DIR/ncu_fwd_cudnn.txt (ncu --page details, with the warp stall
+# breakdown) and prints the headline metrics and stall reasons of both.
 set -euo pipefail
 bench=build/gpu/bench/bench_attention_hopper
 out=.
@@ -39,8 +39,10 @@ esac
 [ -x "$bench" ] || { echo "ncu-attention-fwd: $bench not built" >&2; exit 2; }
 mkdir -p "$out"
 
-ncu --set full --kernel-name-base demangled -k regex:'sm90.*forward_kernel' --launch-skip 3 -c 1 --page details \
-  "$bench" --benchmark_filter="^attention_hopper/$row/" >"$out/ncu_fwd_ours.txt" 2>&1 || true
+# The full set, plus the warp stall breakdown it leaves out (scripts/ncu_summary.py --stalls).
+stalls=$(python3 scripts/ncu_summary.py --print-stall-metrics)
+ncu --set full --metrics "$stalls" --kernel-name-base demangled -k regex:'sm90.*forward_kernel' --launch-skip 3 -c 1 \
+  --page details "$bench" --benchmark_filter="^attention_hopper/$row/" >"$out/ncu_fwd_ours.txt" 2>&1 || true
 
 py=$(mktemp --suffix=.py)
 trap 'rm -f "$py"' EXIT
@@ -55,16 +57,8 @@ with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=bool($causal))
 torch.cuda.synchronize()
 EOF
-ncu --set full -k regex:'fprop|sdpa|fmha|flash' --launch-skip 3 -c 1 --page details python3 "$py" \
+ncu --set full --metrics "$stalls" -k regex:'fprop|sdpa|fmha|flash' --launch-skip 3 -c 1 --page details python3 "$py" \
   >"$out/ncu_fwd_cudnn.txt" 2>&1 || true
-
-# The warp stall reasons of both kernels (the details page lists the section's summary, not the
-# breakdown): a metrics-only pass each.
-stalls='regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$'
-ncu --kernel-name-base demangled -k regex:'sm90.*forward_kernel' --launch-skip 3 -c 1 --page details --metrics "$stalls" \
-  "$bench" --benchmark_filter="^attention_hopper/$row/" >"$out/ncu_fwd_ours_stalls.txt" 2>&1 || true
-ncu -k regex:'fprop|sdpa|fmha|flash' --launch-skip 3 -c 1 --page details --metrics "$stalls" python3 "$py" \
-  >"$out/ncu_fwd_cudnn_stalls.txt" 2>&1 || true
 
 # The headline rows of each report, then the stall reasons (warp cycles per issued instruction,
 # largest first).
@@ -72,7 +66,5 @@ for side in ours cudnn; do
   echo "== $side ($row / cuDNN SDPA at $shape, causal $causal)"
   grep -E "^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Registers Per Thread|Achieved Occupancy|Executed Ipc Active|Issue Slots Busy|No Eligible|Block Limit|Warp Cycles Per Issued|Dynamic Shared Memory Per Block|Threads|Grid Size|One or More Eligible" \
     "$out/ncu_fwd_$side.txt" | head -40 || echo "(no headline metrics: see $out/ncu_fwd_$side.txt)"
-  grep -E "smsp__average_warps_issue_stalled_" "$out/ncu_fwd_${side}_stalls.txt" |
-    awk '{v = $NF; gsub(",", "", v); n = $1; sub("smsp__average_warps_issue_stalled_", "", n); sub("_per_issue_active.ratio", "", n); print "  stall", v, n}' |
-    sort -k2,2gr | head -10 || echo "(no stall metrics: see $out/ncu_fwd_${side}_stalls.txt)"
+  python3 scripts/ncu_summary.py --stalls --top 10 "$out/ncu_fwd_$side.txt" || true
 done

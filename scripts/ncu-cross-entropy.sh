@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # ncu of the cross-entropy row kernel (ce_row_kernel) under bench_k3 at one shape: the full set
-# (--page details), then the breakdowns its headline leaves out: the warp stall reasons (cycles per
+# (--page details) with the breakdowns its headline leaves out: the warp stall reasons (cycles per
 # issued instruction, largest first), L2 sectors by operation and DRAM bytes read / written, so
 # the L2 traffic above DRAM (issue #24: 85.9% L2 against 68.8% DRAM at 8192x50304) can be
 # attributed to the bulk copies in, the streaming gradient stores or the atomics.
 #   scripts/ncu-cross-entropy.sh [--bench BIN] [--out DIR] [--shape 8192x50304]
-# Writes DIR/ncu_ce.txt (details) and DIR/ncu_ce_breakdown.txt, and prints the headline and the
-# breakdowns.
+# Writes DIR/ncu_ce.txt (details) and prints the headline and the breakdowns.
 set -euo pipefail
 bench=build/gpu/bench/bench_k3
 out=.
@@ -26,18 +25,15 @@ fi
 [ -x "$bench" ] || { echo "ncu-cross-entropy: $bench not built" >&2; exit 2; }
 mkdir -p "$out"
 filter="--benchmark_filter=^cross_entropy/fwdbwd/$shape/"
-# Skip the warm-up launches; one launch each.
-ncu --set full -k regex:ce_row_kernel --launch-skip 3 -c 1 --page details "$bench" "$filter" >"$out/ncu_ce.txt" 2>&1 || true
-ncu -k regex:ce_row_kernel --launch-skip 3 -c 1 --page details \
-  --metrics 'regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$,regex:^lts__t_sectors_op_(read|write|atom|red)\.sum$,regex:^lts__t_sectors_srcunit_tex_op_(read|write)\.sum$,regex:^dram__bytes_(read|write)\.sum$' \
-  "$bench" "$filter" >"$out/ncu_ce_breakdown.txt" 2>&1 || true
+# One launch after the warm-up: the full set plus the breakdowns it leaves out.
+metrics="$(python3 scripts/ncu_summary.py --print-stall-metrics),regex:^lts__t_sectors_op_(read|write|atom|red)\.sum\$,regex:^lts__t_sectors_srcunit_tex_op_(read|write)\.sum\$,regex:^dram__bytes_(read|write)\.sum\$"
+ncu --set full --metrics "$metrics" -k regex:ce_row_kernel --launch-skip 3 -c 1 --page details "$bench" "$filter" \
+  >"$out/ncu_ce.txt" 2>&1 || true
 
 echo "== ce_row_kernel at $shape"
 grep -E "Duration|SM Frequency|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Block Limit Registers" \
   "$out/ncu_ce.txt" | head -20 || echo "(no headline metrics: see $out/ncu_ce.txt)"
 echo "== stall reasons (warp cycles per issued instruction, largest first)"
-grep -E "smsp__average_warps_issue_stalled_" "$out/ncu_ce_breakdown.txt" |
-  awk '{v = $NF; gsub(",", "", v); n = $1; sub("smsp__average_warps_issue_stalled_", "", n); sub("_per_issue_active.ratio", "", n); print v, n}' |
-  sort -gr | head -12 || echo "(none: see $out/ncu_ce_breakdown.txt)"
+python3 scripts/ncu_summary.py --stalls --top 12 "$out/ncu_ce.txt" || true
 echo "== L2 sectors and DRAM bytes"
-grep -E "lts__t_sectors_|dram__bytes_" "$out/ncu_ce_breakdown.txt" || echo "(none: see $out/ncu_ce_breakdown.txt)"
+grep -E "lts__t_sectors_|dram__bytes_" "$out/ncu_ce.txt" || echo "(none: see $out/ncu_ce.txt)"

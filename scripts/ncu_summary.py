@@ -2,7 +2,12 @@
 """Summarises an `ncu --csv --section SpeedOfLight` capture (docs/profiling.md): one row per kernel
 name with launches, total and mean duration, and the mean compute (SM) and memory throughput as %
 of peak, sorted by total time, plus the capture's totals.
-    python3 scripts/ncu_summary.py ncu.csv [--top N]"""
+    python3 scripts/ncu_summary.py ncu.csv [--top N]
+With --stalls, reads an `ncu --page details` report that profiled the metrics STALL_METRICS names
+(scripts/ncu-attention-fwd.sh, scripts/ncu-cross-entropy.sh) and prints each warp stall reason's
+cycles per issued instruction, largest first.
+    python3 scripts/ncu_summary.py --stalls report.txt [--top N]
+    python3 scripts/ncu_summary.py --print-stall-metrics   (the --metrics argument for ncu)"""
 import argparse
 import csv
 import io
@@ -25,11 +30,44 @@ def number(s):
         return None
 
 
+# The stall breakdown ncu's details page leaves out of the Warp State Statistics section (pass it
+# to ncu's --metrics beside --set full).
+STALL_METRICS = r"regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$"
+STALL_PREFIX, STALL_SUFFIX = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+
+
+def stalls(text):
+    """(reason, cycles per issued instruction) of each stall metric line of a details report,
+    largest first."""
+    out = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0].startswith(STALL_PREFIX) and words[0].endswith(STALL_SUFFIX):
+            value = number(words[-1])
+            if value is not None:
+                out.append((words[0][len(STALL_PREFIX):-len(STALL_SUFFIX)], value))
+    return sorted(out, key=lambda rv: -rv[1])
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("csv")
+    ap.add_argument("csv", nargs="?", help="the CSV capture, or with --stalls the details report")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--stalls", action="store_true", help="the stall reasons of a details report")
+    ap.add_argument("--print-stall-metrics", action="store_true", help="print STALL_METRICS, for ncu's --metrics")
     a = ap.parse_args()
+    if a.print_stall_metrics:
+        print(STALL_METRICS)
+        return
+    if a.csv is None:
+        ap.error("the report to read is missing")
+    if a.stalls:
+        found = stalls(open(a.csv, encoding="utf-8", errors="replace").read())
+        if not found:
+            sys.exit(f"ncu_summary: {a.csv}: no stall metrics (profile with --metrics '{STALL_METRICS}')")
+        for reason, value in found[: a.top]:
+            print(f"  stall {value:g} {reason}")
+        return
     per = defaultdict(lambda: {"ids": set(), "dur_us": 0.0, "sm": [], "mem": []})
     for r in rows(a.csv):
         name = r.get("Kernel Name", "?")

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""scripts/sass_wgmma_overlap.py's window finders on a hand-written SASS body."""
+"""The profiling readers on hand-written inputs: scripts/sass_wgmma_overlap.py's window finders on a
+SASS body, scripts/ncu_summary.py's stall reasons on an ncu details report."""
 import os
 import sys
 
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(root, "scripts"))
+import ncu_summary  # noqa: E402
 import sass_wgmma_overlap as sw  # noqa: E402
 
 body = [
@@ -35,4 +37,19 @@ assert turns == [2, 0], turns
 overlap = list(sw.windows(body))
 assert [len(w) for w in overlap] == [3], overlap
 assert [sw.opcode(x) for x in overlap[0]] == ["MUFU.EX2", "FFMA", "FMNMX"], overlap
-print("sass tools: ok")
+
+# The stall lines of a details report (other metric lines, units and thousands separators around).
+report = """
+    Section: Command line profiler metrics
+    ---------------------------------------------------------------------- ----------- ------------
+    dram__bytes_read.sum                                                         Mbyte       824.18
+    smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio             ratio         1.25
+    smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio     ratio         3.50
+    smsp__average_warps_issue_stalled_wait_per_issue_active.ratio                ratio     1,000.70
+    smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio      ratio          n/a
+"""
+got = ncu_summary.stalls(report)
+assert got == [("wait", 1000.7), ("long_scoreboard", 3.5), ("barrier", 1.25)], got
+assert ncu_summary.stalls("no metrics here") == []
+assert ncu_summary.STALL_METRICS.startswith("regex:^smsp__average_warps_issue_stalled_")
+print("profile tools: ok")
