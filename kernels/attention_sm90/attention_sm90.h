@@ -37,7 +37,8 @@ void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const A
 
 // The host-side checks attention_forward makes before touching the device (throws cutrain::Error
 // naming the field): shape (head_dim 64/128, sizes >= 1, grid limits, TMA limits), non-null
-// pointers, qkv 16-byte aligned (TMA), out and lse 4-byte aligned.
+// pointers, qkv 16-byte aligned (TMA), out 16-byte aligned (O's 16-byte row stores), lse 4-byte
+// aligned.
 void check_forward_args(const void* qkv, const void* out, const float* lse, const AttentionShape& shape);
 
 // The dK/dV pass's schedule (bwd.cu). Lockstep: the two warpgroups load their own tiles and end

@@ -19,8 +19,9 @@
 //     to_a_frags, kernels/attention_softmax.cuh / attention_tiles.cuh: the wgmma accumulator is
 //     the mma.sync C fragment per 8 columns), then
 //     O += P V (wgmma, P from registers, V read transposed from shared memory), then each consumer
-//     warp arrives on kv_empty[s]. The epilogue normalizes O and stores it and the log-sum-exp
-//     with the family's store_rows.
+//     warp arrives on kv_empty[s]. The epilogue normalizes O and stores it (d64: through each
+//     warp's shared staging, whole 128-byte rows; d128, which has no room for it: the family's
+//     store_rows) and the log-sum-exp.
 // The consumer schedule is FlashAttention-3's ping-pong (consume): the warpgroups take
 // turns, round-robin, at issuing their wgmma through one named barrier each, and each one's softmax
 // runs while the others' products do (see consume for where ptxas puts P V's wait); the producer
@@ -165,13 +166,38 @@ __device__ __forceinline__ void softmax_tile(const attn::Mask<Cfg::kCausal>& mas
   attn::to_a_frags<E, BN>(p, sc);
 }
 
+// A warp's 16 rows of O (rows row0.., D columns; rows at or past S are skipped) to global memory at
+// g (rows `stride` elements apart) through its staging at `stage` (o_stage_offset's layout):
+// four matrices per stmatrix, then 16-byte copies, each warp-wide copy four (d64) whole 128-byte
+// rows. Stored from the fragments, a warp's store would write 16 bytes of each of 8 rows.
+template <int D, typename E>
+__device__ __forceinline__ void store_rows_staged(E* __restrict__ g, const float (&o)[D / 8][4], int row0, int S,
+                                                  std::size_t stride, std::uint32_t stage) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  const int lane = threadIdx.x & 31, mi = lane >> 3, r = (lane & 7) + 8 * (mi & 1);
+  __syncwarp();  // the previous work tile's copy-out has read the staging
+#pragma unroll
+  for (int k = 0; k < D / 16; ++k)
+    stmatrix_x4(stage + o_stage_offset(r, 2 * k + (mi >> 1), D), mma::pack2<E>(o[2 * k][0], o[2 * k][1]),
+                mma::pack2<E>(o[2 * k][2], o[2 * k][3]), mma::pack2<E>(o[2 * k + 1][0], o[2 * k + 1][1]),
+                mma::pack2<E>(o[2 * k + 1][2], o[2 * k + 1][3]));
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i) {
+    const int idx = 32 * i + lane, rr = idx / kChunks, c = idx % kChunks;
+    const uint4 v = ld_shared_v4(stage + o_stage_offset(rr, c, D));
+    if (row0 + rr < S) *reinterpret_cast<uint4*>(g + static_cast<std::size_t>(row0 + rr) * stride + 8 * c) = v;
+  }
+}
+
 // Finish the row sums across the quad, normalize (times out_scale:
-// dropout's 1/(1-p)), store O and the log-sum-exp (rows at or past S are skipped). MASK: a row
-// with no key left has l = 0 and m = -inf: O = 0, lse = -inf.
+// dropout's 1/(1-p)), store O (staged through this warp's o_stage where Cfg::kStageO) and the
+// log-sum-exp (rows at or past S are skipped). MASK: a row with no key left has l = 0 and m =
+// -inf: O = 0, lse = -inf.
 template <class Cfg, bool MASK, typename E>
 __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float (&o)[Cfg::kHeadDim / 8][4], int row0,
                                          E* __restrict__ out, float* __restrict__ lse, int S, int H, int head,
-                                         int b, float out_scale) {
+                                         int b, float out_scale, std::uint32_t o_stage) {
   constexpr int D = Cfg::kHeadDim;
   const int lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
   E* gout = out + static_cast<std::size_t>(b) * S * H * D + static_cast<std::size_t>(head) * D;
@@ -191,7 +217,10 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
     o[d][2] *= inv[1];
     o[d][3] *= inv[1];
   }
-  attn::store_rows<D>(gout, o, row0, S, static_cast<std::size_t>(H) * D, 1.f);
+  if constexpr (Cfg::kStageO)
+    store_rows_staged<D>(gout, o, row0, S, static_cast<std::size_t>(H) * D, o_stage);
+  else
+    attn::store_rows<D>(gout, o, row0, S, static_cast<std::size_t>(H) * D, 1.f);
 }
 
 // The consumer warpgroups' share of work tile t (n_tiles K/V tiles), the CTA's it-th (its Q in
@@ -213,7 +242,7 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
 // wgmma, so the barriers stay balanced. Both K and V a turn reads are waited for before it opens.
 // Its waits are mbar_wait_realloc: a `trap` would cap this code at the launch's 168 registers.
 template <class Cfg, typename E, bool MASK, bool DROP>
-__device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std::uint32_t sV,
+__device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std::uint32_t sV, std::uint32_t sO,
                                         const QueryTileBarriers<Cfg>& bar, E* __restrict__ out, float* __restrict__ lse,
                                         int S, int H, float scale_log2, const typename Cfg::Work& t, int n_tiles,
                                         int it, int g0, const attn::OptionArgs& opt) {
@@ -299,7 +328,8 @@ __device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std
     mbar_wait_realloc(bar.v_full(s), phase);
     bar.release(s);
   }
-  epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f);
+  epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f,
+                      sO + warp * Cfg::kOWarpBytes);
 }
 
 // The producer thread's copies: Q of a work tile into a Q buffer (completing on `full`), its K/V
@@ -373,7 +403,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   // Shared-window addresses; the TMA's 128-byte swizzle and wgmma's need 1024-aligned tiles.
   const std::uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const std::uint32_t sQ = base + Cfg::kQOff, sK = base + Cfg::kKOff, sV = base + Cfg::kVOff;
+  const std::uint32_t sQ = base + Cfg::kQOff, sK = base + Cfg::kKOff, sV = base + Cfg::kVOff, sO = base + Cfg::kOOff;
   const QueryTileBarriers<Cfg> bar{base + Cfg::kBarOff};
   const int nq = (S + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const int warp = threadIdx.x >> 5;
@@ -424,11 +454,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int w = blockIdx.x; w < work_tiles; w += gridDim.x, ++it) {
       const typename Cfg::Work t = Cfg::work_tile(w, nq, H, B, group);
       const int n = work_kv_tiles<Cfg, MASK>(t, S, opt);
-      consume<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, t, n, it, g, opt);
+      consume<Cfg, E, MASK, DROP>(sQ, sK, sV, sO, bar, out, lse, S, H, scale_log2, t, n, it, g, opt);
       g += n;
     }
   } else {
-    consume<Cfg, E, MASK, DROP>(sQ, sK, sV, bar, out, lse, S, H, scale_log2, first, n_first, 0, 0, opt);
+    consume<Cfg, E, MASK, DROP>(sQ, sK, sV, sO, bar, out, lse, S, H, scale_log2, first, n_first, 0, 0, opt);
   }
 }
 

@@ -170,21 +170,29 @@ struct FwdConfig : QueryTileSchedule<64 * CONSUMERS, 128, CAUSAL> {
   static constexpr CUTRAIN_HD int grid_ctas(int work_tiles, int sms) {
     return !kPersistent || work_tiles < sms ? work_tiles : sms;
   }
-  // Carve-up from a 1024-aligned base: Q[q_buffers], K[kStages], V[kStages], then the mbarriers
-  // (q_full[q_buffers], q_empty[q_buffers], k_full[kStages], v_full[kStages], kv_empty[kStages]);
-  // +1024: the dynamic shared memory base is rounded up to 1024 bytes inside the kernel.
-  static constexpr std::uint32_t smem_bytes(int q_buffers) {
-    return 1024 + q_buffers * kQBytes + 2 * kStages * kKVBytes + 8 * (2 * q_buffers + 3 * kStages);
+  // O's staging for the epilogue: each consumer warp's 16 rows x D (o_stage_offset's layout),
+  // written with stmatrix and copied out in 16-byte pieces, whole 128-byte lines per row.
+  static constexpr std::uint32_t kOWarpBytes = 16 * D * 2;
+  static constexpr std::uint32_t kOBytes = kBlockM * D * 2;
+  // Carve-up from a 1024-aligned base: Q[q_buffers], K[kStages], V[kStages], O's staging (o_bytes),
+  // then the mbarriers (q_full[q_buffers], q_empty[q_buffers], k_full[kStages], v_full[kStages],
+  // kv_empty[kStages]); +1024: the dynamic shared memory base is rounded up to 1024 bytes inside
+  // the kernel.
+  static constexpr std::uint32_t smem_bytes(int q_buffers, std::uint32_t o_bytes) {
+    return 1024 + q_buffers * kQBytes + 2 * kStages * kKVBytes + o_bytes + 8 * (2 * q_buffers + 3 * kStages);
   }
   // Q buffers: two where shared memory holds them (the next work tile's Q loads while the current
-  // one's is read), else one (d128: its ring leaves room for one).
-  static constexpr int kQBuffers = smem_bytes(2) <= 227u * 1024u ? 2 : 1;
+  // one's is read), else one (d128: its ring leaves room for one). O is staged where the room is
+  // left beside them (d64); d128 stores O from the accumulator fragments (attn::store_rows).
+  static constexpr int kQBuffers = smem_bytes(2, 0) <= 227u * 1024u ? 2 : 1;
+  static constexpr bool kStageO = smem_bytes(kQBuffers, kOBytes) <= 227u * 1024u;
   static constexpr std::uint32_t kQOff = 0;
   static constexpr std::uint32_t kKOff = kQOff + kQBuffers * kQBytes;
   static constexpr std::uint32_t kVOff = kKOff + kStages * kKVBytes;
-  static constexpr std::uint32_t kBarOff = kVOff + kStages * kKVBytes;
+  static constexpr std::uint32_t kOOff = kVOff + kStages * kKVBytes;
+  static constexpr std::uint32_t kBarOff = kOOff + (kStageO ? kOBytes : 0);
   static constexpr int kBarriers = 2 * kQBuffers + 3 * kStages;
-  static constexpr std::uint32_t kSmemBytes = smem_bytes(kQBuffers);
+  static constexpr std::uint32_t kSmemBytes = smem_bytes(kQBuffers, kStageO ? kOBytes : 0);
   static_assert(kSmemBytes <= 227u * 1024u, "shared memory over the sm_90 per-block limit (227 KiB)");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep 1024-byte swizzle atoms aligned");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kBlockM <= 256, "TMA boxes hold at most 256 rows");
@@ -198,6 +206,14 @@ struct FwdConfig : QueryTileSchedule<64 * CONSUMERS, 128, CAUSAL> {
   // MN-major B operand of k16 step ks (keys 16ks.., all D columns).
   static constexpr CUTRAIN_HD std::uint32_t v_slice(int ks) { return ks * 16 * 128; }
 };
+
+// Byte offset, in a warp's O staging (16 rows of D 2-byte elements, 2D bytes apart), of row r's
+// 16-byte chunk c: the chunk index XOR (r & 7), so that an stmatrix 8x8 matrix's eight rows (one
+// chunk column) and each 8-lane phase of the row-major copy-out fall in eight distinct 16-byte
+// bank groups.
+constexpr CUTRAIN_HD std::uint32_t o_stage_offset(int r, int c, int D) {
+  return static_cast<std::uint32_t>(r * 2 * D + ((c ^ (r & 7)) << 4));
+}
 
 // wgmma shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): start address,
 // leading and stride byte offsets, each >> 4 in 14 bits; base offset 0 (1024-aligned atoms);

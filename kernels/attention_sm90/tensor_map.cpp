@@ -45,9 +45,10 @@ void check_forward_args(const void* qkv, const void* out, const float* lse, cons
                 " out=", out, " lse=", static_cast<const void*>(lse));
   CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0, who,
                 ": qkv must be 16-byte aligned (tensor-copy engine), got ", qkv);
-  CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(out) % 4 == 0 && reinterpret_cast<std::uintptr_t>(lse) % 4 == 0, who,
-                ": out and lse must be 4-byte aligned, got out=", out,
-                " lse=", static_cast<const void*>(lse));
+  CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(out) % 16 == 0, who,
+                ": out must be 16-byte aligned (O is stored in 16-byte pieces), got ", out);
+  CUTRAIN_CHECK(reinterpret_cast<std::uintptr_t>(lse) % 4 == 0, who, ": lse must be 4-byte aligned, got ",
+                static_cast<const void*>(lse));
 }
 
 void check_backward_args(const void* qkv, const void* out, const void* dout, const float* lse, const void* dqkv,

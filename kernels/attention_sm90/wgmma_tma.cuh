@@ -2,7 +2,8 @@
 // -gencode=arch=compute_90a,code=sm_90a): mbarriers with a hang guard, the TMA tensor copy,
 // wgmma (fence / commit / wait, the operand fence, m64nNk16 E -> fp32 for E = bf16 or fp16, with A
 // from shared memory or from registers, and with both operands read transposed), the
-// generic-to-async proxy fence, named barriers and register reallocation (setmaxnreg).
+// generic-to-async proxy fence, named barriers, stmatrix staging and register reallocation
+// (setmaxnreg).
 //
 // wgmma accumulator layout (m64nNk16, PTX ISA "Register Fragments"): warp w of the warpgroup
 // holds rows 16w..16w+15; per 8-column block j a thread holds d[j][0..1] at (row gi, cols 8j+2t,
@@ -483,6 +484,22 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 // threads together (the forward's ping-pong hands its turn over with it).
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- shared-memory staging of accumulator fragments ----
+// stmatrix .x4: four 8x8 matrices of 16-bit elements, register i of each thread holding matrix i's
+// (row lane/4, cols 2(lane%4), +1) pair -- the wgmma accumulator's per-8-column fragment once
+// packed; lanes 8i..8i+7 give the shared addresses of matrix i's rows (16 bytes each).
+__device__ __forceinline__ void stmatrix_x4(std::uint32_t addr, std::uint32_t r0, std::uint32_t r1, std::uint32_t r2,
+                                            std::uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_v4(std::uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
 }
 
 // ---- register reallocation ----

@@ -198,7 +198,10 @@ void expect_carve_up() {
   EXPECT_EQ(Cfg::kVOff % 1024, 0u);
   EXPECT_EQ(Cfg::kKVBytes % 1024, 0u);
   EXPECT_EQ(Cfg::kBarOff % 8, 0u);
-  EXPECT_EQ(Cfg::kBarOff, Cfg::kQBuffers * Cfg::kQBytes + 2u * Cfg::kStages * Cfg::kKVBytes);
+  EXPECT_EQ(Cfg::kOOff, Cfg::kQBuffers * Cfg::kQBytes + 2u * Cfg::kStages * Cfg::kKVBytes);
+  EXPECT_EQ(Cfg::kOOff % 128, 0u);  // stmatrix rows and the 16-byte copy-out
+  EXPECT_EQ(Cfg::kBarOff, Cfg::kOOff + (Cfg::kStageO ? Cfg::kBlockM * Cfg::kHeadDim * 2u : 0u));
+  EXPECT_EQ(Cfg::kOWarpBytes * 4u * Cfg::kConsumers, Cfg::kOBytes);  // 16 rows per consumer warp
   EXPECT_EQ(Cfg::kBarriers, 2 * Cfg::kQBuffers + 3 * Cfg::kStages);
   EXPECT_LE(Cfg::kSmemBytes, 227u * 1024u);
   // Consumer warpgroups are warps 0..4*kConsumers-1 (wgmma wants warpgroups at warp indices
@@ -221,6 +224,11 @@ TEST(AttentionHopperLayout, SharedMemoryCarveUp) {
   EXPECT_EQ((hopper::FwdConfig<64, false>::kQBuffers), 2);
   EXPECT_EQ((hopper::FwdConfig<64, true>::kQBuffers), 2);
   EXPECT_EQ((hopper::FwdConfig<64, false, 3>::kQBuffers), 2);  // 2 x 24 KiB of Q beside 96 KiB of K/V
+  // O's staging: beside d64's two Q buffers (16 / 24 KiB); none at d128.
+  EXPECT_TRUE((hopper::FwdConfig<64, false>::kStageO));
+  EXPECT_TRUE((hopper::FwdConfig<64, true, 3>::kStageO));
+  EXPECT_FALSE((hopper::FwdConfig<128, false>::kStageO));
+  EXPECT_EQ((hopper::FwdConfig<64, false>::kSmemBytes), 1024u + 2u * 16384u + 6u * 16384u + 16384u + 8u * 13u);
   EXPECT_EQ((hopper::FwdConfig<64, false, 3>::kBlockM), 192);
   EXPECT_EQ((hopper::FwdConfig<128, true>::kBlockN), 128);
 }
@@ -466,6 +474,60 @@ TEST(AttentionHopperLayout, DescriptorAdvanceMatchesEncoding) {
   }
 }
 
+// O's staging (the forward's epilogue, store_rows_staged): o_stage_offset places every 16-byte chunk
+// of a warp's 16 x D tile once, inside the tile; the stmatrix lanes (lane L: row (L & 7) + 8 *
+// ((L >> 3) & 1) of chunk 2k + (L >> 4)) and the copy-out lanes (chunk 32i + L, row-major) write
+// and read every chunk once, and each 8-lane phase of either touches eight distinct 16-byte bank
+// groups (shared memory's 128 bytes per cycle): no bank conflict.
+TEST(AttentionHopperLayout, OutputStagingCoversTheTileWithoutBankConflicts) {
+  for (const int D : {64, 128}) {
+    const int chunks = D / 8, tile = 16 * D * 2;
+    std::set<std::uint32_t> placed;
+    for (int r = 0; r < 16; ++r)
+      for (int c = 0; c < chunks; ++c) {
+        const std::uint32_t a = hopper::o_stage_offset(r, c, D);
+        EXPECT_EQ(a % 16, 0u);
+        EXPECT_LT(a, std::uint32_t(tile));
+        EXPECT_EQ(a / (2 * D), std::uint32_t(r)) << "a chunk stays in its row";
+        placed.insert(a);
+      }
+    EXPECT_EQ(placed.size(), std::size_t(16 * chunks)) << "D " << D;
+    auto phase_conflict_free = [](const std::vector<std::uint32_t>& lane_addr) {
+      for (int p = 0; p < 32; p += 8) {
+        std::set<std::uint32_t> groups;
+        for (int l = p; l < p + 8; ++l) groups.insert((lane_addr[l] >> 4) & 7u);
+        if (groups.size() != 8) return false;
+      }
+      return true;
+    };
+    std::set<std::uint32_t> written, read;
+    for (int k = 0; k < D / 16; ++k) {
+      std::vector<std::uint32_t> addr(32);
+      for (int L = 0; L < 32; ++L) {
+        const int mi = L >> 3, r = (L & 7) + 8 * (mi & 1);
+        addr[L] = hopper::o_stage_offset(r, 2 * k + (mi >> 1), D);
+        written.insert(addr[L]);
+      }
+      EXPECT_TRUE(phase_conflict_free(addr)) << "stmatrix k " << k << " D " << D;
+    }
+    for (int i = 0; i < D / 16; ++i) {
+      std::vector<std::uint32_t> addr(32);
+      for (int L = 0; L < 32; ++L) {
+        const int idx = 32 * i + L;
+        addr[L] = hopper::o_stage_offset(idx / chunks, idx % chunks, D);
+        read.insert(addr[L]);
+      }
+      EXPECT_TRUE(phase_conflict_free(addr)) << "copy-out i " << i << " D " << D;
+    }
+    EXPECT_EQ(written, placed);
+    EXPECT_EQ(read, placed);
+  }
+  // Without the XOR, an stmatrix matrix's eight rows would share one bank group: the check above fails.
+  std::set<std::uint32_t> plain;
+  for (int r = 0; r < 8; ++r) plain.insert(((r * 128u) >> 4) & 7u);
+  EXPECT_EQ(plain.size(), 1u);
+}
+
 TEST(AttentionHopperLayout, TensorMapGeometryAddressesQkv) {
   for (const AttentionShape sh : {AttentionShape{2, 7, 3, 64, false}, AttentionShape{3, 129, 5, 128, true}}) {
     const int D = sh.head_dim, H = sh.heads, S = sh.seq;
@@ -513,7 +575,11 @@ TEST(AttentionHopperLayout, HostChecksRefuseBadArguments) {
   EXPECT_NE(err({1, 10, 70000, 64, false}, qkv, out, lse).find("heads=70000"), std::string::npos);
   EXPECT_NE(err(ok, nullptr, out, lse).find("non-null"), std::string::npos);
   EXPECT_NE(err(ok, qkv + 4, out, lse).find("qkv must be 16-byte aligned"), std::string::npos);
-  EXPECT_NE(err(ok, qkv, reinterpret_cast<bf16*>(reinterpret_cast<std::uintptr_t>(out) + 2), lse).find("4-byte aligned"),
+  EXPECT_NE(err(ok, qkv, reinterpret_cast<bf16*>(reinterpret_cast<std::uintptr_t>(out) + 8), lse)
+                .find("out must be 16-byte aligned"),
+            std::string::npos);
+  EXPECT_NE(err(ok, qkv, out, reinterpret_cast<float*>(reinterpret_cast<std::uintptr_t>(lse) + 2))
+                .find("lse must be 4-byte aligned"),
             std::string::npos);
   // Options: dropout_p outside [0, 1) is refused before any device work.
   for (const float p : {1.f, -0.1f, std::nanf("")}) {
