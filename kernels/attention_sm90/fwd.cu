@@ -186,7 +186,7 @@ __device__ __forceinline__ void store_rows_staged(E* __restrict__ g, const float
   for (int i = 0; i < D / 16; ++i) {
     const int idx = 32 * i + lane, rr = idx / kChunks, c = idx % kChunks;
     const uint4 v = ld_shared_v4(stage + o_stage_offset(rr, c, D));
-    if (row0 + rr < S) *reinterpret_cast<uint4*>(g + static_cast<std::size_t>(row0 + rr) * stride + 8 * c) = v;
+    if (row0 + rr < S) st_global_v4(g + static_cast<std::size_t>(row0 + rr) * stride + 8 * c, v);
   }
 }
 

@@ -502,6 +502,13 @@ __device__ __forceinline__ uint4 ld_shared_v4(std::uint32_t addr) {
   return v;
 }
 
+// One 16-byte global store (st.global.v4: a plain uint4 store through an element pointer may be
+// split into four 4-byte stores). addr: 16-byte aligned.
+__device__ __forceinline__ void st_global_v4(void* addr, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 // ---- register reallocation ----
 // setmaxnreg (sm_90a): every warp of a warpgroup executes the same one (.sync.aligned) — the
 // forward's ping-pong and the backward's producer schedule. dec hands the registers above N back
