@@ -10,22 +10,21 @@
 
 namespace cutrain::kernels::sm90 {
 
-// Forward: the query tile, per shape, from the measurements of two device calls on one H100
-// (2026-12-07; docs/perf-notes.md, "The softmax's exp2 and the softmax under P V"). d128: Rows128
-// (the 192-row tile is d64's). d64 causal: Rows192 once the launch has at least four blocks of 192
-// rows per SM (6-14% faster from B16 H16 S1024 up; at B4 H16 S512, 192 blocks, 16% slower). d64
-// without causal (persistent CTAs): Rows192 from S2048, where its rounds of work tiles over the SMs
-// take less, counting a 192-row tile as 1.5 x 0.88 of a 128-row one (its per-row cost at S2048-8192:
-// 2% faster at B4 H16 S2048, 9% at B2 H16 S8192); Rows128 below S2048 (a work tile of at most 8
-// K/V tiles: even at B16 H16 S1024, slower at S512) and where the 192-row tiles' rounds take longer
-// (a few (batch, head) pairs).
+// Forward: the query tile, per shape, from the measurements of device calls on one H100
+// (2026-12-07; docs/perf-notes.md, "O staged through shared memory"). d128: Rows128 (the 192-row
+// tile is d64's). d64 causal: Rows192 once the launch has at least four blocks of 192 rows per SM
+// (6-14% faster from B16 H16 S1024 up; at B4 H16 S512, 192 blocks, 11% slower). d64 without causal
+// (persistent CTAs): Rows192 where its rounds of work tiles over the SMs take less, counting a
+// 192-row tile as 1.5 x 0.88 of a 128-row one: 8-10% faster at B16-B32 H16 S512 and B16 H16 S1024,
+// 10-19% from S2048 up; Rows128 where the 192-row tiles' rounds take longer (a few (batch, head)
+// pairs: at B4 H16 S512 two rounds either way, and Rows192 16% slower).
 constexpr FwdTile production_forward(const AttentionShape& sh, int sms) {
   if (sh.head_dim != 64 || sms < 1) return FwdTile::Rows128;
   const long long pairs = static_cast<long long>(sh.batch) * sh.heads;
   const long long tiles128 = pairs * ((sh.seq + 127) / 128), tiles192 = pairs * ((sh.seq + 191) / 192);
   if (sh.causal) return tiles192 >= 4LL * sms ? FwdTile::Rows192 : FwdTile::Rows128;
   const long long rounds128 = (tiles128 + sms - 1) / sms, rounds192 = (tiles192 + sms - 1) / sms;
-  return sh.seq >= 2048 && rounds192 * 192 * 88 < rounds128 * 128 * 100 ? FwdTile::Rows192 : FwdTile::Rows128;
+  return rounds192 * 192 * 88 < rounds128 * 128 * 100 ? FwdTile::Rows192 : FwdTile::Rows128;
 }
 
 // Backward: which algorithm and schedules. two_pass: the dK/dV pass without dQ, then the dQ pass

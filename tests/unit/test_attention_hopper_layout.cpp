@@ -1073,11 +1073,11 @@ TEST(AttentionHopperLayout, ProductionSchedules) {
       {{16, 1024, 16, 64, true}, FwdTile::Rows192},  {{4, 2048, 16, 64, true}, FwdTile::Rows192},
       {{8, 2048, 16, 64, true}, FwdTile::Rows192},   {{2, 8192, 16, 64, true}, FwdTile::Rows192},
       {{16, 1024, 12, 64, true}, FwdTile::Rows192},  // GPT-2 small's step
-      {{4, 512, 16, 64, false}, FwdTile::Rows128},   {{32, 512, 16, 64, false}, FwdTile::Rows128},
-      {{16, 1024, 16, 64, false}, FwdTile::Rows128}, {{4, 2048, 16, 64, false}, FwdTile::Rows192},
+      {{4, 512, 16, 64, false}, FwdTile::Rows128},   {{32, 512, 16, 64, false}, FwdTile::Rows192},
+      {{16, 1024, 16, 64, false}, FwdTile::Rows192}, {{4, 2048, 16, 64, false}, FwdTile::Rows192},
       {{8, 2048, 16, 64, false}, FwdTile::Rows192},  {{4, 4096, 16, 64, false}, FwdTile::Rows192},
       {{2, 8192, 16, 64, false}, FwdTile::Rows192},  {{64, 128, 16, 64, false}, FwdTile::Rows128},
-      {{16, 512, 16, 64, false}, FwdTile::Rows128},  {{4, 2048, 16, 128, false}, FwdTile::Rows128},
+      {{16, 512, 16, 64, false}, FwdTile::Rows192},  {{4, 2048, 16, 128, false}, FwdTile::Rows128},
       {{4, 2048, 16, 128, true}, FwdTile::Rows128},
       {{1, 2048, 16, 64, false}, FwdTile::Rows128},  // two rounds either way: the 128-row ones are shorter
   };
