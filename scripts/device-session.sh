@@ -9,7 +9,9 @@
 #               percent slower (default 2) in AGAINST_ROUNDS - 1 more rounds (default 3 in all),
 #               alternating which build runs first, then the table of this build against REV
 #               (bench/compare_runs.py: the median over the rounds each row ran in). AGAINST_TARGETS:
-#               build only these targets of REV; AGAINST_FILTER: only these rows in round 1
+#               build only these targets of REV; AGAINST_FILTER: only these rows in round 1 (a
+#               filter no row of this build matches skips REV's build and says so, with some row
+#               names: they start with the suite, e.g. attention_hopper/fwd/...)
 #   comm_nccl   the communicator interface on NCCL (one rank: all-to-all, barrier, every
 #               collective; test_comm_gpu) and the ZeRO world-size-1 tests that reach it through
 #               parallel/ (test_zero_gpu ZeroWorldOne*)
@@ -183,13 +185,26 @@ echo "-- gpu-check rc=$? ($(( budget - $(left) )) s so far)" >>"$sum"
 cat "$OUT/check/summary.txt" >>"$sum" 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >>"$sum" 2>&1
 
-if want against && [ -d against ]; then
+# against_rows: this build's benchmark rows that AGAINST_BENCH's binaries run under AGAINST_FILTER
+# (a filter that matches nothing would spend REV's build and every round on empty runs).
+against_rows() {
+  local b n total=0
+  for b in build/gpu/bench/bench_*; do
+    [ -x "$b" ] && basename "$b" | grep -qE -- "$against_bench" || continue
+    n=$("$b" --benchmark_list_tests ${AGAINST_FILTER:+--benchmark_filter="$AGAINST_FILTER"} 2>/dev/null | grep -c .)
+    total=$((total + n))
+  done
+  echo "$total"
+}
+against_bench=${AGAINST_BENCH:-attention|dense|k3|gemm}
+if want against && [ -d against ] && [ "$(against_rows)" = 0 ]; then
+  echo "-- against: AGAINST_FILTER '${AGAINST_FILTER:-}' matches no row of this build's benchmarks matching AGAINST_BENCH '$against_bench' (row names look like: $(for b in build/gpu/bench/bench_*; do [ -x "$b" ] && basename "$b" | grep -qE -- "$against_bench" && "$b" --benchmark_list_tests 2>/dev/null | head -2; done | head -3 | tr '\n' ' ')); REV not built" >>"$sum"
+elif want against && [ -d against ]; then
   # REV's tree, built as gpu-check builds this one (same prefix of unpacked .deps), tests off.
   gen=""; command -v ninja >/dev/null && gen="-G Ninja"
   step build_against 240 "cmake -S against -B build/against $gen -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/tmp/cutrain-deps/usr -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCUTRAIN_BUILD_TESTS=OFF && cmake --build build/against -j$(nproc) ${AGAINST_TARGETS:+--target $AGAINST_TARGETS}"
   export LD_LIBRARY_PATH=/tmp/cutrain-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   mkdir -p "$logs/against"
-  against_bench=${AGAINST_BENCH:-attention|dense|k3|gemm}
   # bench_side SIDE ROUND [FILTER]: one bench-all run of this build (new) or REV's (old).
   bench_side() {
     local b=build/gpu c; c=$(cat COMMIT 2>/dev/null)
