@@ -58,6 +58,12 @@ say "build: $(( $(date +%s) - t0 )) s"
 # the 800-odd test processes (each pays the CUDA start-up) to a couple of minutes.
 ctest_args=(--test-dir "$build" --output-on-failure --timeout "${CTEST_TIMEOUT:-300}" -j "${CTEST_JOBS:-8}" --output-junit "$out/logs/ctest.xml")
 [ -n "$tests_re" ] && ctest_args+=(-R "$tests_re")
+# A --tests regex that names no built test runs nothing: say so (ctest -R is case-sensitive, and
+# GoogleTest's cases are named Suite.Test, e.g. AttentionHopperGpu.*, not by their binary).
+if [ -n "$tests_re" ] && [ "$tests_re" != '^$' ]; then
+  n_built=$(ctest --test-dir "$build" -N -R "$tests_re" 2>/dev/null | grep -E '^ *Test +#' | grep -vc '_NOT_BUILT')
+  [ "$n_built" = 0 ] && say "tests: '$tests_re' matches no built test (case-sensitive; GoogleTest cases are Suite.Test)"
+fi
 ctest "${ctest_args[@]}" >"$out/logs/test.log" 2>&1
 test_rc=$?
 grep -E "tests passed|tests failed|\*\*\*Failed|Exception|Timeout|NOT_BUILT" "$out/logs/test.log" | head -80 | tee -a "$summary"
