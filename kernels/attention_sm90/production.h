@@ -17,7 +17,7 @@ namespace cutrain::kernels::sm90 {
 // (persistent CTAs): Rows192 where its rounds of work tiles over the SMs take less, counting a
 // 192-row tile as 1.5 x 0.88 of a 128-row one: 8-10% faster at B16-B32 H16 S512 and B16 H16 S1024,
 // 10-19% from S2048 up; Rows128 where the 192-row tiles' rounds take longer (a few (batch, head)
-// pairs: at B4 H16 S512 two rounds either way, and Rows192 16% slower).
+// pairs: at B4 H16 S512 two rounds either way, and Rows192 19% slower).
 constexpr FwdTile production_forward(const AttentionShape& sh, int sms) {
   if (sh.head_dim != 64 || sms < 1) return FwdTile::Rows128;
   const long long pairs = static_cast<long long>(sh.batch) * sh.heads;
