@@ -29,7 +29,8 @@ filter="--benchmark_filter=^cross_entropy/fwdbwd/$shape/"
 metrics="$(python3 scripts/ncu_summary.py --print-stall-metrics),regex:^lts__t_sectors_op_(read|write|atom|red)\.sum\$,regex:^lts__t_sectors_srcunit_tex_op_(read|write)\.sum\$,regex:^dram__bytes_(read|write)\.sum\$"
 # The L2 sectors that neither the SMs' L1/TEX nor DRAM account for (a third of them at 8192x50304
 # on the H100): the traffic between the L2's two partitions, where this GPU's ncu has the counter.
-if ncu --query-metrics 2>/dev/null | grep -qE '(^|[[:space:]])lts__t_sectors_srcunit_ltcfabric([[:space:]]|$)'; then
+# (grep reads all of ncu's list, not -q: under pipefail ncu's SIGPIPE would read as no match.)
+if ncu --query-metrics 2>/dev/null | grep -E '(^|[[:space:]])lts__t_sectors_srcunit_ltcfabric([[:space:]]|$)' >/dev/null; then
   metrics="$metrics,regex:^lts__t_sectors_srcunit_ltcfabric(_op_(read|write))?\.sum\$"
 fi
 ncu --set full --metrics "$metrics" -k regex:ce_row_kernel --launch-skip 3 -c 1 --page details "$bench" "$filter" \
