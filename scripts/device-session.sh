@@ -185,20 +185,19 @@ echo "-- gpu-check rc=$? ($(( budget - $(left) )) s so far)" >>"$sum"
 cat "$OUT/check/summary.txt" >>"$sum" 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >>"$sum" 2>&1
 
-# against_rows: this build's benchmark rows that AGAINST_BENCH's binaries run under AGAINST_FILTER
-# (a filter that matches nothing would spend REV's build and every round on empty runs).
-against_rows() {
-  local b n total=0
+# against_list [FILTER]: the rows of this build's benchmarks whose binary matches AGAINST_BENCH
+# (under FILTER if given). A filter that lists none would spend REV's build and every round on
+# empty runs.
+against_list() {
+  local b
   for b in build/gpu/bench/bench_*; do
     [ -x "$b" ] && basename "$b" | grep -qE -- "$against_bench" || continue
-    n=$("$b" --benchmark_list_tests ${AGAINST_FILTER:+--benchmark_filter="$AGAINST_FILTER"} 2>/dev/null | grep -c .)
-    total=$((total + n))
+    "$b" --benchmark_list_tests ${1:+--benchmark_filter="$1"} 2>/dev/null
   done
-  echo "$total"
 }
 against_bench=${AGAINST_BENCH:-attention|dense|k3|gemm}
-if want against && [ -d against ] && [ "$(against_rows)" = 0 ]; then
-  echo "-- against: AGAINST_FILTER '${AGAINST_FILTER:-}' matches no row of this build's benchmarks matching AGAINST_BENCH '$against_bench' (row names look like: $(for b in build/gpu/bench/bench_*; do [ -x "$b" ] && basename "$b" | grep -qE -- "$against_bench" && "$b" --benchmark_list_tests 2>/dev/null | head -2; done | head -3 | tr '\n' ' ')); REV not built" >>"$sum"
+if want against && [ -d against ] && [ "$(against_list "${AGAINST_FILTER:-}" | grep -c .)" = 0 ]; then
+  echo "-- against: AGAINST_FILTER '${AGAINST_FILTER:-}' matches no row of this build's benchmarks matching AGAINST_BENCH '$against_bench' (row names look like: $(against_list | head -3 | tr '\n' ' ')); REV not built" >>"$sum"
 elif want against && [ -d against ]; then
   # REV's tree, built as gpu-check builds this one (same prefix of unpacked .deps), tests off.
   gen=""; command -v ninja >/dev/null && gen="-G Ninja"
