@@ -186,13 +186,14 @@ struct FwdConfig : QueryTileSchedule<64 * CONSUMERS, 128, CAUSAL> {
   // left beside them (d64); d128 stores O from the accumulator fragments (attn::store_rows).
   static constexpr int kQBuffers = smem_bytes(2, 0) <= 227u * 1024u ? 2 : 1;
   static constexpr bool kStageO = smem_bytes(kQBuffers, kOBytes) <= 227u * 1024u;
+  static constexpr std::uint32_t kOStageBytes = kStageO ? kOBytes : 0;  // the staging's share of the carve-up
   static constexpr std::uint32_t kQOff = 0;
   static constexpr std::uint32_t kKOff = kQOff + kQBuffers * kQBytes;
   static constexpr std::uint32_t kVOff = kKOff + kStages * kKVBytes;
   static constexpr std::uint32_t kOOff = kVOff + kStages * kKVBytes;
-  static constexpr std::uint32_t kBarOff = kOOff + (kStageO ? kOBytes : 0);
+  static constexpr std::uint32_t kBarOff = kOOff + kOStageBytes;
   static constexpr int kBarriers = 2 * kQBuffers + 3 * kStages;
-  static constexpr std::uint32_t kSmemBytes = smem_bytes(kQBuffers, kStageO ? kOBytes : 0);
+  static constexpr std::uint32_t kSmemBytes = smem_bytes(kQBuffers, kOStageBytes);
   static_assert(kSmemBytes <= 227u * 1024u, "shared memory over the sm_90 per-block limit (227 KiB)");
   static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep 1024-byte swizzle atoms aligned");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256 && kBlockM <= 256, "TMA boxes hold at most 256 rows");
