@@ -127,8 +127,17 @@ __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;"
 
 // The cluster barrier in its two halves (every thread of every CTA of the cluster takes part):
 // arrive releases this thread's earlier memory accesses, wait acquires the other CTAs'.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+// A release arrive is a GPU-scope MEMBAR in every thread that takes it, so only the warp whose
+// accesses must be ordered releases (the choice is warp-uniform, as .aligned requires); the
+// other warps arrive relaxed.
+__device__ __forceinline__ void cluster_arrive(bool release) {
+  if (release) asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+  else asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+// Orders this thread's earlier writes (a row loss) before its later ones (the done count), and
+// the done count's read before the later loss reads; weaker and cheaper than __threadfence's SC.
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 // ---- kernel 1: labels -> n_valid, first bad row ----
 
@@ -183,18 +192,19 @@ struct RowArgs {
 // The fused finish: every CTA counts itself done; the last one (it sees every other CTA's row
 // loss after the fences) takes the mean in a fixed order, so the result stays deterministic.
 // Called by every thread of the CTA.
+// `wrote_loss`: this CTA's thread 0 wrote a row loss, which its fence orders before the count.
 template <class Args>
-__device__ __forceinline__ void ce_finish_in_last_block(const Args& a) {
+__device__ __forceinline__ void ce_finish_in_last_block(const Args& a, bool wrote_loss) {
   __shared__ bool is_last;
   __shared__ double sm[32];
   pdl_wait();  // hdr->done and n_valid come from the count kernel
   if (threadIdx.x == 0) {
-    __threadfence();  // this CTA's row loss (written by this thread) before the count
+    if (wrote_loss) fence_acq_rel_gpu();
     is_last = atomicAdd(&a.hdr->done, 1u) == gridDim.x - 1;
   }
   __syncthreads();
   if (!is_last) return;
-  __threadfence();
+  fence_acq_rel_gpu();
   // This sum sits at the kernel's end, on the critical path: four loads in flight per thread
   // (the per-thread order r, r + B, r + 2B, ... is the plain loop's, so the result is the same).
   double acc = 0;
@@ -298,6 +308,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
   extern __shared__ uint4 slice[];  // a.park_vecs vectors
   __shared__ alignas(8) std::uint64_t landed;
   __shared__ float2 cluster_ms;  // this CTA's (m, s), read by the other CTAs of the row
+  __shared__ float2 row_ms;      // the row's (m, s), combined by warp 0 from every CTA's
   const int split = a.split;
   const int rank = static_cast<int>(blockIdx.x % static_cast<unsigned>(split));
   const int row = static_cast<int>(blockIdx.x / static_cast<unsigned>(split));
@@ -371,17 +382,25 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
       if (split > 1) {  // the row's (m, s) from every CTA's, in rank order (the same bits in each CTA)
         namespace cg = cooperative_groups;
         cg::cluster_group cg_cluster = cg::this_cluster();
+        // Thread 0 wrote the slot, so warp 0 alone releases; warp 0 alone reads the slots (lane r
+        // reads rank r's) and releases again once done, so every remote read is ordered before the
+        // arrive that lets the slot's CTA exit. The other warps take both arrives relaxed.
+        const bool warp0 = tid < 32;
         if (tid == 0) cluster_ms = make_float2(m, s);
-        cluster_arrive();
+        cluster_arrive(warp0);
         cluster_wait();
-        float mm = -FLT_MAX, ss = 0.f;
-        for (int r = 0; r < split; ++r) {
-          const float2 o = *cg_cluster.map_shared_rank(&cluster_ms, static_cast<unsigned>(r));
-          lse_combine(mm, ss, o.x, o.y);
+        if (warp0) {
+          float2 mine = make_float2(-FLT_MAX, 0.f);
+          if (tid < split) mine = *cg_cluster.map_shared_rank(&cluster_ms, static_cast<unsigned>(tid));
+          float mm = -FLT_MAX, ss = 0.f;
+          for (int r = 0; r < split; ++r)
+            lse_combine(mm, ss, __shfl_sync(0xffffffffu, mine.x, r), __shfl_sync(0xffffffffu, mine.y, r));
+          if (tid == 0) row_ms = make_float2(mm, ss);
         }
-        m = mm, s = ss;
-        cluster_arrive();  // done reading the others' cluster_ms; waited on before this CTA exits
+        cluster_arrive(warp0);  // done reading the others' cluster_ms; waited on before this CTA exits
         exchange_pending = true;
+        __syncthreads();  // row_ms written
+        m = row_ms.x, s = row_ms.y;
       }
       const float c = m + log2f(s);  // log2 of the softmax denominator: p_j = 2^(x_j log2e - c)
       if (tid == 0 && owner) write_row_loss(a, row, c * kLn2 - x_label);
@@ -405,7 +424,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocksPerSm) ce_row_
     }
   }
   if (split > 1 && exchange_pending) cluster_wait();  // no CTA exits while another may still read its cluster_ms
-  ce_finish_in_last_block(a);
+  ce_finish_in_last_block(a, owner && row < a.rows);  // rank 0 of a real row wrote its loss
 }
 
 // The bytes of shared memory a CTA may use: the device's opt-in maximum.
