@@ -19,16 +19,17 @@
 //   dS^T = P^T o (dP^T - Dvec)                  causal query < key) are 0
 //   dS^T -> shared memory (E, the TMA's 128-byte swizzle pattern, this warpgroup's 64 rows)
 //   dV += P^T dO, dK += dS^T Q                  wgmma, A from registers, B MN-major (transposed)
-//   dQ_part = dS_w K_w                          wgmma, dS^T and K both read MN-major
-//   dq_acc += dQ_part                           unscaled (the fast mode): d64 stages it in shared memory
-//                                               (fp32, swizzled) and adds it by TMA reduce-adds, one
-//                                               per 32-column box; d128 (no room for the staging)
-//                                               by float2 atomics from registers
-// The warpgroups share nothing inside a tile (each adds its own keys' share of dQ), so they meet only
-// at the iteration's end. Causal: a warpgroup whose keys all follow the tile's last query skips it.
+//   dQ share = dS K                             fast mode; wgmma, dS^T and K both read MN-major:
+//                                               d64 dS_w K_w (all D columns, the warpgroup's keys),
+//                                               d128 columns 64w.. over both warpgroups' keys
+//   dq_acc += dQ share                          unscaled, staged in shared memory (fp32, swizzled)
+//                                               and added by TMA reduce-adds, one per 32-column box
+// At d64 the warpgroups share nothing inside a tile, so they meet only at the iteration's end; at
+// d128 they also meet once both dS^T are stored. Causal: a warpgroup whose keys all follow the
+// tile's last query skips its products (at d128 in the fast mode it still computes its dQ share).
 // The launcher runs the family's row_dot before and its dQ convert (x 1/sqrt(D) -> E q slot) after;
 // dK (x 1/sqrt(D)) and dV are stored straight from the accumulators. Deterministic mode (template
-// bool DET): the pass skips dS^T's store and the dQ product and atomics, and the dQ pass (dq.cu:
+// bool DET): the pass skips dS^T's store, the dQ product and its adds, and the dQ pass (dq.cu:
 // wgmma, one CTA per 128 queries, no atomics) computes dQ after it.
 // BERT's options (kernels::AttentionOptions), template bools, so the plain kernel compiles as
 // before. MASK: each thread reads whether its two keys may be attended once; a masked key's P^T
@@ -72,7 +73,7 @@ template <class Cfg>
 struct BwdSmem {
   std::uint32_t k, v, q, dout, ds;  // stage s of Q / dO: + s * kQBytes; warpgroup w's dS^T: + w * kDsBytes
   unsigned char* ds_ptr;            // generic pointer to ds
-  std::uint32_t dq_stage;           // kBulkDq, fast mode: warpgroup w's dQ_part staging at + w * kDqStageBytes
+  std::uint32_t dq_stage;           // fast mode: warpgroup w's dQ share's staging at + w * kDqStageBytes
   unsigned char* dq_stage_ptr;      // generic pointer to dq_stage
   float *lse, *dvec;                // [kStages][kBlockM]
   BwdBarriers<Cfg> bar;
@@ -221,53 +222,58 @@ __device__ __forceinline__ void ds_frags(std::uint32_t (&pf)[Cfg::kBlockM / 16][
 template <class Cfg, typename E, bool MASK, bool DROP, bool DET>
 __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], float (&dv)[Cfg::kHeadDim / 8][4],
                                           const BwdSmem<Cfg>& sm, std::uint32_t q_tile, std::uint32_t do_tile,
-                                          const float* lse_t, const float* dvec_t, float* __restrict__ dq_acc,
-                                          const CUtensorMap* dq_map, int m0, int n0, int wg, int key_row0, int S,
+                                          const float* lse_t, const float* dvec_t, const CUtensorMap* dq_map,
+                                          int m0, int n0, int wg, bool own, int key_row0, int S,
                                           int H, int head, int b, float scale_log2, const BwdOptions& opts) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
   [[maybe_unused]] const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
 
-  // DROP: the keep bits of this thread's P^T elements (bit 4j + e: element e of n-tile j). d64:
-  // drawn under the S^T and dP^T wgmma; d128: before them, while their 64 accumulator registers
-  // are not yet taken (drawn under them, ptxas spilled 8-48 bytes).
-  constexpr bool kDrawUnder = D == 64;
-  [[maybe_unused]] std::uint32_t keep = 0;
-  [[maybe_unused]] auto draw = [&] {
-    keep = attn::transposed_keep_bits<BM / 8>(opts.dkey, opts.threshold, opts.bh_e, S, key_row0 + gi, m0, S % 4 == 0);
-  };
-  if constexpr (DROP && !kDrawUnder) draw();
-
-  // S^T and dP^T: two commit groups, S^T first.
-  float st[BM / 8][4], dp[BM / 8][4];
-  issue_st_dpt<Cfg, E>(st, dp, sm, q_tile, do_tile, wg);
-  if constexpr (DROP && kDrawUnder) draw();
-
-  // P^T while dP^T is still in flight.
-  wgmma_wait<1>();
-  operand_fence(st);
-  probs_t<Cfg, MASK>(st, lse_t, m0, n0, wg, key_row0, S, scale_log2, opts);
-  wgmma_wait<0>();
-  operand_fence(dp);
+  // own: this warpgroup has live scores in the tile (always, but at d128 in the fast mode, where
+  // a warpgroup without any still computes its dQ share over the other's keys).
+  const bool run_own = own || DET || !Cfg::kSplitDq;
   std::uint32_t pf[BM / 16][4], dsf[BM / 16][4];  // P^T (DROP: P^T o Z; 1/(1-p) at dV's store), dS^T
-  ds_frags<Cfg, E, DROP>(pf, dsf, st, dp, dvec_t, keep, opts);
+  if (run_own) {
+    // DROP: the keep bits of this thread's P^T elements (bit 4j + e: element e of n-tile j). d64:
+    // drawn under the S^T and dP^T wgmma; d128: before them, while their 64 accumulator registers
+    // are not yet taken (drawn under them, ptxas spilled 8-48 bytes).
+    constexpr bool kDrawUnder = D == 64;
+    [[maybe_unused]] std::uint32_t keep = 0;
+    [[maybe_unused]] auto draw = [&] {
+      keep = attn::transposed_keep_bits<BM / 8>(opts.dkey, opts.threshold, opts.bh_e, S, key_row0 + gi, m0, S % 4 == 0);
+    };
+    if constexpr (DROP && !kDrawUnder) draw();
 
-  // dS^T (E, the values dK uses) into this warpgroup's buffer: fragment word e of k-slice j is
-  // (row gi + 8(e & 1), queries 16j + 8(e >> 1) + 2t, +1), rows counted from the warpgroup's first key.
-  // DET: no dQ product here (the dQ pass computes it), so no dS^T in shared memory either.
-  if constexpr (!DET) {
-    unsigned char* ds_w = sm.ds_ptr + wg * Cfg::kDsBytes;
-    const int r0 = 16 * (warp & 3) + gi;
+    // S^T and dP^T: two commit groups, S^T first.
+    float st[BM / 8][4], dp[BM / 8][4];
+    issue_st_dpt<Cfg, E>(st, dp, sm, q_tile, do_tile, wg);
+    if constexpr (DROP && kDrawUnder) draw();
+
+    // P^T while dP^T is still in flight.
+    wgmma_wait<1>();
+    operand_fence(st);
+    probs_t<Cfg, MASK>(st, lse_t, m0, n0, wg, key_row0, S, scale_log2, opts);
+    wgmma_wait<0>();
+    operand_fence(dp);
+    ds_frags<Cfg, E, DROP>(pf, dsf, st, dp, dvec_t, keep, opts);
+
+    // dS^T (E, the values dK uses) into this warpgroup's buffer: fragment word e of k-slice j is
+    // (row gi + 8(e & 1), queries 16j + 8(e >> 1) + 2t, +1), rows counted from the warpgroup's first key.
+    // DET: no dQ product here (the dQ pass computes it), so no dS^T in shared memory either.
+    if constexpr (!DET) {
+      unsigned char* ds_w = sm.ds_ptr + wg * Cfg::kDsBytes;
+      const int r0 = 16 * (warp & 3) + gi;
 #pragma unroll
-    for (int j = 0; j < BM / 16; ++j)
+      for (int j = 0; j < BM / 16; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        *reinterpret_cast<std::uint32_t*>(ds_w + Cfg::ds_offset(r0 + 8 * (e & 1), 16 * j + 8 * (e >> 1) + 2 * t)) =
-            dsf[j][e];
-    fence_proxy_async_smem();  // before the barrier below: dQ's wgmma reads these through the async proxy
+        for (int e = 0; e < 4; ++e)
+          *reinterpret_cast<std::uint32_t*>(ds_w + Cfg::ds_offset(r0 + 8 * (e & 1), 16 * j + 8 * (e >> 1) + 2 * t)) =
+              dsf[j][e];
+      fence_proxy_async_smem();  // before the barrier below: dQ's wgmma reads these through the async proxy
+    }
+
+    // dV += P^T dO, dK += dS^T Q.
+    issue_dkdv<Cfg, E>(dk, dv, pf, dsf, q_tile, do_tile);
   }
-
-  // dV += P^T dO, dK += dS^T Q.
-  issue_dkdv<Cfg, E>(dk, dv, pf, dsf, q_tile, do_tile);
 
   if constexpr (DET) {
     wgmma_wait<0>();
@@ -276,69 +282,68 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
     operand_fence(pf);
     operand_fence(dsf);
   } else {
-    // dQ_part[64 queries x D] = dS_w K_w once the warpgroup's 128 threads have stored dS^T (kBulkDq:
-    // and once the warpgroup's previous reduce-add has read its staging tile).
-    const bool issuer = (threadIdx.x & 127) == 0;  // kBulkDq: the thread that issues the reduce-adds
-    if constexpr (Cfg::kBulkDq)
-      if (issuer) bulk_wait_read<0>();
-    named_barrier_sync(1 + wg, 128);
-    float dq[D / 8][4];
-    const std::uint64_t dsd = smem_desc(sm.ds + wg * Cfg::kDsBytes, kUnusedLbo, Cfg::kSbo);
-    const std::uint64_t kd = smem_desc(sm.k + Cfg::k_mn_slice(wg, 0), Cfg::kKLbo, Cfg::kSbo);
+    // dQ's share (layout.h, BwdConfig::kDqCols): d64 dQ_part[64 queries x D] = dS_w K_w once the
+    // warpgroup's 128 threads have stored dS^T; d128 (kSplitDq) dQ[:, c0 .. c0 + 64) = dS K over the
+    // keys of every warpgroup with a live score in the tile, once the CTA's 256 threads have stored
+    // theirs. Either waits until the warpgroup's previous reduce-add has read its staging tile.
+    constexpr int NC = Cfg::kDqCols;
+    const bool issuer = (threadIdx.x & 127) == 0;  // the thread that issues the reduce-adds
+    if (issuer) bulk_wait_read<0>();
+    if constexpr (Cfg::kSplitDq) named_barrier_sync(3, 256);
+    else named_barrier_sync(1 + wg, 128);
+    const int c0 = Cfg::dq_col0(wg), w_first = Cfg::dq_keys_first(wg), w_end = Cfg::dq_keys_end(m0, n0, wg);
+    float dq[NC / 8][4];
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)  // the warpgroup's 64 keys
-      wgmma_ss_mn<E, D>(dq, desc_advance(dsd, Cfg::ds_mn_slice(ks)),
-                        desc_advance(kd, Cfg::k_mn_slice(wg, ks) - Cfg::k_mn_slice(wg, 0)), ks > 0);
+    for (int dw = 0; dw < (Cfg::kSplitDq ? Cfg::kWarpgroups : 1); ++dw) {
+      const int w = w_first + dw;
+      if (w >= w_end) break;
+      const std::uint64_t dsd = smem_desc(sm.ds + w * Cfg::kDsBytes, kUnusedLbo, Cfg::kSbo);
+      const std::uint64_t kd =
+          smem_desc(sm.k + Cfg::k_col_block(c0) + Cfg::k_mn_slice(w, 0), Cfg::kKLbo, Cfg::kSbo);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)  // warpgroup w's 64 keys
+        wgmma_ss_mn<E, NC>(dq, desc_advance(dsd, Cfg::ds_mn_slice(ks)),
+                           desc_advance(kd, Cfg::k_mn_slice(w, ks) - Cfg::k_mn_slice(w, 0)), dw > 0 || ks > 0);
+    }
     wgmma_commit();
     wgmma_wait<0>();
-    operand_fence(dv);
-    operand_fence(dk);
-    operand_fence(pf);
-    operand_fence(dsf);
+    if (run_own) {  // dV / dK's products are done too: their operands may be reused
+      operand_fence(dv);
+      operand_fence(dk);
+      operand_fence(pf);
+      operand_fence(dsf);
+    }
     operand_fence(dq);
 
-    if constexpr (Cfg::kBulkDq) {
-      // dQ_part into the warpgroup's staging tile (row 16(warp % 4) + gi (+8), columns 8j + 2t, +1:
-      // a warp's float2 stores cover every bank twice under the swizzle), then one TMA reduce-add per
-      // 32-column block into dq_acc [B, S, H, D]; rows at or past S lie outside the map and are left out.
-      unsigned char* stage = sm.dq_stage_ptr + wg * Cfg::kDqStageBytes;
+    // The share into the warpgroup's staging tile (row 16(warp % 4) + gi (+8), columns 8j + 2t, +1:
+    // a warp's float2 stores cover every bank twice under the swizzle), then one TMA reduce-add per
+    // 32-column block into dq_acc [B, S, H, D]; rows at or past S lie outside the map and are left out.
+    unsigned char* stage = sm.dq_stage_ptr + wg * Cfg::kDqStageBytes;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = 16 * (warp & 3) + gi + 8 * h;
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * (warp & 3) + gi + 8 * h;
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j)
-          *reinterpret_cast<float2*>(stage + Cfg::dq_stage_offset(r, 8 * j + 2 * t)) =
-              make_float2(dq[j][2 * h], dq[j][2 * h + 1]);
-      }
-      fence_proxy_async_smem();  // the reduce-add reads the tile through the async proxy
-      named_barrier_sync(1 + wg, 128);
-      if (issuer) {
-        const std::uint32_t src = sm.dq_stage + wg * Cfg::kDqStageBytes;
+      for (int j = 0; j < NC / 8; ++j)
+        *reinterpret_cast<float2*>(stage + Cfg::dq_stage_offset(r, 8 * j + 2 * t)) =
+            make_float2(dq[j][2 * h], dq[j][2 * h + 1]);
+    }
+    fence_proxy_async_smem();  // the reduce-add reads the tile through the async proxy
+    named_barrier_sync(1 + wg, 128);
+    if (issuer) {
+      const std::uint32_t src = sm.dq_stage + wg * Cfg::kDqStageBytes;
 #pragma unroll
-        for (int c = 0; c < D / 32; ++c) tma_reduce_add_4d(src + c * BM * 128, dq_map, 32 * c, head, m0, b);
-        bulk_commit();
-      }
-    } else {
-      // dq_acc [B, S, H, D] += dQ_part: rows m0 + 16(warp % 4) + gi (+8), columns 8j + 2t, +1.
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int q = m0 + 16 * (warp & 3) + gi + 8 * h;
-        if (q >= S) continue;
-        float* dst = dq_acc + ((static_cast<std::size_t>(b) * S + q) * H + head) * D + 2 * t;
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j)
-          atomicAdd(reinterpret_cast<float2*>(dst + 8 * j), make_float2(dq[j][2 * h], dq[j][2 * h + 1]));
-      }
+      for (int c = 0; c < NC / 32; ++c) tma_reduce_add_4d(src + c * BM * 128, dq_map, c0 + 32 * c, head, m0, b);
+      bulk_commit();
     }
   }
 }
 
-// Fast mode with kBulkDq: the warpgroup's issuing thread waits for its last reduce-adds before the
+// Fast mode: the warpgroup's issuing thread waits for its last reduce-adds before the
 // CTA leaves (their staging tile must stay until read; their adds land before the dQ convert).
 template <class Cfg, bool DET>
 __device__ __forceinline__ void finish_dq_adds() {
-  if constexpr (!DET && Cfg::kBulkDq)
+  if constexpr (!DET)
     if ((threadIdx.x & 127) == 0) bulk_wait<0>();
 }
 
@@ -374,7 +379,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     backward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
                     const __grid_constant__ CUtensorMap do_map, const __grid_constant__ CUtensorMap dq_map,
                     const float* __restrict__ lse,
-                    const float* __restrict__ dvec, E* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
+                    const float* __restrict__ dvec, E* __restrict__ dqkv, int S,
                     int H, int B, int group, float scale_log2, float scale,
                     const __grid_constant__ attn::OptionArgs opt) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
@@ -458,10 +463,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (i + ST - 1 < n_tiles)
       load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i + ST - 1, (i + ST - 1) % ST, head, b, S);
     mbar_wait(sm.bar.q_full(s), (i / ST) & 1);
-    if (Cfg::wg_active(m0, n0, wg))
-      tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes, sm.lse + s * BM,
-                                 sm.dvec + s * BM, dq_acc, &dq_map, m0, n0, wg, key_row0, S, H, head, b,
-                                 scale_log2, opts);
+    // At d128 in the fast mode both warpgroups take every tile (a warpgroup without live scores
+    // still computes its dQ share); otherwise a warpgroup without any skips it.
+    const bool own = Cfg::wg_active(m0, n0, wg);
+    if (own || (Cfg::kSplitDq && !DET))
+      tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes,
+                                         sm.lse + s * BM, sm.dvec + s * BM, &dq_map, m0, n0, wg, own, key_row0, S,
+                                         H, head, b, scale_log2, opts);
     __syncthreads();  // stage s, its vectors and dS^T are free for the next tiles
   }
 
@@ -629,12 +637,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     backward_ws_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
                        const __grid_constant__ CUtensorMap do_map, const __grid_constant__ CUtensorMap dq_map,
                        const float* __restrict__ lse,
-                       const float* __restrict__ dvec, E* __restrict__ dqkv, float* __restrict__ dq_acc, int S,
+                       const float* __restrict__ dvec, E* __restrict__ dqkv, int S,
                        int H, int B, int group, float scale_log2, float scale,
                        const __grid_constant__ attn::OptionArgs opt) {
   static_assert(Cfg::kProducer, "backward_ws_kernel runs the producer schedules");
   static_assert(!Cfg::kOverlap || DET, "the overlap loop has no dQ product (deterministic mode)");
-  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, BN = Cfg::kBlockN, ST = Cfg::kStages;
+  constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, ST = Cfg::kStages;
   extern __shared__ unsigned char smem_raw[];
   const int warp = threadIdx.x >> 5;
   const bool consumer = warp < Cfg::kConsumerWarps;
@@ -706,9 +714,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int i = 0; i < n_tiles; ++i) {
       const int s = i % ST, m0 = (q_first + i) * BM;
       mbar_wait_realloc(sm.bar.q_full(s), (i / ST) & 1);
+      static_assert(!Cfg::kSplitDq, "the producer schedules' consumers do not meet inside a tile");
       if (Cfg::wg_active(m0, n0, wg))
         tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes,
-                                           sm.lse + s * BM, sm.dvec + s * BM, dq_acc, &dq_map, m0, n0, wg,
+                                           sm.lse + s * BM, sm.dvec + s * BM, &dq_map, m0, n0, wg, true,
                                            key_row0, S, H, head, b, scale_log2, opts);
       mbar_arrive(sm.bar.q_empty(s));  // this thread is done with stage s (its wgmma waited for)
     }
@@ -728,8 +737,8 @@ void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, cons
   const CUtensorMap q_map = encode_qkv_map(qkv, sh, Cfg::kBlockM);
   const CUtensorMap kv_map = encode_qkv_map(qkv, sh, Cfg::kBlockN);
   const CUtensorMap do_map = encode_rows_map(dout, sh, 1, Cfg::kBlockM);
-  // The fast mode's reduce-adds (kBulkDq) go through a map of dq_acc; otherwise it is never read.
-  const CUtensorMap dq_map = !DET && Cfg::kBulkDq ? encode_dq_acc_map(dq_acc, sh) : CUtensorMap{};
+  // The fast mode's reduce-adds go through a map of dq_acc; otherwise it is never read.
+  const CUtensorMap dq_map = !DET ? encode_dq_acc_map(dq_acc, sh) : CUtensorMap{};
   constexpr std::uint32_t smem = Cfg::smem_bytes(DET);
   constexpr auto kernel = [] {
     if constexpr (Cfg::kProducer) return backward_ws_kernel<Cfg, E, MASK, DROP, DET>;
@@ -747,7 +756,7 @@ void launch(cudaStream_t st, const E* qkv, const E* dout, const float* lse, cons
   const dim3 grid = CAUSAL ? dim3(nk * sh.heads * sh.batch) : dim3(nk, sh.heads, sh.batch);  // key_block's
   const int group = causal_group(sh.seq, D, sh.heads * sh.batch);
   const float scale = 1.f / std::sqrt(static_cast<float>(D)), scale_log2 = scale * attn::kLog2e;
-  kernel<<<grid, Cfg::kThreads, smem, st>>>(q_map, kv_map, do_map, dq_map, lse, dvec, dqkv, dq_acc, sh.seq, sh.heads,
+  kernel<<<grid, Cfg::kThreads, smem, st>>>(q_map, kv_map, do_map, dq_map, lse, dvec, dqkv, sh.seq, sh.heads,
                                             sh.batch, group, scale_log2, scale, opt);
   CUTRAIN_LAUNCH_CHECK(Cfg::kProducer
                            ? (DET ? "attention sm90 backward_ws_kernel" : "attention sm90 backward_ws_kernel(dq accumulated)")

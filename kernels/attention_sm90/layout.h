@@ -268,8 +268,11 @@ constexpr CUTRAIN_HD std::uint32_t wgmma_mnmajor_offset(std::uint32_t start, std
 //   dV_w += P^T dO and dK_w += dS^T Q      (A from registers; B MN-major: dO / Q read transposed)
 //   dQ += dS_w K_w                         (A: dS^T_w from shared memory, MN-major; B: K_w MN-major)
 // dS^T_w is written to shared memory in the TMA's 128-byte swizzle pattern (rows: the warpgroup's
-// 64 keys, one 128-byte column block of 64 queries), so wgmma reads it like a TMA tile. Each
-// warpgroup adds its own keys' share of dQ (fast mode: fp32, kBulkDq below), so neither waits for the other's dS.
+// 64 keys, one 128-byte column block of 64 queries), so wgmma reads it like a TMA tile. Fast mode
+// (fp32 dQ by TMA reduce-adds, the staging below): at d64 each warpgroup adds its own keys' share
+// of dQ, so neither waits for the other's dS; at d128 (kSplitDq) warpgroup w computes dQ's columns
+// 64w.. over both warpgroups' keys once both dS^T are stored, so the CTA adds each dQ element once
+// per tile.
 // Without PRODUCER (lockstep) both warpgroups load and a CTA barrier ends every tile, which hands
 // the ring stage back.
 // PRODUCER (the warp-specialized schedules, bwd.cu's backward_ws_kernel): a third warpgroup, the
@@ -317,15 +320,18 @@ struct BwdConfig {
   static constexpr int kBarriers = 1 + 2 * kStages;
   static constexpr std::uint32_t kSmemBytes = 1024 + kBarOff + 8 * kBarriers;  // +1024: base alignment
   static_assert(kSmemBytes <= 227u * 1024u, "shared memory over the sm_90 per-block limit (227 KiB)");
-  // The fast mode's dQ share (kBulkDq, d64): each warpgroup writes its 64 x D fp32 dQ_part into its
-  // own staging tile after everything above (so the deterministic instances' offsets stay as they
-  // are), and one TMA reduce-add per 32-column block adds it into the accumulator. d128 would need
-  // 64 KiB of staging beside its 176 KiB: it keeps the float2 atomics.
-  static constexpr bool kBulkDq = D == 64;
-  static constexpr std::uint32_t kDqStageBytes = kBlockM * D * 4;  // one warpgroup's fp32 dQ_part
+  // The fast mode's dQ: each warpgroup writes its 64 x kDqCols fp32 share into its own staging
+  // tile after everything above (so the deterministic instances' offsets stay as they are), and one
+  // TMA reduce-add per 32-column block adds it into the accumulator. d64: the share is the
+  // warpgroup's own keys' dQ_part, all D columns. d128 (kSplitDq): the share is D/2 columns over
+  // all the CTA's keys; this halves both the reduce-adds' bytes and the staging (the full 64 x D
+  // tiles would need 64 KiB beside the 178 KiB above) and keeps dQ at 32 registers a thread.
+  static constexpr bool kSplitDq = D == 128;
+  static constexpr int kDqCols = kSplitDq ? D / 2 : D;  // the dQ columns a warpgroup computes and adds
+  static_assert(kDqCols == 64, "a warpgroup's dQ share is one 64-column wgmma (N = 64) and two reduce boxes");
+  static constexpr std::uint32_t kDqStageBytes = kBlockM * kDqCols * 4;  // one warpgroup's fp32 share
   static constexpr std::uint32_t kDqStageOff = (kBarOff + 8 * kBarriers + 1023u) / 1024u * 1024u;
-  static constexpr std::uint32_t kFastSmemBytes =
-      kBulkDq ? 1024 + kDqStageOff + kWarpgroups * kDqStageBytes : kSmemBytes;
+  static constexpr std::uint32_t kFastSmemBytes = 1024 + kDqStageOff + kWarpgroups * kDqStageBytes;
   static_assert(kFastSmemBytes <= 227u * 1024u, "shared memory over the sm_90 per-block limit (227 KiB)");
   // The shared memory an instance takes: the fast mode's adds the staging tiles.
   static constexpr std::uint32_t smem_bytes(bool deterministic) { return deterministic ? kSmemBytes : kFastSmemBytes; }
@@ -363,6 +369,17 @@ struct BwdConfig {
   static constexpr CUTRAIN_HD std::uint32_t ds_mn_slice(int ks) { return ks * 16 * 128; }
   // K_w as the MN-major B of dQ, k16 step ks (key rows 64wg + 16ks.., all D columns; LBO kKLbo).
   static constexpr CUTRAIN_HD std::uint32_t k_mn_slice(int wg, int ks) { return (64 * wg + 16 * ks) * 128; }
+  // Fast mode: the first dQ column of warpgroup wg's share, and K's column block that starts there
+  // (the B operand of that share's product).
+  static constexpr CUTRAIN_HD int dq_col0(int wg) { return kSplitDq ? wg * kDqCols : 0; }
+  static constexpr CUTRAIN_HD std::uint32_t k_col_block(int col) { return (col / 64) * kKLbo; }
+  // Fast mode: the warpgroups whose keys' dS^T enter warpgroup wg's dQ product for the tile at m0,
+  // [first, end): its own (d64), or every warpgroup with a live score in the tile (kSplitDq; causal:
+  // warpgroup 1 may have none, warpgroup 0 always has some in a tile the schedule walks).
+  static constexpr CUTRAIN_HD int dq_keys_first(int wg) { return kSplitDq ? 0 : wg; }
+  static constexpr CUTRAIN_HD int dq_keys_end(int m0, int n0, int wg) {
+    return kSplitDq ? (wg_active(m0, n0, 1) ? 2 : 1) : wg + 1;
+  }
   // Where the kernel stores dS^T_w element (key row r < 64, query c < 64): the TMA's pattern.
   static constexpr CUTRAIN_HD std::uint32_t ds_offset(int r, int c) { return tma_sw128_offset(64, r, c); }
   // Where the kernel stores dQ_part element (query row r < kBlockM, column c < D) in a warpgroup's

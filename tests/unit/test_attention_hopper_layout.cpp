@@ -735,28 +735,68 @@ void expect_bwd_carve_up() {
   EXPECT_EQ(Cfg::kThreads, 128 * Cfg::kWarpgroups);
   EXPECT_GE(Cfg::kThreads, 2 * Cfg::kBlockM) << "lse and Dvec take one thread per query each";
   EXPECT_EQ(Cfg::kBlockN, 64 * Cfg::kWarpgroups);
-  // The fast mode's dQ staging (d64): after the barriers, 1024-aligned (the reduce-add's 128-byte
-  // swizzle), one 64 x D fp32 tile per warpgroup; the deterministic mode's carve-up is the one above.
+  // The fast mode's dQ staging: after the barriers, 1024-aligned (the reduce-add's 128-byte
+  // swizzle), one 64 x kDqCols fp32 tile per warpgroup (d64: all D columns; d128: half of them);
+  // the deterministic mode's carve-up is the one above.
   EXPECT_EQ(Cfg::smem_bytes(true), Cfg::kSmemBytes);
-  if (Cfg::kBulkDq) {
-    EXPECT_EQ(Cfg::kDqStageOff % 1024, 0u);
-    EXPECT_GE(Cfg::kDqStageOff, Cfg::kBarOff + 8u * Cfg::kBarriers);
-    EXPECT_EQ(Cfg::smem_bytes(false), 1024u + Cfg::kDqStageOff + Cfg::kWarpgroups * Cfg::kBlockM * Cfg::kHeadDim * 4u);
-    EXPECT_LE(Cfg::smem_bytes(false), 227u * 1024u);
-  } else {
-    EXPECT_EQ(Cfg::smem_bytes(false), Cfg::kSmemBytes);
-  }
+  EXPECT_EQ(Cfg::kDqCols, Cfg::kHeadDim == 128 ? 64 : Cfg::kHeadDim);
+  EXPECT_EQ(Cfg::kDqStageOff % 1024, 0u);
+  EXPECT_GE(Cfg::kDqStageOff, Cfg::kBarOff + 8u * Cfg::kBarriers);
+  EXPECT_EQ(Cfg::smem_bytes(false), 1024u + Cfg::kDqStageOff + Cfg::kWarpgroups * Cfg::kBlockM * Cfg::kDqCols * 4u);
+  EXPECT_LE(Cfg::smem_bytes(false), 227u * 1024u);
 }
 
-// The fast mode's dQ_part stores into a warpgroup's staging tile (d64): lane (gi, t) of warp w
-// stores rows 16w + gi (+8), columns 8j + 2t, +1 as one float2. They must cover the 64 x D tile
+// The fast mode's dQ shares: the warpgroups' column ranges cover D once; each share's product
+// reads K from the column block where its columns start; and the keys entering a share are the
+// warpgroup's own (d64) or those of every warpgroup with a live score in the tile (d128: causal
+// tiles on the diagonal leave warpgroup 1 out, and the schedule never walks a tile without
+// warpgroup 0).
+template <class Cfg>
+void expect_dq_shares() {
+  std::vector<int> owner(Cfg::kHeadDim, -1);
+  for (int wg = 0; wg < Cfg::kWarpgroups; ++wg) {
+    if (!Cfg::kSplitDq && wg > 0) {
+      EXPECT_EQ(Cfg::dq_col0(wg), 0) << "d64: every warpgroup adds all D columns of its own keys";
+      continue;
+    }
+    for (int c = Cfg::dq_col0(wg); c < Cfg::dq_col0(wg) + Cfg::kDqCols; ++c) {
+      ASSERT_LT(c, Cfg::kHeadDim);
+      EXPECT_EQ(owner[c], -1) << "column " << c << " in two shares";
+      owner[c] = wg;
+    }
+    EXPECT_EQ(Cfg::k_col_block(Cfg::dq_col0(wg)), static_cast<std::uint32_t>(Cfg::dq_col0(wg) / 64) * Cfg::kBlockN * 128u);
+  }
+  for (int c = 0; c < Cfg::kHeadDim; ++c) EXPECT_NE(owner[c], -1) << "column " << c << " in no share";
+  const int S = 1000;
+  for (int n0 = 0; n0 < S; n0 += Cfg::kBlockN)
+    for (int qt = Cfg::q_first(n0); qt < Cfg::q_tiles(S); ++qt) {
+      const int m0 = qt * Cfg::kBlockM;
+      ASSERT_TRUE(Cfg::wg_active(m0, n0, 0)) << "the schedule walks a tile without warpgroup 0's keys";
+      for (int wg = 0; wg < Cfg::kWarpgroups; ++wg) {
+        for (int w = 0; w < Cfg::kWarpgroups; ++w) {
+          const bool in = w >= Cfg::dq_keys_first(wg) && w < Cfg::dq_keys_end(m0, n0, wg);
+          const bool want = Cfg::kSplitDq ? Cfg::wg_active(m0, n0, w) : w == wg;
+          EXPECT_EQ(in, want) << "n0 " << n0 << " m0 " << m0 << " share " << wg << " keys of " << w;
+        }
+      }
+    }
+}
+
+TEST(AttentionHopperLayout, BackwardDqSharesCoverTheColumnsAndLiveKeys) {
+  expect_dq_shares<hopper::BwdConfig<64, false>>();
+  expect_dq_shares<hopper::BwdConfig<64, true>>();
+  expect_dq_shares<hopper::BwdConfig<128, false>>();
+  expect_dq_shares<hopper::BwdConfig<128, true>>();
+}
+
+// The fast mode's dQ share's stores into a warpgroup's staging tile: lane (gi, t) of warp w
+// stores rows 16w + gi (+8), columns 8j + 2t, +1 as one float2. They must cover the 64 x kDqCols tile
 // once, put each element where the TMA's reduce-add of its 32-column box (source: the tile + box
 // x 64 rows x 128 bytes, 128-byte swizzle) reads it, and hit every bank exactly twice per warp store
 // (two wavefronts, the least a 256-byte store takes).
-TEST(AttentionHopperLayout, BackwardDqStagingMatchesTheReduceBoxes) {
-  using Cfg = hopper::BwdConfig<64, false>;
-  static_assert(Cfg::kBulkDq);
-  constexpr int BM = Cfg::kBlockM, D = Cfg::kHeadDim;
+template <class Cfg>
+void expect_dq_staging() {
+  constexpr int BM = Cfg::kBlockM, D = Cfg::kDqCols;
   std::set<std::uint32_t> seen;
   for (int w = 0; w < 4; ++w)
     for (int h = 0; h < 2; ++h)
@@ -779,6 +819,11 @@ TEST(AttentionHopperLayout, BackwardDqStagingMatchesTheReduceBoxes) {
       }
   EXPECT_EQ(seen.size(), static_cast<std::size_t>(BM) * D);
   EXPECT_LT(*seen.rbegin(), Cfg::kDqStageBytes);
+}
+
+TEST(AttentionHopperLayout, BackwardDqStagingMatchesTheReduceBoxes) {
+  expect_dq_staging<hopper::BwdConfig<64, false>>();
+  expect_dq_staging<hopper::BwdConfig<128, true>>();
 }
 
 TEST(AttentionHopperLayout, BackwardSharedMemoryCarveUp) {
@@ -894,7 +939,9 @@ TEST(AttentionHopperLayout, BackwardHostChecksRefuseBadArguments) {
             std::string::npos);
   EXPECT_NE(err(ok, qkv, out, dout, lse, dqkv, static_cast<char*>(scratch) + 8).find("scratch must be 16-byte aligned"),
             std::string::npos);
-  EXPECT_NE(err(ok, qkv, out, dout, lse, dqkv + 1, scratch).find("4-byte aligned"), std::string::npos);
+  EXPECT_NE(err(ok, qkv, out, dout, lse, dqkv + 4, scratch).find("dqkv must be 16-byte aligned"), std::string::npos);
+  EXPECT_NE(err(ok, qkv, out + 1, dout, lse, dqkv, scratch).find("out and lse must be 4-byte aligned"),
+            std::string::npos);
   EXPECT_NE(test::error_of([&] {
               hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, ok,
                                          static_cast<hopper::BackwardSchedule>(5));
