@@ -16,6 +16,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/attention_tile_size.h"
 #include "kernels/common/mma_sm80.cuh"
+#include "kernels/common/vec.cuh"
 
 namespace cutrain::kernels::attn {
 
@@ -235,19 +236,45 @@ __device__ __forceinline__ void to_a_frags(std::uint32_t (&p)[K / 16][4], const 
 }
 
 // Writes a warp's 16 x D fp32 accumulator (times `mul`) as E rows row0.. of a slice with row
-// stride `stride`; rows at or past S are skipped.
+// stride `stride`; rows at or past S are skipped. g and stride * sizeof(E) must be 16-byte aligned.
+// The accumulator gives lane (gi, t) columns 8j + 2t, +1 of rows gi and gi + 8, so a row's 8
+// columns 8j.. lie in the 4 lanes of a quad. Per group of four column blocks 4c.., the quad
+// transposes its 4 x 4 packed pairs (two xor-shuffle stages, one per bit of t), after which lane t
+// holds all 8 columns of block 4c + t and writes them with one 16-byte store: a warp's store then
+// covers 64 contiguous bytes (two whole 32-byte sectors) of each of its 8 rows, where a 4-byte
+// store covered 16 bytes of each.
 template <int D, typename E>
 __device__ __forceinline__ void store_rows(E* g, const float (&acc)[D / 8][4], int row0, int S, std::size_t stride,
                                            float mul) {
+  static_assert(D % 32 == 0, "whole groups of four column blocks");
   const int lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
+  const bool b0 = t & 1, b1 = t & 2;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + gi + 8 * h;
-    if (row >= S) continue;
-    E* dst = g + static_cast<std::size_t>(row) * stride + 2 * t;
+    E* dst = g + static_cast<std::size_t>(row) * stride;
 #pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-      *reinterpret_cast<std::uint32_t*>(dst + dt * 8) = mma::pack2<E>(acc[dt][2 * h] * mul, acc[dt][2 * h + 1] * mul);
+    for (int c = 0; c < D / 32; ++c) {
+      std::uint32_t v[4];  // v[k]: columns 8(4c + k) + 2t, +1
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = mma::pack2<E>(acc[4 * c + k][2 * h] * mul, acc[4 * c + k][2 * h + 1] * mul);
+      // Bit 0 of t against bit 0 of k: a lane sends the pairs whose k differs in it from t, and
+      // puts the partner's pair k ^ 1 in slot k.
+      std::uint32_t r0 = __shfl_xor_sync(0xffffffffu, b0 ? v[0] : v[1], 1);
+      std::uint32_t r1 = __shfl_xor_sync(0xffffffffu, b0 ? v[2] : v[3], 1);
+      v[0] = b0 ? r0 : v[0];
+      v[1] = b0 ? v[1] : r0;
+      v[2] = b0 ? r1 : v[2];
+      v[3] = b0 ? v[3] : r1;
+      // Bit 1 likewise; slot k now holds lane k's pair of block 4c + t: columns 8(4c + t) + 2k, +1.
+      r0 = __shfl_xor_sync(0xffffffffu, b1 ? v[0] : v[2], 2);
+      r1 = __shfl_xor_sync(0xffffffffu, b1 ? v[1] : v[3], 2);
+      v[0] = b1 ? r0 : v[0];
+      v[1] = b1 ? r1 : v[1];
+      v[2] = b1 ? v[2] : r0;
+      v[3] = b1 ? v[3] : r1;
+      if (row < S) store16(dst + 8 * (4 * c + t), make_uint4(v[0], v[1], v[2], v[3]));
+    }
   }
 }
 
