@@ -64,7 +64,7 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
   attn::check_shape(shape, "attention_backward");
   // The plan's two-pass algorithm needs no dQ accumulator, so the scratch of
   // attention_backward_scratch_bytes(shape, deterministic) covers it either way.
-  const sm90::BackwardPlan plan = sm90::production_backward(shape.head_dim, shape.causal, deterministic);
+  const sm90::BackwardPlan plan = sm90::production_backward(shape, deterministic);
   sm90::attention_backward<E>(s, qkv, out, dout, lse, dqkv, scratch, shape, plan.schedule, options, plan.two_pass,
                               plan.dq);
 }

@@ -29,11 +29,11 @@ constexpr FwdTile production_forward(const AttentionShape& sh, int sms) {
 
 // Backward: which algorithm and schedules. two_pass: the dK/dV pass without dQ, then the dQ pass
 // (the deterministic mode's algorithm: same bits every run); otherwise one pass that adds dQ into
-// an fp32 accumulator (TMA reduce-adds at d64, float2 atomics at d128). A caller that asks for
-// determinism always gets two_pass.
-// d128: two-pass in either mode (1002 vs 1414 us non-causal, 695 vs 786 causal at B4 H16 S2048,
-// with the atomics), the lockstep dK/dV pass and the serial dQ loop (at d128 the producer
-// schedules run lockstep).
+// an fp32 accumulator by TMA reduce-adds. A caller that asks for determinism always gets two_pass.
+// d128: the lockstep dK/dV pass (at d128 the producer schedules run lockstep) and the serial dQ
+// loop. In the fast mode one pass from S 1024 up (H100, f361b43, one call: 829 vs 857 us at B4 H16
+// S2048, 5821 vs 6284 at B2 H16 S8192, 943 vs 957 at B16 H16 S1024; causal 508 vs 546, 3078 vs
+// 3695, 681 vs 704), two passes at S512 (B32 H16: 597 vs 622, causal 508 vs 564).
 // d64, fast mode: one pass, the producer dK/dV pass (H100, 009a1de, one call: 3932 vs 4721 us
 // two-pass at B2 H16 S8192, 582 vs 672 at B4 H16 S2048, 68.5 vs 71.7 at B4 H16 S512; causal 2126
 // at B2 H16 S8192). Deterministic: without causal the producer overlap dK/dV loop and the dQ
@@ -44,10 +44,10 @@ struct BackwardPlan {
   BackwardSchedule schedule;
   DqSchedule dq;
 };
-constexpr BackwardPlan production_backward(int head_dim, bool causal, bool deterministic) {
-  if (head_dim == 128) return {true, BackwardSchedule::Lockstep, DqSchedule::Serial};
+constexpr BackwardPlan production_backward(const AttentionShape& sh, bool deterministic) {
+  if (sh.head_dim == 128) return {deterministic || sh.seq < 1024, BackwardSchedule::Lockstep, DqSchedule::Serial};
   if (!deterministic) return {false, BackwardSchedule::Producer, DqSchedule::Serial};
-  if (!causal) return {true, BackwardSchedule::ProducerOverlap, DqSchedule::Overlap};
+  if (!sh.causal) return {true, BackwardSchedule::ProducerOverlap, DqSchedule::Overlap};
   return {true, BackwardSchedule::Producer, DqSchedule::Serial};
 }
 

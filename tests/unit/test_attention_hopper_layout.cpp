@@ -1079,7 +1079,7 @@ TEST(AttentionHopperLayout, Fp16AndProductionEntryPointsCheckFirst) {
     EXPECT_NE(test::error_of([&] {
                 kernels::attention_backward(nullptr, qkv, out, dout, lse, dqkv + 1, scratch, {2, 100, 4, 64, false},
                                             det, {});
-              }).find("4-byte aligned"),
+              }).find("dqkv must be 16-byte aligned"),
               std::string::npos);
     kernels::AttentionOptions opt;
     opt.dropout_p = -0.5f;
@@ -1094,14 +1094,15 @@ TEST(AttentionHopperLayout, Fp16AndProductionEntryPointsCheckFirst) {
 // The schedules the production entry points run (the measured leaders, docs/perf-notes.md).
 TEST(AttentionHopperLayout, ProductionSchedules) {
   for (const bool det : {false, true}) {
-    for (const bool c : {false, true}) {
-      const hopper::BackwardPlan p = hopper::production_backward(128, c, det);
-      EXPECT_TRUE(p.two_pass);
-      EXPECT_EQ(p.schedule, hopper::BackwardSchedule::Lockstep);
-      EXPECT_EQ(p.dq, hopper::DqSchedule::Serial);
-    }
-    const hopper::BackwardPlan full = hopper::production_backward(64, false, det);
-    const hopper::BackwardPlan causal = hopper::production_backward(64, true, det);
+    for (const bool c : {false, true})
+      for (const int s : {512, 1000, 1024, 2048, 8192}) {
+        const hopper::BackwardPlan p = hopper::production_backward({4, s, 16, 128, c}, det);
+        EXPECT_EQ(p.two_pass, det || s < 1024) << "d128 fast mode: one pass from S1024 up, S " << s;
+        EXPECT_EQ(p.schedule, hopper::BackwardSchedule::Lockstep);
+        EXPECT_EQ(p.dq, hopper::DqSchedule::Serial);
+      }
+    const hopper::BackwardPlan full = hopper::production_backward({4, 2048, 16, 64, false}, det);
+    const hopper::BackwardPlan causal = hopper::production_backward({4, 2048, 16, 64, true}, det);
     EXPECT_EQ(full.two_pass, det);  // one pass (dQ by reduce-adds) unless determinism is asked for
     EXPECT_EQ(causal.two_pass, det);
     EXPECT_EQ(full.schedule, det ? hopper::BackwardSchedule::ProducerOverlap : hopper::BackwardSchedule::Producer);
