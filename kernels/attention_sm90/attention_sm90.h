@@ -60,8 +60,8 @@ enum class DqSchedule { Serial, Overlap };
 // scratch: attention_backward_scratch_bytes(shape, deterministic) bytes (16-byte aligned):
 // Dvec = rowsum(dO o O) by the library's row_dot, then the wgmma dK/dV pass (bwd.cu).
 // Fast mode (deterministic false): the pass also adds dS K into the fp32 dQ accumulator behind
-// Dvec (TMA reduce-adds at d64, float2 atomics at d128; order-dependent either way: not bitwise
-// reproducible), then the library's dQ convert.
+// Dvec (TMA reduce-adds; order-dependent: not bitwise reproducible), then the library's dQ
+// convert. dqkv: 16-byte aligned (dQ, dK and dV are stored in 16-byte pieces).
 // Deterministic: the pass leaves dQ alone and the wgmma dQ pass (dq_pass, dq.cu: one CTA per
 // 128 queries, no atomics) computes it with dq_schedule's loop: the same bits every run. Compute
 // capability 9.0 only; arguments checked first.

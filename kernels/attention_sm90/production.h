@@ -1,6 +1,6 @@
 // @brief The forward tile and the backward schedules the production entry points
 // (kernels::attention_forward / attention_backward) run: the forward's tile per shape and SM count,
-// the backward's per (head_dim, causal, determinism), each the fastest bench_attention_hopper
+// the backward's per (head_dim, causal, seq, determinism), each the fastest bench_attention_hopper
 // measured on an H100 in one device call (docs/perf-notes.md, "Attention: the production
 // schedules", has the tables and the commands). Every other schedule stays reachable through the
 // sm90 functions' arguments (tests, benchmarks).
