@@ -216,6 +216,12 @@ __device__ __forceinline__ void ds_frags(std::uint32_t (&pf)[Cfg::kBlockM / 16][
   attn::to_a_frags<E, BM>(dsf, dp);
 }
 
+// Whether a warpgroup takes every query tile, live scores or not: at d128 in the fast mode a
+// warpgroup without any still computes its dQ share over the other's keys (kSplitDq); otherwise
+// one without any skips the tile.
+template <class Cfg, bool DET>
+inline constexpr bool kEveryTile = Cfg::kSplitDq && !DET;
+
 // One query tile for warpgroup wg (see the file comment). q_tile / do_tile: the stage's Q and dO
 // bases; lse_t / dvec_t: the stage's vectors; key_row0: this warp's first key. Every wgmma batch
 // is waited for before the function returns.
@@ -228,9 +234,8 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
   [[maybe_unused]] const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
 
-  // own: this warpgroup has live scores in the tile (always, but at d128 in the fast mode, where
-  // a warpgroup without any still computes its dQ share over the other's keys).
-  const bool run_own = own || DET || !Cfg::kSplitDq;
+  // own: this warpgroup has live scores in the tile (always, unless kEveryTile).
+  const bool run_own = own || !kEveryTile<Cfg, DET>;
   std::uint32_t pf[BM / 16][4], dsf[BM / 16][4];  // P^T (DROP: P^T o Z; 1/(1-p) at dV's store), dS^T
   if (run_own) {
     // DROP: the keep bits of this thread's P^T elements (bit 4j + e: element e of n-tile j). d64:
@@ -463,10 +468,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (i + ST - 1 < n_tiles)
       load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i + ST - 1, (i + ST - 1) % ST, head, b, S);
     mbar_wait(sm.bar.q_full(s), (i / ST) & 1);
-    // At d128 in the fast mode both warpgroups take every tile (a warpgroup without live scores
-    // still computes its dQ share); otherwise a warpgroup without any skips it.
     const bool own = Cfg::wg_active(m0, n0, wg);
-    if (own || (Cfg::kSplitDq && !DET))
+    if (own || kEveryTile<Cfg, DET>)
       tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes,
                                          sm.lse + s * BM, sm.dvec + s * BM, &dq_map, m0, n0, wg, own, key_row0, S,
                                          H, head, b, scale_log2, opts);
@@ -642,6 +645,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                        const __grid_constant__ attn::OptionArgs opt) {
   static_assert(Cfg::kProducer, "backward_ws_kernel runs the producer schedules");
   static_assert(!Cfg::kOverlap || DET, "the overlap loop has no dQ product (deterministic mode)");
+  static_assert(!Cfg::kSplitDq, "the consumers do not meet inside a tile, so the dQ shares cannot span them");
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, ST = Cfg::kStages;
   extern __shared__ unsigned char smem_raw[];
   const int warp = threadIdx.x >> 5;
@@ -714,7 +718,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int i = 0; i < n_tiles; ++i) {
       const int s = i % ST, m0 = (q_first + i) * BM;
       mbar_wait_realloc(sm.bar.q_full(s), (i / ST) & 1);
-      static_assert(!Cfg::kSplitDq, "the producer schedules' consumers do not meet inside a tile");
       if (Cfg::wg_active(m0, n0, wg))
         tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes,
                                            sm.lse + s * BM, sm.dvec + s * BM, &dq_map, m0, n0, wg, true,
