@@ -128,7 +128,9 @@
 #               variants, within one call's budget
 #   large       issue #24's >= 1B GPT-style model (h 2048, 24 layers, T 2048, LARGE_BATCH default 8):
 #               timing report (MFU, llm.c's count) and graph-replay step with peak memory,
-#               LARGE_CONFIGS (default bf16_full baseline). About 2 minutes.
+#               LARGE_CONFIGS (default bf16_full baseline), each with the attention backward modes
+#               LARGE_BACKWARDS (default deterministic; "deterministic fast" for both). About 2 minutes
+#               per config and mode.
 #   sanitize    compute-sanitizer memcheck, racecheck and synccheck on the sm90 attention pair's and
 #               the cross-entropy kernel's tests (SAN_ATTN, SAN_CE: gtest filters; SAN_TOOLS, SAN_SUITES
 #               narrow them). About 4 minutes.
@@ -582,12 +584,16 @@ if want large; then
   # baseline, LARGE_BATCH (default 8) x 2048 tokens; the timing report's MFU counts llm.c's
   # 6N + 6LTC per token. Then the step under graph replay (the report's steps run eagerly).
   lg="--model gpt2 --hidden_dim 2048 --num_layers 24 --num_heads 16 --vocab_size 50257 --pad_vocab --seq_length 2048 --batch_size ${LARGE_BATCH:-8}"
+  # LARGE_BACKWARDS (default deterministic): the attention backward modes to run each config in.
   for c in ${LARGE_CONFIGS:-bf16_full baseline}; do
-    step large_timing_$c 120 "$bin train --deepspeed_config configs/$c.json $lg --num_steps 8 --warmup_steps 3 --timing_report $logs/large_timing_$c.json"
-    sed -n '/SUMMARY/,$p' "$logs/large_timing_$c.txt" | tail -50 >>"$sum" 2>/dev/null
-    python3 scripts/step_floor.py "$logs/large_timing_$c.json" >>"$sum" 2>&1
-    step large_graph_$c 120 "scripts/peak-mem.sh $logs/large_graph_$c.mem $bin train --deepspeed_config configs/$c.json $lg --num_steps 15 --warmup_steps 5 | grep -E 'parameters|SUMMARY|Average'"
-    { grep -E "parameters|SUMMARY|Average" "$logs/large_graph_$c.txt"; cat "$logs/large_graph_$c.mem"; } 2>/dev/null | sed "s/^/large $c: /" >>"$sum"
+    for ab in ${LARGE_BACKWARDS:-deterministic}; do
+      n=${c}_$ab
+      step large_timing_$n 120 "$bin train --deepspeed_config configs/$c.json $lg --attention_backward $ab --num_steps 8 --warmup_steps 3 --timing_report $logs/large_timing_$n.json"
+      sed -n '/SUMMARY/,$p' "$logs/large_timing_$n.txt" | tail -50 >>"$sum" 2>/dev/null
+      python3 scripts/step_floor.py "$logs/large_timing_$n.json" >>"$sum" 2>&1
+      step large_graph_$n 120 "scripts/peak-mem.sh $logs/large_graph_$n.mem $bin train --deepspeed_config configs/$c.json $lg --attention_backward $ab --num_steps 15 --warmup_steps 5 | grep -E 'parameters|SUMMARY|Average'"
+      { grep -E "parameters|SUMMARY|Average" "$logs/large_graph_$n.txt"; cat "$logs/large_graph_$n.mem"; } 2>/dev/null | sed "s/^/large $n: /" >>"$sum"
+    done
   done
 fi
 
