@@ -69,6 +69,11 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
                               plan.dq);
 }
 
+bool attention_backward_adds_dq(const AttentionShape& shape) {
+  attn::check_shape(shape, "attention_backward_adds_dq");
+  return !sm90::production_backward(shape, false).two_pass;
+}
+
 template void attention_forward<bf16>(cudaStream_t, const bf16*, bf16*, float*, const AttentionShape&,
                                       const AttentionOptions&);
 template void attention_forward<f16>(cudaStream_t, const f16*, f16*, float*, const AttentionShape&,

@@ -46,18 +46,23 @@ template <typename E>
 void attention_forward(cudaStream_t s, const E* qkv, E* out, float* lse, const AttentionShape& shape,
                        const AttentionOptions& options = {});
 
-// dqkv: E [B, S, 3, H, D] (every element written). `deterministic`: no order-dependent atomics
-// (same bits every run); without it d128 still runs the deterministic algorithm, the faster
-// there (kernels/attention_sm90/production.h).
+// dqkv: E [B, S, 3, H, D] (every element written). `deterministic`: no order-dependent reduce-adds
+// (same bits every run); without it, the shapes where the deterministic algorithm is the faster
+// still run it (d128 below S 1024: attention_backward_adds_dq, kernels/attention_sm90/production.h).
 // scratch: attention_backward_scratch_bytes(shape, deterministic) bytes, 16-byte aligned: fp32
 // rowsum(dO o O) (4·B·H·S, rounded to 256) and, deterministic false, room for an fp32 dQ
-// accumulator (4·B·S·H·D) that the one-pass algorithm reaches through atomics. Nothing S x S ever.
+// accumulator (4·B·S·H·D) that the one-pass algorithm adds into by TMA reduce-adds. Nothing S x S ever.
 // `out` and `lse` must be this forward's outputs for the same qkv and options.
 std::size_t attention_backward_scratch_bytes(const AttentionShape& shape, bool deterministic);
 template <typename E>
 void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dout, const float* lse,
                         E* dqkv, void* scratch, const AttentionShape& shape, bool deterministic,
                         const AttentionOptions& options = {});
+
+// Whether attention_backward at this shape with `deterministic` false adds dQ by order-dependent
+// fp32 reduce-adds (not bit-reproducible run to run); false where it runs the deterministic
+// algorithm anyway.
+bool attention_backward_adds_dq(const AttentionShape& shape);
 
 // Training FLOPs as the benchmarks count them: 4·B·H·S²·D forward, 2.5× that backward, halved causal.
 double attention_forward_flops(const AttentionShape& shape);

@@ -218,8 +218,8 @@ CLI::App* setup_train_command(CLI::App& parent, int& exit_code) {
   f.attention_backward_opt =
       sub->add_option("--attention_backward", f.attention_backward,
                       "GPU attention backward: deterministic (the same bits every run) or fast (dQ by "
-                      "order-dependent fp32 reduce-adds: faster at head dim 64, not bit-reproducible run to run; "
-                      "head dim 128 runs the deterministic algorithm either way). Not given: the config's "
+                      "order-dependent fp32 reduce-adds: faster, not bit-reproducible run to run; head dim 128 "
+                      "below sequence length 1024 runs the deterministic algorithm either way). Not given: the config's "
                       "cutrain.attention_backward, else deterministic")
           ->check(CLI::IsMember({"deterministic", "fast"}));
   f.pipeline_opt = sub->add_option("--pipeline_parallel_size,--pipeline-parallel-size", o.pipeline_parallel_size,

@@ -84,8 +84,9 @@ inline constexpr std::array<Choice<ClusteringType>, 2> kClusteringTypes{
 inline constexpr std::array<Choice<data::DataOrder>, 2> kDataOrders{
     {{data::DataOrder::Shuffled, "shuffled"}, {data::DataOrder::Llmc, "llmc"}}};
 // cutrain.attention_backward and --attention_backward: the GPU attention backward's dQ.
-// Deterministic: the same bits every run; Fast: order-dependent fp32 reduce-adds into dQ (faster
-// at head dim 64; head dim 128 runs the deterministic algorithm either way; kernels/attention.cuh).
+// Deterministic: the same bits every run; Fast: order-dependent fp32 reduce-adds into dQ (faster;
+// head dim 128 below sequence length 1024 runs the deterministic algorithm either way:
+// kernels::attention_backward_adds_dq).
 enum class AttentionBackward { Deterministic, Fast };
 inline constexpr std::array<Choice<AttentionBackward>, 2> kAttentionBackwards{
     {{AttentionBackward::Deterministic, "deterministic"}, {AttentionBackward::Fast, "fast"}}};

@@ -197,7 +197,7 @@ constexpr ConfigKey kKeys[] = {
 
     // aio (the optimizer swap's I/O, docs/nvme.md)
     {"cutrain.data_order", A, "", "shuffled (cutrain's epochs: every shard's windows shuffled together) or llmc (llm.c's DataLoader: the batches train_gpt2cu draws for the same B, T, ranks and --seed; docs/gpt2.md); --use_real_data only, --data_order wins"},
-    {"cutrain.attention_backward", A, "", "the GPU attention backward: deterministic (the same bits every run) or fast (dQ by order-dependent fp32 reduce-adds: not bit-reproducible run to run; faster at head dim 64, head dim 128 runs the deterministic algorithm either way); --attention_backward wins"},
+    {"cutrain.attention_backward", A, "", "the GPU attention backward: deterministic (the same bits every run) or fast (dQ by order-dependent fp32 reduce-adds: not bit-reproducible run to run; faster; head dim 128 below sequence length 1024 runs the deterministic algorithm either way); --attention_backward wins"},
     {"tensor_parallel.autotp_size", A, "", "the tensor-parallel degree (--tensor_parallel_size wins): on --device cpu Megatron-style column/row-parallel blocks, vocabulary-parallel embedding and loss; on --device cuda 1, the blocks' all-reduces over a one-rank NCCL communicator (docs/distributed.md)"},
     {"aio.block_size", A, "", "bytes per I/O request (a multiple of 512)"},
     {"aio.queue_depth", A, "", "requests in flight per worker"},

@@ -16,6 +16,7 @@
 #include "data/batch_sampler.h"
 #include "data/data_loader.h"
 #include "data/mlm_sampler.h"
+#include "kernels/attention.cuh"
 #include "parallel/expert_parallel_plan.h"
 #include "parallel/rank_grid.h"
 #include "runtime/allocator.h"
@@ -442,8 +443,10 @@ TrainResult run_training(const TrainOptions& options, std::ostream& out_all) {
     out << "[Rank 0] Attention backward: fast (" << from << "): ";
     if (!on_gpu)
       out << "applies to --device cuda; the CPU reference's backward is deterministic\n";
-    else if (bo.dims.head_dim() != 64)
-      out << "head dim " << bo.dims.head_dim() << " runs the deterministic algorithm either way\n";
+    else if (const int hd = bo.dims.head_dim();
+             (hd == 64 || hd == 128) &&
+             !kernels::attention_backward_adds_dq(kernels::AttentionShape{bo.batch, bo.seq, bo.dims.heads, hd, bo.causal}))
+      out << "head dim " << hd << " at sequence length " << bo.seq << " runs the deterministic algorithm either way\n";
     else
       out << "dQ by order-dependent fp32 reduce-adds, not bit-reproducible run to run\n";
   }
