@@ -7,8 +7,8 @@
 //                                                                  (wgmma: kernels/attention_sm90/dq.cu)
 // Deterministic mode: no atomics, the same bits every run; the price is recomputing Q K^T and
 // dO V^T once more in the dQ pass (7 instead of 5 matmuls). Fast mode: step 3 is replaced by
-// fp32 atomics of dS K from inside the dK/dV pass into a scratch accumulator, then a conversion
-// (dq_convert, here).
+// TMA reduce-adds of dS K from inside the dK/dV pass into an fp32 scratch accumulator (zeroed by
+// row_dot), then a conversion (dq_convert, here).
 // With P = exp(scale*S - lse), dP = dO V^T, dS = P o (dP - Dvec):
 //   dV = P^T dO,  dK = scale * dS^T Q,  dQ = scale * dS K.
 // Tile shapes: kernels/attention_sm90/layout.h.
@@ -27,40 +27,53 @@ namespace cutrain::kernels {
 namespace attn {
 namespace {
 
-// One warp per (token, head) row.
+// D/8 threads per (token, head) row, 16 bytes of O and of dO each, the row's dot by xor-shuffles
+// within those lanes. dq_acc (the fast mode's fp32 accumulator, [B, S, H, D]: the same row order
+// as O) is zeroed here where given, 32 bytes a thread, so the reduce-adds need no memset launch.
 template <int D, typename E>
 __global__ void __launch_bounds__(256) row_dot_kernel(const E* __restrict__ out, const E* __restrict__ dout,
-                                                      float* __restrict__ dvec, int B, int S, int H) {
-  const long long row = static_cast<long long>(blockIdx.x) * 8 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= static_cast<long long>(B) * S * H) return;
-  const pair16_t<E>* o = reinterpret_cast<const pair16_t<E>*>(out + row * D);
-  const pair16_t<E>* d = reinterpret_cast<const pair16_t<E>*>(dout + row * D);
+                                                      float* __restrict__ dvec, float* __restrict__ dq_acc, int B,
+                                                      int S, int H) {
+  constexpr int kLanes = D / 8;  // threads per row
+  const long long row = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / kLanes;
+  const int part = threadIdx.x % kLanes;
+  const bool live = row < static_cast<long long>(B) * S * H;  // every lane stays for the shuffles
   float acc = 0.f;
+  if (live) {
+    float o[8], d[8];
+    load_x8<E, Load::Streaming>(out + row * D + 8 * part, o);
+    load_x8<E, Load::Streaming>(dout + row * D + 8 * part, d);
 #pragma unroll
-  for (int i = lane; i < D / 2; i += 32) {
-    const float2 a = to_f32x2(o[i]), c = to_f32x2(d[i]);
-    acc = fmaf(a.x, c.x, fmaf(a.y, c.y, acc));
+    for (int i = 0; i < 8; ++i) acc = fmaf(o[i], d[i], acc);
+    if (dq_acc) {
+      const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+      store16(dq_acc + row * D + 8 * part, zero);
+      store16(dq_acc + row * D + 8 * part + 4, zero);
+    }
   }
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) {
+  for (int off = kLanes / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (live && part == 0) {
     const long long h = row % H, bs = row / H, s = bs % S, b = bs / S;
     dvec[(b * H + h) * S + s] = acc;
   }
 }
 
-// dqkv's q slot = scale * dq_acc (the fast mode's fp32 accumulator, [B, S, H, D]); one thread per
-// element pair.
+// dqkv's q slot = scale * dq_acc (the fast mode's fp32 accumulator, [B, S, H, D]); 8 elements a
+// thread: two 16-byte loads, one 16-byte store.
 template <int D, typename E>
 __global__ void __launch_bounds__(256) dq_convert_kernel(const float* __restrict__ dq_acc, E* __restrict__ dqkv,
                                                          std::size_t rows, int H, float scale) {
-  const std::size_t i = (blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x) * 2;
+  const std::size_t i = (blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x) * 8;
   if (i >= rows * D) return;
   const std::size_t row = i / D, d = i % D;  // row = (b*S + s)*H + h
   const std::size_t dst = ((row / H) * 3 * H + row % H) * D + d;
-  const float2 v = *reinterpret_cast<const float2*>(dq_acc + i);
-  *reinterpret_cast<pair16_t<E>*>(dqkv + dst) = pack2_rn<E>(v.x * scale, v.y * scale);
+  float v[8];
+  load_f32x4<Load::Streaming>(dq_acc + i, v);
+  load_f32x4<Load::Streaming>(dq_acc + i + 4, v + 4);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v[k] *= scale;
+  st_global_v4(dqkv + dst, pack_x8<E>(v));  // store_x8's uint4 store is split in four here
 }
 
 }  // namespace
@@ -71,20 +84,21 @@ std::size_t dvec_bytes(const AttentionShape& sh) {
 }
 
 template <typename E>
-void row_dot(cudaStream_t st, const E* out, const E* dout, float* dvec, const AttentionShape& sh) {
+void row_dot(cudaStream_t st, const E* out, const E* dout, float* dvec, const AttentionShape& sh, float* dq_acc) {
   const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
-  const unsigned blocks = static_cast<unsigned>((rows + 7) / 8);
+  const std::size_t threads = rows * (sh.head_dim / 8);
+  const unsigned blocks = static_cast<unsigned>((threads + 255) / 256);
   if (sh.head_dim == 64)
-    row_dot_kernel<64, E><<<blocks, 256, 0, st>>>(out, dout, dvec, sh.batch, sh.seq, sh.heads);
+    row_dot_kernel<64, E><<<blocks, 256, 0, st>>>(out, dout, dvec, dq_acc, sh.batch, sh.seq, sh.heads);
   else
-    row_dot_kernel<128, E><<<blocks, 256, 0, st>>>(out, dout, dvec, sh.batch, sh.seq, sh.heads);
+    row_dot_kernel<128, E><<<blocks, 256, 0, st>>>(out, dout, dvec, dq_acc, sh.batch, sh.seq, sh.heads);
   CUTRAIN_LAUNCH_CHECK("attention_row_dot_kernel");
 }
 
 template <typename E>
 void dq_convert(cudaStream_t st, const float* dq_acc, E* dqkv, const AttentionShape& sh) {
   const std::size_t rows = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads;
-  const unsigned blocks = static_cast<unsigned>((rows * sh.head_dim / 2 + 255) / 256);
+  const unsigned blocks = static_cast<unsigned>((rows * sh.head_dim / 8 + 255) / 256);
   const float scale = 1.f / std::sqrt(static_cast<float>(sh.head_dim));
   if (sh.head_dim == 64)
     dq_convert_kernel<64, E><<<blocks, 256, 0, st>>>(dq_acc, dqkv, rows, sh.heads, scale);
@@ -93,8 +107,8 @@ void dq_convert(cudaStream_t st, const float* dq_acc, E* dqkv, const AttentionSh
   CUTRAIN_LAUNCH_CHECK("attention_dq_convert_kernel");
 }
 
-template void row_dot<bf16>(cudaStream_t, const bf16*, const bf16*, float*, const AttentionShape&);
-template void row_dot<f16>(cudaStream_t, const f16*, const f16*, float*, const AttentionShape&);
+template void row_dot<bf16>(cudaStream_t, const bf16*, const bf16*, float*, const AttentionShape&, float*);
+template void row_dot<f16>(cudaStream_t, const f16*, const f16*, float*, const AttentionShape&, float*);
 template void dq_convert<bf16>(cudaStream_t, const float*, bf16*, const AttentionShape&);
 template void dq_convert<f16>(cudaStream_t, const float*, f16*, const AttentionShape&);
 

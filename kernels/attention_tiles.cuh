@@ -284,11 +284,13 @@ void check_shape(const AttentionShape& shape, const char* who);
 // The backward's small passes (kernels/attention_bwd.cu), around the sm90 dK/dV pass
 // (kernels/attention_sm90/bwd.cu) and bench/attention_mma/'s baseline: the bytes of the Dvec part
 // of the scratch (fp32 B*H*S rounded up to 256; the fast mode's dQ accumulator follows it);
-// dvec = rowsum(dO o O), fp32 [B, H, S]; dqkv's q slot = dq_acc / sqrt(D), dq_acc the fast mode's
-// unscaled fp32 dS K [B, S, H, D].
+// dvec = rowsum(dO o O), fp32 [B, H, S] (out and dout 16-byte aligned), and, where dq_acc is
+// given, dq_acc = 0 (the fast mode's accumulator, before its reduce-adds); dqkv's q slot =
+// dq_acc / sqrt(D) (16-byte aligned), dq_acc the fast mode's unscaled fp32 dS K [B, S, H, D].
 std::size_t dvec_bytes(const AttentionShape& shape);
 template <typename E>
-void row_dot(cudaStream_t s, const E* out, const E* dout, float* dvec, const AttentionShape& shape);
+void row_dot(cudaStream_t s, const E* out, const E* dout, float* dvec, const AttentionShape& shape,
+             float* dq_acc = nullptr);
 template <typename E>
 void dq_convert(cudaStream_t s, const float* dq_acc, E* dqkv, const AttentionShape& shape);
 

@@ -6,6 +6,7 @@
 #include "bench/attention_mma/attention_mma.h"
 #include "kernels/attention_options.cuh"
 #include "kernels/attention_tiles.cuh"
+#include "kernels/common/vec.cuh"
 #include "runtime/check.h"
 
 namespace cutrain::bench::mma_attention {
@@ -19,15 +20,18 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
   const attn::OptionArgs opt = attn::option_args(options);
   CUTRAIN_CHECK(qkv && out && dout && lse && dqkv && scratch,
                 "mma_attention::attention_backward: qkv, out, dout, lse, dqkv and scratch must all be non-null");
+  CUTRAIN_CHECK(kernels::is_aligned16(out) && kernels::is_aligned16(dout) && kernels::is_aligned16(dqkv) &&
+                    kernels::is_aligned16(scratch),
+                "mma_attention::attention_backward: out, dout, dqkv and scratch must be 16-byte aligned (the family's "
+                "row_dot and dQ convert move 16-byte pieces)");
   float* dvec = static_cast<float*>(scratch);
   float* dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + attn::dvec_bytes(sh));
-  attn::row_dot<E>(s, out, dout, dvec, sh);
   if (deterministic) {
+    attn::row_dot<E>(s, out, dout, dvec, sh);
     dkdv<E>(s, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
     dq<E>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
   } else {
-    const std::size_t acc = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads * sh.head_dim * sizeof(float);
-    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, acc, s));
+    attn::row_dot<E>(s, out, dout, dvec, sh, dq_acc);  // also zeroes the accumulator
     dkdv<E>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
     attn::dq_convert<E>(s, dq_acc, dqkv, sh);
   }

@@ -20,14 +20,14 @@
 //   dS^T -> shared memory (E, the TMA's 128-byte swizzle pattern, this warpgroup's 64 rows)
 //   dV += P^T dO, dK += dS^T Q                  wgmma, A from registers, B MN-major (transposed)
 //   dQ share = dS K                             fast mode; wgmma, dS^T and K both read MN-major:
-//                                               d64 dS_w K_w (all D columns, the warpgroup's keys),
-//                                               d128 columns 64w.. over both warpgroups' keys
+//                                               columns w D/2 .. over both warpgroups' keys
 //   dq_acc += dQ share                          unscaled, staged in shared memory (fp32, swizzled)
 //                                               and added by TMA reduce-adds, one per 32-column box
-// At d64 the warpgroups share nothing inside a tile, so they meet only at the iteration's end; at
-// d128 they also meet once both dS^T are stored. Causal: a warpgroup whose keys all follow the
-// tile's last query skips its products (at d128 in the fast mode it still computes its dQ share).
-// The launcher runs the family's row_dot before and its dQ convert (x 1/sqrt(D) -> E q slot) after;
+// In the fast mode the warpgroups meet once both dS^T are stored. Causal: a warpgroup whose keys
+// all follow the tile's last query skips its products (in the fast mode it still computes its dQ
+// share, from the other warpgroup's keys).
+// The launcher runs the family's row_dot before (which zeroes the fast mode's dQ accumulator) and
+// its dQ convert (x 1/sqrt(D) -> E q slot) after;
 // dK (x 1/sqrt(D)) and dV are stored straight from the accumulators. Deterministic mode (template
 // bool DET): the pass skips dS^T's store, the dQ product and its adds, and the dQ pass (dq.cu:
 // wgmma, one CTA per 128 queries, no atomics) computes dQ after it.
@@ -216,11 +216,11 @@ __device__ __forceinline__ void ds_frags(std::uint32_t (&pf)[Cfg::kBlockM / 16][
   attn::to_a_frags<E, BM>(dsf, dp);
 }
 
-// Whether a warpgroup takes every query tile, live scores or not: at d128 in the fast mode a
-// warpgroup without any still computes its dQ share over the other's keys (kSplitDq); otherwise
-// one without any skips the tile.
-template <class Cfg, bool DET>
-inline constexpr bool kEveryTile = Cfg::kSplitDq && !DET;
+// Whether a warpgroup takes every query tile, live scores or not: in the fast mode a warpgroup
+// without any still computes its dQ share over the other's keys; in the deterministic mode one
+// without any skips the tile.
+template <bool DET>
+inline constexpr bool kEveryTile = !DET;
 
 // One query tile for warpgroup wg (see the file comment). q_tile / do_tile: the stage's Q and dO
 // bases; lse_t / dvec_t: the stage's vectors; key_row0: this warp's first key. Every wgmma batch
@@ -235,7 +235,7 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
   [[maybe_unused]] const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
 
   // own: this warpgroup has live scores in the tile (always, unless kEveryTile).
-  const bool run_own = own || !kEveryTile<Cfg, DET>;
+  const bool run_own = own || !kEveryTile<DET>;
   std::uint32_t pf[BM / 16][4], dsf[BM / 16][4];  // P^T (DROP: P^T o Z; 1/(1-p) at dV's store), dS^T
   if (run_own) {
     // DROP: the keep bits of this thread's P^T elements (bit 4j + e: element e of n-tile j). d64:
@@ -287,29 +287,26 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
     operand_fence(pf);
     operand_fence(dsf);
   } else {
-    // dQ's share (layout.h, BwdConfig::kDqCols): d64 dQ_part[64 queries x D] = dS_w K_w once the
-    // warpgroup's 128 threads have stored dS^T; d128 (kSplitDq) dQ[:, c0 .. c0 + 64) = dS K over the
-    // keys of every warpgroup with a live score in the tile, once the CTA's 256 threads have stored
-    // theirs. Either waits until the warpgroup's previous reduce-add has read its staging tile.
+    // dQ's share (layout.h, BwdConfig::kDqCols): dQ[:, c0 .. c0 + D/2) = dS K over the keys of every
+    // warpgroup with a live score in the tile, once the CTA's 256 threads have stored their dS^T
+    // and the warpgroup's previous reduce-add has read its staging tile.
     constexpr int NC = Cfg::kDqCols;
     const bool issuer = (threadIdx.x & 127) == 0;  // the thread that issues the reduce-adds
     if (issuer) bulk_wait_read<0>();
-    if constexpr (Cfg::kSplitDq) named_barrier_sync(3, 256);
-    else named_barrier_sync(1 + wg, 128);
-    const int c0 = Cfg::dq_col0(wg), w_first = Cfg::dq_keys_first(wg), w_end = Cfg::dq_keys_end(m0, n0, wg);
+    named_barrier_sync(3, 256);
+    const int c0 = Cfg::dq_col0(wg), w_end = Cfg::dq_keys_end(m0, n0);
     float dq[NC / 8][4];
     wgmma_fence();
 #pragma unroll
-    for (int dw = 0; dw < (Cfg::kSplitDq ? Cfg::kWarpgroups : 1); ++dw) {
-      const int w = w_first + dw;
+    for (int w = 0; w < Cfg::kWarpgroups; ++w) {
       if (w >= w_end) break;
       const std::uint64_t dsd = smem_desc(sm.ds + w * Cfg::kDsBytes, kUnusedLbo, Cfg::kSbo);
       const std::uint64_t kd =
-          smem_desc(sm.k + Cfg::k_col_block(c0) + Cfg::k_mn_slice(w, 0), Cfg::kKLbo, Cfg::kSbo);
+          smem_desc(sm.k + Cfg::k_col_offset(c0) + Cfg::k_mn_slice(w, 0), Cfg::kKLbo, Cfg::kSbo);
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)  // warpgroup w's 64 keys
         wgmma_ss_mn<E, NC>(dq, desc_advance(dsd, Cfg::ds_mn_slice(ks)),
-                           desc_advance(kd, Cfg::k_mn_slice(w, ks) - Cfg::k_mn_slice(w, 0)), dw > 0 || ks > 0);
+                           desc_advance(kd, Cfg::k_mn_slice(w, ks) - Cfg::k_mn_slice(w, 0)), w > 0 || ks > 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -469,7 +466,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       load_query_tile<Cfg>(sm, &q_map, &do_map, glse, gdvec, q_first + i + ST - 1, (i + ST - 1) % ST, head, b, S);
     mbar_wait(sm.bar.q_full(s), (i / ST) & 1);
     const bool own = Cfg::wg_active(m0, n0, wg);
-    if (own || kEveryTile<Cfg, DET>)
+    if (own || kEveryTile<DET>)
       tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes,
                                          sm.lse + s * BM, sm.dvec + s * BM, &dq_map, m0, n0, wg, own, key_row0, S,
                                          H, head, b, scale_log2, opts);
@@ -495,10 +492,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 // split is mbar_wait_realloc: with a `trap` reachable, ptxas would hold the consumers at the
 // launch's 168 registers (wgmma_tma.cuh).
 // Consumers, Producer's loop: per tile, wait q_full[s], tile_step (every wgmma waited for inside),
-// release q_empty[s]. OVERLAP (deterministic mode): tile i+1's S^T and dP^T are issued right behind
-// tile i's dV / dK products (no tensor-core gap between them), then the wait for the oldest group
-// (tile i's products) releases stage i, as the forward's overlap loop retires P V. Causal: a warpgroup's inactive tiles are a prefix (wg_active
-// grows with m0); it waits for them and releases them before its first product.
+// release q_empty[s]; in the fast mode both warpgroups step every tile, since they meet in it at
+// the dQ shares' barrier. OVERLAP (deterministic mode): tile i+1's S^T and dP^T are issued right
+// behind tile i's dV / dK products (no tensor-core gap between them), then the wait for the oldest
+// group (tile i's products) releases stage i, as the forward's overlap loop retires P V. Causal: a
+// warpgroup's inactive tiles are a prefix (wg_active grows with m0); it waits for them and releases
+// them before its first product.
 
 // The producer warp's share of query tile qt into stage s (see above).
 template <class Cfg>
@@ -645,7 +644,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                        const __grid_constant__ attn::OptionArgs opt) {
   static_assert(Cfg::kProducer, "backward_ws_kernel runs the producer schedules");
   static_assert(!Cfg::kOverlap || DET, "the overlap loop has no dQ product (deterministic mode)");
-  static_assert(!Cfg::kSplitDq, "the consumers do not meet inside a tile, so the dQ shares cannot span them");
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM, ST = Cfg::kStages;
   extern __shared__ unsigned char smem_raw[];
   const int warp = threadIdx.x >> 5;
@@ -718,9 +716,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int i = 0; i < n_tiles; ++i) {
       const int s = i % ST, m0 = (q_first + i) * BM;
       mbar_wait_realloc(sm.bar.q_full(s), (i / ST) & 1);
-      if (Cfg::wg_active(m0, n0, wg))
+      const bool own = Cfg::wg_active(m0, n0, wg);
+      if (own || kEveryTile<DET>)  // the fast mode: both warpgroups meet in every tile (the dQ shares)
         tile_step<Cfg, E, MASK, DROP, DET>(dk, dv, sm, sm.q + s * Cfg::kQBytes, sm.dout + s * Cfg::kQBytes,
-                                           sm.lse + s * BM, sm.dvec + s * BM, &dq_map, m0, n0, wg, true,
+                                           sm.lse + s * BM, sm.dvec + s * BM, &dq_map, m0, n0, wg, own,
                                            key_row0, S, H, head, b, scale_log2, opts);
       mbar_arrive(sm.bar.q_empty(s));  // this thread is done with stage s (its wgmma waited for)
     }
@@ -823,11 +822,7 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
   float* dvec = static_cast<float*>(scratch);
   float* dq_acc =
       deterministic ? nullptr : reinterpret_cast<float*>(static_cast<char*>(scratch) + attn::dvec_bytes(sh));
-  attn::row_dot<E>(s, out, dout, dvec, sh);
-  if (dq_acc) {
-    const std::size_t acc_bytes = static_cast<std::size_t>(sh.batch) * sh.seq * sh.heads * sh.head_dim * sizeof(float);
-    CUTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, acc_bytes, s));
-  }
+  attn::row_dot<E>(s, out, dout, dvec, sh, dq_acc);  // also zeroes the fast mode's accumulator
   switch (schedule) {
     case BackwardSchedule::Lockstep: launch<kLockstep>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt); break;
     case BackwardSchedule::Producer: launch<kProducer>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt); break;

@@ -53,6 +53,7 @@
 #include "kernels/attention_options.cuh"
 #include "kernels/attention_softmax.cuh"
 #include "kernels/attention_tiles.cuh"
+#include "kernels/common/vec.cuh"
 #include "runtime/check.h"
 #include "runtime/error.h"
 

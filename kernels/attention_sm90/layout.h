@@ -269,10 +269,8 @@ constexpr CUTRAIN_HD std::uint32_t wgmma_mnmajor_offset(std::uint32_t start, std
 //   dQ += dS_w K_w                         (A: dS^T_w from shared memory, MN-major; B: K_w MN-major)
 // dS^T_w is written to shared memory in the TMA's 128-byte swizzle pattern (rows: the warpgroup's
 // 64 keys, one 128-byte column block of 64 queries), so wgmma reads it like a TMA tile. Fast mode
-// (fp32 dQ by TMA reduce-adds, the staging below): at d64 each warpgroup adds its own keys' share
-// of dQ, so neither waits for the other's dS; at d128 (kSplitDq) warpgroup w computes dQ's columns
-// 64w.. over both warpgroups' keys once both dS^T are stored, so the CTA adds each dQ element once
-// per tile.
+// (fp32 dQ by TMA reduce-adds, the staging below): warpgroup w computes dQ's columns w D/2 .. over
+// both warpgroups' keys once both dS^T are stored, so the CTA adds each dQ element once per tile.
 // Without PRODUCER (lockstep) both warpgroups load and a CTA barrier ends every tile, which hands
 // the ring stage back.
 // PRODUCER (the warp-specialized schedules, bwd.cu's backward_ws_kernel): a third warpgroup, the
@@ -322,13 +320,12 @@ struct BwdConfig {
   static_assert(kSmemBytes <= 227u * 1024u, "shared memory over the sm_90 per-block limit (227 KiB)");
   // The fast mode's dQ: each warpgroup writes its 64 x kDqCols fp32 share into its own staging
   // tile after everything above (so the deterministic instances' offsets stay as they are), and one
-  // TMA reduce-add per 32-column block adds it into the accumulator. d64: the share is the
-  // warpgroup's own keys' dQ_part, all D columns. d128 (kSplitDq): the share is D/2 columns over
-  // all the CTA's keys; this halves both the reduce-adds' bytes and the staging (the full 64 x D
-  // tiles would need 64 KiB beside the 178 KiB above) and keeps dQ at 32 registers a thread.
-  static constexpr bool kSplitDq = D == 128;
-  static constexpr int kDqCols = kSplitDq ? D / 2 : D;  // the dQ columns a warpgroup computes and adds
-  static_assert(kDqCols == 64, "a warpgroup's dQ share is one 64-column wgmma (N = 64) and two reduce boxes");
+  // TMA reduce-add per 32-column block adds it into the accumulator. The share is D/2 columns over
+  // all the CTA's keys: each dQ element is added once per CTA and tile (a warpgroup adding its own
+  // keys' share of every column would add each twice), the staging is half of a 64 x D tile (d128
+  // has no room for two whole ones beside the 178 KiB above), and dQ takes D/4 registers a thread.
+  static constexpr int kDqCols = D / 2;  // the dQ columns a warpgroup computes and adds: N of its wgmma
+  static_assert(kDqCols % 32 == 0, "a warpgroup's dQ share is whole 32-column reduce boxes");
   static constexpr std::uint32_t kDqStageBytes = kBlockM * kDqCols * 4;  // one warpgroup's fp32 share
   static constexpr std::uint32_t kDqStageOff = (kBarOff + 8 * kBarriers + 1023u) / 1024u * 1024u;
   static constexpr std::uint32_t kFastSmemBytes = 1024 + kDqStageOff + kWarpgroups * kDqStageBytes;
@@ -369,17 +366,16 @@ struct BwdConfig {
   static constexpr CUTRAIN_HD std::uint32_t ds_mn_slice(int ks) { return ks * 16 * 128; }
   // K_w as the MN-major B of dQ, k16 step ks (key rows 64wg + 16ks.., all D columns; LBO kKLbo).
   static constexpr CUTRAIN_HD std::uint32_t k_mn_slice(int wg, int ks) { return (64 * wg + 16 * ks) * 128; }
-  // Fast mode: the first dQ column of warpgroup wg's share, and K's column block that starts there
-  // (the B operand of that share's product).
-  static constexpr CUTRAIN_HD int dq_col0(int wg) { return kSplitDq ? wg * kDqCols : 0; }
-  static constexpr CUTRAIN_HD std::uint32_t k_col_block(int col) { return (col / 64) * kKLbo; }
-  // Fast mode: the warpgroups whose keys' dS^T enter warpgroup wg's dQ product for the tile at m0,
-  // [first, end): its own (d64), or every warpgroup with a live score in the tile (kSplitDq; causal:
-  // warpgroup 1 may have none, warpgroup 0 always has some in a tile the schedule walks).
-  static constexpr CUTRAIN_HD int dq_keys_first(int wg) { return kSplitDq ? 0 : wg; }
-  static constexpr CUTRAIN_HD int dq_keys_end(int m0, int n0, int wg) {
-    return kSplitDq ? (wg_active(m0, n0, 1) ? 2 : 1) : wg + 1;
-  }
+  // Fast mode: the first dQ column of warpgroup wg's share, and where K's column col starts in
+  // K's tile (the B operand of that share's product): its 128-byte column block, then 2 bytes a
+  // column into the block's rows (d64's second share starts 64 bytes into them; the swizzle is
+  // applied to the whole address, as for a K-major k16 step's 32-byte advance).
+  static constexpr CUTRAIN_HD int dq_col0(int wg) { return wg * kDqCols; }
+  static constexpr CUTRAIN_HD std::uint32_t k_col_offset(int col) { return (col / 64) * kKLbo + (col % 64) * 2; }
+  // Fast mode: the warpgroups whose keys' dS^T enter the tile's dQ products, [0, end): every
+  // warpgroup with a live score in the tile at m0 (causal: warpgroup 1 may have none, warpgroup 0
+  // always has some in a tile the schedule walks).
+  static constexpr CUTRAIN_HD int dq_keys_end(int m0, int n0) { return wg_active(m0, n0, 1) ? 2 : 1; }
   // Where the kernel stores dS^T_w element (key row r < 64, query c < 64): the TMA's pattern.
   static constexpr CUTRAIN_HD std::uint32_t ds_offset(int r, int c) { return tma_sw128_offset(64, r, c); }
   // Where the kernel stores dQ_part element (query row r < kBlockM, column c < D) in a warpgroup's

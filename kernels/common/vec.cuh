@@ -55,6 +55,13 @@ __device__ __forceinline__ void store16(void* p, uint4 v) {
   else *q = v;
 }
 
+// One 16-byte store to global memory by PTX st.global.v4: where the compiler cannot follow the
+// address (an index through divisions, a shared-memory source), a plain uint4 store through an
+// element pointer may be split into four 4-byte stores. p: 16-byte aligned, global.
+__device__ __forceinline__ void st_global_v4(void* p, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
 // 8 bf16 at p (16-byte aligned) -> f[0..7] as fp32.
 template <Load L = Load::Default>
 __device__ __forceinline__ void load_bf16x8(const __nv_bfloat16* p, float f[8]) {
@@ -142,13 +149,18 @@ __device__ __forceinline__ void load_x8(const T* p, float f[8]) {
     f[2 * i + 1] = v.y;
   }
 }
-template <typename T, Store S = Store::Default>
-__device__ __forceinline__ void store_x8(T* p, const float f[8]) {
+// f[0..7] rounded to nearest-even T as one 16-byte register bundle (the bytes store_x8 writes).
+template <typename T>
+__device__ __forceinline__ uint4 pack_x8(const float f[8]) {
   uint4 raw;
   pair16_t<T>* h = reinterpret_cast<pair16_t<T>*>(&raw);
 #pragma unroll
   for (int i = 0; i < 4; ++i) h[i] = pack2_rn<T>(f[2 * i], f[2 * i + 1]);
-  store16<S>(p, raw);
+  return raw;
+}
+template <typename T, Store S = Store::Default>
+__device__ __forceinline__ void store_x8(T* p, const float f[8]) {
+  store16<S>(p, pack_x8<T>(f));
 }
 
 }  // namespace cutrain::kernels

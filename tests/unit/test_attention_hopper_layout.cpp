@@ -736,49 +736,51 @@ void expect_bwd_carve_up() {
   EXPECT_GE(Cfg::kThreads, 2 * Cfg::kBlockM) << "lse and Dvec take one thread per query each";
   EXPECT_EQ(Cfg::kBlockN, 64 * Cfg::kWarpgroups);
   // The fast mode's dQ staging: after the barriers, 1024-aligned (the reduce-add's 128-byte
-  // swizzle), one 64 x kDqCols fp32 tile per warpgroup (d64: all D columns; d128: half of them);
+  // swizzle), one 64 x kDqCols fp32 tile per warpgroup (half of D);
   // the deterministic mode's carve-up is the one above.
   EXPECT_EQ(Cfg::smem_bytes(true), Cfg::kSmemBytes);
-  EXPECT_EQ(Cfg::kDqCols, Cfg::kHeadDim == 128 ? 64 : Cfg::kHeadDim);
+  EXPECT_EQ(Cfg::kDqCols, Cfg::kHeadDim / 2);
   EXPECT_EQ(Cfg::kDqStageOff % 1024, 0u);
   EXPECT_GE(Cfg::kDqStageOff, Cfg::kBarOff + 8u * Cfg::kBarriers);
   EXPECT_EQ(Cfg::smem_bytes(false), 1024u + Cfg::kDqStageOff + Cfg::kWarpgroups * Cfg::kBlockM * Cfg::kDqCols * 4u);
   EXPECT_LE(Cfg::smem_bytes(false), 227u * 1024u);
 }
 
-// The fast mode's dQ shares: the warpgroups' column ranges cover D once; each share's product
-// reads K from the column block where its columns start; and the keys entering a share are the
-// warpgroup's own (d64) or those of every warpgroup with a live score in the tile (d128: causal
-// tiles on the diagonal leave warpgroup 1 out, and the schedule never walks a tile without
-// warpgroup 0).
+// The fast mode's dQ shares: the warpgroups' column ranges (D/2 each) cover D once; each share's
+// product reads its own columns of K, key 64w + 16ks + k and column c0 + n where the TMA put them
+// (d64's second share starts 64 bytes into K's swizzled rows); and the keys entering the shares
+// are those of every warpgroup with a live score in the tile (causal tiles on the diagonal leave
+// warpgroup 1 out, and the schedule never walks a tile without warpgroup 0).
 template <class Cfg>
 void expect_dq_shares() {
-  std::vector<int> owner(Cfg::kHeadDim, -1);
+  constexpr int D = Cfg::kHeadDim, BN = Cfg::kBlockN;
+  EXPECT_EQ(Cfg::kDqCols * Cfg::kWarpgroups, D);
+  std::vector<int> owner(D, -1);
   for (int wg = 0; wg < Cfg::kWarpgroups; ++wg) {
-    if (!Cfg::kSplitDq && wg > 0) {
-      EXPECT_EQ(Cfg::dq_col0(wg), 0) << "d64: every warpgroup adds all D columns of its own keys";
-      continue;
-    }
-    for (int c = Cfg::dq_col0(wg); c < Cfg::dq_col0(wg) + Cfg::kDqCols; ++c) {
-      ASSERT_LT(c, Cfg::kHeadDim);
+    const int c0 = Cfg::dq_col0(wg);
+    for (int c = c0; c < c0 + Cfg::kDqCols; ++c) {
+      ASSERT_LT(c, D);
       EXPECT_EQ(owner[c], -1) << "column " << c << " in two shares";
       owner[c] = wg;
     }
-    EXPECT_EQ(Cfg::k_col_block(Cfg::dq_col0(wg)), static_cast<std::uint32_t>(Cfg::dq_col0(wg) / 64) * Cfg::kBlockN * 128u);
+    for (int w = 0; w < Cfg::kWarpgroups; ++w)
+      for (int ks = 0; ks < 4; ++ks)
+        for (int k = 0; k < 16; ++k)
+          for (int n = 0; n < Cfg::kDqCols; ++n) {
+            const std::uint32_t got = hopper::wgmma_mnmajor_offset(Cfg::k_col_offset(c0) + Cfg::k_mn_slice(w, ks),
+                                                                   Cfg::kKLbo, Cfg::kSbo, k, n);
+            ASSERT_EQ(got, hopper::tma_sw128_offset(BN, 64 * w + 16 * ks + k, c0 + n))
+                << "D" << D << " share " << wg << " keys of " << w << " ks " << ks << " k " << k << " n " << n;
+          }
   }
-  for (int c = 0; c < Cfg::kHeadDim; ++c) EXPECT_NE(owner[c], -1) << "column " << c << " in no share";
+  for (int c = 0; c < D; ++c) EXPECT_NE(owner[c], -1) << "column " << c << " in no share";
   const int S = 1000;
-  for (int n0 = 0; n0 < S; n0 += Cfg::kBlockN)
+  for (int n0 = 0; n0 < S; n0 += BN)
     for (int qt = Cfg::q_first(n0); qt < Cfg::q_tiles(S); ++qt) {
       const int m0 = qt * Cfg::kBlockM;
       ASSERT_TRUE(Cfg::wg_active(m0, n0, 0)) << "the schedule walks a tile without warpgroup 0's keys";
-      for (int wg = 0; wg < Cfg::kWarpgroups; ++wg) {
-        for (int w = 0; w < Cfg::kWarpgroups; ++w) {
-          const bool in = w >= Cfg::dq_keys_first(wg) && w < Cfg::dq_keys_end(m0, n0, wg);
-          const bool want = Cfg::kSplitDq ? Cfg::wg_active(m0, n0, w) : w == wg;
-          EXPECT_EQ(in, want) << "n0 " << n0 << " m0 " << m0 << " share " << wg << " keys of " << w;
-        }
-      }
+      for (int w = 0; w < Cfg::kWarpgroups; ++w)
+        EXPECT_EQ(w < Cfg::dq_keys_end(m0, n0), Cfg::wg_active(m0, n0, w)) << "n0 " << n0 << " m0 " << m0 << " keys of " << w;
     }
 }
 
@@ -940,8 +942,8 @@ TEST(AttentionHopperLayout, BackwardHostChecksRefuseBadArguments) {
   EXPECT_NE(err(ok, qkv, out, dout, lse, dqkv, static_cast<char*>(scratch) + 8).find("scratch must be 16-byte aligned"),
             std::string::npos);
   EXPECT_NE(err(ok, qkv, out, dout, lse, dqkv + 4, scratch).find("dqkv must be 16-byte aligned"), std::string::npos);
-  EXPECT_NE(err(ok, qkv, out + 1, dout, lse, dqkv, scratch).find("out and lse must be 4-byte aligned"),
-            std::string::npos);
+  EXPECT_NE(err(ok, qkv, out + 4, dout, lse, dqkv, scratch).find("out must be 16-byte aligned"), std::string::npos);
+  EXPECT_NE(err(ok, qkv, out, dout, lse + 1, dqkv, scratch).find("lse must be 4-byte aligned"), std::string::npos);
   EXPECT_NE(test::error_of([&] {
               hopper::attention_backward(nullptr, qkv, out, dout, lse, dqkv, scratch, ok,
                                          static_cast<hopper::BackwardSchedule>(5));
@@ -1100,6 +1102,9 @@ TEST(AttentionHopperLayout, ProductionSchedules) {
         EXPECT_EQ(p.two_pass, det || s < 1024) << "d128 fast mode: one pass from S1024 up, S " << s;
         EXPECT_EQ(p.schedule, hopper::BackwardSchedule::Lockstep);
         EXPECT_EQ(p.dq, hopper::DqSchedule::Serial);
+        // What `cutrain train` tells a fast-mode user: the public query follows the plan.
+        EXPECT_EQ(cutrain::kernels::attention_backward_adds_dq({4, s, 16, 128, c}), s >= 1024) << "S " << s;
+        EXPECT_TRUE(cutrain::kernels::attention_backward_adds_dq({4, s, 16, 64, c})) << "S " << s;
       }
     const hopper::BackwardPlan full = hopper::production_backward({4, 2048, 16, 64, false}, det);
     const hopper::BackwardPlan causal = hopper::production_backward({4, 2048, 16, 64, true}, det);
