@@ -24,8 +24,8 @@
 //   dq_acc += dQ share                          unscaled, staged in shared memory (fp32, swizzled)
 //                                               and added by TMA reduce-adds, one per 32-column box
 // In the fast mode the warpgroups meet once both dS^T are stored. Causal: a warpgroup whose keys
-// all follow the tile's last query skips its products (in the fast mode it still computes its dQ
-// share, from the other warpgroup's keys).
+// all follow the tile's last query skips its products (in the fast mode it stores a zero dS^T and
+// still computes its dQ share).
 // The launcher runs the family's row_dot before (which zeroes the fast mode's dQ accumulator) and
 // its dQ convert (x 1/sqrt(D) -> E q slot) after;
 // dK (x 1/sqrt(D)) and dV are stored straight from the accumulators. Deterministic mode (template
@@ -71,7 +71,7 @@ struct BwdBarriers {
 // fp32 vectors and dS^T as generic pointers (ordinary loads and stores).
 template <class Cfg>
 struct BwdSmem {
-  std::uint32_t k, v, q, dout, ds;  // stage s of Q / dO: + s * kQBytes; warpgroup w's dS^T: + w * kDsBytes
+  std::uint32_t k, v, q, dout, ds;  // stage s of Q / dO: + s * kQBytes; dS^T: base + kDsOff (ds_off)
   unsigned char* ds_ptr;            // generic pointer to ds
   std::uint32_t dq_stage;           // fast mode: warpgroup w's dQ share's staging at + w * kDqStageBytes
   unsigned char* dq_stage_ptr;      // generic pointer to dq_stage
@@ -233,6 +233,7 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
                                           int H, int head, int b, float scale_log2, const BwdOptions& opts) {
   constexpr int D = Cfg::kHeadDim, BM = Cfg::kBlockM;
   [[maybe_unused]] const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, t = lane & 3;
+  [[maybe_unused]] const int qt = m0 / BM;  // the query tile: its parity picks the dS^T set (ds_off)
 
   // own: this warpgroup has live scores in the tile (always, unless kEveryTile).
   const bool run_own = own || !kEveryTile<DET>;
@@ -265,7 +266,7 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
     // (row gi + 8(e & 1), queries 16j + 8(e >> 1) + 2t, +1), rows counted from the warpgroup's first key.
     // DET: no dQ product here (the dQ pass computes it), so no dS^T in shared memory either.
     if constexpr (!DET) {
-      unsigned char* ds_w = sm.ds_ptr + wg * Cfg::kDsBytes;
+      unsigned char* ds_w = sm.ds_ptr + (Cfg::ds_off(qt, wg) - Cfg::kDsOff);
       const int r0 = 16 * (warp & 3) + gi;
 #pragma unroll
       for (int j = 0; j < BM / 16; ++j)
@@ -278,6 +279,15 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
 
     // dV += P^T dO, dK += dS^T Q.
     issue_dkdv<Cfg, E>(dk, dv, pf, dsf, q_tile, do_tile);
+  } else if constexpr (!DET) {
+    // No live score here (causal: these keys all follow the tile's last query), so dS^T is 0:
+    // stored as such, the dQ products read both warpgroups' keys in every tile (a product that
+    // depends on the tile would have ptxas fence the wgmma around its branch).
+    uint4* ds_w = reinterpret_cast<uint4*>(sm.ds_ptr + (Cfg::ds_off(qt, wg) - Cfg::kDsOff));
+    static_assert(Cfg::kDsBytes == 128 * 4 * 16, "128 threads store 4 x 16 bytes each");
+#pragma unroll
+    for (int k = 0; k < 4; ++k) ds_w[(threadIdx.x & 127) + 128 * k] = make_uint4(0u, 0u, 0u, 0u);
+    fence_proxy_async_smem();
   }
 
   if constexpr (DET) {
@@ -287,20 +297,19 @@ __device__ __forceinline__ void tile_step(float (&dk)[Cfg::kHeadDim / 8][4], flo
     operand_fence(pf);
     operand_fence(dsf);
   } else {
-    // dQ's share (layout.h, BwdConfig::kDqCols): dQ[:, c0 .. c0 + D/2) = dS K over the keys of every
-    // warpgroup with a live score in the tile, once the CTA's 256 threads have stored their dS^T
-    // and the warpgroup's previous reduce-add has read its staging tile.
+    // dQ's share (layout.h, BwdConfig::kDqCols): dQ[:, c0 .. c0 + D/2) = dS K over both warpgroups'
+    // keys, once the CTA's 256 threads have stored their dS^T and the warpgroup's previous
+    // reduce-add has read its staging tile.
     constexpr int NC = Cfg::kDqCols;
     const bool issuer = (threadIdx.x & 127) == 0;  // the thread that issues the reduce-adds
     if (issuer) bulk_wait_read<0>();
     named_barrier_sync(3, 256);
-    const int c0 = Cfg::dq_col0(wg), w_end = Cfg::dq_keys_end(m0, n0);
+    const int c0 = Cfg::dq_col0(wg);
     float dq[NC / 8][4];
     wgmma_fence();
 #pragma unroll
     for (int w = 0; w < Cfg::kWarpgroups; ++w) {
-      if (w >= w_end) break;
-      const std::uint64_t dsd = smem_desc(sm.ds + w * Cfg::kDsBytes, kUnusedLbo, Cfg::kSbo);
+      const std::uint64_t dsd = smem_desc(sm.ds + (Cfg::ds_off(qt, w) - Cfg::kDsOff), kUnusedLbo, Cfg::kSbo);
       const std::uint64_t kd =
           smem_desc(sm.k + Cfg::k_col_offset(c0) + Cfg::k_mn_slice(w, 0), Cfg::kKLbo, Cfg::kSbo);
 #pragma unroll

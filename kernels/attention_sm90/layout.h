@@ -328,7 +328,16 @@ struct BwdConfig {
   static_assert(kDqCols % 32 == 0, "a warpgroup's dQ share is whole 32-column reduce boxes");
   static constexpr std::uint32_t kDqStageBytes = kBlockM * kDqCols * 4;  // one warpgroup's fp32 share
   static constexpr std::uint32_t kDqStageOff = (kBarOff + 8 * kBarriers + 1023u) / 1024u * 1024u;
-  static constexpr std::uint32_t kFastSmemBytes = 1024 + kDqStageOff + kWarpgroups * kDqStageBytes;
+  // The fast mode's dS^T buffers by query tile parity (ds_off). Each warpgroup's dQ product reads
+  // both warpgroups' dS^T. Lockstep's CTA barrier ends every tile, so one set serves. In the
+  // producer schedules a warpgroup may store tile i+1's dS^T while the other's product still
+  // reads tile i's: odd tiles take a second set after the staging tiles. The dS barrier of tile
+  // i+1, which the other passed only after waiting for its tile-i product, orders tile i+2's
+  // stores into the first set after that product.
+  static constexpr int kDsSets = PRODUCER ? 2 : 1;
+  static constexpr std::uint32_t kDsOddOff = kDqStageOff + kWarpgroups * kDqStageBytes;
+  static constexpr std::uint32_t kFastSmemBytes =
+      1024 + kDqStageOff + kWarpgroups * kDqStageBytes + (kDsSets - 1) * kWarpgroups * kDsBytes;
   static_assert(kFastSmemBytes <= 227u * 1024u, "shared memory over the sm_90 per-block limit (227 KiB)");
   // The shared memory an instance takes: the fast mode's adds the staging tiles.
   static constexpr std::uint32_t smem_bytes(bool deterministic) { return deterministic ? kSmemBytes : kFastSmemBytes; }
@@ -372,10 +381,11 @@ struct BwdConfig {
   // applied to the whole address, as for a K-major k16 step's 32-byte advance).
   static constexpr CUTRAIN_HD int dq_col0(int wg) { return wg * kDqCols; }
   static constexpr CUTRAIN_HD std::uint32_t k_col_offset(int col) { return (col / 64) * kKLbo + (col % 64) * 2; }
-  // Fast mode: the warpgroups whose keys' dS^T enter the tile's dQ products, [0, end): every
-  // warpgroup with a live score in the tile at m0 (causal: warpgroup 1 may have none, warpgroup 0
-  // always has some in a tile the schedule walks).
-  static constexpr CUTRAIN_HD int dq_keys_end(int m0, int n0) { return wg_active(m0, n0, 1) ? 2 : 1; }
+  // Fast mode: warpgroup w's dS^T for query tile qt (byte offset from the base). The
+  // deterministic mode has one set, at kDsOff.
+  static constexpr CUTRAIN_HD std::uint32_t ds_off(int qt, int w) {
+    return (kDsSets == 2 && (qt & 1) ? kDsOddOff : kDsOff) + w * kDsBytes;
+  }
   // Where the kernel stores dS^T_w element (key row r < 64, query c < 64): the TMA's pattern.
   static constexpr CUTRAIN_HD std::uint32_t ds_offset(int r, int c) { return tma_sw128_offset(64, r, c); }
   // Where the kernel stores dQ_part element (query row r < kBlockM, column c < D) in a warpgroup's
