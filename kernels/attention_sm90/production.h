@@ -36,7 +36,8 @@ constexpr FwdTile production_forward(const AttentionShape& sh, int sms) {
 // 3695, 681 vs 704), two passes at S512 (B32 H16: 597 vs 622, causal 508 vs 564).
 // d64, fast mode: one pass, the producer dK/dV pass (H100, 009a1de, one call: 3932 vs 4721 us
 // two-pass at B2 H16 S8192, 582 vs 672 at B4 H16 S2048, 68.5 vs 71.7 at B4 H16 S512; causal 2126
-// at B2 H16 S8192). Deterministic: without causal the producer overlap dK/dV loop and the dQ
+// at B2 H16 S8192; with dQ split by columns, 2d92481, one call: 3541 vs 3627 us one-pass lockstep
+// at B2 H16 S8192, 511 vs 540 at B4 H16 S2048, a tie at B4 H16 S512, causal 1885 vs 1940). Deterministic: without causal the producer overlap dK/dV loop and the dQ
 // pass's overlap loop (673 us at B4 H16 S2048 vs 758 two-pass lockstep), causal the producer
 // dK/dV pass and the serial dQ loop (527 vs 538).
 struct BackwardPlan {
