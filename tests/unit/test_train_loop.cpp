@@ -68,6 +68,12 @@ TEST(TrainLoop, OutputLinesCsvAndMetrics) {
   EXPECT_NE(text.find("FINAL RESULTS"), std::string::npos);
   EXPECT_NE(text.find("  Model: hidden_dim=32, num_layers=2"), std::string::npos);
   EXPECT_NE(text.find("  Batch size: 2, Seq length: 8"), std::string::npos);
+  // The step time also in milliseconds to 1e-4, with the count it averages.
+  std::smatch avg;
+  EXPECT_TRUE(std::regex_search(text, std::regex(R"(\n  Average step time: \d+\.\d{3}s\n)")));
+  ASSERT_TRUE(std::regex_search(text, avg, std::regex(R"(\n  Mean step time: (\d+\.\d{4}) ms over (\d+) timed steps\n)")));
+  EXPECT_NEAR(std::stod(avg[1].str()), 1e3 * r.avg_step_time, 1e-4);
+  EXPECT_GT(std::stoi(avg[2].str()), 0);
   EXPECT_TRUE(std::regex_search(
       text, std::regex("SUMMARY: config=configs/baseline.json params=" + std::to_string(n) +
                        R"( peak_mem_bytes=\d+ alloc_mem_bytes=\d+ avg_step_time=\d+\.\d{4}\n)")));
