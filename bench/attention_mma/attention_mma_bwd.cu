@@ -26,12 +26,11 @@ void attention_backward(cudaStream_t s, const E* qkv, const E* out, const E* dou
                 "row_dot and dQ convert move 16-byte pieces)");
   float* dvec = static_cast<float*>(scratch);
   float* dq_acc = reinterpret_cast<float*>(static_cast<char*>(scratch) + attn::dvec_bytes(sh));
+  attn::row_dot<E>(s, out, dout, dvec, sh, deterministic ? nullptr : dq_acc);  // fast: also zeroes the accumulator
   if (deterministic) {
-    attn::row_dot<E>(s, out, dout, dvec, sh);
     dkdv<E>(s, qkv, dout, lse, dvec, dqkv, nullptr, sh, opt);
     dq<E>(s, qkv, dout, lse, dvec, dqkv, sh, opt);
   } else {
-    attn::row_dot<E>(s, out, dout, dvec, sh, dq_acc);  // also zeroes the accumulator
     dkdv<E>(s, qkv, dout, lse, dvec, dqkv, dq_acc, sh, opt);
     attn::dq_convert<E>(s, dq_acc, dqkv, sh);
   }
