@@ -303,18 +303,20 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionHopperDropoutMaskGpu,
 // tile and at least three times as many work tiles as the device has SMs, so every CTA runs
 // several and its Q buffers and K/V ring wrap: plain, with a key mask (its tile counts differ per
 // sequence, so the CTAs' rings fall out of step), and with the mask and dropout. Against the CPU
-// reference.
+// reference. S100: one K/V tile per work tile, so each work tile's last P V and epilogue go out in
+// the next one's first turn; S200: two, and the 192-query tile's second and third warpgroups have
+// no rows before S in its second work tile of a sequence.
 enum class PersistentOptions { Plain, Mask, MaskDrop };
-class AttentionHopperPersistentGpu : public ::testing::TestWithParam<std::tuple<int, PersistentOptions>> {};
+class AttentionHopperPersistentGpu : public ::testing::TestWithParam<std::tuple<int, int, PersistentOptions>> {};
 
 TEST_P(AttentionHopperPersistentGpu, ManyWorkTilesPerCta) {
   CUTRAIN_REQUIRE_GPU();
-  const auto [dim, which] = GetParam();
+  const auto [seq, dim, which] = GetParam();
   const bool options = which != PersistentOptions::Plain, drop = which == PersistentOptions::MaskDrop;
   int dev = 0, sms = 0;
   CUTRAIN_CUDA_CHECK(cudaGetDevice(&dev));
   CUTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int seq = 200, heads = 4, nq = 2;  // 128- and 192-query work tiles
+  const int heads = 4, nq = (seq + 127) / 128;  // 128-query work tiles per sequence
   const AttentionShape sh{(3 * sms + nq * heads - 1) / (nq * heads), seq, heads, dim, false};
   auto rng = test::fresh_rng();
   const std::size_t n_qkv = static_cast<std::size_t>(sh.batch) * seq * 3 * heads * dim, n_o = n_qkv / 3;
@@ -353,12 +355,12 @@ TEST_P(AttentionHopperPersistentGpu, ManyWorkTilesPerCta) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionHopperPersistentGpu,
-                         ::testing::Combine(::testing::Values(64, 128),
+                         ::testing::Combine(::testing::Values(100, 200), ::testing::Values(64, 128),
                                             ::testing::Values(PersistentOptions::Plain, PersistentOptions::Mask,
                                                               PersistentOptions::MaskDrop)),
-                         [](const ::testing::TestParamInfo<std::tuple<int, PersistentOptions>>& i) {
-                           const PersistentOptions o = std::get<1>(i.param);
-                           return "D" + std::to_string(std::get<0>(i.param)) +
+                         [](const ::testing::TestParamInfo<std::tuple<int, int, PersistentOptions>>& i) {
+                           const PersistentOptions o = std::get<2>(i.param);
+                           return "S" + std::to_string(std::get<0>(i.param)) + "D" + std::to_string(std::get<1>(i.param)) +
                                   (o == PersistentOptions::Plain  ? "_plain"
                                    : o == PersistentOptions::Mask ? "_mask"
                                                                   : "_mask_p10");
