@@ -456,6 +456,15 @@ __device__ __forceinline__ void load_kv(const CUtensorMap* kv_map, std::uint32_t
                 bar.v_full(s));
 }
 
+// Q of work tile t into L2 (prefetch_q): with one Q buffer (d128) the next work tile's Q can load
+// only once the current tile's last S is done, under its last softmax and P V, shorter than a
+// load from DRAM; from L2 it arrives in time.
+template <class Cfg>
+__device__ __forceinline__ void prefetch_q(const CUtensorMap* q_map, const typename Cfg::Work& t) {
+#pragma unroll
+  for (int c = 0; c < Cfg::kColBlocks; ++c) tma_prefetch_5d(q_map, 64 * c, t.head, 0, t.m0, t.b);
+}
+
 // The K/V tiles work tile t streams (MASK: none past the last key its sequence lets be attended).
 // MASK: every lane of the calling warp takes part (a warp-wide scan), and gets the same count.
 template <class Cfg, bool MASK>
@@ -471,10 +480,13 @@ __device__ __forceinline__ int work_kv_tiles(const typename Cfg::Work& t, int S,
 // is the ring's g-th: Q into buffer it % kQBuffers once the consumers handed that buffer back,
 // then its K/V tiles into the ring's next stages as the consumers free them. Without MASK the
 // first work tile's Q and its first `early` K/V tiles went before the CTA barrier.
+// With one Q buffer, `next` (the CTA's next work tile, if has_next) has its Q prefetched into L2
+// while this tile's K/V tile max(0, n - 2 kStages) is issued: some stages before this tile ends.
 template <class Cfg, bool MASK>
 __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensorMap* kv_map, std::uint32_t sQ,
                                         std::uint32_t sK, std::uint32_t sV, const QueryTileBarriers<Cfg>& bar,
-                                        const typename Cfg::Work& t, int n, int it, int g, int early) {
+                                        const typename Cfg::Work& t, int n, int it, int g, int early,
+                                        bool has_next = false, const typename Cfg::Work& next = {}) {
   using Ring = QueryTileBarriers<Cfg>;
   constexpr int NQ = Cfg::kQBuffers;
   if ((threadIdx.x & 31) == 0) {
@@ -483,11 +495,15 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
       if (it >= NQ) mbar_wait_realloc(bar.q_empty(qb), ((it / NQ) - 1) & 1);
       load_q<Cfg>(q_map, sQ + qb * Cfg::kQBytes, bar.q_full(qb), t.head, t.m0, t.b);
     }
+    const int prefetch_at = NQ == 1 && has_next ? max(0, n - 2 * Cfg::kStages) : -1;
+    if (prefetch_at >= 0 && prefetch_at < (it == 0 ? early : 0)) prefetch_q<Cfg>(q_map, next);
     for (int j = it == 0 ? early : 0; j < n; ++j) {
       const int r = g + j;
       if (r >= Cfg::kStages) mbar_wait_realloc(bar.kv_empty(Ring::stage(r)), Ring::phase(r) ^ 1u);
+      if (j == prefetch_at) prefetch_q<Cfg>(q_map, next);
       load_kv<Cfg>(kv_map, sK, sV, bar, t.head, t.b, Ring::stage(r), j);
     }
+    if (n == 0 && prefetch_at == 0) prefetch_q<Cfg>(q_map, next);
   }
 }
 
@@ -540,7 +556,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int w = blockIdx.x; w < work_tiles; w += gridDim.x, ++it) {
         const typename Cfg::Work t = Cfg::work_tile(w, nq, H, B, group);
         const int n = work_kv_tiles<Cfg, MASK>(t, S, opt);  // the whole warp
-        produce<Cfg, MASK>(&q_map, &kv_map, sQ, sK, sV, bar, t, n, it, g, early);
+        const bool has_next = w + static_cast<int>(gridDim.x) < work_tiles;
+        const typename Cfg::Work next = Cfg::work_tile(has_next ? w + static_cast<int>(gridDim.x) : w, nq, H, B, group);
+        produce<Cfg, MASK>(&q_map, &kv_map, sQ, sK, sV, bar, t, n, it, g, early, has_next, next);
         g += n;
       }
     } else {
