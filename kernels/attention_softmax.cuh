@@ -56,21 +56,6 @@ struct Mask {
   }
 };
 
-// The maximum of this thread's share of fragment row h (elements 2h, 2h + 1 of each n-tile), by a
-// pairwise tree: ceil(log2(2 NT)) dependent FMNMX instead of a chain of NT + 1 (a max is exact in
-// any order, so the bits are those of the chain). No exponential of the tile can start before it.
-template <int NT>
-__device__ __forceinline__ float thread_row_max(const float (&s)[NT][4], int h) {
-  float v[NT];
-#pragma unroll
-  for (int n = 0; n < NT; ++n) v[n] = fmaxf(s[n][2 * h], s[n][2 * h + 1]);
-#pragma unroll
-  for (int w = 1; w < NT; w *= 2)
-#pragma unroll
-    for (int n = 0; n + w < NT; n += 2 * w) v[n] = fmaxf(v[n], v[n + w]);
-  return v[0];
-}
-
 // Online softmax of a warp's MT m-tiles over state the kernel holds: per thread row (i, h) the
 // running max of the scaled scores (log2 domain, m_run) and this thread's share of the row sum of
 // exp2(score - max) (l_run). start() sets the empty state.
@@ -90,7 +75,10 @@ struct Softmax {
   __device__ __forceinline__ void update(int i, float (&s)[NT][4], float (&o)[D / 8][4], float scale_log2) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float mx = quad_max(thread_row_max(s, h));
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+      mx = quad_max(mx);
       const float m_new = fmaxf(m_run[i][h], mx * scale_log2);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing unmasked yet
       const float alpha = fast_ex2(m_run[i][h] - m_use);
@@ -120,7 +108,10 @@ struct Softmax {
   __device__ __forceinline__ void fold(int i, float (&s)[NT][4], float (&alpha)[2], float scale_log2) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float mx = quad_max(thread_row_max(s, h));
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+      mx = quad_max(mx);
       const float m_new = fmaxf(m_run[i][h], mx * scale_log2);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing unmasked yet
       alpha[h] = fast_ex2(m_run[i][h] - m_use);

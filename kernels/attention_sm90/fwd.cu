@@ -13,8 +13,6 @@
 //     consumers released that stage's previous tile (kv_empty): K (k_full[s]) and V (v_full[s]),
 //     each as D/64 TMA boxes of 128-byte swizzled rows. The ring runs on across work tiles, so the
 //     next work tile's Q and K/V arrive under the current one's last products and its epilogue.
-//     A persistent warpgroup's last P V of a work tile goes out with the next one's first S, and
-//     its epilogue runs under the other warpgroups' products (PendingTile).
 //     Its thread starts the first work tile's Q and first tiles before the CTA barrier.
 //   consumers: S = Q K^T (wgmma, both operands from shared memory, K-major), the causal / sequence
 //     -end mask and the online softmax in registers (the attention family's Softmax, Mask and
@@ -226,68 +224,13 @@ __device__ __forceinline__ void epilogue(const attn::Softmax<1>& softmax, float 
     attn::store_rows<D>(gout, o, row0, S, static_cast<std::size_t>(H) * D, 1.f);
 }
 
-// A warpgroup's work tile whose last P V has not been issued yet: it goes out in the warpgroup's
-// next turn, beside the next work tile's first S, and the tile's epilogue runs once it completes,
-// under the other warpgroups' products (at S <= 512 a work tile streams 1-4 K/V tiles, so its last
-// product and epilogue, alone on the critical path, weighed most of it). finish() issues it outside
-// the turns: after the CTA's last work tile, and before a work tile in which the warpgroup has no
-// turn with a score (its rows past S, or a key mask leaving no tile).
-struct PendingTile {
-  bool any = false;        // uniform over the warpgroup
-  int g = 0;               // the ring index of its last K/V tile (P V reads that stage's V)
-  int row0 = 0, head = 0, b = 0;
-  float m[1][2], l[1][2];  // its softmax state (for the epilogue)
-};
-
-// Whether a warpgroup's last P V of a work tile waits for its next work tile's first turn: only
-// where a CTA runs several (persistent), and not in the 192-query tile's key-mask instance (at 160
-// registers it spills 148 bytes with the deferral, against 20 without).
-template <class Cfg, bool MASK>
-inline constexpr bool kDefersLastPv = Cfg::kPersistent && !(MASK && Cfg::kConsumers == 3);
-
-// The pending tile's last P V, issued outside the turns and waited for; its stage released.
-template <class Cfg, typename E>
-__device__ __forceinline__ void pending_pv(const PendingTile& pend, float (&o)[Cfg::kHeadDim / 8][4],
-                                           std::uint32_t (&p)[Cfg::kBlockN / 16][4],
-                                           const QueryTileBarriers<Cfg>& bar, std::uint32_t sV) {
-  using Ring = QueryTileBarriers<Cfg>;
-  const int s = Ring::stage(pend.g);
-  mbar_wait_realloc(bar.v_full(s), Ring::phase(pend.g));
-  issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
-  wgmma_wait<0>();
-  operand_fence(o);
-  operand_fence(p);
-  bar.release(s);
-}
-// The pending tile's O (complete) and lse to global memory; o is zero afterwards, for the next tile.
-template <class Cfg, bool MASK, typename E>
-__device__ __forceinline__ void store_pending(PendingTile& pend, float (&o)[Cfg::kHeadDim / 8][4],
-                                              std::uint32_t o_stage, E* __restrict__ out, float* __restrict__ lse,
-                                              int S, int H, float out_scale) {
-  const attn::Softmax<1> done{pend.m, pend.l};
-  epilogue<Cfg, MASK>(done, o, pend.row0, out, lse, S, H, pend.head, pend.b, out_scale, o_stage);
-  attn::zero(o);
-  pend.any = false;
-}
-template <class Cfg, bool MASK, typename E>
-__device__ __forceinline__ void finish(PendingTile& pend, float (&o)[Cfg::kHeadDim / 8][4],
-                                       std::uint32_t (&p)[Cfg::kBlockN / 16][4], const QueryTileBarriers<Cfg>& bar,
-                                       std::uint32_t sV, std::uint32_t o_stage, E* __restrict__ out,
-                                       float* __restrict__ lse, int S, int H, float out_scale) {
-  if (!pend.any) return;
-  pending_pv<Cfg, E>(pend, o, p, bar, sV);
-  store_pending<Cfg, MASK>(pend, o, o_stage, out, lse, S, H, out_scale);
-}
-
 // The consumer warpgroups' share of work tile t (n_tiles K/V tiles), the CTA's it-th (its Q in
-// buffer it % kQBuffers), whose first K/V tile is the ring's g0-th: the loop, ending with the
-// tile's last P V pending (PendingTile); the previous work tile's pending P V and epilogue go in
-// this one's first turn. o is zero on entry unless a tile is pending; p holds the pending tile's
-// last probabilities. The loop is FlashAttention-3's inter-warpgroup ping-pong. A
+// buffer it % kQBuffers), whose first K/V tile is the ring's g0-th: the loop and the epilogue.
+// The loop is FlashAttention-3's inter-warpgroup ping-pong. A
 // turn is the stretch in which a warpgroup issues its wgmma: bar.sync on its own turn barrier, the
 // issues, bar.arrive on the next one's (layout.h's turn_barrier / turn_next / turn_opens /
 // turn_passes), so the warpgroups' batches reach the tensor cores in turn and each one's softmax
-// runs while the others' products do. Turn 0 issues tile 0's S (and the pending P V);
+// runs while the others' products do. Turn 0 issues tile 0's S;
 // turn j (1 <= j < active tiles) issues tile j's S, then tile j-1's P V; the source places the
 // softmax of tile j (mask, max, exp2, row sums, dropout) between S's wait and P V's, and O's
 // rescale and P's packing after P V's (they touch its accumulator and A operand). ptxas schedules
@@ -295,17 +238,15 @@ __device__ __forceinline__ void finish(PendingTile& pend, float (&o)[Cfg::kHeadD
 // MUFU between the two waits), so the softmax runs after this warpgroup's P V, under the other
 // warpgroups' batches. Ending the block before the wait (a never-taken branch on the row sums)
 // puts the softmax under its own P V, and measured 1-8% slower on the H100 at every shape but
-// one (d64 S512 without causal, 5% faster; docs/perf-notes.md), so the loop leaves ptxas its choice.
-// Both warpgroups take n_tiles turns (the CTA's count): a causal warpgroup's skipped tail tiles are
-// turns without wgmma, so the barriers stay balanced. Both K and V a turn reads are waited for before
-// it opens. Its waits are mbar_wait_realloc: a `trap` would cap this code at the launch's 168
-// registers.
+// one (d64 S512 without causal, 5% faster; docs/perf-notes.md), so the loop leaves ptxas its choice. The last P V follows the turns. Both warpgroups
+// take n_tiles turns (the CTA's count): a causal warpgroup's skipped tail tiles are turns without
+// wgmma, so the barriers stay balanced. Both K and V a turn reads are waited for before it opens.
+// Its waits are mbar_wait_realloc: a `trap` would cap this code at the launch's 168 registers.
 template <class Cfg, typename E, bool MASK, bool DROP>
 __device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std::uint32_t sV, std::uint32_t sO,
                                         const QueryTileBarriers<Cfg>& bar, E* __restrict__ out, float* __restrict__ lse,
                                         int S, int H, float scale_log2, const typename Cfg::Work& t, int n_tiles,
-                                        int it, int g0, const attn::OptionArgs& opt, float (&o)[Cfg::kHeadDim / 8][4],
-                                        std::uint32_t (&p)[Cfg::kBlockN / 16][4], PendingTile& pend) {
+                                        int it, int g0, const attn::OptionArgs& opt) {
   using Ring = QueryTileBarriers<Cfg>;
   constexpr int BN = Cfg::kBlockN;
   const int m0 = t.m0, head = t.head, b = t.b;
@@ -314,13 +255,14 @@ __device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std
   const int warp = threadIdx.x >> 5;
   const int wg = warp >> 2;
   const int wg_row0 = m0 + 64 * wg, row0 = wg_row0 + 16 * (warp & 3);  // row0: this warp's first row
-  const std::uint32_t o_stage = sO + warp * Cfg::kOWarpBytes;
-  const float out_scale = DROP ? opt.drop_scale : 1.f;
+  float o[Cfg::kHeadDim / 8][4];
+  attn::zero(o);
   float m_run[1][2], l_run[1][2];
   attn::Softmax<1> softmax{m_run, l_run};
   softmax.start();
   const attn::Mask<Cfg::kCausal> mask{S};
-  float sc[BN / 8][4];  // raw scores of the tile in hand
+  float sc[BN / 8][4];          // raw scores of the tile in hand
+  std::uint32_t p[BN / 16][4];  // the previous tile's probabilities as wgmma A fragments
   FwdOptions<Cfg, MASK, DROP> opts{};
   if constexpr (MASK) opts.keys = {opt.key_mask + static_cast<std::size_t>(b) * S, S, {}};
   if constexpr (DROP) {
@@ -332,46 +274,18 @@ __device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std
   const int turns = n_tiles;  // uniform over the CTA
   const int next = Cfg::turn_next(wg), mine = Cfg::turn_barrier(wg);
 
-  constexpr bool kDefer = kDefersLastPv<Cfg, MASK>;
-  if constexpr (!kDefer) attn::zero(o);  // o holds nothing across work tiles: let ptxas see that
-  const int n_active = Cfg::live_tiles(n_tiles, wg_row0, S);
-  if (kDefer && n_active == 0) finish<Cfg, MASK>(pend, o, p, bar, sV, o_stage, out, lse, S, H, out_scale);
   if (Cfg::turn_opens(wg, turns)) named_barrier_arrive(next, Cfg::kTurnThreads);
   mbar_wait_realloc(bar.q_full(qb), q_phase);
+  const int n_active = Cfg::live_tiles(n_tiles, wg_row0, S);
   if (n_active > 0) {  // tile 0 is active unless MASK left no tile or the rows lie past S; tile j is the ring's (g0 + j)-th
-    // The two first turns are written out whole: ptxas serializes every wgmma of the kernel
-    // (C7514) when a path it cannot rule out reads O between the pending P V's issue and its wait.
     mbar_wait_realloc(bar.k_full(Ring::stage(g0)), Ring::phase(g0));
-    if (kDefer && pend.any) {
-      const int sp0 = Ring::stage(pend.g);
-      mbar_wait_realloc(bar.v_full(sp0), Ring::phase(pend.g));
-      named_barrier_sync(mine, Cfg::kTurnThreads);
-      issue_scores<Cfg, E>(sc, sQ, sK + Ring::stage(g0) * Cfg::kKVBytes, wg);
-      issue_pv<Cfg, E>(o, p, sV + sp0 * Cfg::kKVBytes);
-      if (Cfg::turn_passes(wg, 0, turns)) named_barrier_arrive(next, Cfg::kTurnThreads);
-      opts.fetch(0);
-      wgmma_wait<1>();  // S of tile 0; the pending P V still in flight
-      operand_fence(sc);
-      float alpha[2];  // moot: this tile's O starts once the pending one is stored
-      mask.apply(attn::one_mtile(sc), row0, 0);
-      opts.mask_scores(sc);
-      softmax.template fold<BN / 8>(0, sc, alpha, scale_log2);
-      opts.drop(sc, 0, row0);
-      wgmma_wait<0>();  // the pending P V
-      operand_fence(o);
-      operand_fence(p);
-      bar.release(sp0);
-      attn::to_a_frags<E, BN>(p, sc);
-      store_pending<Cfg, MASK>(pend, o, o_stage, out, lse, S, H, out_scale);
-    } else {
-      named_barrier_sync(mine, Cfg::kTurnThreads);
-      issue_scores<Cfg, E>(sc, sQ, sK + Ring::stage(g0) * Cfg::kKVBytes, wg);
-      if (Cfg::turn_passes(wg, 0, turns)) named_barrier_arrive(next, Cfg::kTurnThreads);
-      opts.fetch(0);
-      wgmma_wait<0>();
-      operand_fence(sc);
-      softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, 0, row0, scale_log2);  // O is 0: its rescale is moot
-    }
+    named_barrier_sync(mine, Cfg::kTurnThreads);
+    issue_scores<Cfg, E>(sc, sQ, sK + Ring::stage(g0) * Cfg::kKVBytes, wg);
+    if (Cfg::turn_passes(wg, 0, turns)) named_barrier_arrive(next, Cfg::kTurnThreads);
+    opts.fetch(0);
+    wgmma_wait<0>();
+    operand_fence(sc);
+    softmax_tile<Cfg, E>(mask, softmax, opts, o, sc, p, 0, row0, scale_log2);  // O is 0: its rescale is moot
     for (int j = 1; j < n_active; ++j) {
       const int s = Ring::stage(g0 + j), sp = Ring::stage(g0 + j - 1);
       mbar_wait_realloc(bar.k_full(s), Ring::phase(g0 + j));
@@ -396,24 +310,16 @@ __device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std
       attn::to_a_frags<E, BN>(p, sc);
     }
     bar.release_q(qb);  // every S of this work tile is complete: the next Q may load under the last P V
-    if constexpr (kDefer) {  // the last P V waits for the next turn (or finish)
-      pend.any = true;
-      pend.g = g0 + n_active - 1;
-      pend.row0 = row0;
-      pend.head = head;
-      pend.b = b;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) pend.m[0][h] = m_run[0][h], pend.l[0][h] = l_run[0][h];
-    } else {
-      const PendingTile last{true, g0 + n_active - 1};
-      pending_pv<Cfg, E>(last, o, p, bar, sV);
-    }
+    const int j = n_active - 1, s = Ring::stage(g0 + j);  // the last P V, after the turns
+    mbar_wait_realloc(bar.v_full(s), Ring::phase(g0 + j));
+    issue_pv<Cfg, E>(o, p, sV + s * Cfg::kKVBytes);
+    wgmma_wait<0>();
+    operand_fence(o);
+    operand_fence(p);
+    bar.release(s);
   } else {
     bar.release_q(qb);
   }
-  // Causal tail tiles hold ring stages: a deferred last P V goes before them.
-  const bool tail = kDefer && n_active > 0 && n_active < n_tiles;
-  if (tail) pending_pv<Cfg, E>(pend, o, p, bar, sV);
   for (int j = n_active; j < n_tiles; ++j) {  // tiles wholly after this warpgroup's rows (causal), or rows past S
     const int s = Ring::stage(g0 + j);
     const std::uint32_t phase = Ring::phase(g0 + j);
@@ -423,13 +329,8 @@ __device__ __forceinline__ void consume(std::uint32_t sQ0, std::uint32_t sK, std
     mbar_wait_realloc(bar.v_full(s), phase);
     bar.release(s);
   }
-  if (tail) store_pending<Cfg, MASK>(pend, o, o_stage, out, lse, S, H, out_scale);
-  // Not deferred, or no live tile (O = 0; MASK: lse = -inf for the rows before S; rows past S store
-  // nothing, and their 1/l = inf leaves NaN in o, zeroed for a next tile).
-  if (!kDefer || n_active == 0) {
-    epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, out_scale, o_stage);
-    if constexpr (kDefer) attn::zero(o);
-  }
+  epilogue<Cfg, MASK>(softmax, o, row0, out, lse, S, H, head, b, DROP ? opt.drop_scale : 1.f,
+                      sO + warp * Cfg::kOWarpBytes);
 }
 
 // The producer thread's copies: Q of a work tile into a Q buffer (completing on `full`), its K/V
@@ -456,15 +357,6 @@ __device__ __forceinline__ void load_kv(const CUtensorMap* kv_map, std::uint32_t
                 bar.v_full(s));
 }
 
-// Q of work tile t into L2 (prefetch_q): with one Q buffer (d128) the next work tile's Q can load
-// only once the current tile's last S is done, under its last softmax and P V, shorter than a
-// load from DRAM; from L2 it arrives in time.
-template <class Cfg>
-__device__ __forceinline__ void prefetch_q(const CUtensorMap* q_map, const typename Cfg::Work& t) {
-#pragma unroll
-  for (int c = 0; c < Cfg::kColBlocks; ++c) tma_prefetch_5d(q_map, 64 * c, t.head, 0, t.m0, t.b);
-}
-
 // The K/V tiles work tile t streams (MASK: none past the last key its sequence lets be attended).
 // MASK: every lane of the calling warp takes part (a warp-wide scan), and gets the same count.
 template <class Cfg, bool MASK>
@@ -480,13 +372,10 @@ __device__ __forceinline__ int work_kv_tiles(const typename Cfg::Work& t, int S,
 // is the ring's g-th: Q into buffer it % kQBuffers once the consumers handed that buffer back,
 // then its K/V tiles into the ring's next stages as the consumers free them. Without MASK the
 // first work tile's Q and its first `early` K/V tiles went before the CTA barrier.
-// With one Q buffer, `next` (the CTA's next work tile, if has_next) has its Q prefetched into L2
-// while this tile's K/V tile max(0, n - 2 kStages) is issued: some stages before this tile ends.
 template <class Cfg, bool MASK>
 __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensorMap* kv_map, std::uint32_t sQ,
                                         std::uint32_t sK, std::uint32_t sV, const QueryTileBarriers<Cfg>& bar,
-                                        const typename Cfg::Work& t, int n, int it, int g, int early,
-                                        bool has_next = false, const typename Cfg::Work& next = {}) {
+                                        const typename Cfg::Work& t, int n, int it, int g, int early) {
   using Ring = QueryTileBarriers<Cfg>;
   constexpr int NQ = Cfg::kQBuffers;
   if ((threadIdx.x & 31) == 0) {
@@ -495,15 +384,11 @@ __device__ __forceinline__ void produce(const CUtensorMap* q_map, const CUtensor
       if (it >= NQ) mbar_wait_realloc(bar.q_empty(qb), ((it / NQ) - 1) & 1);
       load_q<Cfg>(q_map, sQ + qb * Cfg::kQBytes, bar.q_full(qb), t.head, t.m0, t.b);
     }
-    const int prefetch_at = NQ == 1 && has_next ? max(0, n - 2 * Cfg::kStages) : -1;
-    if (prefetch_at >= 0 && prefetch_at < (it == 0 ? early : 0)) prefetch_q<Cfg>(q_map, next);
     for (int j = it == 0 ? early : 0; j < n; ++j) {
       const int r = g + j;
       if (r >= Cfg::kStages) mbar_wait_realloc(bar.kv_empty(Ring::stage(r)), Ring::phase(r) ^ 1u);
-      if (j == prefetch_at) prefetch_q<Cfg>(q_map, next);
       load_kv<Cfg>(kv_map, sK, sV, bar, t.head, t.b, Ring::stage(r), j);
     }
-    if (n == 0 && prefetch_at == 0) prefetch_q<Cfg>(q_map, next);
   }
 }
 
@@ -556,9 +441,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int w = blockIdx.x; w < work_tiles; w += gridDim.x, ++it) {
         const typename Cfg::Work t = Cfg::work_tile(w, nq, H, B, group);
         const int n = work_kv_tiles<Cfg, MASK>(t, S, opt);  // the whole warp
-        const bool has_next = w + static_cast<int>(gridDim.x) < work_tiles;
-        const typename Cfg::Work next = Cfg::work_tile(has_next ? w + static_cast<int>(gridDim.x) : w, nq, H, B, group);
-        produce<Cfg, MASK>(&q_map, &kv_map, sQ, sK, sV, bar, t, n, it, g, early, has_next, next);
+        produce<Cfg, MASK>(&q_map, &kv_map, sQ, sK, sV, bar, t, n, it, g, early);
         g += n;
       }
     } else {
@@ -567,24 +450,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return;
   }
   setmaxnreg_inc<Cfg::kConsumerRegs>();
-  float o[Cfg::kHeadDim / 8][4];            // the output accumulator: the pending tile's, then the next one's
-  std::uint32_t p[Cfg::kBlockN / 16][4];    // probabilities of the tile before the one in hand, as A fragments
-  PendingTile pend;
-  attn::zero(o);
   if constexpr (Cfg::kPersistent) {
     int g = 0, it = 0;  // as the producer's
     for (int w = blockIdx.x; w < work_tiles; w += gridDim.x, ++it) {
       const typename Cfg::Work t = Cfg::work_tile(w, nq, H, B, group);
       const int n = work_kv_tiles<Cfg, MASK>(t, S, opt);
-      consume<Cfg, E, MASK, DROP>(sQ, sK, sV, sO, bar, out, lse, S, H, scale_log2, t, n, it, g, opt, o, p, pend);
+      consume<Cfg, E, MASK, DROP>(sQ, sK, sV, sO, bar, out, lse, S, H, scale_log2, t, n, it, g, opt);
       g += n;
     }
   } else {
-    consume<Cfg, E, MASK, DROP>(sQ, sK, sV, sO, bar, out, lse, S, H, scale_log2, first, n_first, 0, 0, opt, o, p,
-                                pend);
+    consume<Cfg, E, MASK, DROP>(sQ, sK, sV, sO, bar, out, lse, S, H, scale_log2, first, n_first, 0, 0, opt);
   }
-  if constexpr (kDefersLastPv<Cfg, MASK>)
-    finish<Cfg, MASK>(pend, o, p, bar, sV, sO + warp * Cfg::kOWarpBytes, out, lse, S, H, DROP ? opt.drop_scale : 1.f);
 }
 
 template <int D, bool CAUSAL, int CONSUMERS, bool MASK, bool DROP, typename E>

@@ -86,15 +86,6 @@ __device__ __forceinline__ void tma_load_5d(std::uint32_t dst, const CUtensorMap
       : "memory");
 }
 
-// Brings a 5-D box of the tensor into L2 (no shared memory, no barrier): a later tma_load_5d of the
-// same box then reads L2 instead of DRAM.
-__device__ __forceinline__ void tma_prefetch_5d(const CUtensorMap* map, int c0, int c1, int c2, int c3, int c4) {
-  asm volatile("cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %2, %3, %4, %5}];" ::"l"(
-                   reinterpret_cast<std::uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
-               : "memory");
-}
-
 // Adds a 4-D box of fp32 from shared memory into the tensor (the TMA's reduce-add: elements outside
 // the tensor are left out), as one bulk async-group operation of the issuing thread. The box's
 // shared-memory writes must be fenced to the async proxy (fence_proxy_async_smem) first.
