@@ -303,9 +303,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionHopperDropoutMaskGpu,
 // tile and at least three times as many work tiles as the device has SMs, so every CTA runs
 // several and its Q buffers and K/V ring wrap: plain, with a key mask (its tile counts differ per
 // sequence, so the CTAs' rings fall out of step), and with the mask and dropout. Against the CPU
-// reference. S100: one K/V tile per work tile, so each work tile's last P V and epilogue go out in
-// the next one's first turn; S200: two, and the 192-query tile's second and third warpgroups have
-// no rows before S in its second work tile of a sequence.
+// reference. S100: one K/V tile per work tile, so every work tile is a ring fill and drain of its
+// own; S200: two, and the 192-query tile's second and third warpgroups have no rows before S in its
+// second work tile of a sequence.
 enum class PersistentOptions { Plain, Mask, MaskDrop };
 class AttentionHopperPersistentGpu : public ::testing::TestWithParam<std::tuple<int, int, PersistentOptions>> {};
 
